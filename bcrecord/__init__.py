@@ -1,0 +1,52 @@
+"""bcrecord: record intermediate values inside Python functions by editing bytecode.
+
+>>> import bcrecord
+>>> def f(a):
+...     x = a + 1
+...     x = x * 10
+...     return x
+>>> g = bcrecord.instrument(f, "x@1", name="demo")
+>>> with bcrecord.recording() as rec:
+...     g(1)
+20
+>>> rec["demo:f:x@1"]
+20
+"""
+
+from .errors import (
+    BcrecordError,
+    NotPatchableError,
+    RecordingWarning,
+    SpecError,
+    TargetError,
+    UnsupportedPythonError,
+)
+from .patch import Patch, instrument, patch_function, patch_method, record_locals, targets
+from .recording import Recording, carry, copy_value, recording, register_copy
+from .specs import Attribute, Local, Return, parse
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Attribute",
+    "BcrecordError",
+    "Local",
+    "NotPatchableError",
+    "Patch",
+    "Recording",
+    "RecordingWarning",
+    "Return",
+    "SpecError",
+    "TargetError",
+    "UnsupportedPythonError",
+    "carry",
+    "copy_value",
+    "instrument",
+    "parse",
+    "patch_function",
+    "patch_method",
+    "record_locals",
+    "recording",
+    "register_copy",
+    "targets",
+]

@@ -1,0 +1,283 @@
+"""Everything that differs between Python versions, as one table per version.
+
+This is the only module that looks at ``sys.version_info``. The rest of the engine
+asks the current :class:`Table` how to call a probe, how to duplicate a value, and
+which opcodes store, load or return, and reads as if there were one Python.
+
+The probe is always loaded with ``LOAD_GLOBAL`` (it resolves through builtins),
+never with ``LOAD_CONST <function>``: torch.compile (Dynamo) refuses function
+constants. Site ids are plain int constants.
+
+>>> current().name in {"3.10", "3.11", "3.12", "3.13", "3.14"}
+True
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Callable, FrozenSet, List, Optional, Tuple
+
+from bytecode import CellVar, FreeVar, Instr
+
+from .errors import UnsupportedPythonError
+
+__all__ = ["Table", "current", "PROBE_NAME", "SUPPORTED"]
+
+#: The global name under which inserted code finds the probe.
+PROBE_NAME = "__bcrecord_probe__"
+
+Location = object  # bytecode.InstrLocation; kept opaque here
+Instrs = List[Instr]
+
+
+def _instr(name: str, arg: object = None, location: object = None) -> Instr:
+    # ``Instr`` rejects an explicit arg for argument-less opcodes.
+    if arg is None:
+        return Instr(name, location=location)  # type: ignore[arg-type]
+    return Instr(name, arg, location=location)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class Table:
+    """How one Python version spells the few instruction sequences bcrecord inserts."""
+
+    name: str
+    #: Opcodes that bind a local or cell variable; their arg is the name (or Cell/FreeVar).
+    stores: FrozenSet[str]
+    #: Opcodes that push a local's value (roots of attribute chains).
+    local_loads: FrozenSet[str]
+    #: Deletes, used to spot the compiler's ``x = None; del x`` after ``except ... as x``.
+    deletes: FrozenSet[str]
+    #: Two-variable superinstructions and the plain pair each splits into.
+    pairs: Tuple[Tuple[str, str, str], ...]
+    #: Opcodes that start a function's body; inserted entry code goes after the last.
+    prologue: FrozenSet[str]
+    #: Saves a variable around an inlined comprehension (3.12+), else None.
+    comprehension_save: Optional[str]
+    #: ``LOAD_GLOBAL``'s arg for a callable, given a name.
+    global_arg: Callable[[str], object]
+    #: Instructions that call the callable pushed by ``global_arg`` with n arguments.
+    call: Callable[[int, object], Instrs]
+    #: Duplicate the top of the stack.
+    dup: Callable[[object], Instr]
+    #: Move the duplicated value above the (callable, NULL) pair just pushed.
+    raise_value: Callable[[object], Instrs]
+    #: How a method-style attribute load is spelled: returns the attribute name or None.
+    method_load: Callable[[Instr], Optional[str]]
+    #: How a plain attribute load is spelled: returns the attribute name or None.
+    attr_load: Callable[[Instr], Optional[str]]
+    #: Plain attribute load instruction for a name.
+    plain_attr: Callable[[str, object], Instr]
+    #: After a plain load, rebuild the stack shape a method-style load leaves.
+    method_stack: Callable[[object], Instrs]
+    #: The call opcode that pairs with a method-style load but needs rewriting
+    #: once the load is plain (3.10's ``CALL_METHOD``), with its replacement.
+    method_call_fix: Optional[Tuple[str, str]]
+    #: Return opcodes: (returns top of stack, returns its constant arg).
+    return_value: str
+    return_const: Optional[str]
+
+    def load_probe(self, location: object) -> Instrs:
+        """Push the probe as a callable (with its NULL slot where the version has one)."""
+        return [_instr("LOAD_GLOBAL", self.global_arg(PROBE_NAME), location)]
+
+    def call_probe(self, load_value: Instrs, site: int, location: object) -> Instrs:
+        """``probe(<value>, site)`` with the result dropped; the stack is unchanged."""
+        return [
+            *self.load_probe(location),
+            *load_value,
+            _instr("LOAD_CONST", site, location),
+            *self.call(2, location),
+            _instr("POP_TOP", None, location),
+        ]
+
+    def tee_probe(self, site: int, location: object) -> Instrs:
+        """``probe(TOS, site)`` leaving TOS in place, for values that are never named."""
+        return [
+            self.dup(location),
+            *self.load_probe(location),
+            *self.raise_value(location),
+            _instr("LOAD_CONST", site, location),
+            *self.call(2, location),
+            _instr("POP_TOP", None, location),
+        ]
+
+    def load_local(self, name: str, cell: bool, location: object) -> Instr:
+        """Push local ``name`` (from its cell when it is a cell variable)."""
+        if cell:
+            return _instr("LOAD_DEREF", CellVar(name), location)
+        return _instr("LOAD_FAST", name, location)
+
+
+def _local_name(arg: object) -> str:
+    return arg.name if isinstance(arg, (CellVar, FreeVar)) else str(arg)
+
+
+def _310() -> Table:
+    return Table(
+        name="3.10",
+        stores=frozenset({"STORE_FAST", "STORE_DEREF"}),
+        local_loads=frozenset({"LOAD_FAST", "LOAD_DEREF"}),
+        deletes=frozenset({"DELETE_FAST", "DELETE_DEREF"}),
+        pairs=(),
+        prologue=frozenset({"GEN_START"}),
+        comprehension_save=None,
+        global_arg=lambda name: name,
+        call=lambda n, loc: [_instr("CALL_FUNCTION", n, loc)],
+        dup=lambda loc: _instr("DUP_TOP", None, loc),
+        raise_value=lambda loc: [_instr("ROT_TWO", None, loc)],
+        method_load=lambda i: i.arg if i.name == "LOAD_METHOD" else None,  # type: ignore[return-value]
+        attr_load=lambda i: i.arg if i.name == "LOAD_ATTR" else None,  # type: ignore[return-value]
+        plain_attr=lambda name, loc: _instr("LOAD_ATTR", name, loc),
+        method_stack=lambda loc: [],
+        method_call_fix=("CALL_METHOD", "CALL_FUNCTION"),
+        return_value="RETURN_VALUE",
+        return_const=None,
+    )
+
+
+def _swap_up(loc: object) -> Instrs:
+    # [v, v, A, B] -> [v, A, B, v] for either order of the (callable, NULL) pair.
+    return [_instr("SWAP", 2, loc), _instr("SWAP", 3, loc)]
+
+
+def _tuple_method(i: Instr) -> Optional[str]:
+    if i.name == "LOAD_ATTR" and isinstance(i.arg, tuple) and i.arg[0]:
+        return str(i.arg[1])
+    return None
+
+
+def _tuple_attr(i: Instr) -> Optional[str]:
+    if i.name == "LOAD_ATTR" and isinstance(i.arg, tuple) and not i.arg[0]:
+        return str(i.arg[1])
+    return None
+
+
+def _311() -> Table:
+    return Table(
+        name="3.11",
+        stores=frozenset({"STORE_FAST", "STORE_DEREF"}),
+        local_loads=frozenset({"LOAD_FAST", "LOAD_DEREF"}),
+        deletes=frozenset({"DELETE_FAST", "DELETE_DEREF"}),
+        pairs=(),
+        prologue=frozenset({"RESUME"}),
+        comprehension_save=None,
+        global_arg=lambda name: (True, name),
+        call=lambda n, loc: [_instr("PRECALL", n, loc), _instr("CALL", n, loc)],
+        dup=lambda loc: _instr("COPY", 1, loc),
+        raise_value=_swap_up,
+        method_load=lambda i: i.arg if i.name == "LOAD_METHOD" else None,  # type: ignore[return-value]
+        attr_load=lambda i: i.arg if i.name == "LOAD_ATTR" else None,  # type: ignore[return-value]
+        plain_attr=lambda name, loc: _instr("LOAD_ATTR", name, loc),
+        # 3.11 calls expect [NULL, callable, args...].
+        method_stack=lambda loc: [_instr("PUSH_NULL", None, loc), _instr("SWAP", 2, loc)],
+        method_call_fix=None,
+        return_value="RETURN_VALUE",
+        return_const=None,
+    )
+
+
+def _312() -> Table:
+    return Table(
+        name="3.12",
+        stores=frozenset({"STORE_FAST", "STORE_DEREF"}),
+        local_loads=frozenset({"LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_DEREF"}),
+        deletes=frozenset({"DELETE_FAST", "DELETE_DEREF"}),
+        pairs=(),
+        prologue=frozenset({"RESUME"}),
+        comprehension_save="LOAD_FAST_AND_CLEAR",
+        global_arg=lambda name: (True, name),
+        call=lambda n, loc: [_instr("CALL", n, loc)],
+        dup=lambda loc: _instr("COPY", 1, loc),
+        raise_value=_swap_up,
+        method_load=_tuple_method,
+        attr_load=_tuple_attr,
+        plain_attr=lambda name, loc: _instr("LOAD_ATTR", (False, name), loc),
+        method_stack=lambda loc: [_instr("PUSH_NULL", None, loc), _instr("SWAP", 2, loc)],
+        method_call_fix=None,
+        return_value="RETURN_VALUE",
+        return_const="RETURN_CONST",
+    )
+
+
+_PAIRS_313 = (
+    ("STORE_FAST_STORE_FAST", "STORE_FAST", "STORE_FAST"),
+    ("STORE_FAST_LOAD_FAST", "STORE_FAST", "LOAD_FAST"),
+    ("LOAD_FAST_LOAD_FAST", "LOAD_FAST", "LOAD_FAST"),
+)
+
+
+def _313() -> Table:
+    return Table(
+        name="3.13",
+        stores=frozenset({"STORE_FAST", "STORE_DEREF"}),
+        local_loads=frozenset({"LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_DEREF"}),
+        deletes=frozenset({"DELETE_FAST", "DELETE_DEREF"}),
+        # bytecode 0.19.1 mis-encodes pairs whose second variable index is >= 16, and
+        # a probe cannot sit between the halves of a pair: every pair is split.
+        pairs=_PAIRS_313,
+        prologue=frozenset({"RESUME"}),
+        comprehension_save="LOAD_FAST_AND_CLEAR",
+        global_arg=lambda name: (True, name),
+        call=lambda n, loc: [_instr("CALL", n, loc)],
+        dup=lambda loc: _instr("COPY", 1, loc),
+        raise_value=_swap_up,
+        method_load=_tuple_method,
+        attr_load=_tuple_attr,
+        plain_attr=lambda name, loc: _instr("LOAD_ATTR", (False, name), loc),
+        # 3.13 calls expect [callable, NULL, args...].
+        method_stack=lambda loc: [_instr("PUSH_NULL", None, loc)],
+        method_call_fix=None,
+        return_value="RETURN_VALUE",
+        return_const="RETURN_CONST",
+    )
+
+
+def _314() -> Table:
+    # Untested here (no 3.14 interpreter); follows the 3.14 ``dis`` documentation.
+    base = _313()
+    return Table(
+        **{
+            **base.__dict__,
+            "name": "3.14",
+            "local_loads": base.local_loads | {"LOAD_FAST_BORROW"},
+            "pairs": _PAIRS_313
+            + (("LOAD_FAST_BORROW_LOAD_FAST_BORROW", "LOAD_FAST_BORROW", "LOAD_FAST_BORROW"),),
+            "return_const": None,
+        }
+    )
+
+
+_TABLES = {(3, 10): _310, (3, 11): _311, (3, 12): _312, (3, 13): _313, (3, 14): _314}
+SUPPORTED = tuple(f"{major}.{minor}" for major, minor in _TABLES)
+_current: Optional[Table] = None
+
+
+def current(version: Optional[Tuple[int, int]] = None) -> Table:
+    """The instruction table for this interpreter (or for ``version``).
+
+    >>> current((3, 9))
+    Traceback (most recent call last):
+    ...
+    bcrecord.errors.UnsupportedPythonError: Python 3.9 is not supported by bcrecord (supported: 3.10, 3.11, 3.12, 3.13, 3.14)
+    """
+    global _current
+    if version is None and _current is not None:
+        return _current
+    key = version or (sys.version_info[0], sys.version_info[1])
+    build = _TABLES.get(key)
+    if build is None:
+        raise UnsupportedPythonError(
+            f"Python {key[0]}.{key[1]} is not supported by bcrecord "
+            f"(supported: {', '.join(SUPPORTED)})"
+        )
+    table = build()
+    if version is None:
+        _current = table
+    return table
+
+
+def local_name(arg: object) -> str:
+    """The variable name behind a store/load arg (a str, CellVar or FreeVar)."""
+    return _local_name(arg)

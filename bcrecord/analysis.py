@@ -1,0 +1,476 @@
+"""Read a code object: where each local is assigned, each attribute chain loaded,
+each value returned — without source.
+
+The compiler leaves several store instructions for one source-level assignment (a
+``finally`` body is compiled twice) and adds stores nobody wrote (``x = None; del x``
+after ``except ... as x``; the save/restore around an inlined comprehension on
+3.12+). :func:`read` groups the first kind by source position and drops the second,
+so that assignment numbers match what a reader counts on every Python version.
+
+>>> def f(a):
+...     x = a + 1
+...     x = x * 2
+...     return x
+>>> [(s.index, s.line - f.__code__.co_firstlineno) for s in read(f.__code__).locals["x"]]
+[(0, 1), (1, 2)]
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass, field
+from types import CodeType
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+
+from bytecode import UNSET, Bytecode, Instr, Label
+
+from . import _versions
+from .errors import TargetError
+from .specs import Attribute, Local, Return, Spec
+
+__all__ = [
+    "Assignment",
+    "AttributeLoad",
+    "ReturnSite",
+    "CodeMap",
+    "ProbePoint",
+    "Targets",
+    "instructions",
+    "read",
+    "resolve",
+]
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """One source-level assignment to a local: its number, where it is, and the
+    store instructions (positions in :func:`instructions`) that carry it out."""
+
+    name: str
+    index: int
+    line: int
+    column: Optional[int]
+    positions: Tuple[int, ...] = field(repr=False)
+
+
+@dataclass(frozen=True)
+class AttributeLoad:
+    """One place in the source where the body loads an attribute chain."""
+
+    chain: str
+    index: int
+    line: int
+    column: Optional[int]
+    positions: Tuple[int, ...] = field(repr=False)
+    method: bool = field(default=False, repr=False)
+
+
+@dataclass(frozen=True)
+class ReturnSite:
+    """One return instruction (the implicit ``return None`` included)."""
+
+    index: int
+    line: Optional[int]
+    column: Optional[int]
+    positions: Tuple[int, ...] = field(repr=False)
+
+
+@dataclass(frozen=True)
+class CodeMap:
+    """Everything recordable in one code object, numbered in source order."""
+
+    name: str
+    qualname: str
+    filename: str
+    arguments: Tuple[str, ...]
+    locals: Dict[str, Tuple[Assignment, ...]]
+    attributes: Dict[str, Tuple[AttributeLoad, ...]]
+    returns: Tuple[ReturnSite, ...]
+    entry: int = field(repr=False)
+    cells: frozenset = field(repr=False, default=frozenset())
+
+
+@dataclass(frozen=True)
+class ProbePoint:
+    """Where to insert one probe, and the target part of its key (``'x@1'``)."""
+
+    kind: str  # 'store' | 'load' | 'return' | 'entry'
+    positions: Tuple[int, ...]
+    label: str
+    method: bool = False
+    root: str = ""
+    chain: Tuple[str, ...] = ()
+    copy: Optional[str] = None
+
+
+def instructions(code: CodeType) -> Bytecode:
+    """The abstract instructions of ``code`` with two-variable pairs split (3.13+).
+
+    Positions in a :class:`CodeMap` index into this list; the rewriter edits the
+    same list, so both must come from here.
+    """
+    table = _versions.current()
+    bytecode = Bytecode.from_code(code)
+    if not table.pairs:
+        return bytecode
+    split = {pair: (first, second) for pair, first, second in table.pairs}
+    out: List[object] = []
+    for item in bytecode:
+        if isinstance(item, Instr) and item.name in split:
+            first, second = split[item.name]
+            a, b = item.arg  # type: ignore[misc]
+            out.append(Instr(first, a, location=item.location))
+            out.append(Instr(second, b, location=item.location))
+        else:
+            out.append(item)
+    bytecode[:] = out
+    return bytecode
+
+
+def _arg_signature(arg: object) -> object:
+    if arg is UNSET:
+        return None
+    if isinstance(arg, (str, int, float, complex, bytes, bool, type(None))):
+        return arg
+    if isinstance(arg, tuple) and all(isinstance(a, (str, int, bool)) for a in arg):
+        return arg
+    name = getattr(arg, "name", None)
+    if isinstance(name, str):
+        return name
+    return type(arg).__name__
+
+
+def _real(bytecode: Sequence[object]) -> List[Tuple[int, Instr]]:
+    return [(pos, item) for pos, item in enumerate(bytecode) if isinstance(item, Instr)]
+
+
+class _Identity:
+    """Maps a store or load to the source construct it belongs to.
+
+    With column information (3.11+) the position span identifies the construct.
+    3.10 has line numbers only. Its compiler copies code (both paths of a
+    ``finally``, a statement's tail into each branch of a conditional), and a copy
+    starts at a jump target; so a site is identified by its line and by how many
+    sites of the same name precede it in its run of same-line code since the last
+    jump target. Copies match; two assignments on one line stay apart unless a
+    branch separates them (a limit of 3.10's line table).
+    """
+
+    def __init__(self, bytecode: Sequence[object]) -> None:
+        self._ordinal: Dict[int, int] = {}
+        seen: Dict[object, int] = {}
+        line: object = object()
+        for pos, instr in enumerate(bytecode):
+            if isinstance(instr, Label):
+                line = object()  # a jump target starts a new run: copies start at one
+            if not isinstance(instr, Instr):
+                continue
+            if instr.lineno != line:
+                seen, line = {}, instr.lineno
+            key = (instr.name.split("_")[0], _arg_signature(instr.arg))
+            self._ordinal[pos] = seen.get(key, 0)
+            seen[key] = self._ordinal[pos] + 1
+
+    def of(self, pos: int, instr: Instr) -> Tuple[object, ...]:
+        loc = instr.location
+        if loc is not None and loc.col_offset is not None:
+            return (loc.lineno, loc.col_offset, loc.end_lineno, loc.end_col_offset)
+        return (instr.lineno, self._ordinal[pos])
+
+
+def _column(instr: Instr) -> Optional[int]:
+    loc = instr.location
+    return None if loc is None else loc.col_offset
+
+
+def _within(inner: Instr, outer: Instr) -> bool:
+    a, b = inner.location, outer.location
+    if a is None or b is None or a.lineno is None or b.lineno is None:
+        return False
+    if a.col_offset is None or b.col_offset is None or b.end_lineno is None:
+        return a.lineno == b.lineno
+    start = (a.lineno, a.col_offset) >= (b.lineno, b.col_offset)
+    end = (a.end_lineno or a.lineno, a.end_col_offset or 0) <= (b.end_lineno, b.end_col_offset or 0)
+    return start and end
+
+
+def _synthesized_stores(real: List[Tuple[int, Instr]]) -> set:
+    """Positions of stores the compiler added that no source line wrote."""
+    table = _versions.current()
+    synthesized = set()
+    saves: List[Instr] = []
+    if table.comprehension_save:
+        saves = [i for _, i in real if i.name == table.comprehension_save]
+    for k, (pos, instr) in enumerate(real):
+        if instr.name not in table.stores:
+            continue
+        name = _versions.local_name(instr.arg)
+        if instr.lineno is None:
+            synthesized.add(pos)  # cleanup code without a line: never a user's store
+            continue
+        prev = real[k - 1][1] if k else None
+        nxt = real[k + 1][1] if k + 1 < len(real) else None
+        if (
+            prev is not None
+            and nxt is not None
+            and prev.name == "LOAD_CONST"
+            and prev.arg is None
+            and nxt.name in table.deletes
+            and _versions.local_name(nxt.arg) == name
+            and nxt.lineno == instr.lineno
+        ):
+            synthesized.add(pos)  # `except ... as name` clean-up: name = None; del name
+            continue
+        if any(_versions.local_name(s.arg) == name and _within(instr, s) for s in saves):
+            synthesized.add(pos)  # an inlined comprehension's own variable (3.12+)
+    return synthesized
+
+
+def _group(
+    sites: Iterable[Tuple[str, int, Instr]], identity: _Identity
+) -> Dict[str, List[Tuple[Tuple[int, int, int], List[int], Instr]]]:
+    """Group (name, position, instr) by source construct; order groups in source order."""
+    groups: Dict[Tuple[str, Tuple[object, ...]], Tuple[Tuple[int, int, int], List[int], Instr]] = {}
+    for name, pos, instr in sites:
+        key = (name, identity.of(pos, instr))
+        if key in groups:
+            groups[key][1].append(pos)
+        else:
+            order = (instr.lineno or 0, _column(instr) if _column(instr) is not None else -1, pos)
+            groups[key] = (order, [pos], instr)
+    by_name: Dict[str, List[Tuple[Tuple[int, int, int], List[int], Instr]]] = {}
+    for (name, _), group in groups.items():
+        by_name.setdefault(name, []).append(group)
+    for entries in by_name.values():
+        entries.sort(key=lambda g: g[0])
+    return by_name
+
+
+def _argument_names(code: CodeType) -> Tuple[str, ...]:
+    count = code.co_argcount + code.co_kwonlyargcount
+    count += bool(code.co_flags & inspect.CO_VARARGS) + bool(code.co_flags & inspect.CO_VARKEYWORDS)
+    return tuple(code.co_varnames[:count])
+
+
+def _chains(real: List[Tuple[int, Instr]], bytecode: Sequence[object]) -> Iterator[Tuple[str, int, Instr, bool]]:
+    """Yield (chain, position, instr, method) for every attribute load on a local."""
+    table = _versions.current()
+    chain: Optional[List[str]] = None
+    previous = -1
+    for pos, instr in real:
+        if chain is not None and any(isinstance(x, Label) for x in bytecode[previous + 1 : pos]):
+            chain = None  # a jump target between root and attribute: not one expression
+        previous = pos
+        attr = table.attr_load(instr)
+        method = table.method_load(instr) if attr is None else None
+        if chain is not None and (attr or method):
+            chain.append(str(attr or method))
+            yield ".".join(chain), pos, instr, method is not None
+            if method is not None:
+                chain = None
+            continue
+        chain = [_versions.local_name(instr.arg)] if instr.name in table.local_loads else None
+
+
+def read(code: CodeType) -> CodeMap:
+    """Find every recordable site in ``code``, numbered in source order.
+
+    >>> def g(self, x):
+    ...     y = self.scale * x
+    ...     return y
+    >>> cmap = read(g.__code__)
+    >>> sorted(cmap.locals), sorted(cmap.attributes), len(cmap.returns)
+    (['y'], ['self.scale'], 1)
+    """
+    table = _versions.current()
+    bytecode = instructions(code)
+    real = _real(bytecode)
+    identity = _Identity(bytecode)
+    synthesized = _synthesized_stores(real)
+
+    stores = (
+        (_versions.local_name(i.arg), pos, i)
+        for pos, i in real
+        if i.name in table.stores and pos not in synthesized
+    )
+    local_map = {
+        name: tuple(
+            Assignment(name, n, instr.lineno, _column(instr), tuple(positions))
+            for n, (_, positions, instr) in enumerate(groups)
+        )
+        for name, groups in sorted(_group(stores, identity).items())
+    }
+
+    loads = list(_chains(real, bytecode))
+    method_positions = {pos for _, pos, _, method in loads if method}
+    attr_map = {
+        chain: tuple(
+            AttributeLoad(
+                chain, n, instr.lineno, _column(instr), tuple(positions),
+                method=positions[0] in method_positions,
+            )
+            for n, (_, positions, instr) in enumerate(groups)
+        )
+        for chain, groups in sorted(_group(((c, p, i) for c, p, i, _ in loads), identity).items())
+    }
+
+    return_ops = {table.return_value, table.return_const}
+    returns = tuple(
+        ReturnSite(n, instr.lineno, _column(instr), (pos,))
+        for n, (pos, instr) in enumerate(
+            sorted(
+                ((p, i) for p, i in real if i.name in return_ops),
+                key=lambda pi: (pi[1].lineno or 0, _column(pi[1]) or 0, pi[0]),
+            )
+        )
+    )
+
+    entry = 0
+    for pos, instr in real:
+        if instr.name in table.prologue:
+            entry = pos + 1
+            break
+    return CodeMap(
+        name=code.co_name,
+        qualname=getattr(code, "co_qualname", code.co_name),
+        filename=code.co_filename,
+        arguments=_argument_names(code),
+        locals=local_map,
+        attributes=attr_map,
+        returns=returns,
+        entry=entry,
+        cells=frozenset(code.co_cellvars),
+    )
+
+
+def _pick(sites: Sequence, index: Optional[Tuple[int, ...]], what: str, func: str) -> List:
+    if index is None:
+        return list(sites)
+    last = len(sites) - 1
+    for i in index:
+        if i > last:
+            raise TargetError(
+                f"{what} in {func} has {len(sites)} "
+                f"{'site' if len(sites) == 1 else 'sites'} (index 0..{last}); "
+                f"there is no index {i}"
+            )
+    return [sites[i] for i in index]
+
+
+def _names(items: Iterable[str]) -> str:
+    names = sorted(items)
+    return ", ".join(names) if names else "(none)"
+
+
+def resolve(specs: Sequence[Spec], cmap: CodeMap) -> Tuple[ProbePoint, ...]:
+    """The probe points for ``specs`` in the code mapped by ``cmap``, or a clear error.
+
+    >>> def h(a):
+    ...     b = a
+    ...     return b
+    >>> [p.label for p in resolve([Local("b"), Return()], read(h.__code__))]
+    ['b@0', 'return']
+    >>> resolve([Local("c")], read(h.__code__))
+    Traceback (most recent call last):
+    ...
+    bcrecord.errors.TargetError: h has no assignment to a local named 'c'; assigned locals: b
+    """
+    func = cmap.qualname
+    points: List[ProbePoint] = []
+    for spec in specs:
+        if isinstance(spec, Local):
+            if spec.name not in cmap.locals:
+                hint = (
+                    f" ('{spec.name}' is an argument and never reassigned: record it with "
+                    f"Attribute at entry, e.g. '{spec.name}.attr')"
+                    if spec.name in cmap.arguments
+                    else ""
+                )
+                raise TargetError(
+                    f"{func} has no assignment to a local named {spec.name!r}; "
+                    f"assigned locals: {_names(cmap.locals)}{hint}"
+                )
+            sites = _pick(cmap.locals[spec.name], spec.index, f"local {spec.name!r}", func)
+            points += [
+                ProbePoint("store", a.positions, f"{spec.name}@{a.index}", copy=spec.copy)
+                for a in sites
+            ]
+        elif isinstance(spec, Attribute) and spec.at == "load":
+            if spec.target not in cmap.attributes:
+                raise TargetError(
+                    f"{func} never loads {spec.target!r}; chains it loads: "
+                    f"{_names(cmap.attributes)}"
+                )
+            sites = _pick(cmap.attributes[spec.target], spec.index, f"chain {spec.target!r}", func)
+            points += [
+                ProbePoint("load", s.positions, f"{spec.target}@{s.index}", method=s.method, copy=spec.copy)
+                for s in sites
+            ]
+        elif isinstance(spec, Attribute):
+            root, *rest = spec.chain
+            if root not in cmap.arguments:
+                raise TargetError(
+                    f"{spec.target!r} is read at entry, so its root must be an argument of "
+                    f"{func}; arguments: {_names(cmap.arguments)} (use at='load' for locals)"
+                )
+            points.append(
+                ProbePoint(
+                    "entry", (cmap.entry,), spec.target, root=root, chain=tuple(rest), copy=spec.copy
+                )
+            )
+        elif isinstance(spec, Return):
+            if not cmap.returns:
+                raise TargetError(f"{func} has no return instruction")
+            positions = tuple(p for site in cmap.returns for p in site.positions)
+            points.append(ProbePoint("return", positions, "return", copy=spec.copy))
+    return tuple(points)
+
+
+class Targets:
+    """Everything recordable in one function, as data and as a readable table.
+
+    ``locals`` maps each assigned local to its assignments, ``attributes`` each
+    attribute chain to its load sites, ``returns`` lists return sites.
+    ``str(targets)`` is a table; :meth:`as_dict` is plain data (for JSON).
+    """
+
+    def __init__(self, cmap: CodeMap) -> None:
+        self.name = cmap.qualname
+        self.arguments = cmap.arguments
+        self.locals = cmap.locals
+        self.attributes = cmap.attributes
+        self.returns = cmap.returns
+
+    def specs(self) -> List[str]:
+        """Every short-form spec that names one site here, e.g. ``['x@0', 'self.fc@0']``."""
+        out = [f"{a.name}@{a.index}" for sites in self.locals.values() for a in sites]
+        out += [f"{s.chain}@{s.index}" for sites in self.attributes.values() for s in sites]
+        return out + (["return"] if self.returns else [])
+
+    def as_dict(self) -> Dict[str, object]:
+        """Plain data: lists of dicts with kind, target, index, line and column."""
+        rows: List[Dict[str, object]] = []
+        for sites in self.locals.values():
+            rows += [dict(kind="local", target=a.name, index=a.index, line=a.line, column=a.column) for a in sites]
+        for loads in self.attributes.values():
+            rows += [dict(kind="attribute", target=s.chain, index=s.index, line=s.line, column=s.column) for s in loads]
+        rows += [dict(kind="return", target="return", index=r.index, line=r.line, column=r.column) for r in self.returns]
+        return {"function": self.name, "arguments": list(self.arguments), "targets": rows}
+
+    def __str__(self) -> str:
+        rows = [("kind", "target", "index", "line", "spec")]
+        for row in self.as_dict()["targets"]:  # type: ignore[union-attr]
+            kind, target, index = row["kind"], row["target"], row["index"]
+            spec = "return" if kind == "return" else f"{target}@{index}"
+            line = "" if row["line"] is None else str(row["line"])
+            if row["column"] is not None:
+                line += f":{row['column']}"
+            rows.append((str(kind), str(target), str(index), line, spec))
+        widths = [max(len(r[i]) for r in rows) for i in range(5)]
+        lines = [f"{self.name}({', '.join(self.arguments)})"]
+        lines += ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"<Targets of {self.name}: {len(self.specs())} sites>"
+

@@ -1,0 +1,48 @@
+"""Exceptions raised by bcrecord.
+
+Every error raised for bad input is a subclass of :class:`BcrecordError`, and is
+raised before anything is changed: a failed patch leaves its target as it was.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BcrecordError",
+    "SpecError",
+    "TargetError",
+    "NotPatchableError",
+    "UnsupportedPythonError",
+    "RecordingWarning",
+]
+
+
+class BcrecordError(Exception):
+    """Base class of every error bcrecord raises on purpose."""
+
+
+class SpecError(BcrecordError, ValueError):
+    """A spec (or its short form) is malformed, e.g. ``'x@one'``."""
+
+
+class TargetError(BcrecordError, LookupError):
+    """A spec names something the function does not have.
+
+    The message names what does exist, e.g. the locals of the function or how
+    many assignments a local has.
+    """
+
+
+class NotPatchableError(BcrecordError, TypeError):
+    """The object cannot be patched: a builtin, a missing method, no ``__code__``."""
+
+
+class UnsupportedPythonError(BcrecordError, RuntimeError):
+    """This Python version has no instruction table in :mod:`bcrecord._versions`."""
+
+
+class RecordingWarning(RuntimeWarning):
+    """A probe could not record a value (e.g. its copy failed).
+
+    Probes never raise into the patched function; the failure is reported with
+    this warning and kept in :attr:`bcrecord.Recording.errors`.
+    """

@@ -1,0 +1,483 @@
+"""Apply probes to functions and methods, reversibly.
+
+* :func:`instrument` returns a new function; the original is untouched.
+* :func:`patch_method` replaces a method on an instance (only that instance
+  changes), a class (all instances) or a module (a module-level function).
+* :func:`patch_function` swaps ``func.__code__`` in place, so references held
+  elsewhere (registries, callbacks, ``from m import f``) fire too.
+* :func:`record_locals` is the decorator form of :func:`instrument`.
+
+Patches are :class:`Patch` objects: context managers whose :meth:`Patch.remove`
+restores exactly what was there (the same object, the same code). Two patches of
+one method stack and can be removed in any order. Anything that goes wrong is
+raised before the target is touched.
+
+A function decorated with :func:`functools.wraps` is recorded inside the function
+it wraps (found through ``__wrapped__``); since the wrapper holds that function,
+it is patched in place.
+
+>>> class Model:
+...     def forward(self, x):
+...         y = x + 1
+...         return y * 2
+>>> import bcrecord
+>>> with bcrecord.patch_method(Model, "forward", "y") as patch, bcrecord.recording() as rec:
+...     Model().forward(1)
+4
+>>> rec["Model:forward:y@0"], patch.keys
+(2, ('Model:forward:y@0',))
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+import threading
+import types
+import weakref
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, TypeVar, Union
+
+from .analysis import ProbePoint, Targets, read, resolve
+from .errors import NotPatchableError
+from .recording import Site, probe_visible_from, register_sites, release_sites, track, untrack
+from .rewrite import insert_probes
+from .specs import Local, SpecLike, parse_all
+
+__all__ = ["Patch", "instrument", "patch_method", "patch_function", "record_locals", "targets"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+_MISSING = object()
+_lock = threading.RLock()
+_BASE_ATTR = "__bcrecord_base__"
+
+
+def _not_a_wrapper(func: Any) -> bool:
+    return not isinstance(getattr(func, "__wrapped__", None), types.FunctionType)
+
+
+def function_of(obj: Any) -> types.FunctionType:
+    """The plain Python function behind a function, method, staticmethod or wrapper.
+
+    >>> function_of(len)
+    Traceback (most recent call last):
+    ...
+    bcrecord.errors.NotPatchableError: len is a builtin or C function: it has no bytecode to patch
+    """
+    func = obj
+    if isinstance(func, (staticmethod, classmethod, types.MethodType)):
+        func = func.__func__
+    func = getattr(func, _BASE_ATTR, func)
+    if isinstance(func, types.FunctionType):
+        func = inspect.unwrap(func, stop=_not_a_wrapper)
+    if not isinstance(func, types.FunctionType):
+        name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None) or repr(obj)
+        if isinstance(obj, (types.BuiltinFunctionType, types.BuiltinMethodType)) or callable(obj):
+            raise NotPatchableError(f"{name} is a builtin or C function: it has no bytecode to patch")
+        raise NotPatchableError(f"{name!s} has no __code__: only Python functions can be patched")
+    return func
+
+
+def _default_owner(func: types.FunctionType, bound_to: Any = None) -> str:
+    """The class a function is defined in (or bound to), else its module."""
+    if bound_to is not None:
+        return bound_to.__name__ if isinstance(bound_to, type) else type(bound_to).__name__
+    parts = func.__qualname__.split(".")[:-1]
+    if parts and parts[-1] != "<locals>":
+        return parts[-1]
+    return func.__module__ or "<unknown>"
+
+
+def _copy_function(func: types.FunctionType) -> types.FunctionType:
+    """A new function object sharing everything with ``func`` but its identity."""
+    new = types.FunctionType(
+        func.__code__, func.__globals__, func.__name__, func.__defaults__, func.__closure__
+    )
+    new.__kwdefaults__ = dict(func.__kwdefaults__) if func.__kwdefaults__ else None
+    new.__dict__.update(func.__dict__)
+    for attr in ("__qualname__", "__doc__", "__module__", "__annotations__", "__type_params__"):
+        if hasattr(func, attr):
+            setattr(new, attr, getattr(func, attr))
+    setattr(new, _BASE_ATTR, func)
+    return new
+
+
+class _Slot:
+    """One place that holds a patched function, and every patch applied to it.
+
+    ``live`` is the function object that runs: a copy of ``base`` (or ``base``
+    itself when patching in place). Its code is the original while no recording
+    is active and the probed code while one is (see :mod:`bcrecord.recording`).
+    """
+
+    def __init__(
+        self,
+        base: types.FunctionType,
+        live: types.FunctionType,
+        restore: Callable[[], None],
+    ) -> None:
+        self.base = base
+        self.live = live
+        self.original_code = base.__code__
+        self.restore = restore
+        self.patches: List["Patch"] = []
+        self.probed = self.original_code
+        self.site_ids: List[int] = []
+        self.armed = False
+        self.key: Any = None
+
+    def plan(self, patches: List["Patch"]) -> Tuple[types.CodeType, List[int]]:
+        """Build the probed code for ``patches`` without changing anything."""
+        points: List[ProbePoint] = []
+        sites: List[Site] = []
+        for patch in patches:
+            for point in patch._points:
+                points.append(point)
+                sites.append(Site(f"{patch.name}:{self.original_code.co_name}:{point.label}", point.chain, point.copy))
+        if not points:
+            return self.original_code, []
+        template = insert_probes(self.original_code, points)
+        ids = register_sites(sites)
+        try:
+            return template.bind(ids), ids
+        except BaseException:
+            release_sites(ids)
+            raise
+
+    def install(self, patches: List["Patch"]) -> None:
+        probed, ids = self.plan(patches)
+        old_ids, self.site_ids = self.site_ids, ids
+        self.patches, self.probed = patches, probed
+        if self.armed:
+            self.live.__code__ = probed
+        release_sites(old_ids)
+
+    def arm(self) -> None:
+        self.armed = True
+        self.live.__code__ = self.probed
+
+    def disarm(self) -> None:
+        self.armed = False
+        self.live.__code__ = self.original_code
+
+    def release(self) -> None:
+        untrack(self)
+        self.disarm()
+        release_sites(self.site_ids)
+        self.site_ids, self.patches = [], []
+
+
+# Slots of live patches, keyed by where they are installed.
+_slots: Dict[Tuple[Any, ...], _Slot] = {}
+
+
+class Patch:
+    """A reversible patch; a context manager that removes itself on exit.
+
+    Attributes: ``target`` (what was patched), ``attribute`` (the method name, or
+    None for a function), ``name`` (the owner part of keys), ``specs``, ``keys``
+    (every key this patch can record) and ``original_code``.
+    """
+
+    def __init__(self, slot: _Slot, target: Any, attribute: Optional[str], name: str, specs: tuple, points: tuple) -> None:
+        self._slot: Optional[_Slot] = slot
+        self.target = target
+        self.attribute = attribute
+        self.name = name
+        self.specs = specs
+        self._points: Tuple[ProbePoint, ...] = points
+        self.original_code = slot.original_code
+        code_name = slot.original_code.co_name
+        self.keys: Tuple[str, ...] = tuple(f"{name}:{code_name}:{p.label}" for p in points)
+
+    @property
+    def active(self) -> bool:
+        """False once removed."""
+        return self._slot is not None
+
+    @property
+    def function(self) -> types.FunctionType:
+        """The function object that runs while patched."""
+        if self._slot is None:
+            raise RuntimeError("this patch has been removed")
+        return self._slot.live
+
+    @property
+    def code(self) -> types.CodeType:
+        """The probed code object (with every patch on the same method)."""
+        if self._slot is None:
+            raise RuntimeError("this patch has been removed")
+        return self._slot.probed
+
+    def remove(self) -> None:
+        """Undo this patch; other patches of the same method stay. Idempotent."""
+        with _lock:
+            slot, self._slot = self._slot, None
+            if slot is None:
+                return
+            remaining = [p for p in slot.patches if p is not self]
+            if remaining:
+                slot.install(remaining)
+                return
+            slot.release()
+            slot.restore()
+            if slot.key is not None:
+                _slots.pop(slot.key, None)
+
+    def __enter__(self) -> "Patch":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.remove()
+
+    def __repr__(self) -> str:
+        where = f"{self.attribute!r} of {self.target!r}" if self.attribute else repr(self.target)
+        state = "active" if self.active else "removed"
+        return f"<Patch {state} {where}: {', '.join(self.keys)}>"
+
+
+def _attach(slot: _Slot, target: Any, attribute: Optional[str], specs: Any, name: Optional[str], default_name: str) -> Patch:
+    """Add a patch to ``slot``; raises (changing nothing) when specs do not resolve."""
+    parsed = parse_all(specs)
+    if name is not None and (not isinstance(name, str) or not name):
+        raise ValueError(f"name must be a non-empty string, got {name!r}")
+    points = resolve(parsed, read(slot.original_code))
+    patch = Patch(slot, target, attribute, name or default_name, parsed, points)
+    slot.install(slot.patches + [patch])
+    return patch
+
+
+def instrument(func: F, specs: Union[SpecLike, Iterable[SpecLike]], name: Optional[str] = None) -> F:
+    """A recording copy of ``func``; the original is untouched.
+
+    Bound methods give a bound method of the copy. ``name`` is the owner part of
+    keys (default: the class for methods, else the module).
+
+    >>> def area(w, h):
+    ...     a = w * h
+    ...     return a
+    >>> import bcrecord
+    >>> recorded = instrument(area, "a", name="geo")
+    >>> with bcrecord.recording() as rec:
+    ...     recorded(2, 3)
+    6
+    >>> rec["geo:area:a@0"]
+    6
+    """
+    base = function_of(func)
+    live = _copy_function(base)
+    slot = _Slot(base, live, restore=lambda: None)
+    _attach(slot, live, None, specs, name, _default_owner(base, getattr(func, "__self__", None)))
+    probe_visible_from(base.__globals__)
+    # The slot lives as long as the function: recordings arm it through a weak set.
+    live.__bcrecord_slot__ = slot  # type: ignore[attr-defined]
+    weakref.finalize(live, release_sites, slot.site_ids)
+    track(slot)
+    if isinstance(func, types.MethodType):
+        return types.MethodType(live, func.__self__)  # type: ignore[return-value]
+    return live  # type: ignore[return-value]
+
+
+def record_locals(
+    *specs: SpecLike, index: Union[int, List[int], None] = None, name: Optional[str] = None
+) -> Callable[[F], F]:
+    """Decorator: record locals (names, or any specs) of the decorated function.
+
+    ``index`` applies to the names given as plain strings without ``@``.
+
+    >>> import bcrecord
+    >>> @record_locals("x", index=[0, 2], name="demo")
+    ... def f():
+    ...     x = 1
+    ...     x = 2
+    ...     x = 3
+    ...     return x
+    >>> with bcrecord.recording() as rec:
+    ...     f()
+    3
+    >>> rec.keys()
+    ['demo:f:x@0', 'demo:f:x@2']
+    """
+    if not specs:
+        raise ValueError("record_locals needs at least one local name or spec")
+    parsed = tuple(
+        Local(spec, index) if isinstance(spec, str) and index is not None and "@" not in spec and "." not in spec else spec
+        for spec in specs
+    )
+
+    def decorate(func: F) -> F:
+        wrapped = instrument(func, parsed, name=name)
+        return wrapped
+
+    return decorate
+
+
+def _lookup(holder: Any, attribute: str) -> Tuple[Any, Any]:
+    """(raw object found statically, raw object in holder's own __dict__ or _MISSING)."""
+    if not isinstance(attribute, str) or not attribute:
+        raise NotPatchableError(f"a method name must be a non-empty string, got {attribute!r}")
+    try:
+        raw = inspect.getattr_static(holder, attribute)
+    except AttributeError:
+        names = [n for n in dir(holder) if not n.startswith("__")]
+        close = difflib.get_close_matches(attribute, names, n=3)
+        hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+        raise NotPatchableError(f"{holder!r} has no attribute {attribute!r}{hint}") from None
+    own = vars(holder).get(attribute, _MISSING) if hasattr(holder, "__dict__") else _MISSING
+    return raw, own
+
+
+def _restorer(holder: Any, attribute: str, own: Any) -> Callable[[], None]:
+    def restore() -> None:
+        if own is _MISSING:
+            try:
+                delattr(holder, attribute) if isinstance(holder, (type, types.ModuleType)) else vars(holder).pop(attribute, None)
+            except AttributeError:
+                pass
+        elif isinstance(holder, type):
+            setattr(holder, attribute, own)
+        elif isinstance(holder, types.ModuleType):
+            setattr(holder, attribute, own)
+        else:
+            vars(holder)[attribute] = own
+
+    return restore
+
+
+def _install(holder: Any, attribute: str, value: Any) -> None:
+    if isinstance(holder, (type, types.ModuleType)):
+        setattr(holder, attribute, value)
+    else:
+        vars(holder)[attribute] = value
+
+
+def patch_function(func: Callable[..., Any], specs: Union[SpecLike, Iterable[SpecLike]], name: Optional[str] = None) -> Patch:
+    """Patch ``func`` in place (its ``__code__``), so every reference to it records.
+
+    >>> import bcrecord
+    >>> def double(v):
+    ...     out = v * 2
+    ...     return out
+    >>> alias = double
+    >>> with patch_function(double, "out", name="m"), bcrecord.recording() as rec:
+    ...     alias(4)
+    8
+    >>> rec["m:double:out@0"]
+    8
+    """
+    base = function_of(func)
+    with _lock:
+        key = ("code", id(base))
+        slot = _slots.get(key)
+        created = slot is None
+        if slot is None:
+            slot = _Slot(base, base, restore=lambda: None)
+            slot.key = key
+        patch = _attach(slot, base, None, specs, name, _default_owner(base))
+        probe_visible_from(base.__globals__)
+        if created:
+            _slots[key] = slot
+            track(slot)
+        return patch
+
+
+def patch_method(
+    obj: Any,
+    method: str,
+    specs: Union[SpecLike, Iterable[SpecLike]],
+    name: Optional[str] = None,
+    *,
+    in_place: bool = False,
+) -> Patch:
+    """Patch ``obj.method`` to record ``specs``; returns a reversible :class:`Patch`.
+
+    ``obj`` is an instance (only it changes), a class (all its instances) or a
+    module (a module-level function). ``name`` is the owner part of keys; the
+    default is the class name (instance and class) or the module name.
+    ``in_place=True`` patches the function object itself (see :func:`patch_function`).
+
+    >>> import bcrecord
+    >>> class Net:
+    ...     def forward(self, x):
+    ...         h = x * 3
+    ...         return h
+    >>> net = Net()
+    >>> with patch_method(net, "forward", "h@0", name="net"), bcrecord.recording() as rec:
+    ...     net.forward(2)
+    6
+    >>> rec["net:forward:h@0"], "forward" in vars(net)
+    (6, False)
+    """
+    raw, own = _lookup(obj, method)
+    if isinstance(obj, type):
+        default = obj.__name__
+    elif isinstance(obj, types.ModuleType):
+        default = obj.__name__
+    else:
+        default = type(obj).__name__
+    base = function_of(raw)
+    if in_place or base is not function_of_shallow(raw):
+        # A wrapper holds the function it wraps: only patching that in place reaches it.
+        return patch_function(base, specs, name=name or default)
+    if not isinstance(obj, (type, types.ModuleType)) and not hasattr(obj, "__dict__"):
+        raise NotPatchableError(
+            f"{type(obj).__name__} instances have no __dict__ (uses __slots__?): patch the class instead"
+        )
+
+    with _lock:
+        key = ("attr", id(obj), method)
+        slot = _slots.get(key)
+        if slot is not None and own is not _MISSING and _unwrap_installed(own) is slot.live:
+            patch = _attach(slot, obj, method, specs, name, default)
+            return patch
+        live = _copy_function(base)
+        slot = _Slot(base, live, restore=_restorer(obj, method, own))
+        slot.key = key
+        patch = _attach(slot, obj, method, specs, name, default)
+        probe_visible_from(base.__globals__)
+        _install(obj, method, _wrap_like(raw, live, obj))
+        _slots[key] = slot
+        track(slot)
+        return patch
+
+
+def function_of_shallow(raw: Any) -> Any:
+    """The function directly behind ``raw`` (through static/class/bound methods only)."""
+    if isinstance(raw, (staticmethod, classmethod, types.MethodType)):
+        raw = raw.__func__
+    return getattr(raw, _BASE_ATTR, raw)
+
+
+def _unwrap_installed(raw: Any) -> Any:
+    if isinstance(raw, (staticmethod, classmethod, types.MethodType)):
+        return raw.__func__
+    return raw
+
+
+def _wrap_like(raw: Any, live: types.FunctionType, holder: Any) -> Any:
+    """``live`` dressed the way ``raw`` was: static/class method, or bound to an instance."""
+    if isinstance(raw, staticmethod):
+        return live if not isinstance(holder, type) else staticmethod(live)
+    if isinstance(raw, classmethod):
+        owner = holder if isinstance(holder, type) else type(holder)
+        return classmethod(live) if isinstance(holder, type) else types.MethodType(live, owner)
+    if isinstance(raw, types.MethodType):
+        return types.MethodType(live, raw.__self__)
+    if isinstance(holder, (type, types.ModuleType)):
+        return live
+    return types.MethodType(live, holder)
+
+
+
+def targets(func: Any) -> Targets:
+    """List everything recordable in ``func`` (a function, method or code object).
+
+    No source is needed. ``print(targets(f))`` shows a table.
+
+    >>> def f(self, x):
+    ...     y = self.w * x
+    ...     return y
+    >>> targets(f).specs()
+    ['y@0', 'self.w@0', 'return']
+    """
+    code = func if isinstance(func, types.CodeType) else function_of(func).__code__
+    return Targets(read(code))

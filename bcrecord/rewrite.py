@@ -1,0 +1,231 @@
+"""Build a probed copy of a code object with the ``bytecode`` package.
+
+:func:`insert_probes` is the expensive step (decode, edit, assemble) and is cached
+per ``(code, probe points)``. Its result is a :class:`Template` whose probes carry
+placeholder site constants; :meth:`Template.bind` swaps in real site ids with a
+cheap ``code.replace``, so fifty patches of one method cost one rewrite.
+
+Each probe calls ``__bcrecord_probe__(value, site_id)`` and drops the result; the
+stack, the variables and the control flow of the original are left as they were.
+
+>>> def f(a):
+...     x = a + 1
+...     return x
+>>> from bcrecord.analysis import read, resolve
+>>> from bcrecord.specs import Local
+>>> template = insert_probes(f.__code__, resolve([Local("x")], read(f.__code__)))
+>>> template.bind([7]).co_varnames == f.__code__.co_varnames
+True
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from types import CodeType
+from typing import Dict, List, Sequence, Tuple
+
+from bytecode import Instr, Label
+
+from . import _versions
+from .analysis import ProbePoint, instructions
+
+__all__ = ["Template", "insert_probes", "cache_info", "clear_cache"]
+
+_PLACEHOLDER = "\x00bcrecord-site-{}"
+_CACHE_SIZE = 512
+
+
+@dataclass(frozen=True)
+class Template:
+    """A probed code object whose site constants are still placeholders."""
+
+    code: CodeType
+    #: ``co_consts`` index of each probe point's placeholder, in point order.
+    slots: Tuple[int, ...]
+
+    def bind(self, site_ids: Sequence[int]) -> CodeType:
+        """The runnable code, with probe point ``k`` reporting as ``site_ids[k]``."""
+        if len(site_ids) != len(self.slots):
+            raise ValueError(f"expected {len(self.slots)} site ids, got {len(site_ids)}")
+        consts = list(self.code.co_consts)
+        for slot, site in zip(self.slots, site_ids):
+            consts[slot] = site
+        return self.code.replace(co_consts=tuple(consts))
+
+
+class _Edits:
+    """Instructions to insert before/after, or to substitute for, given positions."""
+
+    def __init__(self) -> None:
+        self.before: Dict[int, List[Instr]] = {}
+        self.after: Dict[int, List[Instr]] = {}
+        self.tail: Dict[int, List[Instr]] = {}  # after every probe at that position
+        self.replace: Dict[int, Instr] = {}
+
+    def apply(self, items: Sequence[object]) -> List[object]:
+        out: List[object] = []
+        for pos, item in enumerate(items):
+            out += self.before.get(pos, [])
+            out.append(self.replace.get(pos, item))
+            out += self.after.get(pos, [])
+            out += self.tail.get(pos, [])
+        return out
+
+
+def _location(items: Sequence[object], pos: int) -> object:
+    """The anchor's location, or the last real one before it: inserted code needs a line."""
+    for k in range(pos, -1, -1):
+        item = items[k]
+        if isinstance(item, Instr) and item.lineno is not None:
+            return item.location
+    for item in items[pos:]:
+        if isinstance(item, Instr) and item.lineno is not None:
+            return item.location
+    return None
+
+
+def _matching_calls(items: Sequence[object], pos: int, call_name: str) -> List[int]:
+    """Positions of the calls that consume the method slots pushed at ``pos``.
+
+    Follows every path from ``pos`` (3.10's compiler copies a statement's tail into
+    each branch, so one load can have several calls), tracking the stack height
+    above those two slots; a path's call is the first ``call_name n`` reached with
+    exactly ``n`` values above them.
+    """
+    labels = {item: k for k, item in enumerate(items) if isinstance(item, Label)}
+    found: List[int] = []
+    seen = set()
+    work = [(pos + 1, 0)]
+    while work:
+        k, height = work.pop()
+        while k < len(items) and (k, height) not in seen:
+            seen.add((k, height))
+            item = items[k]
+            k += 1
+            if not isinstance(item, Instr):
+                continue
+            if item.name == call_name and height == item.arg:
+                found.append(k - 1)
+                break
+            if isinstance(item.arg, Label):
+                work.append((labels[item.arg], height + item.stack_effect(jump=True)))
+            if item.is_uncond_jump() or item.is_final():
+                break
+            height += item.stack_effect(jump=False)
+            if height < 0:
+                raise RuntimeError(f"stack underflow tracing the method load at instruction {pos}")
+    if not found:
+        raise RuntimeError(f"no {call_name} matches the method load at instruction {pos}")
+    return sorted(set(found))
+
+
+def _rewrite(code: CodeType, points: Sequence[ProbePoint]) -> Template:
+    table = _versions.current()
+    bytecode = instructions(code)
+    items = list(bytecode)
+    edits = _Edits()
+    cells = set(code.co_cellvars)
+
+    for k, point in enumerate(points):
+        site = _PLACEHOLDER.format(k)
+        for pos in point.positions:
+            anchor = items[pos]
+            loc = _location(items, pos)
+            if point.kind == "store":
+                assert isinstance(anchor, Instr)
+                load = Instr(anchor.name.replace("STORE_", "LOAD_"), anchor.arg, location=loc)  # type: ignore[arg-type]
+                edits.after.setdefault(pos, []).extend(table.call_probe([load], site, loc))
+            elif point.kind == "load":
+                assert isinstance(anchor, Instr)
+                edits.after.setdefault(pos, []).extend(table.tee_probe(site, loc))
+                if point.method and pos not in edits.replace:
+                    name = table.method_load(anchor)
+                    edits.replace[pos] = table.plain_attr(str(name), anchor.location)
+                    edits.tail[pos] = table.method_stack(loc)
+                    if table.method_call_fix:
+                        old, new = table.method_call_fix
+                        for call in _matching_calls(items, pos, old):
+                            call_instr = items[call]
+                            assert isinstance(call_instr, Instr)
+                            edits.replace[call] = Instr(new, call_instr.arg, location=call_instr.location)
+            elif point.kind == "return":
+                assert isinstance(anchor, Instr)
+                before = edits.before.setdefault(pos, [])
+                if anchor.name == table.return_const:
+                    if pos not in edits.replace:
+                        before.insert(0, Instr("LOAD_CONST", anchor.arg, location=anchor.location))
+                        edits.replace[pos] = Instr(table.return_value, location=anchor.location)
+                before.extend(table.tee_probe(site, loc))
+            elif point.kind == "entry":
+                load = table.load_local(point.root, point.root in cells, loc)
+                edits.before.setdefault(pos, []).extend(table.call_probe([load], site, loc))
+            else:  # pragma: no cover - ProbePoint kinds are fixed by analysis.resolve
+                raise ValueError(f"unknown probe kind {point.kind!r}")
+
+    bytecode[:] = edits.apply(items)
+    # Seed the variable order with the original's: otherwise bytecode numbers locals by
+    # first use, which reorders co_varnames (and locals()) on 3.12+.
+    bytecode.argnames = list(code.co_varnames)
+    new = bytecode.to_code()
+    if new.co_varnames != code.co_varnames:  # pragma: no cover - guarded invariant
+        raise RuntimeError(f"rewriting {code.co_name} changed its variables")
+    placeholders = {_PLACEHOLDER.format(k): k for k in range(len(points))}
+    slots = [0] * len(points)
+    for index, const in enumerate(new.co_consts):
+        if isinstance(const, str) and const in placeholders:
+            slots[placeholders[const]] = index
+    return Template(new, tuple(slots))
+
+
+_cache: "OrderedDict[Tuple[CodeType, Tuple[ProbePoint, ...]], Template]" = OrderedDict()
+_cache_lock = threading.Lock()
+_stats = {"hits": 0, "misses": 0}
+
+
+def insert_probes(code: CodeType, points: Sequence[ProbePoint]) -> Template:
+    """A :class:`Template` of ``code`` with a probe at each of ``points`` (cached).
+
+    >>> def f(a):
+    ...     return a
+    >>> from bcrecord.analysis import read, resolve
+    >>> from bcrecord.specs import Return
+    >>> points = resolve([Return()], read(f.__code__))
+    >>> insert_probes(f.__code__, points) is insert_probes(f.__code__, points)
+    True
+    """
+    key = (code, tuple(points))
+    with _cache_lock:
+        template = _cache.get(key)
+        if template is not None:
+            _cache.move_to_end(key)
+            _stats["hits"] += 1
+            return template
+    template = _rewrite(code, key[1])
+    with _cache_lock:
+        _stats["misses"] += 1
+        _cache[key] = template
+        while len(_cache) > _CACHE_SIZE:
+            _cache.popitem(last=False)
+    return template
+
+
+def cache_info() -> Dict[str, int]:
+    """Hits, misses and size of the rewrite cache.
+
+    >>> sorted(cache_info())
+    ['hits', 'misses', 'size']
+    """
+    with _cache_lock:
+        return {**_stats, "size": len(_cache)}
+
+
+def clear_cache() -> None:
+    """Forget every cached rewrite (for benchmarks of first-time patch cost).
+
+    >>> clear_cache(); cache_info()["size"]
+    0
+    """
+    with _cache_lock:
+        _cache.clear()

@@ -1,0 +1,238 @@
+"""What to record: small immutable spec values, and the one parser of short forms.
+
+A spec names a value inside a function without saying how it is found:
+
+>>> Local("x", 1)
+Local(name='x', index=(1,), copy=None)
+>>> parse("self.linear1.weight")
+Attribute(target='self.linear1.weight', at='entry', index=None, copy=None)
+
+Every public entry point accepts a spec, a short-form string or an MMEngine-style
+dict, and turns it into a spec with :func:`parse`.
+"""
+
+from __future__ import annotations
+
+import json
+import keyword
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence, Tuple, Union
+
+from .errors import SpecError
+
+__all__ = [
+    "Local",
+    "Attribute",
+    "Return",
+    "Spec",
+    "SpecLike",
+    "COPY_POLICIES",
+    "parse",
+    "parse_all",
+]
+
+#: Copy policies a recording or a spec may ask for.
+COPY_POLICIES = ("clone", "detach", "deepcopy", "none")
+
+Index = Union[int, Sequence[int], None]
+
+
+def _index(value: Index) -> tuple[int, ...] | None:
+    """Normalise an index argument to a sorted tuple of ints, or None for 'all'."""
+    if value is None:
+        return None
+    items = (value,) if isinstance(value, int) else tuple(value)
+    for item in items:
+        if isinstance(item, bool) or not isinstance(item, int) or item < 0:
+            raise SpecError(f"an index must be a non-negative int, got {item!r}")
+    if not items:
+        raise SpecError("an index list must not be empty (use None for every one)")
+    return tuple(sorted(set(items)))
+
+
+def _copy(value: str | None) -> str | None:
+    if value is not None and value not in COPY_POLICIES:
+        raise SpecError(f"unknown copy policy {value!r}; choose one of {COPY_POLICIES}")
+    return value
+
+
+def _identifier(name: object, what: str) -> str:
+    if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
+        raise SpecError(f"{what} must be a Python identifier, got {name!r}")
+    return name
+
+
+@dataclass(frozen=True)
+class Local:
+    """The value of local ``name`` right after its assignment number ``index``.
+
+    Assignments are counted in source order (line, then column) from 0, the way
+    a reader counts them; ``index=None`` records every assignment. An
+    assignment inside a loop is recorded each time it runs.
+
+    >>> Local("x", [2, 0]).index
+    (0, 2)
+    """
+
+    name: str
+    index: tuple[int, ...] | None = None
+    copy: str | None = None
+
+    def __init__(self, name: str, index: Index = None, copy: str | None = None) -> None:
+        object.__setattr__(self, "name", _identifier(name, "a local's name"))
+        object.__setattr__(self, "index", _index(index))
+        object.__setattr__(self, "copy", _copy(copy))
+
+
+@dataclass(frozen=True)
+class Attribute:
+    """An attribute chain such as ``'self.linear1.weight'``.
+
+    ``at='entry'`` records the chain once when the function starts (the MMEngine
+    ``AttributeRecorder`` semantics; the root must be an argument).
+    ``at='load'`` records the value each time the body loads exactly that chain,
+    method-style loads such as ``self.linear1(x)`` included; ``index`` picks load
+    sites by their order in the source.
+
+    >>> Attribute("self.linear1", at="load", index=0).chain
+    ('self', 'linear1')
+    """
+
+    target: str
+    at: str = "entry"
+    index: tuple[int, ...] | None = None
+    copy: str | None = None
+
+    def __init__(
+        self, target: str, at: str = "entry", index: Index = None, copy: str | None = None
+    ) -> None:
+        if not isinstance(target, str):
+            raise SpecError(f"an attribute target must be a string, got {target!r}")
+        parts = target.split(".")
+        if len(parts) < 2:
+            raise SpecError(f"an attribute target needs a dot, e.g. 'self.x', got {target!r}")
+        for part in parts:
+            _identifier(part, f"each part of {target!r}")
+        if at not in ("entry", "load"):
+            raise SpecError(f"at must be 'entry' or 'load', got {at!r}")
+        if at == "entry" and index is not None:
+            raise SpecError("index applies to at='load' only: an entry value is read once")
+        object.__setattr__(self, "target", target)
+        object.__setattr__(self, "at", at)
+        object.__setattr__(self, "index", _index(index))
+        object.__setattr__(self, "copy", _copy(copy))
+
+    @property
+    def chain(self) -> tuple[str, ...]:
+        """The chain split at its dots: root name first."""
+        return tuple(self.target.split("."))
+
+
+@dataclass(frozen=True)
+class Return:
+    """The returned value, at every return site (an implicit ``return None`` too).
+
+    >>> Return().copy is None
+    True
+    """
+
+    copy: str | None = field(default=None)
+
+    def __post_init__(self) -> None:
+        _copy(self.copy)
+
+
+Spec = Union[Local, Attribute, Return]
+SpecLike = Union[Spec, str, Mapping[str, Any]]
+
+_SHORT = re.compile(r"^\s*(?P<target>[^@\s]+)\s*(?:@\s*(?P<index>.+?))?\s*$")
+
+
+def _parse_index_text(text: str, spec: str) -> Index:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        raise SpecError(f"bad index in {spec!r}: expected an int or a list like [0,2]") from None
+    if isinstance(value, list) or (isinstance(value, int) and not isinstance(value, bool)):
+        return value
+    raise SpecError(f"bad index in {spec!r}: expected an int or a list like [0,2]")
+
+
+def _parse_str(text: str) -> Spec:
+    match = _SHORT.match(text)
+    if match is None:
+        raise SpecError(f"cannot parse spec {text!r}; examples: 'x', 'x@1', 'self.fc.weight'")
+    target, index_text = match.group("target"), match.group("index")
+    index = None if index_text is None else _parse_index_text(index_text, text)
+    if target in ("return", "<return>"):
+        if index is not None:
+            raise SpecError(f"{text!r}: a return spec takes no index")
+        return Return()
+    if "." in target:
+        # An index on a chain only makes sense per load site.
+        return Attribute(target, at="entry" if index is None else "load", index=index)
+    return Local(target, index)
+
+
+def _parse_dict(spec: Mapping[str, Any]) -> Spec:
+    kind = spec.get("type")
+    known = {"type", "target", "index", "copy", "at", "model", "method", "name"}
+    unknown = set(spec) - known
+    if unknown:
+        raise SpecError(f"unknown keys {sorted(unknown)} in {dict(spec)!r}")
+    target = spec.get("target")
+    if kind == "FunctionRecorder":
+        if not isinstance(target, str):
+            raise SpecError(f"FunctionRecorder needs a string 'target', got {dict(spec)!r}")
+        if target == "return":
+            return Return(copy=spec.get("copy"))
+        if "." in target:
+            return Attribute(target, at="load", index=spec.get("index"), copy=spec.get("copy"))
+        return Local(target, spec.get("index"), copy=spec.get("copy"))
+    if kind == "AttributeRecorder":
+        if not isinstance(target, str):
+            raise SpecError(f"AttributeRecorder needs a string 'target', got {dict(spec)!r}")
+        return Attribute(
+            target, at=spec.get("at", "entry"), index=spec.get("index"), copy=spec.get("copy")
+        )
+    raise SpecError(
+        f"dict specs need type='FunctionRecorder' or 'AttributeRecorder', got {kind!r}"
+    )
+
+
+def parse(spec: SpecLike) -> Spec:
+    """Turn a spec, a short-form string or an MMEngine recorder dict into a spec.
+
+    Short forms: ``'x'`` (every assignment of ``x``), ``'x@1'``, ``'x@[0,2]'``,
+    ``'self.linear1.weight'`` (at entry), ``'self.linear1@0'`` (first load site),
+    ``'return'``. Dicts: ``dict(type='FunctionRecorder', target='outputs',
+    index=[1])`` and ``dict(type='AttributeRecorder', target='self.fc.weight')``;
+    their ``model``/``method``/``name`` keys are for integrations and ignored here.
+
+    >>> parse("x@[0,2]")
+    Local(name='x', index=(0, 2), copy=None)
+    >>> parse(dict(type="FunctionRecorder", target="outputs", index=[1]))
+    Local(name='outputs', index=(1,), copy=None)
+    """
+    if isinstance(spec, (Local, Attribute, Return)):
+        return spec
+    if isinstance(spec, str):
+        return _parse_str(spec)
+    if isinstance(spec, Mapping):
+        return _parse_dict(spec)
+    raise SpecError(f"a spec must be Local/Attribute/Return, a string or a dict, got {spec!r}")
+
+
+def parse_all(specs: SpecLike | Iterable[SpecLike]) -> Tuple[Spec, ...]:
+    """Parse one spec or many; a single string or dict counts as one.
+
+    >>> parse_all(["x@0", "return"])
+    (Local(name='x', index=(0,), copy=None), Return(copy=None))
+    """
+    if isinstance(specs, (str, Mapping, Local, Attribute, Return)):
+        return (parse(specs),)
+    parsed = tuple(parse(spec) for spec in specs)
+    if not parsed:
+        raise SpecError("no specs given: name at least one local, attribute or return")
+    return parsed

@@ -1,0 +1,117 @@
+"""bcrecord.analysis: numbering of assignments, chains and returns, on every version."""
+
+import sys
+
+import pytest
+
+from bcrecord import Attribute, Local, Return, TargetError
+from bcrecord.analysis import read, resolve
+
+from . import corpus
+
+
+def numbered(func):
+    first = func.__code__.co_firstlineno
+    cmap = read(func.__code__)
+    return {(a.name, a.index): a.line - first for sites in cmap.locals.values() for a in sites}
+
+
+def test_every_assignment_form_is_numbered_as_a_reader_counts():
+    # The same table on 3.10, 3.11, 3.12 and 3.13: synthesized stores are left out,
+    # a duplicated finally body is one assignment, comprehension variables are not locals.
+    assert numbered(corpus.everything) == corpus.EVERYTHING_TARGETS
+
+
+def test_comprehension_variable_is_not_a_local_of_the_enclosing_function():
+    def f(seq):
+        out = [v + 1 for v in seq]
+        return out
+
+    assert sorted(read(f.__code__).locals) == ["out"]
+
+
+def test_except_cleanup_store_is_not_an_assignment():
+    def f():
+        try:
+            raise KeyError
+        except KeyError as e:
+            pass
+        e = 5
+        return e
+
+    assert [a.line - f.__code__.co_firstlineno for a in read(f.__code__).locals["e"]] == [3, 5]
+
+
+def test_loop_condition_and_finally_copies_share_one_number():
+    def f(n):
+        total = 0
+        while (k := n) > 0:
+            n -= 1
+            try:
+                total = total + k
+            finally:
+                done = total
+        return done
+
+    cmap = read(f.__code__)
+    assert [len(cmap.locals[name]) for name in ("total", "k", "n", "done")] == [2, 1, 1, 1]
+    # the finally body is compiled twice: one assignment, two store instructions
+    assert len(cmap.locals["done"][0].positions) == 2
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="3.10 code objects carry no columns")
+def test_same_line_assignments_are_ordered_by_column():
+    def f():
+        x = 1; x = (x := 5) + 1  # noqa: E702
+        return x
+
+    sites = read(f.__code__).locals["x"]
+    assert [(s.line - f.__code__.co_firstlineno, s.column) for s in sites] == [(1, 8), (1, 15), (1, 20)]
+
+
+def test_attribute_chains_and_method_style_loads():
+    def f(self, x):
+        h = self.linear1(x)
+        w = self.linear1.weight
+        return self.linear2(h) + w
+
+    cmap = read(f.__code__)
+    assert sorted(cmap.attributes) == ["self.linear1", "self.linear1.weight", "self.linear2"]
+    assert [s.method for s in cmap.attributes["self.linear1"]] == [True, False]
+    assert len(cmap.attributes["self.linear1"]) == 2
+    assert cmap.arguments == ("self", "x")
+
+
+def test_return_sites_include_the_implicit_return():
+    def f(a):
+        if a:
+            return 1
+
+    assert len(read(f.__code__).returns) == 2
+
+
+def test_resolve_errors_name_what_exists():
+    def f(self, a):
+        b = a
+        b = b + 1
+        return self.c
+
+    cmap = read(f.__code__)
+    with pytest.raises(TargetError, match="assigned locals: b"):
+        resolve([Local("nope")], cmap)
+    with pytest.raises(TargetError, match=r"has 2 sites \(index 0\.\.1\); there is no index 5"):
+        resolve([Local("b", 5)], cmap)
+    with pytest.raises(TargetError, match="chains it loads: self.c"):
+        resolve([Attribute("self.d", at="load")], cmap)
+    with pytest.raises(TargetError, match="root must be an argument"):
+        resolve([Attribute("b.real")], cmap)
+    with pytest.raises(TargetError, match="'a' is an argument and never reassigned"):
+        resolve([Local("a")], cmap)
+    points = resolve([Local("b"), Return(), Attribute("self.c"), Attribute("self.c", at="load")], cmap)
+    assert [(p.kind, p.label) for p in points] == [
+        ("store", "b@0"),
+        ("store", "b@1"),
+        ("return", "return"),
+        ("entry", "self.c"),
+        ("load", "self.c@0"),
+    ]

@@ -1,0 +1,311 @@
+"""End to end: a patched function behaves exactly like the original, and records."""
+
+import asyncio
+import functools
+import importlib
+import linecache
+import py_compile
+import sys
+import traceback
+
+import pytest
+
+import bcrecord
+from bcrecord import Attribute, Local, Return
+
+from . import corpus
+
+
+def every_spec(func):
+    """Every recordable site of func, as specs."""
+    return bcrecord.targets(func).specs() or ["return"]
+
+
+def run_both(func, *args, **kwargs):
+    """(original outcome, patched outcome, recording) for one call."""
+    patched = bcrecord.instrument(func, every_spec(func), name="t")
+
+    def outcome(f):
+        try:
+            return ("ok", f(*args, **kwargs))
+        except Exception as error:  # compare exceptions by type and message
+            return ("raised", type(error), str(error))
+
+    original = outcome(func)
+    with bcrecord.recording(copy="none") as rec:
+        result = outcome(patched)
+    return original, result, rec
+
+
+def test_corpus_function_same_result_and_every_value_recorded():
+    original, patched, rec = run_both(corpus.everything, [1, 2, 3], {"k": 7})
+    assert patched == original
+    assert rec["t:everything:x@2"] == 1 + 2 + 1 + 2 + 3
+    assert rec.all("t:everything:i@0") == [1, 2, 3]
+    assert rec["t:everything:captured@0"] == 7
+    assert rec["t:everything:rest@0"] == [2, 3]
+    assert rec["t:everything:err@0"].args == ("boom",)
+    assert rec["t:everything:z@0"] == 0
+    assert rec["t:everything:f@0"] == 2
+    assert rec["t:everything:osp@0"].__name__ == "posixpath" or rec["t:everything:osp@0"].__name__ == "ntpath"
+    assert rec["t:everything:return"] == original[1]
+
+
+def test_exceptions_and_tracebacks_keep_original_file_and_lines():
+    def boom(a):
+        b = a + 1
+        raise ValueError(f"bad {b}")
+
+    patched = bcrecord.instrument(boom, "b")
+    with bcrecord.recording() as rec, pytest.raises(ValueError, match="bad 2") as info:
+        patched(1)
+    frame = traceback.extract_tb(info.value.__traceback__)[-1]
+    assert (frame.filename, frame.lineno) == (__file__, boom.__code__.co_firstlineno + 2)
+    assert rec.all("tests.test_end_to_end:boom:b@0") == [2]
+
+
+def test_generators_record_every_step():
+    def gen(n):
+        for k in range(n):
+            sq = k * k
+            yield sq
+        return "done"
+
+    patched = bcrecord.instrument(gen, ["sq", "return"], name="g")
+    with bcrecord.recording() as rec:
+        assert list(patched(4)) == [0, 1, 4, 9]
+    assert rec.all("g:gen:sq@0") == [0, 1, 4, 9]
+    assert rec["g:gen:return"] == "done"
+
+
+def test_coroutines_and_async_generators():
+    async def coro(x):
+        await asyncio.sleep(0)
+        y = x * 3
+        return y
+
+    async def agen(n):
+        for k in range(n):
+            v = k + 10
+            yield v
+
+    c = bcrecord.instrument(coro, "y", name="a")
+    g = bcrecord.instrument(agen, "v", name="a")
+
+    async def main():
+        return await c(2), [v async for v in g(2)]
+
+    with bcrecord.recording() as rec:
+        assert asyncio.run(main()) == (6, [10, 11])
+    assert rec["a:coro:y@0"] == 6
+    assert rec.all("a:agen:v@0") == [10, 11]
+
+
+def test_closures_zero_argument_super_and_recursion():
+    class Base:
+        def value(self, x):
+            return x + 1
+
+    class Child(Base):
+        def value(self, x):
+            r = super().value(x)
+            return r * 2
+
+    def make_counter():
+        count = 0
+
+        def bump(step):
+            nonlocal count
+            count += step
+            return count
+
+        return bump
+
+    def fact(n):
+        res = 1 if n <= 1 else n * fact(n - 1)
+        return res
+
+    with bcrecord.patch_method(Child, "value", "r"), bcrecord.recording() as rec:
+        assert Child().value(1) == 4
+    assert rec["Child:value:r@0"] == 2
+
+    bump = make_counter()
+    patched = bcrecord.instrument(bump, "count")
+    with bcrecord.recording() as rec:
+        assert patched(2) == 2 and patched(3) == 5 and bump(1) == 6
+    assert rec.all(rec.keys()[0]) == [2, 5]
+
+    with bcrecord.patch_function(fact, "res", name="m"), bcrecord.recording() as rec:
+        assert fact(4) == 24
+    assert rec.all("m:fact:res@0") == [1, 2, 6, 24]
+
+
+def test_defaults_keyword_only_star_args_and_signature():
+    def f(a, b=2, *args, c, d=4, **kw):
+        s = a + b + sum(args) + c + d + sum(kw.values())
+        return s
+
+    patched = bcrecord.instrument(f, "s")
+    import inspect
+
+    assert inspect.signature(patched) == inspect.signature(f)
+    assert (patched.__name__, patched.__qualname__, patched.__doc__) == (f.__name__, f.__qualname__, f.__doc__)
+    with bcrecord.recording() as rec:
+        assert patched(1, c=3) == f(1, c=3) == 10
+        assert patched(1, 1, 1, c=1, d=1, e=1) == f(1, 1, 1, c=1, d=1, e=1) == 6
+    assert rec.all(rec.keys()[0]) == [10, 6]
+
+
+def test_wraps_decorated_static_class_and_bound_methods():
+    def logged(func):
+        @functools.wraps(func)
+        def wrapper(*args, **kwargs):
+            return func(*args, **kwargs)
+
+        return wrapper
+
+    class K:
+        factor = 10
+
+        @logged
+        def deco(self, x):
+            inner = x + 1
+            return inner
+
+        @staticmethod
+        def stat(x):
+            st = x * 2
+            return st
+
+        @classmethod
+        def clsm(cls, x):
+            cm = x * cls.factor
+            return cm
+
+        def plain(self, x):
+            p = x - 1
+            return p
+
+    k = K()
+    with bcrecord.recording() as rec:
+        with bcrecord.patch_method(K, "deco", "inner"):
+            assert k.deco(1) == 2 and K.deco.__wrapped__ is not None
+        with bcrecord.patch_method(K, "stat", "st"):
+            assert K.stat(2) == 4 and k.stat(3) == 6
+        with bcrecord.patch_method(K, "clsm", "cm"):
+            assert K.clsm(1) == 10 and k.clsm(2) == 20
+        bound = bcrecord.instrument(k.plain, "p")
+        assert bound(5) == 4 and bound.__self__ is k
+    assert rec["K:deco:inner@0"] == 2
+    assert rec.all("K:stat:st@0") == [4, 6]
+    assert rec.all("K:clsm:cm@0") == [10, 20]
+    assert rec["K:plain:p@0"] == 4
+    # everything restored
+    assert isinstance(K.__dict__["stat"], staticmethod) and isinstance(K.__dict__["clsm"], classmethod)
+    assert K.stat(1) == 2
+
+
+def test_function_from_exec_without_source():
+    source = "def hidden(a):\n    q = a * 7\n    return q\n"
+    namespace = {}
+    exec(compile(source, "<generated-17>", "exec"), namespace)
+    hidden = namespace["hidden"]
+    assert not linecache.getlines("<generated-17>")
+    patched = bcrecord.instrument(hidden, "q", name="gen")
+    with bcrecord.recording() as rec:
+        assert patched(3) == 21
+    assert rec["gen:hidden:q@0"] == 21
+
+
+def test_lambda():
+    lam = lambda v: v * 2  # noqa: E731
+    patched = bcrecord.instrument(lam, Return(), name="l")
+    with bcrecord.recording() as rec:
+        assert patched(4) == 8
+    assert rec["l:<lambda>:return"] == 8
+
+
+def test_module_imported_from_sourceless_pyc(tmp_path, monkeypatch):
+    src = tmp_path / "sourceless_mod.py"
+    src.write_text("def compute(a):\n    hidden = a + 100\n    return hidden\n")
+    py_compile.compile(str(src), cfile=str(tmp_path / "sourceless_mod.pyc"))
+    src.unlink()
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module("sourceless_mod")
+    try:
+        assert module.__spec__.origin.endswith(".pyc")
+        with bcrecord.patch_method(module, "compute", "hidden") as patch, bcrecord.recording() as rec:
+            assert module.compute(1) == 101
+        assert rec["sourceless_mod:compute:hidden@0"] == 101
+        assert module.compute is patch.target.compute and module.compute.__code__ is patch.original_code
+    finally:
+        sys.modules.pop("sourceless_mod", None)
+
+
+def test_toy_model_with_mmengine_style_keys():
+    model = corpus.ToyModel()
+    specs = [
+        dict(type="FunctionRecorder", target="outputs", index=[1]),
+        dict(type="AttributeRecorder", target="self.linear1.weight"),
+        Attribute("self.linear1", at="load"),
+    ]
+    with bcrecord.patch_method(model, "forward", specs, name="runner_model"), bcrecord.recording() as rec:
+        assert model.forward([1, 2]) == 18
+        assert model.forward(1, 10, mode="loss") == {"loss": 4}
+    assert rec.all("runner_model:forward:outputs@1") == [18, 6]
+    assert rec["runner_model:forward:self.linear1.weight"] == 2
+    assert rec["runner_model:forward:self.linear1@0"] is model.linear1
+    assert "forward" not in vars(model)
+
+
+def test_method_load_probe_keeps_stack_for_nested_and_conditional_calls():
+    class M:
+        def f(self, a, b=0):
+            return a + b
+
+        def g(self):
+            return 5
+
+        def run(self, flag):
+            out = self.f(
+                self.g(),
+                self.f(1, 2) if flag else self.g(),
+            )
+            return out
+
+    m = M()
+    with bcrecord.patch_method(M, "run", [Attribute("self.f", at="load"), Attribute("self.g", at="load"), "out"]):
+        with bcrecord.recording() as rec:
+            assert m.run(True) == 8 and m.run(False) == 10
+    assert rec["M:run:out@0"] == 10
+    assert [v.__func__ for v in rec.all("M:run:self.f@0")] == [M.f, M.f]
+    assert len(rec.all("M:run:self.g@0")) == 2 and len(rec.all("M:run:self.g@1")) == 1
+
+
+def test_every_site_of_a_varied_function_keeps_behaviour():
+    def varied(self, items, *, limit=3):
+        acc = []
+        for idx, item in enumerate(items):
+            if idx >= limit:
+                break
+            try:
+                val = int(item)
+            except (TypeError, ValueError) as exc:
+                val = str(exc)
+            finally:
+                last = idx
+            acc.append(self.conv(val) if isinstance(val, int) else val)
+        total = sum(v for v in acc if isinstance(v, int))
+        with open(__file__) as fh:
+            head = fh.readline()
+        return acc, total, last, head
+
+    class S:
+        def conv(self, v):
+            return v * 2
+
+    args = (S(), ["1", None, "x", "4", "5"])
+    original, patched, rec = run_both(varied, *args, limit=4)
+    assert patched == original
+    assert rec.all("t:varied:val@0") == [1, 4]
+    assert rec.all("t:varied:last@0") == [0, 1, 2, 3]

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The whole test suite: every tox environment (Python 3.10-3.13 core tests and lint).
+# Installs what it needs; finds the pyenv interpreters on its own.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if command -v pyenv >/dev/null 2>&1; then
+  for v in 3.10 3.11 3.12 3.13; do
+    dir=$(ls -d "$(pyenv root)"/versions/"$v".* 2>/dev/null | sort -V | tail -n 1 || true)
+    [ -n "$dir" ] && PATH="$dir/bin:$PATH"
+  done
+  export PATH
+fi
+python3 -m pip install --quiet --disable-pip-version-check "tox>=4"
+exec python3 -m tox run "$@"
