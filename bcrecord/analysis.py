@@ -20,7 +20,7 @@ from __future__ import annotations
 import inspect
 from dataclasses import dataclass, field
 from types import CodeType
-from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from bytecode import UNSET, Bytecode, Instr, Label
 
@@ -236,7 +236,8 @@ def _group(
         if key in groups:
             groups[key][1].append(pos)
         else:
-            order = (instr.lineno or 0, _column(instr) if _column(instr) is not None else -1, pos)
+            column = _column(instr)
+            order = (instr.lineno or 0, -1 if column is None else column, pos)
             groups[key] = (order, [pos], instr)
     by_name: Dict[str, List[Tuple[Tuple[int, int, int], List[int], Instr]]] = {}
     for (name, _), group in groups.items():
@@ -252,7 +253,9 @@ def _argument_names(code: CodeType) -> Tuple[str, ...]:
     return tuple(code.co_varnames[:count])
 
 
-def _chains(real: List[Tuple[int, Instr]], bytecode: Sequence[object]) -> Iterator[Tuple[str, int, Instr, bool]]:
+def _chains(
+    real: List[Tuple[int, Instr]], bytecode: Sequence[object]
+) -> Iterator[Tuple[str, int, Instr, bool]]:
     """Yield (chain, position, instr, method) for every attribute load on a local."""
     table = _versions.current()
     chain: Optional[List[str]] = None
@@ -272,8 +275,10 @@ def _chains(real: List[Tuple[int, Instr]], bytecode: Sequence[object]) -> Iterat
         chain = [_versions.local_name(instr.arg)] if instr.name in table.local_loads else None
 
 
-def read(code: CodeType) -> CodeMap:
+def read(code: CodeType, qualname: Optional[str] = None) -> CodeMap:
     """Find every recordable site in ``code``, numbered in source order.
+
+    ``qualname`` names the function in messages (3.10 code objects lack one).
 
     >>> def g(self, x):
     ...     y = self.scale * x
@@ -306,7 +311,11 @@ def read(code: CodeType) -> CodeMap:
     attr_map = {
         chain: tuple(
             AttributeLoad(
-                chain, n, instr.lineno, _column(instr), tuple(positions),
+                chain,
+                n,
+                instr.lineno,
+                _column(instr),
+                tuple(positions),
                 method=positions[0] in method_positions,
             )
             for n, (_, positions, instr) in enumerate(groups)
@@ -332,7 +341,7 @@ def read(code: CodeType) -> CodeMap:
             break
     return CodeMap(
         name=code.co_name,
-        qualname=getattr(code, "co_qualname", code.co_name),
+        qualname=str(qualname or getattr(code, "co_qualname", code.co_name)),
         filename=code.co_filename,
         arguments=_argument_names(code),
         locals=local_map,
@@ -392,14 +401,12 @@ def resolve(specs: Sequence[Spec], cmap: CodeMap) -> Tuple[ProbePoint, ...]:
                 )
             sites = _pick(cmap.locals[spec.name], spec.index, f"local {spec.name!r}", func)
             points += [
-                ProbePoint("store", a.positions, f"{spec.name}@{a.index}", copy=spec.copy)
-                for a in sites
+                ProbePoint("store", a.positions, f"{spec.name}@{a.index}", copy=spec.copy) for a in sites
             ]
         elif isinstance(spec, Attribute) and spec.at == "load":
             if spec.target not in cmap.attributes:
                 raise TargetError(
-                    f"{func} never loads {spec.target!r}; chains it loads: "
-                    f"{_names(cmap.attributes)}"
+                    f"{func} never loads {spec.target!r}; chains it loads: {_names(cmap.attributes)}"
                 )
             sites = _pick(cmap.attributes[spec.target], spec.index, f"chain {spec.target!r}", func)
             points += [
@@ -414,9 +421,7 @@ def resolve(specs: Sequence[Spec], cmap: CodeMap) -> Tuple[ProbePoint, ...]:
                     f"{func}; arguments: {_names(cmap.arguments)} (use at='load' for locals)"
                 )
             points.append(
-                ProbePoint(
-                    "entry", (cmap.entry,), spec.target, root=root, chain=tuple(rest), copy=spec.copy
-                )
+                ProbePoint("entry", (cmap.entry,), spec.target, root=root, chain=tuple(rest), copy=spec.copy)
             )
         elif isinstance(spec, Return):
             if not cmap.returns:
@@ -447,19 +452,27 @@ class Targets:
         out += [f"{s.chain}@{s.index}" for sites in self.attributes.values() for s in sites]
         return out + (["return"] if self.returns else [])
 
-    def as_dict(self) -> Dict[str, object]:
+    def as_dict(self) -> Dict[str, Any]:
         """Plain data: lists of dicts with kind, target, index, line and column."""
         rows: List[Dict[str, object]] = []
         for sites in self.locals.values():
-            rows += [dict(kind="local", target=a.name, index=a.index, line=a.line, column=a.column) for a in sites]
+            rows += [
+                dict(kind="local", target=a.name, index=a.index, line=a.line, column=a.column) for a in sites
+            ]
         for loads in self.attributes.values():
-            rows += [dict(kind="attribute", target=s.chain, index=s.index, line=s.line, column=s.column) for s in loads]
-        rows += [dict(kind="return", target="return", index=r.index, line=r.line, column=r.column) for r in self.returns]
+            rows += [
+                dict(kind="attribute", target=s.chain, index=s.index, line=s.line, column=s.column)
+                for s in loads
+            ]
+        rows += [
+            dict(kind="return", target="return", index=r.index, line=r.line, column=r.column)
+            for r in self.returns
+        ]
         return {"function": self.name, "arguments": list(self.arguments), "targets": rows}
 
     def __str__(self) -> str:
         rows = [("kind", "target", "index", "line", "spec")]
-        for row in self.as_dict()["targets"]:  # type: ignore[union-attr]
+        for row in self.as_dict()["targets"]:
             kind, target, index = row["kind"], row["target"], row["index"]
             spec = "return" if kind == "return" else f"{target}@{index}"
             line = "" if row["line"] is None else str(row["line"])
@@ -468,9 +481,8 @@ class Targets:
             rows.append((str(kind), str(target), str(index), line, spec))
         widths = [max(len(r[i]) for r in rows) for i in range(5)]
         lines = [f"{self.name}({', '.join(self.arguments)})"]
-        lines += ["  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in rows]
+        lines += ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows]
         return "\n".join(lines)
 
     def __repr__(self) -> str:
         return f"<Targets of {self.name}: {len(self.specs())} sites>"
-

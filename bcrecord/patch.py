@@ -119,20 +119,22 @@ class _Slot:
         self.live = live
         self.original_code = base.__code__
         self.restore = restore
-        self.patches: List["Patch"] = []
+        self.patches: List[Patch] = []
         self.probed = self.original_code
         self.site_ids: List[int] = []
         self.armed = False
         self.key: Any = None
 
-    def plan(self, patches: List["Patch"]) -> Tuple[types.CodeType, List[int]]:
+    def plan(self, patches: List[Patch]) -> Tuple[types.CodeType, List[int]]:
         """Build the probed code for ``patches`` without changing anything."""
         points: List[ProbePoint] = []
         sites: List[Site] = []
         for patch in patches:
             for point in patch._points:
                 points.append(point)
-                sites.append(Site(f"{patch.name}:{self.original_code.co_name}:{point.label}", point.chain, point.copy))
+                sites.append(
+                    Site(f"{patch.name}:{self.original_code.co_name}:{point.label}", point.chain, point.copy)
+                )
         if not points:
             return self.original_code, []
         template = insert_probes(self.original_code, points)
@@ -143,7 +145,7 @@ class _Slot:
             release_sites(ids)
             raise
 
-    def install(self, patches: List["Patch"]) -> None:
+    def install(self, patches: List[Patch]) -> None:
         probed, ids = self.plan(patches)
         old_ids, self.site_ids = self.site_ids, ids
         self.patches, self.probed = patches, probed
@@ -178,7 +180,9 @@ class Patch:
     (every key this patch can record) and ``original_code``.
     """
 
-    def __init__(self, slot: _Slot, target: Any, attribute: Optional[str], name: str, specs: tuple, points: tuple) -> None:
+    def __init__(
+        self, slot: _Slot, target: Any, attribute: Optional[str], name: str, specs: tuple, points: tuple
+    ) -> None:
         self._slot: Optional[_Slot] = slot
         self.target = target
         self.attribute = attribute
@@ -223,7 +227,7 @@ class Patch:
             if slot.key is not None:
                 _slots.pop(slot.key, None)
 
-    def __enter__(self) -> "Patch":
+    def __enter__(self) -> Patch:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -235,12 +239,14 @@ class Patch:
         return f"<Patch {state} {where}: {', '.join(self.keys)}>"
 
 
-def _attach(slot: _Slot, target: Any, attribute: Optional[str], specs: Any, name: Optional[str], default_name: str) -> Patch:
+def _attach(
+    slot: _Slot, target: Any, attribute: Optional[str], specs: Any, name: Optional[str], default_name: str
+) -> Patch:
     """Add a patch to ``slot``; raises (changing nothing) when specs do not resolve."""
     parsed = parse_all(specs)
     if name is not None and (not isinstance(name, str) or not name):
         raise ValueError(f"name must be a non-empty string, got {name!r}")
-    points = resolve(parsed, read(slot.original_code))
+    points = resolve(parsed, read(slot.original_code, slot.base.__qualname__))
     patch = Patch(slot, target, attribute, name or default_name, parsed, points)
     slot.install(slot.patches + [patch])
     return patch
@@ -300,7 +306,9 @@ def record_locals(
     if not specs:
         raise ValueError("record_locals needs at least one local name or spec")
     parsed = tuple(
-        Local(spec, index) if isinstance(spec, str) and index is not None and "@" not in spec and "." not in spec else spec
+        Local(spec, index)
+        if isinstance(spec, str) and index is not None and "@" not in spec and "." not in spec
+        else spec
         for spec in specs
     )
 
@@ -330,7 +338,9 @@ def _restorer(holder: Any, attribute: str, own: Any) -> Callable[[], None]:
     def restore() -> None:
         if own is _MISSING:
             try:
-                delattr(holder, attribute) if isinstance(holder, (type, types.ModuleType)) else vars(holder).pop(attribute, None)
+                delattr(holder, attribute) if isinstance(holder, (type, types.ModuleType)) else vars(
+                    holder
+                ).pop(attribute, None)
             except AttributeError:
                 pass
         elif isinstance(holder, type):
@@ -350,7 +360,9 @@ def _install(holder: Any, attribute: str, value: Any) -> None:
         vars(holder)[attribute] = value
 
 
-def patch_function(func: Callable[..., Any], specs: Union[SpecLike, Iterable[SpecLike]], name: Optional[str] = None) -> Patch:
+def patch_function(
+    func: Callable[..., Any], specs: Union[SpecLike, Iterable[SpecLike]], name: Optional[str] = None
+) -> Patch:
     """Patch ``func`` in place (its ``__code__``), so every reference to it records.
 
     >>> import bcrecord
@@ -467,7 +479,6 @@ def _wrap_like(raw: Any, live: types.FunctionType, holder: Any) -> Any:
     return types.MethodType(live, holder)
 
 
-
 def targets(func: Any) -> Targets:
     """List everything recordable in ``func`` (a function, method or code object).
 
@@ -479,5 +490,7 @@ def targets(func: Any) -> Targets:
     >>> targets(f).specs()
     ['y@0', 'self.w@0', 'return']
     """
-    code = func if isinstance(func, types.CodeType) else function_of(func).__code__
-    return Targets(read(code))
+    if isinstance(func, types.CodeType):
+        return Targets(read(func))
+    base = function_of(func)
+    return Targets(read(base.__code__, base.__qualname__))

@@ -116,7 +116,7 @@ def register_sites(sites: Sequence[Site]) -> List[int]:
     """
     with _sites_lock:
         ids = [next(_site_ids) for _ in sites]
-        _SITES.update(zip(ids, sites))
+        _SITES.update(zip(ids, sites, strict=True))
     return ids
 
 
@@ -141,7 +141,7 @@ class Armable(Protocol):
     def disarm(self) -> None: ...  # pragma: no cover
 
 
-_armables: "weakref.WeakSet[Armable]" = weakref.WeakSet()
+_armables: weakref.WeakSet[Armable] = weakref.WeakSet()
 _active_count = 0
 _arm_lock = threading.RLock()
 
@@ -272,10 +272,10 @@ def copy_value(value: T, policy: str) -> T:
 
 # --- recordings --------------------------------------------------------------
 
-_context: contextvars.ContextVar[Tuple["Recording", ...]] = contextvars.ContextVar(
+_context: contextvars.ContextVar[Tuple[Recording, ...]] = contextvars.ContextVar(
     "bcrecord_recordings", default=()
 )
-_shared: Tuple["Recording", ...] = ()
+_shared: Tuple[Recording, ...] = ()
 _MISSING = object()
 Keep = Union[str, int]
 
@@ -320,7 +320,7 @@ class Recording:
         """Whether the recording is currently entered."""
         return self._token is not None
 
-    def __enter__(self) -> "Recording":
+    def __enter__(self) -> Recording:
         global _shared
         if self._token is not None:
             raise RuntimeError("this recording is already active; make a new one to nest")

@@ -50,7 +50,7 @@ class Template:
         if len(site_ids) != len(self.slots):
             raise ValueError(f"expected {len(self.slots)} site ids, got {len(site_ids)}")
         consts = list(self.code.co_consts)
-        for slot, site in zip(self.slots, site_ids):
+        for slot, site in zip(self.slots, site_ids, strict=True):
             consts[slot] = site
         return self.code.replace(co_consts=tuple(consts))
 
@@ -179,7 +179,7 @@ def _rewrite(code: CodeType, points: Sequence[ProbePoint]) -> Template:
     return Template(new, tuple(slots))
 
 
-_cache: "OrderedDict[Tuple[CodeType, Tuple[ProbePoint, ...]], Template]" = OrderedDict()
+_cache: OrderedDict[Tuple[CodeType, Tuple[ProbePoint, ...]], Template] = OrderedDict()
 _cache_lock = threading.Lock()
 _stats = {"hits": 0, "misses": 0}
 

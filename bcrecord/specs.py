@@ -104,9 +104,7 @@ class Attribute:
     index: tuple[int, ...] | None = None
     copy: str | None = None
 
-    def __init__(
-        self, target: str, at: str = "entry", index: Index = None, copy: str | None = None
-    ) -> None:
+    def __init__(self, target: str, at: str = "entry", index: Index = None, copy: str | None = None) -> None:
         if not isinstance(target, str):
             raise SpecError(f"an attribute target must be a string, got {target!r}")
         parts = target.split(".")
@@ -193,12 +191,8 @@ def _parse_dict(spec: Mapping[str, Any]) -> Spec:
     if kind == "AttributeRecorder":
         if not isinstance(target, str):
             raise SpecError(f"AttributeRecorder needs a string 'target', got {dict(spec)!r}")
-        return Attribute(
-            target, at=spec.get("at", "entry"), index=spec.get("index"), copy=spec.get("copy")
-        )
-    raise SpecError(
-        f"dict specs need type='FunctionRecorder' or 'AttributeRecorder', got {kind!r}"
-    )
+        return Attribute(target, at=spec.get("at", "entry"), index=spec.get("index"), copy=spec.get("copy"))
+    raise SpecError(f"dict specs need type='FunctionRecorder' or 'AttributeRecorder', got {kind!r}")
 
 
 def parse(spec: SpecLike) -> Spec:

@@ -11,7 +11,7 @@ import traceback
 import pytest
 
 import bcrecord
-from bcrecord import Attribute, Local, Return
+from bcrecord import Attribute, Return
 
 from . import corpus
 
@@ -149,7 +149,11 @@ def test_defaults_keyword_only_star_args_and_signature():
     import inspect
 
     assert inspect.signature(patched) == inspect.signature(f)
-    assert (patched.__name__, patched.__qualname__, patched.__doc__) == (f.__name__, f.__qualname__, f.__doc__)
+    assert (patched.__name__, patched.__qualname__, patched.__doc__) == (
+        f.__name__,
+        f.__qualname__,
+        f.__doc__,
+    )
     with bcrecord.recording() as rec:
         assert patched(1, c=3) == f(1, c=3) == 10
         assert patched(1, 1, 1, c=1, d=1, e=1) == f(1, 1, 1, c=1, d=1, e=1) == 6
@@ -274,7 +278,9 @@ def test_method_load_probe_keeps_stack_for_nested_and_conditional_calls():
             return out
 
     m = M()
-    with bcrecord.patch_method(M, "run", [Attribute("self.f", at="load"), Attribute("self.g", at="load"), "out"]):
+    with bcrecord.patch_method(
+        M, "run", [Attribute("self.f", at="load"), Attribute("self.g", at="load"), "out"]
+    ):
         with bcrecord.recording() as rec:
             assert m.run(True) == 8 and m.run(False) == 10
     assert rec["M:run:out@0"] == 10

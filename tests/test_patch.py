@@ -1,0 +1,207 @@
+"""bcrecord.patch: where patches go, how they stack, and that removal restores exactly."""
+
+import sys
+import types
+
+import pytest
+
+import bcrecord
+from bcrecord import NotPatchableError, SpecError, TargetError, UnsupportedPythonError, _versions, rewrite
+
+from . import corpus
+
+
+class Block:
+    def forward(self, x):
+        out = x + 1
+        out = out * 2
+        return out
+
+
+def test_instance_patch_changes_only_that_instance_and_is_removed_exactly():
+    a, b = Block(), Block()
+    patch = bcrecord.patch_method(a, "forward", "out@1", name="blocks.0")
+    assert "forward" in vars(a) and "forward" not in vars(b)
+    with bcrecord.recording() as rec:
+        assert a.forward(1) == b.forward(1) == 4
+    assert rec.all("blocks.0:forward:out@1") == [4]
+    patch.remove()
+    patch.remove()  # idempotent
+    assert "forward" not in vars(a) and not patch.active
+    assert a.forward.__func__ is Block.forward and Block.forward.__code__ is patch.original_code
+
+
+def test_class_patch_reaches_all_instances_and_restores_the_same_object():
+    original = Block.__dict__["forward"]
+    with bcrecord.patch_method(Block, "forward", "out@0") as patch, bcrecord.recording() as rec:
+        Block().forward(1), Block().forward(2)
+        assert Block.__dict__["forward"] is patch.function
+    assert rec.all("Block:forward:out@0") == [2, 3]
+    assert Block.__dict__["forward"] is original and original.__code__ is patch.original_code
+
+
+def test_inherited_method_patched_on_subclass_is_deleted_again():
+    class Sub(Block):
+        pass
+
+    with bcrecord.patch_method(Sub, "forward", "out@0"), bcrecord.recording() as rec:
+        Sub().forward(5)
+        Block().forward(5)
+    assert rec.all("Sub:forward:out@0") == [6]
+    assert "forward" not in vars(Sub)
+
+
+def test_module_function_patch():
+    module = types.ModuleType("fake_mod")
+    exec("def helper(v):\n    doubled = v * 2\n    return doubled\n", module.__dict__)
+    original = module.helper
+    with bcrecord.patch_method(module, "helper", "doubled"), bcrecord.recording() as rec:
+        assert module.helper(4) == 8
+        assert original(5) == 10  # not in place: a held reference is unchanged
+    assert rec.all("fake_mod:helper:doubled@0") == [8]
+    assert module.helper is original
+
+
+def test_in_place_patch_reaches_references_held_elsewhere():
+    registry = {"cb": corpus.everything}
+    with bcrecord.patch_method(corpus, "everything", "msg", in_place=True) as patch:
+        assert corpus.everything is registry["cb"]
+        with bcrecord.recording() as rec:
+            registry["cb"]([1], None)
+    assert rec["tests.corpus:everything:msg@0"] == "boom"
+    assert corpus.everything.__code__ is patch.original_code
+
+
+def test_two_patches_stack_and_remove_in_any_order():
+    for order in ((0, 1), (1, 0)):
+        obj = Block()
+        patches = [
+            bcrecord.patch_method(obj, "forward", "out@0", name="first"),
+            bcrecord.patch_method(obj, "forward", ["out@1", "return"], name="second"),
+        ]
+        with bcrecord.recording() as rec:
+            obj.forward(1)
+        assert rec.keys() == ["first:forward:out@0", "second:forward:out@1", "second:forward:return"]
+        patches[order[0]].remove()
+        with bcrecord.recording() as rec:
+            obj.forward(1)
+        assert [k.split(":")[0] for k in rec.keys()][0] == ("second" if order[0] == 0 else "first")
+        patches[order[1]].remove()
+        assert "forward" not in vars(obj)
+        with bcrecord.recording() as rec:
+            obj.forward(1)
+        assert len(rec) == 0
+
+
+def test_failed_patch_changes_nothing():
+    obj = Block()
+    before_class = dict(vars(Block))
+    for bad, error, message in [
+        ("nope", TargetError, "assigned locals: out"),
+        ("out@7", TargetError, r"has 2 sites \(index 0\.\.1\); there is no index 7"),
+        ("self.missing@0", TargetError, "never loads 'self.missing'"),
+        ("x@one", SpecError, "bad index"),
+    ]:
+        with pytest.raises(error, match=message):
+            bcrecord.patch_method(obj, "forward", bad)
+        assert "forward" not in vars(obj)
+        with pytest.raises(error):
+            bcrecord.patch_method(Block, "forward", bad)
+        assert dict(vars(Block)) == before_class
+    # a failed second patch leaves the first one working
+    with bcrecord.patch_method(obj, "forward", "out@0"):
+        with pytest.raises(TargetError):
+            bcrecord.patch_method(obj, "forward", "out@9")
+        with bcrecord.recording() as rec:
+            obj.forward(1)
+        assert rec.keys() == ["Block:forward:out@0"]
+
+
+def test_not_patchable_targets_give_clear_errors():
+    with pytest.raises(NotPatchableError, match="builtin or C function"):
+        bcrecord.patch_method([], "append", "x")
+    with pytest.raises(NotPatchableError, match="builtin or C function"):
+        bcrecord.instrument(len, "x")
+    with pytest.raises(NotPatchableError, match="did you mean 'forward'"):
+        bcrecord.patch_method(Block(), "forwrd", "out")
+    with pytest.raises(NotPatchableError, match="has no __code__"):
+        bcrecord.patch_method(types.SimpleNamespace(value=3), "value", "x")
+
+    class Slotted:
+        __slots__ = ()
+
+        def f(self):
+            y = 1
+            return y
+
+    with pytest.raises(NotPatchableError, match="__slots__"):
+        bcrecord.patch_method(Slotted(), "f", "y")
+
+
+def test_unsupported_python_version_is_a_clear_error(monkeypatch):
+    with pytest.raises(UnsupportedPythonError, match=r"Python 3\.9 is not supported"):
+        _versions.current((3, 9))
+    monkeypatch.setattr(_versions, "_current", None)
+    monkeypatch.setattr(sys, "version_info", (3, 99, 0, "final", 0))
+    obj = Block()
+    with pytest.raises(UnsupportedPythonError, match=r"3\.99"):
+        bcrecord.patch_method(obj, "forward", "out")
+    assert "forward" not in vars(obj)
+
+
+def test_fifty_instances_share_one_rewrite():
+    rewrite.clear_cache()
+    before = rewrite.cache_info()["misses"]
+    blocks = [Block() for _ in range(50)]
+    patches = [bcrecord.patch_method(b, "forward", "out", name=f"blocks.{i}") for i, b in enumerate(blocks)]
+    assert rewrite.cache_info()["misses"] - before == 1
+    with bcrecord.recording() as rec:
+        for b in blocks:
+            b.forward(1)
+    assert len(rec) == 100 and rec["blocks.49:forward:out@1"] == 4
+    for p in patches:
+        p.remove()
+
+
+def test_decorator_records_and_keeps_the_function_usable():
+    @bcrecord.record_locals("acc", index=[0, 2], name="deco")
+    def summed(values):
+        acc = 0
+        for v in values:
+            acc = acc + v
+        acc = -acc
+        return acc
+
+    assert summed([1, 2]) == -3  # no recording: plain call
+    with bcrecord.recording() as rec:
+        assert summed([1, 2]) == -3
+    assert rec.keys() == ["deco:summed:acc@0", "deco:summed:acc@2"]
+    assert rec["deco:summed:acc@2"] == -3
+
+
+def test_idle_patched_function_runs_the_original_code():
+    obj = Block()
+    with bcrecord.patch_method(obj, "forward", "out") as patch:
+        assert obj.forward.__func__.__code__ is patch.original_code
+        with bcrecord.recording():
+            assert obj.forward.__func__.__code__ is patch.code
+        assert obj.forward.__func__.__code__ is patch.original_code
+
+
+def test_patch_repr_and_keys():
+    with bcrecord.patch_method(Block, "forward", ["out@0", "return"], name="m") as patch:
+        assert patch.keys == ("m:forward:out@0", "m:forward:return")
+        assert "active" in repr(patch) and "m:forward:return" in repr(patch)
+    assert "removed" in repr(patch)
+
+
+def test_targets_table_and_data():
+    t = bcrecord.targets(corpus.ToyModel.forward)
+    assert "outputs@1" in t.specs() and "self.linear1@0" in t.specs()
+    table = str(t)
+    assert table.splitlines()[0] == "ToyModel.forward(self, inputs, data_samples, mode)"
+    assert "local      outputs" in table or "local" in table.splitlines()[2]
+    data = t.as_dict()
+    outputs = [r for r in data["targets"] if r["target"] == "outputs"]
+    first = corpus.ToyModel.forward.__code__.co_firstlineno
+    assert [(r["index"], r["line"] - first) for r in outputs] == [(0, 3), (1, 4), (2, 9)]

@@ -1,0 +1,248 @@
+"""bcrecord.recording: keys, copies, keep, threads and contexts, probe failures."""
+
+import asyncio
+import copy
+import threading
+import warnings
+
+import pytest
+
+import bcrecord
+from bcrecord import RecordingWarning
+from bcrecord.recording import copy_value, is_active
+
+
+class Mutable:
+    """A tensor-like value: mutated in place, has .clone() and .detach()."""
+
+    def __init__(self, v):
+        self.v = v
+
+    def clone(self):
+        return Mutable(self.v)
+
+    def detach(self):
+        return ("detached", self.v)
+
+    def add_(self, n):
+        self.v += n
+        return self
+
+
+def mutating(m):
+    pre = m.add_(1)
+    post = pre.add_(10)
+    return post
+
+
+recorded = bcrecord.instrument(mutating, ["pre", "post"], name="mut")
+
+
+def test_default_clone_keeps_the_value_as_assigned():
+    with bcrecord.recording() as rec:
+        recorded(Mutable(0))
+    assert (rec["mut:mutating:pre@0"].v, rec["mut:mutating:post@0"].v) == (1, 11)
+
+
+def test_copy_policies_per_recording_and_per_spec():
+    with bcrecord.recording(copy="none") as rec:
+        value = Mutable(0)
+        recorded(value)
+    assert rec["mut:mutating:pre@0"] is value and value.v == 11
+    with bcrecord.recording(copy="detach") as rec:
+        recorded(Mutable(0))
+    assert rec["mut:mutating:pre@0"] == ("detached", 1)
+    with bcrecord.recording(copy="deepcopy") as rec:
+        recorded(Mutable(0))
+    assert rec["mut:mutating:pre@0"].v == 1
+    per_spec = bcrecord.instrument(mutating, [bcrecord.Local("pre", copy="none"), "post"], name="ps")
+    with bcrecord.recording() as rec:
+        value = Mutable(0)
+        per_spec(value)
+    assert rec["ps:mutating:pre@0"] is value and rec["ps:mutating:post@0"] is not value
+
+
+def test_clone_copies_containers_around_values():
+    data = {"a": [Mutable(1)], "b": (Mutable(2), 3)}
+    copied = copy_value(data, "clone")
+    data["a"][0].add_(5)
+    data["a"].append(None)
+    assert copied["a"][0].v == 1 and len(copied["a"]) == 1 and copied["b"][1] == 3
+    assert copy_value(5, "clone") == 5
+
+
+def test_keys_reading_api_and_missing_key_message():
+    def f(n):
+        for k in range(n):
+            sq = k * k
+        return sq
+
+    g = bcrecord.instrument(f, ["sq", "return"], name="r")
+    with bcrecord.recording() as rec:
+        g(3)
+    assert rec.keys() == ["r:f:sq@0", "r:f:return"] and list(rec) == rec.keys()
+    assert len(rec) == 2 and "r:f:sq@0" in rec
+    assert rec["r:f:sq@0"] == 4 and rec.all("r:f:sq@0") == [0, 1, 4]
+    assert rec.items() == [("r:f:sq@0", 4), ("r:f:return", 4)]
+    assert rec.get("nope", 7) == 7
+    with pytest.raises(KeyError, match="did you mean 'r:f:sq@0'"):
+        rec["r:f:sq@1"]
+    rec.clear()
+    assert len(rec) == 0
+
+
+def test_keep_last_and_ring_buffer():
+    def f(n):
+        for k in range(n):
+            v = k
+        return v
+
+    g = bcrecord.instrument(f, "v", name="k")
+    with bcrecord.recording(keep="last") as last, bcrecord.recording(keep=3) as ring:
+        g(1000)
+    assert last.all("k:f:v@0") == [999]
+    assert ring.all("k:f:v@0") == [997, 998, 999]
+    with pytest.raises(ValueError, match="keep must be"):
+        bcrecord.recording(keep=0)
+    with pytest.raises(ValueError, match="unknown copy policy"):
+        bcrecord.recording(copy="shallow")
+
+
+def test_nested_recordings_both_receive_and_arming_follows_the_outermost():
+    def f(a):
+        b = a + 1
+        return b
+
+    g = bcrecord.instrument(f, "b", name="n")
+    assert not is_active()
+    with bcrecord.recording() as outer:
+        g(1)
+        with bcrecord.recording() as inner:
+            g(2)
+        g(3)
+        assert is_active()
+    assert not is_active()
+    assert outer.all("n:f:b@0") == [2, 3, 4] and inner.all("n:f:b@0") == [3]
+    rec = bcrecord.recording()
+    with rec, pytest.raises(RuntimeError, match="already active"):
+        with rec:
+            pass
+
+
+def test_threads_with_their_own_recordings_do_not_cross_talk():
+    def work(tag, n):
+        for k in range(n):
+            item = (tag, k)
+        return item
+
+    g = bcrecord.instrument(work, "item", name="th")
+    results = {}
+    barrier = threading.Barrier(8)
+
+    def run(tag):
+        with bcrecord.recording() as rec:
+            barrier.wait()
+            for _ in range(20):
+                g(tag, 50)
+        results[tag] = rec.all("th:work:item@0")
+
+    threads = [threading.Thread(target=run, args=(t,)) for t in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for tag, values in results.items():
+        assert len(values) == 20 * 50
+        assert {v[0] for v in values} == {tag}
+        assert [v[1] for v in values[:50]] == list(range(50))
+
+
+def test_worker_threads_reach_threads_all_and_carry():
+    def f(a):
+        w = a * 2
+        return w
+
+    g = bcrecord.instrument(f, "w", name="dp")
+
+    def in_thread(fn, *args):
+        t = threading.Thread(target=fn, args=args)
+        t.start()
+        t.join()
+
+    with bcrecord.recording() as own:
+        in_thread(g, 1)  # a plain worker: not this context's value
+    assert len(own) == 0
+    with bcrecord.recording(threads="all") as shared:
+        in_thread(g, 2)
+    assert shared.all("dp:f:w@0") == [4]
+    with bcrecord.recording() as carried:
+        in_thread(bcrecord.carry(g), 3)
+    assert carried.all("dp:f:w@0") == [6]
+
+
+def test_asyncio_tasks_have_their_own_recordings():
+    async def step(v):
+        await asyncio.sleep(0)
+        s = v + 100
+        return s
+
+    g = bcrecord.instrument(step, "s", name="aio")
+
+    async def task(v):
+        with bcrecord.recording() as rec:
+            await g(v)
+            await asyncio.sleep(0)
+            await g(v)
+        return rec.all("aio:step:s@0")
+
+    async def main():
+        return await asyncio.gather(task(1), task(2))
+
+    assert asyncio.run(main()) == [[101, 101], [102, 102]]
+
+
+def test_probe_failure_is_reported_never_raised():
+    class Unclonable(Mutable):
+        def clone(self):
+            raise RuntimeError("no clone today")
+
+    def f(a):
+        u = Unclonable(a)
+        ok = a + 1
+        return ok
+
+    g = bcrecord.instrument(f, ["u", "ok", "a.missing"], name="e")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with bcrecord.recording() as rec:
+            assert g(1) == 2
+            assert g(2) == 3
+    assert rec.all("e:f:ok@0") == [2, 3]
+    assert [(e.key, type(e.error).__name__) for e in rec.errors] == [
+        ("e:f:a.missing", "AttributeError"),
+        ("e:f:u@0", "RuntimeError"),
+        ("e:f:a.missing", "AttributeError"),
+        ("e:f:u@0", "RuntimeError"),
+    ]
+    # one warning per key, naming it
+    messages = [str(w.message) for w in caught if issubclass(w.category, RecordingWarning)]
+    assert len(messages) == 2 and "e:f:u@0" in messages[1] and "no clone today" in messages[1]
+
+
+def test_generator_created_while_recording_finishes_silently_after():
+    def gen():
+        for k in range(3):
+            val = k
+            yield val
+
+    g = bcrecord.instrument(gen, "val", name="gl")
+    with bcrecord.recording() as rec:
+        it = g()
+        next(it)
+    assert list(it) == [1, 2]
+    assert rec.all("gl:gen:val@0") == [0]
+
+
+def test_copy_module_is_used_for_deepcopy():
+    nested = {"a": [[1]]}
+    assert copy_value(nested, "deepcopy") == copy.deepcopy(nested)

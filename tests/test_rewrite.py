@@ -1,0 +1,139 @@
+"""bcrecord.rewrite: the probed code object, and the traps measured on real interpreters."""
+
+import dis
+import subprocess
+import sys
+import textwrap
+
+import bcrecord
+from bcrecord import rewrite
+from bcrecord._versions import PROBE_NAME
+from bcrecord.analysis import read, resolve
+from bcrecord.specs import Local, Return, parse_all
+
+
+def probed(func, specs):
+    points = resolve(parse_all(specs), read(func.__code__))
+    template = rewrite.insert_probes(func.__code__, points)
+    return template.bind(list(range(1000, 1000 + len(points))))
+
+
+def test_probe_is_loaded_by_name_never_as_a_function_constant():
+    # Dynamo refuses LOAD_CONST <function>; site ids are plain ints.
+    def f(a):
+        x = a + 1
+        return x
+
+    code = probed(f, ["x", "return"])
+    assert not any(callable(c) for c in code.co_consts)
+    assert PROBE_NAME in code.co_names
+    loads = [i for i in dis.get_instructions(code) if i.opname == "LOAD_GLOBAL"]
+    assert [i.argval for i in loads] == [PROBE_NAME, PROBE_NAME]
+    assert {1000, 1001} <= set(code.co_consts)
+
+
+def test_inserted_instructions_have_real_line_numbers():
+    def f(flag):
+        try:
+            if flag:
+                raise KeyError
+        except KeyError as e:
+            y = e
+        return None
+
+    code = probed(f, ["y", "return"])
+    probe_lines = _lines_of_probe_loads(code)
+    assert probe_lines and all(line is not None for line in probe_lines)
+
+
+def _lines_of_probe_loads(code):
+    lines = []
+    for instr in dis.get_instructions(code):
+        if instr.opname == "LOAD_GLOBAL" and instr.argval == PROBE_NAME:
+            lines.append(
+                instr.positions.lineno if sys.version_info >= (3, 11) else _line_at(code, instr.offset)
+            )
+    return lines
+
+
+def _line_at(code, offset):
+    line = None
+    for start, _, lineno in code.co_lines():
+        if start <= offset:
+            line = lineno
+    return line
+
+
+def test_varnames_and_locals_order_are_kept():
+    def f(a, b):
+        [c for c in range(2)]
+        z = a
+        y = b
+        x = z + y
+        return sorted(locals()) and list(locals())
+
+    code = probed(f, ["x", "y", "z"])
+    assert code.co_varnames == f.__code__.co_varnames
+    patched = bcrecord.instrument(f, ["x", "y", "z"])
+    with bcrecord.recording():
+        assert patched(1, 2) == f(1, 2)
+
+
+def test_unbound_comprehension_variable_never_probed_and_no_crash():
+    # 3.12/3.13: probing the restore store after an inlined comprehension when the
+    # variable was unbound segfaults. Run in a subprocess so a crash is a failure.
+    script = textwrap.dedent(
+        """
+        import bcrecord
+        def f(n):
+            squares = [v * v for v in range(n)]
+            if n > 5:
+                v = 1
+            return squares
+        specs = bcrecord.targets(f).specs()
+        assert specs == ["squares@0", "v@0", "return"], specs
+        g = bcrecord.instrument(f, specs)
+        with bcrecord.recording() as rec:
+            assert g(3) == [0, 1, 4]
+            assert g(7)[-1] == 36
+        assert rec.all("__main__:f:v@0") == [1]
+        assert rec.all("__main__:f:squares@0")[0] == [0, 1, 4]
+        print("ok")
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
+
+
+def test_pairs_with_high_variable_indices_are_split_not_rebuilt():
+    # bytecode 0.19.1 mis-encodes STORE_FAST_STORE_FAST with an index >= 16 (3.13).
+    names = [f"v{k}" for k in range(20)]
+    body = "\n".join(f"    {n} = {k}" for k, n in enumerate(names))
+    source = (
+        f"def f():\n{body}\n    v18, v19 = v19, v18\n    v0, v17 = v17, v0\n    return v18, v19, v0, v17\n"
+    )
+    namespace = {}
+    exec(source, namespace)
+    f = namespace["f"]
+    patched = bcrecord.instrument(f, ["v18", "v19", "v0", "v17"], name="p")
+    with bcrecord.recording() as rec:
+        assert patched() == f() == (19, 18, 17, 0)
+    assert rec.all("p:f:v18@1") == [19] and rec.all("p:f:v17@1") == [0]
+    assert rec.all("p:f:v19@0") == [19] and rec.all("p:f:v0@1") == [17]
+
+
+def test_one_rewrite_for_many_binds():
+    def f(a):
+        x = a
+        return x
+
+    rewrite.clear_cache()
+    points = resolve([Local("x"), Return()], read(f.__code__))
+    first = rewrite.insert_probes(f.__code__, points)
+    second = rewrite.insert_probes(f.__code__, points)
+    assert first is second
+    assert rewrite.cache_info()["misses"] >= 1 and rewrite.cache_info()["size"] == 1
+    a, b = first.bind([1, 2]), first.bind([3, 4])
+    assert a.co_code == b.co_code and a is not b
+    assert {1, 2} <= set(a.co_consts) and {3, 4} <= set(b.co_consts)

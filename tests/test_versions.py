@@ -1,0 +1,39 @@
+"""bcrecord._versions: one table per Python version, and nothing else branches on it."""
+
+import pathlib
+import sys
+
+import pytest
+
+from bcrecord import UnsupportedPythonError, _versions
+
+
+@pytest.mark.parametrize("version", [(3, 10), (3, 11), (3, 12), (3, 13), (3, 14)])
+def test_every_supported_version_has_a_complete_table(version):
+    table = _versions.current(version)
+    assert table.name == f"{version[0]}.{version[1]}"
+    assert {"STORE_FAST", "STORE_DEREF"} <= table.stores
+    assert table.return_value == "RETURN_VALUE"
+
+
+def test_current_matches_the_interpreter_and_unknown_versions_fail():
+    assert _versions.current().name == f"{sys.version_info[0]}.{sys.version_info[1]}"
+    with pytest.raises(UnsupportedPythonError, match="supported: 3.10, 3.11, 3.12, 3.13, 3.14"):
+        _versions.current((3, 9))
+
+
+def test_probe_sequences_are_stack_neutral():
+    table = _versions.current()
+    location = None
+    effect = sum(
+        i.stack_effect() for i in table.call_probe([table.load_local("x", False, location)], 1, location)
+    )
+    assert effect == 0
+    tee = sum(i.stack_effect() for i in table.tee_probe(1, location))
+    assert tee == 0
+
+
+def test_only_the_versions_module_reads_the_python_version():
+    package = pathlib.Path(_versions.__file__).parent
+    readers = sorted(p.name for p in package.rglob("*.py") if "version_info" in p.read_text())
+    assert readers == ["_versions.py"]
