@@ -22,7 +22,7 @@ from .errors import (
     UnsupportedPythonError,
 )
 from .patch import Patch, instrument, patch_function, patch_method, record_locals, targets
-from .recording import Recording, carry, copy_value, recording, register_copy
+from .runtime import Recording, carry, copy_value, recording, register_copy
 from .specs import Attribute, Local, Return, parse
 
 __version__ = "0.1.0"

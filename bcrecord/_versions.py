@@ -114,6 +114,15 @@ def _local_name(arg: object) -> str:
     return arg.name if isinstance(arg, (CellVar, FreeVar)) else str(arg)
 
 
+def _named(opname: str) -> Callable[[Instr], Optional[str]]:
+    """Reads the attribute name of ``opname`` instructions whose arg is a plain name."""
+
+    def name_of(instr: Instr) -> Optional[str]:
+        return str(instr.arg) if instr.name == opname else None
+
+    return name_of
+
+
 def _310() -> Table:
     return Table(
         name="3.10",
@@ -127,8 +136,8 @@ def _310() -> Table:
         call=lambda n, loc: [_instr("CALL_FUNCTION", n, loc)],
         dup=lambda loc: _instr("DUP_TOP", None, loc),
         raise_value=lambda loc: [_instr("ROT_TWO", None, loc)],
-        method_load=lambda i: i.arg if i.name == "LOAD_METHOD" else None,  # type: ignore[return-value]
-        attr_load=lambda i: i.arg if i.name == "LOAD_ATTR" else None,  # type: ignore[return-value]
+        method_load=_named("LOAD_METHOD"),
+        attr_load=_named("LOAD_ATTR"),
         plain_attr=lambda name, loc: _instr("LOAD_ATTR", name, loc),
         method_stack=lambda loc: [],
         method_call_fix=("CALL_METHOD", "CALL_FUNCTION"),
@@ -167,8 +176,8 @@ def _311() -> Table:
         call=lambda n, loc: [_instr("PRECALL", n, loc), _instr("CALL", n, loc)],
         dup=lambda loc: _instr("COPY", 1, loc),
         raise_value=_swap_up,
-        method_load=lambda i: i.arg if i.name == "LOAD_METHOD" else None,  # type: ignore[return-value]
-        attr_load=lambda i: i.arg if i.name == "LOAD_ATTR" else None,  # type: ignore[return-value]
+        method_load=_named("LOAD_METHOD"),
+        attr_load=_named("LOAD_ATTR"),
         plain_attr=lambda name, loc: _instr("LOAD_ATTR", name, loc),
         # 3.11 calls expect [NULL, callable, args...].
         method_stack=lambda loc: [_instr("PUSH_NULL", None, loc), _instr("SWAP", 2, loc)],

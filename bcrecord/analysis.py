@@ -17,10 +17,11 @@ so that assignment numbers match what a reader counts on every Python version.
 
 from __future__ import annotations
 
+import functools
 import inspect
 from dataclasses import dataclass, field
 from types import CodeType
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, cast
 
 from bytecode import UNSET, Bytecode, Instr, Label
 
@@ -59,7 +60,7 @@ class AttributeLoad:
 
     chain: str
     index: int
-    line: int
+    line: Optional[int]
     column: Optional[int]
     positions: Tuple[int, ...] = field(repr=False)
     method: bool = field(default=False, repr=False)
@@ -107,8 +108,14 @@ def instructions(code: CodeType) -> Bytecode:
     """The abstract instructions of ``code`` with two-variable pairs split (3.13+).
 
     Positions in a :class:`CodeMap` index into this list; the rewriter edits the
-    same list, so both must come from here.
+    same list, so both must come from here. Decoding is cached per code object;
+    each call returns a fresh list (the instructions themselves are never edited).
     """
+    return _decoded(code).copy()
+
+
+@functools.lru_cache(maxsize=256)
+def _decoded(code: CodeType) -> Bytecode:
     table = _versions.current()
     bytecode = Bytecode.from_code(code)
     if not table.pairs:
@@ -118,7 +125,7 @@ def instructions(code: CodeType) -> Bytecode:
     for item in bytecode:
         if isinstance(item, Instr) and item.name in split:
             first, second = split[item.name]
-            a, b = item.arg  # type: ignore[misc]
+            a, b = cast(Tuple[Any, Any], item.arg)
             out.append(Instr(first, a, location=item.location))
             out.append(Instr(second, b, location=item.location))
         else:
@@ -276,7 +283,7 @@ def _chains(
 
 
 def read(code: CodeType, qualname: Optional[str] = None) -> CodeMap:
-    """Find every recordable site in ``code``, numbered in source order.
+    """Find every recordable site in ``code``, numbered in source order (cached per code object).
 
     ``qualname`` names the function in messages (3.10 code objects lack one).
 
@@ -287,6 +294,12 @@ def read(code: CodeType, qualname: Optional[str] = None) -> CodeMap:
     >>> sorted(cmap.locals), sorted(cmap.attributes), len(cmap.returns)
     (['y'], ['self.scale'], 1)
     """
+    return _read(code, qualname)
+
+
+@functools.lru_cache(maxsize=256)
+def _read(code: CodeType, qualname: Optional[str] = None) -> CodeMap:
+    """The uncached :func:`read`."""
     table = _versions.current()
     bytecode = instructions(code)
     real = _real(bytecode)
@@ -300,7 +313,7 @@ def read(code: CodeType, qualname: Optional[str] = None) -> CodeMap:
     )
     local_map = {
         name: tuple(
-            Assignment(name, n, instr.lineno, _column(instr), tuple(positions))
+            Assignment(name, n, instr.lineno or 0, _column(instr), tuple(positions))
             for n, (_, positions, instr) in enumerate(groups)
         )
         for name, groups in sorted(_group(stores, identity).items())
@@ -442,8 +455,8 @@ class Targets:
     def __init__(self, cmap: CodeMap) -> None:
         self.name = cmap.qualname
         self.arguments = cmap.arguments
-        self.locals = cmap.locals
-        self.attributes = cmap.attributes
+        self.locals = dict(cmap.locals)
+        self.attributes = dict(cmap.attributes)
         self.returns = cmap.returns
 
     def specs(self) -> List[str]:

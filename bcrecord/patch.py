@@ -39,8 +39,8 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, TypeVar
 
 from .analysis import ProbePoint, Targets, read, resolve
 from .errors import NotPatchableError
-from .recording import Site, probe_visible_from, register_sites, release_sites, track, untrack
 from .rewrite import insert_probes
+from .runtime import Site, probe_visible_from, register_sites, release_sites, track, untrack
 from .specs import Local, SpecLike, parse_all
 
 __all__ = ["Patch", "instrument", "patch_method", "patch_function", "record_locals", "targets"]
@@ -106,7 +106,7 @@ class _Slot:
 
     ``live`` is the function object that runs: a copy of ``base`` (or ``base``
     itself when patching in place). Its code is the original while no recording
-    is active and the probed code while one is (see :mod:`bcrecord.recording`).
+    is active and the probed code while one is (see :mod:`bcrecord.runtime`).
     """
 
     def __init__(

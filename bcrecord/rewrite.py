@@ -145,11 +145,13 @@ def _rewrite(code: CodeType, points: Sequence[ProbePoint]) -> Template:
                     edits.replace[pos] = table.plain_attr(str(name), anchor.location)
                     edits.tail[pos] = table.method_stack(loc)
                     if table.method_call_fix:
-                        old, new = table.method_call_fix
-                        for call in _matching_calls(items, pos, old):
+                        old_call, new_call = table.method_call_fix
+                        for call in _matching_calls(items, pos, old_call):
                             call_instr = items[call]
                             assert isinstance(call_instr, Instr)
-                            edits.replace[call] = Instr(new, call_instr.arg, location=call_instr.location)
+                            edits.replace[call] = Instr(
+                                new_call, call_instr.arg, location=call_instr.location
+                            )
             elif point.kind == "return":
                 assert isinstance(anchor, Instr)
                 before = edits.before.setdefault(pos, [])
@@ -229,3 +231,4 @@ def clear_cache() -> None:
     """
     with _cache_lock:
         _cache.clear()
+        _stats.update(hits=0, misses=0)

@@ -1,4 +1,4 @@
-"""bcrecord.recording: keys, copies, keep, threads and contexts, probe failures."""
+"""bcrecord.runtime: keys, copies, keep, threads and contexts, probe failures."""
 
 import asyncio
 import copy
@@ -9,7 +9,7 @@ import pytest
 
 import bcrecord
 from bcrecord import RecordingWarning
-from bcrecord.recording import copy_value, is_active
+from bcrecord.runtime import copy_value, is_active
 
 
 class Mutable:

@@ -106,7 +106,8 @@ class RecordError:
 
 _SITES: Dict[int, Site] = {}
 _site_ids = itertools.count(1)
-_sites_lock = threading.Lock()
+# Re-entrant: a finalizer (release_sites) may run from GC while register_sites holds it.
+_sites_lock = threading.RLock()
 
 
 def register_sites(sites: Sequence[Site]) -> List[int]:
@@ -191,7 +192,9 @@ def _deactivate() -> None:
 
 Copier = Callable[[Any], Any]
 _registered: Dict[Tuple[str, type], Copier] = {}
-_copier_cache: Dict[Tuple[str, type], Optional[Copier]] = {}
+# One type -> copier table per policy (None: keep the value itself). The probe
+# reads these directly, so the common case is a single dict lookup.
+_copier_cache: Dict[str, Dict[type, Optional[Copier]]] = {policy: {} for policy in COPY_POLICIES}
 _CONTAINERS = (list, tuple, dict, set, frozenset)
 _ATOMIC = (int, float, complex, str, bytes, bool, type(None), range, type)
 
@@ -208,7 +211,8 @@ def register_copy(cls: type, policy: str, copier: Copier) -> None:
     if policy not in COPY_POLICIES:
         raise ValueError(f"unknown copy policy {policy!r}; choose one of {COPY_POLICIES}")
     _registered[(policy, cls)] = copier
-    _copier_cache.clear()
+    for table in _copier_cache.values():
+        table.clear()
 
 
 def _method_copier(method: str, policy: str) -> Copier:
@@ -262,11 +266,12 @@ def copy_value(value: T, policy: str) -> T:
     >>> data[1].append(3); copied
     [1, [2]]
     """
-    key = (policy, type(value))
+    table = _copier_cache[policy]
+    kind = type(value)
     try:
-        copier = _copier_cache[key]
+        copier = table[kind]
     except KeyError:
-        copier = _copier_cache[key] = _find_copier(policy, type(value))
+        copier = table[kind] = _find_copier(policy, kind)
     return value if copier is None else copier(value)
 
 
@@ -308,6 +313,7 @@ class Recording:
         self.threads = threads
         self._maxlen = maxlen
         self._data: Dict[str, Union[List[Any], Deque[Any]]] = {}
+        self._sinks: Dict[int, Any] = {}
         self._token: Optional[contextvars.Token] = None
         self._warned: set = set()
         #: Values that could not be recorded, in the order they failed.
@@ -347,21 +353,27 @@ class Recording:
 
     # storing ---------------------------------------------------------------
 
-    def _put(self, site: Site, value: Any) -> None:
-        policy = site.copy or self.copy
-        try:
-            if policy != "none":
-                value = copy_value(value, policy)
-        except Exception as error:  # a probe must never raise into user code
-            self._fail(site.key, error)
-            return
+    def _sink(
+        self, site_id: int
+    ) -> Optional[Tuple[Callable[[Any], None], Dict[type, Optional[Copier]], str, Site]]:
+        """Where values of ``site_id`` go in this recording: (append, copiers, policy, site).
+
+        Built on a site's first value and kept, so the probe's usual path is a few
+        lookups; None for a site that no longer exists.
+        """
+        site = _SITES.get(site_id)
+        if site is None:
+            return None
         values = self._data.get(site.key)
         if values is None:
             # setdefault: two threads may race to create the first list for a key.
             values = self._data.setdefault(
                 site.key, [] if self._maxlen is None else deque(maxlen=self._maxlen)
             )
-        values.append(value)
+        policy = site.copy or self.copy
+        sink = (values.append, _copier_cache[policy], policy, site)
+        self._sinks[site_id] = sink
+        return sink
 
     def _fail(self, key: str, error: BaseException) -> None:
         self.errors.append(RecordError(key, error))
@@ -416,6 +428,7 @@ class Recording:
 
     def clear(self) -> None:
         """Drop everything recorded so far (the recording stays active)."""
+        self._sinks.clear()
         self._data.clear()
         self.errors.clear()
 
@@ -465,24 +478,34 @@ def _read_chain(value: Any, chain: Tuple[str, ...]) -> Any:
 
 
 def __bcrecord_probe__(value: Any, site_id: int) -> None:
-    """Called by inserted code: deliver ``value`` to the active recordings."""
+    """Called by inserted code: deliver ``value`` to the active recordings.
+
+    This runs on every recorded event, so it is written for speed: one context
+    lookup, then per recording a cached sink and a per-type copier lookup.
+    """
     recordings = _context.get()
     if not recordings:
         recordings = _shared
         if not recordings:
             return
-    site = _SITES.get(site_id)
-    if site is None:
-        return
-    if site.chain:
-        try:
-            value = _read_chain(value, site.chain)
-        except Exception as error:
-            for rec in recordings:
-                rec._fail(site.key, error)
-            return
     for rec in recordings:
-        rec._put(site, value)
+        sink = rec._sinks.get(site_id)
+        if sink is None:
+            sink = rec._sink(site_id)
+            if sink is None:
+                continue
+        append, copiers, policy, site = sink
+        item = value
+        try:
+            if site.chain:
+                item = _read_chain(item, site.chain)
+            kind = type(item)
+            copier: Any = copiers.get(kind, _MISSING)
+            if copier is _MISSING:
+                copier = copiers.setdefault(kind, _find_copier(policy, kind))
+            append(item if copier is None else copier(item))
+        except Exception as error:  # a probe must never raise into user code
+            rec._fail(site.key, error)
 
 
 # Inserted code finds the probe with LOAD_GLOBAL, which falls back to builtins.

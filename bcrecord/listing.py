@@ -1,0 +1,98 @@
+"""Readable listings of what a patch does: disassembly before and after, probes marked.
+
+Used by ``bcrecord show``, by the MMEngine hook's ``print_modification`` and by
+anyone who wants to see the inserted code:
+
+>>> import bcrecord
+>>> def f(a):
+...     x = a + 1
+...     return x
+>>> with bcrecord.patch_function(f, "x") as patch:
+...     text = side_by_side(patch.original_code, patch.code)
+>>> "__bcrecord_probe__" in text and text.count("+") >= 5
+True
+"""
+
+from __future__ import annotations
+
+import difflib
+import dis
+from types import CodeType
+from typing import List, Optional, Tuple
+
+from ._versions import PROBE_NAME
+
+__all__ = ["instructions_text", "side_by_side", "decompiled"]
+
+
+def _line(instr: dis.Instruction, previous: Optional[int]) -> Optional[int]:
+    # dis gives positions from 3.11 on; 3.10 only marks where a line starts.
+    positions = getattr(instr, "positions", None)
+    if positions is not None and positions.lineno is not None:
+        return int(positions.lineno)
+    starts = instr.starts_line
+    return starts if isinstance(starts, int) and not isinstance(starts, bool) else previous
+
+
+def _rows(code: CodeType) -> List[Tuple[str, str]]:
+    """(comparison key, display text) for each instruction; caches left out."""
+    rows = []
+    line: Optional[int] = None
+    for instr in dis.get_instructions(code):
+        if instr.opname in ("CACHE", "EXTENDED_ARG"):
+            continue
+        line = _line(instr, line)
+        arg = instr.argrepr or ("" if instr.arg is None else str(instr.arg))
+        if isinstance(instr.argval, int) and instr.opname == "LOAD_CONST" and PROBE_NAME in code.co_names:
+            arg = str(instr.argval)
+        key = f"{instr.opname} {arg}" if "to " not in arg and "to L" not in arg else instr.opname
+        rows.append((key, f"{'' if line is None else line:>5} {instr.opname:<24} {arg}".rstrip()))
+    return rows
+
+
+def instructions_text(code: CodeType) -> str:
+    """A compact disassembly: line, opname, argument (no offsets, no caches).
+
+    >>> "RETURN" in instructions_text((lambda: 1).__code__)
+    True
+    """
+    return "\n".join(text for _, text in _rows(code))
+
+
+def side_by_side(original: CodeType, patched: CodeType, width: int = 52) -> str:
+    """Original and patched disassembly in two columns; inserted lines start with ``+``.
+
+    Lines that differ between the two (a method-style load made plain) show ``~``.
+    """
+    left, right = _rows(original), _rows(patched)
+    matcher = difflib.SequenceMatcher(a=[k for k, _ in left], b=[k for k, _ in right], autojunk=False)
+    out = [f"  {'original':<{width}}   patched", f"  {'-' * width}   {'-' * width}"]
+    for tag, a0, a1, b0, b1 in matcher.get_opcodes():
+        if tag == "equal":
+            for i, j in zip(range(a0, a1), range(b0, b1), strict=True):
+                out.append(f"  {left[i][1]:<{width}}   {right[j][1]}")
+        elif tag == "insert":
+            for j in range(b0, b1):
+                out.append(f"+ {'':<{width}}   {right[j][1]}")
+        else:
+            for k in range(max(a1 - a0, b1 - b0)):
+                a = left[a0 + k][1] if a0 + k < a1 else ""
+                b = right[b0 + k][1] if b0 + k < b1 else ""
+                mark = "~" if a and b else ("-" if a else "+")
+                out.append(f"{mark} {a:<{width}}   {b}")
+    return "\n".join(out)
+
+
+def decompiled(code: CodeType) -> Optional[str]:
+    """Decompiled source of ``code`` when the optional ``depyf`` package is installed.
+
+    Returns None when depyf is missing or cannot decompile this code.
+    """
+    try:
+        import depyf  # type: ignore[import-not-found]
+    except Exception:
+        return None
+    try:
+        return str(depyf.decompile(code))
+    except Exception:
+        return None

@@ -1,0 +1,59 @@
+"""``benchmarks/core.py --quick`` runs and prints its table (timings are never checked)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "benchmarks" / "core.py"
+
+HEADINGS = (
+    "bcrecord core benchmarks (quick: 5 interleaved rounds per case)",
+    "bytecode ",
+    "== 1. Per-event cost",
+    "== 2. Idle cost",
+    "== 3. Patch time",
+    "variant",
+    "ratio",
+    "IQR",
+    "unpatched",
+    "bcrecord instrument + recording(copy='none')",
+    "sys.settrace line recorder (f_locals)",
+    "sys.monitoring LINE recorder (_getframe)",
+    "hand-written floor (list.append(x))",
+    "settrace / bcrecord",
+    "Targets:",
+    "bcrecord recording / unpatched",
+    "settrace / bcrecord recording",
+    "idle patched / unpatched",
+    "(a) first-time patch + remove (cache cleared)",
+    "(b) cached patch + remove",
+    "(c) source route (getsource..exec)",
+    "(d) 50 instance patches + removes",
+    "source route / first-time patch",
+    "source route / cached patch",
+    "rewrite cache misses over 50 instance patches",
+)
+
+
+def test_core_benchmark_quick_prints_its_table() -> None:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), "--quick"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    missing = [heading for heading in HEADINGS if heading not in result.stdout]
+    assert not missing, f"missing from the output: {missing}\n{result.stdout}"
+    # Each target line ends in a verdict; which one is a matter of timing, never checked.
+    verdicts = [line for line in result.stdout.splitlines() if "target " in line]
+    assert len(verdicts) == 4
+    assert all(line.rstrip().endswith(("MET", "MISSED")) for line in verdicts)
