@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import Callable, FrozenSet, List, Optional, Tuple, Union
+from typing import Callable, FrozenSet, List, Optional, Sequence, Tuple, Union
 
 from bytecode import CellVar, FreeVar, Instr
 
@@ -82,24 +82,28 @@ class Table:
         """Push the probe as a callable (with its NULL slot where the version has one)."""
         return [_instr("LOAD_GLOBAL", self.global_arg(PROBE_NAME), location)]
 
-    def call_probe(self, load_value: Instrs, site: Union[int, str], location: object) -> Instrs:
-        """``probe(<value>, site)`` with the result dropped; the stack is unchanged."""
+    def call_probe(
+        self, load_value: Instrs, site: Union[int, str], location: object, extra: Sequence[Instr] = ()
+    ) -> Instrs:
+        """``probe(<value>, site, *extra)`` with the result dropped; the stack is unchanged."""
         return [
             *self.load_probe(location),
             *load_value,
             _instr("LOAD_CONST", site, location),
-            *self.call(2, location),
+            *extra,
+            *self.call(2 + len(extra), location),
             _instr("POP_TOP", None, location),
         ]
 
-    def tee_probe(self, site: Union[int, str], location: object) -> Instrs:
-        """``probe(TOS, site)`` leaving TOS in place, for values that are never named."""
+    def tee_probe(self, site: Union[int, str], location: object, extra: Sequence[Instr] = ()) -> Instrs:
+        """``probe(TOS, site, *extra)`` leaving TOS in place, for values that are never named."""
         return [
             self.dup(location),
             *self.load_probe(location),
             *self.raise_value(location),
             _instr("LOAD_CONST", site, location),
-            *self.call(2, location),
+            *extra,
+            *self.call(2 + len(extra), location),
             _instr("POP_TOP", None, location),
         ]
 

@@ -93,7 +93,11 @@ class CodeMap:
 
 @dataclass(frozen=True)
 class ProbePoint:
-    """Where to insert one probe, and the target part of its key (``'x@1'``)."""
+    """Where to insert one probe, and the target part of its key (``'x@1'``).
+
+    ``with_self`` makes the probe also pass the function's first argument, so that
+    one patched code object can report under each instance's own owner name.
+    """
 
     kind: str  # 'store' | 'load' | 'return' | 'entry'
     positions: Tuple[int, ...]
@@ -101,7 +105,12 @@ class ProbePoint:
     method: bool = False
     root: str = ""
     chain: Tuple[str, ...] = ()
-    copy: Optional[str] = None
+    copy: Any = None
+    with_self: bool = False
+
+    def where(self) -> Tuple[object, ...]:
+        """What the inserted code depends on (not the key or the copy policy)."""
+        return (self.kind, self.positions, self.method, self.root, self.with_self)
 
 
 def instructions(code: CodeType) -> Bytecode:

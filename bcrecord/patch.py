@@ -30,6 +30,7 @@ it is patched in place.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import inspect
 import threading
@@ -46,6 +47,8 @@ from .specs import Local, SpecLike, parse_all
 __all__ = ["Patch", "instrument", "patch_method", "patch_function", "record_locals", "targets"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+#: The owner part of keys: a name, or a function of the instance (None: not recorded).
+Owner = Union[str, Callable[[Any], Optional[str]]]
 _MISSING = object()
 _lock = threading.RLock()
 _BASE_ATTR = "__bcrecord_base__"
@@ -132,9 +135,7 @@ class _Slot:
         for patch in patches:
             for point in patch._points:
                 points.append(point)
-                sites.append(
-                    Site(f"{patch.name}:{self.original_code.co_name}:{point.label}", point.chain, point.copy)
-                )
+                sites.append(patch._site(point))
         if not points:
             return self.original_code, []
         template = insert_probes(self.original_code, points)
@@ -181,7 +182,7 @@ class Patch:
     """
 
     def __init__(
-        self, slot: _Slot, target: Any, attribute: Optional[str], name: str, specs: tuple, points: tuple
+        self, slot: _Slot, target: Any, attribute: Optional[str], name: Owner, specs: tuple, points: tuple
     ) -> None:
         self._slot: Optional[_Slot] = slot
         self.target = target
@@ -191,7 +192,15 @@ class Patch:
         self._points: Tuple[ProbePoint, ...] = points
         self.original_code = slot.original_code
         code_name = slot.original_code.co_name
-        self.keys: Tuple[str, ...] = tuple(f"{name}:{code_name}:{p.label}" for p in points)
+        # A per-instance owner is only known when the probe runs: '*' stands for it.
+        owner = "*" if callable(name) else name
+        self.keys: Tuple[str, ...] = tuple(f"{owner}:{code_name}:{p.label}" for p in points)
+
+    def _site(self, point: ProbePoint) -> Site:
+        suffix = f":{self.original_code.co_name}:{point.label}"
+        if callable(self.name):
+            return Site(suffix, point.chain, point.copy, owner=self.name)
+        return Site(self.name + suffix, point.chain, point.copy)
 
     @property
     def active(self) -> bool:
@@ -240,14 +249,21 @@ class Patch:
 
 
 def _attach(
-    slot: _Slot, target: Any, attribute: Optional[str], specs: Any, name: Optional[str], default_name: str
+    slot: _Slot, target: Any, attribute: Optional[str], specs: Any, name: Optional[Owner], default_name: str
 ) -> Patch:
     """Add a patch to ``slot``; raises (changing nothing) when specs do not resolve."""
     parsed = parse_all(specs)
-    if name is not None and (not isinstance(name, str) or not name):
-        raise ValueError(f"name must be a non-empty string, got {name!r}")
+    if name is not None and not isinstance(name, str) and not callable(name):
+        raise ValueError(f"name must be a string or a callable of the instance, got {name!r}")
     points = resolve(parsed, read(slot.original_code, slot.base.__qualname__))
-    patch = Patch(slot, target, attribute, name or default_name, parsed, points)
+    if callable(name):
+        if not slot.original_code.co_argcount:
+            raise NotPatchableError(
+                f"{slot.base.__qualname__} takes no positional argument: a per-instance name "
+                "needs a method whose first argument is the instance"
+            )
+        points = tuple(dataclasses.replace(point, with_self=True) for point in points)
+    patch = Patch(slot, target, attribute, default_name if name is None else name, parsed, points)
     slot.install(slot.patches + [patch])
     return patch
 
@@ -361,7 +377,7 @@ def _install(holder: Any, attribute: str, value: Any) -> None:
 
 
 def patch_function(
-    func: Callable[..., Any], specs: Union[SpecLike, Iterable[SpecLike]], name: Optional[str] = None
+    func: Callable[..., Any], specs: Union[SpecLike, Iterable[SpecLike]], name: Optional[Owner] = None
 ) -> Patch:
     """Patch ``func`` in place (its ``__code__``), so every reference to it records.
 
@@ -396,7 +412,7 @@ def patch_method(
     obj: Any,
     method: str,
     specs: Union[SpecLike, Iterable[SpecLike]],
-    name: Optional[str] = None,
+    name: Optional[Owner] = None,
     *,
     in_place: bool = False,
 ) -> Patch:
@@ -404,7 +420,9 @@ def patch_method(
 
     ``obj`` is an instance (only it changes), a class (all its instances) or a
     module (a module-level function). ``name`` is the owner part of keys; the
-    default is the class name (instance and class) or the module name.
+    default is the class name (instance and class) or the module name. ``name``
+    may also be a function of the instance that returns its owner name (None: not
+    recorded): one class-level patch, one code object, per-instance keys.
     ``in_place=True`` patches the function object itself (see :func:`patch_function`).
 
     >>> import bcrecord
@@ -429,7 +447,7 @@ def patch_method(
     base = function_of(raw)
     if in_place or base is not function_of_shallow(raw):
         # A wrapper holds the function it wraps: only patching that in place reaches it.
-        return patch_function(base, specs, name=name or default)
+        return patch_function(base, specs, name=default if name is None else name)
     if not isinstance(obj, (type, types.ModuleType)) and not hasattr(obj, "__dict__"):
         raise NotPatchableError(
             f"{type(obj).__name__} instances have no __dict__ (uses __slots__?): patch the class instead"

@@ -127,19 +127,23 @@ def _rewrite(code: CodeType, points: Sequence[ProbePoint]) -> Template:
     items = list(bytecode)
     edits = _Edits()
     cells = set(code.co_cellvars)
+    first = code.co_varnames[0] if code.co_argcount else ""
+    if any(point.with_self for point in points) and not first:
+        raise ValueError(f"{code.co_name} has no first argument to pass as self")
 
     for k, point in enumerate(points):
         site = _PLACEHOLDER.format(k)
         for pos in point.positions:
             anchor = items[pos]
             loc = _location(items, pos)
+            extra = [table.load_local(first, first in cells, loc)] if point.with_self else []
             if point.kind == "store":
                 assert isinstance(anchor, Instr)
                 load = Instr(anchor.name.replace("STORE_", "LOAD_"), anchor.arg, location=loc)  # type: ignore[arg-type]
-                edits.after.setdefault(pos, []).extend(table.call_probe([load], site, loc))
+                edits.after.setdefault(pos, []).extend(table.call_probe([load], site, loc, extra))
             elif point.kind == "load":
                 assert isinstance(anchor, Instr)
-                edits.after.setdefault(pos, []).extend(table.tee_probe(site, loc))
+                edits.after.setdefault(pos, []).extend(table.tee_probe(site, loc, extra))
                 if point.method and pos not in edits.replace:
                     name = table.method_load(anchor)
                     edits.replace[pos] = table.plain_attr(str(name), anchor.location)
@@ -159,10 +163,10 @@ def _rewrite(code: CodeType, points: Sequence[ProbePoint]) -> Template:
                     if pos not in edits.replace:
                         before.insert(0, Instr("LOAD_CONST", anchor.arg, location=anchor.location))
                         edits.replace[pos] = Instr(table.return_value, location=anchor.location)
-                before.extend(table.tee_probe(site, loc))
+                before.extend(table.tee_probe(site, loc, extra))
             elif point.kind == "entry":
                 load = table.load_local(point.root, point.root in cells, loc)
-                edits.before.setdefault(pos, []).extend(table.call_probe([load], site, loc))
+                edits.before.setdefault(pos, []).extend(table.call_probe([load], site, loc, extra))
             else:  # pragma: no cover - ProbePoint kinds are fixed by analysis.resolve
                 raise ValueError(f"unknown probe kind {point.kind!r}")
 
@@ -181,7 +185,7 @@ def _rewrite(code: CodeType, points: Sequence[ProbePoint]) -> Template:
     return Template(new, tuple(slots))
 
 
-_cache: OrderedDict[Tuple[CodeType, Tuple[ProbePoint, ...]], Template] = OrderedDict()
+_cache: OrderedDict[Tuple[CodeType, Tuple[Tuple[object, ...], ...]], Template] = OrderedDict()
 _cache_lock = threading.Lock()
 _stats = {"hits": 0, "misses": 0}
 
@@ -197,14 +201,14 @@ def insert_probes(code: CodeType, points: Sequence[ProbePoint]) -> Template:
     >>> insert_probes(f.__code__, points) is insert_probes(f.__code__, points)
     True
     """
-    key = (code, tuple(points))
+    key = (code, tuple(point.where() for point in points))
     with _cache_lock:
         template = _cache.get(key)
         if template is not None:
             _cache.move_to_end(key)
             _stats["hits"] += 1
             return template
-    template = _rewrite(code, key[1])
+    template = _rewrite(code, points)
     with _cache_lock:
         _stats["misses"] += 1
         _cache[key] = template

@@ -86,12 +86,19 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class Site:
-    """What one inserted probe reports: its key, and how to read and copy the value."""
+    """What one inserted probe reports: its key, and how to read and copy the value.
+
+    With ``owner`` set, the probe passes the instance it ran on, and the key is
+    ``owner(instance) + key`` (``key`` then starts with ``':'``); an owner of None
+    means that instance is not recorded.
+    """
 
     key: str
     #: Attributes to read from the probed value first (entry-time attribute chains).
     chain: Tuple[str, ...] = ()
-    copy: Optional[str] = None
+    #: A policy name, a callable copier, or None for the recording's policy.
+    copy: Any = None
+    owner: Optional[Callable[[Any], Optional[str]]] = None
 
 
 @dataclass(frozen=True)
@@ -191,6 +198,8 @@ def _deactivate() -> None:
 # --- copies ------------------------------------------------------------------
 
 Copier = Callable[[Any], Any]
+#: Where one site's values go: (append, type -> copier table, policy, key, attribute chain).
+Sink = Tuple[Callable[[Any], None], Dict[type, Optional[Copier]], Any, str, Tuple[str, ...]]
 _registered: Dict[Tuple[str, type], Copier] = {}
 # One type -> copier table per policy (None: keep the value itself). The probe
 # reads these directly, so the common case is a single dict lookup.
@@ -239,7 +248,9 @@ def _container_copier(cls: type, policy: str) -> Copier:
     return rebuild
 
 
-def _find_copier(policy: str, cls: type) -> Optional[Copier]:
+def _find_copier(policy: Any, cls: type) -> Optional[Copier]:
+    if callable(policy):
+        return policy  # type: ignore[no-any-return]
     for klass in cls.__mro__:
         found = _registered.get((policy, klass))
         if found is not None:
@@ -282,6 +293,7 @@ _context: contextvars.ContextVar[Tuple[Recording, ...]] = contextvars.ContextVar
 )
 _shared: Tuple[Recording, ...] = ()
 _MISSING = object()
+_NO_INSTANCE = object()
 Keep = Union[str, int]
 
 
@@ -313,7 +325,7 @@ class Recording:
         self.threads = threads
         self._maxlen = maxlen
         self._data: Dict[str, Union[List[Any], Deque[Any]]] = {}
-        self._sinks: Dict[int, Any] = {}
+        self._sinks: Dict[Any, Sink] = {}
         self._token: Optional[contextvars.Token] = None
         self._warned: set = set()
         #: Values that could not be recorded, in the order they failed.
@@ -353,26 +365,24 @@ class Recording:
 
     # storing ---------------------------------------------------------------
 
-    def _sink(
-        self, site_id: int
-    ) -> Optional[Tuple[Callable[[Any], None], Dict[type, Optional[Copier]], str, Site]]:
-        """Where values of ``site_id`` go in this recording: (append, copiers, policy, site).
+    def _sink(self, site_id: int, owner: Optional[str] = None) -> Optional[Sink]:
+        """Where values of ``site_id`` (and ``owner``, for per-instance sites) go.
 
         Built on a site's first value and kept, so the probe's usual path is a few
-        lookups; None for a site that no longer exists.
+        lookups. None: the site no longer exists.
         """
         site = _SITES.get(site_id)
         if site is None:
             return None
-        values = self._data.get(site.key)
+        key = site.key if owner is None else owner + site.key
+        values = self._data.get(key)
         if values is None:
             # setdefault: two threads may race to create the first list for a key.
-            values = self._data.setdefault(
-                site.key, [] if self._maxlen is None else deque(maxlen=self._maxlen)
-            )
+            values = self._data.setdefault(key, [] if self._maxlen is None else deque(maxlen=self._maxlen))
         policy = site.copy or self.copy
-        sink = (values.append, _copier_cache[policy], policy, site)
-        self._sinks[site_id] = sink
+        copiers: Dict[type, Optional[Copier]] = {} if callable(policy) else _copier_cache[policy]
+        sink = (values.append, copiers, policy, key, site.chain)
+        self._sinks[site_id if owner is None else (site_id, owner)] = sink
         return sink
 
     def _fail(self, key: str, error: BaseException) -> None:
@@ -477,35 +487,55 @@ def _read_chain(value: Any, chain: Tuple[str, ...]) -> Any:
     return value
 
 
-def __bcrecord_probe__(value: Any, site_id: int) -> None:
+def _owner(site_id: int, instance: Any) -> Optional[str]:
+    site = _SITES.get(site_id)
+    if site is None or site.owner is None:
+        return None
+    try:
+        return site.owner(instance)
+    except Exception as error:  # a broken owner function must not break the model
+        for rec in _context.get() or _shared:
+            rec._fail(f"<owner of {type(instance).__name__}>{site.key}", error)
+        return None
+
+
+def __bcrecord_probe__(value: Any, site_id: int, instance: Any = _NO_INSTANCE) -> None:
     """Called by inserted code: deliver ``value`` to the active recordings.
 
     This runs on every recorded event, so it is written for speed: one context
     lookup, then per recording a cached sink and a per-type copier lookup.
+    ``instance`` (the method's self) is passed only by per-instance sites.
     """
     recordings = _context.get()
     if not recordings:
         recordings = _shared
         if not recordings:
             return
+    sink_key: Any = site_id
+    owner = None
+    if instance is not _NO_INSTANCE:
+        owner = _owner(site_id, instance)
+        if owner is None:
+            return
+        sink_key = (site_id, owner)
     for rec in recordings:
-        sink = rec._sinks.get(site_id)
+        sink = rec._sinks.get(sink_key)
         if sink is None:
-            sink = rec._sink(site_id)
+            sink = rec._sink(site_id, owner)
             if sink is None:
                 continue
-        append, copiers, policy, site = sink
+        append, copiers, policy, key, chain = sink
         item = value
         try:
-            if site.chain:
-                item = _read_chain(item, site.chain)
+            if chain:
+                item = _read_chain(item, chain)
             kind = type(item)
             copier: Any = copiers.get(kind, _MISSING)
             if copier is _MISSING:
                 copier = copiers.setdefault(kind, _find_copier(policy, kind))
             append(item if copier is None else copier(item))
         except Exception as error:  # a probe must never raise into user code
-            rec._fail(site.key, error)
+            rec._fail(key, error)
 
 
 # Inserted code finds the probe with LOAD_GLOBAL, which falls back to builtins.

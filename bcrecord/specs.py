@@ -51,9 +51,10 @@ def _index(value: Index) -> tuple[int, ...] | None:
     return tuple(sorted(set(items)))
 
 
-def _copy(value: str | None) -> str | None:
-    if value is not None and value not in COPY_POLICIES:
-        raise SpecError(f"unknown copy policy {value!r}; choose one of {COPY_POLICIES}")
+def _copy(value: Any) -> Any:
+    # A policy name, or a callable that makes the value to keep (plug-ins use these).
+    if value is not None and not callable(value) and value not in COPY_POLICIES:
+        raise SpecError(f"unknown copy policy {value!r}; choose one of {COPY_POLICIES} or a callable")
     return value
 
 
@@ -77,9 +78,9 @@ class Local:
 
     name: str
     index: tuple[int, ...] | None = None
-    copy: str | None = None
+    copy: Any = None
 
-    def __init__(self, name: str, index: Index = None, copy: str | None = None) -> None:
+    def __init__(self, name: str, index: Index = None, copy: Any = None) -> None:
         object.__setattr__(self, "name", _identifier(name, "a local's name"))
         object.__setattr__(self, "index", _index(index))
         object.__setattr__(self, "copy", _copy(copy))
@@ -102,9 +103,9 @@ class Attribute:
     target: str
     at: str = "entry"
     index: tuple[int, ...] | None = None
-    copy: str | None = None
+    copy: Any = None
 
-    def __init__(self, target: str, at: str = "entry", index: Index = None, copy: str | None = None) -> None:
+    def __init__(self, target: str, at: str = "entry", index: Index = None, copy: Any = None) -> None:
         if not isinstance(target, str):
             raise SpecError(f"an attribute target must be a string, got {target!r}")
         parts = target.split(".")
@@ -135,7 +136,7 @@ class Return:
     True
     """
 
-    copy: str | None = field(default=None)
+    copy: Any = field(default=None)
 
     def __post_init__(self) -> None:
         _copy(self.copy)

@@ -205,3 +205,26 @@ def test_targets_table_and_data():
     outputs = [r for r in data["targets"] if r["target"] == "outputs"]
     first = corpus.ToyModel.forward.__code__.co_firstlineno
     assert [(r["index"], r["line"] - first) for r in outputs] == [(0, 3), (1, 4), (2, 9)]
+
+
+def test_one_class_patch_with_per_instance_owner_names():
+    blocks = [Block() for _ in range(3)]
+    paths = {id(b): f"layer1.{i}" for i, b in enumerate(blocks[:2])}  # the third is not named
+
+    with bcrecord.patch_method(
+        Block, "forward", ["out@1", "return"], name=lambda m: paths.get(id(m))
+    ) as patch:
+        assert patch.keys == ("*:forward:out@1", "*:forward:return")
+        with bcrecord.recording() as rec:
+            for x, b in enumerate(blocks):
+                b.forward(x)
+        assert len({b.forward.__func__.__code__ for b in blocks}) == 1  # one shared code object
+    assert rec.keys() == [
+        "layer1.0:forward:out@1",
+        "layer1.0:forward:return",
+        "layer1.1:forward:out@1",
+        "layer1.1:forward:return",
+    ]
+    assert rec.all("layer1.0:forward:out@1") == [2] and rec.all("layer1.1:forward:out@1") == [4]
+    with pytest.raises(NotPatchableError, match="first argument is the instance"):
+        bcrecord.patch_function(lambda: 1, "return", name=str)
