@@ -199,8 +199,8 @@ class Patch:
     def _site(self, point: ProbePoint) -> Site:
         suffix = f":{self.original_code.co_name}:{point.label}"
         if callable(self.name):
-            return Site(suffix, point.chain, point.copy, owner=self.name)
-        return Site(self.name + suffix, point.chain, point.copy)
+            return Site(suffix, point.chain, point.copy, owner=self.name, tag=self)
+        return Site(self.name + suffix, point.chain, point.copy, tag=self)
 
     @property
     def active(self) -> bool:

@@ -41,17 +41,19 @@ import builtins
 import contextvars
 import copy as _copy_module
 import difflib
+import importlib
 import itertools
 import threading
 import warnings
 import weakref
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import (
     Any,
     Callable,
     Deque,
     Dict,
+    Iterable,
     Iterator,
     List,
     Optional,
@@ -99,6 +101,8 @@ class Site:
     #: A policy name, a callable copier, or None for the recording's policy.
     copy: Any = None
     owner: Optional[Callable[[Any], Optional[str]]] = None
+    #: What inserted this site (its Patch), for recordings that take only some patches.
+    tag: Any = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -248,9 +252,21 @@ def _container_copier(cls: type, policy: str) -> Copier:
     return rebuild
 
 
+#: Plug-ins that register copies for a library's types, loaded (by name, so the core
+#: never imports them) the first time a value from that library is copied.
+_PLUGINS = {"torch": "bcrecord.torch.copies"}
+
+
+def _load_plugin(cls: type) -> None:
+    plugin = _PLUGINS.pop(cls.__module__.partition(".")[0], None)
+    if plugin is not None:
+        importlib.import_module(plugin)
+
+
 def _find_copier(policy: Any, cls: type) -> Optional[Copier]:
     if callable(policy):
         return policy  # type: ignore[no-any-return]
+    _load_plugin(cls)
     for klass in cls.__mro__:
         found = _registered.get((policy, klass))
         if found is not None:
@@ -294,6 +310,7 @@ _context: contextvars.ContextVar[Tuple[Recording, ...]] = contextvars.ContextVar
 _shared: Tuple[Recording, ...] = ()
 _MISSING = object()
 _NO_INSTANCE = object()
+_DROP: Any = ("drop",)
 Keep = Union[str, int]
 
 
@@ -307,7 +324,9 @@ class Recording:
     ``'Model:forward:return'`` for the returned value.
     """
 
-    def __init__(self, copy: str = "clone", keep: Keep = "all", threads: str = "context") -> None:
+    def __init__(
+        self, copy: str = "clone", keep: Keep = "all", threads: str = "context", only: Optional[Iterable[Any]] = None
+    ) -> None:
         if copy not in COPY_POLICIES:
             raise ValueError(f"unknown copy policy {copy!r}; choose one of {COPY_POLICIES}")
         if keep == "last":
@@ -326,6 +345,7 @@ class Recording:
         self._maxlen = maxlen
         self._data: Dict[str, Union[List[Any], Deque[Any]]] = {}
         self._sinks: Dict[Any, Sink] = {}
+        self._only = None if only is None else {id(tag) for tag in only}
         self._token: Optional[contextvars.Token] = None
         self._warned: set = set()
         #: Values that could not be recorded, in the order they failed.
@@ -374,6 +394,10 @@ class Recording:
         site = _SITES.get(site_id)
         if site is None:
             return None
+        cache_key = site_id if owner is None else (site_id, owner)
+        if self._only is not None and id(site.tag) not in self._only:
+            self._sinks[cache_key] = _DROP  # another patch's site: never taken here
+            return _DROP
         key = site.key if owner is None else owner + site.key
         values = self._data.get(key)
         if values is None:
@@ -382,7 +406,7 @@ class Recording:
         policy = site.copy or self.copy
         copiers: Dict[type, Optional[Copier]] = {} if callable(policy) else _copier_cache[policy]
         sink = (values.append, copiers, policy, key, site.chain)
-        self._sinks[site_id if owner is None else (site_id, owner)] = sink
+        self._sinks[cache_key] = sink
         return sink
 
     def _fail(self, key: str, error: BaseException) -> None:
@@ -394,6 +418,17 @@ class Recording:
                 RecordingWarning,
                 stacklevel=3,
             )
+
+    def add(self, key: str, value: Any) -> None:
+        """Store ``value`` under ``key`` as a probe would (for plug-ins, e.g. gradients).
+
+        >>> rec = recording(); rec.add("m:f:x@0.grad", 1); rec["m:f:x@0.grad"]
+        1
+        """
+        values = self._data.get(key)
+        if values is None:
+            values = self._data.setdefault(key, [] if self._maxlen is None else deque(maxlen=self._maxlen))
+        values.append(value)
 
     # reading ---------------------------------------------------------------
 
@@ -447,20 +482,23 @@ class Recording:
         return f"<Recording {state}, {len(self._data)} keys>"
 
 
-def recording(copy: str = "clone", keep: Keep = "all", threads: str = "context") -> Recording:
+def recording(
+    copy: str = "clone", keep: Keep = "all", threads: str = "context", only: Optional[Iterable[Any]] = None
+) -> Recording:
     """A new :class:`Recording`; use it as a context manager.
 
     ``copy`` is the default copy policy (``'clone'``, ``'detach'``, ``'deepcopy'``,
     ``'none'``); ``keep`` is ``'all'``, ``'last'`` or how many values to keep per
     key; ``threads='all'`` also takes values from threads that have no recording
-    of their own.
+    of their own; ``only`` (an iterable of patches) takes values from those patches
+    alone.
 
     >>> with recording(keep="last") as rec:
     ...     pass
     >>> len(rec)
     0
     """
-    return Recording(copy=copy, keep=keep, threads=threads)
+    return Recording(copy=copy, keep=keep, threads=threads, only=only)
 
 
 def carry(func: Callable[..., T]) -> Callable[..., T]:
@@ -522,8 +560,8 @@ def __bcrecord_probe__(value: Any, site_id: int, instance: Any = _NO_INSTANCE) -
         sink = rec._sinks.get(sink_key)
         if sink is None:
             sink = rec._sink(site_id, owner)
-            if sink is None:
-                continue
+        if sink is None or sink is _DROP:
+            continue
         append, copiers, policy, key, chain = sink
         item = value
         try:

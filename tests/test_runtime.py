@@ -246,3 +246,28 @@ def test_generator_created_while_recording_finishes_silently_after():
 def test_copy_module_is_used_for_deepcopy():
     nested = {"a": [[1]]}
     assert copy_value(nested, "deepcopy") == copy.deepcopy(nested)
+
+
+def test_only_takes_values_from_the_given_patches():
+    class Twice:
+        def f(self, a):
+            v = a + 1
+            return v
+
+    first = bcrecord.patch_method(Twice, "f", "v", name="first")
+    second = bcrecord.patch_method(Twice, "f", "v", name="second")
+    try:
+        with bcrecord.recording(only=[second]) as mine, bcrecord.recording() as everything:
+            Twice().f(1)
+    finally:
+        first.remove()
+        second.remove()
+    assert mine.keys() == ["second:f:v@0"]
+    assert everything.keys() == ["first:f:v@0", "second:f:v@0"]
+
+
+def test_add_stores_like_a_probe():
+    rec = bcrecord.recording(keep=2)
+    for v in range(3):
+        rec.add("k", v)
+    assert rec.all("k") == [1, 2]

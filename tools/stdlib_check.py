@@ -1,0 +1,612 @@
+"""Run CPython's own regression tests with every recordable site of a module probed.
+
+For each chosen standard-library module this tool
+
+1. patches, in place (:func:`bcrecord.patch_function`, so that every reference
+   fires, ``from mod import f`` in the test suite included), every Python function
+   and method the module defines -- module-level functions, methods of its
+   classes (static and class methods, property accessors, nested classes) and
+   functions behind ``functools.wraps``/``lru_cache`` wrappers -- with *every*
+   spec :func:`bcrecord.targets` lists for it (each assignment of each local,
+   each attribute-chain load site, every return);
+2. re-instruments the module each time it is imported again, so the pure-Python
+   copies that the tests make with ``import_fresh_module(..., blocked=['_json'])``
+   (json, heapq, bisect, functools, operator, ...) are probed too;
+3. runs the module's regression tests (``test.test_<module>``, the ``test``
+   package that ships with the interpreter, through :mod:`unittest`) inside an
+   active ``bcrecord.recording(copy='none', keep='last')``;
+4. runs the same tests again in a fresh process with no instrumentation (bcrecord
+   not even imported), and compares the outcome of every single test.
+
+Each run is a subprocess of its own (isolation, a timeout). The report is a table:
+functions instrumented, functions that could not be patched (listed in the JSON
+output with the error), probes inserted (the sum of ``len(patch.keys)``), distinct
+keys that fired, total probe events (counted by a copier registered for
+``object`` under the ``'none'`` policy, which returns the value unchanged), tests
+run, failures+errors with and without instrumentation, and the tests whose outcome
+differs. The goal is no difference at all: any difference or crash is a bug in
+bcrecord.
+
+Usage (from anywhere; the repository root is put on ``sys.path`` here)::
+
+    python tools/stdlib_check.py                    # every module, this interpreter
+    python tools/stdlib_check.py --quick            # a subset for CI (< 2 minutes)
+    python tools/stdlib_check.py --modules json,enum --json
+    python tools/stdlib_check.py --python /tmp/v3.10.13/bin/python --python /tmp/v3.13.0/bin/python
+
+Exit status: 0 when no module differs, 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.abc
+import importlib.machinery
+import io
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+import types
+import unittest
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Set, Tuple
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+# --- what to check -------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Target:
+    """One row of the report: the modules to instrument and the tests to run."""
+
+    name: str
+    modules: Tuple[str, ...]
+    tests: str
+    min_version: Tuple[int, int] = (3, 10)
+
+
+def _t(name: str, modules: Sequence[str] = (), tests: str = "", min_version: Tuple[int, int] = (3, 10)) -> Target:
+    return Target(name, tuple(modules) or (name,), tests or f"test.test_{name}", min_version)
+
+
+TARGETS: Dict[str, Target] = {
+    t.name: t
+    for t in (
+        _t("json", ["json", "json.decoder", "json.encoder", "json.scanner", "json.tool"]),
+        _t("textwrap"),
+        _t("difflib"),
+        _t("fractions"),
+        _t("statistics"),
+        _t("heapq"),
+        _t("bisect"),
+        _t("shlex"),
+        _t("string"),
+        _t("base64"),
+        _t("colorsys"),
+        _t("ipaddress"),
+        _t("calendar"),
+        _t("configparser"),
+        _t("csv"),
+        _t("dataclasses"),
+        _t("enum"),
+        _t("functools"),
+        _t("pprint"),
+        _t("tomllib", ["tomllib", "tomllib._parser", "tomllib._re", "tomllib._types"], min_version=(3, 11)),
+        _t("operator"),
+        _t("copy"),
+        _t("graphlib"),
+        _t("fnmatch"),
+        _t("html", ["html", "html.parser", "html.entities"], tests="test.test_htmlparser"),
+        _t("urllib.parse", tests="test.test_urlparse"),
+        _t("argparse"),
+        _t("collections", ["collections", "collections.abc"]),
+        _t("gettext"),
+        _t("random"),
+    )
+}
+
+QUICK = ("json", "textwrap", "heapq", "bisect", "shlex", "string", "base64", "colorsys", "fractions", "operator")
+
+# Resources the tests may use; like ``python -m test`` without ``-u``, none.
+DEFAULT_RESOURCES: Tuple[str, ...] = ()
+
+
+# --- results -----------------------------------------------------------------
+
+
+@dataclass
+class RunResult:
+    """What one child process reports."""
+
+    target: str
+    mode: str  # 'plain' | 'instrumented'
+    python: str = ""
+    ok: bool = False  # the child ran to the end and reported
+    crash: str = ""  # why it did not (exit status, timeout, traceback)
+    seconds: float = 0.0
+    tests_run: int = 0
+    failures: int = 0
+    errors: int = 0
+    skipped: int = 0
+    expected_failures: int = 0
+    unexpected_successes: int = 0
+    outcomes: Dict[str, str] = field(default_factory=dict)  # test id -> outcome (non-'ok' only)
+    details: Dict[str, str] = field(default_factory=dict)  # test id -> traceback (failures/errors)
+    functions: int = 0
+    no_sites: int = 0
+    unpatchable: List[str] = field(default_factory=list)  # 'qualname: error'
+    probes_inserted: int = 0
+    keys_fired: int = 0
+    events: int = 0
+    recording_errors: List[str] = field(default_factory=list)
+    modules_instrumented: List[str] = field(default_factory=list)
+
+
+class _Result(unittest.TextTestResult):
+    """A result that also remembers every test's outcome by id."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.outcomes: Dict[str, str] = {}
+        self.details: Dict[str, str] = {}
+
+    def _note(self, test: Any, outcome: str, err: Any = None) -> None:
+        key = test.id() if hasattr(test, "id") else str(test)
+        self.outcomes[key] = outcome
+        if err is not None:
+            self.details[key] = self._exc_info_to_string(err, test)[-4000:]
+
+    def addFailure(self, test: Any, err: Any) -> None:  # noqa: N802 (unittest's name)
+        super().addFailure(test, err)
+        self._note(test, "failure", err)
+
+    def addError(self, test: Any, err: Any) -> None:  # noqa: N802
+        super().addError(test, err)
+        self._note(test, "error", err)
+
+    def addSubTest(self, test: Any, subtest: Any, err: Any) -> None:  # noqa: N802
+        super().addSubTest(test, subtest, err)
+        if err is not None:
+            kind = "failure" if issubclass(err[0], test.failureException) else "error"
+            self._note(subtest, kind, err)
+
+    def addSkip(self, test: Any, reason: str) -> None:  # noqa: N802
+        super().addSkip(test, reason)
+        self._note(test, "skip")
+
+    def addExpectedFailure(self, test: Any, err: Any) -> None:  # noqa: N802
+        super().addExpectedFailure(test, err)
+        self._note(test, "expected failure")
+
+    def addUnexpectedSuccess(self, test: Any) -> None:  # noqa: N802
+        super().addUnexpectedSuccess(test)
+        self._note(test, "unexpected success")
+
+
+# --- instrumentation (child side) ---------------------------------------------
+
+
+def _candidates(obj: Any) -> Iterator[Any]:
+    """Function-bearing things inside one class attribute or module global."""
+    if isinstance(obj, (staticmethod, classmethod)):
+        yield obj.__func__
+        return
+    yielded = False
+    for attr in ("fget", "fset", "fdel"):  # property, enum.property, DynamicClassAttribute
+        inner = getattr(obj, attr, None) if not isinstance(obj, type) else None
+        if isinstance(inner, types.FunctionType):
+            yielded = True
+            yield inner
+    if yielded:
+        return
+    if isinstance(obj, types.FunctionType):
+        yield obj
+        return
+    if isinstance(obj, type) or isinstance(obj, types.ModuleType):
+        return
+    for attr in ("func", "__func__", "__wrapped__"):  # cached_property, partialmethod, lru_cache
+        try:
+            inner = getattr(obj, attr, None)
+        except Exception:
+            continue
+        if isinstance(inner, types.FunctionType):
+            yield inner
+            return
+
+
+class Instrumenter:
+    """Patches every function of a module in place, with every recordable site."""
+
+    def __init__(self) -> None:
+        import bcrecord
+        from bcrecord.patch import function_of
+
+        self._bcrecord = bcrecord
+        self._function_of = function_of
+        self.patches: List[Any] = []
+        self.seen: Set[int] = set()
+        self.keep_alive: List[Any] = []
+        self.functions = 0
+        self.no_sites = 0
+        self.unpatchable: List[str] = []
+        self.modules: List[str] = []
+        self._owners: Set[Tuple[str, str]] = set()
+        self._generation: Dict[str, int] = {}
+        self._instrumented_modules: Set[int] = set()
+
+    def module(self, module: types.ModuleType) -> None:
+        """Instrument one module object (once; a re-imported copy counts as new)."""
+        if id(module) in self._instrumented_modules:
+            return
+        self._instrumented_modules.add(id(module))
+        self.keep_alive.append(module)
+        name = module.__name__
+        generation = self._generation.get(name, 0)
+        self._generation[name] = generation + 1
+        prefix = name if generation == 0 else f"{name}#{generation}"
+        self.modules.append(prefix)
+        for qualname, func in self._functions(module):
+            self._patch(prefix, qualname, func)
+
+    def _functions(self, module: types.ModuleType) -> Iterator[Tuple[str, types.FunctionType]]:
+        name = module.__name__
+        classes: List[type] = []
+        found: List[Tuple[str, Any]] = []
+        for value in list(vars(module).values()):
+            if isinstance(value, type):
+                if value.__module__ == name:
+                    classes.append(value)
+            else:
+                found += [(getattr(f, "__qualname__", "?"), f) for f in _candidates(value)]
+        seen_classes: Set[int] = set()
+        while classes:
+            cls = classes.pop(0)
+            if id(cls) in seen_classes:
+                continue
+            seen_classes.add(id(cls))
+            for value in list(vars(cls).values()):
+                if isinstance(value, type):
+                    if value.__module__ == name and value.__qualname__.startswith(cls.__qualname__ + "."):
+                        classes.append(value)
+                    continue
+                found += [(getattr(f, "__qualname__", "?"), f) for f in _candidates(value)]
+        for qualname, obj in found:
+            try:
+                func = self._function_of(obj)
+            except Exception:
+                continue  # a builtin: nothing to patch
+            if func.__module__ != name or id(func) in self.seen:
+                continue
+            self.seen.add(id(func))
+            self.keep_alive.append(func)
+            yield qualname, func
+
+    def _owner(self, prefix: str, func: types.FunctionType) -> str:
+        scope = func.__qualname__.rpartition(".")[0]
+        owner = f"{prefix}.{scope}" if scope else prefix
+        candidate, n = owner, 1
+        while (candidate, func.__code__.co_name) in self._owners:
+            n += 1
+            candidate = f"{owner}~{n}"
+        self._owners.add((candidate, func.__code__.co_name))
+        return candidate
+
+    def _patch(self, prefix: str, qualname: str, func: types.FunctionType) -> None:
+        bcrecord = self._bcrecord
+        label = f"{prefix}:{func.__qualname__}"
+        try:
+            specs = bcrecord.targets(func).specs()
+        except Exception as error:
+            self.unpatchable.append(f"{label}: targets(): {type(error).__name__}: {error}")
+            return
+        if not specs:
+            self.no_sites += 1
+            return
+        try:
+            patch = bcrecord.patch_function(func, specs, name=self._owner(prefix, func))
+        except Exception as error:
+            self.unpatchable.append(f"{label}: {type(error).__name__}: {error}")
+            return
+        self.functions += 1
+        self.patches.append(patch)
+
+    @property
+    def probes(self) -> int:
+        return sum(len(p.keys) for p in self.patches)
+
+
+class _Reinstrument(importlib.abc.MetaPathFinder):
+    """Instruments chosen modules every time they are executed (fresh imports too)."""
+
+    def __init__(self, names: Set[str], instrumenter: Instrumenter) -> None:
+        self.names = names
+        self.instrumenter = instrumenter
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname not in self.names:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        if not isinstance(loader, (importlib.machinery.SourceFileLoader, importlib.machinery.SourcelessFileLoader)):
+            return spec
+        original: Callable[[types.ModuleType], None] = loader.exec_module
+        instrumenter = self.instrumenter
+
+        def exec_module(module: types.ModuleType) -> None:
+            original(module)
+            instrumenter.module(module)
+
+        loader.exec_module = exec_module  # type: ignore[method-assign]
+        return spec
+
+
+def _load_tests(name: str) -> unittest.TestSuite:
+    from test import support
+
+    support.verbose = 0
+    support.use_resources = list(DEFAULT_RESOURCES)
+    return unittest.defaultTestLoader.loadTestsFromName(name)
+
+
+def _run_suite(suite: unittest.TestSuite, result: RunResult) -> None:
+    stream = io.StringIO()
+    runner = unittest.TextTestRunner(stream=stream, verbosity=0, resultclass=_Result)
+    outcome = runner.run(suite)
+    assert isinstance(outcome, _Result)
+    result.tests_run = outcome.testsRun
+    result.failures = len(outcome.failures)
+    result.errors = len(outcome.errors)
+    result.skipped = len(outcome.skipped)
+    result.expected_failures = len(outcome.expectedFailures)
+    result.unexpected_successes = len(outcome.unexpectedSuccesses)
+    result.outcomes = outcome.outcomes
+    result.details = outcome.details
+
+
+def child(target: Target, mode: str, count_events: bool) -> RunResult:
+    """Run one target's tests in this process (plain, or instrumented and recording)."""
+    result = RunResult(target=target.name, mode=mode, python=sys.version.split()[0])
+    start = time.perf_counter()
+    if mode == "plain":
+        suite = _load_tests(target.tests)
+        _run_suite(suite, result)
+    else:
+        import bcrecord
+
+        instrumenter = Instrumenter()
+        sys.meta_path.insert(0, _Reinstrument(set(target.modules), instrumenter))
+        for name in target.modules:
+            instrumenter.module(importlib.import_module(name))
+        counter = [0]
+        if count_events:
+
+            def count(value: Any) -> Any:
+                counter[0] += 1
+                return value
+
+            bcrecord.register_copy(object, "none", count)
+        suite = _load_tests(target.tests)
+        with bcrecord.recording(copy="none", keep="last") as rec:
+            _run_suite(suite, result)
+        result.functions = instrumenter.functions
+        result.no_sites = instrumenter.no_sites
+        result.unpatchable = instrumenter.unpatchable
+        result.probes_inserted = instrumenter.probes
+        result.keys_fired = len(rec.keys())
+        result.events = counter[0]
+        result.recording_errors = [f"{e.key}: {type(e.error).__name__}: {e.error}" for e in rec.errors[:50]]
+        result.modules_instrumented = instrumenter.modules
+    result.seconds = round(time.perf_counter() - start, 2)
+    result.ok = True
+    return result
+
+
+# --- the parent side ------------------------------------------------------------
+
+
+def _python_version(python: str) -> Tuple[int, int, str]:
+    out = subprocess.run(
+        [python, "-c", "import sys; print(sys.version_info[0], sys.version_info[1], sys.version.split()[0])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    return int(out[0]), int(out[1]), out[2]
+
+
+def run_child(python: str, target: Target, mode: str, timeout: float, count_events: bool) -> RunResult:
+    """Run one (target, mode) in a subprocess and read back its report."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "result.json"
+        cmd = [python, str(Path(__file__).resolve()), "--child", target.name, "--mode", mode, "--result", str(out)]
+        if not count_events:
+            cmd.append("--no-count-events")
+        env = dict(os.environ, PYTHONHASHSEED="0", PYTHONDONTWRITEBYTECODE="1")
+        start = time.perf_counter()
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=tmp, env=env)
+        except subprocess.TimeoutExpired:
+            return RunResult(target.name, mode, crash=f"timeout after {timeout:.0f} s")
+        if out.exists():
+            data = json.loads(out.read_text())
+            return RunResult(**data)
+        tail = (proc.stdout[-1500:] + "\n" + proc.stderr[-3000:]).strip()
+        seconds = round(time.perf_counter() - start, 2)
+        return RunResult(target.name, mode, crash=f"exit status {proc.returncode}: {tail}", seconds=seconds)
+
+
+@dataclass
+class Row:
+    """One module on one interpreter: the two runs and how they differ."""
+
+    python: str
+    target: str
+    plain: Optional[RunResult]
+    instrumented: Optional[RunResult]
+    skipped_reason: str = ""
+    differences: List[str] = field(default_factory=list)
+
+    def compare(self) -> None:
+        plain, inst = self.plain, self.instrumented
+        if plain is None or inst is None:
+            return
+        if not plain.ok:
+            self.differences.append(f"plain run crashed: {plain.crash}")
+        if not inst.ok:
+            self.differences.append(f"instrumented run crashed: {inst.crash}")
+        if not (plain.ok and inst.ok):
+            return
+        if plain.tests_run != inst.tests_run:
+            self.differences.append(f"tests run: {plain.tests_run} plain, {inst.tests_run} instrumented")
+        for test_id in sorted(set(plain.outcomes) | set(inst.outcomes)):
+            a, b = plain.outcomes.get(test_id, "ok"), inst.outcomes.get(test_id, "ok")
+            if a != b:
+                detail = inst.details.get(test_id) or plain.details.get(test_id) or ""
+                self.differences.append(f"{test_id}: {a} plain, {b} instrumented\n{detail}".rstrip())
+        if inst.recording_errors:
+            self.differences.append(f"recording errors: {inst.recording_errors[:5]}")
+
+
+def check(
+    pythons: Sequence[str], names: Sequence[str], jobs: int, timeout: float, count_events: bool
+) -> List[Row]:
+    """Run every (interpreter, module, mode) and compare."""
+    rows: List[Row] = []
+    work: List[Tuple[Row, str, Target, str]] = []
+    for python in pythons:
+        major, minor, version = _python_version(python)
+        for name in names:
+            target = TARGETS[name]
+            if (major, minor) < target.min_version:
+                reason = f"needs Python {'.'.join(map(str, target.min_version))}+"
+                rows.append(Row(version, name, None, None, skipped_reason=reason))
+                continue
+            row = Row(version, name, None, None)
+            rows.append(row)
+            work += [(row, python, target, mode) for mode in ("instrumented", "plain")]
+
+    def one(item: Tuple[Row, str, Target, str]) -> None:
+        row, python, target, mode = item
+        result = run_child(python, target, mode, timeout, count_events)
+        result.python = result.python or row.python
+        setattr(row, mode, result)
+        print(
+            f"  {row.python} {target.name} {mode}: "
+            + (f"{result.tests_run} tests, {result.seconds} s" if result.ok else f"CRASH {result.crash[:200]}"),
+            file=sys.stderr,
+            flush=True,
+        )
+
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        list(pool.map(one, work))
+    for row in rows:
+        row.compare()
+    return rows
+
+
+def table(rows: Sequence[Row]) -> str:
+    """The report as a Markdown table."""
+    head = (
+        "| python | module | functions | unpatchable | probes inserted | keys fired | events "
+        "| tests run | fail+err plain | fail+err instrumented | seconds plain / instr. | differences |"
+    )
+    lines = [head, "|" + "---|" * 12]
+    for r in rows:
+        if r.skipped_reason:
+            lines.append(f"| {r.python} | {r.target} | – | – | – | – | – | – | – | – | – | n/a: {r.skipped_reason} |")
+            continue
+        p, i = r.plain, r.instrumented
+        assert p is not None and i is not None
+
+        def fe(x: RunResult) -> str:
+            return str(x.failures + x.errors) if x.ok else "crash"
+
+        lines.append(
+            f"| {r.python} | {r.target} | {i.functions} | {len(i.unpatchable)} | {i.probes_inserted} "
+            f"| {i.keys_fired} | {i.events} | {p.tests_run if p.ok else '?'} | {fe(p)} | {fe(i)} "
+            f"| {p.seconds} / {i.seconds} | {len(r.differences) or 'none'} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(
+        description="Run CPython's regression tests for stdlib modules with every function patched "
+        "(all recordable sites, inside an active recording) and compare with plain runs.",
+    )
+    parser.add_argument("--modules", help=f"comma-separated subset of: {', '.join(TARGETS)}")
+    parser.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK)} (for CI)")
+    parser.add_argument("--json", action="store_true", help="print the full results as JSON instead of a table")
+    parser.add_argument(
+        "--python",
+        action="append",
+        help="interpreter to check (repeatable; default: the one running this script)",
+    )
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="parallel child processes")
+    parser.add_argument("--timeout", type=float, default=1200.0, help="seconds per child process")
+    parser.add_argument(
+        "--no-count-events",
+        action="store_true",
+        help="do not count probe events (counting registers a pass-through copier for object)",
+    )
+    parser.add_argument("--list", action="store_true", help="list the modules and their test packages")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--mode", choices=("plain", "instrumented"), help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    if args.child:
+        try:
+            result = child(TARGETS[args.child], args.mode, not args.no_count_events)
+        except BaseException:
+            result = RunResult(args.child, args.mode, python=sys.version.split()[0], crash=traceback.format_exc())
+        Path(args.result).write_text(json.dumps(asdict(result)))
+        sys.stdout.flush()
+        os._exit(0)  # skip interpreter teardown: atexit hooks of the tests are not ours
+
+    if args.list:
+        for t in TARGETS.values():
+            print(f"{t.name:14} {t.tests:24} {', '.join(t.modules)}")
+        return 0
+    if args.modules:
+        names = [n.strip() for n in args.modules.split(",") if n.strip()]
+        unknown = [n for n in names if n not in TARGETS]
+        if unknown:
+            parser.error(f"unknown modules {unknown}; choose from {list(TARGETS)}")
+    else:
+        names = list(QUICK if args.quick else TARGETS)
+    pythons = args.python or [sys.executable]
+    rows = check(pythons, names, args.jobs, args.timeout, not args.no_count_events)
+    if args.json:
+        print(json.dumps([asdict(r) for r in rows], indent=1))
+    else:
+        print(table(rows))
+        for r in rows:
+            for d in r.differences:
+                print(f"\n[{r.python} {r.target}] {d}")
+            if r.instrumented and r.instrumented.unpatchable:
+                print(f"\n[{r.python} {r.target}] unpatchable:")
+                for u in r.instrumented.unpatchable:
+                    print(f"  {u}")
+    return 1 if any(r.differences for r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
