@@ -325,7 +325,11 @@ class Recording:
     """
 
     def __init__(
-        self, copy: str = "clone", keep: Keep = "all", threads: str = "context", only: Optional[Iterable[Any]] = None
+        self,
+        copy: str = "clone",
+        keep: Keep = "all",
+        threads: str = "context",
+        only: Optional[Iterable[Any]] = None,
     ) -> None:
         if copy not in COPY_POLICIES:
             raise ValueError(f"unknown copy policy {copy!r}; choose one of {COPY_POLICIES}")
@@ -584,5 +588,6 @@ def probe_visible_from(globals_: Dict[str, Any]) -> None:
     """Make the probe resolvable from a function whose globals have custom builtins."""
     custom = globals_.get("__builtins__", builtins)
     namespace = custom if isinstance(custom, dict) else getattr(custom, "__dict__", {})
-    if namespace.get(PROBE_NAME) is not __bcrecord_probe__:
+    # Any probe there will do: the torch layer may have put a wrapped one in builtins.
+    if PROBE_NAME not in namespace and PROBE_NAME not in globals_:
         globals_[PROBE_NAME] = __bcrecord_probe__

@@ -73,10 +73,18 @@ class Target:
     modules: Tuple[str, ...]
     tests: str
     min_version: Tuple[int, int] = (3, 10)
+    #: Modules that not every supported version has (``_pydatetime`` is 3.12+).
+    optional: Tuple[str, ...] = ()
 
 
-def _t(name: str, modules: Sequence[str] = (), tests: str = "", min_version: Tuple[int, int] = (3, 10)) -> Target:
-    return Target(name, tuple(modules) or (name,), tests or f"test.test_{name}", min_version)
+def _t(
+    name: str,
+    modules: Sequence[str] = (),
+    tests: str = "",
+    min_version: Tuple[int, int] = (3, 10),
+    optional: Sequence[str] = (),
+) -> Target:
+    return Target(name, tuple(modules) or (name,), tests or f"test.test_{name}", min_version, tuple(optional))
 
 
 TARGETS: Dict[str, Target] = {
@@ -112,10 +120,29 @@ TARGETS: Dict[str, Target] = {
         _t("collections", ["collections", "collections.abc"]),
         _t("gettext"),
         _t("random"),
+        _t("contextlib"),
+        _t("contextlib_async", ["contextlib"], tests="test.test_contextlib_async"),
+        _t("tokenize"),
+        _t("typing"),
+        _t("inspect"),
+        _t("ast"),
+        _t("datetime", ["datetime", "_pydatetime", "_strptime"], optional=["_pydatetime"]),
+        _t("pickle"),
     )
 }
 
-QUICK = ("json", "textwrap", "heapq", "bisect", "shlex", "string", "base64", "colorsys", "fractions", "operator")
+QUICK = (
+    "json",
+    "textwrap",
+    "heapq",
+    "bisect",
+    "shlex",
+    "string",
+    "base64",
+    "colorsys",
+    "fractions",
+    "operator",
+)
 
 # Resources the tests may use; like ``python -m test`` without ``-u``, none.
 DEFAULT_RESOURCES: Tuple[str, ...] = ()
@@ -344,7 +371,9 @@ class _Reinstrument(importlib.abc.MetaPathFinder):
         else:
             return None
         loader = spec.loader
-        if not isinstance(loader, (importlib.machinery.SourceFileLoader, importlib.machinery.SourcelessFileLoader)):
+        if not isinstance(
+            loader, (importlib.machinery.SourceFileLoader, importlib.machinery.SourcelessFileLoader)
+        ):
             return spec
         original: Callable[[types.ModuleType], None] = loader.exec_module
         instrumenter = self.instrumenter
@@ -380,8 +409,19 @@ def _run_suite(suite: unittest.TestSuite, result: RunResult) -> None:
     result.details = outcome.details
 
 
-def child(target: Target, mode: str, count_events: bool) -> RunResult:
-    """Run one target's tests in this process (plain, or instrumented and recording)."""
+MODES = ("plain", "instrumented", "counted", "dropped")
+
+
+def child(target: Target, mode: str) -> RunResult:
+    """Run one target's tests in this process.
+
+    ``plain``: no instrumentation, bcrecord not imported. ``instrumented``: every
+    function patched, tests run inside ``recording(copy='none', keep='last')``.
+    ``counted``: the same, with a pass-through copier for ``object`` that counts
+    probe events (one more Python frame per event). ``dropped``: the same, with a
+    copier that stores None instead of the value, so the recording keeps nothing
+    alive (tells retention of recorded values apart from other causes).
+    """
     result = RunResult(target=target.name, mode=mode, python=sys.version.split()[0])
     start = time.perf_counter()
     if mode == "plain":
@@ -393,15 +433,23 @@ def child(target: Target, mode: str, count_events: bool) -> RunResult:
         instrumenter = Instrumenter()
         sys.meta_path.insert(0, _Reinstrument(set(target.modules), instrumenter))
         for name in target.modules:
-            instrumenter.module(importlib.import_module(name))
+            try:
+                module = importlib.import_module(name)
+            except ModuleNotFoundError:
+                if name in target.optional:
+                    continue
+                raise
+            instrumenter.module(module)
         counter = [0]
-        if count_events:
+        if mode == "counted":
 
             def count(value: Any) -> Any:
                 counter[0] += 1
                 return value
 
             bcrecord.register_copy(object, "none", count)
+        elif mode == "dropped":
+            bcrecord.register_copy(object, "none", lambda value: None)
         suite = _load_tests(target.tests)
         with bcrecord.recording(copy="none", keep="last") as rec:
             _run_suite(suite, result)
@@ -431,62 +479,93 @@ def _python_version(python: str) -> Tuple[int, int, str]:
     return int(out[0]), int(out[1]), out[2]
 
 
-def run_child(python: str, target: Target, mode: str, timeout: float, count_events: bool) -> RunResult:
+def run_child(python: str, target: Target, mode: str, timeout: float) -> RunResult:
     """Run one (target, mode) in a subprocess and read back its report."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
-        cmd = [python, str(Path(__file__).resolve()), "--child", target.name, "--mode", mode, "--result", str(out)]
-        if not count_events:
-            cmd.append("--no-count-events")
+        cmd = [
+            python,
+            str(Path(__file__).resolve()),
+            "--child",
+            target.name,
+            "--mode",
+            mode,
+            "--result",
+            str(out),
+        ]
         env = dict(os.environ, PYTHONHASHSEED="0", PYTHONDONTWRITEBYTECODE="1")
         start = time.perf_counter()
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=tmp, env=env)
         except subprocess.TimeoutExpired:
-            return RunResult(target.name, mode, crash=f"timeout after {timeout:.0f} s")
+            return RunResult(target.name, mode, crash=f"timeout after {timeout:.0f} s", seconds=timeout)
         if out.exists():
-            data = json.loads(out.read_text())
-            return RunResult(**data)
+            return RunResult(**json.loads(out.read_text()))
         tail = (proc.stdout[-1500:] + "\n" + proc.stderr[-3000:]).strip()
         seconds = round(time.perf_counter() - start, 2)
         return RunResult(target.name, mode, crash=f"exit status {proc.returncode}: {tail}", seconds=seconds)
 
 
+def differences(plain: RunResult, other: RunResult) -> List[str]:
+    """How ``other`` differs from ``plain``: crashes, test counts, each test's outcome."""
+    if not plain.ok:
+        return [f"plain run crashed: {plain.crash}"]
+    if not other.ok:
+        return [f"{other.mode} run crashed: {other.crash}"]
+    found: List[str] = []
+    if plain.tests_run != other.tests_run:
+        found.append(f"tests run: {plain.tests_run} plain, {other.tests_run} {other.mode}")
+    for test_id in sorted(set(plain.outcomes) | set(other.outcomes)):
+        a, b = plain.outcomes.get(test_id, "ok"), other.outcomes.get(test_id, "ok")
+        if a != b:
+            detail = other.details.get(test_id) or plain.details.get(test_id) or ""
+            found.append(f"{test_id}: {a} plain, {b} {other.mode}\n{detail}".rstrip())
+    for error in other.recording_errors:
+        found.append(f"recording error: {error}")
+    return found
+
+
+def _head(difference: str) -> str:
+    return difference.split("\n", 1)[0]
+
+
+def _shorten(difference: str, lines: int = 12) -> str:
+    parts = difference.split("\n")
+    if len(parts) <= lines:
+        return difference
+    return "\n".join(parts[:2] + ["    ..."] + parts[-(lines - 3) :])
+
+
 @dataclass
 class Row:
-    """One module on one interpreter: the two runs and how they differ."""
+    """One module on one interpreter: its runs and how they differ."""
 
     python: str
     target: str
-    plain: Optional[RunResult]
-    instrumented: Optional[RunResult]
+    interpreter: str = ""
+    runs: Dict[str, RunResult] = field(default_factory=dict)
     skipped_reason: str = ""
+    #: Instrumented vs plain: the headline. Each entry starts with the test id.
     differences: List[str] = field(default_factory=list)
+    #: Those of ``differences`` that vanish when the recording stores no values.
+    retention: List[str] = field(default_factory=list)
+    #: Counting run vs plain (the counter adds a Python frame per event).
+    counted_differences: List[str] = field(default_factory=list)
 
     def compare(self) -> None:
-        plain, inst = self.plain, self.instrumented
+        plain, inst = self.runs.get("plain"), self.runs.get("instrumented")
         if plain is None or inst is None:
             return
-        if not plain.ok:
-            self.differences.append(f"plain run crashed: {plain.crash}")
-        if not inst.ok:
-            self.differences.append(f"instrumented run crashed: {inst.crash}")
-        if not (plain.ok and inst.ok):
-            return
-        if plain.tests_run != inst.tests_run:
-            self.differences.append(f"tests run: {plain.tests_run} plain, {inst.tests_run} instrumented")
-        for test_id in sorted(set(plain.outcomes) | set(inst.outcomes)):
-            a, b = plain.outcomes.get(test_id, "ok"), inst.outcomes.get(test_id, "ok")
-            if a != b:
-                detail = inst.details.get(test_id) or plain.details.get(test_id) or ""
-                self.differences.append(f"{test_id}: {a} plain, {b} instrumented\n{detail}".rstrip())
-        if inst.recording_errors:
-            self.differences.append(f"recording errors: {inst.recording_errors[:5]}")
+        self.differences = differences(plain, inst)
+        if "counted" in self.runs:
+            self.counted_differences = differences(plain, self.runs["counted"])
+        if "dropped" in self.runs and self.runs["dropped"].ok:
+            remaining = {_head(d) for d in differences(plain, self.runs["dropped"])}
+            dropped_mode = {h.replace(" dropped", " instrumented") for h in remaining}
+            self.retention = [d for d in self.differences if _head(d) not in dropped_mode]
 
 
-def check(
-    pythons: Sequence[str], names: Sequence[str], jobs: int, timeout: float, count_events: bool
-) -> List[Row]:
+def check(pythons: Sequence[str], names: Sequence[str], jobs: int, timeout: float, count: bool) -> List[Row]:
     """Run every (interpreter, module, mode) and compare."""
     rows: List[Row] = []
     work: List[Tuple[Row, str, Target, str]] = []
@@ -494,28 +573,32 @@ def check(
         major, minor, version = _python_version(python)
         for name in names:
             target = TARGETS[name]
-            if (major, minor) < target.min_version:
-                reason = f"needs Python {'.'.join(map(str, target.min_version))}+"
-                rows.append(Row(version, name, None, None, skipped_reason=reason))
-                continue
-            row = Row(version, name, None, None)
+            row = Row(version, name, interpreter=python)
             rows.append(row)
-            work += [(row, python, target, mode) for mode in ("instrumented", "plain")]
+            if (major, minor) < target.min_version:
+                row.skipped_reason = f"needs Python {'.'.join(map(str, target.min_version))}+"
+                continue
+            modes = ("instrumented", "counted", "plain") if count else ("instrumented", "plain")
+            work += [(row, python, target, mode) for mode in modes]
 
     def one(item: Tuple[Row, str, Target, str]) -> None:
         row, python, target, mode = item
-        result = run_child(python, target, mode, timeout, count_events)
+        result = run_child(python, target, mode, timeout)
         result.python = result.python or row.python
-        setattr(row, mode, result)
-        print(
-            f"  {row.python} {target.name} {mode}: "
-            + (f"{result.tests_run} tests, {result.seconds} s" if result.ok else f"CRASH {result.crash[:200]}"),
-            file=sys.stderr,
-            flush=True,
+        row.runs[mode] = result
+        state = (
+            f"{result.tests_run} tests, {result.seconds} s" if result.ok else f"CRASH {result.crash[:300]}"
         )
+        print(f"  {row.python} {target.name} {mode}: {state}", file=sys.stderr, flush=True)
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         list(pool.map(one, work))
+        for row in rows:
+            row.compare()
+        # Where instrumentation changed something, find out whether holding on to
+        # recorded values (copy='none' keeps the objects) is the whole cause.
+        again = [(row, row.interpreter, TARGETS[row.target], "dropped") for row in rows if row.differences]
+        list(pool.map(one, again))
     for row in rows:
         row.compare()
     return rows
@@ -524,24 +607,28 @@ def check(
 def table(rows: Sequence[Row]) -> str:
     """The report as a Markdown table."""
     head = (
-        "| python | module | functions | unpatchable | probes inserted | keys fired | events "
-        "| tests run | fail+err plain | fail+err instrumented | seconds plain / instr. | differences |"
+        "| python | module | functions | no sites | unpatchable | probes inserted | keys fired | events "
+        "| tests run | fail+err plain | fail+err instr. | seconds plain / instr. | differences (retention) "
+        "| diff. counting run |"
     )
-    lines = [head, "|" + "---|" * 12]
+    lines = [head, "|" + "---|" * 14]
     for r in rows:
         if r.skipped_reason:
-            lines.append(f"| {r.python} | {r.target} | – | – | – | – | – | – | – | – | – | n/a: {r.skipped_reason} |")
+            lines.append(f"| {r.python} | {r.target} |" + " – |" * 11 + f" n/a: {r.skipped_reason} | – |")
             continue
-        p, i = r.plain, r.instrumented
-        assert p is not None and i is not None
+        p, i = r.runs["plain"], r.runs["instrumented"]
+        c = r.runs.get("counted")
 
         def fe(x: RunResult) -> str:
             return str(x.failures + x.errors) if x.ok else "crash"
 
+        diff = "none" if not r.differences else f"**{len(r.differences)}** ({len(r.retention)})"
+        counted = "–" if c is None else (str(len(r.counted_differences)) if r.counted_differences else "none")
+        events = str(c.events) if c is not None and c.ok else "–"
         lines.append(
-            f"| {r.python} | {r.target} | {i.functions} | {len(i.unpatchable)} | {i.probes_inserted} "
-            f"| {i.keys_fired} | {i.events} | {p.tests_run if p.ok else '?'} | {fe(p)} | {fe(i)} "
-            f"| {p.seconds} / {i.seconds} | {len(r.differences) or 'none'} |"
+            f"| {r.python} | {r.target} | {i.functions} | {i.no_sites} | {len(i.unpatchable)} "
+            f"| {i.probes_inserted} | {i.keys_fired} | {events} | {p.tests_run if p.ok else '?'} "
+            f"| {fe(p)} | {fe(i)} | {p.seconds} / {i.seconds} | {diff} | {counted} |"
         )
     return "\n".join(lines)
 
@@ -553,7 +640,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     )
     parser.add_argument("--modules", help=f"comma-separated subset of: {', '.join(TARGETS)}")
     parser.add_argument("--quick", action="store_true", help=f"only {', '.join(QUICK)} (for CI)")
-    parser.add_argument("--json", action="store_true", help="print the full results as JSON instead of a table")
+    parser.add_argument(
+        "--json", action="store_true", help="print the full results as JSON instead of a table"
+    )
     parser.add_argument(
         "--python",
         action="append",
@@ -564,19 +653,21 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument(
         "--no-count-events",
         action="store_true",
-        help="do not count probe events (counting registers a pass-through copier for object)",
+        help="skip the extra run that counts probe events (with a pass-through copier for object)",
     )
     parser.add_argument("--list", action="store_true", help="list the modules and their test packages")
     parser.add_argument("--child", help=argparse.SUPPRESS)
-    parser.add_argument("--mode", choices=("plain", "instrumented"), help=argparse.SUPPRESS)
+    parser.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
     if args.child:
         try:
-            result = child(TARGETS[args.child], args.mode, not args.no_count_events)
+            result = child(TARGETS[args.child], args.mode)
         except BaseException:
-            result = RunResult(args.child, args.mode, python=sys.version.split()[0], crash=traceback.format_exc())
+            result = RunResult(
+                args.child, args.mode, python=sys.version.split()[0], crash=traceback.format_exc()
+            )
         Path(args.result).write_text(json.dumps(asdict(result)))
         sys.stdout.flush()
         os._exit(0)  # skip interpreter teardown: atexit hooks of the tests are not ours
@@ -599,11 +690,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     else:
         print(table(rows))
         for r in rows:
+            retention = set(r.retention)
             for d in r.differences:
-                print(f"\n[{r.python} {r.target}] {d}")
-            if r.instrumented and r.instrumented.unpatchable:
+                note = " [retention: gone when no values are kept]" if d in retention else ""
+                print(f"\n[{r.python} {r.target}]{note} {_shorten(d)}")
+            for d in r.counted_differences:
+                if _head(d).replace(" counted", " instrumented") not in {_head(x) for x in r.differences}:
+                    print(f"\n[{r.python} {r.target}] (counting run only) {_shorten(d)}")
+            inst = r.runs.get("instrumented")
+            if inst is not None and inst.unpatchable:
                 print(f"\n[{r.python} {r.target}] unpatchable:")
-                for u in r.instrumented.unpatchable:
+                for u in inst.unpatchable:
                     print(f"  {u}")
     return 1 if any(r.differences for r in rows) else 0
 

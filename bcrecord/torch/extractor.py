@@ -1,0 +1,165 @@
+"""Feature extraction without tracing: :func:`create_feature_extractor`, :func:`list_targets`.
+
+A drop-in for ``torchvision.models.feature_extraction``: ``return_nodes`` takes
+module paths (``'layer1'``) as torchvision does, and also any target of
+:func:`bcrecord.torch.record` (``'layer1.0:forward:out@2'``, ``':_forward_impl:x@0'``).
+Nothing is traced, so models with data-dependent control flow, ``assert`` or
+``int(tensor)`` work; values are what the model computed (a module's output is
+cloned before any in-place op downstream changes it).
+
+>>> import torch
+>>> net = torch.nn.Sequential(torch.nn.Linear(2, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+>>> extractor = create_feature_extractor(net, {"1": "hidden"})
+>>> extractor(torch.ones(3, 2))["hidden"].shape
+torch.Size([3, 4])
+"""
+
+from __future__ import annotations
+
+import types
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
+
+import torch
+
+from ..errors import SpecError
+from ..patch import targets as function_targets
+from .record import record
+from .targets import expand, unwrap
+
+__all__ = ["FeatureExtractor", "create_feature_extractor", "list_targets", "TargetList"]
+
+ReturnNodes = Union[Sequence[str], Mapping[str, str]]
+
+
+def _normalise(model: torch.nn.Module, nodes: Optional[ReturnNodes]) -> Dict[str, str]:
+    """``{concrete target: output name}``; globs expand in list form only."""
+    if nodes is None:
+        raise SpecError("return_nodes is required: module paths or targets, as a list or a dict")
+    out: Dict[str, str] = {}
+    if isinstance(nodes, Mapping):
+        for target, name in nodes.items():
+            concrete = expand(model, target)
+            if len(concrete) != 1:
+                raise SpecError(f"{target!r} names {len(concrete)} targets; a dict entry needs exactly one")
+            out[concrete[0].text] = name
+    else:
+        for target in [nodes] if isinstance(nodes, str) else nodes:
+            for one in expand(model, target):
+                out[one.text] = one.text
+    if not out:
+        raise SpecError("return_nodes is empty")
+    if len(set(out.values())) != len(out):
+        raise SpecError(f"output names must be unique, got {list(out.values())}")
+    return out
+
+
+class FeatureExtractor(torch.nn.Module):
+    """Runs ``model`` and returns ``{name: value}`` for the requested targets.
+
+    With ``stop_early`` (the default) the forward ends once every target has a
+    value, like FX's dead-code elimination. A target recorded several times in one
+    forward (a loop) gives the list of its values, in order. A target the forward
+    never reached raises an error naming it.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        return_nodes: Optional[ReturnNodes] = None,
+        train_return_nodes: Optional[ReturnNodes] = None,
+        eval_return_nodes: Optional[ReturnNodes] = None,
+        stop_early: bool = True,
+        **options: Any,
+    ) -> None:
+        super().__init__()
+        self.model = model
+        if return_nodes is not None and (train_return_nodes is not None or eval_return_nodes is not None):
+            raise SpecError("give return_nodes, or train_return_nodes and eval_return_nodes, not both")
+        self.train_nodes = _normalise(model, train_return_nodes if return_nodes is None else return_nodes)
+        self.eval_nodes = _normalise(model, eval_return_nodes if return_nodes is None else return_nodes)
+        self.stop_early = stop_early
+        self.options = options
+
+    def forward(self, *args: Any, **kwargs: Any) -> Dict[str, Any]:
+        nodes = self.train_nodes if self.training else self.eval_nodes
+        with record(self.model, list(nodes), stop_after_last=self.stop_early, **self.options) as rec:
+            self.model(*args, **kwargs)
+        out: Dict[str, Any] = {}
+        missing = []
+        for target, name in nodes.items():
+            values = [v for key in rec.keys_of(target) for v in (rec.all(key) if key in rec else [])]
+            if not values:
+                missing.append(target)
+            else:
+                out[name] = values[0] if len(values) == 1 else values
+        if missing:
+            raise RuntimeError(f"this forward pass never reached {missing}")
+        return out
+
+
+def create_feature_extractor(
+    model: torch.nn.Module,
+    return_nodes: Optional[ReturnNodes] = None,
+    train_return_nodes: Optional[ReturnNodes] = None,
+    eval_return_nodes: Optional[ReturnNodes] = None,
+    *,
+    stop_early: bool = True,
+    **options: Any,
+) -> FeatureExtractor:
+    """An ``nn.Module`` whose forward returns ``{name: value}`` for ``return_nodes``.
+
+    ``return_nodes`` is a list of targets (output names are the targets) or a dict
+    ``{target: name}``; ``train_return_nodes``/``eval_return_nodes`` as in
+    torchvision. Other keyword arguments (``copy``, ``to``, ``dtype``, ``reduce``,
+    ``grad``) go to :func:`bcrecord.torch.record`. The model is not modified: it is
+    patched only during each forward call.
+
+    >>> import torch
+    >>> net = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.ReLU(inplace=True))
+    >>> feats = create_feature_extractor(net, ["0", "1"])(torch.randn(1, 1, 5, 5))
+    >>> bool((feats["0"] < 0).any()), bool((feats["1"] >= 0).all())  # before / after the in-place ReLU
+    (True, True)
+    """
+    return FeatureExtractor(model, return_nodes, train_return_nodes, eval_return_nodes, stop_early, **options)
+
+
+class TargetList(List[str]):
+    """A list of target strings whose ``str`` is a table grouped by submodule."""
+
+    def __str__(self) -> str:
+        lines: List[str] = []
+        current = None
+        for target in self:
+            path = target.split(":", 1)[0]
+            if path != current:
+                current = path
+                lines.append(path or "<root>")
+            if ":" in target:
+                lines.append(f"    {target}")
+        return "\n".join(lines)
+
+
+def list_targets(
+    model: torch.nn.Module,
+    methods: Iterable[str] = ("forward", "_forward_impl", "forward_features", "forward_head"),
+) -> TargetList:
+    """Every recordable target per submodule, in module order (no tracing).
+
+    For each submodule: its path (the module's output) and, for each of
+    ``methods`` it defines in Python, one target per local assignment, attribute
+    load site and return.
+
+    >>> import torch
+    >>> targets = list_targets(torch.nn.Sequential(torch.nn.Linear(1, 1)))
+    >>> targets[0], targets[-3:]
+    ('', ['0:forward:self.bias@0', '0:forward:self.weight@0', '0:forward:return'])
+    """
+    out = TargetList()
+    for path, module in unwrap(model).named_modules():
+        out.append(path)
+        for method in methods:
+            func = getattr(type(module), method, None)
+            if not isinstance(func, types.FunctionType):
+                continue
+            out.extend(f"{path}:{method}:{spec}" for spec in function_targets(func).specs())
+    return out

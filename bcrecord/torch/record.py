@@ -1,0 +1,331 @@
+"""Record inside a model: :func:`record`.
+
+How a model is patched: targets are grouped by the class that runs them, and each
+(class, method) gets one class-level patch — one rewritten code object shared by
+every instance (16 Bottlenecks, one code object). The probes pass the instance
+they run on; the instance's module path is read from a marker that
+:func:`record` puts in the targeted submodules' ``__dict__`` for the duration.
+Because the marker travels with the instance's ``__dict__``:
+
+* ``nn.DataParallel`` replicas (made by copying ``__dict__``) record under the same
+  path, from their worker threads (recordings here take ``threads='all'``);
+* ``copy.deepcopy`` of a model being recorded gives a copy that records itself
+  (its own values, under the same paths), never the original;
+* pickling / ``torch.save`` of a whole model while it is being recorded stores a
+  *stale* marker: the loaded model is clean (it never records) and a
+  :class:`~bcrecord.errors.RecordingWarning` says so at save time.
+
+Instances of the same class elsewhere (not targeted) run the patched code but are
+not recorded. On exit every patch and marker is removed: the model is exactly as
+before (same objects, same code, same ``state_dict``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import threading
+import types
+import warnings
+from collections import defaultdict
+from typing import Any, Callable, Dict, Iterable, Set, Iterator, List, Mapping, Optional, Tuple, Union
+
+import torch
+
+from ..analysis import read, resolve
+from ..errors import RecordingWarning, TargetError
+from ..patch import Patch, function_of, patch_method
+from ..runtime import _DROP, Recording, Sink
+from ..specs import Attribute, Local, Spec
+from .copies import Device, value_policy
+from .targets import Target, expand_all, module_at
+
+__all__ = ["record", "ModelRecording", "StopForward"]
+
+_MARK = "_bcrecord_path"
+_marks_lock = threading.Lock()
+_mark_counts: Dict[int, int] = {}
+
+
+class StopForward(BaseException):
+    """Raised by a probe to end a forward early once every target is recorded.
+
+    A BaseException, so that a model's own ``except Exception`` does not swallow it.
+    """
+
+
+def _stale(path: str) -> _StalePath:
+    return _StalePath(path)
+
+
+class _StalePath(str):
+    """A marker loaded from a pickle: inert, so a loaded model never records."""
+
+
+class _PathMark(str):
+    """A submodule's path while it is being recorded (see the module docstring)."""
+
+    def __deepcopy__(self, memo: Dict[int, Any]) -> _PathMark:
+        return self
+
+    def __reduce__(self) -> Tuple[Callable[[str], _StalePath], Tuple[str]]:
+        warnings.warn(
+            f"bcrecord: a module ({str(self) or '<root>'}) is being saved while it is recorded; "
+            "the saved copy loads without recording",
+            RecordingWarning,
+            stacklevel=2,
+        )
+        return _stale, (str(self),)
+
+
+class _Owner:
+    """Per-instance owner name for one patch: the marked path, if this patch wants it."""
+
+    def __init__(self, paths: Iterable[str]) -> None:
+        self.paths = frozenset(paths)
+
+    def __call__(self, module: Any) -> Optional[str]:
+        mark = getattr(module, "__dict__", {}).get(_MARK)
+        if type(mark) is _PathMark and mark in self.paths:
+            return str(mark)
+        return None
+
+
+class ModelRecording(Recording):
+    """A :class:`~bcrecord.Recording` of a model's targets.
+
+    Besides the core API (``rec[key]``, ``rec.all(key)``…) it knows which keys each
+    target string produced: :meth:`keys_of` and :meth:`values_of`.
+    """
+
+    def __init__(self, *, stop_after_last: bool = False, **options: Any) -> None:
+        super().__init__(**options)
+        self.targets: Dict[str, List[str]] = {}
+        self._stop = stop_after_last
+        self._needed: frozenset = frozenset()
+        self._seen: Set[str] = set()
+
+    def keys_of(self, target: str) -> List[str]:
+        """The keys recorded for a target string as given to :func:`record`."""
+        try:
+            return list(self.targets[target])
+        except KeyError:
+            raise KeyError(
+                f"{target!r} is not a target of this recording; targets: {list(self.targets)}"
+            ) from None
+
+    def values_of(self, target: str) -> Dict[str, List[Any]]:
+        """``{key: all values}`` for a target string (keys with no value left out)."""
+        return {key: self.all(key) for key in self.keys_of(target) if key in self}
+
+    def start_pass(self) -> None:
+        """Begin a new forward pass (early stop counts targets per pass)."""
+        self._seen = set()
+
+    def _sink(self, site_id: int, owner: Optional[str] = None) -> Optional[Sink]:
+        sink = super()._sink(site_id, owner)
+        if not self._stop or sink is None or sink is _DROP or sink[3] not in self._needed:
+            return sink
+        append, copiers, policy, key, chain = sink
+
+        def append_then_maybe_stop(value: Any) -> None:
+            append(value)
+            self._seen.add(key)
+            if self._seen >= self._needed:
+                raise StopForward(key)
+
+        stopping = (append_then_maybe_stop, copiers, policy, key, chain)
+        self._sinks[site_id if owner is None else (site_id, owner)] = stopping
+        return stopping
+
+
+def _reduce_for(reduce: Any, target: Target) -> Optional[Callable[[torch.Tensor], Any]]:
+    if reduce is None or callable(reduce):
+        return reduce
+    if isinstance(reduce, Mapping):
+        return reduce.get(target.text)
+    raise TypeError(f"reduce must be a callable or a dict of target -> callable, got {reduce!r}")
+
+
+class _GradCopy:
+    """The copier of a ``.grad`` target: keeps the value and records its gradient."""
+
+    def __init__(self, rec: Recording, key: str, keep: Callable[[Any], Any]) -> None:
+        self.rec, self.key, self.keep = rec, key, keep
+
+    def __call__(self, value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and value.requires_grad:
+            value.register_hook(self._store)
+        return self.keep(value)
+
+    def _store(self, grad: torch.Tensor) -> None:
+        self.rec.add(self.key + ".grad", grad.detach().clone())
+
+
+def _one_site_specs(spec: Spec, code: types.CodeType, qualname: str) -> List[Tuple[Spec, str]]:
+    """``spec`` split into one spec per site it names, each with its key label."""
+    points = resolve([spec], read(code, qualname))
+    out: List[Tuple[Spec, str]] = []
+    for point in points:
+        if isinstance(spec, Local):
+            one: Spec = Local(spec.name, int(point.label.rsplit("@", 1)[1]))
+        elif isinstance(spec, Attribute) and spec.at == "load":
+            one = Attribute(spec.target, "load", int(point.label.rsplit("@", 1)[1]))
+        else:
+            one = spec
+        out.append((one, point.label))
+    return out
+
+
+def _mark(module: torch.nn.Module, path: str) -> bool:
+    """Put the path marker on ``module``; True if this call added it."""
+    with _marks_lock:
+        count = _mark_counts.get(id(module), 0)
+        current = module.__dict__.get(_MARK)
+        if count and type(current) is _PathMark:
+            _mark_counts[id(module)] = count + 1
+            return False
+        if _MARK in module.__dict__ and type(current) is not _StalePath:
+            raise TargetError(f"{type(module).__name__} at {path!r} already has an attribute {_MARK!r}")
+        module.__dict__[_MARK] = _PathMark(path)
+        _mark_counts[id(module)] = 1
+        return True
+
+
+def _unmark(module: torch.nn.Module) -> None:
+    with _marks_lock:
+        count = _mark_counts.get(id(module), 0) - 1
+        if count > 0:
+            _mark_counts[id(module)] = count
+            return
+        _mark_counts.pop(id(module), None)
+        if type(module.__dict__.get(_MARK)) is _PathMark:
+            del module.__dict__[_MARK]
+
+
+@contextlib.contextmanager
+def record(
+    model: torch.nn.Module,
+    targets: Union[str, Iterable[str]],
+    *,
+    copy: str = "clone",
+    to: Device = None,
+    dtype: Optional[torch.dtype] = None,
+    reduce: Union[Callable[[torch.Tensor], Any], Mapping[str, Callable[[torch.Tensor], Any]], None] = None,
+    grad: bool = False,
+    keep: Union[str, int] = "all",
+    stop_after_last: bool = False,
+    threads: str = "all",
+) -> Iterator[ModelRecording]:
+    """Record ``targets`` inside ``model`` while the block runs; yields the recording.
+
+    Targets are strings like ``'layer1.0:forward:out@2'``, ``':_forward_impl:x@0'``,
+    ``'blocks.*:forward:x'`` or a bare module path ``'layer1'`` (its output); see
+    :mod:`bcrecord.torch.targets`. Keys are ``'<path>:<method>:<target>'``; a bare
+    path's key is ``'<path>:forward:return'``.
+
+    Values are detached clones by default (``copy='detach'`` keeps the tensor itself,
+    detached). ``to='cpu'`` offloads, ``dtype`` casts, ``reduce`` (a callable, or a
+    dict by target string) is applied first, ``grad=True`` keeps values in the
+    autograd graph. ``keep='last'`` or an int bounds memory per key.
+
+    ``stop_after_last=True`` ends each forward pass as soon as every target has a
+    value: the model's ``forward`` then returns None, and the rest of the model is
+    not computed.
+
+    >>> import torch
+    >>> from bcrecord.torch import record
+    >>> net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU(inplace=True))
+    >>> with record(net, ["0", "1"]) as rec:
+    ...     out = net(torch.ones(1, 2))
+    >>> torch.equal(rec["1:forward:return"], out), sorted(rec.keys_of("0"))
+    (True, ['0:forward:return'])
+    """
+    if copy not in ("clone", "detach", "deepcopy", "none"):
+        raise ValueError(f"unknown copy policy {copy!r}; choose one of clone, detach, deepcopy, none")
+    expanded = expand_all(model, targets)
+    rec = ModelRecording(copy=copy, keep=keep, threads=threads, stop_after_last=stop_after_last)
+
+    policies: Dict[Any, Callable[[Any], Any]] = {}
+    # One patch per (class, method, set of instance paths): specs wanted by exactly
+    # the same instances share it. Gradient targets get a patch per key.
+    wanted: Dict[Tuple[type, str, Spec], set] = defaultdict(set)
+    grad_specs: Dict[Tuple[type, str, str], List[Spec]] = defaultdict(list)
+    modules: Dict[str, torch.nn.Module] = {}
+    for text, concrete in expanded.items():
+        rec.targets[text] = []
+        for target in concrete:
+            module = modules.setdefault(target.path, module_at(model, target.path))
+            cls, method = type(module), target.method
+            func = function_of(getattr(cls, method))
+            reducer = _reduce_for(reduce, target)
+            wants_grad = grad or target.grad
+            keep_value = policies.setdefault(
+                (reducer, wants_grad), value_policy(copy, to, dtype, reducer, wants_grad)
+            )
+            for spec, label in _one_site_specs(target.spec, func.__code__, func.__qualname__):
+                key = f"{target.path}:{method}:{label}"
+                rec.targets[text].append(key)
+                if target.grad:
+                    rec.targets[text].append(key + ".grad")
+                    grad_specs[(cls, method, target.path)].append(
+                        dataclasses.replace(spec, copy=_GradCopy(rec, key, keep_value))
+                    )
+                else:
+                    wanted[(cls, method, dataclasses.replace(spec, copy=keep_value))].add(target.path)
+    by_paths: Dict[Tuple[type, str, frozenset], List[Spec]] = defaultdict(list)
+    for (cls, method, spec), paths in wanted.items():
+        by_paths[(cls, method, frozenset(paths))].append(spec)
+    for (cls, method, path), specs in grad_specs.items():
+        by_paths[(cls, method, frozenset([path]))].extend(specs)
+
+    patches: List[Patch] = []
+    marked: List[torch.nn.Module] = []
+    root_forward: Optional[Tuple[torch.nn.Module, Any]] = None
+    try:
+        for (cls, method, owners), specs in by_paths.items():
+            patches.append(patch_method(cls, method, specs, name=_Owner(owners)))
+        for path, module in modules.items():
+            _mark(module, path)
+            marked.append(module)
+        rec._only = {id(p) for p in patches}
+        if stop_after_last:
+            rec._needed = frozenset(
+                k for keys in rec.targets.values() for k in keys if not k.endswith(".grad")
+            )
+            root_forward = _stop_at_root(model, rec)
+        with rec:
+            yield rec
+    finally:
+        if root_forward is not None:
+            _restore_root(*root_forward)
+        for module in marked:
+            _unmark(module)
+        for patch in reversed(patches):
+            patch.remove()
+
+
+def _stop_at_root(model: torch.nn.Module, rec: ModelRecording) -> Tuple[torch.nn.Module, Any]:
+    """Make ``model.forward`` end quietly (returning None) when the recording stops it."""
+    previous = model.__dict__.get("forward", _MISSING)
+    bound = model.forward
+
+    def forward(*args: Any, **kwargs: Any) -> Any:
+        rec.start_pass()
+        try:
+            return bound(*args, **kwargs)
+        except StopForward:
+            return None
+
+    model.__dict__["forward"] = forward
+    return model, previous
+
+
+def _restore_root(model: torch.nn.Module, previous: Any) -> None:
+    if previous is _MISSING:
+        model.__dict__.pop("forward", None)
+    else:
+        model.__dict__["forward"] = previous
+
+
+_MISSING = object()

@@ -1,0 +1,149 @@
+"""Target strings for models: ``'<module path>:<method>:<target>'``, expanded over a model.
+
+Forms (``path`` is a dotted path from ``model.named_modules()``, ``''`` for the root):
+
+* ``'layer1.0:forward:out@2'`` — a local, attribute or return spec of a method;
+* ``':_forward_impl:x@0'`` — a method of the root module;
+* ``'blocks.3:forward:x'`` — every assignment of ``x``;
+* ``'layer1'`` — that module's output (its ``forward``'s return value), as in
+  torchvision's ``return_nodes``;
+* globs in the path, matched one dotted component at a time: ``'blocks.*:forward:x@1'``,
+  ``'layer*.*'`` (``layer1.0``, ``layer2.3``…, not ``layer1.0.conv1``);
+* a ``.grad`` suffix records the gradient of the value: ``'layer1.0:forward:out@2.grad'``.
+
+>>> import torch
+>>> net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+>>> [(t.path, t.method, t.spec) for t in expand(net, "*")]
+[('0', 'forward', Return(copy=None)), ('1', 'forward', Return(copy=None))]
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import types
+from dataclasses import dataclass
+from typing import Dict, Iterable, List, Tuple
+
+import torch
+
+from ..errors import NotPatchableError, SpecError, TargetError
+from ..specs import Return, Spec, parse
+
+__all__ = ["Target", "expand", "expand_all", "unwrap", "module_at"]
+
+_WRAPPERS: Tuple[type, ...] = (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel)
+
+
+@dataclass(frozen=True)
+class Target:
+    """One concrete target: a spec in one method of one submodule."""
+
+    #: The target as the user wrote it (a glob expands to several targets).
+    text: str
+    path: str
+    method: str
+    spec: Spec
+    grad: bool = False
+    #: True for a bare module path: the module's output.
+    output: bool = False
+
+    @property
+    def label(self) -> str:
+        """The target part of this target's keys, without the assignment index."""
+        return self.text.rsplit(":", 1)[-1]
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The model inside ``nn.DataParallel`` / ``DistributedDataParallel`` wrappers.
+
+    >>> import torch
+    >>> inner = torch.nn.Linear(1, 1)
+    >>> unwrap(torch.nn.DataParallel(inner)) is inner
+    True
+    """
+    while isinstance(model, _WRAPPERS):
+        model = model.module  # type: ignore[assignment,attr-defined]
+    return model
+
+
+def module_at(model: torch.nn.Module, path: str) -> torch.nn.Module:
+    """The submodule at ``path``, also through a wrapper's ``.module``; a clear error if none."""
+    for root in (model, unwrap(model)):
+        try:
+            return root.get_submodule(path) if path else root
+        except AttributeError:
+            continue
+    names = [name for name, _ in unwrap(model).named_modules() if name]
+    close = difflib.get_close_matches(path, names, n=3)
+    hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+    raise TargetError(f"the model has no submodule {path!r}{hint}")
+
+
+def _split(text: str) -> Tuple[str, str, str, bool]:
+    if not isinstance(text, str) or not text.strip():
+        raise SpecError(f"a target must be a non-empty string, got {text!r}")
+    text = text.strip()
+    grad = text.endswith(".grad")
+    if grad:
+        if ":" not in text:
+            raise SpecError(f"{text!r}: '.grad' needs a local, e.g. 'layer1.0:forward:out@2.grad'")
+        text = text[: -len(".grad")]
+    parts = text.split(":")
+    if len(parts) == 1:
+        return parts[0], "forward", "", grad
+    if len(parts) != 3 or not parts[1] or not parts[2]:
+        raise SpecError(
+            f"bad target {text!r}: expected 'module.path:method:target' (e.g. 'layer1.0:forward:out@2') "
+            "or a bare module path (e.g. 'layer1')"
+        )
+    return parts[0], parts[1], parts[2], grad
+
+
+def _matching_paths(model: torch.nn.Module, pattern: str) -> List[str]:
+    if not any(ch in pattern for ch in "*?["):
+        module_at(model, pattern)  # raises a clear error if missing
+        return [pattern]
+    wanted = pattern.split(".")
+    roots = [model] if not isinstance(model, _WRAPPERS) else [model, unwrap(model)]
+    for root in roots:
+        found = [
+            name
+            for name, _ in root.named_modules()
+            if name
+            and len(name.split(".")) == len(wanted)
+            and all(fnmatch.fnmatchcase(a, b) for a, b in zip(name.split("."), wanted, strict=True))
+        ]
+        if found:
+            return found
+    raise TargetError(f"no submodule matches {pattern!r}")
+
+
+def expand(model: torch.nn.Module, text: str) -> List[Target]:
+    """The concrete targets a target string stands for in ``model``, or a clear error."""
+    pattern, method, spec_text, grad = _split(text)
+    spec = parse(spec_text) if spec_text else Return()
+    is_glob = any(ch in pattern for ch in "*?[")
+    targets = []
+    for path in _matching_paths(model, pattern):
+        module = module_at(model, path)
+        func = getattr(type(module), method, None)
+        if not isinstance(func, types.FunctionType):
+            kind = "no method" if func is None else "no Python method"
+            raise NotPatchableError(f"{type(module).__name__} at {path or '<root>'!r} has {kind} {method!r}")
+        concrete = f"{path}:{method}:{spec_text}" if spec_text else path
+        given = text.strip().removesuffix(".grad")
+        targets.append(Target(concrete if is_glob else given, path, method, spec, grad, not spec_text))
+    return targets
+
+
+def expand_all(model: torch.nn.Module, texts: Iterable[str]) -> Dict[str, List[Target]]:
+    """Every target string expanded; keys keep the user's order."""
+    if isinstance(texts, str):
+        texts = [texts]
+    out: Dict[str, List[Target]] = {}
+    for text in texts:
+        out[text] = expand(model, text)
+    if not out:
+        raise SpecError("no targets given")
+    return out

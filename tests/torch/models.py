@@ -1,0 +1,102 @@
+"""Small models for the torch-layer tests (no downloads)."""
+
+import torch
+from torch import nn
+
+
+class Block(nn.Module):
+    """A residual block with an in-place ReLU right after a batch norm."""
+
+    def __init__(self, channels):
+        super().__init__()
+        self.conv = nn.Conv2d(channels, channels, 3, padding=1, bias=False)
+        self.bn = nn.BatchNorm2d(channels)
+        self.relu = nn.ReLU(inplace=True)
+
+    def forward(self, x):
+        identity = x
+        out = self.conv(x)
+        out = self.bn(out)
+        out = self.relu(out)
+        out = out + identity
+        return out
+
+
+class SmallNet(nn.Module):
+    def __init__(self, channels=4, blocks=3, classes=5):
+        super().__init__()
+        self.stem = nn.Conv2d(3, channels, 3, padding=1)
+        self.bn1 = nn.BatchNorm2d(channels)
+        self.relu = nn.ReLU(inplace=True)
+        self.blocks = nn.Sequential(*[Block(channels) for _ in range(blocks)])
+        self.fc = nn.Linear(channels, classes)
+
+    def forward(self, x):
+        x = self.stem(x)
+        x = self.bn1(x)
+        x = self.relu(x)
+        x = self.blocks(x)
+        x = x.mean((2, 3))
+        x = self.fc(x)
+        return x
+
+
+class Gated(nn.Module):
+    """Data-dependent control flow, assert and int(tensor): FX cannot trace it."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+        self.b = nn.Linear(4, 4)
+
+    def forward(self, x):
+        assert x.dim() == 2, "expects a batch of vectors"
+        h = self.a(x)
+        steps = int(h.abs().sum() > 1.0) + 1
+        for _ in range(steps):
+            h = torch.tanh(h)
+        if h.mean() > 0:
+            out = self.b(h)
+        else:
+            out = -self.b(h)
+        return out
+
+
+def reference_smallnet(net, x):
+    """Every intermediate of SmallNet.forward computed by hand, independently."""
+    values = {}
+    with torch.no_grad():
+        x = net.stem(x)
+        values["stem"] = x.clone()
+        x = torch.nn.functional.batch_norm(
+            x,
+            net.bn1.running_mean,
+            net.bn1.running_var,
+            net.bn1.weight,
+            net.bn1.bias,
+            False,
+            0.0,
+            net.bn1.eps,
+        )
+        values["bn1"] = x.clone()
+        x = torch.relu(x)
+        for i, block in enumerate(net.blocks):
+            identity = x
+            out = block.conv(x)
+            out = torch.nn.functional.batch_norm(
+                out,
+                block.bn.running_mean,
+                block.bn.running_var,
+                block.bn.weight,
+                block.bn.bias,
+                False,
+                0.0,
+                block.bn.eps,
+            )
+            values[f"blocks.{i}.bn"] = out.clone()
+            out = torch.relu(out) + identity
+            values[f"blocks.{i}"] = out.clone()
+            x = out
+        values["pooled"] = x.mean((2, 3))
+        values["fc"] = net.fc(values["pooled"])
+    return values

@@ -1,0 +1,34 @@
+"""bcrecord.torch.copies: tensor copies per policy and the per-target value policy."""
+
+import torch
+
+from bcrecord.runtime import copy_value
+from bcrecord.torch.copies import value_policy
+
+
+def test_core_policies_for_tensors():
+    base = torch.ones(3, requires_grad=True)
+    t = base * 2
+    cloned = copy_value(t, "clone")
+    assert not cloned.requires_grad and cloned.data_ptr() != t.data_ptr()
+    detached = copy_value(t, "detach")
+    assert not detached.requires_grad and detached.data_ptr() == t.data_ptr()
+    assert torch.equal(copy_value(t, "deepcopy"), t.detach())
+    param = torch.nn.Parameter(torch.zeros(2))
+    assert copy_value(param, "clone").data_ptr() != param.data_ptr()
+    nested = copy_value({"a": (t, 1)}, "clone")
+    assert torch.equal(nested["a"][0], t.detach()) and nested["a"][1] == 1
+
+
+def test_value_policy_options():
+    t = torch.arange(6.0).reshape(2, 3)
+    keep = value_policy()
+    kept = keep(t)
+    t.add_(1)
+    assert torch.equal(kept, torch.arange(6.0).reshape(2, 3))
+    assert value_policy(copy="detach")(t).data_ptr() == t.data_ptr()
+    assert value_policy(dtype=torch.float16)(t).dtype == torch.float16
+    assert torch.equal(value_policy(reduce=lambda v: v.sum(0))(t), t.sum(0))
+    grad_in = torch.ones(2, requires_grad=True) * 3
+    assert value_policy(grad=True)(grad_in).requires_grad
+    assert value_policy()([t, "label"])[1] == "label"

@@ -1,0 +1,86 @@
+"""bcrecord.torch.extractor: the FX-free feature extractor and list_targets."""
+
+import pytest
+import torch
+
+import bcrecord
+from bcrecord.torch import create_feature_extractor, list_targets
+
+from .models import Gated, SmallNet, reference_smallnet
+
+
+def test_module_paths_and_locals_with_names():
+    torch.manual_seed(0)
+    net = SmallNet().eval()
+    x = torch.randn(2, 3, 8, 8)
+    expected = reference_smallnet(net, x)
+    extractor = create_feature_extractor(
+        net, {"bn1": "pre_relu", "blocks.2": "last_block", ":forward:x@4": "pooled"}
+    )
+    feats = extractor(x)
+    assert list(feats) == ["pre_relu", "last_block", "pooled"]
+    assert torch.allclose(feats["pre_relu"], expected["bn1"], atol=1e-6)
+    assert torch.allclose(feats["last_block"], expected["blocks.2"], atol=1e-5)
+    assert torch.allclose(feats["pooled"], expected["pooled"], atol=1e-5)
+    assert isinstance(extractor, torch.nn.Module) and extractor.model is net
+
+
+def test_list_form_and_globs_and_train_eval_nodes():
+    net = SmallNet().eval()
+    feats = create_feature_extractor(net, ["blocks.*"])(torch.randn(1, 3, 4, 4))
+    assert list(feats) == ["blocks.0", "blocks.1", "blocks.2"]
+    both = create_feature_extractor(net, train_return_nodes=["bn1"], eval_return_nodes=["fc"])
+    assert list(both.eval()(torch.randn(1, 3, 4, 4))) == ["fc"]
+    assert list(both.train()(torch.randn(2, 3, 4, 4))) == ["bn1"]
+
+
+def test_early_stop_by_default_and_full_forward_on_request():
+    net = SmallNet().eval()
+    seen = []
+    net.fc.register_forward_hook(lambda *a: seen.append(1))
+    create_feature_extractor(net, ["blocks.0"])(torch.randn(1, 3, 4, 4))
+    assert seen == []
+    create_feature_extractor(net, ["blocks.0"], stop_early=False)(torch.randn(1, 3, 4, 4))
+    assert seen == [1]
+
+
+def test_loops_give_lists_and_unreached_targets_are_named():
+    torch.manual_seed(3)
+    model = Gated().eval()
+    x = torch.randn(2, 4)
+    feats = create_feature_extractor(model, [":forward:h@1"], stop_early=False)(x)
+    steps = int(model.a(x).abs().sum() > 1.0) + 1
+    assert (len(feats[":forward:h@1"]) if steps > 1 else 1) == steps
+    never = (
+        ":forward:out@1"
+        if model(x).mean() * 0 == 0 and torch.tanh(model.a(x)).mean() > 0
+        else ":forward:out@0"
+    )
+    with pytest.raises(RuntimeError, match="never reached"):
+        create_feature_extractor(model, [never], stop_early=False)(x)
+
+
+def test_bad_return_nodes():
+    net = SmallNet()
+    with pytest.raises(bcrecord.SpecError, match="names 3 targets"):
+        create_feature_extractor(net, {"blocks.*": "b"})
+    with pytest.raises(bcrecord.SpecError, match="return_nodes is required"):
+        create_feature_extractor(net)
+    with pytest.raises(bcrecord.TargetError, match="no submodule"):
+        create_feature_extractor(net, ["nothere"])
+
+
+def test_list_targets_covers_every_submodule_without_tracing():
+    net = SmallNet()
+    targets = list_targets(net)
+    paths = [t for t in targets if ":" not in t]
+    assert paths == [name for name, _ in net.named_modules()]
+    assert ":forward:x@5" in targets and "blocks.0:forward:out@3" in targets
+    assert "blocks.0:forward:self.relu@0" in targets
+    text = str(targets)
+    assert text.splitlines()[0] == "<root>" and "    blocks.0:forward:identity@0" in text
+    # every listed local/attribute target can be recorded
+    sample = [t for t in targets if ":forward:" in t and "self." not in t][:12]
+    with bcrecord.torch.record(net, sample) as rec:
+        net(torch.randn(1, 3, 4, 4))
+    assert len(rec) >= len([t for t in sample if not t.endswith("return")])

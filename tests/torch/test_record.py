@@ -1,0 +1,281 @@
+"""bcrecord.torch.record: values, policies, modes, threads, copies and cleanup."""
+
+import copy
+import io
+import pickle
+import threading
+import warnings
+
+import pytest
+import torch
+
+import bcrecord
+from bcrecord.torch import record
+from bcrecord.torch.record import StopForward
+
+from .models import Block, Gated, SmallNet, reference_smallnet
+
+
+@pytest.fixture
+def net():
+    torch.manual_seed(0)
+    model = SmallNet().eval()
+    return model
+
+
+def snapshot(model):
+    """Everything that must be the same after recording: code, attributes, state."""
+    return (
+        {name: dict(vars(m)) for name, m in model.named_modules()},
+        {k: v.clone() for k, v in model.state_dict().items()},
+        {cls: dict(vars(cls)) for cls in {type(m) for m in model.modules()}},
+    )
+
+
+def same(a, b):
+    mods_a, state_a, classes_a = a
+    mods_b, state_b, classes_b = b
+    return (
+        mods_a.keys() == mods_b.keys()
+        and all(mods_a[k].keys() == mods_b[k].keys() for k in mods_a)
+        and all(torch.equal(state_a[k], state_b[k]) for k in state_a)
+        and classes_a == classes_b
+    )
+
+
+def test_locals_module_outputs_and_in_place_relu(net):
+    x = torch.randn(2, 3, 8, 8)
+    expected = reference_smallnet(net, x)
+    before = snapshot(net)
+    with record(net, [":forward:x", "bn1", "blocks.*:forward:out@1", "blocks.1"]) as rec:
+        out = net(x)
+    assert same(before, snapshot(net))
+    assert torch.allclose(out, expected["fc"], atol=1e-6)
+    # bn1's output is recorded before the in-place ReLU changes it
+    assert torch.allclose(rec["bn1:forward:return"], expected["bn1"], atol=1e-6)
+    assert (rec["bn1:forward:return"] < 0).any()
+    assert torch.allclose(rec[":forward:x@1"], expected["bn1"], atol=1e-6)
+    assert torch.allclose(rec[":forward:x@0"], expected["stem"], atol=1e-6)
+    for i in range(3):
+        assert torch.allclose(rec[f"blocks.{i}:forward:out@1"], expected[f"blocks.{i}.bn"], atol=1e-6)
+    assert torch.allclose(rec["blocks.1:forward:return"], expected["blocks.1"], atol=1e-6)
+    assert rec.keys_of("blocks.*:forward:out@1") == [f"blocks.{i}:forward:out@1" for i in range(3)]
+    assert rec.keys_of(":forward:x") == [f":forward:x@{i}" for i in range(6)]
+    # recorded values are detached clones
+    assert not rec[":forward:x@5"].requires_grad
+
+
+def test_one_shared_code_object_for_all_instances(net):
+    with record(net, "blocks.*:forward:out@2") as rec:
+        codes = {type(b).forward.__code__ for b in net.blocks}
+        net(torch.randn(1, 3, 4, 4))
+    assert len(codes) == 1
+    assert len(rec) == 3
+    assert type(net.blocks[0]).forward.__code__ is Block.forward.__code__
+
+
+def test_other_instances_of_the_class_are_not_recorded(net):
+    other = SmallNet().eval()
+    with record(net, "blocks.0:forward:out@0") as rec:
+        other(torch.randn(1, 3, 4, 4))
+        assert len(rec) == 0
+        net(torch.randn(1, 3, 4, 4))
+    assert rec.keys() == ["blocks.0:forward:out@0"]
+
+
+def test_policies_detach_offload_dtype_reduce_keep(net):
+    x = torch.randn(2, 3, 8, 8)
+    expected = reference_smallnet(net, x)
+    with record(net, ["bn1"], copy="detach") as rec:
+        net(x)
+    # without a copy the in-place ReLU shows through
+    assert (rec["bn1:forward:return"] >= 0).all()
+    with record(
+        net, ["bn1", "fc"], to="cpu", dtype=torch.float64, reduce={"bn1": lambda t: t.mean(0)}
+    ) as rec:
+        net(x)
+    assert rec["bn1:forward:return"].dtype == torch.float64
+    assert rec["bn1:forward:return"].shape == (4, 8, 8)
+    assert torch.allclose(rec["bn1:forward:return"], expected["bn1"].mean(0).double(), atol=1e-6)
+    assert rec["fc:forward:return"].shape == (2, 5)
+    with record(net, "fc", keep="last") as rec:
+        for _ in range(5):
+            net(x)
+    assert len(rec.all("fc:forward:return")) == 1
+    with pytest.raises(ValueError, match="unknown copy policy"):
+        with record(net, "fc", copy="shallow"):
+            pass
+
+
+def test_grad_keeps_values_in_the_graph_and_records_gradients(net):
+    net.train()
+    x = torch.randn(2, 3, 8, 8, requires_grad=True)
+    with record(net, ["blocks.2:forward:out@2.grad", "fc"], grad=True) as rec:
+        loss = net(x).pow(2).sum()
+        assert rec["fc:forward:return"].requires_grad
+        # backprop through a recorded value
+        (g,) = torch.autograd.grad(rec["fc:forward:return"].sum(), x, retain_graph=True)
+        assert g.shape == x.shape
+        loss.backward()
+    grad = rec["blocks.2:forward:out@2.grad"]
+    assert grad.shape == rec["blocks.2:forward:out@2"].shape and grad.abs().sum() > 0
+    assert rec.keys_of("blocks.2:forward:out@2.grad") == [
+        "blocks.2:forward:out@2",
+        "blocks.2:forward:out@2.grad",
+    ]
+
+
+def test_train_eval_no_grad_and_inference_mode(net):
+    x = torch.randn(2, 3, 8, 8)
+    for mode in ("train", "eval"):
+        getattr(net, mode)()
+        for ctx in (torch.no_grad, torch.inference_mode, torch.enable_grad):
+            with ctx(), record(net, ["bn1", "blocks.0:forward:identity@0"]) as rec:
+                out = net(x)
+            assert rec["bn1:forward:return"].shape == (2, 4, 8, 8)
+            assert torch.equal(rec["blocks.0:forward:identity@0"], rec["blocks.0:forward:identity@0"])
+            assert out.shape == (2, 5)
+
+
+def test_early_stop_skips_the_rest_and_leaves_the_model_clean(net):
+    calls = []
+    hook = net.fc.register_forward_hook(lambda *a: calls.append("fc"))
+    before = snapshot(net)
+    with record(net, ["blocks.0"], stop_after_last=True) as rec:
+        assert net(torch.randn(1, 3, 8, 8)) is None
+        assert net(torch.randn(1, 3, 8, 8)) is None
+    hook.remove()
+    assert calls == [] and len(rec.all("blocks.0:forward:return")) == 2
+    assert same(before, snapshot(net))
+    assert net(torch.randn(1, 3, 8, 8)).shape == (1, 5)
+    assert issubclass(StopForward, BaseException) and not issubclass(StopForward, Exception)
+
+
+def test_bad_targets_give_clear_errors_and_change_nothing(net):
+    before = snapshot(net)
+    for target, error, message in [
+        ("blokcs.0", bcrecord.TargetError, "did you mean 'blocks.0'"),
+        ("blocks.0:forward:nope", bcrecord.TargetError, "assigned locals: identity, out"),
+        ("blocks.0:forward:out@9", bcrecord.TargetError, "there is no index 9"),
+        ("blocks.0:nomethod:x", bcrecord.NotPatchableError, "no method 'nomethod'"),
+        ("a:b", bcrecord.SpecError, "expected 'module.path:method:target'"),
+        ("zz*", bcrecord.TargetError, "no submodule matches"),
+    ]:
+        with pytest.raises(error, match=message):
+            with record(net, ["bn1", target]):
+                pass
+        assert same(before, snapshot(net))
+
+
+def test_two_threads_with_their_own_recordings_get_only_their_own(net):
+    results = {}
+    barrier = threading.Barrier(2)
+    inputs = {0: torch.randn(1, 3, 8, 8), 1: torch.randn(1, 3, 8, 8) * 10}
+
+    def run(tag, target):
+        with record(net, [target]) as rec:
+            barrier.wait()
+            for _ in range(5):
+                net(inputs[tag])
+        results[tag] = rec
+
+    threads = [
+        threading.Thread(target=run, args=(0, "blocks.0")),
+        threading.Thread(target=run, args=(1, "blocks.1")),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results[0].keys() == ["blocks.0:forward:return"]
+    assert results[1].keys() == ["blocks.1:forward:return"]
+    expected = {tag: reference_smallnet(net, inputs[tag]) for tag in (0, 1)}
+    assert all(
+        torch.allclose(v, expected[0]["blocks.0"], atol=1e-5)
+        for v in results[0].all("blocks.0:forward:return")
+    )
+    assert all(
+        torch.allclose(v, expected[1]["blocks.1"], atol=1e-4)
+        for v in results[1].all("blocks.1:forward:return")
+    )
+    assert len(results[0].all("blocks.0:forward:return")) == 5
+
+
+def test_worker_threads_reach_the_recording_like_data_parallel(net):
+    # nn.DataParallel runs its replicas in worker threads (parallel_apply), which needs
+    # accelerators; the same shape here: replicas made by copying __dict__, run in threads.
+    x = torch.randn(1, 4, 8, 8)
+    with record(net, ["blocks.0", "blocks.1"]) as rec:
+        replicas = [
+            net.blocks[0]._replicate_for_data_parallel(),
+            net.blocks[1]._replicate_for_data_parallel(),
+        ]
+        outs = [None, None]
+
+        def work(i):
+            outs[i] = replicas[i](x)
+
+        workers = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+    assert torch.equal(rec["blocks.0:forward:return"], outs[0])
+    assert torch.equal(rec["blocks.1:forward:return"], outs[1])
+
+
+def test_data_parallel_wrapper_paths_resolve(net):
+    wrapped = torch.nn.DataParallel(net)
+    with record(wrapped, ["bn1", "module.blocks.0"]) as rec:
+        wrapped(torch.randn(1, 3, 8, 8))
+    assert sorted(rec.keys()) == ["bn1:forward:return", "module.blocks.0:forward:return"]
+
+
+def test_deepcopy_records_the_copy_never_the_original(net):
+    x = torch.randn(1, 3, 8, 8)
+    with record(net, ["fc"]) as rec:
+        twin = copy.deepcopy(net)
+        with torch.no_grad():
+            twin.fc.bias.add_(100.0)
+        twin(x)
+        from_twin = rec["fc:forward:return"]
+        net(x)
+        from_net = rec["fc:forward:return"]
+    assert torch.allclose(from_twin, from_net + 100.0, atol=1e-4)
+    assert net.state_dict().keys() == twin.state_dict().keys()
+    assert not hasattr(net.fc, "_bcrecord_path")
+
+
+def test_saving_while_recording_loads_clean_with_a_warning(net):
+    with record(net, ["fc"]):
+        buffer = io.BytesIO()
+        with pytest.warns(bcrecord.RecordingWarning, match="loads without recording"):
+            torch.save(net, buffer)
+        buffer.seek(0)
+        loaded = torch.load(buffer, weights_only=False)
+        with bcrecord.recording() as plain:
+            loaded(torch.randn(1, 3, 8, 8))
+    assert len(plain) == 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pickle.dumps(net)  # after recording: nothing left to warn about
+
+
+def test_model_that_fx_cannot_trace():
+    torch.manual_seed(1)
+    model = Gated().eval()
+    x = torch.randn(3, 4)
+    with pytest.raises(torch.fx.proxy.TraceError, match="control flow"):
+        torch.fx.symbolic_trace(model)
+    with record(model, [":forward:h", ":forward:out@0", ":forward:out@1", ":forward:steps@0"]) as rec:
+        out = model(x)
+    h = model.a(x)
+    steps = int(h.abs().sum() > 1.0) + 1
+    assert rec[":forward:steps@0"] == steps
+    assert len(rec.all(":forward:h@1")) == steps
+    hs = [h]
+    for _ in range(steps):
+        hs.append(torch.tanh(hs[-1]))
+    assert torch.allclose(rec.all(":forward:h@1")[-1], hs[-1].detach())
+    branch = ":forward:out@0" if hs[-1].mean() > 0 else ":forward:out@1"
+    assert torch.allclose(rec[branch], out.detach())

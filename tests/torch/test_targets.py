@@ -1,0 +1,48 @@
+"""bcrecord.torch.targets: parsing and expanding target strings over a model."""
+
+import pytest
+import torch
+
+import bcrecord
+from bcrecord import Local, Return
+from bcrecord.torch.targets import expand, module_at, unwrap
+
+from .models import SmallNet
+
+
+def test_forms():
+    net = SmallNet()
+    (t,) = expand(net, "blocks.1:forward:out@2")
+    assert (t.path, t.method, t.spec, t.grad, t.output) == (
+        "blocks.1",
+        "forward",
+        Local("out", 2),
+        False,
+        False,
+    )
+    (t,) = expand(net, ":forward:x@0")
+    assert (t.path, t.spec) == ("", Local("x", 0))
+    (t,) = expand(net, "bn1")
+    assert (t.spec, t.output, t.text) == (Return(), True, "bn1")
+    (t,) = expand(net, "blocks.0:forward:out@1.grad")
+    assert t.grad and t.text == "blocks.0:forward:out@1"
+
+
+def test_globs_match_one_component_at_a_time():
+    net = SmallNet()
+    assert [t.path for t in expand(net, "blocks.*")] == ["blocks.0", "blocks.1", "blocks.2"]
+    assert [t.path for t in expand(net, "blocks.*.bn")] == ["blocks.0.bn", "blocks.1.bn", "blocks.2.bn"]
+    assert [t.text for t in expand(net, "blocks.[01]:forward:out@0")] == [
+        "blocks.0:forward:out@0",
+        "blocks.1:forward:out@0",
+    ]
+
+
+def test_wrappers_and_errors():
+    net = SmallNet()
+    assert unwrap(torch.nn.DataParallel(net)) is net
+    assert module_at(torch.nn.DataParallel(net), "blocks.0") is net.blocks[0]
+    with pytest.raises(bcrecord.SpecError, match="needs a local"):
+        expand(net, "bn1.grad")
+    with pytest.raises(bcrecord.SpecError, match="non-empty"):
+        expand(net, "  ")
