@@ -24,6 +24,7 @@ from .errors import (
 from .patch import Patch, instrument, patch_function, patch_method, record_locals, targets
 from .runtime import Recording, carry, copy_value, recording, register_copy
 from .specs import Attribute, Local, Return, parse
+from .storage import load, save
 
 __version__ = "0.1.0"
 
@@ -42,11 +43,13 @@ __all__ = [
     "carry",
     "copy_value",
     "instrument",
+    "load",
     "parse",
     "patch_function",
     "patch_method",
     "record_locals",
     "recording",
     "register_copy",
+    "save",
     "targets",
 ]

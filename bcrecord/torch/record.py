@@ -28,7 +28,7 @@ import threading
 import types
 import warnings
 from collections import defaultdict
-from typing import Any, Callable, Dict, Iterable, Set, Iterator, List, Mapping, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Set, Tuple, Union
 
 import torch
 

@@ -1,0 +1,258 @@
+"""Saving recordings to a directory, and :func:`load` to read them back.
+
+Format (one directory, any number of saves into it):
+
+* ``index.json`` — ``{"format": "bcrecord-records", "version": 1, "entries": [...]}``;
+  one entry per value: ``key``, ``step``, ``file``, ``name`` (inside that file),
+  ``kind`` (``"tensor"`` or ``"pickle"``), ``shape``, ``dtype``, ``device``,
+  ``bytes`` and ``time`` (seconds since the epoch).
+* ``records/NNNNNN.safetensors`` — the tensors of one save (needs the
+  ``safetensors`` package: ``pip install 'bcrecord[save]'``);
+* ``records/NNNNNN.pkl`` — every other value of that save, pickled.
+
+Writes are atomic: each file is written under a temporary name and renamed, and the
+index is replaced last, so a crash never leaves a file that :func:`load` accepts
+half-written; at most the save in progress is lost. A full disk or an unwritable
+directory raises :class:`StorageError` naming the directory.
+
+>>> import tempfile, bcrecord
+>>> folder = tempfile.mkdtemp()
+>>> with bcrecord.recording() as rec:
+...     rec.add("m:f:x@0", 1.5)
+>>> _ = save(rec, folder, step=3)
+>>> loaded = load(folder)
+>>> loaded["m:f:x@0"], loaded.steps("m:f:x@0")
+([1.5], [3])
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+
+from .errors import BcrecordError
+
+__all__ = ["StorageError", "Writer", "Loaded", "save", "load"]
+
+FORMAT = "bcrecord-records"
+VERSION = 1
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+class StorageError(BcrecordError, OSError):
+    """Records could not be written or read (unwritable directory, full disk, bad index)."""
+
+
+def _is_tensor(value: Any) -> bool:
+    return type(value).__module__.startswith("torch") and hasattr(value, "detach") and hasattr(value, "shape")
+
+
+def _describe(value: Any) -> Dict[str, Any]:
+    if _is_tensor(value):
+        return {
+            "kind": "tensor",
+            "shape": list(value.shape),
+            "dtype": str(value.dtype).replace("torch.", ""),
+            "device": str(value.device),
+            "bytes": int(value.element_size() * value.nelement()),
+        }
+    shape = getattr(value, "shape", None)
+    return {
+        "kind": "pickle",
+        "shape": list(shape) if isinstance(shape, tuple) else None,
+        "dtype": str(getattr(value, "dtype", type(value).__name__)),
+        "device": None,
+        "bytes": None,
+    }
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+class Writer:
+    """Appends saves to a records directory; safe to call from one thread at a time.
+
+    >>> import tempfile
+    >>> writer = Writer(tempfile.mkdtemp())
+    >>> writer.write({"k": [1, 2]}, step=0)
+    2
+    """
+
+    def __init__(self, directory: PathLike) -> None:
+        self.directory = Path(directory)
+        self._lock = threading.Lock()
+        try:
+            (self.directory / "records").mkdir(parents=True, exist_ok=True)
+            probe = self.directory / "records" / f".write-test-{os.getpid()}"
+            probe.write_bytes(b"")
+            probe.unlink()
+        except OSError as error:
+            raise StorageError(
+                f"cannot write records to {self.directory}: {error.strerror or error}"
+            ) from None
+        self._entries = _read_index(self.directory) if (self.directory / "index.json").exists() else []
+        self._next = 1 + max((int(Path(e["file"]).stem) for e in self._entries), default=0)
+
+    def write(self, records: Union[Mapping[str, Sequence[Any]], Any], step: int) -> int:
+        """Save every value of ``records`` (a Recording or ``{key: [values]}``) as ``step``.
+
+        Returns how many values were written.
+        """
+        items: Iterable[Tuple[str, Sequence[Any]]]
+        if hasattr(records, "all") and hasattr(records, "keys"):
+            items = [(key, records.all(key)) for key in records.keys()]
+        else:
+            items = list(records.items())
+        with self._lock:
+            return self._write(items, step)
+
+    def _write(self, items: Iterable[Tuple[str, Sequence[Any]]], step: int) -> int:
+        number = self._next
+        stem = f"{number:06d}"
+        tensors: Dict[str, Any] = {}
+        others: Dict[str, Any] = {}
+        entries: List[Dict[str, Any]] = []
+        now = time.time()
+        for key, values in items:
+            for position, value in enumerate(values):
+                name = f"{key}#{step}#{position}"
+                info = _describe(value)
+                if info["kind"] == "tensor":
+                    tensors[name] = value.detach().cpu().contiguous().clone()
+                    file = f"records/{stem}.safetensors"
+                else:
+                    others[name] = value
+                    file = f"records/{stem}.pkl"
+                entries.append({"key": key, "step": step, "file": file, "name": name, **info, "time": now})
+        if not entries:
+            return 0
+        try:
+            if tensors:
+                try:
+                    from safetensors.torch import save as save_tensors
+                except ImportError:
+                    raise StorageError(
+                        "saving tensors needs the safetensors package: pip install 'bcrecord[save]'"
+                    ) from None
+                _atomic_write(self.directory / f"records/{stem}.safetensors", save_tensors(tensors))
+            if others:
+                _atomic_write(self.directory / f"records/{stem}.pkl", pickle.dumps(others, protocol=4))
+            index = {"format": FORMAT, "version": VERSION, "entries": self._entries + entries}
+            _atomic_write(self.directory / "index.json", json.dumps(index, indent=1).encode())
+        except OSError as error:
+            if isinstance(error, StorageError):
+                raise
+            raise StorageError(
+                f"cannot write records to {self.directory}: {error.strerror or error}"
+            ) from None
+        self._entries += entries
+        self._next += 1
+        return len(entries)
+
+
+def save(records: Any, directory: PathLike, step: int = 0) -> Path:
+    """Save a recording (or ``{key: [values]}``) into ``directory`` as ``step``; returns the directory."""
+    Writer(directory).write(records, step)
+    return Path(directory)
+
+
+def _read_index(directory: Path) -> List[Dict[str, Any]]:
+    try:
+        index = json.loads((directory / "index.json").read_text())
+    except FileNotFoundError:
+        raise StorageError(f"{directory} has no index.json: not a bcrecord records directory") from None
+    except (OSError, ValueError) as error:
+        raise StorageError(f"cannot read {directory / 'index.json'}: {error}") from None
+    if not isinstance(index, dict) or index.get("format") != FORMAT:
+        raise StorageError(f"{directory / 'index.json'} is not a bcrecord records index")
+    if index.get("version") != VERSION:
+        raise StorageError(f"{directory}: records format version {index.get('version')} is not supported")
+    return list(index["entries"])
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One saved value and what the index says about it."""
+
+    key: str
+    step: int
+    value: Any
+    info: Mapping[str, Any]
+
+
+class Loaded(Mapping[str, List[Any]]):
+    """Saved records: ``loaded[key]`` lists values in save order; :meth:`steps` their steps."""
+
+    def __init__(self, entries: List[Entry]) -> None:
+        self.entries = entries
+        self._by_key: Dict[str, List[Entry]] = {}
+        for entry in entries:
+            self._by_key.setdefault(entry.key, []).append(entry)
+
+    def __getitem__(self, key: str) -> List[Any]:
+        try:
+            return [entry.value for entry in self._by_key[key]]
+        except KeyError:
+            raise KeyError(f"no saved values for {key!r}; saved keys: {', '.join(self._by_key)}") from None
+
+    def steps(self, key: str) -> List[int]:
+        """The step of each value of ``key``."""
+        return [entry.step for entry in self._by_key[key]]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._by_key)
+
+    def __len__(self) -> int:
+        return len(self._by_key)
+
+
+def load(directory: PathLike, keys: Optional[Iterable[str]] = None) -> Loaded:
+    """Read records saved with :func:`save` / :class:`Writer` (tensors come back on CPU).
+
+    ``keys`` limits what is read. Files that the index does not name (a save cut
+    short by a crash) are ignored.
+    """
+    directory = Path(directory)
+    wanted = None if keys is None else set(keys)
+    rows = [row for row in _read_index(directory) if wanted is None or row["key"] in wanted]
+    files: Dict[str, Dict[str, Any]] = {}
+    for file in sorted({row["file"] for row in rows}):
+        path = directory / file
+        try:
+            if file.endswith(".safetensors"):
+                from safetensors.torch import load_file
+
+                files[file] = load_file(str(path))
+            else:
+                files[file] = pickle.loads(path.read_bytes())
+        except ImportError:
+            raise StorageError(
+                "loading tensors needs the safetensors package: pip install 'bcrecord[save]'"
+            ) from None
+        except Exception as error:
+            raise StorageError(f"cannot read {path}: {error}") from None
+    entries = [
+        Entry(row["key"], row["step"], files[row["file"]][row["name"]], {k: v for k, v in row.items()})
+        for row in rows
+    ]
+    return Loaded(entries)

@@ -1,0 +1,40 @@
+"""timm: a ViT's per-block tokens from its `for blk in self.blocks` style loop."""
+
+import pytest
+import torch
+
+timm = pytest.importorskip("timm", reason="the models tox env installs timm")
+
+from bcrecord.torch import create_feature_extractor, record  # noqa: E402
+
+
+def test_vit_tiny_tokens_after_every_block_in_order():
+    torch.manual_seed(0)
+    model = timm.create_model("vit_tiny_patch16_224", pretrained=False).eval()
+    image = torch.randn(1, 3, 224, 224)
+    with torch.no_grad(), record(model, [":forward_features:x", "blocks.*"]) as rec:
+        out = model(image)
+    # ViT's blocks run as one nn.Sequential call: x@3 is its result; each block's output
+    # is recorded in order, and equals running the blocks one by one.
+    with torch.no_grad():
+        x = model.patch_embed(image)
+        x = model._pos_embed(x)
+        x = model.patch_drop(x)
+        x = model.norm_pre(x)
+        for i, block in enumerate(model.blocks):
+            x = block(x)
+            assert torch.allclose(rec[f"blocks.{i}:forward:return"], x, atol=1e-5), i
+    assert len([k for k in rec.keys() if k.startswith("blocks.")]) == len(model.blocks) == 12
+    keys = rec.keys_of(":forward_features:x")
+    assert torch.allclose(rec[keys[-1]], model.norm(x), atol=1e-5)
+    with torch.no_grad():
+        assert torch.allclose(out, model(image), atol=1e-5)
+
+
+def test_vit_attention_locals_in_every_block():
+    model = timm.create_model("vit_tiny_patch16_224", pretrained=False).eval()
+    image = torch.randn(1, 3, 224, 224)
+    feats = create_feature_extractor(model, {"blocks.3.attn:forward:x@0": "qkv_input", "blocks.3": "block3"})(
+        image
+    )
+    assert feats["qkv_input"].shape[0] == 1 and feats["block3"].shape == (1, 197, 192)

@@ -1,0 +1,131 @@
+"""Real torchvision models (no weights): resnet50 locals, Bottleneck outputs, FX comparison."""
+
+import pytest
+import torch
+import torchvision
+from torchvision.models.feature_extraction import create_feature_extractor as fx_extractor
+from torchvision.models.resnet import Bottleneck
+
+import bcrecord
+from bcrecord.torch import create_feature_extractor, list_targets, record
+
+
+@pytest.fixture(scope="module")
+def resnet():
+    torch.manual_seed(0)
+    return torchvision.models.resnet50(weights=None).eval()
+
+
+@pytest.fixture(scope="module")
+def image():
+    torch.manual_seed(1)
+    return torch.randn(1, 3, 64, 64)
+
+
+def test_forward_impl_locals_equal_an_independent_computation(resnet, image):
+    with torch.no_grad(), record(resnet, [":_forward_impl:x"]) as rec:
+        out = resnet(image)
+    m = resnet
+    with torch.no_grad():
+        steps = [m.conv1(image)]
+        steps.append(m.bn1(steps[-1]))  # BatchNorm, before the in-place ReLU
+        for layer in (m.relu, m.maxpool, m.layer1, m.layer2, m.layer3, m.layer4, m.avgpool):
+            steps.append(layer(steps[-1].clone()))
+        steps.append(torch.flatten(steps[-1], 1))
+        steps.append(m.fc(steps[-1]))
+    assert rec.keys_of(":_forward_impl:x") == [f":_forward_impl:x@{i}" for i in range(11)]
+    for i, expected in enumerate(steps):
+        assert torch.allclose(rec[f":_forward_impl:x@{i}"], expected, atol=1e-5), i
+    assert torch.equal(rec[":_forward_impl:x@10"], out)
+
+
+def test_every_out_assignment_in_all_sixteen_bottlenecks(resnet, image):
+    blocks = [name for name, mod in resnet.named_modules() if isinstance(mod, Bottleneck)]
+    assert len(blocks) == 16
+    with torch.no_grad(), record(resnet, ["layer*.*:forward:out", "layer*.*"]) as rec:
+        resnet(image)
+        codes = {type(resnet.get_submodule(b)).forward.__code__ for b in blocks}
+    assert len(codes) == 1  # one rewritten code object shared by the 16 instances
+    with torch.no_grad():
+        inp = resnet.maxpool(resnet.relu(resnet.bn1(resnet.conv1(image))))
+        for name in blocks:
+            block = resnet.get_submodule(name)
+            expected = [block.conv1(inp)]
+            expected.append(block.bn1(expected[-1]))
+            expected.append(torch.relu(expected[-1]))
+            expected.append(block.conv2(expected[-1]))
+            expected.append(block.bn2(expected[-1]))
+            expected.append(torch.relu(expected[-1]))
+            expected.append(block.conv3(expected[-1]))
+            expected.append(block.bn3(expected[-1]))
+            identity = inp if block.downsample is None else block.downsample(inp)
+            expected.append(expected[-1] + identity)
+            expected.append(torch.relu(expected[-1]))
+            for i, value in enumerate(expected):
+                assert torch.allclose(rec[f"{name}:forward:out@{i}"], value, atol=1e-4), (name, i)
+            assert torch.allclose(rec[f"{name}:forward:return"], expected[-1], atol=1e-4)
+            inp = rec[f"{name}:forward:return"]
+
+
+def test_bn1_is_the_true_batch_norm_output_unlike_hooks_and_fx(resnet, image):
+    with torch.no_grad():
+        true_bn1 = resnet.bn1(resnet.conv1(image))
+        ours = create_feature_extractor(resnet, ["bn1", "layer1"])(image)
+        fx = fx_extractor(resnet, ["bn1", "layer1"])(image)
+        hooked = {}
+        handle = resnet.bn1.register_forward_hook(lambda m, i, o: hooked.setdefault("bn1", o))
+        resnet(image)
+        handle.remove()
+    assert (true_bn1 < 0).any()
+    assert torch.allclose(ours["bn1"], true_bn1, atol=1e-6)
+    assert (fx["bn1"] >= 0).all() and (hooked["bn1"] >= 0).all()  # both see the in-place ReLU's result
+    assert torch.allclose(ours["layer1"], fx["layer1"], atol=1e-5)
+
+
+def test_stage_outputs_match_fx_and_early_stop_skips_the_rest(resnet, image):
+    stages = ["layer1", "layer2", "layer3", "layer4", "avgpool"]
+    with torch.no_grad():
+        ours = create_feature_extractor(resnet, stages)(image)
+        fx = fx_extractor(resnet, stages)(image)
+        ran = []
+        handle = resnet.layer3.register_forward_pre_hook(lambda *a: ran.append("layer3"))
+        only2 = create_feature_extractor(resnet, ["layer2"])(image)
+        handle.remove()
+    for stage in stages:
+        assert torch.allclose(ours[stage], fx[stage], atol=1e-5), stage
+    assert ran == [] and torch.allclose(only2["layer2"], fx["layer2"], atol=1e-5)
+
+
+def test_model_unchanged_after_recording(resnet, image):
+    before = {k: v.clone() for k, v in resnet.state_dict().items()}
+    classes = {cls: dict(vars(cls)) for cls in {type(m) for m in resnet.modules()}}
+    with torch.no_grad(), record(resnet, ["layer*.*:forward:out", ":_forward_impl:x"]):
+        resnet(image)
+    assert all(torch.equal(before[k], v) for k, v in resnet.state_dict().items())
+    assert {cls: dict(vars(cls)) for cls in classes} == classes
+    assert not any("_bcrecord_path" in vars(m) for m in resnet.modules())
+
+
+def test_list_targets_names_every_bottleneck_local(resnet):
+    targets = list_targets(resnet)
+    assert "layer3.5:forward:out@9" in targets and ":_forward_impl:x@10" in targets
+    assert "layer1.0:forward:self.downsample@0" in targets
+
+
+def test_compiled_resnet_records(resnet, image):
+    torch._dynamo.reset()
+    compiled = torch.compile(resnet, backend="aot_eager")
+    with torch.no_grad(), record(resnet, ["layer1", "layer2.0:forward:out@7"]) as rec:
+        out = compiled(image)
+    with torch.no_grad():
+        expected = resnet(image)
+        layer1 = resnet.layer1(resnet.maxpool(resnet.relu(resnet.bn1(resnet.conv1(image)))))
+    assert torch.allclose(out, expected, atol=1e-4)
+    assert torch.allclose(rec["layer1:forward:return"], layer1, atol=1e-4)
+    assert rec["layer2.0:forward:out@7"].shape == (1, 512, 8, 8)
+
+
+def test_errors_name_the_problem(resnet):
+    with pytest.raises(bcrecord.TargetError, match="assigned locals: identity, out"):
+        with record(resnet, ["layer1.0:forward:outt"]):
+            pass

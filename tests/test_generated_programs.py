@@ -1,0 +1,823 @@
+"""Generated programs behave exactly the same with every recordable site probed.
+
+Each program is compiled and executed twice, each time in a fresh namespace: once
+as it is, once with every function and method it defines patched in place
+(:func:`bcrecord.patch_function`) with *all* of its targets
+(:meth:`bcrecord.targets(func).specs() <bcrecord.analysis.Targets.specs>`). Every
+function is then called with a few simple arguments (ints, None, strings) -- the
+probed ones inside an active recording -- and the outcomes must be identical:
+the returned value (its ``repr``, addresses masked; generators and coroutines are
+driven to the end, ten steps at most) or the exception (type and message).
+Besides, every probed call that returned must have recorded exactly the object it
+returned under its ``return`` key, and no probe may report an error.
+
+Each program runs in a forked child process, so that generated code which loops
+forever, recurses, exits or crashes cannot take the test run down: a program whose
+*original* run takes longer than ``ORIGINAL_TIMEOUT`` seconds is dropped, and a
+probed run that is much slower than the original, or a child that dies, fails.
+
+Programs come from three sources:
+
+* ``hypothesmith.from_grammar()`` and ``hypothesmith.from_node()``, run as they
+  are and, where that compiles, also wrapped as the body of a function (so their
+  statements assign locals, which is what probes record);
+* a strategy of our own that writes functions, methods and async functions from
+  the constructs probes must survive (assignments of every kind, loops,
+  try/except/finally, with, match, comprehensions, walrus, lambdas, nested
+  functions with ``nonlocal``, ``global``, ``del``, ``yield``, ``await``,
+  ``super()``);
+* a hand-written list of tricky constructs (:data:`TRICKY`), run deterministically.
+
+``BCRECORD_HYPOTHESIS_EXAMPLES`` (default 40) sets the number of examples of the
+generated-function test; the hypothesmith tests use a quarter of it (their
+generators are slow). Run::
+
+    BCRECORD_HYPOTHESIS_EXAMPLES=2000 python -m pytest -q tests/test_generated_programs.py
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import json
+import os
+import re
+import select
+import signal
+import sys
+import textwrap
+import time
+import traceback
+import types
+import warnings
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import hypothesis
+import hypothesmith
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import bcrecord
+
+EXAMPLES = int(os.environ.get("BCRECORD_HYPOTHESIS_EXAMPLES", "40"))
+ORIGINAL_TIMEOUT = 2.0  # seconds for compiling, executing and calling the original program
+CALLS_PER_FUNCTION = 4
+MAX_FUNCTIONS = 40
+ARGUMENT_VALUES: Tuple[Any, ...] = (1, None, "ab", 0, -2)
+
+SETTINGS = settings(
+    deadline=None,
+    database=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
+)
+
+if not hasattr(os, "fork"):  # pragma: no cover - every supported CI platform has fork
+    pytest.skip("the differential harness isolates programs with os.fork", allow_module_level=True)
+
+
+# --- running one program (in the child) -------------------------------------------
+
+
+def _mask(text: str) -> str:
+    return re.sub(r"0x[0-9a-fA-F]+", "0x?", text)[:2000]
+
+
+def _show(value: Any) -> str:
+    try:
+        return _mask(repr(value))
+    except BaseException as exc:  # a generated __repr__ may raise anything
+        return f"<repr raised {type(exc).__name__}>"
+
+
+def _raised(exc: BaseException) -> List[str]:
+    if isinstance(exc, RecursionError):
+        # The probe is a Python call: the exact depth (and CPython's wording of
+        # where the limit was hit) may differ; that recursion failed may not.
+        return ["raise", "RecursionError"]
+    try:
+        message = str(exc)
+    except BaseException:
+        message = "<str raised>"
+    return ["raise", type(exc).__name__, _mask(message)]
+
+
+def _await(awaitable: Any, steps: List[Any]) -> Any:
+    """Drive an awaitable by hand (no event loop): send None until it returns."""
+    for _ in range(10):
+        try:
+            steps.append(_show(awaitable.send(None)))
+        except StopIteration as stop:
+            return stop.value
+    awaitable.close()
+    raise TimeoutError("awaitable still running after 10 steps")
+
+
+def _drive(result: Any) -> List[Any]:
+    """The outcome of a call, generators and coroutines run (at most 10 steps)."""
+    steps: List[Any] = []
+    try:
+        if isinstance(result, types.GeneratorType):
+            for _ in range(10):
+                steps.append(_show(next(result)))
+            result.close()
+            return ["generator", steps, "open"]
+        if isinstance(result, types.CoroutineType):
+            return ["coroutine", steps, _show(_await(result, steps))]
+        if isinstance(result, types.AsyncGeneratorType):
+            for _ in range(5):
+                steps.append(_show(_await(result.__anext__(), steps)))
+            _await(result.aclose(), steps)
+            return ["async generator", steps, "open"]
+    except StopIteration as stop:
+        return ["generator", steps, "return", _show(stop.value)]
+    except StopAsyncIteration:
+        return ["async generator", steps, "end"]
+    except BaseException as exc:
+        return [type(result).__name__, steps, _raised(exc)]
+    return ["value", _show(result)]
+
+
+_LAZY = (
+    inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR | inspect.CO_ITERABLE_COROUTINE
+)
+
+
+def _functions(namespace: Dict[str, Any]) -> List[Tuple[str, types.FunctionType, Callable[..., Any], Any]]:
+    """(label, function to patch, callable to call, instance or None) for what a program defines."""
+    found: List[Tuple[str, types.FunctionType, Callable[..., Any], Any]] = []
+    seen: set = set()
+
+    def add(label: str, func: Any, call: Callable[..., Any], instance: Any = None) -> None:
+        if isinstance(func, types.FunctionType) and func.__code__.co_filename == "<generated>":
+            if id(func) not in seen:
+                seen.add(id(func))
+                found.append((label, func, call, instance))
+
+    for name, value in sorted(namespace.items(), key=lambda item: str(item[0])):
+        if isinstance(value, types.FunctionType):
+            add(name, value, value)
+        elif isinstance(value, type) and value.__module__ == namespace["__name__"]:
+            try:
+                instance: Any = value.__new__(value)
+            except BaseException:
+                instance = None
+            for attr, raw in sorted(vars(value).items(), key=lambda item: str(item[0])):
+                label = f"{name}.{attr}"
+                if isinstance(raw, staticmethod):
+                    add(label, raw.__func__, raw.__func__)
+                elif isinstance(raw, classmethod):
+                    add(label, raw.__func__, types.MethodType(raw.__func__, value))
+                elif isinstance(raw, types.FunctionType):
+                    add(label, raw, raw, instance)
+    return found[:MAX_FUNCTIONS]
+
+
+def _argument_sets(call: Callable[..., Any], instance: Any) -> List[Tuple[tuple, dict]]:
+    try:
+        parameters = list(inspect.signature(call).parameters.values())
+    except (TypeError, ValueError):
+        return [((), {})]
+    positional = [
+        p
+        for p in parameters
+        if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
+    ]
+    keyword = [p.name for p in parameters if p.kind is p.KEYWORD_ONLY and p.default is p.empty]
+    sets = []
+    for value in ARGUMENT_VALUES[:CALLS_PER_FUNCTION]:
+        args = [value] * len(positional)
+        if instance is not None and args:
+            args[0] = instance
+        sets.append((tuple(args), {name: value for name in keyword}))
+    if not positional and not keyword:
+        sets = sets[:1]
+    return sets
+
+
+def run_program(code: types.CodeType, probed: bool) -> Dict[str, Any]:
+    """Execute ``code`` in a fresh namespace and call what it defines; describe what happened."""
+    namespace: Dict[str, Any] = {"__name__": "generated"}
+    try:
+        exec(code, namespace)
+        executed: List[Any] = ["ok"]
+    except BaseException as exc:
+        executed = _raised(exc)
+    functions = _functions(namespace)
+    patches: Dict[str, Any] = {}
+    if probed:
+        for number, (label, func, _, _) in enumerate(functions):
+            specs = bcrecord.targets(func).specs()
+            if specs:
+                patches[label] = bcrecord.patch_function(func, specs, name=f"g{number}")
+    calls: List[Any] = []
+    problems: List[str] = []
+    recording = bcrecord.recording(copy="none", keep="all") if probed else contextlib.nullcontext()
+    with recording as rec:
+        for label, func, call, instance in functions:
+            if probed and label in patches and func.__code__ is patches[label].original_code:
+                problems.append(f"{label}: the original code runs inside a recording")
+            for args, kwargs in _argument_sets(call, instance):
+                try:
+                    result = call(*args, **kwargs)
+                except BaseException as exc:
+                    calls.append([label, _raised(exc)])
+                    continue
+                calls.append([label, _drive(result)])
+                if probed and label in patches and not func.__code__.co_flags & _LAZY:
+                    key = next(k for k in patches[label].keys if k.endswith(":return"))
+                    recorded = rec.all(key) if key in rec else []
+                    if not recorded or recorded[-1] is not result:
+                        problems.append(f"{label}{args}: returned {_show(result)}, recorded {recorded[-1:]}")
+    report: Dict[str, Any] = {"exec": executed, "calls": calls}
+    if probed:
+        report["problems"] = problems
+        report["probes"] = sum(len(p.keys) for p in patches.values())
+        report["fired"] = len(rec)
+        report["errors"] = [
+            f"{e.key}: {type(e.error).__name__}: {e.error}"
+            for e in rec.errors
+            if not isinstance(e.error, RecursionError)
+        ]
+    return report
+
+
+def _child(source: str, out: int) -> None:
+    def send(kind: str, payload: Any = None) -> None:
+        os.write(out, (json.dumps([kind, payload]) + "\n").encode())
+
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    warnings.simplefilter("ignore")
+    sys.breakpointhook = lambda *args, **kwargs: None
+    with contextlib.suppress(Exception):
+        import resource
+
+        with open("/proc/self/statm") as statm:
+            size = int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+        resource.setrlimit(resource.RLIMIT_AS, (size + (1 << 30), resource.RLIM_INFINITY))
+    try:
+        code = compile(source, "<generated>", "exec")
+        send("phase", "original")
+        plain = run_program(code, probed=False)
+        send("phase", "probed")
+        probed = run_program(code, probed=True)
+        send("result", {"plain": plain, "probed": probed})
+    except BaseException:
+        send("crash", traceback.format_exc())
+
+
+def differential(source: str) -> Dict[str, Any]:
+    """Run ``source`` plain and probed in a forked child; the child's report.
+
+    ``status`` is ``'done'`` (with ``plain`` and ``probed``), ``'slow'`` (the
+    original program ran too long: not a finding), ``'timeout'`` (the probed run
+    ran too long), or ``'crash'`` (with ``detail``).
+    """
+    read_end, write_end = os.pipe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # "fork() in a multi-threaded process"
+        pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        os.close(read_end)
+        try:
+            _child(source, write_end)
+        finally:
+            os._exit(0)
+    os.close(write_end)
+    buffer, messages = b"", []
+    phase, phase_started = "original", time.monotonic()
+    original_seconds = 0.0
+    status: Dict[str, Any] = {}
+    try:
+        while True:
+            limit = ORIGINAL_TIMEOUT if phase == "original" else 10.0 + 20 * original_seconds
+            remaining = limit - (time.monotonic() - phase_started)
+            if remaining <= 0:
+                status = {"status": "slow" if phase == "original" else "timeout", "phase": phase}
+                break
+            ready, _, _ = select.select([read_end], [], [], remaining)
+            if not ready:
+                continue
+            chunk = os.read(read_end, 1 << 16)
+            if not chunk:
+                break
+            buffer += chunk
+            while b"\n" in buffer:
+                line, buffer = buffer.split(b"\n", 1)
+                kind, payload = json.loads(line)
+                messages.append((kind, payload))
+                if kind == "phase" and payload == "probed":
+                    original_seconds = time.monotonic() - phase_started
+                    phase, phase_started = "probed", time.monotonic()
+    finally:
+        os.close(read_end)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        _, wait_status = os.waitpid(pid, 0)
+    if status:
+        return status
+    for kind, payload in messages:
+        if kind == "result":
+            return {"status": "done", **payload}
+        if kind == "crash":
+            return {"status": "crash", "detail": payload}
+    return {"status": "crash", "detail": f"child died in phase {phase} (wait status {wait_status})"}
+
+
+def check_program(source: str) -> Optional[Dict[str, Any]]:
+    """Assert that probing changes nothing in ``source``; the report, or None if too slow."""
+    report = differential(source)
+    if report["status"] == "slow":
+        hypothesis.event("dropped: original program too slow")
+        return None
+    assert report["status"] == "done", f"{report}\n--- program ---\n{source}"
+    plain, probed = report["plain"], report["probed"]
+    assert probed["exec"] == plain["exec"], source
+    assert probed["calls"] == plain["calls"], f"outcomes differ\n--- program ---\n{source}"
+    assert probed["problems"] == [], f"{probed['problems']}\n--- program ---\n{source}"
+    assert probed["errors"] == [], f"{probed['errors']}\n--- program ---\n{source}"
+    return report
+
+
+def compiles(source: str) -> bool:
+    """Whether ``source`` compiles (its SyntaxWarnings silenced)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            compile(source, "<generated>", "exec")
+        except (SyntaxError, ValueError):
+            return False
+    return True
+
+
+def as_function(source: str) -> Optional[str]:
+    """``source`` as the body of a function (so that its names become locals), if that compiles."""
+    body = "".join(f"    {line}\n" for line in source.splitlines())
+    wrapped = f"def generated(a=1, b=None, *args, **kwargs):\n{body}    return locals()\n"
+    return wrapped if compiles(wrapped) else None
+
+
+# --- hypothesmith ---------------------------------------------------------------
+
+
+def _hypothesmith_case(source: str) -> None:
+    if not compiles(source):
+        hypothesis.reject()
+    wrapped = as_function(source)
+    check_program(source if wrapped is None else wrapped + "\n" + source)
+
+
+@settings(SETTINGS, max_examples=max(1, EXAMPLES // 4))
+@given(hypothesmith.from_grammar())
+def test_hypothesmith_grammar_programs_are_unchanged_by_probes(source: str) -> None:
+    _hypothesmith_case(source)
+
+
+@settings(SETTINGS, max_examples=max(1, EXAMPLES // 4))
+@given(hypothesmith.from_node())
+def test_hypothesmith_node_programs_are_unchanged_by_probes(source: str) -> None:
+    _hypothesmith_case(source)
+
+
+# --- functions written from the constructs probes must survive --------------------
+
+TARGETS = ("x", "y", "z")
+
+
+def _expressions(with_self: bool) -> st.SearchStrategy[str]:
+    names = ["a", "b", "x", "y", "z", "G"] + (["self.v", "self.v.real", "self.items"] if with_self else [])
+    leaves = st.sampled_from(names + ["0", "1", "2", "-1", "None", "'s'", "[1, 2]", "(1, 'ab')", "{'k': 2}"])
+
+    def extend(inner: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
+        two = st.tuples(inner, inner)
+        return st.one_of(
+            st.tuples(
+                inner, st.sampled_from(["+", "-", "*", "//", "%", "and", "or", "==", "is", "in"]), inner
+            ).map(lambda t: f"({t[0]} {t[1]} {t[2]})"),
+            st.tuples(inner, inner, inner).map(lambda t: f"({t[0]} < {t[1]} <= {t[2]})"),
+            st.tuples(inner, inner, inner).map(lambda t: f"({t[0]} if {t[1]} else {t[2]})"),
+            inner.map(lambda e: f"(not {e})"),
+            inner.map(lambda e: f"[{e} for x in range(2)]"),
+            inner.map(lambda e: f"[[x, y] for x in range(2) for y in range(x, 3) if {e}]"),
+            inner.map(lambda e: f"{{k: {e} for k in 'ab'}}"),
+            inner.map(lambda e: f"sum(i for i in range(3) if {e})"),
+            # Walrus targets z only: comprehensions here iterate over x, y, i and k.
+            inner.map(lambda e: f"(z := {e})"),
+            st.just("[(z := i) for i in range(2)]"),
+            two.map(lambda t: f"(lambda q={t[0]}: (q, {t[1]}))()"),
+            inner.map(lambda e: f"len(str({e}))"),
+            inner.map(lambda e: f"str({e})[:3]"),
+            inner.map(lambda e: f"{e}[0]"),
+            inner.map(lambda e: f"[*{e}]"),
+            st.sampled_from(["a", "b", *TARGETS]).map(lambda n: f"f'<{{{n}!r:>4}}>'"),
+        )
+
+    return st.recursive(leaves, extend, max_leaves=5)
+
+
+def _statements(with_self: bool, is_async: bool) -> st.SearchStrategy[List[str]]:
+    e = _expressions(with_self)
+    t = st.sampled_from(TARGETS)
+    simple = [
+        st.tuples(t, e).map(lambda p: [f"{p[0]} = {p[1]}"]),
+        st.tuples(t, e).map(lambda p: [f"{p[0]} += {p[1]}"]),
+        st.tuples(t, t, e, e).map(lambda p: [f"{p[0]}, *{p[1]} = {p[2]}, {p[3]}, 7"]),
+        st.tuples(t, e).map(lambda p: [f"{p[0]}: int = {p[1]}"]),
+        st.tuples(t, t, e).map(lambda p: [f"{p[0]} = {p[1]} = {p[2]}"]),
+        t.map(lambda n: [f"{n} = [{n} + 1 for {n} in range(3)]"]),
+        t.map(lambda n: [f"del {n}"]),
+        t.map(lambda n: [f"import math as {n}"]),
+        e.map(lambda x: [f"G = {x}"]),
+        e.map(lambda x: [f"return {x}"]),
+        e.map(lambda x: [f"raise ValueError({x})"]),
+        st.just(["pass"]),
+    ]
+    if is_async:
+        simple.append(st.tuples(t, e).map(lambda p: [f"{p[0]} = await Step({p[1]})"]))
+    else:
+        simple.append(st.tuples(t, e).map(lambda p: [f"{p[0]} = yield {p[1]}"]))
+    if with_self:
+        simple.append(e.map(lambda x: [f"self.w = {x}"]))
+    leaf = st.one_of(*simple)
+
+    def indent(lines: List[str], by: int = 1) -> List[str]:
+        return ["    " * by + line for line in lines]
+
+    def extend(block: st.SearchStrategy[List[str]]) -> st.SearchStrategy[List[str]]:
+        body = st.lists(block, min_size=1, max_size=3).map(
+            lambda parts: [ln for part in parts for ln in part]
+        )
+        return st.one_of(
+            st.tuples(e, body, body).map(lambda p: [f"if {p[0]}:", *indent(p[1]), "else:", *indent(p[2])]),
+            st.tuples(t, e, body).map(
+                lambda p: [f"for {p[0]} in range(3):", *indent(p[2]), f"    if {p[1]}:", "        break"]
+            ),
+            st.tuples(e, body, body).map(
+                lambda p: ["for i in [1, 2]:", *indent(p[1]), "else:", *indent(p[2]), f"    z = {p[0]}"]
+            ),
+            body.map(lambda b: ["w = 0", "while w < 3:", "    w += 1", *indent(b)]),
+            st.tuples(body, body, body).map(
+                lambda p: [
+                    "try:",
+                    *indent(p[0]),
+                    "except (ZeroDivisionError, TypeError, ValueError) as exc:",
+                    "    x = str(exc)",
+                    *indent(p[1]),
+                    "finally:",
+                    *indent(p[2]),
+                ]
+            ),
+            st.tuples(e, body).map(lambda p: ["try:", f"    return {p[0]}", "finally:", *indent(p[1])]),
+            st.tuples(e, e, t, t, body).map(
+                lambda p: [
+                    f"with nullcontext({p[0]}) as {p[2]}, nullcontext({p[1]}) as {p[3]}:",
+                    *indent(p[4]),
+                ]
+            ),
+            st.tuples(e, body, body, body).map(
+                lambda p: [
+                    f"match {p[0]}:",
+                    "    case 1 | 2 | 's':",
+                    *indent(p[1], 2),
+                    "    case [first, *rest]:",
+                    "        x = (first, rest)",
+                    "    case {'k': found}:",
+                    *indent(p[2], 2),
+                    "    case str() as text if text:",
+                    "        y = text",
+                    "    case _:",
+                    *indent(p[3], 2),
+                ]
+            ),
+            st.tuples(e, t).map(
+                lambda p: [
+                    f"def inner(q={p[0]}):",
+                    "    nonlocal x",
+                    "    x = q",
+                    "    return x",
+                    f"{p[1]} = inner()",
+                ]
+            ),
+        )
+
+    return st.recursive(leaf, extend, max_leaves=6)
+
+
+PRELUDE = """\
+from contextlib import nullcontext
+G = 0
+
+class Step:
+    def __init__(self, value):
+        self.value = value
+
+    def __await__(self):
+        got = yield self.value
+        return (self.value, got)
+
+class Base:
+    v = 3
+    items = [1, 2]
+
+    def m(self, a, b=None):
+        return (a, b)
+"""
+
+
+@st.composite
+def generated_functions(draw: st.DrawFn) -> str:
+    kind = draw(st.sampled_from(["def", "async def", "method", "staticmethod", "classmethod"]))
+    is_async = kind == "async def"
+    with_self = kind == "method"
+    body = draw(st.lists(_statements(with_self, is_async), min_size=1, max_size=5))
+    lines = ["global G", "x = a", "y = b", "z = None"] + [line for part in body for line in part]
+    if with_self:
+        lines.append("r = super().m(a, b)")
+    lines.append("return locals()")
+    head = {"method": "def m(self, a, b=None):", "staticmethod": "def m(a, b=None):"}.get(
+        kind, "def m(cls, a, b=None):" if kind == "classmethod" else f"{kind} f(a, b=None):"
+    )
+    function = [head] + ["    " + line for line in lines]
+    if kind in ("def", "async def"):
+        return PRELUDE + "\n" + "\n".join(function) + "\n"
+    decorator = [f"@{kind}"] if kind != "method" else []
+    klass = ["class C(Base):", "    v = 5"] + ["    " + line for line in decorator + function]
+    return PRELUDE + "\n" + "\n".join(klass) + "\n"
+
+
+@settings(SETTINGS, max_examples=EXAMPLES)
+@given(generated_functions())
+def test_generated_functions_are_unchanged_by_probes(source: str) -> None:
+    if not compiles(source):
+        hypothesis.reject()  # e.g. a walrus that rebinds a comprehension variable
+    report = check_program(source)
+    assert report is not None, "a generated function (bounded loops only) timed out unprobed"
+    assert report["probed"]["probes"] > 0 and report["probed"]["fired"] > 0
+
+
+# --- tricky constructs, deterministically -------------------------------------------
+
+TRICKY: Dict[str, str] = {
+    "try/finally with return inside": """
+        def f(a, b=None):
+            try:
+                x = a
+                return x
+            finally:
+                y = 2
+                if a == 0:
+                    return y
+
+        def g(a, b=None):
+            for i in range(3):
+                try:
+                    if i == 1:
+                        continue
+                    if i == 2:
+                        return i
+                finally:
+                    x = i
+            return -1
+    """,
+    "nested comprehensions and walrus in comprehension": """
+        def f(a, b=None):
+            x = [[(y := i * j) for j in range(3)] for i in range(3)]
+            z = {k: [v for v in range(k)] for k in range(3)}
+            s = {i for i in range(4) if (t := i) % 2}
+            x = [x for x in range(3)]
+            return x, y, z, s, t
+    """,
+    "match with or-patterns and captures": """
+        def f(a, b=None):
+            match (a, b):
+                case (1 | 0 | -2 as n, None):
+                    out = ("small", n)
+                case (str() as s, *rest):
+                    out = ("str", s, rest)
+                case {"k": found, **others}:
+                    out = found, others
+                case [x, y] if x == y:
+                    out = x
+                case _:
+                    out = None
+            return out
+    """,
+    "async functions": """
+        class Step:
+            def __await__(self):
+                got = yield 1
+                return got
+
+        async def f(a, b=None):
+            x = await Step()
+            y = [a async for a in agen(a)]
+            return x, y
+
+        async def agen(a):
+            for i in range(2):
+                z = i
+                yield a, z
+    """,
+    "generators with send and throw": """
+        def gen(a, b=None):
+            total = 0
+            while True:
+                try:
+                    got = yield total
+                except ValueError as exc:
+                    got = str(exc)
+                if got is None:
+                    return total
+                total = (total, got)
+
+        def drive():
+            g = gen(1)
+            first = next(g)
+            second = g.send("x")
+            third = g.throw(ValueError("bad"))
+            try:
+                g.send(None)
+            except StopIteration as stop:
+                last = stop.value
+            return first, second, third, last
+
+        def delegate(a, b=None):
+            inner = yield from gen(a)
+            return inner
+    """,
+    "global and nonlocal": """
+        counter = 0
+
+        def f(a, b=None):
+            global counter
+            counter += 1
+            x = a
+            def bump(step=1):
+                nonlocal x
+                x = (x, step)
+                return x
+            y = bump()
+            y = bump(2)
+            return counter, x, y
+    """,
+    "del of locals": """
+        def f(a, b=None):
+            x = a
+            del x
+            try:
+                return x
+            except UnboundLocalError as exc:
+                y = str(exc)
+            x = 2
+            del a
+            return x, y
+    """,
+    "star-unpacking": """
+        def f(a, b=None):
+            x, *y = [a, b, 3]
+            *z, w = range(3)
+            (p, *q), r = (1, 2, 3), 4
+            first, *_, last = "hello"
+            return x, y, z, w, p, q, r, first, last
+    """,
+    "chained comparisons": """
+        def f(a, b=None):
+            x = 0 < 1 <= 2 != 3
+            y = a == a is not None
+            z = 1 < 2 < a if isinstance(a, int) else None
+            return x, y, z
+    """,
+    "with-statements with multiple items": """
+        from contextlib import contextmanager, nullcontext
+
+        @contextmanager
+        def ctx(v):
+            entered = v
+            try:
+                yield entered
+            finally:
+                left = entered
+
+        def f(a, b=None):
+            with ctx(a) as x, nullcontext(b) as y, ctx(3):
+                z = (x, y)
+            with (ctx(1) as p,
+                  ctx(2) as q):
+                r = p + q
+            return z, r
+    """,
+    "lambda defaults": """
+        def f(a, b=None):
+            x = 1
+            g = lambda v=x, w=a: (v, w)
+            h = lambda *args, k=b, **kw: (args, k, kw)
+            y = [(lambda i=i: i)() for i in range(3)]
+            return g(), h(1, k=2), y
+    """,
+    "class bodies with methods using super()": """
+        class Base:
+            def __init__(self, v=1):
+                self.v = v
+
+            def m(self, a, b=None):
+                return ("base", a)
+
+        class Child(Base):
+            def __init__(self, v=2):
+                super().__init__(v)
+                self.w = self.v * 2
+
+            def m(self, a, b=None):
+                first = super().m(a)
+                second = self.v
+                return first, second, self.w
+
+            @classmethod
+            def make(cls, a=1):
+                made = cls(a)
+                return made.m(a)
+
+            @staticmethod
+            def helper(a, b=None):
+                out = [a, b]
+                return out
+
+            @property
+            def double(self):
+                twice = self.v * 2
+                return twice
+    """,
+    "closures and cell variables": """
+        def f(a, b=None):
+            x = a
+            def inner():
+                return x
+            x = (x, 1)
+            y = inner()
+            return y, [inner for _ in range(2)][0]()
+    """,
+    "exceptions as variables": """
+        def f(a, b=None):
+            try:
+                x = 1 // a
+            except ZeroDivisionError as e:
+                x = str(e)
+            except TypeError as e:
+                x = type(e).__name__
+            try:
+                raise KeyError(a)
+            except KeyError as e:
+                y = e.args
+            return x, y
+    """,
+}
+
+if sys.version_info >= (3, 11):
+    TRICKY["exception groups and except*"] = """
+        def f(a, b=None):
+            try:
+                raise ExceptionGroup("many", [ValueError(a), TypeError(b)])
+            except* ValueError as group:
+                x = [str(e) for e in group.exceptions]
+            except* TypeError as group:
+                y = len(group.exceptions)
+            return x, y
+
+        def g(a, b=None):
+            try:
+                try:
+                    raise ExceptionGroup("one", [KeyError(a)])
+                except* ValueError:
+                    x = 1
+            except ExceptionGroup as outer:
+                z = repr(outer.exceptions)
+            return z
+    """
+
+
+@pytest.mark.parametrize("construct", sorted(TRICKY))
+def test_tricky_constructs_are_unchanged_by_probes(construct: str) -> None:
+    source = textwrap.dedent(TRICKY[construct])
+    report = check_program(source)
+    assert report is not None, "a hand-written program timed out unprobed"
+    assert report["probed"]["probes"] > 0 and report["probed"]["fired"] > 0
+    # Something ran to the end (not every call raised), so the comparison covers real results.
+    assert any(outcome[1][0] != "raise" for outcome in report["plain"]["calls"]), report["plain"]["calls"]
+
+
+def test_the_harness_sees_a_difference() -> None:
+    """The comparison is not vacuous: a program whose outcome depends on its code object differs."""
+    source = "def f(a, b=None):\n    x = a\n    return len(f.__code__.co_code)\n"
+    report = differential(source)
+    assert report["status"] == "done"
+    assert report["plain"]["calls"] != report["probed"]["calls"]
+    assert report["probed"]["problems"] == []
+
+
+def test_the_harness_survives_programs_that_hang_or_die() -> None:
+    assert differential("while True:\n    pass\n")["status"] == "slow"
+    died = differential("import os\nos._exit(3)\n")
+    assert died["status"] == "crash" and "child died" in died["detail"]

@@ -1,0 +1,77 @@
+"""bcrecord.storage: save/load round trips, atomic writes, clear errors."""
+
+import errno
+import json
+import os
+
+import pytest
+
+import bcrecord
+from bcrecord.storage import StorageError, Writer, load, save
+
+
+def test_round_trip_of_plain_values_over_several_saves(tmp_path):
+    writer = Writer(tmp_path)
+    assert writer.write({"m:f:x@0": [1, 2], "m:f:y@0": [{"a": [1]}]}, step=0) == 3
+    assert writer.write({"m:f:x@0": [3]}, step=5) == 1
+    loaded = load(tmp_path)
+    assert loaded["m:f:x@0"] == [1, 2, 3] and loaded.steps("m:f:x@0") == [0, 0, 5]
+    assert loaded["m:f:y@0"] == [{"a": [1]}]
+    index = json.loads((tmp_path / "index.json").read_text())
+    row = index["entries"][0]
+    assert {"key", "step", "file", "kind", "shape", "dtype", "device", "bytes", "time"} <= set(row)
+    # a later writer appends to the same directory
+    Writer(tmp_path).write({"m:f:x@0": [4]}, step=6)
+    assert load(tmp_path)["m:f:x@0"] == [1, 2, 3, 4]
+    assert list(load(tmp_path, keys=["m:f:y@0"])) == ["m:f:y@0"]
+
+
+def test_saves_a_recording(tmp_path):
+    f = bcrecord.instrument(lambda a: a * 2, "return", name="lam")
+    with bcrecord.recording() as rec:
+        f(1)
+        f(2)
+    save(rec, tmp_path, step=1)
+    assert load(tmp_path)["lam:<lambda>:return"] == [2, 4]
+
+
+def test_a_save_cut_short_is_never_accepted(tmp_path, monkeypatch):
+    Writer(tmp_path).write({"k": [1]}, step=0)
+    calls = []
+    real_replace = os.replace
+
+    def crash_on_index(src, dst):
+        calls.append(str(dst))
+        if str(dst).endswith("index.json"):
+            raise KeyboardInterrupt  # the process dies between the data file and the index
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", crash_on_index)
+    with pytest.raises(KeyboardInterrupt):
+        Writer(tmp_path).write({"k": [2]}, step=1)
+    monkeypatch.undo()
+    assert any(c.endswith(".pkl") for c in calls)
+    assert load(tmp_path)["k"] == [1]  # the orphan file is ignored
+    assert not [p for p in tmp_path.rglob(".tmp-*")]
+
+
+def test_unwritable_directory_and_full_disk_give_clear_errors(tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(StorageError, match=f"cannot write records to {blocker}/sub"):
+        Writer(blocker / "sub")
+    writer = Writer(tmp_path / "ok")
+
+    def full(*args):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(StorageError, match="No space left on device"):
+        writer.write({"k": [1]}, step=0)
+    monkeypatch.undo()
+    with pytest.raises(StorageError, match="no index.json"):
+        load(tmp_path / "ok")
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "index.json").write_text("{}")
+    with pytest.raises(StorageError, match="not a bcrecord records index"):
+        load(tmp_path / "bad")

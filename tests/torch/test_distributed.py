@@ -1,0 +1,52 @@
+"""DistributedDataParallel: 2 ranks (gloo, CPU, spawned) each record their own values."""
+
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from bcrecord.torch import record
+
+from .models import SmallNet, reference_smallnet
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank_main(rank, world, port, out_dir):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        torch.manual_seed(0)  # same weights on every rank
+        net = SmallNet().eval()
+        ddp = torch.nn.parallel.DistributedDataParallel(net)
+        torch.manual_seed(100 + rank)  # a different batch per rank
+        x = torch.randn(2, 3, 8, 8)
+        with record(ddp, ["bn1", "module.blocks.1:forward:out@1"]) as rec:
+            ddp(x)
+        torch.save(
+            {"x": x, "bn1": rec["bn1:forward:return"], "block": rec["module.blocks.1:forward:out@1"]},
+            os.path.join(out_dir, f"rank{rank}.pt"),
+        )
+    finally:
+        dist.destroy_process_group()
+
+
+def test_each_rank_records_its_own_values(tmp_path):
+    world = 2
+    mp.spawn(_rank_main, args=(world, _free_port(), str(tmp_path)), nprocs=world, join=True)
+    torch.manual_seed(0)
+    net = SmallNet().eval()
+    seen = []
+    for rank in range(world):
+        got = torch.load(tmp_path / f"rank{rank}.pt")
+        expected = reference_smallnet(net, got["x"])
+        assert torch.allclose(got["bn1"], expected["bn1"], atol=1e-5)
+        assert torch.allclose(got["block"], expected["blocks.1.bn"], atol=1e-5)
+        seen.append(got["bn1"])
+    assert not torch.allclose(seen[0], seen[1])
