@@ -23,7 +23,7 @@ from .errors import (
 )
 from .patch import Patch, instrument, patch_function, patch_method, record_locals, targets
 from .runtime import Recording, carry, copy_value, recording, register_copy
-from .specs import Attribute, Local, Return, parse
+from .specs import Attribute, Call, Expr, Local, Return, parse
 from .storage import load, save
 
 __version__ = "0.1.0"
@@ -31,6 +31,8 @@ __version__ = "0.1.0"
 __all__ = [
     "Attribute",
     "BcrecordError",
+    "Call",
+    "Expr",
     "Local",
     "NotPatchableError",
     "Patch",

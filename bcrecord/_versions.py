@@ -77,6 +77,12 @@ class Table:
     #: Return opcodes: (returns top of stack, returns its constant arg).
     return_value: str
     return_const: Optional[str]
+    #: Opcodes that call (their result is left on the stack).
+    calls: FrozenSet[str] = frozenset()
+    #: Opcodes that push a global or builtin by name (roots of callee chains).
+    global_loads: FrozenSet[str] = frozenset({"LOAD_GLOBAL", "LOAD_NAME"})
+    #: The operator symbol of a binary-operator instruction (``'+'``, ``'+='``), or None.
+    binary_op: Callable[[Instr], Optional[str]] = lambda instr: None
 
     def load_probe(self, location: object) -> Instrs:
         """Push the probe as a callable (with its NULL slot where the version has one)."""
@@ -118,6 +124,42 @@ def _local_name(arg: object) -> str:
     return arg.name if isinstance(arg, (CellVar, FreeVar)) else str(arg)
 
 
+_SYMBOLS = {
+    "ADD": "+",
+    "SUBTRACT": "-",
+    "MULTIPLY": "*",
+    "MATRIX_MULTIPLY": "@",
+    "TRUE_DIVIDE": "/",
+    "FLOOR_DIVIDE": "//",
+    "MODULO": "%",
+    "REMAINDER": "%",
+    "POWER": "**",
+    "LSHIFT": "<<",
+    "RSHIFT": ">>",
+    "AND": "&",
+    "OR": "|",
+    "XOR": "^",
+}
+
+
+def _op_310(instr: Instr) -> Optional[str]:
+    # BINARY_ADD / INPLACE_ADD ... (BINARY_SUBSCR is not an operator site)
+    for prefix, suffix in (("BINARY_", ""), ("INPLACE_", "=")):
+        if instr.name.startswith(prefix) and instr.name[len(prefix) :] in _SYMBOLS:
+            return _SYMBOLS[instr.name[len(prefix) :]] + suffix
+    return None
+
+
+def _op_311(instr: Instr) -> Optional[str]:
+    # BINARY_OP with a BinaryOp arg: ADD, INPLACE_ADD ... (3.14's SUBSCR is not an operator)
+    if instr.name != "BINARY_OP":
+        return None
+    name = getattr(instr.arg, "name", "")
+    inplace = name.startswith("INPLACE_")
+    symbol = _SYMBOLS.get(name[len("INPLACE_") :] if inplace else name)
+    return None if symbol is None else symbol + ("=" if inplace else "")
+
+
 def _named(opname: str) -> Callable[[Instr], Optional[str]]:
     """Reads the attribute name of ``opname`` instructions whose arg is a plain name."""
 
@@ -147,6 +189,8 @@ def _310() -> Table:
         method_call_fix=("CALL_METHOD", "CALL_FUNCTION"),
         return_value="RETURN_VALUE",
         return_const=None,
+        calls=frozenset({"CALL_FUNCTION", "CALL_FUNCTION_KW", "CALL_FUNCTION_EX", "CALL_METHOD"}),
+        binary_op=_op_310,
     )
 
 
@@ -188,6 +232,8 @@ def _311() -> Table:
         method_call_fix=None,
         return_value="RETURN_VALUE",
         return_const=None,
+        calls=frozenset({"CALL", "CALL_FUNCTION_EX"}),
+        binary_op=_op_311,
     )
 
 
@@ -211,6 +257,8 @@ def _312() -> Table:
         method_call_fix=None,
         return_value="RETURN_VALUE",
         return_const="RETURN_CONST",
+        calls=frozenset({"CALL", "CALL_FUNCTION_EX"}),
+        binary_op=_op_311,
     )
 
 
@@ -244,6 +292,8 @@ def _313() -> Table:
         method_call_fix=None,
         return_value="RETURN_VALUE",
         return_const="RETURN_CONST",
+        calls=frozenset({"CALL", "CALL_KW", "CALL_FUNCTION_EX"}),
+        binary_op=_op_311,
     )
 
 

@@ -23,16 +23,18 @@ from dataclasses import dataclass, field
 from types import CodeType
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, cast
 
-from bytecode import UNSET, Bytecode, Instr, Label
+from bytecode import UNSET, Bytecode, FreeVar, Instr, Label
 
 from . import _versions
 from .errors import TargetError
-from .specs import Attribute, Local, Return, Spec
+from .specs import Attribute, Call, Expr, Local, Return, Spec
 
 __all__ = [
     "Assignment",
     "AttributeLoad",
     "ReturnSite",
+    "CallSite",
+    "OperatorSite",
     "CodeMap",
     "ProbePoint",
     "Targets",
@@ -77,6 +79,28 @@ class ReturnSite:
 
 
 @dataclass(frozen=True)
+class CallSite:
+    """One call whose callee is a name or attribute chain; ``positions`` are the calls."""
+
+    callee: str
+    index: int
+    line: Optional[int]
+    column: Optional[int]
+    positions: Tuple[int, ...] = field(repr=False)
+
+
+@dataclass(frozen=True)
+class OperatorSite:
+    """One binary operator (``+``, ``*=``…); ``positions`` are its instructions."""
+
+    op: str
+    index: int
+    line: Optional[int]
+    column: Optional[int]
+    positions: Tuple[int, ...] = field(repr=False)
+
+
+@dataclass(frozen=True)
 class CodeMap:
     """Everything recordable in one code object, numbered in source order."""
 
@@ -88,6 +112,8 @@ class CodeMap:
     attributes: Dict[str, Tuple[AttributeLoad, ...]]
     returns: Tuple[ReturnSite, ...]
     entry: int = field(repr=False)
+    calls: Dict[str, Tuple[CallSite, ...]] = field(default_factory=dict)
+    operators: Dict[str, Tuple[OperatorSite, ...]] = field(default_factory=dict)
     cells: frozenset = field(repr=False, default=frozenset())
 
 
@@ -242,25 +268,30 @@ def _synthesized_stores(real: List[Tuple[int, Instr]]) -> set:
     return synthesized
 
 
-def _group(
-    sites: Iterable[Tuple[str, int, Instr]], identity: _Identity
-) -> Dict[str, List[Tuple[Tuple[int, int, int], List[int], Instr]]]:
-    """Group (name, position, instr) by source construct; order groups in source order."""
-    groups: Dict[Tuple[str, Tuple[object, ...]], Tuple[Tuple[int, int, int], List[int], Instr]] = {}
-    for name, pos, instr in sites:
-        key = (name, identity.of(pos, instr))
+Position = Any  # an index into instructions(code), or (index of LOAD_CONST, inner position)
+Raw = Tuple[str, Position, Instr, Tuple[object, ...], Any]  # name, position, instr, identity, extra
+
+
+def _group(sites: Iterable[Raw]) -> Dict[str, List[Tuple[List[Position], Instr, Any]]]:
+    """Group sites by source construct; order each name's groups in source order."""
+    groups: Dict[Tuple[str, Tuple[object, ...]], Tuple[Tuple[int, int, int], List[Position], Instr, Any]] = {}
+    for seq, (name, pos, instr, ident, extra) in enumerate(sites):
+        key = (name, ident)
         if key in groups:
             groups[key][1].append(pos)
         else:
             column = _column(instr)
-            order = (instr.lineno or 0, -1 if column is None else column, pos)
-            groups[key] = (order, [pos], instr)
-    by_name: Dict[str, List[Tuple[Tuple[int, int, int], List[int], Instr]]] = {}
+            order = (instr.lineno or 0, -1 if column is None else column, seq)
+            groups[key] = (order, [pos], instr, extra)
+    by_name: Dict[str, List[Tuple[Tuple[int, int, int], List[Position], Instr, Any]]] = {}
     for (name, _), group in groups.items():
         by_name.setdefault(name, []).append(group)
-    for entries in by_name.values():
-        entries.sort(key=lambda g: g[0])
-    return by_name
+    return {
+        name: [
+            (positions, instr, extra) for _, positions, instr, extra in sorted(entries, key=lambda g: g[0])
+        ]
+        for name, entries in sorted(by_name.items())
+    }
 
 
 def _argument_names(code: CodeType) -> Tuple[str, ...]:
@@ -291,6 +322,138 @@ def _chains(
         chain = [_versions.local_name(instr.arg)] if instr.name in table.local_loads else None
 
 
+def _root_name(instr: Instr, table: _versions.Table) -> Optional[str]:
+    if instr.name in table.local_loads:
+        return _versions.local_name(instr.arg)
+    if instr.name in table.global_loads:
+        return str(instr.arg[1]) if isinstance(instr.arg, tuple) else str(instr.arg)
+    return None
+
+
+def _callees(real: List[Tuple[int, Instr]], bytecode: Sequence[object]) -> Iterator[Tuple[str, int, int]]:
+    """Yield (chain, position of its last load, stack slots it occupies) for every
+    name or attribute chain that might be called: local, global and builtin roots."""
+    table = _versions.current()
+    chain: Optional[List[str]] = None
+    slots = 0
+    previous: Optional[Instr] = None
+    last = -1
+    for pos, instr in real:
+        if chain is not None and any(isinstance(x, Label) for x in bytecode[last + 1 : pos]):
+            chain = None
+        last = pos
+        attr = table.attr_load(instr)
+        method = table.method_load(instr) if attr is None else None
+        if chain is not None and (attr or method):
+            chain.append(str(attr or method))
+            slots += instr.stack_effect()
+            yield ".".join(chain), pos, slots
+            if method is not None:
+                chain = None
+        else:
+            root = _root_name(instr, table)
+            if root is None:
+                chain = None
+            else:
+                chain = [root]
+                # A NULL pushed just before the callee belongs to the call (3.11/3.12).
+                slots = instr.stack_effect() + (previous is not None and previous.name == "PUSH_NULL")
+                yield root, pos, slots
+        previous = instr
+
+
+def _consumer_calls(items: Sequence[object], pos: int, slots: int, labels: Dict[Label, int]) -> List[int]:
+    """The call instructions that call the value(s) pushed up to ``pos``; [] if it is
+    used any other way. Follows every path (a statement's tail may be copied)."""
+    table = _versions.current()
+    found: List[int] = []
+    seen = set()
+    work = [(pos + 1, 0)]
+    while work:
+        k, height = work.pop()
+        while k < len(items) and (k, height) not in seen:
+            seen.add((k, height))
+            item = items[k]
+            k += 1
+            if not isinstance(item, Instr):
+                continue
+            pre, post = item.pre_and_post_stack_effect(jump=False)
+            if height + pre < 0:  # this instruction consumes the callee's slots
+                if item.name in table.calls and height + pre == -slots:
+                    found.append(k - 1)
+                    break
+                return []
+            if isinstance(item.arg, Label):
+                jump_pre, jump_post = item.pre_and_post_stack_effect(jump=True)
+                work.append((labels[item.arg], height + jump_pre + jump_post))
+            if item.is_uncond_jump() or item.is_final():
+                break
+            height += pre + post
+    return sorted(set(found))
+
+
+#: Code objects the compiler makes for comprehensions (inlined from 3.12 on).
+_COMPREHENSIONS = frozenset({"<listcomp>", "<setcomp>", "<dictcomp>", "<genexpr>"})
+
+
+class _Sites:
+    """Raw recordable sites of a code object, with its comprehensions' on 3.10/3.11.
+
+    A comprehension there is a separate code object (a constant of its function);
+    what it calls, loads and computes belongs to the function as a reader sees it,
+    and so does a walrus target inside it (a cell of the function). Their positions
+    are ``(position of the LOAD_CONST, position inside)``.
+    """
+
+    def __init__(self, code: CodeType, outer_cells: frozenset, nested: bool = False) -> None:
+        table = _versions.current()
+        bytecode = instructions(code)
+        real = _real(bytecode)
+        identity = _Identity(bytecode)
+        synthesized = _synthesized_stores(real)
+        self.stores: List[Raw] = [
+            (name, pos, i, identity.of(pos, i), None)
+            for pos, i in real
+            if i.name in table.stores
+            and pos not in synthesized
+            and (name := _versions.local_name(i.arg))
+            and (not nested or (isinstance(i.arg, FreeVar) and name in outer_cells))
+        ]
+        self.loads: List[Raw] = [(c, p, i, identity.of(p, i), m) for c, p, i, m in _chains(real, bytecode)]
+        labels = {item: k for k, item in enumerate(bytecode) if isinstance(item, Label)}
+        self.calls: List[Raw] = []
+        for chain, pos, slots in _callees(real, bytecode):
+            load = bytecode[pos]
+            assert isinstance(load, Instr)
+            # One site per call instruction, identified by its callee's load.
+            self.calls += [
+                (chain, call, load, identity.of(pos, load), None)
+                for call in _consumer_calls(bytecode, pos, slots, labels)
+            ]
+        self.operators: List[Raw] = [
+            (op, pos, i, identity.of(pos, i), None)
+            for pos, i in real
+            if (op := table.binary_op(i)) is not None
+        ]
+        if table.comprehension_save is not None:
+            return
+        for pos, i in real:
+            if i.name == "LOAD_CONST" and isinstance(i.arg, CodeType) and i.arg.co_name in _COMPREHENSIONS:
+                inner = _Sites(i.arg, outer_cells, nested=True)
+                for mine, theirs in (
+                    (self.stores, inner.stores),
+                    (self.loads, inner.loads),
+                    (self.calls, inner.calls),
+                    (self.operators, inner.operators),
+                ):
+                    mine += [_nest(pos, site) for site in theirs]
+
+
+def _nest(outer: int, site: Raw) -> Raw:
+    name, pos, instr, ident, extra = site
+    return name, (outer, pos), instr, ident, extra
+
+
 def read(code: CodeType, qualname: Optional[str] = None) -> CodeMap:
     """Find every recordable site in ``code``, numbered in source order (cached per code object).
 
@@ -312,37 +475,35 @@ def _read(code: CodeType, qualname: Optional[str] = None) -> CodeMap:
     table = _versions.current()
     bytecode = instructions(code)
     real = _real(bytecode)
-    identity = _Identity(bytecode)
-    synthesized = _synthesized_stores(real)
+    raw = _Sites(code, frozenset(code.co_cellvars))
 
-    stores = (
-        (_versions.local_name(i.arg), pos, i)
-        for pos, i in real
-        if i.name in table.stores and pos not in synthesized
-    )
     local_map = {
         name: tuple(
             Assignment(name, n, instr.lineno or 0, _column(instr), tuple(positions))
-            for n, (_, positions, instr) in enumerate(groups)
+            for n, (positions, instr, _) in enumerate(groups)
         )
-        for name, groups in sorted(_group(stores, identity).items())
+        for name, groups in _group(raw.stores).items()
     }
-
-    loads = list(_chains(real, bytecode))
-    method_positions = {pos for _, pos, _, method in loads if method}
     attr_map = {
         chain: tuple(
-            AttributeLoad(
-                chain,
-                n,
-                instr.lineno,
-                _column(instr),
-                tuple(positions),
-                method=positions[0] in method_positions,
-            )
-            for n, (_, positions, instr) in enumerate(groups)
+            AttributeLoad(chain, n, instr.lineno, _column(instr), tuple(positions), method=method)
+            for n, (positions, instr, method) in enumerate(groups)
         )
-        for chain, groups in sorted(_group(((c, p, i) for c, p, i, _ in loads), identity).items())
+        for chain, groups in _group(raw.loads).items()
+    }
+    call_map = {
+        chain: tuple(
+            CallSite(chain, n, instr.lineno, _column(instr), tuple(positions))
+            for n, (positions, instr, _) in enumerate(groups)
+        )
+        for chain, groups in _group(raw.calls).items()
+    }
+    operator_map = {
+        op: tuple(
+            OperatorSite(op, n, instr.lineno, _column(instr), tuple(positions))
+            for n, (positions, instr, _) in enumerate(groups)
+        )
+        for op, groups in _group(raw.operators).items()
     }
 
     return_ops = {table.return_value, table.return_const}
@@ -371,6 +532,8 @@ def _read(code: CodeType, qualname: Optional[str] = None) -> CodeMap:
         returns=returns,
         entry=entry,
         cells=frozenset(code.co_cellvars),
+        calls=call_map,
+        operators=operator_map,
     )
 
 
@@ -445,6 +608,19 @@ def resolve(specs: Sequence[Spec], cmap: CodeMap) -> Tuple[ProbePoint, ...]:
             points.append(
                 ProbePoint("entry", (cmap.entry,), spec.target, root=root, chain=tuple(rest), copy=spec.copy)
             )
+        elif isinstance(spec, Call):
+            if spec.target not in cmap.calls:
+                raise TargetError(f"{func} never calls {spec.target!r}; callees: {_names(cmap.calls)}")
+            sites = _pick(cmap.calls[spec.target], spec.index, f"call {spec.target!r}", func)
+            points += [
+                ProbePoint("call", c.positions, f"{spec.target}()@{c.index}", copy=spec.copy) for c in sites
+            ]
+        elif isinstance(spec, Expr):
+            if spec.op not in cmap.operators:
+                found = " ".join(sorted(cmap.operators)) or "(none)"
+                raise TargetError(f"{func} has no {spec.op!r} operator; operators: {found}")
+            sites = _pick(cmap.operators[spec.op], spec.index, f"operator {spec.op!r}", func)
+            points += [ProbePoint("expr", o.positions, f"{spec.op}@{o.index}", copy=spec.copy) for o in sites]
         elif isinstance(spec, Return):
             if not cmap.returns:
                 raise TargetError(f"{func} has no return instruction")
@@ -466,12 +642,16 @@ class Targets:
         self.arguments = cmap.arguments
         self.locals = dict(cmap.locals)
         self.attributes = dict(cmap.attributes)
+        self.calls = dict(cmap.calls)
+        self.operators = dict(cmap.operators)
         self.returns = cmap.returns
 
     def specs(self) -> List[str]:
         """Every short-form spec that names one site here, e.g. ``['x@0', 'self.fc@0']``."""
         out = [f"{a.name}@{a.index}" for sites in self.locals.values() for a in sites]
         out += [f"{s.chain}@{s.index}" for sites in self.attributes.values() for s in sites]
+        out += [f"{c.callee}()@{c.index}" for sites in self.calls.values() for c in sites]
+        out += [f"{o.op}@{o.index}" for sites in self.operators.values() for o in sites]
         return out + (["return"] if self.returns else [])
 
     def as_dict(self) -> Dict[str, Any]:
@@ -485,6 +665,15 @@ class Targets:
             rows += [
                 dict(kind="attribute", target=s.chain, index=s.index, line=s.line, column=s.column)
                 for s in loads
+            ]
+        for calls in self.calls.values():
+            rows += [
+                dict(kind="call", target=f"{c.callee}()", index=c.index, line=c.line, column=c.column)
+                for c in calls
+            ]
+        for ops in self.operators.values():
+            rows += [
+                dict(kind="operator", target=o.op, index=o.index, line=o.line, column=o.column) for o in ops
             ]
         rows += [
             dict(kind="return", target="return", index=r.index, line=r.line, column=r.column)

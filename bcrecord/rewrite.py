@@ -20,16 +20,18 @@ True
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from types import CodeType
 from typing import Dict, List, Sequence, Tuple
 
-from bytecode import Instr, Label
+from bytecode import FreeVar, Instr, Label
 
 from . import _versions
 from .analysis import ProbePoint, instructions
+from .errors import TargetError
 
 __all__ = ["Template", "insert_probes", "cache_info", "clear_cache"]
 
@@ -42,17 +44,23 @@ class Template:
     """A probed code object whose site constants are still placeholders."""
 
     code: CodeType
-    #: ``co_consts`` index of each probe point's placeholder, in point order.
-    slots: Tuple[int, ...]
+    #: The placeholder constant of each probe point, in point order.
+    placeholders: Tuple[str, ...]
 
     def bind(self, site_ids: Sequence[int]) -> CodeType:
         """The runnable code, with probe point ``k`` reporting as ``site_ids[k]``."""
-        if len(site_ids) != len(self.slots):
-            raise ValueError(f"expected {len(self.slots)} site ids, got {len(site_ids)}")
-        consts = list(self.code.co_consts)
-        for slot, site in zip(self.slots, site_ids, strict=True):
-            consts[slot] = site
-        return self.code.replace(co_consts=tuple(consts))
+        if len(site_ids) != len(self.placeholders):
+            raise ValueError(f"expected {len(self.placeholders)} site ids, got {len(site_ids)}")
+        return _bind(self.code, dict(zip(self.placeholders, site_ids, strict=True)))
+
+
+def _bind(code: CodeType, sites: Dict[str, int]) -> CodeType:
+    # Comprehensions on 3.10/3.11 are nested code constants that may hold probes too.
+    consts = tuple(
+        sites.get(c, c) if isinstance(c, str) else _bind(c, sites) if isinstance(c, CodeType) else c
+        for c in code.co_consts
+    )
+    return code.replace(co_consts=consts)
 
 
 class _Edits:
@@ -122,25 +130,60 @@ def _matching_calls(items: Sequence[object], pos: int, call_name: str) -> List[i
 
 
 def _rewrite(code: CodeType, points: Sequence[ProbePoint]) -> Template:
+    if any(point.with_self for point in points) and not code.co_argcount:
+        raise ValueError(f"{code.co_name} has no first argument to pass as self")
+    first = code.co_varnames[0] if code.co_argcount else ""
+    names = [_PLACEHOLDER.format(k) for k in range(len(points))]
+    return Template(_rewrite_code(code, points, names, first, nested=False), tuple(names))
+
+
+def _load_self(code: CodeType, first: str, nested: bool, location: object) -> Instr:
+    table = _versions.current()
+    if not nested:
+        return table.load_local(first, first in code.co_cellvars, location)
+    if first not in code.co_freevars:
+        raise TargetError(
+            f"a per-instance patch cannot probe inside a comprehension ({code.co_name}) that does not use "
+            f"{first!r}: Python 3.10/3.11 compile comprehensions as separate code"
+        )
+    return Instr("LOAD_DEREF", FreeVar(first), location=location)  # type: ignore[arg-type]
+
+
+def _rewrite_code(
+    code: CodeType, points: Sequence[ProbePoint], names: Sequence[str], first: str, nested: bool
+) -> CodeType:
     table = _versions.current()
     bytecode = instructions(code)
     items = list(bytecode)
     edits = _Edits()
     cells = set(code.co_cellvars)
-    first = code.co_varnames[0] if code.co_argcount else ""
-    if any(point.with_self for point in points) and not first:
-        raise ValueError(f"{code.co_name} has no first argument to pass as self")
 
-    for k, point in enumerate(points):
-        site = _PLACEHOLDER.format(k)
+    inner: Dict[int, List[Tuple[ProbePoint, str]]] = {}
+    for point, site in zip(points, names, strict=True):
         for pos in point.positions:
+            if isinstance(pos, tuple):  # inside a comprehension's code constant
+                outer, rest = pos
+                inner.setdefault(outer, []).append((dataclasses.replace(point, positions=(rest,)), site))
+    for outer, pairs in inner.items():
+        load = items[outer]
+        assert isinstance(load, Instr) and isinstance(load.arg, CodeType)
+        new_inner = _rewrite_code(load.arg, [p for p, _ in pairs], [n for _, n in pairs], first, nested=True)
+        edits.replace[outer] = Instr("LOAD_CONST", new_inner, location=load.location)  # type: ignore[arg-type]
+
+    for point, site in zip(points, names, strict=True):
+        for pos in point.positions:
+            if isinstance(pos, tuple):
+                continue
             anchor = items[pos]
             loc = _location(items, pos)
-            extra = [table.load_local(first, first in cells, loc)] if point.with_self else []
+            extra = [_load_self(code, first, nested, loc)] if point.with_self else []
             if point.kind == "store":
                 assert isinstance(anchor, Instr)
                 load = Instr(anchor.name.replace("STORE_", "LOAD_"), anchor.arg, location=loc)  # type: ignore[arg-type]
                 edits.after.setdefault(pos, []).extend(table.call_probe([load], site, loc, extra))
+            elif point.kind in ("call", "expr"):
+                # The call's result / the operator's result is on top of the stack.
+                edits.after.setdefault(pos, []).extend(table.tee_probe(site, loc, extra))
             elif point.kind == "load":
                 assert isinstance(anchor, Instr)
                 edits.after.setdefault(pos, []).extend(table.tee_probe(site, loc, extra))
@@ -177,12 +220,7 @@ def _rewrite(code: CodeType, points: Sequence[ProbePoint]) -> Template:
     new = bytecode.to_code()
     if new.co_varnames != code.co_varnames:  # pragma: no cover - guarded invariant
         raise RuntimeError(f"rewriting {code.co_name} changed its variables")
-    placeholders = {_PLACEHOLDER.format(k): k for k in range(len(points))}
-    slots = [0] * len(points)
-    for index, const in enumerate(new.co_consts):
-        if isinstance(const, str) and const in placeholders:
-            slots[placeholders[const]] = index
-    return Template(new, tuple(slots))
+    return new
 
 
 _cache: OrderedDict[Tuple[CodeType, Tuple[Tuple[object, ...], ...]], Template] = OrderedDict()

@@ -25,6 +25,9 @@ __all__ = [
     "Local",
     "Attribute",
     "Return",
+    "Call",
+    "Expr",
+    "OPERATORS",
     "Spec",
     "SpecLike",
     "COPY_POLICIES",
@@ -142,7 +145,61 @@ class Return:
         _copy(self.copy)
 
 
-Spec = Union[Local, Attribute, Return]
+@dataclass(frozen=True)
+class Call:
+    """The value returned by the n-th call site whose callee is ``target``.
+
+    ``target`` is a chain (``'self.avgpool'``, ``'torch.flatten'``, ``'F.relu'``) or a
+    bare name (``'len'``); call sites are numbered in source order, and the value is
+    recorded right after the call returns, every time it runs.
+
+    >>> parse("torch.flatten()@1")
+    Call(target='torch.flatten', index=(1,), copy=None)
+    """
+
+    target: str
+    index: tuple[int, ...] | None = None
+    copy: Any = None
+
+    def __init__(self, target: str, index: Index = None, copy: Any = None) -> None:
+        if not isinstance(target, str):
+            raise SpecError(f"a call target must be a string, got {target!r}")
+        for part in target.split("."):
+            _identifier(part, f"each part of {target!r}")
+        object.__setattr__(self, "target", target)
+        object.__setattr__(self, "index", _index(index))
+        object.__setattr__(self, "copy", _copy(copy))
+
+
+#: Binary operators an :class:`Expr` can name (``'+='`` etc. for augmented assignment).
+OPERATORS = ("+", "-", "*", "@", "/", "//", "%", "**", "<<", ">>", "&", "|", "^")
+
+
+@dataclass(frozen=True)
+class Expr:
+    """The result of the n-th binary operator ``op`` in source order (``out + identity``).
+
+    ``op`` is an operator symbol such as ``'+'`` or ``'*'``; ``'+='`` names augmented
+    assignments. :func:`bcrecord.targets` lists operator sites with their line and
+    column.
+
+    >>> parse("+@0")
+    Expr(op='+', index=(0,), copy=None)
+    """
+
+    op: str
+    index: tuple[int, ...] | None = None
+    copy: Any = None
+
+    def __init__(self, op: str, index: Index = None, copy: Any = None) -> None:
+        if op not in OPERATORS and not (op.endswith("=") and op[:-1] in OPERATORS):
+            raise SpecError(f"unknown operator {op!r}; operators: {' '.join(OPERATORS)} (and '+=' etc.)")
+        object.__setattr__(self, "op", op)
+        object.__setattr__(self, "index", _index(index))
+        object.__setattr__(self, "copy", _copy(copy))
+
+
+Spec = Union[Local, Attribute, Return, Call, Expr]
 SpecLike = Union[Spec, str, Mapping[str, Any]]
 
 _SHORT = re.compile(r"^\s*(?P<target>[^@\s]+)\s*(?:@\s*(?P<index>.+?))?\s*$")
@@ -158,12 +215,21 @@ def _parse_index_text(text: str, spec: str) -> Index:
     raise SpecError(f"bad index in {spec!r}: expected an int or a list like [0,2]")
 
 
+_OPERATOR = re.compile(r"^\s*(?P<op>\*\*=?|//=?|<<=?|>>=?|[-+*/%@&|^]=?)\s*(?:@\s*(?P<index>.+?))?\s*$")
+
+
 def _parse_str(text: str) -> Spec:
+    operator = _OPERATOR.match(text)
+    if operator is not None:
+        index_text = operator.group("index")
+        return Expr(operator.group("op"), None if index_text is None else _parse_index_text(index_text, text))
     match = _SHORT.match(text)
     if match is None:
         raise SpecError(f"cannot parse spec {text!r}; examples: 'x', 'x@1', 'self.fc.weight'")
     target, index_text = match.group("target"), match.group("index")
     index = None if index_text is None else _parse_index_text(index_text, text)
+    if target.endswith("()"):
+        return Call(target[:-2], index)
     if target in ("return", "<return>"):
         if index is not None:
             raise SpecError(f"{text!r}: a return spec takes no index")
@@ -201,7 +267,8 @@ def parse(spec: SpecLike) -> Spec:
 
     Short forms: ``'x'`` (every assignment of ``x``), ``'x@1'``, ``'x@[0,2]'``,
     ``'self.linear1.weight'`` (at entry), ``'self.linear1@0'`` (first load site),
-    ``'return'``. Dicts: ``dict(type='FunctionRecorder', target='outputs',
+    ``'return'``, ``'self.avgpool()'`` / ``'torch.flatten()@1'`` (call results) and
+    ``'+@0'`` (the first ``+`` in source order). Dicts: ``dict(type='FunctionRecorder', target='outputs',
     index=[1])`` and ``dict(type='AttributeRecorder', target='self.fc.weight')``;
     their ``model``/``method``/``name`` keys are for integrations and ignored here.
 
@@ -210,13 +277,13 @@ def parse(spec: SpecLike) -> Spec:
     >>> parse(dict(type="FunctionRecorder", target="outputs", index=[1]))
     Local(name='outputs', index=(1,), copy=None)
     """
-    if isinstance(spec, (Local, Attribute, Return)):
+    if isinstance(spec, (Local, Attribute, Return, Call, Expr)):
         return spec
     if isinstance(spec, str):
         return _parse_str(spec)
     if isinstance(spec, Mapping):
         return _parse_dict(spec)
-    raise SpecError(f"a spec must be Local/Attribute/Return, a string or a dict, got {spec!r}")
+    raise SpecError(f"a spec must be Local/Attribute/Return/Call/Expr, a string or a dict, got {spec!r}")
 
 
 def parse_all(specs: SpecLike | Iterable[SpecLike]) -> Tuple[Spec, ...]:
@@ -225,7 +292,7 @@ def parse_all(specs: SpecLike | Iterable[SpecLike]) -> Tuple[Spec, ...]:
     >>> parse_all(["x@0", "return"])
     (Local(name='x', index=(0,), copy=None), Return(copy=None))
     """
-    if isinstance(specs, (str, Mapping, Local, Attribute, Return)):
+    if isinstance(specs, (str, Mapping, Local, Attribute, Return, Call, Expr)):
         return (parse(specs),)
     parsed = tuple(parse(spec) for spec in specs)
     if not parsed:

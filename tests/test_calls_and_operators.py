@@ -1,0 +1,105 @@
+"""Call and Expr specs: values that never reach a local, on every Python version."""
+
+import pytest
+
+import bcrecord
+from bcrecord import Call, Expr, TargetError
+
+
+class Seq:
+    """A tiny 'tensor' whose methods return new values (so chained calls make sense)."""
+
+    def __init__(self, values):
+        self.values = list(values)
+
+    def scale(self, k=1, *, bias=0):
+        return Seq(v * k + bias for v in self.values)
+
+    def total(self):
+        return sum(self.values)
+
+    def __add__(self, other):
+        return Seq(a + b for a, b in zip(self.values, other.values, strict=True))
+
+    def __eq__(self, other):
+        return isinstance(other, Seq) and self.values == other.values
+
+
+def flatten(seq, start=0):
+    return Seq(seq.values[start:])
+
+
+class Net:
+    def __init__(self):
+        self.avgpool = lambda s: s.scale(2)
+        self.fc = lambda s: s.total()
+
+    def forward_impl(self, x):
+        return self.fc(flatten(self.avgpool(x), 1))
+
+    def every_call_form(self, x, items, kw):
+        a = len(items)  # bare name
+        b = x.scale(3)  # method call (NULL/self slot, CALL_METHOD on 3.10)
+        c = x.scale(k=2, bias=1)  # keyword arguments
+        d = x.scale(*items, **kw)  # *args / **kwargs
+        e = [x.scale(v).total() for v in items]  # inside a comprehension (inlined on 3.12+)
+        with open(__file__) as fh:
+            f = len(fh.readline())  # inside a with statement
+        g = x.scale(2).scale(5)  # chained calls
+        h = self.avgpool(x) + self.avgpool(b)  # an operator result never named
+        return a, b, c, d, e, f, g, h
+
+
+def test_resnet_style_return_of_nested_calls_records_each_call():
+    net = Net()
+    x = Seq([1, 2, 3])
+    specs = [Call("self.avgpool"), Call("flatten"), Call("self.fc"), "return"]
+    with bcrecord.patch_method(Net, "forward_impl", specs), bcrecord.recording() as rec:
+        result = net.forward_impl(x)
+    assert rec["Net:forward_impl:self.avgpool()@0"] == Seq([2, 4, 6])
+    assert rec["Net:forward_impl:flatten()@0"] == Seq([4, 6])
+    assert rec["Net:forward_impl:self.fc()@0"] == 10 == result
+    assert rec["Net:forward_impl:return"] == 10
+
+
+def test_every_call_form_keeps_the_stack_and_records_the_right_value():
+    net = Net()
+    x = Seq([1, 2])
+    items, kw = [2], {"bias": 5}
+    expected = net.every_call_form(x, items, kw)
+    found = bcrecord.targets(Net.every_call_form)
+    calls = {c: [s.index for s in sites] for c, sites in found.calls.items()}
+    assert calls["len"] == [0, 1] and calls["x.scale"] == [0, 1, 2, 3, 4] and calls["self.avgpool"] == [0, 1]
+    specs = [Call(name) for name in found.calls] + [Expr("+")]
+    with bcrecord.patch_method(Net, "every_call_form", specs), bcrecord.recording() as rec:
+        assert net.every_call_form(x, items, kw) == expected
+    key = "Net:every_call_form:"
+    assert rec[key + "len()@0"] == 1
+    assert rec[key + "x.scale()@0"] == Seq([3, 6])
+    assert rec[key + "x.scale()@1"] == Seq([3, 5])
+    assert rec[key + "x.scale()@2"] == Seq([7, 9])
+    assert rec[key + "len()@1"] == expected[5]
+    assert rec[key + "x.scale()@4"] == Seq([2, 4])  # x.scale(2) in x.scale(2).scale(5)
+    assert rec[key + "self.avgpool()@1"] == Seq([6, 12])
+    assert rec[key + "+@0"] == expected[7]
+    # inside the comprehension: inlined on 3.12+, a nested code object rewritten too on 3.10/3.11
+    assert rec.all(key + "x.scale()@3") == [Seq([2, 4])]
+
+
+def test_operator_sites_listed_with_positions_and_errors():
+    def f(out, identity):
+        out = out + identity
+        out += 1
+        return out * 2 + 1
+
+    t = bcrecord.targets(f)
+    assert sorted(t.operators) == ["*", "+", "+="]
+    assert [o.line - f.__code__.co_firstlineno for o in t.operators["+"]] == [1, 3]
+    g = bcrecord.instrument(f, ["+@1", "*", "+="], name="ops")
+    with bcrecord.recording() as rec:
+        assert g(1, 2) == 9
+    assert rec["ops:f:*@0"] == 8 and rec["ops:f:+@1"] == 9 and rec["ops:f:+=@0"] == 4
+    with pytest.raises(TargetError, match="has no '-' operator; operators: \\* \\+ \\+="):
+        bcrecord.instrument(f, "-")
+    with pytest.raises(TargetError, match="never calls 'g'"):
+        bcrecord.instrument(f, "g()")
