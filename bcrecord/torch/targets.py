@@ -9,7 +9,11 @@ Forms (``path`` is a dotted path from ``model.named_modules()``, ``''`` for the 
   torchvision's ``return_nodes``;
 * globs in the path, matched one dotted component at a time: ``'blocks.*:forward:x@1'``,
   ``'layer*.*'`` (``layer1.0``, ``layer2.3``…, not ``layer1.0.conv1``);
-* a ``.grad`` suffix records the gradient of the value: ``'layer1.0:forward:out@2.grad'``.
+* a ``.grad`` suffix records the gradient of the value: ``'layer1.0:forward:out@2.grad'``;
+* FX node names of functional ops, where they map to exactly one call or operator
+  site of the module's ``forward``/``_forward_impl``: ``'flatten'`` (ResNet's
+  ``torch.flatten``), ``'layer1.0.add'`` (a Bottleneck's ``out += identity``),
+  ``'add_1'`` (the second ``add``).
 
 >>> import torch
 >>> net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
@@ -23,12 +27,12 @@ import difflib
 import fnmatch
 import types
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Tuple
+from typing import Dict, Iterable, List, Optional, Tuple
 
 import torch
 
 from ..errors import NotPatchableError, SpecError, TargetError
-from ..specs import Return, Spec, parse
+from ..specs import Call, Expr, Return, Spec, parse
 
 __all__ = ["Target", "expand", "expand_all", "unwrap", "module_at"]
 
@@ -100,6 +104,59 @@ def _split(text: str) -> Tuple[str, str, str, bool]:
     return parts[0], parts[1], parts[2], grad
 
 
+#: FX node names of operators, and the operator symbols they stand for.
+_FX_OPERATORS = {
+    "add": ("+", "+="),
+    "sub": ("-", "-="),
+    "mul": ("*", "*="),
+    "truediv": ("/", "/="),
+    "floordiv": ("//", "//="),
+    "matmul": ("@", "@="),
+    "pow": ("**", "**="),
+    "mod": ("%", "%="),
+    "and_": ("&", "&="),
+    "or_": ("|", "|="),
+    "xor": ("^", "^="),
+    "lshift": ("<<", "<<="),
+    "rshift": (">>", ">>="),
+}
+_FX_METHODS = ("forward", "_forward_impl")
+
+
+def _fx_target(model: torch.nn.Module, text: str) -> Optional[Target]:
+    """Map a torchvision/FX node name of a functional op (``'flatten'``, ``'layer1.0.add'``,
+    ``'add_1'``) to the call or operator site it names, if that is unambiguous."""
+    from ..patch import targets as function_targets
+
+    parent, _, node = text.rpartition(".")
+    base, _, number = node.rpartition("_") if node.rpartition("_")[2].isdigit() else (node, "", "0")
+    occurrence = int(number or 0)
+    try:
+        module = module_at(model, parent)
+    except TargetError:
+        return None
+    sites: List[Tuple[str, Spec]] = []
+    for method in _FX_METHODS:
+        func = getattr(type(module), method, None)
+        if not isinstance(func, types.FunctionType):
+            continue
+        found = function_targets(func)
+        for callee, calls in found.calls.items():
+            if callee.rsplit(".", 1)[-1] == base:
+                sites += [(method, Call(callee, c.index)) for c in calls]
+        for op in _FX_OPERATORS.get(base, ()):
+            sites += [(method, Expr(op, o.index)) for o in found.operators.get(op, ())]
+    if not sites:
+        return None
+    if occurrence >= len(sites):
+        raise TargetError(
+            f"{text!r}: {type(module).__name__} has {len(sites)} {base!r} site(s) in "
+            f"{'/'.join(_FX_METHODS)}; there is no number {occurrence}"
+        )
+    method, spec = sites[occurrence]
+    return Target(text, parent, method, spec)
+
+
 def _matching_paths(model: torch.nn.Module, pattern: str) -> List[str]:
     if not any(ch in pattern for ch in "*?["):
         module_at(model, pattern)  # raises a clear error if missing
@@ -122,6 +179,14 @@ def _matching_paths(model: torch.nn.Module, pattern: str) -> List[str]:
 def expand(model: torch.nn.Module, text: str) -> List[Target]:
     """The concrete targets a target string stands for in ``model``, or a clear error."""
     pattern, method, spec_text, grad = _split(text)
+    if not spec_text and not any(ch in pattern for ch in "*?["):
+        try:
+            module_at(model, pattern)
+        except TargetError:
+            mapped = _fx_target(model, pattern)  # a functional op's FX node name?
+            if mapped is not None:
+                return [mapped]
+            raise
     spec = parse(spec_text) if spec_text else Return()
     is_glob = any(ch in pattern for ch in "*?[")
     targets = []

@@ -129,3 +129,40 @@ def test_errors_name_the_problem(resnet):
     with pytest.raises(bcrecord.TargetError, match="assigned locals: identity, out"):
         with record(resnet, ["layer1.0:forward:outt"]):
             pass
+
+
+def test_fx_node_names_of_functional_ops_map_to_call_and_operator_sites(resnet, image):
+    nodes = ["flatten", "layer1.0.add", "layer3.5.add", "avgpool"]
+    with torch.no_grad():
+        ours = create_feature_extractor(resnet, nodes)(image)
+        fx = fx_extractor(resnet, nodes)(image)
+    for node in ("flatten", "avgpool"):
+        assert torch.allclose(ours[node], fx[node], atol=1e-5), node
+    for node in ("layer1.0.add", "layer3.5.add"):
+        # FX returns the sum after the block's in-place ReLU changed it; bcrecord the true sum
+        assert (ours[node] < 0).any() and (fx[node] >= 0).all()
+        assert torch.allclose(torch.relu(ours[node]), fx[node], atol=1e-5), node
+    with pytest.raises(bcrecord.TargetError, match="has 1 'flatten' site"):
+        create_feature_extractor(resnet, ["flatten_1"])
+    with pytest.raises(bcrecord.TargetError, match="no submodule 'layer1.0.nothing'"):
+        create_feature_extractor(resnet, ["layer1.0.nothing"])
+
+
+def test_resnet_forward_impl_call_results(resnet, image):
+    targets = [
+        ":_forward_impl:self.avgpool()@0",
+        ":_forward_impl:torch.flatten()@0",
+        ":_forward_impl:self.fc()@0",
+    ]
+    with torch.no_grad(), record(resnet, targets) as rec:
+        out = resnet(image)
+        pooled = resnet.avgpool(
+            resnet.layer4(
+                resnet.layer3(
+                    resnet.layer2(resnet.layer1(resnet.maxpool(resnet.relu(resnet.bn1(resnet.conv1(image))))))
+                )
+            )
+        )
+    assert torch.allclose(rec[":_forward_impl:self.avgpool()@0"], pooled, atol=1e-5)
+    assert torch.allclose(rec[":_forward_impl:torch.flatten()@0"], torch.flatten(pooled, 1), atol=1e-5)
+    assert torch.equal(rec[":_forward_impl:self.fc()@0"], out)
