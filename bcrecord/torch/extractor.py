@@ -152,7 +152,7 @@ def list_targets(
     >>> import torch
     >>> targets = list_targets(torch.nn.Sequential(torch.nn.Linear(1, 1)))
     >>> targets[0], targets[-3:]
-    ('', ['0:forward:self.bias@0', '0:forward:self.weight@0', '0:forward:return'])
+    ('', ['0:forward:self.weight@0', '0:forward:F.linear()@0', '0:forward:return'])
     """
     out = TargetList()
     for path, module in unwrap(model).named_modules():
