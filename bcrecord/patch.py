@@ -351,18 +351,17 @@ def _lookup(holder: Any, attribute: str) -> Tuple[Any, Any]:
 
 
 def _restorer(holder: Any, attribute: str, own: Any) -> Callable[[], None]:
+    """Put back exactly what ``holder`` had under ``attribute`` (or nothing)."""
+
     def restore() -> None:
-        if own is _MISSING:
-            try:
-                delattr(holder, attribute) if isinstance(holder, (type, types.ModuleType)) else vars(
-                    holder
-                ).pop(attribute, None)
-            except AttributeError:
-                pass
-        elif isinstance(holder, type):
-            setattr(holder, attribute, own)
-        elif isinstance(holder, types.ModuleType):
-            setattr(holder, attribute, own)
+        if isinstance(holder, (type, types.ModuleType)):
+            if own is _MISSING:
+                if attribute in vars(holder):
+                    delattr(holder, attribute)
+            else:
+                setattr(holder, attribute, own)
+        elif own is _MISSING:
+            vars(holder).pop(attribute, None)
         else:
             vars(holder)[attribute] = own
 
@@ -463,8 +462,12 @@ def patch_method(
         slot = _Slot(base, live, restore=_restorer(obj, method, own))
         slot.key = key
         patch = _attach(slot, obj, method, specs, name, default)
+        try:
+            _install(obj, method, _wrap_like(raw, live, obj))
+        except BaseException:
+            slot.release()
+            raise
         probe_visible_from(base.__globals__)
-        _install(obj, method, _wrap_like(raw, live, obj))
         _slots[key] = slot
         track(slot)
         return patch
