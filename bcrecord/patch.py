@@ -509,7 +509,7 @@ def targets(func: Any) -> Targets:
     ...     y = self.w * x
     ...     return y
     >>> targets(f).specs()
-    ['y@0', 'self.w@0', 'return']
+    ['y@0', 'self.w@0', '*@0', 'return']
     """
     if isinstance(func, types.CodeType):
         return Targets(read(func))
