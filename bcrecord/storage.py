@@ -118,32 +118,41 @@ class Writer:
 
         Returns how many values were written.
         """
-        items: Iterable[Tuple[str, Sequence[Any]]]
-        if hasattr(records, "all") and hasattr(records, "keys"):
-            items = [(key, records.all(key)) for key in records.keys()]
-        else:
-            items = list(records.items())
-        with self._lock:
-            return self._write(items, step)
+        return self.write_many([(step, records)])
 
-    def _write(self, items: Iterable[Tuple[str, Sequence[Any]]], step: int) -> int:
+    def write_many(self, batches: Iterable[Tuple[int, Union[Mapping[str, Sequence[Any]], Any]]]) -> int:
+        """Save several steps at once: one data file pair and one index update for all.
+
+        Use it to buffer records and flush every N steps: the index is rewritten once
+        per call, not once per step.
+
+        >>> import tempfile
+        >>> Writer(tempfile.mkdtemp()).write_many([(0, {"k": [1]}), (1, {"k": [2]})])
+        2
+        """
+        with self._lock:
+            return self._write([(step, _items(records)) for step, records in batches])
+
+    def _write(self, batches: Sequence[Tuple[int, List[Tuple[str, Sequence[Any]]]]]) -> int:
         number = self._next
         stem = f"{number:06d}"
         tensors: Dict[str, Any] = {}
         others: Dict[str, Any] = {}
         entries: List[Dict[str, Any]] = []
         now = time.time()
-        for key, values in items:
-            for position, value in enumerate(values):
-                name = f"{key}#{step}#{position}"
-                info = _describe(value)
-                if info["kind"] == "tensor":
-                    tensors[name] = value.detach().cpu().contiguous().clone()
-                    file = f"records/{stem}.safetensors"
-                else:
-                    others[name] = value
-                    file = f"records/{stem}.pkl"
-                entries.append({"key": key, "step": step, "file": file, "name": name, **info, "time": now})
+        for step, items in batches:
+            for key, values in items:
+                for position, value in enumerate(values):
+                    name = f"{key}#{step}#{position}"
+                    info = _describe(value)
+                    if info["kind"] == "tensor":
+                        tensors[name] = value.detach().cpu().contiguous().clone()
+                        file = f"records/{stem}.safetensors"
+                    else:
+                        others[name] = value
+                        file = f"records/{stem}.pkl"
+                    row = {"key": key, "step": step, "file": file, "name": name, **info, "time": now}
+                    entries.append(row)
         if not entries:
             return 0
         try:
@@ -168,6 +177,12 @@ class Writer:
         self._entries += entries
         self._next += 1
         return len(entries)
+
+
+def _items(records: Any) -> List[Tuple[str, Sequence[Any]]]:
+    if hasattr(records, "all") and hasattr(records, "keys"):  # a Recording
+        return [(key, records.all(key)) for key in records.keys()]
+    return list(records.items())
 
 
 def save(records: Any, directory: PathLike, step: int = 0) -> Path:

@@ -75,3 +75,11 @@ def test_unwritable_directory_and_full_disk_give_clear_errors(tmp_path, monkeypa
     (tmp_path / "bad" / "index.json").write_text("{}")
     with pytest.raises(StorageError, match="not a bcrecord records index"):
         load(tmp_path / "bad")
+
+
+def test_write_many_buffers_steps_into_one_save(tmp_path):
+    writer = Writer(tmp_path)
+    assert writer.write_many([(step, {"k": [step * 10]}) for step in range(5)]) == 5
+    loaded = load(tmp_path)
+    assert loaded["k"] == [0, 10, 20, 30, 40] and loaded.steps("k") == [0, 1, 2, 3, 4]
+    assert len(list((tmp_path / "records").iterdir())) == 1
