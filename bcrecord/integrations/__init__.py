@@ -1,0 +1,16 @@
+"""Integrations of bcrecord with training frameworks.
+
+Each integration is a submodule that imports its framework, so importing this
+package alone imports nothing heavy:
+
+* :mod:`bcrecord.integrations.mmengine` — ``RecorderHook`` and
+  ``RecorderVisualizationHook`` for MMEngine runners (``pip install 'bcrecord[mmengine]'``).
+  A config needs only ``custom_imports=dict(imports=['bcrecord.integrations.mmengine'])``
+  plus the hook in ``custom_hooks``.
+* :mod:`bcrecord.integrations.lightning` — ``RecorderCallback`` for Lightning
+  trainers (``pip install 'bcrecord[lightning]'``).
+
+>>> import bcrecord.integrations
+>>> bcrecord.integrations.__name__
+'bcrecord.integrations'
+"""

@@ -1,0 +1,1 @@
+"""Tests of the framework integrations (each module skips when its framework is missing)."""

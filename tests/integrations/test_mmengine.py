@@ -1,0 +1,749 @@
+"""RecorderHook with a real MMEngine Runner on CPU: the proposal's configs, values, saving, cleanup."""
+
+import ast
+import copy
+import inspect
+import os
+import subprocess
+import sys
+import textwrap
+import uuid
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="the mmengine tox env installs torch")
+mmengine = pytest.importorskip("mmengine", reason="the mmengine tox env installs mmengine")
+
+import cv2  # noqa: E402  (mmengine depends on OpenCV)
+import torch.nn.functional as F  # noqa: E402
+from mmengine.evaluator import BaseMetric  # noqa: E402
+from mmengine.hooks import Hook  # noqa: E402
+from mmengine.model import BaseModel, MMDistributedDataParallel  # noqa: E402
+from mmengine.runner import Runner  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.utils.data import Dataset  # noqa: E402
+
+import bcrecord  # noqa: E402
+from bcrecord import runtime  # noqa: E402
+from bcrecord.integrations.mmengine import (  # noqa: E402
+    RecorderConfigError,
+    RecorderHook,
+    RecorderVisualizationHook,
+    image_name,
+)
+from bcrecord.listing import decompiled  # noqa: E402
+
+# MMEngine's and torch's own warnings are noise here; bcrecord's still fail a test.
+pytestmark = pytest.mark.filterwarnings("ignore::Warning", "error::bcrecord.errors.RecordingWarning")
+
+PROPOSAL_RECORDERS = [
+    dict(type="FunctionRecorder", target="outputs", index=[1]),
+    dict(type="AttributeRecorder", target="self.linear1.weight"),
+]
+RESNET_RECORDER = dict(
+    model="resnet", method="_forward_impl", type="FunctionRecorder", target="x", index=[0, 1, 2]
+)
+OUTPUTS = "runner_model:forward:outputs@1"
+WEIGHT = "runner_model:forward:self.linear1.weight"
+X_KEYS = ["resnet:_forward_impl:x@0", "resnet:_forward_impl:x@1", "resnet:_forward_impl:x@2"]
+
+
+# --- models and data, as in the proposal -------------------------------------------------
+
+
+class ToyModel(BaseModel):
+    def __init__(self, data_preprocessor=None):
+        super().__init__(data_preprocessor=data_preprocessor)
+        self.linear1 = nn.Linear(2, 2)
+        self.linear2 = nn.Linear(2, 1)
+
+    def forward(self, inputs, data_samples, mode="tensor"):
+        if isinstance(inputs, list):
+            inputs = torch.stack(inputs)
+        if isinstance(data_samples, list):
+            data_sample = torch.stack(data_samples)
+        outputs = self.linear1(inputs)
+        outputs = self.linear2(outputs)
+
+        if mode == "tensor":
+            return outputs
+        elif mode == "loss":
+            loss = (data_sample - outputs).sum()
+            outputs = dict(loss=loss)
+            return outputs
+        elif mode == "predict":
+            return outputs
+
+
+TOY_FORWARD = ToyModel.forward
+TOY_CODE = ToyModel.forward.__code__
+
+
+class MiniResNet(nn.Module):
+    """torchvision's ResNet in miniature: ``_forward_impl`` assigns ``x`` again and again."""
+
+    def __init__(self, out_features=2):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 8, 3, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(8)
+        self.relu = nn.ReLU(inplace=True)  # in place, as in torchvision: x@1 must not see it
+        self.maxpool = nn.MaxPool2d(2)
+        self.layer1 = nn.Conv2d(8, 8, 3, padding=1)
+        self.avgpool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(8, out_features)
+
+    def _forward_impl(self, x):
+        x = self.conv1(x)
+        x = self.bn1(x)
+        x = self.relu(x)
+        x = self.maxpool(x)
+        x = self.layer1(x)
+        x = self.avgpool(x)
+        x = torch.flatten(x, 1)
+        x = self.fc(x)
+        return x
+
+    def forward(self, x):
+        return self._forward_impl(x)
+
+
+RESNET_IMPL_CODE = MiniResNet._forward_impl.__code__
+
+
+class MMResNet(BaseModel):
+    def __init__(self):
+        super().__init__()
+        self.resnet = MiniResNet()
+
+    def forward(self, imgs, labels, mode):
+        x = self.resnet(imgs)
+        if mode == "loss":
+            return {"loss": F.cross_entropy(x, labels)}
+        elif mode == "predict":
+            return x, labels
+
+
+class ToyResNetModel(BaseModel):
+    """The proposal's ToyModel on top of a ResNet: every recorder of the issue's config applies."""
+
+    def __init__(self):
+        super().__init__()
+        self.resnet = MiniResNet()
+        self.linear1 = nn.Linear(2, 2)
+        self.linear2 = nn.Linear(2, 1)
+
+    def forward(self, inputs, data_samples, mode="tensor"):
+        if isinstance(inputs, list):
+            inputs = torch.stack(inputs)
+        if isinstance(data_samples, list):
+            data_sample = torch.stack(data_samples)
+        outputs = self.linear1(self.resnet(inputs))
+        outputs = self.linear2(outputs)
+        if mode == "loss":
+            return dict(loss=(data_sample - outputs).sum())
+        return outputs
+
+
+GENERATED_SOURCE = """
+def forward(self, inputs, data_samples, mode="tensor"):
+    if isinstance(inputs, list):
+        inputs = torch.stack(inputs)
+    if isinstance(data_samples, list):
+        data_sample = torch.stack(data_samples)
+    outputs = self.linear1(inputs)
+    outputs = self.linear2(outputs)
+    if mode == "loss":
+        return dict(loss=(data_sample - outputs).sum())
+    return outputs
+"""
+_namespace = {"torch": torch}
+exec(compile(GENERATED_SOURCE, "<generated>", "exec"), _namespace)
+
+
+class GeneratedToyModel(ToyModel):
+    """ToyModel whose forward was built by exec: there is no source to read."""
+
+    forward = _namespace["forward"]
+
+
+class ToyDataset(Dataset):
+    def __init__(self, n=12, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        self.data = torch.randn(n, 2, generator=g)
+        self.label = torch.randn(n, 1, generator=g)
+
+    def __len__(self):
+        return len(self.data)
+
+    def __getitem__(self, index):
+        return dict(inputs=self.data[index], data_samples=self.label[index])
+
+
+class ImageDataset(Dataset):
+    def __init__(self, n=8, seed=0, keys=("imgs", "labels")):
+        g = torch.Generator().manual_seed(seed)
+        self.images = torch.randn(n, 3, 16, 16, generator=g)
+        self.labels = torch.randint(0, 2, (n,), generator=g)
+        self.keys = keys
+
+    def __len__(self):
+        return len(self.images)
+
+    def __getitem__(self, index):
+        if self.keys[1] == "data_samples":
+            return dict(inputs=self.images[index], data_samples=self.labels[index : index + 1].float())
+        return dict(imgs=self.images[index], labels=self.labels[index])
+
+
+class CountMetric(BaseMetric):
+    def process(self, data_batch, data_samples):
+        self.results.append(1)
+
+    def compute_metrics(self, results):
+        return dict(batches=float(len(results)))
+
+
+class Checker(Hook):
+    """Runs after RecorderHook; keeps what the MessageHub holds and what is needed to recompute it."""
+
+    priority = "LOWEST"
+
+    def __init__(self, keys, snapshot=None, fail=None):
+        self.keys = keys
+        self.snapshot = snapshot or (lambda runner, data_batch: None)
+        self.fail = fail
+        self.iters = {"train": [], "val": [], "test": []}
+
+    def _before(self, runner, mode, batch_idx, data_batch):
+        if self.fail is not None and self.fail(runner, mode, batch_idx):
+            raise self.fail.error
+        model = runner.model.module if hasattr(runner.model, "module") else runner.model
+        self.iters[mode].append(
+            {
+                "step": runner.iter,
+                "batch": copy.deepcopy(data_batch),
+                "snapshot": self.snapshot(model, data_batch),
+                "patched": "forward" in vars(model)
+                or "_forward_impl" in vars(getattr(model, "resnet", model)),
+            }
+        )
+
+    def _after(self, runner, mode):
+        self.iters[mode][-1]["hub"] = {key: runner.message_hub.get_info(key) for key in self.keys}
+
+    def before_train_iter(self, runner, batch_idx, data_batch=None):
+        self._before(runner, "train", batch_idx, data_batch)
+
+    def before_val_iter(self, runner, batch_idx, data_batch=None):
+        self._before(runner, "val", batch_idx, data_batch)
+
+    def before_test_iter(self, runner, batch_idx, data_batch=None):
+        self._before(runner, "test", batch_idx, data_batch)
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None):
+        self._after(runner, "train")
+
+    def after_val_iter(self, runner, batch_idx, data_batch=None, outputs=None):
+        self._after(runner, "val")
+
+    def after_test_iter(self, runner, batch_idx, data_batch=None, outputs=None):
+        self._after(runner, "test")
+
+
+def toy_snapshot(model, data_batch):
+    return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+def toy_expected(entry):
+    """outputs@1 and linear1.weight computed from the batch and the weights before the step."""
+    w = entry["snapshot"]
+    x = torch.stack(entry["batch"]["inputs"])
+    hidden = F.linear(x, w["linear1.weight"], w["linear1.bias"])
+    return {OUTPUTS: F.linear(hidden, w["linear2.weight"], w["linear2.bias"]), WEIGHT: w["linear1.weight"]}
+
+
+def resnet_snapshot(model, data_batch):
+    return {"conv1": copy.deepcopy(model.resnet.conv1), "bn1": copy.deepcopy(model.resnet.bn1)}
+
+
+def resnet_expected(entry):
+    layers = entry["snapshot"]
+    images = entry["batch"]["imgs"]
+    x0 = layers["conv1"](images)
+    x1 = layers["bn1"](x0)  # the copy is in train mode too: the same batch statistics
+    return dict(zip(X_KEYS, (x0, x1, torch.relu(x1)), strict=True))
+
+
+def make_runner(
+    tmp_path, model, hooks, *, epochs=1, data=None, batch_size=3, val=False, test=False, **kwargs
+):
+    data = data if data is not None else ToyDataset()
+    loader = dict(
+        dataset=data,
+        sampler=dict(type="DefaultSampler", shuffle=False),
+        batch_size=batch_size,
+        num_workers=0,
+    )
+    if isinstance(data, ImageDataset) and data.keys[0] == "imgs":
+        loader["collate_fn"] = dict(type="default_collate")
+    evaluation = {}
+    if val:
+        evaluation.update(val_dataloader=dict(loader), val_cfg=dict(), val_evaluator=[CountMetric()])
+    if test:
+        evaluation.update(test_dataloader=dict(loader), test_cfg=dict(), test_evaluator=[CountMetric()])
+    return Runner(
+        model=model,
+        work_dir=str(tmp_path / "work"),
+        experiment_name=f"bcrecord-{uuid.uuid4().hex[:12]}",  # a fresh logger and visualizer
+        train_dataloader=loader,
+        train_cfg=dict(by_epoch=True, max_epochs=epochs),
+        optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)),
+        default_hooks=dict(checkpoint=None, logger=dict(type="LoggerHook", interval=1)),
+        custom_hooks=hooks,
+        **evaluation,
+        **kwargs,
+    )
+
+
+def log_text(runner):
+    return (Path(runner.log_dir) / f"{runner.timestamp}.log").read_text()
+
+
+def assert_restored(model):
+    assert "forward" not in vars(model)
+    assert model.forward.__func__ is type(model).forward
+    assert type(model).forward.__code__ is (
+        TOY_CODE if type(model) is ToyModel else type(model).forward.__code__
+    )
+    resnet = getattr(model, "resnet", None)
+    if resnet is not None:
+        assert "_forward_impl" not in vars(resnet)
+        assert MiniResNet._forward_impl.__code__ is RESNET_IMPL_CODE
+    assert not runtime.is_active()
+
+
+def proposal_ast_rewrite(method):
+    """The first step of the original proposal: read the method's source and parse it with ast."""
+    return ast.parse(textwrap.dedent(inspect.getsource(method)))
+
+
+# --- the proposal's configs ----------------------------------------------------------------
+
+
+def test_proposal_toy_model_values_reach_the_message_hub(tmp_path):
+    torch.manual_seed(0)
+    model = ToyModel()
+    checker = Checker([OUTPUTS, WEIGHT], toy_snapshot)
+    hook = dict(
+        type="RecorderHook",
+        recorders=PROPOSAL_RECORDERS,
+        save_dir=str(tmp_path / "records"),
+        print_modification=True,
+    )
+    runner = make_runner(tmp_path, model, [hook, checker], epochs=2)
+    runner.train()
+
+    iters = checker.iters["train"]
+    assert [entry["step"] for entry in iters] == list(range(8))  # 12 samples / 3, two epochs
+    for entry in iters:
+        expected = toy_expected(entry)
+        got = entry["hub"]
+        assert entry["patched"]
+        assert got[OUTPUTS].shape == (3, 1)
+        assert torch.allclose(got[OUTPUTS], expected[OUTPUTS], rtol=1e-5, atol=1e-6)
+        assert torch.equal(got[WEIGHT], expected[WEIGHT])  # the weight before this step's update
+        assert not got[OUTPUTS].requires_grad and not got[WEIGHT].requires_grad
+    # Weights moved during training; each iteration published its own copy.
+    assert not torch.equal(iters[0]["hub"][WEIGHT], iters[-1]["hub"][WEIGHT])
+    assert not torch.equal(iters[-1]["hub"][WEIGHT], model.linear1.weight.detach())
+
+    # Saved records load and equal what was published, step by step.
+    loaded = bcrecord.load(tmp_path / "records" / "train")
+    assert set(loaded) == {OUTPUTS, WEIGHT}
+    assert loaded.steps(OUTPUTS) == list(range(8))
+    for entry, outputs, weight in zip(iters, loaded[OUTPUTS], loaded[WEIGHT], strict=True):
+        assert torch.equal(outputs, entry["hub"][OUTPUTS])
+        assert torch.equal(weight, entry["hub"][WEIGHT])
+
+    # print_modification: the forward before and after, through the runner's logger.
+    log = log_text(runner)
+    assert f"now records {OUTPUTS}, {WEIGHT}" in log
+    assert "original" in log and "patched" in log and "__bcrecord_probe__" in log
+    if decompiled(TOY_CODE) is not None:  # depyf is installed
+        assert "decompiled, after:" in log and "__bcrecord_probe__(outputs," in log
+    else:
+        assert "pip install depyf" in log
+    assert_restored(model)
+
+
+def test_resnet_forward_impl_records_each_assignment_of_x(tmp_path):
+    torch.manual_seed(0)
+    model = MMResNet()
+    checker = Checker(X_KEYS, resnet_snapshot)
+    hook = dict(
+        type="RecorderHook",
+        recorders=[RESNET_RECORDER],
+        save_dir=str(tmp_path / "records"),
+        visualize=dict(channel_reduction=None, topk=4, arrangement=(2, 2), resize_shape=(32, 32)),
+    )
+    runner = make_runner(tmp_path, model, [hook, checker], data=ImageDataset(), batch_size=4)
+    runner.train()
+
+    iters = checker.iters["train"]
+    assert len(iters) == 2
+    for entry in iters:
+        expected = resnet_expected(entry)
+        for key in X_KEYS:
+            assert torch.allclose(entry["hub"][key], expected[key], atol=1e-5), key
+    # x@1 is the batch norm output as assigned, before the in-place ReLU changed that tensor.
+    assert (iters[0]["hub"][X_KEYS[1]] < 0).any() and not (iters[0]["hub"][X_KEYS[2]] < 0).any()
+
+    loaded = bcrecord.load(tmp_path / "records" / "train")
+    for key in X_KEYS:
+        assert loaded.steps(key) == [0, 1]
+        for entry, value in zip(iters, loaded[key], strict=True):
+            assert torch.equal(value, entry["hub"][key])
+
+    # One picture per key and iteration, through LocalVisBackend; not blank.
+    images = Path(runner.log_dir) / "vis_data" / "vis_image"
+    for key in X_KEYS:
+        for step in (0, 1):
+            path = images / f"{image_name(key)}_{step}.png"
+            assert path.is_file(), sorted(p.name for p in images.iterdir())
+            pixels = cv2.imread(str(path))
+            assert pixels.shape[0] >= 32 and pixels.std() > 5
+    assert_restored(model)
+
+
+def test_issue_config_exactly(tmp_path, monkeypatch):
+    """The whole config of the issue, save_dir='./work_dir' included, on a model it all applies to."""
+    monkeypatch.chdir(tmp_path)
+    torch.manual_seed(0)
+    model = ToyResNetModel()
+    hook = dict(
+        type="RecorderHook",
+        recorders=[
+            dict(type="FunctionRecorder", target="outputs", index=[1]),
+            dict(type="AttributeRecorder", target="self.linear1.weight"),
+            dict(
+                type="FunctionRecorder", model="resnet", method="_forward_impl", target="x", index=[0, 1, 2]
+            ),
+        ],
+        save_dir="./work_dir",
+        print_modification=True,
+    )
+    keys = [OUTPUTS, WEIGHT, *X_KEYS]
+    checker = Checker(keys)
+    runner = make_runner(tmp_path, model, [hook, checker], data=ImageDataset(keys=("inputs", "data_samples")))
+    runner.train()
+    for entry in checker.iters["train"]:
+        assert all(isinstance(entry["hub"][key], torch.Tensor) for key in keys)
+        assert entry["hub"][X_KEYS[0]].shape[1:] == (8, 16, 16)
+    loaded = bcrecord.load("work_dir/train")
+    assert sorted(loaded) == sorted(keys)
+    log = log_text(runner)
+    assert "runner_model ToyResNetModel.forward" in log and "resnet MiniResNet._forward_impl" in log
+    assert_restored(model)
+
+
+def test_config_file_needs_only_custom_imports(tmp_path):
+    """In a fresh interpreter, Config.fromfile's custom_imports registers the hook."""
+    config = tmp_path / "config.py"
+    config.write_text(
+        textwrap.dedent(
+            """
+            custom_imports = dict(imports=['bcrecord.integrations.mmengine'], allow_failed_imports=False)
+            custom_hooks = [
+                dict(
+                    type='RecorderHook',
+                    recorders=[
+                        dict(type='FunctionRecorder', target='outputs', index=[1]),
+                        dict(type='AttributeRecorder', target='self.linear1.weight'),
+                        dict(type='FunctionRecorder', model='resnet', method='_forward_impl',
+                             target='x', index=[0, 1, 2]),
+                    ],
+                    save_dir='./work_dir',
+                    print_modification=True),
+                dict(type='RecorderVisualizationHook', keys=['resnet:*']),
+            ]
+            """
+        )
+    )
+    script = textwrap.dedent(
+        """
+        import sys
+        from mmengine.config import Config
+        from mmengine.registry import HOOKS
+        assert 'RecorderHook' not in HOOKS.module_dict
+        cfg = Config.fromfile(sys.argv[1])
+        hooks = [HOOKS.build(hook) for hook in cfg.custom_hooks]
+        print(type(hooks[0]).__module__, [type(h).__name__ for h in hooks], hooks[0].print_modification)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(config)], capture_output=True, text=True, timeout=120, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr
+    assert "bcrecord.integrations.mmengine ['RecorderHook', 'RecorderVisualizationHook'] True" in done.stdout
+
+
+# --- no source, where the ast approach cannot go -------------------------------------------
+
+
+def test_method_without_source_records(tmp_path):
+    with pytest.raises(OSError):
+        inspect.getsource(GeneratedToyModel.forward)
+    with pytest.raises(OSError):  # the proposal's rewrite starts here, and stops
+        proposal_ast_rewrite(GeneratedToyModel.forward)
+
+    torch.manual_seed(0)
+    model = GeneratedToyModel()
+    checker = Checker([OUTPUTS, WEIGHT], toy_snapshot)
+    runner = make_runner(tmp_path, model, [dict(type="RecorderHook", recorders=PROPOSAL_RECORDERS), checker])
+    runner.train()
+    assert len(checker.iters["train"]) == 4
+    for entry in checker.iters["train"]:
+        expected = toy_expected(entry)
+        assert torch.allclose(entry["hub"][OUTPUTS], expected[OUTPUTS], rtol=1e-5, atol=1e-6)
+        assert torch.equal(entry["hub"][WEIGHT], expected[WEIGHT])
+    assert "forward" not in vars(model) and model.forward.__func__ is _namespace["forward"]
+
+
+# --- bad configs fail at before_run ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("model_class", "recorder", "message"),
+    [
+        (ToyModel, dict(type="LayerRecorder", target="outputs"), "unknown recorder type 'LayerRecorder'"),
+        (ToyModel, dict(type="FunctionRecorder", index=[1]), "FunctionRecorder needs a 'target'"),
+        (
+            ToyModel,
+            dict(type="FunctionRecorder", target="hidden"),
+            "no assignment to a local named 'hidden'; assigned locals: data_sample, inputs, loss, outputs",
+        ),
+        (ToyModel, dict(type="FunctionRecorder", target="outputs", index=[5]), "there is no index 5"),
+        (ToyModel, dict(type="AttributeRecorder", target="outputs"), "an attribute target needs a dot"),
+        (
+            ToyModel,
+            dict(type="FunctionRecorder", method="forwrd", target="outputs"),
+            "did you mean 'forward'",
+        ),
+        (
+            MMResNet,
+            dict(RESNET_RECORDER, model="resnt"),
+            "model='resnt' does not resolve under runner.model (MMResNet): "
+            "MMResNet has no attribute 'resnt'; did you mean 'resnet'",
+        ),
+        (MMResNet, dict(RESNET_RECORDER, model="resnet.layer9"), "MiniResNet has no attribute 'layer9'"),
+    ],
+)
+def test_bad_config_fails_at_before_run(tmp_path, model_class, recorder, message):
+    torch.manual_seed(0)
+    model = model_class()
+    checker = Checker([])
+    good = (
+        dict(type="FunctionRecorder", target="outputs", index=[1])
+        if model_class is ToyModel
+        else RESNET_RECORDER
+    )
+    hook = dict(type="RecorderHook", recorders=[good, recorder], save_dir=str(tmp_path / "records"))
+    data = ImageDataset() if model_class is MMResNet else None
+    runner = make_runner(tmp_path, model, [hook, checker], data=data)  # building the runner is fine
+    with pytest.raises(RecorderConfigError) as caught:
+        runner.train()
+    text = str(caught.value)
+    assert text.startswith(f"RecorderHook: recorders[1] dict({next(iter(recorder))}=")
+    assert message in text
+    assert any(entry.name == "before_run" for entry in caught.traceback)
+    assert checker.iters["train"] == [] and runner.iter == 0  # no training step ran
+    assert_restored(model)  # the good recorder's patch was undone too
+
+
+def test_bad_hook_arguments_fail_when_built():
+    with pytest.raises(ValueError, match="loops must name some of"):
+        RecorderHook(PROPOSAL_RECORDERS, loops=["training"])
+    with pytest.raises(ValueError, match="interval must be a positive int"):
+        RecorderHook(PROPOSAL_RECORDERS, interval=0)
+    with pytest.raises(ValueError, match="fewer than topk=20"):
+        RecorderHook(PROPOSAL_RECORDERS, visualize=dict(channel_reduction=None, arrangement=(2, 2)))
+
+
+# --- failures, interruptions, loops, wrappers --------------------------------------------------
+
+
+class Boom(RuntimeError):
+    pass
+
+
+@pytest.mark.parametrize("error", [Boom("boom"), KeyboardInterrupt()])
+def test_failed_run_keeps_written_records_and_restores_the_model(tmp_path, error):
+    torch.manual_seed(0)
+    model = ToyModel()
+
+    def fail(runner, mode, batch_idx):
+        return runner.iter == 5
+
+    fail.error = error
+    checker = Checker([OUTPUTS], toy_snapshot, fail=fail)
+    hook = dict(
+        type="RecorderHook", recorders=PROPOSAL_RECORDERS, save_dir=str(tmp_path / "records"), interval=2
+    )
+    runner = make_runner(tmp_path, model, [hook, checker], epochs=2)
+    with pytest.raises(type(error)):
+        runner.train()
+    # Steps 0-3 were written every 2 iterations, step 4 when the run failed; step 5 never ran.
+    loaded = bcrecord.load(tmp_path / "records" / "train")
+    assert loaded.steps(OUTPUTS) == [0, 1, 2, 3, 4]
+    for entry, value in zip(checker.iters["train"], loaded[OUTPUTS], strict=False):
+        assert torch.equal(value, entry["hub"][OUTPUTS])
+    assert_restored(model)
+    assert "run" not in vars(runner.train_loop)
+
+
+class FailingToyModel(ToyModel):
+    calls = 0
+
+    def forward(self, inputs, data_samples, mode="tensor"):
+        FailingToyModel.calls += 1
+        outputs = super().forward(inputs, data_samples, mode)  # zero-argument super() inside a patch
+        if FailingToyModel.calls == 3:
+            raise Boom("inside forward")
+        return outputs
+
+
+def test_failure_inside_forward_stops_recording(tmp_path):
+    torch.manual_seed(0)
+    model = FailingToyModel()
+    key = "runner_model:forward:outputs@0"
+    hook = dict(
+        type="RecorderHook",
+        recorders=[dict(type="FunctionRecorder", target="outputs")],
+        save_dir=str(tmp_path / "records"),
+        interval=10,
+    )
+    runner = make_runner(tmp_path, model, [hook])
+    with pytest.raises(Boom):
+        runner.train()
+    assert bcrecord.load(tmp_path / "records" / "train").steps(key) == [0, 1]  # written by the failure
+    assert not runtime.is_active()
+    assert "forward" not in vars(model)
+
+
+def test_val_and_test_loops(tmp_path):
+    torch.manual_seed(0)
+    model = ToyModel()
+    checker = Checker([OUTPUTS], toy_snapshot)
+    hook = dict(
+        type="RecorderHook",
+        recorders=PROPOSAL_RECORDERS,
+        loops=["train", "val", "test"],
+        save_dir=str(tmp_path / "records"),
+        by_epoch=True,
+    )
+    runner = make_runner(tmp_path, model, [hook, checker], epochs=2, val=True, test=True)
+    runner.train()
+    runner.test()
+    assert len(checker.iters["val"]) == 8 and len(checker.iters["test"]) == 4  # two evaluations, one test
+    for mode in ("train", "val", "test"):
+        for entry in checker.iters[mode]:
+            assert entry["patched"]
+            assert torch.allclose(entry["hub"][OUTPUTS], toy_expected(entry)[OUTPUTS], rtol=1e-5, atol=1e-6)
+    loaded = {mode: bcrecord.load(tmp_path / "records" / mode) for mode in ("train", "val", "test")}
+    assert loaded["train"].steps(OUTPUTS) == list(range(8))
+    assert loaded["val"].steps(OUTPUTS) == list(range(8))  # a running count over both evaluations
+    assert loaded["test"].steps(OUTPUTS) == list(range(4))
+    for entry, value in zip(checker.iters["val"], loaded["val"][OUTPUTS], strict=True):
+        assert torch.equal(value, entry["hub"][OUTPUTS])
+    assert_restored(model)
+
+
+def test_only_the_chosen_loops_record(tmp_path):
+    torch.manual_seed(0)
+    model = ToyModel()
+    checker = Checker([OUTPUTS])
+    loss = dict(type="FunctionRecorder", target="loss")  # assigned in mode='loss' only
+    hook = dict(type="RecorderHook", recorders=[*PROPOSAL_RECORDERS, loss], loops="val")
+    runner = make_runner(tmp_path, model, [hook, checker], val=True)
+    runner.train()
+    assert all(entry["hub"][OUTPUTS] is None for entry in checker.iters["train"])
+    assert all(entry["hub"][OUTPUTS].shape == (3, 1) for entry in checker.iters["val"])
+    assert runner.message_hub.get_info("runner_model:forward:loss@0") is None
+    assert "the first val iteration did not reach runner_model:forward:loss@0" in log_text(runner)
+    assert_restored(model)
+
+
+def test_two_recorder_hooks_share_a_method(tmp_path):
+    torch.manual_seed(0)
+    model = ToyModel()
+    checker = Checker([OUTPUTS, WEIGHT])
+    hooks = [
+        dict(type="RecorderHook", recorders=PROPOSAL_RECORDERS[:1]),
+        dict(type="RecorderHook", recorders=PROPOSAL_RECORDERS[1:], loops="val"),
+        checker,
+    ]
+    runner = make_runner(tmp_path, model, hooks, val=True)
+    runner.train()
+    assert all(entry["hub"][WEIGHT] is None for entry in checker.iters["train"])
+    assert all(entry["hub"][OUTPUTS].shape == (3, 1) for entry in checker.iters["train"])
+    for entry in checker.iters["val"]:  # outputs keeps the last training value; the weight is fresh
+        assert entry["hub"][OUTPUTS] is checker.iters["train"][-1]["hub"][OUTPUTS]
+        assert torch.equal(entry["hub"][WEIGHT], model.linear1.weight.detach())
+    assert_restored(model)
+    assert "run" not in vars(runner.train_loop) and "run" not in vars(runner.val_loop)
+
+
+def test_distributed_wrapper_resolves_through_module(tmp_path):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        model = ToyModel()
+        wrapped = MMDistributedDataParallel(module=model)
+        checker = Checker([OUTPUTS, WEIGHT], toy_snapshot)
+        hook = dict(type="RecorderHook", recorders=PROPOSAL_RECORDERS, save_dir=str(tmp_path / "records"))
+        runner = make_runner(tmp_path, wrapped, [hook, checker])
+        assert runner.model is wrapped
+        runner.train()
+    finally:
+        dist.destroy_process_group()
+    for entry in checker.iters["train"]:
+        assert entry["patched"]
+        expected = toy_expected(entry)
+        assert torch.allclose(entry["hub"][OUTPUTS], expected[OUTPUTS], rtol=1e-5, atol=1e-6)
+    assert bcrecord.load(tmp_path / "records" / "train").steps(WEIGHT) == [0, 1, 2, 3]
+    assert_restored(model)
+    assert "forward" not in vars(wrapped)
+
+
+def test_visualization_hook_draws_from_the_message_hub(tmp_path):
+    torch.manual_seed(0)
+    model = MMResNet()
+    hooks = [
+        dict(type="RecorderHook", recorders=[RESNET_RECORDER]),
+        RecorderVisualizationHook(keys=["resnet:_forward_impl:x@*"], interval=1),
+    ]
+    runner = make_runner(tmp_path, model, hooks, data=ImageDataset(), batch_size=4)
+    runner.train()
+    images = Path(runner.log_dir) / "vis_data" / "vis_image"
+    names = sorted(p.name for p in images.iterdir())
+    assert names == sorted(f"{image_name(key)}_{step}.png" for key in X_KEYS for step in (0, 1))
+    for name in names:
+        pixels = cv2.imread(str(images / name))
+        assert pixels.shape[:2] == (16, 16) and pixels.std() > 5
+
+
+def test_hook_object_is_reusable_across_runs(tmp_path):
+    torch.manual_seed(0)
+    model = ToyModel()
+    hook = RecorderHook(PROPOSAL_RECORDERS, loops=["train", "test"])
+    runner = make_runner(tmp_path, model, [hook], test=True)
+    runner.train()
+    assert not hook.patched and hook.keys == (OUTPUTS, WEIGHT)
+    runner.message_hub.pop_info(OUTPUTS)
+    runner.test()
+    assert runner.message_hub.get_info(OUTPUTS).shape == (3, 1)
+    assert_restored(model)
+    assert os.path.isdir(runner.log_dir)
