@@ -1,0 +1,583 @@
+"""Record inside a LightningModule while Lightning trains, validates, tests or predicts.
+
+:class:`RecorderCallback` takes the target strings of :func:`bcrecord.torch.record`,
+relative to the LightningModule (``'net.0'``, ``'net.1:forward:x@0'``,
+``':forward:h@1'`` for the module's own ``forward``), and:
+
+* **patches** the module when a loop starts (``on_train_start``,
+  ``on_validation_start``, ``on_test_start``, ``on_predict_start``) and removes
+  every patch when it ends, and also when the run fails (``on_exception``) or is
+  torn down: afterwards the module's code objects are the originals;
+* **records** every ``every_n_steps``-th batch of the stages in ``stages``, with a
+  recording entered in ``on_*_batch_start`` and left in ``on_*_batch_end``; the
+  batches in between run the unpatched code, at no cost;
+* keeps each recorded batch as a :class:`StepRecord` in :attr:`RecorderCallback.last`
+  and :attr:`RecorderCallback.history`;
+* puts scalar summaries (``mean``, ``std``, ``min``, ``max`` of each tensor) into
+  :attr:`RecorderCallback.callback_metrics` and ``trainer.callback_metrics``, under
+  ``'bcrecord/<stage>/<key>/<stat>'``, so ``ModelCheckpoint`` or ``EarlyStopping``
+  can monitor them;
+* with ``log_to_logger``, logs those scalars to the trainer's loggers and, for 3-D
+  and 4-D tensors, a channel-mean picture: ``add_image`` on a ``TensorBoardLogger``,
+  a PNG file under ``<log_dir>/bcrecord_images/`` for a ``CSVLogger``;
+* with ``save_dir``, writes each recorded batch with :class:`bcrecord.storage.Writer`
+  to ``<save_dir>/<stage>/`` (``<save_dir>/<stage>/rank<r>/`` when several processes
+  train), readable with :func:`bcrecord.load`.
+
+Stages: ``'fit'`` is the training batches, ``'validate'`` the validation batches
+(those of ``trainer.validate`` and of the validation loop inside ``fit``; never the
+sanity check), ``'test'`` and ``'predict'`` those of ``trainer.test`` and
+``trainer.predict``. A record's ``step`` is ``trainer.global_step`` for training
+batches (recorded when ``global_step % every_n_steps == 0``, the first batch of
+that optimizer step), and for the other stages the number of batches that stage
+has run under this callback (recorded when it is a multiple of ``every_n_steps``).
+
+Works with ``lightning`` (``lightning.pytorch``) and with ``pytorch_lightning``:
+``pip install 'bcrecord[lightning]'``.
+
+>>> import torch, lightning.pytorch as pl
+>>> from bcrecord.integrations.lightning import RecorderCallback
+>>> class Net(pl.LightningModule):
+...     def __init__(self):
+...         super().__init__()
+...         self.net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+...     def training_step(self, batch, batch_idx):
+...         hidden = self.net[0](batch)
+...         return self.net[2](self.net[1](hidden)).pow(2).mean()
+...     def configure_optimizers(self):
+...         return torch.optim.SGD(self.parameters(), lr=0.1)
+>>> callback = RecorderCallback(["net.0", ":training_step:hidden"], every_n_steps=2, log_to_logger=False)
+>>> trainer = pl.Trainer(max_steps=4, callbacks=[callback], logger=False, enable_checkpointing=False,
+...                      enable_progress_bar=False, enable_model_summary=False, accelerator="cpu")
+>>> trainer.fit(Net(), torch.utils.data.DataLoader(torch.randn(16, 4), batch_size=4))
+>>> [record.step for record in callback.history], callback.last.keys()
+([0, 2], ['net.0:forward:return', ':training_step:hidden@0'])
+>>> torch.equal(callback.last["net.0:forward:return"], callback.last[":training_step:hidden@0"])
+True
+>>> float(trainer.callback_metrics["bcrecord/fit/net.0:forward:return/max"]) > 0
+True
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import struct
+import zlib
+from collections import deque
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Deque, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
+
+import torch
+
+try:
+    import lightning.pytorch as pl
+except ImportError:  # pragma: no cover - depends on the environment
+    try:
+        import pytorch_lightning as pl  # type: ignore[no-redef]
+    except ImportError as error:
+        raise ImportError(
+            "bcrecord.integrations.lightning needs Lightning: pip install 'bcrecord[lightning]'"
+        ) from error
+
+from ..storage import Writer
+from ..torch import ModelRecording, record
+
+__all__ = ["RecorderCallback", "StepRecord", "STAGES", "summarize", "channel_mean_image", "png_bytes"]
+
+#: The stages a :class:`RecorderCallback` can record, in Lightning's ``TrainerFn`` names.
+STAGES: Tuple[str, ...] = ("fit", "validate", "test", "predict")
+#: The statistics logged for each recorded tensor.
+STATS: Tuple[str, ...] = ("mean", "std", "min", "max")
+
+
+@dataclass
+class StepRecord:
+    """What one recorded batch produced.
+
+    ``values`` maps each key to every value recorded during the batch, in order
+    (a local inside a loop, or a module called twice, has several); ``record[key]``
+    is the latest. ``targets`` maps each target string to its keys. ``complete`` is
+    False for a batch that an exception interrupted.
+
+    >>> r = StepRecord("fit", 3, 3, 0, 0, {"m:forward:x@0": [1, 2]}, {"m:forward:x": ["m:forward:x@0"]})
+    >>> r["m:forward:x@0"], r.all("m:forward:x@0"), r.of("m:forward:x")
+    (2, [1, 2], {'m:forward:x@0': [1, 2]})
+    """
+
+    #: ``'fit'``, ``'validate'``, ``'test'`` or ``'predict'``.
+    stage: str
+    #: ``trainer.global_step`` for training batches; the stage's batch count otherwise.
+    step: int
+    #: The ``batch_idx`` Lightning passed to the hooks.
+    batch_idx: int
+    #: ``trainer.current_epoch``.
+    epoch: int
+    #: The ``dataloader_idx`` (0 for training batches).
+    dataloader_idx: int
+    values: Dict[str, List[Any]]
+    targets: Dict[str, List[str]]
+    #: Scalar summaries of this batch, named as in ``trainer.callback_metrics``.
+    metrics: Dict[str, float] = field(default_factory=dict)
+    complete: bool = True
+
+    def __getitem__(self, key: str) -> Any:
+        try:
+            return self.values[key][-1]
+        except KeyError:
+            raise KeyError(f"{key!r} was not recorded in this batch; keys: {list(self.values)}") from None
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.values
+
+    def all(self, key: str) -> List[Any]:
+        """Every value of ``key`` recorded during the batch."""
+        return list(self.values[key])
+
+    def keys(self) -> List[str]:
+        """Recorded keys, in the order each was first recorded."""
+        return list(self.values)
+
+    def of(self, target: str) -> Dict[str, List[Any]]:
+        """``{key: values}`` for a target string as given to the callback."""
+        return {key: self.values[key] for key in self.targets[target] if key in self.values}
+
+
+def summarize(value: Any) -> Dict[str, float]:
+    """Scalar summaries of a recorded value: ``mean``/``std``/``min``/``max`` of a tensor.
+
+    ``std`` is the population standard deviation (correction 0), so a one-element
+    tensor gives 0, not NaN. A Python number gives ``{'value': number}``; anything
+    else (tuples, empty tensors, complex tensors) gives nothing.
+
+    >>> summarize(torch.tensor([1.0, 3.0]))
+    {'mean': 2.0, 'std': 1.0, 'min': 1.0, 'max': 3.0}
+    >>> summarize(7), summarize((1, 2))
+    ({'value': 7.0}, {})
+    """
+    if isinstance(value, torch.Tensor):
+        if value.numel() == 0 or value.is_complex():
+            return {}
+        # float64 for exact sums of large tensors; MPS has no float64.
+        data = value.detach().to(torch.float32 if value.device.type == "mps" else torch.float64)
+        std = data.std(correction=0) if data.numel() > 1 else data.new_zeros(())
+        return {
+            "mean": float(data.mean()),
+            "std": float(std),
+            "min": float(data.min()),
+            "max": float(data.max()),
+        }
+    if isinstance(value, (bool, int, float)):
+        return {"value": float(value)}
+    return {}
+
+
+def channel_mean_image(value: Any) -> Optional[torch.Tensor]:
+    """A ``(H, W)`` picture in ``[0, 1]`` of a 4-D ``(N, C, H, W)`` or 3-D tensor, else None.
+
+    4-D: the first sample, averaged over channels. 3-D: averaged over the first
+    dimension (``(C, H, W)`` gives the channel mean; ``(batch, tokens, features)``
+    the batch mean, a tokens × features picture). Scaled so that its minimum is 0
+    and its maximum 1 (all zeros when constant); non-finite values count as 0.
+
+    >>> channel_mean_image(torch.arange(8.0).reshape(1, 2, 2, 2))
+    tensor([[0.0000, 0.3333],
+            [0.6667, 1.0000]])
+    >>> channel_mean_image(torch.ones(3, 4)) is None
+    True
+    """
+    if not isinstance(value, torch.Tensor) or value.dim() not in (3, 4) or value.numel() == 0:
+        return None
+    if value.is_complex():
+        return None
+    data = value.detach()
+    data = data[0] if data.dim() == 4 else data
+    image = torch.nan_to_num(data.to(torch.float32).mean(0), nan=0.0, posinf=0.0, neginf=0.0).cpu()
+    low, high = image.min(), image.max()
+    if float(high) > float(low):
+        return (image - low) / (high - low)
+    return torch.zeros_like(image)
+
+
+def png_bytes(image: torch.Tensor) -> bytes:
+    """An 8-bit grayscale PNG of a ``(H, W)`` tensor with values in ``[0, 1]``.
+
+    >>> png_bytes(torch.zeros(2, 3))[:8]
+    b'\\x89PNG\\r\\n\\x1a\\n'
+    """
+    if image.dim() != 2:
+        raise ValueError(f"png_bytes needs a (H, W) tensor, got shape {tuple(image.shape)}")
+    pixels = (image.detach().float().clamp(0, 1) * 255).round().to(torch.uint8).cpu()
+    height, width = pixels.shape
+    raw = b"".join(b"\x00" + bytes(row.tolist()) for row in pixels)
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + chunk(b"IHDR", header)
+        + chunk(b"IDAT", zlib.compress(raw))
+        + chunk(b"IEND", b"")
+    )
+
+
+def _safe_name(key: str) -> str:
+    """A file-name form of a key (``':'`` and other odd characters become ``'_'``)."""
+    return re.sub(r"[^-\w.@]", "_", key) or "_"
+
+
+def _logger_kind(logger: Any) -> Optional[str]:
+    """``'tensorboard'``, ``'csv'`` or None, for loggers of either Lightning package."""
+    for module in ("lightning.pytorch.loggers", "pytorch_lightning.loggers"):
+        try:
+            loggers = __import__(module, fromlist=["TensorBoardLogger", "CSVLogger"])
+        except ImportError:
+            continue
+        if isinstance(logger, loggers.TensorBoardLogger):
+            return "tensorboard"
+        if isinstance(logger, loggers.CSVLogger):
+            return "csv"
+    return None
+
+
+class _Stage:
+    """One open stage: its record() context (patches) and its recording."""
+
+    def __init__(self, stack: ExitStack, rec: ModelRecording) -> None:
+        self.stack = stack
+        self.rec = rec
+        #: The batch being recorded: (step, batch_idx, epoch, dataloader_idx), or None.
+        self.current: Optional[Tuple[int, int, int, int]] = None
+
+
+class RecorderCallback(pl.Callback):  # type: ignore[misc]
+    """A Lightning callback that records ``targets`` inside the LightningModule.
+
+    Args:
+        targets: target strings of :func:`bcrecord.torch.record`, relative to the
+            LightningModule (``'encoder.0'``, ``'encoder.0:forward:x@1'``,
+            ``':training_step:hidden'``, globs such as ``'blocks.*'``).
+        every_n_steps: record every n-th step (see the module docstring).
+        stages: which of ``'fit'``, ``'validate'``, ``'test'``, ``'predict'`` to record.
+        save_dir: a directory to write records to (``<save_dir>/<stage>/``), or None.
+        log_to_logger: log scalar summaries and pictures to the trainer's loggers.
+        log_images: with ``log_to_logger``, also log channel-mean pictures.
+        history: how many :class:`StepRecord` to keep in :attr:`history` (None: all).
+        prefix: the first part of metric and image names.
+        **record_options: passed to :func:`bcrecord.torch.record` (``copy``, ``to``,
+            ``dtype``, ``reduce``, ``grad``, ``keep``).
+
+    After (or during) a run: :attr:`last` is the latest :class:`StepRecord`,
+    :attr:`history` the kept ones, :attr:`callback_metrics` the latest scalar
+    summaries by name (also in ``trainer.callback_metrics``).
+    """
+
+    def __init__(
+        self,
+        targets: Union[str, Sequence[str]],
+        every_n_steps: int = 1,
+        stages: Iterable[str] = STAGES,
+        save_dir: Union[str, os.PathLike, None] = None,
+        log_to_logger: bool = True,
+        *,
+        log_images: bool = True,
+        history: Optional[int] = 100,
+        prefix: str = "bcrecord",
+        **record_options: Any,
+    ) -> None:
+        super().__init__()
+        self.targets: List[str] = [targets] if isinstance(targets, str) else list(targets)
+        if not self.targets:
+            raise ValueError("RecorderCallback needs at least one target")
+        if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps < 1:
+            raise ValueError(f"every_n_steps must be a positive int, got {every_n_steps!r}")
+        stages = (stages,) if isinstance(stages, str) else tuple(stages)
+        unknown = [s for s in stages if s not in STAGES]
+        if unknown:
+            raise ValueError(f"unknown stage(s) {unknown}; choose from {list(STAGES)}")
+        if record_options.get("stop_after_last"):
+            raise ValueError("stop_after_last would end the module's forward early: not available here")
+        if history is not None and (isinstance(history, bool) or history < 1):
+            raise ValueError(f"history must be a positive int or None, got {history!r}")
+        self.every_n_steps = every_n_steps
+        self.stages: Tuple[str, ...] = stages
+        self.save_dir: Optional[Path] = None if save_dir is None else Path(save_dir)
+        self.log_to_logger = log_to_logger
+        self.log_images = log_images
+        self.prefix = prefix
+        self.record_options = record_options
+        #: The latest recorded batch, of any stage.
+        self.last: Optional[StepRecord] = None
+        #: The recorded batches kept (the latest ``history`` of them), oldest first.
+        self.history: Deque[StepRecord] = deque(maxlen=history)
+        #: The latest scalar summary under each name (0-d float tensors).
+        self.callback_metrics: Dict[str, torch.Tensor] = {}
+        self._open: Dict[str, _Stage] = {}
+        self._batches: Dict[str, int] = {stage: 0 for stage in STAGES}
+        self._last_fit_step: Optional[int] = None
+        self._writers: Dict[str, Writer] = {}
+
+    # --- public helpers --------------------------------------------------------
+
+    def records(self, stage: Optional[str] = None) -> List[StepRecord]:
+        """The kept records, of one stage or of all."""
+        return [r for r in self.history if stage is None or r.stage == stage]
+
+    @property
+    def patched(self) -> bool:
+        """Whether some stage currently has the module patched."""
+        return bool(self._open)
+
+    # --- opening and closing stages -------------------------------------------
+
+    def _start(self, stage: str, trainer: Any, pl_module: Any) -> None:
+        if stage not in self.stages or stage in self._open or getattr(trainer, "sanity_checking", False):
+            return
+        stack = ExitStack()
+        try:
+            # record() checks every target first: a bad one raises with nothing patched.
+            rec = stack.enter_context(record(pl_module, self.targets, **self.record_options))
+            rec.__exit__(None, None, None)  # patched, idle until a recorded batch
+        except BaseException:
+            stack.close()
+            raise
+        self._open[stage] = _Stage(stack, rec)
+
+    def _end(self, stage: str, interrupted: bool = False) -> None:
+        state = self._open.pop(stage, None)
+        if state is None:
+            return
+        try:
+            if state.rec.active:
+                state.rec.__exit__(None, None, None)
+                if state.current is not None and interrupted:
+                    self._keep(stage, state, complete=False)
+        finally:
+            state.stack.close()
+
+    def _end_all(self, interrupted: bool = False) -> None:
+        errors = []
+        for stage in list(self._open):
+            try:
+                self._end(stage, interrupted)
+            except Exception as error:  # close every stage even if one fails
+                errors.append(error)
+        if errors:
+            raise errors[0]
+
+    # --- recording batches -------------------------------------------------------
+
+    def _batch_start(self, stage: str, trainer: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        state = self._open.get(stage)
+        if state is None:
+            return
+        if stage == "fit":
+            step = int(trainer.global_step)
+            wanted = step % self.every_n_steps == 0 and step != self._last_fit_step
+            if wanted:
+                self._last_fit_step = step
+        else:
+            step = self._batches[stage]
+            self._batches[stage] += 1
+            wanted = step % self.every_n_steps == 0
+        if not wanted:
+            return
+        if state.rec.active:  # a batch whose end hook never ran
+            state.rec.__exit__(None, None, None)
+        state.rec.clear()
+        state.current = (step, batch_idx, int(trainer.current_epoch), dataloader_idx)
+        state.rec.__enter__()
+
+    def _batch_end(self, stage: str, trainer: Any) -> None:
+        state = self._open.get(stage)
+        if state is None or not state.rec.active:
+            return
+        state.rec.__exit__(None, None, None)
+        record_ = self._keep(stage, state, complete=True)
+        if record_ is None:
+            return
+        self._publish(trainer, record_)
+
+    def _keep(self, stage: str, state: _Stage, complete: bool) -> Optional[StepRecord]:
+        if state.current is None:
+            return None
+        step, batch_idx, epoch, dataloader_idx = state.current
+        state.current = None
+        rec = state.rec
+        values = {key: rec.all(key) for key in rec.keys()}
+        record_ = StepRecord(
+            stage,
+            step,
+            batch_idx,
+            epoch,
+            dataloader_idx,
+            values,
+            {t: list(k) for t, k in rec.targets.items()},
+            complete=complete,
+        )
+        for key, found in values.items():
+            if found:
+                for stat, number in summarize(found[-1]).items():
+                    record_.metrics[self._metric_name(stage, key, stat)] = number
+        self.last = record_
+        self.history.append(record_)
+        if self.save_dir is not None and values:
+            self._writer(stage).write(values, step=step)
+        rec.clear()  # the values live on in the StepRecord only
+        return record_
+
+    def _metric_name(self, stage: str, key: str, stat: str) -> str:
+        name = f"{self.prefix}/{stage}/{key}"
+        return name if stat == "value" else f"{name}/{stat}"
+
+    def _writer(self, stage: str) -> Writer:
+        writer = self._writers.get(stage)
+        if writer is None:
+            assert self.save_dir is not None
+            directory = self.save_dir / stage
+            if self._world_size > 1:
+                directory = directory / f"rank{self._rank}"
+            writer = self._writers[stage] = Writer(directory)
+        return writer
+
+    def _publish(self, trainer: Any, record_: StepRecord) -> None:
+        """Scalars into callback_metrics (here and on the trainer) and the loggers."""
+        tensors = {name: torch.tensor(number) for name, number in record_.metrics.items()}
+        self.callback_metrics.update(tensors)
+        trainer_metrics = getattr(trainer, "callback_metrics", None)
+        if isinstance(trainer_metrics, dict):
+            trainer_metrics.update(tensors)
+        if not self.log_to_logger or not record_.metrics:
+            return
+        for logger in getattr(trainer, "loggers", None) or []:
+            logger.log_metrics(dict(record_.metrics), step=record_.step)
+            if self.log_images and getattr(trainer, "is_global_zero", True):
+                self._log_images(logger, record_)
+
+    def _log_images(self, logger: Any, record_: StepRecord) -> None:
+        kind = _logger_kind(logger)
+        if kind is None:
+            return
+        for key, found in record_.values.items():
+            image = channel_mean_image(found[-1]) if found else None
+            if image is None:
+                continue
+            tag = f"{self.prefix}/{record_.stage}/{key}"
+            if kind == "tensorboard":
+                logger.experiment.add_image(
+                    tag, image.unsqueeze(0), global_step=record_.step, dataformats="CHW"
+                )
+            else:
+                folder = Path(logger.log_dir) / "bcrecord_images" / record_.stage / _safe_name(key)
+                folder.mkdir(parents=True, exist_ok=True)
+                (folder / f"step_{record_.step:06d}.png").write_bytes(png_bytes(image))
+
+    # --- Lightning hooks -----------------------------------------------------------
+
+    def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        """Remember the process's rank (records of several processes go to separate folders)."""
+        self._world_size = int(getattr(trainer, "world_size", 1) or 1)
+        self._rank = int(getattr(trainer, "global_rank", 0) or 0)
+
+    _world_size = 1
+    _rank = 0
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        """Remove every patch still in place."""
+        self._end_all()
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        """Remove every patch; an interrupted batch is kept with ``complete=False``."""
+        self._end_all(interrupted=True)
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        """Patch for the training batches."""
+        self._start("fit", trainer, pl_module)
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        """Remove the training patches."""
+        self._end("fit")
+
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        """Patch for the validation batches (not during the sanity check)."""
+        self._start("validate", trainer, pl_module)
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        """Remove the validation patches."""
+        self._end("validate")
+
+    def on_test_start(self, trainer: Any, pl_module: Any) -> None:
+        """Patch for the test batches."""
+        self._start("test", trainer, pl_module)
+
+    def on_test_end(self, trainer: Any, pl_module: Any) -> None:
+        """Remove the test patches."""
+        self._end("test")
+
+    def on_predict_start(self, trainer: Any, pl_module: Any) -> None:
+        """Patch for the prediction batches."""
+        self._start("predict", trainer, pl_module)
+
+    def on_predict_end(self, trainer: Any, pl_module: Any) -> None:
+        """Remove the prediction patches."""
+        self._end("predict")
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        """Start recording if this step is recorded."""
+        self._batch_start("fit", trainer, batch_idx)
+
+    def on_train_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        """Stop recording; keep, publish and save the batch's values."""
+        self._batch_end("fit", trainer)
+
+    def on_validation_batch_start(
+        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        """Start recording if this batch is recorded."""
+        self._batch_start("validate", trainer, batch_idx, dataloader_idx)
+
+    def on_validation_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        """Stop recording; keep, publish and save the batch's values."""
+        self._batch_end("validate", trainer)
+
+    def on_test_batch_start(
+        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        """Start recording if this batch is recorded."""
+        self._batch_start("test", trainer, batch_idx, dataloader_idx)
+
+    def on_test_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        """Stop recording; keep, publish and save the batch's values."""
+        self._batch_end("test", trainer)
+
+    def on_predict_batch_start(
+        self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        """Start recording if this batch is recorded."""
+        self._batch_start("predict", trainer, batch_idx, dataloader_idx)
+
+    def on_predict_batch_end(
+        self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        """Stop recording; keep, publish and save the batch's values."""
+        self._batch_end("predict", trainer)
+
+    def __iter__(self) -> Iterator[StepRecord]:
+        return iter(list(self.history))
+
+    def __repr__(self) -> str:
+        state = f"patched for {sorted(self._open)}" if self._open else "idle"
+        return (
+            f"<RecorderCallback {len(self.targets)} target(s), every {self.every_n_steps} step(s), "
+            f"stages {list(self.stages)}, {state}, {len(self.history)} record(s)>"
+        )

@@ -1,0 +1,441 @@
+"""RecorderCallback with a real Lightning Trainer on CPU: values, patches, loggers, saving."""
+
+import copy
+import csv
+import io
+import warnings
+import zlib
+
+import pytest
+import torch
+
+pl = pytest.importorskip("lightning.pytorch", reason="the lightning tox env installs lightning")
+
+import bcrecord  # noqa: E402
+from bcrecord import runtime  # noqa: E402
+from bcrecord.errors import TargetError  # noqa: E402
+from bcrecord.integrations.lightning import (  # noqa: E402
+    RecorderCallback,
+    StepRecord,
+    channel_mean_image,
+    png_bytes,
+    summarize,
+)
+
+# Lightning's own warnings (few workers, deprecations) are noise here; bcrecord's still fail a test.
+pytestmark = pytest.mark.filterwarnings("ignore::Warning", "error::bcrecord.errors.RecordingWarning")
+
+LINEAR_FORWARD = torch.nn.Linear.forward
+CONV_FORWARD = torch.nn.Conv2d.forward
+
+
+class ConvNet(pl.LightningModule):
+    """A conv net that keeps, by its own plain Python, what bcrecord should record."""
+
+    def __init__(self, fail_at_step=None):
+        super().__init__()
+        torch.manual_seed(0)
+        self.conv = torch.nn.Conv2d(1, 3, 3, padding=1)
+        self.head = torch.nn.Linear(3 * 6 * 6, 2)
+        self.fail_at_step = fail_at_step
+        self.stash = {}  # (stage, batch_idx, global_step) -> what the step computed
+        self.patched_during_step = []
+
+    def forward(self, x):
+        feats = self.conv(x)
+        hidden = torch.relu(feats)
+        logits = self.head(hidden.flatten(1))
+        return logits
+
+    def _step(self, stage, batch, batch_idx):
+        x, y = batch
+        weights = {k: v.detach().clone() for k, v in self.state_dict().items()}
+        logits = self(x)
+        if self.fail_at_step is not None and self.global_step == self.fail_at_step:
+            self.stash[("failed", batch_idx, self.global_step)] = (x.clone(), weights, None)
+            raise RuntimeError("boom")
+        loss = torch.nn.functional.cross_entropy(logits, y)
+        self.stash[(stage, batch_idx, self.global_step)] = (x.clone(), weights, logits.detach().clone())
+        self.patched_during_step.append(torch.nn.Conv2d.forward is not CONV_FORWARD)
+        return loss
+
+    def training_step(self, batch, batch_idx):
+        return self._step("fit", batch, batch_idx)
+
+    def validation_step(self, batch, batch_idx):
+        self._step("validate", batch, batch_idx)
+
+    def test_step(self, batch, batch_idx):
+        self._step("test", batch, batch_idx)
+
+    def predict_step(self, batch, batch_idx):
+        return self(batch[0])
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.5)
+
+
+def loader(n=16, batch_size=4, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 1, 6, 6, generator=g)
+    y = torch.randint(0, 2, (n,), generator=g)
+    return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y), batch_size=batch_size)
+
+
+def trainer(tmp_path, callback, logger=False, **kwargs):
+    options = dict(
+        max_steps=4,
+        accelerator="cpu",
+        devices=1,
+        logger=logger,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=str(tmp_path),
+        num_sanity_val_steps=0,
+    )
+    options.update(kwargs)
+    return pl.Trainer(callbacks=[callback], **options)
+
+
+def expected_conv(stash_entry):
+    x, weights, _ = stash_entry
+    return torch.nn.functional.conv2d(x, weights["conv.weight"], weights["conv.bias"], padding=1)
+
+
+def assert_clean(model):
+    """Every patch and marker gone: the code objects are the originals."""
+    assert torch.nn.Conv2d.forward is CONV_FORWARD and torch.nn.Linear.forward is LINEAR_FORWARD
+    assert torch.nn.Conv2d.forward.__code__ is CONV_FORWARD.__code__
+    assert ConvNet.forward.__code__ is FORWARD_CODE and ConvNet._step.__code__ is STEP_CODE
+    assert "forward" not in vars(model)
+    for _, module in model.named_modules():
+        assert "_bcrecord_path" not in vars(module)
+    assert not runtime.is_active()
+
+
+FORWARD_CODE = ConvNet.forward.__code__
+STEP_CODE = ConvNet._step.__code__
+
+
+def test_fit_records_every_n_steps_with_values_equal_to_the_steps_own_computation(tmp_path):
+    model = ConvNet()
+    callback = RecorderCallback(["conv", ":forward:hidden", "head:forward:self.weight"], every_n_steps=2)
+    trainer(tmp_path, callback, max_steps=5).fit(model, loader())
+    records = callback.records("fit")
+    assert [r.step for r in records] == [0, 2, 4]
+    assert [r.batch_idx for r in records] == [0, 2, 0]  # 4 batches an epoch: step 4 is epoch 1, batch 0
+    assert [r.epoch for r in records] == [0, 0, 1]
+    for r in records:
+        assert r.complete and r.stage == "fit"
+        assert r.keys() == ["conv:forward:return", ":forward:hidden@0", "head:forward:self.weight"]
+        stash = model.stash[("fit", r.batch_idx, r.step)]
+        conv = expected_conv(stash)
+        assert torch.allclose(r["conv:forward:return"], conv, atol=1e-6)
+        assert torch.allclose(r[":forward:hidden@0"], torch.relu(conv), atol=1e-6)
+        assert torch.equal(r["head:forward:self.weight"], stash[1]["head.weight"])
+        assert r.of(":forward:hidden") == {":forward:hidden@0": r.all(":forward:hidden@0")}
+        assert not r["conv:forward:return"].requires_grad
+    # weights moved between recorded steps, and each record kept its own
+    assert not torch.equal(records[0]["head:forward:self.weight"], records[1]["head:forward:self.weight"])
+    assert callback.last is records[-1]
+    # patched during every step of the stage, recorded or not; clean afterwards
+    assert model.patched_during_step == [True] * 5
+    assert type(model).forward.__code__ is FORWARD_CODE
+    assert_clean(model)
+    assert not callback.patched
+
+
+def test_scalar_summaries_in_callback_metrics_and_trainer_callback_metrics(tmp_path):
+    model = ConvNet()
+    callback = RecorderCallback(["conv", ":forward:hidden"], every_n_steps=3, log_to_logger=False)
+    t = trainer(tmp_path, callback, max_steps=4)
+    t.fit(model, loader())
+    last = callback.last
+    assert last.step == 3
+    conv = expected_conv(model.stash[("fit", 3, 3)])
+    name = "bcrecord/fit/conv:forward:return"
+    expected = {
+        "mean": conv.double().mean(),
+        "std": conv.double().std(correction=0),
+        "min": conv.min(),
+        "max": conv.max(),
+    }
+    for stat, value in expected.items():
+        assert float(callback.callback_metrics[f"{name}/{stat}"]) == pytest.approx(float(value), rel=1e-5)
+        assert torch.equal(t.callback_metrics[f"{name}/{stat}"], callback.callback_metrics[f"{name}/{stat}"])
+        assert last.metrics[f"{name}/{stat}"] == pytest.approx(float(value), rel=1e-5)
+    assert float(t.callback_metrics["bcrecord/fit/:forward:hidden@0/min"]) == pytest.approx(0.0)
+
+
+def test_exception_mid_fit_removes_patches_and_keeps_the_interrupted_batch(tmp_path):
+    model = ConvNet(fail_at_step=2)
+    callback = RecorderCallback(["conv"], every_n_steps=1, save_dir=tmp_path / "records")
+    with pytest.raises(RuntimeError, match="boom"):
+        trainer(tmp_path, callback, max_steps=5).fit(model, loader())
+    assert_clean(model)
+    assert [(r.step, r.complete) for r in callback.history] == [(0, True), (1, True), (2, False)]
+    # what the failing batch computed before it failed is kept, and saved
+    failed = expected_conv(model.stash[("failed", 2, 2)])
+    assert torch.allclose(callback.last["conv:forward:return"], failed, atol=1e-6)
+    loaded = bcrecord.load(tmp_path / "records" / "fit")
+    assert loaded.steps("conv:forward:return") == [0, 1, 2]
+    assert torch.equal(loaded["conv:forward:return"][2], callback.last["conv:forward:return"])
+    # and a second run with the same callback works: the module is patched again
+    model2 = ConvNet()
+    trainer(tmp_path, callback, max_steps=1).fit(model2, loader())
+    assert callback.last.complete and torch.allclose(
+        callback.last["conv:forward:return"], expected_conv(model2.stash[("fit", 0, 0)]), atol=1e-6
+    )
+    assert_clean(model2)
+
+
+def test_save_dir_round_trip(tmp_path):
+    model = ConvNet()
+    callback = RecorderCallback(["conv", ":forward:logits"], every_n_steps=2, save_dir=tmp_path / "rec")
+    trainer(tmp_path, callback, max_steps=4, limit_val_batches=2, val_check_interval=4).fit(
+        model, loader(), loader(n=8, seed=5)
+    )
+    loaded = bcrecord.load(tmp_path / "rec" / "fit")
+    assert loaded.steps("conv:forward:return") == [0, 2]
+    for saved, r in zip(loaded["conv:forward:return"], callback.records("fit"), strict=True):
+        assert torch.equal(saved, r["conv:forward:return"])
+    val = bcrecord.load(tmp_path / "rec" / "validate")
+    assert val.steps(":forward:logits@0") == [0]  # validation batches 0 and 1: every 2nd
+    stash = model.stash[("validate", 0, 4)]
+    assert torch.allclose(val[":forward:logits@0"][0], stash[2], atol=1e-6)
+
+
+def test_validation_inside_fit_and_the_sanity_check(tmp_path):
+    model = ConvNet()
+    callback = RecorderCallback(["conv"], every_n_steps=1, log_to_logger=False)
+    trainer(
+        tmp_path, callback, max_steps=4, num_sanity_val_steps=2, val_check_interval=2, limit_val_batches=2
+    ).fit(model, loader(), loader(n=8, seed=5))
+    val = callback.records("validate")
+    # two validation runs (after steps 2 and 4) of 2 batches; the sanity check is not recorded
+    assert [(r.step, r.batch_idx) for r in val] == [(0, 0), (1, 1), (2, 0), (3, 1)]
+    assert [r.step for r in callback.records("fit")] == [0, 1, 2, 3]
+    for r, global_step in zip(val, [2, 2, 4, 4], strict=True):
+        stash = model.stash[("validate", r.batch_idx, global_step)]
+        assert torch.allclose(r["conv:forward:return"], expected_conv(stash), atol=1e-6)
+    assert_clean(model)
+
+
+def test_stages_filter(tmp_path):
+    model = ConvNet()
+    callback = RecorderCallback(["conv"], stages=("validate",), log_to_logger=False)
+    trainer(tmp_path, callback, max_steps=2, val_check_interval=2, limit_val_batches=1).fit(
+        model, loader(), loader(n=4, seed=5)
+    )
+    assert {r.stage for r in callback.history} == {"validate"} and len(callback.history) == 1
+    assert_clean(model)
+
+
+def test_validate_test_predict(tmp_path):
+    model = ConvNet()
+    callback = RecorderCallback(["conv", ":forward:logits"], every_n_steps=2, log_to_logger=False)
+    t = trainer(tmp_path, callback)
+    t.validate(model, loader(n=12, seed=7))
+    t.test(model, loader(n=8, seed=8))
+    # each trainer function starts with fresh trainer.callback_metrics; the callback's own keep all
+    assert "bcrecord/test/conv:forward:return/mean" in t.callback_metrics
+    predictions = t.predict(model, loader(n=12, seed=9))
+    assert [r.batch_idx for r in callback.records("validate")] == [0, 2]
+    assert [r.batch_idx for r in callback.records("test")] == [0]
+    predict = callback.records("predict")
+    assert [r.step for r in predict] == [0, 2]
+    for r in predict:
+        assert torch.equal(r[":forward:logits@0"], predictions[r.batch_idx])
+    for r in callback.records("test"):
+        stash = model.stash[("test", r.batch_idx, 0)]
+        assert torch.allclose(r["conv:forward:return"], expected_conv(stash), atol=1e-6)
+    assert "bcrecord/validate/conv:forward:return/mean" in callback.callback_metrics
+    assert "bcrecord/predict/:forward:logits@0/max" in callback.callback_metrics
+    assert_clean(model)
+
+
+def read_png(data):
+    """Decode an 8-bit grayscale or RGB(A) PNG without filters beyond 'None'/'Sub'/'Up'."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat, width = 8, b"", 0
+    while pos < len(data):
+        length = int.from_bytes(data[pos : pos + 4], "big")
+        kind = data[pos + 4 : pos + 8]
+        body = data[pos + 8 : pos + 8 + length]
+        if kind == b"IHDR":
+            width, height = int.from_bytes(body[:4], "big"), int.from_bytes(body[4:8], "big")
+            channels = {0: 1, 2: 3, 6: 4, 4: 2}[body[9]]
+        elif kind == b"IDAT":
+            idat += body
+        pos += 12 + length
+    raw = zlib.decompress(idat)
+    stride = width * channels
+    rows, previous = [], bytes(stride)
+    for r in range(height):
+        line = raw[r * (stride + 1) : (r + 1) * (stride + 1)]
+        kind, row = line[0], bytearray(line[1:])
+        for i in range(stride):
+            left = row[i - channels] if i >= channels else 0
+            up = previous[i]
+            if kind == 1:
+                row[i] = (row[i] + left) & 255
+            elif kind == 2:
+                row[i] = (row[i] + up) & 255
+            elif kind == 3:
+                row[i] = (row[i] + (left + up) // 2) & 255
+            elif kind == 4:
+                ul = previous[i - channels] if i >= channels else 0
+                p = left + up - ul
+                pa, pb, pc = abs(p - left), abs(p - up), abs(p - ul)
+                row[i] = (row[i] + (left if pa <= pb and pa <= pc else up if pb <= pc else ul)) & 255
+        rows.append(list(row[::channels]))
+        previous = bytes(row)
+    return torch.tensor(rows, dtype=torch.float32)
+
+
+def test_png_bytes_round_trip():
+    image = torch.linspace(0, 1, 12).reshape(3, 4)
+    assert torch.equal(read_png(png_bytes(image)), (image * 255).round())
+
+
+def test_csv_logger_gets_scalars_and_png_pictures(tmp_path):
+    model = ConvNet()
+    logger = pl.loggers.CSVLogger(str(tmp_path), name="csv")
+    callback = RecorderCallback(["conv", ":forward:logits"], every_n_steps=2)
+    trainer(tmp_path, callback, logger=logger, max_steps=4).fit(model, loader())
+    logger.finalize("success")
+    with open(f"{logger.log_dir}/metrics.csv") as handle:
+        rows = list(csv.DictReader(handle))
+    column = "bcrecord/fit/conv:forward:return/mean"
+    logged = {int(row["step"]): float(row[column]) for row in rows if row.get(column)}
+    assert sorted(logged) == [0, 2]
+    for r in callback.records("fit"):
+        conv = expected_conv(model.stash[("fit", r.batch_idx, r.step)])
+        assert logged[r.step] == pytest.approx(float(conv.double().mean()), rel=1e-5)
+    folder = tmp_path / "csv" / "version_0" / "bcrecord_images" / "fit" / "conv_forward_return"
+    assert sorted(p.name for p in folder.iterdir()) == ["step_000000.png", "step_000002.png"]
+    picture = read_png((folder / "step_000002.png").read_bytes())
+    conv = expected_conv(model.stash[("fit", 2, 2)])
+    mean = conv[0].mean(0)
+    expected = ((mean - mean.min()) / (mean.max() - mean.min()) * 255).round()
+    assert picture.shape == (6, 6) and picture.std() > 10  # not blank
+    assert (picture - expected).abs().max() <= 1
+    # logits are 2-D: scalars, no picture
+    assert not (folder.parent / "_forward_logits_0").exists()
+    assert "bcrecord/fit/:forward:logits@0/std" in rows[0] or any(
+        row.get("bcrecord/fit/:forward:logits@0/std") for row in rows
+    )
+
+
+def test_tensorboard_logger_gets_scalars_and_images(tmp_path):
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    model = ConvNet()
+    logger = pl.loggers.TensorBoardLogger(str(tmp_path), name="tb")
+    callback = RecorderCallback(["conv"], every_n_steps=2)
+    trainer(tmp_path, callback, logger=logger, max_steps=4).fit(model, loader())
+    logger.finalize("success")
+    events = EventAccumulator(logger.log_dir, size_guidance={"images": 0, "scalars": 0})
+    events.Reload()
+    tag = "bcrecord/fit/conv:forward:return"
+    maxima = {e.step: e.value for e in events.Scalars(f"{tag}/max")}
+    assert sorted(maxima) == [0, 2]
+    for r in callback.records("fit"):
+        conv = expected_conv(model.stash[("fit", r.batch_idx, r.step)])
+        assert maxima[r.step] == pytest.approx(float(conv.max()), rel=1e-6)
+    images = events.Images(tag)
+    assert [i.step for i in images] == [0, 2] and (images[0].width, images[0].height) == (6, 6)
+    picture = read_png(images[1].encoded_image_string)
+    expected = channel_mean_image(expected_conv(model.stash[("fit", 2, 2)])) * 255
+    assert picture.std() > 10 and (picture - expected).abs().max() <= 1.0
+
+
+def test_bad_target_fails_clearly_and_changes_nothing(tmp_path):
+    model = ConvNet()
+    callback = RecorderCallback(["convv"])
+    with pytest.raises(TargetError, match="did you mean 'conv'"):
+        trainer(tmp_path, callback, max_steps=1).fit(model, loader())
+    assert_clean(model)
+
+
+def test_arguments_are_checked():
+    with pytest.raises(ValueError, match="every_n_steps"):
+        RecorderCallback(["conv"], every_n_steps=0)
+    with pytest.raises(ValueError, match="unknown stage"):
+        RecorderCallback(["conv"], stages=("train",))
+    with pytest.raises(ValueError, match="stop_after_last"):
+        RecorderCallback(["conv"], stop_after_last=True)
+    with pytest.raises(ValueError, match="at least one"):
+        RecorderCallback([])
+
+
+def test_record_options_pass_through(tmp_path):
+    model = ConvNet()
+    callback = RecorderCallback(["conv"], dtype=torch.float64, log_to_logger=False)
+    trainer(tmp_path, callback, max_steps=1).fit(model, loader())
+    value = callback.last["conv:forward:return"]
+    assert value.dtype == torch.float64
+    assert torch.allclose(value, expected_conv(model.stash[("fit", 0, 0)]).double(), atol=1e-6)
+
+
+def test_deepcopied_module_after_fit_is_clean(tmp_path):
+    model = ConvNet()
+    trainer(tmp_path, RecorderCallback(["conv"], log_to_logger=False), max_steps=1).fit(model, loader())
+    clone = copy.deepcopy(model)
+    for _, module in clone.named_modules():
+        assert "_bcrecord_path" not in vars(module)
+
+
+def test_summaries_and_pictures_helpers():
+    assert summarize(torch.tensor([2.0])) == {"mean": 2.0, "std": 0.0, "min": 2.0, "max": 2.0}
+    assert summarize(torch.tensor([])) == {} and summarize("text") == {}
+    assert channel_mean_image(torch.ones(1, 2, 3, 3)).abs().sum() == 0  # constant: zeros
+    image = channel_mean_image(torch.arange(24.0).reshape(2, 3, 4))  # (C, H, W)
+    assert image.shape == (3, 4) and float(image.min()) == 0.0 and float(image.max()) == 1.0
+    record = StepRecord("fit", 0, 0, 0, 0, {"k": [1]}, {"t": ["k"]})
+    with pytest.raises(KeyError, match="was not recorded"):
+        record["missing"]
+
+
+def test_pytorch_lightning_trainer_too(tmp_path):
+    ptl = pytest.importorskip("pytorch_lightning")
+
+    class Small(ptl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 1)
+
+        def training_step(self, batch, batch_idx):
+            self.seen = batch @ self.lin.weight.detach().T + self.lin.bias.detach()
+            return self.lin(batch).pow(2).mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    callback = RecorderCallback(["lin"], log_to_logger=False)
+    model = Small()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ptl.Trainer(
+            max_steps=2,
+            callbacks=[callback],
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            accelerator="cpu",
+            default_root_dir=str(tmp_path),
+        ).fit(model, torch.utils.data.DataLoader(torch.randn(8, 3), batch_size=4))
+    assert [r.step for r in callback.history] == [0, 1]
+    assert torch.allclose(callback.last["lin:forward:return"], model.seen, atol=1e-6)
+    assert torch.nn.Linear.forward is LINEAR_FORWARD
+
+
+def test_repr_and_iteration(tmp_path):
+    callback = RecorderCallback(["conv"], log_to_logger=False, history=2)
+    trainer(tmp_path, callback, max_steps=3).fit(ConvNet(), loader())
+    assert [r.step for r in callback] == [1, 2]  # history keeps the last 2
+    assert "idle" in repr(callback) and "2 record(s)" in repr(callback)
+    assert io.StringIO(repr(callback)).read().startswith("<RecorderCallback")

@@ -1,0 +1,253 @@
+"""The transformers recipe (docs/transformers.md) on tiny GPT-2 and BERT models, no downloads.
+
+Attention probabilities are recorded inside the module-level ``eager_attention_forward``
+(a local, ``attn_weights``), with per-layer keys, and compared with what
+``output_attentions=True`` returns; the pre-softmax scores, which no hook can see, are
+compared with an independent computation; hidden states inside and between blocks
+with ``output_hidden_states=True`` and with recomputation.
+"""
+
+import math
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers", reason="the transformers tox env installs transformers")
+
+from transformers.models.bert import modeling_bert  # noqa: E402
+from transformers.models.gpt2 import modeling_gpt2  # noqa: E402
+
+import bcrecord  # noqa: E402
+from bcrecord import runtime  # noqa: E402
+from bcrecord.torch import record  # noqa: E402
+
+pytestmark = pytest.mark.filterwarnings("ignore::Warning", "error::bcrecord.errors.RecordingWarning")
+
+GPT2_ATTENTION_CODE = modeling_gpt2.eager_attention_forward.__code__
+BERT_ATTENTION_CODE = modeling_bert.eager_attention_forward.__code__
+GPT2_BLOCK_CODE = modeling_gpt2.GPT2Block.forward.__code__
+GPT2_ATTN_FORWARD = modeling_gpt2.GPT2Attention.forward
+BERT_LAYER_CODE = modeling_bert.BertLayer.forward.__code__
+
+
+def attention_recorder(model, function, specs):
+    """The recipe: patch the module-level attention function, keys named by layer path."""
+    paths = {id(module): path for path, module in model.named_modules()}
+    return bcrecord.patch_function(function, specs, name=lambda module: paths.get(id(module)))
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        n_layer=2,
+        n_head=2,
+        n_embd=32,
+        vocab_size=100,
+        n_positions=64,
+        bos_token_id=0,
+        eos_token_id=0,
+        attn_implementation="eager",
+    )
+    return transformers.GPT2LMHeadModel(config).eval()
+
+
+@pytest.fixture(scope="module")
+def bert():
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        vocab_size=100,
+        max_position_embeddings=64,
+        attn_implementation="eager",
+    )
+    return transformers.BertModel(config).eval()
+
+
+def assert_clean():
+    assert modeling_gpt2.eager_attention_forward.__code__ is GPT2_ATTENTION_CODE
+    assert modeling_bert.eager_attention_forward.__code__ is BERT_ATTENTION_CODE
+    assert modeling_gpt2.GPT2Block.forward.__code__ is GPT2_BLOCK_CODE
+    assert modeling_gpt2.GPT2Attention.forward is GPT2_ATTN_FORWARD
+    assert modeling_bert.BertLayer.forward.__code__ is BERT_LAYER_CODE
+    assert not runtime.is_active()
+
+
+def test_gpt2_attention_probabilities_equal_output_attentions(gpt2):
+    ids = torch.randint(0, 100, (2, 7), generator=torch.Generator().manual_seed(1))
+    with (
+        attention_recorder(
+            gpt2, modeling_gpt2.eager_attention_forward, ["attn_weights@0", "attn_weights@2"]
+        ) as patch,
+        bcrecord.recording(only=[patch]) as attn,
+        torch.no_grad(),
+    ):
+        out = gpt2(ids, output_attentions=True)
+    assert patch.keys == (
+        "*:eager_attention_forward:attn_weights@0",
+        "*:eager_attention_forward:attn_weights@2",
+    )
+    for i in range(2):
+        probs = attn[f"transformer.h.{i}.attn:eager_attention_forward:attn_weights@2"]
+        assert probs.shape == (2, 2, 7, 7)
+        assert torch.equal(probs, out.attentions[i])
+        assert len(attn.all(f"transformer.h.{i}.attn:eager_attention_forward:attn_weights@2")) == 1
+        # causal: nothing above the diagonal, rows sum to one
+        assert torch.all(probs.triu(1) == 0)
+        assert torch.allclose(probs.sum(-1), torch.ones(2, 2, 7))
+    assert_clean()
+
+
+def test_gpt2_scores_before_softmax_equal_an_independent_computation(gpt2):
+    ids = torch.randint(0, 100, (1, 6), generator=torch.Generator().manual_seed(2))
+    with (
+        attention_recorder(
+            gpt2, modeling_gpt2.eager_attention_forward, ["attn_weights@0", "attn_weights@2"]
+        ) as patch,
+        bcrecord.recording(only=[patch]) as attn,
+        torch.no_grad(),
+    ):
+        out = gpt2(ids, output_hidden_states=True)  # no output_attentions: recorded all the same
+    for i, block in enumerate(gpt2.transformer.h):
+        with torch.no_grad():
+            qkv = block.attn.c_attn(block.ln_1(out.hidden_states[i]))
+            q, k, _ = (t.view(1, 6, 2, 16).transpose(1, 2) for t in qkv.split(32, dim=2))
+            scores = q @ k.transpose(-1, -2) / math.sqrt(16)
+        recorded = attn[f"transformer.h.{i}.attn:eager_attention_forward:attn_weights@0"]
+        assert torch.allclose(recorded, scores, atol=1e-5)
+        causal = torch.full((6, 6), float("-inf")).triu(1)
+        expected = torch.softmax(scores + causal, dim=-1)
+        assert torch.allclose(
+            attn[f"transformer.h.{i}.attn:eager_attention_forward:attn_weights@2"], expected, atol=1e-6
+        )
+    assert_clean()
+
+
+def test_gpt2_hidden_states_between_and_inside_blocks(gpt2):
+    ids = torch.randint(0, 100, (2, 5), generator=torch.Generator().manual_seed(3))
+    targets = ["transformer.h.*", "transformer.h.*:forward:hidden_states@1"]
+    with record(gpt2, targets) as rec, torch.no_grad():
+        out = gpt2(ids, output_hidden_states=True)
+    hidden = out.hidden_states  # embeddings, after block 0, ..., ln_f(after the last block)
+    assert torch.equal(rec["transformer.h.0:forward:return"], hidden[1])
+    with torch.no_grad():
+        assert torch.allclose(
+            gpt2.transformer.ln_f(rec["transformer.h.1:forward:return"]), hidden[2], atol=1e-6
+        )
+        for i, block in enumerate(gpt2.transformer.h):
+            # hidden_states@1: the residual stream after attention, before the MLP
+            causal = torch.full((5, 5), float("-inf")).triu(1)[None, None]
+            after_attention = hidden[i] + block.attn(block.ln_1(hidden[i]), attention_mask=causal)[0]
+            assert torch.allclose(
+                rec[f"transformer.h.{i}:forward:hidden_states@1"], after_attention, atol=1e-6
+            )
+    assert rec.keys_of("transformer.h.*") == [
+        "transformer.h.0:forward:return",
+        "transformer.h.1:forward:return",
+    ]
+    assert_clean()
+
+
+def test_gpt2_generate_records_every_decoding_step(gpt2):
+    ids = torch.randint(1, 100, (1, 4), generator=torch.Generator().manual_seed(4))
+    key = "transformer.h.1.attn:eager_attention_forward:attn_weights@2"
+    with (
+        attention_recorder(gpt2, modeling_gpt2.eager_attention_forward, ["attn_weights@2"]) as patch,
+        bcrecord.recording(only=[patch]) as attn,
+        torch.no_grad(),
+    ):
+        generated = gpt2.generate(ids, max_new_tokens=3, do_sample=False, pad_token_id=0)
+    shapes = [tuple(v.shape) for v in attn.all(key)]
+    assert generated.shape == (1, 7)
+    # the prompt, then one query row per new token over a growing cache
+    assert shapes == [(1, 2, 4, 4), (1, 2, 1, 5), (1, 2, 1, 6)]
+    with torch.no_grad():
+        full = gpt2(generated[:, :6], output_attentions=True).attentions[1]
+    assert torch.allclose(attn.all(key)[2][0, :, 0], full[0, :, 5], atol=1e-6)
+    assert_clean()
+
+
+def test_bert_attention_with_padding_and_hidden_states(bert):
+    ids = torch.randint(0, 100, (2, 6), generator=torch.Generator().manual_seed(5))
+    mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]])
+    specs = ["attn_weights@0", "attn_weights@1", "attn_weights@2"]
+    targets = [
+        "encoder.layer.*",
+        "encoder.layer.*.intermediate",
+        "encoder.layer.*.attention.self:forward:query_layer",
+    ]
+    with (
+        attention_recorder(bert, modeling_bert.eager_attention_forward, specs) as patch,
+        bcrecord.recording(only=[patch]) as attn,
+        record(bert, targets) as rec,
+        torch.no_grad(),
+    ):
+        out = bert(ids, attention_mask=mask, output_attentions=True, output_hidden_states=True)
+    for i, layer in enumerate(bert.encoder.layer):
+        owner = f"encoder.layer.{i}.attention.self:eager_attention_forward"
+        probs = attn[f"{owner}:attn_weights@2"]
+        assert torch.equal(probs, out.attentions[i])
+        # padded keys get no attention in the second sequence
+        assert torch.all(probs[1, :, :, 4:] == 0) and torch.all(probs[0] > 0)
+        scores, masked = attn[f"{owner}:attn_weights@0"], attn[f"{owner}:attn_weights@1"]
+        q = rec[f"encoder.layer.{i}.attention.self:forward:query_layer@0"]
+        with torch.no_grad():
+            k = layer.attention.self.key(out.hidden_states[i]).view(2, 6, 2, 16).transpose(1, 2)
+            inter = layer.intermediate(layer.attention(out.hidden_states[i], attention_mask=None)[0])
+        assert torch.allclose(scores, q @ k.transpose(-1, -2) / 4.0, atol=1e-5)
+        assert torch.equal(masked[0], scores[0]) and torch.all(masked[1, :, :, 4:] < -1e30)
+        assert torch.equal(rec[f"encoder.layer.{i}:forward:return"], out.hidden_states[i + 1])
+        if i == 0:  # the first sequence has no padding: its intermediate is mask-independent
+            assert torch.allclose(
+                rec[f"encoder.layer.{i}.intermediate:forward:return"][0], inter[0], atol=1e-5
+            )
+    assert_clean()
+
+
+def test_only_eager_attention_runs_the_python_function():
+    torch.manual_seed(0)
+    config = transformers.BertConfig(
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        vocab_size=50,
+        attn_implementation="sdpa",
+    )
+    model = transformers.BertModel(config).eval()
+    with (
+        attention_recorder(model, modeling_bert.eager_attention_forward, ["attn_weights@2"]) as patch,
+        bcrecord.recording(only=[patch]) as attn,
+        torch.no_grad(),
+    ):
+        model(torch.randint(0, 50, (1, 4)))
+    assert len(attn) == 0  # SDPA never calls eager_attention_forward: use attn_implementation="eager"
+    assert_clean()
+
+
+def test_the_documented_recipe_runs_and_prints_what_it_shows(capsys):
+    """docs/transformers.md: its python blocks run in order; output blocks match what they print."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "transformers.md").read_text()
+    fences = re.findall(r"```(\w*)\n(.*?)```", text, flags=re.S)
+    namespace = {"__name__": "transformers_recipe"}
+    checked = ran = 0
+    for (lang, body), (next_lang, next_body) in zip(fences, fences[1:] + [("none", "")], strict=True):
+        if lang != "python":
+            continue
+        exec(compile(body, "docs/transformers.md", "exec"), namespace)
+        ran += 1
+        printed = capsys.readouterr().out
+        if next_lang == "":  # the output block that follows it
+            normalise = lambda s: [
+                re.sub(r"\s+\d+:\d+\s+", " ", line).split() for line in s.strip().splitlines()
+            ]
+            assert normalise(printed) == normalise(next_body)
+            checked += 1
+    assert ran == 5 and checked == 3
+    assert_clean()
