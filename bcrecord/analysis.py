@@ -377,6 +377,8 @@ def _consumer_calls(items: Sequence[object], pos: int, slots: int, labels: Dict[
             k += 1
             if not isinstance(item, Instr):
                 continue
+            if height == 0 and (table.attr_load(item) or table.method_load(item)):
+                return []  # an attribute of this value is loaded: the chain goes on
             pre, post = item.pre_and_post_stack_effect(jump=False)
             if height + pre < 0:  # this instruction consumes the callee's slots
                 if item.name in table.calls and height + pre == -slots:

@@ -6,11 +6,31 @@ Subcommands:
 * ``bcrecord show pkg.mod:Class.method SPEC...`` — original and patched
   disassembly side by side, inserted probes marked (plus decompiled source where
   the optional ``depyf`` is installed).
-* ``bcrecord demo`` — records the locals of a small model and prints what it saw.
+* ``bcrecord run --record TARGET... [--save-dir DIR] [--every N] script.py [args...]``
+  (or ``-m package.module [args...]``) — runs an unmodified program with the targets
+  patched from the start, saving every N-th value (see :mod:`bcrecord.runner`).
+* ``bcrecord view DIR`` — a summary table of saved records and pictures in
+  ``DIR/plots`` (see :mod:`bcrecord.viz`).
+* ``bcrecord demo`` — records inside a small CNN (torch), prints the table and
+  writes the plots (see :mod:`bcrecord.demo`).
 
->>> main(["targets", "bcrecord.demo:ToyModel.forward", "--json"])  # doctest: +ELLIPSIS
-{...
+``targets``, ``show`` and ``run`` need the core alone (``run`` saves tensors with
+safetensors when the program records any); ``view`` and ``demo`` import torch and
+matplotlib when they run, never when this module is imported.
+
+>>> main(["targets", "bcrecord.cli:resolve_path", "--json"])  # doctest: +ELLIPSIS
+{
+  "function": "resolve_path",
+  "arguments": [
+    "path"
+  ],
+  "targets": [...
 0
+
+Bad input is one line on stderr and status 2:
+
+>>> main(["run", "--record", "json:dumps:nosuch", "no_such_script.py"])
+2
 """
 
 from __future__ import annotations
@@ -18,8 +38,9 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
-from typing import Any, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 from .errors import BcrecordError
 from .listing import decompiled, side_by_side
@@ -31,9 +52,9 @@ __all__ = ["main", "resolve_path"]
 def resolve_path(path: str) -> Tuple[Any, Any]:
     """Import ``'pkg.mod:Class.method'`` and return (owner object, the attribute).
 
-    >>> owner, func = resolve_path("bcrecord.demo:ToyModel.forward")
+    >>> owner, func = resolve_path("bcrecord.patch:Patch.remove")
     >>> owner.__name__, func.__name__
-    ('ToyModel', 'forward')
+    ('Patch', 'remove')
     """
     module_name, sep, attr_path = path.partition(":")
     if not sep or not module_name or not attr_path:
@@ -74,15 +95,78 @@ def _show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run(args: argparse.Namespace) -> int:
+    from . import runner
+
+    if args.module is None and not args.args:
+        raise runner.RunError(
+            "no program given: bcrecord run [options] script.py [args...] or -m module [args...]"
+        )
+    program, rest = (args.module, args.args) if args.module is not None else (args.args[0], args.args[1:])
+    return runner.run(
+        args.record,
+        program,
+        rest,
+        module=args.module is not None,
+        save_dir=args.save_dir,
+        every=args.every,
+        copy=args.copy,
+        quiet=args.quiet,
+        linger=True,
+    )
+
+
+def _view(args: argparse.Namespace) -> int:
+    from . import viz
+
+    return viz.view(
+        args.directory,
+        plots=not args.no_plots,
+        keys=args.key,
+        progress=args.progress,
+        max_maps=args.max_maps,
+    )
+
+
 def _demo(args: argparse.Namespace) -> int:
     from . import demo
 
-    return demo.run(out=sys.stdout)
+    return demo.run(directory=args.out, steps=args.steps, plots=not args.no_plots, out=sys.stdout)
+
+
+_RUN_VALUE_OPTIONS = {"--record", "-r", "--save-dir", "-o", "--every", "-n", "--copy"}
+
+
+def _split_run(argv: List[str]) -> Tuple[List[str], List[str]]:
+    """Split ``run`` arguments at ``-m MODULE``: what follows belongs to the program.
+
+    (A script's arguments need no help: argparse's REMAINDER takes everything after
+    the script.)
+
+    >>> _split_run(["run", "-r", "m:f:x", "-m", "pkg.mod", "--every", "3"])
+    (['run', '-r', 'm:f:x', '-m', 'pkg.mod'], ['--every', '3'])
+    >>> _split_run(["run", "-n", "2", "script.py", "-m", "x"])
+    (['run', '-n', '2', 'script.py', '-m', 'x'], [])
+    """
+    i = 1
+    while i < len(argv):
+        token = argv[i]
+        if token in _RUN_VALUE_OPTIONS:
+            i += 2
+        elif token == "-m":
+            return argv[: i + 2], argv[i + 2 :]
+        elif token.startswith("-m") and not token.startswith("--"):
+            return argv[: i + 1], argv[i + 1 :]
+        elif token == "--" or not token.startswith("-"):
+            break
+        else:
+            i += 1
+    return argv, []
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="bcrecord", description="Record intermediate values inside Python functions."
+        prog="bcrecord", description="Record intermediate values inside Python functions and PyTorch models."
     )
     commands = parser.add_subparsers(dest="command", required=True)
     p = commands.add_parser("targets", help="list everything recordable in a function")
@@ -94,7 +178,77 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("specs", nargs="+", help="specs such as x@1, self.fc.weight, return")
     p.add_argument("--name", help="owner part of keys (default: show)")
     p.set_defaults(run=_show)
-    p = commands.add_parser("demo", help="record the locals of a small model and print them")
+
+    p = commands.add_parser(
+        "run",
+        help="run a program (like python -m cProfile) recording targets, optionally saving them",
+        usage="bcrecord run --record TARGET [--record TARGET ...] [--save-dir DIR] [--every N]\n"
+        "                    (script.py | -m package.module) [args ...]",
+        description="Run an unmodified script or module with functions patched from the start. "
+        "Its arguments, output and exit status pass through unchanged.",
+        epilog="TARGET is 'package.module:Class.method:SPEC' or 'package.module:function:SPEC', e.g. "
+        "'torchvision.models.resnet:ResNet._forward_impl:x@0' or '__main__:main:loss'; "
+        "'bcrecord targets package.module:Class.method' lists the SPECs. Targets are checked before "
+        "the program starts and applied when their module is imported.",
+    )
+    p.add_argument(
+        "-r",
+        "--record",
+        action="append",
+        default=[],
+        metavar="TARGET",
+        required=True,
+        help="what to record (repeat for more)",
+    )
+    p.add_argument(
+        "-o",
+        "--save-dir",
+        metavar="DIR",
+        help="save values here (safetensors + pickle + index.json; read with bcrecord.load)",
+    )
+    p.add_argument(
+        "-n",
+        "--every",
+        type=int,
+        default=1,
+        metavar="N",
+        help="save every N-th value of each key (default 1: all)",
+    )
+    p.add_argument(
+        "--copy",
+        default="clone",
+        choices=["clone", "detach", "deepcopy", "none"],
+        help="how values are copied when recorded (default clone)",
+    )
+    p.add_argument("-q", "--quiet", action="store_true", help="no summary line on stderr at the end")
+    p.add_argument("-m", dest="module", metavar="MODULE", help="run a module, as python -m does")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="the script and its arguments")
+    p.set_defaults(run=_run)
+
+    p = commands.add_parser("view", help="summarize saved records and draw them as PNGs in DIR/plots")
+    p.add_argument("directory", metavar="DIR", help="a directory written by bcrecord run --save-dir")
+    p.add_argument("--no-plots", action="store_true", help="only print the summary table")
+    p.add_argument("--key", action="append", metavar="GLOB", help="only keys matching GLOB (repeatable)")
+    p.add_argument(
+        "--max-maps", type=int, default=32, metavar="N", help="feature maps per grid picture (default 32)"
+    )
+    p.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="progress bar on stderr (default: when stderr is a terminal)",
+    )
+    p.set_defaults(run=_view)
+
+    p = commands.add_parser("demo", help="record inside a small CNN, print the table and write plots")
+    p.add_argument(
+        "--out",
+        default="bcrecord-demo",
+        metavar="DIR",
+        help="where records and plots go (default ./bcrecord-demo)",
+    )
+    p.add_argument("--steps", type=int, default=5, help="training steps to record (default 5)")
+    p.add_argument("--no-plots", action="store_true", help="skip the pictures (no matplotlib needed)")
     p.set_defaults(run=_demo)
     return parser
 
@@ -105,9 +259,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     >>> main(["targets", "no_colon_here"])  # the message goes to stderr
     2
     """
-    args = _parser().parse_args(list(argv) if argv is not None else None)
+    tokens = list(sys.argv[1:] if argv is None else argv)
+    program_args: List[str] = []
+    if tokens[:1] == ["run"]:
+        tokens, program_args = _split_run(tokens)
+    args = _parser().parse_args(tokens)
+    if program_args:
+        args.args = list(args.args) + program_args
+    if getattr(args, "args", None) and args.args[0] == "--":
+        args.args = args.args[1:]
     try:
         return int(args.run(args))
     except BcrecordError as error:
         print(f"bcrecord: {error}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `bcrecord targets ... | head`: the reader left; say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1

@@ -1,75 +1,157 @@
-"""The core demo behind ``bcrecord demo``: record inside a model without editing it.
+"""``bcrecord demo``: record inside a small CNN without editing it, save, and draw.
 
-Pure Python (no torch): the seeds' ToyModel on lists of floats. It lists the
-targets of ``forward``, patches it with the MMEngine proposal's specs, runs a few
-steps, prints what was recorded and the disassembly with the probes marked.
+The model is :class:`bcrecord.demo_model.TinyResNet` (shipped in the package, CPU,
+no downloads). The demo
 
->>> import io
->>> run(out=io.StringIO())
+1. lists what can be recorded in ``BasicBlock.forward``, read from its bytecode;
+2. records the locals of the model's ``forward`` (every assignment of ``x``) and of
+   the first block (``out@1``, the batch norm's output, and ``out@2``, after the
+   in-place ReLU) with :func:`bcrecord.torch.record`, over a few training steps,
+   saving each step with :class:`bcrecord.storage.Writer`;
+3. shows that the value *before* the in-place ReLU survived (it has negative
+   values; the ReLU overwrote that very tensor a moment later);
+4. runs ``bcrecord view`` on the saved records: the summary table and the pictures
+   in ``DIR/plots`` (feature maps, heatmaps, histograms, values over steps).
+
+Needs torch, safetensors and (for pictures) matplotlib:
+``pip install 'bcrecord[torch,save,viz]'``. Runs in a few seconds on a laptop CPU.
+
+>>> import importlib.util, io, tempfile
+>>> if importlib.util.find_spec("torch") and importlib.util.find_spec("safetensors"):
+...     status = run(tempfile.mkdtemp(), steps=2, plots=False, out=io.StringIO())
+... else:
+...     status = 0
+>>> status
 0
 """
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
-from typing import List, Optional, TextIO
+import time
+from pathlib import Path
+from typing import Any, List, Optional, TextIO, Union
 
-from .listing import side_by_side
-from .patch import patch_method, targets
-from .runtime import recording
-from .specs import SpecLike
+from .errors import BcrecordError
 
-Vector = List[float]
+__all__ = ["run", "TARGETS"]
 
-
-class Linear:
-    """y = w * x + b on a list of floats; ``weight`` is a plain attribute."""
-
-    def __init__(self, weight: float, bias: float) -> None:
-        self.weight = weight
-        self.bias = bias
-
-    def __call__(self, x: Vector) -> Vector:
-        return [self.weight * v + self.bias for v in x]
+#: What the demo records (targets of :func:`bcrecord.torch.record`).
+TARGETS = [":forward:x", "layer1.0:forward:out@[1,2]"]
+_MARKER = ".bcrecord-demo"
 
 
-class ToyModel:
-    """The MMEngine proposal's ToyModel, without torch."""
+def _need(module: str, extra: str) -> None:
+    import importlib.util
 
-    def __init__(self) -> None:
-        self.linear1 = Linear(2.0, 1.0)
-        self.linear2 = Linear(-0.5, 0.0)
-
-    def forward(self, inputs: Vector, data_samples: Optional[Vector] = None, mode: str = "tensor") -> object:
-        outputs = self.linear1(inputs)
-        outputs = [max(v, 0.0) for v in outputs]
-        outputs = self.linear2(outputs)
-        if mode == "tensor":
-            return outputs
-        loss = sum((d - o) ** 2 for d, o in zip(data_samples or [], outputs, strict=False))
-        return dict(loss=loss)
+    if importlib.util.find_spec(module) is None:
+        raise BcrecordError(f"the demo needs {module}: pip install 'bcrecord[{extra}]'")
 
 
-def run(out: TextIO = sys.stdout) -> int:
-    """Run the demo, printing to ``out``; returns 0."""
-    model = ToyModel()
-    print("1. What can be recorded in ToyModel.forward (no source needed):\n", file=out)
-    print(targets(model.forward), file=out)
+def _prepare(directory: Path) -> None:
+    """Make ``directory`` for the demo, clearing what an earlier demo left there (only that)."""
+    if directory.exists() and any(directory.iterdir()):
+        if not (directory / _MARKER).exists():
+            raise BcrecordError(
+                f"{directory} exists and was not made by bcrecord demo; choose another with --out DIR"
+            )
+        for name in ("records", "plots"):
+            shutil.rmtree(directory / name, ignore_errors=True)
+        (directory / "index.json").unlink(missing_ok=True)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / _MARKER).write_text("made by bcrecord demo; rerunning the demo replaces this folder\n")
+    except OSError as error:
+        raise BcrecordError(
+            f"cannot write to {directory}: {error.strerror or error}; choose another with --out DIR"
+        ) from None
 
-    specs: List[SpecLike] = [
-        dict(type="FunctionRecorder", target="outputs", index=[0, 2]),
-        dict(type="AttributeRecorder", target="self.linear1.weight"),
-        "return",
-    ]
-    print("\n2. Record with the MMEngine proposal's specs, owner 'runner_model':\n", file=out)
-    with patch_method(model, "forward", specs, name="runner_model") as patch:
-        with recording() as rec:
-            for step in range(3):
-                model.forward([float(step), -1.0, 2.0], [0.0, 0.0, 0.0], mode="loss")
-        for key in rec.keys():
-            print(f"   {key:<40} {rec.all(key)}", file=out)
-        print("\n3. The patched code, probes marked with '+':\n", file=out)
-        print(side_by_side(patch.original_code, patch.code), file=out)
-    print("\n4. After the patch is removed, forward is the original again:", file=out)
-    print(f"   'forward' in vars(model): {'forward' in vars(model)}", file=out)
+
+def _minimum(values: List[Any]) -> float:
+    return min(float(v.min()) for v in values)
+
+
+def run(
+    directory: Union[str, os.PathLike[str]] = "bcrecord-demo",
+    steps: int = 5,
+    plots: bool = True,
+    out: Optional[TextIO] = None,
+) -> int:
+    """Run the demo, saving into ``directory`` and printing to ``out``; returns 0."""
+    out = sys.stdout if out is None else out
+    if steps < 1:
+        raise BcrecordError(f"--steps must be at least 1, got {steps}")
+    _need("torch", "torch")
+    _need("safetensors", "save")
+    if plots:
+        _need("matplotlib", "viz")
+    started = time.perf_counter()
+
+    import torch
+
+    directory = Path(directory)
+    _prepare(directory)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny model: more threads only contend
+    try:
+        return _run(directory, steps, plots, out, started)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(directory: Path, steps: int, plots: bool, out: TextIO, started: float) -> int:
+    import torch
+
+    from . import viz
+    from .demo_model import BasicBlock, TinyResNet, example_images
+    from .patch import targets
+    from .storage import Writer
+    from .torch import record
+
+    torch.manual_seed(0)
+    model = TinyResNet()
+    images, labels = example_images(8)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+    def say(text: str = "") -> None:
+        print(text, file=out)
+
+    say("bcrecord demo: a small ResNet-like CNN (bcrecord.demo_model.TinyResNet), on CPU, no downloads.\n")
+    found = targets(BasicBlock.forward)
+    lines = str(found).splitlines()
+    say("1. What can be recorded in BasicBlock.forward, read from its bytecode (locals shown):\n")
+    say("\n".join("   " + line for line in lines[:2] + [ln for ln in lines[2:] if ln.startswith("local")]))
+    say(
+        f"   ... and {len(found.specs()) - sum(len(s) for s in found.locals.values())} attribute, call, "
+        "operator and return sites: bcrecord targets bcrecord.demo_model:BasicBlock.forward\n"
+    )
+
+    say(f"2. Record {TARGETS} for {steps} training step(s), saving each step to {directory}:\n")
+    writer = Writer(directory)
+    for step in range(steps):
+        with record(model, TARGETS) as rec:
+            logits = model(images)
+        loss = torch.nn.functional.cross_entropy(logits, labels)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        written = writer.write(rec, step=step)
+        say(f"   step {step}: loss {loss.item():.3f}, {written} values saved")
+
+    loaded = viz.load(directory, keys=["layer1.0:forward:out@1", "layer1.0:forward:out@2"])
+    before, after = loaded["layer1.0:forward:out@1"], loaded["layer1.0:forward:out@2"]
+    say("\n3. The value before the in-place ReLU survived:\n")
+    say(f"   layer1.0:forward:out@1  out = self.bn1(out)   min {_minimum(before):+.3f}  (batch norm output)")
+    say(f"   layer1.0:forward:out@2  out = self.relu(out)  min {_minimum(after):+.3f}  (ReLU, in place)")
+    say("   self.relu overwrote the tensor that out@1 names; bcrecord copied it when it was assigned.\n")
+
+    say(f"4. bcrecord view {directory}:\n")
+    viz.view(directory, plots=plots, out=out, progress=False)
+    seconds = time.perf_counter() - started
+    say(f"\nDone in {seconds:.1f} s. Next:")
+    say(f"   bcrecord view {directory}          # this table and the pictures again")
+    say("   bcrecord targets bcrecord.demo_model:TinyResNet.forward")
+    say("   bcrecord run --record 'bcrecord.demo_model:BasicBlock.forward:out@1' --save-dir DIR script.py")
     return 0

@@ -103,3 +103,17 @@ def test_operator_sites_listed_with_positions_and_errors():
         bcrecord.instrument(f, "-")
     with pytest.raises(TargetError, match="never calls 'g'"):
         bcrecord.instrument(f, "g()")
+
+
+def test_call_sites_are_the_same_on_every_version():
+    # A method-style call's receiver is not itself a call site (3.10/3.11 LOAD_METHOD).
+    found = bcrecord.targets(Net.every_call_form)
+    assert sorted(found.calls) == ["fh.readline", "len", "open", "self.avgpool", "x.scale"]
+    assert bcrecord.targets(Net.forward_impl).specs() == [
+        "self.avgpool@0",
+        "self.fc@0",
+        "flatten()@0",
+        "self.avgpool()@0",
+        "self.fc()@0",
+        "return",
+    ]

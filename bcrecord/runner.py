@@ -1,0 +1,848 @@
+"""``bcrecord run``: run an unmodified program with functions patched from the start.
+
+Like ``python -m cProfile``, it runs a script (:func:`runpy.run_path`) or a module
+(``-m``, :func:`runpy.run_module`) with ``sys.argv`` set to what the program would
+see, while :class:`RunTarget` strings name what to record::
+
+    bcrecord run --record 'torchvision.models.resnet:ResNet._forward_impl:x@0' \\
+                 --save-dir out --every 10  train.py --epochs 3
+
+A target is ``'<module>:<function or Class.method>:<spec>'``; the spec is any
+short form of :func:`bcrecord.parse` (``x``, ``x@1``, ``self.fc.weight``,
+``self.fc@0``, ``return``...). Functions of the program itself are named with the
+module ``__main__`` (or the script's file stem, or the ``-m`` module's name).
+
+How targets are applied:
+
+* **Before the program starts**, every target is checked without importing
+  anything: its module is looked up on ``sys.path`` (parent packages are not
+  imported), its function is found in the module's code by qualified name, and the
+  spec is resolved against that code. An unknown module, function or local stops
+  the run before the program's first line, with one line on stderr.
+* **When the module is imported** (an import hook; modules already imported are
+  patched at once), the functions are patched in place
+  (:func:`bcrecord.patch_function`), so every reference records: ``from m import
+  f``, registries, subclasses that inherit a method.
+* **Functions of the main program** are patched as soon as the program's top level
+  defines them (a trace function watches the main module's top-level statements
+  only, and is removed once every such target is patched).
+
+What is kept: with ``--save-dir``, every N-th value of each key (``--every N``:
+the values numbered 0, N, 2N... in the order that key fired; the number is the
+value's *step*) is copied when it is recorded (the others are not even copied) and
+written with :class:`bcrecord.storage.Writer` in batches (every few seconds or
+megabytes), and at exit -- also when the program raises or calls
+:func:`sys.exit`. Without ``--save-dir`` only counts and the last value of each key
+are kept, and a summary is printed to stderr at the end.
+
+What passes through unchanged: the program's ``sys.argv``, stdin, stdout, its
+stderr (bcrecord adds one summary line there unless ``--quiet``), and its exit
+status: a :class:`SystemExit` is re-raised as it was, an uncaught exception prints
+its traceback (without bcrecord's frames) and exits 1, as Python does.
+
+>>> target = parse_target("json:dumps:return")
+>>> target.module, target.path, target.spec
+('json', ('dumps',), Return(copy=None))
+"""
+
+from __future__ import annotations
+
+import atexit
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import itertools
+import os
+import pickle
+import runpy
+import sys
+import threading
+import time
+import types
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, TextIO, Tuple
+
+from .analysis import read, resolve
+from .errors import BcrecordError
+from .patch import Patch, function_of, patch_method
+from .runtime import _DROP, Recording, Sink, copy_value
+from .specs import Spec, parse
+from .storage import Writer
+
+__all__ = ["RunTarget", "RunError", "parse_target", "check_targets", "run"]
+
+_RUNNER_FILES = {os.path.abspath(__file__), os.path.abspath(runpy.__file__), "<frozen runpy>"}
+_SKIP = object()
+
+
+class RunError(BcrecordError):
+    """Bad input to ``bcrecord run``: a target, a program or an option."""
+
+
+class _TargetFailed(BaseException):
+    """A target could not be applied while the program ran; ends the run with status 2.
+
+    A BaseException, so that the program's own ``except Exception`` does not swallow it.
+    """
+
+
+@dataclass(frozen=True)
+class RunTarget:
+    """One ``'<module>:<qualified name>:<spec>'`` target of ``bcrecord run``."""
+
+    #: The target as written.
+    text: str
+    #: The module to patch in, e.g. ``'torchvision.models.resnet'`` or ``'__main__'``.
+    module: str
+    #: Attribute path from the module, e.g. ``('ResNet', '_forward_impl')``.
+    path: Tuple[str, ...]
+    spec: Spec
+
+    @property
+    def qualname(self) -> str:
+        """The function's qualified name within its module, e.g. ``'ResNet._forward_impl'``."""
+        return ".".join(self.path)
+
+
+def parse_target(text: str) -> RunTarget:
+    """Parse ``'package.module:Class.method:spec'`` or ``'package.module:function:spec'``.
+
+    >>> parse_target("pkg.mod:Model.forward:x@1").path
+    ('Model', 'forward')
+    >>> parse_target("pkg.mod:forward")
+    Traceback (most recent call last):
+    ...
+    bcrecord.runner.RunError: target 'pkg.mod:forward' needs three parts, 'package.module:Class.method:SPEC' \
+(e.g. 'pkg.mod:forward:return'; 'bcrecord targets pkg.mod:forward' lists the specs)
+    """
+    parts = text.split(":", 2)
+    if len(parts) == 2 and all(parts):
+        raise RunError(
+            f"target {text!r} needs three parts, 'package.module:Class.method:SPEC' "
+            f"(e.g. '{text}:return'; 'bcrecord targets {text}' lists the specs)"
+        )
+    if len(parts) != 3 or not all(p.strip() for p in parts):
+        raise RunError(
+            f"bad target {text!r}: expected 'package.module:Class.method:SPEC' or "
+            "'package.module:function:SPEC', e.g. 'json:dumps:return'"
+        )
+    module, qualname, spec_text = (p.strip() for p in parts)
+    path = tuple(qualname.split("."))
+    if not all(p.isidentifier() for p in path) or not all(p.isidentifier() for p in module.split(".")):
+        raise RunError(f"bad target {text!r}: {module!r} and {qualname!r} must be dotted Python names")
+    try:
+        spec = parse(spec_text)
+    except BcrecordError as error:
+        raise RunError(f"bad target {text!r}: {error}") from None
+    return RunTarget(text, module, path, spec)
+
+
+# --- checking targets before anything runs --------------------------------------------
+
+
+def _module_spec(name: str) -> Optional[importlib.machinery.ModuleSpec]:
+    """Find module ``name`` without importing it or its parent packages (None: not found)."""
+    parts = name.split(".")
+    try:
+        spec = importlib.util.find_spec(parts[0])
+    except (ImportError, ValueError):
+        return None
+    for i in range(1, len(parts)):
+        if spec is None:
+            return None
+        parent = sys.modules.get(".".join(parts[:i]))
+        locations = getattr(parent, "__path__", None) if parent is not None else None
+        if locations is None:
+            locations = spec.submodule_search_locations
+        if locations is None:
+            return None
+        sub = ".".join(parts[: i + 1])
+        module = sys.modules.get(sub)
+        spec = getattr(module, "__spec__", None) if module is not None else None
+        if spec is None:
+            spec = importlib.machinery.PathFinder.find_spec(sub, list(locations))
+    return spec
+
+
+def _module_code(spec: importlib.machinery.ModuleSpec) -> Optional[types.CodeType]:
+    """The module's code object, if its loader can give it without running it."""
+    get_code = getattr(spec.loader, "get_code", None)
+    if get_code is None:
+        return None
+    try:
+        code = get_code(spec.name)
+    except Exception:  # a syntax error and the like: the import will report it
+        return None
+    return code if isinstance(code, types.CodeType) else None
+
+
+def _functions(code: types.CodeType, prefix: str = "") -> Iterator[Tuple[str, types.CodeType]]:
+    """``(qualified name, code)`` of every function and class body nested in module ``code``."""
+    for const in code.co_consts:
+        if not isinstance(const, types.CodeType) or const.co_name.startswith("<"):
+            continue
+        qualname = prefix + const.co_name
+        yield qualname, const
+        is_function = bool(const.co_flags & 0x1)  # CO_OPTIMIZED: a function, not a class body
+        yield from _functions(const, qualname + (".<locals>." if is_function else "."))
+
+
+def _check_in_code(target: RunTarget, code: types.CodeType, where: str) -> None:
+    """Check ``target`` against module code: raise :class:`RunError` if it cannot apply."""
+    found = [c for name, c in _functions(code) if name == target.qualname]
+    if not found:
+        if target.path[0] not in code.co_names:
+            raise RunError(f"target {target.text!r}: {where} never defines {target.path[0]!r}")
+        return  # defined some other way (assigned, inherited, generated): checked when patched
+    first: Optional[BcrecordError] = None
+    for candidate in found:
+        try:
+            resolve([target.spec], read(candidate, target.qualname))
+            return
+        except BcrecordError as error:
+            first = first or error
+    raise RunError(f"target {target.text!r}: {first}")
+
+
+def _check_live(target: RunTarget, module: types.ModuleType) -> None:
+    """Check ``target`` against an imported module: the attribute must exist, the spec resolve."""
+    value: Any = module
+    for part in target.path:
+        try:
+            value = getattr(value, part)
+        except AttributeError:
+            raise RunError(f"target {target.text!r}: {value!r} has no attribute {part!r}") from None
+    try:
+        func = function_of(value)
+        resolve([target.spec], read(func.__code__, func.__qualname__))
+    except BcrecordError as error:
+        raise RunError(f"target {target.text!r}: {error}") from None
+
+
+def check_targets(
+    targets: Sequence[RunTarget],
+    main_code: Optional[types.CodeType] = None,
+    main_names: Sequence[str] = ("__main__",),
+    main_where: str = "the program",
+) -> None:
+    """Check each target before the program runs; raise :class:`RunError` on the first bad one.
+
+    Modules are looked up without being imported; a function found in the module's
+    code is checked against the spec. ``main_code`` is the program's own code.
+
+    >>> check_targets([parse_target("json:dumps:return")])
+    >>> check_targets([parse_target("json:dumps:nosuch")])
+    Traceback (most recent call last):
+    ...
+    bcrecord.runner.RunError: target 'json:dumps:nosuch': dumps has no assignment to a local named 'nosuch'; \
+assigned locals: cls
+    >>> check_targets([parse_target("no_such_module.sub:f:x")])
+    Traceback (most recent call last):
+    ...
+    bcrecord.runner.RunError: target 'no_such_module.sub:f:x': no module named 'no_such_module.sub'
+    """
+    for target in targets:
+        if target.module in main_names:
+            if main_code is not None:
+                _check_in_code(target, main_code, main_where)
+            continue
+        module = sys.modules.get(target.module)
+        if module is not None:
+            _check_live(target, module)
+            code = None
+        else:
+            spec = _module_spec(target.module)
+            if spec is None:
+                raise RunError(f"target {target.text!r}: no module named {target.module!r}")
+            code = _module_code(spec)
+        if code is not None:
+            _check_in_code(target, code, f"module {target.module}")
+
+
+# --- applying targets when their module is imported ------------------------------------
+
+
+class _Loader(importlib.abc.Loader):
+    """Wraps a module's loader: runs the module, then calls ``after(module)``.
+
+    The module's ``__loader__`` and ``__spec__.loader`` are set back to the real
+    loader before the module runs, so the program never sees this wrapper.
+    """
+
+    def __init__(self, loader: Any, after: Callable[[types.ModuleType], None]) -> None:
+        self.loader = loader
+        self.after = after
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> Optional[types.ModuleType]:
+        create = getattr(self.loader, "create_module", None)
+        return None if create is None else create(spec)  # type: ignore[no-any-return]
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        if getattr(module, "__loader__", None) is self:
+            module.__loader__ = self.loader
+        spec = getattr(module, "__spec__", None)
+        if spec is not None and spec.loader is self:
+            spec.loader = self.loader
+        self.loader.exec_module(module)
+        self.after(module)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.loader, name)
+
+
+class _ImportHook(importlib.abc.MetaPathFinder):
+    """A meta path finder that patches the targets of a module right after it is executed."""
+
+    def __init__(self, modules: Sequence[str], after: Callable[[types.ModuleType], None]) -> None:
+        self.modules = frozenset(modules)
+        self.after = after
+
+    def find_spec(
+        self, fullname: str, path: Optional[Sequence[str]], target: Optional[types.ModuleType] = None
+    ) -> Optional[importlib.machinery.ModuleSpec]:
+        if fullname not in self.modules:
+            return None
+        for finder in list(sys.meta_path):
+            if finder is self:
+                continue
+            find = getattr(finder, "find_spec", None)
+            if find is None:
+                continue
+            spec = find(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                    spec.loader = _Loader(spec.loader, self.after)
+                return spec  # type: ignore[no-any-return]
+        return None
+
+
+# --- the recording that streams values out ---------------------------------------------
+
+
+def _nbytes(value: Any) -> int:
+    try:
+        if hasattr(value, "element_size") and hasattr(value, "nelement"):
+            return int(value.element_size() * value.nelement())
+        return int(getattr(value, "nbytes", 0)) or sys.getsizeof(value)
+    except Exception:
+        return 64
+
+
+class _Stream(Recording):
+    """A recording that hands every N-th value of each key to ``deliver(key, step, value)``.
+
+    The values in between are counted but neither copied nor kept.
+    """
+
+    def __init__(self, deliver: Callable[[str, int, Any], None], every: int, copy: str) -> None:
+        # only=[]: values of the patches this run makes (:meth:`take`), not the program's own.
+        super().__init__(copy=copy, keep="last", threads="all", only=[])
+        self._deliver = deliver
+        self._every = every
+        self._counters: Dict[str, Iterator[int]] = {}
+        self._counters_lock = threading.Lock()
+
+    def _sink(self, site_id: int, owner: Optional[str] = None) -> Optional[Sink]:
+        sink = super()._sink(site_id, owner)
+        if sink is _DROP:
+            # Not (yet) one of ours: a patch made in another thread may fire before
+            # :meth:`take` sees it, so that answer is not cached.
+            self._sinks.pop(site_id if owner is None else (site_id, owner), None)
+            return sink
+        if sink is None:
+            return sink
+        _, _, policy, key, chain = sink
+        with self._counters_lock:
+            counter = self._counters.setdefault(key, itertools.count())
+        every, deliver = self._every, self._deliver
+
+        def gate(value: Any) -> Any:
+            step = next(counter)
+            if step % every:
+                return _SKIP
+            return step, (policy(value) if callable(policy) else copy_value(value, policy))
+
+        def append(item: Any) -> None:
+            if item is not _SKIP:
+                deliver(key, item[0], item[1])
+
+        ours: Sink = (append, {}, gate, key, chain)
+        self._sinks[site_id if owner is None else (site_id, owner)] = ours
+        return ours
+
+    def take(self, patch: Patch) -> None:
+        """Record the values of ``patch`` too."""
+        assert self._only is not None
+        self._only.add(id(patch))
+
+    def counts(self) -> Dict[str, int]:
+        """How many times each key fired (saved or not)."""
+        # repr(itertools.count(7)) is 'count(7)': read without advancing it.
+        return {key: int(repr(counter)[6:-1]) for key, counter in list(self._counters.items())}
+
+
+class _Collector:
+    """Where values go: batches written with :class:`~bcrecord.storage.Writer`, or a summary."""
+
+    def __init__(
+        self, writer: Optional[Writer], flush_bytes: int = 64 << 20, flush_seconds: float = 5.0
+    ) -> None:
+        self.writer = writer
+        self.flush_bytes = flush_bytes
+        self.flush_seconds = flush_seconds
+        self.pid = os.getpid()
+        self.lock = threading.RLock()
+        self.buffer: List[Tuple[str, int, Any]] = []
+        self.buffered = 0
+        self.last_flush = time.monotonic()
+        self.saved: Dict[str, int] = defaultdict(int)
+        self.last: Dict[str, Any] = {}
+        self.error: Optional[str] = None
+        self.warned: set = set()
+        self.warnings: List[str] = []
+
+    def deliver(self, key: str, step: int, value: Any) -> None:
+        if os.getpid() != self.pid:  # a forked child: its values are not ours to write
+            return
+        with self.lock:
+            self.last[key] = value
+            if self.writer is None:
+                self.saved[key] += 1
+                return
+            if self.error is not None:
+                return
+            self.buffer.append((key, step, value))
+            self.buffered += _nbytes(value)
+            if self.buffered >= self.flush_bytes or time.monotonic() - self.last_flush >= self.flush_seconds:
+                self.flush()
+
+    def _picklable(self, key: str, value: Any) -> Any:
+        """``value``, or its repr (with a warning, once per key) if it cannot be pickled."""
+        if type(value).__module__.startswith("torch") and hasattr(value, "shape"):
+            return value
+        try:
+            pickle.dumps(value, protocol=4)
+            return value
+        except Exception as error:
+            if key not in self.warned:
+                self.warned.add(key)
+                why = f"{type(value).__name__} cannot be pickled ({type(error).__name__})"
+                self.warnings.append(f"{key}: {why}; saved its repr")
+            return repr(value)
+
+    def flush(self) -> None:
+        """Write what is buffered; a failure (a full disk) stops saving but never the program."""
+        with self.lock:
+            if self.writer is None or self.error is not None or os.getpid() != self.pid:
+                return
+            batch, self.buffer, self.buffered = self.buffer, [], 0
+            self.last_flush = time.monotonic()
+            try:
+                self._write(batch)
+            except Exception as error:
+                self.error = (
+                    str(error) if isinstance(error, BcrecordError) else f"{type(error).__name__}: {error}"
+                )
+
+    def _write(self, batch: List[Tuple[str, int, Any]]) -> None:
+        """One :meth:`~bcrecord.storage.Writer.write_many`: one file pair, one index update."""
+        assert self.writer is not None
+        if not batch:
+            return
+        try:
+            self.writer.write_many(_by_step(batch))
+        except BcrecordError:
+            raise
+        except Exception:  # most likely a value that cannot be pickled: find it, retry
+            batch = [(key, step, self._picklable(key, value)) for key, step, value in batch]
+            self.writer.write_many(_by_step(batch))
+        for key, _, _ in batch:
+            self.saved[key] += 1
+
+
+def _by_step(batch: List[Tuple[str, int, Any]]) -> List[Tuple[int, Dict[str, List[Any]]]]:
+    """``[(key, step, value)]`` as ``[(step, {key: [values]})]``, steps in order."""
+    steps: Dict[int, Dict[str, List[Any]]] = defaultdict(lambda: defaultdict(list))
+    for key, step, value in batch:
+        steps[step][key].append(value)
+    return [(step, dict(steps[step])) for step in sorted(steps)]
+
+
+# --- running a program -----------------------------------------------------------------
+
+
+def _is_runner_frame(filename: str) -> bool:
+    """Whether a traceback frame is bcrecord's or runpy's (left out of the program's traceback)."""
+    return filename in _RUNNER_FILES or os.path.abspath(filename) in _RUNNER_FILES
+
+
+def _ordinal(n: int) -> str:
+    suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
+    return f"{n}{suffix}"
+
+
+def _describe(value: Any) -> str:
+    shape = getattr(value, "shape", None)
+    if shape is not None:
+        dtype = str(getattr(value, "dtype", "")).replace("torch.", "")
+        return f"{type(value).__name__} {list(shape)} {dtype}".rstrip()
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+@dataclass
+class _Program:
+    """What to run and how ``sys`` should look to it."""
+
+    name: str
+    is_module: bool
+    argv: List[str]
+    path0: str
+    main_names: Tuple[str, ...]
+    code: Optional[types.CodeType]
+    where: str
+    #: The script's file: a module imported under the script's stem is patched as
+    #: ``__main__`` only if it is this file.
+    file: Optional[str] = None
+
+
+def _program(program: str, args: Sequence[str], is_module: bool) -> _Program:
+    if is_module:
+        try:
+            spec = importlib.util.find_spec(program)  # imports parent packages, as python -m does
+            name = program
+            if spec is not None and spec.submodule_search_locations is not None:
+                name = program + ".__main__"  # a package runs its __main__ submodule
+                spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError) as error:
+            raise RunError(f"cannot run module {program!r}: {error}") from None
+        if spec is None:
+            raise RunError(f"no module named {program!r}")
+        code = _module_code(spec)
+        return _Program(
+            program, True, [program, *args], os.getcwd(), ("__main__", name), code, f"module {name}"
+        )
+    if not os.path.exists(program):
+        raise RunError(f"no such file: {program!r}")
+    code = None
+    if os.path.isfile(program):
+        try:
+            with open(program, "rb") as handle:
+                source = handle.read()
+        except OSError as error:
+            raise RunError(f"cannot read {program!r}: {error.strerror or error}") from None
+        try:
+            code = compile(source, program, "exec", dont_inherit=True)
+        except (SyntaxError, ValueError):
+            code = None  # the program fails as Python would make it fail
+    stem = os.path.splitext(os.path.basename(program))[0]
+    names = ("__main__", stem) if stem.isidentifier() else ("__main__",)
+    return _Program(
+        program,
+        False,
+        [program, *args],
+        os.path.dirname(os.path.abspath(program)),
+        names,
+        code,
+        program,
+        os.path.realpath(program),
+    )
+
+
+class Runner:
+    """Targets, the recording and where values go, for one run of one program.
+
+    :func:`run` is the usual entry point; this class is what it drives:
+    :meth:`start` (patch, hook imports, enter the recording), :meth:`execute`
+    (run the program, returns its exit status) and :meth:`close` (flush, report).
+    """
+
+    def __init__(
+        self,
+        targets: Sequence[RunTarget],
+        program: _Program,
+        writer: Optional[Writer],
+        every: int = 1,
+        copy: str = "clone",
+        quiet: bool = False,
+        stderr: Optional[TextIO] = None,
+    ) -> None:
+        self.targets = list(targets)
+        self.program = program
+        self.every = every
+        self.quiet = quiet
+        self._stderr = stderr
+        self.collector = _Collector(writer)
+        self.recording = _Stream(self.collector.deliver, every, copy)
+        self.patches: List[Patch] = []
+        self.applied: set = set()
+        self.groups: Dict[str, Dict[Tuple[str, ...], List[RunTarget]]] = defaultdict(
+            lambda: defaultdict(list)
+        )
+        for target in self.targets:
+            self.groups[target.module][target.path].append(target)
+        self.hook = _ImportHook([m for m in self.groups if m != "__main__"], self._after_import)
+        self._saved_sys: Optional[Tuple[List[str], List[str]]] = None
+        self._trace: Any = None
+        self._previous_trace: Any = None
+        self._closed = False
+        #: True when a target failed to apply and the run was stopped.
+        self.aborted = False
+
+    @property
+    def stderr(self) -> TextIO:
+        return self._stderr if self._stderr is not None else sys.stderr
+
+    # patching ---------------------------------------------------------------------------
+
+    def _apply(
+        self, module: types.ModuleType, module_names: Sequence[str], only: Optional[set] = None
+    ) -> None:
+        for name in module_names:
+            for path, group in self.groups.get(name, {}).items():
+                texts = ", ".join(repr(t.text) for t in group)
+                if only is not None and not any(t.text in only for t in group):
+                    continue
+                holder: Any = module
+                try:
+                    for part in path[:-1]:
+                        holder = getattr(holder, part)
+                    patch = patch_method(holder, path[-1], [t.spec for t in group], in_place=True)
+                except AttributeError as error:
+                    raise _TargetFailed(f"target {texts}: {error}") from None
+                except BcrecordError as error:
+                    raise _TargetFailed(f"target {texts}: {error}") from None
+                self.patches.append(patch)
+                self.recording.take(patch)
+                self.applied.update(t.text for t in group)
+
+    def _after_import(self, module: types.ModuleType) -> None:
+        if self.program.file is not None and module.__name__ in self.program.main_names:
+            # A module named like the script: the script imported by name, or another module.
+            where = getattr(module, "__file__", None)
+            if where is None or os.path.realpath(where) != self.program.file:
+                return
+        self._apply(module, [module.__name__])
+
+    def _start_main_trace(self) -> None:
+        pending = {
+            t.text for n in self.program.main_names for g in self.groups.get(n, {}).values() for t in g
+        }
+        if not pending:
+            return
+        found: List[types.FrameType] = []
+
+        def apply_defined(frame: types.FrameType) -> None:
+            module = sys.modules.get("__main__")
+            if module is None or vars(module) is not frame.f_globals:
+                module = types.ModuleType("__main__")
+                module.__dict__.update(frame.f_globals)  # read-only view for lookups
+            ready = {
+                t.text
+                for n in self.program.main_names
+                for path, group in self.groups.get(n, {}).items()
+                for t in group
+                if t.text in pending and path[0] in frame.f_globals
+            }
+            if ready:
+                self._apply(module, self.program.main_names, only=ready)
+                pending.difference_update(ready)
+
+        def local(frame: types.FrameType, event: str, arg: Any) -> Any:
+            if event in ("line", "return"):
+                apply_defined(frame)
+                if not pending or event == "return":
+                    self._stop_trace()
+                    frame.f_trace = None
+                    return None
+            return local
+
+        def global_(frame: types.FrameType, event: str, arg: Any) -> Any:
+            if (
+                not found
+                and event == "call"
+                and frame.f_code.co_name == "<module>"
+                and frame.f_globals.get("__name__") == "__main__"
+            ):
+                found.append(frame)
+                return local
+            return None
+
+        self._previous_trace = sys.gettrace()
+        self._trace = global_
+        sys.settrace(global_)
+
+    def _stop_trace(self) -> None:
+        if self._trace is not None and sys.gettrace() is self._trace:
+            sys.settrace(self._previous_trace)
+        self._trace = None
+
+    # the run ----------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Enter the recording, patch loaded modules, hook imports, set ``sys.argv``/``sys.path``."""
+        self.recording.__enter__()
+        try:
+            for name in self.groups:
+                module = sys.modules.get(name)
+                if module is not None and name not in self.program.main_names:
+                    self._apply(module, [name])
+        except _TargetFailed as error:
+            self.recording.__exit__(None, None, None)
+            raise RunError(str(error)) from None
+        sys.meta_path.insert(0, self.hook)
+        self._saved_sys = (sys.argv[:], sys.path[:])
+        sys.argv[:] = self.program.argv
+        if sys.path:
+            sys.path[0] = self.program.path0
+        else:
+            sys.path.append(self.program.path0)
+
+    def execute(self) -> int:
+        """Run the program; returns its exit status (a ``SystemExit`` is re-raised as it was)."""
+        self._start_main_trace()
+        try:
+            if self.program.is_module:
+                runpy.run_module(self.program.name, run_name="__main__", alter_sys=True)
+            else:
+                runpy.run_path(os.path.abspath(self.program.name), run_name="__main__")
+            return 0
+        except _TargetFailed as error:
+            print(f"bcrecord: {error}", file=self.stderr)
+            self.aborted = True
+            return 2
+        except (SystemExit, KeyboardInterrupt, GeneratorExit):
+            raise
+        except BaseException as error:
+            tb = error.__traceback__
+            while tb is not None and _is_runner_frame(tb.tb_frame.f_code.co_filename):
+                tb = tb.tb_next
+            sys.excepthook(type(error), error, error.with_traceback(tb).__traceback__)
+            return 1
+        finally:
+            self._stop_trace()
+            self.collector.flush()
+
+    def close(self) -> None:
+        """Flush, leave the recording, unhook imports, remove patches, restore ``sys``; report."""
+        if self._closed or os.getpid() != self.collector.pid:  # closed, or a forked child exiting
+            return
+        self._closed = True
+        self._stop_trace()
+        self.collector.flush()
+        if self.recording.active:
+            self.recording.__exit__(None, None, None)
+        try:
+            sys.meta_path.remove(self.hook)
+        except ValueError:
+            pass
+        for patch in reversed(self.patches):
+            patch.remove()
+        if self._saved_sys is not None:
+            sys.argv[:], sys.path[:] = self._saved_sys
+        self.report()
+
+    # reporting --------------------------------------------------------------------------
+
+    def report(self) -> None:
+        """Print what was recorded (and what never applied) to stderr."""
+        out = self.stderr
+        if self.aborted:
+            return
+        for text in [t.text for t in self.targets if t.text not in self.applied]:
+            module = text.split(":", 1)[0]
+            print(f"bcrecord: target {text!r} was never applied: {module} was not imported", file=out)
+        for line in self.collector.warnings:
+            print(f"bcrecord: {line}", file=out)
+        if self.collector.error is not None:
+            print(f"bcrecord: {self.collector.error}", file=out)
+        if self.quiet:
+            return
+        counts = self.recording.counts()
+        fired = {k: n for k, n in counts.items() if n}
+        writer = self.collector.writer
+        if writer is not None:
+            saved, keys = sum(self.collector.saved.values()), len(self.collector.saved)
+            every = "" if self.every == 1 else f", every {_ordinal(self.every)} value"
+            print(
+                f"bcrecord: saved {saved} value(s) of {keys} key(s) to {writer.directory}"
+                f"{every}; see them with: bcrecord view {writer.directory}",
+                file=out,
+            )
+            return
+        if not fired:
+            print("bcrecord: nothing was recorded", file=out)
+            return
+        rows = [("key", "values", "last value")]
+        rows += [(k, str(n), _describe(self.collector.last.get(k))) for k, n in fired.items()]
+        widths = [max(len(r[i]) for r in rows) for i in range(3)]
+        print("bcrecord: recorded (no --save-dir, so nothing was saved):", file=out)
+        for row in rows:
+            print("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip(), file=out)
+
+
+def run(
+    targets: Sequence[str],
+    program: str,
+    args: Sequence[str] = (),
+    *,
+    module: bool = False,
+    save_dir: Optional[str] = None,
+    every: int = 1,
+    copy: str = "clone",
+    quiet: bool = False,
+    stderr: Optional[TextIO] = None,
+    linger: bool = False,
+) -> int:
+    """Run ``program`` (a script path, or a module name with ``module=True``) recording ``targets``.
+
+    Returns the program's exit status; a :class:`SystemExit` it raises is re-raised
+    after the records are flushed. Bad input raises :class:`RunError` before the
+    program starts. ``linger=True`` (the command line) keeps recording until the
+    interpreter exits -- values from the program's ``atexit`` handlers and from
+    threads still running are saved too -- instead of stopping when ``program`` returns.
+
+    >>> import io, os, tempfile
+    >>> script = os.path.join(tempfile.mkdtemp(), "prog.py")
+    >>> with open(script, "w") as handle:
+    ...     _ = handle.write("def square(v):\\n    out = v * v\\n    return out\\n"
+    ...                      "print(sum(square(i) for i in range(4)))\\n")
+    >>> err = io.StringIO()
+    >>> run(["__main__:square:out"], script, stderr=err)
+    14
+    0
+    >>> print(err.getvalue().strip())
+    bcrecord: recorded (no --save-dir, so nothing was saved):
+      key                    values  last value
+      __main__:square:out@0  4       9
+    """
+    if not isinstance(every, int) or every < 1:
+        raise RunError(f"--every must be a positive integer, got {every!r}")
+    parsed = [parse_target(t) for t in targets]
+    if not parsed:
+        raise RunError("nothing to record: give at least one --record TARGET")
+    prog = _program(program, args, module)
+    saved_path0 = sys.path[0] if sys.path else None
+    if sys.path:
+        sys.path[0] = prog.path0  # where the program's own modules are found (checked next)
+    try:
+        check_targets(parsed, prog.code, prog.main_names, prog.where)
+    finally:
+        if saved_path0 is not None:
+            sys.path[0] = saved_path0
+    writer = Writer(save_dir) if save_dir is not None else None
+    runner = Runner(parsed, prog, writer, every=every, copy=copy, quiet=quiet, stderr=stderr)
+    runner.start()
+    if linger:
+        atexit.register(runner.close)
+    try:
+        status = runner.execute()
+    finally:
+        if not linger:
+            runner.close()
+    if runner.collector.error is not None and status == 0:
+        if linger:
+            print(f"bcrecord: {runner.collector.error}", file=runner.stderr)
+        return 2
+    return status

@@ -1,0 +1,663 @@
+"""``bcrecord view DIR``: saved records as a summary table and as pictures.
+
+:func:`view` reads a records directory (written by ``bcrecord run --save-dir``,
+:func:`bcrecord.save` or :class:`bcrecord.storage.Writer`), prints one row per key
+(key, steps, shape, dtype, min/mean/max over every saved value) and writes PNGs to
+``DIR/plots``:
+
+* ``<key>.maps.png`` -- a grid of feature maps, for 4-D values (``N, C, H, W``:
+  the channels of the first sample) and 3-D ones (``C, H, W``);
+* ``<key>.heatmap.png`` -- a heatmap, for 2-D values (and ``N, C, 1, 1``);
+* ``<key>.hist.png`` -- a histogram of the elements (last step; the first step
+  overlaid when the key was saved repeatedly);
+* ``<key>.steps.png`` -- for keys saved repeatedly, the value over steps: mean,
+  mean +/- std and the min..max band of each step;
+* ``index.html`` -- every picture with the summary table, to open in a browser.
+
+Pictures show the last saved value of each key. ``DIR/plots`` belongs to this
+command: earlier pictures there are replaced. matplotlib is imported only when
+pictures are drawn (its Agg renderer, through :class:`matplotlib.figure.Figure`;
+pyplot's global state is never touched). A progress bar goes to stderr when it is
+a terminal.
+
+>>> import tempfile, bcrecord
+>>> folder = tempfile.mkdtemp()
+>>> _ = bcrecord.save({"m:f:x@0": [1.0]}, folder, step=0)
+>>> _ = bcrecord.save({"m:f:x@0": [3.0]}, folder, step=1)
+>>> print(table(summarize(bcrecord.load(folder))))
+key      steps  shape  dtype  min  mean  max
+m:f:x@0  2      -      float  1    2     3
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import html
+import math
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, TextIO, Tuple, Union
+from urllib.parse import quote
+
+from .errors import BcrecordError
+from .storage import Loaded, load
+
+__all__ = ["KeySummary", "summarize", "table", "draw", "write_index", "view", "Progress"]
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+# --- numbers -----------------------------------------------------------------------------
+
+
+def _is_tensor(value: Any) -> bool:
+    return type(value).__module__.startswith("torch") and hasattr(value, "detach") and hasattr(value, "shape")
+
+
+def _stats(value: Any) -> Optional[Tuple[float, float, float, int]]:
+    """(min, sum, max, count) of the finite-or-infinite, non-NaN numbers in ``value``; None if not numeric."""
+    if isinstance(value, bool) or isinstance(value, (int, float)):
+        number = float(value)
+        return None if math.isnan(number) else (number, number, number, 1)
+    if _is_tensor(value):
+        t = value.detach()
+        if t.is_complex():
+            t = t.abs()
+        if not t.is_floating_point():
+            t = t.double()
+        if t.numel() and bool(t.isnan().any()):
+            t = t[~t.isnan()]
+        if t.numel() == 0:
+            return None
+        low, high = t.aminmax()
+        return float(low), float(t.sum(dtype=t.new_zeros(()).double().dtype)), float(high), int(t.numel())
+    array = _numpy_array(value)
+    if array is None:
+        return None
+    array = array[~_isnan(array)]
+    if array.size == 0:
+        return None
+    return float(array.min()), float(array.sum()), float(array.max()), int(array.size)
+
+
+def _isnan(array: Any) -> Any:
+    import numpy as np
+
+    return np.isnan(array)
+
+
+def _numpy_array(value: Any) -> Any:
+    """``value`` as a float64 numpy array (tensors, numpy arrays, numbers, lists); None if not numeric."""
+    try:
+        import numpy as np
+    except ImportError:
+        return None
+    if _is_tensor(value):
+        t = value.detach().cpu()
+        if t.is_complex():
+            t = t.abs()
+        return t.double().numpy()
+    if isinstance(value, str) or value is None:
+        return None
+    try:
+        array = np.asarray(value)
+    except Exception:
+        return None
+    if array.dtype.kind == "c":
+        array = np.abs(array)
+    if array.dtype.kind not in "biuf":
+        return None
+    return array.astype(np.float64)
+
+
+def _shape(value: Any) -> Optional[Tuple[int, ...]]:
+    shape = getattr(value, "shape", None)
+    if shape is None:
+        return None
+    try:
+        return tuple(int(d) for d in shape)
+    except (TypeError, ValueError):
+        return None
+
+
+def _number(x: Optional[float]) -> str:
+    """A short form for the table: whole numbers exactly, others to 4 significant digits.
+
+    >>> [_number(v) for v in (None, 0.0, 19999.0, 0.33333, 12345.678, 2.5e-7, -4e9)]
+    ['-', '0', '19999', '0.3333', '1.235e+04', '2.500e-07', '-4000000000']
+    """
+    if x is None:
+        return "-"
+    if math.isfinite(x) and x.is_integer() and abs(x) < 1e12:
+        return str(int(x))
+    if 1e-3 <= abs(x) < 1e4:
+        return f"{x:.4g}"
+    return f"{x:.4g}" if not math.isfinite(x) else f"{x:.3e}"
+
+
+# --- summary -----------------------------------------------------------------------------
+
+
+@dataclass
+class KeySummary:
+    """What one key holds: its steps, shape, dtype and min/mean/max over every saved value."""
+
+    key: str
+    steps: List[int]
+    values: List[Any] = field(repr=False)
+    shape: Optional[Tuple[int, ...]] = None
+    #: True when the saved values do not all have one shape.
+    varied_shape: bool = False
+    dtype: str = "-"
+    min: Optional[float] = None
+    mean: Optional[float] = None
+    max: Optional[float] = None
+
+    @property
+    def numeric(self) -> bool:
+        """Whether min/mean/max could be computed."""
+        return self.mean is not None
+
+    def row(self) -> Tuple[str, ...]:
+        """The table row: key, steps, shape, dtype, min, mean, max."""
+        steps = str(len(self.steps))
+        if self.steps and self.steps != list(range(len(self.steps))):
+            steps += f" ({self.steps[0]}..{self.steps[-1]})"
+        if self.varied_shape:
+            shape = "varies"
+        elif self.shape is None:
+            shape = "-"
+        else:
+            shape = "x".join(map(str, self.shape)) if self.shape else "scalar"
+        return (self.key, steps, shape, self.dtype, _number(self.min), _number(self.mean), _number(self.max))
+
+
+def _dtype(value: Any) -> str:
+    dtype = getattr(value, "dtype", None)
+    if dtype is not None:
+        return str(dtype).replace("torch.", "")
+    return type(value).__name__
+
+
+def summarize(loaded: Loaded, keys: Optional[Iterable[str]] = None) -> List[KeySummary]:
+    """One :class:`KeySummary` per key of ``loaded`` (``keys``: glob patterns to keep).
+
+    >>> import tempfile, bcrecord
+    >>> folder = tempfile.mkdtemp()
+    >>> _ = bcrecord.save({"a:f:x@0": [1, 2], "a:f:s@0": ["text"]}, folder, step=0)
+    >>> [(s.key, s.numeric, s.mean) for s in summarize(bcrecord.load(folder), keys=["*x*"])]
+    [('a:f:x@0', True, 1.5)]
+    """
+    patterns = list(keys) if keys is not None else None
+    out = []
+    for key in loaded:
+        if patterns is not None and not any(fnmatch.fnmatchcase(key, p) for p in patterns):
+            continue
+        values = loaded[key]
+        summary = KeySummary(key, loaded.steps(key), values)
+        shapes = {_shape(v) for v in values}
+        summary.varied_shape = len(shapes) > 1
+        summary.shape = next(iter(shapes)) if len(shapes) == 1 else None
+        dtypes = {_dtype(v) for v in values}
+        summary.dtype = dtypes.pop() if len(dtypes) == 1 else "mixed"
+        low, total, high, count = math.inf, 0.0, -math.inf, 0
+        for value in values:
+            stats = _stats(value)
+            if stats is None:
+                count = -1
+                break
+            low, total, high, count = (
+                min(low, stats[0]),
+                total + stats[1],
+                max(high, stats[2]),
+                count + stats[3],
+            )
+        if count > 0:
+            summary.min, summary.mean, summary.max = low, total / count, high
+        out.append(summary)
+    return out
+
+
+def table(summaries: Sequence[KeySummary]) -> str:
+    """The summary as an aligned text table (see the module example)."""
+    rows = [("key", "steps", "shape", "dtype", "min", "mean", "max")] + [s.row() for s in summaries]
+    widths = [max(len(r[i]) for r in rows) for i in range(7)]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows
+    )
+
+
+# --- progress ------------------------------------------------------------------------------
+
+
+class Progress:
+    """A one-line progress bar on ``stream`` (shown only when ``enabled``).
+
+    >>> import io
+    >>> stream = io.StringIO()
+    >>> bar = Progress(2, "plots", stream, enabled=True)
+    >>> bar.advance("a"); bar.advance("b"); bar.close()
+    >>> stream.getvalue().rstrip().rsplit("\\r", 1)[-1].split()[:3]
+    ['plots', '[##############################]', '2/2']
+    """
+
+    def __init__(self, total: int, label: str, stream: TextIO, enabled: bool, width: int = 30) -> None:
+        self.total, self.label, self.stream, self.enabled, self.width = total, label, stream, enabled, width
+        self.done = 0
+        self.started = time.monotonic()
+        self._draw("")
+
+    def _draw(self, note: str) -> None:
+        if not self.enabled:
+            return
+        filled = int(self.width * self.done / self.total) if self.total else self.width
+        bar = "#" * filled + "." * (self.width - filled)
+        elapsed = time.monotonic() - self.started
+        line = f"\r{self.label} [{bar}] {self.done}/{self.total} {elapsed:4.1f}s {note}"
+        self.stream.write(line[:120].ljust(100))
+        self.stream.flush()
+
+    def advance(self, note: str = "") -> None:
+        """One more item done."""
+        self.done += 1
+        self._draw(note)
+
+    def close(self) -> None:
+        """End the line."""
+        if self.enabled:
+            self._draw("done")
+            self.stream.write("\n")
+            self.stream.flush()
+
+
+# --- pictures -----------------------------------------------------------------------------
+
+
+def _slug(key: str) -> str:
+    """A file-name-safe form of a key.
+
+    >>> _slug("layer1.0:forward:out@1")
+    'layer1.0_forward_out@1'
+    """
+    return re.sub(r"[^A-Za-z0-9_.@-]+", "_", key).strip("._") or "key"
+
+
+def _figure(width: float, height: float) -> Any:
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(width, height), dpi=100)
+
+
+def _title(summary: KeySummary, what: str) -> str:
+    return f"{summary.key}\n{what}"
+
+
+def _mosaic(maps: Any, cols: int, pad: int) -> Any:
+    """Tile ``maps`` (C, H, W) into one image, each map scaled to 0..1 on its own; NaN between."""
+    import numpy as np
+
+    count, height, width = maps.shape
+    rows = math.ceil(count / cols)
+    mosaic = np.full((rows * (height + pad) - pad, cols * (width + pad) - pad), np.nan)
+    for i in range(count):
+        one = maps[i]
+        finite = one[np.isfinite(one)]
+        low, high = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
+        scaled = (one - low) / (high - low) if high > low else np.zeros_like(one)
+        r, c = divmod(i, cols)
+        mosaic[
+            r * (height + pad) : r * (height + pad) + height, c * (width + pad) : c * (width + pad) + width
+        ] = scaled
+    return mosaic
+
+
+def _feature_maps(summary: KeySummary, maps: Any, note: str, max_maps: int) -> Any:
+    """One picture of up to ``max_maps`` channels side by side (one image, so it draws fast)."""
+    channels, height, width = maps.shape
+    shown = min(channels, max_maps)
+    cols = math.ceil(math.sqrt(shown * height / max(width, 1)))
+    rows = math.ceil(shown / cols)
+    pad = max(1, min(height, width) // 8)
+    mosaic = _mosaic(maps[:shown], cols, pad)
+    scale = 7.0 / max(mosaic.shape)
+    fig = _figure(max(4.0, mosaic.shape[1] * scale + 0.4), mosaic.shape[0] * scale + 1.0)
+    ax = fig.add_axes((0.02, 0.02, 0.96, 1 - 0.9 / (mosaic.shape[0] * scale + 1.0)))
+    cmap = _colormap("viridis")
+    ax.imshow(mosaic, cmap=cmap, interpolation="nearest", vmin=0, vmax=1)
+    for i in range(shown):
+        r, c = divmod(i, cols)
+        ax.text(
+            c * (width + pad) + 0.5,
+            r * (height + pad) + 0.5,
+            str(i),
+            color="white",
+            fontsize=7,
+            ha="left",
+            va="top",
+        )
+    ax.set_axis_off()
+    fig.suptitle(
+        _title(
+            summary,
+            f"step {summary.steps[-1]}, {note}, channels 0..{shown - 1} of {channels} "
+            f"({rows}x{cols} grid, each scaled to its own range)",
+        ),
+        fontsize=9,
+    )
+    return fig
+
+
+def _integer_ticks(axis: Any) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    axis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _colormap(name: str) -> Any:
+    import matplotlib
+
+    cmap = matplotlib.colormaps[name].copy()
+    cmap.set_bad("white")
+    return cmap
+
+
+def _heatmap(summary: KeySummary, array: Any, note: str) -> Any:
+    stride_r = max(1, math.ceil(array.shape[0] / 512))
+    stride_c = max(1, math.ceil(array.shape[1] / 512))
+    shown = array[::stride_r, ::stride_c]
+    fig = _figure(6.4, 4.8)
+    ax = fig.add_axes((0.12, 0.1, 0.72, 0.76))
+    low, high = float(shown.min()), float(shown.max())
+    extent = (-0.5, array.shape[1] - 0.5, array.shape[0] - 0.5, -0.5)  # axes in the array's own indices
+    if low < 0 < high:
+        bound = max(-low, high)
+        image = ax.imshow(
+            shown,
+            cmap="coolwarm",
+            vmin=-bound,
+            vmax=bound,
+            aspect="auto",
+            interpolation="nearest",
+            extent=extent,
+        )
+    else:
+        image = ax.imshow(shown, cmap="viridis", aspect="auto", interpolation="nearest", extent=extent)
+    fig.colorbar(image, cax=fig.add_axes((0.87, 0.1, 0.03, 0.76)))
+    strided = "" if stride_r == stride_c == 1 else f", every ({stride_r}, {stride_c})-th element"
+    ax.set_title(_title(summary, f"step {summary.steps[-1]}, {note}{strided}"), fontsize=9)
+    _integer_ticks(ax.xaxis)
+    _integer_ticks(ax.yaxis)
+    ax.set_xlabel("column (dim 1)")
+    ax.set_ylabel("row (dim 0)")
+    return fig
+
+
+def _sample(array: Any, limit: int = 1_000_000) -> Any:
+    flat = array.ravel()
+    flat = flat[~_isnan(flat)]
+    return flat if flat.size <= limit else flat[:: math.ceil(flat.size / limit)]
+
+
+def _histogram(summary: KeySummary, first: Any, last: Any, what: str = "") -> Any:
+    import numpy as np
+
+    fig = _figure(6.4, 4.0)
+    ax = fig.add_axes((0.12, 0.13, 0.84, 0.72))
+    data = _sample(last)
+    earlier = None if first is None else _sample(first)
+    both = data if earlier is None else np.concatenate([data, earlier])
+    bins = max(10, min(100, int(math.sqrt(max(data.size, 1)))))
+    low, high = (float(both.min()), float(both.max())) if both.size else (0.0, 1.0)
+    edges = np.linspace(low, high if high > low else low + 1.0, bins + 1)
+    if earlier is not None:
+        counts, _ = np.histogram(earlier, edges)
+        ax.stairs(
+            counts, edges, fill=True, alpha=0.45, color="tab:gray", label=f"step {summary.steps[0]} (first)"
+        )
+    counts, _ = np.histogram(data, edges)
+    label = f"steps {summary.steps[0]}..{summary.steps[-1]}" if what else f"step {summary.steps[-1]}"
+    ax.stairs(counts, edges, fill=True, alpha=0.7, color="tab:blue", label=label)
+    if data.size > 1000:
+        ax.set_yscale("symlog", linthresh=1)
+    ax.set_xlabel("value")
+    ax.set_ylabel("count")
+    ax.legend(fontsize=8)
+    ax.set_title(_title(summary, what or f"histogram of {data.size} element(s)"), fontsize=9)
+    return fig
+
+
+def _over_steps(summary: KeySummary, arrays: List[Any]) -> Any:
+    import numpy as np
+
+    steps = np.array(summary.steps[: len(arrays)], dtype=float)
+    flat = [_sample(a, 200_000) for a in arrays]
+    mean = np.array([f.mean() if f.size else np.nan for f in flat])
+    marker = "o" if len(arrays) <= 60 else None
+    fig = _figure(6.4, 4.0)
+    ax = fig.add_axes((0.12, 0.13, 0.84, 0.72))
+    if max(a.size for a in arrays) > 1:
+        low = np.array([f.min() if f.size else np.nan for f in flat])
+        high = np.array([f.max() if f.size else np.nan for f in flat])
+        std = np.array([f.std() if f.size else np.nan for f in flat])
+        ax.fill_between(steps, low, high, color="tab:blue", alpha=0.15, label="min..max")
+        ax.fill_between(steps, mean - std, mean + std, color="tab:blue", alpha=0.3, label="mean +/- std")
+        ax.plot(steps, mean, marker=marker, markersize=3, color="tab:blue", label="mean")
+        ax.legend(fontsize=8)
+    else:
+        ax.plot(steps, mean, marker=marker, markersize=3, color="tab:blue")
+    _integer_ticks(ax.xaxis)
+    ax.set_xlabel("step")
+    ax.set_ylabel("value")
+    ax.set_title(_title(summary, f"over {len(arrays)} saved steps"), fontsize=9)
+    return fig
+
+
+def _pictures(summary: KeySummary, max_maps: int) -> List[Tuple[str, Any]]:
+    """``(kind, figure)`` for one key; nothing for values that are not numeric arrays."""
+    import numpy as np
+
+    if not summary.numeric:
+        return []
+    arrays = [_numpy_array(v) for v in summary.values]
+    if any(a is None for a in arrays):
+        return []
+    last = arrays[-1]
+    out: List[Tuple[str, Any]] = []
+    if last.ndim == 4 and last.shape[2] * last.shape[3] > 1 and last.size:
+        note = f"sample 0 of {last.shape[0]}" if last.shape[0] > 1 else "sample 0"
+        out.append(("maps", _feature_maps(summary, last[0], note, max_maps)))
+    elif last.ndim == 3 and last.shape[1] * last.shape[2] > 1 and last.size:
+        out.append(("maps", _feature_maps(summary, last, "C x H x W", max_maps)))
+    elif last.ndim == 4 and last.size:
+        out.append(("heatmap", _heatmap(summary, last.reshape(last.shape[0], -1), "N x C (1 x 1 maps)")))
+    elif last.ndim == 2 and last.size:
+        out.append(("heatmap", _heatmap(summary, last, "x".join(map(str, last.shape)))))
+    repeated = len(arrays) > 1
+    if all(a.size == 1 for a in arrays):
+        if repeated:  # one number per step: the distribution of those numbers
+            out.append(
+                (
+                    "hist",
+                    _histogram(
+                        summary,
+                        None,
+                        np.concatenate([a.ravel() for a in arrays]),
+                        f"histogram of the values of {len(arrays)} steps",
+                    ),
+                )
+            )
+    else:
+        out.append(("hist", _histogram(summary, arrays[0] if repeated else None, last)))
+    if repeated:
+        out.append(("steps", _over_steps(summary, arrays)))
+    return out
+
+
+def _need_matplotlib() -> None:
+    try:
+        import matplotlib  # noqa: F401
+        import numpy  # noqa: F401
+    except ImportError:
+        raise BcrecordError(
+            "pictures need matplotlib: pip install 'bcrecord[viz]' (or use --no-plots)"
+        ) from None
+
+
+def draw(
+    summaries: Sequence[KeySummary],
+    plot_dir: PathLike,
+    max_maps: int = 32,
+    progress: Optional[Progress] = None,
+) -> Dict[str, List[str]]:
+    """Write the PNGs of every key into ``plot_dir``; returns ``{key: [file names]}``."""
+    _need_matplotlib()
+    plot_dir = Path(plot_dir)
+    written: Dict[str, List[str]] = {}
+    used: set = set()
+    for summary in summaries:
+        slug = base = _slug(summary.key)
+        n = 1
+        while slug in used:
+            n += 1
+            slug = f"{base}-{n}"
+        used.add(slug)
+        files = []
+        for kind, figure in _pictures(summary, max_maps):
+            name = f"{slug}.{kind}.png"
+            try:
+                figure.savefig(plot_dir / name)
+            except OSError as error:
+                raise BcrecordError(f"cannot write {plot_dir / name}: {error.strerror or error}") from None
+            files.append(name)
+        written[summary.key] = files
+        if progress is not None:
+            progress.advance(summary.key)
+    return written
+
+
+def write_index(
+    summaries: Sequence[KeySummary], pictures: Dict[str, List[str]], plot_dir: PathLike, title: str
+) -> Path:
+    """Write ``plot_dir/index.html``: the summary table and every picture, by key."""
+    head = ("key", "steps", "shape", "dtype", "min", "mean", "max")
+    rows = []
+    sections = []
+    for i, summary in enumerate(summaries):
+        cells = summary.row()
+        anchor = f"k{i}"
+        link = f'<a href="#{anchor}">{html.escape(cells[0])}</a>'
+        rows.append("<tr><td>" + "</td><td>".join([link, *map(html.escape, cells[1:])]) + "</td></tr>")
+        images = (
+            "".join(
+                f'<img src="{quote(name)}" alt="{html.escape(name)}" title="{html.escape(name)}">'
+                for name in pictures.get(summary.key, [])
+            )
+            or "<p class=none>no picture: not a numeric value</p>"
+        )
+        sections.append(f'<section id="{anchor}"><h2>{html.escape(summary.key)}</h2>{images}</section>')
+    page = f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
+<style>
+body {{ font-family: sans-serif; margin: 1.5em; }}
+table {{ border-collapse: collapse; font-size: 0.9em; }}
+td, th {{ border: 1px solid #ccc; padding: 0.2em 0.6em; text-align: left; font-family: monospace; }}
+img {{ max-width: 48%; margin: 0.3em; border: 1px solid #eee; vertical-align: top; }}
+.none {{ color: #888; }}
+</style></head><body>
+<h1>{html.escape(title)}</h1>
+<table><tr>{"".join(f"<th>{h}</th>" for h in head)}</tr>
+{chr(10).join(rows)}
+</table>
+{chr(10).join(sections)}
+</body></html>
+"""
+    path = Path(plot_dir) / "index.html"
+    try:
+        path.write_text(page, encoding="utf-8")
+    except OSError as error:
+        raise BcrecordError(f"cannot write {path}: {error.strerror or error}") from None
+    return path
+
+
+def _prepare(plot_dir: Path) -> None:
+    """Make ``plot_dir`` and remove the pictures an earlier ``view`` left there."""
+    try:
+        plot_dir.mkdir(parents=True, exist_ok=True)
+        for old in plot_dir.iterdir():
+            if old.suffix == ".png" or old.name == "index.html":
+                old.unlink()
+    except OSError as error:
+        raise BcrecordError(f"cannot write pictures to {plot_dir}: {error.strerror or error}") from None
+
+
+@contextlib.contextmanager
+def _one_thread() -> Iterator[None]:
+    """torch on one thread meanwhile: recorded tensors are small, and threads only contend."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        yield
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def view(
+    directory: PathLike,
+    *,
+    plots: bool = True,
+    keys: Optional[Iterable[str]] = None,
+    progress: Optional[bool] = None,
+    max_maps: int = 32,
+    out: Optional[TextIO] = None,
+    err: Optional[TextIO] = None,
+) -> int:
+    """Print the summary table of ``directory``; with ``plots``, write ``directory/plots``. Returns 0.
+
+    ``keys`` are glob patterns (``'layer1.*'``); ``progress`` forces the progress bar
+    on or off (default: on when ``err`` is a terminal).
+
+    >>> import io, tempfile, bcrecord
+    >>> folder = tempfile.mkdtemp()
+    >>> _ = bcrecord.save({"m:f:name@0": ["abc"]}, folder)
+    >>> view(folder, plots=False, out=io.StringIO())
+    0
+    """
+    out = sys.stdout if out is None else out
+    err = sys.stderr if err is None else err
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise BcrecordError(f"no such directory: {str(directory)!r}")
+    loaded = load(directory)
+    with _one_thread():
+        summaries = summarize(loaded, keys)
+    if not summaries:
+        if keys is not None:
+            raise BcrecordError(f"no saved key matches {', '.join(keys)}; saved keys: {', '.join(loaded)}")
+        print(f"{directory}: no records", file=out)
+        return 0
+    print(table(summaries), file=out)
+    if not plots:
+        return 0
+    _need_matplotlib()
+    plot_dir = directory / "plots"
+    _prepare(plot_dir)
+    shown = bool(err.isatty()) if progress is None else progress
+    bar = Progress(len(summaries), "bcrecord view: drawing", err, enabled=shown)
+    try:
+        with _one_thread():
+            pictures = draw(summaries, plot_dir, max_maps=max_maps, progress=bar)
+    finally:
+        bar.close()
+    index = write_index(summaries, pictures, plot_dir, f"bcrecord records: {directory}")
+    count = sum(len(files) for files in pictures.values())
+    print(f"\n{count} picture(s) in {plot_dir}; open {index}", file=out)
+    return 0

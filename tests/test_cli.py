@@ -1,0 +1,360 @@
+"""The command line, end to end through subprocesses (core only: no torch needed).
+
+``targets`` (``--json``, sourceless modules), ``show``, ``run`` on pure-Python
+programs (output, arguments and exit status pass through; records are saved and
+load back), and bad input: one clear line on stderr, status 2, no traceback.
+"""
+
+import json
+import os
+import py_compile
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import bcrecord
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cli(*args, cwd=None, timeout=120):
+    """Run ``python -m bcrecord ARGS`` in a fresh interpreter; returns the CompletedProcess."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    env.pop("PYTHONWARNINGS", None)
+    return subprocess.run(
+        [sys.executable, "-m", "bcrecord", *map(str, args)],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def plain(*args, cwd=None):
+    """Run ``python ARGS`` (no bcrecord), for comparison."""
+    return subprocess.run(
+        [sys.executable, *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=120
+    )
+
+
+def one_clear_line(result):
+    """Status 2, exactly one line on stderr, naming bcrecord, and no traceback."""
+    assert result.returncode == 2, result
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("bcrecord: "), result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    return lines[0]
+
+
+@pytest.fixture
+def project(tmp_path):
+    """A script, a helper module next to it, and a package with a __main__."""
+    (tmp_path / "helper.py").write_text(
+        textwrap.dedent(
+            """
+            def twice(x):
+                y = x * 2
+                return y
+
+            class Scaler:
+                factor = 3
+
+                def scale(self, v):
+                    out = v * self.factor
+                    out = out + 1
+                    return out
+            """
+        )
+    )
+    (tmp_path / "prog.py").write_text(
+        textwrap.dedent(
+            """
+            import sys
+            import helper
+
+            def accumulate(n):
+                acc = 0
+                for i in range(n):
+                    acc = acc + i
+                return acc
+
+            print("argv", sys.argv[1:])
+            total = 0
+            for k in range(6):
+                total += accumulate(k) + helper.twice(k) + helper.Scaler().scale(k)
+            print("total", total, "tracing", sys.gettrace() is not None)
+            print("a line on stderr", file=sys.stderr)
+            code = sys.argv[1] if len(sys.argv) > 1 else "0"
+            if code == "raise":
+                raise ValueError("the program failed")
+            if code == "message":
+                sys.exit("fatal: stopped")
+            sys.exit(int(code))
+            """
+        )
+    )
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "tool.py").write_text(
+        textwrap.dedent(
+            """
+            import sys
+
+            def main(argv):
+                words = [w.upper() for w in argv]
+                joined = " ".join(words)
+                return joined
+
+            if __name__ == "__main__":
+                print(main(sys.argv[1:]))
+                sys.exit(len(sys.argv) - 1)
+            """
+        )
+    )
+    return tmp_path
+
+
+# --- targets and show --------------------------------------------------------------------
+
+
+def test_targets_json_parses(project):
+    result = cli("targets", "helper:Scaler.scale", "--json", cwd=project)
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["function"] == "Scaler.scale"
+    assert data["arguments"] == ["self", "v"]
+    specs = {(row["kind"], row["target"], row["index"]) for row in data["targets"]}
+    assert {("local", "out", 0), ("local", "out", 1), ("attribute", "self.factor", 0)} <= specs
+    assert ("return", "return", 0) in specs
+
+
+def test_targets_table_without_source(project):
+    """A module imported from a .pyc alone: no source, and targets still lists everything."""
+    sourceless = project / "compiled"
+    sourceless.mkdir()
+    py_compile.compile(str(project / "helper.py"), cfile=str(sourceless / "nosource.pyc"))
+    result = cli("targets", "nosource:twice", cwd=sourceless)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[0] == "twice(x)"
+    assert "y@0" in result.stdout and "return" in result.stdout
+
+
+def test_show_marks_the_probes(project):
+    result = cli("show", "helper:twice", "y", cwd=project)
+    assert result.returncode == 0, result.stderr
+    assert "1 probe(s): show:twice:y@0" in result.stdout
+    inserted = [line for line in result.stdout.splitlines() if line.startswith("+")]
+    assert any("__bcrecord_probe__" in line for line in inserted)
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["targets", "no_colon"], "expected 'package.module:Class.method'"),
+        (["targets", "no_such_module_xyz:f"], "cannot import module 'no_such_module_xyz'"),
+        (["targets", "helper:nope"], "has no attribute 'nope'"),
+        (["show", "helper:twice", "nosuch"], "no assignment to a local named 'nosuch'"),
+        (["show", "helper:twice", "y@9"], "there is no index 9"),
+    ],
+)
+def test_targets_and_show_bad_input(project, args, words):
+    assert words in one_clear_line(cli(*args, cwd=project))
+
+
+def test_help_and_console_entry(project):
+    for args in (["--help"], ["run", "--help"], ["view", "--help"], ["demo", "--help"]):
+        result = cli(*args, cwd=project)
+        assert result.returncode == 0 and "usage: bcrecord" in result.stdout, (args, result.stderr)
+    assert "--save-dir" in cli("run", "--help").stdout
+
+
+# --- run -------------------------------------------------------------------------------------
+
+
+def test_run_passes_output_arguments_and_exit_status_through(project):
+    expected = plain("prog.py", "3", "--every", "x", cwd=project)
+    assert expected.returncode == 3
+    result = cli(
+        "run",
+        "-r",
+        "__main__:accumulate:acc",
+        "-r",
+        "helper:twice:y",
+        "prog.py",
+        "3",
+        "--every",
+        "x",
+        cwd=project,
+    )
+    assert result.returncode == 3, result.stderr
+    assert result.stdout == expected.stdout
+    assert "argv ['3', '--every', 'x']" in result.stdout
+    assert "tracing False" in result.stdout  # the trace that patches __main__ is gone by then
+    assert result.stderr.startswith(expected.stderr)
+    summary = result.stderr[len(expected.stderr) :]
+    assert "__main__:accumulate:acc@1  15" in summary  # 0+1+...+5 loop iterations
+    assert "helper:twice:y@0" in summary
+
+
+def test_run_saves_records_that_load_back(project, tmp_path):
+    out = tmp_path / "records"
+    result = cli(
+        "run",
+        "--record",
+        "prog:accumulate:return",
+        "--record",
+        "helper:Scaler.scale:out",
+        "--save-dir",
+        out,
+        "prog.py",
+        cwd=project,
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"saved 18 value(s) of 3 key(s) to {out}" in result.stderr
+    loaded = bcrecord.load(out)
+    assert loaded["__main__:accumulate:return"] == [0, 0, 1, 3, 6, 10]
+    assert loaded.steps("__main__:accumulate:return") == [0, 1, 2, 3, 4, 5]
+    assert loaded["Scaler:scale:out@0"] == [3 * k for k in range(6)]
+    assert loaded["Scaler:scale:out@1"] == [3 * k + 1 for k in range(6)]
+    index = json.loads((out / "index.json").read_text())
+    assert {"key", "step", "shape", "dtype", "device", "bytes", "time"} <= set(index["entries"][0])
+
+
+def test_run_every_nth_value(project, tmp_path):
+    out = tmp_path / "every"
+    result = cli("run", "-r", "helper:twice:y", "-o", out, "--every", "4", "prog.py", cwd=project)
+    assert result.returncode == 0, result.stderr
+    loaded = bcrecord.load(out)
+    assert loaded["helper:twice:y@0"] == [0, 8]
+    assert loaded.steps("helper:twice:y@0") == [0, 4]
+
+
+@pytest.mark.parametrize("how, status", [("raise", 1), ("message", 1), ("7", 7)])
+def test_run_flushes_when_the_program_fails(project, tmp_path, how, status):
+    out = tmp_path / how
+    expected = plain("prog.py", how, cwd=project)
+    result = cli("run", "-r", "helper:twice:y", "-o", out, "prog.py", how, cwd=project)
+    assert result.returncode == expected.returncode == status
+    assert result.stdout == expected.stdout
+    assert bcrecord.load(out)["helper:twice:y@0"] == [0, 2, 4, 6, 8, 10]
+    if how == "raise":
+        traceback = result.stderr.split("Traceback (most recent call last):\n", 1)[1]
+        assert "bcrecord" not in traceback.split("ValueError")[0]  # no frames of bcrecord or runpy
+        assert "runpy" not in traceback
+        assert 'prog.py", line' in traceback and "ValueError: the program failed" in traceback
+    if how == "message":
+        assert "fatal: stopped" in result.stderr
+
+
+def test_run_module_with_dash_m(project):
+    expected = plain("-m", "pkg.tool", "a", "-r", "b", cwd=project)
+    result = cli("run", "-r", "pkg.tool:main:joined", "-m", "pkg.tool", "a", "-r", "b", cwd=project)
+    assert result.returncode == expected.returncode == 3
+    assert result.stdout == expected.stdout == "A -R B\n"
+    assert "__main__:main:joined@0  1" in result.stderr
+
+
+def test_run_target_in_a_module_imported_later(project):
+    """json.decoder is not imported until the program imports json."""
+    (project / "usejson.py").write_text("import json\nprint(json.loads('[1, 2]'))\n")
+    result = cli("run", "-r", "json.decoder:JSONDecoder.decode:obj", "usejson.py", cwd=project)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "[1, 2]\n"
+    assert "JSONDecoder:decode:obj@0" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["-r", "helper:twice:nosuch", "prog.py"], "no assignment to a local named 'nosuch'"),
+        (["-r", "helper:nope:x", "prog.py"], "module helper never defines 'nope'"),
+        (["-r", "__main__:nope:x", "prog.py"], "prog.py never defines 'nope'"),
+        (["-r", "helper:twice:y@3", "prog.py"], "there is no index 3"),
+        (["-r", "helper:twice", "prog.py"], "needs three parts"),
+        (["-r", "helper:twice:y", "-n", "0", "prog.py"], "--every must be a positive integer"),
+        (["-r", "no_such_module_xyz:f:x", "prog.py"], "no module named 'no_such_module_xyz'"),
+        (["-r", "pkg.no_such:f:x", "prog.py"], "no module named 'pkg.no_such'"),
+        (["-r", "helper:twice:y", "no_such_script.py"], "no such file: 'no_such_script.py'"),
+        (["-r", "helper:twice:y", "-m", "no_such_module_xyz"], "no module named 'no_such_module_xyz'"),
+        (["-r", "helper:twice:y"], "no program given"),
+    ],
+)
+def test_run_bad_input(project, args, words):
+    result = cli("run", *args, cwd=project)
+    assert words in one_clear_line(result)
+    assert result.stdout == ""  # the program never started
+
+
+def test_run_unwritable_directory(project):
+    blocker = project / "a_file"
+    blocker.write_text("not a directory")
+    result = cli("run", "-r", "helper:twice:y", "--save-dir", blocker / "records", "prog.py", cwd=project)
+    assert f"cannot write records to {blocker / 'records'}" in one_clear_line(result)
+    assert result.stdout == ""
+
+
+def test_run_target_that_fails_when_applied(project):
+    """A target that passes the static check but not the real import stops the run, status 2."""
+    (project / "dyn.py").write_text("def make():\n    return 1\nbuilt = len\n")
+    (project / "usedyn.py").write_text("print('started')\nimport dyn\nprint('not reached')\n")
+    result = cli("run", "-r", "dyn:built:x", "usedyn.py", cwd=project)
+    assert result.returncode == 2
+    assert result.stdout == "started\n"
+    assert result.stderr.strip().splitlines() == [
+        "bcrecord: target 'dyn:built:x': len is a builtin or C function: it has no bytecode to patch"
+    ]
+
+
+def test_run_records_threads_and_unpicklable_values(project, tmp_path):
+    (project / "threads.py").write_text(
+        textwrap.dedent(
+            """
+            import threading
+            import helper
+
+            def make(n):
+                gen = (i for i in range(n))
+                return gen
+
+            workers = [threading.Thread(target=helper.twice, args=(k,)) for k in range(4)]
+            for w in workers:
+                w.start()
+            for w in workers:
+                w.join()
+            print(sum(make(3)))
+            """
+        )
+    )
+    out = tmp_path / "records"
+    result = cli(
+        "run", "-r", "helper:twice:y", "-r", "__main__:make:gen", "-o", out, "threads.py", cwd=project
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "3\n"
+    assert "__main__:make:gen@0: generator cannot be pickled (TypeError); saved its repr" in result.stderr
+    loaded = bcrecord.load(out)
+    assert sorted(loaded["helper:twice:y@0"]) == [0, 2, 4, 6]
+    assert loaded["__main__:make:gen@0"][0].startswith("<generator object")
+
+
+def test_view_table_of_pickled_records(project, tmp_path):
+    out = tmp_path / "records"
+    assert cli("run", "-r", "helper:twice:y", "-o", out, "prog.py", cwd=project).returncode == 0
+    result = cli("view", out, "--no-plots")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[0].split() == ["key", "steps", "shape", "dtype", "min", "mean", "max"]
+    assert result.stdout.splitlines()[1].split() == ["helper:twice:y@0", "6", "-", "int", "0", "5", "10"]
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        without = cli("view", out)
+        assert "pictures need matplotlib" in one_clear_line(without)
+        assert without.stdout.startswith("key")  # the table came first
+        assert not (out / "plots").exists()

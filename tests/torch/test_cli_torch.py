@@ -1,0 +1,274 @@
+"""``bcrecord run``, ``view`` and ``demo`` on torch programs, end to end through subprocesses.
+
+Needs torch, safetensors and matplotlib (``pip install -e '.[torch,save,viz,test]'``).
+"""
+
+import html.parser
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from urllib.parse import unquote
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("safetensors")
+
+import bcrecord  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _env():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    env.pop("PYTHONWARNINGS", None)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def cli(*args, cwd=None, timeout=300):
+    """``python -m bcrecord ARGS`` in a fresh interpreter."""
+    return subprocess.run(
+        [sys.executable, "-m", "bcrecord", *map(str, args)],
+        cwd=cwd,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def plain(*args, cwd=None):
+    """``python ARGS``, no bcrecord, for comparison."""
+    return subprocess.run(
+        [sys.executable, *map(str, args)], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=300
+    )
+
+
+def one_clear_line(result):
+    assert result.returncode == 2, result
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("bcrecord: "), result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    return lines[0]
+
+
+SCRIPT = """
+import sys
+import torch
+from bcrecord.demo_model import TinyResNet, example_images
+
+torch.manual_seed(0)
+model = TinyResNet().eval()
+images, _ = example_images(4)
+steps, reference = int(sys.argv[1]), sys.argv[2]
+outputs = []
+with torch.no_grad():
+    for step in range(steps):
+        outputs.append(model(images + 0.1 * step))
+torch.save(outputs, reference)
+print("logits", [round(v, 4) for v in outputs[-1][0].tolist()])
+sys.exit(int(sys.argv[3]) if len(sys.argv) > 3 else 0)
+"""
+
+
+@pytest.fixture
+def script(tmp_path):
+    path = tmp_path / "infer.py"
+    path.write_text(textwrap.dedent(SCRIPT))
+    return path
+
+
+def test_run_torch_script(script, tmp_path):
+    expected = plain(script, 3, tmp_path / "plain.pt", 5, cwd=tmp_path)
+    assert expected.returncode == 5, expected.stderr
+    out = tmp_path / "records"
+    result = cli(
+        "run",
+        "--record",
+        "bcrecord.demo_model:TinyResNet.forward:x",
+        "--record",
+        "bcrecord.demo_model:BasicBlock.forward:out@1",
+        "--save-dir",
+        out,
+        script,
+        3,
+        tmp_path / "recorded.pt",
+        5,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 5, result.stderr
+    assert result.stdout == expected.stdout
+    assert "saved 30 value(s) of 9 key(s)" in result.stderr
+
+    outputs = torch.load(tmp_path / "recorded.pt")
+    loaded = bcrecord.load(out)
+    assert loaded.steps("TinyResNet:forward:x@7") == [0, 1, 2]
+    for recorded, output in zip(loaded["TinyResNet:forward:x@7"], outputs, strict=True):
+        assert torch.equal(recorded, output)
+    # BasicBlock.forward runs twice per forward (layer1.0, layer2.0): six values.
+    before_relu = loaded["BasicBlock:forward:out@1"]
+    assert len(before_relu) == 6 and all(float(v.min()) < 0 for v in before_relu)
+    after_relu = loaded["TinyResNet:forward:x@2"]
+    assert all(float(v.min()) >= 0 for v in after_relu)
+
+
+def test_run_every_nth_and_flush_on_exception(script, tmp_path):
+    crash = tmp_path / "crash.py"
+    crash.write_text(
+        script.read_text().replace("torch.save(outputs, reference)", "raise RuntimeError('late')")
+    )
+    out = tmp_path / "records"
+    result = cli(
+        "run",
+        "-r",
+        "bcrecord.demo_model:TinyResNet.forward:return",
+        "-o",
+        out,
+        "-n",
+        "2",
+        crash,
+        5,
+        "unused",
+        cwd=tmp_path,
+    )
+    assert result.returncode == 1
+    assert "RuntimeError: late" in result.stderr
+    assert bcrecord.load(out).steps("TinyResNet:forward:return") == [0, 2, 4]
+
+
+def _png_std(path):
+    import matplotlib.image
+
+    pixels = matplotlib.image.imread(str(path))
+    return float(pixels[..., :3].std())
+
+
+class _Images(html.parser.HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.sources = []
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "img":
+            self.sources.append(unquote(dict(attrs)["src"]))
+
+
+def test_view_draws_every_key(tmp_path):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "records"
+    torch.manual_seed(0)
+    for step in range(3):
+        bcrecord.save(
+            {
+                "m:f:maps@0": [torch.randn(2, 5, 12, 12) + step],
+                "m:f:chw@0": [torch.randn(3, 8, 8)],
+                "m:f:matrix@0": [torch.randn(6, 9)],
+                "m:f:vector@0": [torch.randn(50)],
+                "m:f:loss@0": [1.0 / (step + 1)],
+                "m:f:name@0": ["text"],
+            },
+            out,
+            step=step * 10,
+        )
+    result = cli("view", out)
+    assert result.returncode == 0, result.stderr
+    table = result.stdout.splitlines()
+    assert table[0].split() == ["key", "steps", "shape", "dtype", "min", "mean", "max"]
+    row = next(line for line in table if line.startswith("m:f:maps@0"))
+    assert row.split()[1:5] == ["3", "(0..20)", "2x5x12x12", "float32"]
+    loss = next(line for line in table if line.startswith("m:f:loss@0")).split()
+    assert loss[-3:] == ["0.3333", "0.6111", "1"]
+
+    plots = out / "plots"
+    pngs = sorted(p.name for p in plots.glob("*.png"))
+    assert {
+        "m_f_maps@0.maps.png",
+        "m_f_chw@0.maps.png",
+        "m_f_matrix@0.heatmap.png",
+        "m_f_vector@0.hist.png",
+        "m_f_loss@0.steps.png",
+        "m_f_maps@0.steps.png",
+    } <= set(pngs)
+    assert not any(name.startswith("m_f_name") for name in pngs)  # text: no picture
+    for name in pngs:
+        assert _png_std(plots / name) > 0.02, name  # not blank
+    page = _Images()
+    page.feed((plots / "index.html").read_text())
+    assert sorted(page.sources) == pngs
+    assert "m:f:name@0" in (plots / "index.html").read_text()
+
+    # Viewing again replaces the pictures; --key filters.
+    again = cli("view", out, "--key", "m:f:loss*")
+    assert again.returncode == 0, again.stderr
+    assert sorted(p.name for p in plots.glob("*.png")) == ["m_f_loss@0.hist.png", "m_f_loss@0.steps.png"]
+
+
+def test_view_bad_input(tmp_path):
+    pytest.importorskip("matplotlib")
+    assert "no such directory" in one_clear_line(cli("view", tmp_path / "missing"))
+    (tmp_path / "empty").mkdir()
+    assert "has no index.json" in one_clear_line(cli("view", tmp_path / "empty"))
+    records = tmp_path / "records"
+    bcrecord.save({"m:f:x@0": [torch.ones(2, 2)]}, records)
+    (records / "plots").write_text("a file where the plots folder goes")
+    assert "cannot write pictures to" in one_clear_line(cli("view", records))
+    assert "no saved key matches" in one_clear_line(cli("view", records, "--no-plots", "--key", "zzz*"))
+
+
+def test_demo(tmp_path):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "demo"
+    result = cli("demo", "--out", out, "--steps", "2")
+    assert result.returncode == 0, result.stderr
+    text = result.stdout
+    before = next(line for line in text.splitlines() if "layer1.0:forward:out@1  out = self.bn1(out)" in line)
+    after = next(line for line in text.splitlines() if "layer1.0:forward:out@2  out = self.relu(out)" in line)
+    assert float(before.split("min")[1].split()[0]) < 0 <= float(after.split("min")[1].split()[0])
+    assert "picture(s) in" in text
+    pngs = list((out / "plots").glob("*.png"))
+    assert len(pngs) >= 20
+    assert bcrecord.load(out).steps(":forward:x@1") == [0, 1]
+    # A second run replaces the first; a folder the demo did not make is refused.
+    assert cli("demo", "--out", out, "--steps", "1", "--no-plots").returncode == 0
+    assert bcrecord.load(out).steps(":forward:x@1") == [0]
+    other = tmp_path / "mine"
+    other.mkdir()
+    (other / "keep.txt").write_text("mine")
+    assert "was not made by bcrecord demo" in one_clear_line(cli("demo", "--out", other))
+    assert (other / "keep.txt").exists()
+
+
+def test_tools_answer_help():
+    tools = sorted((ROOT / "tools").glob("*.py"))
+    for tool in tools:
+        result = plain(tool, "--help", cwd=ROOT)
+        assert result.returncode == 0 and "usage" in result.stdout.lower(), (tool.name, result.stderr[-500:])
+
+
+def test_run_torchvision_target_from_the_issue(tmp_path):
+    """The issue's example target, in a module the program imports (no weights are downloaded)."""
+    pytest.importorskip("torchvision")
+    (tmp_path / "tv.py").write_text(
+        textwrap.dedent(
+            """
+            import torch, torchvision
+            torch.manual_seed(0)
+            model = torchvision.models.resnet18(num_classes=10).eval()
+            with torch.no_grad():
+                out = model(torch.randn(1, 3, 64, 64))
+            torch.save(out, "out.pt")
+            """
+        )
+    )
+    out = tmp_path / "records"
+    result = cli(
+        "run", "-r", "torchvision.models.resnet:ResNet._forward_impl:x", "-o", out, "tv.py", cwd=tmp_path
+    )
+    assert result.returncode == 0, result.stderr
+    loaded = bcrecord.load(out)
+    assert loaded["ResNet:_forward_impl:x@0"][0].shape == (1, 64, 32, 32)
+    assert torch.equal(loaded["ResNet:_forward_impl:x@10"][0], torch.load(tmp_path / "out.pt"))
