@@ -55,8 +55,9 @@ def _probe_outside_dynamo() -> None:
     Tracing into the probe would turn its bookkeeping into graph side effects (and
     lose values on the first compiled call); skipping only the probe's own frame
     would still let Dynamo compile the copy functions it calls. The public
-    ``torch.compiler.disable`` wrapper (recursive) costs a few hundred nanoseconds
-    per probe in eager mode, small beside any module's forward.
+    ``torch.compiler.disable`` wrapper (recursive) roughly doubles the probe's eager
+    cost (about 0.3-0.5 us more per recorded value, measured in
+    benchmarks/RESULTS.md case 1b), small beside any module's forward.
     """
     import builtins
 

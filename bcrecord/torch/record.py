@@ -1,8 +1,10 @@
 """Record inside a model: :func:`record`.
 
 How a model is patched: targets are grouped by the class that runs them, and each
-(class, method) gets one class-level patch — one rewritten code object shared by
-every instance (16 Bottlenecks, one code object). The probes pass the instance
+(class, method) gets one patch of the method's function, in place — one rewritten
+code object shared by every instance (16 Bottlenecks, one code object), reached also
+through bound methods stored elsewhere (``self.forward = self.forward_split_cat``)
+and ``super()`` calls. The probes pass the instance
 they run on; the instance's module path is read from a marker that
 :func:`record` puts in the targeted submodules' ``__dict__`` for the duration.
 Because the marker travels with the instance's ``__dict__``:
@@ -284,7 +286,9 @@ def record(
     root_forward: Optional[Tuple[torch.nn.Module, Any]] = None
     try:
         for (cls, method, owners), specs in by_paths.items():
-            patches.append(patch_method(cls, method, specs, name=_Owner(owners)))
+            # In place: bound methods kept elsewhere (self.forward = self.forward_split_cat)
+            # and super() calls reach the probes too; the owner picks the instances.
+            patches.append(patch_method(cls, method, specs, name=_Owner(owners), in_place=True))
         for path, module in modules.items():
             _mark(module, path)
             marked.append(module)

@@ -279,3 +279,21 @@ def test_model_that_fx_cannot_trace():
     assert torch.allclose(rec.all(":forward:h@1")[-1], hs[-1].detach())
     branch = ":forward:out@0" if hs[-1].mean() > 0 else ":forward:out@1"
     assert torch.allclose(rec[branch], out.detach())
+
+
+def test_bound_methods_stored_on_the_instance_are_reached():
+    # timm's FasterNet does `self.forward = self.forward_split_cat` in __init__.
+    class Mixer(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.forward = self.forward_split_cat
+
+        def forward_split_cat(self, x):
+            y = x + 1
+            return y
+
+    model = torch.nn.Sequential(Mixer())
+    with record(model, ["0:forward_split_cat:y@0"]) as rec:
+        model(torch.ones(2))
+    assert torch.equal(rec["0:forward_split_cat:y@0"], torch.full((2,), 2.0))
+    assert "_bcrecord_path" not in vars(model[0])
