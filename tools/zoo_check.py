@@ -473,14 +473,14 @@ def _usable_extras(method: Method, specs: List[str], owner: _Owner, limitations:
 
     extras = [spec for spec in specs if not _LOCAL_LABEL.match(spec)]
     try:
-        bcrecord.patch_method(method.cls, method.attribute, extras, name=owner).remove()
+        bcrecord.patch_method(method.cls, method.attribute, extras, name=owner, in_place=True).remove()
         return extras
     except bcrecord.BcrecordError:
         pass
     usable = []
     for spec in extras:
         try:
-            bcrecord.patch_method(method.cls, method.attribute, [spec], name=owner).remove()
+            bcrecord.patch_method(method.cls, method.attribute, [spec], name=owner, in_place=True).remove()
             usable.append(spec)
         except bcrecord.BcrecordError as error:
             limitations.append(f"{method.qualname} {spec}: {first_line(error)}")
@@ -624,11 +624,11 @@ def check_model(name: str, config: Config, phase: Callable[[str], None]) -> Outc
                     specs += _usable_extras(method, listing.specs(), owner, result.limitations)
                 if not specs:
                     continue
-                value_patches.append(bcrecord.patch_method(method.cls, method.attribute, specs, name=owner))
+                value_patches.append(bcrecord.patch_method(method.cls, method.attribute, specs, name=owner, in_place=True))
                 if local_sites:
                     order_specs = [bcrecord.Local(n, i, copy=order) for n, i in local_sites]
                     order_patches.append(
-                        bcrecord.patch_method(method.cls, method.attribute, order_specs, name=owner)
+                        bcrecord.patch_method(method.cls, method.attribute, order_specs, name=owner, in_place=True)
                     )
             except Exception as error:
                 result.patch_errors.append(f"{method.qualname}: {first_line(error)}")
