@@ -624,11 +624,15 @@ def check_model(name: str, config: Config, phase: Callable[[str], None]) -> Outc
                     specs += _usable_extras(method, listing.specs(), owner, result.limitations)
                 if not specs:
                     continue
-                value_patches.append(bcrecord.patch_method(method.cls, method.attribute, specs, name=owner, in_place=True))
+                value_patches.append(
+                    bcrecord.patch_method(method.cls, method.attribute, specs, name=owner, in_place=True)
+                )
                 if local_sites:
                     order_specs = [bcrecord.Local(n, i, copy=order) for n, i in local_sites]
                     order_patches.append(
-                        bcrecord.patch_method(method.cls, method.attribute, order_specs, name=owner, in_place=True)
+                        bcrecord.patch_method(
+                            method.cls, method.attribute, order_specs, name=owner, in_place=True
+                        )
                     )
             except Exception as error:
                 result.patch_errors.append(f"{method.qualname}: {first_line(error)}")
