@@ -124,35 +124,26 @@ class _Slot:
         self.restore = restore
         self.patches: List[Patch] = []
         self.probed = self.original_code
-        self.site_ids: List[int] = []
         self.armed = False
         self.key: Any = None
 
-    def plan(self, patches: List[Patch]) -> Tuple[types.CodeType, List[int]]:
-        """Build the probed code for ``patches`` without changing anything."""
-        points: List[ProbePoint] = []
-        sites: List[Site] = []
-        for patch in patches:
-            for point in patch._points:
-                points.append(point)
-                sites.append(patch._site(point))
+    def plan(self, patches: List[Patch]) -> types.CodeType:
+        """Build the probed code for ``patches`` without changing anything.
+
+        Each patch keeps its own site ids for life, so rebuilding for another patch
+        never silences probes that are running in this patch's code.
+        """
+        points = [point for patch in patches for point in patch._points]
         if not points:
-            return self.original_code, []
-        template = insert_probes(self.original_code, points)
-        ids = register_sites(sites)
-        try:
-            return template.bind(ids), ids
-        except BaseException:
-            release_sites(ids)
-            raise
+            return self.original_code
+        ids = [site for patch in patches for site in patch._site_ids]
+        return insert_probes(self.original_code, points).bind(ids)
 
     def install(self, patches: List[Patch]) -> None:
-        probed, ids = self.plan(patches)
-        old_ids, self.site_ids = self.site_ids, ids
+        probed = self.plan(patches)
         self.patches, self.probed = patches, probed
         if self.armed:
             self.live.__code__ = probed
-        release_sites(old_ids)
 
     def arm(self) -> None:
         self.armed = True
@@ -165,8 +156,9 @@ class _Slot:
     def release(self) -> None:
         untrack(self)
         self.disarm()
-        release_sites(self.site_ids)
-        self.site_ids, self.patches = [], []
+        for patch in self.patches:
+            release_sites(patch._site_ids)
+        self.patches = []
 
 
 # Slots of live patches, keyed by where they are installed.
@@ -195,6 +187,7 @@ class Patch:
         # A per-instance owner is only known when the probe runs: '*' stands for it.
         owner = "*" if callable(name) else name
         self.keys: Tuple[str, ...] = tuple(f"{owner}:{code_name}:{p.label}" for p in points)
+        self._site_ids: List[int] = register_sites([self._site(point) for point in points])
 
     def _site(self, point: ProbePoint) -> Site:
         suffix = f":{self.original_code.co_name}:{point.label}"
@@ -230,6 +223,7 @@ class Patch:
             remaining = [p for p in slot.patches if p is not self]
             if remaining:
                 slot.install(remaining)
+                release_sites(self._site_ids)
                 return
             slot.release()
             slot.restore()
@@ -264,7 +258,11 @@ def _attach(
             )
         points = tuple(dataclasses.replace(point, with_self=True) for point in points)
     patch = Patch(slot, target, attribute, default_name if name is None else name, parsed, points)
-    slot.install(slot.patches + [patch])
+    try:
+        slot.install(slot.patches + [patch])
+    except BaseException:
+        release_sites(patch._site_ids)
+        raise
     return patch
 
 
@@ -292,7 +290,7 @@ def instrument(func: F, specs: Union[SpecLike, Iterable[SpecLike]], name: Option
     probe_visible_from(base.__globals__)
     # The slot lives as long as the function: recordings arm it through a weak set.
     live.__bcrecord_slot__ = slot  # type: ignore[attr-defined]
-    weakref.finalize(live, release_sites, slot.site_ids)
+    weakref.finalize(live, release_sites, slot.patches[0]._site_ids)
     track(slot)
     if isinstance(func, types.MethodType):
         return types.MethodType(live, func.__self__)  # type: ignore[return-value]

@@ -116,6 +116,8 @@ class RecordError:
 # --- sites -------------------------------------------------------------------
 
 _SITES: Dict[int, Site] = {}
+#: Recordings that cache sinks per site id (see Recording._forget).
+_caching: "weakref.WeakSet[Recording]" = weakref.WeakSet()
 _site_ids = itertools.count(1)
 # Re-entrant: a finalizer (release_sites) may run from GC while register_sites holds it.
 _sites_lock = threading.RLock()
@@ -135,11 +137,17 @@ def register_sites(sites: Sequence[Site]) -> List[int]:
 def release_sites(ids: Sequence[int]) -> None:
     """Forget sites; probes still running with these ids become silent.
 
+    Recordings drop what they cached for these sites, so a recording that stays
+    open across many patch/remove cycles does not grow.
+
     >>> release_sites([])
     """
+    gone = set(ids)
     with _sites_lock:
-        for site_id in ids:
+        for site_id in gone:
             _SITES.pop(site_id, None)
+        for rec in list(_caching):
+            rec._forget(gone)
 
 
 # --- arming ------------------------------------------------------------------
@@ -401,6 +409,7 @@ class Recording:
         cache_key = site_id if owner is None else (site_id, owner)
         if self._only is not None and id(site.tag) not in self._only:
             self._sinks[cache_key] = _DROP  # another patch's site: never taken here
+            _caching.add(self)
             return _DROP
         key = site.key if owner is None else owner + site.key
         values = self._data.get(key)
@@ -411,7 +420,13 @@ class Recording:
         copiers: Dict[type, Optional[Copier]] = {} if callable(policy) else _copier_cache[policy]
         sink = (values.append, copiers, policy, key, site.chain)
         self._sinks[cache_key] = sink
+        _caching.add(self)
         return sink
+
+    def _forget(self, site_ids: set) -> None:
+        """Drop cached sinks of released sites (values already recorded stay)."""
+        for cache_key in [k for k in self._sinks if (k[0] if isinstance(k, tuple) else k) in site_ids]:
+            self._sinks.pop(cache_key, None)
 
     def _fail(self, key: str, error: BaseException) -> None:
         self.errors.append(RecordError(key, error))
