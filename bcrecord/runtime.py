@@ -117,7 +117,7 @@ class RecordError:
 
 _SITES: Dict[int, Site] = {}
 #: Recordings that cache sinks per site id (see Recording._forget).
-_caching: "weakref.WeakSet[Recording]" = weakref.WeakSet()
+_caching: weakref.WeakSet[Recording] = weakref.WeakSet()
 _site_ids = itertools.count(1)
 # Re-entrant: a finalizer (release_sites) may run from GC while register_sites holds it.
 _sites_lock = threading.RLock()
