@@ -576,14 +576,15 @@ def __bcrecord_probe__(value: Any, site_id: int, instance: Any = _NO_INSTANCE) -
             return
         sink_key = (site_id, owner)
     for rec in recordings:
-        sink = rec._sinks.get(sink_key)
-        if sink is None:
-            sink = rec._sink(site_id, owner)
-        if sink is None or sink is _DROP:
-            continue
-        append, copiers, policy, key, chain = sink
-        item = value
+        key = ""
         try:
+            sink = rec._sinks.get(sink_key)
+            if sink is None:
+                sink = rec._sink(site_id, owner)
+            if sink is None or sink is _DROP:
+                continue
+            append, copiers, policy, key, chain = sink
+            item = value
             if chain:
                 item = _read_chain(item, chain)
             kind = type(item)
@@ -592,7 +593,12 @@ def __bcrecord_probe__(value: Any, site_id: int, instance: Any = _NO_INSTANCE) -
                 copier = copiers.setdefault(kind, _find_copier(policy, kind))
             append(item if copier is None else copier(item))
         except Exception as error:  # a probe must never raise into user code
-            rec._fail(key, error)
+            try:
+                rec._fail(key or f"<site {site_id}>", error)
+            except Exception:
+                # Reporting failed too: at the recursion limit it needs frames, and
+                # warnings turned into errors raise here. Never into user code.
+                pass
 
 
 # Inserted code finds the probe with LOAD_GLOBAL, which falls back to builtins.

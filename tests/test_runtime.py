@@ -271,3 +271,20 @@ def test_add_stores_like_a_probe():
     for v in range(3):
         rec.add("k", v)
     assert rec.all("k") == [1, 2]
+
+
+def test_probe_errors_never_escape_even_when_warnings_are_errors():
+    class Bad:
+        def clone(self):
+            raise ValueError("nope")
+
+    def f():
+        b = Bad()
+        return 1
+
+    g = bcrecord.instrument(f, "b", name="w")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RecordingWarning)
+        with bcrecord.recording() as rec:
+            assert g() == 1
+    assert [(e.key, str(e.error)) for e in rec.errors] == [("w:f:b@0", "nope")]
