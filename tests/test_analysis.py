@@ -59,14 +59,18 @@ def test_loop_condition_and_finally_copies_share_one_number():
     assert len(cmap.locals["done"][0].positions) == 2
 
 
-@pytest.mark.skipif(sys.version_info < (3, 11), reason="3.10 code objects carry no columns")
 def test_same_line_assignments_are_ordered_by_column():
     def f():
         x = 1; x = (x := 5) + 1  # noqa: E702
         return x
 
     sites = read(f.__code__).locals["x"]
-    assert [(s.line - f.__code__.co_firstlineno, s.column) for s in sites] == [(1, 8), (1, 15), (1, 20)]
+    got = [(s.line - f.__code__.co_firstlineno, s.column) for s in sites]
+    if sys.version_info >= (3, 11):
+        assert got == [(1, 8), (1, 15), (1, 20)]
+    else:  # 3.10 code objects carry no columns: three assignments, in execution order
+        assert got == [(1, None), (1, None), (1, None)]
+        assert [s.positions[0] for s in sites] == sorted(s.positions[0] for s in sites)
 
 
 def test_attribute_chains_and_method_style_loads():
