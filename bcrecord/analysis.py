@@ -38,6 +38,7 @@ __all__ = [
     "CodeMap",
     "ProbePoint",
     "Targets",
+    "consuming_calls",
     "instructions",
     "read",
     "resolve",
@@ -362,10 +363,19 @@ def _callees(real: List[Tuple[int, Instr]], bytecode: Sequence[object]) -> Itera
         previous = instr
 
 
-def _consumer_calls(items: Sequence[object], pos: int, slots: int, labels: Dict[Label, int]) -> List[int]:
-    """The call instructions that call the value(s) pushed up to ``pos``; [] if it is
-    used any other way. Follows every path (a statement's tail may be copied)."""
+def consuming_calls(
+    items: Sequence[object], pos: int, slots: int, labels: Optional[Dict[Label, int]] = None
+) -> List[int]:
+    """The call instructions that call what the instructions up to ``pos`` pushed.
+
+    ``slots`` is how many stack slots the callable takes (2 with a NULL or self
+    slot). Returns [] if the value is used any other way. Follows every path, since
+    3.10's compiler copies a statement's tail into each branch (one load, several
+    calls); used both to find call sites and to match 3.10's ``CALL_METHOD``.
+    """
     table = _versions.current()
+    if labels is None:  # label -> position; callers scanning many loads pass it once
+        labels = {item: k for k, item in enumerate(items) if isinstance(item, Label)}
     found: List[int] = []
     seen = set()
     work = [(pos + 1, 0)]
@@ -422,15 +432,15 @@ class _Sites:
             and (not nested or (isinstance(i.arg, FreeVar) and name in outer_cells))
         ]
         self.loads: List[Raw] = [(c, p, i, identity.of(p, i), m) for c, p, i, m in _chains(real, bytecode)]
-        labels = {item: k for k, item in enumerate(bytecode) if isinstance(item, Label)}
         self.calls: List[Raw] = []
+        labels = {item: k for k, item in enumerate(bytecode) if isinstance(item, Label)}
         for chain, pos, slots in _callees(real, bytecode):
             load = bytecode[pos]
             assert isinstance(load, Instr)
             # One site per call instruction, identified by its callee's load.
             self.calls += [
                 (chain, call, load, identity.of(pos, load), None)
-                for call in _consumer_calls(bytecode, pos, slots, labels)
+                for call in consuming_calls(bytecode, pos, slots, labels)
             ]
         self.operators: List[Raw] = [
             (op, pos, i, identity.of(pos, i), None)

@@ -27,10 +27,10 @@ from dataclasses import dataclass
 from types import CodeType
 from typing import Dict, List, Sequence, Tuple
 
-from bytecode import FreeVar, Instr, Label
+from bytecode import FreeVar, Instr
 
 from . import _versions
-from .analysis import ProbePoint, instructions
+from .analysis import ProbePoint, consuming_calls, instructions
 from .errors import TargetError
 
 __all__ = ["Template", "insert_probes", "cache_info", "clear_cache"]
@@ -92,41 +92,6 @@ def _location(items: Sequence[object], pos: int) -> object:
         if isinstance(item, Instr) and item.lineno is not None:
             return item.location
     return None
-
-
-def _matching_calls(items: Sequence[object], pos: int, call_name: str) -> List[int]:
-    """Positions of the calls that consume the method slots pushed at ``pos``.
-
-    Follows every path from ``pos`` (3.10's compiler copies a statement's tail into
-    each branch, so one load can have several calls), tracking the stack height
-    above those two slots; a path's call is the first ``call_name n`` reached with
-    exactly ``n`` values above them.
-    """
-    labels = {item: k for k, item in enumerate(items) if isinstance(item, Label)}
-    found: List[int] = []
-    seen = set()
-    work = [(pos + 1, 0)]
-    while work:
-        k, height = work.pop()
-        while k < len(items) and (k, height) not in seen:
-            seen.add((k, height))
-            item = items[k]
-            k += 1
-            if not isinstance(item, Instr):
-                continue
-            if item.name == call_name and height == item.arg:
-                found.append(k - 1)
-                break
-            if isinstance(item.arg, Label):
-                work.append((labels[item.arg], height + item.stack_effect(jump=True)))
-            if item.is_uncond_jump() or item.is_final():
-                break
-            height += item.stack_effect(jump=False)
-            if height < 0:
-                raise RuntimeError(f"stack underflow tracing the method load at instruction {pos}")
-    if not found:
-        raise RuntimeError(f"no {call_name} matches the method load at instruction {pos}")
-    return sorted(set(found))
 
 
 def _rewrite(code: CodeType, points: Sequence[ProbePoint]) -> Template:
@@ -193,7 +158,10 @@ def _rewrite_code(
                     edits.tail[pos] = table.method_stack(loc)
                     if table.method_call_fix:
                         old_call, new_call = table.method_call_fix
-                        for call in _matching_calls(items, pos, old_call):
+                        calls = consuming_calls(items, pos, slots=2)  # [method, self] slots
+                        if not calls:  # pragma: no cover - every method load is called
+                            raise RuntimeError(f"no {old_call} matches the method load at {pos}")
+                        for call in calls:
                             call_instr = items[call]
                             assert isinstance(call_instr, Instr)
                             edits.replace[call] = Instr(
