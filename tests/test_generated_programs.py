@@ -73,6 +73,8 @@ SETTINGS = settings(
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
 )
 
+pytestmark = pytest.mark.filterwarnings("ignore::SyntaxWarning")  # hypothesmith's own compile() calls
+
 if not hasattr(os, "fork"):  # pragma: no cover - every supported CI platform has fork
     pytest.skip("the differential harness isolates programs with os.fork", allow_module_level=True)
 
@@ -413,6 +415,22 @@ def _expressions(with_self: bool) -> st.SearchStrategy[str]:
             inner.map(lambda e: f"{e}[0]"),
             inner.map(lambda e: f"[*{e}]"),
             st.sampled_from(["a", "b", *TARGETS]).map(lambda n: f"f'<{{{n}!r:>4}}>'"),
+            # Call shapes: keywords, star-args, methods, calls inside comprehensions.
+            inner.map(lambda e: f"dict(k={e})"),
+            inner.map(lambda e: f"max([{e}, 1], key=str)"),
+            inner.map(lambda e: f"str({e}).upper()"),
+            inner.map(lambda e: f"'{{}}-{{}}'.format({e}, *[1])"),
+            inner.map(lambda e: f"(lambda *p, **k: (p, k))({e}, *[1], **{{'q': 2}})"),
+            inner.map(lambda e: f"[str(i).zfill(2) for i in range(2) if {e}]"),
+            *(
+                [
+                    inner.map(lambda e: f"super().m({e})"),
+                    st.just("self.items.copy()"),
+                    st.just("len(self.items) * self.v"),
+                ]
+                if with_self
+                else []
+            ),
         )
 
     return st.recursive(leaves, extend, max_leaves=5)
@@ -433,12 +451,15 @@ def _statements(with_self: bool, is_async: bool) -> st.SearchStrategy[List[str]]
         e.map(lambda x: [f"G = {x}"]),
         e.map(lambda x: [f"return {x}"]),
         e.map(lambda x: [f"raise ValueError({x})"]),
+        st.just(["x, y = y, x"]),
+        st.tuples(t, e).map(lambda p: [f"{p[0]}[0] = {p[1]}"]),
         st.just(["pass"]),
     ]
     if is_async:
         simple.append(st.tuples(t, e).map(lambda p: [f"{p[0]} = await Step({p[1]})"]))
     else:
         simple.append(st.tuples(t, e).map(lambda p: [f"{p[0]} = yield {p[1]}"]))
+        simple.append(st.tuples(t, e).map(lambda p: [f"{p[0]} = yield from [{p[1]}, 1]"]))
     if with_self:
         simple.append(e.map(lambda x: [f"self.w = {x}"]))
     leaf = st.one_of(*simple)
@@ -459,6 +480,7 @@ def _statements(with_self: bool, is_async: bool) -> st.SearchStrategy[List[str]]
                 lambda p: ["for i in [1, 2]:", *indent(p[1]), "else:", *indent(p[2]), f"    z = {p[0]}"]
             ),
             body.map(lambda b: ["w = 0", "while w < 3:", "    w += 1", *indent(b)]),
+            body.map(lambda b: ["for x, (y, *z) in [(1, (2, 3)), (4, (5,))]:", *indent(b)]),
             st.tuples(body, body, body).map(
                 lambda p: [
                     "try:",
@@ -503,7 +525,17 @@ def _statements(with_self: bool, is_async: bool) -> st.SearchStrategy[List[str]]
             ),
         )
 
-    return st.recursive(leaf, extend, max_leaves=6)
+    def extend_async(block: st.SearchStrategy[List[str]]) -> st.SearchStrategy[List[str]]:
+        body = st.lists(block, min_size=1, max_size=3).map(
+            lambda parts: [ln for part in parts for ln in part]
+        )
+        return st.one_of(
+            extend(block),
+            st.tuples(t, body).map(lambda p: [f"async with Manager() as {p[0]}:", *indent(p[1])]),
+            st.tuples(t, body).map(lambda p: [f"async for {p[0]} in ticks(2):", *indent(p[1])]),
+        )
+
+    return st.recursive(leaf, extend_async if is_async else extend, max_leaves=6)
 
 
 PRELUDE = """\
@@ -517,6 +549,20 @@ class Step:
     def __await__(self):
         got = yield self.value
         return (self.value, got)
+
+class Manager:
+    async def __aenter__(self):
+        entered = await Step("in")
+        return entered
+
+    async def __aexit__(self, *exc_info):
+        left = await Step("out")
+        return False
+
+async def ticks(n):
+    for tick in range(n):
+        got = await Step(tick)
+        yield got
 
 class Base:
     v = 3
@@ -533,7 +579,14 @@ def generated_functions(draw: st.DrawFn) -> str:
     is_async = kind == "async def"
     with_self = kind == "method"
     body = draw(st.lists(_statements(with_self, is_async), min_size=1, max_size=5))
-    lines = ["global G", "x = a", "y = b", "z = None"] + [line for part in body for line in part]
+    # Padding: many locals (indexes past 16 and 256, where Python 3.13 pairs and
+    # EXTENDED_ARG begin) and a loop long enough that probes push its jumps far.
+    pad = draw(st.one_of(st.just(0), st.integers(1, 40), st.integers(250, 300)))
+    padding = ["for i in range(2):", *(f"    p{j} = i + {j}" for j in range(pad))]
+    if pad:
+        padding += [f"    p{pad - 1}, x = x, p{pad - 1}", f"    y = p{pad // 2} + p0"]
+    lines = ["global G", "x = a", "y = b", "z = None"] + (padding if pad else [])
+    lines += [line for part in body for line in part]
     if with_self:
         lines.append("r = super().m(a, b)")
     lines.append("return locals()")
