@@ -52,11 +52,6 @@ class Target:
     #: True for a bare module path: the module's output.
     output: bool = False
 
-    @property
-    def label(self) -> str:
-        """The target part of this target's keys, without the assignment index."""
-        return self.text.rsplit(":", 1)[-1]
-
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     """The model inside ``nn.DataParallel`` / ``DistributedDataParallel`` wrappers.
