@@ -22,6 +22,7 @@ from .errors import (
     UnsupportedPythonError,
 )
 from .patch import Patch, instrument, patch_function, patch_method, record_locals, targets
+from .rewrite import set_probe_style
 from .runtime import Recording, carry, copy_value, recording, register_copy
 from .specs import Attribute, Call, Expr, Local, Return, parse
 from .storage import load, save
@@ -53,5 +54,6 @@ __all__ = [
     "recording",
     "register_copy",
     "save",
+    "set_probe_style",
     "targets",
 ]

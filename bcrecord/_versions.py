@@ -4,9 +4,12 @@ This is the only module that looks at ``sys.version_info``. The rest of the engi
 asks the current :class:`Table` how to call a probe, how to duplicate a value, and
 which opcodes store, load or return, and reads as if there were one Python.
 
-The probe is always loaded with ``LOAD_GLOBAL`` (it resolves through builtins),
-never with ``LOAD_CONST <function>``: torch.compile (Dynamo) refuses function
-constants. Site ids are plain int constants.
+Inserted code reaches the runtime through names loaded with ``LOAD_GLOBAL`` (they
+resolve through builtins), never through ``LOAD_CONST <function>``: torch.compile
+(Dynamo) refuses function constants. Site ids are plain int constants. There are
+two spellings of a probe (see :mod:`bcrecord.rewrite`): *inline*,
+``__bcrecord_sinks__()[site].append(value)``, which runs no Python frame when the
+value needs no copy, and *call*, ``__bcrecord_probe__(value, site)``.
 
 >>> current().name in {"3.10", "3.11", "3.12", "3.13", "3.14"}
 True
@@ -22,10 +25,13 @@ from bytecode import CellVar, FreeVar, Instr
 
 from .errors import UnsupportedPythonError
 
-__all__ = ["Table", "current", "PROBE_NAME", "SUPPORTED"]
+__all__ = ["Table", "current", "PROBE_NAME", "SINKS_NAME", "SUPPORTED"]
 
-#: The global name under which inserted code finds the probe.
+#: The global name under which inserted code finds the probe (call spelling).
 PROBE_NAME = "__bcrecord_probe__"
+#: The global name of a no-argument callable returning this context's sinks, a list
+#: indexed by site id whose items have ``append`` (inline spelling).
+SINKS_NAME = "__bcrecord_sinks__"
 
 Location = object  # bytecode.InstrLocation; kept opaque here
 Instrs = List[Instr]
@@ -83,6 +89,17 @@ class Table:
     global_loads: FrozenSet[str] = frozenset({"LOAD_GLOBAL", "LOAD_NAME"})
     #: The operator symbol of a binary-operator instruction (``'+'``, ``'+='``), or None.
     binary_op: Callable[[Instr], Optional[str]] = lambda instr: None
+    #: Push ``TOS.<name>`` as a method (the (method, self) pair a method call takes).
+    load_method: Callable[[str, object], Instr] = lambda name, loc: _instr("LOAD_METHOD", name, loc)
+    #: Call the method pushed by ``load_method`` with n arguments.
+    call_method: Callable[[int, object], Instrs] = lambda n, loc: [_instr("CALL_METHOD", n, loc)]
+    #: Replace the two top items with ``second[top]``.
+    subscript: Callable[[object], Instrs] = lambda loc: [_instr("BINARY_SUBSCR", None, loc)]
+    #: Move the duplicated value above the two-item method pair just pushed.
+    raise_over_method: Callable[[object], Instrs] = lambda loc: [
+        _instr("ROT_THREE", None, loc),
+        _instr("ROT_THREE", None, loc),
+    ]
 
     def load_probe(self, location: object) -> Instrs:
         """Push the probe as a callable (with its NULL slot where the version has one)."""
@@ -110,6 +127,35 @@ class Table:
             _instr("LOAD_CONST", site, location),
             *extra,
             *self.call(2 + len(extra), location),
+            _instr("POP_TOP", None, location),
+        ]
+
+    def _load_sink(self, site: Union[int, str], location: object) -> Instrs:
+        # __bcrecord_sinks__()[site].append, as a method pair.
+        return [
+            _instr("LOAD_GLOBAL", self.global_arg(SINKS_NAME), location),
+            *self.call(0, location),
+            _instr("LOAD_CONST", site, location),
+            *self.subscript(location),
+            self.load_method("append", location),
+        ]
+
+    def append_probe(self, load_value: Instrs, site: Union[int, str], location: object) -> Instrs:
+        """``__bcrecord_sinks__()[site].append(<value>)``, result dropped; the stack is unchanged."""
+        return [
+            *self._load_sink(site, location),
+            *load_value,
+            *self.call_method(1, location),
+            _instr("POP_TOP", None, location),
+        ]
+
+    def append_tee(self, site: Union[int, str], location: object) -> Instrs:
+        """``__bcrecord_sinks__()[site].append(TOS)`` leaving TOS in place."""
+        return [
+            self.dup(location),
+            *self._load_sink(site, location),
+            *self.raise_over_method(location),
+            *self.call_method(1, location),
             _instr("POP_TOP", None, location),
         ]
 
@@ -234,6 +280,8 @@ def _311() -> Table:
         return_const=None,
         calls=frozenset({"CALL", "CALL_FUNCTION_EX"}),
         binary_op=_op_311,
+        call_method=lambda n, loc: [_instr("PRECALL", n, loc), _instr("CALL", n, loc)],
+        raise_over_method=_swap_up,
     )
 
 
@@ -259,6 +307,9 @@ def _312() -> Table:
         return_const="RETURN_CONST",
         calls=frozenset({"CALL", "CALL_FUNCTION_EX"}),
         binary_op=_op_311,
+        load_method=lambda name, loc: _instr("LOAD_ATTR", (True, name), loc),
+        call_method=lambda n, loc: [_instr("CALL", n, loc)],
+        raise_over_method=_swap_up,
     )
 
 
@@ -294,7 +345,16 @@ def _313() -> Table:
         return_const="RETURN_CONST",
         calls=frozenset({"CALL", "CALL_KW", "CALL_FUNCTION_EX"}),
         binary_op=_op_311,
+        load_method=lambda name, loc: _instr("LOAD_ATTR", (True, name), loc),
+        call_method=lambda n, loc: [_instr("CALL", n, loc)],
+        raise_over_method=_swap_up,
     )
+
+
+def _subscr_op() -> object:
+    from bytecode import BinaryOp
+
+    return getattr(BinaryOp, "SUBSCR", 26)
 
 
 def _314() -> Table:
@@ -308,6 +368,8 @@ def _314() -> Table:
             "pairs": _PAIRS_313
             + (("LOAD_FAST_BORROW_LOAD_FAST_BORROW", "LOAD_FAST_BORROW", "LOAD_FAST_BORROW"),),
             "return_const": None,
+            # BINARY_SUBSCR became BINARY_OP with the SUBSCR operator.
+            "subscript": lambda loc: [_instr("BINARY_OP", _subscr_op(), loc)],
         }
     )
 

@@ -9,7 +9,7 @@ anyone who wants to see the inserted code:
 ...     return x
 >>> with bcrecord.patch_function(f, "x") as patch:
 ...     text = side_by_side(patch.original_code, patch.code)
->>> "__bcrecord_probe__" in text and text.count("+") >= 5
+>>> "__bcrecord_" in text and text.count("+") >= 5
 True
 """
 
@@ -20,7 +20,7 @@ import dis
 from types import CodeType
 from typing import List, Optional, Tuple
 
-from ._versions import PROBE_NAME
+from ._versions import PROBE_NAME, SINKS_NAME
 
 __all__ = ["instructions_text", "side_by_side", "decompiled"]
 
@@ -34,6 +34,10 @@ def _line(instr: dis.Instruction, previous: Optional[int]) -> Optional[int]:
     return starts if isinstance(starts, int) and not isinstance(starts, bool) else previous
 
 
+def _has_probes(code: CodeType) -> bool:
+    return PROBE_NAME in code.co_names or SINKS_NAME in code.co_names
+
+
 def _rows(code: CodeType) -> List[Tuple[str, str]]:
     """(comparison key, display text) for each instruction; caches left out."""
     rows = []
@@ -43,7 +47,7 @@ def _rows(code: CodeType) -> List[Tuple[str, str]]:
             continue
         line = _line(instr, line)
         arg = instr.argrepr or ("" if instr.arg is None else str(instr.arg))
-        if isinstance(instr.argval, int) and instr.opname == "LOAD_CONST" and PROBE_NAME in code.co_names:
+        if instr.opname == "LOAD_CONST" and isinstance(instr.argval, int) and _has_probes(code):
             arg = str(instr.argval)
         key = f"{instr.opname} {arg}" if "to " not in arg and "to L" not in arg else instr.opname
         rows.append((key, f"{'' if line is None else line:>5} {instr.opname:<24} {arg}".rstrip()))

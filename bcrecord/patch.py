@@ -40,8 +40,8 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, TypeVar
 
 from .analysis import ProbePoint, Targets, read, resolve
 from .errors import NotPatchableError
-from .rewrite import insert_probes
-from .runtime import Site, probe_visible_from, register_sites, release_sites, track, untrack
+from .rewrite import code_objects, insert_probes
+from .runtime import Site, hold_sites, probe_visible_from, register_sites, release_sites, track, untrack
 from .specs import Local, SpecLike, parse_all
 
 __all__ = ["Patch", "instrument", "patch_method", "patch_function", "record_locals", "targets"]
@@ -137,7 +137,10 @@ class _Slot:
         if not points:
             return self.original_code
         ids = [site for patch in patches for site in patch._site_ids]
-        return insert_probes(self.original_code, points).bind(ids)
+        probed = insert_probes(self.original_code, points).bind(ids)
+        # Frames (a suspended generator) may run this code after its patch is gone.
+        hold_sites(code_objects(probed), ids)
+        return probed
 
     def install(self, patches: List[Patch]) -> None:
         probed = self.plan(patches)

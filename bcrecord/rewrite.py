@@ -5,8 +5,20 @@ per ``(code, probe points)``. Its result is a :class:`Template` whose probes car
 placeholder site constants; :meth:`Template.bind` swaps in real site ids with a
 cheap ``code.replace``, so fifty patches of one method cost one rewrite.
 
-Each probe calls ``__bcrecord_probe__(value, site_id)`` and drops the result; the
-stack, the variables and the control flow of the original are left as they were.
+A probe hands a value to the recording runtime; the stack, the variables and the
+control flow of the original are left as they were. It is spelled one of two ways
+(:func:`set_probe_style`):
+
+* ``'inline'``: ``__bcrecord_sinks__()[site_id].append(value)``. Every step is a
+  C-level operation (the sinks list belongs to the current context), so a value
+  that needs no copy is stored without running any Python frame.
+* ``'call'``: ``__bcrecord_probe__(value, site_id)``, one opaque call. Tracing
+  compilers can be told to skip it (``bcrecord.torch`` wraps it in
+  ``torch.compiler.disable``): torch.compile would otherwise trace the inline
+  form, guard on the sinks list and recompile for every new recording.
+
+The default, ``'auto'``, is ``'call'`` once torch has been imported and ``'inline'``
+otherwise. Per-instance probes, which pass the instance too, always call.
 
 >>> def f(a):
 ...     x = a + 1
@@ -21,6 +33,7 @@ True
 from __future__ import annotations
 
 import dataclasses
+import sys
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -33,10 +46,50 @@ from . import _versions
 from .analysis import ProbePoint, consuming_calls, instructions
 from .errors import TargetError
 
-__all__ = ["Template", "insert_probes", "cache_info", "clear_cache"]
+__all__ = [
+    "Template",
+    "code_objects",
+    "insert_probes",
+    "cache_info",
+    "clear_cache",
+    "probe_style",
+    "set_probe_style",
+]
 
 _PLACEHOLDER = "\x00bcrecord-site-{}"
 _CACHE_SIZE = 512
+
+
+PROBE_STYLES = ("auto", "inline", "call")
+_style = "auto"
+
+
+def set_probe_style(style: str) -> None:
+    """Spell probes inserted from now on ``'inline'``, as ``'call'``, or ``'auto'``.
+
+    Patches made earlier keep their code. ``'auto'`` (the default) calls once torch
+    is imported, so that torch.compile meets a probe it can skip.
+
+    >>> set_probe_style("inline"); probe_style()
+    'inline'
+    >>> set_probe_style("auto")
+    """
+    global _style
+    if style not in PROBE_STYLES:
+        raise ValueError(f"unknown probe style {style!r}; choose one of {PROBE_STYLES}")
+    _style = style
+
+
+def probe_style() -> str:
+    """How probes inserted now are spelled: ``'inline'`` or ``'call'``.
+
+    >>> probe_style() in ("inline", "call")
+    True
+    """
+    if _style != "auto":
+        return _style
+    # Looking in sys.modules imports nothing: the core never imports torch.
+    return "call" if "torch" in sys.modules else "inline"
 
 
 @dataclass(frozen=True)
@@ -61,6 +114,19 @@ def _bind(code: CodeType, sites: Dict[str, int]) -> CodeType:
         for c in code.co_consts
     )
     return code.replace(co_consts=consts)
+
+
+def code_objects(code: CodeType) -> List[CodeType]:
+    """``code`` and every code object nested in its constants (all may carry site ids).
+
+    >>> len(code_objects((lambda: [y for y in ()]).__code__)) >= 1
+    True
+    """
+    found = [code]
+    for const in code.co_consts:
+        if isinstance(const, CodeType):
+            found.extend(code_objects(const))
+    return found
 
 
 class _Edits:
@@ -94,12 +160,12 @@ def _location(items: Sequence[object], pos: int) -> object:
     return None
 
 
-def _rewrite(code: CodeType, points: Sequence[ProbePoint]) -> Template:
+def _rewrite(code: CodeType, points: Sequence[ProbePoint], inline: bool) -> Template:
     if any(point.with_self for point in points) and not code.co_argcount:
         raise ValueError(f"{code.co_name} has no first argument to pass as self")
     first = code.co_varnames[0] if code.co_argcount else ""
     names = [_PLACEHOLDER.format(k) for k in range(len(points))]
-    return Template(_rewrite_code(code, points, names, first, nested=False), tuple(names))
+    return Template(_rewrite_code(code, points, names, first, nested=False, inline=inline), tuple(names))
 
 
 def _load_self(code: CodeType, first: str, nested: bool, location: object) -> Instr:
@@ -115,9 +181,20 @@ def _load_self(code: CodeType, first: str, nested: bool, location: object) -> In
 
 
 def _rewrite_code(
-    code: CodeType, points: Sequence[ProbePoint], names: Sequence[str], first: str, nested: bool
+    code: CodeType, points: Sequence[ProbePoint], names: Sequence[str], first: str, nested: bool, inline: bool
 ) -> CodeType:
     table = _versions.current()
+
+    def probe(load: List[Instr], site: str, loc: object, extra: List[Instr]) -> List[Instr]:
+        if inline and not extra:
+            return table.append_probe(load, site, loc)
+        return table.call_probe(load, site, loc, extra)
+
+    def tee(site: str, loc: object, extra: List[Instr]) -> List[Instr]:
+        if inline and not extra:
+            return table.append_tee(site, loc)
+        return table.tee_probe(site, loc, extra)
+
     bytecode = instructions(code)
     items = list(bytecode)
     edits = _Edits()
@@ -132,7 +209,9 @@ def _rewrite_code(
     for outer, pairs in inner.items():
         load = items[outer]
         assert isinstance(load, Instr) and isinstance(load.arg, CodeType)
-        new_inner = _rewrite_code(load.arg, [p for p, _ in pairs], [n for _, n in pairs], first, nested=True)
+        new_inner = _rewrite_code(
+            load.arg, [p for p, _ in pairs], [n for _, n in pairs], first, nested=True, inline=inline
+        )
         edits.replace[outer] = Instr("LOAD_CONST", new_inner, location=load.location)  # type: ignore[arg-type]
 
     for point, site in zip(points, names, strict=True):
@@ -145,13 +224,13 @@ def _rewrite_code(
             if point.kind == "store":
                 assert isinstance(anchor, Instr)
                 load = Instr(anchor.name.replace("STORE_", "LOAD_"), anchor.arg, location=loc)  # type: ignore[arg-type]
-                edits.after.setdefault(pos, []).extend(table.call_probe([load], site, loc, extra))
+                edits.after.setdefault(pos, []).extend(probe([load], site, loc, extra))
             elif point.kind in ("call", "expr"):
                 # The call's result / the operator's result is on top of the stack.
-                edits.after.setdefault(pos, []).extend(table.tee_probe(site, loc, extra))
+                edits.after.setdefault(pos, []).extend(tee(site, loc, extra))
             elif point.kind == "load":
                 assert isinstance(anchor, Instr)
-                edits.after.setdefault(pos, []).extend(table.tee_probe(site, loc, extra))
+                edits.after.setdefault(pos, []).extend(tee(site, loc, extra))
                 if point.method and pos not in edits.replace:
                     name = table.method_load(anchor)
                     edits.replace[pos] = table.plain_attr(str(name), anchor.location)
@@ -174,10 +253,10 @@ def _rewrite_code(
                     if pos not in edits.replace:
                         before.insert(0, Instr("LOAD_CONST", anchor.arg, location=anchor.location))
                         edits.replace[pos] = Instr(table.return_value, location=anchor.location)
-                before.extend(table.tee_probe(site, loc, extra))
+                before.extend(tee(site, loc, extra))
             elif point.kind == "entry":
                 load = table.load_local(point.root, point.root in cells, loc)
-                edits.before.setdefault(pos, []).extend(table.call_probe([load], site, loc, extra))
+                edits.before.setdefault(pos, []).extend(probe([load], site, loc, extra))
             else:  # pragma: no cover - ProbePoint kinds are fixed by analysis.resolve
                 raise ValueError(f"unknown probe kind {point.kind!r}")
 
@@ -191,7 +270,7 @@ def _rewrite_code(
     return new
 
 
-_cache: OrderedDict[Tuple[CodeType, Tuple[Tuple[object, ...], ...]], Template] = OrderedDict()
+_cache: OrderedDict[Tuple[CodeType, Tuple[Tuple[object, ...], ...], str], Template] = OrderedDict()
 _cache_lock = threading.Lock()
 _stats = {"hits": 0, "misses": 0}
 
@@ -207,14 +286,15 @@ def insert_probes(code: CodeType, points: Sequence[ProbePoint]) -> Template:
     >>> insert_probes(f.__code__, points) is insert_probes(f.__code__, points)
     True
     """
-    key = (code, tuple(point.where() for point in points))
+    style = probe_style()
+    key = (code, tuple(point.where() for point in points), style)
     with _cache_lock:
         template = _cache.get(key)
         if template is not None:
             _cache.move_to_end(key)
             _stats["hits"] += 1
             return template
-    template = _rewrite(code, points)
+    template = _rewrite(code, points, inline=style == "inline")
     with _cache_lock:
         _stats["misses"] += 1
         _cache[key] = template

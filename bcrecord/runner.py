@@ -66,7 +66,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Text
 from .analysis import read, resolve
 from .errors import BcrecordError
 from .patch import Patch, function_of, patch_method
-from .runtime import _DROP, Recording, Sink, copy_value
+from .runtime import Recording, Sink, copy_value
 from .specs import Spec, parse
 from .storage import Writer
 
@@ -345,17 +345,12 @@ class _Stream(Recording):
 
     def _sink(self, site_id: int, owner: Optional[str] = None) -> Optional[Sink]:
         sink = super()._sink(site_id, owner)
-        if sink is _DROP:
-            # Not (yet) one of ours: a patch made in another thread may fire before
-            # :meth:`take` sees it, so that answer is not cached.
-            self._sinks.pop(site_id if owner is None else (site_id, owner), None)
-            return sink
         if sink is None:
-            return sink
-        _, _, policy, key, chain = sink
+            return None
+        key = sink.key
         with self._counters_lock:
             counter = self._counters.setdefault(key, itertools.count())
-        every, deliver = self._every, self._deliver
+        every, deliver, policy = self._every, self._deliver, sink.policy
 
         def gate(value: Any) -> Any:
             step = next(counter)
@@ -367,14 +362,15 @@ class _Stream(Recording):
             if item is not _SKIP:
                 deliver(key, item[0], item[1])
 
-        ours: Sink = (append, {}, gate, key, chain)
-        self._sinks[site_id if owner is None else (site_id, owner)] = ours
-        return ours
+        # The gate is the sink's copy: it runs first, and copies only the values kept.
+        return Sink(self, key, append, gate, sink.chain)
 
     def take(self, patch: Patch) -> None:
         """Record the values of ``patch`` too."""
         assert self._only is not None
         self._only.add(id(patch))
+        # A patch made in another thread may have fired before this: routed nowhere then.
+        self._reroute()
 
     def counts(self) -> Dict[str, int]:
         """How many times each key fired (saved or not)."""

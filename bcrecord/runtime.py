@@ -1,6 +1,6 @@
 """The recording runtime: what a probe does when it fires, and where values go.
 
-Three rules decide it:
+Four rules decide it:
 
 * **Who receives a value.** Recordings are entered per *context* (a
   :class:`contextvars.ContextVar`): each thread, and each asyncio task, sees the
@@ -13,6 +13,13 @@ Three rules decide it:
   object until some recording is entered anywhere in the process, and goes back
   to it when the last one exits (patches are *armed* and *disarmed*). Calls that
   started before a recording was entered run without probes.
+* **What a recorded value costs.** Inserted code runs
+  ``__bcrecord_sinks__()[site_id].append(value)`` (:mod:`bcrecord.rewrite`): the
+  context's *sinks list*, indexed by site id. Where the one recording that takes a
+  site keeps values uncopied, the item is its list of values, and no Python code
+  runs per value; otherwise it is a :class:`Sink` (copy, then store), a fan-out to
+  nested recordings, or a drop. Items are built on a site's first value in a
+  context.
 * **What is stored.** A copy made when the value is assigned, by the recording's
   copy policy (overridable per spec): ``'clone'`` calls ``.clone()`` where the
   value has one (and copies lists, tuples, dicts and sets around such values),
@@ -42,7 +49,7 @@ import contextvars
 import copy as _copy_module
 import difflib
 import importlib
-import itertools
+import sys
 import threading
 import warnings
 import weakref
@@ -64,7 +71,7 @@ from typing import (
     Union,
 )
 
-from ._versions import PROBE_NAME
+from ._versions import PROBE_NAME, SINKS_NAME
 from .errors import RecordingWarning
 from .specs import COPY_POLICIES
 
@@ -72,6 +79,8 @@ __all__ = [
     "Recording",
     "RecordError",
     "Site",
+    "Sink",
+    "hold_sites",
     "recording",
     "carry",
     "register_copy",
@@ -113,41 +122,206 @@ class RecordError:
     error: BaseException
 
 
-# --- sites -------------------------------------------------------------------
+# --- sites and sinks ---------------------------------------------------------
+#
+# Inserted code runs ``__bcrecord_sinks__()[site_id].append(value)``:
+# ``__bcrecord_sinks__`` is ``_context.get``, which returns the *sinks list* of the
+# current context, and item ``site_id`` of that list is where the value goes. Every
+# step is C-level, and when the only recording that takes a site keeps values
+# uncopied, the item is that recording's list of values itself, so storing a value
+# runs no Python frame at all. Other items are Python objects with an ``append``.
+#
+# Every sinks list is as long as the largest site id + 1 at every moment (lists are
+# extended under the lock before an id is handed out), so inserted code can never
+# index past the end. Item 0 is the :class:`_Routing` that owns the list.
 
 _SITES: Dict[int, Site] = {}
-#: Recordings that cache sinks per site id (see Recording._forget).
+#: Recordings that cache sinks of per-instance sites (see Recording._forget).
 _caching: weakref.WeakSet[Recording] = weakref.WeakSet()
-_site_ids = itertools.count(1)
-# Re-entrant: a finalizer (release_sites) may run from GC while register_sites holds it.
+# Re-entrant: a finalizer (release_sites, _unhold) may run from GC while the lock is held.
 _sites_lock = threading.RLock()
+#: Released ids that no live code reports with any more, for reuse.
+_free_ids: List[int] = []
+#: For each id, how many live code objects report with it (see hold_sites).
+_holders: Dict[int, int] = {}
+#: Appending to it drops the value (C-level): sinks of sites nothing takes.
+_NOWHERE: Deque[Any] = deque(maxlen=0)
+
+
+class _Unrouted:
+    """The item of a site not routed yet in a sinks list: routes it on its first value."""
+
+    __slots__ = ("site_id",)
+
+    def __init__(self, site_id: int) -> None:
+        self.site_id = site_id
+
+    def append(self, value: Any) -> None:
+        try:
+            sinks = _context.get()
+            routing: _Routing = sinks[0]
+            version = routing.version
+            target = routing.route(self.site_id)
+            with _sites_lock:
+                if routing.version == version and sinks[self.site_id] is self:
+                    sinks[self.site_id] = target
+        except Exception:  # a probe must never raise into user code
+            return
+        target.append(value)
+
+
+#: Item ``k`` of every fresh sinks list (item 0 is replaced by the list's routing).
+_UNROUTED: List[Any] = [None]
+
+
+class _Routing:
+    """Whose values a sinks list routes where: item 0 of its sinks list.
+
+    ``own`` are the recordings entered in the context; ``recordings`` those that
+    receive its values (``own``, or the ``threads='all'`` recordings for contexts
+    that have none).
+    """
+
+    __slots__ = ("sinks", "own", "recordings", "version", "__weakref__")
+
+    def __init__(self, own: Tuple[Recording, ...], recordings: Tuple[Recording, ...]) -> None:
+        self.own = own
+        self.recordings = recordings
+        self.version = 0
+        with _sites_lock:
+            self.sinks: List[Any] = list(_UNROUTED)
+            self.sinks[0] = self
+            _routings.add(self)
+
+    def route(self, site_id: int) -> Any:
+        """Where this context's values of ``site_id`` go: something with ``append``."""
+        found = []
+        for rec in self.recordings:
+            sink = rec._sink(site_id)
+            if sink is not None:
+                found.append(sink.direct())
+        if not found:
+            return _NOWHERE
+        return found[0] if len(found) == 1 else _FanOut(found)
+
+    def retire(self) -> None:
+        """Stop tracking this routing if no context holds its sinks any more.
+
+        The sinks list and its routing refer to each other, so without this they
+        would wait for the cyclic garbage collector, and every site registered
+        meanwhile would extend them.
+        """
+        with _sites_lock:
+            sinks = self.sinks
+            # References: this routing's slot, ``sinks`` here, getrefcount's argument.
+            if sys.getrefcount(sinks) <= 3:
+                _routings.discard(self)
+                sinks[0] = None  # break the cycle: the list is freed now
+
+    def reset(self) -> None:
+        """Forget every route (they are rebuilt on the next value of each site)."""
+        with _sites_lock:
+            self.version += 1
+            self.sinks[1:] = _UNROUTED[1:]
+
+
+class _FanOut:
+    """A site taken by several recordings of one context (nested recordings)."""
+
+    __slots__ = ("targets",)
+
+    def __init__(self, targets: List[Any]) -> None:
+        self.targets = targets
+
+    def append(self, value: Any) -> None:
+        for target in self.targets:
+            target.append(value)
+
+
+_routings: weakref.WeakSet[_Routing] = weakref.WeakSet()
 
 
 def register_sites(sites: Sequence[Site]) -> List[int]:
-    """Give each site a fresh id for inserted code to report with.
+    """Give each site an id for inserted code to report with (released ids are reused).
 
     >>> ids = register_sites([Site("a:f:x@0")]); release_sites(ids)
     """
     with _sites_lock:
-        ids = [next(_site_ids) for _ in sites]
-        _SITES.update(zip(ids, sites, strict=True))
+        ids: List[int] = []
+        grown: List[_Unrouted] = []
+        reused: List[_Unrouted] = []
+        for site in sites:
+            if _free_ids:
+                unrouted = _Unrouted(_free_ids.pop())
+                _UNROUTED[unrouted.site_id] = unrouted
+                reused.append(unrouted)
+            else:
+                unrouted = _Unrouted(len(_UNROUTED) + len(grown))
+                grown.append(unrouted)
+            ids.append(unrouted.site_id)
+            _SITES[unrouted.site_id] = site
+        _UNROUTED.extend(grown)
+        for routing in list(_routings):
+            routing.sinks.extend(grown)
+            for unrouted in reused:
+                routing.sinks[unrouted.site_id] = unrouted
     return ids
 
 
 def release_sites(ids: Sequence[int]) -> None:
     """Forget sites; probes still running with these ids become silent.
 
-    Recordings drop what they cached for these sites, so a recording that stays
-    open across many patch/remove cycles does not grow.
+    An id is reused only once no code that reports with it is alive (see
+    :func:`hold_sites`). Recordings drop what they cached for these sites, so a
+    recording that stays open across many patch/remove cycles does not grow.
 
     >>> release_sites([])
     """
     gone = set(ids)
     with _sites_lock:
+        routings = list(_routings)
         for site_id in gone:
-            _SITES.pop(site_id, None)
+            if _SITES.pop(site_id, None) is None:
+                continue
+            _UNROUTED[site_id] = _NOWHERE
+            for routing in routings:
+                routing.sinks[site_id] = _NOWHERE
+            if site_id not in _holders:
+                _free_ids.append(site_id)
         for rec in list(_caching):
             rec._forget(gone)
+
+
+def hold_sites(holders: Sequence[Any], ids: Sequence[int]) -> None:
+    """Keep ``ids`` from reuse while any of ``holders`` (code reporting with them) lives.
+
+    A generator may go on running old code after its patch is removed: its probes
+    must stay silent rather than report under a site that reused the id.
+
+    >>> ids = register_sites([Site("a:f:x@0")])
+    >>> code = compile("1", "<doc>", "eval")
+    >>> hold_sites([code], ids); release_sites(ids); del code
+    """
+    ids = tuple(ids)
+    if not ids or not holders:
+        return
+    with _sites_lock:
+        for site_id in ids:
+            _holders[site_id] = _holders.get(site_id, 0) + len(holders)
+    for holder in holders:
+        weakref.finalize(holder, _unhold, ids).atexit = False
+
+
+def _unhold(ids: Tuple[int, ...]) -> None:
+    with _sites_lock:
+        for site_id in ids:
+            left = _holders.get(site_id, 1) - 1
+            if left > 0:
+                _holders[site_id] = left
+                continue
+            _holders.pop(site_id, None)
+            if site_id not in _SITES:
+                _free_ids.append(site_id)
 
 
 # --- arming ------------------------------------------------------------------
@@ -210,8 +384,6 @@ def _deactivate() -> None:
 # --- copies ------------------------------------------------------------------
 
 Copier = Callable[[Any], Any]
-#: Where one site's values go: (append, type -> copier table, policy, key, attribute chain).
-Sink = Tuple[Callable[[Any], None], Dict[type, Optional[Copier]], Any, str, Tuple[str, ...]]
 _registered: Dict[Tuple[str, type], Copier] = {}
 # One type -> copier table per policy (None: keep the value itself). The probe
 # reads these directly, so the common case is a single dict lookup.
@@ -234,6 +406,9 @@ def register_copy(cls: type, policy: str, copier: Copier) -> None:
     _registered[(policy, cls)] = copier
     for table in _copier_cache.values():
         table.clear()
+    if policy == "none":  # values under 'none' may no longer go straight into their lists
+        for routing in list(_routings):
+            routing.reset()
 
 
 def _method_copier(method: str, policy: str) -> Copier:
@@ -312,14 +487,82 @@ def copy_value(value: T, policy: str) -> T:
 
 # --- recordings --------------------------------------------------------------
 
-_context: contextvars.ContextVar[Tuple[Recording, ...]] = contextvars.ContextVar(
-    "bcrecord_recordings", default=()
-)
+
+class Sink:
+    """Where one site's values go in one recording: read the chain, copy, store.
+
+    ``append`` is what a probe calls; it never raises an ``Exception`` into the
+    patched function (failures go to :attr:`Recording.errors`).
+    """
+
+    __slots__ = ("rec", "key", "store", "policy", "chain", "copiers")
+
+    def __init__(
+        self, rec: Recording, key: str, store: Callable[[Any], None], policy: Any, chain: Tuple[str, ...] = ()
+    ) -> None:
+        self.rec = rec
+        self.key = key
+        self.store = store
+        self.policy = policy
+        self.chain = chain
+        #: type -> copier (None: keep the value itself), shared per policy name.
+        self.copiers: Dict[type, Optional[Copier]] = {} if callable(policy) else _copier_cache[policy]
+
+    def with_store(self, store: Callable[[Any], None]) -> Sink:
+        """The same sink storing through ``store``."""
+        return Sink(self.rec, self.key, store, self.policy, self.chain)
+
+    def direct(self) -> Any:
+        """What a probe appends to: the list of values itself when nothing is copied."""
+        container: Any = getattr(self.store, "__self__", None)
+        if (
+            self.policy == "none"
+            and not self.chain
+            and type(container) in (list, deque)
+            and self.store == container.append
+            and not any(policy == "none" for policy, _ in _registered)
+        ):
+            return container
+        return self
+
+    def append(self, value: Any) -> None:
+        try:
+            if self.chain:
+                value = _read_chain(value, self.chain)
+            kind = type(value)
+            copier: Any = self.copiers.get(kind, _MISSING)
+            if copier is _MISSING:
+                copier = self.copiers.setdefault(kind, _find_copier(self.policy, kind))
+            self.store(value if copier is None else copier(value))
+        except Exception as error:  # a probe must never raise into user code
+            try:
+                self.rec._fail(self.key, error)
+            except Exception:
+                # Reporting failed too: at the recursion limit it needs frames, and
+                # warnings turned into errors raise here. Never into user code.
+                pass
+
+    def __repr__(self) -> str:
+        return f"<Sink {self.key} copy={self.policy!r}>"
+
+
 _shared: Tuple[Recording, ...] = ()
+#: The sinks of contexts with no recording of their own: the threads='all' recordings'.
+_default_routing = _Routing((), ())
+_context: contextvars.ContextVar[List[Any]] = contextvars.ContextVar(
+    "bcrecord_sinks", default=_default_routing.sinks
+)
 _MISSING = object()
 _NO_INSTANCE = object()
-_DROP: Any = ("drop",)
 Keep = Union[str, int]
+
+
+def _set_shared(recordings: Tuple[Recording, ...]) -> None:
+    global _shared
+    with _sites_lock:
+        _shared = recordings
+        _default_routing.recordings = recordings
+        _default_routing.reset()
 
 
 class Recording:
@@ -356,9 +599,11 @@ class Recording:
         self.threads = threads
         self._maxlen = maxlen
         self._data: Dict[str, Union[List[Any], Deque[Any]]] = {}
-        self._sinks: Dict[Any, Sink] = {}
+        #: Per-instance sites' targets, by (site id, owner); other sites are routed per context.
+        self._sinks: Dict[Tuple[int, str], Any] = {}
         self._only = None if only is None else {id(tag) for tag in only}
         self._token: Optional[contextvars.Token] = None
+        self._routing: Optional[_Routing] = None
         self._warned: set = set()
         #: Values that could not be recorded, in the order they failed.
         self.errors: List[RecordError] = []
@@ -371,61 +616,76 @@ class Recording:
         return self._token is not None
 
     def __enter__(self) -> Recording:
-        global _shared
         if self._token is not None:
             raise RuntimeError("this recording is already active; make a new one to nest")
-        self._token = _context.set(_context.get() + (self,))
+        own = _context.get()[0].own + (self,)
+        self._routing = _Routing(own, own)
+        self._token = _context.set(self._routing.sinks)
         if self.threads == "all":
             with _arm_lock:
-                _shared = _shared + (self,)
+                _set_shared(_shared + (self,))
         _activate()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        global _shared
         token, self._token = self._token, None
         if token is None:
             return
+        routing, self._routing = self._routing, None
         try:
             _context.reset(token)
         except ValueError:  # exited from another context: remove just this one
-            _context.set(tuple(r for r in _context.get() if r is not self))
+            own = tuple(r for r in _context.get()[0].own if r is not self)
+            _context.set(_Routing(own, own).sinks if own else _default_routing.sinks)
+        if routing is not None:
+            routing.retire()
         if self.threads == "all":
             with _arm_lock:
-                _shared = tuple(r for r in _shared if r is not self)
+                _set_shared(tuple(r for r in _shared if r is not self))
         _deactivate()
 
     # storing ---------------------------------------------------------------
 
     def _sink(self, site_id: int, owner: Optional[str] = None) -> Optional[Sink]:
-        """Where values of ``site_id`` (and ``owner``, for per-instance sites) go.
+        """Where this recording keeps values of ``site_id`` (of ``owner``, for per-instance sites).
 
-        Built on a site's first value and kept, so the probe's usual path is a few
-        lookups. None: the site no longer exists.
+        None: not taken (the site is gone, or belongs to a patch outside ``only``).
+        Subclasses change what is stored by wrapping the returned sink.
         """
         site = _SITES.get(site_id)
         if site is None:
             return None
-        cache_key = site_id if owner is None else (site_id, owner)
         if self._only is not None and id(site.tag) not in self._only:
-            self._sinks[cache_key] = _DROP  # another patch's site: never taken here
-            _caching.add(self)
-            return _DROP
+            return None
         key = site.key if owner is None else owner + site.key
         values = self._data.get(key)
         if values is None:
             # setdefault: two threads may race to create the first list for a key.
             values = self._data.setdefault(key, [] if self._maxlen is None else deque(maxlen=self._maxlen))
-        policy = site.copy or self.copy
-        copiers: Dict[type, Optional[Copier]] = {} if callable(policy) else _copier_cache[policy]
-        sink = (values.append, copiers, policy, key, site.chain)
-        self._sinks[cache_key] = sink
-        _caching.add(self)
-        return sink
+        return Sink(self, key, values.append, site.copy or self.copy, site.chain)
+
+    def _instance_sink(self, site_id: int, owner: str) -> Any:
+        """:meth:`_sink` of a per-instance site as a probe appends to it (cached), or None."""
+        cache_key = (site_id, owner)
+        target = self._sinks.get(cache_key, _MISSING)
+        if target is _MISSING:
+            sink = self._sink(site_id, owner)
+            target = None if sink is None else sink.direct()
+            self._sinks[cache_key] = target
+            _caching.add(self)
+        return target
+
+    def _reroute(self) -> None:
+        """Rebuild every route to this recording (after :meth:`clear`, or a subclass change)."""
+        with _sites_lock:
+            for routing in list(_routings):
+                if any(rec is self for rec in routing.recordings):
+                    routing.reset()
+            self._sinks.clear()
 
     def _forget(self, site_ids: set) -> None:
-        """Drop cached sinks of released sites (values already recorded stay)."""
-        for cache_key in [k for k in self._sinks if (k[0] if isinstance(k, tuple) else k) in site_ids]:
+        """Drop cached per-instance sinks of released sites (values already recorded stay)."""
+        for cache_key in [k for k in self._sinks if k[0] in site_ids]:
             self._sinks.pop(cache_key, None)
 
     def _fail(self, key: str, error: BaseException) -> None:
@@ -492,9 +752,9 @@ class Recording:
 
     def clear(self) -> None:
         """Drop everything recorded so far (the recording stays active)."""
-        self._sinks.clear()
         self._data.clear()
         self.errors.clear()
+        self._reroute()
 
     def __repr__(self) -> str:
         state = "active" if self.active else "inactive"
@@ -544,65 +804,55 @@ def _read_chain(value: Any, chain: Tuple[str, ...]) -> Any:
     return value
 
 
-def _owner(site_id: int, instance: Any) -> Optional[str]:
+def _owner(site_id: int, instance: Any, recordings: Tuple[Recording, ...]) -> Optional[str]:
     site = _SITES.get(site_id)
     if site is None or site.owner is None:
         return None
     try:
         return site.owner(instance)
     except Exception as error:  # a broken owner function must not break the model
-        for rec in _context.get() or _shared:
+        for rec in recordings:
             rec._fail(f"<owner of {type(instance).__name__}>{site.key}", error)
         return None
 
 
 def __bcrecord_probe__(value: Any, site_id: int, instance: Any = _NO_INSTANCE) -> None:
-    """Called by inserted code: deliver ``value`` to the active recordings.
+    """Called by inserted code of the ``'call'`` spelling: deliver ``value`` to the recordings.
 
-    This runs on every recorded event, so it is written for speed: one context
-    lookup, then per recording a cached sink and a per-type copier lookup.
-    ``instance`` (the method's self) is passed only by per-instance sites.
+    Without ``instance`` this is what inline probes do:
+    ``__bcrecord_sinks__()[site_id].append(value)``. ``instance`` (the method's
+    self) is passed only by per-instance sites, whose keys start with its owner.
     """
-    recordings = _context.get()
-    if not recordings:
-        recordings = _shared
-        if not recordings:
-            return
-    sink_key: Any = site_id
-    owner = None
-    if instance is not _NO_INSTANCE:
-        owner = _owner(site_id, instance)
-        if owner is None:
-            return
-        sink_key = (site_id, owner)
-    for rec in recordings:
-        key = ""
+    sinks = _context.get()
+    if instance is _NO_INSTANCE:
         try:
-            sink = rec._sinks.get(sink_key)
-            if sink is None:
-                sink = rec._sink(site_id, owner)
-            if sink is None or sink is _DROP:
-                continue
-            append, copiers, policy, key, chain = sink
-            item = value
-            if chain:
-                item = _read_chain(item, chain)
-            kind = type(item)
-            copier: Any = copiers.get(kind, _MISSING)
-            if copier is _MISSING:
-                copier = copiers.setdefault(kind, _find_copier(policy, kind))
-            append(item if copier is None else copier(item))
+            target = sinks[site_id]
+        except IndexError:  # not an id inserted code reports with
+            return
+        target.append(value)
+        return
+    recordings: Tuple[Recording, ...] = sinks[0].recordings
+    if not recordings:
+        return
+    owner = _owner(site_id, instance, recordings)
+    if owner is None:
+        return
+    for rec in recordings:
+        try:
+            target = rec._instance_sink(site_id, owner)
         except Exception as error:  # a probe must never raise into user code
             try:
-                rec._fail(key or f"<site {site_id}>", error)
+                rec._fail(f"<site {site_id}>", error)
             except Exception:
-                # Reporting failed too: at the recursion limit it needs frames, and
-                # warnings turned into errors raise here. Never into user code.
                 pass
+            continue
+        if target is not None:
+            target.append(value)
 
 
-# Inserted code finds the probe with LOAD_GLOBAL, which falls back to builtins.
+# Inserted code finds the runtime with LOAD_GLOBAL, which falls back to builtins.
 setattr(builtins, PROBE_NAME, __bcrecord_probe__)
+setattr(builtins, SINKS_NAME, _context.get)
 
 
 def probe_visible_from(globals_: Dict[str, Any]) -> None:
@@ -612,3 +862,5 @@ def probe_visible_from(globals_: Dict[str, Any]) -> None:
     # Any probe there will do: the torch layer may have put a wrapped one in builtins.
     if PROBE_NAME not in namespace and PROBE_NAME not in globals_:
         globals_[PROBE_NAME] = __bcrecord_probe__
+    if SINKS_NAME not in namespace and SINKS_NAME not in globals_:
+        globals_[SINKS_NAME] = _context.get

@@ -19,13 +19,17 @@ Cases:
 
 1. **Per-event cost.** A tight loop whose body assigns one local per iteration
    (the source is printed). Variants: the plain function; a
-   ``bcrecord.instrument(loop, "x")`` copy run inside a fresh
-   ``bcrecord.recording(copy="none")`` per timed block; a ``sys.settrace`` line
-   recorder that reads ``frame.f_locals["x"]`` after each line of that function;
-   on Python >= 3.12 a ``sys.monitoring`` recorder (LINE events on the loop's
-   code object only, reading the locals through ``sys._getframe``); and the
-   floor, the same loop hand-written to append ``x`` to a list. Targets: bcrecord
-   <= 2x the plain loop, and settrace >= 10x slower than bcrecord.
+   ``bcrecord.instrument(loop, "x")`` copy (inline probes, what a process without
+   torch gets) run inside a fresh ``bcrecord.recording(copy="none")`` per timed
+   block, the same inside a default ``recording()`` (``copy='clone'``: each value
+   goes through a Python-level ``Sink.append`` in case it needs a copy), and a copy
+   with probes spelled as calls (what a process that imported torch gets); a
+   ``sys.settrace`` line recorder that reads ``frame.f_locals["x"]`` after each
+   line of that function; on Python >= 3.12 a ``sys.monitoring`` recorder (LINE
+   events on the loop's code object only, reading the locals through
+   ``sys._getframe``); and the floor, the same loop hand-written to append ``x``
+   to a list. Target (issue 2): bcrecord <= 2x the plain loop, shown beside the
+   settrace recorder.
 2. **Idle cost.** The instrumented copy with no recording active against the
    plain function: one long call, and many short calls. Target <= 1.10x.
 3. **Patch time.** A method of about 70 instructions (count printed): (a) a
@@ -242,17 +246,32 @@ class MonitoringRecorder:
         self.monitoring.free_tool_id(self.tool)
 
 
+BC_NAME = "bcrecord instrument + recording(copy='none')"
+
+
 def case_per_event(rounds: int, n: int) -> None:
     print("== 1. Per-event cost (one recorded local per loop iteration) ==")
     print(f"  loop body timed (n={n} iterations per block, x recorded each iteration):")
     print(textwrap.indent(inspect.getsource(loop).rstrip(), "      "))
 
-    instrumented = bcrecord.instrument(loop, "x", name="bench")
+    # Both probe spellings, chosen explicitly: 'inline' is what a process without torch
+    # gets, 'call' what it gets once torch is imported (benchmarks/run.py imports it).
+    previous_style = bcrecord.rewrite._style
+    try:
+        bcrecord.set_probe_style("inline")
+        instrumented = bcrecord.instrument(loop, "x", name="bench")
+        bcrecord.set_probe_style("call")
+        called = bcrecord.instrument(loop, "x", name="bench")
+    finally:
+        bcrecord.set_probe_style(previous_style)
     key = "bench:loop:x@0"
     state: dict[str, Any] = {}
 
-    def enter_recording() -> None:
-        state["rec"] = bcrecord.recording(copy="none").__enter__()
+    def enter(copy: str) -> Callable[[], None]:
+        def enter_recording() -> None:
+            state["rec"] = bcrecord.recording(copy=copy).__enter__()
+
+        return enter_recording
 
     def leave_recording() -> None:
         rec = state.pop("rec")
@@ -276,9 +295,21 @@ def case_per_event(rounds: int, n: int) -> None:
     variants = [
         Variant("unpatched", lambda: None if loop(n) else None),
         Variant(
-            "bcrecord instrument + recording(copy='none')",
+            BC_NAME,
             lambda: None if instrumented(n) else None,
-            enter_recording,
+            enter("none"),
+            leave_recording,
+        ),
+        Variant(
+            "bcrecord, default recording() (copy='clone')",
+            lambda: None if instrumented(n) else None,
+            enter("clone"),
+            leave_recording,
+        ),
+        Variant(
+            "bcrecord, probes as calls, copy='none'",
+            lambda: None if called(n) else None,
+            enter("none"),
             leave_recording,
         ),
         Variant(
@@ -310,7 +341,7 @@ def case_per_event(rounds: int, n: int) -> None:
             active_monitor.start,
             leave_monitoring,
         )
-        variants.insert(3, monitored)
+        variants.insert(5, monitored)
     try:
         times = interleave(variants, rounds)
     finally:
@@ -324,10 +355,10 @@ def case_per_event(rounds: int, n: int) -> None:
         per_iteration = statistics.median(times[name]) / n
         rows.append((name, ratios(times, name, "unpatched"), f"{per_iteration:.1f} ns/iteration"))
     if monitor is None:
-        rows.insert(3, ("sys.monitoring LINE recorder (_getframe)", None, "needs Python >= 3.12"))
+        rows.insert(5, ("sys.monitoring LINE recorder (_getframe)", None, "needs Python >= 3.12"))
     print_table(rows, "median time (context only)")
-    bc_name = variants[1].name
-    settrace_vs_bc = ratios(times, variants[2].name, bc_name)
+    bc_name = BC_NAME
+    settrace_vs_bc = ratios(times, "sys.settrace line recorder (f_locals)", bc_name)
     ratio, spread = _format_ratio(settrace_vs_bc)
     print(f"  {'settrace / bcrecord':<44} {ratio:>9} {spread:>13}")
     if monitor is not None:
@@ -340,7 +371,6 @@ def case_per_event(rounds: int, n: int) -> None:
     print("  Targets:")
     bc = ratios(times, bc_name, "unpatched").median
     verdict("bcrecord recording / unpatched", bc, "<= 2x", bc <= 2.0)
-    verdict("settrace / bcrecord recording", settrace_vs_bc.median, ">= 10x", settrace_vs_bc.median >= 10.0)
     print()
 
 

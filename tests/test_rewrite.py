@@ -5,11 +5,15 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 import bcrecord
 from bcrecord import rewrite
-from bcrecord._versions import PROBE_NAME
+from bcrecord._versions import PROBE_NAME, SINKS_NAME
 from bcrecord.analysis import read, resolve
 from bcrecord.specs import Local, Return, parse_all
+
+RUNTIME_NAMES = (PROBE_NAME, SINKS_NAME)
 
 
 def probed(func, specs):
@@ -18,7 +22,17 @@ def probed(func, specs):
     return template.bind(list(range(1000, 1000 + len(points))))
 
 
-def test_probe_is_loaded_by_name_never_as_a_function_constant():
+@pytest.fixture
+def style(request):
+    """Set the probe style for one test, then put back the session's."""
+    before = rewrite._style
+    rewrite.set_probe_style(request.param)
+    yield request.param
+    rewrite.set_probe_style(before)
+
+
+@pytest.mark.parametrize("style", ["inline", "call"], indirect=True)
+def test_runtime_is_loaded_by_name_never_as_a_function_constant(style):
     # Dynamo refuses LOAD_CONST <function>; site ids are plain ints.
     def f(a):
         x = a + 1
@@ -26,10 +40,40 @@ def test_probe_is_loaded_by_name_never_as_a_function_constant():
 
     code = probed(f, ["x", "return"])
     assert not any(callable(c) for c in code.co_consts)
-    assert PROBE_NAME in code.co_names
+    name = SINKS_NAME if style == "inline" else PROBE_NAME
     loads = [i for i in dis.get_instructions(code) if i.opname == "LOAD_GLOBAL"]
-    assert [i.argval for i in loads] == [PROBE_NAME, PROBE_NAME]
+    assert [i.argval for i in loads] == [name, name]
     assert {1000, 1001} <= set(code.co_consts)
+
+
+@pytest.mark.parametrize("style", ["inline", "call"], indirect=True)
+def test_both_spellings_record_the_same_values(style):
+    def f(items):
+        total = 0
+        for item in items:
+            total += item
+        out = [total * k for k in range(2)]
+        return out
+
+    patched = bcrecord.instrument(f, ["total", "out", "return", "range()"], name="s")
+    with bcrecord.recording() as rec:
+        assert patched([1, 2]) == [0, 3]
+    assert rec.all("s:f:total@0") == [0] and rec.all("s:f:total@1") == [1, 3]
+    assert rec["s:f:out@0"] == [0, 3] and rec["s:f:return"] == [0, 3]
+    assert list(rec["s:f:range()@0"]) == [0, 1]
+    names = set(patched.__bcrecord_slot__.probed.co_names)
+    assert (SINKS_NAME in names) == (style == "inline") and (PROBE_NAME in names) == (style == "call")
+
+
+def test_style_follows_torch_when_auto(monkeypatch):
+    monkeypatch.setattr(rewrite, "_style", "auto")
+    monkeypatch.delitem(sys.modules, "torch", raising=False)
+    assert rewrite.probe_style() == "inline"
+    monkeypatch.setitem(sys.modules, "torch", object())
+    assert rewrite.probe_style() == "call"
+    with pytest.raises(ValueError, match="unknown probe style 'fast'"):
+        rewrite.set_probe_style("fast")
+    assert rewrite._style == "auto"
 
 
 def test_inserted_instructions_have_real_line_numbers():
@@ -49,7 +93,7 @@ def test_inserted_instructions_have_real_line_numbers():
 def _lines_of_probe_loads(code):
     lines = []
     for instr in dis.get_instructions(code):
-        if instr.opname == "LOAD_GLOBAL" and instr.argval == PROBE_NAME:
+        if instr.opname == "LOAD_GLOBAL" and instr.argval in RUNTIME_NAMES:
             lines.append(
                 instr.positions.lineno if sys.version_info >= (3, 11) else _line_at(code, instr.offset)
             )

@@ -288,3 +288,146 @@ def test_probe_errors_never_escape_even_when_warnings_are_errors():
         with bcrecord.recording() as rec:
             assert g() == 1
     assert [(e.key, str(e.error)) for e in rec.errors] == [("w:f:b@0", "nope")]
+
+
+def _python_calls_while(run):
+    """Names of the Python frames entered while ``run()`` runs (C calls not counted)."""
+    import sys
+
+    names = []
+
+    def profile(frame, event, arg):
+        if event == "call":
+            names.append(frame.f_code.co_name)
+
+    sys.setprofile(profile)
+    try:
+        run()
+    finally:
+        sys.setprofile(None)
+    return names
+
+
+def count_up(n):
+    for i in range(n):
+        x = i * 2
+    return x
+
+
+def test_uncopied_values_are_stored_without_running_python_code(monkeypatch):
+    from bcrecord import rewrite
+
+    monkeypatch.setattr(rewrite, "_style", "inline")
+    patched = bcrecord.instrument(count_up, "x", name="fast")
+    with bcrecord.recording(copy="none") as rec:
+        patched(1)  # the site's first value routes it (Python code, once per context)
+        calls = _python_calls_while(lambda: patched(50))
+    assert rec.all("fast:count_up:x@0") == [0] + [2 * i for i in range(50)]
+    assert calls == ["<lambda>", "count_up"]  # no Python frame per recorded value
+    with bcrecord.recording(copy="clone") as rec:
+        patched(1)
+        calls = _python_calls_while(lambda: patched(50))
+    assert rec.all("fast:count_up:x@0") == [0] + [2 * i for i in range(50)]
+    assert calls == ["<lambda>", "count_up"] + ["append"] * 50  # Sink.append: may need a copy
+
+
+def test_call_spelling_records_the_same(monkeypatch):
+    from bcrecord import rewrite
+
+    monkeypatch.setattr(rewrite, "_style", "call")
+    patched = bcrecord.instrument(count_up, "x", name="called")
+    with bcrecord.recording(copy="none") as rec:
+        calls = _python_calls_while(lambda: patched(5))
+    assert rec.all("called:count_up:x@0") == [0, 2, 4, 6, 8]
+    assert calls.count("__bcrecord_probe__") == 5
+
+
+def test_sites_added_while_recording_reach_every_context():
+    def f(a):
+        y = a + 1
+        return y
+
+    with bcrecord.recording(copy="none") as outer:
+        carried = bcrecord.carry(lambda: patched(10))  # context copied before the site exists
+        patched = bcrecord.instrument(f, "y", name="late")
+        assert patched(1) == 2
+        assert carried() == 11
+        worker = threading.Thread(target=lambda: patched(100))  # a context with no recording
+        worker.start()
+        worker.join()
+    assert outer.all("late:f:y@0") == [2, 11]
+
+
+def test_clear_keeps_recording_into_fresh_lists():
+    patched = bcrecord.instrument(count_up, "x", name="cl")
+    with bcrecord.recording(copy="none") as rec:
+        patched(2)
+        rec.clear()
+        assert len(rec) == 0
+        patched(3)
+    assert rec.all("cl:count_up:x@0") == [0, 2, 4]
+
+
+def test_released_site_ids_are_reused_only_once_no_code_uses_them():
+    import gc
+
+    from bcrecord import runtime
+
+    def gen():
+        for k in range(3):
+            val = k
+            yield val
+
+    class Holder:
+        pass
+
+    Holder.gen = staticmethod(gen)
+    patch = bcrecord.patch_method(Holder, "gen", "val", name="old")
+    old_ids = list(patch._site_ids)
+    with bcrecord.recording() as rec:
+        running = Holder.gen()
+        assert next(running) == 0
+        patch.remove()
+        newer = bcrecord.patch_method(Holder, "gen", "val", name="new")
+        assert not set(newer._site_ids) & set(old_ids)  # the generator still runs old code
+        assert list(running) == [1, 2]
+    assert rec.all("old:gen:val@0") == [0] and "new:gen:val@0" not in rec
+    newer.remove()
+    del running
+    gc.collect()
+    assert set(old_ids) <= set(runtime._free_ids)
+    again = bcrecord.patch_method(Holder, "gen", "val", name="again")
+    try:
+        assert set(again._site_ids) & (set(old_ids) | set(newer._site_ids))
+        with bcrecord.recording() as rec:
+            assert list(Holder.gen()) == [0, 1, 2]
+        assert rec.all("again:gen:val@0") == [0, 1, 2]
+    finally:
+        again.remove()
+
+
+def test_a_copy_registered_for_none_stops_the_direct_path(monkeypatch):
+    from bcrecord import runtime
+
+    class Box:
+        def __init__(self, v):
+            self.v = v
+
+    def make(v):
+        box = Box(v)
+        return box
+
+    monkeypatch.setattr(runtime, "_registered", dict(runtime._registered))
+    patched = bcrecord.instrument(make, "box", name="bx")
+    try:
+        with bcrecord.recording(copy="none") as rec:
+            first = patched(1)
+            bcrecord.register_copy(Box, "none", lambda b: Box(-b.v))
+            patched(2)
+        assert rec.all("bx:make:box@0")[0] is first
+        assert rec.all("bx:make:box@0")[1].v == -2
+    finally:
+        runtime._copier_cache["none"].clear()
+        monkeypatch.undo()
+        for routing in list(runtime._routings):
+            routing.reset()

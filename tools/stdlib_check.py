@@ -21,13 +21,13 @@ For each chosen standard-library module this tool
    not even imported), and compares the outcome of every single test.
 
 Each run is a subprocess of its own (isolation, a timeout). A third run, the same
-as the instrumented one except for a copier registered for ``object`` under the
-``'none'`` policy, counts probe events: the copier is C code
-(``functools.partial(next, itertools.count())``, no extra Python frame) and
-stores the running count instead of the value. As that run keeps no object
-alive, a difference of the instrumented run that it does not show is caused by
-the recording holding on to the last value of each key (``copy='none'`` keeps the
-object itself); the table shows how many in brackets as "retention".
+as the instrumented one except that its recording counts probe events and keeps
+no value (its sinks append to ``functools.partial(next, itertools.count())``, C
+code the inserted probes call directly: no Python frame per event). As that run
+keeps no object alive, a difference of the instrumented run that it does not show
+is caused by the recording holding on to the last value of each key
+(``copy='none'`` keeps the object itself); the table shows how many in brackets
+as "retention".
 
 The report is a table: functions instrumented, functions with no recordable site,
 functions that could not be patched (listed below the table with the error),
@@ -433,16 +433,52 @@ def _run_suite(suite: unittest.TestSuite, result: RunResult) -> None:
 MODES = ("plain", "instrumented", "counted")
 
 
+def _counting_recording(events: Iterator[int]) -> Any:
+    """A recording that counts every probe event in C and keeps no value.
+
+    Each site's sink appends to an object whose ``append`` is
+    ``functools.partial(next, events)``: the inserted code calls it directly, so
+    counting runs no Python frame, and nothing recorded stays alive.
+    """
+    from bcrecord.runtime import Recording, Sink
+
+    class Counter:
+        __slots__ = ("append",)
+
+        def __init__(self, events: Iterator[int]) -> None:
+            self.append = functools.partial(next, events)
+
+    class CountingSink(Sink):
+        __slots__ = ("counter",)
+
+        def direct(self) -> Any:
+            return self.counter
+
+    class CountingRecording(Recording):
+        def __init__(self, events: Iterator[int]) -> None:
+            super().__init__(copy="none", keep="last")
+            self._counter = Counter(events)
+
+        def _sink(self, site_id: int, owner: Optional[str] = None) -> Optional[Sink]:
+            sink = super()._sink(site_id, owner)
+            if sink is None:
+                return None
+            counting = CountingSink(self, sink.key, sink.store, "none")
+            counting.counter = self._counter
+            return counting
+
+    return CountingRecording(events)
+
+
 def child(target: Target, mode: str) -> RunResult:
     """Run one target's tests in this process.
 
     ``plain``: no instrumentation, bcrecord not imported. ``instrumented``: every
     function patched, tests run inside ``recording(copy='none', keep='last')``.
-    ``counted``: the same, with a copier registered for ``object`` that counts
-    probe events and stores the running count instead of the value. That copier is
-    C code (``functools.partial(next, itertools.count())``), so it adds no Python
-    frame; and since the recording then keeps no object alive, a difference that
-    this run does not show is caused by retention of recorded values.
+    ``counted``: the same, with a recording that counts probe events in C code
+    (``functools.partial(next, itertools.count())``, no Python frame per event) and
+    keeps no value; so a difference that this run does not show is caused by
+    retention of recorded values.
     """
     result = RunResult(target=target.name, mode=mode, python=sys.version.split()[0])
     start = time.perf_counter()
@@ -464,11 +500,13 @@ def child(target: Target, mode: str) -> RunResult:
             instrumenter.module(module)
         events = itertools.count()
         if mode == "counted":
-            bcrecord.register_copy(object, "none", functools.partial(next, events))
+            rec: Any = _counting_recording(events)
+        else:
+            rec = bcrecord.recording(copy="none", keep="last")
         # Load the tests inside the recording too: IsolatedAsyncioTestCase (3.13's
         # test_contextlib_async) runs each test in a context copied when the
         # TestCase is made, and a recording reaches only contexts it was entered in.
-        with bcrecord.recording(copy="none", keep="last") as rec:
+        with rec:
             suite = _load_tests(target.tests)
             _run_suite(suite, result)
         result.functions = instrumenter.functions

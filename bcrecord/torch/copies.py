@@ -4,7 +4,10 @@ Importing this module registers how tensors are copied under each core policy
 (the core loads it by name the first time it meets a tensor):
 
 * ``'clone'``: a detached clone — the value as it was when assigned, outside the
-  autograd graph (so recording never keeps activations' graphs alive);
+  autograd graph (so recording never keeps activations' graphs alive). For CPU
+  tensors it is torch's copy-on-write clone: no data is copied unless the model
+  later writes to the tensor in place (``relu_``, ``+=``), so recording a value
+  that is never overwritten costs next to nothing;
 * ``'detach'``: the tensor detached, no copy (cheapest; later in-place changes show);
 * ``'deepcopy'``: a detached clone (``copy.deepcopy`` refuses non-leaf tensors).
 
@@ -28,9 +31,40 @@ import torch
 
 from ..runtime import register_copy
 
-__all__ = ["value_policy"]
+__all__ = ["clone", "value_policy"]
 
-register_copy(torch.Tensor, "clone", lambda t: t.detach().clone())
+#: torch's copy-on-write clone (private API, in torch since 2.2): the copy is made
+#: when either tensor is first written, so values never overwritten are not copied.
+_lazy_clone: Optional[Callable[[torch.Tensor], torch.Tensor]] = getattr(torch, "_lazy_clone", None)
+
+
+def clone(tensor: torch.Tensor) -> torch.Tensor:
+    """A copy of ``tensor`` as it is now: copy-on-write where torch supports it.
+
+    Used for detached CPU tensors with the usual (strided) layout; anything else,
+    and tensors that take part in autograd, get ``tensor.clone()``.
+
+    >>> import torch
+    >>> live = torch.tensor([-1.0, 2.0])
+    >>> kept = clone(live)
+    >>> _ = live.relu_()
+    >>> kept, live
+    (tensor([-1.,  2.]), tensor([0., 2.]))
+    """
+    if (
+        _lazy_clone is not None
+        and tensor.is_cpu
+        and not tensor.requires_grad
+        and tensor.layout == torch.strided
+    ):
+        try:
+            return _lazy_clone(tensor)
+        except (RuntimeError, NotImplementedError):  # a tensor subclass or kind it does not take
+            pass
+    return tensor.clone()
+
+
+register_copy(torch.Tensor, "clone", lambda t: clone(t.detach()))
 register_copy(torch.Tensor, "detach", lambda t: t.detach())
 register_copy(torch.Tensor, "deepcopy", lambda t: t.detach().clone())
 
@@ -73,7 +107,12 @@ def value_policy(
 
     device = torch.device(to) if to is not None else None
 
+    plain = reduce is None and device is None and dtype is None
+
     def one(tensor: torch.Tensor) -> Any:
+        if plain:  # the usual case, without the checks below
+            kept = tensor if grad else tensor.detach()
+            return clone(kept) if copy == "clone" else kept
         live = tensor
         if reduce is not None:
             tensor = reduce(tensor)
@@ -86,7 +125,7 @@ def value_policy(
                 device=device, dtype=dtype, non_blocking=live.is_cuda and device == torch.device("cpu")
             )
         if copy == "clone" and _shares_memory(tensor, live):
-            tensor = tensor.clone()
+            tensor = clone(tensor)
         return tensor
 
     def keep(value: Any) -> Any:

@@ -37,7 +37,7 @@ import torch
 from ..analysis import read, resolve
 from ..errors import RecordingWarning, TargetError
 from ..patch import Patch, function_of, patch_method
-from ..runtime import _DROP, Recording, Sink
+from ..runtime import Recording, Sink
 from ..specs import Attribute, Local, Spec
 from .copies import Device, value_policy
 from .targets import Target, expand_all, module_at
@@ -126,19 +126,17 @@ class ModelRecording(Recording):
 
     def _sink(self, site_id: int, owner: Optional[str] = None) -> Optional[Sink]:
         sink = super()._sink(site_id, owner)
-        if not self._stop or sink is None or sink is _DROP or sink[3] not in self._needed:
+        if not self._stop or sink is None or sink.key not in self._needed:
             return sink
-        append, copiers, policy, key, chain = sink
+        store, key = sink.store, sink.key
 
-        def append_then_maybe_stop(value: Any) -> None:
-            append(value)
+        def store_then_maybe_stop(value: Any) -> None:
+            store(value)
             self._seen.add(key)
             if self._seen >= self._needed:
                 raise StopForward(key)
 
-        stopping = (append_then_maybe_stop, copiers, policy, key, chain)
-        self._sinks[site_id if owner is None else (site_id, owner)] = stopping
-        return stopping
+        return sink.with_store(store_then_maybe_stop)
 
 
 def _reduce_for(reduce: Any, target: Target) -> Optional[Callable[[torch.Tensor], Any]]:
