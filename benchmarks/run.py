@@ -42,8 +42,9 @@ Cases:
    wrapped in ``torch.compiler.disable``, and bcrecord patched but idle.
    Targets: bcrecord within 5% of the source rewrite, and faster than hooks.
 4. **resnet50** (torchvision, ``weights=None``, 1x3x64x64): the five stage outputs
-   (``layer1``..``layer4``, ``avgpool``) by ``bcrecord.torch.record`` around each
-   forward, by ``bcrecord.torch.create_feature_extractor``, by forward hooks
+   (``layer1``..``layer4``, ``avgpool``) by ``bcrecord.torch.create_feature_extractor``
+   (planned at its first call; ``stop_early=False`` for the targets, and the default
+   early stop), by ``bcrecord.torch.record`` entered around each forward, by forward hooks
    (cloning), by torchvision's FX ``create_feature_extractor``; unpatched as the
    baseline; ``record()`` set-up alone as a diagnostic. Early stop:
    ``bcrecord.torch.create_feature_extractor(model, ['layer2'])`` vs the FX
@@ -51,8 +52,9 @@ Cases:
    memory of one forward per variant, each in a fresh subprocess (1x3x224x224):
    the peak resident set (``VmHWM``, reset through ``/proc/self/clear_refs`` after
    ``malloc_trim``) above the resident set before the forward; where that reset is
-   unavailable, the ``ru_maxrss`` delta. Targets: five-stage recording <= 1.03x
-   unpatched and no slower than hooks; early stop no slower than FX.
+   unavailable, the ``ru_maxrss`` delta. Targets: five-stage recording (the
+   extractor, whole forward, clones) <= 1.03x unpatched and no slower than hooks;
+   early stop no slower than FX.
 5. **Set-up time.** Patching the ToyModel's ``forward`` the first time (rewrite
    cache cleared) and cached, the source route of case 3, FX tracing of resnet50
    (torchvision ``create_feature_extractor`` construction), and entering + exiting
@@ -439,12 +441,16 @@ def case_per_event(settings: Settings) -> Case:
         "1",
         "Per-event cost (one recorded local per loop iteration)",
         "A tight loop whose body assigns `x` once per iteration, `x` recorded every "
-        f"iteration (n={settings.core_n}); `benchmarks/core.py`'s case. The settrace "
+        f"iteration (n={settings.core_n}); `benchmarks/core.py`'s case. bcrecord three ways: "
+        "inline probes (`__bcrecord_sinks__()[site].append(x)`, what a process without torch "
+        "gets) in a `recording(copy='none')`, the same in a default `recording()` "
+        "(`copy='clone'`: each value passes through a Python-level `Sink.append` in case it "
+        "needs a copy), and probes spelled as calls (`__bcrecord_probe__(x, site)`, what "
+        "patches get once torch is imported). The settrace "
         "and sys.monitoring recorders read `frame.f_locals` on each line event; the "
         "floor is the loop hand-written to `list.append(x)`. Ratios: variant / "
-        "unpatched loop. Then (1b) the same bcrecord loop with `bcrecord.torch` "
-        "imported, which wraps the probe in `torch.compiler.disable` for every patched "
-        "function, torch or not.",
+        "unpatched loop. Then (1b) the call spelling with the core probe against the probe "
+        "as `bcrecord.torch` installs it (wrapped in `torch.compiler.disable`).",
         printed=True,
     )
     started = time.perf_counter()
@@ -459,7 +465,10 @@ def case_per_event(settings: Settings) -> Case:
         for name in names
     ]
     if not any("monitoring" in name for name in names):
-        rows.insert(3, Row("sys.monitoring LINE recorder (_getframe)", None, "n/a: needs Python >= 3.12"))
+        after_settrace = next(k for k, row in enumerate(rows) if "settrace" in row.name) + 1
+        rows.insert(
+            after_settrace, Row("sys.monitoring LINE recorder (_getframe)", None, "n/a: needs Python >= 3.12")
+        )
     bc = next(name for name in names if name.startswith("bcrecord"))
     settrace = next(name for name in names if "settrace" in name)
     floor = next(name for name in names if "floor" in name)
@@ -473,31 +482,17 @@ def case_per_event(settings: Settings) -> Case:
     costs: Dict[str, float] = {}
     case.tables.append(wrapped_probe_table(settings, case, costs))
     unpatched = statistics.median(times[base])
-    settrace_ns = (statistics.median(times[settrace]) - unpatched) / n
     bc_ns = (statistics.median(times[bc]) - unpatched) / n
     for target in case.targets:
         if target.met:
             continue
         if target.label.startswith("bcrecord recording / unpatched"):
             target.why = (
-                f"bcrecord adds about {bc_ns:.0f} ns per event to a loop body of {unpatched / n:.0f} ns. "
-                f"The call itself is not the problem: a no-op Python call with two arguments makes this "
-                f"loop only {costs['call_ratio']:.2f}x (1b: {costs['call']:.0f} ns per event), so about "
-                f"{bc_ns - costs['call']:.0f} ns is the probe's work with copy='none', spread over "
-                "some eight Python-level steps (context-variable get, loop over recordings, sink dict "
-                "lookup, 5-tuple unpack, chain test, type(), copier dict lookup, append). What would "
-                "close it: fewer steps per event, e.g. when arming, bind each site's sink into a "
-                "per-site callable (one recording: `append`, or `append(copier(v))`), or for copy='none' "
-                "insert the append inline as the hand-written floor does; then rerun case 1."
-            )
-        elif target.label.startswith("settrace / bcrecord"):
-            target.why = (
-                f"The settrace recorder costs about {settrace_ns:.0f} ns per line event here against "
-                f"bcrecord's {bc_ns:.0f} ns: it traces one code object only (other frames return at the "
-                "call event) and Python 3.11's f_locals of a 3-local frame is cheap, so the gap is the "
-                "probe's own cost (previous target). What would close it: a cheaper probe, as above; "
-                "in real code the trace function also runs for every line that records nothing, which "
-                "this loop (one line, recorded every time) does not show."
+                f"bcrecord adds about {bc_ns:.0f} ns per event to a loop body of {unpatched / n:.0f} ns "
+                "(the hand-written list.append floor adds "
+                f"{(statistics.median(times[floor]) - unpatched) / n:.0f} ns). The inline probe is "
+                "three C-level calls (ContextVar.get, list index, append); what remains above the "
+                "floor is the context lookup, which keeps recordings per thread and task."
             )
     case.seconds = time.perf_counter() - started
     return case
@@ -549,7 +544,7 @@ def wrapped_probe_table(settings: Settings, case: Case, costs: Dict[str, float])
 
     names = {
         "plain": "unpatched loop",
-        "raw": "bcrecord, core probe",
+        "raw": "bcrecord, probes as calls, core probe",
         "wrapped": "bcrecord, probe wrapped by bcrecord.torch (compiler.disable)",
         "call": "diagnostic: a no-op Python call per iteration, no recording",
     }
@@ -568,11 +563,11 @@ def wrapped_probe_table(settings: Settings, case: Case, costs: Dict[str, float])
         return (statistics.median(times[names[key]]) - statistics.median(times[names["plain"]])) / n
 
     case.notes.append(
-        "1b: importing bcrecord.torch replaces the probe of every patched function with a "
-        "torch.compiler.disable wrapper; here it adds about "
+        "1b: once torch is imported, new patches spell probes as calls of __bcrecord_probe__, "
+        "which importing bcrecord.torch wraps in torch.compiler.disable; the wrapper adds about "
         f"{per_event('wrapped') - per_event('raw'):.0f} ns per recorded event (differences of medians, "
         "context only), to torch and non-torch functions alike. "
-        f"The core probe adds {per_event('raw'):.0f} ns per event, of which a bare Python call "
+        f"The core probe, called, adds {per_event('raw'):.0f} ns per event, of which a bare Python call "
         f"with two arguments is {per_event('call'):.0f} ns."
     )
     call_ratio = ratios(times, names["call"], names["plain"])
@@ -996,10 +991,13 @@ def case_resnet(settings: Settings, model: nn.Module) -> Case:
         "resnet50: five stage outputs, early stop, peak memory",
         f"torchvision resnet50 (`weights=None`), CPU, 1 thread, `torch.no_grad()`, input 1x3x{size}x{size}; "
         f"{settings.resnet_forwards} forward(s) per timed block. Recorded: the outputs of "
-        f"{', '.join(STAGES)}. bcrecord `record(model, stages)` is entered around *each* forward "
-        "(its set-up - patching 3 classes, marking 5 modules - is inside the timing); its "
-        "`create_feature_extractor` does the same per call and stops after the last stage (skipping "
-        "`fc`); hooks are registered once per block (untimed) and clone; torchvision's FX "
+        f"{', '.join(STAGES)}. bcrecord's `create_feature_extractor` resolves and patches at its "
+        "first call (untimed warm-up) and then only marks 5 modules and enters a recording per call; "
+        "the target rows use it with `stop_early=False` (the whole forward runs, as with hooks); by "
+        "default it stops after the last stage (skipping `fc`). bcrecord `record(model, stages)` is "
+        "entered around *each* forward (its whole set-up - resolving targets, patching 3 classes, "
+        "marking 5 modules - is inside the timing); hooks are registered once per block (untimed) "
+        "and clone; torchvision's FX "
         "extractor is built once (its graph is pruned after the last node) and returns the live "
         "tensors, no clone. `record() set-up alone` enters and exits `record(model, stages)` "
         "with no forward, to show how much of bcrecord's overhead is set-up. Early stop: "
@@ -1012,6 +1010,7 @@ def case_resnet(settings: Settings, model: nn.Module) -> Case:
     fx5 = fx_extractor(model, STAGES)
     fx2 = fx_extractor(model, ["layer2"])
     bc5 = create_feature_extractor(model, STAGES)
+    bc5_full = create_feature_extractor(model, STAGES, stop_early=False)
     bc2 = create_feature_extractor(model, ["layer2"])
 
     # Correctness of every variant, once, against a hand-run reference.
@@ -1023,7 +1022,7 @@ def case_resnet(settings: Settings, model: nn.Module) -> Case:
             h = model.get_submodule(name)(h)
             reference[name] = h
         got_record = record_stages(model, x)
-        got_fx5, got_bc5 = fx5(x), bc5(x)
+        got_fx5, got_bc5, got_full = fx5(x), bc5(x), bc5_full(x)
         hooked: List[torch.Tensor] = []
         handles = hook_stages(model, hooked)
         model(x)
@@ -1031,7 +1030,12 @@ def case_resnet(settings: Settings, model: nn.Module) -> Case:
             handle.remove()
         got_bc2, got_fx2 = bc2(x)["layer2"], fx2(x)["layer2"]
     for name, value in reference.items():
-        for what, got in (("record", got_record), ("bcrecord extractor", got_bc5), ("FX", got_fx5)):
+        for what, got in (
+            ("record", got_record),
+            ("bcrecord extractor", got_bc5),
+            ("bcrecord extractor, full forward", got_full),
+            ("FX", got_fx5),
+        ):
             if not torch.allclose(got[name], value, atol=1e-5):
                 raise RuntimeError(f"{what} recorded a wrong {name}")
         if not torch.allclose(hooked[STAGES.index(name)], value, atol=1e-5):
@@ -1095,6 +1099,7 @@ def case_resnet(settings: Settings, model: nn.Module) -> Case:
     names = {
         "unpatched": "unpatched forward",
         "record": "bcrecord record(model, stages) around each forward",
+        "full": "bcrecord extractor(model, stages, stop_early=False), clone",
         "bc5": "bcrecord create_feature_extractor(model, stages)",
         "hooks": "forward hooks on the 5 stages (clone)",
         "fx5": "torchvision FX create_feature_extractor(model, stages)",
@@ -1109,6 +1114,7 @@ def case_resnet(settings: Settings, model: nn.Module) -> Case:
     variants = [
         Variant(names["unpatched"], repeat(lambda: model(x)), ops=forwards),
         Variant(names["record"], repeat(lambda: record_stages(model, x)), ops=forwards),
+        Variant(names["full"], repeat(lambda: bc5_full(x)), ops=forwards),
         Variant(names["bc5"], repeat(lambda: bc5(x)), ops=forwards),
         Variant(names["hooks"], repeat(lambda: model(x)), enter_hooks, leave_hooks, ops=forwards),
         Variant(names["fx5"], repeat(lambda: fx5(x)), ops=forwards),
@@ -1127,14 +1133,17 @@ def case_resnet(settings: Settings, model: nn.Module) -> Case:
     unpatched_ms = statistics.median(times[base]) / 1e6
     five = [
         ratio_row(times, names[k], base, median_time(times, names[k], "/forward"))
-        for k in ("unpatched", "record", "bc5", "hooks", "fx5", "setup", "steady")
+        for k in ("unpatched", "full", "record", "bc5", "hooks", "fx5", "setup", "steady")
     ]
+    full_vs_unpatched = ratios(times, names["full"], base)
+    full_vs_hooks = ratios(times, names["full"], names["hooks"])
     record_vs_unpatched = ratios(times, names["record"], base)
     record_vs_hooks = ratios(times, names["record"], names["hooks"])
     steady_vs_unpatched = ratios(times, names["steady"], base)
     steady_vs_hooks = ratios(times, names["steady"], names["hooks"])
     five += [
-        Row("bcrecord record() / forward hooks", record_vs_hooks, chart=False),
+        Row("bcrecord extractor (full forward) / forward hooks", full_vs_hooks, chart=False),
+        Row("bcrecord record() around each forward / forward hooks", record_vs_hooks, chart=False),
         Row("diagnostic: record() entered once / forward hooks", steady_vs_hooks, chart=False),
         Row(
             "bcrecord extractor / FX extractor (5 stages)",
@@ -1175,48 +1184,36 @@ def case_resnet(settings: Settings, model: nn.Module) -> Case:
     case.notes.append(
         "Where record() set-up time goes (cProfile, top by own time): " + "; ".join(profile_lines)
     )
-    steady_same_as_hooks = steady_vs_hooks.q1 <= 1.0 <= steady_vs_hooks.q3
-    measured = (
-        f"Measured here: record() set-up alone (no forward) is {100 * setup_share.median:.2f}% of a "
-        f"forward ({fmt_time(setup_ns)}: target expansion, patch and unpatch of 3 classes, module marks, "
-        "arming; profile above). With the patches kept for the block (probes + clones only) bcrecord is "
-        f"{spread(steady_vs_unpatched)} unpatched and {spread(steady_vs_hooks)} hooks"
+    why_five = (
+        f"Measured here: the extractor (planned once, a recording per call, clones) is "
+        f"{spread(full_vs_unpatched)} unpatched and {spread(full_vs_hooks)} hooks; record() entered once "
+        f"for the block is {spread(steady_vs_unpatched)} unpatched and {spread(steady_vs_hooks)} hooks. "
+        "What remains per forward is the probes at the stage returns (each through the "
+        "torch.compiler.disable-wrapped probe, an owner lookup, value_policy) and entering one recording."
     )
-    if steady_same_as_hooks:
-        why_five = measured + (
-            ": no difference from hooks that this run resolves, so the per-forward set-up is the part "
-            "of the gap that is bcrecord's own. What would close it: take the set-up out of the forward "
-            "(a FeatureExtractor, or a record() target list, that patches and marks once and only enters "
-            "a recording per forward), or make it cheaper (cache the expanded targets and resolved specs "
-            "per (model, targets)); then rerun this case."
-        )
-    else:
-        why_five = measured + (
-            ": the probes themselves cost more than hooks here as well: each stage value goes through "
-            "the torch.compiler.disable-wrapped probe (case 3 measures the wrapper per probe), the owner "
-            "lookup (every nn.Sequential runs the class-level patch, the 4 downsample Sequentials too) "
-            "and value_policy's copier (_map, storage check, clone), where a hook is one call and a "
-            "clone. What would close it: patching once per extractor (removes the set-up), the "
-            "is_compiling() probe of case 3 and a plain detach().clone() copier for plain tensors; "
-            "then rerun this case."
-        )
     case.targets.append(
         Target(
-            "5-stage record() / unpatched",
-            record_vs_unpatched.median,
+            "5-stage extractor (clone) / unpatched",
+            full_vs_unpatched.median,
             "<= 1.03x",
-            record_vs_unpatched.median <= 1.03,
+            full_vs_unpatched.median <= 1.03,
             why_five,
         )
     )
     case.targets.append(
         Target(
-            "5-stage record() / forward hooks",
-            record_vs_hooks.median,
+            "5-stage extractor (clone) / forward hooks",
+            full_vs_hooks.median,
             "<= 1.00x",
-            record_vs_hooks.median <= 1.0,
+            full_vs_hooks.median <= 1.0,
             why_five,
         )
+    )
+    case.notes.append(
+        f"record() entered around each forward: {spread(record_vs_unpatched)} unpatched, "
+        f"{spread(record_vs_hooks)} hooks. It resolves targets and patches on every entry (set-up "
+        f"{fmt_time(setup_ns)}, {100 * setup_share.median:.2f}% of a forward); code that records "
+        "every batch should use an extractor, or keep one record() open."
     )
     floor_gap = ratios(times, names["bc2"], names["floor2"])
     fx_gap = ratios(times, names["fx2"], names["floor2"])
@@ -1227,13 +1224,10 @@ def case_resnet(settings: Settings, model: nn.Module) -> Case:
             "<= 1.00x",
             bc2_vs_fx2.median <= 1.0,
             f"Measured here: bcrecord's early stop is {spread(floor_gap)} the hand-written prefix, FX's "
-            f"{spread(fx_gap)}. bcrecord's extractor pays a record(stop_after_last=True) set-up per call "
-            f"({median_time(times, names['setup2'])} alone, "
-            f"{100 * ratios(times, names['setup2'], names['fx2']).median:.1f}% of the FX early stop); "
-            f"with record() entered once for the block instead, its early stop is {spread(steady2_vs_fx2)} "
-            "FX. What would close it: a FeatureExtractor that patches once (at construction or on "
-            "first call) and only enters a recording per call, removing the set-up from every forward; "
-            "then rerun this case.",
+            f"{spread(fx_gap)}; with record() entered once for the block instead of an extractor call, "
+            f"its early stop is {spread(steady2_vs_fx2)} FX. Per call the extractor marks the module, "
+            "wraps the root forward to catch the stop, enters a recording and unwinds the stop "
+            "exception through the model's frames.",
         )
     )
     case.tables.append(memory_table(settings, case))

@@ -17,13 +17,15 @@ torch.Size([3, 4])
 from __future__ import annotations
 
 import types
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
+import weakref
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 
 from ..errors import SpecError
+from ..patch import Patch
 from ..patch import targets as function_targets
-from .record import record
+from .record import Plan, remove_all
 from .targets import expand, unwrap
 
 __all__ = ["FeatureExtractor", "create_feature_extractor", "list_targets", "TargetList"]
@@ -53,6 +55,10 @@ def _normalise(model: torch.nn.Module, nodes: Optional[ReturnNodes]) -> Dict[str
     return out
 
 
+_PLAN_OPTIONS = ("copy", "to", "dtype", "reduce", "grad")
+_RUN_OPTIONS = ("keep", "threads")
+
+
 class FeatureExtractor(torch.nn.Module):
     """Runs ``model`` and returns ``{name: value}`` for the requested targets.
 
@@ -60,6 +66,14 @@ class FeatureExtractor(torch.nn.Module):
     value, like FX's dead-code elimination. A target recorded several times in one
     forward (a loop) gives the list of its values, in order. A target the forward
     never reached raises an error naming it.
+
+    The first call in each mode (train / eval) resolves the targets and patches the
+    model's classes, in place; later calls reuse that and only mark the targeted
+    modules and enter a recording. A patched method runs its original code
+    whenever no recording is active, and records only the marked modules, so the
+    model behaves as before between calls. :meth:`close` (or garbage collection of
+    the extractor) removes the patches; resolve again after changing the model's
+    structure by making a new extractor.
     """
 
     def __init__(
@@ -72,6 +86,11 @@ class FeatureExtractor(torch.nn.Module):
         **options: Any,
     ) -> None:
         super().__init__()
+        unknown = sorted(set(options) - set(_PLAN_OPTIONS) - set(_RUN_OPTIONS))
+        if unknown:
+            raise TypeError(
+                f"unknown option(s) {', '.join(unknown)}; accepted: {', '.join(_PLAN_OPTIONS + _RUN_OPTIONS)}"
+            )
         self.model = model
         if return_nodes is not None and (train_return_nodes is not None or eval_return_nodes is not None):
             raise SpecError("give return_nodes, or train_return_nodes and eval_return_nodes, not both")
@@ -79,10 +98,39 @@ class FeatureExtractor(torch.nn.Module):
         self.eval_nodes = _normalise(model, eval_return_nodes if return_nodes is None else return_nodes)
         self.stop_early = stop_early
         self.options = options
+        self._plans: Dict[bool, Tuple[Plan, List[Patch]]] = {}
+
+    def _plan(self, training: bool) -> Tuple[Plan, List[Patch]]:
+        found = self._plans.get(training)
+        if found is None:
+            nodes = self.train_nodes if training else self.eval_nodes
+            plan_options = {k: v for k, v in self.options.items() if k in _PLAN_OPTIONS}
+            plan = Plan(self.model, list(nodes), **plan_options)
+            patches = plan.patch()
+            found = self._plans[training] = (plan, patches)
+            # Not a method: the finalizer must not keep the extractor alive.
+            weakref.finalize(self, remove_all, patches)
+        return found
+
+    def close(self) -> None:
+        """Remove the patches now (the next call patches again). Idempotent."""
+        for _, patches in self._plans.values():
+            remove_all(patches)
+        self._plans.clear()
+
+    def __getstate__(self) -> Dict[str, Any]:
+        # Patches belong to this object; a copy (deepcopy, pickle) makes its own.
+        state = self.__dict__.copy()
+        state["_plans"] = {}
+        return state
 
     def forward(self, *args: Any, **kwargs: Any) -> Dict[str, Any]:
         nodes = self.train_nodes if self.training else self.eval_nodes
-        with record(self.model, list(nodes), stop_after_last=self.stop_early, **self.options) as rec:
+        plan, patches = self._plan(self.training)
+        run_options = {k: v for k, v in self.options.items() if k in _RUN_OPTIONS}
+        run_options.setdefault("keep", "all")
+        run_options.setdefault("threads", "all")
+        with plan.running(patches, stop_after_last=self.stop_early, **run_options) as rec:
             self.model(*args, **kwargs)
         out: Dict[str, Any] = {}
         missing = []
@@ -111,8 +159,9 @@ def create_feature_extractor(
     ``return_nodes`` is a list of targets (output names are the targets) or a dict
     ``{target: name}``; ``train_return_nodes``/``eval_return_nodes`` as in
     torchvision. Other keyword arguments (``copy``, ``to``, ``dtype``, ``reduce``,
-    ``grad``) go to :func:`bcrecord.torch.record`. The model is not modified: it is
-    patched only during each forward call.
+    ``grad``, ``keep``, ``threads``) are :func:`bcrecord.torch.record`'s. The model's
+    classes are patched in place at the first call and stay patched (running their
+    original code whenever nothing records) until :meth:`FeatureExtractor.close`.
 
     >>> import torch
     >>> net = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.ReLU(inplace=True))

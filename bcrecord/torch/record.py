@@ -30,7 +30,20 @@ import threading
 import types
 import warnings
 from collections import defaultdict
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Set, Tuple, Union
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Set,
+    Tuple,
+    Union,
+)
 
 import torch
 
@@ -150,16 +163,15 @@ def _reduce_for(reduce: Any, target: Target) -> Optional[Callable[[torch.Tensor]
 class _GradCopy:
     """The copier of a ``.grad`` target: keeps the value and records its gradient."""
 
-    def __init__(self, rec: Recording, key: str, keep: Callable[[Any], Any]) -> None:
-        self.rec, self.key, self.keep = rec, key, keep
+    def __init__(self, plan: Plan, key: str, keep: Callable[[Any], Any]) -> None:
+        self.plan, self.key, self.keep = plan, key, keep
 
     def __call__(self, value: Any) -> Any:
-        if isinstance(value, torch.Tensor) and value.requires_grad:
-            value.register_hook(self._store)
+        rec = self.plan.recording
+        if rec is not None and isinstance(value, torch.Tensor) and value.requires_grad:
+            # The recording of this pass, even if the gradient arrives after it ends.
+            value.register_hook(lambda grad: rec.add(self.key + ".grad", grad.detach().clone()))
         return self.keep(value)
-
-    def _store(self, grad: torch.Tensor) -> None:
-        self.rec.add(self.key + ".grad", grad.detach().clone())
 
 
 def _one_site_specs(spec: Spec, code: types.CodeType, qualname: str) -> List[Tuple[Spec, str]]:
@@ -203,6 +215,118 @@ def _unmark(module: torch.nn.Module) -> None:
             del module.__dict__[_MARK]
 
 
+class Plan:
+    """What :func:`record` sets up for one (model, targets, options), reusable across passes.
+
+    Expanding the targets and grouping their specs by (class, method, instance
+    paths) is done once here; :meth:`patch` applies one patch per group and
+    :meth:`running` runs one recording with the targeted modules marked. A
+    :class:`~bcrecord.torch.FeatureExtractor` keeps its plan and patches across
+    calls, so each call only marks modules and enters a recording.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        targets: Union[str, Iterable[str]],
+        *,
+        copy: str = "clone",
+        to: Device = None,
+        dtype: Optional[torch.dtype] = None,
+        reduce: Union[
+            Callable[[torch.Tensor], Any], Mapping[str, Callable[[torch.Tensor], Any]], None
+        ] = None,
+        grad: bool = False,
+    ) -> None:
+        if copy not in ("clone", "detach", "deepcopy", "none"):
+            raise ValueError(f"unknown copy policy {copy!r}; choose one of clone, detach, deepcopy, none")
+        self.model = model
+        self.copy = copy
+        #: The recording running now (gradient targets store their gradients in it).
+        self.recording: Optional[ModelRecording] = None
+        #: Keys each target string produces.
+        self.keys: Dict[str, List[str]] = {}
+        #: The targeted submodules, by path.
+        self.modules: Dict[str, torch.nn.Module] = {}
+        policies: Dict[Any, Callable[[Any], Any]] = {}
+        # One patch per (class, method, set of instance paths): specs wanted by exactly
+        # the same instances share it. Gradient targets get a patch per key.
+        wanted: Dict[Tuple[type, str, Spec], set] = defaultdict(set)
+        grad_specs: Dict[Tuple[type, str, str], List[Spec]] = defaultdict(list)
+        for text, concrete in expand_all(model, targets).items():
+            self.keys[text] = []
+            for target in concrete:
+                module = self.modules.setdefault(target.path, module_at(model, target.path))
+                cls, method = type(module), target.method
+                func = function_of(getattr(cls, method))
+                reducer = _reduce_for(reduce, target)
+                wants_grad = grad or target.grad
+                keep_value = policies.setdefault(
+                    (reducer, wants_grad), value_policy(copy, to, dtype, reducer, wants_grad)
+                )
+                for spec, label in _one_site_specs(target.spec, func.__code__, func.__qualname__):
+                    key = f"{target.path}:{method}:{label}"
+                    self.keys[text].append(key)
+                    if target.grad:
+                        self.keys[text].append(key + ".grad")
+                        grad_specs[(cls, method, target.path)].append(
+                            dataclasses.replace(spec, copy=_GradCopy(self, key, keep_value))
+                        )
+                    else:
+                        wanted[(cls, method, dataclasses.replace(spec, copy=keep_value))].add(target.path)
+        self.specs: Dict[Tuple[type, str, frozenset], List[Spec]] = defaultdict(list)
+        for (cls, method, spec), paths in wanted.items():
+            self.specs[(cls, method, frozenset(paths))].append(spec)
+        for (cls, method, path), specs in grad_specs.items():
+            self.specs[(cls, method, frozenset([path]))].extend(specs)
+        self.needed = frozenset(k for keys in self.keys.values() for k in keys if not k.endswith(".grad"))
+
+    def patch(self) -> List[Patch]:
+        """Apply one in-place patch per group; all or none."""
+        patches: List[Patch] = []
+        try:
+            for (cls, method, owners), specs in self.specs.items():
+                # In place: bound methods kept elsewhere (self.forward = self.forward_split_cat)
+                # and super() calls reach the probes too; the owner picks the instances.
+                patches.append(patch_method(cls, method, specs, name=_Owner(owners), in_place=True))
+        except BaseException:
+            remove_all(patches)
+            raise
+        return patches
+
+    @contextlib.contextmanager
+    def running(
+        self, patches: Sequence[Patch], *, keep: Union[str, int], threads: str, stop_after_last: bool
+    ) -> Iterator[ModelRecording]:
+        """One recording of ``patches``' values, with the targeted modules marked."""
+        rec = ModelRecording(copy=self.copy, keep=keep, threads=threads, stop_after_last=stop_after_last)
+        rec.targets = {text: list(keys) for text, keys in self.keys.items()}
+        rec._only = {id(p) for p in patches}
+        marked: List[torch.nn.Module] = []
+        root_forward: Optional[Tuple[torch.nn.Module, Any]] = None
+        try:
+            for path, module in self.modules.items():
+                _mark(module, path)
+                marked.append(module)
+            if stop_after_last:
+                rec._needed = self.needed
+                root_forward = _stop_at_root(self.model, rec)
+            self.recording = rec
+            with rec:
+                yield rec
+        finally:
+            if root_forward is not None:
+                _restore_root(*root_forward)
+            for module in marked:
+                _unmark(module)
+
+
+def remove_all(patches: Sequence[Patch]) -> None:
+    """Remove ``patches``, last first."""
+    for patch in reversed(patches):
+        patch.remove()
+
+
 @contextlib.contextmanager
 def record(
     model: torch.nn.Module,
@@ -241,70 +365,13 @@ def record(
     >>> torch.equal(rec["1:forward:return"], out), sorted(rec.keys_of("0"))
     (True, ['0:forward:return'])
     """
-    if copy not in ("clone", "detach", "deepcopy", "none"):
-        raise ValueError(f"unknown copy policy {copy!r}; choose one of clone, detach, deepcopy, none")
-    expanded = expand_all(model, targets)
-    rec = ModelRecording(copy=copy, keep=keep, threads=threads, stop_after_last=stop_after_last)
-
-    policies: Dict[Any, Callable[[Any], Any]] = {}
-    # One patch per (class, method, set of instance paths): specs wanted by exactly
-    # the same instances share it. Gradient targets get a patch per key.
-    wanted: Dict[Tuple[type, str, Spec], set] = defaultdict(set)
-    grad_specs: Dict[Tuple[type, str, str], List[Spec]] = defaultdict(list)
-    modules: Dict[str, torch.nn.Module] = {}
-    for text, concrete in expanded.items():
-        rec.targets[text] = []
-        for target in concrete:
-            module = modules.setdefault(target.path, module_at(model, target.path))
-            cls, method = type(module), target.method
-            func = function_of(getattr(cls, method))
-            reducer = _reduce_for(reduce, target)
-            wants_grad = grad or target.grad
-            keep_value = policies.setdefault(
-                (reducer, wants_grad), value_policy(copy, to, dtype, reducer, wants_grad)
-            )
-            for spec, label in _one_site_specs(target.spec, func.__code__, func.__qualname__):
-                key = f"{target.path}:{method}:{label}"
-                rec.targets[text].append(key)
-                if target.grad:
-                    rec.targets[text].append(key + ".grad")
-                    grad_specs[(cls, method, target.path)].append(
-                        dataclasses.replace(spec, copy=_GradCopy(rec, key, keep_value))
-                    )
-                else:
-                    wanted[(cls, method, dataclasses.replace(spec, copy=keep_value))].add(target.path)
-    by_paths: Dict[Tuple[type, str, frozenset], List[Spec]] = defaultdict(list)
-    for (cls, method, spec), paths in wanted.items():
-        by_paths[(cls, method, frozenset(paths))].append(spec)
-    for (cls, method, path), specs in grad_specs.items():
-        by_paths[(cls, method, frozenset([path]))].extend(specs)
-
-    patches: List[Patch] = []
-    marked: List[torch.nn.Module] = []
-    root_forward: Optional[Tuple[torch.nn.Module, Any]] = None
+    plan = Plan(model, targets, copy=copy, to=to, dtype=dtype, reduce=reduce, grad=grad)
+    patches = plan.patch()
     try:
-        for (cls, method, owners), specs in by_paths.items():
-            # In place: bound methods kept elsewhere (self.forward = self.forward_split_cat)
-            # and super() calls reach the probes too; the owner picks the instances.
-            patches.append(patch_method(cls, method, specs, name=_Owner(owners), in_place=True))
-        for path, module in modules.items():
-            _mark(module, path)
-            marked.append(module)
-        rec._only = {id(p) for p in patches}
-        if stop_after_last:
-            rec._needed = frozenset(
-                k for keys in rec.targets.values() for k in keys if not k.endswith(".grad")
-            )
-            root_forward = _stop_at_root(model, rec)
-        with rec:
+        with plan.running(patches, keep=keep, threads=threads, stop_after_last=stop_after_last) as rec:
             yield rec
     finally:
-        if root_forward is not None:
-            _restore_root(*root_forward)
-        for module in marked:
-            _unmark(module)
-        for patch in reversed(patches):
-            patch.remove()
+        remove_all(patches)
 
 
 def _stop_at_root(model: torch.nn.Module, rec: ModelRecording) -> Tuple[torch.nn.Module, Any]:

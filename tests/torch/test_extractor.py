@@ -84,3 +84,46 @@ def test_list_targets_covers_every_submodule_without_tracing():
     with bcrecord.torch.record(net, sample) as rec:
         net(torch.randn(1, 3, 4, 4))
     assert len(rec) >= len([t for t in sample if not t.endswith("return")])
+
+
+def test_extractor_patches_once_and_the_model_is_itself_between_calls():
+    import copy
+    import gc
+
+    from bcrecord import patch as patch_module
+    from bcrecord.runtime import is_active
+
+    torch.manual_seed(1)
+    net = SmallNet().eval()
+    x = torch.randn(2, 3, 8, 8)
+    expected = reference_smallnet(net, x)
+    original_code = type(net.blocks[0]).forward.__code__
+    slots_before = len(patch_module._slots)
+    extractor = create_feature_extractor(net, ["bn1", "blocks.2"])
+    first = extractor(x)
+    patches = [p for _, ps in extractor._plans.values() for p in ps]
+    assert patches and all(p.active for p in patches)
+    second = extractor(x)
+    assert [p for _, ps in extractor._plans.values() for p in ps] == patches  # planned once
+    for feats in (first, second):
+        assert torch.allclose(feats["bn1"], expected["bn1"], atol=1e-6)
+        assert torch.allclose(feats["blocks.2"], expected["blocks.2"], atol=1e-5)
+    # Between calls: original code, no marker, no recording, same outputs.
+    assert not is_active() and type(net.blocks[0]).forward.__code__ is original_code
+    assert all("_bcrecord_path" not in m.__dict__ for m in net.modules())
+    with bcrecord.recording() as outside:  # another recording sees nothing of the extractor's
+        net(x)
+    assert outside.keys() == []
+    twin = copy.deepcopy(extractor)  # a copy plans for itself
+    assert twin._plans == {} and torch.allclose(twin(x)["bn1"], first["bn1"])
+    extractor.close()
+    assert not any(p.active for p in patches) and extractor._plans == {}
+    assert torch.allclose(extractor(x)["bn1"], first["bn1"])  # patches again
+    del extractor, twin
+    gc.collect()
+    assert len(patch_module._slots) == slots_before  # garbage collection removed the rest
+
+
+def test_extractor_rejects_unknown_options_at_once():
+    with pytest.raises(TypeError, match="unknown option.*stop_after"):
+        create_feature_extractor(SmallNet(), ["bn1"], stop_after_last=True)
