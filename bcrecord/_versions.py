@@ -8,8 +8,8 @@ Inserted code reaches the runtime through names loaded with ``LOAD_GLOBAL`` (the
 resolve through builtins), never through ``LOAD_CONST <function>``: torch.compile
 (Dynamo) refuses function constants. Site ids are plain int constants. There are
 two spellings of a probe (see :mod:`bcrecord.rewrite`): *inline*,
-``__bcrecord_sinks__()[site].append(value)``, which runs no Python frame when the
-value needs no copy, and *call*, ``__bcrecord_probe__(value, site)``.
+``__bcrecord_sinks__.get()[site].append(value)``, which runs no Python frame when
+the value needs no copy, and *call*, ``__bcrecord_probe__(value, site)``.
 
 >>> current().name in {"3.10", "3.11", "3.12", "3.13", "3.14"}
 True
@@ -29,8 +29,8 @@ __all__ = ["Table", "current", "PROBE_NAME", "SINKS_NAME", "SUPPORTED"]
 
 #: The global name under which inserted code finds the probe (call spelling).
 PROBE_NAME = "__bcrecord_probe__"
-#: The global name of a no-argument callable returning this context's sinks, a list
-#: indexed by site id whose items have ``append`` (inline spelling).
+#: The global name of the ContextVar whose ``get()`` returns this context's sinks, a
+#: list indexed by site id whose items have ``append`` (inline spelling).
 SINKS_NAME = "__bcrecord_sinks__"
 
 Location = object  # bytecode.InstrLocation; kept opaque here
@@ -63,6 +63,8 @@ class Table:
     comprehension_save: Optional[str]
     #: ``LOAD_GLOBAL``'s arg for a callable, given a name.
     global_arg: Callable[[str], object]
+    #: ``LOAD_GLOBAL``'s arg for a plain object (no NULL slot pushed), given a name.
+    object_arg: Callable[[str], object]
     #: Instructions that call the callable pushed by ``global_arg`` with n arguments.
     call: Callable[[int, object], Instrs]
     #: Duplicate the top of the stack.
@@ -131,17 +133,18 @@ class Table:
         ]
 
     def _load_sink(self, site: Union[int, str], location: object) -> Instrs:
-        # __bcrecord_sinks__()[site].append, as a method pair.
+        # __bcrecord_sinks__.get()[site].append, as a method pair.
         return [
-            _instr("LOAD_GLOBAL", self.global_arg(SINKS_NAME), location),
-            *self.call(0, location),
+            _instr("LOAD_GLOBAL", self.object_arg(SINKS_NAME), location),
+            self.load_method("get", location),
+            *self.call_method(0, location),
             _instr("LOAD_CONST", site, location),
             *self.subscript(location),
             self.load_method("append", location),
         ]
 
     def append_probe(self, load_value: Instrs, site: Union[int, str], location: object) -> Instrs:
-        """``__bcrecord_sinks__()[site].append(<value>)``, result dropped; the stack is unchanged."""
+        """``__bcrecord_sinks__.get()[site].append(<value>)``, result dropped; the stack is unchanged."""
         return [
             *self._load_sink(site, location),
             *load_value,
@@ -150,7 +153,7 @@ class Table:
         ]
 
     def append_tee(self, site: Union[int, str], location: object) -> Instrs:
-        """``__bcrecord_sinks__()[site].append(TOS)`` leaving TOS in place."""
+        """``__bcrecord_sinks__.get()[site].append(TOS)`` leaving TOS in place."""
         return [
             self.dup(location),
             *self._load_sink(site, location),
@@ -225,6 +228,7 @@ def _310() -> Table:
         prologue=frozenset({"GEN_START"}),
         comprehension_save=None,
         global_arg=lambda name: name,
+        object_arg=lambda name: name,
         call=lambda n, loc: [_instr("CALL_FUNCTION", n, loc)],
         dup=lambda loc: _instr("DUP_TOP", None, loc),
         raise_value=lambda loc: [_instr("ROT_TWO", None, loc)],
@@ -267,6 +271,7 @@ def _311() -> Table:
         prologue=frozenset({"RESUME"}),
         comprehension_save=None,
         global_arg=lambda name: (True, name),
+        object_arg=lambda name: (False, name),
         call=lambda n, loc: [_instr("PRECALL", n, loc), _instr("CALL", n, loc)],
         dup=lambda loc: _instr("COPY", 1, loc),
         raise_value=_swap_up,
@@ -295,6 +300,7 @@ def _312() -> Table:
         prologue=frozenset({"RESUME"}),
         comprehension_save="LOAD_FAST_AND_CLEAR",
         global_arg=lambda name: (True, name),
+        object_arg=lambda name: (False, name),
         call=lambda n, loc: [_instr("CALL", n, loc)],
         dup=lambda loc: _instr("COPY", 1, loc),
         raise_value=_swap_up,
@@ -332,6 +338,7 @@ def _313() -> Table:
         prologue=frozenset({"RESUME"}),
         comprehension_save="LOAD_FAST_AND_CLEAR",
         global_arg=lambda name: (True, name),
+        object_arg=lambda name: (False, name),
         call=lambda n, loc: [_instr("CALL", n, loc)],
         dup=lambda loc: _instr("COPY", 1, loc),
         raise_value=_swap_up,

@@ -9,7 +9,7 @@ A probe hands a value to the recording runtime; the stack, the variables and the
 control flow of the original are left as they were. It is spelled one of two ways
 (:func:`set_probe_style`):
 
-* ``'inline'``: ``__bcrecord_sinks__()[site_id].append(value)``. Every step is a
+* ``'inline'``: ``__bcrecord_sinks__.get()[site_id].append(value)``. Every step is a
   C-level operation (the sinks list belongs to the current context), so a value
   that needs no copy is stored without running any Python frame.
 * ``'call'``: ``__bcrecord_probe__(value, site_id)``, one opaque call. Tracing

@@ -14,7 +14,7 @@ Four rules decide it:
   to it when the last one exits (patches are *armed* and *disarmed*). Calls that
   started before a recording was entered run without probes.
 * **What a recorded value costs.** Inserted code runs
-  ``__bcrecord_sinks__()[site_id].append(value)`` (:mod:`bcrecord.rewrite`): the
+  ``__bcrecord_sinks__.get()[site_id].append(value)`` (:mod:`bcrecord.rewrite`): the
   context's *sinks list*, indexed by site id. Where the one recording that takes a
   site keeps values uncopied, the item is its list of values, and no Python code
   runs per value; otherwise it is a :class:`Sink` (copy, then store), a fan-out to
@@ -124,9 +124,11 @@ class RecordError:
 
 # --- sites and sinks ---------------------------------------------------------
 #
-# Inserted code runs ``__bcrecord_sinks__()[site_id].append(value)``:
-# ``__bcrecord_sinks__`` is ``_context.get``, which returns the *sinks list* of the
-# current context, and item ``site_id`` of that list is where the value goes. Every
+# Inserted code runs ``__bcrecord_sinks__.get()[site_id].append(value)``:
+# ``__bcrecord_sinks__`` is the ContextVar ``_context`` itself (an object that is
+# neither callable nor a builtin function, so code that walks builtins - pickling
+# every builtin function, checking signatures - is unaffected); its ``get()``
+# returns the *sinks list* of the current context, and item ``site_id`` of that list is where the value goes. Every
 # step is C-level, and when the only recording that takes a site keeps values
 # uncopied, the item is that recording's list of values itself, so storing a value
 # runs no Python frame at all. Other items are Python objects with an ``append``.
@@ -820,7 +822,7 @@ def __bcrecord_probe__(value: Any, site_id: int, instance: Any = _NO_INSTANCE) -
     """Called by inserted code of the ``'call'`` spelling: deliver ``value`` to the recordings.
 
     Without ``instance`` this is what inline probes do:
-    ``__bcrecord_sinks__()[site_id].append(value)``. ``instance`` (the method's
+    ``__bcrecord_sinks__.get()[site_id].append(value)``. ``instance`` (the method's
     self) is passed only by per-instance sites, whose keys start with its owner.
     """
     sinks = _context.get()
@@ -852,7 +854,7 @@ def __bcrecord_probe__(value: Any, site_id: int, instance: Any = _NO_INSTANCE) -
 
 # Inserted code finds the runtime with LOAD_GLOBAL, which falls back to builtins.
 setattr(builtins, PROBE_NAME, __bcrecord_probe__)
-setattr(builtins, SINKS_NAME, _context.get)
+setattr(builtins, SINKS_NAME, _context)
 
 
 def probe_visible_from(globals_: Dict[str, Any]) -> None:
@@ -863,4 +865,4 @@ def probe_visible_from(globals_: Dict[str, Any]) -> None:
     if PROBE_NAME not in namespace and PROBE_NAME not in globals_:
         globals_[PROBE_NAME] = __bcrecord_probe__
     if SINKS_NAME not in namespace and SINKS_NAME not in globals_:
-        globals_[SINKS_NAME] = _context.get
+        globals_[SINKS_NAME] = _context

@@ -442,7 +442,7 @@ def case_per_event(settings: Settings) -> Case:
         "Per-event cost (one recorded local per loop iteration)",
         "A tight loop whose body assigns `x` once per iteration, `x` recorded every "
         f"iteration (n={settings.core_n}); `benchmarks/core.py`'s case. bcrecord three ways: "
-        "inline probes (`__bcrecord_sinks__()[site].append(x)`, what a process without torch "
+        "inline probes (`__bcrecord_sinks__.get()[site].append(x)`, what a process without torch "
         "gets) in a `recording(copy='none')`, the same in a default `recording()` "
         "(`copy='clone'`: each value passes through a Python-level `Sink.append` in case it "
         "needs a copy), and probes spelled as calls (`__bcrecord_probe__(x, site)`, what "
