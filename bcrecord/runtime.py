@@ -128,8 +128,8 @@ class RecordError:
 # ``__bcrecord_sinks__`` is the ContextVar ``_context`` itself (an object that is
 # neither callable nor a builtin function, so code that walks builtins - pickling
 # every builtin function, checking signatures - is unaffected); its ``get()``
-# returns the *sinks list* of the current context, and item ``site_id`` of that list is where the value goes. Every
-# step is C-level, and when the only recording that takes a site keeps values
+# returns the *sinks list* of the current context, and item ``site_id`` of that
+# list is where the value goes. Every step is C-level, and when the only recording that takes a site keeps values
 # uncopied, the item is that recording's list of values itself, so storing a value
 # runs no Python frame at all. Other items are Python objects with an ``append``.
 #
