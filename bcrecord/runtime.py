@@ -131,7 +131,8 @@ class RecordError:
 # returns the *sinks list* of the current context, and item ``site_id`` of that
 # list is where the value goes. Every step is C-level, and when the only recording
 # that takes a site keeps values uncopied, the item is that recording's list of
-# values itself, so storing a value runs no Python frame at all. Other items are Python objects with an ``append``.
+# values itself, so storing a value runs no Python frame at all. Other items are
+# Python objects with an ``append``.
 #
 # Every sinks list is as long as the largest site id + 1 at every moment (lists are
 # extended under the lock before an id is handed out), so inserted code can never
