@@ -315,6 +315,7 @@ class Plan:
             with rec:
                 yield rec
         finally:
+            self.recording = None  # the plan outlives the pass; its values must not
             if root_forward is not None:
                 _restore_root(*root_forward)
             for module in marked:
