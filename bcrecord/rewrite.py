@@ -64,20 +64,22 @@ PROBE_STYLES = ("auto", "inline", "call")
 _style = "auto"
 
 
-def set_probe_style(style: str) -> None:
+def set_probe_style(style: str) -> str:
     """Spell probes inserted from now on ``'inline'``, as ``'call'``, or ``'auto'``.
 
-    Patches made earlier keep their code. ``'auto'`` (the default) calls once torch
-    is imported, so that torch.compile meets a probe it can skip.
+    Returns the previous setting. Patches made earlier keep their code. ``'auto'``
+    (the default) calls once torch is imported, so that torch.compile meets a
+    probe it can skip.
 
-    >>> set_probe_style("inline"); probe_style()
+    >>> previous = set_probe_style("inline"); probe_style()
     'inline'
-    >>> set_probe_style("auto")
+    >>> _ = set_probe_style(previous)
     """
     global _style
     if style not in PROBE_STYLES:
         raise ValueError(f"unknown probe style {style!r}; choose one of {PROBE_STYLES}")
-    _style = style
+    previous, _style = _style, style
+    return previous
 
 
 def probe_style() -> str:

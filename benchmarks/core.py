@@ -256,9 +256,8 @@ def case_per_event(rounds: int, n: int) -> None:
 
     # Both probe spellings, chosen explicitly: 'inline' is what a process without torch
     # gets, 'call' what it gets once torch is imported (benchmarks/run.py imports it).
-    previous_style = bcrecord.rewrite._style
+    previous_style = bcrecord.set_probe_style("inline")
     try:
-        bcrecord.set_probe_style("inline")
         instrumented = bcrecord.instrument(loop, "x", name="bench")
         bcrecord.set_probe_style("call")
         called = bcrecord.instrument(loop, "x", name="bench")

@@ -25,10 +25,9 @@ def probed(func, specs):
 @pytest.fixture
 def style(request):
     """Set the probe style for one test, then put back the session's."""
-    before = rewrite._style
-    rewrite.set_probe_style(request.param)
+    before = rewrite.set_probe_style(request.param)
     yield request.param
-    rewrite.set_probe_style(before)
+    assert rewrite.set_probe_style(before) == request.param
 
 
 @pytest.mark.parametrize("style", ["inline", "call"], indirect=True)
@@ -73,7 +72,7 @@ def test_style_follows_torch_when_auto(monkeypatch):
     assert rewrite.probe_style() == "call"
     with pytest.raises(ValueError, match="unknown probe style 'fast'"):
         rewrite.set_probe_style("fast")
-    assert rewrite._style == "auto"
+    assert rewrite._style == "auto"  # unchanged by the bad value
 
 
 def test_inserted_instructions_have_real_line_numbers():
