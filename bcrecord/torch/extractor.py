@@ -73,7 +73,9 @@ class FeatureExtractor(torch.nn.Module):
     whenever no recording is active, and records only the marked modules, so the
     model behaves as before between calls. :meth:`close` (or garbage collection of
     the extractor) removes the patches; resolve again after changing the model's
-    structure by making a new extractor.
+    structure by making a new extractor. Gradient targets (``'.grad'``) store into
+    the recording of the call in progress, so with them, call one extractor from
+    one thread at a time.
     """
 
     def __init__(
