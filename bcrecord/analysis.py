@@ -146,6 +146,12 @@ def instructions(code: CodeType) -> Bytecode:
     Positions in a :class:`CodeMap` index into this list; the rewriter edits the
     same list, so both must come from here. Decoding is cached per code object;
     each call returns a fresh list (the instructions themselves are never edited).
+
+    >>> def f(a):
+    ...     x = y = a  # one STORE_FAST_STORE_FAST on 3.13, two stores before
+    ...     return x + y
+    >>> [i.arg for i in instructions(f.__code__) if getattr(i, "name", "") == "STORE_FAST"]
+    ['x', 'y']
     """
     return _decoded(code).copy()
 
@@ -372,6 +378,14 @@ def consuming_calls(
     slot). Returns [] if the value is used any other way. Follows every path, since
     3.10's compiler copies a statement's tail into each branch (one load, several
     calls); used both to find call sites and to match 3.10's ``CALL_METHOD``.
+
+    >>> def f(g, a):
+    ...     return g(a, 1)
+    >>> items = instructions(f.__code__)
+    >>> pos = next(k for k, i in enumerate(items) if getattr(i, "arg", None) == "g")
+    >>> slots = 2 if getattr(items[pos - 1], "name", "") == "PUSH_NULL" else 1  # 3.11/3.12: NULL first
+    >>> [items[k].name.split("_")[0] for k in consuming_calls(items, pos, slots)]
+    ['CALL']
     """
     table = _versions.current()
     if labels is None:  # label -> position; callers scanning many loads pass it once
@@ -647,6 +661,16 @@ class Targets:
     ``locals`` maps each assigned local to its assignments, ``attributes`` each
     attribute chain to its load sites, ``returns`` lists return sites.
     ``str(targets)`` is a table; :meth:`as_dict` is plain data (for JSON).
+
+    >>> import bcrecord
+    >>> def f(self, a):
+    ...     x = self.scale * a
+    ...     return x
+    >>> found = bcrecord.targets(f)
+    >>> found.specs()
+    ['x@0', 'self.scale@0', '*@0', 'return']
+    >>> [(row["kind"], row["target"]) for row in found.as_dict()["targets"]]
+    [('local', 'x'), ('attribute', 'self.scale'), ('operator', '*'), ('return', 'return')]
     """
 
     def __init__(self, cmap: CodeMap) -> None:

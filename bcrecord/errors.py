@@ -2,6 +2,24 @@
 
 Every error raised for bad input is a subclass of :class:`BcrecordError`, and is
 raised before anything is changed: a failed patch leaves its target as it was.
+
+>>> import bcrecord
+>>> def f(a):
+...     x = a
+...     return x
+>>> for specs in (["y"], ["x@3"], ["x@@"]):
+...     try:
+...         bcrecord.instrument(f, specs)
+...     except bcrecord.BcrecordError as error:
+...         print(f"{type(error).__name__}: {error}")
+TargetError: f has no assignment to a local named 'y'; assigned locals: x
+TargetError: local 'x' in f has 1 site (index 0..0); there is no index 3
+SpecError: bad index in 'x@@': expected an int or a list like [0,2]
+>>> try:
+...     bcrecord.instrument(len, ["x"])
+... except NotPatchableError as error:
+...     print(error)
+len is a builtin or C function: it has no bytecode to patch
 """
 
 from __future__ import annotations

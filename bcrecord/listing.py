@@ -67,6 +67,17 @@ def side_by_side(original: CodeType, patched: CodeType, width: int = 52) -> str:
     """Original and patched disassembly in two columns; inserted lines start with ``+``.
 
     Lines that differ between the two (a method-style load made plain) show ``~``.
+
+    >>> import bcrecord
+    >>> def f(a):
+    ...     x = a + 1
+    ...     return x
+    >>> with bcrecord.patch_function(f, "x") as patch:
+    ...     lines = side_by_side(patch.original_code, patch.code).splitlines()
+    >>> lines[0].split()
+    ['original', 'patched']
+    >>> any("__bcrecord_" in line for line in lines if line.startswith("+"))  # the probe's first load
+    True
     """
     left, right = _rows(original), _rows(patched)
     matcher = difflib.SequenceMatcher(a=[k for k, _ in left], b=[k for k, _ in right], autojunk=False)
@@ -91,6 +102,12 @@ def decompiled(code: CodeType) -> Optional[str]:
     """Decompiled source of ``code`` when the optional ``depyf`` package is installed.
 
     Returns None when depyf is missing or cannot decompile this code.
+
+    >>> def f(a):
+    ...     return a + 1
+    >>> source = decompiled(f.__code__)
+    >>> source is None or "return" in source
+    True
     """
     try:
         import depyf  # type: ignore[import-not-found]

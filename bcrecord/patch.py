@@ -174,6 +174,20 @@ class Patch:
     Attributes: ``target`` (what was patched), ``attribute`` (the method name, or
     None for a function), ``name`` (the owner part of keys), ``specs``, ``keys``
     (every key this patch can record) and ``original_code``.
+
+    >>> import bcrecord
+    >>> class Model:
+    ...     def forward(self, a):
+    ...         out = a + 1
+    ...         return out * 2
+    >>> model = Model()
+    >>> with bcrecord.patch_method(model, "forward", ["out", "return"], name="model") as patch:
+    ...     with bcrecord.recording() as rec:
+    ...         _ = model.forward(1)
+    >>> patch.keys, rec["model:forward:out@0"], patch.active
+    (('model:forward:out@0', 'model:forward:return'), 2, False)
+    >>> "forward" in vars(model)  # removed: the instance is as it was
+    False
     """
 
     def __init__(

@@ -89,7 +89,12 @@ class _TargetFailed(BaseException):
 
 @dataclass(frozen=True)
 class RunTarget:
-    """One ``'<module>:<qualified name>:<spec>'`` target of ``bcrecord run``."""
+    """One ``'<module>:<qualified name>:<spec>'`` target of ``bcrecord run``.
+
+    >>> target = parse_target("torchvision.models.resnet:ResNet._forward_impl:x@0")
+    >>> target.module, target.qualname, target.spec
+    ('torchvision.models.resnet', 'ResNet._forward_impl', Local(name='x', index=(0,), copy=None))
+    """
 
     #: The target as written.
     text: str

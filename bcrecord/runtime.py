@@ -344,7 +344,19 @@ _arm_lock = threading.RLock()
 
 
 def track(item: Armable) -> None:
-    """Arm ``item`` whenever a recording is active (now too, if one is)."""
+    """Arm ``item`` whenever a recording is active (now too, if one is).
+
+    >>> class Switch:
+    ...     on = False
+    ...     def arm(self): self.on = True
+    ...     def disarm(self): self.on = False
+    >>> switch = Switch(); track(switch)
+    >>> with recording():
+    ...     during = switch.on
+    >>> during, switch.on
+    (True, False)
+    >>> untrack(switch)
+    """
     with _arm_lock:
         _armables.add(item)
         if _active_count:
@@ -352,7 +364,17 @@ def track(item: Armable) -> None:
 
 
 def untrack(item: Armable) -> None:
-    """Stop arming ``item`` (the caller restores its original state)."""
+    """Stop arming ``item`` (the caller restores its original state).
+
+    >>> class Switch:
+    ...     on = False
+    ...     def arm(self): self.on = True
+    ...     def disarm(self): self.on = False
+    >>> switch = Switch(); track(switch); untrack(switch)
+    >>> with recording():
+    ...     switch.on
+    False
+    """
     with _arm_lock:
         _armables.discard(item)
 
@@ -576,6 +598,17 @@ class Recording:
     assignment of local ``x``, ``'Model:forward:self.fc.weight'`` for an attribute
     read at entry, ``'Model:forward:self.fc@0'`` for its first load site, and
     ``'Model:forward:return'`` for the returned value.
+
+    >>> import bcrecord
+    >>> def f(a):
+    ...     for i in range(a):
+    ...         x = i * 10
+    ...     return x
+    >>> g = bcrecord.instrument(f, ["x"], name="m")
+    >>> with bcrecord.recording(keep=2) as rec:
+    ...     _ = g(4)
+    >>> list(rec), rec["m:f:x@0"], rec.all("m:f:x@0")
+    (['m:f:x@0'], 30, [20, 30])
     """
 
     def __init__(

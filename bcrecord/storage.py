@@ -186,7 +186,17 @@ def _items(records: Any) -> List[Tuple[str, Sequence[Any]]]:
 
 
 def save(records: Any, directory: PathLike, step: int = 0) -> Path:
-    """Save a recording (or ``{key: [values]}``) into ``directory`` as ``step``; returns the directory."""
+    """Save a recording (or ``{key: [values]}``) into ``directory`` as ``step``; returns the directory.
+
+    Saving again into the same directory adds to what is there (a later step, or
+    more values of the same step).
+
+    >>> import tempfile
+    >>> folder = save({"m:f:x@0": [1, 2]}, tempfile.mkdtemp(), step=0)
+    >>> _ = save({"m:f:x@0": [3]}, folder, step=1)
+    >>> load(folder)["m:f:x@0"]
+    [1, 2, 3]
+    """
     Writer(directory).write(records, step)
     return Path(directory)
 
@@ -216,7 +226,12 @@ class Entry:
 
 
 class Loaded(Mapping[str, List[Any]]):
-    """Saved records: ``loaded[key]`` lists values in save order; :meth:`steps` their steps."""
+    """Saved records: ``loaded[key]`` lists values in save order; :meth:`steps` their steps.
+
+    >>> loaded = Loaded([Entry("m:f:x@0", 0, 1.0, {}), Entry("m:f:x@0", 5, 2.0, {})])
+    >>> loaded["m:f:x@0"], loaded.steps("m:f:x@0"), len(loaded)
+    ([1.0, 2.0], [0, 5], 1)
+    """
 
     def __init__(self, entries: List[Entry]) -> None:
         self.entries = entries
@@ -246,6 +261,12 @@ def load(directory: PathLike, keys: Optional[Iterable[str]] = None) -> Loaded:
 
     ``keys`` limits what is read. Files that the index does not name (a save cut
     short by a crash) are ignored.
+
+    >>> import tempfile
+    >>> folder = save({"m:f:x@0": [1.5], "m:f:y@0": ["text"]}, tempfile.mkdtemp(), step=7)
+    >>> loaded = load(folder, keys=["m:f:y@0"])
+    >>> list(loaded), loaded["m:f:y@0"], loaded.steps("m:f:y@0")
+    (['m:f:y@0'], ['text'], [7])
     """
     directory = Path(directory)
     wanted = None if keys is None else set(keys)

@@ -224,7 +224,12 @@ def summarize(loaded: Loaded, keys: Optional[Iterable[str]] = None) -> List[KeyS
 
 
 def table(summaries: Sequence[KeySummary]) -> str:
-    """The summary as an aligned text table (see the module example)."""
+    """The summary as an aligned text table.
+
+    >>> print(table([KeySummary("m:f:x@0", [0, 1], [1.0, 3.0], (), False, "float", 1.0, 2.0, 3.0)]))
+    key      steps  shape   dtype  min  mean  max
+    m:f:x@0  2      scalar  float  1    2     3
+    """
     rows = [("key", "steps", "shape", "dtype", "min", "mean", "max")] + [s.row() for s in summaries]
     widths = [max(len(r[i]) for r in rows) for i in range(7)]
     return "\n".join(
@@ -514,7 +519,15 @@ def draw(
     max_maps: int = 32,
     progress: Optional[Progress] = None,
 ) -> Dict[str, List[str]]:
-    """Write the PNGs of every key into ``plot_dir``; returns ``{key: [file names]}``."""
+    """Write the PNGs of every key into ``plot_dir``; returns ``{key: [file names]}``.
+
+    Needs matplotlib (``pip install 'bcrecord[viz]'``).
+
+    >>> import tempfile, bcrecord
+    >>> folder = bcrecord.save({"m:f:x@0": [[1.0, 2.0], [0.5, 4.0]]}, tempfile.mkdtemp())
+    >>> draw(summarize(bcrecord.load(folder)), folder)
+    {'m:f:x@0': ['m_f_x@0.hist.png', 'm_f_x@0.steps.png']}
+    """
     _need_matplotlib()
     plot_dir = Path(plot_dir)
     written: Dict[str, List[str]] = {}
@@ -543,7 +556,15 @@ def draw(
 def write_index(
     summaries: Sequence[KeySummary], pictures: Dict[str, List[str]], plot_dir: PathLike, title: str
 ) -> Path:
-    """Write ``plot_dir/index.html``: the summary table and every picture, by key."""
+    """Write ``plot_dir/index.html``: the summary table and every picture, by key.
+
+    >>> import tempfile
+    >>> summary = KeySummary("m:f:x@0", [0], [2.0], (), False, "float", 2.0, 2.0, 2.0)
+    >>> page = write_index([summary], {"m:f:x@0": ["x.hist.png"]}, tempfile.mkdtemp(), "run 1")
+    >>> text = page.read_text()
+    >>> page.name, '<img src="x.hist.png"' in text, "<title>run 1</title>" in text
+    ('index.html', True, True)
+    """
     head = ("key", "steps", "shape", "dtype", "min", "mean", "max")
     rows = []
     sections = []

@@ -76,6 +76,15 @@ class FeatureExtractor(torch.nn.Module):
     structure by making a new extractor. Gradient targets (``'.grad'``) store into
     the recording of the call in progress, so with them, call one extractor from
     one thread at a time.
+
+    >>> import torch
+    >>> net = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU(), torch.nn.Linear(3, 1))
+    >>> extractor = FeatureExtractor(net, {"1": "hidden"})
+    >>> sorted(extractor(torch.ones(4, 2)))
+    ['hidden']
+    >>> extractor(torch.ones(4, 2))["hidden"].shape
+    torch.Size([4, 3])
+    >>> extractor.close()
     """
 
     def __init__(

@@ -111,6 +111,13 @@ class ModelRecording(Recording):
 
     Besides the core API (``rec[key]``, ``rec.all(key)``…) it knows which keys each
     target string produced: :meth:`keys_of` and :meth:`values_of`.
+
+    >>> import torch
+    >>> model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Sequential(torch.nn.ReLU()))
+    >>> with record(model, ["1.*"]) as rec:
+    ...     _ = model(torch.ones(1, 2))
+    >>> rec.keys_of("1.*"), len(rec.values_of("1.*")["1.0:forward:return"])
+    (['1.0:forward:return'], 1)
     """
 
     def __init__(self, *, stop_after_last: bool = False, **options: Any) -> None:

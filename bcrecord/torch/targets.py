@@ -41,7 +41,13 @@ _WRAPPERS: Tuple[type, ...] = (torch.nn.DataParallel, torch.nn.parallel.Distribu
 
 @dataclass(frozen=True)
 class Target:
-    """One concrete target: a spec in one method of one submodule."""
+    """One concrete target: a spec in one method of one submodule.
+
+    >>> import torch
+    >>> target = expand(torch.nn.Sequential(torch.nn.Linear(2, 2)), "0:forward:return")[0]
+    >>> target.path, target.method, target.spec
+    ('0', 'forward', Return(copy=None))
+    """
 
     #: The target as the user wrote it (a glob expands to several targets).
     text: str
@@ -67,7 +73,16 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def module_at(model: torch.nn.Module, path: str) -> torch.nn.Module:
-    """The submodule at ``path``, also through a wrapper's ``.module``; a clear error if none."""
+    """The submodule at ``path``, also through a wrapper's ``.module``; a clear error if none.
+
+    >>> import torch
+    >>> model = torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Sequential(torch.nn.Linear(3, 1)))
+    >>> module_at(torch.nn.DataParallel(model), "1.0")
+    Linear(in_features=3, out_features=1, bias=True)
+    >>> module_at(model, "1.1")
+    Traceback (most recent call last):
+    bcrecord.errors.TargetError: the model has no submodule '1.1'; did you mean '1.0'?
+    """
     for root in (model, unwrap(model)):
         try:
             return root.get_submodule(path) if path else root
@@ -172,7 +187,15 @@ def _matching_paths(model: torch.nn.Module, pattern: str) -> List[str]:
 
 
 def expand(model: torch.nn.Module, text: str) -> List[Target]:
-    """The concrete targets a target string stands for in ``model``, or a clear error."""
+    """The concrete targets a target string stands for in ``model``, or a clear error.
+
+    >>> import torch
+    >>> model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU())
+    >>> [(t.path, t.method, t.output) for t in expand(model, "*:forward:return")]
+    [('0', 'forward', False), ('1', 'forward', False)]
+    >>> [(t.path, t.output) for t in expand(model, "1")]  # a bare path: the module's output
+    [('1', True)]
+    """
     pattern, method, spec_text, grad = _split(text)
     if not spec_text and not any(ch in pattern for ch in "*?["):
         try:
@@ -198,7 +221,13 @@ def expand(model: torch.nn.Module, text: str) -> List[Target]:
 
 
 def expand_all(model: torch.nn.Module, texts: Iterable[str]) -> Dict[str, List[Target]]:
-    """Every target string expanded; keys keep the user's order."""
+    """Every target string expanded; keys keep the user's order.
+
+    >>> import torch
+    >>> model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Sequential(torch.nn.ReLU()))
+    >>> {text: [t.path for t in found] for text, found in expand_all(model, ["1.*", "0"]).items()}
+    {'1.*': ['1.0'], '0': ['0']}
+    """
     if isinstance(texts, str):
         texts = [texts]
     out: Dict[str, List[Target]] = {}

@@ -1,12 +1,9 @@
-"""``bcrecord run``, ``view`` and ``demo`` on torch programs, end to end through subprocesses.
+"""``bcrecord run`` and ``view`` on torch programs, end to end through subprocesses.
 
 Needs torch, safetensors and matplotlib (``pip install -e '.[torch,save,viz,test]'``).
 """
 
 import html.parser
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from urllib.parse import unquote
@@ -18,42 +15,9 @@ pytest.importorskip("safetensors")
 
 import bcrecord  # noqa: E402
 
+from ..commands import cli, one_clear_line, plain  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _env():
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
-    env.pop("PYTHONWARNINGS", None)
-    env.setdefault("OMP_NUM_THREADS", "1")
-    return env
-
-
-def cli(*args, cwd=None, timeout=300):
-    """``python -m bcrecord ARGS`` in a fresh interpreter."""
-    return subprocess.run(
-        [sys.executable, "-m", "bcrecord", *map(str, args)],
-        cwd=cwd,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def plain(*args, cwd=None):
-    """``python ARGS``, no bcrecord, for comparison."""
-    return subprocess.run(
-        [sys.executable, *map(str, args)], cwd=cwd, env=_env(), capture_output=True, text=True, timeout=300
-    )
-
-
-def one_clear_line(result):
-    assert result.returncode == 2, result
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("bcrecord: "), result.stderr
-    assert "Traceback" not in result.stderr + result.stdout
-    return lines[0]
 
 
 SCRIPT = """
@@ -217,29 +181,6 @@ def test_view_bad_input(tmp_path):
     (records / "plots").write_text("a file where the plots folder goes")
     assert "cannot write pictures to" in one_clear_line(cli("view", records))
     assert "no saved key matches" in one_clear_line(cli("view", records, "--no-plots", "--key", "zzz*"))
-
-
-def test_demo(tmp_path):
-    pytest.importorskip("matplotlib")
-    out = tmp_path / "demo"
-    result = cli("demo", "--out", out, "--steps", "2")
-    assert result.returncode == 0, result.stderr
-    text = result.stdout
-    before = next(line for line in text.splitlines() if "layer1.0:forward:out@1  out = self.bn1(out)" in line)
-    after = next(line for line in text.splitlines() if "layer1.0:forward:out@2  out = self.relu(out)" in line)
-    assert float(before.split("min")[1].split()[0]) < 0 <= float(after.split("min")[1].split()[0])
-    assert "picture(s) in" in text
-    pngs = list((out / "plots").glob("*.png"))
-    assert len(pngs) >= 20
-    assert bcrecord.load(out).steps(":forward:x@1") == [0, 1]
-    # A second run replaces the first; a folder the demo did not make is refused.
-    assert cli("demo", "--out", out, "--steps", "1", "--no-plots").returncode == 0
-    assert bcrecord.load(out).steps(":forward:x@1") == [0]
-    other = tmp_path / "mine"
-    other.mkdir()
-    (other / "keep.txt").write_text("mine")
-    assert "was not made by bcrecord demo" in one_clear_line(cli("demo", "--out", other))
-    assert (other / "keep.txt").exists()
 
 
 def test_tools_answer_help():

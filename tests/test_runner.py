@@ -1,0 +1,207 @@
+"""``bcrecord run`` (:mod:`bcrecord.runner`) on pure-Python programs, through subprocesses.
+
+Output, arguments and exit status pass through; records are saved and load back;
+every N-th value; flushing when the program fails; ``-m``; modules imported later;
+threads and unpicklable values; bad input stops the run before the program starts.
+"""
+
+import json
+import textwrap
+
+import pytest
+
+import bcrecord
+from bcrecord.runner import RunError, parse_target
+from bcrecord.specs import Local, Return
+
+from .commands import cli, one_clear_line, plain
+
+
+def test_parse_target_splits_module_path_and_spec():
+    target = parse_target("pkg.mod:Model.forward:x@[0,2]")
+    assert (target.module, target.path, target.qualname) == ("pkg.mod", ("Model", "forward"), "Model.forward")
+    assert target.spec == Local("x", (0, 2))
+    assert parse_target("m:f:return").spec == Return()
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("m:f", "needs three parts"),
+        (":f:x", "bad target ':f:x': expected 'package.module:Class.method:SPEC'"),
+        ("m::x", "bad target 'm::x'"),
+        ("m:f:x@one", "bad index in 'x@one'"),
+    ],
+)
+def test_parse_target_bad_input(text, words):
+    with pytest.raises(RunError) as caught:
+        parse_target(text)
+    assert words in str(caught.value)
+
+
+def test_run_passes_output_arguments_and_exit_status_through(project):
+    expected = plain("prog.py", "3", "--every", "x", cwd=project)
+    assert expected.returncode == 3
+    result = cli(
+        "run",
+        "-r",
+        "__main__:accumulate:acc",
+        "-r",
+        "helper:twice:y",
+        "prog.py",
+        "3",
+        "--every",
+        "x",
+        cwd=project,
+    )
+    assert result.returncode == 3, result.stderr
+    assert result.stdout == expected.stdout
+    assert "argv ['3', '--every', 'x']" in result.stdout
+    assert "tracing False" in result.stdout  # the trace that patches __main__ is gone by then
+    assert result.stderr.startswith(expected.stderr)
+    summary = result.stderr[len(expected.stderr) :]
+    assert "__main__:accumulate:acc@1  15" in summary  # 0+1+...+5 loop iterations
+    assert "helper:twice:y@0" in summary
+
+
+def test_run_saves_records_that_load_back(project, tmp_path):
+    out = tmp_path / "records"
+    result = cli(
+        "run",
+        "--record",
+        "prog:accumulate:return",
+        "--record",
+        "helper:Scaler.scale:out",
+        "--save-dir",
+        out,
+        "prog.py",
+        cwd=project,
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"saved 18 value(s) of 3 key(s) to {out}" in result.stderr
+    loaded = bcrecord.load(out)
+    assert loaded["__main__:accumulate:return"] == [0, 0, 1, 3, 6, 10]
+    assert loaded.steps("__main__:accumulate:return") == [0, 1, 2, 3, 4, 5]
+    assert loaded["Scaler:scale:out@0"] == [3 * k for k in range(6)]
+    assert loaded["Scaler:scale:out@1"] == [3 * k + 1 for k in range(6)]
+    index = json.loads((out / "index.json").read_text())
+    assert {"key", "step", "shape", "dtype", "device", "bytes", "time"} <= set(index["entries"][0])
+
+
+def test_run_every_nth_value(project, tmp_path):
+    out = tmp_path / "every"
+    result = cli("run", "-r", "helper:twice:y", "-o", out, "--every", "4", "prog.py", cwd=project)
+    assert result.returncode == 0, result.stderr
+    loaded = bcrecord.load(out)
+    assert loaded["helper:twice:y@0"] == [0, 8]
+    assert loaded.steps("helper:twice:y@0") == [0, 4]
+
+
+@pytest.mark.parametrize("how, status", [("raise", 1), ("message", 1), ("7", 7)])
+def test_run_flushes_when_the_program_fails(project, tmp_path, how, status):
+    out = tmp_path / how
+    expected = plain("prog.py", how, cwd=project)
+    result = cli("run", "-r", "helper:twice:y", "-o", out, "prog.py", how, cwd=project)
+    assert result.returncode == expected.returncode == status
+    assert result.stdout == expected.stdout
+    assert bcrecord.load(out)["helper:twice:y@0"] == [0, 2, 4, 6, 8, 10]
+    if how == "raise":
+        traceback = result.stderr.split("Traceback (most recent call last):\n", 1)[1]
+        assert "bcrecord" not in traceback.split("ValueError")[0]  # no frames of bcrecord or runpy
+        assert "runpy" not in traceback
+        assert 'prog.py", line' in traceback and "ValueError: the program failed" in traceback
+    if how == "message":
+        assert "fatal: stopped" in result.stderr
+
+
+def test_run_module_with_dash_m(project):
+    expected = plain("-m", "pkg.tool", "a", "-r", "b", cwd=project)
+    result = cli("run", "-r", "pkg.tool:main:joined", "-m", "pkg.tool", "a", "-r", "b", cwd=project)
+    assert result.returncode == expected.returncode == 3
+    assert result.stdout == expected.stdout == "A -R B\n"
+    assert "__main__:main:joined@0  1" in result.stderr
+
+
+def test_run_target_in_a_module_imported_later(project):
+    """json.decoder is not imported until the program imports json."""
+    (project / "usejson.py").write_text("import json\nprint(json.loads('[1, 2]'))\n")
+    result = cli("run", "-r", "json.decoder:JSONDecoder.decode:obj", "usejson.py", cwd=project)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "[1, 2]\n"
+    assert "JSONDecoder:decode:obj@0" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["-r", "helper:twice:nosuch", "prog.py"], "no assignment to a local named 'nosuch'"),
+        (["-r", "helper:nope:x", "prog.py"], "module helper never defines 'nope'"),
+        (["-r", "__main__:nope:x", "prog.py"], "prog.py never defines 'nope'"),
+        (["-r", "helper:twice:y@3", "prog.py"], "there is no index 3"),
+        (["-r", "helper:twice", "prog.py"], "needs three parts"),
+        (["-r", "helper:twice:y", "-n", "0", "prog.py"], "--every must be a positive integer"),
+        (["-r", "no_such_module_xyz:f:x", "prog.py"], "no module named 'no_such_module_xyz'"),
+        (["-r", "pkg.no_such:f:x", "prog.py"], "no module named 'pkg.no_such'"),
+        (["-r", "helper:twice:y", "no_such_script.py"], "no such file: 'no_such_script.py'"),
+        (["-r", "helper:twice:y", "-m", "no_such_module_xyz"], "no module named 'no_such_module_xyz'"),
+        (["-r", "helper:twice:y"], "no program given"),
+    ],
+)
+def test_run_bad_input(project, args, words):
+    result = cli("run", *args, cwd=project)
+    assert words in one_clear_line(result)
+    assert result.stdout == ""  # the program never started
+
+
+def test_run_unwritable_directory(project):
+    blocker = project / "a_file"
+    blocker.write_text("not a directory")
+    result = cli("run", "-r", "helper:twice:y", "--save-dir", blocker / "records", "prog.py", cwd=project)
+    assert f"cannot write records to {blocker / 'records'}" in one_clear_line(result)
+    assert result.stdout == ""
+
+
+def test_run_target_that_fails_when_applied(project):
+    """A target that passes the static check but not the real import stops the run, status 2."""
+    (project / "dyn.py").write_text("def make():\n    return 1\nbuilt = len\n")
+    (project / "usedyn.py").write_text("print('started')\nimport dyn\nprint('not reached')\n")
+    result = cli("run", "-r", "dyn:built:x", "usedyn.py", cwd=project)
+    assert result.returncode == 2
+    assert result.stdout == "started\n"
+    assert result.stderr.strip().splitlines() == [
+        "bcrecord: target 'dyn:built:x': len is a builtin or C function: it has no bytecode to patch"
+    ]
+
+
+def test_run_records_threads_and_unpicklable_values(project, tmp_path):
+    (project / "threads.py").write_text(
+        textwrap.dedent(
+            """
+            import threading
+            import helper
+
+            def make(n):
+                gen = (i for i in range(n))
+                return gen
+
+            workers = [threading.Thread(target=helper.twice, args=(k,)) for k in range(4)]
+            for w in workers:
+                w.start()
+            for w in workers:
+                w.join()
+            print(sum(make(3)))
+            """
+        )
+    )
+    out = tmp_path / "records"
+    result = cli(
+        "run", "-r", "helper:twice:y", "-r", "__main__:make:gen", "-o", out, "threads.py", cwd=project
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "3\n"
+    assert "__main__:make:gen@0: generator cannot be pickled (TypeError); saved its repr" in result.stderr
+    loaded = bcrecord.load(out)
+    assert sorted(loaded["helper:twice:y@0"]) == [0, 2, 4, 6]
+    assert loaded["__main__:make:gen@0"][0].startswith("<generator object")
+
+

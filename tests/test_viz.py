@@ -1,0 +1,73 @@
+"""The summary side of ``bcrecord view`` (:mod:`bcrecord.viz`) without matplotlib.
+
+Pictures need matplotlib and are tested with tensors in ``tests/torch/test_cli_torch.py``.
+"""
+
+import importlib.util
+import io
+
+import pytest
+
+import bcrecord
+from bcrecord.errors import BcrecordError
+from bcrecord.viz import KeySummary, summarize, table, view, write_index
+
+
+@pytest.fixture
+def saved(tmp_path):
+    folder = tmp_path / "records"
+    bcrecord.save({"m:f:x@0": [1, 5], "m:f:name@0": ["a"], "m:g:v@0": [[1.0, 2.0]]}, folder, step=0)
+    bcrecord.save({"m:f:x@0": [3]}, folder, step=4)
+    return folder
+
+
+def test_summarize_statistics_and_steps(saved):
+    by_key = {s.key: s for s in summarize(bcrecord.load(saved))}
+    x = by_key["m:f:x@0"]
+    assert (x.steps, x.min, x.mean, x.max, x.dtype, x.numeric) == ([0, 0, 4], 1.0, 3.0, 5.0, "int", True)
+    assert x.row()[1] == "3 (0..4)"  # steps that are not 0, 1, 2... show their range
+    assert not by_key["m:f:name@0"].numeric and by_key["m:f:name@0"].row()[4:] == ("-", "-", "-")
+    # Lists of numbers are summarized through numpy when it is installed.
+    numpy = importlib.util.find_spec("numpy") is not None
+    assert by_key["m:g:v@0"].dtype == "list" and by_key["m:g:v@0"].mean == (1.5 if numpy else None)
+    assert [s.key for s in summarize(bcrecord.load(saved), keys=["m:f:*"])] == ["m:f:x@0", "m:f:name@0"]
+
+
+def test_table_aligns_columns():
+    rows = table(
+        [
+            KeySummary("a:f:x@0", [0], [1.0], (), False, "float", 1.0, 1.0, 1.0),
+            KeySummary("a:f:longer@0", [0, 1], [[1, 2]], (2,), False, "int", 1.0, 1.5, 2.0),
+        ]
+    ).splitlines()
+    assert rows[0].split() == ["key", "steps", "shape", "dtype", "min", "mean", "max"]
+    assert rows[1].split() == ["a:f:x@0", "1", "scalar", "float", "1", "1", "1"]
+    assert rows[2].split() == ["a:f:longer@0", "2", "2", "int", "1", "1.5", "2"]
+    assert len({row.index("steps" if i == 0 else row.split()[1]) for i, row in enumerate(rows)}) == 1
+
+
+def test_view_prints_the_table_and_filters_keys(saved):
+    out = io.StringIO()
+    assert view(saved, plots=False, keys=["m:g:*"], out=out) == 0
+    lines = out.getvalue().splitlines()
+    assert lines[1].split()[0] == "m:g:v@0" and len(lines) == 2
+    assert not (saved / "plots").exists()
+
+
+def test_view_bad_input_changes_nothing(saved, tmp_path):
+    with pytest.raises(BcrecordError, match="no such directory"):
+        view(tmp_path / "missing", plots=False, out=io.StringIO())
+    with pytest.raises(BcrecordError, match="no saved key matches zz\\*; saved keys: m:f:x@0"):
+        view(saved, plots=False, keys=["zz*"], out=io.StringIO())
+    assert sorted(p.name for p in saved.iterdir()) == ["index.json", "records"]
+
+
+def test_write_index_links_every_key_and_escapes(tmp_path):
+    summaries = [
+        KeySummary("m:f:<x>@0", [0], [1.0], (), False, "float", 1.0, 1.0, 1.0),
+        KeySummary("m:f:s@0", [0], ["text"]),
+    ]
+    page = write_index(summaries, {"m:f:<x>@0": ["x 1.png"]}, tmp_path, "run <1>").read_text()
+    assert "<title>run &lt;1&gt;</title>" in page
+    assert 'href="#k0">m:f:&lt;x&gt;@0</a>' in page and 'src="x%201.png"' in page
+    assert "no picture: not a numeric value" in page  # the string key has none

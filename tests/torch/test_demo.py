@@ -1,0 +1,72 @@
+"""The demo (:mod:`bcrecord.demo`) and its model (:mod:`bcrecord.demo_model`).
+
+Needs torch, safetensors and matplotlib (``pip install -e '.[torch,save,viz,test]'``).
+"""
+
+import io
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("safetensors")
+
+import bcrecord  # noqa: E402
+from bcrecord.demo import TARGETS, run  # noqa: E402
+from bcrecord.demo_model import TinyResNet, example_images  # noqa: E402
+from bcrecord.errors import BcrecordError  # noqa: E402
+from bcrecord.torch import record  # noqa: E402
+
+from ..commands import cli, one_clear_line  # noqa: E402
+
+
+def test_demo_model_records_what_an_independent_computation_gives():
+    torch.manual_seed(0)
+    model = TinyResNet().eval()
+    images, labels = example_images(4)
+    assert images.shape == (4, 3, 32, 32) and labels.shape == (4,)
+    with torch.no_grad(), record(model, TARGETS) as rec:
+        logits = model(images)
+    with torch.no_grad():
+        bn = model.bn1(model.conv1(images))
+        block = model.layer1[0]
+        block_bn1 = block.bn1(block.conv1(torch.relu(bn)))
+    assert logits.shape == (4, 3)
+    assert torch.equal(rec[":forward:x@1"], bn)
+    assert torch.equal(rec[":forward:x@7"], logits)
+    assert torch.allclose(rec["layer1.0:forward:out@1"], block_bn1)
+    assert rec["layer1.0:forward:out@1"].min() < 0  # the batch norm output, before the in-place ReLU
+    assert torch.equal(rec["layer1.0:forward:out@2"], torch.relu(block_bn1))
+
+
+def test_run_in_process_reports_and_saves(tmp_path):
+    out = io.StringIO()
+    assert run(tmp_path / "demo", steps=2, plots=False, out=out) == 0
+    text = out.getvalue()
+    assert "The value before the in-place ReLU survived" in text
+    assert bcrecord.load(tmp_path / "demo").steps(":forward:x@1") == [0, 1]
+    with pytest.raises(BcrecordError, match="--steps must be at least 1"):
+        run(tmp_path / "other", steps=0, out=out)
+    assert not (tmp_path / "other").exists()
+
+
+def test_demo(tmp_path):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "demo"
+    result = cli("demo", "--out", out, "--steps", "2")
+    assert result.returncode == 0, result.stderr
+    text = result.stdout
+    before = next(line for line in text.splitlines() if "layer1.0:forward:out@1  out = self.bn1(out)" in line)
+    after = next(line for line in text.splitlines() if "layer1.0:forward:out@2  out = self.relu(out)" in line)
+    assert float(before.split("min")[1].split()[0]) < 0 <= float(after.split("min")[1].split()[0])
+    assert "picture(s) in" in text
+    pngs = list((out / "plots").glob("*.png"))
+    assert len(pngs) >= 20
+    assert bcrecord.load(out).steps(":forward:x@1") == [0, 1]
+    # A second run replaces the first; a folder the demo did not make is refused.
+    assert cli("demo", "--out", out, "--steps", "1", "--no-plots").returncode == 0
+    assert bcrecord.load(out).steps(":forward:x@1") == [0]
+    other = tmp_path / "mine"
+    other.mkdir()
+    (other / "keep.txt").write_text("mine")
+    assert "was not made by bcrecord demo" in one_clear_line(cli("demo", "--out", other))
+    assert (other / "keep.txt").exists()
