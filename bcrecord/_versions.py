@@ -21,7 +21,7 @@ import sys
 from dataclasses import dataclass
 from typing import Callable, FrozenSet, List, Optional, Sequence, Tuple, Union
 
-from bytecode import CellVar, FreeVar, Instr
+from bytecode import CellVar, FreeVar, Instr, Label
 
 from .errors import UnsupportedPythonError
 
@@ -102,6 +102,13 @@ class Table:
         _instr("ROT_THREE", None, loc),
         _instr("ROT_THREE", None, loc),
     ]
+    #: The conditional jump that pops its test (3.11 spells the direction), or None
+    #: where there is no exception table (3.10): inline probes are then unguarded.
+    pop_jump_if_false: Optional[str] = None
+    #: What follows a guarded probe. 3.13 looks up the handler of an error raised in
+    #: a callee at the code unit *before* the call, so a call right after the probe
+    #: would land in the probe's region: a NOP keeps them apart.
+    guard_exit: Callable[[object], Instrs] = lambda loc: []
 
     def load_probe(self, location: object) -> Instrs:
         """Push the probe as a callable (with its NULL slot where the version has one)."""
@@ -161,6 +168,28 @@ class Table:
             *self.call_method(1, location),
             _instr("POP_TOP", None, location),
         ]
+
+    def guard_handler(self, resume: Label, reraise: Label, location: object) -> List[Instr]:
+        """Handler code for a guarded probe: drop an ``Exception`` and go on at ``resume``.
+
+        Entered through the exception table with the exception on top of the stack
+        as it was when the probe began. Anything else (``KeyboardInterrupt``...)
+        jumps to ``reraise``, where :meth:`guard_reraise` raises it again.
+        """
+        if self.pop_jump_if_false is None:
+            raise NotImplementedError(f"Python {self.name} has no exception table to guard probes with")
+        return [
+            # A constant, not a global: the patched module may have its own ``Exception``.
+            _instr("LOAD_CONST", Exception, location),
+            _instr("CHECK_EXC_MATCH", None, location),
+            _instr(self.pop_jump_if_false, reraise, location),
+            _instr("POP_TOP", None, location),
+            _instr("JUMP_BACKWARD", resume, location),
+        ]
+
+    def guard_reraise(self, location: object) -> Instr:
+        """Raise the exception on top of the stack again, keeping its traceback."""
+        return _instr("RERAISE", 0, location)
 
     def load_local(self, name: str, cell: bool, location: object) -> Instr:
         """Push local ``name`` (from its cell when it is a cell variable)."""
@@ -287,6 +316,7 @@ def _311() -> Table:
         binary_op=_op_311,
         call_method=lambda n, loc: [_instr("PRECALL", n, loc), _instr("CALL", n, loc)],
         raise_over_method=_swap_up,
+        pop_jump_if_false="POP_JUMP_FORWARD_IF_FALSE",
     )
 
 
@@ -316,6 +346,7 @@ def _312() -> Table:
         load_method=lambda name, loc: _instr("LOAD_ATTR", (True, name), loc),
         call_method=lambda n, loc: [_instr("CALL", n, loc)],
         raise_over_method=_swap_up,
+        pop_jump_if_false="POP_JUMP_IF_FALSE",
     )
 
 
@@ -355,6 +386,8 @@ def _313() -> Table:
         load_method=lambda name, loc: _instr("LOAD_ATTR", (True, name), loc),
         call_method=lambda n, loc: [_instr("CALL", n, loc)],
         raise_over_method=_swap_up,
+        pop_jump_if_false="POP_JUMP_IF_FALSE",
+        guard_exit=lambda loc: [_instr("NOP", None, loc)],
     )
 
 

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from types import CodeType
 from typing import Dict, List, Sequence, Tuple
 
-from bytecode import FreeVar, Instr
+from bytecode import FreeVar, Instr, Label, TryBegin, TryEnd
 
 from . import _versions
 from .analysis import ProbePoint, consuming_calls, instructions
@@ -131,13 +131,94 @@ def code_objects(code: CodeType) -> List[CodeType]:
     return found
 
 
+@dataclass(frozen=True)
+class _Guarded:
+    """An inline probe to wrap in a handler that drops its failures (see :func:`_guard`)."""
+
+    instrs: Tuple[Instr, ...]
+    location: object
+
+
+def _guard(items: Sequence[object]) -> List[object]:
+    """Expand each :class:`_Guarded` probe into a try region whose handler drops an ``Exception``.
+
+    An inline probe runs C calls only, but CPython counts C calls against the
+    recursion limit too, so at exactly the limit a probe could raise
+    ``RecursionError`` where the original code did not. Its handler (placed after
+    the code; the normal path gains no instruction) drops such an error and resumes
+    right after the probe. Other exceptions (``KeyboardInterrupt``...) are
+    re-raised inside the region the probe sits in, so the code's own handlers see
+    them as before. Exception tables hold no nested regions: a probe inside one
+    closes it, and reopens a copy after itself.
+    """
+    table = _versions.current()
+    out: List[object] = []
+    handlers: List[Tuple[object, Label, Label, object]] = []
+    active: object = None  # the TryBegin open at this point of ``out``
+    for item in items:
+        if isinstance(item, TryBegin):
+            active = item
+            out.append(item)
+        elif isinstance(item, TryEnd):
+            # After a probe, what is open is a copy of ``item.entry``: close that.
+            out.append(TryEnd(active) if isinstance(active, TryBegin) else item)
+            active = None
+        elif isinstance(item, _Guarded):
+            handler, resume = Label(), Label()
+            ours = TryBegin(handler, push_lasti=False)
+            outer = active
+            if isinstance(outer, TryBegin):
+                out.append(TryEnd(outer))
+            out += [ours, *item.instrs, TryEnd(ours), resume]
+            if isinstance(outer, TryBegin):
+                active = _reopen(outer)
+                out.append(active)
+            out += table.guard_exit(item.location)
+            handlers.append((outer, handler, resume, item.location))
+        else:
+            out.append(item)
+    if isinstance(active, TryBegin):  # pragma: no cover - code never ends inside a region
+        out.append(TryEnd(active))
+    for outer, handler, resume, location in handlers:
+        reraise = Label()
+        out += [handler, *table.guard_handler(resume, reraise, location), reraise]
+        # Only the re-raise runs inside the probe's own region, so that the code's
+        # handlers see what they would have seen without the probe.
+        if isinstance(outer, TryBegin):
+            region = _reopen(outer)
+            out += [region, table.guard_reraise(location), TryEnd(region)]
+        else:
+            out.append(table.guard_reraise(location))
+    return _without_empty_regions(out)
+
+
+def _without_empty_regions(items: List[object]) -> List[object]:
+    """Drop try regions that cover no instruction (a probe right at a region's edge
+    leaves one); ``bytecode`` would encode them with a negative size."""
+    out: List[object] = []
+    for item in items:
+        if isinstance(item, TryEnd):
+            k = len(out) - 1
+            while k >= 0 and not isinstance(out[k], (Instr, TryBegin, TryEnd)):
+                k -= 1  # labels and line markers emit no code
+            if k >= 0 and out[k] is item.entry:
+                del out[k]
+                continue
+        out.append(item)
+    return out
+
+
+def _reopen(entry: TryBegin) -> TryBegin:
+    return TryBegin(entry.target, entry.push_lasti, stack_depth=entry.stack_depth)
+
+
 class _Edits:
     """Instructions to insert before/after, or to substitute for, given positions."""
 
     def __init__(self) -> None:
-        self.before: Dict[int, List[Instr]] = {}
-        self.after: Dict[int, List[Instr]] = {}
-        self.tail: Dict[int, List[Instr]] = {}  # after every probe at that position
+        self.before: Dict[int, List[object]] = {}
+        self.after: Dict[int, List[object]] = {}
+        self.tail: Dict[int, List[object]] = {}  # after every probe at that position
         self.replace: Dict[int, Instr] = {}
 
     def apply(self, items: Sequence[object]) -> List[object]:
@@ -187,15 +268,19 @@ def _rewrite_code(
 ) -> CodeType:
     table = _versions.current()
 
-    def probe(load: List[Instr], site: str, loc: object, extra: List[Instr]) -> List[Instr]:
-        if inline and not extra:
-            return table.append_probe(load, site, loc)
-        return table.call_probe(load, site, loc, extra)
+    guarded = inline and table.pop_jump_if_false is not None
 
-    def tee(site: str, loc: object, extra: List[Instr]) -> List[Instr]:
+    def probe(load: List[Instr], site: str, loc: object, extra: List[Instr]) -> List[object]:
         if inline and not extra:
-            return table.append_tee(site, loc)
-        return table.tee_probe(site, loc, extra)
+            instrs = table.append_probe(load, site, loc)
+            return [_Guarded(tuple(instrs), loc)] if guarded else list(instrs)
+        return list(table.call_probe(load, site, loc, extra))
+
+    def tee(site: str, loc: object, extra: List[Instr]) -> List[object]:
+        if inline and not extra:
+            instrs = table.append_tee(site, loc)
+            return [_Guarded(tuple(instrs), loc)] if guarded else list(instrs)
+        return list(table.tee_probe(site, loc, extra))
 
     bytecode = instructions(code)
     items = list(bytecode)
@@ -236,7 +321,7 @@ def _rewrite_code(
                 if point.method and pos not in edits.replace:
                     name = table.method_load(anchor)
                     edits.replace[pos] = table.plain_attr(str(name), anchor.location)
-                    edits.tail[pos] = table.method_stack(loc)
+                    edits.tail[pos] = list(table.method_stack(loc))
                     if table.method_call_fix:
                         old_call, new_call = table.method_call_fix
                         calls = consuming_calls(items, pos, slots=2)  # [method, self] slots
@@ -262,7 +347,7 @@ def _rewrite_code(
             else:  # pragma: no cover - ProbePoint kinds are fixed by analysis.resolve
                 raise ValueError(f"unknown probe kind {point.kind!r}")
 
-    bytecode[:] = edits.apply(items)
+    bytecode[:] = _guard(edits.apply(items)) if guarded else edits.apply(items)
     # Seed the variable order with the original's: otherwise bytecode numbers locals by
     # first use, which reorders co_varnames (and locals()) on 3.12+.
     bytecode.argnames = list(code.co_varnames)

@@ -4,11 +4,12 @@ import dis
 import subprocess
 import sys
 import textwrap
+import types
 
 import pytest
 
 import bcrecord
-from bcrecord import rewrite
+from bcrecord import _versions, rewrite, runtime
 from bcrecord._versions import PROBE_NAME, SINKS_NAME
 from bcrecord.analysis import read, resolve
 from bcrecord.specs import Local, Return, parse_all
@@ -38,7 +39,9 @@ def test_runtime_is_loaded_by_name_never_as_a_function_constant(style):
         return x
 
     code = probed(f, ["x", "return"])
-    assert not any(callable(c) for c in code.co_consts)
+    assert not any(isinstance(c, types.FunctionType) for c in code.co_consts)
+    # The only other callable constant: the class an inline probe's handler matches (3.11+).
+    assert {c for c in code.co_consts if callable(c)} <= {Exception}
     name = SINKS_NAME if style == "inline" else PROBE_NAME
     loads = [i for i in dis.get_instructions(code) if i.opname == "LOAD_GLOBAL"]
     assert [i.argval for i in loads] == [name, name]
@@ -180,3 +183,84 @@ def test_one_rewrite_for_many_binds():
     a, b = first.bind([1, 2]), first.bind([3, 4])
     assert a.co_code == b.co_code and a is not b
     assert {1, 2} <= set(a.co_consts) and {3, 4} <= set(b.co_consts)
+
+
+class _Failing:
+    """A sink whose append raises, standing in for a C call that fails at the recursion limit."""
+
+    def __init__(self, error):
+        self.error = error
+
+    def append(self, value):
+        raise self.error
+
+
+@pytest.mark.parametrize("style", ["inline"], indirect=True)
+def test_a_failing_inline_probe_is_dropped_and_interrupts_reach_the_code(style):
+    def f(a):
+        try:
+            x = a + 1
+            for k in range(2):
+                x = x * (k + 2)
+        except KeyboardInterrupt:
+            return "interrupted"
+        return x
+
+    guarded = _versions.current().pop_jump_if_false is not None  # 3.11+: an exception table
+    with bcrecord.patch_function(f, ["x", "return"]) as patch, bcrecord.recording() as rec:
+        sinks = runtime._context.get()  # this context's sinks list: item k is site k's sink
+        first, second, ret = patch._site_ids
+        sinks[first] = _Failing(RecursionError("maximum recursion depth exceeded"))
+        if guarded:
+            assert f(1) == 12  # the failure is dropped; the other probes still record
+            assert rec.all(patch.keys[1]) == [4, 12] and rec.all(patch.keys[2]) == [12]
+        else:  # 3.10: no exception table, the probe is unguarded (documented)
+            with pytest.raises(RecursionError):
+                f(1)
+        sinks[first] = _Failing(KeyboardInterrupt())
+        assert f(1) == "interrupted"  # re-raised where the code's own handler catches it
+        sinks[ret] = _Failing(KeyboardInterrupt())
+        sinks[first] = rec._sink(first).direct()
+        with pytest.raises(KeyboardInterrupt):  # outside any try: it leaves the function
+            f(1)
+
+
+class _Holder:
+    def __init__(self, inner):
+        self.inner = inner
+
+
+class _Inner:
+    @property
+    def bad(self):
+        raise KeyError("bad")
+
+
+def _fails(value):
+    raise ZeroDivisionError(value)
+
+
+def _errors_right_after_probes(a, holder):
+    caught = []
+    for _ in range(8):  # a few rounds, so that 3.13 specializes the call and the property
+        try:
+            _fails(a - 1)  # a probe on `-` ends right before the call
+        except ZeroDivisionError as error:
+            caught.append(error.args[0])
+        try:
+            caught.append(holder.inner.bad)  # a probe on `holder.inner` ends right before `.bad`
+        except KeyError as error:
+            caught.append(error.args[0])
+    return caught
+
+
+@pytest.mark.parametrize("style", ["inline", "call"], indirect=True)
+def test_an_error_right_after_a_probe_reaches_the_code_not_the_probe(style):
+    # 3.13 looks up the handler of an error raised in a callee (or a property) at the
+    # code unit before the call: it must not be the probe's.
+    expected = _errors_right_after_probes(5, _Holder(_Inner()))
+    patched = bcrecord.instrument(_errors_right_after_probes, ["-@0", "holder.inner@0"], name="e")
+    with bcrecord.recording() as rec:
+        assert patched(5, _Holder(_Inner())) == expected == [4, "bad"] * 8
+    assert rec.all("e:_errors_right_after_probes:-@0") == [4] * 8
+    assert len(rec.all("e:_errors_right_after_probes:holder.inner@0")) == 8

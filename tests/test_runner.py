@@ -203,5 +203,3 @@ def test_run_records_threads_and_unpicklable_values(project, tmp_path):
     loaded = bcrecord.load(out)
     assert sorted(loaded["helper:twice:y@0"]) == [0, 2, 4, 6]
     assert loaded["__main__:make:gen@0"][0].startswith("<generator object")
-
-
