@@ -169,6 +169,15 @@ class Table:
             _instr("POP_TOP", None, location),
         ]
 
+    @property
+    def guards_probes(self) -> bool:
+        """Whether inline probes get an exception-table handler (3.11+).
+
+        >>> current((3, 10)).guards_probes, current((3, 12)).guards_probes
+        (False, True)
+        """
+        return self.pop_jump_if_false is not None
+
     def guard_handler(self, resume: Label, reraise: Label, location: object) -> List[Instr]:
         """Handler code for a guarded probe: drop an ``Exception`` and go on at ``resume``.
 

@@ -268,7 +268,7 @@ def _rewrite_code(
 ) -> CodeType:
     table = _versions.current()
 
-    guarded = inline and table.pop_jump_if_false is not None
+    guarded = inline and table.guards_probes
 
     def probe(load: List[Instr], site: str, loc: object, extra: List[Instr]) -> List[object]:
         if inline and not extra:

@@ -206,7 +206,7 @@ def test_a_failing_inline_probe_is_dropped_and_interrupts_reach_the_code(style):
             return "interrupted"
         return x
 
-    guarded = _versions.current().pop_jump_if_false is not None  # 3.11+: an exception table
+    guarded = _versions.current().guards_probes  # 3.11+: an exception table
     with bcrecord.patch_function(f, ["x", "return"]) as patch, bcrecord.recording() as rec:
         sinks = runtime._context.get()  # this context's sinks list: item k is site k's sink
         first, second, ret = patch._site_ids
