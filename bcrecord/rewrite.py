@@ -270,16 +270,17 @@ def _rewrite_code(
 
     guarded = inline and table.guards_probes
 
+    def inline_probe(instrs: List[Instr], loc: object) -> List[object]:
+        return [_Guarded(tuple(instrs), loc)] if guarded else list(instrs)
+
     def probe(load: List[Instr], site: str, loc: object, extra: List[Instr]) -> List[object]:
         if inline and not extra:
-            instrs = table.append_probe(load, site, loc)
-            return [_Guarded(tuple(instrs), loc)] if guarded else list(instrs)
+            return inline_probe(table.append_probe(load, site, loc), loc)
         return list(table.call_probe(load, site, loc, extra))
 
     def tee(site: str, loc: object, extra: List[Instr]) -> List[object]:
         if inline and not extra:
-            instrs = table.append_tee(site, loc)
-            return [_Guarded(tuple(instrs), loc)] if guarded else list(instrs)
+            return inline_probe(table.append_tee(site, loc), loc)
         return list(table.tee_probe(site, loc, extra))
 
     bytecode = instructions(code)
