@@ -60,6 +60,7 @@ from typing import (
     Callable,
     Deque,
     Dict,
+    Generic,
     Iterable,
     Iterator,
     List,
@@ -122,6 +123,50 @@ class RecordError:
     error: BaseException
 
 
+class _WeakRegistry(Generic[T]):
+    """Objects held weakly, by identity: what a ``WeakSet`` does, in a plain dict.
+
+    Entering and leaving a recording adds to, removes from and walks these
+    registries, usually right after a model's native code has evicted the
+    interpreter from the CPU caches; there a ``WeakSet`` (its Python-level iterator
+    guard, ``add`` and ``discard``) costs tens of microseconds a call, a dict of weak
+    references a few.
+
+    >>> class Thing: pass
+    >>> registry, thing = _WeakRegistry(), Thing()
+    >>> registry.add(thing); registry.live() == [thing]
+    True
+    >>> del thing; registry.live()
+    []
+    """
+
+    __slots__ = ("_refs",)
+
+    def __init__(self) -> None:
+        self._refs: Dict[int, weakref.ReferenceType] = {}
+
+    def add(self, item: T) -> None:
+        key, refs = id(item), self._refs
+        found = refs.get(key)
+        if found is not None and found() is item:
+            return
+
+        def forget(dead: weakref.ReferenceType) -> None:  # collected without discard()
+            if refs.get(key) is dead:
+                refs.pop(key, None)
+
+        refs[key] = weakref.ref(item, forget)
+
+    def discard(self, item: T) -> None:
+        found = self._refs.get(id(item))
+        if found is not None and found() is item:
+            self._refs.pop(id(item), None)
+
+    def live(self) -> List[T]:
+        """The registered objects still alive (a snapshot: safe to change while walking)."""
+        return [item for item in [ref() for ref in tuple(self._refs.values())] if item is not None]
+
+
 # --- sites and sinks ---------------------------------------------------------
 #
 # Inserted code runs ``__bcrecord_sinks__.get()[site_id].append(value)``:
@@ -140,7 +185,7 @@ class RecordError:
 
 _SITES: Dict[int, Site] = {}
 #: Recordings that cache sinks of per-instance sites (see Recording._forget).
-_caching: weakref.WeakSet[Recording] = weakref.WeakSet()
+_caching: _WeakRegistry[Recording] = _WeakRegistry()
 # Re-entrant: a finalizer (release_sites, _unhold) may run from GC while the lock is held.
 _sites_lock = threading.RLock()
 #: Released ids that no live code reports with any more, for reuse.
@@ -241,7 +286,7 @@ class _FanOut:
             target.append(value)
 
 
-_routings: weakref.WeakSet[_Routing] = weakref.WeakSet()
+_routings: _WeakRegistry[_Routing] = _WeakRegistry()
 
 
 def register_sites(sites: Sequence[Site]) -> List[int]:
@@ -264,7 +309,7 @@ def register_sites(sites: Sequence[Site]) -> List[int]:
             ids.append(unrouted.site_id)
             _SITES[unrouted.site_id] = site
         _UNROUTED.extend(grown)
-        for routing in list(_routings):
+        for routing in _routings.live():
             routing.sinks.extend(grown)
             for unrouted in reused:
                 routing.sinks[unrouted.site_id] = unrouted
@@ -282,7 +327,7 @@ def release_sites(ids: Sequence[int]) -> None:
     """
     gone = set(ids)
     with _sites_lock:
-        routings = list(_routings)
+        routings = _routings.live()
         for site_id in gone:
             if _SITES.pop(site_id, None) is None:
                 continue
@@ -291,7 +336,7 @@ def release_sites(ids: Sequence[int]) -> None:
                 routing.sinks[site_id] = _NOWHERE
             if site_id not in _holders:
                 _free_ids.append(site_id)
-        for rec in list(_caching):
+        for rec in _caching.live():
             rec._forget(gone)
 
 
@@ -338,7 +383,7 @@ class Armable(Protocol):
     def disarm(self) -> None: ...  # pragma: no cover
 
 
-_armables: weakref.WeakSet[Armable] = weakref.WeakSet()
+_armables: _WeakRegistry[Armable] = _WeakRegistry()
 _active_count = 0
 _arm_lock = threading.RLock()
 
@@ -393,7 +438,7 @@ def _activate() -> None:
     with _arm_lock:
         _active_count += 1
         if _active_count == 1:
-            for item in list(_armables):
+            for item in _armables.live():
                 item.arm()
 
 
@@ -402,7 +447,7 @@ def _deactivate() -> None:
     with _arm_lock:
         _active_count -= 1
         if _active_count == 0:
-            for item in list(_armables):
+            for item in _armables.live():
                 item.disarm()
 
 
@@ -432,7 +477,7 @@ def register_copy(cls: type, policy: str, copier: Copier) -> None:
     for table in _copier_cache.values():
         table.clear()
     if policy == "none":  # values under 'none' may no longer go straight into their lists
-        for routing in list(_routings):
+        for routing in _routings.live():
             routing.reset()
 
 
@@ -679,6 +724,12 @@ class Recording:
             with _arm_lock:
                 _set_shared(tuple(r for r in _shared if r is not self))
         _deactivate()
+        # Cached sinks refer back to this recording; dropping them (no probe routes
+        # here any more) frees the recording and its values as soon as the user
+        # lets go of it, instead of at the next cyclic garbage collection.
+        with _sites_lock:
+            self._sinks.clear()
+            _caching.discard(self)
 
     # storing ---------------------------------------------------------------
 
@@ -714,7 +765,7 @@ class Recording:
     def _reroute(self) -> None:
         """Rebuild every route to this recording (after :meth:`clear`, or a subclass change)."""
         with _sites_lock:
-            for routing in list(_routings):
+            for routing in _routings.live():
                 if any(rec is self for rec in routing.recordings):
                     routing.reset()
             self._sinks.clear()

@@ -429,7 +429,7 @@ def test_a_copy_registered_for_none_stops_the_direct_path(monkeypatch):
     finally:
         runtime._copier_cache["none"].clear()
         monkeypatch.undo()
-        for routing in list(runtime._routings):
+        for routing in runtime._routings.live():
             routing.reset()
 
 
@@ -450,3 +450,31 @@ def test_what_bcrecord_puts_in_builtins_passes_the_checks_cpython_runs_on_builti
         if callable(obj) and not isinstance(obj, type):
             assert inspect.signature(obj).parameters
     assert not callable(getattr(builtins, SINKS_NAME))
+
+
+def test_a_finished_recording_is_freed_as_soon_as_it_is_dropped():
+    # Per-instance sinks are cached on the recording and refer back to it; the
+    # cache is dropped at exit, so values go when the user lets go, without waiting
+    # for the cyclic garbage collector (a feature extractor makes one per call).
+    import gc
+    import weakref
+
+    class Value:
+        pass
+
+    class Block:
+        def forward(self):
+            out = Value()
+            return out
+
+    gc.disable()
+    try:
+        with bcrecord.patch_method(Block, "forward", ["out"], name=lambda m: "b"):
+            with bcrecord.recording() as rec:
+                Block().forward()
+            value = weakref.ref(rec["b:forward:out@0"])
+            assert type(value()) is Value
+            del rec
+            assert value() is None
+    finally:
+        gc.enable()

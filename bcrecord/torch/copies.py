@@ -64,7 +64,15 @@ def clone(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.clone()
 
 
-register_copy(torch.Tensor, "clone", lambda t: clone(t.detach()))
+def _outside_graph(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` detached, skipping the op when it is outside autograd already.
+
+    Only for values that are cloned next: the clone is a new tensor either way.
+    """
+    return tensor.detach() if tensor.requires_grad else tensor
+
+
+register_copy(torch.Tensor, "clone", lambda t: clone(_outside_graph(t)))
 register_copy(torch.Tensor, "detach", lambda t: t.detach())
 register_copy(torch.Tensor, "deepcopy", lambda t: t.detach().clone())
 
@@ -111,8 +119,9 @@ def value_policy(
 
     def one(tensor: torch.Tensor) -> Any:
         if plain:  # the usual case, without the checks below
-            kept = tensor if grad else tensor.detach()
-            return clone(kept) if copy == "clone" else kept
+            if copy == "clone":
+                return clone(tensor if grad else _outside_graph(tensor))
+            return tensor if grad else tensor.detach()
         live = tensor
         if reduce is not None:
             tensor = reduce(tensor)

@@ -109,6 +109,8 @@ class FeatureExtractor(torch.nn.Module):
         self.eval_nodes = _normalise(model, eval_return_nodes if return_nodes is None else return_nodes)
         self.stop_early = stop_early
         self.options = options
+        self._run_options: Dict[str, Any] = {"keep": "all", "threads": "all"}
+        self._run_options.update((k, v) for k, v in options.items() if k in _RUN_OPTIONS)
         self._plans: Dict[bool, Tuple[Plan, List[Patch]]] = {}
 
     def _plan(self, training: bool) -> Tuple[Plan, List[Patch]]:
@@ -138,10 +140,7 @@ class FeatureExtractor(torch.nn.Module):
     def forward(self, *args: Any, **kwargs: Any) -> Dict[str, Any]:
         nodes = self.train_nodes if self.training else self.eval_nodes
         plan, patches = self._plan(self.training)
-        run_options = {k: v for k, v in self.options.items() if k in _RUN_OPTIONS}
-        run_options.setdefault("keep", "all")
-        run_options.setdefault("threads", "all")
-        with plan.running(patches, stop_after_last=self.stop_early, **run_options) as rec:
+        with plan.running(patches, stop_after_last=self.stop_early, **self._run_options) as rec:
             self.model(*args, **kwargs)
         out: Dict[str, Any] = {}
         missing = []

@@ -307,7 +307,7 @@ class Plan:
     ) -> Iterator[ModelRecording]:
         """One recording of ``patches``' values, with the targeted modules marked."""
         rec = ModelRecording(copy=self.copy, keep=keep, threads=threads, stop_after_last=stop_after_last)
-        rec.targets = {text: list(keys) for text, keys in self.keys.items()}
+        rec.targets = dict(self.keys)  # shallow: keys_of() hands out copies of the lists
         rec._only = {id(p) for p in patches}
         marked: List[torch.nn.Module] = []
         root_forward: Optional[Tuple[torch.nn.Module, Any]] = None

@@ -127,3 +127,24 @@ def test_extractor_patches_once_and_the_model_is_itself_between_calls():
 def test_extractor_rejects_unknown_options_at_once():
     with pytest.raises(TypeError, match="unknown option.*stop_after"):
         create_feature_extractor(SmallNet(), ["bn1"], stop_after_last=True)
+
+
+def test_a_call_leaves_nothing_for_the_cycle_collector():
+    # Each call makes a recording; it and its values must go by reference counting
+    # alone (they used to wait for the cyclic collector, holding the tensors).
+    import gc
+
+    net = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU())
+    extractor = create_feature_extractor(net, ["0", "1"])
+    extractor(torch.ones(1, 2))  # the first call patches
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(3):
+            feats = extractor(torch.ones(1, 2))
+        assert sorted(feats) == ["0", "1"]
+        del feats
+        assert gc.collect() == 0
+    finally:
+        gc.enable()
+        extractor.close()
