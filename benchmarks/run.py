@@ -1227,7 +1227,12 @@ def case_resnet(settings: Settings, model: nn.Module) -> Case:
             f"{spread(fx_gap)}; with record() entered once for the block instead of an extractor call, "
             f"its early stop is {spread(steady2_vs_fx2)} FX. Per call the extractor marks the module, "
             "wraps the root forward to catch the stop, enters a recording and unwinds the stop "
-            "exception through the model's frames.",
+            "exception through the model's frames. That work is small in instructions (callgrind, "
+            "16x16 input: 11.7M instructions a call against FX's 12.6M) but runs right after the "
+            "convolutions have evicted the interpreter from the CPU caches: entering and leaving "
+            "the recording takes 13 us back to back and about 100 us after a forward. Closing "
+            "it needs a per-call path that touches far less Python (fewer functions and objects), "
+            "not fewer instructions.",
         )
     )
     case.tables.append(memory_table(settings, case))
