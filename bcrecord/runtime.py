@@ -164,7 +164,7 @@ class _WeakRegistry(Generic[T]):
 
     def live(self) -> List[T]:
         """The registered objects still alive (a snapshot: safe to change while walking)."""
-        return [item for item in [ref() for ref in tuple(self._refs.values())] if item is not None]
+        return [item for ref in tuple(self._refs.values()) if (item := ref()) is not None]
 
 
 # --- sites and sinks ---------------------------------------------------------
