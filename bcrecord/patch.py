@@ -36,12 +36,21 @@ import inspect
 import threading
 import types
 import weakref
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, TypeVar, Union
+from typing import Any, Callable, Container, Dict, Iterable, List, Optional, Tuple, TypeVar, Union
 
 from .analysis import ProbePoint, Targets, read, resolve
 from .errors import NotPatchableError
 from .rewrite import code_objects, insert_probes
-from .runtime import Site, hold_sites, probe_visible_from, register_sites, release_sites, track, untrack
+from .runtime import (
+    Site,
+    hold_sites,
+    probe_visible_from,
+    refresh,
+    register_sites,
+    release_sites,
+    track,
+    untrack,
+)
 from .specs import Local, SpecLike, parse_all
 
 __all__ = ["Patch", "instrument", "patch_method", "patch_function", "record_locals", "targets"]
@@ -109,7 +118,8 @@ class _Slot:
 
     ``live`` is the function object that runs: a copy of ``base`` (or ``base``
     itself when patching in place). Its code is the original while no recording
-    is active and the probed code while one is (see :mod:`bcrecord.runtime`).
+    takes its patches, and otherwise the code with the probes of the patches the
+    active recordings take (see :mod:`bcrecord.runtime`).
     """
 
     def __init__(
@@ -126,6 +136,8 @@ class _Slot:
         self.probed = self.original_code
         self.armed = False
         self.key: Any = None
+        # Probed code for subsets of the patches (ids in slot order), built when armed.
+        self._subsets: Dict[Tuple[int, ...], types.CodeType] = {}
 
     def plan(self, patches: List[Patch]) -> types.CodeType:
         """Build the probed code for ``patches`` without changing anything.
@@ -144,17 +156,37 @@ class _Slot:
 
     def install(self, patches: List[Patch]) -> None:
         probed = self.plan(patches)
+        # A subset's code stays right while its patches stay (their site ids are fixed).
+        kept = {id(patch) for patch in patches}
+        self._subsets = {key: code for key, code in self._subsets.items() if kept.issuperset(key)}
         self.patches, self.probed = patches, probed
         if self.armed:
-            self.live.__code__ = probed
+            refresh(self)  # under the runtime's lock: a recording may be entering now
 
-    def arm(self) -> None:
+    def code_for(self, wanted: Optional[Container[int]]) -> types.CodeType:
+        """The code with the probes of the patches in ``wanted`` (by id; all when None)."""
+        if wanted is None:
+            return self.probed
+        chosen = tuple(id(patch) for patch in self.patches if id(patch) in wanted)
+        if len(chosen) == len(self.patches):
+            return self.probed
+        if not chosen:
+            return self.original_code
+        code = self._subsets.get(chosen)
+        if code is None:
+            code = self._subsets[chosen] = self.plan([p for p in self.patches if id(p) in chosen])
+        return code
+
+    def arm(self, wanted: Optional[Container[int]]) -> None:
         self.armed = True
-        self.live.__code__ = self.probed
+        code = self.code_for(wanted)
+        if self.live.__code__ is not code:
+            self.live.__code__ = code
 
     def disarm(self) -> None:
         self.armed = False
-        self.live.__code__ = self.original_code
+        if self.live.__code__ is not self.original_code:
+            self.live.__code__ = self.original_code
 
     def release(self) -> None:
         untrack(self)
@@ -162,6 +194,7 @@ class _Slot:
         for patch in self.patches:
             release_sites(patch._site_ids)
         self.patches = []
+        self._subsets = {}
 
 
 # Slots of live patches, keyed by where they are installed.

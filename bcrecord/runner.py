@@ -372,10 +372,7 @@ class _Stream(Recording):
 
     def take(self, patch: Patch) -> None:
         """Record the values of ``patch`` too."""
-        assert self._only is not None
-        self._only.add(id(patch))
-        # A patch made in another thread may have fired before this: routed nowhere then.
-        self._reroute()
+        self._take(patch)
 
     def counts(self) -> Dict[str, int]:
         """How many times each key fired (saved or not)."""

@@ -10,9 +10,11 @@ Four rules decide it:
   starts for you (``nn.DataParallel``'s replicas) still reach the recording that
   ran the forward. :func:`carry` runs a callable inside the caller's recordings.
 * **What an idle probe costs.** Nothing: a patched function runs its original code
-  object until some recording is entered anywhere in the process, and goes back
-  to it when the last one exits (patches are *armed* and *disarmed*). Calls that
-  started before a recording was entered run without probes.
+  object until some recording that takes its patch is entered anywhere in the
+  process, and goes back to it when the last such recording exits (patches are
+  *armed* and *disarmed*). A recording made with ``only`` arms just those patches,
+  so recorders that share a model (several extractors) do not run each other's
+  probes. Calls that started before a recording was entered run without probes.
 * **What a recorded value costs.** Inserted code runs
   ``__bcrecord_sinks__.get()[site_id].append(value)`` (:mod:`bcrecord.rewrite`): the
   context's *sinks list*, indexed by site id. Where the one recording that takes a
@@ -58,6 +60,7 @@ from dataclasses import dataclass, field
 from typing import (
     Any,
     Callable,
+    Container,
     Deque,
     Dict,
     Generic,
@@ -67,6 +70,7 @@ from typing import (
     Optional,
     Protocol,
     Sequence,
+    Set,
     Tuple,
     TypeVar,
     Union,
@@ -89,6 +93,7 @@ __all__ = [
     "register_sites",
     "release_sites",
     "track",
+    "refresh",
     "untrack",
     "is_active",
 ]
@@ -376,24 +381,35 @@ def _unhold(ids: Tuple[int, ...]) -> None:
 
 
 class Armable(Protocol):
-    """Something whose probes are switched in while any recording is active."""
+    """Something whose probes are switched in while a recording that takes them is active."""
 
-    def arm(self) -> None: ...  # pragma: no cover
+    def arm(self, wanted: Optional[Container[int]]) -> None:
+        """Switch in the probes of the patches whose ``id`` is in ``wanted``; all when None."""
 
-    def disarm(self) -> None: ...  # pragma: no cover
+    def disarm(self) -> None:
+        """Switch every probe out."""
 
 
 _armables: _WeakRegistry[Armable] = _WeakRegistry()
+#: Recordings active anywhere in the process.
 _active_count = 0
+#: Active recordings that take every patch (made without ``only``).
+_taking_all = 0
+#: For each patch (by id) that active recordings take with ``only``: how many take it.
+_wanted: Dict[int, int] = {}
 _arm_lock = threading.RLock()
 
 
+def _wanted_now() -> Optional[Container[int]]:
+    return None if _taking_all else _wanted
+
+
 def track(item: Armable) -> None:
-    """Arm ``item`` whenever a recording is active (now too, if one is).
+    """Arm ``item`` whenever a recording that takes its patches is active (now too).
 
     >>> class Switch:
     ...     on = False
-    ...     def arm(self): self.on = True
+    ...     def arm(self, wanted): self.on = True
     ...     def disarm(self): self.on = False
     >>> switch = Switch(); track(switch)
     >>> with recording():
@@ -405,7 +421,24 @@ def track(item: Armable) -> None:
     with _arm_lock:
         _armables.add(item)
         if _active_count:
-            item.arm()
+            item.arm(_wanted_now())
+
+
+def refresh(item: Armable) -> None:
+    """Arm or disarm ``item`` for the recordings active now (after its probes changed).
+
+    >>> class Switch:
+    ...     on = False
+    ...     def arm(self, wanted): self.on = True
+    ...     def disarm(self): self.on = False
+    >>> switch = Switch(); refresh(switch); switch.on
+    False
+    """
+    with _arm_lock:
+        if _active_count:
+            item.arm(_wanted_now())
+        else:
+            item.disarm()
 
 
 def untrack(item: Armable) -> None:
@@ -413,7 +446,7 @@ def untrack(item: Armable) -> None:
 
     >>> class Switch:
     ...     on = False
-    ...     def arm(self): self.on = True
+    ...     def arm(self, wanted): self.on = True
     ...     def disarm(self): self.on = False
     >>> switch = Switch(); track(switch); untrack(switch)
     >>> with recording():
@@ -433,22 +466,66 @@ def is_active() -> bool:
     return _active_count > 0
 
 
-def _activate() -> None:
-    global _active_count
+def _rearm() -> None:
+    """Give every armable the probes the active recordings take (none: the original code)."""
+    if not _active_count:
+        for item in _armables.live():
+            item.disarm()
+        return
+    wanted = _wanted_now()
+    for item in _armables.live():
+        item.arm(wanted)
+
+
+def _activate(only: Optional[Iterable[int]]) -> Optional[Set[int]]:
+    """A recording starts; ``only``: the ids of the patches it takes (None: every patch).
+
+    Returns the ids counted (for :func:`_deactivate`), None for every patch.
+    """
+    global _active_count, _taking_all
     with _arm_lock:
         _active_count += 1
-        if _active_count == 1:
-            for item in _armables.live():
-                item.arm()
+        ids = None if only is None else set(only)
+        if ids is None:
+            _taking_all += 1
+            changed = _taking_all == 1
+        else:
+            changed = _want(ids, 1)
+        if changed or _active_count == 1:
+            _rearm()
+        return ids
 
 
-def _deactivate() -> None:
-    global _active_count
+def _deactivate(ids: Optional[Set[int]]) -> None:
+    """A recording ends; ``ids`` as :func:`_activate` returned them."""
+    global _active_count, _taking_all
     with _arm_lock:
         _active_count -= 1
-        if _active_count == 0:
-            for item in _armables.live():
-                item.disarm()
+        if ids is None:
+            _taking_all -= 1
+            changed = _taking_all == 0
+        else:
+            changed = _want(ids, -1)
+        if changed or _active_count == 0:
+            _rearm()
+
+
+def _want(ids: Iterable[int], step: int) -> bool:
+    """Count recordings taking ``ids`` up (step 1) or down (-1).
+
+    True if that changes what is armed: a patch became wanted or stopped being
+    wanted while no recording takes every patch.
+    """
+    changed = False
+    for tag_id in ids:
+        count = _wanted.get(tag_id, 0) + step
+        if count > 0:
+            _wanted[tag_id] = count
+        else:
+            _wanted.pop(tag_id, None)
+        if count == (1 if step > 0 else 0):
+            changed = True
+    return changed and not _taking_all
 
 
 # --- copies ------------------------------------------------------------------
@@ -656,6 +733,10 @@ class Recording:
     (['m:f:x@0'], 30, [20, 30])
     """
 
+    #: Keep routes and cached sinks when leaving, to be entered again and again with
+    #: its values emptied in between (:meth:`_empty`); freed by the cycle collector.
+    _keeps_routes = False
+
     def __init__(
         self,
         copy: str = "clone",
@@ -683,6 +764,10 @@ class Recording:
         #: Per-instance sites' targets, by (site id, owner); other sites are routed per context.
         self._sinks: Dict[Tuple[int, str], Any] = {}
         self._only = None if only is None else {id(tag) for tag in only}
+        #: The routing kept across passes (``_keeps_routes``), reused while the context matches.
+        self._kept: Optional[_Routing] = None
+        #: The patch ids this recording armed while active with ``only`` (see :meth:`_take`).
+        self._armed_for: Optional[Set[int]] = None
         self._token: Optional[contextvars.Token] = None
         self._routing: Optional[_Routing] = None
         self._warned: set = set()
@@ -699,13 +784,22 @@ class Recording:
     def __enter__(self) -> Recording:
         if self._token is not None:
             raise RuntimeError("this recording is already active; make a new one to nest")
-        own = _context.get()[0].own + (self,)
-        self._routing = _Routing(own, own)
-        self._token = _context.set(self._routing.sinks)
+        outer = _context.get()[0].own
+        routing = self._kept
+        if routing is None or routing.own[:-1] != outer:
+            if routing is not None:  # entered in another context: the old routing is done
+                self._kept = None
+                routing.retire()
+            routing = _Routing(outer + (self,), outer + (self,))
+            if self._keeps_routes:
+                self._kept = routing
+        self._routing = routing
+        self._token = _context.set(routing.sinks)
         if self.threads == "all":
             with _arm_lock:
                 _set_shared(_shared + (self,))
-        _activate()
+        with _arm_lock:  # not between activating and noting it (see _take)
+            self._armed_for = _activate(self._only)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -718,18 +812,33 @@ class Recording:
         except ValueError:  # exited from another context: remove just this one
             own = tuple(r for r in _context.get()[0].own if r is not self)
             _context.set(_Routing(own, own).sinks if own else _default_routing.sinks)
-        if routing is not None:
+        if routing is not None and routing is not self._kept:
             routing.retire()
         if self.threads == "all":
             with _arm_lock:
                 _set_shared(tuple(r for r in _shared if r is not self))
-        _deactivate()
+        with _arm_lock:
+            armed, self._armed_for = self._armed_for, None
+            _deactivate(None if self._only is None else armed or set())
+        if self._keeps_routes:
+            return
         # Cached sinks refer back to this recording; dropping them (no probe routes
         # here any more) frees the recording and its values as soon as the user
         # lets go of it, instead of at the next cyclic garbage collection.
         with _sites_lock:
             self._sinks.clear()
             _caching.discard(self)
+
+    def _empty(self) -> None:
+        """Empty every list of values in place, for a recording entered once per call.
+
+        For recordings that keep their routes (``_keeps_routes``): the lists stay the
+        same objects, so the routes and cached sinks built in earlier passes stay
+        valid and the next pass does not rebuild them. Keys stay, with no values.
+        """
+        for values in list(self._data.values()):
+            values.clear()
+        self.errors.clear()
 
     # storing ---------------------------------------------------------------
 
@@ -761,6 +870,20 @@ class Recording:
             self._sinks[cache_key] = target
             _caching.add(self)
         return target
+
+    def _take(self, tag: Any) -> None:
+        """Take the values of ``tag``'s sites too (a recording made with ``only``), arming them."""
+        with _arm_lock:
+            if self._only is None or id(tag) in self._only:
+                return
+            self._only.add(id(tag))
+            armed = self._armed_for
+            if armed is not None and id(tag) not in armed:
+                armed.add(id(tag))
+                if _want((id(tag),), 1):
+                    _rearm()
+        # A site may have fired before this (in another thread): routed nowhere then.
+        self._reroute()
 
     def _reroute(self) -> None:
         """Rebuild every route to this recording (after :meth:`clear`, or a subclass change)."""

@@ -31,15 +31,16 @@ Cases:
    recorded every iteration; bcrecord vs a ``sys.settrace`` line recorder vs a
    ``sys.monitoring`` recorder (3.12+, n/a before) vs the hand-written floor.
    Then (1b) the same bcrecord loop once ``bcrecord.torch`` is imported, which
-   wraps the probe in ``torch.compiler.disable``: wrapped vs unwrapped probe.
+   installs a probe that Dynamo skips: that probe vs the core probe vs the core
+   probe wrapped in ``torch.compiler.disable`` (what bcrecord.torch installed before).
 2. **Idle cost.** ``core.case_idle``: patched with no recording active vs unpatched.
 3. **ToyModel (the MMEngine proposal's model).** ``outputs@0``, ``outputs@1`` and
    ``self.linear1.weight`` (at entry) recorded per forward of a 4x2 batch:
    bcrecord (``patch_method`` + ``recording()``) vs forward hooks collecting the
    same values vs a source-rewriting recorder built as the proposal describes
    (``inspect.getsource``, an ``ast`` transform, ``compile``, ``exec``; values
-   ``detach().clone()``-d) vs unpatched. Diagnostics: bcrecord with the probe not
-   wrapped in ``torch.compiler.disable``, and bcrecord patched but idle.
+   ``detach().clone()``-d) vs unpatched. Diagnostics: bcrecord with the core probe
+   instead of the torch layer's, and bcrecord patched but idle.
    Targets: bcrecord within 5% of the source rewrite, and faster than hooks.
 4. **resnet50** (torchvision, ``weights=None``, 1x3x64x64): the five stage outputs
    (``layer1``..``layer4``, ``avgpool``) by ``bcrecord.torch.create_feature_extractor``
@@ -285,7 +286,7 @@ class Case:
 
 
 def load_torch_layer() -> None:
-    """Import bcrecord.torch (tensor copies; it wraps the probe in torch.compiler.disable)."""
+    """Import bcrecord.torch (tensor copies; it installs a probe that Dynamo skips)."""
     importlib.import_module("bcrecord.torch")
 
 
@@ -450,7 +451,9 @@ def case_per_event(settings: Settings) -> Case:
         "and sys.monitoring recorders read `frame.f_locals` on each line event; the "
         "floor is the loop hand-written to `list.append(x)`. Ratios: variant / "
         "unpatched loop. Then (1b) the call spelling with the core probe against the probe "
-        "as `bcrecord.torch` installs it (wrapped in `torch.compiler.disable`).",
+        "as `bcrecord.torch` installs it (Dynamo skips it; inside compiled code it switches "
+        "Dynamo's frame evaluation off around the core probe), and the core probe wrapped in "
+        "`torch.compiler.disable`, which is what `bcrecord.torch` installed before.",
         printed=True,
     )
     started = time.perf_counter()
@@ -480,7 +483,7 @@ def case_per_event(settings: Settings) -> Case:
     case.tables.append(Table("loop", "variant / unpatched loop, same round", rows, log=True))
     case.targets.extend(captured.targets)
     costs: Dict[str, float] = {}
-    case.tables.append(wrapped_probe_table(settings, case, costs))
+    case.tables.append(torch_probe_table(settings, case, costs))
     unpatched = statistics.median(times[base])
     bc_ns = (statistics.median(times[bc]) - unpatched) / n
     for target in case.targets:
@@ -510,8 +513,8 @@ def loop_with_call(n: int) -> int:
     return x
 
 
-def wrapped_probe_table(settings: Settings, case: Case, costs: Dict[str, float]) -> Table:
-    """1b: the core loop recorded with the probe as bcrecord.torch installs it, and without.
+def torch_probe_table(settings: Settings, case: Case, costs: Dict[str, float]) -> Table:
+    """1b: the core loop recorded with the probe as bcrecord.torch installs it, and others.
 
     Fills ``costs`` with ns per event of the core probe and of a no-op call, and the no-op
     call loop's ratio to the plain loop.
@@ -520,7 +523,8 @@ def wrapped_probe_table(settings: Settings, case: Case, costs: Dict[str, float])
     load_torch_layer()
 
     name = PROBE_NAME
-    wrapped_probe = getattr(builtins, name)
+    torch_probe = getattr(builtins, name)
+    disabled_probe = torch.compiler.disable(raw_probe, recursive=True)
     n = settings.wrap_n
     instrumented = bcrecord.instrument(core.loop, "x", name="wrap")
     state: Dict[str, Any] = {}
@@ -535,7 +539,7 @@ def wrapped_probe_table(settings: Settings, case: Case, costs: Dict[str, float])
     def leave() -> None:
         rec = state.pop("rec")
         rec.__exit__(None, None, None)
-        setattr(builtins, name, wrapped_probe)
+        setattr(builtins, name, torch_probe)
         if len(rec.all("wrap:loop:x@0")) != n:
             raise RuntimeError("the 1b loop did not record every iteration")
 
@@ -545,28 +549,32 @@ def wrapped_probe_table(settings: Settings, case: Case, costs: Dict[str, float])
     names = {
         "plain": "unpatched loop",
         "raw": "bcrecord, probes as calls, core probe",
-        "wrapped": "bcrecord, probe wrapped by bcrecord.torch (compiler.disable)",
+        "torch": "bcrecord, probe as bcrecord.torch installs it",
+        "disabled": "diagnostic: core probe wrapped in torch.compiler.disable",
         "call": "diagnostic: a no-op Python call per iteration, no recording",
     }
     variants = [
         Variant(names["plain"], lambda: None if core.loop(n) else None),
         Variant(names["raw"], run, enter(raw_probe), leave),
-        Variant(names["wrapped"], run, enter(wrapped_probe), leave),
+        Variant(names["torch"], run, enter(torch_probe), leave),
+        Variant(names["disabled"], run, enter(disabled_probe), leave),
         Variant(names["call"], lambda: None if loop_with_call(n) else None),
     ]
     try:
         times = interleave(variants, settings.core_rounds)
     finally:
-        setattr(builtins, name, wrapped_probe)
+        setattr(builtins, name, torch_probe)
 
     def per_event(key: str) -> float:
         return (statistics.median(times[names[key]]) - statistics.median(times[names["plain"]])) / n
 
     case.notes.append(
         "1b: once torch is imported, new patches spell probes as calls of __bcrecord_probe__, "
-        "which importing bcrecord.torch wraps in torch.compiler.disable; the wrapper adds about "
-        f"{per_event('wrapped') - per_event('raw'):.0f} ns per recorded event (differences of medians, "
-        "context only), to torch and non-torch functions alike. "
+        "which importing bcrecord.torch replaces with a probe Dynamo skips; in eager code it adds "
+        f"about {per_event('torch') - per_event('raw'):.0f} ns per recorded event to the core probe, "
+        "and the torch.compiler.disable wrapper it replaces adds "
+        f"{per_event('disabled') - per_event('raw'):.0f} ns (differences of medians, context only), "
+        "to torch and non-torch functions alike. "
         f"The core probe, called, adds {per_event('raw'):.0f} ns per event, of which a bare Python call "
         f"with two arguments is {per_event('call'):.0f} ns."
     )
@@ -575,9 +583,18 @@ def wrapped_probe_table(settings: Settings, case: Case, costs: Dict[str, float])
     per = f" ns/iteration (n={n})"
     rows = [
         ratio_row(times, names[key], names["plain"], f"{statistics.median(times[names[key]]) / n:.1f}" + per)
-        for key in ("plain", "raw", "wrapped", "call")
+        for key in ("plain", "raw", "torch", "disabled", "call")
     ]
-    rows.append(Row("wrapped probe / core probe", ratios(times, names["wrapped"], names["raw"]), chart=False))
+    rows.append(
+        Row("torch-layer probe / core probe", ratios(times, names["torch"], names["raw"]), chart=False)
+    )
+    rows.append(
+        Row(
+            "compiler.disable wrapper / core probe",
+            ratios(times, names["disabled"], names["raw"]),
+            chart=False,
+        )
+    )
     return Table(
         "1b. per-event cost with bcrecord.torch imported", "variant / unpatched loop, same round", rows
     )
@@ -780,8 +797,8 @@ def case_toy(settings: Settings) -> Case:
         "proposal's per-call prologue `import copy` + fetch the sink; `compile`, `exec`, bound as "
         "`model.forward`); unpatched. Every variant keeps every value (bcrecord's default "
         "`keep='all'`, `copy='clone'`), checked against a reference after each block. "
-        "Diagnostics: bcrecord with the core probe instead of the `torch.compiler.disable` "
-        "wrapper `bcrecord.torch` installs, and bcrecord patched but idle.",
+        "Diagnostics: bcrecord with the core probe instead of the probe `bcrecord.torch` "
+        "installs, and bcrecord patched but idle.",
     )
     started = time.perf_counter()
     load_torch_layer()
@@ -820,7 +837,7 @@ def case_toy(settings: Settings) -> Case:
         return run
 
     probe_name = PROBE_NAME
-    wrapped_probe = getattr(builtins, probe_name)
+    torch_probe = getattr(builtins, probe_name)
     state: Dict[str, Any] = {}
 
     def enter_recording(probe: Optional[Callable[..., None]] = None) -> Callable[[], None]:
@@ -834,7 +851,7 @@ def case_toy(settings: Settings) -> Case:
     def leave_recording() -> None:
         rec = state.pop("rec")
         rec.__exit__(None, None, None)
-        setattr(builtins, probe_name, wrapped_probe)
+        setattr(builtins, probe_name, torch_probe)
         _check_values("bcrecord", {k: rec.all(k) for k in rec.keys()}, expected, calls)
 
     def enter_store() -> None:
@@ -853,7 +870,7 @@ def case_toy(settings: Settings) -> Case:
         "bcrecord": "bcrecord patch_method + recording()",
         "hooks": "forward hooks (2 hooks + 1 pre-hook, detach().clone())",
         "source": "source rewrite, proposal-style (getsource/ast/exec)",
-        "raw": "diagnostic: bcrecord, core probe (no compiler.disable wrap)",
+        "raw": "diagnostic: bcrecord, core probe (not the torch layer's)",
         "idle": "diagnostic: bcrecord patched, no recording active",
     }
     variants = [
@@ -875,7 +892,7 @@ def case_toy(settings: Settings) -> Case:
     try:
         times = interleave(variants, settings.toy_rounds)
     finally:
-        setattr(builtins, probe_name, wrapped_probe)
+        setattr(builtins, probe_name, torch_probe)
         patch.remove()
     base_name = names["unpatched"]
     rows = [ratio_row(times, v.name, base_name, median_time(times, v.name, "/forward")) for v in variants]
@@ -895,31 +912,30 @@ def case_toy(settings: Settings) -> Case:
     def med(key: str) -> float:
         return statistics.median(times[names[key]])
 
-    wrap_cost = (med("bcrecord") - med("raw")) / 3
+    probe_cost = (med("bcrecord") - med("raw")) / 3
     overhead = {key: med(key) - med("unpatched") for key in ("bcrecord", "raw", "hooks", "source")}
     case.notes.append(
         "Added time per forward over unpatched (medians, context only): "
         + ", ".join(f"{key} {fmt_time(value)}" for key, value in overhead.items())
-        + f"; the compiler.disable wrapper accounts for about {fmt_time(wrap_cost)} per probe "
-        "(3 probes per forward)."
+        + f"; the torch layer's probe costs about {fmt_time(probe_cost)} more than the core probe, "
+        "per probe (3 probes per forward)."
     )
     measured = (
-        f"Measured in this run: with the core probe (no torch.compiler.disable wrapper) the same bcrecord "
+        f"Measured in this run: with the core probe the same bcrecord "
         f"patch is {raw_vs_source.median:.3f}x the source rewrite (IQR {raw_vs_source.q1:.3f}-"
-        f"{raw_vs_source.q3:.3f}) and {raw_vs_hooks.median:.3f}x the hooks; the wrapper that "
-        f"bcrecord.torch puts around the probe (it resets Dynamo's eval-frame callback on every call) "
-        f"costs about {fmt_time(wrap_cost)} per probe, 3 probes per forward. "
+        f"{raw_vs_source.q3:.3f}) and {raw_vs_hooks.median:.3f}x the hooks; the probe "
+        f"bcrecord.torch installs (it switches Dynamo's frame evaluation off on every call) "
+        f"costs about {fmt_time(probe_cost)} more per probe, 3 probes per forward. "
     )
     if raw_vs_source.median <= 1.05 and raw_vs_hooks.median < 1.0:
         why_wrap = measured + (
-            "So the wrapper is the gap. What would close it: a plain Python probe that calls the "
-            "disabled wrapper only when torch.compiler.is_compiling() is true (only while Dynamo traces "
-            "it, so the graph break still lands on the wrapper) and the core probe otherwise; then "
-            "rerun this case."
+            "So the torch layer's probe is the gap. What would close it: a probe that leaves "
+            "Dynamo's frame evaluation alone when it is already off (eager code), saving the call "
+            "into the core probe; then rerun this case."
         )
     else:
         why_wrap = measured + (
-            "Even without the wrapper the probe's own work (context lookup, sink, copier lookup, "
+            "Even with the core probe, its own work (context lookup, sink, copier lookup, "
             "clone) is above the inline code the source rewrite compiles in: see the added times "
             "above. What would close it: profile __bcrecord_probe__ on this model (cProfile of the "
             "bcrecord variant) and take the per-call lookups out of the hot path."
@@ -1188,8 +1204,8 @@ def case_resnet(settings: Settings, model: nn.Module) -> Case:
         f"Measured here: the extractor (planned once, a recording per call, clones) is "
         f"{spread(full_vs_unpatched)} unpatched and {spread(full_vs_hooks)} hooks; record() entered once "
         f"for the block is {spread(steady_vs_unpatched)} unpatched and {spread(steady_vs_hooks)} hooks. "
-        "What remains per forward is the probes at the stage returns (each through the "
-        "torch.compiler.disable-wrapped probe, an owner lookup, value_policy) and entering one recording."
+        "What remains per forward is the probes at the stage returns (each through the torch "
+        "layer's probe, an owner lookup, value_policy) and entering one recording."
     )
     case.targets.append(
         Target(
@@ -1226,13 +1242,16 @@ def case_resnet(settings: Settings, model: nn.Module) -> Case:
             f"Measured here: bcrecord's early stop is {spread(floor_gap)} the hand-written prefix, FX's "
             f"{spread(fx_gap)}; with record() entered once for the block instead of an extractor call, "
             f"its early stop is {spread(steady2_vs_fx2)} FX. Per call the extractor marks the module, "
-            "wraps the root forward to catch the stop, enters a recording and unwinds the stop "
-            "exception through the model's frames. That work is small in instructions (callgrind, "
+            "enters a recording (arming only its own patches), and unwinds the stop exception "
+            "through the model's frames. That work is small in instructions (callgrind, "
             "16x16 input: 11.7M instructions a call against FX's 12.6M) but runs right after the "
-            "convolutions have evicted the interpreter from the CPU caches: entering and leaving "
-            "the recording takes 13 us back to back and about 100 us after a forward. Closing "
-            "it needs a per-call path that touches far less Python (fewer functions and objects), "
-            "not fewer instructions.",
+            "convolutions have evicted the interpreter from the CPU caches, where each small Python "
+            "step costs microseconds: after a 32 MB write that evicts everything, a call on a tiny "
+            "model spends about 70 us entering and leaving, and its forward up to layer2 takes about "
+            "60 us more than calling the two layers directly (the root module's call, two probes, the "
+            "first value of a site in a fresh recording building its sink, and the stop). "
+            "Closing it needs a per-call path that touches far less Python (a recording reused "
+            "across calls, with its sinks), not fewer instructions.",
         )
     )
     case.tables.append(memory_table(settings, case))
@@ -1709,7 +1728,8 @@ def case_compile(settings: Settings) -> Case:
             float(breaks),
             "<= 3",
             breaks <= 3,
-            "Each probe is a torch.compiler.disable call, one graph break per site by design.",
+            "Dynamo skips the probe (as it does a torch.compiler.disable call): one graph break per "
+            "site by design.",
             unit="",
             origin="bcrecord.torch docstring",
         )

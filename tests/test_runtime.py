@@ -452,6 +452,40 @@ def test_what_bcrecord_puts_in_builtins_passes_the_checks_cpython_runs_on_builti
     assert not callable(getattr(builtins, SINKS_NAME))
 
 
+def test_a_recording_that_keeps_its_routes_is_entered_pass_after_pass():
+    # What a feature extractor does per call: enter, record, empty the lists in place.
+    # Routes and per-instance sinks are built in the first pass only.
+    from bcrecord import runtime
+
+    class Reused(runtime.Recording):
+        _keeps_routes = True
+
+    class Block:
+        def forward(self, x):
+            out = x * 2
+            return out
+
+    calls = []
+    with bcrecord.patch_method(Block, "forward", ["out"], name=lambda m: calls.append(1) or "b") as patch:
+        rec = Reused(copy="none", only=[patch])
+        kept, cached = [], []
+        for x in (1, 2, 3):
+            with rec:
+                Block().forward(x)
+                Block().forward(x + 10)
+            assert rec.all("b:forward:out@0") == [2 * x, 2 * (x + 10)]
+            kept.append(rec._kept)
+            cached.append(dict(rec._sinks))
+            rec._empty()
+        assert rec.all("b:forward:out@0") == [] and not rec.active
+        assert kept[0] is kept[1] is kept[2] and cached[0] == cached[2]
+        assert len(calls) == 6 and not is_active()
+        with bcrecord.recording() as outer, rec:  # another context's recordings: a new routing
+            Block().forward(5)
+        assert rec._kept is not kept[0] and rec["b:forward:out@0"] == 10 == outer["b:forward:out@0"]
+    assert rec._sinks == {}  # the patch is gone: its sites were forgotten
+
+
 def test_a_finished_recording_is_freed_as_soon_as_it_is_dropped():
     # Per-instance sinks are cached on the recording and refer back to it; the
     # cache is dropped at exit, so values go when the user lets go, without waiting

@@ -18,9 +18,9 @@ torch.Size([1, 3])
 * :func:`list_targets` — every recordable target per submodule.
 
 Tensor values are detached clones by default (see :mod:`bcrecord.torch.copies`).
-Under ``torch.compile`` the probe runs outside the graph (it is wrapped with
-``torch.compiler.disable`` once this package is imported), so compiled models
-record correctly, with one graph break per probe site.
+Under ``torch.compile`` the probe runs outside the graph (once this package is
+imported, Dynamo skips it and everything it calls, as ``torch.compiler.disable``
+would), so compiled models record correctly, with one graph break per probe site.
 """
 
 from __future__ import annotations
@@ -53,17 +53,39 @@ def _probe_outside_dynamo() -> None:
     """Make torch.compile call the probe eagerly, with everything it calls.
 
     Tracing into the probe would turn its bookkeeping into graph side effects (and
-    lose values on the first compiled call); skipping only the probe's own frame
-    would still let Dynamo compile the copy functions it calls. The public
-    ``torch.compiler.disable`` wrapper (recursive) roughly doubles the probe's eager
-    cost (about 0.3-0.5 us more per recorded value, measured in
-    benchmarks/RESULTS.md case 1b), small beside any module's forward.
+    lose values on the first compiled call), and letting Dynamo compile the frames
+    the probe calls (copies, reduce functions) would run them on fake tensors. So
+    the probe installed here is marked for Dynamo to skip (a graph break at each
+    probe site, never inlined), and switches Dynamo's frame evaluation off around
+    the core probe when it runs inside compiled code. That is what the public
+    ``torch.compiler.disable`` wrapper does too, but its Python (stance and export
+    checks) runs on every recorded value: measured in benchmarks/RESULTS.md case
+    1b, and after a forward has evicted the interpreter from the CPU caches it cost
+    tens of microseconds per extractor call. The wrapper remains the fallback where
+    torch lacks the pieces used here.
     """
     import builtins
 
-    setattr(
-        builtins, _runtime.PROBE_NAME, torch.compiler.disable(_runtime.__bcrecord_probe__, recursive=True)
-    )
+    core = _runtime.__bcrecord_probe__
+    try:
+        from torch._C._dynamo.eval_frame import set_eval_frame
+        from torch._dynamo.decorators import skip
+    except ImportError:  # pragma: no cover - depends on the torch build
+        setattr(builtins, _runtime.PROBE_NAME, torch.compiler.disable(core, recursive=True))
+        return
+    no_instance = _runtime._NO_INSTANCE
+
+    def __bcrecord_probe__(value: object, site_id: int, instance: object = no_instance) -> None:
+        prior = set_eval_frame(None)
+        if prior is None:  # eager: nothing to switch back on
+            core(value, site_id, instance)
+            return
+        try:
+            core(value, site_id, instance)
+        finally:
+            set_eval_frame(prior)
+
+    setattr(builtins, _runtime.PROBE_NAME, skip(__bcrecord_probe__))
 
 
 _probe_outside_dynamo()

@@ -25,7 +25,7 @@ import torch
 from ..errors import SpecError
 from ..patch import Patch
 from ..patch import targets as function_targets
-from .record import Plan, remove_all
+from .record import ModelRecording, Pass, Plan, StopForward, remove_all
 from .targets import expand, unwrap
 
 __all__ = ["FeatureExtractor", "create_feature_extractor", "list_targets", "TargetList"]
@@ -111,23 +111,28 @@ class FeatureExtractor(torch.nn.Module):
         self.options = options
         self._run_options: Dict[str, Any] = {"keep": "all", "threads": "all"}
         self._run_options.update((k, v) for k, v in options.items() if k in _RUN_OPTIONS)
-        self._plans: Dict[bool, Tuple[Plan, List[Patch]]] = {}
+        self._plans: Dict[bool, Tuple[Plan, List[Patch], List[ModelRecording]]] = {}
+        # The model's mode, as torchvision's extractor starts; train() would set every submodule.
+        self.training = model.training
 
-    def _plan(self, training: bool) -> Tuple[Plan, List[Patch]]:
+    def _plan(self, training: bool) -> Tuple[Plan, List[Patch], List[ModelRecording]]:
+        """The plan, patches and idle recordings of one mode (made at its first call)."""
         found = self._plans.get(training)
         if found is None:
             nodes = self.train_nodes if training else self.eval_nodes
             plan_options = {k: v for k, v in self.options.items() if k in _PLAN_OPTIONS}
             plan = Plan(self.model, list(nodes), **plan_options)
             patches = plan.patch()
-            found = self._plans[training] = (plan, patches)
+            # Recordings between calls, reused so their routes and sinks are built once;
+            # one per call running at the same time.
+            found = self._plans[training] = (plan, patches, [])
             # Not a method: the finalizer must not keep the extractor alive.
             weakref.finalize(self, remove_all, patches)
         return found
 
     def close(self) -> None:
         """Remove the patches now (the next call patches again). Idempotent."""
-        for _, patches in self._plans.values():
+        for _, patches, _ in self._plans.values():
             remove_all(patches)
         self._plans.clear()
 
@@ -138,18 +143,32 @@ class FeatureExtractor(torch.nn.Module):
         return state
 
     def forward(self, *args: Any, **kwargs: Any) -> Dict[str, Any]:
-        nodes = self.train_nodes if self.training else self.eval_nodes
-        plan, patches = self._plan(self.training)
-        with plan.running(patches, stop_after_last=self.stop_early, **self._run_options) as rec:
-            self.model(*args, **kwargs)
-        out: Dict[str, Any] = {}
-        missing = []
-        for target, name in nodes.items():
-            values = [v for key in rec.keys_of(target) for v in (rec.all(key) if key in rec else [])]
-            if not values:
-                missing.append(target)
-            else:
-                out[name] = values[0] if len(values) == 1 else values
+        training = self.training
+        plan, patches, idle = self._plan(training)
+        try:
+            rec = idle.pop()
+        except IndexError:  # first call, or every recording is in a call in another thread
+            rec = plan.recording_for(
+                patches, stop_after_last=self.stop_early, reused=True, **self._run_options
+            )
+        try:
+            rec.start_pass()
+            with Pass(plan, rec, stop_at_root=False):
+                try:
+                    self.model(*args, **kwargs)
+                except StopForward:  # every target has its value
+                    pass
+            out: Dict[str, Any] = {}
+            missing = []
+            for target, name in (self.train_nodes if training else self.eval_nodes).items():
+                values = [v for key in plan.keys[target] if key in rec for v in rec.all(key)]
+                if not values:
+                    missing.append(target)
+                else:
+                    out[name] = values[0] if len(values) == 1 else values
+        finally:
+            rec._empty()  # the values are the caller's now; the extractor keeps none
+            idle.append(rec)
         if missing:
             raise RuntimeError(f"this forward pass never reached {missing}")
         return out

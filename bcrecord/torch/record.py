@@ -122,7 +122,8 @@ class ModelRecording(Recording):
 
     def __init__(self, *, stop_after_last: bool = False, **options: Any) -> None:
         super().__init__(**options)
-        self.targets: Dict[str, List[str]] = {}
+        #: Keys each target string produced (shared with the plan: read, never changed).
+        self.targets: Mapping[str, List[str]] = {}
         self._stop = stop_after_last
         self._needed: frozenset = frozenset()
         self._seen: Set[str] = set()
@@ -196,27 +197,47 @@ def _one_site_specs(spec: Spec, code: types.CodeType, qualname: str) -> List[Tup
     return out
 
 
-def _mark(module: torch.nn.Module, path: str) -> bool:
-    """Put the path marker on ``module``; True if this call added it."""
+def _mark_all(marks: Sequence[Tuple[torch.nn.Module, _PathMark]]) -> List[torch.nn.Module]:
+    """Put each path marker on its module; returns the modules marked (all of them).
+
+    A module already marked by another recording of the same path is counted, not
+    marked again. Raises, marking nothing, if a module has a foreign attribute
+    under the marker's name.
+    """
+    done: List[torch.nn.Module] = []
     with _marks_lock:
-        count = _mark_counts.get(id(module), 0)
-        current = module.__dict__.get(_MARK)
-        if count and type(current) is _PathMark:
-            _mark_counts[id(module)] = count + 1
-            return False
-        if _MARK in module.__dict__ and type(current) is not _StalePath:
-            raise TargetError(f"{type(module).__name__} at {path!r} already has an attribute {_MARK!r}")
-        module.__dict__[_MARK] = _PathMark(path)
-        _mark_counts[id(module)] = 1
-        return True
+        try:
+            for module, mark in marks:
+                attrs = module.__dict__
+                count = _mark_counts.get(id(module), 0)
+                current = attrs.get(_MARK)
+                if count and type(current) is _PathMark:
+                    _mark_counts[id(module)] = count + 1
+                elif _MARK in attrs and type(current) is not _StalePath:
+                    raise TargetError(
+                        f"{type(module).__name__} at {str(mark)!r} already has an attribute {_MARK!r}"
+                    )
+                else:
+                    attrs[_MARK] = mark
+                    _mark_counts[id(module)] = 1
+                done.append(module)
+        except BaseException:
+            _unmark_locked(done)
+            raise
+    return done
 
 
-def _unmark(module: torch.nn.Module) -> None:
+def _unmark_all(modules: Sequence[torch.nn.Module]) -> None:
     with _marks_lock:
+        _unmark_locked(modules)
+
+
+def _unmark_locked(modules: Sequence[torch.nn.Module]) -> None:
+    for module in modules:
         count = _mark_counts.get(id(module), 0) - 1
         if count > 0:
             _mark_counts[id(module)] = count
-            return
+            continue
         _mark_counts.pop(id(module), None)
         if type(module.__dict__.get(_MARK)) is _PathMark:
             del module.__dict__[_MARK]
@@ -287,6 +308,10 @@ class Plan:
         for (cls, method, path), specs in grad_specs.items():
             self.specs[(cls, method, frozenset([path]))].extend(specs)
         self.needed = frozenset(k for keys in self.keys.values() for k in keys if not k.endswith(".grad"))
+        #: ``keys``, read-only, for recordings to share.
+        self.keys_view: Mapping[str, List[str]] = types.MappingProxyType(self.keys)
+        #: A marker per targeted submodule, made once (see the module docstring).
+        self.marks = [(module, _PathMark(path)) for path, module in self.modules.items()]
 
     def patch(self) -> List[Patch]:
         """Apply one in-place patch per group; all or none."""
@@ -301,32 +326,88 @@ class Plan:
             raise
         return patches
 
-    @contextlib.contextmanager
+    def recording_for(
+        self,
+        patches: Sequence[Patch],
+        *,
+        keep: Union[str, int],
+        threads: str,
+        stop_after_last: bool,
+        reused: bool = False,
+    ) -> ModelRecording:
+        """A recording of ``patches``' values; ``reused``: one made to run pass after pass.
+
+        A reused recording keeps its routes when it exits; between passes call its
+        ``_empty()`` (see :class:`~bcrecord.torch.FeatureExtractor`).
+        """
+        kind = _ReusedRecording if reused else ModelRecording
+        rec = kind(copy=self.copy, keep=keep, threads=threads, stop_after_last=stop_after_last, only=patches)
+        rec.targets = self.keys_view
+        if stop_after_last:
+            rec._needed = self.needed
+        return rec
+
     def running(
-        self, patches: Sequence[Patch], *, keep: Union[str, int], threads: str, stop_after_last: bool
-    ) -> Iterator[ModelRecording]:
-        """One recording of ``patches``' values, with the targeted modules marked."""
-        rec = ModelRecording(copy=self.copy, keep=keep, threads=threads, stop_after_last=stop_after_last)
-        rec.targets = dict(self.keys)  # shallow: keys_of() hands out copies of the lists
-        rec._only = {id(p) for p in patches}
-        marked: List[torch.nn.Module] = []
-        root_forward: Optional[Tuple[torch.nn.Module, Any]] = None
+        self,
+        patches: Sequence[Patch],
+        *,
+        keep: Union[str, int],
+        threads: str,
+        stop_after_last: bool,
+    ) -> Pass:
+        """One recording of ``patches``' values, with the targeted modules marked.
+
+        With ``stop_after_last``, the model's ``forward`` returns None once every
+        target is recorded.
+        """
+        rec = self.recording_for(patches, keep=keep, threads=threads, stop_after_last=stop_after_last)
+        return Pass(self, rec, stop_after_last)
+
+
+class _ReusedRecording(ModelRecording):
+    """A model recording entered once per extractor call (routes kept between calls)."""
+
+    _keeps_routes = True
+
+
+class Pass:
+    """One pass of ``rec`` over the model: targeted modules marked while it is active.
+
+    With ``stop_at_root``, the model's ``forward`` catches :class:`StopForward` and
+    returns None; otherwise the caller catches it (the extractor calls the model
+    itself). A class rather than a generator: it runs once per extractor call.
+    """
+
+    __slots__ = ("plan", "rec", "stop_at_root", "marked", "root_forward")
+
+    def __init__(self, plan: Plan, rec: ModelRecording, stop_at_root: bool) -> None:
+        self.plan, self.rec, self.stop_at_root = plan, rec, stop_at_root
+        self.marked: List[torch.nn.Module] = []
+        self.root_forward: Optional[Tuple[torch.nn.Module, Any]] = None
+
+    def __enter__(self) -> ModelRecording:
+        plan, rec = self.plan, self.rec
+        self.marked = _mark_all(plan.marks)
         try:
-            for path, module in self.modules.items():
-                _mark(module, path)
-                marked.append(module)
-            if stop_after_last:
-                rec._needed = self.needed
-                root_forward = _stop_at_root(self.model, rec)
-            self.recording = rec
-            with rec:
-                yield rec
+            if self.stop_at_root:
+                self.root_forward = _stop_at_root(plan.model, rec)
+            plan.recording = rec
+            rec.__enter__()
+        except BaseException:
+            self.__exit__()
+            raise
+        return rec
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.rec.__exit__()
         finally:
-            self.recording = None  # the plan outlives the pass; its values must not
-            if root_forward is not None:
-                _restore_root(*root_forward)
-            for module in marked:
-                _unmark(module)
+            self.plan.recording = None  # the plan outlives the pass; its values must not
+            if self.root_forward is not None:
+                _restore_root(*self.root_forward)
+                self.root_forward = None
+            _unmark_all(self.marked)
+            self.marked = []
 
 
 def remove_all(patches: Sequence[Patch]) -> None:

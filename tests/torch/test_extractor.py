@@ -30,8 +30,13 @@ def test_list_form_and_globs_and_train_eval_nodes():
     feats = create_feature_extractor(net, ["blocks.*"])(torch.randn(1, 3, 4, 4))
     assert list(feats) == ["blocks.0", "blocks.1", "blocks.2"]
     both = create_feature_extractor(net, train_return_nodes=["bn1"], eval_return_nodes=["fc"])
+    # Starts in the model's mode, as torchvision's does, without changing the model.
+    assert not both.training and list(both(torch.randn(1, 3, 4, 4))) == ["fc"]
     assert list(both.eval()(torch.randn(1, 3, 4, 4))) == ["fc"]
     assert list(both.train()(torch.randn(2, 3, 4, 4))) == ["bn1"]
+    mixed = SmallNet().train()
+    mixed.bn1.eval()
+    assert create_feature_extractor(mixed, ["fc"]).training and not mixed.bn1.training
 
 
 def test_early_stop_by_default_and_full_forward_on_request():
@@ -101,10 +106,10 @@ def test_extractor_patches_once_and_the_model_is_itself_between_calls():
     slots_before = len(patch_module._slots)
     extractor = create_feature_extractor(net, ["bn1", "blocks.2"])
     first = extractor(x)
-    patches = [p for _, ps in extractor._plans.values() for p in ps]
+    patches = [p for _, ps, _ in extractor._plans.values() for p in ps]
     assert patches and all(p.active for p in patches)
     second = extractor(x)
-    assert [p for _, ps in extractor._plans.values() for p in ps] == patches  # planned once
+    assert [p for _, ps, _ in extractor._plans.values() for p in ps] == patches  # planned once
     for feats in (first, second):
         assert torch.allclose(feats["bn1"], expected["bn1"], atol=1e-6)
         assert torch.allclose(feats["blocks.2"], expected["blocks.2"], atol=1e-5)
@@ -148,3 +153,35 @@ def test_a_call_leaves_nothing_for_the_cycle_collector():
     finally:
         gc.enable()
         extractor.close()
+
+
+def test_extractors_sharing_a_model_run_only_their_own_probes():
+    import dis
+
+    def probes(code):
+        return sum(
+            1
+            for ins in dis.get_instructions(code)
+            if ins.opname == "LOAD_GLOBAL" and str(ins.argval).startswith("__bcrecord_")
+        )
+
+    net = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU(), torch.nn.Linear(3, 1))
+    first = create_feature_extractor(net, ["0"], stop_early=False)
+    second = create_feature_extractor(net, ["2"], stop_early=False)
+    x = torch.ones(1, 2)
+    first(x), second(x)  # both have patched Linear.forward now
+    seen = []
+    handle = net[0].register_forward_pre_hook(
+        lambda m, a: seen.append(probes(torch.nn.Linear.forward.__code__))
+    )
+    try:
+        with torch.no_grad():
+            got = first(x)["0"], second(x)["2"]
+            with bcrecord.recording():  # a recording taking every patch arms both
+                first(x)
+    finally:
+        handle.remove()
+        first.close(), second.close()
+    assert seen == [1, 1, 2]
+    assert torch.allclose(got[0], net[0](x)) and torch.allclose(got[1], net(x))
+    assert probes(torch.nn.Linear.forward.__code__) == 0
