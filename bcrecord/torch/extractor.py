@@ -38,6 +38,12 @@ def _normalise(model: torch.nn.Module, nodes: Optional[ReturnNodes]) -> Dict[str
     if nodes is None:
         raise SpecError("return_nodes is required: module paths or targets, as a list or a dict")
     out: Dict[str, str] = {}
+    for target in [nodes] if isinstance(nodes, str) else nodes:
+        if isinstance(target, str) and target.strip().endswith(".grad"):
+            raise SpecError(
+                f"{target!r}: an extractor returns its values when the forward ends, before any "
+                "gradient exists; record gradients with bcrecord.torch.record()"
+            )
     if isinstance(nodes, Mapping):
         for target, name in nodes.items():
             concrete = expand(model, target)
@@ -69,13 +75,15 @@ class FeatureExtractor(torch.nn.Module):
 
     The first call in each mode (train / eval) resolves the targets and patches the
     model's classes, in place; later calls reuse that and only mark the targeted
-    modules and enter a recording. A patched method runs its original code
-    whenever no recording is active, and records only the marked modules, so the
-    model behaves as before between calls. :meth:`close` (or garbage collection of
-    the extractor) removes the patches; resolve again after changing the model's
-    structure by making a new extractor. Gradient targets (``'.grad'``) store into
-    the recording of the call in progress, so with them, call one extractor from
-    one thread at a time.
+    modules and enter a recording, itself reused from call to call (its routes to
+    the probes are built once; its values are handed over and dropped each call).
+    A patched method runs its original code whenever no recording takes its patch,
+    and records only the marked modules, so the model behaves as before between
+    calls. :meth:`close` (or garbage collection of the extractor) removes the
+    patches; resolve again after changing the model's structure by making a new
+    extractor. The extractor starts in the model's train / eval mode. Gradient targets (``'.grad'``) are
+    refused: a call returns when its forward ends, before any gradient exists
+    (record them with :func:`bcrecord.torch.record`).
 
     >>> import torch
     >>> net = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU(), torch.nn.Linear(3, 1))

@@ -185,3 +185,10 @@ def test_extractors_sharing_a_model_run_only_their_own_probes():
     assert seen == [1, 1, 2]
     assert torch.allclose(got[0], net[0](x)) and torch.allclose(got[1], net(x))
     assert probes(torch.nn.Linear.forward.__code__) == 0
+
+
+def test_gradient_targets_are_refused_with_the_reason():
+    net = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Tanh(), torch.nn.Linear(3, 1))
+    for nodes in ({"0:forward:return.grad": "h"}, ["2", "0:forward:return.grad"]):
+        with pytest.raises(bcrecord.SpecError, match="before any gradient exists"):
+            create_feature_extractor(net, nodes)
