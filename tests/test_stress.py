@@ -2,6 +2,8 @@
 
 * Eight threads, each with its own recording, call one patched function at once:
   every recording holds exactly its own thread's values, none lost, none foreign.
+* Threads whose recordings take different patches of one function (``only``)
+  each see their own call, however the others arm and disarm meanwhile.
 * 10,000 ``patch_method``/``remove`` cycles on a class do not grow memory
   (``tracemalloc``: after 1,000 cycles versus after 10,000).
 * 1,000 recorded calls whose values are large lists, with ``keep='last'``, hold
@@ -122,6 +124,32 @@ def test_threads_entering_and_leaving_recordings_never_miss_their_own_call(fast_
     for n in range(THREADS):
         assert seen[n] == [[2 * (n * 10_000 + i) + 1] for i in range(cycles)]
     assert not bcrecord.runtime.is_active()
+
+
+def test_threads_arming_different_patches_of_one_function_each_see_their_own(fast_switching):
+    """Recordings made with ``only`` arm just their patch; others enter and leave meanwhile."""
+    patches = [bcrecord.patch_function(doubled, ["out@1"], name=f"p{k}") for k in range(4)]
+    cycles = 500
+    seen: Dict[int, List[List[int]]] = {}
+
+    def churn(n: int) -> None:
+        mine = patches[n % len(patches)]
+        got = seen.setdefault(n, [])
+        for i in range(cycles):
+            only = [mine] if i % 5 else None  # now and then a recording that takes every patch
+            with bcrecord.recording(copy="none", only=only) as rec:
+                doubled(n * 10_000 + i)
+            got.append(rec.all(f"p{n % len(patches)}:doubled:out@1"))
+
+    try:
+        _run_threads(churn)
+    finally:
+        for patch in patches:
+            patch.remove()
+    for n in range(THREADS):
+        assert seen[n] == [[2 * (n * 10_000 + i) + 1] for i in range(cycles)]
+    assert not bcrecord.runtime.is_active() and bcrecord.runtime._wanted == {}
+    assert doubled.__code__ is patches[0].original_code
 
 
 class Layer:

@@ -192,3 +192,41 @@ def test_gradient_targets_are_refused_with_the_reason():
     for nodes in ({"0:forward:return.grad": "h"}, ["2", "0:forward:return.grad"]):
         with pytest.raises(bcrecord.SpecError, match="before any gradient exists"):
             create_feature_extractor(net, nodes)
+
+
+def test_threads_calling_one_extractor_each_get_their_own_values():
+    import sys
+    import threading
+
+    torch.manual_seed(0)
+    net = SmallNet().eval()
+    extractor = create_feature_extractor(net, ["bn1", "blocks.1"])
+    inputs = [torch.randn(1, 3, 8, 8) for _ in range(4)]
+    expected = [reference_smallnet(net, x) for x in inputs]
+    errors, barrier = [], threading.Barrier(len(inputs))
+
+    def worker(n):
+        try:
+            barrier.wait()
+            for _ in range(30):
+                feats = extractor(inputs[n])
+                assert torch.allclose(feats["bn1"], expected[n]["bn1"], atol=1e-6)
+                assert torch.allclose(feats["blocks.1"], expected[n]["blocks.1"], atol=1e-5)
+        except BaseException as error:
+            errors.append(error)
+
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=worker, args=(n,)) for n in range(len(inputs))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert errors == []
+    (_, _, idle) = extractor._plans[False]
+    assert 1 <= len(idle) <= len(inputs)  # one recording per call running at once, reused
+    assert all("_bcrecord_path" not in m.__dict__ for m in net.modules())
+    extractor.close()
