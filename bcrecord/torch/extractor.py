@@ -81,9 +81,9 @@ class FeatureExtractor(torch.nn.Module):
     and records only the marked modules, so the model behaves as before between
     calls. :meth:`close` (or garbage collection of the extractor) removes the
     patches; resolve again after changing the model's structure by making a new
-    extractor. The extractor starts in the model's train / eval mode. Gradient targets (``'.grad'``) are
-    refused: a call returns when its forward ends, before any gradient exists
-    (record them with :func:`bcrecord.torch.record`).
+    extractor. The extractor starts in the model's train / eval mode. Gradient
+    targets (``'.grad'``) are refused: a call returns when its forward ends, before
+    any gradient exists (record them with :func:`bcrecord.torch.record`).
 
     >>> import torch
     >>> net = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU(), torch.nn.Linear(3, 1))
