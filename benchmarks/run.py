@@ -1247,11 +1247,12 @@ def case_resnet(settings: Settings, model: nn.Module) -> Case:
             "16x16 input: 11.7M instructions a call against FX's 12.6M) but runs right after the "
             "convolutions have evicted the interpreter from the CPU caches, where each small Python "
             "step costs microseconds: after a 32 MB write that evicts everything, a call on a tiny "
-            "model spends about 70 us entering and leaving, and its forward up to layer2 takes about "
-            "60 us more than calling the two layers directly (the root module's call, two probes, the "
-            "first value of a site in a fresh recording building its sink, and the stop). "
-            "Closing it needs a per-call path that touches far less Python (a recording reused "
-            "across calls, with its sinks), not fewer instructions.",
+            "model spends about 55 us entering and leaving (70 us before extractors reused their "
+            "recordings and armed only their own patches), and its forward up to layer2 takes about "
+            "50 us more than calling the two layers directly (the root module's call, two probes and "
+            "the stop). Closing the rest needs a per-call path with far fewer Python steps than "
+            "entering a general recording (context, routing, arming, marking), or probes in C; "
+            "fewer instructions alone do not help.",
         )
     )
     case.tables.append(memory_table(settings, case))
