@@ -9,6 +9,7 @@ import bcrecord
 from bcrecord import NotPatchableError, SpecError, TargetError, UnsupportedPythonError, _versions, rewrite
 
 from . import corpus
+from .code_checks import probes_in
 
 
 class Block:
@@ -188,32 +189,21 @@ def test_idle_patched_function_runs_the_original_code():
         assert obj.forward.__func__.__code__ is patch.original_code
 
 
-def _probes_in(code):
-    """How many inserted probes ``code`` has (each loads one of bcrecord's names)."""
-    import dis
-
-    return sum(
-        1
-        for ins in dis.get_instructions(code)
-        if ins.opname == "LOAD_GLOBAL" and str(ins.argval).startswith("__bcrecord_")
-    )
-
-
 def test_a_recording_with_only_arms_just_the_patches_it_takes():
     obj = Block()
     first = bcrecord.patch_method(obj, "forward", "out@0", name="first")
     second = bcrecord.patch_method(obj, "forward", ["out@1", "return"], name="second")
     live = obj.forward.__func__
     try:
-        assert _probes_in(first.code) == 3
+        assert probes_in(first.code) == 3
         with bcrecord.recording(only=[first]) as outer:
-            assert _probes_in(live.__code__) == 1
+            assert probes_in(live.__code__) == 1
             with bcrecord.recording() as inner:  # takes every patch: all armed
                 assert live.__code__ is first.code
                 obj.forward(1)
-            assert _probes_in(live.__code__) == 1
+            assert probes_in(live.__code__) == 1
             with bcrecord.recording(only=[second]):
-                assert _probes_in(live.__code__) == 3
+                assert probes_in(live.__code__) == 3
             outer._take(second)  # taken while active (bcrecord run's patches made on import)
             assert live.__code__ is first.code
             obj.forward(2)
@@ -221,7 +211,7 @@ def test_a_recording_with_only_arms_just_the_patches_it_takes():
         assert inner.keys() == ["first:forward:out@0", "second:forward:out@1", "second:forward:return"]
         assert outer.all("first:forward:out@0") == [2, 3] and outer.all("second:forward:return") == [6]
         with bcrecord.recording(only=[second]) as rec:
-            assert _probes_in(live.__code__) == 2
+            assert probes_in(live.__code__) == 2
             obj.forward(1)
         assert rec.keys() == ["second:forward:out@1", "second:forward:return"]
     finally:

@@ -6,6 +6,7 @@ import torch
 import bcrecord
 from bcrecord.torch import create_feature_extractor, list_targets
 
+from ..code_checks import probes_in
 from .models import Gated, SmallNet, reference_smallnet
 
 
@@ -156,15 +157,6 @@ def test_a_call_leaves_nothing_for_the_cycle_collector():
 
 
 def test_extractors_sharing_a_model_run_only_their_own_probes():
-    import dis
-
-    def probes(code):
-        return sum(
-            1
-            for ins in dis.get_instructions(code)
-            if ins.opname == "LOAD_GLOBAL" and str(ins.argval).startswith("__bcrecord_")
-        )
-
     net = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU(), torch.nn.Linear(3, 1))
     first = create_feature_extractor(net, ["0"], stop_early=False)
     second = create_feature_extractor(net, ["2"], stop_early=False)
@@ -172,7 +164,7 @@ def test_extractors_sharing_a_model_run_only_their_own_probes():
     first(x), second(x)  # both have patched Linear.forward now
     seen = []
     handle = net[0].register_forward_pre_hook(
-        lambda m, a: seen.append(probes(torch.nn.Linear.forward.__code__))
+        lambda m, a: seen.append(probes_in(torch.nn.Linear.forward.__code__))
     )
     try:
         with torch.no_grad():
@@ -184,7 +176,7 @@ def test_extractors_sharing_a_model_run_only_their_own_probes():
         first.close(), second.close()
     assert seen == [1, 1, 2]
     assert torch.allclose(got[0], net[0](x)) and torch.allclose(got[1], net(x))
-    assert probes(torch.nn.Linear.forward.__code__) == 0
+    assert probes_in(torch.nn.Linear.forward.__code__) == 0
 
 
 def test_gradient_targets_are_refused_with_the_reason():
