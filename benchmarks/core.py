@@ -140,6 +140,8 @@ def ratios(times: dict[str, list[float]], numerator: str, denominator: str) -> S
 
 
 def _format_time(ns: float) -> str:
+    if ns < 0:  # a difference of medians can be negative
+        return "-" + _format_time(-ns)
     if ns >= 1e6:
         return f"{ns / 1e6:.2f} ms"
     if ns >= 1e3:
