@@ -36,7 +36,19 @@ import inspect
 import threading
 import types
 import weakref
-from typing import Any, Callable, Container, Dict, Iterable, List, Optional, Tuple, TypeVar, Union
+from typing import (
+    Any,
+    Callable,
+    Container,
+    Dict,
+    Iterable,
+    List,
+    Optional,
+    Sequence,
+    Tuple,
+    TypeVar,
+    Union,
+)
 
 from .analysis import ProbePoint, Targets, read, resolve
 from .errors import NotPatchableError
@@ -314,6 +326,47 @@ def _attach(
         release_sites(patch._site_ids)
         raise
     return patch
+
+
+def remove_all(patches: Sequence[Patch]) -> None:
+    """Remove ``patches``, last first.
+
+    >>> class Net:
+    ...     def forward(self, x):
+    ...         return x
+    >>> original = Net.forward
+    >>> remove_all([patch_method(Net, "forward", "return")]); Net.forward is original
+    True
+    """
+    for patch in reversed(patches):
+        patch.remove()
+
+
+def remove_soon(patches: Sequence[Patch]) -> None:
+    """:func:`remove_all` for finalizers: now if no other thread is patching, else just after.
+
+    The garbage collector runs a finalizer wherever it runs, possibly inside code
+    that holds the runtime's locks, while another thread holds the patch lock and
+    waits for those: waiting here for the patch lock would deadlock both threads.
+    So when it is busy, a short-lived thread removes the patches once it is free.
+
+    >>> class Net:
+    ...     def forward(self, x):
+    ...         return x
+    >>> original = Net.forward
+    >>> remove_soon([patch_method(Net, "forward", "return")]); Net.forward is original
+    True
+    """
+    if _lock.acquire(blocking=False):
+        try:
+            remove_all(patches)
+        finally:
+            _lock.release()
+        return
+    try:
+        threading.Thread(target=remove_all, args=(patches,), name="bcrecord-unpatch", daemon=True).start()
+    except RuntimeError:  # interpreter shutdown: nothing left to restore for
+        pass
 
 
 def instrument(func: F, specs: Union[SpecLike, Iterable[SpecLike]], name: Optional[str] = None) -> F:

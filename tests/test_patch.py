@@ -220,6 +220,34 @@ def test_a_recording_with_only_arms_just_the_patches_it_takes():
     assert "forward" not in vars(obj)
 
 
+def test_removal_from_a_finalizer_never_waits_for_a_busy_patch_lock():
+    # A finalizer may run inside code holding the runtime's locks while another
+    # thread holds the patch lock and waits for those: it must not wait in turn.
+    import threading
+
+    from bcrecord import patch as patch_module
+
+    original = Block.forward
+    patch = bcrecord.patch_method(Block, "forward", "out")
+    held, release = threading.Event(), threading.Event()
+
+    def hold_the_lock():
+        with patch_module._lock:
+            held.set()
+            release.wait()
+
+    holder = threading.Thread(target=hold_the_lock)
+    holder.start()
+    held.wait()
+    patch_module.remove_soon([patch])  # returns at once: the lock is busy
+    assert patch.active and Block.forward is not original
+    release.set()
+    holder.join()
+    for remover in [t for t in threading.enumerate() if t.name == "bcrecord-unpatch"]:
+        remover.join(10)  # (it may be done already)
+    assert not patch.active and Block.forward is original
+
+
 def test_patch_repr_and_keys():
     with bcrecord.patch_method(Block, "forward", ["out@0", "return"], name="m") as patch:
         assert patch.keys == ("m:forward:out@0", "m:forward:return")

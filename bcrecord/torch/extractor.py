@@ -23,9 +23,9 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 import torch
 
 from ..errors import SpecError
-from ..patch import Patch
+from ..patch import Patch, remove_all, remove_soon
 from ..patch import targets as function_targets
-from .record import ModelRecording, Pass, Plan, StopForward, remove_all
+from .record import ModelRecording, Pass, Plan, StopForward
 from .targets import expand, unwrap
 
 __all__ = ["FeatureExtractor", "create_feature_extractor", "list_targets", "TargetList"]
@@ -135,7 +135,7 @@ class FeatureExtractor(torch.nn.Module):
             # one per call running at the same time.
             found = self._plans[training] = (plan, patches, [])
             # Not a method: the finalizer must not keep the extractor alive.
-            weakref.finalize(self, remove_all, patches)
+            weakref.finalize(self, remove_soon, patches)
         return found
 
     def close(self) -> None:

@@ -49,7 +49,7 @@ import torch
 
 from ..analysis import read, resolve
 from ..errors import RecordingWarning, TargetError
-from ..patch import Patch, function_of, patch_method
+from ..patch import Patch, function_of, patch_method, remove_all
 from ..runtime import Recording, Sink
 from ..specs import Attribute, Local, Spec
 from .copies import Device, value_policy
@@ -408,12 +408,6 @@ class Pass:
                 self.root_forward = None
             _unmark_all(self.marked)
             self.marked = []
-
-
-def remove_all(patches: Sequence[Patch]) -> None:
-    """Remove ``patches``, last first."""
-    for patch in reversed(patches):
-        patch.remove()
 
 
 @contextlib.contextmanager
