@@ -4,12 +4,13 @@ This is the only module that looks at ``sys.version_info``. The rest of the engi
 asks the current :class:`Table` how to call a probe, how to duplicate a value, and
 which opcodes store, load or return, and reads as if there were one Python.
 
-Inserted code reaches the runtime through names loaded with ``LOAD_GLOBAL`` (they
-resolve through builtins), never through ``LOAD_CONST <function>``: torch.compile
-(Dynamo) refuses function constants. Site ids are plain int constants. There are
-two spellings of a probe (see :mod:`bcrecord.rewrite`): *inline*,
-``__bcrecord_sinks__.get()[site].append(value)``, which runs no Python frame when
-the value needs no copy, and *call*, ``__bcrecord_probe__(value, site)``.
+There are two spellings of a probe (see :mod:`bcrecord.rewrite`): *call*,
+``__bcrecord_probe__(value, site)``, which reaches the runtime through a name loaded
+with ``LOAD_GLOBAL`` (it resolves through builtins; torch.compile, Dynamo, refuses
+``LOAD_CONST <function>``), and *inline*, ``sinks_get()[site].append(value)``, which
+runs no Python frame when the value needs no copy. ``sinks_get`` is the bound
+``get`` of the ContextVar that holds each context's sinks, a constant of the probed
+code, so finding it costs no name lookup. Site ids are plain int constants.
 
 >>> current().name in {"3.10", "3.11", "3.12", "3.13", "3.14"}
 True
@@ -25,13 +26,10 @@ from bytecode import CellVar, FreeVar, Instr, Label
 
 from .errors import UnsupportedPythonError
 
-__all__ = ["Table", "current", "PROBE_NAME", "SINKS_NAME", "SUPPORTED"]
+__all__ = ["Table", "current", "PROBE_NAME", "SUPPORTED"]
 
 #: The global name under which inserted code finds the probe (call spelling).
 PROBE_NAME = "__bcrecord_probe__"
-#: The global name of the ContextVar whose ``get()`` returns this context's sinks, a
-#: list indexed by site id whose items have ``append`` (inline spelling).
-SINKS_NAME = "__bcrecord_sinks__"
 
 Location = object  # bytecode.InstrLocation; kept opaque here
 Instrs = List[Instr]
@@ -63,8 +61,6 @@ class Table:
     comprehension_save: Optional[str]
     #: ``LOAD_GLOBAL``'s arg for a callable, given a name.
     global_arg: Callable[[str], object]
-    #: ``LOAD_GLOBAL``'s arg for a plain object (no NULL slot pushed), given a name.
-    object_arg: Callable[[str], object]
     #: Instructions that call the callable pushed by ``global_arg`` with n arguments.
     call: Callable[[int, object], Instrs]
     #: Duplicate the top of the stack.
@@ -139,31 +135,34 @@ class Table:
             _instr("POP_TOP", None, location),
         ]
 
-    def _load_sink(self, site: Union[int, str], location: object) -> Instrs:
-        # __bcrecord_sinks__.get()[site].append, as a method pair.
+    def _load_sink(self, sinks_get: object, site: Union[int, str], location: object) -> Instrs:
+        # sinks_get()[site].append, as a method pair. A constant callable needs the
+        # stack shape a plain call takes (method_stack: its NULL slot, 3.11+).
         return [
-            _instr("LOAD_GLOBAL", self.object_arg(SINKS_NAME), location),
-            self.load_method("get", location),
-            *self.call_method(0, location),
+            _instr("LOAD_CONST", sinks_get, location),
+            *self.method_stack(location),
+            *self.call(0, location),
             _instr("LOAD_CONST", site, location),
             *self.subscript(location),
             self.load_method("append", location),
         ]
 
-    def append_probe(self, load_value: Instrs, site: Union[int, str], location: object) -> Instrs:
-        """``__bcrecord_sinks__.get()[site].append(<value>)``, result dropped; the stack is unchanged."""
+    def append_probe(
+        self, sinks_get: object, load_value: Instrs, site: Union[int, str], location: object
+    ) -> Instrs:
+        """``sinks_get()[site].append(<value>)``, result dropped; the stack is unchanged."""
         return [
-            *self._load_sink(site, location),
+            *self._load_sink(sinks_get, site, location),
             *load_value,
             *self.call_method(1, location),
             _instr("POP_TOP", None, location),
         ]
 
-    def append_tee(self, site: Union[int, str], location: object) -> Instrs:
-        """``__bcrecord_sinks__.get()[site].append(TOS)`` leaving TOS in place."""
+    def append_tee(self, sinks_get: object, site: Union[int, str], location: object) -> Instrs:
+        """``sinks_get()[site].append(TOS)`` leaving TOS in place."""
         return [
             self.dup(location),
-            *self._load_sink(site, location),
+            *self._load_sink(sinks_get, site, location),
             *self.raise_over_method(location),
             *self.call_method(1, location),
             _instr("POP_TOP", None, location),
@@ -266,7 +265,6 @@ def _310() -> Table:
         prologue=frozenset({"GEN_START"}),
         comprehension_save=None,
         global_arg=lambda name: name,
-        object_arg=lambda name: name,
         call=lambda n, loc: [_instr("CALL_FUNCTION", n, loc)],
         dup=lambda loc: _instr("DUP_TOP", None, loc),
         raise_value=lambda loc: [_instr("ROT_TWO", None, loc)],
@@ -309,7 +307,6 @@ def _311() -> Table:
         prologue=frozenset({"RESUME"}),
         comprehension_save=None,
         global_arg=lambda name: (True, name),
-        object_arg=lambda name: (False, name),
         call=lambda n, loc: [_instr("PRECALL", n, loc), _instr("CALL", n, loc)],
         dup=lambda loc: _instr("COPY", 1, loc),
         raise_value=_swap_up,
@@ -339,7 +336,6 @@ def _312() -> Table:
         prologue=frozenset({"RESUME"}),
         comprehension_save="LOAD_FAST_AND_CLEAR",
         global_arg=lambda name: (True, name),
-        object_arg=lambda name: (False, name),
         call=lambda n, loc: [_instr("CALL", n, loc)],
         dup=lambda loc: _instr("COPY", 1, loc),
         raise_value=_swap_up,
@@ -378,7 +374,6 @@ def _313() -> Table:
         prologue=frozenset({"RESUME"}),
         comprehension_save="LOAD_FAST_AND_CLEAR",
         global_arg=lambda name: (True, name),
-        object_arg=lambda name: (False, name),
         call=lambda n, loc: [_instr("CALL", n, loc)],
         dup=lambda loc: _instr("COPY", 1, loc),
         raise_value=_swap_up,

@@ -52,7 +52,7 @@ from typing import (
 
 from .analysis import ProbePoint, Targets, read, resolve
 from .errors import NotPatchableError
-from .rewrite import code_objects, insert_probes
+from .rewrite import SINKS_GET, code_objects, insert_probes
 from .runtime import (
     Site,
     hold_sites,
@@ -150,6 +150,7 @@ class _Slot:
         self.key: Any = None
         # Probed code for subsets of the patches (ids in slot order), built when armed.
         self._subsets: Dict[Tuple[int, ...], types.CodeType] = {}
+        _every_slot.add(self)
 
     def plan(self, patches: List[Patch]) -> types.CodeType:
         """Build the probed code for ``patches`` without changing anything.
@@ -174,6 +175,15 @@ class _Slot:
         self.patches, self.probed = patches, probed
         if self.armed:
             refresh(self)  # under the runtime's lock: a recording may be entering now
+
+    def probed_inline(self) -> bool:
+        """Whether code built for this slot has inline probes (see :mod:`bcrecord.rewrite`)."""
+        return any(
+            const is SINKS_GET
+            for built in (self.probed, *self._subsets.values())
+            for code in code_objects(built)
+            for const in code.co_consts
+        )
 
     def code_for(self, wanted: Optional[Container[int]]) -> types.CodeType:
         """The code with the probes of the patches in ``wanted`` (by id; all when None)."""
@@ -211,6 +221,39 @@ class _Slot:
 
 # Slots of live patches, keyed by where they are installed.
 _slots: Dict[Tuple[Any, ...], _Slot] = {}
+# Every slot alive, keyed or not (instrument() makes slots of its own).
+_every_slot: weakref.WeakSet[_Slot] = weakref.WeakSet()
+
+
+def respell_inline() -> int:
+    """Rebuild the code of live patches whose probes are inline, in the current style.
+
+    Returns how many functions were rebuilt. Probes are spelled when their code is
+    built; ``bcrecord.torch`` calls this when imported, so that patches made before
+    torch was imported get the call spelling torch.compile can run. Patches and
+    their keys stay as they were.
+
+    >>> import bcrecord
+    >>> previous = bcrecord.set_probe_style("inline")
+    >>> twice = bcrecord.instrument(lambda a: a * 2, "return", name="twice")
+    >>> _ = bcrecord.set_probe_style("call")
+    >>> respell_inline() >= 1
+    True
+    >>> with bcrecord.recording() as rec:  # the probed code, spelled as a call now
+    ...     twice(4), "__bcrecord_probe__" in twice.__code__.co_names
+    (8, True)
+    >>> rec["twice:<lambda>:return"]
+    8
+    >>> _ = bcrecord.set_probe_style(previous)
+    """
+    rebuilt = 0
+    with _lock:
+        for slot in list(_every_slot):
+            if slot.patches and slot.probed_inline():
+                slot._subsets = {}
+                slot.install(slot.patches)
+                rebuilt += 1
+    return rebuilt
 
 
 class Patch:

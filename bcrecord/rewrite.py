@@ -9,13 +9,14 @@ A probe hands a value to the recording runtime; the stack, the variables and the
 control flow of the original are left as they were. It is spelled one of two ways
 (:func:`set_probe_style`):
 
-* ``'inline'``: ``__bcrecord_sinks__.get()[site_id].append(value)``. Every step is a
+* ``'inline'``: ``sinks_get()[site_id].append(value)``, where ``sinks_get`` (a
+  constant of the probed code) is :data:`SINKS`'s bound ``get``. Every step is a
   C-level operation (the sinks list belongs to the current context), so a value
   that needs no copy is stored without running any Python frame.
 * ``'call'``: ``__bcrecord_probe__(value, site_id)``, one opaque call. Tracing
-  compilers can be told to skip it (``bcrecord.torch`` wraps it in
-  ``torch.compiler.disable``): torch.compile would otherwise trace the inline
-  form, guard on the sinks list and recompile for every new recording.
+  compilers can be told to skip it (``bcrecord.torch`` marks it for Dynamo to
+  skip); torch.compile cannot trace the inline form (Dynamo raises on its
+  constant).
 
 The default, ``'auto'``, is ``'call'`` once torch has been imported and ``'inline'``
 otherwise. Per-instance probes, which pass the instance too, always call.
@@ -32,13 +33,14 @@ True
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import sys
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from types import CodeType
-from typing import Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 from bytecode import FreeVar, Instr, Label, TryBegin, TryEnd
 
@@ -47,6 +49,7 @@ from .analysis import ProbePoint, consuming_calls, instructions
 from .errors import TargetError
 
 __all__ = [
+    "SINKS",
     "Template",
     "code_objects",
     "insert_probes",
@@ -55,6 +58,16 @@ __all__ = [
     "probe_style",
     "set_probe_style",
 ]
+
+#: The sinks list of contexts that set none (:mod:`bcrecord.runtime` fills it in place).
+DEFAULT_SINKS: List[Any] = []
+#: Where inline probes find the current context's sinks: ``SINKS.get()`` is a list
+#: indexed by site id whose items have ``append``. :mod:`bcrecord.runtime` sets it
+#: for each context that records.
+SINKS: contextvars.ContextVar[List[Any]] = contextvars.ContextVar("bcrecord_sinks", default=DEFAULT_SINKS)
+#: The constant inline probes call. One object (each ``SINKS.get`` makes a new
+#: bound method), so probed code is recognised by it.
+SINKS_GET = SINKS.get
 
 _PLACEHOLDER = "\x00bcrecord-site-{}"
 _CACHE_SIZE = 512
@@ -275,12 +288,12 @@ def _rewrite_code(
 
     def probe(load: List[Instr], site: str, loc: object, extra: List[Instr]) -> List[object]:
         if inline and not extra:
-            return inline_probe(table.append_probe(load, site, loc), loc)
+            return inline_probe(table.append_probe(SINKS_GET, load, site, loc), loc)
         return list(table.call_probe(load, site, loc, extra))
 
     def tee(site: str, loc: object, extra: List[Instr]) -> List[object]:
         if inline and not extra:
-            return inline_probe(table.append_tee(site, loc), loc)
+            return inline_probe(table.append_tee(SINKS_GET, site, loc), loc)
         return list(table.tee_probe(site, loc, extra))
 
     bytecode = instructions(code)

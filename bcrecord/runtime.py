@@ -16,7 +16,7 @@ Four rules decide it:
   so recorders that share a model (several extractors) do not run each other's
   probes. Calls that started before a recording was entered run without probes.
 * **What a recorded value costs.** Inserted code runs
-  ``__bcrecord_sinks__.get()[site_id].append(value)`` (:mod:`bcrecord.rewrite`): the
+  ``SINKS.get()[site_id].append(value)`` (:mod:`bcrecord.rewrite`): the
   context's *sinks list*, indexed by site id. Where the one recording that takes a
   site keeps values uncopied, the item is its list of values, and no Python code
   runs per value; otherwise it is a :class:`Sink` (copy, then store), a fan-out to
@@ -76,8 +76,9 @@ from typing import (
     Union,
 )
 
-from ._versions import PROBE_NAME, SINKS_NAME
+from ._versions import PROBE_NAME
 from .errors import RecordingWarning
+from .rewrite import DEFAULT_SINKS, SINKS
 from .specs import COPY_POLICIES
 
 __all__ = [
@@ -174,12 +175,10 @@ class _WeakRegistry(Generic[T]):
 
 # --- sites and sinks ---------------------------------------------------------
 #
-# Inserted code runs ``__bcrecord_sinks__.get()[site_id].append(value)``:
-# ``__bcrecord_sinks__`` is the ContextVar ``_context`` itself (an object that is
-# neither callable nor a builtin function, so code that walks builtins - pickling
-# every builtin function, checking signatures - is unaffected); its ``get()``
-# returns the *sinks list* of the current context, and item ``site_id`` of that
-# list is where the value goes. Every step is C-level, and when the only recording
+# Inline probes run ``SINKS.get()[site_id].append(value)`` (``bcrecord.rewrite``;
+# ``_context`` here is that ContextVar): its ``get()`` returns the *sinks list* of
+# the current context, and item ``site_id`` of that list is where the value goes.
+# Every step is C-level, and when the only recording
 # that takes a site keeps values uncopied, the item is that recording's list of
 # values itself, so storing a value runs no Python frame at all. Other items are
 # Python objects with an ``append``.
@@ -237,12 +236,16 @@ class _Routing:
 
     __slots__ = ("sinks", "own", "recordings", "version", "__weakref__")
 
-    def __init__(self, own: Tuple[Recording, ...], recordings: Tuple[Recording, ...]) -> None:
+    def __init__(
+        self, own: Tuple[Recording, ...], recordings: Tuple[Recording, ...], sinks: Optional[List[Any]] = None
+    ) -> None:
         self.own = own
         self.recordings = recordings
         self.version = 0
         with _sites_lock:
-            self.sinks: List[Any] = list(_UNROUTED)
+            # ``sinks``: a list made elsewhere to fill in place (the ContextVar's default).
+            self.sinks: List[Any] = [] if sinks is None else sinks
+            self.sinks[:] = _UNROUTED
             self.sinks[0] = self
             _routings.add(self)
 
@@ -695,10 +698,8 @@ class Sink:
 
 _shared: Tuple[Recording, ...] = ()
 #: The sinks of contexts with no recording of their own: the threads='all' recordings'.
-_default_routing = _Routing((), ())
-_context: contextvars.ContextVar[List[Any]] = contextvars.ContextVar(
-    "bcrecord_sinks", default=_default_routing.sinks
-)
+_default_routing = _Routing((), (), DEFAULT_SINKS)
+_context = SINKS
 _MISSING = object()
 _NO_INSTANCE = object()
 Keep = Union[str, int]
@@ -1030,7 +1031,7 @@ def __bcrecord_probe__(value: Any, site_id: int, instance: Any = _NO_INSTANCE) -
     """Called by inserted code of the ``'call'`` spelling: deliver ``value`` to the recordings.
 
     Without ``instance`` this is what inline probes do:
-    ``__bcrecord_sinks__.get()[site_id].append(value)``. ``instance`` (the method's
+    ``SINKS.get()[site_id].append(value)``. ``instance`` (the method's
     self) is passed only by per-instance sites, whose keys start with its owner.
     """
     sinks = _context.get()
@@ -1060,9 +1061,8 @@ def __bcrecord_probe__(value: Any, site_id: int, instance: Any = _NO_INSTANCE) -
             target.append(value)
 
 
-# Inserted code finds the runtime with LOAD_GLOBAL, which falls back to builtins.
+# Call-spelled probes find the runtime with LOAD_GLOBAL, which falls back to builtins.
 setattr(builtins, PROBE_NAME, __bcrecord_probe__)
-setattr(builtins, SINKS_NAME, _context)
 
 
 def probe_visible_from(globals_: Dict[str, Any]) -> None:
@@ -1072,5 +1072,3 @@ def probe_visible_from(globals_: Dict[str, Any]) -> None:
     # Any probe there will do: the torch layer may have put a wrapped one in builtins.
     if PROBE_NAME not in namespace and PROBE_NAME not in globals_:
         globals_[PROBE_NAME] = __bcrecord_probe__
-    if SINKS_NAME not in namespace and SINKS_NAME not in globals_:
-        globals_[SINKS_NAME] = _context

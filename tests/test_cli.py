@@ -42,7 +42,7 @@ def test_show_marks_the_probes(project):
     assert result.returncode == 0, result.stderr
     assert "1 probe(s): show:twice:y@0" in result.stdout
     inserted = [line for line in result.stdout.splitlines() if line.startswith("+")]
-    assert any("__bcrecord_sinks__" in line for line in inserted)
+    assert any("SINKS.get" in line or "__bcrecord_probe__" in line for line in inserted)
 
 
 @pytest.mark.parametrize(

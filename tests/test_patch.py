@@ -288,3 +288,38 @@ def test_one_class_patch_with_per_instance_owner_names():
     assert rec.all("layer1.0:forward:out@1") == [2] and rec.all("layer1.1:forward:out@1") == [4]
     with pytest.raises(NotPatchableError, match="first argument is the instance"):
         bcrecord.patch_function(lambda: 1, "return", name=str)
+
+
+def test_inline_probes_are_respelled_as_calls_on_request_even_while_recording():
+    # What importing bcrecord.torch does for patches made before torch was imported.
+    from bcrecord.patch import respell_inline
+
+    class Box:
+        def grow(self, a):
+            y = a + 1
+            return y * 2
+
+    original = Box.grow.__code__
+    previous = rewrite.set_probe_style("inline")
+    try:
+        box = Box()
+        patch = bcrecord.patch_method(Box, "grow", ["y", "return"], name="box")
+        other = bcrecord.instrument(lambda a: a - 1, "return", name="other")
+        with bcrecord.recording() as rec:
+            assert box.grow(1) == 4
+            rewrite.set_probe_style("call")
+            assert respell_inline() >= 2
+            assert calls_probe(Box.grow) and calls_probe(other)  # the armed code is swapped at once
+            assert box.grow(2) == 6 and other(5) == 4
+        assert respell_inline() == 0  # nothing inline is left
+        assert rec.all("box:grow:y@0") == [2, 3] and rec.all("box:grow:return") == [4, 6]
+        assert rec.all("other:<lambda>:return") == [4]
+        assert patch.keys == ("box:grow:y@0", "box:grow:return")
+        patch.remove()
+        assert Box.grow.__code__ is original and box.grow(1) == 4
+    finally:
+        rewrite.set_probe_style(previous)
+
+
+def calls_probe(func):
+    return _versions.PROBE_NAME in func.__code__.co_names

@@ -10,11 +10,9 @@ import pytest
 
 import bcrecord
 from bcrecord import _versions, rewrite, runtime
-from bcrecord._versions import PROBE_NAME, SINKS_NAME
+from bcrecord._versions import PROBE_NAME
 from bcrecord.analysis import read, resolve
 from bcrecord.specs import Local, Return, parse_all
-
-RUNTIME_NAMES = (PROBE_NAME, SINKS_NAME)
 
 
 def probed(func, specs):
@@ -32,19 +30,24 @@ def style(request):
 
 
 @pytest.mark.parametrize("style", ["inline", "call"], indirect=True)
-def test_runtime_is_loaded_by_name_never_as_a_function_constant(style):
-    # Dynamo refuses LOAD_CONST <function>; site ids are plain ints.
+def test_how_each_spelling_reaches_the_runtime(style):
+    # The call spelling loads the probe by name (Dynamo refuses LOAD_CONST <function>);
+    # the inline one calls SINKS.get, a constant, so no name is looked up per value.
     def f(a):
         x = a + 1
         return x
 
     code = probed(f, ["x", "return"])
     assert not any(isinstance(c, types.FunctionType) for c in code.co_consts)
-    # The only other callable constant: the class an inline probe's handler matches (3.11+).
-    assert {c for c in code.co_consts if callable(c)} <= {Exception}
-    name = SINKS_NAME if style == "inline" else PROBE_NAME
-    loads = [i for i in dis.get_instructions(code) if i.opname == "LOAD_GLOBAL"]
-    assert [i.argval for i in loads] == [name, name]
+    instrs = list(dis.get_instructions(code))
+    globals_loaded = [i.argval for i in instrs if i.opname == "LOAD_GLOBAL"]
+    getters = [i for i in instrs if i.opname == "LOAD_CONST" and i.argval is rewrite.SINKS_GET]
+    # Besides the getter, the only callable constant: the class an inline probe's handler matches (3.11+).
+    assert {c for c in code.co_consts if callable(c) and c is not rewrite.SINKS_GET} <= {Exception}
+    if style == "inline":
+        assert globals_loaded == [] and len(getters) == 2
+    else:
+        assert globals_loaded == [PROBE_NAME, PROBE_NAME] and getters == []
     assert {1000, 1001} <= set(code.co_consts)
 
 
@@ -63,8 +66,9 @@ def test_both_spellings_record_the_same_values(style):
     assert rec.all("s:f:total@0") == [0] and rec.all("s:f:total@1") == [1, 3]
     assert rec["s:f:out@0"] == [0, 3] and rec["s:f:return"] == [0, 3]
     assert list(rec["s:f:range()@0"]) == [0, 1]
-    names = set(patched.__bcrecord_slot__.probed.co_names)
-    assert (SINKS_NAME in names) == (style == "inline") and (PROBE_NAME in names) == (style == "call")
+    probed_code = patched.__bcrecord_slot__.probed
+    inline = any(c is rewrite.SINKS_GET for c in probed_code.co_consts)
+    assert inline == (style == "inline") and (PROBE_NAME in probed_code.co_names) == (style == "call")
 
 
 def test_style_follows_torch_when_auto(monkeypatch):
@@ -95,7 +99,9 @@ def test_inserted_instructions_have_real_line_numbers():
 def _lines_of_probe_loads(code):
     lines = []
     for instr in dis.get_instructions(code):
-        if instr.opname == "LOAD_GLOBAL" and instr.argval in RUNTIME_NAMES:
+        if (
+            instr.opname == "LOAD_GLOBAL" and instr.argval == PROBE_NAME
+        ) or instr.argval is rewrite.SINKS_GET:
             lines.append(
                 instr.positions.lineno if sys.version_info >= (3, 11) else _line_at(code, instr.offset)
             )

@@ -30,6 +30,7 @@ try:
 except ImportError as error:  # pragma: no cover - depends on the environment
     raise ImportError("bcrecord.torch needs PyTorch: pip install 'bcrecord[torch]'") from error
 
+from .. import patch as _patch
 from .. import runtime as _runtime
 from . import copies  # noqa: F401  (registers tensor copies)
 from .extractor import FeatureExtractor, create_feature_extractor, list_targets
@@ -89,3 +90,6 @@ def _probe_outside_dynamo() -> None:
 
 
 _probe_outside_dynamo()
+# Patches made before torch was imported call a constant Dynamo cannot trace (it
+# raises): give them the call spelling, which it skips.
+_patch.respell_inline()

@@ -67,3 +67,39 @@ def test_what_the_probe_calls_runs_eagerly_under_compile():
     assert kinds == [torch.Tensor] * 4
     assert torch.allclose(rec["bn1:forward:return"], expected["bn1"].sum(), atol=1e-4)
     assert get_eval_frame_callback() is None
+
+
+def test_a_function_patched_before_torch_was_imported_compiles_and_records():
+    # Patched first, its probes are spelled inline: a constant Dynamo cannot trace
+    # (compiling raised). Importing bcrecord.torch re-spells them as calls.
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        """
+        import sys
+        import bcrecord
+
+        def f(t):
+            x = t * 2
+            ys = [x * k for k in range(2)]
+            return x + 1
+
+        patched = bcrecord.instrument(f, ["x", "ys"], name="early")
+        assert "torch" not in sys.modules and bcrecord.rewrite.probe_style() == "inline"
+        import torch
+        import bcrecord.torch
+
+        compiled = torch.compile(lambda t: patched(t) * 3, backend="eager")
+        with bcrecord.recording() as rec:
+            out = compiled(torch.ones(2))
+        assert torch.equal(out, torch.full((2,), 9.0)), out
+        assert torch.equal(rec["early:f:x@0"], torch.full((2,), 2.0))
+        assert [v.tolist() for v in rec["early:f:ys@0"]] == [[0.0, 0.0], [2.0, 2.0]]
+        print("ok")
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["ok"]
