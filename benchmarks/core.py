@@ -28,8 +28,11 @@ Cases:
    line of that function; on Python >= 3.12 a ``sys.monitoring`` recorder (LINE
    events on the loop's code object only, reading the locals through
    ``sys._getframe``); and the floor, the same loop hand-written to append ``x``
-   to a list. Target (issue 2): bcrecord <= 2x the plain loop, shown beside the
-   settrace recorder.
+   to a list. Every variant that keeps values lets go of its previous block's
+   values just before its next block, as ``with recording() as rec:`` in a loop
+   does. Target (issue 2): bcrecord <= 2x the plain loop, shown beside the
+   settrace recorder. Then (1c) bcrecord and the floor in rounds of their own,
+   each block's values freed right after it, to show the allocator's share.
 2. **Idle cost.** The instrumented copy with no recording active against the
    plain function: one long call, and many short calls. Target <= 1.10x.
 3. **Patch time.** A method of about 70 instructions (count printed): (a) a
@@ -249,6 +252,12 @@ class MonitoringRecorder:
 
 
 BC_NAME = "bcrecord instrument + recording(copy='none')"
+CLONE_NAME = "bcrecord, default recording() (copy='clone')"
+CALL_NAME = "bcrecord, probes as calls, copy='none'"
+FLOOR_NAME = "hand-written floor (list.append(x))"
+#: Case 1c: the same, with what a block kept freed right after it.
+BC_RELEASED_NAME = "bcrecord recording(copy='none'), freed after"
+FLOOR_RELEASED_NAME = "hand-written floor, freed after"
 
 
 def case_per_event(rounds: int, n: int) -> None:
@@ -266,20 +275,32 @@ def case_per_event(rounds: int, n: int) -> None:
     finally:
         bcrecord.set_probe_style(previous_style)
     key = "bench:loop:x@0"
-    state: dict[str, Any] = {}
+    # What each variant recorded in its last block. Every variant lets go of it just
+    # before its next block, as ``with recording() as rec:`` in a loop does (binding
+    # ``rec`` frees the previous recording) and as the settrace, monitoring and
+    # hand-written variants do: kept values then come back from the allocator warm.
+    # :func:`case_freed_after` lets go right after the block instead, to show what
+    # the allocator's state alone costs.
+    kept: dict[str, Any] = {}
 
-    def enter(copy: str) -> Callable[[], None]:
+    def enter(name: str, copy: str) -> Callable[[], None]:
         def enter_recording() -> None:
-            state["rec"] = bcrecord.recording(copy=copy).__enter__()
+            kept.pop(name, None)
+            kept[name] = bcrecord.recording(copy=copy).__enter__()
 
         return enter_recording
 
-    def leave_recording() -> None:
-        rec = state.pop("rec")
-        rec.__exit__(None, None, None)
-        got = len(rec.all(key)) if key in rec else 0
-        if got != n or rec[key] != loop(n):
-            raise RuntimeError(f"bcrecord recorded {got} values of x, expected {n}")
+    def leave(name: str, keep: bool = True) -> Callable[[], None]:
+        def leave_recording() -> None:
+            rec = kept.pop(name)
+            rec.__exit__(None, None, None)
+            got = len(rec.all(key)) if key in rec else 0
+            if got != n or rec[key] != loop(n):
+                raise RuntimeError(f"bcrecord recorded {got} values of x, expected {n}")
+            if keep:
+                kept[name] = rec
+
+        return leave_recording
 
     tracer = SettraceRecorder(loop.__code__, "x")
 
@@ -295,35 +316,21 @@ def case_per_event(rounds: int, n: int) -> None:
 
     variants = [
         Variant("unpatched", lambda: None if loop(n) else None),
+        Variant(BC_NAME, lambda: None if instrumented(n) else None, enter(BC_NAME, "none"), leave(BC_NAME)),
         Variant(
-            BC_NAME,
+            CLONE_NAME,
             lambda: None if instrumented(n) else None,
-            enter("none"),
-            leave_recording,
+            enter(CLONE_NAME, "clone"),
+            leave(CLONE_NAME),
         ),
-        Variant(
-            "bcrecord, default recording() (copy='clone')",
-            lambda: None if instrumented(n) else None,
-            enter("clone"),
-            leave_recording,
-        ),
-        Variant(
-            "bcrecord, probes as calls, copy='none'",
-            lambda: None if called(n) else None,
-            enter("none"),
-            leave_recording,
-        ),
+        Variant(CALL_NAME, lambda: None if called(n) else None, enter(CALL_NAME, "none"), leave(CALL_NAME)),
         Variant(
             "sys.settrace line recorder (f_locals)",
             lambda: None if loop(n) else None,
             tracer.start,
             leave_settrace,
         ),
-        Variant(
-            "hand-written floor (list.append(x))",
-            lambda: None if loop_floor(n, floor_sink[0]) else None,
-            enter_floor,
-        ),
+        Variant(FLOOR_NAME, lambda: None if loop_floor(n, floor_sink[0]) else None, enter_floor),
     ]
     monitor: Optional[MonitoringRecorder] = None
     if sys.version_info >= (3, 12):
@@ -365,14 +372,83 @@ def case_per_event(rounds: int, n: int) -> None:
     if monitor is not None:
         ratio, spread = _format_ratio(ratios(times, "sys.monitoring LINE recorder (_getframe)", bc_name))
         print(f"  {'sys.monitoring / bcrecord':<44} {ratio:>9} {spread:>13}")
-    ratio, spread = _format_ratio(ratios(times, bc_name, "hand-written floor (list.append(x))"))
+    ratio, spread = _format_ratio(ratios(times, bc_name, FLOOR_NAME))
     print(f"  {'bcrecord / hand-written floor':<44} {ratio:>9} {spread:>13}")
     overhead = (statistics.median(times[bc_name]) - statistics.median(times["unpatched"])) / n
     print(f"  (bcrecord adds about {overhead:.0f} ns per recorded event here; context only)")
+    after = case_freed_after(rounds, n)
+    print(f"  {allocator_note(times, after, n)}")
     print("  Targets:")
     bc = ratios(times, bc_name, "unpatched").median
     verdict("bcrecord recording / unpatched", bc, "<= 2x", bc <= 2.0)
     print()
+
+
+def case_freed_after(rounds: int, n: int) -> dict[str, list[float]]:
+    """Case 1 again, each block's values freed right after it: the allocator's part.
+
+    Freed values return their memory to the system (CPython frees empty arenas), so
+    the next block that keeps values takes fresh pages; freed just before, as in
+    case 1, they come back warm. The difference is the same for any recorder.
+    """
+    print("  1c. the same with each block's values freed right after it (diagnostic):")
+    previous_style = bcrecord.set_probe_style("inline")
+    try:
+        instrumented = bcrecord.instrument(loop, "x", name="bench")
+    finally:
+        bcrecord.set_probe_style(previous_style)
+    state: dict[str, Any] = {}
+
+    def enter_recording() -> None:
+        state["rec"] = bcrecord.recording(copy="none").__enter__()
+
+    def leave_recording() -> None:
+        rec = state.pop("rec")
+        rec.__exit__(None, None, None)
+        if len(rec.all("bench:loop:x@0")) != n:
+            raise RuntimeError("bcrecord lost values")
+
+    floor_sink: list[list[int]] = [[]]
+
+    def fresh_list() -> None:
+        floor_sink[0] = []
+
+    variants = [
+        Variant("unpatched", lambda: None if loop(n) else None),
+        Variant(
+            BC_RELEASED_NAME, lambda: None if instrumented(n) else None, enter_recording, leave_recording
+        ),
+        Variant(
+            FLOOR_RELEASED_NAME,
+            lambda: None if loop_floor(n, floor_sink[0]) else None,
+            fresh_list,
+            fresh_list,
+        ),
+    ]
+    times = interleave(variants, rounds)
+    print_table(
+        [
+            (name, ratios(times, name, "unpatched"), f"{statistics.median(times[name]) / n:.1f} ns/iteration")
+            for name in times
+        ],
+        "median time (context only)",
+    )
+    return times
+
+
+def allocator_note(kept: dict[str, list[float]], freed: dict[str, list[float]], n: int) -> str:
+    """What freeing each block's values right after it adds per event (differences of medians)."""
+
+    def extra(name: str, freed_name: str) -> str:
+        per_event = (statistics.median(freed[freed_name]) - statistics.median(freed["unpatched"])) / n
+        per_event -= (statistics.median(kept[name]) - statistics.median(kept["unpatched"])) / n
+        return _format_time(per_event)
+
+    return (
+        f"(freed right after each block, kept values cost {extra(BC_NAME, BC_RELEASED_NAME)} more "
+        f"per event with bcrecord and {extra(FLOOR_NAME, FLOOR_RELEASED_NAME)} with the "
+        "hand-written loop: the allocator's share, not the probe's; context only)"
+    )
 
 
 def case_idle(rounds: int, n: int, calls: int) -> None:

@@ -33,6 +33,7 @@ Cases:
    Then (1b) the same bcrecord loop once ``bcrecord.torch`` is imported, which
    installs a probe that Dynamo skips: that probe vs the core probe vs the core
    probe wrapped in ``torch.compiler.disable`` (what bcrecord.torch installed before).
+   (1c) bcrecord and the floor with each block's values freed right after it.
 2. **Idle cost.** ``core.case_idle``: patched with no recording active vs unpatched.
 3. **ToyModel (the MMEngine proposal's model).** ``outputs@0``, ``outputs@1`` and
    ``self.linear1.weight`` (at entry) recorded per forward of a 4x2 batch:
@@ -443,17 +444,22 @@ def case_per_event(settings: Settings) -> Case:
         "Per-event cost (one recorded local per loop iteration)",
         "A tight loop whose body assigns `x` once per iteration, `x` recorded every "
         f"iteration (n={settings.core_n}); `benchmarks/core.py`'s case. bcrecord three ways: "
-        "inline probes (`__bcrecord_sinks__.get()[site].append(x)`, what a process without torch "
-        "gets) in a `recording(copy='none')`, the same in a default `recording()` "
+        "inline probes (`SINKS.get()[site].append(x)`, `SINKS.get` a constant of the code; "
+        "what a process without torch gets) in a `recording(copy='none')`, the same in a default "
+        "`recording()` "
         "(`copy='clone'`: each value passes through a Python-level `Sink.append` in case it "
         "needs a copy), and probes spelled as calls (`__bcrecord_probe__(x, site)`, what "
         "patches get once torch is imported). The settrace "
         "and sys.monitoring recorders read `frame.f_locals` on each line event; the "
-        "floor is the loop hand-written to `list.append(x)`. Ratios: variant / "
+        "floor is the loop hand-written to `list.append(x)`. Every variant that keeps values lets go "
+        "of its previous block's values just before its next block, as `with recording() as rec:` "
+        "in a loop does (binding `rec` frees the previous recording). Ratios: variant / "
         "unpatched loop. Then (1b) the call spelling with the core probe against the probe "
         "as `bcrecord.torch` installs it (Dynamo skips it; inside compiled code it switches "
         "Dynamo's frame evaluation off around the core probe), and the core probe wrapped in "
-        "`torch.compiler.disable`, which is what `bcrecord.torch` installed before.",
+        "`torch.compiler.disable`, which is what `bcrecord.torch` installed before. (1c) bcrecord "
+        "and the floor again, in rounds of their own, with each block's values freed right after "
+        "it: the next block then takes fresh memory from the system, which costs any recorder the same.",
         printed=True,
     )
     started = time.perf_counter()
@@ -472,9 +478,9 @@ def case_per_event(settings: Settings) -> Case:
         rows.insert(
             after_settrace, Row("sys.monitoring LINE recorder (_getframe)", None, "n/a: needs Python >= 3.12")
         )
-    bc = next(name for name in names if name.startswith("bcrecord"))
+    bc = core.BC_NAME
     settrace = next(name for name in names if "settrace" in name)
-    floor = next(name for name in names if "floor" in name)
+    floor = core.FLOOR_NAME
     rows.append(Row("settrace / bcrecord", ratios(times, settrace, bc), chart=False))
     for name in names:
         if "monitoring" in name:
@@ -484,6 +490,17 @@ def case_per_event(settings: Settings) -> Case:
     case.targets.extend(captured.targets)
     costs: Dict[str, float] = {}
     case.tables.append(torch_probe_table(settings, case, costs))
+    freed = captured.times[1]
+    freed_rows = [
+        Row(name, ratios(freed, name, base), f"{statistics.median(freed[name]) / n:.1f} ns/iteration")
+        for name in freed
+    ]
+    case.tables.append(
+        Table(
+            "1c. each block's values freed right after it", "variant / unpatched loop, same round", freed_rows
+        )
+    )
+    case.notes.append("1c: " + core.allocator_note(times, freed, n).strip("()") + ".")
     unpatched = statistics.median(times[base])
     bc_ns = (statistics.median(times[bc]) - unpatched) / n
     for target in case.targets:
