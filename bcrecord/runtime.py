@@ -178,10 +178,10 @@ class _WeakRegistry(Generic[T]):
 # Inline probes run ``SINKS.get()[site_id].append(value)`` (``bcrecord.rewrite``;
 # ``_context`` here is that ContextVar): its ``get()`` returns the *sinks list* of
 # the current context, and item ``site_id`` of that list is where the value goes.
-# Every step is C-level, and when the only recording
-# that takes a site keeps values uncopied, the item is that recording's list of
-# values itself, so storing a value runs no Python frame at all. Other items are
-# Python objects with an ``append``.
+# Every step is C-level, and when the only recording that takes a site keeps
+# values uncopied, the item is that recording's list of values itself, so storing
+# a value runs no Python frame at all. Other items are Python objects with an
+# ``append``.
 #
 # Every sinks list is as long as the largest site id + 1 at every moment (lists are
 # extended under the lock before an id is handed out), so inserted code can never
