@@ -61,6 +61,7 @@ from .runtime import (
     register_sites,
     release_sites,
     track,
+    tracked,
     untrack,
 )
 from .specs import Local, SpecLike, parse_all
@@ -150,7 +151,6 @@ class _Slot:
         self.key: Any = None
         # Probed code for subsets of the patches (ids in slot order), built when armed.
         self._subsets: Dict[Tuple[int, ...], types.CodeType] = {}
-        _every_slot.add(self)
 
     def plan(self, patches: List[Patch]) -> types.CodeType:
         """Build the probed code for ``patches`` without changing anything.
@@ -221,8 +221,6 @@ class _Slot:
 
 # Slots of live patches, keyed by where they are installed.
 _slots: Dict[Tuple[Any, ...], _Slot] = {}
-# Every slot alive, keyed or not (instrument() makes slots of its own).
-_every_slot: weakref.WeakSet[_Slot] = weakref.WeakSet()
 
 
 def respell_inline() -> int:
@@ -248,8 +246,9 @@ def respell_inline() -> int:
     """
     rebuilt = 0
     with _lock:
-        for slot in list(_every_slot):
-            if slot.patches and slot.probed_inline():
+        # Every slot with patches is tracked, keyed or not (instrument() makes its own).
+        for slot in tracked():
+            if isinstance(slot, _Slot) and slot.patches and slot.probed_inline():
                 slot._subsets = {}
                 slot.install(slot.patches)
                 rebuilt += 1

@@ -94,6 +94,7 @@ __all__ = [
     "register_sites",
     "release_sites",
     "track",
+    "tracked",
     "refresh",
     "untrack",
     "is_active",
@@ -458,6 +459,21 @@ def untrack(item: Armable) -> None:
     """
     with _arm_lock:
         _armables.discard(item)
+
+
+def tracked() -> List[Armable]:
+    """The items :func:`track` holds now (a snapshot; items garbage-collected are gone).
+
+    >>> class Switch:
+    ...     def arm(self, wanted): pass
+    ...     def disarm(self): pass
+    >>> switch = Switch(); track(switch)
+    >>> switch in tracked()
+    True
+    >>> untrack(switch); switch in tracked()
+    False
+    """
+    return _armables.live()
 
 
 def is_active() -> bool:
