@@ -290,15 +290,13 @@ def case_per_event(rounds: int, n: int) -> None:
 
         return enter_recording
 
-    def leave(name: str, keep: bool = True) -> Callable[[], None]:
+    def leave(name: str) -> Callable[[], None]:
         def leave_recording() -> None:
-            rec = kept.pop(name)
+            rec = kept[name]
             rec.__exit__(None, None, None)
             got = len(rec.all(key)) if key in rec else 0
             if got != n or rec[key] != loop(n):
                 raise RuntimeError(f"bcrecord recorded {got} values of x, expected {n}")
-            if keep:
-                kept[name] = rec
 
         return leave_recording
 
@@ -376,7 +374,7 @@ def case_per_event(rounds: int, n: int) -> None:
     print(f"  {'bcrecord / hand-written floor':<44} {ratio:>9} {spread:>13}")
     overhead = (statistics.median(times[bc_name]) - statistics.median(times["unpatched"])) / n
     print(f"  (bcrecord adds about {overhead:.0f} ns per recorded event here; context only)")
-    after = case_freed_after(rounds, n)
+    after = case_freed_after(rounds, n, instrumented)
     print(f"  {allocator_note(times, after, n)}")
     print("  Targets:")
     bc = ratios(times, bc_name, "unpatched").median
@@ -384,7 +382,7 @@ def case_per_event(rounds: int, n: int) -> None:
     print()
 
 
-def case_freed_after(rounds: int, n: int) -> dict[str, list[float]]:
+def case_freed_after(rounds: int, n: int, instrumented: Callable[[int], int]) -> dict[str, list[float]]:
     """Case 1 again, each block's values freed right after it: the allocator's part.
 
     Freed values return their memory to the system (CPython frees empty arenas), so
@@ -392,11 +390,6 @@ def case_freed_after(rounds: int, n: int) -> dict[str, list[float]]:
     case 1, they come back warm. The difference is the same for any recorder.
     """
     print("  1c. the same with each block's values freed right after it (diagnostic):")
-    previous_style = bcrecord.set_probe_style("inline")
-    try:
-        instrumented = bcrecord.instrument(loop, "x", name="bench")
-    finally:
-        bcrecord.set_probe_style(previous_style)
     state: dict[str, Any] = {}
 
     def enter_recording() -> None:

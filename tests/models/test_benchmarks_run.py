@@ -63,6 +63,8 @@ def test_benchmark_runner_quick_prints_every_case_and_writes_its_report(tmp_path
     for number in range(1, 7):
         assert f"\n## {number}. " in markdown
     assert "| variant | ratio (median) | IQR | context |" in markdown
+    assert "**1c. each block's values freed right after it**" in markdown
+    assert "- 1c: freed right after each block" in markdown
     assert "![ratios per case" in markdown
     png = (tmp_path / "results.png").read_bytes()
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
