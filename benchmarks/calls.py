@@ -31,21 +31,21 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
 
-import core  # noqa: E402  (benchmarks/core.py: the interleaving harness)
 import torch  # noqa: E402
 import torchvision  # noqa: E402
 from torchvision.models.resnet import Bottleneck  # noqa: E402
 
 import bcrecord  # noqa: E402
 from bcrecord.torch import record  # noqa: E402
+from benchmarks import core  # noqa: E402  (the interleaving harness)
 
 
 def _cpu_time_block(variant: core.Variant) -> float:
@@ -59,15 +59,35 @@ def _cpu_time_block(variant: core.Variant) -> float:
         variant.leave()
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="few rounds (a smoke run)")
-    args = parser.parse_args(argv)
-    rounds, forwards = (3, 2) if args.quick else (20, 5)
+#: What each variant is, as the tables print it.
+NAMES = {
+    "unpatched": "unpatched forward",
+    "recorded": "every Bottleneck call site recorded (clone)",
+    "detached": "the same, copy='detach' (no clone)",
+    "probes": "the same, reduced to a number (probes only)",
+    "hooks": "forward hooks, clone of every module call",
+}
+
+
+@dataclass
+class Measured:
+    """Per-round times of each variant (keys of :data:`NAMES`), and what was probed."""
+
+    times: Dict[str, List[float]]
+    #: Call sites in Bottleneck.forward, and values recorded per forward.
+    sites: int
+    per_forward: int
+
+
+def measure(rounds: int, forwards: int, size: int = 64) -> Measured:
+    """Build resnet50, check the recorded values, and time the variants interleaved.
+
+    ``forwards`` forwards per block, timed by ``core.time_block`` (set it to choose the clock).
+    """
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model = torchvision.models.resnet50(weights=None).eval()
-    x = torch.randn(1, 3, 64, 64)
+    x = torch.randn(1, 3, size, size)
     callees = sorted(bcrecord.targets(Bottleneck.forward).calls)
     targets = [f"layer*.*:forward:{callee}()" for callee in callees]
     sites = sum(len(s) for s in bcrecord.targets(Bottleneck.forward).calls.values())
@@ -136,21 +156,26 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         core.Variant("probes", forward_n, enter=enter_probes_only, leave=leave_recorded, ops=forwards),
         core.Variant("hooks", forward_n, enter=enter_hooks, leave=leave_hooks, ops=forwards),
     ]
-    core.time_block = _cpu_time_block  # CPU time: other jobs may share the machine
     times = core.interleave(variants, rounds)
+    return Measured(times, sites, per_forward)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="few rounds (a smoke run)")
+    args = parser.parse_args(argv)
+    rounds, forwards = (3, 2) if args.quick else (20, 5)
+    core.time_block = _cpu_time_block  # CPU time: other jobs may share the machine
+    measured = measure(rounds, forwards)
+    times = measured.times
     summary = core.ratios(times, "recorded", "unpatched")
     print(
         f"bcrecord {bcrecord.__version__}, torch {torch.__version__}, torchvision {torchvision.__version__}"
     )
-    print(f"== resnet50 with every call site of Bottleneck.forward recorded ({sites} sites x 16 blocks) ==")
-    rows: List[Any] = [
-        ("unpatched forward", core.ratios(times, "unpatched", "unpatched"), ""),
-        ("every Bottleneck call site recorded (clone)", summary, ""),
-        ("the same, copy='detach' (no clone)", core.ratios(times, "detached", "unpatched"), ""),
-        ("the same, reduced to a number (probes only)", core.ratios(times, "probes", "unpatched"), ""),
-        ("forward hooks, clone of every module call", core.ratios(times, "hooks", "unpatched"), ""),
-        ("recorded (clone) / forward hooks", core.ratios(times, "recorded", "hooks"), ""),
-    ]
+    sites = f"{measured.sites} sites x 16 blocks"
+    print(f"== resnet50 with every call site of Bottleneck.forward recorded ({sites}) ==")
+    rows: List[Any] = [(text, core.ratios(times, name, "unpatched"), "") for name, text in NAMES.items()]
+    rows.append(("recorded (clone) / forward hooks", core.ratios(times, "recorded", "hooks"), ""))
     core.print_table(rows, "")
     core.verdict("recorded / unpatched", summary.median, "<= 1.05x", summary.median <= 1.05)
     return 0

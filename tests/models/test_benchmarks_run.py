@@ -33,6 +33,8 @@ HEADINGS = (
     "== 5. Set-up time",
     "FX: torchvision create_feature_extractor(resnet50, stages)",
     "== 6. torch.compile",
+    "== 7. resnet50: every call site of Bottleneck.forward recorded",
+    "every Bottleneck call site recorded (clone)",
     "graph breaks",
     "== Summary ==",
     "IQR",
@@ -60,7 +62,7 @@ def test_benchmark_runner_quick_prints_every_case_and_writes_its_report(tmp_path
     assert all(line.rstrip().endswith(("MET", "MISSED")) for line in verdicts)
 
     markdown = (tmp_path / "RESULTS.md").read_text()
-    for number in range(1, 7):
+    for number in range(1, 8):
         assert f"\n## {number}. " in markdown
     assert "| variant | ratio (median) | IQR | context |" in markdown
     assert "**1c. each block's values freed right after it**" in markdown
