@@ -93,6 +93,7 @@ __all__ = [
     "copy_value",
     "register_sites",
     "release_sites",
+    "set_frame_switch",
     "track",
     "tracked",
     "refresh",
@@ -115,7 +116,9 @@ class Site:
     key: str
     #: Attributes to read from the probed value first (entry-time attribute chains).
     chain: Tuple[str, ...] = ()
-    #: A policy name, a callable copier, or None for the recording's policy.
+    #: A policy name, a callable copier, or None for the recording's policy. A callable
+    #: may also have ``copier_for(cls)``: the copier for values of exactly ``cls``,
+    #: asked once per type (a shortcut for the types it handles most).
     copy: Any = None
     owner: Optional[Callable[[Any], Optional[str]]] = None
     #: What inserted this site (its Patch), for recordings that take only some patches.
@@ -189,8 +192,6 @@ class _WeakRegistry(Generic[T]):
 # index past the end. Item 0 is the :class:`_Routing` that owns the list.
 
 _SITES: Dict[int, Site] = {}
-#: Recordings that cache sinks of per-instance sites (see Recording._forget).
-_caching: _WeakRegistry[Recording] = _WeakRegistry()
 # Re-entrant: a finalizer (release_sites, _unhold) may run from GC while the lock is held.
 _sites_lock = threading.RLock()
 #: Released ids that no live code reports with any more, for reuse.
@@ -209,18 +210,31 @@ class _Unrouted:
     def __init__(self, site_id: int) -> None:
         self.site_id = site_id
 
+    def _routed(self) -> Any:
+        """This site's item in the current context's sinks list, routed (and put there)."""
+        sinks = _context.get()
+        routing: _Routing = sinks[0]
+        version = routing.version
+        target = routing.route(self.site_id)
+        with _sites_lock:
+            if routing.version == version and sinks[self.site_id] is self:
+                sinks[self.site_id] = target
+        return target
+
     def append(self, value: Any) -> None:
         try:
-            sinks = _context.get()
-            routing: _Routing = sinks[0]
-            version = routing.version
-            target = routing.route(self.site_id)
-            with _sites_lock:
-                if routing.version == version and sinks[self.site_id] is self:
-                    sinks[self.site_id] = target
+            target = self._routed()
         except Exception:  # a probe must never raise into user code
             return
         target.append(value)
+
+    def deliver(self, value: Any, instance: Any) -> None:
+        """What a per-instance site's probe calls (see :class:`_ByOwner`)."""
+        try:
+            deliver = self._routed().deliver
+        except Exception:  # not a per-instance site any more (released), or routing failed
+            return
+        deliver(value, instance)
 
 
 #: Item ``k`` of every fresh sinks list (item 0 is replaced by the list's routing).
@@ -251,15 +265,14 @@ class _Routing:
             _routings.add(self)
 
     def route(self, site_id: int) -> Any:
-        """Where this context's values of ``site_id`` go: something with ``append``."""
-        found = []
-        for rec in self.recordings:
-            sink = rec._sink(site_id)
-            if sink is not None:
-                found.append(sink.direct())
-        if not found:
-            return _NOWHERE
-        return found[0] if len(found) == 1 else _FanOut(found)
+        """Where this context's values of ``site_id`` go: something with ``append``.
+
+        For a per-instance site (its :attr:`Site.owner` set), a :class:`_ByOwner`.
+        """
+        site = _SITES.get(site_id)
+        if site is not None and site.owner is not None:
+            return _ByOwner(site_id, site.owner, self.recordings) if self.recordings else _NOWHERE
+        return _route(self.recordings, site_id, None)
 
     def retire(self) -> None:
         """Stop tracking this routing if no context holds its sinks any more.
@@ -293,6 +306,56 @@ class _FanOut:
     def append(self, value: Any) -> None:
         for target in self.targets:
             target.append(value)
+
+
+def _route(recordings: Tuple[Recording, ...], site_id: int, owner: Optional[str]) -> Any:
+    """Where ``recordings`` keep values of ``site_id`` (of ``owner``): something with ``append``."""
+    found = []
+    for rec in recordings:
+        sink = rec._sink(site_id, owner)
+        if sink is not None:
+            found.append(sink.direct())
+    if not found:
+        return _NOWHERE
+    return found[0] if len(found) == 1 else _FanOut(found)
+
+
+class _ByOwner:
+    """The item of a per-instance site in a sinks list: routes by the instance's owner.
+
+    The probe of such a site passes the instance it ran on; ``owner(instance)``
+    names it (None: not recorded), and the route for each name is built on its
+    first value, like every route, and kept until the sinks list is reset.
+    """
+
+    __slots__ = ("site_id", "owner", "recordings", "targets")
+
+    def __init__(
+        self, site_id: int, owner: Callable[[Any], Optional[str]], recordings: Tuple[Recording, ...]
+    ) -> None:
+        self.site_id = site_id
+        self.owner = owner
+        self.recordings = recordings
+        #: Owner name -> where its values go.
+        self.targets: Dict[str, Any] = {}
+
+    def deliver(self, value: Any, instance: Any) -> None:
+        try:
+            name = self.owner(instance)
+            if name is None:
+                return
+            target = self.targets.get(name)
+            if target is None:
+                # Two threads may both build it: the same route either way.
+                target = self.targets[name] = _route(self.recordings, self.site_id, name)
+        except Exception as error:  # a broken owner function must not break the model
+            for rec in self.recordings:
+                try:
+                    rec._fail(f"<owner of {type(instance).__name__}>{_SITES[self.site_id].key}", error)
+                except Exception:
+                    pass
+            return
+        target.append(value)
 
 
 _routings: _WeakRegistry[_Routing] = _WeakRegistry()
@@ -329,7 +392,7 @@ def release_sites(ids: Sequence[int]) -> None:
     """Forget sites; probes still running with these ids become silent.
 
     An id is reused only once no code that reports with it is alive (see
-    :func:`hold_sites`). Recordings drop what they cached for these sites, so a
+    :func:`hold_sites`). Every context drops its routes for these sites, so a
     recording that stays open across many patch/remove cycles does not grow.
 
     >>> release_sites([])
@@ -345,8 +408,6 @@ def release_sites(ids: Sequence[int]) -> None:
                 routing.sinks[site_id] = _NOWHERE
             if site_id not in _holders:
                 _free_ids.append(site_id)
-        for rec in _caching.live():
-            rec._forget(gone)
 
 
 def hold_sites(holders: Sequence[Any], ids: Sequence[int]) -> None:
@@ -614,7 +675,9 @@ def _load_plugin(cls: type) -> None:
 
 def _find_copier(policy: Any, cls: type) -> Optional[Copier]:
     if callable(policy):
-        return policy  # type: ignore[no-any-return]
+        # A policy may name a cheaper copier per type (the torch layer's, for tensors).
+        for_type = getattr(policy, "copier_for", None)
+        return policy if for_type is None else for_type(cls)  # type: ignore[no-any-return]
     _load_plugin(cls)
     for klass in cls.__mro__:
         found = _registered.get((policy, klass))
@@ -778,8 +841,6 @@ class Recording:
         self.threads = threads
         self._maxlen = maxlen
         self._data: Dict[str, Union[List[Any], Deque[Any]]] = {}
-        #: Per-instance sites' targets, by (site id, owner); other sites are routed per context.
-        self._sinks: Dict[Tuple[int, str], Any] = {}
         self._only = None if only is None else {id(tag) for tag in only}
         #: The routing kept across passes (``_keeps_routes``), reused while the context matches.
         self._kept: Optional[_Routing] = None
@@ -812,10 +873,9 @@ class Recording:
                 self._kept = routing
         self._routing = routing
         self._token = _context.set(routing.sinks)
-        if self.threads == "all":
-            with _arm_lock:
-                _set_shared(_shared + (self,))
         with _arm_lock:  # not between activating and noting it (see _take)
+            if self.threads == "all":
+                _set_shared(_shared + (self,))
             self._armed_for = _activate(self._only)
         return self
 
@@ -831,20 +891,11 @@ class Recording:
             _context.set(_Routing(own, own).sinks if own else _default_routing.sinks)
         if routing is not None and routing is not self._kept:
             routing.retire()
-        if self.threads == "all":
-            with _arm_lock:
-                _set_shared(tuple(r for r in _shared if r is not self))
         with _arm_lock:
+            if self.threads == "all":
+                _set_shared(tuple(r for r in _shared if r is not self))
             armed, self._armed_for = self._armed_for, None
             _deactivate(None if self._only is None else armed or set())
-        if self._keeps_routes:
-            return
-        # Cached sinks refer back to this recording; dropping them (no probe routes
-        # here any more) frees the recording and its values as soon as the user
-        # lets go of it, instead of at the next cyclic garbage collection.
-        with _sites_lock:
-            self._sinks.clear()
-            _caching.discard(self)
 
     def _empty(self) -> None:
         """Empty every list of values in place, for a recording entered once per call.
@@ -877,17 +928,6 @@ class Recording:
             values = self._data.setdefault(key, [] if self._maxlen is None else deque(maxlen=self._maxlen))
         return Sink(self, key, values.append, site.copy or self.copy, site.chain)
 
-    def _instance_sink(self, site_id: int, owner: str) -> Any:
-        """:meth:`_sink` of a per-instance site as a probe appends to it (cached), or None."""
-        cache_key = (site_id, owner)
-        target = self._sinks.get(cache_key, _MISSING)
-        if target is _MISSING:
-            sink = self._sink(site_id, owner)
-            target = None if sink is None else sink.direct()
-            self._sinks[cache_key] = target
-            _caching.add(self)
-        return target
-
     def _take(self, tag: Any) -> None:
         """Take the values of ``tag``'s sites too (a recording made with ``only``), arming them."""
         with _arm_lock:
@@ -908,12 +948,6 @@ class Recording:
             for routing in _routings.live():
                 if any(rec is self for rec in routing.recordings):
                     routing.reset()
-            self._sinks.clear()
-
-    def _forget(self, site_ids: set) -> None:
-        """Drop cached per-instance sinks of released sites (values already recorded stay)."""
-        for cache_key in [k for k in self._sinks if k[0] in site_ids]:
-            self._sinks.pop(cache_key, None)
 
     def _fail(self, key: str, error: BaseException) -> None:
         self.errors.append(RecordError(key, error))
@@ -1031,16 +1065,25 @@ def _read_chain(value: Any, chain: Tuple[str, ...]) -> Any:
     return value
 
 
-def _owner(site_id: int, instance: Any, recordings: Tuple[Recording, ...]) -> Optional[str]:
-    site = _SITES.get(site_id)
-    if site is None or site.owner is None:
-        return None
-    try:
-        return site.owner(instance)
-    except Exception as error:  # a broken owner function must not break the model
-        for rec in recordings:
-            rec._fail(f"<owner of {type(instance).__name__}>{site.key}", error)
-        return None
+#: See :func:`set_frame_switch`.
+_switch: Optional[Callable[[Any], Any]] = None
+
+
+def set_frame_switch(switch: Optional[Callable[[Any], Any]]) -> Optional[Callable[[Any], Any]]:
+    """Run every value a called probe delivers between ``switch(None)`` and ``switch(prior)``.
+
+    For a plug-in whose runtime evaluates frames its own way: ``bcrecord.torch``
+    passes Dynamo's ``set_eval_frame``, so that inside compiled code the recording
+    runs in plain Python. ``switch(None)`` returns what to restore afterwards, or
+    None for nothing. Set inside the probe rather than as a wrapper around it, so
+    a recorded value costs no extra Python call. Returns the previous switch.
+
+    >>> previous = set_frame_switch(None)
+    >>> _ = set_frame_switch(previous)
+    """
+    global _switch
+    previous, _switch = _switch, switch
+    return previous
 
 
 def __bcrecord_probe__(value: Any, site_id: int, instance: Any = _NO_INSTANCE) -> None:
@@ -1050,31 +1093,19 @@ def __bcrecord_probe__(value: Any, site_id: int, instance: Any = _NO_INSTANCE) -
     ``SINKS.get()[site_id].append(value)``. ``instance`` (the method's
     self) is passed only by per-instance sites, whose keys start with its owner.
     """
-    sinks = _context.get()
-    if instance is _NO_INSTANCE:
-        try:
-            target = sinks[site_id]
-        except IndexError:  # not an id inserted code reports with
-            return
-        target.append(value)
-        return
-    recordings: Tuple[Recording, ...] = sinks[0].recordings
-    if not recordings:
-        return
-    owner = _owner(site_id, instance, recordings)
-    if owner is None:
-        return
-    for rec in recordings:
-        try:
-            target = rec._instance_sink(site_id, owner)
-        except Exception as error:  # a probe must never raise into user code
-            try:
-                rec._fail(f"<site {site_id}>", error)
-            except Exception:
-                pass
-            continue
-        if target is not None:
+    switch = _switch
+    prior = None if switch is None else switch(None)
+    try:
+        target = _context.get()[site_id]
+        if instance is _NO_INSTANCE:
             target.append(value)
+        else:
+            target.deliver(value, instance)
+    except (IndexError, AttributeError):  # not an id inserted code reports with; a released site
+        pass
+    finally:
+        if prior is not None:
+            switch(prior)  # type: ignore[misc]
 
 
 # Call-spelled probes find the runtime with LOAD_GLOBAL, which falls back to builtins.
@@ -1085,6 +1116,6 @@ def probe_visible_from(globals_: Dict[str, Any]) -> None:
     """Make the probe resolvable from a function whose globals have custom builtins."""
     custom = globals_.get("__builtins__", builtins)
     namespace = custom if isinstance(custom, dict) else getattr(custom, "__dict__", {})
-    # Any probe there will do: the torch layer may have put a wrapped one in builtins.
+    # Any probe there will do (a test may have put its own in builtins).
     if PROBE_NAME not in namespace and PROBE_NAME not in globals_:
         globals_[PROBE_NAME] = __bcrecord_probe__

@@ -12,7 +12,7 @@ Needs torch, torchvision and matplotlib (timm only for the version line).
 
 **Method.** Every figure is a *ratio* between variants timed in the same process.
 The variants of a table are interleaved round by round (each round times every
-variant once, in an order that rotates from round to round, with the garbage
+variant once, in an order shuffled afresh each round (seeded), with the garbage
 collector off inside each timed block); a ratio is taken per round against the
 baseline timed in that round, and the table shows the median of those per-round
 ratios and their interquartile range (IQR). Absolute times are printed for
@@ -30,9 +30,10 @@ Cases:
 1. **Per-event cost.** ``core.case_per_event``: a tight loop assigning a local
    recorded every iteration; bcrecord vs a ``sys.settrace`` line recorder vs a
    ``sys.monitoring`` recorder (3.12+, n/a before) vs the hand-written floor.
-   Then (1b) the same bcrecord loop once ``bcrecord.torch`` is imported, which
-   installs a probe that Dynamo skips: that probe vs the core probe vs the core
-   probe wrapped in ``torch.compiler.disable`` (what bcrecord.torch installed before).
+   Then (1b) the same bcrecord loop once ``bcrecord.torch`` is imported, which marks
+   the probe for Dynamo to skip and gives it Dynamo's frame switch: that probe vs
+   the probe without the switch vs the probe wrapped in ``torch.compiler.disable``
+   (what bcrecord.torch installed before).
    (1c) bcrecord and the floor with each block's values freed right after it.
 2. **Idle cost.** ``core.case_idle``: patched with no recording active vs unpatched.
 3. **ToyModel (the MMEngine proposal's model).** ``outputs@0``, ``outputs@1`` and
@@ -40,8 +41,8 @@ Cases:
    bcrecord (``patch_method`` + ``recording()``) vs forward hooks collecting the
    same values vs a source-rewriting recorder built as the proposal describes
    (``inspect.getsource``, an ``ast`` transform, ``compile``, ``exec``; values
-   ``detach().clone()``-d) vs unpatched. Diagnostics: bcrecord with the core probe
-   instead of the torch layer's, and bcrecord patched but idle.
+   ``detach().clone()``-d) vs unpatched. Diagnostics: bcrecord with the probe
+   without the torch layer's frame switch, and bcrecord patched but idle.
    Targets: bcrecord within 5% of the source rewrite, and faster than hooks.
 4. **resnet50** (torchvision, ``weights=None``, 1x3x64x64): the five stage outputs
    (``layer1``..``layer4``, ``avgpool``) by ``bcrecord.torch.create_feature_extractor``
@@ -222,7 +223,7 @@ def time_block(variant: Variant) -> float:
 
 
 def interleave(variants: Sequence[Variant], rounds: int) -> Dict[str, List[float]]:
-    """``core.interleave`` (rotation, warm-up round) with its blocks timed on the chosen clock.
+    """``core.interleave`` (shuffled order, warm-up round) with its blocks timed on the chosen clock.
 
     The models run on one thread (``torch.set_num_threads(1)``), all of it in this thread, so
     its CPU time is the work done; time spent descheduled by other jobs on a shared machine
@@ -297,8 +298,16 @@ class Case:
 
 
 def load_torch_layer() -> None:
-    """Import bcrecord.torch (tensor copies; it installs a probe that Dynamo skips)."""
+    """Import bcrecord.torch (tensor copies; it marks the probe for Dynamo to skip)."""
     importlib.import_module("bcrecord.torch")
+
+
+def torch_switch() -> Optional[Callable[[Any], Any]]:
+    """The frame switch bcrecord.torch gave the probe (it stays set)."""
+    load_torch_layer()
+    switch = bcrecord.runtime.set_frame_switch(None)
+    bcrecord.runtime.set_frame_switch(switch)
+    return switch
 
 
 def one(value: float) -> Summary:
@@ -464,10 +473,11 @@ def case_per_event(settings: Settings) -> Case:
         "floor is the loop hand-written to `list.append(x)`. Every variant that keeps values lets go "
         "of its previous block's values just before its next block, as `with recording() as rec:` "
         "in a loop does (binding `rec` frees the previous recording). Ratios: variant / "
-        "unpatched loop. Then (1b) the call spelling with the core probe against the probe "
-        "as `bcrecord.torch` installs it (Dynamo skips it; inside compiled code it switches "
-        "Dynamo's frame evaluation off around the core probe), and the core probe wrapped in "
-        "`torch.compiler.disable`, which is what `bcrecord.torch` installed before. (1c) bcrecord "
+        "unpatched loop. Then (1b) the call spelling as `bcrecord.torch` sets it up (Dynamo skips "
+        "the probe; the probe switches Dynamo's frame evaluation off around each delivery, a C "
+        "call that does nothing in eager code) against the same probe without that switch, and "
+        "the probe wrapped in `torch.compiler.disable`, which is what `bcrecord.torch` installed "
+        "before. (1c) bcrecord "
         "and the floor again, in rounds of their own, with each block's values freed right after "
         "it: the next block then takes fresh memory from the system, which costs any recorder the same.",
         printed=True,
@@ -551,14 +561,16 @@ def torch_probe_table(settings: Settings, case: Case, costs: Dict[str, float]) -
 
     name = PROBE_NAME
     torch_probe = getattr(builtins, name)
+    switch = torch_switch()
     disabled_probe = torch.compiler.disable(raw_probe, recursive=True)
     n = settings.wrap_n
     instrumented = bcrecord.instrument(core.loop, "x", name="wrap")
     state: Dict[str, Any] = {}
 
-    def enter(probe: Callable[..., None]) -> Callable[[], None]:
+    def enter(probe: Callable[..., None], switched: bool = False) -> Callable[[], None]:
         def set_probe_and_record() -> None:
             setattr(builtins, name, probe)
+            bcrecord.runtime.set_frame_switch(switch if switched else None)
             state["rec"] = bcrecord.recording(copy="none").__enter__()
 
         return set_probe_and_record
@@ -567,6 +579,7 @@ def torch_probe_table(settings: Settings, case: Case, costs: Dict[str, float]) -
         rec = state.pop("rec")
         rec.__exit__(None, None, None)
         setattr(builtins, name, torch_probe)
+        bcrecord.runtime.set_frame_switch(switch)
         if len(rec.all("wrap:loop:x@0")) != n:
             raise RuntimeError("the 1b loop did not record every iteration")
 
@@ -575,7 +588,7 @@ def torch_probe_table(settings: Settings, case: Case, costs: Dict[str, float]) -
 
     names = {
         "plain": "unpatched loop",
-        "raw": "bcrecord, probes as calls, core probe",
+        "raw": "bcrecord, probes as calls, core probe (no frame switch)",
         "torch": "bcrecord, probe as bcrecord.torch installs it",
         "disabled": "diagnostic: core probe wrapped in torch.compiler.disable",
         "call": "diagnostic: a no-op Python call per iteration, no recording",
@@ -583,7 +596,7 @@ def torch_probe_table(settings: Settings, case: Case, costs: Dict[str, float]) -
     variants = [
         Variant(names["plain"], lambda: None if core.loop(n) else None),
         Variant(names["raw"], run, enter(raw_probe), leave),
-        Variant(names["torch"], run, enter(torch_probe), leave),
+        Variant(names["torch"], run, enter(torch_probe, switched=True), leave),
         Variant(names["disabled"], run, enter(disabled_probe), leave),
         Variant(names["call"], lambda: None if loop_with_call(n) else None),
     ]
@@ -591,13 +604,15 @@ def torch_probe_table(settings: Settings, case: Case, costs: Dict[str, float]) -
         times = interleave(variants, settings.core_rounds)
     finally:
         setattr(builtins, name, torch_probe)
+        bcrecord.runtime.set_frame_switch(switch)
 
     def per_event(key: str) -> float:
         return (statistics.median(times[names[key]]) - statistics.median(times[names["plain"]])) / n
 
     case.notes.append(
         "1b: once torch is imported, new patches spell probes as calls of __bcrecord_probe__, "
-        "which importing bcrecord.torch replaces with a probe Dynamo skips; in eager code it adds "
+        "which importing bcrecord.torch marks for Dynamo to skip and gives Dynamo's frame switch "
+        "(set_eval_frame, called around each delivery); in eager code the switch adds "
         f"about {per_event('torch') - per_event('raw'):.0f} ns per recorded event to the core probe, "
         "and the torch.compiler.disable wrapper it replaces adds "
         f"{per_event('disabled') - per_event('raw'):.0f} ns (differences of medians, context only), "
@@ -613,7 +628,9 @@ def torch_probe_table(settings: Settings, case: Case, costs: Dict[str, float]) -
         for key in ("plain", "raw", "torch", "disabled", "call")
     ]
     rows.append(
-        Row("torch-layer probe / core probe", ratios(times, names["torch"], names["raw"]), chart=False)
+        Row(
+            "torch-layer probe (switch) / no switch", ratios(times, names["torch"], names["raw"]), chart=False
+        )
     )
     rows.append(
         Row(
@@ -824,8 +841,8 @@ def case_toy(settings: Settings) -> Case:
         "proposal's per-call prologue `import copy` + fetch the sink; `compile`, `exec`, bound as "
         "`model.forward`); unpatched. Every variant keeps every value (bcrecord's default "
         "`keep='all'`, `copy='clone'`), checked against a reference after each block. "
-        "Diagnostics: bcrecord with the core probe instead of the probe `bcrecord.torch` "
-        "installs, and bcrecord patched but idle.",
+        "Diagnostics: bcrecord with the probe without the frame switch `bcrecord.torch` "
+        "gives it, and bcrecord patched but idle.",
     )
     started = time.perf_counter()
     load_torch_layer()
@@ -863,14 +880,12 @@ def case_toy(settings: Settings) -> Case:
 
         return run
 
-    probe_name = PROBE_NAME
-    torch_probe = getattr(builtins, probe_name)
+    switch = torch_switch()
     state: Dict[str, Any] = {}
 
-    def enter_recording(probe: Optional[Callable[..., None]] = None) -> Callable[[], None]:
+    def enter_recording(switched: bool = True) -> Callable[[], None]:
         def enter() -> None:
-            if probe is not None:
-                setattr(builtins, probe_name, probe)
+            bcrecord.runtime.set_frame_switch(switch if switched else None)
             state["rec"] = bcrecord.recording().__enter__()
 
         return enter
@@ -878,7 +893,7 @@ def case_toy(settings: Settings) -> Case:
     def leave_recording() -> None:
         rec = state.pop("rec")
         rec.__exit__(None, None, None)
-        setattr(builtins, probe_name, torch_probe)
+        bcrecord.runtime.set_frame_switch(switch)
         _check_values("bcrecord", {k: rec.all(k) for k in rec.keys()}, expected, calls)
 
     def enter_store() -> None:
@@ -897,7 +912,7 @@ def case_toy(settings: Settings) -> Case:
         "bcrecord": "bcrecord patch_method + recording()",
         "hooks": "forward hooks (2 hooks + 1 pre-hook, detach().clone())",
         "source": "source rewrite, proposal-style (getsource/ast/exec)",
-        "raw": "diagnostic: bcrecord, core probe (not the torch layer's)",
+        "raw": "diagnostic: bcrecord, core probe without the torch layer's frame switch",
         "idle": "diagnostic: bcrecord patched, no recording active",
     }
     variants = [
@@ -910,7 +925,7 @@ def case_toy(settings: Settings) -> Case:
         Variant(
             names["raw"],
             forwards(models["bcrecord"]),
-            enter_recording(bcrecord.runtime.__bcrecord_probe__),
+            enter_recording(switched=False),
             leave_recording,
             ops=calls,
         ),
@@ -919,7 +934,7 @@ def case_toy(settings: Settings) -> Case:
     try:
         times = interleave(variants, settings.toy_rounds)
     finally:
-        setattr(builtins, probe_name, torch_probe)
+        bcrecord.runtime.set_frame_switch(switch)
         patch.remove()
     base_name = names["unpatched"]
     rows = [ratio_row(times, v.name, base_name, median_time(times, v.name, "/forward")) for v in variants]
@@ -944,25 +959,25 @@ def case_toy(settings: Settings) -> Case:
     case.notes.append(
         "Added time per forward over unpatched (medians, context only): "
         + ", ".join(f"{key} {fmt_time(value)}" for key, value in overhead.items())
-        + f"; the torch layer's probe costs about {fmt_time(probe_cost)} more than the core probe, "
-        "per probe (3 probes per forward)."
+        + f"; the torch layer's frame switch costs about {fmt_time(probe_cost)} per probe "
+        "(3 probes per forward)."
     )
     measured = (
-        f"Measured in this run: with the core probe the same bcrecord "
+        f"Measured in this run: without the torch layer's frame switch the same bcrecord "
         f"patch is {raw_vs_source.median:.3f}x the source rewrite (IQR {raw_vs_source.q1:.3f}-"
-        f"{raw_vs_source.q3:.3f}) and {raw_vs_hooks.median:.3f}x the hooks; the probe "
-        f"bcrecord.torch installs (it switches Dynamo's frame evaluation off on every call) "
-        f"costs about {fmt_time(probe_cost)} more per probe, 3 probes per forward. "
+        f"{raw_vs_source.q3:.3f}) and {raw_vs_hooks.median:.3f}x the hooks; the switch "
+        f"(Dynamo's frame evaluation off around every delivery) "
+        f"costs about {fmt_time(probe_cost)} per probe, 3 probes per forward. "
     )
     if raw_vs_source.median <= 1.05 and raw_vs_hooks.median < 1.0:
         why_wrap = measured + (
-            "So the torch layer's probe is the gap. What would close it: a probe that leaves "
-            "Dynamo's frame evaluation alone when it is already off (eager code), saving the call "
-            "into the core probe; then rerun this case."
+            "So the torch layer's frame switch is the gap. What would close it: a probe that "
+            "leaves Dynamo's frame evaluation alone when it is already off (eager code); then "
+            "rerun this case."
         )
     else:
         why_wrap = measured + (
-            "Even with the core probe, its own work (context lookup, sink, copier lookup, "
+            "Even without the frame switch, the probe's own work (context lookup, sink, copier lookup, "
             "clone) is above the inline code the source rewrite compiles in: see the added times "
             "above. What would close it: profile __bcrecord_probe__ on this model (cProfile of the "
             "bcrecord variant) and take the per-call lookups out of the hot path."
@@ -1855,7 +1870,8 @@ def write_markdown(
     out += [
         "",
         "**How to read it.** Every figure is a ratio between variants timed in the same process, "
-        "interleaved round by round (the order rotates each round, the garbage collector is off "
+        "interleaved round by round (the order is shuffled each round, seeded, so that no variant "
+        "always runs after the same neighbour; the garbage collector is off "
         "inside a timed block); a ratio is taken per round against the baseline of that round, and "
         "the table gives the median over rounds and the interquartile range (IQR) of those "
         "per-round ratios. Blocks are timed on the CPU time of the benchmark thread (everything "

@@ -56,9 +56,10 @@ def _probe_outside_dynamo() -> None:
     Tracing into the probe would turn its bookkeeping into graph side effects (and
     lose values on the first compiled call), and letting Dynamo compile the frames
     the probe calls (copies, reduce functions) would run them on fake tensors. So
-    the probe installed here is marked for Dynamo to skip (a graph break at each
-    probe site, never inlined), and switches Dynamo's frame evaluation off around
-    the core probe when it runs inside compiled code. That is what the public
+    the core probe is marked for Dynamo to skip (a graph break at each probe site,
+    never inlined), and it switches Dynamo's frame evaluation off around each
+    delivery when it runs inside compiled code
+    (:func:`bcrecord.runtime.set_frame_switch`). That is what the public
     ``torch.compiler.disable`` wrapper does too, but its Python (stance and export
     checks) runs on every recorded value: measured in benchmarks/RESULTS.md case
     1b, and after a forward has evicted the interpreter from the CPU caches it cost
@@ -74,19 +75,8 @@ def _probe_outside_dynamo() -> None:
     except ImportError:  # pragma: no cover - depends on the torch build
         setattr(builtins, _runtime.PROBE_NAME, torch.compiler.disable(core, recursive=True))
         return
-    no_instance = _runtime._NO_INSTANCE
-
-    def __bcrecord_probe__(value: object, site_id: int, instance: object = no_instance) -> None:
-        prior = set_eval_frame(None)
-        if prior is None:  # eager: nothing to switch back on
-            core(value, site_id, instance)
-            return
-        try:
-            core(value, site_id, instance)
-        finally:
-            set_eval_frame(prior)
-
-    setattr(builtins, _runtime.PROBE_NAME, skip(__bcrecord_probe__))
+    _runtime.set_frame_switch(set_eval_frame)
+    setattr(builtins, _runtime.PROBE_NAME, skip(core))
 
 
 _probe_outside_dynamo()

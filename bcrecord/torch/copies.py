@@ -31,7 +31,7 @@ import torch
 
 from ..runtime import register_copy
 
-__all__ = ["clone", "value_policy"]
+__all__ = ["ValuePolicy", "clone", "detached_clone", "value_policy"]
 
 #: torch's copy-on-write clone (private API, in torch since 2.2): the copy is made
 #: when either tensor is first written, so values never overwritten are not copied.
@@ -64,15 +64,22 @@ def clone(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.clone()
 
 
-def _outside_graph(tensor: torch.Tensor) -> torch.Tensor:
-    """``tensor`` detached, skipping the op when it is outside autograd already.
+def detached_clone(tensor: torch.Tensor) -> torch.Tensor:
+    """:func:`clone` of ``tensor`` detached: the copy the default ``'clone'`` policy keeps.
 
-    Only for values that are cloned next: the clone is a new tensor either way.
+    The detach is skipped for tensors outside autograd already (one dispatcher op
+    fewer per recorded value): the clone is a new tensor either way.
+
+    >>> import torch
+    >>> live = torch.ones(2, requires_grad=True) * 3
+    >>> kept = detached_clone(live)
+    >>> kept.requires_grad, torch.equal(kept, live)
+    (False, True)
     """
-    return tensor.detach() if tensor.requires_grad else tensor
+    return clone(tensor.detach() if tensor.requires_grad else tensor)
 
 
-register_copy(torch.Tensor, "clone", lambda t: clone(_outside_graph(t)))
+register_copy(torch.Tensor, "clone", detached_clone)
 register_copy(torch.Tensor, "detach", lambda t: t.detach())
 register_copy(torch.Tensor, "deepcopy", lambda t: t.detach().clone())
 
@@ -99,50 +106,87 @@ def value_policy(
     dtype: Optional[torch.dtype] = None,
     reduce: Optional[Callable[[torch.Tensor], Any]] = None,
     grad: bool = False,
-) -> Callable[[Any], Any]:
+) -> ValuePolicy:
     """A copier applying the torch layer's options to every tensor in a value.
 
     Order: ``reduce``, then detach (unless ``grad``), then move/cast, then clone if
-    the result still shares memory with the live value (``copy='clone'``).
-    Non-tensor values follow the core's ``copy`` policy.
+    the result still shares memory with the live value (``copy='clone'`` or
+    ``'deepcopy'``). Non-tensor values follow the core's ``copy`` policy.
 
     >>> import torch
     >>> keep = value_policy(reduce=lambda t: t.mean(0), dtype=torch.float64)
     >>> keep(torch.tensor([[1.0, 3.0], [3.0, 5.0]]))
     tensor([2., 4.], dtype=torch.float64)
     """
-    from ..runtime import copy_value
+    return ValuePolicy(copy, to, dtype, reduce, grad)
 
-    device = torch.device(to) if to is not None else None
 
-    plain = reduce is None and device is None and dtype is None
+class ValuePolicy:
+    """What :func:`value_policy` returns: a copier, with a shortcut for plain tensors.
 
-    def one(tensor: torch.Tensor) -> Any:
-        if plain:  # the usual case, without the checks below
-            if copy == "clone":
-                return clone(tensor if grad else _outside_graph(tensor))
-            return tensor if grad else tensor.detach()
+    Recordings ask :meth:`copier_for` once per type of value (see
+    :class:`bcrecord.runtime.Site`); for ``torch.Tensor`` without a reduce, move or
+    cast it is a single function, so the usual recorded value (a module's output)
+    goes through one call instead of four.
+    """
+
+    __slots__ = ("copy", "device", "dtype", "reduce", "grad", "_tensor")
+
+    def __init__(
+        self,
+        copy: str,
+        to: Device,
+        dtype: Optional[torch.dtype],
+        reduce: Optional[Callable[[torch.Tensor], Any]],
+        grad: bool,
+    ) -> None:
+        self.copy = copy
+        self.device = torch.device(to) if to is not None else None
+        self.dtype = dtype
+        self.reduce = reduce
+        self.grad = grad
+        copies = copy in ("clone", "deepcopy")
+        self._tensor: Callable[[torch.Tensor], Any]
+        if reduce is not None or self.device is not None or dtype is not None:
+            self._tensor = self._one
+        elif copies:
+            self._tensor = clone if grad else detached_clone
+        else:
+            self._tensor = _itself if grad else torch.Tensor.detach
+
+    def __call__(self, value: Any) -> Any:
+        if isinstance(value, (torch.Tensor, list, tuple, dict)):
+            return _map(value, self._tensor)
+        from ..runtime import copy_value
+
+        return copy_value(value, self.copy)
+
+    def copier_for(self, cls: type) -> Callable[[Any], Any]:
+        """The copier for values of exactly ``cls``: the tensor one for ``torch.Tensor``."""
+        return self._tensor if cls is torch.Tensor else self
+
+    def _one(self, tensor: torch.Tensor) -> Any:
         live = tensor
-        if reduce is not None:
-            tensor = reduce(tensor)
+        if self.reduce is not None:
+            tensor = self.reduce(tensor)
             if not isinstance(tensor, torch.Tensor):
                 return tensor
-        if not grad:
+        if not self.grad:
             tensor = tensor.detach()
-        if device is not None or dtype is not None:
+        device = self.device
+        if device is not None or self.dtype is not None:
             tensor = tensor.to(
-                device=device, dtype=dtype, non_blocking=live.is_cuda and device == torch.device("cpu")
+                device=device,
+                dtype=self.dtype,
+                non_blocking=live.is_cuda and device == torch.device("cpu"),
             )
-        if copy == "clone" and _shares_memory(tensor, live):
+        if self.copy in ("clone", "deepcopy") and _shares_memory(tensor, live):
             tensor = clone(tensor)
         return tensor
 
-    def keep(value: Any) -> Any:
-        if isinstance(value, (torch.Tensor, list, tuple, dict)):
-            return _map(value, one)
-        return copy_value(value, copy)
 
-    return keep
+def _itself(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
 
 
 def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -100,9 +100,13 @@ class _Owner:
         self.paths = frozenset(paths)
 
     def __call__(self, module: Any) -> Optional[str]:
-        mark = getattr(module, "__dict__", {}).get(_MARK)
+        try:
+            mark = module.__dict__.get(_MARK)
+        except AttributeError:  # an instance without __dict__ is never marked
+            return None
+        # The marker itself, not str(mark): its hash is computed once, not per value.
         if type(mark) is _PathMark and mark in self.paths:
-            return str(mark)
+            return mark
         return None
 
 

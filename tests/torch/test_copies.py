@@ -3,7 +3,7 @@
 import torch
 
 from bcrecord.runtime import copy_value
-from bcrecord.torch.copies import value_policy
+from bcrecord.torch.copies import detached_clone, value_policy
 
 
 def test_core_policies_for_tensors():
@@ -32,3 +32,27 @@ def test_value_policy_options():
     grad_in = torch.ones(2, requires_grad=True) * 3
     assert value_policy(grad=True)(grad_in).requires_grad
     assert value_policy()([t, "label"])[1] == "label"
+
+
+def test_deepcopy_policy_copies_tensors_like_clone():
+    t = torch.arange(3.0)
+    kept = value_policy(copy="deepcopy")(t)
+    t.mul_(10)
+    assert torch.equal(kept, torch.arange(3.0)) and kept.data_ptr() != t.data_ptr()
+    live = value_policy(copy="deepcopy", reduce=lambda v: v)(t)  # reduce returns the live tensor
+    t.zero_()
+    assert torch.equal(live, torch.tensor([0.0, 10.0, 20.0]))
+
+
+def test_value_policy_gives_plain_tensors_one_copier():
+    grad_in = torch.ones(2, requires_grad=True) * 3
+    plain = value_policy()
+    assert plain.copier_for(torch.Tensor) is detached_clone
+    assert plain.copier_for(list) is plain and plain.copier_for(torch.nn.Parameter) is plain
+    assert value_policy(grad=True).copier_for(torch.Tensor)(grad_in).requires_grad
+    detach = value_policy(copy="detach").copier_for(torch.Tensor)
+    assert detach(grad_in).data_ptr() == grad_in.data_ptr() and not detach(grad_in).requires_grad
+    reduced = value_policy(reduce=lambda v: v.sum()).copier_for(torch.Tensor)
+    assert reduced(grad_in).item() == 6.0 and not reduced(grad_in).requires_grad
+    for policy in (plain, value_policy(copy="detach"), value_policy(dtype=torch.float64)):
+        assert torch.equal(policy.copier_for(torch.Tensor)(grad_in), policy(grad_in))
