@@ -189,11 +189,16 @@ class _Slot:
         """The code with the probes of the patches in ``wanted`` (by id; all when None)."""
         if wanted is None:
             return self.probed
-        chosen = tuple(id(patch) for patch in self.patches if id(patch) in wanted)
-        if len(chosen) == len(self.patches):
+        # A loop rather than a generator: this runs each time a recording is entered.
+        ids = []
+        for patch in self.patches:
+            if id(patch) in wanted:
+                ids.append(id(patch))
+        if len(ids) == len(self.patches):
             return self.probed
-        if not chosen:
+        if not ids:
             return self.original_code
+        chosen = tuple(ids)
         code = self._subsets.get(chosen)
         if code is None:
             code = self._subsets[chosen] = self.plan([p for p in self.patches if id(p) in chosen])

@@ -174,7 +174,12 @@ class _WeakRegistry(Generic[T]):
 
     def live(self) -> List[T]:
         """The registered objects still alive (a snapshot: safe to change while walking)."""
-        return [item for ref in tuple(self._refs.values()) if (item := ref()) is not None]
+        alive = []
+        for ref in tuple(self._refs.values()):  # a loop, not a comprehension: no frame on 3.11
+            item = ref()
+            if item is not None:
+                alive.append(item)
+        return alive
 
 
 # --- sites and sinks ---------------------------------------------------------
@@ -219,6 +224,7 @@ class _Unrouted:
         with _sites_lock:
             if routing.version == version and sinks[self.site_id] is self:
                 sinks[self.site_id] = target
+                routing.routed = True
         return target
 
     def append(self, value: Any) -> None:
@@ -249,7 +255,7 @@ class _Routing:
     that have none).
     """
 
-    __slots__ = ("sinks", "own", "recordings", "version", "__weakref__")
+    __slots__ = ("sinks", "own", "recordings", "version", "routed", "__weakref__")
 
     def __init__(
         self, own: Tuple[Recording, ...], recordings: Tuple[Recording, ...], sinks: Optional[List[Any]] = None
@@ -257,6 +263,8 @@ class _Routing:
         self.own = own
         self.recordings = recordings
         self.version = 0
+        #: Whether any item of ``sinks`` differs from ``_UNROUTED``'s (see :meth:`reset`).
+        self.routed = False
         with _sites_lock:
             # ``sinks``: a list made elsewhere to fill in place (the ContextVar's default).
             self.sinks: List[Any] = [] if sinks is None else sinks
@@ -289,10 +297,18 @@ class _Routing:
                 sinks[0] = None  # break the cycle: the list is freed now
 
     def reset(self) -> None:
-        """Forget every route (they are rebuilt on the next value of each site)."""
+        """Forget every route (they are rebuilt on the next value of each site).
+
+        A routing that has routed nothing since its last reset (the default
+        routing, in a process whose recordings are all entered in the thread
+        that runs the model) has nothing to forget: entering and leaving a
+        ``threads='all'`` recording then costs no copy of the list.
+        """
         with _sites_lock:
             self.version += 1
-            self.sinks[1:] = _UNROUTED[1:]
+            if self.routed:
+                self.sinks[1:] = _UNROUTED[1:]
+                self.routed = False
 
 
 class _FanOut:
@@ -552,7 +568,7 @@ def _rearm() -> None:
         for item in _armables.live():
             item.disarm()
         return
-    wanted = _wanted_now()
+    wanted = None if _taking_all else _wanted
     for item in _armables.live():
         item.arm(wanted)
 
@@ -893,7 +909,13 @@ class Recording:
             routing.retire()
         with _arm_lock:
             if self.threads == "all":
-                _set_shared(tuple(r for r in _shared if r is not self))
+                # Usually the last one entered: no generator to run then.
+                others = (
+                    _shared[:-1]
+                    if _shared and _shared[-1] is self
+                    else tuple(r for r in _shared if r is not self)
+                )
+                _set_shared(others)
             armed, self._armed_for = self._armed_for, None
             _deactivate(None if self._only is None else armed or set())
 

@@ -129,18 +129,27 @@ def time_block(variant: Variant) -> float:
     return elapsed / variant.ops
 
 
-def interleave(variants: Sequence[Variant], rounds: int, warmup: int = 1) -> dict[str, list[float]]:
+def interleave(
+    variants: Sequence[Variant],
+    rounds: int,
+    warmup: int = 1,
+    settle: Optional[Callable[[], None]] = None,
+) -> dict[str, list[float]]:
     """Per-round ns/op of every variant; each round runs all, in a shuffled order.
 
     Shuffled, not rotated: a block runs faster after one that warmed the same data
     (resnet50's early layers' weights in the CPU caches: 5% measured), and a rotation
     keeps every variant behind the same neighbour round after round. A seeded
     shuffle gives each variant every predecessor in turn, and runs repeat.
+    ``settle``, when given, runs (untimed) before every block, so that every block
+    starts from the same state whatever ran before it.
     """
     times: dict[str, list[float]] = {v.name: [] for v in variants}
     order = random.Random(ORDER_SEED)
     for round_number in range(warmup + rounds):
         for variant in order.sample(list(variants), len(variants)):
+            if settle is not None:
+                settle()
             per_op = time_block(variant)
             if round_number >= warmup:
                 times[variant.name].append(per_op)

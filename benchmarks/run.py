@@ -222,7 +222,9 @@ def time_block(variant: Variant) -> float:
     return elapsed / variant.ops
 
 
-def interleave(variants: Sequence[Variant], rounds: int) -> Dict[str, List[float]]:
+def interleave(
+    variants: Sequence[Variant], rounds: int, settle: Optional[Callable[[], None]] = None
+) -> Dict[str, List[float]]:
     """``core.interleave`` (shuffled order, warm-up round) with its blocks timed on the chosen clock.
 
     The models run on one thread (``torch.set_num_threads(1)``), all of it in this thread, so
@@ -230,7 +232,7 @@ def interleave(variants: Sequence[Variant], rounds: int) -> Dict[str, List[float
     is left out. ``--clock wall`` times with ``perf_counter_ns`` as core.py does.
     """
     with core_on_clock():
-        return core.interleave(variants, rounds)
+        return core.interleave(variants, rounds, settle=settle)
 
 
 @contextlib.contextmanager
@@ -1061,7 +1063,9 @@ def case_resnet(settings: Settings, model: nn.Module) -> Case:
         "with no forward, to show how much of bcrecord's overhead is set-up. Early stop: "
         "`create_feature_extractor(model, ['layer2'])` (bcrecord stops the forward after "
         "layer2) vs torchvision's for `['layer2']` (FX prunes the graph) vs the hand-written "
-        "prefix `layer2(layer1(maxpool(relu(bn1(conv1(x))))))` as the floor.",
+        "prefix `layer2(layer1(maxpool(relu(bn1(conv1(x))))))` as the floor. An untimed unpatched "
+        "forward runs before every block, so that each starts from the same state (a block that "
+        "followed one running the same layers would start with their weights in the CPU caches).",
     )
     started = time.perf_counter()
     x = torch.randn(1, 3, size, size)
@@ -1186,7 +1190,12 @@ def case_resnet(settings: Settings, model: nn.Module) -> Case:
             names["steady2"], repeat(lambda: model(x)), enter_steady_early, leave_steady_early, ops=forwards
         ),
     ]
-    times = interleave(variants, settings.resnet_rounds)
+
+    def settle() -> None:  # every block starts after the same full forward, not its neighbour's work
+        with torch.no_grad():
+            model(x)
+
+    times = interleave(variants, settings.resnet_rounds, settle=settle)
     base = names["unpatched"]
     unpatched_ms = statistics.median(times[base]) / 1e6
     five = [

@@ -180,6 +180,23 @@ def test_worker_threads_reach_threads_all_and_carry():
     assert carried.all("dp:f:w@0") == [6]
 
 
+def test_the_default_routing_copies_its_list_on_reset_only_after_it_routed():
+    # Entering and leaving a threads='all' recording resets the routing of threads
+    # without recordings; while none of them recorded, that costs no list copy.
+    from bcrecord import runtime
+
+    routing = runtime._default_routing
+    with bcrecord.recording(threads="all") as rec:
+        assert routing.routed is False
+        worker = threading.Thread(target=recorded, args=(Mutable(1),))
+        worker.start()
+        worker.join()
+        assert routing.routed is True
+    assert routing.routed is False
+    assert routing.sinks[1:] == runtime._UNROUTED[1:]  # every route forgotten
+    assert [m.v for m in rec.all("mut:mutating:pre@0")] == [2]
+
+
 def test_asyncio_tasks_have_their_own_recordings():
     async def step(v):
         await asyncio.sleep(0)
