@@ -1297,13 +1297,14 @@ def case_resnet(settings: Settings, model: nn.Module) -> Case:
             "through the model's frames. That work is small in instructions (callgrind, "
             "16x16 input: 11.7M instructions a call against FX's 12.6M) but runs right after the "
             "convolutions have evicted the interpreter from the CPU caches, where each small Python "
-            "step costs microseconds: after a 32 MB write that evicts everything, a call on a tiny "
-            "model spends about 55 us entering and leaving (70 us before extractors reused their "
-            "recordings and armed only their own patches), and its forward up to layer2 takes about "
-            "50 us more than calling the two layers directly (the root module's call, two probes and "
-            "the stop). Closing the rest needs a per-call path with far fewer Python steps than "
-            "entering a general recording (context, routing, arming, marking), or probes in C; "
-            "fewer instructions alone do not help.",
+            "step costs microseconds: timed step by step right after a full forward (2026-11-30, "
+            "64x64), a call spends about 100 us outside the model (finding its plan and recording "
+            "12, marking 15, entering the recording 30, leaving it 30, unmarking 6, building the "
+            "output 8), about 1.5% of the call. "
+            "The runs scatter by several percent round to round on this shared machine, more than "
+            "the gap. Closing it needs a per-call path with far fewer Python steps than entering "
+            "a general recording (context, routing, arming, marking), or probes in C; fewer "
+            "instructions alone do not help.",
         )
     )
     case.tables.append(memory_table(settings, case))
@@ -1844,8 +1845,14 @@ def case_calls(settings: Settings) -> Case:
             f"Measured here: the probes alone cost {probes:.3f}x the unpatched forward, keeping "
             f"the values uncopied {detached:.3f}x, the default clones {recorded:.3f}x; forward "
             f"hooks making the same clones cost {hooks:.3f}x. What the default adds over "
-            f"`copy='detach'` is copying {measured.per_forward} activations a forward into fresh "
-            "memory (glibc hands freed memory back to the system and faults it in again); "
+            f"`copy='detach'` is a copy-on-write clone of each of the {measured.per_forward} values, "
+            "and the copies themselves where the model then writes to a recorded value in place "
+            "(ReLU(inplace=True) after bn1 and bn2, `out += identity` after bn3: 48 tensors a "
+            "forward): those copies are what keep a recorded value as it was when assigned, and "
+            "they cost as much as the hooks' clones. What keeping values costs (`copy='detach'` "
+            "over the probes alone) is the memory of 148 live tensors instead of a few reused "
+            "buffers. The probes alone go through five Python calls a value (the probe, the "
+            "per-instance route, the owner lookup, the sink, the copier); "
             "`copy='detach'` is enough where the model changes no recorded value in place later.",
             origin="issue 8",
         )
@@ -2022,7 +2029,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return model
 
     runners: Dict[int, Callable[[], Case]] = {
-        # 1 and 2 first: bcrecord.torch (which wraps the probe) is not imported yet.
+        # 1 and 2 first: bcrecord.torch (which sets the probe's frame switch) is not imported yet.
         1: lambda: case_per_event(settings),
         2: lambda: case_idle(settings),
         3: lambda: case_toy(settings),
