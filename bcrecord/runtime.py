@@ -1116,18 +1116,26 @@ def __bcrecord_probe__(value: Any, site_id: int, instance: Any = _NO_INSTANCE) -
     self) is passed only by per-instance sites, whose keys start with its owner.
     """
     switch = _switch
-    prior = None if switch is None else switch(None)
+    if switch is not None:
+        prior = switch(None)
+        if prior is not None:  # frames were being evaluated another way: deliver with that off
+            try:
+                __bcrecord_probe__(value, site_id, instance)
+            finally:
+                switch(prior)
+            return
     try:
         target = _context.get()[site_id]
-        if instance is _NO_INSTANCE:
-            target.append(value)
-        else:
-            target.deliver(value, instance)
-    except (IndexError, AttributeError):  # not an id inserted code reports with; a released site
-        pass
-    finally:
-        if prior is not None:
-            switch(prior)  # type: ignore[misc]
+    except IndexError:  # not an id inserted code reports with
+        return
+    if instance is _NO_INSTANCE:
+        target.append(value)
+        return
+    try:
+        deliver = target.deliver
+    except AttributeError:  # released: the site's item drops values
+        return
+    deliver(value, instance)
 
 
 # Call-spelled probes find the runtime with LOAD_GLOBAL, which falls back to builtins.

@@ -193,7 +193,7 @@ FULL = Settings(
     setup_reps=20,
     compile_rounds=40,
     compile_calls=200,
-    calls_rounds=30,
+    calls_rounds=60,
     calls_forwards=5,
 )
 

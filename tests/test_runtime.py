@@ -441,7 +441,8 @@ def test_a_frame_switch_runs_around_each_called_delivery(monkeypatch):
     finally:
         assert runtime.set_frame_switch(previous) is switch
     assert rec.all("sw:count_up:x@0") == [0, 2]
-    assert switched == [None, "compiled"] * 3 and current == ["compiled"]
+    # Off, then the delivery itself (frames already plain: nothing to restore), then on again.
+    assert switched == [None, None, "compiled"] * 3 and current == ["compiled"]
 
 
 def test_sites_added_while_recording_reach_every_context():
