@@ -1115,8 +1115,8 @@ def __bcrecord_probe__(value: Any, site_id: int, instance: Any = _NO_INSTANCE) -
     ``SINKS.get()[site_id].append(value)``. ``instance`` (the method's
     self) is passed only by per-instance sites, whose keys start with its owner.
     """
-    switch = _switch
-    if switch is not None:
+    if _switch is not None:  # a global test, cheaper than a local kept for every value
+        switch = _switch
         prior = switch(None)
         if prior is not None:  # frames were being evaluated another way: deliver with that off
             try:
