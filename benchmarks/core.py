@@ -11,10 +11,9 @@ Every number printed is a *ratio* between variants timed in the same process,
 never an absolute-time verdict. The variants of a case are interleaved round by
 round: each round times every variant once, in an order shuffled afresh each
 round (seeded, so runs repeat), with the garbage collector disabled during each
-timed block. A ratio
-is taken per round (against the baseline timed in that same round); the table
-shows the median of those per-round ratios and their interquartile range (IQR).
-Median times per operation are shown for context only.
+timed block. A ratio is taken per round (against the baseline timed in that same
+round); the table shows the median of those per-round ratios and their
+interquartile range (IQR). Median times per operation are shown for context only.
 
 Cases:
 

@@ -103,3 +103,20 @@ def test_a_function_patched_before_torch_was_imported_compiles_and_records():
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split() == ["ok"]
+
+
+def test_the_probe_is_the_core_function_with_dynamo_s_frame_switch():
+    # One Python call per recorded value in eager code: no wrapper around the core probe.
+    import builtins
+
+    from torch._C._dynamo.eval_frame import set_eval_frame
+
+    from bcrecord import runtime
+
+    assert getattr(builtins, runtime.PROBE_NAME) is runtime.__bcrecord_probe__
+    assert runtime.__bcrecord_probe__._torchdynamo_disable is True  # Dynamo skips it
+    switch = runtime.set_frame_switch(None)
+    try:
+        assert switch is set_eval_frame
+    finally:
+        runtime.set_frame_switch(switch)
