@@ -20,8 +20,9 @@ Four rules decide it:
   context's *sinks list*, indexed by site id. Where the one recording that takes a
   site keeps values uncopied, the item is its list of values, and no Python code
   runs per value; otherwise it is a :class:`Sink` (copy, then store), a fan-out to
-  nested recordings, or a drop. Items are built on a site's first value in a
-  context.
+  nested recordings, or a drop. A per-instance site's probe (call spelling) also
+  passes the instance, and its item keeps one such route per owner name. Items
+  are built on a site's first value in a context.
 * **What is stored.** A copy made when the value is assigned, by the recording's
   copy policy (overridable per spec): ``'clone'`` calls ``.clone()`` where the
   value has one (and copies lists, tuples, dicts and sets around such values),
