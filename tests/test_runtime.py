@@ -129,6 +129,24 @@ def test_nested_recordings_both_receive_and_arming_follows_the_outermost():
             pass
 
 
+def test_nested_recordings_both_receive_per_instance_values():
+    class Block:
+        def forward(self, x):
+            out = x * 2
+            return out
+
+    a, b = Block(), Block()
+    a.name, b.name = "a", "b"
+    with bcrecord.patch_method(Block, "forward", ["out"], name=lambda m: m.name):
+        with bcrecord.recording() as outer:
+            a.forward(1)
+            with bcrecord.recording() as inner:
+                a.forward(2), b.forward(3)
+            b.forward(4)
+    assert outer.all("a:forward:out@0") == [2, 4] and outer.all("b:forward:out@0") == [6, 8]
+    assert inner.all("a:forward:out@0") == [4] and inner.all("b:forward:out@0") == [6]
+
+
 def test_threads_with_their_own_recordings_do_not_cross_talk():
     def work(tag, n):
         for k in range(n):
