@@ -569,7 +569,7 @@ def _rearm() -> None:
         for item in _armables.live():
             item.disarm()
         return
-    wanted = None if _taking_all else _wanted
+    wanted = _wanted_now()
     for item in _armables.live():
         item.arm(wanted)
 

@@ -29,7 +29,7 @@ from typing import Any, Callable, Optional, Union
 
 import torch
 
-from ..runtime import register_copy
+from ..runtime import copy_value, register_copy
 
 __all__ = ["ValuePolicy", "clone", "detached_clone", "value_policy"]
 
@@ -156,8 +156,6 @@ class ValuePolicy:
     def __call__(self, value: Any) -> Any:
         if isinstance(value, (torch.Tensor, list, tuple, dict)):
             return _map(value, self._tensor)
-        from ..runtime import copy_value
-
         return copy_value(value, self.copy)
 
     def copier_for(self, cls: type) -> Callable[[Any], Any]:
