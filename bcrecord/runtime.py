@@ -995,7 +995,15 @@ class Recording:
 
     # reading ---------------------------------------------------------------
 
+    def _settle(self) -> None:
+        """Finish copies still in flight, before values are read.
+
+        The core copies synchronously; a plug-in whose copies complete later (the
+        torch layer's non-blocking copies from a GPU) waits for them here.
+        """
+
     def _values(self, key: str) -> Union[List[Any], Deque[Any]]:
+        self._settle()
         values = self._data.get(key, _MISSING)
         if values is _MISSING:
             close = difflib.get_close_matches(key, list(self._data), n=3)
@@ -1014,6 +1022,7 @@ class Recording:
 
     def get(self, key: str, default: Any = None) -> Any:
         """The latest value under ``key``, or ``default``."""
+        self._settle()
         values = self._data.get(key)
         return default if not values else values[-1]
 
@@ -1023,6 +1032,7 @@ class Recording:
 
     def items(self) -> List[Tuple[str, Any]]:
         """``(key, latest value)`` pairs."""
+        self._settle()
         return [(key, values[-1]) for key, values in self._data.items()]
 
     def __contains__(self, key: object) -> bool:

@@ -635,3 +635,28 @@ def test_a_finished_recording_is_freed_as_soon_as_it_is_dropped():
             assert value() is None
     finally:
         gc.enable()
+
+
+def test_every_read_of_values_settles_first():
+    # A plug-in whose copies finish later (the torch layer's copies from a GPU)
+    # finishes them in _settle; every way of reading a value goes through it.
+    class Settling(bcrecord.Recording):
+        settled = 0
+
+        def _settle(self):
+            self.settled += 1
+
+    g = bcrecord.instrument(lambda a: a + 1, "return", name="m")
+    with Settling() as rec:
+        g(1)
+    reads = [
+        lambda: rec["m:<lambda>:return"],
+        lambda: rec.all("m:<lambda>:return"),
+        lambda: rec.get("m:<lambda>:return"),
+        lambda: rec.items(),
+    ]
+    for count, read in enumerate(reads, 1):
+        read()
+        assert rec.settled == count
+    assert rec.keys() == ["m:<lambda>:return"] and rec.settled == 4  # keys hold no values
+    assert bcrecord.recording()._settle() is None  # the core's own copies are done at once

@@ -12,8 +12,9 @@ Importing this module registers how tensors are copied under each core policy
 * ``'deepcopy'``: a detached clone (``copy.deepcopy`` refuses non-leaf tensors).
 
 :func:`value_policy` builds the copier for one target of :func:`bcrecord.torch.record`
-from its options: offload (``to='cpu'``), dtype cast, a reduce function, and
-``grad=True`` (keep the value in the autograd graph).
+from its options: offload (``to='cpu'``; from a GPU the copy does not block, and
+recordings wait for it before a value is read: :meth:`ValuePolicy.settle`), dtype
+cast, a reduce function, and ``grad=True`` (keep the value in the autograd graph).
 
 >>> import torch
 >>> from bcrecord.runtime import copy_value
@@ -25,7 +26,7 @@ from its options: offload (``to='cpu'``), dtype cast, a reduce function, and
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Optional, Set, Union
 
 import torch
 
@@ -129,7 +130,7 @@ class ValuePolicy:
     goes through one call instead of four.
     """
 
-    __slots__ = ("copy", "device", "dtype", "reduce", "grad", "_tensor")
+    __slots__ = ("copy", "device", "dtype", "reduce", "grad", "_tensor", "_pending")
 
     def __init__(
         self,
@@ -144,6 +145,8 @@ class ValuePolicy:
         self.dtype = dtype
         self.reduce = reduce
         self.grad = grad
+        #: GPU streams with copies to the CPU still in flight (see :meth:`settle`).
+        self._pending: Set[Any] = set()
         copies = copy in ("clone", "deepcopy")
         self._tensor: Callable[[torch.Tensor], Any]
         if reduce is not None or self.device is not None or dtype is not None:
@@ -162,6 +165,22 @@ class ValuePolicy:
         """The copier for values of exactly ``cls``: the tensor one for ``torch.Tensor``."""
         return self._tensor if cls is torch.Tensor else self
 
+    def settle(self) -> None:
+        """Wait for the copies from a GPU to the CPU (``to='cpu'``) this policy started.
+
+        They are made with ``non_blocking=True``, so the GPU fills the CPU tensor
+        later; read before then, it holds garbage. Recordings call this before
+        their values are read. Does nothing when no such copy is in flight.
+
+        >>> keep = value_policy(to="cpu")
+        >>> keep(torch.ones(2)).device.type, keep.settle()
+        ('cpu', None)
+        """
+        for stream in list(self._pending):
+            # Discard before waiting: a copy queued meanwhile re-adds its stream.
+            self._pending.discard(stream)
+            stream.synchronize()
+
     def _one(self, tensor: torch.Tensor) -> Any:
         live = tensor
         if self.reduce is not None:
@@ -172,11 +191,11 @@ class ValuePolicy:
             tensor = tensor.detach()
         device = self.device
         if device is not None or self.dtype is not None:
-            tensor = tensor.to(
-                device=device,
-                dtype=self.dtype,
-                non_blocking=live.is_cuda and device == torch.device("cpu"),
-            )
+            source = tensor.device
+            offload = device is not None and device.type == "cpu" and source.type == "cuda"
+            tensor = tensor.to(device=device, dtype=self.dtype, non_blocking=offload)
+            if offload:  # the GPU has yet to fill it: recordings wait before reading
+                self._pending.add(torch.cuda.current_stream(source))
         if self.copy in ("clone", "deepcopy") and _shares_memory(tensor, live):
             tensor = clone(tensor)
         return tensor

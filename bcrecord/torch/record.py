@@ -52,7 +52,7 @@ from ..errors import RecordingWarning, TargetError
 from ..patch import Patch, function_of, patch_method, remove_all
 from ..runtime import Recording, Sink
 from ..specs import Attribute, Local, Spec
-from .copies import Device, value_policy
+from .copies import Device, ValuePolicy, value_policy
 from .targets import Target, expand_all, module_at
 
 __all__ = ["record", "ModelRecording", "StopForward"]
@@ -131,6 +131,12 @@ class ModelRecording(Recording):
         self._stop = stop_after_last
         self._needed: frozenset = frozenset()
         self._seen: Set[str] = set()
+        #: The value policies of the plan (their copies from a GPU finish before reads).
+        self._policies: Tuple[ValuePolicy, ...] = ()
+
+    def _settle(self) -> None:
+        for policy in self._policies:
+            policy.settle()
 
     def keys_of(self, target: str) -> List[str]:
         """The keys recorded for a target string as given to :func:`record`."""
@@ -175,14 +181,16 @@ def _reduce_for(reduce: Any, target: Target) -> Optional[Callable[[torch.Tensor]
 class _GradCopy:
     """The copier of a ``.grad`` target: keeps the value and records its gradient."""
 
-    def __init__(self, plan: Plan, key: str, keep: Callable[[Any], Any]) -> None:
-        self.plan, self.key, self.keep = plan, key, keep
+    def __init__(
+        self, plan: Plan, key: str, keep: Callable[[Any], Any], keep_grad: Callable[[Any], Any]
+    ) -> None:
+        self.plan, self.key, self.keep, self.keep_grad = plan, key, keep, keep_grad
 
     def __call__(self, value: Any) -> Any:
         rec = self.plan.recording
         if rec is not None and isinstance(value, torch.Tensor) and value.requires_grad:
             # The recording of this pass, even if the gradient arrives after it ends.
-            value.register_hook(lambda grad: rec.add(self.key + ".grad", grad.detach().clone()))
+            value.register_hook(lambda grad: rec.add(self.key + ".grad", self.keep_grad(grad)))
         return self.keep(value)
 
 
@@ -280,7 +288,7 @@ class Plan:
         self.keys: Dict[str, List[str]] = {}
         #: The targeted submodules, by path.
         self.modules: Dict[str, torch.nn.Module] = {}
-        policies: Dict[Any, Callable[[Any], Any]] = {}
+        policies: Dict[Any, ValuePolicy] = {}
         # One patch per (class, method, set of instance paths): specs wanted by exactly
         # the same instances share it. Gradient targets get a patch per key.
         wanted: Dict[Tuple[type, str, Spec], set] = defaultdict(set)
@@ -301,8 +309,12 @@ class Plan:
                     self.keys[text].append(key)
                     if target.grad:
                         self.keys[text].append(key + ".grad")
+                        # The gradient gets the value's options, outside the graph.
+                        keep_grad = policies.setdefault(
+                            (reducer, False), value_policy(copy, to, dtype, reducer, False)
+                        )
                         grad_specs[(cls, method, target.path)].append(
-                            dataclasses.replace(spec, copy=_GradCopy(self, key, keep_value))
+                            dataclasses.replace(spec, copy=_GradCopy(self, key, keep_value, keep_grad))
                         )
                     else:
                         wanted[(cls, method, dataclasses.replace(spec, copy=keep_value))].add(target.path)
@@ -312,6 +324,8 @@ class Plan:
         for (cls, method, path), specs in grad_specs.items():
             self.specs[(cls, method, frozenset([path]))].extend(specs)
         self.needed = frozenset(k for keys in self.keys.values() for k in keys if not k.endswith(".grad"))
+        #: Every value policy of the targets, for recordings to wait on (see ModelRecording._settle).
+        self.policies: Tuple[ValuePolicy, ...] = tuple(policies.values())
         #: ``keys``, read-only, for recordings to share.
         self.keys_view: Mapping[str, List[str]] = types.MappingProxyType(self.keys)
         #: A marker per targeted submodule, made once (see the module docstring).
@@ -347,6 +361,7 @@ class Plan:
         kind = _ReusedRecording if reused else ModelRecording
         rec = kind(copy=self.copy, keep=keep, threads=threads, stop_after_last=stop_after_last, only=patches)
         rec.targets = self.keys_view
+        rec._policies = self.policies
         if stop_after_last:
             rec._needed = self.needed
         return rec
@@ -436,9 +451,11 @@ def record(
     path's key is ``'<path>:forward:return'``.
 
     Values are detached clones by default (``copy='detach'`` keeps the tensor itself,
-    detached). ``to='cpu'`` offloads, ``dtype`` casts, ``reduce`` (a callable, or a
-    dict by target string) is applied first, ``grad=True`` keeps values in the
-    autograd graph. ``keep='last'`` or an int bounds memory per key.
+    detached). ``to='cpu'`` offloads (from a GPU without blocking the model; reading
+    a value waits for its copy), ``dtype`` casts, ``reduce`` (a callable, or a dict
+    by target string) is applied first, ``grad=True`` keeps values in the autograd
+    graph; a ``.grad`` target's gradient gets the same ``to``, ``dtype`` and
+    ``reduce``. ``keep='last'`` or an int bounds memory per key.
 
     ``stop_after_last=True`` ends each forward pass as soon as every target has a
     value: the model's ``forward`` then returns None, and the rest of the model is

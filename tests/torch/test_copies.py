@@ -56,3 +56,24 @@ def test_value_policy_gives_plain_tensors_one_copier():
     assert reduced(grad_in).item() == 6.0 and not reduced(grad_in).requires_grad
     for policy in (plain, value_policy(copy="detach"), value_policy(dtype=torch.float64)):
         assert torch.equal(policy.copier_for(torch.Tensor)(grad_in), policy(grad_in))
+
+
+class FakeStream:
+    """Stands in for a CUDA stream: counts how often it is waited for."""
+
+    def __init__(self):
+        self.waits = 0
+
+    def synchronize(self):
+        self.waits += 1
+
+
+def test_settle_waits_once_for_each_stream_with_copies_in_flight():
+    keep = value_policy(to="cpu")
+    first, second = FakeStream(), FakeStream()
+    keep._pending.update([first, second])
+    keep.settle()
+    keep.settle()  # nothing in flight any more: no second wait
+    assert (first.waits, second.waits) == (1, 1) and not keep._pending
+    # From the CPU to the CPU: nothing to wait for.
+    assert torch.equal(keep(torch.ones(2)), torch.ones(2)) and not keep._pending

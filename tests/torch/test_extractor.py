@@ -130,6 +130,21 @@ def test_extractor_patches_once_and_the_model_is_itself_between_calls():
     assert len(patch_module._slots) == slots_before  # garbage collection removed the rest
 
 
+def test_outputs_wait_for_copies_still_in_flight():
+    from .test_copies import FakeStream
+
+    net = SmallNet().eval()
+    x = torch.randn(2, 3, 8, 8)
+    extractor = create_feature_extractor(net, ["bn1", "fc"], to="cpu")
+    first = extractor(x)
+    plan = extractor._plans[False][0]
+    stream = FakeStream()  # a copy from a GPU queued by the next call, as the probe would
+    net.fc.register_forward_pre_hook(lambda *_: plan.policies[0]._pending.add(stream))
+    second = extractor(x)
+    assert stream.waits == 1 and not plan.policies[0]._pending
+    assert torch.equal(first["fc"], second["fc"]) and first["fc"].device.type == "cpu"
+
+
 def test_extractor_rejects_unknown_options_at_once():
     with pytest.raises(TypeError, match="unknown option.*stop_after"):
         create_feature_extractor(SmallNet(), ["bn1"], stop_after_last=True)

@@ -14,6 +14,7 @@ from bcrecord.torch import record
 from bcrecord.torch.record import StopForward
 
 from .models import Block, Gated, SmallNet, reference_smallnet
+from .test_copies import FakeStream
 
 
 @pytest.fixture
@@ -105,6 +106,38 @@ def test_policies_detach_offload_dtype_reduce_keep(net):
     with pytest.raises(ValueError, match="unknown copy policy"):
         with record(net, "fc", copy="shallow"):
             pass
+
+
+def test_every_read_waits_for_copies_still_in_flight(net):
+    x = torch.randn(2, 3, 8, 8)
+    with record(net, ["bn1", "fc"], to="cpu") as rec:
+        net(x)
+        (policy,) = rec._policies
+        reads = [
+            lambda: rec["fc:forward:return"],
+            lambda: rec.all("bn1:forward:return"),
+            lambda: rec.get("fc:forward:return"),
+            lambda: rec.items(),
+            lambda: rec.values_of("bn1"),
+        ]
+        for read in reads:
+            stream = FakeStream()  # what a non-blocking copy from a GPU leaves behind
+            policy._pending.add(stream)
+            read()
+            assert stream.waits == 1 and not policy._pending
+
+
+def test_gradients_get_the_value_options(net):
+    net.train()
+    x = torch.randn(2, 3, 8, 8)
+    with record(net, ["fc:forward:return.grad"], dtype=torch.float64, reduce=lambda t: t.sum(0)) as rec:
+        out = net(x)
+        out.pow(2).sum().backward()
+    grad = rec["fc:forward:return.grad"]
+    # d(sum out^2)/d out = 2 * out, reduced over the batch like the value itself
+    assert grad.dtype == torch.float64 and grad.shape == (5,) and not grad.requires_grad
+    assert torch.allclose(grad, (2 * out.detach()).sum(0).double(), atol=1e-6)
+    assert torch.allclose(rec["fc:forward:return"], out.detach().sum(0).double(), atol=1e-6)
 
 
 def test_grad_keeps_values_in_the_graph_and_records_gradients(net):
