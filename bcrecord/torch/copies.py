@@ -176,6 +176,8 @@ class ValuePolicy:
         >>> keep(torch.ones(2)).device.type, keep.settle()
         ('cpu', None)
         """
+        if not self._pending:  # the usual case: nothing offloaded from a GPU
+            return
         for stream in list(self._pending):
             # Discard before waiting: a copy queued meanwhile re-adds its stream.
             self._pending.discard(stream)
