@@ -652,7 +652,16 @@ def resolve(specs: Sequence[Spec], cmap: CodeMap) -> Tuple[ProbePoint, ...]:
                 raise TargetError(f"{func} has no return instruction")
             positions = tuple(p for site in cmap.returns for p in site.positions)
             points.append(ProbePoint("return", positions, "return", copy=spec.copy))
-    return tuple(points)
+    # Overlapping specs (["out", "out@1"]) name a site once: one probe, one value a run.
+    unique: Dict[str, ProbePoint] = {}
+    for point in points:
+        first = unique.setdefault(point.label, point)
+        if first.copy is not point.copy and first.copy != point.copy:
+            raise TargetError(
+                f"{func}: {point.label!r} is asked for twice with different copy policies "
+                f"({first.copy!r} and {point.copy!r})"
+            )
+    return tuple(unique.values())
 
 
 class Targets:

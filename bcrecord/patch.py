@@ -611,7 +611,7 @@ def patch_method(
         slot.key = key
         patch = _attach(slot, obj, method, specs, name, default)
         try:
-            _install(obj, method, _wrap_like(raw, live, obj))
+            _install(obj, method, _wrap_like(raw, live, obj, in_own_dict=raw is own))
         except BaseException:
             slot.release()
             raise
@@ -634,8 +634,12 @@ def _unwrap_installed(raw: Any) -> Any:
     return raw
 
 
-def _wrap_like(raw: Any, live: types.FunctionType, holder: Any) -> Any:
-    """``live`` dressed the way ``raw`` was: static/class method, or bound to an instance."""
+def _wrap_like(raw: Any, live: types.FunctionType, holder: Any, in_own_dict: bool = False) -> Any:
+    """``live`` dressed the way ``raw`` was: static/class method, or bound to an instance.
+
+    A plain function kept in an instance's own ``__dict__`` (``m.forward = hook``) is
+    not a method: Python calls it without the instance, so it stays plain.
+    """
     if isinstance(raw, staticmethod):
         return live if not isinstance(holder, type) else staticmethod(live)
     if isinstance(raw, classmethod):
@@ -643,7 +647,7 @@ def _wrap_like(raw: Any, live: types.FunctionType, holder: Any) -> Any:
         return classmethod(live) if isinstance(holder, type) else types.MethodType(live, owner)
     if isinstance(raw, types.MethodType):
         return types.MethodType(live, raw.__self__)
-    if isinstance(holder, (type, types.ModuleType)):
+    if isinstance(holder, (type, types.ModuleType)) or in_own_dict:
         return live
     return types.MethodType(live, holder)
 

@@ -665,16 +665,33 @@ def _method_copier(method: str, policy: str) -> Copier:
 
 def _container_copier(cls: type, policy: str) -> Copier:
     def rebuild(value: Any) -> Any:
+        kind = type(value)
         if isinstance(value, dict):
             items = {k: copy_value(v, policy) for k, v in value.items()}
-            return items if type(value) is dict else type(value)(items)
+            if kind is dict:
+                return items
+            try:
+                return kind(items)
+            except Exception:  # a constructor of its own (defaultdict's factory): copy, then refill
+                new = _copy_module.copy(value)
+                new.update(items)
+                return new
         elements = [copy_value(v, policy) for v in value]
-        if type(value) in _CONTAINERS:
-            return type(value)(elements)
+        if kind in _CONTAINERS:
+            return kind(elements)
         try:  # namedtuples and other container subclasses
-            return type(value)(*elements) if isinstance(value, tuple) else type(value)(elements)
-        except Exception:
-            return value
+            return kind(*elements) if isinstance(value, tuple) else kind(elements)
+        except Exception:  # a constructor of its own: copy, then refill (never the live value)
+            if isinstance(value, list):
+                new = _copy_module.copy(value)
+                new[:] = elements
+                return new
+            if isinstance(value, set):
+                new = _copy_module.copy(value)
+                new.clear()
+                new.update(elements)
+                return new
+            return _copy_module.deepcopy(value)
 
     return rebuild
 
@@ -801,6 +818,20 @@ _NO_INSTANCE = object()
 Keep = Union[str, int]
 
 
+def _sinks_of(own: Tuple[Recording, ...]) -> List[Any]:
+    """A sinks list for a context whose own recordings are ``own``."""
+    return _Routing(own, own).sinks if own else _default_routing.sinks
+
+
+def _own_before(token: contextvars.Token) -> Optional[Tuple[Recording, ...]]:
+    """The own recordings of the context before the ``_context.set`` that made ``token``."""
+    sinks = token.old_value
+    if sinks is contextvars.Token.MISSING:
+        sinks = DEFAULT_SINKS
+    routing = sinks[0]
+    return None if routing is None else routing.own
+
+
 def _set_shared(recordings: Tuple[Recording, ...]) -> None:
     global _shared
     with _sites_lock:
@@ -901,11 +932,19 @@ class Recording:
         if token is None:
             return
         routing, self._routing = self._routing, None
-        try:
-            _context.reset(token)
-        except ValueError:  # exited from another context: remove just this one
-            own = tuple(r for r in _context.get()[0].own if r is not self)
-            _context.set(_Routing(own, own).sinks if own else _default_routing.sinks)
+        current: _Routing = _context.get()[0]
+        own = current.own
+        if own and own[-1] is self and _own_before(token) == own[:-1]:
+            try:
+                _context.reset(token)
+            except ValueError:  # exited from another context than the one it entered
+                _context.set(_sinks_of(own[:-1]))
+        elif any(r is self for r in own):
+            # Exited before a recording entered after it (manual __exit__ calls): only
+            # this one leaves; resetting the token would drop the later ones too.
+            _context.set(_sinks_of(tuple(r for r in own if r is not self)))
+            if current is not routing and current is not self._kept:
+                current.retire()
         if routing is not None and routing is not self._kept:
             routing.retire()
         with _arm_lock:
@@ -1002,15 +1041,23 @@ class Recording:
         torch layer's non-blocking copies from a GPU) waits for them here.
         """
 
+    def _recorded(self) -> List[Tuple[str, Union[List[Any], Deque[Any]]]]:
+        """``(key, values)`` of every key with a value (a key whose copies all failed has none)."""
+        # list() first: a probe in another thread may add a key meanwhile.
+        return [(key, values) for key, values in list(self._data.items()) if values]
+
     def _values(self, key: str) -> Union[List[Any], Deque[Any]]:
         self._settle()
-        values = self._data.get(key, _MISSING)
-        if values is _MISSING:
-            close = difflib.get_close_matches(key, list(self._data), n=3)
+        values = self._data.get(key)
+        if not values:
+            if any(error.key == key for error in self.errors):
+                raise KeyError(f"no value recorded for {key!r}: copying failed (see .errors)")
+            known = [k for k, _ in self._recorded()]
+            close = difflib.get_close_matches(key, known, n=3)
             hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
-            known = ", ".join(self._data) or "(nothing recorded yet)"
-            raise KeyError(f"no values recorded for {key!r}{hint} recorded keys: {known}")
-        return values  # type: ignore[return-value]
+            listed = ", ".join(known) or "(nothing recorded yet)"
+            raise KeyError(f"no values recorded for {key!r}{hint} recorded keys: {listed}")
+        return values
 
     def __getitem__(self, key: str) -> Any:
         """The latest value recorded under ``key``."""
@@ -1028,21 +1075,21 @@ class Recording:
 
     def keys(self) -> List[str]:
         """Recorded keys, in the order each was first recorded."""
-        return list(self._data)
+        return [key for key, _ in self._recorded()]
 
     def items(self) -> List[Tuple[str, Any]]:
         """``(key, latest value)`` pairs."""
         self._settle()
-        return [(key, values[-1]) for key, values in self._data.items()]
+        return [(key, values[-1]) for key, values in self._recorded()]
 
     def __contains__(self, key: object) -> bool:
-        return key in self._data
+        return bool(self._data.get(key))  # type: ignore[call-overload]
 
     def __iter__(self) -> Iterator[str]:
-        return iter(list(self._data))
+        return iter(self.keys())
 
     def __len__(self) -> int:
-        return len(self._data)
+        return len(self._recorded())
 
     def clear(self) -> None:
         """Drop everything recorded so far (the recording stays active)."""
@@ -1052,7 +1099,7 @@ class Recording:
 
     def __repr__(self) -> str:
         state = "active" if self.active else "inactive"
-        return f"<Recording {state}, {len(self._data)} keys>"
+        return f"<Recording {state}, {len(self)} keys>"
 
 
 def recording(

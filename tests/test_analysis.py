@@ -119,3 +119,16 @@ def test_resolve_errors_name_what_exists():
         ("entry", "self.c"),
         ("load", "self.c@0"),
     ]
+
+
+def test_overlapping_specs_name_each_site_once():
+    def f(x):
+        out = x + 1
+        out = out * 2
+        return out
+
+    cmap = read(f.__code__)
+    points = resolve([Local("out"), Local("out", 1), Return(), Return()], cmap)
+    assert [p.label for p in points] == ["out@0", "out@1", "return"]
+    with pytest.raises(TargetError, match="'out@1' is asked for twice with different copy policies"):
+        resolve([Local("out"), Local("out", 1, copy="none")], cmap)

@@ -323,3 +323,19 @@ def test_inline_probes_are_respelled_as_calls_on_request_even_while_recording():
 
 def calls_probe(func):
     return _versions.PROBE_NAME in func.__code__.co_names
+
+
+def test_a_plain_function_kept_on_an_instance_stays_plain():
+    # m.forward = hook: Python calls it without the instance, and so must the patch.
+    class Model:
+        pass
+
+    def hook(x):
+        y = x + 1
+        return y
+
+    m = Model()
+    m.forward = hook
+    with bcrecord.patch_method(m, "forward", ["y"], name="m"), bcrecord.recording() as rec:
+        assert m.forward(1) == 2
+    assert rec["m:hook:y@0"] == 2 and m.__dict__["forward"] is hook and m.forward(5) == 6

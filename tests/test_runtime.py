@@ -599,7 +599,7 @@ def test_a_recording_that_keeps_its_routes_is_entered_pass_after_pass():
             site = patch._site_ids[0]
             cached.append(dict(rec._kept.sinks[site].targets))  # owner name -> its route
             rec._empty()
-        assert rec.all("b:forward:out@0") == [] and not rec.active
+        assert "b:forward:out@0" not in rec and rec.keys() == [] and not rec.active
         assert kept[0] is kept[1] is kept[2] and cached[0] == cached[2] and list(cached[0]) == ["b"]
         assert len(calls) == 6 and not is_active()
         with bcrecord.recording() as outer, rec:  # another context's recordings: a new routing
@@ -660,3 +660,66 @@ def test_every_read_of_values_settles_first():
         assert rec.settled == count
     assert rec.keys() == ["m:<lambda>:return"] and rec.settled == 4  # keys hold no values
     assert bcrecord.recording()._settle() is None  # the core's own copies are done at once
+
+
+def test_recordings_exited_out_of_order_each_stop_alone():
+    # Callback-driven recorders may enter and exit by hand in any order.
+    def f(n):
+        x = n * 2
+        return x
+
+    g = bcrecord.instrument(f, "x", name="m")
+    outer, first, second = bcrecord.recording(), bcrecord.recording(), bcrecord.recording()
+    outer.__enter__()
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)  # before the one entered after it
+    g(1)
+    second.__exit__(None, None, None)
+    g(2)
+    assert not first.active and not second.active
+    assert "m:f:x@0" not in first  # it stopped at its exit
+    assert second.all("m:f:x@0") == [2]  # it went on until its own
+    assert outer.all("m:f:x@0") == [2, 4]
+    outer.__exit__(None, None, None)
+    g(3)
+    assert outer.all("m:f:x@0") == [2, 4] and not is_active()
+
+
+def test_a_key_whose_copies_all_failed_has_no_values():
+    class Unclonable:
+        def clone(self):
+            raise RuntimeError("no copy")
+
+    def f():
+        bad = Unclonable()
+        ok = 1
+        return ok, bad
+
+    g = bcrecord.instrument(f, ["bad", "ok"], name="m")
+    with warnings.catch_warnings(record=True), bcrecord.recording() as rec:
+        g()
+    assert rec.keys() == ["m:f:ok@0"] and rec.items() == [("m:f:ok@0", 1)] and len(rec) == 1
+    assert "m:f:bad@0" not in rec and [e.key for e in rec.errors] == ["m:f:bad@0"]
+    with pytest.raises(KeyError, match="copying failed"):
+        rec["m:f:bad@0"]
+
+
+def test_clone_copies_containers_whose_constructor_is_their_own():
+    import collections
+
+    class Pair(list):
+        def __init__(self, a, b):
+            super().__init__([a, b])
+
+    counts = collections.defaultdict(list, {"a": [1]})
+    copied = copy_value(counts, "clone")
+    counts["a"].append(2)
+    assert type(copied) is collections.defaultdict and copied.default_factory is list
+    assert copied == {"a": [1]} and copied["b"] == []
+    pair = Pair(1, [2])
+    kept = copy_value(pair, "clone")
+    pair[1].append(3)
+    assert type(kept) is Pair and kept == [1, [2]]
+    point = collections.namedtuple("Point", "x y")([1], 2)
+    assert copy_value(point, "clone") == point and copy_value(point, "clone").x is not point.x
