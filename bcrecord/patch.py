@@ -209,11 +209,16 @@ class _Slot:
         code = self.code_for(wanted)
         if self.live.__code__ is not code:
             self.live.__code__ = code
+            if _swap_hook is not None:
+                _swap_hook(code, code is not self.original_code)
 
     def disarm(self) -> None:
         self.armed = False
-        if self.live.__code__ is not self.original_code:
+        code = self.live.__code__
+        if code is not self.original_code:
             self.live.__code__ = self.original_code
+            if _swap_hook is not None:
+                _swap_hook(code, False)
 
     def release(self) -> None:
         untrack(self)
@@ -226,6 +231,28 @@ class _Slot:
 
 # Slots of live patches, keyed by where they are installed.
 _slots: Dict[Tuple[Any, ...], _Slot] = {}
+
+#: See :func:`set_swap_hook`.
+_swap_hook: Optional[Callable[[types.CodeType, bool], None]] = None
+
+
+def set_swap_hook(
+    hook: Optional[Callable[[types.CodeType, bool], None]],
+) -> Optional[Callable[[types.CodeType, bool], None]]:
+    """Call ``hook(code, armed)`` whenever a patched function's probed code goes in or out.
+
+    ``armed`` is True when ``code`` (code with probes) has just been put in, False
+    when it has just been taken out for the original. For a plug-in whose runtime
+    caches what it made of a function's code: ``bcrecord.torch`` keeps
+    ``torch.compile``'s cached graphs in step with it. Called with the arming lock
+    held. Returns the previous hook.
+
+    >>> previous = set_swap_hook(None)
+    >>> _ = set_swap_hook(previous)
+    """
+    global _swap_hook
+    previous, _swap_hook = _swap_hook, hook
+    return previous
 
 
 def respell_inline() -> int:

@@ -683,14 +683,14 @@ def _container_copier(cls: type, policy: str) -> Copier:
             return kind(*elements) if isinstance(value, tuple) else kind(elements)
         except Exception:  # a constructor of its own: copy, then refill (never the live value)
             if isinstance(value, list):
-                new = _copy_module.copy(value)
-                new[:] = elements
-                return new
+                refilled = _copy_module.copy(value)
+                refilled[:] = elements
+                return refilled
             if isinstance(value, set):
-                new = _copy_module.copy(value)
-                new.clear()
-                new.update(elements)
-                return new
+                emptied = _copy_module.copy(value)
+                emptied.clear()
+                emptied.update(elements)
+                return emptied
             return _copy_module.deepcopy(value)
 
     return rebuild

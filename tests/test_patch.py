@@ -339,3 +339,27 @@ def test_a_plain_function_kept_on_an_instance_stays_plain():
     with bcrecord.patch_method(m, "forward", ["y"], name="m"), bcrecord.recording() as rec:
         assert m.forward(1) == 2
     assert rec["m:hook:y@0"] == 2 and m.__dict__["forward"] is hook and m.forward(5) == 6
+
+
+def test_the_swap_hook_sees_probed_code_go_in_and_out():
+    from bcrecord.patch import set_swap_hook
+
+    def f(a):
+        b = a + 1
+        return b
+
+    seen = []
+    previous = set_swap_hook(lambda code, armed: seen.append((code, armed)))
+    try:
+        with bcrecord.patch_function(f, "b"):
+            original = f.__code__
+            with bcrecord.recording():
+                probed = f.__code__
+                f(1)
+            with bcrecord.recording():
+                f(2)
+    finally:
+        set_swap_hook(previous)
+    assert probed is not original
+    mine = [(code, armed) for code, armed in seen if code is probed]  # other tests' patches arm too
+    assert mine == [(probed, True), (probed, False), (probed, True), (probed, False)]

@@ -30,6 +30,10 @@ try:
 except ImportError as error:  # pragma: no cover - depends on the environment
     raise ImportError("bcrecord.torch needs PyTorch: pip install 'bcrecord[torch]'") from error
 
+import sys
+import weakref
+from typing import Any
+
 from .. import patch as _patch
 from .. import runtime as _runtime
 from . import copies  # noqa: F401  (registers tensor copies)
@@ -79,7 +83,44 @@ def _probe_outside_dynamo() -> None:
     setattr(builtins, _runtime.PROBE_NAME, skip(core))
 
 
+class _CompiledCode:
+    """Keeps ``torch.compile``'s cached graphs in step with the code bcrecord swaps in.
+
+    Dynamo caches what it compiled per code object and inlines the ``forward`` of
+    submodules into the caller's graph, guarding on the function *object* but not
+    on its ``__code__`` (it assumes ``__code__`` is never reassigned). A model
+    compiled while a patched method ran its original code would keep running that
+    graph once probes are swapped in, and record nothing. So when probed code goes
+    in after Dynamo compiled something while that code was out, its cached code is
+    dropped (``torch._dynamo.reset_code_caches``) and the next call compiles with
+    the probes. Graphs compiled while probes were in keep them (they deliver to
+    whatever records at the time, nothing when nothing does), so an extractor or a
+    long ``record()`` recompiles once, not on every call.
+    """
+
+    def __init__(self) -> None:
+        #: Dynamo's count of compiled graphs when this last dropped its caches.
+        self.dropped_at = 0
+        #: The count when each probed code was last taken out.
+        self.out_at: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+
+    def __call__(self, code: Any, armed: bool) -> None:
+        dynamo = sys.modules.get("torch._dynamo")
+        if dynamo is None:  # nothing compiled in this process
+            return
+        compiled = dynamo.utils.counters["stats"]["unique_graphs"]
+        if compiled < self.dropped_at:  # torch._dynamo.reset() cleared the counters (and caches)
+            self.dropped_at = 0
+            self.out_at.clear()
+        if not armed:
+            self.out_at[code] = compiled
+        elif compiled > max(self.out_at.get(code, 0), self.dropped_at):
+            dynamo.reset_code_caches()
+            self.dropped_at = compiled
+
+
 _probe_outside_dynamo()
+_patch.set_swap_hook(_CompiledCode())
 # Patches made before torch was imported call a constant Dynamo cannot trace (it
 # raises): give them the call spelling, which it skips.
 _patch.respell_inline()

@@ -120,3 +120,31 @@ def test_the_probe_is_the_core_function_with_dynamo_s_frame_switch():
         assert switch is set_eval_frame
     finally:
         runtime.set_frame_switch(switch)
+
+
+def test_a_model_compiled_before_recording_records_and_recompiles_once():
+    # Dynamo inlines submodules' forward into the caller's graph and does not guard
+    # on __code__: a graph compiled before the probes went in must not be reused.
+    from bcrecord.torch import create_feature_extractor
+
+    torch.manual_seed(0)
+    net = SmallNet().eval()
+    torch._dynamo.reset()
+    compiled = torch.compile(net, backend="eager")
+    x = torch.randn(2, 3, 8, 8)
+    compiled(x)  # compiled with the original code, nothing recording
+    expected = reference_smallnet(net, x)
+    with record(net, ["bn1", "blocks.1:forward:out@1"]) as rec:
+        compiled(x)
+    assert torch.allclose(rec["bn1:forward:return"], expected["bn1"], atol=1e-5)
+    assert torch.allclose(rec["blocks.1:forward:out@1"], expected["blocks.1.bn"], atol=1e-5)
+    extractor = create_feature_extractor(compiled, ["bn1"])
+    stats = torch._dynamo.utils.counters["stats"]
+    firsts = [extractor(x)["bn1"] for _ in range(2)]
+    graphs = stats["unique_graphs"]
+    lasts = [extractor(x)["bn1"] for _ in range(3)]
+    assert stats["unique_graphs"] == graphs  # once the probes are in its graph, no recompiles
+    for value in firsts + lasts:
+        assert torch.allclose(value, expected["bn1"], atol=1e-5)
+    assert torch.allclose(compiled(x), expected["fc"], atol=1e-5)  # between calls: same outputs
+    extractor.close()
