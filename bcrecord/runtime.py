@@ -959,6 +959,11 @@ class Recording:
             armed, self._armed_for = self._armed_for, None
             _deactivate(None if self._only is None else armed or set())
 
+    def _entered_here(self) -> bool:
+        """Whether this recording was entered in the current context (not only shared
+        with it, as ``threads='all'`` recordings are with contexts that have none)."""
+        return any(rec is self for rec in _context.get()[0].own)
+
     def _empty(self) -> None:
         """Empty every list of values in place, for a recording entered once per call.
 

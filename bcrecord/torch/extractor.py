@@ -25,7 +25,7 @@ import torch
 from ..errors import SpecError
 from ..patch import Patch, remove_all, remove_soon
 from ..patch import targets as function_targets
-from .record import ModelRecording, Pass, Plan, StopForward
+from .record import ModelRecording, Pass, Plan, StopForward, _stopping
 from .targets import expand, unwrap
 
 __all__ = ["FeatureExtractor", "create_feature_extractor", "list_targets", "TargetList"]
@@ -162,10 +162,13 @@ class FeatureExtractor(torch.nn.Module):
         try:
             rec.start_pass()
             with Pass(plan, rec, stop_at_root=False):
+                stopping = _stopping.set(self.stop_early)
                 try:
                     self.model(*args, **kwargs)
                 except StopForward:  # every target has its value
                     pass
+                finally:
+                    _stopping.reset(stopping)
             out: Dict[str, Any] = {}
             missing = []
             for target, name in (self.train_nodes if training else self.eval_nodes).items():

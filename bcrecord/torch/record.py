@@ -25,10 +25,12 @@ before (same objects, same code, same ``state_dict``).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import dataclasses
 import threading
 import types
 import warnings
+import weakref
 from collections import defaultdict
 from typing import (
     Any,
@@ -78,9 +80,19 @@ class _StalePath(str):
 
 
 class _PathMark(str):
-    """A submodule's path while it is being recorded (see the module docstring)."""
+    """A submodule's path while it is being recorded (see the module docstring).
+
+    ``copy.deepcopy`` of the module meanwhile gives a copy marked the same (so it
+    records itself); the copies are noted so that they are unmarked with the module.
+    """
+
+    module: Any
+    copies: weakref.WeakSet
 
     def __deepcopy__(self, memo: Dict[int, Any]) -> _PathMark:
+        twin = memo.get(id(self.module))  # the copy of the marked module, being made now
+        if twin is not None:
+            self.copies.add(twin)
         return self
 
     def __reduce__(self) -> Tuple[Callable[[str], _StalePath], Tuple[str]]:
@@ -91,6 +103,25 @@ class _PathMark(str):
             stacklevel=2,
         )
         return _stale, (str(self),)
+
+
+def _one_path_each(modules: Mapping[str, torch.nn.Module]) -> None:
+    """Refuse targets that reach one module object at two paths: it has one path while recorded."""
+    paths: Dict[int, str] = {}
+    for path, module in modules.items():
+        first = paths.setdefault(id(module), path)
+        if first != path:
+            raise TargetError(
+                f"{path!r} and {first!r} are the same {type(module).__name__} object (registered "
+                "twice); while recorded a module has one path: target one of them"
+            )
+
+
+def _path_mark(module: torch.nn.Module, path: str) -> _PathMark:
+    mark = _PathMark(path)
+    mark.module = module
+    mark.copies = weakref.WeakSet()
+    return mark
 
 
 class _Owner:
@@ -163,9 +194,13 @@ class ModelRecording(Recording):
 
         def store_then_maybe_stop(value: Any) -> None:
             store(value)
-            self._seen.add(key)
-            if self._seen >= self._needed:
-                raise StopForward(key)
+            # Only this recording's own forward stops, and only where a caller catches
+            # the stop: a value from another thread (threads='all') is kept, never
+            # ends that thread's forward, and a submodule called on its own runs on.
+            if self._entered_here():
+                self._seen.add(key)
+                if self._seen >= self._needed and _stopping.get():
+                    raise StopForward(key)
 
         return sink.with_store(store_then_maybe_stop)
 
@@ -224,8 +259,14 @@ def _mark_all(marks: Sequence[Tuple[torch.nn.Module, _PathMark]]) -> List[torch.
                 count = _mark_counts.get(id(module), 0)
                 current = attrs.get(_MARK)
                 if count and type(current) is _PathMark:
+                    if current != mark:
+                        raise TargetError(
+                            f"{type(module).__name__} at {str(mark)!r} is being recorded at "
+                            f"{str(current)!r} by another recording; a module has one path at a "
+                            "time: record both from the same model"
+                        )
                     _mark_counts[id(module)] = count + 1
-                elif _MARK in attrs and type(current) is not _StalePath:
+                elif _MARK in attrs and type(current) not in (_StalePath, _PathMark):
                     raise TargetError(
                         f"{type(module).__name__} at {str(mark)!r} already has an attribute {_MARK!r}"
                     )
@@ -251,8 +292,13 @@ def _unmark_locked(modules: Sequence[torch.nn.Module]) -> None:
             _mark_counts[id(module)] = count
             continue
         _mark_counts.pop(id(module), None)
-        if type(module.__dict__.get(_MARK)) is _PathMark:
+        mark = module.__dict__.get(_MARK)
+        if type(mark) is _PathMark:
             del module.__dict__[_MARK]
+            for twin in list(mark.copies):  # copies made while it was marked
+                if twin.__dict__.get(_MARK) is mark and id(twin) not in _mark_counts:
+                    del twin.__dict__[_MARK]
+            mark.copies.clear()
 
 
 class Plan:
@@ -318,6 +364,7 @@ class Plan:
                         )
                     else:
                         wanted[(cls, method, dataclasses.replace(spec, copy=keep_value))].add(target.path)
+        _one_path_each(self.modules)
         self.specs: Dict[Tuple[type, str, frozenset], List[Spec]] = defaultdict(list)
         for (cls, method, spec), paths in wanted.items():
             self.specs[(cls, method, frozenset(paths))].append(spec)
@@ -329,7 +376,7 @@ class Plan:
         #: ``keys``, read-only, for recordings to share.
         self.keys_view: Mapping[str, List[str]] = types.MappingProxyType(self.keys)
         #: A marker per targeted submodule, made once (see the module docstring).
-        self.marks = [(module, _PathMark(path)) for path, module in self.modules.items()]
+        self.marks = [(module, _path_mark(module, path)) for path, module in self.modules.items()]
 
     def patch(self) -> List[Patch]:
         """Apply one in-place patch per group; all or none."""
@@ -397,19 +444,20 @@ class Pass:
     itself). A class rather than a generator: it runs once per extractor call.
     """
 
-    __slots__ = ("plan", "rec", "stop_at_root", "marked", "root_forward")
+    __slots__ = ("plan", "rec", "stop_at_root", "marked", "stopping")
 
     def __init__(self, plan: Plan, rec: ModelRecording, stop_at_root: bool) -> None:
         self.plan, self.rec, self.stop_at_root = plan, rec, stop_at_root
         self.marked: List[torch.nn.Module] = []
-        self.root_forward: Optional[Tuple[torch.nn.Module, Any]] = None
+        self.stopping = False
 
     def __enter__(self) -> ModelRecording:
         plan, rec = self.plan, self.rec
         self.marked = _mark_all(plan.marks)
         try:
             if self.stop_at_root:
-                self.root_forward = _stop_at_root(plan.model, rec)
+                _StopAtRoot.take(plan.model, rec)
+                self.stopping = True
             plan.recording = rec
             rec.__enter__()
         except BaseException:
@@ -422,9 +470,9 @@ class Pass:
             self.rec.__exit__()
         finally:
             self.plan.recording = None  # the plan outlives the pass; its values must not
-            if self.root_forward is not None:
-                _restore_root(*self.root_forward)
-                self.root_forward = None
+            if self.stopping:
+                _StopAtRoot.release(self.plan.model, self.rec)
+                self.stopping = False
             _unmark_all(self.marked)
             self.marked = []
 
@@ -478,27 +526,81 @@ def record(
         remove_all(patches)
 
 
-def _stop_at_root(model: torch.nn.Module, rec: ModelRecording) -> Tuple[torch.nn.Module, Any]:
-    """Make ``model.forward`` end quietly (returning None) when the recording stops it."""
-    previous = model.__dict__.get("forward", _MISSING)
-    bound = model.forward
+#: Whether a caller in this context catches :class:`StopForward` (the root's
+#: forward under ``stop_after_last``, or an extractor): only then does a probe raise it.
+_stopping: contextvars.ContextVar[bool] = contextvars.ContextVar("bcrecord_stopping", default=False)
+_roots_lock = threading.Lock()
 
-    def forward(*args: Any, **kwargs: Any) -> Any:
-        rec.start_pass()
+
+class _StopAtRoot:
+    """``model.forward`` while recordings with ``stop_after_last`` run on ``model``.
+
+    It calls the forward that was there and returns None when a recording of this
+    context stops the pass. One per model, shared by the recordings that run on it
+    at the same time (threads), and taken out when the last one ends. A
+    ``copy.deepcopy`` of the model made meanwhile gets one that calls the copy.
+    """
+
+    def __init__(self, model: torch.nn.Module, forward: Any, previous: Any) -> None:
+        self.model, self.forward, self.previous = model, forward, previous
+        self.recordings: List[ModelRecording] = []
+
+    @property
+    def __wrapped__(self) -> Any:  # inspect.signature(model.forward) sees the real one
+        return self.forward
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        for rec in list(self.recordings):
+            if rec._entered_here():
+                rec.start_pass()
+        token = _stopping.set(True)
         try:
-            return bound(*args, **kwargs)
+            return self.forward(*args, **kwargs)
         except StopForward:
             return None
+        finally:
+            _stopping.reset(token)
 
-    model.__dict__["forward"] = forward
-    return model, previous
+    def __deepcopy__(self, memo: Dict[int, Any]) -> Any:
+        twin = memo.get(id(self.model))
+        forward = self.forward
+        if twin is not None and getattr(forward, "__self__", None) is self.model:
+            forward = types.MethodType(forward.__func__, twin)
+        # Its own (empty) list: the copy must not keep the recordings, or their values, alive.
+        return _StopAtRoot(twin if twin is not None else self.model, forward, self.previous)
+
+    def __reduce__(self) -> Tuple[Any, Tuple[Any, ...]]:
+        # Saved mid-pass: the saved model gets the forward it had.
+        if self.previous is _MISSING:
+            return getattr, (self.model, "forward")
+        return _itself, (self.previous,)
+
+    @staticmethod
+    def take(model: torch.nn.Module, rec: ModelRecording) -> None:
+        with _roots_lock:
+            current = model.__dict__.get("forward", _MISSING)
+            if type(current) is not _StopAtRoot or current.model is not model:
+                current = _StopAtRoot(model, model.forward, current)
+                model.__dict__["forward"] = current
+            current.recordings.append(rec)
+
+    @staticmethod
+    def release(model: torch.nn.Module, rec: ModelRecording) -> None:
+        with _roots_lock:
+            current = model.__dict__.get("forward")
+            if type(current) is not _StopAtRoot:
+                return
+            current.recordings = [r for r in current.recordings if r is not rec]
+            if current.recordings:
+                return
+            if current.previous is _MISSING:
+                del model.__dict__["forward"]
+            else:
+                model.__dict__["forward"] = current.previous
 
 
-def _restore_root(model: torch.nn.Module, previous: Any) -> None:
-    if previous is _MISSING:
-        model.__dict__.pop("forward", None)
-    else:
-        model.__dict__["forward"] = previous
+def _itself(value: Any) -> Any:
+    return value
 
 
 _MISSING = object()

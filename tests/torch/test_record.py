@@ -4,6 +4,7 @@ import copy
 import io
 import pickle
 import threading
+import time
 import warnings
 
 import pytest
@@ -184,6 +185,81 @@ def test_early_stop_skips_the_rest_and_leaves_the_model_clean(net):
     assert issubclass(StopForward, BaseException) and not issubclass(StopForward, Exception)
 
 
+def test_early_stop_in_two_threads_shares_the_root_and_leaves_it_clean(net):
+    entered, second_in = threading.Event(), threading.Event()
+    results = {}
+
+    def first():
+        with record(net, ["bn1"], stop_after_last=True) as rec:
+            entered.set()
+            second_in.wait(5)
+            results["first"] = net(torch.randn(1, 3, 8, 8))
+        results["first keys"] = rec.keys()
+
+    def second():
+        entered.wait(5)
+        with record(net, ["blocks.1"], stop_after_last=True) as rec:
+            second_in.set()
+            time.sleep(0.2)  # the first thread leaves meanwhile
+            results["second"] = net(torch.randn(1, 3, 8, 8))
+        results["second keys"] = rec.keys()
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert results["first"] is None and results["second"] is None
+    assert results["first keys"] == ["bn1:forward:return"]
+    assert results["second keys"] == ["blocks.1:forward:return"]
+    assert "forward" not in net.__dict__ and net(torch.randn(1, 3, 8, 8)).shape == (1, 5)
+
+
+def test_early_stop_copies_and_saves_the_model_it_runs_on(net):
+    x = torch.randn(1, 3, 8, 8)
+    with record(net, ["blocks.0"], stop_after_last=True):
+        twin = copy.deepcopy(net)
+        buffer = io.BytesIO()
+        with pytest.warns(bcrecord.RecordingWarning, match="saved while it is recorded"):
+            torch.save(net, buffer)
+    assert "forward" not in net.__dict__
+    with torch.no_grad():
+        for p in twin.parameters():
+            p.zero_()
+    assert torch.equal(twin(x), torch.zeros(1, 5))  # the copy runs its own weights
+    buffer.seek(0)
+    loaded = torch.load(buffer, weights_only=False)
+    assert torch.allclose(loaded(x), net(x))
+
+
+def test_the_stop_reaches_neither_other_threads_nor_a_submodule_called_alone(net):
+    from bcrecord.torch import create_feature_extractor
+
+    extractor = create_feature_extractor(net, ["bn1"])
+    done, caught = threading.Event(), []
+
+    def serve():  # plain inference in another thread, recording nothing
+        while not done.is_set():
+            try:
+                with torch.no_grad():
+                    net(torch.randn(1, 3, 8, 8))
+            except BaseException as error:
+                caught.append(error)
+
+    worker = threading.Thread(target=serve)
+    worker.start()
+    try:
+        for _ in range(50):
+            extractor(torch.randn(1, 3, 8, 8))
+    finally:
+        done.set()
+        worker.join()
+    assert caught == []
+    with record(net, ["blocks.0.conv"], stop_after_last=True) as rec:
+        out = net.blocks[0](torch.randn(1, 4, 8, 8))  # not through the root: runs to the end
+    assert out.shape == (1, 4, 8, 8) and len(rec.all("blocks.0.conv:forward:return")) == 1
+
+
 def test_bad_targets_give_clear_errors_and_change_nothing(net):
     before = snapshot(net)
     for target, error, message in [
@@ -277,6 +353,30 @@ def test_deepcopy_records_the_copy_never_the_original(net):
     assert torch.allclose(from_twin, from_net + 100.0, atol=1e-4)
     assert net.state_dict().keys() == twin.state_dict().keys()
     assert not hasattr(net.fc, "_bcrecord_path")
+    assert not hasattr(twin.fc, "_bcrecord_path")  # the copy is unmarked with the original
+    with record(net, ["fc"]) as again:
+        twin(x)  # recorded then, not now
+        net(x)
+    assert len(again.all("fc:forward:return")) == 1
+    with record(twin, ["fc"]) as own:
+        twin(x)
+    assert torch.allclose(own["fc:forward:return"], from_twin)
+
+
+def test_one_module_at_two_paths_is_refused_with_the_reason():
+    shared = torch.nn.Linear(2, 2)
+    model = torch.nn.Sequential(shared, torch.nn.ReLU(), shared)
+    before = snapshot(model)
+    with pytest.raises(bcrecord.TargetError, match="'2' and '0' are the same Linear object"):
+        with record(model, ["0", "2"]):
+            pass
+    with record(model, ["0"]) as outer:
+        with pytest.raises(bcrecord.TargetError, match="Linear at 'a' is being recorded at '0' by another recording"):
+            with record(torch.nn.ModuleDict({"a": shared}), ["a"]):
+                pass
+        model(torch.ones(1, 2))
+    assert len(outer.all("0:forward:return")) == 2  # the module runs twice, one path
+    assert same(before, snapshot(model))
 
 
 def test_saving_while_recording_loads_clean_with_a_warning(net):
