@@ -205,12 +205,39 @@ class ModelRecording(Recording):
         return sink.with_store(store_then_maybe_stop)
 
 
-def _reduce_for(reduce: Any, target: Target) -> Optional[Callable[[torch.Tensor], Any]]:
+@dataclasses.dataclass
+class _Request:
+    """What the targets ask of one key (see :class:`Plan`)."""
+
+    cls: type
+    method: str
+    path: str
+    spec: Spec
+    reducer: Any
+    grad: bool
+    #: The first target string that asked for it.
+    text: str
+
+
+def _check_reduce_keys(reduce: Any, expanded: Mapping[str, Sequence[Target]]) -> None:
+    """Refuse a ``reduce`` dict with a key that names no target (a typo would do nothing)."""
+    if reduce is None or callable(reduce):
+        return
+    if not isinstance(reduce, Mapping):
+        raise TypeError(f"reduce must be a callable or a dict of target -> callable, got {reduce!r}")
+    known = set(expanded) | {target.text for concrete in expanded.values() for target in concrete}
+    unknown = [key for key in reduce if key not in known]
+    if unknown:
+        raise ValueError(f"reduce names targets that are not recorded: {unknown}; targets: {list(expanded)}")
+
+
+def _reduce_for(reduce: Any, text: str, target: Target) -> Optional[Callable[[torch.Tensor], Any]]:
+    """The reduce function for ``target`` (from the target string ``text``): by ``text``, else by
+    the expanded target (``'layer1'`` of ``'layer*'``)."""
     if reduce is None or callable(reduce):
         return reduce
-    if isinstance(reduce, Mapping):
-        return reduce.get(target.text)
-    raise TypeError(f"reduce must be a callable or a dict of target -> callable, got {reduce!r}")
+    found = reduce.get(text)
+    return found if found is not None else reduce.get(target.text)
 
 
 class _GradCopy:
@@ -335,35 +362,54 @@ class Plan:
         #: The targeted submodules, by path.
         self.modules: Dict[str, torch.nn.Module] = {}
         policies: Dict[Any, ValuePolicy] = {}
-        # One patch per (class, method, set of instance paths): specs wanted by exactly
-        # the same instances share it. Gradient targets get a patch per key.
-        wanted: Dict[Tuple[type, str, Spec], set] = defaultdict(set)
-        grad_specs: Dict[Tuple[type, str, str], List[Spec]] = defaultdict(list)
-        for text, concrete in expand_all(model, targets).items():
+
+        def policy(reducer: Any, wants_grad: bool) -> ValuePolicy:
+            return policies.setdefault(
+                (reducer, wants_grad), value_policy(copy, to, dtype, reducer, wants_grad)
+            )
+
+        # What the targets ask of each key: overlapping targets ("out" and "out@1",
+        # "x@0" and "x@0.grad") ask for one value, recorded once.
+        requests: Dict[str, _Request] = {}
+        expanded = expand_all(model, targets)
+        _check_reduce_keys(reduce, expanded)
+        for text, concrete in expanded.items():
             self.keys[text] = []
             for target in concrete:
                 module = self.modules.setdefault(target.path, module_at(model, target.path))
                 cls, method = type(module), target.method
                 func = function_of(getattr(cls, method))
-                reducer = _reduce_for(reduce, target)
-                wants_grad = grad or target.grad
-                keep_value = policies.setdefault(
-                    (reducer, wants_grad), value_policy(copy, to, dtype, reducer, wants_grad)
-                )
+                reducer = _reduce_for(reduce, text, target)
                 for spec, label in _one_site_specs(target.spec, func.__code__, func.__qualname__):
                     key = f"{target.path}:{method}:{label}"
                     self.keys[text].append(key)
                     if target.grad:
                         self.keys[text].append(key + ".grad")
-                        # The gradient gets the value's options, outside the graph.
-                        keep_grad = policies.setdefault(
-                            (reducer, False), value_policy(copy, to, dtype, reducer, False)
+                    found = requests.setdefault(
+                        key, _Request(cls, method, target.path, spec, reducer, target.grad, text)
+                    )
+                    if found.reducer is not reducer:
+                        raise TargetError(
+                            f"{key!r} is asked for by {found.text!r} and by {text!r} with different "
+                            "reduce functions; give both the same, or ask for it once"
                         )
-                        grad_specs[(cls, method, target.path)].append(
-                            dataclasses.replace(spec, copy=_GradCopy(self, key, keep_value, keep_grad))
-                        )
-                    else:
-                        wanted[(cls, method, dataclasses.replace(spec, copy=keep_value))].add(target.path)
+                    found.grad = found.grad or target.grad
+        # One patch per (class, method, set of instance paths): specs wanted by exactly
+        # the same instances share it. Gradient targets get a patch per key.
+        wanted: Dict[Tuple[type, str, Spec], set] = defaultdict(set)
+        grad_specs: Dict[Tuple[type, str, str], List[Spec]] = defaultdict(list)
+        for key, asked in requests.items():
+            keep_value = policy(asked.reducer, grad or asked.grad)
+            if asked.grad:
+                # The gradient gets the value's options, outside the graph.
+                keep_grad = policy(asked.reducer, False)
+                grad_specs[(asked.cls, asked.method, asked.path)].append(
+                    dataclasses.replace(asked.spec, copy=_GradCopy(self, key, keep_value, keep_grad))
+                )
+            else:
+                wanted[(asked.cls, asked.method, dataclasses.replace(asked.spec, copy=keep_value))].add(
+                    asked.path
+                )
         _one_path_each(self.modules)
         self.specs: Dict[Tuple[type, str, frozenset], List[Spec]] = defaultdict(list)
         for (cls, method, spec), paths in wanted.items():

@@ -109,6 +109,37 @@ def test_policies_detach_offload_dtype_reduce_keep(net):
             pass
 
 
+def test_reduce_by_target_string_as_given_or_as_expanded(net):
+    x = torch.randn(2, 3, 8, 8)
+    total = lambda t: t.sum()  # noqa: E731
+    with record(net, ["blocks.*"], reduce={"blocks.*": total}) as rec:
+        net(x)
+    assert [rec[f"blocks.{i}:forward:return"].dim() for i in range(3)] == [0, 0, 0]
+    with record(net, ["blocks.*"], reduce={"blocks.1": total}) as rec:
+        net(x)
+    assert [rec[f"blocks.{i}:forward:return"].dim() for i in range(3)] == [4, 0, 4]
+    before = snapshot(net)
+    with pytest.raises(ValueError, match=r"reduce names targets that are not recorded: \['bn_1'\]"):
+        with record(net, ["bn1"], reduce={"bn_1": total}):
+            pass
+    with pytest.raises(bcrecord.TargetError, match="with different reduce functions"):
+        with record(
+            net, ["blocks.0:forward:out", "blocks.0:forward:out@1"], reduce={"blocks.0:forward:out": total}
+        ):
+            pass
+    assert same(before, snapshot(net))
+
+
+def test_overlapping_targets_record_each_value_once(net):
+    net.train()
+    x = torch.randn(2, 3, 8, 8)
+    targets = ["blocks.0:forward:out@1", "blocks.0:forward:out", "blocks.*:forward:out@1.grad"]
+    with record(net, targets) as rec:
+        net(x).sum().backward()
+    assert len(rec.all("blocks.0:forward:out@1")) == 1 and len(rec.all("blocks.0:forward:out@1.grad")) == 1
+    assert len(rec.all("blocks.2:forward:out@1.grad")) == 1 and len(rec.all("blocks.0:forward:out@0")) == 1
+
+
 def test_every_read_waits_for_copies_still_in_flight(net):
     x = torch.randn(2, 3, 8, 8)
     with record(net, ["bn1", "fc"], to="cpu") as rec:
