@@ -151,11 +151,14 @@ def _fx_target(model: torch.nn.Module, text: str) -> Optional[Target]:
         if not isinstance(func, types.FunctionType):
             continue
         found = function_targets(func)
+        # FX numbers ops in the order they run: here, the order of their instructions.
+        ordered: List[Tuple[int, Spec]] = []
         for callee, calls in found.calls.items():
             if callee.rsplit(".", 1)[-1] == base:
-                sites += [(method, Call(callee, c.index)) for c in calls]
+                ordered += [(c.positions[0], Call(callee, c.index)) for c in calls]
         for op in _FX_OPERATORS.get(base, ()):
-            sites += [(method, Expr(op, o.index)) for o in found.operators.get(op, ())]
+            ordered += [(o.positions[0], Expr(op, o.index)) for o in found.operators.get(op, ())]
+        sites += [(method, spec) for _, spec in sorted(ordered, key=lambda site: site[0])]
     if not sites:
         return None
     if occurrence >= len(sites):

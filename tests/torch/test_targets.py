@@ -46,3 +46,25 @@ def test_wrappers_and_errors():
         expand(net, "bn1.grad")
     with pytest.raises(bcrecord.SpecError, match="non-empty"):
         expand(net, "  ")
+
+
+def test_fx_node_names_count_ops_in_the_order_they_run():
+    # As FX names them: add (x + 1), add_1 (torch.add), add_2 (b + 100); mul, mul_1.
+    from bcrecord.torch import create_feature_extractor
+
+    class Adds(torch.nn.Module):
+        def forward(self, x):
+            a = x + 1
+            b = torch.add(a, 10)
+            c = b.mul(2)
+            d = torch.mul(c, 3) + 100
+            return d
+
+    features = create_feature_extractor(Adds(), ["add", "add_1", "add_2", "mul", "mul_1"])(torch.zeros(1))
+    assert {name: value.item() for name, value in features.items()} == {
+        "add": 1.0,
+        "add_1": 11.0,
+        "add_2": 166.0,
+        "mul": 22.0,
+        "mul_1": 66.0,
+    }
