@@ -171,15 +171,22 @@ class FeatureExtractor(torch.nn.Module):
                     _stopping.reset(stopping)
             out: Dict[str, Any] = {}
             missing = []
+            failed = []
             for target, name in (self.train_nodes if training else self.eval_nodes).items():
                 values = [v for key in plan.keys[target] if key in rec for v in rec.all(key)]
-                if not values:
-                    missing.append(target)
-                else:
+                if values:
                     out[name] = values[0] if len(values) == 1 else values
+                    continue
+                errors = [e for e in rec.errors if e.key in plan.keys[target]]
+                if errors:
+                    failed.append(f"{target!r} ({type(errors[0].error).__name__}: {errors[0].error})")
+                else:
+                    missing.append(target)
         finally:
             rec._empty()  # the values are the caller's now; the extractor keeps none
             idle.append(rec)
+        if failed:
+            raise RuntimeError(f"this forward pass reached but could not record {', '.join(failed)}")
         if missing:
             raise RuntimeError(f"this forward pass never reached {missing}")
         return out

@@ -66,6 +66,19 @@ def test_loops_give_lists_and_unreached_targets_are_named():
         create_feature_extractor(model, [never], stop_early=False)(x)
 
 
+def test_a_target_reached_but_not_recorded_says_why():
+    net = SmallNet().eval()
+
+    def broken(t):
+        raise ValueError("no such statistic")
+
+    extractor = create_feature_extractor(net, ["bn1", "fc"], reduce={"bn1": broken})
+    with pytest.warns(bcrecord.RecordingWarning), pytest.raises(
+        RuntimeError, match=r"reached but could not record 'bn1' \(ValueError: no such statistic\)"
+    ):
+        extractor(torch.randn(1, 3, 8, 8))
+
+
 def test_bad_return_nodes():
     net = SmallNet()
     with pytest.raises(bcrecord.SpecError, match="names 3 targets"):
