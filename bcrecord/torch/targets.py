@@ -83,9 +83,11 @@ def module_at(model: torch.nn.Module, path: str) -> torch.nn.Module:
     Traceback (most recent call last):
     bcrecord.errors.TargetError: the model has no submodule '1.1'; did you mean '1.0'?
     """
+    if not path:  # the root: the model itself, inside any wrapper (as list_targets lists it)
+        return unwrap(model)
     for root in (model, unwrap(model)):
         try:
-            return root.get_submodule(path) if path else root
+            return root.get_submodule(path)
         except AttributeError:
             continue
     names = [name for name, _ in unwrap(model).named_modules() if name]
@@ -95,9 +97,9 @@ def module_at(model: torch.nn.Module, path: str) -> torch.nn.Module:
 
 
 def _split(text: str) -> Tuple[str, str, str, bool]:
-    if not isinstance(text, str) or not text.strip():
-        raise SpecError(f"a target must be a non-empty string, got {text!r}")
-    text = text.strip()
+    if not isinstance(text, str):
+        raise SpecError(f"a target must be a string, got {text!r}")
+    text = text.strip()  # '' (as list_targets lists the root): the root's output
     grad = text.endswith(".grad")
     if grad:
         if ":" not in text:

@@ -369,6 +369,9 @@ def test_data_parallel_wrapper_paths_resolve(net):
     with record(wrapped, ["bn1", "module.blocks.0"]) as rec:
         wrapped(torch.randn(1, 3, 8, 8))
     assert sorted(rec.keys()) == ["bn1:forward:return", "module.blocks.0:forward:return"]
+    with record(wrapped, ["", ":forward:x@5"]) as rec:  # the root: the model inside
+        out = wrapped(torch.randn(1, 3, 8, 8))
+    assert torch.equal(rec[":forward:return"], out) and torch.equal(rec[":forward:x@5"], out)
 
 
 def test_deepcopy_records_the_copy_never_the_original(net):

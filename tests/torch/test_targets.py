@@ -44,8 +44,13 @@ def test_wrappers_and_errors():
     assert module_at(torch.nn.DataParallel(net), "blocks.0") is net.blocks[0]
     with pytest.raises(bcrecord.SpecError, match="needs a local"):
         expand(net, "bn1.grad")
-    with pytest.raises(bcrecord.SpecError, match="non-empty"):
-        expand(net, "  ")
+    with pytest.raises(bcrecord.SpecError, match="must be a string"):
+        expand(net, 3)
+    # '' is the root, as list_targets lists it, also inside a wrapper
+    (root,) = expand(net, "")
+    assert (root.path, root.method, root.output) == ("", "forward", True)
+    wrapped = torch.nn.DataParallel(net)
+    assert module_at(wrapped, "") is net and expand(wrapped, ":forward:x@0")[0].path == ""
 
 
 def test_fx_node_names_count_ops_in_the_order_they_run():
