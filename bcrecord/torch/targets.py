@@ -215,14 +215,42 @@ def expand(model: torch.nn.Module, text: str) -> List[Target]:
     targets = []
     for path in _matching_paths(model, pattern):
         module = module_at(model, path)
-        func = getattr(type(module), method, None)
+        runs = _method_that_runs(module, method, path)
+        if runs != method and spec_text:
+            raise TargetError(
+                f"{type(module).__name__} at {path or '<root>'!r} runs {runs} as its {method} (an "
+                f"instance attribute), so {method} never runs: target '{path}:{runs}:{spec_text}'"
+            )
+        # A bare path is the module's output: what the method that runs returns.
+        func = getattr(type(module), runs, None)
         if not isinstance(func, types.FunctionType):
             kind = "no method" if func is None else "no Python method"
-            raise NotPatchableError(f"{type(module).__name__} at {path or '<root>'!r} has {kind} {method!r}")
-        concrete = f"{path}:{method}:{spec_text}" if spec_text else path
+            raise NotPatchableError(f"{type(module).__name__} at {path or '<root>'!r} has {kind} {runs!r}")
+        concrete = f"{path}:{runs}:{spec_text}" if spec_text else path
         given = text.strip().removesuffix(".grad")
-        targets.append(Target(concrete if is_glob else given, path, method, spec, grad, not spec_text))
+        targets.append(Target(concrete if is_glob else given, path, runs, spec, grad, not spec_text))
     return targets
+
+
+def _method_that_runs(module: torch.nn.Module, method: str, path: str) -> str:
+    """The name of the class method that runs as ``module.<method>``.
+
+    Usually ``method``; an instance attribute can replace it (``self.forward =
+    self.forward_fast``). Raises for one that is no method of the module's class
+    (a ``functools.partial``, a lambda): nothing of the class's runs then.
+    """
+    own = getattr(module, "__dict__", {}).get(method)
+    if own is None:
+        return method
+    own = getattr(own, "__wrapped__", own)  # the torch layer's own early-stop wrapper of the root
+    if isinstance(own, types.MethodType) and own.__self__ is module:
+        name = own.__func__.__name__
+        if getattr(type(module), name, None) is own.__func__:
+            return name
+    raise TargetError(
+        f"{type(module).__name__} at {path or '<root>'!r} has its own {method} attribute ({own!r}), "
+        f"so {type(module).__name__}.{method} never runs for it: record what that calls instead"
+    )
 
 
 def expand_all(model: torch.nn.Module, texts: Iterable[str]) -> Dict[str, List[Target]]:

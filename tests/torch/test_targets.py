@@ -73,3 +73,32 @@ def test_fx_node_names_count_ops_in_the_order_they_run():
         "mul": 22.0,
         "mul_1": 66.0,
     }
+
+
+def test_a_forward_replaced_on_the_instance_is_the_one_recorded_or_refused():
+    import functools
+
+    class Alt(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(2, 2)
+            self.forward = self.forward_fast
+
+        def forward(self, x):
+            y = self.lin(x)
+            return y
+
+        def forward_fast(self, x):
+            y = self.lin(x) * 2
+            return y
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), Alt())
+    (output,) = expand(model, "1")
+    assert (output.method, output.output) == ("forward_fast", True)
+    with pytest.raises(
+        bcrecord.TargetError, match="runs forward_fast as its forward .* target '1:forward_fast:y'"
+    ):
+        expand(model, "1:forward:y")
+    model[0].forward = functools.partial(lambda x: x)
+    with pytest.raises(bcrecord.TargetError, match="has its own forward attribute .*never runs"):
+        expand(model, "0")
