@@ -83,7 +83,9 @@ class FeatureExtractor(torch.nn.Module):
     patches; resolve again after changing the model's structure by making a new
     extractor. The extractor starts in the model's train / eval mode. Gradient
     targets (``'.grad'``) are refused: a call returns when its forward ends, before
-    any gradient exists (record them with :func:`bcrecord.torch.record`).
+    any gradient exists (record them with :func:`bcrecord.torch.record`). As with
+    torchvision's extractor, features keep their autograd graph (``grad=False``
+    detaches them); they are clones, so an in-place op downstream never shows.
 
     >>> import torch
     >>> net = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU(), torch.nn.Linear(3, 1))
@@ -116,7 +118,9 @@ class FeatureExtractor(torch.nn.Module):
         self.train_nodes = _normalise(model, train_return_nodes if return_nodes is None else return_nodes)
         self.eval_nodes = _normalise(model, eval_return_nodes if return_nodes is None else return_nodes)
         self.stop_early = stop_early
-        self.options = options
+        # As torchvision's: features stay in the autograd graph (a head trained on them
+        # trains the backbone too); they are still copies, as assigned. grad=False detaches.
+        self.options = {"grad": True, **options}
         self._run_options: Dict[str, Any] = {"keep": "all", "threads": "all"}
         self._run_options.update((k, v) for k, v in options.items() if k in _RUN_OPTIONS)
         self._plans: Dict[bool, Tuple[Plan, List[Patch], List[ModelRecording]]] = {}
@@ -206,7 +210,8 @@ def create_feature_extractor(
     ``return_nodes`` is a list of targets (output names are the targets) or a dict
     ``{target: name}``; ``train_return_nodes``/``eval_return_nodes`` as in
     torchvision. Other keyword arguments (``copy``, ``to``, ``dtype``, ``reduce``,
-    ``grad``, ``keep``, ``threads``) are :func:`bcrecord.torch.record`'s. The model's
+    ``grad``, ``keep``, ``threads``) are :func:`bcrecord.torch.record`'s, except that
+    ``grad`` defaults to True: features keep their autograd graph, as torchvision's do. The model's
     classes are patched in place at the first call and stay patched (running their
     original code whenever nothing records) until :meth:`FeatureExtractor.close`.
 

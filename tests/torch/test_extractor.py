@@ -79,6 +79,20 @@ def test_a_target_reached_but_not_recorded_says_why():
         extractor(torch.randn(1, 3, 8, 8))
 
 
+def test_features_keep_their_graph_as_torchvision_s_do():
+    torch.manual_seed(0)
+    net = SmallNet().train()
+    x = torch.randn(2, 3, 8, 8)
+    features = create_feature_extractor(net, ["blocks.1"], stop_early=False)(x)
+    features["blocks.1"].sum().backward()  # a head trained on the features trains the backbone
+    through_extractor = net.stem.weight.grad.clone()
+    net.zero_grad()
+    net.blocks[1](net.blocks[0](net.relu(net.bn1(net.stem(x))))).sum().backward()
+    assert torch.allclose(through_extractor, net.stem.weight.grad, atol=1e-5)
+    detached = create_feature_extractor(net, ["blocks.1"], grad=False)(x)["blocks.1"]
+    assert not detached.requires_grad and torch.allclose(detached, features["blocks.1"])
+
+
 def test_bad_return_nodes():
     net = SmallNet()
     with pytest.raises(bcrecord.SpecError, match="names 3 targets"):
