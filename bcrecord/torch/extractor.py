@@ -69,8 +69,11 @@ class FeatureExtractor(torch.nn.Module):
     """Runs ``model`` and returns ``{name: value}`` for the requested targets.
 
     With ``stop_early`` (the default) the forward ends once every target has a
-    value, like FX's dead-code elimination. A target recorded several times in one
-    forward (a loop) gives the list of its values, in order. A target the forward
+    value, like FX's dead-code elimination. A module path gives the module's output
+    at its first call in the forward, as torchvision's node of that name (later calls
+    are ``'relu_1'``…). Any other target recorded several times in one forward (a
+    loop) gives the list of its values, in order, when the forward runs to its end
+    (``stop_early=False``); with the early stop, its first. A target the forward
     never reached raises an error naming it.
 
     The first call in each mode (train / eval) resolves the targets and patches the
@@ -118,6 +121,13 @@ class FeatureExtractor(torch.nn.Module):
         self.train_nodes = _normalise(model, train_return_nodes if return_nodes is None else return_nodes)
         self.eval_nodes = _normalise(model, eval_return_nodes if return_nodes is None else return_nodes)
         self.stop_early = stop_early
+        # Module paths name a module's output as torchvision does: its first call in the
+        # forward (FX names later calls 'relu_1', ...), with or without the early stop.
+        self._first_only = frozenset(
+            target
+            for target in {**self.train_nodes, **self.eval_nodes}
+            if all(one.output for one in expand(model, target))
+        )
         # As torchvision's: features stay in the autograd graph (a head trained on them
         # trains the backbone too); they are still copies, as assigned. grad=False detaches.
         self.options = {"grad": True, **options}
@@ -179,7 +189,7 @@ class FeatureExtractor(torch.nn.Module):
             for target, name in (self.train_nodes if training else self.eval_nodes).items():
                 values = [v for key in plan.keys[target] if key in rec for v in rec.all(key)]
                 if values:
-                    out[name] = values[0] if len(values) == 1 else values
+                    out[name] = values[0] if len(values) == 1 or target in self._first_only else values
                     continue
                 errors = [e for e in rec.errors if e.key in plan.keys[target]]
                 if errors:

@@ -93,6 +93,26 @@ def test_features_keep_their_graph_as_torchvision_s_do():
     assert not detached.requires_grad and torch.allclose(detached, features["blocks.1"])
 
 
+def test_a_module_path_gives_the_first_call_as_torchvision_names_it():
+    class Twice(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.act = torch.nn.Tanh()
+
+        def forward(self, x):
+            h = self.act(x)
+            h = self.act(h * 10)
+            return h
+
+    x = torch.tensor([0.5])
+    first, second = torch.tanh(x), torch.tanh(torch.tanh(x) * 10)
+    for stop_early in (True, False):
+        features = create_feature_extractor(Twice(), ["act", "act_1"], stop_early=stop_early)(x)
+        assert torch.equal(features["act"], first) and torch.equal(features["act_1"], second)
+    loop = create_feature_extractor(Twice(), [":forward:h"], stop_early=False)(x)[":forward:h"]
+    assert [v.item() for v in loop] == [first.item(), second.item()]  # a local in a loop: every value
+
+
 def test_bad_return_nodes():
     net = SmallNet()
     with pytest.raises(bcrecord.SpecError, match="names 3 targets"):
