@@ -599,16 +599,21 @@ def resolve(specs: Sequence[Spec], cmap: CodeMap) -> Tuple[ProbePoint, ...]:
     points: List[ProbePoint] = []
     for spec in specs:
         if isinstance(spec, Local):
-            if spec.name not in cmap.locals:
-                hint = (
-                    f" ('{spec.name}' is an argument and never reassigned: record it with "
-                    f"Attribute at entry, e.g. '{spec.name}.attr')"
-                    if spec.name in cmap.arguments
-                    else ""
+            if spec.name not in cmap.locals and spec.name in cmap.arguments:
+                # An argument never reassigned has one value: the one it is called with.
+                if spec.index not in (None, (0,)):
+                    raise TargetError(
+                        f"{func}: argument {spec.name!r} is never reassigned; it has one value, "
+                        f"at entry: '{spec.name}' (or '{spec.name}@0')"
+                    )
+                points.append(
+                    ProbePoint("entry", (cmap.entry,), spec.name, root=spec.name, copy=spec.copy)
                 )
+                continue
+            if spec.name not in cmap.locals:
                 raise TargetError(
                     f"{func} has no assignment to a local named {spec.name!r}; "
-                    f"assigned locals: {_names(cmap.locals)}{hint}"
+                    f"assigned locals: {_names(cmap.locals)}"
                 )
             sites = _pick(cmap.locals[spec.name], spec.index, f"local {spec.name!r}", func)
             points += [

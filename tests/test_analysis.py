@@ -109,8 +109,11 @@ def test_resolve_errors_name_what_exists():
         resolve([Attribute("self.d", at="load")], cmap)
     with pytest.raises(TargetError, match="root must be an argument"):
         resolve([Attribute("b.real")], cmap)
-    with pytest.raises(TargetError, match="'a' is an argument and never reassigned"):
-        resolve([Local("a")], cmap)
+    # An argument never reassigned: its value at entry.
+    assert [(p.kind, p.label, p.root) for p in resolve([Local("a")], cmap)] == [("entry", "a", "a")]
+    assert [p.label for p in resolve([Local("a", 0)], cmap)] == ["a"]
+    with pytest.raises(TargetError, match="argument 'a' is never reassigned; it has one value, at entry"):
+        resolve([Local("a", 1)], cmap)
     points = resolve([Local("b"), Return(), Attribute("self.c"), Attribute("self.c", at="load")], cmap)
     assert [(p.kind, p.label) for p in points] == [
         ("store", "b@0"),

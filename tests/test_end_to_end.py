@@ -315,3 +315,17 @@ def test_every_site_of_a_varied_function_keeps_behaviour():
     assert patched == original
     assert rec.all("t:varied:val@0") == [1, 4]
     assert rec.all("t:varied:last@0") == [0, 1, 2, 3]
+
+
+def test_an_argument_never_reassigned_is_recorded_at_entry():
+    class Layer:
+        def forward(self, x, scale=2):
+            y = x * scale
+            return y
+
+    layer = Layer()
+    with bcrecord.patch_method(layer, "forward", ["x", "scale", "y"], name="l"), bcrecord.recording() as rec:
+        layer.forward(3)
+        layer.forward(4, scale=5)
+    assert rec.all("l:forward:x") == [3, 4] and rec.all("l:forward:scale") == [2, 5]
+    assert rec.all("l:forward:y@0") == [6, 20]

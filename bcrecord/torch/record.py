@@ -261,7 +261,7 @@ def _one_site_specs(spec: Spec, code: types.CodeType, qualname: str) -> List[Tup
     points = resolve([spec], read(code, qualname))
     out: List[Tuple[Spec, str]] = []
     for point in points:
-        if isinstance(spec, Local):
+        if isinstance(spec, Local) and point.kind == "store":  # (an argument's is its entry value)
             one: Spec = Local(spec.name, int(point.label.rsplit("@", 1)[1]))
         elif isinstance(spec, Attribute) and spec.at == "load":
             one = Attribute(spec.target, "load", int(point.label.rsplit("@", 1)[1]))

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
+import sys
 import types
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Tuple
@@ -60,16 +61,23 @@ class Target:
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The model inside ``nn.DataParallel`` / ``DistributedDataParallel`` wrappers.
+    """The model inside ``nn.DataParallel`` / ``DistributedDataParallel`` / ``torch.compile`` wrappers.
 
     >>> import torch
     >>> inner = torch.nn.Linear(1, 1)
     >>> unwrap(torch.nn.DataParallel(inner)) is inner
     True
     """
-    while isinstance(model, _WRAPPERS):
-        model = model.module  # type: ignore[assignment,attr-defined]
-    return model
+    while True:
+        if isinstance(model, _WRAPPERS):
+            model = model.module  # type: ignore[assignment,attr-defined]
+            continue
+        # torch.compile's wrapper; its module is imported only once something compiles.
+        dynamo = sys.modules.get("torch._dynamo.eval_frame")
+        if dynamo is not None and isinstance(model, getattr(dynamo, "OptimizedModule", ())):
+            model = model._orig_mod  # type: ignore[union-attr]
+            continue
+        return model
 
 
 def module_at(model: torch.nn.Module, path: str) -> torch.nn.Module:
@@ -177,7 +185,7 @@ def _matching_paths(model: torch.nn.Module, pattern: str) -> List[str]:
         module_at(model, pattern)  # raises a clear error if missing
         return [pattern]
     wanted = pattern.split(".")
-    roots = [model] if not isinstance(model, _WRAPPERS) else [model, unwrap(model)]
+    roots = [model] if unwrap(model) is model else [model, unwrap(model)]
     for root in roots:
         found = [
             name
@@ -215,6 +223,11 @@ def expand(model: torch.nn.Module, text: str) -> List[Target]:
     targets = []
     for path in _matching_paths(model, pattern):
         module = module_at(model, path)
+        if isinstance(module, torch.jit.ScriptModule):
+            raise NotPatchableError(
+                f"{type(module).__name__} at {path or '<root>'!r} is a TorchScript module: its code is "
+                "TorchScript, not Python bytecode; record it before scripting, or where it is called"
+            )
         runs = _method_that_runs(module, method, path)
         if runs != method and spec_text:
             raise TargetError(

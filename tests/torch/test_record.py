@@ -109,6 +109,15 @@ def test_policies_detach_offload_dtype_reduce_keep(net):
             pass
 
 
+def test_a_forward_argument_is_recorded_at_entry(net):
+    x = torch.randn(2, 3, 8, 8)
+    expected = reference_smallnet(net, x)
+    with record(net, ["blocks.1:forward:x", ":forward:x@0"]) as rec:
+        net(x)
+    assert torch.allclose(rec["blocks.1:forward:x"], expected["blocks.0"], atol=1e-5)
+    assert torch.allclose(rec[":forward:x@0"], net.stem(x), atol=1e-5)  # reassigned: its first assignment
+
+
 def test_reduce_by_target_string_as_given_or_as_expanded(net):
     x = torch.randn(2, 3, 8, 8)
     total = lambda t: t.sum()  # noqa: E731
