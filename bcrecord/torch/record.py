@@ -380,7 +380,11 @@ class Plan:
                 cls, method = type(module), target.method
                 func = function_of(getattr(cls, method))
                 reducer = _reduce_for(reduce, text, target)
-                for spec, label in _one_site_specs(target.spec, func.__code__, func.__qualname__):
+                try:
+                    sites = _one_site_specs(target.spec, func.__code__, func.__qualname__)
+                except TargetError as error:  # say which module: a glob reaches many
+                    raise TargetError(f"{text!r} at {target.path or '<root>'!r}: {error}") from None
+                for spec, label in sites:
                     key = f"{target.path}:{method}:{label}"
                     self.keys[text].append(key)
                     if target.grad:
