@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import inspect
 import threading
 import types
@@ -95,11 +96,33 @@ def function_of(obj: Any) -> types.FunctionType:
     if isinstance(func, types.FunctionType):
         func = inspect.unwrap(func, stop=_not_a_wrapper)
     if not isinstance(func, types.FunctionType):
-        name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None) or repr(obj)
-        if isinstance(obj, (types.BuiltinFunctionType, types.BuiltinMethodType)) or callable(obj):
-            raise NotPatchableError(f"{name} is a builtin or C function: it has no bytecode to patch")
-        raise NotPatchableError(f"{name!s} has no __code__: only Python functions can be patched")
+        raise NotPatchableError(_why_not_a_function(obj))
     return func
+
+
+def _why_not_a_function(obj: Any) -> str:
+    """Why ``obj`` cannot be patched, and what to patch instead."""
+    name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None) or repr(obj)
+    if isinstance(obj, type):
+        return (
+            f"{obj.__name__} is a class: patch one of its methods, "
+            f"e.g. patch_method({obj.__name__}, 'forward', specs)"
+        )
+    if isinstance(obj, property):
+        return f"{name} is a property: patch its getter (the class's <property>.fget)"
+    if isinstance(obj, (functools.partial, functools.partialmethod)):
+        return f"{name} is a functools.{type(obj).__name__}: patch the function it calls (its .func)"
+    if inspect.isroutine(obj):  # builtins, method descriptors (dict.get)
+        return f"{name} is a builtin or C function: it has no bytecode to patch"
+    call = inspect.getattr_static(type(obj), "__call__", None)
+    if isinstance(call, types.FunctionType):
+        return (
+            f"{name} is a callable {type(obj).__name__} object: patch its class's __call__, "
+            f"patch_method({type(obj).__name__}, '__call__', specs)"
+        )
+    if callable(obj):
+        return f"{name} is a builtin or C function: it has no bytecode to patch"
+    return f"{name!s} has no __code__: only Python functions can be patched"
 
 
 def _default_owner(func: types.FunctionType, bound_to: Any = None) -> str:

@@ -294,7 +294,11 @@ def parse_all(specs: SpecLike | Iterable[SpecLike]) -> Tuple[Spec, ...]:
     """
     if isinstance(specs, (str, Mapping, Local, Attribute, Return, Call, Expr)):
         return (parse(specs),)
-    parsed = tuple(parse(spec) for spec in specs)
+    try:
+        items = list(specs)
+    except TypeError:
+        raise SpecError(f"specs must be a spec or a list of specs, got {specs!r}") from None
+    parsed = tuple(parse(spec) for spec in items)
     if not parsed:
         raise SpecError("no specs given: name at least one local, attribute or return")
     return parsed

@@ -4,6 +4,8 @@ Callers can catch :class:`BcrecordError` for everything bcrecord raises on purpo
 or the built-in exception that fits (``ValueError`` for a malformed spec...).
 """
 
+import re
+
 import pytest
 
 import bcrecord
@@ -60,3 +62,39 @@ def test_bad_specs_raise_the_documented_error(specs, error, words):
 def test_a_builtin_cannot_be_patched():
     with pytest.raises(NotPatchableError, match="len is a builtin or C function"):
         bcrecord.instrument(len, ["x"])
+
+
+def test_what_cannot_be_patched_says_what_to_patch_instead():
+    import functools
+
+    class Model:
+        def forward(self, x):
+            out = x
+            return out
+
+        @property
+        def size(self):
+            n = 1
+            return n
+
+    class Callable:
+        def __call__(self, x):
+            y = x
+            return y
+
+    def g(a, b):
+        c = a
+        return c
+
+    cases = [
+        (Model, "Model is a class: patch one of its methods, e.g. patch_method(Model, 'forward', specs)"),
+        (Callable(), "is a callable Callable object: patch its class's __call__"),
+        (functools.partial(g, 1), "is a functools.partial: patch the function it calls"),
+        (Model.__dict__["size"], "is a property: patch its getter"),
+        (dict.get, "dict.get is a builtin or C function"),
+    ]
+    for obj, message in cases:
+        with pytest.raises(NotPatchableError, match=re.escape(message)):
+            bcrecord.patch_function(obj, "out")
+    with pytest.raises(bcrecord.SpecError, match="specs must be a spec or a list of specs, got None"):
+        bcrecord.patch_function(g, None)
