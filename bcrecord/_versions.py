@@ -83,6 +83,10 @@ class Table:
     return_const: Optional[str]
     #: Opcodes that call (their result is left on the stack).
     calls: FrozenSet[str] = frozenset()
+    #: Opcodes that enter a ``with`` block. The bytecode package models them as
+    #: keeping the context manager's slot (it becomes ``__exit__``), so the call of
+    #: ``__exit__`` at the block's end would look like a call of the manager.
+    with_enters: FrozenSet[str] = frozenset()
     #: Opcodes that push a global or builtin by name (roots of callee chains).
     global_loads: FrozenSet[str] = frozenset({"LOAD_GLOBAL", "LOAD_NAME"})
     #: The operator symbol of a binary-operator instruction (``'+'``, ``'+='``), or None.
@@ -276,6 +280,7 @@ def _310() -> Table:
         return_value="RETURN_VALUE",
         return_const=None,
         calls=frozenset({"CALL_FUNCTION", "CALL_FUNCTION_KW", "CALL_FUNCTION_EX", "CALL_METHOD"}),
+        with_enters=frozenset({"SETUP_WITH", "BEFORE_ASYNC_WITH"}),
         binary_op=_op_310,
     )
 
@@ -319,6 +324,7 @@ def _311() -> Table:
         return_value="RETURN_VALUE",
         return_const=None,
         calls=frozenset({"CALL", "CALL_FUNCTION_EX"}),
+        with_enters=frozenset({"BEFORE_WITH", "BEFORE_ASYNC_WITH"}),
         binary_op=_op_311,
         call_method=lambda n, loc: [_instr("PRECALL", n, loc), _instr("CALL", n, loc)],
         raise_over_method=_swap_up,
@@ -347,6 +353,7 @@ def _312() -> Table:
         return_value="RETURN_VALUE",
         return_const="RETURN_CONST",
         calls=frozenset({"CALL", "CALL_FUNCTION_EX"}),
+        with_enters=frozenset({"BEFORE_WITH", "BEFORE_ASYNC_WITH"}),
         binary_op=_op_311,
         load_method=lambda name, loc: _instr("LOAD_ATTR", (True, name), loc),
         call_method=lambda n, loc: [_instr("CALL", n, loc)],
@@ -386,6 +393,7 @@ def _313() -> Table:
         return_value="RETURN_VALUE",
         return_const="RETURN_CONST",
         calls=frozenset({"CALL", "CALL_KW", "CALL_FUNCTION_EX"}),
+        with_enters=frozenset({"BEFORE_WITH", "BEFORE_ASYNC_WITH"}),
         binary_op=_op_311,
         load_method=lambda name, loc: _instr("LOAD_ATTR", (True, name), loc),
         call_method=lambda n, loc: [_instr("CALL", n, loc)],

@@ -403,6 +403,8 @@ def consuming_calls(
                 continue
             if height == 0 and (table.attr_load(item) or table.method_load(item)):
                 return []  # an attribute of this value is loaded: the chain goes on
+            if height == 0 and item.name in table.with_enters:
+                return []  # a context manager: the call at the block's end is its __exit__
             pre, post = item.pre_and_post_stack_effect(jump=False)
             if height + pre < 0:  # this instruction consumes the callee's slots
                 if item.name in table.calls and height + pre == -slots:

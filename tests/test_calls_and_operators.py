@@ -117,3 +117,21 @@ def test_call_sites_are_the_same_on_every_version():
         "self.fc()@0",
         "return",
     ]
+
+
+def test_a_with_statement_is_no_call_of_its_context_manager():
+    # 3.11+ calls __exit__ where the manager was loaded; that is not a call site.
+    import threading
+
+    class Guarded:
+        def __init__(self):
+            self.lock = threading.Lock()
+
+        def step(self, x):
+            with self.lock:
+                y = abs(x)
+            return y
+
+    assert sorted(bcrecord.targets(Guarded.step).calls) == ["abs"]
+    with pytest.raises(TargetError, match="never calls 'self.lock'"):
+        bcrecord.patch_method(Guarded, "step", "self.lock()")
