@@ -48,6 +48,7 @@ its traceback (without bcrecord's frames) and exits 1, as Python does.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -399,10 +400,15 @@ class _Collector:
         self.error: Optional[str] = None
         self.warned: set = set()
         self.warnings: List[str] = []
+        #: The program's ``__main__`` module, noted with its first value: pickle finds the
+        #: program's own classes there, also after runpy has put bcrecord's back.
+        self.main: Optional[types.ModuleType] = None
 
     def deliver(self, key: str, step: int, value: Any) -> None:
         if os.getpid() != self.pid:  # a forked child: its values are not ours to write
             return
+        if self.main is None:
+            self.main = sys.modules.get("__main__")
         with self.lock:
             self.last[key] = value
             if self.writer is None:
@@ -448,15 +454,30 @@ class _Collector:
         assert self.writer is not None
         if not batch:
             return
-        try:
-            self.writer.write_many(_by_step(batch))
-        except BcrecordError:
-            raise
-        except Exception:  # most likely a value that cannot be pickled: find it, retry
-            batch = [(key, step, self._picklable(key, value)) for key, step, value in batch]
-            self.writer.write_many(_by_step(batch))
+        with _main_module(self.main):
+            try:
+                self.writer.write_many(_by_step(batch))
+            except BcrecordError:
+                raise
+            except Exception:  # most likely a value that cannot be pickled: find it, retry
+                batch = [(key, step, self._picklable(key, value)) for key, step, value in batch]
+                self.writer.write_many(_by_step(batch))
         for key, _, _ in batch:
             self.saved[key] += 1
+
+
+@contextlib.contextmanager
+def _main_module(module: Optional[types.ModuleType]) -> Iterator[None]:
+    """``module`` as ``sys.modules['__main__']`` for the block (to pickle the program's classes)."""
+    current = sys.modules.get("__main__")
+    if module is None or module is current:
+        yield
+        return
+    sys.modules["__main__"] = module
+    try:
+        yield
+    finally:
+        sys.modules["__main__"] = current  # type: ignore[assignment]
 
 
 def _by_step(batch: List[Tuple[str, int, Any]]) -> List[Tuple[int, Dict[str, List[Any]]]]:

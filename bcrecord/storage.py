@@ -27,6 +27,7 @@ directory raises :class:`StorageError` naming the directory.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import pickle
@@ -185,6 +186,41 @@ def _items(records: Any) -> List[Tuple[str, Sequence[Any]]]:
     return list(records.items())
 
 
+class Unimportable:
+    """A loaded value whose class cannot be imported here, with the state it was saved with.
+
+    Classes defined in a program's ``__main__`` (saved by ``bcrecord run``) are the
+    usual case: a loader is another program. The rest of the records load as usual.
+
+    >>> kind = _Unpickler(io.BytesIO(b"")).find_class("no_such_module", "Point")
+    >>> point = kind.__new__(kind); point.__setstate__({"x": 1}); point
+    <no_such_module.Point, not importable here: {'x': 1}>
+    """
+
+    _where = ""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.args = args
+        self.kwargs = kwargs
+
+    def __setstate__(self, state: Any) -> None:
+        self.state = state
+
+    def __repr__(self) -> str:
+        saved = self.state if hasattr(self, "state") else getattr(self, "args", ())
+        return f"<{self._where}, not importable here: {saved!r}>"
+
+
+class _Unpickler(pickle.Unpickler):
+    """Unpickles, standing in :class:`Unimportable` for classes this process cannot import."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        try:
+            return super().find_class(module, name)
+        except (ImportError, AttributeError):
+            return type(name, (Unimportable,), {"_where": f"{module}.{name}", "__module__": module})
+
+
 def save(records: Any, directory: PathLike, step: int = 0) -> Path:
     """Save a recording (or ``{key: [values]}``) into ``directory`` as ``step``; returns the directory.
 
@@ -280,7 +316,7 @@ def load(directory: PathLike, keys: Optional[Iterable[str]] = None) -> Loaded:
 
                 files[file] = load_file(str(path))
             else:
-                files[file] = pickle.loads(path.read_bytes())
+                files[file] = _Unpickler(io.BytesIO(path.read_bytes())).load()
         except ImportError:
             raise StorageError(
                 "loading tensors needs the safetensors package: pip install 'bcrecord[save]'"

@@ -203,3 +203,34 @@ def test_run_records_threads_and_unpicklable_values(project, tmp_path):
     loaded = bcrecord.load(out)
     assert sorted(loaded["helper:twice:y@0"]) == [0, 2, 4, 6]
     assert loaded["__main__:make:gen@0"][0].startswith("<generator object")
+
+
+def test_run_saves_values_of_the_program_s_own_classes(project, tmp_path):
+    # Pickled while the program's __main__ is at hand; loaded elsewhere (no such class
+    # there) as Unimportable with their state, the rest of the records as usual.
+    (project / "points.py").write_text(
+        textwrap.dedent(
+            """
+            class Point:
+                def __init__(self, x):
+                    self.x = x
+
+            def make(x):
+                point = Point(x)
+                total = x * 2
+                return point, total
+
+            print(make(3)[0].x)
+            """
+        )
+    )
+    out = tmp_path / "records"
+    targets = ["-r", "__main__:make:point", "-r", "__main__:make:total"]
+    result = cli("run", *targets, "-o", out, "points.py", cwd=project)
+    assert result.returncode == 0, result.stderr
+    assert "cannot be pickled" not in result.stderr
+    loaded = bcrecord.load(out)
+    (point,) = loaded["__main__:make:point@0"]
+    assert isinstance(point, bcrecord.storage.Unimportable) and point.state == {"x": 3}
+    assert repr(point) == "<__main__.Point, not importable here: {'x': 3}>"
+    assert loaded["__main__:make:total@0"] == [6]
