@@ -62,7 +62,7 @@ import time
 import types
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, TextIO, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, TextIO, Tuple
 
 from .analysis import read, resolve
 from .errors import BcrecordError
@@ -466,6 +466,30 @@ class _Collector:
             self.saved[key] += 1
 
 
+def _owner_names(
+    groups: Mapping[str, Mapping[Tuple[str, ...], Any]],
+) -> Dict[Tuple[str, Tuple[str, ...]], str]:
+    """Owner names for targets whose keys would otherwise collide.
+
+    A method's keys start with its class's name: ``enc:Block.forward`` and
+    ``dec:Block.forward`` would both give ``Block:forward:...``. Such targets get
+    the module-qualified name (``enc.Block``); the rest keep the default.
+
+    >>> _owner_names({"enc": {("Block", "forward"): []}, "dec": {("Block", "forward"): []}})
+    {('enc', ('Block', 'forward')): 'enc.Block', ('dec', ('Block', 'forward')): 'dec.Block'}
+    """
+    holders: Dict[str, set] = defaultdict(set)
+    for module, paths in groups.items():
+        for path in paths:
+            holders[path[-2] if len(path) > 1 else module].add((module, path[:-1]))
+    return {
+        (module, path): ".".join([module, *path[:-1]])
+        for module, paths in groups.items()
+        for path in paths
+        if len(path) > 1 and len(holders[path[-2]]) > 1
+    }
+
+
 @contextlib.contextmanager
 def _main_module(module: Optional[types.ModuleType]) -> Iterator[None]:
     """``module`` as ``sys.modules['__main__']`` for the block (to pickle the program's classes)."""
@@ -601,6 +625,7 @@ class Runner:
         )
         for target in self.targets:
             self.groups[target.module][target.path].append(target)
+        self.owners = _owner_names(self.groups)
         self.hook = _ImportHook([m for m in self.groups if m != "__main__"], self._after_import)
         self._saved_sys: Optional[Tuple[List[str], List[str]]] = None
         self._trace: Any = None
@@ -627,7 +652,13 @@ class Runner:
                 try:
                     for part in path[:-1]:
                         holder = getattr(holder, part)
-                    patch = patch_method(holder, path[-1], [t.spec for t in group], in_place=True)
+                    patch = patch_method(
+                        holder,
+                        path[-1],
+                        [t.spec for t in group],
+                        name=self.owners.get((name, path)),
+                        in_place=True,
+                    )
                 except AttributeError as error:
                     raise _TargetFailed(f"target {texts}: {error}") from None
                 except BcrecordError as error:

@@ -234,3 +234,16 @@ def test_run_saves_values_of_the_program_s_own_classes(project, tmp_path):
     assert isinstance(point, bcrecord.storage.Unimportable) and point.state == {"x": 3}
     assert repr(point) == "<__main__.Point, not importable here: {'x': 3}>"
     assert loaded["__main__:make:total@0"] == [6]
+
+
+def test_run_qualifies_owners_where_two_classes_share_a_name(project):
+    for module, factor in (("enc", 2), ("dec", 100)):
+        (project / f"{module}.py").write_text(
+            f"class Block:\n    def forward(self, x):\n        out = x * {factor}\n        return out\n"
+        )
+    (project / "both.py").write_text("import enc, dec\nprint(enc.Block().forward(1) + dec.Block().forward(1))\n")
+    targets = ["-r", "enc:Block.forward:out", "-r", "dec:Block.forward:out"]
+    result = cli("run", *targets, "both.py", cwd=project)
+    assert result.returncode == 0 and result.stdout == "102\n", result.stderr
+    rows = {line.split()[0]: line.split()[-1] for line in result.stderr.splitlines()[2:]}
+    assert rows == {"enc.Block:forward:out@0": "2", "dec.Block:forward:out@0": "100"}
