@@ -241,7 +241,9 @@ def test_run_qualifies_owners_where_two_classes_share_a_name(project):
         (project / f"{module}.py").write_text(
             f"class Block:\n    def forward(self, x):\n        out = x * {factor}\n        return out\n"
         )
-    (project / "both.py").write_text("import enc, dec\nprint(enc.Block().forward(1) + dec.Block().forward(1))\n")
+    (project / "both.py").write_text(
+        "import enc, dec\nprint(enc.Block().forward(1) + dec.Block().forward(1))\n"
+    )
     targets = ["-r", "enc:Block.forward:out", "-r", "dec:Block.forward:out"]
     result = cli("run", *targets, "both.py", cwd=project)
     assert result.returncode == 0 and result.stdout == "102\n", result.stderr
