@@ -279,16 +279,21 @@ Position = Any  # an index into instructions(code), or (index of LOAD_CONST, inn
 Raw = Tuple[str, Position, Instr, Tuple[object, ...], Any]  # name, position, instr, identity, extra
 
 
-def _group(sites: Iterable[Raw]) -> Dict[str, List[Tuple[List[Position], Instr, Any]]]:
-    """Group sites by source construct; order each name's groups in source order."""
-    groups: Dict[Tuple[str, Tuple[object, ...]], Tuple[Tuple[int, int, int], List[Position], Instr, Any]] = {}
+def _group(
+    sites: Iterable[Raw], placed: bool = False
+) -> Dict[str, List[Tuple[List[Position], Instr, Any]]]:
+    """Group sites by source construct; order each name's groups in source order.
+
+    ``placed``: each site's extra is its place in source order (operators).
+    """
+    groups: Dict[Tuple[str, Tuple[object, ...]], Tuple[Any, List[Position], Instr, Any]] = {}
     for seq, (name, pos, instr, ident, extra) in enumerate(sites):
         key = (name, ident)
         if key in groups:
             groups[key][1].append(pos)
         else:
             column = _column(instr)
-            order = (instr.lineno or 0, -1 if column is None else column, seq)
+            order = extra if placed else (instr.lineno or 0, -1 if column is None else column, seq)
             groups[key] = (order, [pos], instr, extra)
     by_name: Dict[str, List[Tuple[Tuple[int, int, int], List[Position], Instr, Any]]] = {}
     for (name, _), group in groups.items():
@@ -458,28 +463,63 @@ class _Sites:
                 (chain, call, load, identity.of(pos, load), None)
                 for call in consuming_calls(bytecode, pos, slots, labels)
             ]
-        self.operators: List[Raw] = [
-            (op, pos, i, identity.of(pos, i), None)
-            for pos, i in real
-            if (op := table.binary_op(i)) is not None
-        ]
+        # An operator is placed where its right operand starts, just after the operator
+        # itself: '(a + b) + c' has the inner '+' first, as a reader counts, on every
+        # version (the instruction's own position spans the whole expression).
+        # Its extra is its place: (line, (instruction index, -1)) of that start.
+        self.operators: List[Raw] = []
+        for k, (pos, i) in enumerate(real):
+            op = table.binary_op(i)
+            if op is not None:
+                start = _operand_start(real, k, bytecode)
+                anchor = i if start is None else cast(Instr, bytecode[start])
+                place = (anchor.lineno or 0, (pos if start is None else start, -1))
+                self.operators.append((op, pos, i, identity.of(pos, i), place))
         if table.comprehension_save is not None:
             return
         for pos, i in real:
             if i.name == "LOAD_CONST" and isinstance(i.arg, CodeType) and i.arg.co_name in _COMPREHENSIONS:
                 inner = _Sites(i.arg, outer_cells, nested=True)
+                # Its sites are its own constructs, never one of the function's on the same
+                # line (3.10 tells constructs apart by line and count).
+                where = identity.of(pos, i)
                 for mine, theirs in (
                     (self.stores, inner.stores),
                     (self.loads, inner.loads),
                     (self.calls, inner.calls),
-                    (self.operators, inner.operators),
                 ):
-                    mine += [_nest(pos, site) for site in theirs]
+                    mine += [_nest(pos, where, site) for site in theirs]
+                for op, inner_pos, instr, ident, (line, (index, _)) in inner.operators:
+                    self.operators.append((op, (pos, inner_pos), instr, (where, ident), (line, (pos, index))))
 
 
-def _nest(outer: int, site: Raw) -> Raw:
+def _operand_start(real: List[Tuple[int, Instr]], k: int, bytecode: Sequence[object]) -> Optional[int]:
+    """Where the right operand of the binary operator ``real[k]`` starts, or None.
+
+    That is the latest instruction from which the code up to the operator pushes
+    exactly one value without reaching below it. None when a jump target lies in
+    between (``a + (b if c else d)``): the operand is not straight-line code.
+    """
+    end = real[k][0]
+    for j in range(k - 1, max(-1, k - 64), -1):
+        start = real[j][0]
+        if isinstance(bytecode[start + 1 : end + 1], list) and any(
+            isinstance(item, Label) for item in bytecode[start:end]
+        ):
+            return None
+        height = low = 0
+        for _, instr in real[j:k]:
+            pre, post = instr.pre_and_post_stack_effect(jump=False)
+            low = min(low, height + pre)
+            height += pre + post
+        if low >= 0 and height == 1:
+            return start
+    return None
+
+
+def _nest(outer: int, where: Tuple[object, ...], site: Raw) -> Raw:
     name, pos, instr, ident, extra = site
-    return name, (outer, pos), instr, ident, extra
+    return name, (outer, pos), instr, (where, ident), extra
 
 
 def read(code: CodeType, qualname: Optional[str] = None) -> CodeMap:
@@ -531,7 +571,7 @@ def _read(code: CodeType, qualname: Optional[str] = None) -> CodeMap:
             OperatorSite(op, n, instr.lineno, _column(instr), tuple(positions))
             for n, (positions, instr, _) in enumerate(groups)
         )
-        for op, groups in _group(raw.operators).items()
+        for op, groups in _group(raw.operators, placed=True).items()
     }
 
     return_ops = {table.return_value, table.return_const}

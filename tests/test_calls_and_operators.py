@@ -135,3 +135,29 @@ def test_a_with_statement_is_no_call_of_its_context_manager():
     assert sorted(bcrecord.targets(Guarded.step).calls) == ["abs"]
     with pytest.raises(TargetError, match="never calls 'self.lock'"):
         bcrecord.patch_method(Guarded, "step", "self.lock()")
+
+
+def test_operators_are_numbered_as_a_reader_counts_them_on_every_version():
+    # The n-th operator symbol from the left, also where brackets nest the expressions.
+    def f(a, b, c, d):
+        y = (a + b) + c
+        z = a - (b - (c - d))
+        w = a * b + c * d
+        v = [x + a for x in (b, c)] + [d]
+        return y, z, w, v
+
+    with bcrecord.patch_function(f, ["+", "-", "*"]), bcrecord.recording() as rec:
+        f(1, 10, 100, 1000)
+    values = {key.split(":")[-1]: rec.all(key) for key in rec.keys()}
+    assert values == {
+        "+@0": [11],  # a + b
+        "+@1": [111],  # (a + b) + c
+        "-@0": [1 - (10 - (100 - 1000))],
+        "-@1": [10 - (100 - 1000)],
+        "-@2": [100 - 1000],
+        "*@0": [10],
+        "*@1": [100_000],
+        "+@2": [100_010],  # a * b + c * d
+        "+@3": [11, 101],  # x + a, inside the comprehension
+        "+@4": [[11, 101, 1000]],
+    }
