@@ -462,6 +462,7 @@ class _Sites:
             self.calls += [
                 (chain, call, load, identity.of(pos, load), None)
                 for call in consuming_calls(bytecode, pos, slots, labels)
+                if not (chain == "super" and _then_attribute(bytecode, call, table))
             ]
         # An operator is placed where its right operand starts, just after the operator
         # itself: '(a + b) + c' has the inner '+' first, as a reader counts, on every
@@ -491,6 +492,17 @@ class _Sites:
                     mine += [_nest(pos, where, site) for site in theirs]
                 for op, inner_pos, instr, ident, (line, (index, _)) in inner.operators:
                     self.operators.append((op, (pos, inner_pos), instr, (where, ident), (line, (pos, index))))
+
+
+def _then_attribute(bytecode: Sequence[object], pos: int, table: _versions.Table) -> bool:
+    """Whether an attribute of what the instruction at ``pos`` pushed is loaded right after.
+
+    ``super().m`` is one instruction from 3.12 on (``LOAD_SUPER_ATTR``), no call:
+    so that a function has the same call sites on every version, it is none on
+    3.10/3.11 either.
+    """
+    following = next((item for item in bytecode[pos + 1 :] if isinstance(item, Instr)), None)
+    return following is not None and bool(table.attr_load(following) or table.method_load(following))
 
 
 def _operand_start(real: List[Tuple[int, Instr]], k: int, bytecode: Sequence[object]) -> Optional[int]:

@@ -161,3 +161,19 @@ def test_operators_are_numbered_as_a_reader_counts_them_on_every_version():
         "+@3": [11, 101],  # x + a, inside the comprehension
         "+@4": [[11, 101, 1000]],
     }
+
+
+def test_super_attribute_is_no_call_site_on_any_version():
+    # 3.12+ compiles super().m to one instruction (no call); 3.10/3.11 agree with it.
+    class Base:
+        def m(self, v):
+            return v + 1
+
+    class Child(Base):
+        def m(self, v):
+            r = super().m(v)
+            proxy = super()
+            return r, proxy
+
+    assert list(bcrecord.targets(Child.m).calls) == ["super"]  # the bare super() only
+    assert [c.index for c in bcrecord.targets(Child.m).calls["super"]] == [0]
