@@ -635,6 +635,11 @@ def patch_method(
     (6, False)
     """
     raw, own = _lookup(obj, method)
+    if callable(name) and isinstance(raw, staticmethod):
+        raise NotPatchableError(
+            f"{method} is a staticmethod: it gets no instance, so name= cannot be a function "
+            "of the instance; give a string"
+        )
     if isinstance(obj, type):
         default = obj.__name__
     elif isinstance(obj, types.ModuleType):

@@ -363,3 +363,15 @@ def test_the_swap_hook_sees_probed_code_go_in_and_out():
     assert probed is not original
     mine = [(code, armed) for code, armed in seen if code is probed]  # other tests' patches arm too
     assert mine == [(probed, True), (probed, False), (probed, True), (probed, False)]
+
+
+def test_a_per_instance_name_on_a_staticmethod_is_refused():
+    class Tools:
+        @staticmethod
+        def scale(v):
+            y = v * 3
+            return y
+
+    with pytest.raises(bcrecord.NotPatchableError, match="scale is a staticmethod: it gets no instance"):
+        bcrecord.patch_method(Tools, "scale", "y", name=lambda inst: "t")
+    assert Tools.scale(2) == 6 and "scale" in vars(Tools) and isinstance(vars(Tools)["scale"], staticmethod)

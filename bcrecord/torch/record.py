@@ -76,7 +76,7 @@ def _stale(path: str) -> _StalePath:
 
 
 class _StalePath(str):
-    """A marker loaded from a pickle: inert, so a loaded model never records."""
+    """A marker loaded from a pickle saved by earlier versions: inert, like a plain str."""
 
 
 class _PathMark(str):
@@ -95,14 +95,15 @@ class _PathMark(str):
             self.copies.add(twin)
         return self
 
-    def __reduce__(self) -> Tuple[Callable[[str], _StalePath], Tuple[str]]:
+    def __reduce__(self) -> Tuple[Callable[[str], str], Tuple[str]]:
         warnings.warn(
             f"bcrecord: a module ({str(self) or '<root>'}) is being saved while it is recorded; "
             "the saved copy loads without recording",
             RecordingWarning,
             stacklevel=2,
         )
-        return _stale, (str(self),)
+        # Saved as a plain str: inert (only a marker records), and loading needs no bcrecord.
+        return str, (str(self),)
 
 
 def _one_path_each(modules: Mapping[str, torch.nn.Module]) -> None:
@@ -293,7 +294,7 @@ def _mark_all(marks: Sequence[Tuple[torch.nn.Module, _PathMark]]) -> List[torch.
                             "time: record both from the same model"
                         )
                     _mark_counts[id(module)] = count + 1
-                elif _MARK in attrs and type(current) not in (_StalePath, _PathMark):
+                elif _MARK in attrs and type(current) not in (str, _StalePath, _PathMark):
                     raise TargetError(
                         f"{type(module).__name__} at {str(mark)!r} already has an attribute {_MARK!r}"
                     )

@@ -432,6 +432,10 @@ def test_saving_while_recording_loads_clean_with_a_warning(net):
         with bcrecord.recording() as plain:
             loaded(torch.randn(1, 3, 8, 8))
     assert len(plain) == 0
+    assert type(loaded.fc.__dict__["_bcrecord_path"]) is str  # a plain str: loads without bcrecord
+    with record(loaded, ["fc"]) as again:  # and records like any model; the leftover goes
+        loaded(torch.randn(1, 3, 8, 8))
+    assert len(again.all("fc:forward:return")) == 1 and "_bcrecord_path" not in loaded.fc.__dict__
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         pickle.dumps(net)  # after recording: nothing left to warn about
