@@ -27,12 +27,13 @@ import difflib
 import fnmatch
 import sys
 import types
+import warnings
 from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Tuple
 
 import torch
 
-from ..errors import NotPatchableError, SpecError, TargetError
+from ..errors import NotPatchableError, RecordingWarning, SpecError, TargetError
 from ..specs import Call, Expr, Return, Spec, parse
 
 __all__ = ["Target", "expand", "expand_all", "unwrap", "module_at"]
@@ -229,12 +230,17 @@ def expand(model: torch.nn.Module, text: str) -> List[Target]:
                 "TorchScript, not Python bytecode; record it before scripting, or where it is called"
             )
         runs = _method_that_runs(module, method, path)
-        if runs != method and spec_text:
-            raise TargetError(
-                f"{type(module).__name__} at {path or '<root>'!r} runs {runs} as its {method} (an "
-                f"instance attribute), so {method} never runs: target '{path}:{runs}:{spec_text}'"
+        if runs is None or (runs != method and spec_text):
+            where = f"{type(module).__name__} at {path or '<root>'!r}"
+            instead = "" if runs is None else f" (target '{path}:{runs}:{spec_text}' for the one that does)"
+            warnings.warn(
+                f"bcrecord: {where} has its own {method} attribute; {type(module).__name__}.{method} "
+                f"records only if that calls it{instead}",
+                RecordingWarning,
+                stacklevel=3,
             )
         # A bare path is the module's output: what the method that runs returns.
+        runs = method if runs is None or spec_text else runs
         func = getattr(type(module), runs, None)
         if not isinstance(func, types.FunctionType):
             kind = "no method" if func is None else "no Python method"
@@ -245,25 +251,22 @@ def expand(model: torch.nn.Module, text: str) -> List[Target]:
     return targets
 
 
-def _method_that_runs(module: torch.nn.Module, method: str, path: str) -> str:
-    """The name of the class method that runs as ``module.<method>``.
+def _method_that_runs(module: torch.nn.Module, method: str, path: str) -> Optional[str]:
+    """The name of the class method that runs as ``module.<method>``; None if unknown.
 
-    Usually ``method``; an instance attribute can replace it (``self.forward =
-    self.forward_fast``). Raises for one that is no method of the module's class
-    (a ``functools.partial``, a lambda): nothing of the class's runs then.
+    Usually ``method``; an instance attribute can replace it with another method
+    (``self.forward = self.forward_fast``) or with something else (a
+    ``functools.partial``, a wrapper that may or may not call the class's method).
     """
     own = getattr(module, "__dict__", {}).get(method)
     if own is None:
         return method
-    own = getattr(own, "__wrapped__", own)  # the torch layer's own early-stop wrapper of the root
+    own = getattr(own, "__wrapped__", own)  # a wrapper that says what it wraps (ours at the root too)
     if isinstance(own, types.MethodType) and own.__self__ is module:
         name = own.__func__.__name__
         if getattr(type(module), name, None) is own.__func__:
             return name
-    raise TargetError(
-        f"{type(module).__name__} at {path or '<root>'!r} has its own {method} attribute ({own!r}), "
-        f"so {type(module).__name__}.{method} never runs for it: record what that calls instead"
-    )
+    return None
 
 
 def expand_all(model: torch.nn.Module, texts: Iterable[str]) -> Dict[str, List[Target]]:
