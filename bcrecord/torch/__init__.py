@@ -106,7 +106,7 @@ class _CompiledCode:
 
     def __call__(self, code: Any, armed: bool) -> None:
         dynamo = sys.modules.get("torch._dynamo")
-        if dynamo is None:  # nothing compiled in this process
+        if dynamo is None:  # Dynamo never loaded: nothing compiled
             return
         compiled = dynamo.utils.counters["stats"]["unique_graphs"]
         if compiled < self.dropped_at:  # torch._dynamo.reset() cleared the counters (and caches)
@@ -115,8 +115,10 @@ class _CompiledCode:
         if not armed:
             self.out_at[code] = compiled
         elif compiled > max(self.out_at.get(code, 0), self.dropped_at):
-            dynamo.reset_code_caches()
-            self.dropped_at = compiled
+            # reset() where this lighter one is missing: it drops the counters too.
+            drop = getattr(dynamo, "reset_code_caches", None) or dynamo.reset
+            drop()
+            self.dropped_at = compiled if drop is not dynamo.reset else 0
 
 
 _probe_outside_dynamo()
