@@ -515,9 +515,7 @@ def _operand_start(real: List[Tuple[int, Instr]], k: int, bytecode: Sequence[obj
     end = real[k][0]
     for j in range(k - 1, max(-1, k - 64), -1):
         start = real[j][0]
-        if isinstance(bytecode[start + 1 : end + 1], list) and any(
-            isinstance(item, Label) for item in bytecode[start:end]
-        ):
+        if any(isinstance(bytecode[p], Label) for p in range(start, end)):
             return None
         height = low = 0
         for _, instr in real[j:k]:
