@@ -1852,8 +1852,13 @@ def case_calls(settings: Settings) -> Case:
             "they cost as much as the hooks' clones. What keeping values costs (`copy='detach'` "
             "over the probes alone) is the memory of 148 live tensors instead of a few reused "
             "buffers. The probes alone go through five Python calls a value (the probe, the "
-            "per-instance route, the owner lookup, the sink, the copier); "
-            "`copy='detach'` is enough where the model changes no recorded value in place later.",
+            "per-instance route, the owner lookup, the sink, the copier). Timed inside the forward "
+            "(2026-11-30), a value takes about 5.7 us with the default clone, 4.5 us with "
+            "`copy='detach'` and 2.8 us reduced to a number, against 0.8 us for the same probe in a "
+            "hot loop: between convolutions the interpreter runs from cold caches. Of the 5.7 us, "
+            "making the copy-on-write clone and freeing the previous forward's value (`keep='last'`) "
+            "are about 3.2 us. `copy='detach'` is enough where the model changes no recorded value "
+            "in place later.",
             origin="issue 8",
         )
     )
