@@ -469,10 +469,14 @@ class _Sites:
         # version (the instruction's own position spans the whole expression).
         # Its extra is its place: (line, (instruction index, -1)) of that start.
         self.operators: List[Raw] = []
+        jumps: Dict[Label, List[int]] = {}
+        for pos, i in real:
+            if isinstance(i.arg, Label):
+                jumps.setdefault(i.arg, []).append(pos)
         for k, (pos, i) in enumerate(real):
             op = table.binary_op(i)
             if op is not None:
-                start = _operand_start(real, k, bytecode)
+                start = _operand_start(real, k, bytecode, jumps)
                 anchor = i if start is None else cast(Instr, bytecode[start])
                 place = (anchor.lineno or 0, (pos if start is None else start, -1))
                 self.operators.append((op, pos, i, identity.of(pos, i), place))
@@ -505,26 +509,61 @@ def _then_attribute(bytecode: Sequence[object], pos: int, table: _versions.Table
     return following is not None and bool(table.attr_load(following) or table.method_load(following))
 
 
-def _operand_start(real: List[Tuple[int, Instr]], k: int, bytecode: Sequence[object]) -> Optional[int]:
+def _operand_start(
+    real: List[Tuple[int, Instr]], k: int, bytecode: Sequence[object], jumps: Dict[Label, List[int]]
+) -> Optional[int]:
     """Where the right operand of the binary operator ``real[k]`` starts, or None.
 
-    That is the latest instruction from which the code up to the operator pushes
-    exactly one value without reaching below it. None when a jump target lies in
-    between (``a + (b if c else d)``): the operand is not straight-line code.
+    That is the latest instruction from which every path of the code up to the
+    operator pushes exactly one value without reaching below it, entered only from
+    that instruction (no jump from elsewhere lands inside: ``a + (b if c else d)``
+    starts at ``c``, not at ``d``). ``jumps`` maps each label to the jumps to it.
     """
     end = real[k][0]
     for j in range(k - 1, max(-1, k - 64), -1):
         start = real[j][0]
-        if any(isinstance(bytecode[p], Label) for p in range(start, end)):
-            return None
-        height = low = 0
-        for _, instr in real[j:k]:
-            pre, post = instr.pre_and_post_stack_effect(jump=False)
-            low = min(low, height + pre)
-            height += pre + post
-        if low >= 0 and height == 1:
+        if _one_value(bytecode, start, end, jumps):
             return start
     return None
+
+
+def _one_value(bytecode: Sequence[object], start: int, end: int, jumps: Dict[Label, List[int]]) -> bool:
+    """Whether the code from ``start`` to ``end`` (excluded) is entered at ``start`` only and
+    every path through it reaches ``end`` having pushed one value, never reaching below."""
+    for p in range(start + 1, end):
+        item = bytecode[p]
+        if isinstance(item, Label) and any(not start <= source < end for source in jumps.get(item, ())):
+            return False  # entered from elsewhere
+    labels = {bytecode[p]: p for p in range(start, end + 1) if isinstance(bytecode[p], Label)}
+    work, seen = [(start, 0)], set()
+    while work:
+        p, height = work.pop()
+        while p < end:
+            if (p, height) in seen:
+                break
+            seen.add((p, height))
+            item = bytecode[p]
+            p += 1
+            if not isinstance(item, Instr):
+                continue
+            if isinstance(item.arg, Label):
+                target = labels.get(item.arg)
+                if target is None:
+                    return False  # leaves the range
+                pre, post = item.pre_and_post_stack_effect(jump=True)
+                if height + pre < 0:
+                    return False
+                work.append((target, height + pre + post))
+                if item.is_uncond_jump():
+                    break
+            pre, post = item.pre_and_post_stack_effect(jump=False)
+            if height + pre < 0 or item.is_final():
+                return False
+            height += pre + post
+        else:
+            if height != 1:
+                return False
+    return True
 
 
 def _nest(outer: int, where: Tuple[object, ...], site: Raw) -> Raw:
