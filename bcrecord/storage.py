@@ -187,10 +187,12 @@ def _items(records: Any) -> List[Tuple[str, Sequence[Any]]]:
 
 
 class Unimportable:
-    """A loaded value whose class cannot be imported here, with the state it was saved with.
+    """A loaded value whose class cannot be imported here, with what it was saved with.
 
     Classes defined in a program's ``__main__`` (saved by ``bcrecord run``) are the
     usual case: a loader is another program. The rest of the records load as usual.
+    ``args`` are its constructor's arguments (a namedtuple's fields), ``state`` its
+    attributes, ``items`` the elements or entries of a list or dict subclass.
 
     >>> kind = _Unpickler(io.BytesIO(b"")).find_class("no_such_module", "Point")
     >>> point = kind.__new__(kind); point.__setstate__({"x": 1}); point
@@ -198,17 +200,41 @@ class Unimportable:
     """
 
     _where = ""
+    args: Tuple[Any, ...]
+    kwargs: Dict[str, Any]
+    items: Any
+    state: Any
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Unimportable:
+        self = super().__new__(cls)
+        self.args, self.kwargs = args, kwargs
+        self.items = None
+        return self
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self.args = args
-        self.kwargs = kwargs
+        pass  # __new__ keeps the arguments (unpickling may call either)
 
     def __setstate__(self, state: Any) -> None:
         self.state = state
 
+    def __setitem__(self, key: Any, value: Any) -> None:  # a dict subclass's entries
+        if self.items is None:
+            self.items = {}
+        self.items[key] = value
+
+    def append(self, value: Any) -> None:  # a list subclass's elements
+        if self.items is None:
+            self.items = []
+        self.items.append(value)
+
+    def extend(self, values: Iterable[Any]) -> None:
+        for value in values:
+            self.append(value)
+
     def __repr__(self) -> str:
-        saved = self.state if hasattr(self, "state") else getattr(self, "args", ())
-        return f"<{self._where}, not importable here: {saved!r}>"
+        saved = [part for part in (self.args, self.items, getattr(self, "state", None)) if part]
+        shown = saved[0] if len(saved) == 1 else tuple(saved)
+        return f"<{self._where}, not importable here: {shown!r}>"
 
 
 class _Unpickler(pickle.Unpickler):

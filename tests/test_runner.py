@@ -211,12 +211,21 @@ def test_run_saves_values_of_the_program_s_own_classes(project, tmp_path):
     (project / "points.py").write_text(
         textwrap.dedent(
             """
+            import collections
+
             class Point:
                 def __init__(self, x):
                     self.x = x
 
+            class Table(dict):
+                pass
+
+            Pair = collections.namedtuple("Pair", "a b")
+
             def make(x):
                 point = Point(x)
+                table = Table(k=x)
+                pair = Pair(x, -x)
                 total = x * 2
                 return point, total
 
@@ -225,7 +234,8 @@ def test_run_saves_values_of_the_program_s_own_classes(project, tmp_path):
         )
     )
     out = tmp_path / "records"
-    targets = ["-r", "__main__:make:point", "-r", "__main__:make:total"]
+    targets = ["-r", "__main__:make:point", "-r", "__main__:make:total", "-r", "__main__:make:table"]
+    targets += ["-r", "__main__:make:pair"]
     result = cli("run", *targets, "-o", out, "points.py", cwd=project)
     assert result.returncode == 0, result.stderr
     assert "cannot be pickled" not in result.stderr
@@ -234,6 +244,9 @@ def test_run_saves_values_of_the_program_s_own_classes(project, tmp_path):
     assert isinstance(point, bcrecord.storage.Unimportable) and point.state == {"x": 3}
     assert repr(point) == "<__main__.Point, not importable here: {'x': 3}>"
     assert loaded["__main__:make:total@0"] == [6]
+    (table,) = loaded["__main__:make:table@0"]
+    (pair,) = loaded["__main__:make:pair@0"]
+    assert table.items == {"k": 3} and pair.args == (3, -3)
 
 
 def test_run_qualifies_owners_where_two_classes_share_a_name(project):
