@@ -297,6 +297,18 @@ class _Routing:
                 _routings.discard(self)
                 sinks[0] = None  # break the cycle: the list is freed now
 
+    def drop(self, rec: Recording) -> None:
+        """Deliver no more to ``rec`` (it ended), for the contexts that still hold this list.
+
+        Contexts copied while ``rec`` was active (an asyncio task it started, a
+        ``copy_context()``) share the list; they keep the other recordings.
+        """
+        with _sites_lock:
+            self.own = tuple(r for r in self.own if r is not rec)
+            self.recordings = tuple(r for r in self.recordings if r is not rec)
+            self.routed = True  # routes to rec may be anywhere in the list
+            self.reset()
+
     def reset(self) -> None:
         """Forget every route (they are rebuilt on the next value of each site).
 
@@ -945,8 +957,19 @@ class Recording:
             _context.set(_sinks_of(tuple(r for r in own if r is not self)))
             if current is not routing and current is not self._kept:
                 current.retire()
-        if routing is not None and routing is not self._kept:
-            routing.retire()
+        if routing is not None:
+            _context.get()  # the variable caches the last value it gave: now this context's
+            sinks = routing.sinks
+            # References: the routing's, ``sinks`` here, getrefcount's argument; more are
+            # contexts copied while this was active, which must stop delivering to it.
+            held = sys.getrefcount(sinks) > 3
+            del sinks
+            if held:
+                routing.drop(self)
+                if routing is self._kept:
+                    self._kept = None
+            elif routing is not self._kept:
+                routing.retire()
         with _arm_lock:
             if self.threads == "all":
                 # Usually the last one entered: no generator to run then.

@@ -723,3 +723,24 @@ def test_clone_copies_containers_whose_constructor_is_their_own():
     assert type(kept) is Pair and kept == [1, [2]]
     point = collections.namedtuple("Point", "x y")([1], 2)
     assert copy_value(point, "clone") == point and copy_value(point, "clone").x is not point.x
+
+
+def test_contexts_copied_while_a_recording_was_active_stop_delivering_to_it_at_its_exit():
+    import contextvars
+
+    def f(x):
+        y = x + 1
+        return y
+
+    g = bcrecord.instrument(f, "y", name="m")
+    first = bcrecord.recording()
+    first.__enter__()
+    copied = contextvars.copy_context()  # an asyncio task started inside would hold one too
+    contextvars.copy_context().run(first.__exit__, None, None, None)  # exited from elsewhere
+    with bcrecord.recording() as other:
+        g(1)  # the entering context, after the exit
+        copied.run(g, 2)  # a context copied before the exit
+    assert not first.active and "m:f:y@0" not in first and other.all("m:f:y@0") == [2]
+    with first:
+        g(3)
+    assert first.all("m:f:y@0") == [4]  # entered again: each value once
