@@ -721,7 +721,8 @@ class RecorderHook(Hook):
             runner.message_hub.update_info(key, value, resumed=False)
         if mode not in self._checked:
             self._checked.add(mode)
-            missing = [key for key in self._keys if key not in values]
+            failed = {error.key for error in rec.errors}  # reached, but the value could not be copied
+            missing = [key for key in self._keys if key not in values and key not in failed]
             if missing:
                 runner.logger.warning(
                     f"RecorderHook: the first {mode} iteration did not reach {', '.join(missing)} "

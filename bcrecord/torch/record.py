@@ -396,7 +396,8 @@ class Plan:
                     if found.reducer is not reducer:
                         raise TargetError(
                             f"{key!r} is asked for by {found.text!r} and by {text!r} with different "
-                            "reduce functions; give both the same, or ask for it once"
+                            "reduce functions (a gradient takes its value's); give both the same, "
+                            "or ask for it once"
                         )
                     found.grad = found.grad or target.grad
         # One patch per (class, method, set of instance paths): specs wanted by exactly

@@ -232,7 +232,7 @@ def expand(model: torch.nn.Module, text: str) -> List[Target]:
         runs = _method_that_runs(module, method, path)
         if runs is None or (runs != method and spec_text):
             where = f"{type(module).__name__} at {path or '<root>'!r}"
-            instead = "" if runs is None else f" (target '{path}:{runs}:{spec_text}' for the one that does)"
+            instead = "" if runs is None else f" (it runs {runs}: its targets are '{path}:{runs}:...')"
             warnings.warn(
                 f"bcrecord: {where} has its own {method} attribute; {type(module).__name__}.{method} "
                 f"records only if that calls it{instead}",

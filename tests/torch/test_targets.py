@@ -95,7 +95,9 @@ def test_a_forward_replaced_on_the_instance_is_the_one_recorded_or_refused():
     model = torch.nn.Sequential(torch.nn.Linear(2, 2), Alt())
     (output,) = expand(model, "1")  # the module's output: what the method that runs returns
     assert (output.method, output.output) == ("forward_fast", True)
-    with pytest.warns(bcrecord.RecordingWarning, match="target '1:forward_fast:y' for the one that does"):
+    with pytest.warns(
+        bcrecord.RecordingWarning, match="it runs forward_fast: its targets are '1:forward_fast:...'"
+    ):
         (local,) = expand(model, "1:forward:y")
     assert local.method == "forward"  # as asked: forward_fast might call it
     model[0].forward = functools.partial(lambda x: x)
