@@ -26,7 +26,7 @@ cast, a reduce function, and ``grad=True`` (keep the value in the autograd graph
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Set, Union
+from typing import Any, Callable, Optional, Set, TypeVar, Union
 
 import torch
 
@@ -84,6 +84,7 @@ register_copy(torch.Tensor, "detach", lambda t: t.detach())
 register_copy(torch.Tensor, "deepcopy", lambda t: t.detach().clone())
 
 Device = Union[str, torch.device, None]
+T = TypeVar("T")
 
 
 def _map(value: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
@@ -203,8 +204,8 @@ class ValuePolicy:
         return tensor
 
 
-def _itself(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor
+def _itself(value: T) -> T:
+    return value
 
 
 def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -54,7 +54,7 @@ from ..errors import RecordingWarning, TargetError
 from ..patch import Patch, function_of, patch_method, remove_all
 from ..runtime import Recording, Sink
 from ..specs import Attribute, Local, Spec
-from .copies import Device, ValuePolicy, value_policy
+from .copies import Device, ValuePolicy, _itself, value_policy
 from .targets import Target, expand_all, module_at
 
 __all__ = ["record", "ModelRecording", "StopForward"]
@@ -649,10 +649,6 @@ class _StopAtRoot:
                 del model.__dict__["forward"]
             else:
                 model.__dict__["forward"] = current.previous
-
-
-def _itself(value: Any) -> Any:
-    return value
 
 
 _MISSING = object()
