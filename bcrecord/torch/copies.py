@@ -112,7 +112,9 @@ def value_policy(
 
     Order: ``reduce``, then detach (unless ``grad``), then move/cast, then clone if
     the result still shares memory with the live value (``copy='clone'`` or
-    ``'deepcopy'``). Non-tensor values follow the core's ``copy`` policy.
+    ``'deepcopy'``); where ``reduce`` returns tuples, lists or dicts of tensors
+    (``t.chunk(2)``), to each tensor in them. Non-tensor values, and what ``reduce``
+    makes of a tensor that is neither, follow the core's ``copy`` policy.
 
     >>> import torch
     >>> keep = value_policy(reduce=lambda t: t.mean(0), dtype=torch.float64)
@@ -184,12 +186,19 @@ class ValuePolicy:
             self._pending.discard(stream)
             stream.synchronize()
 
-    def _one(self, tensor: torch.Tensor) -> Any:
-        live = tensor
-        if self.reduce is not None:
-            tensor = self.reduce(tensor)
-            if not isinstance(tensor, torch.Tensor):
-                return tensor
+    def _one(self, live: torch.Tensor) -> Any:
+        if self.reduce is None:
+            return self._keep(live, live)
+        reduced = self.reduce(live)
+        if isinstance(reduced, torch.Tensor):
+            return self._keep(reduced, live)
+        if isinstance(reduced, (list, tuple, dict)):
+            # t.chunk(2), (t.mean(), t.std()): each tensor in it is kept as a reduced tensor is
+            return _map(reduced, lambda part: self._keep(part, live))
+        return copy_value(reduced, self.copy)  # a number, an array: the core's copy
+
+    def _keep(self, tensor: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
+        """``tensor`` (``live``, or reduce's result) detached, moved, cast; cloned if it shares ``live``."""
         if not self.grad:
             tensor = tensor.detach()
         device = self.device

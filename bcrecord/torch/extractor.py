@@ -73,8 +73,9 @@ class FeatureExtractor(torch.nn.Module):
     at its first call in the forward, as torchvision's node of that name (later calls
     are ``'relu_1'``…). Any other target recorded several times in one forward (a
     loop) gives the list of its values, in order, when the forward runs to its end
-    (``stop_early=False``); with the early stop, its first. A target the forward
-    never reached raises an error naming it.
+    (``stop_early=False``); with the early stop, its first, whatever else is asked
+    for (a target naming several sites gives the first value of each, in a list).
+    A target the forward never reached raises an error naming it.
 
     The first call in each mode (train / eval) resolves the targets and patches the
     model's classes, in place; later calls reuse that and only mark the targeted
@@ -187,9 +188,15 @@ class FeatureExtractor(torch.nn.Module):
             missing = []
             failed = []
             for target, name in (self.train_nodes if training else self.eval_nodes).items():
-                values = [v for key in plan.keys[target] if key in rec for v in rec.all(key)]
+                keys = [key for key in plan.keys[target] if key in rec]
+                if self.stop_early or target in self._first_only:
+                    # The first value of each key: what the early stop guarantees, whatever
+                    # else was asked for (a later target lets a loop run on).
+                    values = [rec.all(key)[0] for key in keys]
+                else:
+                    values = [v for key in keys for v in rec.all(key)]
                 if values:
-                    out[name] = values[0] if len(values) == 1 or target in self._first_only else values
+                    out[name] = values[0] if len(values) == 1 else values
                     continue
                 errors = [e for e in rec.errors if e.key in plan.keys[target]]
                 if errors:

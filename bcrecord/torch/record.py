@@ -126,18 +126,28 @@ def _path_mark(module: torch.nn.Module, path: str) -> _PathMark:
 
 
 class _Owner:
-    """Per-instance owner name for one patch: the marked path, if this patch wants it."""
+    """Per-instance owner name for one patch: the marked path, if this patch wants it.
 
-    def __init__(self, paths: Iterable[str]) -> None:
-        self.paths = frozenset(paths)
+    Wanted: a marker for one of the plan's own modules at that path (the module, a
+    ``deepcopy`` or ``nn.DataParallel`` replica of it, which carry its marker). Another
+    model of the same architecture, recorded at the same time, is marked with the
+    same paths; its modules are other objects, so its values stay out.
+    """
+
+    def __init__(self, modules: Mapping[str, torch.nn.Module]) -> None:
+        # Weak: the patch's sites may outlive the plan (a frame still running its code).
+        self.modules = {path: weakref.ref(module) for path, module in modules.items()}
 
     def __call__(self, module: Any) -> Optional[str]:
         try:
             mark = module.__dict__.get(_MARK)
         except AttributeError:  # an instance without __dict__ is never marked
             return None
+        if type(mark) is not _PathMark:
+            return None
         # The marker itself, not str(mark): its hash is computed once, not per value.
-        if type(mark) is _PathMark and mark in self.paths:
+        wanted = self.modules.get(mark)
+        if wanted is not None and wanted() is mark.module:
             return mark
         return None
 
@@ -437,7 +447,8 @@ class Plan:
             for (cls, method, owners), specs in self.specs.items():
                 # In place: bound methods kept elsewhere (self.forward = self.forward_split_cat)
                 # and super() calls reach the probes too; the owner picks the instances.
-                patches.append(patch_method(cls, method, specs, name=_Owner(owners), in_place=True))
+                owner = _Owner({path: self.modules[path] for path in owners})
+                patches.append(patch_method(cls, method, specs, name=owner, in_place=True))
         except BaseException:
             remove_all(patches)
             raise

@@ -77,3 +77,17 @@ def test_settle_waits_once_for_each_stream_with_copies_in_flight():
     assert (first.waits, second.waits) == (1, 1) and not keep._pending
     # From the CPU to the CPU: nothing to wait for.
     assert torch.equal(keep(torch.ones(2)), torch.ones(2)) and not keep._pending
+
+
+def test_a_reduce_returning_several_tensors_keeps_each_as_a_reduced_tensor():
+    # Each tensor reduce returns is detached, cast and cloned if it is a view of the live value.
+    base = torch.tensor([[-1.0, 2.0, -3.0, 4.0]], requires_grad=True)
+    live = base * 1
+    chunks = value_policy(reduce=lambda t: t.chunk(2, dim=1))(live)
+    stats = value_policy(reduce=lambda t: {"mean": t.mean(), "max": t.max()}, dtype=torch.float64)(live)
+    with torch.no_grad():
+        live.relu_()  # what a later in-place op does to the live value
+    assert [c.tolist() for c in chunks] == [[[-1.0, 2.0]], [[-3.0, 4.0]]]
+    assert not any(c.requires_grad for c in chunks) and isinstance(chunks, tuple)
+    assert stats["mean"].dtype == stats["max"].dtype == torch.float64 and stats["mean"].item() == 0.5
+    assert value_policy(reduce=lambda t: t.sum().item())(live) == 6.0

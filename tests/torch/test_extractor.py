@@ -284,3 +284,28 @@ def test_threads_calling_one_extractor_each_get_their_own_values():
     assert 1 <= len(idle) <= len(inputs)  # one recording per call running at once, reused
     assert all("_bcrecord_path" not in m.__dict__ for m in net.modules())
     extractor.close()
+
+
+class _Looped(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 4)
+        self.head = torch.nn.Linear(4, 2)
+
+    def forward(self, x):
+        for _ in range(3):
+            h = self.fc(x)
+            x = x + h
+        return self.head(x)
+
+
+def test_early_stop_gives_a_looped_target_s_first_value_whatever_else_is_asked():
+    torch.manual_seed(0)
+    net = _Looped()
+    x = torch.randn(2, 4)
+    first = net.fc(x).detach()
+    alone = create_feature_extractor(net, {":forward:h@0": "h"})(x)
+    with_head = create_feature_extractor(net, {":forward:h@0": "h", "head": "out"})(x)
+    assert torch.allclose(alone["h"], first) and torch.allclose(with_head["h"], first)
+    whole = create_feature_extractor(net, {":forward:h@0": "h", "head": "out"}, stop_early=False)(x)
+    assert len(whole["h"]) == 3 and torch.allclose(whole["h"][0], first)

@@ -477,3 +477,18 @@ def test_bound_methods_stored_on_the_instance_are_reached():
         model(torch.ones(2))
     assert torch.equal(rec["0:forward_split_cat:y@0"], torch.full((2,), 2.0))
     assert "_bcrecord_path" not in vars(model[0])
+
+
+def test_two_models_of_one_architecture_recorded_at_once_keep_their_own_values():
+    # Teacher and student: same classes, same paths; each recording takes only its model's modules.
+    torch.manual_seed(0)
+    teacher = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    student = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    x = torch.randn(2, 4)
+    with torch.no_grad(), record(teacher, ["0"]) as rt, record(student, ["0"]) as rs:
+        teacher(x)
+        student(x)
+        student(x)
+    with torch.no_grad():
+        assert [torch.equal(v, teacher[0](x)) for v in rt.all("0:forward:return")] == [True]
+        assert [torch.equal(v, student[0](x)) for v in rs.all("0:forward:return")] == [True, True]
