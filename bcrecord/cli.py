@@ -264,10 +264,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if tokens[:1] == ["run"]:
         tokens, program_args = _split_run(tokens)
     args = _parser().parse_args(tokens)
-    if program_args:
-        args.args = list(args.args) + program_args
+    # A "--" before the script ends bcrecord's options; after -m MODULE it is the program's own.
     if getattr(args, "args", None) and args.args[0] == "--":
         args.args = args.args[1:]
+    if program_args:
+        args.args = list(args.args) + program_args
     try:
         return int(args.run(args))
     except BcrecordError as error:

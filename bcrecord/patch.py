@@ -102,11 +102,16 @@ def function_of(obj: Any) -> types.FunctionType:
 
 def _why_not_a_function(obj: Any) -> str:
     """Why ``obj`` cannot be patched, and what to patch instead."""
-    name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None) or repr(obj)
+    name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
+    if name is None and isinstance(obj, property):  # a property has a name only from 3.13
+        name = getattr(obj.fget, "__qualname__", None)
+    name = name or repr(obj)
     if isinstance(obj, type):
+        own = [k for k, v in vars(obj).items() if isinstance(v, types.FunctionType) and k[:2] != "__"]
+        method = "forward" if "forward" in own or not own else own[0]
         return (
             f"{obj.__name__} is a class: patch one of its methods, "
-            f"e.g. patch_method({obj.__name__}, 'forward', specs)"
+            f"e.g. patch_method({obj.__name__}, {method!r}, specs)"
         )
     if isinstance(obj, property):
         return f"{name} is a property: patch its getter (the class's <property>.fget)"
@@ -135,10 +140,16 @@ def _default_owner(func: types.FunctionType, bound_to: Any = None) -> str:
     return func.__module__ or "<unknown>"
 
 
+def _own_code(func: types.FunctionType) -> types.CodeType:
+    """``func``'s code without probes: an in-place patch's are in ``__code__`` while armed."""
+    slot = _slots.get(("code", id(func)))
+    return func.__code__ if slot is None else slot.original_code
+
+
 def _copy_function(func: types.FunctionType) -> types.FunctionType:
-    """A new function object sharing everything with ``func`` but its identity."""
+    """A new function object sharing everything with ``func`` but its identity (and any probes)."""
     new = types.FunctionType(
-        func.__code__, func.__globals__, func.__name__, func.__defaults__, func.__closure__
+        _own_code(func), func.__globals__, func.__name__, func.__defaults__, func.__closure__
     )
     new.__kwdefaults__ = dict(func.__kwdefaults__) if func.__kwdefaults__ else None
     new.__dict__.update(func.__dict__)
@@ -166,7 +177,7 @@ class _Slot:
     ) -> None:
         self.base = base
         self.live = live
-        self.original_code = base.__code__
+        self.original_code = _own_code(base)
         self.restore = restore
         self.patches: List[Patch] = []
         self.probed = self.original_code
@@ -484,6 +495,13 @@ def instrument(func: F, specs: Union[SpecLike, Iterable[SpecLike]], name: Option
     6
     """
     base = function_of(func)
+    if base is not function_of_shallow(func):
+        # A copy of the wrapped function would run without the wrapper's code.
+        raise NotPatchableError(
+            f"{base.__qualname__} is given inside a wrapper (functools.wraps): a recording copy "
+            "of it would drop the wrapper; use patch_function(...), which records it in place "
+            "and keeps the wrapper, or apply the wrapper to the recording copy"
+        )
     live = _copy_function(base)
     slot = _Slot(base, live, restore=lambda: None)
     _attach(slot, live, None, specs, name, _default_owner(base, getattr(func, "__self__", None)))

@@ -1082,9 +1082,9 @@ class Recording:
                 raise KeyError(f"no value recorded for {key!r}: copying failed (see .errors)")
             known = [k for k, _ in self._recorded()]
             close = difflib.get_close_matches(key, known, n=3)
-            hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+            hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
             listed = ", ".join(known) or "(nothing recorded yet)"
-            raise KeyError(f"no values recorded for {key!r}{hint} recorded keys: {listed}")
+            raise KeyError(f"no values recorded for {key!r}{hint}; recorded keys: {listed}")
         return values
 
     def __getitem__(self, key: str) -> Any:

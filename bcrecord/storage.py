@@ -141,9 +141,12 @@ class Writer:
         others: Dict[str, Any] = {}
         entries: List[Dict[str, Any]] = []
         now = time.time()
+        # Values of one (key, step) count on across batches: a step given twice keeps both.
+        positions: Dict[Tuple[str, int], int] = {}
         for step, items in batches:
             for key, values in items:
-                for position, value in enumerate(values):
+                for value in values:
+                    position = positions[(key, step)] = positions.get((key, step), -1) + 1
                     name = f"{key}#{step}#{position}"
                     info = _describe(value)
                     if info["kind"] == "tensor":

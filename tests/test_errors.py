@@ -4,6 +4,7 @@ Callers can catch :class:`BcrecordError` for everything bcrecord raises on purpo
 or the built-in exception that fits (``ValueError`` for a malformed spec...).
 """
 
+import json
 import re
 
 import pytest
@@ -90,7 +91,8 @@ def test_what_cannot_be_patched_says_what_to_patch_instead():
         (Model, "Model is a class: patch one of its methods, e.g. patch_method(Model, 'forward', specs)"),
         (Callable(), "is a callable Callable object: patch its class's __call__"),
         (functools.partial(g, 1), "is a functools.partial: patch the function it calls"),
-        (Model.__dict__["size"], "is a property: patch its getter"),
+        (Model.__dict__["size"], "size is a property: patch its getter"),
+        (json.JSONDecoder, "e.g. patch_method(JSONDecoder, 'decode', specs)"),  # no forward there
         (dict.get, "dict.get is a builtin or C function"),
     ]
     for obj, message in cases:

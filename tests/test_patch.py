@@ -375,3 +375,55 @@ def test_a_per_instance_name_on_a_staticmethod_is_refused():
     with pytest.raises(bcrecord.NotPatchableError, match="scale is a staticmethod: it gets no instance"):
         bcrecord.patch_method(Tools, "scale", "y", name=lambda inst: "t")
     assert Tools.scale(2) == 6 and "scale" in vars(Tools) and isinstance(vars(Tools)["scale"], staticmethod)
+
+
+def test_instrument_refuses_a_function_inside_a_wrapper():
+    import functools
+
+    def times_ten(func):
+        @functools.wraps(func)
+        def wrapper(*args):
+            return func(*args) * 10
+
+        return wrapper
+
+    @times_ten
+    def g(x):
+        y = x + 1
+        return y
+
+    # A copy of the inner function would run without the wrapper (2 instead of 20).
+    with pytest.raises(NotPatchableError, match="wrapper.*patch_function"):
+        bcrecord.instrument(g, "y")
+    with pytest.raises(NotPatchableError, match="wrapper"):
+        bcrecord.record_locals("y")(g)
+    with bcrecord.patch_function(g, "y", name="w"), bcrecord.recording() as rec:
+        assert g(1) == 20
+    assert rec["w:g:y@0"] == 2
+
+
+def test_patches_made_while_another_is_armed_start_from_the_original_code():
+    class M:
+        def forward(self, x):
+            y = x + 1
+            return y
+
+    def f(x):
+        y = x + 1
+        return y
+
+    m = M()
+    p = bcrecord.patch_function(f, "y", name="P")
+    q = bcrecord.patch_function(M.forward, "y", name="P")
+    try:
+        with bcrecord.recording():  # p and q armed: their probes are in __code__ now
+            g = bcrecord.instrument(f, "return", name="I")
+            r = bcrecord.patch_method(m, "forward", "return", name="Q")
+        assert r.original_code is q.original_code
+        with bcrecord.recording() as rec:
+            assert g(1) == 2 and m.forward(1) == 2
+        assert rec.keys() == ["I:f:return", "Q:forward:return"]
+        r.remove()
+    finally:
+        q.remove()
+        p.remove()

@@ -122,6 +122,16 @@ def test_run_module_with_dash_m(project):
     assert "__main__:main:joined@0  1" in result.stderr
 
 
+def test_run_module_keeps_the_program_s_own_double_dash(project):
+    # After -m MODULE everything is the program's, "--" included (as with python -m);
+    # before a script, "--" only ends bcrecord's options.
+    expected = plain("-m", "pkg.tool", "--", "a", cwd=project)
+    result = cli("run", "-r", "pkg.tool:main:joined", "-m", "pkg.tool", "--", "a", cwd=project)
+    assert result.stdout == expected.stdout == "-- A\n"
+    script = cli("run", "-r", "__main__:main:joined", "--", "pkg/tool.py", "--", "a", cwd=project)
+    assert script.stdout == plain("pkg/tool.py", "--", "a", cwd=project).stdout == "-- A\n"
+
+
 def test_run_target_in_a_module_imported_later(project):
     """json.decoder is not imported until the program imports json."""
     (project / "usejson.py").write_text("import json\nprint(json.loads('[1, 2]'))\n")

@@ -85,7 +85,7 @@ def test_keys_reading_api_and_missing_key_message():
     assert rec["r:f:sq@0"] == 4 and rec.all("r:f:sq@0") == [0, 1, 4]
     assert rec.items() == [("r:f:sq@0", 4), ("r:f:return", 4)]
     assert rec.get("nope", 7) == 7
-    with pytest.raises(KeyError, match="did you mean 'r:f:sq@0'"):
+    with pytest.raises(KeyError, match=r"'r:f:sq@1' \(did you mean 'r:f:sq@0'\?\); recorded keys: r:f:sq"):
         rec["r:f:sq@1"]
     rec.clear()
     assert len(rec) == 0

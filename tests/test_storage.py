@@ -83,3 +83,10 @@ def test_write_many_buffers_steps_into_one_save(tmp_path):
     loaded = load(tmp_path)
     assert loaded["k"] == [0, 10, 20, 30, 40] and loaded.steps("k") == [0, 1, 2, 3, 4]
     assert len(list((tmp_path / "records").iterdir())) == 1
+
+
+def test_write_many_keeps_every_value_of_a_step_given_twice(tmp_path):
+    writer = Writer(tmp_path)
+    assert writer.write_many([(7, {"k": [1]}), (7, {"k": [2, 3]}), (8, {"k": [4]})]) == 4
+    loaded = load(tmp_path)
+    assert loaded["k"] == [1, 2, 3, 4] and loaded.steps("k") == [7, 7, 7, 8]
