@@ -684,7 +684,8 @@ def resolve(specs: Sequence[Spec], cmap: CodeMap) -> Tuple[ProbePoint, ...]:
     >>> resolve([Local("c")], read(h.__code__))
     Traceback (most recent call last):
     ...
-    bcrecord.errors.TargetError: h has no assignment to a local named 'c'; assigned locals: b
+    bcrecord.errors.TargetError: h has no assignment to a local named 'c'; assigned locals: b; \
+arguments (their value at entry): a
     """
     func = cmap.qualname
     points: List[ProbePoint] = []
@@ -702,9 +703,12 @@ def resolve(specs: Sequence[Spec], cmap: CodeMap) -> Tuple[ProbePoint, ...]:
                 )
                 continue
             if spec.name not in cmap.locals:
+                # Arguments never reassigned are recordable too (at entry): name them.
+                kept = [name for name in cmap.arguments if name not in cmap.locals and name != "self"]
+                also = f"; arguments (their value at entry): {_names(kept)}" if kept else ""
                 raise TargetError(
                     f"{func} has no assignment to a local named {spec.name!r}; "
-                    f"assigned locals: {_names(cmap.locals)}"
+                    f"assigned locals: {_names(cmap.locals)}{also}"
                 )
             sites = _pick(cmap.locals[spec.name], spec.index, f"local {spec.name!r}", func)
             points += [

@@ -12,7 +12,7 @@ raised before anything is changed: a failed patch leaves its target as it was.
 ...         bcrecord.instrument(f, specs)
 ...     except bcrecord.BcrecordError as error:
 ...         print(f"{type(error).__name__}: {error}")
-TargetError: f has no assignment to a local named 'y'; assigned locals: x
+TargetError: f has no assignment to a local named 'y'; assigned locals: x; arguments (their value at entry): a
 TargetError: local 'x' in f has 1 site (index 0..0); there is no index 3
 SpecError: bad index in 'x@@': expected an int or a list like [0,2]
 >>> try:

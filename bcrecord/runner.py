@@ -238,11 +238,12 @@ def check_targets(
     code is checked against the spec. ``main_code`` is the program's own code.
 
     >>> check_targets([parse_target("json:dumps:return")])
-    >>> check_targets([parse_target("json:dumps:nosuch")])
+    >>> check_targets([parse_target("json:loads:nosuch")])
     Traceback (most recent call last):
     ...
-    bcrecord.runner.RunError: target 'json:dumps:nosuch': dumps has no assignment to a local named 'nosuch'; \
-assigned locals: cls
+    bcrecord.runner.RunError: target 'json:loads:nosuch': loads has no assignment to a local named 'nosuch'; \
+assigned locals: cls, s; arguments (their value at entry): kw, object_hook, object_pairs_hook, parse_constant, \
+parse_float, parse_int
     >>> check_targets([parse_target("no_such_module.sub:f:x")])
     Traceback (most recent call last):
     ...
