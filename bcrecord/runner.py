@@ -242,8 +242,8 @@ def check_targets(
     Traceback (most recent call last):
     ...
     bcrecord.runner.RunError: target 'json:loads:nosuch': loads has no assignment to a local named 'nosuch'; \
-assigned locals: cls, s; arguments (their value at entry): kw, object_hook, object_pairs_hook, parse_constant, \
-parse_float, parse_int
+assigned locals: cls, s; arguments (their value at entry): kw, object_hook, object_pairs_hook, \
+parse_constant, parse_float, parse_int
     >>> check_targets([parse_target("no_such_module.sub:f:x")])
     Traceback (most recent call last):
     ...

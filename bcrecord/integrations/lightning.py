@@ -346,6 +346,8 @@ class RecorderCallback(pl.Callback):  # type: ignore[misc]
             stack.close()
             raise
         self._open[stage] = _Stage(stack, rec)
+        if stage == "fit":  # a new fit (or a resumed one) starts its own steps, this callback reused or not
+            self._last_fit_step = None
 
     def _end(self, stage: str, interrupted: bool = False) -> None:
         state = self._open.pop(stage, None)

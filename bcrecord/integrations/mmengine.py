@@ -33,7 +33,8 @@ config needs only::
 Unlike the original proposal, which re-parsed the method's source with ``ast``,
 nothing here needs source: methods built by ``exec``, sourceless ``.pyc`` files,
 tuple and attribute assignment targets and zero-argument ``super()`` all work,
-and a local assigned in a loop is recorded each time the assignment runs.
+and a local assigned in a loop is recorded where the assignment runs (the hook
+keeps each key's last value of an iteration).
 
 See ``docs/mmengine.md`` for the whole guide.
 """

@@ -26,6 +26,8 @@ cast, a reduce function, and ``grad=True`` (keep the value in the autograd graph
 
 from __future__ import annotations
 
+import copy as _copy_module
+import dataclasses
 from typing import Any, Callable, Optional, Set, TypeVar, Union
 
 import torch
@@ -88,16 +90,39 @@ T = TypeVar("T")
 
 
 def _map(value: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
-    """Apply ``fn`` to every tensor in (nested) tuples, lists and dicts."""
+    """Apply ``fn`` to every tensor in (nested) tuples, lists, dicts and dataclasses.
+
+    Containers of their own kind (``defaultdict``, a subclass with its own
+    constructor) are copied, then refilled; a dataclass (a model's output object)
+    is copied with each field mapped.
+    """
     if isinstance(value, torch.Tensor):
         return fn(value)
     if isinstance(value, dict):
-        return type(value)((k, _map(v, fn)) for k, v in value.items())
+        items = {k: _map(v, fn) for k, v in value.items()}
+        try:
+            return type(value)(items)
+        except Exception:  # a constructor of its own (defaultdict's factory): copy, then refill
+            refilled = _copy_module.copy(value)
+            refilled.update(items)
+            return refilled
     if isinstance(value, (list, tuple)):
-        items = [_map(v, fn) for v in value]
-        if isinstance(value, tuple) and hasattr(value, "_fields"):  # namedtuple
-            return type(value)(*items)
-        return type(value)(items)
+        elements = [_map(v, fn) for v in value]
+        try:
+            if isinstance(value, tuple) and hasattr(value, "_fields"):  # namedtuple
+                return type(value)(*elements)
+            return type(value)(elements)
+        except Exception:  # a constructor of its own
+            if isinstance(value, list):
+                same_kind = _copy_module.copy(value)
+                same_kind[:] = elements
+                return same_kind
+            return tuple(elements)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        mapped = _copy_module.copy(value)
+        for field in dataclasses.fields(value):
+            object.__setattr__(mapped, field.name, _map(getattr(value, field.name), fn))
+        return mapped
     return value
 
 
@@ -160,7 +185,9 @@ class ValuePolicy:
             self._tensor = _itself if grad else torch.Tensor.detach
 
     def __call__(self, value: Any) -> Any:
-        if isinstance(value, (torch.Tensor, list, tuple, dict)):
+        if isinstance(value, (torch.Tensor, list, tuple, dict)) or (
+            dataclasses.is_dataclass(value) and not isinstance(value, type)
+        ):
             return _map(value, self._tensor)
         return copy_value(value, self.copy)
 

@@ -24,6 +24,7 @@ before (same objects, same code, same ``state_dict``).
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import contextvars
 import dataclasses
@@ -31,7 +32,7 @@ import threading
 import types
 import warnings
 import weakref
-from collections import defaultdict
+from collections import defaultdict, deque
 from typing import (
     Any,
     Callable,
@@ -175,6 +176,13 @@ class ModelRecording(Recording):
         self._seen: Set[str] = set()
         #: The value policies of the plan (their copies from a GPU finish before reads).
         self._policies: Tuple[ValuePolicy, ...] = ()
+        #: Per ``.grad`` key, how many values asked for a gradient, and the positions of
+        #: the gradients kept (they arrive in backward order; they are kept in the values').
+        self._asked: Dict[str, int] = {}
+        self._grad_positions: Dict[str, List[int]] = {}
+        self._grad_lock = threading.Lock()
+        #: Gradient hooks on leaf tensors (parameters) that have not fired yet.
+        self._leaf_hooks: List[_GradientHook] = []
 
     def _settle(self) -> None:
         for policy in self._policies:
@@ -196,6 +204,48 @@ class ModelRecording(Recording):
     def start_pass(self) -> None:
         """Begin a new forward pass (early stop counts targets per pass)."""
         self._seen = set()
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            super().__exit__(*exc)
+        finally:
+            # A parameter outlives the recording: a hook left on it would record every
+            # later backward (and keep this recording alive). An activation's hook stays,
+            # for a backward after the block; it goes with the activation.
+            hooks, self._leaf_hooks = self._leaf_hooks, []
+            for hook in hooks:
+                hook.remove()
+
+    def clear(self) -> None:
+        with self._grad_lock:
+            super().clear()
+            self._grad_positions.clear()
+
+    def _gradient_of(self, key: str, tensor: torch.Tensor, keep: Callable[[Any], Any]) -> None:
+        """Record ``tensor``'s gradient under ``key + '.grad'``, at the position of its value."""
+        with self._grad_lock:
+            position = self._asked.get(key, 0)
+            self._asked[key] = position + 1
+        hook = _GradientHook(self, key + ".grad", position, keep, tensor)
+        if tensor.is_leaf:
+            self._leaf_hooks.append(hook)
+
+    def _add_gradient(self, key: str, position: int, grad: Any) -> None:
+        """Store a gradient among the others in the order of their values, not of backward (``keep`` too)."""
+        with self._grad_lock:
+            values = self._data.get(key)
+            if values is None:
+                values = self._data[key] = [] if self._maxlen is None else deque(maxlen=self._maxlen)
+            positions = self._grad_positions.setdefault(key, [])
+            where = bisect.bisect(positions, position)
+            if self._maxlen is not None and len(values) == self._maxlen:
+                if where == 0:  # older than every gradient kept: keep='last'/N drops it
+                    return
+                values.popleft()  # type: ignore[union-attr]
+                positions.pop(0)
+                where -= 1
+            values.insert(where, grad)
+            positions.insert(where, position)
 
     def _sink(self, site_id: int, owner: Optional[str] = None) -> Optional[Sink]:
         sink = super()._sink(site_id, owner)
@@ -261,10 +311,50 @@ class _GradCopy:
 
     def __call__(self, value: Any) -> Any:
         rec = self.plan.recording
-        if rec is not None and isinstance(value, torch.Tensor) and value.requires_grad:
-            # The recording of this pass, even if the gradient arrives after it ends.
-            value.register_hook(lambda grad: rec.add(self.key + ".grad", self.keep_grad(grad)))
+        if rec is not None:
+            if not isinstance(value, torch.Tensor):
+                rec._fail(
+                    self.key + ".grad",
+                    TypeError(f"a gradient is recorded for a tensor; this value is a {type(value).__name__}"),
+                )
+            elif value.requires_grad:  # (none without autograd: no_grad, inference_mode)
+                # The recording of this pass, even if the gradient arrives after it ends.
+                rec._gradient_of(self.key, value, self.keep_grad)
         return self.keep(value)
+
+
+class _GradientHook:
+    """A hook for one recorded value's gradient: records it once, then removes itself.
+
+    Once, because a leaf (a parameter) takes part in every later backward; removed,
+    so that the tensor is left with the hooks it had.
+    """
+
+    __slots__ = ("rec", "key", "position", "keep", "tensor", "handle", "had_none")
+
+    def __init__(
+        self, rec: ModelRecording, key: str, position: int, keep: Callable[[Any], Any], tensor: torch.Tensor
+    ) -> None:
+        self.rec, self.key, self.position, self.keep = rec, key, position, keep
+        self.had_none = tensor._backward_hooks is None
+        # Weak: the hook must not keep an activation (and its graph) alive.
+        self.tensor = weakref.ref(tensor)
+        self.handle: Any = tensor.register_hook(self)
+
+    def __call__(self, grad: torch.Tensor) -> None:
+        if self.handle is None:  # fired already
+            return
+        self.remove()
+        self.rec._add_gradient(self.key, self.position, self.keep(grad))
+
+    def remove(self) -> None:
+        handle, self.handle = self.handle, None
+        if handle is None:
+            return
+        handle.remove()  # torch allows this from inside the hook itself
+        tensor = self.tensor()
+        if tensor is not None and self.had_none and not tensor._backward_hooks:
+            tensor._backward_hooks = None  # as it was: no hooks at all
 
 
 def _one_site_specs(spec: Spec, code: types.CodeType, qualname: str) -> List[Tuple[Spec, str]]:

@@ -149,6 +149,14 @@ def test_fit_records_every_n_steps_with_values_equal_to_the_steps_own_computatio
     assert not callback.patched
 
 
+def test_a_reused_callback_records_the_first_step_of_every_fit(tmp_path):
+    # The step guard (one record per optimizer step) starts afresh with each fit.
+    callback = RecorderCallback(["conv"], every_n_steps=50, stages=["fit"])
+    for _ in range(2):
+        trainer(tmp_path, callback, max_steps=2).fit(ConvNet(), loader())
+    assert [r.step for r in callback.records("fit")] == [0, 0]
+
+
 def test_scalar_summaries_in_callback_metrics_and_trainer_callback_metrics(tmp_path):
     model = ConvNet()
     callback = RecorderCallback(["conv", ":forward:hidden"], every_n_steps=3, log_to_logger=False)

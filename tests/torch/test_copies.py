@@ -91,3 +91,24 @@ def test_a_reduce_returning_several_tensors_keeps_each_as_a_reduced_tensor():
     assert not any(c.requires_grad for c in chunks) and isinstance(chunks, tuple)
     assert stats["mean"].dtype == stats["max"].dtype == torch.float64 and stats["mean"].item() == 0.5
     assert value_policy(reduce=lambda t: t.sum().item())(live) == 6.0
+
+
+def test_containers_of_their_own_kind_and_dataclasses_are_copied():
+    import collections
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True)
+    class Out:
+        feat: torch.Tensor
+        extra: dict
+
+    live = torch.tensor([-1.0, 2.0], requires_grad=True) * 1
+    by_name = collections.defaultdict(list, {"a": live})
+    kept_dict = value_policy()(by_name)
+    kept_out = value_policy()(Out(live, {"b": live}))
+    with torch.no_grad():
+        live.relu_()
+    assert type(kept_dict) is collections.defaultdict and kept_dict.default_factory is list
+    assert kept_dict["a"].tolist() == [-1.0, 2.0] and not kept_dict["a"].requires_grad
+    assert type(kept_out) is Out and kept_out.feat.tolist() == [-1.0, 2.0] and not kept_out.feat.requires_grad
+    assert kept_out.extra["b"].tolist() == [-1.0, 2.0]

@@ -492,3 +492,56 @@ def test_two_models_of_one_architecture_recorded_at_once_keep_their_own_values()
     with torch.no_grad():
         assert [torch.equal(v, teacher[0](x)) for v in rt.all("0:forward:return")] == [True]
         assert [torch.equal(v, student[0](x)) for v in rs.all("0:forward:return")] == [True, True]
+
+
+def test_a_parameter_s_gradient_is_recorded_once_per_backward_and_leaves_no_hook():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2))
+    weight = model[0].weight
+    x = torch.randn(4, 3)
+    grads = []
+    with record(model, ["0:forward:self.weight@0.grad"]) as rec:
+        for _ in range(3):
+            model.zero_grad()
+            model(x).pow(2).sum().backward()
+            grads.append(weight.grad.clone())
+        model(x)  # a forward with no backward in the block: its hook goes at exit
+    assert weight._backward_hooks is None  # as before: the parameter keeps no hook
+    model(x).sum().backward()  # later training is not recorded
+    recorded = rec.all("0:forward:self.weight@0.grad")
+    assert len(recorded) == 3 and all(torch.allclose(r, g) for r, g in zip(recorded, grads, strict=True))
+
+
+def test_gradients_are_in_the_order_of_their_values_whatever_backward_s_order():
+    # One module called twice: backward reaches the second call first.
+    class Twice(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 3)
+
+        def forward(self, x):
+            a = self.lin(x)
+            b = self.lin(torch.tanh(a))
+            return (b * 5).sum() + a.sum()
+
+    torch.manual_seed(0)
+    model, x = Twice(), torch.randn(2, 3)
+    for keep in ("all", "last"):
+        with record(model, ["lin:forward:return.grad"], keep=keep) as rec:
+            model(x).backward()
+        assert bool((rec["lin:forward:return.grad"] == 5).all())  # the second call's: d/db = 5
+    assert len(rec.all("lin:forward:return.grad")) == 1
+    with record(model, ["lin:forward:return.grad"]) as rec:
+        model(x).backward()
+    first, second = rec.all("lin:forward:return.grad")
+    assert bool((second == 5).all()) and not bool((first == 5).all())
+
+
+def test_a_gradient_asked_of_a_value_that_is_no_tensor_is_a_recorded_error():
+    gru = torch.nn.Sequential(torch.nn.GRU(3, 4, batch_first=True))
+    message = "gradient is recorded for a tensor; this value is a tuple"
+    with pytest.warns(bcrecord.RecordingWarning, match=message):
+        with record(gru, ["0:forward:return.grad"]) as rec:
+            gru(torch.randn(1, 2, 3))
+    assert rec.keys() == ["0:forward:return"]
+    assert [e.key for e in rec.errors] == ["0:forward:return.grad"]
