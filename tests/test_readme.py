@@ -1,7 +1,10 @@
 """The README's Python examples run as written (torch ones in tests/models)."""
 
+import contextlib
+import io
 import pathlib
 import re
+import sys
 
 README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
 
@@ -15,8 +18,18 @@ def test_core_examples_run_and_say_what_they_claim():
     namespace = {"__name__": "__main__"}
     blocks = python_blocks(torch=False)
     assert len(blocks) >= 3
+    printed = {}
     for block in blocks:
-        exec(compile(block, str(README), "exec"), namespace)
+        with contextlib.redirect_stdout(io.StringIO()) as out:
+            exec(compile(block, str(README), "exec"), namespace)
+        printed[block] = out.getvalue()
+    # The table printed after the first example is what targets() prints for it.
+    pattern = r"```python\n(print\(bcrecord.targets\(ToyModel.forward\)\)\n)```\n```\n(.*?)```"
+    shown = re.search(pattern, README.read_text(), re.S)
+    table = shown.group(2)
+    if sys.version_info < (3, 11):  # no column positions on 3.10: '8:18 ' is '8    '
+        table = re.sub(r"(\d+)(:\d+)", lambda m: m.group(1) + " " * len(m.group(2)), table)
+    assert printed[shown.group(1)] == table
     rec = namespace["rec"]
     assert rec.keys() == ["__main__:area:a@0", "__main__:area:return"]
     assert namespace["summed"]([1, 2]) == -3

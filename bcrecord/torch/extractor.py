@@ -265,7 +265,7 @@ def list_targets(
 
     For each submodule: its path (the module's output) and, for each of
     ``methods`` it defines in Python, one target per local assignment, attribute
-    load site and return.
+    load site, call site (``'self.bn1()@0'``), operator site (``'+=@0'``) and return.
 
     >>> import torch
     >>> targets = list_targets(torch.nn.Sequential(torch.nn.Linear(1, 1)))

@@ -5,7 +5,7 @@ Run (CPU, a few seconds; the data is made up)::
     python docs/examples/lightning_callback.py --out /tmp/lightning_run
 
 A small conv net trains for 6 steps and validates twice. The callback records, every
-2nd training step and every validation batch, the conv layer's output (a module
+2nd training step and every 2nd validation batch, the conv layer's output (a module
 path), the ReLU's input inside ``forward`` (a local, ``feats``) and the conv's
 weight and bias (attributes read at entry). It
 
