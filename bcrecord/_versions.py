@@ -59,6 +59,9 @@ class Table:
     prologue: FrozenSet[str]
     #: Saves a variable around an inlined comprehension (3.12+), else None.
     comprehension_save: Optional[str]
+    #: Names of the comprehensions compiled as code objects of their own (all on
+    #: 3.10/3.11; only generator expressions from 3.12 on, which inlines the rest).
+    separate_comprehensions: FrozenSet[str]
     #: ``LOAD_GLOBAL``'s arg for a callable, given a name.
     global_arg: Callable[[str], object]
     #: Instructions that call the callable pushed by ``global_arg`` with n arguments.
@@ -268,6 +271,7 @@ def _310() -> Table:
         pairs=(),
         prologue=frozenset({"GEN_START"}),
         comprehension_save=None,
+        separate_comprehensions=frozenset({"<listcomp>", "<setcomp>", "<dictcomp>", "<genexpr>"}),
         global_arg=lambda name: name,
         call=lambda n, loc: [_instr("CALL_FUNCTION", n, loc)],
         dup=lambda loc: _instr("DUP_TOP", None, loc),
@@ -311,6 +315,7 @@ def _311() -> Table:
         pairs=(),
         prologue=frozenset({"RESUME"}),
         comprehension_save=None,
+        separate_comprehensions=frozenset({"<listcomp>", "<setcomp>", "<dictcomp>", "<genexpr>"}),
         global_arg=lambda name: (True, name),
         call=lambda n, loc: [_instr("PRECALL", n, loc), _instr("CALL", n, loc)],
         dup=lambda loc: _instr("COPY", 1, loc),
@@ -341,6 +346,7 @@ def _312() -> Table:
         pairs=(),
         prologue=frozenset({"RESUME"}),
         comprehension_save="LOAD_FAST_AND_CLEAR",
+        separate_comprehensions=frozenset({"<genexpr>"}),
         global_arg=lambda name: (True, name),
         call=lambda n, loc: [_instr("CALL", n, loc)],
         dup=lambda loc: _instr("COPY", 1, loc),
@@ -380,6 +386,7 @@ def _313() -> Table:
         pairs=_PAIRS_313,
         prologue=frozenset({"RESUME"}),
         comprehension_save="LOAD_FAST_AND_CLEAR",
+        separate_comprehensions=frozenset({"<genexpr>"}),
         global_arg=lambda name: (True, name),
         call=lambda n, loc: [_instr("CALL", n, loc)],
         dup=lambda loc: _instr("COPY", 1, loc),

@@ -21,7 +21,7 @@ import functools
 import inspect
 from dataclasses import dataclass, field
 from types import CodeType
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, cast
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple, cast
 
 from bytecode import UNSET, Bytecode, FreeVar, Instr, Label
 
@@ -397,6 +397,7 @@ def consuming_calls(
         labels = {item: k for k, item in enumerate(items) if isinstance(item, Label)}
     found: List[int] = []
     seen = set()
+    passed: Set[Label] = set()
     work = [(pos + 1, 0)]
     while work:
         k, height = work.pop()
@@ -404,6 +405,8 @@ def consuming_calls(
             seen.add((k, height))
             item = items[k]
             k += 1
+            if isinstance(item, Label):
+                passed.add(item)
             if not isinstance(item, Instr):
                 continue
             if height == 0 and (table.attr_load(item) or table.method_load(item)):
@@ -422,17 +425,49 @@ def consuming_calls(
             if item.is_uncond_jump() or item.is_final():
                 break
             height += pre + post
+    if found and passed:
+        # Where another path joins this one, the callee on the stack may be another
+        # value: '(h if c else k)(a)', '(fn or h)(a)'. Then it names no call.
+        visited = {k for k, _ in seen} | {pos}
+        entries = _entries(items)
+        if any(source not in visited for label in passed for source in entries.get(label, ())):
+            return []
     return sorted(set(found))
 
 
-#: Code objects the compiler makes for comprehensions (inlined from 3.12 on).
-_COMPREHENSIONS = frozenset({"<listcomp>", "<setcomp>", "<dictcomp>", "<genexpr>"})
+def _entries(items: Sequence[object]) -> Dict[Label, List[int]]:
+    """For each label, the positions execution can come from: its jumps (and handlers'
+    entries), and the instruction before it where that one falls through."""
+    entries: Dict[Label, List[int]] = {}
+    previous: Optional[int] = None  # the last instruction that falls through, if any
+    runs: List[List[Label]] = [[]]  # labels with nothing between them: one place
+    for k, item in enumerate(items):
+        if isinstance(item, Label):
+            entries.setdefault(item, [])
+            if previous is not None:
+                entries[item].append(previous)
+            runs[-1].append(item)
+            continue
+        target = item.arg if isinstance(item, Instr) else getattr(item, "target", None)
+        if isinstance(target, Label):
+            entries.setdefault(target, []).append(k)
+        if isinstance(item, Instr):
+            previous = None if item.is_uncond_jump() or item.is_final() else k
+            if runs[-1]:
+                runs.append([])
+    for run in runs:
+        if len(run) > 1:
+            shared = sorted({k for label in run for k in entries[label]})
+            for label in run:
+                entries[label] = shared
+    return entries
 
 
 class _Sites:
-    """Raw recordable sites of a code object, with its comprehensions' on 3.10/3.11.
+    """Raw recordable sites of a code object, with those of its comprehensions that are
+    code objects of their own (every one on 3.10/3.11, generator expressions after).
 
-    A comprehension there is a separate code object (a constant of its function);
+    Such a comprehension is a separate code object (a constant of its function);
     what it calls, loads and computes belongs to the function as a reader sees it,
     and so does a walrus target inside it (a cell of the function). Their positions
     are ``(position of the LOAD_CONST, position inside)``.
@@ -480,10 +515,12 @@ class _Sites:
                 anchor = i if start is None else cast(Instr, bytecode[start])
                 place = (anchor.lineno or 0, (pos if start is None else start, -1))
                 self.operators.append((op, pos, i, identity.of(pos, i), place))
-        if table.comprehension_save is not None:
-            return
         for pos, i in real:
-            if i.name == "LOAD_CONST" and isinstance(i.arg, CodeType) and i.arg.co_name in _COMPREHENSIONS:
+            if (
+                i.name == "LOAD_CONST"
+                and isinstance(i.arg, CodeType)
+                and i.arg.co_name in table.separate_comprehensions
+            ):
                 inner = _Sites(i.arg, outer_cells, nested=True)
                 # Its sites are its own constructs, never one of the function's on the same
                 # line (3.10 tells constructs apart by line and count).

@@ -123,7 +123,7 @@ class Template:
 
 
 def _bind(code: CodeType, sites: Dict[str, int]) -> CodeType:
-    # Comprehensions on 3.10/3.11 are nested code constants that may hold probes too.
+    # Comprehensions compiled as code of their own (genexprs; all on 3.10/3.11) may hold probes too.
     consts = tuple(
         sites.get(c, c) if isinstance(c, str) else _bind(c, sites) if isinstance(c, CodeType) else c
         for c in code.co_consts
@@ -271,7 +271,7 @@ def _load_self(code: CodeType, first: str, nested: bool, location: object) -> In
     if first not in code.co_freevars:
         raise TargetError(
             f"a per-instance patch cannot probe inside a comprehension ({code.co_name}) that does not use "
-            f"{first!r}: Python 3.10/3.11 compile comprehensions as separate code"
+            f"{first!r}: it is separate code (a generator expression; on 3.10/3.11 any comprehension)"
         )
     return Instr("LOAD_DEREF", FreeVar(first), location=location)  # type: ignore[arg-type]
 

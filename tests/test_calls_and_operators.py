@@ -193,3 +193,40 @@ def test_an_operator_whose_right_operand_branches_comes_before_the_operators_in_
         assert values == [[106], [6]]
     else:  # 3.10 copies the outer '+' into both branches on one line: see the README's limits
         assert sorted(values) == [[6], [106]]
+
+
+def _h(v):
+    return v * 2
+
+
+def _k(v):
+    return v * 100
+
+
+def test_a_callee_picked_at_run_time_is_no_site_of_either_name():
+    # Both names reach the call; the probe there cannot tell which one ran.
+    def either(c, a):
+        return (_h if c else _k)(a) + 1
+
+    def fallback(fn, a):
+        return (fn or _h)(a)
+
+    assert "_h" not in bcrecord.targets(either).calls and "_k" not in bcrecord.targets(either).calls
+    assert "_h" not in bcrecord.targets(fallback).calls
+    with pytest.raises(TargetError, match="never calls '_h'"):
+        bcrecord.instrument(fallback, "_h()")
+    recorded = bcrecord.instrument(either, "+@0", name="m")  # the sum after the call still is one
+    with bcrecord.recording() as rec:
+        assert recorded(True, 3) == 7 and recorded(False, 3) == 301
+    assert rec.all("m:either:+@0") == [7, 301]
+
+
+def test_calls_inside_a_generator_expression_count_where_they_are_written():
+    def total(n):
+        s = sum(_h(i) for i in range(n))
+        return s + _h(10)
+
+    recorded = bcrecord.instrument(total, ["_h()@0", "_h()@1"], name="m")
+    with bcrecord.recording() as rec:
+        assert recorded(3) == 26
+    assert rec.all("m:total:_h()@0") == [0, 2, 4] and rec.all("m:total:_h()@1") == [20]

@@ -24,6 +24,7 @@ Forms (``path`` is a dotted path from ``model.named_modules()``, ``''`` for the 
 from __future__ import annotations
 
 import difflib
+import dis
 import fnmatch
 import sys
 import types
@@ -157,21 +158,34 @@ def _fx_target(model: torch.nn.Module, text: str) -> Optional[Target]:
     except TargetError:
         return None
     sites: List[Tuple[str, Spec]] = []
+    labels: List[str] = []
+    branching = False
     for method in _FX_METHODS:
         func = getattr(type(module), method, None)
         if not isinstance(func, types.FunctionType):
             continue
         found = function_targets(func)
         # FX numbers ops in the order they run: here, the order of their instructions.
-        ordered: List[Tuple[int, Spec]] = []
+        ordered: List[Tuple[int, Spec, str]] = []
         for callee, calls in found.calls.items():
             if callee.rsplit(".", 1)[-1] == base:
-                ordered += [(c.positions[0], Call(callee, c.index)) for c in calls]
+                ordered += [(c.positions[0], Call(callee, c.index), f"{callee}()@{c.index}") for c in calls]
         for op in _FX_OPERATORS.get(base, ()):
-            ordered += [(o.positions[0], Expr(op, o.index)) for o in found.operators.get(op, ())]
-        sites += [(method, spec) for _, spec in sorted(ordered, key=lambda site: site[0])]
+            ordered += [
+                (o.positions[0], Expr(op, o.index), f"{op}@{o.index}") for o in found.operators.get(op, ())
+            ]
+        ordered.sort(key=lambda site: site[0])
+        sites += [(method, spec) for _, spec, _ in ordered]
+        labels += [f"'{parent}:{method}:{label}'" for _, _, label in ordered]
+        branching = branching or (bool(ordered) and _has_conditionals(func.__code__))
     if not sites:
         return None
+    if len(sites) > 1 and branching:
+        raise TargetError(
+            f"{text!r}: {type(module).__name__} has {len(sites)} {base!r} sites and conditional "
+            f"branches, so which of them FX names {node!r} depends on the branch that runs; "
+            f"name the site instead: {', '.join(labels)}"
+        )
     if occurrence >= len(sites):
         raise TargetError(
             f"{text!r}: {type(module).__name__} has {len(sites)} {base!r} site(s) in "
@@ -179,6 +193,15 @@ def _fx_target(model: torch.nn.Module, text: str) -> Optional[Target]:
         )
     method, spec = sites[occurrence]
     return Target(text, parent, method, spec)
+
+
+def _has_conditionals(code: types.CodeType) -> bool:
+    """Whether ``code`` branches on a condition (``if``, ``and``/``or``, ``x if c else y``).
+
+    Every version's conditional jumps are named ``*JUMP*_IF_*`` (``POP_JUMP_IF_NONE``,
+    3.11's ``POP_JUMP_FORWARD_IF_FALSE``, 3.10's ``JUMP_IF_TRUE_OR_POP``).
+    """
+    return any("JUMP" in instr.opname and "_IF_" in instr.opname for instr in dis.get_instructions(code))
 
 
 def _matching_paths(model: torch.nn.Module, pattern: str) -> List[str]:

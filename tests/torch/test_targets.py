@@ -75,6 +75,31 @@ def test_fx_node_names_count_ops_in_the_order_they_run():
     }
 
 
+def test_an_fx_name_whose_site_depends_on_a_branch_is_refused_with_the_sites_to_pick():
+    # As RegNet's ResBottleneckBlock: FX's 'add' is whichever '+' the branch taken runs.
+    from bcrecord.torch import create_feature_extractor
+
+    class Block(torch.nn.Module):
+        def __init__(self, proj):
+            super().__init__()
+            self.proj = torch.nn.Identity() if proj else None
+
+        def forward(self, x):
+            if self.proj is not None:
+                x = self.proj(x) + 1
+            else:
+                x = x + 2
+            return x
+
+    net = torch.nn.Sequential(Block(True), Block(False))
+    message = r"'1.add': Block has 2 'add' sites and conditional"
+    with pytest.raises(bcrecord.TargetError, match=message) as error:
+        create_feature_extractor(net, ["1.add"])
+    assert "'1:forward:+@0', '1:forward:+@1'" in str(error.value)
+    features = create_feature_extractor(net, ["1:forward:+@1"])(torch.zeros(1))
+    assert features["1:forward:+@1"].item() == 3.0  # (0 + 1) + 2
+
+
 def test_a_forward_replaced_on_the_instance_is_the_one_recorded_or_refused():
     import functools
 
