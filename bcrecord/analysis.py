@@ -435,9 +435,17 @@ def consuming_calls(
     return sorted(set(found))
 
 
+#: The last ``(items, _entries(items))``: a function's call sites ask for the same code.
+_last_entries: Tuple[Any, Dict[Label, List[int]]] = (None, {})
+
+
 def _entries(items: Sequence[object]) -> Dict[Label, List[int]]:
     """For each label, the positions execution can come from: its jumps (and handlers'
     entries), and the instruction before it where that one falls through."""
+    global _last_entries
+    last = _last_entries  # one read: another thread may replace it
+    if last[0] is items:
+        return last[1]
     entries: Dict[Label, List[int]] = {}
     previous: Optional[int] = None  # the last instruction that falls through, if any
     runs: List[List[Label]] = [[]]  # labels with nothing between them: one place
@@ -460,6 +468,7 @@ def _entries(items: Sequence[object]) -> Dict[Label, List[int]]:
             shared = sorted({k for label in run for k in entries[label]})
             for label in run:
                 entries[label] = shared
+    _last_entries = (items, entries)
     return entries
 
 

@@ -182,7 +182,7 @@ class ModelRecording(Recording):
         self._grad_positions: Dict[str, List[int]] = {}
         self._grad_lock = threading.Lock()
         #: Gradient hooks on leaf tensors (parameters) that have not fired yet.
-        self._leaf_hooks: List[_GradientHook] = []
+        self._leaf_hooks: Set[_GradientHook] = set()
 
     def _settle(self) -> None:
         for policy in self._policies:
@@ -212,8 +212,8 @@ class ModelRecording(Recording):
             # A parameter outlives the recording: a hook left on it would record every
             # later backward (and keep this recording alive). An activation's hook stays,
             # for a backward after the block; it goes with the activation.
-            hooks, self._leaf_hooks = self._leaf_hooks, []
-            for hook in hooks:
+            hooks, self._leaf_hooks = self._leaf_hooks, set()
+            for hook in list(hooks):  # (one may fire meanwhile, in autograd's thread)
                 hook.remove()
 
     def clear(self) -> None:
@@ -228,7 +228,7 @@ class ModelRecording(Recording):
             self._asked[key] = position + 1
         hook = _GradientHook(self, key + ".grad", position, keep, tensor)
         if tensor.is_leaf:
-            self._leaf_hooks.append(hook)
+            self._leaf_hooks.add(hook)
 
     def _add_gradient(self, key: str, position: int, grad: Any) -> None:
         """Store a gradient among the others in the order of their values, not of backward (``keep`` too)."""
@@ -345,7 +345,13 @@ class _GradientHook:
         if self.handle is None:  # fired already
             return
         self.remove()
-        self.rec._add_gradient(self.key, self.position, self.keep(grad))
+        self.rec._leaf_hooks.discard(self)
+        try:
+            kept = self.keep(grad)
+        except Exception as error:  # never into the backward pass: into rec.errors
+            self.rec._fail(self.key, error)
+            return
+        self.rec._add_gradient(self.key, self.position, kept)
 
     def remove(self) -> None:
         handle, self.handle = self.handle, None

@@ -545,3 +545,17 @@ def test_a_gradient_asked_of_a_value_that_is_no_tensor_is_a_recorded_error():
             gru(torch.randn(1, 2, 3))
     assert rec.keys() == ["0:forward:return"]
     assert [e.key for e in rec.errors] == ["0:forward:return.grad"]
+
+
+def test_a_gradient_whose_reduce_fails_is_an_error_of_the_recording_not_of_backward():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2))
+
+    def fails(t):
+        if t.shape == (4, 2):  # the value and its gradient are both 4x2: both fail
+            raise ValueError("no")
+        return t
+
+    with pytest.warns(bcrecord.RecordingWarning):
+        with record(model, ["0:forward:return.grad"], reduce=fails) as rec:
+            model(torch.randn(4, 3)).sum().backward()  # does not raise
+    assert {e.key for e in rec.errors} == {"0:forward:return", "0:forward:return.grad"}
