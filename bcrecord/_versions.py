@@ -466,3 +466,15 @@ def current(version: Optional[Tuple[int, int]] = None) -> Table:
 def local_name(arg: object) -> str:
     """The variable name behind a store/load arg (a str, CellVar or FreeVar)."""
     return _local_name(arg)
+
+
+def is_conditional_jump(opname: str) -> bool:
+    """Whether an opcode jumps on a condition (``if``, ``and``/``or``, ``x if c else y``).
+
+    Every version's are named ``*JUMP*_IF_*``: ``POP_JUMP_IF_NONE`` (3.12+), 3.11's
+    ``POP_JUMP_FORWARD_IF_FALSE``, 3.10's ``JUMP_IF_TRUE_OR_POP``.
+
+    >>> is_conditional_jump("POP_JUMP_FORWARD_IF_FALSE"), is_conditional_jump("JUMP_FORWARD")
+    (True, False)
+    """
+    return "JUMP" in opname and "_IF_" in opname

@@ -37,3 +37,16 @@ def test_only_the_versions_module_reads_the_python_version():
     package = pathlib.Path(_versions.__file__).parent
     readers = sorted(p.name for p in package.rglob("*.py") if "version_info" in p.read_text())
     assert readers == ["_versions.py"]
+
+
+def test_conditional_jumps_are_told_from_the_others_on_this_version():
+    import dis
+
+    def branches(c, a, b):
+        return a if c else b
+
+    def straight(a, b):
+        return a + b
+
+    assert any(_versions.is_conditional_jump(i.opname) for i in dis.get_instructions(branches))
+    assert not any(_versions.is_conditional_jump(i.opname) for i in dis.get_instructions(straight))

@@ -34,6 +34,7 @@ from typing import Dict, Iterable, List, Optional, Tuple
 
 import torch
 
+from .._versions import is_conditional_jump
 from ..errors import NotPatchableError, RecordingWarning, SpecError, TargetError
 from ..specs import Call, Expr, Return, Spec, parse
 
@@ -196,12 +197,8 @@ def _fx_target(model: torch.nn.Module, text: str) -> Optional[Target]:
 
 
 def _has_conditionals(code: types.CodeType) -> bool:
-    """Whether ``code`` branches on a condition (``if``, ``and``/``or``, ``x if c else y``).
-
-    Every version's conditional jumps are named ``*JUMP*_IF_*`` (``POP_JUMP_IF_NONE``,
-    3.11's ``POP_JUMP_FORWARD_IF_FALSE``, 3.10's ``JUMP_IF_TRUE_OR_POP``).
-    """
-    return any("JUMP" in instr.opname and "_IF_" in instr.opname for instr in dis.get_instructions(code))
+    """Whether ``code`` branches on a condition (``if``, ``and``/``or``, ``x if c else y``)."""
+    return any(is_conditional_jump(instr.opname) for instr in dis.get_instructions(code))
 
 
 def _matching_paths(model: torch.nn.Module, pattern: str) -> List[str]:
