@@ -135,6 +135,8 @@ class FeatureExtractor(torch.nn.Module):
         self._run_options: Dict[str, Any] = {"keep": "all", "threads": "all"}
         self._run_options.update((k, v) for k, v in options.items() if k in _RUN_OPTIONS)
         self._plans: Dict[bool, Tuple[Plan, List[Patch], List[ModelRecording]]] = {}
+        #: Per mode, what each call returns: (target, name, its keys, first value only).
+        self._outputs: Dict[bool, List[Tuple[str, str, Tuple[str, ...], bool]]] = {}
         # The model's mode, as torchvision's extractor starts; train() would set every submodule.
         self.training = model.training
 
@@ -149,6 +151,12 @@ class FeatureExtractor(torch.nn.Module):
             # Recordings between calls, reused so their routes and sinks are built once;
             # one per call running at the same time.
             found = self._plans[training] = (plan, patches, [])
+            self._outputs[training] = [
+                # The first value of each key with the early stop: what it guarantees,
+                # whatever else was asked for (a later target lets a loop run on).
+                (target, name, tuple(plan.keys[target]), self.stop_early or target in self._first_only)
+                for target, name in nodes.items()
+            ]
             # Not a method: the finalizer must not keep the extractor alive.
             weakref.finalize(self, remove_soon, patches)
         return found
@@ -158,11 +166,12 @@ class FeatureExtractor(torch.nn.Module):
         for _, patches, _ in self._plans.values():
             remove_all(patches)
         self._plans.clear()
+        self._outputs.clear()
 
     def __getstate__(self) -> Dict[str, Any]:
         # Patches belong to this object; a copy (deepcopy, pickle) makes its own.
         state = self.__dict__.copy()
-        state["_plans"] = {}
+        state["_plans"], state["_outputs"] = {}, {}
         return state
 
     def forward(self, *args: Any, **kwargs: Any) -> Dict[str, Any]:
@@ -187,14 +196,8 @@ class FeatureExtractor(torch.nn.Module):
             out: Dict[str, Any] = {}
             missing = []
             failed = []
-            for target, name in (self.train_nodes if training else self.eval_nodes).items():
-                keys = [key for key in plan.keys[target] if key in rec]
-                if self.stop_early or target in self._first_only:
-                    # The first value of each key: what the early stop guarantees, whatever
-                    # else was asked for (a later target lets a loop run on).
-                    values = [rec.all(key)[0] for key in keys]
-                else:
-                    values = [v for key in keys for v in rec.all(key)]
+            for target, name, keys, first in self._outputs[training]:
+                values = rec._collect(keys, first)
                 if values:
                     out[name] = values[0] if len(values) == 1 else values
                     continue

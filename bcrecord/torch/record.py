@@ -88,12 +88,16 @@ class _PathMark(str):
     """
 
     module: Any
-    copies: weakref.WeakSet
+    #: Weak references to the copies marked with it (None while there are none: unmarking
+    #: runs once per extractor call, where walking even an empty WeakSet costs microseconds).
+    copies: Optional[List[weakref.ReferenceType]] = None
 
     def __deepcopy__(self, memo: Dict[int, Any]) -> _PathMark:
         twin = memo.get(id(self.module))  # the copy of the marked module, being made now
         if twin is not None:
-            self.copies.add(twin)
+            if self.copies is None:
+                self.copies = []
+            self.copies.append(weakref.ref(twin))
         return self
 
     def __reduce__(self) -> Tuple[Callable[[str], str], Tuple[str]]:
@@ -122,7 +126,6 @@ def _one_path_each(modules: Mapping[str, torch.nn.Module]) -> None:
 def _path_mark(module: torch.nn.Module, path: str) -> _PathMark:
     mark = _PathMark(path)
     mark.module = module
-    mark.copies = weakref.WeakSet()
     return mark
 
 
@@ -201,6 +204,22 @@ class ModelRecording(Recording):
         """``{key: all values}`` for a target string (keys with no value left out)."""
         return {key: self.all(key) for key in self.keys_of(target) if key in self}
 
+    def _collect(self, keys: Iterable[str], first: bool) -> List[Any]:
+        """The values of ``keys`` in order: every value of each, or its first (``first``).
+
+        One pass over the stored lists, for the extractor's output of every call.
+        """
+        self._settle()
+        values: List[Any] = []
+        for key in keys:
+            found = self._data.get(key)
+            if found:
+                if first:
+                    values.append(found[0])
+                else:
+                    values.extend(found)
+        return values
+
     def start_pass(self) -> None:
         """Begin a new forward pass (early stop counts targets per pass)."""
         self._seen = set()
@@ -212,9 +231,10 @@ class ModelRecording(Recording):
             # A parameter outlives the recording: a hook left on it would record every
             # later backward (and keep this recording alive). An activation's hook stays,
             # for a backward after the block; it goes with the activation.
-            hooks, self._leaf_hooks = self._leaf_hooks, set()
-            for hook in list(hooks):  # (one may fire meanwhile, in autograd's thread)
-                hook.remove()
+            if self._leaf_hooks:  # (usually none: no new set then, on every extractor call)
+                hooks, self._leaf_hooks = self._leaf_hooks, set()
+                for hook in list(hooks):  # (one may fire meanwhile, in autograd's thread)
+                    hook.remove()
 
     def clear(self) -> None:
         with self._grad_lock:
@@ -429,10 +449,11 @@ def _unmark_locked(modules: Sequence[torch.nn.Module]) -> None:
         mark = module.__dict__.get(_MARK)
         if type(mark) is _PathMark:
             del module.__dict__[_MARK]
-            for twin in list(mark.copies):  # copies made while it was marked
-                if twin.__dict__.get(_MARK) is mark and id(twin) not in _mark_counts:
+            copies, mark.copies = mark.copies, None
+            for ref in copies or ():  # copies made while it was marked
+                twin = ref()
+                if twin is not None and twin.__dict__.get(_MARK) is mark and id(twin) not in _mark_counts:
                     del twin.__dict__[_MARK]
-            mark.copies.clear()
 
 
 class Plan:

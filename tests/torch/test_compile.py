@@ -1,5 +1,7 @@
 """torch.compile: a patched model compiles, runs correctly and records every value."""
 
+import collections
+
 import torch
 import torch._dynamo
 
@@ -148,3 +150,31 @@ def test_a_model_compiled_before_recording_records_and_recompiles_once():
         assert torch.allclose(value, expected["bn1"], atol=1e-5)
     assert torch.allclose(compiled(x), expected["fc"], atol=1e-5)  # between calls: same outputs
     extractor.close()
+
+
+def test_code_swaps_drop_dynamo_s_caches_only_for_graphs_compiled_without_the_probes(monkeypatch):
+    from bcrecord.torch import _CompiledCode
+
+    counters: collections.defaultdict = collections.defaultdict(collections.Counter)
+    monkeypatch.setattr(torch._dynamo.utils, "counters", counters)
+    drops = []
+    monkeypatch.setattr(torch._dynamo, "reset_code_caches", lambda: drops.append("dropped"))
+    hook, code = _CompiledCode(), (lambda: 0).__code__
+    hook(code, False)  # probes out, in, out, in: nothing compiled (eager use)
+    hook(code, True)
+    hook(code, False)
+    hook(code, True)
+    assert drops == [] and len(hook.out_at) == 0 and "stats" not in counters
+    hook(code, False)
+    counters["stats"]["unique_graphs"] += 1  # compiled while the probes were out
+    hook(code, True)
+    assert drops == ["dropped"]
+    counters["stats"]["unique_graphs"] += 1  # compiled with the probes in: the graph has them
+    hook(code, False)
+    hook(code, True)
+    assert drops == ["dropped"]
+    counters.clear()  # cleared (as Dynamo's own tests do): counting starts again
+    hook(code, False)
+    counters["stats"]["unique_graphs"] += 1
+    hook(code, True)
+    assert drops == ["dropped", "dropped"]
