@@ -279,9 +279,7 @@ Position = Any  # an index into instructions(code), or (index of LOAD_CONST, inn
 Raw = Tuple[str, Position, Instr, Tuple[object, ...], Any]  # name, position, instr, identity, extra
 
 
-def _group(
-    sites: Iterable[Raw], placed: bool = False
-) -> Dict[str, List[Tuple[List[Position], Instr, Any]]]:
+def _group(sites: Iterable[Raw], placed: bool = False) -> Dict[str, List[Tuple[List[Position], Instr, Any]]]:
     """Group sites by source construct; order each name's groups in source order.
 
     ``placed``: each site's extra is its place in source order (operators).
@@ -744,9 +742,7 @@ arguments (their value at entry): a
                         f"{func}: argument {spec.name!r} is never reassigned; it has one value, "
                         f"at entry: '{spec.name}' (or '{spec.name}@0')"
                     )
-                points.append(
-                    ProbePoint("entry", (cmap.entry,), spec.name, root=spec.name, copy=spec.copy)
-                )
+                points.append(ProbePoint("entry", (cmap.entry,), spec.name, root=spec.name, copy=spec.copy))
                 continue
             if spec.name not in cmap.locals:
                 # Arguments never reassigned are recordable too (at entry): name them.

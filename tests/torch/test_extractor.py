@@ -73,8 +73,11 @@ def test_a_target_reached_but_not_recorded_says_why():
         raise ValueError("no such statistic")
 
     extractor = create_feature_extractor(net, ["bn1", "fc"], reduce={"bn1": broken})
-    with pytest.warns(bcrecord.RecordingWarning), pytest.raises(
-        RuntimeError, match=r"reached but could not record 'bn1' \(ValueError: no such statistic\)"
+    with (
+        pytest.warns(bcrecord.RecordingWarning),
+        pytest.raises(
+            RuntimeError, match=r"reached but could not record 'bn1' \(ValueError: no such statistic\)"
+        ),
     ):
         extractor(torch.randn(1, 3, 8, 8))
 
