@@ -985,7 +985,9 @@ class Recording:
     def _entered_here(self) -> bool:
         """Whether this recording was entered in the current context (not only shared
         with it, as ``threads='all'`` recordings are with contexts that have none)."""
-        return any(rec is self for rec in _context.get()[0].own)
+        # ``in`` compares by identity first, and recordings define no other equality; it
+        # runs where the early stop checks each value, with no generator frame to make.
+        return self in _context.get()[0].own
 
     def _empty(self) -> None:
         """Empty every list of values in place, for a recording entered once per call.
