@@ -13,7 +13,11 @@ Format (one directory, any number of saves into it):
 Writes are atomic: each file is written under a temporary name and renamed, and the
 index is replaced last, so a crash never leaves a file that :func:`load` accepts
 half-written; at most the save in progress is lost. A full disk or an unwritable
-directory raises :class:`StorageError` naming the directory.
+directory raises :class:`StorageError` naming the directory. Saves into one directory
+from several writers or processes at once (``bcrecord run -o DIR`` on each rank) take
+turns: each reads the index afresh under a lock file (``records/.lock``; on systems
+without ``fcntl``, saves of one process at a time only). Tensors that ``safetensors``
+cannot store (``complex128``, sparse or quantized tensors) are pickled instead.
 
 >>> import tempfile, bcrecord
 >>> folder = tempfile.mkdtemp()
@@ -27,8 +31,10 @@ directory raises :class:`StorageError` naming the directory.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
+import operator
 import os
 import pickle
 import tempfile
@@ -39,6 +45,11 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .errors import BcrecordError
+
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows: no lock between processes
+    fcntl = None  # type: ignore[assignment]
 
 __all__ = ["StorageError", "Writer", "Loaded", "save", "load"]
 
@@ -55,23 +66,63 @@ def _is_tensor(value: Any) -> bool:
     return type(value).__module__.startswith("torch") and hasattr(value, "detach") and hasattr(value, "shape")
 
 
+#: Per tensor dtype, whether safetensors stores it (asked once per dtype).
+_safetensors_dtypes: Dict[Any, bool] = {}
+
+
+def _in_safetensors(tensor: Any) -> bool:
+    """Whether ``tensor`` goes to the safetensors file: a dense tensor of a dtype it stores."""
+    if tensor.is_sparse or tensor.is_quantized or str(tensor.layout) != "torch.strided":
+        return False
+    dtype = tensor.dtype
+    known = _safetensors_dtypes.get(dtype)
+    if known is None:
+        try:
+            import torch
+            from safetensors.torch import save as save_tensors
+        except ImportError:  # reported when the save needs it
+            return True
+        try:
+            save_tensors({"probe": torch.zeros(1, dtype=dtype)})
+            known = True
+        except Exception:  # complex128, complex32 in today's safetensors
+            known = False
+        _safetensors_dtypes[dtype] = known
+    return known
+
+
 def _describe(value: Any) -> Dict[str, Any]:
     if _is_tensor(value):
         return {
-            "kind": "tensor",
+            "kind": "tensor" if _in_safetensors(value) else "pickle",
             "shape": list(value.shape),
             "dtype": str(value.dtype).replace("torch.", ""),
             "device": str(value.device),
             "bytes": int(value.element_size() * value.nelement()),
         }
     shape = getattr(value, "shape", None)
+    size = getattr(value, "nbytes", None)  # numpy arrays and scalars
     return {
         "kind": "pickle",
         "shape": list(shape) if isinstance(shape, tuple) else None,
         "dtype": str(getattr(value, "dtype", type(value).__name__)),
         "device": None,
-        "bytes": None,
+        "bytes": size if type(size) is int else None,
     }
+
+
+@contextlib.contextmanager
+def _turn(directory: Path) -> Iterator[None]:
+    """Hold the directory's lock file: saves from other processes wait meanwhile."""
+    if fcntl is None:  # pragma: no cover - Windows
+        yield
+        return
+    with open(directory / "records" / ".lock", "a") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
@@ -100,19 +151,25 @@ class Writer:
     """
 
     def __init__(self, directory: PathLike) -> None:
-        self.directory = Path(directory)
+        # Absolute: a program may change its working directory (Hydra does) between saves.
+        self.directory = Path(directory).absolute()
         self._lock = threading.Lock()
         try:
             (self.directory / "records").mkdir(parents=True, exist_ok=True)
             probe = self.directory / "records" / f".write-test-{os.getpid()}"
             probe.write_bytes(b"")
             probe.unlink()
+            with _turn(self.directory):
+                if (self.directory / "index.json").exists():
+                    _read_index(self.directory)  # not a records directory: say so now
+                else:  # a directory load() reads from the start, even if nothing is saved
+                    _write_index(self.directory, [])
         except OSError as error:
+            if isinstance(error, StorageError):
+                raise
             raise StorageError(
                 f"cannot write records to {self.directory}: {error.strerror or error}"
             ) from None
-        self._entries = _read_index(self.directory) if (self.directory / "index.json").exists() else []
-        self._next = 1 + max((int(Path(e["file"]).stem) for e in self._entries), default=0)
 
     def write(self, records: Union[Mapping[str, Sequence[Any]], Any], step: int) -> int:
         """Save every value of ``records`` (a Recording or ``{key: [values]}``) as ``step``.
@@ -132,11 +189,22 @@ class Writer:
         2
         """
         with self._lock:
-            return self._write([(step, _items(records)) for step, records in batches])
+            batches = [(_step(step), _items(records)) for step, records in batches]
+            try:
+                with _turn(self.directory):
+                    return self._write(batches)
+            except OSError as error:
+                if isinstance(error, StorageError):
+                    raise
+                raise StorageError(
+                    f"cannot write records to {self.directory}: {error.strerror or error}"
+                ) from None
 
     def _write(self, batches: Sequence[Tuple[int, List[Tuple[str, Sequence[Any]]]]]) -> int:
-        number = self._next
-        stem = f"{number:06d}"
+        # Read afresh: another writer (another process) may have saved since the last call.
+        indexed = self.directory / "index.json"
+        existing = _read_index(self.directory) if indexed.exists() else []
+        stem = f"{1 + max((int(Path(e['file']).stem) for e in existing), default=0):06d}"
         tensors: Dict[str, Any] = {}
         others: Dict[str, Any] = {}
         entries: List[Dict[str, Any]] = []
@@ -153,34 +221,37 @@ class Writer:
                         tensors[name] = value.detach().cpu().contiguous().clone()
                         file = f"records/{stem}.safetensors"
                     else:
-                        others[name] = value
+                        others[name] = value.detach().cpu() if _is_tensor(value) else value
                         file = f"records/{stem}.pkl"
                     row = {"key": key, "step": step, "file": file, "name": name, **info, "time": now}
                     entries.append(row)
         if not entries:
             return 0
-        try:
-            if tensors:
-                try:
-                    from safetensors.torch import save as save_tensors
-                except ImportError:
-                    raise StorageError(
-                        "saving tensors needs the safetensors package: pip install 'bcrecord[save]'"
-                    ) from None
-                _atomic_write(self.directory / f"records/{stem}.safetensors", save_tensors(tensors))
-            if others:
-                _atomic_write(self.directory / f"records/{stem}.pkl", pickle.dumps(others, protocol=4))
-            index = {"format": FORMAT, "version": VERSION, "entries": self._entries + entries}
-            _atomic_write(self.directory / "index.json", json.dumps(index, indent=1).encode())
-        except OSError as error:
-            if isinstance(error, StorageError):
-                raise
-            raise StorageError(
-                f"cannot write records to {self.directory}: {error.strerror or error}"
-            ) from None
-        self._entries += entries
-        self._next += 1
+        if tensors:
+            try:
+                from safetensors.torch import save as save_tensors
+            except ImportError:
+                raise StorageError(
+                    "saving tensors needs the safetensors package: pip install 'bcrecord[save]'"
+                ) from None
+            _atomic_write(self.directory / f"records/{stem}.safetensors", save_tensors(tensors))
+        if others:
+            _atomic_write(self.directory / f"records/{stem}.pkl", pickle.dumps(others, protocol=4))
+        _write_index(self.directory, existing + entries)
         return len(entries)
+
+
+def _write_index(directory: Path, entries: List[Dict[str, Any]]) -> None:
+    index = {"format": FORMAT, "version": VERSION, "entries": entries}
+    _atomic_write(directory / "index.json", json.dumps(index, indent=1).encode())
+
+
+def _step(step: Any) -> int:
+    """``step`` as a plain int (numpy's integers too), or a TypeError naming it."""
+    try:
+        return operator.index(step)
+    except TypeError:
+        raise TypeError(f"a step is an integer, got {step!r} ({type(step).__name__})") from None
 
 
 def _items(records: Any) -> List[Tuple[str, Sequence[Any]]]:

@@ -69,8 +69,9 @@ def test_unwritable_directory_and_full_disk_give_clear_errors(tmp_path, monkeypa
     with pytest.raises(StorageError, match="No space left on device"):
         writer.write({"k": [1]}, step=0)
     monkeypatch.undo()
+    assert len(load(tmp_path / "ok")) == 0  # the failed save left nothing behind
     with pytest.raises(StorageError, match="no index.json"):
-        load(tmp_path / "ok")
+        load(tmp_path)
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "index.json").write_text("{}")
     with pytest.raises(StorageError, match="not a bcrecord records index"):
@@ -82,7 +83,7 @@ def test_write_many_buffers_steps_into_one_save(tmp_path):
     assert writer.write_many([(step, {"k": [step * 10]}) for step in range(5)]) == 5
     loaded = load(tmp_path)
     assert loaded["k"] == [0, 10, 20, 30, 40] and loaded.steps("k") == [0, 1, 2, 3, 4]
-    assert len(list((tmp_path / "records").iterdir())) == 1
+    assert [p.suffix for p in (tmp_path / "records").glob("[!.]*")] == [".pkl"]
 
 
 def test_write_many_keeps_every_value_of_a_step_given_twice(tmp_path):
@@ -90,3 +91,45 @@ def test_write_many_keeps_every_value_of_a_step_given_twice(tmp_path):
     assert writer.write_many([(7, {"k": [1]}), (7, {"k": [2, 3]}), (8, {"k": [4]})]) == 4
     loaded = load(tmp_path)
     assert loaded["k"] == [1, 2, 3, 4] and loaded.steps("k") == [7, 7, 7, 8]
+
+
+def test_an_empty_save_gives_a_directory_that_loads(tmp_path):
+    assert save({}, tmp_path / "empty") == tmp_path / "empty"
+    assert len(load(tmp_path / "empty")) == 0
+    Writer(tmp_path / "unused")  # a run that records nothing
+    assert len(load(tmp_path / "unused")) == 0
+
+
+def test_writers_into_one_directory_keep_each_other_s_saves(tmp_path):
+    first, second = Writer(tmp_path), Writer(tmp_path)
+    first.write({"a": [1]}, step=0)
+    second.write({"b": [2]}, step=0)
+    save({"c": [3]}, tmp_path, step=1)
+    first.write({"a": [4]}, step=2)
+    loaded = load(tmp_path)
+    assert {key: loaded[key] for key in loaded} == {"a": [1, 4], "b": [2], "c": [3]}
+    assert len(list((tmp_path / "records").glob("[!.]*"))) == 4  # no data file overwritten
+
+
+def test_a_relative_directory_stays_where_it_was_when_the_program_changes_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    writer = Writer("out")
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    writer.write({"k": [1]}, step=0)
+    assert load(tmp_path / "out")["k"] == [1] and not (tmp_path / "elsewhere" / "out").exists()
+
+
+class _Step:
+    """An integer type of another library (numpy's int64)."""
+
+    def __index__(self) -> int:
+        return 4
+
+
+def test_steps_are_integers_of_any_integer_type(tmp_path):
+    save({"k": [1]}, tmp_path, step=_Step())
+    assert load(tmp_path).steps("k") == [4]
+    with pytest.raises(TypeError, match=r"a step is an integer, got '4' \(str\)"):
+        save({"k": [2]}, tmp_path, step="4")
+    assert load(tmp_path)["k"] == [1]

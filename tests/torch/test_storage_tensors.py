@@ -23,4 +23,20 @@ def test_tensor_round_trip_through_safetensors(tmp_path):
     entry = next(e for e in loaded.entries if e.key == "bn1:forward:return")
     assert entry.info["shape"] == [1, 4, 8, 8] and entry.info["dtype"] == "float32"
     assert entry.info["bytes"] == 4 * 4 * 8 * 8 and entry.info["kind"] == "tensor"
-    assert sorted(p.suffix for p in (tmp_path / "records").iterdir()) == [".safetensors"] * 3
+    assert sorted(p.suffix for p in (tmp_path / "records").glob("[!.]*")) == [".safetensors"] * 3
+
+
+def test_tensors_safetensors_cannot_store_are_pickled_with_the_rest_kept(tmp_path):
+    wide = torch.randn(3, dtype=torch.complex128)
+    sparse = torch.eye(3).to_sparse()
+    plain = torch.arange(4.0)
+    Writer(tmp_path).write({"w": [wide], "s": [sparse], "p": [plain]}, step=0)
+    loaded = load(tmp_path)
+    assert torch.equal(loaded["w"][0], wide) and torch.equal(loaded["p"][0], plain)
+    assert torch.equal(loaded["s"][0].to_dense(), torch.eye(3))
+    kinds = {e.key: (e.info["kind"], e.info["dtype"], e.info["shape"]) for e in loaded.entries}
+    assert kinds == {
+        "w": ("pickle", "complex128", [3]),
+        "s": ("pickle", "float32", [3, 3]),
+        "p": ("tensor", "float32", [4]),
+    }
