@@ -61,10 +61,16 @@ def resolve_path(path: str) -> Tuple[Any, Any]:
         raise BcrecordError(
             f"expected 'package.module:Class.method' or 'package.module:function', got {path!r}"
         )
+    if module_name.startswith("."):
+        raise BcrecordError(f"{path!r}: give the module's absolute name (no leading dot)")
     try:
         owner: Any = importlib.import_module(module_name)
     except ImportError as error:
         raise BcrecordError(f"cannot import module {module_name!r}: {error}") from None
+    except Exception as error:  # the module itself raises on import (a SyntaxError, its own errors)
+        raise BcrecordError(
+            f"importing module {module_name!r} raised {type(error).__name__}: {error}"
+        ) from None
     value = owner
     for part in attr_path.split("."):
         owner = value
@@ -73,6 +79,17 @@ def resolve_path(path: str) -> Tuple[Any, Any]:
         except AttributeError:
             raise BcrecordError(f"{path!r}: {owner!r} has no attribute {part!r}") from None
     return owner, value
+
+
+def _positive(text: str) -> int:
+    """An argparse type: an integer of at least 1."""
+    try:
+        number = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {number}")
+    return number
 
 
 def _targets(args: argparse.Namespace) -> int:
@@ -230,7 +247,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-plots", action="store_true", help="only print the summary table")
     p.add_argument("--key", action="append", metavar="GLOB", help="only keys matching GLOB (repeatable)")
     p.add_argument(
-        "--max-maps", type=int, default=32, metavar="N", help="feature maps per grid picture (default 32)"
+        "--max-maps",
+        type=_positive,
+        default=32,
+        metavar="N",
+        help="feature maps per grid picture (default 32)",
     )
     p.add_argument(
         "--progress",

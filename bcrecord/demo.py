@@ -48,6 +48,8 @@ def _need(module: str, extra: str) -> None:
 
 def _prepare(directory: Path) -> None:
     """Make ``directory`` for the demo, clearing what an earlier demo left there (only that)."""
+    if directory.exists() and not directory.is_dir():
+        raise BcrecordError(f"{directory} is a file, not a directory; choose another with --out DIR")
     if directory.exists() and any(directory.iterdir()):
         if not (directory / _MARKER).exists():
             raise BcrecordError(

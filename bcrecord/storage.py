@@ -189,10 +189,10 @@ class Writer:
         2
         """
         with self._lock:
-            batches = [(_step(step), _items(records)) for step, records in batches]
+            items = [(_step(step), _items(records)) for step, records in batches]
             try:
                 with _turn(self.directory):
-                    return self._write(batches)
+                    return self._write(items)
             except OSError as error:
                 if isinstance(error, StorageError):
                     raise

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import hashlib
 import html
 import math
 import os
@@ -59,11 +60,25 @@ def _is_tensor(value: Any) -> bool:
     return type(value).__module__.startswith("torch") and hasattr(value, "detach") and hasattr(value, "shape")
 
 
+#: The stats of a numeric value with no number to count (NaN, an empty tensor).
+_NO_NUMBERS = (math.inf, 0.0, -math.inf, 0)
+
+
 def _stats(value: Any) -> Optional[Tuple[float, float, float, int]]:
-    """(min, sum, max, count) of the finite-or-infinite, non-NaN numbers in ``value``; None if not numeric."""
+    """(min, sum, max, count) of the finite-or-infinite, non-NaN numbers in ``value``; None if not numeric.
+
+    A NaN step (a loss that diverged) or an empty tensor counts nothing, but the key
+    stays numeric: its other steps still give min, mean and max.
+
+    >>> _stats(2), _stats(float("nan")), _stats(10**400)[0], _stats("text")
+    ((2.0, 2.0, 2.0, 1), (inf, 0.0, -inf, 0), inf, None)
+    """
     if isinstance(value, bool) or isinstance(value, (int, float)):
-        number = float(value)
-        return None if math.isnan(number) else (number, number, number, 1)
+        try:
+            number = float(value)
+        except OverflowError:  # an int beyond float's range
+            number = math.inf if value > 0 else -math.inf
+        return _NO_NUMBERS if math.isnan(number) else (number, number, number, 1)
     if _is_tensor(value):
         t = value.detach()
         if t.is_complex():
@@ -73,7 +88,7 @@ def _stats(value: Any) -> Optional[Tuple[float, float, float, int]]:
         if t.numel() and bool(t.isnan().any()):
             t = t[~t.isnan()]
         if t.numel() == 0:
-            return None
+            return _NO_NUMBERS
         low, high = t.aminmax()
         return float(low), float(t.sum(dtype=t.new_zeros(()).double().dtype)), float(high), int(t.numel())
     array = _numpy_array(value)
@@ -81,7 +96,7 @@ def _stats(value: Any) -> Optional[Tuple[float, float, float, int]]:
         return None
     array = array[~_isnan(array)]
     if array.size == 0:
-        return None
+        return _NO_NUMBERS
     return float(array.min()), float(array.sum()), float(array.max()), int(array.size)
 
 
@@ -283,13 +298,22 @@ class Progress:
 # --- pictures -----------------------------------------------------------------------------
 
 
-def _slug(key: str) -> str:
-    """A file-name-safe form of a key.
+def _slug(key: str, limit: int = 120) -> str:
+    """A file-name-safe form of a key, at most ``limit`` characters (file systems allow 255).
+
+    A longer key is cut and given a hash of the whole key, so two long keys that
+    share their start still get different names.
 
     >>> _slug("layer1.0:forward:out@1")
     'layer1.0_forward_out@1'
+    >>> len(_slug("m:" + "x" * 300)), _slug("m:" + "x" * 300) != _slug("m:" + "x" * 299 + "y")
+    (120, True)
     """
-    return re.sub(r"[^A-Za-z0-9_.@-]+", "_", key).strip("._") or "key"
+    slug = re.sub(r"[^A-Za-z0-9_.@-]+", "_", key).strip("._") or "key"
+    if len(slug) <= limit:
+        return slug
+    digest = hashlib.sha1(key.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    return f"{slug[: limit - 13]}-{digest}"
 
 
 def _figure(width: float, height: float) -> Any:
@@ -372,12 +396,15 @@ def _colormap(name: str) -> Any:
 
 
 def _heatmap(summary: KeySummary, array: Any, note: str) -> Any:
+    import numpy as np
+
     stride_r = max(1, math.ceil(array.shape[0] / 512))
     stride_c = max(1, math.ceil(array.shape[1] / 512))
     shown = array[::stride_r, ::stride_c]
     fig = _figure(6.4, 4.8)
     ax = fig.add_axes((0.12, 0.1, 0.72, 0.76))
-    low, high = float(shown.min()), float(shown.max())
+    finite = shown[np.isfinite(shown)]  # NaN and ±inf are left blank
+    low, high = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 1.0)
     extent = (-0.5, array.shape[1] - 0.5, array.shape[0] - 0.5, -0.5)  # axes in the array's own indices
     if low < 0 < high:
         bound = max(-low, high)
@@ -403,8 +430,11 @@ def _heatmap(summary: KeySummary, array: Any, note: str) -> Any:
 
 
 def _sample(array: Any, limit: int = 1_000_000) -> Any:
+    """The finite elements of ``array`` (NaN and ±inf have no place on an axis), at most ``limit``."""
+    import numpy as np
+
     flat = array.ravel()
-    flat = flat[~_isnan(flat)]
+    flat = flat[np.isfinite(flat)]
     return flat if flat.size <= limit else flat[:: math.ceil(flat.size / limit)]
 
 

@@ -51,6 +51,7 @@ def test_show_marks_the_probes(project):
         (["targets", "no_colon"], "expected 'package.module:Class.method'"),
         (["targets", "no_such_module_xyz:f"], "cannot import module 'no_such_module_xyz'"),
         (["targets", "helper:nope"], "has no attribute 'nope'"),
+        (["targets", ".helper:twice"], "give the module's absolute name (no leading dot)"),
         (["show", "helper:twice", "nosuch"], "no assignment to a local named 'nosuch'"),
         (["show", "helper:twice", "y@9"], "there is no index 9"),
     ],
@@ -80,3 +81,9 @@ def test_view_table_of_pickled_records(project, tmp_path):
         assert "pictures need matplotlib" in one_clear_line(without)
         assert without.stdout.startswith("key")  # the table came first
         assert not (out / "plots").exists()
+
+
+def test_targets_of_a_module_that_raises_on_import_is_one_clear_line(project):
+    (project / "broken.py").write_text("ratio = 1 / 0\n\ndef f():\n    return ratio\n")
+    line = one_clear_line(cli("targets", "broken:f", cwd=project))
+    assert "importing module 'broken' raised ZeroDivisionError: division by zero" in line

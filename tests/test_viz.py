@@ -71,3 +71,15 @@ def test_write_index_links_every_key_and_escapes(tmp_path):
     assert "<title>run &lt;1&gt;</title>" in page
     assert 'href="#k0">m:f:&lt;x&gt;@0</a>' in page and 'src="x%201.png"' in page
     assert "no picture: not a numeric value" in page  # the string key has none
+
+
+def test_a_nan_step_or_an_empty_value_leaves_the_other_steps_counted(tmp_path):
+    bcrecord.save({"m:f:loss@0": [1.0, float("nan"), 3.0], "m:f:big@0": [10**400, 1]}, tmp_path, step=0)
+    by_key = {s.key: s for s in summarize(bcrecord.load(tmp_path))}
+    loss = by_key["m:f:loss@0"]
+    assert (loss.min, loss.mean, loss.max, loss.numeric) == (1.0, 2.0, 3.0, True)
+    big = by_key["m:f:big@0"]
+    assert (big.min, big.max) == (1.0, float("inf"))
+    bcrecord.save({"m:f:gone@0": [float("nan")]}, tmp_path / "nan", step=0)
+    (gone,) = summarize(bcrecord.load(tmp_path / "nan"))
+    assert gone.row()[4:] == ("-", "-", "-")

@@ -181,6 +181,33 @@ def test_view_bad_input(tmp_path):
     (records / "plots").write_text("a file where the plots folder goes")
     assert "cannot write pictures to" in one_clear_line(cli("view", records))
     assert "no saved key matches" in one_clear_line(cli("view", records, "--no-plots", "--key", "zzz*"))
+    for bad, why in (
+        ("0", "must be at least 1, got 0"),
+        ("-1", "must be at least 1, got -1"),
+        ("x", "expected a whole number"),
+    ):
+        refused = cli("view", records, "--max-maps", bad)
+        assert refused.returncode == 2 and f"argument --max-maps: {why}" in refused.stderr.splitlines()[-1]
+    assert not (records / "plots").is_dir()
+
+
+def test_view_draws_values_with_infinities_and_keys_too_long_for_a_file_name(tmp_path):
+    pytest.importorskip("matplotlib")
+    records = tmp_path / "records"
+    overflowed = torch.tensor([[1.0, float("inf")], [float("-inf"), float("nan")]])
+    long_key = "m:f:" + "x" * 300
+    for step in range(2):
+        bcrecord.save(
+            {"m:f:half@0": [overflowed + step], long_key: [torch.randn(8) + step]}, records, step=step
+        )
+    result = cli("view", records)
+    assert result.returncode == 0, result.stderr
+    row = next(line for line in result.stdout.splitlines() if line.startswith("m:f:half@0")).split()
+    assert row[-3:] == ["-inf", "nan", "inf"]  # min, mean (inf - inf), max
+    pngs = sorted(p.name for p in (records / "plots").glob("*.png"))
+    assert {"m_f_half@0.heatmap.png", "m_f_half@0.hist.png", "m_f_half@0.steps.png"} <= set(pngs)
+    long_pngs = [name for name in pngs if name.startswith("m_f_xxx")]
+    assert len(long_pngs) == 2 and all(len(name) < 140 for name in long_pngs)
 
 
 def test_tools_answer_help():

@@ -70,3 +70,5 @@ def test_demo(tmp_path):
     (other / "keep.txt").write_text("mine")
     assert "was not made by bcrecord demo" in one_clear_line(cli("demo", "--out", other))
     assert (other / "keep.txt").exists()
+    assert "is a file, not a directory" in one_clear_line(cli("demo", "--out", other / "keep.txt"))
+    assert (other / "keep.txt").read_text() == "mine"
