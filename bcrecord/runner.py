@@ -60,13 +60,14 @@ import sys
 import threading
 import time
 import types
+import zipfile
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, TextIO, Tuple
 
 from .analysis import read, resolve
 from .errors import BcrecordError
-from .patch import Patch, function_of, patch_method
+from .patch import Patch, function_of, patch_function, patch_method
 from .runtime import Recording, Sink, copy_value
 from .specs import Spec, parse
 from .storage import Writer
@@ -569,28 +570,32 @@ def _program(program: str, args: Sequence[str], is_module: bool) -> _Program:
         )
     if not os.path.exists(program):
         raise RunError(f"no such file: {program!r}")
+    # A directory or zip file runs its __main__.py with itself first on sys.path, as
+    # `python app` does: its own modules are found there, and checked there.
+    bundle = os.path.isdir(program) or zipfile.is_zipfile(program)
+    main_file = os.path.join(program, "__main__.py") if os.path.isdir(program) else program
     code = None
-    if os.path.isfile(program):
+    if os.path.isfile(main_file) and not zipfile.is_zipfile(main_file):
         try:
-            with open(program, "rb") as handle:
+            with open(main_file, "rb") as handle:
                 source = handle.read()
         except OSError as error:
-            raise RunError(f"cannot read {program!r}: {error.strerror or error}") from None
+            raise RunError(f"cannot read {main_file!r}: {error.strerror or error}") from None
         try:
-            code = compile(source, program, "exec", dont_inherit=True)
+            code = compile(source, main_file, "exec", dont_inherit=True)
         except (SyntaxError, ValueError):
             code = None  # the program fails as Python would make it fail
     stem = os.path.splitext(os.path.basename(program))[0]
-    names = ("__main__", stem) if stem.isidentifier() else ("__main__",)
+    names = ("__main__", stem) if stem.isidentifier() and not bundle else ("__main__",)
     return _Program(
         program,
         False,
         [program, *args],
-        os.path.dirname(os.path.abspath(program)),
+        os.path.abspath(program) if bundle else os.path.dirname(os.path.abspath(program)),
         names,
         code,
         program,
-        os.path.realpath(program),
+        None if bundle else os.path.realpath(program),
     )
 
 
@@ -650,16 +655,25 @@ class Runner:
                 if only is not None and not any(t.text in only for t in group):
                     continue
                 holder: Any = module
+                specs = [t.spec for t in group]
+                owner = self.owners.get((name, path))
                 try:
                     for part in path[:-1]:
                         holder = getattr(holder, part)
-                    patch = patch_method(
-                        holder,
-                        path[-1],
-                        [t.spec for t in group],
-                        name=self.owners.get((name, path)),
-                        in_place=True,
-                    )
+                    value = getattr(holder, path[-1])
+                    if isinstance(value, property) or isinstance(holder, property):
+                        # A property's getter ('C.p' or 'C.p.fget'): its function, in place
+                        # (a property's fget cannot be set).
+                        getter = value.fget if isinstance(value, property) else value
+                        if getter is None:
+                            raise BcrecordError(f"{'.'.join(path)} is a property without a getter")
+                        patch = patch_function(getter, specs, name=owner)
+                    else:
+                        # In place, so references taken before the patch record too; but an
+                        # inherited method goes on the class named, as patch_method does: in
+                        # place in its base, the base's own instances would record under this name.
+                        inherited = isinstance(holder, type) and path[-1] not in vars(holder)
+                        patch = patch_method(holder, path[-1], specs, name=owner, in_place=not inherited)
                 except AttributeError as error:
                     raise _TargetFailed(f"target {texts}: {error}") from None
                 except BcrecordError as error:

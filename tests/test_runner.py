@@ -272,3 +272,43 @@ def test_run_qualifies_owners_where_two_classes_share_a_name(project):
     assert result.returncode == 0 and result.stdout == "102\n", result.stderr
     rows = {line.split()[0]: line.split()[-1] for line in result.stderr.splitlines()[2:]}
     assert rows == {"enc.Block:forward:out@0": "2", "dec.Block:forward:out@0": "100"}
+
+
+def test_run_records_an_inherited_method_only_on_the_class_named(project):
+    (project / "inh.py").write_text(
+        "class Base:\n    def forward(self, x):\n        y = x + 1\n        return y\n\n"
+        "class Sub(Base):\n    pass\n"
+    )
+    (project / "useinh.py").write_text("import inh\nprint(inh.Base().forward(100), inh.Sub().forward(1))\n")
+    result = cli("run", "-r", "inh:Sub.forward:y", "useinh.py", cwd=project)
+    assert result.returncode == 0 and result.stdout == "101 2\n", result.stderr
+    rows = [line.split() for line in result.stderr.splitlines()[2:]]
+    assert rows == [["Sub:forward:y@0", "1", "2"]]  # the Base() call is not Sub's
+
+
+def test_run_records_a_property_s_getter(project):
+    (project / "prop.py").write_text(
+        "class C:\n    @property\n    def p(self):\n        v = 41\n        return v + 1\n"
+    )
+    (project / "useprop.py").write_text("import prop\nprint(prop.C().p)\n")
+    for target in ("prop:C.p:v", "prop:C.p.fget:v"):
+        result = cli("run", "-r", target, "useprop.py", cwd=project)
+        assert result.returncode == 0 and result.stdout == "42\n", (target, result.stderr)
+        assert [line.split() for line in result.stderr.splitlines()[2:]] == [["C:p:v@0", "1", "41"]]
+
+
+def test_run_a_directory_program_finds_its_own_modules(project):
+    app = project / "app"
+    app.mkdir()
+    (app / "__main__.py").write_text(
+        "import inner\n\ndef main():\n    z = inner.h(2)\n    print(z)\n\nmain()\n"
+    )
+    (app / "inner.py").write_text("def h(a):\n    b = a + 1\n    return b\n")
+    expected = plain("app", cwd=project)
+    result = cli("run", "-r", "inner:h:b", "-r", "__main__:main:z", "app", cwd=project)
+    assert result.returncode == expected.returncode == 0, result.stderr
+    assert result.stdout == expected.stdout == "3\n"
+    rows = sorted(line.split()[0] for line in result.stderr.splitlines()[2:])
+    assert rows == ["__main__:main:z@0", "inner:h:b@0"]
+    refused = cli("run", "-r", "__main__:nope:x", "app", cwd=project)
+    assert "never defines 'nope'" in one_clear_line(refused) and refused.stdout == ""
