@@ -375,15 +375,18 @@ class Loaded(Mapping[str, List[Any]]):
         for entry in entries:
             self._by_key.setdefault(entry.key, []).append(entry)
 
-    def __getitem__(self, key: str) -> List[Any]:
+    def _entries_of(self, key: str) -> List[Entry]:
         try:
-            return [entry.value for entry in self._by_key[key]]
+            return self._by_key[key]
         except KeyError:
             raise KeyError(f"no saved values for {key!r}; saved keys: {', '.join(self._by_key)}") from None
 
+    def __getitem__(self, key: str) -> List[Any]:
+        return [entry.value for entry in self._entries_of(key)]
+
     def steps(self, key: str) -> List[int]:
         """The step of each value of ``key``."""
-        return [entry.step for entry in self._by_key[key]]
+        return [entry.step for entry in self._entries_of(key)]
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._by_key)

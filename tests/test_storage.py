@@ -133,3 +133,10 @@ def test_steps_are_integers_of_any_integer_type(tmp_path):
     with pytest.raises(TypeError, match=r"a step is an integer, got '4' \(str\)"):
         save({"k": [2]}, tmp_path, step="4")
     assert load(tmp_path)["k"] == [1]
+
+
+def test_a_missing_key_names_the_saved_ones_for_values_and_steps(tmp_path):
+    loaded = load(save({"m:f:x@0": [1]}, tmp_path))
+    for read in (loaded.__getitem__, loaded.steps):
+        with pytest.raises(KeyError, match="no saved values for 'm:f:y@0'; saved keys: m:f:x@0"):
+            read("m:f:y@0")
