@@ -907,7 +907,5 @@ def run(
         if not linger:
             runner.close()
     if runner.collector.error is not None and status == 0:
-        if linger:
-            print(f"bcrecord: {runner.collector.error}", file=runner.stderr)
-        return 2
+        return 2  # (the report says why: at close, or at exit when lingering)
     return status

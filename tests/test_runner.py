@@ -312,3 +312,18 @@ def test_run_a_directory_program_finds_its_own_modules(project):
     assert rows == ["__main__:main:z@0", "inner:h:b@0"]
     refused = cli("run", "-r", "__main__:nope:x", "app", cwd=project)
     assert "never defines 'nope'" in one_clear_line(refused) and refused.stdout == ""
+
+
+def test_run_whose_saves_fail_says_so_once_and_exits_2(project, tmp_path):
+    out = tmp_path / "records"
+    (project / "sabotage.py").write_text(
+        "import shutil, sys, helper\n"
+        "helper.twice(1)\n"
+        f"shutil.rmtree({str(out / 'records')!r})\n"
+        f"open({str(out / 'records')!r}, 'w').close()  # where the data files go: now a file\n"
+        "print('done')\n"
+    )
+    result = cli("run", "-r", "helper:twice:y", "-o", out, "sabotage.py", cwd=project)
+    assert result.returncode == 2 and result.stdout == "done\n"
+    errors = [line for line in result.stderr.splitlines() if "cannot write records" in line]
+    assert len(errors) == 1, result.stderr
