@@ -100,6 +100,8 @@ __all__ = [
     "refresh",
     "untrack",
     "is_active",
+    "context_recordings",
+    "kept_length",
 ]
 
 T = TypeVar("T")
@@ -566,6 +568,16 @@ def tracked() -> List[Armable]:
     return _armables.live()
 
 
+def context_recordings() -> Tuple[Recording, ...]:
+    """The recordings entered in the current context, outermost first.
+
+    >>> with recording() as outer, recording() as inner:
+    ...     context_recordings() == (outer, inner)
+    True
+    """
+    return _context.get()[0].own
+
+
 def is_active() -> bool:
     """Whether any recording is active anywhere in the process.
 
@@ -886,14 +898,7 @@ class Recording:
     ) -> None:
         if copy not in COPY_POLICIES:
             raise ValueError(f"unknown copy policy {copy!r}; choose one of {COPY_POLICIES}")
-        if keep == "last":
-            maxlen: Optional[int] = 1
-        elif keep == "all":
-            maxlen = None
-        elif isinstance(keep, int) and not isinstance(keep, bool) and keep > 0:
-            maxlen = keep
-        else:
-            raise ValueError(f"keep must be 'all', 'last' or a positive int, got {keep!r}")
+        maxlen = kept_length(keep)
         if threads not in ("context", "all"):
             raise ValueError(f"threads must be 'context' or 'all', got {threads!r}")
         self.copy = copy
@@ -1130,6 +1135,21 @@ class Recording:
     def __repr__(self) -> str:
         state = "active" if self.active else "inactive"
         return f"<Recording {state}, {len(self)} keys>"
+
+
+def kept_length(keep: Keep) -> Optional[int]:
+    """How many values per key ``keep`` keeps (None: all); a ValueError for a bad ``keep``.
+
+    >>> kept_length("last"), kept_length("all"), kept_length(3)
+    (1, None, 3)
+    """
+    if keep == "last":
+        return 1
+    if keep == "all":
+        return None
+    if isinstance(keep, int) and not isinstance(keep, bool) and keep > 0:
+        return keep
+    raise ValueError(f"keep must be 'all', 'last' or a positive int, got {keep!r}")
 
 
 def recording(

@@ -25,8 +25,9 @@ import torch
 from ..errors import SpecError
 from ..patch import Patch, remove_all, remove_soon
 from ..patch import targets as function_targets
+from ..runtime import kept_length
 from .record import ModelRecording, Pass, Plan, StopForward, _stopping
-from .targets import expand, unwrap
+from .targets import expand, has_forward, unwrap
 
 __all__ = ["FeatureExtractor", "create_feature_extractor", "list_targets", "TargetList"]
 
@@ -132,8 +133,10 @@ class FeatureExtractor(torch.nn.Module):
         # As torchvision's: features stay in the autograd graph (a head trained on them
         # trains the backbone too); they are still copies, as assigned. grad=False detaches.
         self.options = {"grad": True, **options}
-        self._run_options: Dict[str, Any] = {"keep": "all", "threads": "all"}
-        self._run_options.update((k, v) for k, v in options.items() if k in _RUN_OPTIONS)
+        # Every value of a call is kept until the call returns: a module path gives its
+        # first call's output whatever ``keep`` says, which applies to the rest.
+        self._kept = kept_length(options.get("keep", "all"))
+        self._run_options: Dict[str, Any] = {"keep": "all", "threads": options.get("threads", "all")}
         self._plans: Dict[bool, Tuple[Plan, List[Patch], List[ModelRecording]]] = {}
         #: Per mode, what each call returns: (target, name, its keys, first value only).
         self._outputs: Dict[bool, List[Tuple[str, str, Tuple[str, ...], bool]]] = {}
@@ -189,15 +192,16 @@ class FeatureExtractor(torch.nn.Module):
                 stopping = _stopping.set(self.stop_early)
                 try:
                     self.model(*args, **kwargs)
-                except StopForward:  # every target has its value
-                    pass
+                except StopForward as stop:  # every target has its value
+                    if stop.recording is not rec:  # an extractor further out stops its pass
+                        raise
                 finally:
                     _stopping.reset(stopping)
             out: Dict[str, Any] = {}
             missing = []
             failed = []
             for target, name, keys, first in self._outputs[training]:
-                values = rec._collect(keys, first)
+                values = rec._collect(keys, first, self._kept)
                 if values:
                     out[name] = values[0] if len(values) == 1 else values
                     continue
@@ -277,10 +281,11 @@ def list_targets(
     """
     out = TargetList()
     for path, module in unwrap(model).named_modules():
-        out.append(path)
+        if has_forward(module):  # a container's path (ModuleList) has no output
+            out.append(path)
         for method in methods:
             func = getattr(type(module), method, None)
-            if not isinstance(func, types.FunctionType):
+            if not isinstance(func, types.FunctionType) or func is getattr(torch.nn.Module, method, None):
                 continue
             out.extend(f"{path}:{method}:{spec}" for spec in function_targets(func).specs())
     return out

@@ -53,7 +53,7 @@ import torch
 from ..analysis import read, resolve
 from ..errors import RecordingWarning, TargetError
 from ..patch import Patch, function_of, patch_method, remove_all
-from ..runtime import Recording, Sink
+from ..runtime import Recording, Sink, context_recordings
 from ..specs import Attribute, Local, Spec
 from .copies import Device, ValuePolicy, _itself, value_policy
 from .targets import Target, expand_all, module_at
@@ -69,7 +69,14 @@ class StopForward(BaseException):
     """Raised by a probe to end a forward early once every target is recorded.
 
     A BaseException, so that a model's own ``except Exception`` does not swallow it.
+    ``recording`` is the recording whose targets were all recorded: only the caller
+    that runs that recording's pass ends there (an extractor inside another one
+    lets the outer one's stop through).
     """
+
+    def __init__(self, key: str, recording: Optional[ModelRecording] = None) -> None:
+        super().__init__(key)
+        self.recording = recording
 
 
 def _stale(path: str) -> _StalePath:
@@ -101,6 +108,9 @@ class _PathMark(str):
         return self
 
     def __reduce__(self) -> Tuple[Callable[[str], str], Tuple[str]]:
+        if self.module.__dict__.get(_MARK) is not self:
+            # Left on a shallow copy (copy.copy, __dict__ copied) after its pass: inert.
+            return str, (str(self),)
         warnings.warn(
             f"bcrecord: a module ({str(self) or '<root>'}) is being saved while it is recorded; "
             "the saved copy loads without recording",
@@ -151,7 +161,12 @@ class _Owner:
             return None
         # The marker itself, not str(mark): its hash is computed once, not per value.
         wanted = self.modules.get(mark)
-        if wanted is not None and wanted() is mark.module:
+        if wanted is None:
+            return None
+        module = wanted()
+        # Also while the module is still marked with it: a shallow copy (copy.copy) keeps
+        # the marker after the pass, and must not record in a later one.
+        if module is mark.module and module.__dict__.get(_MARK) is mark:
             return mark
         return None
 
@@ -204,8 +219,8 @@ class ModelRecording(Recording):
         """``{key: all values}`` for a target string (keys with no value left out)."""
         return {key: self.all(key) for key in self.keys_of(target) if key in self}
 
-    def _collect(self, keys: Iterable[str], first: bool) -> List[Any]:
-        """The values of ``keys`` in order: every value of each, or its first (``first``).
+    def _collect(self, keys: Iterable[str], first: bool, last: Optional[int] = None) -> List[Any]:
+        """The values of ``keys`` in order: each one's first (``first``), or its ``last`` ones (all: None).
 
         One pass over the stored lists, for the extractor's output of every call.
         """
@@ -216,8 +231,10 @@ class ModelRecording(Recording):
             if found:
                 if first:
                     values.append(found[0])
-                else:
+                elif last is None or len(found) <= last:
                     values.extend(found)
+                else:
+                    values.extend(list(found)[-last:])
         return values
 
     def start_pass(self) -> None:
@@ -280,10 +297,22 @@ class ModelRecording(Recording):
             # ends that thread's forward, and a submodule called on its own runs on.
             if self._entered_here():
                 self._seen.add(key)
-                if self._seen >= self._needed and _stopping.get():
-                    raise StopForward(key)
+                if self._seen >= self._needed and _stopping.get() and _all_done_here():
+                    raise StopForward(key, self)
 
         return sink.with_store(store_then_maybe_stop)
+
+
+def _all_done_here() -> bool:
+    """Whether every recording of this context that stops early has all its values.
+
+    Nested recordings that each stop early (an extractor of an extractor) end the
+    forward only once the last of them is done: each one's values are then there.
+    """
+    for rec in context_recordings():
+        if isinstance(rec, ModelRecording) and rec._stop and not rec._seen >= rec._needed:
+            return False
+    return True
 
 
 @dataclasses.dataclass
@@ -615,6 +644,20 @@ class _ReusedRecording(ModelRecording):
 
     _keeps_routes = True
 
+    def _sink(self, site_id: int, owner: Optional[str] = None) -> Optional[Sink]:
+        sink = super()._sink(site_id, owner)
+        if sink is None:
+            return None
+        store = sink.store
+
+        def store_while_active(value: Any) -> None:
+            # Another thread (threads='all') may finish copying a value after the call
+            # ended: it is not the next call's.
+            if self._token is not None:
+                store(value)
+
+        return sink.with_store(store_while_active)
+
 
 class Pass:
     """One pass of ``rec`` over the model: targeted modules marked while it is active.
@@ -736,7 +779,9 @@ class _StopAtRoot:
         token = _stopping.set(True)
         try:
             return self.forward(*args, **kwargs)
-        except StopForward:
+        except StopForward as stop:
+            if stop.recording not in self.recordings:  # a recording run by a caller further out
+                raise
             return None
         finally:
             _stopping.reset(token)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import difflib
 import dis
 import fnmatch
+import inspect
 import sys
 import types
 import warnings
@@ -38,7 +39,7 @@ from .._versions import is_conditional_jump
 from ..errors import NotPatchableError, RecordingWarning, SpecError, TargetError
 from ..specs import Call, Expr, Return, Spec, parse
 
-__all__ = ["Target", "expand", "expand_all", "unwrap", "module_at"]
+__all__ = ["Target", "expand", "expand_all", "has_forward", "unwrap", "module_at"]
 
 _WRAPPERS: Tuple[type, ...] = (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel)
 
@@ -160,7 +161,7 @@ def _fx_target(model: torch.nn.Module, text: str) -> Optional[Target]:
         return None
     sites: List[Tuple[str, Spec]] = []
     labels: List[str] = []
-    branching = False
+    branching = looping = False
     for method in _FX_METHODS:
         func = getattr(type(module), method, None)
         if not isinstance(func, types.FunctionType):
@@ -179,6 +180,7 @@ def _fx_target(model: torch.nn.Module, text: str) -> Optional[Target]:
         sites += [(method, spec) for _, spec, _ in ordered]
         labels += [f"'{parent}:{method}:{label}'" for _, _, label in ordered]
         branching = branching or (bool(ordered) and _has_conditionals(func.__code__))
+        looping = looping or (bool(ordered) and _has_loops(func.__code__))
     if not sites:
         return None
     if len(sites) > 1 and branching:
@@ -186,6 +188,13 @@ def _fx_target(model: torch.nn.Module, text: str) -> Optional[Target]:
             f"{text!r}: {type(module).__name__} has {len(sites)} {base!r} sites and conditional "
             f"branches, so which of them FX names {node!r} depends on the branch that runs; "
             f"name the site instead: {', '.join(labels)}"
+        )
+    if looping:
+        # FX numbers each execution ('add_1': the loop's second turn); a site is every turn.
+        raise TargetError(
+            f"{text!r}: {type(module).__name__} loops, so FX numbers its {base!r} ops by the "
+            f"turns the loop makes, not by site; name the site instead (it records every turn): "
+            f"{', '.join(labels)}"
         )
     if occurrence >= len(sites):
         raise TargetError(
@@ -199,6 +208,22 @@ def _fx_target(model: torch.nn.Module, text: str) -> Optional[Target]:
 def _has_conditionals(code: types.CodeType) -> bool:
     """Whether ``code`` branches on a condition (``if``, ``and``/``or``, ``x if c else y``)."""
     return any(is_conditional_jump(instr.opname) for instr in dis.get_instructions(code))
+
+
+def _has_loops(code: types.CodeType) -> bool:
+    """Whether ``code`` loops: a jump back to an earlier instruction (``for``, ``while``).
+
+    >>> def f(xs):
+    ...     for x in xs:
+    ...         pass
+    >>> _has_loops(f.__code__), _has_loops(_has_loops.__code__)
+    (True, False)
+    """
+    jumps = set(dis.hasjrel) | set(dis.hasjabs)
+    return any(
+        instr.opcode in jumps and isinstance(instr.argval, int) and instr.argval <= instr.offset
+        for instr in dis.get_instructions(code)
+    )
 
 
 def _matching_paths(model: torch.nn.Module, pattern: str) -> List[str]:
@@ -250,8 +275,13 @@ def expand(model: torch.nn.Module, text: str) -> List[Target]:
                 "TorchScript, not Python bytecode; record it before scripting, or where it is called"
             )
         runs = _method_that_runs(module, method, path)
+        where = f"{type(module).__name__} at {path or '<root>'!r}"
+        if runs is None and method == "forward" and not has_forward(module):
+            raise NotPatchableError(
+                f"{where} runs a forward set on the instance, not a method of its class; "
+                "record inside what it calls, or patch that function with bcrecord.patch_function"
+            )
         if runs is None or (runs != method and spec_text):
-            where = f"{type(module).__name__} at {path or '<root>'!r}"
             instead = "" if runs is None else f" (it runs {runs}: its targets are '{path}:{runs}:...')"
             warnings.warn(
                 f"bcrecord: {where} has its own {method} attribute; {type(module).__name__}.{method} "
@@ -261,14 +291,40 @@ def expand(model: torch.nn.Module, text: str) -> List[Target]:
             )
         # A bare path is the module's output: what the method that runs returns.
         runs = method if runs is None or spec_text else runs
+        if not has_forward(module) and runs == "forward":
+            if is_glob:
+                continue  # a container (ModuleList, ModuleDict) among the matches: it never runs
+            raise TargetError(
+                f"{where} has no forward of its own (a container): target its submodules "
+                f"('{path}.0', '{path}.*')"
+            )
+        static = inspect.getattr_static(type(module), runs, None)
+        if isinstance(static, (staticmethod, classmethod)):
+            kind = type(static).__name__
+            raise NotPatchableError(
+                f"{where}: {runs} is a {kind}, which does not run on the module, so its values have no "
+                f"module path; record it with bcrecord.patch_method({type(module).__name__}, {runs!r}, ...)"
+            )
         func = getattr(type(module), runs, None)
         if not isinstance(func, types.FunctionType):
             kind = "no method" if func is None else "no Python method"
-            raise NotPatchableError(f"{type(module).__name__} at {path or '<root>'!r} has {kind} {runs!r}")
+            raise NotPatchableError(f"{where} has {kind} {runs!r}")
         concrete = f"{path}:{runs}:{spec_text}" if spec_text else path
         given = text.strip().removesuffix(".grad")
         targets.append(Target(concrete if is_glob else given, path, runs, spec, grad, not spec_text))
+    if not targets:
+        raise TargetError(f"{pattern!r} matches only containers (no forward of their own)")
     return targets
+
+
+def has_forward(module: torch.nn.Module) -> bool:
+    """Whether ``module``'s class defines a ``forward`` (containers such as ``ModuleList`` do not).
+
+    >>> import torch
+    >>> has_forward(torch.nn.Linear(1, 1)), has_forward(torch.nn.ModuleList())
+    (True, False)
+    """
+    return getattr(type(module), "forward", None) is not getattr(torch.nn.Module, "forward", None)
 
 
 def _method_that_runs(module: torch.nn.Module, method: str, path: str) -> Optional[str]:

@@ -312,3 +312,85 @@ def test_early_stop_gives_a_looped_target_s_first_value_whatever_else_is_asked()
     assert torch.allclose(alone["h"], first) and torch.allclose(with_head["h"], first)
     whole = create_feature_extractor(net, {":forward:h@0": "h", "head": "out"}, stop_early=False)(x)
     assert len(whole["h"]) == 3 and torch.allclose(whole["h"][0], first)
+
+
+def test_an_extractor_of_an_extractor_stops_where_both_have_their_values():
+    torch.manual_seed(0)
+    x = torch.randn(2, 3)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU(), torch.nn.Linear(3, 3), torch.nn.ReLU())
+    inner = create_feature_extractor(net, {"2": "two"})
+    outer = create_feature_extractor(inner, {"model.0": "zero"})
+    assert torch.equal(outer(x)["zero"], net[0](x))
+    nested = create_feature_extractor(create_feature_extractor(net, {"0": "zero"}), {"model.2": "two"})
+    assert torch.equal(nested(x)["two"], net[2](net[1](net[0](x))))
+
+
+class _Repeats(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.l = torch.nn.Linear(3, 3)
+
+    def forward(self, x):
+        for _ in range(4):
+            x = self.l(x)
+        return x
+
+
+def test_keep_never_drops_the_first_call_a_module_path_names():
+    torch.manual_seed(0)
+    net, x = _Repeats(), torch.randn(1, 3)
+    first = net.l(x)
+    calls = [first]
+    for _ in range(3):
+        calls.append(net.l(calls[-1]))
+    for keep in ("all", 2, "last"):
+        got = create_feature_extractor(net, {"l": "f", ":forward:x": "xs"}, stop_early=False, keep=keep)(x)
+        assert torch.allclose(got["f"], first), keep
+        kept = {"all": calls, 2: calls[-2:], "last": calls[-1]}[keep]
+        assert torch.allclose(
+            torch.stack(got["xs"]) if keep != "last" else got["xs"],
+            torch.stack(kept) if keep != "last" else kept,
+        )
+    with pytest.raises(ValueError, match="keep must be 'all', 'last' or a positive int, got 0"):
+        create_feature_extractor(net, ["l"], keep=0)
+
+
+def test_a_value_another_thread_finishes_after_a_call_is_not_the_next_call_s():
+    import threading
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 3))
+    copying, release = threading.Event(), threading.Event()
+    late = threading.Thread(target=lambda: net(torch.ones(1, 3) * 100), name="late")
+
+    def held_up(value):
+        if threading.current_thread() is late:  # the raw model, called while the extractor runs
+            copying.set()
+            release.wait(5)
+        elif not late.is_alive() and not copying.is_set():  # the first call: let the late one start
+            late.start()
+            copying.wait(5)
+        return value
+
+    extractor = create_feature_extractor(net, {"0": "out"}, reduce=held_up)
+    x1, x2 = torch.randn(1, 3), torch.randn(1, 3)
+    assert torch.allclose(extractor(x1)["out"], net(x1))  # its value went to this call (threads='all')...
+    release.set()  # ...and is stored only now, after the call
+    late.join(5)
+    assert torch.allclose(extractor(x2)["out"], net(x2))  # not the late thread's value
+
+
+def test_list_targets_leaves_out_paths_that_have_no_output():
+    class Holder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = torch.nn.ModuleList([torch.nn.Linear(1, 1)])
+
+        def forward(self, x):
+            return self.blocks[0](x)
+
+    listed = list_targets(Holder())
+    assert "blocks" not in listed and not any(t.startswith("blocks:") for t in listed)
+    assert "blocks.0" in listed and "blocks.0:forward:return" in listed
+    features = create_feature_extractor(Holder(), [t for t in listed if ":" not in t])(torch.ones(1, 1))
+    assert sorted(features) == ["", "blocks.0"]

@@ -559,3 +559,28 @@ def test_a_gradient_whose_reduce_fails_is_an_error_of_the_recording_not_of_backw
         with record(model, ["0:forward:return.grad"], reduce=fails) as rec:
             model(torch.randn(4, 3)).sum().backward()  # does not raise
     assert {e.key for e in rec.errors} == {"0:forward:return", "0:forward:return.grad"}
+
+
+def test_a_shallow_copy_made_while_recorded_is_not_recorded_afterwards():
+    torch.manual_seed(0)
+    net, x = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU()), torch.randn(2, 3)
+    with record(net, ["0"]):
+        twin = copy.copy(net[0])  # its __dict__, marker included, copied as it is
+    twin.weight = torch.nn.Parameter(torch.zeros(3, 3))
+    with record(net, ["0"]) as rec:
+        net(x)
+        twin(x)
+    assert len(rec.all("0:forward:return")) == 1 and torch.allclose(rec["0:forward:return"], net[0](x))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the copy's old marker is inert: saving it says nothing
+        torch.save(twin, io.BytesIO())
+
+
+def test_nested_recordings_that_stop_early_stop_once_both_have_their_values(net):
+    x = torch.randn(1, 3, 8, 8)
+    expected = reference_smallnet(net, x)
+    with record(net, ["bn1"], stop_after_last=True) as outer:
+        with record(net, ["blocks.1"], stop_after_last=True) as inner:
+            assert net(x) is None
+    assert torch.allclose(outer["bn1:forward:return"], expected["bn1"], atol=1e-5)
+    assert torch.allclose(inner["blocks.1:forward:return"], expected["blocks.1"], atol=1e-5)

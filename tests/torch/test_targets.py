@@ -131,3 +131,63 @@ def test_a_forward_replaced_on_the_instance_is_the_one_recorded_or_refused():
     ):
         (other,) = expand(model, "0")
     assert other.method == "forward"
+
+
+def test_an_fx_name_in_a_function_that_loops_is_refused_with_the_sites_to_pick():
+    # FX numbers the ops of each turn: 'add_1' is the loop's second turn, not the second site.
+    from bcrecord.torch import create_feature_extractor
+
+    class Looped(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList([torch.nn.Identity(), torch.nn.Identity()])
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = x + layer(x)
+            x = x + 1
+            return x
+
+    for name in ("add", "add_1", "add_2"):
+        with pytest.raises(bcrecord.TargetError, match=f"'{name}': Looped loops") as error:
+            create_feature_extractor(Looped(), [name])
+        assert "':forward:+@0', ':forward:+@1'" in str(error.value)
+    turns = create_feature_extractor(Looped(), [":forward:+@0"], stop_early=False)(torch.ones(1))
+    assert [t.item() for t in turns[":forward:+@0"]] == [2.0, 4.0]
+
+
+def test_containers_and_methods_that_do_not_run_on_the_module_are_explained():
+    class Holder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = torch.nn.ModuleList([torch.nn.Linear(1, 1), torch.nn.Linear(1, 1)])
+
+        def forward(self, x):
+            for block in self.blocks:
+                x = block(x)
+            return x
+
+    holder = Holder()
+    with pytest.raises(bcrecord.TargetError, match=r"ModuleList at 'blocks' has no forward of its own"):
+        expand(holder, "blocks")
+    assert [t.path for t in expand(holder, "blocks.*")] == ["blocks.0", "blocks.1"]
+    with pytest.raises(bcrecord.TargetError, match=r"'\*' matches only containers"):
+        expand(holder, "*")
+
+    class Static(torch.nn.Module):
+        @staticmethod
+        def forward(x):
+            return x
+
+    class Classy(torch.nn.Module):
+        @classmethod
+        def forward(cls, x):
+            return x
+
+    for kind, model in (("staticmethod", Static()), ("classmethod", Classy())):
+        with pytest.raises(bcrecord.NotPatchableError, match=f"forward is a {kind}, which does not run on"):
+            expand(model, "")
+    lam = torch.nn.Module()
+    lam.forward = lambda x: x * 2
+    with pytest.raises(bcrecord.NotPatchableError, match="runs a forward set on the instance"):
+        expand(lam, "")
