@@ -267,12 +267,23 @@ def _synthesized_stores(real: List[Tuple[int, Instr]]) -> set:
             and nxt.name in table.deletes
             and _versions.local_name(nxt.arg) == name
             and nxt.lineno == instr.lineno
+            and _one_place(prev, instr, nxt)
         ):
             synthesized.add(pos)  # `except ... as name` clean-up: name = None; del name
             continue
         if any(_versions.local_name(s.arg) == name and _within(instr, s) for s in saves):
             synthesized.add(pos)  # an inlined comprehension's own variable (3.12+)
     return synthesized
+
+
+def _one_place(*instrs: Instr) -> bool:
+    """Whether the instructions share one source position (all compiler-made), as far as known.
+
+    The clean-up after ``except ... as x`` puts all of its instructions at one place;
+    a user's own ``x = None; del x`` has three. Code without columns (3.10) cannot tell.
+    """
+    columns = {getattr(getattr(i, "location", None), "col_offset", None) for i in instrs}
+    return None in columns or len(columns) == 1
 
 
 Position = Any  # an index into instructions(code), or (index of LOAD_CONST, inner position)
@@ -345,7 +356,8 @@ def _callees(real: List[Tuple[int, Instr]], bytecode: Sequence[object]) -> Itera
     name or attribute chain that might be called: local, global and builtin roots."""
     table = _versions.current()
     chain: Optional[List[str]] = None
-    slots = 0
+    loaded = 0  # stack slots the chain's own loads push
+    null_before = False
     previous: Optional[Instr] = None
     last = -1
     for pos, instr in real:
@@ -356,8 +368,11 @@ def _callees(real: List[Tuple[int, Instr]], bytecode: Sequence[object]) -> Itera
         method = table.method_load(instr) if attr is None else None
         if chain is not None and (attr or method):
             chain.append(str(attr or method))
-            slots += instr.stack_effect()
-            yield ".".join(chain), pos, slots
+            loaded += instr.stack_effect()
+            # A NULL pushed just before the root (3.11/3.12) is this callee's only if its
+            # loads bring no NULL or self of their own; otherwise it is an outer call's
+            # (``o.f(1)(2)``, ``getattr(o, 'f')(x)``).
+            yield ".".join(chain), pos, loaded + (null_before and loaded == 1)
             if method is not None:
                 chain = None
         else:
@@ -366,9 +381,9 @@ def _callees(real: List[Tuple[int, Instr]], bytecode: Sequence[object]) -> Itera
                 chain = None
             else:
                 chain = [root]
-                # A NULL pushed just before the callee belongs to the call (3.11/3.12).
-                slots = instr.stack_effect() + (previous is not None and previous.name == "PUSH_NULL")
-                yield root, pos, slots
+                loaded = instr.stack_effect()
+                null_before = previous is not None and previous.name == "PUSH_NULL"
+                yield root, pos, loaded + (null_before and loaded == 1)
         previous = instr
 
 

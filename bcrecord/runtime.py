@@ -703,8 +703,8 @@ def _container_copier(cls: type, policy: str) -> Copier:
         elements = [copy_value(v, policy) for v in value]
         if kind in _CONTAINERS:
             return kind(elements)
-        try:  # namedtuples and other container subclasses
-            return kind(*elements) if isinstance(value, tuple) else kind(elements)
+        try:  # namedtuples (a field per argument) and other container subclasses (one iterable)
+            return kind(*elements) if hasattr(value, "_fields") else kind(elements)
         except Exception:  # a constructor of its own: copy, then refill (never the live value)
             if isinstance(value, list):
                 refilled = _copy_module.copy(value)

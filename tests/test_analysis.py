@@ -42,6 +42,17 @@ def test_except_cleanup_store_is_not_an_assignment():
     assert [a.line - f.__code__.co_firstlineno for a in read(f.__code__).locals["e"]] == [3, 5]
 
 
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="3.10 code has no columns to tell them apart")
+def test_a_user_s_own_none_and_del_on_one_line_is_an_assignment():
+    def f(a):
+        x = a
+        x = None; del x  # noqa: E702
+        x = 3
+        return x
+
+    assert [a.line - f.__code__.co_firstlineno for a in read(f.__code__).locals["x"]] == [1, 2, 3]
+
+
 def test_loop_condition_and_finally_copies_share_one_number():
     def f(n):
         total = 0

@@ -230,3 +230,29 @@ def test_calls_inside_a_generator_expression_count_where_they_are_written():
     with bcrecord.recording() as rec:
         assert recorded(3) == 26
     assert rec.all("m:total:_h()@0") == [0, 2, 4] and rec.all("m:total:_h()@1") == [20]
+
+
+class _Maker:
+    def f(self, x):
+        return lambda y: x + y
+
+
+def _make(x):
+    return lambda y: x * y
+
+
+def test_a_call_whose_result_is_called_again_is_a_site_on_every_version():
+    def chained(o, v):
+        r = o.f(1)(2)
+        s = _make(3)(4)
+        t = getattr(o, "f")(v)(5)  # noqa: B009 (the call form under test)
+        u = type(v)(6)
+        return r, s, t, u
+
+    assert sorted(bcrecord.targets(chained).calls) == ["_make", "getattr", "o.f", "type"]
+    specs = ["o.f()@0", "_make()@0", "getattr()@0", "type()@0"]
+    patched = bcrecord.instrument(chained, specs, name="m")
+    with bcrecord.recording() as rec:
+        assert patched(_Maker(), 7) == (3, 12, 12, 6)
+    assert rec["m:chained:o.f()@0"](10) == 11 and rec["m:chained:_make()@0"](10) == 30
+    assert rec["m:chained:getattr()@0"].__func__ is _Maker.f and rec["m:chained:type()@0"] is int

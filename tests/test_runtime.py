@@ -744,3 +744,17 @@ def test_contexts_copied_while_a_recording_was_active_stop_delivering_to_it_at_i
     with first:
         g(3)
     assert first.all("m:f:y@0") == [4]  # entered again: each value once
+
+
+class _Names(tuple):
+    """A tuple subclass built from one iterable, as tuple itself is."""
+
+
+def test_a_tuple_subclass_of_one_element_is_copied_as_it_is():
+    for value in (_Names(("ab",)), _Names(([1, 2],)), _Names(())):
+        kept = copy_value(value, "clone")
+        assert type(kept) is _Names and kept == value
+    inner = _Names(([1, 2],))
+    kept = copy_value(inner, "clone")
+    inner[0].append(3)
+    assert kept == _Names(([1, 2],))  # a copy, not the live list
