@@ -112,6 +112,17 @@ def _describe(value: Any) -> Dict[str, Any]:
 
 
 @contextlib.contextmanager
+def _writing(directory: Path) -> Iterator[None]:
+    """An ``OSError`` inside (full disk, unwritable directory) as a StorageError naming ``directory``."""
+    try:
+        yield
+    except StorageError:
+        raise
+    except OSError as error:
+        raise StorageError(f"cannot write records to {directory}: {error.strerror or error}") from None
+
+
+@contextlib.contextmanager
 def _turn(directory: Path) -> Iterator[None]:
     """Hold the directory's lock file: saves from other processes wait meanwhile."""
     if fcntl is None:  # pragma: no cover - Windows
@@ -154,7 +165,7 @@ class Writer:
         # Absolute: a program may change its working directory (Hydra does) between saves.
         self.directory = Path(directory).absolute()
         self._lock = threading.Lock()
-        try:
+        with _writing(self.directory):
             (self.directory / "records").mkdir(parents=True, exist_ok=True)
             probe = self.directory / "records" / f".write-test-{os.getpid()}"
             probe.write_bytes(b"")
@@ -164,12 +175,6 @@ class Writer:
                     _read_index(self.directory)  # not a records directory: say so now
                 else:  # a directory load() reads from the start, even if nothing is saved
                     _write_index(self.directory, [])
-        except OSError as error:
-            if isinstance(error, StorageError):
-                raise
-            raise StorageError(
-                f"cannot write records to {self.directory}: {error.strerror or error}"
-            ) from None
 
     def write(self, records: Union[Mapping[str, Sequence[Any]], Any], step: int) -> int:
         """Save every value of ``records`` (a Recording or ``{key: [values]}``) as ``step``.
@@ -190,15 +195,8 @@ class Writer:
         """
         with self._lock:
             items = [(_step(step), _items(records)) for step, records in batches]
-            try:
-                with _turn(self.directory):
-                    return self._write(items)
-            except OSError as error:
-                if isinstance(error, StorageError):
-                    raise
-                raise StorageError(
-                    f"cannot write records to {self.directory}: {error.strerror or error}"
-                ) from None
+            with _writing(self.directory), _turn(self.directory):
+                return self._write(items)
 
     def _write(self, batches: Sequence[Tuple[int, List[Tuple[str, Sequence[Any]]]]]) -> int:
         # Read afresh: another writer (another process) may have saved since the last call.
