@@ -220,6 +220,8 @@ def _check_live(target: RunTarget, module: types.ModuleType) -> None:
             value = getattr(value, part)
         except AttributeError:
             raise RunError(f"target {target.text!r}: {value!r} has no attribute {part!r}") from None
+    if isinstance(value, property) and value.fget is not None:  # 'C.p': its getter
+        value = value.fget
     try:
         func = function_of(value)
         resolve([target.spec], read(func.__code__, func.__qualname__))
@@ -630,7 +632,9 @@ class Runner:
             lambda: defaultdict(list)
         )
         for target in self.targets:
-            self.groups[target.module][target.path].append(target)
+            # 'C.p.fget' is 'C.p': one getter, patched once for both spellings.
+            path = target.path[:-1] if len(target.path) > 2 and target.path[-1] == "fget" else target.path
+            self.groups[target.module][path].append(target)
         self.owners = _owner_names(self.groups)
         self.hook = _ImportHook([m for m in self.groups if m != "__main__"], self._after_import)
         self._saved_sys: Optional[Tuple[List[str], List[str]]] = None
@@ -663,10 +667,17 @@ class Runner:
                     value = getattr(holder, path[-1])
                     if isinstance(value, property) or isinstance(holder, property):
                         # A property's getter ('C.p' or 'C.p.fget'): its function, in place
-                        # (a property's fget cannot be set).
+                        # (a property's fget cannot be set), so only where it is defined.
                         getter = value.fget if isinstance(value, property) else value
                         if getter is None:
                             raise BcrecordError(f"{'.'.join(path)} is a property without a getter")
+                        if isinstance(holder, type) and path[-1] not in vars(holder):
+                            where = next(k for k in holder.__mro__ if path[-1] in vars(k))
+                            raise BcrecordError(
+                                f"{holder.__name__}.{path[-1]} is a property it inherits from "
+                                f"{where.__name__}; its getter records for every class that has "
+                                f"it: target '{where.__module__}:{where.__qualname__}.{path[-1]}:...'"
+                            )
                         patch = patch_function(getter, specs, name=owner)
                     else:
                         # In place, so references taken before the patch record too; but an

@@ -102,6 +102,7 @@ __all__ = [
     "is_active",
     "context_recordings",
     "kept_length",
+    "rebuilt_sequence",
 ]
 
 T = TypeVar("T")
@@ -687,6 +688,37 @@ def _method_copier(method: str, policy: str) -> Copier:
     return call
 
 
+def rebuilt_sequence(value: Any, elements: List[Any]) -> Any:
+    """A new ``type(value)`` (a list, set or tuple subclass) holding ``elements``; None if none is made.
+
+    Its constructor is tried with one iterable and, for tuples, with one argument per
+    element (namedtuples first that way); a result that does not hold exactly
+    ``elements`` (a constructor that reads its arguments its own way) is not taken.
+
+    >>> import collections
+    >>> class Names(tuple): pass
+    >>> Point = collections.namedtuple("Point", "x y")
+    >>> rebuilt_sequence(Names(("ab",)), ["cd"]), rebuilt_sequence(Point(1, 2), [3, 4])
+    (('cd',), Point(x=3, y=4))
+    """
+    kind = type(value)
+    forms: Tuple[str, ...] = ("iterable", "arguments")
+    if hasattr(value, "_fields"):
+        forms = ("arguments", "iterable")
+    elif not isinstance(value, tuple):
+        forms = ("iterable",)
+    for form in forms:
+        try:
+            rebuilt = kind(elements) if form == "iterable" else kind(*elements)
+        except Exception:
+            continue
+        if isinstance(rebuilt, (set, frozenset)):  # no order to compare: its constructor took them
+            return rebuilt
+        if len(rebuilt) == len(elements) and all(a is b for a, b in zip(rebuilt, elements, strict=True)):
+            return rebuilt
+    return None
+
+
 def _container_copier(cls: type, policy: str) -> Copier:
     def rebuild(value: Any) -> Any:
         kind = type(value)
@@ -703,19 +735,20 @@ def _container_copier(cls: type, policy: str) -> Copier:
         elements = [copy_value(v, policy) for v in value]
         if kind in _CONTAINERS:
             return kind(elements)
-        try:  # namedtuples (a field per argument) and other container subclasses (one iterable)
-            return kind(*elements) if hasattr(value, "_fields") else kind(elements)
-        except Exception:  # a constructor of its own: copy, then refill (never the live value)
-            if isinstance(value, list):
-                refilled = _copy_module.copy(value)
-                refilled[:] = elements
-                return refilled
-            if isinstance(value, set):
-                emptied = _copy_module.copy(value)
-                emptied.clear()
-                emptied.update(elements)
-                return emptied
-            return _copy_module.deepcopy(value)
+        rebuilt = rebuilt_sequence(value, elements)
+        if rebuilt is not None:
+            return rebuilt
+        # A constructor of its own: copy, then refill (never the live value).
+        if isinstance(value, list):
+            refilled = _copy_module.copy(value)
+            refilled[:] = elements
+            return refilled
+        if isinstance(value, set):
+            emptied = _copy_module.copy(value)
+            emptied.clear()
+            emptied.update(elements)
+            return emptied
+        return _copy_module.deepcopy(value)
 
     return rebuild
 

@@ -327,3 +327,22 @@ def test_run_whose_saves_fail_says_so_once_and_exits_2(project, tmp_path):
     assert result.returncode == 2 and result.stdout == "done\n"
     errors = [line for line in result.stderr.splitlines() if "cannot write records" in line]
     assert len(errors) == 1, result.stderr
+
+
+def test_run_property_targets_in_a_loaded_module_once_per_getter_and_where_defined(project):
+    (project / "props.py").write_text(
+        "class Base:\n    @property\n    def p(self):\n        v = 10\n        return v\n\n"
+        "class Sub(Base):\n    pass\n"
+    )
+    (project / "useprops.py").write_text("import props\nprint(props.Base().p, props.Sub().p)\n")
+    both = cli("run", "-r", "props:Base.p:v", "-r", "props:Base.p.fget:v", "useprops.py", cwd=project)
+    assert both.returncode == 0 and both.stdout == "10 10\n", both.stderr
+    assert [line.split() for line in both.stderr.splitlines()[2:]] == [["Base:p:v@0", "2", "10"]]
+    inherited = cli("run", "-r", "props:Sub.p:v", "useprops.py", cwd=project)
+    assert "Sub.p is a property it inherits from Base" in one_clear_line(inherited)
+    assert "target 'props:Base.p:...'" in inherited.stderr
+    # A module loaded before the program starts (threading) is checked live: the getter.
+    (project / "named.py").write_text("import threading\nprint(threading.Thread(name='w').name)\n")
+    loaded = cli("run", "-r", "threading:Thread.name:return", "named.py", cwd=project)
+    assert loaded.returncode == 0 and loaded.stdout == "w\n", loaded.stderr
+    assert "Thread:name:return  1       'w'" in loaded.stderr

@@ -758,3 +758,17 @@ def test_a_tuple_subclass_of_one_element_is_copied_as_it_is():
     kept = copy_value(inner, "clone")
     inner[0].append(3)
     assert kept == _Names(([1, 2],))  # a copy, not the live list
+
+
+class _Pair(tuple):
+    """A tuple subclass built from one argument per element."""
+
+    def __new__(cls, first, second):
+        return super().__new__(cls, (first, second))
+
+
+def test_a_tuple_subclass_built_from_its_elements_is_copied_too():
+    live = _Pair([1], [2])
+    kept = copy_value(live, "clone")
+    live[0].append(3)
+    assert type(kept) is _Pair and kept == ([1], [2])

@@ -32,7 +32,7 @@ from typing import Any, Callable, Optional, Set, TypeVar, Union
 
 import torch
 
-from ..runtime import copy_value, register_copy
+from ..runtime import copy_value, rebuilt_sequence, register_copy
 
 __all__ = ["ValuePolicy", "clone", "detached_clone", "value_policy"]
 
@@ -108,16 +108,16 @@ def _map(value: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
             return refilled
     if isinstance(value, (list, tuple)):
         elements = [_map(v, fn) for v in value]
-        try:
-            if isinstance(value, tuple) and hasattr(value, "_fields"):  # namedtuple
-                return type(value)(*elements)
+        if type(value) in (list, tuple):
             return type(value)(elements)
-        except Exception:  # a constructor of its own
-            if isinstance(value, list):
-                same_kind = _copy_module.copy(value)
-                same_kind[:] = elements
-                return same_kind
-            return tuple(elements)
+        rebuilt = rebuilt_sequence(value, elements)
+        if rebuilt is not None:
+            return rebuilt
+        if isinstance(value, list):  # a constructor of its own: copy, then refill
+            same_kind = _copy_module.copy(value)
+            same_kind[:] = elements
+            return same_kind
+        return tuple(elements)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         mapped = _copy_module.copy(value)
         for field in dataclasses.fields(value):

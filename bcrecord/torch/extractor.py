@@ -197,6 +197,7 @@ class FeatureExtractor(torch.nn.Module):
                         raise
                 finally:
                     _stopping.reset(stopping)
+                    rec.end_pass()
             out: Dict[str, Any] = {}
             missing = []
             failed = []

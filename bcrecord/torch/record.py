@@ -192,6 +192,8 @@ class ModelRecording(Recording):
         self._stop = stop_after_last
         self._needed: frozenset = frozenset()
         self._seen: Set[str] = set()
+        #: Whether a pass of this recording is running (see _all_done_here).
+        self._passing = False
         #: The value policies of the plan (their copies from a GPU finish before reads).
         self._policies: Tuple[ValuePolicy, ...] = ()
         #: Per ``.grad`` key, how many values asked for a gradient, and the positions of
@@ -240,6 +242,11 @@ class ModelRecording(Recording):
     def start_pass(self) -> None:
         """Begin a new forward pass (early stop counts targets per pass)."""
         self._seen = set()
+        self._passing = True
+
+    def end_pass(self) -> None:
+        """The pass ended (returned, stopped or raised): it holds back no other's stop."""
+        self._passing = False
 
     def __exit__(self, *exc: object) -> None:
         try:
@@ -304,13 +311,15 @@ class ModelRecording(Recording):
 
 
 def _all_done_here() -> bool:
-    """Whether every recording of this context that stops early has all its values.
+    """Whether every pass running in this context that stops early has all its values.
 
-    Nested recordings that each stop early (an extractor of an extractor) end the
-    forward only once the last of them is done: each one's values are then there.
+    Nested passes that each stop early (an extractor of an extractor, two
+    ``record(stop_after_last=True)`` of one model) end the forward only once the
+    last of them is done: each one's values are then there. A recording whose
+    model is not running now (its pass has not begun) holds back nothing.
     """
     for rec in context_recordings():
-        if isinstance(rec, ModelRecording) and rec._stop and not rec._seen >= rec._needed:
+        if isinstance(rec, ModelRecording) and rec._stop and rec._passing and not rec._seen >= rec._needed:
             return False
     return True
 
@@ -773,9 +782,9 @@ class _StopAtRoot:
         return self.forward
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        for rec in list(self.recordings):
-            if rec._entered_here():
-                rec.start_pass()
+        started = [rec for rec in list(self.recordings) if rec._entered_here()]
+        for rec in started:
+            rec.start_pass()
         token = _stopping.set(True)
         try:
             return self.forward(*args, **kwargs)
@@ -785,6 +794,8 @@ class _StopAtRoot:
             return None
         finally:
             _stopping.reset(token)
+            for rec in started:
+                rec.end_pass()
 
     def __deepcopy__(self, memo: Dict[int, Any]) -> Any:
         twin = memo.get(id(self.model))

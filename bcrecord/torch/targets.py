@@ -34,8 +34,10 @@ from dataclasses import dataclass
 from typing import Dict, Iterable, List, Optional, Tuple
 
 import torch
+from bytecode import Label
 
 from .._versions import is_conditional_jump
+from ..analysis import instructions
 from ..errors import NotPatchableError, RecordingWarning, SpecError, TargetError
 from ..specs import Call, Expr, Return, Spec, parse
 
@@ -169,18 +171,21 @@ def _fx_target(model: torch.nn.Module, text: str) -> Optional[Target]:
         found = function_targets(func)
         # FX numbers ops in the order they run: here, the order of their instructions.
         ordered: List[Tuple[int, Spec, str]] = []
+        placed: List[int] = []  # every instruction of those sites
         for callee, calls in found.calls.items():
             if callee.rsplit(".", 1)[-1] == base:
                 ordered += [(c.positions[0], Call(callee, c.index), f"{callee}()@{c.index}") for c in calls]
+                placed += [p for c in calls for p in c.positions]
         for op in _FX_OPERATORS.get(base, ()):
-            ordered += [
-                (o.positions[0], Expr(op, o.index), f"{op}@{o.index}") for o in found.operators.get(op, ())
-            ]
+            operators = found.operators.get(op, ())
+            ordered += [(o.positions[0], Expr(op, o.index), f"{op}@{o.index}") for o in operators]
+            placed += [p for o in operators for p in o.positions]
         ordered.sort(key=lambda site: site[0])
         sites += [(method, spec) for _, spec, _ in ordered]
         labels += [f"'{parent}:{method}:{label}'" for _, _, label in ordered]
         branching = branching or (bool(ordered) and _has_conditionals(func.__code__))
-        looping = looping or (bool(ordered) and _has_loops(func.__code__))
+        spans = _loop_spans(func.__code__) if placed else []
+        looping = looping or any(start <= p <= end for p in placed for start, end in spans)
     if not sites:
         return None
     if len(sites) > 1 and branching:
@@ -192,9 +197,9 @@ def _fx_target(model: torch.nn.Module, text: str) -> Optional[Target]:
     if looping:
         # FX numbers each execution ('add_1': the loop's second turn); a site is every turn.
         raise TargetError(
-            f"{text!r}: {type(module).__name__} loops, so FX numbers its {base!r} ops by the "
-            f"turns the loop makes, not by site; name the site instead (it records every turn): "
-            f"{', '.join(labels)}"
+            f"{text!r}: {type(module).__name__} runs {base!r} in a loop, so FX numbers its "
+            f"{base!r} ops by the turns the loop makes, not by site; name the site instead (it "
+            f"records every turn): {', '.join(labels)}"
         )
     if occurrence >= len(sites):
         raise TargetError(
@@ -210,20 +215,27 @@ def _has_conditionals(code: types.CodeType) -> bool:
     return any(is_conditional_jump(instr.opname) for instr in dis.get_instructions(code))
 
 
-def _has_loops(code: types.CodeType) -> bool:
-    """Whether ``code`` loops: a jump back to an earlier instruction (``for``, ``while``).
+def _loop_spans(code: types.CodeType) -> List[Tuple[int, int]]:
+    """The loops of ``code`` (``for``, ``while``) as spans of positions in ``instructions(code)``.
+
+    A loop runs from the label a jump goes back to, through that jump.
 
     >>> def f(xs):
+    ...     total = 0
     ...     for x in xs:
-    ...         pass
-    >>> _has_loops(f.__code__), _has_loops(_has_loops.__code__)
-    (True, False)
+    ...         total += x
+    ...     return total
+    >>> len(_loop_spans(f.__code__)), _loop_spans(has_forward.__code__)
+    (1, [])
     """
-    jumps = set(dis.hasjrel) | set(dis.hasjabs)
-    return any(
-        instr.opcode in jumps and isinstance(instr.argval, int) and instr.argval <= instr.offset
-        for instr in dis.get_instructions(code)
-    )
+    items = instructions(code)
+    labels = {item: k for k, item in enumerate(items) if isinstance(item, Label)}
+    spans = []
+    for k, item in enumerate(items):
+        target = getattr(item, "arg", None)
+        if isinstance(target, Label) and labels[target] <= k:
+            spans.append((labels[target], k))
+    return spans
 
 
 def _matching_paths(model: torch.nn.Module, pattern: str) -> List[str]:

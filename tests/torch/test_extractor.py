@@ -394,3 +394,13 @@ def test_list_targets_leaves_out_paths_that_have_no_output():
     assert "blocks.0" in listed and "blocks.0:forward:return" in listed
     features = create_feature_extractor(Holder(), [t for t in listed if ":" not in t])(torch.ones(1, 1))
     assert sorted(features) == ["", "blocks.0"]
+
+
+def test_a_recording_of_another_model_that_stops_early_holds_back_no_extractor():
+    torch.manual_seed(0)
+    other = torch.nn.Sequential(torch.nn.Linear(3, 3))
+    net = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(5, 1))  # its tail fails on x
+    x = torch.randn(1, 3)
+    with bcrecord.torch.record(other, ["0"], stop_after_last=True):
+        features = create_feature_extractor(net, ["0"])(x)  # stops before the failing layer
+    assert torch.allclose(features["0"], net[0](x))

@@ -149,7 +149,7 @@ def test_an_fx_name_in_a_function_that_loops_is_refused_with_the_sites_to_pick()
             return x
 
     for name in ("add", "add_1", "add_2"):
-        with pytest.raises(bcrecord.TargetError, match=f"'{name}': Looped loops") as error:
+        with pytest.raises(bcrecord.TargetError, match=f"'{name}': Looped runs 'add' in a loop") as error:
             create_feature_extractor(Looped(), [name])
         assert "':forward:+@0', ':forward:+@1'" in str(error.value)
     turns = create_feature_extractor(Looped(), [":forward:+@0"], stop_early=False)(torch.ones(1))
@@ -191,3 +191,23 @@ def test_containers_and_methods_that_do_not_run_on_the_module_are_explained():
     lam.forward = lambda x: x * 2
     with pytest.raises(bcrecord.NotPatchableError, match="runs a forward set on the instance"):
         expand(lam, "")
+
+
+def test_an_fx_name_of_an_op_after_a_loop_maps_to_its_site():
+    # As densenet's _DenseBlock: a loop over layers, then one torch.cat FX names 'cat'.
+    from bcrecord.torch import create_feature_extractor
+
+    class Blocks(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList([torch.nn.Identity(), torch.nn.Identity()])
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer(x) * 2
+            return torch.flatten(x, 1)
+
+    features = create_feature_extractor(Blocks(), ["flatten"])(torch.ones(1, 2, 2))
+    assert torch.equal(features["flatten"], torch.full((1, 4), 4.0))
+    with pytest.raises(bcrecord.TargetError, match="'mul': Blocks runs 'mul' in a loop"):
+        create_feature_extractor(Blocks(), ["mul"])
