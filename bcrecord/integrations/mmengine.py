@@ -206,6 +206,9 @@ unknown recorder type 'LayerRecorder'; use type='FunctionRecorder' ...
     return parsed
 
 
+_MISSING = object()
+
+
 def _unwrap(model: Any) -> Any:
     """``model`` without distributed wrappers (MMEngine's, DataParallel, DDP)."""
     while True:
@@ -239,14 +242,20 @@ def resolve_model(model: Any, path: str) -> Any:
     for root in (inner, model) if inner is not model else (inner,):
         obj = root
         for part in path.split("."):
-            try:
-                obj = getattr(obj, part)
-            except AttributeError:
+            # A submodule may be wrapped too (MMSeparateDistributedDataParallel wraps each
+            # child in its own DDP): look through it, or at it ('generator.module').
+            found = _MISSING
+            for holder in (_unwrap(obj), obj):
+                found = getattr(holder, part, _MISSING)
+                if found is not _MISSING:
+                    break
+            if found is _MISSING:
                 if not first_error:
                     first_error = f"{type(obj).__name__} has no attribute {part!r}"
                 break
+            obj = found
         else:
-            return obj
+            return _unwrap(obj)
     names = [name for name, _ in inner.named_modules() if name] if isinstance(inner, torch.nn.Module) else []
     close = difflib.get_close_matches(path, names, n=3)
     if close:

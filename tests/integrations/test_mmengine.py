@@ -31,6 +31,7 @@ from bcrecord.integrations.mmengine import (  # noqa: E402
     RecorderHook,
     RecorderVisualizationHook,
     image_name,
+    resolve_model,
 )
 from bcrecord.listing import decompiled  # noqa: E402
 
@@ -747,3 +748,38 @@ def test_hook_object_is_reusable_across_runs(tmp_path):
     assert runner.message_hub.get_info(OUTPUTS).shape == (3, 1)
     assert_restored(model)
     assert os.path.isdir(runner.log_dir)
+
+
+def test_a_submodule_wrapped_on_its_own_resolves_through_its_wrapper(tmp_path):
+    # MMSeparateDistributedDataParallel (GANs) wraps each child in its own DDP.
+    import torch.distributed as dist
+    from mmengine.model import MMSeparateDistributedDataParallel
+
+    class Generator(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(2, 2)
+
+        def forward(self, x):
+            h = self.lin(x)
+            return h
+
+    class Pair(BaseModel):
+        def __init__(self):
+            super().__init__()
+            self.generator, self.disc = Generator(), nn.Linear(2, 1)
+
+        def forward(self, inputs, data_samples=None, mode="tensor"):
+            return self.generator(inputs)
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        model = Pair()
+        generator = model.generator
+        wrapped = MMSeparateDistributedDataParallel(module=model)
+        assert type(wrapped.module.generator).__name__ == "MMDistributedDataParallel"
+        assert resolve_model(wrapped, "generator") is generator
+        assert resolve_model(wrapped, "generator.module") is generator
+        assert resolve_model(wrapped, "generator.lin") is generator.lin
+    finally:
+        dist.destroy_process_group()
