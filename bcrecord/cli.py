@@ -221,7 +221,7 @@ def _parser() -> argparse.ArgumentParser:
         "-o",
         "--save-dir",
         metavar="DIR",
-        help="save values here (safetensors + pickle + index.json; read with bcrecord.load)",
+        help="save values here (safetensors + pickle + an index; read with bcrecord.load)",
     )
     p.add_argument(
         "-n",

@@ -57,7 +57,8 @@ def _prepare(directory: Path) -> None:
             )
         for name in ("records", "plots"):
             shutil.rmtree(directory / name, ignore_errors=True)
-        (directory / "index.json").unlink(missing_ok=True)
+        for name in ("index.json", "index.jsonl"):
+            (directory / name).unlink(missing_ok=True)
     try:
         directory.mkdir(parents=True, exist_ok=True)
         (directory / _MARKER).write_text("made by bcrecord demo; rerunning the demo replaces this folder\n")

@@ -2,22 +2,30 @@
 
 Format (one directory, any number of saves into it):
 
-* ``index.json`` — ``{"format": "bcrecord-records", "version": 1, "entries": [...]}``;
-  one entry per value: ``key``, ``step``, ``file``, ``name`` (inside that file),
-  ``kind`` (``"tensor"`` or ``"pickle"``), ``shape``, ``dtype``, ``device``,
-  ``bytes`` and ``time`` (seconds since the epoch).
+* ``index.json`` — ``{"format": "bcrecord-records", "version": 2}``: what the
+  directory is.
+* ``index.jsonl`` — the index: one line per save, ``{"entries": [...]}``, one entry
+  per value: ``key``, ``step``, ``file``, ``name`` (inside that file), ``kind``
+  (``"tensor"`` or ``"pickle"``), ``shape``, ``dtype``, ``device``, ``bytes`` and
+  ``time`` (seconds since the epoch). A save appends its line, so a long run's
+  thousandth save costs what its first did.
 * ``records/NNNNNN.safetensors`` — the tensors of one save (needs the
   ``safetensors`` package: ``pip install 'bcrecord[save]'``);
 * ``records/NNNNNN.pkl`` — every other value of that save, pickled.
 
-Writes are atomic: each file is written under a temporary name and renamed, and the
-index is replaced last, so a crash never leaves a file that :func:`load` accepts
-half-written; at most the save in progress is lost. A full disk or an unwritable
+Version 1 directories (every entry in ``index.json``, from bcrecord 0.1's first
+saves) load as they are; a :class:`Writer` moves their entries to ``index.jsonl``.
+
+Writes are atomic: each data file is written under a temporary name and renamed,
+and the index line is appended last, in one write; a line cut short by a crash has
+no newline, and readers ignore it (the next save trims it). So a crash never leaves
+a save that :func:`load` accepts half-written; at most the save in progress is lost.
+A full disk or an unwritable
 directory raises :class:`StorageError` naming the directory. Saves into one directory
 from several writers or processes at once (``bcrecord run -o DIR`` on each rank) take
 turns: each reads the index afresh under a lock file (``records/.lock``; on systems
 without ``fcntl``, saves of one process at a time only). Tensors that ``safetensors``
-cannot store (``complex128``, sparse or quantized tensors) are pickled instead.
+cannot store (``complex128``, sparse, quantized or nested tensors) are pickled instead.
 
 >>> import tempfile, bcrecord
 >>> folder = tempfile.mkdtemp()
@@ -54,7 +62,10 @@ except ImportError:  # pragma: no cover - Windows: no lock between processes
 __all__ = ["StorageError", "Writer", "Loaded", "save", "load"]
 
 FORMAT = "bcrecord-records"
-VERSION = 1
+VERSION = 2
+#: Versions :func:`load` reads (1: every entry in index.json itself).
+_READABLE = (1, 2)
+_JOURNAL = "index.jsonl"
 PathLike = Union[str, "os.PathLike[str]"]
 
 
@@ -62,8 +73,14 @@ class StorageError(BcrecordError, OSError):
     """Records could not be written or read (unwritable directory, full disk, bad index)."""
 
 
-def _is_tensor(value: Any) -> bool:
-    return type(value).__module__.startswith("torch") and hasattr(value, "detach") and hasattr(value, "shape")
+def is_tensor(value: Any) -> bool:
+    """Whether ``value`` is a torch tensor, without importing torch.
+
+    >>> is_tensor([1.0])
+    False
+    """
+    kind = type(value)  # asked of the type: a nested tensor's shape raises
+    return kind.__module__.startswith("torch") and hasattr(kind, "detach") and hasattr(kind, "shape")
 
 
 #: Per tensor dtype, whether safetensors stores it (asked once per dtype).
@@ -72,7 +89,7 @@ _safetensors_dtypes: Dict[Any, bool] = {}
 
 def _in_safetensors(tensor: Any) -> bool:
     """Whether ``tensor`` goes to the safetensors file: a dense tensor of a dtype it stores."""
-    if tensor.is_sparse or tensor.is_quantized or str(tensor.layout) != "torch.strided":
+    if tensor.is_sparse or tensor.is_quantized or tensor.is_nested or str(tensor.layout) != "torch.strided":
         return False
     dtype = tensor.dtype
     known = _safetensors_dtypes.get(dtype)
@@ -92,10 +109,10 @@ def _in_safetensors(tensor: Any) -> bool:
 
 
 def _describe(value: Any) -> Dict[str, Any]:
-    if _is_tensor(value):
+    if is_tensor(value):
         return {
             "kind": "tensor" if _in_safetensors(value) else "pickle",
-            "shape": list(value.shape),
+            "shape": None if value.is_nested else list(value.shape),  # nested: no one shape
             "dtype": str(value.dtype).replace("torch.", ""),
             "device": str(value.device),
             "bytes": int(value.element_size() * value.nelement()),
@@ -165,6 +182,9 @@ class Writer:
         # Absolute: a program may change its working directory (Hydra does) between saves.
         self.directory = Path(directory).absolute()
         self._lock = threading.Lock()
+        #: How much of the journal this writer has read, and the next data file's number.
+        self._read = 0
+        self._next_file = 1
         with _writing(self.directory):
             (self.directory / "records").mkdir(parents=True, exist_ok=True)
             probe = self.directory / "records" / f".write-test-{os.getpid()}"
@@ -172,9 +192,12 @@ class Writer:
             probe.unlink()
             with _turn(self.directory):
                 if (self.directory / "index.json").exists():
-                    _read_index(self.directory)  # not a records directory: say so now
+                    # Not a records directory: say so now. Version 1: move its entries.
+                    if _read_header(self.directory) == 1:
+                        _upgrade(self.directory)
                 else:  # a directory load() reads from the start, even if nothing is saved
-                    _write_index(self.directory, [])
+                    _atomic_write(self.directory / _JOURNAL, b"")
+                    _write_header(self.directory)
 
     def write(self, records: Union[Mapping[str, Sequence[Any]], Any], step: int) -> int:
         """Save every value of ``records`` (a Recording or ``{key: [values]}``) as ``step``.
@@ -186,8 +209,8 @@ class Writer:
     def write_many(self, batches: Iterable[Tuple[int, Union[Mapping[str, Sequence[Any]], Any]]]) -> int:
         """Save several steps at once: one data file pair and one index update for all.
 
-        Use it to buffer records and flush every N steps: the index is rewritten once
-        per call, not once per step.
+        Use it to buffer records and flush every N steps: one data file pair and one
+        synced index line per call, not per step.
 
         >>> import tempfile
         >>> Writer(tempfile.mkdtemp()).write_many([(0, {"k": [1]}), (1, {"k": [2]})])
@@ -199,10 +222,8 @@ class Writer:
                 return self._write(items)
 
     def _write(self, batches: Sequence[Tuple[int, List[Tuple[str, Sequence[Any]]]]]) -> int:
-        # Read afresh: another writer (another process) may have saved since the last call.
-        indexed = self.directory / "index.json"
-        existing = _read_index(self.directory) if indexed.exists() else []
-        stem = f"{1 + max((int(Path(e['file']).stem) for e in existing), default=0):06d}"
+        self._catch_up()  # another writer (another process) may have saved since the last call
+        stem = f"{self._next_file:06d}"
         tensors: Dict[str, Any] = {}
         others: Dict[str, Any] = {}
         entries: List[Dict[str, Any]] = []
@@ -219,7 +240,7 @@ class Writer:
                         tensors[name] = value.detach().cpu().contiguous().clone()
                         file = f"records/{stem}.safetensors"
                     else:
-                        others[name] = value.detach().cpu() if _is_tensor(value) else value
+                        others[name] = value.detach().cpu() if is_tensor(value) else value
                         file = f"records/{stem}.pkl"
                     row = {"key": key, "step": step, "file": file, "name": name, **info, "time": now}
                     entries.append(row)
@@ -235,13 +256,52 @@ class Writer:
             _atomic_write(self.directory / f"records/{stem}.safetensors", save_tensors(tensors))
         if others:
             _atomic_write(self.directory / f"records/{stem}.pkl", pickle.dumps(others, protocol=4))
-        _write_index(self.directory, existing + entries)
+        line = json.dumps({"entries": entries}).encode() + b"\n"
+        with open(self.directory / _JOURNAL, "ab") as journal:
+            journal.write(line)  # one write: readers see the whole line or no newline
+            journal.flush()
+            os.fsync(journal.fileno())
+        self._read += len(line)
+        self._next_file += 1
         return len(entries)
 
+    def _catch_up(self) -> None:
+        """Read the index lines saved since this writer last looked; trim a line cut short."""
+        path = self.directory / _JOURNAL
+        if path.stat().st_size < self._read:  # replaced (a writer upgraded it): read it all again
+            self._read, self._next_file = 0, 1
+        with open(path, "r+b") as journal:
+            journal.seek(self._read)
+            tail = journal.read()
+            complete = tail.rfind(b"\n") + 1
+            if complete < len(tail):  # a save that crashed mid-line: not part of the index
+                journal.truncate(self._read + complete)
+        for entry in _entries_in(tail[:complete], path):
+            self._next_file = max(self._next_file, int(Path(entry["file"]).stem) + 1)
+        self._read += complete
 
-def _write_index(directory: Path, entries: List[Dict[str, Any]]) -> None:
-    index = {"format": FORMAT, "version": VERSION, "entries": entries}
-    _atomic_write(directory / "index.json", json.dumps(index, indent=1).encode())
+
+def _write_header(directory: Path) -> None:
+    _atomic_write(directory / "index.json", json.dumps({"format": FORMAT, "version": VERSION}).encode())
+
+
+def _upgrade(directory: Path) -> None:
+    """Move a version 1 index's entries into the journal (under the directory's lock)."""
+    entries = json.loads((directory / "index.json").read_text())["entries"]
+    lines = json.dumps({"entries": entries}).encode() + b"\n" if entries else b""
+    _atomic_write(directory / _JOURNAL, lines)
+    _write_header(directory)  # last: until then the directory reads as version 1
+
+
+def _entries_in(lines: bytes, path: Path) -> List[Dict[str, Any]]:
+    """The entries of complete journal ``lines``."""
+    entries: List[Dict[str, Any]] = []
+    for number, line in enumerate(lines.splitlines(), 1):
+        try:
+            entries.extend(json.loads(line)["entries"])
+        except (ValueError, KeyError, TypeError) as error:
+            raise StorageError(f"cannot read {path}: save {number} is damaged ({error})") from None
+    return entries
 
 
 def _step(step: Any) -> int:
@@ -335,7 +395,8 @@ def save(records: Any, directory: PathLike, step: int = 0) -> Path:
     return Path(directory)
 
 
-def _read_index(directory: Path) -> List[Dict[str, Any]]:
+def _read_header(directory: Path) -> int:
+    """The records format version of ``directory``, or a StorageError saying why it is none."""
     try:
         index = json.loads((directory / "index.json").read_text())
     except FileNotFoundError:
@@ -344,9 +405,21 @@ def _read_index(directory: Path) -> List[Dict[str, Any]]:
         raise StorageError(f"cannot read {directory / 'index.json'}: {error}") from None
     if not isinstance(index, dict) or index.get("format") != FORMAT:
         raise StorageError(f"{directory / 'index.json'} is not a bcrecord records index")
-    if index.get("version") != VERSION:
-        raise StorageError(f"{directory}: records format version {index.get('version')} is not supported")
-    return list(index["entries"])
+    version = index.get("version")
+    if version not in _READABLE:
+        raise StorageError(f"{directory}: records format version {version} is not supported")
+    return int(version)
+
+
+def _read_index(directory: Path) -> List[Dict[str, Any]]:
+    if _read_header(directory) == 1:
+        return list(json.loads((directory / "index.json").read_text())["entries"])
+    path = directory / _JOURNAL
+    try:
+        lines = path.read_bytes()
+    except OSError as error:
+        raise StorageError(f"cannot read {path}: {error.strerror or error}") from None
+    return _entries_in(lines[: lines.rfind(b"\n") + 1], path)  # without a line cut short
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Text
 from urllib.parse import quote
 
 from .errors import BcrecordError
-from .storage import Loaded, load
+from .storage import Loaded, is_tensor, load
 
 __all__ = ["KeySummary", "summarize", "table", "draw", "write_index", "view", "Progress"]
 
@@ -54,10 +54,6 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 
 # --- numbers -----------------------------------------------------------------------------
-
-
-def _is_tensor(value: Any) -> bool:
-    return type(value).__module__.startswith("torch") and hasattr(value, "detach") and hasattr(value, "shape")
 
 
 #: The stats of a numeric value with no number to count (NaN, an empty tensor).
@@ -79,8 +75,8 @@ def _stats(value: Any) -> Optional[Tuple[float, float, float, int]]:
         except OverflowError:  # an int beyond float's range
             number = math.inf if value > 0 else -math.inf
         return _NO_NUMBERS if math.isnan(number) else (number, number, number, 1)
-    if _is_tensor(value):
-        t = value.detach()
+    if is_tensor(value):
+        t = _dense(value.detach())
         if t.is_complex():
             t = t.abs()
         if not t.is_floating_point():
@@ -100,6 +96,15 @@ def _stats(value: Any) -> Optional[Tuple[float, float, float, int]]:
     return float(array.min()), float(array.sum()), float(array.max()), int(array.size)
 
 
+def _dense(tensor: Any) -> Any:
+    """``tensor``, or a nested tensor's elements in one flat tensor (it has no one shape)."""
+    if not tensor.is_nested:
+        return tensor
+    import torch
+
+    return torch.cat([part.reshape(-1) for part in tensor.unbind()])
+
+
 def _isnan(array: Any) -> Any:
     import numpy as np
 
@@ -112,8 +117,8 @@ def _numpy_array(value: Any) -> Any:
         import numpy as np
     except ImportError:
         return None
-    if _is_tensor(value):
-        t = value.detach().cpu()
+    if is_tensor(value):
+        t = _dense(value.detach().cpu())
         if t.is_complex():
             t = t.abs()
         return t.double().numpy()
@@ -131,12 +136,10 @@ def _numpy_array(value: Any) -> Any:
 
 
 def _shape(value: Any) -> Optional[Tuple[int, ...]]:
-    shape = getattr(value, "shape", None)
-    if shape is None:
-        return None
     try:
-        return tuple(int(d) for d in shape)
-    except (TypeError, ValueError):
+        shape = getattr(value, "shape", None)
+        return None if shape is None else tuple(int(d) for d in shape)
+    except (TypeError, ValueError, RuntimeError):  # RuntimeError: a nested tensor has no one shape
         return None
 
 

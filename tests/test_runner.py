@@ -84,8 +84,8 @@ def test_run_saves_records_that_load_back(project, tmp_path):
     assert loaded.steps("__main__:accumulate:return") == [0, 1, 2, 3, 4, 5]
     assert loaded["Scaler:scale:out@0"] == [3 * k for k in range(6)]
     assert loaded["Scaler:scale:out@1"] == [3 * k + 1 for k in range(6)]
-    index = json.loads((out / "index.json").read_text())
-    assert {"key", "step", "shape", "dtype", "device", "bytes", "time"} <= set(index["entries"][0])
+    first_save = json.loads((out / "index.jsonl").read_text().splitlines()[0])
+    assert {"key", "step", "shape", "dtype", "device", "bytes", "time"} <= set(first_save["entries"][0])
 
 
 def test_run_every_nth_value(project, tmp_path):

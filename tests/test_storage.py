@@ -3,6 +3,7 @@
 import errno
 import json
 import os
+import pickle
 
 import pytest
 
@@ -17,8 +18,10 @@ def test_round_trip_of_plain_values_over_several_saves(tmp_path):
     loaded = load(tmp_path)
     assert loaded["m:f:x@0"] == [1, 2, 3] and loaded.steps("m:f:x@0") == [0, 0, 5]
     assert loaded["m:f:y@0"] == [{"a": [1]}]
-    index = json.loads((tmp_path / "index.json").read_text())
-    row = index["entries"][0]
+    assert json.loads((tmp_path / "index.json").read_text()) == {"format": "bcrecord-records", "version": 2}
+    saves = (tmp_path / "index.jsonl").read_text().splitlines()
+    assert len(saves) == 2  # one line per save
+    row = json.loads(saves[0])["entries"][0]
     assert {"key", "step", "file", "kind", "shape", "dtype", "device", "bytes", "time"} <= set(row)
     # a later writer appends to the same directory
     Writer(tmp_path).write({"m:f:x@0": [4]}, step=6)
@@ -37,22 +40,55 @@ def test_saves_a_recording(tmp_path):
 
 def test_a_save_cut_short_is_never_accepted(tmp_path, monkeypatch):
     Writer(tmp_path).write({"k": [1]}, step=0)
-    calls = []
-    real_replace = os.replace
+    real_dumps = json.dumps
 
-    def crash_on_index(src, dst):
-        calls.append(str(dst))
-        if str(dst).endswith("index.json"):
+    def crash_on_index(value, *args, **kwargs):
+        if isinstance(value, dict) and "entries" in value:
             raise KeyboardInterrupt  # the process dies between the data file and the index
-        real_replace(src, dst)
+        return real_dumps(value, *args, **kwargs)
 
-    monkeypatch.setattr(os, "replace", crash_on_index)
+    monkeypatch.setattr(json, "dumps", crash_on_index)
     with pytest.raises(KeyboardInterrupt):
         Writer(tmp_path).write({"k": [2]}, step=1)
     monkeypatch.undo()
-    assert any(c.endswith(".pkl") for c in calls)
+    assert sorted(p.name for p in (tmp_path / "records").glob("[!.]*")) == ["000001.pkl", "000002.pkl"]
     assert load(tmp_path)["k"] == [1]  # the orphan file is ignored
     assert not [p for p in tmp_path.rglob(".tmp-*")]
+    # A crash in the middle of the index line: readers ignore the part, the next save trims it.
+    with open(tmp_path / "index.jsonl", "ab") as journal:
+        journal.write(b'{"entries": [{"key": "k", "st')
+    assert load(tmp_path)["k"] == [1]
+    Writer(tmp_path).write({"k": [3]}, step=2)
+    assert load(tmp_path)["k"] == [1, 3] and load(tmp_path).steps("k") == [0, 2]
+    assert (tmp_path / "index.jsonl").read_text().count("\n") == 2
+
+
+def test_saves_append_to_the_index_and_writers_see_each_other(tmp_path):
+    first, second = Writer(tmp_path), Writer(tmp_path)
+    for step in range(3):
+        first.write({"a": [step]}, step)
+        second.write({"b": [-step]}, step)
+    loaded = load(tmp_path)
+    assert loaded["a"] == [0, 1, 2] and loaded["b"] == [0, -1, -2]
+    # six saves, six data files: neither writer reused the other's file number
+    assert len(list((tmp_path / "records").glob("*.pkl"))) == 6
+    damaged = tmp_path / "index.jsonl"
+    damaged.write_text("not json\n" + damaged.read_text())
+    with pytest.raises(StorageError, match="save 1 is damaged"):
+        load(tmp_path)
+
+
+def test_a_version_1_directory_loads_and_takes_more_saves(tmp_path):
+    (tmp_path / "records").mkdir()
+    (tmp_path / "records" / "000001.pkl").write_bytes(pickle.dumps({"k#0#0": 10}))
+    row = {"key": "k", "step": 0, "file": "records/000001.pkl", "name": "k#0#0", "kind": "pickle"}
+    version_1 = {"format": "bcrecord-records", "version": 1, "entries": [row]}
+    (tmp_path / "index.json").write_text(json.dumps(version_1))
+    assert load(tmp_path)["k"] == [10]
+    Writer(tmp_path).write({"k": [20]}, step=1)
+    assert load(tmp_path)["k"] == [10, 20] and load(tmp_path).steps("k") == [0, 1]
+    assert json.loads((tmp_path / "index.json").read_text())["version"] == 2
+    assert sorted(p.name for p in (tmp_path / "records").glob("[!.]*")) == ["000001.pkl", "000002.pkl"]
 
 
 def test_unwritable_directory_and_full_disk_give_clear_errors(tmp_path, monkeypatch):

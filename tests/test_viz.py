@@ -59,7 +59,7 @@ def test_view_bad_input_changes_nothing(saved, tmp_path):
         view(tmp_path / "missing", plots=False, out=io.StringIO())
     with pytest.raises(BcrecordError, match="no saved key matches zz\\*; saved keys: m:f:x@0"):
         view(saved, plots=False, keys=["zz*"], out=io.StringIO())
-    assert sorted(p.name for p in saved.iterdir()) == ["index.json", "records"]
+    assert sorted(p.name for p in saved.iterdir()) == ["index.json", "index.jsonl", "records"]
 
 
 def test_write_index_links_every_key_and_escapes(tmp_path):

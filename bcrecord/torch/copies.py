@@ -140,12 +140,23 @@ def value_policy(
     ``'deepcopy'``); where ``reduce`` returns tuples, lists or dicts of tensors
     (``t.chunk(2)``), to each tensor in them. Non-tensor values, and what ``reduce``
     makes of a tensor that is neither, follow the core's ``copy`` policy.
+    ``dtype`` (a floating or complex dtype) casts the tensors of its kind only:
+    floating-point ones to a floating dtype, complex ones to a complex dtype; the
+    indices of a ``topk``, masks, and the imaginary parts stay exact.
 
     >>> import torch
     >>> keep = value_policy(reduce=lambda t: t.mean(0), dtype=torch.float64)
     >>> keep(torch.tensor([[1.0, 3.0], [3.0, 5.0]]))
     tensor([2., 4.], dtype=torch.float64)
+    >>> value_policy(dtype=torch.float16)((torch.ones(1), torch.tensor([7])))
+    (tensor([1.], dtype=torch.float16), tensor([7]))
     """
+    if dtype is not None and not (
+        isinstance(dtype, torch.dtype) and (dtype.is_floating_point or dtype.is_complex)
+    ):
+        raise TypeError(
+            f"dtype= casts floating-point or complex values: give such a torch.dtype, not {dtype!r}"
+        )
     return ValuePolicy(copy, to, dtype, reduce, grad)
 
 
@@ -229,10 +240,17 @@ class ValuePolicy:
         if not self.grad:
             tensor = tensor.detach()
         device = self.device
-        if device is not None or self.dtype is not None:
+        dtype = self.dtype
+        # Only to a dtype of its own kind: index and mask tensors, and imaginary parts, stay exact.
+        if dtype is not None and (tensor.is_floating_point(), tensor.is_complex()) != (
+            dtype.is_floating_point,
+            dtype.is_complex,
+        ):
+            dtype = None
+        if device is not None or dtype is not None:
             source = tensor.device
             offload = device is not None and device.type == "cpu" and source.type == "cuda"
-            tensor = tensor.to(device=device, dtype=self.dtype, non_blocking=offload)
+            tensor = tensor.to(device=device, dtype=dtype, non_blocking=offload)
             if offload:  # the GPU has yet to fill it: recordings wait before reading
                 self._pending.add(torch.cuda.current_stream(source))
         if self.copy in ("clone", "deepcopy") and _shares_memory(tensor, live):

@@ -1,5 +1,6 @@
 """bcrecord.torch.copies: tensor copies per policy and the per-target value policy."""
 
+import pytest
 import torch
 
 from bcrecord.runtime import copy_value
@@ -32,6 +33,21 @@ def test_value_policy_options():
     grad_in = torch.ones(2, requires_grad=True) * 3
     assert value_policy(grad=True)(grad_in).requires_grad
     assert value_policy()([t, "label"])[1] == "label"
+
+
+def test_dtype_casts_only_tensors_of_its_kind():
+    scores = torch.tensor([0.5, 2.0])
+    indices = torch.tensor([4097, 3])  # float16 would round 4097 to 4096
+    wave = torch.tensor([1 + 2j], dtype=torch.complex128)
+    kept = value_policy(dtype=torch.float16)({"s": scores, "i": indices, "mask": indices > 4, "w": wave})
+    assert kept["s"].dtype == torch.float16 and torch.equal(kept["i"], indices)
+    assert kept["mask"].dtype == torch.bool and torch.equal(kept["w"], wave)
+    indices.zero_()  # not cast, still copied
+    assert kept["i"].tolist() == [4097, 3]
+    assert value_policy(dtype=torch.complex64)(wave).dtype == torch.complex64
+    for wrong in (torch.int32, "float16"):
+        with pytest.raises(TypeError, match="floating-point or complex"):
+            value_policy(dtype=wrong)
 
 
 def test_deepcopy_policy_copies_tensors_like_clone():
