@@ -102,7 +102,7 @@ __all__ = [
     "is_active",
     "context_recordings",
     "kept_length",
-    "rebuilt_sequence",
+    "rebuilt_container",
 ]
 
 T = TypeVar("T")
@@ -688,20 +688,34 @@ def _method_copier(method: str, policy: str) -> Copier:
     return call
 
 
-def rebuilt_sequence(value: Any, elements: List[Any]) -> Any:
-    """A new ``type(value)`` (a list, set or tuple subclass) holding ``elements``; None if none is made.
+def rebuilt_container(value: Any, contents: Any) -> Any:
+    """A new ``type(value)`` (a dict, list, set or tuple, or a subclass) holding ``contents``.
 
-    Its constructor is tried with one iterable and, for tuples, with one argument per
-    element (namedtuples first that way); a result that does not hold exactly
-    ``elements`` (a constructor that reads its arguments its own way) is not taken.
+    ``contents``: a dict of the new items for a dict, a list of the new elements
+    otherwise. The constructor is tried with one iterable and, for tuples, with one
+    argument per element (namedtuples first that way); a result that does not hold
+    exactly ``contents`` (a constructor that reads its arguments its own way) is not
+    taken. A dict, list or set whose constructor fails (``defaultdict``'s factory)
+    is copied, then refilled — never the live value. None where no way works.
 
     >>> import collections
     >>> class Names(tuple): pass
     >>> Point = collections.namedtuple("Point", "x y")
-    >>> rebuilt_sequence(Names(("ab",)), ["cd"]), rebuilt_sequence(Point(1, 2), [3, 4])
+    >>> rebuilt_container(Names(("ab",)), ["cd"]), rebuilt_container(Point(1, 2), [3, 4])
     (('cd',), Point(x=3, y=4))
+    >>> rebuilt_container(collections.defaultdict(list, a=[1]), {"a": [2]})
+    defaultdict(<class 'list'>, {'a': [2]})
     """
     kind = type(value)
+    if kind in _CONTAINERS:
+        return kind(contents)
+    if isinstance(value, dict):
+        try:
+            return kind(contents)
+        except Exception:
+            refilled = _copy_module.copy(value)
+            refilled.update(contents)
+            return refilled
     forms: Tuple[str, ...] = ("iterable", "arguments")
     if hasattr(value, "_fields"):
         forms = ("arguments", "iterable")
@@ -709,46 +723,33 @@ def rebuilt_sequence(value: Any, elements: List[Any]) -> Any:
         forms = ("iterable",)
     for form in forms:
         try:
-            rebuilt = kind(elements) if form == "iterable" else kind(*elements)
+            rebuilt = kind(contents) if form == "iterable" else kind(*contents)
         except Exception:
             continue
         if isinstance(rebuilt, (set, frozenset)):  # no order to compare: its constructor took them
             return rebuilt
-        if len(rebuilt) == len(elements) and all(a is b for a, b in zip(rebuilt, elements, strict=True)):
+        if len(rebuilt) == len(contents) and all(a is b for a, b in zip(rebuilt, contents, strict=True)):
             return rebuilt
+    if isinstance(value, list):
+        same_list = _copy_module.copy(value)
+        same_list[:] = contents
+        return same_list
+    if isinstance(value, set):
+        same_set = _copy_module.copy(value)
+        same_set.clear()
+        same_set.update(contents)
+        return same_set
     return None
 
 
 def _container_copier(cls: type, policy: str) -> Copier:
     def rebuild(value: Any) -> Any:
-        kind = type(value)
         if isinstance(value, dict):
-            items = {k: copy_value(v, policy) for k, v in value.items()}
-            if kind is dict:
-                return items
-            try:
-                return kind(items)
-            except Exception:  # a constructor of its own (defaultdict's factory): copy, then refill
-                new = _copy_module.copy(value)
-                new.update(items)
-                return new
-        elements = [copy_value(v, policy) for v in value]
-        if kind in _CONTAINERS:
-            return kind(elements)
-        rebuilt = rebuilt_sequence(value, elements)
-        if rebuilt is not None:
-            return rebuilt
-        # A constructor of its own: copy, then refill (never the live value).
-        if isinstance(value, list):
-            refilled = _copy_module.copy(value)
-            refilled[:] = elements
-            return refilled
-        if isinstance(value, set):
-            emptied = _copy_module.copy(value)
-            emptied.clear()
-            emptied.update(elements)
-            return emptied
-        return _copy_module.deepcopy(value)
+            contents: Any = {k: copy_value(v, policy) for k, v in value.items()}
+        else:
+            contents = [copy_value(v, policy) for v in value]
+        rebuilt = rebuilt_container(value, contents)
+        return _copy_module.deepcopy(value) if rebuilt is None else rebuilt
 
     return rebuild
 

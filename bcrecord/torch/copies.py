@@ -32,7 +32,7 @@ from typing import Any, Callable, Optional, Set, TypeVar, Union
 
 import torch
 
-from ..runtime import copy_value, rebuilt_sequence, register_copy
+from ..runtime import copy_value, rebuilt_container, register_copy
 
 __all__ = ["ValuePolicy", "clone", "detached_clone", "value_policy"]
 
@@ -90,34 +90,23 @@ T = TypeVar("T")
 
 
 def _map(value: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
-    """Apply ``fn`` to every tensor in (nested) tuples, lists, dicts and dataclasses.
+    """Apply ``fn`` to every tensor in (nested) tuples, lists, dicts, sets and dataclasses.
 
-    Containers of their own kind (``defaultdict``, a subclass with its own
-    constructor) are copied, then refilled; a dataclass (a model's output object)
-    is copied with each field mapped.
+    Containers are rebuilt as the core rebuilds them (:func:`rebuilt_container`:
+    subclasses, ``defaultdict``), a tuple or frozenset subclass that cannot be as a
+    plain one; a dataclass (a model's output object) is copied with each field mapped.
     """
     if isinstance(value, torch.Tensor):
         return fn(value)
-    if isinstance(value, dict):
-        items = {k: _map(v, fn) for k, v in value.items()}
-        try:
-            return type(value)(items)
-        except Exception:  # a constructor of its own (defaultdict's factory): copy, then refill
-            refilled = _copy_module.copy(value)
-            refilled.update(items)
-            return refilled
-    if isinstance(value, (list, tuple)):
-        elements = [_map(v, fn) for v in value]
-        if type(value) in (list, tuple):
-            return type(value)(elements)
-        rebuilt = rebuilt_sequence(value, elements)
+    if isinstance(value, (dict, list, tuple, set, frozenset)):
+        if isinstance(value, dict):
+            contents: Any = {k: _map(v, fn) for k, v in value.items()}
+        else:
+            contents = [_map(v, fn) for v in value]
+        rebuilt = rebuilt_container(value, contents)
         if rebuilt is not None:
             return rebuilt
-        if isinstance(value, list):  # a constructor of its own: copy, then refill
-            same_kind = _copy_module.copy(value)
-            same_kind[:] = elements
-            return same_kind
-        return tuple(elements)
+        return tuple(contents) if isinstance(value, tuple) else frozenset(contents)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         mapped = _copy_module.copy(value)
         for field in dataclasses.fields(value):
