@@ -172,10 +172,13 @@ def _atomic_write(path: Path, data: bytes) -> None:
 class Writer:
     """Appends saves to a records directory; safe to call from one thread at a time.
 
+    ``last_step`` is the highest step saved in the directory as of the writer's last
+    save (or its creation), so that a resumed run can number on.
+
     >>> import tempfile
     >>> writer = Writer(tempfile.mkdtemp())
-    >>> writer.write({"k": [1, 2]}, step=0)
-    2
+    >>> writer.last_step, writer.write({"k": [1, 2]}, step=4), writer.last_step
+    (None, 2, 4)
     """
 
     def __init__(self, directory: PathLike) -> None:
@@ -185,6 +188,8 @@ class Writer:
         #: How much of the journal this writer has read, and the next data file's number.
         self._read = 0
         self._next_file = 1
+        #: The highest step saved in the directory, as of this writer's last look (None: none).
+        self.last_step: Optional[int] = None
         with _writing(self.directory):
             (self.directory / "records").mkdir(parents=True, exist_ok=True)
             probe = self.directory / "records" / f".write-test-{os.getpid()}"
@@ -198,6 +203,7 @@ class Writer:
                 else:  # a directory load() reads from the start, even if nothing is saved
                     _atomic_write(self.directory / _JOURNAL, b"")
                     _write_header(self.directory)
+                self._catch_up()
 
     def write(self, records: Union[Mapping[str, Sequence[Any]], Any], step: int) -> int:
         """Save every value of ``records`` (a Recording or ``{key: [values]}``) as ``step``.
@@ -263,22 +269,27 @@ class Writer:
             os.fsync(journal.fileno())
         self._read += len(line)
         self._next_file += 1
+        self._saw(entries)
         return len(entries)
 
     def _catch_up(self) -> None:
         """Read the index lines saved since this writer last looked; trim a line cut short."""
         path = self.directory / _JOURNAL
         if path.stat().st_size < self._read:  # replaced (a writer upgraded it): read it all again
-            self._read, self._next_file = 0, 1
+            self._read, self._next_file, self.last_step = 0, 1, None
         with open(path, "r+b") as journal:
             journal.seek(self._read)
             tail = journal.read()
             complete = tail.rfind(b"\n") + 1
             if complete < len(tail):  # a save that crashed mid-line: not part of the index
                 journal.truncate(self._read + complete)
-        for entry in _entries_in(tail[:complete], path):
-            self._next_file = max(self._next_file, int(Path(entry["file"]).stem) + 1)
+        self._saw(_entries_in(tail[:complete], path))
         self._read += complete
+
+    def _saw(self, entries: List[Dict[str, Any]]) -> None:
+        for entry in entries:
+            self._next_file = max(self._next_file, int(Path(entry["file"]).stem) + 1)
+            self.last_step = entry["step"] if self.last_step is None else max(self.last_step, entry["step"])
 
 
 def _write_header(directory: Path) -> None:

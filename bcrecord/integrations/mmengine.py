@@ -567,10 +567,13 @@ class RecorderHook(Hook):
                 if loop in self.loops:
                     directory = self.records_dir(loop)
                     try:
-                        self._writers[loop] = Writer(directory)  # type: ignore[arg-type]
+                        writer = self._writers[loop] = Writer(directory)  # type: ignore[arg-type]
                     except BcrecordError as error:
                         message = f"RecorderHook: save_dir={str(directory)!r}: {error}"
                         raise RecorderConfigError(message) from error
+                    if loop != "train" and writer.last_step is not None:
+                        # A resumed run's evaluations count on from the saved ones.
+                        self._counts[loop] = max(self._counts.get(loop, 0), writer.last_step + 1)
         self._wrap_loops(runner)
         where = f"; records go to {self._save_root}/<loop>" if self._save_root is not None else ""
         runner.logger.info(

@@ -660,6 +660,16 @@ def test_val_and_test_loops(tmp_path):
     assert_restored(model)
 
 
+def test_a_second_run_into_the_save_dir_counts_evaluations_on(tmp_path):
+    torch.manual_seed(0)
+    records = str(tmp_path / "records")
+    hook = dict(type="RecorderHook", recorders=PROPOSAL_RECORDERS, loops=["val"], save_dir=records)
+    for _ in range(2):  # e.g. a run resumed from its checkpoint, into the same save_dir
+        make_runner(tmp_path, ToyModel(), [hook], val=True).train()
+    loaded = bcrecord.load(tmp_path / "records" / "val")
+    assert loaded.steps(OUTPUTS) == list(range(8))  # 4 validation iterations per run, no step twice
+
+
 def test_only_the_chosen_loops_record(tmp_path):
     torch.manual_seed(0)
     model = ToyModel()
