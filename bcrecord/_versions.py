@@ -90,6 +90,18 @@ class Table:
     #: keeping the context manager's slot (it becomes ``__exit__``), so the call of
     #: ``__exit__`` at the block's end would look like a call of the manager.
     with_enters: FrozenSet[str] = frozenset()
+    #: Whether a call's NULL slot goes below its callable (3.11, 3.12), so that a
+    #: ``PUSH_NULL`` just before a callee's root may be that callee's; 3.13 pushes it
+    #: after the callable, 3.10 has none.
+    null_below_callable: bool = False
+    #: The opcode that ends an ``await``'s ``throw()`` path (3.12+): the jump after it
+    #: goes back into the await's send loop with the stack it had, so no other value
+    #: joins the path there.
+    await_rethrow: Optional[str] = None
+    #: The line table for concrete instructions and a first line, where bcrecord
+    #: writes it itself: bytecode 0.17 (the last for 3.10) drops the lines after an
+    #: instruction without one (a generator's ``GEN_START``) on 3.10. None elsewhere.
+    line_table: Optional[Callable[[Sequence[object], int], bytes]] = None
     #: Opcodes that push a global or builtin by name (roots of callee chains).
     global_loads: FrozenSet[str] = frozenset({"LOAD_GLOBAL", "LOAD_NAME"})
     #: The operator symbol of a binary-operator instruction (``'+'``, ``'+='``), or None.
@@ -286,7 +298,52 @@ def _310() -> Table:
         calls=frozenset({"CALL_FUNCTION", "CALL_FUNCTION_KW", "CALL_FUNCTION_EX", "CALL_METHOD"}),
         with_enters=frozenset({"SETUP_WITH", "BEFORE_ASYNC_WITH"}),
         binary_op=_op_310,
+        line_table=_line_table_310,
     )
+
+
+def _line_table_310(instructions: Sequence[object], first_line: int) -> bytes:
+    """3.10's ``co_linetable`` for concrete instructions, as CPython 3.10 assembles it.
+
+    Pairs of (bytes covered, line delta), the delta -128 for "no line"; long spans
+    and deltas are split (``Objects/lnotab_notes.txt``).
+
+    >>> from bytecode import ConcreteInstr
+    >>> _line_table_310([ConcreteInstr("NOP", lineno=None), ConcreteInstr("NOP", lineno=3)], 3)
+    b'\\x02\\x80\\x02\\x00'
+    """
+    # Where the line changes, a range closes: (bytes covered, its line or None).
+    ranges: List[Tuple[int, Optional[int]]] = []
+    line: Optional[int] = first_line
+    start = offset = 0
+    for instr in instructions:
+        lineno = getattr(instr, "lineno", None)
+        if lineno != line:
+            ranges.append((offset - start, line))
+            start, line = offset, lineno
+        offset += getattr(instr, "size", 2)
+    ranges.append((offset - start, line))
+    table = bytearray()
+    previous = first_line
+    for covered, line in ranges:
+        if covered == 0:
+            continue
+        if line is None:
+            delta = -128
+        else:
+            delta, previous = line - previous, line
+            while delta > 127:
+                table.extend((0, 127))
+                delta -= 127
+            while delta < -127:
+                table.extend((0, -127 & 0xFF))
+                delta += 127
+        while covered > 254:
+            table.extend((254, delta & 0xFF))
+            delta = -128 if line is None else 0
+            covered -= 254
+        table.extend((covered, delta & 0xFF))
+    return bytes(table)
 
 
 def _swap_up(loc: object) -> Instrs:
@@ -329,6 +386,7 @@ def _311() -> Table:
         return_value="RETURN_VALUE",
         return_const=None,
         calls=frozenset({"CALL", "CALL_FUNCTION_EX"}),
+        null_below_callable=True,
         with_enters=frozenset({"BEFORE_WITH", "BEFORE_ASYNC_WITH"}),
         binary_op=_op_311,
         call_method=lambda n, loc: [_instr("PRECALL", n, loc), _instr("CALL", n, loc)],
@@ -359,7 +417,9 @@ def _312() -> Table:
         return_value="RETURN_VALUE",
         return_const="RETURN_CONST",
         calls=frozenset({"CALL", "CALL_FUNCTION_EX"}),
+        null_below_callable=True,
         with_enters=frozenset({"BEFORE_WITH", "BEFORE_ASYNC_WITH"}),
+        await_rethrow="CLEANUP_THROW",
         binary_op=_op_311,
         load_method=lambda name, loc: _instr("LOAD_ATTR", (True, name), loc),
         call_method=lambda n, loc: [_instr("CALL", n, loc)],
@@ -400,6 +460,7 @@ def _313() -> Table:
         return_value="RETURN_VALUE",
         return_const="RETURN_CONST",
         calls=frozenset({"CALL", "CALL_KW", "CALL_FUNCTION_EX"}),
+        await_rethrow="CLEANUP_THROW",
         with_enters=frozenset({"BEFORE_WITH", "BEFORE_ASYNC_WITH"}),
         binary_op=_op_311,
         load_method=lambda name, loc: _instr("LOAD_ATTR", (True, name), loc),
@@ -466,15 +527,3 @@ def current(version: Optional[Tuple[int, int]] = None) -> Table:
 def local_name(arg: object) -> str:
     """The variable name behind a store/load arg (a str, CellVar or FreeVar)."""
     return _local_name(arg)
-
-
-def is_conditional_jump(opname: str) -> bool:
-    """Whether an opcode jumps on a condition (``if``, ``and``/``or``, ``x if c else y``).
-
-    Every version's are named ``*JUMP*_IF_*``: ``POP_JUMP_IF_NONE`` (3.12+), 3.11's
-    ``POP_JUMP_FORWARD_IF_FALSE``, 3.10's ``JUMP_IF_TRUE_OR_POP``.
-
-    >>> is_conditional_jump("POP_JUMP_FORWARD_IF_FALSE"), is_conditional_jump("JUMP_FORWARD")
-    (True, False)
-    """
-    return "JUMP" in opname and "_IF_" in opname

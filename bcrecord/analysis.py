@@ -382,7 +382,9 @@ def _callees(real: List[Tuple[int, Instr]], bytecode: Sequence[object]) -> Itera
             else:
                 chain = [root]
                 loaded = instr.stack_effect()
-                null_before = previous is not None and previous.name == "PUSH_NULL"
+                null_before = (
+                    table.null_below_callable and previous is not None and previous.name == "PUSH_NULL"
+                )
                 yield root, pos, loaded + (null_before and loaded == 1)
         previous = instr
 
@@ -443,9 +445,22 @@ def consuming_calls(
         # value: '(h if c else k)(a)', '(fn or h)(a)'. Then it names no call.
         visited = {k for k, _ in seen} | {pos}
         entries = _entries(items)
-        if any(source not in visited for label in passed for source in entries.get(label, ())):
+        if any(
+            source not in visited and not _rethrown(items, source, table)
+            for label in passed
+            for source in entries.get(label, ())
+        ):
             return []
     return sorted(set(found))
+
+
+def _rethrown(items: Sequence[object], source: int, table: _versions.Table) -> bool:
+    """Whether the jump at ``source`` ends an ``await``'s ``throw()`` path (its stack is the
+    send loop's: the callee below it is the same)."""
+    for item in reversed(items[:source]):
+        if isinstance(item, Instr):
+            return item.name == table.await_rethrow
+    return False
 
 
 #: The last ``(items, _entries(items))``: a function's call sites ask for the same code.
@@ -515,9 +530,11 @@ class _Sites:
         for chain, pos, slots in _callees(real, bytecode):
             load = bytecode[pos]
             assert isinstance(load, Instr)
-            # One site per call instruction, identified by its callee's load.
+            # One site per call instruction, identified by its callee's load, and placed
+            # where the call instruction says it starts (the callee's start): a load split
+            # from a 3.13 pair carries the pair's first half's place. 3.10 has no columns.
             self.calls += [
-                (chain, call, load, identity.of(pos, load), None)
+                (chain, call, _placed(cast(Instr, bytecode[call]), load), identity.of(pos, load), None)
                 for call in consuming_calls(bytecode, pos, slots, labels)
                 if not (chain == "super" and _then_attribute(bytecode, call, table))
             ]
@@ -555,6 +572,11 @@ class _Sites:
                     mine += [_nest(pos, where, site) for site in theirs]
                 for op, inner_pos, instr, ident, (line, (index, _)) in inner.operators:
                     self.operators.append((op, (pos, inner_pos), instr, (where, ident), (line, (pos, index))))
+
+
+def _placed(call: Instr, load: Instr) -> Instr:
+    """Which instruction places a call site: the call, where it has a column (3.11+)."""
+    return call if _column(call) is not None and call.lineno is not None else load
 
 
 def _then_attribute(bytecode: Sequence[object], pos: int, table: _versions.Table) -> bool:

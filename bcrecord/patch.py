@@ -73,7 +73,39 @@ F = TypeVar("F", bound=Callable[..., Any])
 #: The owner part of keys: a name, or a function of the instance (None: not recorded).
 Owner = Union[str, Callable[[Any], Optional[str]]]
 _MISSING = object()
-_lock = threading.RLock()
+
+
+class _PatchLock:
+    """A re-entrant lock that knows how deep its owner is inside it.
+
+    The garbage collector can run a finalizer (:func:`remove_soon`) in the middle
+    of a patching section of the same thread, where the re-entrant lock lets it in:
+    ``depth`` tells it that it would change a slot halfway through a change.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+        #: How many times the owner holds it (only the owner reads or writes it).
+        self.depth = 0
+
+    def acquire(self, blocking: bool = True) -> bool:
+        if not self._lock.acquire(blocking):
+            return False
+        self.depth += 1
+        return True
+
+    def release(self) -> None:
+        self.depth -= 1
+        self._lock.release()
+
+    def __enter__(self) -> None:
+        self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+_lock = _PatchLock()
 _BASE_ATTR = "__bcrecord_base__"
 
 
@@ -115,6 +147,9 @@ def _why_not_a_function(obj: Any) -> str:
         )
     if isinstance(obj, property):
         return f"{name} is a property: patch its getter (the class's <property>.fget)"
+    if isinstance(obj, functools.cached_property):
+        wrapped = obj.attrname or name
+        return f"{wrapped} is a functools.cached_property: patch the function it wraps (its .func)"
     if isinstance(obj, (functools.partial, functools.partialmethod)):
         return f"{name} is a functools.{type(obj).__name__}: patch the function it calls (its .func)"
     if inspect.isroutine(obj):  # builtins, method descriptors (dict.get)
@@ -127,7 +162,7 @@ def _why_not_a_function(obj: Any) -> str:
         )
     if callable(obj):
         return f"{name} is a builtin or C function: it has no bytecode to patch"
-    return f"{name!s} has no __code__: only Python functions can be patched"
+    return f"{name!s}, a {type(obj).__name__}: only Python functions can be patched"
 
 
 def _default_owner(func: types.FunctionType, bound_to: Any = None) -> str:
@@ -451,12 +486,14 @@ def remove_all(patches: Sequence[Patch]) -> None:
 
 
 def remove_soon(patches: Sequence[Patch]) -> None:
-    """:func:`remove_all` for finalizers: now if no other thread is patching, else just after.
+    """:func:`remove_all` for finalizers: now if no patching is under way, else just after.
 
     The garbage collector runs a finalizer wherever it runs, possibly inside code
     that holds the runtime's locks, while another thread holds the patch lock and
     waits for those: waiting here for the patch lock would deadlock both threads.
-    So when it is busy, a short-lived thread removes the patches once it is free.
+    It may also run inside a patching section of its own thread (adding a patch to
+    the slot it would remove one from). So when patching is under way, a
+    short-lived thread removes the patches once it is done.
 
     >>> class Net:
     ...     def forward(self, x):
@@ -467,10 +504,11 @@ def remove_soon(patches: Sequence[Patch]) -> None:
     """
     if _lock.acquire(blocking=False):
         try:
-            remove_all(patches)
+            if _lock.depth == 1:  # not inside a patching section of this thread
+                remove_all(patches)
+                return
         finally:
             _lock.release()
-        return
     try:
         threading.Thread(target=remove_all, args=(patches,), name="bcrecord-unpatch", daemon=True).start()
     except RuntimeError:  # interpreter shutdown: nothing left to restore for
@@ -561,9 +599,17 @@ def _lookup(holder: Any, attribute: str) -> Tuple[Any, Any]:
         names = [n for n in dir(holder) if not n.startswith("__")]
         close = difflib.get_close_matches(attribute, names, n=3)
         hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
-        raise NotPatchableError(f"{holder!r} has no attribute {attribute!r}{hint}") from None
+        raise NotPatchableError(f"{_named(holder)} has no attribute {attribute!r}{hint}") from None
     own = vars(holder).get(attribute, _MISSING) if hasattr(holder, "__dict__") else _MISSING
     return raw, own
+
+
+def _named(holder: Any) -> str:
+    """``holder`` in a message: a class or module by its repr, an instance by its class
+    (a model's repr is its whole architecture)."""
+    if isinstance(holder, (type, types.ModuleType)):
+        return repr(holder)
+    return f"this {type(holder).__name__} instance"
 
 
 def _restorer(holder: Any, attribute: str, own: Any) -> Callable[[], None]:
@@ -664,7 +710,12 @@ def patch_method(
         default = obj.__name__
     else:
         default = type(obj).__name__
-    base = function_of(raw)
+    try:
+        base = function_of(raw)
+    except NotPatchableError as error:
+        if not callable(raw) and not hasattr(type(raw), "__get__"):  # a value: say whose
+            raise NotPatchableError(f"{_named(obj)}'s {method!r} is {error}") from None
+        raise
     if in_place or base is not function_of_shallow(raw):
         # A wrapper holds the function it wraps: only patching that in place reaches it.
         return patch_function(base, specs, name=default if name is None else name)

@@ -366,6 +366,11 @@ def _rewrite_code(
     # first use, which reorders co_varnames (and locals()) on 3.12+.
     bytecode.argnames = list(code.co_varnames)
     new = bytecode.to_code()
+    if table.line_table is not None:
+        # The same instructions as to_code() assembled (same order, same sizes): their lines.
+        concrete = list(bytecode.to_concrete_bytecode())
+        if sum(instr.size for instr in concrete) == len(new.co_code):
+            new = new.replace(co_linetable=table.line_table(concrete, new.co_firstlineno))
     if new.co_varnames != code.co_varnames:  # pragma: no cover - guarded invariant
         raise RuntimeError(f"rewriting {code.co_name} changed its variables")
     return new

@@ -530,7 +530,12 @@ def _ordinal(n: int) -> str:
 
 
 def _describe(value: Any) -> str:
-    shape = getattr(value, "shape", None)
+    try:
+        shape = getattr(value, "shape", None)
+    except RuntimeError:  # a nested tensor has no one shape
+        shape = "nested"
+    if shape == "nested":
+        return f"{type(value).__name__} (nested) {str(value.dtype).replace('torch.', '')}"
     if shape is not None:
         dtype = str(getattr(value, "dtype", "")).replace("torch.", "")
         return f"{type(value).__name__} {list(shape)} {dtype}".rstrip()

@@ -76,10 +76,10 @@ def _stats(value: Any) -> Optional[Tuple[float, float, float, int]]:
             number = math.inf if value > 0 else -math.inf
         return _NO_NUMBERS if math.isnan(number) else (number, number, number, 1)
     if is_tensor(value):
-        t = _dense(value.detach())
+        t = as_dense(value.detach())
         if t.is_complex():
             t = t.abs()
-        if not t.is_floating_point():
+        if str(t.dtype) not in ("torch.float32", "torch.float64"):  # ints, bool, float8: no aminmax
             t = t.double()
         if t.numel() and bool(t.isnan().any()):
             t = t[~t.isnan()]
@@ -96,13 +96,24 @@ def _stats(value: Any) -> Optional[Tuple[float, float, float, int]]:
     return float(array.min()), float(array.sum()), float(array.max()), int(array.size)
 
 
-def _dense(tensor: Any) -> Any:
-    """``tensor``, or a nested tensor's elements in one flat tensor (it has no one shape)."""
-    if not tensor.is_nested:
-        return tensor
-    import torch
+def as_dense(tensor: Any) -> Any:
+    """``tensor``'s values in a plain strided tensor, to summarize or draw: a sparse
+    tensor densified, a quantized one dequantized, a nested one's elements in one
+    flat tensor (it has no one shape); any other tensor as it is.
 
-    return torch.cat([part.reshape(-1) for part in tensor.unbind()])
+    >>> import torch
+    >>> as_dense(torch.eye(2).to_sparse()).tolist()
+    [[1.0, 0.0], [0.0, 1.0]]
+    """
+    if tensor.is_nested:
+        import torch
+
+        return torch.cat([part.reshape(-1) for part in tensor.unbind()])
+    if tensor.is_quantized:
+        return tensor.dequantize()
+    if str(tensor.layout) != "torch.strided":  # sparse COO, CSR, CSC, BSR...
+        return tensor.to_dense()
+    return tensor
 
 
 def _isnan(array: Any) -> Any:
@@ -118,7 +129,7 @@ def _numpy_array(value: Any) -> Any:
     except ImportError:
         return None
     if is_tensor(value):
-        t = _dense(value.detach().cpu())
+        t = as_dense(value.detach().cpu())
         if t.is_complex():
             t = t.abs()
         return t.double().numpy()

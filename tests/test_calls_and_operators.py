@@ -1,5 +1,6 @@
 """Call and Expr specs: values that never reach a local, on every Python version."""
 
+import math
 import sys
 
 import pytest
@@ -256,3 +257,61 @@ def test_a_call_whose_result_is_called_again_is_a_site_on_every_version():
         assert patched(_Maker(), 7) == (3, 12, 12, 6)
     assert rec["m:chained:o.f()@0"](10) == 11 and rec["m:chained:_make()@0"](10) == 30
     assert rec["m:chained:getattr()@0"].__func__ is _Maker.f and rec["m:chained:type()@0"] is int
+
+
+def test_a_call_of_a_global_chain_inside_another_is_a_site_on_every_version():
+    # F.relu(F.conv2d(x)) with F a module global: on 3.13 the outer call's NULL comes
+    # right before the inner callee's root, and is not the inner callee's.
+    def nested(x):
+        y = math.floor(math.sqrt(x))
+        z = math.floor(math.sqrt(x + 1)) + math.floor(abs(x))
+        return y, z
+
+    calls = bcrecord.targets(nested).calls
+    assert sorted(calls) == ["abs", "math.floor", "math.sqrt"]
+    assert [len(calls[name]) for name in ("abs", "math.floor", "math.sqrt")] == [1, 3, 2]
+    specs = ["math.sqrt()@0", "math.sqrt()@1", "math.floor()@2", "abs()@0"]
+    patched = bcrecord.instrument(nested, specs, name="m")
+    with bcrecord.recording() as rec:
+        assert patched(16) == (4, 4 + 16)
+    assert rec["m:nested:math.sqrt()@0"] == 4.0 and rec["m:nested:math.sqrt()@1"] == math.sqrt(17)
+    assert rec["m:nested:math.floor()@2"] == 16 and rec["m:nested:abs()@0"] == 16
+
+
+def test_calls_whose_callee_load_is_half_of_a_pair_keep_their_order_and_place():
+    # 3.13 fuses 'STORE_FAST h' + 'LOAD_FAST h' (and two loads) into one instruction
+    # with the first half's place; the call is placed by its own instruction.
+    def fused(fs, r, fn):
+        pairs = [h(1) + h(2) for h in fs]
+        return pairs, fn(r)
+
+    calls = bcrecord.targets(fused).calls
+    patched = bcrecord.instrument(fused, ["h()@0", "h()@1"], name="m")
+    with bcrecord.recording() as rec:
+        patched([lambda v: v * 10], 3, abs)
+    assert rec.all("m:fused:h()@0") == [10] and rec.all("m:fused:h()@1") == [20]
+    if sys.version_info >= (3, 11):  # 3.10 has no columns
+        line = fused.__code__.co_firstlineno + 2
+        assert (calls["fn"][0].line, calls["fn"][0].column) == (line, 22)
+        assert [site.column for site in calls["h"]] == [17, 24]
+
+
+async def _doubled(x):
+    return x * 2
+
+
+def test_a_call_whose_arguments_await_is_a_site_on_every_version():
+    # 3.12+ compile 'await' to a send loop that its throw() path jumps back into.
+    import asyncio
+
+    async def awaiting(n):
+        a = str(await _doubled(n))
+        b = str(n)
+        c = sum([await _doubled(w) for w in range(n)])
+        return a, b, c
+
+    assert [len(bcrecord.targets(awaiting).calls[name]) for name in ("str", "sum")] == [2, 1]
+    patched = bcrecord.instrument(awaiting, ["str()@0", "str()@1", "sum()@0"], name="m")
+    with bcrecord.recording() as rec:
+        assert asyncio.run(patched(3)) == ("6", "3", 6)
+    assert [rec[f"m:awaiting:{spec}"] for spec in ("str()@0", "str()@1", "sum()@0")] == ["6", "3", 6]

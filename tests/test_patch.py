@@ -1,5 +1,6 @@
 """bcrecord.patch: where patches go, how they stack, and that removal restores exactly."""
 
+import functools
 import sys
 import types
 
@@ -123,10 +124,20 @@ def test_not_patchable_targets_give_clear_errors():
         bcrecord.patch_method([], "append", "x")
     with pytest.raises(NotPatchableError, match="builtin or C function"):
         bcrecord.instrument(len, "x")
-    with pytest.raises(NotPatchableError, match="did you mean 'forward'"):
+    # An instance is named by its class: a model's repr is its whole architecture.
+    with pytest.raises(NotPatchableError, match="^this Block instance has no attribute 'forwrd'; did you"):
         bcrecord.patch_method(Block(), "forwrd", "out")
-    with pytest.raises(NotPatchableError, match="has no __code__"):
+    message = "^this SimpleNamespace instance's 'value' is 3, a int: only Python functions can be patched$"
+    with pytest.raises(NotPatchableError, match=message):
         bcrecord.patch_method(types.SimpleNamespace(value=3), "value", "x")
+
+    class Cached:
+        @functools.cached_property
+        def total(self):
+            return 1
+
+    with pytest.raises(NotPatchableError, match="^total is a functools.cached_property: patch the function"):
+        bcrecord.patch_method(Cached, "total", "return")
 
     class Slotted:
         __slots__ = ()
@@ -246,6 +257,37 @@ def test_removal_from_a_finalizer_never_waits_for_a_busy_patch_lock():
     for remover in [t for t in threading.enumerate() if t.name == "bcrecord-unpatch"]:
         remover.join(10)  # (it may be done already)
     assert not patch.active and Block.forward is original
+
+
+def test_removal_from_a_finalizer_inside_this_thread_s_patching_waits_for_it(monkeypatch):
+    # The collector may finalize a dropped patch of a method while this thread adds
+    # another patch to the same method: removing it there would undo the new one too.
+    import threading
+
+    from bcrecord import patch as patch_module
+
+    original = Block.forward
+    dropped = bcrecord.patch_method(Block, "forward", "out@0", name="dropped")
+    real_plan = patch_module._Slot.plan
+
+    def plan_with_a_collection(slot, patches):
+        if len(patches) == 2:  # the new patch's install, halfway
+            patch_module.remove_soon([dropped])
+        return real_plan(slot, patches)
+
+    monkeypatch.setattr(patch_module._Slot, "plan", plan_with_a_collection)
+    kept = bcrecord.patch_method(Block, "forward", "out@1", name="kept")
+    monkeypatch.undo()
+    for remover in [t for t in threading.enumerate() if t.name == "bcrecord-unpatch"]:
+        remover.join(10)
+    try:
+        assert not dropped.active and kept.active and Block.forward is not original
+        with bcrecord.recording() as rec:
+            Block().forward(1)
+        assert rec.keys() == ["kept:forward:out@1"]
+    finally:
+        kept.remove()
+    assert Block.forward is original
 
 
 def test_patch_repr_and_keys():

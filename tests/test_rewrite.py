@@ -96,6 +96,38 @@ def test_inserted_instructions_have_real_line_numbers():
     assert probe_lines and all(line is not None for line in probe_lines)
 
 
+def _tenth(v):
+    return 10 // v
+
+
+def _one_line_generator(v): yield 10 // v  # fmt: skip
+
+
+def _in_a_generator_expression(data):
+    return sum((z := _tenth(v)) for v in data)
+
+
+@pytest.mark.parametrize(
+    "func, spec, run",
+    [
+        (_one_line_generator, "return", lambda f: list(f(0))),
+        (_in_a_generator_expression, "z", lambda f: f([1, 0])),
+        (_in_a_generator_expression, "_tenth()@0", lambda f: f([1, 0])),
+    ],
+)
+def test_tracebacks_through_probed_code_keep_their_lines(func, spec, run):
+    # On 3.10, bytecode 0.17 drops the lines after a generator's GEN_START.
+    def lines(f):
+        with pytest.raises(ZeroDivisionError) as error:
+            run(f)
+        return [(entry.name, entry.lineno) for entry in error.traceback][1:]
+
+    expected = lines(func)
+    with bcrecord.recording():
+        assert lines(bcrecord.instrument(func, spec)) == expected
+    assert all(line > 0 for _, line in expected)
+
+
 def _lines_of_probe_loads(code):
     lines = []
     for instr in dis.get_instructions(code):

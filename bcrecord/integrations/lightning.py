@@ -84,6 +84,7 @@ except ImportError:  # pragma: no cover - depends on the environment
 
 from ..storage import Writer
 from ..torch import ModelRecording, record
+from ..viz import as_dense
 
 __all__ = ["RecorderCallback", "StepRecord", "STAGES", "summarize", "channel_mean_image", "png_bytes"]
 
@@ -158,10 +159,13 @@ def summarize(value: Any) -> Dict[str, float]:
     ({'value': 7.0}, {})
     """
     if isinstance(value, torch.Tensor):
-        if value.numel() == 0 or value.is_complex():
+        if value.is_complex():
+            return {}
+        data = as_dense(value.detach())  # sparse, quantized or nested: their values
+        if data.numel() == 0:
             return {}
         # float64 for exact sums of large tensors; MPS has no float64.
-        data = value.detach().to(torch.float32 if value.device.type == "mps" else torch.float64)
+        data = data.to(torch.float32 if value.device.type == "mps" else torch.float64)
         std = data.std(correction=0) if data.numel() > 1 else data.new_zeros(())
         return {
             "mean": float(data.mean()),
@@ -188,11 +192,11 @@ def channel_mean_image(value: Any) -> Optional[torch.Tensor]:
     >>> channel_mean_image(torch.ones(3, 4)) is None
     True
     """
-    if not isinstance(value, torch.Tensor) or value.dim() not in (3, 4) or value.numel() == 0:
+    if not isinstance(value, torch.Tensor) or value.is_nested or value.is_complex():
         return None
-    if value.is_complex():
+    if value.dim() not in (3, 4) or value.numel() == 0:
         return None
-    data = value.detach()
+    data = as_dense(value.detach())
     data = data[0] if data.dim() == 4 else data
     image = torch.nan_to_num(data.to(torch.float32).mean(0), nan=0.0, posinf=0.0, neginf=0.0).cpu()
     low, high = image.min(), image.max()

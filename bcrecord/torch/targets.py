@@ -11,9 +11,9 @@ Forms (``path`` is a dotted path from ``model.named_modules()``, ``''`` for the 
   ``'layer*.*'`` (``layer1.0``, ``layer2.3``…, not ``layer1.0.conv1``);
 * a ``.grad`` suffix records the gradient of the value: ``'layer1.0:forward:out@2.grad'``;
 * FX node names of functional ops, where they map to exactly one call or operator
-  site of the module's ``forward``/``_forward_impl``: ``'flatten'`` (ResNet's
-  ``torch.flatten``), ``'layer1.0.add'`` (a Bottleneck's ``out += identity``),
-  ``'add_1'`` (the second ``add``).
+  site of the module's ``forward`` or a method of the module it calls:
+  ``'flatten'`` (ResNet's ``torch.flatten``, in ``_forward_impl``), ``'layer1.0.add'``
+  (a Bottleneck's ``out += identity``), ``'add_1'`` (the second ``add``).
 
 >>> import torch
 >>> net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
@@ -23,6 +23,7 @@ Forms (``path`` is a dotted path from ``model.named_modules()``, ``''`` for the 
 
 from __future__ import annotations
 
+import builtins
 import difflib
 import dis
 import fnmatch
@@ -36,7 +37,6 @@ from typing import Dict, Iterable, List, Optional, Tuple
 import torch
 from bytecode import Label
 
-from .._versions import is_conditional_jump
 from ..analysis import instructions
 from ..errors import NotPatchableError, RecordingWarning, SpecError, TargetError
 from ..specs import Call, Expr, Return, Spec, parse
@@ -146,14 +146,33 @@ _FX_OPERATORS = {
     "lshift": ("<<", "<<="),
     "rshift": (">>", ">>="),
 }
-_FX_METHODS = ("forward", "_forward_impl")
+
+
+@dataclass
+class _FxScope:
+    """What FX numbers under one module's name for one op: every site that makes such a
+    node, in the order they run, and why that order cannot be told (if it cannot)."""
+
+    base: str
+    #: (order key, method, spec, label), the key a path of call positions.
+    sites: List[Tuple[Tuple[int, ...], str, Spec, str]]
+    #: Why the numbering is not fixed by the code (a branch, a loop, a traced-into call).
+    problems: List[str]
+    #: Whether some site of the op runs only on one side of a branch.
+    conditional: bool = False
 
 
 def _fx_target(model: torch.nn.Module, text: str) -> Optional[Target]:
     """Map a torchvision/FX node name of a functional op (``'flatten'``, ``'layer1.0.add'``,
-    ``'add_1'``) to the call or operator site it names, if that is unambiguous."""
-    from ..patch import targets as function_targets
+    ``'add_1'``) to the call or operator site it names, if that is unambiguous.
 
+    FX numbers a module's ops in the order they run, over everything it traces inside
+    that module: ``forward``, and the methods of the module it calls
+    (``self._forward_impl(x)``), which are followed here in place. Where that order
+    is not fixed by the code (a loop, a branch with several sites, a comprehension, a
+    call of a Python helper or of ``super()`` with such ops, a method called on a
+    call's result), the name is refused, naming the sites to use instead.
+    """
     parent, _, node = text.rpartition(".")
     base, _, number = node.rpartition("_") if node.rpartition("_")[2].isdigit() else (node, "", "0")
     occurrence = int(number or 0)
@@ -161,58 +180,179 @@ def _fx_target(model: torch.nn.Module, text: str) -> Optional[Target]:
         module = module_at(model, parent)
     except TargetError:
         return None
-    sites: List[Tuple[str, Spec]] = []
-    labels: List[str] = []
-    branching = looping = False
-    for method in _FX_METHODS:
-        func = getattr(type(module), method, None)
-        if not isinstance(func, types.FunctionType):
-            continue
-        found = function_targets(func)
-        # FX numbers ops in the order they run: here, the order of their instructions.
-        ordered: List[Tuple[int, Spec, str]] = []
-        placed: List[int] = []  # every instruction of those sites
-        for callee, calls in found.calls.items():
-            if callee.rsplit(".", 1)[-1] == base:
-                ordered += [(c.positions[0], Call(callee, c.index), f"{callee}()@{c.index}") for c in calls]
-                placed += [p for c in calls for p in c.positions]
-        for op in _FX_OPERATORS.get(base, ()):
-            operators = found.operators.get(op, ())
-            ordered += [(o.positions[0], Expr(op, o.index), f"{op}@{o.index}") for o in operators]
-            placed += [p for o in operators for p in o.positions]
-        ordered.sort(key=lambda site: site[0])
-        sites += [(method, spec) for _, spec, _ in ordered]
-        labels += [f"'{parent}:{method}:{label}'" for _, _, label in ordered]
-        branching = branching or (bool(ordered) and _has_conditionals(func.__code__))
-        spans = _loop_spans(func.__code__) if placed else []
-        looping = looping or any(start <= p <= end for p in placed for start, end in spans)
-    if not sites:
+    forward = getattr(type(module), "forward", None)
+    if not isinstance(forward, types.FunctionType):
         return None
-    if len(sites) > 1 and branching:
+    scope = _FxScope(base, [], [])
+    _fx_sites(module, forward, (), scope, frozenset([forward]))
+    if not scope.sites:
+        return None
+    scope.sites.sort(key=lambda site: site[0])
+    labels = ", ".join(f"'{parent}:{method}:{label}'" for _, method, _, label in scope.sites)
+    kind = type(module).__name__
+    if scope.problems:
         raise TargetError(
-            f"{text!r}: {type(module).__name__} has {len(sites)} {base!r} sites and conditional "
-            f"branches, so which of them FX names {node!r} depends on the branch that runs; "
-            f"name the site instead: {', '.join(labels)}"
+            f"{text!r}: {kind} {'; '.join(dict.fromkeys(scope.problems))}, so the order in which FX "
+            f"numbers its {base!r} ops is not fixed by the code; name the site instead: {labels}"
         )
-    if looping:
-        # FX numbers each execution ('add_1': the loop's second turn); a site is every turn.
+    if scope.conditional and len(scope.sites) > 1:
         raise TargetError(
-            f"{text!r}: {type(module).__name__} runs {base!r} in a loop, so FX numbers its "
-            f"{base!r} ops by the turns the loop makes, not by site; name the site instead (it "
-            f"records every turn): {', '.join(labels)}"
+            f"{text!r}: {kind} has {len(scope.sites)} {base!r} sites and some run only on one side "
+            f"of a branch, so which of them FX names {node!r} depends on the branch that runs; "
+            f"name the site instead: {labels}"
         )
-    if occurrence >= len(sites):
+    if occurrence >= len(scope.sites):
         raise TargetError(
-            f"{text!r}: {type(module).__name__} has {len(sites)} {base!r} site(s) in "
-            f"{'/'.join(_FX_METHODS)}; there is no number {occurrence}"
+            f"{text!r}: {kind} has {len(scope.sites)} {base!r} site(s) ({labels}); "
+            f"there is no number {occurrence}"
         )
-    method, spec = sites[occurrence]
+    _, method, spec, _ = scope.sites[occurrence]
     return Target(text, parent, method, spec)
 
 
-def _has_conditionals(code: types.CodeType) -> bool:
-    """Whether ``code`` branches on a condition (``if``, ``and``/``or``, ``x if c else y``)."""
-    return any(is_conditional_jump(instr.opname) for instr in dis.get_instructions(code))
+def _fx_sites(
+    module: torch.nn.Module, func: types.FunctionType, at: Tuple[int, ...], scope: _FxScope, seen: frozenset
+) -> None:
+    """Add ``func``'s sites of ``scope.base`` (``func`` runs at call positions ``at``, inside
+    the methods ``seen``)."""
+    from ..patch import targets as function_targets
+
+    base, method = scope.base, func.__name__
+    found = function_targets(func)
+    spans = _loop_spans(func.__code__)
+    jumps = _forward_jump_spans(func.__code__)
+    named = 0  # call sites whose callee's last name is base
+    placed: List[Tuple[int, Spec, str]] = []
+    for callee, calls in found.calls.items():
+        last = callee.rsplit(".", 1)[-1]
+        if last == base:
+            named += sum(len(c.positions) for c in calls)
+            placed += [(c.positions[0], Call(callee, c.index), f"{callee}()@{c.index}") for c in calls]
+        called = _resolved(module, func, callee)
+        if called is None or isinstance(called, torch.nn.Module):
+            continue  # a tensor's method, a builtin, or a submodule (numbered under its own name)
+        inner = getattr(called, "__func__", called)
+        if not isinstance(inner, types.FunctionType) or inner.__module__.partition(".")[0] == "torch":
+            continue  # torch's functions (F.relu included) are one node each
+        if getattr(called, "__self__", None) is module and callee == f"self.{inner.__name__}":
+            # A method of the module: FX follows it in place, numbering its ops as forward's.
+            position = calls[0].positions[0]
+            inlined = _FxScope(base, [], [])
+            if inner in seen:  # recursion
+                inlined.problems += [f"calls {callee} from itself"] if _has_fx_sites(inner, base) else []
+            else:
+                _fx_sites(module, inner, at + _flat(position), inlined, seen | {inner})
+            if not inlined.sites and not inlined.problems:
+                continue
+            if len(calls) > 1 or len(calls[0].positions) > 1:
+                scope.problems.append(f"runs {callee} more than once")
+            elif not isinstance(position, int):
+                scope.problems.append(f"calls {callee} inside a comprehension or an inner function")
+            elif _within(position, spans):
+                scope.problems.append(f"calls {callee} in a loop")
+            elif _within(position, jumps):
+                scope.conditional = True
+            scope.sites += inlined.sites
+            scope.problems += inlined.problems
+            scope.conditional = scope.conditional or inlined.conditional
+        elif _has_fx_sites(inner, base):
+            scope.problems.append(f"calls {callee}, a Python function FX traces into, which has {base!r} ops")
+    if "super" in func.__code__.co_names and any(
+        _has_fx_sites(method, base)
+        for kind in type(module).__mro__[1:]
+        for name in func.__code__.co_names
+        for method in [vars(kind).get(name)]
+        if isinstance(method, types.FunctionType)
+    ):
+        scope.problems.append("calls a method through super(), which FX traces into")
+    for op in _FX_OPERATORS.get(base, ()):
+        placed += [
+            (o.positions[0], Expr(op, o.index), f"{op}@{o.index}") for o in found.operators.get(op, ())
+        ]
+    attribute_loads = sum(
+        1
+        for instr in dis.get_instructions(func.__code__)
+        if instr.opname in ("LOAD_ATTR", "LOAD_METHOD") and instr.argval == base
+    )
+    if attribute_loads > named:
+        scope.problems.append(
+            f"calls .{base}() on a value that is not a name or attribute chain (f(x).{base}())"
+        )
+    for position, spec, label in placed:
+        scope.sites.append((at + _flat(position), method, spec, label))
+        if not isinstance(position, int):  # in a nested code object: a comprehension's loop
+            scope.problems.append(f"runs {base!r} inside a comprehension or an inner function")
+            continue
+        if _within(position, spans):
+            # FX numbers each execution ('add_1': the loop's second turn); a site is every turn.
+            scope.problems.append(f"runs {base!r} in a loop (FX numbers each turn)")
+        if _within(position, jumps):
+            scope.conditional = True
+
+
+def _flat(position: object) -> Tuple[int, ...]:
+    """A site's position (``(outer, inner)`` in nested code) as a sortable key."""
+    if isinstance(position, int):
+        return (position,)
+    assert isinstance(position, tuple)
+    return _flat(position[0]) + _flat(position[1])
+
+
+def _resolved(module: torch.nn.Module, func: types.FunctionType, chain: str) -> object:
+    """What the callee ``chain`` of ``func`` (run on ``module``) is now; None for a local's."""
+    root, *names = chain.split(".")
+    if root == "self":
+        found: object = module
+    elif root in func.__globals__:
+        found = func.__globals__[root]
+    elif hasattr(builtins, root):
+        found = getattr(builtins, root)
+    else:
+        return None  # a local or an argument: a tensor's method
+    for name in names:
+        try:
+            found = getattr(found, name)
+        except Exception:  # an attribute set later, a property that fails: nothing to follow
+            return None
+    return found
+
+
+def _has_fx_sites(func: types.FunctionType, base: str) -> bool:
+    """Whether a Python function FX traces into has calls or operators FX would name ``base``."""
+    from ..patch import targets as function_targets
+
+    try:
+        found = function_targets(func)
+    except Exception:  # no code to read (a C function reached through Python)
+        return False
+    return any(callee.rsplit(".", 1)[-1] == base for callee in found.calls) or any(
+        op in found.operators for op in _FX_OPERATORS.get(base, ())
+    )
+
+
+def _within(position: int, spans: List[Tuple[int, int]]) -> bool:
+    return any(start < position < end for start, end in spans)
+
+
+def _forward_jump_spans(code: types.CodeType) -> List[Tuple[int, int]]:
+    """What a forward jump may skip (an ``if``'s body, its ``else``, the right of ``and``):
+    spans of positions in ``instructions(code)``, from the jump to its label.
+
+    >>> def f(x, c):
+    ...     y = x + 1
+    ...     if c:
+    ...         y = y + 2
+    ...     return y
+    >>> len(_forward_jump_spans(f.__code__)) >= 1, _forward_jump_spans(has_forward.__code__)
+    (True, [])
+    """
+    items = instructions(code)
+    labels = {item: k for k, item in enumerate(items) if isinstance(item, Label)}
+    return [
+        (k, labels[item.arg])
+        for k, item in enumerate(items)
+        if isinstance(getattr(item, "arg", None), Label) and labels[item.arg] > k
+    ]
 
 
 def _loop_spans(code: types.CodeType) -> List[Tuple[int, int]]:
@@ -269,13 +409,25 @@ def expand(model: torch.nn.Module, text: str) -> List[Target]:
     """
     pattern, method, spec_text, grad = _split(text)
     if not spec_text and not any(ch in pattern for ch in "*?["):
+        missing: Optional[TargetError] = None
         try:
             module_at(model, pattern)
-        except TargetError:
+        except TargetError as error:
+            missing = error
+        if missing is not None:
             mapped = _fx_target(model, pattern)  # a functional op's FX node name?
             if mapped is not None:
                 return [mapped]
-            raise
+            parent, _, node = pattern.rpartition(".")
+            try:
+                owner = type(module_at(model, parent)).__name__
+            except TargetError:
+                raise missing from None
+            raise TargetError(
+                f"{missing}; nor is {node!r} an FX name of a call or operator site of {owner}.forward "
+                "that bcrecord can map (FX's getattr, getitem and size nodes, and ops inside Python "
+                "helpers it traces into, have none): pick a target from list_targets"
+            )
     spec = parse(spec_text) if spec_text else Return()
     is_glob = any(ch in pattern for ch in "*?[")
     targets = []

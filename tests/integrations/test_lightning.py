@@ -402,6 +402,12 @@ def test_deepcopied_module_after_fit_is_clean(tmp_path):
 def test_summaries_and_pictures_helpers():
     assert summarize(torch.tensor([2.0])) == {"mean": 2.0, "std": 0.0, "min": 2.0, "max": 2.0}
     assert summarize(torch.tensor([])) == {} and summarize("text") == {}
+    # what nn.TransformerEncoder makes with a padding mask in eval mode, and sparse values
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ragged = torch.nested.nested_tensor([torch.tensor([1.0, 3.0]), torch.tensor([2.0])])
+    assert summarize(ragged) == {"mean": 2.0, "std": (2 / 3) ** 0.5, "min": 1.0, "max": 3.0}
+    assert summarize(torch.eye(2).to_sparse())["mean"] == 0.5 and channel_mean_image(ragged) is None
     assert channel_mean_image(torch.ones(1, 2, 3, 3)).abs().sum() == 0  # constant: zeros
     image = channel_mean_image(torch.arange(24.0).reshape(2, 3, 4))  # (C, H, W)
     assert image.shape == (3, 4) and float(image.min()) == 0.0 and float(image.max()) == 1.0

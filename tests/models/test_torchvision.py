@@ -148,6 +148,31 @@ def test_fx_node_names_of_functional_ops_map_to_call_and_operator_sites(resnet, 
         create_feature_extractor(resnet, ["layer1.0.nothing"])
 
 
+@pytest.mark.parametrize(
+    "name, options, size, nodes",
+    [
+        # InceptionE.forward is torch.cat(self._forward(x)): its two cats in _forward come first
+        ("inception_v3", dict(aux_logits=False, init_weights=False), 96, ["Mixed_7b.cat", "Mixed_7b.cat_2"]),
+        # _DenseLayer's cat is in bn_function, which forward calls; GoogLeNet's flatten in _forward
+        ("densenet121", {}, 64, ["features.denseblock1.denselayer2.cat", "flatten"]),
+        ("googlenet", dict(aux_logits=False, init_weights=False), 64, ["flatten", "inception3a.cat"]),
+        ("resnet18", {}, 64, ["layer1.0.relu_1", "layer2.0.add"]),  # a branch with no relu in it
+    ],
+)
+def test_fx_names_of_ops_in_methods_forward_calls_equal_fx(name, options, size, nodes):
+    torch.manual_seed(0)
+    model = getattr(torchvision.models, name)(weights=None, **options).eval()
+    for module in model.modules():  # FX would return values changed in place after the op
+        if hasattr(module, "inplace"):
+            module.inplace = False
+    x = torch.randn(1, 3, size, size)
+    with torch.no_grad():
+        ours = create_feature_extractor(model, nodes)(x)
+        fx = fx_extractor(model, nodes)(x)
+    for node in nodes:
+        assert ours[node].shape == fx[node].shape and torch.allclose(ours[node], fx[node], atol=1e-5), node
+
+
 def test_resnet_forward_impl_call_results(resnet, image):
     targets = [
         ":_forward_impl:self.avgpool()@0",

@@ -121,6 +121,30 @@ class _Images(html.parser.HTMLParser):
             self.sources.append(unquote(dict(attrs)["src"]))
 
 
+def test_run_summarizes_a_nested_tensor(tmp_path):
+    # What nn.TransformerEncoder's eval fast path makes of a padded batch: no one shape.
+    program = tmp_path / "ragged.py"
+    program.write_text(
+        textwrap.dedent(
+            """
+            import warnings
+            import torch
+            warnings.simplefilter("ignore")
+
+            def pack():
+                batch = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])
+                return batch
+
+            print(pack().is_nested)
+            """
+        )
+    )
+    result = cli("run", "-r", "__main__:pack:batch", program, cwd=tmp_path)
+    assert result.returncode == 0 and result.stdout.strip() == "True", result.stderr
+    assert "__main__:pack:batch@0  1       Tensor (nested) float32" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
 def test_view_draws_every_key(tmp_path):
     pytest.importorskip("matplotlib")
     out = tmp_path / "records"

@@ -50,3 +50,19 @@ def test_tensors_safetensors_cannot_store_are_pickled_with_the_rest_kept(tmp_pat
     }
     (nested,) = summarize(loaded, keys=["n"])  # what `bcrecord view` shows: over every element
     assert (nested.shape, nested.min, nested.mean, nested.max) == (None, 0.0, 1.0, 2.0)
+
+
+def test_every_kind_of_tensor_saved_is_summarized_for_view(tmp_path):
+    with warnings.catch_warnings():  # quantized tensors' deprecation warning
+        warnings.simplefilter("ignore")
+        quantized = torch.quantize_per_tensor(torch.tensor([0.0, 0.5, 1.0]), 0.5, 0, torch.quint8)
+    kinds = {
+        "coo": torch.eye(3).to_sparse(),
+        "csr": torch.eye(3).to_sparse_csr(),
+        "quantized": quantized,
+        "float8": torch.tensor([0.0, 0.5, 1.0]).to(torch.float8_e4m3fn),
+    }
+    Writer(tmp_path).write({key: [value] for key, value in kinds.items()}, step=0)
+    stats = {s.key: (s.min, s.mean, s.max) for s in summarize(load(tmp_path))}
+    assert stats["coo"] == stats["csr"] == (0.0, 1 / 3, 1.0)
+    assert stats["quantized"] == stats["float8"] == (0.0, 0.5, 1.0)

@@ -92,7 +92,7 @@ def test_an_fx_name_whose_site_depends_on_a_branch_is_refused_with_the_sites_to_
             return x
 
     net = torch.nn.Sequential(Block(True), Block(False))
-    message = r"'1.add': Block has 2 'add' sites and conditional"
+    message = r"'1.add': Block has 2 'add' sites and some run only on one side of a branch"
     with pytest.raises(bcrecord.TargetError, match=message) as error:
         create_feature_extractor(net, ["1.add"])
     assert "'1:forward:+@0', '1:forward:+@1'" in str(error.value)
@@ -211,3 +211,109 @@ def test_an_fx_name_of_an_op_after_a_loop_maps_to_its_site():
     assert torch.equal(features["flatten"], torch.full((1, 4), 4.0))
     with pytest.raises(bcrecord.TargetError, match="'mul': Blocks runs 'mul' in a loop"):
         create_feature_extractor(Blocks(), ["mul"])
+
+
+def _helper_scale(x):  # a Python helper FX traces into: its ops are numbered with its caller's
+    return x * 3
+
+
+def _helper_shift(x):
+    return x + 7
+
+
+def test_fx_names_follow_the_module_methods_forward_calls_in_the_order_they_run():
+    # As inception's InceptionE: forward returns torch.cat(self._forward(x)), whose two cats run first.
+    from bcrecord.torch import create_feature_extractor
+
+    class Branches(torch.nn.Module):
+        def _forward(self, x):
+            a = torch.cat([x, x])  # FX 'cat'
+            b = torch.cat([x + 1, x + 1])  # FX 'cat_1'
+            return [a, b]
+
+        def forward(self, x):
+            if x.dim() > 5:  # a branch with no cat in it leaves the numbering fixed
+                x = x.squeeze(0)
+            return torch.cat(self._forward(x))  # FX 'cat_2'
+
+    features = create_feature_extractor(Branches(), ["cat", "cat_1", "cat_2"])(torch.zeros(1))
+    assert [features[name].tolist() for name in ("cat", "cat_1")] == [[0.0, 0.0], [1.0, 1.0]]
+    assert features["cat_2"].tolist() == [0.0, 0.0, 1.0, 1.0]
+    (first,) = expand(Branches(), "cat")
+    assert (first.method, first.spec.target, first.spec.index) == ("_forward", "torch.cat", (0,))
+
+    class Shifted(torch.nn.Module):
+        def forward(self, x):
+            return _helper_shift(x) * 2  # the helper has an add, no mul
+
+    assert create_feature_extractor(Shifted(), ["mul"])(torch.zeros(1))["mul"].item() == 14.0
+
+
+class _Base(torch.nn.Module):
+    def forward(self, x):
+        return x + 1
+
+
+class _Super(_Base):
+    def forward(self, x):
+        return super().forward(x) + 100
+
+
+class _Helper(torch.nn.Module):
+    def forward(self, x):
+        return _helper_scale(x) * 5
+
+
+class _Chained(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(2, 2)
+
+    def forward(self, x):
+        return self.lin(x).flatten(1) + torch.flatten(x, 1)
+
+
+class _Comprehension(torch.nn.Module):
+    def forward(self, x):
+        return torch.stack([x * k for k in range(3)]) * 2
+
+
+class _Twice(torch.nn.Module):
+    def _step(self, x):
+        return x + 2
+
+    def forward(self, x):
+        return self._step(self._step(x)) * 3
+
+
+@pytest.mark.parametrize(
+    "model, name, reason",
+    [
+        (_Super, "add", "calls a method through super"),
+        (_Helper, "mul", "calls _helper_scale, a Python function FX traces into, which has 'mul' ops"),
+        (_Chained, "flatten", r"calls \.flatten\(\) on a value that is not a name or attribute chain"),
+        (_Comprehension, "mul_1", "runs 'mul' inside a comprehension"),
+        (_Twice, "add", "runs self._step more than once"),
+    ],
+)
+def test_fx_names_whose_numbering_the_code_does_not_fix_are_refused(model, name, reason):
+    from bcrecord.torch import create_feature_extractor
+
+    with pytest.raises(bcrecord.TargetError, match=f"'{name}': {model.__name__} {reason}") as error:
+        create_feature_extractor(model(), [name])
+    assert "name the site instead: ':" in str(error.value)
+    if model is _Twice:  # its mul is numbered either way: one site, outside _step
+        assert create_feature_extractor(model(), ["mul"])(torch.zeros(1))["mul"].item() == 12.0
+
+
+def test_an_fx_name_with_no_site_says_what_fx_names_cannot_be_mapped():
+    class Indexing(torch.nn.Module):
+        def forward(self, x):
+            return x[0] + x.size(0)
+
+    with pytest.raises(bcrecord.TargetError) as error:
+        expand(Indexing(), "getitem")
+    assert str(error.value).startswith("the model has no submodule 'getitem'; nor is 'getitem' an FX name")
+    assert "pick a target from list_targets" in str(error.value)
+    with pytest.raises(bcrecord.TargetError, match="has no submodule 'nope.add'$"):
+        expand(Indexing(), "nope.add")  # no module there at all: only that is said
