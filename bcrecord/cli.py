@@ -92,16 +92,20 @@ def _positive(text: str) -> int:
     return number
 
 
+def _recordable(path: str) -> Any:
+    """What ``path`` names, as ``bcrecord run`` records it: a property by its getter."""
+    _, found = resolve_path(path)
+    return found.fget if isinstance(found, property) and found.fget is not None else found
+
+
 def _targets(args: argparse.Namespace) -> int:
-    _, func = resolve_path(args.path)
-    found = targets(func)
+    found = targets(_recordable(args.path))
     print(json.dumps(found.as_dict(), indent=2) if args.json else found)
     return 0
 
 
 def _show(args: argparse.Namespace) -> int:
-    _, func = resolve_path(args.path)
-    base = function_of(func)
+    base = function_of(_recordable(args.path))
     with patch_function(base, args.specs, name=args.name or "show") as patch:
         print(f"{base.__qualname__}: {len(patch.keys)} probe(s): {', '.join(patch.keys)}\n")
         print(side_by_side(patch.original_code, patch.code))

@@ -567,6 +567,10 @@ def _program(program: str, args: Sequence[str], is_module: bool) -> _Program:
             if spec is not None and spec.submodule_search_locations is not None:
                 name = program + ".__main__"  # a package runs its __main__ submodule
                 spec = importlib.util.find_spec(name)
+                if spec is None:
+                    raise RunError(
+                        f"{program!r} is a package with no __main__ module: it cannot be run with -m"
+                    )
         except (ImportError, ValueError) as error:
             raise RunError(f"cannot run module {program!r}: {error}") from None
         if spec is None:
@@ -581,6 +585,12 @@ def _program(program: str, args: Sequence[str], is_module: bool) -> _Program:
     # `python app` does: its own modules are found there, and checked there.
     bundle = os.path.isdir(program) or zipfile.is_zipfile(program)
     main_file = os.path.join(program, "__main__.py") if os.path.isdir(program) else program
+    if os.path.isdir(program) and not os.path.isfile(main_file):
+        raise RunError(f"{program!r} is a directory with no __main__.py: there is nothing to run")
+    if bundle and not os.path.isdir(program):
+        with zipfile.ZipFile(program) as archive:
+            if "__main__.py" not in archive.namelist():
+                raise RunError(f"{program!r} is a zip file with no __main__.py: there is nothing to run")
     code = None
     if os.path.isfile(main_file) and not zipfile.is_zipfile(main_file):
         try:

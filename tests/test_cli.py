@@ -45,6 +45,17 @@ def test_show_marks_the_probes(project):
     assert any("SINKS.get" in line or "__bcrecord_probe__" in line for line in inserted)
 
 
+def test_targets_and_show_take_a_property_as_run_records_it(project):
+    (project / "shapes.py").write_text(
+        "class Box:\n    @property\n    def area(self):\n        a = 2 * 3\n        return a\n"
+    )
+    listed = cli("targets", "shapes:Box.area", cwd=project)
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.splitlines()[0] == "Box.area(self)" and "a@0" in listed.stdout
+    shown = cli("show", "shapes:Box.area", "a", cwd=project)
+    assert shown.returncode == 0 and "1 probe(s): show:area:a@0" in shown.stdout, shown.stderr
+
+
 @pytest.mark.parametrize(
     "args, words",
     [

@@ -163,6 +163,17 @@ def test_run_bad_input(project, args, words):
     assert result.stdout == ""  # the program never started
 
 
+def test_run_refuses_a_package_or_directory_with_nothing_to_run(project):
+    (project / "nomain").mkdir()
+    (project / "nomain" / "__init__.py").write_text("print('imported')\n")
+    (project / "appdir").mkdir()
+    package = cli("run", "-r", "helper:twice:y", "-m", "nomain", cwd=project)
+    assert "'nomain' is a package with no __main__ module" in one_clear_line(package)
+    directory = cli("run", "-r", "helper:twice:y", "appdir", cwd=project)
+    assert "'appdir' is a directory with no __main__.py" in one_clear_line(directory)
+    assert directory.stdout == ""  # (the package was imported, as `python -m nomain` does)
+
+
 def test_run_unwritable_directory(project):
     blocker = project / "a_file"
     blocker.write_text("not a directory")

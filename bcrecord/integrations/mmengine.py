@@ -42,6 +42,7 @@ See ``docs/mmengine.md`` for the whole guide.
 from __future__ import annotations
 
 import difflib
+import dis
 import fnmatch
 import re
 import types
@@ -67,7 +68,7 @@ from ..errors import BcrecordError
 from ..listing import decompiled, side_by_side
 from ..patch import Patch, patch_method
 from ..runtime import Recording, recording
-from ..specs import COPY_POLICIES, Spec, parse
+from ..specs import COPY_POLICIES, Attribute, Spec, parse
 from ..storage import Writer
 from ..torch.targets import unwrap
 
@@ -414,6 +415,42 @@ def _to_cpu(value: Any) -> Any:
 # --- the hooks ----------------------------------------------------------------
 
 
+def _missing_attribute(model: Any, spec: Any) -> Optional[str]:
+    """Why an attribute recorder's chain (``self.linear1.weight``) cannot be read on
+    ``model`` now, or None. An attribute that some method of the model's class assigns
+    (``self.cache = ...`` in forward) may not exist before the first iteration: it
+    passes."""
+    if not isinstance(spec, Attribute) or spec.at != "entry" or spec.chain[0] != "self":
+        return None
+    value, path = model, "self"
+    for part in spec.chain[1:]:
+        try:
+            value = getattr(value, part)
+        except AttributeError:
+            if value is model and _assigned_by_methods(type(model), part):
+                return None
+            names = [n for n in dir(value) if not n.startswith("_")]
+            close = difflib.get_close_matches(part, names, n=3)
+            hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+            return f"target {spec.target!r}: {path} ({type(value).__name__}) has no attribute {part!r}{hint}"
+        except Exception:  # a property that fails before the run: leave it to the iteration
+            return None
+        path += f".{part}"
+    return None
+
+
+def _assigned_by_methods(cls: type, name: str) -> bool:
+    """Whether a method of ``cls`` (or a base) assigns ``self.<name>``."""
+    for kind in cls.__mro__:
+        for member in vars(kind).values():
+            code = getattr(getattr(member, "__func__", member), "__code__", None)
+            if code is not None and any(
+                instr.opname == "STORE_ATTR" and instr.argval == name for instr in dis.get_instructions(code)
+            ):
+                return True
+    return False
+
+
 @HOOKS.register_module()
 class RecorderHook(Hook):
     """Record locals and attributes inside ``runner.model`` into the MessageHub.
@@ -599,6 +636,9 @@ class RecorderHook(Hook):
                         f"model={rc.model!r} is a {type(target).__name__}, not a module instance: "
                         "RecorderHook patches instances only",
                     )
+                missing = _missing_attribute(target, rc.spec)
+                if missing is not None:
+                    raise _fail(rc.where, missing)
                 try:
                     applied.append(patch_method(target, rc.method, rc.spec, name=rc.owner))
                 except BcrecordError as error:

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import uuid
+import warnings
 from pathlib import Path
 
 import pytest
@@ -528,6 +529,16 @@ def test_method_without_source_records(tmp_path):
         (ToyModel, dict(type="AttributeRecorder", target="outputs"), "an attribute target needs a dot"),
         (
             ToyModel,
+            dict(type="AttributeRecorder", target="self.linear3.weight"),
+            "target 'self.linear3.weight': self (ToyModel) has no attribute 'linear3'; did you mean",
+        ),
+        (
+            ToyModel,
+            dict(type="AttributeRecorder", target="self.linear1.wieght"),
+            "self.linear1 (Linear) has no attribute 'wieght'; did you mean 'weight'",
+        ),
+        (
+            ToyModel,
             dict(type="FunctionRecorder", method="forwrd", target="outputs"),
             "did you mean 'forward'",
         ),
@@ -560,6 +571,22 @@ def test_bad_config_fails_at_before_run(tmp_path, model_class, recorder, message
     assert any(entry.name == "before_run" for entry in caught.traceback)
     assert checker.iters["train"] == [] and runner.iter == 0  # no training step ran
     assert_restored(model)  # the good recorder's patch was undone too
+
+
+class _Remembering(ToyModel):
+    def forward(self, inputs, data_samples, mode="tensor"):
+        outputs = super().forward(inputs, data_samples, mode)
+        self.last_outputs = outputs  # exists only after the first iteration
+        return outputs
+
+
+def test_an_attribute_the_model_sets_while_running_is_not_refused_before_it_runs(tmp_path):
+    recorder = dict(type="AttributeRecorder", target="self.last_outputs")
+    runner = make_runner(tmp_path, _Remembering(), [dict(type="RecorderHook", recorders=[recorder])])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the first iteration has nothing to read yet
+        runner.train()
+    assert set(runner.message_hub.get_info("runner_model:forward:self.last_outputs")) == {"loss"}
 
 
 def test_bad_hook_arguments_fail_when_built():
