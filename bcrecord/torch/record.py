@@ -570,7 +570,7 @@ class Plan:
         wanted: Dict[Tuple[type, str, Spec], set] = defaultdict(set)
         grad_specs: Dict[Tuple[type, str, str], List[Spec]] = defaultdict(list)
         for key, asked in requests.items():
-            keep_value = policy(asked.reducer, grad or asked.grad)
+            keep_value = policy(asked.reducer, grad)  # a .grad target hooks the live value, not this
             if asked.grad:
                 # The gradient gets the value's options, outside the graph.
                 keep_grad = policy(asked.reducer, False)

@@ -179,6 +179,8 @@ def test_gradients_get_the_value_options(net):
     assert grad.dtype == torch.float64 and grad.shape == (5,) and not grad.requires_grad
     assert torch.allclose(grad, (2 * out.detach()).sum(0).double(), atol=1e-6)
     assert torch.allclose(rec["fc:forward:return"], out.detach().sum(0).double(), atol=1e-6)
+    # Without grad=True the value stays out of the graph (it would keep the graph alive).
+    assert not rec["fc:forward:return"].requires_grad
 
 
 def test_grad_keeps_values_in_the_graph_and_records_gradients(net):
