@@ -70,7 +70,7 @@ from .errors import BcrecordError
 from .patch import Patch, function_of, patch_function, patch_method
 from .runtime import Recording, Sink, copy_value
 from .specs import Spec, parse
-from .storage import Writer
+from .storage import UnsavableValue, Writer
 
 __all__ = ["RunTarget", "RunError", "parse_target", "check_targets", "run"]
 
@@ -427,17 +427,20 @@ class _Collector:
 
     def _picklable(self, key: str, value: Any) -> Any:
         """``value``, or its repr (with a warning, once per key) if it cannot be pickled."""
-        if type(value).__module__.startswith("torch") and hasattr(value, "shape"):
-            return value
-        try:
-            pickle.dumps(value, protocol=4)
-            return value
-        except Exception as error:
-            if key not in self.warned:
-                self.warned.add(key)
+        if type(value).__module__.startswith("torch") and hasattr(type(value), "shape"):
+            if not getattr(value, "is_meta", False):
+                return value
+            why = "a meta tensor has no data"
+        else:
+            try:
+                pickle.dumps(value, protocol=4)
+                return value
+            except Exception as error:
                 why = f"{type(value).__name__} cannot be pickled ({type(error).__name__})"
-                self.warnings.append(f"{key}: {why}; saved its repr")
-            return repr(value)
+        if key not in self.warned:
+            self.warned.add(key)
+            self.warnings.append(f"{key}: {why}; saved its repr")
+        return repr(value)
 
     def flush(self) -> None:
         """Write what is buffered; a failure (a full disk) stops saving but never the program."""
@@ -461,8 +464,11 @@ class _Collector:
         with _main_module(self.main):
             try:
                 self.writer.write_many(_by_step(batch))
-            except BcrecordError:
-                raise
+            except BcrecordError as error:
+                if not isinstance(error, UnsavableValue):
+                    raise
+                batch = [(key, step, self._picklable(key, value)) for key, step, value in batch]
+                self.writer.write_many(_by_step(batch))
             except Exception:  # most likely a value that cannot be pickled: find it, retry
                 batch = [(key, step, self._picklable(key, value)) for key, step, value in batch]
                 self.writer.write_many(_by_step(batch))

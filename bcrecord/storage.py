@@ -59,7 +59,7 @@ try:
 except ImportError:  # pragma: no cover - Windows: no lock between processes
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["StorageError", "Writer", "Loaded", "save", "load"]
+__all__ = ["StorageError", "UnsavableValue", "Writer", "Loaded", "save", "load"]
 
 FORMAT = "bcrecord-records"
 VERSION = 2
@@ -71,6 +71,11 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 class StorageError(BcrecordError, OSError):
     """Records could not be written or read (unwritable directory, full disk, bad index)."""
+
+
+class UnsavableValue(StorageError):
+    """A value has nothing to save (a meta tensor's data): its key and step are named, and
+    the save it was in wrote nothing."""
 
 
 def is_tensor(value: Any) -> bool:
@@ -241,13 +246,18 @@ class Writer:
                 for value in values:
                     position = positions[(key, step)] = positions.get((key, step), -1) + 1
                     name = f"{key}#{step}#{position}"
-                    info = _describe(value)
-                    if info["kind"] == "tensor":
-                        tensors[name] = value.detach().cpu().contiguous().clone()
-                        file = f"records/{stem}.safetensors"
-                    else:
-                        others[name] = value.detach().cpu() if is_tensor(value) else value
-                        file = f"records/{stem}.pkl"
+                    try:
+                        info = _describe(value)
+                        if info["kind"] == "tensor":
+                            tensors[name] = value.detach().cpu().contiguous().clone()
+                            file = f"records/{stem}.safetensors"
+                        else:
+                            others[name] = value.detach().cpu() if is_tensor(value) else value
+                            file = f"records/{stem}.pkl"
+                    except Exception as error:  # a meta tensor has no data to save
+                        raise UnsavableValue(
+                            f"cannot save {key!r} (step {step}): {type(error).__name__}: {error}"
+                        ) from None
                     row = {"key": key, "step": step, "file": file, "name": name, **info, "time": now}
                     entries.append(row)
         if not entries:

@@ -133,6 +133,7 @@ def test_run_summarizes_a_nested_tensor(tmp_path):
 
             def pack():
                 batch = torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])
+                shape = torch.empty(2, device="meta")  # no data to save
                 return batch
 
             print(pack().is_nested)
@@ -143,6 +144,15 @@ def test_run_summarizes_a_nested_tensor(tmp_path):
     assert result.returncode == 0 and result.stdout.strip() == "True", result.stderr
     assert "__main__:pack:batch@0  1       Tensor (nested) float32" in result.stderr
     assert "Traceback" not in result.stderr
+    # Saved: the nested tensor as it is, the meta tensor as its repr (with a warning).
+    saved = cli(
+        "run", "-r", "__main__:pack:batch", "-r", "__main__:pack:shape", "-o", "out", program, cwd=tmp_path
+    )
+    assert saved.returncode == 0 and "saved 2 value(s) of 2 key(s)" in saved.stderr, saved.stderr
+    assert "__main__:pack:shape@0: a meta tensor has no data; saved its repr" in saved.stderr
+    loaded = bcrecord.load(tmp_path / "out")
+    assert loaded["__main__:pack:shape@0"] == ["tensor(..., device='meta', size=(2,))"]
+    assert [t.tolist() for t in loaded["__main__:pack:batch@0"][0].unbind()] == [[1.0, 1.0], [1.0, 1.0, 1.0]]
 
 
 def test_view_draws_every_key(tmp_path):

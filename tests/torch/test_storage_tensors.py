@@ -2,6 +2,7 @@
 
 import warnings
 
+import pytest
 import torch
 
 from bcrecord.storage import Writer, load
@@ -66,3 +67,11 @@ def test_every_kind_of_tensor_saved_is_summarized_for_view(tmp_path):
     stats = {s.key: (s.min, s.mean, s.max) for s in summarize(load(tmp_path))}
     assert stats["coo"] == stats["csr"] == (0.0, 1 / 3, 1.0)
     assert stats["quantized"] == stats["float8"] == (0.0, 0.5, 1.0)
+
+
+def test_a_value_with_no_data_is_named_and_the_save_writes_nothing(tmp_path):
+    from bcrecord.storage import UnsavableValue
+
+    with pytest.raises(UnsavableValue, match=r"cannot save 'm:f:w@0' \(step 3\): NotImplementedError"):
+        Writer(tmp_path).write({"m:f:x@0": [1.0], "m:f:w@0": [torch.empty(2, device="meta")]}, step=3)
+    assert len(load(tmp_path)) == 0 and not list((tmp_path / "records").glob("[!.]*"))
