@@ -232,9 +232,12 @@ def _fx_sites(
         if called is None or isinstance(called, torch.nn.Module):
             continue  # a tensor's method, a builtin, or a submodule (numbered under its own name)
         inner = getattr(called, "__func__", called)
-        if not isinstance(inner, types.FunctionType) or inner.__module__.partition(".")[0] == "torch":
+        if not isinstance(inner, types.FunctionType):
+            continue  # a builtin or a class: one node at most, named as it is
+        bound_to = getattr(called, "__self__", None)
+        if bound_to is None and (inner.__module__ or "").partition(".")[0] == "torch":
             continue  # torch's functions (F.relu included) are one node each
-        if getattr(called, "__self__", None) is module and callee == f"self.{inner.__name__}":
+        if bound_to is module and callee == f"self.{inner.__name__}":
             # A method of the module: FX follows it in place, numbering its ops as forward's.
             position = calls[0].positions[0]
             inlined = _FxScope(base, [], [])
