@@ -278,6 +278,16 @@ class _Comprehension(torch.nn.Module):
         return torch.stack([x * k for k in range(3)]) * 2
 
 
+class _SubmoduleMethod(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(1, 1, 1)
+
+    def forward(self, x):  # _conv_forward is no module call: FX numbers its conv2d as ours
+        a = self.conv._conv_forward(x, self.conv.weight, None)
+        return torch.nn.functional.conv2d(a, self.conv.weight)
+
+
 class _Twice(torch.nn.Module):
     def _step(self, x):
         return x + 2
@@ -294,6 +304,7 @@ class _Twice(torch.nn.Module):
         (_Chained, "flatten", r"calls \.flatten\(\) on a value that is not a name or attribute chain"),
         (_Comprehension, "mul_1", "runs 'mul' inside a comprehension"),
         (_Twice, "add", "runs self._step more than once"),
+        (_SubmoduleMethod, "conv2d", "calls self.conv._conv_forward, a Python function FX traces into"),
     ],
 )
 def test_fx_names_whose_numbering_the_code_does_not_fix_are_refused(model, name, reason):
