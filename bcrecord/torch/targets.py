@@ -25,18 +25,19 @@ from __future__ import annotations
 
 import builtins
 import difflib
-import dis
 import fnmatch
+import functools
 import inspect
 import sys
 import types
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Tuple
 
 import torch
-from bytecode import Label
+from bytecode import Instr, Label
 
+from .._versions import current
 from ..analysis import instructions
 from ..errors import NotPatchableError, RecordingWarning, SpecError, TargetError
 from ..specs import Call, Expr, Return, Spec, parse
@@ -149,17 +150,31 @@ _FX_OPERATORS = {
 
 
 @dataclass
+class _FxSite:
+    """One site FX would number under the module's name, and what decides if it runs."""
+
+    #: Where it runs: the call positions that lead to it, then its own position.
+    order: Tuple[int, ...]
+    method: str
+    spec: Spec
+    label: str
+    #: The forward-jump spans around it (tagged by where their code runs): sites with
+    #: the same guards run together or not at all.
+    guards: frozenset
+
+
+@dataclass
 class _FxScope:
     """What FX numbers under one module's name for one op: every site that makes such a
     node, in the order they run, and why that order cannot be told (if it cannot)."""
 
     base: str
-    #: (order key, method, spec, label), the key a path of call positions.
-    sites: List[Tuple[Tuple[int, ...], str, Spec, str]]
-    #: Why the numbering is not fixed by the code (a branch, a loop, a traced-into call).
-    problems: List[str]
-    #: Whether some site of the op runs only on one side of a branch.
-    conditional: bool = False
+    sites: List[_FxSite] = field(default_factory=list)
+    #: Why the numbering is not fixed by the code (a loop, a traced-into call...).
+    problems: List[str] = field(default_factory=list)
+    #: Where a node of the op runs that is no site (``f(x).flatten()``): names of the
+    #: sites after it are not fixed.
+    unplaced: List[Tuple[int, ...]] = field(default_factory=list)
 
 
 def _fx_target(model: torch.nn.Module, text: str) -> Optional[Target]:
@@ -169,9 +184,10 @@ def _fx_target(model: torch.nn.Module, text: str) -> Optional[Target]:
     FX numbers a module's ops in the order they run, over everything it traces inside
     that module: ``forward``, and the methods of the module it calls
     (``self._forward_impl(x)``), which are followed here in place. Where that order
-    is not fixed by the code (a loop, a branch with several sites, a comprehension, a
-    call of a Python helper or of ``super()`` with such ops, a method called on a
-    call's result), the name is refused, naming the sites to use instead.
+    is not fixed by the code (a loop, sites on different sides of a branch, a
+    comprehension, a call of a Python helper or of ``super()`` with such ops, an
+    earlier method call on a call's result), the name is refused, naming the sites to
+    use instead.
     """
     parent, _, node = text.rpartition(".")
     base, _, number = node.rpartition("_") if node.rpartition("_")[2].isdigit() else (node, "", "0")
@@ -183,69 +199,84 @@ def _fx_target(model: torch.nn.Module, text: str) -> Optional[Target]:
     forward = getattr(type(module), "forward", None)
     if not isinstance(forward, types.FunctionType):
         return None
-    scope = _FxScope(base, [], [])
-    _fx_sites(module, forward, (), scope, frozenset([forward]))
+    scope = _FxScope(base)
+    _fx_sites(module, forward, (), frozenset(), scope, frozenset([forward]))
     if not scope.sites:
         return None
-    scope.sites.sort(key=lambda site: site[0])
-    labels = ", ".join(f"'{parent}:{method}:{label}'" for _, method, _, label in scope.sites)
+    scope.sites.sort(key=lambda site: site.order)
+    labels = ", ".join(f"'{parent}:{site.method}:{site.label}'" for site in scope.sites)
     kind = type(module).__name__
     if scope.problems:
         raise TargetError(
             f"{text!r}: {kind} {'; '.join(dict.fromkeys(scope.problems))}, so the order in which FX "
             f"numbers its {base!r} ops is not fixed by the code; name the site instead: {labels}"
         )
-    if scope.conditional and len(scope.sites) > 1:
+    if len({site.guards for site in scope.sites}) > 1:
         raise TargetError(
-            f"{text!r}: {kind} has {len(scope.sites)} {base!r} sites and some run only on one side "
-            f"of a branch, so which of them FX names {node!r} depends on the branch that runs; "
-            f"name the site instead: {labels}"
+            f"{text!r}: {kind} has {len(scope.sites)} {base!r} sites and not all of them run "
+            f"together (a branch decides), so which of them FX names {node!r} depends on the "
+            f"branch that runs; name the site instead: {labels}"
         )
+    if scope.unplaced:
+        first = min(scope.unplaced)
+        if occurrence >= sum(site.order < first for site in scope.sites):
+            raise TargetError(
+                f"{text!r}: {kind} calls .{base}() on a value that is not a name or attribute "
+                f"chain (f(x).{base}()), which FX numbers too and which is no site, so FX's "
+                f"{base!r} names from there on are not fixed; name the site instead: {labels}"
+            )
     if occurrence >= len(scope.sites):
         raise TargetError(
             f"{text!r}: {kind} has {len(scope.sites)} {base!r} site(s) ({labels}); "
             f"there is no number {occurrence}"
         )
-    _, method, spec, _ = scope.sites[occurrence]
-    return Target(text, parent, method, spec)
+    chosen = scope.sites[occurrence]
+    return Target(text, parent, chosen.method, chosen.spec)
 
 
 def _fx_sites(
-    module: torch.nn.Module, func: types.FunctionType, at: Tuple[int, ...], scope: _FxScope, seen: frozenset
+    module: torch.nn.Module,
+    func: types.FunctionType,
+    at: Tuple[int, ...],
+    guards: frozenset,
+    scope: _FxScope,
+    seen: frozenset,
 ) -> None:
-    """Add ``func``'s sites of ``scope.base`` (``func`` runs at call positions ``at``, inside
-    the methods ``seen``)."""
+    """Add ``func``'s sites of ``scope.base``: ``func`` runs at call positions ``at``,
+    inside the forward-jump spans ``guards``, inside the methods ``seen``."""
     from ..patch import targets as function_targets
 
     base, method = scope.base, func.__name__
     found = function_targets(func)
     spans = _loop_spans(func.__code__)
     jumps = _forward_jump_spans(func.__code__)
-    named = 0  # call sites whose callee's last name is base
-    placed: List[Tuple[int, Spec, str]] = []
+
+    def guarded(position: int) -> frozenset:
+        return guards | {(at, span) for span in jumps if span[0] < position < span[1]}
+
+    placed: List[Tuple[object, Spec, str]] = []
     for callee, calls in found.calls.items():
-        last = callee.rsplit(".", 1)[-1]
-        if last == base:
-            named += sum(len(c.positions) for c in calls)
-            placed += [(c.positions[0], Call(callee, c.index), f"{callee}()@{c.index}") for c in calls]
         called = _resolved(module, func, callee)
-        if called is None or isinstance(called, torch.nn.Module):
-            continue  # a tensor's method, a builtin, or a submodule (numbered under its own name)
-        inner = getattr(called, "__func__", called)
-        if not isinstance(inner, types.FunctionType):
-            continue  # a builtin or a class: one node at most, named as it is
-        bound_to = getattr(called, "__self__", None)
-        if bound_to is None and (inner.__module__ or "").partition(".")[0] == "torch":
-            continue  # torch's functions (F.relu included) are one node each
-        if bound_to is module and callee == f"self.{inner.__name__}":
+        if isinstance(called, torch.nn.Module):
+            # A module call is a node under the module's own path: one of ours only for
+            # a child named base (self.relu), not for a grandchild (self.inner.relu).
+            if callee == f"self.{base}":
+                placed += [(c.positions[0], Call(callee, c.index), f"{callee}()@{c.index}") for c in calls]
+            continue
+        if callee.rsplit(".", 1)[-1] == base:
+            placed += [(c.positions[0], Call(callee, c.index), f"{callee}()@{c.index}") for c in calls]
+        python = _python_function(called)
+        if python is None:
+            continue  # a tensor's method, a builtin, a class, or one of torch's functions
+        if getattr(called, "__self__", None) is module and callee == f"self.{python.__name__}":
             # A method of the module: FX follows it in place, numbering its ops as forward's.
             position = calls[0].positions[0]
-            inlined = _FxScope(base, [], [])
-            if inner in seen:  # recursion
-                inlined.problems += [f"calls {callee} from itself"] if _has_fx_sites(inner, base) else []
-            else:
-                _fx_sites(module, inner, at + _flat(position), inlined, seen | {inner})
-            if not inlined.sites and not inlined.problems:
+            inlined = _FxScope(base)
+            if python in seen:  # recursion
+                inlined.problems += [f"calls {callee} from itself"] if _has_fx_sites(python, base) else []
+            elif isinstance(position, int):
+                _fx_sites(module, python, at + (position,), guarded(position), inlined, seen | {python})
+            if not inlined.sites and not inlined.problems and not inlined.unplaced:
                 continue
             if len(calls) > 1 or len(calls[0].positions) > 1:
                 scope.problems.append(f"runs {callee} more than once")
@@ -253,44 +284,33 @@ def _fx_sites(
                 scope.problems.append(f"calls {callee} inside a comprehension or an inner function")
             elif _within(position, spans):
                 scope.problems.append(f"calls {callee} in a loop")
-            elif _within(position, jumps):
-                scope.conditional = True
             scope.sites += inlined.sites
             scope.problems += inlined.problems
-            scope.conditional = scope.conditional or inlined.conditional
-        elif _has_fx_sites(inner, base):
+            scope.unplaced += inlined.unplaced
+        elif _has_fx_sites(python, base):
             scope.problems.append(f"calls {callee}, a Python function FX traces into, which has {base!r} ops")
     if "super" in func.__code__.co_names and any(
-        _has_fx_sites(method, base)
+        _has_fx_sites(inherited, base)
         for kind in type(module).__mro__[1:]
         for name in func.__code__.co_names
-        for method in [vars(kind).get(name)]
-        if isinstance(method, types.FunctionType)
+        for inherited in [vars(kind).get(name)]
+        if isinstance(inherited, types.FunctionType)
     ):
         scope.problems.append("calls a method through super(), which FX traces into")
     for op in _FX_OPERATORS.get(base, ()):
         placed += [
             (o.positions[0], Expr(op, o.index), f"{op}@{o.index}") for o in found.operators.get(op, ())
         ]
-    attribute_loads = sum(
-        1
-        for instr in dis.get_instructions(func.__code__)
-        if instr.opname in ("LOAD_ATTR", "LOAD_METHOD") and instr.argval == base
-    )
-    if attribute_loads > named:
-        scope.problems.append(
-            f"calls .{base}() on a value that is not a name or attribute chain (f(x).{base}())"
-        )
-    for position, spec, label in placed:
-        scope.sites.append((at + _flat(position), method, spec, label))
-        if not isinstance(position, int):  # in a nested code object: a comprehension's loop
+    scope.unplaced += [at + (position,) for position in _unchained_loads(func.__code__, base)]
+    for where, spec, label in placed:
+        if not isinstance(where, int):  # in a nested code object: a comprehension's loop
+            scope.sites.append(_FxSite(at + _flat(where), method, spec, label, guards))
             scope.problems.append(f"runs {base!r} inside a comprehension or an inner function")
             continue
-        if _within(position, spans):
+        scope.sites.append(_FxSite(at + (where,), method, spec, label, guarded(where)))
+        if _within(where, spans):
             # FX numbers each execution ('add_1': the loop's second turn); a site is every turn.
             scope.problems.append(f"runs {base!r} in a loop (FX numbers each turn)")
-        if _within(position, jumps):
-            scope.conditional = True
 
 
 def _flat(position: object) -> Tuple[int, ...]:
@@ -301,10 +321,10 @@ def _flat(position: object) -> Tuple[int, ...]:
     return _flat(position[0]) + _flat(position[1])
 
 
-def _resolved(module: torch.nn.Module, func: types.FunctionType, chain: str) -> object:
+def _resolved(module: Optional[torch.nn.Module], func: types.FunctionType, chain: str) -> object:
     """What the callee ``chain`` of ``func`` (run on ``module``) is now; None for a local's."""
     root, *names = chain.split(".")
-    if root == "self":
+    if root == "self" and module is not None:
         found: object = module
     elif root in func.__globals__:
         found = func.__globals__[root]
@@ -320,17 +340,72 @@ def _resolved(module: torch.nn.Module, func: types.FunctionType, chain: str) -> 
     return found
 
 
-def _has_fx_sites(func: types.FunctionType, base: str) -> bool:
-    """Whether a Python function FX traces into has calls or operators FX would name ``base``."""
+def _python_function(called: object) -> Optional[types.FunctionType]:
+    """The Python code FX traces into when ``called`` is called, if any.
+
+    None for builtins, classes, tensors' methods and torch's own functions
+    (``F.relu``: one node each); a partial's function, a method's function and a
+    callable object's ``__call__`` otherwise.
+    """
+    while isinstance(called, functools.partial):
+        called = called.func
+    inner = getattr(called, "__func__", called)
+    if not isinstance(inner, types.FunctionType):
+        call = inspect.getattr_static(type(called), "__call__", None)
+        if isinstance(called, type) or not isinstance(call, types.FunctionType):
+            return None
+        return call  # an object with a Python __call__
+    if getattr(called, "__self__", None) is None and (inner.__module__ or "").partition(".")[0] == "torch":
+        return None
+    return inner
+
+
+def _has_fx_sites(func: types.FunctionType, base: str, depth: int = 4) -> bool:
+    """Whether a Python function FX traces into has calls or operators FX would name
+    ``base``, itself or in the Python functions it calls (``depth`` levels down)."""
     from ..patch import targets as function_targets
 
     try:
         found = function_targets(func)
     except Exception:  # no code to read (a C function reached through Python)
         return False
-    return any(callee.rsplit(".", 1)[-1] == base for callee in found.calls) or any(
+    if any(callee.rsplit(".", 1)[-1] == base for callee in found.calls) or any(
         op in found.operators for op in _FX_OPERATORS.get(base, ())
-    )
+    ):
+        return True
+    if _unchained_loads(func.__code__, base):
+        return True
+    if depth == 0:
+        return False
+    for callee in found.calls:
+        inner = _python_function(_resolved(None, func, callee))
+        if inner is not None and inner is not func and _has_fx_sites(inner, base, depth - 1):
+            return True
+    return False
+
+
+def _unchained_loads(code: types.CodeType, base: str) -> List[int]:
+    """Positions of loads of an attribute named ``base`` from a value that is not a name
+    or an attribute chain (``f(x).flatten``): calls FX numbers that are no sites."""
+    table = current()
+    items = instructions(code)
+    found = []
+    previous: Optional[Instr] = None
+    for position, item in enumerate(items):
+        if not isinstance(item, Instr):
+            continue
+        if (table.attr_load(item) or table.method_load(item)) == base and not (
+            previous is not None
+            and (
+                previous.name in table.local_loads
+                or previous.name in table.global_loads
+                or table.attr_load(previous)
+                or table.method_load(previous)
+            )
+        ):
+            found.append(position)
+        previous = item
+    return found
 
 
 def _within(position: int, spans: List[Tuple[int, int]]) -> bool:

@@ -1,5 +1,7 @@
 """bcrecord.torch.targets: parsing and expanding target strings over a model."""
 
+import functools
+
 import pytest
 import torch
 
@@ -92,7 +94,7 @@ def test_an_fx_name_whose_site_depends_on_a_branch_is_refused_with_the_sites_to_
             return x
 
     net = torch.nn.Sequential(Block(True), Block(False))
-    message = r"'1.add': Block has 2 'add' sites and some run only on one side of a branch"
+    message = r"'1.add': Block has 2 'add' sites and not all of them run together \(a branch decides\)"
     with pytest.raises(bcrecord.TargetError, match=message) as error:
         create_feature_extractor(net, ["1.add"])
     assert "'1:forward:+@0', '1:forward:+@1'" in str(error.value)
@@ -221,6 +223,10 @@ def _helper_shift(x):
     return x + 7
 
 
+def _helper_outer(x):  # FX traces two levels down: the add in _helper_shift is numbered too
+    return _helper_shift(x) * 1
+
+
 def test_fx_names_follow_the_module_methods_forward_calls_in_the_order_they_run():
     # As inception's InceptionE: forward returns torch.cat(self._forward(x)), whose two cats run first.
     from bcrecord.torch import create_feature_extractor
@@ -288,6 +294,20 @@ class _SubmoduleMethod(torch.nn.Module):
         return torch.nn.functional.conv2d(a, self.conv.weight)
 
 
+class _TwoLevels(torch.nn.Module):
+    def forward(self, x):
+        return _helper_outer(x) + 1
+
+
+class _Partial(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.shift = functools.partial(_helper_shift)
+
+    def forward(self, x):
+        return self.shift(x) + 1
+
+
 class _Twice(torch.nn.Module):
     def _step(self, x):
         return x + 2
@@ -305,6 +325,8 @@ class _Twice(torch.nn.Module):
         (_Comprehension, "mul_1", "runs 'mul' inside a comprehension"),
         (_Twice, "add", "runs self._step more than once"),
         (_SubmoduleMethod, "conv2d", "calls self.conv._conv_forward, a Python function FX traces into"),
+        (_TwoLevels, "add", "calls _helper_outer, a Python function FX traces into, which has 'add' ops"),
+        (_Partial, "add", "calls self.shift, a Python function FX traces into, which has 'add' ops"),
     ],
 )
 def test_fx_names_whose_numbering_the_code_does_not_fix_are_refused(model, name, reason):
@@ -315,6 +337,45 @@ def test_fx_names_whose_numbering_the_code_does_not_fix_are_refused(model, name,
     assert "name the site instead: ':" in str(error.value)
     if model is _Twice:  # its mul is numbered either way: one site, outside _step
         assert create_feature_extractor(model(), ["mul"])(torch.zeros(1))["mul"].item() == 12.0
+
+
+def test_fx_names_that_the_code_fixes_map_despite_branches_and_other_calls():
+    from bcrecord.torch import create_feature_extractor
+
+    class Inner(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.relu = torch.nn.ReLU()
+
+        def forward(self, x):
+            return self.relu(x)
+
+    class Mixed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = Inner()
+            self.lin = torch.nn.Linear(2, 2)
+            self.scale = True
+
+        def forward(self, x):
+            y = self.inner.relu(x - 1)  # FX names it 'inner.relu': no 'relu' of Mixed
+            if self.scale:  # both muls in the same branch: they run together
+                y = y * 2
+                y = y * 3
+            a = torch.flatten(y, 0)  # FX 'flatten', before the chained call: fixed
+            b = self.lin(y).flatten(0)  # FX 'flatten_1': no site
+            c = torch.flatten(y + 1, 0)  # FX 'flatten_2': after one that is no site, refused
+            return torch.relu(a + b + c)
+
+    x = torch.tensor([[2.0, 0.5]])
+    features = create_feature_extractor(Mixed(), ["relu", "mul", "mul_1", "flatten"])(x)
+    assert features["mul"].tolist() == [[2.0, 0.0]] and features["mul_1"].tolist() == [[6.0, 0.0]]
+    assert features["flatten"].tolist() == [6.0, 0.0]
+    assert features["relu"].shape == (2,) and (features["relu"] >= 0).all()  # torch.relu, not inner's
+    for name in ("flatten_1", "flatten_2"):
+        message = rf"'{name}': Mixed calls \.flatten\(\) on a value .* from there on are not fixed"
+        with pytest.raises(bcrecord.TargetError, match=message):
+            create_feature_extractor(Mixed(), [name])
 
 
 def test_an_fx_name_with_no_site_says_what_fx_names_cannot_be_mapped():
