@@ -313,6 +313,17 @@ def _fx_sites(
             scope.problems.append(f"runs {base!r} in a loop (FX numbers each turn)")
 
 
+def _fx_tensor_node(model: torch.nn.Module, name: str) -> Optional[Tuple[str, str]]:
+    """For FX's node of a parameter or buffer (``features_1_0_layer_scale``: its path
+    with ``_`` for ``.``), the tensor's path and a target reading it in ``forward``."""
+    root = unwrap(model)
+    for path, _ in [*root.named_parameters(), *root.named_buffers()]:
+        if path.replace(".", "_") == name.replace(".", "_"):
+            owner, _, attribute = path.rpartition(".")
+            return path, f"{owner}:forward:self.{attribute}@0"
+    return None
+
+
 def _flat(position: object) -> Tuple[int, ...]:
     """A site's position (``(outer, inner)`` in nested code) as a sortable key."""
     if isinstance(position, int):
@@ -501,6 +512,12 @@ def expand(model: torch.nn.Module, text: str) -> List[Target]:
                 owner = type(module_at(model, parent)).__name__
             except TargetError:
                 raise missing from None
+            tensor = _fx_tensor_node(model, pattern)
+            if tensor is not None:
+                raise TargetError(
+                    f"{pattern!r} is FX's node for the tensor {tensor[0]!r}, not an output; record it "
+                    f"where a method reads it: {tensor[1]!r}"
+                )
             raise TargetError(
                 f"{missing}; nor is {node!r} an FX name of a call or operator site of {owner}.forward "
                 "that bcrecord can map (FX's getattr, getitem and size nodes, and ops inside Python "
