@@ -45,9 +45,9 @@ import json
 import operator
 import os
 import pickle
-import tempfile
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
@@ -159,7 +159,9 @@ def _turn(directory: Path) -> Iterator[None]:
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
+    # Not mkstemp: its files are private (0600); these get the umask's mode, as open() gives.
+    tmp = str(path.parent / f".tmp-{os.getpid()}-{threading.get_ident()}-{uuid.uuid4().hex[:12]}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
@@ -177,8 +179,8 @@ def _atomic_write(path: Path, data: bytes) -> None:
 class Writer:
     """Appends saves to a records directory; safe to call from one thread at a time.
 
-    ``last_step`` is the highest step saved in the directory as of the writer's last
-    save (or its creation), so that a resumed run can number on.
+    ``last_step`` is the highest step saved in the directory (read when asked), so
+    that a resumed run can number on.
 
     >>> import tempfile
     >>> writer = Writer(tempfile.mkdtemp())
@@ -190,25 +192,35 @@ class Writer:
         # Absolute: a program may change its working directory (Hydra does) between saves.
         self.directory = Path(directory).absolute()
         self._lock = threading.Lock()
-        #: How much of the journal this writer has read, and the next data file's number.
+        #: Which journal this writer has read (its inode), how much of it, and the next
+        #: data file's number.
+        self._journal: Optional[int] = None
         self._read = 0
         self._next_file = 1
-        #: The highest step saved in the directory, as of this writer's last look (None: none).
-        self.last_step: Optional[int] = None
         with _writing(self.directory):
             (self.directory / "records").mkdir(parents=True, exist_ok=True)
-            probe = self.directory / "records" / f".write-test-{os.getpid()}"
-            probe.write_bytes(b"")
-            probe.unlink()
+            _atomic_write(self.directory / "records" / ".write-test", b"")  # writable? say so now
+            (self.directory / "records" / ".write-test").unlink(missing_ok=True)
             with _turn(self.directory):
                 if (self.directory / "index.json").exists():
                     # Not a records directory: say so now. Version 1: move its entries.
                     if _read_header(self.directory) == 1:
                         _upgrade(self.directory)
                 else:  # a directory load() reads from the start, even if nothing is saved
-                    _atomic_write(self.directory / _JOURNAL, b"")
+                    # (keeping a journal whose header was lost: never empty one that has saves)
+                    with open(self.directory / _JOURNAL, "ab"):
+                        pass
                     _write_header(self.directory)
                 self._catch_up()
+
+    @property
+    def last_step(self) -> Optional[int]:
+        """The highest step saved in the directory (by any writer), None if none.
+
+        Reads the whole index: ask once (a resumed run numbering on), not per save.
+        """
+        with _writing(self.directory), _turn(self.directory):
+            return max((entry["step"] for entry in _read_index(self.directory)), default=None)
 
     def write(self, records: Union[Mapping[str, Sequence[Any]], Any], step: int) -> int:
         """Save every value of ``records`` (a Recording or ``{key: [values]}``) as ``step``.
@@ -279,27 +291,30 @@ class Writer:
             os.fsync(journal.fileno())
         self._read += len(line)
         self._next_file += 1
-        self._saw(entries)
         return len(entries)
 
     def _catch_up(self) -> None:
-        """Read the index lines saved since this writer last looked; trim a line cut short."""
-        path = self.directory / _JOURNAL
-        if path.stat().st_size < self._read:  # replaced (a writer upgraded it): read it all again
-            self._read, self._next_file, self.last_step = 0, 1, None
-        with open(path, "r+b") as journal:
-            journal.seek(self._read)
-            tail = journal.read()
-            complete = tail.rfind(b"\n") + 1
-            if complete < len(tail):  # a save that crashed mid-line: not part of the index
-                journal.truncate(self._read + complete)
-        self._saw(_entries_in(tail[:complete], path))
-        self._read += complete
+        """Find the next data file's number from the index lines saved since this writer
+        last looked (under the directory's lock); trim a line cut short by a crash.
 
-    def _saw(self, entries: List[Dict[str, Any]]) -> None:
-        for entry in entries:
-            self._next_file = max(self._next_file, int(Path(entry["file"]).stem) + 1)
-            self.last_step = entry["step"] if self.last_step is None else max(self.last_step, entry["step"])
+        Saves append in turn, each numbering its file after the ones before it, so the
+        last line holds the highest number: a writer new to a long journal reads only that.
+        """
+        path = self.directory / _JOURNAL
+        with open(path, "r+b") as journal:
+            status = os.fstat(journal.fileno())
+            if status.st_ino != self._journal or status.st_size < self._read:
+                # First look, or replaced (upgraded, or the directory made again): from the start.
+                self._journal, self._read, self._next_file = status.st_ino, 0, 1
+            size = status.st_size
+            end = _complete_end(journal, size)
+            if end < size:  # a save that crashed mid-line: not part of the index
+                journal.truncate(end)
+            if end > self._read:
+                last = _last_line(journal, self._read, end)
+                for entry in _entries_in(last, path):
+                    self._next_file = max(self._next_file, int(Path(entry["file"]).stem) + 1)
+            self._read = end
 
 
 def _write_header(directory: Path) -> None:
@@ -314,10 +329,47 @@ def _upgrade(directory: Path) -> None:
     _write_header(directory)  # last: until then the directory reads as version 1
 
 
+def _complete_end(journal: Any, size: int) -> int:
+    """Where the journal's complete lines end: after its last newline (0 if none)."""
+    position = size
+    while position > 0:
+        start = max(0, position - (1 << 16))
+        journal.seek(start)
+        chunk = journal.read(position - start)
+        newline = chunk.rfind(b"\n")
+        if newline >= 0:
+            return start + newline + 1
+        position = start
+    return 0
+
+
+def _last_line(journal: Any, start: int, end: int) -> bytes:
+    """The last complete line that is not blank between ``start`` and ``end`` (a newline's end)."""
+    while end > start:
+        position = end - 1  # the line's own newline
+        begin = start
+        while position > start:
+            chunk_start = max(start, position - (1 << 16))
+            journal.seek(chunk_start)
+            newline = journal.read(position - chunk_start).rfind(b"\n")
+            if newline >= 0:
+                begin = chunk_start + newline + 1
+                break
+            position = chunk_start
+        journal.seek(begin)
+        line = journal.read(end - begin)
+        if line.strip():
+            return line
+        end = begin
+    return b""
+
+
 def _entries_in(lines: bytes, path: Path) -> List[Dict[str, Any]]:
-    """The entries of complete journal ``lines``."""
+    """The entries of complete journal ``lines`` (blank lines are none)."""
     entries: List[Dict[str, Any]] = []
     for number, line in enumerate(lines.splitlines(), 1):
+        if not line.strip():
+            continue
         try:
             entries.extend(json.loads(line)["entries"])
         except (ValueError, KeyError, TypeError) as error:
@@ -336,7 +388,11 @@ def _step(step: Any) -> int:
 def _items(records: Any) -> List[Tuple[str, Sequence[Any]]]:
     if hasattr(records, "all") and hasattr(records, "keys"):  # a Recording
         return [(key, records.all(key)) for key in records.keys()]
-    return list(records.items())
+    items = list(records.items())
+    for key, _ in items:
+        if not isinstance(key, str):  # 1 and "1" would be saved under one name
+            raise TypeError(f"a key is a string, got {key!r} ({type(key).__name__})")
+    return items
 
 
 class Unimportable:
@@ -418,6 +474,11 @@ def save(records: Any, directory: PathLike, step: int = 0) -> Path:
 
 def _read_header(directory: Path) -> int:
     """The records format version of ``directory``, or a StorageError saying why it is none."""
+    return int(_header(directory)["version"])
+
+
+def _header(directory: Path) -> Dict[str, Any]:
+    """``index.json``, checked: a StorageError says why ``directory`` is no records directory."""
     try:
         index = json.loads((directory / "index.json").read_text())
     except FileNotFoundError:
@@ -429,12 +490,13 @@ def _read_header(directory: Path) -> int:
     version = index.get("version")
     if version not in _READABLE:
         raise StorageError(f"{directory}: records format version {version} is not supported")
-    return int(version)
+    return index
 
 
 def _read_index(directory: Path) -> List[Dict[str, Any]]:
-    if _read_header(directory) == 1:
-        return list(json.loads((directory / "index.json").read_text())["entries"])
+    header = _header(directory)
+    if header["version"] == 1:  # from the one read: a writer may be upgrading it meanwhile
+        return list(header.get("entries", ()))
     path = directory / _JOURNAL
     try:
         lines = path.read_bytes()

@@ -176,3 +176,62 @@ def test_a_missing_key_names_the_saved_ones_for_values_and_steps(tmp_path):
     for read in (loaded.__getitem__, loaded.steps):
         with pytest.raises(KeyError, match="no saved values for 'm:f:y@0'; saved keys: m:f:x@0"):
             read("m:f:y@0")
+
+
+def test_writers_made_at_once_in_threads_all_work(tmp_path):
+    import threading
+
+    errors = []
+
+    def save(n):
+        try:
+            Writer(tmp_path).write({f"k{n}": [n]}, step=n)
+        except Exception as error:  # collected: the assert below names it
+            errors.append(error)
+
+    threads = [threading.Thread(target=save, args=(n,)) for n in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == [] and sorted(load(tmp_path)) == [f"k{n}" for n in range(8)]
+
+
+def test_the_index_survives_what_a_person_may_do_to_it(tmp_path):
+    Writer(tmp_path).write({"k": [1]}, step=0)
+    with open(tmp_path / "index.jsonl", "a") as journal:
+        journal.write("\n")  # an editor's trailing newline: a blank line
+    (tmp_path / "index.json").unlink()  # the header lost: the saves in the journal stay
+    writer = Writer(tmp_path)
+    writer.write({"k": [2]}, step=1)
+    assert load(tmp_path)["k"] == [1, 2] and writer.last_step == 1
+    with pytest.raises(TypeError, match="a key is a string, got 1"):
+        writer.write({1: [3]}, step=2)
+
+
+def test_files_get_the_mode_the_umask_gives(tmp_path):
+    previous = os.umask(0o022)
+    try:
+        Writer(tmp_path).write({"k": [1]}, step=0)
+    finally:
+        os.umask(previous)
+    modes = {
+        p.name: p.stat().st_mode & 0o777 for p in [*tmp_path.iterdir(), *(tmp_path / "records").iterdir()]
+    }
+    assert modes["index.json"] == modes["index.jsonl"] == modes["000001.pkl"] == 0o644
+
+
+def test_a_writer_follows_a_directory_made_again(tmp_path):
+    import shutil
+
+    writer = Writer(tmp_path / "run")
+    writer.write({"k": ["a" * 50]}, step=0)
+    shutil.rmtree(tmp_path / "run")
+    other = Writer(tmp_path / "run")  # another run makes it again, with more in it
+    other.write({"k": ["b" * 500]}, step=0)
+    writer.write({"k": ["c"]}, step=1)  # the first writer reads the new journal from its start
+    assert load(tmp_path / "run")["k"] == ["b" * 500, "c"]
+    assert sorted(p.name for p in (tmp_path / "run" / "records").glob("[!.]*")) == [
+        "000001.pkl",
+        "000002.pkl",
+    ]
