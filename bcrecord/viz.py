@@ -203,7 +203,9 @@ class KeySummary:
             shape = "-"
         else:
             shape = "x".join(map(str, self.shape)) if self.shape else "scalar"
-        return (self.key, steps, shape, self.dtype, _number(self.min), _number(self.mean), _number(self.max))
+        # A key that is no valid text (a lone surrogate) is shown escaped: printing it would fail.
+        key = self.key.encode("utf-8", "backslashreplace").decode("utf-8")
+        return (key, steps, shape, self.dtype, _number(self.min), _number(self.mean), _number(self.max))
 
 
 def _dtype(value: Any) -> str:

@@ -44,6 +44,9 @@ def test_table_aligns_columns():
     assert rows[1].split() == ["a:f:x@0", "1", "scalar", "float", "1", "1", "1"]
     assert rows[2].split() == ["a:f:longer@0", "2", "2", "int", "1", "1.5", "2"]
     assert len({row.index("steps" if i == 0 else row.split()[1]) for i, row in enumerate(rows)}) == 1
+    # a key that is no valid text (saved and loaded as it is) is shown escaped, not a crash
+    odd = table([KeySummary("a:f:\ud800@0", [0], [1.0], (), False, "float", 1.0, 1.0, 1.0)])
+    assert odd.splitlines()[1].split()[0] == "a:f:\\ud800@0" and odd.encode("utf-8")
 
 
 def test_view_prints_the_table_and_filters_keys(saved):
