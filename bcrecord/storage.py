@@ -23,8 +23,8 @@ a save that :func:`load` accepts half-written; at most the save in progress is l
 A full disk or an unwritable
 directory raises :class:`StorageError` naming the directory. Saves into one directory
 from several writers or processes at once (``bcrecord run -o DIR`` on each rank) take
-turns: each reads the index afresh under a lock file (``records/.lock``; on systems
-without ``fcntl``, saves of one process at a time only). Tensors that ``safetensors``
+turns under a lock file (``records/.lock``; on systems without ``fcntl``, saves of
+one process at a time only), each first reading what the others appended. Tensors that ``safetensors``
 cannot store (``complex128``, sparse, quantized or nested tensors) are pickled instead.
 
 >>> import tempfile, bcrecord
@@ -204,8 +204,9 @@ class Writer:
             with _turn(self.directory):
                 if (self.directory / "index.json").exists():
                     # Not a records directory: say so now. Version 1: move its entries.
-                    if _read_header(self.directory) == 1:
-                        _upgrade(self.directory)
+                    header = _header(self.directory)
+                    if header["version"] == 1:
+                        _upgrade(self.directory, header.get("entries", []))
                 else:  # a directory load() reads from the start, even if nothing is saved
                     # (keeping a journal whose header was lost: never empty one that has saves)
                     with open(self.directory / _JOURNAL, "ab"):
@@ -307,7 +308,7 @@ class Writer:
                 # First look, or replaced (upgraded, or the directory made again): from the start.
                 self._journal, self._read, self._next_file = status.st_ino, 0, 1
             size = status.st_size
-            end = _complete_end(journal, size)
+            end = _after_last_newline(journal, 0, size)
             if end < size:  # a save that crashed mid-line: not part of the index
                 journal.truncate(end)
             if end > self._read:
@@ -321,41 +322,30 @@ def _write_header(directory: Path) -> None:
     _atomic_write(directory / "index.json", json.dumps({"format": FORMAT, "version": VERSION}).encode())
 
 
-def _upgrade(directory: Path) -> None:
+def _upgrade(directory: Path, entries: List[Dict[str, Any]]) -> None:
     """Move a version 1 index's entries into the journal (under the directory's lock)."""
-    entries = json.loads((directory / "index.json").read_text())["entries"]
     lines = json.dumps({"entries": entries}).encode() + b"\n" if entries else b""
     _atomic_write(directory / _JOURNAL, lines)
     _write_header(directory)  # last: until then the directory reads as version 1
 
 
-def _complete_end(journal: Any, size: int) -> int:
-    """Where the journal's complete lines end: after its last newline (0 if none)."""
-    position = size
-    while position > 0:
-        start = max(0, position - (1 << 16))
-        journal.seek(start)
-        chunk = journal.read(position - start)
-        newline = chunk.rfind(b"\n")
+def _after_last_newline(journal: Any, start: int, end: int) -> int:
+    """The position just after the last newline between ``start`` and ``end`` (``start``
+    if none), read backwards in chunks: a long journal is not read whole."""
+    while end > start:
+        chunk_start = max(start, end - (1 << 16))
+        journal.seek(chunk_start)
+        newline = journal.read(end - chunk_start).rfind(b"\n")
         if newline >= 0:
-            return start + newline + 1
-        position = start
-    return 0
+            return chunk_start + newline + 1
+        end = chunk_start
+    return start
 
 
 def _last_line(journal: Any, start: int, end: int) -> bytes:
-    """The last complete line that is not blank between ``start`` and ``end`` (a newline's end)."""
+    """The last line that is not blank between ``start`` and ``end`` (a line's end)."""
     while end > start:
-        position = end - 1  # the line's own newline
-        begin = start
-        while position > start:
-            chunk_start = max(start, position - (1 << 16))
-            journal.seek(chunk_start)
-            newline = journal.read(position - chunk_start).rfind(b"\n")
-            if newline >= 0:
-                begin = chunk_start + newline + 1
-                break
-            position = chunk_start
+        begin = _after_last_newline(journal, start, end - 1)  # end - 1: the line's own newline
         journal.seek(begin)
         line = journal.read(end - begin)
         if line.strip():
@@ -470,11 +460,6 @@ def save(records: Any, directory: PathLike, step: int = 0) -> Path:
     """
     Writer(directory).write(records, step)
     return Path(directory)
-
-
-def _read_header(directory: Path) -> int:
-    """The records format version of ``directory``, or a StorageError saying why it is none."""
-    return int(_header(directory)["version"])
 
 
 def _header(directory: Path) -> Dict[str, Any]:
