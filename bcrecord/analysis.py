@@ -153,11 +153,23 @@ def instructions(code: CodeType) -> Bytecode:
     >>> [i.arg for i in instructions(f.__code__) if getattr(i, "name", "") == "STORE_FAST"]
     ['x', 'y']
     """
-    return _decoded(code).copy()
+    return _decoded(code_key(code)).copy()
+
+
+def code_key(code: CodeType) -> Tuple[object, ...]:
+    """``code`` as a cache key: ``==`` on code objects ignores the file, the qualified
+    name and (3.10) the line table, which the code read or rewritten from it keeps.
+
+    >>> a, b = compile("x = 1", "a.py", "exec"), compile("x = 1", "b.py", "exec")
+    >>> a == b, code_key(a) == code_key(b)
+    (True, False)
+    """
+    return (code, code.co_filename, getattr(code, "co_qualname", None), code.co_linetable)
 
 
 @functools.lru_cache(maxsize=256)
-def _decoded(code: CodeType) -> Bytecode:
+def _decoded(key: Tuple[object, ...]) -> Bytecode:
+    code = cast(CodeType, key[0])
     table = _versions.current()
     bytecode = Bytecode.from_code(code)
     if not table.pairs:
@@ -455,8 +467,12 @@ def consuming_calls(
 
 
 def _rethrown(items: Sequence[object], source: int, table: _versions.Table) -> bool:
-    """Whether the jump at ``source`` ends an ``await``'s ``throw()`` path (its stack is the
-    send loop's: the callee below it is the same)."""
+    """Whether ``source`` ends an ``await``'s ``throw()`` path (its stack is the send
+    loop's: the callee below it is the same): the rethrow opcode falling through into
+    the loop's end (in a handler's body), or the jump right after it."""
+    item = items[source]
+    if isinstance(item, Instr) and item.name == table.await_rethrow:
+        return True
     for item in reversed(items[:source]):
         if isinstance(item, Instr):
             return item.name == table.await_rethrow
@@ -664,12 +680,13 @@ def read(code: CodeType, qualname: Optional[str] = None) -> CodeMap:
     >>> sorted(cmap.locals), sorted(cmap.attributes), len(cmap.returns)
     (['y'], ['self.scale'], 1)
     """
-    return _read(code, qualname)
+    return _read(code_key(code), qualname)
 
 
 @functools.lru_cache(maxsize=256)
-def _read(code: CodeType, qualname: Optional[str] = None) -> CodeMap:
-    """The uncached :func:`read`."""
+def _read(key: Tuple[object, ...], qualname: Optional[str] = None) -> CodeMap:
+    """The uncached :func:`read` (``key``: :func:`code_key`)."""
+    code = cast(CodeType, key[0])
     table = _versions.current()
     bytecode = instructions(code)
     real = _real(bytecode)

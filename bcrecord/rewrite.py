@@ -45,7 +45,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 from bytecode import FreeVar, Instr, Label, TryBegin, TryEnd
 
 from . import _versions
-from .analysis import ProbePoint, consuming_calls, instructions
+from .analysis import ProbePoint, code_key, consuming_calls, instructions
 from .errors import TargetError
 
 __all__ = [
@@ -376,7 +376,7 @@ def _rewrite_code(
     return new
 
 
-_cache: OrderedDict[Tuple[CodeType, Tuple[Tuple[object, ...], ...], str], Template] = OrderedDict()
+_cache: OrderedDict[Tuple[Tuple[object, ...], Tuple[Tuple[object, ...], ...], str], Template] = OrderedDict()
 _cache_lock = threading.Lock()
 _stats = {"hits": 0, "misses": 0}
 
@@ -393,7 +393,7 @@ def insert_probes(code: CodeType, points: Sequence[ProbePoint]) -> Template:
     True
     """
     style = probe_style()
-    key = (code, tuple(point.where() for point in points), style)
+    key = (code_key(code), tuple(point.where() for point in points), style)
     with _cache_lock:
         template = _cache.get(key)
         if template is not None:

@@ -315,3 +315,20 @@ def test_a_call_whose_arguments_await_is_a_site_on_every_version():
     with bcrecord.recording() as rec:
         assert asyncio.run(patched(3)) == ("6", "3", 6)
     assert [rec[f"m:awaiting:{spec}"] for spec in ("str()@0", "str()@1", "sum()@0")] == ["6", "3", 6]
+
+    async def handling(n, fail):
+        try:
+            if fail:
+                raise ValueError
+        except ValueError:  # a handler's await: its throw() path falls through into the loop's end
+            n = str(await _doubled(n))
+        finally:  # compiled twice: for the normal and the exceptional way out
+            last = str(await _doubled(n))
+        return last, str(n)
+
+    assert len(bcrecord.targets(handling).calls["str"]) == 3
+    patched = bcrecord.instrument(handling, ["str()@0", "str()@1"], name="m")
+    with bcrecord.recording() as rec:
+        assert asyncio.run(patched(3, True)) == ("66", "6")
+        assert asyncio.run(patched(2, False)) == ("4", "2")
+    assert rec.all("m:handling:str()@0") == ["6"] and rec.all("m:handling:str()@1") == ["66", "4"]

@@ -128,6 +128,25 @@ def test_tracebacks_through_probed_code_keep_their_lines(func, spec, run):
     assert all(line > 0 for _, line in expected)
 
 
+def test_equal_code_from_other_files_or_lines_is_rewritten_for_itself():
+    # Code objects compare equal across files (and, on 3.10, line layouts): the
+    # rewrite and analysis caches must still tell them apart.
+    def compiled(filename, blank_lines):
+        source = "\n" * blank_lines + "def t(x):\n    y = 1 // x\n    return y\n"
+        namespace = {}
+        exec(compile(source, filename, "exec"), namespace)
+        return namespace["t"]
+
+    for func in (compiled("/src/a.py", 0), compiled("/src/b.py", 0), compiled("/src/b.py", 40)):
+        with pytest.raises(ZeroDivisionError) as error, bcrecord.recording():
+            bcrecord.instrument(func, "y")(0)
+        last = error.traceback[-1]
+        assert (str(last.path), last.lineno + 1) == (
+            func.__code__.co_filename,
+            func.__code__.co_firstlineno + 1,
+        )
+
+
 def _lines_of_probe_loads(code):
     lines = []
     for instr in dis.get_instructions(code):
