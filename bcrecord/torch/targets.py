@@ -288,7 +288,10 @@ def _fx_sites(
             scope.problems += inlined.problems
             scope.unplaced += inlined.unplaced
         elif _has_fx_sites(python, base):
-            scope.problems.append(f"calls {callee}, a Python function FX traces into, which has {base!r} ops")
+            scope.problems.append(
+                f"calls {callee}, a Python function FX traces into, which has {base!r} ops "
+                "(itself or in what it calls)"
+            )
     if "super" in func.__code__.co_names and any(
         _has_fx_sites(inherited, base)
         for kind in type(module).__mro__[1:]
@@ -314,13 +317,26 @@ def _fx_sites(
 
 
 def _fx_tensor_node(model: torch.nn.Module, name: str) -> Optional[Tuple[str, str]]:
-    """For FX's node of a parameter or buffer (``features_1_0_layer_scale``: its path
-    with ``_`` for ``.``), the tensor's path and a target reading it in ``forward``."""
+    """For FX's node of a parameter or buffer (``blk.blk_scale``: the module's path, then
+    the tensor's path with ``_`` for ``.``), the tensor's path and a target reading it:
+    in the first method of its module that loads it (``forward`` first)."""
+    from ..patch import targets as function_targets
+
     root = unwrap(model)
+    node = name.rpartition(".")[2]
     for path, _ in [*root.named_parameters(), *root.named_buffers()]:
-        if path.replace(".", "_") == name.replace(".", "_"):
-            owner, _, attribute = path.rpartition(".")
-            return path, f"{owner}:forward:self.{attribute}@0"
+        if path.replace(".", "_") != node:
+            continue
+        owner, _, attribute = path.rpartition(".")
+        kind = type(root.get_submodule(owner))
+        methods = sorted(
+            ((name, value) for name, value in vars(kind).items() if isinstance(value, types.FunctionType)),
+            key=lambda item: item[0] != "forward",
+        )
+        for method, func in methods:
+            if f"self.{attribute}" in function_targets(func).attributes:
+                return path, f"{owner}:{method}:self.{attribute}@0"
+        return path, f"{owner}:<the method that reads it>:self.{attribute}@0"
     return None
 
 

@@ -387,10 +387,22 @@ def test_an_fx_name_with_no_site_says_what_fx_names_cannot_be_mapped():
         expand(Indexing(), "getitem")
     assert str(error.value).startswith("the model has no submodule 'getitem'; nor is 'getitem' an FX name")
     assert "pick a target from list_targets" in str(error.value)
-    scaled = torch.nn.Sequential(torch.nn.Linear(2, 2))
-    with pytest.raises(
-        bcrecord.TargetError, match="FX's node for the tensor '0.weight'.*'0:forward:self.weight@0'"
-    ):
-        expand(scaled, "0_weight")  # FX's get_attr node of a parameter
+
+    class Embed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.token = torch.nn.Parameter(torch.ones(2))
+
+        def _embed(self, x):
+            return x + self.token
+
+        def forward(self, x):
+            return self._embed(x)
+
+    holder = torch.nn.Sequential(Embed())
+    # FX's get_attr node of a parameter: the module's path, then the tensor's with "_"
+    message = "'0.0_token' is FX's node for the tensor '0.token'.*reads it: '0:_embed:self.token@0'"
+    with pytest.raises(bcrecord.TargetError, match=message):
+        expand(holder, "0.0_token")
     with pytest.raises(bcrecord.TargetError, match="has no submodule 'nope.add'$"):
         expand(Indexing(), "nope.add")  # no module there at all: only that is said
