@@ -66,6 +66,8 @@ VERSION = 2
 #: Versions :func:`load` reads (1: every entry in index.json itself).
 _READABLE = (1, 2)
 _JOURNAL = "index.jsonl"
+#: How many of the journal's first bytes tell one journal from another made in its place.
+_HEAD = 256
 PathLike = Union[str, "os.PathLike[str]"]
 
 
@@ -192,9 +194,10 @@ class Writer:
         # Absolute: a program may change its working directory (Hydra does) between saves.
         self.directory = Path(directory).absolute()
         self._lock = threading.Lock()
-        #: Which journal this writer has read (its inode), how much of it, and the next
-        #: data file's number.
-        self._journal: Optional[int] = None
+        #: Which journal this writer has read (its first bytes, as far as read: a journal
+        #: made again, even in the same inode, starts otherwise), how much of it, and the
+        #: next data file's number.
+        self._journal: Optional[bytes] = None
         self._read = 0
         self._next_file = 1
         with _writing(self.directory):
@@ -291,6 +294,7 @@ class Writer:
             journal.flush()
             os.fsync(journal.fileno())
         self._read += len(line)
+        self._journal = ((self._journal or b"") + line)[:_HEAD]  # its head as far as read
         self._next_file += 1
         return len(entries)
 
@@ -303,11 +307,11 @@ class Writer:
         """
         path = self.directory / _JOURNAL
         with open(path, "r+b") as journal:
-            status = os.fstat(journal.fileno())
-            if status.st_ino != self._journal or status.st_size < self._read:
-                # First look, or replaced (upgraded, or the directory made again): from the start.
-                self._journal, self._read, self._next_file = status.st_ino, 0, 1
-            size = status.st_size
+            size = os.fstat(journal.fileno()).st_size
+            known = self._journal or b""
+            if size < self._read or journal.read(len(known)) != known:
+                # Replaced (upgraded, or the directory made again, maybe in the same inode).
+                self._read, self._next_file = 0, 1
             end = _after_last_newline(journal, 0, size)
             if end < size:  # a save that crashed mid-line: not part of the index
                 journal.truncate(end)
@@ -316,6 +320,8 @@ class Writer:
                 for entry in _entries_in(last, path):
                     self._next_file = max(self._next_file, int(Path(entry["file"]).stem) + 1)
             self._read = end
+            journal.seek(0)
+            self._journal = journal.read(min(_HEAD, end))
 
 
 def _write_header(directory: Path) -> None:

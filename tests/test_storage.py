@@ -221,17 +221,22 @@ def test_files_get_the_mode_the_umask_gives(tmp_path):
     assert modes["index.json"] == modes["index.jsonl"] == modes["000001.pkl"] == 0o644
 
 
-def test_a_writer_follows_a_directory_made_again(tmp_path):
+@pytest.mark.parametrize("same_inode", [False, True])
+def test_a_writer_follows_a_directory_made_again(tmp_path, same_inode):
     import shutil
 
-    writer = Writer(tmp_path / "run")
+    run = tmp_path / "run"
+    writer = Writer(run)
     writer.write({"k": ["a" * 50]}, step=0)
-    shutil.rmtree(tmp_path / "run")
-    other = Writer(tmp_path / "run")  # another run makes it again, with more in it
-    other.write({"k": ["b" * 500]}, step=0)
+    if same_inode:  # emptied in place: a journal made again in the same inode
+        for data in (run / "records").glob("[!.]*"):
+            data.unlink()
+        (run / "index.jsonl").write_bytes(b"")
+    else:
+        shutil.rmtree(run)
+    other = Writer(run)  # another run fills it again: a longer first line
+    other.write({"a key much longer than the first run's": ["b"]}, step=0)
     writer.write({"k": ["c"]}, step=1)  # the first writer reads the new journal from its start
-    assert load(tmp_path / "run")["k"] == ["b" * 500, "c"]
-    assert sorted(p.name for p in (tmp_path / "run" / "records").glob("[!.]*")) == [
-        "000001.pkl",
-        "000002.pkl",
-    ]
+    loaded = load(run)
+    assert loaded["k"] == ["c"] and loaded["a key much longer than the first run's"] == ["b"]
+    assert sorted(p.name for p in (run / "records").glob("[!.]*")) == ["000001.pkl", "000002.pkl"]
