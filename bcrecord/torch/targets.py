@@ -453,11 +453,11 @@ def _forward_jump_spans(code: types.CodeType) -> List[Tuple[int, int]]:
     """
     items = instructions(code)
     labels = {item: k for k, item in enumerate(items) if isinstance(item, Label)}
-    return [
-        (k, labels[item.arg])
-        for k, item in enumerate(items)
-        if isinstance(getattr(item, "arg", None), Label) and labels[item.arg] > k
-    ]
+    spans = []
+    for k, item in enumerate(items):
+        if isinstance(item, Instr) and isinstance(item.arg, Label) and labels[item.arg] > k:
+            spans.append((k, labels[item.arg]))
+    return spans
 
 
 def _loop_spans(code: types.CodeType) -> List[Tuple[int, int]]:
