@@ -608,9 +608,10 @@ class RecorderHook(Hook):
                     except BcrecordError as error:
                         message = f"RecorderHook: save_dir={str(directory)!r}: {error}"
                         raise RecorderConfigError(message) from error
-                    if loop != "train" and writer.last_step is not None:
-                        # A resumed run's evaluations count on from the saved ones.
-                        self._counts[loop] = max(self._counts.get(loop, 0), writer.last_step + 1)
+                    # A resumed run's evaluations count on from the saved ones.
+                    saved = writer.last_step if loop != "train" else None  # reads the index
+                    if saved is not None:
+                        self._counts[loop] = max(self._counts.get(loop, 0), saved + 1)
         self._wrap_loops(runner)
         where = f"; records go to {self._save_root}/<loop>" if self._save_root is not None else ""
         runner.logger.info(

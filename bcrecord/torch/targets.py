@@ -248,8 +248,7 @@ def _fx_sites(
 
     base, method = scope.base, func.__name__
     found = function_targets(func)
-    spans = _loop_spans(func.__code__)
-    jumps = _forward_jump_spans(func.__code__)
+    spans, jumps = _jump_spans(func.__code__)
 
     def guarded(position: int) -> frozenset:
         return guards | {(at, span) for span in jumps if span[0] < position < span[1]}
@@ -439,48 +438,34 @@ def _within(position: int, spans: List[Tuple[int, int]]) -> bool:
     return any(start < position < end for start, end in spans)
 
 
-def _forward_jump_spans(code: types.CodeType) -> List[Tuple[int, int]]:
-    """What a forward jump may skip (an ``if``'s body, its ``else``, the right of ``and``):
-    spans of positions in ``instructions(code)``, from the jump to its label.
+def _jump_spans(code: types.CodeType) -> Tuple[List[Tuple[int, int]], List[Tuple[int, int]]]:
+    """The loops of ``code`` (``for``, ``while``: from the label a jump goes back to,
+    through that jump), and what a forward jump may skip (an ``if``'s body, its
+    ``else``, the right of ``and``: from the jump to its label); spans of positions
+    in ``instructions(code)``.
 
-    >>> def f(x, c):
-    ...     y = x + 1
-    ...     if c:
-    ...         y = y + 2
-    ...     return y
-    >>> len(_forward_jump_spans(f.__code__)) >= 1, _forward_jump_spans(has_forward.__code__)
-    (True, [])
-    """
-    items = instructions(code)
-    labels = {item: k for k, item in enumerate(items) if isinstance(item, Label)}
-    spans = []
-    for k, item in enumerate(items):
-        if isinstance(item, Instr) and isinstance(item.arg, Label) and labels[item.arg] > k:
-            spans.append((k, labels[item.arg]))
-    return spans
-
-
-def _loop_spans(code: types.CodeType) -> List[Tuple[int, int]]:
-    """The loops of ``code`` (``for``, ``while``) as spans of positions in ``instructions(code)``.
-
-    A loop runs from the label a jump goes back to, through that jump.
-
-    >>> def f(xs):
+    >>> def f(xs, c):
     ...     total = 0
     ...     for x in xs:
     ...         total += x
+    ...     if c:
+    ...         total = -total
     ...     return total
-    >>> len(_loop_spans(f.__code__)), _loop_spans(has_forward.__code__)
-    (1, [])
+    >>> loops, skips = _jump_spans(f.__code__)
+    >>> len(loops), len(skips) >= 1, _jump_spans(has_forward.__code__)
+    (1, True, ([], []))
     """
     items = instructions(code)
     labels = {item: k for k, item in enumerate(items) if isinstance(item, Label)}
-    spans = []
+    loops, skips = [], []
     for k, item in enumerate(items):
-        target = getattr(item, "arg", None)
-        if isinstance(target, Label) and labels[target] <= k:
-            spans.append((labels[target], k))
-    return spans
+        if isinstance(item, Instr) and isinstance(item.arg, Label):
+            target = labels[item.arg]
+            if target <= k:
+                loops.append((target, k))
+            else:
+                skips.append((k, target))
+    return loops, skips
 
 
 def _matching_paths(model: torch.nn.Module, pattern: str) -> List[str]:
