@@ -1,9 +1,9 @@
 """Cost of probing every call site of resnet50's Bottleneck.forward (issue 8's target).
 
-Run from the repository root: ``python benchmarks/calls.py [--quick]``.
+Run from the repository root: ``python benchmarks/calls.py [--quick] [--size N]``.
 
 torchvision resnet50 (``weights=None``), CPU, one thread, ``torch.no_grad()``, input
-1x3x64x64. Variants, interleaved round by round (``benchmarks/core.py``'s harness),
+1x3x64x64 (``--size``). Variants, interleaved round by round (``benchmarks/core.py``'s harness),
 median of per-round ratios with the interquartile range:
 
 * unpatched forward;
@@ -20,15 +20,18 @@ module call inside the Bottlenecks, the last kept). Target: recorded / unpatched
 <= 1.05x. Timings are CPU time of this thread.
 
 Part of the cost is glibc's allocator handing memory back to the system and
-faulting it in again as kept values pile up. Measured here (2026-11-30), run with
-``MALLOC_TOP_PAD_=536870912 MALLOC_TRIM_THRESHOLD_=2147483647
-MALLOC_MMAP_THRESHOLD_=1073741824``: recorded 1.05x, detach 1.04x, hooks 1.05x,
-against 1.08x, 1.05x and 1.07x in the same session without them.
+faulting it in again as kept values pile up: :func:`measure_elsewhere` runs the case
+in a fresh process with :data:`KEEP_FREED_MEMORY` in its environment, which
+``benchmarks/run.py`` compares with glibc's defaults at 1x3x224x224 (case 7b).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
+import os
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -69,6 +72,14 @@ NAMES = {
 }
 
 
+#: glibc settings that keep freed memory in the process for reuse (see :func:`measure_elsewhere`).
+KEEP_FREED_MEMORY = {
+    "MALLOC_TRIM_THRESHOLD_": "2147483647",
+    "MALLOC_MMAP_THRESHOLD_": "1073741824",
+    "MALLOC_TOP_PAD_": "536870912",
+}
+
+
 @dataclass
 class Measured:
     """Per-round times of each variant (keys of :data:`NAMES`), and what was probed."""
@@ -77,6 +88,8 @@ class Measured:
     #: Call sites in Bottleneck.forward, and values recorded per forward.
     sites: int
     per_forward: int
+    #: The glibc settings of :data:`KEEP_FREED_MEMORY` this process started with (unset: absent).
+    malloc: Dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def measure(rounds: int, forwards: int, size: int = 64) -> Measured:
@@ -157,22 +170,58 @@ def measure(rounds: int, forwards: int, size: int = 64) -> Measured:
         core.Variant("hooks", forward_n, enter=enter_hooks, leave=leave_hooks, ops=forwards),
     ]
     times = core.interleave(variants, rounds)
-    return Measured(times, sites, per_forward)
+    malloc = {key: os.environ[key] for key in KEEP_FREED_MEMORY if key in os.environ}
+    return Measured(times, sites, per_forward, malloc)
+
+
+#: Marks the line of ``--json`` output among whatever else the process prints.
+JSON_TAG = "BCRECORD-CALLS-JSON "
+
+
+def measure_elsewhere(rounds: int, forwards: int, size: int, env: Dict[str, str]) -> Measured:
+    """:func:`measure` in a fresh process whose environment adds ``env``.
+
+    glibc reads its ``MALLOC_*`` settings when the process starts, so comparing them
+    (``KEEP_FREED_MEMORY`` against the defaults) takes a process each. Those settings
+    are not inherited from this process: ``env={}`` runs on glibc's defaults.
+    """
+    inherited = {key: value for key, value in os.environ.items() if key not in KEEP_FREED_MEMORY}
+    done = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), "--json", "--size", str(size)]
+        + ["--rounds", str(rounds), "--forwards", str(forwards)],
+        env={**inherited, "PYTHONPATH": str(ROOT), **env},
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
+    found = [line[len(JSON_TAG) :] for line in done.stdout.splitlines() if line.startswith(JSON_TAG)]
+    if done.returncode != 0 or len(found) != 1:
+        raise RuntimeError(f"calls.py --json failed ({done.returncode}):\n{done.stderr[-4000:]}")
+    return Measured(**json.loads(found[0]))
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="few rounds (a smoke run)")
+    parser.add_argument("--size", type=int, default=64, help="input height and width (default 64)")
+    parser.add_argument("--rounds", type=int, help="rounds (default 20; --quick: 3)")
+    parser.add_argument("--forwards", type=int, help="forwards per timed block (default 5; --quick: 2)")
+    parser.add_argument("--json", action="store_true", help="print the per-round times as one JSON line")
     args = parser.parse_args(argv)
     rounds, forwards = (3, 2) if args.quick else (20, 5)
+    rounds, forwards = args.rounds or rounds, args.forwards or forwards
     core.time_block = _cpu_time_block  # CPU time: other jobs may share the machine
-    measured = measure(rounds, forwards)
+    measured = measure(rounds, forwards, args.size)
+    if args.json:
+        print(JSON_TAG + json.dumps(dataclasses.asdict(measured)))
+        return 0
     times = measured.times
     summary = core.ratios(times, "recorded", "unpatched")
     print(
         f"bcrecord {bcrecord.__version__}, torch {torch.__version__}, torchvision {torchvision.__version__}"
     )
-    sites = f"{measured.sites} sites x 16 blocks"
+    sites = f"{measured.sites} sites x 16 blocks, 1x3x{args.size}x{args.size}"
     print(f"== resnet50 with every call site of Bottleneck.forward recorded ({sites}) ==")
     rows: List[Any] = [(text, core.ratios(times, name, "unpatched"), "") for name, text in NAMES.items()]
     rows.append(("recorded (clone) / forward hooks", core.ratios(times, "recorded", "hooks"), ""))

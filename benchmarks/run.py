@@ -73,7 +73,9 @@ Cases:
 7. **Every call site of resnet50's Bottleneck.forward** (issue 8):
    ``benchmarks/calls.py``'s case, 148 call results recorded a forward (default
    clones, ``copy='detach'``, probes alone) vs forward hooks cloning the same
-   outputs. Target: recorded (clone) <= 1.05x unpatched.
+   outputs. Target: recorded (clone) <= 1.05x unpatched. 7b: the same at
+   1x3x224x224 in two fresh processes, glibc's default allocator settings and
+   settings that keep freed memory for reuse.
 
 Where a target is missed the output says MISSED, and RESULTS.md says why, from
 measurements taken in the same run, and what would close it.
@@ -156,6 +158,9 @@ class Settings:
     compile_calls: int
     calls_rounds: int
     calls_forwards: int
+    #: Case 7b: rounds and forwards per block of each fresh process at 1x3x224x224.
+    calls_big_rounds: int
+    calls_big_forwards: int
 
 
 QUICK = Settings(
@@ -176,6 +181,8 @@ QUICK = Settings(
     compile_calls=50,
     calls_rounds=5,
     calls_forwards=1,
+    calls_big_rounds=2,
+    calls_big_forwards=1,
 )
 FULL = Settings(
     mode="full",
@@ -195,6 +202,8 @@ FULL = Settings(
     compile_calls=200,
     calls_rounds=60,
     calls_forwards=5,
+    calls_big_rounds=12,
+    calls_big_forwards=2,
 )
 
 
@@ -1840,6 +1849,9 @@ def case_calls(settings: Settings) -> Case:
     detached = ratios(times, "detached", "unpatched").median
     probes = ratios(times, "probes", "unpatched").median
     hooks = ratios(times, "hooks", "unpatched").median
+    big = calls_big_table(settings, case)
+    added = big["default"]["recorded"] - 1
+    share_freed = (big["default"]["recorded"] - big["kept"]["recorded"]) / added if added > 0 else 0.0
     case.targets.append(
         Target(
             "every call site recorded (clone) / unpatched",
@@ -1862,12 +1874,61 @@ def case_calls(settings: Settings) -> Case:
             "hot loop: between convolutions the interpreter runs from cold caches. Of the 5.7 us, "
             "making the copy-on-write clone and freeing the previous forward's value (`keep='last'`) "
             "are about 3.2 us. `copy='detach'` is enough where the model changes no recorded value "
-            "in place later.",
+            "in place later. 7b: at resnet50's own input size, 1x3x224x224, the default clones cost "
+            f"{big['default']['recorded']:.3f}x and the hooks {big['default']['hooks']:.3f}x with glibc's "
+            f"defaults, {big['kept']['recorded']:.3f}x and {big['kept']['hooks']:.3f}x where glibc "
+            f"keeps freed memory for reuse: {share_freed:.0%} of what the default clones add there is "
+            "memory the allocator hands back to the system and faults in again.",
             origin="issue 8",
         )
     )
     case.seconds = time.perf_counter() - started
     return case
+
+
+def calls_big_table(settings: Settings, case: Case) -> Dict[str, Dict[str, float]]:
+    """Case 7b: case 7 at 1x3x224x224 in two fresh processes, glibc's defaults and freed memory kept.
+
+    Adds the table to ``case``; returns each process's median ratios by variant.
+    """
+    from benchmarks import calls
+
+    size = 224
+    runs = {
+        "default": ("glibc's defaults", {}),
+        "kept": ("freed memory kept (MALLOC_*)", calls.KEEP_FREED_MEMORY),
+    }
+    rows: List[Row] = []
+    medians: Dict[str, Dict[str, float]] = {}
+    for run, (label, env) in runs.items():  # one after the other: each has the machine to itself
+        measured = calls.measure_elsewhere(settings.calls_big_rounds, settings.calls_big_forwards, size, env)
+        times = measured.times
+        medians[run] = {name: ratios(times, name, "unpatched").median for name in calls.NAMES}
+        rows += [
+            Row(
+                f"{label}: {text}",
+                ratios(times, name, "unpatched"),
+                f"{statistics.median(times[name]) / 1e6:.2f} ms/forward",
+            )
+            for name, text in calls.NAMES.items()
+        ]
+    case.tables.append(
+        Table(
+            f"7b. the same at 1x3x{size}x{size}, a fresh process each: glibc's defaults, "
+            "then freed memory kept",
+            "variant / unpatched forward, same round and process",
+            rows,
+        )
+    )
+    settings_text = " ".join(f"{key}={value}" for key, value in calls.KEEP_FREED_MEMORY.items())
+    case.notes.append(
+        f"7b: {settings.calls_big_rounds} rounds of {settings.calls_big_forwards} forward(s) per process; "
+        f"'freed memory kept' starts the process with {settings_text}, so that glibc neither "
+        "trims the heap nor maps each large block on its own, and memory a forward frees is "
+        "reused by the next instead of being handed back to the system and faulted in again. "
+        "Ratios compare variants within one process, not the two processes."
+    )
+    return medians
 
 
 # --- report ------------------------------------------------------------------------

@@ -35,6 +35,8 @@ HEADINGS = (
     "== 6. torch.compile",
     "== 7. resnet50: every call site of Bottleneck.forward recorded",
     "every Bottleneck call site recorded (clone)",
+    "7b. the same at 1x3x224x224",
+    "freed memory kept (MALLOC_*): forward hooks, clone of every module call",
     "graph breaks",
     "== Summary ==",
     "IQR",
@@ -67,6 +69,8 @@ def test_benchmark_runner_quick_prints_every_case_and_writes_its_report(tmp_path
     assert "| variant | ratio (median) | IQR | context |" in markdown
     assert "**1c. each block's values freed right after it**" in markdown
     assert "- 1c: freed right after each block" in markdown
+    assert "**7b. the same at 1x3x224x224, a fresh process each" in markdown
+    assert "- 7b: 2 rounds of 1 forward(s) per process; 'freed memory kept' starts" in markdown
     assert "![ratios per case" in markdown
     png = (tmp_path / "results.png").read_bytes()
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
