@@ -554,22 +554,23 @@ class _Sites:
                 for call in consuming_calls(bytecode, pos, slots, labels)
                 if not (chain == "super" and _then_attribute(bytecode, call, table))
             ]
-        # An operator is placed where its right operand starts, just after the operator
-        # itself: '(a + b) + c' has the inner '+' first, as a reader counts, on every
-        # version (the instruction's own position spans the whole expression).
-        # Its extra is its place: (line, (instruction index, -1)) of that start.
+        # An operator is placed where its right operand starts in the source, just after
+        # the operator itself: '(a + b) + c' has the inner '+' first, as a reader counts, on
+        # every version (the instruction's own position spans the whole expression). The
+        # operand's first instruction need not be its start in the source ('a + (b if c
+        # else d)' runs 'c' first), so the earliest place of its instructions is taken.
+        # Code without columns (3.10) is placed in the order it runs (see _placed_operators).
+        # Its extra is (order in the code, start in the source or None).
         self.operators: List[Raw] = []
-        jumps: Dict[Label, List[int]] = {}
-        for pos, i in real:
-            if isinstance(i.arg, Label):
-                jumps.setdefault(i.arg, []).append(pos)
+        operands = _Operands(real, bytecode)
         for k, (pos, i) in enumerate(real):
             op = table.binary_op(i)
             if op is not None:
-                start = _operand_start(real, k, bytecode, jumps)
+                start = operands.start(k)
                 anchor = i if start is None else cast(Instr, bytecode[start])
-                place = (anchor.lineno or 0, (pos if start is None else start, -1))
-                self.operators.append((op, pos, i, identity.of(pos, i), place))
+                order = (anchor.lineno or 0, (pos if start is None else start, -1))
+                source = None if start is None else _source_start(bytecode[start:pos])
+                self.operators.append((op, pos, i, identity.of(pos, i), (order, source)))
         for pos, i in real:
             if (
                 i.name == "LOAD_CONST"
@@ -586,8 +587,11 @@ class _Sites:
                     (self.calls, inner.calls),
                 ):
                     mine += [_nest(pos, where, site) for site in theirs]
-                for op, inner_pos, instr, ident, (line, (index, _)) in inner.operators:
-                    self.operators.append((op, (pos, inner_pos), instr, (where, ident), (line, (pos, index))))
+                for op, inner_pos, instr, ident, ((line, (index, _)), source) in inner.operators:
+                    place = ((line, (pos, index)), source)
+                    self.operators.append((op, (pos, inner_pos), instr, (where, ident), place))
+        if not nested:
+            self.operators = _placed_operators(self.operators)
 
 
 def _placed(call: Instr, load: Instr) -> Instr:
@@ -606,61 +610,115 @@ def _then_attribute(bytecode: Sequence[object], pos: int, table: _versions.Table
     return following is not None and bool(table.attr_load(following) or table.method_load(following))
 
 
-def _operand_start(
-    real: List[Tuple[int, Instr]], k: int, bytecode: Sequence[object], jumps: Dict[Label, List[int]]
-) -> Optional[int]:
-    """Where the right operand of the binary operator ``real[k]`` starts, or None.
+def _source_start(items: Sequence[object]) -> Optional[Tuple[int, int]]:
+    """The earliest (line, column) of the instructions in ``items``, None where one has no column."""
+    places = [
+        (instr.lineno, column)
+        for instr in items
+        if isinstance(instr, Instr) and instr.lineno is not None and (column := _column(instr)) is not None
+    ]
+    return min(places) if places else None
 
-    That is the latest instruction from which every path of the code up to the
-    operator pushes exactly one value without reaching below it, entered only from
-    that instruction (no jump from elsewhere lands inside: ``a + (b if c else d)``
-    starts at ``c``, not at ``d``). ``jumps`` maps each label to the jumps to it.
+
+def _placed_operators(operators: List[Raw]) -> List[Raw]:
+    """The operators with their place in source order as extra (see :func:`_group`).
+
+    Where every operator's right operand has columns (3.11+), its start in the source
+    (the order in the code breaks ties); else the order in the code: on 3.10 an operator
+    in a conditional expression's condition, or in a comprehension's ``if``, comes before
+    those of the branch or element, as the compiler lays them out.
     """
-    end = real[k][0]
-    for j in range(k - 1, max(-1, k - 64), -1):
-        start = real[j][0]
-        if _one_value(bytecode, start, end, jumps):
-            return start
-    return None
+    by_source = all(source is not None for *_, (_, source) in operators)
+    return [
+        (op, pos, instr, ident, (source[0], (source[1], order[1])) if by_source else order)
+        for op, pos, instr, ident, (order, source) in operators
+    ]
 
 
-def _one_value(bytecode: Sequence[object], start: int, end: int, jumps: Dict[Label, List[int]]) -> bool:
-    """Whether the code from ``start`` to ``end`` (excluded) is entered at ``start`` only and
-    every path through it reaches ``end`` having pushed one value, never reaching below."""
-    for p in range(start + 1, end):
-        item = bytecode[p]
-        if isinstance(item, Label) and any(not start <= source < end for source in jumps.get(item, ())):
-            return False  # entered from elsewhere
-    labels = {bytecode[p]: p for p in range(start, end + 1) if isinstance(bytecode[p], Label)}
-    work, seen = [(start, 0)], set()
-    while work:
-        p, height = work.pop()
-        while p < end:
-            if (p, height) in seen:
-                break
-            seen.add((p, height))
+class _Operands:
+    """Where the right operands of a code's binary operators start."""
+
+    def __init__(self, real: List[Tuple[int, Instr]], bytecode: Sequence[object]) -> None:
+        self.real, self.bytecode = real, bytecode
+        #: Each label's index, and the indices of the jumps to it.
+        self.labels = {item: p for p, item in enumerate(bytecode) if isinstance(item, Label)}
+        self.jumps: Dict[Label, List[int]] = {}
+        for pos, i in real:
+            if isinstance(i.arg, Label):
+                self.jumps.setdefault(i.arg, []).append(pos)
+
+    def start(self, k: int) -> Optional[int]:
+        """Where the right operand of the binary operator ``real[k]`` starts, or None.
+
+        That is the latest instruction from which every path of the code up to the
+        operator pushes exactly one value without reaching below it, entered only from
+        that instruction (no jump from elsewhere lands inside: ``a + (b if c else d)``
+        starts at ``c``, not at ``d``).
+
+        Straight-line code is read once, backwards from the operator, keeping what the
+        code from each instruction on needs below it and what it leaves; from the first
+        label or jump back, each candidate is checked on its own (:meth:`_one_value`).
+        """
+        real, bytecode = self.real, self.bytecode
+        end = real[k][0]
+        need = left = 0  # of the code from the candidate to the operator
+        straight = True
+        for j in range(k - 1, -1, -1):
+            start, instr = real[j]
+            if straight:
+                following = real[j + 1][0]
+                straight = not (
+                    isinstance(instr.arg, Label)
+                    or instr.is_final()
+                    or any(isinstance(bytecode[p], Label) for p in range(start + 1, following))
+                )
+            if straight:
+                pre, post = instr.pre_and_post_stack_effect(jump=False)
+                need = max(0, -pre, need - pre - post)
+                left += pre + post
+                if need == 0 and left == 1:
+                    return start
+            elif self._one_value(start, end):
+                return start
+        return None
+
+    def _one_value(self, start: int, end: int) -> bool:
+        """Whether the code from ``start`` to ``end`` (excluded) is entered at ``start`` only and
+        every path through it reaches ``end`` having pushed one value, never reaching below."""
+        bytecode, labels = self.bytecode, self.labels
+        for p in range(start + 1, end):
             item = bytecode[p]
-            p += 1
-            if not isinstance(item, Instr):
-                continue
-            if isinstance(item.arg, Label):
-                target = labels.get(item.arg)
-                if target is None:
-                    return False  # leaves the range
-                pre, post = item.pre_and_post_stack_effect(jump=True)
-                if height + pre < 0:
-                    return False
-                work.append((target, height + pre + post))
-                if item.is_uncond_jump():
+            if isinstance(item, Label) and any(not start <= source < end for source in self.jumps.get(item, ())):
+                return False  # entered from elsewhere
+        work, seen = [(start, 0)], set()
+        while work:
+            p, height = work.pop()
+            while p < end:
+                if (p, height) in seen:
                     break
-            pre, post = item.pre_and_post_stack_effect(jump=False)
-            if height + pre < 0 or item.is_final():
-                return False
-            height += pre + post
-        else:
-            if height != 1:
-                return False
-    return True
+                seen.add((p, height))
+                item = bytecode[p]
+                p += 1
+                if not isinstance(item, Instr):
+                    continue
+                if isinstance(item.arg, Label):
+                    target = labels.get(item.arg)
+                    if target is None or not start <= target <= end:
+                        return False  # leaves the range
+                    pre, post = item.pre_and_post_stack_effect(jump=True)
+                    if height + pre < 0:
+                        return False
+                    work.append((target, height + pre + post))
+                    if item.is_uncond_jump():
+                        break
+                pre, post = item.pre_and_post_stack_effect(jump=False)
+                if height + pre < 0 or item.is_final():
+                    return False
+                height += pre + post
+            else:
+                if height != 1:
+                    return False
+        return True
 
 
 def _nest(outer: int, where: Tuple[object, ...], site: Raw) -> Raw:

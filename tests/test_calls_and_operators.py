@@ -196,6 +196,37 @@ def test_an_operator_whose_right_operand_branches_comes_before_the_operators_in_
         assert sorted(values) == [[6], [106]]
 
 
+def test_an_operator_whose_right_operand_is_long_comes_before_the_operators_in_it():
+    # 40 calls in the right operand: far more instructions than any fixed look-back window.
+    source = "def f(a, b, c):\n    r = a * (b * c" + " + g(0)" * 40 + ")\n    return r\n"
+    namespace = {"g": lambda v: v}
+    exec(source, namespace)
+    f = namespace["f"]
+    with bcrecord.patch_function(f, "*"), bcrecord.recording() as rec:
+        f(2, 3, 5)
+    assert [rec.all(f"<unknown>:f:*@{i}") for i in (0, 1)] == [[30], [15]]  # exec'd: no module
+
+
+def test_operators_in_a_condition_count_where_they_are_written():
+    def pick(a, b, c):
+        r = (a * b) if (b * c) else 0
+        return r
+
+    def kept(xs, b, c):
+        r = [b % c for x in xs if x % 2]
+        return r
+
+    with bcrecord.patch_function(pick, "*"), bcrecord.patch_function(kept, "%"), bcrecord.recording() as rec:
+        pick(2, 3, 5)
+        kept([1, 2, 3], 7, 4)
+    values = [rec.all(f"{pick.__module__}:pick:*@{i}") for i in (0, 1)]
+    values += [rec.all(f"{kept.__module__}:kept:%@{i}") for i in (0, 1)]
+    if sys.version_info >= (3, 11):  # a * b, then b * c; b % c, then x % 2
+        assert values == [[6], [15], [3, 3], [1, 0, 1]]
+    else:  # no columns: in the order the compiler lays them out (see the README's limits)
+        assert values == [[15], [6], [1, 0, 1], [3, 3]]
+
+
 def _h(v):
     return v * 2
 
