@@ -67,7 +67,9 @@ def resolve_path(path: str) -> Tuple[Any, Any]:
         owner: Any = importlib.import_module(module_name)
     except ImportError as error:
         raise BcrecordError(f"cannot import module {module_name!r}: {error}") from None
-    except Exception as error:  # the module itself raises on import (a SyntaxError, its own errors)
+    except (Exception, SystemExit) as error:
+        # The module itself raises on import (a SyntaxError, its own errors), or exits: a
+        # script that parses its arguments at import (no `if __name__ == "__main__":`).
         raise BcrecordError(
             f"importing module {module_name!r} raised {type(error).__name__}: {error}"
         ) from None

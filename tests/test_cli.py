@@ -98,3 +98,22 @@ def test_targets_of_a_module_that_raises_on_import_is_one_clear_line(project):
     (project / "broken.py").write_text("ratio = 1 / 0\n\ndef f():\n    return ratio\n")
     line = one_clear_line(cli("targets", "broken:f", cwd=project))
     assert "importing module 'broken' raised ZeroDivisionError: division by zero" in line
+
+
+@pytest.mark.parametrize(
+    "top, said",
+    [
+        ("import sys\nsys.exit(3)\n", "raised SystemExit: 3"),
+        ("import sys\nsys.exit(0)\n", "raised SystemExit: 0"),
+        # A script that parses its arguments at import: it sees bcrecord's.
+        ("import argparse\nargparse.ArgumentParser().parse_args()\n", "raised SystemExit: 2"),
+    ],
+)
+def test_targets_and_show_of_a_module_that_exits_on_import_is_one_clear_line(project, top, said):
+    (project / "exits.py").write_text(top + "\ndef f(x):\n    y = x\n    return y\n")
+    for args in (("targets", "exits:f"), ("show", "exits:f", "y")):
+        result = cli(*args, cwd=project)
+        assert result.returncode == 2 and "Traceback" not in result.stderr, result
+        # After whatever the module printed itself (argparse's usage and complaint).
+        assert result.stderr.strip().splitlines()[-1].startswith(f"bcrecord: importing module 'exits' {said}")
+        assert result.stdout == ""
