@@ -688,7 +688,9 @@ class _Operands:
         bytecode, labels = self.bytecode, self.labels
         for p in range(start + 1, end):
             item = bytecode[p]
-            if isinstance(item, Label) and any(not start <= source < end for source in self.jumps.get(item, ())):
+            if isinstance(item, Label) and any(
+                not start <= source < end for source in self.jumps.get(item, ())
+            ):
                 return False  # entered from elsewhere
         work, seen = [(start, 0)], set()
         while work:

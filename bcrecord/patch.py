@@ -379,7 +379,14 @@ class Patch:
     """
 
     def __init__(
-        self, slot: _Slot, target: Any, attribute: Optional[str], name: Owner, specs: tuple, points: tuple
+        self,
+        slot: _Slot,
+        target: Any,
+        attribute: Optional[str],
+        name: Owner,
+        specs: tuple,
+        points: tuple,
+        function: Optional[str] = None,
     ) -> None:
         self._slot: Optional[_Slot] = slot
         self.target = target
@@ -388,14 +395,15 @@ class Patch:
         self.specs = specs
         self._points: Tuple[ProbePoint, ...] = points
         self.original_code = slot.original_code
-        code_name = slot.original_code.co_name
+        #: The function part of keys: the method's name as patched, else the code's own.
+        self.function_name = function or slot.original_code.co_name
         # A per-instance owner is only known when the probe runs: '*' stands for it.
         owner = "*" if callable(name) else name
-        self.keys: Tuple[str, ...] = tuple(f"{owner}:{code_name}:{p.label}" for p in points)
+        self.keys: Tuple[str, ...] = tuple(f"{owner}:{self.function_name}:{p.label}" for p in points)
         self._site_ids: List[int] = register_sites([self._site(point) for point in points])
 
     def _site(self, point: ProbePoint) -> Site:
-        suffix = f":{self.original_code.co_name}:{point.label}"
+        suffix = f":{self.function_name}:{point.label}"
         if callable(self.name):
             return Site(suffix, point.chain, point.copy, owner=self.name, tag=self)
         return Site(self.name + suffix, point.chain, point.copy, tag=self)
@@ -448,7 +456,13 @@ class Patch:
 
 
 def _attach(
-    slot: _Slot, target: Any, attribute: Optional[str], specs: Any, name: Optional[Owner], default_name: str
+    slot: _Slot,
+    target: Any,
+    attribute: Optional[str],
+    specs: Any,
+    name: Optional[Owner],
+    default_name: str,
+    function: Optional[str] = None,
 ) -> Patch:
     """Add a patch to ``slot``; raises (changing nothing) when specs do not resolve."""
     parsed = parse_all(specs)
@@ -462,7 +476,7 @@ def _attach(
                 "needs a method whose first argument is the instance"
             )
         points = tuple(dataclasses.replace(point, with_self=True) for point in points)
-    patch = Patch(slot, target, attribute, default_name if name is None else name, parsed, points)
+    patch = Patch(slot, target, attribute, default_name if name is None else name, parsed, points, function)
     try:
         slot.install(slot.patches + [patch])
     except BaseException:
@@ -653,6 +667,16 @@ def patch_function(
     >>> rec["m:double:out@0"]
     8
     """
+    return _patch_in_place(func, specs, name)
+
+
+def _patch_in_place(
+    func: Callable[..., Any],
+    specs: Union[SpecLike, Iterable[SpecLike]],
+    name: Optional[Owner],
+    function: Optional[str] = None,
+) -> Patch:
+    """:func:`patch_function`, with the function part of keys (default: the code's name)."""
     base = function_of(func)
     with _lock:
         key = ("code", id(base))
@@ -661,7 +685,7 @@ def patch_function(
         if slot is None:
             slot = _Slot(base, base, restore=lambda: None)
             slot.key = key
-        patch = _attach(slot, base, None, specs, name, _default_owner(base))
+        patch = _attach(slot, base, None, specs, name, _default_owner(base), function)
         probe_visible_from(base.__globals__)
         if created:
             _slots[key] = slot
@@ -718,7 +742,7 @@ def patch_method(
         raise
     if in_place or base is not function_of_shallow(raw):
         # A wrapper holds the function it wraps: only patching that in place reaches it.
-        return patch_function(base, specs, name=default if name is None else name)
+        return _patch_in_place(base, specs, default if name is None else name, method)
     if not isinstance(obj, (type, types.ModuleType)) and not hasattr(obj, "__dict__"):
         raise NotPatchableError(
             f"{type(obj).__name__} instances have no __dict__ (uses __slots__?): patch the class instead"
@@ -728,12 +752,12 @@ def patch_method(
         key = ("attr", id(obj), method)
         slot = _slots.get(key)
         if slot is not None and own is not _MISSING and _unwrap_installed(own) is slot.live:
-            patch = _attach(slot, obj, method, specs, name, default)
+            patch = _attach(slot, obj, method, specs, name, default, method)
             return patch
         live = _copy_function(base)
         slot = _Slot(base, live, restore=_restorer(obj, method, own))
         slot.key = key
-        patch = _attach(slot, obj, method, specs, name, default)
+        patch = _attach(slot, obj, method, specs, name, default, method)
         try:
             _install(obj, method, _wrap_like(raw, live, obj, in_own_dict=raw is own))
         except BaseException:

@@ -469,3 +469,24 @@ def test_patches_made_while_another_is_armed_start_from_the_original_code():
     finally:
         q.remove()
         p.remove()
+
+
+def test_keys_name_the_method_as_patched_where_it_is_another_function():
+    class Net:
+        def _impl(self, x):
+            y = x + 1
+            return y
+
+        forward = _impl  # an alias: the code's own name is _impl
+
+    net = Net()
+    for in_place in (False, True):
+        with bcrecord.patch_method(Net, "forward", ["y", "return"], in_place=in_place) as patch:
+            with bcrecord.recording() as rec:
+                net.forward(1)
+        assert patch.keys == ("Net:forward:y@0", "Net:forward:return")
+        assert rec.keys() == ["Net:forward:y@0", "Net:forward:return"]
+    # Patched by its own name, it keeps it.
+    with bcrecord.patch_method(Net, "_impl", "y") as patch, bcrecord.recording() as rec:
+        net._impl(1)
+    assert patch.keys == ("Net:_impl:y@0",) and rec["Net:_impl:y@0"] == 2

@@ -27,7 +27,7 @@ from ..patch import Patch, remove_all, remove_soon
 from ..patch import targets as function_targets
 from ..runtime import kept_length
 from .record import ModelRecording, Pass, Plan, StopForward, _stopping
-from .targets import expand, has_forward, unwrap
+from .targets import expand, has_forward, require_module, unwrap
 
 __all__ = ["FeatureExtractor", "create_feature_extractor", "list_targets", "TargetList"]
 
@@ -38,6 +38,11 @@ def _normalise(model: torch.nn.Module, nodes: Optional[ReturnNodes]) -> Dict[str
     """``{concrete target: output name}``; globs expand in list form only."""
     if nodes is None:
         raise SpecError("return_nodes is required: module paths or targets, as a list or a dict")
+    if not isinstance(nodes, (str, Mapping, list, tuple)):
+        raise TypeError(
+            f"return_nodes must be a list of module paths or targets, or a dict of them to output "
+            f"names, got {type(nodes).__name__}"
+        )
     out: Dict[str, str] = {}
     for target in [nodes] if isinstance(nodes, str) else nodes:
         if isinstance(target, str) and target.strip().endswith(".grad"):
@@ -60,6 +65,34 @@ def _normalise(model: torch.nn.Module, nodes: Optional[ReturnNodes]) -> Dict[str
     if len(set(out.values())) != len(out):
         raise SpecError(f"output names must be unique, got {list(out.values())}")
     return out
+
+
+def _rename(state: Dict[str, Any], old: str, new: str) -> None:
+    """Keys (and module paths of its ``_metadata``) starting with ``old`` start with ``new``, in place.
+
+    >>> state = {"model.fc.weight": 1, "other": 2}
+    >>> _rename(state, "model.", ""); state
+    {'fc.weight': 1, 'other': 2}
+    """
+    items = list(state.items())
+    state.clear()  # re-inserted in order: a parent's state dict holds other keys too
+    for key, value in items:
+        state[new + key[len(old) :] if key.startswith(old) else key] = value
+    metadata = getattr(state, "_metadata", None)  # module path -> version, ...: paths have no final dot
+    if metadata is not None:
+        moved = {
+            (new + (path + ".")[len(old) :])[:-1]: metadata.pop(path)
+            for path in [p for p in metadata if (p + ".").startswith(old)]
+        }
+        metadata.update(moved)
+
+
+def _state_as_the_model(module: Any, state: Dict[str, Any], prefix: str, metadata: Any) -> None:
+    _rename(state, prefix + "model.", prefix)
+
+
+def _state_for_the_model(module: Any, state: Dict[str, Any], prefix: str, *rest: Any) -> None:
+    _rename(state, prefix, prefix + "model.")
 
 
 _PLAN_OPTIONS = ("copy", "to", "dtype", "reduce", "grad")
@@ -90,7 +123,9 @@ class FeatureExtractor(torch.nn.Module):
     targets (``'.grad'``) are refused: a call returns when its forward ends, before
     any gradient exists (record them with :func:`bcrecord.torch.record`). As with
     torchvision's extractor, features keep their autograd graph (``grad=False``
-    detaches them); they are clones, so an in-place op downstream never shows.
+    detaches them); they are clones, so an in-place op downstream never shows. Its
+    ``state_dict()`` has the model's keys, as torchvision's has, so a checkpoint of the
+    model loads into it (``named_parameters()`` names them under ``model.``).
 
     >>> import torch
     >>> net = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU(), torch.nn.Linear(3, 1))
@@ -117,9 +152,17 @@ class FeatureExtractor(torch.nn.Module):
             raise TypeError(
                 f"unknown option(s) {', '.join(unknown)}; accepted: {', '.join(_PLAN_OPTIONS + _RUN_OPTIONS)}"
             )
+        require_module(model)
         self.model = model
+        # The model's own state dict keys, as torchvision's extractor (which copies the
+        # model's submodules into itself) has: a checkpoint of the model loads into it.
+        self.register_state_dict_post_hook(_state_as_the_model)
+        self.register_load_state_dict_pre_hook(_state_for_the_model)
         if return_nodes is not None and (train_return_nodes is not None or eval_return_nodes is not None):
             raise SpecError("give return_nodes, or train_return_nodes and eval_return_nodes, not both")
+        if return_nodes is None and (train_return_nodes is None) != (eval_return_nodes is None):
+            missing = "eval_return_nodes" if eval_return_nodes is None else "train_return_nodes"
+            raise SpecError(f"give train_return_nodes and eval_return_nodes together ({missing} is missing)")
         self.train_nodes = _normalise(model, train_return_nodes if return_nodes is None else return_nodes)
         self.eval_nodes = _normalise(model, eval_return_nodes if return_nodes is None else return_nodes)
         self.stop_early = stop_early
@@ -274,14 +317,18 @@ def list_targets(
     For each submodule: its path (the module's output) and, for each of
     ``methods`` it defines in Python, one target per local assignment, attribute
     load site, call site (``'self.bn1()@0'``), operator site (``'+=@0'``) and return.
+    TorchScript submodules, which cannot be recorded, are left out.
 
     >>> import torch
     >>> targets = list_targets(torch.nn.Sequential(torch.nn.Linear(1, 1)))
     >>> targets[0], targets[-3:]
     ('', ['0:forward:self.weight@0', '0:forward:F.linear()@0', '0:forward:return'])
     """
+    require_module(model)
     out = TargetList()
     for path, module in unwrap(model).named_modules():
+        if isinstance(module, torch.jit.ScriptModule):
+            continue  # TorchScript, not bytecode (its submodules are scripted too): not recordable
         if has_forward(module):  # a container's path (ModuleList) has no output
             out.append(path)
         for method in methods:

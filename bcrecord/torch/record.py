@@ -773,23 +773,33 @@ class _StopAtRoot:
     ``copy.deepcopy`` of the model made meanwhile gets one that calls the copy.
     """
 
-    def __init__(self, model: torch.nn.Module, forward: Any, previous: Any) -> None:
+    def __init__(
+        self, model: torch.nn.Module, forward: Any, previous: Any, source: Optional[_StopAtRoot] = None
+    ) -> None:
         self.model, self.forward, self.previous = model, forward, previous
         self.recordings: List[ModelRecording] = []
+        #: For a deepcopy's: the model's own, whose recordings stop the copy's passes too
+        #: (weak: the copy must not keep them, or their values, alive).
+        self.source = None if source is None else weakref.ref(source)
+
+    def _running(self) -> List[ModelRecording]:
+        source = None if self.source is None else self.source()
+        return self.recordings + (source.recordings if source is not None else [])
 
     @property
     def __wrapped__(self) -> Any:  # inspect.signature(model.forward) sees the real one
         return self.forward
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        started = [rec for rec in list(self.recordings) if rec._entered_here()]
+        running = self._running()
+        started = [rec for rec in running if rec._entered_here()]
         for rec in started:
             rec.start_pass()
         token = _stopping.set(True)
         try:
             return self.forward(*args, **kwargs)
         except StopForward as stop:
-            if stop.recording not in self.recordings:  # a recording run by a caller further out
+            if stop.recording not in running:  # a recording run by a caller further out
                 raise
             return None
         finally:
@@ -802,8 +812,7 @@ class _StopAtRoot:
         forward = self.forward
         if twin is not None and getattr(forward, "__self__", None) is self.model:
             forward = types.MethodType(forward.__func__, twin)
-        # Its own (empty) list: the copy must not keep the recordings, or their values, alive.
-        return _StopAtRoot(twin if twin is not None else self.model, forward, self.previous)
+        return _StopAtRoot(twin if twin is not None else self.model, forward, self.previous, self)
 
     def __reduce__(self) -> Tuple[Any, Tuple[Any, ...]]:
         # Saved mid-pass: the saved model gets the forward it had.

@@ -24,6 +24,7 @@ Forms (``path`` is a dotted path from ``model.named_modules()``, ``''`` for the 
 from __future__ import annotations
 
 import builtins
+import collections.abc
 import difflib
 import fnmatch
 import functools
@@ -32,7 +33,7 @@ import sys
 import types
 import warnings
 from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import torch
 from bytecode import Instr, Label
@@ -65,6 +66,24 @@ class Target:
     grad: bool = False
     #: True for a bare module path: the module's output.
     output: bool = False
+
+
+def require_module(model: Any) -> None:
+    """Refuse, with a clear ``TypeError``, anything but an ``nn.Module`` instance.
+
+    >>> require_module(torch.nn.Linear)
+    Traceback (most recent call last):
+    ...
+    TypeError: expected an nn.Module instance, got the class Linear: pass an instance, e.g. Linear(...)
+    """
+    if isinstance(model, torch.nn.Module):
+        return
+    if isinstance(model, type):
+        raise TypeError(
+            f"expected an nn.Module instance, got the class {model.__name__}: pass an instance, "
+            f"e.g. {model.__name__}(...)"
+        )
+    raise TypeError(f"expected an nn.Module instance, got {type(model).__name__}: {model!r:.80}")
 
 
 def unwrap(model: torch.nn.Module) -> torch.nn.Module:
@@ -118,7 +137,10 @@ def _split(text: str) -> Tuple[str, str, str, bool]:
     grad = text.endswith(".grad")
     if grad:
         if ":" not in text:
-            raise SpecError(f"{text!r}: '.grad' needs a local, e.g. 'layer1.0:forward:out@2.grad'")
+            raise SpecError(
+                f"{text!r}: '.grad' follows a target with its method, e.g. "
+                "'layer1.0:forward:out@2.grad' or 'fc:forward:return.grad'"
+            )
         text = text[: -len(".grad")]
     parts = text.split(":")
     if len(parts) == 1:
@@ -613,8 +635,11 @@ def expand_all(model: torch.nn.Module, texts: Iterable[str]) -> Dict[str, List[T
     >>> {text: [t.path for t in found] for text, found in expand_all(model, ["1.*", "0"]).items()}
     {'1.*': ['1.0'], '0': ['0']}
     """
+    require_module(model)
     if isinstance(texts, str):
         texts = [texts]
+    elif not isinstance(texts, collections.abc.Iterable) or isinstance(texts, collections.abc.Mapping):
+        raise TypeError(f"targets must be a string or a list of strings, got {type(texts).__name__}")
     out: Dict[str, List[Target]] = {}
     for text in texts:
         out[text] = expand(model, text)

@@ -124,6 +124,14 @@ def test_bad_return_nodes():
         create_feature_extractor(net)
     with pytest.raises(bcrecord.TargetError, match="no submodule"):
         create_feature_extractor(net, ["nothere"])
+    with pytest.raises(TypeError, match="return_nodes must be a list of module paths or targets"):
+        create_feature_extractor(net, 7)
+    with pytest.raises(bcrecord.SpecError, match=r"together \(eval_return_nodes is missing\)"):
+        create_feature_extractor(net, train_return_nodes=["bn1"])
+    with pytest.raises(TypeError, match="expected an nn.Module instance, got NoneType"):
+        create_feature_extractor(None, ["bn1"])
+    with pytest.raises(TypeError, match="expected an nn.Module instance, got NoneType"):
+        list_targets(None)
 
 
 def test_list_targets_covers_every_submodule_without_tracing():
@@ -397,6 +405,17 @@ def test_list_targets_leaves_out_paths_that_have_no_output():
     assert sorted(features) == ["", "blocks.0"]
 
 
+def test_list_targets_leaves_out_torchscript_submodules_and_what_is_inside_them():
+    scripted = torch.jit.script(torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU()))
+    net = torch.nn.Sequential(torch.nn.Linear(3, 3), scripted)
+    listed = list_targets(net)
+    assert [t for t in listed if ":" not in t] == ["", "0"]
+    x = torch.ones(1, 3)
+    with bcrecord.torch.record(net, listed) as rec:  # every listed target records
+        out = net(x)
+    assert torch.equal(rec[":forward:return"], out) and torch.equal(rec["0:forward:return"], net[0](x))
+
+
 def test_a_recording_of_another_model_that_stops_early_holds_back_no_extractor():
     torch.manual_seed(0)
     other = torch.nn.Sequential(torch.nn.Linear(3, 3))
@@ -405,3 +424,20 @@ def test_a_recording_of_another_model_that_stops_early_holds_back_no_extractor()
     with bcrecord.torch.record(other, ["0"], stop_after_last=True):
         features = create_feature_extractor(net, ["0"])(x)  # stops before the failing layer
     assert torch.allclose(features["0"], net[0](x))
+
+
+def test_the_state_dict_has_the_model_keys_so_a_checkpoint_of_the_model_loads():
+    net, other = SmallNet(), SmallNet()
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(1.0)
+    extractor = create_feature_extractor(net, ["bn1"])
+    assert list(extractor.state_dict()) == list(net.state_dict())
+    extractor.load_state_dict(other.state_dict())  # strict: every key matches
+    pairs = zip(net.state_dict().values(), other.state_dict().values(), strict=True)
+    assert all(torch.equal(a, b) for a, b in pairs)
+    # Inside a bigger module the keys nest as the model's would.
+    holder = torch.nn.ModuleDict({"backbone": extractor})
+    assert list(holder.state_dict()) == [f"backbone.{k}" for k in net.state_dict()]
+    holder.load_state_dict({f"backbone.{k}": v * 0 for k, v in other.state_dict().items()})
+    assert all(not v.any() for v in net.state_dict().values() if v.is_floating_point())

@@ -316,6 +316,19 @@ def test_bad_targets_give_clear_errors_and_change_nothing(net):
             with record(net, ["bn1", target]):
                 pass
         assert same(before, snapshot(net))
+    for model, targets, message in [
+        (net, 123, "targets must be a string or a list of strings, got int"),
+        (net, None, "targets must be a string or a list of strings, got NoneType"),
+        (None, "bn1", "expected an nn.Module instance, got NoneType"),
+        (type(net), "bn1", r"got the class SmallNet: pass an instance, e.g. SmallNet\(...\)"),
+    ]:
+        with pytest.raises(TypeError, match=message):
+            with record(model, targets):
+                pass
+        assert same(before, snapshot(net))
+    with pytest.raises(bcrecord.SpecError, match="'fc:forward:return.grad'"):
+        with record(net, "bn1.grad"):
+            pass
 
 
 def test_two_threads_with_their_own_recordings_get_only_their_own(net):
@@ -586,3 +599,36 @@ def test_nested_recordings_that_stop_early_stop_once_both_have_their_values(net)
             assert net(x) is None
     assert torch.allclose(outer["bn1:forward:return"], expected["bn1"], atol=1e-5)
     assert torch.allclose(inner["blocks.1:forward:return"], expected["blocks.1"], atol=1e-5)
+
+
+class _Scale(torch.nn.Module):
+    def _scaled(self, x):
+        y = x * 2
+        return y
+
+    forward = _scaled  # forward is another function (torch.fx's lazy GraphModule does this)
+
+
+def test_a_forward_that_is_another_function_keeps_forward_in_its_keys():
+    from bcrecord.torch import create_feature_extractor
+
+    net = torch.nn.Sequential(_Scale(), torch.nn.ReLU())
+    x = torch.tensor([[1.0, -2.0]])
+    with record(net, ["0", "0:forward:y"]) as rec:
+        net(x)
+    assert rec.keys() == ["0:forward:y@0", "0:forward:return"]
+    assert torch.equal(rec["0:forward:return"], x * 2) and torch.equal(rec["0:forward:y@0"], x * 2)
+    assert torch.equal(create_feature_extractor(net, ["0"])(x)["0"], x * 2)
+
+
+def test_a_deepcopy_made_while_stopping_early_stops_as_the_model_does():
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+    x = torch.randn(5, 3)
+    with record(net, ["0"], stop_after_last=True) as rec:
+        twin = copy.deepcopy(net)
+        assert twin(x) is None  # stopped after '0', as the model's own forward is
+        assert net(x) is None
+    values = rec.all("0:forward:return")
+    assert len(values) == 2 and all(torch.equal(v, net[0](x)) for v in values)
+    assert torch.equal(twin(x), net(x))  # afterwards both run to the end
