@@ -44,7 +44,7 @@ def test_wrappers_and_errors():
     net = SmallNet()
     assert unwrap(torch.nn.DataParallel(net)) is net
     assert module_at(torch.nn.DataParallel(net), "blocks.0") is net.blocks[0]
-    with pytest.raises(bcrecord.SpecError, match="needs a local"):
+    with pytest.raises(bcrecord.SpecError, match="follows a target with its method"):
         expand(net, "bn1.grad")
     with pytest.raises(bcrecord.SpecError, match="must be a string"):
         expand(net, 3)
