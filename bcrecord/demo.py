@@ -14,7 +14,8 @@ no downloads). The demo
    in ``DIR/plots`` (feature maps, heatmaps, histograms, values over steps).
 
 Needs torch, safetensors and (for pictures) matplotlib:
-``pip install 'bcrecord[torch,save,viz]'``. Runs in a few seconds on a laptop CPU.
+``pip install 'bcrecord[torch,save,viz]'``. Runs in 7-9 seconds on a 2-core CPU (about 5
+with ``plots=False``).
 
 >>> import io, tempfile
 >>> run(tempfile.mkdtemp(), steps=2, plots=False, out=io.StringIO())
@@ -24,6 +25,7 @@ Needs torch, safetensors and (for pictures) matplotlib:
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import sys
 import time
@@ -157,11 +159,12 @@ def _run(directory: Path, steps: int, plots: bool, out: TextIO, started: float) 
     say(f"   layer1.0:forward:out@2  out = self.relu(out)  min {_minimum(after):+.3f}  (ReLU, in place)")
     say("   self.relu overwrote the tensor that out@1 names; bcrecord copied it when it was assigned.\n")
 
-    say(f"4. bcrecord view {directory}:\n")
+    view = f"bcrecord view {shlex.quote(str(directory))}"  # quoted: to paste into a shell
+    say(f"4. {view}:\n")
     viz.view(directory, plots=plots, out=out, progress=False)
     seconds = time.perf_counter() - started
     say(f"\nDone in {seconds:.1f} s. Next:")
-    say(f"   bcrecord view {directory}          # this table and the pictures again")
+    say(f"   {view}          # this table and the pictures again")
     say("   bcrecord targets bcrecord.demo_model:TinyResNet.forward")
     say("   bcrecord run --record 'bcrecord.demo_model:BasicBlock.forward:out@1' --save-dir DIR script.py")
     return 0

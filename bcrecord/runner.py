@@ -10,7 +10,8 @@ see, while :class:`RunTarget` strings name what to record::
 A target is ``'<module>:<function or Class.method>:<spec>'``; the spec is any
 short form of :func:`bcrecord.parse` (``x``, ``x@1``, ``self.fc.weight``,
 ``self.fc@0``, ``return``...). Functions of the program itself are named with the
-module ``__main__`` (or the script's file stem, or the ``-m`` module's name).
+module ``__main__`` (or the script's file stem, or the ``-m`` module's name; one
+target given under two of these names is one target, recorded once).
 
 How targets are applied:
 
@@ -38,7 +39,10 @@ are kept, and a summary is printed to stderr at the end.
 What passes through unchanged: the program's ``sys.argv``, stdin, stdout, its
 stderr (bcrecord adds one summary line there unless ``--quiet``), and its exit
 status: a :class:`SystemExit` is re-raised as it was, an uncaught exception prints
-its traceback (without bcrecord's frames) and exits 1, as Python does.
+its traceback (without bcrecord's frames; a :class:`KeyboardInterrupt`'s still
+shows them) and exits 1, as Python does. One difference: a script's ``sys.argv[0]``
+is its absolute path (runpy is given that, so that ``__file__`` stays right after
+an :func:`os.chdir`).
 
 >>> target = parse_target("json:dumps:return")
 >>> target.module, target.path, target.spec
@@ -49,6 +53,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import functools
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -56,6 +61,7 @@ import itertools
 import os
 import pickle
 import runpy
+import shlex
 import sys
 import threading
 import time
@@ -74,6 +80,8 @@ from .storage import UnsavableValue, Writer
 
 __all__ = ["RunTarget", "RunError", "parse_target", "check_targets", "run"]
 
+#: What holds a function as ``.func`` (bcrecord's errors for them say to patch that).
+_FUNCTION_HOLDERS = (functools.partial, functools.partialmethod, functools.cached_property)
 _RUNNER_FILES = {os.path.abspath(__file__), os.path.abspath(runpy.__file__), "<frozen runpy>"}
 _SKIP = object()
 
@@ -280,9 +288,15 @@ class _Loader(importlib.abc.Loader):
     loader before the module runs, so the program never sees this wrapper.
     """
 
-    def __init__(self, loader: Any, after: Callable[[types.ModuleType], None]) -> None:
+    def __init__(
+        self,
+        loader: Any,
+        after: Callable[[types.ModuleType], None],
+        failed: Callable[[types.ModuleType, BaseException], None],
+    ) -> None:
         self.loader = loader
         self.after = after
+        self.failed = failed
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> Optional[types.ModuleType]:
         create = getattr(self.loader, "create_module", None)
@@ -294,7 +308,11 @@ class _Loader(importlib.abc.Loader):
         spec = getattr(module, "__spec__", None)
         if spec is not None and spec.loader is self:
             spec.loader = self.loader
-        self.loader.exec_module(module)
+        try:
+            self.loader.exec_module(module)
+        except BaseException as error:
+            self.failed(module, error)
+            raise
         self.after(module)
 
     def __getattr__(self, name: str) -> Any:
@@ -307,6 +325,11 @@ class _ImportHook(importlib.abc.MetaPathFinder):
     def __init__(self, modules: Sequence[str], after: Callable[[types.ModuleType], None]) -> None:
         self.modules = frozenset(modules)
         self.after = after
+        #: Modules whose code raised while being imported, and what it raised.
+        self.raised: Dict[str, str] = {}
+
+    def _failed(self, module: types.ModuleType, error: BaseException) -> None:
+        self.raised[module.__name__] = type(error).__name__
 
     def find_spec(
         self, fullname: str, path: Optional[Sequence[str]], target: Optional[types.ModuleType] = None
@@ -322,7 +345,7 @@ class _ImportHook(importlib.abc.MetaPathFinder):
             spec = find(fullname, path, target)
             if spec is not None:
                 if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _Loader(spec.loader, self.after)
+                    spec.loader = _Loader(spec.loader, self.after, self._failed)
                 return spec  # type: ignore[no-any-return]
         return None
 
@@ -522,12 +545,65 @@ def _by_step(batch: List[Tuple[str, int, Any]]) -> List[Tuple[int, Dict[str, Lis
     return [(step, dict(steps[step])) for step in sorted(steps)]
 
 
+def _group_path(target: RunTarget) -> Tuple[str, ...]:
+    """The path ``target`` is patched at: 'C.p.fget' is 'C.p', one getter patched once for both."""
+    path = target.path
+    return path[:-1] if len(path) > 2 and path[-1] == "fget" else path
+
+
+def _by_other_main_name(
+    targets: Sequence[RunTarget], main_names: Sequence[str]
+) -> Dict[Tuple[str, Tuple[str, ...], Spec], RunTarget]:
+    """``('__main__', path, spec)``: the same target under the program's other name, if given.
+
+    The program's own module is ``__main__`` and its file stem (or ``-m`` name): one
+    target given under both names is one target, patched once (under the other name,
+    which also covers the script imported by that name).
+
+    >>> both = [parse_target("__main__:f:x"), parse_target("prog:f:x")]
+    >>> [twin.text for twin in _by_other_main_name(both, ("__main__", "prog")).values()]
+    ['prog:f:x']
+    """
+    return {
+        ("__main__", _group_path(t), t.spec): t
+        for t in targets
+        if t.module in main_names and t.module != "__main__"
+    }
+
+
 # --- running a program -----------------------------------------------------------------
 
 
 def _is_runner_frame(filename: str) -> bool:
     """Whether a traceback frame is bcrecord's or runpy's (left out of the program's traceback)."""
     return filename in _RUNNER_FILES or os.path.abspath(filename) in _RUNNER_FILES
+
+
+def _program_traceback(tb: Optional[types.TracebackType]) -> Optional[types.TracebackType]:
+    """``tb`` as Python would show it without bcrecord: its frames and runpy's left out.
+
+    An ``import`` statement's traceback has no import machinery frames (Python removes
+    them), except those before bcrecord's import hook, which broke Python's removal:
+    they go too. (``importlib.import_module`` keeps them all, and so does this.)
+    """
+    kept: List[types.TracebackType] = []
+    while tb is not None:
+        if _is_runner_frame(tb.tb_frame.f_code.co_filename):
+            after = tb.tb_next
+            if after is None or not _is_import_frame(after.tb_frame.f_code.co_filename):
+                while kept and _is_import_frame(kept[-1].tb_frame.f_code.co_filename):
+                    kept.pop()
+        else:
+            kept.append(tb)
+        tb = tb.tb_next
+    for frame, after in zip(kept, [*kept[1:], None], strict=True):
+        frame.tb_next = after  # (writable since Python 3.7)
+    return kept[0] if kept else None
+
+
+def _is_import_frame(filename: str) -> bool:
+    """Whether a frame is the import machinery's (``<frozen importlib._bootstrap>`` and the like)."""
+    return filename.startswith("<frozen importlib._bootstrap")
 
 
 def _ordinal(n: int) -> str:
@@ -652,10 +728,16 @@ class Runner:
         self.groups: Dict[str, Dict[Tuple[str, ...], List[RunTarget]]] = defaultdict(
             lambda: defaultdict(list)
         )
+        #: Texts of targets that are another's under another name of the program's module:
+        #: applied when that one is.
+        self.aliases: Dict[str, List[str]] = defaultdict(list)
+        named = _by_other_main_name(self.targets, program.main_names)
         for target in self.targets:
-            # 'C.p.fget' is 'C.p': one getter, patched once for both spellings.
-            path = target.path[:-1] if len(target.path) > 2 and target.path[-1] == "fget" else target.path
-            self.groups[target.module][path].append(target)
+            twin = named.get((target.module, _group_path(target), target.spec))
+            if twin is not None:
+                self.aliases[twin.text].append(target.text)
+                continue
+            self.groups[target.module][_group_path(target)].append(target)
         self.owners = _owner_names(self.groups)
         self.hook = _ImportHook([m for m in self.groups if m != "__main__"], self._after_import)
         self._saved_sys: Optional[Tuple[List[str], List[str]]] = None
@@ -700,6 +782,10 @@ class Runner:
                                 f"it: target '{where.__module__}:{where.__qualname__}.{path[-1]}:...'"
                             )
                         patch = patch_function(getter, specs, name=owner)
+                    elif isinstance(value, types.FunctionType) and isinstance(holder, _FUNCTION_HOLDERS):
+                        # A function an object holds ('C.cp.func' of a cached_property, a
+                        # partial's 'p.func'): no method of it, so keyed as patch_function keys it.
+                        patch = patch_function(value, specs, name=owner)
                     else:
                         # In place, so references taken before the patch record too; but an
                         # inherited method goes on the class named, as patch_method does: in
@@ -713,6 +799,7 @@ class Runner:
                 self.patches.append(patch)
                 self.recording.take(patch)
                 self.applied.update(t.text for t in group)
+                self.applied.update(a for t in group for a in self.aliases.get(t.text, ()))
 
     def _after_import(self, module: types.ModuleType) -> None:
         if self.program.file is not None and module.__name__ in self.program.main_names:
@@ -812,9 +899,7 @@ class Runner:
         except (SystemExit, KeyboardInterrupt, GeneratorExit):
             raise
         except BaseException as error:
-            tb = error.__traceback__
-            while tb is not None and _is_runner_frame(tb.tb_frame.f_code.co_filename):
-                tb = tb.tb_next
+            tb = _program_traceback(error.__traceback__)
             sys.excepthook(type(error), error, error.with_traceback(tb).__traceback__)
             return 1
         finally:
@@ -842,14 +927,22 @@ class Runner:
 
     # reporting --------------------------------------------------------------------------
 
+    def _why(self, target: RunTarget) -> str:
+        """Why ``target`` never applied: its module was not imported, or stopped first."""
+        if target.module in self.program.main_names:
+            return f"the program ended before defining {target.path[0]}"
+        raised = self.hook.raised.get(target.module)
+        if raised is not None:
+            return f"importing {target.module} raised {raised}"
+        return f"{target.module} was not imported"
+
     def report(self) -> None:
         """Print what was recorded (and what never applied) to stderr."""
         out = self.stderr
         if self.aborted:
             return
-        for text in [t.text for t in self.targets if t.text not in self.applied]:
-            module = text.split(":", 1)[0]
-            print(f"bcrecord: target {text!r} was never applied: {module} was not imported", file=out)
+        for target in [t for t in self.targets if t.text not in self.applied]:
+            print(f"bcrecord: target {target.text!r} was never applied: {self._why(target)}", file=out)
         for line in self.collector.warnings:
             print(f"bcrecord: {line}", file=out)
         if self.collector.error is not None:
@@ -864,7 +957,7 @@ class Runner:
             every = "" if self.every == 1 else f", every {_ordinal(self.every)} value"
             print(
                 f"bcrecord: saved {saved} value(s) of {keys} key(s) to {writer.directory}"
-                f"{every}; see them with: bcrecord view {writer.directory}",
+                f"{every}; see them with: bcrecord view {shlex.quote(str(writer.directory))}",
                 file=out,
             )
             return

@@ -45,6 +45,7 @@ import json
 import operator
 import os
 import pickle
+import re
 import threading
 import time
 import uuid
@@ -209,7 +210,7 @@ class Writer:
                     # Not a records directory: say so now. Version 1: move its entries.
                     header = _header(self.directory)
                     if header["version"] == 1:
-                        _upgrade(self.directory, header.get("entries", []))
+                        _upgrade(self.directory, _version_1_entries(self.directory, header))
                 else:  # a directory load() reads from the start, even if nothing is saved
                     # (keeping a journal whose header was lost: never empty one that has saves)
                     with open(self.directory / _JOURNAL, "ab"):
@@ -367,9 +368,41 @@ def _entries_in(lines: bytes, path: Path) -> List[Dict[str, Any]]:
         if not line.strip():
             continue
         try:
-            entries.extend(json.loads(line)["entries"])
+            entries.extend(_checked(json.loads(line)["entries"]))
         except (ValueError, KeyError, TypeError) as error:
             raise StorageError(f"cannot read {path}: save {number} is damaged ({error})") from None
+    return entries
+
+
+#: What readers take from every index entry, its type and what that is called in messages
+#: (the other fields describe the value).
+_FIELDS = {"key": (str, "a str"), "step": (int, "an int"), "file": (str, "a str"), "name": (str, "a str")}
+_DATA_FILE = re.compile(r"records/[0-9]+\.(safetensors|pkl)")
+
+
+def _checked(entries: Any) -> List[Dict[str, Any]]:
+    """A save's ``entries``, or a ValueError naming the first one readers cannot use.
+
+    >>> _checked([{"key": "k", "step": "0", "file": "records/000001.pkl", "name": "k#0#0"}])
+    Traceback (most recent call last):
+    ...
+    ValueError: entry 1's 'step' is '0', not an int
+    """
+    if not isinstance(entries, list):
+        raise ValueError(f"its entries are a {type(entries).__name__}, not a list")
+    for number, entry in enumerate(entries, 1):
+        if not isinstance(entry, dict):
+            raise ValueError(f"entry {number} is a {type(entry).__name__}, not an object")
+        for field, (kind, called) in _FIELDS.items():
+            if field not in entry:
+                raise ValueError(f"entry {number} has no {field!r}")
+            value = entry[field]
+            if not isinstance(value, kind) or isinstance(value, bool):  # (True is an int to isinstance)
+                raise ValueError(f"entry {number}'s {field!r} is {value!r}, not {called}")
+        if not _DATA_FILE.fullmatch(entry["file"]):
+            raise ValueError(
+                f"entry {number}'s 'file' is {entry['file']!r}, not records/NNNNNN.pkl or .safetensors"
+            )
     return entries
 
 
@@ -484,10 +517,18 @@ def _header(directory: Path) -> Dict[str, Any]:
     return index
 
 
+def _version_1_entries(directory: Path, header: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """The entries of a version 1 ``index.json``, checked as a journal's are."""
+    try:
+        return list(_checked(header.get("entries", [])))
+    except ValueError as error:
+        raise StorageError(f"cannot read {directory / 'index.json'}: it is damaged ({error})") from None
+
+
 def _read_index(directory: Path) -> List[Dict[str, Any]]:
     header = _header(directory)
     if header["version"] == 1:  # from the one read: a writer may be upgrading it meanwhile
-        return list(header.get("entries", ()))
+        return _version_1_entries(directory, header)
     path = directory / _JOURNAL
     try:
         lines = path.read_bytes()
@@ -571,8 +612,15 @@ def load(directory: PathLike, keys: Optional[Iterable[str]] = None) -> Loaded:
             ) from None
         except Exception as error:
             raise StorageError(f"cannot read {path}: {error}") from None
-    entries = [
-        Entry(row["key"], row["step"], files[row["file"]][row["name"]], {k: v for k, v in row.items()})
-        for row in rows
-    ]
+    entries = [Entry(row["key"], row["step"], _value(files, row, directory), dict(row)) for row in rows]
     return Loaded(entries)
+
+
+def _value(files: Mapping[str, Any], row: Mapping[str, Any], directory: Path) -> Any:
+    """The value an index entry names, or a StorageError if its file does not hold it."""
+    try:
+        return files[row["file"]][row["name"]]
+    except (KeyError, TypeError, IndexError):
+        raise StorageError(
+            f"cannot read {directory / row['file']}: it has no value {row['name']!r} (the index names it)"
+        ) from None

@@ -701,6 +701,8 @@ def view(
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err
     directory = Path(directory)
+    if directory.exists() and not directory.is_dir():
+        raise BcrecordError(f"{str(directory)!r} is not a directory")
     if not directory.is_dir():
         raise BcrecordError(f"no such directory: {str(directory)!r}")
     loaded = load(directory)

@@ -117,3 +117,23 @@ def test_targets_and_show_of_a_module_that_exits_on_import_is_one_clear_line(pro
         # After whatever the module printed itself (argparse's usage and complaint).
         assert result.stderr.strip().splitlines()[-1].startswith(f"bcrecord: importing module 'exits' {said}")
         assert result.stdout == ""
+
+
+def test_view_of_a_damaged_index_or_a_file_is_one_clear_line(project, tmp_path):
+    out = tmp_path / "records"
+    assert cli("run", "-r", "helper:twice:y", "-o", out, "prog.py", cwd=project).returncode == 0
+    with open(out / "index.jsonl", "a") as journal:
+        journal.write('{"entries": [{"key": "k", "step": 0}]}\n')
+    line = one_clear_line(cli("view", out, "--no-plots"))
+    assert line == f"bcrecord: cannot read {out / 'index.jsonl'}: save 2 is damaged (entry 1 has no 'file')"
+    (tmp_path / "afile").write_text("")
+    assert one_clear_line(cli("view", "afile", cwd=tmp_path)) == "bcrecord: 'afile' is not a directory"
+
+
+def test_demo_suggests_a_view_command_that_a_shell_takes(tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("safetensors")
+    result = cli("demo", "--out", "sp ace/dïr", "--steps", "1", "--no-plots", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    commands = [line.split("#")[0].strip() for line in result.stdout.splitlines() if "bcrecord view" in line]
+    assert commands == ["4. bcrecord view 'sp ace/dïr':", "bcrecord view 'sp ace/dïr'"]

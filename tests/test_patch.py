@@ -380,7 +380,7 @@ def test_a_plain_function_kept_on_an_instance_stays_plain():
     m.forward = hook
     with bcrecord.patch_method(m, "forward", ["y"], name="m"), bcrecord.recording() as rec:
         assert m.forward(1) == 2
-    assert rec["m:hook:y@0"] == 2 and m.__dict__["forward"] is hook and m.forward(5) == 6
+    assert rec["m:forward:y@0"] == 2 and m.__dict__["forward"] is hook and m.forward(5) == 6
 
 
 def test_the_swap_hook_sees_probed_code_go_in_and_out():

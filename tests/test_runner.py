@@ -6,6 +6,7 @@ threads and unpicklable values; bad input stops the run before the program start
 """
 
 import json
+import shlex
 import textwrap
 
 import pytest
@@ -357,3 +358,90 @@ def test_run_property_targets_in_a_loaded_module_once_per_getter_and_where_defin
     loaded = cli("run", "-r", "threading:Thread.name:return", "named.py", cwd=project)
     assert loaded.returncode == 0 and loaded.stdout == "w\n", loaded.stderr
     assert "Thread:name:return  1       'w'" in loaded.stderr
+
+
+def test_run_records_a_target_given_under_both_names_of_the_program_once(project, tmp_path):
+    (project / "sq.py").write_text(
+        "class C:\n    def f(self, v):\n        y = v + 1\n        return y\n\n"
+        "def square(v):\n    out = v * v\n    return out\n\n"
+        "print(sum(square(i) + C().f(i) for i in range(4)))\n"
+    )
+    for order in (("__main__", "sq"), ("sq", "__main__")):
+        out = tmp_path / "-".join(order)
+        targets = [arg for name in order for arg in ("-r", f"{name}:square:out", "-r", f"{name}:C.f:y")]
+        result = cli("run", *targets, "-o", out, "sq.py", cwd=project)
+        assert result.returncode == 0 and result.stdout == "24\n", result.stderr
+        assert "never applied" not in result.stderr
+        loaded = bcrecord.load(out)
+        assert {key: loaded[key] for key in loaded} == {
+            "__main__:square:out@0": [0, 1, 4, 9],
+            "C:f:y@0": [1, 2, 3, 4],
+        }
+    # Different specs under the two names: each records.
+    both = cli("run", "-r", "__main__:square:out", "-r", "sq:square:return", "sq.py", cwd=project)
+    rows = [line.split()[:2] for line in both.stderr.splitlines()[2:]]
+    assert rows == [["__main__:square:out@0", "4"], ["__main__:square:return", "4"]], both.stderr
+
+
+def test_run_records_the_function_a_cached_property_or_a_partial_holds(project):
+    (project / "held.py").write_text(
+        textwrap.dedent(
+            """
+            import functools
+
+            class K:
+                @functools.cached_property
+                def cp(self):
+                    w = 4
+                    return w
+
+            def wrapped(a, b):
+                inner = a * b
+                return inner
+
+            part = functools.partial(wrapped, 3)
+            """
+        )
+    )
+    (project / "useheld.py").write_text("import held\nprint(held.K().cp, held.part(2))\n")
+    result = cli("run", "-r", "held:K.cp.func:w", "-r", "held:part.func:inner", "useheld.py", cwd=project)
+    assert result.returncode == 0 and result.stdout == "4 6\n", result.stderr
+    # The keys bcrecord.patch_function(held.K.cp.func) and (held.part.func) give.
+    rows = sorted(line.split() for line in result.stderr.splitlines()[2:])
+    assert rows == [["K:cp:w@0", "1", "4"], ["held:wrapped:inner@0", "1", "6"]]
+
+
+@pytest.mark.parametrize(
+    "top", ["import raises\n", "import importlib\nimportlib.import_module('raises')\n", "import mid\n"]
+)
+def test_run_traceback_of_a_module_raising_on_import_is_python_s(project, top):
+    (project / "raises.py").write_text("raise RuntimeError('nope')\n\ndef f(x):\n    y = x\n    return y\n")
+    (project / "mid.py").write_text("import raises\n\ndef g(x):\n    return x\n")
+    (project / "useraises.py").write_text(top)
+    expected = plain("useraises.py", cwd=project)
+    result = cli("run", "-r", "raises:f:y", "-r", "mid:g:x", "useraises.py", cwd=project)
+    assert result.returncode == expected.returncode == 1
+    assert result.stderr.startswith(expected.stderr), result.stderr  # the same frames, no more
+    assert result.stderr[len(expected.stderr) :].splitlines() == [
+        "bcrecord: target 'raises:f:y' was never applied: importing raises raised RuntimeError",
+        "bcrecord: target 'mid:g:x' was never applied: "
+        + ("importing mid raised RuntimeError" if "mid" in top else "mid was not imported"),
+        "bcrecord: nothing was recorded",
+    ]
+
+
+def test_run_target_of_a_program_that_ends_before_defining_it(project):
+    (project / "early.py").write_text("import sys\nsys.exit(4)\n\ndef f(x):\n    y = x\n    return y\n")
+    result = cli("run", "-r", "__main__:f:y", "early.py", cwd=project)
+    assert result.returncode == 4
+    assert result.stderr.splitlines()[0] == (
+        "bcrecord: target '__main__:f:y' was never applied: the program ended before defining f"
+    )
+
+
+def test_run_suggests_a_view_command_that_a_shell_takes(project, tmp_path):
+    out = tmp_path / "dïr ñ"
+    result = cli("run", "-r", "helper:twice:y", "-o", out, "prog.py", cwd=project)
+    assert result.returncode == 0, result.stderr
+    command = result.stderr.strip().splitlines()[-1].split("see them with: ", 1)[1]
+    assert shlex.split(command) == ["bcrecord", "view", str(out)]

@@ -240,3 +240,43 @@ def test_a_writer_follows_a_directory_made_again(tmp_path, same_inode):
     loaded = load(run)
     assert loaded["k"] == ["c"] and loaded["a key much longer than the first run's"] == ["b"]
     assert sorted(p.name for p in (run / "records").glob("[!.]*")) == ["000001.pkl", "000002.pkl"]
+
+
+@pytest.mark.parametrize(
+    "entries, why",
+    [
+        ([{"key": "k", "step": 0, "name": "k#0#0"}], "entry 1 has no 'file'"),
+        ([{"key": 1}], "entry 1's 'key' is 1, not a str"),
+        ([{"key": "k", "step": "0", "file": "records/1.pkl", "name": "k"}], "'step' is '0', not an int"),
+        ([{"key": "k", "step": True, "file": "records/1.pkl", "name": "k"}], "'step' is True, not an int"),
+        ([{"key": "k", "step": 0, "file": "/etc/passwd", "name": "k"}], "entry 1's 'file' is '/etc/passwd'"),
+        (["k"], "entry 1 is a str, not an object"),
+        ({"key": "k"}, "its entries are a dict, not a list"),
+    ],
+)
+def test_an_index_entry_missing_a_field_or_of_a_wrong_type_is_a_clear_error(tmp_path, entries, why):
+    writer = Writer(tmp_path)
+    writer.write({"k": [1]}, step=0)
+    with open(tmp_path / "index.jsonl", "a") as journal:
+        journal.write(json.dumps({"entries": entries}) + "\n")
+    before = sorted((p.name, p.read_bytes()) for p in tmp_path.rglob("*") if p.is_file())
+    for read in (lambda: load(tmp_path), lambda: writer.last_step, lambda: Writer(tmp_path)):
+        with pytest.raises(StorageError, match="save [12] is damaged") as caught:
+            read()
+        assert why in str(caught.value)
+    assert sorted((p.name, p.read_bytes()) for p in tmp_path.rglob("*") if p.is_file()) == before
+
+
+def test_a_damaged_version_1_index_or_a_value_missing_from_its_file_is_a_clear_error(tmp_path):
+    (tmp_path / "records").mkdir()
+    (tmp_path / "records" / "000001.pkl").write_bytes(pickle.dumps({"k#0#0": 10}))
+    version_1 = {"format": "bcrecord-records", "version": 1, "entries": [{"key": "k", "step": 0}]}
+    (tmp_path / "index.json").write_text(json.dumps(version_1))
+    for read in (lambda: load(tmp_path), lambda: Writer(tmp_path)):
+        with pytest.raises(StorageError, match="index.json: it is damaged \\(entry 1 has no 'file'\\)"):
+            read()
+    assert json.loads((tmp_path / "index.json").read_text()) == version_1  # not upgraded
+    row = {"key": "k", "step": 0, "file": "records/000001.pkl", "name": "k#0#9"}
+    (tmp_path / "index.json").write_text(json.dumps({**version_1, "entries": [row]}))
+    with pytest.raises(StorageError, match="000001.pkl: it has no value 'k#0#9'"):
+        load(tmp_path)

@@ -65,6 +65,12 @@ def test_view_bad_input_changes_nothing(saved, tmp_path):
     assert sorted(p.name for p in saved.iterdir()) == ["index.json", "index.jsonl", "records"]
 
 
+def test_view_of_a_file_says_it_is_not_a_directory(tmp_path):
+    (tmp_path / "afile").write_text("")
+    with pytest.raises(BcrecordError, match="^'.*afile' is not a directory$"):
+        view(tmp_path / "afile", plots=False, out=io.StringIO())
+
+
 def test_write_index_links_every_key_and_escapes(tmp_path):
     summaries = [
         KeySummary("m:f:<x>@0", [0], [1.0], (), False, "float", 1.0, 1.0, 1.0),
