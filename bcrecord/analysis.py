@@ -640,6 +640,7 @@ class _Operands:
 
     def __init__(self, real: List[Tuple[int, Instr]], bytecode: Sequence[object]) -> None:
         self.real, self.bytecode = real, bytecode
+        self.table = _versions.current()
         #: Each label's index, and the indices of the jumps to it.
         self.labels = {item: p for p, item in enumerate(bytecode) if isinstance(item, Label)}
         self.jumps: Dict[Label, List[int]] = {}
@@ -689,9 +690,10 @@ class _Operands:
         for p in range(start + 1, end):
             item = bytecode[p]
             if isinstance(item, Label) and any(
-                not start <= source < end for source in self.jumps.get(item, ())
+                not start <= source < end and not _rethrown(bytecode, source, self.table)
+                for source in self.jumps.get(item, ())
             ):
-                return False  # entered from elsewhere
+                return False  # entered from elsewhere (an await's throw() path returns to its loop)
         work, seen = [(start, 0)], set()
         while work:
             p, height = work.pop()

@@ -40,11 +40,12 @@ import importlib
 import json
 import os
 import sys
+import types
 from typing import Any, List, Optional, Sequence, Tuple
 
 from .errors import BcrecordError
 from .listing import decompiled, side_by_side
-from .patch import function_of, patch_function, targets
+from .patch import Patch, function_of, patch_function, patch_method, targets
 
 __all__ = ["main", "resolve_path"]
 
@@ -70,9 +71,8 @@ def resolve_path(path: str) -> Tuple[Any, Any]:
     except (Exception, SystemExit) as error:
         # The module itself raises on import (a SyntaxError, its own errors), or exits: a
         # script that parses its arguments at import (no `if __name__ == "__main__":`).
-        raise BcrecordError(
-            f"importing module {module_name!r} raised {type(error).__name__}: {error}"
-        ) from None
+        said = f": {error}" if str(error) else ""  # sys.exit() says nothing more
+        raise BcrecordError(f"importing module {module_name!r} raised {type(error).__name__}{said}") from None
     value = owner
     for part in attr_path.split("."):
         owner = value
@@ -106,9 +106,19 @@ def _targets(args: argparse.Namespace) -> int:
     return 0
 
 
+def _patched(path: str, specs: Sequence[str], name: str) -> Patch:
+    """``path`` patched in place as ``bcrecord run`` patches it, so that keys read the same:
+    a method or function by the name the path gives it (``C.forward`` where
+    ``forward = _impl``), a property's getter or a function a partial holds by its own."""
+    holder, found = resolve_path(path)
+    if isinstance(holder, (type, types.ModuleType)) and not isinstance(found, property):
+        return patch_method(holder, path.rpartition(".")[2].rpartition(":")[2], specs, name, in_place=True)
+    return patch_function(function_of(_recordable(path)), specs, name=name)
+
+
 def _show(args: argparse.Namespace) -> int:
     base = function_of(_recordable(args.path))
-    with patch_function(base, args.specs, name=args.name or "show") as patch:
+    with _patched(args.path, args.specs, args.name or "show") as patch:
         print(f"{base.__qualname__}: {len(patch.keys)} probe(s): {', '.join(patch.keys)}\n")
         print(side_by_side(patch.original_code, patch.code))
         source = decompiled(patch.code)

@@ -1,5 +1,6 @@
 """Call and Expr specs: values that never reach a local, on every Python version."""
 
+import asyncio
 import math
 import sys
 
@@ -216,15 +217,36 @@ def test_operators_in_a_condition_count_where_they_are_written():
         r = [b % c for x in xs if x % 2]
         return r
 
+    def stored(x, a, b, c, d):
+        x[a * b] = c * d
+        return x
+
+    async def awaited(x, a, b, c, d):
+        x[a * b] = c * d
+        # 3.12+ re-enters the await's loop from its throw() path, after the return: that
+        # is no jump into the operand, and this function's operators keep their order.
+        y = 0 + await _echo(1)
+        return x, y
+
     with bcrecord.patch_function(pick, "*"), bcrecord.patch_function(kept, "%"), bcrecord.recording() as rec:
         pick(2, 3, 5)
         kept([1, 2, 3], 7, 4)
     values = [rec.all(f"{pick.__module__}:pick:*@{i}") for i in (0, 1)]
     values += [rec.all(f"{kept.__module__}:kept:%@{i}") for i in (0, 1)]
-    if sys.version_info >= (3, 11):  # a * b, then b * c; b % c, then x % 2
-        assert values == [[6], [15], [3, 3], [1, 0, 1]]
-    else:  # no columns: in the order the compiler lays them out (see the README's limits)
-        assert values == [[15], [6], [1, 0, 1], [3, 3]]
+    with bcrecord.patch_function(stored, "*"), bcrecord.patch_function(awaited, "*"):
+        with bcrecord.recording() as rec:
+            stored({}, 2, 3, 5, 7)
+            asyncio.run(awaited({}, 2, 3, 5, 7))
+    values += [rec.all(f"{stored.__module__}:stored:*@{i}") for i in (0, 1)]
+    values += [rec.all(f"{awaited.__module__}:awaited:*@{i}") for i in (0, 1)]
+    if sys.version_info >= (3, 11):  # a * b, then b * c; b % c, then x % 2; a * b, then c * d
+        assert values == [[6], [15], [3, 3], [1, 0, 1], [6], [35], [6], [35]]
+    else:  # no columns: on one line, in the order the compiler lays them out (see the README)
+        assert values == [[15], [6], [1, 0, 1], [3, 3], [35], [6], [35], [6]]
+
+
+async def _echo(v):
+    return v
 
 
 def _h(v):

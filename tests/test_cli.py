@@ -105,6 +105,7 @@ def test_targets_of_a_module_that_raises_on_import_is_one_clear_line(project):
     [
         ("import sys\nsys.exit(3)\n", "raised SystemExit: 3"),
         ("import sys\nsys.exit(0)\n", "raised SystemExit: 0"),
+        ("import sys\nsys.exit()\n", "raised SystemExit"),
         # A script that parses its arguments at import: it sees bcrecord's.
         ("import argparse\nargparse.ArgumentParser().parse_args()\n", "raised SystemExit: 2"),
     ],
@@ -137,3 +138,12 @@ def test_demo_suggests_a_view_command_that_a_shell_takes(tmp_path):
     assert result.returncode == 0, result.stderr
     commands = [line.split("#")[0].strip() for line in result.stdout.splitlines() if "bcrecord view" in line]
     assert commands == ["4. bcrecord view 'sp ace/dïr':", "bcrecord view 'sp ace/dïr'"]
+
+
+def test_show_keys_a_method_by_the_name_it_is_reached_by(project):
+    (project / "aliased.py").write_text(
+        "class C:\n    def _impl(self, x):\n        y = x + 1\n        return y\n\n    forward = _impl\n"
+    )
+    result = cli("show", "aliased:C.forward", "y", cwd=project)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[0] == "C._impl: 1 probe(s): show:forward:y@0"  # as run keys it

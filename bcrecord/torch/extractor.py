@@ -67,34 +67,6 @@ def _normalise(model: torch.nn.Module, nodes: Optional[ReturnNodes]) -> Dict[str
     return out
 
 
-def _rename(state: Dict[str, Any], old: str, new: str) -> None:
-    """Keys (and module paths of its ``_metadata``) starting with ``old`` start with ``new``, in place.
-
-    >>> state = {"model.fc.weight": 1, "other": 2}
-    >>> _rename(state, "model.", ""); state
-    {'fc.weight': 1, 'other': 2}
-    """
-    items = list(state.items())
-    state.clear()  # re-inserted in order: a parent's state dict holds other keys too
-    for key, value in items:
-        state[new + key[len(old) :] if key.startswith(old) else key] = value
-    metadata = getattr(state, "_metadata", None)  # module path -> version, ...: paths have no final dot
-    if metadata is not None:
-        moved = {
-            (new + (path + ".")[len(old) :])[:-1]: metadata.pop(path)
-            for path in [p for p in metadata if (p + ".").startswith(old)]
-        }
-        metadata.update(moved)
-
-
-def _state_as_the_model(module: Any, state: Dict[str, Any], prefix: str, metadata: Any) -> None:
-    _rename(state, prefix + "model.", prefix)
-
-
-def _state_for_the_model(module: Any, state: Dict[str, Any], prefix: str, *rest: Any) -> None:
-    _rename(state, prefix, prefix + "model.")
-
-
 _PLAN_OPTIONS = ("copy", "to", "dtype", "reduce", "grad")
 _RUN_OPTIONS = ("keep", "threads")
 
@@ -123,9 +95,10 @@ class FeatureExtractor(torch.nn.Module):
     targets (``'.grad'``) are refused: a call returns when its forward ends, before
     any gradient exists (record them with :func:`bcrecord.torch.record`). As with
     torchvision's extractor, features keep their autograd graph (``grad=False``
-    detaches them); they are clones, so an in-place op downstream never shows. Its
-    ``state_dict()`` has the model's keys, as torchvision's has, so a checkpoint of the
-    model loads into it (``named_parameters()`` names them under ``model.``).
+    detaches them); they are clones, so an in-place op downstream never shows. Unlike
+    torchvision's (a new module holding the model's submodules), it holds the model
+    itself, as its submodule ``model``: its ``state_dict()`` keys start with ``model.``,
+    so load a checkpoint of the model with ``extractor.model.load_state_dict(...)``.
 
     >>> import torch
     >>> net = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU(), torch.nn.Linear(3, 1))
@@ -154,10 +127,6 @@ class FeatureExtractor(torch.nn.Module):
             )
         require_module(model)
         self.model = model
-        # The model's own state dict keys, as torchvision's extractor (which copies the
-        # model's submodules into itself) has: a checkpoint of the model loads into it.
-        self.register_state_dict_post_hook(_state_as_the_model)
-        self.register_load_state_dict_pre_hook(_state_for_the_model)
         if return_nodes is not None and (train_return_nodes is not None or eval_return_nodes is not None):
             raise SpecError("give return_nodes, or train_return_nodes and eval_return_nodes, not both")
         if return_nodes is None and (train_return_nodes is None) != (eval_return_nodes is None):
