@@ -559,7 +559,7 @@ class _Sites:
         # every version (the instruction's own position spans the whole expression). The
         # operand's first instruction need not be its start in the source ('a + (b if c
         # else d)' runs 'c' first), so the earliest place of its instructions is taken.
-        # Code without columns (3.10) is placed in the order it runs (see _placed_operators).
+        # Code without columns (3.10) is placed in the order the compiler lays it out.
         # Its extra is (order in the code, start in the source or None).
         self.operators: List[Raw] = []
         operands = _Operands(real, bytecode)
@@ -611,7 +611,7 @@ def _then_attribute(bytecode: Sequence[object], pos: int, table: _versions.Table
 
 
 def _source_start(items: Sequence[object]) -> Optional[Tuple[int, int]]:
-    """The earliest (line, column) of the instructions in ``items``, None where one has no column."""
+    """The earliest (line, column) of the instructions in ``items`` that have one, or None."""
     places = [
         (instr.lineno, column)
         for instr in items
@@ -624,9 +624,9 @@ def _placed_operators(operators: List[Raw]) -> List[Raw]:
     """The operators with their place in source order as extra (see :func:`_group`).
 
     Where every operator's right operand has columns (3.11+), its start in the source
-    (the order in the code breaks ties); else the order in the code: on 3.10 an operator
-    in a conditional expression's condition, or in a comprehension's ``if``, comes before
-    those of the branch or element, as the compiler lays them out.
+    (the order in the code breaks ties); else line by line, and on one line in the
+    order the compiler lays them out (3.10: a condition before its branches, an
+    assignment's value before its subscript target).
     """
     by_source = all(source is not None for *_, (_, source) in operators)
     return [

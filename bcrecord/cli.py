@@ -112,7 +112,8 @@ def _patched(path: str, specs: Sequence[str], name: str) -> Patch:
     ``forward = _impl``), a property's getter or a function a partial holds by its own."""
     holder, found = resolve_path(path)
     if isinstance(holder, (type, types.ModuleType)) and not isinstance(found, property):
-        return patch_method(holder, path.rpartition(".")[2].rpartition(":")[2], specs, name, in_place=True)
+        attribute = path.partition(":")[2].rpartition(".")[2]  # 'pkg.mod:C.forward' -> 'forward'
+        return patch_method(holder, attribute, specs, name, in_place=True)
     return patch_function(function_of(_recordable(path)), specs, name=name)
 
 

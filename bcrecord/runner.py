@@ -69,7 +69,7 @@ import types
 import zipfile
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, TextIO, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Set, TextIO, Tuple
 
 from .analysis import read, resolve
 from .errors import BcrecordError
@@ -601,6 +601,19 @@ def _program_traceback(tb: Optional[types.TracebackType]) -> Optional[types.Trac
     return kept[0] if kept else None
 
 
+def _as_the_program_s(error: BaseException) -> None:
+    """Every traceback in ``error``'s chain (its causes and contexts) as :func:`_program_traceback`'s."""
+    seen: Set[int] = set()
+    pending: List[Optional[BaseException]] = [error]
+    while pending:
+        one = pending.pop()
+        if one is None or id(one) in seen:
+            continue
+        seen.add(id(one))
+        one.__traceback__ = _program_traceback(one.__traceback__)
+        pending += [one.__cause__, one.__context__]
+
+
 def _is_import_frame(filename: str) -> bool:
     """Whether a frame is the import machinery's (``<frozen importlib._bootstrap>`` and the like)."""
     return filename.startswith("<frozen importlib._bootstrap")
@@ -899,8 +912,8 @@ class Runner:
         except (SystemExit, KeyboardInterrupt, GeneratorExit):
             raise
         except BaseException as error:
-            tb = _program_traceback(error.__traceback__)
-            sys.excepthook(type(error), error, error.with_traceback(tb).__traceback__)
+            _as_the_program_s(error)
+            sys.excepthook(type(error), error, error.__traceback__)
             return 1
         finally:
             self._stop_trace()

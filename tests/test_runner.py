@@ -412,7 +412,14 @@ def test_run_records_the_function_a_cached_property_or_a_partial_holds(project):
 
 
 @pytest.mark.parametrize(
-    "top", ["import raises\n", "import importlib\nimportlib.import_module('raises')\n", "import mid\n"]
+    "top",
+    [
+        "import raises\n",
+        "import importlib\nimportlib.import_module('raises')\n",
+        "import mid\n",
+        # A chained exception's traceback too: "The above exception was the direct cause..."
+        "try:\n    import raises\nexcept RuntimeError as e:\n    raise KeyError('wrapped') from e\n",
+    ],
 )
 def test_run_traceback_of_a_module_raising_on_import_is_python_s(project, top):
     (project / "raises.py").write_text("raise RuntimeError('nope')\n\ndef f(x):\n    y = x\n    return y\n")
