@@ -131,15 +131,6 @@ def test_view_of_a_damaged_index_or_a_file_is_one_clear_line(project, tmp_path):
     assert one_clear_line(cli("view", "afile", cwd=tmp_path)) == "bcrecord: 'afile' is not a directory"
 
 
-def test_demo_suggests_a_view_command_that_a_shell_takes(tmp_path):
-    pytest.importorskip("torch")
-    pytest.importorskip("safetensors")
-    result = cli("demo", "--out", "sp ace/dïr", "--steps", "1", "--no-plots", cwd=tmp_path)
-    assert result.returncode == 0, result.stderr
-    commands = [line.split("#")[0].strip() for line in result.stdout.splitlines() if "bcrecord view" in line]
-    assert commands == ["4. bcrecord view 'sp ace/dïr':", "bcrecord view 'sp ace/dïr'"]
-
-
 def test_show_keys_a_method_by_the_name_it_is_reached_by(project):
     (project / "aliased.py").write_text(
         "class C:\n    def _impl(self, x):\n        y = x + 1\n        return y\n\n    forward = _impl\n"

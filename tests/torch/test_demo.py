@@ -72,3 +72,10 @@ def test_demo(tmp_path):
     assert (other / "keep.txt").exists()
     assert "is a file, not a directory" in one_clear_line(cli("demo", "--out", other / "keep.txt"))
     assert (other / "keep.txt").read_text() == "mine"
+
+
+def test_demo_suggests_a_view_command_that_a_shell_takes(tmp_path):
+    result = cli("demo", "--out", "sp ace/dïr", "--steps", "1", "--no-plots", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    commands = [line.split("#")[0].strip() for line in result.stdout.splitlines() if "bcrecord view" in line]
+    assert commands == ["4. bcrecord view 'sp ace/dïr':", "bcrecord view 'sp ace/dïr'"]
