@@ -135,8 +135,8 @@ def function_of(obj: Any) -> types.FunctionType:
 def _why_not_a_function(obj: Any) -> str:
     """Why ``obj`` cannot be patched, and what to patch instead."""
     name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
-    if name is None and isinstance(obj, property):  # a property has a name only from 3.13
-        name = getattr(obj.fget, "__qualname__", None)
+    if isinstance(obj, property):  # its getter's name has the class (a 3.13 property's own has not)
+        name = getattr(obj.fget, "__qualname__", None) or name
     name = name or repr(obj)
     if isinstance(obj, type):
         own = [k for k, v in vars(obj).items() if isinstance(v, types.FunctionType) and k[:2] != "__"]
@@ -152,6 +152,11 @@ def _why_not_a_function(obj: Any) -> str:
         return f"{wrapped} is a functools.cached_property: patch the function it wraps (its .func)"
     if isinstance(obj, (functools.partial, functools.partialmethod)):
         return f"{name} is a functools.{type(obj).__name__}: patch the function it calls (its .func)"
+    if isinstance(getattr(obj, "__wrapped__", None), types.FunctionType):  # functools.lru_cache, cache
+        return (
+            f"{name} is a {type(obj).__name__} (C code around a Python function): patch the "
+            f"function it wraps, patch_function({name}.__wrapped__, specs)"
+        )
     if inspect.isroutine(obj):  # builtins, method descriptors (dict.get)
         return f"{name} is a builtin or C function: it has no bytecode to patch"
     call = inspect.getattr_static(type(obj), "__call__", None)

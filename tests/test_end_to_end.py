@@ -329,3 +329,47 @@ def test_an_argument_never_reassigned_is_recorded_at_entry():
         layer.forward(4, scale=5)
     assert rec.all("l:forward:x") == [3, 4] and rec.all("l:forward:scale") == [2, 5]
     assert rec.all("l:forward:y@0") == [6, 20]
+
+
+def test_pdb_skipping_bcrecord_steps_as_in_the_unpatched_function(tmp_path):
+    import io
+    import pdb
+
+    path = tmp_path / "stepped.py"
+    path.write_text("def f(a):\n    x = a + 1\n    y = x * 2\n    return y\n")
+    namespace = {}
+    exec(compile(path.read_text(), str(path), "exec"), namespace)
+    f = namespace["f"]
+
+    def stops(skip):
+        out = io.StringIO()
+        debugger = pdb.Pdb(stdin=io.StringIO("step\n" * 4 + "continue\n"), stdout=out, skip=skip)
+        debugger.use_rawinput = False
+        assert debugger.runcall(f, 1) == 4
+        lines = [line.split("(Pdb) ")[-1] for line in out.getvalue().splitlines()]
+        return [line for line in lines if line.startswith("> ")]
+
+    original = stops(None)
+    assert [line.split("(")[1] for line in original[:4]] == ["2)f", "3)f", "4)f", "4)f"]
+    with bcrecord.patch_function(f, ["x", "y"], name="m"), bcrecord.recording() as rec:
+        stepped_into_bcrecord = stops(None)
+        skipping = stops(["bcrecord.*"])
+    # Without skip the first step goes into the probe's Python code; with it, as unpatched.
+    assert "bcrecord" in stepped_into_bcrecord[1]
+    assert skipping == original
+    assert rec.all("m:f:x@0") == [2, 2] and rec.all("m:f:y@0") == [4, 4]
+
+
+def test_entry_attribute_of_a_generator_is_read_when_its_body_starts():
+    class Holder:
+        v = 1
+
+    def gen(o):
+        yield o.v
+
+    holder = Holder()
+    with bcrecord.patch_function(gen, ["o.v"], name="m"), bcrecord.recording() as rec:
+        started = gen(holder)
+        holder.v = 99  # after the call, before the first next(): the README's documented read
+        assert next(started) == 99
+    assert rec.all("m:gen:o.v") == [99]

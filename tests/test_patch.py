@@ -139,6 +139,27 @@ def test_not_patchable_targets_give_clear_errors():
     with pytest.raises(NotPatchableError, match="^total is a functools.cached_property: patch the function"):
         bcrecord.patch_method(Cached, "total", "return")
 
+    class Memo:
+        @functools.lru_cache  # noqa: B019 (the test needs a method wrapped in C)
+        def value(self, x):
+            y = x + 1
+            return y
+
+        @property
+        def size(self):
+            return 1
+
+    message = r"\.Memo\.value is a _lru_cache_wrapper .*patch_function\(.*\.Memo\.value\.__wrapped__, specs\)$"
+    with pytest.raises(NotPatchableError, match=message):
+        bcrecord.patch_method(Memo, "value", "y")
+    # On 3.13 a property has a name of its own, without the class: the getter's is used.
+    with pytest.raises(NotPatchableError, match=r"\.Memo\.size is a property: patch its getter"):
+        bcrecord.patch_method(Memo, "size", "return")
+    # What the message says works: the wrapper calls the patched function.
+    with bcrecord.patch_function(Memo.value.__wrapped__, "y"), bcrecord.recording() as rec:
+        assert Memo().value(3) == 4
+    assert rec.all("Memo:value:y@0") == [4]
+
     class Slotted:
         __slots__ = ()
 
