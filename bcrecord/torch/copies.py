@@ -41,6 +41,10 @@ __all__ = ["ValuePolicy", "clone", "detached_clone", "value_policy"]
 _lazy_clone: Optional[Callable[[torch.Tensor], torch.Tensor]] = getattr(torch, "_lazy_clone", None)
 
 
+#: Whether torch.jit.trace is tracing (None outside a trace; a C call per recorded tensor).
+_tracing_state: Callable[[], Any] = getattr(torch._C, "_get_tracing_state", lambda: None)
+
+
 def clone(tensor: torch.Tensor) -> torch.Tensor:
     """A copy of ``tensor`` as it is now: copy-on-write where torch supports it.
 
@@ -54,7 +58,11 @@ def clone(tensor: torch.Tensor) -> torch.Tensor:
     >>> kept, live
     (tensor([-1.,  2.]), tensor([0., 2.]))
     """
-    return tensor.clone() if tensor.requires_grad else detached_clone(tensor)
+    if tensor.requires_grad or _tracing_state() is not None:
+        # Traced, one op whether or not the tensor needs grad: torch.jit.trace checks
+        # its trace by tracing again under no_grad, and needs the same graph.
+        return tensor.clone()
+    return detached_clone(tensor)
 
 
 def detached_clone(tensor: torch.Tensor) -> torch.Tensor:
@@ -71,6 +79,10 @@ def detached_clone(tensor: torch.Tensor) -> torch.Tensor:
     >>> kept.requires_grad, torch.equal(kept, live)
     (False, True)
     """
+    if _tracing_state() is not None:
+        # The same ops whether or not the tensor needs grad (see clone), and no
+        # copy-on-write clone, which the check's second trace would not repeat.
+        return tensor.detach().clone()
     if tensor.requires_grad:
         tensor = tensor.detach()
     if _lazy_clone is not None and tensor.is_cpu and tensor.layout == torch.strided:
@@ -216,7 +228,15 @@ class ValuePolicy:
     def _one(self, live: torch.Tensor) -> Any:
         if self.reduce is None:
             return self._keep(live, live)
-        reduced = self.reduce(live)
+        if not self.grad:
+            # Outside autograd: a reduce that saved tensors for backward would be counted
+            # by activation checkpointing, whose recompute runs no probes (CheckpointError).
+            reduced = self.reduce(live.detach())
+        else:
+            # In the graph, its saved tensors kept as they are, out of sight of an
+            # enclosing checkpoint's count (innermost saved-tensor hooks win).
+            with torch.autograd.graph.saved_tensors_hooks(_itself, _itself):
+                reduced = self.reduce(live)
         if isinstance(reduced, torch.Tensor):
             return self._keep(reduced, live)
         if isinstance(reduced, (list, tuple, dict)):

@@ -266,7 +266,16 @@ class ModelRecording(Recording):
             self._grad_positions.clear()
 
     def _gradient_of(self, key: str, tensor: torch.Tensor, keep: Callable[[Any], Any]) -> None:
-        """Record ``tensor``'s gradient under ``key + '.grad'``, at the position of its value."""
+        """Record ``tensor``'s gradient under ``key + '.grad'``, at the position of its value.
+
+        A leaf (a parameter) gets one gradient per backward however often it is read
+        before it: while a hook of ``key`` waits on it, another read adds none (a
+        module run twice in a forward, a checkpointed forward run again in backward).
+        """
+        if tensor.is_leaf and any(
+            hook.key == key + ".grad" and hook.tensor() is tensor for hook in list(self._leaf_hooks)
+        ):
+            return
         with self._grad_lock:
             position = self._asked.get(key, 0)
             self._asked[key] = position + 1
@@ -375,7 +384,9 @@ class _GradCopy:
                     self.key + ".grad",
                     TypeError(f"a gradient is recorded for a tensor; this value is a {type(value).__name__}"),
                 )
-            elif value.requires_grad:  # (none without autograd: no_grad, inference_mode)
+            # Not under no_grad/inference_mode: a parameter requires grad there too, but that
+            # forward has no backward (its hook would take the next training step's gradient).
+            elif value.requires_grad and torch.is_grad_enabled():
                 # The recording of this pass, even if the gradient arrives after it ends.
                 rec._gradient_of(self.key, value, self.keep_grad)
         return self.keep(value)

@@ -37,11 +37,12 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import torch
 from bytecode import Instr, Label
+from torch.nn.utils import parametrize
 
 from .._versions import current
 from ..analysis import instructions
 from ..errors import NotPatchableError, RecordingWarning, SpecError, TargetError
-from ..specs import Call, Expr, Return, Spec, parse
+from ..specs import Attribute, Call, Expr, Return, Spec, parse
 
 __all__ = ["Target", "expand", "expand_all", "has_forward", "unwrap", "module_at"]
 
@@ -591,12 +592,42 @@ def expand(model: torch.nn.Module, text: str) -> List[Target]:
         if not isinstance(func, types.FunctionType):
             kind = "no method" if func is None else "no Python method"
             raise NotPatchableError(f"{where} has {kind} {runs!r}")
+        if isinstance(spec, Attribute) and spec.at == "entry":
+            _refuse_parametrized_read(module, func, spec, where)
         concrete = f"{path}:{runs}:{spec_text}" if spec_text else path
         given = text.strip().removesuffix(".grad")
         targets.append(Target(concrete if is_glob else given, path, runs, spec, grad, not spec_text))
     if not targets:
         raise TargetError(f"{pattern!r} matches only containers (no forward of their own)")
     return targets
+
+
+def _refuse_parametrized_read(
+    module: torch.nn.Module, func: types.FunctionType, spec: Attribute, where: str
+) -> None:
+    """Refuse an entry read of a parametrized tensor (``register_parametrization``, spectral_norm).
+
+    Reading it computes it: at entry that is one more run of the parametrization
+    (spectral_norm's power iteration would advance, changing the model's buffers),
+    and a tensor the forward never uses (so its ``.grad`` never comes). A load site
+    records the tensor the forward computes and uses.
+    """
+    root, *names = spec.chain
+    if func.__code__.co_argcount == 0 or func.__code__.co_varnames[0] != root:
+        return  # the chain starts at another argument: no module known here
+    owner: object = module
+    for depth, name in enumerate(names):
+        if not isinstance(owner, torch.nn.Module):
+            return
+        if parametrize.is_parametrized(owner, name):
+            read = ".".join([root, *names[: depth + 1]])
+            raise TargetError(
+                f"{where}: {read!r} is parametrized ({type(owner.parametrizations[name][0]).__name__}): "
+                "reading it at entry runs its parametrization once more (spectral_norm's power "
+                "iteration would advance) and gives a tensor the forward does not use; record where "
+                f"the forward reads it, the load form {spec.target + '@0'!r}"
+            )
+        owner = owner._modules.get(name)  # (getattr would compute a parametrized tensor)
 
 
 def has_forward(module: torch.nn.Module) -> bool:

@@ -436,3 +436,26 @@ def test_the_model_is_the_extractor_s_submodule_model_and_its_checkpoint_loads_t
     extractor.model.load_state_dict(other.state_dict())  # as the docstring says
     pairs = zip(net.state_dict().values(), other.state_dict().values(), strict=True)
     assert all(torch.equal(a, b) for a, b in pairs)
+
+
+def test_an_extractor_traces_with_torch_jit_trace_and_its_check():
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(3, 3)
+
+        def forward(self, x):
+            h = self.a(x)
+            return h.relu()
+
+    torch.manual_seed(0)
+    model, x = Net(), torch.randn(2, 3)
+    for grad in (True, False):
+        extractor = create_feature_extractor(model, ["a", ":forward:h"], grad=grad)
+        # strict=False: the output is a dict. The check traces again under no_grad, and
+        # needs the same graph (it differed where the copies depended on requires_grad).
+        traced = torch.jit.trace(extractor, x, strict=False)
+        out = traced(2 * x)
+        assert torch.allclose(out["a"], model.a(2 * x)) and torch.allclose(out[":forward:h"], out["a"])
+        assert out["a"].requires_grad is grad
+        extractor.close()

@@ -527,6 +527,82 @@ def test_a_parameter_s_gradient_is_recorded_once_per_backward_and_leaves_no_hook
     assert len(recorded) == 3 and all(torch.allclose(r, g) for r, g in zip(recorded, grads, strict=True))
 
 
+def test_a_parameter_s_gradient_comes_once_per_backward_not_per_read_nor_from_no_grad_forwards():
+    from torch.utils.checkpoint import checkpoint
+
+    class Twice(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 3)
+
+        def forward(self, x):
+            return self.lin(torch.tanh(self.lin(x)))
+
+    class Checkpointed(torch.nn.Module):
+        def __init__(self, reentrant):
+            super().__init__()
+            self.inner, self.reentrant = Twice(), reentrant
+
+        def forward(self, x):
+            return checkpoint(self.inner, x, use_reentrant=self.reentrant)
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, requires_grad=True)
+    key = "inner.lin:forward:self.weight.grad"
+    for model in (Checkpointed(True), Checkpointed(False)):
+        weight = model.inner.lin.weight
+        grads = []
+        with record(model, [key]) as rec:
+            for step in range(2):
+                model.zero_grad()
+                model(x * (step + 1)).sum().backward()  # lin runs twice, and again in the recompute
+                grads.append(weight.grad.clone())
+                with torch.no_grad():
+                    model(x)  # an evaluation forward: no backward, no gradient
+            with torch.inference_mode():
+                model(x)
+        recorded = rec.all(key)
+        assert len(recorded) == 2 and all(torch.allclose(r, g) for r, g in zip(recorded, grads, strict=True))
+        assert weight._backward_hooks is None
+
+
+def test_a_reduce_under_activation_checkpointing_leaves_backward_working_after_the_block():
+    from torch.utils.checkpoint import checkpoint
+
+    class Inner(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            h = self.lin(x)
+            return torch.tanh(h)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = Inner()
+
+        def forward(self, x):
+            return checkpoint(self.inner, x, use_reentrant=False).sum()
+
+    torch.manual_seed(0)
+    model, x = Net(), torch.randn(3, 4)
+    expected = torch.autograd.grad(torch.tanh(model.inner.lin(x)).sum(), model.inner.lin.weight)[0]
+    for grad in (False, True):
+        model.zero_grad()
+        with record(model, ["inner:forward:h"], reduce=lambda t: t.norm(), grad=grad) as rec:
+            loss = model(x)
+        norm = rec["inner:forward:h@0"]
+        assert torch.allclose(norm, model.inner.lin(x).norm()) and norm.requires_grad is grad
+        if grad:  # the reduced value is in the graph: its gradient is the norm's
+            (through,) = torch.autograd.grad(norm, model.inner.lin.weight, retain_graph=True)
+            direct = torch.autograd.grad(model.inner.lin(x).norm(), model.inner.lin.weight)[0]
+            assert torch.allclose(through, direct)
+        loss.backward()  # the recompute runs no probes: the reduce must not have been counted
+        assert torch.allclose(model.inner.lin.weight.grad, expected)
+
+
 def test_gradients_are_in_the_order_of_their_values_whatever_backward_s_order():
     # One module called twice: backward reaches the second call first.
     class Twice(torch.nn.Module):
@@ -632,3 +708,27 @@ def test_a_deepcopy_made_while_stopping_early_stops_as_the_model_does():
     values = rec.all("0:forward:return")
     assert len(values) == 2 and all(torch.equal(v, net[0](x)) for v in values)
     assert torch.equal(twin(x), net(x))  # afterwards both run to the end
+
+
+def test_torch_jit_trace_inside_a_recording_traces_the_model_and_records_its_runs():
+    torch.manual_seed(0)
+    model, x = SmallNet().eval(), torch.randn(2, 3, 8, 8)
+    options = [
+        {},
+        {"copy": "detach"},
+        {"reduce": lambda t: t.mean(0)},
+        {"dtype": torch.float64},
+        {"grad": True},
+    ]
+    for kw in options:
+        with record(model, ["bn1", ":forward:x@1", "blocks.0:forward:out@0"], **kw) as rec:
+            traced = torch.jit.trace(model, x)  # traces, then checks by tracing again
+        assert torch.allclose(traced(x), model(x))
+        # The trace and its check ran the model (three times): each run's values, as they
+        # were before the in-place ReLU (except with copy='detach', which keeps the live one).
+        with torch.no_grad():
+            bn1 = model.bn1(model.stem(x))
+        expected = bn1.mean(0) if "reduce" in kw else bn1.relu() if "copy" in kw else bn1
+        values = rec.all("bn1:forward:return") + rec.all(":forward:x@1")
+        assert len(values) >= 4 and all(torch.allclose(v.float(), expected, atol=1e-6) for v in values)
+        assert "bcrecord" not in str(traced.graph)  # the probes' copies are not in the graph

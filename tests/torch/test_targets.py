@@ -1,5 +1,6 @@
 """bcrecord.torch.targets: parsing and expanding target strings over a model."""
 
+import copy
 import functools
 
 import pytest
@@ -406,3 +407,34 @@ def test_an_fx_name_with_no_site_says_what_fx_names_cannot_be_mapped():
         expand(holder, "0.0_token")
     with pytest.raises(bcrecord.TargetError, match="has no submodule 'nope.add'$"):
         expand(Indexing(), "nope.add")  # no module there at all: only that is said
+
+
+def test_an_entry_read_of_a_parametrized_tensor_is_refused_for_its_load_site():
+    from torch.nn.utils.parametrizations import spectral_norm, weight_norm
+
+    from bcrecord.torch import record
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(spectral_norm(torch.nn.Linear(4, 4)), weight_norm(torch.nn.Linear(4, 4)))
+    twin = copy.deepcopy(model)
+    x = torch.randn(2, 4)
+    for target in ("0:forward:self.weight", "1:forward:self.weight.grad"):
+        with pytest.raises(bcrecord.TargetError, match=r"'self\.weight' is parametrized .*'self\.weight@0'"):
+            expand(model, target)
+    targets = [
+        "0:forward:self.weight@0.grad",
+        "0:forward:self.bias",
+        "0:forward:return",
+        "1:forward:self.weight@0",
+    ]
+    with record(model, targets) as rec:
+        model(x).sum().backward()
+    twin(x).sum().backward()
+    # The power iteration ran once, as unrecorded: the same buffers.
+    state, twin_state = model.state_dict(), twin.state_dict()
+    assert all(torch.equal(state[k], twin_state[k]) for k in state)
+    # The load site is the tensor the forward used, and its gradient is that tensor's.
+    used, bias = rec["0:forward:self.weight@0"], rec["0:forward:self.bias"]
+    assert torch.allclose(torch.nn.functional.linear(x, used, bias), rec["0:forward:return"])
+    expected = (torch.ones(2, 4) @ rec["1:forward:self.weight@0"]).T @ x
+    assert torch.allclose(rec["0:forward:self.weight@0.grad"], expected)
