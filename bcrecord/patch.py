@@ -615,7 +615,19 @@ def _lookup(holder: Any, attribute: str) -> Tuple[Any, Any]:
     try:
         raw = inspect.getattr_static(holder, attribute)
     except AttributeError:
-        names = [n for n in dir(holder) if not n.startswith("__")]
+        # Not in a __dict__, but maybe made by __getattr__ (a torch module's parameters and
+        # submodules): name what it is rather than call it missing.
+        try:
+            found = getattr(holder, attribute)
+        except Exception:
+            found = _MISSING
+        if found is not _MISSING:
+            raise NotPatchableError(
+                f"{_named(holder)}'s {attribute!r} is a {type(found).__name__} (from __getattr__): only "
+                "Python functions defined on it or its class can be patched"
+            ) from None
+        # dir() may name one attribute twice (torch's Module.__dir__ does).
+        names = list(dict.fromkeys(n for n in dir(holder) if not n.startswith("__")))
         close = difflib.get_close_matches(attribute, names, n=3)
         hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
         raise NotPatchableError(f"{_named(holder)} has no attribute {attribute!r}{hint}") from None

@@ -59,7 +59,6 @@ import importlib.machinery
 import importlib.util
 import itertools
 import os
-import pickle
 import runpy
 import shlex
 import sys
@@ -76,7 +75,7 @@ from .errors import BcrecordError
 from .patch import Patch, function_of, patch_function, patch_method
 from .runtime import Recording, Sink, copy_value
 from .specs import Spec, parse
-from .storage import UnsavableValue, Writer
+from .storage import Writer
 
 __all__ = ["RunTarget", "RunError", "parse_target", "check_targets", "run"]
 
@@ -448,22 +447,11 @@ class _Collector:
             if self.buffered >= self.flush_bytes or time.monotonic() - self.last_flush >= self.flush_seconds:
                 self.flush()
 
-    def _picklable(self, key: str, value: Any) -> Any:
-        """``value``, or its repr (with a warning, once per key) if it cannot be pickled."""
-        if type(value).__module__.startswith("torch") and hasattr(type(value), "shape"):
-            if not getattr(value, "is_meta", False):
-                return value
-            why = "a meta tensor has no data"
-        else:
-            try:
-                pickle.dumps(value, protocol=4)
-                return value
-            except Exception as error:
-                why = f"{type(value).__name__} cannot be pickled ({type(error).__name__})"
+    def _unsavable(self, key: str, step: int, why: str) -> None:
+        """A value the writer kept as its repr: warn, once per key."""
         if key not in self.warned:
             self.warned.add(key)
             self.warnings.append(f"{key}: {why}; saved its repr")
-        return repr(value)
 
     def flush(self) -> None:
         """Write what is buffered; a failure (a full disk) stops saving but never the program."""
@@ -485,16 +473,7 @@ class _Collector:
         if not batch:
             return
         with _main_module(self.main):
-            try:
-                self.writer.write_many(_by_step(batch))
-            except BcrecordError as error:
-                if not isinstance(error, UnsavableValue):
-                    raise
-                batch = [(key, step, self._picklable(key, value)) for key, step, value in batch]
-                self.writer.write_many(_by_step(batch))
-            except Exception:  # most likely a value that cannot be pickled: find it, retry
-                batch = [(key, step, self._picklable(key, value)) for key, step, value in batch]
-                self.writer.write_many(_by_step(batch))
+            self.writer.write_many(_by_step(batch), unsavable=self._unsavable)
         for key, _, _ in batch:
             self.saved[key] += 1
 

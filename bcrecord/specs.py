@@ -13,6 +13,7 @@ dict, and turns it into a spec with :func:`parse`.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import keyword
 import re
@@ -250,11 +251,27 @@ def _parse_dict(spec: Mapping[str, Any]) -> Spec:
     if kind == "FunctionRecorder":
         if not isinstance(target, str):
             raise SpecError(f"FunctionRecorder needs a string 'target', got {dict(spec)!r}")
-        if target == "return":
-            return Return(copy=spec.get("copy"))
-        if "." in target:
-            return Attribute(target, at="load", index=spec.get("index"), copy=spec.get("copy"))
-        return Local(target, spec.get("index"), copy=spec.get("copy"))
+        # The target is a short form without its index: 'outputs', 'self.fc()', '+', 'return'.
+        parsed, index, copy = _parse_str(target), spec.get("index"), spec.get("copy")
+        given = getattr(parsed, "index", None)
+        if given is not None:
+            bare = parsed.op if isinstance(parsed, Expr) else target.split("@")[0].strip()
+            raise SpecError(
+                f"target={target!r}: a dict gives its index in 'index': write target={bare!r}, "
+                f"index={list(given)!r}"
+            )
+        if isinstance(parsed, Return):
+            if index is not None:
+                raise SpecError(f"target={target!r}: a return spec takes no index")
+            return Return(copy=copy)
+        if spec.get("at", "load") != "load" or ("at" in spec and not isinstance(parsed, Attribute)):
+            raise SpecError(
+                f"target={target!r}: 'at' is for type='AttributeRecorder'; a FunctionRecorder records "
+                "a dotted chain where the body loads it"
+            )
+        if isinstance(parsed, Attribute):  # recorded where the body loads it (AttributeRecorder: at entry)
+            return Attribute(parsed.target, at="load", index=index, copy=copy)
+        return dataclasses.replace(parsed, index=index, copy=copy)
     if kind == "AttributeRecorder":
         if not isinstance(target, str):
             raise SpecError(f"AttributeRecorder needs a string 'target', got {dict(spec)!r}")
@@ -270,12 +287,16 @@ def parse(spec: SpecLike) -> Spec:
     ``'return'``, ``'self.avgpool()'`` / ``'torch.flatten()@1'`` (call results) and
     ``'+@0'`` (the first ``+`` in source order). Dicts: ``dict(type='FunctionRecorder', target='outputs',
     index=[1])`` and ``dict(type='AttributeRecorder', target='self.fc.weight')``;
+    a FunctionRecorder's ``target`` is any short form without its ``@index`` (a dotted
+    chain is recorded at its load sites), given in ``index`` instead;
     their ``model``/``method``/``name`` keys are for integrations and ignored here.
 
     >>> parse("x@[0,2]")
     Local(name='x', index=(0, 2), copy=None)
     >>> parse(dict(type="FunctionRecorder", target="outputs", index=[1]))
     Local(name='outputs', index=(1,), copy=None)
+    >>> parse(dict(type="FunctionRecorder", target="self.fc()", index=[0]))
+    Call(target='self.fc', index=(0,), copy=None)
     """
     if isinstance(spec, (Local, Attribute, Return, Call, Expr)):
         return spec

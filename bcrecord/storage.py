@@ -51,7 +51,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 from .errors import BcrecordError
 
@@ -77,8 +77,12 @@ class StorageError(BcrecordError, OSError):
 
 
 class UnsavableValue(StorageError):
-    """A value has nothing to save (a meta tensor's data): its key and step are named, and
-    the save it was in wrote nothing."""
+    """A value cannot be saved (a meta tensor's data, an object pickle refuses): its key
+    and step are named, and the save it was in wrote nothing."""
+
+
+#: Told of each value a save keeps as its repr: ``(key, step, why)``.
+Unsavable = Callable[[str, int, str], None]
 
 
 def is_tensor(value: Any) -> bool:
@@ -227,27 +231,53 @@ class Writer:
         with _writing(self.directory), _turn(self.directory):
             return max((entry["step"] for entry in _read_index(self.directory)), default=None)
 
-    def write(self, records: Union[Mapping[str, Sequence[Any]], Any], step: int) -> int:
+    def write(
+        self,
+        records: Union[Mapping[str, Sequence[Any]], Any],
+        step: int,
+        unsavable: Optional[Unsavable] = None,
+    ) -> int:
         """Save every value of ``records`` (a Recording or ``{key: [values]}``) as ``step``.
 
-        Returns how many values were written.
+        Returns how many values were written; ``unsavable`` as for :meth:`write_many`.
         """
-        return self.write_many([(step, records)])
+        return self.write_many([(step, records)], unsavable)
 
-    def write_many(self, batches: Iterable[Tuple[int, Union[Mapping[str, Sequence[Any]], Any]]]) -> int:
+    def write_many(
+        self,
+        batches: Iterable[Tuple[int, Union[Mapping[str, Sequence[Any]], Any]]],
+        unsavable: Optional[Unsavable] = None,
+    ) -> int:
         """Save several steps at once: one data file pair and one index update for all.
 
         Use it to buffer records and flush every N steps: one data file pair and one
         synced index line per call, not per step.
 
+        A value that cannot be saved (one pickle refuses, a meta tensor) raises
+        :class:`UnsavableValue`, and the save writes nothing. With ``unsavable``, the save
+        keeps such a value's repr instead and calls ``unsavable(key, step, why)`` for it:
+        one odd value does not lose the others (``bcrecord run`` and the training
+        integrations warn with it).
+
         >>> import tempfile
         >>> Writer(tempfile.mkdtemp()).write_many([(0, {"k": [1]}), (1, {"k": [2]})])
         2
+        >>> told, odd = [], (i for i in "")
+        >>> Writer(tempfile.mkdtemp()).write_many([(5, {"k": [1, odd]})], lambda *a: told.append(a))
+        2
+        >>> told
+        [('k', 5, 'generator cannot be pickled (TypeError)')]
         """
         with self._lock:
             items = [(_step(step), _items(records)) for step, records in batches]
             with _writing(self.directory), _turn(self.directory):
-                return self._write(items)
+                try:
+                    return self._write(items)
+                except UnsavableValue:
+                    if unsavable is None:
+                        raise
+                # Only now is each value checked on its own: pickling them one by one costs.
+                return self._write(_with_reprs(items, unsavable))
 
     def _write(self, batches: Sequence[Tuple[int, List[Tuple[str, Sequence[Any]]]]]) -> int:
         self._catch_up()  # another writer (another process) may have saved since the last call
@@ -279,6 +309,8 @@ class Writer:
                     entries.append(row)
         if not entries:
             return 0
+        # Pickled before any file is written: a value pickle refuses leaves no file behind.
+        pickled = _pickled(others, entries) if others else b""
         if tensors:
             try:
                 from safetensors.torch import save as save_tensors
@@ -288,7 +320,7 @@ class Writer:
                 ) from None
             _atomic_write(self.directory / f"records/{stem}.safetensors", save_tensors(tensors))
         if others:
-            _atomic_write(self.directory / f"records/{stem}.pkl", pickle.dumps(others, protocol=4))
+            _atomic_write(self.directory / f"records/{stem}.pkl", pickled)
         line = json.dumps({"entries": entries}).encode() + b"\n"
         with open(self.directory / _JOURNAL, "ab") as journal:
             journal.write(line)  # one write: readers see the whole line or no newline
@@ -404,6 +436,61 @@ def _checked(entries: Any) -> List[Dict[str, Any]]:
                 f"entry {number}'s 'file' is {entry['file']!r}, not records/NNNNNN.pkl or .safetensors"
             )
     return entries
+
+
+def _pickled(others: Dict[str, Any], entries: List[Dict[str, Any]]) -> bytes:
+    """``others`` pickled, or an UnsavableValue naming the key and step of a value pickle refuses."""
+    try:
+        return pickle.dumps(others, protocol=4)
+    except Exception as error:
+        for row in entries:
+            why = _why_unsavable(others[row["name"]]) if row["name"] in others else None
+            if why is not None:
+                raise UnsavableValue(f"cannot save {row['key']!r} (step {row['step']}): {why}") from None
+        # Each value pickles alone, not all together: no one value to blame.
+        raise UnsavableValue(f"cannot pickle the values: {type(error).__name__}: {error}") from None
+
+
+def _why_unsavable(value: Any) -> Optional[str]:
+    """Why a save cannot hold ``value``, None if it can.
+
+    >>> _why_unsavable(1.5), _why_unsavable(i for i in "")
+    (None, 'generator cannot be pickled (TypeError)')
+    """
+    if is_tensor(value):
+        return "a meta tensor has no data" if getattr(value, "is_meta", False) else None
+    try:
+        pickle.dumps(value, protocol=4)
+    except Exception as error:
+        return f"{type(value).__name__} cannot be pickled ({type(error).__name__})"
+    return None
+
+
+def _with_reprs(
+    items: Sequence[Tuple[int, List[Tuple[str, Sequence[Any]]]]], unsavable: Unsavable
+) -> List[Tuple[int, List[Tuple[str, Sequence[Any]]]]]:
+    """``items`` with each value a save cannot hold replaced by its repr, ``unsavable`` told of each."""
+    kept: List[Tuple[int, List[Tuple[str, Sequence[Any]]]]] = []
+    for step, pairs in items:
+        kept.append((step, []))
+        for key, values in pairs:
+            savable = []
+            for value in values:
+                why = _why_unsavable(value)
+                if why is not None:
+                    unsavable(key, step, why)
+                    value = _repr(value)
+                savable.append(value)
+            kept[-1][1].append((key, savable))
+    return kept
+
+
+def _repr(value: Any) -> str:
+    """``repr(value)``, or the default one if the value's own raises: the repr is all that is kept."""
+    try:
+        return repr(value)
+    except Exception:
+        return object.__repr__(value)
 
 
 def _step(step: Any) -> int:

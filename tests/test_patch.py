@@ -171,6 +171,34 @@ def test_not_patchable_targets_give_clear_errors():
         bcrecord.patch_method(Slotted(), "f", "y")
 
 
+class Parameter:
+    pass
+
+
+class Layer(Block):
+    """Attributes made by __getattr__ and a dir() naming some twice, as torch's nn.Module has."""
+
+    def __getattr__(self, name):
+        if name == "weight":
+            return Parameter()
+        raise AttributeError(name)
+
+    def __dir__(self):
+        return [*super().__dir__(), "forward", "weight"]
+
+
+def test_an_attribute_made_by_getattr_is_named_and_suggestions_are_not_repeated():
+    with pytest.raises(NotPatchableError) as caught:
+        bcrecord.patch_method(Layer(), "weight", "x")
+    assert str(caught.value) == (
+        "this Layer instance's 'weight' is a Parameter (from __getattr__): only Python functions "
+        "defined on it or its class can be patched"
+    )
+    with pytest.raises(NotPatchableError) as caught:
+        bcrecord.patch_method(Layer(), "forwrd", "out")
+    assert str(caught.value) == "this Layer instance has no attribute 'forwrd'; did you mean 'forward'?"
+
+
 def test_unsupported_python_version_is_a_clear_error(monkeypatch):
     with pytest.raises(UnsupportedPythonError, match=r"Python 3\.9 is not supported"):
         _versions.current((3, 9))

@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from bcrecord import Attribute, Local, Return, SpecError, parse
+from bcrecord import Attribute, Call, Expr, Local, Return, SpecError, parse
 from bcrecord.specs import parse_all
 
 
@@ -32,6 +32,48 @@ def test_mmengine_dicts():
     assert parse(
         dict(type="FunctionRecorder", model="resnet", method="_forward_impl", target="x", index=[0, 1, 2])
     ) == Local("x", [0, 1, 2])
+
+
+@pytest.mark.parametrize(
+    "recorder, expected",
+    [
+        (dict(target="self.linear1()"), Call("self.linear1")),
+        (dict(target="torch.stack()", index=[1, 0]), Call("torch.stack", (0, 1))),
+        (dict(target="+"), Expr("+")),
+        (dict(target="+=", index=2, copy="detach"), Expr("+=", 2, copy="detach")),
+        (dict(target="@", index=[0]), Expr("@", 0)),  # the operator, not an index
+        (dict(target="self.linear1", index=[0]), Attribute("self.linear1", at="load", index=0)),
+        (dict(target="self.linear1"), Attribute("self.linear1", at="load")),
+        (dict(target="self.linear1", at="load"), Attribute("self.linear1", at="load")),
+        (dict(target="return", copy="none"), Return(copy="none")),
+        (dict(target=" outputs ", index=[1]), Local("outputs", 1)),
+    ],
+)
+def test_a_function_recorder_target_is_any_short_form_with_its_index_in_index(recorder, expected):
+    assert parse(dict(type="FunctionRecorder", **recorder)) == expected
+
+
+@pytest.mark.parametrize(
+    "recorder, message",
+    [
+        (dict(target="return", index=[3]), "target='return': a return spec takes no index"),
+        (dict(target="return@3"), "'return@3': a return spec takes no index"),
+        (dict(target="outputs@1"), "in 'index': write target='outputs', index=[1]"),
+        (dict(target="self.fc()@[0,2]"), "in 'index': write target='self.fc()', index=[0, 2]"),
+        (dict(target="+@0", index=[1]), "in 'index': write target='+', index=[0]"),
+        (dict(target="x y"), "cannot parse spec 'x y'"),
+        (dict(target="torch.stack()", index=[-1]), "non-negative"),
+        (
+            dict(target="self.linear1", at="entry"),
+            "target='self.linear1': 'at' is for type='AttributeRecorder'",
+        ),
+        (dict(target="outputs", at="load"), "target='outputs': 'at' is for type='AttributeRecorder'"),
+    ],
+)
+def test_a_function_recorder_target_that_cannot_be_recorded_says_what_to_write(recorder, message):
+    with pytest.raises(SpecError) as caught:
+        parse(dict(type="FunctionRecorder", **recorder))
+    assert message in str(caught.value)
 
 
 @pytest.mark.parametrize(

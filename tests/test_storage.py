@@ -8,7 +8,7 @@ import pickle
 import pytest
 
 import bcrecord
-from bcrecord.storage import StorageError, Writer, load, save
+from bcrecord.storage import StorageError, UnsavableValue, Writer, load, save
 
 
 def test_round_trip_of_plain_values_over_several_saves(tmp_path):
@@ -127,6 +127,38 @@ def test_write_many_keeps_every_value_of_a_step_given_twice(tmp_path):
     assert writer.write_many([(7, {"k": [1]}), (7, {"k": [2, 3]}), (8, {"k": [4]})]) == 4
     loaded = load(tmp_path)
     assert loaded["k"] == [1, 2, 3, 4] and loaded.steps("k") == [7, 7, 7, 8]
+
+
+class Unpicklable:
+    def __reduce__(self):
+        raise TypeError("not today")
+
+    def __repr__(self):
+        return "<Unpicklable>"
+
+
+def test_a_value_pickle_refuses_is_named_and_the_save_writes_nothing(tmp_path):
+    writer = Writer(tmp_path)
+    with pytest.raises(
+        UnsavableValue,
+        match=r"^cannot save 'm:f:odd@0' \(step 4\): Unpicklable cannot be pickled \(TypeError\)$",
+    ):
+        writer.write_many([(3, {"m:f:x@0": [1]}), (4, {"m:f:x@0": [2], "m:f:odd@0": [Unpicklable()]})])
+    assert len(load(tmp_path)) == 0 and list((tmp_path / "records").glob("[!.]*")) == []
+    assert writer.write({"m:f:x@0": [5]}, step=5) == 1  # the writer goes on
+    assert load(tmp_path).steps("m:f:x@0") == [5]
+
+
+def test_with_unsavable_a_value_pickle_refuses_is_saved_as_its_repr_and_the_rest_as_they_are(tmp_path):
+    told = []
+    batches = [(3, {"x": [1, 2], "odd": [Unpicklable()]}), (4, {"x": [3], "odd": [None, Unpicklable()]})]
+    assert Writer(tmp_path).write_many(batches, unsavable=lambda *why: told.append(why)) == 6
+    loaded = load(tmp_path)
+    assert loaded["x"] == [1, 2, 3] and loaded.steps("x") == [3, 3, 4]
+    assert loaded["odd"] == ["<Unpicklable>", None, "<Unpicklable>"] and loaded.steps("odd") == [3, 4, 4]
+    why = "Unpicklable cannot be pickled (TypeError)"
+    assert told == [("odd", 3, why), ("odd", 4, why)]  # the caller decides how often to warn
+    assert Writer(tmp_path).write({"fine": [1]}, step=5, unsavable=told.append) == 1 and len(told) == 2
 
 
 def test_an_empty_save_gives_a_directory_that_loads(tmp_path):

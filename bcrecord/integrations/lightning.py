@@ -22,7 +22,8 @@ relative to the LightningModule (``'net.0'``, ``'net.1:forward:x@0'``,
   a PNG file under ``<log_dir>/bcrecord_images/`` for a ``CSVLogger``;
 * with ``save_dir``, writes each recorded batch with :class:`bcrecord.storage.Writer`
   to ``<save_dir>/<stage>/`` (``<save_dir>/<stage>/rank<r>/`` when several processes
-  train), readable with :func:`bcrecord.load`.
+  train), readable with :func:`bcrecord.load`; a value that cannot be pickled (a local
+  lambda) is saved as its repr, with one :class:`~bcrecord.errors.RecordingWarning` per key.
 
 Stages: ``'fit'`` is the training batches, ``'validate'`` the validation batches
 (those of ``trainer.validate`` and of the validation loop inside ``fit``; never the
@@ -63,6 +64,7 @@ from __future__ import annotations
 import os
 import re
 import struct
+import warnings
 import zlib
 from collections import deque
 from contextlib import ExitStack
@@ -82,6 +84,7 @@ except ImportError:  # pragma: no cover - depends on the environment
             "bcrecord.integrations.lightning needs Lightning: pip install 'bcrecord[lightning]'"
         ) from error
 
+from ..errors import RecordingWarning
 from ..storage import Writer
 from ..torch import ModelRecording, record
 from ..viz import as_dense
@@ -324,6 +327,7 @@ class RecorderCallback(pl.Callback):  # type: ignore[misc]
         self._batches: Dict[str, int] = {stage: 0 for stage in STAGES}
         self._last_fit_step: Optional[int] = None
         self._writers: Dict[str, Writer] = {}
+        self._warned: set = set()  # keys whose values were saved as their repr
 
     # --- public helpers --------------------------------------------------------
 
@@ -432,13 +436,20 @@ class RecorderCallback(pl.Callback):  # type: ignore[misc]
         self.last = record_
         self.history.append(record_)
         if self.save_dir is not None and values:
-            self._writer(stage).write(values, step=step)
+            self._writer(stage).write(values, step=step, unsavable=self._unsavable)
         rec.clear()  # the values live on in the StepRecord only
         return record_
 
     def _metric_name(self, stage: str, key: str, stat: str) -> str:
         name = f"{self.prefix}/{stage}/{key}"
         return name if stat == "value" else f"{name}/{stat}"
+
+    def _unsavable(self, key: str, step: int, why: str) -> None:
+        """A value saved as its repr (a local lambda): warn once per key, and train on."""
+        if key not in self._warned:
+            self._warned.add(key)
+            message = f"RecorderCallback: cannot save {key!r} (step {step}): {why}; saved its repr"
+            warnings.warn(message, RecordingWarning, stacklevel=2)
 
     def _writer(self, stage: str) -> Writer:
         writer = self._writers.get(stage)

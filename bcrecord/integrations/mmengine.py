@@ -180,8 +180,8 @@ unknown recorder type 'LayerRecorder'; use type='FunctionRecorder' ...
             raise _fail(
                 where,
                 f"unknown recorder type {kind!r}{hint}; use type='FunctionRecorder' (a local, an "
-                "attribute load site or 'return') or type='AttributeRecorder' (an attribute chain "
-                "read when the method starts)",
+                "attribute load site, a call 'self.fc()', an operator '+' or 'return') or "
+                "type='AttributeRecorder' (an attribute chain read when the method starts)",
             )
         target = config.get("target")
         if target is None or (isinstance(target, str) and not target.strip()):
@@ -471,7 +471,8 @@ class RecorderHook(Hook):
             ``save_dir/<loop>`` (``train``, ``val``, ``test``) with
             :class:`bcrecord.storage.Writer`; ``bcrecord.load(save_dir + '/train')``
             reads it back. When several processes run, each writes its own
-            ``save_dir/<loop>/rank<r>``.
+            ``save_dir/<loop>/rank<r>``. A value that cannot be pickled (a local
+            lambda) is saved as its repr, with one warning per key in the log.
         print_modification: log each patched method before and after (disassembly
             side by side, and decompiled source when ``depyf`` is installed)
             through the runner's logger at ``before_run``.
@@ -552,6 +553,7 @@ class RecorderHook(Hook):
         self._recording: Optional[Recording] = None
         self._buffers: Dict[str, List[Tuple[int, Dict[str, Any]]]] = {}
         self._writers: Dict[str, Writer] = {}
+        self._unsavable: set = set()  # keys warned of: a value saved as its repr
         self._counts: Dict[str, int] = {}
         self._depth = 0
         self._wrapped: List[Any] = []
@@ -668,7 +670,7 @@ class RecorderHook(Hook):
             if unwrap_loops:
                 self._unwrap_loops()
         try:
-            written = self._flush_all()
+            written = self._flush_all(runner)
         except Exception as error:
             if not failed:
                 raise
@@ -723,7 +725,7 @@ class RecorderHook(Hook):
 
     def _loop_ended(self, runner: Runner, mode: str) -> None:
         self._depth = max(0, self._depth - 1)
-        self._flush(mode)
+        self._flush(runner, mode)
         if self._depth == 0:
             self._finish(runner, failed=False)
 
@@ -794,7 +796,7 @@ class RecorderHook(Hook):
                 else self.every_n_inner_iters(batch_idx, self.interval)
             )
             if due:
-                self._flush(mode)
+                self._flush(runner, mode)
 
     def before_train_iter(self, runner: Runner, batch_idx: int, data_batch: DataBatch = None) -> None:
         """Start recording this training iteration."""
@@ -829,24 +831,33 @@ class RecorderHook(Hook):
     def after_train_epoch(self, runner: Runner) -> None:
         """With ``by_epoch=True``, write the records every ``interval`` epochs."""
         if self.by_epoch and self.every_n_epochs(runner, self.interval):
-            self._flush("train")
+            self._flush(runner, "train")
 
     # saving ------------------------------------------------------------------------
 
-    def _flush(self, mode: str) -> int:
+    def _flush(self, runner: Runner, mode: str) -> int:
         """Write the buffered iterations of ``mode`` in one save; returns values written."""
         buffer = self._buffers.get(mode)
         writer = self._writers.get(mode)
         if not buffer or writer is None:
             return 0
+
+        def unsavable(key: str, step: int, why: str) -> None:
+            # Its repr is saved instead: one value (a local lambda) must not stop training.
+            if key not in self._unsavable:
+                self._unsavable.add(key)
+                runner.logger.warning(
+                    f"RecorderHook: cannot save {key!r} (step {step}): {why}; saved its repr"
+                )
+
         written = writer.write_many(
-            [(step, {key: [value] for key, value in values.items()}) for step, values in buffer]
+            [(step, {key: [value] for key, value in values.items()}) for step, values in buffer], unsavable
         )
         buffer.clear()
         return written
 
-    def _flush_all(self) -> int:
-        return sum(self._flush(mode) for mode in list(self._buffers))
+    def _flush_all(self, runner: Runner) -> int:
+        return sum(self._flush(runner, mode) for mode in list(self._buffers))
 
     # print_modification --------------------------------------------------------------
 

@@ -217,6 +217,33 @@ def test_save_dir_round_trip(tmp_path):
     assert torch.allclose(val[":forward:logits@0"][0], stash[2], atol=1e-6)
 
 
+class LambdaNet(ConvNet):
+    def forward(self, x):
+        scale = lambda t: t  # noqa: E731  (a local function: pickle refuses it)
+        return scale(super().forward(x))
+
+
+def test_a_value_that_cannot_be_pickled_is_saved_as_its_repr_and_fit_goes_on(tmp_path):
+    model = LambdaNet()
+    callback = RecorderCallback(["conv", ":forward:scale"], save_dir=tmp_path / "rec")
+    with pytest.warns(bcrecord.RecordingWarning) as warned:
+        trainer(tmp_path, callback, max_steps=3).fit(model, loader())
+    assert model.global_step == 3
+    loaded = bcrecord.load(tmp_path / "rec" / "fit")
+    assert loaded.steps(":forward:scale@0") == loaded.steps("conv:forward:return") == [0, 1, 2]
+    assert all(
+        v.startswith("<function LambdaNet.forward.<locals>.<lambda> at ") for v in loaded[":forward:scale@0"]
+    )
+    for saved, r in zip(loaded["conv:forward:return"], callback.records("fit"), strict=True):
+        assert torch.equal(saved, r["conv:forward:return"])  # the other values as they were
+    mine = [str(w.message) for w in warned if "saved its repr" in str(w.message)]
+    assert len(mine) == 1  # once per key, though every step had one
+    assert mine[0].startswith(
+        "RecorderCallback: cannot save ':forward:scale@0' (step 0): function cannot be pickled ("
+    )
+    assert_clean(model)
+
+
 def test_validation_inside_fit_and_the_sanity_check(tmp_path):
     model = ConvNet()
     callback = RecorderCallback(["conv"], every_n_steps=1, log_to_logger=False)

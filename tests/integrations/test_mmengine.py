@@ -512,7 +512,46 @@ def test_method_without_source_records(tmp_path):
     assert "forward" not in vars(model) and model.forward.__func__ is _namespace["forward"]
 
 
+def test_call_and_operator_targets_as_in_the_short_forms(tmp_path):
+    torch.manual_seed(0)
+    model = ToyModel()
+    recorders = [
+        dict(type="FunctionRecorder", target="self.linear1()", index=[0]),
+        dict(type="FunctionRecorder", target="torch.stack()"),
+        dict(type="FunctionRecorder", target="-", index=[0]),
+    ]
+    linear1, minus = "runner_model:forward:self.linear1()@0", "runner_model:forward:-@0"
+    stacks = ["runner_model:forward:torch.stack()@0", "runner_model:forward:torch.stack()@1"]
+    checker = Checker([linear1, minus, *stacks], toy_snapshot)
+    hook = dict(type="RecorderHook", recorders=recorders)
+    runner = make_runner(tmp_path, model, [hook, checker])
+    runner.train()
+    assert [h for h in runner.hooks if isinstance(h, RecorderHook)][0].keys == (linear1, *stacks, minus)
+    for entry in checker.iters["train"]:
+        w = entry["snapshot"]
+        x, y = (torch.stack(entry["batch"][name]) for name in ("inputs", "data_samples"))
+        hidden = F.linear(x, w["linear1.weight"], w["linear1.bias"])
+        assert torch.allclose(entry["hub"][linear1], hidden, rtol=1e-5, atol=1e-6)
+        assert torch.equal(entry["hub"][stacks[0]], x) and torch.equal(entry["hub"][stacks[1]], y)
+        out = F.linear(hidden, w["linear2.weight"], w["linear2.bias"])
+        assert torch.allclose(entry["hub"][minus], y - out, rtol=1e-5, atol=1e-6)
+    assert len(checker.iters["train"]) == 4
+    assert_restored(model)
+
+
 # --- bad configs fail at before_run ------------------------------------------------------------
+
+
+HIDDEN_ERROR = (
+    "RecorderHook: recorders[1] dict(type='FunctionRecorder', target='hidden'): cannot record in "
+    "runner.model.forward: ToyModel.forward has no assignment to a local named 'hidden'; assigned "
+    "locals: data_sample, inputs, loss, outputs; arguments (their value at entry): data_samples, mode"
+)
+
+
+def test_the_docs_show_the_error_as_it_is():
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "mmengine.md").read_text()
+    assert HIDDEN_ERROR in " ".join(docs.split())  # the docs wrap it over lines
 
 
 @pytest.mark.parametrize(
@@ -520,11 +559,7 @@ def test_method_without_source_records(tmp_path):
     [
         (ToyModel, dict(type="LayerRecorder", target="outputs"), "unknown recorder type 'LayerRecorder'"),
         (ToyModel, dict(type="FunctionRecorder", index=[1]), "FunctionRecorder needs a 'target'"),
-        (
-            ToyModel,
-            dict(type="FunctionRecorder", target="hidden"),
-            "no assignment to a local named 'hidden'; assigned locals: data_sample, inputs, loss, outputs",
-        ),
+        (ToyModel, dict(type="FunctionRecorder", target="hidden"), HIDDEN_ERROR),
         (ToyModel, dict(type="FunctionRecorder", target="outputs", index=[5]), "there is no index 5"),
         (ToyModel, dict(type="AttributeRecorder", target="outputs"), "an attribute target needs a dot"),
         (
@@ -540,7 +575,18 @@ def test_method_without_source_records(tmp_path):
         (
             ToyModel,
             dict(type="FunctionRecorder", method="forwrd", target="outputs"),
-            "did you mean 'forward'",
+            "did you mean 'forward', '_",  # each name once: torch's dir() lists 'forward' twice
+        ),
+        (
+            ToyModel,
+            dict(type="FunctionRecorder", model="linear1", method="weight", target="x"),
+            "cannot record in linear1.weight: this Linear instance's 'weight' is a Parameter (from "
+            "__getattr__): only Python functions defined on it or its class can be patched",
+        ),
+        (
+            ToyModel,
+            dict(type="FunctionRecorder", target="return", index=[3]),
+            "target='return': a return spec takes no index",
         ),
         (
             MMResNet,
@@ -659,6 +705,33 @@ def test_failure_inside_forward_stops_recording(tmp_path):
     assert "forward" not in vars(model)
 
 
+class LambdaToyModel(ToyModel):
+    def forward(self, inputs, data_samples, mode="tensor"):
+        scale = lambda t: t  # noqa: E731  (a local function: pickle refuses it)
+        return scale(super().forward(inputs, data_samples, mode))
+
+
+def test_a_value_that_cannot_be_pickled_is_saved_as_its_repr_and_training_goes_on(tmp_path):
+    torch.manual_seed(0)
+    model = LambdaToyModel()
+    first_weight = model.linear1.weight.detach().clone()
+    recorders = [dict(type="FunctionRecorder", target="scale"), PROPOSAL_RECORDERS[1]]
+    hook = dict(type="RecorderHook", recorders=recorders, save_dir=str(tmp_path / "records"), interval=2)
+    runner = make_runner(tmp_path, model, [hook])
+    runner.train()
+    assert runner.iter == 4
+    loaded = bcrecord.load(tmp_path / "records" / "train")
+    scale = "runner_model:forward:scale@0"
+    assert loaded.steps(scale) == loaded.steps(WEIGHT) == [0, 1, 2, 3]
+    assert all(v.startswith("<function LambdaToyModel.forward.<locals>.<lambda> at ") for v in loaded[scale])
+    assert torch.equal(loaded[WEIGHT][0], first_weight)  # the other values as they were
+    assert not torch.equal(loaded[WEIGHT][3], first_weight)
+    warned = [line for line in log_text(runner).splitlines() if "saved its repr" in line]
+    assert len(warned) == 1, warned  # once per key, though every write had one
+    assert f"RecorderHook: cannot save {scale!r} (step 0): function cannot be pickled (" in warned[0]
+    assert_restored(model)
+
+
 def test_val_and_test_loops(tmp_path):
     torch.manual_seed(0)
     model = ToyModel()
@@ -690,11 +763,13 @@ def test_val_and_test_loops(tmp_path):
 def test_a_second_run_into_the_save_dir_counts_evaluations_on(tmp_path):
     torch.manual_seed(0)
     records = str(tmp_path / "records")
-    hook = dict(type="RecorderHook", recorders=PROPOSAL_RECORDERS, loops=["val"], save_dir=records)
+    hook = dict(type="RecorderHook", recorders=PROPOSAL_RECORDERS, loops=["train", "val"], save_dir=records)
     for _ in range(2):  # e.g. a run resumed from its checkpoint, into the same save_dir
         make_runner(tmp_path, ToyModel(), [hook], val=True).train()
     loaded = bcrecord.load(tmp_path / "records" / "val")
     assert loaded.steps(OUTPUTS) == list(range(8))  # 4 validation iterations per run, no step twice
+    # Training steps are runner.iter, as docs/mmengine.md says: a fresh run starts at 0 again.
+    assert bcrecord.load(tmp_path / "records" / "train").steps(OUTPUTS) == [0, 1, 2, 3] * 2
 
 
 def test_only_the_chosen_loops_record(tmp_path):
