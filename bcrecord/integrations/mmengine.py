@@ -639,6 +639,13 @@ class RecorderHook(Hook):
                         f"model={rc.model!r} is a {type(target).__name__}, not a module instance: "
                         "RecorderHook patches instances only",
                     )
+                if isinstance(target, torch.Tensor):  # model='linear1.weight'
+                    owner, _, name = rc.model.rpartition(".")
+                    raise _fail(
+                        rc.where,
+                        f"model={rc.model!r} is a {type(target).__name__}, not a module: name the module "
+                        f"that reads it, model={owner!r}, and record it there (target='self.{name}')",
+                    )
                 missing = _missing_attribute(target, rc.spec)
                 if missing is not None:
                     raise _fail(rc.where, missing)

@@ -585,6 +585,12 @@ def test_the_docs_show_the_error_as_it_is():
         ),
         (
             ToyModel,
+            dict(type="FunctionRecorder", model="linear1.weight", target="x"),
+            "model='linear1.weight' is a Parameter, not a module: name the module that reads it, "
+            "model='linear1', and record it there (target='self.weight')",
+        ),
+        (
+            ToyModel,
             dict(type="FunctionRecorder", target="return", index=[3]),
             "target='return': a return spec takes no index",
         ),
