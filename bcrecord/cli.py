@@ -169,6 +169,8 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 _RUN_VALUE_OPTIONS = {"--record", "-r", "--save-dir", "-o", "--every", "-n", "--copy"}
+#: Short options of ``run`` that take a value (``-m``'s ends bcrecord's arguments).
+_RUN_SHORT_VALUES = "rmno"
 
 
 def _split_run(argv: List[str]) -> Tuple[List[str], List[str]]:
@@ -181,20 +183,30 @@ def _split_run(argv: List[str]) -> Tuple[List[str], List[str]]:
     (['run', '-r', 'm:f:x', '-m', 'pkg.mod'], ['--every', '3'])
     >>> _split_run(["run", "-n", "2", "script.py", "-m", "x"])
     (['run', '-n', '2', 'script.py', '-m', 'x'], [])
+    >>> _split_run(["run", "-r", "m:f:x", "-qo", "out", "-qm", "pkg.mod", "-o", "theirs"])
+    (['run', '-r', 'm:f:x', '-qo', 'out', '-qm', 'pkg.mod'], ['-o', 'theirs'])
     """
     i = 1
     while i < len(argv):
         token = argv[i]
         if token in _RUN_VALUE_OPTIONS:
             i += 2
-        elif token == "-m":
-            return argv[: i + 2], argv[i + 2 :]
-        elif token.startswith("-m") and not token.startswith("--"):
-            return argv[: i + 1], argv[i + 1 :]
         elif token == "--" or not token.startswith("-"):
             break
-        else:
+        elif token.startswith("--"):
             i += 1
+        else:
+            # Short flags, combined as argparse (and python) take them: '-qm pkg', '-qo DIR', '-mpkg'.
+            for at, letter in enumerate(token[1:], start=2):
+                if letter in _RUN_SHORT_VALUES:
+                    attached = at < len(token)  # '-mpkg', '-qoDIR': the value is the rest
+                    if letter == "m":
+                        end = i + 1 if attached else i + 2
+                        return argv[:end], argv[end:]
+                    i += 1 if attached else 2
+                    break
+            else:
+                i += 1
     return argv, []
 
 

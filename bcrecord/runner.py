@@ -32,9 +32,12 @@ What is kept: with ``--save-dir``, every N-th value of each key (``--every N``:
 the values numbered 0, N, 2N... in the order that key fired; the number is the
 value's *step*) is copied when it is recorded (the others are not even copied) and
 written with :class:`bcrecord.storage.Writer` in batches (every few seconds or
-megabytes), and at exit -- also when the program raises or calls
-:func:`sys.exit`. Without ``--save-dir`` only counts and the last value of each key
-are kept, and a summary is printed to stderr at the end.
+megabytes), and at exit -- also when the program raises, calls :func:`sys.exit`,
+or is ended by SIGTERM or SIGHUP (it then dies by that signal, as it would have;
+``signal.getsignal`` shows bcrecord's handler there in place of the default).
+Values recorded in child processes are not saved. Without ``--save-dir`` only
+counts and the last value of each key are kept, and a summary is printed to
+stderr at the end.
 
 What passes through unchanged: the program's ``sys.argv``, stdin, stdout, its
 stderr (bcrecord adds one summary line there unless ``--quiet``), and its exit
@@ -61,6 +64,7 @@ import itertools
 import os
 import runpy
 import shlex
+import signal
 import sys
 import threading
 import time
@@ -421,6 +425,7 @@ class _Collector:
         self.buffer: List[Tuple[str, int, Any]] = []
         self.buffered = 0
         self.last_flush = time.monotonic()
+        self.writing = False
         self.saved: Dict[str, int] = defaultdict(int)
         self.last: Dict[str, Any] = {}
         self.error: Optional[str] = None
@@ -455,17 +460,24 @@ class _Collector:
 
     def flush(self) -> None:
         """Write what is buffered; a failure (a full disk) stops saving but never the program."""
+        if os.getpid() != self.pid:  # a forked child (before the lock: another thread may hold it)
+            return
         with self.lock:
-            if self.writer is None or self.error is not None or os.getpid() != self.pid:
+            # Writing already: this is a signal handler that interrupted that write, in this
+            # thread, and the writer's lock is taken.
+            if self.writer is None or self.error is not None or self.writing:
                 return
             batch, self.buffer, self.buffered = self.buffer, [], 0
             self.last_flush = time.monotonic()
+            self.writing = True
             try:
                 self._write(batch)
             except Exception as error:
                 self.error = (
                     str(error) if isinstance(error, BcrecordError) else f"{type(error).__name__}: {error}"
                 )
+            finally:
+                self.writing = False
 
     def _write(self, batch: List[Tuple[str, int, Any]]) -> None:
         """One :meth:`~bcrecord.storage.Writer.write_many`: one file pair, one index update."""
@@ -736,6 +748,8 @@ class Runner:
         self._trace: Any = None
         self._previous_trace: Any = None
         self._closed = False
+        #: The signals whose handler this run installed (see _catch_fatal_signals).
+        self._signals: List[int] = []
         #: True when a target failed to apply and the run was stopped.
         self.aborted = False
 
@@ -868,12 +882,35 @@ class Runner:
             self.recording.__exit__(None, None, None)
             raise RunError(str(error)) from None
         sys.meta_path.insert(0, self.hook)
+        self._catch_fatal_signals()
         self._saved_sys = (sys.argv[:], sys.path[:])
         sys.argv[:] = self.program.argv
         if sys.path:
             sys.path[0] = self.program.path0
         else:
             sys.path.append(self.program.path0)
+
+    def _catch_fatal_signals(self) -> None:
+        """Write what is buffered when SIGTERM or SIGHUP ends the program, then die by it.
+
+        Values are buffered for seconds: ``kill``, ``timeout``, a batch scheduler or
+        ``docker stop`` would otherwise lose what a quiet stretch left unwritten. Only
+        where the program has Python's default there (it may install its own later).
+        """
+        if threading.current_thread() is not threading.main_thread():
+            return  # signal.signal works in the main thread only
+        for name in ("SIGTERM", "SIGHUP"):
+            number = getattr(signal, name, None)
+            if number is not None and signal.getsignal(number) is signal.SIG_DFL:
+                signal.signal(number, self._fatal_signal)
+                self._signals.append(number)
+
+    def _fatal_signal(self, number: int, frame: Optional[types.FrameType]) -> None:
+        try:
+            self.close()  # write and report, as at exit
+        finally:
+            signal.signal(number, signal.SIG_DFL)
+            os.kill(os.getpid(), number)  # the status a shell and a scheduler expect
 
     def execute(self) -> int:
         """Run the program; returns its exit status (a ``SystemExit`` is re-raised as it was)."""
@@ -913,6 +950,13 @@ class Runner:
             pass
         for patch in reversed(self.patches):
             patch.remove()
+        for number in self._signals:  # Python's default again, unless the program set its own
+            if signal.getsignal(number) == self._fatal_signal:
+                try:
+                    signal.signal(number, signal.SIG_DFL)
+                except ValueError:  # closed from another thread (atexit of a lingering run)
+                    pass
+        self._signals = []
         if self._saved_sys is not None:
             sys.argv[:], sys.path[:] = self._saved_sys
         self.report()

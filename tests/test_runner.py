@@ -123,6 +123,17 @@ def test_run_module_with_dash_m(project):
     assert "__main__:main:joined@0  1" in result.stderr
 
 
+def test_run_module_after_combined_short_flags_gets_its_own_arguments(project, tmp_path):
+    # '-qm MODULE' is '-q -m MODULE', as python and argparse read it: what follows is the
+    # program's (its '-o' included), not bcrecord's.
+    expected = plain("-m", "pkg.tool", "-o", "x", cwd=project)
+    out = tmp_path / "out"
+    result = cli("run", "-r", "pkg.tool:main:joined", f"-qo{out}", "-qm", "pkg.tool", "-o", "x", cwd=project)
+    assert result.stdout == expected.stdout == "-O X\n" and result.returncode == expected.returncode
+    assert bcrecord.load(out)["__main__:main:joined@0"] == ["-O X"]
+    assert result.stderr == ""  # -q
+
+
 def test_run_module_keeps_the_program_s_own_double_dash(project):
     # After -m MODULE everything is the program's, "--" included (as with python -m);
     # before a script, "--" only ends bcrecord's options.
@@ -452,3 +463,41 @@ def test_run_suggests_a_view_command_that_a_shell_takes(project, tmp_path):
     assert result.returncode == 0, result.stderr
     command = result.stderr.strip().splitlines()[-1].split("see them with: ", 1)[1]
     assert shlex.split(command) == ["bcrecord", "view", str(out)]
+
+
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGHUP"])
+def test_values_buffered_when_sigterm_or_sighup_ends_the_program_are_written(tmp_path, name):
+    import signal
+    import subprocess
+    import sys
+
+    from .commands import _env
+
+    # 1000 values in well under the flush interval, then a quiet stretch: all still buffered.
+    program = tmp_path / "quiet.py"
+    program.write_text(
+        textwrap.dedent(
+            """
+            import sys, time
+            def f(i):
+                x = i * 2
+                return x
+            for i in range(1000):
+                f(i)
+            print("recorded", flush=True)
+            time.sleep(60)
+            """
+        )
+    )
+    save = tmp_path / "saved"
+    command = [sys.executable, "-m", "bcrecord", "run", "-r", "__main__:f:x", "-o", str(save), str(program)]
+    process = subprocess.Popen(command, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout.readline() == "recorded\n"
+        process.send_signal(getattr(signal, name))
+        _, err = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == -getattr(signal, name)  # it still dies by the signal, as unrecorded
+    assert "saved 1000 value(s) of 1 key(s)" in err
+    assert bcrecord.load(save)["__main__:f:x@0"] == [2 * i for i in range(1000)]
