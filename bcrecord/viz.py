@@ -42,7 +42,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, TextIO, Tuple, Union
+from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, TextIO, Tuple, Union
 from urllib.parse import quote
 
 from .errors import BcrecordError
@@ -564,10 +564,14 @@ def draw(
     plot_dir: PathLike,
     max_maps: int = 32,
     progress: Optional[Progress] = None,
+    failed: Optional[Dict[str, str]] = None,
 ) -> Dict[str, List[str]]:
     """Write the PNGs of every key into ``plot_dir``; returns ``{key: [file names]}``.
 
-    Needs matplotlib (``pip install 'bcrecord[viz]'``).
+    Needs matplotlib (``pip install 'bcrecord[viz]'``). With ``failed``, a key whose
+    pictures cannot be drawn (values matplotlib cannot place on an axis, such as
+    +-1.8e308 together) is noted there, ``{key: why}``, and the others are drawn;
+    without it, the error is raised.
 
     >>> import tempfile, bcrecord
     >>> folder = bcrecord.save({"m:f:x@0": [[1.0, 2.0], [0.5, 4.0]]}, tempfile.mkdtemp())
@@ -585,14 +589,20 @@ def draw(
             n += 1
             slug = f"{base}-{n}"
         used.add(slug)
-        files = []
-        for kind, figure in _pictures(summary, max_maps):
-            name = f"{slug}.{kind}.png"
-            try:
-                figure.savefig(plot_dir / name)
-            except OSError as error:
-                raise BcrecordError(f"cannot write {plot_dir / name}: {error.strerror or error}") from None
-            files.append(name)
+        files: List[str] = []
+        try:
+            for kind, figure in _pictures(summary, max_maps):
+                name = f"{slug}.{kind}.png"
+                try:
+                    figure.savefig(plot_dir / name)
+                except OSError as error:
+                    why = error.strerror or error
+                    raise BcrecordError(f"cannot write {plot_dir / name}: {why}") from None
+                files.append(name)
+        except (ArithmeticError, ValueError, RuntimeWarning) as error:  # matplotlib's and numpy's
+            if failed is None:
+                raise
+            failed[summary.key] = f"{type(error).__name__}: {error}"
         written[summary.key] = files
         if progress is not None:
             progress.advance(summary.key)
@@ -600,9 +610,15 @@ def draw(
 
 
 def write_index(
-    summaries: Sequence[KeySummary], pictures: Dict[str, List[str]], plot_dir: PathLike, title: str
+    summaries: Sequence[KeySummary],
+    pictures: Dict[str, List[str]],
+    plot_dir: PathLike,
+    title: str,
+    failed: Optional[Mapping[str, str]] = None,
 ) -> Path:
     """Write ``plot_dir/index.html``: the summary table and every picture, by key.
+
+    ``failed``: why a key's pictures could not be drawn (see :func:`draw`), shown for it.
 
     >>> import tempfile
     >>> summary = KeySummary("m:f:x@0", [0], [2.0], (), False, "float", 2.0, 2.0, 2.0)
@@ -619,13 +635,13 @@ def write_index(
         anchor = f"k{i}"
         link = f'<a href="#{anchor}">{html.escape(cells[0])}</a>'
         rows.append("<tr><td>" + "</td><td>".join([link, *map(html.escape, cells[1:])]) + "</td></tr>")
-        images = (
-            "".join(
-                f'<img src="{quote(name)}" alt="{html.escape(name)}" title="{html.escape(name)}">'
-                for name in pictures.get(summary.key, [])
-            )
-            or "<p class=none>no picture: not a numeric value</p>"
+        images = "".join(
+            f'<img src="{quote(name)}" alt="{html.escape(name)}" title="{html.escape(name)}">'
+            for name in pictures.get(summary.key, [])
         )
+        if failed and summary.key in failed:
+            images += f"<p class=none>could not draw it: {html.escape(failed[summary.key])}</p>"
+        images = images or "<p class=none>no picture: not a numeric value</p>"
         sections.append(f'<section id="{anchor}"><h2>{html.escape(summary.key)}</h2>{images}</section>')
     page = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
@@ -721,12 +737,15 @@ def view(
     _prepare(plot_dir)
     shown = bool(err.isatty()) if progress is None else progress
     bar = Progress(len(summaries), "bcrecord view: drawing", err, enabled=shown)
+    failed: Dict[str, str] = {}
     try:
         with _one_thread():
-            pictures = draw(summaries, plot_dir, max_maps=max_maps, progress=bar)
+            pictures = draw(summaries, plot_dir, max_maps=max_maps, progress=bar, failed=failed)
     finally:
         bar.close()
-    index = write_index(summaries, pictures, plot_dir, f"bcrecord records: {directory}")
+    index = write_index(summaries, pictures, plot_dir, f"bcrecord records: {directory}", failed)
+    for key, why in failed.items():
+        print(f"bcrecord view: could not draw {key}: {why}", file=err)
     count = sum(len(files) for files in pictures.values())
     print(f"\n{count} picture(s) in {plot_dir}; open {index}", file=out)
     return 0

@@ -244,6 +244,26 @@ def test_view_draws_values_with_infinities_and_keys_too_long_for_a_file_name(tmp
     assert len(long_pngs) == 2 and all(len(name) < 140 for name in long_pngs)
 
 
+def test_view_draws_the_other_keys_when_one_cannot_be_drawn(tmp_path):
+    pytest.importorskip("matplotlib")
+    records = tmp_path / "records"
+    biggest = torch.finfo(torch.float64).max  # an axis from -1.8e308 to 1.8e308 overflows
+    bcrecord.save(
+        {
+            "m:f:huge@0": [torch.tensor([-biggest, 0.0, biggest], dtype=torch.float64)],
+            "m:f:ok@0": [torch.randn(8)],
+        },
+        records,
+    )
+    result = cli("view", records)
+    assert result.returncode == 0, result.stderr
+    assert "bcrecord view: could not draw m:f:huge@0: " in result.stderr
+    assert "Traceback" not in result.stderr
+    pngs = {p.name for p in (records / "plots").glob("*.png")}
+    assert "m_f_ok@0.hist.png" in pngs
+    assert "could not draw it: " in (records / "plots" / "index.html").read_text()
+
+
 def test_tools_answer_help():
     tools = sorted((ROOT / "tools").glob("*.py"))
     for tool in tools:
