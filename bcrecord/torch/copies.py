@@ -85,7 +85,15 @@ def detached_clone(tensor: torch.Tensor) -> torch.Tensor:
         return tensor.detach().clone()
     if tensor.requires_grad:
         tensor = tensor.detach()
-    if _lazy_clone is not None and tensor.is_cpu and tensor.layout == torch.strided:
+    if (
+        _lazy_clone is not None
+        and tensor.is_cpu
+        and tensor.layout == torch.strided
+        # A view's copy-on-write clone would keep its whole base alive (a 4-element slice
+        # of a 64 MB tensor, 64 MB); a quantized one's loses its quantizer (using it crashes).
+        and not tensor._is_view()
+        and not tensor.is_quantized
+    ):
         try:
             return _lazy_clone(tensor)
         except (RuntimeError, NotImplementedError):  # a tensor subclass or kind it does not take

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import types
 import weakref
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -75,7 +75,9 @@ class FeatureExtractor(torch.nn.Module):
     """Runs ``model`` and returns ``{name: value}`` for the requested targets.
 
     With ``stop_early`` (the default) the forward ends once every target has a
-    value, like FX's dead-code elimination. A module path gives the module's output
+    value, like FX's dead-code elimination (not inside a ``DistributedDataParallel``
+    while autograd is on: its gradients sync only after a whole forward, so that
+    forward runs to its end; the values are the same). A module path gives the module's output
     at its first call in the forward, as torchvision's node of that name (later calls
     are ``'relu_1'``…). Any other target recorded several times in one forward (a
     loop) gives the list of its values, in order, when the forward runs to its end
@@ -201,7 +203,11 @@ class FeatureExtractor(torch.nn.Module):
         try:
             rec.start_pass()
             with Pass(plan, rec, stop_at_root=False):
-                stopping = _stopping.set(self.stop_early)
+                # Not inside DistributedDataParallel with autograd on (its gradients would not
+                # sync), nor under torch.export (its tracer loses track of the unwound calls).
+                stopping = _stopping.set(
+                    self.stop_early and not (plan.syncs and torch.is_grad_enabled()) and not _exporting()
+                )
                 try:
                     self.model(*args, **kwargs)
                 except StopForward as stop:  # every target has its value
@@ -231,6 +237,10 @@ class FeatureExtractor(torch.nn.Module):
         if missing:
             raise RuntimeError(f"this forward pass never reached {missing}")
         return out
+
+
+#: Whether torch.export is tracing (torch.compiler.is_exporting, where torch has it).
+_exporting: Callable[[], bool] = getattr(getattr(torch, "compiler", None), "is_exporting", lambda: False)
 
 
 def create_feature_extractor(

@@ -593,6 +593,8 @@ class Plan:
                     asked.path
                 )
         _one_path_each(self.modules)
+        #: Whether a forward with autograd on must run whole (see syncs_gradients).
+        self.syncs = syncs_gradients(model)
         self.specs: Dict[Tuple[type, str, frozenset], List[Spec]] = defaultdict(list)
         for (cls, method, spec), paths in wanted.items():
             self.specs[(cls, method, frozenset(paths))].append(spec)
@@ -775,6 +777,19 @@ _stopping: contextvars.ContextVar[bool] = contextvars.ContextVar("bcrecord_stopp
 _roots_lock = threading.Lock()
 
 
+def syncs_gradients(model: torch.nn.Module) -> bool:
+    """Whether ``model`` holds a DistributedDataParallel, whose gradients sync only after a whole forward.
+
+    DDP readies its gradient all-reduce when its forward returns: a forward stopped
+    early unwinds through it, and every rank would keep its own gradients, silently.
+    So with autograd on, a forward through one is not stopped early.
+
+    >>> syncs_gradients(torch.nn.Linear(1, 1))
+    False
+    """
+    return any(isinstance(module, torch.nn.parallel.DistributedDataParallel) for module in model.modules())
+
+
 class _StopAtRoot:
     """``model.forward`` while recordings with ``stop_after_last`` run on ``model``.
 
@@ -788,6 +803,8 @@ class _StopAtRoot:
         self, model: torch.nn.Module, forward: Any, previous: Any, source: Optional[_StopAtRoot] = None
     ) -> None:
         self.model, self.forward, self.previous = model, forward, previous
+        #: syncs_gradients(model), found at the first call (a deepcopy's model is not built yet here).
+        self.syncs: Optional[bool] = None
         self.recordings: List[ModelRecording] = []
         #: For a deepcopy's: the model's own, whose recordings stop the copy's passes too
         #: (weak: the copy must not keep them, or their values, alive).
@@ -806,7 +823,9 @@ class _StopAtRoot:
         started = [rec for rec in running if rec._entered_here()]
         for rec in started:
             rec.start_pass()
-        token = _stopping.set(True)
+        if self.syncs is None:
+            self.syncs = syncs_gradients(self.model)
+        token = _stopping.set(not (self.syncs and torch.is_grad_enabled()))
         try:
             return self.forward(*args, **kwargs)
         except StopForward as stop:

@@ -128,3 +128,24 @@ def test_containers_of_their_own_kind_and_dataclasses_are_copied():
     assert kept_dict["a"].tolist() == [-1.0, 2.0] and not kept_dict["a"].requires_grad
     assert type(kept_out) is Out and kept_out.feat.tolist() == [-1.0, 2.0] and not kept_out.feat.requires_grad
     assert kept_out.extra["b"].tolist() == [-1.0, 2.0]
+
+
+def test_a_view_s_clone_keeps_only_its_own_elements():
+    base = torch.arange(1 << 16, dtype=torch.float32)
+    kept = detached_clone(base[:4])
+    base[:4] = -1  # written after the copy: the copy is as it was
+    assert kept.tolist() == [0.0, 1.0, 2.0, 3.0]
+    # Not base's 256 KiB kept alive behind a 4-element value (a copy-on-write clone of a view does).
+    assert kept.untyped_storage().nbytes() == 16
+
+
+def test_a_quantized_tensor_s_clone_keeps_its_quantizer():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch deprecates creating quantized tensors
+        live = torch.quantize_per_tensor(torch.tensor([0.5, -1.0, 2.0]), 0.5, 4, torch.quint8)
+    kept = detached_clone(live)
+    # A copy-on-write clone lost it, and using the value crashed the process.
+    assert (kept.q_scale(), kept.q_zero_point()) == (0.5, 4)
+    assert kept.dequantize().tolist() == [0.5, -1.0, 2.0]

@@ -50,3 +50,61 @@ def test_each_rank_records_its_own_values(tmp_path):
         assert torch.allclose(got["block"], expected["blocks.1.bn"], atol=1e-5)
         seen.append(got["bn1"])
     assert not torch.allclose(seen[0], seen[1])
+
+
+class _TwoLayers(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = torch.nn.Linear(4, 8)
+        self.b = torch.nn.Linear(8, 2)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
+def _gradients_main(rank, world, port, out_dir):
+    from bcrecord.torch import create_feature_extractor
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        torch.manual_seed(100 + rank)  # a different batch per rank
+        x = torch.randn(3, 4)
+        grads, b_ran = {}, {}
+        for way in ("extractor", "record"):
+            torch.manual_seed(0)  # same weights on every rank
+            net = _TwoLayers()
+            ddp = torch.nn.parallel.DistributedDataParallel(net)
+            if way == "extractor":  # stops early by default
+                features = create_feature_extractor(ddp, {"b": "out"})(x)["out"]
+            else:
+                with record(ddp, ["b"], grad=True, stop_after_last=True) as rec:
+                    ddp(x)
+                features = rec["b:forward:return"]
+            features.sum().backward()
+            grads[way] = net.a.weight.grad.clone()
+            # Without autograd the early stop still ends the forward at 'a'.
+            calls = []
+            net.b.register_forward_hook(lambda *args, calls=calls: calls.append(1))
+            with torch.no_grad():
+                create_feature_extractor(ddp, ["a"])(x)
+            b_ran[way] = len(calls)
+        torch.save({"x": x, "grads": grads, "b_ran": b_ran}, os.path.join(out_dir, f"grads{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_stopping_early_never_skips_ddp_s_gradient_sync(tmp_path):
+    # DDP readies its all-reduce when its forward returns: a forward stopped early left each
+    # rank with its own gradients, silently. With autograd on it now runs whole there.
+    world = 2
+    mp.spawn(_gradients_main, args=(world, _free_port(), str(tmp_path)), nprocs=world, join=True)
+    got = [torch.load(tmp_path / f"grads{rank}.pt") for rank in range(world)]
+    torch.manual_seed(0)
+    net = _TwoLayers()
+    xs = torch.cat([g["x"] for g in got])
+    net(xs).sum().backward()
+    mean = net.a.weight.grad / world  # DDP averages the ranks' gradients (each a sum over 3 rows)
+    for one in got:
+        assert all(torch.allclose(grad, mean, atol=1e-6) for grad in one["grads"].values())
+        assert one["b_ran"] == {"extractor": 0, "record": 0}

@@ -459,3 +459,23 @@ def test_an_extractor_traces_with_torch_jit_trace_and_its_check():
         assert torch.allclose(out["a"], model.a(2 * x)) and torch.allclose(out[":forward:h"], out["a"])
         assert out["a"].requires_grad is grad
         extractor.close()
+
+
+def test_an_extractor_exports_with_torch_export_and_its_program_gives_the_features():
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(4, 8)
+            self.b = torch.nn.Linear(8, 2)
+
+        def forward(self, x):
+            return self.b(torch.relu(self.a(x)))
+
+    torch.manual_seed(0)
+    model, x = Net().eval(), torch.randn(3, 4)
+    extractor = create_feature_extractor(model, {"a": "hidden"})
+    # Under export the forward runs whole (export's tracer lost track of calls a stop unwound).
+    program = torch.export.export(extractor, (x,))
+    out = program.module()(2 * x)
+    assert list(out) == ["hidden"] and torch.allclose(out["hidden"], model.a(2 * x))
+    extractor.close()
