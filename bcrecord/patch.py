@@ -107,6 +107,7 @@ class _PatchLock:
 
 _lock = _PatchLock()
 _BASE_ATTR = "__bcrecord_base__"
+_SLOT_ATTR = "__bcrecord_slot__"
 
 
 def _not_a_wrapper(func: Any) -> bool:
@@ -124,7 +125,8 @@ def function_of(obj: Any) -> types.FunctionType:
     func = obj
     if isinstance(func, (staticmethod, classmethod, types.MethodType)):
         func = func.__func__
-    func = getattr(func, _BASE_ATTR, func)
+    if _copy_slot(func) is None:  # a recording copy is a function of its own (see _copy_slot)
+        func = getattr(func, _BASE_ATTR, func)
     if isinstance(func, types.FunctionType):
         func = inspect.unwrap(func, stop=_not_a_wrapper)
     if not isinstance(func, types.FunctionType):
@@ -167,7 +169,12 @@ def _why_not_a_function(obj: Any) -> str:
         )
     if callable(obj):
         return f"{name} is a builtin or C function: it has no bytecode to patch"
-    return f"{name!s}, a {type(obj).__name__}: only Python functions can be patched"
+    return f"{name!s}, {_a(type(obj).__name__)}: only Python functions can be patched"
+
+
+def _a(noun: str) -> str:
+    """``noun`` with its indefinite article, for messages: ``'an int'``, ``'a Parameter'``."""
+    return f"{'an' if noun[:1].lower() in 'aeiou' else 'a'} {noun}"
 
 
 def _default_owner(func: types.FunctionType, bound_to: Any = None) -> str:
@@ -182,8 +189,18 @@ def _default_owner(func: types.FunctionType, bound_to: Any = None) -> str:
 
 def _own_code(func: types.FunctionType) -> types.CodeType:
     """``func``'s code without probes: an in-place patch's are in ``__code__`` while armed."""
-    slot = _slots.get(("code", id(func)))
+    slot = _slots.get(("code", id(func))) or _copy_slot(func)
     return func.__code__ if slot is None else slot.original_code
+
+
+def _copy_slot(func: Any) -> Optional[_Slot]:
+    """The slot of a recording copy (:func:`instrument`, :func:`record_locals`), else None.
+
+    Such a copy is what callers hold: patching it patches it in place, its own probes
+    kept (the patch stacks in its slot), not the original it was copied from.
+    """
+    slot = getattr(func, _SLOT_ATTR, None) if isinstance(func, types.FunctionType) else None
+    return slot if isinstance(slot, _Slot) else None
 
 
 def _copy_function(func: types.FunctionType) -> types.FunctionType:
@@ -410,8 +427,8 @@ class Patch:
     def _site(self, point: ProbePoint) -> Site:
         suffix = f":{self.function_name}:{point.label}"
         if callable(self.name):
-            return Site(suffix, point.chain, point.copy, owner=self.name, tag=self)
-        return Site(self.name + suffix, point.chain, point.copy, tag=self)
+            return Site(suffix, point.chain, point.copy, owner=self.name, tag=id(self))
+        return Site(self.name + suffix, point.chain, point.copy, tag=id(self))
 
     @property
     def active(self) -> bool:
@@ -564,7 +581,7 @@ def instrument(func: F, specs: Union[SpecLike, Iterable[SpecLike]], name: Option
     _attach(slot, live, None, specs, name, _default_owner(base, getattr(func, "__self__", None)))
     probe_visible_from(base.__globals__)
     # The slot lives as long as the function: recordings arm it through a weak set.
-    live.__bcrecord_slot__ = slot  # type: ignore[attr-defined]
+    setattr(live, _SLOT_ATTR, slot)
     weakref.finalize(live, release_sites, slot.patches[0]._site_ids)
     track(slot)
     if isinstance(func, types.MethodType):
@@ -623,7 +640,7 @@ def _lookup(holder: Any, attribute: str) -> Tuple[Any, Any]:
             found = _MISSING
         if found is not _MISSING:
             raise NotPatchableError(
-                f"{_named(holder)}'s {attribute!r} is a {type(found).__name__} (from __getattr__): only "
+                f"{_named(holder)}'s {attribute!r} is {_a(type(found).__name__)} (from __getattr__): only "
                 "Python functions defined on it or its class can be patched"
             ) from None
         # dir() may name one attribute twice (torch's Module.__dir__ does).
@@ -697,7 +714,7 @@ def _patch_in_place(
     base = function_of(func)
     with _lock:
         key = ("code", id(base))
-        slot = _slots.get(key)
+        slot = _slots.get(key) or _copy_slot(base)
         created = slot is None
         if slot is None:
             slot = _Slot(base, base, restore=lambda: None)
@@ -757,8 +774,22 @@ def patch_method(
         if not callable(raw) and not hasattr(type(raw), "__get__"):  # a value: say whose
             raise NotPatchableError(f"{_named(obj)}'s {method!r} is {error}") from None
         raise
-    if in_place or base is not function_of_shallow(raw):
-        # A wrapper holds the function it wraps: only patching that in place reaches it.
+    patched_in_place = isinstance(obj, (type, types.ModuleType)) and ("code", id(base)) in _slots
+    if in_place or base is not function_of_shallow(raw) or _copy_slot(base) is not None or patched_in_place:
+        # A wrapper holds the function it wraps: only patching that in place reaches it
+        # (and a recording copy keeps its own probes). A class's or module's function
+        # patched in place already (bcrecord run, the torch layer) gets this patch there
+        # too: a copy would run without that one's probes.
+        with _lock:
+            copied = _slots.get(("attr", id(obj), method))
+            if (
+                in_place
+                and copied is not None
+                and own is not _MISSING
+                and _unwrap_installed(own) is copied.live
+            ):
+                # What runs there is an earlier patch's copy: in place means in it.
+                return _attach(copied, obj, method, specs, name, default, method)
         return _patch_in_place(base, specs, default if name is None else name, method)
     if not isinstance(obj, (type, types.ModuleType)) and not hasattr(obj, "__dict__"):
         raise NotPatchableError(
@@ -790,7 +821,7 @@ def function_of_shallow(raw: Any) -> Any:
     """The function directly behind ``raw`` (through static/class/bound methods only)."""
     if isinstance(raw, (staticmethod, classmethod, types.MethodType)):
         raw = raw.__func__
-    return getattr(raw, _BASE_ATTR, raw)
+    return raw if _copy_slot(raw) is not None else getattr(raw, _BASE_ATTR, raw)
 
 
 def _unwrap_installed(raw: Any) -> Any:

@@ -125,8 +125,10 @@ class Site:
     #: asked once per type (a shortcut for the types it handles most).
     copy: Any = None
     owner: Optional[Callable[[Any], Optional[str]]] = None
-    #: What inserted this site (its Patch), for recordings that take only some patches.
-    tag: Any = field(default=None, compare=False)
+    #: ``id()`` of what inserted this site (its Patch), for recordings that take only some
+    #: patches. Not the Patch itself: the registry of sites would keep it, and through it
+    #: the patched function, alive (an ``instrument`` copy was never freed).
+    tag: Optional[int] = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -376,6 +378,8 @@ class _ByOwner:
             name = self.owner(instance)
             if name is None:
                 return
+            if not isinstance(name, str):
+                raise TypeError(f"the owner function (name=) gave {name!r}, not a str (or None)")
             target = self.targets.get(name)
             if target is None:
                 # Two threads may both build it: the same route either way.
@@ -1050,7 +1054,7 @@ class Recording:
         site = _SITES.get(site_id)
         if site is None:
             return None
-        if self._only is not None and id(site.tag) not in self._only:
+        if self._only is not None and site.tag not in self._only:
             return None
         key = site.key if owner is None else owner + site.key
         values = self._data.get(key)
@@ -1122,7 +1126,7 @@ class Recording:
             if any(error.key == key for error in self.errors):
                 raise KeyError(f"no value recorded for {key!r}: copying failed (see .errors)")
             known = [k for k, _ in self._recorded()]
-            close = difflib.get_close_matches(key, known, n=3)
+            close = difflib.get_close_matches(key, known, n=3) if isinstance(key, str) else []
             hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
             listed = ", ".join(known) or "(nothing recorded yet)"
             raise KeyError(f"no values recorded for {key!r}{hint}; recorded keys: {listed}")

@@ -127,7 +127,7 @@ def test_not_patchable_targets_give_clear_errors():
     # An instance is named by its class: a model's repr is its whole architecture.
     with pytest.raises(NotPatchableError, match="^this Block instance has no attribute 'forwrd'; did you"):
         bcrecord.patch_method(Block(), "forwrd", "out")
-    message = "^this SimpleNamespace instance's 'value' is 3, a int: only Python functions can be patched$"
+    message = "^this SimpleNamespace instance's 'value' is 3, an int: only Python functions can be patched$"
     with pytest.raises(NotPatchableError, match=message):
         bcrecord.patch_method(types.SimpleNamespace(value=3), "value", "x")
 
@@ -539,3 +539,88 @@ def test_keys_name_the_method_as_patched_where_it_is_another_function():
     with bcrecord.patch_method(Net, "_impl", "y") as patch, bcrecord.recording() as rec:
         net._impl(1)
     assert patch.keys == ("Net:_impl:y@0",) and rec["Net:_impl:y@0"] == 2
+
+
+def test_an_instrumented_copy_is_freed_with_its_sites_once_dropped():
+    import gc
+    import weakref
+
+    from bcrecord import runtime
+
+    def f(x):
+        y = x + 1
+        return y
+
+    gc.collect()
+    sites, armables = len(runtime._SITES), len(runtime.tracked())
+    copies = []
+    for _ in range(50):
+        g = bcrecord.instrument(f, ["y", "return"], name="m")
+        with bcrecord.recording() as rec:
+            assert g(1) == 2
+        assert rec.all("m:f:y@0") == [2]
+        copies.append(weakref.ref(g))
+    del g
+    gc.collect()
+    # The registry of sites kept each copy's Patch, and through it the copy, alive.
+    assert [ref() for ref in copies] == [None] * 50
+    assert (len(runtime._SITES), len(runtime.tracked())) == (sites, armables)
+
+
+def test_a_recording_copy_is_patched_as_itself_its_own_probes_kept():
+    def area(w, h):
+        a = w * h
+        return a
+
+    original_code = area.__code__
+    summed = bcrecord.record_locals("a", name="deco")(area)
+    with bcrecord.patch_function(summed, "return", name="more") as patch, bcrecord.recording() as rec:
+        assert summed(2, 3) == area(2, 3) == 6
+    # Both the copy's probes and the patch's; the original was not patched (it recorded nothing).
+    assert (rec.all("deco:area:a@0"), rec.all("more:area:return")) == ([6], [6])
+    assert area.__code__ is original_code and not patch.active
+
+    class Net:
+        @bcrecord.record_locals("y", name="deco")
+        def forward(self, x):
+            y = x + 1
+            return y
+
+    with bcrecord.patch_method(Net, "forward", "return", name="pm"), bcrecord.recording() as rec:
+        assert Net().forward(1) == 2
+    assert sorted(rec.keys()) == ["deco:forward:y@0", "pm:forward:return"]
+    with bcrecord.recording() as rec:  # removed: the copy's own probes stay
+        Net().forward(2)
+    assert rec.keys() == ["deco:forward:y@0"]
+    # A copy of a copy starts from the original code, with its own probes only.
+    again = bcrecord.instrument(summed, "return", name="again")
+    with bcrecord.recording() as rec:
+        assert again(3, 3) == 9
+    assert rec.keys() == ["again:area:return"]
+
+
+def test_an_in_place_patch_and_a_class_patch_of_one_method_stack_in_either_order():
+    class M:
+        def forward(self, x):
+            y = x + 1
+            z = y * 2
+            return z
+
+    original = M.__dict__["forward"]
+    code = original.__code__
+    for in_place_first in (True, False):
+        patches = []
+        for kind in ("in_place", "class") if in_place_first else ("class", "in_place"):
+            if kind == "in_place":  # as bcrecord run and the torch layer patch
+                patches.append(bcrecord.patch_method(M, "forward", "y", name="A", in_place=True))
+            else:
+                patches.append(bcrecord.patch_method(M, "forward", "z", name="B"))
+        with bcrecord.recording() as rec:
+            assert M().forward(1) == 4
+        assert sorted(rec.items()) == [("A:forward:y@0", 2), ("B:forward:z@0", 4)]
+        for patch in patches:
+            patch.remove()
+        assert M.__dict__["forward"] is original and original.__code__ is code
+        with bcrecord.recording() as rec:
+            M().forward(1)
+        assert rec.keys() == []

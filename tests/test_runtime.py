@@ -87,6 +87,9 @@ def test_keys_reading_api_and_missing_key_message():
     assert rec.get("nope", 7) == 7
     with pytest.raises(KeyError, match=r"'r:f:sq@1' \(did you mean 'r:f:sq@0'\?\); recorded keys: r:f:sq"):
         rec["r:f:sq@1"]
+    with pytest.raises(KeyError, match=r"no values recorded for None; recorded keys: r:f:sq@0"):
+        rec[None]  # a key that is no string is missing too, not a TypeError
+    assert rec.get(3, "none") == "none"
     rec.clear()
     assert len(rec) == 0
 
@@ -772,3 +775,16 @@ def test_a_tuple_subclass_built_from_its_elements_is_copied_too():
     kept = copy_value(live, "clone")
     live[0].append(3)
     assert type(kept) is _Pair and kept == ([1], [2])
+
+
+def test_an_owner_function_that_gives_no_string_is_a_recorded_error_that_says_so():
+    class M:
+        def forward(self, x):
+            y = x + 1
+            return y
+
+    with bcrecord.patch_method(M, "forward", "y", name=lambda instance: 5):
+        with pytest.warns(bcrecord.RecordingWarning, match=r"owner function \(name=\) gave 5, not a str"):
+            with bcrecord.recording() as rec:
+                assert M().forward(1) == 2
+    assert rec.keys() == [] and [type(e.error) for e in rec.errors] == [TypeError]
