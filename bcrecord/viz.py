@@ -365,6 +365,15 @@ def _feature_maps(summary: KeySummary, maps: Any, note: str, max_maps: int) -> A
     """One picture of up to ``max_maps`` channels side by side (one image, so it draws fast)."""
     channels, height, width = maps.shape
     shown = min(channels, max_maps)
+    # A picture has a few hundred pixels a map: thinned first, a 3000x3000 map does not
+    # cost a full-size mosaic (and gigabytes) for nothing.
+    stride = max(1, math.ceil(max(height, width) / 256))
+    if stride > 1:
+        maps = maps[:shown, ::stride, ::stride]
+        channels_note = f"every {stride}th pixel, "
+        height, width = maps.shape[1:]
+    else:
+        channels_note = ""
     cols = math.ceil(math.sqrt(shown * height / max(width, 1)))
     rows = math.ceil(shown / cols)
     pad = max(1, min(height, width) // 8)
@@ -389,7 +398,7 @@ def _feature_maps(summary: KeySummary, maps: Any, note: str, max_maps: int) -> A
     fig.suptitle(
         _title(
             summary,
-            f"step {summary.steps[-1]}, {note}, channels 0..{shown - 1} of {channels} "
+            f"step {summary.steps[-1]}, {note}, {channels_note}channels 0..{shown - 1} of {channels} "
             f"({rows}x{cols} grid, each scaled to its own range)",
         ),
         fontsize=9,

@@ -264,6 +264,21 @@ def test_view_draws_the_other_keys_when_one_cannot_be_drawn(tmp_path):
     assert "could not draw it: " in (records / "plots" / "index.html").read_text()
 
 
+def test_feature_maps_of_large_maps_are_thinned_before_they_are_drawn():
+    pytest.importorskip("matplotlib")
+    import numpy as np
+
+    from bcrecord.viz import KeySummary, _feature_maps
+
+    maps = np.arange(3 * 1000 * 600, dtype=np.float64).reshape(3, 1000, 600)
+    summary = KeySummary("m:f:x@0", [0], [maps], maps.shape, False, "float64", 0.0, 1.0, 2.0)
+    figure = _feature_maps(summary, maps, "4-D", max_maps=32)
+    # Every 4th pixel: a map of 250x150 in the mosaic, not 1000x600 (gigabytes for big maps).
+    image = figure.axes[0].images[0].get_array()
+    assert max(image.shape) < 600 and "every 4th pixel" in figure._suptitle.get_text()
+    assert image[0, 1] == pytest.approx(4 / (996 * 600 + 596))  # (0, 4) of map 0 over its kept maximum
+
+
 def test_tools_answer_help():
     tools = sorted((ROOT / "tools").glob("*.py"))
     for tool in tools:
