@@ -203,8 +203,10 @@ class KeySummary:
             shape = "-"
         else:
             shape = "x".join(map(str, self.shape)) if self.shape else "scalar"
-        # A key that is no valid text (a lone surrogate) is shown escaped: printing it would fail.
+        # A key that is no valid text (a lone surrogate) is shown escaped: printing it would fail;
+        # so are control characters (a newline would break the table's row), and '' is shown.
         key = self.key.encode("utf-8", "backslashreplace").decode("utf-8")
+        key = "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode() for ch in key) or "''"
         return (key, steps, shape, self.dtype, _number(self.min), _number(self.mean), _number(self.max))
 
 

@@ -47,6 +47,9 @@ def test_table_aligns_columns():
     # a key that is no valid text (saved and loaded as it is) is shown escaped, not a crash
     odd = table([KeySummary("a:f:\ud800@0", [0], [1.0], (), False, "float", 1.0, 1.0, 1.0)])
     assert odd.splitlines()[1].split()[0] == "a:f:\\ud800@0" and odd.encode("utf-8")
+    # control characters are escaped (a newline broke the row), an empty key is shown as ''
+    lines = table([KeySummary(k, [0], [1.0], (), False, "float", 1.0, 1.0, 1.0) for k in ("a:\nb\t", "")])
+    assert [line.split()[0] for line in lines.splitlines()[1:]] == ["a:\\nb\\t", "''"]
 
 
 def test_view_prints_the_table_and_filters_keys(saved):
