@@ -193,6 +193,12 @@ def _own_code(func: types.FunctionType) -> types.CodeType:
     return func.__code__ if slot is None else slot.original_code
 
 
+def _release_each(site_ids: List[List[int]]) -> None:
+    """Release the sites of every patch of a recording copy that has been freed."""
+    for ids in site_ids:
+        release_sites(ids)
+
+
 def _copy_slot(func: Any) -> Optional[_Slot]:
     """The slot of a recording copy (:func:`instrument`, :func:`record_locals`), else None.
 
@@ -240,6 +246,9 @@ class _Slot:
         self.probed = self.original_code
         self.armed = False
         self.key: Any = None
+        #: For a recording copy's slot: the site ids of its patches, which its finalizer
+        #: releases (a list apart from the slot: the finalizer must not keep it alive).
+        self.freed_with_copy: Optional[List[List[int]]] = None
         # Probed code for subsets of the patches (ids in slot order), built when armed.
         self._subsets: Dict[Tuple[int, ...], types.CodeType] = {}
 
@@ -456,6 +465,8 @@ class Patch:
             if slot is None:
                 return
             remaining = [p for p in slot.patches if p is not self]
+            if slot.freed_with_copy is not None:  # released here, not by the copy's finalizer
+                slot.freed_with_copy[:] = [ids for ids in slot.freed_with_copy if ids is not self._site_ids]
             if remaining:
                 slot.install(remaining)
                 release_sites(self._site_ids)
@@ -582,7 +593,8 @@ def instrument(func: F, specs: Union[SpecLike, Iterable[SpecLike]], name: Option
     probe_visible_from(base.__globals__)
     # The slot lives as long as the function: recordings arm it through a weak set.
     setattr(live, _SLOT_ATTR, slot)
-    weakref.finalize(live, release_sites, slot.patches[0]._site_ids)
+    slot.freed_with_copy = [slot.patches[0]._site_ids]
+    weakref.finalize(live, _release_each, slot.freed_with_copy)
     track(slot)
     if isinstance(func, types.MethodType):
         return types.MethodType(live, func.__self__)  # type: ignore[return-value]
@@ -720,6 +732,8 @@ def _patch_in_place(
             slot = _Slot(base, base, restore=lambda: None)
             slot.key = key
         patch = _attach(slot, base, None, specs, name, _default_owner(base), function)
+        if slot.freed_with_copy is not None:  # a recording copy's: freed with it, if never removed
+            slot.freed_with_copy.append(patch._site_ids)
         probe_visible_from(base.__globals__)
         if created:
             _slots[key] = slot
@@ -742,7 +756,9 @@ def patch_method(
     default is the class name (instance and class) or the module name. ``name``
     may also be a function of the instance that returns its owner name (None: not
     recorded): one class-level patch, one code object, per-instance keys.
-    ``in_place=True`` patches the function object itself (see :func:`patch_function`).
+    ``in_place=True`` patches the function object itself (see :func:`patch_function`):
+    the one there, which is an earlier patch's copy where one is installed (references
+    to the original taken before that patch then run without this one's probes).
 
     >>> import bcrecord
     >>> class Net:
@@ -774,12 +790,14 @@ def patch_method(
         if not callable(raw) and not hasattr(type(raw), "__get__"):  # a value: say whose
             raise NotPatchableError(f"{_named(obj)}'s {method!r} is {error}") from None
         raise
-    patched_in_place = isinstance(obj, (type, types.ModuleType)) and ("code", id(base)) in _slots
-    if in_place or base is not function_of_shallow(raw) or _copy_slot(base) is not None or patched_in_place:
-        # A wrapper holds the function it wraps: only patching that in place reaches it
-        # (and a recording copy keeps its own probes). A class's or module's function
-        # patched in place already (bcrecord run, the torch layer) gets this patch there
-        # too: a copy would run without that one's probes.
+    # A class's or module's own function that runs in place for everyone there: a recording
+    # copy (it keeps its probes), or one patched in place already (bcrecord run, the torch
+    # layer), whose probes a copy would run without. Not for an instance or a subclass that
+    # inherits it: their patch is theirs alone.
+    shared = isinstance(obj, (type, types.ModuleType)) and own is not _MISSING
+    stacks = shared and (_copy_slot(base) is not None or ("code", id(base)) in _slots)
+    if in_place or base is not function_of_shallow(raw) or stacks:
+        # A wrapper holds the function it wraps: only patching that in place reaches it.
         with _lock:
             copied = _slots.get(("attr", id(obj), method))
             if (

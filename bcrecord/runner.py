@@ -906,6 +906,11 @@ class Runner:
                 self._signals.append(number)
 
     def _fatal_signal(self, number: int, frame: Optional[types.FrameType]) -> None:
+        if signal.getsignal(number) != self._fatal_signal:
+            # Called by the program's own handler, which chains to the one it found
+            # (Lightning's does): write, and leave the signal to that handler.
+            self.collector.flush()
+            return
         try:
             self.close()  # write and report, as at exit
         finally:

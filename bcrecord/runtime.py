@@ -378,10 +378,10 @@ class _ByOwner:
             name = self.owner(instance)
             if name is None:
                 return
-            if not isinstance(name, str):
-                raise TypeError(f"the owner function (name=) gave {name!r}, not a str (or None)")
             target = self.targets.get(name)
             if target is None:
+                if not isinstance(name, str):  # (checked here: once per name, not per value)
+                    raise TypeError(f"the owner function (name=) gave {name!r}, not a str (or None)")
                 # Two threads may both build it: the same route either way.
                 target = self.targets[name] = _route(self.recordings, self.site_id, name)
         except Exception as error:  # a broken owner function must not break the model

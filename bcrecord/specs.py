@@ -264,7 +264,7 @@ def _parse_dict(spec: Mapping[str, Any]) -> Spec:
             if index is not None:
                 raise SpecError(f"target={target!r}: a return spec takes no index")
             return Return(copy=copy)
-        if spec.get("at", "load") != "load" or ("at" in spec and not isinstance(parsed, Attribute)):
+        if spec.get("at", "load") != "load":  # ('load', the default, says nothing more)
             raise SpecError(
                 f"target={target!r}: 'at' is for type='AttributeRecorder'; a FunctionRecorder records "
                 "a dotted chain where the body loads it"

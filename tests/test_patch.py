@@ -554,11 +554,13 @@ def test_an_instrumented_copy_is_freed_with_its_sites_once_dropped():
     gc.collect()
     sites, armables = len(runtime._SITES), len(runtime.tracked())
     copies = []
-    for _ in range(50):
+    for i in range(50):
         g = bcrecord.instrument(f, ["y", "return"], name="m")
+        if i % 2:  # a patch stacked on the copy, never removed: its sites go with the copy
+            bcrecord.patch_function(g, "+@0", name="more")
         with bcrecord.recording() as rec:
             assert g(1) == 2
-        assert rec.all("m:f:y@0") == [2]
+        assert rec.all("m:f:y@0") == [2] and rec.get("more:f:+@0") == (2 if i % 2 else None)
         copies.append(weakref.ref(g))
     del g
     gc.collect()
@@ -624,3 +626,34 @@ def test_an_in_place_patch_and_a_class_patch_of_one_method_stack_in_either_order
         with bcrecord.recording() as rec:
             M().forward(1)
         assert rec.keys() == []
+
+
+def test_a_patch_of_an_instance_or_subclass_stays_theirs_where_the_class_s_function_runs_in_place():
+    class Base:
+        @bcrecord.record_locals("y", name="deco")
+        def f(self, x):
+            y = x + 1
+            return y
+
+        def g(self, x):
+            z = x * 2
+            return z
+
+    class Sub(Base):
+        pass
+
+    base, sub, other = Base(), Sub(), Base()
+    # Base.f is a recording copy; Base.g gets patched in place (as bcrecord run does).
+    with bcrecord.patch_method(Base, "g", "z", name="inplace", in_place=True):
+        with (
+            bcrecord.patch_method(base, "f", "return", name="one"),
+            bcrecord.patch_method(Sub, "g", "return", name="sub"),
+            bcrecord.recording() as rec,
+        ):
+            for obj in (base, sub, other):
+                obj.f(1)
+                obj.g(10)
+    # Only the patched instance / the subclass record under their patch's name.
+    assert rec.all("one:f:return") == [2] and rec.all("sub:g:return") == [20]
+    # The others keep the class's probes; a patched instance or subclass has its own method.
+    assert rec.all("deco:f:y@0") == [2, 2] and rec.all("inplace:g:z@0") == [20, 20]

@@ -501,3 +501,35 @@ def test_values_buffered_when_sigterm_or_sighup_ends_the_program_are_written(tmp
     assert process.returncode == -getattr(signal, name)  # it still dies by the signal, as unrecorded
     assert "saved 1000 value(s) of 1 key(s)" in err
     assert bcrecord.load(save)["__main__:f:x@0"] == [2 * i for i in range(1000)]
+
+
+def test_a_program_s_sigterm_handler_that_chains_to_the_one_it_found_keeps_the_program_alive(tmp_path):
+    # As Lightning's does: it calls the handler it replaced. That one (bcrecord's) writes and
+    # leaves the signal to the program, which finishes as it would have.
+    program = tmp_path / "graceful.py"
+    program.write_text(
+        textwrap.dedent(
+            """
+            import os, signal
+            found = signal.getsignal(signal.SIGTERM)
+            got = []
+            def mine(number, frame):
+                got.append(number)
+                if callable(found):
+                    found(number, frame)
+            signal.signal(signal.SIGTERM, mine)
+            def step(i):
+                v = i * 2
+                return v
+            for i in range(20):
+                step(i)
+                if i == 5:
+                    os.kill(os.getpid(), signal.SIGTERM)
+            print("finished, got", got)
+            """
+        )
+    )
+    out = tmp_path / "out"
+    result = cli("run", "-r", "__main__:step:v", "-o", out, program)
+    assert result.returncode == 0 and result.stdout == plain(program).stdout == "finished, got [15]\n"
+    assert bcrecord.load(out)["__main__:step:v@0"] == [2 * i for i in range(20)]

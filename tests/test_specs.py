@@ -46,6 +46,7 @@ def test_mmengine_dicts():
         (dict(target="self.linear1"), Attribute("self.linear1", at="load")),
         (dict(target="self.linear1", at="load"), Attribute("self.linear1", at="load")),
         (dict(target="return", copy="none"), Return(copy="none")),
+        (dict(target="outputs", at="load"), Local("outputs")),  # the default, given: nothing more
         (dict(target=" outputs ", index=[1]), Local("outputs", 1)),
     ],
 )
@@ -67,7 +68,7 @@ def test_a_function_recorder_target_is_any_short_form_with_its_index_in_index(re
             dict(target="self.linear1", at="entry"),
             "target='self.linear1': 'at' is for type='AttributeRecorder'",
         ),
-        (dict(target="outputs", at="load"), "target='outputs': 'at' is for type='AttributeRecorder'"),
+        (dict(target="outputs", at="entry"), "target='outputs': 'at' is for type='AttributeRecorder'"),
     ],
 )
 def test_a_function_recorder_target_that_cannot_be_recorded_says_what_to_write(recorder, message):

@@ -49,7 +49,7 @@ def clone(tensor: torch.Tensor) -> torch.Tensor:
     """A copy of ``tensor`` as it is now: copy-on-write where torch supports it.
 
     A tensor that takes part in autograd gets ``tensor.clone()`` (the copy stays in
-    the graph); any other, :func:`detached_clone`.
+    the graph); any other, :func:`detached_clone`'s copy.
 
     >>> import torch
     >>> live = torch.tensor([-1.0, 2.0])
@@ -62,7 +62,7 @@ def clone(tensor: torch.Tensor) -> torch.Tensor:
         # Traced, one op whether or not the tensor needs grad: torch.jit.trace checks
         # its trace by tracing again under no_grad, and needs the same graph.
         return tensor.clone()
-    return detached_clone(tensor)
+    return _copy_as_it_is(tensor)
 
 
 def detached_clone(tensor: torch.Tensor) -> torch.Tensor:
@@ -83,16 +83,23 @@ def detached_clone(tensor: torch.Tensor) -> torch.Tensor:
         # The same ops whether or not the tensor needs grad (see clone), and no
         # copy-on-write clone, which the check's second trace would not repeat.
         return tensor.detach().clone()
-    if tensor.requires_grad:
-        tensor = tensor.detach()
+    return _copy_as_it_is(tensor.detach() if tensor.requires_grad else tensor)
+
+
+def _copy_as_it_is(tensor: torch.Tensor) -> torch.Tensor:
+    """A clone of ``tensor`` (outside autograd): copy-on-write where that is safe and cheap."""
     if (
         _lazy_clone is not None
         and tensor.is_cpu
         and tensor.layout == torch.strided
-        # A view's copy-on-write clone would keep its whole base alive (a 4-element slice
-        # of a 64 MB tensor, 64 MB); a quantized one's loses its quantizer (using it crashes).
-        and not tensor._is_view()
+        # A quantized tensor's copy-on-write clone loses its quantizer (using it crashes).
         and not tensor.is_quantized
+        # A small view's would keep all of its base alive (a 4-element slice of a 64 MB
+        # tensor, 64 MB): copied now. A view of most of its base (a transpose) is not.
+        and not (
+            tensor._is_view()
+            and tensor.untyped_storage().nbytes() > 2 * tensor.numel() * tensor.element_size()
+        )
     ):
         try:
             return _lazy_clone(tensor)

@@ -203,6 +203,8 @@ class ModelRecording(Recording):
         self._grad_lock = threading.Lock()
         #: Gradient hooks on leaf tensors (parameters) that have not fired yet.
         self._leaf_hooks: Set[_GradientHook] = set()
+        #: The hook waiting on each (key, leaf tensor id): one gradient per backward.
+        self._leaf_waiting: Dict[Tuple[str, int], _GradientHook] = {}
 
     def _settle(self) -> None:
         for policy in self._policies:
@@ -257,6 +259,7 @@ class ModelRecording(Recording):
             # for a backward after the block; it goes with the activation.
             if self._leaf_hooks:  # (usually none: no new set then, on every extractor call)
                 hooks, self._leaf_hooks = self._leaf_hooks, set()
+                self._leaf_waiting = {}
                 for hook in list(hooks):  # (one may fire meanwhile, in autograd's thread)
                     hook.remove()
 
@@ -272,16 +275,17 @@ class ModelRecording(Recording):
         before it: while a hook of ``key`` waits on it, another read adds none (a
         module run twice in a forward, a checkpointed forward run again in backward).
         """
-        if tensor.is_leaf and any(
-            hook.key == key + ".grad" and hook.tensor() is tensor for hook in list(self._leaf_hooks)
-        ):
-            return
+        if tensor.is_leaf:
+            waiting = self._leaf_waiting.get((key, id(tensor)))
+            if waiting is not None and waiting.handle is not None and waiting.tensor() is tensor:
+                return
         with self._grad_lock:
             position = self._asked.get(key, 0)
             self._asked[key] = position + 1
         hook = _GradientHook(self, key + ".grad", position, keep, tensor)
         if tensor.is_leaf:
             self._leaf_hooks.add(hook)
+            self._leaf_waiting[(key, id(tensor))] = hook
 
     def _add_gradient(self, key: str, position: int, grad: Any) -> None:
         """Store a gradient among the others in the order of their values, not of backward (``keep`` too)."""

@@ -593,7 +593,7 @@ def expand(model: torch.nn.Module, text: str) -> List[Target]:
             kind = "no method" if func is None else "no Python method"
             raise NotPatchableError(f"{where} has {kind} {runs!r}")
         if isinstance(spec, Attribute) and spec.at == "entry":
-            _refuse_parametrized_read(module, func, spec, where)
+            _refuse_parametrized_read(module, func, spec, where, grad)
         concrete = f"{path}:{runs}:{spec_text}" if spec_text else path
         given = text.strip().removesuffix(".grad")
         targets.append(Target(concrete if is_glob else given, path, runs, spec, grad, not spec_text))
@@ -603,7 +603,7 @@ def expand(model: torch.nn.Module, text: str) -> List[Target]:
 
 
 def _refuse_parametrized_read(
-    module: torch.nn.Module, func: types.FunctionType, spec: Attribute, where: str
+    module: torch.nn.Module, func: types.FunctionType, spec: Attribute, where: str, grad: bool
 ) -> None:
     """Refuse an entry read of a parametrized tensor (``register_parametrization``, spectral_norm).
 
@@ -621,11 +621,13 @@ def _refuse_parametrized_read(
             return
         if parametrize.is_parametrized(owner, name):
             read = ".".join([root, *names[: depth + 1]])
+            load_form = spec.target + "@0" + (".grad" if grad else "")
             raise TargetError(
                 f"{where}: {read!r} is parametrized ({type(owner.parametrizations[name][0]).__name__}): "
                 "reading it at entry runs its parametrization once more (spectral_norm's power "
-                "iteration would advance) and gives a tensor the forward does not use; record where "
-                f"the forward reads it, the load form {spec.target + '@0'!r}"
+                "iteration would advance) and gives a tensor the forward does not use; record it where "
+                f"{func.__name__} reads it, its load sites ({load_form!r}...), or in the method of the "
+                "module that reads it"
             )
         owner = owner._modules.get(name)  # (getattr would compute a parametrized tensor)
 
