@@ -246,7 +246,8 @@ class ValuePolicy:
         if not self.grad:
             # Outside autograd: a reduce that saved tensors for backward would be counted
             # by activation checkpointing, whose recompute runs no probes (CheckpointError).
-            reduced = self.reduce(live.detach())
+            # (No detach where there is no graph: one dispatcher op less per value.)
+            reduced = self.reduce(live.detach() if live.requires_grad else live)
         else:
             # In the graph, its saved tensors kept as they are, out of sight of an
             # enclosing checkpoint's count (innermost saved-tensor hooks win).
