@@ -62,7 +62,7 @@ def clone(tensor: torch.Tensor) -> torch.Tensor:
         # Traced, one op whether or not the tensor needs grad: torch.jit.trace checks
         # its trace by tracing again under no_grad, and needs the same graph.
         return tensor.clone()
-    return _copy_as_it_is(tensor)
+    return detached_clone(tensor)
 
 
 def detached_clone(tensor: torch.Tensor) -> torch.Tensor:
@@ -83,11 +83,8 @@ def detached_clone(tensor: torch.Tensor) -> torch.Tensor:
         # The same ops whether or not the tensor needs grad (see clone), and no
         # copy-on-write clone, which the check's second trace would not repeat.
         return tensor.detach().clone()
-    return _copy_as_it_is(tensor.detach() if tensor.requires_grad else tensor)
-
-
-def _copy_as_it_is(tensor: torch.Tensor) -> torch.Tensor:
-    """A clone of ``tensor`` (outside autograd): copy-on-write where that is safe and cheap."""
+    if tensor.requires_grad:
+        tensor = tensor.detach()
     if (
         _lazy_clone is not None
         and tensor.is_cpu
@@ -96,16 +93,17 @@ def _copy_as_it_is(tensor: torch.Tensor) -> torch.Tensor:
         and not tensor.is_quantized
         # A small view's would keep all of its base alive (a 4-element slice of a 64 MB
         # tensor, 64 MB): copied now. A view of most of its base (a transpose) is not.
-        and not (
-            tensor._is_view()
-            and tensor.untyped_storage().nbytes() > 2 * tensor.numel() * tensor.element_size()
-        )
+        and not (tensor._is_view() and _small_part_of_its_storage(tensor))
     ):
         try:
             return _lazy_clone(tensor)
         except (RuntimeError, NotImplementedError):  # a tensor subclass or kind it does not take
             pass
     return tensor.clone()
+
+
+def _small_part_of_its_storage(tensor: torch.Tensor) -> bool:
+    return tensor.untyped_storage().nbytes() > 2 * tensor.numel() * tensor.element_size()
 
 
 register_copy(torch.Tensor, "clone", detached_clone)
@@ -247,7 +245,9 @@ class ValuePolicy:
             # Outside autograd: a reduce that saved tensors for backward would be counted
             # by activation checkpointing, whose recompute runs no probes (CheckpointError).
             # (No detach where there is no graph: one dispatcher op less per value.)
-            reduced = self.reduce(live.detach() if live.requires_grad else live)
+            # (Traced, always: torch.jit.trace's check traces again under no_grad.)
+            untracked = live.requires_grad or _tracing_state() is not None
+            reduced = self.reduce(live.detach() if untracked else live)
         else:
             # In the graph, its saved tensors kept as they are, out of sight of an
             # enclosing checkpoint's count (innermost saved-tensor hooks win).
