@@ -32,10 +32,10 @@ What is kept: with ``--save-dir``, every N-th value of each key (``--every N``:
 the values numbered 0, N, 2N... in the order that key fired; the number is the
 value's *step*) is copied when it is recorded (the others are not even copied) and
 written with :class:`bcrecord.storage.Writer` in batches (every few seconds or
-megabytes), and at exit -- also when the program raises, calls :func:`sys.exit`,
-or is ended by SIGTERM or SIGHUP (it then dies by that signal, as it would have;
-``signal.getsignal`` shows bcrecord's handler there in place of the default).
-Values recorded in child processes are not saved. Without ``--save-dir`` only
+megabytes, also while the program records nothing: a thread writes what waited),
+and at exit -- also when the program raises or calls :func:`sys.exit`. A program
+killed (SIGTERM, SIGKILL) loses at most the values of its last few seconds. Values
+recorded in child processes are not saved. Without ``--save-dir`` only
 counts and the last value of each key are kept, and a summary is printed to
 stderr at the end.
 
@@ -64,7 +64,6 @@ import itertools
 import os
 import runpy
 import shlex
-import signal
 import sys
 import threading
 import time
@@ -425,7 +424,9 @@ class _Collector:
         self.buffer: List[Tuple[str, int, Any]] = []
         self.buffered = 0
         self.last_flush = time.monotonic()
-        self.writing = False
+        #: Set to stop the thread that writes what waited too long (see start_timer).
+        self.stopped = threading.Event()
+        self.timer: Optional[threading.Thread] = None
         self.saved: Dict[str, int] = defaultdict(int)
         self.last: Dict[str, Any] = {}
         self.error: Optional[str] = None
@@ -463,21 +464,39 @@ class _Collector:
         if os.getpid() != self.pid:  # a forked child (before the lock: another thread may hold it)
             return
         with self.lock:
-            # Writing already: this is a signal handler that interrupted that write, in this
-            # thread, and the writer's lock is taken.
-            if self.writer is None or self.error is not None or self.writing:
+            if self.writer is None or self.error is not None:
                 return
             batch, self.buffer, self.buffered = self.buffer, [], 0
             self.last_flush = time.monotonic()
-            self.writing = True
             try:
                 self._write(batch)
             except Exception as error:
                 self.error = (
                     str(error) if isinstance(error, BcrecordError) else f"{type(error).__name__}: {error}"
                 )
-            finally:
-                self.writing = False
+
+    def start_timer(self) -> None:
+        """Write buffered values every few seconds also while the program records nothing.
+
+        Values are otherwise written when the next one comes: after a quiet stretch (a
+        long evaluation), a program killed then (SIGTERM from a scheduler, SIGKILL)
+        would lose what came before it. A thread, not a signal handler: the program's
+        own signal handling stays as it was.
+        """
+        if self.writer is None or self.timer is not None:
+            return
+        self.timer = threading.Thread(target=self._write_waiting, name="bcrecord-writer", daemon=True)
+        self.timer.start()
+
+    def stop_timer(self) -> None:
+        if self.timer is not None:
+            self.stopped.set()
+            self.timer.join()
+
+    def _write_waiting(self) -> None:
+        while not self.stopped.wait(self.flush_seconds / 2):
+            if self.buffer and time.monotonic() - self.last_flush >= self.flush_seconds:
+                self.flush()
 
     def _write(self, batch: List[Tuple[str, int, Any]]) -> None:
         """One :meth:`~bcrecord.storage.Writer.write_many`: one file pair, one index update."""
@@ -748,8 +767,6 @@ class Runner:
         self._trace: Any = None
         self._previous_trace: Any = None
         self._closed = False
-        #: The signals whose handler this run installed (see _catch_fatal_signals).
-        self._signals: List[int] = []
         #: True when a target failed to apply and the run was stopped.
         self.aborted = False
 
@@ -882,40 +899,13 @@ class Runner:
             self.recording.__exit__(None, None, None)
             raise RunError(str(error)) from None
         sys.meta_path.insert(0, self.hook)
-        self._catch_fatal_signals()
+        self.collector.start_timer()
         self._saved_sys = (sys.argv[:], sys.path[:])
         sys.argv[:] = self.program.argv
         if sys.path:
             sys.path[0] = self.program.path0
         else:
             sys.path.append(self.program.path0)
-
-    def _catch_fatal_signals(self) -> None:
-        """Write what is buffered when SIGTERM or SIGHUP ends the program, then die by it.
-
-        Values are buffered for seconds: ``kill``, ``timeout``, a batch scheduler or
-        ``docker stop`` would otherwise lose what a quiet stretch left unwritten. Only
-        where the program has Python's default there (it may install its own later).
-        """
-        if threading.current_thread() is not threading.main_thread():
-            return  # signal.signal works in the main thread only
-        for name in ("SIGTERM", "SIGHUP"):
-            number = getattr(signal, name, None)
-            if number is not None and signal.getsignal(number) is signal.SIG_DFL:
-                signal.signal(number, self._fatal_signal)
-                self._signals.append(number)
-
-    def _fatal_signal(self, number: int, frame: Optional[types.FrameType]) -> None:
-        if signal.getsignal(number) != self._fatal_signal:
-            # Called by the program's own handler, which chains to the one it found
-            # (Lightning's does): write, and leave the signal to that handler.
-            self.collector.flush()
-            return
-        try:
-            self.close()  # write and report, as at exit
-        finally:
-            signal.signal(number, signal.SIG_DFL)
-            os.kill(os.getpid(), number)  # the status a shell and a scheduler expect
 
     def execute(self) -> int:
         """Run the program; returns its exit status (a ``SystemExit`` is re-raised as it was)."""
@@ -946,6 +936,7 @@ class Runner:
             return
         self._closed = True
         self._stop_trace()
+        self.collector.stop_timer()
         self.collector.flush()
         if self.recording.active:
             self.recording.__exit__(None, None, None)
@@ -955,13 +946,6 @@ class Runner:
             pass
         for patch in reversed(self.patches):
             patch.remove()
-        for number in self._signals:  # Python's default again, unless the program set its own
-            if signal.getsignal(number) == self._fatal_signal:
-                try:
-                    signal.signal(number, signal.SIG_DFL)
-                except ValueError:  # closed from another thread (atexit of a lingering run)
-                    pass
-        self._signals = []
         if self._saved_sys is not None:
             sys.argv[:], sys.path[:] = self._saved_sys
         self.report()
