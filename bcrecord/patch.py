@@ -215,7 +215,8 @@ def _copy_function(func: types.FunctionType) -> types.FunctionType:
         _own_code(func), func.__globals__, func.__name__, func.__defaults__, func.__closure__
     )
     new.__kwdefaults__ = dict(func.__kwdefaults__) if func.__kwdefaults__ else None
-    new.__dict__.update(func.__dict__)
+    # Not a recording copy's slot: this copy is another function, with probes of its own.
+    new.__dict__.update({k: v for k, v in func.__dict__.items() if k != _SLOT_ATTR})
     for attr in ("__qualname__", "__doc__", "__module__", "__annotations__", "__type_params__"):
         if hasattr(func, attr):
             setattr(new, attr, getattr(func, attr))
@@ -724,7 +725,13 @@ def _patch_in_place(
 ) -> Patch:
     """:func:`patch_function`, with the function part of keys (default: the code's name)."""
     base = function_of(func)
+    running = _unwrap_installed(func)
     with _lock:
+        # A patch's copy (``a.f`` of a patched instance): in place means in what runs there,
+        # not in the original it was copied from.
+        copied = next((s for s in _slots.values() if s.live is running and s.live is not s.base), None)
+        if copied is not None:
+            return _attach(copied, running, None, specs, name, _default_owner(running), function)
         key = ("code", id(base))
         slot = _slots.get(key) or _copy_slot(base)
         created = slot is None

@@ -657,3 +657,19 @@ def test_a_patch_of_an_instance_or_subclass_stays_theirs_where_the_class_s_funct
     assert rec.all("one:f:return") == [2] and rec.all("sub:g:return") == [20]
     # The others keep the class's probes; a patched instance or subclass has its own method.
     assert rec.all("deco:f:y@0") == [2, 2] and rec.all("inplace:g:z@0") == [20, 20]
+
+
+def test_patch_function_of_a_patched_instance_s_method_patches_what_that_instance_runs():
+    class C:
+        @bcrecord.record_locals("y", name="rl")
+        def f(self, x):
+            y = x + 1
+            return y * 2
+
+    a, b = C(), C()
+    with bcrecord.patch_method(a, "f", "x", name="inst"):
+        with bcrecord.patch_function(a.f, "return", name="on_a"), bcrecord.recording() as rec:
+            assert (a.f(1), b.f(2)) == (4, 6)
+    # a's own copy got it (not the class's recording copy, which b runs, nor the original).
+    assert rec.all("on_a:f:return") == [4] and rec.all("rl:f:y@0") == [3]
+    assert "f" not in vars(a)

@@ -83,17 +83,19 @@ def detached_clone(tensor: torch.Tensor) -> torch.Tensor:
         # The same ops whether or not the tensor needs grad (see clone), and no
         # copy-on-write clone, which the check's second trace would not repeat.
         return tensor.detach().clone()
+    # A small view's copy-on-write clone would keep all of its base alive (a 4-element
+    # slice of a 64 MB tensor, 64 MB): copied now. A view of most of its base (a
+    # transpose) is not. Asked before detach(), whose result is no view.
+    small_view = tensor._is_view() and _small_part_of_its_storage(tensor)
     if tensor.requires_grad:
         tensor = tensor.detach()
     if (
         _lazy_clone is not None
+        and not small_view
         and tensor.is_cpu
         and tensor.layout == torch.strided
         # A quantized tensor's copy-on-write clone loses its quantizer (using it crashes).
         and not tensor.is_quantized
-        # A small view's would keep all of its base alive (a 4-element slice of a 64 MB
-        # tensor, 64 MB): copied now. A view of most of its base (a transpose) is not.
-        and not (tensor._is_view() and _small_part_of_its_storage(tensor))
     ):
         try:
             return _lazy_clone(tensor)

@@ -285,7 +285,8 @@ class ModelRecording(Recording):
         hook = _GradientHook(self, key + ".grad", position, keep, tensor)
         if tensor.is_leaf:
             self._leaf_hooks.add(hook)
-            self._leaf_waiting[(key, id(tensor))] = hook
+            hook.waiting = (key, id(tensor))
+            self._leaf_waiting[hook.waiting] = hook
 
     def _add_gradient(self, key: str, position: int, grad: Any) -> None:
         """Store a gradient among the others in the order of their values, not of backward (``keep`` too)."""
@@ -403,12 +404,14 @@ class _GradientHook:
     so that the tensor is left with the hooks it had.
     """
 
-    __slots__ = ("rec", "key", "position", "keep", "tensor", "handle", "had_none")
+    __slots__ = ("rec", "key", "position", "keep", "tensor", "handle", "had_none", "waiting")
 
     def __init__(
         self, rec: ModelRecording, key: str, position: int, keep: Callable[[Any], Any], tensor: torch.Tensor
     ) -> None:
         self.rec, self.key, self.position, self.keep = rec, key, position, keep
+        #: Its entry in the recording's table of hooks waiting on leaves, if it is one.
+        self.waiting: Optional[Tuple[str, int]] = None
         self.had_none = tensor._backward_hooks is None
         # Weak: the hook must not keep an activation (and its graph) alive.
         self.tensor = weakref.ref(tensor)
@@ -419,6 +422,8 @@ class _GradientHook:
             return
         self.remove()
         self.rec._leaf_hooks.discard(self)
+        if self.waiting is not None and self.rec._leaf_waiting.get(self.waiting) is self:
+            del self.rec._leaf_waiting[self.waiting]
         try:
             kept = self.keep(grad)
         except Exception as error:  # never into the backward pass: into rec.errors

@@ -149,3 +149,9 @@ def test_a_quantized_tensor_s_clone_keeps_its_quantizer():
     # A copy-on-write clone lost it, and using the value crashed the process.
     assert (kept.q_scale(), kept.q_zero_point()) == (0.5, 4)
     assert kept.dequantize().tolist() == [0.5, -1.0, 2.0]
+
+
+def test_a_small_view_of_a_tensor_in_autograd_is_copied_alone_too():
+    leaf = torch.zeros(1 << 16, requires_grad=True)
+    kept = detached_clone(leaf[:4])  # detach() of a view is no view: asked before it
+    assert kept.untyped_storage().nbytes() == 16 and not kept.requires_grad

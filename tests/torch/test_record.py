@@ -563,7 +563,7 @@ def test_a_parameter_s_gradient_comes_once_per_backward_not_per_read_nor_from_no
                 model(x)
         recorded = rec.all(key)
         assert len(recorded) == 2 and all(torch.allclose(r, g) for r, g in zip(recorded, grads, strict=True))
-        assert weight._backward_hooks is None
+        assert weight._backward_hooks is None and rec._leaf_waiting == {}  # none kept past its backward
 
 
 def test_a_reduce_under_activation_checkpointing_leaves_backward_working_after_the_block():
