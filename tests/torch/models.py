@@ -22,6 +22,18 @@ class Block(nn.Module):
         return out
 
 
+class TwoLayers(nn.Module):
+    """Two linear layers: 'a' then 'b', for tests that need a model and nothing more."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 8)
+        self.b = nn.Linear(8, 2)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
 class SmallNet(nn.Module):
     def __init__(self, channels=4, blocks=3, classes=5):
         super().__init__()

@@ -9,7 +9,7 @@ import torch.multiprocessing as mp
 
 from bcrecord.torch import record
 
-from .models import SmallNet, reference_smallnet
+from .models import SmallNet, TwoLayers, reference_smallnet
 
 
 def _free_port():
@@ -52,16 +52,6 @@ def test_each_rank_records_its_own_values(tmp_path):
     assert not torch.allclose(seen[0], seen[1])
 
 
-class _TwoLayers(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.a = torch.nn.Linear(4, 8)
-        self.b = torch.nn.Linear(8, 2)
-
-    def forward(self, x):
-        return self.b(torch.relu(self.a(x)))
-
-
 def _gradients_main(rank, world, port, out_dir):
     from bcrecord.torch import create_feature_extractor
 
@@ -73,7 +63,7 @@ def _gradients_main(rank, world, port, out_dir):
         grads, b_ran = {}, {}
         for way in ("extractor", "record"):
             torch.manual_seed(0)  # same weights on every rank
-            net = _TwoLayers()
+            net = TwoLayers()
             ddp = torch.nn.parallel.DistributedDataParallel(net)
             if way == "extractor":  # stops early by default
                 features = create_feature_extractor(ddp, {"b": "out"})(x)["out"]
@@ -101,7 +91,7 @@ def test_stopping_early_never_skips_ddp_s_gradient_sync(tmp_path):
     mp.spawn(_gradients_main, args=(world, _free_port(), str(tmp_path)), nprocs=world, join=True)
     got = [torch.load(tmp_path / f"grads{rank}.pt") for rank in range(world)]
     torch.manual_seed(0)
-    net = _TwoLayers()
+    net = TwoLayers()
     xs = torch.cat([g["x"] for g in got])
     net(xs).sum().backward()
     mean = net.a.weight.grad / world  # DDP averages the ranks' gradients (each a sum over 3 rows)

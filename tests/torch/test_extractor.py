@@ -7,7 +7,7 @@ import bcrecord
 from bcrecord.torch import create_feature_extractor, list_targets
 
 from ..code_checks import probes_in
-from .models import Gated, SmallNet, reference_smallnet
+from .models import Gated, SmallNet, TwoLayers, reference_smallnet
 
 
 def test_module_paths_and_locals_with_names():
@@ -462,17 +462,8 @@ def test_an_extractor_traces_with_torch_jit_trace_and_its_check():
 
 
 def test_an_extractor_exports_with_torch_export_and_its_program_gives_the_features():
-    class Net(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.a = torch.nn.Linear(4, 8)
-            self.b = torch.nn.Linear(8, 2)
-
-        def forward(self, x):
-            return self.b(torch.relu(self.a(x)))
-
     torch.manual_seed(0)
-    model, x = Net().eval(), torch.randn(3, 4)
+    model, x = TwoLayers().eval(), torch.randn(3, 4)
     extractor = create_feature_extractor(model, {"a": "hidden"})
     # Under export the forward runs whole (export's tracer lost track of calls a stop unwound).
     program = torch.export.export(extractor, (x,))
