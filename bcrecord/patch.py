@@ -805,17 +805,8 @@ def patch_method(
     stacks = shared and (_copy_slot(base) is not None or ("code", id(base)) in _slots)
     if in_place or base is not function_of_shallow(raw) or stacks:
         # A wrapper holds the function it wraps: only patching that in place reaches it.
-        with _lock:
-            copied = _slots.get(("attr", id(obj), method))
-            if (
-                in_place
-                and copied is not None
-                and own is not _MISSING
-                and _unwrap_installed(own) is copied.live
-            ):
-                # What runs there is an earlier patch's copy: in place means in it.
-                return _attach(copied, obj, method, specs, name, default, method)
-        return _patch_in_place(base, specs, default if name is None else name, method)
+        # (Given what is there: an earlier patch's copy, if one runs there, is patched.)
+        return _patch_in_place(raw, specs, default if name is None else name, method)
     if not isinstance(obj, (type, types.ModuleType)) and not hasattr(obj, "__dict__"):
         raise NotPatchableError(
             f"{type(obj).__name__} instances have no __dict__ (uses __slots__?): patch the class instead"
