@@ -246,10 +246,10 @@ class ValuePolicy:
         if not self.grad:
             # Outside autograd: a reduce that saved tensors for backward would be counted
             # by activation checkpointing, whose recompute runs no probes (CheckpointError).
-            # (No detach where there is no graph: one dispatcher op less per value.)
-            # (Traced, always: torch.jit.trace's check traces again under no_grad.)
-            untracked = live.requires_grad or _tracing_state() is not None
-            reduced = self.reduce(live.detach() if untracked else live)
+            # Detached only where there is a graph (one op less per value under no_grad),
+            # and always while traced (torch.jit.trace's check traces again under no_grad).
+            in_graph = live.requires_grad or _tracing_state() is not None
+            reduced = self.reduce(live.detach() if in_graph else live)
         else:
             # In the graph, its saved tensors kept as they are, out of sight of an
             # enclosing checkpoint's count (innermost saved-tensor hooks win).
