@@ -43,9 +43,11 @@ What passes through unchanged: the program's ``sys.argv``, stdin, stdout, its
 stderr (bcrecord adds one summary line there unless ``--quiet``), and its exit
 status: a :class:`SystemExit` is re-raised as it was, an uncaught exception prints
 its traceback (without bcrecord's frames; a :class:`KeyboardInterrupt`'s still
-shows them) and exits 1, as Python does. One difference: a script's ``sys.argv[0]``
+shows them) and exits 1, as Python does. Two differences: a script's ``sys.argv[0]``
 is its absolute path (runpy is given that, so that ``__file__`` stays right after
-an :func:`os.chdir`).
+an :func:`os.chdir`), and with ``--save-dir`` the program has one more thread, the
+writer's (``threading.enumerate()`` lists it; on 3.12+ a direct :func:`os.fork`
+warns that the process is multi-threaded).
 
 >>> target = parse_target("json:dumps:return")
 >>> target.module, target.path, target.spec
