@@ -136,7 +136,12 @@ class ProbePoint:
     with_self: bool = False
 
     def where(self) -> Tuple[object, ...]:
-        """What the inserted code depends on (not the key or the copy policy)."""
+        """What the inserted code depends on (not the key or the copy policy).
+
+        >>> a = ProbePoint("store", (4,), "x@0", copy="clone")
+        >>> a.where() == ProbePoint("store", (4,), "y@0", copy="none").where()
+        True
+        """
         return (self.kind, self.positions, self.method, self.root, self.with_self)
 
 
@@ -950,7 +955,16 @@ class Targets:
         self.returns = cmap.returns
 
     def specs(self) -> List[str]:
-        """Every short-form spec that names one site here, e.g. ``['x@0', 'self.fc@0']``."""
+        """Every short-form spec that names one site here, in a table's order.
+
+        >>> import bcrecord
+        >>> def f(self, a):
+        ...     x = self.fc(a)
+        ...     x = x + 1
+        ...     return x
+        >>> bcrecord.targets(f).specs()
+        ['x@0', 'x@1', 'self.fc@0', 'self.fc()@0', '+@0', 'return']
+        """
         out = [f"{a.name}@{a.index}" for sites in self.locals.values() for a in sites]
         out += [f"{s.chain}@{s.index}" for sites in self.attributes.values() for s in sites]
         out += [f"{c.callee}()@{c.index}" for sites in self.calls.values() for c in sites]
@@ -958,7 +972,18 @@ class Targets:
         return out + (["return"] if self.returns else [])
 
     def as_dict(self) -> Dict[str, Any]:
-        """Plain data: lists of dicts with kind, target, index, line and column."""
+        """Plain data: lists of dicts with kind, target, index, line and column.
+
+        >>> import bcrecord
+        >>> def f(a):
+        ...     x = a
+        ...     return x
+        >>> found = bcrecord.targets(f).as_dict()
+        >>> found["function"], found["arguments"]
+        ('f', ['a'])
+        >>> [(row["kind"], row["target"], row["index"], row["line"]) for row in found["targets"]]
+        [('local', 'x', 0, 2), ('return', 'return', 0, 3)]
+        """
         rows: List[Dict[str, object]] = []
         for sites in self.locals.values():
             rows += [

@@ -460,7 +460,20 @@ class Patch:
         return self._slot.probed
 
     def remove(self) -> None:
-        """Undo this patch; other patches of the same method stay. Idempotent."""
+        """Undo this patch; other patches of the same method stay. Idempotent.
+
+        >>> import bcrecord
+        >>> def f(a):
+        ...     x = a * 2
+        ...     return x
+        >>> patch = bcrecord.patch_function(f, ["x"], name="m")
+        >>> with bcrecord.recording() as rec:
+        ...     _ = f(1)
+        ...     patch.remove(); patch.remove()
+        ...     _ = f(5)  # not recorded
+        >>> rec.all("m:f:x@0"), patch.active
+        ([2], False)
+        """
         with _lock:
             slot, self._slot = self._slot, None
             if slot is None:
@@ -581,7 +594,7 @@ def instrument(func: F, specs: Union[SpecLike, Iterable[SpecLike]], name: Option
     6
     """
     base = function_of(func)
-    if base is not function_of_shallow(func):
+    if base is not _function_of_shallow(func):
         # A copy of the wrapped function would run without the wrapper's code.
         raise NotPatchableError(
             f"{base.__qualname__} is given inside a wrapper (functools.wraps): a recording copy "
@@ -803,7 +816,7 @@ def patch_method(
     # inherits it: their patch is theirs alone.
     shared = isinstance(obj, (type, types.ModuleType)) and own is not _MISSING
     stacks = shared and (_copy_slot(base) is not None or ("code", id(base)) in _slots)
-    if in_place or base is not function_of_shallow(raw) or stacks:
+    if in_place or base is not _function_of_shallow(raw) or stacks:
         # A wrapper holds the function it wraps: only patching that in place reaches it.
         # (Given what is there: an earlier patch's copy, if one runs there, is patched.)
         return _patch_in_place(raw, specs, default if name is None else name, method)
@@ -833,7 +846,7 @@ def patch_method(
         return patch
 
 
-def function_of_shallow(raw: Any) -> Any:
+def _function_of_shallow(raw: Any) -> Any:
     """The function directly behind ``raw`` (through static/class/bound methods only)."""
     if isinstance(raw, (staticmethod, classmethod, types.MethodType)):
         raw = raw.__func__

@@ -116,7 +116,20 @@ class Template:
     placeholders: Tuple[str, ...]
 
     def bind(self, site_ids: Sequence[int]) -> CodeType:
-        """The runnable code, with probe point ``k`` reporting as ``site_ids[k]``."""
+        """The runnable code, with probe point ``k`` reporting as ``site_ids[k]``.
+
+        >>> def f(a):
+        ...     x = a + 1
+        ...     return x
+        >>> from bcrecord.analysis import read, resolve
+        >>> from bcrecord.specs import Local
+        >>> template = insert_probes(f.__code__, resolve([Local("x")], read(f.__code__)))
+        >>> 7 in template.bind([7]).co_consts, len(template.placeholders)
+        (True, 1)
+        >>> template.bind([7, 8])
+        Traceback (most recent call last):
+        ValueError: expected 1 site ids, got 2
+        """
         if len(site_ids) != len(self.placeholders):
             raise ValueError(f"expected {len(self.placeholders)} site ids, got {len(site_ids)}")
         return _bind(self.code, dict(zip(self.placeholders, site_ids, strict=True)))

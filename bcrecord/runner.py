@@ -723,7 +723,7 @@ def _program(program: str, args: Sequence[str], is_module: bool) -> _Program:
     )
 
 
-class Runner:
+class _Runner:
     """Targets, the recording and where values go, for one run of one program.
 
     :func:`run` is the usual entry point; this class is what it drives:
@@ -1049,7 +1049,7 @@ def run(
         if saved_path0 is not None:
             sys.path[0] = saved_path0
     writer = Writer(save_dir) if save_dir is not None else None
-    runner = Runner(parsed, prog, writer, every=every, copy=copy, quiet=quiet, stderr=stderr)
+    runner = _Runner(parsed, prog, writer, every=every, copy=copy, quiet=quiet, stderr=stderr)
     runner.start()
     if linger:
         atexit.register(runner.close)

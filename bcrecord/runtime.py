@@ -834,11 +834,24 @@ class Sink:
         self.copiers: Dict[type, Optional[Copier]] = {} if callable(policy) else _copier_cache[policy]
 
     def with_store(self, store: Callable[[Any], None]) -> Sink:
-        """The same sink storing through ``store``."""
+        """The same sink storing through ``store``.
+
+        >>> kept = []
+        >>> sink = Sink(recording(), "f:x@0", print, "none").with_store(kept.append)
+        >>> sink.append(3); kept
+        [3]
+        """
         return Sink(self.rec, self.key, store, self.policy, self.chain)
 
     def direct(self) -> Any:
-        """What a probe appends to: the list of values itself when nothing is copied."""
+        """What a probe appends to: the list of values itself when nothing is copied.
+
+        >>> values = []
+        >>> Sink(recording(), "f:x@0", values.append, "none").direct() is values
+        True
+        >>> Sink(recording(), "f:x@0", values.append, "clone").direct()
+        <Sink f:x@0 copy='clone'>
+        """
         container: Any = getattr(self.store, "__self__", None)
         if (
             self.policy == "none"
@@ -851,6 +864,14 @@ class Sink:
         return self
 
     def append(self, value: Any) -> None:
+        """Read the chain, copy and store ``value``; a failure goes to the recording's errors.
+
+        >>> rec, kept = recording(), []
+        >>> sink = Sink(rec, "f:x@0", kept.append, "clone", chain=("real",))
+        >>> sink.append(2 + 3j); sink.append("no attribute real")
+        >>> kept, [(error.key, type(error.error).__name__) for error in rec.errors]
+        ([2.0], [('f:x@0', 'AttributeError')])
+        """
         try:
             if self.chain:
                 value = _read_chain(value, self.chain)
@@ -1133,25 +1154,65 @@ class Recording:
         return values
 
     def __getitem__(self, key: str) -> Any:
-        """The latest value recorded under ``key``."""
+        """The latest value recorded under ``key``; ``KeyError`` (with close keys) if none.
+
+        >>> import bcrecord
+        >>> with bcrecord.recording() as rec:
+        ...     rec.add("f:x", 1)
+        ...     rec.add("f:x", 2)
+        >>> rec["f:x"]
+        2
+        """
         return self._values(key)[-1]
 
     def all(self, key: str) -> List[Any]:
-        """Every value recorded under ``key``, in execution order (as kept by ``keep``)."""
+        """Every value recorded under ``key``, in execution order (as kept by ``keep``).
+
+        >>> import bcrecord
+        >>> with bcrecord.recording(keep=2) as rec:
+        ...     for value in [1, 2, 3]:
+        ...         rec.add("f:x", value)
+        >>> rec.all("f:x")
+        [2, 3]
+        """
         return list(self._values(key))
 
     def get(self, key: str, default: Any = None) -> Any:
-        """The latest value under ``key``, or ``default``."""
+        """The latest value under ``key``, or ``default``.
+
+        >>> import bcrecord
+        >>> with bcrecord.recording() as rec:
+        ...     rec.add("f:x", 1)
+        >>> rec.get("f:x"), rec.get("f:y", "never recorded")
+        (1, 'never recorded')
+        """
         self._settle()
         values = self._data.get(key)
         return default if not values else values[-1]
 
     def keys(self) -> List[str]:
-        """Recorded keys, in the order each was first recorded."""
+        """Recorded keys, in the order each was first recorded.
+
+        >>> import bcrecord
+        >>> with bcrecord.recording() as rec:
+        ...     rec.add("f:y", 1)
+        ...     rec.add("f:x", 2)
+        ...     rec.add("f:y", 3)
+        >>> rec.keys()
+        ['f:y', 'f:x']
+        """
         return [key for key, _ in self._recorded()]
 
     def items(self) -> List[Tuple[str, Any]]:
-        """``(key, latest value)`` pairs."""
+        """``(key, latest value)`` pairs, in :meth:`keys`' order.
+
+        >>> import bcrecord
+        >>> with bcrecord.recording() as rec:
+        ...     rec.add("f:x", 1)
+        ...     rec.add("f:x", 2)
+        >>> rec.items()
+        [('f:x', 2)]
+        """
         self._settle()
         return [(key, values[-1]) for key, values in self._recorded()]
 
@@ -1165,7 +1226,16 @@ class Recording:
         return len(self._recorded())
 
     def clear(self) -> None:
-        """Drop everything recorded so far (the recording stays active)."""
+        """Drop everything recorded so far (the recording stays active).
+
+        >>> import bcrecord
+        >>> with bcrecord.recording() as rec:
+        ...     rec.add("f:x", 1)
+        ...     rec.clear()
+        ...     rec.add("f:x", 2)
+        >>> rec.all("f:x")
+        [2]
+        """
         self._data.clear()
         self.errors.clear()
         self._reroute()
@@ -1289,7 +1359,13 @@ setattr(builtins, PROBE_NAME, __bcrecord_probe__)
 
 
 def probe_visible_from(globals_: Dict[str, Any]) -> None:
-    """Make the probe resolvable from a function whose globals have custom builtins."""
+    """Make the probe resolvable from a function whose globals have custom builtins.
+
+    >>> namespace = {"__builtins__": {}}
+    >>> probe_visible_from(namespace)
+    >>> namespace[PROBE_NAME] is __bcrecord_probe__
+    True
+    """
     custom = globals_.get("__builtins__", builtins)
     namespace = custom if isinstance(custom, dict) else getattr(custom, "__dict__", {})
     # Any probe there will do (a test may have put its own in builtins).

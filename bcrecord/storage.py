@@ -240,6 +240,13 @@ class Writer:
         """Save every value of ``records`` (a Recording or ``{key: [values]}``) as ``step``.
 
         Returns how many values were written; ``unsavable`` as for :meth:`write_many`.
+
+        >>> import tempfile
+        >>> writer = Writer(tempfile.mkdtemp())
+        >>> writer.write({"m:f:x@0": [1, 2], "m:f:y@0": [3]}, step=0)
+        3
+        >>> load(writer.directory).steps("m:f:x@0")
+        [0, 0]
         """
         return self.write_many([(step, records)], unsavable)
 
@@ -547,12 +554,24 @@ class Unimportable:
             self.items = {}
         self.items[key] = value
 
-    def append(self, value: Any) -> None:  # a list subclass's elements
+    def append(self, value: Any) -> None:
+        """Keep an element of a list subclass (what unpickling one calls).
+
+        >>> kind = _Unpickler(io.BytesIO(b"")).find_class("no_such_module", "Row")
+        >>> row = kind(); row.append(1); row.items
+        [1]
+        """
         if self.items is None:
             self.items = []
         self.items.append(value)
 
     def extend(self, values: Iterable[Any]) -> None:
+        """Keep elements of a list subclass (what unpickling one calls).
+
+        >>> kind = _Unpickler(io.BytesIO(b"")).find_class("no_such_module", "Row")
+        >>> row = kind(); row.extend([1, 2]); row
+        <no_such_module.Row, not importable here: [1, 2]>
+        """
         for value in values:
             self.append(value)
 
@@ -658,7 +677,14 @@ class Loaded(Mapping[str, List[Any]]):
         return [entry.value for entry in self._entries_of(key)]
 
     def steps(self, key: str) -> List[int]:
-        """The step of each value of ``key``."""
+        """The step of each value of ``key``, in the order ``loaded[key]`` lists the values.
+
+        >>> import tempfile
+        >>> folder = save({"m:f:x@0": [1, 2]}, tempfile.mkdtemp(), step=0)
+        >>> _ = save({"m:f:x@0": [3]}, folder, step=10)
+        >>> load(folder).steps("m:f:x@0")
+        [0, 0, 10]
+        """
         return [entry.step for entry in self._entries_of(key)]
 
     def __iter__(self) -> Iterator[str]:

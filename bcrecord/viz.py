@@ -193,7 +193,11 @@ class KeySummary:
         return self.mean is not None
 
     def row(self) -> Tuple[str, ...]:
-        """The table row: key, steps, shape, dtype, min, mean, max."""
+        """The table row: key, steps, shape, dtype, min, mean, max.
+
+        >>> KeySummary("m:f:x@0", [3, 4], [0.5, 1.5], (2, 3), False, "float32", 0.0, 0.25, 1.5).row()
+        ('m:f:x@0', '2 (3..4)', '2x3', 'float32', '0', '0.25', '1.5')
+        """
         steps = str(len(self.steps))
         if self.steps and self.steps != list(range(len(self.steps))):
             steps += f" ({self.steps[0]}..{self.steps[-1]})"
@@ -301,12 +305,28 @@ class Progress:
         self.stream.flush()
 
     def advance(self, note: str = "") -> None:
-        """One more item done."""
+        """One more item done; ``note`` ends the line (what was just done).
+
+        >>> import io
+        >>> stream = io.StringIO()
+        >>> bar = Progress(4, "plots", stream, enabled=True, width=4)
+        >>> bar.advance("m:f:x@0")
+        >>> shown = stream.getvalue().rsplit("\\r", 1)[-1].split()  # then the time taken so far
+        >>> shown[:3], shown[-1]
+        (['plots', '[#...]', '1/4'], 'm:f:x@0')
+        """
         self.done += 1
         self._draw(note)
 
     def close(self) -> None:
-        """End the line."""
+        """End the line (nothing is written when not ``enabled``).
+
+        >>> import io
+        >>> stream = io.StringIO()
+        >>> Progress(1, "plots", stream, enabled=False).close()
+        >>> stream.getvalue()
+        ''
+        """
         if self.enabled:
             self._draw("done")
             self.stream.write("\n")

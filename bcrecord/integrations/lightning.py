@@ -137,15 +137,33 @@ class StepRecord:
         return key in self.values
 
     def all(self, key: str) -> List[Any]:
-        """Every value of ``key`` recorded during the batch."""
+        """Every value of ``key`` recorded during the batch, in order.
+
+        >>> r = StepRecord("fit", 0, 0, 0, 0, {"m:forward:y@0": [5], "m:forward:x@0": [1, 2]},
+        ...                {"m:forward:x": ["m:forward:x@0", "m:forward:x@1"]})
+        >>> r.all("m:forward:x@0")
+        [1, 2]
+        """
         return list(self.values[key])
 
     def keys(self) -> List[str]:
-        """Recorded keys, in the order each was first recorded."""
+        """Recorded keys, in the order each was first recorded.
+
+        >>> r = StepRecord("fit", 0, 0, 0, 0, {"m:forward:y@0": [5], "m:forward:x@0": [1, 2]},
+        ...                {"m:forward:x": ["m:forward:x@0", "m:forward:x@1"]})
+        >>> r.keys()
+        ['m:forward:y@0', 'm:forward:x@0']
+        """
         return list(self.values)
 
     def of(self, target: str) -> Dict[str, List[Any]]:
-        """``{key: values}`` for a target string as given to the callback."""
+        """``{key: values}`` for a target string as given to the callback (keys with none left out).
+
+        >>> r = StepRecord("fit", 0, 0, 0, 0, {"m:forward:y@0": [5], "m:forward:x@0": [1, 2]},
+        ...                {"m:forward:x": ["m:forward:x@0", "m:forward:x@1"]})
+        >>> r.of("m:forward:x")
+        {'m:forward:x@0': [1, 2]}
+        """
         return {key: self.values[key] for key in self.targets[target] if key in self.values}
 
 
@@ -332,7 +350,13 @@ class RecorderCallback(pl.Callback):  # type: ignore[misc]
     # --- public helpers --------------------------------------------------------
 
     def records(self, stage: Optional[str] = None) -> List[StepRecord]:
-        """The kept records, of one stage or of all."""
+        """The kept records, of one stage or of all.
+
+        >>> callback = RecorderCallback(["net.0"])
+        >>> callback.history.append(StepRecord("validate", 0, 0, 0, 0, {}, {}))
+        >>> [r.stage for r in callback.records()], callback.records("fit")
+        (['validate'], [])
+        """
         return [r for r in self.history if stage is None or r.stage == stage]
 
     @property

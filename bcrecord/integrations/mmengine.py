@@ -332,11 +332,21 @@ class FeatureMapDrawer:
         self.failed: set = set()
 
     def wants(self, key: str) -> bool:
-        """Whether ``key`` is selected by ``keys``."""
+        """Whether ``key`` is selected by ``keys``.
+
+        >>> drawer = FeatureMapDrawer(keys=['resnet:*', 'head:forward:x@0'])
+        >>> drawer.wants('resnet:_forward_impl:x@0'), drawer.wants('head:forward:x@1')
+        (True, False)
+        """
         return self.keys is None or any(key == k or fnmatch.fnmatchcase(key, k) for k in self.keys)
 
     def featmap(self, value: Any) -> Optional[torch.Tensor]:
-        """The ``(C, H, W)`` float tensor to draw for ``value``, or None if it is not one."""
+        """The ``(C, H, W)`` float tensor to draw for ``value``, or None if it is not one.
+
+        >>> drawer = FeatureMapDrawer(sample_index=1)
+        >>> drawer.featmap(torch.zeros(2, 8, 4, 4, dtype=torch.float16)).shape, drawer.featmap(torch.ones(3))
+        (torch.Size([8, 4, 4]), None)
+        """
         if not isinstance(value, torch.Tensor) or value.ndim not in (3, 4) or value.numel() == 0:
             return None
         if value.ndim == 4:
@@ -346,7 +356,11 @@ class FeatureMapDrawer:
         return value.detach().to("cpu", torch.float32)
 
     def image(self, value: Any) -> Optional[np.ndarray]:
-        """The RGB image ``draw_featmap`` makes of ``value``, or None when it is no feature map."""
+        """The RGB image ``draw_featmap`` makes of ``value``, or None when it is no feature map.
+
+        >>> FeatureMapDrawer().image(torch.rand(4, 5, 7)).shape
+        (5, 7, 3)
+        """
         featmap = self.featmap(value)
         if featmap is None:
             return None
@@ -365,6 +379,14 @@ class FeatureMapDrawer:
 
         Returns the image names drawn. A value that fails to draw is logged once
         per key and skipped: visualization never stops a run.
+
+        >>> from types import SimpleNamespace
+        >>> images = []
+        >>> visualizer = SimpleNamespace(add_image=lambda name, image, step: images.append((name, step)))
+        >>> runner = SimpleNamespace(visualizer=visualizer)
+        >>> values = {'m:forward:x@0': torch.rand(1, 4, 6, 6), 'm:forward:n@0': 3}
+        >>> FeatureMapDrawer().draw(runner, values, 'val', step=7), images
+        (['val_m.forward.x@0'], [('val_m.forward.x@0', 7)])
         """
         drawn = []
         for key, value in values.items():
@@ -575,7 +597,14 @@ class RecorderHook(Hook):
 
     def records_dir(self, loop: str = "train") -> Optional[Path]:
         """Where the records of ``loop`` go: ``save_dir/<loop>``, ``save_dir/<loop>/rank<r>``
-        when several processes run (None without ``save_dir``)."""
+        when several processes run (None without ``save_dir``).
+
+        >>> recorders = [dict(type='FunctionRecorder', target='outputs')]
+        >>> RecorderHook(recorders, save_dir='work_dir/records').records_dir('val').parts[-2:]
+        ('records', 'val')
+        >>> RecorderHook(recorders).records_dir() is None
+        True
+        """
         if self.save_dir is None:
             return None
         root = self._save_root or self.save_dir

@@ -219,7 +219,12 @@ class ValuePolicy:
         return copy_value(value, self.copy)
 
     def copier_for(self, cls: type) -> Callable[[Any], Any]:
-        """The copier for values of exactly ``cls``: the tensor one for ``torch.Tensor``."""
+        """The copier for values of exactly ``cls``: the tensor one for ``torch.Tensor``.
+
+        >>> policy = value_policy(reduce=lambda t: t.sum())
+        >>> policy.copier_for(torch.Tensor)(torch.ones(3)), policy.copier_for(list)([torch.ones(2)])
+        (tensor(3.), [tensor(2.)])
+        """
         return self._tensor if cls is torch.Tensor else self
 
     def settle(self) -> None:

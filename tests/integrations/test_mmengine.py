@@ -901,3 +901,12 @@ def test_a_submodule_wrapped_on_its_own_resolves_through_its_wrapper(tmp_path):
         assert resolve_model(wrapped, "generator.lin") is generator.lin
     finally:
         dist.destroy_process_group()
+
+
+def test_public_api_has_examples_and_types():
+    import bcrecord.integrations.mmengine as module
+
+    from ..docstring_checks import undocumented
+
+    # MMEngine's hook methods (before_run, after_train_iter...) are documented by MMEngine.
+    assert undocumented(module) == []
