@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import types
 import weakref
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -26,7 +26,7 @@ from ..errors import SpecError
 from ..patch import Patch, remove_all, remove_soon
 from ..patch import targets as function_targets
 from ..runtime import kept_length
-from .record import ModelRecording, Pass, Plan, StopForward, _stopping
+from .record import ModelRecording, Pass, Plan, StopForward, _exporting, _stopping
 from .targets import expand, has_forward, require_module, unwrap
 
 __all__ = ["FeatureExtractor", "create_feature_extractor", "list_targets", "TargetList"]
@@ -179,7 +179,16 @@ class FeatureExtractor(torch.nn.Module):
         return found
 
     def close(self) -> None:
-        """Remove the patches now (the next call patches again). Idempotent."""
+        """Remove the patches now (the next call patches again). Idempotent.
+
+        >>> import torch
+        >>> net = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU())
+        >>> extractor = FeatureExtractor(net, ["0"])
+        >>> _ = extractor(torch.ones(1, 2))
+        >>> extractor.close(); extractor.close()
+        >>> sorted(extractor(torch.ones(1, 2)))  # patched again
+        ['0']
+        """
         for _, patches, _ in self._plans.values():
             remove_all(patches)
         self._plans.clear()
@@ -192,6 +201,15 @@ class FeatureExtractor(torch.nn.Module):
         return state
 
     def forward(self, *args: Any, **kwargs: Any) -> Dict[str, Any]:
+        """Run the model on ``args``/``kwargs``; ``{name: value}`` of every return node.
+
+        >>> import torch
+        >>> net = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU(), torch.nn.Linear(3, 1))
+        >>> extractor = FeatureExtractor(net, {"0": "linear", "1": "relu"}, grad=False)
+        >>> out = extractor(torch.tensor([[1.0, -1.0]]))
+        >>> torch.equal(out["relu"], out["linear"].relu()), out["linear"].requires_grad
+        (True, False)
+        """
         training = self.training
         plan, patches, idle = self._plan(training)
         try:
@@ -201,7 +219,7 @@ class FeatureExtractor(torch.nn.Module):
                 patches, stop_after_last=self.stop_early, reused=True, **self._run_options
             )
         try:
-            rec.start_pass()
+            rec._start_pass()
             with Pass(plan, rec, stop_at_root=False):
                 # Not inside DistributedDataParallel with autograd on (its gradients would not
                 # sync), nor under torch.export (its tracer loses track of the unwound calls).
@@ -215,7 +233,7 @@ class FeatureExtractor(torch.nn.Module):
                         raise
                 finally:
                     _stopping.reset(stopping)
-                    rec.end_pass()
+                    rec._end_pass()
             out: Dict[str, Any] = {}
             missing = []
             failed = []
@@ -238,9 +256,6 @@ class FeatureExtractor(torch.nn.Module):
             raise RuntimeError(f"this forward pass never reached {missing}")
         return out
 
-
-#: Whether torch.export is tracing (torch.compiler.is_exporting, where torch has it).
-_exporting: Callable[[], bool] = getattr(getattr(torch, "compiler", None), "is_exporting", lambda: False)
 
 
 def create_feature_extractor(

@@ -28,6 +28,7 @@ import bisect
 import contextlib
 import contextvars
 import dataclasses
+import inspect
 import threading
 import types
 import warnings
@@ -211,7 +212,15 @@ class ModelRecording(Recording):
             policy.settle()
 
     def keys_of(self, target: str) -> List[str]:
-        """The keys recorded for a target string as given to :func:`record`."""
+        """The keys a target string given to :func:`record` names (recorded or not yet).
+
+        >>> import torch
+        >>> model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU())
+        >>> with record(model, ["*:forward:return"]) as rec:
+        ...     pass
+        >>> rec.keys_of("*:forward:return")
+        ['0:forward:return', '1:forward:return']
+        """
         try:
             return list(self.targets[target])
         except KeyError:
@@ -220,7 +229,16 @@ class ModelRecording(Recording):
             ) from None
 
     def values_of(self, target: str) -> Dict[str, List[Any]]:
-        """``{key: all values}`` for a target string (keys with no value left out)."""
+        """``{key: all values}`` for a target string (keys with no value left out).
+
+        >>> import torch
+        >>> model = torch.nn.Sequential(torch.nn.ReLU(), torch.nn.ReLU())
+        >>> with record(model, ["*:forward:return"]) as rec:
+        ...     _ = model(torch.tensor([-1.0, 2.0]))
+        ...     _ = model(torch.tensor([3.0]))
+        >>> {key: [v.tolist() for v in values] for key, values in rec.values_of("*:forward:return").items()}
+        {'0:forward:return': [[0.0, 2.0], [3.0]], '1:forward:return': [[0.0, 2.0], [3.0]]}
+        """
         return {key: self.all(key) for key in self.keys_of(target) if key in self}
 
     def _collect(self, keys: Iterable[str], first: bool, last: Optional[int] = None) -> List[Any]:
@@ -241,12 +259,12 @@ class ModelRecording(Recording):
                     values.extend(list(found)[-last:])
         return values
 
-    def start_pass(self) -> None:
+    def _start_pass(self) -> None:
         """Begin a new forward pass (early stop counts targets per pass)."""
         self._seen = set()
         self._passing = True
 
-    def end_pass(self) -> None:
+    def _end_pass(self) -> None:
         """The pass ended (returned, stopped or raised): it holds back no other's stop."""
         self._passing = False
 
@@ -264,6 +282,17 @@ class ModelRecording(Recording):
                     hook.remove()
 
     def clear(self) -> None:
+        """Drop everything recorded so far, gradients waiting included (the recording stays active).
+
+        >>> import torch
+        >>> model = torch.nn.Sequential(torch.nn.ReLU())
+        >>> with record(model, ["0"]) as rec:
+        ...     _ = model(torch.ones(1))
+        ...     rec.clear()
+        ...     _ = model(torch.zeros(1))
+        >>> rec.all("0:forward:return")
+        [tensor([0.])]
+        """
         with self._grad_lock:
             super().clear()
             self._grad_positions.clear()
@@ -618,7 +647,16 @@ class Plan:
         self.marks = [(module, _path_mark(module, path)) for path, module in self.modules.items()]
 
     def patch(self) -> List[Patch]:
-        """Apply one in-place patch per group; all or none."""
+        """Apply one in-place patch per group; all or none.
+
+        >>> import torch
+        >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+        >>> plan = Plan(model, ["0", "1:forward:input"])
+        >>> patches = plan.patch()
+        >>> [patch.keys for patch in patches]  # '*': the path of each instance recorded
+        [('*:forward:return',), ('*:forward:input',)]
+        >>> remove_all(patches)
+        """
         patches: List[Patch] = []
         try:
             for (cls, method, owners), specs in self.specs.items():
@@ -644,6 +682,15 @@ class Plan:
 
         A reused recording keeps its routes when it exits; between passes call its
         ``_empty()`` (see :class:`~bcrecord.torch.FeatureExtractor`).
+
+        >>> import torch
+        >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+        >>> plan = Plan(model, ["0", "1:forward:input"])
+        >>> patches = plan.patch()
+        >>> rec = plan.recording_for(patches, keep="last", threads="context", stop_after_last=False)
+        >>> rec.keys_of("0"), rec.active
+        (['0:forward:return'], False)
+        >>> remove_all(patches)
         """
         kind = _ReusedRecording if reused else ModelRecording
         rec = kind(copy=self.copy, keep=keep, threads=threads, stop_after_last=stop_after_last, only=patches)
@@ -665,6 +712,17 @@ class Plan:
 
         With ``stop_after_last``, the model's ``forward`` returns None once every
         target is recorded.
+
+        >>> import torch
+        >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+        >>> plan = Plan(model, ["0", "1:forward:input"])
+        >>> patches = plan.patch()
+        >>> with plan.running(patches, keep="all", threads="context", stop_after_last=False) as rec:
+        ...     out = model(torch.ones(1, 2))
+        >>> linear = rec["0:forward:return"]
+        >>> torch.equal(rec["1:forward:input"], linear), torch.equal(out, linear.relu())
+        (True, True)
+        >>> remove_all(patches)
         """
         rec = self.recording_for(patches, keep=keep, threads=threads, stop_after_last=stop_after_last)
         return Pass(self, rec, stop_after_last)
@@ -784,6 +842,8 @@ def record(
 #: forward under ``stop_after_last``, or an extractor): only then does a probe raise it.
 _stopping: contextvars.ContextVar[bool] = contextvars.ContextVar("bcrecord_stopping", default=False)
 _roots_lock = threading.Lock()
+#: Whether torch.export is tracing (torch.compiler.is_exporting, where torch has it).
+_exporting: Callable[[], bool] = getattr(getattr(torch, "compiler", None), "is_exporting", lambda: False)
 
 
 def syncs_gradients(model: torch.nn.Module) -> bool:
@@ -827,14 +887,19 @@ class _StopAtRoot:
     def __wrapped__(self) -> Any:  # inspect.signature(model.forward) sees the real one
         return self.forward
 
+    @property
+    def __code__(self) -> types.CodeType:  # torch.export reads model.forward.__code__
+        return inspect.unwrap(self.forward).__code__
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         running = self._running()
         started = [rec for rec in running if rec._entered_here()]
         for rec in started:
-            rec.start_pass()
+            rec._start_pass()
         if self.syncs is None:
             self.syncs = syncs_gradients(self.model)
-        token = _stopping.set(not (self.syncs and torch.is_grad_enabled()))
+        # Not inside DistributedDataParallel with autograd on, nor under torch.export (see the extractor).
+        token = _stopping.set(not (self.syncs and torch.is_grad_enabled()) and not _exporting())
         try:
             return self.forward(*args, **kwargs)
         except StopForward as stop:
@@ -844,7 +909,7 @@ class _StopAtRoot:
         finally:
             _stopping.reset(token)
             for rec in started:
-                rec.end_pass()
+                rec._end_pass()
 
     def __deepcopy__(self, memo: Dict[int, Any]) -> Any:
         twin = memo.get(id(self.model))

@@ -710,6 +710,19 @@ def test_a_deepcopy_made_while_stopping_early_stops_as_the_model_does():
     assert torch.equal(twin(x), net(x))  # afterwards both run to the end
 
 
+def test_torch_export_inside_a_recording_that_stops_early_exports_the_whole_model():
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU(), torch.nn.Linear(3, 1))
+    x = torch.randn(4, 2)
+    with record(net, ["0"], stop_after_last=True) as rec:
+        # export reads net.forward.__code__, and traces the forward to its end: no stop there
+        program = torch.export.export(net, (x,))
+        assert net(x) is None  # a plain call still stops
+    assert torch.equal(program.module()(x), net(x))
+    assert "forward" not in vars(net)
+    assert torch.equal(rec["0:forward:return"], net[0](x))  # from the plain call
+
+
 def test_torch_jit_trace_inside_a_recording_traces_the_model_and_records_its_runs():
     torch.manual_seed(0)
     model, x = SmallNet().eval(), torch.randn(2, 3, 8, 8)
