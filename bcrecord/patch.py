@@ -52,7 +52,7 @@ from typing import (
 )
 
 from .analysis import ProbePoint, Targets, read, resolve
-from .errors import NotPatchableError
+from .errors import NotPatchableError, SpecError
 from .rewrite import SINKS_GET, code_objects, insert_probes
 from .runtime import (
     Site,
@@ -514,7 +514,7 @@ def _attach(
     """Add a patch to ``slot``; raises (changing nothing) when specs do not resolve."""
     parsed = parse_all(specs)
     if name is not None and not isinstance(name, str) and not callable(name):
-        raise ValueError(f"name must be a string or a callable of the instance, got {name!r}")
+        raise SpecError(f"name must be a string or a callable of the instance, got {name!r}")
     points = resolve(parsed, read(slot.original_code, slot.base.__qualname__))
     if callable(name):
         if not slot.original_code.co_argcount:
@@ -636,7 +636,7 @@ def record_locals(
     ['demo:f:x@0', 'demo:f:x@2']
     """
     if not specs:
-        raise ValueError("record_locals needs at least one local name or spec")
+        raise SpecError("record_locals needs at least one local name or spec")
     parsed = tuple(
         Local(spec, index)
         if isinstance(spec, str) and index is not None and "@" not in spec and "." not in spec

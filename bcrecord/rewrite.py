@@ -46,7 +46,7 @@ from bytecode import FreeVar, Instr, Label, TryBegin, TryEnd
 
 from . import _versions
 from .analysis import ProbePoint, code_key, consuming_calls, instructions
-from .errors import TargetError
+from .errors import SpecError, TargetError
 
 __all__ = [
     "SINKS",
@@ -90,7 +90,7 @@ def set_probe_style(style: str) -> str:
     """
     global _style
     if style not in PROBE_STYLES:
-        raise ValueError(f"unknown probe style {style!r}; choose one of {PROBE_STYLES}")
+        raise SpecError(f"unknown probe style {style!r}; choose one of {PROBE_STYLES}")
     previous, _style = _style, style
     return previous
 

@@ -78,7 +78,7 @@ from typing import (
 )
 
 from ._versions import PROBE_NAME
-from .errors import RecordingWarning
+from .errors import RecordingWarning, SpecError
 from .rewrite import DEFAULT_SINKS, SINKS
 from .specs import COPY_POLICIES
 
@@ -675,7 +675,7 @@ def register_copy(cls: type, policy: str, copier: Copier) -> None:
     1
     """
     if policy not in COPY_POLICIES:
-        raise ValueError(f"unknown copy policy {policy!r}; choose one of {COPY_POLICIES}")
+        raise SpecError(f"unknown copy policy {policy!r}; choose one of {COPY_POLICIES}")
     _registered[(policy, cls)] = copier
     for table in _copier_cache.values():
         table.clear()
@@ -956,10 +956,10 @@ class Recording:
         only: Optional[Iterable[Any]] = None,
     ) -> None:
         if copy not in COPY_POLICIES:
-            raise ValueError(f"unknown copy policy {copy!r}; choose one of {COPY_POLICIES}")
+            raise SpecError(f"unknown copy policy {copy!r}; choose one of {COPY_POLICIES}")
         maxlen = kept_length(keep)
         if threads not in ("context", "all"):
-            raise ValueError(f"threads must be 'context' or 'all', got {threads!r}")
+            raise SpecError(f"threads must be 'context' or 'all', got {threads!r}")
         self.copy = copy
         self.keep = keep
         self.threads = threads
@@ -1246,7 +1246,7 @@ class Recording:
 
 
 def kept_length(keep: Keep) -> Optional[int]:
-    """How many values per key ``keep`` keeps (None: all); a ValueError for a bad ``keep``.
+    """How many values per key ``keep`` keeps (None: all); a SpecError for a bad ``keep``.
 
     >>> kept_length("last"), kept_length("all"), kept_length(3)
     (1, None, 3)
@@ -1257,7 +1257,7 @@ def kept_length(keep: Keep) -> Optional[int]:
         return None
     if isinstance(keep, int) and not isinstance(keep, bool) and keep > 0:
         return keep
-    raise ValueError(f"keep must be 'all', 'last' or a positive int, got {keep!r}")
+    raise SpecError(f"keep must be 'all', 'last' or a positive int, got {keep!r}")
 
 
 def recording(

@@ -49,6 +49,7 @@ import re
 import threading
 import time
 import uuid
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
@@ -196,6 +197,10 @@ class Writer:
     """
 
     def __init__(self, directory: PathLike) -> None:
+        if not str(directory):  # Path("") is the working directory: an unset variable, surely
+            raise StorageError(
+                "the records directory is an empty string (give '.' for the working directory)"
+            )
         # Absolute: a program may change its working directory (Hydra does) between saves.
         self.directory = Path(directory).absolute()
         self._lock = threading.Lock()
@@ -206,6 +211,8 @@ class Writer:
         self._read = 0
         self._next_file = 1
         with _writing(self.directory):
+            if (self.directory / "index.json").exists():
+                _header(self.directory)  # another program's index.json: refused before anything is made
             (self.directory / "records").mkdir(parents=True, exist_ok=True)
             _atomic_write(self.directory / "records" / ".write-test", b"")  # writable? say so now
             (self.directory / "records" / ".write-test").unlink(missing_ok=True)
@@ -509,12 +516,28 @@ def _step(step: Any) -> int:
 
 
 def _items(records: Any) -> List[Tuple[str, Sequence[Any]]]:
+    """``records`` (a Recording or ``{key: [values]}``) as pairs, or a TypeError naming what is wrong.
+
+    >>> _items({"k": "text"})
+    Traceback (most recent call last):
+    TypeError: the values of 'k' are a str, not a list of values (give ["text"] to save one)
+    """
     if hasattr(records, "all") and hasattr(records, "keys"):  # a Recording
         return [(key, records.all(key)) for key in records.keys()]
+    if not isinstance(records, Mapping):
+        kind = type(records).__name__
+        raise TypeError(f"records are a Recording or a dict of key -> list of values, got {kind}")
     items = list(records.items())
-    for key, _ in items:
+    for key, values in items:
         if not isinstance(key, str):  # 1 and "1" would be saved under one name
             raise TypeError(f"a key is a string, got {key!r} ({type(key).__name__})")
+        # A str (or a tensor, an array) would be saved item by item: one value was meant.
+        if not isinstance(values, (list, tuple, deque)):
+            one = '["text"]' if isinstance(values, str) else "[value]"
+            kind = type(values).__name__
+            raise TypeError(
+                f"the values of {key!r} are a {kind}, not a list of values (give {one} to save one)"
+            )
     return items
 
 
@@ -603,7 +626,8 @@ def save(records: Any, directory: PathLike, step: int = 0) -> Path:
     >>> load(folder)["m:f:x@0"]
     [1, 2, 3]
     """
-    Writer(directory).write(records, step)
+    items, step = dict(_items(records)), _step(step)  # checked before the directory is made
+    Writer(directory).write(items, step)
     return Path(directory)
 
 
@@ -697,7 +721,7 @@ class Loaded(Mapping[str, List[Any]]):
 def load(directory: PathLike, keys: Optional[Iterable[str]] = None) -> Loaded:
     """Read records saved with :func:`save` / :class:`Writer` (tensors come back on CPU).
 
-    ``keys`` limits what is read. Files that the index does not name (a save cut
+    ``keys`` (a key, or several) limits what is read. Files that the index does not name (a save cut
     short by a crash) are ignored.
 
     >>> import tempfile
@@ -707,7 +731,7 @@ def load(directory: PathLike, keys: Optional[Iterable[str]] = None) -> Loaded:
     (['m:f:y@0'], ['text'], [7])
     """
     directory = Path(directory)
-    wanted = None if keys is None else set(keys)
+    wanted = None if keys is None else {keys} if isinstance(keys, str) else set(keys)
     rows = [row for row in _read_index(directory) if wanted is None or row["key"] in wanted]
     files: Dict[str, Dict[str, Any]] = {}
     for file in sorted({row["file"] for row in rows}):

@@ -60,6 +60,22 @@ def test_bad_specs_raise_the_documented_error(specs, error, words):
     assert isinstance(caught.value, BcrecordError)
 
 
+@pytest.mark.parametrize(
+    "call, words",
+    [
+        (lambda: bcrecord.recording(copy="x"), "unknown copy policy 'x'"),
+        (lambda: bcrecord.recording(keep=0), "keep must be 'all', 'last' or a positive int, got 0"),
+        (lambda: bcrecord.recording(threads="x"), "threads must be 'context' or 'all', got 'x'"),
+        (lambda: bcrecord.instrument(f, ["x"], name=5), "name must be a string or a callable"),
+        (lambda: bcrecord.record_locals(), "record_locals needs at least one local name or spec"),
+        (lambda: bcrecord.set_probe_style("fast"), "unknown probe style 'fast'"),
+    ],
+)
+def test_bad_options_raise_a_spec_error(call, words):
+    with pytest.raises(SpecError, match=re.escape(words)):
+        call()
+
+
 def test_a_builtin_cannot_be_patched():
     with pytest.raises(NotPatchableError, match="len is a builtin or C function"):
         bcrecord.instrument(len, ["x"])

@@ -89,6 +89,13 @@ def test_run_saves_records_that_load_back(project, tmp_path):
     assert {"key", "step", "shape", "dtype", "device", "bytes", "time"} <= set(first_save["entries"][0])
 
 
+def test_run_refuses_an_empty_save_dir_and_saves_nothing(project):
+    # -o "$OUT" with OUT unset: not the working directory
+    result = cli("run", "-r", "helper:twice:y", "-o", "", "prog.py", cwd=project)
+    assert "the records directory is an empty string" in one_clear_line(result)
+    assert not (project / "index.json").exists() and not (project / "records").exists()
+
+
 def test_run_every_nth_value(project, tmp_path):
     out = tmp_path / "every"
     result = cli("run", "-r", "helper:twice:y", "-o", out, "--every", "4", "prog.py", cwd=project)

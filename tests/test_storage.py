@@ -4,6 +4,7 @@ import errno
 import json
 import os
 import pickle
+import re
 
 import pytest
 
@@ -193,6 +194,50 @@ class _Step:
 
     def __index__(self) -> int:
         return 4
+
+
+@pytest.mark.parametrize(
+    "index, why",
+    [
+        ('{"name": "my project"}', "not a bcrecord records index"),
+        ("not json", "cannot read"),
+        ('{"format": "bcrecord-records", "version": 99}', "version 99 is not supported"),
+    ],
+)
+def test_a_directory_that_is_not_a_records_directory_is_refused_and_left_as_it_was(tmp_path, index, why):
+    (tmp_path / "index.json").write_text(index)
+    for attempt in (lambda: Writer(tmp_path), lambda: save({"k": [1]}, tmp_path)):
+        with pytest.raises(StorageError, match=why):
+            attempt()
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["index.json"]  # no records/, no lock
+
+
+def test_an_empty_directory_name_is_refused():
+    # Path("") is the working directory: what an unset shell variable gives (-o "$OUT")
+    with pytest.raises(StorageError, match="the records directory is an empty string"):
+        Writer("")
+
+
+@pytest.mark.parametrize(
+    "records, step, why",
+    [
+        ({"name": "resnet"}, 0, """the values of 'name' are a str, not a list of values (give ["text"]"""),
+        ({"loss": 0.5}, 0, "the values of 'loss' are a float, not a list of values (give [value]"),
+        (5, 0, "records are a Recording or a dict of key -> list of values, got int"),
+        ({1: [1]}, 0, "a key is a string, got 1"),
+        ({"k": [1]}, "3", "a step is an integer"),
+    ],
+)
+def test_a_bad_save_says_what_is_wrong_and_makes_no_directory(tmp_path, records, step, why):
+    with pytest.raises(TypeError, match=re.escape(why)):
+        save(records, tmp_path / "new", step=step)
+    assert not (tmp_path / "new").exists()
+
+
+def test_load_takes_one_key_or_several(tmp_path):
+    save({"m:f:x@0": [1], "m:f:y@0": [2]}, tmp_path)
+    assert dict(load(tmp_path, keys="m:f:x@0")) == {"m:f:x@0": [1]}
+    assert dict(load(tmp_path, keys=["m:f:y@0"])) == {"m:f:y@0": [2]}
 
 
 def test_steps_are_integers_of_any_integer_type(tmp_path):

@@ -84,7 +84,7 @@ except ImportError:  # pragma: no cover - depends on the environment
             "bcrecord.integrations.lightning needs Lightning: pip install 'bcrecord[lightning]'"
         ) from error
 
-from ..errors import RecordingWarning
+from ..errors import RecordingWarning, SpecError
 from ..storage import Writer
 from ..torch import ModelRecording, record
 from ..viz import as_dense
@@ -317,17 +317,17 @@ class RecorderCallback(pl.Callback):  # type: ignore[misc]
         super().__init__()
         self.targets: List[str] = [targets] if isinstance(targets, str) else list(targets)
         if not self.targets:
-            raise ValueError("RecorderCallback needs at least one target")
+            raise SpecError("RecorderCallback needs at least one target")
         if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps < 1:
-            raise ValueError(f"every_n_steps must be a positive int, got {every_n_steps!r}")
+            raise SpecError(f"every_n_steps must be a positive int, got {every_n_steps!r}")
         stages = (stages,) if isinstance(stages, str) else tuple(stages)
         unknown = [s for s in stages if s not in STAGES]
         if unknown:
-            raise ValueError(f"unknown stage(s) {unknown}; choose from {list(STAGES)}")
+            raise SpecError(f"unknown stage(s) {unknown}; choose from {list(STAGES)}")
         if record_options.get("stop_after_last"):
-            raise ValueError("stop_after_last would end the module's forward early: not available here")
+            raise SpecError("stop_after_last would end the module's forward early: not available here")
         if history is not None and (isinstance(history, bool) or history < 1):
-            raise ValueError(f"history must be a positive int or None, got {history!r}")
+            raise SpecError(f"history must be a positive int or None, got {history!r}")
         self.every_n_steps = every_n_steps
         self.stages: Tuple[str, ...] = stages
         self.save_dir: Optional[Path] = None if save_dir is None else Path(save_dir)

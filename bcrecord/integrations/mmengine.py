@@ -64,7 +64,7 @@ except ImportError as error:  # pragma: no cover - depends on the environment
 
 import bcrecord.torch  # noqa: F401  (registers detached tensor copies for recordings)
 
-from ..errors import BcrecordError
+from ..errors import BcrecordError, SpecError
 from ..listing import decompiled, side_by_side
 from ..patch import Patch, patch_method
 from ..runtime import Recording, recording
@@ -311,16 +311,16 @@ class FeatureMapDrawer:
         if isinstance(keys, str):
             keys = [keys]
         if keys is not None and (not keys or not all(isinstance(k, str) for k in keys)):
-            raise ValueError(f"keys must be a non-empty list of keys or patterns (or None), got {keys!r}")
+            raise SpecError(f"keys must be a non-empty list of keys or patterns (or None), got {keys!r}")
         if channel_reduction not in (None, "squeeze_mean", "select_max"):
-            raise ValueError(
+            raise SpecError(
                 f"channel_reduction must be 'squeeze_mean', 'select_max' or None, got {channel_reduction!r}"
             )
         if not isinstance(topk, int) or isinstance(topk, bool):
-            raise ValueError(f"topk must be an int, got {topk!r}")
+            raise SpecError(f"topk must be an int, got {topk!r}")
         rows, cols = arrangement
         if channel_reduction is None and topk > 0 and rows * cols < topk:
-            raise ValueError(f"arrangement {tuple(arrangement)} has fewer than topk={topk} cells")
+            raise SpecError(f"arrangement {tuple(arrangement)} has fewer than topk={topk} cells")
         self.keys = None if keys is None else list(keys)
         self.interval = _positive(interval, "visualization interval")
         self.channel_reduction = channel_reduction
@@ -412,7 +412,7 @@ class FeatureMapDrawer:
 
 def _positive(value: Any, what: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"{what} must be a positive int, got {value!r}")
+        raise SpecError(f"{what} must be a positive int, got {value!r}")
     return value
 
 
@@ -420,7 +420,7 @@ def _loops(value: Union[str, Sequence[str]]) -> Tuple[str, ...]:
     loops = (value,) if isinstance(value, str) else tuple(value)
     bad = [loop for loop in loops if loop not in LOOPS]
     if bad or not loops:
-        raise ValueError(f"loops must name some of {LOOPS}, got {value!r}")
+        raise SpecError(f"loops must name some of {LOOPS}, got {value!r}")
     return loops
 
 
@@ -558,12 +558,12 @@ class RecorderHook(Hook):
         self.interval = _positive(interval, "interval")
         self.by_epoch = bool(by_epoch)
         if copy not in COPY_POLICIES:
-            raise ValueError(f"copy must be one of {COPY_POLICIES}, got {copy!r}")
+            raise SpecError(f"copy must be one of {COPY_POLICIES}, got {copy!r}")
         self.copy = copy
         if visualize is True:
             visualize = {}
         if visualize is not None and visualize is not False and not isinstance(visualize, Mapping):
-            raise ValueError(
+            raise SpecError(
                 f"visualize must be True or a dict of FeatureMapDrawer options, got {visualize!r}"
             )
         self.drawer = FeatureMapDrawer(**visualize) if isinstance(visualize, Mapping) else None

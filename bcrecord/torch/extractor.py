@@ -257,7 +257,6 @@ class FeatureExtractor(torch.nn.Module):
         return out
 
 
-
 def create_feature_extractor(
     model: torch.nn.Module,
     return_nodes: Optional[ReturnNodes] = None,

@@ -52,7 +52,7 @@ from typing import (
 import torch
 
 from ..analysis import read, resolve
-from ..errors import RecordingWarning, TargetError
+from ..errors import RecordingWarning, SpecError, TargetError
 from ..patch import Patch, function_of, patch_method, remove_all
 from ..runtime import Recording, Sink, context_recordings
 from ..specs import Attribute, Local, Spec
@@ -390,7 +390,7 @@ def _check_reduce_keys(reduce: Any, expanded: Mapping[str, Sequence[Target]]) ->
     known = set(expanded) | {target.text for concrete in expanded.values() for target in concrete}
     unknown = [key for key in reduce if key not in known]
     if unknown:
-        raise ValueError(f"reduce names targets that are not recorded: {unknown}; targets: {list(expanded)}")
+        raise SpecError(f"reduce names targets that are not recorded: {unknown}; targets: {list(expanded)}")
 
 
 def _reduce_for(reduce: Any, text: str, target: Target) -> Optional[Callable[[torch.Tensor], Any]]:
@@ -567,7 +567,7 @@ class Plan:
         grad: bool = False,
     ) -> None:
         if copy not in ("clone", "detach", "deepcopy", "none"):
-            raise ValueError(f"unknown copy policy {copy!r}; choose one of clone, detach, deepcopy, none")
+            raise SpecError(f"unknown copy policy {copy!r}; choose one of clone, detach, deepcopy, none")
         self.model = model
         self.copy = copy
         #: The recording running now (gradient targets store their gradients in it).
