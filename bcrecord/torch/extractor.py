@@ -303,12 +303,12 @@ class TargetList(List[str]):
 
 def list_targets(
     model: torch.nn.Module,
-    methods: Iterable[str] = ("forward", "_forward_impl", "forward_features", "forward_head"),
+    methods: Union[str, Iterable[str]] = ("forward", "_forward_impl", "forward_features", "forward_head"),
 ) -> TargetList:
     """Every recordable target per submodule, in module order (no tracing).
 
     For each submodule: its path (the module's output) and, for each of
-    ``methods`` it defines in Python, one target per local assignment, attribute
+    ``methods`` (a name, or several) it defines in Python, one target per local assignment, attribute
     load site, call site (``'self.bn1()@0'``), operator site (``'+=@0'``) and return.
     TorchScript submodules, which cannot be recorded, are left out.
 
@@ -318,6 +318,8 @@ def list_targets(
     ('', ['0:forward:self.weight@0', '0:forward:F.linear()@0', '0:forward:return'])
     """
     require_module(model)
+    if isinstance(methods, str):
+        methods = [methods]
     out = TargetList()
     for path, module in unwrap(model).named_modules():
         if isinstance(module, torch.jit.ScriptModule):

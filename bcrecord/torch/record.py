@@ -391,6 +391,9 @@ def _check_reduce_keys(reduce: Any, expanded: Mapping[str, Sequence[Target]]) ->
     unknown = [key for key in reduce if key not in known]
     if unknown:
         raise SpecError(f"reduce names targets that are not recorded: {unknown}; targets: {list(expanded)}")
+    for key, function in reduce.items():
+        if not callable(function):
+            raise TypeError(f"reduce[{key!r}] must be a callable, got {function!r}")
 
 
 def _reduce_for(reduce: Any, text: str, target: Target) -> Optional[Callable[[torch.Tensor], Any]]:

@@ -148,6 +148,8 @@ def test_list_targets_covers_every_submodule_without_tracing():
     with bcrecord.torch.record(net, sample) as rec:
         net(torch.randn(1, 3, 4, 4))
     assert len(rec) >= len([t for t in sample if not t.endswith("return")])
+    # one method name, as a str: not its letters
+    assert list_targets(net, "forward") == list_targets(net, ["forward"]) != paths
 
 
 def test_extractor_patches_once_and_the_model_is_itself_between_calls():

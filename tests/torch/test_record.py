@@ -136,6 +136,9 @@ def test_reduce_by_target_string_as_given_or_as_expanded(net):
             net, ["blocks.0:forward:out", "blocks.0:forward:out@1"], reduce={"blocks.0:forward:out": total}
         ):
             pass
+    with pytest.raises(TypeError, match=r"reduce\['bn1'\] must be a callable, got 'mean'"):
+        with record(net, ["bn1"], reduce={"bn1": "mean"}):  # would record nothing, one error a value
+            pass
     assert same(before, snapshot(net))
 
 
