@@ -134,6 +134,34 @@ def function_of(obj: Any) -> types.FunctionType:
     return func
 
 
+def outermost_taking_instance(func: types.FunctionType) -> types.FunctionType:
+    """The outermost function of a ``functools.wraps`` chain that takes a positional argument.
+
+    What a per-instance patch of a wrapper's return patches: it needs the instance as
+    the first argument. Wrappers outside it that take only ``*args`` (deprecation
+    shims) are passed through.
+
+    >>> import functools
+    >>> def shim(f):
+    ...     return functools.wraps(f)(lambda *args, **kwargs: f(*args, **kwargs))
+    >>> def doubled(f):
+    ...     @functools.wraps(f)
+    ...     def wrapper(self, x):
+    ...         return 2 * f(self, x)
+    ...     return wrapper
+    >>> def forward(self, x):
+    ...     return x
+    >>> outermost_taking_instance(shim(doubled(forward))).__code__.co_name
+    'wrapper'
+    >>> outermost_taking_instance(shim(forward)) is forward
+    True
+    """
+    inner = getattr(func, "__wrapped__", None)
+    while not func.__code__.co_argcount and isinstance(inner, types.FunctionType):
+        func, inner = inner, getattr(inner, "__wrapped__", None)
+    return func
+
+
 def _why_not_a_function(obj: Any) -> str:
     """Why ``obj`` cannot be patched, and what to patch instead."""
     name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
@@ -712,9 +740,18 @@ def _install(holder: Any, attribute: str, value: Any) -> None:
 
 
 def patch_function(
-    func: Callable[..., Any], specs: Union[SpecLike, Iterable[SpecLike]], name: Optional[Owner] = None
+    func: Callable[..., Any],
+    specs: Union[SpecLike, Iterable[SpecLike]],
+    name: Optional[Owner] = None,
+    *,
+    unwrap: bool = True,
 ) -> Patch:
     """Patch ``func`` in place (its ``__code__``), so every reference to it records.
+
+    A ``functools.wraps`` wrapper is recorded inside the function it wraps, where its
+    locals are; ``unwrap=False`` patches the wrapper itself (its ``return`` is what
+    callers get); with a per-instance ``name``, the outermost wrapper that takes the
+    instance first (see :func:`outermost_taking_instance`).
 
     >>> import bcrecord
     >>> def double(v):
@@ -727,7 +764,7 @@ def patch_function(
     >>> rec["m:double:out@0"]
     8
     """
-    return _patch_in_place(func, specs, name)
+    return _patch_in_place(func, specs, name, unwrap=unwrap)
 
 
 def _patch_in_place(
@@ -735,10 +772,14 @@ def _patch_in_place(
     specs: Union[SpecLike, Iterable[SpecLike]],
     name: Optional[Owner],
     function: Optional[str] = None,
+    unwrap: bool = True,
 ) -> Patch:
     """:func:`patch_function`, with the function part of keys (default: the code's name)."""
-    base = function_of(func)
     running = _unwrap_installed(func)
+    if unwrap or not isinstance(running, types.FunctionType):
+        base = function_of(func)
+    else:  # the wrapper; per instance, the outermost one the instance is passed to
+        base = outermost_taking_instance(running) if callable(name) else running
     with _lock:
         # A patch's copy (``a.f`` of a patched instance): in place means in what runs there,
         # not in the original it was copied from.
@@ -768,6 +809,7 @@ def patch_method(
     name: Optional[Owner] = None,
     *,
     in_place: bool = False,
+    unwrap: bool = True,
 ) -> Patch:
     """Patch ``obj.method`` to record ``specs``; returns a reversible :class:`Patch`.
 
@@ -779,6 +821,8 @@ def patch_method(
     ``in_place=True`` patches the function object itself (see :func:`patch_function`):
     the one there, which is an earlier patch's copy where one is installed (references
     to the original taken before that patch then run without this one's probes).
+    A ``functools.wraps`` wrapper is patched in place, inside the function it wraps;
+    ``unwrap=False``, the wrapper itself (see :func:`patch_function`).
 
     >>> import bcrecord
     >>> class Net:
@@ -816,10 +860,10 @@ def patch_method(
     # inherits it: their patch is theirs alone.
     shared = isinstance(obj, (type, types.ModuleType)) and own is not _MISSING
     stacks = shared and (_copy_slot(base) is not None or ("code", id(base)) in _slots)
-    if in_place or base is not _function_of_shallow(raw) or stacks:
+    if in_place or not unwrap or base is not _function_of_shallow(raw) or stacks:
         # A wrapper holds the function it wraps: only patching that in place reaches it.
         # (Given what is there: an earlier patch's copy, if one runs there, is patched.)
-        return _patch_in_place(raw, specs, default if name is None else name, method)
+        return _patch_in_place(raw, specs, default if name is None else name, method, unwrap)
     if not isinstance(obj, (type, types.ModuleType)) and not hasattr(obj, "__dict__"):
         raise NotPatchableError(
             f"{type(obj).__name__} instances have no __dict__ (uses __slots__?): patch the class instead"

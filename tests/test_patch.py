@@ -493,6 +493,48 @@ def test_instrument_refuses_a_function_inside_a_wrapper():
     assert rec["w:g:y@0"] == 2
 
 
+def test_unwrap_false_records_what_the_wrapper_returns_and_leaves_it_as_it_was():
+    import functools
+
+    def times_ten(func):
+        @functools.wraps(func)
+        def wrapper(self, x):
+            return func(self, x) * 10
+
+        return wrapper
+
+    def shim(func):  # a deprecation shim: *args only, passes the result through
+        @functools.wraps(func)
+        def passing(*args, **kwargs):
+            return func(*args, **kwargs)
+
+        return passing
+
+    class M:
+        @shim
+        @times_ten
+        def forward(self, x):
+            y = x + 1
+            return y
+
+    m, wrappers = M(), (M.forward, M.forward.__wrapped__)
+    codes = [w.__code__ for w in wrappers]
+    with (
+        bcrecord.patch_method(M, "forward", ["y", "return"], name="in"),
+        bcrecord.patch_method(M, "forward", "return", name="out", unwrap=False),
+        bcrecord.patch_method(M, "forward", "return", name=lambda inst: "each", unwrap=False),
+        bcrecord.recording() as rec,
+    ):
+        assert m.forward(1) == 20
+    assert dict(rec.items()) == {
+        "in:forward:y@0": 2,
+        "in:forward:return": 2,  # the wrapped function's
+        "out:forward:return": 20,  # the outermost wrapper's (the shim)
+        "each:forward:return": 20,  # per instance: the outermost wrapper given the instance
+    }
+    assert [w.__code__ for w in wrappers] == codes and (M.forward, M.forward.__wrapped__) == wrappers
+
+
 def test_patches_made_while_another_is_armed_start_from_the_original_code():
     class M:
         def forward(self, x):

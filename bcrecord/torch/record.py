@@ -53,9 +53,9 @@ import torch
 
 from ..analysis import read, resolve
 from ..errors import RecordingWarning, SpecError, TargetError
-from ..patch import Patch, function_of, patch_method, remove_all
+from ..patch import Patch, function_of, outermost_taking_instance, patch_method, remove_all
 from ..runtime import Recording, Sink, context_recordings
-from ..specs import Attribute, Local, Spec
+from ..specs import Attribute, Local, Return, Spec
 from .copies import Device, ValuePolicy, _itself, value_policy
 from .targets import Target, expand_all, module_at
 
@@ -666,6 +666,23 @@ class Plan:
                 # In place: bound methods kept elsewhere (self.forward = self.forward_split_cat)
                 # and super() calls reach the probes too; the owner picks the instances.
                 owner = _Owner({path: self.modules[path] for path in owners})
+                # A method's return is what its caller gets: a functools.wraps wrapper's
+                # (transformers' can_return_tuple...), which may change what the function it
+                # wraps returned; its other targets are in that function. Per instance: the
+                # outermost wrapper given the instance (not a ``*args`` deprecation shim).
+                outer = getattr(cls, method)
+                returns = [spec for spec in specs if isinstance(spec, Return)]
+                if (
+                    returns
+                    and isinstance(outer, types.FunctionType)
+                    and outermost_taking_instance(outer) is not function_of(outer)
+                ):
+                    patches.append(
+                        patch_method(cls, method, returns, name=owner, in_place=True, unwrap=False)
+                    )
+                    specs = [spec for spec in specs if not isinstance(spec, Return)]
+                    if not specs:
+                        continue
                 patches.append(patch_method(cls, method, specs, name=owner, in_place=True))
         except BaseException:
             remove_all(patches)

@@ -267,8 +267,11 @@ def _fx_sites(
 ) -> None:
     """Add ``func``'s sites of ``scope.base``: ``func`` runs at call positions ``at``,
     inside the forward-jump spans ``guards``, inside the methods ``seen``."""
+    from ..patch import function_of
     from ..patch import targets as function_targets
 
+    # Inside functools.wraps wrappers, as the sites are: spans, loads and names of that code.
+    func = function_of(func)
     base, method = scope.base, func.__name__
     found = function_targets(func)
     spans, jumps = _jump_spans(func.__code__)
@@ -412,9 +415,11 @@ def _python_function(called: object) -> Optional[types.FunctionType]:
 def _has_fx_sites(func: types.FunctionType, base: str, depth: int = 4) -> bool:
     """Whether a Python function FX traces into has calls or operators FX would name
     ``base``, itself or in the Python functions it calls (``depth`` levels down)."""
+    from ..patch import function_of
     from ..patch import targets as function_targets
 
     try:
+        func = function_of(func)  # the code its sites are in (inside wrappers)
         found = function_targets(func)
     except Exception:  # no code to read (a C function reached through Python)
         return False

@@ -207,6 +207,30 @@ def test_bert_attention_with_padding_and_hidden_states(bert):
     assert_clean()
 
 
+def test_module_outputs_are_what_the_decorated_forwards_return(bert):
+    # BertModel.forward is wrapped (can_return_tuple, output capturing), BertLayer's by
+    # gradient checkpointing: a module path records what the module returned, as a hook sees it.
+    ids = torch.randint(0, 100, (1, 5), generator=torch.Generator().manual_seed(2))
+    seen = {}
+    hooks = [
+        module.register_forward_hook(lambda m, a, out, path=path: seen.setdefault(path, out))
+        for path, module in [("", bert), ("encoder.layer.0", bert.encoder.layer[0])]
+    ]
+    try:
+        with record(bert, ["", "encoder.layer.0"]) as rec, torch.no_grad():
+            out = bert(ids, output_hidden_states=True, return_dict=False)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    root = rec[":forward:return"]
+    assert isinstance(out, tuple) and isinstance(root, tuple) and len(root) == len(out) == 3
+    assert torch.equal(root[0], out[0]) and len(root[2]) == len(out[2]) == 3  # the hidden states too
+    assert torch.equal(rec["encoder.layer.0:forward:return"], seen["encoder.layer.0"])
+    extracted = bcrecord.torch.create_feature_extractor(bert, [""])(ids, output_hidden_states=True)[""]
+    assert "hidden_states" in extracted  # added by the wrapper
+    assert_clean()
+
+
 def test_only_eager_attention_runs_the_python_function():
     torch.manual_seed(0)
     config = transformers.BertConfig(

@@ -1,6 +1,7 @@
 """bcrecord.torch.record: values, policies, modes, threads, copies and cleanup."""
 
 import copy
+import functools
 import io
 import pickle
 import threading
@@ -711,6 +712,55 @@ def test_a_deepcopy_made_while_stopping_early_stops_as_the_model_does():
     values = rec.all("0:forward:return")
     assert len(values) == 2 and all(torch.equal(v, net[0](x)) for v in values)
     assert torch.equal(twin(x), net(x))  # afterwards both run to the end
+
+
+def _as_tuple(func):  # what transformers' can_return_tuple does: changes what forward returns
+    @functools.wraps(func)
+    def wrapper(self, x, as_tuple=False):
+        out = func(self, x)
+        return (out,) if as_tuple else out
+
+    return wrapper
+
+
+def _deprecation_shim(func):  # *args only: passes the result through
+    @functools.wraps(func)
+    def passing(*args, **kwargs):
+        return func(*args, **kwargs)
+
+    return passing
+
+
+class Wrapped(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(2, 2)
+
+    @_deprecation_shim
+    @_as_tuple
+    def forward(self, x):
+        h = self.fc(x)
+        return h.relu()
+
+
+def test_a_module_path_records_what_a_wrapped_forward_returns_and_its_locals_inside():
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(Wrapped(), Wrapped())
+    x = torch.randn(3, 2)
+    seen = {}
+    hooks = [m.register_forward_hook(lambda m, a, o, i=i: seen.setdefault(i, o)) for i, m in enumerate(net)]
+    codes = [w.__code__ for w in (Wrapped.forward, Wrapped.forward.__wrapped__)]
+    with record(net, ["0", "1:forward:return", "1:forward:h"]) as rec:
+        out = net[1](net[0](x, as_tuple=True)[0], as_tuple=True)
+    for hook in hooks:
+        hook.remove()
+    # What each module returned (a tuple, as the hooks saw it), not what the function inside returned
+    assert isinstance(rec["0:forward:return"], tuple) and torch.equal(rec["0:forward:return"][0], seen[0][0])
+    assert torch.equal(rec["1:forward:return"][0], out[0])
+    assert torch.equal(rec["1:forward:h@0"], net[1].fc(seen[0][0]))  # a local: inside, as before
+    assert [w.__code__ for w in (Wrapped.forward, Wrapped.forward.__wrapped__)] == codes
+    extractor = bcrecord.torch.create_feature_extractor(net, ["0"])
+    assert isinstance(extractor(x)["0"], torch.Tensor)  # as_tuple=False: the tensor itself
 
 
 def test_torch_export_inside_a_recording_that_stops_early_exports_the_whole_model():

@@ -159,6 +159,46 @@ def test_an_fx_name_in_a_function_that_loops_is_refused_with_the_sites_to_pick()
     assert [t.item() for t in turns[":forward:+@0"]] == [2.0, 4.0]
 
 
+def test_fx_names_in_a_wrapped_forward_are_checked_in_the_function_inside():
+    # transformers' gradient checkpointing wraps every layer's forward in a wrapper with a
+    # branch; a loop or a branch is that of the function the sites are in, not the wrapper's.
+    from bcrecord.torch import create_feature_extractor
+
+    def passing(func):
+        @functools.wraps(func)
+        def wrapper(self, *args):
+            return func(self, *args)
+
+        return wrapper
+
+    def branching(func):
+        @functools.wraps(func)
+        def wrapper(self, *args):
+            if getattr(self, "checkpointing", False):
+                args = tuple(args)
+            return func(self, *args)
+
+        return wrapper
+
+    class Looped(torch.nn.Module):
+        @passing
+        def forward(self, x):
+            for _ in range(3):
+                x = x + 1
+            return x
+
+    class Straight(torch.nn.Module):
+        @branching
+        def forward(self, x):
+            y = x + 1
+            z = y + 2
+            return z
+
+    with pytest.raises(bcrecord.TargetError, match="'add': Looped runs 'add' in a loop"):
+        create_feature_extractor(Looped(), ["add"])
+    assert create_feature_extractor(Straight(), ["add_1"])(torch.zeros(1))["add_1"].item() == 3.0
+
+
 def test_containers_and_methods_that_do_not_run_on_the_module_are_explained():
     class Holder(torch.nn.Module):
         def __init__(self):
