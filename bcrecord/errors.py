@@ -27,6 +27,12 @@ len is a builtin or C function: it has no bytecode to patch
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+import warnings
+from typing import Type
+
 __all__ = [
     "BcrecordError",
     "SpecError",
@@ -67,3 +73,24 @@ class RecordingWarning(RuntimeWarning):
     Probes never raise into the patched function; the failure is reported with
     this warning and kept in :attr:`bcrecord.Recording.errors`.
     """
+
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+#: Frames of these files are bcrecord's (contextlib runs ``bcrecord.torch.record``'s body).
+_OWN_FILES = (_PACKAGE, os.path.abspath(contextlib.__file__))
+
+
+def warn(message: str, category: Type[Warning] = RecordingWarning) -> None:
+    """Warn, pointing at the first caller outside bcrecord: the user's line, or the recorded function's.
+
+    >>> import warnings
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     warn("a value could not be recorded")
+    >>> caught[0].filename.startswith("<doctest"), caught[0].category.__name__
+    (True, 'RecordingWarning')
+    """
+    level, frame = 2, sys._getframe(1)
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_OWN_FILES):
+        level, frame = level + 1, frame.f_back
+    warnings.warn(message, category, stacklevel=level)

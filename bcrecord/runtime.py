@@ -54,7 +54,6 @@ import difflib
 import importlib
 import sys
 import threading
-import warnings
 import weakref
 from collections import deque
 from dataclasses import dataclass, field
@@ -78,7 +77,7 @@ from typing import (
 )
 
 from ._versions import PROBE_NAME
-from .errors import RecordingWarning, SpecError
+from .errors import SpecError, warn
 from .rewrite import DEFAULT_SINKS, SINKS
 from .specs import COPY_POLICIES
 
@@ -1109,11 +1108,7 @@ class Recording:
         self.errors.append(RecordError(key, error))
         if key not in self._warned:
             self._warned.add(key)
-            warnings.warn(
-                f"bcrecord could not record {key}: {type(error).__name__}: {error}",
-                RecordingWarning,
-                stacklevel=3,
-            )
+            warn(f"bcrecord could not record {key}: {type(error).__name__}: {error}")
 
     def add(self, key: str, value: Any) -> None:
         """Store ``value`` under ``key`` as a probe would (for plug-ins, e.g. gradients).

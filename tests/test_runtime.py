@@ -265,6 +265,8 @@ def test_probe_failure_is_reported_never_raised():
     # one warning per key, naming it
     messages = [str(w.message) for w in caught if issubclass(w.category, RecordingWarning)]
     assert len(messages) == 2 and "e:f:u@0" in messages[1] and "no clone today" in messages[1]
+    # at the recorded function's line, not in bcrecord's runtime
+    assert {(w.filename, w.lineno) for w in caught} == {(__file__, f.__code__.co_firstlineno + 1)}
 
 
 def test_a_failing_owner_function_is_reported_and_its_instance_skipped():

@@ -16,6 +16,7 @@ torch.Size([3, 4])
 
 from __future__ import annotations
 
+import contextlib
 import types
 import weakref
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
@@ -27,7 +28,7 @@ from ..patch import Patch, remove_all, remove_soon
 from ..patch import targets as function_targets
 from ..runtime import kept_length
 from .record import ModelRecording, Pass, Plan, StopForward, _exporting, _stopping
-from .targets import expand, has_forward, require_module, unwrap
+from .targets import _expanding_again, expand, has_forward, require_module, takes_instance, unwrap
 
 __all__ = ["FeatureExtractor", "create_feature_extractor", "list_targets", "TargetList"]
 
@@ -135,15 +136,17 @@ class FeatureExtractor(torch.nn.Module):
             missing = "eval_return_nodes" if eval_return_nodes is None else "train_return_nodes"
             raise SpecError(f"give train_return_nodes and eval_return_nodes together ({missing} is missing)")
         self.train_nodes = _normalise(model, train_return_nodes if return_nodes is None else return_nodes)
-        self.eval_nodes = _normalise(model, eval_return_nodes if return_nodes is None else return_nodes)
+        with _expanding_again() if return_nodes is not None else contextlib.nullcontext():
+            self.eval_nodes = _normalise(model, eval_return_nodes if return_nodes is None else return_nodes)
         self.stop_early = stop_early
         # Module paths name a module's output as torchvision does: its first call in the
         # forward (FX names later calls 'relu_1', ...), with or without the early stop.
-        self._first_only = frozenset(
-            target
-            for target in {**self.train_nodes, **self.eval_nodes}
-            if all(one.output for one in expand(model, target))
-        )
+        with _expanding_again():  # (_normalise warned, once)
+            self._first_only = frozenset(
+                target
+                for target in {**self.train_nodes, **self.eval_nodes}
+                if all(one.output for one in expand(model, target))
+            )
         # As torchvision's: features stay in the autograd graph (a head trained on them
         # trains the backbone too); they are still copies, as assigned. grad=False detaches.
         self.options = {"grad": True, **options}
@@ -151,6 +154,13 @@ class FeatureExtractor(torch.nn.Module):
         # first call's output whatever ``keep`` says, which applies to the rest.
         self._kept = kept_length(options.get("keep", "all"))
         self._run_options: Dict[str, Any] = {"keep": "all", "threads": options.get("threads", "all")}
+        # Every option checked now, not at the first call: plans made and dropped (nothing is
+        # patched; the first call in each mode resolves the targets again, as documented).
+        ModelRecording(**self._run_options)
+        plan_options = {k: v for k, v in self.options.items() if k in _PLAN_OPTIONS}
+        with _expanding_again():
+            for nodes in {tuple(self.train_nodes), tuple(self.eval_nodes)}:
+                Plan(model, list(nodes), **plan_options)
         self._plans: Dict[bool, Tuple[Plan, List[Patch], List[ModelRecording]]] = {}
         #: Per mode, what each call returns: (target, name, its keys, first value only).
         self._outputs: Dict[bool, List[Tuple[str, str, Tuple[str, ...], bool]]] = {}
@@ -163,7 +173,8 @@ class FeatureExtractor(torch.nn.Module):
         if found is None:
             nodes = self.train_nodes if training else self.eval_nodes
             plan_options = {k: v for k, v in self.options.items() if k in _PLAN_OPTIONS}
-            plan = Plan(self.model, list(nodes), **plan_options)
+            with _expanding_again():  # (the constructor warned)
+                plan = Plan(self.model, list(nodes), **plan_options)
             patches = plan.patch()
             # Recordings between calls, reused so their routes and sinks are built once;
             # one per call running at the same time.
@@ -324,11 +335,15 @@ def list_targets(
     for path, module in unwrap(model).named_modules():
         if isinstance(module, torch.jit.ScriptModule):
             continue  # TorchScript, not bytecode (its submodules are scripted too): not recordable
-        if has_forward(module):  # a container's path (ModuleList) has no output
+        forward = getattr(type(module), "forward", None)
+        # A container's path (ModuleList) has no output; a forward(*args) cannot be recorded here.
+        if has_forward(module) and (not isinstance(forward, types.FunctionType) or takes_instance(forward)):
             out.append(path)
         for method in methods:
             func = getattr(type(module), method, None)
             if not isinstance(func, types.FunctionType) or func is getattr(torch.nn.Module, method, None):
+                continue
+            if not takes_instance(func):  # def forward(*args): record() refuses it, saying why
                 continue
             out.extend(f"{path}:{method}:{spec}" for spec in function_targets(func).specs())
     return out

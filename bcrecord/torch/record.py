@@ -31,7 +31,6 @@ import dataclasses
 import inspect
 import threading
 import types
-import warnings
 import weakref
 from collections import defaultdict, deque
 from typing import (
@@ -52,7 +51,7 @@ from typing import (
 import torch
 
 from ..analysis import read, resolve
-from ..errors import RecordingWarning, SpecError, TargetError
+from ..errors import SpecError, TargetError, warn
 from ..patch import Patch, function_of, outermost_taking_instance, patch_method, remove_all
 from ..runtime import Recording, Sink, context_recordings
 from ..specs import Attribute, Local, Return, Spec
@@ -112,11 +111,9 @@ class _PathMark(str):
         if self.module.__dict__.get(_MARK) is not self:
             # Left on a shallow copy (copy.copy, __dict__ copied) after its pass: inert.
             return str, (str(self),)
-        warnings.warn(
+        warn(
             f"bcrecord: a module ({str(self) or '<root>'}) is being saved while it is recorded; "
-            "the saved copy loads without recording",
-            RecordingWarning,
-            stacklevel=2,
+            "the saved copy loads without recording"
         )
         # Saved as a plain str: inert (only a marker records), and loading needs no bcrecord.
         return str, (str(self),)
@@ -206,6 +203,17 @@ class ModelRecording(Recording):
         self._leaf_hooks: Set[_GradientHook] = set()
         #: The hook waiting on each (key, leaf tensor id): one gradient per backward.
         self._leaf_waiting: Dict[Tuple[str, int], _GradientHook] = {}
+        #: Whether the record() block it was made for has ended (its patches are gone).
+        self._ended = False
+
+    def __enter__(self) -> ModelRecording:
+        if self._ended:  # entered again, it would record nothing, silently
+            raise RuntimeError(
+                "this recording's record() block has ended and the model is unpatched: "
+                "enter a new record(model, targets) to record again"
+            )
+        super().__enter__()
+        return self
 
     def _settle(self) -> None:
         for policy in self._policies:
@@ -852,10 +860,16 @@ def record(
     plan = Plan(model, targets, copy=copy, to=to, dtype=dtype, reduce=reduce, grad=grad)
     patches = plan.patch()
     try:
-        with plan.running(patches, keep=keep, threads=threads, stop_after_last=stop_after_last) as rec:
+        run = plan.running(patches, keep=keep, threads=threads, stop_after_last=stop_after_last)
+    except BaseException:  # a bad keep= or threads=
+        remove_all(patches)
+        raise
+    try:
+        with run as rec:
             yield rec
     finally:
         remove_all(patches)
+        run.rec._ended = True
 
 
 #: Whether a caller in this context catches :class:`StopForward` (the root's

@@ -25,15 +25,16 @@ from __future__ import annotations
 
 import builtins
 import collections.abc
+import contextlib
+import contextvars
 import difflib
 import fnmatch
 import functools
 import inspect
 import sys
 import types
-import warnings
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import torch
 from bytecode import Instr, Label
@@ -41,7 +42,7 @@ from torch.nn.utils import parametrize
 
 from .._versions import current
 from ..analysis import instructions
-from ..errors import NotPatchableError, RecordingWarning, SpecError, TargetError
+from ..errors import NotPatchableError, SpecError, TargetError, warn
 from ..specs import Attribute, Call, Expr, Return, Spec, parse
 
 __all__ = ["Target", "expand", "expand_all", "has_forward", "unwrap", "module_at"]
@@ -569,13 +570,11 @@ def expand(model: torch.nn.Module, text: str) -> List[Target]:
                 f"{where} runs a forward set on the instance, not a method of its class; "
                 "record inside what it calls, or patch that function with bcrecord.patch_function"
             )
-        if runs is None or (runs != method and spec_text):
+        if (runs is None or (runs != method and spec_text)) and _warn.get():
             instead = "" if runs is None else f" (it runs {runs}: its targets are '{path}:{runs}:...')"
-            warnings.warn(
+            warn(
                 f"bcrecord: {where} has its own {method} attribute; {type(module).__name__}.{method} "
-                f"records only if that calls it{instead}",
-                RecordingWarning,
-                stacklevel=3,
+                f"records only if that calls it{instead}"
             )
         # A bare path is the module's output: what the method that runs returns.
         runs = method if runs is None or spec_text else runs
@@ -597,6 +596,12 @@ def expand(model: torch.nn.Module, text: str) -> List[Target]:
         if not isinstance(func, types.FunctionType):
             kind = "no method" if func is None else "no Python method"
             raise NotPatchableError(f"{where} has {kind} {runs!r}")
+        if not takes_instance(func):
+            raise NotPatchableError(
+                f"{where}: {runs} takes no positional argument (def {runs}(*args)), so the module "
+                f"it runs on is not known to the patch of {type(module).__name__} its instances share; "
+                f"record it with bcrecord.patch_method(module, {runs!r}, ...) on the instance"
+            )
         if isinstance(spec, Attribute) and spec.at == "entry":
             _refuse_parametrized_read(module, func, spec, where, grad)
         concrete = f"{path}:{runs}:{spec_text}" if spec_text else path
@@ -635,6 +640,34 @@ def _refuse_parametrized_read(
                 "module that reads it"
             )
         owner = owner._modules.get(name)  # (getattr would compute a parametrized tensor)
+
+
+#: False while targets already expanded once (and warned about) are expanded again.
+_warn: contextvars.ContextVar[bool] = contextvars.ContextVar("bcrecord_expand_warns", default=True)
+
+
+@contextlib.contextmanager
+def _expanding_again() -> Iterator[None]:
+    """Expand targets again (the extractor, per mode) without repeating the first expansion's warnings."""
+    token = _warn.set(False)
+    try:
+        yield
+    finally:
+        _warn.reset(token)
+
+
+def takes_instance(func: types.FunctionType) -> bool:
+    """Whether the method ``func`` (inside its wrappers) takes the instance as a positional argument.
+
+    The torch layer's per-instance patches pass it to the probes; ``def forward(*args)``
+    has none to pass.
+
+    >>> takes_instance(torch.nn.Linear.forward), takes_instance(lambda *args: args)
+    (True, False)
+    """
+    from ..patch import function_of
+
+    return function_of(func).__code__.co_argcount > 0
 
 
 def has_forward(module: torch.nn.Module) -> bool:

@@ -206,9 +206,21 @@ def test_outputs_wait_for_copies_still_in_flight():
     assert torch.equal(first["fc"], second["fc"]) and first["fc"].device.type == "cpu"
 
 
-def test_extractor_rejects_unknown_options_at_once():
+def test_extractor_rejects_unknown_options_and_bad_values_at_once():
     with pytest.raises(TypeError, match="unknown option.*stop_after"):
         create_feature_extractor(SmallNet(), ["bn1"], stop_after_last=True)
+    net = SmallNet()
+    bad = [
+        ({"copy": "bogus"}, bcrecord.SpecError, "unknown copy policy 'bogus'"),
+        ({"threads": "some"}, bcrecord.SpecError, "threads must be 'context' or 'all'"),
+        ({"reduce": {"nosuch": abs}}, bcrecord.SpecError, r"reduce names targets that are not recorded"),
+        ({"reduce": {"bn1": "mean"}}, TypeError, r"reduce\['bn1'\] must be a callable"),
+        ({"dtype": torch.int8}, TypeError, "dtype= casts floating-point or complex values"),
+    ]
+    for options, error, words in bad:
+        with pytest.raises(error, match=words):  # not at the first call
+            create_feature_extractor(net, ["bn1"], **options)
+    assert not any("forward" in vars(m) for m in net.modules())
 
 
 def test_a_call_leaves_nothing_for_the_cycle_collector():

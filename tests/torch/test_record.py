@@ -701,6 +701,20 @@ def test_a_forward_that_is_another_function_keeps_forward_in_its_keys():
     assert torch.equal(create_feature_extractor(net, ["0"])(x)["0"], x * 2)
 
 
+def test_a_recording_whose_block_ended_cannot_be_entered_again(net):
+    x = torch.randn(1, 3, 8, 8)
+    with record(net, ["bn1"]) as rec:
+        net(x)
+    with pytest.raises(RuntimeError, match=r"record\(\) block has ended and the model is unpatched"):
+        with rec:
+            net(x)  # would record nothing
+    assert len(rec.all("bn1:forward:return")) == 1 and not rec.active
+    with pytest.raises(bcrecord.SpecError, match="keep must be"):  # refused after patching: unpatched again
+        with record(net, ["bn1"], keep=0):
+            pass
+    assert "forward" not in vars(net.bn1) and not bcrecord.runtime.is_active()
+
+
 def test_a_deepcopy_made_while_stopping_early_stops_as_the_model_does():
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))

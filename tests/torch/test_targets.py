@@ -2,6 +2,7 @@
 
 import copy
 import functools
+import warnings
 
 import pytest
 import torch
@@ -131,9 +132,16 @@ def test_a_forward_replaced_on_the_instance_is_the_one_recorded_or_refused():
     model[0].forward = functools.partial(lambda x: x)
     with pytest.warns(
         bcrecord.RecordingWarning, match="has its own forward attribute; Linear.forward records only if"
-    ):
+    ) as caught:
         (other,) = expand(model, "0")
     assert other.method == "forward"
+    assert caught[0].filename == __file__  # the line that asked, not bcrecord's
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with bcrecord.torch.record(model, ["0"]):
+            pass
+        bcrecord.torch.create_feature_extractor(model, ["0"])  # expands per mode: warns once
+    assert [(w.filename, w.category) for w in caught] == [(__file__, bcrecord.RecordingWarning)] * 2
 
 
 def test_an_fx_name_in_a_function_that_loops_is_refused_with_the_sites_to_pick():
@@ -234,6 +242,22 @@ def test_containers_and_methods_that_do_not_run_on_the_module_are_explained():
     lam.forward = lambda x: x * 2
     with pytest.raises(bcrecord.NotPatchableError, match="runs a forward set on the instance"):
         expand(lam, "")
+
+    class Star(torch.nn.Module):
+        def forward(*args):  # no instance to tell the modules of one patch apart
+            y = args[1] * 3
+            return y
+
+    model = torch.nn.Sequential(torch.nn.Identity(), Star())
+    for target in ("1", "1:forward:y"):
+        with pytest.raises(
+            bcrecord.NotPatchableError, match=r"forward takes no positional argument.*on the instance"
+        ):
+            expand(model, target)
+    assert [t for t in bcrecord.torch.list_targets(model) if t.startswith("1")] == []  # not offered
+    with bcrecord.patch_method(model[1], "forward", "y", name="star"), bcrecord.recording() as rec:
+        model(torch.ones(1))
+    assert rec["star:forward:y@0"].item() == 3.0  # what the message suggests works
 
 
 def test_an_fx_name_of_an_op_after_a_loop_maps_to_its_site():
