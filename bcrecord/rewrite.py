@@ -118,17 +118,15 @@ class Template:
     def bind(self, site_ids: Sequence[int]) -> CodeType:
         """The runnable code, with probe point ``k`` reporting as ``site_ids[k]``.
 
-        >>> def f(a):
-        ...     x = a + 1
-        ...     return x
         >>> from bcrecord.analysis import read, resolve
-        >>> from bcrecord.specs import Local
-        >>> template = insert_probes(f.__code__, resolve([Local("x")], read(f.__code__)))
-        >>> 7 in template.bind([7]).co_consts, len(template.placeholders)
-        (True, 1)
-        >>> template.bind([7, 8])
+        >>> from bcrecord.specs import Local, Return
+        >>> code = (lambda a: [b := a + 1, b][1]).__code__
+        >>> template = insert_probes(code, resolve([Local("b"), Return()], read(code)))
+        >>> [c for c in template.bind([7, 9]).co_consts if c in (7, 9)]  # b's probe, the return's
+        [7, 9]
+        >>> template.bind([7])
         Traceback (most recent call last):
-        ValueError: expected 1 site ids, got 2
+        ValueError: expected 2 site ids, got 1
         """
         if len(site_ids) != len(self.placeholders):
             raise ValueError(f"expected {len(self.placeholders)} site ids, got {len(site_ids)}")
