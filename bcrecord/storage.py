@@ -49,7 +49,6 @@ import re
 import threading
 import time
 import uuid
-from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
@@ -532,7 +531,7 @@ def _items(records: Any) -> List[Tuple[str, Sequence[Any]]]:
         if not isinstance(key, str):  # 1 and "1" would be saved under one name
             raise TypeError(f"a key is a string, got {key!r} ({type(key).__name__})")
         # A str (or a tensor, an array) would be saved item by item: one value was meant.
-        if not isinstance(values, (list, tuple, deque)):
+        if not isinstance(values, Sequence) or isinstance(values, (str, bytes, bytearray)):
             one = '["text"]' if isinstance(values, str) else "[value]"
             kind = type(values).__name__
             raise TypeError(

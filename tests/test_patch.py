@@ -535,6 +535,67 @@ def test_unwrap_false_records_what_the_wrapper_returns_and_leaves_it_as_it_was()
     assert [w.__code__ for w in wrappers] == codes and (M.forward, M.forward.__wrapped__) == wrappers
 
 
+def test_a_wrapped_method_patched_for_an_instance_or_a_subclass_stays_theirs():
+    import functools
+
+    def times_ten(func):
+        @functools.wraps(func)
+        def wrapper(self, x):
+            return func(self, x) * 10
+
+        return wrapper
+
+    class Base:
+        @times_ten
+        def forward(self, x):
+            y = x + 1
+            return y
+
+    class Sub(Base):
+        pass
+
+    a, b, base = Sub(), Sub(), Base()
+    for unwrap in (True, False):
+        with (
+            bcrecord.patch_method(a, "forward", "return", name="a", unwrap=unwrap),
+            bcrecord.patch_method(Sub, "forward", "return", name="sub", unwrap=unwrap),
+            bcrecord.recording() as rec,
+        ):
+            a.forward(1), b.forward(2), base.forward(3)  # the wrapped function runs in place for all
+        inner, outer = [2], [20]
+        # a's patch records a alone; Sub's, its instances (a and b), not Base's
+        assert rec.all("a:forward:return") == (inner if unwrap else outer)
+        assert rec.all("sub:forward:return") == ([2, 3] if unwrap else [20, 30])
+        assert "forward" not in vars(a) and Base.forward.__wrapped__.__code__.co_name == "forward"
+
+
+def test_unwrap_false_keys_name_the_function_not_the_wrapper_code():
+    import functools
+
+    def times_ten(func):
+        @functools.wraps(func)
+        def wrapper(x):
+            return func(x) * 10
+
+        return wrapper
+
+    @times_ten
+    def alpha(x):
+        return x + 1
+
+    @times_ten
+    def beta(x):
+        return x + 2
+
+    with (
+        bcrecord.patch_function(alpha, "return", name="m", unwrap=False),
+        bcrecord.patch_function(beta, "return", name="m", unwrap=False),
+        bcrecord.recording() as rec,
+    ):
+        alpha(1), beta(1)
+    assert dict(rec.items()) == {"m:alpha:return": 20, "m:beta:return": 30}  # not both 'm:wrapper:return'
+
+
 def test_patches_made_while_another_is_armed_start_from_the_original_code():
     class M:
         def forward(self, x):

@@ -234,6 +234,13 @@ def test_a_bad_save_says_what_is_wrong_and_makes_no_directory(tmp_path, records,
     assert not (tmp_path / "new").exists()
 
 
+def test_any_sequence_of_values_saves(tmp_path):
+    from collections import UserList, deque
+
+    save({"a": UserList([1]), "b": range(2), "c": deque([3], maxlen=1), "d": (4,)}, tmp_path)
+    assert dict(load(tmp_path)) == {"a": [1], "b": [0, 1], "c": [3], "d": [4]}
+
+
 def test_load_takes_one_key_or_several(tmp_path):
     save({"m:f:x@0": [1], "m:f:y@0": [2]}, tmp_path)
     assert dict(load(tmp_path, keys="m:f:x@0")) == {"m:f:x@0": [1]}

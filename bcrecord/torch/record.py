@@ -55,7 +55,7 @@ from ..errors import SpecError, TargetError, warn
 from ..patch import Patch, function_of, outermost_taking_instance, patch_method, remove_all
 from ..runtime import Recording, Sink, context_recordings
 from ..specs import Attribute, Local, Return, Spec
-from .copies import Device, ValuePolicy, _itself, value_policy
+from .copies import Device, ValuePolicy, _itself, _tracing_state, value_policy
 from .targets import Target, expand_all, module_at
 
 __all__ = ["record", "ModelRecording", "StopForward"]
@@ -400,7 +400,7 @@ def _check_reduce_keys(reduce: Any, expanded: Mapping[str, Sequence[Target]]) ->
     if unknown:
         raise SpecError(f"reduce names targets that are not recorded: {unknown}; targets: {list(expanded)}")
     for key, function in reduce.items():
-        if not callable(function):
+        if function is not None and not callable(function):  # None: that target unreduced
             raise TypeError(f"reduce[{key!r}] must be a callable, got {function!r}")
 
 
@@ -880,6 +880,12 @@ _roots_lock = threading.Lock()
 _exporting: Callable[[], bool] = getattr(getattr(torch, "compiler", None), "is_exporting", lambda: False)
 
 
+def _tracing() -> bool:
+    """Whether torch.export or torch.jit.trace is tracing: a forward stopped early would give them
+    no output (jit.trace: "didn't return any values"; export loses track of the unwound calls)."""
+    return _exporting() or _tracing_state() is not None
+
+
 def syncs_gradients(model: torch.nn.Module) -> bool:
     """Whether ``model`` holds a DistributedDataParallel, whose gradients sync only after a whole forward.
 
@@ -932,8 +938,9 @@ class _StopAtRoot:
             rec._start_pass()
         if self.syncs is None:
             self.syncs = syncs_gradients(self.model)
-        # Not inside DistributedDataParallel with autograd on, nor under torch.export (see the extractor).
-        token = _stopping.set(not (self.syncs and torch.is_grad_enabled()) and not _exporting())
+        # Not inside DistributedDataParallel with autograd on, nor under torch.export or
+        # torch.jit.trace (see the extractor).
+        token = _stopping.set(not (self.syncs and torch.is_grad_enabled()) and not _tracing())
         try:
             return self.forward(*args, **kwargs)
         except StopForward as stop:

@@ -140,6 +140,9 @@ def test_reduce_by_target_string_as_given_or_as_expanded(net):
     with pytest.raises(TypeError, match=r"reduce\['bn1'\] must be a callable, got 'mean'"):
         with record(net, ["bn1"], reduce={"bn1": "mean"}):  # would record nothing, one error a value
             pass
+    with record(net, ["bn1", "blocks.0"], reduce={"bn1": total, "blocks.0": None}) as rec:  # None: as is
+        net(x)
+    assert rec["bn1:forward:return"].dim() == 0 and rec["blocks.0:forward:return"].dim() == 4
     assert same(before, snapshot(net))
 
 
@@ -776,6 +779,22 @@ def test_a_module_path_records_what_a_wrapped_forward_returns_and_its_locals_ins
     extractor = bcrecord.torch.create_feature_extractor(net, ["0"])
     assert isinstance(extractor(x)["0"], torch.Tensor)  # as_tuple=False: the tensor itself
 
+    class Fast(torch.nn.Module):  # an instance's forward: another method, itself wrapped
+        def __init__(self):
+            super().__init__()
+            self.forward = self.forward_fast
+
+        @_as_tuple
+        def forward_fast(self, x):
+            return x * 2
+
+    fast = torch.nn.Sequential(Fast())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "has its own forward attribute" warning
+        with record(fast, ["0"]) as rec:
+            fast[0](x, as_tuple=True)
+    assert rec.keys() == ["0:forward_fast:return"] and torch.equal(rec["0:forward_fast:return"][0], x * 2)
+
 
 def test_torch_export_inside_a_recording_that_stops_early_exports_the_whole_model():
     torch.manual_seed(0)
@@ -788,6 +807,9 @@ def test_torch_export_inside_a_recording_that_stops_early_exports_the_whole_mode
     assert torch.equal(program.module()(x), net(x))
     assert "forward" not in vars(net)
     assert torch.equal(rec["0:forward:return"], net[0](x))  # from the plain call
+    with record(net, ["0"], stop_after_last=True) as rec:
+        traced = torch.jit.trace(net, (x,))  # traced whole too: a stopped forward returns nothing
+    assert torch.allclose(traced(x), net(x)) and len(rec.all("0:forward:return")) >= 1
 
 
 def test_torch_jit_trace_inside_a_recording_traces_the_model_and_records_its_runs():

@@ -206,6 +206,23 @@ def test_fx_names_in_a_wrapped_forward_are_checked_in_the_function_inside():
         create_feature_extractor(Looped(), ["add"])
     assert create_feature_extractor(Straight(), ["add_1"])(torch.zeros(1))["add_1"].item() == 3.0
 
+    def shifting(func):  # a wrapper with a tensor op of its own: FX numbers it first
+        @functools.wraps(func)
+        def wrapper(self, x):
+            return func(self, x + 1)
+
+        return wrapper
+
+    class Shifted(torch.nn.Module):
+        @shifting
+        def forward(self, x):
+            return x + 2
+
+    with pytest.raises(
+        bcrecord.TargetError, match=r"'add': Shifted runs 'add' ops in .*wrapper, a functools"
+    ):
+        create_feature_extractor(Shifted(), ["add"])
+
 
 def test_containers_and_methods_that_do_not_run_on_the_module_are_explained():
     class Holder(torch.nn.Module):
