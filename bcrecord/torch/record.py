@@ -923,6 +923,9 @@ class _StopAtRoot:
         source = None if self.source is None else self.source()
         return self.recordings + (source.recordings if source is not None else [])
 
+    #: Targets see through it to the forward it runs (see targets._method_that_runs).
+    _bcrecord_runs_wrapped = True
+
     @property
     def __wrapped__(self) -> Any:  # inspect.signature(model.forward) sees the real one
         return self.forward

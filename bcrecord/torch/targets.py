@@ -719,8 +719,10 @@ def _method_that_runs(module: torch.nn.Module, method: str, path: str) -> Option
     own = getattr(module, "__dict__", {}).get(method)
     if own is None:
         return method
-    if not isinstance(own, types.MethodType):  # (a bound method's __wrapped__ is its function's)
-        own = getattr(own, "__wrapped__", own)  # a wrapper that says what it wraps (ours at the root too)
+    if getattr(own, "_bcrecord_runs_wrapped", False):  # ours at the root (stop_after_last): see through
+        own = own.__wrapped__
+    # Any other wrapper there (accelerate's hooks: a partial with __wrapped__) may change
+    # what the module returns: not the class's method, whatever it says it wraps.
     if isinstance(own, types.MethodType) and own.__self__ is module:
         name = own.__func__.__name__
         if getattr(type(module), name, None) is own.__func__:

@@ -142,6 +142,14 @@ def test_a_forward_replaced_on_the_instance_is_the_one_recorded_or_refused():
             pass
         bcrecord.torch.create_feature_extractor(model, ["0"])  # expands per mode: warns once
     assert [(w.filename, w.category) for w in caught] == [(__file__, bcrecord.RecordingWarning)] * 2
+    # accelerate's hooks: a partial that names the method it wraps, and changes what it returns
+    hooked = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    bound = hooked[0].forward
+    hooked[0].forward = functools.update_wrapper(
+        functools.partial(lambda m, x: bound(x) * 3, hooked[0]), bound
+    )
+    with pytest.warns(bcrecord.RecordingWarning, match="Linear at '0' has its own forward attribute"):
+        expand(hooked, "0")
 
 
 def test_an_fx_name_in_a_function_that_loops_is_refused_with_the_sites_to_pick():
