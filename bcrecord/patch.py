@@ -863,16 +863,11 @@ def patch_method(
     # inherits it: their patch is theirs alone.
     shared = isinstance(obj, (type, types.ModuleType)) and own is not _MISSING
     stacks = shared and (_copy_slot(base) is not None or ("code", id(base)) in _slots)
-    wrapped = base is not _function_of_shallow(raw)
-    if in_place or wrapped or stacks:
-        # A wrapper holds the function it wraps: only patching that in place reaches it.
+    if in_place or base is not _function_of_shallow(raw) or stacks:
+        # A wrapper holds the function it wraps: only patching that in place reaches it, for
+        # every instance (an instance's or a subclass's patch too: see the README).
         # (Given what is there: an earlier patch's copy, if one runs there, is patched.)
-        owner: Owner = default if name is None else name
-        if wrapped and not in_place and not shared and not isinstance(raw, (staticmethod, classmethod)):
-            # In place, it runs for every instance: this patch stays the instance's, or
-            # the inheriting subclass's, by the instance each value comes from.
-            owner = _only_for(obj, owner)
-        return _patch_in_place(raw, specs, owner, method, unwrap)
+        return _patch_in_place(raw, specs, default if name is None else name, method, unwrap)
     if not isinstance(obj, (type, types.ModuleType)) and not hasattr(obj, "__dict__"):
         raise NotPatchableError(
             f"{type(obj).__name__} instances have no __dict__ (uses __slots__?): patch the class instead"
@@ -897,39 +892,6 @@ def patch_method(
         _slots[key] = slot
         track(slot)
         return patch
-
-
-def _only_for(obj: Any, name: Owner) -> Callable[[Any], Optional[str]]:
-    """``name`` for the instances a patch of ``obj`` is for (``obj`` itself, or a class's), else None.
-
-    >>> class Base:
-    ...     pass
-    >>> class Sub(Base):
-    ...     pass
-    >>> one, other = Sub(), Sub()
-    >>> owner = _only_for(one, "mine")
-    >>> owner(one), owner(other), _only_for(Sub, lambda inst: "sub")(Base())
-    ('mine', None, None)
-    """
-    if isinstance(obj, type):
-
-        def of_class(instance: Any) -> Optional[str]:
-            if not isinstance(instance, obj):
-                return None
-            return name(instance) if callable(name) else name
-
-        return of_class
-    try:  # weak: the patch must not keep the instance alive
-        ref: Callable[[], Any] = weakref.ref(obj)
-    except TypeError:
-        ref = lambda: obj  # noqa: E731
-
-    def of_instance(instance: Any) -> Optional[str]:
-        if instance is not ref():
-            return None
-        return name(instance) if callable(name) else name
-
-    return of_instance
 
 
 def _function_of_shallow(raw: Any) -> Any:

@@ -531,7 +531,7 @@ def _items(records: Any) -> List[Tuple[str, Sequence[Any]]]:
         if not isinstance(key, str):  # 1 and "1" would be saved under one name
             raise TypeError(f"a key is a string, got {key!r} ({type(key).__name__})")
         # A str (or a tensor, an array) would be saved item by item: one value was meant.
-        if not isinstance(values, Sequence) or isinstance(values, (str, bytes, bytearray)):
+        if not isinstance(values, Sequence) or isinstance(values, (str, bytes, bytearray, memoryview)):
             one = '["text"]' if isinstance(values, str) else "[value]"
             kind = type(values).__name__
             raise TypeError(

@@ -224,14 +224,9 @@ def _fx_target(model: torch.nn.Module, text: str) -> Optional[Target]:
     if not isinstance(forward, types.FunctionType):
         return None
     scope = _FxScope(base)
-    # Sites are those of the function inside forward's functools.wraps wrappers; ops of a
-    # wrapper's own (FX traces it too, numbering them first) would shift FX's numbers.
-    scope.problems += [
-        f"runs {base!r} ops in {getattr(wrapper.__code__, 'co_qualname', wrapper.__code__.co_name)}, "
-        "a functools.wraps wrapper of its forward, which FX numbers too"
-        for wrapper in _wrappers_of(forward)
-        if _runs_fx_ops_itself(wrapper.__code__, base)
-    ]
+    # Sites are those of the function inside forward's functools.wraps wrappers (_fx_sites).
+    # A wrapper's own ops are not counted: they are mostly on other values (transformers'
+    # checkpointing wrapper builds a message with '+'), which FX does not number.
     _fx_sites(module, forward, (), frozenset(), scope, frozenset([forward]))
     if not scope.sites:
         return None
@@ -419,27 +414,6 @@ def _python_function(called: object) -> Optional[types.FunctionType]:
     if getattr(called, "__self__", None) is None and (inner.__module__ or "").partition(".")[0] == "torch":
         return None
     return inner
-
-
-def _wrappers_of(func: types.FunctionType) -> List[types.FunctionType]:
-    """The functools.wraps wrappers around the function inside ``func``, outermost first."""
-    found = []
-    while isinstance(getattr(func, "__wrapped__", None), types.FunctionType):
-        found.append(func)
-        func = func.__wrapped__  # type: ignore[attr-defined]
-    return found
-
-
-def _runs_fx_ops_itself(code: types.CodeType, base: str) -> bool:
-    """Whether ``code`` itself (not what it calls) has calls or operators FX would name ``base``."""
-    from ..analysis import read
-
-    found = read(code)
-    return (
-        any(callee.rsplit(".", 1)[-1] == base for callee in found.calls)
-        or any(op in found.operators for op in _FX_OPERATORS.get(base, ()))
-        or bool(_unchained_loads(code, base))
-    )
 
 
 def _has_fx_sites(func: types.FunctionType, base: str, depth: int = 4) -> bool:

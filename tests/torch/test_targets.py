@@ -190,8 +190,9 @@ def test_fx_names_in_a_wrapped_forward_are_checked_in_the_function_inside():
     def branching(func):
         @functools.wraps(func)
         def wrapper(self, *args):
-            if getattr(self, "checkpointing", False):
-                args = tuple(args)
+            if getattr(self, "checkpointing", False):  # as transformers' checkpointing wrapper:
+                message = "checkpointing " + type(self).__name__  # a '+' FX does not number
+                args = tuple(args) + (message,)
             return func(self, *args)
 
         return wrapper
@@ -213,23 +214,6 @@ def test_fx_names_in_a_wrapped_forward_are_checked_in_the_function_inside():
     with pytest.raises(bcrecord.TargetError, match="'add': Looped runs 'add' in a loop"):
         create_feature_extractor(Looped(), ["add"])
     assert create_feature_extractor(Straight(), ["add_1"])(torch.zeros(1))["add_1"].item() == 3.0
-
-    def shifting(func):  # a wrapper with a tensor op of its own: FX numbers it first
-        @functools.wraps(func)
-        def wrapper(self, x):
-            return func(self, x + 1)
-
-        return wrapper
-
-    class Shifted(torch.nn.Module):
-        @shifting
-        def forward(self, x):
-            return x + 2
-
-    with pytest.raises(
-        bcrecord.TargetError, match=r"'add': Shifted runs 'add' ops in .*wrapper, a functools"
-    ):
-        create_feature_extractor(Shifted(), ["add"])
 
 
 def test_containers_and_methods_that_do_not_run_on_the_module_are_explained():
