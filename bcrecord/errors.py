@@ -2,9 +2,9 @@
 
 Every error raised for a bad value of what to record or how -- a spec, a target,
 an option such as ``copy=`` or ``keep=`` -- is a subclass of :class:`BcrecordError`
-(:class:`SpecError` is a ``ValueError`` too); an argument of the wrong type (a
-number where a list of targets goes) raises ``TypeError``. Both are raised before
-anything is changed: a failed patch leaves its target as it was.
+(:class:`SpecError` is a ``ValueError`` too); some arguments of the wrong type (a
+number where a list of targets goes) raise ``TypeError`` instead. Both are raised
+before anything is changed: a failed patch leaves its target as it was.
 
 >>> import bcrecord
 >>> def f(a):

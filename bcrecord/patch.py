@@ -824,8 +824,10 @@ def patch_method(
     ``in_place=True`` patches the function object itself (see :func:`patch_function`):
     the one there, which is an earlier patch's copy where one is installed (references
     to the original taken before that patch then run without this one's probes).
-    A ``functools.wraps`` wrapper is patched in place, inside the function it wraps;
-    ``unwrap=False``, the wrapper itself (see :func:`patch_function`).
+    A ``functools.wraps`` wrapper is patched in place, inside the function it wraps
+    (``unwrap=False``: the wrapper itself, see :func:`patch_function`), so it records
+    for every instance, also when ``obj`` is one: a per-instance ``name`` that returns
+    None for the others keeps one instance's values.
 
     >>> import bcrecord
     >>> class Net:
@@ -860,7 +862,7 @@ def patch_method(
     # A class's or module's own function that runs in place for everyone there: a recording
     # copy (it keeps its probes), or one patched in place already (bcrecord run, the torch
     # layer), whose probes a copy would run without. Not for an instance or a subclass that
-    # inherits it: their patch is theirs alone.
+    # inherits it: their patch is a copy of their own (unless the method is wrapped, below).
     shared = isinstance(obj, (type, types.ModuleType)) and own is not _MISSING
     stacks = shared and (_copy_slot(base) is not None or ("code", id(base)) in _slots)
     if in_place or base is not _function_of_shallow(raw) or stacks:

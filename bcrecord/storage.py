@@ -196,7 +196,8 @@ class Writer:
     """
 
     def __init__(self, directory: PathLike) -> None:
-        if not str(directory):  # Path("") is the working directory: an unset variable, surely
+        # "" (an unset variable, surely) would be the working directory. (Path("") is "." already.)
+        if not str(directory):
             raise StorageError(
                 "the records directory is an empty string (give '.' for the working directory)"
             )

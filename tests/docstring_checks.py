@@ -16,15 +16,18 @@ def undocumented(module: ModuleType) -> List[str]:
     for name, obj in vars(module).items():
         if name.startswith("_") or getattr(obj, "__module__", None) != module.__name__:
             continue
-        items = [(name, obj)]
+        items = [(name, obj, False)]
         # A Protocol's methods are the interface others implement: its class docstring shows it.
+        # Properties are attributes, shown in their class's example, not functions to call.
         if inspect.isclass(obj) and not getattr(obj, "_is_protocol", False):
-            items += [
-                (f"{name}.{attr}", value)
-                for attr, value in vars(obj).items()
-                if not attr.startswith("_") and inspect.isfunction(value) and not _from_outside(obj, attr)
-            ]
-        for where, function in items:
+            for attr, value in vars(obj).items():
+                if attr.startswith("_") or _from_outside(obj, attr):
+                    continue
+                if isinstance(value, (staticmethod, classmethod)):
+                    items.append((f"{name}.{attr}", value.__func__, isinstance(value, classmethod)))
+                elif inspect.isfunction(value):
+                    items.append((f"{name}.{attr}", value, True))
+        for where, function, bound in items:
             if not inspect.isfunction(function):
                 continue
             lacks = []
@@ -35,7 +38,7 @@ def undocumented(module: ModuleType) -> List[str]:
                 lacks.append("a return type")
             lacks += [
                 f"a type for {p.name}"
-                for p in list(signature.parameters.values())[1 if "." in where else 0 :]
+                for p in list(signature.parameters.values())[1 if bound else 0 :]  # not self, cls
                 if p.annotation is inspect.Parameter.empty
             ]
             if lacks:

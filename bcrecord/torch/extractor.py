@@ -157,24 +157,26 @@ class FeatureExtractor(torch.nn.Module):
         # Every option checked now, not at the first call: plans made and dropped (nothing is
         # patched; the first call in each mode resolves the targets again, as documented).
         ModelRecording(**self._run_options)
-        plan_options = {k: v for k, v in self.options.items() if k in _PLAN_OPTIONS}
         with _expanding_again():
             for nodes in {tuple(self.train_nodes), tuple(self.eval_nodes)}:
-                Plan(model, list(nodes), **plan_options)
+                self._new_plan(nodes)
         self._plans: Dict[bool, Tuple[Plan, List[Patch], List[ModelRecording]]] = {}
         #: Per mode, what each call returns: (target, name, its keys, first value only).
         self._outputs: Dict[bool, List[Tuple[str, str, Tuple[str, ...], bool]]] = {}
         # The model's mode, as torchvision's extractor starts; train() would set every submodule.
         self.training = model.training
 
+    def _new_plan(self, nodes: Iterable[str]) -> Plan:
+        """A plan of ``nodes`` with this extractor's options (resolves the targets, patches nothing)."""
+        return Plan(self.model, list(nodes), **{k: v for k, v in self.options.items() if k in _PLAN_OPTIONS})
+
     def _plan(self, training: bool) -> Tuple[Plan, List[Patch], List[ModelRecording]]:
         """The plan, patches and idle recordings of one mode (made at its first call)."""
         found = self._plans.get(training)
         if found is None:
             nodes = self.train_nodes if training else self.eval_nodes
-            plan_options = {k: v for k, v in self.options.items() if k in _PLAN_OPTIONS}
             with _expanding_again():  # (the constructor warned)
-                plan = Plan(self.model, list(nodes), **plan_options)
+                plan = self._new_plan(nodes)
             patches = plan.patch()
             # Recordings between calls, reused so their routes and sinks are built once;
             # one per call running at the same time.

@@ -573,7 +573,7 @@ class Plan:
         to: Device = None,
         dtype: Optional[torch.dtype] = None,
         reduce: Union[
-            Callable[[torch.Tensor], Any], Mapping[str, Callable[[torch.Tensor], Any]], None
+            Callable[[torch.Tensor], Any], Mapping[str, Optional[Callable[[torch.Tensor], Any]]], None
         ] = None,
         grad: bool = False,
     ) -> None:
@@ -683,6 +683,7 @@ class Plan:
                 if (
                     returns
                     and isinstance(outer, types.FunctionType)
+                    and isinstance(getattr(outer, "__wrapped__", None), types.FunctionType)
                     and outermost_taking_instance(outer) is not function_of(outer)
                 ):
                     patches.append(
@@ -825,7 +826,9 @@ def record(
     copy: str = "clone",
     to: Device = None,
     dtype: Optional[torch.dtype] = None,
-    reduce: Union[Callable[[torch.Tensor], Any], Mapping[str, Callable[[torch.Tensor], Any]], None] = None,
+    reduce: Union[
+        Callable[[torch.Tensor], Any], Mapping[str, Optional[Callable[[torch.Tensor], Any]]], None
+    ] = None,
     grad: bool = False,
     keep: Union[str, int] = "all",
     stop_after_last: bool = False,
@@ -841,9 +844,9 @@ def record(
     Values are detached clones by default (``copy='detach'`` keeps the tensor itself,
     detached). ``to='cpu'`` offloads (from a GPU without blocking the model; reading
     a value waits for its copy), ``dtype`` casts, ``reduce`` (a callable, or a dict
-    by target string) is applied first, ``grad=True`` keeps values in the autograd
-    graph; a ``.grad`` target's gradient gets the same ``to``, ``dtype`` and
-    ``reduce``. ``keep='last'`` or an int bounds memory per key.
+    by target string as given, else as expanded; None: as is) is applied first,
+    ``grad=True`` keeps values in the autograd graph; a ``.grad`` target's gradient
+    gets the same ``to``, ``dtype`` and ``reduce``. ``keep='last'`` or an int bounds memory per key.
 
     ``stop_after_last=True`` ends each forward pass as soon as every target has a
     value: the model's ``forward`` then returns None, and the rest of the model is
@@ -941,8 +944,9 @@ class _StopAtRoot:
             rec._start_pass()
         if self.syncs is None:
             self.syncs = syncs_gradients(self.model)
-        # Not inside DistributedDataParallel with autograd on, nor under torch.export or
-        # torch.jit.trace (see the extractor).
+        # Not inside DistributedDataParallel with autograd on, nor while torch.export or
+        # torch.jit.trace traces: a forward stopped early would give them no output. (An
+        # extractor returns its features itself: it stops under jit.trace, not under export.)
         token = _stopping.set(not (self.syncs and torch.is_grad_enabled()) and not _tracing())
         try:
             return self.forward(*args, **kwargs)

@@ -600,6 +600,8 @@ def expand(model: torch.nn.Module, text: str) -> List[Target]:
             kind = "no method" if func is None else "no Python method"
             raise NotPatchableError(f"{where} has {kind} {runs!r}")
         if not takes_instance(func):
+            if is_glob:
+                continue  # as a container is: a glob takes what can be recorded
             raise NotPatchableError(
                 f"{where}: {runs} takes no positional argument (def {runs}(*args)), so the module "
                 f"it runs on is not known to the patch of {type(module).__name__} its instances share; "
@@ -611,7 +613,9 @@ def expand(model: torch.nn.Module, text: str) -> List[Target]:
         given = text.strip().removesuffix(".grad")
         targets.append(Target(concrete if is_glob else given, path, runs, spec, grad, not spec_text))
     if not targets:
-        raise TargetError(f"{pattern!r} matches only containers (no forward of their own)")
+        raise TargetError(
+            f"{pattern!r} matches only containers (no forward of their own) or forward(*args) modules"
+        )
     return targets
 
 

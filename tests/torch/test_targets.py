@@ -258,6 +258,7 @@ def test_containers_and_methods_that_do_not_run_on_the_module_are_explained():
             return y
 
     model = torch.nn.Sequential(torch.nn.Identity(), Star())
+    assert [t.path for t in expand(model, "*")] == ["0"]  # a glob skips it, as a container
     for target in ("1", "1:forward:y"):
         with pytest.raises(
             bcrecord.NotPatchableError, match=r"forward takes no positional argument.*on the instance"
