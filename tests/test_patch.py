@@ -493,16 +493,17 @@ def test_instrument_refuses_a_function_inside_a_wrapper():
     assert rec["w:g:y@0"] == 2
 
 
+def times_ten(func):
+    """A functools.wraps decorator of a method that changes what it returns."""
+
+    @functools.wraps(func)
+    def wrapper(self, x):
+        return func(self, x) * 10
+
+    return wrapper
+
+
 def test_unwrap_false_records_what_the_wrapper_returns_and_leaves_it_as_it_was():
-    import functools
-
-    def times_ten(func):
-        @functools.wraps(func)
-        def wrapper(self, x):
-            return func(self, x) * 10
-
-        return wrapper
-
     def shim(func):  # a deprecation shim: *args only, passes the result through
         @functools.wraps(func)
         def passing(*args, **kwargs):
@@ -536,15 +537,6 @@ def test_unwrap_false_records_what_the_wrapper_returns_and_leaves_it_as_it_was()
 
 
 def test_a_wrapped_method_is_patched_in_place_for_all_but_a_plain_one_stays_the_instance_s():
-    import functools
-
-    def times_ten(func):
-        @functools.wraps(func)
-        def wrapper(self, x):
-            return func(self, x) * 10
-
-        return wrapper
-
     class Wrapped:
         @times_ten
         def forward(self, x):
