@@ -43,6 +43,8 @@ from torch.nn.utils import parametrize
 from .._versions import current
 from ..analysis import instructions
 from ..errors import NotPatchableError, SpecError, TargetError, warn
+from ..patch import function_of
+from ..patch import targets as function_targets
 from ..specs import Attribute, Call, Expr, Return, Spec, parse
 
 __all__ = ["Target", "expand", "expand_all", "has_forward", "unwrap", "module_at"]
@@ -271,9 +273,6 @@ def _fx_sites(
 ) -> None:
     """Add ``func``'s sites of ``scope.base``: ``func`` runs at call positions ``at``,
     inside the forward-jump spans ``guards``, inside the methods ``seen``."""
-    from ..patch import function_of
-    from ..patch import targets as function_targets
-
     # Inside functools.wraps wrappers, as the sites are: spans, loads and names of that code.
     func = function_of(func)
     base, method = scope.base, func.__name__
@@ -349,8 +348,6 @@ def _fx_tensor_node(model: torch.nn.Module, name: str) -> Optional[Tuple[str, st
     """For FX's node of a parameter or buffer (``blk.blk_scale``: the module's path, then
     the tensor's path with ``_`` for ``.``), the tensor's path and a target reading it:
     in the first method of its module that loads it (``forward`` first)."""
-    from ..patch import targets as function_targets
-
     root = unwrap(model)
     node = name.rpartition(".")[2]
     for path, _ in [*root.named_parameters(), *root.named_buffers()]:
@@ -419,9 +416,6 @@ def _python_function(called: object) -> Optional[types.FunctionType]:
 def _has_fx_sites(func: types.FunctionType, base: str, depth: int = 4) -> bool:
     """Whether a Python function FX traces into has calls or operators FX would name
     ``base``, itself or in the Python functions it calls (``depth`` levels down)."""
-    from ..patch import function_of
-    from ..patch import targets as function_targets
-
     try:
         func = function_of(func)  # the code its sites are in (inside wrappers)
         found = function_targets(func)
@@ -672,8 +666,6 @@ def takes_instance(func: types.FunctionType) -> bool:
     >>> takes_instance(torch.nn.Linear.forward), takes_instance(lambda *args: args)
     (True, False)
     """
-    from ..patch import function_of
-
     return function_of(func).__code__.co_argcount > 0
 
 
