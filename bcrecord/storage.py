@@ -69,6 +69,8 @@ _READABLE = (1, 2)
 _JOURNAL = "index.jsonl"
 #: How many of the journal's first bytes tell one journal from another made in its place.
 _HEAD = 256
+#: How every line of the journal starts (``json.dumps({"entries": ...})``).
+_SAVE_LINE_START = b'{"entries": '
 PathLike = Union[str, "os.PathLike[str]"]
 
 
@@ -197,7 +199,7 @@ class Writer:
 
     def __init__(self, directory: PathLike) -> None:
         # "" (an unset variable, surely) would be the working directory. (Path("") is "." already.)
-        if not str(directory):
+        if not os.fspath(directory):
             raise StorageError(
                 "the records directory is an empty string (give '.' for the working directory)"
             )
@@ -211,8 +213,11 @@ class Writer:
         self._read = 0
         self._next_file = 1
         with _writing(self.directory):
+            # Another program's index.json or index.jsonl: refused before anything is made.
             if (self.directory / "index.json").exists():
-                _header(self.directory)  # another program's index.json: refused before anything is made
+                _header(self.directory)
+            elif (self.directory / _JOURNAL).exists():
+                _check_headerless(self.directory / _JOURNAL)
             (self.directory / "records").mkdir(parents=True, exist_ok=True)
             _atomic_write(self.directory / "records" / ".write-test", b"")  # writable? say so now
             (self.directory / "records" / ".write-test").unlink(missing_ok=True)
@@ -335,7 +340,7 @@ class Writer:
             _atomic_write(self.directory / f"records/{stem}.safetensors", save_tensors(tensors))
         if others:
             _atomic_write(self.directory / f"records/{stem}.pkl", pickled)
-        line = json.dumps({"entries": entries}).encode() + b"\n"
+        line = json.dumps({"entries": entries}).encode() + b"\n"  # (starts with _SAVE_LINE_START)
         with open(self.directory / _JOURNAL, "ab") as journal:
             journal.write(line)  # one write: readers see the whole line or no newline
             journal.flush()
@@ -369,6 +374,30 @@ class Writer:
             self._read = end
             journal.seek(0)
             self._journal = journal.read(min(_HEAD, end))
+
+
+def _check_headerless(journal: Path) -> None:
+    """Refuse a journal without ``index.json`` unless it is one of ours (every save line starts so).
+
+    Kept, such a journal is trimmed to its last complete line and gets a header: a
+    JSON Lines file of another program must not.
+
+    >>> import tempfile
+    >>> data = Path(tempfile.mkdtemp()) / "index.jsonl"
+    >>> _ = data.write_text('{"id": 1, "text": "a sample"}')
+    >>> try:
+    ...     _check_headerless(data)
+    ... except StorageError as error:
+    ...     print(str(error).split(" has ")[1].split(":")[0])
+    an index.jsonl that bcrecord did not write (and no index.json)
+    """
+    with open(journal, "rb") as handle:
+        start = handle.read(len(_SAVE_LINE_START))
+    if start and not _SAVE_LINE_START.startswith(start):
+        raise StorageError(
+            f"{journal.parent} has an index.jsonl that bcrecord did not write (and no index.json): "
+            "not a records directory; give another directory"
+        )
 
 
 def _write_header(directory: Path) -> None:

@@ -212,10 +212,33 @@ def test_a_directory_that_is_not_a_records_directory_is_refused_and_left_as_it_w
         assert sorted(p.name for p in tmp_path.iterdir()) == ["index.json"]  # no records/, no lock
 
 
+@pytest.mark.parametrize("lines", ['{"text": "hello"}\n{"text": "world"}', '{"text": "one line"}\n'])
+def test_another_program_s_index_jsonl_is_refused_and_left_as_it_was(tmp_path, lines):
+    # JSON Lines data: kept as a journal whose header was lost, its last line would be
+    # trimmed, or the whole file taken over
+    (tmp_path / "index.jsonl").write_text(lines)
+    for attempt in (lambda: Writer(tmp_path), lambda: save({"k": [1]}, tmp_path)):
+        with pytest.raises(StorageError, match="has an index.jsonl that bcrecord did not write"):
+            attempt()
+        assert [p.name for p in tmp_path.iterdir()] == ["index.jsonl"]
+        assert (tmp_path / "index.jsonl").read_text() == lines
+    # bcrecord's own journal whose index.json was lost is kept (and a header written again)
+    own = tmp_path / "own"
+    save({"k": [1]}, own)
+    (own / "index.json").unlink()
+    save({"k": [2]}, own, step=1)
+    assert load(own)["k"] == [1, 2]
+
+
 def test_an_empty_directory_name_is_refused():
     # Path("") is the working directory: what an unset shell variable gives (-o "$OUT")
-    with pytest.raises(StorageError, match="the records directory is an empty string"):
-        Writer("")
+    class Unset:
+        def __fspath__(self):
+            return ""
+
+    for empty in ("", Unset()):
+        with pytest.raises(StorageError, match="the records directory is an empty string"):
+            Writer(empty)
 
 
 @pytest.mark.parametrize(
