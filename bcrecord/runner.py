@@ -992,7 +992,10 @@ class _Runner:
             print("bcrecord: nothing was recorded", file=out)
             return
         rows = [("key", "values", "last value")]
-        rows += [(k, str(n), _describe(self.collector.last.get(k))) for k, n in fired.items()]
+        last = self.collector.last
+        # A key whose copies all failed (warned about) fired without a value to show.
+        shown = {k: _describe(last[k]) if k in last else "- (copy failed)" for k in fired}
+        rows += [(k, str(n), shown[k]) for k, n in fired.items()]
         widths = [max(len(r[i]) for r in rows) for i in range(3)]
         print("bcrecord: recorded (no --save-dir, so nothing was saved):", file=out)
         for row in rows:

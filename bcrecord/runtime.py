@@ -964,7 +964,7 @@ class Recording:
         self.threads = threads
         self._maxlen = maxlen
         self._data: Dict[str, Union[List[Any], Deque[Any]]] = {}
-        self._only = None if only is None else {id(tag) for tag in only}
+        self._only = None if only is None else {id(tag) for tag in _patches_in(only)}
         #: The routing kept across passes (``_keeps_routes``), reused while the context matches.
         self._kept: Optional[_Routing] = None
         #: The patch ids this recording armed while active with ``only`` (see :meth:`_take`).
@@ -1238,6 +1238,22 @@ class Recording:
     def __repr__(self) -> str:
         state = "active" if self.active else "inactive"
         return f"<Recording {state}, {len(self)} keys>"
+
+
+def _patches_in(only: Any) -> List[Any]:
+    """``only=``'s patches, or a TypeError (a key or a function there would silently match nothing).
+
+    >>> _patches_in(["m:f:x@0"])
+    Traceback (most recent call last):
+    TypeError: only= takes patches (what patch_method and patch_function return), got 'm:f:x@0'
+    """
+    if isinstance(only, (str, bytes)) or not isinstance(only, Iterable):
+        raise TypeError(f"only= takes a list of patches (what patch_method returns), got {only!r}")
+    tags = list(only)
+    for tag in tags:
+        if isinstance(tag, (str, bytes)) or callable(tag):
+            raise TypeError(f"only= takes patches (what patch_method and patch_function return), got {tag!r}")
+    return tags
 
 
 def kept_length(keep: Keep) -> Optional[int]:

@@ -89,6 +89,36 @@ def test_run_saves_records_that_load_back(project, tmp_path):
     assert {"key", "step", "shape", "dtype", "device", "bytes", "time"} <= set(first_save["entries"][0])
 
 
+def test_the_summary_of_a_key_whose_copies_all_failed_says_so(tmp_path):
+    import io
+    import warnings
+
+    from bcrecord.runner import run
+
+    script = tmp_path / "prog.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            class NoClone:
+                def clone(self):
+                    raise RuntimeError("no clone today")
+            def step(i):
+                odd = NoClone()
+                return i
+            for i in range(5):
+                step(i)
+            """
+        )
+    )
+    err = io.StringIO()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert run(["__main__:step:odd"], str(script), stderr=err) == 0
+    assert [str(w.message).count("no clone today") for w in caught] == [1]  # warned once
+    line = err.getvalue().splitlines()[-1].split()
+    assert line == ["__main__:step:odd@0", "5", "-", "(copy", "failed)"]  # fired 5 times; no value, not None
+
+
 def test_run_refuses_an_empty_save_dir_and_saves_nothing(project):
     # -o "$OUT" with OUT unset: not the working directory
     result = cli("run", "-r", "helper:twice:y", "-o", "", "prog.py", cwd=project)

@@ -269,6 +269,20 @@ def test_probe_failure_is_reported_never_raised():
     assert {(w.filename, w.lineno) for w in caught} == {(__file__, f.__code__.co_firstlineno + 1)}
 
 
+def test_only_takes_patches_and_says_so():
+    def f(a):
+        y = a + 1
+        return y
+
+    with bcrecord.patch_function(f, "y", name="m") as patch:
+        for wrong in ("m:f:y@0", ["m:f:y@0"], [f], patch):  # would match nothing, silently
+            with pytest.raises(TypeError, match="only= takes"):
+                bcrecord.recording(only=wrong)
+        with bcrecord.recording(only=[patch]) as rec:
+            f(1)
+    assert rec.all("m:f:y@0") == [2]
+
+
 def test_a_failing_owner_function_is_reported_and_its_instance_skipped():
     class Block:
         def forward(self, x):

@@ -64,7 +64,6 @@ from __future__ import annotations
 import os
 import re
 import struct
-import warnings
 import zlib
 from collections import deque
 from contextlib import ExitStack
@@ -84,15 +83,18 @@ except ImportError:  # pragma: no cover - depends on the environment
             "bcrecord.integrations.lightning needs Lightning: pip install 'bcrecord[lightning]'"
         ) from error
 
-from ..errors import RecordingWarning, SpecError
-from ..storage import Writer
+from ..errors import SpecError, warn
+from ..storage import StorageError, Writer
 from ..torch import ModelRecording, record
+from ..torch.record import check_options
 from ..viz import as_dense
 
 __all__ = ["RecorderCallback", "StepRecord", "STAGES", "summarize", "channel_mean_image", "png_bytes"]
 
 #: The stages a :class:`RecorderCallback` can record, in Lightning's ``TrainerFn`` names.
 STAGES: Tuple[str, ...] = ("fit", "validate", "test", "predict")
+#: The stages a run of each kind may record (a fit validates too).
+_RUNS: Dict[str, Tuple[str, ...]] = {"fit": ("fit", "validate")}
 #: The statistics logged for each recorded tensor.
 STATS: Tuple[str, ...] = ("mean", "std", "min", "max")
 
@@ -328,6 +330,9 @@ class RecorderCallback(pl.Callback):  # type: ignore[misc]
             raise SpecError("stop_after_last would end the module's forward early: not available here")
         if history is not None and (isinstance(history, bool) or history < 1):
             raise SpecError(f"history must be a positive int or None, got {history!r}")
+        check_options(**record_options)  # now, not when a recorded loop starts
+        if save_dir is not None and not os.fspath(save_dir):  # Path("") would be the working directory
+            raise SpecError("save_dir is an empty string (give '.' for the working directory)")
         self.every_n_steps = every_n_steps
         self.stages: Tuple[str, ...] = stages
         self.save_dir: Optional[Path] = None if save_dir is None else Path(save_dir)
@@ -472,8 +477,7 @@ class RecorderCallback(pl.Callback):  # type: ignore[misc]
         """A value saved as its repr (a local lambda): warn once per key, and train on."""
         if key not in self._warned:
             self._warned.add(key)
-            message = f"RecorderCallback: cannot save {key!r} (step {step}): {why}; saved its repr"
-            warnings.warn(message, RecordingWarning, stacklevel=2)
+            warn(f"RecorderCallback: cannot save {key!r} (step {step}): {why}; saved its repr")
 
     def _writer(self, stage: str) -> Writer:
         writer = self._writers.get(stage)
@@ -520,9 +524,17 @@ class RecorderCallback(pl.Callback):  # type: ignore[misc]
     # --- Lightning hooks -----------------------------------------------------------
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
-        """Remember the process's rank (records of several processes go to separate folders)."""
+        """Remember the process's rank (records of several processes go to separate folders);
+        open the records folders of the stages this run records (a bad ``save_dir`` stops it now)."""
         self._world_size = int(getattr(trainer, "world_size", 1) or 1)
         self._rank = int(getattr(trainer, "global_rank", 0) or 0)
+        if self.save_dir is None:
+            return
+        for recorded in [s for s in _RUNS.get(stage, (stage,)) if s in self.stages]:
+            try:
+                self._writer(recorded)
+            except StorageError as error:
+                raise StorageError(f"RecorderCallback(save_dir={str(self.save_dir)!r}): {error}") from None
 
     _world_size = 1
     _rank = 0

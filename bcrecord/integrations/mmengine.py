@@ -44,6 +44,7 @@ from __future__ import annotations
 import difflib
 import dis
 import fnmatch
+import os
 import re
 import types
 from dataclasses import dataclass
@@ -552,6 +553,8 @@ class RecorderHook(Hook):
     ) -> None:
         # Recorder dicts are checked at before_run, where the model is known.
         self.recorders = recorders
+        if save_dir is not None and not os.fspath(save_dir):  # Path("") would be the working directory
+            raise SpecError("save_dir is an empty string (give '.' for the working directory)")
         self.save_dir = None if save_dir is None else Path(save_dir)
         self.print_modification = bool(print_modification)
         self.loops = _loops(loops)

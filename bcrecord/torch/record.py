@@ -389,19 +389,52 @@ class _Request:
     text: str
 
 
-def _check_reduce_keys(reduce: Any, expanded: Mapping[str, Sequence[Target]]) -> None:
-    """Refuse a ``reduce`` dict with a key that names no target (a typo would do nothing)."""
+def _check_reduce(reduce: Any) -> None:
+    """Refuse a ``reduce`` that is neither a callable nor a dict of callables (or None)."""
     if reduce is None or callable(reduce):
         return
     if not isinstance(reduce, Mapping):
         raise TypeError(f"reduce must be a callable or a dict of target -> callable, got {reduce!r}")
+    for key, function in reduce.items():
+        if function is not None and not callable(function):  # None: that target unreduced
+            raise TypeError(f"reduce[{key!r}] must be a callable, got {function!r}")
+
+
+def _check_reduce_keys(reduce: Any, expanded: Mapping[str, Sequence[Target]]) -> None:
+    """Refuse a bad ``reduce``, or a dict with a key that names no target (a typo would do nothing)."""
+    _check_reduce(reduce)
+    if reduce is None or callable(reduce):
+        return
     known = set(expanded) | {target.text for concrete in expanded.values() for target in concrete}
     unknown = [key for key in reduce if key not in known]
     if unknown:
         raise SpecError(f"reduce names targets that are not recorded: {unknown}; targets: {list(expanded)}")
-    for key, function in reduce.items():
-        if function is not None and not callable(function):  # None: that target unreduced
-            raise TypeError(f"reduce[{key!r}] must be a callable, got {function!r}")
+
+
+#: What record() takes besides the model and the targets.
+RECORD_OPTIONS = ("copy", "to", "dtype", "reduce", "grad", "keep", "threads", "stop_after_last")
+
+
+def check_options(**options: Any) -> None:
+    """Refuse what :func:`record` would refuse in ``options``, before any model is at hand.
+
+    For callers that take ``record()``'s options now and record later (the Lightning
+    callback). A ``reduce`` dict's keys are checked against the targets by ``record()``.
+
+    >>> check_options(copy="detach", keep="last", dtype=torch.float16)
+    >>> check_options(cpy="clone")
+    Traceback (most recent call last):
+    TypeError: unknown option(s) cpy; accepted: copy, to, dtype, reduce, grad, keep, threads, stop_after_last
+    """
+    unknown = sorted(set(options) - set(RECORD_OPTIONS))
+    if unknown:
+        raise TypeError(f"unknown option(s) {', '.join(unknown)}; accepted: {', '.join(RECORD_OPTIONS)}")
+    copy = options.get("copy", "clone")
+    if copy not in ("clone", "detach", "deepcopy", "none"):
+        raise SpecError(f"unknown copy policy {copy!r}; choose one of clone, detach, deepcopy, none")
+    value_policy(copy, options.get("to"), options.get("dtype"), None, bool(options.get("grad")))
+    _check_reduce(options.get("reduce"))
+    ModelRecording(keep=options.get("keep", "all"), threads=options.get("threads", "context"))
 
 
 def _reduce_for(reduce: Any, text: str, target: Target) -> Optional[Callable[[torch.Tensor], Any]]:
@@ -577,8 +610,7 @@ class Plan:
         ] = None,
         grad: bool = False,
     ) -> None:
-        if copy not in ("clone", "detach", "deepcopy", "none"):
-            raise SpecError(f"unknown copy policy {copy!r}; choose one of clone, detach, deepcopy, none")
+        check_options(copy=copy)
         self.model = model
         self.copy = copy
         #: The recording running now (gradient targets store their gradients in it).

@@ -236,8 +236,10 @@ def test_a_value_that_cannot_be_pickled_is_saved_as_its_repr_and_fit_goes_on(tmp
     )
     for saved, r in zip(loaded["conv:forward:return"], callback.records("fit"), strict=True):
         assert torch.equal(saved, r["conv:forward:return"])  # the other values as they were
-    mine = [str(w.message) for w in warned if "saved its repr" in str(w.message)]
+    mine = [w for w in warned if "saved its repr" in str(w.message)]
     assert len(mine) == 1  # once per key, though every step had one
+    assert "/bcrecord/" not in mine[0].filename  # pointing outside bcrecord
+    mine = [str(w.message) for w in mine]
     assert mine[0].startswith(
         "RecorderCallback: cannot save ':forward:scale@0' (step 0): function cannot be pickled ("
     )
@@ -407,6 +409,32 @@ def test_arguments_are_checked():
         RecorderCallback(["conv"], stop_after_last=True)
     with pytest.raises(ValueError, match="at least one"):
         RecorderCallback([])
+    # record()'s options, now rather than when a recorded loop starts (maybe after a whole fit)
+    with pytest.raises(bcrecord.SpecError, match="unknown copy policy 'foo'"):
+        RecorderCallback(["conv"], copy="foo")
+    with pytest.raises(bcrecord.SpecError, match="keep must be"):
+        RecorderCallback(["conv"], keep=0)
+    with pytest.raises(TypeError, match="unknown option.*cpy; accepted: copy"):
+        RecorderCallback(["conv"], cpy="clone")
+    with pytest.raises(TypeError, match="reduce must be a callable"):
+        RecorderCallback(["conv"], reduce=5)
+    with pytest.raises(TypeError, match="dtype= casts floating-point"):
+        RecorderCallback(["conv"], dtype="float")
+    with pytest.raises(bcrecord.SpecError, match="save_dir is an empty string"):
+        RecorderCallback(["conv"], save_dir="")
+
+
+def test_a_save_dir_that_cannot_take_records_stops_the_run_before_it_trains(tmp_path):
+    (tmp_path / "rec" / "validate").mkdir(parents=True)
+    (tmp_path / "rec" / "validate" / "index.json").write_text('{"name": "my project"}')
+    model = ConvNet()
+    callback = RecorderCallback(["conv"], save_dir=tmp_path / "rec", log_to_logger=False)
+    with pytest.raises(
+        bcrecord.storage.StorageError, match=r"RecorderCallback\(save_dir=.*not a bcrecord records index"
+    ):
+        trainer(tmp_path, callback, max_steps=2).fit(model, loader())
+    assert model.global_step == 0 and not (tmp_path / "rec" / "validate" / "records").exists()
+    assert_clean(model)
 
 
 def test_record_options_pass_through(tmp_path):

@@ -646,6 +646,8 @@ def test_bad_hook_arguments_fail_when_built():
         RecorderHook(PROPOSAL_RECORDERS, loops=["training"])
     with pytest.raises(ValueError, match="interval must be a positive int"):
         RecorderHook(PROPOSAL_RECORDERS, interval=0)
+    with pytest.raises(bcrecord.SpecError, match="save_dir is an empty string"):  # not the working directory
+        RecorderHook(PROPOSAL_RECORDERS, save_dir="")
     with pytest.raises(ValueError, match="fewer than topk=20"):
         RecorderHook(PROPOSAL_RECORDERS, visualize=dict(channel_reduction=None, arrangement=(2, 2)))
 
