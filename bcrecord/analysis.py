@@ -116,6 +116,9 @@ class CodeMap:
     calls: Dict[str, Tuple[CallSite, ...]] = field(default_factory=dict)
     operators: Dict[str, Tuple[OperatorSite, ...]] = field(default_factory=dict)
     cells: frozenset = field(repr=False, default=frozenset())
+    #: Positions of sites inside separate comprehension code that does not use the
+    #: first argument: a probe there cannot be given the instance (per-instance patches).
+    selfless: frozenset = field(repr=False, default=frozenset())
 
 
 @dataclass(frozen=True)
@@ -804,6 +807,16 @@ def _read(key: Tuple[object, ...], qualname: Optional[str] = None) -> CodeMap:
         if instr.name in table.prologue:
             entry = pos + 1
             break
+    first = code.co_varnames[0] if code.co_argcount else None
+    groups: Tuple[Dict[str, Tuple[Any, ...]], ...] = (local_map, attr_map, call_map, operator_map)
+    nested = {
+        pos
+        for group in groups
+        for sites in group.values()
+        for site in sites
+        for pos in site.positions
+        if isinstance(pos, tuple)
+    }
     return CodeMap(
         name=code.co_name,
         qualname=str(qualname or getattr(code, "co_qualname", code.co_name)),
@@ -816,7 +829,16 @@ def _read(key: Tuple[object, ...], qualname: Optional[str] = None) -> CodeMap:
         cells=frozenset(code.co_cellvars),
         calls=call_map,
         operators=operator_map,
+        selfless=frozenset(pos for pos in nested if first not in _code_of(code, pos).co_freevars),
     )
+
+
+def _code_of(code: CodeType, pos: object) -> CodeType:
+    """The code object that holds the nested site position ``pos``, ``(outer, inner)``."""
+    while isinstance(pos, tuple):
+        outer, pos = cast(Tuple[int, object], pos)
+        code = cast(CodeType, cast(Instr, instructions(code)[outer]).arg)
+    return code
 
 
 def _pick(sites: Sequence, index: Optional[Tuple[int, ...]], what: str, func: str) -> List:
@@ -953,9 +975,15 @@ class Targets:
         self.calls = dict(cmap.calls)
         self.operators = dict(cmap.operators)
         self.returns = cmap.returns
+        self._selfless = cmap.selfless
 
-    def specs(self) -> List[str]:
+    def specs(self, per_instance: bool = False) -> List[str]:
         """Every short-form spec that names one site here, in a table's order.
+
+        ``per_instance=True`` leaves out the sites that a per-instance patch (one whose
+        probes are given the first argument, as the torch layer's are) cannot probe:
+        those inside a comprehension that is code of its own and does not use that
+        argument (a generator expression; on 3.10/3.11 any comprehension).
 
         >>> import bcrecord
         >>> def f(self, a):
@@ -964,11 +992,21 @@ class Targets:
         ...     return x
         >>> bcrecord.targets(f).specs()
         ['x@0', 'x@1', 'self.fc@0', 'self.fc()@0', '+@0', 'return']
+        >>> def g(self, xs):
+        ...     return all(x.ok() for x in xs), any(self.ok(x) for x in xs)
+        >>> bcrecord.targets(g).specs()
+        ['self.ok@0', 'x.ok@0', 'all()@0', 'any()@0', 'self.ok()@0', 'x.ok()@0', 'return']
+        >>> bcrecord.targets(g).specs(per_instance=True)
+        ['self.ok@0', 'all()@0', 'any()@0', 'self.ok()@0', 'return']
         """
-        out = [f"{a.name}@{a.index}" for sites in self.locals.values() for a in sites]
-        out += [f"{s.chain}@{s.index}" for sites in self.attributes.values() for s in sites]
-        out += [f"{c.callee}()@{c.index}" for sites in self.calls.values() for c in sites]
-        out += [f"{o.op}@{o.index}" for sites in self.operators.values() for o in sites]
+
+        def kept(site: Any) -> bool:
+            return not per_instance or not self._selfless.intersection(site.positions)
+
+        out = [f"{a.name}@{a.index}" for sites in self.locals.values() for a in sites if kept(a)]
+        out += [f"{s.chain}@{s.index}" for sites in self.attributes.values() for s in sites if kept(s)]
+        out += [f"{c.callee}()@{c.index}" for sites in self.calls.values() for c in sites if kept(c)]
+        out += [f"{o.op}@{o.index}" for sites in self.operators.values() for o in sites if kept(o)]
         return out + (["return"] if self.returns else [])
 
     def as_dict(self) -> Dict[str, Any]:

@@ -323,7 +323,9 @@ def list_targets(
     For each submodule: its path (the module's output) and, for each of
     ``methods`` (a name, or several) it defines in Python, one target per local assignment, attribute
     load site, call site (``'self.bn1()@0'``), operator site (``'+=@0'``) and return.
-    TorchScript submodules, which cannot be recorded, are left out.
+    TorchScript submodules, which cannot be recorded, are left out, and so are sites
+    inside a generator expression that does not use ``self`` (on 3.10/3.11 any
+    comprehension): one patch of a class cannot tell its instances apart there.
 
     >>> import torch
     >>> targets = list_targets(torch.nn.Sequential(torch.nn.Linear(1, 1)))
@@ -347,5 +349,5 @@ def list_targets(
                 continue
             if not takes_instance(func):  # def forward(*args): record() refuses it, saying why
                 continue
-            out.extend(f"{path}:{method}:{spec}" for spec in function_targets(func).specs())
+            out.extend(f"{path}:{method}:{spec}" for spec in function_targets(func).specs(per_instance=True))
     return out

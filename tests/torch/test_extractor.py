@@ -430,6 +430,23 @@ def test_list_targets_leaves_out_torchscript_submodules_and_what_is_inside_them(
     assert torch.equal(rec[":forward:return"], out) and torch.equal(rec["0:forward:return"], net[0](x))
 
 
+def test_list_targets_leaves_out_sites_a_module_patch_cannot_probe_and_the_rest_all_record():
+    # nn.MultiheadAttention.forward checks its arguments in generator expressions that
+    # never use 'self': one patch of a class cannot tell its instances apart there.
+    mha = torch.nn.MultiheadAttention(8, 2)
+    listed = list_targets(mha)
+    assert ":forward:self.in_proj_weight@0" in listed
+    assert not any("_arg_requires_grad" in t or "x.transpose" in t for t in listed)
+    q = torch.randn(3, 1, 8)
+    with pytest.raises(bcrecord.TargetError, match="comprehension"):
+        with bcrecord.torch.record(mha, [":forward:x.transpose()@0"]):
+            pass
+    with bcrecord.torch.record(mha, listed) as rec:  # the whole list records at once
+        out, weights = mha(q, q, q)
+    assert torch.equal(rec[":forward:return"][0], out) and torch.equal(rec[":forward:return"][1], weights)
+    assert torch.equal(rec[":forward:self.in_proj_weight@0"], mha.in_proj_weight)
+
+
 def test_a_recording_of_another_model_that_stops_early_holds_back_no_extractor():
     torch.manual_seed(0)
     other = torch.nn.Sequential(torch.nn.Linear(3, 3))
