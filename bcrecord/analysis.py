@@ -346,12 +346,15 @@ def _chains(
 ) -> Iterator[Tuple[str, int, Instr, bool]]:
     """Yield (chain, position, instr, method) for every attribute load on a local."""
     table = _versions.current()
+    dup = table.dup(None)
     chain: Optional[List[str]] = None
     previous = -1
     for pos, instr in real:
         if chain is not None and any(isinstance(x, Label) for x in bytecode[previous + 1 : pos]):
             chain = None  # a jump target between root and attribute: not one expression
         previous = pos
+        if chain is not None and instr.name == dup.name and instr.arg == dup.arg:
+            continue  # 'self.n += 1' copies self, then loads n from the copy: the same chain
         attr = table.attr_load(instr)
         method = table.method_load(instr) if attr is None else None
         if chain is not None and (attr or method):

@@ -43,7 +43,7 @@ import sys
 import types
 from typing import Any, List, Optional, Sequence, Tuple
 
-from .errors import BcrecordError
+from .errors import BcrecordError, did_you_mean
 from .listing import decompiled, side_by_side
 from .patch import Patch, function_of, patch_function, patch_method, targets
 
@@ -62,6 +62,12 @@ def resolve_path(path: str) -> Tuple[Any, Any]:
         raise BcrecordError(
             f"expected 'package.module:Class.method' or 'package.module:function', got {path!r}"
         )
+    if module_name.endswith(".py") or "/" in module_name or os.sep in module_name:
+        dotted = os.path.normpath(module_name).removesuffix(".py").replace(os.sep, ".").strip(".")
+        raise BcrecordError(
+            f"{path!r}: give a module's dotted name, not a file (e.g. '{dotted}:{attr_path}', "
+            "from the folder it imports from)"
+        )
     if module_name.startswith("."):
         raise BcrecordError(f"{path!r}: give the module's absolute name (no leading dot)")
     try:
@@ -79,7 +85,8 @@ def resolve_path(path: str) -> Tuple[Any, Any]:
         try:
             value = getattr(value, part)
         except AttributeError:
-            raise BcrecordError(f"{path!r}: {owner!r} has no attribute {part!r}") from None
+            hint = did_you_mean(part, dir(owner))
+            raise BcrecordError(f"{path!r}: {owner!r} has no attribute {part!r}{hint}") from None
     return owner, value
 
 
@@ -301,6 +308,14 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-plots", action="store_true", help="skip the pictures (no matplotlib needed)")
     p.set_defaults(run=_demo)
     return parser
+
+
+def _console() -> int:
+    """The ``bcrecord`` command: :func:`main` with the working directory first on
+    ``sys.path``, as ``python -m bcrecord`` has it (a console script has its own
+    ``bin/`` there), so that ``targets``, ``show`` and ``run -m`` find the user's modules."""
+    sys.path[0:1] = [os.getcwd()]
+    return main()
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

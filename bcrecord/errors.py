@@ -28,10 +28,11 @@ len is a builtin or C function: it has no bytecode to patch
 from __future__ import annotations
 
 import contextlib
+import difflib
 import os
 import sys
 import warnings
-from typing import Type
+from typing import Iterable, Type
 
 __all__ = [
     "BcrecordError",
@@ -94,3 +95,17 @@ def warn(message: str, category: Type[Warning] = RecordingWarning) -> None:
     while frame.f_back is not None and frame.f_code.co_filename.startswith(_OWN_FILES):
         level, frame = level + 1, frame.f_back
     warnings.warn(message, category, stacklevel=level)
+
+
+def did_you_mean(word: str, names: Iterable[str]) -> str:
+    """``"; did you mean 'a', 'b'?"`` for up to three of ``names`` close to ``word`` (dunder
+    names left out), or ``''``: the end of a message about a name that is not there.
+
+    >>> did_you_mean("forwrd", ["forward", "__format__", "train"])
+    "; did you mean 'forward'?"
+    >>> did_you_mean("zzz", ["forward"])
+    ''
+    """
+    candidates = list(dict.fromkeys(n for n in names if not n.startswith("__")))
+    close = difflib.get_close_matches(word, candidates, n=3)
+    return f"; did you mean {', '.join(map(repr, close))}?" if close else ""

@@ -31,7 +31,6 @@ it is patched in place.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import functools
 import inspect
 import threading
@@ -52,7 +51,7 @@ from typing import (
 )
 
 from .analysis import ProbePoint, Targets, read, resolve
-from .errors import NotPatchableError, SpecError
+from .errors import NotPatchableError, SpecError, did_you_mean
 from .rewrite import SINKS_GET, code_objects, insert_probes
 from .runtime import (
     Site,
@@ -697,13 +696,21 @@ def _lookup(holder: Any, attribute: str) -> Tuple[Any, Any]:
                 f"{_named(holder)}'s {attribute!r} is {_a(type(found).__name__)} (from __getattr__): only "
                 "Python functions defined on it or its class can be patched"
             ) from None
-        # dir() may name one attribute twice (torch's Module.__dir__ does).
-        names = list(dict.fromkeys(n for n in dir(holder) if not n.startswith("__")))
-        close = difflib.get_close_matches(attribute, names, n=3)
-        hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+        # Only what could be patched is suggested (not a module's '_forward_hooks' dict).
+        names = [
+            n
+            for n in dir(holder)
+            if not n.startswith("__") and _could_patch(inspect.getattr_static(holder, n, None))
+        ]
+        hint = did_you_mean(attribute, names)
         raise NotPatchableError(f"{_named(holder)} has no attribute {attribute!r}{hint}") from None
     own = vars(holder).get(attribute, _MISSING) if hasattr(holder, "__dict__") else _MISSING
     return raw, own
+
+
+def _could_patch(found: Any) -> bool:
+    """Whether an attribute found statically is a function, method or property (a suggestion)."""
+    return callable(found) or isinstance(found, (staticmethod, classmethod, property))
 
 
 def _named(holder: Any) -> str:

@@ -76,7 +76,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Set, TextIO, Tuple
 
 from .analysis import read, resolve
-from .errors import BcrecordError
+from .errors import BcrecordError, did_you_mean
 from .patch import Patch, function_of, patch_function, patch_method
 from .runtime import Recording, Sink, copy_value
 from .specs import Spec, parse
@@ -132,14 +132,25 @@ def parse_target(text: str) -> RunTarget:
     >>> parse_target("pkg.mod:forward")
     Traceback (most recent call last):
     ...
-    bcrecord.runner.RunError: target 'pkg.mod:forward' needs three parts, 'package.module:Class.method:SPEC' \
-(e.g. 'pkg.mod:forward:return'; 'bcrecord targets pkg.mod:forward' lists the specs)
+    bcrecord.runner.RunError: target 'pkg.mod:forward' needs three parts, \
+'package.module:Class.method:SPEC': '__main__:pkg.mod:forward' (spec 'forward' in the script's own \
+pkg.mod) or 'pkg.mod:forward:return' (function forward of module pkg.mod; 'bcrecord targets \
+pkg.mod:forward' lists its specs)
     """
     parts = text.split(":", 2)
     if len(parts) == 2 and all(parts):
+        first, second = (p.strip() for p in parts)
+        # Which part is missing is a guess: the module (the spec given) or the spec.
+        guesses = [f"'__main__:{text}' (spec {second!r} in the script's own {first})"]
+        if all(p.isidentifier() for p in second.split(".")) and all(
+            p.isidentifier() for p in first.split(".")
+        ):
+            guesses.append(
+                f"'{text}:return' (function {second} of module {first}; "
+                f"'bcrecord targets {text}' lists its specs)"
+            )
         raise RunError(
-            f"target {text!r} needs three parts, 'package.module:Class.method:SPEC' "
-            f"(e.g. '{text}:return'; 'bcrecord targets {text}' lists the specs)"
+            f"target {text!r} needs three parts, 'package.module:Class.method:SPEC': {' or '.join(guesses)}"
         )
     if len(parts) != 3 or not all(p.strip() for p in parts):
         raise RunError(
@@ -224,14 +235,29 @@ def _check_in_code(target: RunTarget, code: types.CodeType, where: str) -> None:
     raise RunError(f"target {target.text!r}: {first}")
 
 
+def _walk(root: Any, path: Sequence[str]) -> Tuple[Any, Any]:
+    """``(holder, value)``: what dotted ``path`` names from ``root``, and what holds it.
+
+    Raises :class:`BcrecordError` naming the attributes close to a missing one.
+    """
+    holder = value = root
+    for part in path:
+        holder = value
+        try:
+            value = getattr(holder, part)
+        except AttributeError:
+            raise BcrecordError(
+                f"{holder!r} has no attribute {part!r}{did_you_mean(part, dir(holder))}"
+            ) from None
+    return holder, value
+
+
 def _check_live(target: RunTarget, module: types.ModuleType) -> None:
     """Check ``target`` against an imported module: the attribute must exist, the spec resolve."""
-    value: Any = module
-    for part in target.path:
-        try:
-            value = getattr(value, part)
-        except AttributeError:
-            raise RunError(f"target {target.text!r}: {value!r} has no attribute {part!r}") from None
+    try:
+        _, value = _walk(module, target.path)
+    except BcrecordError as error:
+        raise RunError(f"target {target.text!r}: {error}") from None
     if isinstance(value, property) and value.fget is not None:  # 'C.p': its getter
         value = value.fget
     try:
@@ -786,13 +812,10 @@ class _Runner:
                 texts = ", ".join(repr(t.text) for t in group)
                 if only is not None and not any(t.text in only for t in group):
                     continue
-                holder: Any = module
                 specs = [t.spec for t in group]
                 owner = self.owners.get((name, path))
                 try:
-                    for part in path[:-1]:
-                        holder = getattr(holder, part)
-                    value = getattr(holder, path[-1])
+                    holder, value = _walk(module, path)
                     if isinstance(value, property) or isinstance(holder, property):
                         # A property's getter ('C.p' or 'C.p.fget'): its function, in place
                         # (a property's fget cannot be set), so only where it is defined.
@@ -817,9 +840,7 @@ class _Runner:
                         # place in its base, the base's own instances would record under this name.
                         inherited = isinstance(holder, type) and path[-1] not in vars(holder)
                         patch = patch_method(holder, path[-1], specs, name=owner, in_place=not inherited)
-                except AttributeError as error:
-                    raise _TargetFailed(f"target {texts}: {error}") from None
-                except BcrecordError as error:
+                except (AttributeError, BcrecordError) as error:
                     raise _TargetFailed(f"target {texts}: {error}") from None
                 self.patches.append(patch)
                 self.recording.take(patch)

@@ -812,6 +812,27 @@ def copy_value(value: T, policy: str) -> T:
 # --- recordings --------------------------------------------------------------
 
 
+class _Silent:
+    """The sinks probes find while a recorded value is being copied: a copier, a
+    ``reduce`` or a chain read that runs patched code (a patched ``clone()``,
+    ``__deepcopy__`` or property) must not record values the program never made,
+    nor copy its own values again without end."""
+
+    __slots__ = ()
+
+    def __getitem__(self, site_id: int) -> _Silent:
+        return self
+
+    def append(self, value: Any) -> None:
+        pass
+
+    def deliver(self, value: Any, instance: Any) -> None:
+        pass
+
+
+_SILENT: Any = _Silent()
+
+
 class Sink:
     """Where one site's values go in one recording: read the chain, copy, store.
 
@@ -873,12 +894,22 @@ class Sink:
         """
         try:
             if self.chain:
-                value = _read_chain(value, self.chain)
+                silenced = _context.set(_SILENT)
+                try:
+                    value = _read_chain(value, self.chain)
+                finally:
+                    _context.reset(silenced)
             kind = type(value)
             copier: Any = self.copiers.get(kind, _MISSING)
             if copier is _MISSING:
                 copier = self.copiers.setdefault(kind, _find_copier(self.policy, kind))
-            self.store(value if copier is None else copier(value))
+            if copier is not None:
+                silenced = _context.set(_SILENT)
+                try:
+                    value = copier(value)
+                finally:
+                    _context.reset(silenced)
+            self.store(value)
         except Exception as error:  # a probe must never raise into user code
             try:
                 self.rec._fail(self.key, error)

@@ -167,3 +167,21 @@ def test_per_instance_specs_leave_out_sites_in_comprehension_code_without_the_fi
     everything = found.specs()
     assert "w@0" in everything and "self.k@1" in everything
     assert found.specs(per_instance=True) == [s for s in everything if s not in left_out]
+
+
+def test_the_read_inside_an_augmented_attribute_assignment_is_a_load_site():
+    class Counter:
+        def __init__(self):
+            self.count, self.inner = 10, self
+
+        def step(self):
+            self.count += 1  # reads self.count (10), then stores 11
+            self.inner.count *= 2  # reads self.inner, then self.inner.count (11)
+            return self.count  # 22
+
+    specs = ["self.count@0", "self.count@1", "self.inner@0", "self.inner.count@0"]
+    assert bcrecord.targets(Counter.step).specs() == [*specs, "*=@0", "+=@0", "return"]
+    counter = Counter()
+    with bcrecord.patch_method(counter, "step", specs, name="c"), bcrecord.recording(copy="none") as rec:
+        counter.step()
+    assert [rec[f"c:step:{spec}"] for spec in specs] == [10, 22, counter, 11]

@@ -7,10 +7,14 @@
 
 import json
 import py_compile
+import subprocess
+import sys
 
 import pytest
 
-from .commands import cli, one_clear_line
+from .commands import ROOT, _env, cli, one_clear_line
+
+RUN = dict(env=_env(), capture_output=True, text=True, timeout=300)
 
 # --- targets and show --------------------------------------------------------------------
 
@@ -62,13 +66,38 @@ def test_targets_and_show_take_a_property_as_run_records_it(project):
         (["targets", "no_colon"], "expected 'package.module:Class.method'"),
         (["targets", "no_such_module_xyz:f"], "cannot import module 'no_such_module_xyz'"),
         (["targets", "helper:nope"], "has no attribute 'nope'"),
+        (["targets", "helper:Scaler.scael"], "has no attribute 'scael'; did you mean 'scale'?"),
         (["targets", ".helper:twice"], "give the module's absolute name (no leading dot)"),
+        (["targets", "./pkg/tool.py:main"], "not a file (e.g. 'pkg.tool:main', from the folder"),
         (["show", "helper:twice", "nosuch"], "no assignment to a local named 'nosuch'"),
         (["show", "helper:twice", "y@9"], "there is no index 9"),
     ],
 )
 def test_targets_and_show_bad_input(project, args, words):
     assert words in one_clear_line(cli(*args, cwd=project))
+
+
+def test_the_console_command_finds_modules_in_the_working_directory(project, tmp_path_factory):
+    # What pip writes for the setup.cfg entry point, run as the installed command is:
+    # sys.path[0] is then the script's own folder, not the working directory.
+    import configparser
+
+    entry = configparser.ConfigParser()
+    entry.read(ROOT / "setup.cfg")
+    line = entry["options.entry_points"]["console_scripts"].strip()
+    module, function = line.split("=", 1)[1].strip().split(":")
+    bin_dir = tmp_path_factory.mktemp("bin")
+    (bin_dir / "bcrecord").write_text(
+        f"import sys\nfrom {module} import {function}\nsys.exit({function}())\n"
+    )
+    command = [sys.executable, str(bin_dir / "bcrecord")]
+    listed = subprocess.run([*command, "targets", "helper:twice"], cwd=project, **RUN)
+    assert listed.returncode == 0 and "y@0" in listed.stdout, listed.stderr
+    ran = subprocess.run(
+        [*command, "run", "-r", "pkg.tool:main:joined", "-m", "pkg.tool", "a"], cwd=project, **RUN
+    )
+    assert ran.returncode == 1 and ran.stdout == "A\n", ran.stderr  # 'A' and its exit status, as python -m
+    assert "__main__:main:joined@0  1       'A'" in ran.stderr
 
 
 def test_help_and_console_entry(project):

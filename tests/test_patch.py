@@ -127,6 +127,11 @@ def test_not_patchable_targets_give_clear_errors():
     # An instance is named by its class: a model's repr is its whole architecture.
     with pytest.raises(NotPatchableError, match="^this Block instance has no attribute 'forwrd'; did you"):
         bcrecord.patch_method(Block(), "forwrd", "out")
+    # Only what could be patched is suggested, not data with a close name.
+    holder = Block()
+    holder._forward_hooks, holder.forwarded = {}, 3
+    with pytest.raises(NotPatchableError, match=r"has no attribute 'forwrd'; did you mean 'forward'\?$"):
+        bcrecord.patch_method(holder, "forwrd", "out")
     message = "^this SimpleNamespace instance's 'value' is 3, an int: only Python functions can be patched$"
     with pytest.raises(NotPatchableError, match=message):
         bcrecord.patch_method(types.SimpleNamespace(value=3), "value", "x")

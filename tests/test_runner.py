@@ -29,6 +29,15 @@ def test_parse_target_splits_module_path_and_spec():
     "text, words",
     [
         ("m:f", "needs three parts"),
+        # The module left out: the script's own class, the spec given.
+        (
+            "Net.forward:hidden",
+            "'__main__:Net.forward:hidden' (spec 'hidden' in the script's own Net.forward)",
+        ),
+        (
+            "Net.forward:out@1",
+            "'package.module:Class.method:SPEC': '__main__:Net.forward:out@1' (spec 'out@1'",
+        ),
         (":f:x", "bad target ':f:x': expected 'package.module:Class.method:SPEC'"),
         ("m::x", "bad target 'm::x'"),
         ("m:f:x@one", "bad index in 'x@one'"),
@@ -198,6 +207,7 @@ def test_run_target_in_a_module_imported_later(project):
         (["-r", "__main__:nope:x", "prog.py"], "prog.py never defines 'nope'"),
         (["-r", "helper:twice:y@3", "prog.py"], "there is no index 3"),
         (["-r", "helper:twice", "prog.py"], "needs three parts"),
+        (["-r", "helper:Scaler.scael:out", "prog.py"], "has no attribute 'scael'; did you mean 'scale'?"),
         (["-r", "helper:twice:y", "-n", "0", "prog.py"], "--every must be a positive integer"),
         (["-r", "no_such_module_xyz:f:x", "prog.py"], "no module named 'no_such_module_xyz'"),
         (["-r", "pkg.no_such:f:x", "prog.py"], "no module named 'pkg.no_such'"),

@@ -804,3 +804,61 @@ def test_an_owner_function_that_gives_no_string_is_a_recorded_error_that_says_so
             with bcrecord.recording() as rec:
                 assert M().forward(1) == 2
     assert rec.keys() == [] and [type(e.error) for e in rec.errors] == [TypeError]
+
+
+class _Box:
+    made = 0
+
+    def __init__(self, v):
+        self.v = v
+        _Box.made += 1
+
+    def clone(self):  # what copy='clone' calls
+        out = _Box(self.v)
+        return out
+
+    def __deepcopy__(self, memo):
+        twin = _Box(self.v)
+        return twin
+
+    @property
+    def doubled(self):
+        d = self.v * 2
+        return d
+
+
+def test_copying_a_value_runs_patched_code_without_recording_it():
+    # The copy of 'b' calls the patched clone(), whose own values would be copied by
+    # calling it again, without end; a deepcopy or a chain read through a patched
+    # property would record values the program never made.
+    def make(x):
+        b = _Box(x)
+        return b
+
+    def read(box):
+        return box
+
+    specs = (["out", "return"], ["twin", "return"], ["d"])
+    with (
+        bcrecord.patch_method(_Box, "clone", specs[0], name="clone"),
+        bcrecord.patch_method(_Box, "__deepcopy__", specs[1], name="deep"),
+        bcrecord.patch_function(_Box.doubled.fget, specs[2], name="p"),
+        bcrecord.patch_function(make, ["b"], name="m"),
+        bcrecord.patch_function(read, [bcrecord.Attribute("box.doubled", at="entry")], name="r"),
+    ):
+        for policy in ("clone", "deepcopy"):
+            _Box.made = 0
+            with bcrecord.recording(copy=policy) as rec:
+                made = make(1)
+                read(made)
+                twin = made.clone()
+            assert rec.errors == []
+            assert {k: len(rec.all(k)) for k in rec.keys()} == {
+                "m:make:b@0": 1,
+                "r:read:box.doubled": 1,  # read at entry: doubled's own 'd' is not recorded
+                "clone:clone:out@0": 1,  # the program's own call records
+                "clone:clone:return": 1,
+            }
+            assert rec["m:make:b@0"] is not made and rec["m:make:b@0"].v == 1 and twin.v == 1
+            assert rec["r:read:box.doubled"] == 2
+            assert _Box.made == 5  # make, its copy, clone, and clone's two copies: none more

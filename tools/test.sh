@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The whole test suite: every tox environment (Python 3.10-3.13 core tests and lint).
+# The whole test suite: every tox environment (core tests on Python 3.10-3.13, the torch,
+# models, MMEngine, Lightning and transformers environments, and lint).
 # Installs what it needs; finds the pyenv interpreters on its own.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -65,7 +65,7 @@ except ImportError as error:  # pragma: no cover - depends on the environment
 
 import bcrecord.torch  # noqa: F401  (registers detached tensor copies for recordings)
 
-from ..errors import BcrecordError, SpecError
+from ..errors import BcrecordError, SpecError, did_you_mean
 from ..listing import decompiled, side_by_side
 from ..patch import Patch, patch_method
 from ..runtime import Recording, recording
@@ -452,9 +452,7 @@ def _missing_attribute(model: Any, spec: Any) -> Optional[str]:
         except AttributeError:
             if value is model and _assigned_by_methods(type(model), part):
                 return None
-            names = [n for n in dir(value) if not n.startswith("_")]
-            close = difflib.get_close_matches(part, names, n=3)
-            hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+            hint = did_you_mean(part, [n for n in dir(value) if not n.startswith("_")])
             return f"target {spec.target!r}: {path} ({type(value).__name__}) has no attribute {part!r}{hint}"
         except Exception:  # a property that fails before the run: leave it to the iteration
             return None

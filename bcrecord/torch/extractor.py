@@ -78,7 +78,9 @@ class FeatureExtractor(torch.nn.Module):
     With ``stop_early`` (the default) the forward ends once every target has a
     value, like FX's dead-code elimination (not inside a ``DistributedDataParallel``
     while autograd is on: its gradients sync only after a whole forward, so that
-    forward runs to its end; the values are the same). A module path gives the module's output
+    forward runs to its end; the values are the same; nor while forward hooks
+    registered for every module, as ``FlopCounterMode``'s, or ``always_call=True``
+    hooks of a running module are there: they would be skipped). A module path gives the module's output
     at its first call in the forward, as torchvision's node of that name (later calls
     are ``'relu_1'``…). Any other target recorded several times in one forward (a
     loop) gives the list of its values, in order, when the forward runs to its end

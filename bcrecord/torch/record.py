@@ -29,6 +29,7 @@ import contextlib
 import contextvars
 import dataclasses
 import inspect
+import sys
 import threading
 import types
 import weakref
@@ -36,6 +37,7 @@ from collections import defaultdict, deque
 from typing import (
     Any,
     Callable,
+    ContextManager,
     Dict,
     Iterable,
     Iterator,
@@ -355,10 +357,43 @@ class ModelRecording(Recording):
             # ends that thread's forward, and a submodule called on its own runs on.
             if self._entered_here():
                 self._seen.add(key)
-                if self._seen >= self._needed and _stopping.get() and _all_done_here():
+                if (
+                    self._seen >= self._needed
+                    and _stopping.get()
+                    and _all_done_here()
+                    and not _stopping_skips_hooks()
+                ):
                     raise StopForward(key, self)
 
         return sink.with_store(store_then_maybe_stop)
+
+
+#: Forward hooks registered for every module (torch.nn.modules.module.register_module_forward_hook).
+_GLOBAL_FORWARD_HOOKS: Mapping[int, Any] = getattr(torch.nn.modules.module, "_global_forward_hooks", {})
+_CALL_IMPL = getattr(torch.nn.Module._call_impl, "__code__", None)
+
+
+def _stopping_skips_hooks() -> bool:
+    """Whether ending the forward here would skip forward hooks that keep state across modules.
+
+    A forward hook registered for every module pairs with a pre-hook to track which
+    modules run (PyTorch's ModuleTracker, so ``FlopCounterMode``): a forward ended
+    early would leave the modules it unwound on that stack for good. A hook
+    registered with ``always_call=True`` must run even if the forward raises (torch
+    runs it for an ``Exception``, not for :class:`StopForward`). Where there is
+    either on a module whose forward is running, the forward runs whole. Walks the
+    stack: it runs once a pass has all its values.
+    """
+    if _GLOBAL_FORWARD_HOOKS:
+        return True
+    frame: Optional[types.FrameType] = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is _CALL_IMPL and getattr(
+            frame.f_locals.get("self"), "_forward_hooks_always_called", None
+        ):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _all_done_here() -> bool:
@@ -850,7 +885,6 @@ class Pass:
             self.marked = []
 
 
-@contextlib.contextmanager
 def record(
     model: torch.nn.Module,
     targets: Union[str, Iterable[str]],
@@ -865,7 +899,7 @@ def record(
     keep: Union[str, int] = "all",
     stop_after_last: bool = False,
     threads: str = "all",
-) -> Iterator[ModelRecording]:
+) -> ContextManager[ModelRecording]:
     """Record ``targets`` inside ``model`` while the block runs; yields the recording.
 
     Targets are strings like ``'layer1.0:forward:out@2'``, ``':_forward_impl:x@0'``,
@@ -891,20 +925,57 @@ def record(
     ...     out = net(torch.ones(1, 2))
     >>> torch.equal(rec["1:forward:return"], out), sorted(rec.keys_of("0"))
     (True, ['0:forward:return'])
+
+    What it returns is good for one ``with`` block: call ``record()`` for each.
     """
-    plan = Plan(model, targets, copy=copy, to=to, dtype=dtype, reduce=reduce, grad=grad)
+    return _OneBlock(
+        _record(
+            model,
+            targets,
+            dict(copy=copy, to=to, dtype=dtype, reduce=reduce, grad=grad),
+            dict(keep=keep, threads=threads, stop_after_last=stop_after_last),
+        )
+    )
+
+
+class _OneBlock(contextlib.AbstractContextManager):
+    """A generator's context manager that says so when it is entered a second time."""
+
+    def __init__(self, block: ContextManager[ModelRecording]) -> None:
+        self._block: Optional[ContextManager[ModelRecording]] = block
+        self._exit: Callable[..., Optional[bool]] = block.__exit__
+
+    def __enter__(self) -> ModelRecording:
+        block, self._block = self._block, None
+        if block is None:
+            raise RuntimeError(
+                "this record(...) has been entered already: call record() again for each "
+                "'with' block (or keep one block open around the loop)"
+            )
+        return block.__enter__()
+
+    def __exit__(self, *exc: Any) -> Optional[bool]:
+        return self._exit(*exc)
+
+
+@contextlib.contextmanager
+def _record(
+    model: torch.nn.Module, targets: Union[str, Iterable[str]], policy: Dict[str, Any], run: Dict[str, Any]
+) -> Iterator[ModelRecording]:
+    """:func:`record`'s block: plan, patch, record, and remove the patches after."""
+    plan = Plan(model, targets, **policy)
     patches = plan.patch()
     try:
-        run = plan.running(patches, keep=keep, threads=threads, stop_after_last=stop_after_last)
+        running = plan.running(patches, **run)
     except BaseException:  # a bad keep= or threads=
         remove_all(patches)
         raise
     try:
-        with run as rec:
+        with running as rec:
             yield rec
     finally:
         remove_all(patches)
-        run.rec._ended = True
+        running.rec._ended = True
 
 
 #: Whether a caller in this context catches :class:`StopForward` (the root's

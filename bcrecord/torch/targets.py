@@ -27,7 +27,6 @@ import builtins
 import collections.abc
 import contextlib
 import contextvars
-import difflib
 import fnmatch
 import functools
 import inspect
@@ -42,7 +41,7 @@ from torch.nn.utils import parametrize
 
 from .._versions import current
 from ..analysis import instructions
-from ..errors import NotPatchableError, SpecError, TargetError, warn
+from ..errors import NotPatchableError, SpecError, TargetError, did_you_mean, warn
 from ..patch import function_of
 from ..patch import targets as function_targets
 from ..specs import Attribute, Call, Expr, Return, Spec, parse
@@ -129,9 +128,7 @@ def module_at(model: torch.nn.Module, path: str) -> torch.nn.Module:
         except AttributeError:
             continue
     names = [name for name, _ in unwrap(model).named_modules() if name]
-    close = difflib.get_close_matches(path, names, n=3)
-    hint = f"; did you mean {', '.join(map(repr, close))}?" if close else ""
-    raise TargetError(f"the model has no submodule {path!r}{hint}")
+    raise TargetError(f"the model has no submodule {path!r}{did_you_mean(path, names)}")
 
 
 def _split(text: str) -> Tuple[str, str, str, bool]:
@@ -545,8 +542,9 @@ def expand(model: torch.nn.Module, text: str) -> List[Target]:
                     f"{pattern!r} is FX's node for the tensor {tensor[0]!r}, not an output; record it "
                     f"where a method reads it: {tensor[1]!r}"
                 )
+            joined = f"{missing} Nor" if str(missing).endswith("?") else f"{missing}; nor"
             raise TargetError(
-                f"{missing}; nor is {node!r} an FX name of a call or operator site of {owner}.forward "
+                f"{joined} is {node!r} an FX name of a call or operator site of {owner}.forward "
                 "that bcrecord can map (FX's getattr, getitem and size nodes, and ops inside Python "
                 "helpers it traces into, have none): pick a target from list_targets"
             )
@@ -556,6 +554,8 @@ def expand(model: torch.nn.Module, text: str) -> List[Target]:
     for path in _matching_paths(model, pattern):
         module = module_at(model, path)
         if isinstance(module, torch.jit.ScriptModule):
+            if is_glob:
+                continue  # as list_targets leaves it out: a glob takes what can be recorded
             raise NotPatchableError(
                 f"{type(module).__name__} at {path or '<root>'!r} is a TorchScript module: its code is "
                 "TorchScript, not Python bytecode; record it before scripting, or where it is called"
@@ -592,7 +592,13 @@ def expand(model: torch.nn.Module, text: str) -> List[Target]:
         func = getattr(type(module), runs, None)
         if not isinstance(func, types.FunctionType):
             kind = "no method" if func is None else "no Python method"
-            raise NotPatchableError(f"{where} has {kind} {runs!r}")
+            # Statically: reading a class's __annotations__ would add one to it (3.10-3.13).
+            methods = [
+                n
+                for n in dir(type(module))
+                if isinstance(inspect.getattr_static(type(module), n, None), types.FunctionType)
+            ]
+            raise NotPatchableError(f"{where} has {kind} {runs!r}{did_you_mean(runs, methods)}")
         if not takes_instance(func):
             if is_glob:
                 continue  # as a container is: a glob takes what can be recorded

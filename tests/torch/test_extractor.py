@@ -428,6 +428,12 @@ def test_list_targets_leaves_out_torchscript_submodules_and_what_is_inside_them(
     with bcrecord.torch.record(net, listed) as rec:  # every listed target records
         out = net(x)
     assert torch.equal(rec[":forward:return"], out) and torch.equal(rec["0:forward:return"], net[0](x))
+    with bcrecord.torch.record(net, ["*"]) as rec:  # a glob skips them too
+        net(x)
+    assert rec.keys() == ["0:forward:return"]
+    with pytest.raises(bcrecord.NotPatchableError, match="at '1' is a TorchScript module"):
+        with bcrecord.torch.record(net, ["1"]):  # named: refused, saying why
+            pass
 
 
 def test_list_targets_leaves_out_sites_a_module_patch_cannot_probe_and_the_rest_all_record():

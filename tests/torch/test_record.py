@@ -316,6 +316,7 @@ def test_bad_targets_give_clear_errors_and_change_nothing(net):
         ("blocks.0:forward:nope", bcrecord.TargetError, "assigned locals: identity, out"),
         ("blocks.0:forward:out@9", bcrecord.TargetError, "there is no index 9"),
         ("blocks.0:nomethod:x", bcrecord.NotPatchableError, "no method 'nomethod'"),
+        ("blocks.0:forwrd:x", bcrecord.NotPatchableError, "no method 'forwrd'; did you mean 'forward'"),
         ("a:b", bcrecord.SpecError, "expected 'module.path:method:target'"),
         ("zz*", bcrecord.TargetError, "no submodule matches"),
     ]:
@@ -717,6 +718,77 @@ def test_a_recording_whose_block_ended_cannot_be_entered_again(net):
         with record(net, ["bn1"], keep=0):
             pass
     assert len(bcrecord.patch._slots) == slots and not bcrecord.runtime.is_active()
+
+
+def test_what_record_returns_is_for_one_block_and_says_so(net):
+    x = torch.randn(1, 3, 8, 8)
+    before = snapshot(net)
+    block = record(net, ["bn1"])
+    with block as rec:
+        net(x)
+        with pytest.raises(RuntimeError, match=r"entered already: call record\(\) again for each"):
+            with block:
+                pass
+        net(x)  # the outer block records on
+    with pytest.raises(RuntimeError, match=r"entered already"):  # as a loop that reuses it would
+        with block:
+            net(x)
+    assert len(rec.all("bn1:forward:return")) == 2 and same(snapshot(net), before)
+
+
+def test_the_early_stop_lets_hooks_that_track_modules_run():
+    # FlopCounterMode's ModuleTracker pairs a pre-hook with a hook for every module; an
+    # always_call hook must run even when the forward raises. A forward ended early
+    # would skip both: it runs whole instead, with the same values.
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from bcrecord.torch import create_feature_extractor
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()), torch.nn.Linear(8, 8)
+    )
+    x = torch.randn(4, 8)
+    extractor = create_feature_extractor(net, ["0.0"])
+    with FlopCounterMode(display=False) as counter:
+        features = extractor(x)
+        torch.randn(64, 64) @ torch.randn(64, 64)  # inside no module
+    counts = {name: sum(ops.values()) for name, ops in counter.get_flop_counts().items()}
+    linear = 2 * 4 * 8 * 8  # the flops of one Linear(8, 8) on 4 rows
+    assert counts["Global"] == 2 * linear + 2 * 64**3 and counts["FeatureExtractor.model.0"] == linear
+    assert torch.equal(features["0.0"], net[0][0](x))
+    depth = []
+    handles = [module.register_forward_pre_hook(lambda *_: depth.append(1)) for module in net.modules()]
+    handles.append(net[0].register_forward_hook(lambda *_: depth.pop() and None, always_call=True))
+    handles += [
+        m.register_forward_hook(lambda *_: depth.pop() and None) for m in (net, net[0][0], net[0][1], net[1])
+    ]
+    with record(net, ["0.0"], stop_after_last=True) as rec:
+        out = net(x)
+    assert depth == [] and torch.equal(out, net(x)) and torch.equal(rec["0.0:forward:return"], net[0][0](x))
+    for handle in handles:
+        handle.remove()
+    with record(net, ["0.0"], stop_after_last=True):
+        assert net(x) is None  # nothing to skip: it stops
+
+
+def test_a_second_backward_through_a_kept_graph_adds_no_gradient():
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Tanh())
+    x = torch.randn(2, 3)
+    with record(net, ["0:forward:return.grad", "0:forward:self.weight.grad"]) as rec:
+        y = net(x)
+        y.sum().backward(retain_graph=True)
+        (2 * y).sum().backward()
+    first = 1 - y.detach() ** 2  # d tanh(z)/dz, for the first backward's ones
+    assert (
+        torch.allclose(rec.all("0:forward:return.grad")[0], first)
+        and len(rec.all("0:forward:return.grad")) == 1
+    )
+    assert (
+        torch.allclose(rec["0:forward:self.weight.grad"], first.T @ x)
+        and len(rec.all("0:forward:self.weight.grad")) == 1
+    )
 
 
 def test_a_deepcopy_made_while_stopping_early_stops_as_the_model_does():
