@@ -62,12 +62,19 @@ def resolve_path(path: str) -> Tuple[Any, Any]:
         raise BcrecordError(
             f"expected 'package.module:Class.method' or 'package.module:function', got {path!r}"
         )
-    if module_name.endswith(".py") or "/" in module_name or os.sep in module_name:
-        dotted = os.path.normpath(module_name).removesuffix(".py").replace(os.sep, ".").strip(".")
-        raise BcrecordError(
-            f"{path!r}: give a module's dotted name, not a file (e.g. '{dotted}:{attr_path}', "
-            "from the folder it imports from)"
-        )
+    # A file (a module named 'x.py' is a submodule 'py' of package 'x': only if no such file).
+    if (
+        "/" in module_name
+        or os.sep in module_name
+        or (module_name.endswith(".py") and os.path.isfile(module_name))
+    ):
+        relative = os.path.relpath(module_name).removesuffix(".py")
+        if relative.startswith(os.pardir):  # outside the working directory: from its own folder
+            folder, stem = os.path.split(os.path.abspath(module_name).removesuffix(".py"))
+            example = f"'{stem}:{attr_path}', run in {folder}"
+        else:
+            example = f"'{relative.replace(os.sep, '.')}:{attr_path}', from the folder it imports from"
+        raise BcrecordError(f"{path!r}: give a module's dotted name, not a file (e.g. {example})")
     if module_name.startswith("."):
         raise BcrecordError(f"{path!r}: give the module's absolute name (no leading dot)")
     try:
@@ -313,8 +320,14 @@ def _parser() -> argparse.ArgumentParser:
 def _console() -> int:
     """The ``bcrecord`` command: :func:`main` with the working directory first on
     ``sys.path``, as ``python -m bcrecord`` has it (a console script has its own
-    ``bin/`` there), so that ``targets``, ``show`` and ``run -m`` find the user's modules."""
-    sys.path[0:1] = [os.getcwd()]
+    ``bin/`` there), so that ``targets``, ``show`` and ``run -m`` find the user's modules.
+    Under ``PYTHONSAFEPATH`` (``python -P``) nothing is added, as ``python -m`` adds nothing."""
+    if not getattr(sys.flags, "safe_path", False):
+        script_folder = os.path.dirname(os.path.realpath(sys.argv[0]))
+        if sys.path and os.path.realpath(sys.path[0] or os.curdir) == script_folder:
+            sys.path[0] = os.getcwd()
+        else:
+            sys.path.insert(0, os.getcwd())
     return main()
 
 

@@ -98,14 +98,18 @@ def warn(message: str, category: Type[Warning] = RecordingWarning) -> None:
 
 
 def did_you_mean(word: str, names: Iterable[str]) -> str:
-    """``"; did you mean 'a', 'b'?"`` for up to three of ``names`` close to ``word`` (dunder
-    names left out), or ``''``: the end of a message about a name that is not there.
+    """``"; did you mean 'a', 'b'?"`` for up to three of ``names`` close to ``word``, or
+    ``''``: the end of a message about a name that is not there. Private names
+    (``_slow_forward``) are suggested only for a word that starts with ``_`` too.
 
-    >>> did_you_mean("forwrd", ["forward", "__format__", "train"])
+    >>> did_you_mean("forwrd", ["forward", "_slow_forward", "__format__", "train"])
     "; did you mean 'forward'?"
+    >>> did_you_mean("_forwrd_impl", ["_forward_impl", "train"])
+    "; did you mean '_forward_impl'?"
     >>> did_you_mean("zzz", ["forward"])
     ''
     """
-    candidates = list(dict.fromkeys(n for n in names if not n.startswith("__")))
+    private = "__" if word.startswith("_") else "_"
+    candidates = list(dict.fromkeys(n for n in names if not n.startswith(private)))
     close = difflib.get_close_matches(word, candidates, n=3)
     return f"; did you mean {', '.join(map(repr, close))}?" if close else ""

@@ -133,22 +133,24 @@ def parse_target(text: str) -> RunTarget:
     Traceback (most recent call last):
     ...
     bcrecord.runner.RunError: target 'pkg.mod:forward' needs three parts, \
-'package.module:Class.method:SPEC': '__main__:pkg.mod:forward' (spec 'forward' in the script's own \
-pkg.mod) or 'pkg.mod:forward:return' (function forward of module pkg.mod; 'bcrecord targets \
+'package.module:Class.method:SPEC': '__main__:pkg.mod:forward' (spec 'forward' of pkg.mod, defined \
+in the script) or 'pkg.mod:forward:return' (function forward of module pkg.mod; 'bcrecord targets \
 pkg.mod:forward' lists its specs)
     """
     parts = text.split(":", 2)
     if len(parts) == 2 and all(parts):
         first, second = (p.strip() for p in parts)
+        dotted = all(p.isidentifier() for p in f"{first}.{second}".split("."))
         # Which part is missing is a guess: the module (the spec given) or the spec.
-        guesses = [f"'__main__:{text}' (spec {second!r} in the script's own {first})"]
-        if all(p.isidentifier() for p in second.split(".")) and all(
-            p.isidentifier() for p in first.split(".")
-        ):
-            guesses.append(
-                f"'{text}:return' (function {second} of module {first}; "
-                f"'bcrecord targets {text}' lists its specs)"
-            )
+        if first == "__main__":
+            guesses = [f"'{text}:return' ({second}, defined in the script; any spec of it works)"]
+        else:
+            guesses = [f"'__main__:{text}' (spec {second!r} of {first}, defined in the script)"]
+            if dotted:
+                guesses.append(
+                    f"'{text}:return' (function {second} of module {first}; "
+                    f"'bcrecord targets {text}' lists its specs)"
+                )
         raise RunError(
             f"target {text!r} needs three parts, 'package.module:Class.method:SPEC': {' or '.join(guesses)}"
         )
@@ -302,7 +304,11 @@ parse_constant, parse_float, parse_int
         else:
             spec = _module_spec(target.module)
             if spec is None:
-                raise RunError(f"target {target.text!r}: no module named {target.module!r}")
+                script = f" (the script's own {target.qualname}: '__main__:{target.qualname}:...')"
+                raise RunError(
+                    f"target {target.text!r}: no module named {target.module!r}"
+                    + (script if target.module.endswith(".py") else "")
+                )
             code = _module_code(spec)
         if code is not None:
             _check_in_code(target, code, f"module {target.module}")

@@ -260,7 +260,7 @@ class _Routing:
     that have none).
     """
 
-    __slots__ = ("sinks", "own", "recordings", "version", "routed", "__weakref__")
+    __slots__ = ("sinks", "own", "recordings", "version", "routed", "silent", "__weakref__")
 
     def __init__(
         self, own: Tuple[Recording, ...], recordings: Tuple[Recording, ...], sinks: Optional[List[Any]] = None
@@ -270,6 +270,8 @@ class _Routing:
         self.version = 0
         #: Whether any item of ``sinks`` differs from ``_UNROUTED``'s (see :meth:`reset`).
         self.routed = False
+        #: What probes of the context find while a value is copied (see :func:`silently`).
+        self.silent = _Silent(self)
         with _sites_lock:
             # ``sinks``: a list made elsewhere to fill in place (the ContextVar's default).
             self.sinks: List[Any] = [] if sinks is None else sinks
@@ -812,16 +814,10 @@ def copy_value(value: T, policy: str) -> T:
 # --- recordings --------------------------------------------------------------
 
 
-class _Silent:
-    """The sinks probes find while a recorded value is being copied: a copier, a
-    ``reduce`` or a chain read that runs patched code (a patched ``clone()``,
-    ``__deepcopy__`` or property) must not record values the program never made,
-    nor copy its own values again without end."""
+class _Mute:
+    """A site's item in silent sinks: drops every value."""
 
     __slots__ = ()
-
-    def __getitem__(self, site_id: int) -> _Silent:
-        return self
 
     def append(self, value: Any) -> None:
         pass
@@ -830,7 +826,47 @@ class _Silent:
         pass
 
 
-_SILENT: Any = _Silent()
+_MUTE = _Mute()
+
+
+class _Silent:
+    """The sinks probes find while a recorded value is being copied (see :func:`silently`).
+
+    Item 0 is still the context's routing: the recordings entered stay what they are.
+    """
+
+    __slots__ = ("routing",)
+
+    def __init__(self, routing: _Routing) -> None:
+        self.routing = weakref.ref(routing)  # (a routing is freed with its sinks list)
+
+    def __getitem__(self, site_id: int) -> Any:
+        return self.routing() if site_id == 0 else _MUTE
+
+
+def silently(function: Callable[[T], Any], value: T) -> Any:
+    """``function(value)`` with this context's probes recording nothing.
+
+    What copies a recorded value (a copier, a ``reduce``, a chain read) may run
+    patched code: a patched ``clone()``, ``__deepcopy__`` or property. Its values
+    are not the program's, and copying them would call it again, without end.
+
+    >>> import bcrecord
+    >>> def double(x):
+    ...     y = 2 * x
+    ...     return y
+    >>> patched = bcrecord.instrument(double, ["y"])
+    >>> with recording() as rec:
+    ...     silently(patched, 1), patched(2)
+    (2, 4)
+    >>> rec.all("bcrecord.runtime:double:y@0")
+    [4]
+    """
+    token = _context.set(_context.get()[0].silent)
+    try:
+        return function(value)
+    finally:
+        _context.reset(token)
 
 
 class Sink:
@@ -894,22 +930,12 @@ class Sink:
         """
         try:
             if self.chain:
-                silenced = _context.set(_SILENT)
-                try:
-                    value = _read_chain(value, self.chain)
-                finally:
-                    _context.reset(silenced)
+                value = silently(self._read, value)
             kind = type(value)
             copier: Any = self.copiers.get(kind, _MISSING)
             if copier is _MISSING:
                 copier = self.copiers.setdefault(kind, _find_copier(self.policy, kind))
-            if copier is not None:
-                silenced = _context.set(_SILENT)
-                try:
-                    value = copier(value)
-                finally:
-                    _context.reset(silenced)
-            self.store(value)
+            self.store(value if copier is None else silently(copier, value))
         except Exception as error:  # a probe must never raise into user code
             try:
                 self.rec._fail(self.key, error)
@@ -917,6 +943,9 @@ class Sink:
                 # Reporting failed too: at the recursion limit it needs frames, and
                 # warnings turned into errors raise here. Never into user code.
                 pass
+
+    def _read(self, value: Any) -> Any:
+        return _read_chain(value, self.chain)
 
     def __repr__(self) -> str:
         return f"<Sink {self.key} copy={self.policy!r}>"

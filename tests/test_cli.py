@@ -98,6 +98,13 @@ def test_the_console_command_finds_modules_in_the_working_directory(project, tmp
     )
     assert ran.returncode == 1 and ran.stdout == "A\n", ran.stderr  # 'A' and its exit status, as python -m
     assert "__main__:main:joined@0  1       'A'" in ran.stderr
+    # Under PYTHONSAFEPATH nothing is put first: the PYTHONPATH that names the project stays.
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    safe = dict(
+        RUN, env={**RUN["env"], "PYTHONSAFEPATH": "1", "PYTHONPATH": f"{project}:{RUN['env']['PYTHONPATH']}"}
+    )
+    listed = subprocess.run([*command, "targets", "helper:twice"], cwd=elsewhere, **safe)
+    assert listed.returncode == 0 and "y@0" in listed.stdout, listed.stderr
 
 
 def test_help_and_console_entry(project):

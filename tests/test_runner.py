@@ -32,7 +32,11 @@ def test_parse_target_splits_module_path_and_spec():
         # The module left out: the script's own class, the spec given.
         (
             "Net.forward:hidden",
-            "'__main__:Net.forward:hidden' (spec 'hidden' in the script's own Net.forward)",
+            "'__main__:Net.forward:hidden' (spec 'hidden' of Net.forward, defined in the script)",
+        ),
+        (
+            "__main__:step",
+            "needs three parts, 'package.module:Class.method:SPEC': '__main__:step:return' (step, defined",
         ),
         (
             "Net.forward:out@1",
@@ -208,6 +212,10 @@ def test_run_target_in_a_module_imported_later(project):
         (["-r", "helper:twice:y@3", "prog.py"], "there is no index 3"),
         (["-r", "helper:twice", "prog.py"], "needs three parts"),
         (["-r", "helper:Scaler.scael:out", "prog.py"], "has no attribute 'scael'; did you mean 'scale'?"),
+        (
+            ["-r", "prog.py:accumulate:acc", "prog.py"],
+            "(the script's own accumulate: '__main__:accumulate:...')",
+        ),
         (["-r", "helper:twice:y", "-n", "0", "prog.py"], "--every must be a positive integer"),
         (["-r", "no_such_module_xyz:f:x", "prog.py"], "no module named 'no_such_module_xyz'"),
         (["-r", "pkg.no_such:f:x", "prog.py"], "no module named 'pkg.no_such'"),

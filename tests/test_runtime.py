@@ -818,6 +818,7 @@ class _Box:
         return out
 
     def __deepcopy__(self, memo):
+        _Box.recordings = bcrecord.runtime.context_recordings()  # what a copier sees
         twin = _Box(self.v)
         return twin
 
@@ -862,3 +863,4 @@ def test_copying_a_value_runs_patched_code_without_recording_it():
             assert rec["m:make:b@0"] is not made and rec["m:make:b@0"].v == 1 and twin.v == 1
             assert rec["r:read:box.doubled"] == 2
             assert _Box.made == 5  # make, its copy, clone, and clone's two copies: none more
+        assert _Box.recordings == (rec,)  # the context's recordings, while its probes are silent

@@ -27,7 +27,7 @@ from ..errors import SpecError
 from ..patch import Patch, remove_all, remove_soon
 from ..patch import targets as function_targets
 from ..runtime import kept_length
-from .record import ModelRecording, Pass, Plan, StopForward, _exporting, _stopping
+from .record import CATCHING_FRAMES, ModelRecording, Pass, Plan, StopForward, _exporting, _stopping
 from .targets import _expanding_again, expand, has_forward, require_module, takes_instance, unwrap
 
 __all__ = ["FeatureExtractor", "create_feature_extractor", "list_targets", "TargetList"]
@@ -314,6 +314,9 @@ class TargetList(List[str]):
             if ":" in target:
                 lines.append(f"    {target}")
         return "\n".join(lines)
+
+
+CATCHING_FRAMES.add(FeatureExtractor.forward.__code__)
 
 
 def list_targets(

@@ -28,6 +28,7 @@ import bisect
 import contextlib
 import contextvars
 import dataclasses
+import functools
 import inspect
 import sys
 import threading
@@ -55,7 +56,7 @@ import torch
 from ..analysis import read, resolve
 from ..errors import SpecError, TargetError, warn
 from ..patch import Patch, function_of, outermost_taking_instance, patch_method, remove_all
-from ..runtime import Recording, Sink, context_recordings
+from ..runtime import Recording, Sink, context_recordings, silently
 from ..specs import Attribute, Local, Return, Spec
 from .copies import Device, ValuePolicy, _itself, _tracing_state, value_policy
 from .targets import Target, expand_all, module_at
@@ -381,19 +382,24 @@ def _stopping_skips_hooks() -> bool:
     early would leave the modules it unwound on that stack for good. A hook
     registered with ``always_call=True`` must run even if the forward raises (torch
     runs it for an ``Exception``, not for :class:`StopForward`). Where there is
-    either on a module whose forward is running, the forward runs whole. Walks the
-    stack: it runs once a pass has all its values.
+    either on a module the stop would unwind, the forward runs whole. Walks the
+    stack up to the frame that catches the stop: it runs once a pass has all its values.
     """
     if _GLOBAL_FORWARD_HOOKS:
         return True
     frame: Optional[types.FrameType] = sys._getframe(1)
-    while frame is not None:
+    while frame is not None and frame.f_code not in CATCHING_FRAMES:
         if frame.f_code is _CALL_IMPL and getattr(
             frame.f_locals.get("self"), "_forward_hooks_always_called", None
         ):
             return True
         frame = frame.f_back
     return False
+
+
+#: Code of the frames that catch :class:`StopForward`: the root's forward under
+#: ``stop_after_last`` here, an extractor's forward (added by its module).
+CATCHING_FRAMES: Set[types.CodeType] = set()
 
 
 def _all_done_here() -> bool:
@@ -533,7 +539,7 @@ class _GradientHook:
         if self.waiting is not None and self.rec._leaf_waiting.get(self.waiting) is self:
             del self.rec._leaf_waiting[self.waiting]
         try:
-            kept = self.keep(grad)
+            kept = silently(self.keep, grad)  # (as a value's copy: see runtime.silently)
         except Exception as error:  # never into the backward pass: into rec.errors
             self.rec._fail(self.key, error)
             return
@@ -926,36 +932,45 @@ def record(
     >>> torch.equal(rec["1:forward:return"], out), sorted(rec.keys_of("0"))
     (True, ['0:forward:return'])
 
-    What it returns is good for one ``with`` block: call ``record()`` for each.
+    What it returns is good for one ``with`` block: call ``record()`` for each. As a
+    decorator, it records each call of the function in a block of its own.
     """
-    return _OneBlock(
-        _record(
-            model,
-            targets,
-            dict(copy=copy, to=to, dtype=dtype, reduce=reduce, grad=grad),
-            dict(keep=keep, threads=threads, stop_after_last=stop_after_last),
-        )
-    )
+    policy = dict(copy=copy, to=to, dtype=dtype, reduce=reduce, grad=grad)
+    run = dict(keep=keep, threads=threads, stop_after_last=stop_after_last)
+    return _OneBlock(functools.partial(_record, model, targets, policy, run))
 
 
 class _OneBlock(contextlib.AbstractContextManager):
-    """A generator's context manager that says so when it is entered a second time."""
+    """A context manager good for one block, that says so when entered again."""
 
-    def __init__(self, block: ContextManager[ModelRecording]) -> None:
-        self._block: Optional[ContextManager[ModelRecording]] = block
-        self._exit: Callable[..., Optional[bool]] = block.__exit__
+    def __init__(self, make: Callable[[], ContextManager[ModelRecording]]) -> None:
+        self._make = make
+        self._block: Optional[ContextManager[ModelRecording]] = None
+        self._used = False
 
     def __enter__(self) -> ModelRecording:
-        block, self._block = self._block, None
-        if block is None:
+        if self._used:
             raise RuntimeError(
                 "this record(...) has been entered already: call record() again for each "
                 "'with' block (or keep one block open around the loop)"
             )
-        return block.__enter__()
+        block = self._make()
+        rec = block.__enter__()  # (a bad target raises here: the block was never used)
+        self._used, self._block = True, block
+        return rec
 
     def __exit__(self, *exc: Any) -> Optional[bool]:
-        return self._exit(*exc)
+        block, self._block = self._block, None
+        assert block is not None, "exited without being entered"
+        return block.__exit__(*exc)
+
+    def __call__(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(function)
+        def recorded(*args: Any, **kwargs: Any) -> Any:
+            with _OneBlock(self._make):
+                return function(*args, **kwargs)
+
+        return recorded
 
 
 @contextlib.contextmanager
@@ -1099,4 +1114,5 @@ class _StopAtRoot:
                 model.__dict__["forward"] = current.previous
 
 
+CATCHING_FRAMES.add(_StopAtRoot.__call__.__code__)
 _MISSING = object()

@@ -614,7 +614,8 @@ def expand(model: torch.nn.Module, text: str) -> List[Target]:
         targets.append(Target(concrete if is_glob else given, path, runs, spec, grad, not spec_text))
     if not targets:
         raise TargetError(
-            f"{pattern!r} matches only containers (no forward of their own) or forward(*args) modules"
+            f"{pattern!r} matches only containers (no forward of their own), forward(*args) modules "
+            "or TorchScript modules, which cannot be recorded"
         )
     return targets
 

@@ -575,7 +575,7 @@ def test_the_docs_show_the_error_as_it_is():
         (
             ToyModel,
             dict(type="FunctionRecorder", method="forwrd", target="outputs"),
-            "did you mean 'forward', '_",  # each name once: torch's dir() lists 'forward' twice
+            "did you mean 'forward'?",  # once: torch's dir() lists 'forward' twice
         ),
         (
             ToyModel,

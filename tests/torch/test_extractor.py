@@ -434,6 +434,9 @@ def test_list_targets_leaves_out_torchscript_submodules_and_what_is_inside_them(
     with pytest.raises(bcrecord.NotPatchableError, match="at '1' is a TorchScript module"):
         with bcrecord.torch.record(net, ["1"]):  # named: refused, saying why
             pass
+    with pytest.raises(bcrecord.TargetError, match="'1\\*' matches only .* or TorchScript modules"):
+        with bcrecord.torch.record(net, ["1*"]):
+            pass
 
 
 def test_list_targets_leaves_out_sites_a_module_patch_cannot_probe_and_the_rest_all_record():

@@ -734,6 +734,22 @@ def test_what_record_returns_is_for_one_block_and_says_so(net):
         with block:
             net(x)
     assert len(rec.all("bn1:forward:return")) == 2 and same(snapshot(net), before)
+    bad = record(net, ["bn9"])
+    for _ in range(2):  # a block that failed to start was never used: the same error again
+        with pytest.raises(bcrecord.TargetError, match="no submodule 'bn9'"):
+            with bad:
+                pass
+
+    @record(net, ["bn1"])  # as a decorator: a block per call
+    def forward_twice():
+        net(x)
+        return bcrecord.runtime.context_recordings()[-1]
+
+    assert (
+        len(forward_twice().all("bn1:forward:return")) == 1
+        and len(forward_twice().all("bn1:forward:return")) == 1
+    )
+    assert same(snapshot(net), before)
 
 
 def test_the_early_stop_lets_hooks_that_track_modules_run():
@@ -768,8 +784,15 @@ def test_the_early_stop_lets_hooks_that_track_modules_run():
     assert depth == [] and torch.equal(out, net(x)) and torch.equal(rec["0.0:forward:return"], net[0][0](x))
     for handle in handles:
         handle.remove()
+    calls = []
+    outer = torch.nn.Sequential(net)
+    for name, module in (("net", net), ("outer", outer), ("extractor", extractor)):  # never unwound
+        module.register_forward_hook(lambda *_, name=name: calls.append(name), always_call=True)
     with record(net, ["0.0"], stop_after_last=True):
-        assert net(x) is None  # nothing to skip: it stops
+        assert net(x) is None and outer(x) is None  # nothing to skip: it stops
+    assert calls == ["net", "net", "outer"]
+    assert sorted(extractor(x)) == ["0.0"]  # an extractor's stop would unwind net: it runs whole
+    assert calls[3:] == ["net", "extractor"]
 
 
 def test_a_second_backward_through_a_kept_graph_adds_no_gradient():
