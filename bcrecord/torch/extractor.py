@@ -27,7 +27,7 @@ from ..errors import SpecError
 from ..patch import Patch, remove_all, remove_soon
 from ..patch import targets as function_targets
 from ..runtime import kept_length
-from .record import CATCHING_FRAMES, ModelRecording, Pass, Plan, StopForward, _exporting, _stopping
+from .record import ModelRecording, Pass, Plan, StopForward, _exporting, _stopping
 from .targets import _expanding_again, expand, has_forward, require_module, takes_instance, unwrap
 
 __all__ = ["FeatureExtractor", "create_feature_extractor", "list_targets", "TargetList"]
@@ -80,7 +80,7 @@ class FeatureExtractor(torch.nn.Module):
     while autograd is on: its gradients sync only after a whole forward, so that
     forward runs to its end; the values are the same; nor while forward hooks
     registered for every module, as ``FlopCounterMode``'s, or ``always_call=True``
-    hooks of a running module are there: they would be skipped). A module path gives the module's output
+    hooks of a module on the way to a target are there: they would be skipped). A module path gives the module's output
     at its first call in the forward, as torchvision's node of that name (later calls
     are ``'relu_1'``…). Any other target recorded several times in one forward (a
     loop) gives the list of its values, in order, when the forward runs to its end
@@ -314,9 +314,6 @@ class TargetList(List[str]):
             if ":" in target:
                 lines.append(f"    {target}")
         return "\n".join(lines)
-
-
-CATCHING_FRAMES.add(FeatureExtractor.forward.__code__)
 
 
 def list_targets(

@@ -30,7 +30,6 @@ import contextvars
 import dataclasses
 import functools
 import inspect
-import sys
 import threading
 import types
 import weakref
@@ -208,6 +207,8 @@ class ModelRecording(Recording):
         self._leaf_waiting: Dict[Tuple[str, int], _GradientHook] = {}
         #: Whether the record() block it was made for has ended (its patches are gone).
         self._ended = False
+        #: The modules a forward stopped early unwinds (see _stopping_skips_hooks).
+        self._unwound: Sequence[torch.nn.Module] = ()
 
     def __enter__(self) -> ModelRecording:
         if self._ended:  # entered again, it would record nothing, silently
@@ -362,7 +363,7 @@ class ModelRecording(Recording):
                     self._seen >= self._needed
                     and _stopping.get()
                     and _all_done_here()
-                    and not _stopping_skips_hooks()
+                    and not _stopping_skips_hooks(self._unwound)
                 ):
                     raise StopForward(key, self)
 
@@ -371,35 +372,19 @@ class ModelRecording(Recording):
 
 #: Forward hooks registered for every module (torch.nn.modules.module.register_module_forward_hook).
 _GLOBAL_FORWARD_HOOKS: Mapping[int, Any] = getattr(torch.nn.modules.module, "_global_forward_hooks", {})
-_CALL_IMPL = getattr(torch.nn.Module._call_impl, "__code__", None)
 
 
-def _stopping_skips_hooks() -> bool:
-    """Whether ending the forward here would skip forward hooks that keep state across modules.
+def _stopping_skips_hooks(unwound: Iterable[torch.nn.Module]) -> bool:
+    """Whether ending the forward now would skip forward hooks that keep state across modules.
 
     A forward hook registered for every module pairs with a pre-hook to track which
     modules run (PyTorch's ModuleTracker, so ``FlopCounterMode``): a forward ended
     early would leave the modules it unwound on that stack for good. A hook
     registered with ``always_call=True`` must run even if the forward raises (torch
     runs it for an ``Exception``, not for :class:`StopForward`). Where there is
-    either on a module the stop would unwind, the forward runs whole. Walks the
-    stack up to the frame that catches the stop: it runs once a pass has all its values.
+    either, on ``unwound`` (the modules on the way to the targets), the forward runs whole.
     """
-    if _GLOBAL_FORWARD_HOOKS:
-        return True
-    frame: Optional[types.FrameType] = sys._getframe(1)
-    while frame is not None and frame.f_code not in CATCHING_FRAMES:
-        if frame.f_code is _CALL_IMPL and getattr(
-            frame.f_locals.get("self"), "_forward_hooks_always_called", None
-        ):
-            return True
-        frame = frame.f_back
-    return False
-
-
-#: Code of the frames that catch :class:`StopForward`: the root's forward under
-#: ``stop_after_last`` here, an extractor's forward (added by its module).
-CATCHING_FRAMES: Set[types.CodeType] = set()
+    return bool(_GLOBAL_FORWARD_HOOKS) or any(module._forward_hooks_always_called for module in unwound)
 
 
 def _all_done_here() -> bool:
@@ -553,6 +538,27 @@ class _GradientHook:
         tensor = self.tensor()
         if tensor is not None and self.had_none and not tensor._backward_hooks:
             tensor._backward_hooks = None  # as it was: no hooks at all
+
+
+def _enclosing(model: torch.nn.Module, modules: Mapping[str, torch.nn.Module]) -> Tuple[torch.nn.Module, ...]:
+    """Each module on the way from ``model`` to the targeted ``modules`` (by path), once; ``model`` last.
+
+    >>> import torch
+    >>> inner = torch.nn.Sequential(torch.nn.Linear(1, 1))
+    >>> model = torch.nn.Sequential(inner, torch.nn.ReLU())
+    >>> _enclosing(model, {"0.0": inner[0]}) == (inner[0], inner, model)
+    True
+    """
+    root = module_at(model, "")  # (inside a wrapper)
+    found: Dict[int, torch.nn.Module] = {}
+    for path, module in modules.items():
+        parts = path.split(".") if path else []
+        for k in range(len(parts), 0, -1):
+            found.setdefault(id(module), module)
+            module = module_at(model, ".".join(parts[: k - 1]))
+    found.setdefault(id(root), root)
+    found.pop(id(model), None)
+    return (*found.values(), model)
 
 
 def _one_site_specs(spec: Spec, code: types.CodeType, qualname: str) -> List[Tuple[Spec, str]]:
@@ -715,6 +721,9 @@ class Plan:
                     asked.path
                 )
         _one_path_each(self.modules)
+        #: The modules on the way from the model to each target, itself last: what a
+        #: forward stopped at a target unwinds (the model's own, for an extractor).
+        self.enclosing = _enclosing(model, self.modules)
         #: Whether a forward with autograd on must run whole (see syncs_gradients).
         self.syncs = syncs_gradients(model)
         self.specs: Dict[Tuple[type, str, frozenset], List[Spec]] = defaultdict(list)
@@ -800,6 +809,9 @@ class Plan:
         rec._policies = self.policies
         if stop_after_last:
             rec._needed = self.needed
+            # An extractor calls the model, and catches the stop outside its forward; the
+            # model's own forward catches it under record() (see _StopAtRoot).
+            rec._unwound = self.enclosing if reused else self.enclosing[:-1]
         return rec
 
     def running(
@@ -1114,5 +1126,4 @@ class _StopAtRoot:
                 model.__dict__["forward"] = current.previous
 
 
-CATCHING_FRAMES.add(_StopAtRoot.__call__.__code__)
 _MISSING = object()
