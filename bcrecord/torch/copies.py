@@ -32,7 +32,7 @@ from typing import Any, Callable, Optional, Set, TypeVar, Union
 
 import torch
 
-from ..runtime import copy_value, rebuilt_container, register_copy
+from ..runtime import copies_without_python, copy_value, rebuilt_container, register_copy
 
 __all__ = ["ValuePolicy", "clone", "detached_clone", "value_policy"]
 
@@ -108,9 +108,17 @@ def _small_part_of_its_storage(tensor: torch.Tensor) -> bool:
     return tensor.untyped_storage().nbytes() > 2 * tensor.numel() * tensor.element_size()
 
 
+def _detached(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach()
+
+
+def _detached_copy(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().clone()
+
+
 register_copy(torch.Tensor, "clone", detached_clone)
-register_copy(torch.Tensor, "detach", lambda t: t.detach())
-register_copy(torch.Tensor, "deepcopy", lambda t: t.detach().clone())
+register_copy(torch.Tensor, "detach", _detached)
+register_copy(torch.Tensor, "deepcopy", _detached_copy)
 
 Device = Union[str, torch.device, None]
 T = TypeVar("T")
@@ -301,3 +309,9 @@ def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
         return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
     except (RuntimeError, NotImplementedError):  # tensors without storage (e.g. functional)
         return True
+
+
+# Torch's own ops on plain tensors and parameters: no patched Python code runs in these
+# copies, so recordings need not silence their probes around them (runtime.silently).
+for _plain_copy in (detached_clone, clone, _detached, _detached_copy, _itself, torch.Tensor.detach):
+    copies_without_python(_plain_copy, torch.Tensor, torch.nn.Parameter)

@@ -80,12 +80,13 @@ class FeatureExtractor(torch.nn.Module):
     while autograd is on: its gradients sync only after a whole forward, so that
     forward runs to its end; the values are the same; nor while forward hooks
     registered for every module, as ``FlopCounterMode``'s, or ``always_call=True``
-    hooks of a module on the way to a target are there: they would be skipped). A module path gives the module's output
-    at its first call in the forward, as torchvision's node of that name (later calls
-    are ``'relu_1'``…). Any other target recorded several times in one forward (a
-    loop) gives the list of its values, in order, when the forward runs to its end
-    (``stop_early=False``); with the early stop, its first, whatever else is asked
-    for (a target naming several sites gives the first value of each, in a list).
+    hooks of a module on the way to a target are there: they would be skipped). A
+    module path gives the module's output at its first call in the forward, as
+    torchvision's node of that name (later calls are ``'relu_1'``…). Any other
+    target recorded several times in one forward (a loop) gives the list of its
+    values, in order, when the forward runs to its end (``stop_early=False``); with
+    the early stop, its first, whatever else is asked for (a target naming several
+    sites gives the first value of each, in a list).
     A target the forward never reached raises an error naming it.
 
     The first call in each mode (train / eval) resolves the targets and patches the

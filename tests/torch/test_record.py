@@ -814,6 +814,17 @@ def test_a_second_backward_through_a_kept_graph_adds_no_gradient():
     )
 
 
+def test_a_reduce_that_runs_recorded_code_records_nothing_more():
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 1))
+    x = torch.randn(2, 3)
+    # The reduce of '0' runs net[1], itself recorded: only the program's call is.
+    with record(net, ["0", "1"], reduce={"0": lambda t: net[1](t).sum()}) as rec:
+        out = net(x)
+    assert len(rec.all("1:forward:return")) == 1 and torch.equal(rec["1:forward:return"], out)
+    assert torch.allclose(rec["0:forward:return"], out.sum())
+
+
 def test_a_deepcopy_made_while_stopping_early_stops_as_the_model_does():
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
