@@ -97,10 +97,11 @@ def warn(message: str, category: Type[Warning] = RecordingWarning) -> None:
     warnings.warn(message, category, stacklevel=level)
 
 
-def did_you_mean(word: str, names: Iterable[str]) -> str:
+def did_you_mean(word: str, names: Iterable[str], hide_private: bool = True) -> str:
     """``"; did you mean 'a', 'b'?"`` for up to three of ``names`` close to ``word``, or
     ``''``: the end of a message about a name that is not there. Private names
-    (``_slow_forward``) are suggested only for a word that starts with ``_`` too.
+    (``_slow_forward``) are suggested only for a word that starts with ``_`` too, or
+    with ``hide_private=False`` (module paths: ``_orig_mod.layer1`` in a compiled model).
 
     >>> did_you_mean("forwrd", ["forward", "_slow_forward", "__format__", "train"])
     "; did you mean 'forward'?"
@@ -109,7 +110,7 @@ def did_you_mean(word: str, names: Iterable[str]) -> str:
     >>> did_you_mean("zzz", ["forward"])
     ''
     """
-    private = "__" if word.startswith("_") else "_"
+    private = "__" if word.startswith("_") or not hide_private else "_"
     candidates = list(dict.fromkeys(n for n in names if not n.startswith(private)))
     close = difflib.get_close_matches(word, candidates, n=3)
     return f"; did you mean {', '.join(map(repr, close))}?" if close else ""

@@ -128,7 +128,8 @@ def module_at(model: torch.nn.Module, path: str) -> torch.nn.Module:
         except AttributeError:
             continue
     names = [name for name, _ in unwrap(model).named_modules() if name]
-    raise TargetError(f"the model has no submodule {path!r}{did_you_mean(path, names)}")
+    hint = did_you_mean(path, names, hide_private=False)
+    raise TargetError(f"the model has no submodule {path!r}{hint}")
 
 
 def _split(text: str) -> Tuple[str, str, str, bool]:

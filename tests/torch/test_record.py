@@ -313,6 +313,7 @@ def test_bad_targets_give_clear_errors_and_change_nothing(net):
     before = snapshot(net)
     for target, error, message in [
         ("blokcs.0", bcrecord.TargetError, "did you mean 'blocks.0'"),
+        ("_blocks.0", bcrecord.TargetError, "did you mean 'blocks.0'"),
         ("blocks.0:forward:nope", bcrecord.TargetError, "assigned locals: identity, out"),
         ("blocks.0:forward:out@9", bcrecord.TargetError, "there is no index 9"),
         ("blocks.0:nomethod:x", bcrecord.NotPatchableError, "no method 'nomethod'"),
