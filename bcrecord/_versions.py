@@ -106,6 +106,10 @@ class Table:
     global_loads: FrozenSet[str] = frozenset({"LOAD_GLOBAL", "LOAD_NAME"})
     #: The operator symbol of a binary-operator instruction (``'+'``, ``'+='``), or None.
     binary_op: Callable[[Instr], Optional[str]] = lambda instr: None
+    #: Whether the compiler turns ``'%s-%r' % (a, b)`` (a string constant formatting a
+    #: tuple display with ``%s``/``%r``/``%a`` units only) into f-string code, leaving
+    #: no ``%`` operator (3.11+).
+    folds_percent_format: bool = True
     #: Push ``TOS.<name>`` as a method (the (method, self) pair a method call takes).
     load_method: Callable[[str, object], Instr] = lambda name, loc: _instr("LOAD_METHOD", name, loc)
     #: Call the method pushed by ``load_method`` with n arguments.
@@ -298,6 +302,7 @@ def _310() -> Table:
         calls=frozenset({"CALL_FUNCTION", "CALL_FUNCTION_KW", "CALL_FUNCTION_EX", "CALL_METHOD"}),
         with_enters=frozenset({"SETUP_WITH", "BEFORE_ASYNC_WITH"}),
         binary_op=_op_310,
+        folds_percent_format=False,
         line_table=_line_table_310,
     )
 

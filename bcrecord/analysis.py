@@ -21,7 +21,7 @@ import functools
 import inspect
 from dataclasses import dataclass, field
 from types import CodeType
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple, cast
+from typing import Any, Dict, FrozenSet, Iterable, Iterator, List, Optional, Sequence, Set, Tuple, cast
 
 from bytecode import UNSET, Bytecode, FreeVar, Instr, Label
 
@@ -189,11 +189,16 @@ def _decoded(key: Tuple[object, ...]) -> Bytecode:
             first, second = split[item.name]
             a, b = cast(Tuple[Any, Any], item.arg)
             out.append(Instr(first, a, location=item.location))
-            out.append(Instr(second, b, location=item.location))
+            out.append(_Borrowed(second, b, location=item.location))
         else:
             out.append(item)
     bytecode[:] = out
     return bytecode
+
+
+class _Borrowed(Instr):
+    """The second half of a split pair: its location is the pair's, its first half's
+    (the compiler keeps one), so it does not say where this half is in the source."""
 
 
 def _arg_signature(arg: object) -> object:
@@ -533,8 +538,9 @@ class _Sites:
 
     Such a comprehension is a separate code object (a constant of its function);
     what it calls, loads and computes belongs to the function as a reader sees it,
-    and so does a walrus target inside it (a cell of the function). Their positions
-    are ``(position of the LOAD_CONST, position inside)``.
+    and so does a walrus target inside it (a cell of the function, or a free variable
+    of it: ``nonlocal x``). Their positions are ``(position of the LOAD_CONST, position
+    inside)``.
     """
 
     def __init__(self, code: CodeType, outer_cells: frozenset, nested: bool = False) -> None:
@@ -574,14 +580,29 @@ class _Sites:
         # Its extra is (order in the code, start in the source or None).
         self.operators: List[Raw] = []
         operands = _Operands(real, bytecode)
-        for k, (pos, i) in enumerate(real):
-            op = table.binary_op(i)
-            if op is not None:
-                start = operands.start(k)
-                anchor = i if start is None else cast(Instr, bytecode[start])
-                order = (anchor.lineno or 0, (pos if start is None else start, -1))
-                source = None if start is None else _source_start(bytecode[start:pos])
-                self.operators.append((op, pos, i, identity.of(pos, i), (order, source)))
+        found = [(k, pos, i, op) for k, (pos, i) in enumerate(real) if (op := table.binary_op(i)) is not None]
+        copies: Dict[Tuple[object, ...], List[Tuple[int, int]]] = {}
+        for k, pos, i, _ in found:
+            copies.setdefault(identity.of(pos, i), []).append((k, pos))
+        starts = {pos: operands.start(k) for k, pos, _, _ in found}
+        sources = {pos: _operand_place(bytecode, start, pos) for pos, start in starts.items()}
+        for group in copies.values():
+            ends = frozenset(pos for _, pos in group)
+            for k, pos in group if len(group) > 1 else ():
+                if sources[pos] is None:
+                    # A tail the compiler copied into each branch (3.12+): one operand before them.
+                    shared = operands.shared_start(k, ends)
+                    if shared is not None:
+                        first, source, reached = shared
+                        for copy in reached:
+                            starts[copy], sources[copy] = first, source
+        for k, pos, i, op in found:
+            operand = starts[pos]
+            if op == "%" and not table.folds_percent_format and _folded_format(bytecode, real, k, operand):
+                continue  # compiled into f-string code from 3.11 on: no operator there either
+            anchor = i if operand is None else cast(Instr, bytecode[operand])
+            order = (anchor.lineno or 0, (pos if operand is None else operand, -1))
+            self.operators.append((op, pos, i, identity.of(pos, i), (order, sources[pos])))
         for pos, i in real:
             if (
                 i.name == "LOAD_CONST"
@@ -605,6 +626,60 @@ class _Sites:
             self.operators = _placed_operators(self.operators)
 
 
+def _folded_format(
+    bytecode: Sequence[object], real: List[Tuple[int, Instr]], k: int, start: Optional[int]
+) -> bool:
+    """Whether the ``%`` operator ``real[k]`` (its right operand starting at ``start``) is a
+    string constant formatting a tuple display, ``'%s-%r' % (a, b)``, that 3.11+ compile
+    into f-string code: one ``%s``, ``%r`` or ``%a`` unit per item (see _percent_units)."""
+    if start is None or k == 0:
+        return False
+    before, items = real[k - 1]
+    if items.name != "BUILD_TUPLE" or any(isinstance(x, Label) for x in bytecode[before + 1 : real[k][0]]):
+        return False
+    j = next((j for j, (pos, _) in enumerate(real) if pos == start), 0)
+    if j == 0:
+        return False
+    left_pos, left = real[j - 1]
+    if left.name != "LOAD_CONST" or not isinstance(left.arg, str):
+        return False
+    if any(isinstance(x, Label) for x in bytecode[left_pos + 1 : start]):
+        return False
+    return _percent_units(left.arg) == items.arg
+
+
+def _percent_units(fmt: str) -> Optional[int]:
+    """How many format units ``fmt`` has if every one is as simple as CPython 3.11+ compile
+    into f-string code (``%s``, ``%r``, ``%a``; flags, up to two digits of width and of
+    precision), else None.
+
+    >>> _percent_units("%s-%5r %%"), _percent_units("%d"), _percent_units("%100s")
+    (2, None, None)
+    """
+    pos = count = 0
+    while True:
+        while pos < len(fmt) and (fmt[pos] != "%" or fmt[pos : pos + 2] == "%%"):
+            pos += 2 if fmt[pos] == "%" else 1
+        if pos >= len(fmt):
+            return count
+        pos += 1  # the '%'
+        while pos < len(fmt) and fmt[pos] in "-+ #0":
+            pos += 1
+        for leading in ("", "."):  # the width, then the precision
+            if fmt.startswith(leading, pos):
+                pos += len(leading)
+                digits = 0
+                while pos < len(fmt) and fmt[pos].isdigit() and fmt[pos].isascii():
+                    pos, digits = pos + 1, digits + 1
+                if digits >= 3:
+                    return None
+                if leading and pos >= len(fmt):
+                    return None
+        if pos >= len(fmt) or fmt[pos] not in "sra":
+            return None
+        pos, count = pos + 1, count + 1
+
+
 def _placed(call: Instr, load: Instr) -> Instr:
     """Which instruction places a call site: the call, where it has a column (3.11+)."""
     return call if _column(call) is not None and call.lineno is not None else load
@@ -622,13 +697,39 @@ def _then_attribute(bytecode: Sequence[object], pos: int, table: _versions.Table
 
 
 def _source_start(items: Sequence[object]) -> Optional[Tuple[int, int]]:
-    """The earliest (line, column) of the instructions in ``items`` that have one, or None."""
+    """The earliest (line, column) of the instructions in ``items`` that have one, or None.
+
+    A split pair's second half has its first half's place, before its own: it counts
+    only where nothing else does.
+    """
     places = [
-        (instr.lineno, column)
+        (isinstance(instr, _Borrowed), instr.lineno, column)
         for instr in items
         if isinstance(instr, Instr) and instr.lineno is not None and (column := _column(instr)) is not None
     ]
-    return min(places) if places else None
+    return min(places)[1:] if places else None
+
+
+def _operand_place(bytecode: Sequence[object], start: Optional[int], pos: int) -> Optional[Tuple[int, int]]:
+    """Where the right operand of the binary operator at ``pos``, starting at ``start``,
+    starts in the source (None: not known).
+
+    A lone name whose load is a split pair's second half (``a % b`` on 3.13: one
+    instruction loads both, placed at ``a``) ends where the operator's span ends.
+    """
+    if start is None:
+        return None
+    operand = [item for item in bytecode[start:pos] if isinstance(item, Instr)]
+    end = cast(Instr, bytecode[pos]).location
+    if (
+        len(operand) == 1
+        and isinstance(operand[0], _Borrowed)
+        and end is not None
+        and end.end_lineno is not None
+        and end.end_col_offset is not None
+    ):
+        return end.end_lineno, end.end_col_offset - len(_versions.local_name(operand[0].arg))
+    return _source_start(bytecode[start:pos])
 
 
 def _placed_operators(operators: List[Raw]) -> List[Raw]:
@@ -693,6 +794,68 @@ class _Operands:
             elif self._one_value(start, end):
                 return start
         return None
+
+    def shared_start(
+        self, k: int, ends: FrozenSet[int]
+    ) -> Optional[Tuple[int, Optional[Tuple[int, int]], Set[int]]]:
+        """For the binary operator ``real[k]``, one of the copies at ``ends`` the compiler made
+        of it (3.12+ copy a statement's short tail into each branch of its right operand:
+        ``n * (a or (1 if c else 2))``): where the right operand they share starts, its
+        start in the source, and the copies it reaches. None if no instruction before
+        starts code that reaches ``real[k]`` and another copy, every path reaching a copy
+        having pushed one value, entered from nowhere else.
+        """
+        for j in range(k - 1, -1, -1):
+            start = self.real[j][0]
+            found = self._paths_to(start, ends)
+            if found is not None and self.real[k][0] in found[1] and len(found[1]) > 1:
+                visited, reached = found
+                return start, _source_start([self.bytecode[p] for p in sorted(visited)]), reached
+        return None
+
+    def _paths_to(self, start: int, ends: FrozenSet[int]) -> Optional[Tuple[Set[int], Set[int]]]:
+        """The positions on the paths from ``start`` to ``ends`` and the ends they reach, if
+        every path reaches one having pushed one value (never reaching below) and no jump
+        from outside those paths lands on them; else None."""
+        bytecode, labels = self.bytecode, self.labels
+        work, seen, visited, reached = [(start, 0)], set(), set(), set()
+        while work:
+            p, height = work.pop()
+            while p not in ends:
+                if p >= len(bytecode):
+                    return None  # ran off the end
+                if (p, height) in seen:
+                    break
+                seen.add((p, height))
+                visited.add(p)
+                item = bytecode[p]
+                p += 1
+                if not isinstance(item, Instr):
+                    continue
+                if isinstance(item.arg, Label):
+                    target = labels.get(item.arg)
+                    pre, post = item.pre_and_post_stack_effect(jump=True)
+                    if target is None or target < start or height + pre < 0:
+                        return None
+                    work.append((target, height + pre + post))
+                    if item.is_uncond_jump():
+                        break
+                pre, post = item.pre_and_post_stack_effect(jump=False)
+                if height + pre < 0 or item.is_final():
+                    return None
+                height += pre + post
+            else:
+                if height != 1:
+                    return None
+                reached.add(p)
+        for p in visited:
+            item = bytecode[p]
+            if isinstance(item, Label) and any(
+                source not in visited and not _rethrown(bytecode, source, self.table)
+                for source in self.jumps.get(item, ())
+            ):
+                return None  # entered from elsewhere
+        return visited, reached
 
     def _one_value(self, start: int, end: int) -> bool:
         """Whether the code from ``start`` to ``end`` (excluded) is entered at ``start`` only and
@@ -763,7 +926,7 @@ def _read(key: Tuple[object, ...], qualname: Optional[str] = None) -> CodeMap:
     table = _versions.current()
     bytecode = instructions(code)
     real = _real(bytecode)
-    raw = _Sites(code, frozenset(code.co_cellvars))
+    raw = _Sites(code, frozenset(code.co_cellvars + code.co_freevars))
 
     local_map = {
         name: tuple(

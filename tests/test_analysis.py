@@ -169,6 +169,26 @@ def test_per_instance_specs_leave_out_sites_in_comprehension_code_without_the_fi
     assert found.specs(per_instance=True) == [s for s in everything if s not in left_out]
 
 
+def test_a_walrus_in_comprehension_code_assigning_a_nonlocal_is_the_function_s_assignment():
+    def outer():
+        x = 0
+
+        def inc(d):
+            nonlocal x
+            x = d
+            y = [(x := x + 1) for _ in range(2)]  # code of its own on 3.10/3.11
+            s = sum((x := x * v) for v in (2, 3))  # a generator expression: on every version
+            return x, y, s
+
+        return inc
+
+    inc = outer()
+    assert [spec for spec in bcrecord.targets(inc).specs() if spec.startswith("x@")] == ["x@0", "x@1", "x@2"]
+    with bcrecord.patch_function(inc, ["x"], name="t"), bcrecord.recording() as rec:
+        assert inc(10) == (72, [11, 12], 96)
+    assert [rec.all(f"t:inc:x@{k}") for k in range(3)] == [[10], [11, 12], [24, 72]]
+
+
 def test_the_read_inside_an_augmented_attribute_assignment_is_a_load_site():
     class Counter:
         def __init__(self):

@@ -197,6 +197,50 @@ def test_an_operator_whose_right_operand_branches_comes_before_the_operators_in_
         assert sorted(values) == [[6], [106]]
 
 
+def test_an_operator_the_compiler_copies_into_branches_keeps_every_operator_in_reading_order():
+    # 3.12+ copy the statement's tail ('n * ...', the tuple, the return) into each branch of
+    # its right operand; the other operators keep their places as a reader counts them.
+    def f(n, scale, flag):
+        ys = [x % 2 for x in range(n % 5)]
+        return ys, n * (scale or (1 if flag else n % 3))
+
+    listed = [(row["target"], row["index"]) for row in bcrecord.targets(f).as_dict()["targets"]]
+    assert [site for site in listed if site[0] in "%*"] == [("%", 0), ("%", 1), ("%", 2), ("*", 0)]
+    with bcrecord.patch_function(f, ["%", "*"]), bcrecord.recording() as rec:
+        for scale, flag in [(0, True), (0, False), (3, True)]:
+            f(4, scale, flag)
+    values = {key.split(":")[-1]: rec.all(key) for key in rec.keys()}
+    assert values == {"%@1": [4] * 3, "%@0": [0, 1, 0, 1] * 3, "%@2": [1], "*@0": [4, 4, 12]}
+
+
+def test_an_operand_right_after_a_walrus_on_its_line_keeps_its_operator_in_reading_order():
+    # 3.13 fuses 'w := ...' and the load of 'b' into one instruction placed at 'w':
+    # the outer '%' still counts from where 'b' is, after the inner one.
+    def f(a, b, c):
+        r = (w := a % (c or 7)) % b
+        return r, w
+
+    with bcrecord.patch_function(f, "%"), bcrecord.recording() as rec:
+        assert f(47, 4, 10) == (3, 7)
+        f(47, 4, 0)
+    assert [rec.all(f"{f.__module__}:f:%@{k}") for k in (0, 1)] == [[7, 5], [3, 1]]
+
+
+def test_string_formatting_that_3_11_compiles_away_is_no_operator_on_any_version():
+    # From 3.11 '%s-%r' % (a, b) is f-string code, no '%' operator; 3.10 agrees with it.
+    def f(a, b):
+        s = "%s-%r" % (a, b)  # noqa: UP031
+        t = a % b
+        u = "%d" % (a,)  # noqa: UP031  (a unit f-strings do not take: an operator on every version)
+        return s, t, u, "%s" % (a, b, 1) if a < 0 else 0  # noqa: F507, UP031  (more items than units: too)
+
+    with bcrecord.patch_function(f, "%"), bcrecord.recording() as rec:
+        assert f(7, 5) == ("7-5", 2, "7", 0)
+    assert rec.keys() == [f"{f.__module__}:f:%@0", f"{f.__module__}:f:%@1"]
+    assert [rec[key] for key in rec.keys()] == [2, "7"]
+    assert [site.index for site in bcrecord.targets(f).operators["%"]] == [0, 1, 2]
+
+
 def test_an_operator_whose_right_operand_is_long_comes_before_the_operators_in_it():
     # 40 calls in the right operand: far more instructions than any fixed look-back window.
     source = "def f(a, b, c):\n    r = a * (b * c" + " + g(0)" * 40 + ")\n    return r\n"
