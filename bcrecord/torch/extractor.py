@@ -23,12 +23,22 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
-from ..errors import SpecError
+from ..errors import SpecError, warn
 from ..patch import Patch, remove_all, remove_soon
 from ..patch import targets as function_targets
 from ..runtime import kept_length
 from .record import ModelRecording, Pass, Plan, StopForward, _exporting, _stopping
-from .targets import _expanding_again, expand, has_forward, require_module, takes_instance, unwrap
+from .targets import (
+    Target,
+    _expanding_again,
+    _warn,
+    expand,
+    fx_name_clash,
+    has_forward,
+    require_module,
+    takes_instance,
+    unwrap,
+)
 
 __all__ = ["FeatureExtractor", "create_feature_extractor", "list_targets", "TargetList"]
 
@@ -56,16 +66,29 @@ def _normalise(model: torch.nn.Module, nodes: Optional[ReturnNodes]) -> Dict[str
             concrete = expand(model, target)
             if len(concrete) != 1:
                 raise SpecError(f"{target!r} names {len(concrete)} targets; a dict entry needs exactly one")
+            _warn_if_torchvision_differs(model, concrete[0])
             out[concrete[0].text] = name
     else:
         for target in [nodes] if isinstance(nodes, str) else nodes:
             for one in expand(model, target):
+                _warn_if_torchvision_differs(model, one)
                 out[one.text] = one.text
     if not out:
         raise SpecError("return_nodes is empty")
     if len(set(out.values())) != len(out):
         raise SpecError(f"output names must be unique, got {list(out.values())}")
     return out
+
+
+def _warn_if_torchvision_differs(model: torch.nn.Module, target: Target) -> None:
+    """Warn where a module path, named as such, is another op's node name for torchvision."""
+    if target.output and target.text == target.path and _warn.get():
+        clash = fx_name_clash(model, target.path)
+        if clash is not None:
+            warn(
+                f"return node {target.text!r} is a module path: bcrecord returns that module's output, "
+                f"but {clash} (torchvision's own name for the module's call then ends in a number)"
+            )
 
 
 _PLAN_OPTIONS = ("copy", "to", "dtype", "reduce", "grad")
@@ -87,7 +110,8 @@ class FeatureExtractor(torch.nn.Module):
     values, in order, when the forward runs to its end (``stop_early=False``); with
     the early stop, its first, whatever else is asked for (a target naming several
     sites gives the first value of each, in a list).
-    A target the forward never reached raises an error naming it.
+    A target the forward never reached raises an error naming it. The dict is in the
+    order the forward first reached its targets, as torchvision's follows its graph.
 
     The first call in each mode (train / eval) resolves the targets and patches the
     model's classes, in place; later calls reuse that and only mark the targeted
@@ -250,13 +274,16 @@ class FeatureExtractor(torch.nn.Module):
                 finally:
                     _stopping.reset(stopping)
                     rec._end_pass()
-            out: Dict[str, Any] = {}
+            # In the order the forward first reached them, as torchvision's (its graph's order).
+            reached = {key: position for position, key in enumerate(rec._data)}
+            found: List[Tuple[int, str, Any]] = []
             missing = []
             failed = []
             for target, name, keys, first in self._outputs[training]:
                 values = rec._collect(keys, first, self._kept)
                 if values:
-                    out[name] = values[0] if len(values) == 1 else values
+                    position = min(reached.get(key, len(reached)) for key in keys)
+                    found.append((position, name, values[0] if len(values) == 1 else values))
                     continue
                 errors = [e for e in rec.errors if e.key in plan.keys[target]]
                 if errors:
@@ -270,7 +297,8 @@ class FeatureExtractor(torch.nn.Module):
             raise RuntimeError(f"this forward pass reached but could not record {', '.join(failed)}")
         if missing:
             raise RuntimeError(f"this forward pass never reached {missing}")
-        return out
+        found.sort(key=lambda item: item[0])  # stable: return_nodes' order among equals
+        return {name: value for _, name, value in found}
 
 
 def create_feature_extractor(

@@ -30,6 +30,8 @@ import contextvars
 import fnmatch
 import functools
 import inspect
+import itertools
+import math
 import sys
 import types
 from dataclasses import dataclass, field
@@ -172,6 +174,27 @@ _FX_OPERATORS = {
     "rshift": (">>", ">>="),
 }
 
+#: C functions that apply operators, or a function they are given, to the values they
+#: are given: FX numbers what they do to tensors (``sum``'s adds), which is no site.
+#: The FX names each can make; None: any (whatever the function it is given makes).
+_APPLYING: Dict[object, Optional[Tuple[str, ...]]] = {
+    builtins.sum: ("add",),
+    math.prod: ("mul",),
+    functools.reduce: None,
+    itertools.accumulate: None,
+    itertools.starmap: None,
+    map: None,
+}
+
+
+def _applies(called: object, base: str) -> bool:
+    """Whether ``called`` is a C function that may make FX nodes named ``base`` (see _APPLYING)."""
+    try:
+        names = _APPLYING[called]
+    except Exception:  # not one of them (or unhashable)
+        return False
+    return names is None or base in names
+
 
 @dataclass
 class _FxSite:
@@ -216,23 +239,17 @@ def _fx_target(model: torch.nn.Module, text: str) -> Optional[Target]:
     parent, _, node = text.rpartition(".")
     base, _, number = node.rpartition("_") if node.rpartition("_")[2].isdigit() else (node, "", "0")
     occurrence = int(number or 0)
-    try:
-        module = module_at(model, parent)
-    except TargetError:
+    scope = _fx_scope(model, parent, base)
+    if scope is None or not (scope.sites or scope.problems):
         return None
-    forward = getattr(type(module), "forward", None)
-    if not isinstance(forward, types.FunctionType):
-        return None
-    scope = _FxScope(base)
-    # Sites are those of the function inside forward's functools.wraps wrappers (_fx_sites).
-    # A wrapper's own ops are not counted: they are mostly on other values (transformers'
-    # checkpointing wrapper builds a message with '+'), which FX does not number.
-    _fx_sites(module, forward, (), frozenset(), scope, frozenset([forward]))
-    if not scope.sites:
-        return None
-    scope.sites.sort(key=lambda site: site.order)
     labels = ", ".join(f"'{parent}:{site.method}:{site.label}'" for site in scope.sites)
-    kind = type(module).__name__
+    kind = type(module_at(model, parent)).__name__
+    if not scope.sites:  # FX's nodes of that name are all made elsewhere (a helper, sum())
+        raise TargetError(
+            f"{text!r}: {kind} {'; '.join(dict.fromkeys(scope.problems))}, and has no {base!r} site of "
+            "its own: record inside a Python function it calls (bcrecord.patch_function), or pick a "
+            "target from list_targets"
+        )
     if scope.problems:
         raise TargetError(
             f"{text!r}: {kind} {'; '.join(dict.fromkeys(scope.problems))}, so the order in which FX "
@@ -259,6 +276,54 @@ def _fx_target(model: torch.nn.Module, text: str) -> Optional[Target]:
         )
     chosen = scope.sites[occurrence]
     return Target(text, parent, chosen.method, chosen.spec)
+
+
+def _fx_scope(model: torch.nn.Module, parent: str, base: str) -> Optional[_FxScope]:
+    """The sites FX numbers ``base`` ops at under the module at ``parent``, in the order
+    they run; None where there is no such module or no Python forward."""
+    try:
+        module = module_at(model, parent)
+    except TargetError:
+        return None
+    forward = getattr(type(module), "forward", None)
+    if not isinstance(forward, types.FunctionType):
+        return None
+    scope = _FxScope(base)
+    # Sites are those of the function inside forward's functools.wraps wrappers (_fx_sites).
+    # A wrapper's own ops are not counted: they are mostly on other values (transformers'
+    # checkpointing wrapper builds a message with '+'), which FX does not number.
+    _fx_sites(module, forward, (), frozenset(), scope, frozenset([forward]))
+    scope.sites.sort(key=lambda site: site.order)
+    return scope
+
+
+def fx_name_clash(model: torch.nn.Module, path: str) -> Optional[str]:
+    """Why FX may give the node name ``path``, a module path, to another op, or None.
+
+    torchvision names a module's call after its path, unless an op of the same name
+    ran before it under the parent module (``torch.relu(x)`` before ``self.relu(x)``):
+    the op is then ``'relu'`` and the module's call ``'relu_1'``. A module path still
+    means the module's output here; this says where torchvision's would differ.
+
+    >>> import torch
+    >>> class Net(torch.nn.Module):
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.relu = torch.nn.ReLU()
+    ...     def forward(self, x):
+    ...         return self.relu(torch.relu(x) + 1)
+    >>> print(fx_name_clash(Net(), "relu"))
+    torchvision's node 'relu' may be ':forward:torch.relu()@0', which runs before the module's call
+    """
+    parent, _, node = path.rpartition(".")
+    scope = _fx_scope(model, parent, node)
+    if scope is None or not scope.sites or scope.sites[0].label == f"self.{node}()@0":
+        return None
+    first = scope.sites[0]
+    return (
+        f"torchvision's node {path!r} may be '{parent}:{first.method}:{first.label}', which runs "
+        "before the module's call"
+    )
 
 
 def _fx_sites(
@@ -289,6 +354,11 @@ def _fx_sites(
             if callee == f"self.{base}":
                 placed += [(c.positions[0], Call(callee, c.index), f"{callee}()@{c.index}") for c in calls]
             continue
+        if _applies(called, base):
+            scope.problems.append(
+                f"calls {callee}, whose {base!r} ops on tensors (made in C: no site) FX numbers too"
+            )
+            continue
         if callee.rsplit(".", 1)[-1] == base:
             placed += [(c.positions[0], Call(callee, c.index), f"{callee}()@{c.index}") for c in calls]
         python = _python_function(called)
@@ -318,6 +388,11 @@ def _fx_sites(
                 f"calls {callee}, a Python function FX traces into, which has {base!r} ops "
                 "(itself or in what it calls)"
             )
+    for chain, getter in _properties_read(module, found.attributes):
+        if _has_fx_sites(getter, base):
+            scope.problems.append(
+                f"reads {chain}, a property whose code FX traces into, which has {base!r} ops"
+            )
     if "super" in func.__code__.co_names and any(
         _has_fx_sites(inherited, base)
         for kind in type(module).__mro__[1:]
@@ -342,26 +417,40 @@ def _fx_sites(
             scope.problems.append(f"runs {base!r} in a loop (FX numbers each turn)")
 
 
-def _fx_tensor_node(model: torch.nn.Module, name: str) -> Optional[Tuple[str, str]]:
+def _fx_tensor_node(model: torch.nn.Module, name: str) -> Optional[Tuple[str, Optional[str]]]:
     """For FX's node of a parameter or buffer (``blk.blk_scale``: the module's path, then
     the tensor's path with ``_`` for ``.``), the tensor's path and a target reading it:
-    in the first method of its module that loads it (``forward`` first)."""
+    in the first method of its module that loads it, of those its ``forward`` runs
+    (``forward``, then the methods it calls, breadth first); None if none does."""
     root = unwrap(model)
     node = name.rpartition(".")[2]
     for path, _ in [*root.named_parameters(), *root.named_buffers()]:
         if path.replace(".", "_") != node:
             continue
         owner, _, attribute = path.rpartition(".")
-        kind = type(root.get_submodule(owner))
-        methods = sorted(
-            ((name, value) for name, value in vars(kind).items() if isinstance(value, types.FunctionType)),
-            key=lambda item: item[0] != "forward",
-        )
-        for method, func in methods:
-            if f"self.{attribute}" in function_targets(func).attributes:
+        for method, func in _methods_forward_runs(type(root.get_submodule(owner))):
+            if f"self.{attribute}" in function_targets(function_of(func)).attributes:
                 return path, f"{owner}:{method}:self.{attribute}@0"
-        return path, f"{owner}:<the method that reads it>:self.{attribute}@0"
+        return path, None
     return None
+
+
+def _methods_forward_runs(kind: type) -> List[Tuple[str, types.FunctionType]]:
+    """``forward`` of the class ``kind`` and the methods it calls (``self.m(...)``), breadth first."""
+    found: List[Tuple[str, types.FunctionType]] = []
+    queue, seen = ["forward"], set()
+    while queue:
+        method = queue.pop(0)
+        func = inspect.getattr_static(kind, method, None)
+        if method in seen or not isinstance(func, types.FunctionType):
+            continue
+        seen.add(method)
+        found.append((method, func))
+        for callee in function_targets(function_of(func)).calls:
+            owner, _, rest = callee.partition(".")
+            if owner == "self" and rest and "." not in rest:
+                queue.append(rest)
+    return found
 
 
 def _flat(position: object) -> Tuple[int, ...]:
@@ -389,6 +478,34 @@ def _resolved(module: Optional[torch.nn.Module], func: types.FunctionType, chain
         except Exception:  # an attribute set later, a property that fails: nothing to follow
             return None
     return found
+
+
+def _properties_read(module: torch.nn.Module, chains: Iterable[str]) -> List[Tuple[str, types.FunctionType]]:
+    """The properties with Python getters that the attribute ``chains`` (``'self.a.b'``)
+    read, as ``(chain up to the property, getter)``: FX runs and traces them.
+
+    Found statically, without running any getter; submodules are followed through
+    their module's table of them.
+    """
+    found: Dict[str, types.FunctionType] = {}
+    for chain in chains:
+        root, *names = chain.split(".")
+        if root != "self":
+            continue
+        owner: object = module
+        for depth, name in enumerate(names, 1):
+            static = inspect.getattr_static(owner, name, None)
+            if isinstance(static, (property, functools.cached_property)):
+                getter = static.fget if isinstance(static, property) else static.func
+                if isinstance(getter, types.FunctionType):
+                    found.setdefault(".".join(["self", *names[:depth]]), getter)
+                break  # what a getter returns is not known without running it
+            if static is None and isinstance(owner, torch.nn.Module):
+                static = owner._modules.get(name)
+            if static is None:
+                break
+            owner = static
+    return list(found.items())
 
 
 def _python_function(called: object) -> Optional[types.FunctionType]:
@@ -422,6 +539,8 @@ def _has_fx_sites(func: types.FunctionType, base: str, depth: int = 4) -> bool:
     if any(callee.rsplit(".", 1)[-1] == base for callee in found.calls) or any(
         op in found.operators for op in _FX_OPERATORS.get(base, ())
     ):
+        return True
+    if any(_applies(_resolved(None, func, callee), base) for callee in found.calls):
         return True
     if _unchained_loads(func.__code__, base):
         return True
@@ -539,9 +658,20 @@ def expand(model: torch.nn.Module, text: str) -> List[Target]:
                 raise missing from None
             tensor = _fx_tensor_node(model, pattern)
             if tensor is not None:
+                where = (
+                    f"record it where a method reads it: {tensor[1]!r}"
+                    if tensor[1]
+                    else f"no method its module's forward runs reads self.{tensor[0].rpartition('.')[2]} "
+                    "(a property or a helper may), so no target reads it: record a value made from it"
+                )
                 raise TargetError(
-                    f"{pattern!r} is FX's node for the tensor {tensor[0]!r}, not an output; record it "
-                    f"where a method reads it: {tensor[1]!r}"
+                    f"{pattern!r} is FX's node for the tensor {tensor[0]!r}, not an output; {where}"
+                )
+            forward = getattr(type(unwrap(model)), "forward", None)
+            if not parent and isinstance(forward, types.FunctionType) and node in _argument_names(forward):
+                raise TargetError(
+                    f"{pattern!r} is an argument of {type(unwrap(model)).__name__}.forward (FX's placeholder "
+                    "node: the input as given), not a value the model computes: use the input itself"
                 )
             joined = f"{missing} Nor" if str(missing).endswith("?") else f"{missing}; nor"
             raise TargetError(
@@ -619,6 +749,14 @@ def expand(model: torch.nn.Module, text: str) -> List[Target]:
             "or TorchScript modules, which cannot be recorded"
         )
     return targets
+
+
+def _argument_names(func: types.FunctionType) -> Tuple[str, ...]:
+    """The names of ``func``'s arguments after the first (``self``), inside its wrappers."""
+    code = function_of(func).__code__
+    count = code.co_argcount + code.co_kwonlyargcount
+    count += bool(code.co_flags & inspect.CO_VARARGS) + bool(code.co_flags & inspect.CO_VARKEYWORDS)
+    return code.co_varnames[1:count]
 
 
 def _refuse_parametrized_read(

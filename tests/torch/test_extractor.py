@@ -1,5 +1,7 @@
 """bcrecord.torch.extractor: the FX-free feature extractor and list_targets."""
 
+import warnings
+
 import pytest
 import torch
 
@@ -114,6 +116,43 @@ def test_a_module_path_gives_the_first_call_as_torchvision_names_it():
         assert torch.equal(features["act"], first) and torch.equal(features["act_1"], second)
     loop = create_feature_extractor(Twice(), [":forward:h"], stop_early=False)(x)[":forward:h"]
     assert [v.item() for v in loop] == [first.item(), second.item()]  # a local in a loop: every value
+
+
+def test_a_module_path_that_torchvision_gives_an_earlier_op_is_read_as_the_module_with_a_warning():
+    class Clash(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.relu = torch.nn.ReLU()
+
+        def forward(self, x):
+            x = torch.relu(x - 1)  # torchvision: 'relu'
+            return self.relu(x + 0.5)  # torchvision: 'relu_1'
+
+    x = torch.tensor([[0.0, 3.0]])
+    message = (
+        r"return node 'relu' is a module path: bcrecord returns that module's output, but "
+        r"torchvision's node 'relu' may be ':forward:torch\.relu\(\)@0', which runs before"
+    )
+    with pytest.warns(bcrecord.RecordingWarning, match=message) as caught:
+        features = create_feature_extractor(Clash(), ["relu", "relu_1", ":forward:torch.relu()@0"])(x)
+    assert len(caught) == 1
+    assert features["relu"].tolist() == features["relu_1"].tolist() == [[0.5, 2.5]]
+    assert features[":forward:torch.relu()@0"].tolist() == [[0.0, 2.0]]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the module's call first: the same node either way
+        create_feature_extractor(SmallNet(), ["bn1", "blocks.0.relu"])
+
+
+def test_features_come_in_the_order_the_forward_reached_them_as_torchvision_s():
+    net, x = SmallNet(), torch.randn(2, 3, 8, 8)
+    for nodes in (["blocks.1", ":forward:x@0", "bn1"], {"blocks.1": "c", ":forward:x@0": "a", "bn1": "b"}):
+        for stop_early in (True, False):
+            features = create_feature_extractor(net, nodes, stop_early=stop_early)
+            for _ in range(2):  # the first call and a later one (whose recording is reused)
+                names = list(features(x))
+                assert names == (
+                    [":forward:x@0", "bn1", "blocks.1"] if isinstance(nodes, list) else ["a", "b", "c"]
+                )
 
 
 def test_bad_return_nodes():

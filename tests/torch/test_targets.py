@@ -2,6 +2,7 @@
 
 import copy
 import functools
+import operator
 import warnings
 
 import pytest
@@ -391,9 +392,66 @@ class _Twice(torch.nn.Module):
         return self._step(self._step(x)) * 3
 
 
+class _Sum(torch.nn.Module):
+    def forward(self, x):
+        s = sum([x, x * 2])  # FX: add (0 + x), add_1 (+ x * 2), made in C: no sites
+        return s + 100  # FX: add_2
+
+
+class _Reduce(torch.nn.Module):
+    def forward(self, x):
+        return functools.reduce(operator.add, [x, x]) + 1
+
+
+def _helper_sum(xs):
+    return sum(xs)
+
+
+class _HelperSum(torch.nn.Module):
+    def forward(self, x):
+        return _helper_sum([x, x]) + 1
+
+
+class _Property(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(2))
+
+    @property
+    def scaled(self):
+        return self.w * 2  # FX: mul, when forward reads the property
+
+    def forward(self, x):
+        return x * self.scaled  # FX: mul_1
+
+
+class _SubmoduleProperty(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.inner = _Property()
+
+    def forward(self, x):
+        return x * self.inner.scaled  # the property's mul is numbered under this module
+
+
+class _CachedProperty(torch.nn.Module):
+    @functools.cached_property
+    def table(self):
+        return torch.arange(3.0) * 2
+
+    def forward(self, x):
+        return x * self.table
+
+
 @pytest.mark.parametrize(
     "model, name, reason",
     [
+        (_Sum, "add", "calls sum, whose 'add' ops on tensors \\(made in C: no site\\) FX numbers too"),
+        (_Reduce, "add", "calls functools.reduce, whose 'add' ops"),
+        (_HelperSum, "add", "calls _helper_sum, a Python function FX traces into, which has 'add' ops"),
+        (_Property, "mul", "reads self.scaled, a property whose code FX traces into, which has 'mul' ops"),
+        (_SubmoduleProperty, "mul", "reads self.inner.scaled, a property whose code FX traces into"),
+        (_CachedProperty, "mul", "reads self.table, a property whose code FX traces into"),
         (_Super, "add", "calls a method through super"),
         (_Helper, "mul", "calls _helper_scale, a Python function FX traces into, which has 'mul' ops"),
         (_Chained, "flatten", r"calls \.flatten\(\) on a value that is not a name or attribute chain"),
@@ -481,6 +539,51 @@ def test_an_fx_name_with_no_site_says_what_fx_names_cannot_be_mapped():
         expand(holder, "0.0_token")
     with pytest.raises(bcrecord.TargetError, match="has no submodule 'nope.add'$"):
         expand(Indexing(), "nope.add")  # no module there at all: only that is said
+
+
+def test_an_fx_name_maps_where_sum_or_a_property_makes_no_op_of_that_name():
+    from bcrecord.torch import create_feature_extractor
+
+    # sum's adds shift only 'add' names; the property's mul only 'mul' names
+    assert create_feature_extractor(_Sum(), ["mul"])(torch.ones(1))["mul"].item() == 2.0
+
+    class Doubled(_Property):
+        def forward(self, x):
+            return (x + self.scaled).sum()  # one add: the property makes a mul, not an add
+
+    assert create_feature_extractor(Doubled(), ["add"])(torch.ones(2))["add"].tolist() == [3.0, 3.0]
+
+
+def test_an_fx_tensor_node_suggests_a_method_forward_runs_or_says_there_is_none():
+    class Attention(torch.nn.Module):  # as swin's: an __init__-time method reads the table first
+        def __init__(self):
+            super().__init__()
+            self.table = torch.nn.Parameter(torch.ones(3))
+            self.define_table()
+
+        def define_table(self):
+            self.index = self.table.shape[0]
+
+        def bias(self):
+            return self.table * 2
+
+        def forward(self, x):
+            return x + self.bias()
+
+    with pytest.raises(bcrecord.TargetError, match="reads it: '0:bias:self.table@0'$"):
+        expand(torch.nn.Sequential(Attention()), "0.0_table")
+    message = (
+        r"'w' is FX's node for the tensor 'w', not an output; no method its module's forward runs "
+        r"reads self\.w \(a property or a helper may\), so no target reads it"
+    )
+    with pytest.raises(bcrecord.TargetError, match=message):
+        expand(_Property(), "w")
+
+
+def test_an_argument_of_forward_is_refused_as_the_input_it_is():
+    message = r"'x' is an argument of _Sum\.forward \(FX's placeholder node: the input as given\)"
+    with pytest.raises(bcrecord.TargetError, match=message):
+        expand(_Sum(), "x")
 
 
 def test_an_entry_read_of_a_parametrized_tensor_is_refused_for_its_load_site():
