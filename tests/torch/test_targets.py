@@ -541,6 +541,23 @@ def test_an_fx_name_with_no_site_says_what_fx_names_cannot_be_mapped():
         expand(Indexing(), "nope.add")  # no module there at all: only that is said
 
 
+def _shuffle(x):  # as shufflenet's channel_shuffle: a helper whose ops FX numbers as its caller's
+    return x.view(2, -1).transpose(0, 1)
+
+
+def test_an_fx_name_made_only_inside_a_helper_names_the_helper():
+    class Shuffled(torch.nn.Module):
+        def forward(self, x):
+            return _shuffle(x) * 2
+
+    message = (
+        r"^'view': Shuffled calls _shuffle, a Python function FX traces into, which has 'view' ops "
+        r".*, and has no 'view' site of its own: record inside a Python function it calls"
+    )
+    with pytest.raises(bcrecord.TargetError, match=message):
+        expand(Shuffled(), "view")
+
+
 def test_an_fx_name_maps_where_sum_or_a_property_makes_no_op_of_that_name():
     from bcrecord.torch import create_feature_extractor
 
