@@ -586,9 +586,11 @@ class _Sites:
             copies.setdefault(identity.of(pos, i), []).append((k, pos))
         starts = {pos: operands.start(k) for k, pos, _, _ in found}
         sources = {pos: _operand_place(bytecode, start, pos) for pos, start in starts.items()}
+        index = {pos: j for j, (pos, _) in enumerate(real)}
+        folded: Set[int] = set()
         for group in copies.values():
             ends = frozenset(pos for _, pos in group)
-            for k, pos in group if len(group) > 1 else ():
+            for k, pos in group if len(group) > 1 and _column(real[group[0][0]][1]) is not None else ():
                 if sources[pos] is None:
                     # A tail the compiler copied into each branch (3.12+): one operand before them.
                     shared = operands.shared_start(k, ends)
@@ -596,9 +598,14 @@ class _Sites:
                         first, source, reached = shared
                         for copy in reached:
                             starts[copy], sources[copy] = first, source
-        for k, pos, i, op in found:
+            if not table.folds_percent_format and table.binary_op(real[group[0][0]][1]) == "%":
+                # Every copy the same constant: not ("%s" if c else "<%r>") % (a,) copied into branches.
+                formats = {_folded_format(bytecode, real, index, k, starts[pos]) for k, pos in group}
+                if len(formats) == 1 and None not in formats:
+                    folded.update(ends)
+        for _, pos, i, op in found:
             operand = starts[pos]
-            if op == "%" and not table.folds_percent_format and _folded_format(bytecode, real, k, operand):
+            if pos in folded:
                 continue  # compiled into f-string code from 3.11 on: no operator there either
             anchor = i if operand is None else cast(Instr, bytecode[operand])
             order = (anchor.lineno or 0, (pos if operand is None else operand, -1))
@@ -627,25 +634,29 @@ class _Sites:
 
 
 def _folded_format(
-    bytecode: Sequence[object], real: List[Tuple[int, Instr]], k: int, start: Optional[int]
-) -> bool:
-    """Whether the ``%`` operator ``real[k]`` (its right operand starting at ``start``) is a
-    string constant formatting a tuple display, ``'%s-%r' % (a, b)``, that 3.11+ compile
-    into f-string code: one ``%s``, ``%r`` or ``%a`` unit per item (see _percent_units)."""
-    if start is None or k == 0:
-        return False
+    bytecode: Sequence[object],
+    real: List[Tuple[int, Instr]],
+    index: Dict[int, int],
+    k: int,
+    start: Optional[int],
+) -> Optional[str]:
+    """The format, if the ``%`` operator ``real[k]`` (its right operand starting at ``start``;
+    ``index``: position -> index in ``real``) is a string constant formatting a tuple
+    display, ``'%s-%r' % (a, b)``, that 3.11+ compile into f-string code: one ``%s``,
+    ``%r`` or ``%a`` unit per item (see _percent_units). 3.10 builds a tuple of more
+    than 30 items another way: those are not recognised."""
+    j = index.get(start, 0) if start is not None else 0
+    if j == 0 or k == 0:
+        return None
     before, items = real[k - 1]
     if items.name != "BUILD_TUPLE" or any(isinstance(x, Label) for x in bytecode[before + 1 : real[k][0]]):
-        return False
-    j = next((j for j, (pos, _) in enumerate(real) if pos == start), 0)
-    if j == 0:
-        return False
+        return None
     left_pos, left = real[j - 1]
     if left.name != "LOAD_CONST" or not isinstance(left.arg, str):
-        return False
-    if any(isinstance(x, Label) for x in bytecode[left_pos + 1 : start]):
-        return False
-    return _percent_units(left.arg) == items.arg
+        return None
+    if any(isinstance(x, Label) for x in bytecode[left_pos + 1 : cast(int, start)]):
+        return None
+    return left.arg if _percent_units(left.arg) == items.arg else None
 
 
 def _percent_units(fmt: str) -> Optional[int]:
@@ -774,6 +785,8 @@ class _Operands:
         """
         real, bytecode = self.real, self.bytecode
         end = real[k][0]
+        # Where the operator's span starts, its left operand's start (3.11+; 3.10 has no columns).
+        first_line = real[k][1].lineno if _column(real[k][1]) is not None else None
         need = left = 0  # of the code from the candidate to the operator
         straight = True
         for j in range(k - 1, -1, -1):
@@ -791,6 +804,8 @@ class _Operands:
                 left += pre + post
                 if need == 0 and left == 1:
                     return start
+            elif first_line is not None and instr.lineno is not None and instr.lineno < first_line:
+                return None  # before the expression (3.11+): its right operand cannot start there
             elif self._one_value(start, end):
                 return start
         return None
@@ -805,8 +820,11 @@ class _Operands:
         starts code that reaches ``real[k]`` and another copy, every path reaching a copy
         having pushed one value, entered from nowhere else.
         """
+        first_line = self.real[k][1].lineno or 0  # the operator's span starts there (3.11+)
         for j in range(k - 1, -1, -1):
-            start = self.real[j][0]
+            start, instr = self.real[j]
+            if instr.lineno is not None and instr.lineno < first_line:
+                return None  # before the expression: its operand cannot start there
             found = self._paths_to(start, ends)
             if found is not None and self.real[k][0] in found[1] and len(found[1]) > 1:
                 visited, reached = found

@@ -240,6 +240,13 @@ def test_string_formatting_that_3_11_compiles_away_is_no_operator_on_any_version
     assert [rec[key] for key in rec.keys()] == [2, "7"]
     assert [site.index for site in bcrecord.targets(f).operators["%"]] == [0, 1, 2]
 
+    def g(a, b):  # a conditional's strings (3.10 copies the '%' into both branches): kept
+        return ("%s!" if b else "<%r>") % (a,)
+
+    with bcrecord.patch_function(g, "%@0"), bcrecord.recording() as rec:
+        g(5, True), g(6, False)
+    assert rec.all(f"{g.__module__}:g:%@0") == ["5!", "<6>"]
+
 
 def test_an_operator_whose_right_operand_is_long_comes_before_the_operators_in_it():
     # 40 calls in the right operand: far more instructions than any fixed look-back window.

@@ -111,7 +111,8 @@ class FeatureExtractor(torch.nn.Module):
     the early stop, its first, whatever else is asked for (a target naming several
     sites gives the first value of each, in a list).
     A target the forward never reached raises an error naming it. The dict is in the
-    order the forward first reached its targets, as torchvision's follows its graph.
+    order the forward first reached its targets (in the extractor's first call that
+    reached each), as torchvision's follows the graph it traced once.
 
     The first call in each mode (train / eval) resolves the targets and patches the
     model's classes, in place; later calls reuse that and only mark the targeted

@@ -187,13 +187,38 @@ _APPLYING: Dict[object, Optional[Tuple[str, ...]]] = {
 }
 
 
-def _applies(called: object, base: str) -> bool:
-    """Whether ``called`` is a C function that may make FX nodes named ``base`` (see _APPLYING)."""
+def _applies(called: object, base: str, func: types.FunctionType) -> bool:
+    """Whether ``called``, called in ``func``, is a C function that may make FX nodes named
+    ``base`` (see _APPLYING): for one that applies the function it is given (``map``),
+    where ``func`` loads a function of that name without calling it there
+    (``functools.reduce(operator.add, xs)``; a lambda's ops are sites of their own)."""
     try:
         names = _APPLYING[called]
     except Exception:  # not one of them (or unhashable)
         return False
-    return names is None or base in names
+    if names is not None:
+        return base in names
+    calls = function_targets(func).calls
+    called_here = sum(
+        len(c.positions)
+        for callee, sites in calls.items()
+        if callee.rsplit(".", 1)[-1] == base
+        for c in sites
+    )
+    return _loads_of(func.__code__, base) > called_here
+
+
+def _loads_of(code: types.CodeType, name: str) -> int:
+    """How many instructions of ``code`` load ``name`` as a global, builtin or attribute."""
+    table = current()
+    count = 0
+    for item in instructions(code):
+        if isinstance(item, Instr):
+            loaded: object = table.attr_load(item) or table.method_load(item)
+            if item.name in table.global_loads:
+                loaded = item.arg[1] if isinstance(item.arg, tuple) else item.arg
+            count += loaded == name
+    return count
 
 
 @dataclass
@@ -239,6 +264,13 @@ def _fx_target(model: torch.nn.Module, text: str) -> Optional[Target]:
     parent, _, node = text.rpartition(".")
     base, _, number = node.rpartition("_") if node.rpartition("_")[2].isdigit() else (node, "", "0")
     occurrence = int(number or 0)
+    forward = getattr(type(unwrap(model)), "forward", None)
+    if not parent and isinstance(forward, types.FunctionType) and base in _argument_names(forward):
+        # FX's placeholder of forward's argument takes the bare name: 'pad' is the input,
+        # F.pad's first node 'pad_1'.
+        if occurrence == 0:
+            return None
+        occurrence -= 1
     scope = _fx_scope(model, parent, base)
     if scope is None or not (scope.sites or scope.problems):
         return None
@@ -354,7 +386,7 @@ def _fx_sites(
             if callee == f"self.{base}":
                 placed += [(c.positions[0], Call(callee, c.index), f"{callee}()@{c.index}") for c in calls]
             continue
-        if _applies(called, base):
+        if _applies(called, base, func):
             scope.problems.append(
                 f"calls {callee}, whose {base!r} ops on tensors (made in C: no site) FX numbers too"
             )
@@ -423,14 +455,22 @@ def _fx_tensor_node(model: torch.nn.Module, name: str) -> Optional[Tuple[str, Op
     in the first method of its module that loads it, of those its ``forward`` runs
     (``forward``, then the methods it calls, breadth first); None if none does."""
     root = unwrap(model)
-    node = name.rpartition(".")[2]
+    reader, _, node = name.rpartition(".")  # torchvision prefixes the module whose code reads it
     for path, _ in [*root.named_parameters(), *root.named_buffers()]:
         if path.replace(".", "_") != node:
             continue
         owner, _, attribute = path.rpartition(".")
-        for method, func in _methods_forward_runs(type(root.get_submodule(owner))):
-            if f"self.{attribute}" in function_targets(function_of(func)).attributes:
-                return path, f"{owner}:{method}:self.{attribute}@0"
+        places = [(owner, attribute)]
+        if reader != owner and (not reader or path.startswith(reader + ".")):
+            places.insert(0, (reader, path[len(reader) + 1 :] if reader else path))
+        for module, chain in places:
+            try:
+                kind = type(root.get_submodule(module))
+            except AttributeError:
+                continue
+            for method, func in _methods_forward_runs(kind):
+                if f"self.{chain}" in function_targets(function_of(func)).attributes:
+                    return path, f"{module}:{method}:self.{chain}@0"
         return path, None
     return None
 
@@ -540,7 +580,7 @@ def _has_fx_sites(func: types.FunctionType, base: str, depth: int = 4) -> bool:
         op in found.operators for op in _FX_OPERATORS.get(base, ())
     ):
         return True
-    if any(_applies(_resolved(None, func, callee), base) for callee in found.calls):
+    if any(_applies(_resolved(None, func, callee), base, func) for callee in found.calls):
         return True
     if _unchained_loads(func.__code__, base):
         return True

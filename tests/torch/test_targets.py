@@ -435,9 +435,13 @@ class _SubmoduleProperty(torch.nn.Module):
 
 
 class _CachedProperty(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(3))
+
     @functools.cached_property
-    def table(self):
-        return torch.arange(3.0) * 2
+    def table(self):  # until it is computed, FX runs it: its mul on a parameter is a node
+        return self.w * 2
 
     def forward(self, x):
         return x * self.table
@@ -570,6 +574,14 @@ def test_an_fx_name_maps_where_sum_or_a_property_makes_no_op_of_that_name():
 
     assert create_feature_extractor(Doubled(), ["add"])(torch.ones(2))["add"].tolist() == [3.0, 3.0]
 
+    class Sizes(torch.nn.Module):
+        def forward(self, x):  # map() given int, which makes no 'mul' or 'flatten' node
+            h, w = map(int, x.shape[-2:])
+            return torch.flatten(x * 2, 1) * (h * w)
+
+    features = create_feature_extractor(Sizes(), ["mul", "flatten"])(torch.ones(1, 2, 2))
+    assert [features[name].tolist() for name in ("mul", "flatten")] == [[[[2.0, 2.0]] * 2], [[2.0] * 4]]
+
 
 def test_an_fx_tensor_node_suggests_a_method_forward_runs_or_says_there_is_none():
     class Attention(torch.nn.Module):  # as swin's: an __init__-time method reads the table first
@@ -597,10 +609,33 @@ def test_an_fx_tensor_node_suggests_a_method_forward_runs_or_says_there_is_none(
         expand(_Property(), "w")
 
 
-def test_an_argument_of_forward_is_refused_as_the_input_it_is():
+def test_an_argument_of_forward_is_refused_as_the_input_it_is_and_shifts_ops_of_its_name():
     message = r"'x' is an argument of _Sum\.forward \(FX's placeholder node: the input as given\)"
     with pytest.raises(bcrecord.TargetError, match=message):
         expand(_Sum(), "x")
+
+    class Padded(torch.nn.Module):
+        def forward(self, x, pad):  # FX: the placeholder is 'pad', F.pad's node 'pad_1'
+            return torch.nn.functional.pad(x, pad) * 2
+
+    with pytest.raises(bcrecord.TargetError, match="'pad' is an argument of Padded.forward"):
+        expand(Padded(), "pad")
+    (target,) = expand(Padded(), "pad_1")
+    assert (target.spec.target, target.spec.index) == ("torch.nn.functional.pad", (0,))
+
+
+def test_an_fx_tensor_node_read_by_a_parent_module_suggests_the_parent_s_read():
+    class Parent(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.child = torch.nn.Module()
+            self.child.scale = torch.nn.Parameter(torch.ones(2))
+
+        def forward(self, x):
+            return x * self.child.scale
+
+    with pytest.raises(bcrecord.TargetError, match="reads it: ':forward:self.child.scale@0'$"):
+        expand(Parent(), "child_scale")
 
 
 def test_an_entry_read_of_a_parametrized_tensor_is_refused_for_its_load_site():
