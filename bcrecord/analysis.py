@@ -825,16 +825,41 @@ class _Operands:
             start, instr = self.real[j]
             if instr.lineno is not None and instr.lineno < first_line:
                 return None  # before the expression: its operand cannot start there
-            found = self._paths_to(start, ends)
-            if found is not None and self.real[k][0] in found[1] and len(found[1]) > 1:
-                visited, reached = found
-                return start, _source_start([self.bytecode[p] for p in sorted(visited)]), reached
+            found = self._walk(start, ends)
+            if found is None or self.real[k][0] not in found[1] or len(found[1]) < 2:
+                continue
+            visited, reached = found
+            if any(
+                isinstance(self.bytecode[p], Label)
+                and any(
+                    source not in visited and not _rethrown(self.bytecode, source, self.table)
+                    for source in self.jumps.get(cast(Label, self.bytecode[p]), ())
+                )
+                for p in visited
+            ):
+                continue  # entered from elsewhere
+            return start, _source_start([self.bytecode[p] for p in sorted(visited)]), reached
         return None
 
-    def _paths_to(self, start: int, ends: FrozenSet[int]) -> Optional[Tuple[Set[int], Set[int]]]:
-        """The positions on the paths from ``start`` to ``ends`` and the ends they reach, if
-        every path reaches one having pushed one value (never reaching below) and no jump
-        from outside those paths lands on them; else None."""
+    def _one_value(self, start: int, end: int) -> bool:
+        """Whether the code from ``start`` to ``end`` (excluded) is entered at ``start`` only and
+        every path through it reaches ``end`` having pushed one value, never reaching below."""
+        bytecode = self.bytecode
+        for p in range(start + 1, end):
+            item = bytecode[p]
+            if isinstance(item, Label) and any(
+                not start <= source < end and not _rethrown(bytecode, source, self.table)
+                for source in self.jumps.get(item, ())
+            ):
+                return False  # entered from elsewhere (an await's throw() path returns to its loop)
+        return self._walk(start, frozenset([end]), last=end) is not None
+
+    def _walk(
+        self, start: int, ends: FrozenSet[int], last: Optional[int] = None
+    ) -> Optional[Tuple[Set[int], Set[int]]]:
+        """Follow every path from ``start`` until it reaches one of ``ends``: the positions on
+        the way and the ends reached, if every path reaches one having pushed one value,
+        never reaching below, and jumps nowhere before ``start`` (nor after ``last``)."""
         bytecode, labels = self.bytecode, self.labels
         work, seen, visited, reached = [(start, 0)], set(), set(), set()
         while work:
@@ -852,8 +877,10 @@ class _Operands:
                     continue
                 if isinstance(item.arg, Label):
                     target = labels.get(item.arg)
+                    if target is None or target < start or (last is not None and target > last):
+                        return None  # leaves the range
                     pre, post = item.pre_and_post_stack_effect(jump=True)
-                    if target is None or target < start or height + pre < 0:
+                    if height + pre < 0:
                         return None
                     work.append((target, height + pre + post))
                     if item.is_uncond_jump():
@@ -866,55 +893,7 @@ class _Operands:
                 if height != 1:
                     return None
                 reached.add(p)
-        for p in visited:
-            item = bytecode[p]
-            if isinstance(item, Label) and any(
-                source not in visited and not _rethrown(bytecode, source, self.table)
-                for source in self.jumps.get(item, ())
-            ):
-                return None  # entered from elsewhere
         return visited, reached
-
-    def _one_value(self, start: int, end: int) -> bool:
-        """Whether the code from ``start`` to ``end`` (excluded) is entered at ``start`` only and
-        every path through it reaches ``end`` having pushed one value, never reaching below."""
-        bytecode, labels = self.bytecode, self.labels
-        for p in range(start + 1, end):
-            item = bytecode[p]
-            if isinstance(item, Label) and any(
-                not start <= source < end and not _rethrown(bytecode, source, self.table)
-                for source in self.jumps.get(item, ())
-            ):
-                return False  # entered from elsewhere (an await's throw() path returns to its loop)
-        work, seen = [(start, 0)], set()
-        while work:
-            p, height = work.pop()
-            while p < end:
-                if (p, height) in seen:
-                    break
-                seen.add((p, height))
-                item = bytecode[p]
-                p += 1
-                if not isinstance(item, Instr):
-                    continue
-                if isinstance(item.arg, Label):
-                    target = labels.get(item.arg)
-                    if target is None or not start <= target <= end:
-                        return False  # leaves the range
-                    pre, post = item.pre_and_post_stack_effect(jump=True)
-                    if height + pre < 0:
-                        return False
-                    work.append((target, height + pre + post))
-                    if item.is_uncond_jump():
-                        break
-                pre, post = item.pre_and_post_stack_effect(jump=False)
-                if height + pre < 0 or item.is_final():
-                    return False
-                height += pre + post
-            else:
-                if height != 1:
-                    return False
-        return True
 
 
 def _nest(outer: int, where: Tuple[object, ...], site: Raw) -> Raw:
