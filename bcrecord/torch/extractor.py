@@ -275,8 +275,9 @@ class FeatureExtractor(torch.nn.Module):
                 finally:
                     _stopping.reset(stopping)
                     rec._end_pass()
-            # In the order the forward first reached them, as torchvision's (its graph's order).
-            reached = {key: position for position, key in enumerate(rec._data)}
+            # In the order the forward first reached them, as torchvision's (its graph's order);
+            # list() first: a probe in another thread may add a key meanwhile.
+            reached = {key: position for position, key in enumerate(list(rec._data))}
             found: List[Tuple[int, str, Any]] = []
             missing = []
             failed = []
