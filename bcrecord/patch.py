@@ -66,7 +66,15 @@ from .runtime import (
 )
 from .specs import Local, SpecLike, parse_all
 
-__all__ = ["Patch", "instrument", "patch_method", "patch_function", "record_locals", "targets"]
+__all__ = [
+    "Patch",
+    "instrument",
+    "original_code",
+    "patch_method",
+    "patch_function",
+    "record_locals",
+    "targets",
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
 #: The owner part of keys: a name, or a function of the instance (None: not recorded).
@@ -217,6 +225,32 @@ def _default_owner(func: types.FunctionType, bound_to: Any = None) -> str:
 def _own_code(func: types.FunctionType) -> types.CodeType:
     """``func``'s code without probes: an in-place patch's are in ``__code__`` while armed."""
     slot = _slots.get(("code", id(func))) or _copy_slot(func)
+    return func.__code__ if slot is None else slot.original_code
+
+
+def original_code(func: types.FunctionType) -> types.CodeType:
+    """``func``'s code as it was before any patch: what to read its targets from.
+
+    While a recording takes a patch, ``func.__code__`` is the probed code, whose
+    call sites and chains the probes split; this is the code they were made from
+    (a patched instance's method included).
+
+    >>> import bcrecord
+    >>> def double(v):
+    ...     w = 2 * v
+    ...     return w
+    >>> patch = patch_function(double, "w")
+    >>> with bcrecord.recording():
+    ...     double.__code__ is original_code(double), original_code(double) is patch.original_code
+    (False, True)
+    >>> patch.remove()
+    """
+    with _lock:
+        slot = (
+            _slots.get(("code", id(func)))
+            or _copy_slot(func)
+            or next((s for s in _slots.values() if s.live is func), None)
+        )
     return func.__code__ if slot is None else slot.original_code
 
 
@@ -948,4 +982,4 @@ def targets(func: Any) -> Targets:
     if isinstance(func, types.CodeType):
         return Targets(read(func))
     base = function_of(func)
-    return Targets(read(base.__code__, base.__qualname__))
+    return Targets(read(original_code(base), base.__qualname__))

@@ -77,7 +77,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 
 from .analysis import read, resolve
 from .errors import BcrecordError, did_you_mean
-from .patch import Patch, function_of, patch_function, patch_method
+from .patch import Patch, function_of, original_code, patch_function, patch_method
 from .runtime import Recording, Sink, copy_value
 from .specs import Spec, parse
 from .storage import Writer
@@ -264,7 +264,7 @@ def _check_live(target: RunTarget, module: types.ModuleType) -> None:
         value = value.fget
     try:
         func = function_of(value)
-        resolve([target.spec], read(func.__code__, func.__qualname__))
+        resolve([target.spec], read(original_code(func), func.__qualname__))
     except BcrecordError as error:
         raise RunError(f"target {target.text!r}: {error}") from None
 

@@ -363,6 +363,32 @@ def test_targets_table_and_data():
     assert [(r["index"], r["line"] - first) for r in outputs] == [(0, 3), (1, 4), (2, 9)]
 
 
+def test_targets_read_the_original_code_while_a_recording_runs_its_probes():
+    def area(self, w, h):
+        a = self.scale * w * h
+        return abs(a)
+
+    def listed() -> list:
+        return bcrecord.targets(area).specs()
+
+    before = listed()
+    instance = types.SimpleNamespace(scale=2)
+    holder = types.SimpleNamespace(area=types.MethodType(area, instance))
+    with bcrecord.patch_function(area, ["a", "*@0", "abs()", "self.scale"], name="f") as patch:
+        with bcrecord.recording() as rec:
+            assert area.__code__ is not patch.original_code  # the probes run now
+            inside = listed()
+            assert bcrecord.patch.original_code(area) is patch.original_code
+            area(instance, 2, 3)
+    assert inside == before == ["a@0", "self.scale@0", "abs()@0", "*@0", "*@1", "return"]
+    assert rec["f:area:abs()@0"] == 12 and rec["f:area:*@0"] == 4
+    # a patched instance's own copy of a method reads as its original too
+    with bcrecord.patch_method(holder, "area", ["a"], name="h"), bcrecord.recording() as rec:
+        assert bcrecord.targets(holder.area).specs() == before
+        holder.area(1, 5)
+    assert rec["h:area:a@0"] == 10
+
+
 def test_one_class_patch_with_per_instance_owner_names():
     blocks = [Block() for _ in range(3)]
     paths = {id(b): f"layer1.{i}" for i, b in enumerate(blocks[:2])}  # the third is not named

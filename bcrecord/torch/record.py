@@ -54,7 +54,7 @@ import torch
 
 from ..analysis import read, resolve
 from ..errors import SpecError, TargetError, warn
-from ..patch import Patch, function_of, outermost_taking_instance, patch_method, remove_all
+from ..patch import Patch, function_of, original_code, outermost_taking_instance, patch_method, remove_all
 from ..runtime import Recording, Sink, context_recordings, silently
 from ..specs import Attribute, Local, Return, Spec
 from .copies import Device, ValuePolicy, _itself, _tracing_state, value_policy
@@ -686,7 +686,7 @@ class Plan:
                 func = function_of(getattr(cls, method))
                 reducer = _reduce_for(reduce, text, target)
                 try:
-                    sites = _one_site_specs(target.spec, func.__code__, func.__qualname__)
+                    sites = _one_site_specs(target.spec, original_code(func), func.__qualname__)
                 except TargetError as error:  # say which module: a glob reaches many
                     raise TargetError(f"{text!r} at {target.path or '<root>'!r}: {error}") from None
                 for spec, label in sites:

@@ -44,7 +44,7 @@ from torch.nn.utils import parametrize
 from .._versions import current
 from ..analysis import instructions
 from ..errors import NotPatchableError, SpecError, TargetError, did_you_mean, warn
-from ..patch import function_of
+from ..patch import function_of, original_code
 from ..patch import targets as function_targets
 from ..specs import Attribute, Call, Expr, Return, Spec, parse
 
@@ -205,7 +205,7 @@ def _applies(called: object, base: str, func: types.FunctionType) -> bool:
         if callee.rsplit(".", 1)[-1] == base
         for c in sites
     )
-    return _loads_of(func.__code__, base) > called_here
+    return _loads_of(original_code(func), base) > called_here
 
 
 def _loads_of(code: types.CodeType, name: str) -> int:
@@ -372,7 +372,7 @@ def _fx_sites(
     func = function_of(func)
     base, method = scope.base, func.__name__
     found = function_targets(func)
-    spans, jumps = _jump_spans(func.__code__)
+    spans, jumps = _jump_spans(original_code(func))
 
     def guarded(position: int) -> frozenset:
         return guards | {(at, span) for span in jumps if span[0] < position < span[1]}
@@ -425,10 +425,10 @@ def _fx_sites(
             scope.problems.append(
                 f"reads {chain}, a property whose code FX traces into, which has {base!r} ops"
             )
-    if "super" in func.__code__.co_names and any(
+    if "super" in original_code(func).co_names and any(
         _has_fx_sites(inherited, base)
         for kind in type(module).__mro__[1:]
-        for name in func.__code__.co_names
+        for name in original_code(func).co_names
         for inherited in [vars(kind).get(name)]
         if isinstance(inherited, types.FunctionType)
     ):
@@ -437,7 +437,7 @@ def _fx_sites(
         placed += [
             (o.positions[0], Expr(op, o.index), f"{op}@{o.index}") for o in found.operators.get(op, ())
         ]
-    scope.unplaced += [at + (position,) for position in _unchained_loads(func.__code__, base)]
+    scope.unplaced += [at + (position,) for position in _unchained_loads(original_code(func), base)]
     for where, spec, label in placed:
         if not isinstance(where, int):  # in a nested code object: a comprehension's loop
             scope.sites.append(_FxSite(at + _flat(where), method, spec, label, guards))
@@ -582,7 +582,7 @@ def _has_fx_sites(func: types.FunctionType, base: str, depth: int = 4) -> bool:
         return True
     if any(_applies(_resolved(None, func, callee), base, func) for callee in found.calls):
         return True
-    if _unchained_loads(func.__code__, base):
+    if _unchained_loads(original_code(func), base):
         return True
     if depth == 0:
         return False

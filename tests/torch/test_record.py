@@ -686,6 +686,33 @@ def test_nested_recordings_that_stop_early_stop_once_both_have_their_values(net)
     assert torch.allclose(inner["blocks.1:forward:return"], expected["blocks.1"], atol=1e-5)
 
 
+class _Linear2(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(2, 2)
+
+    def forward(self, x):
+        y = self.lin(x) * 2
+        return y
+
+
+def test_targets_inside_a_recording_are_read_from_the_code_without_its_probes():
+    from bcrecord.torch import list_targets
+
+    model = _Linear2()
+    x = torch.ones(1, 2)
+    before = list(list_targets(model))
+    with record(model, [":forward:self.lin@0", ":forward:y@0"]) as outer:
+        assert list(list_targets(model)) == before  # not the probe's call, nor the split chain
+        # the probes split the call's chain; a second recording finds the call all the same
+        with record(model, [":forward:self.lin()@0", ":forward:*@0"]) as inner:
+            out = model(x)
+    assert ":forward:self.lin()@0" in before and not any("probe" in t for t in before)
+    assert torch.equal(inner[":forward:self.lin()@0"], model.lin(x))
+    assert torch.equal(inner[":forward:*@0"], out) and torch.equal(outer[":forward:y@0"], out)
+    assert outer[":forward:self.lin@0"] is not None
+
+
 class _Scale(torch.nn.Module):
     def _scaled(self, x):
         y = x * 2
