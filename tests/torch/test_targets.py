@@ -545,6 +545,29 @@ def test_an_fx_name_with_no_site_says_what_fx_names_cannot_be_mapped():
         expand(Indexing(), "nope.add")  # no module there at all: only that is said
 
 
+def test_an_fx_name_that_maps_is_not_compared_with_every_module_path(monkeypatch):
+    from bcrecord.torch import targets
+
+    compared = []
+    monkeypatch.setattr(targets, "did_you_mean", lambda word, names, **_: compared.append(word) or "")
+    model = SmallNet()
+    mapped = expand(model, "blocks.0.add")  # an op, not a module: found without a "did you mean"
+    assert [(t.path, t.spec) for t in mapped] == [("blocks.0", bcrecord.Expr("+", 0))] and compared == []
+    with pytest.raises(bcrecord.TargetError):
+        module_at(model, "blocks.0.conv9")
+    assert compared == ["blocks.0.conv9"]
+
+
+def test_a_missing_path_is_compared_with_the_paths_under_its_deepest_existing_ancestor():
+    first = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+    model = torch.nn.ModuleDict({"a": first, "b": torch.nn.Sequential(torch.nn.ReLU())})
+    # 'b.0' is closer to 'a.b.0' than 'a.0' is, but 'a' exists: the typo is below it
+    with pytest.raises(bcrecord.TargetError, match=r"no submodule 'a\.b\.0'; did you mean 'a\.0'\?$"):
+        module_at(model, "a.b.0")
+    with pytest.raises(bcrecord.TargetError, match=r"no submodule 'c\.0'; did you mean 'b\.0', 'a\.0'\?$"):
+        module_at(model, "c.0")  # no ancestor: every path
+
+
 def _shuffle(x):  # as shufflenet's channel_shuffle: a helper whose ops FX numbers as its caller's
     return x.view(2, -1).transpose(0, 1)
 
