@@ -32,7 +32,9 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import gc
 import inspect
+import sys
 import threading
 import types
 import weakref
@@ -765,12 +767,53 @@ def _restorer(holder: Any, attribute: str, own: Any) -> Callable[[], None]:
                     delattr(holder, attribute)
             else:
                 setattr(holder, attribute, own)
-        elif own is _MISSING:
-            vars(holder).pop(attribute, None)
         else:
-            vars(holder)[attribute] = own
+            installed = vars(holder).get(attribute, _MISSING)
+            if own is _MISSING:
+                vars(holder).pop(attribute, None)
+            else:
+                vars(holder)[attribute] = own
+            # References: `installed` here, getrefcount's argument; any other may be a copy's.
+            if hasattr(_unwrap_installed(installed), _BASE_ATTR) and sys.getrefcount(installed) > 2:
+                for copied in shallow_copies_holding(installed, attribute, holder):
+                    if own is _MISSING:
+                        del copied[attribute]
+                    else:
+                        copied[attribute] = own
 
     return restore
+
+
+def shallow_copies_holding(value: Any, attribute: str, holder: Any) -> List[Dict[str, Any]]:
+    """The ``__dict__``s of the other instances of ``holder``'s class that hold ``value`` under ``attribute``.
+
+    A ``copy.copy`` of an object shares the values of its ``__dict__``: one made while
+    a patch had put ``value`` there (a method bound to the original) holds it too, and
+    would call it for good. Whoever takes ``value`` out of ``holder`` puts the same back
+    in these. A scan of every tracked object: call it only where something else refers
+    to ``value``.
+
+    >>> import copy
+    >>> class Box: pass
+    >>> box = Box(); box.run = print
+    >>> twin = copy.copy(box)
+    >>> shallow_copies_holding(print, "run", box) == [vars(twin)]
+    True
+    """
+    kind, own = type(holder), vars(holder)
+    found: List[Dict[str, Any]] = []
+    for referrer in gc.get_referrers(value):
+        if type(referrer) is kind and referrer is not holder:
+            held = vars(referrer)  # its attributes kept without a dict (3.11+) until asked
+        elif type(referrer) is dict and referrer is not own:
+            held = referrer
+            if not any(type(o) is kind and vars(o) is held for o in gc.get_referrers(held)):
+                continue  # some other dict: not an instance's attributes
+        else:
+            continue
+        if held.get(attribute, _MISSING) is value and all(held is not seen for seen in found):
+            found.append(held)
+    return found
 
 
 def _install(holder: Any, attribute: str, value: Any) -> None:

@@ -389,6 +389,27 @@ def test_targets_read_the_original_code_while_a_recording_runs_its_probes():
     assert rec["h:area:a@0"] == 10
 
 
+def test_a_shallow_copy_made_while_an_instance_is_patched_runs_its_own_method_after_removal():
+    import copy
+
+    class Counter:
+        def __init__(self):
+            self.k = 1
+
+        def step(self, v):
+            y = v + self.k
+            return y
+
+    counter = Counter()
+    kept = {"step": None}
+    with bcrecord.patch_method(counter, "step", ["y"]):
+        twin = copy.copy(counter)  # shares the instance __dict__'s values: the patched method too
+        kept["step"] = counter.step  # a dict of the user's, not an instance's: left alone
+    twin.k = 100
+    assert twin.step(1) == 101 and "step" not in vars(twin) and "step" not in vars(counter)
+    assert kept["step"].__self__ is counter and kept["step"](1) == 2
+
+
 def test_one_class_patch_with_per_instance_owner_names():
     blocks = [Block() for _ in range(3)]
     paths = {id(b): f"layer1.{i}" for i, b in enumerate(blocks[:2])}  # the third is not named

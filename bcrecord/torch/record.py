@@ -30,10 +30,12 @@ import contextvars
 import dataclasses
 import functools
 import inspect
+import sys
 import threading
 import types
 import weakref
 from collections import defaultdict, deque
+from copy import deepcopy
 from typing import (
     Any,
     Callable,
@@ -54,7 +56,15 @@ import torch
 
 from ..analysis import read, resolve
 from ..errors import SpecError, TargetError, warn
-from ..patch import Patch, function_of, original_code, outermost_taking_instance, patch_method, remove_all
+from ..patch import (
+    Patch,
+    function_of,
+    original_code,
+    outermost_taking_instance,
+    patch_method,
+    remove_all,
+    shallow_copies_holding,
+)
 from ..runtime import Recording, Sink, context_recordings, silently
 from ..specs import Attribute, Local, Return, Spec
 from .copies import Device, ValuePolicy, _itself, _tracing_state, value_policy
@@ -1091,10 +1101,13 @@ class _StopAtRoot:
 
     def __deepcopy__(self, memo: Dict[int, Any]) -> Any:
         twin = memo.get(id(self.model))
-        forward = self.forward
-        if twin is not None and getattr(forward, "__self__", None) is self.model:
-            forward = types.MethodType(forward.__func__, twin)
-        return _StopAtRoot(twin if twin is not None else self.model, forward, self.previous, self)
+        if twin is None:  # not copied as part of its model: the same model's
+            return _StopAtRoot(self.model, self.forward, self.previous, self)
+        # What a deepcopy of the model would have made of them: methods bound to the copy
+        # (a forward the model set on itself, self.forward = self.forward_fast, included).
+        forward = deepcopy(self.forward, memo)
+        previous = self.previous if self.previous is _MISSING else deepcopy(self.previous, memo)
+        return _StopAtRoot(twin, forward, previous, self)
 
     def __reduce__(self) -> Tuple[Any, Tuple[Any, ...]]:
         # Saved mid-pass: the saved model gets the forward it had.
@@ -1120,10 +1133,16 @@ class _StopAtRoot:
             current.recordings = [r for r in current.recordings if r is not rec]
             if current.recordings:
                 return
-            if current.previous is _MISSING:
-                del model.__dict__["forward"]
-            else:
-                model.__dict__["forward"] = current.previous
+            # A copy.copy of the model made meanwhile shares its __dict__'s values: this too.
+            # (References: the model's __dict__, `current`, getrefcount's argument.)
+            copies = []
+            if sys.getrefcount(current) > 3:
+                copies = shallow_copies_holding(current, "forward", model)
+            for holder in [model.__dict__, *copies]:
+                if current.previous is _MISSING:
+                    del holder["forward"]
+                else:
+                    holder["forward"] = current.previous
 
 
 _MISSING = object()

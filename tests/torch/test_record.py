@@ -866,6 +866,58 @@ def test_a_deepcopy_made_while_stopping_early_stops_as_the_model_does():
     assert torch.equal(twin(x), net(x))  # afterwards both run to the end
 
 
+class _Scaled(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(2, 2)
+        self.k = 1.0
+
+    def forward(self, x):
+        return self.lin(x) * self.k
+
+
+def test_a_shallow_copy_made_while_stopping_early_runs_its_own_forward_after_the_block():
+    torch.manual_seed(0)
+    model, x = _Scaled(), torch.ones(1, 2)
+    with torch.no_grad(), record(model, ["lin"], stop_after_last=True):
+        shallow = copy.copy(model)  # shares the model's __dict__ values: its stopping forward too
+    shallow.k = 10.0
+    assert "forward" not in vars(shallow) and "forward" not in vars(model)
+    with torch.no_grad():
+        assert torch.equal(shallow(x), model.lin(x) * 10.0)  # its own k, not the model's
+        with record(model, ["lin"], stop_after_last=True):
+            assert torch.equal(shallow(x), model.lin(x) * 10.0)  # not stopped: not the model
+
+
+class _OwnForward(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(2, 2)
+        self.forward = self.forward_fast  # set on the instance, as some models do
+
+    def forward_fast(self, x):
+        return self.lin(x)
+
+
+def test_a_deepcopy_made_while_stopping_early_keeps_a_forward_the_model_set_on_itself_bound_to_the_copy():
+    torch.manual_seed(0)
+    model, x = _OwnForward(), torch.ones(1, 2)
+    with torch.no_grad(), record(model, ["lin"], stop_after_last=True):
+        twin = copy.deepcopy(model)
+    with torch.no_grad():
+        twin.lin.weight.fill_(0.0)
+        twin.lin.bias.fill_(0.0)
+        with record(twin, ["lin"], stop_after_last=True) as rec:
+            assert twin(x) is None
+        assert torch.equal(rec["lin:forward:return"], torch.zeros(1, 2))
+        assert twin.forward.__self__ is twin and torch.equal(twin(x), torch.zeros(1, 2))
+        saved = io.BytesIO()
+        torch.save(twin, saved)
+        saved.seek(0)
+        loaded = torch.load(saved, weights_only=False)
+        assert torch.equal(loaded(x), torch.zeros(1, 2)) and torch.equal(model(x), model.lin(x))
+
+
 def _as_tuple(func):  # what transformers' can_return_tuple does: changes what forward returns
     @functools.wraps(func)
     def wrapper(self, x, as_tuple=False):
