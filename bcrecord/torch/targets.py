@@ -371,13 +371,25 @@ def fx_name_clash(model: torch.nn.Module, path: str) -> Optional[str]:
     """
     parent, _, node = path.rpartition(".")
     scope = _fx_scope(model, parent, node)
-    if scope is None or not scope.sites or scope.sites[0].label == f"self.{node}()@0":
+    if scope is None or not scope.sites or _calls_the_module(model, parent, scope.sites[0], node):
         return None
     first = scope.sites[0]
     return (
         f"torchvision's node {path!r} may be '{parent}:{first.method}:{first.label}', which runs "
         "before the module's call"
     )
+
+
+def _calls_the_module(model: torch.nn.Module, parent: str, site: _FxSite, node: str) -> bool:
+    """Whether ``site`` calls the submodule ``node`` of the module at ``parent``: through
+    the method's first argument (``self.relu()``; ``s.relu()`` where it is named ``s``)."""
+    root, _, rest = site.spec.target.partition(".") if isinstance(site.spec, Call) else ("", "", "")
+    method = getattr(type(module_at(model, parent)), site.method, None)
+    try:
+        code = original_code(function_of(method))
+    except NotPatchableError:
+        return False
+    return rest == node and code.co_argcount > 0 and code.co_varnames[0] == root
 
 
 def _fx_sites(

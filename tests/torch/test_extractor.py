@@ -143,6 +143,23 @@ def test_a_module_path_that_torchvision_gives_an_earlier_op_is_read_as_the_modul
         create_feature_extractor(SmallNet(), ["bn1", "blocks.0.relu"])
 
 
+def test_no_clash_warning_where_the_module_is_called_first_through_a_first_argument_not_named_self():
+    class Named(torch.nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.b0 = torch.nn.Linear(2, 2)
+            s.relu = torch.nn.ReLU()
+
+        def forward(s, x):
+            return s.relu(s.b0(x))
+
+    net, x = Named(), torch.ones(1, 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the module's call is FX's 'b0' node: nothing to warn of
+        features = create_feature_extractor(net, {"b0": "f0", "relu": "f1"})(x)
+    assert torch.equal(features["f0"], net.b0(x)) and torch.equal(features["f1"], net.b0(x).relu())
+
+
 def test_features_come_in_the_order_the_forward_reached_them_as_torchvision_s():
     net, x = SmallNet(), torch.randn(2, 3, 8, 8)
     for nodes in (["blocks.1", ":forward:x@0", "bn1"], {"blocks.1": "c", ":forward:x@0": "a", "bn1": "b"}):
