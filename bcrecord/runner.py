@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import dis
 import functools
 import importlib.abc
 import importlib.machinery
@@ -235,6 +236,26 @@ def _check_in_code(target: RunTarget, code: types.CodeType, where: str) -> None:
         except BcrecordError as error:
             first = first or error
     raise RunError(f"target {target.text!r}: {first}")
+
+
+def _stores(code: Optional[types.CodeType]) -> Dict[str, int]:
+    """How many times module ``code`` binds each global name (``def``, ``class``, ``=``...)."""
+    counts: Dict[str, int] = defaultdict(int)
+    for instr in dis.get_instructions(code) if code is not None else ():
+        if instr.opname in ("STORE_NAME", "STORE_GLOBAL"):
+            counts[instr.argval] += 1
+    return counts
+
+
+_NOT_FOUND = object()
+
+
+def _found(root: Any, path: Sequence[str]) -> Any:
+    """What dotted ``path`` names from ``root``, or ``_NOT_FOUND`` (never raises: a trace calls it)."""
+    try:
+        return _walk(root, path)[1]
+    except Exception:  # missing, or an attribute that raises when read
+        return _NOT_FOUND
 
 
 def _walk(root: Any, path: Sequence[str]) -> Tuple[Any, Any]:
@@ -803,6 +824,8 @@ class _Runner:
         self._closed = False
         #: True when a target failed to apply and the run was stopped.
         self.aborted = False
+        #: Why a definition of a program's target was not patched, where another may be.
+        self.refused: Dict[str, str] = {}
 
     @property
     def stderr(self) -> TextIO:
@@ -862,11 +885,23 @@ class _Runner:
         self._apply(module, [module.__name__])
 
     def _start_main_trace(self) -> None:
-        pending = {
-            t.text for n in self.program.main_names for g in self.groups.get(n, {}).values() for t in g
-        }
-        if not pending:
+        """Patch the program's own targets as its module code defines them (line by line).
+
+        A target is patched once its whole path exists (``A.m = _m`` after ``class A``),
+        and again each time the program binds its name anew (a second ``def step``),
+        as often as the module's code stores that name: each definition then records.
+        """
+        groups = [
+            (name, path, {t.text for t in group})
+            for name in self.program.main_names
+            for path, group in self.groups.get(name, {}).items()
+        ]
+        if not groups:
             return
+        stores = _stores(self.program.code)
+        #: Per group: the object last patched (or refused) there, and the definitions to come.
+        seen: Dict[int, Any] = {}
+        left = {k: max(stores.get(path[0], 0), 1) for k, (_, path, _) in enumerate(groups)}
         found: List[types.FrameType] = []
 
         def apply_defined(frame: types.FrameType) -> None:
@@ -874,21 +909,27 @@ class _Runner:
             if module is None or vars(module) is not frame.f_globals:
                 module = types.ModuleType("__main__")
                 module.__dict__.update(frame.f_globals)  # read-only view for lookups
-            ready = {
-                t.text
-                for n in self.program.main_names
-                for path, group in self.groups.get(n, {}).items()
-                for t in group
-                if t.text in pending and path[0] in frame.f_globals
-            }
-            if ready:
-                self._apply(module, self.program.main_names, only=ready)
-                pending.difference_update(ready)
+            for k, (name, path, texts) in enumerate(groups):
+                if not left[k] or path[0] not in frame.f_globals:
+                    continue
+                value = _found(module, path)
+                if value is _NOT_FOUND or (k in seen and seen[k] is value):
+                    continue  # not all of it yet ('A.m' before A.m = _m), or patched already
+                left[k] -= 1
+                try:
+                    self._apply(module, [name], only=texts)
+                except _TargetFailed as error:
+                    if left[k] == 0 and not (texts & self.applied):
+                        raise
+                    # Another definition of the name is to come, or came: that one is the target.
+                    self.refused.update(dict.fromkeys(texts, str(error)))
+                # What is there now: a patch may have put a copy there (an inherited method).
+                seen[k] = _found(module, path)
 
         def local(frame: types.FrameType, event: str, arg: Any) -> Any:
             if event in ("line", "return"):
                 apply_defined(frame)
-                if not pending or event == "return":
+                if not any(left.values()) or event == "return":
                     self._stop_trace()
                     frame.f_trace = None
                     return None
@@ -983,8 +1024,10 @@ class _Runner:
 
     def _why(self, target: RunTarget) -> str:
         """Why ``target`` never applied: its module was not imported, or stopped first."""
+        if target.text in self.refused:
+            return self.refused[target.text]
         if target.module in self.program.main_names:
-            return f"the program ended before defining {target.path[0]}"
+            return f"the program ended before defining {'.'.join(target.path)}"
         raised = self.hook.raised.get(target.module)
         if raised is not None:
             return f"importing {target.module} raised {raised}"

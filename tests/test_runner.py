@@ -512,6 +512,35 @@ def test_run_target_of_a_program_that_ends_before_defining_it(project):
     )
 
 
+def test_run_patches_a_program_s_method_assigned_after_its_class(project):
+    (project / "late.py").write_text(
+        "class A:\n    pass\n\ndef _m(self, x):\n    y = x + 1\n    return y\n\nA.m = _m\nprint(A().m(1))\n"
+    )
+    result = cli("run", "-r", "__main__:A.m:y", "late.py", cwd=project)
+    assert result.returncode == 0 and result.stdout == "2\n", result.stderr
+    assert [line.split() for line in result.stderr.splitlines()[2:]] == [["A:m:y@0", "1", "2"]]
+    (project / "never.py").write_text("class A:\n    pass\n\nprint(1)\n")
+    result = cli("run", "-r", "__main__:A.m:y", "never.py", cwd=project)
+    assert result.returncode == 0 and result.stdout == "1\n"
+    assert result.stderr.splitlines()[0] == (
+        "bcrecord: target '__main__:A.m:y' was never applied: the program ended before defining A.m"
+    )
+
+
+def test_run_patches_each_definition_of_a_program_s_function(project):
+    (project / "again.py").write_text(
+        "def step(i):\n    old = i + 0.5\n    return old\n\nprint(step(1))\n\n"
+        "def step(i):\n    new = i * 100\n    return new\n\nprint(step(2))\n"
+    )
+    for target, rows in [
+        ("__main__:step:return", [["__main__:step:return", "2", "200"]]),  # both definitions record
+        ("__main__:step:new", [["__main__:step:new@0", "1", "200"]]),  # the definition that has it
+    ]:
+        result = cli("run", "-r", target, "again.py", cwd=project)
+        assert result.returncode == 0 and result.stdout == "1.5\n200\n", (target, result.stderr)
+        assert [line.split() for line in result.stderr.splitlines()[2:]] == rows
+
+
 def test_run_suggests_a_view_command_that_a_shell_takes(project, tmp_path):
     out = tmp_path / "dïr ñ"
     result = cli("run", "-r", "helper:twice:y", "-o", out, "prog.py", cwd=project)
