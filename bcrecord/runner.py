@@ -565,21 +565,26 @@ class _Collector:
 
 
 def _owner_names(
-    groups: Mapping[str, Mapping[Tuple[str, ...], Any]],
+    groups: Mapping[str, Mapping[Tuple[str, ...], Any]], main_names: Sequence[str] = ()
 ) -> Dict[Tuple[str, Tuple[str, ...]], str]:
     """Owner names for targets whose keys would otherwise collide.
 
     A method's keys start with its class's name: ``enc:Block.forward`` and
     ``dec:Block.forward`` would both give ``Block:forward:...``. Such targets get
-    the module-qualified name (``enc.Block``); the rest keep the default.
+    the module-qualified name (``enc.Block``); the rest keep the default. The
+    program's own module goes by ``main_names`` (``__main__`` and its file stem):
+    one class under both is one class.
 
     >>> _owner_names({"enc": {("Block", "forward"): []}, "dec": {("Block", "forward"): []}})
     {('enc', ('Block', 'forward')): 'enc.Block', ('dec', ('Block', 'forward')): 'dec.Block'}
+    >>> _owner_names({"__main__": {("A", "f"): []}, "prog": {("A", "g"): []}}, ("__main__", "prog"))
+    {}
     """
     holders: Dict[str, set] = defaultdict(set)
     for module, paths in groups.items():
+        same = "__main__" if module in main_names else module
         for path in paths:
-            holders[path[-2] if len(path) > 1 else module].add((module, path[:-1]))
+            holders[path[-2] if len(path) > 1 else module].add((same, path[:-1]))
     return {
         (module, path): ".".join([module, *path[:-1]])
         for module, paths in groups.items()
@@ -816,7 +821,7 @@ class _Runner:
                 self.aliases[twin.text].append(target.text)
                 continue
             self.groups[target.module][_group_path(target)].append(target)
-        self.owners = _owner_names(self.groups)
+        self.owners = _owner_names(self.groups, program.main_names)
         self.hook = _ImportHook([m for m in self.groups if m != "__main__"], self._after_import)
         self._saved_sys: Optional[Tuple[List[str], List[str]]] = None
         self._trace: Any = None

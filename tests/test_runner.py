@@ -447,6 +447,10 @@ def test_run_records_a_target_given_under_both_names_of_the_program_once(project
     both = cli("run", "-r", "__main__:square:out", "-r", "sq:square:return", "sq.py", cwd=project)
     rows = [line.split()[:2] for line in both.stderr.splitlines()[2:]]
     assert rows == [["__main__:square:out@0", "4"], ["__main__:square:return", "4"]], both.stderr
+    # A method under the two names: one class, keyed by its name as usual.
+    both = cli("run", "-r", "__main__:C.f:y", "-r", "sq:C.f:return", "sq.py", cwd=project)
+    rows = [line.split()[:2] for line in both.stderr.splitlines()[2:]]
+    assert rows == [["C:f:y@0", "4"], ["C:f:return", "4"]], both.stderr
 
 
 def test_run_records_the_function_a_cached_property_or_a_partial_holds(project):
