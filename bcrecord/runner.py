@@ -101,6 +101,11 @@ class _TargetFailed(BaseException):
     A BaseException, so that the program's own ``except Exception`` does not swallow it.
     """
 
+    def __init__(self, texts: str, reason: str) -> None:
+        super().__init__(f"target {texts}: {reason}")
+        #: Why, without the targets.
+        self.reason = reason
+
 
 @dataclass(frozen=True)
 class RunTarget:
@@ -875,7 +880,7 @@ class _Runner:
                         inherited = isinstance(holder, type) and path[-1] not in vars(holder)
                         patch = patch_method(holder, path[-1], specs, name=owner, in_place=not inherited)
                 except (AttributeError, BcrecordError) as error:
-                    raise _TargetFailed(f"target {texts}: {error}") from None
+                    raise _TargetFailed(texts, str(error)) from None
                 self.patches.append(patch)
                 self.recording.take(patch)
                 self.applied.update(t.text for t in group)
@@ -927,7 +932,7 @@ class _Runner:
                     if left[k] == 0 and not (texts & self.applied):
                         raise
                     # Another definition of the name is to come, or came: that one is the target.
-                    self.refused.update(dict.fromkeys(texts, str(error)))
+                    self.refused.update(dict.fromkeys(texts, error.reason))
                 # What is there now: a patch may have put a copy there (an inherited method).
                 seen[k] = _found(module, path)
 

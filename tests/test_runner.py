@@ -543,6 +543,16 @@ def test_run_patches_each_definition_of_a_program_s_function(project):
         result = cli("run", "-r", target, "again.py", cwd=project)
         assert result.returncode == 0 and result.stdout == "1.5\n200\n", (target, result.stderr)
         assert [line.split() for line in result.stderr.splitlines()[2:]] == rows
+    (project / "either.py").write_text(  # two definitions, one runs: the other would have had it
+        "import sys\nif len(sys.argv) > 5:\n    def step(i):\n        new = i * 100\n        return new\n"
+        "else:\n    def step(i):\n        old = i + 1\n        return old\n\nprint(step(1))\n"
+    )
+    result = cli("run", "-r", "__main__:step:new", "either.py", cwd=project)
+    assert result.returncode == 0 and result.stdout == "2\n"
+    assert result.stderr.splitlines()[0] == (
+        "bcrecord: target '__main__:step:new' was never applied: step has no assignment to a local "
+        "named 'new'; assigned locals: old; arguments (their value at entry): i"
+    )
 
 
 def test_run_suggests_a_view_command_that_a_shell_takes(project, tmp_path):
