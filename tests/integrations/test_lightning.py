@@ -217,6 +217,20 @@ def test_save_dir_round_trip(tmp_path):
     assert torch.allclose(val[":forward:logits@0"][0], stash[2], atol=1e-6)
 
 
+def test_a_stage_run_on_its_own_saves_to_the_folder_named_after_it(tmp_path):
+    model = ConvNet()
+    callback = RecorderCallback(["conv"], save_dir=tmp_path / "rec", log_to_logger=False)
+    run = trainer(tmp_path, callback)
+    run.test(model, loader(n=8))
+    run.validate(model, loader(n=4))
+    assert sorted(p.name for p in (tmp_path / "rec").iterdir()) == ["test", "validate"]
+    tested = bcrecord.load(tmp_path / "rec" / "test")
+    assert tested.steps("conv:forward:return") == [0, 1]
+    for saved, r in zip(tested["conv:forward:return"], callback.records("test"), strict=True):
+        assert torch.equal(saved, r["conv:forward:return"])
+    assert torch.equal(tested["conv:forward:return"][1], expected_conv(model.stash[("test", 1, 0)]))
+
+
 class LambdaNet(ConvNet):
     def forward(self, x):
         scale = lambda t: t  # noqa: E731  (a local function: pickle refuses it)
@@ -394,10 +408,13 @@ def test_tensorboard_logger_gets_scalars_and_images(tmp_path):
 
 def test_bad_target_fails_clearly_and_changes_nothing(tmp_path):
     model = ConvNet()
-    callback = RecorderCallback(["convv"])
+    callback = RecorderCallback(["convv"], save_dir=tmp_path / "rec")
     with pytest.raises(TargetError, match="did you mean 'conv'"):
-        trainer(tmp_path, callback, max_steps=1).fit(model, loader())
+        run = trainer(tmp_path, callback, max_steps=1, num_sanity_val_steps=2)
+        run.fit(model, loader(), loader(n=8))
     assert_clean(model)
+    # checked as the run is set up: before the sanity check's batches, and before any folder
+    assert model.stash == {} and not (tmp_path / "rec").exists()
 
 
 def test_arguments_are_checked():
