@@ -802,18 +802,17 @@ def shallow_copies_holding(value: Any, attribute: str, holder: Any) -> List[Dict
     """
     kind, own = type(holder), vars(holder)
     found: List[Dict[str, Any]] = []
+    dicts: List[Dict[str, Any]] = []
     for referrer in gc.get_referrers(value):
         if type(referrer) is kind and referrer is not holder:
-            held = vars(referrer)  # its attributes kept without a dict (3.11+) until asked
+            found.append(vars(referrer))  # its attributes kept without a dict (3.11+) until asked
         elif type(referrer) is dict and referrer is not own:
-            held = referrer
-            if not any(type(o) is kind and vars(o) is held for o in gc.get_referrers(held)):
-                continue  # some other dict: not an instance's attributes
-        else:
-            continue
-        if held.get(attribute, _MISSING) is value and all(held is not seen for seen in found):
-            found.append(held)
-    return found
+            dicts.append(referrer)
+    if dicts:  # whose: an instance's attributes, or some other dict (one scan for all of them)
+        owned = {id(vars(o)) for o in gc.get_referrers(*dicts) if type(o) is kind and o is not holder}
+        found += [held for held in dicts if id(held) in owned]
+    unique = {id(held): held for held in found if held.get(attribute, _MISSING) is value}
+    return list(unique.values())
 
 
 def _install(holder: Any, attribute: str, value: Any) -> None:

@@ -243,13 +243,27 @@ def _check_in_code(target: RunTarget, code: types.CodeType, where: str) -> None:
     raise RunError(f"target {target.text!r}: {first}")
 
 
-def _stores(code: Optional[types.CodeType]) -> Dict[str, int]:
-    """How many times module ``code`` binds each global name (``def``, ``class``, ``=``...)."""
-    counts: Dict[str, int] = defaultdict(int)
-    for instr in dis.get_instructions(code) if code is not None else ():
-        if instr.opname in ("STORE_NAME", "STORE_GLOBAL"):
-            counts[instr.argval] += 1
-    return counts
+def _last_bindings(code: Optional[types.CodeType]) -> Tuple[Dict[str, int], Dict[str, int]]:
+    """The last line where module ``code`` binds each global name, and each attribute name.
+
+    ``def step``, ``class A`` and ``step = ...`` bind ``step``; ``A.m = f`` binds ``m``.
+    """
+    names: Dict[str, int] = {}
+    attributes: Dict[str, int] = {}
+    if code is None:
+        return names, attributes
+    lines = {offset: line for start, end, line in code.co_lines() for offset in range(start, end, 2)}
+    for instr in dis.get_instructions(code):
+        line = lines.get(instr.offset)
+        kind = {"STORE_NAME": names, "STORE_GLOBAL": names, "STORE_ATTR": attributes}.get(instr.opname)
+        if kind is not None and line is not None:
+            kind[instr.argval] = max(kind.get(instr.argval, line), line)
+    return names, attributes
+
+
+def _function(value: Any) -> Any:
+    """What a found target is: a bound method (a classmethod's, an instance's) by its function."""
+    return value.__func__ if isinstance(value, types.MethodType) else value
 
 
 _NOT_FOUND = object()
@@ -584,14 +598,20 @@ def _owner_names(
     {('enc', ('Block', 'forward')): 'enc.Block', ('dec', ('Block', 'forward')): 'dec.Block'}
     >>> _owner_names({"__main__": {("A", "f"): []}, "prog": {("A", "g"): []}}, ("__main__", "prog"))
     {}
+    >>> sorted(set(_owner_names({"__main__": {("A", "f"): []}, "prog": {("A", "g"): []},
+    ...                          "enc": {("A", "f"): []}}, ("__main__", "prog")).values()))
+    ['__main__.A', 'enc.A']
     """
+
+    def same(module: str) -> str:
+        return "__main__" if module in main_names else module
+
     holders: Dict[str, set] = defaultdict(set)
     for module, paths in groups.items():
-        same = "__main__" if module in main_names else module
         for path in paths:
-            holders[path[-2] if len(path) > 1 else module].add((same, path[:-1]))
+            holders[path[-2] if len(path) > 1 else module].add((same(module), path[:-1]))
     return {
-        (module, path): ".".join([module, *path[:-1]])
+        (module, path): ".".join([same(module), *path[:-1]])
         for module, paths in groups.items()
         for path in paths
         if len(path) > 1 and len(holders[path[-2]]) > 1
@@ -898,8 +918,8 @@ class _Runner:
         """Patch the program's own targets as its module code defines them (line by line).
 
         A target is patched once its whole path exists (``A.m = _m`` after ``class A``),
-        and again each time the program binds its name anew (a second ``def step``),
-        as often as the module's code stores that name: each definition then records.
+        and again each time the program binds it anew (a second ``def step``), up to
+        the last line of the module's code that binds it: each definition records.
         """
         groups = [
             (name, path, {t.text for t in group})
@@ -908,10 +928,15 @@ class _Runner:
         ]
         if not groups:
             return
-        stores = _stores(self.program.code)
-        #: Per group: the object last patched (or refused) there, and the definitions to come.
+        names, attributes = _last_bindings(self.program.code)
+        #: Per group: the last line that may bind it (None: none seen in the code).
+        last: Dict[int, Optional[int]] = {}
+        for k, (_, path, _) in enumerate(groups):
+            lines = [names.get(path[0])] + ([attributes.get(path[-1])] if len(path) > 1 else [])
+            last[k] = max((line for line in lines if line is not None), default=None)
+        #: Per group: the function patched (or refused) there last; the groups settled.
         seen: Dict[int, Any] = {}
-        left = {k: max(stores.get(path[0], 0), 1) for k, (_, path, _) in enumerate(groups)}
+        done: Set[int] = set()
         found: List[types.FrameType] = []
 
         def apply_defined(frame: types.FrameType) -> None:
@@ -919,27 +944,31 @@ class _Runner:
             if module is None or vars(module) is not frame.f_globals:
                 module = types.ModuleType("__main__")
                 module.__dict__.update(frame.f_globals)  # read-only view for lookups
+            line = frame.f_lineno
             for k, (name, path, texts) in enumerate(groups):
-                if not left[k] or path[0] not in frame.f_globals:
+                if k in done:
                     continue
-                value = _found(module, path)
-                if value is _NOT_FOUND or (k in seen and seen[k] is value):
-                    continue  # not all of it yet ('A.m' before A.m = _m), or patched already
-                left[k] -= 1
-                try:
-                    self._apply(module, [name], only=texts)
-                except _TargetFailed as error:
-                    if left[k] == 0 and not (texts & self.applied):
-                        raise
-                    # Another definition of the name is to come, or came: that one is the target.
-                    self.refused.update(dict.fromkeys(texts, error.reason))
-                # What is there now: a patch may have put a copy there (an inherited method).
-                seen[k] = _found(module, path)
+                # Bindings still to come: lines up to the last that binds it have not all run.
+                bound = last[k]
+                more = bound is not None and line is not None and line <= bound
+                value = _found(module, path) if path[0] in frame.f_globals else _NOT_FOUND
+                if value is not _NOT_FOUND and (k not in seen or seen[k] is not _function(value)):
+                    try:
+                        self._apply(module, [name], only=texts)
+                    except _TargetFailed as error:
+                        if not more and not (texts & self.applied):
+                            raise
+                        # Another definition is to come, or came: that one is the target.
+                        self.refused.update(dict.fromkeys(texts, error.reason))
+                    # What is there now: a patch may have put a copy there (an inherited method).
+                    seen[k] = _function(_found(module, path))
+                if not more and (k in seen or bound is not None):
+                    done.add(k)  # patched, and no line left to bind it again (or never to be)
 
         def local(frame: types.FrameType, event: str, arg: Any) -> Any:
             if event in ("line", "return"):
                 apply_defined(frame)
-                if not any(left.values()) or event == "return":
+                if len(done) == len(groups) or event == "return":
                     self._stop_trace()
                     frame.f_trace = None
                     return None

@@ -545,14 +545,27 @@ def test_run_patches_each_definition_of_a_program_s_function(project):
         assert [line.split() for line in result.stderr.splitlines()[2:]] == rows
     (project / "either.py").write_text(  # two definitions, one runs: the other would have had it
         "import sys\nif len(sys.argv) > 5:\n    def step(i):\n        new = i * 100\n        return new\n"
-        "else:\n    def step(i):\n        old = i + 1\n        return old\n\nprint(step(1))\n"
+        "else:\n    def step(i):\n        old = i + 1\n        return old\n\n"
+        "print(sys.gettrace(), step(1))\n"
     )
+    result = cli("run", "-r", "__main__:step:old", "either.py", cwd=project)
+    # past the last line that binds it, nothing is traced any more (the rest runs at full speed)
+    assert result.returncode == 0 and result.stdout == "None 2\n", result.stderr
     result = cli("run", "-r", "__main__:step:new", "either.py", cwd=project)
-    assert result.returncode == 0 and result.stdout == "2\n"
-    assert result.stderr.splitlines()[0] == (
-        "bcrecord: target '__main__:step:new' was never applied: step has no assignment to a local "
-        "named 'new'; assigned locals: old; arguments (their value at entry): i"
+    assert result.returncode == 2 and result.stdout == ""  # as for a program's only definition
+    assert result.stderr.splitlines() == [
+        "bcrecord: target '__main__:step:new': step has no assignment to a local named 'new'; "
+        "assigned locals: old; arguments (their value at entry): i"
+    ]
+    (project / "classes.py").write_text(  # a classmethod is found as a new bound method each time
+        "class A:\n    @classmethod\n    def make(cls, x):\n        y = x + 1\n        return y\n\n"
+        "A = A\nprint(A.make(1))\n\n"
+        "class A:\n    @classmethod\n    def make(cls, x):\n        y = x + 100\n        return y\n\n"
+        "print(A.make(1))\n"
     )
+    result = cli("run", "-r", "__main__:A.make:y", "classes.py", cwd=project)
+    assert result.returncode == 0 and result.stdout == "2\n101\n", result.stderr
+    assert [line.split() for line in result.stderr.splitlines()[2:]] == [["A:make:y@0", "2", "101"]]
 
 
 def test_run_suggests_a_view_command_that_a_shell_takes(project, tmp_path):
