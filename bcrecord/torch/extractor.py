@@ -17,6 +17,7 @@ torch.Size([3, 4])
 from __future__ import annotations
 
 import contextlib
+import operator
 import types
 import weakref
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
@@ -90,6 +91,9 @@ def _warn_if_torchvision_differs(model: torch.nn.Module, target: Target) -> None
                 f"but {clash} (torchvision's own name for the module's call then ends in a number)"
             )
 
+
+#: A found output's place in the order of the forward (see FeatureExtractor.forward).
+_position = operator.itemgetter(0)
 
 _PLAN_OPTIONS = ("copy", "to", "dtype", "reduce", "grad")
 _RUN_OPTIONS = ("keep", "threads")
@@ -278,13 +282,18 @@ class FeatureExtractor(torch.nn.Module):
             # In the order the forward first reached them, as torchvision's (its graph's order);
             # list() first: a probe in another thread may add a key meanwhile.
             reached = {key: position for position, key in enumerate(list(rec._data))}
+            end = len(reached)  # (a key another thread added since: after the rest)
             found: List[Tuple[int, str, Any]] = []
             missing = []
             failed = []
             for target, name, keys, first in self._outputs[training]:
                 values = rec._collect(keys, first, self._kept)
                 if values:
-                    position = min(reached.get(key, len(reached)) for key in keys)
+                    # (One key, mostly: no generator for it, this runs on every call.)
+                    if len(keys) == 1:
+                        position = reached.get(keys[0], end)
+                    else:
+                        position = min(reached.get(key, end) for key in keys)
                     found.append((position, name, values[0] if len(values) == 1 else values))
                     continue
                 errors = [e for e in rec.errors if e.key in plan.keys[target]]
@@ -299,7 +308,7 @@ class FeatureExtractor(torch.nn.Module):
             raise RuntimeError(f"this forward pass reached but could not record {', '.join(failed)}")
         if missing:
             raise RuntimeError(f"this forward pass never reached {missing}")
-        found.sort(key=lambda item: item[0])  # stable: return_nodes' order among equals
+        found.sort(key=_position)  # stable: return_nodes' order among equals
         return {name: value for _, name, value in found}
 
 
