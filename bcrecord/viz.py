@@ -197,10 +197,12 @@ class KeySummary:
 
         >>> KeySummary("m:f:x@0", [3, 4], [0.5, 1.5], (2, 3), False, "float32", 0.0, 0.25, 1.5).row()
         ('m:f:x@0', '2 (3..4)', '2x3', 'float32', '0', '0.25', '1.5')
+        >>> KeySummary("m:f:x@0", [5, 9, 2], [1, 2, 3]).row()[1]  # saved out of order: the range
+        '3 (2..9)'
         """
         steps = str(len(self.steps))
         if self.steps and self.steps != list(range(len(self.steps))):
-            steps += f" ({self.steps[0]}..{self.steps[-1]})"
+            steps += f" ({min(self.steps)}..{max(self.steps)})"
         if self.varied_shape:
             shape = "varies"
         elif self.shape is None:
@@ -517,6 +519,9 @@ def _over_steps(summary: KeySummary, arrays: List[Any]) -> Any:
     import numpy as np
 
     steps = np.array(summary.steps[: len(arrays)], dtype=float)
+    # In the order of the steps, not of saving (a second run into the directory adds its own).
+    order = np.argsort(steps, kind="stable")
+    steps, arrays = steps[order], [arrays[k] for k in order]
     flat = [_sample(a, 200_000) for a in arrays]
     mean = np.array([f.mean() if f.size else np.nan for f in flat])
     marker = "o" if len(arrays) <= 60 else None

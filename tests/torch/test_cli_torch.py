@@ -309,3 +309,14 @@ def test_run_torchvision_target_from_the_issue(tmp_path):
     loaded = bcrecord.load(out)
     assert loaded["ResNet:_forward_impl:x@0"][0].shape == (1, 64, 32, 32)
     assert torch.equal(loaded["ResNet:_forward_impl:x@10"][0], torch.load(tmp_path / "out.pt"))
+
+
+def test_the_value_over_steps_follows_the_steps_not_the_order_of_saving():
+    import numpy as np
+
+    from bcrecord.viz import KeySummary, _over_steps
+
+    summary = KeySummary("m:f:x@0", [5, 9, 2], [1.0, 2.0, 3.0])  # a second run added step 2
+    figure = _over_steps(summary, [np.array([1.0]), np.array([2.0]), np.array([3.0])])
+    line = figure.axes[0].lines[0]
+    assert list(line.get_xdata()) == [2, 5, 9] and list(line.get_ydata()) == [3, 1, 2]
