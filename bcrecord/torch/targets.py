@@ -206,6 +206,7 @@ _APPLYING: Dict[object, Optional[Tuple[str, ...]]] = {
     itertools.accumulate: None,
     itertools.starmap: None,
     map: None,
+    functools.partial: None,
 }
 
 
@@ -411,13 +412,14 @@ def _fx_sites(
     def guarded(position: int) -> frozenset:
         return guards | {(at, span) for span in jumps if span[0] < position < span[1]}
 
+    me = _first_argument(func)  # 'self', as the method names it
     placed: List[Tuple[object, Spec, str]] = []
     for callee, calls in found.calls.items():
         called = _resolved(module, func, callee)
         if isinstance(called, torch.nn.Module):
             # A module call is a node under the module's own path: one of ours only for
             # a child named base (self.relu), not for a grandchild (self.inner.relu).
-            if callee == f"self.{base}":
+            if callee == f"{me}.{base}":
                 placed += [(c.positions[0], Call(callee, c.index), f"{callee}()@{c.index}") for c in calls]
             continue
         if _applies(called, base, func):
@@ -425,12 +427,12 @@ def _fx_sites(
                 f"calls {callee}, whose {base!r} ops on tensors (made in C: no site) FX numbers too"
             )
             continue
-        if callee.rsplit(".", 1)[-1] == base:
+        if _fx_name(callee, called) == base:
             placed += [(c.positions[0], Call(callee, c.index), f"{callee}()@{c.index}") for c in calls]
         python = _python_function(called)
         if python is None:
             continue  # a tensor's method, a builtin, a class, or one of torch's functions
-        if getattr(called, "__self__", None) is module and callee == f"self.{python.__name__}":
+        if getattr(called, "__self__", None) is module and callee == f"{me}.{python.__name__}":
             # A method of the module: FX follows it in place, numbering its ops as forward's.
             position = calls[0].positions[0]
             inlined = _FxScope(base)
@@ -454,6 +456,19 @@ def _fx_sites(
                 f"calls {callee}, a Python function FX traces into, which has {base!r} ops "
                 "(itself or in what it calls)"
             )
+    code = original_code(func)
+    for inner in code.co_consts:  # a lambda or inner def: FX traces into it where it is called
+        if isinstance(inner, types.CodeType) and inner.co_name not in current().separate_comprehensions:
+            if _names_base(function_targets(inner), base):
+                scope.problems.append(f"defines {inner.co_name}, an inner function with {base!r} ops")
+    # A method with such ops that runs other than as self.m(...), which is followed above
+    # (f = self.m; f(x), getattr(self, 'm'), me = self; me.m(x)): FX traces into it there.
+    followed = {callee.partition(".")[2] for callee in found.calls if callee.partition(".")[0] == me}
+    named = set(code.co_names) | {c for c in code.co_consts if isinstance(c, str) and c.isidentifier()}
+    for name in sorted(named - followed - {func.__name__}):
+        helper = inspect.getattr_static(type(module), name, None)
+        if isinstance(helper, types.FunctionType) and _has_fx_sites(helper, base):
+            scope.problems.append(f"refers to {name}, a method with {base!r} ops, other than by calling it")
     for chain, getter in _properties_read(module, found.attributes):
         if _has_fx_sites(getter, base):
             scope.problems.append(
@@ -535,10 +550,38 @@ def _flat(position: object) -> Tuple[int, ...]:
     return _flat(position[0]) + _flat(position[1])
 
 
+def _first_argument(func: types.FunctionType) -> str:
+    """The name ``func`` gives its instance (``self``, mostly); '' if it takes none."""
+    code = original_code(func)
+    return code.co_varnames[0] if code.co_argcount else ""
+
+
+def _fx_name(callee: str, called: object) -> str:
+    """The name FX gives a call of ``callee`` (``called``, resolved): a torch function's own
+    name (``self.gate = torch.sigmoid``: ``'sigmoid'``), else the callee's last name."""
+    name = getattr(called, "__name__", None)
+    if (
+        called is None
+        or isinstance(called, type)
+        or _python_function(called) is not None
+        or not isinstance(name, str)
+        or not name.isidentifier()
+    ):
+        return callee.rsplit(".", 1)[-1]
+    return name
+
+
+def _names_base(found: Any, base: str) -> bool:
+    """Whether ``found`` (a code object's targets) has call or operator sites FX names ``base``."""
+    return any(callee.rsplit(".", 1)[-1] == base for callee in found.calls) or any(
+        op in found.operators for op in _FX_OPERATORS.get(base, ())
+    )
+
+
 def _resolved(module: Optional[torch.nn.Module], func: types.FunctionType, chain: str) -> object:
     """What the callee ``chain`` of ``func`` (run on ``module``) is now; None for a local's."""
     root, *names = chain.split(".")
-    if root == "self" and module is not None:
+    if root == _first_argument(func) and module is not None:
         found: object = module
     elif root in func.__globals__:
         found = func.__globals__[root]
@@ -610,9 +653,7 @@ def _has_fx_sites(func: types.FunctionType, base: str, depth: int = 4) -> bool:
         found = function_targets(func)
     except Exception:  # no code to read (a C function reached through Python)
         return False
-    if any(callee.rsplit(".", 1)[-1] == base for callee in found.calls) or any(
-        op in found.operators for op in _FX_OPERATORS.get(base, ())
-    ):
+    if _names_base(found, base):
         return True
     if any(_applies(_resolved(None, func, callee), base, func) for callee in found.calls):
         return True

@@ -447,6 +447,40 @@ class _CachedProperty(torch.nn.Module):
         return x * self.table
 
 
+class _AliasedMethod(torch.nn.Module):
+    def _impl(self, x):
+        return torch.sigmoid(x)
+
+    def forward(self, x):
+        f = self._impl  # FX traces into it where f is called
+        return torch.sigmoid(f(x) * 2)
+
+
+class _MethodByName(_AliasedMethod):
+    def forward(self, x):
+        return torch.sigmoid(getattr(self, "_impl")(x) * 2)  # noqa: B009  (as a name: FX follows it)
+
+
+class _Lambda(torch.nn.Module):
+    def forward(self, x):
+        f = lambda t: torch.relu(t)  # noqa: E731
+        return torch.relu(f(x) - 1)
+
+
+class _InnerDef(torch.nn.Module):
+    def forward(self, x):
+        def g(t):
+            return torch.relu(t)
+
+        return torch.relu(g(x) - 1)
+
+
+class _PartialOp(torch.nn.Module):
+    def forward(self, x):
+        f = functools.partial(torch.add, other=1.0)
+        return torch.add(f(x), 2)
+
+
 @pytest.mark.parametrize(
     "model, name, reason",
     [
@@ -464,6 +498,11 @@ class _CachedProperty(torch.nn.Module):
         (_SubmoduleMethod, "conv2d", "calls self.conv._conv_forward, a Python function FX traces into"),
         (_TwoLevels, "add", "calls _helper_outer, a Python function FX traces into, which has 'add' ops"),
         (_Partial, "add", "calls self.shift, a Python function FX traces into, which has 'add' ops"),
+        (_AliasedMethod, "sigmoid", "refers to _impl, a method with 'sigmoid' ops, other than by calling it"),
+        (_MethodByName, "sigmoid_1", "refers to _impl, a method with 'sigmoid' ops"),
+        (_Lambda, "relu", "defines <lambda>, an inner function with 'relu' ops"),
+        (_InnerDef, "relu_1", "defines g, an inner function with 'relu' ops"),
+        (_PartialOp, "add", "calls functools.partial, whose 'add' ops on tensors"),
     ],
 )
 def test_fx_names_whose_numbering_the_code_does_not_fix_are_refused(model, name, reason):
@@ -474,6 +513,31 @@ def test_fx_names_whose_numbering_the_code_does_not_fix_are_refused(model, name,
     assert "name the site instead: ':" in str(error.value)
     if model is _Twice:  # its mul is numbered either way: one site, outside _step
         assert create_feature_extractor(model(), ["mul"])(torch.zeros(1))["mul"].item() == 12.0
+
+
+def test_fx_names_of_a_torch_function_held_by_the_module_or_of_a_method_of_an_instance_not_named_self():
+    from bcrecord.torch import create_feature_extractor
+
+    class Gate(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate = torch.sigmoid  # FX's node of self.gate(x) is 'sigmoid', torch.sigmoid's 'sigmoid_1'
+
+        def forward(self, x):
+            return torch.sigmoid(self.gate(x) * 2)
+
+    class Me(torch.nn.Module):
+        def _impl(me, x):
+            return torch.sigmoid(x)
+
+        def forward(me, x):  # FX follows me._impl as it follows self._impl
+            return torch.sigmoid(me._impl(x) * 2)
+
+    x = torch.tensor([[-1.0, 0.5, 2.0]])
+    for model in (Gate(), Me()):  # FX's values (torchvision's extractor gives the same)
+        features = create_feature_extractor(model, ["sigmoid", "sigmoid_1"])(x)
+        assert torch.equal(features["sigmoid"], torch.sigmoid(x)), type(model).__name__
+        assert torch.equal(features["sigmoid_1"], torch.sigmoid(torch.sigmoid(x) * 2))
 
 
 def test_fx_names_that_the_code_fixes_map_despite_branches_and_other_calls():
