@@ -552,7 +552,7 @@ def _flat(position: object) -> Tuple[int, ...]:
 
 def _first_argument(func: types.FunctionType) -> str:
     """The name ``func`` gives its instance (``self``, mostly); '' if it takes none."""
-    code = original_code(func)
+    code = func.__code__  # (probes change no argument: no need to look up the original)
     return code.co_varnames[0] if code.co_argcount else ""
 
 
