@@ -504,7 +504,7 @@ def _histogram(summary: KeySummary, first: Any, last: Any, what: str = "") -> An
             counts, edges, fill=True, alpha=0.45, color="tab:gray", label=f"step {summary.steps[0]} (first)"
         )
     counts, _ = np.histogram(data, edges)
-    label = f"steps {summary.steps[0]}..{summary.steps[-1]}" if what else f"step {summary.steps[-1]}"
+    label = f"steps {min(summary.steps)}..{max(summary.steps)}" if what else f"step {summary.steps[-1]}"
     ax.stairs(counts, edges, fill=True, alpha=0.7, color="tab:blue", label=label)
     if data.size > 1000:
         ax.set_yscale("symlog", linthresh=1)

@@ -86,7 +86,7 @@ except ImportError:  # pragma: no cover - depends on the environment
 from ..errors import SpecError, warn
 from ..storage import StorageError, Writer
 from ..torch import ModelRecording, record
-from ..torch.record import Plan, check_options
+from ..torch.record import PLAN_OPTIONS, Plan, check_options
 from ..viz import as_dense
 
 __all__ = ["RecorderCallback", "StepRecord", "STAGES", "summarize", "channel_mean_image", "png_bytes"]
@@ -95,8 +95,6 @@ __all__ = ["RecorderCallback", "StepRecord", "STAGES", "summarize", "channel_mea
 STAGES: Tuple[str, ...] = ("fit", "validate", "test", "predict")
 #: The stages a run of each kind may record (a fit validates too).
 _RUNS: Dict[str, Tuple[str, ...]] = {"fit": ("fit", "validate")}
-#: The options of record() that decide what its targets are (the rest, how values are kept).
-_PLANNED = ("copy", "to", "dtype", "reduce", "grad")
 #: The statistics logged for each recorded tensor.
 STATS: Tuple[str, ...] = ("mean", "std", "min", "max")
 
@@ -533,7 +531,8 @@ class RecorderCallback(pl.Callback):  # type: ignore[misc]
         stage = str(getattr(stage, "value", stage))  # Lightning passes its TrainerFn enum
         if any(s in self.stages for s in _RUNS.get(stage, (stage,))):
             # The targets, checked now: before a sanity check runs batches, or folders are made.
-            Plan(pl_module, self.targets, **{k: v for k, v in self.record_options.items() if k in _PLANNED})
+            planned = {k: v for k, v in self.record_options.items() if k in PLAN_OPTIONS}
+            Plan(pl_module, self.targets, **planned)
         if self.save_dir is None:
             return
         for recorded in [s for s in _RUNS.get(stage, (stage,)) if s in self.stages]:

@@ -28,7 +28,7 @@ from ..errors import SpecError, warn
 from ..patch import Patch, remove_all, remove_soon
 from ..patch import targets as function_targets
 from ..runtime import kept_length
-from .record import ModelRecording, Pass, Plan, StopForward, _exporting, _stopping
+from .record import PLAN_OPTIONS, ModelRecording, Pass, Plan, StopForward, _exporting, _stopping
 from .targets import (
     Target,
     _expanding_again,
@@ -95,7 +95,6 @@ def _warn_if_torchvision_differs(model: torch.nn.Module, target: Target) -> None
 #: A found output's place in the order of the forward (see FeatureExtractor.forward).
 _position = operator.itemgetter(0)
 
-_PLAN_OPTIONS = ("copy", "to", "dtype", "reduce", "grad")
 _RUN_OPTIONS = ("keep", "threads")
 
 
@@ -155,10 +154,10 @@ class FeatureExtractor(torch.nn.Module):
         **options: Any,
     ) -> None:
         super().__init__()
-        unknown = sorted(set(options) - set(_PLAN_OPTIONS) - set(_RUN_OPTIONS))
+        unknown = sorted(set(options) - set(PLAN_OPTIONS) - set(_RUN_OPTIONS))
         if unknown:
             raise TypeError(
-                f"unknown option(s) {', '.join(unknown)}; accepted: {', '.join(_PLAN_OPTIONS + _RUN_OPTIONS)}"
+                f"unknown option(s) {', '.join(unknown)}; accepted: {', '.join(PLAN_OPTIONS + _RUN_OPTIONS)}"
             )
         require_module(model)
         self.model = model
@@ -200,7 +199,7 @@ class FeatureExtractor(torch.nn.Module):
 
     def _new_plan(self, nodes: Iterable[str]) -> Plan:
         """A plan of ``nodes`` with this extractor's options (resolves the targets, patches nothing)."""
-        return Plan(self.model, list(nodes), **{k: v for k, v in self.options.items() if k in _PLAN_OPTIONS})
+        return Plan(self.model, list(nodes), **{k: v for k, v in self.options.items() if k in PLAN_OPTIONS})
 
     def _plan(self, training: bool) -> Tuple[Plan, List[Patch], List[ModelRecording]]:
         """The plan, patches and idle recordings of one mode (made at its first call)."""

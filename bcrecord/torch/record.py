@@ -644,6 +644,11 @@ def _unmark_locked(modules: Sequence[torch.nn.Module]) -> None:
                     del twin.__dict__[_MARK]
 
 
+#: The options of :func:`record` that :class:`Plan` takes: what is recorded and how it is
+#: copied (the others, ``keep``, ``threads``, ``stop_after_last``, are the recording's).
+PLAN_OPTIONS: Tuple[str, ...] = ("copy", "to", "dtype", "reduce", "grad")
+
+
 class Plan:
     """What :func:`record` sets up for one (model, targets, options), reusable across passes.
 
