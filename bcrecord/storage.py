@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
-from .errors import BcrecordError
+from .errors import BcrecordError, did_you_mean
 
 try:
     import fcntl
@@ -750,8 +750,9 @@ class Loaded(Mapping[str, List[Any]]):
 def load(directory: PathLike, keys: Optional[Iterable[str]] = None) -> Loaded:
     """Read records saved with :func:`save` / :class:`Writer` (tensors come back on CPU).
 
-    ``keys`` (a key, or several) limits what is read. Files that the index does not name (a save cut
-    short by a crash) are ignored.
+    ``keys`` (a key, or several) limits what is read; a key the directory has no value for is a
+    ``KeyError`` that names the saved keys, not an empty result. Files that the index does not name
+    (a save cut short by a crash) are ignored.
 
     >>> import tempfile
     >>> folder = save({"m:f:x@0": [1.5], "m:f:y@0": ["text"]}, tempfile.mkdtemp(), step=7)
@@ -761,7 +762,10 @@ def load(directory: PathLike, keys: Optional[Iterable[str]] = None) -> Loaded:
     """
     directory = Path(directory)
     wanted = None if keys is None else {keys} if isinstance(keys, str) else set(keys)
-    rows = [row for row in _read_index(directory) if wanted is None or row["key"] in wanted]
+    index = _read_index(directory)
+    if wanted is not None:
+        _check_saved(wanted, [row["key"] for row in index], directory)
+    rows = [row for row in index if wanted is None or row["key"] in wanted]
     files: Dict[str, Dict[str, Any]] = {}
     for file in sorted({row["file"] for row in rows}):
         path = directory / file
@@ -780,6 +784,21 @@ def load(directory: PathLike, keys: Optional[Iterable[str]] = None) -> Loaded:
             raise StorageError(f"cannot read {path}: {error}") from None
     entries = [Entry(row["key"], row["step"], _value(files, row, directory), dict(row)) for row in rows]
     return Loaded(entries)
+
+
+def _check_saved(wanted: Iterable[str], saved: List[str], directory: Path) -> None:
+    """A KeyError naming the first wanted key with no saved value, before any file is read."""
+    for key in wanted:
+        if not isinstance(key, str):
+            raise TypeError(f"a key is a string, got {key!r} ({type(key).__name__})")
+    missing = sorted(set(wanted) - set(saved))
+    if missing:
+        names = list(dict.fromkeys(saved))
+        hint = did_you_mean(missing[0], names, hide_private=False)
+        raise KeyError(
+            f"{directory} has no saved values for {', '.join(map(repr, missing))}{hint}; "
+            f"saved keys: {', '.join(names) or 'none'}"
+        )
 
 
 def _value(files: Mapping[str, Any], row: Mapping[str, Any], directory: Path) -> Any:

@@ -387,3 +387,15 @@ def test_a_damaged_version_1_index_or_a_value_missing_from_its_file_is_a_clear_e
     (tmp_path / "index.json").write_text(json.dumps({**version_1, "entries": [row]}))
     with pytest.raises(StorageError, match="000001.pkl: it has no value 'k#0#9'"):
         load(tmp_path)
+
+
+def test_load_of_a_key_never_saved_names_it_and_the_saved_keys(tmp_path):
+    save({"m:f:x@0": [1], "m:f:y@0": [2]}, tmp_path)
+    told = r"no saved values for 'm:f:x@1'; did you mean 'm:f:x@0'.*; saved keys: m:f:x@0, m:f:y@0"
+    with pytest.raises(KeyError, match=told):
+        load(tmp_path, keys=["m:f:y@0", "m:f:x@1"])
+    with pytest.raises(KeyError, match="no saved values for 'nosuch'; saved keys: none"):
+        load(save({}, tmp_path / "empty"), keys="nosuch")
+    with pytest.raises(TypeError, match=r"a key is a string, got 3 \(int\)"):
+        load(tmp_path, keys=[3])
+    assert dict(load(tmp_path, keys=[])) == {}
