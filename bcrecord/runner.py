@@ -79,7 +79,7 @@ from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Seque
 from .analysis import read, resolve
 from .errors import BcrecordError, did_you_mean
 from .patch import Patch, function_of, original_code, patch_function, patch_method
-from .runtime import Recording, Sink, copy_value
+from .runtime import Recording, Sink, copy_value, silence, silently
 from .specs import Spec, parse
 from .storage import Writer
 
@@ -543,7 +543,8 @@ class _Collector:
             batch, self.buffer, self.buffered = self.buffer, [], 0
             self.last_flush = time.monotonic()
             try:
-                self._write(batch)
+                # Silently: the writer's own calls (json.dumps, os.path...) are not the program's.
+                silently(self._write, batch)
             except Exception as error:
                 self.error = (
                     str(error) if isinstance(error, BcrecordError) else f"{type(error).__name__}: {error}"
@@ -568,6 +569,7 @@ class _Collector:
             self.timer.join()
 
     def _write_waiting(self) -> None:
+        silence()  # for good: nothing this thread runs (Event.wait, the writer) is the program's
         while not self.stopped.wait(self.flush_seconds / 2):
             if self.buffer and time.monotonic() - self.last_flush >= self.flush_seconds:
                 self.flush()
@@ -866,6 +868,13 @@ class _Runner:
     def _apply(
         self, module: types.ModuleType, module_names: Sequence[str], only: Optional[set] = None
     ) -> None:
+        end = silence()  # what patching calls (inspect, os.path...) is not the program's
+        try:
+            self._patch(module, module_names, only)
+        finally:
+            end()
+
+    def _patch(self, module: types.ModuleType, module_names: Sequence[str], only: Optional[set]) -> None:
         for name in module_names:
             for path, group in self.groups.get(name, {}).items():
                 texts = ", ".join(repr(t.text) for t in group)
@@ -914,8 +923,9 @@ class _Runner:
                 return
         self._apply(module, [module.__name__])
 
-    def _start_main_trace(self) -> None:
-        """Patch the program's own targets as its module code defines them (line by line).
+    def _start_main_trace(self, on_start: Callable[[], None]) -> None:
+        """Call ``on_start`` when the program's module code starts (runpy's work is done),
+        and patch the program's own targets as its module code defines them.
 
         A target is patched once its whole path exists (``A.m = _m`` after ``class A``),
         and again each time the program binds it anew (a second ``def step``), up to
@@ -926,8 +936,6 @@ class _Runner:
             for name in self.program.main_names
             for path, group in self.groups.get(name, {}).items()
         ]
-        if not groups:
-            return
         names, attributes = _last_bindings(self.program.code)
         #: Per group: the last line that may bind it (None: none seen in the code).
         last: Dict[int, Optional[int]] = {}
@@ -975,12 +983,17 @@ class _Runner:
             return local
 
         def global_(frame: types.FrameType, event: str, arg: Any) -> Any:
-            if (
-                not found
-                and event == "call"
-                and frame.f_code.co_name == "<module>"
-                and frame.f_globals.get("__name__") == "__main__"
-            ):
+            # The program's module code (its parent packages were imported by _program);
+            # not a module runpy imports (pkgutil), nor namedtuple's exec.
+            if event != "call" or frame.f_code.co_name != "<module>":
+                return None
+            if frame.f_globals.get("__name__") != "__main__":
+                return None
+            on_start()
+            if not groups:
+                self._stop_trace()
+                return None
+            if not found:
                 found.append(frame)
                 return local
             return None
@@ -1008,7 +1021,7 @@ class _Runner:
             self.recording.__exit__(None, None, None)
             raise RunError(str(error)) from None
         sys.meta_path.insert(0, self.hook)
-        self.collector.start_timer()
+        silently(lambda _: self.collector.start_timer(), None)  # threading's calls are not the program's
         self._saved_sys = (sys.argv[:], sys.path[:])
         sys.argv[:] = self.program.argv
         if sys.path:
@@ -1018,12 +1031,15 @@ class _Runner:
 
     def execute(self) -> int:
         """Run the program; returns its exit status (a ``SystemExit`` is re-raised as it was)."""
-        self._start_main_trace()
+        # runpy's own calls (os.path, pkgutil...) before the program's code are not the program's.
+        started = silence()
+        path = os.path.abspath(self.program.name)
+        self._start_main_trace(started)
         try:
             if self.program.is_module:
                 runpy.run_module(self.program.name, run_name="__main__", alter_sys=True)
             else:
-                runpy.run_path(os.path.abspath(self.program.name), run_name="__main__")
+                runpy.run_path(path, run_name="__main__")
             return 0
         except _TargetFailed as error:
             print(f"bcrecord: {error}", file=self.stderr)
@@ -1036,6 +1052,7 @@ class _Runner:
             sys.excepthook(type(error), error, error.__traceback__)
             return 1
         finally:
+            started()
             self._stop_trace()
             self.collector.flush()
 

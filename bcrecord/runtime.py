@@ -94,6 +94,7 @@ __all__ = [
     "copy_value",
     "copies_without_python",
     "silently",
+    "silence",
     "register_sites",
     "release_sites",
     "set_frame_switch",
@@ -899,6 +900,36 @@ def silently(function: Callable[[T], Any], value: T) -> Any:
         return function(value)
     finally:
         _context.reset(token)
+
+
+def silence() -> Callable[[], None]:
+    """Silence this context's probes now; call the function returned to end it (once).
+
+    For work that spans frames, where :func:`silently` cannot wrap one call: the
+    command line's runner keeps its own set-up quiet until the program's code starts.
+
+    >>> import bcrecord
+    >>> def double(x):
+    ...     y = 2 * x
+    ...     return y
+    >>> patched = bcrecord.instrument(double, ["y"])
+    >>> with recording() as rec:
+    ...     end = silence()
+    ...     _ = patched(1)
+    ...     end(); end()  # the second call does nothing
+    ...     _ = patched(2)
+    >>> rec.all("bcrecord.runtime:double:y@0")
+    [4]
+    """
+    token: Optional[contextvars.Token] = _context.set(_context.get()[0].silent)
+
+    def end() -> None:
+        nonlocal token
+        if token is not None:
+            _context.reset(token)
+            token = None
+
+    return end
 
 
 class Sink:

@@ -647,3 +647,31 @@ def test_a_program_s_own_sigterm_handling_is_left_as_it_is(tmp_path):
     result = cli("run", "-r", "__main__:step:v", "-o", out, program)
     assert result.returncode == 0 and result.stdout == plain(program).stdout == "finished, got [15]\n"
     assert bcrecord.load(out)["__main__:step:v@0"] == [2 * i for i in range(20)]
+
+
+def test_run_records_only_the_program_s_calls_not_its_own_or_runpy_s(tmp_path, monkeypatch, capsys):
+    from bcrecord import runner
+
+    # The writer (json.dumps, os.path) every 0.2 s, from its thread and from the program's:
+    # its calls were saved as the program's, and so were runpy's (os.fsdecode, abspath).
+    monkeypatch.setattr(runner._Collector.__init__, "__defaults__", (64 << 20, 0.2))
+    program = tmp_path / "prog.py"
+    program.write_text(
+        textwrap.dedent(
+            """
+            import json, os, time
+            json.dumps(1)
+            os.path.join("a", "b")
+            time.sleep(0.7)
+            json.dumps(2)
+            """
+        )
+    )
+    targets = ["json:dumps:return", "posixpath:join:return", "posixpath:abspath:return"]
+    targets += ["os:fsdecode:return", "threading:Event.wait:return"]
+    assert runner.run(targets, str(program), save_dir=str(tmp_path / "out")) == 0
+    assert dict(bcrecord.load(tmp_path / "out")) == {
+        "json:dumps:return": ["1", "2"],
+        "posixpath:join:return": ["a/b"],
+    }
+    assert "saved 3 value(s) of 2 key(s)" in capsys.readouterr().err
