@@ -77,6 +77,11 @@ def resolve_path(path: str) -> Tuple[Any, Any]:
         raise BcrecordError(f"{path!r}: give a module's dotted name, not a file (e.g. {example})")
     if module_name.startswith("."):
         raise BcrecordError(f"{path!r}: give the module's absolute name (no leading dot)")
+    if module_name == "__main__":  # here that is bcrecord's command line, not a script
+        raise BcrecordError(
+            f"{path!r}: name a script by its module name ('prog:{attr_path}' for prog.py, from its "
+            "folder); '__main__' is a script's name only while `bcrecord run` runs it"
+        )
     try:
         owner: Any = importlib.import_module(module_name)
     except ImportError as error:
@@ -272,7 +277,7 @@ def _parser() -> argparse.ArgumentParser:
         type=int,
         default=1,
         metavar="N",
-        help="save every N-th value of each key (default 1: all)",
+        help="save every N-th value of each key (default 1: all; needs --save-dir)",
     )
     p.add_argument(
         "--copy",

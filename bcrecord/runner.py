@@ -228,10 +228,22 @@ def _functions(code: types.CodeType, prefix: str = "") -> Iterator[Tuple[str, ty
 
 def _check_in_code(target: RunTarget, code: types.CodeType, where: str) -> None:
     """Check ``target`` against module code: raise :class:`RunError` if it cannot apply."""
-    found = [c for name, c in _functions(code) if name == target.qualname]
+    functions = list(_functions(code))
+    defined = dict(functions)
+    found = [c for name, c in functions if name == target.qualname]
     if not found:
         if target.path[0] not in code.co_names:
             raise RunError(f"target {target.text!r}: {where} never defines {target.path[0]!r}")
+        # 'outer.inner' where inner is a def inside outer: a local of each call, out of the
+        # module's reach, unless something sets that attribute (a decorator's result may be
+        # anything, so only a def nested in a function is refused here).
+        for end in range(1, len(target.path)):
+            prefix, name = ".".join(target.path[:end]), target.path[end]
+            if f"{prefix}.<locals>.{name}" in defined and not _sets_attribute(code, name):
+                raise RunError(
+                    f"target {target.text!r}: {name} is a function defined inside {prefix}, made "
+                    "anew by each call, out of the module's reach: it cannot be a target"
+                )
         return  # defined some other way (assigned, inherited, generated): checked when patched
     first: Optional[BcrecordError] = None
     for candidate in found:
@@ -241,6 +253,15 @@ def _check_in_code(target: RunTarget, code: types.CodeType, where: str) -> None:
         except BcrecordError as error:
             first = first or error
     raise RunError(f"target {target.text!r}: {first}")
+
+
+def _sets_attribute(code: types.CodeType, name: str) -> bool:
+    """Whether ``code``, or code nested in it, may set attribute ``name`` of something:
+    ``x.name = v``, or any call of ``setattr`` (which name it sets is not known)."""
+    for instr in dis.get_instructions(code):
+        if (instr.opname == "STORE_ATTR" and instr.argval == name) or instr.argval == "setattr":
+            return True
+    return any(_sets_attribute(c, name) for c in code.co_consts if isinstance(c, types.CodeType))
 
 
 def _last_bindings(code: Optional[types.CodeType]) -> Tuple[Dict[str, int], Dict[str, int]]:
@@ -858,6 +879,8 @@ class _Runner:
         self.aborted = False
         #: Why a definition of a program's target was not patched, where another may be.
         self.refused: Dict[str, str] = {}
+        #: What the program's module lacked of a target's path when its code bound it last.
+        self.absent: Dict[str, str] = {}
 
     @property
     def stderr(self) -> TextIO:
@@ -898,9 +921,12 @@ class _Runner:
                                 f"it: target '{where.__module__}:{where.__qualname__}.{path[-1]}:...'"
                             )
                         patch = patch_function(getter, specs, name=owner)
-                    elif isinstance(value, types.FunctionType) and isinstance(holder, _FUNCTION_HOLDERS):
+                    elif isinstance(value, types.FunctionType) and isinstance(
+                        holder, (*_FUNCTION_HOLDERS, types.FunctionType)
+                    ):
                         # A function an object holds ('C.cp.func' of a cached_property, a
-                        # partial's 'p.func'): no method of it, so keyed as patch_function keys it.
+                        # partial's 'p.func', 'h.alt' after h.alt = g): no method of it, so
+                        # keyed as patch_function keys it.
                         patch = patch_function(value, specs, name=owner)
                     else:
                         # In place, so references taken before the patch record too; but an
@@ -972,6 +998,11 @@ class _Runner:
                     seen[k] = _function(_found(module, path))
                 if not more and (k in seen or bound is not None):
                     done.add(k)  # patched, and no line left to bind it again (or never to be)
+                    if k not in seen and path[0] in frame.f_globals:  # 'A.m': A has no m
+                        try:
+                            _walk(module, path)
+                        except BcrecordError as error:
+                            self.absent.update(dict.fromkeys(texts, str(error)))
 
         def local(frame: types.FrameType, event: str, arg: Any) -> Any:
             if event in ("line", "return"):
@@ -1083,7 +1114,10 @@ class _Runner:
         if target.text in self.refused:
             return self.refused[target.text]
         if target.module in self.program.main_names:
-            return f"the program ended before defining {'.'.join(target.path)}"
+            missing = self.absent.get(target.text)
+            return f"the program ended before defining {'.'.join(target.path)}" + (
+                f": {missing}" if missing else ""
+            )
         raised = self.hook.raised.get(target.module)
         if raised is not None:
             return f"importing {target.module} raised {raised}"
@@ -1165,6 +1199,8 @@ def run(
     """
     if not isinstance(every, int) or every < 1:
         raise RunError(f"--every must be a positive integer, got {every!r}")
+    if every != 1 and save_dir is None:  # the summary counts every value: it would do nothing
+        raise RunError(f"--every {every} chooses the values to save: give --save-dir DIR too")
     parsed = [parse_target(t) for t in targets]
     if not parsed:
         raise RunError("nothing to record: give at least one --record TARGET")

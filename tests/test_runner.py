@@ -217,6 +217,10 @@ def test_run_target_in_a_module_imported_later(project):
             "(the script's own accumulate: '__main__:accumulate:...')",
         ),
         (["-r", "helper:twice:y", "-n", "0", "prog.py"], "--every must be a positive integer"),
+        (
+            ["-r", "helper:twice:y", "-n", "3", "prog.py"],
+            "--every 3 chooses the values to save: give --save-dir",
+        ),
         (["-r", "no_such_module_xyz:f:x", "prog.py"], "no module named 'no_such_module_xyz'"),
         (["-r", "pkg.no_such:f:x", "prog.py"], "no module named 'pkg.no_such'"),
         (["-r", "helper:twice:y", "no_such_script.py"], "no such file: 'no_such_script.py'"),
@@ -527,8 +531,32 @@ def test_run_patches_a_program_s_method_assigned_after_its_class(project):
     result = cli("run", "-r", "__main__:A.m:y", "never.py", cwd=project)
     assert result.returncode == 0 and result.stdout == "1\n"
     assert result.stderr.splitlines()[0] == (
-        "bcrecord: target '__main__:A.m:y' was never applied: the program ended before defining A.m"
+        "bcrecord: target '__main__:A.m:y' was never applied: the program ended before defining A.m: "
+        "<class '__main__.A'> has no attribute 'm'"
     )
+    (project / "typo.py").write_text("class A:\n    def add(self):\n        return 1\n\nprint(A().add())\n")
+    result = cli("run", "-r", "__main__:A.ad:y", "typo.py", cwd=project)
+    assert result.returncode == 0 and result.stdout == "1\n"
+    assert result.stderr.splitlines()[0].endswith("has no attribute 'ad'; did you mean 'add'?")
+
+
+def test_run_refuses_a_function_defined_inside_another(project):
+    (project / "nested.py").write_text(
+        "def outer(a):\n    def inner(b):\n        w = b + 1\n        return w\n    return inner(a)\n\n"
+        "def g():\n    return 1\n\ndef h():\n    return 2\n\nh.alt = g\nprint(outer(1), h.alt())\n"
+    )
+    result = cli("run", "-r", "__main__:outer.inner:w", "nested.py", cwd=project)
+    assert result.returncode == 2 and result.stdout == ""  # before the program starts
+    assert one_clear_line(result) == (
+        "bcrecord: target '__main__:outer.inner:w': inner is a function defined inside outer, made "
+        "anew by each call, out of the module's reach: it cannot be a target"
+    )
+    result = cli("run", "-r", "__main__:g.x:return", "nested.py", cwd=project)  # no def: checked at the end
+    assert result.returncode == 0 and result.stdout == "2 1\n"
+    assert "before defining g.x: <function g at" in result.stderr and "has no attribute 'x'" in result.stderr
+    result = cli("run", "-r", "__main__:h.alt:return", "nested.py", cwd=project)  # h.alt = g sets it
+    assert result.returncode == 0 and result.stdout == "2 1\n", result.stderr
+    assert [line.split() for line in result.stderr.splitlines()[2:]] == [["__main__:g:return", "1", "1"]]
 
 
 def test_run_patches_each_definition_of_a_program_s_function(project):
