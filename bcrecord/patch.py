@@ -642,20 +642,24 @@ def remove_soon(patches: Sequence[Patch]) -> None:
 def instrument(func: F, specs: Union[SpecLike, Iterable[SpecLike]], name: Optional[str] = None) -> F:
     """A recording copy of ``func``; the original is untouched.
 
-    Bound methods give a bound method of the copy. ``name`` is the owner part of
-    keys (default: the class for methods, else the module).
+    Bound methods give a bound method of the copy, a ``staticmethod`` or
+    ``classmethod`` one of the same kind. ``name`` is the owner part of keys
+    (default: the class for methods, else the module). A copy of a recording copy
+    starts from the original code, with its own probes only.
 
     >>> def area(w, h):
     ...     a = w * h
     ...     return a
     >>> import bcrecord
-    >>> recorded = instrument(area, "a", name="geo")
+    >>> recorded = bcrecord.instrument(area, "a", name="geo")
     >>> with bcrecord.recording() as rec:
     ...     recorded(2, 3)
     6
     >>> rec["geo:area:a@0"]
     6
     """
+    if isinstance(func, (staticmethod, classmethod)):
+        return type(func)(instrument(func.__func__, specs, name))  # type: ignore[return-value]
     base = function_of(func)
     if base is not _function_of_shallow(func):
         # A copy of the wrapped function would run without the wrapper's code.
@@ -708,8 +712,12 @@ def record_locals(
     )
 
     def decorate(func: F) -> F:
-        wrapped = instrument(func, parsed, name=name)
-        return wrapped
+        inner = func.__func__ if isinstance(func, (staticmethod, classmethod)) else func
+        if _copy_slot(inner) is not None:
+            # Stacked: the copy below is this decorator's alone, so its probes stay, and add to it.
+            patch_function(inner, parsed, name=name)
+            return func
+        return instrument(func, parsed, name=name)
 
     return decorate
 
@@ -956,6 +964,14 @@ def patch_method(
     if not isinstance(obj, (type, types.ModuleType)) and not hasattr(obj, "__dict__"):
         raise NotPatchableError(
             f"{type(obj).__name__} instances have no __dict__ (uses __slots__?): patch the class instead"
+        )
+    if not isinstance(obj, (type, types.ModuleType)) and method[:2] == method[-2:] == "__":
+        # obj(x), len(obj)... look the method up on the type: an instance's own would never run.
+        cls = type(obj).__name__
+        raise NotPatchableError(
+            f"{method} is a special method: Python looks it up on the class, so a patch on one "
+            f"{cls} instance would never run; patch the class (patch_method({cls}, {method!r}, ...), "
+            "with name= a function of the instance to keep this one's values)"
         )
 
     with _lock:

@@ -1087,7 +1087,10 @@ class Recording:
         self.threads = threads
         self._maxlen = maxlen
         self._data: Dict[str, Union[List[Any], Deque[Any]]] = {}
-        self._only = None if only is None else {id(tag) for tag in _patches_in(only)}
+        patches = None if only is None else _patches_in(only)
+        self._only = None if patches is None else {id(tag) for tag in patches}
+        #: The patches of ``_only``, held: an id freed by its patch could name a new one.
+        self._only_held: List[Any] = [] if patches is None else patches
         #: The routing kept across passes (``_keeps_routes``), reused while the context matches.
         self._kept: Optional[_Routing] = None
         #: The patch ids this recording armed while active with ``only`` (see :meth:`_take`).
@@ -1212,6 +1215,7 @@ class Recording:
             if self._only is None or id(tag) in self._only:
                 return
             self._only.add(id(tag))
+            self._only_held.append(tag)
             armed = self._armed_for
             if armed is not None and id(tag) not in armed:
                 armed.add(id(tag))

@@ -821,3 +821,53 @@ def test_patch_function_of_a_patched_instance_s_method_patches_what_that_instanc
     # a's own copy got it (not the class's recording copy, which b runs, nor the original).
     assert rec.all("on_a:f:return") == [4] and rec.all("rl:f:y@0") == [3]
     assert "f" not in vars(a)
+
+
+def test_a_special_method_of_one_instance_is_refused_and_nothing_changes():
+    class Acc:
+        def __call__(self, a):
+            c = a + 1
+            return c
+
+    acc = Acc()
+    with pytest.raises(
+        NotPatchableError, match=r"__call__ is a special method: Python looks it up on the class"
+    ):
+        bcrecord.patch_method(acc, "__call__", ["c"])
+    assert "__call__" not in vars(acc) and acc(1) == 2
+    with bcrecord.patch_method(Acc, "__call__", ["c"]), bcrecord.recording() as rec:
+        acc(1)
+    assert rec.all("Acc:__call__:c@0") == [2]
+
+
+def test_instrument_and_record_locals_keep_static_and_class_methods():
+    class K:
+        @bcrecord.record_locals("u")
+        @staticmethod
+        def st(a):
+            u = a * 2
+            return u
+
+        @bcrecord.record_locals("u")
+        @classmethod
+        def cm(cls, a):
+            u = a * 3
+            return u
+
+    assert isinstance(vars(K)["st"], staticmethod) and isinstance(vars(K)["cm"], classmethod)
+    with bcrecord.recording() as rec:
+        assert (K().st(1), K.st(2), K.cm(1), K().cm(2)) == (2, 4, 3, 6)
+    assert rec.all("K:st:u@0") == [2, 4] and rec.all("K:cm:u@0") == [3, 6]
+
+
+def test_stacked_record_locals_keep_every_layer_s_probes():
+    @bcrecord.record_locals("x", name="outer")
+    @bcrecord.record_locals("y", name="inner")
+    def f(a):
+        y = a + 1
+        x = y * 2
+        return x
+
+    with bcrecord.recording() as rec:
+        assert f(1) == 4
+    assert dict((k, rec.all(k)) for k in rec.keys()) == {"inner:f:y@0": [2], "outer:f:x@0": [4]}

@@ -371,6 +371,32 @@ def test_only_takes_values_from_the_given_patches():
     assert everything.keys() == ["first:f:v@0", "second:f:v@0"]
 
 
+def test_only_never_takes_a_later_patch_that_gets_a_freed_patch_s_id():
+    def f(a):
+        x = a + 1
+        return x
+
+    def g(a):
+        secret = a * 100
+        return secret
+
+    taken = []
+    for _ in range(300):  # a new patch took the freed one's id within 100 tries, often
+        mine = bcrecord.patch_function(f, "x", name="mine")
+        freed = id(mine)
+        rec = bcrecord.recording(only=[mine])
+        mine.remove()
+        del mine
+        other = bcrecord.patch_function(g, "secret", name="other")
+        with rec:
+            assert g(1) == 100
+        other.remove()
+        taken += rec.keys()
+        if id(other) == freed:
+            break
+    assert taken == []
+
+
 def test_add_stores_like_a_probe():
     rec = bcrecord.recording(keep=2)
     for v in range(3):
