@@ -26,7 +26,7 @@ from typing import Any, Dict, FrozenSet, Iterable, Iterator, List, Optional, Seq
 from bytecode import UNSET, Bytecode, FreeVar, Instr, Label
 
 from . import _versions
-from .errors import TargetError
+from .errors import TargetError, did_you_mean
 from .specs import Attribute, Call, Expr, Local, Return, Spec
 
 __all__ = [
@@ -1054,9 +1054,11 @@ arguments (their value at entry): a
                 # Arguments never reassigned are recordable too (at entry): name them.
                 kept = [name for name in cmap.arguments if name not in cmap.locals and name != "self"]
                 also = f"; arguments (their value at entry): {_names(kept)}" if kept else ""
+                # A misspelt 'return' parses as a local.
+                hint = did_you_mean(spec.name, [*cmap.locals, *kept, "return"], hide_private=False)
                 raise TargetError(
                     f"{func} has no assignment to a local named {spec.name!r}; "
-                    f"assigned locals: {_names(cmap.locals)}{also}"
+                    f"assigned locals: {_names(cmap.locals)}{also}{hint}"
                 )
             sites = _pick(cmap.locals[spec.name], spec.index, f"local {spec.name!r}", func)
             points += [

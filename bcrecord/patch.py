@@ -34,6 +34,7 @@ import dataclasses
 import functools
 import gc
 import inspect
+import keyword
 import sys
 import threading
 import types
@@ -687,7 +688,8 @@ def record_locals(
 ) -> Callable[[F], F]:
     """Decorator: record locals (names, or any specs) of the decorated function.
 
-    ``index`` applies to the names given as plain strings without ``@``.
+    ``index`` applies to the local names given as plain strings (``'x'``, not ``'x@1'``,
+    ``'self.a'`` or ``'return'``).
 
     >>> import bcrecord
     >>> @record_locals("x", index=[0, 2], name="demo")
@@ -706,7 +708,7 @@ def record_locals(
         raise SpecError("record_locals needs at least one local name or spec")
     parsed = tuple(
         Local(spec, index)
-        if isinstance(spec, str) and index is not None and "@" not in spec and "." not in spec
+        if isinstance(spec, str) and index is not None and spec.isidentifier() and not keyword.iskeyword(spec)
         else spec
         for spec in specs
     )

@@ -16,9 +16,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import keyword
+import operator
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence, Tuple, Union
+from typing import Any, Iterable, Mapping, Sequence, Tuple, Union, cast
 
 from .errors import SpecError
 
@@ -46,10 +47,14 @@ def _index(value: Index) -> tuple[int, ...] | None:
     """Normalise an index argument to a sorted tuple of ints, or None for 'all'."""
     if value is None:
         return None
-    items = (value,) if isinstance(value, int) else tuple(value)
-    for item in items:
-        if isinstance(item, bool) or not isinstance(item, int) or item < 0:
+    one = not isinstance(value, (str, bytes)) and hasattr(value, "__index__")  # an int, numpy's too
+    if not one and (isinstance(value, (str, bytes)) or not hasattr(value, "__iter__")):
+        raise SpecError(f"an index is a non-negative int or a list of them, got {value!r}")
+    given: Tuple[Any, ...] = (value,) if one else tuple(cast(Sequence[int], value))
+    for item in given:
+        if isinstance(item, bool) or not hasattr(item, "__index__") or operator.index(item) < 0:
             raise SpecError(f"an index must be a non-negative int, got {item!r}")
+    items = tuple(operator.index(item) for item in given)
     if not items:
         raise SpecError("an index list must not be empty (use None for every one)")
     return tuple(sorted(set(items)))

@@ -871,3 +871,21 @@ def test_stacked_record_locals_keep_every_layer_s_probes():
     with bcrecord.recording() as rec:
         assert f(1) == 4
     assert dict((k, rec.all(k)) for k in rec.keys()) == {"inner:f:y@0": [2], "outer:f:x@0": [4]}
+
+
+def test_record_locals_index_applies_to_local_names_only_and_a_misspelt_return_is_hinted():
+    def f(a):
+        b = a + 1
+        b = b * 2
+        return b
+
+    with bcrecord.recording() as rec:
+        bcrecord.record_locals("b", "return", index=1)(f)(1)
+    assert dict((k, rec.all(k)) for k in rec.keys()) == {
+        "tests.test_patch:f:b@1": [4],
+        "tests.test_patch:f:return": [4],
+    }
+    with pytest.raises(
+        TargetError, match=r"local named 'retrun'; assigned locals: b; .*; did you mean 'return'\?$"
+    ):
+        bcrecord.patch_function(f, ["retrun"])

@@ -1,6 +1,7 @@
 """bcrecord.specs: immutable specs and the one parser of short forms."""
 
 import dataclasses
+import re
 
 import pytest
 
@@ -117,3 +118,25 @@ def test_parse_all():
     assert parse_all(["x@0", Return()]) == (Local("x", 0), Return())
     with pytest.raises(SpecError, match="no specs"):
         parse_all([])
+
+
+@pytest.mark.parametrize(
+    "index, told",
+    [
+        (1.0, "an index is a non-negative int or a list of them, got 1.0"),
+        ("1", "an index is a non-negative int or a list of them, got '1'"),
+        ([1.5], "an index must be a non-negative int, got 1.5"),
+        ([True], "an index must be a non-negative int, got True"),
+    ],
+)
+def test_an_index_that_is_no_int_is_a_spec_error(index, told):
+    with pytest.raises(SpecError, match=re.escape(told)):
+        Local("x", index)
+
+
+def test_an_index_takes_any_integer_type():
+    class Numpy64:  # what numpy's integers have: __index__, and no int base class
+        def __index__(self):
+            return 2
+
+    assert Local("x", Numpy64()).index == (2,) and Local("x", [Numpy64(), 0]).index == (0, 2)
