@@ -293,7 +293,12 @@ def _parser() -> argparse.ArgumentParser:
     p = commands.add_parser("view", help="summarize saved records and draw them as PNGs in DIR/plots")
     p.add_argument("directory", metavar="DIR", help="a directory written by bcrecord run --save-dir")
     p.add_argument("--no-plots", action="store_true", help="only print the summary table")
-    p.add_argument("--key", action="append", metavar="GLOB", help="only keys matching GLOB (repeatable)")
+    p.add_argument(
+        "--key",
+        action="append",
+        metavar="GLOB",
+        help="only keys matching GLOB (repeatable); the plots folder then holds only their pictures",
+    )
     p.add_argument(
         "--max-maps",
         type=_positive,

@@ -164,7 +164,9 @@ def _run(directory: Path, steps: int, plots: bool, out: TextIO, started: float) 
     viz.view(directory, plots=plots, out=out, progress=False)
     seconds = time.perf_counter() - started
     say(f"\nDone in {seconds:.1f} s. Next:")
-    say(f"   {view}          # this table and the pictures again")
+    say(
+        f"   {view}          # this table and the pictures " + ("again" if plots else "(no --no-plots there)")
+    )
     say("   bcrecord targets bcrecord.demo_model:TinyResNet.forward")
     say("   bcrecord run --record 'bcrecord.demo_model:BasicBlock.forward:out@1' --save-dir DIR script.py")
     return 0

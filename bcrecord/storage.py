@@ -665,6 +665,8 @@ def _header(directory: Path) -> Dict[str, Any]:
     try:
         index = json.loads((directory / "index.json").read_text())
     except FileNotFoundError:
+        if not directory.exists():
+            raise StorageError(f"no such directory: {directory}") from None
         raise StorageError(f"{directory} has no index.json: not a bcrecord records directory") from None
     except (OSError, ValueError) as error:
         raise StorageError(f"cannot read {directory / 'index.json'}: {error}") from None

@@ -741,8 +741,9 @@ def view(
 ) -> int:
     """Print the summary table of ``directory``; with ``plots``, write ``directory/plots``. Returns 0.
 
-    ``keys`` are glob patterns (``'layer1.*'``); ``progress`` forces the progress bar
-    on or off (default: on when ``err`` is a terminal).
+    ``keys`` are glob patterns (``'layer1.*'``); the pictures an earlier ``view`` drew
+    are removed first, so ``plots`` then holds only those keys' pictures. ``progress``
+    forces the progress bar on or off (default: on when ``err`` is a terminal).
 
     >>> import io, tempfile, bcrecord
     >>> folder = tempfile.mkdtemp()

@@ -109,6 +109,8 @@ def test_unwritable_directory_and_full_disk_give_clear_errors(tmp_path, monkeypa
     assert len(load(tmp_path / "ok")) == 0  # the failed save left nothing behind
     with pytest.raises(StorageError, match="no index.json"):
         load(tmp_path)
+    with pytest.raises(StorageError, match="^no such directory: .*nosuch$"):
+        load(tmp_path / "nosuch")
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "index.json").write_text("{}")
     with pytest.raises(StorageError, match="not a bcrecord records index"):
