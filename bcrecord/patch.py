@@ -54,7 +54,7 @@ from typing import (
 )
 
 from .analysis import ProbePoint, Targets, read, resolve
-from .errors import NotPatchableError, SpecError, did_you_mean
+from .errors import NotPatchableError, SpecError, did_you_mean, warn
 from .rewrite import SINKS_GET, code_objects, insert_probes
 from .runtime import (
     Site,
@@ -767,10 +767,18 @@ def _named(holder: Any) -> str:
     return f"this {type(holder).__name__} instance"
 
 
-def _restorer(holder: Any, attribute: str, own: Any) -> Callable[[], None]:
-    """Put back exactly what ``holder`` had under ``attribute`` (or nothing)."""
+def _restorer(holder: Any, attribute: str, own: Any, ours: Any) -> Callable[[], None]:
+    """Put back exactly what ``holder`` had under ``attribute`` (or nothing), where
+    ``ours`` (what the patch put there) is still there: a later assignment (a user's, another library's
+    hook) is theirs to keep, and is left as it is, with a warning."""
 
     def restore() -> None:
+        if vars(holder).get(attribute, _MISSING) is not ours:
+            warn(
+                f"{_named(holder)}'s {attribute!r} was replaced while patched; bcrecord left the "
+                "replacement in place instead of putting back what it had patched"
+            )
+            return
         if isinstance(holder, (type, types.ModuleType)):
             if own is _MISSING:
                 if attribute in vars(holder):
@@ -983,11 +991,12 @@ def patch_method(
             patch = _attach(slot, obj, method, specs, name, default, method)
             return patch
         live = _copy_function(base)
-        slot = _Slot(base, live, restore=_restorer(obj, method, own))
+        installed = _wrap_like(raw, live, obj, in_own_dict=raw is own)
+        slot = _Slot(base, live, restore=_restorer(obj, method, own, installed))
         slot.key = key
         patch = _attach(slot, obj, method, specs, name, default, method)
         try:
-            _install(obj, method, _wrap_like(raw, live, obj, in_own_dict=raw is own))
+            _install(obj, method, installed)
         except BaseException:
             slot.release()
             raise

@@ -889,3 +889,27 @@ def test_record_locals_index_applies_to_local_names_only_and_a_misspelt_return_i
         TargetError, match=r"local named 'retrun'; assigned locals: b; .*; did you mean 'return'\?$"
     ):
         bcrecord.patch_function(f, ["retrun"])
+
+
+def test_removal_leaves_a_replacement_made_while_patched_and_warns():
+    class A:
+        def m(self, x):
+            y = x + 1
+            return y
+
+    def replacement(self, x):
+        return -x
+
+    original = A.__dict__["m"]
+    patch = bcrecord.patch_method(A, "m", ["y"])
+    A.m = replacement  # someone else's change (a hook, a user) after the patch
+    with pytest.warns(bcrecord.RecordingWarning, match="'m' was replaced while patched; bcrecord left"):
+        patch.remove()
+    assert A.__dict__["m"] is replacement and A().m(2) == -2
+    A.m = original
+    a = A()
+    patch = bcrecord.patch_method(a, "m", ["y"])
+    a.m = replacement.__get__(a)
+    with pytest.warns(bcrecord.RecordingWarning, match="this A instance's 'm' was replaced"):
+        patch.remove()
+    assert a.m(3) == -3
