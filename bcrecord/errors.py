@@ -65,7 +65,7 @@ class NotPatchableError(BcrecordError, TypeError):
 
 
 class UnsupportedPythonError(BcrecordError, RuntimeError):
-    """This Python version has no instruction table in :mod:`bcrecord._versions`."""
+    """This Python version has no bytecode instruction table in bcrecord (the message names those it has)."""
 
 
 class RecordingWarning(RuntimeWarning):

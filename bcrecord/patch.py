@@ -692,7 +692,7 @@ def record_locals(
     ``'self.a'`` or ``'return'``).
 
     >>> import bcrecord
-    >>> @record_locals("x", index=[0, 2], name="demo")
+    >>> @bcrecord.record_locals("x", index=[0, 2], name="demo")
     ... def f():
     ...     x = 1
     ...     x = 2
@@ -852,14 +852,15 @@ def patch_function(
     A ``functools.wraps`` wrapper is recorded inside the function it wraps, where its
     locals are; ``unwrap=False`` patches the wrapper itself (its ``return`` is what
     callers get); with a per-instance ``name``, the outermost wrapper that takes the
-    instance first (see :func:`outermost_taking_instance`).
+    instance as its first positional argument (outer ones that take only ``*args``,
+    such as deprecation shims, are passed through).
 
     >>> import bcrecord
     >>> def double(v):
     ...     out = v * 2
     ...     return out
     >>> alias = double
-    >>> with patch_function(double, "out", name="m"), bcrecord.recording() as rec:
+    >>> with bcrecord.patch_function(double, "out", name="m"), bcrecord.recording() as rec:
     ...     alias(4)
     8
     >>> rec["m:double:out@0"]
@@ -936,7 +937,7 @@ def patch_method(
     ...         h = x * 3
     ...         return h
     >>> net = Net()
-    >>> with patch_method(net, "forward", "h@0", name="net"), bcrecord.recording() as rec:
+    >>> with bcrecord.patch_method(net, "forward", "h@0", name="net"), bcrecord.recording() as rec:
     ...     net.forward(2)
     6
     >>> rec["net:forward:h@0"], "forward" in vars(net)
@@ -1040,12 +1041,13 @@ def _wrap_like(raw: Any, live: types.FunctionType, holder: Any, in_own_dict: boo
 def targets(func: Any) -> Targets:
     """List everything recordable in ``func`` (a function, method or code object).
 
-    No source is needed. ``print(targets(f))`` shows a table.
+    No source is needed. ``print(bcrecord.targets(f))`` shows a table.
 
+    >>> import bcrecord
     >>> def f(self, x):
     ...     y = self.w * x
     ...     return y
-    >>> targets(f).specs()
+    >>> bcrecord.targets(f).specs()
     ['y@0', 'self.w@0', '*@0', 'return']
     """
     if isinstance(func, types.CodeType):

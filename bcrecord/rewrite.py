@@ -84,9 +84,10 @@ def set_probe_style(style: str) -> str:
     (the default) calls once torch is imported, so that torch.compile meets a
     probe it can skip.
 
-    >>> previous = set_probe_style("inline"); probe_style()
+    >>> import bcrecord
+    >>> previous = bcrecord.set_probe_style("inline")
+    >>> bcrecord.set_probe_style(previous)  # back as it was; returns the setting it replaces
     'inline'
-    >>> _ = set_probe_style(previous)
     """
     global _style
     if style not in PROBE_STYLES:

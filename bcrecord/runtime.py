@@ -673,10 +673,11 @@ _ATOMIC = (int, float, complex, str, bytes, bool, type(None), range, type)
 def register_copy(cls: type, policy: str, copier: Copier) -> None:
     """Use ``copier`` for values of ``cls`` (and subclasses) under ``policy``.
 
+    >>> import bcrecord
     >>> class Box:
     ...     def __init__(self, v): self.v = v
-    >>> register_copy(Box, "clone", lambda b: Box(b.v))
-    >>> copy_value(Box(1), "clone").v
+    >>> bcrecord.register_copy(Box, "clone", lambda b: Box(b.v))
+    >>> bcrecord.copy_value(Box(1), "clone").v
     1
     """
     if policy not in COPY_POLICIES:
@@ -801,8 +802,9 @@ def _find_copier(policy: Any, cls: type) -> Optional[Copier]:
 def copy_value(value: T, policy: str) -> T:
     """Copy ``value`` the way recordings do under ``policy``.
 
+    >>> import bcrecord
     >>> data = [1, [2]]
-    >>> copied = copy_value(data, "clone")
+    >>> copied = bcrecord.copy_value(data, "clone")
     >>> data[1].append(3); copied
     [1, [2]]
     """
@@ -1240,7 +1242,8 @@ class Recording:
     def add(self, key: str, value: Any) -> None:
         """Store ``value`` under ``key`` as a probe would (for plug-ins, e.g. gradients).
 
-        >>> rec = recording(); rec.add("m:f:x@0.grad", 1); rec["m:f:x@0.grad"]
+        >>> import bcrecord
+        >>> rec = bcrecord.recording(); rec.add("m:f:x@0.grad", 1); rec["m:f:x@0.grad"]
         1
         """
         values = self._data.get(key)
@@ -1409,7 +1412,8 @@ def recording(
     of their own; ``only`` (an iterable of patches) takes values from those patches
     alone.
 
-    >>> with recording(keep="last") as rec:
+    >>> import bcrecord
+    >>> with bcrecord.recording(keep="last") as rec:
     ...     pass
     >>> len(rec)
     0
@@ -1420,9 +1424,9 @@ def recording(
 def carry(func: Callable[..., T]) -> Callable[..., T]:
     """Wrap ``func`` to run inside the caller's current recordings (e.g. in a worker thread).
 
-    >>> import threading
-    >>> with recording() as rec:
-    ...     worker = threading.Thread(target=carry(lambda: None)); worker.start(); worker.join()
+    >>> import bcrecord, threading
+    >>> with bcrecord.recording() as rec:
+    ...     worker = threading.Thread(target=bcrecord.carry(lambda: None)); worker.start(); worker.join()
     """
     context = contextvars.copy_context()
 

@@ -81,7 +81,8 @@ class Local:
     a reader counts them; ``index=None`` records every assignment. An
     assignment inside a loop is recorded each time it runs.
 
-    >>> Local("x", [2, 0]).index
+    >>> import bcrecord
+    >>> bcrecord.Local("x", [2, 0]).index
     (0, 2)
     """
 
@@ -105,7 +106,8 @@ class Attribute:
     method-style loads such as ``self.linear1(x)`` included; ``index`` picks load
     sites by their order in the source.
 
-    >>> Attribute("self.linear1", at="load", index=0).chain
+    >>> import bcrecord
+    >>> bcrecord.Attribute("self.linear1", at="load", index=0).chain
     ('self', 'linear1')
     """
 
@@ -141,7 +143,8 @@ class Attribute:
 class Return:
     """The returned value, at every return site (an implicit ``return None`` too).
 
-    >>> Return().copy is None
+    >>> import bcrecord
+    >>> bcrecord.Return().copy is None
     True
     """
 
@@ -159,7 +162,8 @@ class Call:
     bare name (``'len'``); call sites are numbered in source order, and the value is
     recorded right after the call returns, every time it runs.
 
-    >>> parse("torch.flatten()@1")
+    >>> import bcrecord
+    >>> bcrecord.parse("torch.flatten()@1")
     Call(target='torch.flatten', index=(1,), copy=None)
     """
 
@@ -189,7 +193,8 @@ class Expr:
     assignments. :func:`bcrecord.targets` lists operator sites with their line and
     column.
 
-    >>> parse("+@0")
+    >>> import bcrecord
+    >>> bcrecord.parse("+@0")
     Expr(op='+', index=(0,), copy=None)
     """
 
@@ -296,11 +301,12 @@ def parse(spec: SpecLike) -> Spec:
     chain is recorded at its load sites), given in ``index`` instead;
     their ``model``/``method``/``name`` keys are for integrations and ignored here.
 
-    >>> parse("x@[0,2]")
+    >>> import bcrecord
+    >>> bcrecord.parse("x@[0,2]")
     Local(name='x', index=(0, 2), copy=None)
-    >>> parse(dict(type="FunctionRecorder", target="outputs", index=[1]))
+    >>> bcrecord.parse(dict(type="FunctionRecorder", target="outputs", index=[1]))
     Local(name='outputs', index=(1,), copy=None)
-    >>> parse(dict(type="FunctionRecorder", target="self.fc()", index=[0]))
+    >>> bcrecord.parse(dict(type="FunctionRecorder", target="self.fc()", index=[0]))
     Call(target='self.fc', index=(0,), copy=None)
     """
     if isinstance(spec, (Local, Attribute, Return, Call, Expr)):

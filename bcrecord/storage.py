@@ -31,8 +31,8 @@ cannot store (``complex128``, sparse, quantized or nested tensors) are pickled i
 >>> folder = tempfile.mkdtemp()
 >>> with bcrecord.recording() as rec:
 ...     rec.add("m:f:x@0", 1.5)
->>> _ = save(rec, folder, step=3)
->>> loaded = load(folder)
+>>> _ = bcrecord.save(rec, folder, step=3)
+>>> loaded = bcrecord.load(folder)
 >>> loaded["m:f:x@0"], loaded.steps("m:f:x@0")
 ([1.5], [3])
 """
@@ -191,8 +191,8 @@ class Writer:
     ``last_step`` is the highest step saved in the directory (read when asked), so
     that a resumed run can number on.
 
-    >>> import tempfile
-    >>> writer = Writer(tempfile.mkdtemp())
+    >>> import tempfile, bcrecord
+    >>> writer = bcrecord.storage.Writer(tempfile.mkdtemp())
     >>> writer.last_step, writer.write({"k": [1, 2]}, step=4), writer.last_step
     (None, 2, 4)
     """
@@ -253,11 +253,11 @@ class Writer:
 
         Returns how many values were written; ``unsavable`` as for :meth:`write_many`.
 
-        >>> import tempfile
-        >>> writer = Writer(tempfile.mkdtemp())
+        >>> import tempfile, bcrecord
+        >>> writer = bcrecord.storage.Writer(tempfile.mkdtemp())
         >>> writer.write({"m:f:x@0": [1, 2], "m:f:y@0": [3]}, step=0)
         3
-        >>> load(writer.directory).steps("m:f:x@0")
+        >>> bcrecord.load(writer.directory).steps("m:f:x@0")
         [0, 0]
         """
         return self.write_many([(step, records)], unsavable)
@@ -278,11 +278,12 @@ class Writer:
         one odd value does not lose the others (``bcrecord run`` and the training
         integrations warn with it).
 
-        >>> import tempfile
-        >>> Writer(tempfile.mkdtemp()).write_many([(0, {"k": [1]}), (1, {"k": [2]})])
+        >>> import tempfile, bcrecord
+        >>> bcrecord.storage.Writer(tempfile.mkdtemp()).write_many([(0, {"k": [1]}), (1, {"k": [2]})])
         2
         >>> told, odd = [], (i for i in "")
-        >>> Writer(tempfile.mkdtemp()).write_many([(5, {"k": [1, odd]})], lambda *a: told.append(a))
+        >>> writer = bcrecord.storage.Writer(tempfile.mkdtemp())
+        >>> writer.write_many([(5, {"k": [1, odd]})], lambda *a: told.append(a))
         2
         >>> told
         [('k', 5, 'generator cannot be pickled (TypeError)')]
@@ -649,10 +650,10 @@ def save(records: Any, directory: PathLike, step: int = 0) -> Path:
     Saving again into the same directory adds to what is there (a later step, or
     more values of the same step).
 
-    >>> import tempfile
-    >>> folder = save({"m:f:x@0": [1, 2]}, tempfile.mkdtemp(), step=0)
-    >>> _ = save({"m:f:x@0": [3]}, folder, step=1)
-    >>> load(folder)["m:f:x@0"]
+    >>> import tempfile, bcrecord
+    >>> folder = bcrecord.save({"m:f:x@0": [1, 2]}, tempfile.mkdtemp(), step=0)
+    >>> _ = bcrecord.save({"m:f:x@0": [3]}, folder, step=1)
+    >>> bcrecord.load(folder)["m:f:x@0"]
     [1, 2, 3]
     """
     items, step = dict(_items(records)), _step(step)  # checked before the directory is made
@@ -711,7 +712,9 @@ class Entry:
 class Loaded(Mapping[str, List[Any]]):
     """Saved records: ``loaded[key]`` lists values in save order; :meth:`steps` their steps.
 
-    >>> loaded = Loaded([Entry("m:f:x@0", 0, 1.0, {}), Entry("m:f:x@0", 5, 2.0, {})])
+    >>> import tempfile, bcrecord
+    >>> folder = bcrecord.save({"m:f:x@0": [1.0]}, tempfile.mkdtemp(), step=0)
+    >>> loaded = bcrecord.load(bcrecord.save({"m:f:x@0": [2.0]}, folder, step=5))
     >>> loaded["m:f:x@0"], loaded.steps("m:f:x@0"), len(loaded)
     ([1.0, 2.0], [0, 5], 1)
     """
@@ -734,10 +737,10 @@ class Loaded(Mapping[str, List[Any]]):
     def steps(self, key: str) -> List[int]:
         """The step of each value of ``key``, in the order ``loaded[key]`` lists the values.
 
-        >>> import tempfile
-        >>> folder = save({"m:f:x@0": [1, 2]}, tempfile.mkdtemp(), step=0)
-        >>> _ = save({"m:f:x@0": [3]}, folder, step=10)
-        >>> load(folder).steps("m:f:x@0")
+        >>> import tempfile, bcrecord
+        >>> folder = bcrecord.save({"m:f:x@0": [1, 2]}, tempfile.mkdtemp(), step=0)
+        >>> _ = bcrecord.save({"m:f:x@0": [3]}, folder, step=10)
+        >>> bcrecord.load(folder).steps("m:f:x@0")
         [0, 0, 10]
         """
         return [entry.step for entry in self._entries_of(key)]
@@ -756,9 +759,9 @@ def load(directory: PathLike, keys: Optional[Iterable[str]] = None) -> Loaded:
     ``KeyError`` that names the saved keys, not an empty result. Files that the index does not name
     (a save cut short by a crash) are ignored.
 
-    >>> import tempfile
-    >>> folder = save({"m:f:x@0": [1.5], "m:f:y@0": ["text"]}, tempfile.mkdtemp(), step=7)
-    >>> loaded = load(folder, keys=["m:f:y@0"])
+    >>> import tempfile, bcrecord
+    >>> folder = bcrecord.save({"m:f:x@0": [1.5], "m:f:y@0": ["text"]}, tempfile.mkdtemp(), step=7)
+    >>> loaded = bcrecord.load(folder, keys=["m:f:y@0"])
     >>> list(loaded), loaded["m:f:y@0"], loaded.steps("m:f:y@0")
     (['m:f:y@0'], ['text'], [7])
     """

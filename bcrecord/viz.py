@@ -21,6 +21,7 @@ pyplot's global state is never touched). A progress bar goes to stderr when it i
 a terminal.
 
 >>> import tempfile, bcrecord
+>>> from bcrecord.viz import summarize, table
 >>> folder = tempfile.mkdtemp()
 >>> _ = bcrecord.save({"m:f:x@0": [1.0]}, folder, step=0)
 >>> _ = bcrecord.save({"m:f:x@0": [3.0]}, folder, step=1)
@@ -195,6 +196,7 @@ class KeySummary:
     def row(self) -> Tuple[str, ...]:
         """The table row: key, steps, shape, dtype, min, mean, max.
 
+        >>> from bcrecord.viz import KeySummary
         >>> KeySummary("m:f:x@0", [3, 4], [0.5, 1.5], (2, 3), False, "float32", 0.0, 0.25, 1.5).row()
         ('m:f:x@0', '2 (3..4)', '2x3', 'float32', '0', '0.25', '1.5')
         >>> KeySummary("m:f:x@0", [5, 9, 2], [1, 2, 3]).row()[1]  # saved out of order: the range
@@ -227,6 +229,7 @@ def summarize(loaded: Loaded, keys: Optional[Iterable[str]] = None) -> List[KeyS
     """One :class:`KeySummary` per key of ``loaded`` (``keys``: glob patterns to keep).
 
     >>> import tempfile, bcrecord
+    >>> from bcrecord.viz import summarize
     >>> folder = tempfile.mkdtemp()
     >>> _ = bcrecord.save({"a:f:x@0": [1, 2], "a:f:s@0": ["text"]}, folder, step=0)
     >>> [(s.key, s.numeric, s.mean) for s in summarize(bcrecord.load(folder), keys=["*x*"])]
@@ -265,6 +268,7 @@ def summarize(loaded: Loaded, keys: Optional[Iterable[str]] = None) -> List[KeyS
 def table(summaries: Sequence[KeySummary]) -> str:
     """The summary as an aligned text table.
 
+    >>> from bcrecord.viz import KeySummary, table
     >>> print(table([KeySummary("m:f:x@0", [0, 1], [1.0, 3.0], (), False, "float", 1.0, 2.0, 3.0)]))
     key      steps  shape   dtype  min  mean  max
     m:f:x@0  2      scalar  float  1    2     3
@@ -283,6 +287,7 @@ class Progress:
     """A one-line progress bar on ``stream`` (shown only when ``enabled``).
 
     >>> import io
+    >>> from bcrecord.viz import Progress
     >>> stream = io.StringIO()
     >>> bar = Progress(2, "plots", stream, enabled=True)
     >>> bar.advance("a"); bar.advance("b"); bar.close()
@@ -310,6 +315,7 @@ class Progress:
         """One more item done; ``note`` ends the line (what was just done).
 
         >>> import io
+        >>> from bcrecord.viz import Progress
         >>> stream = io.StringIO()
         >>> bar = Progress(4, "plots", stream, enabled=True, width=4)
         >>> bar.advance("m:f:x@0")
@@ -324,6 +330,7 @@ class Progress:
         """End the line (nothing is written when not ``enabled``).
 
         >>> import io
+        >>> from bcrecord.viz import Progress
         >>> stream = io.StringIO()
         >>> Progress(1, "plots", stream, enabled=False).close()
         >>> stream.getvalue()
@@ -610,6 +617,7 @@ def draw(
     without it, the error is raised.
 
     >>> import tempfile, bcrecord
+    >>> from bcrecord.viz import draw, summarize
     >>> folder = bcrecord.save({"m:f:x@0": [[1.0, 2.0], [0.5, 4.0]]}, tempfile.mkdtemp())
     >>> draw(summarize(bcrecord.load(folder)), folder)
     {'m:f:x@0': ['m_f_x@0.hist.png', 'm_f_x@0.steps.png']}
@@ -657,6 +665,7 @@ def write_index(
     ``failed``: why a key's pictures could not be drawn (see :func:`draw`), shown for it.
 
     >>> import tempfile
+    >>> from bcrecord.viz import KeySummary, write_index
     >>> summary = KeySummary("m:f:x@0", [0], [2.0], (), False, "float", 2.0, 2.0, 2.0)
     >>> page = write_index([summary], {"m:f:x@0": ["x.hist.png"]}, tempfile.mkdtemp(), "run 1")
     >>> text = page.read_text()
@@ -746,6 +755,7 @@ def view(
     forces the progress bar on or off (default: on when ``err`` is a terminal).
 
     >>> import io, tempfile, bcrecord
+    >>> from bcrecord.viz import view
     >>> folder = tempfile.mkdtemp()
     >>> _ = bcrecord.save({"m:f:name@0": ["abc"]}, folder)
     >>> view(folder, plots=False, out=io.StringIO())

@@ -135,6 +135,7 @@ class FeatureExtractor(torch.nn.Module):
     so load a checkpoint of the model with ``extractor.model.load_state_dict(...)``.
 
     >>> import torch
+    >>> from bcrecord.torch import FeatureExtractor
     >>> net = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU(), torch.nn.Linear(3, 1))
     >>> extractor = FeatureExtractor(net, {"1": "hidden"})
     >>> sorted(extractor(torch.ones(4, 2)))
@@ -226,6 +227,7 @@ class FeatureExtractor(torch.nn.Module):
         """Remove the patches now (the next call patches again). Idempotent.
 
         >>> import torch
+        >>> from bcrecord.torch import FeatureExtractor
         >>> net = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU())
         >>> extractor = FeatureExtractor(net, ["0"])
         >>> _ = extractor(torch.ones(1, 2))
@@ -248,6 +250,7 @@ class FeatureExtractor(torch.nn.Module):
         """Run the model on ``args``/``kwargs``; ``{name: value}`` of every return node.
 
         >>> import torch
+        >>> from bcrecord.torch import FeatureExtractor
         >>> net = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU(), torch.nn.Linear(3, 1))
         >>> extractor = FeatureExtractor(net, {"0": "linear", "1": "relu"}, grad=False)
         >>> out = extractor(torch.tensor([[1.0, -1.0]]))
@@ -331,6 +334,7 @@ def create_feature_extractor(
     original code whenever nothing records) until :meth:`FeatureExtractor.close`.
 
     >>> import torch
+    >>> from bcrecord.torch import create_feature_extractor
     >>> net = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.ReLU(inplace=True))
     >>> feats = create_feature_extractor(net, ["0", "1"])(torch.randn(1, 1, 5, 5))
     >>> bool((feats["0"] < 0).any()), bool((feats["1"] >= 0).all())  # before / after the in-place ReLU
@@ -369,6 +373,7 @@ def list_targets(
     comprehension): one patch of a class cannot tell its instances apart there.
 
     >>> import torch
+    >>> from bcrecord.torch import list_targets
     >>> targets = list_targets(torch.nn.Sequential(torch.nn.Linear(1, 1)))
     >>> targets[0], targets[-3:]
     ('', ['0:forward:self.weight@0', '0:forward:F.linear()@0', '0:forward:return'])

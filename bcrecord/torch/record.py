@@ -188,6 +188,7 @@ class ModelRecording(Recording):
     target string produced: :meth:`keys_of` and :meth:`values_of`.
 
     >>> import torch
+    >>> from bcrecord.torch import record
     >>> model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Sequential(torch.nn.ReLU()))
     >>> with record(model, ["1.*"]) as rec:
     ...     _ = model(torch.ones(1, 2))
@@ -237,6 +238,7 @@ class ModelRecording(Recording):
         """The keys a target string given to :func:`record` names (recorded or not yet).
 
         >>> import torch
+        >>> from bcrecord.torch import record
         >>> model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU())
         >>> with record(model, ["*:forward:return"]) as rec:
         ...     pass
@@ -254,6 +256,7 @@ class ModelRecording(Recording):
         """``{key: all values}`` for a target string (keys with no value left out).
 
         >>> import torch
+        >>> from bcrecord.torch import record
         >>> model = torch.nn.Sequential(torch.nn.ReLU(), torch.nn.ReLU())
         >>> with record(model, ["*:forward:return"]) as rec:
         ...     _ = model(torch.tensor([-1.0, 2.0]))
@@ -307,6 +310,7 @@ class ModelRecording(Recording):
         """Drop everything recorded so far, gradients waiting included (the recording stays active).
 
         >>> import torch
+        >>> from bcrecord.torch import record
         >>> model = torch.nn.Sequential(torch.nn.ReLU())
         >>> with record(model, ["0"]) as rec:
         ...     _ = model(torch.ones(1))

@@ -58,6 +58,7 @@ class Target:
     """One concrete target: a spec in one method of one submodule.
 
     >>> import torch
+    >>> from bcrecord.torch import expand
     >>> target = expand(torch.nn.Sequential(torch.nn.Linear(2, 2)), "0:forward:return")[0]
     >>> target.path, target.method, target.spec
     ('0', 'forward', Return(copy=None))
@@ -95,6 +96,7 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     """The model inside ``nn.DataParallel`` / ``DistributedDataParallel`` / ``torch.compile`` wrappers.
 
     >>> import torch
+    >>> from bcrecord.torch import unwrap
     >>> inner = torch.nn.Linear(1, 1)
     >>> unwrap(torch.nn.DataParallel(inner)) is inner
     True
@@ -749,6 +751,7 @@ def expand(model: torch.nn.Module, text: str) -> List[Target]:
     """The concrete targets a target string stands for in ``model``, or a clear error.
 
     >>> import torch
+    >>> from bcrecord.torch import expand
     >>> model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU())
     >>> [(t.path, t.method, t.output) for t in expand(model, "*:forward:return")]
     [('0', 'forward', False), ('1', 'forward', False)]
