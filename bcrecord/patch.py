@@ -786,18 +786,25 @@ def _restorer(holder: Any, attribute: str, own: Any, ours: Any) -> Callable[[], 
             else:
                 setattr(holder, attribute, own)
         else:
-            installed = vars(holder).get(attribute, _MISSING)
             if own is _MISSING:
                 vars(holder).pop(attribute, None)
             else:
                 vars(holder)[attribute] = own
-            # References: `installed` here, getrefcount's argument; any other may be a copy's.
-            if hasattr(_unwrap_installed(installed), _BASE_ATTR) and sys.getrefcount(installed) > 2:
-                for copied in shallow_copies_holding(installed, attribute, holder):
-                    if own is _MISSING:
-                        del copied[attribute]
-                    else:
-                        copied[attribute] = own
+            copied = []
+            func = _unwrap_installed(ours)
+            if hasattr(func, _BASE_ATTR):
+                # References: this closure's, getrefcount's argument; any other may be a copy's.
+                if sys.getrefcount(ours) > 2:
+                    copied += shallow_copies_holding(ours, attribute, holder)
+                # The slot's, `ours`, `func` here, getrefcount's: any other may be a method bound
+                # to a deepcopy of holder (deepcopy binds the same function to the copy).
+                if sys.getrefcount(func) > 4:
+                    copied += deep_copies_holding(func, attribute, holder)
+            for held in copied:
+                if own is _MISSING:
+                    del held[attribute]
+                else:
+                    held[attribute] = own
 
     return restore
 
@@ -831,6 +838,29 @@ def shallow_copies_holding(value: Any, attribute: str, holder: Any) -> List[Dict
         found += [held for held in dicts if id(held) in owned]
     unique = {id(held): held for held in found if held.get(attribute, _MISSING) is value}
     return list(unique.values())
+
+
+def deep_copies_holding(func: Any, attribute: str, holder: Any) -> List[Dict[str, Any]]:
+    """The ``__dict__``s of the other instances of ``holder``'s class that hold ``func``
+    bound to themselves under ``attribute``: what a ``copy.deepcopy`` of ``holder`` made
+    while a patch had put ``func`` bound to ``holder`` there. A scan, as
+    :func:`shallow_copies_holding`'s.
+
+    >>> import copy
+    >>> class Box:
+    ...     def run(self): pass
+    >>> box = Box(); box.run = Box.run.__get__(box)
+    >>> twin = copy.deepcopy(box)
+    >>> deep_copies_holding(Box.run, "run", box) == [vars(twin)]
+    True
+    """
+    kind, found = type(holder), []
+    for method in gc.get_referrers(func):
+        if type(method) is types.MethodType and method.__func__ is func:
+            other = method.__self__
+            if type(other) is kind and other is not holder and vars(other).get(attribute) is method:
+                found.append(vars(other))
+    return found
 
 
 def _install(holder: Any, attribute: str, value: Any) -> None:

@@ -410,6 +410,30 @@ def test_a_shallow_copy_made_while_an_instance_is_patched_runs_its_own_method_af
     assert kept["step"].__self__ is counter and kept["step"](1) == 2
 
 
+def test_a_deep_copy_made_while_an_instance_is_patched_records_itself_then_runs_the_class_s_method():
+    import copy
+
+    class Net:
+        def __init__(self, k):
+            self.k = k
+
+        def fwd(self, x):
+            z = x * self.k
+            return z
+
+    net = Net(2)
+    with bcrecord.patch_method(net, "fwd", ["z"], name="net"):
+        twin = copy.deepcopy(net)  # the EMA pattern: the copy's method is bound to the copy
+        twin.k = 10
+        with bcrecord.recording() as rec:
+            assert twin.fwd(1) == 10
+    assert rec.all("net:fwd:z@0") == [10] and "fwd" not in vars(twin) and "fwd" not in vars(net)
+    # Nothing of the patch is left in the copy to hide a later patch of the class.
+    with bcrecord.patch_method(Net, "fwd", ["z"], name="cls"), bcrecord.recording() as rec:
+        net.fwd(1), twin.fwd(2)
+    assert rec.all("cls:fwd:z@0") == [2, 20]
+
+
 def test_one_class_patch_with_per_instance_owner_names():
     blocks = [Block() for _ in range(3)]
     paths = {id(b): f"layer1.{i}" for i, b in enumerate(blocks[:2])}  # the third is not named
