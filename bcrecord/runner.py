@@ -1162,6 +1162,20 @@ class _Runner:
             print("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip(), file=out)
 
 
+def _note_earlier_values(writer: Writer, out: TextIO) -> None:
+    """Say so where the save directory holds values already: this run's join them."""
+    try:
+        earlier = writer.saved
+    except (BcrecordError, OSError):
+        return  # the writer will say what is wrong when it saves
+    if earlier:
+        print(
+            f"bcrecord: {writer.directory} holds {earlier} value(s) saved before; this run's are added "
+            "to them (their steps start again at 0)",
+            file=out,
+        )
+
+
 def run(
     targets: Sequence[str],
     program: str,
@@ -1214,6 +1228,8 @@ def run(
         if saved_path0 is not None:
             sys.path[0] = saved_path0
     writer = Writer(save_dir) if save_dir is not None else None
+    if writer is not None and not quiet:
+        _note_earlier_values(writer, sys.stderr if stderr is None else stderr)
     runner = _Runner(parsed, prog, writer, every=every, copy=copy, quiet=quiet, stderr=stderr)
     runner.start()
     if linger:

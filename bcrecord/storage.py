@@ -235,6 +235,18 @@ class Writer:
                 self._catch_up()
 
     @property
+    def saved(self) -> int:
+        """How many values the directory holds (saved by any writer), from its index alone.
+
+        >>> import tempfile, bcrecord
+        >>> writer = bcrecord.storage.Writer(tempfile.mkdtemp())
+        >>> writer.saved, writer.write({"k": [1, 2]}, step=0), writer.saved
+        (0, 2, 2)
+        """
+        with _writing(self.directory), _turn(self.directory):
+            return len(_read_index(self.directory))
+
+    @property
     def last_step(self) -> Optional[int]:
         """The highest step saved in the directory (by any writer), None if none.
 

@@ -139,6 +139,18 @@ def test_run_refuses_an_empty_save_dir_and_saves_nothing(project):
     assert not (project / "index.json").exists() and not (project / "records").exists()
 
 
+def test_a_second_run_into_a_save_dir_says_it_adds_to_what_is_there(project, tmp_path):
+    out = tmp_path / "twice"
+    first = cli("run", "-r", "helper:twice:y", "-o", out, "prog.py", "2", cwd=project)
+    assert first.returncode == 2 and "saved before" not in first.stderr
+    second = cli("run", "-r", "helper:twice:y", "-o", out, "prog.py", "2", cwd=project)
+    saved = len(bcrecord.load(out)["helper:twice:y@0"])
+    assert second.stderr.splitlines()[0] == (
+        f"bcrecord: {out} holds {saved // 2} value(s) saved before; this run's are added to them "
+        "(their steps start again at 0)"
+    )
+
+
 def test_run_every_nth_value(project, tmp_path):
     out = tmp_path / "every"
     result = cli("run", "-r", "helper:twice:y", "-o", out, "--every", "4", "prog.py", cwd=project)
