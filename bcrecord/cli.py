@@ -77,11 +77,6 @@ def resolve_path(path: str) -> Tuple[Any, Any]:
         raise BcrecordError(f"{path!r}: give a module's dotted name, not a file (e.g. {example})")
     if module_name.startswith("."):
         raise BcrecordError(f"{path!r}: give the module's absolute name (no leading dot)")
-    if module_name == "__main__":  # here that is bcrecord's command line, not a script
-        raise BcrecordError(
-            f"{path!r}: name a script by its module name ('prog:{attr_path}' for prog.py, from its "
-            "folder); '__main__' is a script's name only while `bcrecord run` runs it"
-        )
     try:
         owner: Any = importlib.import_module(module_name)
     except ImportError as error:
@@ -113,9 +108,20 @@ def _positive(text: str) -> int:
     return number
 
 
+def _resolved(path: str) -> Tuple[Any, Any]:
+    """:func:`resolve_path` for a command: ``'__main__'`` there is bcrecord's command line."""
+    module_name, _, attr_path = path.partition(":")
+    if module_name == "__main__":
+        raise BcrecordError(
+            f"{path!r}: name a script by its module name ('prog:{attr_path}' for prog.py, from its "
+            "folder); '__main__' is a script's name only while `bcrecord run` runs it"
+        )
+    return resolve_path(path)
+
+
 def _recordable(path: str) -> Any:
     """What ``path`` names, as ``bcrecord run`` records it: a property by its getter."""
-    _, found = resolve_path(path)
+    _, found = _resolved(path)
     return found.fget if isinstance(found, property) and found.fget is not None else found
 
 
@@ -129,7 +135,7 @@ def _patched(path: str, specs: Sequence[str], name: str) -> Patch:
     """``path`` patched in place as ``bcrecord run`` patches it, so that keys read the same:
     a method or function by the name the path gives it (``C.forward`` where
     ``forward = _impl``), a property's getter or a function a partial holds by its own."""
-    holder, found = resolve_path(path)
+    holder, found = _resolved(path)
     if isinstance(holder, (type, types.ModuleType)) and not isinstance(found, property):
         attribute = path.partition(":")[2].rpartition(".")[2]  # 'pkg.mod:C.forward' -> 'forward'
         return patch_method(holder, attribute, specs, name, in_place=True)

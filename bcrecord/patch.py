@@ -314,6 +314,8 @@ class _Slot:
         #: For a recording copy's slot: the site ids of its patches, which its finalizer
         #: releases (a list apart from the slot: the finalizer must not keep it alive).
         self.freed_with_copy: Optional[List[List[int]]] = None
+        #: A copy :func:`record_locals` made: a record_locals stacked on it adds to it.
+        self.decorated = False
         # Probed code for subsets of the patches (ids in slot order), built when armed.
         self._subsets: Dict[Tuple[int, ...], types.CodeType] = {}
 
@@ -715,11 +717,17 @@ def record_locals(
 
     def decorate(func: F) -> F:
         inner = func.__func__ if isinstance(func, (staticmethod, classmethod)) else func
-        if _copy_slot(inner) is not None:
-            # Stacked: the copy below is this decorator's alone, so its probes stay, and add to it.
+        below = _copy_slot(inner)
+        if below is not None and below.decorated:
+            # Stacked on another record_locals: its copy is the decorated name's alone, so
+            # add to it (a copy of it would run without its probes).
             patch_function(inner, parsed, name=name)
             return func
-        return instrument(func, parsed, name=name)
+        made = instrument(func, parsed, name=name)
+        slot = _copy_slot(function_of(made))
+        if slot is not None:
+            slot.decorated = True
+        return made
 
     return decorate
 
@@ -767,13 +775,32 @@ def _named(holder: Any) -> str:
     return f"this {type(holder).__name__} instance"
 
 
-def _restorer(holder: Any, attribute: str, own: Any, ours: Any) -> Callable[[], None]:
-    """Put back exactly what ``holder`` had under ``attribute`` (or nothing), where
-    ``ours`` (what the patch put there) is still there: a later assignment (a user's, another library's
-    hook) is theirs to keep, and is left as it is, with a warning."""
+#: What a wrapper installed over a patched attribute holds as ``previous`` where the
+#: attribute was absent (see :class:`_Restore`; the torch layer's stopping forward).
+ABSENT = _MISSING
 
-    def restore() -> None:
-        if vars(holder).get(attribute, _MISSING) is not ours:
+
+class _Restore:
+    """Puts back exactly what ``holder`` had under ``attribute``: ``own``, or nothing.
+
+    Only where ``ours`` (what the patch put there) still is: a later assignment (a
+    user's, another library's hook) is theirs to keep, and is left, with a warning. A
+    bcrecord wrapper put over ``ours`` (``_bcrecord_runs_wrapped``, holding it as
+    ``previous``) is told to put back ``own`` itself when it goes. Copies of ``holder``
+    made meanwhile that hold the patched method get ``own`` too.
+    """
+
+    def __init__(self, holder: Any, attribute: str, own: Any, ours: Any) -> None:
+        self.holder, self.attribute, self.own, self.ours = holder, attribute, own, ours
+
+    def __call__(self) -> None:
+        holder, attribute, own, ours = self.holder, self.attribute, self.own, self.ours
+        current = vars(holder).get(attribute, _MISSING)
+        if current is not ours:
+            wraps_ours = getattr(current, "previous", None) is ours
+            if wraps_ours and getattr(current, "_bcrecord_runs_wrapped", False):
+                current.previous = own  # it puts that back when it goes
+                return
             warn(
                 f"{_named(holder)}'s {attribute!r} was replaced while patched; bcrecord left the "
                 "replacement in place instead of putting back what it had patched"
@@ -785,28 +812,41 @@ def _restorer(holder: Any, attribute: str, own: Any, ours: Any) -> Callable[[], 
                     delattr(holder, attribute)
             else:
                 setattr(holder, attribute, own)
-        else:
-            if own is _MISSING:
-                vars(holder).pop(attribute, None)
-            else:
-                vars(holder)[attribute] = own
-            copied = []
-            func = _unwrap_installed(ours)
-            if hasattr(func, _BASE_ATTR):
-                # References: this closure's, getrefcount's argument; any other may be a copy's.
-                if sys.getrefcount(ours) > 2:
-                    copied += shallow_copies_holding(ours, attribute, holder)
-                # The slot's, `ours`, `func` here, getrefcount's: any other may be a method bound
-                # to a deepcopy of holder (deepcopy binds the same function to the copy).
-                if sys.getrefcount(func) > 4:
-                    copied += deep_copies_holding(func, attribute, holder)
-            for held in copied:
-                if own is _MISSING:
-                    del held[attribute]
-                else:
-                    held[attribute] = own
+            return
+        _put(vars(holder), attribute, own)
+        func = _unwrap_installed(ours)
+        if not hasattr(func, _BASE_ATTR):
+            return
+        # References: this object's, `ours` and `current` here, getrefcount's argument; any
+        # other may be a copy's.
+        if sys.getrefcount(ours) > 4:
+            for held in shallow_copies_holding(ours, attribute, holder):
+                _put(held, attribute, own)
+        # The slot's, `ours`', `func` here, getrefcount's: any other may be a method bound to a
+        # deepcopy of holder (deepcopy binds the same function to the copy).
+        if sys.getrefcount(func) > 4:
+            for held, copy in deep_copies_holding(func, attribute, holder):
+                _put(held, attribute, _rebound(own, holder, copy))
+        # A copy patched itself meanwhile put back our method when its patch goes: it gets
+        # what this one put back instead.
+        for slot in list(_slots.values()):
+            other = slot.restore
+            if isinstance(other, _Restore) and _unwrap_installed(other.own) is func and other.own is not ours:
+                other.own = _rebound(own, holder, other.holder)
 
-    return restore
+
+def _put(held: Dict[str, Any], attribute: str, value: Any) -> None:
+    if value is _MISSING:
+        held.pop(attribute, None)
+    else:
+        held[attribute] = value
+
+
+def _rebound(value: Any, holder: Any, other: Any) -> Any:
+    """``value`` as ``other``'s: a method bound to ``holder`` bound to ``other`` instead."""
+    if isinstance(value, types.MethodType) and value.__self__ is holder:
+        return types.MethodType(value.__func__, other)
+    return value
 
 
 def shallow_copies_holding(value: Any, attribute: str, holder: Any) -> List[Dict[str, Any]]:
@@ -818,11 +858,11 @@ def shallow_copies_holding(value: Any, attribute: str, holder: Any) -> List[Dict
     in these. A scan of every tracked object: call it only where something else refers
     to ``value``.
 
-    >>> import copy
+    >>> import copy, bcrecord
     >>> class Box: pass
     >>> box = Box(); box.run = print
     >>> twin = copy.copy(box)
-    >>> shallow_copies_holding(print, "run", box) == [vars(twin)]
+    >>> bcrecord.patch.shallow_copies_holding(print, "run", box) == [vars(twin)]
     True
     """
     kind, own = type(holder), vars(holder)
@@ -840,26 +880,29 @@ def shallow_copies_holding(value: Any, attribute: str, holder: Any) -> List[Dict
     return list(unique.values())
 
 
-def deep_copies_holding(func: Any, attribute: str, holder: Any) -> List[Dict[str, Any]]:
-    """The ``__dict__``s of the other instances of ``holder``'s class that hold ``func``
-    bound to themselves under ``attribute``: what a ``copy.deepcopy`` of ``holder`` made
-    while a patch had put ``func`` bound to ``holder`` there. A scan, as
-    :func:`shallow_copies_holding`'s.
+def deep_copies_holding(func: Any, attribute: str, holder: Any) -> List[Tuple[Dict[str, Any], Any]]:
+    """``(__dict__, instance)`` of each other instance of ``holder``'s class that holds
+    ``func`` bound to an instance under ``attribute``: what a ``copy.deepcopy`` of
+    ``holder`` made while a patch had put ``func`` bound to ``holder`` there (and a
+    shallow copy of that copy: the instance it is bound to is the deep copy). A scan,
+    as :func:`shallow_copies_holding`'s.
 
-    >>> import copy
+    >>> import copy, bcrecord
     >>> class Box:
     ...     def run(self): pass
     >>> box = Box(); box.run = Box.run.__get__(box)
     >>> twin = copy.deepcopy(box)
-    >>> deep_copies_holding(Box.run, "run", box) == [vars(twin)]
+    >>> bcrecord.patch.deep_copies_holding(Box.run, "run", box) == [(vars(twin), twin)]
     True
     """
     kind, found = type(holder), []
     for method in gc.get_referrers(func):
-        if type(method) is types.MethodType and method.__func__ is func:
-            other = method.__self__
-            if type(other) is kind and other is not holder and vars(other).get(attribute) is method:
-                found.append(vars(other))
+        if type(method) is not types.MethodType or method.__func__ is not func:
+            continue
+        other = method.__self__
+        if type(other) is kind and other is not holder and vars(other).get(attribute) is method:
+            found.append((vars(other), other))
+            found += [(held, other) for held in shallow_copies_holding(method, attribute, other)]
     return found
 
 
@@ -1006,7 +1049,7 @@ def patch_method(
         raise NotPatchableError(
             f"{type(obj).__name__} instances have no __dict__ (uses __slots__?): patch the class instead"
         )
-    if not isinstance(obj, (type, types.ModuleType)) and method[:2] == method[-2:] == "__":
+    if not isinstance(obj, (type, types.ModuleType)) and method in _LOOKED_UP_ON_THE_TYPE:
         # obj(x), len(obj)... look the method up on the type: an instance's own would never run.
         cls = type(obj).__name__
         raise NotPatchableError(
@@ -1023,7 +1066,7 @@ def patch_method(
             return patch
         live = _copy_function(base)
         installed = _wrap_like(raw, live, obj, in_own_dict=raw is own)
-        slot = _Slot(base, live, restore=_restorer(obj, method, own, installed))
+        slot = _Slot(base, live, restore=_Restore(obj, method, own, installed))
         slot.key = key
         patch = _attach(slot, obj, method, specs, name, default, method)
         try:
@@ -1035,6 +1078,24 @@ def patch_method(
         _slots[key] = slot
         track(slot)
         return patch
+
+
+_OPERATORS = "add sub mul matmul truediv floordiv mod divmod pow lshift rshift and xor or".split()
+#: Special methods the interpreter looks up on the class (``obj(x)``, ``len(obj)``, ``a + b``,
+#: ``with obj``): one an instance holds is never called. (``__deepcopy__``, ``__getstate__``,
+#: ``__post_init__`` and the like are read from the instance, and may be patched there.)
+_LOOKED_UP_ON_THE_TYPE = frozenset(
+    [f"__{op}__" for op in _OPERATORS]
+    + [f"__r{op}__" for op in _OPERATORS]
+    + [f"__i{op}__" for op in _OPERATORS if op != "divmod"]
+    + """__call__ __len__ __length_hint__ __iter__ __next__ __reversed__ __contains__ __getitem__
+    __setitem__ __delitem__ __missing__ __enter__ __exit__ __aenter__ __aexit__ __aiter__ __anext__
+    __await__ __repr__ __str__ __bytes__ __format__ __bool__ __hash__ __index__ __int__ __float__
+    __complex__ __round__ __trunc__ __floor__ __ceil__ __eq__ __ne__ __lt__ __le__ __gt__ __ge__
+    __neg__ __pos__ __abs__ __invert__ __getattr__ __getattribute__ __setattr__ __delattr__ __get__
+    __set__ __delete__ __set_name__ __init__ __new__ __del__ __dir__ __sizeof__ __fspath__
+    __buffer__ __release_buffer__ __instancecheck__ __subclasscheck__""".split()
+)
 
 
 def _function_of_shallow(raw: Any) -> Any:

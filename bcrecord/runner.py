@@ -71,13 +71,14 @@ import sys
 import threading
 import time
 import types
+import warnings
 import zipfile
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Set, TextIO, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Set, TextIO, Tuple, cast
 
 from .analysis import read, resolve
-from .errors import BcrecordError, did_you_mean
+from .errors import BcrecordError, RecordingWarning, did_you_mean
 from .patch import Patch, function_of, original_code, patch_function, patch_method
 from .runtime import Recording, Sink, copy_value, silence, silently
 from .specs import Spec, parse
@@ -1004,32 +1005,37 @@ class _Runner:
                         except BcrecordError as error:
                             self.absent.update(dict.fromkeys(texts, str(error)))
 
+        # A tracer set before (coverage, a debugger) keeps seeing every frame: each event
+        # goes to it first, and what it returns is what the frame keeps once this one stops.
+        previous = sys.gettrace()
+        theirs: List[Any] = [None]  # its local trace of the program's module frame
+
         def local(frame: types.FrameType, event: str, arg: Any) -> Any:
+            if theirs[0] is not None:
+                theirs[0] = theirs[0](frame, event, arg)
             if event in ("line", "return"):
                 apply_defined(frame)
                 if len(done) == len(groups) or event == "return":
                     self._stop_trace()
-                    frame.f_trace = None
-                    return None
+                    frame.f_trace = theirs[0]
+                    return theirs[0]
             return local
 
         def global_(frame: types.FrameType, event: str, arg: Any) -> Any:
+            traced = previous(frame, cast(Any, event), arg) if previous is not None else None
             # The program's module code (its parent packages were imported by _program);
             # not a module runpy imports (pkgutil), nor namedtuple's exec.
-            if event != "call" or frame.f_code.co_name != "<module>":
-                return None
-            if frame.f_globals.get("__name__") != "__main__":
-                return None
+            if found or frame.f_code.co_name != "<module>" or frame.f_globals.get("__name__") != "__main__":
+                return traced
+            found.append(frame)
             on_start()
             if not groups:
                 self._stop_trace()
-                return None
-            if not found:
-                found.append(frame)
-                return local
-            return None
+                return traced
+            theirs[0] = traced
+            return local
 
-        self._previous_trace = sys.gettrace()
+        self._previous_trace = previous
         self._trace = global_
         sys.settrace(global_)
 
@@ -1101,8 +1107,11 @@ class _Runner:
             sys.meta_path.remove(self.hook)
         except ValueError:
             pass
-        for patch in reversed(self.patches):
-            patch.remove()
+        with warnings.catch_warnings():
+            # The program rebinding what it defines (B.m = m2 after B.m was patched) is its own.
+            warnings.filterwarnings("ignore", ".* was replaced while patched", RecordingWarning)
+            for patch in reversed(self.patches):
+                patch.remove()
         if self._saved_sys is not None:
             sys.argv[:], sys.path[:] = self._saved_sys
         self.report()

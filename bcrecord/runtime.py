@@ -890,11 +890,11 @@ def silently(function: Callable[[T], Any], value: T) -> Any:
     >>> def double(x):
     ...     y = 2 * x
     ...     return y
-    >>> patched = bcrecord.instrument(double, ["y"])
-    >>> with recording() as rec:
-    ...     silently(patched, 1), patched(2)
+    >>> patched = bcrecord.instrument(double, ["y"], name="demo")
+    >>> with bcrecord.recording() as rec:
+    ...     bcrecord.runtime.silently(patched, 1), patched(2)
     (2, 4)
-    >>> rec.all("bcrecord.runtime:double:y@0")
+    >>> rec.all("demo:double:y@0")
     [4]
     """
     token = _context.set(_context.get()[0].silent)
@@ -914,13 +914,13 @@ def silence() -> Callable[[], None]:
     >>> def double(x):
     ...     y = 2 * x
     ...     return y
-    >>> patched = bcrecord.instrument(double, ["y"])
-    >>> with recording() as rec:
-    ...     end = silence()
+    >>> patched = bcrecord.instrument(double, ["y"], name="demo")
+    >>> with bcrecord.recording() as rec:
+    ...     end = bcrecord.runtime.silence()
     ...     _ = patched(1)
     ...     end(); end()  # the second call does nothing
     ...     _ = patched(2)
-    >>> rec.all("bcrecord.runtime:double:y@0")
+    >>> rec.all("demo:double:y@0")
     [4]
     """
     token: Optional[contextvars.Token] = _context.set(_context.get()[0].silent)

@@ -47,17 +47,33 @@ def _index(value: Index) -> tuple[int, ...] | None:
     """Normalise an index argument to a sorted tuple of ints, or None for 'all'."""
     if value is None:
         return None
-    one = not isinstance(value, (str, bytes)) and hasattr(value, "__index__")  # an int, numpy's too
+    # One int (numpy's, a 0-d tensor's too), or several (a list, an array: those have a length).
+    one = hasattr(value, "__index__") and not _has_length(value)
     if not one and (isinstance(value, (str, bytes)) or not hasattr(value, "__iter__")):
         raise SpecError(f"an index is a non-negative int or a list of them, got {value!r}")
     given: Tuple[Any, ...] = (value,) if one else tuple(cast(Sequence[int], value))
-    for item in given:
-        if isinstance(item, bool) or not hasattr(item, "__index__") or operator.index(item) < 0:
-            raise SpecError(f"an index must be a non-negative int, got {item!r}")
-    items = tuple(operator.index(item) for item in given)
+    items = tuple(_one_index(item) for item in given)
     if not items:
         raise SpecError("an index list must not be empty (use None for every one)")
     return tuple(sorted(set(items)))
+
+
+def _has_length(value: Any) -> bool:
+    try:
+        len(value)
+    except TypeError:
+        return False
+    return True
+
+
+def _one_index(item: Any) -> int:
+    try:
+        number = None if isinstance(item, bool) else operator.index(item)
+    except TypeError:  # a float, a float array's element
+        number = None
+    if number is None or number < 0:
+        raise SpecError(f"an index must be a non-negative int, got {item!r}")
+    return number
 
 
 def _copy(value: Any) -> Any:

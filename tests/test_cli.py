@@ -175,3 +175,15 @@ def test_show_keys_a_method_by_the_name_it_is_reached_by(project):
     result = cli("show", "aliased:C.forward", "y", cwd=project)
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[0] == "C._impl: 1 probe(s): show:forward:y@0"  # as run keys it
+
+
+def test_resolve_path_finds_the_caller_s_own_main_module(monkeypatch):
+    import sys
+
+    from bcrecord.cli import resolve_path
+
+    def step(v):  # a notebook's or a script's own function
+        return v
+
+    monkeypatch.setattr(sys.modules["__main__"], "step", step, raising=False)
+    assert resolve_path("__main__:step")[1] is step  # only the commands refuse '__main__'

@@ -864,6 +864,20 @@ def test_a_special_method_of_one_instance_is_refused_and_nothing_changes():
     assert rec.all("Acc:__call__:c@0") == [2]
 
 
+def test_a_special_method_read_from_the_instance_may_be_patched_on_one():
+    import copy
+
+    class Doc:
+        def __deepcopy__(self, memo):  # copy.deepcopy reads it with getattr: from the instance
+            out = Doc()
+            return out
+
+    doc = Doc()
+    with bcrecord.patch_method(doc, "__deepcopy__", ["out"]), bcrecord.recording() as rec:
+        twin = copy.deepcopy(doc)
+    assert isinstance(twin, Doc) and [type(v) for v in rec.all("Doc:__deepcopy__:out@0")] == [Doc]
+
+
 def test_instrument_and_record_locals_keep_static_and_class_methods():
     class K:
         @bcrecord.record_locals("u")
@@ -895,6 +909,11 @@ def test_stacked_record_locals_keep_every_layer_s_probes():
     with bcrecord.recording() as rec:
         assert f(1) == 4
     assert dict((k, rec.all(k)) for k in rec.keys()) == {"inner:f:y@0": [2], "outer:f:x@0": [4]}
+    copied = bcrecord.instrument(f, "y", name="geo")  # a new copy: its own probes only
+    other = bcrecord.record_locals("x", name="deco")(copied)  # not stacked: a copy of its own
+    with bcrecord.recording() as rec:
+        assert copied(1) == other(1) == 4
+    assert dict((k, rec.all(k)) for k in rec.keys()) == {"geo:f:y@0": [2], "deco:f:x@0": [4]}
 
 
 def test_record_locals_index_applies_to_local_names_only_and_a_misspelt_return_is_hinted():

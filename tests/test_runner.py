@@ -715,3 +715,47 @@ def test_run_records_only_the_program_s_calls_not_its_own_or_runpy_s(tmp_path, m
         "posixpath:join:return": ["a/b"],
     }
     assert "saved 3 value(s) of 2 key(s)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("target", ["__main__:f:y", "json:dumps:return"])
+def test_run_hands_every_event_to_a_tracer_set_before_it(tmp_path, target, capsys):
+    import sys
+
+    from bcrecord import runner
+
+    # coverage, a debugger's breakpoints: they must keep seeing the program's lines.
+    program = tmp_path / "traced.py"
+    program.write_text("import json\ndef f(v):\n    y = v + 1\n    return y\nf(json.dumps(1) and 1)\n")
+    lines = []
+
+    def tracer(frame, event, arg):
+        if frame.f_code.co_filename == str(program):
+            if event == "line":
+                lines.append(frame.f_lineno)
+            return tracer
+        return None
+
+    previous = sys.gettrace()
+    sys.settrace(tracer)
+    try:
+        assert runner.run([target], str(program)) == 0
+    finally:
+        sys.settrace(previous)
+    assert lines == [1, 2, 5, 3, 4]
+    assert "values  last value" in capsys.readouterr().err
+
+
+def test_run_of_a_program_that_rebinds_its_patched_method_ends_without_a_warning(tmp_path, capsys):
+    import warnings
+
+    from bcrecord import RecordingWarning, runner
+
+    program = tmp_path / "rebind.py"
+    program.write_text(
+        "class A:\n    def m(self, x):\n        y = x + 1\n        return y\n\nclass B(A):\n    pass\n\n"
+        "def m2(self, x):\n    y = x * 10\n    return y\n\nB().m(1)\nB.m = m2\nB().m(1)\n"
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RecordingWarning)  # the program's own rebinding: no warning
+        assert runner.run(["__main__:B.m:y"], str(program)) == 0
+    assert [line.split() for line in capsys.readouterr().err.splitlines()[2:]] == [["B:m:y@0", "2", "10"]]

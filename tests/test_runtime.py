@@ -380,8 +380,21 @@ def test_only_never_takes_a_later_patch_that_gets_a_freed_patch_s_id():
         secret = a * 100
         return secret
 
+    import gc
+    import weakref
+
+    mine = bcrecord.patch_function(f, "x", name="mine")
+    rec = bcrecord.recording(only=[mine])
+    mine.remove()
+    held = weakref.ref(mine)
+    del mine
+    gc.collect()
+    assert held() is not None  # the recording holds it: its id names no other patch while it lives
+    del rec
+    gc.collect()
+    assert held() is None
     taken = []
-    for _ in range(300):  # a new patch took the freed one's id within 100 tries, often
+    for _ in range(300):  # without the hold, a new patch took the freed one's id within 100 tries, often
         mine = bcrecord.patch_function(f, "x", name="mine")
         freed = id(mine)
         rec = bcrecord.recording(only=[mine])

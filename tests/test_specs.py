@@ -139,4 +139,15 @@ def test_an_index_takes_any_integer_type():
         def __index__(self):
             return 2
 
+    class IntArray:  # what an integer array has: __index__ too, which fails unless one element
+        def __index__(self):
+            raise TypeError("only integer scalar arrays can be converted to a scalar index")
+
+        def __len__(self):
+            return 2
+
+        def __iter__(self):
+            return iter([Numpy64(), 0])
+
     assert Local("x", Numpy64()).index == (2,) and Local("x", [Numpy64(), 0]).index == (0, 2)
+    assert Local("x", IntArray()).index == (0, 2)

@@ -57,6 +57,7 @@ import torch
 from ..analysis import read, resolve
 from ..errors import SpecError, TargetError, warn
 from ..patch import (
+    ABSENT,
     Patch,
     function_of,
     original_code,
@@ -1070,6 +1071,8 @@ class _StopAtRoot:
         #: For a deepcopy's: the model's own, whose recordings stop the copy's passes too
         #: (weak: the copy must not keep them, or their values, alive).
         self.source = None if source is None else weakref.ref(source)
+        #: The deepcopies' (weak): put back with this one when no recording runs on them.
+        self.twins: weakref.WeakSet[_StopAtRoot] = weakref.WeakSet()
 
     def _running(self) -> List[ModelRecording]:
         source = None if self.source is None else self.source()
@@ -1116,7 +1119,9 @@ class _StopAtRoot:
         # (a forward the model set on itself, self.forward = self.forward_fast, included).
         forward = deepcopy(self.forward, memo)
         previous = self.previous if self.previous is _MISSING else deepcopy(self.previous, memo)
-        return _StopAtRoot(twin, forward, previous, self)
+        made = _StopAtRoot(twin, forward, previous, self)
+        self.twins.add(made)
+        return made
 
     def __reduce__(self) -> Tuple[Any, Tuple[Any, ...]]:
         # Saved mid-pass: the saved model gets the forward it had.
@@ -1148,10 +1153,24 @@ class _StopAtRoot:
             if sys.getrefcount(current) > 3:
                 copies = shallow_copies_holding(current, "forward", model)
             for holder in [model.__dict__, *copies]:
-                if current.previous is _MISSING:
-                    del holder["forward"]
-                else:
-                    holder["forward"] = current.previous
+                _put_back(holder, current)
+            # A deepcopy of the model made meanwhile has one of its own: out with this one,
+            # unless a recording of its own runs on it (that one takes it out when it ends).
+            twins = list(current.twins)
+            while twins:
+                twin = twins.pop()
+                if not twin.recordings and twin.model.__dict__.get("forward") is twin:
+                    _put_back(twin.model.__dict__, twin)
+                    twins += list(twin.twins)
 
 
-_MISSING = object()
+def _put_back(holder: Dict[str, Any], root: _StopAtRoot) -> None:
+    """What ``root`` replaced in ``holder`` (a model's ``__dict__``), or nothing."""
+    if root.previous is _MISSING:
+        del holder["forward"]
+    else:
+        holder["forward"] = root.previous
+
+
+#: (The core's: a patch removed under a stopping forward hands it what to put back.)
+_MISSING = ABSENT

@@ -864,6 +864,28 @@ def test_a_deepcopy_made_while_stopping_early_stops_as_the_model_does():
     values = rec.all("0:forward:return")
     assert len(values) == 2 and all(torch.equal(v, net[0](x)) for v in values)
     assert torch.equal(twin(x), net(x))  # afterwards both run to the end
+    assert "forward" not in vars(twin)  # its stopping forward went with the model's
+    with bcrecord.patch_method(torch.nn.Sequential, "forward", ["return"], name="seq"):
+        with bcrecord.recording() as later:
+            twin(x)
+    assert later.keys() == ["seq:forward:return"]  # so a later class patch reaches it
+
+
+def test_an_instance_patch_removed_inside_an_early_stop_block_leaves_nothing_behind():
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+    x = torch.randn(5, 3)
+    patch = bcrecord.patch_method(net, "forward", ["return"], name="user")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", bcrecord.RecordingWarning)  # bcrecord's own wrapper: no warning
+        with record(net, ["0"], stop_after_last=True):
+            assert net(x) is None
+            patch.remove()  # under the stopping forward, which holds the patched method
+    assert "forward" not in vars(net) and torch.equal(net(x), net[2](net[1](net[0](x))))
+    with bcrecord.patch_method(torch.nn.Sequential, "forward", ["return"], name="seq"):
+        with bcrecord.recording() as later:
+            net(x)
+    assert later.keys() == ["seq:forward:return"]
 
 
 class _Scaled(torch.nn.Module):
@@ -911,6 +933,7 @@ def test_a_deepcopy_made_while_stopping_early_keeps_a_forward_the_model_set_on_i
             assert twin(x) is None
         assert torch.equal(rec["lin:forward:return"], torch.zeros(1, 2))
         assert twin.forward.__self__ is twin and torch.equal(twin(x), torch.zeros(1, 2))
+        assert vars(twin)["forward"] == twin.forward_fast  # its own again, no stopping wrapper
         saved = io.BytesIO()
         torch.save(twin, saved)
         saved.seek(0)
