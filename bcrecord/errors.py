@@ -109,8 +109,11 @@ def did_you_mean(word: str, names: Iterable[str], hide_private: bool = True) -> 
     "; did you mean '_forward_impl'?"
     >>> did_you_mean("zzz", ["forward"])
     ''
+    >>> did_you_mean("__main__:f:loss", ["__main__:f:loss@0"])
+    "; did you mean '__main__:f:loss@0'?"
     """
-    private = "__" if word.startswith("_") or not hide_private else "_"
-    candidates = list(dict.fromkeys(n for n in names if not n.startswith(private)))
+    # A word that starts with "__" ('__main__:f:x', a key) hides nothing.
+    private = "" if word.startswith("__") else "__" if word.startswith("_") or not hide_private else "_"
+    candidates = list(dict.fromkeys(n for n in names if not (private and n.startswith(private))))
     close = difflib.get_close_matches(word, candidates, n=3)
     return f"; did you mean {', '.join(map(repr, close))}?" if close else ""

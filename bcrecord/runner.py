@@ -830,6 +830,26 @@ def _program(program: str, args: Sequence[str], is_module: bool) -> _Program:
     )
 
 
+#: What torch.compile imports: the torch layer makes Dynamo skip probes, and all they call.
+_DYNAMO = ("torch", "torch._dynamo")
+
+
+def _torch_layer_for_dynamo() -> None:
+    """Import :mod:`bcrecord.torch` once the program has Dynamo (fully imported), before it
+    compiles anything: else Dynamo traces into probes and bcrecord's own code (extra graph
+    breaks, recompiles). Not for torch alone: it would cost the program Dynamo's import."""
+    torch = sys.modules.get("torch")
+    if "torch._dynamo" not in sys.modules or torch is None or "bcrecord.torch" in sys.modules:
+        return
+    if getattr(getattr(torch, "__spec__", None), "_initializing", False):
+        return  # torch imports it while itself being imported: when torch is done, then
+    end = silence()
+    try:
+        importlib.import_module("bcrecord.torch")
+    finally:
+        end()
+
+
 class _Runner:
     """Targets, the recording and where values go, for one run of one program.
 
@@ -871,7 +891,8 @@ class _Runner:
                 continue
             self.groups[target.module][_group_path(target)].append(target)
         self.owners = _owner_names(self.groups, program.main_names)
-        self.hook = _ImportHook([m for m in self.groups if m != "__main__"], self._after_import)
+        watched = [m for m in self.groups if m != "__main__"] + list(_DYNAMO)
+        self.hook = _ImportHook(watched, self._after_import)
         self._saved_sys: Optional[Tuple[List[str], List[str]]] = None
         self._trace: Any = None
         self._previous_trace: Any = None
@@ -943,6 +964,10 @@ class _Runner:
                 self.applied.update(a for t in group for a in self.aliases.get(t.text, ()))
 
     def _after_import(self, module: types.ModuleType) -> None:
+        if module.__name__ in _DYNAMO:
+            _torch_layer_for_dynamo()
+            if module.__name__ not in self.groups:
+                return
         if self.program.file is not None and module.__name__ in self.program.main_names:
             # A module named like the script: the script imported by name, or another module.
             where = getattr(module, "__file__", None)
@@ -1058,6 +1083,7 @@ class _Runner:
             self.recording.__exit__(None, None, None)
             raise RunError(str(error)) from None
         sys.meta_path.insert(0, self.hook)
+        _torch_layer_for_dynamo()
         silently(lambda _: self.collector.start_timer(), None)  # threading's calls are not the program's
         self._saved_sys = (sys.argv[:], sys.path[:])
         sys.argv[:] = self.program.argv

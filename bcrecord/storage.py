@@ -741,7 +741,10 @@ class Loaded(Mapping[str, List[Any]]):
         try:
             return self._by_key[key]
         except KeyError:
-            raise KeyError(f"no saved values for {key!r}; saved keys: {', '.join(self._by_key)}") from None
+            hint = did_you_mean(key, self._by_key, hide_private=False) if isinstance(key, str) else ""
+            raise KeyError(
+                f"no saved values for {key!r}{hint}; saved keys: {', '.join(self._by_key)}"
+            ) from None
 
     def __getitem__(self, key: str) -> List[Any]:
         return [entry.value for entry in self._entries_of(key)]

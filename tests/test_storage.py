@@ -280,10 +280,18 @@ def test_steps_are_integers_of_any_integer_type(tmp_path):
     assert load(tmp_path)["k"] == [1]
 
 
+def test_a_local_s_key_without_its_assignment_suggests_the_saved_one(tmp_path):
+    loaded = load(save({"__main__:train_step:loss@0": [1.5]}, tmp_path))
+    with pytest.raises(KeyError, match=r"did you mean '__main__:train_step:loss@0'\?"):
+        loaded["__main__:train_step:loss"]
+
+
 def test_a_missing_key_names_the_saved_ones_for_values_and_steps(tmp_path):
     loaded = load(save({"m:f:x@0": [1]}, tmp_path))
     for read in (loaded.__getitem__, loaded.steps):
-        with pytest.raises(KeyError, match="no saved values for 'm:f:y@0'; saved keys: m:f:x@0"):
+        with pytest.raises(
+            KeyError, match="no saved values for 'm:f:y@0'; did you mean 'm:f:x@0'.; saved keys: m:f:x@0"
+        ):
             read("m:f:y@0")
 
 

@@ -320,3 +320,40 @@ def test_the_value_over_steps_follows_the_steps_not_the_order_of_saving():
     figure = _over_steps(summary, [np.array([1.0]), np.array([2.0]), np.array([3.0])])
     line = figure.axes[0].lines[0]
     assert list(line.get_xdata()) == [2, 5, 9] and list(line.get_ydata()) == [3, 1, 2]
+
+
+COMPILED = """
+import sys
+{first}
+import torch
+import torch._dynamo.utils
+
+@torch.compile(backend="eager")
+def f(x):
+    y = torch.sin(x) * 2
+    z = y + x
+    return z
+
+outputs = [f(torch.full((3, 4), float(i))) for i in range(3)]
+torch.save(outputs, sys.argv[1])
+print("graph breaks", sum(torch._dynamo.utils.counters["graph_break"].values()))
+"""
+
+
+def test_run_of_a_compiled_program_has_dynamo_skip_the_probes(tmp_path):
+    # bcrecord.torch (which has Dynamo skip the probe and all it calls) was imported only at
+    # the first tensor copy, inside the first compiled call: Dynamo traced into bcrecord's
+    # code, with several times the graph breaks and "does not know how to trace" warnings.
+    breaks = {}
+    for first in ("", "import bcrecord.torch"):
+        program = tmp_path / f"compiled{len(first)}.py"
+        program.write_text(COMPILED.format(first=first))
+        out, reference = tmp_path / f"records{len(first)}", tmp_path / f"outputs{len(first)}.pt"
+        result = cli("run", "-r", "__main__:f:y", "-o", out, program, reference, cwd=tmp_path)
+        assert result.returncode == 0, result.stderr
+        assert "does not know how to trace" not in result.stderr
+        breaks[first] = result.stdout.split()[-1]
+        expected = [torch.sin(torch.full((3, 4), float(i))) * 2 for i in range(3)]
+        saved = bcrecord.load(out)["__main__:f:y@0"]
+        assert len(saved) == 3 and all(torch.equal(a, b) for a, b in zip(saved, expected, strict=True))
+    assert breaks[""] == breaks["import bcrecord.torch"]
