@@ -876,6 +876,8 @@ class _Runner:
         self.collector = _Collector(writer)
         self.recording = _Stream(self.collector.deliver, every, copy)
         self.patches: List[Patch] = []
+        #: Each patch, and the texts of the targets it records.
+        self.texts_of: List[Tuple[Patch, List[str]]] = []
         self.applied: set = set()
         self.groups: Dict[str, Dict[Tuple[str, ...], List[RunTarget]]] = defaultdict(
             lambda: defaultdict(list)
@@ -959,6 +961,7 @@ class _Runner:
                 except (AttributeError, BcrecordError) as error:
                     raise _TargetFailed(texts, str(error)) from None
                 self.patches.append(patch)
+                self.texts_of.append((patch, [t.text for t in group]))
                 self.recording.take(patch)
                 self.applied.update(t.text for t in group)
                 self.applied.update(a for t in group for a in self.aliases.get(t.text, ()))
@@ -1165,14 +1168,22 @@ class _Runner:
             return
         for target in [t for t in self.targets if t.text not in self.applied]:
             print(f"bcrecord: target {target.text!r} was never applied: {self._why(target)}", file=out)
+        counts = self.recording.counts()
+        fired = {key for key, n in counts.items() if n}
+        heard = {text for patch, texts in self.texts_of if fired & set(patch.keys) for text in texts}
+        heard |= {alias for text in heard for alias in self.aliases.get(text, ())}
+        for target in [t for t in self.targets if t.text in self.applied and t.text not in heard]:
+            print(
+                f"bcrecord: target {target.text!r} recorded nothing in this process (its code did not "
+                "run here; child processes, such as DataLoader workers, are not recorded)",
+                file=out,
+            )
         for line in self.collector.warnings:
             print(f"bcrecord: {line}", file=out)
         if self.collector.error is not None:
             print(f"bcrecord: {self.collector.error}", file=out)
         if self.quiet:
             return
-        counts = self.recording.counts()
-        fired = {k: n for k, n in counts.items() if n}
         writer = self.collector.writer
         if writer is not None:
             saved, keys = sum(self.collector.saved.values()), len(self.collector.saved)
@@ -1189,8 +1200,11 @@ class _Runner:
         rows = [("key", "values", "last value")]
         last = self.collector.last
         # A key whose copies all failed (warned about) fired without a value to show.
-        shown = {k: _describe(last[k]) if k in last else "- (copy failed)" for k in fired}
-        rows += [(k, str(n), shown[k]) for k, n in fired.items()]
+        rows += [
+            (k, str(n), _describe(last[k]) if k in last else "- (copy failed)")
+            for k, n in counts.items()
+            if n
+        ]
         widths = [max(len(r[i]) for r in rows) for i in range(3)]
         print("bcrecord: recorded (no --save-dir, so nothing was saved):", file=out)
         for row in rows:

@@ -759,3 +759,23 @@ def test_run_of_a_program_that_rebinds_its_patched_method_ends_without_a_warning
         warnings.simplefilter("error", RecordingWarning)  # the program's own rebinding: no warning
         assert runner.run(["__main__:B.m:y"], str(program)) == 0
     assert [line.split() for line in capsys.readouterr().err.splitlines()[2:]] == [["B:m:y@0", "2", "10"]]
+
+
+def test_run_names_a_target_that_recorded_nothing(tmp_path, capsys):
+    from bcrecord import runner
+
+    # Its code ran only in child processes (DataLoader workers), or never: the report said
+    # nothing of it, only "saved N value(s) of 1 key(s)" for the other target.
+    program = tmp_path / "prog.py"
+    program.write_text(
+        "def used(v):\n    y = v\n    return y\n\ndef unused(v):\n    z = v\n    return z\n\nused(1)\n"
+    )
+    assert (
+        runner.run(["__main__:used:y", "__main__:unused:z"], str(program), save_dir=str(tmp_path / "o")) == 0
+    )
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == (
+        "bcrecord: target '__main__:unused:z' recorded nothing in this process (its code did not run "
+        "here; child processes, such as DataLoader workers, are not recorded)"
+    )
+    assert err[1].startswith("bcrecord: saved 1 value(s) of 1 key(s)") and len(err) == 2
