@@ -911,17 +911,14 @@ def silence() -> Callable[[], None]:
     command line's runner keeps its own set-up quiet until the program's code starts.
 
     >>> import bcrecord
-    >>> def double(x):
-    ...     y = 2 * x
-    ...     return y
-    >>> patched = bcrecord.instrument(double, ["y"], name="demo")
+    >>> square = bcrecord.instrument(lambda v: v * v, ["return"], name="sq")
     >>> with bcrecord.recording() as rec:
     ...     end = bcrecord.runtime.silence()
-    ...     _ = patched(1)
+    ...     _ = square(2)
     ...     end(); end()  # the second call does nothing
-    ...     _ = patched(2)
-    >>> rec.all("demo:double:y@0")
-    [4]
+    ...     _ = square(3)
+    >>> rec.all("sq:<lambda>:return")
+    [9]
     """
     token: Optional[contextvars.Token] = _context.set(_context.get()[0].silent)
 
