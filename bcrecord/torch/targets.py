@@ -744,7 +744,21 @@ def _matching_paths(model: torch.nn.Module, pattern: str) -> List[str]:
         ]
         if found:
             return found
-    raise TargetError(f"no submodule matches {pattern!r}")
+    raise TargetError(f"no submodule matches {pattern!r}{_misspelt_part(model, wanted)}")
+
+
+def _misspelt_part(model: torch.nn.Module, wanted: List[str]) -> str:
+    """``" ('block' names no submodule; did you mean 'blocks'?)"`` for the first part
+    before a glob that no submodule path has there, or ``''``."""
+    paths = [name.split(".") for name, _ in model.named_modules() if name]
+    for depth, part in enumerate(wanted):
+        if any(ch in part for ch in "*?["):
+            break
+        if not any(path[: depth + 1] == wanted[: depth + 1] for path in paths):
+            here = [path[depth] for path in paths if len(path) > depth and path[:depth] == wanted[:depth]]
+            hint = did_you_mean(part, here, hide_private=False)
+            return f" ({part!r} names no submodule there{hint})"
+    return ""
 
 
 def expand(model: torch.nn.Module, text: str) -> List[Target]:

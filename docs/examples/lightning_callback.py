@@ -4,6 +4,8 @@ Run (CPU, a few seconds; the data is made up)::
 
     python docs/examples/lightning_callback.py --out /tmp/lightning_run
 
+Needs ``pip install 'bcrecord[lightning]'`` (with safetensors, for ``save_dir``).
+
 A small conv net trains for 6 steps and validates twice. The callback records, every
 2nd training step and every 2nd validation batch, the conv layer's output (a module
 path), the ReLU's input inside ``forward`` (a local, ``feats``) and the conv's

@@ -4,6 +4,8 @@ Run (CPU, a second or two; no weights are downloaded)::
 
     python docs/examples/torchvision_resnet.py --out /tmp/resnet_records
 
+Needs ``pip install 'bcrecord[torch,save]' torchvision`` (saving tensors takes safetensors).
+
 One forward pass, torchvision's code untouched, records:
 
 * ``layer1`` ... ``layer4``: each stage's output (bare module paths, as torchvision's

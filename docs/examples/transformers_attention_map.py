@@ -4,6 +4,8 @@ Run (CPU, a few seconds; the model is built from a tiny config, nothing is downl
 
     python docs/examples/transformers_attention_map.py --out /tmp/attention
 
+Needs ``pip install 'bcrecord[transformers,viz]'`` (the picture takes matplotlib).
+
 GPT-2's attention runs the module-level function ``eager_attention_forward`` (with
 ``attn_implementation="eager"``); its local ``attn_weights`` is assigned five times:
 the scores ``q @ k.T * scale`` (``@0``), plus the causal mask (``@1``), the softmax

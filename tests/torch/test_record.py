@@ -320,6 +320,7 @@ def test_bad_targets_give_clear_errors_and_change_nothing(net):
         ("blocks.0:forwrd:x", bcrecord.NotPatchableError, "no method 'forwrd'; did you mean 'forward'"),
         ("a:b", bcrecord.SpecError, "expected 'module.path:method:target'"),
         ("zz*", bcrecord.TargetError, "no submodule matches"),
+        ("block.*", bcrecord.TargetError, r"'block' names no submodule there; did you mean 'blocks'\?"),
     ]:
         with pytest.raises(error, match=message):
             with record(net, ["bn1", target]):
