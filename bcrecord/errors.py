@@ -101,7 +101,8 @@ def did_you_mean(word: str, names: Iterable[str], hide_private: bool = True) -> 
     """``"; did you mean 'a', 'b'?"`` for up to three of ``names`` close to ``word``, or
     ``''``: the end of a message about a name that is not there. Private names
     (``_slow_forward``) are suggested only for a word that starts with ``_`` too, or
-    with ``hide_private=False`` (module paths: ``_orig_mod.layer1`` in a compiled model).
+    with ``hide_private=False``, which hides nothing (module paths: ``_orig_mod.layer1``
+    in a compiled model; saved keys: ``__main__:f:x@0``).
 
     >>> did_you_mean("forwrd", ["forward", "_slow_forward", "__format__", "train"])
     "; did you mean 'forward'?"
@@ -112,8 +113,8 @@ def did_you_mean(word: str, names: Iterable[str], hide_private: bool = True) -> 
     >>> did_you_mean("__main__:f:loss", ["__main__:f:loss@0"])
     "; did you mean '__main__:f:loss@0'?"
     """
-    # A word that starts with "__" ('__main__:f:x', a key) hides nothing.
-    private = "" if word.startswith("__") else "__" if word.startswith("_") or not hide_private else "_"
+    # A word that starts with "__" ('__call_') hides nothing, nor does hide_private=False.
+    private = "" if word.startswith("__") or not hide_private else "__" if word.startswith("_") else "_"
     candidates = list(dict.fromkeys(n for n in names if not (private and n.startswith(private))))
     close = difflib.get_close_matches(word, candidates, n=3)
     return f"; did you mean {', '.join(map(repr, close))}?" if close else ""

@@ -831,7 +831,7 @@ class _Restore:
         # what this one put back instead.
         for slot in list(_slots.values()):
             other = slot.restore
-            if isinstance(other, _Restore) and _unwrap_installed(other.own) is func and other.own is not ours:
+            if isinstance(other, _Restore) and _unwrap_installed(other.own) is func:
                 other.own = _rebound(own, holder, other.holder)
 
 
@@ -1082,7 +1082,7 @@ def patch_method(
 
 _OPERATORS = "add sub mul matmul truediv floordiv mod divmod pow lshift rshift and xor or".split()
 #: Special methods the interpreter looks up on the class (``obj(x)``, ``len(obj)``, ``a + b``,
-#: ``with obj``): one an instance holds is never called. (``__deepcopy__``, ``__getstate__``,
+#: ``with obj``, ``copy.copy``): one an instance holds is never called. (``__deepcopy__``, ``__getstate__``,
 #: ``__post_init__`` and the like are read from the instance, and may be patched there.)
 _LOOKED_UP_ON_THE_TYPE = frozenset(
     [f"__{op}__" for op in _OPERATORS]
@@ -1094,7 +1094,8 @@ _LOOKED_UP_ON_THE_TYPE = frozenset(
     __complex__ __round__ __trunc__ __floor__ __ceil__ __eq__ __ne__ __lt__ __le__ __gt__ __ge__
     __neg__ __pos__ __abs__ __invert__ __getattr__ __getattribute__ __setattr__ __delattr__ __get__
     __set__ __delete__ __set_name__ __init__ __new__ __del__ __dir__ __sizeof__ __fspath__
-    __buffer__ __release_buffer__ __instancecheck__ __subclasscheck__""".split()
+    __buffer__ __release_buffer__ __instancecheck__ __subclasscheck__ __copy__ __getnewargs__
+    __getnewargs_ex__""".split()
 )
 
 

@@ -876,8 +876,8 @@ class _Runner:
         self.collector = _Collector(writer)
         self.recording = _Stream(self.collector.deliver, every, copy)
         self.patches: List[Patch] = []
-        #: Each patch, and the texts of the targets it records.
-        self.texts_of: List[Tuple[Patch, List[str]]] = []
+        #: The keys each target (by its text) records under, over all its patches.
+        self.keys_of: Dict[str, Set[str]] = defaultdict(set)
         self.applied: set = set()
         self.groups: Dict[str, Dict[Tuple[str, ...], List[RunTarget]]] = defaultdict(
             lambda: defaultdict(list)
@@ -961,7 +961,11 @@ class _Runner:
                 except (AttributeError, BcrecordError) as error:
                     raise _TargetFailed(texts, str(error)) from None
                 self.patches.append(patch)
-                self.texts_of.append((patch, [t.text for t in group]))
+                for target in group:  # the keys each target's own spec records under
+                    labels = [p.label for p in resolve([target.spec], read(patch.original_code))]
+                    self.keys_of[target.text].update(
+                        f"{patch.name}:{patch.function_name}:{x}" for x in labels
+                    )
                 self.recording.take(patch)
                 self.applied.update(t.text for t in group)
                 self.applied.update(a for t in group for a in self.aliases.get(t.text, ()))
@@ -1050,7 +1054,11 @@ class _Runner:
             return local
 
         def global_(frame: types.FrameType, event: str, arg: Any) -> Any:
-            traced = previous(frame, cast(Any, event), arg) if previous is not None else None
+            traced = None
+            if previous is not None:
+                traced = previous(frame, cast(Any, event), arg)
+                if sys.gettrace() is not global_ and self._trace is global_:
+                    sys.settrace(global_)  # it set itself again (coverage's C tracer does)
             # The program's module code (its parent packages were imported by _program);
             # not a module runpy imports (pkgutil), nor namedtuple's exec.
             if found or frame.f_code.co_name != "<module>" or frame.f_globals.get("__name__") != "__main__":
@@ -1170,12 +1178,12 @@ class _Runner:
             print(f"bcrecord: target {target.text!r} was never applied: {self._why(target)}", file=out)
         counts = self.recording.counts()
         fired = {key for key, n in counts.items() if n}
-        heard = {text for patch, texts in self.texts_of if fired & set(patch.keys) for text in texts}
+        heard = {text for text, keys in self.keys_of.items() if keys & fired}
         heard |= {alias for text in heard for alias in self.aliases.get(text, ())}
         for target in [t for t in self.targets if t.text in self.applied and t.text not in heard]:
             print(
-                f"bcrecord: target {target.text!r} recorded nothing in this process (its code did not "
-                "run here; child processes, such as DataLoader workers, are not recorded)",
+                f"bcrecord: target {target.text!r} recorded nothing in this process (nothing reached "
+                "it once patched; child processes, such as DataLoader workers, are not recorded)",
                 file=out,
             )
         for line in self.collector.warnings:

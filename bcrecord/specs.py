@@ -68,7 +68,8 @@ def _has_length(value: Any) -> bool:
 
 def _one_index(item: Any) -> int:
     try:
-        number = None if isinstance(item, bool) else operator.index(item)
+        boolean = isinstance(item, bool) or "bool" in str(getattr(item, "dtype", ""))  # a bool array's
+        number = None if boolean else operator.index(item)
     except TypeError:  # a float, a float array's element
         number = None
     if number is None or number < 0:

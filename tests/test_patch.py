@@ -434,6 +434,31 @@ def test_a_deep_copy_made_while_an_instance_is_patched_records_itself_then_runs_
     assert rec.all("cls:fwd:z@0") == [2, 20]
 
 
+def test_a_copy_patched_itself_gets_the_class_s_method_back_whichever_patch_goes_first():
+    import copy
+
+    class Net:
+        def __init__(self, k):
+            self.k = k
+
+        def fwd(self, x):
+            z = x * self.k
+            return z
+
+    for make in (copy.copy, copy.deepcopy):
+        net = Net(2)
+        first = bcrecord.patch_method(net, "fwd", ["z"], name="net")
+        twin = make(net)  # holds the patched method (bound to net, or to itself)
+        twin.k = 10
+        second = bcrecord.patch_method(twin, "fwd", ["z"], name="twin")
+        first.remove()
+        second.remove()  # put back what it found: the first patch's method, gone now
+        assert "fwd" not in vars(twin) and twin.fwd(1) == 10, make
+        with bcrecord.patch_method(Net, "fwd", ["z"], name="cls"), bcrecord.recording() as rec:
+            twin.fwd(1)
+        assert rec.all("cls:fwd:z@0") == [10], make
+
+
 def test_one_class_patch_with_per_instance_owner_names():
     blocks = [Block() for _ in range(3)]
     paths = {id(b): f"layer1.{i}" for i, b in enumerate(blocks[:2])}  # the third is not named
@@ -862,6 +887,16 @@ def test_a_special_method_of_one_instance_is_refused_and_nothing_changes():
     with bcrecord.patch_method(Acc, "__call__", ["c"]), bcrecord.recording() as rec:
         acc(1)
     assert rec.all("Acc:__call__:c@0") == [2]
+
+
+def test_copy_copy_s_method_is_refused_on_an_instance():
+    class Doc:
+        def __copy__(self):  # copy.copy reads it from the class
+            out = Doc()
+            return out
+
+    with pytest.raises(NotPatchableError, match="__copy__ is a special method"):
+        bcrecord.patch_method(Doc(), "__copy__", ["out"])
 
 
 def test_a_special_method_read_from_the_instance_may_be_patched_on_one():

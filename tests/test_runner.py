@@ -717,8 +717,9 @@ def test_run_records_only_the_program_s_calls_not_its_own_or_runpy_s(tmp_path, m
     assert "saved 3 value(s) of 2 key(s)" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("sets_itself_again", [False, True])
 @pytest.mark.parametrize("target", ["__main__:f:y", "json:dumps:return"])
-def test_run_hands_every_event_to_a_tracer_set_before_it(tmp_path, target, capsys):
+def test_run_hands_every_event_to_a_tracer_set_before_it(tmp_path, target, sets_itself_again, capsys):
     import sys
 
     from bcrecord import runner
@@ -729,6 +730,8 @@ def test_run_hands_every_event_to_a_tracer_set_before_it(tmp_path, target, capsy
     lines = []
 
     def tracer(frame, event, arg):
+        if sets_itself_again and event == "call":
+            sys.settrace(tracer)  # as coverage's C tracer does: that took bcrecord's trace out
         if frame.f_code.co_filename == str(program):
             if event == "line":
                 lines.append(frame.f_lineno)
@@ -768,14 +771,15 @@ def test_run_names_a_target_that_recorded_nothing(tmp_path, capsys):
     # nothing of it, only "saved N value(s) of 1 key(s)" for the other target.
     program = tmp_path / "prog.py"
     program.write_text(
-        "def used(v):\n    y = v\n    return y\n\ndef unused(v):\n    z = v\n    return z\n\nused(1)\n"
+        "def used(v):\n    y = v\n    if v > 10:\n        w = 1\n    return y\n\n"
+        "def unused(v):\n    z = v\n    return z\n\nused(1)\n"
     )
-    assert (
-        runner.run(["__main__:used:y", "__main__:unused:z"], str(program), save_dir=str(tmp_path / "o")) == 0
-    )
+    targets = ["__main__:used:y", "__main__:used:w", "__main__:unused:z"]  # w: a branch not taken
+    assert runner.run(targets, str(program), save_dir=str(tmp_path / "o")) == 0
     err = capsys.readouterr().err.splitlines()
-    assert err[0] == (
-        "bcrecord: target '__main__:unused:z' recorded nothing in this process (its code did not run "
-        "here; child processes, such as DataLoader workers, are not recorded)"
-    )
-    assert err[1].startswith("bcrecord: saved 1 value(s) of 1 key(s)") and len(err) == 2
+    why = "recorded nothing in this process (nothing reached it once patched; child processes, such as "
+    assert err[:2] == [
+        f"bcrecord: target '__main__:used:w' {why}DataLoader workers, are not recorded)",
+        f"bcrecord: target '__main__:unused:z' {why}DataLoader workers, are not recorded)",
+    ]
+    assert err[2].startswith("bcrecord: saved 1 value(s) of 1 key(s)") and len(err) == 3

@@ -120,6 +120,16 @@ def test_parse_all():
         parse_all([])
 
 
+class _BoolScalar:  # numpy's np.True_, a bool tensor's element: __index__ gives 1
+    dtype = "bool"
+
+    def __index__(self):
+        return 1
+
+    def __repr__(self):
+        return "a bool array's element"
+
+
 @pytest.mark.parametrize(
     "index, told",
     [
@@ -127,6 +137,7 @@ def test_parse_all():
         ("1", "an index is a non-negative int or a list of them, got '1'"),
         ([1.5], "an index must be a non-negative int, got 1.5"),
         ([True], "an index must be a non-negative int, got True"),
+        ([_BoolScalar()], "an index must be a non-negative int, got a bool array's element"),
     ],
 )
 def test_an_index_that_is_no_int_is_a_spec_error(index, told):

@@ -282,8 +282,9 @@ def test_steps_are_integers_of_any_integer_type(tmp_path):
 
 def test_a_local_s_key_without_its_assignment_suggests_the_saved_one(tmp_path):
     loaded = load(save({"__main__:train_step:loss@0": [1.5]}, tmp_path))
-    with pytest.raises(KeyError, match=r"did you mean '__main__:train_step:loss@0'\?"):
-        loaded["__main__:train_step:loss"]
+    for typed in ("__main__:train_step:loss", "prog:train_step:loss@0"):  # ('prog': the script's stem)
+        with pytest.raises(KeyError, match=r"did you mean '__main__:train_step:loss@0'\?"):
+            loaded[typed]
 
 
 def test_a_missing_key_names_the_saved_ones_for_values_and_steps(tmp_path):
