@@ -410,18 +410,19 @@ def test_a_shallow_copy_made_while_an_instance_is_patched_runs_its_own_method_af
     assert kept["step"].__self__ is counter and kept["step"](1) == 2
 
 
+class Scaled:
+    def __init__(self, k):
+        self.k = k
+
+    def fwd(self, x):
+        z = x * self.k
+        return z
+
+
 def test_a_deep_copy_made_while_an_instance_is_patched_records_itself_then_runs_the_class_s_method():
     import copy
 
-    class Net:
-        def __init__(self, k):
-            self.k = k
-
-        def fwd(self, x):
-            z = x * self.k
-            return z
-
-    net = Net(2)
+    net = Scaled(2)
     with bcrecord.patch_method(net, "fwd", ["z"], name="net"):
         twin = copy.deepcopy(net)  # the EMA pattern: the copy's method is bound to the copy
         twin.k = 10
@@ -429,7 +430,7 @@ def test_a_deep_copy_made_while_an_instance_is_patched_records_itself_then_runs_
             assert twin.fwd(1) == 10
     assert rec.all("net:fwd:z@0") == [10] and "fwd" not in vars(twin) and "fwd" not in vars(net)
     # Nothing of the patch is left in the copy to hide a later patch of the class.
-    with bcrecord.patch_method(Net, "fwd", ["z"], name="cls"), bcrecord.recording() as rec:
+    with bcrecord.patch_method(Scaled, "fwd", ["z"], name="cls"), bcrecord.recording() as rec:
         net.fwd(1), twin.fwd(2)
     assert rec.all("cls:fwd:z@0") == [2, 20]
 
@@ -437,16 +438,8 @@ def test_a_deep_copy_made_while_an_instance_is_patched_records_itself_then_runs_
 def test_a_copy_patched_itself_gets_the_class_s_method_back_whichever_patch_goes_first():
     import copy
 
-    class Net:
-        def __init__(self, k):
-            self.k = k
-
-        def fwd(self, x):
-            z = x * self.k
-            return z
-
     for make in (copy.copy, copy.deepcopy):
-        net = Net(2)
+        net = Scaled(2)
         first = bcrecord.patch_method(net, "fwd", ["z"], name="net")
         twin = make(net)  # holds the patched method (bound to net, or to itself)
         twin.k = 10
@@ -454,7 +447,7 @@ def test_a_copy_patched_itself_gets_the_class_s_method_back_whichever_patch_goes
         first.remove()
         second.remove()  # put back what it found: the first patch's method, gone now
         assert "fwd" not in vars(twin) and twin.fwd(1) == 10, make
-        with bcrecord.patch_method(Net, "fwd", ["z"], name="cls"), bcrecord.recording() as rec:
+        with bcrecord.patch_method(Scaled, "fwd", ["z"], name="cls"), bcrecord.recording() as rec:
             twin.fwd(1)
         assert rec.all("cls:fwd:z@0") == [10], make
 
