@@ -1064,7 +1064,7 @@ class _StopAtRoot:
     def __init__(
         self, model: torch.nn.Module, forward: Any, previous: Any, source: Optional[_StopAtRoot] = None
     ) -> None:
-        self.model, self.forward, self.previous = model, forward, previous
+        self.model, self.forward, self._previous = model, forward, previous
         #: syncs_gradients(model), found at the first call (a deepcopy's model is not built yet here).
         self.syncs: Optional[bool] = None
         self.recordings: List[ModelRecording] = []
@@ -1073,6 +1073,22 @@ class _StopAtRoot:
         self.source = None if source is None else weakref.ref(source)
         #: The deepcopies' (weak): put back with this one when no recording runs on them.
         self.twins: weakref.WeakSet[_StopAtRoot] = weakref.WeakSet()
+
+    @property
+    def previous(self) -> Any:
+        """What the model's ``__dict__`` held under ``forward`` before (``_MISSING``: nothing)."""
+        return self._previous
+
+    @previous.setter
+    def previous(self, value: Any) -> None:
+        # A patch removed under this one hands it what to put back (patch.ABSENT protocol):
+        # the deepcopies made meanwhile hold that patch's method bound to themselves.
+        old, self._previous = self._previous, value
+        func = getattr(old, "__func__", None)
+        for twin in list(self.twins):
+            if func is not None and getattr(twin.previous, "__func__", None) is func:
+                rebound = isinstance(value, types.MethodType) and value.__self__ is self.model
+                twin.previous = types.MethodType(value.__func__, twin.model) if rebound else value
 
     def _running(self) -> List[ModelRecording]:
         source = None if self.source is None else self.source()

@@ -881,12 +881,14 @@ def test_an_instance_patch_removed_inside_an_early_stop_block_leaves_nothing_beh
         warnings.simplefilter("error", bcrecord.RecordingWarning)  # bcrecord's own wrapper: no warning
         with record(net, ["0"], stop_after_last=True):
             assert net(x) is None
+            twin = copy.deepcopy(net)  # its stopping forward holds the patched method bound to it
             patch.remove()  # under the stopping forward, which holds the patched method
     assert "forward" not in vars(net) and torch.equal(net(x), net[2](net[1](net[0](x))))
+    assert "forward" not in vars(twin) and torch.equal(twin(x), net(x))
     with bcrecord.patch_method(torch.nn.Sequential, "forward", ["return"], name="seq"):
         with bcrecord.recording() as later:
-            net(x)
-    assert later.keys() == ["seq:forward:return"]
+            net(x), twin(x)
+    assert len(later.all("seq:forward:return")) == 2
 
 
 class _Scaled(torch.nn.Module):
