@@ -748,8 +748,8 @@ def _matching_paths(model: torch.nn.Module, pattern: str) -> List[str]:
 
 
 def _misspelt_part(model: torch.nn.Module, wanted: List[str]) -> str:
-    """``" ('block' names no submodule; did you mean 'blocks'?)"`` for the first part
-    before a glob that no submodule path has there, or ``''``."""
+    """``" ('block' names no submodule there; did you mean 'blocks'?)"`` for the first
+    part before a glob that no submodule path has there, or ``''``."""
     paths = [name.split(".") for name, _ in model.named_modules() if name]
     for depth, part in enumerate(wanted):
         if any(ch in part for ch in "*?["):
