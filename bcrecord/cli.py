@@ -45,7 +45,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 from .errors import BcrecordError, did_you_mean
 from .listing import decompiled, side_by_side
-from .patch import Patch, function_of, patch_function, patch_method, targets
+from .patch import Patch, a_method_name, function_of, patch_function, patch_method, targets
 
 __all__ = ["main", "resolve_path"]
 
@@ -116,7 +116,11 @@ def _resolved(path: str) -> Tuple[Any, Any]:
             f"{path!r}: name a script by its module name ('prog:{attr_path}' for prog.py, from its "
             "folder); '__main__' is a script's name only while `bcrecord run` runs it"
         )
-    return resolve_path(path)
+    holder, found = resolve_path(path)
+    if isinstance(found, type):
+        method = a_method_name(found)
+        raise BcrecordError(f"{path!r} is a class: name one of its methods, e.g. '{path}.{method}'")
+    return holder, found
 
 
 def _recordable(path: str) -> Any:
@@ -243,12 +247,12 @@ def _parser() -> argparse.ArgumentParser:
     p = commands.add_parser("targets", help="list everything recordable in a function")
     p.add_argument("path", help="package.module:Class.method or package.module:function")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    p.set_defaults(run=_targets)
+    p.set_defaults(run=_targets, parser=p)
     p = commands.add_parser("show", help="show the patched disassembly for some specs")
     p.add_argument("path", help="package.module:Class.method or package.module:function")
     p.add_argument("specs", nargs="+", help="specs such as x@1, self.fc.weight, return")
     p.add_argument("--name", help="owner part of keys (default: show)")
-    p.set_defaults(run=_show)
+    p.set_defaults(run=_show, parser=p)
 
     p = commands.add_parser(
         "run",
@@ -294,7 +298,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("-q", "--quiet", action="store_true", help="no summary line on stderr at the end")
     p.add_argument("-m", dest="module", metavar="MODULE", help="run a module, as python -m does")
     p.add_argument("args", nargs=argparse.REMAINDER, help="the script and its arguments")
-    p.set_defaults(run=_run)
+    p.set_defaults(run=_run, parser=p)
 
     p = commands.add_parser("view", help="summarize saved records and draw them as PNGs in DIR/plots")
     p.add_argument("directory", metavar="DIR", help="a directory written by bcrecord run --save-dir")
@@ -318,7 +322,7 @@ def _parser() -> argparse.ArgumentParser:
         default=None,
         help="progress bar on stderr (default: when stderr is a terminal)",
     )
-    p.set_defaults(run=_view)
+    p.set_defaults(run=_view, parser=p)
 
     p = commands.add_parser("demo", help="record inside a small CNN, print the table and write plots")
     p.add_argument(
@@ -329,7 +333,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--steps", type=int, default=5, help="training steps to record (default 5)")
     p.add_argument("--no-plots", action="store_true", help="skip the pictures (no matplotlib needed)")
-    p.set_defaults(run=_demo)
+    p.set_defaults(run=_demo, parser=p)
     return parser
 
 
@@ -357,7 +361,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     program_args: List[str] = []
     if tokens[:1] == ["run"]:
         tokens, program_args = _split_run(tokens)
-    args = _parser().parse_args(tokens)
+    args, unknown = _parser().parse_known_args(tokens)
+    if unknown:
+        # Said by the command's own parser, whose usage is the one that helps.
+        hint = ""
+        if args.command == "run" and "-c" in unknown:
+            hint = " (bcrecord run runs a script or -m module: save the -c code as a script)"
+        args.parser.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
     # A "--" before the script ends bcrecord's options; after -m MODULE it is the program's own.
     if getattr(args, "args", None) and args.args[0] == "--":
         args.args = args.args[1:]

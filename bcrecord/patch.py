@@ -120,8 +120,16 @@ _BASE_ATTR = "__bcrecord_base__"
 _SLOT_ATTR = "__bcrecord_slot__"
 
 
-def _not_a_wrapper(func: Any) -> bool:
-    return not isinstance(getattr(func, "__wrapped__", None), types.FunctionType)
+def _wrapped(func: Any) -> Optional[types.FunctionType]:
+    """The Python function ``func`` wraps (its ``__wrapped__``), or None.
+
+    Through a bound method: ``functools.wraps(obj.method)`` (what ``torch.compile(obj.m)``
+    and activation-checkpointing wrappers set on an instance) calls the method's function.
+    """
+    inner = getattr(func, "__wrapped__", None)
+    if isinstance(inner, types.MethodType):
+        inner = inner.__func__
+    return inner if isinstance(inner, types.FunctionType) else None
 
 
 def function_of(obj: Any) -> types.FunctionType:
@@ -137,8 +145,13 @@ def function_of(obj: Any) -> types.FunctionType:
         func = func.__func__
     if _copy_slot(func) is None:  # a recording copy is a function of its own (see _copy_slot)
         func = getattr(func, _BASE_ATTR, func)
-    if isinstance(func, types.FunctionType):
-        func = inspect.unwrap(func, stop=_not_a_wrapper)
+    seen = set()
+    while isinstance(func, types.FunctionType) and id(func) not in seen:  # (a cycle ends it)
+        seen.add(id(func))
+        inner = _wrapped(func)
+        if inner is None:
+            break
+        func = inner
     if not isinstance(func, types.FunctionType):
         raise NotPatchableError(_why_not_a_function(obj))
     return func
@@ -172,6 +185,23 @@ def outermost_taking_instance(func: types.FunctionType) -> types.FunctionType:
     return func
 
 
+def a_method_name(methods: Union[type, Iterable[str]]) -> str:
+    """The method of a class (or of the ``methods`` named) to give in a message asking for one.
+
+    ``forward`` where there is one, else the first whose name has no leading ``__``.
+
+    >>> class Step:
+    ...     def __init__(self): pass
+    ...     def step(self): pass
+    >>> a_method_name(Step), a_method_name(["__init__", "step", "forward"])
+    ('step', 'forward')
+    """
+    if isinstance(methods, type):
+        methods = [k for k, v in vars(methods).items() if isinstance(v, types.FunctionType)]
+    own = [name for name in methods if name[:2] != "__"]
+    return "forward" if "forward" in own or not own else own[0]
+
+
 def _why_not_a_function(obj: Any) -> str:
     """Why ``obj`` cannot be patched, and what to patch instead."""
     name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
@@ -179,8 +209,7 @@ def _why_not_a_function(obj: Any) -> str:
         name = getattr(obj.fget, "__qualname__", None) or name
     name = name or repr(obj)
     if isinstance(obj, type):
-        own = [k for k, v in vars(obj).items() if isinstance(v, types.FunctionType) and k[:2] != "__"]
-        method = "forward" if "forward" in own or not own else own[0]
+        method = a_method_name(obj)
         return (
             f"{obj.__name__} is a class: patch one of its methods, "
             f"e.g. patch_method({obj.__name__}, {method!r}, specs)"
@@ -496,7 +525,7 @@ class Patch:
         #: The function part of keys: the method's name as patched, else the code's own.
         self.function_name = function or slot.original_code.co_name
         # A per-instance owner is only known when the probe runs: '*' stands for it.
-        owner = "*" if callable(name) else name
+        owner = name.name if isinstance(name, _OneInstance) else "*" if callable(name) else name
         self.keys: Tuple[str, ...] = tuple(f"{owner}:{self.function_name}:{p.label}" for p in points)
         self._site_ids: List[int] = register_sites([self._site(point) for point in points])
 
@@ -1000,9 +1029,10 @@ def patch_method(
     the one there, which is an earlier patch's copy where one is installed (references
     to the original taken before that patch then run without this one's probes).
     A ``functools.wraps`` wrapper is patched in place, inside the function it wraps
-    (``unwrap=False``: the wrapper itself, see :func:`patch_function`), so it records
-    for every instance, also when ``obj`` is one: a per-instance ``name`` that returns
-    None for the others keeps one instance's values.
+    (``unwrap=False``: the wrapper itself, see :func:`patch_function`), where its probes
+    run for every instance: a patch of an instance keeps that instance's values (also
+    where its attribute wraps its own bound method: ``obj.m = torch.compile(obj.m)``),
+    one of a subclass every instance's (a per-instance ``name`` can choose).
 
     >>> import bcrecord
     >>> class Net:
@@ -1042,9 +1072,12 @@ def patch_method(
     stacks = shared and (_copy_slot(base) is not None or ("code", id(base)) in _slots)
     if in_place or base is not _function_of_shallow(raw) or stacks:
         # A wrapper holds the function it wraps: only patching that in place reaches it, for
-        # every instance (an instance's or a subclass's patch too: see the README).
+        # every instance (a subclass's patch too: see the README); an instance's keeps its own.
         # (Given what is there: an earlier patch's copy, if one runs there, is patched.)
-        return _patch_in_place(raw, specs, default if name is None else name, method, unwrap)
+        owner = default if name is None else name
+        if isinstance(owner, str) and base.__code__.co_argcount and _passes_itself(obj, raw, own):
+            owner = _OneInstance.of(obj, owner)
+        return _patch_in_place(raw, specs, owner, method, unwrap)
     if not isinstance(obj, (type, types.ModuleType)) and not hasattr(obj, "__dict__"):
         raise NotPatchableError(
             f"{type(obj).__name__} instances have no __dict__ (uses __slots__?): patch the class instead"
@@ -1097,6 +1130,50 @@ _LOOKED_UP_ON_THE_TYPE = frozenset(
     __buffer__ __release_buffer__ __instancecheck__ __subclasscheck__ __copy__ __getnewargs__
     __getnewargs_ex__""".split()
 )
+
+
+def _passes_itself(obj: Any, raw: Any, own: Any) -> bool:
+    """Whether calling ``obj``'s method passes ``obj`` first to the function it wraps: a
+    class's function (bound to it), or its own bound method or a wrapper of one
+    (``obj.m = torch.compile(obj.m)``)."""
+    if isinstance(obj, (type, types.ModuleType)):
+        return False
+    if own is _MISSING:
+        return isinstance(raw, types.FunctionType)
+    inner = own
+    for _ in range(100):  # a __wrapped__ cycle ends it
+        if not isinstance(inner, types.FunctionType):
+            break
+        inner = getattr(inner, "__wrapped__", None)
+    return isinstance(inner, types.MethodType) and inner.__self__ is obj
+
+
+class _OneInstance:
+    """The owner of one instance's patch that went in place: its name there, None elsewhere.
+
+    A wrapped method is patched in place, in code every instance runs; this keeps the
+    values of the instance patched only. Prints as the name (in keys and messages).
+    """
+
+    __slots__ = ("instance", "name")
+
+    def __init__(self, instance: weakref.ref[Any], name: str) -> None:
+        self.instance = instance
+        self.name = name
+
+    @classmethod
+    def of(cls, instance: Any, name: str) -> Owner:
+        """An owner for ``instance`` alone; ``name`` itself if it cannot be held weakly."""
+        try:
+            return cls(weakref.ref(instance), name)
+        except TypeError:  # no __weakref__ slot: every instance records, as before
+            return name
+
+    def __call__(self, instance: Any) -> Optional[str]:
+        return self.name if instance is self.instance() else None
+
+    def __str__(self) -> str:
+        return self.name
 
 
 def _function_of_shallow(raw: Any) -> Any:

@@ -42,8 +42,8 @@ stderr at the end.
 What passes through unchanged: the program's ``sys.argv``, stdin, stdout, its
 stderr (bcrecord adds one summary line there unless ``--quiet``), and its exit
 status: a :class:`SystemExit` is re-raised as it was, an uncaught exception prints
-its traceback (without bcrecord's frames; a :class:`KeyboardInterrupt`'s still
-shows them) and exits 1, as Python does. Two differences: a script's ``sys.argv[0]``
+its traceback (without bcrecord's frames) and exits 1, as Python does; a
+:class:`KeyboardInterrupt` ends it as it ends Python. Two differences: a script's ``sys.argv[0]``
 is its absolute path (runpy is given that, so that ``__file__`` stays right after
 an :func:`os.chdir`), and with ``--save-dir`` the program has one more thread, the
 writer's (``threading.enumerate()`` lists it; on 3.12+ a direct :func:`os.fork`
@@ -63,6 +63,7 @@ import functools
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import inspect
 import itertools
 import os
 import runpy
@@ -75,11 +76,25 @@ import warnings
 import zipfile
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Set, TextIO, Tuple, cast
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Set,
+    TextIO,
+    Tuple,
+    Union,
+    cast,
+)
 
 from .analysis import read, resolve
 from .errors import BcrecordError, RecordingWarning, did_you_mean
-from .patch import Patch, function_of, original_code, patch_function, patch_method
+from .patch import Patch, a_method_name, function_of, original_code, patch_function, patch_method
 from .runtime import Recording, Sink, copy_value, silence, silently
 from .specs import Spec, parse
 from .storage import Writer
@@ -88,7 +103,13 @@ __all__ = ["RunTarget", "RunError", "parse_target", "check_targets", "run"]
 
 #: What holds a function as ``.func`` (bcrecord's errors for them say to patch that).
 _FUNCTION_HOLDERS = (functools.partial, functools.partialmethod, functools.cached_property)
-_RUNNER_FILES = {os.path.abspath(__file__), os.path.abspath(runpy.__file__), "<frozen runpy>"}
+_COMMAND_LINE_FILES = ("runner.py", "cli.py", "__main__.py")
+#: Files whose frames a program's traceback leaves out: the runner's, the command line's, runpy's.
+_RUNNER_FILES = {
+    *(os.path.join(os.path.dirname(os.path.abspath(__file__)), name) for name in _COMMAND_LINE_FILES),
+    os.path.abspath(runpy.__file__),
+    "<frozen runpy>",
+}
 _SKIP = object()
 
 
@@ -223,8 +244,19 @@ def _functions(code: types.CodeType, prefix: str = "") -> Iterator[Tuple[str, ty
             continue
         qualname = prefix + const.co_name
         yield qualname, const
-        is_function = bool(const.co_flags & 0x1)  # CO_OPTIMIZED: a function, not a class body
+        is_function = bool(const.co_flags & _CO_OPTIMIZED)
         yield from _functions(const, qualname + (".<locals>." if is_function else "."))
+
+
+#: The code flag of a function's code (a class body's has not got it).
+_CO_OPTIMIZED = inspect.CO_OPTIMIZED
+
+
+def _a_class(target: RunTarget, methods: Union[type, Sequence[str]]) -> str:
+    """Why ``target`` names a class, with the target for one of its ``methods`` to give instead."""
+    spec = target.text.split(":", 2)[2]
+    example = f"{target.module}:{target.qualname}.{a_method_name(methods)}:{spec}"
+    return f"target {target.text!r}: {target.path[-1]} is a class: name one of its methods, e.g. {example!r}"
 
 
 def _check_in_code(target: RunTarget, code: types.CodeType, where: str) -> None:
@@ -246,8 +278,14 @@ def _check_in_code(target: RunTarget, code: types.CodeType, where: str) -> None:
                     "anew by each call, out of the module's reach: it cannot be a target"
                 )
         return  # defined some other way (assigned, inherited, generated): checked when patched
+    functions_found = [c for c in found if c.co_flags & _CO_OPTIMIZED]
+    if not functions_found:  # only class bodies by that name
+        inside = target.qualname + "."
+        methods = [n[len(inside) :] for n, _ in functions if n.startswith(inside)]
+        methods = [name for name in methods if "." not in name]  # its own, not theirs
+        raise RunError(_a_class(target, methods))
     first: Optional[BcrecordError] = None
-    for candidate in found:
+    for candidate in functions_found:
         try:
             resolve([target.spec], read(candidate, target.qualname))
             return
@@ -324,6 +362,8 @@ def _check_live(target: RunTarget, module: types.ModuleType) -> None:
         raise RunError(f"target {target.text!r}: {error}") from None
     if isinstance(value, property) and value.fget is not None:  # 'C.p': its getter
         value = value.fget
+    if isinstance(value, type):
+        raise RunError(_a_class(target, value))
     try:
         func = function_of(value)
         resolve([target.spec], read(original_code(func), func.__qualname__))
@@ -733,6 +773,27 @@ def _as_the_program_s(error: BaseException) -> None:
         pending += [one.__cause__, one.__context__]
 
 
+class _ShowAsTheProgramS:
+    """``sys.excepthook`` while ``error`` goes up through bcrecord's frames to Python's top level.
+
+    Python prints an uncaught exception with ``sys.excepthook`` and the frames it went
+    through; those are bcrecord's, which this leaves out. Any other exception is shown
+    by the hook that was there. Put back at its first call.
+    """
+
+    def __init__(self, error: BaseException, hook: Callable[..., Any]) -> None:
+        self.error = error
+        self.hook = hook
+
+    def __call__(self, kind: type, error: BaseException, tb: Optional[types.TracebackType]) -> None:
+        if sys.excepthook is self:
+            sys.excepthook = self.hook
+        if error is self.error:
+            _as_the_program_s(error)
+            tb = error.__traceback__
+        self.hook(kind, error, tb)
+
+
 def _is_import_frame(filename: str) -> bool:
     """Whether a frame is the import machinery's (``<frozen importlib._bootstrap>`` and the like)."""
     return filename.startswith("<frozen importlib._bootstrap")
@@ -1119,7 +1180,13 @@ class _Runner:
             print(f"bcrecord: {error}", file=self.stderr)
             self.aborted = True
             return 2
-        except (SystemExit, KeyboardInterrupt, GeneratorExit):
+        except KeyboardInterrupt as error:
+            # Re-raised, so that Python ends the process as it would have (its exit by
+            # SIGINT, after atexit): its traceback is shown without bcrecord's frames.
+            _as_the_program_s(error)
+            sys.excepthook = _ShowAsTheProgramS(error, sys.excepthook)
+            raise
+        except (SystemExit, GeneratorExit):
             raise
         except BaseException as error:
             _as_the_program_s(error)

@@ -1269,11 +1269,27 @@ class Recording:
             if any(error.key == key for error in self.errors):
                 raise KeyError(f"no value recorded for {key!r}: copying failed (see .errors)")
             known = [k for k, _ in self._recorded()]
+            listed = ", ".join(known) or "(nothing recorded yet)"
+            if self._probes(key):
+                raise KeyError(
+                    f"no values recorded for {key!r}: its probe was placed but did not run while "
+                    f"recorded (in a branch not taken, or a function not called?); recorded keys: {listed}"
+                )
             close = difflib.get_close_matches(key, known, n=3) if isinstance(key, str) else []
             hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
-            listed = ", ".join(known) or "(nothing recorded yet)"
             raise KeyError(f"no values recorded for {key!r}{hint}; recorded keys: {listed}")
         return values
+
+    def _probes(self, key: Any) -> bool:
+        """Whether a probe placed for this recording records ``key`` (for its missing-key message).
+
+        The core knows the probes in place now; a per-instance site's keys depend on
+        owners it cannot list (subclasses that know their keys say so).
+        """
+        return any(
+            site.owner is None and site.key == key and (self._only is None or site.tag in self._only)
+            for site in list(_SITES.values())
+        )
 
     def __getitem__(self, key: str) -> Any:
         """The latest value recorded under ``key``; ``KeyError`` (with close keys) if none.

@@ -115,6 +115,36 @@ def test_help_and_console_entry(project):
     assert "--save-dir" in cli("run", "--help").stdout
 
 
+@pytest.mark.parametrize("command", [["targets", "helper:Scaler"], ["show", "helper:Scaler", "out"]])
+def test_a_class_gets_a_method_path_to_give(project, command):
+    assert one_clear_line(cli(*command, cwd=project)) == (
+        "bcrecord: 'helper:Scaler' is a class: name one of its methods, e.g. 'helper:Scaler.scale'"
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "usage", "complaint"),
+    [
+        (["targets", "json:dumps", "--bogus"], "usage: bcrecord targets", "unrecognized arguments: --bogus"),
+        (["view", "--bogus", "x"], "usage: bcrecord view", "unrecognized arguments: --bogus"),
+        (
+            ["run", "-r", "m:f:x", "-c", "print(1)"],
+            "usage: bcrecord run --record TARGET",
+            "unrecognized arguments: -c "
+            "(bcrecord run runs a script or -m module: save the -c code as a script)",
+        ),
+    ],
+)
+def test_unknown_options_get_their_command_s_usage(capsys, args, usage, complaint):
+    from bcrecord.cli import main
+
+    with pytest.raises(SystemExit) as ended:
+        main(args)
+    err = capsys.readouterr().err
+    assert ended.value.code == 2
+    assert err.startswith(usage) and err.rstrip().endswith(complaint), err
+
+
 def test_view_table_of_pickled_records(project, tmp_path):
     out = tmp_path / "records"
     assert cli("run", "-r", "helper:twice:y", "-o", out, "prog.py", cwd=project).returncode == 0

@@ -630,7 +630,7 @@ def test_unwrap_false_records_what_the_wrapper_returns_and_leaves_it_as_it_was()
     assert [w.__code__ for w in wrappers] == codes and (M.forward, M.forward.__wrapped__) == wrappers
 
 
-def test_a_wrapped_method_is_patched_in_place_for_all_but_a_plain_one_stays_the_instance_s():
+def test_a_wrapped_method_is_patched_in_place_keeping_the_instance_s_values():
     class Wrapped:
         @times_ten
         def forward(self, x):
@@ -642,10 +642,16 @@ def test_a_wrapped_method_is_patched_in_place_for_all_but_a_plain_one_stays_the_
             return x + 1
 
     a, b = Wrapped(), Wrapped()
+    original = Wrapped.forward.__wrapped__.__code__
     with bcrecord.patch_method(a, "forward", "y", name="a") as patch, bcrecord.recording() as rec:
+        assert (a.forward(1), b.forward(2)) == (20, 30)
+        assert Wrapped.forward.__wrapped__.__code__ is not original and "forward" not in vars(a)
+    # The function inside the wrapper runs in place, for every instance; only a's values are kept.
+    assert rec.all("a:forward:y@0") == [2] and patch.keys == ("a:forward:y@0",) and str(patch.name) == "a"
+    assert Wrapped.forward.__wrapped__.__code__ is original
+    with bcrecord.patch_method(Wrapped, "forward", "y") as patch, bcrecord.recording() as rec:
         a.forward(1), b.forward(2)
-    # The function inside the wrapper runs in place for every instance (a documented limit).
-    assert rec.all("a:forward:y@0") == [2, 3] and patch.keys == ("a:forward:y@0",)
+    assert rec.all("Wrapped:forward:y@0") == [2, 3]  # a class's patch: every instance
     p, q = Plain(), Plain()
     for unwrap in (True, False):  # no wrapper: unwrap=False changes nothing, the patch stays p's
         with (
@@ -654,6 +660,31 @@ def test_a_wrapped_method_is_patched_in_place_for_all_but_a_plain_one_stays_the_
         ):
             p.forward(1), q.forward(100)
         assert rec.all("p:forward:return") == [2] and "forward" not in vars(p)
+
+
+def test_an_instance_attribute_wrapping_its_own_bound_method_is_seen_through():
+    import functools
+
+    # What torch.compile(obj.m) and activation-checkpointing wrappers set on an instance.
+    class A:
+        def m(self, x):
+            y = x + 1
+            return y
+
+    a, b = A(), A()
+    inner = a.m
+
+    @functools.wraps(inner)
+    def wrapper(*args, **kwargs):
+        z = 0
+        return inner(*args, **kwargs) * 10 + z
+
+    a.m = wrapper
+    assert list(bcrecord.targets(a.m).locals) == ["y"]  # A.m's, not the wrapper's z
+    with bcrecord.patch_method(a, "m", ["y"]) as patch, bcrecord.recording() as rec:
+        assert (a.m(1), b.m(5)) == (20, 6)
+    assert rec.all("A:m:y@0") == [2] and patch.keys == ("A:m:y@0",)  # a's value only
+    assert vars(a)["m"] is wrapper and A.m.__code__.co_varnames == ("self", "x", "y")
 
 
 def test_unwrap_false_keys_name_the_function_not_the_wrapper_code():

@@ -523,6 +523,21 @@ def test_run_traceback_of_a_module_raising_on_import_is_python_s(project, top):
     ]
 
 
+@pytest.mark.parametrize("own_hook", [False, True])
+def test_run_keyboard_interrupt_ends_the_program_as_python_does(project, own_hook):
+    hook = "import sys\nsys.excepthook = lambda *e: print('own hook', e[0].__name__)\n" if own_hook else ""
+    (project / "interrupted.py").write_text(
+        hook + "def f(x):\n    y = x + 1\n    return y\n\nf(1)\nraise KeyboardInterrupt\n"
+    )
+    expected = plain("interrupted.py", cwd=project)
+    result = cli("run", "-r", "__main__:f:y", "interrupted.py", cwd=project)
+    assert result.returncode == expected.returncode != 0
+    assert result.stdout == expected.stdout == ("own hook KeyboardInterrupt\n" if own_hook else "")
+    # Python's traceback, only the program's frame (none of bcrecord's or runpy's), then the summary.
+    assert result.stderr.startswith(expected.stderr), result.stderr
+    assert "__main__:f:y@0  1       2" in result.stderr[len(expected.stderr) :]
+
+
 def test_run_target_of_a_program_that_ends_before_defining_it(project):
     (project / "early.py").write_text("import sys\nsys.exit(4)\n\ndef f(x):\n    y = x\n    return y\n")
     result = cli("run", "-r", "__main__:f:y", "early.py", cwd=project)
@@ -569,6 +584,27 @@ def test_run_refuses_a_function_defined_inside_another(project):
     result = cli("run", "-r", "__main__:h.alt:return", "nested.py", cwd=project)  # h.alt = g sets it
     assert result.returncode == 0 and result.stdout == "2 1\n", result.stderr
     assert [line.split() for line in result.stderr.splitlines()[2:]] == [["__main__:g:return", "1", "1"]]
+
+
+@pytest.mark.parametrize(
+    ("target", "suggested"),
+    [
+        ("__main__:Acc:y", "'__main__:Acc.add:y'"),  # the program's class, from its code
+        ("acc:Acc:y", "'acc:Acc.add:y'"),  # a module's, from its code before it is imported
+        ("json.decoder:JSONDecoder:obj", "'json.decoder:JSONDecoder.decode:obj'"),  # imported already
+    ],
+)
+def test_run_refuses_a_class_naming_one_of_its_methods(project, target, suggested):
+    source = "class Acc:\n    def __init__(self):\n        self.n = 0\n\n"
+    source += "    def add(self, x):\n        y = x + 1\n        return y\n"
+    (project / "acc.py").write_text(source)
+    (project / "useacc.py").write_text(source + "\nimport acc\nprint(Acc().add(1))\n")
+    result = cli("run", "-r", target, "useacc.py", cwd=project)
+    assert result.stdout == ""  # refused before the program starts
+    name = target.split(":")[1]
+    assert one_clear_line(result) == (
+        f"bcrecord: target {target!r}: {name} is a class: name one of its methods, e.g. {suggested}"
+    )
 
 
 def test_run_patches_each_definition_of_a_program_s_function(project):

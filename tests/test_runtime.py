@@ -94,6 +94,32 @@ def test_keys_reading_api_and_missing_key_message():
     assert len(rec) == 0
 
 
+def test_missing_key_of_a_probe_that_did_not_run_says_so():
+    def f(x, fused=True):
+        if fused:
+            out = x * 2
+        else:
+            attn = x + 1  # not run while recorded
+            out = attn * 2
+        return out
+
+    def h(x):
+        attn = x + 1
+        return attn
+
+    with bcrecord.patch_function(f, ["attn", "out"], name="r") as mine:
+        with bcrecord.patch_function(h, ["attn"], name="r"):
+            with bcrecord.recording(only=[mine]) as rec:
+                assert f(1) == 2 and h(1) == 2
+            assert rec.keys() == ["r:f:out@0"]
+            with pytest.raises(KeyError, match=r"'r:f:attn@0': its probe was placed but did not run while"):
+                rec["r:f:attn@0"]
+            # Not placed for this recording (another patch's, or no probe at all): a "did you mean".
+            for key in ("r:h:attn@0", "r:f:atn@0"):
+                with pytest.raises(KeyError, match=r"did you mean 'r:f:out@0'\?"):
+                    rec[key]
+
+
 def test_keep_last_and_ring_buffer():
     def f(n):
         for k in range(n):

@@ -222,6 +222,18 @@ def _unwrap(model: Any) -> Any:
         model = inner
 
 
+def _where_it_runs(model: Any, inner: Any, method: str) -> Any:
+    """Whose ``method`` runs when the runner calls ``runner.model.<method>``: a wrapper's own
+    (``MMDistributedDataParallel.train_step`` runs the inner model's steps itself, never its
+    ``train_step``), unless it hands the call on (``self.module.val_step(data)``): ``inner``'s."""
+    if model is inner:
+        return inner
+    own = getattr(type(model), method, None)
+    if not isinstance(own, types.FunctionType) or own is getattr(type(inner), method, None):
+        return inner
+    return inner if method in own.__code__.co_names else model
+
+
 def resolve_model(model: Any, path: str) -> Any:
     """The object at dotted ``path`` under ``model``; wrappers resolve through ``.module``.
 
@@ -663,6 +675,8 @@ class RecorderHook(Hook):
                     target = resolve_model(runner.model, rc.model)
                 except RecorderConfigError as error:
                     raise _fail(rc.where, str(error)) from None
+                if not rc.model:
+                    target = _where_it_runs(runner.model, target, rc.method)
                 if isinstance(target, (type, types.ModuleType)):
                     raise _fail(
                         rc.where,

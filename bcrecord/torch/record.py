@@ -235,6 +235,10 @@ class ModelRecording(Recording):
         for policy in self._policies:
             policy.settle()
 
+    def _probes(self, key: Any) -> bool:
+        # Its plan's keys: its probes are gone once the block ends, when values are read.
+        return any(key in keys for keys in self.targets.values()) or super()._probes(key)
+
     def keys_of(self, target: str) -> List[str]:
         """The keys a target string given to :func:`record` names (recorded or not yet).
 

@@ -80,6 +80,7 @@ class ToyModel(BaseModel):
 
 TOY_FORWARD = ToyModel.forward
 TOY_CODE = ToyModel.forward.__code__
+LINEAR_FORWARD_CODE = nn.Linear.forward.__code__
 
 
 class MiniResNet(nn.Module):
@@ -837,6 +838,71 @@ def test_distributed_wrapper_resolves_through_module(tmp_path):
     assert bcrecord.load(tmp_path / "records" / "train").steps(WEIGHT) == [0, 1, 2, 3]
     assert_restored(model)
     assert "forward" not in vars(wrapped)
+
+
+def test_a_wrapper_s_own_train_step_is_recorded_where_it_runs(tmp_path):
+    import torch.distributed as dist
+
+    losses = "runner_model:train_step:losses@0"
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        model = ToyModel()
+        wrapped = MMDistributedDataParallel(module=model)
+        checker = Checker([losses, "runner_model:val_step:return"], toy_snapshot)
+        # train_step: the wrapper's own (it never calls the model's); val_step: handed on to the model.
+        recorders = [
+            dict(type="FunctionRecorder", method="train_step", target="losses"),
+            dict(type="FunctionRecorder", method="val_step", target="return"),
+        ]
+        hook = dict(type="RecorderHook", recorders=recorders, loops=["train", "val"])
+        runner = make_runner(tmp_path, wrapped, [hook, checker], val=True)
+        runner.train()
+    finally:
+        dist.destroy_process_group()
+    assert len(checker.iters["train"]) == 4
+    for entry in checker.iters["train"]:
+        labels = torch.stack(entry["batch"]["data_samples"])
+        expected = (labels - toy_expected(entry)[OUTPUTS]).sum()
+        assert torch.allclose(entry["hub"][losses]["loss"], expected, rtol=1e-5, atol=1e-6)
+    for entry in checker.iters["val"]:  # the model's val_step: its predictions
+        w = entry["snapshot"]
+        hidden = F.linear(torch.stack(entry["batch"]["inputs"]), w["linear1.weight"], w["linear1.bias"])
+        expected = F.linear(hidden, w["linear2.weight"], w["linear2.bias"])
+        assert torch.allclose(entry["hub"]["runner_model:val_step:return"], expected, rtol=1e-5, atol=1e-6)
+    assert len(checker.iters["val"]) == 4
+    assert_restored(model)
+    assert "train_step" not in vars(wrapped) and "val_step" not in vars(model)
+
+
+@pytest.mark.parametrize("option", ["compile", "activation_checkpointing"])
+def test_runner_options_that_wrap_a_recorded_method_after_before_run(tmp_path, option):
+    # MMEngine sets model.train_step = torch.compile(model.train_step), and submodule.forward =
+    # wraps(submodule.forward)(checkpointed), between before_run and before_train.
+    if option == "compile":
+        recorders, key = [dict(type="FunctionRecorder", method="train_step", target="losses")], None
+        cfg = dict(compile=dict(backend="eager"))
+    else:
+        recorders = [dict(type="FunctionRecorder", model="linear1", target="return")]
+        cfg = dict(activation_checkpointing=["linear1"])
+    key = "runner_model:train_step:losses@0" if option == "compile" else "linear1:forward:return"
+    torch.manual_seed(0)
+    model = ToyModel()
+    checker = Checker([key], toy_snapshot)
+    runner = make_runner(tmp_path, model, [dict(type="RecorderHook", recorders=recorders), checker], cfg=cfg)
+    runner.train()
+    assert len(checker.iters["train"]) == 4
+    for entry in checker.iters["train"]:
+        w = entry["snapshot"]
+        hidden = F.linear(torch.stack(entry["batch"]["inputs"]), w["linear1.weight"], w["linear1.bias"])
+        if option == "compile":
+            labels = torch.stack(entry["batch"]["data_samples"])
+            outputs = F.linear(hidden, w["linear2.weight"], w["linear2.bias"])
+            assert torch.allclose(entry["hub"][key]["loss"], (labels - outputs).sum(), rtol=1e-5, atol=1e-5)
+        else:
+            assert torch.allclose(entry["hub"][key], hidden, rtol=1e-5, atol=1e-6)
+    assert type(model).train_step.__code__ is BaseModel.train_step.__code__
+    assert nn.Linear.forward.__code__ is LINEAR_FORWARD_CODE
 
 
 def test_visualization_hook_draws_from_the_message_hub(tmp_path):

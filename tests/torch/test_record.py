@@ -484,6 +484,12 @@ def test_model_that_fx_cannot_trace():
     assert torch.allclose(rec.all(":forward:h@1")[-1], hs[-1].detach())
     branch = ":forward:out@0" if hs[-1].mean() > 0 else ":forward:out@1"
     assert torch.allclose(rec[branch], out.detach())
+    # The other branch's key: planned, read after the block (its probes gone), not a typo.
+    other = ({":forward:out@0", ":forward:out@1"} - {branch}).pop()
+    with pytest.raises(KeyError, match=f"'{other}': its probe was placed but did not run while recorded"):
+        rec[other]
+    with pytest.raises(KeyError, match=r"\(did you mean '"):
+        rec[":forward:outt@0"]
 
 
 def test_bound_methods_stored_on_the_instance_are_reached():

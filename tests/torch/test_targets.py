@@ -588,6 +588,11 @@ def test_an_fx_name_with_no_site_says_what_fx_names_cannot_be_mapped():
         expand(Indexing(), "getitem")
     assert str(error.value).startswith("the model has no submodule 'getitem'; nor is 'getitem' an FX name")
     assert "pick a target from list_targets" in str(error.value)
+    # A Sequential index past its end is no FX name: only the "did you mean".
+    model = torch.nn.Sequential(torch.nn.Sequential(torch.nn.ReLU(), torch.nn.ReLU()))
+    with pytest.raises(bcrecord.TargetError) as error:
+        expand(model, "0.5")
+    assert str(error.value) == "the model has no submodule '0.5'; did you mean '0.1', '0.0'?"
 
     class Embed(torch.nn.Module):
         def __init__(self):
