@@ -68,6 +68,7 @@ import itertools
 import os
 import runpy
 import shlex
+import signal
 import sys
 import threading
 import time
@@ -606,7 +607,8 @@ class _Collector:
             self.last_flush = time.monotonic()
             try:
                 # Silently: the writer's own calls (json.dumps, os.path...) are not the program's.
-                silently(self._write, batch)
+                with _signals_held():
+                    silently(self._write, batch)
             except Exception as error:
                 self.error = (
                     str(error) if isinstance(error, BcrecordError) else f"{type(error).__name__}: {error}"
@@ -645,6 +647,42 @@ class _Collector:
             self.writer.write_many(_by_step(batch), unsavable=self._unsavable)
         for key, _, _ in batch:
             self.saved[key] += 1
+
+
+#: Signals whose Python handlers :func:`_signals_held` holds back (their default ones raise).
+_HELD_SIGNALS = tuple(
+    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
+)
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Run the block with the program's Python signal handlers held back, then run them.
+
+    A write of buffered values in the main thread (where Python runs signal handlers)
+    cut short by Ctrl-C, or by a SIGTERM handler that exits, would lose every value of
+    the batch it was writing; it is over in moments, and the signal comes right after.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: List[int] = []
+    replaced: Dict[int, Any] = {}
+    try:
+        for number in _HELD_SIGNALS:
+            handler = signal.getsignal(number)
+            if callable(handler):  # the program's (or Python's default_int_handler): not SIG_DFL/SIG_IGN
+                signal.signal(number, lambda number, frame: held.append(number))
+                replaced[number] = handler
+    except (ValueError, OSError):  # not settable here (another interpreter): as it was
+        pass
+    try:
+        yield
+    finally:
+        for number, handler in replaced.items():
+            signal.signal(number, handler)
+        for number in held:
+            signal.raise_signal(number)  # its own handler runs now
 
 
 def _owner_names(

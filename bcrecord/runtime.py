@@ -50,6 +50,7 @@ from __future__ import annotations
 import builtins
 import contextvars
 import copy as _copy_module
+import dataclasses
 import difflib
 import functools
 import importlib
@@ -764,6 +765,17 @@ def _container_copier(cls: type, policy: str) -> Copier:
     return rebuild
 
 
+def _dataclass_copier(policy: str) -> Copier:
+    def rebuild(value: Any) -> Any:
+        copied = _copy_module.copy(value)
+        for item in dataclasses.fields(value):
+            # object.__setattr__: a frozen dataclass's fields too (on the copy only)
+            object.__setattr__(copied, item.name, copy_value(getattr(value, item.name), policy))
+        return copied
+
+    return rebuild
+
+
 #: Plug-ins that register copies for a library's types, loaded (by name, so the core
 #: never imports them) the first time a value from that library is copied.
 _PLUGINS = {"torch": "bcrecord.torch.copies"}
@@ -794,6 +806,8 @@ def _find_copier(policy: Any, cls: type) -> Optional[Copier]:
     method = "clone" if policy == "clone" else "detach"
     if callable(getattr(cls, method, None)):
         return _method_copier(method, policy)
+    if dataclasses.is_dataclass(cls):  # a model's output object: each field as it would be alone
+        return _dataclass_copier(policy)
     if policy == "clone" and cls.__module__ == "numpy" and callable(getattr(cls, "copy", None)):
         return _method_copier("copy", policy)
     return None

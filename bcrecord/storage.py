@@ -25,7 +25,12 @@ directory raises :class:`StorageError` naming the directory. Saves into one dire
 from several writers or processes at once (``bcrecord run -o DIR`` on each rank) take
 turns under a lock file (``records/.lock``; on systems without ``fcntl``, saves of
 one process at a time only), each first reading what the others appended. Tensors that ``safetensors``
-cannot store (``complex128``, sparse, quantized or nested tensors) are pickled instead.
+cannot store (``complex128``, sparse, quantized or nested tensors) are pickled instead. Every tensor
+pickled, alone or inside another value (a tuple, a dict, a dataclass), is saved detached and on the
+CPU (it loads on a machine without a GPU), in ``torch.save``'s form where torch cannot read its
+pickle back (``complex32``). A value a save cannot hold at all (a tensor of ``vmap`` or of a fake
+mode, a ``uint4`` tensor) raises :class:`UnsavableValue` naming its key, or is saved as its repr
+(see :meth:`Writer.write_many`).
 
 >>> import tempfile, bcrecord
 >>> folder = tempfile.mkdtemp()
@@ -49,6 +54,7 @@ import re
 import threading
 import time
 import uuid
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
@@ -324,7 +330,7 @@ class Writer:
             for key, values in items:
                 for value in values:
                     position = positions[(key, step)] = positions.get((key, step), -1) + 1
-                    name = f"{key}#{step}#{position}"
+                    name = _name(key, step, position)
                     try:
                         info = _describe(value)
                         if info["kind"] == "tensor":
@@ -344,13 +350,7 @@ class Writer:
         # Pickled before any file is written: a value pickle refuses leaves no file behind.
         pickled = _pickled(others, entries) if others else b""
         if tensors:
-            try:
-                from safetensors.torch import save as save_tensors
-            except ImportError:
-                raise StorageError(
-                    "saving tensors needs the safetensors package: pip install 'bcrecord[save]'"
-                ) from None
-            _atomic_write(self.directory / f"records/{stem}.safetensors", save_tensors(tensors))
+            _atomic_write(self.directory / f"records/{stem}.safetensors", _safetensors(tensors, entries))
         if others:
             _atomic_write(self.directory / f"records/{stem}.pkl", pickled)
         line = json.dumps({"entries": entries}).encode() + b"\n"  # (starts with _SAVE_LINE_START)
@@ -494,32 +494,138 @@ def _checked(entries: Any) -> List[Dict[str, Any]]:
     return entries
 
 
+def _name(key: str, step: int, position: int) -> str:
+    """A value's name in its data file: ``key#step#position`` (``ascii(key)`` for a key that is
+    no UTF-8 text, such as one with a lone surrogate, which a safetensors header cannot hold)."""
+    try:
+        key.encode("utf-8")
+    except UnicodeEncodeError:
+        key = ascii(key)
+    return f"{key}#{step}#{position}"
+
+
+def _safetensors(tensors: Dict[str, Any], entries: List[Dict[str, Any]]) -> bytes:
+    """``tensors`` in safetensors' format, or an UnsavableValue naming the key and step of one it refuses."""
+    try:
+        from safetensors.torch import save as save_tensors
+    except ImportError:
+        raise StorageError(
+            "saving tensors needs the safetensors package: pip install 'bcrecord[save]'"
+        ) from None
+
+    try:
+        return save_tensors(tensors)  # type: ignore[no-any-return]
+    except Exception as error:
+        _blame(entries, tensors, error, "save the tensors")
+        raise  # (_blame raises)
+
+
 def _pickled(others: Dict[str, Any], entries: List[Dict[str, Any]]) -> bytes:
     """``others`` pickled, or an UnsavableValue naming the key and step of a value pickle refuses."""
     try:
-        return pickle.dumps(others, protocol=4)
+        return _dumps(others)
     except Exception as error:
-        for row in entries:
-            why = _why_unsavable(others[row["name"]]) if row["name"] in others else None
-            if why is not None:
-                raise UnsavableValue(f"cannot save {row['key']!r} (step {row['step']}): {why}") from None
-        # Each value pickles alone, not all together: no one value to blame.
-        raise UnsavableValue(f"cannot pickle the values: {type(error).__name__}: {error}") from None
+        _blame(entries, others, error, "pickle the values")
+        raise  # (_blame raises)
+
+
+def _blame(entries: List[Dict[str, Any]], values: Dict[str, Any], error: Exception, doing: str) -> None:
+    """Raise an UnsavableValue naming the first of ``values`` (by entry name) a save cannot hold."""
+    for row in entries:
+        why = _why_unsavable(values[row["name"]]) if row["name"] in values else None
+        if why is not None:
+            raise UnsavableValue(f"cannot save {row['key']!r} (step {row['step']}): {why}") from None
+    # Each value saves alone, not all together: no one value to blame.
+    raise UnsavableValue(f"cannot {doing}: {type(error).__name__}: {error}") from None
 
 
 def _why_unsavable(value: Any) -> Optional[str]:
-    """Why a save cannot hold ``value``, None if it can.
+    """Why a save cannot hold ``value``, None if it can: the save's own steps, tried on it alone.
 
     >>> _why_unsavable(1.5), _why_unsavable(i for i in "")
     (None, 'generator cannot be pickled (TypeError)')
     """
     if is_tensor(value):
-        return "a meta tensor has no data" if getattr(value, "is_meta", False) else None
+        if getattr(value, "is_meta", False):
+            return "a meta tensor has no data"
+        try:
+            with warnings.catch_warnings():  # what trying says on the way (safetensors' own)
+                warnings.simplefilter("ignore")
+                if _describe(value)["kind"] == "tensor":
+                    from safetensors.torch import save as save_tensors
+
+                    save_tensors({"value": value.detach().cpu().contiguous().clone()})
+                else:
+                    _dumps(value.detach().cpu())
+        except ImportError:  # safetensors: the save says so itself
+            return None
+        except Exception as error:  # a tensor of vmap, of torch.export's fake mode, of uint4...
+            said = (str(error).splitlines() or [""])[0]
+            said = said if len(said) <= 160 else said[:157] + "..."
+            return f"{type(value).__name__} cannot be saved ({type(error).__name__}: {said})"
+        return None
     try:
-        pickle.dumps(value, protocol=4)
+        _dumps(value)
     except Exception as error:
         return f"{type(value).__name__} cannot be pickled ({type(error).__name__})"
     return None
+
+
+def _dumps(value: Any) -> bytes:
+    """``value`` pickled, every tensor in it (in tuples, dicts, objects) detached, on the CPU and
+    loadable (see :class:`_Pickler`)."""
+    out = io.BytesIO()
+    _Pickler(out, protocol=4).dump(value)
+    return out.getvalue()
+
+
+class _Pickler(pickle.Pickler):
+    """A pickler for saved values: tensors anywhere in them are saved as :func:`load` promises.
+
+    That is detached and on the CPU (a GPU run's tuple of tensors loads on a machine without
+    one), and in a form that loads: pickle's own for most dtypes; ``torch.save``'s for
+    those whose pickle torch cannot read back (``complex32``).
+    """
+
+    def reducer_override(self, obj: Any) -> Any:
+        if not is_tensor(obj) or getattr(obj, "is_meta", False):
+            return NotImplemented
+        if obj.requires_grad or obj.device.type != "cpu":
+            return obj.detach().cpu().__reduce_ex__(4)  # (that tensor's reducer: this one passes it)
+        if _pickle_loads(obj.dtype):
+            return NotImplemented
+        import torch
+
+        buffer = io.BytesIO()
+        torch.save(obj, buffer)
+        return _torch_loaded, (buffer.getvalue(),)
+
+
+#: Per tensor dtype, whether pickle's form of a tensor of it loads back (asked once per dtype).
+_pickle_dtypes: Dict[Any, bool] = {}
+
+
+def _pickle_loads(dtype: Any) -> bool:
+    known = _pickle_dtypes.get(dtype)
+    if known is None:
+        import torch
+
+        try:
+            with warnings.catch_warnings():  # what torch says on the way (its TypedStorage's)
+                warnings.simplefilter("ignore")
+                pickle.loads(pickle.dumps(torch.empty(1, dtype=dtype), protocol=4))
+            known = True
+        except Exception:  # complex32, bits8...: torch pickles them, and cannot unpickle them
+            known = False
+        _pickle_dtypes[dtype] = known
+    return known
+
+
+def _torch_loaded(data: bytes) -> Any:
+    """A tensor saved with ``torch.save`` into a pickled value (see :class:`_Pickler`)."""
+    import torch
+
+    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
 
 
 def _with_reprs(

@@ -819,3 +819,37 @@ def test_run_names_a_target_that_recorded_nothing(tmp_path, capsys):
         f"bcrecord: target '__main__:unused:z' {why}DataLoader workers, are not recorded)",
     ]
     assert err[2].startswith("bcrecord: saved 1 value(s) of 1 key(s)") and len(err) == 3
+
+
+@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
+def test_a_signal_during_a_write_in_the_main_thread_waits_for_the_write(tmp_path, monkeypatch, signal_name):
+    import signal
+
+    from bcrecord import runner, storage
+
+    number = getattr(signal, signal_name)
+
+    def exits(number, frame):  # a program's SIGTERM handler
+        raise SystemExit(143)
+
+    # Python's own Ctrl-C handler (whatever an earlier test left), or a program's SIGTERM handler.
+    previous = signal.signal(number, signal.default_int_handler if signal_name == "SIGINT" else exits)
+    collector = runner._Collector(storage.Writer(tmp_path))
+    real = storage.Writer.write_many
+
+    def interrupted(self, *args, **kwargs):
+        signal.raise_signal(number)  # Ctrl-C (or a scheduler's SIGTERM) mid-write
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(storage.Writer, "write_many", interrupted)
+    try:
+        for step in range(3):
+            collector.deliver("m:f:x@0", step, step * 10)
+        with pytest.raises(KeyboardInterrupt if signal_name == "SIGINT" else SystemExit):
+            collector.flush()
+        # The handler was put back as it was before the write.
+        assert signal.getsignal(number) is (signal.default_int_handler if signal_name == "SIGINT" else exits)
+    finally:
+        signal.signal(number, previous)
+    # The batch was written whole before the handler ran; nothing is left to write.
+    assert bcrecord.load(tmp_path)["m:f:x@0"] == [0, 10, 20] and collector.buffer == []

@@ -62,6 +62,24 @@ def test_copy_policies_per_recording_and_per_spec():
     assert rec["ps:mutating:pre@0"] is value and rec["ps:mutating:post@0"] is not value
 
 
+def test_clone_copies_dataclasses_field_by_field():
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True)
+    class Output:
+        hidden: Mutable
+        sizes: list
+        note: str = "x"
+
+    live = Output(Mutable(1), [2])
+    copied = copy_value(live, "clone")
+    live.hidden.add_(5)
+    live.sizes.append(3)
+    assert type(copied) is Output and copied is not live and copied.note == "x"
+    assert copied.hidden.v == 1 and copied.sizes == [2]  # as it was when copied
+    assert copy_value(live, "none") is live and copy_value(live, "detach").hidden == ("detached", 6)
+
+
 def test_clone_copies_containers_around_values():
     data = {"a": [Mutable(1)], "b": (Mutable(2), 3)}
     copied = copy_value(data, "clone")

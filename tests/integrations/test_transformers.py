@@ -275,3 +275,25 @@ def test_the_documented_recipe_runs_and_prints_what_it_shows(capsys):
             checked += 1
     assert ran == 5 and checked == 3
     assert_clean()
+
+
+def test_gradient_checkpointing_records_the_recomputation_too(gpt2):
+    # docs/transformers.md, "Gradient checkpointing": two values per layer for a step with a backward.
+    model = transformers.GPT2LMHeadModel(gpt2.config)
+    model.load_state_dict(gpt2.state_dict())
+    model.gradient_checkpointing_enable()
+    model.train()
+    ids = torch.tensor([[1, 2, 3, 4]])
+    torch.manual_seed(3)
+    with attention_recorder(model, modeling_gpt2.eager_attention_forward, ["attn_weights@2"]):
+        with bcrecord.recording() as rec:
+            out = model(ids, labels=ids)
+            forward_only = {key: len(rec.all(key)) for key in rec.keys()}
+            out.loss.backward()
+    keys = [f"transformer.h.{i}.attn:eager_attention_forward:attn_weights@2" for i in range(2)]
+    assert forward_only == dict.fromkeys(keys, 1)
+    assert {key: len(rec.all(key)) for key in rec.keys()} == dict.fromkeys(keys, 2)
+    for key in keys:  # the recomputation replays the forward (dropout's random state included)
+        first, again = rec.all(key)
+        assert torch.equal(first, again)
+    assert modeling_gpt2.eager_attention_forward.__code__ is GPT2_ATTENTION_CODE

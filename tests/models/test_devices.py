@@ -113,3 +113,15 @@ def test_compiled_model_records_what_eager_records(resnet, device):
         compiled(x)
     for key in eager.keys():
         assert torch.allclose(rec[key], eager[key], atol=1e-4), key
+
+
+def test_saved_values_load_on_the_cpu(device, tmp_path):
+    from bcrecord.storage import Writer, load
+
+    # A top-level tensor goes to safetensors; those in a tuple (an LSTM's output) are pickled.
+    out, state = torch.arange(3.0, device=device), torch.ones(2, device=device)
+    Writer(tmp_path).write({"m:f:out@0": [out], "m:f:pair@0": [(out, {"state": state})]}, step=0)
+    loaded = load(tmp_path)
+    (pair,) = loaded["m:f:pair@0"]
+    assert [t.device.type for t in (loaded["m:f:out@0"][0], pair[0], pair[1]["state"])] == ["cpu"] * 3
+    assert torch.equal(pair[0], out.cpu()) and torch.equal(pair[1]["state"], state.cpu())

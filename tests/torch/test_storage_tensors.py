@@ -75,3 +75,42 @@ def test_a_value_with_no_data_is_named_and_the_save_writes_nothing(tmp_path):
     with pytest.raises(UnsavableValue, match=r"cannot save 'm:f:w@0' \(step 3\): NotImplementedError"):
         Writer(tmp_path).write({"m:f:x@0": [1.0], "m:f:w@0": [torch.empty(2, device="meta")]}, step=3)
     assert len(load(tmp_path)) == 0 and not list((tmp_path / "records").glob("[!.]*"))
+
+
+def test_tensors_inside_values_are_saved_detached_and_loadable(tmp_path):
+    leaf = torch.ones(2, requires_grad=True)
+    graph = leaf * 3  # a non-leaf that requires grad: torch refuses to pickle it as it is
+    half = torch.tensor([1 + 2j, -3j], dtype=torch.complex32)  # torch pickles it and cannot unpickle it
+    values = {"m:f:pair@0": [(graph, {"half": half, "n": 4})], "m:f:half@0": [half], "m:f:n@0": [7]}
+    Writer(tmp_path).write(values, step=0)
+    loaded = load(tmp_path)
+    (pair,) = loaded["m:f:pair@0"]
+    assert torch.equal(pair[0], torch.full((2,), 3.0)) and not pair[0].requires_grad
+    assert pair[1]["half"].dtype == torch.complex32 and pair[1]["n"] == 4
+    assert torch.equal(pair[1]["half"].to(torch.complex64), half.to(torch.complex64))
+    assert torch.equal(loaded["m:f:half@0"][0].to(torch.complex64), half.to(torch.complex64))
+    assert loaded["m:f:n@0"] == [7] and load(tmp_path, keys=["m:f:n@0"])["m:f:n@0"] == [7]
+
+
+def test_a_tensor_the_save_cannot_hold_is_named_and_with_unsavable_only_it_is_lost(tmp_path):
+    from bcrecord.storage import UnsavableValue
+
+    odd = torch.zeros(4, dtype=torch.uint8).view(torch.uint4) if hasattr(torch, "uint4") else None
+    if odd is None:
+        pytest.skip("this torch has no uint4")
+    values = {"m:f:x@0": [torch.arange(3.0)], "m:f:odd@0": [odd], "m:f:n@0": [1]}
+    with pytest.raises(UnsavableValue, match=r"cannot save 'm:f:odd@0' \(step 2\): Tensor cannot be saved"):
+        Writer(tmp_path / "strict").write(values, step=2)
+    told = []
+    assert Writer(tmp_path / "lenient").write(values, step=2, unsavable=lambda *a: told.append(a)) == 3
+    assert [(key, step) for key, step, _ in told] == [("m:f:odd@0", 2)]
+    loaded = load(tmp_path / "lenient")
+    assert torch.equal(loaded["m:f:x@0"][0], torch.arange(3.0)) and loaded["m:f:n@0"] == [1]
+    assert isinstance(loaded["m:f:odd@0"][0], str)  # its repr
+
+
+def test_a_key_that_is_no_utf8_text_saves_its_tensor(tmp_path):
+    key = "m:f:\udc80x@0"  # a lone surrogate (a file name read with surrogateescape)
+    Writer(tmp_path).write({key: [torch.arange(2.0)], "m:f:y@0": [torch.ones(1)]}, step=0)
+    loaded = load(tmp_path)
+    assert torch.equal(loaded[key][0], torch.arange(2.0)) and loaded.entries[0].info["kind"] == "tensor"
