@@ -188,7 +188,8 @@ def outermost_taking_instance(func: types.FunctionType) -> types.FunctionType:
 def a_method_name(methods: Union[type, Iterable[str]]) -> str:
     """The method of a class (or of the ``methods`` named) to give in a message asking for one.
 
-    ``forward`` where there is one, else the first whose name has no leading ``__``.
+    ``forward`` where there is one, else the first whose name has no leading ``__``, else
+    the first (``__init__``).
 
     >>> class Step:
     ...     def __init__(self): pass
@@ -198,8 +199,11 @@ def a_method_name(methods: Union[type, Iterable[str]]) -> str:
     """
     if isinstance(methods, type):
         methods = [k for k, v in vars(methods).items() if isinstance(v, types.FunctionType)]
-    own = [name for name in methods if name[:2] != "__"]
-    return "forward" if "forward" in own or not own else own[0]
+    names = list(methods)
+    own = [name for name in names if name[:2] != "__"]
+    if "forward" in own or not names:
+        return "forward"
+    return own[0] if own else names[0]  # (only special ones: __init__...)
 
 
 def _why_not_a_function(obj: Any) -> str:
@@ -1030,9 +1034,10 @@ def patch_method(
     to the original taken before that patch then run without this one's probes).
     A ``functools.wraps`` wrapper is patched in place, inside the function it wraps
     (``unwrap=False``: the wrapper itself, see :func:`patch_function`), where its probes
-    run for every instance: a patch of an instance keeps that instance's values (also
-    where its attribute wraps its own bound method: ``obj.m = torch.compile(obj.m)``),
-    one of a subclass every instance's (a per-instance ``name`` can choose).
+    run for every instance: a patch of an instance keeps that instance's values where
+    the function inside is a method of its class (also where its attribute wraps its
+    own bound method: ``obj.m = torch.compile(obj.m)``), one of a subclass every
+    instance's (a per-instance ``name`` can choose).
 
     >>> import bcrecord
     >>> class Net:
@@ -1075,7 +1080,8 @@ def patch_method(
         # every instance (a subclass's patch too: see the README); an instance's keeps its own.
         # (Given what is there: an earlier patch's copy, if one runs there, is patched.)
         owner = default if name is None else name
-        if isinstance(owner, str) and base.__code__.co_argcount and _passes_itself(obj, raw, own):
+        wrapped = base is not _function_of_shallow(raw)
+        if wrapped and unwrap and isinstance(owner, str) and _passes_itself(obj, raw, own, base):
             owner = _OneInstance.of(obj, owner)
         return _patch_in_place(raw, specs, owner, method, unwrap)
     if not isinstance(obj, (type, types.ModuleType)) and not hasattr(obj, "__dict__"):
@@ -1132,20 +1138,32 @@ _LOOKED_UP_ON_THE_TYPE = frozenset(
 )
 
 
-def _passes_itself(obj: Any, raw: Any, own: Any) -> bool:
-    """Whether calling ``obj``'s method passes ``obj`` first to the function it wraps: a
-    class's function (bound to it), or its own bound method or a wrapper of one
-    (``obj.m = torch.compile(obj.m)``)."""
-    if isinstance(obj, (type, types.ModuleType)):
+def _passes_itself(obj: Any, raw: Any, own: Any, base: types.FunctionType) -> bool:
+    """Whether calling instance ``obj``'s wrapped method passes ``obj`` first to ``base``,
+    the function inside the wrapper: a method of its class decorated there (``base`` is a
+    function of the class body), or its own bound method wrapped on it
+    (``obj.m = torch.compile(obj.m)``).
+
+    Raises NotPatchableError for a wrapper on ``obj`` of another object's bound method.
+    """
+    if isinstance(obj, (type, types.ModuleType)) or not base.__code__.co_argcount:
         return False
     if own is _MISSING:
-        return isinstance(raw, types.FunctionType)
+        holder = base.__qualname__.rpartition(".")[0]
+        return isinstance(raw, types.FunctionType) and any(
+            holder == getattr(cls, "__qualname__", None) for cls in type(obj).__mro__
+        )
     inner = own
     for _ in range(100):  # a __wrapped__ cycle ends it
         if not isinstance(inner, types.FunctionType):
             break
         inner = getattr(inner, "__wrapped__", None)
-    return isinstance(inner, types.MethodType) and inner.__self__ is obj
+    if isinstance(inner, types.MethodType) and inner.__self__ is not obj:
+        raise NotPatchableError(
+            f"this {type(obj).__name__} instance's attribute wraps the method of another object "
+            f"(a {type(inner.__self__).__name__}): patch that object, or the class of its method"
+        )
+    return isinstance(inner, types.MethodType)
 
 
 class _OneInstance:
@@ -1157,17 +1175,17 @@ class _OneInstance:
 
     __slots__ = ("instance", "name")
 
-    def __init__(self, instance: weakref.ref[Any], name: str) -> None:
+    def __init__(self, instance: Callable[[], Any], name: str) -> None:
         self.instance = instance
         self.name = name
 
     @classmethod
     def of(cls, instance: Any, name: str) -> Owner:
-        """An owner for ``instance`` alone; ``name`` itself if it cannot be held weakly."""
+        """An owner for ``instance`` alone, held weakly where it can be (its patch holds it too)."""
         try:
             return cls(weakref.ref(instance), name)
-        except TypeError:  # no __weakref__ slot: every instance records, as before
-            return name
+        except TypeError:  # no __weakref__ slot
+            return cls(lambda: instance, name)
 
     def __call__(self, instance: Any) -> Optional[str]:
         return self.name if instance is self.instance() else None

@@ -104,13 +104,7 @@ __all__ = ["RunTarget", "RunError", "parse_target", "check_targets", "run"]
 
 #: What holds a function as ``.func`` (bcrecord's errors for them say to patch that).
 _FUNCTION_HOLDERS = (functools.partial, functools.partialmethod, functools.cached_property)
-_COMMAND_LINE_FILES = ("runner.py", "cli.py", "__main__.py")
-#: Files whose frames a program's traceback leaves out: the runner's, the command line's, runpy's.
-_RUNNER_FILES = {
-    *(os.path.join(os.path.dirname(os.path.abspath(__file__)), name) for name in _COMMAND_LINE_FILES),
-    os.path.abspath(runpy.__file__),
-    "<frozen runpy>",
-}
+_RUNNER_FILES = {os.path.abspath(__file__), os.path.abspath(runpy.__file__), "<frozen runpy>"}
 _SKIP = object()
 
 
@@ -822,13 +816,15 @@ class _ShowAsTheProgramS:
     def __init__(self, error: BaseException, hook: Callable[..., Any]) -> None:
         self.error = error
         self.hook = hook
+        _as_the_program_s(error)
+        #: The program's traceback (frames the error passes through on its way up come before it).
+        self.traceback = error.__traceback__
 
     def __call__(self, kind: type, error: BaseException, tb: Optional[types.TracebackType]) -> None:
         if sys.excepthook is self:
             sys.excepthook = self.hook
         if error is self.error:
-            _as_the_program_s(error)
-            tb = error.__traceback__
+            tb = error.__traceback__ = self.traceback
         self.hook(kind, error, tb)
 
 
@@ -1219,10 +1215,7 @@ class _Runner:
             self.aborted = True
             return 2
         except KeyboardInterrupt as error:
-            # Re-raised, so that Python ends the process as it would have (its exit by
-            # SIGINT, after atexit): its traceback is shown without bcrecord's frames.
-            _as_the_program_s(error)
-            sys.excepthook = _ShowAsTheProgramS(error, sys.excepthook)
+            _as_the_program_s(error)  # (re-raised: see run())
             raise
         except (SystemExit, GeneratorExit):
             raise
@@ -1398,6 +1391,11 @@ def run(
         atexit.register(runner.close)
     try:
         status = runner.execute()
+    except KeyboardInterrupt as error:
+        if linger:  # the command line: Python ends the process as it would have (by SIGINT, after
+            # atexit), and shows the traceback as it would have, without bcrecord's frames
+            sys.excepthook = _ShowAsTheProgramS(error, sys.excepthook)
+        raise
     finally:
         if not linger:
             runner.close()

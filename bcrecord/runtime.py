@@ -54,6 +54,7 @@ import dataclasses
 import difflib
 import functools
 import importlib
+import operator
 import sys
 import threading
 import weakref
@@ -765,15 +766,43 @@ def _container_copier(cls: type, policy: str) -> Copier:
     return rebuild
 
 
+#: The copies made so far of the dataclass being copied in this thread (by id): a tree
+#: with parent links is copied with its links, each object once.
+_dataclass_copies = threading.local()
+
+
 def _dataclass_copier(policy: str) -> Copier:
     def rebuild(value: Any) -> Any:
-        copied = _copy_module.copy(value)
-        for item in dataclasses.fields(value):
-            # object.__setattr__: a frozen dataclass's fields too (on the copy only)
-            object.__setattr__(copied, item.name, copy_value(getattr(value, item.name), policy))
-        return copied
+        copies: Optional[Dict[int, Any]] = getattr(_dataclass_copies, "made", None)
+        if copies is not None:
+            return _dataclass_copy(value, policy, copies)
+        _dataclass_copies.made = copies = {}
+        try:
+            return _dataclass_copy(value, policy, copies)
+        except Exception:  # too deep (a long linked chain), or a field no copy takes:
+            return value  # kept as it is, as any object without a copy is
+        finally:
+            _dataclass_copies.made = None
 
     return rebuild
+
+
+def _dataclass_copy(value: Any, policy: str, copies: Dict[int, Any]) -> Any:
+    made = copies.get(id(value))
+    if made is not None:
+        return made
+    copied = _copy_module.copy(value)
+    if copied is value:  # its own __copy__ says it is one: never changed through the copy
+        return value
+    copies[id(value)] = copied
+    for item in dataclasses.fields(value):
+        try:
+            content = getattr(value, item.name)
+        except AttributeError:  # field(init=False) not set yet
+            continue
+        # object.__setattr__: a frozen dataclass's fields too (on the copy only)
+        object.__setattr__(copied, item.name, copy_value(content, policy))
+    return copied
 
 
 #: Plug-ins that register copies for a library's types, loaded (by name, so the core
@@ -1419,13 +1448,17 @@ def kept_length(keep: Keep) -> Optional[int]:
     >>> kept_length("last"), kept_length("all"), kept_length(3)
     (1, None, 3)
     """
-    if keep == "last":
-        return 1
-    if keep == "all":
-        return None
-    if isinstance(keep, int) and not isinstance(keep, bool) and keep > 0:
-        return keep
-    raise SpecError(f"keep must be 'all', 'last' or a positive int, got {keep!r}")
+    if isinstance(keep, str) and keep in ("last", "all"):
+        return 1 if keep == "last" else None
+    if not isinstance(keep, (bool, str)):
+        try:
+            count = operator.index(keep)  # numpy's and torch's integers too
+        except TypeError:
+            count = 0
+        if count > 0:
+            return count
+    shown = f"{keep!r} ({type(keep).__name__})" if not isinstance(keep, (str, int)) else repr(keep)
+    raise SpecError(f"keep must be 'all', 'last' or a positive int, got {shown}")
 
 
 def recording(

@@ -45,12 +45,14 @@ mode, a ``uint4`` tensor) raises :class:`UnsavableValue` naming its key, or is s
 from __future__ import annotations
 
 import contextlib
+import copyreg
 import io
 import json
 import operator
 import os
 import pickle
 import re
+import sys
 import threading
 import time
 import uuid
@@ -575,7 +577,7 @@ def _dumps(value: Any) -> bytes:
     """``value`` pickled, every tensor in it (in tuples, dicts, objects) detached, on the CPU and
     loadable (see :class:`_Pickler`)."""
     out = io.BytesIO()
-    _Pickler(out, protocol=4).dump(value)
+    _Pickler(out).dump(value)
     return out.getvalue()
 
 
@@ -584,21 +586,33 @@ class _Pickler(pickle.Pickler):
 
     That is detached and on the CPU (a GPU run's tuple of tensors loads on a machine without
     one), and in a form that loads: pickle's own for most dtypes; ``torch.save``'s for
-    those whose pickle torch cannot read back (``complex32``).
+    those whose pickle torch cannot read back (``complex32``). Through the pickler's
+    dispatch table (tensors and parameters), not ``reducer_override``, which is called for
+    every object pickled and would slow every save down.
     """
 
-    def reducer_override(self, obj: Any) -> Any:
-        if not is_tensor(obj) or getattr(obj, "is_meta", False):
-            return NotImplemented
-        if obj.requires_grad or obj.device.type != "cpu":
-            return obj.detach().cpu().__reduce_ex__(4)  # (that tensor's reducer: this one passes it)
-        if _pickle_loads(obj.dtype):
-            return NotImplemented
-        import torch
+    def __init__(self, file: Any) -> None:
+        super().__init__(file, protocol=4)
+        torch = sys.modules.get("torch")  # (a process without it has no tensors to pickle)
+        if torch is not None:
+            table = dict(copyreg.dispatch_table)
+            table[torch.Tensor] = table[torch.nn.Parameter] = _reduced_tensor
+            self.dispatch_table = table
 
-        buffer = io.BytesIO()
-        torch.save(obj, buffer)
-        return _torch_loaded, (buffer.getvalue(),)
+
+def _reduced_tensor(tensor: Any) -> Any:
+    """How :class:`_Pickler` pickles a tensor: detached, on the CPU, in a form that loads."""
+    if getattr(tensor, "is_meta", False):
+        return tensor.__reduce_ex__(4)
+    if tensor.requires_grad or tensor.device.type != "cpu":
+        tensor = tensor.detach().cpu()
+    if _pickle_loads(tensor.dtype):
+        return tensor.__reduce_ex__(4)
+    import torch
+
+    buffer = io.BytesIO()
+    torch.save(tensor, buffer)
+    return _torch_loaded, (buffer.getvalue(),)
 
 
 #: Per tensor dtype, whether pickle's form of a tensor of it loads back (asked once per dtype).

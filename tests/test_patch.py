@@ -652,6 +652,19 @@ def test_a_wrapped_method_is_patched_in_place_keeping_the_instance_s_values():
     with bcrecord.patch_method(Wrapped, "forward", "y") as patch, bcrecord.recording() as rec:
         a.forward(1), b.forward(2)
     assert rec.all("Wrapped:forward:y@0") == [2, 3]  # a class's patch: every instance
+
+    class Slotted:
+        __slots__ = ("__dict__",)  # no __weakref__: the instance is told apart all the same
+
+        @times_ten
+        def forward(self, x):
+            y = x + 1
+            return y
+
+    c, d = Slotted(), Slotted()
+    with bcrecord.patch_method(c, "forward", "y", name="c"), bcrecord.recording() as rec:
+        c.forward(1), d.forward(2)
+    assert rec.all("c:forward:y@0") == [2]
     p, q = Plain(), Plain()
     for unwrap in (True, False):  # no wrapper: unwrap=False changes nothing, the patch stays p's
         with (
@@ -685,6 +698,61 @@ def test_an_instance_attribute_wrapping_its_own_bound_method_is_seen_through():
         assert (a.m(1), b.m(5)) == (20, 6)
     assert rec.all("A:m:y@0") == [2] and patch.keys == ("A:m:y@0",)  # a's value only
     assert vars(a)["m"] is wrapper and A.m.__code__.co_varnames == ("self", "x", "y")
+
+
+def test_an_instance_s_in_place_patch_keeps_every_value_it_cannot_tell_apart():
+    import functools
+
+    def impl(x):
+        y = x * 2
+        return y
+
+    class A:
+        @functools.wraps(impl)  # a method made from a plain function: impl's first argument is x
+        def m(self, x):
+            return impl(x)
+
+    a, b = A(), A()
+    with bcrecord.patch_method(a, "m", "y") as patch, bcrecord.recording() as rec:
+        a.m(3), b.m(4)
+    assert rec.all("A:m:y@0") == [6, 8] and patch.name == "A"  # impl runs for both: both kept
+
+    class Net:
+        def m(self, x):
+            y = x * 2
+            return y
+
+    net, other = Net(), Net()
+    with bcrecord.patch_method(net, "m", "y", in_place=True), bcrecord.recording() as rec:
+        net.m(1), other.m(2)
+    assert rec.all("Net:m:y@0") == [2, 4]  # in place, as asked: every caller of the function
+    original = Net.m.__code__
+    net.m = shim = functools.wraps(other.m)(lambda *args: other.m(*args))  # another object's method
+    with pytest.raises(bcrecord.NotPatchableError, match="wraps the method of another object"):
+        bcrecord.patch_method(net, "m", "y")
+    assert vars(net)["m"] is shim and Net.m.__code__ is original  # nothing changed
+
+
+def test_unwrap_false_on_an_instance_s_wrapper_of_its_own_method_patches_the_wrapper():
+    import functools
+
+    class A:
+        def m(self, x):
+            y = x + 1
+            return y
+
+    a = A()
+    inner = a.m
+
+    @functools.wraps(inner)
+    def wrapper(*args, **kwargs):
+        z = inner(*args, **kwargs) * 10
+        return z
+
+    a.m = wrapper
+    with bcrecord.patch_method(a, "m", ["z", "return"], unwrap=False), bcrecord.recording() as rec:
+        assert a.m(1) == 20
+    assert rec.all("A:m:z@0") == [20] and rec.all("A:m:return") == [20]
 
 
 def test_unwrap_false_keys_name_the_function_not_the_wrapper_code():

@@ -529,13 +529,33 @@ def test_run_keyboard_interrupt_ends_the_program_as_python_does(project, own_hoo
     (project / "interrupted.py").write_text(
         hook + "def f(x):\n    y = x + 1\n    return y\n\nf(1)\nraise KeyboardInterrupt\n"
     )
+    # What a console script (bin/bcrecord) is: its frame is bcrecord's too.
+    (project / "console.py").write_text("import sys\nfrom bcrecord.cli import main\nsys.exit(main())\n")
     expected = plain("interrupted.py", cwd=project)
-    result = cli("run", "-r", "__main__:f:y", "interrupted.py", cwd=project)
-    assert result.returncode == expected.returncode != 0
-    assert result.stdout == expected.stdout == ("own hook KeyboardInterrupt\n" if own_hook else "")
-    # Python's traceback, only the program's frame (none of bcrecord's or runpy's), then the summary.
-    assert result.stderr.startswith(expected.stderr), result.stderr
-    assert "__main__:f:y@0  1       2" in result.stderr[len(expected.stderr) :]
+    for result in (
+        cli("run", "-r", "__main__:f:y", "interrupted.py", cwd=project),
+        plain("console.py", "run", "-r", "__main__:f:y", "interrupted.py", cwd=project),
+    ):
+        assert result.returncode == expected.returncode != 0
+        assert result.stdout == expected.stdout == ("own hook KeyboardInterrupt\n" if own_hook else "")
+        # Python's traceback, only the program's frame (none of bcrecord's or runpy's), then the summary.
+        assert result.stderr.startswith(expected.stderr), result.stderr
+        assert "__main__:f:y@0  1       2" in result.stderr[len(expected.stderr) :]
+
+
+def test_run_in_process_leaves_a_keyboard_interrupt_to_its_caller(project, monkeypatch):
+    import sys
+
+    from bcrecord import runner
+
+    (project / "interrupted.py").write_text(
+        "def f(x):\n    y = x\n    return y\n\nraise KeyboardInterrupt('stop')\n"
+    )
+    monkeypatch.chdir(project)
+    hook = sys.excepthook
+    with pytest.raises(KeyboardInterrupt, match="stop"):
+        runner.run(["__main__:f:y"], "interrupted.py", [], quiet=True)
+    assert sys.excepthook is hook  # nothing of bcrecord's left to print a later error
 
 
 def test_run_target_of_a_program_that_ends_before_defining_it(project):

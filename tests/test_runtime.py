@@ -2,6 +2,7 @@
 
 import asyncio
 import copy
+import re
 import threading
 import warnings
 
@@ -80,6 +81,40 @@ def test_clone_copies_dataclasses_field_by_field():
     assert copy_value(live, "none") is live and copy_value(live, "detach").hidden == ("detached", 6)
 
 
+def test_dataclass_copies_keep_links_unset_fields_and_immutable_values():
+    import dataclasses
+    from typing import List, Optional
+
+    @dataclasses.dataclass
+    class Node:
+        name: str
+        children: List["Node"] = dataclasses.field(default_factory=list)
+        parent: Optional["Node"] = None
+        cache: list = dataclasses.field(init=False)  # set on demand: not yet
+
+    root = Node("root")
+    root.children.append(Node("leaf", parent=root))
+    copied = copy_value(root, "clone")
+    leaf = copied.children[0]
+    assert copied is not root and leaf is not root.children[0] and leaf.parent is copied
+    assert not hasattr(copied, "cache") and leaf.name == "leaf"
+    chain = Node("0")
+    for n in range(1, 3000):  # deeper than copying can go: kept as it is, as before
+        chain = Node(str(n), parent=chain)
+    assert copy_value(chain, "clone") is chain
+
+    @dataclasses.dataclass(frozen=True)
+    class Const:
+        items: list
+
+        def __copy__(self):  # an immutable value: its copy is itself
+            return self
+
+    held = [1]
+    const = Const(held)
+    assert copy_value(const, "clone") is const and const.items is held  # the program's object unchanged
+
+
 def test_clone_copies_containers_around_values():
     data = {"a": [Mutable(1)], "b": (Mutable(2), 3)}
     copied = copy_value(data, "clone")
@@ -153,6 +188,17 @@ def test_keep_last_and_ring_buffer():
         bcrecord.recording(keep=0)
     with pytest.raises(ValueError, match="unknown copy policy"):
         bcrecord.recording(copy="shallow")
+
+    class Count:  # an integer type of another library (numpy's int64): operator.index takes it
+        def __index__(self):
+            return 2
+
+    with bcrecord.recording(keep=Count()) as two:
+        g(5)
+    assert two.all("k:f:v@0") == [3, 4]
+    for bad, shown in [(2.0, "2.0 (float)"), (True, "True"), (None, "None (NoneType)"), ("first", "'first'")]:
+        with pytest.raises(ValueError, match=re.escape(f"or a positive int, got {shown}") + "$"):
+            bcrecord.recording(keep=bad)
 
 
 def test_nested_recordings_both_receive_and_arming_follows_the_outermost():

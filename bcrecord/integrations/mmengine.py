@@ -223,11 +223,12 @@ def _unwrap(model: Any) -> Any:
 
 
 def _where_it_runs(model: Any, inner: Any, method: str) -> Any:
-    """Whose ``method`` runs when the runner calls ``runner.model.<method>``: a wrapper's own
-    (``MMDistributedDataParallel.train_step`` runs the inner model's steps itself, never its
-    ``train_step``), unless it hands the call on (``self.module.val_step(data)``): ``inner``'s."""
-    if model is inner:
-        return inner
+    """Whose step ``method`` runs when the runner calls ``runner.model.<method>``: a wrapper's
+    own (``MMDistributedDataParallel.train_step`` runs the inner model's steps itself, never
+    its ``train_step``), unless it hands the call on (``self.module.val_step(data)``):
+    ``inner``'s, as is every other method (``forward``)."""
+    if model is inner or method not in ("train_step", "val_step", "test_step"):
+        return inner  # (a wrapper's forward hands on in its own way: FSDP's self._fsdp_wrapped_module)
     own = getattr(type(model), method, None)
     if not isinstance(own, types.FunctionType) or own is getattr(type(inner), method, None):
         return inner

@@ -875,6 +875,30 @@ def test_a_wrapper_s_own_train_step_is_recorded_where_it_runs(tmp_path):
     assert "train_step" not in vars(wrapped) and "val_step" not in vars(model)
 
 
+def test_a_wrapper_s_forward_is_looked_through(tmp_path):
+    import torch.distributed as dist
+    from mmengine.model import MMFullyShardedDataParallel
+
+    # FSDP's forward hands on to the model without naming forward: the model's is recorded.
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        model = ToyModel()
+        wrapped = MMFullyShardedDataParallel(module=model, device_id=torch.device("cpu"))
+        checker = Checker([OUTPUTS], toy_snapshot)
+        hook = dict(
+            type="RecorderHook", recorders=[dict(type="FunctionRecorder", target="outputs", index=[1])]
+        )
+        make_runner(tmp_path, wrapped, [hook, checker]).train()
+    finally:
+        dist.destroy_process_group()
+    assert len(checker.iters["train"]) == 4
+    for entry in checker.iters["train"]:
+        expected = toy_expected(entry)[OUTPUTS]
+        assert torch.allclose(entry["hub"][OUTPUTS], expected, rtol=1e-5, atol=1e-6)
+    assert "forward" not in vars(wrapped) and type(model).forward.__code__ is TOY_CODE
+
+
 @pytest.mark.parametrize("option", ["compile", "activation_checkpointing"])
 def test_runner_options_that_wrap_a_recorded_method_after_before_run(tmp_path, option):
     # MMEngine sets model.train_step = torch.compile(model.train_step), and submodule.forward =
