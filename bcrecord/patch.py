@@ -522,22 +522,25 @@ class Patch:
         self._slot: Optional[_Slot] = slot
         self.target = target
         self.attribute = attribute
-        self.name = name
+        #: What probes name values by: ``name``, or the instance filter an in-place patch of
+        #: one instance gets (see :class:`_OneInstance`), which ``name`` shows as its string.
+        self._owner = name
+        self.name = name.name if isinstance(name, _OneInstance) else name
         self.specs = specs
         self._points: Tuple[ProbePoint, ...] = points
         self.original_code = slot.original_code
         #: The function part of keys: the method's name as patched, else the code's own.
         self.function_name = function or slot.original_code.co_name
         # A per-instance owner is only known when the probe runs: '*' stands for it.
-        owner = name.name if isinstance(name, _OneInstance) else "*" if callable(name) else name
+        owner = "*" if callable(self.name) else self.name
         self.keys: Tuple[str, ...] = tuple(f"{owner}:{self.function_name}:{p.label}" for p in points)
         self._site_ids: List[int] = register_sites([self._site(point) for point in points])
 
     def _site(self, point: ProbePoint) -> Site:
         suffix = f":{self.function_name}:{point.label}"
-        if callable(self.name):
-            return Site(suffix, point.chain, point.copy, owner=self.name, tag=id(self))
-        return Site(self.name + suffix, point.chain, point.copy, tag=id(self))
+        if callable(self._owner):
+            return Site(suffix, point.chain, point.copy, owner=self._owner, tag=id(self))
+        return Site(self._owner + suffix, point.chain, point.copy, tag=id(self))
 
     @property
     def active(self) -> bool:
@@ -1170,7 +1173,7 @@ class _OneInstance:
     """The owner of one instance's patch that went in place: its name there, None elsewhere.
 
     A wrapped method is patched in place, in code every instance runs; this keeps the
-    values of the instance patched only. Prints as the name (in keys and messages).
+    values of the instance patched only (its patch's ``name`` is the string).
     """
 
     __slots__ = ("instance", "name")
@@ -1189,9 +1192,6 @@ class _OneInstance:
 
     def __call__(self, instance: Any) -> Optional[str]:
         return self.name if instance is self.instance() else None
-
-    def __str__(self) -> str:
-        return self.name
 
 
 def _function_of_shallow(raw: Any) -> Any:

@@ -647,7 +647,7 @@ def test_a_wrapped_method_is_patched_in_place_keeping_the_instance_s_values():
         assert (a.forward(1), b.forward(2)) == (20, 30)
         assert Wrapped.forward.__wrapped__.__code__ is not original and "forward" not in vars(a)
     # The function inside the wrapper runs in place, for every instance; only a's values are kept.
-    assert rec.all("a:forward:y@0") == [2] and patch.keys == ("a:forward:y@0",) and str(patch.name) == "a"
+    assert rec.all("a:forward:y@0") == [2] and patch.keys == ("a:forward:y@0",) and patch.name == "a"
     assert Wrapped.forward.__wrapped__.__code__ is original
     with bcrecord.patch_method(Wrapped, "forward", "y") as patch, bcrecord.recording() as rec:
         a.forward(1), b.forward(2)
