@@ -547,7 +547,7 @@ class _Sites:
         table = _versions.current()
         bytecode = instructions(code)
         real = _real(bytecode)
-        identity = self.identity = _Identity(bytecode)
+        identity = _Identity(bytecode)
         synthesized = _synthesized_stores(real)
         self.stores: List[Raw] = [
             (name, pos, i, identity.of(pos, i), None)
@@ -954,15 +954,15 @@ def _read(key: Tuple[object, ...], qualname: Optional[str] = None) -> CodeMap:
         for op, groups in _group(raw.operators, placed=True).items()
     }
 
-    # One site per source return: a copy the compiler made (a finally's, an async with's
-    # exit paths) is the same site, as a copied store is.
     return_ops = {table.return_value, table.return_const}
-    raw_returns: List[Raw] = [
-        ("return", p, i, raw.identity.of(p, i), None) for p, i in real if i.name in return_ops
-    ]
     returns = tuple(
-        ReturnSite(n, instr.lineno, _column(instr), tuple(positions))
-        for n, (positions, instr, _) in enumerate(_group(raw_returns).get("return", []))
+        ReturnSite(n, instr.lineno, _column(instr), (pos,))
+        for n, (pos, instr) in enumerate(
+            sorted(
+                ((p, i) for p, i in real if i.name in return_ops),
+                key=lambda pi: (pi[1].lineno or 0, _column(pi[1]) or 0, pi[0]),
+            )
+        )
     )
 
     entry = 0

@@ -1037,10 +1037,10 @@ def patch_method(
     to the original taken before that patch then run without this one's probes).
     A ``functools.wraps`` wrapper is patched in place, inside the function it wraps
     (``unwrap=False``: the wrapper itself, see :func:`patch_function`), where its probes
-    run for every instance: a patch of an instance keeps that instance's values where
-    the function inside is a method of its class (also where its attribute wraps its
-    own bound method: ``obj.m = torch.compile(obj.m)``), one of a subclass every
-    instance's (a per-instance ``name`` can choose).
+    run for every instance: a patch of an instance leaves out the other instances'
+    values where the function inside is a method of its class (also where its attribute
+    wraps a bound method: ``obj.m = torch.compile(obj.m)``, whose instance's are kept),
+    one of a subclass keeps every instance's (a per-instance ``name`` can choose).
 
     >>> import bcrecord
     >>> class Net:
@@ -1084,8 +1084,10 @@ def patch_method(
         # (Given what is there: an earlier patch's copy, if one runs there, is patched.)
         owner = default if name is None else name
         wrapped = base is not _function_of_shallow(raw)
-        if wrapped and unwrap and isinstance(owner, str) and _passes_itself(obj, raw, own, base):
-            owner = _OneInstance.of(obj, owner)
+        if wrapped and unwrap and isinstance(owner, str):
+            passed = _instance_passed(obj, raw, own, base)
+            if passed is not None:
+                owner = _OneInstance.of(passed, owner)
         return _patch_in_place(raw, specs, owner, method, unwrap)
     if not isinstance(obj, (type, types.ModuleType)) and not hasattr(obj, "__dict__"):
         raise NotPatchableError(
@@ -1141,57 +1143,59 @@ _LOOKED_UP_ON_THE_TYPE = frozenset(
 )
 
 
-def _passes_itself(obj: Any, raw: Any, own: Any, base: types.FunctionType) -> bool:
-    """Whether calling instance ``obj``'s wrapped method passes ``obj`` first to ``base``,
-    the function inside the wrapper: a method of its class decorated there (``base`` is a
-    function of the class body), or its own bound method wrapped on it
-    (``obj.m = torch.compile(obj.m)``).
-
-    Raises NotPatchableError for a wrapper on ``obj`` of another object's bound method.
+def _instance_passed(obj: Any, raw: Any, own: Any, base: types.FunctionType) -> Any:
+    """The instance that calls of instance ``obj``'s wrapped method pass first to ``base``, the
+    function inside the wrapper, where it is known (else None): ``obj`` for a method of its
+    class decorated there (``base`` is a function of the class body); for its attribute
+    wrapping (or being) a bound method (``obj.m = torch.compile(obj.m)``,
+    ``self.forward = self.inner.forward``), the method's own instance.
     """
     if isinstance(obj, (type, types.ModuleType)) or not base.__code__.co_argcount:
-        return False
+        return None
     if own is _MISSING:
         holder = base.__qualname__.rpartition(".")[0]
-        return isinstance(raw, types.FunctionType) and any(
-            holder == getattr(cls, "__qualname__", None) for cls in type(obj).__mro__
-        )
+        in_class = any(holder == getattr(cls, "__qualname__", None) for cls in type(obj).__mro__)
+        return obj if isinstance(raw, types.FunctionType) and in_class else None
     inner = own
     for _ in range(100):  # a __wrapped__ cycle ends it
         if not isinstance(inner, types.FunctionType):
             break
         inner = getattr(inner, "__wrapped__", None)
-    if isinstance(inner, types.MethodType) and inner.__self__ is not obj:
-        raise NotPatchableError(
-            f"this {type(obj).__name__} instance's attribute wraps the method of another object "
-            f"(a {type(inner.__self__).__name__}): patch that object, or the class of its method"
-        )
-    return isinstance(inner, types.MethodType)
+    if isinstance(inner, types.MethodType) and not isinstance(inner.__self__, type):  # (a classmethod's)
+        return inner.__self__
+    return None
 
 
 class _OneInstance:
-    """The owner of one instance's patch that went in place: its name there, None elsewhere.
+    """The owner of one instance's patch that went in place: its name there, None for the
+    other instances of its class.
 
     A wrapped method is patched in place, in code every instance runs; this keeps the
-    values of the instance patched only (its patch's ``name`` is the string).
+    patched instance's values only (its patch's ``name`` is the string). A call given
+    something else first (a decorator that passes ``self.inner``, or drops ``self``) is
+    kept: whose it is cannot be told, and a value is not dropped on a guess.
     """
 
-    __slots__ = ("instance", "name")
+    __slots__ = ("instance", "kind", "name")
 
-    def __init__(self, instance: Callable[[], Any], name: str) -> None:
+    def __init__(self, instance: Callable[[], Any], kind: type, name: str) -> None:
         self.instance = instance
+        self.kind = kind
         self.name = name
 
     @classmethod
     def of(cls, instance: Any, name: str) -> Owner:
         """An owner for ``instance`` alone, held weakly where it can be (its patch holds it too)."""
         try:
-            return cls(weakref.ref(instance), name)
+            held: Callable[[], Any] = weakref.ref(instance)
         except TypeError:  # no __weakref__ slot
-            return cls(lambda: instance, name)
+            held = lambda: instance  # noqa: E731
+        return cls(held, type(instance), name)
 
     def __call__(self, instance: Any) -> Optional[str]:
-        return self.name if instance is self.instance() else None
+        if instance is not self.instance() and isinstance(instance, self.kind):
+            return None  # another instance of the class
+        return self.name
 
 
 def _function_of_shallow(raw: Any) -> Any:

@@ -770,8 +770,17 @@ def _is_runner_frame(filename: str) -> bool:
     return filename in _RUNNER_FILES or os.path.abspath(filename) in _RUNNER_FILES
 
 
+#: bcrecord's own files but the runner's: what probes run (the runtime, the torch layer's copies).
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def _is_probe_frame(filename: str) -> bool:
+    return filename.startswith(_PACKAGE) and not _is_runner_frame(filename)
+
+
 def _program_traceback(tb: Optional[types.TracebackType]) -> Optional[types.TracebackType]:
-    """``tb`` as Python would show it without bcrecord: its frames and runpy's left out.
+    """``tb`` as Python would show it without bcrecord: its frames and runpy's left out, and
+    everything from a probe's on (an error raised while a probe ran shows the program's line).
 
     An ``import`` statement's traceback has no import machinery frames (Python removes
     them), except those before bcrecord's import hook, which broke Python's removal:
@@ -779,7 +788,12 @@ def _program_traceback(tb: Optional[types.TracebackType]) -> Optional[types.Trac
     """
     kept: List[types.TracebackType] = []
     while tb is not None:
-        if _is_runner_frame(tb.tb_frame.f_code.co_filename):
+        filename = tb.tb_frame.f_code.co_filename
+        if kept and _is_probe_frame(filename):
+            # Raised inside a probe (a Ctrl-C while a value is copied): the program's line
+            # that ran it is where it came from; what the probe called is not the program's.
+            break
+        if _is_runner_frame(filename):
             after = tb.tb_next
             if after is None or not _is_import_frame(after.tb_frame.f_code.co_filename):
                 while kept and _is_import_frame(kept[-1].tb_frame.f_code.co_filename):

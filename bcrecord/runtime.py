@@ -766,35 +766,36 @@ def _container_copier(cls: type, policy: str) -> Copier:
     return rebuild
 
 
-#: The copies made so far of the dataclass being copied in this thread (by id): a tree
-#: with parent links is copied with its links, each object once.
+#: The copies made so far of the dataclass being copied in this thread, by id, with their
+#: originals (kept alive, so that no id is reused meanwhile): a tree with parent links is
+#: copied with its links, each object once.
 _dataclass_copies = threading.local()
 
 
 def _dataclass_copier(policy: str) -> Copier:
     def rebuild(value: Any) -> Any:
-        copies: Optional[Dict[int, Any]] = getattr(_dataclass_copies, "made", None)
+        copies: Optional[Dict[int, Tuple[Any, Any]]] = getattr(_dataclass_copies, "made", None)
         if copies is not None:
             return _dataclass_copy(value, policy, copies)
         _dataclass_copies.made = copies = {}
         try:
             return _dataclass_copy(value, policy, copies)
-        except Exception:  # too deep (a long linked chain), or a field no copy takes:
-            return value  # kept as it is, as any object without a copy is
+        except RecursionError:  # too deep to copy (a long linked chain): kept as it is,
+            return value  # as any object without a copy is
         finally:
             _dataclass_copies.made = None
 
     return rebuild
 
 
-def _dataclass_copy(value: Any, policy: str, copies: Dict[int, Any]) -> Any:
+def _dataclass_copy(value: Any, policy: str, copies: Dict[int, Tuple[Any, Any]]) -> Any:
     made = copies.get(id(value))
-    if made is not None:
-        return made
+    if made is not None and made[0] is value:
+        return made[1]
     copied = _copy_module.copy(value)
     if copied is value:  # its own __copy__ says it is one: never changed through the copy
         return value
-    copies[id(value)] = copied
+    copies[id(value)] = (value, copied)
     for item in dataclasses.fields(value):
         try:
             content = getattr(value, item.name)

@@ -587,8 +587,9 @@ class _Pickler(pickle.Pickler):
     That is detached and on the CPU (a GPU run's tuple of tensors loads on a machine without
     one), and in a form that loads: pickle's own for most dtypes; ``torch.save``'s for
     those whose pickle torch cannot read back (``complex32``). Through the pickler's
-    dispatch table (tensors and parameters), not ``reducer_override``, which is called for
-    every object pickled and would slow every save down.
+    dispatch table (every tensor class there is: ``Parameter``, ``MaskedTensor``, a
+    program's own subclass), not ``reducer_override``, which is called for every object
+    pickled and would slow every save down.
     """
 
     def __init__(self, file: Any) -> None:
@@ -596,7 +597,11 @@ class _Pickler(pickle.Pickler):
         torch = sys.modules.get("torch")  # (a process without it has no tensors to pickle)
         if torch is not None:
             table = dict(copyreg.dispatch_table)
-            table[torch.Tensor] = table[torch.nn.Parameter] = _reduced_tensor
+            pending = [torch.Tensor]
+            while pending:  # (a dispatch table is looked up by the exact class)
+                kind = pending.pop()
+                table[kind] = _reduced_tensor
+                pending += [sub for sub in kind.__subclasses__() if sub not in table]
             self.dispatch_table = table
 
 

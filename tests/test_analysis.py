@@ -106,38 +106,6 @@ def test_return_sites_include_the_implicit_return():
     assert len(read(f.__code__).returns) == 2
 
 
-def test_a_return_the_compiler_copies_is_one_site():
-    import asyncio
-
-    import bcrecord
-
-    class Quiet:
-        async def __aenter__(self):
-            return self
-
-        async def __aexit__(self, *exc):
-            return False
-
-    async def f(a):
-        async with Quiet():
-            v = a * 10
-        return v + 1
-
-    def g(a):
-        try:
-            y = a
-        finally:
-            a = 0
-        return y
-
-    for function, after in ((f, 3), (g, 5)):  # 3.10, 3.12+: a return compiled per way out of the block
-        returns = read(function.__code__).returns
-        assert [(r.index, r.line) for r in returns] == [(0, function.__code__.co_firstlineno + after)]
-    with bcrecord.patch_function(f, ["return"], name="q"), bcrecord.recording() as rec:
-        assert asyncio.run(f(2)) == 21
-    assert rec.all("q:f:return") == [21]
-
-
 def test_resolve_errors_name_what_exists():
     def f(self, a):
         b = a

@@ -726,11 +726,30 @@ def test_an_instance_s_in_place_patch_keeps_every_value_it_cannot_tell_apart():
     with bcrecord.patch_method(net, "m", "y", in_place=True), bcrecord.recording() as rec:
         net.m(1), other.m(2)
     assert rec.all("Net:m:y@0") == [2, 4]  # in place, as asked: every caller of the function
-    original = Net.m.__code__
-    net.m = shim = functools.wraps(other.m)(lambda *args: other.m(*args))  # another object's method
-    with pytest.raises(bcrecord.NotPatchableError, match="wraps the method of another object"):
-        bcrecord.patch_method(net, "m", "y")
-    assert vars(net)["m"] is shim and Net.m.__code__ is original  # nothing changed
+    # net's attribute wraps another object's method: the calls that reach it are other's.
+    third = Net()
+    net.m = shim = functools.wraps(other.m)(lambda *args: other.m(*args))
+    with bcrecord.patch_method(net, "m", "y", name="net"), bcrecord.recording() as rec:
+        net.m(1), third.m(100)
+    assert rec.all("net:m:y@0") == [2] and vars(net)["m"] is shim
+
+    def drop_self(f):  # the body takes no self: whose call it is cannot be told, so none is dropped
+        @functools.wraps(f)
+        def w(self, *args):
+            return f(*args)
+
+        return w
+
+    class Static:
+        @drop_self
+        def m(x):
+            y = x + 1
+            return y
+
+    s, t = Static(), Static()
+    with bcrecord.patch_method(s, "m", "y", name="s"), bcrecord.recording() as rec:
+        s.m(1), t.m(10)
+    assert rec.all("s:m:y@0") == [2, 11]
 
 
 def test_unwrap_false_on_an_instance_s_wrapper_of_its_own_method_patches_the_wrapper():

@@ -543,6 +543,18 @@ def test_run_keyboard_interrupt_ends_the_program_as_python_does(project, own_hoo
         assert "__main__:f:y@0  1       2" in result.stderr[len(expected.stderr) :]
 
 
+def test_run_interrupt_inside_a_probe_shows_the_program_s_line(project):
+    # A Ctrl-C while a probe copies a value: the traceback ends at the line that ran the probe.
+    (project / "copying.py").write_text(
+        "class Slow:\n    def clone(self):\n        raise KeyboardInterrupt\n\n"
+        "def f():\n    v = Slow()\n    return v\n\nf()\n"
+    )
+    result = cli("run", "-r", "__main__:f:v", "copying.py", cwd=project)
+    frames = [line.split(", in ")[-1] for line in result.stderr.splitlines() if line.startswith("  File")]
+    assert result.returncode != 0 and frames == ["<module>", "f"], result.stderr
+    assert "bcrecord" not in result.stderr.split("KeyboardInterrupt")[0]
+
+
 def test_run_in_process_leaves_a_keyboard_interrupt_to_its_caller(project, monkeypatch):
     import sys
 

@@ -114,6 +114,48 @@ def test_dataclass_copies_keep_links_unset_fields_and_immutable_values():
     const = Const(held)
     assert copy_value(const, "clone") is const and const.items is held  # the program's object unchanged
 
+    class Fresh:  # a field read as a new object each time: no id of one read is another's
+        def __set_name__(self, owner, name):
+            self.name = "_" + name
+
+        def __get__(self, obj, kind=None):
+            return 0 if obj is None else Const([getattr(obj, self.name)])
+
+        def __set__(self, obj, value):
+            setattr(obj, self.name, value.items[0] if isinstance(value, Const) else value)
+
+    @dataclasses.dataclass
+    class Reads:
+        a: Fresh = Fresh()
+        b: Fresh = Fresh()
+        c: Fresh = Fresh()
+
+    copied = copy_value(Reads(1, 2, 3), "clone")
+    assert (copied.a.items, copied.b.items, copied.c.items) == ([1], [2], [3])
+
+
+def test_a_dataclass_whose_field_cannot_be_copied_is_an_error_not_the_live_object():
+    import dataclasses
+
+    class Stubborn:
+        def clone(self):
+            raise RuntimeError("cannot clone")
+
+    @dataclasses.dataclass
+    class Out:
+        items: list
+        part: Stubborn
+
+    def f():
+        out = Out([1], Stubborn())
+        out.items.append(99)
+        return out
+
+    g = bcrecord.instrument(f, ["out"], name="d")
+    with pytest.warns(RecordingWarning, match="cannot clone"), bcrecord.recording() as rec:
+        g()
+    assert "d:f:out@0" not in rec and [e.key for e in rec.errors] == ["d:f:out@0"]
+
 
 def test_clone_copies_containers_around_values():
     data = {"a": [Mutable(1)], "b": (Mutable(2), 3)}

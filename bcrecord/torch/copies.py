@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import copy as _copy_module
 import dataclasses
-from typing import Any, Callable, Optional, Set, TypeVar, Union
+from typing import Any, Callable, Dict, Optional, Set, TypeVar, Union
 
 import torch
 
@@ -124,28 +124,41 @@ Device = Union[str, torch.device, None]
 T = TypeVar("T")
 
 
-def _map(value: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
+def _map(value: Any, fn: Callable[[torch.Tensor], Any], made: Optional[Dict[int, Any]] = None) -> Any:
     """Apply ``fn`` to every tensor in (nested) tuples, lists, dicts, sets and dataclasses.
 
     Containers are rebuilt as the core rebuilds them (:func:`rebuilt_container`:
     subclasses, ``defaultdict``), a tuple or frozenset subclass that cannot be as a
-    plain one; a dataclass (a model's output object) is copied with each field mapped.
+    plain one; a dataclass (a model's output object) is copied with each field mapped
+    (as the core copies one: each object once, so a tree with parent links keeps them;
+    a field not set yet skipped; one whose copy is itself left as it is).
     """
     if isinstance(value, torch.Tensor):
         return fn(value)
     if isinstance(value, (dict, list, tuple, set, frozenset)):
         if isinstance(value, dict):
-            contents: Any = {k: _map(v, fn) for k, v in value.items()}
+            contents: Any = {k: _map(v, fn, made) for k, v in value.items()}
         else:
-            contents = [_map(v, fn) for v in value]
+            contents = [_map(v, fn, made) for v in value]
         rebuilt = rebuilt_container(value, contents)
         if rebuilt is not None:
             return rebuilt
         return tuple(contents) if isinstance(value, tuple) else frozenset(contents)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        made = {} if made is None else made
+        earlier = made.get(id(value))
+        if earlier is not None and earlier[0] is value:
+            return earlier[1]
         mapped = _copy_module.copy(value)
+        if mapped is value:
+            return value
+        made[id(value)] = (value, mapped)  # (the original kept: no id reused meanwhile)
         for field in dataclasses.fields(value):
-            object.__setattr__(mapped, field.name, _map(getattr(value, field.name), fn))
+            try:
+                content = getattr(value, field.name)
+            except AttributeError:  # field(init=False) not set yet
+                continue
+            object.__setattr__(mapped, field.name, _map(content, fn, made))
         return mapped
     return value
 

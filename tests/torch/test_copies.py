@@ -155,3 +155,22 @@ def test_a_small_view_of_a_tensor_in_autograd_is_copied_alone_too():
     leaf = torch.zeros(1 << 16, requires_grad=True)
     kept = detached_clone(leaf[:4])  # detach() of a view is no view: asked before it
     assert kept.untyped_storage().nbytes() == 16 and not kept.requires_grad
+
+
+def test_dataclass_values_keep_their_links_and_skip_unset_fields():
+    import dataclasses
+    from typing import List, Optional
+
+    @dataclasses.dataclass
+    class Node:
+        t: torch.Tensor
+        children: List["Node"] = dataclasses.field(default_factory=list)
+        parent: Optional["Node"] = None
+        cache: list = dataclasses.field(init=False)  # set on demand: not yet
+
+    root = Node(torch.ones(2))
+    root.children.append(Node(torch.zeros(2), parent=root))
+    copied = value_policy()(root)
+    root.t.add_(5)
+    assert torch.equal(copied.t, torch.ones(2)) and copied.children[0].parent is copied
+    assert not hasattr(copied, "cache") and copied.children[0] is not root.children[0]

@@ -114,3 +114,16 @@ def test_a_key_that_is_no_utf8_text_saves_its_tensor(tmp_path):
     Writer(tmp_path).write({key: [torch.arange(2.0)], "m:f:y@0": [torch.ones(1)]}, step=0)
     loaded = load(tmp_path)
     assert torch.equal(loaded[key][0], torch.arange(2.0)) and loaded.entries[0].info["kind"] == "tensor"
+
+
+class Tagged(torch.Tensor):
+    """A program's own tensor class."""
+
+
+def test_tensor_subclasses_inside_values_are_saved_detached(tmp_path):
+    tagged = (torch.ones(2, requires_grad=True) * 2).as_subclass(Tagged)
+    param = torch.nn.Parameter(torch.arange(2.0))
+    Writer(tmp_path).write({"m:f:pair@0": [(tagged, {"p": param})]}, step=0)
+    (pair,) = load(tmp_path)["m:f:pair@0"]
+    assert torch.equal(pair[0], torch.full((2,), 2.0)) and not pair[0].requires_grad
+    assert torch.equal(pair[1]["p"], torch.arange(2.0)) and not pair[1]["p"].requires_grad
