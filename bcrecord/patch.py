@@ -1087,7 +1087,7 @@ def patch_method(
         if wrapped and unwrap and isinstance(owner, str):
             passed = _instance_passed(obj, raw, own, base)
             if passed is not None:
-                owner = _OneInstance.of(passed, owner)
+                owner = _OneInstance.of(passed, owner, base)
         return _patch_in_place(raw, specs, owner, method, unwrap)
     if not isinstance(obj, (type, types.ModuleType)) and not hasattr(obj, "__dict__"):
         raise NotPatchableError(
@@ -1184,13 +1184,16 @@ class _OneInstance:
         self.name = name
 
     @classmethod
-    def of(cls, instance: Any, name: str) -> Owner:
-        """An owner for ``instance`` alone, held weakly where it can be (its patch holds it too)."""
+    def of(cls, instance: Any, name: str, function: types.FunctionType) -> Owner:
+        """An owner for ``instance`` alone (held weakly where it can be: its patch holds it
+        too), among the instances of the class that defines ``function``."""
         try:
             held: Callable[[], Any] = weakref.ref(instance)
         except TypeError:  # no __weakref__ slot
             held = lambda: instance  # noqa: E731
-        return cls(held, type(instance), name)
+        holder = function.__qualname__.rpartition(".")[0]
+        kinds = [k for k in type(instance).__mro__ if getattr(k, "__qualname__", None) == holder]
+        return cls(held, kinds[0] if kinds else type(instance), name)
 
     def __call__(self, instance: Any) -> Optional[str]:
         if instance is not self.instance() and isinstance(instance, self.kind):

@@ -770,17 +770,21 @@ def _is_runner_frame(filename: str) -> bool:
     return filename in _RUNNER_FILES or os.path.abspath(filename) in _RUNNER_FILES
 
 
-#: bcrecord's own files but the runner's: what probes run (the runtime, the torch layer's copies).
-_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+#: What probes run: the runtime and the torch layer's copies.
+_PROBE_FILES = {
+    os.path.join(os.path.dirname(os.path.abspath(__file__)), *parts)
+    for parts in (("runtime.py",), ("torch", "copies.py"))
+}
 
 
-def _is_probe_frame(filename: str) -> bool:
-    return filename.startswith(_PACKAGE) and not _is_runner_frame(filename)
+def _program_traceback(
+    tb: Optional[types.TracebackType], from_a_probe: bool = False
+) -> Optional[types.TracebackType]:
+    """``tb`` as Python would show it without bcrecord: its frames and runpy's left out.
 
-
-def _program_traceback(tb: Optional[types.TracebackType]) -> Optional[types.TracebackType]:
-    """``tb`` as Python would show it without bcrecord: its frames and runpy's left out, and
-    everything from a probe's on (an error raised while a probe ran shows the program's line).
+    ``from_a_probe`` (a ``KeyboardInterrupt``, which a probe lets through, while it
+    copied a value): everything from the probe's frame on goes too, so the traceback
+    ends at the program's line that ran the probe.
 
     An ``import`` statement's traceback has no import machinery frames (Python removes
     them), except those before bcrecord's import hook, which broke Python's removal:
@@ -789,7 +793,7 @@ def _program_traceback(tb: Optional[types.TracebackType]) -> Optional[types.Trac
     kept: List[types.TracebackType] = []
     while tb is not None:
         filename = tb.tb_frame.f_code.co_filename
-        if kept and _is_probe_frame(filename):
+        if from_a_probe and kept and filename in _PROBE_FILES:
             # Raised inside a probe (a Ctrl-C while a value is copied): the program's line
             # that ran it is where it came from; what the probe called is not the program's.
             break
@@ -815,7 +819,8 @@ def _as_the_program_s(error: BaseException) -> None:
         if one is None or id(one) in seen:
             continue
         seen.add(id(one))
-        one.__traceback__ = _program_traceback(one.__traceback__)
+        # Only an error that is no Exception leaves a probe (it keeps the others to itself).
+        one.__traceback__ = _program_traceback(one.__traceback__, not isinstance(one, Exception))
         pending += [one.__cause__, one.__context__]
 
 

@@ -766,6 +766,36 @@ def _container_copier(cls: type, policy: str) -> Copier:
     return rebuild
 
 
+def shallow_copy(value: T) -> T:
+    """``copy.copy(value)``, a new object also where the value's ``__copy__`` returns itself.
+
+    A frozen dataclass may say so (it cannot change), while the tensors or lists it holds
+    can: a recorded copy needs an object of its own to hold their copies.
+
+    >>> import dataclasses
+    >>> @dataclasses.dataclass(frozen=True)
+    ... class Out:
+    ...     items: list
+    ...     def __copy__(self):
+    ...         return self
+    >>> out = Out([1])
+    >>> copied = shallow_copy(out)
+    >>> copied is not out, copied.items is out.items
+    (True, True)
+    """
+    copied = _copy_module.copy(value)
+    if copied is not value:
+        return copied
+    copied = object.__new__(type(value))
+    state = getattr(value, "__dict__", None)
+    if state is not None:
+        copied.__dict__.update(state)  # (not through __setattr__: a frozen one's too)
+    for name in getattr(type(value), "__slots__", ()):
+        if hasattr(value, name) and name not in ("__dict__", "__weakref__"):
+            object.__setattr__(copied, name, getattr(value, name))
+    return copied
+
+
 #: The copies made so far of the dataclass being copied in this thread, by id, with their
 #: originals (kept alive, so that no id is reused meanwhile): a tree with parent links is
 #: copied with its links, each object once.
@@ -792,9 +822,7 @@ def _dataclass_copy(value: Any, policy: str, copies: Dict[int, Tuple[Any, Any]])
     made = copies.get(id(value))
     if made is not None and made[0] is value:
         return made[1]
-    copied = _copy_module.copy(value)
-    if copied is value:  # its own __copy__ says it is one: never changed through the copy
-        return value
+    copied = shallow_copy(value)
     copies[id(value)] = (value, copied)
     for item in dataclasses.fields(value):
         try:

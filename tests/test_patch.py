@@ -653,6 +653,14 @@ def test_a_wrapped_method_is_patched_in_place_keeping_the_instance_s_values():
         a.forward(1), b.forward(2)
     assert rec.all("Wrapped:forward:y@0") == [2, 3]  # a class's patch: every instance
 
+    class Sub(Wrapped):
+        pass
+
+    sub = Sub()
+    with bcrecord.patch_method(sub, "forward", "y", name="sub"), bcrecord.recording() as rec:
+        sub.forward(1), a.forward(2)  # a is a Wrapped, the class whose method it is: left out
+    assert rec.all("sub:forward:y@0") == [2]
+
     class Slotted:
         __slots__ = ("__dict__",)  # no __weakref__: the instance is told apart all the same
 

@@ -555,6 +555,18 @@ def test_run_interrupt_inside_a_probe_shows_the_program_s_line(project):
     assert "bcrecord" not in result.stderr.split("KeyboardInterrupt")[0]
 
 
+def test_run_keeps_the_program_s_frames_that_bcrecord_s_code_called(project):
+    # A program using bcrecord itself: an error in its code called from bcrecord's shows as Python shows it.
+    (project / "calls_back.py").write_text(
+        "from bcrecord.runtime import silently\n\ndef f(x):\n    y = x\n    return y\n\n"
+        "def boom(x):\n    raise ValueError(x)\n\nf(1)\nsilently(boom, 3)\n"
+    )
+    expected = plain("calls_back.py", cwd=project)
+    result = cli("run", "-r", "__main__:f:y", "calls_back.py", cwd=project)
+    assert result.returncode == expected.returncode == 1
+    assert result.stderr.startswith(expected.stderr) and "in boom" in expected.stderr, result.stderr
+
+
 def test_run_in_process_leaves_a_keyboard_interrupt_to_its_caller(project, monkeypatch):
     import sys
 

@@ -112,7 +112,9 @@ def test_dataclass_copies_keep_links_unset_fields_and_immutable_values():
 
     held = [1]
     const = Const(held)
-    assert copy_value(const, "clone") is const and const.items is held  # the program's object unchanged
+    copied = copy_value(const, "clone")  # a copy of its own, though its __copy__ says it is one
+    held.append(2)
+    assert copied is not const and copied.items == [1] and const.items is held  # the program's unchanged
 
     class Fresh:  # a field read as a new object each time: no id of one read is another's
         def __set_name__(self, owner, name):

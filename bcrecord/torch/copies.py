@@ -26,13 +26,12 @@ cast, a reduce function, and ``grad=True`` (keep the value in the autograd graph
 
 from __future__ import annotations
 
-import copy as _copy_module
 import dataclasses
 from typing import Any, Callable, Dict, Optional, Set, TypeVar, Union
 
 import torch
 
-from ..runtime import copies_without_python, copy_value, rebuilt_container, register_copy
+from ..runtime import copies_without_python, copy_value, rebuilt_container, register_copy, shallow_copy
 
 __all__ = ["ValuePolicy", "clone", "detached_clone", "value_policy"]
 
@@ -131,7 +130,7 @@ def _map(value: Any, fn: Callable[[torch.Tensor], Any], made: Optional[Dict[int,
     subclasses, ``defaultdict``), a tuple or frozenset subclass that cannot be as a
     plain one; a dataclass (a model's output object) is copied with each field mapped
     (as the core copies one: each object once, so a tree with parent links keeps them;
-    a field not set yet skipped; one whose copy is itself left as it is).
+    a field not set yet skipped; a new object also where its ``__copy__`` returns itself).
     """
     if isinstance(value, torch.Tensor):
         return fn(value)
@@ -149,9 +148,7 @@ def _map(value: Any, fn: Callable[[torch.Tensor], Any], made: Optional[Dict[int,
         earlier = made.get(id(value))
         if earlier is not None and earlier[0] is value:
             return earlier[1]
-        mapped = _copy_module.copy(value)
-        if mapped is value:
-            return value
+        mapped = shallow_copy(value)
         made[id(value)] = (value, mapped)  # (the original kept: no id reused meanwhile)
         for field in dataclasses.fields(value):
             try:

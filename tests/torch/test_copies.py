@@ -174,3 +174,16 @@ def test_dataclass_values_keep_their_links_and_skip_unset_fields():
     root.t.add_(5)
     assert torch.equal(copied.t, torch.ones(2)) and copied.children[0].parent is copied
     assert not hasattr(copied, "cache") and copied.children[0] is not root.children[0]
+
+    @dataclasses.dataclass(frozen=True)
+    class Frozen:
+        t: torch.Tensor
+
+        def __copy__(self):  # "immutable": but the tensor it holds is not
+            return self
+
+    live = Frozen(torch.ones(2, requires_grad=True) * 2)
+    kept = value_policy()(live)
+    live.t.data.fill_(7.0)
+    assert kept is not live and torch.equal(kept.t, torch.full((2,), 2.0)) and not kept.t.requires_grad
+    assert live.t.requires_grad  # the program's object untouched

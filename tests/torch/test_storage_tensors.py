@@ -122,8 +122,10 @@ class Tagged(torch.Tensor):
 
 def test_tensor_subclasses_inside_values_are_saved_detached(tmp_path):
     tagged = (torch.ones(2, requires_grad=True) * 2).as_subclass(Tagged)
+    tagged.layer = "layer3"  # an attribute set on it is saved with it
     param = torch.nn.Parameter(torch.arange(2.0))
     Writer(tmp_path).write({"m:f:pair@0": [(tagged, {"p": param})]}, step=0)
     (pair,) = load(tmp_path)["m:f:pair@0"]
     assert torch.equal(pair[0], torch.full((2,), 2.0)) and not pair[0].requires_grad
+    assert type(pair[0]) is Tagged and pair[0].layer == "layer3"
     assert torch.equal(pair[1]["p"], torch.arange(2.0)) and not pair[1]["p"].requires_grad
