@@ -1078,12 +1078,12 @@ def patch_method(
     # inherits it: their patch is a copy of their own (unless the method is wrapped, below).
     shared = isinstance(obj, (type, types.ModuleType)) and own is not _MISSING
     stacks = shared and (_copy_slot(base) is not None or ("code", id(base)) in _slots)
-    if in_place or base is not _function_of_shallow(raw) or stacks:
+    wrapped = base is not _function_of_shallow(raw)
+    if in_place or wrapped or stacks:
         # A wrapper holds the function it wraps: only patching that in place reaches it, for
         # every instance (a subclass's patch too: see the README); an instance's keeps its own.
         # (Given what is there: an earlier patch's copy, if one runs there, is patched.)
         owner = default if name is None else name
-        wrapped = base is not _function_of_shallow(raw)
         if wrapped and unwrap and isinstance(owner, str):
             passed = _instance_passed(obj, raw, own, base)
             if passed is not None:
@@ -1153,8 +1153,7 @@ def _instance_passed(obj: Any, raw: Any, own: Any, base: types.FunctionType) -> 
     if isinstance(obj, (type, types.ModuleType)) or not base.__code__.co_argcount:
         return None
     if own is _MISSING:
-        holder = base.__qualname__.rpartition(".")[0]
-        in_class = any(holder == getattr(cls, "__qualname__", None) for cls in type(obj).__mro__)
+        in_class = _class_defining(base, obj) is not None
         return obj if isinstance(raw, types.FunctionType) and in_class else None
     inner = own
     for _ in range(100):  # a __wrapped__ cycle ends it
@@ -1164,6 +1163,12 @@ def _instance_passed(obj: Any, raw: Any, own: Any, base: types.FunctionType) -> 
     if isinstance(inner, types.MethodType) and not isinstance(inner.__self__, type):  # (a classmethod's)
         return inner.__self__
     return None
+
+
+def _class_defining(function: types.FunctionType, instance: Any) -> Optional[type]:
+    """The class of ``instance`` (or a base of it) whose body defines ``function``, or None."""
+    holder = function.__qualname__.rpartition(".")[0]
+    return next((k for k in type(instance).__mro__ if getattr(k, "__qualname__", None) == holder), None)
 
 
 class _OneInstance:
@@ -1191,9 +1196,7 @@ class _OneInstance:
             held: Callable[[], Any] = weakref.ref(instance)
         except TypeError:  # no __weakref__ slot
             held = lambda: instance  # noqa: E731
-        holder = function.__qualname__.rpartition(".")[0]
-        kinds = [k for k in type(instance).__mro__ if getattr(k, "__qualname__", None) == holder]
-        return cls(held, kinds[0] if kinds else type(instance), name)
+        return cls(held, _class_defining(function, instance) or type(instance), name)
 
     def __call__(self, instance: Any) -> Optional[str]:
         if instance is not self.instance() and isinstance(instance, self.kind):
