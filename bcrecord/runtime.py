@@ -52,6 +52,7 @@ import contextvars
 import copy as _copy_module
 import dataclasses
 import difflib
+import enum
 import functools
 import importlib
 import operator
@@ -770,7 +771,8 @@ def shallow_copy(value: T) -> T:
     """``copy.copy(value)``, a new object also where the value's ``__copy__`` returns itself.
 
     A frozen dataclass may say so (it cannot change), while the tensors or lists it holds
-    can: a recorded copy needs an object of its own to hold their copies.
+    can: a recorded copy needs an object of its own to hold their copies. An enum member
+    and an object that ``object.__new__`` cannot make (a C base) are the value itself.
 
     >>> import dataclasses
     >>> @dataclasses.dataclass(frozen=True)
@@ -784,15 +786,22 @@ def shallow_copy(value: T) -> T:
     (True, True)
     """
     copied = _copy_module.copy(value)
-    if copied is not value:
+    if copied is not value or isinstance(value, enum.Enum):  # (a member is itself: one of a kind)
         return copied
-    copied = object.__new__(type(value))
+    try:
+        copied = object.__new__(type(value))
+    except TypeError:  # a class of a C base (an Exception's): it stays the value itself
+        return value
     state = getattr(value, "__dict__", None)
     if state is not None:
         copied.__dict__.update(state)  # (not through __setattr__: a frozen one's too)
-    for name in getattr(type(value), "__slots__", ()):
-        if hasattr(value, name) and name not in ("__dict__", "__weakref__"):
-            object.__setattr__(copied, name, getattr(value, name))
+    for kind in type(value).__mro__:  # slots, a base class's too
+        slots = kind.__dict__.get("__slots__", ())
+        for name in (slots,) if isinstance(slots, str) else slots:
+            if name.startswith("__") and not name.endswith("__"):  # a private one: mangled
+                name = f"_{kind.__name__.lstrip('_')}{name}"
+            if name not in ("__dict__", "__weakref__") and hasattr(value, name):
+                object.__setattr__(copied, name, getattr(value, name))
     return copied
 
 
@@ -823,6 +832,8 @@ def _dataclass_copy(value: Any, policy: str, copies: Dict[int, Tuple[Any, Any]])
     if made is not None and made[0] is value:
         return made[1]
     copied = shallow_copy(value)
+    if copied is value:  # (an enum member): never changed through its copy
+        return value
     copies[id(value)] = (value, copied)
     for item in dataclasses.fields(value):
         try:

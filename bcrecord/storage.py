@@ -610,7 +610,8 @@ def _reduced_tensor(tensor: Any) -> Any:
 
     A subclass keeps the attributes set on it, one that cannot be detached or moved (a
     wrapper tensor whose ``__torch_dispatch__`` refuses it) is pickled as it is, and one
-    that pickles its own way (its own ``__reduce_ex__``) is left to it once detached.
+    that pickles its own way (its own ``__reduce_ex__``) is left to it once detached,
+    but for a dtype whose pickle torch cannot read back.
     """
     if getattr(tensor, "is_meta", False):
         return tensor.__reduce_ex__(4)
@@ -623,7 +624,7 @@ def _reduced_tensor(tensor: Any) -> Any:
         if state and type(moved) is type(tensor):  # (a Parameter detaches to a plain tensor)
             moved.__dict__.update(state)
         tensor = moved
-    if not _reduced_by_torch(type(tensor)) or _pickle_loads(tensor.dtype):
+    if _pickle_loads(tensor.dtype):
         return tensor.__reduce_ex__(4)
     import torch
 
@@ -650,13 +651,6 @@ def _pickle_loads(dtype: Any) -> bool:
             known = False
         _pickle_dtypes[dtype] = known
     return known
-
-
-def _reduced_by_torch(kind: type) -> bool:
-    """Whether tensors of ``kind`` pickle with torch's own reducer (a Parameter's included)."""
-    import torch
-
-    return kind.__reduce_ex__ in (torch.Tensor.__reduce_ex__, torch.nn.Parameter.__reduce_ex__)
 
 
 def _torch_loaded(data: bytes) -> Any:

@@ -136,6 +136,55 @@ def test_dataclass_copies_keep_links_unset_fields_and_immutable_values():
     assert (copied.a.items, copied.b.items, copied.c.items) == ([1], [2], [3])
 
 
+def test_shallow_copy_makes_a_new_object_where_copy_returns_the_value_itself():
+    from bcrecord.runtime import shallow_copy
+
+    class Base:
+        __slots__ = "items"  # one slot, given as a string
+
+        def __copy__(self):
+            return self
+
+    class Sub(Base):
+        __slots__ = ("__secret", "more")  # a private (mangled) one, and the base's kept too
+
+        def __init__(self):
+            self.items, self.more, self.__secret = [1], 2, 3
+
+        def secret(self):
+            return self.__secret
+
+    live = Sub()
+    copied = shallow_copy(live)
+    assert copied is not live and (copied.items, copied.more, copied.secret()) == ([1], 2, 3)
+    assert copied.items is live.items  # shallow
+    assert shallow_copy([1]) == [1]  # where copy.copy makes a new object, that is it
+
+
+def test_dataclasses_that_are_their_own_copy_stay_themselves():
+    import dataclasses
+    import enum
+
+    @dataclasses.dataclass(frozen=True)
+    class Point:
+        x: int
+        y: int
+
+    class Corner(Point, enum.Enum):  # an enum member is one of a kind
+        ORIGIN = 0, 0
+
+    @dataclasses.dataclass(frozen=True)
+    class Failure(Exception):  # a C base: object.__new__ cannot make one
+        code: int
+
+        def __copy__(self):
+            return self
+
+    assert copy_value(Corner.ORIGIN, "clone") is Corner.ORIGIN
+    failure = Failure(3)
+    assert copy_value(failure, "clone") is failure
+
+
 def test_a_dataclass_whose_field_cannot_be_copied_is_an_error_not_the_live_object():
     import dataclasses
 

@@ -149,6 +149,8 @@ def _map(value: Any, fn: Callable[[torch.Tensor], Any], made: Optional[Dict[int,
         if earlier is not None and earlier[0] is value:
             return earlier[1]
         mapped = shallow_copy(value)
+        if mapped is value:  # (an enum member): never changed through its copy
+            return value
         made[id(value)] = (value, mapped)  # (the original kept: no id reused meanwhile)
         for field in dataclasses.fields(value):
             try:

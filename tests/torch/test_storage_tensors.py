@@ -120,6 +120,13 @@ class Tagged(torch.Tensor):
     """A program's own tensor class."""
 
 
+class OwnPickling(torch.Tensor):
+    """A tensor class that pickles its own way."""
+
+    def __reduce_ex__(self, protocol):
+        return super().__reduce_ex__(protocol)
+
+
 def test_tensor_subclasses_inside_values_are_saved_detached(tmp_path):
     tagged = (torch.ones(2, requires_grad=True) * 2).as_subclass(Tagged)
     tagged.layer = "layer3"  # an attribute set on it is saved with it
@@ -129,3 +136,14 @@ def test_tensor_subclasses_inside_values_are_saved_detached(tmp_path):
     assert torch.equal(pair[0], torch.full((2,), 2.0)) and not pair[0].requires_grad
     assert type(pair[0]) is Tagged and pair[0].layer == "layer3"
     assert torch.equal(pair[1]["p"], torch.arange(2.0)) and not pair[1]["p"].requires_grad
+
+
+def test_a_subclass_with_its_own_pickling_of_a_dtype_pickle_cannot_read_back_loads(tmp_path):
+    half = torch.tensor([1 + 2j], dtype=torch.complex32).as_subclass(OwnPickling)
+    Writer(tmp_path).write({"m:f:h@0": [(half, 1)], "m:f:n@0": [2]}, step=0)
+    loaded = load(tmp_path)
+    (pair,) = loaded["m:f:h@0"]
+    assert pair[0].dtype == torch.complex32 and torch.equal(
+        pair[0].to(torch.complex64), half.to(torch.complex64)
+    )
+    assert loaded["m:f:n@0"] == [2]
