@@ -109,6 +109,8 @@ __all__ = [
     "context_recordings",
     "kept_length",
     "rebuilt_container",
+    "shallow_copy",
+    "copied_dataclass",
 ]
 
 T = TypeVar("T")
@@ -828,20 +830,42 @@ def _dataclass_copier(policy: str) -> Copier:
 
 
 def _dataclass_copy(value: Any, policy: str, copies: Dict[int, Tuple[Any, Any]]) -> Any:
-    made = copies.get(id(value))
-    if made is not None and made[0] is value:
-        return made[1]
+    return copied_dataclass(value, lambda content: copy_value(content, policy), copies)
+
+
+def copied_dataclass(value: Any, copy_field: Callable[[Any], Any], made: Dict[int, Tuple[Any, Any]]) -> Any:
+    """A copy of the dataclass ``value`` (:func:`shallow_copy`) with ``copy_field`` of each field.
+
+    ``made`` maps ``id(original)`` to ``(original, copy)`` for the dataclasses copied so
+    far in one copy of a value, the originals kept so that no id is reused meanwhile:
+    ``copy_field`` passes it on, so an object met twice (a tree with parent links) is
+    copied once and the links are kept. A field not set yet (``field(init=False)``) is
+    skipped; fields are set through ``object.__setattr__``, a frozen dataclass's too (on
+    the copy only). An enum member is itself.
+
+    >>> import dataclasses
+    >>> @dataclasses.dataclass
+    ... class Pair:
+    ...     left: list
+    ...     right: list
+    >>> pair = Pair([1], [2])
+    >>> copied = copied_dataclass(pair, list, {})
+    >>> copied == pair, copied.left is pair.left
+    (True, False)
+    """
+    earlier = made.get(id(value))
+    if earlier is not None and earlier[0] is value:
+        return earlier[1]
     copied = shallow_copy(value)
     if copied is value:  # (an enum member): never changed through its copy
         return value
-    copies[id(value)] = (value, copied)
+    made[id(value)] = (value, copied)
     for item in dataclasses.fields(value):
         try:
             content = getattr(value, item.name)
         except AttributeError:  # field(init=False) not set yet
             continue
-        # object.__setattr__: a frozen dataclass's fields too (on the copy only)
-        object.__setattr__(copied, item.name, copy_value(content, policy))
+        object.__setattr__(copied, item.name, copy_field(content))
     return copied
 
 

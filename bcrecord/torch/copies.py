@@ -27,11 +27,11 @@ cast, a reduce function, and ``grad=True`` (keep the value in the autograd graph
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict, Optional, Set, TypeVar, Union
+from typing import Any, Callable, Dict, Optional, Set, Tuple, TypeVar, Union
 
 import torch
 
-from ..runtime import copies_without_python, copy_value, rebuilt_container, register_copy, shallow_copy
+from ..runtime import copied_dataclass, copies_without_python, copy_value, rebuilt_container, register_copy
 
 __all__ = ["ValuePolicy", "clone", "detached_clone", "value_policy"]
 
@@ -123,14 +123,16 @@ Device = Union[str, torch.device, None]
 T = TypeVar("T")
 
 
-def _map(value: Any, fn: Callable[[torch.Tensor], Any], made: Optional[Dict[int, Any]] = None) -> Any:
+def _map(
+    value: Any, fn: Callable[[torch.Tensor], Any], made: Optional[Dict[int, Tuple[Any, Any]]] = None
+) -> Any:
     """Apply ``fn`` to every tensor in (nested) tuples, lists, dicts, sets and dataclasses.
 
     Containers are rebuilt as the core rebuilds them (:func:`rebuilt_container`:
     subclasses, ``defaultdict``), a tuple or frozenset subclass that cannot be as a
-    plain one; a dataclass (a model's output object) is copied with each field mapped
-    (as the core copies one: each object once, so a tree with parent links keeps them;
-    a field not set yet skipped; a new object also where its ``__copy__`` returns itself).
+    plain one; a dataclass (a model's output object) is copied with each field mapped,
+    as the core copies one (:func:`copied_dataclass`: each object once, so a tree with
+    parent links keeps them).
     """
     if isinstance(value, torch.Tensor):
         return fn(value)
@@ -145,20 +147,7 @@ def _map(value: Any, fn: Callable[[torch.Tensor], Any], made: Optional[Dict[int,
         return tuple(contents) if isinstance(value, tuple) else frozenset(contents)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         made = {} if made is None else made
-        earlier = made.get(id(value))
-        if earlier is not None and earlier[0] is value:
-            return earlier[1]
-        mapped = shallow_copy(value)
-        if mapped is value:  # (an enum member): never changed through its copy
-            return value
-        made[id(value)] = (value, mapped)  # (the original kept: no id reused meanwhile)
-        for field in dataclasses.fields(value):
-            try:
-                content = getattr(value, field.name)
-            except AttributeError:  # field(init=False) not set yet
-                continue
-            object.__setattr__(mapped, field.name, _map(content, fn, made))
-        return mapped
+        return copied_dataclass(value, lambda content: _map(content, fn, made), made)
     return value
 
 
