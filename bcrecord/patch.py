@@ -118,6 +118,14 @@ class _PatchLock:
 _lock = _PatchLock()
 _BASE_ATTR = "__bcrecord_base__"
 _SLOT_ATTR = "__bcrecord_slot__"
+#: The functions bcrecord made (:func:`_copy_function`): only theirs are that function's
+#: own attributes; ``functools.wraps`` copies them into a wrapper's ``__dict__``.
+_copies: weakref.WeakSet[types.FunctionType] = weakref.WeakSet()
+
+
+def _base_of(func: Any) -> Any:
+    """The function ``func`` was copied from, if bcrecord made it (else ``func``)."""
+    return getattr(func, _BASE_ATTR, func) if func in _copies else func
 
 
 def _wrapped(func: Any) -> Optional[types.FunctionType]:
@@ -144,7 +152,7 @@ def function_of(obj: Any) -> types.FunctionType:
     if isinstance(func, (staticmethod, classmethod, types.MethodType)):
         func = func.__func__
     if _copy_slot(func) is None:  # a recording copy is a function of its own (see _copy_slot)
-        func = getattr(func, _BASE_ATTR, func)
+        func = _base_of(func)
     seen = set()
     while isinstance(func, types.FunctionType) and id(func) not in seen:  # (a cycle ends it)
         seen.add(id(func))
@@ -224,7 +232,14 @@ def _why_not_a_function(obj: Any) -> str:
         wrapped = obj.attrname or name
         return f"{wrapped} is a functools.cached_property: patch the function it wraps (its .func)"
     if isinstance(obj, (functools.partial, functools.partialmethod)):
-        return f"{name} is a functools.{type(obj).__name__}: patch the function it calls (its .func)"
+        called = getattr(obj.func, "__qualname__", None) or repr(obj.func)
+        return f"a functools.{type(obj).__name__} of {called}: patch the function it calls (its .func)"
+    if isinstance(obj, functools.singledispatchmethod):
+        default = getattr(obj.func, "__qualname__", None) or repr(obj.func)
+        return (
+            f"{default} is a functools.singledispatchmethod: patch the implementation that runs, "
+            "its .func (the default one) or one registered for a type (its .dispatcher.registry[type])"
+        )
     if isinstance(getattr(obj, "__wrapped__", None), types.FunctionType):  # functools.lru_cache, cache
         return (
             f"{name} is a {type(obj).__name__} (C code around a Python function): patch the "
@@ -302,22 +317,30 @@ def _copy_slot(func: Any) -> Optional[_Slot]:
     Such a copy is what callers hold: patching it patches it in place, its own probes
     kept (the patch stacks in its slot), not the original it was copied from.
     """
-    slot = getattr(func, _SLOT_ATTR, None) if isinstance(func, types.FunctionType) else None
+    if not isinstance(func, types.FunctionType) or func not in _copies:
+        return None
+    slot = getattr(func, _SLOT_ATTR, None)
     return slot if isinstance(slot, _Slot) else None
 
 
-def _copy_function(func: types.FunctionType) -> types.FunctionType:
-    """A new function object sharing everything with ``func`` but its identity (and any probes)."""
+def _copy_function(func: types.FunctionType, stand_in: bool = False) -> types.FunctionType:
+    """A new function object sharing everything with ``func`` but its identity (and any probes).
+
+    A ``stand_in`` (a patch's, in ``func``'s place until it goes) shares its keyword
+    defaults' dict: one changed meanwhile stays. A recording copy has a dict of its own.
+    """
     new = types.FunctionType(
         _own_code(func), func.__globals__, func.__name__, func.__defaults__, func.__closure__
     )
-    new.__kwdefaults__ = dict(func.__kwdefaults__) if func.__kwdefaults__ else None
+    kwdefaults = func.__kwdefaults__
+    new.__kwdefaults__ = kwdefaults if stand_in or not kwdefaults else dict(kwdefaults)
     # Not a recording copy's slot: this copy is another function, with probes of its own.
-    new.__dict__.update({k: v for k, v in func.__dict__.items() if k != _SLOT_ATTR})
+    new.__dict__.update({k: v for k, v in func.__dict__.items() if k not in (_SLOT_ATTR, _BASE_ATTR)})
     for attr in ("__qualname__", "__doc__", "__module__", "__annotations__", "__type_params__"):
         if hasattr(func, attr):
             setattr(new, attr, getattr(func, attr))
     setattr(new, _BASE_ATTR, func)
+    _copies.add(new)
     return new
 
 
@@ -349,6 +372,10 @@ class _Slot:
         self.freed_with_copy: Optional[List[List[int]]] = None
         #: A copy :func:`record_locals` made: a record_locals stacked on it adds to it.
         self.decorated = False
+        #: The code ``live`` had when this slot last set it (or was made): another there
+        #: means someone else replaced it (``f.__code__ = ...``, IPython's autoreload).
+        self._code = live.__code__
+        self.replaced = False
         # Probed code for subsets of the patches (ids in slot order), built when armed.
         self._subsets: Dict[Tuple[int, ...], types.CodeType] = {}
 
@@ -407,18 +434,29 @@ class _Slot:
     def arm(self, wanted: Optional[Container[int]]) -> None:
         self.armed = True
         code = self.code_for(wanted)
-        if self.live.__code__ is not code:
-            self.live.__code__ = code
+        if self.live.__code__ is not code and not self._replaced():
+            self.live.__code__ = self._code = code
             if _swap_hook is not None:
                 _swap_hook(code, code is not self.original_code)
 
     def disarm(self) -> None:
         self.armed = False
         code = self.live.__code__
-        if code is not self.original_code:
-            self.live.__code__ = self.original_code
+        if code is not self.original_code and not self._replaced():
+            self.live.__code__ = self._code = self.original_code
             if _swap_hook is not None:
                 _swap_hook(code, False)
+
+    def _replaced(self) -> bool:
+        """Whether someone else put code in ``live`` meanwhile: theirs stays, never swapped."""
+        if not self.replaced and self.live.__code__ is not self._code:
+            self.replaced = True
+            warn(
+                f"{self.live.__qualname__}'s code was replaced while it was patched (its "
+                "__code__ set anew: IPython's autoreload does so); bcrecord leaves the new code "
+                "in place and records nothing of it: remove the patch and patch it again to record it"
+            )
+        return self.replaced
 
     def release(self) -> None:
         untrack(self)
@@ -851,7 +889,7 @@ class _Restore:
             return
         _put(vars(holder), attribute, own)
         func = _unwrap_installed(ours)
-        if not hasattr(func, _BASE_ATTR):
+        if func not in _copies:
             return
         # References: this object's, `ours` and `current` here, getrefcount's argument; any
         # other may be a copy's.
@@ -1108,7 +1146,7 @@ def patch_method(
         if slot is not None and own is not _MISSING and _unwrap_installed(own) is slot.live:
             patch = _attach(slot, obj, method, specs, name, default, method)
             return patch
-        live = _copy_function(base)
+        live = _copy_function(base, stand_in=True)
         installed = _wrap_like(raw, live, obj, in_own_dict=raw is own)
         slot = _Slot(base, live, restore=_Restore(obj, method, own, installed))
         slot.key = key
@@ -1182,6 +1220,8 @@ class _OneInstance:
     """
 
     __slots__ = ("instance", "kind", "name")
+    #: It runs no patched code: the runtime calls it as it is (not silenced), per value.
+    quiet = True
 
     def __init__(self, instance: Callable[[], Any], kind: type, name: str) -> None:
         self.instance = instance
@@ -1208,7 +1248,7 @@ def _function_of_shallow(raw: Any) -> Any:
     """The function directly behind ``raw`` (through static/class/bound methods only)."""
     if isinstance(raw, (staticmethod, classmethod, types.MethodType)):
         raw = raw.__func__
-    return raw if _copy_slot(raw) is not None else getattr(raw, _BASE_ATTR, raw)
+    return raw if _copy_slot(raw) is not None else _base_of(raw)
 
 
 def _unwrap_installed(raw: Any) -> Any:

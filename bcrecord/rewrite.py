@@ -272,8 +272,28 @@ def _rewrite(code: CodeType, points: Sequence[ProbePoint], inline: bool) -> Temp
     if any(point.with_self for point in points) and not code.co_argcount:
         raise ValueError(f"{code.co_name} has no first argument to pass as self")
     first = code.co_varnames[0] if code.co_argcount else ""
+    if any(point.with_self for point in points) and _rebinds(code, first):
+        # Each probe passes what the first argument holds when it runs: after a `del self`
+        # nothing (on 3.12+ the load does not check, and the interpreter would crash).
+        raise TargetError(
+            f"{getattr(code, 'co_qualname', code.co_name)} deletes or rebinds its first argument "
+            f"{first!r}: a per-instance patch "
+            "(name= a function of the instance, or an instance patched in place) cannot tell whose "
+            "values its probes take then; patch it with name= a string"
+        )
     names = [_PLACEHOLDER.format(k) for k in range(len(points))]
     return Template(_rewrite_code(code, points, names, first, nested=False, inline=inline), tuple(names))
+
+
+def _rebinds(code: CodeType, name: str) -> bool:
+    """Whether ``code`` assigns to or deletes its local ``name`` (a cell's too)."""
+    table = _versions.current()
+    changes = table.stores | table.deletes
+    for instr in instructions(code):
+        if isinstance(instr, Instr) and instr.name in changes:
+            if getattr(instr.arg, "name", instr.arg) == name:
+                return True
+    return False
 
 
 def _load_self(code: CodeType, first: str, nested: bool, location: object) -> Instr:

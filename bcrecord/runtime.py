@@ -287,6 +287,8 @@ class _Routing:
             self.sinks[:] = _UNROUTED
             self.sinks[0] = self
             _routings.add(self)
+            for rec in own:  # (so that each can stop it delivering to it when it ends)
+                rec._included.add(self)
 
     def route(self, site_id: int) -> Any:
         """Where this context's values of ``site_id`` go: something with ``append``.
@@ -378,7 +380,9 @@ class _ByOwner:
         self, site_id: int, owner: Callable[[Any], Optional[str]], recordings: Tuple[Recording, ...]
     ) -> None:
         self.site_id = site_id
-        self.owner = owner
+        # A name= function may call patched code (a method recorded too): not the program's
+        # values. bcrecord's own owners (``quiet``: they read a dict) skip that cost per value.
+        self.owner = owner if getattr(owner, "quiet", False) else functools.partial(silently, owner)
         self.recordings = recordings
         #: Owner name -> where its values go.
         self.targets: Dict[str, Any] = {}
@@ -711,7 +715,9 @@ def rebuilt_container(value: Any, contents: Any) -> Any:
     argument per element (namedtuples first that way); a result that does not hold
     exactly ``contents`` (a constructor that reads its arguments its own way) is not
     taken. A dict, list or set whose constructor fails (``defaultdict``'s factory)
-    is copied, then refilled — never the live value. None where no way works.
+    is copied, then refilled — never the live value. None where no way works. A
+    subclass instance's attributes (its ``__dict__``) are set on the new one, and a
+    struct sequence (``os.stat_result``) keeps the fields its items do not show.
 
     >>> import collections
     >>> class Names(tuple): pass
@@ -724,6 +730,15 @@ def rebuilt_container(value: Any, contents: Any) -> Any:
     kind = type(value)
     if kind in _CONTAINERS:
         return kind(contents)
+    rebuilt = _rebuilt_subclass(value, contents)
+    state = getattr(value, "__dict__", None)
+    if state and rebuilt is not None:
+        rebuilt.__dict__.update(state)  # (shallow, as copy.copy sets them)
+    return rebuilt
+
+
+def _rebuilt_subclass(value: Any, contents: Any) -> Any:
+    kind = type(value)
     if isinstance(value, dict):
         try:
             return kind(contents)
@@ -732,13 +747,21 @@ def rebuilt_container(value: Any, contents: Any) -> Any:
             refilled.update(contents)
             return refilled
     forms: Tuple[str, ...] = ("iterable", "arguments")
-    if hasattr(value, "_fields"):
+    if isinstance(getattr(kind, "n_sequence_fields", None), int):
+        # A struct sequence: its constructor takes the fields that are not items (the
+        # numbers and strings behind os.stat_result's st_mtime_ns) as a dict, which
+        # its __reduce__ gives.
+        forms = ("struct sequence",)
+    elif hasattr(value, "_fields"):
         forms = ("arguments", "iterable")
     elif not isinstance(value, tuple):
         forms = ("iterable",)
     for form in forms:
         try:
-            rebuilt = kind(contents) if form == "iterable" else kind(*contents)
+            if form == "struct sequence":
+                rebuilt = kind(contents, value.__reduce__()[1][1])
+            else:
+                rebuilt = kind(contents) if form == "iterable" else kind(*contents)
         except Exception:
             continue
         if isinstance(rebuilt, (set, frozenset)):  # no order to compare: its constructor took them
@@ -764,7 +787,12 @@ def _container_copier(cls: type, policy: str) -> Copier:
         else:
             contents = [copy_value(v, policy) for v in value]
         rebuilt = rebuilt_container(value, contents)
-        return _copy_module.deepcopy(value) if rebuilt is None else rebuilt
+        if rebuilt is not None:
+            return rebuilt
+        unchanged = all(a is b for a, b in zip(contents, value, strict=True))
+        if unchanged and isinstance(value, (tuple, frozenset)):
+            return value  # nothing in it to copy, and no way to make one (sys.float_info)
+        return _copy_module.deepcopy(value)
 
     return rebuild
 
@@ -819,10 +847,8 @@ def _dataclass_copier(policy: str) -> Copier:
         if copies is not None:
             return _dataclass_copy(value, policy, copies)
         _dataclass_copies.made = copies = {}
-        try:
+        try:  # (too deep to copy: a RecursionError, reported as a list's is; never the live value)
             return _dataclass_copy(value, policy, copies)
-        except RecursionError:  # too deep to copy (a long linked chain): kept as it is,
-            return value  # as any object without a copy is
         finally:
             _dataclass_copies.made = None
 
@@ -896,8 +922,10 @@ def _find_copier(policy: Any, cls: type) -> Optional[Copier]:
         return _copy_module.deepcopy
     if issubclass(cls, _CONTAINERS):
         return _container_copier(cls, policy)
+    # A tensor-like has both; other objects' .detach() ends something (a file's buffer,
+    # a weakref.finalize), never called for them.
     method = "clone" if policy == "clone" else "detach"
-    if callable(getattr(cls, method, None)):
+    if callable(getattr(cls, "clone", None)) and callable(getattr(cls, method, None)):
         return _method_copier(method, policy)
     if dataclasses.is_dataclass(cls):  # a model's output object: each field as it would be alone
         return _dataclass_copier(policy)
@@ -1204,6 +1232,9 @@ class Recording:
         self._token: Optional[contextvars.Token] = None
         self._routing: Optional[_Routing] = None
         self._warned: set = set()
+        #: The routings that deliver to this recording: also those of recordings entered
+        #: after it in contexts copied from its own (a thread it carried, a task).
+        self._included: weakref.WeakSet[_Routing] = weakref.WeakSet()
         #: Values that could not be recorded, in the order they failed.
         self.errors: List[RecordError] = []
 
@@ -1265,6 +1296,13 @@ class Recording:
                     self._kept = None
             elif routing is not self._kept:
                 routing.retire()
+        with _sites_lock:
+            # A recording entered in a context copied from this one's (a carried thread,
+            # a task) made a routing that delivers to this one too: no more.
+            included, self._included = list(self._included), weakref.WeakSet()
+            for other in included:
+                if other is not routing and any(r is self for r in other.recordings):
+                    other.drop(self)
         with _arm_lock:
             if self.threads == "all":
                 # Usually the last one entered: no generator to run then.
@@ -1378,9 +1416,12 @@ class Recording:
             known = [k for k, _ in self._recorded()]
             listed = ", ".join(known) or "(nothing recorded yet)"
             if self._probes(key):
+                where = "in a branch not taken, or a function not called"
+                if self.threads != "all":  # (values of threads without a recording go nowhere)
+                    where += "; or in another thread: recording(threads='all') or bcrecord.carry takes those"
                 raise KeyError(
                     f"no values recorded for {key!r}: its probe was placed but did not run while "
-                    f"recorded (in a branch not taken, or a function not called?); recorded keys: {listed}"
+                    f"recorded ({where}); recorded keys: {listed}"
                 )
             close = difflib.get_close_matches(key, known, n=3) if isinstance(key, str) else []
             hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
@@ -1501,7 +1542,8 @@ def _patches_in(only: Any) -> List[Any]:
         raise TypeError(f"only= takes a list of patches (what patch_method returns), got {only!r}")
     tags = list(only)
     for tag in tags:
-        if isinstance(tag, (str, bytes)) or callable(tag):
+        # (A patch, as the runtime knows one: it has sites. Not imported: patch.py uses this.)
+        if not isinstance(getattr(tag, "_site_ids", None), list):
             raise TypeError(f"only= takes patches (what patch_method and patch_function return), got {tag!r}")
     return tags
 

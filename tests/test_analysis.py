@@ -85,6 +85,21 @@ def test_same_line_assignments_are_ordered_by_column():
         assert [s.positions[0] for s in sites] == sorted(s.positions[0] for s in sites)
 
 
+def test_a_one_line_while_whose_condition_assigns_its_body_s_name():
+    def f(n):
+        while (n := n - 1) > 0: n = n - 1  # noqa: E701
+        return n
+
+    g = bcrecord.instrument(f, ["n@0", "n@1"], name="w")
+    with bcrecord.recording() as rec:
+        assert g(7) == 0
+    got = (rec.all("w:f:n@0"), rec.all("w:f:n@1"))
+    if sys.version_info >= (3, 11):
+        assert got == ([6, 4, 2, 0], [5, 3, 1])  # the condition's, the body's
+    else:  # no columns (README): the condition's first and the body's, then its later ones
+        assert got == ([6, 5, 3, 1], [4, 2, 0])
+
+
 def test_attribute_chains_and_method_style_loads():
     def f(self, x):
         h = self.linear1(x)

@@ -106,7 +106,15 @@ def test_what_cannot_be_patched_says_what_to_patch_instead():
     cases = [
         (Model, "Model is a class: patch one of its methods, e.g. patch_method(Model, 'forward', specs)"),
         (Callable(), "is a callable Callable object: patch its class's __call__"),
-        (functools.partial(g, 1), "is a functools.partial: patch the function it calls"),
+        (
+            functools.partial(g, 1),
+            "a functools.partial of test_what_cannot_be_patched_says_what_to_patch_instead.<locals>.g: patch",
+        ),
+        (functools.partialmethod(g, 1), "a functools.partialmethod of"),
+        (
+            functools.singledispatchmethod(g),
+            "g is a functools.singledispatchmethod: patch the implementation that runs",
+        ),
         (Model.__dict__["size"], "size is a property: patch its getter"),
         (json.JSONDecoder, "e.g. patch_method(JSONDecoder, 'decode', specs)"),  # no forward there
         (dict.get, "dict.get is a builtin or C function"),

@@ -74,6 +74,51 @@ def test_in_place_patch_reaches_references_held_elsewhere():
     assert corpus.everything.__code__ is patch.original_code
 
 
+def test_code_set_anew_while_patched_in_place_stays_with_a_warning():
+    # IPython's autoreload updates a function in place: f.__code__ = new code.
+    def f(a):
+        x = a + 1
+        return x
+
+    def edited(a):
+        x = a + 100
+        return x
+
+    patch = bcrecord.patch_function(f, "x")
+    with bcrecord.recording() as rec:
+        assert f(1) == 2
+    f.__code__ = edited.__code__
+    with pytest.warns(bcrecord.RecordingWarning, match=r"f's code was replaced while it was patched"):
+        with bcrecord.recording() as later:
+            assert f(1) == 101
+    patch.remove()
+    assert f(1) == 101 and f.__code__ is edited.__code__
+    assert rec.all(patch.keys[0]) == [2] and len(later) == 0
+    with bcrecord.patch_function(f, "x") as again, bcrecord.recording() as rec:
+        assert f(1) == 101
+    assert rec.all(again.keys[0]) == [101]
+
+
+def test_a_keyword_default_changed_while_patched_stays_and_a_recording_copy_has_its_own():
+    class D:
+        def m(self, a, *, k=1):
+            v = a + k
+            return v
+
+    with bcrecord.patch_method(D, "m", "v"):
+        D.m.__kwdefaults__["k"] = 50
+        assert D().m(1) == 51
+    assert D().m(1) == 51 and D.m.__kwdefaults__ == {"k": 50}
+
+    def f(a, *, k=1):
+        v = a + k
+        return v
+
+    g = bcrecord.instrument(f, "v")
+    g.__kwdefaults__["k"] = 7
+    assert (g(1), f(1)) == (8, 2)
+
+
 def test_two_patches_stack_and_remove_in_any_order():
     for order in ((0, 1), (1, 0)):
         obj = Block()
@@ -628,6 +673,51 @@ def test_unwrap_false_records_what_the_wrapper_returns_and_leaves_it_as_it_was()
         "each:forward:return": 20,  # per instance: the outermost wrapper given the instance
     }
     assert [w.__code__ for w in wrappers] == codes and (M.forward, M.forward.__wrapped__) == wrappers
+
+
+def test_a_wrapper_made_over_a_patch_s_copy_is_not_taken_for_that_copy():
+    # functools.wraps copies the copy's __dict__, bcrecord's notes in it, into the wrapper.
+    @times_ten
+    @bcrecord.record_locals("y", name="in")
+    def f(self, x):
+        y = x + 1
+        return y
+
+    with bcrecord.patch_function(f, "return", name="w", unwrap=False), bcrecord.recording() as rec:
+        assert f(None, 1) == 20
+    assert dict(rec.items()) == {"in:f:y@0": 2, "w:f:return": 20}  # the wrapper's return
+
+    class C:
+        def m(self, x):
+            y = x + 1
+            return y
+
+    def passing_times_ten(func):
+        @functools.wraps(func)
+        def wrapper(*args):
+            return func(*args) * 10
+
+        return wrapper
+
+    with bcrecord.patch_method(C, "m", "y"):
+
+        class B:
+            m = passing_times_ten(C.m)  # made while C.m is patched
+
+    with bcrecord.patch_method(B, "m", "y"), bcrecord.recording() as rec:
+        assert B().m(1) == 20
+    assert dict(rec.items()) == {"B:m:y@0": 2}
+
+    class D(C):
+        pass
+
+    d = D()
+    with bcrecord.patch_method(d, "m", "y"):
+        wrapped = passing_times_ten(d.m)  # as obj.m = torch.compile(obj.m) during a patch
+    d.m = wrapped
+    with bcrecord.patch_method(d, "m", "y"), bcrecord.recording() as rec:
+        assert d.m(2) == 30
+    assert dict(rec.items()) == {"D:m:y@0": 3} and vars(d)["m"] is wrapped
 
 
 def test_a_wrapped_method_is_patched_in_place_keeping_the_instance_s_values():

@@ -128,6 +128,33 @@ def test_tracebacks_through_probed_code_keep_their_lines(func, spec, run):
     assert all(line > 0 for _, line in expected)
 
 
+def test_a_per_instance_patch_of_a_method_that_deletes_or_rebinds_self_is_refused():
+    # Its probes would pass what `self` holds when they run: nothing after `del self`
+    # (3.12+ crashed), another object after `self = ...` (values under its name).
+    class M:
+        def forward(self, x):
+            y = x + 1
+            del self
+            z = y * 2
+            return z
+
+        def step(self, x):
+            self = self.inner
+            z = x * 2
+            return z
+
+    for method in ("forward", "step"):
+        original = vars(M)[method]
+        with pytest.raises(
+            bcrecord.TargetError, match=f"{method} deletes or rebinds its first argument 'self'"
+        ):
+            bcrecord.patch_method(M, method, "z", name=lambda instance: "m")
+        assert vars(M)[method] is original and original.__code__.co_code == vars(M)[method].__code__.co_code
+    with bcrecord.patch_method(M, "forward", "z", name="m"), bcrecord.recording() as rec:
+        assert M().forward(1) == 4
+    assert rec["m:forward:z@0"] == 4
+
+
 def test_equal_code_from_other_files_or_lines_is_rewritten_for_itself():
     # Code objects compare equal across files (and, on 3.10, line layouts): the
     # rewrite and analysis caches must still tell them apart.

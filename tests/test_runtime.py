@@ -2,6 +2,7 @@
 
 import asyncio
 import copy
+import os
 import re
 import threading
 import warnings
@@ -81,6 +82,75 @@ def test_clone_copies_dataclasses_field_by_field():
     assert copy_value(live, "none") is live and copy_value(live, "detach").hidden == ("detached", 6)
 
 
+def test_a_dataclass_too_deep_to_copy_is_a_recorded_error_never_the_live_value():
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Box:
+        items: list
+
+    def f(d):
+        x = d
+        return 0
+
+    looped = [1]
+    looped.append(looped)
+    g = bcrecord.instrument(f, "x", name="deep")
+    with pytest.warns(RecordingWarning, match="RecursionError"), bcrecord.recording() as rec:
+        g(Box(looped))
+    assert "deep:f:x@0" not in rec and [type(e.error) for e in rec.errors] == [RecursionError]
+
+
+def test_clone_keeps_what_a_subclass_or_struct_sequence_holds_besides_its_items():
+    import os
+    import sys
+    import time
+
+    stat = os.stat(".")
+    copied = copy_value(stat, "clone")
+    assert (copied.st_mtime_ns, copied.st_mtime, copied.st_blksize) == (
+        stat.st_mtime_ns,
+        stat.st_mtime,
+        stat.st_blksize,
+    )
+    now = time.localtime()
+    assert (copy_value(now, "clone").tm_zone, copy_value(now, "clone").tm_gmtoff) == (
+        now.tm_zone,
+        now.tm_gmtoff,
+    )
+    assert copy_value(sys.version_info, "clone") is sys.version_info  # (no way to make one)
+
+    class Tagged(list):
+        tag = "class"
+
+    live = Tagged([1, [2]])
+    live.tag = "instance"
+    kept = copy_value(live, "clone")
+    live[1].append(3)
+    assert (type(kept), kept, kept.tag) == (Tagged, [1, [2]], "instance")
+
+
+def test_detach_detaches_tensor_likes_only():
+    # A file's .detach() takes its buffer away, a weakref.finalize's unregisters it:
+    # recorded under copy='detach', they are kept as they are, and go on working.
+    import io
+    import weakref
+
+    def f(path):
+        fh = open(path, "w")
+        fh.write("hello")
+        fh.close()
+        done = weakref.finalize(Mutable(0), called.append, 1)
+        done()
+        return "ok"
+
+    called = []
+    g = bcrecord.instrument(f, ["fh", "done"], name="io")
+    with bcrecord.recording(copy="detach") as rec:
+        assert g(os.devnull) == "ok"
+    assert called == [1] and isinstance(rec["io:f:fh@0"], io.TextIOWrapper) and not rec.errors
+
+
 def test_dataclass_copies_keep_links_unset_fields_and_immutable_values():
     import dataclasses
     from typing import List, Optional
@@ -99,9 +169,10 @@ def test_dataclass_copies_keep_links_unset_fields_and_immutable_values():
     assert copied is not root and leaf is not root.children[0] and leaf.parent is copied
     assert not hasattr(copied, "cache") and leaf.name == "leaf"
     chain = Node("0")
-    for n in range(1, 3000):  # deeper than copying can go: kept as it is, as before
+    for n in range(1, 3000):  # deeper than copying can go: an error (never the live value)
         chain = Node(str(n), parent=chain)
-    assert copy_value(chain, "clone") is chain
+    with pytest.raises(RecursionError):
+        copy_value(chain, "clone")
 
     @dataclasses.dataclass(frozen=True)
     class Const:
@@ -258,8 +329,11 @@ def test_missing_key_of_a_probe_that_did_not_run_says_so():
             with bcrecord.recording(only=[mine]) as rec:
                 assert f(1) == 2 and h(1) == 2
             assert rec.keys() == ["r:f:out@0"]
-            with pytest.raises(KeyError, match=r"'r:f:attn@0': its probe was placed but did not run while"):
+            with pytest.raises(
+                KeyError, match=r"'r:f:attn@0': its probe was placed but did not run while"
+            ) as e:
                 rec["r:f:attn@0"]
+            assert "recording(threads='all') or bcrecord.carry takes those" in str(e.value)
             # Not placed for this recording (another patch's, or no probe at all): a "did you mean".
             for key in ("r:h:attn@0", "r:f:atn@0"):
                 with pytest.raises(KeyError, match=r"did you mean 'r:f:out@0'\?"):
@@ -384,6 +458,53 @@ def test_worker_threads_reach_threads_all_and_carry():
     assert carried.all("dp:f:w@0") == [6]
 
 
+def test_a_recording_that_ended_gets_nothing_from_a_carried_thread_or_task_with_its_own():
+    # The thread (task) enters its own recording while the outer one is active, and
+    # goes on recording after the outer one ended: those values are the inner's only.
+    def f(a):
+        x = a
+        return x
+
+    g = bcrecord.instrument(f, "x", name="c")
+    started, go = threading.Event(), threading.Event()
+    inner = {}
+
+    def worker():
+        with bcrecord.recording() as rec:
+            g(1)
+            started.set()
+            go.wait()
+            g(2)
+        inner["thread"] = rec.all("c:f:x@0")
+
+    with bcrecord.recording() as outer:
+        thread = threading.Thread(target=bcrecord.carry(worker))
+        thread.start()
+        started.wait()
+    go.set()
+    thread.join()
+    assert (outer.all("c:f:x@0"), inner["thread"]) == ([1], [1, 2])
+
+    async def main():
+        began, resume = asyncio.Event(), asyncio.Event()
+
+        async def task():
+            with bcrecord.recording() as rec:
+                g(10)
+                began.set()
+                await resume.wait()
+                g(20)
+            return rec.all("c:f:x@0")
+
+        with bcrecord.recording() as outer:
+            running = asyncio.ensure_future(task())
+            await began.wait()
+        resume.set()
+        return outer.all("c:f:x@0"), await running
+
+    assert asyncio.run(main()) == ([10], [10, 20])
+
+
 def test_the_default_routing_copies_its_list_on_reset_only_after_it_routed():
     # Entering and leaving a threads='all' recording resets the routing of threads
     # without recordings; while none of them recorded, that costs no list copy.
@@ -458,7 +579,7 @@ def test_only_takes_patches_and_says_so():
         return y
 
     with bcrecord.patch_function(f, "y", name="m") as patch:
-        for wrong in ("m:f:y@0", ["m:f:y@0"], [f], patch):  # would match nothing, silently
+        for wrong in ("m:f:y@0", ["m:f:y@0"], [f], patch, [1], [None]):  # would match nothing, silently
             with pytest.raises(TypeError, match="only= takes"):
                 bcrecord.recording(only=wrong)
         with bcrecord.recording(only=[patch]) as rec:
@@ -1026,6 +1147,25 @@ def test_an_owner_function_that_gives_no_string_is_a_recorded_error_that_says_so
             with bcrecord.recording() as rec:
                 assert M().forward(1) == 2
     assert rec.keys() == [] and [type(e.error) for e in rec.errors] == [TypeError]
+
+
+def test_an_owner_function_that_calls_a_recorded_method_adds_no_values_of_its_own():
+    # The program never calls label(); the owner function (name=) does, per value.
+    class Net:
+        def label(self):
+            s = "net"
+            return s
+
+        def forward(self, a):
+            x = a * 2
+            return x
+
+    with bcrecord.patch_method(Net, "forward", "x", name=lambda net: net.label()):
+        with bcrecord.patch_method(Net, "label", "s", name="L"):
+            with bcrecord.recording() as rec:
+                Net().forward(1)
+                Net().forward(2)
+    assert {key: rec.all(key) for key in rec.keys()} == {"net:forward:x@0": [2, 4]}
 
 
 class _Box:

@@ -4,10 +4,7 @@ Importing this module registers how tensors are copied under each core policy
 (the core loads it by name the first time it meets a tensor):
 
 * ``'clone'``: a detached clone — the value as it was when assigned, outside the
-  autograd graph (so recording never keeps activations' graphs alive). For CPU
-  tensors it is torch's copy-on-write clone: no data is copied unless the model
-  later writes to the tensor in place (``relu_``, ``+=``), so recording a value
-  that is never overwritten costs next to nothing;
+  autograd graph (so recording never keeps activations' graphs alive);
 * ``'detach'``: the tensor detached, no copy (cheapest; later in-place changes show);
 * ``'deepcopy'``: a detached clone (``copy.deepcopy`` refuses non-leaf tensors).
 
@@ -27,6 +24,7 @@ cast, a reduce function, and ``grad=True`` (keep the value in the autograd graph
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Callable, Dict, Optional, Set, Tuple, TypeVar, Union
 
 import torch
@@ -35,17 +33,12 @@ from ..runtime import copied_dataclass, copies_without_python, copy_value, rebui
 
 __all__ = ["ValuePolicy", "clone", "detached_clone", "value_policy"]
 
-#: torch's copy-on-write clone (private API, in torch since 2.2): the copy is made
-#: when either tensor is first written, so values never overwritten are not copied.
-_lazy_clone: Optional[Callable[[torch.Tensor], torch.Tensor]] = getattr(torch, "_lazy_clone", None)
-
-
 #: Whether torch.jit.trace is tracing (None outside a trace; a C call per recorded tensor).
 _tracing_state: Callable[[], Any] = getattr(torch._C, "_get_tracing_state", lambda: None)
 
 
 def clone(tensor: torch.Tensor) -> torch.Tensor:
-    """A copy of ``tensor`` as it is now: copy-on-write where torch supports it.
+    """A copy of ``tensor`` as it is now.
 
     A tensor that takes part in autograd gets ``tensor.clone()`` (the copy stays in
     the graph); any other, :func:`detached_clone`'s copy.
@@ -67,10 +60,12 @@ def clone(tensor: torch.Tensor) -> torch.Tensor:
 def detached_clone(tensor: torch.Tensor) -> torch.Tensor:
     """A copy of ``tensor`` outside autograd: the copy the default ``'clone'`` policy keeps.
 
-    Detached CPU tensors with the usual (strided) layout get torch's copy-on-write
-    clone, anything else ``detach()`` (skipped for tensors outside autograd already:
-    one dispatcher op fewer per recorded value) and ``clone()``. One function, not
-    two, because it runs for every recorded tensor.
+    ``detach()`` (skipped for tensors outside autograd already: one dispatcher op
+    fewer per recorded value), then ``clone()``: the data is copied now. Not torch's
+    copy-on-write clone, which is cheaper where the value is never overwritten: it
+    sees writes made through torch only, so a value whose memory a numpy array or a
+    C library writes (an input buffer refilled in place) would change after the fact.
+    One function, not two, because it runs for every recorded tensor.
 
     >>> import torch
     >>> live = torch.ones(2, requires_grad=True) * 3
@@ -78,33 +73,10 @@ def detached_clone(tensor: torch.Tensor) -> torch.Tensor:
     >>> kept.requires_grad, torch.equal(kept, live)
     (False, True)
     """
-    if _tracing_state() is not None:
-        # The same ops whether or not the tensor needs grad (see clone), and no
-        # copy-on-write clone, which the check's second trace would not repeat.
+    if tensor.requires_grad or _tracing_state() is not None:
+        # Traced: the same ops whether or not the tensor needs grad (see clone).
         return tensor.detach().clone()
-    # A small view's copy-on-write clone would keep all of its base alive (a 4-element
-    # slice of a 64 MB tensor, 64 MB): copied now. A view of most of its base (a
-    # transpose) is not. Asked before detach(), whose result is no view.
-    small_view = tensor._is_view() and _small_part_of_its_storage(tensor)
-    if tensor.requires_grad:
-        tensor = tensor.detach()
-    if (
-        _lazy_clone is not None
-        and not small_view
-        and tensor.is_cpu
-        and tensor.layout == torch.strided
-        # A quantized tensor's copy-on-write clone loses its quantizer (using it crashes).
-        and not tensor.is_quantized
-    ):
-        try:
-            return _lazy_clone(tensor)
-        except (RuntimeError, NotImplementedError):  # a tensor subclass or kind it does not take
-            pass
     return tensor.clone()
-
-
-def _small_part_of_its_storage(tensor: torch.Tensor) -> bool:
-    return tensor.untyped_storage().nbytes() > 2 * tensor.numel() * tensor.element_size()
 
 
 def _detached(tensor: torch.Tensor) -> torch.Tensor:
@@ -124,9 +96,13 @@ T = TypeVar("T")
 
 
 def _map(
-    value: Any, fn: Callable[[torch.Tensor], Any], made: Optional[Dict[int, Tuple[Any, Any]]] = None
+    value: Any,
+    fn: Callable[[torch.Tensor], Any],
+    other: Optional[Callable[[Any], Any]] = None,
+    made: Optional[Dict[int, Tuple[Any, Any]]] = None,
 ) -> Any:
-    """Apply ``fn`` to every tensor in (nested) tuples, lists, dicts, sets and dataclasses.
+    """Apply ``fn`` to every tensor in (nested) tuples, lists, dicts, sets and dataclasses,
+    and ``other`` (if given) to everything else in them (a numpy array: the core's copy).
 
     Containers are rebuilt as the core rebuilds them (:func:`rebuilt_container`:
     subclasses, ``defaultdict``), a tuple or frozenset subclass that cannot be as a
@@ -138,17 +114,17 @@ def _map(
         return fn(value)
     if isinstance(value, (dict, list, tuple, set, frozenset)):
         if isinstance(value, dict):
-            contents: Any = {k: _map(v, fn, made) for k, v in value.items()}
+            contents: Any = {k: _map(v, fn, other, made) for k, v in value.items()}
         else:
-            contents = [_map(v, fn, made) for v in value]
+            contents = [_map(v, fn, other, made) for v in value]
         rebuilt = rebuilt_container(value, contents)
         if rebuilt is not None:
             return rebuilt
         return tuple(contents) if isinstance(value, tuple) else frozenset(contents)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         made = {} if made is None else made
-        return copied_dataclass(value, lambda content: _map(content, fn, made), made)
-    return value
+        return copied_dataclass(value, lambda content: _map(content, fn, other, made), made)
+    return value if other is None else other(value)
 
 
 def value_policy(
@@ -194,7 +170,7 @@ class ValuePolicy:
     goes through one call instead of four.
     """
 
-    __slots__ = ("copy", "device", "dtype", "reduce", "grad", "_tensor", "_pending")
+    __slots__ = ("copy", "device", "dtype", "reduce", "grad", "_tensor", "_other", "_pending")
 
     def __init__(
         self,
@@ -209,6 +185,8 @@ class ValuePolicy:
         self.dtype = dtype
         self.reduce = reduce
         self.grad = grad
+        #: What becomes of a value in a container that is no tensor: the core's copy.
+        self._other: Callable[[Any], Any] = functools.partial(copy_value, policy=copy)
         #: GPU streams with copies to the CPU still in flight (see :meth:`settle`).
         self._pending: Set[Any] = set()
         copies = copy in ("clone", "deepcopy")
@@ -224,7 +202,7 @@ class ValuePolicy:
         if isinstance(value, (torch.Tensor, list, tuple, dict)) or (
             dataclasses.is_dataclass(value) and not isinstance(value, type)
         ):
-            return _map(value, self._tensor)
+            return _map(value, self._tensor, self._other)
         return copy_value(value, self.copy)
 
     def copier_for(self, cls: type) -> Callable[[Any], Any]:
@@ -273,7 +251,7 @@ class ValuePolicy:
             return self._keep(reduced, live)
         if isinstance(reduced, (list, tuple, dict)):
             # t.chunk(2), (t.mean(), t.std()): each tensor in it is kept as a reduced tensor is
-            return _map(reduced, lambda part: self._keep(part, live))
+            return _map(reduced, lambda part: self._keep(part, live), self._other)
         return copy_value(reduced, self.copy)  # a number, an array: the core's copy
 
     def _keep(self, tensor: torch.Tensor, live: torch.Tensor) -> torch.Tensor:

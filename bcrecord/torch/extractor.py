@@ -28,10 +28,11 @@ from ..errors import SpecError, warn
 from ..patch import Patch, remove_all, remove_soon
 from ..patch import targets as function_targets
 from ..runtime import kept_length
-from .record import PLAN_OPTIONS, ModelRecording, Pass, Plan, StopForward, _exporting, _stopping
+from .record import PLAN_OPTIONS, ModelRecording, Pass, Plan, StopForward, _exporting, _stopping, threads_for
 from .targets import (
     Target,
     _expanding_again,
+    _submodule,
     _warn,
     expand,
     fx_name_clash,
@@ -185,7 +186,8 @@ class FeatureExtractor(torch.nn.Module):
         # Every value of a call is kept until the call returns: a module path gives its
         # first call's output whatever ``keep`` says, which applies to the rest.
         self._kept = kept_length(options.get("keep", "all"))
-        self._run_options: Dict[str, Any] = {"keep": "all", "threads": options.get("threads", "all")}
+        threads = threads_for(model, options.get("threads"))
+        self._run_options: Dict[str, Any] = {"keep": "all", "threads": threads}
         # Every option checked now, not at the first call: plans made and dropped (nothing is
         # patched; the first call in each mode resolves the targets again, as documented).
         ModelRecording(**self._run_options)
@@ -309,7 +311,16 @@ class FeatureExtractor(torch.nn.Module):
         if failed:
             raise RuntimeError(f"this forward pass reached but could not record {', '.join(failed)}")
         if missing:
-            raise RuntimeError(f"this forward pass never reached {missing}")
+            replaced = [
+                path for path, module in plan.modules.items() if _submodule(self.model, path) is not module
+            ]
+            hint = (
+                f" (the modules at {replaced} are not those this extractor resolved at its first "
+                "call: make a new extractor after changing the model)"
+                if replaced
+                else ""
+            )
+            raise RuntimeError(f"this forward pass never reached {missing}{hint}")
         found.sort(key=_position)  # stable: return_nodes' order among equals
         return {name: value for _, name, value in found}
 

@@ -10,7 +10,8 @@ they run on; the instance's module path is read from a marker that
 Because the marker travels with the instance's ``__dict__``:
 
 * ``nn.DataParallel`` replicas (made by copying ``__dict__``) record under the same
-  path, from their worker threads (recordings here take ``threads='all'``);
+  path, from their worker threads (recordings of a model that holds one take
+  ``threads='all'``);
 * ``copy.deepcopy`` of a model being recorded gives a copy that records itself
   (its own values, under the same paths), never the original;
 * pickling / ``torch.save`` of a whole model while it is being recorded stores a
@@ -159,6 +160,9 @@ class _Owner:
     same paths; its modules are other objects, so its values stay out.
     """
 
+    #: It runs no patched code: the core calls it as it is (not silenced), per value.
+    quiet = True
+
     def __init__(self, modules: Mapping[str, torch.nn.Module]) -> None:
         # Weak: the patch's sites may outlive the plan (a frame still running its code).
         self.modules = {path: weakref.ref(module) for path, module in modules.items()}
@@ -221,6 +225,9 @@ class ModelRecording(Recording):
         self._ended = False
         #: The modules a forward stopped early unwinds (see _stopping_skips_hooks).
         self._unwound: Sequence[torch.nn.Module] = ()
+        #: The model whose forward catches the stop (under record(); an extractor catches
+        #: it outside the model): its own hooks see what the forward returns then.
+        self._caught_in: Optional[torch.nn.Module] = None
 
     def __enter__(self) -> ModelRecording:
         if self._ended:  # entered again, it would record nothing, silently
@@ -383,6 +390,7 @@ class ModelRecording(Recording):
                     and _stopping.get()
                     and _all_done_here()
                     and not _stopping_skips_hooks(self._unwound)
+                    and not _hooks_take_the_output(self._caught_in)
                 ):
                     raise StopForward(key, self)
 
@@ -404,6 +412,12 @@ def _stopping_skips_hooks(unwound: Iterable[torch.nn.Module]) -> bool:
     either, on ``unwound`` (the modules on the way to the targets), the forward runs whole.
     """
     return bool(_GLOBAL_FORWARD_HOOKS) or any(module._forward_hooks_always_called for module in unwound)
+
+
+def _hooks_take_the_output(model: Optional[torch.nn.Module]) -> bool:
+    """Whether ``model`` has hooks that take its forward's output, None when stopped early
+    inside it (a forward hook would get None in place of the output): it runs whole then."""
+    return model is not None and bool(model._forward_hooks or model._backward_hooks)
 
 
 def _all_done_here() -> bool:
@@ -836,6 +850,7 @@ class Plan:
             # An extractor calls the model, and catches the stop outside its forward; the
             # model's own forward catches it under record() (see _StopAtRoot).
             rec._unwound = self.enclosing if reused else self.enclosing[:-1]
+            rec._caught_in = None if reused else self.enclosing[-1]
         return rec
 
     def running(
@@ -940,7 +955,7 @@ def record(
     grad: bool = False,
     keep: Union[str, int] = "all",
     stop_after_last: bool = False,
-    threads: str = "all",
+    threads: Optional[str] = None,
 ) -> ContextManager[ModelRecording]:
     """Record ``targets`` inside ``model`` while the block runs; yields the recording.
 
@@ -958,7 +973,14 @@ def record(
 
     ``stop_after_last=True`` ends each forward pass as soon as every target has a
     value: the model's ``forward`` then returns None, and the rest of the model is
-    not computed.
+    not computed (a model with forward or backward hooks of its own, which would get
+    None, runs whole).
+
+    ``threads``: ``'context'`` takes the values of this thread (and of threads and
+    tasks it hands its context to, :func:`bcrecord.carry`); ``'all'`` also those of
+    threads that have no recording of their own. The default is ``'all'`` for a model
+    that holds an ``nn.DataParallel`` (its replicas run in threads it starts), else
+    ``'context'``: another thread running the model meanwhile adds nothing.
 
     >>> import torch
     >>> from bcrecord.torch import record
@@ -1017,7 +1039,7 @@ def _record(
     plan = Plan(model, targets, **policy)
     patches = plan.patch()
     try:
-        running = plan.running(patches, **run)
+        running = plan.running(patches, **{**run, "threads": threads_for(model, run["threads"])})
     except BaseException:  # a bad keep= or threads=
         remove_all(patches)
         raise
@@ -1041,6 +1063,20 @@ def _tracing() -> bool:
     """Whether torch.export or torch.jit.trace is tracing: a forward stopped early would give them
     no output (jit.trace: "didn't return any values"; export loses track of the unwound calls)."""
     return _exporting() or _tracing_state() is not None
+
+
+def threads_for(model: torch.nn.Module, threads: Optional[str]) -> Any:
+    """``threads`` as given, or by default ``'all'`` where ``model`` holds an ``nn.DataParallel``
+    (its replicas run in threads it starts, with no recording of their own), else ``'context'``.
+
+    >>> linear = torch.nn.Linear(1, 1)
+    >>> threads_for(torch.nn.DataParallel(linear), None), threads_for(linear, None)
+    ('all', 'context')
+    """
+    if threads is not None:
+        return threads
+    parallel = any(isinstance(module, torch.nn.DataParallel) for module in model.modules())
+    return "all" if parallel else "context"
 
 
 def syncs_gradients(model: torch.nn.Module) -> bool:

@@ -729,11 +729,13 @@ def _jump_spans(code: types.CodeType) -> Tuple[List[Tuple[int, int]], List[Tuple
 
 
 def _matching_paths(model: torch.nn.Module, pattern: str) -> List[str]:
-    if not any(ch in pattern for ch in "*?["):
+    if not any(ch in pattern for ch in "*?[") or _submodule(model, pattern) is not None:
         module_at(model, pattern)  # raises a clear error if missing
-        return [pattern]
+        return [pattern]  # (also a name with a glob's characters in it: 'blk[0]')
     wanted = pattern.split(".")
-    roots = [model] if unwrap(model) is model else [model, unwrap(model)]
+    # The model inside a wrapper first, as a path is looked up: '*' is its children, not
+    # DataParallel's 'module'.
+    roots = [model] if unwrap(model) is model else [unwrap(model), model]
     for root in roots:
         found = [
             name
@@ -840,9 +842,17 @@ def expand(model: torch.nn.Module, text: str) -> List[Target]:
         if not has_forward(module) and runs == "forward":
             if is_glob:
                 continue  # a container (ModuleList, ModuleDict) among the matches: it never runs
+            children = [name for name, _ in module.named_children()]
+            if not children:  # (a ParameterList: parameters, no modules)
+                raise TargetError(
+                    f"{where} has no forward of its own and holds no submodules (a container of "
+                    "parameters): record where they are used, in the module that reads them"
+                )
+            first = f"{path}.{children[0]}" if path else children[0]
+            every = f"{path}.*" if path else "*"
             raise TargetError(
                 f"{where} has no forward of its own (a container): target its submodules "
-                f"('{path}.0', '{path}.*')"
+                f"({first!r}, {every!r})"
             )
         static = inspect.getattr_static(type(module), runs, None)
         if isinstance(static, (staticmethod, classmethod)):
@@ -864,8 +874,10 @@ def expand(model: torch.nn.Module, text: str) -> List[Target]:
         if not takes_instance(func):
             if is_glob:
                 continue  # as a container is: a glob takes what can be recorded
+            # A decorator that does not use functools.wraps hides the method behind its own function.
+            named = "" if func.__name__ == runs else f" (its function is {func.__qualname__}: a decorator's?)"
             raise NotPatchableError(
-                f"{where}: {runs} takes no positional argument (def {runs}(*args)), so the module "
+                f"{where}: {runs} takes no positional argument (def {runs}(*args)){named}, so the module "
                 f"it runs on is not known to the patch of {type(module).__name__} its instances share; "
                 f"record it with bcrecord.patch_method(module, {runs!r}, ...) on the instance"
             )

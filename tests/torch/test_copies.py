@@ -130,6 +130,34 @@ def test_containers_of_their_own_kind_and_dataclasses_are_copied():
     assert kept_out.extra["b"].tolist() == [-1.0, 2.0]
 
 
+def test_a_clone_stays_as_it_was_when_numpy_writes_the_memory_it_was_copied_from():
+    # An input buffer refilled in place through numpy, step after step (an RL loop, a C
+    # loader): torch never sees those writes, so a copy-on-write clone would follow them.
+    from bcrecord.torch import record
+
+    net = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, 2))
+    buffer = torch.zeros(1, 4)
+    filled = buffer.numpy()
+    for policy in ("clone", "deepcopy"):
+        with torch.no_grad(), record(net, ["0", "0:forward:input"], copy=policy) as rec:
+            for step in range(3):
+                filled[:] = step
+                net(buffer)
+        assert [v[0, 0].item() for v in rec.all("0:forward:return")] == [0.0, 1.0, 2.0]
+        assert [v[0, 0].item() for v in rec.all("0:forward:input")] == [0.0, 1.0, 2.0]
+
+
+def test_what_a_container_holds_besides_tensors_is_copied_as_the_core_copies_it():
+    import numpy as np
+
+    live = torch.tensor([-1.0, 2.0])
+    for policy in (value_policy(reduce=lambda t: {"array": t.numpy()}), value_policy()):
+        kept = policy({"array": live.numpy()}) if policy.reduce is None else policy(live)
+        live.relu_()  # written in place after the copy, through the array's memory too
+        assert np.array_equal(kept["array"], [-1.0, 2.0])
+        live.copy_(torch.tensor([-1.0, 2.0]))
+
+
 def test_a_view_s_clone_keeps_only_its_own_elements():
     base = torch.arange(1 << 16, dtype=torch.float32)
     kept = detached_clone(base[:4])

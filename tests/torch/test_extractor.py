@@ -68,6 +68,15 @@ def test_loops_give_lists_and_unreached_targets_are_named():
         create_feature_extractor(model, [never], stop_early=False)(x)
 
 
+def test_a_module_replaced_after_the_first_call_is_named_in_the_error():
+    net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU(), torch.nn.Linear(2, 1))
+    extractor = create_feature_extractor(net, ["2"])
+    extractor(torch.ones(1, 2))
+    net[2] = torch.nn.Linear(2, 1)  # the extractor resolved the old one
+    with pytest.raises(RuntimeError, match=r"never reached \['2'\] \(the modules at \['2'\] are not those"):
+        extractor(torch.ones(1, 2))
+
+
 def test_a_target_reached_but_not_recorded_says_why():
     net = SmallNet().eval()
 
@@ -451,12 +460,35 @@ def test_a_value_another_thread_finishes_after_a_call_is_not_the_next_call_s():
             copying.wait(5)
         return value
 
-    extractor = create_feature_extractor(net, {"0": "out"}, reduce=held_up)
+    extractor = create_feature_extractor(net, {"0": "out"}, reduce=held_up, threads="all")
     x1, x2 = torch.randn(1, 3), torch.randn(1, 3)
     assert torch.allclose(extractor(x1)["out"], net(x1))  # its value went to this call (threads='all')...
     release.set()  # ...and is stored only now, after the call
     late.join(5)
     assert torch.allclose(extractor(x2)["out"], net(x2))  # not the late thread's value
+
+
+def test_another_thread_running_the_model_meanwhile_adds_nothing_to_the_features():
+    import threading
+
+    net = torch.nn.Sequential(torch.nn.Linear(3, 3))
+    extractor = create_feature_extractor(net, ["0"], grad=False)
+    inside, done = threading.Event(), threading.Event()
+
+    def other():  # the raw model, called while the extractor's call runs
+        net(torch.full((1, 3), 100.0))
+        done.set()
+
+    def wait_for_it(module, args):
+        if threading.current_thread() is threading.main_thread() and not inside.is_set():
+            inside.set()
+            threading.Thread(target=other).start()
+            done.wait(5)
+
+    handle = net[0].register_forward_pre_hook(wait_for_it)
+    x = torch.randn(1, 3)
+    assert torch.equal(extractor(x)["0"], net[0](x))  # not the other thread's (it ran first)
+    handle.remove()
 
 
 def test_list_targets_leaves_out_paths_that_have_no_output():

@@ -379,7 +379,8 @@ def test_worker_threads_reach_the_recording_like_data_parallel(net):
     # nn.DataParallel runs its replicas in worker threads (parallel_apply), which needs
     # accelerators; the same shape here: replicas made by copying __dict__, run in threads.
     x = torch.randn(1, 4, 8, 8)
-    with record(net, ["blocks.0", "blocks.1"]) as rec:
+    # threads='all', which record() takes by itself for a model holding an nn.DataParallel.
+    with record(net, ["blocks.0", "blocks.1"], threads="all") as rec:
         replicas = [
             net.blocks[0]._replicate_for_data_parallel(),
             net.blocks[1]._replicate_for_data_parallel(),
@@ -396,6 +397,12 @@ def test_worker_threads_reach_the_recording_like_data_parallel(net):
             w.join()
     assert torch.equal(rec["blocks.0:forward:return"], outs[0])
     assert torch.equal(rec["blocks.1:forward:return"], outs[1])
+    with record(net, ["blocks.0"]) as rec:  # by default, another thread's values stay out
+        worker = threading.Thread(target=net.blocks[0], args=(x,))
+        worker.start()
+        worker.join()
+        out = net.blocks[0](x * 2)
+    assert len(rec.all("blocks.0:forward:return")) == 1 and torch.equal(rec["blocks.0:forward:return"], out)
 
 
 def test_data_parallel_wrapper_paths_resolve(net):
@@ -823,8 +830,10 @@ def test_the_early_stop_lets_hooks_that_track_modules_run():
     outer = torch.nn.Sequential(net)
     for name, module in (("net", net), ("outer", outer), ("extractor", extractor)):  # never unwound
         module.register_forward_hook(lambda *_, name=name: calls.append(name), always_call=True)
-    with record(net, ["0.0"], stop_after_last=True):
-        assert net(x) is None and outer(x) is None  # nothing to skip: it stops
+    whole = net(x)
+    calls.clear()
+    with record(net, ["0.0"], stop_after_last=True):  # net's hooks would get None for its output
+        assert torch.equal(net(x), whole) and torch.equal(outer(x), whole)  # so it runs whole
     assert calls == ["net", "net", "outer"]
     assert sorted(extractor(x)) == ["0.0"]  # an extractor's stop would unwind net: it runs whole
     assert calls[3:] == ["net", "extractor"]
@@ -858,6 +867,22 @@ def test_a_reduce_that_runs_recorded_code_records_nothing_more():
         out = net(x)
     assert len(rec.all("1:forward:return")) == 1 and torch.equal(rec["1:forward:return"], out)
     assert torch.allclose(rec["0:forward:return"], out.sum())
+
+
+def test_the_model_s_own_hooks_never_get_none_from_an_early_stop():
+    # A stop is caught inside the model's forward: its own hooks would then take None
+    # for its output (and crash, or return a dict of None). The forward runs whole.
+    net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+    shapes = []
+    handle = net.register_forward_hook(lambda module, args, out: shapes.append(tuple(out.shape)))
+    x = torch.ones(1, 2)
+    with torch.no_grad(), record(net, ["0"], stop_after_last=True) as rec:
+        out = net(x)
+    assert shapes == [(1, 2)] and torch.equal(out, net[1](net[0](x)))
+    assert torch.equal(rec["0:forward:return"], net[0](x))
+    handle.remove()
+    with torch.no_grad(), record(net, ["0"], stop_after_last=True):
+        assert net(x) is None  # no hook: it stops
 
 
 def test_a_deepcopy_made_while_stopping_early_stops_as_the_model_does():

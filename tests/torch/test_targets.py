@@ -43,6 +43,19 @@ def test_globs_match_one_component_at_a_time():
     ]
 
 
+def test_a_glob_on_a_wrapped_model_matches_the_model_s_submodules_and_a_real_name_is_no_glob():
+    net = SmallNet()
+    wrapped = torch.nn.DataParallel(net)
+    assert [t.path for t in expand(wrapped, "blocks.*")] == ["blocks.0", "blocks.1", "blocks.2"]
+    assert [t.path for t in expand(wrapped, "*")] == [name for name, _ in net.named_children()]
+    assert [t.path for t in expand(wrapped, "module.blocks.*")][0] == "module.blocks.0"  # through it
+    named = torch.nn.Module()
+    named.add_module("blk0", torch.nn.Linear(2, 2))
+    named.add_module("blk[0]", torch.nn.Linear(2, 3))  # a name with a glob's characters in it
+    assert [t.path for t in expand(named, "blk[0]")] == ["blk[0]"]
+    assert [t.path for t in expand(named, "blk[01]")] == ["blk0"]  # a glob where no name is that
+
+
 def test_wrappers_and_errors():
     net = SmallNet()
     assert unwrap(torch.nn.DataParallel(net)) is net
@@ -231,6 +244,12 @@ def test_containers_and_methods_that_do_not_run_on_the_module_are_explained():
     holder = Holder()
     with pytest.raises(bcrecord.TargetError, match=r"ModuleList at 'blocks' has no forward of its own"):
         expand(holder, "blocks")
+    holder.named = torch.nn.ModuleDict({"first": torch.nn.ReLU()})
+    holder.scales = torch.nn.ParameterList([torch.nn.Parameter(torch.ones(1))])
+    with pytest.raises(bcrecord.TargetError, match=r"target its submodules \('named.first', 'named.\*'\)"):
+        expand(holder, "named")  # its own names, not '.0'
+    with pytest.raises(bcrecord.TargetError, match=r"holds no submodules \(a container of parameters\)"):
+        expand(holder, "scales")
     assert [t.path for t in expand(holder, "blocks.*")] == ["blocks.0", "blocks.1"]
     with pytest.raises(bcrecord.TargetError, match=r"'\*' matches only containers"):
         expand(holder, "*")
@@ -269,6 +288,22 @@ def test_containers_and_methods_that_do_not_run_on_the_module_are_explained():
     with bcrecord.patch_method(model[1], "forward", "y", name="star"), bcrecord.recording() as rec:
         model(torch.ones(1))
     assert rec["star:forward:y@0"].item() == 3.0  # what the message suggests works
+
+    def passing(method):  # a decorator without functools.wraps
+        def inner(*args, **kwargs):
+            return method(*args, **kwargs)
+
+        return inner
+
+    class Decorated(torch.nn.Module):
+        @passing
+        def forward(self, x):
+            return x
+
+    with pytest.raises(
+        bcrecord.NotPatchableError, match=r"\(its function is .*passing.<locals>.inner: a decorator's\?\)"
+    ):
+        expand(Decorated(), "")
 
 
 def test_an_fx_name_of_an_op_after_a_loop_maps_to_its_site():
