@@ -198,6 +198,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 _RUN_VALUE_OPTIONS = {"--record", "-r", "--save-dir", "-o", "--every", "-n", "--copy"}
+_RUN_LONG_VALUES = tuple(sorted(name for name in _RUN_VALUE_OPTIONS if name.startswith("--")))
 #: Short options of ``run`` that take a value (``-m``'s ends bcrecord's arguments).
 _RUN_SHORT_VALUES = "rmno"
 
@@ -214,6 +215,8 @@ def _split_run(argv: List[str]) -> Tuple[List[str], List[str]]:
     (['run', '-n', '2', 'script.py', '-m', 'x'], [])
     >>> _split_run(["run", "-r", "m:f:x", "-qo", "out", "-qm", "pkg.mod", "-o", "theirs"])
     (['run', '-r', 'm:f:x', '-qo', 'out', '-qm', 'pkg.mod'], ['-o', 'theirs'])
+    >>> _split_run(["run", "--rec", "m:f:x", "-m", "pkg.mod", "--every", "5"])
+    (['run', '--rec', 'm:f:x', '-m', 'pkg.mod'], ['--every', '5'])
     """
     i = 1
     while i < len(argv):
@@ -223,7 +226,9 @@ def _split_run(argv: List[str]) -> Tuple[List[str], List[str]]:
         elif token == "--" or not token.startswith("-"):
             break
         elif token.startswith("--"):
-            i += 1
+            # argparse takes a long option's unique prefix for it: '--rec', '--sav' take a value too.
+            takes = "=" not in token and any(name.startswith(token) for name in _RUN_LONG_VALUES)
+            i += 2 if takes else 1
         else:
             # Short flags, combined as argparse (and python) take them: '-qm pkg', '-qo DIR', '-mpkg'.
             for at, letter in enumerate(token[1:], start=2):

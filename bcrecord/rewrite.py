@@ -286,14 +286,18 @@ def _rewrite(code: CodeType, points: Sequence[ProbePoint], inline: bool) -> Temp
 
 
 def _rebinds(code: CodeType, name: str) -> bool:
-    """Whether ``code`` assigns to or deletes its local ``name`` (a cell's too)."""
+    """Whether ``code`` assigns to or deletes its local ``name`` (a cell's too), or a function
+    nested in it does so through ``nonlocal``."""
     table = _versions.current()
     changes = table.stores | table.deletes
     for instr in instructions(code):
         if isinstance(instr, Instr) and instr.name in changes:
             if getattr(instr.arg, "name", instr.arg) == name:
                 return True
-    return False
+    return any(
+        isinstance(const, CodeType) and name in const.co_freevars and _rebinds(const, name)
+        for const in code.co_consts
+    )
 
 
 def _load_self(code: CodeType, first: str, nested: bool, location: object) -> Instr:

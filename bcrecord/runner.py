@@ -57,6 +57,7 @@ warns that the process is multi-threaded).
 from __future__ import annotations
 
 import atexit
+import builtins
 import contextlib
 import dis
 import functools
@@ -317,8 +318,14 @@ def _last_bindings(code: Optional[types.CodeType]) -> Tuple[Dict[str, int], Dict
 
 
 def _function(value: Any) -> Any:
-    """What a found target is: a bound method (a classmethod's, an instance's) by its function."""
-    return value.__func__ if isinstance(value, types.MethodType) else value
+    """What a found target is: a bound method (a classmethod's, an instance's) by its function,
+    a wrapper (``step = functools.wraps``-style ``deco(step)``, ``torch.compile(step)``) by the
+    function inside, which its patch records (in place)."""
+    value = value.__func__ if isinstance(value, types.MethodType) else value
+    try:
+        return function_of(value)
+    except Exception:  # not a Python function (yet): compared as it is
+        return value
 
 
 _NOT_FOUND = object()
@@ -467,9 +474,17 @@ class _ImportHook(importlib.abc.MetaPathFinder):
     def find_spec(
         self, fullname: str, path: Optional[Sequence[str]], target: Optional[types.ModuleType] = None
     ) -> Optional[importlib.machinery.ModuleSpec]:
+        meta_path = sys.meta_path
+        if meta_path and meta_path[0] is not self and any(finder is self for finder in meta_path):
+            # A finder put itself first since (pytest's assertion rewriter): back in front,
+            # so that a later import of a target's module (a test file) comes here first.
+            # Those after this one in the list keep their places: an import iterating the
+            # list now goes on with the next finder, as it would have.
+            meta_path.remove(self)
+            meta_path.insert(0, self)
         if fullname not in self.modules:
             return None
-        for finder in list(sys.meta_path):
+        for finder in list(meta_path):
             if finder is self:
                 continue
             find = getattr(finder, "find_spec", None)
@@ -558,6 +573,8 @@ class _Collector:
         #: Set to stop the thread that writes what waited too long (see start_timer).
         self.stopped = threading.Event()
         self.timer: Optional[threading.Thread] = None
+        #: Whether a thread writes what waits (between start_timer and stop_timer).
+        self.timing = False
         self.saved: Dict[str, int] = defaultdict(int)
         self.last: Dict[str, Any] = {}
         self.error: Optional[str] = None
@@ -583,6 +600,8 @@ class _Collector:
             self.buffered += _nbytes(value)
             if self.buffered >= self.flush_bytes or time.monotonic() - self.last_flush >= self.flush_seconds:
                 self.flush()
+            elif self.timing and self.timer is None:
+                self._start_thread()
 
     def _unsavable(self, key: str, step: int, why: str) -> None:
         """A value the writer kept as its repr: warn, once per key."""
@@ -615,22 +634,45 @@ class _Collector:
         long evaluation), a program killed then (SIGTERM from a scheduler, SIGKILL)
         would lose what came before it. A thread, not a signal handler: the program's
         own signal handling stays as it was.
+
+        The thread runs only while values wait to be written: a program that joins every
+        thread it finds (``threading.enumerate()``) waits a few seconds at most, never for
+        good.
         """
-        if self.writer is None or self.timer is not None:
+        if self.writer is None:
             return
-        self.timer = threading.Thread(target=self._write_waiting, name="bcrecord-writer", daemon=True)
-        self.timer.start()
+        with self.lock:
+            self.timing = True
+            if self.buffer and self.timer is None:
+                self._start_thread()
+
+    def _start_thread(self) -> None:
+        """Start the thread that writes waiting values (the lock held, none running)."""
+        timer = threading.Thread(target=self._write_waiting, name="bcrecord-writer", daemon=True)
+        try:
+            # Silently: threading's calls are not the program's (this runs inside a probe).
+            silently(lambda _: timer.start(), None)
+        except RuntimeError:  # at interpreter shutdown: the values wait for close()
+            return
+        self.timer = timer
 
     def stop_timer(self) -> None:
-        if self.timer is not None:
+        with self.lock:
+            self.timing = False
+            timer = self.timer
+        if timer is not None:
             self.stopped.set()
-            self.timer.join()
+            timer.join()
 
     def _write_waiting(self) -> None:
         silence()  # for good: nothing this thread runs (Event.wait, the writer) is the program's
         while not self.stopped.wait(self.flush_seconds / 2):
-            if self.buffer and time.monotonic() - self.last_flush >= self.flush_seconds:
-                self.flush()
+            with self.lock:
+                if self.buffer and time.monotonic() - self.last_flush >= self.flush_seconds:
+                    self.flush()
+                if not self.buffer:  # nothing waits: the next value starts another
+                    self.timer = None
+                    return
 
     def _write(self, batch: List[Tuple[str, int, Any]]) -> None:
         """One :meth:`~bcrecord.storage.Writer.write_many`: one file pair, one index update."""
@@ -744,22 +786,18 @@ def _group_path(target: RunTarget) -> Tuple[str, ...]:
 
 def _by_other_main_name(
     targets: Sequence[RunTarget], main_names: Sequence[str]
-) -> Dict[Tuple[str, Tuple[str, ...], Spec], RunTarget]:
-    """``('__main__', path, spec)``: the same target under the program's other name, if given.
+) -> Dict[Tuple[str, ...], str]:
+    """By path: the program's other name a target of that function is given under, if any.
 
-    The program's own module is ``__main__`` and its file stem (or ``-m`` name): one
-    target given under both names is one target, patched once (under the other name,
-    which also covers the script imported by that name).
+    The program's own module is ``__main__`` and its file stem (or ``-m`` name): a
+    function targeted under both names is one function, patched once (under the other
+    name, which also covers the script imported by that name), with the specs of both.
 
-    >>> both = [parse_target("__main__:f:x"), parse_target("prog:f:x")]
-    >>> [twin.text for twin in _by_other_main_name(both, ("__main__", "prog")).values()]
-    ['prog:f:x']
+    >>> both = [parse_target("__main__:f:x@0"), parse_target("prog:f:x")]
+    >>> _by_other_main_name(both, ("__main__", "prog"))
+    {('f',): 'prog'}
     """
-    return {
-        ("__main__", _group_path(t), t.spec): t
-        for t in targets
-        if t.module in main_names and t.module != "__main__"
-    }
+    return {_group_path(t): t.module for t in targets if t.module in main_names and t.module != "__main__"}
 
 
 # --- running a program -----------------------------------------------------------------
@@ -805,9 +843,11 @@ def _program_traceback(
         else:
             kept.append(tb)
         tb = tb.tb_next
+    if not kept:  # (a SyntaxError in the program: its own place is in the error)
+        return None
     for frame, after in zip(kept, [*kept[1:], None], strict=True):
         frame.tb_next = after  # (writable since Python 3.7)
-    return kept[0] if kept else None
+    return kept[0]
 
 
 def _as_the_program_s(error: BaseException) -> None:
@@ -889,6 +929,9 @@ class _Program:
 
 def _program(program: str, args: Sequence[str], is_module: bool) -> _Program:
     if is_module:
+        argv = sys.argv
+        # Parent packages see the argv python -m gives them while it looks for the module.
+        sys.argv = ["-m", *args]
         try:
             spec = importlib.util.find_spec(program)  # imports parent packages, as python -m does
             name = program
@@ -901,6 +944,8 @@ def _program(program: str, args: Sequence[str], is_module: bool) -> _Program:
                     )
         except (ImportError, ValueError) as error:
             raise RunError(f"cannot run module {program!r}: {error}") from None
+        finally:
+            sys.argv = argv
         if spec is None:
             raise RunError(f"no module named {program!r}")
         code = _module_code(spec)
@@ -936,7 +981,8 @@ def _program(program: str, args: Sequence[str], is_module: bool) -> _Program:
         program,
         False,
         [program, *args],
-        os.path.abspath(program) if bundle else os.path.dirname(os.path.abspath(program)),
+        # As Python: a script's own folder, a symlink's target's (its siblings are there).
+        os.path.abspath(program) if bundle else os.path.dirname(os.path.realpath(program)),
         names,
         code,
         program,
@@ -996,16 +1042,10 @@ class _Runner:
         self.groups: Dict[str, Dict[Tuple[str, ...], List[RunTarget]]] = defaultdict(
             lambda: defaultdict(list)
         )
-        #: Texts of targets that are another's under another name of the program's module:
-        #: applied when that one is.
-        self.aliases: Dict[str, List[str]] = defaultdict(list)
         named = _by_other_main_name(self.targets, program.main_names)
         for target in self.targets:
-            twin = named.get((target.module, _group_path(target), target.spec))
-            if twin is not None:
-                self.aliases[twin.text].append(target.text)
-                continue
-            self.groups[target.module][_group_path(target)].append(target)
+            other = named.get(_group_path(target)) if target.module == "__main__" else None
+            self.groups[other or target.module][_group_path(target)].append(target)
         self.owners = _owner_names(self.groups, program.main_names)
         watched = [m for m in self.groups if m != "__main__"] + list(_DYNAMO)
         self.hook = _ImportHook(watched, self._after_import)
@@ -1082,7 +1122,6 @@ class _Runner:
                     )
                 self.recording.take(patch)
                 self.applied.update(t.text for t in group)
-                self.applied.update(a for t in group for a in self.aliases.get(t.text, ()))
 
     def _after_import(self, module: types.ModuleType) -> None:
         if module.__name__ in _DYNAMO:
@@ -1178,6 +1217,10 @@ class _Runner:
             if found or frame.f_code.co_name != "<module>" or frame.f_globals.get("__name__") != "__main__":
                 return traced
             found.append(frame)
+            if self.program.file is not None and frame.f_globals.get("__loader__") is None:
+                # What `python script.py` gives its module, where runpy's has None and ''.
+                loader = importlib.machinery.SourceFileLoader("__main__", frame.f_code.co_filename)
+                frame.f_globals.update(__loader__=loader, __package__=None)
             on_start()
             if not groups:
                 self._stop_trace()
@@ -1224,10 +1267,12 @@ class _Runner:
         path = os.path.abspath(self.program.name)
         self._start_main_trace(started)
         try:
+            # The builtins module, as Python gives a program (runpy's exec would put its dict).
+            builtins_module = {"__builtins__": builtins}
             if self.program.is_module:
-                runpy.run_module(self.program.name, run_name="__main__", alter_sys=True)
+                runpy.run_module(self.program.name, builtins_module, run_name="__main__", alter_sys=True)
             else:
-                runpy.run_path(path, run_name="__main__")
+                runpy.run_path(path, builtins_module, run_name="__main__")
             return 0
         except _TargetFailed as error:
             print(f"bcrecord: {error}", file=self.stderr)
@@ -1284,6 +1329,11 @@ class _Runner:
         raised = self.hook.raised.get(target.module)
         if raised is not None:
             return f"importing {target.module} raised {raised}"
+        if target.module in sys.modules:
+            return (
+                f"{target.module} was imported, but not through bcrecord's import hook (a finder "
+                "ahead of it on sys.meta_path, or importlib's exec_module called directly, loaded it)"
+            )
         return f"{target.module} was not imported"
 
     def report(self) -> None:
@@ -1296,7 +1346,6 @@ class _Runner:
         counts = self.recording.counts()
         fired = {key for key, n in counts.items() if n}
         heard = {text for text, keys in self.keys_of.items() if keys & fired}
-        heard |= {alias for text in heard for alias in self.aliases.get(text, ())}
         for target in [t for t in self.targets if t.text in self.applied and t.text not in heard]:
             print(
                 f"bcrecord: target {target.text!r} recorded nothing in this process (nothing reached "

@@ -732,8 +732,11 @@ def rebuilt_container(value: Any, contents: Any) -> Any:
         return kind(contents)
     rebuilt = _rebuilt_subclass(value, contents)
     state = getattr(value, "__dict__", None)
-    if state and rebuilt is not None:
-        rebuilt.__dict__.update(state)  # (shallow, as copy.copy sets them)
+    if state and rebuilt is not None and state is not value:  # (not an AttrDict's own items)
+        # Only what its constructor did not set: a ModelOutput sets its items as attributes
+        # too, copied ones, which the live ones must not replace. Shallow, as copy.copy's.
+        made = rebuilt.__dict__
+        made.update({name: attr for name, attr in state.items() if name not in made})
     return rebuilt
 
 
@@ -1418,7 +1421,7 @@ class Recording:
             if self._probes(key):
                 where = "in a branch not taken, or a function not called"
                 if self.threads != "all":  # (values of threads without a recording go nowhere)
-                    where += "; or in another thread: recording(threads='all') or bcrecord.carry takes those"
+                    where += "; or in another thread: threads='all' or bcrecord.carry takes those"
                 raise KeyError(
                     f"no values recorded for {key!r}: its probe was placed but did not run while "
                     f"recorded ({where}); recorded keys: {listed}"

@@ -143,7 +143,16 @@ def test_a_per_instance_patch_of_a_method_that_deletes_or_rebinds_self_is_refuse
             z = x * 2
             return z
 
-    for method in ("forward", "step"):
+        def swap(self, x):
+            def away():
+                nonlocal self
+                del self
+
+            away()
+            z = x * 2
+            return z
+
+    for method in ("forward", "step", "swap"):
         original = vars(M)[method]
         with pytest.raises(
             bcrecord.TargetError, match=f"{method} deletes or rebinds its first argument 'self'"

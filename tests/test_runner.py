@@ -185,6 +185,15 @@ def test_run_module_with_dash_m(project):
     assert "__main__:main:joined@0  1" in result.stderr
 
 
+def test_run_module_s_parent_package_sees_the_argv_python_gives_it(project):
+    (project / "argv_pkg").mkdir()
+    (project / "argv_pkg" / "__init__.py").write_text("import sys\nprint(sys.argv)\n")
+    (project / "argv_pkg" / "tool.py").write_text("def x():\n    y = 1\n    return y\n\nprint('tool', x())\n")
+    expected = plain("-m", "argv_pkg.tool", "a", "b", cwd=project)
+    result = cli("run", "-r", "argv_pkg.tool:x:y", "-m", "argv_pkg.tool", "a", "b", cwd=project)
+    assert result.stdout == expected.stdout == "['-m', 'a', 'b']\ntool 1\n", result.stderr
+
+
 def test_run_module_after_combined_short_flags_gets_its_own_arguments(project, tmp_path):
     # '-qm MODULE' is '-q -m MODULE', as python and argparse read it: what follows is the
     # program's (its '-o' included), not bcrecord's.
@@ -467,6 +476,102 @@ def test_run_records_a_target_given_under_both_names_of_the_program_once(project
     both = cli("run", "-r", "__main__:C.f:y", "-r", "sq:C.f:return", "sq.py", cwd=project)
     rows = [line.split()[:2] for line in both.stderr.splitlines()[2:]]
     assert rows == [["C:f:y@0", "4"], ["C:f:return", "4"]], both.stderr
+    # Specs that overlap under the two names ('out@0' is one of 'out''s): each value once.
+    both = cli("run", "-r", "__main__:square:out@0", "-r", "sq:square:out", "sq.py", cwd=project)
+    rows = [line.split()[:2] for line in both.stderr.splitlines()[2:]]
+    assert rows == [["__main__:square:out@0", "4"]], both.stderr
+
+
+def test_run_records_in_modules_another_finder_loads_and_says_when_it_could_not(project):
+    # pytest's assertion rewriter puts its finder first on sys.meta_path, after bcrecord's.
+    (project / "test_thing.py").write_text(
+        "def helper(v):\n    y = v * 3\n    return y\n\ndef test_a():\n    assert helper(2) == 6\n"
+    )
+    result = cli(
+        "run", "-r", "test_thing:helper:y", "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_thing.py",
+        cwd=project,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert [line.split()[:3] for line in result.stderr.splitlines()[2:]] == [
+        ["test_thing:helper:y@0", "1", "6"]
+    ]
+    (project / "lib.py").write_text("def f(v):\n    x = v + 1\n    return x\n")
+    (project / "first.py").write_text(
+        "import importlib.machinery, sys\n\n"
+        "class Finder:  # first on sys.meta_path, right before the import\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        return importlib.machinery.PathFinder.find_spec(name, path) if name == 'lib' else None\n\n"
+        "sys.meta_path.insert(0, Finder())\nimport lib\nprint(lib.f(1))\n"
+    )
+    result = cli("run", "-r", "lib:f:x", "first.py", cwd=project)
+    assert result.stdout == "2\n"
+    assert "lib was imported, but not through bcrecord's import hook (a finder ahead of it" in result.stderr
+
+
+def test_run_of_a_symlinked_script_finds_the_modules_beside_its_real_file(project):
+    (project / "real").mkdir()
+    (project / "links").mkdir()
+    (project / "real" / "sibling.py").write_text("NAME = 'beside the real file'\n")
+    (project / "real" / "main.py").write_text(
+        "import sibling\n\ndef f(v):\n    x = v\n    return x\n\nprint(f(sibling.NAME))\n"
+    )
+    (project / "links" / "main.py").symlink_to(project / "real" / "main.py")
+    expected = plain("links/main.py", cwd=project)
+    result = cli("run", "-r", "__main__:f:x", "links/main.py", cwd=project)
+    assert result.stdout == expected.stdout == "beside the real file\n", result.stderr
+
+
+def test_run_gives_the_program_s_module_what_python_gives_it(project):
+    # line_profiler's fallback sets __builtins__.profile; pkgutil reads __loader__.
+    (project / "globals_.py").write_text(
+        "print(type(__builtins__).__name__, type(__loader__).__name__, repr(__package__))\n"
+        "def f(v):\n    x = v\n    return x\n\nf(1)\n"
+    )
+    expected = plain("globals_.py", cwd=project)
+    result = cli("run", "-r", "__main__:f:x", "globals_.py", cwd=project)
+    assert result.stdout == expected.stdout == "module SourceFileLoader None\n", result.stderr
+
+
+def test_run_shows_a_syntax_error_in_the_program_as_python_does(project):
+    (project / "broken.py").write_text("def f(v):\n    x = = v\n")
+    plain_run = plain("broken.py", cwd=project)
+    result = cli("run", "-r", "__main__:f:x", "broken.py", cwd=project)
+    assert result.returncode == plain_run.returncode == 1
+    assert result.stderr.startswith(plain_run.stderr), result.stderr  # then bcrecord's own lines
+
+
+def test_run_records_a_function_the_program_rebinds_to_a_wrapper_once(project):
+    # step = deco(step), A.m = deco(A.m): the same function inside, patched once.
+    (project / "wrapped.py").write_text(
+        textwrap.dedent(
+            """
+            import functools
+
+            def deco(fn):
+                @functools.wraps(fn)
+                def wrapper(*a, **k):
+                    return fn(*a, **k)
+                return wrapper
+
+            def step(v):
+                y = v + 1
+                return y
+
+            class A:
+                def m(self, v):
+                    y = v * 10
+                    return y
+
+            step = deco(step)
+            A.m = deco(A.m)
+            print(sum(step(i) + A().m(i) for i in range(3)))
+            """
+        )
+    )
+    result = cli("run", "-r", "__main__:step:y", "-r", "__main__:A.m:y", "wrapped.py", cwd=project)
+    assert result.returncode == 0 and result.stdout == "36\n", result.stderr
+    rows = [line.split()[:3] for line in result.stderr.splitlines()[2:]]
+    assert rows == [["__main__:step:y@0", "3", "3"], ["A:m:y@0", "3", "20"]], result.stderr
 
 
 def test_run_records_the_function_a_cached_property_or_a_partial_holds(project):
@@ -735,6 +840,31 @@ def test_values_recorded_before_a_quiet_stretch_are_written_before_a_kill(tmp_pa
         process.kill()
     assert process.returncode == -signal.SIGTERM  # killed as it would be: no handler of bcrecord's
     assert bcrecord.load(save)["__main__:f:x@0"] == [2 * i for i in range(1000)]
+
+
+def test_a_program_that_joins_every_thread_it_finds_ends(project, tmp_path):
+    # The thread that writes waiting values runs only while some wait: joined, it ends.
+    (project / "joins.py").write_text(
+        textwrap.dedent(
+            """
+            import threading, time
+            def f(v):
+                x = v
+                return x
+            workers = [threading.Thread(target=f, args=(i,)) for i in range(3)]
+            for worker in workers:
+                worker.start()
+            time.sleep(0.2)
+            for thread in threading.enumerate():
+                if thread is not threading.main_thread():
+                    thread.join()
+            print("joined")
+            """
+        )
+    )
+    result = cli("run", "-r", "__main__:f:x", "-o", tmp_path / "out", "joins.py", cwd=project, timeout=60)
+    assert result.stdout == "joined\n", result.stderr
+    assert sorted(bcrecord.load(tmp_path / "out")["__main__:f:x@0"]) == [0, 1, 2]
 
 
 def test_a_program_s_own_sigterm_handling_is_left_as_it_is(tmp_path):

@@ -129,6 +129,23 @@ def test_clone_keeps_what_a_subclass_or_struct_sequence_holds_besides_its_items(
     live[1].append(3)
     assert (type(kept), kept, kept.tag) == (Tagged, [1, [2]], "instance")
 
+    class Mirrored(dict):  # as transformers' ModelOutput: its items are attributes too
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            for name, item in self.items():
+                setattr(self, name, item)
+
+    class AttrDict(dict):  # its __dict__ is itself
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.__dict__ = self
+
+    for kind in (Mirrored, AttrDict):
+        items = [1]
+        kept = copy_value(kind(hidden=items), "clone")
+        items.append(2)
+        assert (kept["hidden"], kept.hidden) == ([1], [1]), kind  # copies, not the live list
+
 
 def test_detach_detaches_tensor_likes_only():
     # A file's .detach() takes its buffer away, a weakref.finalize's unregisters it:
@@ -333,7 +350,7 @@ def test_missing_key_of_a_probe_that_did_not_run_says_so():
                 KeyError, match=r"'r:f:attn@0': its probe was placed but did not run while"
             ) as e:
                 rec["r:f:attn@0"]
-            assert "recording(threads='all') or bcrecord.carry takes those" in str(e.value)
+            assert "or in another thread: threads='all' or bcrecord.carry takes those" in str(e.value)
             # Not placed for this recording (another patch's, or no probe at all): a "did you mean".
             for key in ("r:h:attn@0", "r:f:atn@0"):
                 with pytest.raises(KeyError, match=r"did you mean 'r:f:out@0'\?"):

@@ -10,8 +10,8 @@ they run on; the instance's module path is read from a marker that
 Because the marker travels with the instance's ``__dict__``:
 
 * ``nn.DataParallel`` replicas (made by copying ``__dict__``) record under the same
-  path, from their worker threads (recordings of a model that holds one take
-  ``threads='all'``);
+  path, from their worker threads (recordings here take ``threads='all'``;
+  an extractor's, where its model holds one);
 * ``copy.deepcopy`` of a model being recorded gives a copy that records itself
   (its own values, under the same paths), never the original;
 * pickling / ``torch.save`` of a whole model while it is being recorded stores a
@@ -417,7 +417,9 @@ def _stopping_skips_hooks(unwound: Iterable[torch.nn.Module]) -> bool:
 def _hooks_take_the_output(model: Optional[torch.nn.Module]) -> bool:
     """Whether ``model`` has hooks that take its forward's output, None when stopped early
     inside it (a forward hook would get None in place of the output): it runs whole then."""
-    return model is not None and bool(model._forward_hooks or model._backward_hooks)
+    return model is not None and bool(
+        model._forward_hooks or model._backward_hooks or model._backward_pre_hooks
+    )
 
 
 def _all_done_here() -> bool:
@@ -955,7 +957,7 @@ def record(
     grad: bool = False,
     keep: Union[str, int] = "all",
     stop_after_last: bool = False,
-    threads: Optional[str] = None,
+    threads: str = "all",
 ) -> ContextManager[ModelRecording]:
     """Record ``targets`` inside ``model`` while the block runs; yields the recording.
 
@@ -976,11 +978,11 @@ def record(
     not computed (a model with forward or backward hooks of its own, which would get
     None, runs whole).
 
-    ``threads``: ``'context'`` takes the values of this thread (and of threads and
-    tasks it hands its context to, :func:`bcrecord.carry`); ``'all'`` also those of
-    threads that have no recording of their own. The default is ``'all'`` for a model
-    that holds an ``nn.DataParallel`` (its replicas run in threads it starts), else
-    ``'context'``: another thread running the model meanwhile adds nothing.
+    ``threads='all'`` (the default) also takes the values of threads that have no
+    recording of their own: ``nn.DataParallel``'s replicas run in threads it starts,
+    also where the model recorded is the one inside it; so does any other thread that
+    runs the model meanwhile. ``'context'`` takes this thread's values only (and those
+    of threads and tasks it hands its context to, :func:`bcrecord.carry`).
 
     >>> import torch
     >>> from bcrecord.torch import record
@@ -1039,7 +1041,7 @@ def _record(
     plan = Plan(model, targets, **policy)
     patches = plan.patch()
     try:
-        running = plan.running(patches, **{**run, "threads": threads_for(model, run["threads"])})
+        running = plan.running(patches, **run)
     except BaseException:  # a bad keep= or threads=
         remove_all(patches)
         raise
@@ -1067,7 +1069,8 @@ def _tracing() -> bool:
 
 def threads_for(model: torch.nn.Module, threads: Optional[str]) -> Any:
     """``threads`` as given, or by default ``'all'`` where ``model`` holds an ``nn.DataParallel``
-    (its replicas run in threads it starts, with no recording of their own), else ``'context'``.
+    (its replicas run in threads it starts, with no recording of their own), else ``'context'``:
+    an extractor's, which runs the model itself, in the call.
 
     >>> linear = torch.nn.Linear(1, 1)
     >>> threads_for(torch.nn.DataParallel(linear), None), threads_for(linear, None)

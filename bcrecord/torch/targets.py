@@ -733,8 +733,8 @@ def _matching_paths(model: torch.nn.Module, pattern: str) -> List[str]:
         module_at(model, pattern)  # raises a clear error if missing
         return [pattern]  # (also a name with a glob's characters in it: 'blk[0]')
     wanted = pattern.split(".")
-    # The model inside a wrapper first, as a path is looked up: '*' is its children, not
-    # DataParallel's 'module'.
+    # The model inside a wrapper first: '*' is its children, not DataParallel's 'module'
+    # ('module.*' still matches through the wrapper, where the model has no 'module').
     roots = [model] if unwrap(model) is model else [unwrap(model), model]
     for root in roots:
         found = [
@@ -843,10 +843,10 @@ def expand(model: torch.nn.Module, text: str) -> List[Target]:
             if is_glob:
                 continue  # a container (ModuleList, ModuleDict) among the matches: it never runs
             children = [name for name, _ in module.named_children()]
-            if not children:  # (a ParameterList: parameters, no modules)
+            if not children:  # (a ParameterList: parameters, no modules; or an empty container)
                 raise TargetError(
-                    f"{where} has no forward of its own and holds no submodules (a container of "
-                    "parameters): record where they are used, in the module that reads them"
+                    f"{where} has no forward of its own and holds no submodules: record where what "
+                    "it holds is used, in the module that reads it"
                 )
             first = f"{path}.{children[0]}" if path else children[0]
             every = f"{path}.*" if path else "*"

@@ -228,6 +228,13 @@ def test_module_outputs_are_what_the_decorated_forwards_return(bert):
     assert torch.equal(rec["encoder.layer.0:forward:return"], seen["encoder.layer.0"])
     extracted = bcrecord.torch.create_feature_extractor(bert, [""])(ids, output_hidden_states=True)[""]
     assert "hidden_states" in extracted  # added by the wrapper
+    # A ModelOutput holds its fields as items and as attributes: both the copies.
+    with record(bert, [""]) as rec, torch.no_grad():
+        out = bert(ids)
+    kept = rec[":forward:return"]
+    out.last_hidden_state.add_(100)
+    assert kept.last_hidden_state is kept["last_hidden_state"]
+    assert torch.equal(kept.last_hidden_state + 100, out.last_hidden_state)
     assert_clean()
 
 

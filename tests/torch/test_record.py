@@ -379,8 +379,7 @@ def test_worker_threads_reach_the_recording_like_data_parallel(net):
     # nn.DataParallel runs its replicas in worker threads (parallel_apply), which needs
     # accelerators; the same shape here: replicas made by copying __dict__, run in threads.
     x = torch.randn(1, 4, 8, 8)
-    # threads='all', which record() takes by itself for a model holding an nn.DataParallel.
-    with record(net, ["blocks.0", "blocks.1"], threads="all") as rec:
+    with record(net, ["blocks.0", "blocks.1"]) as rec:  # threads='all', the default
         replicas = [
             net.blocks[0]._replicate_for_data_parallel(),
             net.blocks[1]._replicate_for_data_parallel(),
@@ -397,12 +396,34 @@ def test_worker_threads_reach_the_recording_like_data_parallel(net):
             w.join()
     assert torch.equal(rec["blocks.0:forward:return"], outs[0])
     assert torch.equal(rec["blocks.1:forward:return"], outs[1])
-    with record(net, ["blocks.0"]) as rec:  # by default, another thread's values stay out
+    with record(net, ["blocks.0"], threads="context") as rec:  # another thread's values stay out
         worker = threading.Thread(target=net.blocks[0], args=(x,))
         worker.start()
         worker.join()
         out = net.blocks[0](x * 2)
     assert len(rec.all("blocks.0:forward:return")) == 1 and torch.equal(rec["blocks.0:forward:return"], out)
+
+
+def test_a_module_registered_at_two_paths_is_recorded_through_either_name():
+    class Shared(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = torch.nn.Linear(2, 2)
+            self.b = self.a  # one object, two names
+
+        def forward(self, x):
+            return self.b(self.a(x) * 10)
+
+    model, x = Shared(), torch.ones(1, 2)
+    with torch.no_grad(), record(model, ["b"]) as rec:
+        model(x)
+    first = model.a(x)
+    assert [v.tolist() for v in rec.all("b:forward:return")] == [first.tolist(), model.a(first * 10).tolist()]
+    with pytest.raises(
+        bcrecord.TargetError, match=r"'b' and 'a' are the same Linear object \(registered twice\)"
+    ):
+        with record(model, ["a", "b"]):
+            pass
 
 
 def test_data_parallel_wrapper_paths_resolve(net):
@@ -880,6 +901,10 @@ def test_the_model_s_own_hooks_never_get_none_from_an_early_stop():
         out = net(x)
     assert shapes == [(1, 2)] and torch.equal(out, net[1](net[0](x)))
     assert torch.equal(rec["0:forward:return"], net[0](x))
+    handle.remove()
+    handle = net.register_full_backward_pre_hook(lambda module, grad: None)  # it wants a tensor out
+    with record(net, ["0"], stop_after_last=True):
+        assert torch.equal(net(x.requires_grad_()), net[1](net[0](x)))
     handle.remove()
     with torch.no_grad(), record(net, ["0"], stop_after_last=True):
         assert net(x) is None  # no hook: it stops

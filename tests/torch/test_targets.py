@@ -248,7 +248,9 @@ def test_containers_and_methods_that_do_not_run_on_the_module_are_explained():
     holder.scales = torch.nn.ParameterList([torch.nn.Parameter(torch.ones(1))])
     with pytest.raises(bcrecord.TargetError, match=r"target its submodules \('named.first', 'named.\*'\)"):
         expand(holder, "named")  # its own names, not '.0'
-    with pytest.raises(bcrecord.TargetError, match=r"holds no submodules \(a container of parameters\)"):
+    with pytest.raises(
+        bcrecord.TargetError, match=r"holds no submodules: record where what it holds is used"
+    ):
         expand(holder, "scales")
     assert [t.path for t in expand(holder, "blocks.*")] == ["blocks.0", "blocks.1"]
     with pytest.raises(bcrecord.TargetError, match=r"'\*' matches only containers"):
