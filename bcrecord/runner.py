@@ -322,10 +322,15 @@ def _function(value: Any) -> Any:
     a wrapper (``step = functools.wraps``-style ``deco(step)``, ``torch.compile(step)``) by the
     function inside, which its patch records (in place)."""
     value = value.__func__ if isinstance(value, types.MethodType) else value
-    try:
-        return function_of(value)
-    except Exception:  # not a Python function (yet): compared as it is
-        return value
+    seen = set()
+    while isinstance(value, types.FunctionType) and id(value) not in seen:  # (a cycle ends it)
+        seen.add(id(value))
+        inner = getattr(value, "__wrapped__", None)
+        inner = inner.__func__ if isinstance(inner, types.MethodType) else inner
+        if not isinstance(inner, types.FunctionType):
+            break
+        value = inner
+    return value
 
 
 _NOT_FOUND = object()
@@ -474,17 +479,9 @@ class _ImportHook(importlib.abc.MetaPathFinder):
     def find_spec(
         self, fullname: str, path: Optional[Sequence[str]], target: Optional[types.ModuleType] = None
     ) -> Optional[importlib.machinery.ModuleSpec]:
-        meta_path = sys.meta_path
-        if meta_path and meta_path[0] is not self and any(finder is self for finder in meta_path):
-            # A finder put itself first since (pytest's assertion rewriter): back in front,
-            # so that a later import of a target's module (a test file) comes here first.
-            # Those after this one in the list keep their places: an import iterating the
-            # list now goes on with the next finder, as it would have.
-            meta_path.remove(self)
-            meta_path.insert(0, self)
         if fullname not in self.modules:
             return None
-        for finder in list(meta_path):
+        for finder in list(sys.meta_path):
             if finder is self:
                 continue
             find = getattr(finder, "find_spec", None)
@@ -786,18 +783,22 @@ def _group_path(target: RunTarget) -> Tuple[str, ...]:
 
 def _by_other_main_name(
     targets: Sequence[RunTarget], main_names: Sequence[str]
-) -> Dict[Tuple[str, ...], str]:
-    """By path: the program's other name a target of that function is given under, if any.
+) -> Dict[Tuple[str, Tuple[str, ...], Spec], RunTarget]:
+    """``('__main__', path, spec)``: the same target under the program's other name, if given.
 
-    The program's own module is ``__main__`` and its file stem (or ``-m`` name): a
-    function targeted under both names is one function, patched once (under the other
-    name, which also covers the script imported by that name), with the specs of both.
+    The program's own module is ``__main__`` and its file stem (or ``-m`` name): one
+    target given under both names is one target, patched once (under the other name,
+    which also covers the script imported by that name).
 
-    >>> both = [parse_target("__main__:f:x@0"), parse_target("prog:f:x")]
-    >>> _by_other_main_name(both, ("__main__", "prog"))
-    {('f',): 'prog'}
+    >>> both = [parse_target("__main__:f:x"), parse_target("prog:f:x")]
+    >>> [twin.text for twin in _by_other_main_name(both, ("__main__", "prog")).values()]
+    ['prog:f:x']
     """
-    return {_group_path(t): t.module for t in targets if t.module in main_names and t.module != "__main__"}
+    return {
+        ("__main__", _group_path(t), t.spec): t
+        for t in targets
+        if t.module in main_names and t.module != "__main__"
+    }
 
 
 # --- running a program -----------------------------------------------------------------
@@ -1042,10 +1043,16 @@ class _Runner:
         self.groups: Dict[str, Dict[Tuple[str, ...], List[RunTarget]]] = defaultdict(
             lambda: defaultdict(list)
         )
+        #: Texts of targets that are another's under another name of the program's module:
+        #: applied when that one is.
+        self.aliases: Dict[str, List[str]] = defaultdict(list)
         named = _by_other_main_name(self.targets, program.main_names)
         for target in self.targets:
-            other = named.get(_group_path(target)) if target.module == "__main__" else None
-            self.groups[other or target.module][_group_path(target)].append(target)
+            twin = named.get((target.module, _group_path(target), target.spec))
+            if twin is not None:
+                self.aliases[twin.text].append(target.text)
+                continue
+            self.groups[target.module][_group_path(target)].append(target)
         self.owners = _owner_names(self.groups, program.main_names)
         watched = [m for m in self.groups if m != "__main__"] + list(_DYNAMO)
         self.hook = _ImportHook(watched, self._after_import)
@@ -1122,6 +1129,7 @@ class _Runner:
                     )
                 self.recording.take(patch)
                 self.applied.update(t.text for t in group)
+                self.applied.update(a for t in group for a in self.aliases.get(t.text, ()))
 
     def _after_import(self, module: types.ModuleType) -> None:
         if module.__name__ in _DYNAMO:
@@ -1217,7 +1225,8 @@ class _Runner:
             if found or frame.f_code.co_name != "<module>" or frame.f_globals.get("__name__") != "__main__":
                 return traced
             found.append(frame)
-            if self.program.file is not None and frame.f_globals.get("__loader__") is None:
+            script = self.program.file
+            if script is not None and script.endswith(".py") and frame.f_globals.get("__loader__") is None:
                 # What `python script.py` gives its module, where runpy's has None and ''.
                 loader = importlib.machinery.SourceFileLoader("__main__", frame.f_code.co_filename)
                 frame.f_globals.update(__loader__=loader, __package__=None)
@@ -1346,6 +1355,7 @@ class _Runner:
         counts = self.recording.counts()
         fired = {key for key, n in counts.items() if n}
         heard = {text for text, keys in self.keys_of.items() if keys & fired}
+        heard |= {alias for text in heard for alias in self.aliases.get(text, ())}
         for target in [t for t in self.targets if t.text in self.applied and t.text not in heard]:
             print(
                 f"bcrecord: target {target.text!r} recorded nothing in this process (nothing reached "

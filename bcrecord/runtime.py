@@ -733,10 +733,11 @@ def rebuilt_container(value: Any, contents: Any) -> Any:
     rebuilt = _rebuilt_subclass(value, contents)
     state = getattr(value, "__dict__", None)
     if state and rebuilt is not None and state is not value:  # (not an AttrDict's own items)
-        # Only what its constructor did not set: a ModelOutput sets its items as attributes
-        # too, copied ones, which the live ones must not replace. Shallow, as copy.copy's.
+        # As the value has them (shallow, as copy.copy's), except where its constructor set
+        # one of the new items: a ModelOutput's fields, copies the live ones must not replace.
         made = rebuilt.__dict__
-        made.update({name: attr for name, attr in state.items() if name not in made})
+        items = {id(item) for item in (contents.values() if isinstance(contents, dict) else contents)}
+        made.update({name: attr for name, attr in state.items() if id(made.get(name, attr)) not in items})
     return rebuilt
 
 

@@ -476,14 +476,10 @@ def test_run_records_a_target_given_under_both_names_of_the_program_once(project
     both = cli("run", "-r", "__main__:C.f:y", "-r", "sq:C.f:return", "sq.py", cwd=project)
     rows = [line.split()[:2] for line in both.stderr.splitlines()[2:]]
     assert rows == [["C:f:y@0", "4"], ["C:f:return", "4"]], both.stderr
-    # Specs that overlap under the two names ('out@0' is one of 'out''s): each value once.
-    both = cli("run", "-r", "__main__:square:out@0", "-r", "sq:square:out", "sq.py", cwd=project)
-    rows = [line.split()[:2] for line in both.stderr.splitlines()[2:]]
-    assert rows == [["__main__:square:out@0", "4"]], both.stderr
 
 
-def test_run_records_in_modules_another_finder_loads_and_says_when_it_could_not(project):
-    # pytest's assertion rewriter puts its finder first on sys.meta_path, after bcrecord's.
+def test_run_says_when_another_finder_loaded_a_target_s_module(project):
+    # pytest's assertion rewriter, a finder first on sys.meta_path, loads the test files.
     (project / "test_thing.py").write_text(
         "def helper(v):\n    y = v * 3\n    return y\n\ndef test_a():\n    assert helper(2) == 6\n"
     )
@@ -492,9 +488,10 @@ def test_run_records_in_modules_another_finder_loads_and_says_when_it_could_not(
         cwd=project,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
-    assert [line.split()[:3] for line in result.stderr.splitlines()[2:]] == [
-        ["test_thing:helper:y@0", "1", "6"]
-    ]
+    assert (
+        "test_thing was imported, but not through bcrecord's import hook (a finder ahead of it"
+        in result.stderr
+    )
     (project / "lib.py").write_text("def f(v):\n    x = v + 1\n    return x\n")
     (project / "first.py").write_text(
         "import importlib.machinery, sys\n\n"

@@ -140,6 +140,14 @@ def test_clone_keeps_what_a_subclass_or_struct_sequence_holds_besides_its_items(
             super().__init__(*args, **kwargs)
             self.__dict__ = self
 
+    class Batch(dict):  # its constructor sets a default the program changes
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.device = "cpu"
+
+    moved = Batch(x=[1])
+    moved.device = "cuda:0"
+    assert copy_value(moved, "clone").device == "cuda:0"
     for kind in (Mirrored, AttrDict):
         items = [1]
         kept = copy_value(kind(hidden=items), "clone")

@@ -417,8 +417,15 @@ def _stopping_skips_hooks(unwound: Iterable[torch.nn.Module]) -> bool:
 def _hooks_take_the_output(model: Optional[torch.nn.Module]) -> bool:
     """Whether ``model`` has hooks that take its forward's output, None when stopped early
     inside it (a forward hook would get None in place of the output): it runs whole then."""
-    return model is not None and bool(
-        model._forward_hooks or model._backward_hooks or model._backward_pre_hooks
+    if model is None:
+        return False
+    hooks = torch.nn.modules.module
+    return bool(
+        model._forward_hooks
+        or model._backward_hooks
+        or model._backward_pre_hooks
+        or getattr(hooks, "_global_backward_hooks", None)
+        or getattr(hooks, "_global_backward_pre_hooks", None)
     )
 
 
@@ -957,7 +964,7 @@ def record(
     grad: bool = False,
     keep: Union[str, int] = "all",
     stop_after_last: bool = False,
-    threads: str = "all",
+    threads: Optional[str] = "all",
 ) -> ContextManager[ModelRecording]:
     """Record ``targets`` inside ``model`` while the block runs; yields the recording.
 
@@ -996,7 +1003,7 @@ def record(
     decorator, it records each call of the function in a block of its own.
     """
     policy = dict(copy=copy, to=to, dtype=dtype, reduce=reduce, grad=grad)
-    run = dict(keep=keep, threads=threads, stop_after_last=stop_after_last)
+    run = dict(keep=keep, threads="all" if threads is None else threads, stop_after_last=stop_after_last)
     return _OneBlock(functools.partial(_record, model, targets, policy, run))
 
 
