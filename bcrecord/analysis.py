@@ -955,13 +955,16 @@ def _read(key: Tuple[object, ...], qualname: Optional[str] = None) -> CodeMap:
     }
 
     return_ops = {table.return_value, table.return_const}
+    # One site per source position: the compiler gives a `with` body's return and the
+    # return after an exception its __exit__ swallowed the same place, a reader one row.
+    return_positions: Dict[Tuple[Optional[int], Optional[int]], List[int]] = {}
+    for pos, instr in real:
+        if instr.name in return_ops:
+            return_positions.setdefault((instr.lineno, _column(instr)), []).append(pos)
     returns = tuple(
-        ReturnSite(n, instr.lineno, _column(instr), (pos,))
-        for n, (pos, instr) in enumerate(
-            sorted(
-                ((p, i) for p, i in real if i.name in return_ops),
-                key=lambda pi: (pi[1].lineno or 0, _column(pi[1]) or 0, pi[0]),
-            )
+        ReturnSite(n, line, column, tuple(positions))
+        for n, ((line, column), positions) in enumerate(
+            sorted(return_positions.items(), key=lambda item: (item[0][0] or 0, item[0][1] or 0, item[1]))
         )
     )
 

@@ -121,6 +121,17 @@ def test_return_sites_include_the_implicit_return():
     assert len(read(f.__code__).returns) == 2
 
 
+def test_returns_at_one_place_are_one_site():
+    # `return 1` inside `with`, and the return after an exception __exit__ swallowed:
+    # two return instructions, at one source position.
+    def f(cm):
+        with cm:
+            return 1
+
+    (site,) = read(f.__code__).returns
+    assert len(site.positions) == 2 and site.index == 0
+
+
 def test_resolve_errors_name_what_exists():
     def f(self, a):
         b = a
