@@ -564,8 +564,10 @@ class _Sites:
             load = bytecode[pos]
             assert isinstance(load, Instr)
             # One site per call instruction, identified by its callee's load, and placed
-            # where the call instruction says it starts (the callee's start): a load split
-            # from a 3.13 pair carries the pair's first half's place. 3.10 has no columns.
+            # where the call instruction says it starts (the callee's start; a method call
+            # written over lines, `(o\n.m(1))`, at the method's name, as tracebacks show it):
+            # a load split from a 3.13 pair carries the pair's first half's place. 3.10 has
+            # no columns.
             self.calls += [
                 (chain, call, _placed(cast(Instr, bytecode[call]), load), identity.of(pos, load), None)
                 for call in consuming_calls(bytecode, pos, slots, labels)

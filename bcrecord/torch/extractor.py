@@ -89,7 +89,7 @@ def _warn_if_torchvision_differs(model: torch.nn.Module, target: Target) -> None
         if clash is not None:
             warn(
                 f"return node {target.text!r} is a module path: bcrecord returns that module's output, "
-                f"but {clash} (torchvision's own name for the module's call then ends in a number)"
+                f"but {clash}"
             )
 
 

@@ -223,6 +223,12 @@ def _applies(called: object, base: str, func: types.FunctionType) -> bool:
         return False
     if names is not None:
         return base in names
+    return _loaded_uncalled(func, base)
+
+
+def _loaded_uncalled(func: types.FunctionType, base: str) -> bool:
+    """Whether ``func`` loads a global or attribute named ``base`` other than to call it
+    there (``act = F.relu``; ``reduce(operator.add, xs)``)."""
     calls = function_targets(func).calls
     called_here = sum(
         len(c.positions)
@@ -258,6 +264,8 @@ class _FxSite:
     #: The forward-jump spans around it (tagged by where their code runs): sites with
     #: the same guards run together or not at all.
     guards: frozenset
+    #: Whether it is inside a loop (or a comprehension): it may run several times.
+    looped: bool = False
 
 
 @dataclass
@@ -297,15 +305,22 @@ def _fx_target(model: torch.nn.Module, text: str) -> Optional[Target]:
             return None
         occurrence -= 1
     scope = _fx_scope(model, parent, base)
-    if scope is None or not (scope.sites or scope.problems):
+    if scope is None or not (scope.sites or scope.problems or scope.unplaced):
         return None
     labels = ", ".join(f"'{parent}:{site.method}:{site.label}'" for site in scope.sites)
     kind = type(module_at(model, parent)).__name__
-    if not scope.sites:  # FX's nodes of that name are all made elsewhere (a helper, sum())
+    if not scope.sites and scope.problems:  # FX's nodes of that name are all made elsewhere (sum())
         raise TargetError(
             f"{text!r}: {kind} {'; '.join(dict.fromkeys(scope.problems))}, and has no {base!r} site of "
             "its own: record inside a Python function it calls (bcrecord.patch_function), or pick a "
             "target from list_targets"
+        )
+    if not scope.sites:
+        raise TargetError(
+            f"{text!r}: {kind} calls .{base}() only on values that are not a name or attribute chain "
+            f"(f(x).{base}(...)): FX makes a node of each, but such a call is no site here, so its "
+            "result cannot be recorded where it is made; record the value it is called on or the "
+            "local its result ends up in (list_targets shows the sites)"
         )
     if scope.problems:
         raise TargetError(
@@ -327,9 +342,16 @@ def _fx_target(model: torch.nn.Module, text: str) -> Optional[Target]:
                 f"{base!r} names from there on are not fixed; name the site instead: {labels}"
             )
     if occurrence >= len(scope.sites):
+        again = (
+            f"; FX numbers the ops of each run of {parent!r} on (its second run's first {base!r} is "
+            f"{base}_{len(scope.sites)}), where each site here records every run: record the site "
+            "with bcrecord.torch.record() and take rec.all(key)"
+            if parent and _runs_again(model, parent)
+            else ""
+        )
         raise TargetError(
             f"{text!r}: {kind} has {len(scope.sites)} {base!r} site(s) ({labels}); "
-            f"there is no number {occurrence}"
+            f"there is no number {occurrence}{again}"
         )
     chosen = scope.sites[occurrence]
     return Target(text, parent, chosen.method, chosen.spec)
@@ -359,8 +381,12 @@ def fx_name_clash(model: torch.nn.Module, path: str) -> Optional[str]:
 
     torchvision names a module's call after its path, unless an op of the same name
     ran before it under the parent module (``torch.relu(x)`` before ``self.relu(x)``):
-    the op is then ``'relu'`` and the module's call ``'relu_1'``. A module path still
-    means the module's output here; this says where torchvision's would differ.
+    the op is then ``'relu'`` and the module's call ``'relu_1'``. It also strips a
+    ``_<digits>`` suffix from a torch.nn module's name and numbers the call among the
+    ops of the stripped name (ViT's ``ln_1`` is its ``'ln'``, ``ln_2`` its ``'ln_1'``);
+    and for a module it traces into that runs more than once, the path names the last
+    op of its last run. A module path still means the module's output (at its first
+    call) here; this says where torchvision's would differ.
 
     >>> import torch
     >>> class Net(torch.nn.Module):
@@ -369,18 +395,64 @@ def fx_name_clash(model: torch.nn.Module, path: str) -> Optional[str]:
     ...         self.relu = torch.nn.ReLU()
     ...     def forward(self, x):
     ...         return self.relu(torch.relu(x) + 1)
-    >>> print(fx_name_clash(Net(), "relu"))
-    torchvision's node 'relu' may be ':forward:torch.relu()@0', which runs before the module's call
+    >>> print(fx_name_clash(Net(), "relu"))  # doctest: +ELLIPSIS
+    torchvision's node 'relu' may be ':forward:torch.relu()@0', which runs before the module's call...
     """
     parent, _, node = path.rpartition(".")
     scope = _fx_scope(model, parent, node)
-    if scope is None or not scope.sites or _calls_the_module(model, parent, scope.sites[0], node):
+    if scope is None:
         return None
-    first = scope.sites[0]
-    return (
-        f"torchvision's node {path!r} may be '{parent}:{first.method}:{first.label}', which runs "
-        "before the module's call"
-    )
+    if scope.sites and not _calls_the_module(model, parent, scope.sites[0], node):
+        first = scope.sites[0]
+        return (
+            f"torchvision's node {path!r} may be '{parent}:{first.method}:{first.label}', which runs "
+            "before the module's call (torchvision's own name for the module's call then ends in a number)"
+        )
+    module = module_at(model, path)
+    stem = _fx_stripped(node)
+    if stem != node and _fx_leaf(module):
+        numbered = _fx_scope(model, parent, stem)
+        if numbered is not None and numbered.sites:
+            occurrence = int(node.rpartition("_")[2])
+            named = numbered.sites[occurrence] if occurrence < len(numbered.sites) else None
+            if named is None or not _calls_the_module(model, parent, named, node):
+                return (
+                    f"torchvision strips the number from the module's name and numbers its call among "
+                    f"the {stem!r} ops, so "
+                    + (
+                        f"its node {path!r} may be '{parent}:{named.method}:{named.label}'"
+                        if named is not None
+                        else f"it may have no node {path!r}"
+                    )
+                )
+    if not _fx_leaf(module) and _runs_again(model, path):
+        return (
+            f"the module runs more than once in a forward and FX traces into it: torchvision's node "
+            f"{path!r} is the last op it traced in the module's last run"
+        )
+    return None
+
+
+def _runs_again(model: torch.nn.Module, path: str) -> bool:
+    """Whether its parent's forward may call the module at ``path`` more than once
+    (two call sites, or one in a loop)."""
+    parent, _, node = path.rpartition(".")
+    scope = _fx_scope(model, parent, node)
+    runs = [site for site in scope.sites if _calls_the_module(model, parent, site, node)] if scope else []
+    return len(runs) > 1 or any(site.looped for site in runs)
+
+
+def _fx_stripped(name: str) -> str:
+    """The name torchvision numbers a node under: without a ``_<digits>`` suffix (``ln_1``: ``ln``)."""
+    stem, _, number = name.rpartition("_")
+    return stem if stem and number.isdigit() else name
+
+
+def _fx_leaf(module: torch.nn.Module) -> bool:
+    """Whether FX makes one node of a call of ``module`` (torch.nn's own modules but
+    ``Sequential``, as its tracer's default) rather than tracing into its forward."""
+    where = type(module).__module__ or ""
+    return where.startswith(("torch.nn", "torch.ao.nn")) and not isinstance(module, torch.nn.Sequential)
 
 
 def _calls_the_module(model: torch.nn.Module, parent: str, site: _FxSite, node: str) -> bool:
@@ -418,10 +490,19 @@ def _fx_sites(
     placed: List[Tuple[object, Spec, str]] = []
     for callee, calls in found.calls.items():
         called = _resolved(module, func, callee)
+        if called is None and "." not in callee and _loaded_uncalled(func, base):
+            # act = F.relu; act(x): FX sees the function when it runs, and names it.
+            scope.problems.append(
+                f"calls {callee}, a name whose function is known only when it runs, and loads "
+                f"{base!r} without calling it (FX may name that call {base!r} too)"
+            )
+            continue
         if isinstance(called, torch.nn.Module):
             # A module call is a node under the module's own path: one of ours only for
-            # a child named base (self.relu), not for a grandchild (self.inner.relu).
-            if callee == f"{me}.{base}":
+            # a child named base (self.relu), not for a grandchild (self.inner.relu); and
+            # for a child torchvision strips to base (a call of torch.nn's self.ln_1: 'ln').
+            owner, _, child = callee.partition(".")
+            if callee == f"{me}.{base}" or (owner == me and _fx_stripped(child) == base and _fx_leaf(called)):
                 placed += [(c.positions[0], Call(callee, c.index), f"{callee}()@{c.index}") for c in calls]
             continue
         if _applies(called, base, func):
@@ -491,11 +572,12 @@ def _fx_sites(
     scope.unplaced += [at + (position,) for position in _unchained_loads(original_code(func), base)]
     for where, spec, label in placed:
         if not isinstance(where, int):  # in a nested code object: a comprehension's loop
-            scope.sites.append(_FxSite(at + _flat(where), method, spec, label, guards))
+            scope.sites.append(_FxSite(at + _flat(where), method, spec, label, guards, looped=True))
             scope.problems.append(f"runs {base!r} inside a comprehension or an inner function")
             continue
-        scope.sites.append(_FxSite(at + (where,), method, spec, label, guarded(where)))
-        if _within(where, spans):
+        looped = _within(where, spans)
+        scope.sites.append(_FxSite(at + (where,), method, spec, label, guarded(where), looped))
+        if looped:
             # FX numbers each execution ('add_1': the loop's second turn); a site is every turn.
             scope.problems.append(f"runs {base!r} in a loop (FX numbers each turn)")
 
@@ -583,14 +665,22 @@ def _names_base(found: Any, base: str) -> bool:
 def _resolved(module: Optional[torch.nn.Module], func: types.FunctionType, chain: str) -> object:
     """What the callee ``chain`` of ``func`` (run on ``module``) is now; None for a local's."""
     root, *names = chain.split(".")
+    code = original_code(func)
     if root == _first_argument(func) and module is not None:
         found: object = module
+    elif root in func.__code__.co_freevars and func.__closure__:  # a closure's: its value now
+        try:
+            found = func.__closure__[func.__code__.co_freevars.index(root)].cell_contents
+        except ValueError:  # an empty cell
+            return None
+    elif root in code.co_varnames or root in code.co_cellvars or root in code.co_freevars:
+        return None  # a local or an argument (a global of that name is another object)
     elif root in func.__globals__:
         found = func.__globals__[root]
     elif hasattr(builtins, root):
         found = getattr(builtins, root)
     else:
-        return None  # a local or an argument: a tensor's method
+        return None  # not defined yet
     for name in names:
         try:
             found = getattr(found, name)

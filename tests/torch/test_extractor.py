@@ -152,6 +152,40 @@ def test_a_module_path_that_torchvision_gives_an_earlier_op_is_read_as_the_modul
         create_feature_extractor(SmallNet(), ["bn1", "blocks.0.relu"])
 
 
+def test_module_paths_torchvision_numbers_otherwise_are_read_as_the_module_with_a_warning():
+    class Numbered(torch.nn.Module):  # ViT's EncoderBlock: ln_1, ln_2
+        def __init__(self):
+            super().__init__()
+            self.ln_1 = torch.nn.LayerNorm(2)
+            self.ln_2 = torch.nn.LayerNorm(2)
+
+        def forward(self, x):
+            return self.ln_2(self.ln_1(x) * 3)
+
+    model = Numbered()
+    x = torch.tensor([[0.0, 1.0]])
+    with pytest.warns(bcrecord.RecordingWarning, match=r"its node 'ln_1' may be ':forward:self\.ln_2\(\)@0'"):
+        features = create_feature_extractor(model, ["ln", "ln_1"])(x)
+    assert torch.equal(features["ln"], model.ln_1(x)) and torch.equal(features["ln_1"], model.ln_1(x))
+
+    class Block(torch.nn.Module):
+        def forward(self, x):
+            return x + 1
+
+    class Twice(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.block = Block()
+
+        def forward(self, x):
+            return self.block(self.block(x)) * 2
+
+    message = "the module runs more than once in a forward"
+    with pytest.warns(bcrecord.RecordingWarning, match=message) as caught:
+        features = create_feature_extractor(Twice(), ["block"])(x)
+    assert len(caught) == 1 and features["block"].tolist() == [[1.0, 2.0]]  # its first call's
+
+
 def test_no_clash_warning_where_the_module_is_called_first_through_a_first_argument_not_named_self():
     class Named(torch.nn.Module):
         def __init__(s):
