@@ -14,7 +14,7 @@ no downloads). The demo
    in ``DIR/plots`` (feature maps, heatmaps, histograms, values over steps).
 
 Needs torch, safetensors and (for pictures) matplotlib:
-``pip install 'bcrecord[torch,save,viz]'``. Runs in 7-9 seconds on a 2-core CPU (about 5
+``pip install 'bcrecord[torch,save,viz]'``. Runs in 5-9 seconds on a 2-core CPU (about 3-5
 with ``plots=False``).
 
 >>> import io, tempfile
