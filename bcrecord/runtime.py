@@ -745,11 +745,21 @@ def _rebuilt_subclass(value: Any, contents: Any) -> Any:
     kind = type(value)
     if isinstance(value, dict):
         try:
-            return kind(contents)
+            rebuilt = kind(contents)
         except Exception:
-            refilled = _copy_module.copy(value)
-            refilled.update(contents)
-            return refilled
+            rebuilt = None
+        # Taken where it holds exactly the new items (dict's own view: no subclass's
+        # __getitem__); a constructor that reads its first argument its own way
+        # (Meta(source, **items)) gives something else.
+        if (
+            rebuilt is not None
+            and dict.__len__(rebuilt) == len(contents)
+            and all(dict.get(rebuilt, k, _MISSING) is v for k, v in contents.items())
+        ):
+            return rebuilt
+        refilled = _copy_module.copy(value)
+        refilled.update(contents)
+        return refilled
     forms: Tuple[str, ...] = ("iterable", "arguments")
     if isinstance(getattr(kind, "n_sequence_fields", None), int):
         # A struct sequence: its constructor takes the fields that are not items (the

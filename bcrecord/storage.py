@@ -48,6 +48,7 @@ import contextlib
 import copyreg
 import io
 import json
+import numbers
 import operator
 import os
 import pickle
@@ -143,7 +144,10 @@ def _describe(value: Any) -> Dict[str, Any]:
     size = getattr(value, "nbytes", None)  # numpy arrays and scalars
     return {
         "kind": "pickle",
-        "shape": list(shape) if isinstance(shape, tuple) else None,
+        # Plain ints for the index's JSON (a shape may hold numpy's).
+        "shape": [int(n) for n in shape]
+        if isinstance(shape, tuple) and all(isinstance(n, numbers.Integral) for n in shape)
+        else None,
         "dtype": str(getattr(value, "dtype", type(value).__name__)),
         "device": None,
         "bytes": size if type(size) is int else None,
@@ -333,6 +337,8 @@ class Writer:
                 for value in values:
                     position = positions[(key, step)] = positions.get((key, step), -1) + 1
                     name = _name(key, step, position)
+                    while name in tensors or name in others:  # an escaped key's name is another's too
+                        name += "'"
                     try:
                         info = _describe(value)
                         if info["kind"] == "tensor":
@@ -613,8 +619,8 @@ def _reduced_tensor(tensor: Any) -> Any:
     that pickles its own way (its own ``__reduce_ex__``) is left to it once detached,
     but for a dtype whose pickle torch cannot read back.
     """
-    if getattr(tensor, "is_meta", False):
-        return tensor.__reduce_ex__(4)
+    if getattr(tensor, "is_meta", False):  # refused as one alone is (no data to save)
+        raise NotImplementedError("a meta tensor has no data")
     if tensor.requires_grad or tensor.device.type != "cpu":
         try:
             moved = tensor.detach().cpu()
@@ -897,6 +903,10 @@ class Loaded(Mapping[str, List[Any]]):
         [0, 0, 10]
         """
         return [entry.step for entry in self._entries_of(key)]
+
+    def __contains__(self, key: object) -> bool:
+        # Not Mapping's (through __getitem__): its KeyError's hint compares every saved key.
+        return key in self._by_key
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._by_key)

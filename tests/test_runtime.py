@@ -1111,6 +1111,16 @@ def test_clone_copies_containers_whose_constructor_is_their_own():
     point = collections.namedtuple("Point", "x y")([1], 2)
     assert copy_value(point, "clone") == point and copy_value(point, "clone").x is not point.x
 
+    class Meta(dict):  # its constructor takes no items first: Meta(items) is an empty one
+        def __init__(self, source, **items):
+            super().__init__(**items)
+            self.source = source
+
+    meta = Meta("cfg", a=[1], b=2)
+    kept = copy_value(meta, "clone")
+    meta["a"].append(3)
+    assert type(kept) is Meta and kept == {"a": [1], "b": 2} and kept.source == "cfg"
+
 
 def test_contexts_copied_while_a_recording_was_active_stop_delivering_to_it_at_its_exit():
     import contextvars

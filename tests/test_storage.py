@@ -410,3 +410,20 @@ def test_load_of_a_key_never_saved_names_it_and_the_saved_keys(tmp_path):
     with pytest.raises(TypeError, match=r"a key is a string, got 3 \(int\)"):
         load(tmp_path, keys=[3])
     assert dict(load(tmp_path, keys=[])) == {}
+
+
+def test_keys_escaped_in_a_data_file_keep_their_own_values(tmp_path):
+    odd = "m:f:x\udc80"  # a lone surrogate: no UTF-8, so its name in the file is escaped
+    escaped = ascii(odd)  # an ordinary key, spelt as that escape
+    loaded = load(save({odd: ["odd's"], escaped: ["escaped's"]}, tmp_path, step=0))
+    assert loaded[odd] == ["odd's"] and loaded[escaped] == ["escaped's"]
+
+
+def test_a_key_is_looked_up_in_saved_records_without_a_did_you_mean(tmp_path, monkeypatch):
+    loaded = load(save({"m:f:x@0": [1]}, tmp_path, step=0))
+
+    def hint(*args, **kwargs):
+        raise AssertionError("'in' built a KeyError's hint (slow over many keys)")
+
+    monkeypatch.setattr(bcrecord.storage, "did_you_mean", hint)
+    assert "m:f:x@0" in loaded and "m:f:y@0" not in loaded

@@ -71,6 +71,7 @@ from ..patch import Patch, patch_method
 from ..runtime import Recording, recording
 from ..specs import COPY_POLICIES, Attribute, Spec, parse
 from ..storage import Writer
+from ..torch.copies import _map
 from ..torch.targets import unwrap
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -439,13 +440,13 @@ def _loops(value: Union[str, Sequence[str]]) -> Tuple[str, ...]:
 
 
 def _to_cpu(value: Any) -> Any:
-    if isinstance(value, torch.Tensor):
-        return value.detach().cpu()
-    if isinstance(value, dict):
-        return type(value)((k, _to_cpu(v)) for k, v in value.items())
-    if isinstance(value, (list, tuple)) and not hasattr(value, "_fields"):
-        return type(value)(_to_cpu(v) for v in value)
-    return value
+    # Containers rebuilt as recordings copy them (a Counter, a defaultdict, a subclass
+    # whose constructor takes other arguments keep their items).
+    return _map(value, _detached_on_cpu)
+
+
+def _detached_on_cpu(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().cpu()
 
 
 # --- the hooks ----------------------------------------------------------------

@@ -334,6 +334,32 @@ def proposal_ast_rewrite(method):
 # --- the proposal's configs ----------------------------------------------------------------
 
 
+class _Meta(dict):
+    def __init__(self, source, **items):
+        super().__init__(**items)
+        self.source = source
+
+
+class _Pair(tuple):
+    def __new__(cls, a, b):
+        return super().__new__(cls, (a, b))
+
+
+def test_buffered_values_keep_their_containers_on_the_way_to_the_cpu():
+    import collections
+
+    from bcrecord.integrations.mmengine import _to_cpu
+
+    counts = _to_cpu(collections.Counter(pos=3, neg=0))
+    assert type(counts) is collections.Counter and counts == {"pos": 3, "neg": 0}
+    lists = _to_cpu(collections.defaultdict(list, a=[torch.ones(1, requires_grad=True)]))
+    assert lists.default_factory is list and not lists["a"][0].requires_grad
+    meta = _to_cpu(_Meta("cfg", a=torch.ones(1)))
+    assert type(meta) is _Meta and meta.source == "cfg" and torch.equal(meta["a"], torch.ones(1))
+    pair = _to_cpu(_Pair(torch.ones(1), 2))
+    assert pair[1] == 2 and torch.equal(pair[0], torch.ones(1))
+
+
 def test_proposal_toy_model_values_reach_the_message_hub(tmp_path):
     torch.manual_seed(0)
     model = ToyModel()

@@ -77,6 +77,28 @@ def test_a_value_with_no_data_is_named_and_the_save_writes_nothing(tmp_path):
     assert len(load(tmp_path)) == 0 and not list((tmp_path / "records").glob("[!.]*"))
 
 
+def test_a_meta_tensor_inside_a_value_is_refused_as_one_alone_is(tmp_path):
+    from bcrecord.storage import UnsavableValue
+
+    for value in [(torch.ones(1), torch.empty(2, device="meta")), {"h": torch.empty(2, device="meta")}]:
+        with pytest.raises(UnsavableValue, match=r"cannot save 'm:f:h@0' \(step 0\)"):
+            Writer(tmp_path).write({"m:f:h@0": [value]}, step=0)
+    assert len(load(tmp_path)) == 0 and not list((tmp_path / "records").glob("[!.]*"))
+
+
+class _ArrayLike:
+    """Not an array, with a shape as numpy gives one."""
+
+
+def test_a_shape_of_numpy_integers_is_indexed_as_numbers(tmp_path):
+    numpy = pytest.importorskip("numpy")
+    value = _ArrayLike()
+    value.shape = (numpy.int64(3), numpy.int32(2))
+    Writer(tmp_path).write({"m:f:a@0": [value]}, step=0)
+    (entry,) = load(tmp_path).entries
+    assert entry.info["shape"] == [3, 2] and isinstance(entry.value, _ArrayLike)
+
+
 def test_tensors_inside_values_are_saved_detached_and_loadable(tmp_path):
     leaf = torch.ones(2, requires_grad=True)
     graph = leaf * 3  # a non-leaf that requires grad: torch refuses to pickle it as it is
