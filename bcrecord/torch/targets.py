@@ -41,7 +41,7 @@ import torch
 from bytecode import Instr, Label
 from torch.nn.utils import parametrize
 
-from .._versions import current
+from .._versions import current, local_name
 from ..analysis import instructions
 from ..errors import NotPatchableError, SpecError, TargetError, did_you_mean, warn
 from ..patch import function_of, original_code
@@ -224,6 +224,32 @@ def _applies(called: object, base: str, func: types.FunctionType) -> bool:
     if names is not None:
         return base in names
     return _loaded_uncalled(func, base)
+
+
+def _assigns(code: types.CodeType, name: str, base: str) -> bool:
+    """Whether ``code`` assigns a global or attribute named ``base`` to the local ``name``
+    (``act = F.relu``; ``pool = F.max_pool2d if c else F.avg_pool2d``)."""
+    table = current()
+    items = instructions(code)
+    labels = {item: k for k, item in enumerate(items) if isinstance(item, Label)}
+
+    def following(k: int) -> Optional[Instr]:
+        return next((item for item in items[k + 1 :] if isinstance(item, Instr)), None)
+
+    for k, item in enumerate(items):
+        if not isinstance(item, Instr):
+            continue
+        loaded: object = table.attr_load(item)
+        if item.name in table.global_loads:
+            loaded = item.arg[1] if isinstance(item.arg, tuple) else item.arg
+        if loaded != base:
+            continue
+        after = following(k)
+        if after is not None and after.is_uncond_jump() and isinstance(after.arg, Label):
+            after = following(labels[after.arg])  # a conditional expression's first branch
+        if after is not None and after.name in table.stores and local_name(after.arg) == name:
+            return True
+    return False
 
 
 def _loaded_uncalled(func: types.FunctionType, base: str) -> bool:
@@ -413,7 +439,9 @@ def fx_name_clash(model: torch.nn.Module, path: str) -> Optional[str]:
     if stem != node and _fx_leaf(module):
         numbered = _fx_scope(model, parent, stem)
         if numbered is not None and numbered.sites:
-            occurrence = int(node.rpartition("_")[2])
+            # torchvision's numbers: none for the first, then _1, _2...: never _0 (nor _01).
+            number = node.rpartition("_")[2]
+            occurrence = len(numbered.sites) if number.startswith("0") else int(number)
             named = numbered.sites[occurrence] if occurrence < len(numbered.sites) else None
             if named is None or not _calls_the_module(model, parent, named, node):
                 return (
@@ -490,11 +518,10 @@ def _fx_sites(
     placed: List[Tuple[object, Spec, str]] = []
     for callee, calls in found.calls.items():
         called = _resolved(module, func, callee)
-        if called is None and "." not in callee and _loaded_uncalled(func, base):
+        if called is None and "." not in callee and _assigns(original_code(func), callee, base):
             # act = F.relu; act(x): FX sees the function when it runs, and names it.
             scope.problems.append(
-                f"calls {callee}, a name whose function is known only when it runs, and loads "
-                f"{base!r} without calling it (FX may name that call {base!r} too)"
+                f"calls {callee}, a local it assigns {base!r} to (FX names that call {base!r} too)"
             )
             continue
         if isinstance(called, torch.nn.Module):

@@ -167,6 +167,9 @@ def test_module_paths_torchvision_numbers_otherwise_are_read_as_the_module_with_
     with pytest.warns(bcrecord.RecordingWarning, match=r"its node 'ln_1' may be ':forward:self\.ln_2\(\)@0'"):
         features = create_feature_extractor(model, ["ln", "ln_1"])(x)
     assert torch.equal(features["ln"], model.ln_1(x)) and torch.equal(features["ln_1"], model.ln_1(x))
+    model.ln_0 = model.ln_1  # torchvision's numbers start at _1: it has no node 'ln_0'
+    with pytest.warns(bcrecord.RecordingWarning, match=r"it may have no node 'ln_0'"):
+        create_feature_extractor(model, ["ln_0"])
 
     class Block(torch.nn.Module):
         def forward(self, x):

@@ -519,6 +519,27 @@ class _AliasedOp(torch.nn.Module):
         return torch.nn.functional.relu(x + 1)  # FX: 'relu_1'
 
 
+class _ChosenOp(torch.nn.Module):
+    def forward(self, x, average=False):
+        pool = torch.nn.functional.max_pool2d if not average else torch.nn.functional.avg_pool2d
+        return torch.nn.functional.max_pool2d(pool(x, 2), 1)
+
+
+class _LoopAndNamesakes(torch.nn.Module):
+    """Calls of loop variables beside loads named as ops that are no function it calls."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList([torch.nn.Identity()])
+        self.dropout = 0.0  # a number named as the op
+
+    def forward(self, x):
+        for blk in self.blocks:
+            x = blk(x)
+        x = torch.nn.functional.dropout(x, p=self.dropout)
+        return x.reshape(-1) + torch.relu(x).reshape(-1)
+
+
 class _PartialOp(torch.nn.Module):
     def forward(self, x):
         f = functools.partial(torch.add, other=1.0)
@@ -547,7 +568,8 @@ class _PartialOp(torch.nn.Module):
         (_Lambda, "relu", "defines <lambda>, an inner function with 'relu' ops"),
         (_InnerDef, "relu_1", "defines g, an inner function with 'relu' ops"),
         (_PartialOp, "add", "calls functools.partial, whose 'add' ops on tensors"),
-        (_AliasedOp, "relu", "calls act, a name whose function is known only when it runs, and loads 'relu'"),
+        (_AliasedOp, "relu", "calls act, a local it assigns 'relu' to"),
+        (_ChosenOp, "max_pool2d", "calls pool, a local it assigns 'max_pool2d' to"),
     ],
 )
 def test_fx_names_whose_numbering_the_code_does_not_fix_are_refused(model, name, reason):
@@ -658,6 +680,14 @@ def test_an_fx_name_with_no_site_says_what_fx_names_cannot_be_mapped():
         expand(holder, "0.0_token")
     with pytest.raises(bcrecord.TargetError, match="has no submodule 'nope.add'$"):
         expand(Indexing(), "nope.add")  # no module there at all: only that is said
+
+
+def test_fx_names_map_beside_calls_of_loop_variables():
+    model = _LoopAndNamesakes()
+    assert expand(model, "dropout")[0].spec == bcrecord.Call("torch.nn.functional.dropout", 0)
+    assert expand(model, "reshape")[0].spec == bcrecord.Call("x.reshape", 0)
+    with pytest.raises(bcrecord.TargetError, match=r"calls \.reshape\(\) on a value that is not a name"):
+        expand(model, "reshape_1")  # torch.relu(x).reshape: FX's 'reshape_1', no site
 
 
 def test_an_fx_name_of_a_call_on_a_call_s_result_says_so():
