@@ -201,10 +201,18 @@ class KeySummary:
         ('m:f:x@0', '2 (3..4)', '2x3', 'float32', '0', '0.25', '1.5')
         >>> KeySummary("m:f:x@0", [5, 9, 2], [1, 2, 3]).row()[1]  # saved out of order: the range
         '3 (2..9)'
+        >>> KeySummary("m:f:x@0", [0, 0], [1, 2]).row()[1]  # two runs into one directory
+        '2 (all at 0)'
+        >>> KeySummary("m:f:x@0", [0, 1, 0, 1], [1, 2, 3, 4]).row()[1]
+        '4 (0..1, repeated)'
         """
         steps = str(len(self.steps))
         if self.steps and self.steps != list(range(len(self.steps))):
-            steps += f" ({min(self.steps)}..{max(self.steps)})"
+            low, high = min(self.steps), max(self.steps)
+            if low == high:
+                steps += f" ({'all ' if len(self.steps) > 1 else ''}at {low})"
+            else:
+                steps += f" ({low}..{high}{', repeated' if len(set(self.steps)) < len(self.steps) else ''})"
         if self.varied_shape:
             shape = "varies"
         elif self.shape is None:

@@ -25,9 +25,9 @@ def test_summarize_statistics_and_steps(saved):
     by_key = {s.key: s for s in summarize(bcrecord.load(saved))}
     x = by_key["m:f:x@0"]
     assert (x.steps, x.min, x.mean, x.max, x.dtype, x.numeric) == ([0, 0, 4], 1.0, 3.0, 5.0, "int", True)
-    assert x.row()[1] == "3 (0..4)"  # steps that are not 0, 1, 2... show their range
+    assert x.row()[1] == "3 (0..4, repeated)"  # steps that are not 0, 1, 2... show their range
     bcrecord.save({"m:f:x@0": [7]}, saved, step=2)  # saved again, out of order
-    assert {s.key: s for s in summarize(bcrecord.load(saved))}["m:f:x@0"].row()[1] == "4 (0..4)"
+    assert {s.key: s for s in summarize(bcrecord.load(saved))}["m:f:x@0"].row()[1] == "4 (0..4, repeated)"
     assert not by_key["m:f:name@0"].numeric and by_key["m:f:name@0"].row()[4:] == ("-", "-", "-")
     # Lists of numbers are summarized through numpy when it is installed.
     numpy = importlib.util.find_spec("numpy") is not None
