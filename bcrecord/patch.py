@@ -434,7 +434,9 @@ class _Slot:
     def arm(self, wanted: Optional[Container[int]]) -> None:
         self.armed = True
         code = self.code_for(wanted)
-        if self.live.__code__ is not code and not self._replaced():
+        current = self.live.__code__
+        # (_replaced() called only where the code is not ours: this runs per recording entered.)
+        if current is not code and ((current is self._code and not self.replaced) or not self._replaced()):
             self.live.__code__ = self._code = code
             if _swap_hook is not None:
                 _swap_hook(code, code is not self.original_code)
@@ -442,7 +444,8 @@ class _Slot:
     def disarm(self) -> None:
         self.armed = False
         code = self.live.__code__
-        if code is not self.original_code and not self._replaced():
+        ours = code is self._code and not self.replaced
+        if code is not self.original_code and (ours or not self._replaced()):
             self.live.__code__ = self._code = self.original_code
             if _swap_hook is not None:
                 _swap_hook(code, False)

@@ -186,6 +186,18 @@ class _WeakRegistry(Generic[T]):
         if found is not None and found() is item:
             self._refs.pop(id(item), None)
 
+    def take(self) -> List[T]:
+        """The registered objects still alive, forgetting every one.
+
+        >>> class Thing: pass
+        >>> registry, thing = _WeakRegistry(), Thing()
+        >>> registry.add(thing); registry.take() == [thing], registry.live()
+        (True, [])
+        """
+        alive = self.live()
+        self._refs.clear()
+        return alive
+
     def live(self) -> List[T]:
         """The registered objects still alive (a snapshot: safe to change while walking)."""
         alive = []
@@ -1248,7 +1260,7 @@ class Recording:
         self._warned: set = set()
         #: The routings that deliver to this recording: also those of recordings entered
         #: after it in contexts copied from its own (a thread it carried, a task).
-        self._included: weakref.WeakSet[_Routing] = weakref.WeakSet()
+        self._included: _WeakRegistry[_Routing] = _WeakRegistry()
         #: Values that could not be recorded, in the order they failed.
         self.errors: List[RecordError] = []
 
@@ -1313,8 +1325,7 @@ class Recording:
         with _sites_lock:
             # A recording entered in a context copied from this one's (a carried thread,
             # a task) made a routing that delivers to this one too: no more.
-            included, self._included = list(self._included), weakref.WeakSet()
-            for other in included:
+            for other in self._included.take():
                 if other is not routing and any(r is self for r in other.recordings):
                     other.drop(self)
         with _arm_lock:

@@ -40,8 +40,9 @@ _tracing_state: Callable[[], Any] = getattr(torch._C, "_get_tracing_state", lamb
 def clone(tensor: torch.Tensor) -> torch.Tensor:
     """A copy of ``tensor`` as it is now.
 
-    A tensor that takes part in autograd gets ``tensor.clone()`` (the copy stays in
-    the graph); any other, :func:`detached_clone`'s copy.
+    ``tensor.clone()``: a tensor that takes part in autograd stays in the graph, any
+    other is copied as :func:`detached_clone` copies it (the same op there). One call,
+    no checks: it runs for every recorded tensor.
 
     >>> import torch
     >>> live = torch.tensor([-1.0, 2.0])
@@ -50,11 +51,9 @@ def clone(tensor: torch.Tensor) -> torch.Tensor:
     >>> kept, live
     (tensor([-1.,  2.]), tensor([0., 2.]))
     """
-    if tensor.requires_grad or _tracing_state() is not None:
-        # Traced, one op whether or not the tensor needs grad: torch.jit.trace checks
-        # its trace by tracing again under no_grad, and needs the same graph.
-        return tensor.clone()
-    return detached_clone(tensor)
+    # Traced too, one op whether or not the tensor needs grad: torch.jit.trace checks
+    # its trace by tracing again under no_grad, and needs the same graph.
+    return tensor.clone()
 
 
 def detached_clone(tensor: torch.Tensor) -> torch.Tensor:

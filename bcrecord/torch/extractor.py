@@ -95,6 +95,7 @@ def _warn_if_torchvision_differs(model: torch.nn.Module, target: Target) -> None
 
 #: A found output's place in the order of the forward (see FeatureExtractor.forward).
 _position = operator.itemgetter(0)
+_name_and_value = operator.itemgetter(1, 2)
 
 _RUN_OPTIONS = ("keep", "threads")
 
@@ -285,11 +286,13 @@ class FeatureExtractor(torch.nn.Module):
                     rec._end_pass()
             # In the order the forward first reached them, as torchvision's (its graph's order);
             # list() first: a probe in another thread may add a key meanwhile.
-            reached = {key: position for position, key in enumerate(list(rec._data))}
+            keys_reached = list(rec._data)
+            reached = dict(zip(keys_reached, range(len(keys_reached)), strict=True))  # (no frame)
             end = len(reached)  # (a key another thread added since: after the rest)
             found: List[Tuple[int, str, Any]] = []
             missing = []
             failed = []
+            rec._settle()  # (copies from a GPU without blocking: done before they are read)
             for target, name, keys, first in self._outputs[training]:
                 values = rec._collect(keys, first, self._kept)
                 if values:
@@ -322,7 +325,7 @@ class FeatureExtractor(torch.nn.Module):
             )
             raise RuntimeError(f"this forward pass never reached {missing}{hint}")
         found.sort(key=_position)  # stable: return_nodes' order among equals
-        return {name: value for _, name, value in found}
+        return dict(map(_name_and_value, found))
 
 
 def create_feature_extractor(

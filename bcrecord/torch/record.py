@@ -281,9 +281,9 @@ class ModelRecording(Recording):
     def _collect(self, keys: Iterable[str], first: bool, last: Optional[int] = None) -> List[Any]:
         """The values of ``keys`` in order: each one's first (``first``), or its ``last`` ones (all: None).
 
-        One pass over the stored lists, for the extractor's output of every call.
+        One pass over the stored lists, for the extractor's output of every call
+        (which settles the copies once, first: :meth:`_settle`).
         """
-        self._settle()
         values: List[Any] = []
         for key in keys:
             found = self._data.get(key)
