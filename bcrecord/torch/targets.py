@@ -223,7 +223,14 @@ def _applies(called: object, base: str, func: types.FunctionType) -> bool:
         return False
     if names is not None:
         return base in names
-    return _loaded_uncalled(func, base)
+    calls = function_targets(func).calls
+    called_here = sum(
+        len(c.positions)
+        for callee, sites in calls.items()
+        if callee.rsplit(".", 1)[-1] == base
+        for c in sites
+    )
+    return _loads_of(original_code(func), base) > called_here
 
 
 def _assigns(code: types.CodeType, name: str, base: str) -> bool:
@@ -250,19 +257,6 @@ def _assigns(code: types.CodeType, name: str, base: str) -> bool:
         if after is not None and after.name in table.stores and local_name(after.arg) == name:
             return True
     return False
-
-
-def _loaded_uncalled(func: types.FunctionType, base: str) -> bool:
-    """Whether ``func`` loads a global or attribute named ``base`` other than to call it
-    there (``act = F.relu``; ``reduce(operator.add, xs)``)."""
-    calls = function_targets(func).calls
-    called_here = sum(
-        len(c.positions)
-        for callee, sites in calls.items()
-        if callee.rsplit(".", 1)[-1] == base
-        for c in sites
-    )
-    return _loads_of(original_code(func), base) > called_here
 
 
 def _loads_of(code: types.CodeType, name: str) -> int:
