@@ -743,13 +743,16 @@ def test_fx_names_count_torch_nn_modules_torchvision_strips_to_the_name():
 
 
 def test_fx_names_resolve_a_callee_s_root_as_the_function_sees_it():
-    class Split(torch.nn.Module):
-        def forward(self, x):
-            return torch.cat(x.split(1, 1), 1)
-
-    x = torch.ones(1)  # a global named as forward's argument: not what forward calls split on
-    (target,) = expand(Split(), "split")
-    assert target.spec == bcrecord.Call("x.split", 0) and x.shape == (1,)
+    # A global named as forward's argument (a notebook's x): not what forward calls split on.
+    namespace = {"torch": torch, "x": torch.ones(3)}
+    source = (
+        "class Split(torch.nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        return torch.cat(x.split(1, 1), 1)\n"
+    )
+    exec(source, namespace)
+    (target,) = expand(namespace["Split"](), "split")
+    assert target.spec == bcrecord.Call("x.split", 0)
 
     def make(act):
         class Closure(torch.nn.Module):
