@@ -233,15 +233,23 @@ def _applies(called: object, base: str, func: types.FunctionType) -> bool:
     return _loads_of(original_code(func), base) > called_here
 
 
-def _assigns(code: types.CodeType, name: str, base: str) -> bool:
-    """Whether ``code`` assigns a global or attribute named ``base`` to the local ``name``
-    (``act = F.relu``; ``pool = F.max_pool2d if c else F.avg_pool2d``)."""
+def _assigns(module: torch.nn.Module, func: types.FunctionType, name: str, base: str) -> bool:
+    """Whether ``func`` assigns to its local ``name`` a function FX names ``base``: a
+    global or attribute of that name (``act = F.relu``; ``pool = F.max_pool2d if c
+    else F.avg_pool2d``), or an attribute chain holding one (``act = self.act_fn``)."""
     table = current()
+    code = original_code(func)
     items = instructions(code)
     labels = {item: k for k, item in enumerate(items) if isinstance(item, Label)}
 
     def following(k: int) -> Optional[Instr]:
         return next((item for item in items[k + 1 :] if isinstance(item, Instr)), None)
+
+    def stored_in_name(k: int) -> bool:  # what the instruction at k pushes goes to the local
+        after = following(k)
+        if after is not None and after.is_uncond_jump() and isinstance(after.arg, Label):
+            after = following(labels[after.arg])  # a conditional expression's first branch
+        return after is not None and after.name in table.stores and local_name(after.arg) == name
 
     for k, item in enumerate(items):
         if not isinstance(item, Instr):
@@ -249,13 +257,13 @@ def _assigns(code: types.CodeType, name: str, base: str) -> bool:
         loaded: object = table.attr_load(item)
         if item.name in table.global_loads:
             loaded = item.arg[1] if isinstance(item.arg, tuple) else item.arg
-        if loaded != base:
-            continue
-        after = following(k)
-        if after is not None and after.is_uncond_jump() and isinstance(after.arg, Label):
-            after = following(labels[after.arg])  # a conditional expression's first branch
-        if after is not None and after.name in table.stores and local_name(after.arg) == name:
+        if loaded == base and stored_in_name(k):
             return True
+    for chain, loads in function_targets(func).attributes.items():
+        if any(isinstance(k, int) and stored_in_name(k) for load in loads for k in load.positions):
+            held = _resolved(module, func, chain)
+            if held is not None and not isinstance(held, torch.nn.Module) and _fx_name(chain, held) == base:
+                return True
     return False
 
 
@@ -512,7 +520,7 @@ def _fx_sites(
     placed: List[Tuple[object, Spec, str]] = []
     for callee, calls in found.calls.items():
         called = _resolved(module, func, callee)
-        if called is None and "." not in callee and _assigns(original_code(func), callee, base):
+        if called is None and "." not in callee and _assigns(module, func, callee, base):
             # act = F.relu; act(x): FX sees the function when it runs, and names it.
             scope.problems.append(
                 f"calls {callee}, a local it assigns {base!r} to (FX names that call {base!r} too)"

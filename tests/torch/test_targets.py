@@ -540,6 +540,16 @@ class _LoopAndNamesakes(torch.nn.Module):
         return x.reshape(-1) + torch.relu(x).reshape(-1)
 
 
+class _HeldOp(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.act_fn = torch.nn.functional.relu  # as transformers' ACT2FN gives one
+
+    def forward(self, x):
+        act = self.act_fn
+        return torch.relu(act(x) + 1)  # FX: 'relu' is act(x), 'relu_1' torch.relu
+
+
 class _PartialOp(torch.nn.Module):
     def forward(self, x):
         f = functools.partial(torch.add, other=1.0)
@@ -570,6 +580,7 @@ class _PartialOp(torch.nn.Module):
         (_PartialOp, "add", "calls functools.partial, whose 'add' ops on tensors"),
         (_AliasedOp, "relu", "calls act, a local it assigns 'relu' to"),
         (_ChosenOp, "max_pool2d", "calls pool, a local it assigns 'max_pool2d' to"),
+        (_HeldOp, "relu_1", "calls act, a local it assigns 'relu' to"),
     ],
 )
 def test_fx_names_whose_numbering_the_code_does_not_fix_are_refused(model, name, reason):
