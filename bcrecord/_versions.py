@@ -532,3 +532,15 @@ def current(version: Optional[Tuple[int, int]] = None) -> Table:
 def local_name(arg: object) -> str:
     """The variable name behind a store/load arg (a str, CellVar or FreeVar)."""
     return _local_name(arg)
+
+
+def global_name(instr: Instr) -> Optional[str]:
+    """The name a global or builtin load pushes, or None for another instruction
+    (3.11+ give ``LOAD_GLOBAL`` a ``(push NULL, name)`` pair).
+
+    >>> global_name(Instr("LOAD_NAME", "len")), global_name(Instr("LOAD_FAST", "x"))
+    ('len', None)
+    """
+    if instr.name not in current().global_loads:
+        return None
+    return str(instr.arg[1]) if isinstance(instr.arg, tuple) else str(instr.arg)

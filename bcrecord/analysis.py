@@ -374,9 +374,7 @@ def _chains(
 def _root_name(instr: Instr, table: _versions.Table) -> Optional[str]:
     if instr.name in table.local_loads:
         return _versions.local_name(instr.arg)
-    if instr.name in table.global_loads:
-        return str(instr.arg[1]) if isinstance(instr.arg, tuple) else str(instr.arg)
-    return None
+    return _versions.global_name(instr)
 
 
 def _callees(real: List[Tuple[int, Instr]], bytecode: Sequence[object]) -> Iterator[Tuple[str, int, int]]:

@@ -41,7 +41,7 @@ import torch
 from bytecode import Instr, Label
 from torch.nn.utils import parametrize
 
-from .._versions import current, local_name
+from .._versions import current, global_name, local_name
 from ..analysis import instructions
 from ..errors import NotPatchableError, SpecError, TargetError, did_you_mean, warn
 from ..patch import function_of, original_code
@@ -254,9 +254,7 @@ def _assigns(module: torch.nn.Module, func: types.FunctionType, name: str, base:
     for k, item in enumerate(items):
         if not isinstance(item, Instr):
             continue
-        loaded: object = table.attr_load(item)
-        if item.name in table.global_loads:
-            loaded = item.arg[1] if isinstance(item.arg, tuple) else item.arg
+        loaded = table.attr_load(item) or global_name(item)
         if loaded == base and stored_in_name(k):
             return True
     for chain, loads in function_targets(func).attributes.items():
@@ -273,9 +271,7 @@ def _loads_of(code: types.CodeType, name: str) -> int:
     count = 0
     for item in instructions(code):
         if isinstance(item, Instr):
-            loaded: object = table.attr_load(item) or table.method_load(item)
-            if item.name in table.global_loads:
-                loaded = item.arg[1] if isinstance(item.arg, tuple) else item.arg
+            loaded = table.attr_load(item) or table.method_load(item) or global_name(item)
             count += loaded == name
     return count
 
