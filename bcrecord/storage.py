@@ -310,7 +310,7 @@ class Writer:
         >>> writer.write_many([(5, {"k": [1, odd]})], lambda *a: told.append(a))
         2
         >>> told
-        [('k', 5, 'generator cannot be pickled (TypeError)')]
+        [('k', 5, "generator cannot be pickled (TypeError: cannot pickle 'generator' object)")]
         """
         with self._lock:
             items = [(_step(step), _items(records)) for step, records in batches]
@@ -551,7 +551,7 @@ def _why_unsavable(value: Any) -> Optional[str]:
     """Why a save cannot hold ``value``, None if it can: the save's own steps, tried on it alone.
 
     >>> _why_unsavable(1.5), _why_unsavable(i for i in "")
-    (None, 'generator cannot be pickled (TypeError)')
+    (None, "generator cannot be pickled (TypeError: cannot pickle 'generator' object)")
     """
     if is_tensor(value):
         if getattr(value, "is_meta", False):
@@ -568,15 +568,20 @@ def _why_unsavable(value: Any) -> Optional[str]:
         except ImportError:  # safetensors: the save says so itself
             return None
         except Exception as error:  # a tensor of vmap, of torch.export's fake mode, of uint4...
-            said = (str(error).splitlines() or [""])[0]
-            said = said if len(said) <= 160 else said[:157] + "..."
-            return f"{type(value).__name__} cannot be saved ({type(error).__name__}: {said})"
+            return f"{type(value).__name__} cannot be saved ({_said(error)})"
         return None
     try:
         _dumps(value)
-    except Exception as error:
-        return f"{type(value).__name__} cannot be pickled ({type(error).__name__})"
+    except Exception as error:  # (a meta tensor inside it says so)
+        return f"{type(value).__name__} cannot be pickled ({_said(error)})"
     return None
+
+
+def _said(error: Exception) -> str:
+    """``'Type: first line'`` of ``error``, cut to a line's length."""
+    said = (str(error).splitlines() or [""])[0]
+    said = said if len(said) <= 160 else said[:157] + "..."
+    return f"{type(error).__name__}: {said}" if said else type(error).__name__
 
 
 def _dumps(value: Any) -> bytes:

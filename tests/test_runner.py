@@ -312,7 +312,8 @@ def test_run_records_threads_and_unpicklable_values(project, tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout == "3\n"
-    assert "__main__:make:gen@0: generator cannot be pickled (TypeError); saved its repr" in result.stderr
+    why = "generator cannot be pickled (TypeError: cannot pickle 'generator' object)"
+    assert f"__main__:make:gen@0: {why}; saved its repr" in result.stderr
     loaded = bcrecord.load(out)
     assert sorted(loaded["helper:twice:y@0"]) == [0, 2, 4, 6]
     assert loaded["__main__:make:gen@0"][0].startswith("<generator object")

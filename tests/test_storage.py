@@ -144,7 +144,7 @@ def test_a_value_pickle_refuses_is_named_and_the_save_writes_nothing(tmp_path):
     writer = Writer(tmp_path)
     with pytest.raises(
         UnsavableValue,
-        match=r"^cannot save 'm:f:odd@0' \(step 4\): Unpicklable cannot be pickled \(TypeError\)$",
+        match=r"^cannot save 'm:f:odd@0' \(step 4\): Unpicklable cannot be pickled \(TypeError: not today\)$",
     ):
         writer.write_many([(3, {"m:f:x@0": [1]}), (4, {"m:f:x@0": [2], "m:f:odd@0": [Unpicklable()]})])
     assert len(load(tmp_path)) == 0 and list((tmp_path / "records").glob("[!.]*")) == []
@@ -159,7 +159,7 @@ def test_with_unsavable_a_value_pickle_refuses_is_saved_as_its_repr_and_the_rest
     loaded = load(tmp_path)
     assert loaded["x"] == [1, 2, 3] and loaded.steps("x") == [3, 3, 4]
     assert loaded["odd"] == ["<Unpicklable>", None, "<Unpicklable>"] and loaded.steps("odd") == [3, 4, 4]
-    why = "Unpicklable cannot be pickled (TypeError)"
+    why = "Unpicklable cannot be pickled (TypeError: not today)"
     assert told == [("odd", 3, why), ("odd", 4, why)]  # the caller decides how often to warn
     assert Writer(tmp_path).write({"fine": [1]}, step=5, unsavable=told.append) == 1 and len(told) == 2
 
