@@ -119,6 +119,8 @@ class CodeMap:
     #: Positions of sites inside separate comprehension code that does not use the
     #: first argument: a probe there cannot be given the instance (per-instance patches).
     selfless: frozenset = field(repr=False, default=frozenset())
+    #: The parameters as the ``def`` line has them, without defaults (``'a, *args, k, **kw'``).
+    signature: str = field(repr=False, default="")
 
 
 @dataclass(frozen=True)
@@ -338,6 +340,29 @@ def _group(sites: Iterable[Raw], placed: bool = False) -> Dict[str, List[Tuple[L
         ]
         for name, entries in sorted(by_name.items())
     }
+
+
+def _signature_text(code: CodeType) -> str:
+    """``code``'s parameters in ``def`` order, with ``/``, ``*`` and ``**``, without defaults.
+
+    >>> def f(a, b=1, /, c=2, *args, k, **kw): pass
+    >>> _signature_text(f.__code__)
+    'a, b, /, c, *args, k, **kw'
+    """
+    names, positional, kwonly = code.co_varnames, code.co_argcount, code.co_kwonlyargcount
+    parts = list(names[:positional])
+    if code.co_posonlyargcount:
+        parts.insert(code.co_posonlyargcount, "/")
+    at = positional + kwonly  # co_varnames: positional, keyword-only, then *args and **kwargs
+    if code.co_flags & inspect.CO_VARARGS:
+        parts.append("*" + names[at])
+        at += 1
+    elif kwonly:
+        parts.append("*")
+    parts += names[positional : positional + kwonly]
+    if code.co_flags & inspect.CO_VARKEYWORDS:
+        parts.append("**" + names[at])
+    return ", ".join(parts)
 
 
 def _argument_names(code: CodeType) -> Tuple[str, ...]:
@@ -988,6 +1013,7 @@ def _read(key: Tuple[object, ...], qualname: Optional[str] = None) -> CodeMap:
         qualname=str(qualname or getattr(code, "co_qualname", code.co_name)),
         filename=code.co_filename,
         arguments=_argument_names(code),
+        signature=_signature_text(code),
         locals=local_map,
         attributes=attr_map,
         returns=returns,
@@ -1138,6 +1164,7 @@ class Targets:
     def __init__(self, cmap: CodeMap) -> None:
         self.name = cmap.qualname
         self.arguments = cmap.arguments
+        self._signature = cmap.signature
         self.locals = dict(cmap.locals)
         self.attributes = dict(cmap.attributes)
         self.calls = dict(cmap.calls)
@@ -1225,7 +1252,7 @@ class Targets:
                 line += f":{row['column']}"
             rows.append((str(kind), str(target), str(index), line, spec))
         widths = [max(len(r[i]) for r in rows) for i in range(5)]
-        lines = [f"{self.name}({', '.join(self.arguments)})"]
+        lines = [f"{self.name}({self._signature})"]
         lines += ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows]
         return "\n".join(lines)
 

@@ -156,6 +156,8 @@ def function_of(obj: Any) -> types.FunctionType:
     seen = set()
     while isinstance(func, types.FunctionType) and id(func) not in seen:  # (a cycle ends it)
         seen.add(id(func))
+        if _dispatches(func):  # its __wrapped__ is only the default implementation
+            raise NotPatchableError(_why_not_a_function(func))
         inner = _wrapped(func)
         if inner is None:
             break
@@ -163,6 +165,13 @@ def function_of(obj: Any) -> types.FunctionType:
     if not isinstance(func, types.FunctionType):
         raise NotPatchableError(_why_not_a_function(obj))
     return func
+
+
+def _dispatches(func: types.FunctionType) -> bool:
+    """Whether ``func`` is a ``functools.singledispatch`` function (which calls one of many)."""
+    return isinstance(getattr(func, "registry", None), types.MappingProxyType) and callable(
+        getattr(func, "dispatch", None)
+    )
 
 
 def outermost_taking_instance(func: types.FunctionType) -> types.FunctionType:
@@ -239,6 +248,11 @@ def _why_not_a_function(obj: Any) -> str:
         return (
             f"{default} is a functools.singledispatchmethod: patch the implementation that runs, "
             "its .func (the default one) or one registered for a type (its .dispatcher.registry[type])"
+        )
+    if isinstance(obj, types.FunctionType) and _dispatches(obj):
+        return (
+            f"{name} is a functools.singledispatch function: patch the implementation that runs, "
+            f"the default one ({name}.registry[object]) or one registered for a type ({name}.registry[type])"
         )
     if isinstance(getattr(obj, "__wrapped__", None), types.FunctionType):  # functools.lru_cache, cache
         return (
@@ -630,8 +644,8 @@ class Patch:
                 return
             slot.release()
             slot.restore()
-            if slot.key is not None:
-                _slots.pop(slot.key, None)
+            if slot.key is not None and _slots.get(slot.key) is slot:  # (not a later slot's)
+                del _slots[slot.key]
 
     def __enter__(self) -> Patch:
         return self
@@ -640,7 +654,8 @@ class Patch:
         self.remove()
 
     def __repr__(self) -> str:
-        where = f"{self.attribute!r} of {self.target!r}" if self.attribute else repr(self.target)
+        # An instance by its class: its repr may be a whole model's, or fail half-built.
+        where = f"{self.attribute!r} of {_named(self.target)}" if self.attribute else repr(self.target)
         state = "active" if self.active else "removed"
         return f"<Patch {state} {where}: {', '.join(self.keys)}>"
 
@@ -785,12 +800,19 @@ def record_locals(
     """
     if not specs:
         raise SpecError("record_locals needs at least one local name or spec")
+    if len(specs) == 1 and callable(specs[0]):
+        # @record_locals without its parentheses: the function came as the first spec.
+        raise SpecError(
+            f"record_locals takes the locals to record, and returns the decorator: write "
+            f"@record_locals('x', ...) above the function, not @record_locals (given {specs[0]!r})"
+        )
     parsed = tuple(
         Local(spec, index)
         if isinstance(spec, str) and index is not None and spec.isidentifier() and not keyword.iskeyword(spec)
         else spec
         for spec in specs
     )
+    parse_all(parsed)  # a bad spec is an error here, at the decorator, not at the first call
 
     def decorate(func: F) -> F:
         inner = func.__func__ if isinstance(func, (staticmethod, classmethod)) else func
@@ -869,9 +891,13 @@ class _Restore:
 
     def __init__(self, holder: Any, attribute: str, own: Any, ours: Any) -> None:
         self.holder, self.attribute, self.own, self.ours = holder, attribute, own, ours
+        stand_in = _unwrap_installed(ours)
+        #: What the stand-in started with: changes made through it go to the original.
+        self.given = (stand_in.__defaults__, dict(vars(stand_in)))
 
     def __call__(self) -> None:
         holder, attribute, own, ours = self.holder, self.attribute, self.own, self.ours
+        self._carry_back()
         current = vars(holder).get(attribute, _MISSING)
         if current is not ours:
             wraps_ours = getattr(current, "previous", None) is ours
@@ -910,6 +936,24 @@ class _Restore:
             other = slot.restore
             if isinstance(other, _Restore) and _unwrap_installed(other.own) is func:
                 other.own = _rebound(own, holder, other.holder)
+
+    def _carry_back(self) -> None:
+        """Defaults and attributes set through the stand-in (``A.m.__defaults__ = ...``, a
+        registry marking ``A.m``) onto the function it stood in for, as they would have been
+        set without the patch. (Its keyword defaults are the original's dict already.)"""
+        stand_in = _unwrap_installed(self.ours)
+        original = vars(stand_in).get(_BASE_ATTR)
+        if not isinstance(original, types.FunctionType):
+            return
+        defaults, attributes = self.given
+        if stand_in.__defaults__ is not defaults:
+            original.__defaults__ = stand_in.__defaults__
+        now = vars(stand_in)
+        for name, value in now.items():
+            if name not in (_BASE_ATTR, _SLOT_ATTR) and attributes.get(name, _MISSING) is not value:
+                setattr(original, name, value)
+        for name in attributes.keys() - now.keys():
+            vars(original).pop(name, None)
 
 
 def _put(held: Dict[str, Any], attribute: str, value: Any) -> None:
@@ -1095,7 +1139,29 @@ def patch_method(
     >>> rec["net:forward:h@0"], "forward" in vars(net)
     (6, False)
     """
+    # Looked up under the lock too: two threads patching one method must see each other's
+    # slot (else each copies the original, and removing one drops the other's slot).
+    with _lock:
+        return _patch_method(obj, method, specs, name, in_place, unwrap)
+
+
+def _patch_method(
+    obj: Any,
+    method: str,
+    specs: Union[SpecLike, Iterable[SpecLike]],
+    name: Optional[Owner],
+    in_place: bool,
+    unwrap: bool,
+) -> Patch:
     raw, own = _lookup(obj, method)
+    if isinstance(obj, type) and not any(method in vars(cls) for cls in obj.__mro__):
+        # Found on the metaclass: a copy put in the class would be its instances' method.
+        meta = type(obj).__name__
+        raise NotPatchableError(
+            f"{_named(obj)}'s {method!r} comes from its metaclass {meta}: patch the metaclass "
+            f"(patch_method({meta}, {method!r}, ...), with name= a function of the class to keep "
+            f"{obj.__name__}'s values only)"
+        )
     if callable(name) and isinstance(raw, staticmethod):
         raise NotPatchableError(
             f"{method} is a staticmethod: it gets no instance, so name= cannot be a function "
@@ -1143,26 +1209,25 @@ def patch_method(
             "with name= a function of the instance to keep this one's values)"
         )
 
-    with _lock:
-        key = ("attr", id(obj), method)
-        slot = _slots.get(key)
-        if slot is not None and own is not _MISSING and _unwrap_installed(own) is slot.live:
-            patch = _attach(slot, obj, method, specs, name, default, method)
-            return patch
-        live = _copy_function(base, stand_in=True)
-        installed = _wrap_like(raw, live, obj, in_own_dict=raw is own)
-        slot = _Slot(base, live, restore=_Restore(obj, method, own, installed))
-        slot.key = key
+    key = ("attr", id(obj), method)
+    slot = _slots.get(key)
+    if slot is not None and own is not _MISSING and _unwrap_installed(own) is slot.live:
         patch = _attach(slot, obj, method, specs, name, default, method)
-        try:
-            _install(obj, method, installed)
-        except BaseException:
-            slot.release()
-            raise
-        probe_visible_from(base.__globals__)
-        _slots[key] = slot
-        track(slot)
         return patch
+    live = _copy_function(base, stand_in=True)
+    installed = _wrap_like(raw, live, obj, in_own_dict=raw is own)
+    slot = _Slot(base, live, restore=_Restore(obj, method, own, installed))
+    slot.key = key
+    patch = _attach(slot, obj, method, specs, name, default, method)
+    try:
+        _install(obj, method, installed)
+    except BaseException:
+        slot.release()
+        raise
+    probe_visible_from(base.__globals__)
+    _slots[key] = slot
+    track(slot)
+    return patch
 
 
 _OPERATORS = "add sub mul matmul truediv floordiv mod divmod pow lshift rshift and xor or".split()

@@ -701,14 +701,22 @@ def register_copy(cls: type, policy: str, copier: Copier) -> None:
     >>> bcrecord.copy_value(Box(1), "clone").v
     1
     """
-    if policy not in COPY_POLICIES:
-        raise SpecError(f"unknown copy policy {policy!r}; choose one of {COPY_POLICIES}")
+    _known_policy(policy)
+    if not isinstance(cls, type):
+        raise TypeError(f"register_copy takes the class whose values it copies, got {cls!r}")
+    if not callable(copier):
+        raise TypeError(f"register_copy takes a function that copies a value, got {copier!r}")
     _registered[(policy, cls)] = copier
     for table in _copier_cache.values():
         table.clear()
     if policy == "none":  # values under 'none' may no longer go straight into their lists
         for routing in _routings.live():
             routing.reset()
+
+
+def _known_policy(policy: str) -> None:
+    if policy not in COPY_POLICIES:
+        raise SpecError(f"unknown copy policy {policy!r}; choose one of {COPY_POLICIES}")
 
 
 def _method_copier(method: str, policy: str) -> Copier:
@@ -969,7 +977,11 @@ def copy_value(value: T, policy: str) -> T:
     >>> data[1].append(3); copied
     [1, [2]]
     """
-    table = _copier_cache[policy]
+    try:
+        table = _copier_cache[policy]
+    except (KeyError, TypeError):  # (TypeError: an unhashable policy)
+        _known_policy(policy)
+        raise
     kind = type(value)
     try:
         copier = table[kind]
@@ -1237,8 +1249,7 @@ class Recording:
         threads: str = "context",
         only: Optional[Iterable[Any]] = None,
     ) -> None:
-        if copy not in COPY_POLICIES:
-            raise SpecError(f"unknown copy policy {copy!r}; choose one of {COPY_POLICIES}")
+        _known_policy(copy)
         maxlen = kept_length(keep)
         if threads not in ("context", "all"):
             raise SpecError(f"threads must be 'context' or 'all', got {threads!r}")

@@ -220,6 +220,8 @@ class Expr:
     copy: Any = None
 
     def __init__(self, op: str, index: Index = None, copy: Any = None) -> None:
+        if not isinstance(op, str):
+            raise SpecError(f"an operator must be a string such as '+', got {op!r}")
         if op not in OPERATORS and not (op.endswith("=") and op[:-1] in OPERATORS):
             raise SpecError(f"unknown operator {op!r}; operators: {' '.join(OPERATORS)} (and '+=' etc.)")
         object.__setattr__(self, "op", op)
@@ -343,6 +345,8 @@ def parse_all(specs: SpecLike | Iterable[SpecLike]) -> Tuple[Spec, ...]:
     """
     if isinstance(specs, (str, Mapping, Local, Attribute, Return, Call, Expr)):
         return (parse(specs),)
+    if isinstance(specs, (bytes, bytearray)):  # (iterated, they would be numbers)
+        raise SpecError(f"specs are text: give a str, not {specs!r}")
     try:
         items = list(specs)
     except TypeError:

@@ -231,3 +231,15 @@ def test_the_read_inside_an_augmented_attribute_assignment_is_a_load_site():
     with bcrecord.patch_method(counter, "step", specs, name="c"), bcrecord.recording(copy="none") as rec:
         counter.step()
     assert [rec[f"c:step:{spec}"] for spec in specs] == [10, 22, counter, 11]
+
+
+def test_the_table_s_header_gives_the_parameters_in_def_order_with_their_stars():
+    def f(a, /, b, *args, k=1, **kw):
+        y = a + k
+        return y
+
+    def g(a, *, k):
+        return a + k
+
+    assert str(bcrecord.targets(f)).splitlines()[0].endswith("f(a, /, b, *args, k, **kw)")
+    assert str(bcrecord.targets(g)).splitlines()[0].endswith("g(a, *, k)")

@@ -1200,3 +1200,125 @@ def test_removal_leaves_a_replacement_made_while_patched_and_warns():
     with pytest.warns(bcrecord.RecordingWarning, match="this A instance's 'm' was replaced"):
         patch.remove()
     assert a.m(3) == -3
+
+
+def test_threads_patching_one_method_at_once_each_stack_and_leave_the_original():
+    import threading
+    import time
+    import warnings
+
+    from bcrecord import patch as patching
+
+    class A:
+        def m(self, a):
+            x = a + 1
+            return x
+
+    original = A.__dict__["m"]
+    made = {}
+
+    def patch(i):
+        made[i] = bcrecord.patch_method(A, "m", ["x"], name=f"t{i}")
+
+    threads = [threading.Thread(target=patch, args=(i,)) for i in range(2)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "replaced while patched"
+        patching._lock.acquire()  # both threads start and wait: each must see the other's slot
+        try:
+            for thread in threads:
+                thread.start()
+            time.sleep(0.2)
+        finally:
+            patching._lock.release()
+        for thread in threads:
+            thread.join()
+        with bcrecord.recording() as rec:
+            A().m(1)
+        made[0].remove()
+        later = bcrecord.patch_method(A, "m", ["x"], name="main")
+        made[1].remove()
+        later.remove()
+    assert rec["t0:m:x@0"] == rec["t1:m:x@0"] == 2
+    assert A.__dict__["m"] is original
+
+
+def test_a_method_a_class_gets_from_its_metaclass_is_refused_pointing_to_the_metaclass():
+    class Meta(type):
+        def mm(cls, a):
+            x = a + 1
+            return x
+
+    class K(metaclass=Meta):
+        pass
+
+    with pytest.raises(NotPatchableError, match=r"'mm' comes from its metaclass Meta: patch the metaclass"):
+        bcrecord.patch_method(K, "mm", ["x"])
+    assert "mm" not in vars(K) and K.mm(1) == 2  # nothing changed
+    owner = lambda cls: "K" if cls is K else None  # noqa: E731
+    with bcrecord.patch_method(Meta, "mm", ["x"], name=owner), bcrecord.recording() as rec:
+        assert K.mm(1) == 2 and Meta("L", (), {}).mm(5) == 6
+    assert rec.all("K:mm:x@0") == [2] and list(rec.keys()) == ["K:mm:x@0"]
+
+
+def test_record_locals_without_parentheses_or_with_a_bad_spec_fails_at_the_decorator():
+    def summed(values):
+        acc = 0
+        for v in values:
+            acc = acc + v
+        return acc
+
+    with pytest.raises(SpecError, match=r"write @record_locals\('x', ...\) above the function"):
+        bcrecord.record_locals(summed)
+    with pytest.raises(SpecError, match=r"cannot parse spec 'x@'"):
+        bcrecord.record_locals("acc", "x@")
+    assert summed([1, 2]) == 3 and not probes_in(summed.__code__)  # untouched
+
+
+def test_a_singledispatch_function_is_refused_and_its_registered_implementations_patch():
+    @functools.singledispatch
+    def process(value):
+        out = ("default", value)
+        return out
+
+    @process.register
+    def _(value: int):
+        out = value * 2
+        return out
+
+    with pytest.raises(NotPatchableError, match=r"process is a functools.singledispatch function: patch"):
+        bcrecord.patch_function(process, ["out"])
+    with bcrecord.patch_function(process.registry[int], ["out"], name="m"), bcrecord.recording() as rec:
+        assert process(3) == 6 and process("s") == ("default", "s")
+    assert rec.all("m:_:out@0") == [6]
+
+
+def test_defaults_and_attributes_set_through_a_patched_method_stay_after_it_is_removed():
+    class A:
+        def m(self, a, b=2, *, c=3):
+            x = a + b + c
+            return x
+
+    A.m.dropped = 1
+    with bcrecord.patch_method(A, "m", ["x"]):
+        A.m.__defaults__ = (20,)  # a config system setting defaults
+        A.m.__kwdefaults__["c"] = 30
+        A.m.registered = True  # a registry marking the method
+        del A.m.dropped
+        assert A().m(1) == 51
+    assert A().m(1) == 51 and A.m.registered is True and not hasattr(A.m, "dropped")
+    assert not hasattr(A.m, "__bcrecord_base__")
+
+
+def test_a_patch_s_repr_names_an_instance_by_its_class_without_calling_its_repr():
+    class Half:
+        def __repr__(self):
+            raise RuntimeError("half-built")
+
+        def m(self, a):
+            x = a + 1
+            return x
+
+    with bcrecord.patch_method(Half(), "m", ["x"], name="h") as patch:
+        assert repr(patch) == "<Patch active 'm' of this Half instance: h:m:x@0>"
+    with bcrecord.patch_method(Half, "m", ["x"]) as patch:
+        assert repr(patch).startswith("<Patch active 'm' of <class ")

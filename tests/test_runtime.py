@@ -10,7 +10,7 @@ import warnings
 import pytest
 
 import bcrecord
-from bcrecord import RecordingWarning
+from bcrecord import RecordingWarning, SpecError
 from bcrecord.runtime import copy_value, is_active
 
 
@@ -1261,3 +1261,19 @@ def test_copying_a_value_runs_patched_code_without_recording_it():
             assert rec["r:read:box.doubled"] == 2
             assert _Box.made == 5  # make, its copy, clone, and clone's two copies: none more
         assert _Box.recordings == (rec,)  # the context's recordings, while its probes are silent
+
+
+def test_copy_value_and_register_copy_refuse_bad_input_and_register_nothing():
+    from bcrecord.runtime import _registered
+
+    before = dict(_registered)
+    for policy in ["bogus", ["clone"]]:
+        with pytest.raises(SpecError, match=r"unknown copy policy"):
+            bcrecord.copy_value([1], policy)
+    with pytest.raises(TypeError, match=r"register_copy takes the class whose values it copies, got 'list'"):
+        bcrecord.register_copy("list", "clone", list)
+    with pytest.raises(TypeError, match=r"register_copy takes a function that copies a value, got 5"):
+        bcrecord.register_copy(list, "clone", 5)
+    with pytest.raises(SpecError, match=r"unknown copy policy 'bogus'"):
+        bcrecord.register_copy(list, "bogus", list)
+    assert _registered == before and bcrecord.copy_value([1, [2]], "clone") == [1, [2]]

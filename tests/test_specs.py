@@ -162,3 +162,14 @@ def test_an_index_takes_any_integer_type():
 
     assert Local("x", Numpy64()).index == (2,) and Local("x", [Numpy64(), 0]).index == (0, 2)
     assert Local("x", IntArray()).index == (0, 2)
+
+
+def test_bytes_as_specs_are_refused_as_bytes_not_as_numbers():
+    with pytest.raises(SpecError, match=r"specs are text: give a str, not b'x'"):
+        parse_all(b"x")
+
+
+@pytest.mark.parametrize("op", [1, None, ["+"]])
+def test_an_operator_that_is_no_string_is_a_spec_error(op):
+    with pytest.raises(SpecError, match=r"an operator must be a string such as '\+', got "):
+        Expr(op)
