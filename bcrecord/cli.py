@@ -36,6 +36,7 @@ Bad input is one line on stderr and status 2:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import os
@@ -78,7 +79,10 @@ def resolve_path(path: str) -> Tuple[Any, Any]:
     if module_name.startswith("."):
         raise BcrecordError(f"{path!r}: give the module's absolute name (no leading dot)")
     try:
-        owner: Any = importlib.import_module(module_name)
+        # What the module prints as it is imported (a script's own code, run at import) goes to
+        # stderr: stdout is the command's output (--json).
+        with contextlib.redirect_stdout(sys.stderr):
+            owner: Any = importlib.import_module(module_name)
     except ImportError as error:
         raise BcrecordError(f"cannot import module {module_name!r}: {error}") from None
     except (Exception, SystemExit) as error:
@@ -265,7 +269,8 @@ def _parser() -> argparse.ArgumentParser:
         usage="bcrecord run --record TARGET [--record TARGET ...] [--save-dir DIR] [--every N]\n"
         "                    (script.py | -m package.module) [args ...]",
         description="Run an unmodified script or module with functions patched from the start. "
-        "Its arguments, output and exit status pass through unchanged.",
+        "Its arguments, output and exit status pass through unchanged (but for status 2 "
+        "where the records could not be saved and the program's status is 0).",
         epilog="TARGET is 'package.module:Class.method:SPEC' or 'package.module:function:SPEC', e.g. "
         "'torchvision.models.resnet:ResNet._forward_impl:x@0' or '__main__:main:loss'; "
         "'bcrecord targets package.module:Class.method' lists the SPECs. Targets are checked before "

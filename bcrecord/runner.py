@@ -399,7 +399,9 @@ parse_constant, parse_float, parse_int
     >>> check_targets([parse_target("no_such_module.sub:f:x")])
     Traceback (most recent call last):
     ...
-    bcrecord.runner.RunError: target 'no_such_module.sub:f:x': no module named 'no_such_module.sub'
+    bcrecord.runner.RunError: target 'no_such_module.sub:f:x': no module named 'no_such_module.sub' \
+on sys.path as the program starts (a module the program makes importable itself, by sys.path.insert, \
+is found with PYTHONPATH set to its folder)
     """
     for target in targets:
         if target.module in main_names:
@@ -414,9 +416,13 @@ parse_constant, parse_float, parse_int
             spec = _module_spec(target.module)
             if spec is None:
                 script = f" (the script's own {target.qualname}: '__main__:{target.qualname}:...')"
+                path = (
+                    " on sys.path as the program starts (a module the program makes importable itself, "
+                    "by sys.path.insert, is found with PYTHONPATH set to its folder)"
+                )
                 raise RunError(
                     f"target {target.text!r}: no module named {target.module!r}"
-                    + (script if target.module.endswith(".py") else "")
+                    + (script if target.module.endswith(".py") else path)
                 )
             code = _module_code(spec)
         if code is not None:
@@ -676,6 +682,15 @@ class _Collector:
         assert self.writer is not None
         if not batch:
             return
+        directory = self.writer.directory
+        if not (directory / "records").is_dir():  # the program removed it (cleaning its output folder)
+            lost = sum(self.saved.values())
+            self.writer = Writer(directory)
+            self.saved.clear()
+            self.warnings.append(
+                f"the records directory {directory} was removed while the program ran, and made again"
+                + (f": the {lost} value(s) saved in it before are gone" if lost else "")
+            )
         with _main_module(self.main):
             self.writer.write_many(_by_step(batch), unsavable=self._unsavable)
         for key, _, _ in batch:
@@ -1033,7 +1048,8 @@ class _Runner:
         self.program = program
         self.every = every
         self.quiet = quiet
-        self._stderr = stderr
+        # Taken now: the program may point sys.stderr at its own log, or close it.
+        self._stderr = stderr if stderr is not None else sys.stderr
         self.collector = _Collector(writer)
         self.recording = _Stream(self.collector.deliver, every, copy)
         self.patches: List[Patch] = []
@@ -1066,10 +1082,16 @@ class _Runner:
         self.refused: Dict[str, str] = {}
         #: What the program's module lacked of a target's path when its code bound it last.
         self.absent: Dict[str, str] = {}
+        #: The program's module, and what was ``__main__`` before it was put back there.
+        self.program_module: Optional[types.ModuleType] = None
+        self._main_before: Optional[types.ModuleType] = None
 
     @property
     def stderr(self) -> TextIO:
-        return self._stderr if self._stderr is not None else sys.stderr
+        if self._stderr is None or getattr(self._stderr, "closed", False):
+            # Closed by the program: file descriptor 2, which Python's sys.stderr leaves open.
+            self._stderr = open(2, "w", closefd=False, errors="backslashreplace")  # noqa: SIM115
+        return self._stderr
 
     # patching ---------------------------------------------------------------------------
 
@@ -1225,6 +1247,9 @@ class _Runner:
             if found or frame.f_code.co_name != "<module>" or frame.f_globals.get("__name__") != "__main__":
                 return traced
             found.append(frame)
+            main = sys.modules.get("__main__")
+            if main is not None and vars(main) is frame.f_globals:
+                self.program_module = main
             script = self.program.file
             if script is not None and script.endswith(".py") and frame.f_globals.get("__loader__") is None:
                 # What `python script.py` gives its module, where runpy's has None and ''.
@@ -1300,6 +1325,11 @@ class _Runner:
             started()
             self._stop_trace()
             self.collector.flush()
+            if self.program_module is not None and sys.modules.get("__main__") is not self.program_module:
+                # runpy put the caller's __main__ back: the program's threads and atexit handlers,
+                # which may still run, pickle its classes through it (python script.py keeps it).
+                self._main_before = sys.modules.get("__main__")
+                sys.modules["__main__"] = self.program_module
 
     def close(self) -> None:
         """Flush, leave the recording, unhook imports, remove patches, restore ``sys``; report."""
@@ -1322,6 +1352,8 @@ class _Runner:
                 patch.remove()
         if self._saved_sys is not None:
             sys.argv[:], sys.path[:] = self._saved_sys
+        if self._main_before is not None and sys.modules.get("__main__") is self.program_module:
+            sys.modules["__main__"] = self._main_before
         self.report()
 
     # reporting --------------------------------------------------------------------------
@@ -1331,10 +1363,16 @@ class _Runner:
         if target.text in self.refused:
             return self.refused[target.text]
         if target.module in self.program.main_names:
+            name = ".".join(target.path)
+            module = self.program_module
+            if module is not None and _found(module, target.path) is not _NOT_FOUND:
+                # Defined, never seen: the tracer that watches the module's lines was taken away.
+                return (
+                    f"the program defined {name} after it turned off bcrecord's tracing of its "
+                    "module's lines (sys.settrace: a debugger or profiler it starts?)"
+                )
             missing = self.absent.get(target.text)
-            return f"the program ended before defining {'.'.join(target.path)}" + (
-                f": {missing}" if missing else ""
-            )
+            return f"the program ended before defining {name}" + (f": {missing}" if missing else "")
         raised = self.hook.raised.get(target.module)
         if raised is not None:
             return f"importing {target.module} raised {raised}"
@@ -1362,6 +1400,16 @@ class _Runner:
                 "it once patched; child processes, such as DataLoader workers, are not recorded)",
                 file=out,
             )
+        failed: Dict[str, List[BaseException]] = defaultdict(list)
+        for record_error in list(self.recording.errors):
+            failed[record_error.key].append(record_error.error)
+        for key, errors in failed.items():
+            first = errors[0]
+            print(
+                f"bcrecord: {key}: {len(errors)} value(s) not recorded, their copy failed "
+                f"(the first: {type(first).__name__}: {first})",
+                file=out,
+            )
         for line in self.collector.warnings:
             print(f"bcrecord: {line}", file=out)
         if self.collector.error is not None:
@@ -1372,11 +1420,12 @@ class _Runner:
         if writer is not None:
             saved, keys = sum(self.collector.saved.values()), len(self.collector.saved)
             every = "" if self.every == 1 else f", every {_ordinal(self.every)} value"
-            print(
-                f"bcrecord: saved {saved} value(s) of {keys} key(s) to {writer.directory}"
-                f"{every}; see them with: bcrecord view {shlex.quote(str(writer.directory))}",
-                file=out,
-            )
+            done = f"bcrecord: saved {saved} value(s) of {keys} key(s) to {writer.directory}{every}"
+            if self.collector.error is not None:
+                done += " before saving failed"
+            if saved or self.collector.error is None:
+                done += f"; see them with: bcrecord view {shlex.quote(str(writer.directory))}"
+            print(done, file=out)
             return
         if not fired:
             print("bcrecord: nothing was recorded", file=out)
@@ -1393,6 +1442,35 @@ class _Runner:
         print("bcrecord: recorded (no --save-dir, so nothing was saved):", file=out)
         for row in rows:
             print("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip(), file=out)
+
+
+def _shadowed(folder: str) -> List[str]:
+    """Modules of the program's ``folder`` whose names bcrecord has imported from elsewhere.
+
+    Python finds an imported module in ``sys.modules`` first: under ``bcrecord run`` the
+    program's own ``platform.py`` is not its ``import platform`` (``python prog.py`` would
+    have found it, where Python itself has not imported that name already).
+    """
+    try:
+        entries = os.listdir(folder)
+    except OSError:  # a zip program, a folder gone: nothing to compare
+        return []
+    names = set()
+    for entry in entries:
+        name = entry[:-3] if entry.endswith(".py") else entry
+        if name.isidentifier() and (
+            entry.endswith(".py") or os.path.isfile(os.path.join(folder, entry, "__init__.py"))
+        ):
+            names.add(name)
+    found = []
+    for name in sorted((names - {"__main__"}) & sys.modules.keys()):  # (a directory program's own)
+        where = getattr(sys.modules[name], "__file__", None)
+        if where is None or os.path.dirname(os.path.abspath(where)) not in (
+            os.path.abspath(folder),
+            os.path.join(os.path.abspath(folder), name),
+        ):
+            found.append(name)
+    return found
 
 
 def _note_earlier_values(writer: Writer, out: TextIO) -> None:
@@ -1460,6 +1538,16 @@ def run(
     finally:
         if saved_path0 is not None:
             sys.path[0] = saved_path0
+    shadowed = _shadowed(prog.path0)
+    if shadowed:
+        names = ", ".join(shadowed)
+        print(
+            f"bcrecord: warning: the program's folder has module(s) of its own named {names}, which "
+            f"bcrecord imported from elsewhere before the program starts: the program's import of "
+            "them gets bcrecord's (as for names Python itself imports first); rename the program's "
+            "if it needs its own",
+            file=sys.stderr if stderr is None else stderr,
+        )
     writer = Writer(save_dir) if save_dir is not None else None
     if writer is not None and not quiet:
         _note_earlier_values(writer, sys.stderr if stderr is None else stderr)
@@ -1469,6 +1557,10 @@ def run(
         atexit.register(runner.close)
     try:
         status = runner.execute()
+    except SystemExit as exit_:
+        if runner.collector.error is not None and exit_.code in (0, None):
+            raise SystemExit(2) from None  # (as for a program that returns: the report says why)
+        raise
     except KeyboardInterrupt as error:
         if linger:  # the command line: Python ends the process as it would have (by SIGINT, after
             # atexit), and shows the traceback as it would have, without bcrecord's frames

@@ -694,7 +694,13 @@ def write_index(
         )
         if failed and summary.key in failed:
             images += f"<p class=none>could not draw it: {html.escape(failed[summary.key])}</p>"
-        images = images or "<p class=none>no picture: not a numeric value</p>"
+        if not images:  # a numeric one drew nothing: one number saved once, or no elements
+            why = (
+                "nothing to draw (one number, or no elements): see the table"
+                if summary.numeric
+                else ("not a numeric value")
+            )
+            images = f"<p class=none>no picture: {why}</p>"
         sections.append(f'<section id="{anchor}"><h2>{html.escape(summary.key)}</h2>{images}</section>')
     page = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>

@@ -30,6 +30,16 @@ def test_targets_json_parses(project):
     assert ("return", "return", 0) in specs
 
 
+def test_targets_json_stays_json_when_the_module_prints_as_it_is_imported(project):
+    (project / "noisy.py").write_text(
+        "print('training starts')\n\ndef step(x):\n    y = x + 1\n    return y\n"
+    )
+    result = cli("targets", "noisy:step", "--json", cwd=project)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["function"] == "step"
+    assert result.stderr == "training starts\n"
+
+
 def test_targets_table_without_source(project):
     """A module imported from a .pyc alone: no source, and targets still lists everything."""
     sourceless = project / "compiled"

@@ -1025,3 +1025,180 @@ def test_a_signal_during_a_write_in_the_main_thread_waits_for_the_write(tmp_path
         signal.signal(number, previous)
     # The batch was written whole before the handler ran; nothing is left to write.
     assert bcrecord.load(tmp_path)["m:f:x@0"] == [0, 10, 20] and collector.buffer == []
+
+
+def test_run_keeps_the_program_s_module_as_main_for_its_threads_and_atexit_handlers(project):
+    # python script.py keeps the script's module as __main__ after its code ends: a
+    # thread still running, or an atexit handler, pickles the script's own classes.
+    (project / "late.py").write_text(
+        textwrap.dedent(
+            """
+            import atexit, pickle, threading, time
+
+            class Checkpoint:
+                def __init__(self, n):
+                    self.n = n
+
+            def f(x):
+                y = x + 1
+                return y
+
+            def save_later():
+                time.sleep(0.2)
+                print("thread pickled", len(pickle.dumps(Checkpoint(f(1)))) > 0)
+
+            @atexit.register
+            def at_exit():
+                import __main__
+                print("atexit sees", __main__.Checkpoint is Checkpoint)
+
+            threading.Thread(target=save_later).start()
+            """
+        )
+    )
+    result = cli("run", "-q", "-r", "__main__:f:y", "late.py", cwd=project)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "thread pickled True\natexit sees True\n"
+
+
+def test_run_makes_a_records_directory_the_program_removes_again(project, tmp_path):
+    out = tmp_path / "out"
+    (project / "wipes.py").write_text(
+        textwrap.dedent(
+            """
+            import os, shutil, sys
+
+            def f(x):
+                y = x + 1
+                return y
+
+            f(0)  # before the wipe: still buffered, so saved after it
+            out = sys.argv[1]
+            shutil.rmtree(out)  # a training script starting afresh in its output folder
+            os.makedirs(out)
+            print([f(i) for i in range(3)])
+            """
+        )
+    )
+    result = cli("run", "-r", "__main__:f:y", "-o", out, "-n", "1", "wipes.py", out, cwd=project)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "[1, 2, 3]\n"
+    made_again = f"the records directory {out} was removed while the program ran, and made again\n"
+    assert made_again in result.stderr  # (nothing saved in it before: nothing said to be gone)
+    assert bcrecord.load(out)["__main__:f:y@0"] == [1, 1, 2, 3]
+
+
+@pytest.mark.parametrize("ending", ["", "sys.exit(0)"])
+def test_run_ends_with_status_2_where_the_records_could_not_be_saved(project, tmp_path, ending):
+    out = tmp_path / "out"
+    (project / "blocks.py").write_text(
+        textwrap.dedent(
+            f"""
+            import os, shutil, sys
+
+            def f(x):
+                y = x + 1
+                return y
+
+            out = sys.argv[1]
+            shutil.rmtree(os.path.join(out, "records"))
+            open(os.path.join(out, "records"), "w").close()  # no directory can be made there
+            f(1)
+            {ending}
+            """
+        )
+    )
+    result = cli("run", "-r", "__main__:f:y", "-o", out, "blocks.py", out, cwd=project)
+    assert result.returncode == 2, result.stderr
+    assert f"bcrecord: cannot write records to {out}: File exists\n" in result.stderr
+    assert f"saved 0 value(s) of 0 key(s) to {out} before saving failed\n" in result.stderr
+    assert "bcrecord view" not in result.stderr
+
+
+def test_run_reports_values_whose_copy_failed_whatever_the_program_s_warning_filters(project, tmp_path):
+    (project / "locks.py").write_text(
+        textwrap.dedent(
+            """
+            import threading, warnings
+            warnings.filterwarnings("ignore")
+
+            def f(x):
+                lock = threading.Lock()
+                y = x + 1
+                return y
+
+            print([f(i) for i in range(3)])
+            """
+        )
+    )
+    out = tmp_path / "out"
+    result = cli(
+        "run",
+        "--copy",
+        "deepcopy",
+        "-r",
+        "__main__:f:lock",
+        "-r",
+        "__main__:f:y",
+        "-o",
+        out,
+        "locks.py",
+        cwd=project,
+    )
+    assert result.returncode == 0, result.stderr
+    assert (
+        "bcrecord: __main__:f:lock@0: 3 value(s) not recorded, their copy failed (the first: TypeError: "
+        in result.stderr
+    )
+    assert list(bcrecord.load(out)) == ["__main__:f:y@0"]
+
+
+def test_run_reports_on_the_stderr_it_started_with(project, tmp_path):
+    log = tmp_path / "program.log"
+    (project / "logs.py").write_text(
+        textwrap.dedent(
+            f"""
+            import sys
+
+            def f(x):
+                y = x + 1
+                return y
+
+            sys.stderr = open({str(log)!r}, "w")  # the program's own log
+            print("program log line", file=sys.stderr)
+            f(1)
+            """
+        )
+    )
+    result = cli("run", "-r", "__main__:f:y", "logs.py", cwd=project)
+    assert result.returncode == 0, result.stderr
+    assert "__main__:f:y@0  1       2" in result.stderr
+    assert log.read_text() == "program log line\n"
+
+
+def test_run_says_so_when_the_program_turned_off_the_tracing_that_patches_its_targets(project):
+    (project / "untraced.py").write_text(
+        "import sys\nsys.settrace(None)\n\ndef f(x):\n    y = x + 1\n    return y\n\nprint(f(1))\n"
+    )
+    result = cli("run", "-r", "__main__:f:y", "untraced.py", cwd=project)
+    assert result.returncode == 0 and result.stdout == "2\n"
+    assert (
+        "target '__main__:f:y' was never applied: the program defined f after it turned off bcrecord's "
+        "tracing of its module's lines (sys.settrace" in result.stderr
+    )
+
+
+def test_run_warns_where_a_module_of_the_program_s_folder_has_a_name_bcrecord_imported(project, tmp_path):
+    # Run from elsewhere: from the folder itself, its bytecode.py would be imported by bcrecord
+    # too (python -m puts the working directory first), as by any other tool.
+    folder = tmp_path / "app"
+    folder.mkdir()
+    (folder / "bytecode.py").write_text("def detect():\n    return 'mine'\n")
+    (folder / "plat.py").write_text(
+        "import bytecode\n\ndef f():\n    return hasattr(bytecode, 'detect')\n\nprint(f())\n"
+    )
+    result = cli("run", "-q", "-r", "__main__:f:return", folder / "plat.py", cwd=project)
+    assert result.returncode == 0 and result.stdout == "False\n"
+    said = "bcrecord: warning: the program's folder has module(s) of its own named bytecode, which"
+    assert said in result.stderr
+    assert "warning" not in cli("run", "-q", "-r", "helper:twice:y", "prog.py", "1", cwd=project).stderr

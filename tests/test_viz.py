@@ -87,6 +87,13 @@ def test_write_index_links_every_key_and_escapes(tmp_path):
     assert "no picture: not a numeric value" in page  # the string key has none
 
 
+def test_index_says_a_single_number_has_no_picture_without_calling_it_non_numeric(tmp_path):
+    summaries = [KeySummary("m:f:loss@0", [0], [0.25], (), False, "float", 0.25, 0.25, 0.25)]
+    page = write_index(summaries, {}, tmp_path, "run").read_text()
+    assert "no picture: nothing to draw (one number, or no elements): see the table" in page
+    assert "not a numeric value" not in page
+
+
 def test_a_nan_step_or_an_empty_value_leaves_the_other_steps_counted(tmp_path):
     bcrecord.save({"m:f:loss@0": [1.0, float("nan"), 3.0], "m:f:big@0": [10**400, 1]}, tmp_path, step=0)
     by_key = {s.key: s for s in summarize(bcrecord.load(tmp_path))}
