@@ -399,6 +399,8 @@ class _Slot:
         Each patch keeps its own site ids for life, so rebuilding for another patch
         never silences probes that are running in this patch's code.
         """
+        # Probes at one place run in this order: those delivered last after the others.
+        patches = [patch for patch in patches if not patch.last] + [patch for patch in patches if patch.last]
         points = [point for patch in patches for point in patch._points]
         if not points:
             return self.original_code
@@ -453,7 +455,7 @@ class _Slot:
         if current is not code and ((current is self._code and not self.replaced) or not self._replaced()):
             self.live.__code__ = self._code = code
             if _swap_hook is not None:
-                _swap_hook(code, code is not self.original_code)
+                _swap_hook(code, code is not self.original_code, self.live)
 
     def disarm(self) -> None:
         self.armed = False
@@ -462,7 +464,7 @@ class _Slot:
         if code is not self.original_code and (ours or not self._replaced()):
             self.live.__code__ = self._code = self.original_code
             if _swap_hook is not None:
-                _swap_hook(code, False)
+                _swap_hook(code, False, self.live)
 
     def _replaced(self) -> bool:
         """Whether someone else put code in ``live`` meanwhile: theirs stays, never swapped."""
@@ -488,16 +490,15 @@ class _Slot:
 _slots: Dict[Tuple[Any, ...], _Slot] = {}
 
 #: See :func:`set_swap_hook`.
-_swap_hook: Optional[Callable[[types.CodeType, bool], None]] = None
+SwapHook = Callable[[types.CodeType, bool, types.FunctionType], None]
+_swap_hook: Optional[SwapHook] = None
 
 
-def set_swap_hook(
-    hook: Optional[Callable[[types.CodeType, bool], None]],
-) -> Optional[Callable[[types.CodeType, bool], None]]:
-    """Call ``hook(code, armed)`` whenever a patched function's probed code goes in or out.
+def set_swap_hook(hook: Optional[SwapHook]) -> Optional[SwapHook]:
+    """Call ``hook(code, armed, function)`` whenever a patched function's probed code goes in or out.
 
-    ``armed`` is True when ``code`` (code with probes) has just been put in, False
-    when it has just been taken out for the original. For a plug-in whose runtime
+    ``armed`` is True when ``code`` (code with probes) has just been put in
+    ``function``, False when it has just been taken out for the original. For a plug-in whose runtime
     caches what it made of a function's code: ``bcrecord.torch`` keeps
     ``torch.compile``'s cached graphs in step with it. Called with the arming lock
     held. Returns the previous hook.
@@ -590,6 +591,8 @@ class Patch:
         owner = "*" if callable(self.name) else self.name
         self.keys: Tuple[str, ...] = tuple(f"{owner}:{self.function_name}:{p.label}" for p in points)
         self._site_ids: List[int] = register_sites([self._site(point) for point in points])
+        #: Whether its probes run after the other patches' at the same place (:meth:`deliver_last`).
+        self.last = False
 
     def _site(self, point: ProbePoint) -> Site:
         suffix = f":{self.function_name}:{point.label}"
@@ -615,6 +618,32 @@ class Patch:
         if self._slot is None:
             raise RuntimeError("this patch has been removed")
         return self._slot.probed
+
+    def deliver_last(self) -> None:
+        """Run this patch's probes after those of the method's other patches at the same place.
+
+        For a recording that may end the function at a probe (the torch layer's early
+        stop raises there): the other patches' recordings get the value first.
+
+        >>> import bcrecord
+        >>> def f(a):
+        ...     x = a * 2
+        ...     return x
+        >>> first = bcrecord.patch_function(f, "x", name="a")
+        >>> second = bcrecord.patch_function(f, "x", name="b")
+        >>> first.deliver_last()
+        >>> with bcrecord.recording() as rec:
+        ...     _ = f(1)
+        >>> rec.keys()  # in the order the probes ran
+        ['b:f:x@0', 'a:f:x@0']
+        >>> first.remove(); second.remove()
+        """
+        with _lock:
+            if self.last or self._slot is None:
+                return
+            self.last = True
+            self._slot._subsets = {}  # (built in the former order)
+            self._slot.install(self._slot.patches)
 
     def remove(self) -> None:
         """Undo this patch; other patches of the same method stay. Idempotent.

@@ -362,8 +362,14 @@ class _FanOut:
         self.targets = targets
 
     def append(self, value: Any) -> None:
+        stop: Optional[BaseException] = None
         for target in self.targets:
-            target.append(value)
+            try:
+                target.append(value)
+            except BaseException as raised:  # an early stop: raised once every recording has the value
+                stop = stop or raised
+        if stop is not None:
+            raise stop
 
 
 def _route(recordings: Tuple[Recording, ...], site_id: int, owner: Optional[str]) -> Any:
@@ -1705,13 +1711,22 @@ setattr(builtins, PROBE_NAME, __bcrecord_probe__)
 def probe_visible_from(globals_: Dict[str, Any]) -> None:
     """Make the probe resolvable from a function whose globals have custom builtins.
 
+    It goes into those builtins, where Python looks it up, not into the globals,
+    which the function's own code may list (``globals()``).
+
     >>> namespace = {"__builtins__": {}}
     >>> probe_visible_from(namespace)
-    >>> namespace[PROBE_NAME] is __bcrecord_probe__
-    True
+    >>> namespace["__builtins__"][PROBE_NAME] is getattr(builtins, PROBE_NAME), PROBE_NAME in namespace
+    (True, False)
     """
     custom = globals_.get("__builtins__", builtins)
-    namespace = custom if isinstance(custom, dict) else getattr(custom, "__dict__", {})
+    namespace = custom if isinstance(custom, dict) else getattr(custom, "__dict__", None)
     # Any probe there will do (a test may have put its own in builtins).
-    if PROBE_NAME not in namespace and PROBE_NAME not in globals_:
-        globals_[PROBE_NAME] = __bcrecord_probe__
+    if PROBE_NAME in globals_ or (namespace is not None and PROBE_NAME in namespace):
+        return
+    # The builtins' own (the torch layer's is marked for Dynamo to skip).
+    probe = getattr(builtins, PROBE_NAME, __bcrecord_probe__)
+    if isinstance(namespace, dict):
+        namespace[PROBE_NAME] = probe
+    else:  # builtins without a dict to add to
+        globals_[PROBE_NAME] = probe

@@ -579,7 +579,7 @@ def test_the_swap_hook_sees_probed_code_go_in_and_out():
         return b
 
     seen = []
-    previous = set_swap_hook(lambda code, armed: seen.append((code, armed)))
+    previous = set_swap_hook(lambda code, armed, function: seen.append((code, armed, function)))
     try:
         with bcrecord.patch_function(f, "b"):
             original = f.__code__
@@ -591,8 +591,8 @@ def test_the_swap_hook_sees_probed_code_go_in_and_out():
     finally:
         set_swap_hook(previous)
     assert probed is not original
-    mine = [(code, armed) for code, armed in seen if code is probed]  # other tests' patches arm too
-    assert mine == [(probed, True), (probed, False), (probed, True), (probed, False)]
+    mine = [(code, armed, function) for code, armed, function in seen if code is probed]  # (others' arm too)
+    assert mine == [(probed, True, f), (probed, False, f), (probed, True, f), (probed, False, f)]
 
 
 def test_a_per_instance_name_on_a_staticmethod_is_refused():
@@ -1322,3 +1322,17 @@ def test_a_patch_s_repr_names_an_instance_by_its_class_without_calling_its_repr(
         assert repr(patch) == "<Patch active 'm' of this Half instance: h:m:x@0>"
     with bcrecord.patch_method(Half, "m", ["x"]) as patch:
         assert repr(patch).startswith("<Patch active 'm' of <class ")
+
+
+@pytest.mark.parametrize("style", ["inline", "call"])
+def test_a_function_with_builtins_of_its_own_keeps_its_globals_as_they_were(style):
+    namespace = {"__builtins__": {"len": len, "sorted": sorted, "globals": globals}, "__name__": "sandbox"}
+    exec("def f(a):\n    x = len(a)\n    return x, sorted(globals())\n", namespace)
+    f = namespace["f"]
+    previous = bcrecord.set_probe_style(style)
+    try:
+        with bcrecord.patch_function(f, ["x"]), bcrecord.recording() as rec:
+            assert f("abc") == (3, ["__builtins__", "__name__", "f"])
+    finally:
+        bcrecord.set_probe_style(previous)
+    assert rec["sandbox:f:x@0"] == 3 and f("ab") == (2, ["__builtins__", "__name__", "f"])

@@ -30,9 +30,11 @@ try:
 except ImportError as error:  # pragma: no cover - depends on the environment
     raise ImportError("bcrecord.torch needs PyTorch: pip install 'bcrecord[torch]'") from error
 
+import inspect
 import sys
+import warnings
 import weakref
-from typing import Any, Mapping, Optional
+from typing import Any, List, Mapping, Optional
 
 from .. import patch as _patch
 from .. import runtime as _runtime
@@ -87,26 +89,31 @@ class _CompiledCode:
     """Keeps ``torch.compile``'s cached graphs in step with the code bcrecord swaps in.
 
     Dynamo caches what it compiled per code object and inlines the ``forward`` of
-    submodules into the caller's graph, guarding on the function *object* but not
-    on its ``__code__`` (it assumes ``__code__`` is never reassigned). A model
+    submodules into the caller's graph, guarding on the module's type but not on its
+    method's ``__code__`` (it assumes ``__code__`` is never reassigned). A model
     compiled while a patched method ran its original code would keep running that
     graph once probes are swapped in, and record nothing. So when probed code goes
-    in after Dynamo compiled something while that code was out, its cached code is
-    dropped (``torch._dynamo.reset_code_caches``) and the next call compiles with
-    the probes. Graphs compiled while probes were in keep them (they deliver to
-    whatever records at the time, nothing when nothing does), so an extractor or a
-    long ``record()`` recompiles once, not on every call.
+    in after Dynamo compiled something while that code was out, the graphs that may
+    run the method are dropped and the next call compiles with the probes. Graphs
+    compiled while probes were in keep them (they deliver to whatever records at the
+    time, nothing when nothing does), so an extractor or a long ``record()``
+    recompiles once, not on every call.
+
+    Only the graphs that may run the method go (see :func:`_drop_graphs_holding`):
+    a compiled model elsewhere in the process keeps its own, where dropping them all
+    would recompile it after every extractor call. Where Dynamo's internals lack what
+    that reads, every cached graph is dropped (``torch._dynamo.reset_code_caches``).
     """
 
     def __init__(self) -> None:
-        #: Dynamo's count of compiled graphs when this last dropped its caches.
+        #: Dynamo's count of compiled graphs when this last dropped every cached graph.
         self.dropped_at = 0
-        #: The count when each probed code was last taken out.
+        #: The count when each probed code was last taken out, or its graphs last dropped.
         self.out_at: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         #: Dynamo's counters (one object for the process), found at the first swap.
         self.counters: Optional[Mapping[str, Mapping[str, int]]] = None
 
-    def __call__(self, code: Any, armed: bool) -> None:
+    def __call__(self, code: Any, armed: bool, function: Any) -> None:
         # This runs twice per extractor call, right after a forward has evicted the
         # interpreter from the CPU caches: each lookup avoided there saves microseconds.
         counters = self.counters
@@ -127,11 +134,69 @@ class _CompiledCode:
         if not armed:
             self.out_at[code] = compiled
         elif compiled > self.out_at.get(code, 0):
+            if _drop_graphs_holding(function):
+                self.out_at[code] = compiled
+                return
             dynamo = sys.modules["torch._dynamo"]
             # reset() where this lighter one is missing: it drops the counters too.
             drop = getattr(dynamo, "reset_code_caches", None) or dynamo.reset
             drop()
             self.dropped_at = compiled if drop is not dynamo.reset else 0
+
+
+def _drop_graphs_holding(function: Any) -> bool:
+    """Drop Dynamo's cached graphs that may run ``function``; False where it cannot tell which.
+
+    A graph that inlined a method is guarded on the type of the module (or object) it
+    was called on, one that inlined a function on the function itself: the graphs
+    of a frame whose guards name the function, its class or a subclass (by ``id``,
+    as Dynamo's guards print them) are dropped, with every graph of that frame.
+    """
+    ids = _ids_guards_name(function)
+    if ids is None:
+        return False
+    try:
+        from torch._C._dynamo.eval_frame import reset_code
+        from torch._dynamo import config, convert_frame
+        from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+        with warnings.catch_warnings():  # (deprecated where it is always on)
+            warnings.simplefilter("ignore")
+            if not getattr(config, "inline_inbuilt_nn_modules", True):  # guarded on instances then
+                return False
+        stale = []
+        for ref in list(convert_frame.input_codes.seen):
+            frame_code = ref()
+            if frame_code is None:
+                continue
+            for entry in _debug_get_cache_entry_list(frame_code):
+                if any(name in part for part in entry.guard_manager.code_parts for name in ids):
+                    stale.append(frame_code)
+                    break
+    except Exception:  # (ImportError, AttributeError: another torch's internals)
+        return False
+    for frame_code in stale:
+        reset_code(frame_code)
+    return True
+
+
+def _ids_guards_name(function: Any) -> Optional[List[str]]:
+    """The ``id()`` of ``function``, and of each class whose method it is (subclasses too),
+    as text; None for a method whose class cannot be found from its qualified name."""
+    found: List[Any] = [function]
+    *path, name = getattr(function, "__qualname__", "").split(".")
+    if path:
+        owner: Any = sys.modules.get(getattr(function, "__module__", None) or "")
+        for part in path:  # ('<locals>' is no attribute: not found)
+            owner = getattr(owner, part, None)
+        attribute = inspect.getattr_static(owner, name, None) if isinstance(owner, type) else None
+        if getattr(attribute, "__func__", attribute) is not function:
+            return None
+        classes = [owner]
+        for cls in classes:  # (grows as it goes: every subclass)
+            classes += [sub for sub in type.__subclasses__(cls) if sub not in classes]
+        found += classes
+    return [str(id(item)) for item in found]
 
 
 _probe_outside_dynamo()

@@ -212,7 +212,7 @@ class FeatureExtractor(torch.nn.Module):
             nodes = self.train_nodes if training else self.eval_nodes
             with _expanding_again():  # (the constructor warned)
                 plan = self._new_plan(nodes)
-            patches = plan.patch()
+            patches = plan.patch(stops=self.stop_early)
             # Recordings between calls, reused so their routes and sinks are built once;
             # one per call running at the same time.
             found = self._plans[training] = (plan, patches, [])

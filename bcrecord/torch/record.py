@@ -786,8 +786,11 @@ class Plan:
         #: A marker per targeted submodule, made once (see the module docstring).
         self.marks = [(module, _path_mark(module, path)) for path, module in self.modules.items()]
 
-    def patch(self) -> List[Patch]:
+    def patch(self, stops: bool = False) -> List[Patch]:
         """Apply one in-place patch per group; all or none.
+
+        ``stops``: for a recording that may stop the forward early: its probes run after
+        other recordings' at the same place, which get the value before the stop.
 
         >>> import torch
         >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
@@ -822,6 +825,9 @@ class Plan:
                     if not specs:
                         continue
                 patches.append(patch_method(cls, method, specs, name=owner, in_place=True))
+            if stops:
+                for patch in patches:
+                    patch.deliver_last()
         except BaseException:
             remove_all(patches)
             raise
@@ -1046,7 +1052,7 @@ def _record(
 ) -> Iterator[ModelRecording]:
     """:func:`record`'s block: plan, patch, record, and remove the patches after."""
     plan = Plan(model, targets, **policy)
-    patches = plan.patch()
+    patches = plan.patch(stops=bool(run.get("stop_after_last")))
     try:
         running = plan.running(patches, **run)
     except BaseException:  # a bad keep= or threads=

@@ -181,6 +181,20 @@ def _split(text: str) -> Tuple[str, str, str, bool]:
     return parts[0], parts[1], parts[2], grad
 
 
+#: FX node names of the comparison and unary operators, which are no sites (see Expr).
+_FX_UNMAPPED_OPERATORS = {
+    "eq": "==",
+    "ne": "!=",
+    "lt": "<",
+    "le": "<=",
+    "gt": ">",
+    "ge": ">=",
+    "neg": "unary -",
+    "pos": "unary +",
+    "invert": "~",
+    "not_": "not",
+}
+
 #: FX node names of operators, and the operator symbols they stand for.
 _FX_OPERATORS = {
     "add": ("+", "+="),
@@ -922,6 +936,13 @@ def expand(model: torch.nn.Module, text: str) -> List[Target]:
                     "node: the input as given), not a value the model computes: use the input itself"
                 )
             joined = f"{missing} Nor" if str(missing).endswith("?") else f"{missing}; nor"
+            if _fx_stripped(node) in _FX_UNMAPPED_OPERATORS:
+                raise TargetError(
+                    f"{joined} is {node!r} a site bcrecord records: FX's node for a comparison or "
+                    f"a unary operator ({_FX_UNMAPPED_OPERATORS[_fx_stripped(node)]}) in "
+                    f"{owner}.forward; bcrecord records binary arithmetic operators only: record "
+                    "the value it is applied to, or a call or local its result goes to"
+                )
             raise TargetError(
                 f"{joined} is {node!r} an FX name of a call or operator site of {owner}.forward "
                 "that bcrecord can map (FX's getattr, getitem and size nodes, and ops inside Python "

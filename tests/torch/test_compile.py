@@ -159,22 +159,56 @@ def test_code_swaps_drop_dynamo_s_caches_only_for_graphs_compiled_without_the_pr
     monkeypatch.setattr(torch._dynamo.utils, "counters", counters)
     drops = []
     monkeypatch.setattr(torch._dynamo, "reset_code_caches", lambda: drops.append("dropped"))
-    hook, code = _CompiledCode(), (lambda: 0).__code__
-    hook(code, False)  # probes out, in, out, in: nothing compiled (eager use)
-    hook(code, True)
-    hook(code, False)
-    hook(code, True)
+    # A function defined here, whose class cannot be found from its name: every graph goes.
+    function = lambda: 0  # noqa: E731
+    hook, code = _CompiledCode(), function.__code__
+    hook(code, False, function)  # probes out, in, out, in: nothing compiled (eager use)
+    hook(code, True, function)
+    hook(code, False, function)
+    hook(code, True, function)
     assert drops == [] and len(hook.out_at) == 0 and "stats" not in counters
-    hook(code, False)
+    hook(code, False, function)
     counters["stats"]["unique_graphs"] += 1  # compiled while the probes were out
-    hook(code, True)
+    hook(code, True, function)
     assert drops == ["dropped"]
     counters["stats"]["unique_graphs"] += 1  # compiled with the probes in: the graph has them
-    hook(code, False)
-    hook(code, True)
+    hook(code, False, function)
+    hook(code, True, function)
     assert drops == ["dropped"]
     counters.clear()  # cleared (as Dynamo's own tests do): counting starts again
-    hook(code, False)
+    hook(code, False, function)
     counters["stats"]["unique_graphs"] += 1
-    hook(code, True)
+    hook(code, True, function)
     assert drops == ["dropped", "dropped"]
+
+
+class _Unrelated(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 3)
+
+    def forward(self, x):
+        return self.lin(x).relu()
+
+
+def test_recording_another_model_leaves_a_compiled_model_s_graphs_alone():
+    from bcrecord.torch import create_feature_extractor
+
+    torch.manual_seed(0)
+    net = SmallNet().eval()
+    torch._dynamo.reset()
+    other = torch.compile(_Unrelated(), backend="eager")
+    extractor = create_feature_extractor(net, ["bn1"])
+    stats = torch._dynamo.utils.counters["stats"]
+    x, y = torch.randn(1, 3, 8, 8), torch.randn(2, 3)
+    other(y)
+    graphs = stats["unique_graphs"]
+    for _ in range(4):  # each extractor call swaps the probes in and out of SmallNet's code
+        other(y)
+        expected = reference_smallnet(net, x)["bn1"]
+        assert torch.allclose(extractor(x)["bn1"], expected, atol=1e-5)
+        with record(net, ["bn1"]) as rec:
+            net(x)
+        assert torch.allclose(rec["bn1:forward:return"], expected, atol=1e-5)
+    assert stats["unique_graphs"] == graphs  # the other model compiled once
+    extractor.close()

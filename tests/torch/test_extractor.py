@@ -635,3 +635,29 @@ def test_an_extractor_exports_with_torch_export_and_its_program_gives_the_featur
     out = program.module()(2 * x)
     assert list(out) == ["hidden"] and torch.allclose(out["hidden"], model.a(2 * x))
     extractor.close()
+
+
+class _Compares(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 3)
+
+    def forward(self, x):
+        h = self.lin(x)
+        return torch.where(h > 0, -h, h * 2)
+
+
+@pytest.mark.parametrize("node, symbol", [("gt", ">"), ("neg", "unary -")])
+def test_fx_names_of_comparisons_and_unary_operators_are_refused_saying_so(node, symbol):
+    model = _Compares()
+    with pytest.raises(bcrecord.TargetError) as refused:
+        create_feature_extractor(model, [node])
+    said = str(refused.value)
+    assert (
+        f"is {node!r} a site bcrecord records: FX's node for a comparison or a unary operator ({symbol})"
+        in said
+    )
+    assert "binary arithmetic operators only" in said
+    x = torch.randn(2, 3)
+    h = model.lin(x)
+    assert torch.allclose(create_feature_extractor(model, ["mul"])(x)["mul"], h * 2)  # a binary one maps

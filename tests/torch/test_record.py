@@ -721,6 +721,20 @@ def test_nested_recordings_that_stop_early_stop_once_both_have_their_values(net)
     assert torch.allclose(inner["blocks.1:forward:return"], expected["blocks.1"], atol=1e-5)
 
 
+@pytest.mark.parametrize("inner_kind", ["record", "core"])
+def test_a_recording_inside_one_that_stops_early_gets_the_value_the_stop_comes_at(net, inner_kind):
+    # The stopping recording's probe at that place runs last (Patch.deliver_last), and a
+    # core recording taking the same probe gets the value before the stop is raised.
+    x = torch.randn(1, 3, 8, 8)
+    expected = reference_smallnet(net, x)
+    with record(net, ["bn1"], stop_after_last=True) as stopping:
+        inner = record(net, ["bn1"]) if inner_kind == "record" else bcrecord.recording()
+        with inner as plain:
+            assert net(x) is None
+    assert torch.allclose(stopping["bn1:forward:return"], expected["bn1"], atol=1e-5)
+    assert torch.allclose(plain["bn1:forward:return"], expected["bn1"], atol=1e-5)
+
+
 class _Linear2(torch.nn.Module):
     def __init__(self):
         super().__init__()
