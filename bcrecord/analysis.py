@@ -1108,7 +1108,8 @@ arguments (their value at entry): a
             if root not in cmap.arguments:
                 raise TargetError(
                     f"{spec.target!r} is read at entry, so its root must be an argument of "
-                    f"{func}; arguments: {_names(cmap.arguments)} (use at='load' for locals)"
+                    f"{func}; arguments: {_names(cmap.arguments)} (for a local's, record it where "
+                    f"it is read: '{spec.target}@0', or at='load')"
                 )
             points.append(
                 ProbePoint("entry", (cmap.entry,), spec.target, root=root, chain=tuple(rest), copy=spec.copy)

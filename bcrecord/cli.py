@@ -186,6 +186,10 @@ def _run(args: argparse.Namespace) -> int:
 def _view(args: argparse.Namespace) -> int:
     from . import viz
 
+    # A key the terminal's encoding lacks is written escaped (run's report does so too).
+    reconfigure = getattr(sys.stdout, "reconfigure", None)
+    if reconfigure is not None:
+        reconfigure(errors="backslashreplace")
     return viz.view(
         args.directory,
         plots=not args.no_plots,

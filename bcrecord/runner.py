@@ -1251,7 +1251,12 @@ class _Runner:
             if main is not None and vars(main) is frame.f_globals:
                 self.program_module = main
             script = self.program.file
-            if script is not None and script.endswith(".py") and frame.f_globals.get("__loader__") is None:
+            source = (
+                script is not None
+                and not script.endswith(".pyc")
+                and os.path.isfile(frame.f_code.co_filename)
+            )
+            if source and frame.f_globals.get("__loader__") is None:  # (a .py file, or one without a suffix)
                 # What `python script.py` gives its module, where runpy's has None and ''.
                 loader = importlib.machinery.SourceFileLoader("__main__", frame.f_code.co_filename)
                 frame.f_globals.update(__loader__=loader, __package__=None)

@@ -171,6 +171,21 @@ def test_view_table_of_pickled_records(project, tmp_path):
         assert not (out / "plots").exists()
 
 
+def test_view_writes_a_key_the_terminal_cannot_encode_escaped(tmp_path):
+    import bcrecord
+
+    bcrecord.save({"m:f:größe@0": [1, 2]}, tmp_path / "records", step=0)
+    result = subprocess.run(
+        [sys.executable, "-m", "bcrecord", "view", str(tmp_path / "records"), "--no-plots"],
+        env={**_env(), "PYTHONIOENCODING": "ascii"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[1].split()[0] == "m:f:gr\\xf6\\xdfe@0"
+
+
 def test_targets_of_a_module_that_raises_on_import_is_one_clear_line(project):
     (project / "broken.py").write_text("ratio = 1 / 0\n\ndef f():\n    return ratio\n")
     line = one_clear_line(cli("targets", "broken:f", cwd=project))

@@ -519,14 +519,15 @@ def test_run_of_a_symlinked_script_finds_the_modules_beside_its_real_file(projec
     assert result.stdout == expected.stdout == "beside the real file\n", result.stderr
 
 
-def test_run_gives_the_program_s_module_what_python_gives_it(project):
+@pytest.mark.parametrize("script", ["globals_.py", "tool"])  # (a bin/ script has no suffix)
+def test_run_gives_the_program_s_module_what_python_gives_it(project, script):
     # line_profiler's fallback sets __builtins__.profile; pkgutil reads __loader__.
-    (project / "globals_.py").write_text(
+    (project / script).write_text(
         "print(type(__builtins__).__name__, type(__loader__).__name__, repr(__package__))\n"
         "def f(v):\n    x = v\n    return x\n\nf(1)\n"
     )
-    expected = plain("globals_.py", cwd=project)
-    result = cli("run", "-r", "__main__:f:x", "globals_.py", cwd=project)
+    expected = plain(script, cwd=project)
+    result = cli("run", "-r", "__main__:f:x", script, cwd=project)
     assert result.stdout == expected.stdout == "module SourceFileLoader None\n", result.stderr
 
 
