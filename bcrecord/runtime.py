@@ -1587,6 +1587,8 @@ def _patches_in(only: Any) -> List[Any]:
         # (A patch, as the runtime knows one: it has sites. Not imported: patch.py uses this.)
         if not isinstance(getattr(tag, "_site_ids", None), list):
             raise TypeError(f"only= takes patches (what patch_method and patch_function return), got {tag!r}")
+        if getattr(tag, "active", True) is False:  # it would record nothing, silently
+            raise ValueError(f"only= names a patch that was removed: {tag!r}")
     return tags
 
 

@@ -1277,3 +1277,14 @@ def test_copy_value_and_register_copy_refuse_bad_input_and_register_nothing():
     with pytest.raises(SpecError, match=r"unknown copy policy 'bogus'"):
         bcrecord.register_copy(list, "bogus", list)
     assert _registered == before and bcrecord.copy_value([1, [2]], "clone") == [1, [2]]
+
+
+def test_a_recording_of_a_removed_patch_is_refused():
+    def f(a):
+        x = a + 1
+        return x
+
+    patch = bcrecord.patch_function(f, "x", name="m")
+    patch.remove()
+    with pytest.raises(ValueError, match=r"only= names a patch that was removed: <Patch removed "):
+        bcrecord.recording(only=[patch])
