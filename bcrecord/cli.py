@@ -79,10 +79,7 @@ def resolve_path(path: str) -> Tuple[Any, Any]:
     if module_name.startswith("."):
         raise BcrecordError(f"{path!r}: give the module's absolute name (no leading dot)")
     try:
-        # What the module prints as it is imported (a script's own code, run at import) goes to
-        # stderr: stdout is the command's output (--json).
-        with contextlib.redirect_stdout(sys.stderr):
-            owner: Any = importlib.import_module(module_name)
+        owner: Any = importlib.import_module(module_name)
     except ImportError as error:
         raise BcrecordError(f"cannot import module {module_name!r}: {error}") from None
     except (Exception, SystemExit) as error:
@@ -120,7 +117,10 @@ def _resolved(path: str) -> Tuple[Any, Any]:
             f"{path!r}: name a script by its module name ('prog:{attr_path}' for prog.py, from its "
             "folder); '__main__' is a script's name only while `bcrecord run` runs it"
         )
-    holder, found = resolve_path(path)
+    # What the module prints as it is imported (a script's own code, run at import) goes to
+    # stderr: stdout is the command's output (--json). (Where there is a stderr.)
+    with contextlib.redirect_stdout(sys.stderr) if sys.stderr is not None else contextlib.nullcontext():
+        holder, found = resolve_path(path)
     if isinstance(found, type):
         method = a_method_name(found)
         raise BcrecordError(f"{path!r} is a class: name one of its methods, e.g. '{path}.{method}'")

@@ -156,8 +156,6 @@ def function_of(obj: Any) -> types.FunctionType:
     seen = set()
     while isinstance(func, types.FunctionType) and id(func) not in seen:  # (a cycle ends it)
         seen.add(id(func))
-        if _dispatches(func):  # its __wrapped__ is only the default implementation
-            raise NotPatchableError(_why_not_a_function(func))
         inner = _wrapped(func)
         if inner is None:
             break
@@ -922,7 +920,7 @@ class _Restore:
         self.holder, self.attribute, self.own, self.ours = holder, attribute, own, ours
         stand_in = _unwrap_installed(ours)
         #: What the stand-in started with: changes made through it go to the original.
-        self.given = (stand_in.__defaults__, dict(vars(stand_in)))
+        self.given = ({name: getattr(stand_in, name) for name in _CARRIED}, dict(vars(stand_in)))
 
     def __call__(self) -> None:
         holder, attribute, own, ours = self.holder, self.attribute, self.own, self.ours
@@ -974,15 +972,20 @@ class _Restore:
         original = vars(stand_in).get(_BASE_ATTR)
         if not isinstance(original, types.FunctionType):
             return
-        defaults, attributes = self.given
-        if stand_in.__defaults__ is not defaults:
-            original.__defaults__ = stand_in.__defaults__
+        given, attributes = self.given
+        for name, value in given.items():
+            if getattr(stand_in, name) is not value:  # set anew (a dict changed in place is shared)
+                setattr(original, name, getattr(stand_in, name))
         now = vars(stand_in)
         for name, value in now.items():
             if name not in (_BASE_ATTR, _SLOT_ATTR) and attributes.get(name, _MISSING) is not value:
                 setattr(original, name, value)
         for name in attributes.keys() - now.keys():
             vars(original).pop(name, None)
+
+
+#: A function's own attributes :meth:`_Restore._carry_back` carries (those in its ``__dict__`` too).
+_CARRIED = ("__defaults__", "__kwdefaults__", "__doc__", "__annotations__", "__name__", "__qualname__")
 
 
 def _put(held: Dict[str, Any], attribute: str, value: Any) -> None:
@@ -1101,6 +1104,9 @@ def _patch_in_place(
 ) -> Patch:
     """:func:`patch_function`, with the function part of keys (default: the code's name)."""
     running = _unwrap_installed(func)
+    if unwrap and isinstance(running, types.FunctionType) and _dispatches(running):
+        # Its __wrapped__ is the default implementation only (unwrap=False: the dispatcher).
+        raise NotPatchableError(_why_not_a_function(running))
     if unwrap or not isinstance(running, types.FunctionType):
         base = function_of(func)
     else:  # the wrapper; per instance, the outermost one the instance is passed to
@@ -1183,6 +1189,9 @@ def _patch_method(
     unwrap: bool,
 ) -> Patch:
     raw, own = _lookup(obj, method)
+    running = _unwrap_installed(raw)
+    if unwrap and isinstance(running, types.FunctionType) and _dispatches(running):
+        raise NotPatchableError(_why_not_a_function(running))
     if isinstance(obj, type) and not any(method in vars(cls) for cls in obj.__mro__):
         # Found on the metaclass: a copy put in the class would be its instances' method.
         meta = type(obj).__name__

@@ -1089,8 +1089,11 @@ class _Runner:
     @property
     def stderr(self) -> TextIO:
         if self._stderr is None or getattr(self._stderr, "closed", False):
-            # Closed by the program: file descriptor 2, which Python's sys.stderr leaves open.
-            self._stderr = open(2, "w", closefd=False, errors="backslashreplace")  # noqa: SIM115
+            try:
+                # Closed by the program: file descriptor 2, which Python's sys.stderr leaves open.
+                self._stderr = open(2, "w", buffering=1, closefd=False, errors="backslashreplace")  # noqa: SIM115
+            except OSError:  # no descriptor 2 either (started with 2>&-): no report
+                self._stderr = open(os.devnull, "w")  # noqa: SIM115
         return self._stderr
 
     # patching ---------------------------------------------------------------------------
@@ -1469,6 +1472,9 @@ def _shadowed(folder: str) -> List[str]:
             names.add(name)
     found = []
     for name in sorted((names - {"__main__"}) & sys.modules.keys()):  # (a directory program's own)
+        origin = getattr(getattr(sys.modules[name], "__spec__", None), "origin", None)
+        if name in sys.builtin_module_names or origin in ("built-in", "frozen"):
+            continue  # found ahead of any folder: python prog.py does not import the folder's either
         where = getattr(sys.modules[name], "__file__", None)
         if where is None or os.path.dirname(os.path.abspath(where)) not in (
             os.path.abspath(folder),

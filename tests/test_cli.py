@@ -7,6 +7,7 @@
 
 import json
 import py_compile
+import shlex
 import subprocess
 import sys
 
@@ -242,3 +243,12 @@ def test_resolve_path_finds_the_caller_s_own_main_module(monkeypatch):
 
     monkeypatch.setattr(sys.modules["__main__"], "step", step, raising=False)
     assert resolve_path("__main__:step")[1] is step  # only the commands refuse '__main__'
+
+
+def test_targets_imports_a_module_that_asks_about_stdout_also_without_a_stderr(project):
+    (project / "asks.py").write_text(
+        "import sys\n\nCOLOR = sys.stdout.isatty()\n\ndef f(x):\n    y = x\n    return y\n"
+    )
+    command = f"{shlex.quote(sys.executable)} -m bcrecord targets asks:f --json 2>&-"
+    result = subprocess.run(["sh", "-c", command], cwd=project, **RUN)
+    assert result.returncode == 0 and json.loads(result.stdout)["function"] == "f"

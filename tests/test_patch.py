@@ -1290,6 +1290,18 @@ def test_a_singledispatch_function_is_refused_and_its_registered_implementations
     with bcrecord.patch_function(process.registry[int], ["out"], name="m"), bcrecord.recording() as rec:
         assert process(3) == 6 and process("s") == ("default", "s")
     assert rec.all("m:_:out@0") == [6]
+    # unwrap=False: the dispatcher itself, as asked (what every call returns)
+    with bcrecord.patch_function(process, "return", name="d", unwrap=False), bcrecord.recording() as rec:
+        process(3), process("s")
+    assert rec.all("d:process:return") == [6, ("default", "s")]
+    module = types.ModuleType("dispatching")
+    module.process = process
+    with (
+        bcrecord.patch_method(module, "process", "return", name="d", unwrap=False),
+        bcrecord.recording() as rec,
+    ):
+        module.process(3)
+    assert rec.all("d:process:return") == [6]
 
 
 def test_defaults_and_attributes_set_through_a_patched_method_stay_after_it_is_removed():
@@ -1307,6 +1319,10 @@ def test_defaults_and_attributes_set_through_a_patched_method_stay_after_it_is_r
         assert A().m(1) == 51
     assert A().m(1) == 51 and A.m.registered is True and not hasattr(A.m, "dropped")
     assert not hasattr(A.m, "__bcrecord_base__")
+    with bcrecord.patch_method(A, "m", ["x"]):
+        A.m.__kwdefaults__ = {"c": 300}  # set anew, not changed in place
+        A.m.__doc__ = "set while patched"
+    assert A().m(1) == 321 and A.m.__doc__ == "set while patched"
 
 
 def test_a_patch_s_repr_names_an_instance_by_its_class_without_calling_its_repr():

@@ -1203,3 +1203,21 @@ def test_run_warns_where_a_module_of_the_program_s_folder_has_a_name_bcrecord_im
     said = "bcrecord: warning: the program's folder has module(s) of its own named bytecode, which"
     assert said in result.stderr
     assert "warning" not in cli("run", "-q", "-r", "helper:twice:y", "prog.py", "1", cwd=project).stderr
+
+
+def test_run_reports_on_descriptor_2_when_the_program_closed_sys_stderr(project):
+    (project / "closes.py").write_text(
+        "import sys\n\ndef f(x):\n    y = x + 1\n    return y\n\nf(1)\nsys.stderr.close()\n"
+    )
+    result = cli("run", "-r", "__main__:f:y", "closes.py", cwd=project)
+    assert result.returncode == 0
+    assert "__main__:f:y@0  1       2" in result.stderr
+
+
+def test_run_warns_of_no_folder_module_named_like_a_built_in_one(project, tmp_path):
+    folder = tmp_path / "app"
+    folder.mkdir()
+    (folder / "gc.py").write_text("")  # python prog.py imports the built-in gc too
+    (folder / "prog.py").write_text("import gc\n\ndef f():\n    return gc.isenabled()\n\nf()\n")
+    result = cli("run", "-q", "-r", "__main__:f:return", folder / "prog.py", cwd=project)
+    assert result.returncode == 0 and "warning" not in result.stderr, result.stderr

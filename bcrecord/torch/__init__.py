@@ -30,7 +30,6 @@ try:
 except ImportError as error:  # pragma: no cover - depends on the environment
     raise ImportError("bcrecord.torch needs PyTorch: pip install 'bcrecord[torch]'") from error
 
-import inspect
 import sys
 import warnings
 import weakref
@@ -40,7 +39,7 @@ from .. import patch as _patch
 from .. import runtime as _runtime
 from . import copies  # noqa: F401  (registers tensor copies)
 from .extractor import FeatureExtractor, create_feature_extractor, list_targets
-from .record import ModelRecording, StopForward, record
+from .record import ModelRecording, StopForward, patched_classes, record
 from .targets import Target, expand, unwrap
 
 __all__ = [
@@ -181,22 +180,16 @@ def _drop_graphs_holding(function: Any) -> bool:
 
 
 def _ids_guards_name(function: Any) -> Optional[List[str]]:
-    """The ``id()`` of ``function``, and of each class whose method it is (subclasses too),
-    as text; None for a method whose class cannot be found from its qualified name."""
-    found: List[Any] = [function]
-    *path, name = getattr(function, "__qualname__", "").split(".")
-    if path:
-        owner: Any = sys.modules.get(getattr(function, "__module__", None) or "")
-        for part in path:  # ('<locals>' is no attribute: not found)
-            owner = getattr(owner, part, None)
-        attribute = inspect.getattr_static(owner, name, None) if isinstance(owner, type) else None
-        if getattr(attribute, "__func__", attribute) is not function:
-            return None
-        classes = [owner]
-        for cls in classes:  # (grows as it goes: every subclass)
-            classes += [sub for sub in type.__subclasses__(cls) if sub not in classes]
-        found += classes
-    return [str(id(item)) for item in found]
+    """The ``id()`` of ``function`` and of the recorded modules' classes that run it (with their
+    subclasses), as text; None for a function no model's recording patched (where the
+    graphs that may run it are not known)."""
+    classes = list(patched_classes.get(function, ()))
+    if not classes:
+        return None
+    for cls in classes:  # (grows as it goes: every subclass)
+        subclasses: List[type] = type.__subclasses__(cls)
+        classes += [sub for sub in subclasses if sub not in classes]
+    return [str(id(item)) for item in [function, *classes]]
 
 
 _probe_outside_dynamo()

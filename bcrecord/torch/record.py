@@ -77,6 +77,9 @@ __all__ = ["record", "ModelRecording", "StopForward"]
 _MARK = "_bcrecord_path"
 _marks_lock = threading.Lock()
 _mark_counts: Dict[int, int] = {}
+#: For each function patched for a model, the classes of the recorded modules that run it: a
+#: compiled graph that inlined it is guarded on one of them (``bcrecord.torch._drop_graphs_holding``).
+patched_classes: weakref.WeakKeyDictionary[Any, weakref.WeakSet[type]] = weakref.WeakKeyDictionary()
 
 
 class StopForward(BaseException):
@@ -821,10 +824,12 @@ class Plan:
                     patches.append(
                         patch_method(cls, method, returns, name=owner, in_place=True, unwrap=False)
                     )
+                    patched_classes.setdefault(patches[-1].function, weakref.WeakSet()).add(cls)
                     specs = [spec for spec in specs if not isinstance(spec, Return)]
                     if not specs:
                         continue
                 patches.append(patch_method(cls, method, specs, name=owner, in_place=True))
+                patched_classes.setdefault(patches[-1].function, weakref.WeakSet()).add(cls)
             if stops:
                 for patch in patches:
                     patch.deliver_last()

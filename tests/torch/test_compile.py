@@ -212,3 +212,42 @@ def test_recording_another_model_leaves_a_compiled_model_s_graphs_alone():
         assert torch.allclose(rec["bn1:forward:return"], expected, atol=1e-5)
     assert stats["unique_graphs"] == graphs  # the other model compiled once
     extractor.close()
+
+
+class _Doubled(torch.nn.Module):
+    def forward(self, x):
+        return torch.relu(x * 2) + 1
+
+
+def _assigned_forward(self, x):
+    h = x - 1
+    return h
+
+
+class _Assigned(torch.nn.Module):
+    pass
+
+
+_Assigned.forward = _assigned_forward  # (its qualified name names no class)
+
+
+class _Holder(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fx = torch.fx.symbolic_trace(_Doubled())  # a generated forward, named 'forward'
+        self.assigned = _Assigned()
+
+    def forward(self, x):
+        return self.assigned(self.fx(x)) * 3
+
+
+def test_a_model_compiled_before_recording_records_methods_whose_names_name_no_class():
+    torch._dynamo.reset()
+    net = _Holder()
+    compiled = torch.compile(net, backend="eager")
+    x = torch.ones(2)
+    compiled(x)  # compiled before the recording: its graph inlined the methods without probes
+    with record(net, ["fx", "assigned:forward:h"]) as rec:
+        assert torch.equal(compiled(x), torch.full((2,), 6.0))
+    assert torch.equal(rec["fx:forward:return"], torch.full((2,), 3.0))
+    assert torch.equal(rec["assigned:forward:h@0"], torch.full((2,), 2.0))
