@@ -146,10 +146,12 @@ class _CompiledCode:
 def _drop_graphs_holding(function: Any) -> bool:
     """Drop Dynamo's cached graphs that may run ``function``; False where it cannot tell which.
 
-    A graph that inlined a method is guarded on the type of the module (or object) it
-    was called on, one that inlined a function on the function itself: the graphs
-    of a frame whose guards name the function, its class or a subclass (by ``id``,
-    as Dynamo's guards print them) are dropped, with every graph of that frame.
+    A graph that inlined a method is guarded on the type of the module it was called
+    on, or, where it reached the module by looping over a container, on the type of
+    the module whose frame was compiled, one on the way to it; one that inlined a
+    function on the function itself. The graphs of a frame whose guards name the
+    function, or one of those classes or their subclasses (by ``id``, as Dynamo's
+    guards print them), are dropped, with every graph of that frame.
     """
     ids = _ids_guards_name(function)
     if ids is None:
@@ -180,9 +182,9 @@ def _drop_graphs_holding(function: Any) -> bool:
 
 
 def _ids_guards_name(function: Any) -> Optional[List[str]]:
-    """The ``id()`` of ``function`` and of the recorded modules' classes that run it (with their
-    subclasses), as text; None for a function no model's recording patched (where the
-    graphs that may run it are not known)."""
+    """The ``id()`` of ``function``, of the recorded modules' classes that run it and of the
+    modules' on the way to them (with their subclasses), as text; None for a function no
+    model's recording patched (where the graphs that may run it are not known)."""
     classes = list(patched_classes.get(function, ()))
     if not classes:
         return None

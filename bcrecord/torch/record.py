@@ -77,8 +77,10 @@ __all__ = ["record", "ModelRecording", "StopForward"]
 _MARK = "_bcrecord_path"
 _marks_lock = threading.Lock()
 _mark_counts: Dict[int, int] = {}
-#: For each function patched for a model, the classes of the recorded modules that run it: a
-#: compiled graph that inlined it is guarded on one of them (``bcrecord.torch._drop_graphs_holding``).
+#: For each function patched for a model, the classes of the recorded modules that run it and of
+#: the modules on the way to them: a compiled graph that inlined it is guarded on one of them,
+#: where it reached the module by looping over a container too, by the type of the compiled
+#: frame's module (``bcrecord.torch._drop_graphs_holding``).
 patched_classes: weakref.WeakKeyDictionary[Any, weakref.WeakSet[type]] = weakref.WeakKeyDictionary()
 
 
@@ -824,12 +826,12 @@ class Plan:
                     patches.append(
                         patch_method(cls, method, returns, name=owner, in_place=True, unwrap=False)
                     )
-                    patched_classes.setdefault(patches[-1].function, weakref.WeakSet()).add(cls)
+                    self._note_classes(patches[-1], cls)
                     specs = [spec for spec in specs if not isinstance(spec, Return)]
                     if not specs:
                         continue
                 patches.append(patch_method(cls, method, specs, name=owner, in_place=True))
-                patched_classes.setdefault(patches[-1].function, weakref.WeakSet()).add(cls)
+                self._note_classes(patches[-1], cls)
             if stops:
                 for patch in patches:
                     patch.deliver_last()
@@ -837,6 +839,12 @@ class Plan:
             remove_all(patches)
             raise
         return patches
+
+    def _note_classes(self, patch: Patch, cls: type) -> None:
+        """Note, for ``patch``'s function, the classes a compiled graph running it is guarded on."""
+        classes = patched_classes.setdefault(patch.function, weakref.WeakSet())
+        classes.add(cls)
+        classes.update(type(module) for module in self.enclosing)
 
     def recording_for(
         self,

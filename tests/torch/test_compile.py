@@ -251,3 +251,43 @@ def test_a_model_compiled_before_recording_records_methods_whose_names_name_no_c
         assert torch.equal(compiled(x), torch.full((2,), 6.0))
     assert torch.equal(rec["fx:forward:return"], torch.full((2,), 3.0))
     assert torch.equal(rec["assigned:forward:h@0"], torch.full((2,), 2.0))
+
+
+class _Sine(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        z = self.lin(x)
+        return torch.sin(z)
+
+
+class _Looped(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([_Sine() for _ in range(3)])
+
+    def forward(self, x):
+        for layer in self.layers:  # Dynamo's guards name the list's type, not its items'
+            x = layer(x)
+        return x
+
+
+def test_modules_reached_by_looping_over_a_container_record_in_a_model_compiled_before():
+    from bcrecord.torch import create_feature_extractor
+
+    for model, path in [(_Looped(), "layers.1"), (torch.nn.Sequential(_Sine(), _Sine(), _Sine()), "1")]:
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend="eager")
+        x = torch.randn(2, 4)
+        compiled(x)  # compiled before the recording: its graph inlined the layers without probes
+        with torch.no_grad():
+            z = model.get_submodule(path).lin(model.get_submodule(path[:-1] + "0")(x))
+        with record(compiled, [path, f"{path}:forward:z@0"]) as rec:
+            compiled(x)
+        assert torch.allclose(rec[f"{path}:forward:z@0"], z, atol=1e-6)
+        assert torch.allclose(rec[f"{path}:forward:return"], torch.sin(z), atol=1e-6)
+        extractor = create_feature_extractor(compiled, [path])
+        assert torch.allclose(extractor(x)[path], torch.sin(z), atol=1e-6)
+        extractor.close()
