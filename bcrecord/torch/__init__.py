@@ -171,7 +171,8 @@ def _drop_graphs_holding(function: Any) -> bool:
             if frame_code is None:
                 continue
             for entry in _debug_get_cache_entry_list(frame_code):
-                if any(name in part for part in entry.guard_manager.code_parts for name in ids):
+                parts = entry.guard_manager.code_parts
+                if not parts or any(name in part for part in parts for name in ids):  # (none: unknown)
                     stale.append(frame_code)
                     break
     except Exception:  # (ImportError, AttributeError: another torch's internals)
