@@ -1550,14 +1550,15 @@ def run(
         if saved_path0 is not None:
             sys.path[0] = saved_path0
     shadowed = _shadowed(prog.path0)
-    if shadowed:
+    told = sys.stderr if stderr is None else stderr
+    if shadowed and told is not None:  # (None: started without a stderr; print would use stdout)
         names = ", ".join(shadowed)
         print(
             f"bcrecord: warning: the program's folder has module(s) of its own named {names}, which "
             f"bcrecord imported from elsewhere before the program starts: the program's import of "
             "them gets bcrecord's (as for names Python itself imports first); rename the program's "
             "if it needs its own",
-            file=sys.stderr if stderr is None else stderr,
+            file=told,
         )
     writer = Writer(save_dir) if save_dir is not None else None
     if writer is not None and not quiet:
