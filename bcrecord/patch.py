@@ -1189,9 +1189,6 @@ def _patch_method(
     unwrap: bool,
 ) -> Patch:
     raw, own = _lookup(obj, method)
-    running = _unwrap_installed(raw)
-    if unwrap and isinstance(running, types.FunctionType) and _dispatches(running):
-        raise NotPatchableError(_why_not_a_function(running))
     if isinstance(obj, type) and not any(method in vars(cls) for cls in obj.__mro__):
         # Found on the metaclass: a copy put in the class would be its instances' method.
         meta = type(obj).__name__

@@ -1296,6 +1296,8 @@ def test_a_singledispatch_function_is_refused_and_its_registered_implementations
     assert rec.all("d:process:return") == [6, ("default", "s")]
     module = types.ModuleType("dispatching")
     module.process = process
+    with pytest.raises(NotPatchableError, match=r"process is a functools.singledispatch function: patch"):
+        bcrecord.patch_method(module, "process", ["out"])
     with (
         bcrecord.patch_method(module, "process", "return", name="d", unwrap=False),
         bcrecord.recording() as rec,
