@@ -83,7 +83,7 @@ except ImportError:  # pragma: no cover - depends on the environment
             "bcrecord.integrations.lightning needs Lightning: pip install 'bcrecord[lightning]'"
         ) from error
 
-from ..errors import SpecError, warn
+from ..errors import SpecError, TargetError, warn
 from ..storage import StorageError, Writer
 from ..torch import ModelRecording, record
 from ..torch.record import PLAN_OPTIONS, Plan, check_options
@@ -531,8 +531,17 @@ class RecorderCallback(pl.Callback):  # type: ignore[misc]
         stage = str(getattr(stage, "value", stage))  # Lightning passes its TrainerFn enum
         if any(s in self.stages for s in _RUNS.get(stage, (stage,))):
             # The targets, checked now: before a sanity check runs batches, or folders are made.
-            planned = {k: v for k, v in self.record_options.items() if k in PLAN_OPTIONS}
-            Plan(pl_module, self.targets, **planned)
+            # A module that builds layers in its own setup() or configure_model() (they run
+            # after this) has them checked again once it has: at on_fit_start, or the stage's start.
+            try:
+                self._check_targets(pl_module)
+            except TargetError:
+                self._check_again = stage  # (its folders then too: none for targets that stay missing)
+                return
+        self._open_folders(stage)
+
+    def _open_folders(self, stage: str) -> None:
+        """Make the records folders of the stages ``stage`` records (a bad ``save_dir`` stops it now)."""
         if self.save_dir is None:
             return
         for recorded in [s for s in _RUNS.get(stage, (stage,)) if s in self.stages]:
@@ -543,6 +552,19 @@ class RecorderCallback(pl.Callback):  # type: ignore[misc]
 
     _world_size = 1
     _rank = 0
+    #: The stage whose targets setup() could not find (built later, by the module's own setup).
+    _check_again: Optional[str] = None
+
+    def _check_targets(self, pl_module: Any) -> None:
+        planned = {k: v for k, v in self.record_options.items() if k in PLAN_OPTIONS}
+        Plan(pl_module, self.targets, **planned)
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        """Check the targets that setup() could not, before the sanity check runs batches."""
+        stage, self._check_again = self._check_again, None
+        if stage is not None:
+            self._check_targets(pl_module)
+            self._open_folders(stage)
 
     def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
         """Remove every patch still in place."""

@@ -417,6 +417,41 @@ def test_bad_target_fails_clearly_and_changes_nothing(tmp_path):
     assert model.stash == {} and not (tmp_path / "rec").exists()
 
 
+class _BuiltLate(pl.LightningModule):
+    """Layers made in configure_model(), which Lightning calls after the callbacks' setup()."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = None
+
+    def configure_model(self):
+        if self.net is None:
+            torch.manual_seed(0)
+            self.net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+
+    def training_step(self, batch, batch_idx):
+        return self.net(batch).pow(2).mean()
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.0)  # (the layer stays as it is: checked below)
+
+
+def test_targets_in_layers_built_in_configure_model_are_recorded(tmp_path):
+    model = _BuiltLate()
+    callback = RecorderCallback(["net.0"], save_dir=tmp_path / "rec", log_to_logger=False)
+    data = torch.randn(8, 4)
+    trainer(tmp_path, callback, max_steps=2).fit(model, torch.utils.data.DataLoader(data, batch_size=4))
+    saved = bcrecord.load(tmp_path / "rec" / "fit")
+    assert saved.steps("net.0:forward:return") == [0, 1]
+    for got, batch in zip(saved["net.0:forward:return"], data.split(4), strict=True):
+        assert torch.allclose(got, model.net[0](batch).detach(), atol=1e-6)
+    wrong = RecorderCallback(["net.9"], save_dir=tmp_path / "wrong", log_to_logger=False)
+    batches = torch.utils.data.DataLoader(data, batch_size=4)
+    with pytest.raises(TargetError, match="net.9"):  # still refused, before any batch
+        trainer(tmp_path, wrong, max_steps=1).fit(_BuiltLate(), batches)
+    assert not (tmp_path / "wrong").exists()
+
+
 def test_arguments_are_checked():
     with pytest.raises(ValueError, match="every_n_steps"):
         RecorderCallback(["conv"], every_n_steps=0)
