@@ -937,7 +937,7 @@ def copied_dataclass(value: Any, copy_field: Callable[[Any], Any], made: Dict[in
 
 #: Plug-ins that register copies for a library's types, loaded (by name, so the core
 #: never imports them) the first time a value from that library is copied.
-_PLUGINS = {"torch": "bcrecord.torch.copies"}
+_PLUGINS = {"torch": "bcrecord.torch.copies", "mmengine": "bcrecord.integrations.mmengine"}
 
 
 def _load_plugin(cls: type) -> None:

@@ -44,6 +44,7 @@ from __future__ import annotations
 import difflib
 import dis
 import fnmatch
+import functools
 import os
 import re
 import types
@@ -57,6 +58,7 @@ try:
     from mmengine.hooks import Hook
     from mmengine.model import is_model_wrapper
     from mmengine.registry import HOOKS
+    from mmengine.structures import BaseDataElement
     from mmengine.visualization import Visualizer
 except ImportError as error:  # pragma: no cover - depends on the environment
     raise ImportError(
@@ -68,11 +70,38 @@ import bcrecord.torch  # noqa: F401  (registers detached tensor copies for recor
 from ..errors import BcrecordError, SpecError, did_you_mean
 from ..listing import decompiled, side_by_side
 from ..patch import Patch, patch_method
-from ..runtime import Recording, recording
+from ..runtime import Recording, copy_value, recording, register_copy
 from ..specs import COPY_POLICIES, Attribute, Spec, parse
 from ..storage import Writer
 from ..torch.copies import _map
 from ..torch.targets import unwrap
+
+
+def _copied_element(element: BaseDataElement, policy: str = "clone") -> BaseDataElement:
+    """A data element (an OpenMMLab data sample) as recordings keep it under ``copy=policy``.
+
+    Its fields and metainfo are copied as recordings copy values (tensors become detached
+    clones, nested elements copies of their own). ``BaseDataElement.clone()`` copies the
+    element alone: its tensors and nested elements stay shared, and what the model changes
+    in them later would show in the recorded value.
+
+    >>> import torch
+    >>> from mmengine.structures import InstanceData
+    >>> sample = BaseDataElement(gt=InstanceData(labels=torch.tensor([0])))
+    >>> kept = copy_value(sample, "clone")
+    >>> _ = sample.gt.labels.add_(100)
+    >>> kept.gt.labels
+    tensor([0])
+    """
+    copied = type(element)()
+    copied.set_metainfo(copy_value(dict(element.metainfo_items()), policy))
+    copied.set_data({key: copy_value(value, policy) for key, value in element.items()})
+    return copied
+
+
+register_copy(BaseDataElement, "clone", _copied_element)
+# (deepcopy refuses tensors in the autograd graph: each field as a recording's deepcopy copies it)
+register_copy(BaseDataElement, "deepcopy", functools.partial(_copied_element, policy="deepcopy"))
 
 if TYPE_CHECKING:  # pragma: no cover
     import numpy as np

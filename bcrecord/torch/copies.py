@@ -23,6 +23,7 @@ cast, a reduce function, and ``grad=True`` (keep the value in the autograd graph
 
 from __future__ import annotations
 
+import copy as _copy_module
 import dataclasses
 import functools
 from typing import Any, Callable, Dict, Optional, Set, Tuple, TypeVar, Union
@@ -86,9 +87,23 @@ def _detached_copy(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().clone()
 
 
+def _deepcopy_outside_autograd(value: Any) -> Any:
+    """``copy.deepcopy(value)``; where a tensor in it is in the autograd graph (deepcopy takes
+    leaves only: ``dict(loss=loss)``), the container rebuilt with its tensors' detached copies
+    and the rest of it deep-copied (as ``'deepcopy'`` copies each)."""
+    try:
+        return _copy_module.deepcopy(value)
+    except RuntimeError:
+        if not isinstance(value, (list, tuple, dict)) and not dataclasses.is_dataclass(value):
+            raise  # an object that holds one its own way: the recording's errors say so
+        return _map(value, _detached_copy, functools.partial(copy_value, policy="deepcopy"))
+
+
 register_copy(torch.Tensor, "clone", detached_clone)
 register_copy(torch.Tensor, "detach", _detached)
 register_copy(torch.Tensor, "deepcopy", _detached_copy)
+# Containers and objects holding tensors: see _deepcopy_outside_autograd (a tensor alone: _detached_copy).
+register_copy(object, "deepcopy", _deepcopy_outside_autograd)
 
 Device = Union[str, torch.device, None]
 T = TypeVar("T")

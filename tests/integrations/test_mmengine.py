@@ -1028,3 +1028,18 @@ def test_public_api_has_examples_and_types():
 
     # MMEngine's hook methods (before_run, after_train_iter...) are documented by MMEngine.
     assert undocumented(module) == []
+
+
+@pytest.mark.parametrize("policy", ["clone", "deepcopy"])
+def test_a_data_sample_is_kept_as_it_was_nested_elements_and_tensors_included(policy):
+    from mmengine.structures import BaseDataElement, InstanceData
+
+    live = torch.ones(2, requires_grad=True) * 2
+    sample = BaseDataElement(metainfo=dict(img_shape=(2, 2)))
+    sample.gt_instances = InstanceData(labels=torch.tensor([0]))
+    sample.pred = live
+    kept = runtime.copy_value({"sample": sample, "loss": live}, policy)["sample"]
+    sample.gt_instances.labels.add_(100)  # what the model does with it later
+    sample.gt_instances.scores = torch.ones(1)
+    assert kept.gt_instances.labels.tolist() == [0] and "scores" not in kept.gt_instances
+    assert kept.img_shape == (2, 2) and not kept.pred.requires_grad and torch.equal(kept.pred, live.detach())

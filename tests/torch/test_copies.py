@@ -215,3 +215,23 @@ def test_dataclass_values_keep_their_links_and_skip_unset_fields():
     live.t.data.fill_(7.0)
     assert kept is not live and torch.equal(kept.t, torch.full((2,), 2.0)) and not kept.t.requires_grad
     assert live.t.requires_grad  # the program's object untouched
+
+
+def test_deepcopy_copies_containers_holding_tensors_in_the_autograd_graph():
+    leaf = torch.ones(2, requires_grad=True)
+    loss = (leaf * 2).sum()  # in the graph: deepcopy alone refuses it
+    copied = copy_value({"loss": loss, "parts": [leaf * 3, 4], "pair": (loss,)}, "deepcopy")
+    assert torch.equal(copied["loss"], torch.tensor(4.0)) and not copied["loss"].requires_grad
+    assert torch.equal(copied["parts"][0], torch.full((2,), 3.0)) and copied["parts"][1] == 4
+    assert copied["pair"][0] is not loss and torch.equal(copied["pair"][0], torch.tensor(4.0))
+    plain = {"n": [1, 2]}
+    assert copy_value(plain, "deepcopy") == plain and copy_value(plain, "deepcopy")["n"] is not plain["n"]
+
+
+def test_deepcopy_of_an_object_holding_a_graph_tensor_its_own_way_fails_as_deepcopy_does():
+    class Holder:
+        def __init__(self, t):
+            self.t = t
+
+    with pytest.raises(RuntimeError, match="graph leaves"):
+        copy_value(Holder(torch.ones(1, requires_grad=True) * 2), "deepcopy")
