@@ -829,7 +829,9 @@ def _header(directory: Path) -> Dict[str, Any]:
     except FileNotFoundError:
         if not directory.exists():
             raise StorageError(f"no such directory: {directory}") from None
-        raise StorageError(f"{directory} has no index.json: not a bcrecord records directory") from None
+        inside = sorted(found.parent.name for found in directory.glob("*/index.json"))  # (rank0, rank1...)
+        hint = f" (its folders {', '.join(inside)} are: load each)" if inside else ""
+        raise StorageError(f"{directory} has no index.json: not a bcrecord records directory{hint}") from None
     except (OSError, ValueError) as error:
         raise StorageError(f"cannot read {directory / 'index.json'}: {error}") from None
     if not isinstance(index, dict) or index.get("format") != FORMAT:

@@ -427,3 +427,12 @@ def test_a_key_is_looked_up_in_saved_records_without_a_did_you_mean(tmp_path, mo
 
     monkeypatch.setattr(bcrecord.storage, "did_you_mean", hint)
     assert "m:f:x@0" in loaded and "m:f:y@0" not in loaded
+
+
+def test_load_of_a_folder_of_records_directories_names_them(tmp_path):
+    for rank in (0, 1):
+        save({"m:f:x@0": [rank]}, tmp_path / "train" / f"rank{rank}", step=0)
+    said = r"has no index.json: not a bcrecord records directory \(its folders rank0, rank1 are: load each\)"
+    with pytest.raises(StorageError, match=said):
+        load(tmp_path / "train")
+    assert load(tmp_path / "train" / "rank1")["m:f:x@0"] == [1]
