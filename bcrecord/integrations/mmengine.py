@@ -700,6 +700,8 @@ class RecorderHook(Hook):
 
     def _apply(self, runner: Runner) -> List[Patch]:
         applied: List[Patch] = []
+        #: Each key's recorder and where it records: two places must not share one key.
+        places: Dict[str, Tuple[Any, str, str]] = {}
         try:
             for rc in self._parsed:
                 try:
@@ -729,6 +731,14 @@ class RecorderHook(Hook):
                 except BcrecordError as error:
                     what = f"{rc.owner}.{rc.method}" if rc.model else f"runner.model.{rc.method}"
                     raise _fail(rc.where, f"cannot record in {what}: {error}") from error
+                for key in applied[-1].keys:
+                    other = places.setdefault(key, (target, rc.method, rc.where))
+                    if other[0] is not target or other[1] != rc.method:  # one value would be lost
+                        raise _fail(
+                            rc.where,
+                            f"its key {key!r} is also that of {other[2]}, which records elsewhere: "
+                            "give one of them another name=",
+                        )
         except BaseException:
             for patch in reversed(applied):
                 patch.remove()

@@ -1043,3 +1043,19 @@ def test_a_data_sample_is_kept_as_it_was_nested_elements_and_tensors_included(po
     sample.gt_instances.scores = torch.ones(1)
     assert kept.gt_instances.labels.tolist() == [0] and "scores" not in kept.gt_instances
     assert kept.img_shape == (2, 2) and not kept.pred.requires_grad and torch.equal(kept.pred, live.detach())
+
+
+def test_two_recorders_whose_keys_are_one_fail_at_before_run(tmp_path):
+    model = ToyModel()
+    recorders = [
+        dict(type="FunctionRecorder", model="linear1", name="lin", target="return"),
+        dict(type="FunctionRecorder", model="linear2", name="lin", target="return"),
+    ]
+    runner = make_runner(tmp_path, model, [dict(type="RecorderHook", recorders=recorders)])
+    with pytest.raises(RecorderConfigError) as caught:
+        runner.train()
+    text = str(caught.value)
+    assert text.startswith("RecorderHook: recorders[1] dict(type='FunctionRecorder', model='linear2'")
+    assert "its key 'lin:forward:return' is also that of recorders[0]" in text and "another name=" in text
+    assert runner.iter == 0
+    assert_restored(model)
