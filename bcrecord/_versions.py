@@ -106,6 +106,12 @@ class Table:
     global_loads: FrozenSet[str] = frozenset({"LOAD_GLOBAL", "LOAD_NAME"})
     #: The operator symbol of a binary-operator instruction (``'+'``, ``'+='``), or None.
     binary_op: Callable[[Instr], Optional[str]] = lambda instr: None
+    #: The symbol of an operator that is no site: a comparison (``'=='``), a unary
+    #: operator (``'unary -'``, ``'~'``, ``'not'``) or an item read (``'[]'``, unpacking
+    #: too), or None.
+    value_op: Callable[[Instr], Optional[str]] = lambda instr: _value_op(
+        instr, "UNARY_POSITIVE", "BINARY_SUBSCR"
+    )
     #: Whether the compiler turns ``'%s-%r' % (a, b)`` (a string constant formatting a
     #: tuple display with ``%s``/``%r``/``%a`` units only) into f-string code, leaving
     #: no ``%`` operator (3.11+).
@@ -269,6 +275,25 @@ def _op_311(instr: Instr) -> Optional[str]:
     return None if symbol is None else symbol + ("=" if inplace else "")
 
 
+_COMPARISONS = {"EQ": "==", "NE": "!=", "LT": "<", "LE": "<=", "GT": ">", "GE": ">="}
+_UNARY = {"UNARY_NEGATIVE": "unary -", "UNARY_INVERT": "~", "UNARY_NOT": "not"}
+
+
+def _value_op(instr: Instr, positive: str, subscript: str) -> Optional[str]:
+    # ``positive``/``subscript``: how the version spells unary + and x[i] (an opcode,
+    # or CALL_INTRINSIC_1's / BINARY_OP's arg name).
+    name, arg = instr.name, getattr(instr.arg, "name", "")
+    if name == "COMPARE_OP":  # (3.13 adds a _CAST variant: the result converted to bool)
+        return _COMPARISONS.get(arg[: -len("_CAST")] if arg.endswith("_CAST") else arg)
+    if name in _UNARY:
+        return _UNARY[name]
+    if positive in (name, arg):
+        return "unary +"
+    if subscript in (name, arg) or name in ("UNPACK_SEQUENCE", "UNPACK_EX"):
+        return "[]"
+    return None
+
+
 def _named(opname: str) -> Callable[[Instr], Optional[str]]:
     """Reads the attribute name of ``opname`` instructions whose arg is a plain name."""
 
@@ -426,6 +451,7 @@ def _312() -> Table:
         with_enters=frozenset({"BEFORE_WITH", "BEFORE_ASYNC_WITH"}),
         await_rethrow="CLEANUP_THROW",
         binary_op=_op_311,
+        value_op=lambda instr: _value_op(instr, "INTRINSIC_UNARY_POSITIVE", "BINARY_SUBSCR"),
         load_method=lambda name, loc: _instr("LOAD_ATTR", (True, name), loc),
         call_method=lambda n, loc: [_instr("CALL", n, loc)],
         raise_over_method=_swap_up,
@@ -468,6 +494,7 @@ def _313() -> Table:
         await_rethrow="CLEANUP_THROW",
         with_enters=frozenset({"BEFORE_WITH", "BEFORE_ASYNC_WITH"}),
         binary_op=_op_311,
+        value_op=lambda instr: _value_op(instr, "INTRINSIC_UNARY_POSITIVE", "BINARY_SUBSCR"),
         load_method=lambda name, loc: _instr("LOAD_ATTR", (True, name), loc),
         call_method=lambda n, loc: [_instr("CALL", n, loc)],
         raise_over_method=_swap_up,
@@ -495,6 +522,7 @@ def _314() -> Table:
             "return_const": None,
             # BINARY_SUBSCR became BINARY_OP with the SUBSCR operator.
             "subscript": lambda loc: [_instr("BINARY_OP", _subscr_op(), loc)],
+            "value_op": lambda instr: _value_op(instr, "INTRINSIC_UNARY_POSITIVE", "SUBSCR"),
         }
     )
 

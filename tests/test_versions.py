@@ -60,3 +60,15 @@ def test_the_3_10_line_table_is_the_one_cpython_assembles():
             assert _versions.current().line_table(concrete, code.co_firstlineno) == code.co_linetable
             checked += 1
     assert checked > 50
+
+
+def test_value_op_names_comparisons_unary_operators_and_item_reads_of_this_python():
+    from bytecode import Bytecode, Instr
+
+    def ops(x, y):
+        a, b = y
+        return x == y, x >= 1, -x, +x, ~x, not x, x[0], x + y, x.shape
+
+    table = _versions.current()
+    found = [table.value_op(i) for i in Bytecode.from_code(ops.__code__) if isinstance(i, Instr)]
+    assert [op for op in found if op] == ["[]", "==", ">=", "unary -", "unary +", "~", "not", "[]"]

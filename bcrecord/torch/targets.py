@@ -195,6 +195,8 @@ _FX_UNMAPPED_OPERATORS = {
     "not_": "not",
 }
 
+_COMPARISONS = frozenset({"==", "!=", "<", "<=", ">", ">="})
+
 #: FX node names of operators, and the operator symbols they stand for.
 _FX_OPERATORS = {
     "add": ("+", "+="),
@@ -318,6 +320,8 @@ class _FxScope:
     #: Where a node of the op runs that is no site (``f(x).flatten()``): names of the
     #: sites after it are not fixed.
     unplaced: List[Tuple[int, ...]] = field(default_factory=list)
+    #: What else FX makes such nodes of that is no site (``-x`` for ``'neg'``), described.
+    unmapped: List[str] = field(default_factory=list)
 
 
 def _fx_target(model: torch.nn.Module, text: str) -> Optional[Target]:
@@ -359,6 +363,12 @@ def _fx_target(model: torch.nn.Module, text: str) -> Optional[Target]:
             f"(f(x).{base}(...)): FX makes a node of each, but such a call is no site here, so its "
             "result cannot be recorded where it is made; record the value it is called on or the "
             "local its result ends up in (list_targets shows the sites)"
+        )
+    if scope.unmapped:  # FX numbers those among the calls of that name: their names shift
+        raise TargetError(
+            f"{text!r}: {kind} has {' and '.join(dict.fromkeys(scope.unmapped))}, of which FX makes "
+            f"{base!r} nodes too, numbered with its {base!r} calls, and which bcrecord cannot record: "
+            f"which call FX names {node!r} is not known here; name the site instead: {labels}"
         )
     if scope.problems:
         raise TargetError(
@@ -562,6 +572,7 @@ def _fx_sites(
                 inlined.problems += [f"calls {callee} from itself"] if _has_fx_sites(python, base) else []
             elif isinstance(position, int):
                 _fx_sites(module, python, at + (position,), guarded(position), inlined, seen | {python})
+            scope.unmapped += inlined.unmapped
             if not inlined.sites and not inlined.problems and not inlined.unplaced:
                 continue
             if len(calls) > 1 or len(calls[0].positions) > 1:
@@ -609,6 +620,9 @@ def _fx_sites(
             (o.positions[0], Expr(op, o.index), f"{op}@{o.index}") for o in found.operators.get(op, ())
         ]
     scope.unplaced += [at + (position,) for position in _unchained_loads(original_code(func), base)]
+    unmapped = _unmapped_nodes(original_code(func), base, me)
+    if unmapped:
+        scope.unmapped.append(unmapped)
     for where, spec, label in placed:
         if not isinstance(where, int):  # in a nested code object: a comprehension's loop
             scope.sites.append(_FxSite(at + _flat(where), method, spec, label, guards, looped=True))
@@ -797,6 +811,33 @@ def _has_fx_sites(func: types.FunctionType, base: str, depth: int = 4) -> bool:
         if inner is not None and inner is not func and _has_fx_sites(inner, base, depth - 1):
             return True
     return False
+
+
+def _unmapped_nodes(code: types.CodeType, base: str, me: Optional[str]) -> Optional[str]:
+    """What in ``code`` FX makes ``base`` nodes of that are no call or operator sites,
+    described (``'a comparison (>)'``), or None: comparisons and unary operators,
+    item reads (``getitem``), and attribute reads from a value other than ``me`` or a
+    global's chain (``x.shape``: ``getattr``)."""
+    table = current()
+    symbol = _FX_UNMAPPED_OPERATORS.get(base)
+    root = ""  # what the attribute chain being read starts at: me, a global, or another value
+    for item in instructions(code):
+        if not isinstance(item, Instr):
+            continue
+        op = table.value_op(item)
+        if op is not None and op == symbol:
+            return f"a {'comparison' if op in _COMPARISONS else 'unary operator'} ({op})"
+        if base == "getitem" and op == "[]":
+            return "an item read or unpacking (x[i], a, b = x)"
+        if base == "getattr" and table.attr_load(item) and root == "value":
+            return f"an attribute read from a value (.{table.attr_load(item)})"
+        if item.name in table.local_loads:
+            root = "me" if local_name(item.arg) == me else "value"
+        elif item.name in table.global_loads:
+            root = "global"
+        elif not (table.attr_load(item) or table.method_load(item)):
+            root = "value"
+    return None
 
 
 def _unchained_loads(code: types.CodeType, base: str) -> List[int]:

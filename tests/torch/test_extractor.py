@@ -1,5 +1,6 @@
 """bcrecord.torch.extractor: the FX-free feature extractor and list_targets."""
 
+import operator
 import warnings
 
 import pytest
@@ -317,7 +318,10 @@ def test_extractor_rejects_unknown_options_and_bad_values_at_once():
         ({"threads": "some"}, bcrecord.SpecError, "threads must be 'context' or 'all'"),
         ({"reduce": {"nosuch": abs}}, bcrecord.SpecError, r"reduce names targets that are not recorded"),
         ({"reduce": {"bn1": "mean"}}, TypeError, r"reduce\['bn1'\] must be a callable"),
-        ({"dtype": torch.int8}, TypeError, "dtype= casts floating-point or complex values"),
+        ({"dtype": torch.int8}, bcrecord.SpecError, "dtype= casts floating-point or complex values"),
+        ({"dtype": "float16"}, TypeError, "dtype= takes a torch.dtype"),
+        ({"to": "cpux"}, bcrecord.SpecError, "to= names no device: 'cpux'"),
+        ({"to": 2.5}, TypeError, r"to= takes a device \('cpu', 'cuda:0', a torch.device\), not 2.5"),
     ]
     for options, error, words in bad:
         with pytest.raises(error, match=words):  # not at the first call
@@ -661,3 +665,95 @@ def test_fx_names_of_comparisons_and_unary_operators_are_refused_saying_so(node,
     x = torch.randn(2, 3)
     h = model.lin(x)
     assert torch.allclose(create_feature_extractor(model, ["mul"])(x)["mul"], h * 2)  # a binary one maps
+
+
+class _NegBoth(torch.nn.Module):
+    def forward(self, x):
+        y = -x  # FX's 'neg'
+        return torch.neg(y * 2.0)  # FX's 'neg_1'
+
+
+class _GtBoth(torch.nn.Module):
+    def forward(self, x):
+        return (x > 0.0).float() + torch.gt(x, 0.5).float()  # 'gt', then 'gt_1'
+
+
+class _EqBoth(torch.nn.Module):
+    def forward(self, x):
+        return (x == 1.0).float() + x.eq(0.25).float()
+
+
+class _GetattrBoth(torch.nn.Module):
+    def forward(self, x):
+        n = x.shape[0]  # FX's 'getattr' (and 'getitem')
+        return getattr(x, "mT") * n  # noqa: B009  (FX: a getattr call, "getattr_1")
+
+
+class _GetitemBoth(torch.nn.Module):
+    def forward(self, x):
+        return x[0] * 2.0 + operator.getitem(x, 1)  # 'getitem', then 'getitem_1'
+
+
+class _NegInHelper(torch.nn.Module):
+    def forward(self, x):
+        return self._scaled(-x)
+
+    def _scaled(self, y):
+        return torch.neg(y) * 3.0
+
+
+class _NegCallsOnly(torch.nn.Module):
+    def forward(self, x):
+        return torch.neg(x) + torch.neg(x * 2.0)
+
+
+@pytest.mark.parametrize(
+    "model, node, what",
+    [
+        (_NegBoth(), "neg", "a unary operator (unary -)"),
+        (_GtBoth(), "gt", "a comparison (>)"),
+        (_EqBoth(), "eq", "a comparison (==)"),
+        (_GetattrBoth(), "getattr", "an attribute read from a value (.shape)"),
+        (_GetitemBoth(), "getitem", "an item read or unpacking"),
+        (_NegInHelper(), "neg", "a unary operator (unary -)"),
+    ],
+)
+def test_fx_names_shared_with_operators_that_are_no_sites_are_refused(model, node, what):
+    # FX numbers -x, x > 0, x.shape, x[0] among the calls it names the same: the calls'
+    # names shift, so mapping 'neg' to the first torch.neg call would give another value.
+    for name in (node, f"{node}_1"):
+        with pytest.raises(bcrecord.TargetError) as refused:
+            create_feature_extractor(model, [name])
+        said = str(refused.value)
+        assert f"has {what}" in said and "name the site instead" in said, said
+
+
+def test_fx_names_of_calls_alone_still_map():
+    x = torch.tensor([[1.0, -2.0], [3.0, 0.5]])
+    out = create_feature_extractor(_NegCallsOnly(), ["neg", "neg_1"])(x)
+    assert torch.equal(out["neg"], -x) and torch.equal(out["neg_1"], -(x * 2.0))
+
+
+def test_an_extractor_whose_stop_a_site_that_did_not_run_holds_back_says_so_once():
+    class Branchy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(2, 2)
+
+        def forward(self, x):
+            if x.shape[0] > 99:
+                h = x  # never runs here
+            else:
+                h = self.lin(x)
+            return h
+
+    net = torch.nn.Sequential(Branchy(), torch.nn.Linear(2, 2))
+    extractor = create_feature_extractor(net, ["0:forward:h"])
+    x = torch.randn(3, 2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        outs = [extractor(x), extractor(x)]
+    said = [str(w.message) for w in caught if "stop_after_last" in str(w.message)]
+    assert len(said) == 1 and "['0:forward:h@0'] did not run" in said[0]
+    assert all(torch.allclose(out["0:forward:h"], net[0].lin(x)) for out in outs)
+    extractor.close()
