@@ -108,7 +108,9 @@ class FeatureExtractor(torch.nn.Module):
     while autograd is on: its gradients sync only after a whole forward, so that
     forward runs to its end; the values are the same; nor while forward hooks
     registered for every module, as ``FlopCounterMode``'s, or ``always_call=True``
-    hooks of a module on the way to a target are there: they would be skipped). A
+    hooks of a module on the way to a target are there: they would be skipped; nor
+    where a target naming several sites, a local without ``@index``, names one in a
+    branch the model does not take: the stop waits for each, and a warning says so). A
     module path gives the module's output at its first call in the forward, as
     torchvision's node of that name (later calls are ``'relu_1'``…). Any other
     target recorded several times in one forward (a loop) gives the list of its
@@ -273,11 +275,12 @@ class FeatureExtractor(torch.nn.Module):
             with Pass(plan, rec, stop_at_root=False):
                 # Not inside DistributedDataParallel with autograd on (its gradients would not
                 # sync), nor under torch.export (its tracer loses track of the unwound calls).
-                stopping = _stopping.set(
-                    self.stop_early and not (plan.syncs and torch.is_grad_enabled()) and not _exporting()
-                )
+                stops = self.stop_early and not (plan.syncs and torch.is_grad_enabled()) and not _exporting()
+                stopping = _stopping.set(stops)
                 try:
                     self.model(*args, **kwargs)
+                    if stops:
+                        rec._ran_whole()
                 except StopForward as stop:  # every target has its value
                     if stop.recording is not rec:  # an extractor further out stops its pass
                         raise

@@ -310,6 +310,28 @@ class ModelRecording(Recording):
         """The pass ended (returned, stopped or raised): it holds back no other's stop."""
         self._passing = False
 
+    def _ran_whole(self) -> None:
+        """A pass that could have stopped early returned: warn, once, where that is because
+        a target names a site that did not run while every target has a value.
+
+        A target without an index (``'blocks.1:forward:x'``) names every assignment of
+        its local, some maybe in a branch this model never takes (timm's blocks have
+        such sites); the stop waits for each. The values are right; the rest of the
+        model ran for nothing.
+        """
+        unseen = [key for key in self._needed if key not in self._seen]
+        if not self._stop or not unseen or "stop held back" in self._warned:
+            return
+        for keys in self.targets.values():
+            if not any(key in self._seen for key in keys):  # a target the pass never reached
+                return
+        self._warned.add("stop held back")
+        warn(
+            f"stop_after_last: this forward ran to its end although every target has a value, "
+            f"because the stop waits for every site a target names and {unseen} did not run "
+            "(a branch not taken); name the sites that run (with their @index) to stop after them"
+        )
+
     def __exit__(self, *exc: object) -> None:
         try:
             super().__exit__(*exc)
@@ -1002,7 +1024,9 @@ def record(
     ``stop_after_last=True`` ends each forward pass as soon as every target has a
     value: the model's ``forward`` then returns None, and the rest of the model is
     not computed (a model with forward or backward hooks of its own, which would get
-    None, runs whole).
+    None, runs whole). A target naming several sites (a local without ``@index``)
+    waits for each: one in a branch the model does not take holds the stop back
+    (the forward runs whole, with a warning naming it).
 
     ``threads='all'`` (the default) also takes the values of threads that have no
     recording of their own: ``nn.DataParallel``'s replicas run in threads it starts,
@@ -1184,9 +1208,14 @@ class _StopAtRoot:
         # Not inside DistributedDataParallel with autograd on, nor while torch.export or
         # torch.jit.trace traces: a forward stopped early would give them no output. (An
         # extractor returns its features itself: it stops under jit.trace, not under export.)
-        token = _stopping.set(not (self.syncs and torch.is_grad_enabled()) and not _tracing())
+        stopping = not (self.syncs and torch.is_grad_enabled()) and not _tracing()
+        token = _stopping.set(stopping)
         try:
-            return self.forward(*args, **kwargs)
+            returned = self.forward(*args, **kwargs)
+            if stopping:
+                for rec in started:
+                    rec._ran_whole()
+            return returned
         except StopForward as stop:
             if stop.recording not in running:  # a recording run by a caller further out
                 raise

@@ -1117,3 +1117,35 @@ def test_torch_jit_trace_inside_a_recording_traces_the_model_and_records_its_run
         values = rec.all("bn1:forward:return") + rec.all(":forward:x@1")
         assert len(values) >= 4 and all(torch.allclose(v.float(), expected, atol=1e-6) for v in values)
         assert "bcrecord" not in str(traced.graph)  # the probes' copies are not in the graph
+
+
+class _Branchy(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fast = False
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        if self.fast:
+            h = x * 2  # h@0: never runs here
+        else:
+            h = self.lin(x)  # h@1
+        return h
+
+
+def test_a_stop_held_back_by_a_site_that_did_not_run_is_said_once():
+    net = torch.nn.Sequential(_Branchy(), torch.nn.Linear(4, 4))
+    x = torch.randn(2, 4)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch.no_grad(), record(net, ["0:forward:h"], stop_after_last=True) as rec:
+            outs = [net(x), net(x)]
+    said = [str(w.message) for w in caught if "stop_after_last" in str(w.message)]
+    assert len(said) == 1 and "['0:forward:h@0'] did not run" in said[0]
+    assert all(isinstance(out, torch.Tensor) for out in outs)  # ran whole: the values are right
+    assert torch.allclose(rec["0:forward:h@1"], net[0].lin(x))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch.no_grad(), record(net, ["0:forward:h@1"], stop_after_last=True):
+            assert net(x) is None  # the site that runs: stopped after it, nothing said
+    assert not [w for w in caught if "stop_after_last" in str(w.message)]
