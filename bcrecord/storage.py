@@ -162,7 +162,8 @@ def _writing(directory: Path) -> Iterator[None]:
     except StorageError:
         raise
     except OSError as error:
-        raise StorageError(f"cannot write records to {directory}: {error.strerror or error}") from None
+        where = f" ({error.filename})" if error.filename and error.strerror else ""
+        raise StorageError(f"cannot write records to {directory}: {error.strerror or error}{where}") from None
 
 
 @contextlib.contextmanager
@@ -209,7 +210,10 @@ class Writer:
     (None, 2, 4)
     """
 
-    def __init__(self, directory: PathLike) -> None:
+    def __init__(self, directory: PathLike, check: bool = True) -> None:
+        """``check``: read every save the index holds now, as :func:`load` does, and refuse
+        a damaged one (a save added would be refused with it); False reads only the last,
+        for a writer made per save (:func:`save`), which would otherwise read them all each time."""
         # "" (an unset variable, surely) would be the working directory. (Path("") is "." already.)
         if not os.fspath(directory):
             raise StorageError(
@@ -224,6 +228,7 @@ class Writer:
         self._journal: Optional[bytes] = None
         self._read = 0
         self._next_file = 1
+        self._check = check
         with _writing(self.directory):
             # Another program's index.json or index.jsonl: refused before anything is made.
             if (self.directory / "index.json").exists():
@@ -389,8 +394,14 @@ class Writer:
             if end < size:  # a save that crashed mid-line: not part of the index
                 journal.truncate(end)
             if end > self._read:
-                last = _last_line(journal, self._read, end)
-                for entry in _entries_in(last, path):
+                if self._read == 0 and self._check:
+                    # New to this journal: every line read, as load() reads them (a save added
+                    # to a damaged index would be one nobody can load); later, only the last.
+                    journal.seek(0)
+                    lines = journal.read(end)
+                else:
+                    lines = _last_line(journal, self._read, end)
+                for entry in _entries_in(lines, path):
                     self._next_file = max(self._next_file, int(Path(entry["file"]).stem) + 1)
             self._read = end
             journal.seek(0)
@@ -818,8 +829,35 @@ def save(records: Any, directory: PathLike, step: int = 0) -> Path:
     [1, 2, 3]
     """
     items, step = dict(_items(records)), _step(step)  # checked before the directory is made
-    Writer(directory).write(items, step)
+    made = not Path(directory).exists()
+    writer = Writer(directory, check=False)  # (one per save: saves in a loop stay quick)
+    try:
+        writer.write(items, step)
+    except UnsavableValue:
+        if made:  # nothing of this save is left behind: the empty directory it made goes too
+            _remove_if_empty(writer.directory)
+        raise
     return Path(directory)
+
+
+def _remove_if_empty(directory: Path) -> None:
+    """Remove a records directory that holds no save (another writer's save stays)."""
+    journal = directory / _JOURNAL
+    try:
+        with _turn(directory):
+            if journal.stat().st_size or any(
+                found.name != ".lock" for found in (directory / "records").iterdir()
+            ):
+                return
+            journal.unlink()
+            (directory / "index.json").unlink()
+    except OSError:
+        return
+    for leftover in (directory / "records" / ".lock", directory / "records", directory):
+        try:
+            leftover.rmdir() if leftover.is_dir() else leftover.unlink()
+        except OSError:  # (another writer came meanwhile: its files stay)
+            return
 
 
 def _header(directory: Path) -> Dict[str, Any]:

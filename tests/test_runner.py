@@ -1111,7 +1111,7 @@ def test_run_ends_with_status_2_where_the_records_could_not_be_saved(project, tm
     )
     result = cli("run", "-r", "__main__:f:y", "-o", out, "blocks.py", out, cwd=project)
     assert result.returncode == 2, result.stderr
-    assert f"bcrecord: cannot write records to {out}: File exists\n" in result.stderr
+    assert f"bcrecord: cannot write records to {out}: File exists ({out / 'records'})\n" in result.stderr
     assert f"saved 0 value(s) of 0 key(s) to {out} before saving failed\n" in result.stderr
     assert "bcrecord view" not in result.stderr
 

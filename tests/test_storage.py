@@ -152,6 +152,29 @@ def test_a_value_pickle_refuses_is_named_and_the_save_writes_nothing(tmp_path):
     assert load(tmp_path).steps("m:f:x@0") == [5]
 
 
+def test_save_into_a_new_directory_that_refuses_a_value_leaves_no_directory(tmp_path):
+    folder = tmp_path / "new"
+    with pytest.raises(UnsavableValue, match="cannot save 'm:f:odd@0'"):
+        save({"m:f:x@0": [1], "m:f:odd@0": [Unpicklable()]}, folder)
+    assert not folder.exists()
+    save({"m:f:x@0": [1]}, folder)  # one that was there before keeps everything
+    with pytest.raises(UnsavableValue):
+        save({"m:f:odd@0": [Unpicklable()]}, folder, step=1)
+    assert load(folder)["m:f:x@0"] == [1]
+
+
+def test_a_writer_refuses_a_directory_whose_index_is_damaged_before_saving(tmp_path):
+    # A save added there would be one that load() refuses with the rest. (save() makes a
+    # writer per call and reads the last save only: per-step saves stay quick.)
+    save({"m:f:x@0": [1]}, tmp_path)
+    journal = tmp_path / "index.jsonl"
+    journal.write_bytes(b"{not json\n" + journal.read_bytes())
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    with pytest.raises(StorageError, match=r"index.jsonl: save 1 is damaged"):
+        Writer(tmp_path)
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
 def test_with_unsavable_a_value_pickle_refuses_is_saved_as_its_repr_and_the_rest_as_they_are(tmp_path):
     told = []
     batches = [(3, {"x": [1, 2], "odd": [Unpicklable()]}), (4, {"x": [3], "odd": [None, Unpicklable()]})]
