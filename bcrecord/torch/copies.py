@@ -30,6 +30,7 @@ from typing import Any, Callable, Dict, Optional, Set, Tuple, TypeVar, Union
 
 import torch
 
+from ..errors import SpecError
 from ..runtime import copied_dataclass, copies_without_python, copy_value, rebuilt_container, register_copy
 
 __all__ = ["ValuePolicy", "clone", "detached_clone", "value_policy"]
@@ -166,12 +167,19 @@ def value_policy(
     >>> value_policy(dtype=torch.float16)((torch.ones(1), torch.tensor([7])))
     (tensor([1.], dtype=torch.float16), tensor([7]))
     """
-    if dtype is not None and not (
-        isinstance(dtype, torch.dtype) and (dtype.is_floating_point or dtype.is_complex)
-    ):
-        raise TypeError(
+    if dtype is not None and not isinstance(dtype, torch.dtype):
+        raise TypeError(f"dtype= takes a torch.dtype (a floating-point or complex one), not {dtype!r}")
+    if dtype is not None and not (dtype.is_floating_point or dtype.is_complex):
+        raise SpecError(
             f"dtype= casts floating-point or complex values: give such a torch.dtype, not {dtype!r}"
         )
+    if to is not None and not isinstance(to, torch.device):
+        try:
+            torch.device(to)
+        except RuntimeError as error:  # a str that names no device ('cpux')
+            raise SpecError(f"to= names no device: {to!r} ({error})") from None
+        except TypeError:
+            raise TypeError(f"to= takes a device ('cpu', 'cuda:0', a torch.device), not {to!r}") from None
     return ValuePolicy(copy, to, dtype, reduce, grad)
 
 

@@ -470,7 +470,7 @@ def test_arguments_are_checked():
         RecorderCallback(["conv"], cpy="clone")
     with pytest.raises(TypeError, match="reduce must be a callable"):
         RecorderCallback(["conv"], reduce=5)
-    with pytest.raises(TypeError, match="dtype= casts floating-point"):
+    with pytest.raises(TypeError, match="dtype= takes a torch.dtype"):
         RecorderCallback(["conv"], dtype="float")
     with pytest.raises(bcrecord.SpecError, match="save_dir is an empty string"):
         RecorderCallback(["conv"], save_dir="")

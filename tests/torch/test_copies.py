@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from bcrecord.errors import SpecError
 from bcrecord.runtime import copy_value
 from bcrecord.torch.copies import detached_clone, value_policy
 
@@ -45,8 +46,8 @@ def test_dtype_casts_only_tensors_of_its_kind():
     indices.zero_()  # not cast, still copied
     assert kept["i"].tolist() == [4097, 3]
     assert value_policy(dtype=torch.complex64)(wave).dtype == torch.complex64
-    for wrong in (torch.int32, "float16"):
-        with pytest.raises(TypeError, match="floating-point or complex"):
+    for wrong, error in ((torch.int32, SpecError), ("float16", TypeError)):
+        with pytest.raises(error, match="floating-point or complex"):
             value_policy(dtype=wrong)
 
 
