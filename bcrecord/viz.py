@@ -14,8 +14,9 @@
   mean +/- std and the min..max band of each step;
 * ``index.html`` -- every picture with the summary table, to open in a browser.
 
-Pictures show the last saved value of each key. ``DIR/plots`` belongs to this
-command: earlier pictures there are replaced. matplotlib is imported only when
+Pictures show the last saved value of each key. The pictures an earlier ``view``
+drew in ``DIR/plots`` (those its ``index.html`` shows) are removed first; other
+files there stay. matplotlib is imported only when
 pictures are drawn (its Agg renderer, through :class:`matplotlib.figure.Figure`;
 pyplot's global state is never touched). A progress bar goes to stderr when it is
 a terminal.
@@ -44,7 +45,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, TextIO, Tuple, Union
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 from .errors import BcrecordError
 from .storage import Loaded, is_tensor, load
@@ -727,12 +728,18 @@ img {{ max-width: 48%; margin: 0.3em; border: 1px solid #eee; vertical-align: to
 
 
 def _prepare(plot_dir: Path) -> None:
-    """Make ``plot_dir`` and remove the pictures an earlier ``view`` left there."""
+    """Make ``plot_dir`` and remove the pictures an earlier ``view`` left there (those its
+    ``index.html`` shows: a picture put there otherwise stays)."""
     try:
         plot_dir.mkdir(parents=True, exist_ok=True)
-        for old in plot_dir.iterdir():
-            if old.suffix == ".png" or old.name == "index.html":
-                old.unlink()
+        index = plot_dir / "index.html"
+        if index.is_file():
+            drawn = re.findall(r'<img src="([^"/]+\.png)"', index.read_text(errors="replace"))
+            for name in dict.fromkeys(unquote(found) for found in drawn):
+                old = plot_dir / name
+                if old.parent == plot_dir and old.is_file():
+                    old.unlink()
+            index.unlink()
     except OSError as error:
         raise BcrecordError(f"cannot write pictures to {plot_dir}: {error.strerror or error}") from None
 

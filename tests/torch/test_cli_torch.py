@@ -199,10 +199,15 @@ def test_view_draws_every_key(tmp_path):
     assert sorted(page.sources) == pngs
     assert "m:f:name@0" in (plots / "index.html").read_text()
 
-    # Viewing again replaces the pictures; --key filters.
+    # Viewing again replaces the pictures it drew (not the user's own); --key filters.
+    (plots / "mine.png").write_bytes(b"a picture of the user's")
     again = cli("view", out, "--key", "m:f:loss*")
     assert again.returncode == 0, again.stderr
-    assert sorted(p.name for p in plots.glob("*.png")) == ["m_f_loss@0.hist.png", "m_f_loss@0.steps.png"]
+    assert sorted(p.name for p in plots.glob("*.png")) == [
+        "m_f_loss@0.hist.png",
+        "m_f_loss@0.steps.png",
+        "mine.png",
+    ]
 
 
 def test_view_bad_input(tmp_path):
