@@ -1453,8 +1453,13 @@ class Recording:
         self._settle()
         values = self._data.get(key)
         if not values:
-            if any(error.key == key for error in self.errors):
-                raise KeyError(f"no value recorded for {key!r}: copying failed (see .errors)")
+            failed = [error.error for error in self.errors if error.key == key]
+            if failed:  # (reading the value, or copying it: the error says which)
+                first = failed[0]
+                raise KeyError(
+                    f"no value recorded for {key!r}: recording it failed, "
+                    f"{type(first).__name__}: {first} (see .errors)"
+                )
             known = [k for k, _ in self._recorded()]
             listed = ", ".join(known) or "(nothing recorded yet)"
             if self._probes(key):

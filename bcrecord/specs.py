@@ -248,6 +248,10 @@ def _parse_index_text(text: str, spec: str) -> Index:
 _OPERATOR = re.compile(r"^\s*(?P<op>\*\*=?|//=?|<<=?|>>=?|[-+*/%@&|^]=?)\s*(?:@\s*(?P<index>.+?))?\s*$")
 
 
+#: Operators a short form may name that are no sites: comparisons, boolean and unary ones.
+_NO_SITE_OPERATORS = frozenset({"<", ">", "<=", ">=", "==", "!=", "not", "and", "or", "is", "in", "~"})
+
+
 def _parse_str(text: str) -> Spec:
     operator = _OPERATOR.match(text)
     if operator is not None:
@@ -267,6 +271,11 @@ def _parse_str(text: str) -> Spec:
     if "." in target:
         # An index on a chain only makes sense per load site.
         return Attribute(target, at="entry" if index is None else "load", index=index)
+    if target in _NO_SITE_OPERATORS:  # ('<@0': an operator, not a local's name)
+        raise SpecError(
+            f"{text!r}: {target!r} is an operator bcrecord does not record (comparisons and "
+            f"unary operators are no sites); operators: {' '.join(OPERATORS)} (and '+=' etc.)"
+        )
     return Local(target, index)
 
 

@@ -1088,8 +1088,20 @@ def test_a_key_whose_copies_all_failed_has_no_values():
         g()
     assert rec.keys() == ["m:f:ok@0"] and rec.items() == [("m:f:ok@0", 1)] and len(rec) == 1
     assert "m:f:bad@0" not in rec and [e.key for e in rec.errors] == ["m:f:bad@0"]
-    with pytest.raises(KeyError, match="copying failed"):
+    with pytest.raises(KeyError, match=r"recording it failed, RuntimeError: no copy \(see .errors\)"):
         rec["m:f:bad@0"]
+
+
+def test_a_key_whose_attribute_read_failed_says_why():
+    class Model:
+        def forward(self, x):
+            return x
+
+    with bcrecord.patch_method(Model, "forward", ["self.scale"], name="M"):
+        with warnings.catch_warnings(record=True), bcrecord.recording() as rec:
+            Model().forward(1)
+    with pytest.raises(KeyError, match=r"recording it failed, AttributeError: .*'scale'"):
+        rec["M:forward:self.scale"]
 
 
 def test_clone_copies_containers_whose_constructor_is_their_own():

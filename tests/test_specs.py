@@ -87,6 +87,8 @@ def test_a_function_recorder_target_that_cannot_be_recorded_says_what_to_write(r
         ("1x", "identifier"),
         ("self.", "identifier"),
         ("return@1", "takes no index"),
+        ("<@0", r"'<' is an operator bcrecord does not record \(comparisons"),
+        ("==", r"'==' is an operator bcrecord does not record"),
         (dict(type="Nope"), "FunctionRecorder"),
         (dict(type="FunctionRecorder", target="x", extra=1), "unknown keys"),
         (42, "must be Local/Attribute/Return"),
