@@ -4,6 +4,11 @@
 # Installs what it needs; finds the pyenv interpreters on its own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# tox goes into the active virtual environment, if any (else into the newest pyenv Python below).
+py=python3
+if [ -n "${VIRTUAL_ENV:-}" ] && [ -x "$VIRTUAL_ENV/bin/python" ]; then
+  py="$VIRTUAL_ENV/bin/python"
+fi
 if command -v pyenv >/dev/null 2>&1; then
   for v in 3.10 3.11 3.12 3.13; do
     dir=$(ls -d "$(pyenv root)"/versions/"$v".* 2>/dev/null | sort -V | tail -n 1 || true)
@@ -11,5 +16,5 @@ if command -v pyenv >/dev/null 2>&1; then
   done
   export PATH
 fi
-python3 -m pip install --quiet --disable-pip-version-check "tox>=4"
-exec python3 -m tox run "$@"
+"$py" -m pip install --quiet --disable-pip-version-check "tox>=4"
+exec "$py" -m tox run "$@"
