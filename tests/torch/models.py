@@ -74,6 +74,22 @@ class Gated(nn.Module):
         return out
 
 
+class Branchy(nn.Module):
+    """A local assigned in a branch this instance never takes (``h@0``) and in one it does (``h@1``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.fast = False
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        if self.fast:
+            h = x * 2
+        else:
+            h = self.lin(x)
+        return h
+
+
 def reference_smallnet(net, x):
     """Every intermediate of SmallNet.forward computed by hand, independently."""
     values = {}

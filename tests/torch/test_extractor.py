@@ -10,7 +10,7 @@ import bcrecord
 from bcrecord.torch import create_feature_extractor, list_targets
 
 from ..code_checks import probes_in
-from .models import Gated, SmallNet, TwoLayers, reference_smallnet
+from .models import Branchy, Gated, SmallNet, TwoLayers, reference_smallnet
 
 
 def test_module_paths_and_locals_with_names():
@@ -735,21 +735,9 @@ def test_fx_names_of_calls_alone_still_map():
 
 
 def test_an_extractor_whose_stop_a_site_that_did_not_run_holds_back_says_so_once():
-    class Branchy(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.lin = torch.nn.Linear(2, 2)
-
-        def forward(self, x):
-            if x.shape[0] > 99:
-                h = x  # never runs here
-            else:
-                h = self.lin(x)
-            return h
-
-    net = torch.nn.Sequential(Branchy(), torch.nn.Linear(2, 2))
+    net = torch.nn.Sequential(Branchy(), torch.nn.Linear(4, 4))
     extractor = create_feature_extractor(net, ["0:forward:h"])
-    x = torch.randn(3, 2)
+    x = torch.randn(3, 4)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         outs = [extractor(x), extractor(x)]

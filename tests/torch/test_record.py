@@ -15,7 +15,7 @@ import bcrecord
 from bcrecord.torch import record
 from bcrecord.torch.record import StopForward
 
-from .models import Block, Gated, SmallNet, reference_smallnet
+from .models import Block, Branchy, Gated, SmallNet, reference_smallnet
 from .test_copies import FakeStream
 
 
@@ -1119,22 +1119,8 @@ def test_torch_jit_trace_inside_a_recording_traces_the_model_and_records_its_run
         assert "bcrecord" not in str(traced.graph)  # the probes' copies are not in the graph
 
 
-class _Branchy(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.fast = False
-        self.lin = torch.nn.Linear(4, 4)
-
-    def forward(self, x):
-        if self.fast:
-            h = x * 2  # h@0: never runs here
-        else:
-            h = self.lin(x)  # h@1
-        return h
-
-
 def test_a_stop_held_back_by_a_site_that_did_not_run_is_said_once():
-    net = torch.nn.Sequential(_Branchy(), torch.nn.Linear(4, 4))
+    net = torch.nn.Sequential(Branchy(), torch.nn.Linear(4, 4))
     x = torch.randn(2, 4)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
