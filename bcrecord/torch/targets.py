@@ -485,11 +485,31 @@ def fx_name_clash(model: torch.nn.Module, path: str) -> Optional[str]:
 
 def _runs_again(model: torch.nn.Module, path: str) -> bool:
     """Whether its parent's forward may call the module at ``path`` more than once
-    (two call sites, or one in a loop)."""
+    (two call sites that are not the two sides of one if/else, or one in a loop)."""
     parent, _, node = path.rpartition(".")
     scope = _fx_scope(model, parent, node)
     runs = [site for site in scope.sites if _calls_the_module(model, parent, site, node)] if scope else []
-    return len(runs) > 1 or any(site.looped for site in runs)
+    if any(site.looped for site in runs):
+        return True
+    return any(not _either_or(a, b) for a, b in itertools.combinations(runs, 2))
+
+
+def _either_or(a: _FxSite, b: _FxSite) -> bool:
+    """Whether ``a`` and ``b`` are on the two sides of one if/else (only one of them runs):
+    a forward jump skips the side of the first, and the jump at that side's end skips
+    the second (ShuffleNet's blocks call ``branch2`` so)."""
+    first, second = (a, b) if a.order <= b.order else (b, a)
+    at = first.order[:-1]
+    if at != second.order[:-1]:
+        return False
+    here, there = first.order[-1], second.order[-1]
+    for where, (start, end) in first.guards:
+        if where != at or not start < here < end <= there:
+            continue
+        for other, (jump, label) in second.guards:
+            if other == at and here < jump < end and label > there:
+                return True
+    return False
 
 
 def _fx_stripped(name: str) -> str:

@@ -189,6 +189,35 @@ def test_module_paths_torchvision_numbers_otherwise_are_read_as_the_module_with_
         features = create_feature_extractor(Twice(), ["block"])(x)
     assert len(caught) == 1 and features["block"].tolist() == [[1.0, 2.0]]  # its first call's
 
+    class EitherSide(Twice):  # ShuffleNet's blocks: one call on each side of an if/else
+        def __init__(self, split):
+            super().__init__()
+            self.split = split
+
+        def forward(self, x):
+            if self.split:
+                a, b = x.chunk(2, dim=1)
+                out = torch.cat((a, self.block(b)), dim=1)
+            else:
+                out = torch.cat((x, self.block(x)), dim=1)
+            return out * 2
+
+    class BothSides(Twice):  # two ifs: both calls may run
+        def forward(self, x):
+            if x.shape[0] > 0:
+                x = self.block(x)
+            if x.shape[1] > 0:
+                x = self.block(x)
+            return x
+
+    for split in (True, False):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            features = create_feature_extractor(EitherSide(split), ["block"])(x)
+        assert features["block"].tolist() == ([[2.0]] if split else [[1.0, 2.0]])
+    with pytest.warns(bcrecord.RecordingWarning, match=message):
+        create_feature_extractor(BothSides(), ["block"])
+
 
 def test_no_clash_warning_where_the_module_is_called_first_through_a_first_argument_not_named_self():
     class Named(torch.nn.Module):
