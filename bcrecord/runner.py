@@ -1380,6 +1380,11 @@ class _Runner:
                     "module's lines (sys.settrace: a debugger or profiler it starts?)"
                 )
             missing = self.absent.get(target.text)
+            if missing is not None and module is not None:
+                try:  # said again from what is there now: a method added later (A.m = f) is close
+                    _walk(module, target.path)
+                except BcrecordError as error:
+                    missing = str(error)
             return f"the program ended before defining {name}" + (f": {missing}" if missing else "")
         raised = self.hook.raised.get(target.module)
         if raised is not None:

@@ -713,6 +713,10 @@ def test_run_patches_a_program_s_method_assigned_after_its_class(project):
     result = cli("run", "-r", "__main__:A.ad:y", "typo.py", cwd=project)
     assert result.returncode == 0 and result.stdout == "1\n"
     assert result.stderr.splitlines()[0].endswith("has no attribute 'ad'; did you mean 'add'?")
+    # A typo of a method assigned after its class: close to what the class has at the end.
+    result = cli("run", "-r", "__main__:A.mm:y", "late.py", cwd=project)
+    assert result.returncode == 0 and result.stdout == "2\n"
+    assert result.stderr.splitlines()[0].endswith("has no attribute 'mm'; did you mean 'm'?")
 
 
 def test_run_refuses_a_function_defined_inside_another(project):
