@@ -838,8 +838,10 @@ def _unmapped_nodes(code: types.CodeType, base: str, me: Optional[str]) -> Optio
     described (``'a comparison (>)'``), or None: comparisons and unary operators,
     item reads (``getitem``), and attribute reads from a value other than ``me`` or a
     global's chain (``x.shape``: ``getattr``)."""
-    table = current()
     symbol = _FX_UNMAPPED_OPERATORS.get(base)
+    if symbol is None and base not in ("getitem", "getattr"):
+        return None  # (most names: nothing to look for)
+    table = current()
     root = ""  # what the attribute chain being read starts at: me, a global, or another value
     for item in instructions(code):
         if not isinstance(item, Instr):
