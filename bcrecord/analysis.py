@@ -1206,7 +1206,8 @@ class Targets:
         return out + (["return"] if self.returns else [])
 
     def as_dict(self) -> Dict[str, Any]:
-        """Plain data: lists of dicts with kind, target, index, line and column.
+        """Plain data: lists of dicts with kind, target, index, line, column and spec
+        (the short form that records the site, as the table's last column).
 
         >>> import bcrecord
         >>> def f(a):
@@ -1217,6 +1218,8 @@ class Targets:
         ('f', ['a'])
         >>> [(row["kind"], row["target"], row["index"], row["line"]) for row in found["targets"]]
         [('local', 'x', 0, 2), ('return', 'return', 0, 3)]
+        >>> [row["spec"] for row in found["targets"]]
+        ['x@0', 'return']
         """
         rows: List[Dict[str, object]] = []
         for sites in self.locals.values():
@@ -1241,17 +1244,17 @@ class Targets:
             dict(kind="return", target="return", index=r.index, line=r.line, column=r.column)
             for r in self.returns
         ]
+        for row in rows:
+            row["spec"] = "return" if row["kind"] == "return" else f"{row['target']}@{row['index']}"
         return {"function": self.name, "arguments": list(self.arguments), "targets": rows}
 
     def __str__(self) -> str:
         rows = [("kind", "target", "index", "line", "spec")]
         for row in self.as_dict()["targets"]:
-            kind, target, index = row["kind"], row["target"], row["index"]
-            spec = "return" if kind == "return" else f"{target}@{index}"
             line = "" if row["line"] is None else str(row["line"])
             if row["column"] is not None:
                 line += f":{row['column']}"
-            rows.append((str(kind), str(target), str(index), line, spec))
+            rows.append((str(row["kind"]), str(row["target"]), str(row["index"]), line, str(row["spec"])))
         widths = [max(len(r[i]) for r in rows) for i in range(5)]
         lines = [f"{self.name}({self._signature})"]
         lines += ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows]

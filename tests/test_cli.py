@@ -26,9 +26,9 @@ def test_targets_json_parses(project):
     data = json.loads(result.stdout)
     assert data["function"] == "Scaler.scale"
     assert data["arguments"] == ["self", "v"]
-    specs = {(row["kind"], row["target"], row["index"]) for row in data["targets"]}
-    assert {("local", "out", 0), ("local", "out", 1), ("attribute", "self.factor", 0)} <= specs
-    assert ("return", "return", 0) in specs
+    specs = {(row["kind"], row["target"], row["index"], row["spec"]) for row in data["targets"]}
+    assert {("local", "out", 0, "out@0"), ("local", "out", 1, "out@1")} <= specs
+    assert {("attribute", "self.factor", 0, "self.factor@0"), ("return", "return", 0, "return")} <= specs
 
 
 def test_targets_json_stays_json_when_the_module_prints_as_it_is_imported(project):
