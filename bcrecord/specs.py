@@ -21,7 +21,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence, Tuple, Union, cast
 
-from .errors import SpecError
+from .errors import SpecError, did_you_mean
 
 __all__ = [
     "Local",
@@ -284,7 +284,8 @@ def _parse_dict(spec: Mapping[str, Any]) -> Spec:
     known = {"type", "target", "index", "copy", "at", "model", "method", "name"}
     unknown = set(spec) - known
     if unknown:
-        raise SpecError(f"unknown keys {sorted(unknown)} in {dict(spec)!r}")
+        first = sorted(map(str, unknown))[0]
+        raise SpecError(f"unknown keys {sorted(unknown)} in {dict(spec)!r}{did_you_mean(first, known)}")
     target = spec.get("target")
     if kind == "FunctionRecorder":
         if not isinstance(target, str):

@@ -91,6 +91,7 @@ def test_a_function_recorder_target_that_cannot_be_recorded_says_what_to_write(r
         ("==", r"'==' is an operator bcrecord does not record"),
         (dict(type="Nope"), "FunctionRecorder"),
         (dict(type="FunctionRecorder", target="x", extra=1), "unknown keys"),
+        (dict(type="FunctionRecorder", target="x", idx=1), r"\['idx'\] .*; did you mean 'index'\?"),
         (42, "must be Local/Attribute/Return"),
     ],
 )

@@ -464,7 +464,8 @@ def _loops(value: Union[str, Sequence[str]]) -> Tuple[str, ...]:
     loops = (value,) if isinstance(value, str) else tuple(value)
     bad = [loop for loop in loops if loop not in LOOPS]
     if bad or not loops:
-        raise SpecError(f"loops must name some of {LOOPS}, got {value!r}")
+        close = did_you_mean(bad[0], LOOPS) if bad else ""
+        raise SpecError(f"loops must name some of {LOOPS}, got {value!r}{close}")
     return loops
 
 

@@ -671,6 +671,8 @@ def test_an_attribute_the_model_sets_while_running_is_not_refused_before_it_runs
 def test_bad_hook_arguments_fail_when_built():
     with pytest.raises(ValueError, match="loops must name some of"):
         RecorderHook(PROPOSAL_RECORDERS, loops=["training"])
+    with pytest.raises(ValueError, match=r"got 'trian'; did you mean 'train'\?"):
+        RecorderHook(PROPOSAL_RECORDERS, loops="trian")
     with pytest.raises(ValueError, match="interval must be a positive int"):
         RecorderHook(PROPOSAL_RECORDERS, interval=0)
     with pytest.raises(bcrecord.SpecError, match="save_dir is an empty string"):  # not the working directory
