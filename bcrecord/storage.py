@@ -69,7 +69,7 @@ try:
 except ImportError:  # pragma: no cover - Windows: no lock between processes
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["StorageError", "UnsavableValue", "Writer", "Loaded", "save", "load"]
+__all__ = ["StorageError", "UnsavableValue", "Writer", "Loaded", "save", "load", "saved_keys"]
 
 FORMAT = "bcrecord-records"
 VERSION = 2
@@ -997,6 +997,19 @@ def load(directory: PathLike, keys: Optional[Iterable[str]] = None) -> Loaded:
             raise StorageError(f"cannot read {path}: {error}") from None
     entries = [Entry(row["key"], row["step"], _value(files, row, directory), dict(row)) for row in rows]
     return Loaded(entries)
+
+
+def saved_keys(directory: PathLike) -> List[str]:
+    """The keys ``directory`` holds values of, in the order first saved, from its index alone
+    (no value is read: a data file of other keys may be damaged).
+
+    >>> import tempfile, bcrecord
+    >>> folder = bcrecord.save({"m:f:x@0": [1], "m:f:y@0": [2]}, tempfile.mkdtemp())
+    >>> _ = bcrecord.save({"m:f:x@0": [3]}, folder, step=1)
+    >>> saved_keys(folder)
+    ['m:f:x@0', 'm:f:y@0']
+    """
+    return list(dict.fromkeys(row["key"] for row in _read_index(Path(directory))))
 
 
 def _check_saved(wanted: Iterable[str], saved: List[str], directory: Path) -> None:

@@ -48,7 +48,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Seque
 from urllib.parse import quote, unquote
 
 from .errors import BcrecordError
-from .storage import Loaded, is_tensor, load
+from .storage import Loaded, is_tensor, load, saved_keys
 
 __all__ = ["KeySummary", "summarize", "table", "draw", "write_index", "view", "Progress"]
 
@@ -789,12 +789,18 @@ def view(
         raise BcrecordError(f"{str(directory)!r} is not a directory")
     if not directory.is_dir():
         raise BcrecordError(f"no such directory: {str(directory)!r}")
-    loaded = load(directory)
+    if keys is None:
+        loaded = load(directory)
+    else:  # only the matching keys' values are read (another key's data file may be damaged)
+        keys = list(keys)
+        saved = saved_keys(directory)
+        matching = [key for key in saved if any(fnmatch.fnmatchcase(key, pattern) for pattern in keys)]
+        if not matching:
+            raise BcrecordError(f"no saved key matches {', '.join(keys)}; saved keys: {', '.join(saved)}")
+        loaded = load(directory, keys=matching)
     with _one_thread():
         summaries = summarize(loaded, keys)
     if not summaries:
-        if keys is not None:
-            raise BcrecordError(f"no saved key matches {', '.join(keys)}; saved keys: {', '.join(loaded)}")
         print(f"{directory}: no records", file=out)
         return 0
     print(table(summaries), file=out)

@@ -62,6 +62,21 @@ def test_view_prints_the_table_and_filters_keys(saved):
     assert not (saved / "plots").exists()
 
 
+def test_view_of_some_keys_reads_only_their_values(tmp_path):
+    # Another key's damaged data file does not stop them (the whole view says it is damaged).
+    folder = tmp_path / "records"
+    bcrecord.save({"m:f:x@0": [1, 2]}, folder, step=0)
+    bcrecord.save({"m:g:y@0": [3]}, folder, step=1)
+    damaged = sorted((folder / "records").glob("*.pkl"))[-1]
+    damaged.write_bytes(damaged.read_bytes()[:5])
+    out = io.StringIO()
+    assert view(folder, plots=False, keys=["m:f:*"], out=out) == 0
+    assert out.getvalue().splitlines()[1].split()[0] == "m:f:x@0"
+    with pytest.raises(bcrecord.storage.StorageError, match=f"cannot read {damaged}"):
+        view(folder, plots=False, out=io.StringIO())
+    assert bcrecord.storage.saved_keys(folder) == ["m:f:x@0", "m:g:y@0"]
+
+
 def test_view_bad_input_changes_nothing(saved, tmp_path):
     with pytest.raises(BcrecordError, match="no such directory"):
         view(tmp_path / "missing", plots=False, out=io.StringIO())
