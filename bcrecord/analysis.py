@@ -374,7 +374,8 @@ def _argument_names(code: CodeType) -> Tuple[str, ...]:
 def _chains(
     real: List[Tuple[int, Instr]], bytecode: Sequence[object]
 ) -> Iterator[Tuple[str, int, Instr, bool]]:
-    """Yield (chain, position, instr, method) for every attribute load on a local."""
+    """Yield (chain, position, instr, method) for every attribute load on a local, a global
+    (``cfg.lr``, ``math.pi``) or a builtin."""
     table = _versions.current()
     dup = table.dup(None)
     chain: Optional[List[str]] = None
@@ -393,7 +394,8 @@ def _chains(
             if method is not None:
                 chain = None
             continue
-        chain = [_versions.local_name(instr.arg)] if instr.name in table.local_loads else None
+        root = _root_name(instr, table)
+        chain = None if root is None else [root]
 
 
 def _root_name(instr: Instr, table: _versions.Table) -> Optional[str]:
@@ -1097,6 +1099,7 @@ arguments (their value at entry): a
             if spec.target not in cmap.attributes:
                 raise TargetError(
                     f"{func} never loads {spec.target!r}; chains it loads: {_names(cmap.attributes)}"
+                    + did_you_mean(spec.target, cmap.attributes)
                 )
             sites = _pick(cmap.attributes[spec.target], spec.index, f"chain {spec.target!r}", func)
             points += [
@@ -1106,17 +1109,23 @@ arguments (their value at entry): a
         elif isinstance(spec, Attribute):
             root, *rest = spec.chain
             if root not in cmap.arguments:
+                if spec.target in cmap.attributes:
+                    where = f"record it where it is read: '{spec.target}@0', or at='load'"
+                else:
+                    where = f"{func} never loads it; chains it loads: {_names(cmap.attributes)}"
                 raise TargetError(
                     f"{spec.target!r} is read at entry, so its root must be an argument of "
-                    f"{func}; arguments: {_names(cmap.arguments)} (for a local's, record it where "
-                    f"it is read: '{spec.target}@0', or at='load')"
+                    f"{func}; arguments: {_names(cmap.arguments)} ({where})"
                 )
             points.append(
                 ProbePoint("entry", (cmap.entry,), spec.target, root=root, chain=tuple(rest), copy=spec.copy)
             )
         elif isinstance(spec, Call):
             if spec.target not in cmap.calls:
-                raise TargetError(f"{func} never calls {spec.target!r}; callees: {_names(cmap.calls)}")
+                raise TargetError(
+                    f"{func} never calls {spec.target!r}; callees: {_names(cmap.calls)}"
+                    + did_you_mean(spec.target, cmap.calls)
+                )
             sites = _pick(cmap.calls[spec.target], spec.index, f"call {spec.target!r}", func)
             points += [
                 ProbePoint("call", c.positions, f"{spec.target}()@{c.index}", copy=spec.copy) for c in sites

@@ -257,6 +257,9 @@ def _why_not_a_function(obj: Any) -> str:
             f"{name} is a {type(obj).__name__} (C code around a Python function): patch the "
             f"function it wraps, patch_function({name}.__wrapped__, specs)"
         )
+    descriptor = _python_descriptor(obj)
+    if descriptor is not None:
+        return f"{name} is {descriptor}"
     if inspect.isroutine(obj):  # builtins, method descriptors (dict.get)
         return f"{name} is a builtin or C function: it has no bytecode to patch"
     call = inspect.getattr_static(type(obj), "__call__", None)
@@ -268,6 +271,20 @@ def _why_not_a_function(obj: Any) -> str:
     if callable(obj):
         return f"{name} is a builtin or C function: it has no bytecode to patch"
     return f"{name!s}, {_a(type(obj).__name__)}: only Python functions can be patched"
+
+
+def _python_descriptor(obj: Any) -> Optional[str]:
+    """What to say of ``obj`` if it is a descriptor whose class is Python code, else None.
+
+    (``inspect`` takes one for a method descriptor, as it takes ``dict.get``.)
+    """
+    if not isinstance(inspect.getattr_static(type(obj), "__get__", None), types.FunctionType):
+        return None
+    kind = type(obj).__name__
+    return (
+        f"{_a(kind)} descriptor (an object of a Python class, not a function): patch the function it "
+        f"gives where it is read, or its class's __get__, patch_method({kind}, '__get__', specs)"
+    )
 
 
 def _a(noun: str) -> str:
@@ -1213,6 +1230,9 @@ def _patch_method(
     except NotPatchableError as error:
         if not callable(raw) and not hasattr(type(raw), "__get__"):  # a value: say whose
             raise NotPatchableError(f"{_named(obj)}'s {method!r} is {error}") from None
+        descriptor = _python_descriptor(raw)
+        if descriptor is not None and str(error).endswith(descriptor):  # (its repr names no attribute)
+            raise NotPatchableError(f"{_named(obj)}'s {method!r} is {descriptor}") from None
         raise
     # A class's or module's own function that runs in place for everyone there: a recording
     # copy (it keeps its probes), or one patched in place already (bcrecord run, the torch
@@ -1221,15 +1241,20 @@ def _patch_method(
     shared = isinstance(obj, (type, types.ModuleType)) and own is not _MISSING
     stacks = shared and (_copy_slot(base) is not None or ("code", id(base)) in _slots)
     wrapped = base is not _function_of_shallow(raw)
-    if in_place or wrapped or stacks:
+    # An instance's or subclass's patch of a recording copy a class holds: a copy of the copy
+    # would run without the copy's own probes, so it goes in place, keeping its own values.
+    inherited_copy = not shared and _copy_slot(base) is not None
+    if in_place or wrapped or stacks or inherited_copy:
         # A wrapper holds the function it wraps: only patching that in place reaches it, for
         # every instance (a subclass's patch too: see the README); an instance's keeps its own.
         # (Given what is there: an earlier patch's copy, if one runs there, is patched.)
         owner = default if name is None else name
-        if wrapped and unwrap and isinstance(owner, str):
+        if (wrapped or inherited_copy) and unwrap and isinstance(owner, str):
             passed = _instance_passed(obj, raw, own, base)
             if passed is not None:
                 owner = _OneInstance.of(passed, owner, base)
+            elif inherited_copy and isinstance(obj, type) and isinstance(raw, types.FunctionType):
+                owner = _OneClass.of(obj, owner, base)
         return _patch_in_place(raw, specs, owner, method, unwrap)
     if not isinstance(obj, (type, types.ModuleType)) and not hasattr(obj, "__dict__"):
         raise NotPatchableError(
@@ -1308,8 +1333,13 @@ def _instance_passed(obj: Any, raw: Any, own: Any, base: types.FunctionType) -> 
 
 def _class_defining(function: types.FunctionType, instance: Any) -> Optional[type]:
     """The class of ``instance`` (or a base of it) whose body defines ``function``, or None."""
+    return _base_defining(function, type(instance))
+
+
+def _base_defining(function: types.FunctionType, cls: type) -> Optional[type]:
+    """``cls`` or the base of it whose body defines ``function``, or None."""
     holder = function.__qualname__.rpartition(".")[0]
-    return next((k for k in type(instance).__mro__ if getattr(k, "__qualname__", None) == holder), None)
+    return next((k for k in cls.__mro__ if getattr(k, "__qualname__", None) == holder), None)
 
 
 class _OneInstance:
@@ -1344,6 +1374,25 @@ class _OneInstance:
     def __call__(self, instance: Any) -> Optional[str]:
         if instance is not self.instance() and isinstance(instance, self.kind):
             return None  # another instance of the class
+        return self.name
+
+
+class _OneClass(_OneInstance):
+    """The owner of a subclass's patch that went in place: its name for the subclass's
+    instances, None for the other instances of the base class that defines the function.
+    """
+
+    __slots__ = ()
+
+    @classmethod
+    def of(cls, instance: Any, name: str, function: types.FunctionType) -> Owner:
+        """An owner for the instances of the class ``instance`` (held weakly)."""
+        return cls(weakref.ref(instance), _base_defining(function, instance) or instance, name)
+
+    def __call__(self, instance: Any) -> Optional[str]:
+        subclass = self.instance()  # (None once freed: no instance of it is left either)
+        if isinstance(instance, self.kind) and (subclass is None or not isinstance(instance, subclass)):
+            return None  # an instance of the base class, or of another subclass
         return self.name
 
 

@@ -1419,7 +1419,8 @@ class _Runner:
         for key, errors in failed.items():
             first = errors[0]
             print(
-                f"bcrecord: {key}: {len(errors)} value(s) not recorded, their copy failed "
+                f"bcrecord: {key}: {self.recording.failures.get(key, len(errors))} value(s) not recorded, "
+                "their copy failed "
                 f"(the first: {type(first).__name__}: {first})",
                 file=out,
             )

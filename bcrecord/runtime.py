@@ -58,6 +58,7 @@ import importlib
 import operator
 import sys
 import threading
+import traceback
 import weakref
 from collections import deque
 from dataclasses import dataclass, field
@@ -109,6 +110,7 @@ __all__ = [
     "context_recordings",
     "kept_length",
     "rebuilt_container",
+    "copied_container",
     "shallow_copy",
     "copied_dataclass",
 ]
@@ -141,10 +143,31 @@ class Site:
 
 @dataclass(frozen=True)
 class RecordError:
-    """A value a probe could not record, and why."""
+    """A value a probe could not record, and why.
+
+    ``error`` is the exception without its traceback (whose frames would keep the value
+    that failed, and the function's other locals, alive); ``traceback`` is its text.
+    """
 
     key: str
     error: BaseException
+    traceback: str = ""
+
+
+def _without_frames(error: BaseException) -> str:
+    """The traceback text of ``error``, whose chain (causes, contexts) then holds no frames."""
+    text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    seen: Set[int] = set()
+    link: Optional[BaseException] = error
+    while link is not None and id(link) not in seen:  # (a cause may loop back)
+        seen.add(id(link))
+        link.__traceback__ = None
+        link = link.__cause__ or link.__context__
+    return text
+
+
+#: Taken while a recording's errors are trimmed to its ``keep``.
+_errors_lock = threading.Lock()
 
 
 class _WeakRegistry(Generic[T]):
@@ -820,21 +843,65 @@ def _rebuilt_subclass(value: Any, contents: Any) -> Any:
     return None
 
 
-def _container_copier(cls: type, policy: str) -> Copier:
-    def rebuild(value: Any) -> Any:
-        if isinstance(value, dict):
-            contents: Any = {k: copy_value(v, policy) for k, v in value.items()}
-        else:
-            contents = [copy_value(v, policy) for v in value]
-        rebuilt = rebuilt_container(value, contents)
-        if rebuilt is not None:
-            return rebuilt
+def _container_copier(policy: str) -> Copier:
+    def fallback(value: Any, contents: Any) -> Any:
         unchanged = all(a is b for a, b in zip(contents, value, strict=True))
         if unchanged and isinstance(value, (tuple, frozenset)):
             return value  # nothing in it to copy, and no way to make one (sys.float_info)
         return _copy_module.deepcopy(value)
 
-    return rebuild
+    def rebuild(value: Any, made: Dict[int, Tuple[Any, Any]]) -> Any:
+        return copied_container(value, lambda item: copy_value(item, policy), made, fallback)
+
+    return _one_copy(rebuild)
+
+
+def copied_container(
+    value: Any,
+    copy_item: Callable[[Any], Any],
+    made: Dict[int, Tuple[Any, Any]],
+    fallback: Callable[[Any, Any], Any],
+) -> Any:
+    """A copy of the dict, list, set or tuple ``value`` (or a subclass's) with ``copy_item`` of each item.
+
+    ``made`` maps ``id(original)`` to ``(original, copy)`` for what was copied so far in
+    one copy of a value (as :func:`copied_dataclass`'s): a container met twice is copied
+    once, and a list or dict that holds itself holds its copy, as ``copy.deepcopy``
+    keeps them. The copy is :func:`rebuilt_container`'s; where it has no way,
+    ``fallback(value, contents)`` makes it.
+
+    >>> loop = [1]; loop.append(loop)
+    >>> made = {}
+    >>> def copy(item): return copied_container(item, copy, made, None) if type(item) is list else item
+    >>> copied = copy(loop)
+    >>> copied is not loop, copied[1] is copied
+    (True, True)
+    """
+    earlier = made.get(id(value))
+    if earlier is not None and earlier[0] is value:
+        return earlier[1]
+    kind = type(value)
+    if kind is list or kind is dict:
+        # Made empty and registered first, so that an item reaching it again gets this copy.
+        copied: Any = kind()
+        made[id(value)] = (value, copied)
+        if kind is list:
+            copied.extend([copy_item(item) for item in value])
+        else:
+            copied.update({key: copy_item(item) for key, item in value.items()})
+        return copied
+    if isinstance(value, dict):
+        contents: Any = {key: copy_item(item) for key, item in value.items()}
+    else:
+        contents = [copy_item(item) for item in value]
+    earlier = made.get(id(value))  # a tuple met again among its own items (through a list)
+    if earlier is not None and earlier[0] is value:
+        return earlier[1]
+    rebuilt = rebuilt_container(value, contents)
+    if rebuilt is None:
+        rebuilt = fallback(value, contents)
+    made[id(value)] = (value, rebuilt)
+    return rebuilt
 
 
 def shallow_copy(value: T) -> T:
@@ -875,28 +942,30 @@ def shallow_copy(value: T) -> T:
     return copied
 
 
-#: The copies made so far of the dataclass being copied in this thread, by id, with their
-#: originals (kept alive, so that no id is reused meanwhile): a tree with parent links is
-#: copied with its links, each object once.
-_dataclass_copies = threading.local()
+#: The copies made so far in the one value being copied in this thread, by id, with their
+#: originals (kept alive, so that no id is reused meanwhile): a tree with parent links, a
+#: list holding itself or a list met twice is copied with its links, each object once.
+_copies = threading.local()
+
+
+def _one_copy(copy: Callable[[Any, Dict[int, Tuple[Any, Any]]], Any]) -> Copier:
+    """``copy(value, made)`` with the ``made`` of the value being copied (a new one at the top)."""
+
+    def run(value: Any) -> Any:
+        made: Optional[Dict[int, Tuple[Any, Any]]] = getattr(_copies, "made", None)
+        if made is not None:
+            return copy(value, made)
+        _copies.made = made = {}
+        try:  # (too deep to copy: a RecursionError, reported; never the live value)
+            return copy(value, made)
+        finally:
+            _copies.made = None
+
+    return run
 
 
 def _dataclass_copier(policy: str) -> Copier:
-    def rebuild(value: Any) -> Any:
-        copies: Optional[Dict[int, Tuple[Any, Any]]] = getattr(_dataclass_copies, "made", None)
-        if copies is not None:
-            return _dataclass_copy(value, policy, copies)
-        _dataclass_copies.made = copies = {}
-        try:  # (too deep to copy: a RecursionError, reported as a list's is; never the live value)
-            return _dataclass_copy(value, policy, copies)
-        finally:
-            _dataclass_copies.made = None
-
-    return rebuild
-
-
-def _dataclass_copy(value: Any, policy: str, copies: Dict[int, Tuple[Any, Any]]) -> Any:
-    return copied_dataclass(value, lambda content: copy_value(content, policy), copies)
+    return _one_copy(lambda value, made: copied_dataclass(value, lambda item: copy_value(item, policy), made))
 
 
 def copied_dataclass(value: Any, copy_field: Callable[[Any], Any], made: Dict[int, Tuple[Any, Any]]) -> Any:
@@ -961,7 +1030,7 @@ def _find_copier(policy: Any, cls: type) -> Optional[Copier]:
     if policy == "deepcopy":
         return _copy_module.deepcopy
     if issubclass(cls, _CONTAINERS):
-        return _container_copier(cls, policy)
+        return _container_copier(policy)
     # A tensor-like has both; other objects' .detach() ends something (a file's buffer,
     # a weakref.finalize), never called for them.
     method = "clone" if policy == "clone" else "detach"
@@ -1278,8 +1347,11 @@ class Recording:
         #: The routings that deliver to this recording: also those of recordings entered
         #: after it in contexts copied from its own (a thread it carried, a task).
         self._included: _WeakRegistry[_Routing] = _WeakRegistry()
-        #: Values that could not be recorded, in the order they failed.
+        #: Values that could not be recorded, in the order they failed (with ``keep=N``,
+        #: each key's first failure and its last N).
         self.errors: List[RecordError] = []
+        #: How many values of each key could not be recorded, all of them counted.
+        self.failures: Dict[str, int] = {}
 
     # context management ----------------------------------------------------
 
@@ -1374,6 +1446,7 @@ class Recording:
         for values in list(self._data.values()):
             values.clear()
         self.errors.clear()
+        self.failures.clear()
 
     # storing ---------------------------------------------------------------
 
@@ -1418,7 +1491,14 @@ class Recording:
                     routing.reset()
 
     def _fail(self, key: str, error: BaseException) -> None:
-        self.errors.append(RecordError(key, error))
+        failed = RecordError(key, error, _without_frames(error))
+        with _errors_lock:  # (probes in other threads fail too)
+            self.errors.append(failed)
+            self.failures[key] = self.failures.get(key, 0) + 1
+            if self._maxlen is not None:  # as values are: the key's first and last ``keep`` failures
+                mine = [n for n, kept in enumerate(self.errors) if kept.key == key]
+                if len(mine) > self._maxlen + 1:
+                    del self.errors[mine[1]]
         if key not in self._warned:
             self._warned.add(key)
             warn(f"bcrecord could not record {key}: {type(error).__name__}: {error}")
@@ -1571,6 +1651,7 @@ class Recording:
         """
         self._data.clear()
         self.errors.clear()
+        self.failures.clear()
         self._reroute()
 
     def __repr__(self) -> str:

@@ -1,11 +1,13 @@
 """bcrecord.analysis: numbering of assignments, chains and returns, on every version."""
 
+import math
 import sys
+import types
 
 import pytest
 
 import bcrecord
-from bcrecord import Attribute, Local, Return, TargetError
+from bcrecord import Attribute, Call, Local, Return, TargetError
 from bcrecord.analysis import read, resolve
 
 from . import corpus
@@ -111,6 +113,45 @@ def test_attribute_chains_and_method_style_loads():
     assert [s.method for s in cmap.attributes["self.linear1"]] == [True, False]
     assert len(cmap.attributes["self.linear1"]) == 2
     assert cmap.arguments == ("self", "x")
+
+
+CONFIG = types.SimpleNamespace(lr=0.5, sub=types.SimpleNamespace(k=3))
+
+
+def test_chains_rooted_at_a_global_or_builtin_are_loads_to_record():
+    def step(x):
+        y = CONFIG.lr * x + CONFIG.sub.k
+        z = math.floor(y) + math.pi + int.real.__doc__.count("")
+        return z
+
+    cmap = read(step.__code__)
+    assert sorted(cmap.attributes) == [
+        "CONFIG.lr",
+        "CONFIG.sub",
+        "CONFIG.sub.k",
+        "int.real",
+        "int.real.__doc__",
+        "int.real.__doc__.count",
+        "math.floor",
+        "math.pi",
+    ]
+    with bcrecord.patch_function(step, ["CONFIG.lr@0", "CONFIG.sub.k@0", "math.pi@0"], name="s"):
+        with bcrecord.recording() as rec:
+            got = step(4.0)
+    assert got == math.floor(5.0) + math.pi + int.real.__doc__.count("")
+    got = [rec[f"s:step:{chain}@0"] for chain in ("CONFIG.lr", "CONFIG.sub.k", "math.pi")]
+    assert got == [0.5, 3, math.pi]
+    # Read at entry, a chain's root must be an argument: the hint names the form that works...
+    with pytest.raises(TargetError, match=r"record it where it is read: 'CONFIG.lr@0'"):
+        resolve([Attribute("CONFIG.lr")], cmap)
+    # ...and a chain the function never loads is not hinted at.
+    with pytest.raises(TargetError, match=r"step never loads it; chains it loads: CONFIG.lr, "):
+        resolve([Attribute("CONFIG.rate")], cmap)
+    # A misspelt chain or callee, where it is read, is hinted at.
+    with pytest.raises(TargetError, match=r"never loads 'CONFIG.sub.kk'; .* did you mean 'CONFIG.sub.k', "):
+        resolve([Attribute("CONFIG.sub.kk", at="load")], cmap)
+    with pytest.raises(TargetError, match=r"never calls 'math.flor'; callees: .* did you mean 'math.floor'"):
+        resolve([Call("math.flor")], cmap)
 
 
 def test_return_sites_include_the_implicit_return():

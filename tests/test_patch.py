@@ -169,6 +169,24 @@ def test_not_patchable_targets_give_clear_errors():
         bcrecord.patch_method([], "append", "x")
     with pytest.raises(NotPatchableError, match="builtin or C function"):
         bcrecord.instrument(len, "x")
+
+    class Lazy:  # a non-data descriptor written in Python (inspect takes it for a C one)
+        def __init__(self, func):
+            self.func = func
+
+        def __get__(self, obj, kind=None):
+            return self.func.__get__(obj, kind)
+
+    class Holder:
+        @Lazy
+        def m(self):
+            return 1
+
+    with pytest.raises(NotPatchableError, match=r"'m' is a Lazy descriptor \(an object of a Python class"):
+        bcrecord.patch_method(Holder, "m", "return")
+    with pytest.raises(NotPatchableError, match=r"patch_method\(Lazy, '__get__', specs\)$"):
+        bcrecord.instrument(vars(Holder)["m"], "return")
+    assert Holder().m() == 1
     # An instance is named by its class: a model's repr is its whole architecture.
     with pytest.raises(NotPatchableError, match="^this Block instance has no attribute 'forwrd'; did you"):
         bcrecord.patch_method(Block(), "forwrd", "out")
@@ -1007,6 +1025,31 @@ def test_a_recording_copy_is_patched_as_itself_its_own_probes_kept():
     assert rec.keys() == ["again:area:return"]
 
 
+def test_a_recording_copy_keeps_its_probes_under_an_instance_s_or_a_subclass_s_patch():
+    class Net:
+        @bcrecord.record_locals("v", name="deco")
+        def m(self, x):
+            v = x + 1
+            w = v * 2
+            return w
+
+    class Sub(Net):
+        pass
+
+    a, b, s = Net(), Net(), Sub()
+    code = Net.m.__code__
+    with bcrecord.patch_method(a, "m", "w", name="a"), bcrecord.recording() as rec:
+        assert (a.m(1), b.m(10), s.m(100)) == (4, 22, 202)
+    # The copy's probes for everyone; the instance's patch for that instance only.
+    assert (rec.all("deco:m:v@0"), rec.all("a:m:w@0")) == ([2, 11, 101], [4])
+    with bcrecord.patch_method(Sub, "m", "w", name="sub"), bcrecord.recording() as rec:
+        assert (a.m(1), s.m(100)) == (4, 202)
+    assert (rec.all("deco:m:v@0"), rec.all("sub:m:w@0")) == ([2, 101], [202])
+    with bcrecord.recording() as rec:  # both removed: the copy's own probes stay
+        a.m(1)
+    assert rec.keys() == ["deco:m:v@0"] and Net.m.__code__ is code and "m" not in vars(Sub)
+
+
 def test_an_in_place_patch_and_a_class_patch_of_one_method_stack_in_either_order():
     class M:
         def forward(self, x):
@@ -1061,24 +1104,40 @@ def test_a_patch_of_an_instance_or_subclass_stays_theirs_where_the_class_s_funct
                 obj.g(10)
     # Only the patched instance / the subclass record under their patch's name.
     assert rec.all("one:f:return") == [2] and rec.all("sub:g:return") == [20]
-    # The others keep the class's probes; a patched instance or subclass has its own method.
-    assert rec.all("deco:f:y@0") == [2, 2] and rec.all("inplace:g:z@0") == [20, 20]
+    # The others keep the class's probes; a patched instance or subclass has its own method,
+    # except where the class's is a recording copy: its probes run for everyone.
+    assert rec.all("deco:f:y@0") == [2, 2, 2] and rec.all("inplace:g:z@0") == [20, 20]
 
 
 def test_patch_function_of_a_patched_instance_s_method_patches_what_that_instance_runs():
     class C:
+        def f(self, x):
+            y = x + 1
+            return y * 2
+
+    original_code = C.f.__code__
+    a, b = C(), C()
+    with bcrecord.patch_method(a, "f", "x", name="inst"):
+        with bcrecord.patch_function(a.f, "return", name="on_a"), bcrecord.recording() as rec:
+            assert (a.f(1), b.f(2)) == (4, 6)
+    # a's own copy got it (not the class's function, which b runs).
+    assert rec.all("on_a:f:return") == [4] and rec.all("inst:f:x") == [1]
+    assert "f" not in vars(a) and C.f.__code__ is original_code
+
+    class D:
         @bcrecord.record_locals("y", name="rl")
         def f(self, x):
             y = x + 1
             return y * 2
 
-    a, b = C(), C()
+    a, b = D(), D()
     with bcrecord.patch_method(a, "f", "x", name="inst"):
-        with bcrecord.patch_function(a.f, "return", name="on_a"), bcrecord.recording() as rec:
+        with bcrecord.patch_function(a.f, "return", name="on_f"), bcrecord.recording() as rec:
             assert (a.f(1), b.f(2)) == (4, 6)
-    # a's own copy got it (not the class's recording copy, which b runs, nor the original).
-    assert rec.all("on_a:f:return") == [4] and rec.all("rl:f:y@0") == [3]
-    assert "f" not in vars(a)
+    # a's patch went into the class's recording copy (keeping its probes), which everyone
+    # runs: patching that function patches it for everyone.
+    assert rec.all("on_f:f:return") == [4, 6] and rec.all("rl:f:y@0") == [2, 3]
+    assert rec.all("inst:f:x") == [1]
 
 
 def test_a_special_method_of_one_instance_is_refused_and_nothing_changes():

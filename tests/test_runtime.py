@@ -93,11 +93,12 @@ def test_a_dataclass_too_deep_to_copy_is_a_recorded_error_never_the_live_value()
         x = d
         return 0
 
-    looped = [1]
-    looped.append(looped)
+    nested: list = [1]
+    for _ in range(5000):  # deeper than copying can go
+        nested = [nested]
     g = bcrecord.instrument(f, "x", name="deep")
     with pytest.warns(RecordingWarning, match="RecursionError"), bcrecord.recording() as rec:
-        g(Box(looped))
+        g(Box(nested))
     assert "deep:f:x@0" not in rec and [type(e.error) for e in rec.errors] == [RecursionError]
 
 
@@ -174,6 +175,38 @@ def test_detach_detaches_tensor_likes_only():
     with bcrecord.recording(copy="detach") as rec:
         assert g(os.devnull) == "ok"
     assert called == [1] and isinstance(rec["io:f:fh@0"], io.TextIOWrapper) and not rec.errors
+
+
+def test_clone_copies_cycles_and_shared_items_once():
+    # As deepcopy does: a list or dict that holds itself holds its copy (not a
+    # RecursionError), and an item met twice is copied once, through tuples too.
+    loop = [1]
+    loop.append(loop)
+    looped = copy_value(loop, "clone")
+    assert looped is not loop and looped[1] is looped and looped[0] == 1
+    table = {"n": 1}
+    table["self"] = table
+    tabled = copy_value(table, "clone")
+    assert tabled is not table and tabled["self"] is tabled
+    shared = [1]
+    copied = copy_value([shared, shared, (shared,)], "clone")
+    shared.append(2)
+    assert copied[0] is copied[1] is copied[2][0] and copied[0] == [1]
+    closed = [0]
+    ring = (closed,)
+    closed.append(ring)  # a cycle through a tuple
+    ringed = copy_value(ring, "clone")
+    assert ringed[0][1] is ringed and ringed[0] is not closed
+
+    def f():
+        node = loop  # recorded here: the cycle already exists
+        return node[0]
+
+    g = bcrecord.instrument(f, ["node"], name="m")
+    with bcrecord.recording() as rec:
+        g()
+    kept = rec["m:f:node@0"]
+    assert not rec.errors and kept[1] is kept
 
 
 def test_dataclass_copies_keep_links_unset_fields_and_immutable_values():
@@ -596,6 +629,43 @@ def test_probe_failure_is_reported_never_raised():
     assert len(messages) == 2 and "e:f:u@0" in messages[1] and "no clone today" in messages[1]
     # at the recorded function's line, not in bcrecord's runtime
     assert {(w.filename, w.lineno) for w in caught} == {(__file__, f.__code__.co_firstlineno + 1)}
+
+
+def test_errors_keep_no_frames_and_as_many_per_key_as_values_are_kept():
+    import gc
+    import weakref
+
+    class Frame:  # a big value whose copy fails
+        def clone(self):
+            raise RuntimeError("cannot clone")
+
+    made = []
+
+    def f(n):
+        frame = Frame()
+        made.append(weakref.ref(frame))
+        return n
+
+    g = bcrecord.instrument(f, "frame", name="big")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with bcrecord.recording(keep=2) as rec:
+            for n in range(50):
+                g(n)
+    gc.collect()
+    # The failed values are freed (no traceback's frame holds them), and each key keeps its
+    # first failure and its last ones, as it keeps its last values: memory stays flat.
+    assert sum(ref() is not None for ref in made) == 0 and len(rec.errors) == 3
+    assert rec.failures == {"big:f:frame@0": 50}
+    error = rec.errors[-1]
+    assert error.error.__traceback__ is None and "RuntimeError: cannot clone" in error.traceback
+    assert "in clone" in error.traceback
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with bcrecord.recording() as rec:  # keep='all': every failure
+            for n in range(5):
+                g(n)
+    assert [e.key for e in rec.errors] == ["big:f:frame@0"] * 5 and rec.failures == {"big:f:frame@0": 5}
 
 
 def test_only_takes_patches_and_says_so():
