@@ -623,7 +623,7 @@ class _Collector:
             self.last_flush = time.monotonic()
             try:
                 # Silently: the writer's own calls (json.dumps, os.path...) are not the program's.
-                with _signals_held():
+                with _SignalsHeld():
                     silently(self._write, batch)
             except Exception as error:
                 self.error = (
@@ -697,39 +697,44 @@ class _Collector:
             self.saved[key] += 1
 
 
-#: Signals whose Python handlers :func:`_signals_held` holds back (their default ones raise).
+#: Signals whose Python handlers :class:`_SignalsHeld` holds back (their default ones raise).
 _HELD_SIGNALS = tuple(
     getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
 )
 
 
-@contextlib.contextmanager
-def _signals_held() -> Iterator[None]:
+class _SignalsHeld:
     """Run the block with the program's Python signal handlers held back, then run them.
 
     A write of buffered values in the main thread (where Python runs signal handlers)
     cut short by Ctrl-C, or by a SIGTERM handler that exits, would lose every value of
     the batch it was writing; it is over in moments, and the signal comes right after.
+
+    A class, not a ``contextlib.contextmanager``: what the held handler raises (Ctrl-C's
+    ``KeyboardInterrupt``) goes up through this file's frames only, which the program's
+    traceback leaves out, and never through contextlib's, which it would show.
     """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    held: List[int] = []
-    replaced: Dict[int, Any] = {}
-    try:
-        for number in _HELD_SIGNALS:
-            handler = signal.getsignal(number)
-            if callable(handler):  # the program's (or Python's default_int_handler): not SIG_DFL/SIG_IGN
-                signal.signal(number, lambda number, frame: held.append(number))
-                replaced[number] = handler
-    except (ValueError, OSError):  # not settable here (another interpreter): as it was
-        pass
-    try:
-        yield
-    finally:
-        for number, handler in replaced.items():
+
+    def __init__(self) -> None:
+        self.held: List[int] = []
+        self.replaced: Dict[int, Any] = {}
+
+    def __enter__(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        try:
+            for number in _HELD_SIGNALS:
+                handler = signal.getsignal(number)
+                if callable(handler):  # the program's (or Python's default_int_handler): not SIG_DFL/SIG_IGN
+                    signal.signal(number, lambda number, frame: self.held.append(number))
+                    self.replaced[number] = handler
+        except (ValueError, OSError):  # not settable here (another interpreter): as it was
+            pass
+
+    def __exit__(self, *exc_info: Any) -> None:
+        for number, handler in self.replaced.items():
             signal.signal(number, handler)
-        for number in held:
+        for number in self.held:
             signal.raise_signal(number)  # its own handler runs now
 
 
@@ -1346,7 +1351,13 @@ class _Runner:
         self._closed = True
         self._stop_trace()
         self.collector.stop_timer()
-        self.collector.flush()
+        interrupt: Optional[KeyboardInterrupt] = None
+        try:
+            self.collector.flush()
+        except KeyboardInterrupt as error:
+            # Ctrl-C during the last save (held until the batch was written): finish closing
+            # (patches removed, the report) first, then let it go on.
+            interrupt = error
         if self.recording.active:
             self.recording.__exit__(None, None, None)
         try:
@@ -1363,6 +1374,24 @@ class _Runner:
         if self._main_before is not None and sys.modules.get("__main__") is self.program_module:
             sys.modules["__main__"] = self._main_before
         self.report()
+        if interrupt is not None:
+            raise interrupt.with_traceback(None)  # (bcrecord's frames: nothing of the program's)
+
+    def close_at_exit(self) -> None:
+        """:meth:`close`, as the command line's ``atexit`` handler.
+
+        A Ctrl-C during the last save there (the program has ended; what was being written
+        is written first) is said in one line, after the report, as the run's other reports
+        are: Python would print it as an error in bcrecord's handler, with bcrecord's frames.
+        """
+        try:
+            self.close()
+        except KeyboardInterrupt:
+            print(
+                "bcrecord: KeyboardInterrupt during the last save, after the program ended (what was "
+                "saved is said above)",
+                file=self.stderr,
+            )
 
     # reporting --------------------------------------------------------------------------
 
@@ -1571,7 +1600,7 @@ def run(
     runner = _Runner(parsed, prog, writer, every=every, copy=copy, quiet=quiet, stderr=stderr)
     runner.start()
     if linger:
-        atexit.register(runner.close)
+        atexit.register(runner.close_at_exit)
     try:
         status = runner.execute()
     except SystemExit as exit_:
