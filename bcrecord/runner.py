@@ -96,9 +96,17 @@ from typing import (
 
 from .analysis import read, resolve
 from .errors import BcrecordError, RecordingWarning, did_you_mean
-from .patch import Patch, a_method_name, function_of, original_code, patch_function, patch_method
+from .patch import (
+    Patch,
+    a_method_name,
+    function_of,
+    original_code,
+    patch_function,
+    patch_method,
+    targets,
+)
 from .runtime import Recording, Sink, copy_value, silence, silently
-from .specs import Spec, parse
+from .specs import Attribute, Spec, parse
 from .storage import Writer
 
 __all__ = ["RunTarget", "RunError", "parse_target", "check_targets", "run"]
@@ -932,6 +940,46 @@ def _describe(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def loaded_chains(code: types.CodeType) -> List[str]:
+    """The attribute chains ``code`` loads (``self.fc.weight``), in source order, each once.
+
+    >>> class C:
+    ...     def f(self, x):
+    ...         return x * self.scale + self.shift
+    >>> loaded_chains(C.f.__code__)
+    ['self.scale', 'self.shift']
+    """
+    return list(targets(code).attributes)
+
+
+def unloaded_chain_note(function: str, chain: str, loaded: Sequence[str]) -> str:
+    """``''`` when ``chain`` (an entry target's) is, or is part of, or extends a chain that
+    ``function`` loads; else says it loads no such chain, the likely one and those it loads.
+
+    An entry target reads its chain when the function starts, loaded there or not: a
+    misspelt one is no error until that read fails (an AttributeError) at run time.
+
+    >>> unloaded_chain_note("C.f", "self.fc.weight", ["self.fc"])
+    ''
+    >>> unloaded_chain_note("C.f", "self.scal", ["self.scale", "self.fc.weight"])
+    "C.f never loads self.scal; did you mean 'self.scale'? (the chains it loads: self.scale, \
+self.fc.weight)"
+    """
+    if any(chain == one or one.startswith(chain + ".") or chain.startswith(one + ".") for one in loaded):
+        return ""
+    hint = did_you_mean(chain, loaded, hide_private=False)
+    return f"{function} never loads {chain}{hint} (the chains it loads: {', '.join(loaded) or 'none'})"
+
+
+@dataclass(frozen=True)
+class _EntryRead:
+    """An entry target's chain and what its function loads (to say why reading it failed)."""
+
+    function: str
+    chain: str
+    loaded: Tuple[str, ...]
+
+
 @dataclass
 class _Program:
     """What to run and how ``sys`` should look to it."""
@@ -1061,6 +1109,8 @@ class _Runner:
         #: The keys each target (by its text) records under, over all its patches.
         self.keys_of: Dict[str, Set[str]] = defaultdict(set)
         self.applied: set = set()
+        #: Targets that read a chain when their function starts, by text (see _failure).
+        self.entry_reads: Dict[str, _EntryRead] = {}
         self.groups: Dict[str, Dict[Tuple[str, ...], List[RunTarget]]] = defaultdict(
             lambda: defaultdict(list)
         )
@@ -1157,6 +1207,10 @@ class _Runner:
                     self.keys_of[target.text].update(
                         f"{patch.name}:{patch.function_name}:{x}" for x in labels
                     )
+                    if isinstance(target.spec, Attribute) and target.spec.at == "entry":
+                        chains = tuple(loaded_chains(patch.original_code))
+                        entry = _EntryRead(target.qualname, target.spec.target, chains)
+                        self.entry_reads[target.text] = entry
                 self.recording.take(patch)
                 self.applied.update(t.text for t in group)
                 self.applied.update(a for t in group for a in self.aliases.get(t.text, ()))
@@ -1425,6 +1479,22 @@ class _Runner:
             )
         return f"{target.module} was not imported"
 
+    def _failure(self, key: str, errors: List[BaseException]) -> str:
+        """Why ``key`` lost ``errors``' values: its entry chain could not be read, or a copy failed."""
+        first = errors[0]
+        said = f"(the first: {type(first).__name__}: {first})"
+        entry = next((e for text, e in self.entry_reads.items() if key in self.keys_of[text]), None)
+        # getattr's own AttributeError names the attribute missing: the read failed, not a copy.
+        if entry is not None and isinstance(first, AttributeError):
+            missing = getattr(first, "name", None)
+            if missing is not None and missing in entry.chain.split(".")[1:]:
+                note = unloaded_chain_note(entry.function, entry.chain, entry.loaded)
+                return (
+                    f"{len(errors)} value(s) not recorded: reading {entry.chain} when "
+                    f"{entry.function} starts failed {said}" + (f"; {note}" if note else "")
+                )
+        return f"{len(errors)} value(s) not recorded, their copy failed {said}"
+
     def report(self) -> None:
         """Print what was recorded (and what never applied) to stderr."""
         out = self.stderr
@@ -1434,7 +1504,11 @@ class _Runner:
             print(f"bcrecord: target {target.text!r} was never applied: {self._why(target)}", file=out)
         counts = self.recording.counts()
         fired = {key for key, n in counts.items() if n}
-        heard = {text for text, keys in self.keys_of.items() if keys & fired}
+        failed: Dict[str, List[BaseException]] = defaultdict(list)
+        for record_error in list(self.recording.errors):
+            failed[record_error.key].append(record_error.error)
+        # Reached: a value came, or came and could not be recorded (said below, key by key).
+        heard = {text for text, keys in self.keys_of.items() if keys & (fired | failed.keys())}
         heard |= {alias for text in heard for alias in self.aliases.get(text, ())}
         for target in [t for t in self.targets if t.text in self.applied and t.text not in heard]:
             print(
@@ -1442,16 +1516,8 @@ class _Runner:
                 "it once patched; child processes, such as DataLoader workers, are not recorded)",
                 file=out,
             )
-        failed: Dict[str, List[BaseException]] = defaultdict(list)
-        for record_error in list(self.recording.errors):
-            failed[record_error.key].append(record_error.error)
         for key, errors in failed.items():
-            first = errors[0]
-            print(
-                f"bcrecord: {key}: {len(errors)} value(s) not recorded, their copy failed "
-                f"(the first: {type(first).__name__}: {first})",
-                file=out,
-            )
+            print(f"bcrecord: {key}: {self._failure(key, errors)}", file=out)
         for line in self.collector.warnings:
             print(f"bcrecord: {line}", file=out)
         if self.collector.error is not None:

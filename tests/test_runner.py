@@ -1196,6 +1196,23 @@ def test_run_reports_values_whose_copy_failed_whatever_the_program_s_warning_fil
     assert list(bcrecord.load(out)) == ["__main__:f:y@0"]
 
 
+def test_run_says_a_misspelt_entry_chain_could_not_be_read_and_what_the_function_loads(project):
+    # Scaler.scale loads self.factor; self.factr reads (and fails) at each call: reached, no copy made.
+    result = cli(
+        "run", "-r", "helper:Scaler.scale:self.factr", "-r", "helper:Scaler.scale:out@0", "prog.py",
+        cwd=project,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    report = [line for line in result.stderr.splitlines() if line.startswith("bcrecord:")]
+    assert report[0] == (
+        "bcrecord: Scaler:scale:self.factr: 6 value(s) not recorded: reading self.factr when Scaler.scale "
+        "starts failed (the first: AttributeError: 'Scaler' object has no attribute 'factr'); Scaler.scale "
+        "never loads self.factr; did you mean 'self.factor'? (the chains it loads: self.factor)"
+    )
+    assert report[1] == "bcrecord: recorded (no --save-dir, so nothing was saved):" and len(report) == 2
+    assert "nothing reached" not in result.stderr and "copy failed" not in result.stderr
+
+
 def test_run_reports_on_the_stderr_it_started_with(project, tmp_path):
     log = tmp_path / "program.log"
     (project / "logs.py").write_text(
