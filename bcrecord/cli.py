@@ -150,10 +150,33 @@ def _patched(path: str, specs: Sequence[str], name: str) -> Patch:
     return patch_function(function_of(_recordable(path)), specs, name=name)
 
 
+def _unloaded_notes(function: str, code: types.CodeType, specs: Sequence[str]) -> List[str]:
+    """A note for each entry-chain spec naming a chain ``code`` never loads (a misspelt
+    ``self.scal`` is patched all the same: its read fails only when the function runs)."""
+    from .runner import loaded_chains, unloaded_chain_note
+    from .specs import Attribute, parse
+
+    loaded = loaded_chains(code)
+    notes = []
+    for text in specs:
+        spec = parse(text)
+        if isinstance(spec, Attribute) and spec.at == "entry":
+            note = unloaded_chain_note(function, spec.target, loaded)
+            if note:
+                notes.append(
+                    f"note: {note}; the probe reads {spec.target} when {function} starts, and records "
+                    "nothing where the object has no such attribute"
+                )
+    return notes
+
+
 def _show(args: argparse.Namespace) -> int:
     base = function_of(_recordable(args.path))
     with _patched(args.path, args.specs, args.name or "show") as patch:
-        print(f"{base.__qualname__}: {len(patch.keys)} probe(s): {', '.join(patch.keys)}\n")
+        print(f"{base.__qualname__}: {len(patch.keys)} probe(s): {', '.join(patch.keys)}")
+        for note in _unloaded_notes(base.__qualname__, patch.original_code, args.specs):
+            print(note)
+        print()
         print(side_by_side(patch.original_code, patch.code))
         source = decompiled(patch.code)
     if source is not None:

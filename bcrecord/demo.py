@@ -14,8 +14,8 @@ no downloads). The demo
    in ``DIR/plots`` (feature maps, heatmaps, histograms, values over steps).
 
 Needs torch, safetensors and (for pictures) matplotlib:
-``pip install 'bcrecord[torch,save,viz]'``. Runs in 5-9 seconds on a 2-core CPU (about 3-5
-with ``plots=False``).
+``pip install 'bcrecord[torch,save,viz]'``. Runs in about 10 seconds on a 2-core CPU (the
+first run a little longer: matplotlib builds its font cache), about 3 with ``plots=False``.
 
 >>> import io, tempfile
 >>> run(tempfile.mkdtemp(), steps=2, plots=False, out=io.StringIO())
@@ -48,14 +48,57 @@ def _need(module: str, extra: str) -> None:
         raise BcrecordError(f"the demo needs {module}: pip install 'bcrecord[{extra}]'")
 
 
+def _demo_keys() -> List[str]:
+    """The keys the demo saves: every assignment of ``x`` in the model's ``forward``, and the
+    first block's ``out@1`` and ``out@2`` (read from the bytecode, as :data:`TARGETS` picks them).
+
+    >>> _demo_keys()[:2], _demo_keys()[-2:]
+    ([':forward:x@0', ':forward:x@1'], ['layer1.0:forward:out@1', 'layer1.0:forward:out@2'])
+    """
+    from .demo_model import TinyResNet
+    from .patch import targets
+
+    assignments = targets(TinyResNet.forward).locals["x"]
+    return [f":forward:x@{a.index}" for a in assignments] + [f"layer1.0:forward:out@{i}" for i in (1, 2)]
+
+
+def _foreign_keys(directory: Path) -> List[str]:
+    """Keys saved in an earlier demo's ``directory`` that the demo did not write (a ``bcrecord run
+    -o`` into it since): clearing the folder would delete their values."""
+    from .storage import saved_keys
+
+    if not any((directory / name).exists() for name in ("index.json", "index.jsonl")):
+        return []
+    try:
+        saved = saved_keys(directory)
+    except (BcrecordError, OSError) as error:  # unreadable: whose values it holds is unknown
+        raise BcrecordError(
+            f"{directory} has an index the demo cannot read ({error}), so it is not replaced; "
+            "choose another folder with --out DIR"
+        ) from None
+    ours = set(_demo_keys())
+    return [key for key in saved if key not in ours]
+
+
 def _prepare(directory: Path) -> None:
-    """Make ``directory`` for the demo, clearing what an earlier demo left there (only that)."""
+    """Make ``directory`` for the demo, clearing what an earlier demo left there (only that).
+
+    A folder of an earlier demo that holds values of other keys too (``bcrecord run -o`` into
+    it) is refused, and nothing in it is deleted.
+    """
     if directory.exists() and not directory.is_dir():
         raise BcrecordError(f"{directory} is a file, not a directory; choose another with --out DIR")
     if directory.exists() and any(directory.iterdir()):
         if not (directory / _MARKER).exists():
             raise BcrecordError(
                 f"{directory} exists and was not made by bcrecord demo; choose another with --out DIR"
+            )
+        foreign = _foreign_keys(directory)
+        if foreign:
+            shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+            raise BcrecordError(
+                f"{directory} holds values the demo did not save ({shown}); rerunning the demo there "
+                "would delete them: choose another folder with --out DIR"
             )
         for name in ("records", "plots"):
             shutil.rmtree(directory / name, ignore_errors=True)
@@ -83,7 +126,8 @@ def run(
     """Run the demo, saving into ``directory`` and printing to ``out``; returns 0.
 
     ``steps`` training steps are recorded; ``plots=False`` skips the pictures (and
-    matplotlib). A ``directory`` that exists must be empty or an earlier demo's.
+    matplotlib). A ``directory`` that exists must be empty or an earlier demo's, holding
+    only the values that demo saved (a rerun replaces them).
 
     >>> import io, tempfile
     >>> out = io.StringIO()

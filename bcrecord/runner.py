@@ -96,9 +96,17 @@ from typing import (
 
 from .analysis import read, resolve
 from .errors import BcrecordError, RecordingWarning, did_you_mean
-from .patch import Patch, a_method_name, function_of, original_code, patch_function, patch_method
+from .patch import (
+    Patch,
+    a_method_name,
+    function_of,
+    original_code,
+    patch_function,
+    patch_method,
+    targets,
+)
 from .runtime import Recording, Sink, copy_value, silence, silently
-from .specs import Spec, parse
+from .specs import Attribute, Spec, parse
 from .storage import Writer
 
 __all__ = ["RunTarget", "RunError", "parse_target", "check_targets", "run"]
@@ -623,7 +631,7 @@ class _Collector:
             self.last_flush = time.monotonic()
             try:
                 # Silently: the writer's own calls (json.dumps, os.path...) are not the program's.
-                with _signals_held():
+                with _SignalsHeld():
                     silently(self._write, batch)
             except Exception as error:
                 self.error = (
@@ -697,39 +705,44 @@ class _Collector:
             self.saved[key] += 1
 
 
-#: Signals whose Python handlers :func:`_signals_held` holds back (their default ones raise).
+#: Signals whose Python handlers :class:`_SignalsHeld` holds back (their default ones raise).
 _HELD_SIGNALS = tuple(
     getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
 )
 
 
-@contextlib.contextmanager
-def _signals_held() -> Iterator[None]:
+class _SignalsHeld:
     """Run the block with the program's Python signal handlers held back, then run them.
 
     A write of buffered values in the main thread (where Python runs signal handlers)
     cut short by Ctrl-C, or by a SIGTERM handler that exits, would lose every value of
     the batch it was writing; it is over in moments, and the signal comes right after.
+
+    A class, not a ``contextlib.contextmanager``: what the held handler raises (Ctrl-C's
+    ``KeyboardInterrupt``) goes up through this file's frames only, which the program's
+    traceback leaves out, and never through contextlib's, which it would show.
     """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    held: List[int] = []
-    replaced: Dict[int, Any] = {}
-    try:
-        for number in _HELD_SIGNALS:
-            handler = signal.getsignal(number)
-            if callable(handler):  # the program's (or Python's default_int_handler): not SIG_DFL/SIG_IGN
-                signal.signal(number, lambda number, frame: held.append(number))
-                replaced[number] = handler
-    except (ValueError, OSError):  # not settable here (another interpreter): as it was
-        pass
-    try:
-        yield
-    finally:
-        for number, handler in replaced.items():
+
+    def __init__(self) -> None:
+        self.held: List[int] = []
+        self.replaced: Dict[int, Any] = {}
+
+    def __enter__(self) -> None:
+        if threading.current_thread() is not threading.main_thread():
+            return
+        try:
+            for number in _HELD_SIGNALS:
+                handler = signal.getsignal(number)
+                if callable(handler):  # the program's (or Python's default_int_handler): not SIG_DFL/SIG_IGN
+                    signal.signal(number, lambda number, frame: self.held.append(number))
+                    self.replaced[number] = handler
+        except (ValueError, OSError):  # not settable here (another interpreter): as it was
+            pass
+
+    def __exit__(self, *exc_info: Any) -> None:
+        for number, handler in self.replaced.items():
             signal.signal(number, handler)
-        for number in held:
+        for number in self.held:
             signal.raise_signal(number)  # its own handler runs now
 
 
@@ -927,6 +940,46 @@ def _describe(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def loaded_chains(code: types.CodeType) -> List[str]:
+    """The attribute chains ``code`` loads (``self.fc.weight``), in source order, each once.
+
+    >>> class C:
+    ...     def f(self, x):
+    ...         return x * self.scale + self.shift
+    >>> loaded_chains(C.f.__code__)
+    ['self.scale', 'self.shift']
+    """
+    return list(targets(code).attributes)
+
+
+def unloaded_chain_note(function: str, chain: str, loaded: Sequence[str]) -> str:
+    """``''`` when ``chain`` (an entry target's) is, or is part of, or extends a chain that
+    ``function`` loads; else says it loads no such chain, the likely one and those it loads.
+
+    An entry target reads its chain when the function starts, loaded there or not: a
+    misspelt one is no error until that read fails (an AttributeError) at run time.
+
+    >>> unloaded_chain_note("C.f", "self.fc.weight", ["self.fc"])
+    ''
+    >>> unloaded_chain_note("C.f", "self.scal", ["self.scale", "self.fc.weight"])
+    "C.f never loads self.scal; did you mean 'self.scale'? (the chains it loads: self.scale, \
+self.fc.weight)"
+    """
+    if any(chain == one or one.startswith(chain + ".") or chain.startswith(one + ".") for one in loaded):
+        return ""
+    hint = did_you_mean(chain, loaded, hide_private=False)
+    return f"{function} never loads {chain}{hint} (the chains it loads: {', '.join(loaded) or 'none'})"
+
+
+@dataclass(frozen=True)
+class _EntryRead:
+    """An entry target's chain and what its function loads (to say why reading it failed)."""
+
+    function: str
+    chain: str
+    loaded: Tuple[str, ...]
+
+
 @dataclass
 class _Program:
     """What to run and how ``sys`` should look to it."""
@@ -1056,6 +1109,8 @@ class _Runner:
         #: The keys each target (by its text) records under, over all its patches.
         self.keys_of: Dict[str, Set[str]] = defaultdict(set)
         self.applied: set = set()
+        #: Targets that read a chain when their function starts, by text (see _failure).
+        self.entry_reads: Dict[str, _EntryRead] = {}
         self.groups: Dict[str, Dict[Tuple[str, ...], List[RunTarget]]] = defaultdict(
             lambda: defaultdict(list)
         )
@@ -1152,6 +1207,10 @@ class _Runner:
                     self.keys_of[target.text].update(
                         f"{patch.name}:{patch.function_name}:{x}" for x in labels
                     )
+                    if isinstance(target.spec, Attribute) and target.spec.at == "entry":
+                        chains = tuple(loaded_chains(patch.original_code))
+                        entry = _EntryRead(target.qualname, target.spec.target, chains)
+                        self.entry_reads[target.text] = entry
                 self.recording.take(patch)
                 self.applied.update(t.text for t in group)
                 self.applied.update(a for t in group for a in self.aliases.get(t.text, ()))
@@ -1346,7 +1405,13 @@ class _Runner:
         self._closed = True
         self._stop_trace()
         self.collector.stop_timer()
-        self.collector.flush()
+        interrupt: Optional[KeyboardInterrupt] = None
+        try:
+            self.collector.flush()
+        except KeyboardInterrupt as error:
+            # Ctrl-C during the last save (held until the batch was written): finish closing
+            # (patches removed, the report) first, then let it go on.
+            interrupt = error
         if self.recording.active:
             self.recording.__exit__(None, None, None)
         try:
@@ -1363,6 +1428,24 @@ class _Runner:
         if self._main_before is not None and sys.modules.get("__main__") is self.program_module:
             sys.modules["__main__"] = self._main_before
         self.report()
+        if interrupt is not None:
+            raise interrupt.with_traceback(None)  # (bcrecord's frames: nothing of the program's)
+
+    def close_at_exit(self) -> None:
+        """:meth:`close`, as the command line's ``atexit`` handler.
+
+        A Ctrl-C during the last save there (the program has ended; what was being written
+        is written first) is said in one line, after the report, as the run's other reports
+        are: Python would print it as an error in bcrecord's handler, with bcrecord's frames.
+        """
+        try:
+            self.close()
+        except KeyboardInterrupt:
+            print(
+                "bcrecord: KeyboardInterrupt during the last save, after the program ended (what was "
+                "saved is said above)",
+                file=self.stderr,
+            )
 
     # reporting --------------------------------------------------------------------------
 
@@ -1396,6 +1479,23 @@ class _Runner:
             )
         return f"{target.module} was not imported"
 
+    def _failure(self, key: str, errors: List[BaseException]) -> str:
+        """Why ``key`` lost ``errors``' values: its entry chain could not be read, or a copy failed."""
+        first = errors[0]
+        said = f"(the first: {type(first).__name__}: {first})"
+        count = self.recording.failures.get(key, len(errors))  # (errors keeps some of them)
+        entry = next((e for text, e in self.entry_reads.items() if key in self.keys_of[text]), None)
+        # getattr's own AttributeError names the attribute missing: the read failed, not a copy.
+        if entry is not None and isinstance(first, AttributeError):
+            missing = getattr(first, "name", None)
+            if missing is not None and missing in entry.chain.split(".")[1:]:
+                note = unloaded_chain_note(entry.function, entry.chain, entry.loaded)
+                return (
+                    f"{count} value(s) not recorded: reading {entry.chain} when "
+                    f"{entry.function} starts failed {said}" + (f"; {note}" if note else "")
+                )
+        return f"{count} value(s) not recorded, their copy failed {said}"
+
     def report(self) -> None:
         """Print what was recorded (and what never applied) to stderr."""
         out = self.stderr
@@ -1405,7 +1505,11 @@ class _Runner:
             print(f"bcrecord: target {target.text!r} was never applied: {self._why(target)}", file=out)
         counts = self.recording.counts()
         fired = {key for key, n in counts.items() if n}
-        heard = {text for text, keys in self.keys_of.items() if keys & fired}
+        failed: Dict[str, List[BaseException]] = defaultdict(list)
+        for record_error in list(self.recording.errors):
+            failed[record_error.key].append(record_error.error)
+        # Reached: a value came, or came and could not be recorded (said below, key by key).
+        heard = {text for text, keys in self.keys_of.items() if keys & (fired | failed.keys())}
         heard |= {alias for text in heard for alias in self.aliases.get(text, ())}
         for target in [t for t in self.targets if t.text in self.applied and t.text not in heard]:
             print(
@@ -1413,17 +1517,8 @@ class _Runner:
                 "it once patched; child processes, such as DataLoader workers, are not recorded)",
                 file=out,
             )
-        failed: Dict[str, List[BaseException]] = defaultdict(list)
-        for record_error in list(self.recording.errors):
-            failed[record_error.key].append(record_error.error)
         for key, errors in failed.items():
-            first = errors[0]
-            print(
-                f"bcrecord: {key}: {self.recording.failures.get(key, len(errors))} value(s) not recorded, "
-                "their copy failed "
-                f"(the first: {type(first).__name__}: {first})",
-                file=out,
-            )
+            print(f"bcrecord: {key}: {self._failure(key, errors)}", file=out)
         for line in self.collector.warnings:
             print(f"bcrecord: {line}", file=out)
         if self.collector.error is not None:
@@ -1572,7 +1667,7 @@ def run(
     runner = _Runner(parsed, prog, writer, every=every, copy=copy, quiet=quiet, stderr=stderr)
     runner.start()
     if linger:
-        atexit.register(runner.close)
+        atexit.register(runner.close_at_exit)
     try:
         status = runner.execute()
     except SystemExit as exit_:

@@ -60,6 +60,21 @@ def test_show_marks_the_probes(project):
     assert any("SINKS.get" in line or "__bcrecord_probe__" in line for line in inserted)
 
 
+def test_show_notes_an_entry_chain_the_function_never_loads(project):
+    result = cli("show", "helper:Scaler.scale", "self.factr", "out@0", cwd=project)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[:2] == [
+        "Scaler.scale: 2 probe(s): show:scale:self.factr, show:scale:out@0",
+        "note: Scaler.scale never loads self.factr; did you mean 'self.factor'? (the chains it loads: "
+        "self.factor); the probe reads self.factr when Scaler.scale starts, and records nothing where "
+        "the object has no such attribute",
+    ]
+    # A chain it loads, or one that extends a loaded one, gets no note.
+    for chain in ("self.factor", "self.factor.real"):
+        shown = cli("show", "helper:Scaler.scale", chain, cwd=project).stdout.splitlines()
+        assert shown[0] == f"Scaler.scale: 1 probe(s): show:scale:{chain}" and shown[1] == "", shown[:3]
+
+
 def test_targets_and_show_take_a_property_as_run_records_it(project):
     (project / "shapes.py").write_text(
         "class Box:\n    @property\n    def area(self):\n        a = 2 * 3\n        return a\n"

@@ -1032,6 +1032,44 @@ def test_a_signal_during_a_write_in_the_main_thread_waits_for_the_write(tmp_path
     assert bcrecord.load(tmp_path)["m:f:x@0"] == [0, 10, 20] and collector.buffer == []
 
 
+_CTRL_C_MID_SAVE = (
+    "import signal\nfrom bcrecord import storage\n\nreal = storage.Writer.write_many\n\n"
+    "def interrupted(self, *args, **kwargs):\n"
+    "    signal.raise_signal(signal.SIGINT)  # Ctrl-C while bcrecord saves\n"
+    "    return real(self, *args, **kwargs)\n\n"
+    "def f(x):\n    y = x + 1\n    return y\n\n"
+)
+
+
+def test_a_ctrl_c_during_the_save_after_the_program_ends_shows_no_frames_of_bcrecord_s(project):
+    # The save when the program's code has ended: Python's own KeyboardInterrupt line, no traceback
+    # through bcrecord's signal holding (nor contextlib), and the process ends by SIGINT as Python's does.
+    (project / "ends.py").write_text(_CTRL_C_MID_SAVE + "f(1)\nstorage.Writer.write_many = interrupted\n")
+    expected = plain("-c", "raise KeyboardInterrupt", cwd=project)
+    result = cli("run", "-r", "__main__:f:y", "-o", "out", "ends.py", cwd=project)
+    assert result.returncode == expected.returncode != 0
+    assert result.stderr.splitlines()[0] == "KeyboardInterrupt", result.stderr
+    assert "Traceback" not in result.stderr and "File " not in result.stderr, result.stderr
+    assert bcrecord.load(project / "out")["__main__:f:y@0"] == [2]  # written whole before the interrupt
+
+
+def test_a_ctrl_c_during_the_save_at_exit_is_one_line_after_the_report(project):
+    # Values from the program's atexit handler are saved by bcrecord's, at exit: a Ctrl-C there.
+    (project / "late.py").write_text(
+        _CTRL_C_MID_SAVE + "def late():\n    storage.Writer.write_many = interrupted\n    f(2)\n\n"
+        "import atexit\natexit.register(late)\nf(1)\n"
+    )
+    result = cli("run", "-r", "__main__:f:y", "-o", "out", "late.py", cwd=project)
+    assert "Traceback" not in result.stderr and "File " not in result.stderr, result.stderr
+    assert result.stderr.splitlines()[-2:] == [
+        f"bcrecord: saved 2 value(s) of 1 key(s) to {project / 'out'}; see them with: "
+        f"bcrecord view {shlex.quote(str(project / 'out'))}",
+        "bcrecord: KeyboardInterrupt during the last save, after the program ended (what was saved is "
+        "said above)",
+    ]
+    assert bcrecord.load(project / "out")["__main__:f:y@0"] == [2, 3]
+
+
 def test_run_keeps_the_program_s_module_as_main_for_its_threads_and_atexit_handlers(project):
     # python script.py keeps the script's module as __main__ after its code ends: a
     # thread still running, or an atexit handler, pickles the script's own classes.
@@ -1156,6 +1194,23 @@ def test_run_reports_values_whose_copy_failed_whatever_the_program_s_warning_fil
         in result.stderr
     )
     assert list(bcrecord.load(out)) == ["__main__:f:y@0"]
+
+
+def test_run_says_a_misspelt_entry_chain_could_not_be_read_and_what_the_function_loads(project):
+    # Scaler.scale loads self.factor; self.factr reads (and fails) at each call: reached, no copy made.
+    result = cli(
+        "run", "-r", "helper:Scaler.scale:self.factr", "-r", "helper:Scaler.scale:out@0", "prog.py",
+        cwd=project,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    report = [line for line in result.stderr.splitlines() if line.startswith("bcrecord:")]
+    assert report[0] == (
+        "bcrecord: Scaler:scale:self.factr: 6 value(s) not recorded: reading self.factr when Scaler.scale "
+        "starts failed (the first: AttributeError: 'Scaler' object has no attribute 'factr'); Scaler.scale "
+        "never loads self.factr; did you mean 'self.factor'? (the chains it loads: self.factor)"
+    )
+    assert report[1] == "bcrecord: recorded (no --save-dir, so nothing was saved):" and len(report) == 2
+    assert "nothing reached" not in result.stderr and "copy failed" not in result.stderr
 
 
 def test_run_reports_on_the_stderr_it_started_with(project, tmp_path):

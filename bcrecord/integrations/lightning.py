@@ -138,6 +138,34 @@ class StepRecord:
     def __contains__(self, key: object) -> bool:
         return key in self.values
 
+    def __iter__(self) -> Iterator[str]:
+        """The recorded keys, as :meth:`keys` lists them: ``list(record)``, ``sorted(record)``,
+        ``dict(...)`` over them and ``for key in record`` work as for a dict of latest values.
+
+        >>> r = StepRecord("fit", 0, 0, 0, 0, {"m:forward:y@0": [5], "m:forward:x@0": [1, 2]}, {})
+        >>> list(r), sorted(r), len(r), {key: r[key] for key in r}
+        (['m:forward:y@0', 'm:forward:x@0'], ['m:forward:x@0', 'm:forward:y@0'], 2, \
+{'m:forward:y@0': 5, 'm:forward:x@0': 2})
+        """
+        return iter(list(self.values))  # a copy: a key recorded meanwhile does not break the loop
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def __bool__(self) -> bool:
+        # A kept batch, also one that recorded nothing (an exception came first): ``if
+        # callback.last:`` says whether a batch was kept, as it did before records had a length.
+        return True
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """The latest value of ``key``, or ``default`` where the batch recorded none.
+
+        >>> r = StepRecord("fit", 0, 0, 0, 0, {"m:forward:x@0": [1, 2]}, {})
+        >>> r.get("m:forward:x@0"), r.get("m:forward:z@0", "none")
+        (2, 'none')
+        """
+        return self[key] if key in self.values else default
+
     def all(self, key: str) -> List[Any]:
         """Every value of ``key`` recorded during the batch, in order.
 

@@ -565,6 +565,24 @@ def test_repr_and_iteration(tmp_path):
     assert io.StringIO(repr(callback)).read().startswith("<RecorderCallback")
 
 
+def test_a_record_iterates_over_its_keys_as_a_dict_of_latest_values_would(tmp_path):
+    model = ConvNet()
+    callback = RecorderCallback(["conv", ":forward:hidden"], log_to_logger=False)
+    trainer(tmp_path, callback, max_steps=2).fit(model, loader())
+    last = callback.last
+    keys = ["conv:forward:return", ":forward:hidden@0"]
+    assert list(last) == last.keys() == keys
+    assert sorted(last) == sorted(keys) and len(last) == 2
+    assert all(key in last for key in last) and "conv:forward:x@0" not in last
+    latest = dict(zip(last, (last[key] for key in last), strict=True))
+    conv = expected_conv(model.stash[("fit", last.batch_idx, last.step)])
+    assert torch.allclose(latest["conv:forward:return"], conv, atol=1e-6)
+    assert last.get(":forward:hidden@0") is latest[":forward:hidden@0"] and last.get("nope", 0) == 0
+    # A kept batch that recorded nothing still counts as kept.
+    empty = StepRecord("fit", 0, 0, 0, 0, {}, {}, complete=False)
+    assert list(empty) == [] and len(empty) == 0 and bool(empty)
+
+
 def test_public_api_has_examples_and_types():
     import bcrecord.integrations.lightning as module
 
