@@ -173,14 +173,41 @@ def value_policy(
         raise SpecError(
             f"dtype= casts floating-point or complex values: give such a torch.dtype, not {dtype!r}"
         )
-    if to is not None and not isinstance(to, torch.device):
+    if to is not None:
         try:
-            torch.device(to)
+            device = to if isinstance(to, torch.device) else torch.device(to)
         except RuntimeError as error:  # a str that names no device ('cpux')
             raise SpecError(f"to= names no device: {to!r} ({error})") from None
         except TypeError:
             raise TypeError(f"to= takes a device ('cpu', 'cuda:0', a torch.device), not {to!r}") from None
+        # Now, not per value: every value would fail into rec.errors.
+        missing = _unavailable(device)
+        if missing is not None:
+            raise SpecError(f"to={to!r}: {missing}")
     return ValuePolicy(copy, to, dtype, reduce, grad)
+
+
+def _unavailable(device: torch.device) -> Optional[str]:
+    """Why tensors cannot be moved to ``device`` on this machine; None where they can (or torch cannot tell).
+
+    >>> _unavailable(torch.device("cpu")) is None
+    True
+    >>> _unavailable(torch.device("cuda")) in (None, "cuda is not available on this machine")
+    True
+    """
+    if device.type in ("cpu", "meta"):
+        return None
+    # torch.cuda, torch.xpu...; MPS's is_available is torch.backends.mps's.
+    backend = torch.backends.mps if device.type == "mps" else getattr(torch, device.type, None)
+    is_available = getattr(backend, "is_available", None)
+    if not callable(is_available):  # a backend torch has no check for: the copies will tell
+        return None
+    if not is_available():
+        return f"{device.type} is not available on this machine"
+    count = getattr(getattr(torch, device.type, None), "device_count", None)
+    if device.index is not None and callable(count) and device.index >= count():
+        return f"this machine has {count()} {device.type} device(s), numbered from 0"
+    return None
 
 
 class ValuePolicy:

@@ -1047,8 +1047,9 @@ def record(
 
     Values are detached clones by default (``copy='detach'`` keeps the tensor itself,
     detached). ``to='cpu'`` offloads (from a GPU without blocking the model; reading
-    a value waits for its copy), ``dtype`` casts, ``reduce`` (a callable, or a dict
-    by target string as given, else as expanded; None: as is) is applied first,
+    a value waits for its copy; a device this machine lacks is a SpecError), ``dtype``
+    casts, ``reduce`` (a callable, or a dict by target string as given, else as
+    expanded; None: as is) is applied first,
     ``grad=True`` keeps values in the autograd graph; a ``.grad`` target's gradient
     gets the same ``to``, ``dtype`` and ``reduce``. ``keep='last'`` or an int bounds memory per key.
 

@@ -236,3 +236,28 @@ def test_deepcopy_of_an_object_holding_a_graph_tensor_its_own_way_fails_as_deepc
 
     with pytest.raises(RuntimeError, match="graph leaves"):
         copy_value(Holder(torch.ones(1, requires_grad=True) * 2), "deepcopy")
+
+
+def test_a_device_this_machine_lacks_is_refused_at_once(monkeypatch):
+    from bcrecord.torch import create_feature_extractor, record
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    for to in ("cuda", "cuda:0", torch.device("cuda")):
+        with pytest.raises(SpecError, match="cuda is not available on this machine"):
+            value_policy(to=to)
+    with pytest.raises(SpecError, match=r"to='cuda': cuda is not available"):
+        with record(model, ["0"], to="cuda"):
+            pass
+    with pytest.raises(SpecError, match=r"to='mps': mps is not available"):
+        create_feature_extractor(model, ["0"], to="mps")
+    assert value_policy(to="meta")(torch.ones(2)).device.type == "meta"
+
+
+def test_a_device_index_past_the_machine_s_devices_is_refused(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert value_policy(to="cuda:1").device == torch.device("cuda:1")
+    with pytest.raises(SpecError, match=r"to='cuda:2': this machine has 2 cuda device\(s\), numbered from 0"):
+        value_policy(to="cuda:2")
