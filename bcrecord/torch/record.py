@@ -1046,7 +1046,8 @@ def record(
     path's key is ``'<path>:forward:return'``.
 
     Values are detached clones by default (``copy='detach'`` keeps the tensor itself,
-    detached). ``to='cpu'`` offloads (from a GPU without blocking the model; reading
+    detached; ``copy='none'`` keeps each value itself, as the core does: a tensor stays in
+    the autograd graph). ``to='cpu'`` offloads (from a GPU without blocking the model; reading
     a value waits for its copy; a device this machine lacks is a SpecError), ``dtype``
     casts, ``reduce`` (a callable, or a dict by target string as given, else as
     expanded; None: as is) is applied first,

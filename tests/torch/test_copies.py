@@ -261,3 +261,20 @@ def test_a_device_index_past_the_machine_s_devices_is_refused(monkeypatch):
     assert value_policy(to="cuda:1").device == torch.device("cuda:1")
     with pytest.raises(SpecError, match=r"to='cuda:2': this machine has 2 cuda device\(s\), numbered from 0"):
         value_policy(to="cuda:2")
+
+
+def test_copy_none_keeps_each_value_itself_as_the_core_does():
+    from bcrecord.torch import record
+
+    live = torch.ones(2, requires_grad=True) * 2
+    held = [live, 3]
+    assert value_policy("none")(live) is live and value_policy("none")(held) is held
+    assert value_policy("none").copier_for(torch.Tensor)(live) is live
+    cast = value_policy("none", dtype=torch.float64)(live)  # the options still apply, in the graph
+    assert cast.dtype == torch.float64 and cast.grad_fn is not None
+    assert value_policy("none", reduce=torch.sum)(live).grad_fn is not None
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    with record(model, ["0"], copy="none") as rec:
+        out = model(torch.ones(1, 2))
+    assert rec["0:forward:return"] is out and out.grad_fn is not None
+    assert value_policy("detach")(live).grad_fn is None  # 'detach' stays detached
