@@ -6,7 +6,9 @@ Importing this module registers how tensors are copied under each core policy
 * ``'clone'``: a detached clone — the value as it was when assigned, outside the
   autograd graph (so recording never keeps activations' graphs alive);
 * ``'detach'``: the tensor detached, no copy (cheapest; later in-place changes show);
-* ``'deepcopy'``: a detached clone (``copy.deepcopy`` refuses non-leaf tensors).
+* ``'deepcopy'``: a detached clone (``copy.deepcopy`` refuses non-leaf tensors);
+* ``'none'``: the tensor itself, as the core keeps any value (not detached: it stays in
+  the autograd graph, and keeps it alive, whatever ``grad`` says).
 
 :func:`value_policy` builds the copier for one target of :func:`bcrecord.torch.record`
 from its options: offload (``to='cpu'``; from a GPU the copy does not block, and
@@ -151,14 +153,16 @@ def value_policy(
 ) -> ValuePolicy:
     """A copier applying the torch layer's options to every tensor in a value.
 
-    Order: ``reduce``, then detach (unless ``grad``), then move/cast, then clone if
+    Order: ``reduce``, then detach (unless ``grad`` or ``copy='none'``), then move/cast, then clone if
     the result still shares memory with the live value (``copy='clone'`` or
     ``'deepcopy'``); where ``reduce`` returns tuples, lists or dicts of tensors
     (``t.chunk(2)``), to each tensor in them. Non-tensor values, and what ``reduce``
     makes of a tensor that is neither, follow the core's ``copy`` policy.
     ``dtype`` (a floating or complex dtype) casts the tensors of its kind only:
     floating-point ones to a floating dtype, complex ones to a complex dtype; the
-    indices of a ``topk``, masks, and the imaginary parts stay exact.
+    indices of a ``topk``, masks, and the imaginary parts stay exact. ``copy='none'``
+    keeps each value itself, as the core does (a tensor in the autograd graph stays
+    there; a list is the model's own); ``reduce``, ``to`` and ``dtype`` still apply.
 
     >>> import torch
     >>> keep = value_policy(reduce=lambda t: t.mean(0), dtype=torch.float64)
@@ -173,14 +177,41 @@ def value_policy(
         raise SpecError(
             f"dtype= casts floating-point or complex values: give such a torch.dtype, not {dtype!r}"
         )
-    if to is not None and not isinstance(to, torch.device):
+    if to is not None:
         try:
-            torch.device(to)
+            device = to if isinstance(to, torch.device) else torch.device(to)
         except RuntimeError as error:  # a str that names no device ('cpux')
             raise SpecError(f"to= names no device: {to!r} ({error})") from None
         except TypeError:
             raise TypeError(f"to= takes a device ('cpu', 'cuda:0', a torch.device), not {to!r}") from None
+        # Now, not per value: every value would fail into rec.errors.
+        missing = _unavailable(device)
+        if missing is not None:
+            raise SpecError(f"to={to!r}: {missing}")
     return ValuePolicy(copy, to, dtype, reduce, grad)
+
+
+def _unavailable(device: torch.device) -> Optional[str]:
+    """Why tensors cannot be moved to ``device`` on this machine; None where they can (or torch cannot tell).
+
+    >>> _unavailable(torch.device("cpu")) is None
+    True
+    >>> _unavailable(torch.device("cuda")) in (None, "cuda is not available on this machine")
+    True
+    """
+    if device.type in ("cpu", "meta"):
+        return None
+    # torch.cuda, torch.xpu...; MPS's is_available is torch.backends.mps's.
+    backend = torch.backends.mps if device.type == "mps" else getattr(torch, device.type, None)
+    is_available = getattr(backend, "is_available", None)
+    if not callable(is_available):  # a backend torch has no check for: the copies will tell
+        return None
+    if not is_available():
+        return f"{device.type} is not available on this machine"
+    count = getattr(getattr(torch, device.type, None), "device_count", None)
+    if device.index is not None and callable(count) and device.index >= count():
+        return f"this machine has {count()} {device.type} device(s), numbered from 0"
+    return None
 
 
 class ValuePolicy:
@@ -192,7 +223,18 @@ class ValuePolicy:
     goes through one call instead of four.
     """
 
-    __slots__ = ("copy", "device", "dtype", "reduce", "grad", "_tensor", "_other", "_pending")
+    __slots__ = (
+        "copy",
+        "device",
+        "dtype",
+        "reduce",
+        "grad",
+        "_in_graph",
+        "_itself",
+        "_tensor",
+        "_other",
+        "_pending",
+    )
 
     def __init__(
         self,
@@ -207,6 +249,8 @@ class ValuePolicy:
         self.dtype = dtype
         self.reduce = reduce
         self.grad = grad
+        #: Whether tensors stay in the autograd graph: ``grad``, or ``'none'`` (the value itself).
+        self._in_graph = grad or copy == "none"
         #: What becomes of a value in a container that is no tensor: the core's copy.
         self._other: Callable[[Any], Any] = functools.partial(copy_value, policy=copy)
         #: GPU streams with copies to the CPU still in flight (see :meth:`settle`).
@@ -218,9 +262,13 @@ class ValuePolicy:
         elif copies:
             self._tensor = clone if grad else detached_clone
         else:
-            self._tensor = _itself if grad else torch.Tensor.detach
+            self._tensor = _itself if self._in_graph else torch.Tensor.detach
+        #: Whether every value is kept as it is (``'none'``, nothing to apply): containers too.
+        self._itself = copy == "none" and self._tensor is _itself
 
     def __call__(self, value: Any) -> Any:
+        if self._itself:
+            return value
         if isinstance(value, (torch.Tensor, list, tuple, dict)) or (
             dataclasses.is_dataclass(value) and not isinstance(value, type)
         ):
@@ -257,7 +305,7 @@ class ValuePolicy:
     def _one(self, live: torch.Tensor) -> Any:
         if self.reduce is None:
             return self._keep(live, live)
-        if not self.grad:
+        if not self._in_graph:
             # Outside autograd: a reduce that saved tensors for backward would be counted
             # by activation checkpointing, whose recompute runs no probes (CheckpointError).
             # Detached only where there is a graph (one op less per value under no_grad),
@@ -278,7 +326,7 @@ class ValuePolicy:
 
     def _keep(self, tensor: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
         """``tensor`` (``live``, or reduce's result) detached, moved, cast; cloned if it shares ``live``."""
-        if not self.grad:
+        if not self._in_graph:
             tensor = tensor.detach()
         device = self.device
         dtype = self.dtype

@@ -116,7 +116,10 @@ class FeatureExtractor(torch.nn.Module):
     target recorded several times in one forward (a loop) gives the list of its
     values, in order, when the forward runs to its end (``stop_early=False``); with
     the early stop, its first, whatever else is asked for (a target naming several
-    sites gives the first value of each, in a list).
+    sites gives the first value of each, in a list). A list only where there are several
+    values: a target recorded once in this call gives its value alone, so a site in a
+    loop that ran once gives a tensor, and the same site gives a list when the loop ran
+    twice (see :func:`create_feature_extractor`).
     A target the forward never reached raises an error naming it. The dict is in the
     order the forward first reached its targets (in the extractor's first call that
     reached each), as torchvision's follows the graph it traced once.
@@ -349,6 +352,14 @@ def create_feature_extractor(
     ``grad`` defaults to True: features keep their autograd graph, as torchvision's do. The model's
     classes are patched in place at the first call and stay patched (running their
     original code whenever nothing records) until :meth:`FeatureExtractor.close`.
+
+    Each value is what the target recorded in this call: a tensor (or whatever the
+    site held) where it recorded one value, a list of them, in order, where it recorded
+    several (a site inside a loop, with ``stop_early=False``; a target naming several
+    sites). So the same site in a loop gives a tensor in a call whose loop ran once and
+    a list in one whose loop ran more often: where the count varies, test
+    ``isinstance(value, list)``, or name one iteration's site (``':forward:h@0'``).
+    Values are copies (``copy='clone'``) unless ``copy='detach'`` or ``'none'`` says otherwise.
 
     >>> import torch
     >>> from bcrecord.torch import create_feature_extractor

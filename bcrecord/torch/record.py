@@ -18,7 +18,10 @@ Because the marker travels with the instance's ``__dict__``:
   *stale* marker: the loaded model is clean (it never records) and a
   :class:`~bcrecord.errors.RecordingWarning` says so at save time.
 
-Instances of the same class elsewhere (not targeted) run the patched code but are
+A module held by two models recorded at the same time (a distiller holding an
+extractor of its teacher: ``'tfeat.model.1'`` there is the teacher's ``'1'``) keeps
+one marker, which notes its other paths: each recording gets its values under its
+own path. Instances of the same class elsewhere (not targeted) run the patched code but are
 not recorded. On exit every patch and marker is removed: the model is exactly as
 before (same objects, same code, same ``state_dict``).
 """
@@ -76,7 +79,8 @@ __all__ = ["record", "ModelRecording", "StopForward"]
 
 _MARK = "_bcrecord_path"
 _marks_lock = threading.Lock()
-_mark_counts: Dict[int, int] = {}
+#: For each module marked now (by id): how many passes mark it, per path.
+_mark_counts: Dict[int, Dict[str, int]] = {}
 #: For each function patched for a model, the classes of the recorded modules that run it and of
 #: the modules on the way to them: a compiled graph that inlined it is guarded on one of them,
 #: where it reached the module by looping over a container too, by the type of the compiled
@@ -117,6 +121,9 @@ class _PathMark(str):
     #: Weak references to the copies marked with it (None while there are none: unmarking
     #: runs once per extractor call, where walking even an empty WeakSet costs microseconds).
     copies: Optional[List[weakref.ReferenceType]] = None
+    #: On the module's marker: the marks of the other paths it is recorded at meanwhile (a
+    #: model holding another model's extractor); replaced, never changed: probes read it unlocked.
+    also: Tuple[_PathMark, ...] = ()
 
     def __deepcopy__(self, memo: Dict[int, Any]) -> _PathMark:
         twin = memo.get(id(self.module))  # the copy of the marked module, being made now
@@ -181,13 +188,18 @@ class _Owner:
             return None
         # The marker itself, not str(mark): its hash is computed once, not per value.
         wanted = self.modules.get(mark)
-        if wanted is None:
-            return None
-        module = wanted()
-        # Also while the module is still marked with it: a shallow copy (copy.copy) keeps
-        # the marker after the pass, and must not record in a later one.
-        if module is mark.module and module.__dict__.get(_MARK) is mark:
-            return mark
+        if wanted is not None:
+            module = wanted()
+            # Also while the module is still marked with it: a shallow copy (copy.copy) keeps
+            # the marker after the pass, and must not record in a later one.
+            if module is mark.module and module.__dict__.get(_MARK) is mark:
+                return mark
+        for other in mark.also:  # (usually none) this plan's path may be another of the module's
+            wanted = self.modules.get(other)
+            if wanted is not None:
+                module = wanted()
+                if module is mark.module and module.__dict__.get(_MARK) is mark:
+                    return other
         return None
 
 
@@ -645,62 +657,81 @@ def _one_site_specs(spec: Spec, code: types.CodeType, qualname: str) -> List[Tup
     return out
 
 
-def _mark_all(marks: Sequence[Tuple[torch.nn.Module, _PathMark]]) -> List[torch.nn.Module]:
-    """Put each path marker on its module; returns the modules marked (all of them).
+Marked = List[Tuple[torch.nn.Module, _PathMark]]
+
+
+def _mark_all(marks: Sequence[Tuple[torch.nn.Module, _PathMark]]) -> Marked:
+    """Put each path marker on its module; returns the (module, marker) pairs marked (all of them).
 
     A module already marked by another recording of the same path is counted, not
-    marked again. Raises, marking nothing, if a module has a foreign attribute
-    under the marker's name.
+    marked again; one marked at another path (a model holding an extractor of another
+    model: the teacher's ``'1'`` is the distiller's ``'tfeat.model.1'``) keeps its
+    marker, which notes this path too (``also``): each recording's probes take their
+    own path. Raises, marking nothing, if a module has a foreign attribute under the
+    marker's name.
     """
-    done: List[torch.nn.Module] = []
+    done: Marked = []
     with _marks_lock:
         try:
             for module, mark in marks:
                 attrs = module.__dict__
-                count = _mark_counts.get(id(module), 0)
+                counts = _mark_counts.get(id(module))
                 current = attrs.get(_MARK)
-                if count and type(current) is _PathMark:
-                    if current != mark:
-                        raise TargetError(
-                            f"{type(module).__name__} at {str(mark)!r} is being recorded at "
-                            f"{str(current)!r} by another recording; a module has one path at a "
-                            "time: record both from the same model"
-                        )
-                    _mark_counts[id(module)] = count + 1
+                if counts and type(current) is _PathMark:
+                    count = counts.get(mark, 0)
+                    counts[mark] = count + 1
+                    if not count and current != mark:
+                        current.also = (*current.also, mark)
                 elif _MARK in attrs and type(current) not in (str, _StalePath, _PathMark):
                     raise TargetError(
                         f"{type(module).__name__} at {str(mark)!r} already has an attribute {_MARK!r}"
                     )
                 else:
+                    mark.also = ()
                     attrs[_MARK] = mark
-                    _mark_counts[id(module)] = 1
-                done.append(module)
+                    _mark_counts[id(module)] = {mark: 1}
+                done.append((module, mark))
         except BaseException:
             _unmark_locked(done)
             raise
     return done
 
 
-def _unmark_all(modules: Sequence[torch.nn.Module]) -> None:
+def _unmark_all(marked: Marked) -> None:
     with _marks_lock:
-        _unmark_locked(modules)
+        _unmark_locked(marked)
 
 
-def _unmark_locked(modules: Sequence[torch.nn.Module]) -> None:
-    for module in modules:
-        count = _mark_counts.get(id(module), 0) - 1
+def _unmark_locked(marked: Marked) -> None:
+    for module, mark in marked:
+        counts = _mark_counts.get(id(module), {})
+        count = counts.get(mark, 0) - 1
         if count > 0:
-            _mark_counts[id(module)] = count
+            counts[mark] = count
             continue
-        _mark_counts.pop(id(module), None)
-        mark = module.__dict__.get(_MARK)
-        if type(mark) is _PathMark:
+        counts.pop(mark, None)
+        current = module.__dict__.get(_MARK)
+        if type(current) is not _PathMark:
+            if not counts:
+                _mark_counts.pop(id(module), None)
+            continue
+        if current != mark:  # one of its other paths: the marker stays, for the one it names
+            current.also = tuple(other for other in current.also if other != mark)
+            continue
+        # Still recorded at another path: that path's marker takes over.
+        heir = next((other for other in current.also if other in counts), None)
+        if heir is not None:
+            heir.also = tuple(other for other in current.also if other is not heir)
+            module.__dict__[_MARK] = heir
+        else:
+            _mark_counts.pop(id(module), None)
             del module.__dict__[_MARK]
-            copies, mark.copies = mark.copies, None
-            for ref in copies or ():  # copies made while it was marked
-                twin = ref()
-                if twin is not None and twin.__dict__.get(_MARK) is mark and id(twin) not in _mark_counts:
-                    del twin.__dict__[_MARK]
+        current.also = ()
+        copies, current.copies = current.copies, None
+        for ref in copies or ():  # copies made while it was marked
+            twin = ref()
+            if twin is not None and twin.__dict__.get(_MARK) is current and id(twin) not in _mark_counts:
+                del twin.__dict__[_MARK]
 
 
 #: The options of :func:`record` that :class:`Plan` takes: what is recorded and how it is
@@ -963,7 +994,7 @@ class Pass:
 
     def __init__(self, plan: Plan, rec: ModelRecording, stop_at_root: bool) -> None:
         self.plan, self.rec, self.stop_at_root = plan, rec, stop_at_root
-        self.marked: List[torch.nn.Module] = []
+        self.marked: Marked = []
         self.stopping = False
 
     def __enter__(self) -> ModelRecording:
@@ -1015,9 +1046,11 @@ def record(
     path's key is ``'<path>:forward:return'``.
 
     Values are detached clones by default (``copy='detach'`` keeps the tensor itself,
-    detached). ``to='cpu'`` offloads (from a GPU without blocking the model; reading
-    a value waits for its copy), ``dtype`` casts, ``reduce`` (a callable, or a dict
-    by target string as given, else as expanded; None: as is) is applied first,
+    detached; ``copy='none'`` keeps each value itself, as the core does: a tensor stays in
+    the autograd graph). ``to='cpu'`` offloads (from a GPU without blocking the model; reading
+    a value waits for its copy; a device this machine lacks is a SpecError), ``dtype``
+    casts, ``reduce`` (a callable, or a dict by target string as given, else as
+    expanded; None: as is) is applied first,
     ``grad=True`` keeps values in the autograd graph; a ``.grad`` target's gradient
     gets the same ``to``, ``dtype`` and ``reduce``. ``keep='last'`` or an int bounds memory per key.
 

@@ -236,3 +236,45 @@ def test_deepcopy_of_an_object_holding_a_graph_tensor_its_own_way_fails_as_deepc
 
     with pytest.raises(RuntimeError, match="graph leaves"):
         copy_value(Holder(torch.ones(1, requires_grad=True) * 2), "deepcopy")
+
+
+def test_a_device_this_machine_lacks_is_refused_at_once(monkeypatch):
+    from bcrecord.torch import create_feature_extractor, record
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    for to in ("cuda", "cuda:0", torch.device("cuda")):
+        with pytest.raises(SpecError, match="cuda is not available on this machine"):
+            value_policy(to=to)
+    with pytest.raises(SpecError, match=r"to='cuda': cuda is not available"):
+        with record(model, ["0"], to="cuda"):
+            pass
+    with pytest.raises(SpecError, match=r"to='mps': mps is not available"):
+        create_feature_extractor(model, ["0"], to="mps")
+    assert value_policy(to="meta")(torch.ones(2)).device.type == "meta"
+
+
+def test_a_device_index_past_the_machine_s_devices_is_refused(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert value_policy(to="cuda:1").device == torch.device("cuda:1")
+    with pytest.raises(SpecError, match=r"to='cuda:2': this machine has 2 cuda device\(s\), numbered from 0"):
+        value_policy(to="cuda:2")
+
+
+def test_copy_none_keeps_each_value_itself_as_the_core_does():
+    from bcrecord.torch import record
+
+    live = torch.ones(2, requires_grad=True) * 2
+    held = [live, 3]
+    assert value_policy("none")(live) is live and value_policy("none")(held) is held
+    assert value_policy("none").copier_for(torch.Tensor)(live) is live
+    cast = value_policy("none", dtype=torch.float64)(live)  # the options still apply, in the graph
+    assert cast.dtype == torch.float64 and cast.grad_fn is not None
+    assert value_policy("none", reduce=torch.sum)(live).grad_fn is not None
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    with record(model, ["0"], copy="none") as rec:
+        out = model(torch.ones(1, 2))
+    assert rec["0:forward:return"] is out and out.grad_fn is not None
+    assert value_policy("detach")(live).grad_fn is None  # 'detach' stays detached

@@ -774,3 +774,27 @@ def test_an_extractor_whose_stop_a_site_that_did_not_run_holds_back_says_so_once
     assert len(said) == 1 and "['0:forward:h@0'] did not run" in said[0]
     assert all(torch.allclose(out["0:forward:h"], net[0].lin(x)) for out in outs)
     extractor.close()
+
+
+class _Steps(torch.nn.Module):
+    """A loop run as often as the call says."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(2, 2)
+
+    def forward(self, x, steps):
+        h = x
+        for _ in range(steps):
+            h = self.fc(h).tanh()
+        return h
+
+
+def test_a_site_in_a_loop_gives_a_tensor_when_it_ran_once_and_a_list_otherwise():
+    torch.manual_seed(0)
+    net, x = _Steps(), torch.randn(1, 2)
+    extractor = create_feature_extractor(net, {":forward:h@1": "h"}, stop_early=False, grad=False)
+    once, thrice = extractor(x, 1)["h"], extractor(x, 3)["h"]
+    assert isinstance(once, torch.Tensor) and torch.allclose(once, net.fc(x).tanh())
+    assert isinstance(thrice, list) and len(thrice) == 3
+    assert torch.allclose(thrice[0], once) and torch.allclose(thrice[2], net(x, 3))

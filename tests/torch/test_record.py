@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import bcrecord
-from bcrecord.torch import record
+from bcrecord.torch import create_feature_extractor, record
 from bcrecord.torch.record import StopForward
 
 from .models import Block, Branchy, Gated, SmallNet, reference_smallnet
@@ -459,20 +459,68 @@ def test_deepcopy_records_the_copy_never_the_original(net):
     assert torch.allclose(own["fc:forward:return"], from_twin)
 
 
-def test_one_module_at_two_paths_is_refused_with_the_reason():
+def test_one_module_at_two_paths_of_one_model_is_refused_with_the_reason():
     shared = torch.nn.Linear(2, 2)
     model = torch.nn.Sequential(shared, torch.nn.ReLU(), shared)
-    before = snapshot(model)
     with pytest.raises(bcrecord.TargetError, match="'2' and '0' are the same Linear object"):
         with record(model, ["0", "2"]):
             pass
-    with record(model, ["0"]) as outer:
-        with pytest.raises(bcrecord.TargetError, match="at 'a' is being recorded at '0' by another"):
-            with record(torch.nn.ModuleDict({"a": shared}), ["a"]):
-                pass
-        model(torch.ones(1, 2))
+
+
+def test_a_module_held_by_two_models_records_in_each_under_its_own_path():
+    shared = torch.nn.Linear(2, 2)
+    model = torch.nn.Sequential(shared, torch.nn.ReLU(), shared)
+    other = torch.nn.ModuleDict({"a": shared})
+    before = snapshot(model)
+    x = torch.ones(1, 2)
+    with record(model, ["0"]) as outer, record(other, ["a"]) as inner:
+        model(x)
     assert len(outer.all("0:forward:return")) == 2  # the module runs twice, one path
-    assert same(before, snapshot(model))
+    assert torch.equal(inner.all("a:forward:return")[1], shared(shared(x).relu()).detach())
+    assert inner.keys() == ["a:forward:return"] and outer.keys() == ["0:forward:return"]
+    assert same(before, snapshot(model)) and "_bcrecord_path" not in vars(shared)
+
+
+def test_the_first_path_may_end_first_the_other_records_on():
+    shared = torch.nn.Linear(2, 2)
+    model, other = torch.nn.Sequential(shared), torch.nn.ModuleDict({"a": shared})
+    first, second = record(model, ["0"]), record(other, ["a"])
+    one, two = first.__enter__(), second.__enter__()
+    first.__exit__(None, None, None)  # the module's own marker ('0') goes; 'a' takes over
+    model(torch.ones(1, 2))
+    with record(model, ["0"]) as again:  # and '0' may be recorded again meanwhile
+        model(torch.zeros(1, 2))
+    second.__exit__(None, None, None)
+    model(torch.ones(1, 2))
+    assert one.keys() == [] and len(again.all("0:forward:return")) == 1
+    assert len(two.all("a:forward:return")) == 2
+    assert "_bcrecord_path" not in vars(shared)
+
+
+class _Distiller(torch.nn.Module):
+    """A student trained on a teacher's features: the teacher's extractor is a submodule."""
+
+    def __init__(self, teacher):
+        super().__init__()
+        self.student = torch.nn.Linear(4, 4)
+        self.tfeat = create_feature_extractor(teacher, ["1"])
+
+    def forward(self, x):
+        return ((self.student(x) - self.tfeat(x)["1"]) ** 2).mean()
+
+
+def test_a_model_holding_an_extractor_records_inside_it():
+    torch.manual_seed(0)
+    teacher = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 4))
+    distiller, x = _Distiller(teacher), torch.randn(2, 4)
+    expected = teacher[1](teacher[0](x)).detach()
+    with record(distiller, ["tfeat.model.1", "tfeat.model.0"]) as rec:
+        loss = distiller(x)
+    assert torch.allclose(rec["tfeat.model.1:forward:return"], expected)
+    assert torch.allclose(loss, ((distiller.student(x) - expected) ** 2).mean())  # the extractor's own value
+    feats = create_feature_extractor(distiller, ["tfeat.model.1", "student"])(x)
+    assert torch.allclose(feats["tfeat.model.1"], expected)
+    assert all("_bcrecord_path" not in vars(module) for module in distiller.modules())
 
 
 def test_saving_while_recording_loads_clean_with_a_warning(net):
