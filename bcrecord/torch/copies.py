@@ -28,12 +28,12 @@ from __future__ import annotations
 import copy as _copy_module
 import dataclasses
 import functools
-from typing import Any, Callable, Dict, Optional, Set, Tuple, TypeVar, Union
+from typing import Any, Callable, Dict, List, Optional, Set, Tuple, TypeVar, Union
 
 import torch
 
 from ..errors import SpecError
-from ..runtime import copied_dataclass, copies_without_python, copy_value, rebuilt_container, register_copy
+from ..runtime import copied_container, copied_dataclass, copies_without_python, copy_value, register_copy
 
 __all__ = ["ValuePolicy", "clone", "detached_clone", "value_policy"]
 
@@ -121,27 +121,26 @@ def _map(
     """Apply ``fn`` to every tensor in (nested) tuples, lists, dicts, sets and dataclasses,
     and ``other`` (if given) to everything else in them (a numpy array: the core's copy).
 
-    Containers are rebuilt as the core rebuilds them (:func:`rebuilt_container`:
-    subclasses, ``defaultdict``), a tuple or frozenset subclass that cannot be as a
-    plain one; a dataclass (a model's output object) is copied with each field mapped,
-    as the core copies one (:func:`copied_dataclass`: each object once, so a tree with
-    parent links keeps them).
+    Containers are rebuilt as the core rebuilds them (:func:`copied_container`:
+    subclasses, ``defaultdict``, each container once, so a list holding itself holds
+    its copy), a tuple or frozenset subclass that cannot be as a plain one; a dataclass
+    (a model's output object) is copied with each field mapped, as the core copies one
+    (:func:`copied_dataclass`: each object once, so a tree with parent links keeps them).
     """
     if isinstance(value, torch.Tensor):
         return fn(value)
     if isinstance(value, (dict, list, tuple, set, frozenset)):
-        if isinstance(value, dict):
-            contents: Any = {k: _map(v, fn, other, made) for k, v in value.items()}
-        else:
-            contents = [_map(v, fn, other, made) for v in value]
-        rebuilt = rebuilt_container(value, contents)
-        if rebuilt is not None:
-            return rebuilt
-        return tuple(contents) if isinstance(value, tuple) else frozenset(contents)
+        made = {} if made is None else made
+        return copied_container(value, lambda content: _map(content, fn, other, made), made, _plain)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         made = {} if made is None else made
         return copied_dataclass(value, lambda content: _map(content, fn, other, made), made)
     return value if other is None else other(value)
+
+
+def _plain(value: Any, contents: List[Any]) -> Any:
+    """A plain tuple or frozenset of ``contents``, for a subclass's that cannot be rebuilt."""
+    return tuple(contents) if isinstance(value, tuple) else frozenset(contents)
 
 
 def value_policy(

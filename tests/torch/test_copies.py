@@ -131,6 +131,18 @@ def test_containers_of_their_own_kind_and_dataclasses_are_copied():
     assert kept_out.extra["b"].tolist() == [-1.0, 2.0]
 
 
+def test_a_container_holding_itself_or_one_list_twice_is_copied_once():
+    live = torch.ones(2)
+    looped: list = [live]
+    looped.append(looped)
+    kept = value_policy()(looped)
+    live.add_(1)
+    assert kept[1] is kept and kept[0].tolist() == [1.0, 1.0]
+    shared = [live]
+    pair = value_policy()((shared, shared))
+    assert pair[0] is pair[1] and pair[0] is not shared
+
+
 def test_a_clone_stays_as_it_was_when_numpy_writes_the_memory_it_was_copied_from():
     # An input buffer refilled in place through numpy, step after step (an RL loop, a C
     # loader): torch never sees those writes, so a copy-on-write clone would follow them.
