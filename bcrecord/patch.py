@@ -1242,8 +1242,9 @@ def _patch_method(
     stacks = shared and (_copy_slot(base) is not None or ("code", id(base)) in _slots)
     wrapped = base is not _function_of_shallow(raw)
     # An instance's or subclass's patch of a recording copy a class holds: a copy of the copy
-    # would run without the copy's own probes, so it goes in place, keeping its own values.
-    inherited_copy = not shared and _copy_slot(base) is not None
+    # would run without the copy's own probes, so it goes in place, keeping its own values
+    # (a method's: a staticmethod or classmethod gets no instance to tell whose call it is).
+    inherited_copy = not shared and _copy_slot(base) is not None and isinstance(raw, types.FunctionType)
     if in_place or wrapped or stacks or inherited_copy:
         # A wrapper holds the function it wraps: only patching that in place reaches it, for
         # every instance (a subclass's patch too: see the README); an instance's keeps its own.
@@ -1253,7 +1254,7 @@ def _patch_method(
             passed = _instance_passed(obj, raw, own, base)
             if passed is not None:
                 owner = _OneInstance.of(passed, owner, base)
-            elif inherited_copy and isinstance(obj, type) and isinstance(raw, types.FunctionType):
+            elif inherited_copy and isinstance(obj, type):
                 owner = _OneClass.of(obj, owner, base)
         return _patch_in_place(raw, specs, owner, method, unwrap)
     if not isinstance(obj, (type, types.ModuleType)) and not hasattr(obj, "__dict__"):

@@ -1049,6 +1049,20 @@ def test_a_recording_copy_keeps_its_probes_under_an_instance_s_or_a_subclass_s_p
         a.m(1)
     assert rec.keys() == ["deco:m:v@0"] and Net.m.__code__ is code and "m" not in vars(Sub)
 
+    class Static:
+        @bcrecord.record_locals("v", name="deco")
+        @staticmethod
+        def s(x):
+            v = x + 1
+            return v
+
+    # No instance to tell calls apart: the instance's patch is a copy of its own (without
+    # the copy's probes), never the other instances' values under its name.
+    one = Static()
+    with bcrecord.patch_method(one, "s", "return", name="one"), bcrecord.recording() as rec:
+        assert (one.s(1), Static().s(10)) == (2, 11)
+    assert (rec.all("one:s:return"), rec.all("deco:s:v@0")) == ([2], [11])
+
 
 def test_an_in_place_patch_and_a_class_patch_of_one_method_stack_in_either_order():
     class M:
