@@ -879,7 +879,12 @@ def copied_container(
     """
     earlier = made.get(id(value))
     if earlier is not None and earlier[0] is value:
-        return earlier[1]
+        if type(earlier[1]) is _Unfinished:  # a list or dict subclass met among its own items
+            shell = earlier[1].shell()
+            if shell is not None:
+                return shell
+        else:
+            return earlier[1]
     kind = type(value)
     if kind is list or kind is dict:
         # Made empty and registered first, so that an item reaching it again gets this copy.
@@ -890,18 +895,51 @@ def copied_container(
         else:
             copied.update({key: copy_item(item) for key, item in value.items()})
         return copied
+    unfinished = None
+    if isinstance(value, (list, dict)) and earlier is None:
+        # Its copy is made from its copied items; one of them reaching it again (an
+        # OrderedDict holding itself) gets an empty copy made then, filled here after.
+        unfinished = _Unfinished(value)
+        made[id(value)] = (value, unfinished)
     if isinstance(value, dict):
         contents: Any = {key: copy_item(item) for key, item in value.items()}
     else:
         contents = [copy_item(item) for item in value]
+    if unfinished is not None and unfinished.made is not None:
+        rebuilt = unfinished.made
+        if isinstance(rebuilt, dict):  # (its own methods: an OrderedDict keeps its order apart)
+            rebuilt.clear()  # (a copy.copy of a defaultdict: the live items)
+            rebuilt.update(contents)
+        else:
+            rebuilt[:] = contents
+        made[id(value)] = (value, rebuilt)
+        return rebuilt
     earlier = made.get(id(value))  # a tuple met again among its own items (through a list)
-    if earlier is not None and earlier[0] is value:
+    if earlier is not None and earlier[0] is value and type(earlier[1]) is not _Unfinished:
         return earlier[1]
     rebuilt = rebuilt_container(value, contents)
     if rebuilt is None:
         rebuilt = fallback(value, contents)
     made[id(value)] = (value, rebuilt)
     return rebuilt
+
+
+class _Unfinished:
+    """The place in ``made`` of a list or dict subclass whose items are being copied."""
+
+    __slots__ = ("value", "made", "tried")
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+        self.made: Any = None
+        self.tried = False
+
+    def shell(self) -> Any:
+        """Its copy, empty until its items are copied (None where none can be made)."""
+        if not self.tried:
+            self.tried = True
+            self.made = rebuilt_container(self.value, {} if isinstance(self.value, dict) else [])
+        return self.made
 
 
 def shallow_copy(value: T) -> T:

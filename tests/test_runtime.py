@@ -209,6 +209,46 @@ def test_clone_copies_cycles_and_shared_items_once():
     assert not rec.errors and kept[1] is kept
 
 
+def test_clone_copies_a_list_or_dict_subclass_that_holds_itself():
+    # Its copy is made from its copied items: one reaching it again used to recurse
+    # until a RecursionError, where deepcopy copies it.
+    import collections
+
+    class Row(list):
+        def __init__(self, tag, items=()):  # a constructor that takes no contents
+            super().__init__(items)
+            self.tag = tag
+
+    inner = [1]
+    factory = collections.defaultdict(list, a=inner)
+    factory["self"] = factory
+    ordered = collections.OrderedDict(a=inner)
+    ordered["via"] = [ordered]
+    row = Row("t", [inner])
+    row.append(row)
+    for value in (factory, ordered, row):
+        copied = copy_value(value, "clone")
+        assert type(copied) is type(value) and copied is not value
+    copied_factory, copied_ordered, copied_row = (copy_value(v, "clone") for v in (factory, ordered, row))
+    inner.append(2)
+    assert copied_factory.default_factory is list and list(copied_factory) == ["a", "self"]
+    assert copied_factory["self"] is copied_factory and copied_factory["a"] == [1]
+    assert list(copied_ordered) == ["a", "via"] and copied_ordered["via"][0] is copied_ordered
+    assert copied_ordered["a"] == [1] and copied_ordered["via"] is not ordered["via"]
+    assert copied_row.tag == "t" and len(copied_row) == 2 and copied_row[1] is copied_row
+    assert copied_row[0] == [1]
+
+    def f():
+        node = ordered  # recorded here: the cycle already exists
+        return len(node)
+
+    g = bcrecord.instrument(f, ["node"], name="m")
+    with bcrecord.recording() as rec:
+        assert g() == 2
+    kept = rec["m:f:node@0"]
+    assert not rec.errors and kept["via"][0] is kept and kept["a"] == [1, 2]
+
+
 def test_dataclass_copies_keep_links_unset_fields_and_immutable_values():
     import dataclasses
     from typing import List, Optional
