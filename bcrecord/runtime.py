@@ -158,11 +158,19 @@ def _without_frames(error: BaseException) -> str:
     """The traceback text of ``error``, whose chain (causes, contexts) then holds no frames."""
     text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
     seen: Set[int] = set()
-    link: Optional[BaseException] = error
-    while link is not None and id(link) not in seen:  # (a cause may loop back)
+    links: List[BaseException] = [error]
+    while links:
+        link = links.pop()
+        if id(link) in seen:  # (a cause may loop back)
+            continue
         seen.add(id(link))
         link.__traceback__ = None
-        link = link.__cause__ or link.__context__
+        # Both: `raise ... from` in an except block has a cause and a context (not shown,
+        # still held), and an exception group holds its exceptions' frames too.
+        links.extend(chained for chained in (link.__cause__, link.__context__) if chained is not None)
+        grouped = getattr(link, "exceptions", None)
+        if isinstance(grouped, tuple):
+            links.extend(one for one in grouped if isinstance(one, BaseException))
     return text
 
 

@@ -708,6 +708,55 @@ def test_errors_keep_no_frames_and_as_many_per_key_as_values_are_kept():
     assert [e.key for e in rec.errors] == ["big:f:frame@0"] * 5 and rec.failures == {"big:f:frame@0": 5}
 
 
+def test_errors_keep_no_frames_of_a_hidden_context_or_a_group_s_exceptions():
+    # `raise ... from` in an except block: the context is not shown, yet its frames (the
+    # value that failed among their locals) were kept; so were a group's exceptions'.
+    import builtins
+    import gc
+    import weakref
+
+    made = []
+
+    def failing(value):
+        raise ValueError("cannot read")
+
+    class Frame:
+        def __init__(self, group):
+            self.group = group
+
+        def clone(self):
+            made.append(weakref.ref(self))
+            caught = []
+            try:
+                failing(self)
+            except ValueError as error:
+                if not self.group:
+                    raise RuntimeError("cannot clone") from KeyError("cause")
+                caught.append(error)
+            raise builtins.ExceptionGroup("cannot clone", caught)
+
+        def detach(self):
+            return self
+
+    def f(group):
+        frame = Frame(group)
+        return frame.group
+
+    g = bcrecord.instrument(f, "frame", name="big")
+    groups = [False] + ([True] if hasattr(builtins, "ExceptionGroup") else [])
+    for group in groups:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with bcrecord.recording() as rec:
+                g(group)
+        gc.collect()
+        assert [ref() for ref in made] == [None], group
+        made.clear()
+        (error,) = rec.errors
+        assert "cannot clone" in error.traceback and error.error.__traceback__ is None
+        assert group or "KeyError: 'cause'" in error.traceback
+
+
 def test_only_takes_patches_and_says_so():
     def f(a):
         y = a + 1
