@@ -59,6 +59,7 @@ import operator
 import sys
 import threading
 import traceback
+import types
 import weakref
 from collections import deque
 from dataclasses import dataclass, field
@@ -155,23 +156,47 @@ class RecordError:
 
 
 def _without_frames(error: BaseException) -> str:
-    """The traceback text of ``error``, whose chain (causes, contexts) then holds no frames."""
+    """The traceback text of ``error``, whose chain (causes, contexts) then holds no frames.
+
+    An exception caught where code still runs is not the failed copy's: a probe in an
+    ``except`` block fails with the function's own exception as its context, which keeps
+    its traceback (it may be re-raised) and is let go of instead.
+    """
     text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    running: Set[int] = set()
+    frame: Optional[types.FrameType] = sys._getframe()
+    while frame is not None:
+        running.add(id(frame))
+        frame = frame.f_back
     seen: Set[int] = set()
     links: List[BaseException] = [error]
     while links:
         link = links.pop()
-        if id(link) in seen:  # (a cause may loop back)
+        # (Seen: a cause may loop back. Caught where code runs: a group's item, the function's.)
+        if id(link) in seen or (link is not error and _caught_in(link, running)):
             continue
         seen.add(id(link))
         link.__traceback__ = None
         # Both: `raise ... from` in an except block has a cause and a context (not shown,
         # still held), and an exception group holds its exceptions' frames too.
-        links.extend(chained for chained in (link.__cause__, link.__context__) if chained is not None)
+        for chained in (link.__cause__, link.__context__):
+            if chained is not None and _caught_in(chained, running):  # the function's own
+                if chained is link.__cause__:
+                    link.__cause__ = None
+                if chained is link.__context__:
+                    link.__context__ = None
+            elif chained is not None:
+                links.append(chained)
         grouped = getattr(link, "exceptions", None)
         if isinstance(grouped, tuple):
             links.extend(one for one in grouped if isinstance(one, BaseException))
     return text
+
+
+def _caught_in(error: BaseException, frames: Set[int]) -> bool:
+    """Whether ``error`` was caught in one of ``frames`` (by id): its traceback starts there."""
+    held = error.__traceback__
+    return held is not None and id(held.tb_frame) in frames
 
 
 #: Taken while a recording's errors are trimmed to its ``keep``.

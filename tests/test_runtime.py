@@ -757,6 +757,49 @@ def test_errors_keep_no_frames_of_a_hidden_context_or_a_group_s_exceptions():
         assert group or "KeyError: 'cause'" in error.traceback
 
 
+def test_a_failed_copy_in_an_except_block_leaves_the_function_s_exception_its_traceback():
+    # The failure's context is the exception the function is handling: clearing the chain's
+    # tracebacks took that one's too, so the function re-raised it without its frames.
+    import gc
+    import traceback
+    import weakref
+
+    class Uncopyable:
+        def clone(self):
+            made.append(weakref.ref(self))
+            raise RuntimeError("cannot clone")
+
+    def deep():
+        raise ValueError("deep")
+
+    def f():
+        try:
+            deep()
+        except ValueError as error:
+            kept.append(error)
+            value = Uncopyable()
+            del value
+            raise
+
+    kept, made = [], []
+    g = bcrecord.instrument(f, "value", name="m")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with bcrecord.recording() as rec, pytest.raises(ValueError) as raised:
+            g()
+    (failed,) = rec.errors
+    assert failed.error.__traceback__ is None and "cannot clone" in failed.traceback
+    assert "ValueError: deep" in failed.traceback  # (the context, shown in the text)
+    assert raised.value is kept[0] and kept[0].__traceback__ is not None
+    shown = "".join(traceback.format_exception(type(kept[0]), kept[0], kept[0].__traceback__))
+    assert "in deep" in shown and "in f" in shown
+    # The kept error lets go of that exception (whose frames hold the value that failed).
+    del raised
+    kept.clear()
+    gc.collect()
+    assert failed.error.__context__ is None and [ref() for ref in made] == [None]
+
+
 def test_only_takes_patches_and_says_so():
     def f(a):
         y = a + 1
