@@ -59,6 +59,7 @@ import operator
 import sys
 import threading
 import traceback
+import types
 import weakref
 from collections import deque
 from dataclasses import dataclass, field
@@ -155,15 +156,47 @@ class RecordError:
 
 
 def _without_frames(error: BaseException) -> str:
-    """The traceback text of ``error``, whose chain (causes, contexts) then holds no frames."""
+    """The traceback text of ``error``, whose chain (causes, contexts) then holds no frames.
+
+    An exception caught where code still runs is not the failed copy's: a probe in an
+    ``except`` block fails with the function's own exception as its context, which keeps
+    its traceback (it may be re-raised) and is let go of instead.
+    """
     text = "".join(traceback.format_exception(type(error), error, error.__traceback__))
+    running: Set[int] = set()
+    frame: Optional[types.FrameType] = sys._getframe()
+    while frame is not None:
+        running.add(id(frame))
+        frame = frame.f_back
     seen: Set[int] = set()
-    link: Optional[BaseException] = error
-    while link is not None and id(link) not in seen:  # (a cause may loop back)
+    links: List[BaseException] = [error]
+    while links:
+        link = links.pop()
+        # (Seen: a cause may loop back. Caught where code runs: a group's item, the function's.)
+        if id(link) in seen or (link is not error and _caught_in(link, running)):
+            continue
         seen.add(id(link))
         link.__traceback__ = None
-        link = link.__cause__ or link.__context__
+        # Both: `raise ... from` in an except block has a cause and a context (not shown,
+        # still held), and an exception group holds its exceptions' frames too.
+        for chained in (link.__cause__, link.__context__):
+            if chained is not None and _caught_in(chained, running):  # the function's own
+                if chained is link.__cause__:
+                    link.__cause__ = None
+                if chained is link.__context__:
+                    link.__context__ = None
+            elif chained is not None:
+                links.append(chained)
+        grouped = getattr(link, "exceptions", None)
+        if isinstance(grouped, tuple):
+            links.extend(one for one in grouped if isinstance(one, BaseException))
     return text
+
+
+def _caught_in(error: BaseException, frames: Set[int]) -> bool:
+    """Whether ``error`` was caught in one of ``frames`` (by id): its traceback starts there."""
+    held = error.__traceback__
+    return held is not None and id(held.tb_frame) in frames
 
 
 #: Taken while a recording's errors are trimmed to its ``keep``.
@@ -879,7 +912,12 @@ def copied_container(
     """
     earlier = made.get(id(value))
     if earlier is not None and earlier[0] is value:
-        return earlier[1]
+        if type(earlier[1]) is _Unfinished:  # a list or dict subclass met among its own items
+            shell = earlier[1].shell()
+            if shell is not None:
+                return shell
+        else:
+            return earlier[1]
     kind = type(value)
     if kind is list or kind is dict:
         # Made empty and registered first, so that an item reaching it again gets this copy.
@@ -890,18 +928,51 @@ def copied_container(
         else:
             copied.update({key: copy_item(item) for key, item in value.items()})
         return copied
+    unfinished = None
+    if isinstance(value, (list, dict)) and earlier is None:
+        # Its copy is made from its copied items; one of them reaching it again (an
+        # OrderedDict holding itself) gets an empty copy made then, filled here after.
+        unfinished = _Unfinished(value)
+        made[id(value)] = (value, unfinished)
     if isinstance(value, dict):
         contents: Any = {key: copy_item(item) for key, item in value.items()}
     else:
         contents = [copy_item(item) for item in value]
+    if unfinished is not None and unfinished.made is not None:
+        rebuilt = unfinished.made
+        if isinstance(rebuilt, dict):  # (its own methods: an OrderedDict keeps its order apart)
+            rebuilt.clear()  # (a copy.copy of a defaultdict: the live items)
+            rebuilt.update(contents)
+        else:
+            rebuilt[:] = contents
+        made[id(value)] = (value, rebuilt)
+        return rebuilt
     earlier = made.get(id(value))  # a tuple met again among its own items (through a list)
-    if earlier is not None and earlier[0] is value:
+    if earlier is not None and earlier[0] is value and type(earlier[1]) is not _Unfinished:
         return earlier[1]
     rebuilt = rebuilt_container(value, contents)
     if rebuilt is None:
         rebuilt = fallback(value, contents)
     made[id(value)] = (value, rebuilt)
     return rebuilt
+
+
+class _Unfinished:
+    """The place in ``made`` of a list or dict subclass whose items are being copied."""
+
+    __slots__ = ("value", "made", "tried")
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+        self.made: Any = None
+        self.tried = False
+
+    def shell(self) -> Any:
+        """Its copy, empty until its items are copied (None where none can be made)."""
+        if not self.tried:
+            self.tried = True
+            self.made = rebuilt_container(self.value, {} if isinstance(self.value, dict) else [])
+        return self.made
 
 
 def shallow_copy(value: T) -> T:

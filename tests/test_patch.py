@@ -1045,7 +1045,12 @@ def test_a_recording_copy_keeps_its_probes_under_an_instance_s_or_a_subclass_s_p
     with bcrecord.patch_method(Sub, "m", "w", name="sub"), bcrecord.recording() as rec:
         assert (a.m(1), s.m(100)) == (4, 202)
     assert (rec.all("deco:m:v@0"), rec.all("sub:m:w@0")) == ([2, 101], [202])
-    with bcrecord.recording() as rec:  # both removed: the copy's own probes stay
+    # The instance gets no method of its own: a patch of its class records it too.
+    with bcrecord.patch_method(a, "m", "w", name="a"), bcrecord.patch_method(Net, "m", "w", name="net"):
+        with bcrecord.recording() as rec:
+            assert (a.m(1), b.m(10)) == (4, 22)
+    assert (rec.all("a:m:w@0"), rec.all("net:m:w@0")) == ([4], [4, 22])
+    with bcrecord.recording() as rec:  # all removed: the copy's own probes stay
         a.m(1)
     assert rec.keys() == ["deco:m:v@0"] and Net.m.__code__ is code and "m" not in vars(Sub)
 

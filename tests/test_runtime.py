@@ -209,6 +209,46 @@ def test_clone_copies_cycles_and_shared_items_once():
     assert not rec.errors and kept[1] is kept
 
 
+def test_clone_copies_a_list_or_dict_subclass_that_holds_itself():
+    # Its copy is made from its copied items: one reaching it again used to recurse
+    # until a RecursionError, where deepcopy copies it.
+    import collections
+
+    class Row(list):
+        def __init__(self, tag, items=()):  # a constructor that takes no contents
+            super().__init__(items)
+            self.tag = tag
+
+    inner = [1]
+    factory = collections.defaultdict(list, a=inner)
+    factory["self"] = factory
+    ordered = collections.OrderedDict(a=inner)
+    ordered["via"] = [ordered]
+    row = Row("t", [inner])
+    row.append(row)
+    for value in (factory, ordered, row):
+        copied = copy_value(value, "clone")
+        assert type(copied) is type(value) and copied is not value
+    copied_factory, copied_ordered, copied_row = (copy_value(v, "clone") for v in (factory, ordered, row))
+    inner.append(2)
+    assert copied_factory.default_factory is list and list(copied_factory) == ["a", "self"]
+    assert copied_factory["self"] is copied_factory and copied_factory["a"] == [1]
+    assert list(copied_ordered) == ["a", "via"] and copied_ordered["via"][0] is copied_ordered
+    assert copied_ordered["a"] == [1] and copied_ordered["via"] is not ordered["via"]
+    assert copied_row.tag == "t" and len(copied_row) == 2 and copied_row[1] is copied_row
+    assert copied_row[0] == [1]
+
+    def f():
+        node = ordered  # recorded here: the cycle already exists
+        return len(node)
+
+    g = bcrecord.instrument(f, ["node"], name="m")
+    with bcrecord.recording() as rec:
+        assert g() == 2
+    kept = rec["m:f:node@0"]
+    assert not rec.errors and kept["via"][0] is kept and kept["a"] == [1, 2]
+
+
 def test_dataclass_copies_keep_links_unset_fields_and_immutable_values():
     import dataclasses
     from typing import List, Optional
@@ -666,6 +706,98 @@ def test_errors_keep_no_frames_and_as_many_per_key_as_values_are_kept():
             for n in range(5):
                 g(n)
     assert [e.key for e in rec.errors] == ["big:f:frame@0"] * 5 and rec.failures == {"big:f:frame@0": 5}
+
+
+def test_errors_keep_no_frames_of_a_hidden_context_or_a_group_s_exceptions():
+    # `raise ... from` in an except block: the context is not shown, yet its frames (the
+    # value that failed among their locals) were kept; so were a group's exceptions'.
+    import builtins
+    import gc
+    import weakref
+
+    made = []
+
+    def failing(value):
+        raise ValueError("cannot read")
+
+    class Frame:
+        def __init__(self, group):
+            self.group = group
+
+        def clone(self):
+            made.append(weakref.ref(self))
+            caught = []
+            try:
+                failing(self)
+            except ValueError as error:
+                if not self.group:
+                    raise RuntimeError("cannot clone") from KeyError("cause")
+                caught.append(error)
+            raise builtins.ExceptionGroup("cannot clone", caught)
+
+        def detach(self):
+            return self
+
+    def f(group):
+        frame = Frame(group)
+        return frame.group
+
+    g = bcrecord.instrument(f, "frame", name="big")
+    groups = [False] + ([True] if hasattr(builtins, "ExceptionGroup") else [])
+    for group in groups:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with bcrecord.recording() as rec:
+                g(group)
+        gc.collect()
+        assert [ref() for ref in made] == [None], group
+        made.clear()
+        (error,) = rec.errors
+        assert "cannot clone" in error.traceback and error.error.__traceback__ is None
+        assert group or "KeyError: 'cause'" in error.traceback
+
+
+def test_a_failed_copy_in_an_except_block_leaves_the_function_s_exception_its_traceback():
+    # The failure's context is the exception the function is handling: clearing the chain's
+    # tracebacks took that one's too, so the function re-raised it without its frames.
+    import gc
+    import traceback
+    import weakref
+
+    class Uncopyable:
+        def clone(self):
+            made.append(weakref.ref(self))
+            raise RuntimeError("cannot clone")
+
+    def deep():
+        raise ValueError("deep")
+
+    def f():
+        try:
+            deep()
+        except ValueError as error:
+            kept.append(error)
+            value = Uncopyable()
+            del value
+            raise
+
+    kept, made = [], []
+    g = bcrecord.instrument(f, "value", name="m")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with bcrecord.recording() as rec, pytest.raises(ValueError) as raised:
+            g()
+    (failed,) = rec.errors
+    assert failed.error.__traceback__ is None and "cannot clone" in failed.traceback
+    assert "ValueError: deep" in failed.traceback  # (the context, shown in the text)
+    assert raised.value is kept[0] and kept[0].__traceback__ is not None
+    shown = "".join(traceback.format_exception(type(kept[0]), kept[0], kept[0].__traceback__))
+    assert "in deep" in shown and "in f" in shown
+    # The kept error lets go of that exception (whose frames hold the value that failed).
+    del raised
+    kept.clear()
+    gc.collect()
+    assert failed.error.__context__ is None and [ref() for ref in made] == [None]
 
 
 def test_only_takes_patches_and_says_so():
