@@ -1186,12 +1186,14 @@ class _Runner:
                                 f"it: target '{where.__module__}:{where.__qualname__}.{path[-1]}:...'"
                             )
                         patch = patch_function(getter, specs, name=owner)
-                    elif isinstance(value, types.FunctionType) and isinstance(
-                        holder, (*_FUNCTION_HOLDERS, types.FunctionType)
+                    elif isinstance(value, types.FunctionType) and (
+                        isinstance(holder, (*_FUNCTION_HOLDERS, types.FunctionType))
+                        or path[-1] == "__wrapped__"
                     ):
                         # A function an object holds ('C.cp.func' of a cached_property, a
-                        # partial's 'p.func', 'h.alt' after h.alt = g): no method of it, so
-                        # keyed as patch_function keys it.
+                        # partial's 'p.func', 'h.alt' after h.alt = g, the function in C code
+                        # around it, 'f.__wrapped__' of functools.cache): no method of it, so
+                        # keyed as patch_function keys it (not '_lru_cache_wrapper:__wrapped__').
                         patch = patch_function(value, specs, name=owner)
                     else:
                         # In place, so references taken before the patch record too; but an

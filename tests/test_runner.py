@@ -601,6 +601,35 @@ def test_run_records_the_function_a_cached_property_or_a_partial_holds(project):
     assert rows == [["K:cp:w@0", "1", "4"], ["held:wrapped:inner@0", "1", "6"]]
 
 
+def test_run_keys_the_function_an_lru_cache_wraps_as_patch_function_does(project):
+    # patch.py's error for 'C.lc' says to patch 'C.lc.__wrapped__': its keys are the function's
+    # own, as patch_function(C.lc.__wrapped__) gives them, not '_lru_cache_wrapper:__wrapped__'.
+    (project / "cached.py").write_text(
+        textwrap.dedent(
+            """
+            import functools
+
+            class C:
+                @functools.lru_cache
+                def lc(self, x):
+                    q = x * 2
+                    return q
+
+            @functools.cache
+            def cf(x):
+                cc = x * 3
+                return cc
+            """
+        )
+    )
+    (project / "usecached.py").write_text("import cached as c\nprint(c.C().lc(5), c.cf(2), c.cf(2))\n")
+    targets = ["-r", "cached:C.lc.__wrapped__:q", "-r", "cached:cf.__wrapped__:cc"]
+    result = cli("run", *targets, "usecached.py", cwd=project)
+    assert result.returncode == 0 and result.stdout == "10 6 6\n", result.stderr
+    rows = sorted(line.split() for line in result.stderr.splitlines()[2:])
+    assert rows == [["C:lc:q@0", "1", "10"], ["cached:cf:cc@0", "1", "6"]], result.stderr
+
+
 @pytest.mark.parametrize(
     "top",
     [
