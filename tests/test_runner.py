@@ -630,6 +630,49 @@ def test_run_keys_the_function_an_lru_cache_wraps_as_patch_function_does(project
     assert rows == [["C:lc:q@0", "1", "10"], ["cached:cf:cc@0", "1", "6"]], result.stderr
 
 
+def test_run_target_naming_an_instance_s_method_records_that_instance_only(project):
+    # 'm:model.forward': patched in place, every instance of the class was recorded under the key
+    # (a teacher, a deep copy). In place still: a pickle of the model made meanwhile stays clean.
+    (project / "inst.py").write_text(
+        textwrap.dedent(
+            """
+            import copy, pickle
+
+            class Net:
+                def __init__(self, scale):
+                    self.scale = scale
+
+                def forward(self, x):
+                    y = x * self.scale
+                    return y
+
+            class Bare:
+                __slots__ = ()
+
+                def forward(self, x):
+                    z = x + 1
+                    return z
+
+            model = Net(10)
+            forward = model.forward
+            teacher = Net(100)
+            bare = Bare()
+            ema = copy.deepcopy(model)
+            print(forward(1), teacher.forward(2), model.forward(3), end=" ")
+            print(bare.forward(4), Bare().forward(5), ema.forward(6))
+            print(sorted(vars(pickle.loads(pickle.dumps(model)))))
+            model = Net(1000)  # bound anew: this one is the target now
+            print(model.forward(7))
+            """
+        )
+    )
+    targets = ["-r", "__main__:model.forward:y", "-r", "__main__:bare.forward:z"]
+    result = cli("run", *targets, "inst.py", cwd=project)
+    assert result.returncode == 0 and result.stdout == "10 200 30 5 6 60\n['scale']\n7000\n", result.stderr
+    rows = sorted(line.split() for line in result.stderr.splitlines()[2:])
+    assert rows == [["Bare:forward:z@0", "1", "5"], ["Net:forward:y@0", "3", "7000"]], result.stderr
+
+
 @pytest.mark.parametrize(
     "top",
     [
