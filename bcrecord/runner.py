@@ -1568,9 +1568,11 @@ class _Runner:
             return
         rows = [("key", "values", "last value")]
         last = self.collector.last
-        # A key whose copies all failed (warned about) fired without a value to show.
+        # Values recorded: what fired less what failed (said above). A key whose copies all
+        # failed fired without a value to show.
+        failures = self.recording.failures
         rows += [
-            (k, str(n), _describe(last[k]) if k in last else "- (copy failed)")
+            (k, str(n - failures.get(k, 0)), _describe(last[k]) if k in last else "- (copy failed)")
             for k, n in counts.items()
             if n
         ]

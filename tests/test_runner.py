@@ -129,7 +129,9 @@ def test_the_summary_of_a_key_whose_copies_all_failed_says_so(tmp_path):
         assert run(["__main__:step:odd"], str(script), stderr=err) == 0
     assert [str(w.message).count("no clone today") for w in caught] == [1]  # warned once
     line = err.getvalue().splitlines()[-1].split()
-    assert line == ["__main__:step:odd@0", "5", "-", "(copy", "failed)"]  # fired 5 times; no value, not None
+    # Fired 5 times, each copy failed (said above: "5 value(s) not recorded"): no value, not None.
+    assert line == ["__main__:step:odd@0", "0", "-", "(copy", "failed)"]
+    assert "__main__:step:odd@0: 5 value(s) not recorded, their copy failed" in err.getvalue()
 
 
 def test_run_refuses_an_empty_save_dir_and_saves_nothing(project):
@@ -1266,6 +1268,33 @@ def test_run_reports_values_whose_copy_failed_whatever_the_program_s_warning_fil
         in result.stderr
     )
     assert list(bcrecord.load(out)) == ["__main__:f:y@0"]
+
+
+def test_run_summary_counts_the_values_recorded_not_those_whose_copy_failed(project):
+    # One of three values cannot be deep-copied (a generator): the table said 3 values.
+    (project / "some.py").write_text(
+        textwrap.dedent(
+            """
+            def f(x):
+                v = (i for i in range(x)) if x == 1 else x * 10
+                lock = __import__("threading").Lock()
+                return v
+
+            for i in range(3):
+                f(i)
+            """
+        )
+    )
+    targets = ["-r", "__main__:f:v", "-r", "__main__:f:lock"]
+    result = cli("run", "--copy", "deepcopy", *targets, "some.py", cwd=project)
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.splitlines()
+    assert "bcrecord: __main__:f:v@0: 1 value(s) not recorded, their copy failed" in result.stderr
+    table = lines[lines.index("bcrecord: recorded (no --save-dir, so nothing was saved):") + 1 :]
+    assert [line.split(None, 2) for line in table[1:]] == [
+        ["__main__:f:v@0", "2", "20"],
+        ["__main__:f:lock@0", "0", "- (copy failed)"],
+    ]
 
 
 def test_run_says_a_misspelt_entry_chain_could_not_be_read_and_what_the_function_loads(project):
