@@ -98,6 +98,7 @@ from .analysis import read, resolve
 from .errors import BcrecordError, RecordingWarning, did_you_mean
 from .patch import (
     Patch,
+    _OneInstance,
     a_method_name,
     function_of,
     original_code,
@@ -339,6 +340,14 @@ def _function(value: Any) -> Any:
             break
         value = inner
     return value
+
+
+def _defined(value: Any) -> Tuple[Any, int]:
+    """Which definition a found target is, to tell when the program binds it anew: its function,
+    and for a method of a module-level instance, that instance (``model = Net()`` run twice;
+    by its id: holding it would keep an instance the program dropped alive)."""
+    instance = value.__self__ if isinstance(value, types.MethodType) else None
+    return _function(value), id(instance)
 
 
 _NOT_FOUND = object()
@@ -1186,19 +1195,37 @@ class _Runner:
                                 f"it: target '{where.__module__}:{where.__qualname__}.{path[-1]}:...'"
                             )
                         patch = patch_function(getter, specs, name=owner)
-                    elif isinstance(value, types.FunctionType) and isinstance(
-                        holder, (*_FUNCTION_HOLDERS, types.FunctionType)
+                    elif isinstance(value, types.FunctionType) and (
+                        isinstance(holder, (*_FUNCTION_HOLDERS, types.FunctionType))
+                        or path[-1] == "__wrapped__"
                     ):
                         # A function an object holds ('C.cp.func' of a cached_property, a
-                        # partial's 'p.func', 'h.alt' after h.alt = g): no method of it, so
-                        # keyed as patch_function keys it.
+                        # partial's 'p.func', 'h.alt' after h.alt = g, the function in C code
+                        # around it, 'f.__wrapped__' of functools.cache): no method of it, so
+                        # keyed as patch_function keys it (not '_lru_cache_wrapper:__wrapped__').
                         patch = patch_function(value, specs, name=owner)
                     else:
                         # In place, so references taken before the patch record too; but an
                         # inherited method goes on the class named, as patch_method does: in
                         # place in its base, the base's own instances would record under this name.
                         inherited = isinstance(holder, type) and path[-1] not in vars(holder)
-                        patch = patch_method(holder, path[-1], specs, name=owner, in_place=not inherited)
+                        # An instance's method from its class ('m:model.forward'): in place too (a
+                        # pickle of the instance stays clean), keeping that instance's values only:
+                        # the others of its class (a teacher, an EMA copy) run the same code.
+                        patch_owner: Any = owner
+                        if (
+                            not isinstance(holder, (type, types.ModuleType))
+                            and path[-1] not in (getattr(holder, "__dict__", None) or {})
+                            and isinstance(
+                                inspect.getattr_static(type(holder), path[-1], None), types.FunctionType
+                            )
+                        ):
+                            patch_owner = _OneInstance.of(
+                                holder, owner or type(holder).__name__, _function(value)
+                            )
+                        patch = patch_method(
+                            holder, path[-1], specs, name=patch_owner, in_place=not inherited
+                        )
                 except (AttributeError, BcrecordError) as error:
                     raise _TargetFailed(texts, str(error)) from None
                 self.patches.append(patch)
@@ -1264,7 +1291,7 @@ class _Runner:
                 bound = last[k]
                 more = bound is not None and line is not None and line <= bound
                 value = _found(module, path) if path[0] in frame.f_globals else _NOT_FOUND
-                if value is not _NOT_FOUND and (k not in seen or seen[k] is not _function(value)):
+                if value is not _NOT_FOUND and (k not in seen or seen[k] != _defined(value)):
                     try:
                         self._apply(module, [name], only=texts)
                     except _TargetFailed as error:
@@ -1273,7 +1300,7 @@ class _Runner:
                         # Another definition is to come, or came: that one is the target.
                         self.refused.update(dict.fromkeys(texts, error.reason))
                     # What is there now: a patch may have put a copy there (an inherited method).
-                    seen[k] = _function(_found(module, path))
+                    seen[k] = _defined(_found(module, path))
                 if not more and (k in seen or bound is not None):
                     done.add(k)  # patched, and no line left to bind it again (or never to be)
                     if k not in seen and path[0] in frame.f_globals:  # 'A.m': A has no m
@@ -1541,9 +1568,11 @@ class _Runner:
             return
         rows = [("key", "values", "last value")]
         last = self.collector.last
-        # A key whose copies all failed (warned about) fired without a value to show.
+        # Values recorded: what fired less what failed (said above). A key whose copies all
+        # failed fired without a value to show.
+        failures = self.recording.failures
         rows += [
-            (k, str(n), _describe(last[k]) if k in last else "- (copy failed)")
+            (k, str(n - failures.get(k, 0)), _describe(last[k]) if k in last else "- (copy failed)")
             for k, n in counts.items()
             if n
         ]

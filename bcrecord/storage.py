@@ -989,7 +989,14 @@ def load(directory: PathLike, keys: Optional[Iterable[str]] = None) -> Loaded:
                 files[file] = load_file(str(path))
             else:
                 files[file] = _Unpickler(io.BytesIO(path.read_bytes())).load()
-        except ImportError:
+        except ImportError as error:
+            # safetensors' torch module imports torch: where torch is what is missing (the
+            # 'save' extra installs safetensors alone), installing safetensors would not help.
+            if (error.name or "").partition(".")[0] == "torch":
+                raise StorageError(
+                    f"{path} holds tensors: loading them needs torch (pip install torch); "
+                    "bcrecord.load(DIR, keys=[...]) reads the other keys without it"
+                ) from None
             raise StorageError(
                 "loading tensors needs the safetensors package: pip install 'bcrecord[save]'"
             ) from None

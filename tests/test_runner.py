@@ -129,7 +129,9 @@ def test_the_summary_of_a_key_whose_copies_all_failed_says_so(tmp_path):
         assert run(["__main__:step:odd"], str(script), stderr=err) == 0
     assert [str(w.message).count("no clone today") for w in caught] == [1]  # warned once
     line = err.getvalue().splitlines()[-1].split()
-    assert line == ["__main__:step:odd@0", "5", "-", "(copy", "failed)"]  # fired 5 times; no value, not None
+    # Fired 5 times, each copy failed (said above: "5 value(s) not recorded"): no value, not None.
+    assert line == ["__main__:step:odd@0", "0", "-", "(copy", "failed)"]
+    assert "__main__:step:odd@0: 5 value(s) not recorded, their copy failed" in err.getvalue()
 
 
 def test_run_refuses_an_empty_save_dir_and_saves_nothing(project):
@@ -599,6 +601,78 @@ def test_run_records_the_function_a_cached_property_or_a_partial_holds(project):
     # The keys bcrecord.patch_function(held.K.cp.func) and (held.part.func) give.
     rows = sorted(line.split() for line in result.stderr.splitlines()[2:])
     assert rows == [["K:cp:w@0", "1", "4"], ["held:wrapped:inner@0", "1", "6"]]
+
+
+def test_run_keys_the_function_an_lru_cache_wraps_as_patch_function_does(project):
+    # patch.py's error for 'C.lc' says to patch 'C.lc.__wrapped__': its keys are the function's
+    # own, as patch_function(C.lc.__wrapped__) gives them, not '_lru_cache_wrapper:__wrapped__'.
+    (project / "cached.py").write_text(
+        textwrap.dedent(
+            """
+            import functools
+
+            class C:
+                @functools.lru_cache
+                def lc(self, x):
+                    q = x * 2
+                    return q
+
+            @functools.cache
+            def cf(x):
+                cc = x * 3
+                return cc
+            """
+        )
+    )
+    (project / "usecached.py").write_text("import cached as c\nprint(c.C().lc(5), c.cf(2), c.cf(2))\n")
+    targets = ["-r", "cached:C.lc.__wrapped__:q", "-r", "cached:cf.__wrapped__:cc"]
+    result = cli("run", *targets, "usecached.py", cwd=project)
+    assert result.returncode == 0 and result.stdout == "10 6 6\n", result.stderr
+    rows = sorted(line.split() for line in result.stderr.splitlines()[2:])
+    assert rows == [["C:lc:q@0", "1", "10"], ["cached:cf:cc@0", "1", "6"]], result.stderr
+
+
+def test_run_target_naming_an_instance_s_method_records_that_instance_only(project):
+    # 'm:model.forward': patched in place, every instance of the class was recorded under the key
+    # (a teacher, a deep copy). In place still: a pickle of the model made meanwhile stays clean.
+    (project / "inst.py").write_text(
+        textwrap.dedent(
+            """
+            import copy, pickle
+
+            class Net:
+                def __init__(self, scale):
+                    self.scale = scale
+
+                def forward(self, x):
+                    y = x * self.scale
+                    return y
+
+            class Bare:
+                __slots__ = ()
+
+                def forward(self, x):
+                    z = x + 1
+                    return z
+
+            model = Net(10)
+            forward = model.forward
+            teacher = Net(100)
+            bare = Bare()
+            ema = copy.deepcopy(model)
+            print(forward(1), teacher.forward(2), model.forward(3), end=" ")
+            print(bare.forward(4), Bare().forward(5), ema.forward(6))
+            print(sorted(vars(pickle.loads(pickle.dumps(model)))))
+            model = Net(1000)  # bound anew: this one is the target now
+            print(model.forward(7))
+            """
+        )
+    )
+    targets = ["-r", "__main__:model.forward:y", "-r", "__main__:bare.forward:z"]
+    result = cli("run", *targets, "inst.py", cwd=project)
+    assert result.returncode == 0 and result.stdout == "10 200 30 5 6 60\n['scale']\n7000\n", result.stderr
+    rows = sorted(line.split() for line in result.stderr.splitlines()[2:])
+    assert rows == [["Bare:forward:z@0", "1", "5"], ["Net:forward:y@0", "3", "7000"]], result.stderr
 
 
 @pytest.mark.parametrize(
@@ -1194,6 +1268,33 @@ def test_run_reports_values_whose_copy_failed_whatever_the_program_s_warning_fil
         in result.stderr
     )
     assert list(bcrecord.load(out)) == ["__main__:f:y@0"]
+
+
+def test_run_summary_counts_the_values_recorded_not_those_whose_copy_failed(project):
+    # One of three values cannot be deep-copied (a generator): the table said 3 values.
+    (project / "some.py").write_text(
+        textwrap.dedent(
+            """
+            def f(x):
+                v = (i for i in range(x)) if x == 1 else x * 10
+                lock = __import__("threading").Lock()
+                return v
+
+            for i in range(3):
+                f(i)
+            """
+        )
+    )
+    targets = ["-r", "__main__:f:v", "-r", "__main__:f:lock"]
+    result = cli("run", "--copy", "deepcopy", *targets, "some.py", cwd=project)
+    assert result.returncode == 0, result.stderr
+    lines = result.stderr.splitlines()
+    assert "bcrecord: __main__:f:v@0: 1 value(s) not recorded, their copy failed" in result.stderr
+    table = lines[lines.index("bcrecord: recorded (no --save-dir, so nothing was saved):") + 1 :]
+    assert [line.split(None, 2) for line in table[1:]] == [
+        ["__main__:f:v@0", "2", "20"],
+        ["__main__:f:lock@0", "0", "- (copy failed)"],
+    ]
 
 
 def test_run_says_a_misspelt_entry_chain_could_not_be_read_and_what_the_function_loads(project):

@@ -5,6 +5,8 @@ import json
 import os
 import pickle
 import re
+import sys
+import types
 
 import pytest
 
@@ -90,6 +92,32 @@ def test_a_version_1_directory_loads_and_takes_more_saves(tmp_path):
     assert load(tmp_path)["k"] == [10, 20] and load(tmp_path).steps("k") == [0, 1]
     assert json.loads((tmp_path / "index.json").read_text())["version"] == 2
     assert sorted(p.name for p in (tmp_path / "records").glob("[!.]*")) == ["000001.pkl", "000002.pkl"]
+
+
+def test_loading_tensors_without_torch_says_torch_is_missing_not_safetensors(tmp_path, monkeypatch):
+    # 'bcrecord[save]' installs safetensors alone; its torch module imports torch. The error
+    # said to install safetensors (installed already).
+    (tmp_path / "fake").mkdir()
+    (tmp_path / "fake" / "torch.py").write_text(
+        "raise ModuleNotFoundError(\"No module named 'torch'\", name='torch')\n"
+    )
+    safetensors = types.ModuleType("safetensors")
+    safetensors.__path__ = [str(tmp_path / "fake")]
+    monkeypatch.setitem(sys.modules, "safetensors", safetensors)
+    monkeypatch.delitem(sys.modules, "safetensors.torch", raising=False)
+    folder = tmp_path / "out"
+    save({"n": [3]}, folder)
+    row = {"key": "t", "step": 0, "file": "records/000002.safetensors", "name": "t#0#0", "kind": "tensor"}
+    with open(folder / "index.jsonl", "a") as journal:
+        journal.write(json.dumps({"entries": [row]}) + "\n")
+    (folder / "records" / "000002.safetensors").write_bytes(b"")
+    with pytest.raises(StorageError) as caught:
+        load(folder)
+    assert str(caught.value) == (
+        f"{folder / 'records' / '000002.safetensors'} holds tensors: loading them needs torch (pip install "
+        "torch); bcrecord.load(DIR, keys=[...]) reads the other keys without it"
+    )
+    assert load(folder, keys=["n"])["n"] == [3]
 
 
 def test_unwritable_directory_and_full_disk_give_clear_errors(tmp_path, monkeypatch):
