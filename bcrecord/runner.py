@@ -1003,6 +1003,8 @@ class _Program:
     #: The script's file: a module imported under the script's stem is patched as
     #: ``__main__`` only if it is this file.
     file: Optional[str] = None
+    #: Why the script's source does not compile (Python then fails it as it would).
+    uncompiled: Optional[str] = None
 
 
 def _program(program: str, args: Sequence[str], is_module: bool) -> _Program:
@@ -1043,6 +1045,7 @@ def _program(program: str, args: Sequence[str], is_module: bool) -> _Program:
             if "__main__.py" not in archive.namelist():
                 raise RunError(f"{program!r} is a zip file with no __main__.py: there is nothing to run")
     code = None
+    uncompiled = None
     if os.path.isfile(main_file) and not zipfile.is_zipfile(main_file):
         try:
             with open(main_file, "rb") as handle:
@@ -1051,8 +1054,9 @@ def _program(program: str, args: Sequence[str], is_module: bool) -> _Program:
             raise RunError(f"cannot read {main_file!r}: {error.strerror or error}") from None
         try:
             code = compile(source, main_file, "exec", dont_inherit=True)
-        except (SyntaxError, ValueError):
+        except (SyntaxError, ValueError) as error:
             code = None  # the program fails as Python would make it fail
+            uncompiled = f"{type(error).__name__}: {error}"
     stem = os.path.splitext(os.path.basename(program))[0]
     names = ("__main__", stem) if stem.isidentifier() and not bundle else ("__main__",)
     return _Program(
@@ -1065,6 +1069,7 @@ def _program(program: str, args: Sequence[str], is_module: bool) -> _Program:
         code,
         program,
         None if bundle else os.path.realpath(program),
+        uncompiled,
     )
 
 
@@ -1482,6 +1487,8 @@ class _Runner:
             return self.refused[target.text]
         if target.module in self.program.main_names:
             name = ".".join(target.path)
+            if self.program.uncompiled is not None:
+                return f"the program does not compile ({self.program.uncompiled})"
             module = self.program_module
             if module is not None and _found(module, target.path) is not _NOT_FOUND:
                 # Defined, never seen: the tracer that watches the module's lines was taken away.

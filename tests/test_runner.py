@@ -539,6 +539,10 @@ def test_run_shows_a_syntax_error_in_the_program_as_python_does(project):
     result = cli("run", "-r", "__main__:f:x", "broken.py", cwd=project)
     assert result.returncode == plain_run.returncode == 1
     assert result.stderr.startswith(plain_run.stderr), result.stderr  # then bcrecord's own lines
+    assert (
+        "bcrecord: target '__main__:f:x' was never applied: the program does not compile "
+        "(SyntaxError: invalid syntax (broken.py, line 2))\n"
+    ) in result.stderr
 
 
 def test_run_records_a_function_the_program_rebinds_to_a_wrapper_once(project):
