@@ -579,6 +579,8 @@ def _fx_sites(
                 f"calls {callee}, whose {base!r} ops on tensors (made in C: no site) FX numbers too"
             )
             continue
+        if _held_tensor(called):
+            continue  # FX runs it on the tensor itself (it proxies parameters only): no node
         if _fx_name(callee, called) == base:
             placed += [(c.positions[0], Call(callee, c.index), f"{callee}()@{c.index}") for c in calls]
         python = _python_function(called)
@@ -697,6 +699,14 @@ def _methods_forward_runs(kind: type) -> List[Tuple[str, types.FunctionType]]:
             if owner == "self" and rest and "." not in rest:
                 queue.append(rest)
     return found
+
+
+def _held_tensor(called: object) -> bool:
+    """Whether ``called`` is a method of a tensor that is not a parameter (a buffer:
+    ``self.index.view``): FX's tracer proxies parameters only, so such a call runs on
+    the tensor while it traces and makes no node, though it is a site here."""
+    held = getattr(called, "__self__", None)
+    return isinstance(held, torch.Tensor) and not isinstance(held, torch.nn.Parameter)
 
 
 def _flat(position: object) -> Tuple[int, ...]:

@@ -763,6 +763,34 @@ def test_fx_names_of_calls_alone_still_map():
     assert torch.equal(out["neg"], -x) and torch.equal(out["neg_1"], -(x * 2.0))
 
 
+class _BiasTable(torch.nn.Module):
+    """A buffer's .view before a parameter's, as maxvit's relative position bias."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.randn(9, 2))
+        self.register_buffer("index", torch.arange(9).flip(0))
+
+    def forward(self, x):
+        order = self.index.view(3, 3)
+        bias = self.table.view(9, 2)
+        return x + bias[order[0]] + self.index.view(9, 1)[:3]
+
+
+def test_fx_names_skip_calls_on_buffers_which_fx_runs_without_a_node():
+    # FX proxies parameters, not buffers: self.index.view(3, 3) runs while it traces and
+    # its node 'view' is the parameter's view, 'view_1' none (once the buffer's view).
+    torch.manual_seed(0)
+    model, x = _BiasTable(), torch.randn(3, 2)
+    names = [node.name for node in torch.fx.symbolic_trace(model).graph.nodes]
+    assert names.count("view") == 1 and "view_1" not in names
+    out = create_feature_extractor(model, ["view", "add"])(x)
+    assert torch.equal(out["view"], model.table.view(9, 2))
+    assert torch.equal(out["add"], x + model.table[[8, 7, 6]])
+    with pytest.raises(bcrecord.TargetError, match="has 1 'view' site"):
+        create_feature_extractor(model, ["view_1"])
+
+
 def test_an_extractor_whose_stop_a_site_that_did_not_run_holds_back_says_so_once():
     net = torch.nn.Sequential(Branchy(), torch.nn.Linear(4, 4))
     extractor = create_feature_extractor(net, ["0:forward:h"])
