@@ -318,8 +318,8 @@ class _FxScope:
     #: Why the numbering is not fixed by the code (a loop, a traced-into call...).
     problems: List[str] = field(default_factory=list)
     #: Where a node of the op runs that is no site (``f(x).flatten()``): names of the
-    #: sites after it are not fixed.
-    unplaced: List[Tuple[int, ...]] = field(default_factory=list)
+    #: sites after it are not fixed; with the forward-jump spans around it (as a site's guards).
+    unplaced: List[Tuple[Tuple[int, ...], frozenset]] = field(default_factory=list)
     #: What else FX makes such nodes of that is no site (``-x`` for ``'neg'``), described.
     unmapped: List[str] = field(default_factory=list)
 
@@ -382,7 +382,17 @@ def _fx_target(model: torch.nn.Module, text: str) -> Optional[Target]:
             f"branch that runs; name the site instead: {labels}"
         )
     if scope.unplaced:
-        first = min(scope.unplaced)
+        first = min(order for order, _ in scope.unplaced)
+        guards = scope.sites[0].guards  # (the same for every site, as checked above)
+        if any(not guards <= around for _, around in scope.unplaced):
+            # It may run where the sites do not (the other side of an if): FX's name of
+            # it is then the one a site has where they run (timm's LeViT attention).
+            raise TargetError(
+                f"{text!r}: {kind} calls .{base}() on a value that is not a name or attribute "
+                f"chain (f(x).{base}()), which FX numbers too and which is no site, and a branch "
+                f"decides whether it or the sites run, so which op FX names {node!r} depends on "
+                f"the branch that runs; name the site instead: {labels}"
+            )
         if occurrence >= sum(site.order < first for site in scope.sites):
             raise TargetError(
                 f"{text!r}: {kind} calls .{base}() on a value that is not a name or attribute "
@@ -641,7 +651,9 @@ def _fx_sites(
         placed += [
             (o.positions[0], Expr(op, o.index), f"{op}@{o.index}") for o in found.operators.get(op, ())
         ]
-    scope.unplaced += [at + (position,) for position in _unchained_loads(original_code(func), base)]
+    scope.unplaced += [
+        (at + (position,), guarded(position)) for position in _unchained_loads(original_code(func), base)
+    ]
     unmapped = _unmapped_nodes(original_code(func), base, me)
     if unmapped:
         scope.unmapped.append(unmapped)

@@ -791,6 +791,36 @@ def test_fx_names_skip_calls_on_buffers_which_fx_runs_without_a_node():
         create_feature_extractor(model, ["view_1"])
 
 
+class _EitherTranspose(torch.nn.Module):
+    """timm's LeViT attention: a .transpose() site on one side of an if, none on the other."""
+
+    def __init__(self, use_conv):
+        super().__init__()
+        self.use_conv = use_conv
+
+    def forward(self, q, v):
+        if self.use_conv:
+            attn = q.transpose(-2, -1) @ v
+        else:
+            attn = (q @ v).transpose(1, 2)
+        return attn
+
+
+def test_fx_names_of_a_site_on_one_side_of_a_branch_whose_other_side_is_no_site_are_refused():
+    # FX's 'transpose' is q.transpose() where use_conv is set, else (q @ v).transpose(),
+    # which is no site: it was mapped to q.transpose(), and the call said it never ran.
+    q, v = torch.randn(2, 3, 3), torch.randn(2, 3, 3)
+    for use_conv, first in ((True, "transpose"), (False, "matmul")):
+        model = _EitherTranspose(use_conv)
+        names = [node.name for node in torch.fx.symbolic_trace(model).graph.nodes]
+        assert names[2:4] == [first, ({"transpose", "matmul"} - {first}).pop()]
+        with pytest.raises(bcrecord.TargetError, match="a branch decides whether it or the sites run"):
+            create_feature_extractor(model, ["transpose"])
+        site = ":forward:q.transpose()@0" if use_conv else ":forward:attn@1"
+        out = create_feature_extractor(model, {site: "t"})(q, v)
+        assert torch.equal(out["t"], q.transpose(-2, -1) if use_conv else (q @ v).transpose(1, 2))
+
+
 def test_an_extractor_whose_stop_a_site_that_did_not_run_holds_back_says_so_once():
     net = torch.nn.Sequential(Branchy(), torch.nn.Linear(4, 4))
     extractor = create_feature_extractor(net, ["0:forward:h"])
