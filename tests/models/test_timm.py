@@ -5,6 +5,7 @@ import torch
 
 timm = pytest.importorskip("timm", reason="the models tox env installs timm")
 
+import bcrecord  # noqa: E402
 from bcrecord.torch import create_feature_extractor, record  # noqa: E402
 
 
@@ -38,3 +39,14 @@ def test_vit_attention_locals_in_every_block():
         image
     )
     assert feats["qkv_input"].shape[0] == 1 and feats["block3"].shape == (1, 197, 192)
+
+
+def test_levit_attention_transpose_is_refused_where_fx_names_an_op_that_is_no_site():
+    # Attention.forward: q.transpose() where use_conv, else (attn @ v).transpose() (no site).
+    model = timm.create_model("levit_128s", pretrained=False).eval()
+    node = "stages.0.blocks.0.attn.transpose"
+    from torchvision.models.feature_extraction import get_graph_node_names
+
+    assert node in get_graph_node_names(model)[1]
+    with pytest.raises(bcrecord.TargetError, match="a branch decides whether it or the sites run"):
+        create_feature_extractor(model, [node])
