@@ -777,6 +777,10 @@ def _resolved(module: Optional[torch.nn.Module], func: types.FunctionType, chain
     else:
         return None  # not defined yet
     for name in names:
+        if isinstance(inspect.getattr_static(found, name, None), (property, functools.cached_property)):
+            # Not run to see what it returns: a parametrized tensor's getter runs the
+            # parametrization (spectral_norm's power iteration would advance its buffers).
+            return None
         try:
             found = getattr(found, name)
         except Exception:  # an attribute set later, a property that fails: nothing to follow

@@ -821,6 +821,35 @@ def test_fx_names_of_a_site_on_one_side_of_a_branch_whose_other_side_is_no_site_
         assert torch.equal(out["t"], q.transpose(-2, -1) if use_conv else (q @ v).transpose(1, 2))
 
 
+class _SpectralHead(torch.nn.Module):
+    """Reads a spectral-normed weight in its own forward (a property: the parametrization)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.utils.parametrizations.spectral_norm(torch.nn.Linear(4, 4))
+
+    def forward(self, x):
+        return x @ self.lin.weight.t() + x.relu()
+
+
+def test_fx_names_leave_a_parametrized_weight_read_by_forward_unrun():
+    # Telling which FX names a call has read self.lin.weight, running spectral_norm's
+    # power iteration: its buffers _u and _v changed when the extractor was made.
+    torch.manual_seed(0)
+    model = _SpectralHead().train()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    create_feature_extractor(model, ["relu"]).close()
+    extractor = create_feature_extractor(model.eval(), ["t", "add"])
+    assert all(torch.equal(value, before[key]) for key, value in model.state_dict().items())
+    x = torch.randn(3, 4)
+    out = extractor(x)
+    assert torch.equal(out["t"], model.lin.weight.t())  # (eval: no power iteration)
+    assert torch.allclose(out["add"], x @ model.lin.weight.t() + x.relu())
+    names = [node.name for node in torch.fx.symbolic_trace(model).graph.nodes]
+    assert names.count("t") == 1 and "add" in names
+    extractor.close()
+
+
 def test_an_extractor_whose_stop_a_site_that_did_not_run_holds_back_says_so_once():
     net = torch.nn.Sequential(Branchy(), torch.nn.Linear(4, 4))
     extractor = create_feature_extractor(net, ["0:forward:h"])
