@@ -135,11 +135,26 @@ def _submodule(model: torch.nn.Module, path: str) -> Optional[torch.nn.Module]:
     if not path:  # the root: the model itself, inside any wrapper (as list_targets lists it)
         return unwrap(model)
     for root in (model, unwrap(model)):
+        if _through_parametrized(root, path):
+            continue
         try:
             return root.get_submodule(path)
         except AttributeError:
             continue
     return None
+
+
+def _through_parametrized(root: torch.nn.Module, path: str) -> bool:
+    """Whether ``path`` reaches a parametrized tensor (``'lin.weight'``): ``get_submodule``
+    would read it, running its parametrization (spectral_norm's power iteration would advance)."""
+    module: Optional[torch.nn.Module] = root
+    for name in path.split("."):
+        if module is None:
+            return False
+        if parametrize.is_parametrized(module, name):
+            return True
+        module = module._modules.get(name)
+    return False
 
 
 def _no_submodule(model: torch.nn.Module, path: str) -> TargetError:

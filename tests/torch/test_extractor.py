@@ -839,6 +839,8 @@ def test_fx_names_leave_a_parametrized_weight_read_by_forward_unrun():
     model = _SpectralHead().train()
     before = {k: v.clone() for k, v in model.state_dict().items()}
     create_feature_extractor(model, ["relu"]).close()
+    with pytest.raises(bcrecord.TargetError, match="no submodule 'lin.weight'"):
+        create_feature_extractor(model, ["lin.weight"])  # (torch's get_submodule reads it)
     extractor = create_feature_extractor(model.eval(), ["t", "add"])
     assert all(torch.equal(value, before[key]) for key, value in model.state_dict().items())
     x = torch.randn(3, 4)
