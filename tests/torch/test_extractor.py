@@ -852,6 +852,42 @@ def test_fx_names_leave_a_parametrized_weight_read_by_forward_unrun():
     extractor.close()
 
 
+class _PosEnc(torch.nn.Module):
+    """timm CoaT's ConvPosEnc: one module run by each block."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(3, 3)
+
+    def forward(self, x):
+        return self.proj(x.transpose(1, 2)).transpose(1, 2) + 1.0
+
+
+class _SharedPosEnc(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.cpe = _PosEnc()
+
+    def forward(self, x):
+        return self.cpe(self.cpe(x) * 2.0)
+
+
+def test_fx_names_of_ops_in_a_module_run_twice_give_its_first_runs_op_also_without_the_early_stop():
+    # FX names the first run's op 'cpe.add', the second's 'cpe.add_1' (refused here): the
+    # site records both runs, and stop_early=False gave the list of both.
+    torch.manual_seed(0)
+    model, x = _SharedPosEnc(), torch.randn(2, 3, 3)
+    names = [node.name for node in torch.fx.symbolic_trace(model).graph.nodes]
+    assert names.count("add") == 1 and "add_1" in names and "add_2" not in names
+    first = model.cpe.proj(x.transpose(1, 2)).transpose(1, 2) + 1.0
+    for stop_early in (True, False):
+        out = create_feature_extractor(model, ["cpe.add", "cpe.transpose"], stop_early=stop_early)(x)
+        assert torch.allclose(out["cpe.add"], first), stop_early
+        assert torch.equal(out["cpe.transpose"], x.transpose(1, 2)), stop_early
+    with pytest.raises(bcrecord.TargetError, match="its second run's first 'add' is add_1"):
+        create_feature_extractor(model, ["cpe.add_1"])
+
+
 def test_an_extractor_whose_stop_a_site_that_did_not_run_holds_back_says_so_once():
     net = torch.nn.Sequential(Branchy(), torch.nn.Linear(4, 4))
     extractor = create_feature_extractor(net, ["0:forward:h"])
