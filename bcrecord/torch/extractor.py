@@ -112,7 +112,9 @@ class FeatureExtractor(torch.nn.Module):
     where a target naming several sites, a local without ``@index``, names one in a
     branch the model does not take: the stop waits for each, and a warning says so). A
     module path gives the module's output at its first call in the forward, as
-    torchvision's node of that name (later calls are ``'relu_1'``…). Any other
+    torchvision's node of that name (later calls are ``'relu_1'``…); an FX node name of
+    an op (``'block.add'``) gives that op's value in the module's first run, as torchvision's
+    (its later runs' are ``'block.add_1'``…, refused). Any other
     target recorded several times in one forward (a loop) gives the list of its
     values, in order, when the forward runs to its end (``stop_early=False``); with
     the early stop, its first, whatever else is asked for (a target naming several
@@ -184,7 +186,9 @@ class FeatureExtractor(torch.nn.Module):
             self._first_only = frozenset(
                 target
                 for target in {**self.train_nodes, **self.eval_nodes}
-                if all(one.output for one in expand(model, target))
+                # A module path, or an FX node name (one op of the module's first run: FX
+                # numbers the ops of its later runs on, 'block.add_1').
+                if ":" not in target or all(one.output for one in expand(model, target))
             )
         # As torchvision's: features stay in the autograd graph (a head trained on them
         # trains the backbone too); they are still copies, as assigned. grad=False detaches.

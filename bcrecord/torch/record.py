@@ -259,6 +259,30 @@ class ModelRecording(Recording):
         for policy in self._policies:
             policy.settle()
 
+    def _values(self, key: str) -> Any:
+        try:
+            return super()._values(key)
+        except KeyError:
+            # A gradient whose value was recorded: its probe ran, the backward did not
+            # (the core's message would blame a branch not taken).
+            value_key = key[: -len(".grad")] if isinstance(key, str) and key.endswith(".grad") else None
+            failed = any(error.key == key for error in self.errors)
+            if value_key is None or failed or not self._data.get(value_key) or self._data.get(key):
+                raise
+            if not self._asked.get(value_key):
+                why = (
+                    "but none of its values was in the autograd graph (recorded under torch.no_grad() "
+                    "or inference_mode, or computed from nothing that requires grad)"
+                )
+            else:
+                why = (
+                    "but no backward pass has reached it yet: one from a loss computed from it records "
+                    "it (a forward that stop_after_last ended returns None: there, with grad=True, "
+                    "call backward on a loss of the recorded value)"
+                )
+            said = f"no gradient recorded for {key!r}: its value {value_key!r} was recorded, {why}"
+            raise KeyError(said) from None
+
     def _probes(self, key: Any) -> bool:
         # Its plan's keys: its probes are gone once the block ends, when values are read.
         return any(key in keys for keys in self.targets.values()) or super()._probes(key)

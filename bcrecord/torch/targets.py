@@ -135,11 +135,26 @@ def _submodule(model: torch.nn.Module, path: str) -> Optional[torch.nn.Module]:
     if not path:  # the root: the model itself, inside any wrapper (as list_targets lists it)
         return unwrap(model)
     for root in (model, unwrap(model)):
+        if _through_parametrized(root, path):
+            continue
         try:
             return root.get_submodule(path)
         except AttributeError:
             continue
     return None
+
+
+def _through_parametrized(root: torch.nn.Module, path: str) -> bool:
+    """Whether ``path`` reaches a parametrized tensor (``'lin.weight'``): ``get_submodule``
+    would read it, running its parametrization (spectral_norm's power iteration would advance)."""
+    module: Optional[torch.nn.Module] = root
+    for name in path.split("."):
+        if module is None:
+            return False
+        if parametrize.is_parametrized(module, name):
+            return True
+        module = module._modules.get(name)
+    return False
 
 
 def _no_submodule(model: torch.nn.Module, path: str) -> TargetError:
@@ -318,8 +333,8 @@ class _FxScope:
     #: Why the numbering is not fixed by the code (a loop, a traced-into call...).
     problems: List[str] = field(default_factory=list)
     #: Where a node of the op runs that is no site (``f(x).flatten()``): names of the
-    #: sites after it are not fixed.
-    unplaced: List[Tuple[int, ...]] = field(default_factory=list)
+    #: sites after it are not fixed; with the forward-jump spans around it (as a site's guards).
+    unplaced: List[Tuple[Tuple[int, ...], frozenset]] = field(default_factory=list)
     #: What else FX makes such nodes of that is no site (``-x`` for ``'neg'``), described.
     unmapped: List[str] = field(default_factory=list)
 
@@ -382,7 +397,17 @@ def _fx_target(model: torch.nn.Module, text: str) -> Optional[Target]:
             f"branch that runs; name the site instead: {labels}"
         )
     if scope.unplaced:
-        first = min(scope.unplaced)
+        first = min(order for order, _ in scope.unplaced)
+        guards = scope.sites[0].guards  # (the same for every site, as checked above)
+        if any(not guards <= around for _, around in scope.unplaced):
+            # It may run where the sites do not (the other side of an if): FX's name of
+            # it is then the one a site has where they run (timm's LeViT attention).
+            raise TargetError(
+                f"{text!r}: {kind} calls .{base}() on a value that is not a name or attribute "
+                f"chain (f(x).{base}()), which FX numbers too and which is no site, and a branch "
+                f"decides whether it or the sites run, so which op FX names {node!r} depends on "
+                f"the branch that runs; name the site instead: {labels}"
+            )
         if occurrence >= sum(site.order < first for site in scope.sites):
             raise TargetError(
                 f"{text!r}: {kind} calls .{base}() on a value that is not a name or attribute "
@@ -579,6 +604,8 @@ def _fx_sites(
                 f"calls {callee}, whose {base!r} ops on tensors (made in C: no site) FX numbers too"
             )
             continue
+        if _held_tensor(called):
+            continue  # FX runs it on the tensor itself (it proxies parameters only): no node
         if _fx_name(callee, called) == base:
             placed += [(c.positions[0], Call(callee, c.index), f"{callee}()@{c.index}") for c in calls]
         python = _python_function(called)
@@ -639,7 +666,9 @@ def _fx_sites(
         placed += [
             (o.positions[0], Expr(op, o.index), f"{op}@{o.index}") for o in found.operators.get(op, ())
         ]
-    scope.unplaced += [at + (position,) for position in _unchained_loads(original_code(func), base)]
+    scope.unplaced += [
+        (at + (position,), guarded(position)) for position in _unchained_loads(original_code(func), base)
+    ]
     unmapped = _unmapped_nodes(original_code(func), base, me)
     if unmapped:
         scope.unmapped.append(unmapped)
@@ -699,6 +728,14 @@ def _methods_forward_runs(kind: type) -> List[Tuple[str, types.FunctionType]]:
     return found
 
 
+def _held_tensor(called: object) -> bool:
+    """Whether ``called`` is a method of a tensor that is not a parameter (a buffer:
+    ``self.index.view``): FX's tracer proxies parameters only, so such a call runs on
+    the tensor while it traces and makes no node, though it is a site here."""
+    held = getattr(called, "__self__", None)
+    return isinstance(held, torch.Tensor) and not isinstance(held, torch.nn.Parameter)
+
+
 def _flat(position: object) -> Tuple[int, ...]:
     """A site's position (``(outer, inner)`` in nested code) as a sortable key."""
     if isinstance(position, int):
@@ -755,6 +792,10 @@ def _resolved(module: Optional[torch.nn.Module], func: types.FunctionType, chain
     else:
         return None  # not defined yet
     for name in names:
+        if isinstance(inspect.getattr_static(found, name, None), (property, functools.cached_property)):
+            # Not run to see what it returns: a parametrized tensor's getter runs the
+            # parametrization (spectral_norm's power iteration would advance its buffers).
+            return None
         try:
             found = getattr(found, name)
         except Exception:  # an attribute set later, a property that fails: nothing to follow

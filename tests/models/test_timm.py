@@ -5,6 +5,7 @@ import torch
 
 timm = pytest.importorskip("timm", reason="the models tox env installs timm")
 
+import bcrecord  # noqa: E402
 from bcrecord.torch import create_feature_extractor, record  # noqa: E402
 
 
@@ -38,3 +39,30 @@ def test_vit_attention_locals_in_every_block():
         image
     )
     assert feats["qkv_input"].shape[0] == 1 and feats["block3"].shape == (1, 197, 192)
+
+
+def test_levit_attention_transpose_is_refused_where_fx_names_an_op_that_is_no_site():
+    # Attention.forward: q.transpose() where use_conv, else (attn @ v).transpose() (no site).
+    model = timm.create_model("levit_128s", pretrained=False).eval()
+    node = "stages.0.blocks.0.attn.transpose"
+    from torchvision.models.feature_extraction import get_graph_node_names
+
+    assert node in get_graph_node_names(model)[1]
+    with pytest.raises(bcrecord.TargetError, match="a branch decides whether it or the sites run"):
+        create_feature_extractor(model, [node])
+
+
+def test_coat_lite_shared_conv_pos_enc_ops_are_its_first_runs_as_torchvision_names_them():
+    # One ConvPosEnc ('cpe1') runs in each serial block: FX's 'cpe1.transpose' is its
+    # first run's (the second's 'cpe1.transpose_2'); stop_early=False gave both, in a list.
+    from torchvision.models.feature_extraction import create_feature_extractor as fx_extractor
+
+    torch.manual_seed(0)
+    model = timm.create_model("coat_lite_tiny", pretrained=False).eval()
+    nodes = ["cpe1.transpose", "cpe1.flatten"]
+    x = torch.randn(1, 3, 224, 224)
+    with torch.no_grad():
+        ours = create_feature_extractor(model, nodes, stop_early=False)(x)
+        fx = fx_extractor(model, nodes)(x)
+    for node in nodes:
+        assert isinstance(ours[node], torch.Tensor) and torch.allclose(ours[node], fx[node], atol=1e-5), node

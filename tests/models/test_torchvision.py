@@ -191,3 +191,16 @@ def test_resnet_forward_impl_call_results(resnet, image):
     assert torch.allclose(rec[":_forward_impl:self.avgpool()@0"], pooled, atol=1e-5)
     assert torch.allclose(rec[":_forward_impl:torch.flatten()@0"], torch.flatten(pooled, 1), atol=1e-5)
     assert torch.equal(rec[":_forward_impl:self.fc()@0"], out)
+
+
+def test_maxvit_buffer_views_are_no_fx_nodes_so_its_bias_view_is_refused_not_misread():
+    # RelativePositionalMultiHeadAttention: self.relative_position_index.view(-1) (a buffer:
+    # FX runs it, no node), then table[index].view(...) (FX's 'view', which is no site).
+    model = torchvision.models.maxvit_t(weights=None).eval()
+    node = "blocks.0.layers.0.layers.window_attention.attn_layer.1.view"
+    from torchvision.models.feature_extraction import get_graph_node_names
+
+    eval_nodes = get_graph_node_names(model)[1]
+    assert node in eval_nodes and f"{node}_1" not in eval_nodes
+    with pytest.raises(bcrecord.TargetError, match=r"calls \.view\(\) only on values that are not a name"):
+        create_feature_extractor(model, [node])

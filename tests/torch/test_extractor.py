@@ -763,6 +763,131 @@ def test_fx_names_of_calls_alone_still_map():
     assert torch.equal(out["neg"], -x) and torch.equal(out["neg_1"], -(x * 2.0))
 
 
+class _BiasTable(torch.nn.Module):
+    """A buffer's .view before a parameter's, as maxvit's relative position bias."""
+
+    def __init__(self):
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.randn(9, 2))
+        self.register_buffer("index", torch.arange(9).flip(0))
+
+    def forward(self, x):
+        order = self.index.view(3, 3)
+        bias = self.table.view(9, 2)
+        return x + bias[order[0]] + self.index.view(9, 1)[:3]
+
+
+def test_fx_names_skip_calls_on_buffers_which_fx_runs_without_a_node():
+    # FX proxies parameters, not buffers: self.index.view(3, 3) runs while it traces and
+    # its node 'view' is the parameter's view, 'view_1' none (once the buffer's view).
+    torch.manual_seed(0)
+    model, x = _BiasTable(), torch.randn(3, 2)
+    names = [node.name for node in torch.fx.symbolic_trace(model).graph.nodes]
+    assert names.count("view") == 1 and "view_1" not in names
+    out = create_feature_extractor(model, ["view", "add"])(x)
+    assert torch.equal(out["view"], model.table.view(9, 2))
+    assert torch.equal(out["add"], x + model.table[[8, 7, 6]])
+    with pytest.raises(bcrecord.TargetError, match="has 1 'view' site"):
+        create_feature_extractor(model, ["view_1"])
+
+
+class _EitherTranspose(torch.nn.Module):
+    """timm's LeViT attention: a .transpose() site on one side of an if, none on the other."""
+
+    def __init__(self, use_conv):
+        super().__init__()
+        self.use_conv = use_conv
+
+    def forward(self, q, v):
+        if self.use_conv:
+            attn = q.transpose(-2, -1) @ v
+        else:
+            attn = (q @ v).transpose(1, 2)
+        return attn
+
+
+def test_fx_names_of_a_site_on_one_side_of_a_branch_whose_other_side_is_no_site_are_refused():
+    # FX's 'transpose' is q.transpose() where use_conv is set, else (q @ v).transpose(),
+    # which is no site: it was mapped to q.transpose(), and the call said it never ran.
+    q, v = torch.randn(2, 3, 3), torch.randn(2, 3, 3)
+    for use_conv, first in ((True, "transpose"), (False, "matmul")):
+        model = _EitherTranspose(use_conv)
+        names = [node.name for node in torch.fx.symbolic_trace(model).graph.nodes]
+        assert names[2:4] == [first, ({"transpose", "matmul"} - {first}).pop()]
+        with pytest.raises(bcrecord.TargetError, match="a branch decides whether it or the sites run"):
+            create_feature_extractor(model, ["transpose"])
+        site = ":forward:q.transpose()@0" if use_conv else ":forward:attn@1"
+        out = create_feature_extractor(model, {site: "t"})(q, v)
+        assert torch.equal(out["t"], q.transpose(-2, -1) if use_conv else (q @ v).transpose(1, 2))
+
+
+class _SpectralHead(torch.nn.Module):
+    """Reads a spectral-normed weight in its own forward (a property: the parametrization)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.utils.parametrizations.spectral_norm(torch.nn.Linear(4, 4))
+
+    def forward(self, x):
+        return x @ self.lin.weight.t() + x.relu()
+
+
+def test_fx_names_leave_a_parametrized_weight_read_by_forward_unrun():
+    # Telling which FX names a call has read self.lin.weight, running spectral_norm's
+    # power iteration: its buffers _u and _v changed when the extractor was made.
+    torch.manual_seed(0)
+    model = _SpectralHead().train()
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    create_feature_extractor(model, ["relu"]).close()
+    with pytest.raises(bcrecord.TargetError, match="no submodule 'lin.weight'"):
+        create_feature_extractor(model, ["lin.weight"])  # (torch's get_submodule reads it)
+    extractor = create_feature_extractor(model.eval(), ["t", "add"])
+    assert all(torch.equal(value, before[key]) for key, value in model.state_dict().items())
+    x = torch.randn(3, 4)
+    out = extractor(x)
+    assert torch.equal(out["t"], model.lin.weight.t())  # (eval: no power iteration)
+    assert torch.allclose(out["add"], x @ model.lin.weight.t() + x.relu())
+    names = [node.name for node in torch.fx.symbolic_trace(model).graph.nodes]
+    assert names.count("t") == 1 and "add" in names
+    extractor.close()
+
+
+class _PosEnc(torch.nn.Module):
+    """timm CoaT's ConvPosEnc: one module run by each block."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(3, 3)
+
+    def forward(self, x):
+        return self.proj(x.transpose(1, 2)).transpose(1, 2) + 1.0
+
+
+class _SharedPosEnc(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.cpe = _PosEnc()
+
+    def forward(self, x):
+        return self.cpe(self.cpe(x) * 2.0)
+
+
+def test_fx_names_of_ops_in_a_module_run_twice_give_its_first_runs_op_also_without_the_early_stop():
+    # FX names the first run's op 'cpe.add', the second's 'cpe.add_1' (refused here): the
+    # site records both runs, and stop_early=False gave the list of both.
+    torch.manual_seed(0)
+    model, x = _SharedPosEnc(), torch.randn(2, 3, 3)
+    names = [node.name for node in torch.fx.symbolic_trace(model).graph.nodes]
+    assert names.count("add") == 1 and "add_1" in names and "add_2" not in names
+    first = model.cpe.proj(x.transpose(1, 2)).transpose(1, 2) + 1.0
+    for stop_early in (True, False):
+        out = create_feature_extractor(model, ["cpe.add", "cpe.transpose"], stop_early=stop_early)(x)
+        assert torch.allclose(out["cpe.add"], first), stop_early
+        assert torch.equal(out["cpe.transpose"], x.transpose(1, 2)), stop_early
+    with pytest.raises(bcrecord.TargetError, match="its second run's first 'add' is add_1"):
+        create_feature_extractor(model, ["cpe.add_1"])
+
+
 def test_an_extractor_whose_stop_a_site_that_did_not_run_holds_back_says_so_once():
     net = torch.nn.Sequential(Branchy(), torch.nn.Linear(4, 4))
     extractor = create_feature_extractor(net, ["0:forward:h"])

@@ -1183,3 +1183,29 @@ def test_a_stop_held_back_by_a_site_that_did_not_run_is_said_once():
         with torch.no_grad(), record(net, ["0:forward:h@1"], stop_after_last=True):
             assert net(x) is None  # the site that runs: stopped after it, nothing said
     assert not [w for w in caught if "stop_after_last" in str(w.message)]
+
+
+def test_a_gradient_no_backward_reached_is_missing_for_that_reason_not_a_branch():
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh())
+    x = torch.randn(3, 4)
+    targets = ["1:forward:return.grad", "0:forward:self.weight.grad"]
+    with record(net, targets) as rec:
+        out = net(x)
+    assert torch.equal(rec["1:forward:return"], out)  # its value is there, its probe ran
+    for key in targets:
+        with pytest.raises(KeyError, match=f"'{key}': its value .* was recorded, but no backward pass"):
+            rec[key]
+    with torch.no_grad(), record(net, targets[:1]) as rec:
+        net(x)
+    with pytest.raises(KeyError, match="none of its values was in the autograd graph"):
+        rec.all(targets[0])
+    # A forward stop_after_last ended returns None; a loss of the value itself reaches it.
+    with record(net, targets[:1], stop_after_last=True) as rec:
+        assert net(x) is None
+    with pytest.raises(KeyError, match="call backward on a loss of the recorded value"):
+        rec[targets[0]]
+    with record(net, targets[:1], stop_after_last=True, grad=True) as rec:
+        net(x)
+        rec["1:forward:return"].pow(2).sum().backward()
+    assert torch.allclose(rec[targets[0]], 2 * torch.tanh(net[0](x)))
