@@ -883,8 +883,10 @@ def _container_copier(policy: str) -> Copier:
             return value  # nothing in it to copy, and no way to make one (sys.float_info)
         return _copy_module.deepcopy(value)
 
+    copy_item = functools.partial(copy_value, policy=policy)
+
     def rebuild(value: Any, made: Dict[int, Tuple[Any, Any]]) -> Any:
-        return copied_container(value, lambda item: copy_value(item, policy), made, fallback)
+        return copied_container(value, lambda item: copied_once(item, copy_item, made), made, fallback)
 
     return _one_copy(rebuild)
 
@@ -1036,7 +1038,31 @@ def _one_copy(copy: Callable[[Any, Dict[int, Tuple[Any, Any]]], Any]) -> Copier:
 
 
 def _dataclass_copier(policy: str) -> Copier:
-    return _one_copy(lambda value, made: copied_dataclass(value, lambda item: copy_value(item, policy), made))
+    copy_item = functools.partial(copy_value, policy=policy)
+    return _one_copy(
+        lambda value, made: copied_dataclass(value, lambda item: copied_once(item, copy_item, made), made)
+    )
+
+
+def copied_once(item: Any, copy: Callable[[Any], Any], made: Dict[int, Tuple[Any, Any]]) -> Any:
+    """``copy(item)``, or the copy of ``item`` already made in the value being copied (``made``).
+
+    An item met twice in one value (an array, a tensor: ``[a, a]``) is copied once, as
+    ``copy.deepcopy`` keeps it: the copy holds one copy twice, not two.
+
+    >>> items = [[1]]
+    >>> made = {}
+    >>> first, again = (copied_once(item, list, made) for item in items * 2)
+    >>> first is again, first is items[0]
+    (True, False)
+    """
+    earlier = made.get(id(item))
+    if earlier is not None and earlier[0] is item and type(earlier[1]) is not _Unfinished:
+        return earlier[1]
+    copied = copy(item)
+    if copied is not item and id(item) not in made:  # (a container registers itself)
+        made[id(item)] = (item, copied)
+    return copied
 
 
 def copied_dataclass(value: Any, copy_field: Callable[[Any], Any], made: Dict[int, Tuple[Any, Any]]) -> Any:

@@ -2,6 +2,7 @@
 
 import asyncio
 import copy
+import dataclasses
 import os
 import re
 import threading
@@ -207,6 +208,35 @@ def test_clone_copies_cycles_and_shared_items_once():
         g()
     kept = rec["m:f:node@0"]
     assert not rec.errors and kept[1] is kept
+
+
+def test_clone_copies_a_leaf_met_twice_in_one_value_once():
+    # An object with its own copy (here .clone(), as an array or tensor) met twice in one
+    # value is copied once, as deepcopy keeps it: not two copies (twice the memory).
+    class Buffer:
+        def __init__(self, data):
+            self.data = data
+
+        def clone(self):
+            return Buffer(list(self.data))
+
+    @dataclasses.dataclass
+    class Both:
+        left: object
+        right: object
+
+    leaf = Buffer([1])
+    copies = [
+        copy_value([leaf, leaf], "clone"),
+        list(copy_value({"a": leaf, "b": (leaf,)}, "clone").values()),
+        vars(copy_value(Both(leaf, leaf), "clone")).values(),
+    ]
+    leaf.data.append(2)
+    for first, again in map(list, copies):
+        again = again[0] if isinstance(again, tuple) else again
+        assert first is again and first is not leaf and first.data == [1]
+    apart = copy_value([leaf, Buffer([1])], "clone")  # two objects stay two
+    assert apart[0] is not apart[1]
 
 
 def test_clone_copies_a_list_or_dict_subclass_that_holds_itself():

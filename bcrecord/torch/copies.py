@@ -33,7 +33,14 @@ from typing import Any, Callable, Dict, List, Optional, Set, Tuple, TypeVar, Uni
 import torch
 
 from ..errors import SpecError
-from ..runtime import copied_container, copied_dataclass, copies_without_python, copy_value, register_copy
+from ..runtime import (
+    copied_container,
+    copied_dataclass,
+    copied_once,
+    copies_without_python,
+    copy_value,
+    register_copy,
+)
 
 __all__ = ["ValuePolicy", "clone", "detached_clone", "value_policy"]
 
@@ -128,14 +135,16 @@ def _map(
     (:func:`copied_dataclass`: each object once, so a tree with parent links keeps them).
     """
     if isinstance(value, torch.Tensor):
-        return fn(value)
+        return fn(value) if made is None else copied_once(value, fn, made)  # ([h, h]: one copy)
     if isinstance(value, (dict, list, tuple, set, frozenset)):
         made = {} if made is None else made
         return copied_container(value, lambda content: _map(content, fn, other, made), made, _plain)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         made = {} if made is None else made
         return copied_dataclass(value, lambda content: _map(content, fn, other, made), made)
-    return value if other is None else other(value)
+    if other is None:
+        return value
+    return other(value) if made is None else copied_once(value, other, made)
 
 
 def _plain(value: Any, contents: List[Any]) -> Any:

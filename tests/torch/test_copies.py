@@ -141,6 +141,10 @@ def test_a_container_holding_itself_or_one_list_twice_is_copied_once():
     shared = [live]
     pair = value_policy()((shared, shared))
     assert pair[0] is pair[1] and pair[0] is not shared
+    # One tensor twice in a value: one clone, kept twice (not twice the memory).
+    for policy in (value_policy(), value_policy(copy="detach"), value_policy(to="cpu")):
+        twice = policy([live, {"again": live}])
+        assert twice[0] is twice[1]["again"] and twice[0] is not live
 
 
 def test_a_clone_stays_as_it_was_when_numpy_writes_the_memory_it_was_copied_from():
