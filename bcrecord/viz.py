@@ -455,9 +455,7 @@ def _integer_ticks(axis: Any) -> None:
 def _colormap(name: str) -> Any:
     import matplotlib
 
-    cmap = matplotlib.colormaps[name].copy()
-    cmap.set_bad("white")
-    return cmap
+    return matplotlib.colormaps[name].with_extremes(bad="white")  # (a copy: set_bad is deprecated)
 
 
 def _heatmap(summary: KeySummary, array: Any, note: str) -> Any:
