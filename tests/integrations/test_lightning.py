@@ -231,6 +231,23 @@ def test_a_stage_run_on_its_own_saves_to_the_folder_named_after_it(tmp_path):
     assert torch.equal(tested["conv:forward:return"][1], expected_conv(model.stash[("test", 1, 0)]))
 
 
+def test_a_later_run_into_the_same_save_dir_counts_its_evaluation_steps_on(tmp_path):
+    # Two processes testing (or a fit resumed) into one save_dir: the second callback starts
+    # afresh, and its batches must not be saved again as steps 0, 1 (two values per step).
+    model = ConvNet()
+    first = RecorderCallback(["conv"], save_dir=tmp_path / "rec", log_to_logger=False)
+    trainer(tmp_path, first).test(model, loader(n=8))
+    second = RecorderCallback(["conv"], save_dir=tmp_path / "rec", log_to_logger=False)
+    trainer(tmp_path, second).test(model, loader(n=8, seed=2))
+    assert [r.step for r in second.records("test")] == [2, 3]
+    tested = bcrecord.load(tmp_path / "rec" / "test")
+    assert tested.steps("conv:forward:return") == [0, 1, 2, 3]
+    saved = tested["conv:forward:return"]
+    for value, r in zip(saved[2:], second.records("test"), strict=True):
+        assert torch.equal(value, r["conv:forward:return"])
+    assert not torch.equal(saved[0], saved[2])  # the second run's own batches
+
+
 class LambdaNet(ConvNet):
     def forward(self, x):
         scale = lambda t: t  # noqa: E731  (a local function: pickle refuses it)
