@@ -558,7 +558,8 @@ class RecorderHook(Hook):
     Keys are ``'<owner>:<method>:<target>'``, e.g. ``'runner_model:forward:outputs@1'``,
     ``'runner_model:forward:self.linear1.weight'``, ``'resnet:_forward_impl:x@0'``.
     They are published with ``runner.message_hub.update_info(key, value, resumed=False)``
-    after every recorded iteration (so recorded values never go into checkpoints),
+    after every recorded iteration (so recorded values never go into checkpoints; nor
+    do their keys, which resuming would warn about),
     and a key keeps its last value in iterations that do not reach it.
 
     The recorders are checked at ``before_run``: a bad one raises
@@ -698,6 +699,19 @@ class RecorderHook(Hook):
     def after_run(self, runner: Runner) -> None:
         """Write what is buffered and remove every patch and loop wrapper."""
         self._finish(runner, failed=False, unwrap_loops=True)
+
+    def before_save_checkpoint(self, runner: Runner, checkpoint: dict) -> None:
+        """Leave the recorded keys out of the checkpoint's MessageHub state: their values are
+        not saved (``resumed=False``), but their names would be, and resuming from it would
+        warn ``resumed key: ... is not defined in message_hub`` for each."""
+        hub_state = checkpoint.get("message_hub")
+        if not isinstance(hub_state, dict):
+            return
+        resumed_keys = hub_state.get("resumed_keys")
+        if isinstance(resumed_keys, Mapping):
+            # A new dict: MessageHub.state_dict() hands over the hub's own one.
+            ours = set(self._keys)
+            hub_state["resumed_keys"] = {k: v for k, v in resumed_keys.items() if k not in ours}
 
     def _apply(self, runner: Runner) -> List[Patch]:
         applied: List[Patch] = []

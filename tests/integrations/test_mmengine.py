@@ -809,6 +809,35 @@ def test_a_second_run_into_the_save_dir_counts_evaluations_on(tmp_path):
     assert bcrecord.load(tmp_path / "records" / "train").steps(OUTPUTS) == [0, 1, 2, 3] * 2
 
 
+def test_a_checkpoint_holds_no_recorded_key_and_resuming_from_it_does_not_warn(tmp_path):
+    from mmengine.logging import MessageHub, MMLogger
+
+    torch.manual_seed(0)
+    hooks = [dict(type="RecorderHook", recorders=PROPOSAL_RECORDERS), dict(type="CheckpointHook", interval=1)]
+    runner = make_runner(tmp_path, ToyModel(), hooks)
+    runner.train()
+    assert torch.is_tensor(runner.message_hub.get_info(OUTPUTS))  # published all the same
+    saved = torch.load(Path(runner.work_dir) / "epoch_1.pth", map_location="cpu", weights_only=False)
+    hub_state = saved["message_hub"]
+    assert "train/loss" in hub_state["resumed_keys"]  # the hub's own keys stay
+    assert not {OUTPUTS, WEIGHT} & (set(hub_state["resumed_keys"]) | set(hub_state["runtime_info"]))
+    assert {OUTPUTS, WEIGHT} <= set(runner.message_hub._resumed_keys)  # the live hub untouched
+    # What Runner.resume does with it: MessageHub.load_state_dict, which warned once per key.
+    logged = []
+
+    def keep(record):
+        logged.append(record.getMessage())
+        return True
+
+    logger = MMLogger.get_current_instance()
+    logger.addFilter(keep)
+    try:
+        MessageHub(f"resumed-{uuid.uuid4().hex[:12]}").load_state_dict(hub_state)
+    finally:
+        logger.removeFilter(keep)
+    assert not [line for line in logged if "is not defined in message_hub" in line]
+
+
 def test_only_the_chosen_loops_record(tmp_path):
     torch.manual_seed(0)
     model = ToyModel()
