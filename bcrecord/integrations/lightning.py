@@ -409,6 +409,9 @@ class RecorderCallback(pl.Callback):  # type: ignore[misc]
             # record() checks every target first: a bad one raises with nothing patched.
             rec = stack.enter_context(record(pl_module, self.targets, **self.record_options))
             rec.__exit__(None, None, None)  # patched, idle until a recorded batch
+            # Its folder, where setup() could not open it (layers built later): now, so that
+            # the stage's steps count on from those saved there before a batch is numbered.
+            self._open_folders(stage)
         except BaseException:
             stack.close()
             raise

@@ -453,6 +453,24 @@ class _BuiltLate(pl.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.0)  # (the layer stays as it is: checked below)
 
 
+class _TestedLate(_BuiltLate):
+    def test_step(self, batch, batch_idx):
+        return self.net(batch).sum()
+
+
+def test_a_later_run_counts_on_also_where_the_layers_are_built_in_configure_model(tmp_path):
+    # setup() cannot open the folder (the targets do not exist yet): the stage's start does,
+    # before its first batch is numbered.
+    data = torch.utils.data.DataLoader(torch.randn(8, 4), batch_size=4)
+    steps = []
+    for _ in range(2):
+        callback = RecorderCallback(["net.0"], save_dir=tmp_path / "rec", log_to_logger=False)
+        trainer(tmp_path, callback).test(_TestedLate(), data)
+        steps.append([r.step for r in callback.records("test")])
+    assert steps == [[0, 1], [2, 3]]
+    assert bcrecord.load(tmp_path / "rec" / "test").steps("net.0:forward:return") == [0, 1, 2, 3]
+
+
 def test_targets_in_layers_built_in_configure_model_are_recorded(tmp_path):
     model = _BuiltLate()
     callback = RecorderCallback(["net.0"], save_dir=tmp_path / "rec", log_to_logger=False)
