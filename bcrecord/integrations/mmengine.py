@@ -999,7 +999,9 @@ class RecorderVisualizationHook(Hook):
     every 3-D ``(C, H, W)`` or 4-D ``(N, C, H, W)`` tensor whose key is selected by
     ``keys`` (keys or ``fnmatch`` patterns; None: all), once per new value, to the
     runner's vis backends (``LocalVisBackend`` files by default, TensorBoard when
-    configured). Runs after ``RecorderHook`` publishes (its priority is lower).
+    configured), in the iteration that published it: every ``interval``-th iteration
+    draws the values published in that iteration, never an older one the hub still
+    holds. Runs after ``RecorderHook`` publishes (its priority is lower).
     Images are named by :func:`image_name`; the step is ``runner.iter`` in
     training and a running count of iterations in validation and test.
 
@@ -1045,17 +1047,18 @@ class RecorderVisualizationHook(Hook):
         else:
             step = self._counts.get(mode, 0)
             self._counts[mode] = step + 1
-        if (step + 1) % self.drawer.interval:
-            return
         fresh = {}
         for key, value in runner.message_hub.runtime_info.items():
-            # A key whose value is the one drawn last time was not published again.
+            # A key whose value is the one seen last iteration was not published again.
             if not isinstance(value, torch.Tensor) or not self.drawer.wants(key):
                 continue
             if self._last.get(key) is not value:
                 fresh[key] = value
+        # Seen every iteration, drawn or not: an older iteration's value, still in the hub,
+        # is never drawn under a later step.
         self._last.update(fresh)
-        self.drawer.draw(runner, fresh, mode, step)
+        if (step + 1) % self.drawer.interval == 0:
+            self.drawer.draw(runner, fresh, mode, step)
 
     def after_train_iter(
         self, runner: Runner, batch_idx: int, data_batch: DataBatch = None, outputs: Any = None

@@ -1003,6 +1003,24 @@ def test_visualization_hook_draws_from_the_message_hub(tmp_path):
         assert pixels.shape[:2] == (16, 16) and pixels.std() > 5
 
 
+def test_visualization_hook_never_draws_an_older_iteration_s_value_under_a_later_step():
+    from types import SimpleNamespace
+
+    images = []
+    hub = {}
+    visualizer = SimpleNamespace(add_image=lambda name, image, step: images.append((name, step)))
+    runner = SimpleNamespace(visualizer=visualizer, message_hub=SimpleNamespace(runtime_info=hub), iter=0)
+    hook = RecorderVisualizationHook(interval=2)
+    published = {0: torch.rand(1, 2, 4, 4), 3: torch.rand(1, 2, 4, 4)}  # iterations 1, 2 reach no key
+    for iteration in range(4):
+        if iteration in published:
+            hub["m:forward:x@0"] = published[iteration]
+        runner.iter = iteration
+        hook.after_train_iter(runner, iteration)
+    # Drawn steps are 1 and 3: at 1 the hub still held iteration 0's value, which is not step 1's.
+    assert images == [("train_m.forward.x@0", 3)]
+
+
 def test_hook_object_is_reusable_across_runs(tmp_path):
     torch.manual_seed(0)
     model = ToyModel()
