@@ -31,7 +31,9 @@ sanity check), ``'test'`` and ``'predict'`` those of ``trainer.test`` and
 ``trainer.predict``. A record's ``step`` is ``trainer.global_step`` for training
 batches (recorded when ``global_step % every_n_steps == 0``, the first batch of
 that optimizer step), and for the other stages the number of batches that stage
-has run under this callback (recorded when it is a multiple of ``every_n_steps``).
+has run under this callback (recorded when it is a multiple of ``every_n_steps``);
+with ``save_dir``, counting on from the last step already saved in that stage's
+folder, so a later run (a resumed fit, a second process testing) repeats no step.
 
 Works with ``lightning`` (``lightning.pytorch``) and with ``pytorch_lightning``:
 ``pip install 'bcrecord[lightning]'``.
@@ -407,6 +409,9 @@ class RecorderCallback(pl.Callback):  # type: ignore[misc]
             # record() checks every target first: a bad one raises with nothing patched.
             rec = stack.enter_context(record(pl_module, self.targets, **self.record_options))
             rec.__exit__(None, None, None)  # patched, idle until a recorded batch
+            # Its folder, where setup() could not open it (layers built later): now, so that
+            # the stage's steps count on from those saved there before a batch is numbered.
+            self._open_folders(stage)
         except BaseException:
             stack.close()
             raise
@@ -515,6 +520,12 @@ class RecorderCallback(pl.Callback):  # type: ignore[misc]
             if self._world_size > 1:
                 directory = directory / f"rank{self._rank}"
             writer = self._writers[stage] = Writer(directory)
+            if stage != "fit":  # (training batches are numbered by global_step, resumed or not)
+                # A later run into the same save_dir (another process: a resumed fit, a second
+                # test) counts on from the batches saved there, as steps must not repeat.
+                saved = writer.last_step
+                if saved is not None:
+                    self._batches[stage] = max(self._batches[stage], saved + 1)
         return writer
 
     def _publish(self, trainer: Any, record_: StepRecord) -> None:

@@ -558,7 +558,8 @@ class RecorderHook(Hook):
     Keys are ``'<owner>:<method>:<target>'``, e.g. ``'runner_model:forward:outputs@1'``,
     ``'runner_model:forward:self.linear1.weight'``, ``'resnet:_forward_impl:x@0'``.
     They are published with ``runner.message_hub.update_info(key, value, resumed=False)``
-    after every recorded iteration (so recorded values never go into checkpoints),
+    after every recorded iteration (so recorded values never go into checkpoints; nor
+    do their keys, which resuming would warn about),
     and a key keeps its last value in iterations that do not reach it.
 
     The recorders are checked at ``before_run``: a bad one raises
@@ -698,6 +699,19 @@ class RecorderHook(Hook):
     def after_run(self, runner: Runner) -> None:
         """Write what is buffered and remove every patch and loop wrapper."""
         self._finish(runner, failed=False, unwrap_loops=True)
+
+    def before_save_checkpoint(self, runner: Runner, checkpoint: dict) -> None:
+        """Leave the recorded keys out of the checkpoint's MessageHub state: their values are
+        not saved (``resumed=False``), but their names would be, and resuming from it would
+        warn ``resumed key: ... is not defined in message_hub`` for each."""
+        hub_state = checkpoint.get("message_hub")
+        if not isinstance(hub_state, dict):
+            return
+        resumed_keys = hub_state.get("resumed_keys")
+        if isinstance(resumed_keys, Mapping):
+            # A new dict: MessageHub.state_dict() hands over the hub's own one.
+            ours = set(self._keys)
+            hub_state["resumed_keys"] = {k: v for k, v in resumed_keys.items() if k not in ours}
 
     def _apply(self, runner: Runner) -> List[Patch]:
         applied: List[Patch] = []
@@ -985,7 +999,9 @@ class RecorderVisualizationHook(Hook):
     every 3-D ``(C, H, W)`` or 4-D ``(N, C, H, W)`` tensor whose key is selected by
     ``keys`` (keys or ``fnmatch`` patterns; None: all), once per new value, to the
     runner's vis backends (``LocalVisBackend`` files by default, TensorBoard when
-    configured). Runs after ``RecorderHook`` publishes (its priority is lower).
+    configured), in the iteration that published it: every ``interval``-th iteration
+    draws the values published in that iteration, never an older one the hub still
+    holds. Runs after ``RecorderHook`` publishes (its priority is lower).
     Images are named by :func:`image_name`; the step is ``runner.iter`` in
     training and a running count of iterations in validation and test.
 
@@ -1031,17 +1047,18 @@ class RecorderVisualizationHook(Hook):
         else:
             step = self._counts.get(mode, 0)
             self._counts[mode] = step + 1
-        if (step + 1) % self.drawer.interval:
-            return
         fresh = {}
         for key, value in runner.message_hub.runtime_info.items():
-            # A key whose value is the one drawn last time was not published again.
+            # A key whose value is the one seen last iteration was not published again.
             if not isinstance(value, torch.Tensor) or not self.drawer.wants(key):
                 continue
             if self._last.get(key) is not value:
                 fresh[key] = value
+        # Seen every iteration, drawn or not: an older iteration's value, still in the hub,
+        # is never drawn under a later step.
         self._last.update(fresh)
-        self.drawer.draw(runner, fresh, mode, step)
+        if (step + 1) % self.drawer.interval == 0:
+            self.drawer.draw(runner, fresh, mode, step)
 
     def after_train_iter(
         self, runner: Runner, batch_idx: int, data_batch: DataBatch = None, outputs: Any = None

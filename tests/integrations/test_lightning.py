@@ -231,6 +231,23 @@ def test_a_stage_run_on_its_own_saves_to_the_folder_named_after_it(tmp_path):
     assert torch.equal(tested["conv:forward:return"][1], expected_conv(model.stash[("test", 1, 0)]))
 
 
+def test_a_later_run_into_the_same_save_dir_counts_its_evaluation_steps_on(tmp_path):
+    # Two processes testing (or a fit resumed) into one save_dir: the second callback starts
+    # afresh, and its batches must not be saved again as steps 0, 1 (two values per step).
+    model = ConvNet()
+    first = RecorderCallback(["conv"], save_dir=tmp_path / "rec", log_to_logger=False)
+    trainer(tmp_path, first).test(model, loader(n=8))
+    second = RecorderCallback(["conv"], save_dir=tmp_path / "rec", log_to_logger=False)
+    trainer(tmp_path, second).test(model, loader(n=8, seed=2))
+    assert [r.step for r in second.records("test")] == [2, 3]
+    tested = bcrecord.load(tmp_path / "rec" / "test")
+    assert tested.steps("conv:forward:return") == [0, 1, 2, 3]
+    saved = tested["conv:forward:return"]
+    for value, r in zip(saved[2:], second.records("test"), strict=True):
+        assert torch.equal(value, r["conv:forward:return"])
+    assert not torch.equal(saved[0], saved[2])  # the second run's own batches
+
+
 class LambdaNet(ConvNet):
     def forward(self, x):
         scale = lambda t: t  # noqa: E731  (a local function: pickle refuses it)
@@ -434,6 +451,24 @@ class _BuiltLate(pl.LightningModule):
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.0)  # (the layer stays as it is: checked below)
+
+
+class _TestedLate(_BuiltLate):
+    def test_step(self, batch, batch_idx):
+        return self.net(batch).sum()
+
+
+def test_a_later_run_counts_on_also_where_the_layers_are_built_in_configure_model(tmp_path):
+    # setup() cannot open the folder (the targets do not exist yet): the stage's start does,
+    # before its first batch is numbered.
+    data = torch.utils.data.DataLoader(torch.randn(8, 4), batch_size=4)
+    steps = []
+    for _ in range(2):
+        callback = RecorderCallback(["net.0"], save_dir=tmp_path / "rec", log_to_logger=False)
+        trainer(tmp_path, callback).test(_TestedLate(), data)
+        steps.append([r.step for r in callback.records("test")])
+    assert steps == [[0, 1], [2, 3]]
+    assert bcrecord.load(tmp_path / "rec" / "test").steps("net.0:forward:return") == [0, 1, 2, 3]
 
 
 def test_targets_in_layers_built_in_configure_model_are_recorded(tmp_path):

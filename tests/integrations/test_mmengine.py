@@ -809,6 +809,35 @@ def test_a_second_run_into_the_save_dir_counts_evaluations_on(tmp_path):
     assert bcrecord.load(tmp_path / "records" / "train").steps(OUTPUTS) == [0, 1, 2, 3] * 2
 
 
+def test_a_checkpoint_holds_no_recorded_key_and_resuming_from_it_does_not_warn(tmp_path):
+    from mmengine.logging import MessageHub, MMLogger
+
+    torch.manual_seed(0)
+    hooks = [dict(type="RecorderHook", recorders=PROPOSAL_RECORDERS), dict(type="CheckpointHook", interval=1)]
+    runner = make_runner(tmp_path, ToyModel(), hooks)
+    runner.train()
+    assert torch.is_tensor(runner.message_hub.get_info(OUTPUTS))  # published all the same
+    saved = torch.load(Path(runner.work_dir) / "epoch_1.pth", map_location="cpu", weights_only=False)
+    hub_state = saved["message_hub"]
+    assert "train/loss" in hub_state["resumed_keys"]  # the hub's own keys stay
+    assert not {OUTPUTS, WEIGHT} & (set(hub_state["resumed_keys"]) | set(hub_state["runtime_info"]))
+    assert {OUTPUTS, WEIGHT} <= set(runner.message_hub._resumed_keys)  # the live hub untouched
+    # What Runner.resume does with it: MessageHub.load_state_dict, which warned once per key.
+    logged = []
+
+    def keep(record):
+        logged.append(record.getMessage())
+        return True
+
+    logger = MMLogger.get_current_instance()
+    logger.addFilter(keep)
+    try:
+        MessageHub(f"resumed-{uuid.uuid4().hex[:12]}").load_state_dict(hub_state)
+    finally:
+        logger.removeFilter(keep)
+    assert not [line for line in logged if "is not defined in message_hub" in line]
+
+
 def test_only_the_chosen_loops_record(tmp_path):
     torch.manual_seed(0)
     model = ToyModel()
@@ -972,6 +1001,24 @@ def test_visualization_hook_draws_from_the_message_hub(tmp_path):
     for name in names:
         pixels = cv2.imread(str(images / name))
         assert pixels.shape[:2] == (16, 16) and pixels.std() > 5
+
+
+def test_visualization_hook_never_draws_an_older_iteration_s_value_under_a_later_step():
+    from types import SimpleNamespace
+
+    images = []
+    hub = {}
+    visualizer = SimpleNamespace(add_image=lambda name, image, step: images.append((name, step)))
+    runner = SimpleNamespace(visualizer=visualizer, message_hub=SimpleNamespace(runtime_info=hub), iter=0)
+    hook = RecorderVisualizationHook(interval=2)
+    published = {0: torch.rand(1, 2, 4, 4), 3: torch.rand(1, 2, 4, 4)}  # iterations 1, 2 reach no key
+    for iteration in range(4):
+        if iteration in published:
+            hub["m:forward:x@0"] = published[iteration]
+        runner.iter = iteration
+        hook.after_train_iter(runner, iteration)
+    # Drawn steps are 1 and 3: at 1 the hub still held iteration 0's value, which is not step 1's.
+    assert images == [("train_m.forward.x@0", 3)]
 
 
 def test_hook_object_is_reusable_across_runs(tmp_path):
