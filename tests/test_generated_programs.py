@@ -391,6 +391,8 @@ TARGETS = ("x", "y", "z")
 
 def _expressions(with_self: bool) -> st.SearchStrategy[str]:
     names = ["a", "b", "x", "y", "z", "G"] + (["self.v", "self.v.real", "self.items"] if with_self else [])
+    # Attribute chains rooted at a global or a builtin are sites too (G is rebound by `G = ...`).
+    names += ["math.pi", "cfg.lr", "cfg.sub.k", "G.real", "len.__name__"]
     leaves = st.sampled_from(names + ["0", "1", "2", "-1", "None", "'s'", "[1, 2]", "(1, 'ab')", "{'k': 2}"])
 
     def extend(inner: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
@@ -422,6 +424,14 @@ def _expressions(with_self: bool) -> st.SearchStrategy[str]:
             inner.map(lambda e: f"'{{}}-{{}}'.format({e}, *[1])"),
             inner.map(lambda e: f"(lambda *p, **k: (p, k))({e}, *[1], **{{'q': 2}})"),
             inner.map(lambda e: f"[str(i).zfill(2) for i in range(2) if {e}]"),
+            # Calls of global-rooted chains: nested, with keywords, star-args, in comprehensions.
+            inner.map(lambda e: f"cfg.fn({e}, k=math.pi)"),
+            inner.map(lambda e: f"math.floor(math.sqrt(len(str({e}))))"),
+            two.map(lambda t: f"cfg.sub.pair(*[{t[0]}], **{{'k': {t[1]}}})"),
+            inner.map(lambda e: f"[cfg.fn(i, cfg.sub.k, q={e}) for i in range(2)]"),
+            inner.map(lambda e: f"cfg.fn(cfg.fn({e}).count(None), *cfg.fn())"),
+            inner.map(lambda e: f"(-{e})"),
+            two.map(lambda t: f"({t[0]} | {t[1]})"),
             *(
                 [
                     inner.map(lambda e: f"super().m({e})"),
@@ -449,6 +459,7 @@ def _statements(with_self: bool, is_async: bool) -> st.SearchStrategy[List[str]]
         t.map(lambda n: [f"del {n}"]),
         t.map(lambda n: [f"import math as {n}"]),
         e.map(lambda x: [f"G = {x}"]),
+        e.map(lambda x: [f"cfg.lr = {x}"]),
         e.map(lambda x: [f"return {x}"]),
         e.map(lambda x: [f"raise ValueError({x})"]),
         st.just(["x, y = y, x"]),
@@ -495,7 +506,7 @@ def _statements(with_self: bool, is_async: bool) -> st.SearchStrategy[List[str]]
             st.tuples(e, body).map(lambda p: ["try:", f"    return {p[0]}", "finally:", *indent(p[1])]),
             st.tuples(e, e, t, t, body).map(
                 lambda p: [
-                    f"with nullcontext({p[0]}) as {p[2]}, nullcontext({p[1]}) as {p[3]}:",
+                    f"with nullcontext({p[0]}) as {p[2]}, cfg.ctx({p[1]}) as {p[3]}:",
                     *indent(p[4]),
                 ]
             ),
@@ -539,8 +550,16 @@ def _statements(with_self: bool, is_async: bool) -> st.SearchStrategy[List[str]]
 
 
 PRELUDE = """\
+import math
 from contextlib import nullcontext
+from types import SimpleNamespace
 G = 0
+cfg = SimpleNamespace(
+    lr=0.5,
+    fn=lambda *p, **k: (p, k),
+    ctx=nullcontext,
+    sub=SimpleNamespace(k=2, pair=lambda *p, **k: (p, sorted(k))),
+)
 
 class Step:
     def __init__(self, value):
@@ -825,6 +844,36 @@ TRICKY: Dict[str, str] = {
             except KeyError as e:
                 y = e.args
             return x, y
+    """,
+    "attribute chains rooted at globals and builtins, and their calls": """
+        import math
+        from contextlib import nullcontext
+        from types import SimpleNamespace
+
+        cfg = SimpleNamespace(lr=0.5, fn=lambda *p, **k: (p, k), sub=SimpleNamespace(k=2))
+        G = None
+
+        def f(a, b=None):
+            global G
+            cfg.sub.k += 1
+            x = math.floor(math.sqrt(cfg.sub.k + cfg.lr)), len.__name__
+            y = cfg.fn(*cfg.fn(a), *[b], k=math.pi, **{"q": cfg.sub.k})
+            z = [cfg.fn(i, k=cfg.lr) for i in range(2) if i or cfg.sub.k]
+            with nullcontext(cfg.fn(a)) as w:
+                G = cfg.sub
+            try:
+                v = cfg.missing.attr
+            except AttributeError as e:
+                v = str(e)
+            return x, y, z, w, G.k, v, a and cfg.lr or math.e, -cfg.sub.k % 7
+
+        def gen(a, b=None):
+            got = cfg.fn((yield cfg.lr), k=(yield math.pi))
+            return got
+
+        def undefined(a, b=None):
+            x = cfg.lr
+            return nothere.attr(x)
     """,
 }
 
