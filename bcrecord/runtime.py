@@ -1788,6 +1788,8 @@ def kept_length(keep: Keep) -> Optional[int]:
             count = operator.index(keep)  # numpy's and torch's integers too
         except TypeError:
             count = 0
+        if count > sys.maxsize:  # (no ring buffer that long: every value would be lost)
+            raise SpecError(f"keep={count} is more values than a key can hold; keep='all' keeps every one")
         if count > 0:
             return count
     shown = f"{keep!r} ({type(keep).__name__})" if not isinstance(keep, (str, int)) else repr(keep)

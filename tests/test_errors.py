@@ -65,6 +65,8 @@ def test_bad_specs_raise_the_documented_error(specs, error, words):
     [
         (lambda: bcrecord.recording(copy="x"), "unknown copy policy 'x'"),
         (lambda: bcrecord.recording(keep=0), "keep must be 'all', 'last' or a positive int, got 0"),
+        # More than a ring buffer can hold: refused, not every value silently lost.
+        (lambda: bcrecord.recording(keep=10**30), f"keep={10**30} is more values than a key can hold"),
         (lambda: bcrecord.recording(threads="x"), "threads must be 'context' or 'all', got 'x'"),
         (lambda: bcrecord.instrument(f, ["x"], name=5), "name must be a string or a callable"),
         (lambda: bcrecord.record_locals(), "record_locals needs at least one local name or spec"),
