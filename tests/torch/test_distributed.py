@@ -1,7 +1,9 @@
 """DistributedDataParallel: 2 ranks (gloo, CPU, spawned) each record their own values."""
 
+import gc
 import os
 import socket
+import sys
 
 import torch
 import torch.distributed as dist
@@ -18,28 +20,44 @@ def _free_port():
         return s.getsockname()[1]
 
 
-def _rank_main(rank, world, port, out_dir):
+def _rank(rank, world, port, work, out_dir):
+    """Run ``work(rank, out_dir)`` as one rank of a gloo group, then leave the group cleanly."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        torch.manual_seed(0)  # same weights on every rank
-        net = SmallNet().eval()
-        ddp = torch.nn.parallel.DistributedDataParallel(net)
-        torch.manual_seed(100 + rank)  # a different batch per rank
-        x = torch.randn(2, 3, 8, 8)
-        with record(ddp, ["bn1", "module.blocks.1:forward:out@1"]) as rec:
-            ddp(x)
-        torch.save(
-            {"x": x, "bn1": rec["bn1:forward:return"], "block": rec["module.blocks.1:forward:out@1"]},
-            os.path.join(out_dir, f"rank{rank}.pt"),
-        )
-    finally:
-        dist.destroy_process_group()
+    work(rank, out_dir)
+    # A rank aborted once in CI ("terminate called without an active exception", gloo's
+    # threads). So drop every DDP reducer (each holds the group) while the interpreter is
+    # whole, and let no rank close its sockets while the other may still read.
+    gc.collect()
+    dist.barrier()
+    dist.destroy_process_group()
+    # What is tested ends here; torch's own teardown of gloo's threads is not, so skip it.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _spawn(work, out_dir, world=2):
+    mp.spawn(_rank, args=(world, _free_port(), work, str(out_dir)), nprocs=world, join=True)
+
+
+def _record_both_ranks(rank, out_dir):
+    torch.manual_seed(0)  # same weights on every rank
+    net = SmallNet().eval()
+    ddp = torch.nn.parallel.DistributedDataParallel(net)
+    torch.manual_seed(100 + rank)  # a different batch per rank
+    x = torch.randn(2, 3, 8, 8)
+    with record(ddp, ["bn1", "module.blocks.1:forward:out@1"]) as rec:
+        ddp(x)
+    torch.save(
+        {"x": x, "bn1": rec["bn1:forward:return"], "block": rec["module.blocks.1:forward:out@1"]},
+        os.path.join(out_dir, f"rank{rank}.pt"),
+    )
 
 
 def test_each_rank_records_its_own_values(tmp_path):
     world = 2
-    mp.spawn(_rank_main, args=(world, _free_port(), str(tmp_path)), nprocs=world, join=True)
+    _spawn(_record_both_ranks, tmp_path, world)
     torch.manual_seed(0)
     net = SmallNet().eval()
     seen = []
@@ -52,43 +70,38 @@ def test_each_rank_records_its_own_values(tmp_path):
     assert not torch.allclose(seen[0], seen[1])
 
 
-def _gradients_main(rank, world, port, out_dir):
+def _gradients(rank, out_dir):
     from bcrecord.torch import create_feature_extractor
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        torch.manual_seed(100 + rank)  # a different batch per rank
-        x = torch.randn(3, 4)
-        grads, b_ran = {}, {}
-        for way in ("extractor", "record"):
-            torch.manual_seed(0)  # same weights on every rank
-            net = TwoLayers()
-            ddp = torch.nn.parallel.DistributedDataParallel(net)
-            if way == "extractor":  # stops early by default
-                features = create_feature_extractor(ddp, {"b": "out"})(x)["out"]
-            else:
-                with record(ddp, ["b"], grad=True, stop_after_last=True) as rec:
-                    ddp(x)
-                features = rec["b:forward:return"]
-            features.sum().backward()
-            grads[way] = net.a.weight.grad.clone()
-            # Without autograd the early stop still ends the forward at 'a'.
-            calls = []
-            net.b.register_forward_hook(lambda *args, calls=calls: calls.append(1))
-            with torch.no_grad():
-                create_feature_extractor(ddp, ["a"])(x)
-            b_ran[way] = len(calls)
-        torch.save({"x": x, "grads": grads, "b_ran": b_ran}, os.path.join(out_dir, f"grads{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
+    torch.manual_seed(100 + rank)  # a different batch per rank
+    x = torch.randn(3, 4)
+    grads, b_ran = {}, {}
+    for way in ("extractor", "record"):
+        torch.manual_seed(0)  # same weights on every rank
+        net = TwoLayers()
+        ddp = torch.nn.parallel.DistributedDataParallel(net)
+        if way == "extractor":  # stops early by default
+            features = create_feature_extractor(ddp, {"b": "out"})(x)["out"]
+        else:
+            with record(ddp, ["b"], grad=True, stop_after_last=True) as rec:
+                ddp(x)
+            features = rec["b:forward:return"]
+        features.sum().backward()
+        grads[way] = net.a.weight.grad.clone()
+        # Without autograd the early stop still ends the forward at 'a'.
+        calls = []
+        net.b.register_forward_hook(lambda *args, calls=calls: calls.append(1))
+        with torch.no_grad():
+            create_feature_extractor(ddp, ["a"])(x)
+        b_ran[way] = len(calls)
+    torch.save({"x": x, "grads": grads, "b_ran": b_ran}, os.path.join(out_dir, f"grads{rank}.pt"))
 
 
 def test_stopping_early_never_skips_ddp_s_gradient_sync(tmp_path):
     # DDP readies its all-reduce when its forward returns: a forward stopped early left each
     # rank with its own gradients, silently. With autograd on it now runs whole there.
     world = 2
-    mp.spawn(_gradients_main, args=(world, _free_port(), str(tmp_path)), nprocs=world, join=True)
+    _spawn(_gradients, tmp_path, world)
     got = [torch.load(tmp_path / f"grads{rank}.pt") for rank in range(world)]
     torch.manual_seed(0)
     net = TwoLayers()
