@@ -33,3 +33,32 @@ def test_core_examples_run_and_say_what_they_claim():
     rec = namespace["rec"]
     assert rec.keys() == ["__main__:area:a@0", "__main__:area:return"]
     assert namespace["summed"]([1, 2]) == -3
+
+
+def test_the_measured_costs_quoted_are_those_of_benchmarks_results():
+    # The README quotes case 7b of benchmarks/RESULTS.md: regenerating it must update the README.
+    results = (README.parent / "benchmarks" / "RESULTS.md").read_text()
+
+    def ratio(variant):
+        return float(re.search(rf"\| {re.escape(variant)} \| ([\d.]+)x \|", results).group(1))
+
+    every_site = "every Bottleneck call site recorded (clone)"
+    hooks = "forward hooks, clone of every module call"
+    probes = "the same, reduced to a number (probes only)"
+    measured = [
+        ratio(f"glibc's defaults: {every_site}"),
+        ratio(f"glibc's defaults: {hooks}"),
+        ratio(f"freed memory kept (MALLOC_*): {every_site}"),
+        ratio(f"freed memory kept (MALLOC_*): {hooks}"),
+        ratio(f"glibc's defaults: {probes}"),
+    ]
+    text = " ".join(README.read_text().split())
+    quoted = re.search(
+        r"the default clones cost ([\d.]+)x the unpatched forward and cloning forward hooks ([\d.]+)x; "
+        r"started with .*? \(glibc keeps freed memory for reuse\), ([\d.]+)x and ([\d.]+)x\. The probes "
+        r"themselves \(each value reduced to a number\) cost ([\d.]+)x",
+        text,
+    )
+    assert quoted is not None
+    for said, result in zip(map(float, quoted.groups()), measured, strict=True):
+        assert abs(said - result) <= 0.0051, (said, result)
