@@ -62,3 +62,27 @@ def test_the_measured_costs_quoted_are_those_of_benchmarks_results():
     assert quoted is not None
     for said, result in zip(map(float, quoted.groups()), measured, strict=True):
         assert abs(said - result) <= 0.0051, (said, result)
+
+
+def test_how_it_works_shows_what_bcrecord_show_prints():
+    if sys.version_info[:2] != (3, 12):
+        import pytest
+
+        pytest.skip("the README shows Python 3.12's bytecode")
+    import bcrecord
+    from bcrecord.listing import side_by_side
+
+    shown = re.search(r"## How it works.*?```\n(.*?)```", README.read_text(), re.S).group(1)
+    namespace = {}
+    exec("def scale(self, x):\n    y = x * self.factor\n    return y\n", namespace)
+    previous = bcrecord.set_probe_style("inline")  # the README shows the inline spelling
+    try:
+        with bcrecord.patch_function(namespace["scale"], ["y", "self.factor@0"]) as patch:
+            printed = side_by_side(patch.original_code, patch.code)
+    finally:
+        bcrecord.set_probe_style(previous)
+
+    def site_ids_out(listing):  # site ids depend on what this process patched before
+        return re.sub(r"LOAD_CONST( +)\d+$", r"LOAD_CONST\1N", listing.rstrip(), flags=re.M)
+
+    assert site_ids_out(printed) == site_ids_out(shown)
