@@ -1,5 +1,6 @@
 """The README's Python examples run as written (torch ones in tests/models)."""
 
+import ast
 import contextlib
 import io
 import pathlib
@@ -14,15 +15,34 @@ def python_blocks(torch: bool):
     return [b for b in blocks if ("import torch" in b) == torch]
 
 
+def claimed_values(block):
+    """``(expression, value)`` for each line ``expression  # value: what it is`` of a block."""
+    for line in block.splitlines():
+        code, _, comment = line.partition("  # ")
+        if not code.strip() or code.startswith((" ", "#")) or not comment:
+            continue
+        for end in [m.start() for m in re.finditer(": ", comment)]:
+            try:
+                yield code.strip(), ast.literal_eval(comment[:end])
+            except (ValueError, SyntaxError):
+                continue
+            break
+
+
 def test_core_examples_run_and_say_what_they_claim():
     namespace = {"__name__": "__main__"}
     blocks = python_blocks(torch=False)
     assert len(blocks) >= 3
     printed = {}
+    checked = 0
     for block in blocks:
         with contextlib.redirect_stdout(io.StringIO()) as out:
             exec(compile(block, str(README), "exec"), namespace)
         printed[block] = out.getvalue()
+        for expression, value in claimed_values(block):  # what a comment says the line gives
+            assert eval(expression, namespace) == value, expression
+            checked += 1
+    assert checked == 4
     # The table printed after the first example is what targets() prints for it.
     pattern = r"```python\n(print\(bcrecord.targets\(ToyModel.forward\)\)\n)```\n```\n(.*?)```"
     shown = re.search(pattern, README.read_text(), re.S)
