@@ -1,5 +1,6 @@
 """The README's Python examples run as written (torch ones in tests/models)."""
 
+import ast
 import contextlib
 import io
 import pathlib
@@ -14,15 +15,34 @@ def python_blocks(torch: bool):
     return [b for b in blocks if ("import torch" in b) == torch]
 
 
+def claimed_values(block):
+    """``(expression, value)`` for each line ``expression  # value: what it is`` of a block."""
+    for line in block.splitlines():
+        code, _, comment = line.partition("  # ")
+        if not code.strip() or code.startswith((" ", "#")) or not comment:
+            continue
+        for end in [m.start() for m in re.finditer(": ", comment)]:
+            try:
+                yield code.strip(), ast.literal_eval(comment[:end])
+            except (ValueError, SyntaxError):
+                continue
+            break
+
+
 def test_core_examples_run_and_say_what_they_claim():
     namespace = {"__name__": "__main__"}
     blocks = python_blocks(torch=False)
     assert len(blocks) >= 3
     printed = {}
+    checked = 0
     for block in blocks:
         with contextlib.redirect_stdout(io.StringIO()) as out:
             exec(compile(block, str(README), "exec"), namespace)
         printed[block] = out.getvalue()
+        for expression, value in claimed_values(block):  # what a comment says the line gives
+            assert eval(expression, namespace) == value, expression
+            checked += 1
+    assert checked == 4
     # The table printed after the first example is what targets() prints for it.
     pattern = r"```python\n(print\(bcrecord.targets\(ToyModel.forward\)\)\n)```\n```\n(.*?)```"
     shown = re.search(pattern, README.read_text(), re.S)
@@ -33,3 +53,56 @@ def test_core_examples_run_and_say_what_they_claim():
     rec = namespace["rec"]
     assert rec.keys() == ["__main__:area:a@0", "__main__:area:return"]
     assert namespace["summed"]([1, 2]) == -3
+
+
+def test_the_measured_costs_quoted_are_those_of_benchmarks_results():
+    # The README quotes case 7b of benchmarks/RESULTS.md: regenerating it must update the README.
+    results = (README.parent / "benchmarks" / "RESULTS.md").read_text()
+
+    def ratio(variant):
+        return float(re.search(rf"\| {re.escape(variant)} \| ([\d.]+)x \|", results).group(1))
+
+    every_site = "every Bottleneck call site recorded (clone)"
+    hooks = "forward hooks, clone of every module call"
+    probes = "the same, reduced to a number (probes only)"
+    measured = [
+        ratio(f"glibc's defaults: {every_site}"),
+        ratio(f"glibc's defaults: {hooks}"),
+        ratio(f"freed memory kept (MALLOC_*): {every_site}"),
+        ratio(f"freed memory kept (MALLOC_*): {hooks}"),
+        ratio(f"glibc's defaults: {probes}"),
+    ]
+    text = " ".join(README.read_text().split())
+    quoted = re.search(
+        r"the default clones cost ([\d.]+)x the unpatched forward and cloning forward hooks ([\d.]+)x; "
+        r"started with .*? \(glibc keeps freed memory for reuse\), ([\d.]+)x and ([\d.]+)x\. The probes "
+        r"themselves \(each value reduced to a number\) cost ([\d.]+)x",
+        text,
+    )
+    assert quoted is not None
+    for said, result in zip(map(float, quoted.groups()), measured, strict=True):
+        assert abs(said - result) <= 0.0051, (said, result)
+
+
+def test_how_it_works_shows_what_bcrecord_show_prints():
+    if sys.version_info[:2] != (3, 12):
+        import pytest
+
+        pytest.skip("the README shows Python 3.12's bytecode")
+    import bcrecord
+    from bcrecord.listing import side_by_side
+
+    shown = re.search(r"## How it works.*?```\n(.*?)```", README.read_text(), re.S).group(1)
+    namespace = {}
+    exec("def scale(self, x):\n    y = x * self.factor\n    return y\n", namespace)
+    previous = bcrecord.set_probe_style("inline")  # the README shows the inline spelling
+    try:
+        with bcrecord.patch_function(namespace["scale"], ["y", "self.factor@0"]) as patch:
+            printed = side_by_side(patch.original_code, patch.code)
+    finally:
+        bcrecord.set_probe_style(previous)
+
+    def site_ids_out(listing):  # site ids depend on what this process patched before
+        return re.sub(r"LOAD_CONST( +)\d+$", r"LOAD_CONST\1N", listing.rstrip(), flags=re.M)
+
+    assert site_ids_out(printed) == site_ids_out(shown)
