@@ -153,7 +153,8 @@ def _through_parametrized(root: torch.nn.Module, path: str) -> bool:
             return False
         if parametrize.is_parametrized(module, name):
             return True
-        module = module._modules.get(name)
+        # (a TorchScript module's _modules is no dict: it has no .get)
+        module = module._modules[name] if name in module._modules else None
     return False
 
 

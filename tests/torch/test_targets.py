@@ -923,3 +923,17 @@ def test_an_entry_read_of_a_parametrized_tensor_is_refused_for_its_load_site():
     assert torch.allclose(torch.nn.functional.linear(x, used, bias), rec["0:forward:return"])
     expected = (torch.ones(2, 4) @ rec["1:forward:self.weight@0"]).T @ x
     assert torch.allclose(rec["0:forward:self.weight@0.grad"], expected)
+
+
+def test_a_path_into_a_torchscript_submodule_is_refused_saying_why():
+    # A scripted module's _modules has no .get: a path or glob below it crashed with an
+    # AttributeError from the parametrization check instead of naming the problem.
+    scripted = torch.jit.script(torch.nn.Sequential(torch.nn.Linear(3, 3)))
+    net = torch.nn.Sequential(torch.nn.Linear(3, 3), scripted)
+    assert isinstance(module_at(net, "1.0"), torch.jit.ScriptModule)
+    with pytest.raises(bcrecord.NotPatchableError, match="at '1.0' is a TorchScript module"):
+        expand(net, "1.0:forward:return")
+    with pytest.raises(bcrecord.TargetError, match="'1.\\*' matches only .* or TorchScript modules"):
+        expand(net, "1.*")
+    with pytest.raises(bcrecord.TargetError, match="'\\*.\\*' matches only .* or TorchScript modules"):
+        expand(net, "*.*")
