@@ -197,6 +197,29 @@ def _split(text: str) -> Tuple[str, str, str, bool]:
     return parts[0], parts[1], parts[2], grad
 
 
+def _split_in(model: torch.nn.Module, text: str) -> Tuple[str, str, str, bool]:
+    """:func:`_split`, where a submodule's own name holds ``':'`` or is ``'grad'`` (a ``ModuleDict``
+    key, ``'task:cls'``; torch refuses only dots): the path is the submodule's, as ``list_targets``
+    and globs name it.
+
+    >>> import torch
+    >>> model = torch.nn.ModuleDict({"grad": torch.nn.ReLU(), "a:b": torch.nn.ReLU()})
+    >>> _split_in(model, "grad"), _split_in(model, "a:b:forward:return.grad")
+    (('grad', 'forward', '', False), ('a:b', 'forward', 'return', True))
+    """
+    if isinstance(text, str) and ("grad" in text or text.count(":") not in (0, 2)):
+        stripped = text.strip()
+        if _submodule(model, stripped) is not None:  # a bare path: 'heads.grad', 'heads.a:b'
+            return stripped, "forward", "", False
+        grad = stripped.endswith(".grad")
+        body = stripped[: -len(".grad")] if grad else stripped
+        if body.count(":") > 2:
+            path, method, spec_text = body.rsplit(":", 2)
+            if method and spec_text and _submodule(model, path) is not None:
+                return path, method, spec_text, grad
+    return _split(text)
+
+
 #: FX node names of the comparison and unary operators, which are no sites (see Expr).
 _FX_UNMAPPED_OPERATORS = {
     "eq": "==",
@@ -1008,7 +1031,7 @@ def expand(model: torch.nn.Module, text: str) -> List[Target]:
     >>> [(t.path, t.output) for t in expand(model, "1")]  # a bare path: the module's output
     [('1', True)]
     """
-    pattern, method, spec_text, grad = _split(text)
+    pattern, method, spec_text, grad = _split_in(model, text)
     if not spec_text and not any(ch in pattern for ch in "*?["):
         # Not a module: a functional op's FX node name? (Asked before module_at's error is
         # made: its "did you mean" compares the name with every module path, 0.1 s on a big
@@ -1125,7 +1148,7 @@ def expand(model: torch.nn.Module, text: str) -> List[Target]:
         if isinstance(spec, Attribute) and spec.at == "entry":
             _refuse_parametrized_read(module, func, spec, where, grad)
         concrete = f"{path}:{runs}:{spec_text}" if spec_text else path
-        given = text.strip().removesuffix(".grad")
+        given = text.strip().removesuffix(".grad") if grad else text.strip()  # (a module named 'grad')
         targets.append(Target(concrete if is_glob else given, path, runs, spec, grad, not spec_text))
     if not targets:
         raise TargetError(

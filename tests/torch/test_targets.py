@@ -937,3 +937,36 @@ def test_a_path_into_a_torchscript_submodule_is_refused_saying_why():
         expand(net, "1.*")
     with pytest.raises(bcrecord.TargetError, match="'\\*.\\*' matches only .* or TorchScript modules"):
         expand(net, "*.*")
+
+
+class _KeyedHeads(torch.nn.Module):
+    """A ModuleDict whose keys torch allows but target strings use: ':' and 'grad'."""
+
+    def __init__(self):
+        super().__init__()
+        self.heads = torch.nn.ModuleDict({"grad": torch.nn.Linear(2, 2), "task:cls": torch.nn.Tanh()})
+
+    def forward(self, x):
+        return self.heads["task:cls"](self.heads["grad"](x))
+
+
+def test_a_submodule_named_with_a_colon_or_grad_is_a_path_as_list_targets_and_globs_name_it():
+    # list_targets listed 'heads.task:cls' and 'heads.grad', which were refused as bad
+    # targets (or, 'heads.grad', as a '.grad' suffix), while 'heads.*' recorded them.
+    net = _KeyedHeads()
+    listed = bcrecord.torch.list_targets(net)
+    assert "heads.task:cls" in listed and "heads.grad" in listed
+    (t,) = expand(net, "heads.task:cls")
+    assert (t.text, t.path, t.output, t.grad) == ("heads.task:cls", "heads.task:cls", True, False)
+    (t,) = expand(net, "heads.grad")
+    assert (t.text, t.path, t.output, t.grad) == ("heads.grad", "heads.grad", True, False)
+    (t,) = expand(net, "heads.task:cls:forward:return.grad")
+    assert (t.path, t.method, t.spec, t.grad) == ("heads.task:cls", "forward", Return(), True)
+    x = torch.randn(3, 2)
+    with bcrecord.torch.record(net, ["heads.grad", "heads.task:cls:forward:return.grad"]) as rec:
+        y = net(x)
+        (y * y).sum().backward()
+    assert torch.equal(rec["heads.grad:forward:return"], net.heads["grad"](x))
+    assert torch.allclose(rec["heads.task:cls:forward:return.grad"], 2 * y)
+    with pytest.raises(bcrecord.SpecError, match="expected 'module.path:method:target'"):
+        expand(net, "heads.task:cls.grad")  # still no gradient of a bare path
