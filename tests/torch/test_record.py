@@ -1209,3 +1209,21 @@ def test_a_gradient_no_backward_reached_is_missing_for_that_reason_not_a_branch(
         net(x)
         rec["1:forward:return"].pow(2).sum().backward()
     assert torch.allclose(rec[targets[0]], 2 * torch.tanh(net[0](x)))
+
+
+def test_attention_fast_path_and_out_proj_record_what_the_readme_says():
+    # nn.MultiheadAttention never calls out_proj; in eval mode without autograd the fused
+    # fast path runs none of a TransformerEncoderLayer's Python code (README, PyTorch models).
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(8, 2, 16, batch_first=True).eval()
+    x = torch.randn(2, 5, 8)
+    targets = ["", "self_attn", "linear1", "self_attn.out_proj"]
+    with torch.no_grad(), record(layer, targets) as rec:
+        y = layer(x)
+    assert rec.keys() == [":forward:return"] and torch.equal(rec[":forward:return"], y)
+    hooked = []  # (a forward hook on a submodule turns the fast path off)
+    layer.linear1.register_forward_hook(lambda module, args, out: hooked.append(out.detach().clone()))
+    with record(layer, targets) as rec:
+        y = layer(x)
+    assert rec.keys() == ["self_attn:forward:return", "linear1:forward:return", ":forward:return"]
+    assert torch.equal(rec["linear1:forward:return"], hooked[0]) and torch.allclose(rec[":forward:return"], y)
