@@ -137,6 +137,13 @@ def _submodule(model: torch.nn.Module, path: str) -> Optional[torch.nn.Module]:
     for root in (model, unwrap(model)):
         if _through_parametrized(root, path):
             continue
+        if isinstance(root, torch.jit.ScriptModule):  # (torch refuses get_submodule there)
+            found: Optional[torch.nn.Module] = root
+            for name in path.split("."):
+                found = found._modules[name] if found is not None and name in found._modules else None
+            if found is not None:
+                return found
+            continue
         try:
             return root.get_submodule(path)
         except AttributeError:

@@ -970,3 +970,18 @@ def test_a_submodule_named_with_a_colon_or_grad_is_a_path_as_list_targets_and_gl
     assert torch.allclose(rec["heads.task:cls:forward:return.grad"], 2 * y)
     with pytest.raises(bcrecord.SpecError, match="expected 'module.path:method:target'"):
         expand(net, "heads.task:cls.grad")  # still no gradient of a bare path
+
+
+def test_a_scripted_model_is_refused_saying_why_at_any_path():
+    # torch refuses get_submodule on a ScriptModule: every path but the root crashed with
+    # "get_submodule is not supported on ScriptModules" (record(), globs, extractors).
+    scripted = torch.jit.script(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU()))
+    assert isinstance(module_at(scripted, "1"), torch.jit.ScriptModule)
+    with pytest.raises(bcrecord.NotPatchableError, match="at '0' is a TorchScript module"):
+        expand(scripted, "0")
+    with pytest.raises(bcrecord.NotPatchableError, match="at '0' is a TorchScript module"):
+        bcrecord.torch.create_feature_extractor(scripted, ["0"])
+    with pytest.raises(bcrecord.TargetError, match="'\\*' matches only .* or TorchScript modules"):
+        expand(scripted, "*")
+    with pytest.raises(bcrecord.TargetError, match="the model has no submodule '2'"):
+        module_at(scripted, "2")
