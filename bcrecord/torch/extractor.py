@@ -58,7 +58,9 @@ def _normalise(model: torch.nn.Module, nodes: Optional[ReturnNodes]) -> Dict[str
         )
     out: Dict[str, str] = {}
     for target in [nodes] if isinstance(nodes, str) else nodes:
-        if isinstance(target, str) and target.strip().endswith(".grad"):
+        # (not a submodule named 'grad', a ModuleDict's key: its path is its output)
+        wants_grad = isinstance(target, str) and target.strip().endswith(".grad")
+        if wants_grad and _submodule(model, target.strip()) is None:
             raise SpecError(
                 f"{target!r}: an extractor returns its values when the forward ends, before any "
                 "gradient exists; record gradients with bcrecord.torch.record()"

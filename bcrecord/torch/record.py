@@ -233,6 +233,9 @@ class ModelRecording(Recording):
         #: the gradients kept (they arrive in backward order; they are kept in the values').
         self._asked: Dict[str, int] = {}
         self._grad_positions: Dict[str, List[int]] = {}
+        #: Per ``.grad`` key, how many values had asked for a gradient at the last clear():
+        #: their gradients, still to come, are dropped with them.
+        self._cleared: Dict[str, int] = {}
         self._grad_lock = threading.Lock()
         #: Gradient hooks on leaf tensors (parameters) that have not fired yet.
         self._leaf_hooks: Set[_GradientHook] = set()
@@ -397,6 +400,12 @@ class ModelRecording(Recording):
         with self._grad_lock:
             super().clear()
             self._grad_positions.clear()
+            self._cleared = dict(self._asked)
+            # A parameter's hook waits for one gradient per backward, however many reads:
+            # gone, so that a read after the clear asks for its own.
+            hooks, self._leaf_hooks, self._leaf_waiting = self._leaf_hooks, set(), {}
+        for hook in list(hooks):
+            hook.remove()
 
     def _gradient_of(self, key: str, tensor: torch.Tensor, keep: Callable[[Any], Any]) -> None:
         """Record ``tensor``'s gradient under ``key + '.grad'``, at the position of its value.
@@ -421,6 +430,8 @@ class ModelRecording(Recording):
     def _add_gradient(self, key: str, position: int, grad: Any) -> None:
         """Store a gradient among the others in the order of their values, not of backward (``keep`` too)."""
         with self._grad_lock:
+            if position < self._cleared.get(key[: -len(".grad")], 0):  # its value was cleared
+                return
             values = self._data.get(key)
             if values is None:
                 values = self._data[key] = [] if self._maxlen is None else deque(maxlen=self._maxlen)

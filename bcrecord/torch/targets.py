@@ -137,6 +137,13 @@ def _submodule(model: torch.nn.Module, path: str) -> Optional[torch.nn.Module]:
     for root in (model, unwrap(model)):
         if _through_parametrized(root, path):
             continue
+        if isinstance(root, torch.jit.ScriptModule):  # (torch refuses get_submodule there)
+            found: Optional[torch.nn.Module] = root
+            for name in path.split("."):
+                found = found._modules[name] if found is not None and name in found._modules else None
+            if found is not None:
+                return found
+            continue
         try:
             return root.get_submodule(path)
         except AttributeError:
@@ -153,7 +160,8 @@ def _through_parametrized(root: torch.nn.Module, path: str) -> bool:
             return False
         if parametrize.is_parametrized(module, name):
             return True
-        module = module._modules.get(name)
+        # (a TorchScript module's _modules is no dict: it has no .get)
+        module = module._modules[name] if name in module._modules else None
     return False
 
 
@@ -194,6 +202,29 @@ def _split(text: str) -> Tuple[str, str, str, bool]:
             "or a bare module path (e.g. 'layer1')"
         )
     return parts[0], parts[1], parts[2], grad
+
+
+def _split_in(model: torch.nn.Module, text: str) -> Tuple[str, str, str, bool]:
+    """:func:`_split`, where a submodule's own name holds ``':'`` or is ``'grad'`` (a ``ModuleDict``
+    key, ``'task:cls'``; torch refuses only dots): the path is the submodule's, as ``list_targets``
+    and globs name it.
+
+    >>> import torch
+    >>> model = torch.nn.ModuleDict({"grad": torch.nn.ReLU(), "a:b": torch.nn.ReLU()})
+    >>> _split_in(model, "grad"), _split_in(model, "a:b:forward:return.grad")
+    (('grad', 'forward', '', False), ('a:b', 'forward', 'return', True))
+    """
+    if isinstance(text, str) and ("grad" in text or text.count(":") not in (0, 2)):
+        stripped = text.strip()
+        if _submodule(model, stripped) is not None:  # a bare path: 'heads.grad', 'heads.a:b'
+            return stripped, "forward", "", False
+        grad = stripped.endswith(".grad")
+        body = stripped[: -len(".grad")] if grad else stripped
+        if body.count(":") > 2:
+            path, method, spec_text = body.rsplit(":", 2)
+            if method and spec_text and _submodule(model, path) is not None:
+                return path, method, spec_text, grad
+    return _split(text)
 
 
 #: FX node names of the comparison and unary operators, which are no sites (see Expr).
@@ -1007,7 +1038,7 @@ def expand(model: torch.nn.Module, text: str) -> List[Target]:
     >>> [(t.path, t.output) for t in expand(model, "1")]  # a bare path: the module's output
     [('1', True)]
     """
-    pattern, method, spec_text, grad = _split(text)
+    pattern, method, spec_text, grad = _split_in(model, text)
     if not spec_text and not any(ch in pattern for ch in "*?["):
         # Not a module: a functional op's FX node name? (Asked before module_at's error is
         # made: its "did you mean" compares the name with every module path, 0.1 s on a big
@@ -1124,7 +1155,7 @@ def expand(model: torch.nn.Module, text: str) -> List[Target]:
         if isinstance(spec, Attribute) and spec.at == "entry":
             _refuse_parametrized_read(module, func, spec, where, grad)
         concrete = f"{path}:{runs}:{spec_text}" if spec_text else path
-        given = text.strip().removesuffix(".grad")
+        given = text.strip().removesuffix(".grad") if grad else text.strip()  # (a module named 'grad')
         targets.append(Target(concrete if is_glob else given, path, runs, spec, grad, not spec_text))
     if not targets:
         raise TargetError(

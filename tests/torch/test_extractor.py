@@ -923,3 +923,17 @@ def test_a_site_in_a_loop_gives_a_tensor_when_it_ran_once_and_a_list_otherwise()
     assert isinstance(once, torch.Tensor) and torch.allclose(once, net.fc(x).tanh())
     assert isinstance(thrice, list) and len(thrice) == 3
     assert torch.allclose(thrice[0], once) and torch.allclose(thrice[2], net(x, 3))
+
+
+def test_an_extractor_takes_a_submodule_named_grad_or_with_a_colon():
+    # 'heads.grad' was refused as a gradient target, then (past that) recorded the ModuleDict 'heads'.
+    from .test_targets import _KeyedHeads
+
+    net = _KeyedHeads()
+    x = torch.randn(3, 2)
+    features = create_feature_extractor(net, ["heads.grad", "heads.task:cls"])(x)
+    assert list(features) == ["heads.grad", "heads.task:cls"]
+    assert torch.equal(features["heads.grad"], net.heads["grad"](x))
+    assert torch.equal(features["heads.task:cls"], net(x))
+    with pytest.raises(bcrecord.SpecError, match="before any gradient exists"):
+        create_feature_extractor(net, ["heads.grad:forward:return.grad"])

@@ -1209,3 +1209,45 @@ def test_a_gradient_no_backward_reached_is_missing_for_that_reason_not_a_branch(
         net(x)
         rec["1:forward:return"].pow(2).sum().backward()
     assert torch.allclose(rec[targets[0]], 2 * torch.tanh(net[0](x)))
+
+
+def test_attention_fast_path_and_out_proj_record_what_the_readme_says():
+    # nn.MultiheadAttention never calls out_proj; in eval mode without autograd the fused
+    # fast path runs none of a TransformerEncoderLayer's Python code (README, PyTorch models).
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(8, 2, 16, batch_first=True).eval()
+    x = torch.randn(2, 5, 8)
+    targets = ["", "self_attn", "linear1", "self_attn.out_proj"]
+    with torch.no_grad(), record(layer, targets) as rec:
+        y = layer(x)
+    assert rec.keys() == [":forward:return"] and torch.equal(rec[":forward:return"], y)
+    hooked = []  # (a forward hook on a submodule turns the fast path off)
+    layer.linear1.register_forward_hook(lambda module, args, out: hooked.append(out.detach().clone()))
+    with record(layer, targets) as rec:
+        y = layer(x)
+    assert rec.keys() == ["self_attn:forward:return", "linear1:forward:return", ":forward:return"]
+    assert torch.equal(rec["linear1:forward:return"], hooked[0]) and torch.allclose(rec[":forward:return"], y)
+
+
+def test_clear_drops_the_gradients_still_to_come_of_the_values_it_dropped():
+    # A backward after clear() added the cleared values' gradients: two gradients for one
+    # value (rec.all(...grad)[0] was the cleared one's), a parameter's with no value at all.
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Tanh())
+    x1, x2 = torch.randn(2, 3), torch.randn(2, 3)
+    with record(net, ["0:forward:return.grad", "0:forward:self.weight.grad"]) as rec:
+        y1 = net(x1)
+        rec.clear()
+        y2 = net(x2)
+        net.zero_grad()
+        (3 * y2.sum()).backward()
+        (y1.sum()).backward()  # the cleared value's backward: nothing recorded
+    assert len(rec.all("0:forward:return")) == len(rec.all("0:forward:return.grad")) == 1
+    assert torch.allclose(rec["0:forward:return.grad"], 3 * (1 - y2.detach() ** 2))
+    expected = (3 * (1 - y2.detach() ** 2)).T @ x2  # d(3 sum tanh(W x2 + b))/dW
+    assert torch.allclose(rec["0:forward:self.weight.grad"], expected)
+    with record(net, ["0:forward:self.weight.grad"]) as rec:
+        y1 = net(x1)
+        rec.clear()
+        y1.sum().backward()
+    assert rec.keys() == [] and net[0].weight._backward_hooks is None

@@ -923,3 +923,65 @@ def test_an_entry_read_of_a_parametrized_tensor_is_refused_for_its_load_site():
     assert torch.allclose(torch.nn.functional.linear(x, used, bias), rec["0:forward:return"])
     expected = (torch.ones(2, 4) @ rec["1:forward:self.weight@0"]).T @ x
     assert torch.allclose(rec["0:forward:self.weight@0.grad"], expected)
+
+
+def test_a_path_into_a_torchscript_submodule_is_refused_saying_why():
+    # A scripted module's _modules has no .get: a path or glob below it crashed with an
+    # AttributeError from the parametrization check instead of naming the problem.
+    scripted = torch.jit.script(torch.nn.Sequential(torch.nn.Linear(3, 3)))
+    net = torch.nn.Sequential(torch.nn.Linear(3, 3), scripted)
+    assert isinstance(module_at(net, "1.0"), torch.jit.ScriptModule)
+    with pytest.raises(bcrecord.NotPatchableError, match="at '1.0' is a TorchScript module"):
+        expand(net, "1.0:forward:return")
+    with pytest.raises(bcrecord.TargetError, match="'1.\\*' matches only .* or TorchScript modules"):
+        expand(net, "1.*")
+    with pytest.raises(bcrecord.TargetError, match="'\\*.\\*' matches only .* or TorchScript modules"):
+        expand(net, "*.*")
+
+
+class _KeyedHeads(torch.nn.Module):
+    """A ModuleDict whose keys torch allows but target strings use: ':' and 'grad'."""
+
+    def __init__(self):
+        super().__init__()
+        self.heads = torch.nn.ModuleDict({"grad": torch.nn.Linear(2, 2), "task:cls": torch.nn.Tanh()})
+
+    def forward(self, x):
+        return self.heads["task:cls"](self.heads["grad"](x))
+
+
+def test_a_submodule_named_with_a_colon_or_grad_is_a_path_as_list_targets_and_globs_name_it():
+    # list_targets listed 'heads.task:cls' and 'heads.grad', which were refused as bad
+    # targets (or, 'heads.grad', as a '.grad' suffix), while 'heads.*' recorded them.
+    net = _KeyedHeads()
+    listed = bcrecord.torch.list_targets(net)
+    assert "heads.task:cls" in listed and "heads.grad" in listed
+    (t,) = expand(net, "heads.task:cls")
+    assert (t.text, t.path, t.output, t.grad) == ("heads.task:cls", "heads.task:cls", True, False)
+    (t,) = expand(net, "heads.grad")
+    assert (t.text, t.path, t.output, t.grad) == ("heads.grad", "heads.grad", True, False)
+    (t,) = expand(net, "heads.task:cls:forward:return.grad")
+    assert (t.path, t.method, t.spec, t.grad) == ("heads.task:cls", "forward", Return(), True)
+    x = torch.randn(3, 2)
+    with bcrecord.torch.record(net, ["heads.grad", "heads.task:cls:forward:return.grad"]) as rec:
+        y = net(x)
+        (y * y).sum().backward()
+    assert torch.equal(rec["heads.grad:forward:return"], net.heads["grad"](x))
+    assert torch.allclose(rec["heads.task:cls:forward:return.grad"], 2 * y)
+    with pytest.raises(bcrecord.SpecError, match="expected 'module.path:method:target'"):
+        expand(net, "heads.task:cls.grad")  # still no gradient of a bare path
+
+
+def test_a_scripted_model_is_refused_saying_why_at_any_path():
+    # torch refuses get_submodule on a ScriptModule: every path but the root crashed with
+    # "get_submodule is not supported on ScriptModules" (record(), globs, extractors).
+    scripted = torch.jit.script(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU()))
+    assert isinstance(module_at(scripted, "1"), torch.jit.ScriptModule)
+    with pytest.raises(bcrecord.NotPatchableError, match="at '0' is a TorchScript module"):
+        expand(scripted, "0")
+    with pytest.raises(bcrecord.NotPatchableError, match="at '0' is a TorchScript module"):
+        bcrecord.torch.create_feature_extractor(scripted, ["0"])
+    with pytest.raises(bcrecord.TargetError, match="'\\*' matches only .* or TorchScript modules"):
+        expand(scripted, "*")
+    with pytest.raises(bcrecord.TargetError, match="the model has no submodule '2'"):
+        module_at(scripted, "2")
