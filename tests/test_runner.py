@@ -1385,3 +1385,27 @@ def test_run_warns_of_no_folder_module_named_like_a_built_in_one(project, tmp_pa
     (folder / "prog.py").write_text("import gc\n\ndef f():\n    return gc.isenabled()\n\nf()\n")
     result = cli("run", "-q", "-r", "__main__:f:return", folder / "prog.py", cwd=project)
     assert result.returncode == 0 and "warning" not in result.stderr, result.stderr
+
+
+def test_buffered_containers_count_their_items_bytes_toward_a_write(tmp_path):
+    # A tuple of large values (an LSTM's output and state) was counted by the tuple alone,
+    # some 60 bytes: such values were buffered, gigabytes of them, until the next timed write.
+    import dataclasses
+
+    from bcrecord import runner, storage
+
+    @dataclasses.dataclass
+    class Output:
+        logits: bytes
+
+    collector = runner._Collector(storage.Writer(tmp_path), flush_bytes=10_000, flush_seconds=3600)
+    collector.deliver("m:f:pair@0", 0, (bytes(6000), bytes(6000)))
+    assert collector.buffer == []  # written at once: 12 kB is over the threshold
+    collector.deliver("m:f:named@0", 0, {"a": [bytes(4000)], "b": [bytes(4000)], "c": [bytes(4000)]})
+    collector.deliver("m:f:out@0", 0, Output(bytes(12_000)))
+    assert collector.buffer == []
+    collector.deliver("m:f:small@0", 0, (1, 2))
+    assert len(collector.buffer) == 1 and collector.buffered < 1000
+    loaded = bcrecord.load(tmp_path)
+    assert loaded["m:f:pair@0"] == [(bytes(6000), bytes(6000))]
+    assert loaded["m:f:named@0"][0]["c"] == [bytes(4000)]
