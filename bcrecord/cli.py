@@ -44,7 +44,7 @@ import sys
 import types
 from typing import Any, List, Optional, Sequence, Tuple
 
-from .errors import BcrecordError, did_you_mean
+from .errors import BcrecordError, did_you_mean, shown
 from .listing import decompiled, side_by_side
 from .patch import Patch, a_method_name, function_of, patch_function, patch_method, targets
 
@@ -94,7 +94,7 @@ def resolve_path(path: str) -> Tuple[Any, Any]:
             value = getattr(value, part)
         except AttributeError:
             hint = did_you_mean(part, dir(owner))
-            raise BcrecordError(f"{path!r}: {owner!r} has no attribute {part!r}{hint}") from None
+            raise BcrecordError(f"{path!r}: {shown(owner)} has no attribute {part!r}{hint}") from None
     return owner, value
 
 

@@ -95,7 +95,7 @@ from typing import (
 )
 
 from .analysis import read, resolve
-from .errors import BcrecordError, RecordingWarning, did_you_mean
+from .errors import BcrecordError, RecordingWarning, did_you_mean, shown
 from .patch import (
     Patch,
     _OneInstance,
@@ -373,7 +373,7 @@ def _walk(root: Any, path: Sequence[str]) -> Tuple[Any, Any]:
             value = getattr(holder, part)
         except AttributeError:
             raise BcrecordError(
-                f"{holder!r} has no attribute {part!r}{did_you_mean(part, dir(holder))}"
+                f"{shown(holder)} has no attribute {part!r}{did_you_mean(part, dir(holder))}"
             ) from None
     return holder, value
 

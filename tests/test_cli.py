@@ -202,6 +202,27 @@ def test_view_writes_a_key_the_terminal_cannot_encode_escaped(tmp_path):
     assert result.stdout.splitlines()[1].split()[0] == "m:f:gr\\xf6\\xdfe@0"
 
 
+@pytest.mark.parametrize(
+    "path, words",
+    [
+        ("tables:ROWS", "bcrecord: [0, 1, 2, 3, 4, 5, ...], a list: only Python functions can be patched"),
+        ("tables:ROWS.f", "'tables:ROWS.f': [0, 1, 2, 3, 4, 5, ...] has no attribute 'f'"),
+        ("tables:net", "this Net instance is a callable Net object"),
+        ("tables:net.fc.f", "'tables:net.fc.f': this Linear instance has no attribute 'f'"),
+    ],
+)
+def test_targets_shows_a_module_level_value_short(project, path, words):
+    # The message held the value's whole repr: every item of a table, a model's lines.
+    (project / "tables.py").write_text(
+        "class Linear:\n    def __repr__(self):\n        return 'Linear(\\n  2, 3\\n)'\n\n"
+        "class Net:\n    fc = Linear()\n\n    def __call__(self, x):\n        return x\n\n"
+        "    def __repr__(self):\n        return 'Net(\\n  (fc): Linear()\\n)'\n\n"
+        "ROWS = list(range(100_000))\nnet = Net()\n"
+    )
+    line = one_clear_line(cli("targets", path, cwd=project))
+    assert words in line and len(line) < 200, line
+
+
 def test_targets_of_a_module_that_raises_on_import_is_one_clear_line(project):
     (project / "broken.py").write_text("ratio = 1 / 0\n\ndef f():\n    return ratio\n")
     line = one_clear_line(cli("targets", "broken:f", cwd=project))

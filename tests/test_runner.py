@@ -1409,3 +1409,13 @@ def test_buffered_containers_count_their_items_bytes_toward_a_write(tmp_path):
     loaded = bcrecord.load(tmp_path)
     assert loaded["m:f:pair@0"] == [(bytes(6000), bytes(6000))]
     assert loaded["m:f:named@0"][0]["c"] == [bytes(4000)]
+
+
+def test_a_target_naming_a_module_level_value_shows_it_short(project):
+    # The message held the value's whole repr: every item of a module-level table.
+    (project / "tables.py").write_text("ROWS = list(range(100_000))\n")
+    (project / "uses.py").write_text("import tables\n")
+    line = one_clear_line(cli("run", "-r", "tables:ROWS.f:x", "uses.py", cwd=project))
+    assert line.endswith("target 'tables:ROWS.f:x': [0, 1, 2, 3, 4, 5, ...] has no attribute 'f'"), line
+    line = one_clear_line(cli("run", "-r", "tables:ROWS:x", "uses.py", cwd=project))
+    assert line.endswith("'ROWS' is [0, 1, 2, 3, 4, 5, ...], a list: only Python functions can be patched")
