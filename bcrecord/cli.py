@@ -338,7 +338,13 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(run=_run, parser=p)
 
     p = commands.add_parser("view", help="summarize saved records and draw them as PNGs in DIR/plots")
-    p.add_argument("directory", metavar="DIR", help="a directory written by bcrecord run --save-dir")
+    # ~ expanded, as in --save-dir and --out: the shell leaves it in a quoted path, in '--out=~/demo'.
+    p.add_argument(
+        "directory",
+        metavar="DIR",
+        type=os.path.expanduser,
+        help="a directory written by bcrecord run --save-dir",
+    )
     p.add_argument("--no-plots", action="store_true", help="only print the summary table")
     p.add_argument(
         "--key",
@@ -365,6 +371,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--out",
         default="bcrecord-demo",
+        type=os.path.expanduser,
         metavar="DIR",
         help="where records and plots go (default ./bcrecord-demo)",
     )

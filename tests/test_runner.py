@@ -1419,3 +1419,15 @@ def test_a_target_naming_a_module_level_value_shows_it_short(project):
     assert line.endswith("target 'tables:ROWS.f:x': [0, 1, 2, 3, 4, 5, ...] has no attribute 'f'"), line
     line = one_clear_line(cli("run", "-r", "tables:ROWS:x", "uses.py", cwd=project))
     assert line.endswith("'ROWS' is [0, 1, 2, 3, 4, 5, ...], a list: only Python functions can be patched")
+
+
+def test_a_save_dir_under_home_written_with_a_tilde_is_under_home(project, tmp_path, monkeypatch):
+    # '--save-dir=~/runs' reaches bcrecord as it is (the shell expands no '~' after '='): the
+    # values went to a folder named '~' in the working directory.
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    result = cli("run", "-r", "helper:twice:y", "--save-dir=~/runs", "prog.py", cwd=project)
+    assert result.returncode == 0, result.stderr
+    assert not (project / "~").exists()
+    assert bcrecord.load(tmp_path / "home" / "runs")["helper:twice:y@0"] == [0, 2, 4, 6, 8, 10]
+    viewed = cli("view", "--no-plots", "~/runs", cwd=project)
+    assert viewed.returncode == 0 and "helper:twice:y@0" in viewed.stdout, viewed.stderr

@@ -242,6 +242,17 @@ def test_a_relative_directory_stays_where_it_was_when_the_program_changes_direct
     assert load(tmp_path / "out")["k"] == [1] and not (tmp_path / "elsewhere" / "out").exists()
 
 
+def test_a_directory_under_home_written_with_a_tilde_is_under_home(tmp_path, monkeypatch):
+    # '~/runs' was a folder named '~' in the working directory (which 'rm -rf ~' then removes).
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    assert save({"k": [1.5]}, "~/runs", step=2) == tmp_path / "home" / "runs"
+    Writer("~/runs").write({"k": [2.5]}, step=3)
+    assert not (tmp_path / "~").exists()
+    assert load(tmp_path / "home" / "runs").steps("k") == [2, 3]
+    assert load("~/runs")["k"] == [1.5, 2.5] and bcrecord.storage.saved_keys("~/runs") == ["k"]
+
+
 class _Step:
     """An integer type of another library (numpy's int64)."""
 
