@@ -93,9 +93,30 @@ def resolve_path(path: str) -> Tuple[Any, Any]:
         try:
             value = getattr(value, part)
         except AttributeError:
+            if _defines_inside(owner, part):  # as `bcrecord run` says of such a target
+                raise BcrecordError(
+                    f"{path!r}: {part} is a function defined inside {owner.__qualname__}, made anew by "
+                    "each call, out of the module's reach: it cannot be a target"
+                ) from None
             hint = did_you_mean(part, dir(owner))
             raise BcrecordError(f"{path!r}: {shown(owner)} has no attribute {part!r}{hint}") from None
     return owner, value
+
+
+def _defines_inside(owner: Any, name: str) -> bool:
+    """Whether ``owner`` is a function (or a decorator's wrapper of one) with a ``def name`` in it.
+
+    >>> def outer():
+    ...     def inner():
+    ...         pass
+    >>> _defines_inside(outer, "inner"), _defines_inside(outer, "other"), _defines_inside(len, "inner")
+    (True, False, False)
+    """
+    try:
+        code = function_of(owner).__code__
+    except BcrecordError:
+        return False
+    return any(isinstance(const, types.CodeType) and const.co_name == name for const in code.co_consts)
 
 
 def _positive(text: str) -> int:

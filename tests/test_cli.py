@@ -202,6 +202,17 @@ def test_view_writes_a_key_the_terminal_cannot_encode_escaped(tmp_path):
     assert result.stdout.splitlines()[1].split()[0] == "m:f:gr\\xf6\\xdfe@0"
 
 
+def test_targets_and_show_of_a_function_defined_inside_another_say_why_not(project):
+    # "<function outer at 0x...> has no attribute 'inner'", where bcrecord run says why.
+    (project / "nested.py").write_text("def outer():\n    def inner(v):\n        u = v\n        return u\n")
+    for args in (("targets", "nested:outer.inner"), ("show", "nested:outer.inner", "u")):
+        line = one_clear_line(cli(*args, cwd=project))
+        assert line == (
+            "bcrecord: 'nested:outer.inner': inner is a function defined inside outer, made anew by each "
+            "call, out of the module's reach: it cannot be a target"
+        )
+
+
 @pytest.mark.parametrize(
     "path, words",
     [
