@@ -141,18 +141,32 @@ def _describe(value: Any) -> Dict[str, Any]:
             "device": str(value.device),
             "bytes": int(value.element_size() * value.nelement()),
         }
-    shape = getattr(value, "shape", None)
-    size = getattr(value, "nbytes", None)  # numpy arrays and scalars
+    shape = _attribute(value, "shape")
+    size = _attribute(value, "nbytes")  # numpy arrays and scalars
+    dtype = _attribute(value, "dtype")
+    try:
+        dtype = type(value).__name__ if dtype is None else str(dtype)
+    except Exception:  # (a str() that raises)
+        dtype = type(value).__name__
     return {
         "kind": "pickle",
         # Plain ints for the index's JSON (a shape may hold numpy's).
         "shape": [int(n) for n in shape]
         if isinstance(shape, tuple) and all(isinstance(n, numbers.Integral) for n in shape)
         else None,
-        "dtype": str(getattr(value, "dtype", type(value).__name__)),
+        "dtype": dtype,
         "device": None,
         "bytes": size if type(size) is int else None,
     }
+
+
+def _attribute(value: Any, name: str) -> Any:
+    """``value.name`` for the index, None where it is missing or raises: an object whose
+    ``shape`` is a property that raises (not materialized yet) is pickled all the same."""
+    try:
+        return getattr(value, name, None)
+    except Exception:
+        return None
 
 
 @contextlib.contextmanager

@@ -253,6 +253,32 @@ def test_a_directory_under_home_written_with_a_tilde_is_under_home(tmp_path, mon
     assert load("~/runs")["k"] == [1.5, 2.5] and bcrecord.storage.saved_keys("~/runs") == ["k"]
 
 
+class _NotMaterialized:
+    """A value whose array attributes raise until it is materialized (it pickles all the same)."""
+
+    def __init__(self, size):
+        self.size = size
+
+    def __eq__(self, other):
+        return type(other) is _NotMaterialized and other.size == self.size
+
+    @property
+    def shape(self):
+        raise RuntimeError("not materialized")
+
+    dtype = nbytes = shape
+
+
+def test_a_value_whose_shape_raises_is_saved_as_it_is(tmp_path):
+    # The index's description read its shape: the save was refused (UnsavableValue), and under
+    # bcrecord run, which saves reprs of values a save refuses, every later value was lost.
+    save({"k": [1, _NotMaterialized(3)]}, tmp_path, step=4)
+    loaded = load(tmp_path)
+    assert loaded["k"] == [1, _NotMaterialized(3)] and loaded.steps("k") == [4, 4]
+    info = loaded.entries[1].info
+    assert (info["shape"], info["dtype"], info["bytes"]) == (None, "_NotMaterialized", None)
+
+
 class _Step:
     """An integer type of another library (numpy's int64)."""
 
