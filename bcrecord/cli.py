@@ -296,6 +296,38 @@ def _split_run(argv: List[str]) -> Tuple[List[str], List[str]]:
     return argv, []
 
 
+def _split_show(argv: List[str]) -> List[str]:
+    """``show`` arguments with the path and specs after a ``--``: a spec may start with
+    ``-`` (``-@0``, ``-=@0``: the subtractions ``targets`` lists), which argparse takes for
+    an option. ``-h``, ``--name`` (or a prefix of it) and other long options stay options.
+
+    >>> _split_show(["show", "m:f", "-@0", "--name", "n", "x", "-=@1"])
+    ['show', '--name', 'n', '--', 'm:f', '-@0', 'x', '-=@1']
+    >>> _split_show(["show", "--na=n", "m:f", "--", "-@0"])
+    ['show', '--na=n', '--', 'm:f', '-@0']
+    """
+    options: List[str] = []
+    positionals: List[str] = []
+    i = 1
+    while i < len(argv):
+        token = argv[i]
+        if token == "--":
+            positionals += argv[i + 1 :]
+            break
+        name = token.partition("=")[0]
+        if len(name) > 2 and "--name".startswith(name):  # argparse takes a unique prefix
+            takes = "=" not in token
+            options += argv[i : i + 1 + takes]
+            i += 1 + takes
+            continue
+        if token == "-h" or token.startswith("--"):  # help, or an unknown option argparse names
+            options.append(token)
+        else:
+            positionals.append(token)
+        i += 1
+    return [argv[0], *options, "--", *positionals]
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="bcrecord", description="Record intermediate values inside Python functions and PyTorch models."
@@ -426,6 +458,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     program_args: List[str] = []
     if tokens[:1] == ["run"]:
         tokens, program_args = _split_run(tokens)
+    elif tokens[:1] == ["show"]:
+        tokens = _split_show(tokens)
     args, unknown = _parser().parse_known_args(tokens)
     if unknown:
         # Said by the command's own parser, whose usage is the one that helps.

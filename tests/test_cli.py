@@ -60,6 +60,16 @@ def test_show_marks_the_probes(project):
     assert any("SINKS.get" in line or "__bcrecord_probe__" in line for line in inserted)
 
 
+def test_show_takes_the_specs_targets_lists_that_start_with_a_minus(project):
+    # '-@0' (a subtraction, as targets lists it) was taken for an option: "unrecognized arguments".
+    (project / "minus.py").write_text("def f(a, b):\n    d = a - b\n    d -= 1\n    return d\n")
+    listed = json.loads(cli("targets", "minus:f", "--json", cwd=project).stdout)["targets"]
+    assert {"-@0", "-=@0"} <= {row["spec"] for row in listed}
+    result = cli("show", "minus:f", "-@0", "--name", "n", "-=@0", cwd=project)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[0] == "f: 2 probe(s): n:f:-@0, n:f:-=@0"
+
+
 def test_show_notes_an_entry_chain_the_function_never_loads(project):
     result = cli("show", "helper:Scaler.scale", "self.factr", "out@0", cwd=project)
     assert result.returncode == 0, result.stderr
