@@ -955,16 +955,27 @@ def _ordinal(n: int) -> str:
 
 
 def _describe(value: Any) -> str:
+    """The report's last value: an array's or tensor's class, shape and dtype, anything else's
+    repr cut short (never raising: a repr that raises, a ``shape`` that is no sequence).
+
+    >>> _describe(list(range(1000))), _describe("two\\nlines")
+    ('[0, 1, 2, 3, 4, 5, ...]', "'two\\\\nlines'")
+    """
     try:
         shape = getattr(value, "shape", None)
     except RuntimeError:  # a nested tensor has no one shape
         shape = "nested"
-    if shape == "nested":
-        return f"{type(value).__name__} (nested) {str(value.dtype).replace('torch.', '')}"
-    if shape is not None:
-        dtype = str(getattr(value, "dtype", "")).replace("torch.", "")
-        return f"{type(value).__name__} {list(shape)} {dtype}".rstrip()
-    text = repr(value)
+    except Exception:
+        shape = None
+    try:
+        if isinstance(shape, str) and shape == "nested":
+            return f"{type(value).__name__} (nested) {str(value.dtype).replace('torch.', '')}"
+        if shape is not None:
+            dtype = str(getattr(value, "dtype", "")).replace("torch.", "")
+            return f"{type(value).__name__} {list(shape)} {dtype}".rstrip()
+    except Exception:  # a shape that is a method, a dtype that raises: the repr says what it is
+        pass
+    text = shown(value)  # one line (a model's repr is its architecture), and not raising
     return text if len(text) <= 60 else text[:57] + "..."
 
 

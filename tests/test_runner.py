@@ -1431,3 +1431,39 @@ def test_a_save_dir_under_home_written_with_a_tilde_is_under_home(project, tmp_p
     assert bcrecord.load(tmp_path / "home" / "runs")["helper:twice:y@0"] == [0, 2, 4, 6, 8, 10]
     viewed = cli("view", "--no-plots", "~/runs", cwd=project)
     assert viewed.returncode == 0 and "helper:twice:y@0" in viewed.stdout, viewed.stderr
+
+
+def test_the_summary_shows_values_whose_repr_raises_or_spans_lines(project):
+    # A repr that raised lost the whole report ("Exception ignored in atexit callback").
+    (project / "odd.py").write_text(
+        textwrap.dedent(
+            """
+            class Broken:
+                def __repr__(self):
+                    raise RuntimeError("no repr")
+
+            class Net:
+                def __repr__(self):
+                    return "Net(\\n  (fc): Linear()\\n)"
+
+            class Shaped:
+                def shape(self):  # a method, not an array's shape
+                    return 3
+
+            def f():
+                a = Broken()
+                b = Net()
+                c = Shaped()
+                return a
+
+            f()
+            """
+        )
+    )
+    targets = [arg for spec in ("a", "b", "c") for arg in ("-r", f"__main__:f:{spec}")]
+    result = cli("run", *targets, "odd.py", cwd=project)
+    assert result.returncode == 0 and "Exception" not in result.stderr, result.stderr
+    rows = {line.split()[0]: line.split(None, 2)[2] for line in result.stderr.splitlines()[2:]}
+    assert rows["__main__:f:a@0"].startswith("<Broken instance at 0x")
+    assert rows["__main__:f:b@0"] == "this Net instance"
+    assert rows["__main__:f:c@0"].startswith("<__main__.Shaped object at 0x")
