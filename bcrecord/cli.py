@@ -44,7 +44,7 @@ import sys
 import types
 from typing import Any, List, Optional, Sequence, Tuple
 
-from .errors import BcrecordError, did_you_mean
+from .errors import BcrecordError, did_you_mean, shown
 from .listing import decompiled, side_by_side
 from .patch import Patch, a_method_name, function_of, patch_function, patch_method, targets
 
@@ -93,9 +93,30 @@ def resolve_path(path: str) -> Tuple[Any, Any]:
         try:
             value = getattr(value, part)
         except AttributeError:
+            if _defines_inside(owner, part):  # as `bcrecord run` says of such a target
+                raise BcrecordError(
+                    f"{path!r}: {part} is a function defined inside {owner.__qualname__}, made anew by "
+                    "each call, out of the module's reach: it cannot be a target"
+                ) from None
             hint = did_you_mean(part, dir(owner))
-            raise BcrecordError(f"{path!r}: {owner!r} has no attribute {part!r}{hint}") from None
+            raise BcrecordError(f"{path!r}: {shown(owner)} has no attribute {part!r}{hint}") from None
     return owner, value
+
+
+def _defines_inside(owner: Any, name: str) -> bool:
+    """Whether ``owner`` is a function (or a decorator's wrapper of one) with a ``def name`` in it.
+
+    >>> def outer():
+    ...     def inner():
+    ...         pass
+    >>> _defines_inside(outer, "inner"), _defines_inside(outer, "other"), _defines_inside(len, "inner")
+    (True, False, False)
+    """
+    try:
+        code = function_of(owner).__code__
+    except BcrecordError:
+        return False
+    return any(isinstance(const, types.CodeType) and const.co_name == name for const in code.co_consts)
 
 
 def _positive(text: str) -> int:
@@ -275,6 +296,38 @@ def _split_run(argv: List[str]) -> Tuple[List[str], List[str]]:
     return argv, []
 
 
+def _split_show(argv: List[str]) -> List[str]:
+    """``show`` arguments with the path and specs after a ``--``: a spec may start with
+    ``-`` (``-@0``, ``-=@0``: the subtractions ``targets`` lists), which argparse takes for
+    an option. ``-h``, ``--name`` (or a prefix of it) and other long options stay options.
+
+    >>> _split_show(["show", "m:f", "-@0", "--name", "n", "x", "-=@1"])
+    ['show', '--name', 'n', '--', 'm:f', '-@0', 'x', '-=@1']
+    >>> _split_show(["show", "--na=n", "m:f", "--", "-@0"])
+    ['show', '--na=n', '--', 'm:f', '-@0']
+    """
+    options: List[str] = []
+    positionals: List[str] = []
+    i = 1
+    while i < len(argv):
+        token = argv[i]
+        if token == "--":
+            positionals += argv[i + 1 :]
+            break
+        name = token.partition("=")[0]
+        if len(name) > 2 and "--name".startswith(name):  # argparse takes a unique prefix
+            takes = "=" not in token
+            options += argv[i : i + 1 + takes]
+            i += 1 + takes
+            continue
+        if token == "-h" or token.startswith("--"):  # help, or an unknown option argparse names
+            options.append(token)
+        else:
+            positionals.append(token)
+        i += 1
+    return [argv[0], *options, "--", *positionals]
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="bcrecord", description="Record intermediate values inside Python functions and PyTorch models."
@@ -338,7 +391,13 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(run=_run, parser=p)
 
     p = commands.add_parser("view", help="summarize saved records and draw them as PNGs in DIR/plots")
-    p.add_argument("directory", metavar="DIR", help="a directory written by bcrecord run --save-dir")
+    # ~ expanded, as in --save-dir and --out: the shell leaves it in a quoted path, in '--out=~/demo'.
+    p.add_argument(
+        "directory",
+        metavar="DIR",
+        type=os.path.expanduser,
+        help="a directory written by bcrecord run --save-dir",
+    )
     p.add_argument("--no-plots", action="store_true", help="only print the summary table")
     p.add_argument(
         "--key",
@@ -365,6 +424,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--out",
         default="bcrecord-demo",
+        type=os.path.expanduser,
         metavar="DIR",
         help="where records and plots go (default ./bcrecord-demo)",
     )
@@ -398,6 +458,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     program_args: List[str] = []
     if tokens[:1] == ["run"]:
         tokens, program_args = _split_run(tokens)
+    elif tokens[:1] == ["show"]:
+        tokens = _split_show(tokens)
     args, unknown = _parser().parse_known_args(tokens)
     if unknown:
         # Said by the command's own parser, whose usage is the one that helps.

@@ -30,9 +30,11 @@ from __future__ import annotations
 import contextlib
 import difflib
 import os
+import reprlib
 import sys
+import types
 import warnings
-from typing import Iterable, Type
+from typing import Any, Iterable, Type
 
 __all__ = [
     "BcrecordError",
@@ -118,3 +120,31 @@ def did_you_mean(word: str, names: Iterable[str], hide_private: bool = True) -> 
     candidates = list(dict.fromkeys(n for n in names if not (private and n.startswith(private))))
     close = difflib.get_close_matches(word, candidates, n=3)
     return f"; did you mean {', '.join(map(repr, close))}?" if close else ""
+
+
+#: Reprs in messages, cut short: a line each, not a module-level list's every item.
+_SHORT = reprlib.Repr()
+_SHORT.maxstring = _SHORT.maxother = 80
+_SHORT.maxlevel = 2
+
+
+def shown(value: Any) -> str:
+    """``value`` in a message: a class, module or function by its repr, anything else by a
+    short one, or by its class where that repr spans lines (a model's repr is its whole
+    architecture; a module-level list's or dict's, every item).
+
+    >>> shown(list(range(1000)))
+    '[0, 1, 2, 3, 4, 5, ...]'
+    >>> class Net:
+    ...     def __repr__(self):
+    ...         return "Net(\\n  (fc): Linear()\\n)"
+    >>> shown(Net()), shown(Net)
+    ('this Net instance', "<class 'bcrecord.errors.Net'>")
+    """
+    if isinstance(value, (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType)):
+        return repr(value)
+    try:
+        text = _SHORT.repr(value)
+    except Exception:  # (a repr that raises)
+        text = object.__repr__(value)
+    return f"this {type(value).__name__} instance" if "\n" in text else text

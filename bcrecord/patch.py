@@ -54,7 +54,7 @@ from typing import (
 )
 
 from .analysis import ProbePoint, Targets, read, resolve
-from .errors import NotPatchableError, SpecError, did_you_mean, warn
+from .errors import NotPatchableError, SpecError, did_you_mean, shown, warn
 from .rewrite import SINKS_GET, code_objects, insert_probes
 from .runtime import (
     Site,
@@ -226,7 +226,7 @@ def _why_not_a_function(obj: Any) -> str:
     name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
     if isinstance(obj, property):  # its getter's name has the class (a 3.13 property's own has not)
         name = getattr(obj.fget, "__qualname__", None) or name
-    name = name or repr(obj)
+    name = name or shown(obj)  # (not a whole module-level dict, a model's architecture)
     if isinstance(obj, type):
         method = a_method_name(obj)
         return (

@@ -77,7 +77,7 @@ import types
 import warnings
 import zipfile
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, is_dataclass
 from typing import (
     Any,
     Callable,
@@ -95,7 +95,7 @@ from typing import (
 )
 
 from .analysis import read, resolve
-from .errors import BcrecordError, RecordingWarning, did_you_mean
+from .errors import BcrecordError, RecordingWarning, did_you_mean, shown
 from .patch import (
     Patch,
     _OneInstance,
@@ -373,7 +373,7 @@ def _walk(root: Any, path: Sequence[str]) -> Tuple[Any, Any]:
             value = getattr(holder, part)
         except AttributeError:
             raise BcrecordError(
-                f"{holder!r} has no attribute {part!r}{did_you_mean(part, dir(holder))}"
+                f"{shown(holder)} has no attribute {part!r}{did_you_mean(part, dir(holder))}"
             ) from None
     return holder, value
 
@@ -521,10 +521,29 @@ class _ImportHook(importlib.abc.MetaPathFinder):
 # --- the recording that streams values out ---------------------------------------------
 
 
-def _nbytes(value: Any) -> int:
+#: How many items of a list, tuple, dict or set :func:`_nbytes` looks at (the rest are
+#: taken to be as large): a value is sized as it is recorded, in the program's thread.
+_SIZED_ITEMS = 100
+
+
+def _nbytes(value: Any, depth: int = 0) -> int:
+    """Roughly how many bytes buffering ``value`` holds: a tensor's or array's data, and the
+    sum over a container's items (an LSTM's tuple of output and state, a dict of arrays),
+    so that a run recording containers of large values writes them as often as it would
+    the values alone.
+
+    >>> _nbytes(bytes(1000)) > 1000, _nbytes([bytes(1000)] * 2) > 2000
+    (True, True)
+    """
     try:
         if hasattr(value, "element_size") and hasattr(value, "nelement"):
             return int(value.element_size() * value.nelement())
+        if depth < 4 and isinstance(value, (list, tuple, dict, set, frozenset)) and value:
+            items = list(itertools.islice(value.values() if isinstance(value, dict) else value, _SIZED_ITEMS))
+            sized = sum(_nbytes(item, depth + 1) for item in items)
+            return sys.getsizeof(value) + sized * len(value) // len(items)
+        if depth < 4 and is_dataclass(value) and not isinstance(value, type):  # a model's output object
+            return sum(_nbytes(getattr(value, field.name, None), depth + 1) for field in fields(value))
         return int(getattr(value, "nbytes", 0)) or sys.getsizeof(value)
     except Exception:
         return 64
@@ -936,16 +955,27 @@ def _ordinal(n: int) -> str:
 
 
 def _describe(value: Any) -> str:
+    """The report's last value: an array's or tensor's class, shape and dtype, anything else's
+    repr cut short (never raising: a repr that raises, a ``shape`` that is no sequence).
+
+    >>> _describe(list(range(1000))), _describe("two\\nlines")
+    ('[0, 1, 2, 3, 4, 5, ...]', "'two\\\\nlines'")
+    """
     try:
         shape = getattr(value, "shape", None)
     except RuntimeError:  # a nested tensor has no one shape
         shape = "nested"
-    if shape == "nested":
-        return f"{type(value).__name__} (nested) {str(value.dtype).replace('torch.', '')}"
-    if shape is not None:
-        dtype = str(getattr(value, "dtype", "")).replace("torch.", "")
-        return f"{type(value).__name__} {list(shape)} {dtype}".rstrip()
-    text = repr(value)
+    except Exception:
+        shape = None
+    try:
+        if isinstance(shape, str) and shape == "nested":
+            return f"{type(value).__name__} (nested) {str(value.dtype).replace('torch.', '')}"
+        if shape is not None:
+            dtype = str(getattr(value, "dtype", "")).replace("torch.", "")
+            return f"{type(value).__name__} {list(shape)} {dtype}".rstrip()
+    except Exception:  # a shape that is a method, a dtype that raises: the repr says what it is
+        pass
+    text = shown(value)  # one line (a model's repr is its architecture), and not raising
     return text if len(text) <= 60 else text[:57] + "..."
 
 

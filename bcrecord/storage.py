@@ -1,6 +1,7 @@
 """Saving recordings to a directory, and :func:`load` to read them back.
 
-Format (one directory, any number of saves into it):
+Format (one directory, any number of saves into it; a directory given as ``~/runs`` is
+the one under the home directory):
 
 * ``index.json`` — ``{"format": "bcrecord-records", "version": 2}``: what the
   directory is.
@@ -140,18 +141,32 @@ def _describe(value: Any) -> Dict[str, Any]:
             "device": str(value.device),
             "bytes": int(value.element_size() * value.nelement()),
         }
-    shape = getattr(value, "shape", None)
-    size = getattr(value, "nbytes", None)  # numpy arrays and scalars
+    shape = _attribute(value, "shape")
+    size = _attribute(value, "nbytes")  # numpy arrays and scalars
+    dtype = _attribute(value, "dtype")
+    try:
+        dtype = type(value).__name__ if dtype is None else str(dtype)
+    except Exception:  # (a str() that raises)
+        dtype = type(value).__name__
     return {
         "kind": "pickle",
         # Plain ints for the index's JSON (a shape may hold numpy's).
         "shape": [int(n) for n in shape]
         if isinstance(shape, tuple) and all(isinstance(n, numbers.Integral) for n in shape)
         else None,
-        "dtype": str(getattr(value, "dtype", type(value).__name__)),
+        "dtype": dtype,
         "device": None,
         "bytes": size if type(size) is int else None,
     }
+
+
+def _attribute(value: Any, name: str) -> Any:
+    """``value.name`` for the index, None where it is missing or raises: an object whose
+    ``shape`` is a property that raises (not materialized yet) is pickled all the same."""
+    try:
+        return getattr(value, name, None)
+    except Exception:
+        return None
 
 
 @contextlib.contextmanager
@@ -220,7 +235,7 @@ class Writer:
                 "the records directory is an empty string (give '.' for the working directory)"
             )
         # Absolute: a program may change its working directory (Hydra does) between saves.
-        self.directory = Path(directory).absolute()
+        self.directory = _expanded(directory).absolute()
         self._lock = threading.Lock()
         #: Which journal this writer has read (its first bytes, as far as read: a journal
         #: made again, even in the same inode, starts otherwise), how much of it, and the
@@ -829,7 +844,8 @@ def save(records: Any, directory: PathLike, step: int = 0) -> Path:
     [1, 2, 3]
     """
     items, step = dict(_items(records)), _step(step)  # checked before the directory is made
-    made = not Path(directory).exists()
+    directory = _expanded(directory)
+    made = not directory.exists()
     writer = Writer(directory, check=False)  # (one per save: saves in a loop stay quick)
     try:
         writer.write(items, step)
@@ -837,7 +853,17 @@ def save(records: Any, directory: PathLike, step: int = 0) -> Path:
         if made:  # nothing of this save is left behind: the empty directory it made goes too
             _remove_if_empty(writer.directory)
         raise
-    return Path(directory)
+    return directory
+
+
+def _expanded(directory: PathLike) -> Path:
+    """``directory`` as a Path, ``~`` expanded: never a folder named ``~`` in the working
+    directory (which ``rm -rf ~`` would then be asked to remove).
+
+    >>> _expanded("~/runs") == Path.home() / "runs"
+    True
+    """
+    return Path(directory).expanduser()
 
 
 def _remove_if_empty(directory: Path) -> None:
@@ -973,7 +999,7 @@ def load(directory: PathLike, keys: Optional[Iterable[str]] = None) -> Loaded:
     >>> list(loaded), loaded["m:f:y@0"], loaded.steps("m:f:y@0")
     (['m:f:y@0'], ['text'], [7])
     """
-    directory = Path(directory)
+    directory = _expanded(directory)
     wanted = None if keys is None else {keys} if isinstance(keys, str) else set(keys)
     index = _read_index(directory)
     if wanted is not None:
@@ -1016,7 +1042,7 @@ def saved_keys(directory: PathLike) -> List[str]:
     >>> saved_keys(folder)
     ['m:f:x@0', 'm:f:y@0']
     """
-    return list(dict.fromkeys(row["key"] for row in _read_index(Path(directory))))
+    return list(dict.fromkeys(row["key"] for row in _read_index(_expanded(directory))))
 
 
 def _check_saved(wanted: Iterable[str], saved: List[str], directory: Path) -> None:

@@ -60,6 +60,16 @@ def test_show_marks_the_probes(project):
     assert any("SINKS.get" in line or "__bcrecord_probe__" in line for line in inserted)
 
 
+def test_show_takes_the_specs_targets_lists_that_start_with_a_minus(project):
+    # '-@0' (a subtraction, as targets lists it) was taken for an option: "unrecognized arguments".
+    (project / "minus.py").write_text("def f(a, b):\n    d = a - b\n    d -= 1\n    return d\n")
+    listed = json.loads(cli("targets", "minus:f", "--json", cwd=project).stdout)["targets"]
+    assert {"-@0", "-=@0"} <= {row["spec"] for row in listed}
+    result = cli("show", "minus:f", "-@0", "--name", "n", "-=@0", cwd=project)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[0] == "f: 2 probe(s): n:f:-@0, n:f:-=@0"
+
+
 def test_show_notes_an_entry_chain_the_function_never_loads(project):
     result = cli("show", "helper:Scaler.scale", "self.factr", "out@0", cwd=project)
     assert result.returncode == 0, result.stderr
@@ -200,6 +210,38 @@ def test_view_writes_a_key_the_terminal_cannot_encode_escaped(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[1].split()[0] == "m:f:gr\\xf6\\xdfe@0"
+
+
+def test_targets_and_show_of_a_function_defined_inside_another_say_why_not(project):
+    # "<function outer at 0x...> has no attribute 'inner'", where bcrecord run says why.
+    (project / "nested.py").write_text("def outer():\n    def inner(v):\n        u = v\n        return u\n")
+    for args in (("targets", "nested:outer.inner"), ("show", "nested:outer.inner", "u")):
+        line = one_clear_line(cli(*args, cwd=project))
+        assert line == (
+            "bcrecord: 'nested:outer.inner': inner is a function defined inside outer, made anew by each "
+            "call, out of the module's reach: it cannot be a target"
+        )
+
+
+@pytest.mark.parametrize(
+    "path, words",
+    [
+        ("tables:ROWS", "bcrecord: [0, 1, 2, 3, 4, 5, ...], a list: only Python functions can be patched"),
+        ("tables:ROWS.f", "'tables:ROWS.f': [0, 1, 2, 3, 4, 5, ...] has no attribute 'f'"),
+        ("tables:net", "this Net instance is a callable Net object"),
+        ("tables:net.fc.f", "'tables:net.fc.f': this Linear instance has no attribute 'f'"),
+    ],
+)
+def test_targets_shows_a_module_level_value_short(project, path, words):
+    # The message held the value's whole repr: every item of a table, a model's lines.
+    (project / "tables.py").write_text(
+        "class Linear:\n    def __repr__(self):\n        return 'Linear(\\n  2, 3\\n)'\n\n"
+        "class Net:\n    fc = Linear()\n\n    def __call__(self, x):\n        return x\n\n"
+        "    def __repr__(self):\n        return 'Net(\\n  (fc): Linear()\\n)'\n\n"
+        "ROWS = list(range(100_000))\nnet = Net()\n"
+    )
+    line = one_clear_line(cli("targets", path, cwd=project))
+    assert words in line and len(line) < 200, line
 
 
 def test_targets_of_a_module_that_raises_on_import_is_one_clear_line(project):

@@ -198,6 +198,22 @@ def test_not_patchable_targets_give_clear_errors():
     message = "^this SimpleNamespace instance's 'value' is 3, an int: only Python functions can be patched$"
     with pytest.raises(NotPatchableError, match=message):
         bcrecord.patch_method(types.SimpleNamespace(value=3), "value", "x")
+    # A value is shown short: its repr was every item of a module-level table, a model's whole
+    # architecture (lines of it).
+    shown = r"^\[0, 1, 2, 3, 4, 5, \.\.\.\], a list: only Python functions"
+    with pytest.raises(NotPatchableError, match=shown):
+        bcrecord.instrument(list(range(100_000)), "x")
+
+    class Net:
+        def __call__(self, x):
+            return x
+
+        def __repr__(self):
+            return "Net(\n  (fc): Linear()\n)"
+
+    shown = r"^this Net instance is a callable Net object: patch its class's"
+    with pytest.raises(NotPatchableError, match=shown):
+        bcrecord.instrument(Net(), "x")
 
     class Cached:
         @functools.cached_property

@@ -1385,3 +1385,85 @@ def test_run_warns_of_no_folder_module_named_like_a_built_in_one(project, tmp_pa
     (folder / "prog.py").write_text("import gc\n\ndef f():\n    return gc.isenabled()\n\nf()\n")
     result = cli("run", "-q", "-r", "__main__:f:return", folder / "prog.py", cwd=project)
     assert result.returncode == 0 and "warning" not in result.stderr, result.stderr
+
+
+def test_buffered_containers_count_their_items_bytes_toward_a_write(tmp_path):
+    # A tuple of large values (an LSTM's output and state) was counted by the tuple alone,
+    # some 60 bytes: such values were buffered, gigabytes of them, until the next timed write.
+    import dataclasses
+
+    from bcrecord import runner, storage
+
+    @dataclasses.dataclass
+    class Output:
+        logits: bytes
+
+    collector = runner._Collector(storage.Writer(tmp_path), flush_bytes=10_000, flush_seconds=3600)
+    collector.deliver("m:f:pair@0", 0, (bytes(6000), bytes(6000)))
+    assert collector.buffer == []  # written at once: 12 kB is over the threshold
+    collector.deliver("m:f:named@0", 0, {"a": [bytes(4000)], "b": [bytes(4000)], "c": [bytes(4000)]})
+    collector.deliver("m:f:out@0", 0, Output(bytes(12_000)))
+    assert collector.buffer == []
+    collector.deliver("m:f:small@0", 0, (1, 2))
+    assert len(collector.buffer) == 1 and collector.buffered < 1000
+    loaded = bcrecord.load(tmp_path)
+    assert loaded["m:f:pair@0"] == [(bytes(6000), bytes(6000))]
+    assert loaded["m:f:named@0"][0]["c"] == [bytes(4000)]
+
+
+def test_a_target_naming_a_module_level_value_shows_it_short(project):
+    # The message held the value's whole repr: every item of a module-level table.
+    (project / "tables.py").write_text("ROWS = list(range(100_000))\n")
+    (project / "uses.py").write_text("import tables\n")
+    line = one_clear_line(cli("run", "-r", "tables:ROWS.f:x", "uses.py", cwd=project))
+    assert line.endswith("target 'tables:ROWS.f:x': [0, 1, 2, 3, 4, 5, ...] has no attribute 'f'"), line
+    line = one_clear_line(cli("run", "-r", "tables:ROWS:x", "uses.py", cwd=project))
+    assert line.endswith("'ROWS' is [0, 1, 2, 3, 4, 5, ...], a list: only Python functions can be patched")
+
+
+def test_a_save_dir_under_home_written_with_a_tilde_is_under_home(project, tmp_path, monkeypatch):
+    # '--save-dir=~/runs' reaches bcrecord as it is (the shell expands no '~' after '='): the
+    # values went to a folder named '~' in the working directory.
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    result = cli("run", "-r", "helper:twice:y", "--save-dir=~/runs", "prog.py", cwd=project)
+    assert result.returncode == 0, result.stderr
+    assert not (project / "~").exists()
+    assert bcrecord.load(tmp_path / "home" / "runs")["helper:twice:y@0"] == [0, 2, 4, 6, 8, 10]
+    viewed = cli("view", "--no-plots", "~/runs", cwd=project)
+    assert viewed.returncode == 0 and "helper:twice:y@0" in viewed.stdout, viewed.stderr
+
+
+def test_the_summary_shows_values_whose_repr_raises_or_spans_lines(project):
+    # A repr that raised lost the whole report ("Exception ignored in atexit callback").
+    (project / "odd.py").write_text(
+        textwrap.dedent(
+            """
+            class Broken:
+                def __repr__(self):
+                    raise RuntimeError("no repr")
+
+            class Net:
+                def __repr__(self):
+                    return "Net(\\n  (fc): Linear()\\n)"
+
+            class Shaped:
+                def shape(self):  # a method, not an array's shape
+                    return 3
+
+            def f():
+                a = Broken()
+                b = Net()
+                c = Shaped()
+                return a
+
+            f()
+            """
+        )
+    )
+    targets = [arg for spec in ("a", "b", "c") for arg in ("-r", f"__main__:f:{spec}")]
+    result = cli("run", *targets, "odd.py", cwd=project)
+    assert result.returncode == 0 and "Exception" not in result.stderr, result.stderr
+    rows = {line.split()[0]: line.split(None, 2)[2] for line in result.stderr.splitlines()[2:]}
+    assert rows["__main__:f:a@0"].startswith("<Broken instance at 0x")
+    assert rows["__main__:f:b@0"] == "this Net instance"
+    assert rows["__main__:f:c@0"].startswith("<__main__.Shaped object at 0x")

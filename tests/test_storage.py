@@ -242,6 +242,43 @@ def test_a_relative_directory_stays_where_it_was_when_the_program_changes_direct
     assert load(tmp_path / "out")["k"] == [1] and not (tmp_path / "elsewhere" / "out").exists()
 
 
+def test_a_directory_under_home_written_with_a_tilde_is_under_home(tmp_path, monkeypatch):
+    # '~/runs' was a folder named '~' in the working directory (which 'rm -rf ~' then removes).
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    assert save({"k": [1.5]}, "~/runs", step=2) == tmp_path / "home" / "runs"
+    Writer("~/runs").write({"k": [2.5]}, step=3)
+    assert not (tmp_path / "~").exists()
+    assert load(tmp_path / "home" / "runs").steps("k") == [2, 3]
+    assert load("~/runs")["k"] == [1.5, 2.5] and bcrecord.storage.saved_keys("~/runs") == ["k"]
+
+
+class _NotMaterialized:
+    """A value whose array attributes raise until it is materialized (it pickles all the same)."""
+
+    def __init__(self, size):
+        self.size = size
+
+    def __eq__(self, other):
+        return type(other) is _NotMaterialized and other.size == self.size
+
+    @property
+    def shape(self):
+        raise RuntimeError("not materialized")
+
+    dtype = nbytes = shape
+
+
+def test_a_value_whose_shape_raises_is_saved_as_it_is(tmp_path):
+    # The index's description read its shape: the save was refused (UnsavableValue), and under
+    # bcrecord run, which saves reprs of values a save refuses, every later value was lost.
+    save({"k": [1, _NotMaterialized(3)]}, tmp_path, step=4)
+    loaded = load(tmp_path)
+    assert loaded["k"] == [1, _NotMaterialized(3)] and loaded.steps("k") == [4, 4]
+    info = loaded.entries[1].info
+    assert (info["shape"], info["dtype"], info["bytes"]) == (None, "_NotMaterialized", None)
+
+
 class _Step:
     """An integer type of another library (numpy's int64)."""
 
