@@ -2,7 +2,6 @@
 
 import gc
 import os
-import socket
 import sys
 
 import torch
@@ -14,16 +13,13 @@ from bcrecord.torch import record
 from .models import SmallNet, TwoLayers, reference_smallnet
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _rank(rank, world, port, work, out_dir):
+def _rank(rank, world, work, out_dir):
     """Run ``work(rank, out_dir)`` as one rank of a gloo group, then leave the group cleanly."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+    # The ranks meet through a file, not a TCP store: a port found free and closed again
+    # may be taken before rank 0 binds it, and rank 0, the store's server, could leave
+    # while rank 1 still talks to it.
+    store = f"file://{os.path.join(out_dir, 'store')}"
+    dist.init_process_group("gloo", init_method=store, rank=rank, world_size=world)
     work(rank, out_dir)
     # A rank aborted once in CI ("terminate called without an active exception", gloo's
     # threads). So drop every DDP reducer (each holds the group) while the interpreter is
@@ -38,7 +34,7 @@ def _rank(rank, world, port, work, out_dir):
 
 
 def _spawn(work, out_dir, world=2):
-    mp.spawn(_rank, args=(world, _free_port(), work, str(out_dir)), nprocs=world, join=True)
+    mp.spawn(_rank, args=(world, work, str(out_dir)), nprocs=world, join=True)
 
 
 def _record_both_ranks(rank, out_dir):
