@@ -204,7 +204,8 @@ class FeatureExtractor(torch.nn.Module):
         # patched; the first call in each mode resolves the targets again, as documented).
         ModelRecording(**self._run_options)
         with _expanding_again():
-            for nodes in {tuple(self.train_nodes), tuple(self.eval_nodes)}:
+            # Train's first (once if both are the same), not in a set's hash-seeded order.
+            for nodes in dict.fromkeys([tuple(self.train_nodes), tuple(self.eval_nodes)]):
                 self._new_plan(nodes)
         self._plans: Dict[bool, Tuple[Plan, List[Patch], List[ModelRecording]]] = {}
         #: Per mode, what each call returns: (target, name, its keys, first value only).
