@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from types import CodeType
 from typing import Any, Dict, FrozenSet, Iterable, Iterator, List, Optional, Sequence, Set, Tuple, cast
 
-from bytecode import UNSET, Bytecode, FreeVar, Instr, Label
+from bytecode import UNSET, Bytecode, FreeVar, Instr, Label, TryBegin, TryEnd
 
 from . import _versions
 from .errors import TargetError, did_you_mean
@@ -270,13 +270,70 @@ def _within(inner: Instr, outer: Instr) -> bool:
     return start and end
 
 
-def _synthesized_stores(real: List[Tuple[int, Instr]]) -> set:
+def _stores(item: object, name: object, stores: FrozenSet[str]) -> bool:
+    return isinstance(item, Instr) and item.name in stores and _versions.local_name(item.arg) == name
+
+
+def _comprehension_stores(bytecode: Sequence[object], save: int) -> Optional[Set[int]]:
+    """Positions of the stores an inlined comprehension (3.12+) makes of the variable
+    that the ``LOAD_FAST_AND_CLEAR`` at ``save`` saves, found by the code's shape.
+
+    For code without columns (``python -X no_debug_ranges``), where a user's store on
+    the comprehension's line cannot be told from them by place. The comprehension runs
+    in a region of the exception table whose handler restores the saved variable and
+    raises again: its stores of the variable inside that region and in the handler are
+    the comprehension's, and so is the first one after the region (the restore).
+    None where the code has another shape.
+    """
+    name = _versions.local_name(cast(Instr, bytecode[save]).arg)
+    handler: Optional[Label] = None
+    for item in bytecode[save + 1 :]:
+        if isinstance(item, TryBegin):
+            handler = item.target if isinstance(item.target, Label) else None
+            break
+        if isinstance(item, Instr) and item.name not in ("LOAD_FAST_AND_CLEAR", "SWAP"):
+            return None
+    ends = [k for k, item in enumerate(bytecode) if isinstance(item, TryEnd) and item.entry.target is handler]
+    if handler is None or not ends or handler not in bytecode:
+        return None
+    stores = _versions.current().stores
+    mine = {k for k in range(save, ends[-1]) if _stores(bytecode[k], name, stores)}
+    # The handler's restores: from its label to the RERAISE ending it.
+    cleanup = set()
+    for k in range(bytecode.index(handler) + 1, len(bytecode)):
+        item = bytecode[k]
+        if isinstance(item, Instr):
+            if _stores(item, name, stores):
+                cleanup.add(k)
+            if item.name == "RERAISE":
+                break
+    if not cleanup:
+        return None  # a handler that restores nothing: not a comprehension's
+    restore = next(
+        (
+            k
+            for k in range(ends[-1], len(bytecode))
+            if k not in cleanup and _stores(bytecode[k], name, stores)
+        ),
+        None,
+    )
+    return mine | cleanup | ({restore} if restore is not None else set())
+
+
+def _synthesized_stores(real: List[Tuple[int, Instr]], bytecode: Sequence[object]) -> set:
     """Positions of stores the compiler added that no source line wrote."""
     table = _versions.current()
     synthesized = set()
     saves: List[Instr] = []
-    if table.comprehension_save:
-        saves = [i for _, i in real if i.name == table.comprehension_save]
+    unplaced: Set[int] = set()  # the comprehensions' own stores, in code without columns
+    for pos, instr in real if table.comprehension_save else ():
+        if instr.name != table.comprehension_save:
+            continue
+        found = _comprehension_stores(bytecode, pos) if _column(instr) is None else None
+        if found is None:
+            saves.append(instr)
+        else:
+            unplaced |= found  # its line alone would take a user's store on it too
     for k, (pos, instr) in enumerate(real):
         if instr.name not in table.stores:
             continue
@@ -298,7 +355,7 @@ def _synthesized_stores(real: List[Tuple[int, Instr]]) -> set:
         ):
             synthesized.add(pos)  # `except ... as name` clean-up: name = None; del name
             continue
-        if any(_versions.local_name(s.arg) == name and _within(instr, s) for s in saves):
+        if pos in unplaced or any(_versions.local_name(s.arg) == name and _within(instr, s) for s in saves):
             synthesized.add(pos)  # an inlined comprehension's own variable (3.12+)
     return synthesized
 
@@ -573,7 +630,7 @@ class _Sites:
         bytecode = instructions(code)
         real = _real(bytecode)
         identity = _Identity(bytecode)
-        synthesized = _synthesized_stores(real)
+        synthesized = _synthesized_stores(real, bytecode)
         self.stores: List[Raw] = [
             (name, pos, i, identity.of(pos, i), None)
             for pos, i in real

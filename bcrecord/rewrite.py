@@ -368,8 +368,10 @@ def _rewrite_code(
             elif point.kind == "load":
                 assert isinstance(anchor, Instr)
                 edits.after.setdefault(pos, []).extend(tee(site, loc, extra))
-                if point.method and pos not in edits.replace:
-                    name = table.method_load(anchor)
+                # Each load's own spelling: one site may be a plain and a method-style load
+                # (on one line where code has no columns, a branch between them).
+                name = table.method_load(anchor)
+                if name is not None and pos not in edits.replace:
                     edits.replace[pos] = table.plain_attr(str(name), anchor.location)
                     edits.tail[pos] = list(table.method_stack(loc))
                     if table.method_call_fix:

@@ -11,6 +11,7 @@ from bcrecord import Attribute, Call, Local, Return, TargetError
 from bcrecord.analysis import read, resolve
 
 from . import corpus
+from .commands import plain
 
 
 def numbered(func):
@@ -31,6 +32,45 @@ def test_comprehension_variable_is_not_a_local_of_the_enclosing_function():
         return out
 
     assert sorted(read(f.__code__).locals) == ["out"]
+
+
+NO_COLUMNS_SCRIPT = """
+import bcrecord
+
+def same_line(xs):
+    x = [x * 2 for x in xs]
+    return x
+
+def spread(xs):
+    y = 0
+    z = [(y := v)
+         for v in xs] + [y for y in xs]
+    w = [v
+         for v in xs]
+    return y, z, w
+
+for func, specs in ((same_line, ["x"]), (spread, ["y", "z", "w"])):
+    locals_ = {name: len(sites) for name, sites in bcrecord.analysis.read(func.__code__).locals.items()}
+    with bcrecord.recording() as rec:
+        bcrecord.instrument(func, specs)([1, 2])
+    print(sorted(locals_.items()), [(key, rec.all(key)) for key in sorted(rec.keys())])
+"""
+
+
+def test_code_without_columns_numbers_an_inlined_comprehension_s_name_as_with_them():
+    # python -X no_debug_ranges (PYTHONNODEBUGRANGES) compiles code without columns. On
+    # 3.12+ the place of an inlined comprehension's save and restore of its variable was
+    # then taken to be its line: `x = [... for x in xs]` had no assignment to x, a walrus
+    # on the line of a comprehension over the same name none, and a comprehension's
+    # variable on another line than its start was an assignment of the function.
+    run = plain("-X", "no_debug_ranges", "-c", NO_COLUMNS_SCRIPT)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.splitlines() == [
+        "[('x', 1)] [('__main__:same_line:x@0', [[2, 4]])]",
+        "[('w', 1), ('y', 2), ('z', 1)] [('__main__:spread:w@0', [[1, 2]]), "
+        "('__main__:spread:y@0', [0]), ('__main__:spread:y@1', [1, 2]), "
+        "('__main__:spread:z@0', [[1, 2, 1, 2]])]",
+    ]
 
 
 def test_except_cleanup_store_is_not_an_assignment():

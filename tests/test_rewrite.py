@@ -357,3 +357,38 @@ def test_an_error_right_after_a_probe_reaches_the_code_not_the_probe(style):
         assert patched(5, _Holder(_Inner())) == expected == [4, "bad"] * 8
     assert rec.all("e:_errors_right_after_probes:-@0") == [4] * 8
     assert len(rec.all("e:_errors_right_after_probes:holder.inner@0")) == 8
+
+
+MIXED_LOADS_SCRIPT = """
+import types
+import bcrecord
+
+cfg = types.SimpleNamespace(fn=lambda *p, **k: (p, k))
+
+def f(a):
+    x = cfg.fn(1) if a else cfg.fn
+    y = cfg.fn if a else cfg.fn(2)
+    z = cfg.fn(*cfg.fn(a), k=1)
+    return x, y, z
+
+g = bcrecord.instrument(f, [bcrecord.Attribute("cfg.fn", at="load")])
+with bcrecord.recording() as rec:
+    same = [g(a) == f(a) for a in (0, 1)]
+values = [v for key in rec.keys() for v in rec.all(key)]
+print(same, len(values), all(v is cfg.fn for v in values))
+"""
+
+
+@pytest.mark.parametrize("columns", [True, False], ids=["columns", "no_debug_ranges"])
+def test_a_site_that_is_a_plain_and_a_method_style_load_records_both(columns):
+    # On one line where code has no columns (3.10; -X no_debug_ranges later), a plain
+    # load and a method-style load of one chain are one site. The rewrite made each
+    # load of the site plain or not as its first one was: the probe after the other
+    # copied a method-style load's NULL (a crash on 3.12+), or the patch failed with
+    # "no CALL_METHOD matches the method load" (3.10).
+    flags = [] if columns else ["-X", "no_debug_ranges"]
+    run = subprocess.run(
+        [sys.executable, *flags, "-c", MIXED_LOADS_SCRIPT], capture_output=True, text=True, timeout=120
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split("\n")[0] == "[True, True] 8 True"
