@@ -66,6 +66,7 @@ import importlib.machinery
 import importlib.util
 import inspect
 import itertools
+import math
 import os
 import runpy
 import shlex
@@ -82,6 +83,7 @@ from typing import (
     Any,
     Callable,
     Dict,
+    Iterable,
     Iterator,
     List,
     Mapping,
@@ -521,12 +523,13 @@ class _ImportHook(importlib.abc.MetaPathFinder):
 # --- the recording that streams values out ---------------------------------------------
 
 
-#: How many items of a list, tuple, dict or set :func:`_nbytes` looks at (the rest are
-#: taken to be as large): a value is sized as it is recorded, in the program's thread.
+#: About how many items :func:`_nbytes` looks at inside one value (the rest are taken to
+#: be as large as those looked at): a value is sized as it is recorded, in the program's
+#: thread, so a list of lists of lists costs a bounded look, not one per item.
 _SIZED_ITEMS = 100
 
 
-def _nbytes(value: Any, depth: int = 0) -> int:
+def _nbytes(value: Any, budget: int = _SIZED_ITEMS) -> int:
     """Roughly how many bytes buffering ``value`` holds: a tensor's or array's data, and the
     sum over a container's items (an LSTM's tuple of output and state, a dict of arrays),
     so that a run recording containers of large values writes them as often as it would
@@ -538,15 +541,29 @@ def _nbytes(value: Any, depth: int = 0) -> int:
     try:
         if hasattr(value, "element_size") and hasattr(value, "nelement"):
             return int(value.element_size() * value.nelement())
-        if depth < 4 and isinstance(value, (list, tuple, dict, set, frozenset)) and value:
-            items = list(itertools.islice(value.values() if isinstance(value, dict) else value, _SIZED_ITEMS))
-            sized = sum(_nbytes(item, depth + 1) for item in items)
-            return sys.getsizeof(value) + sized * len(value) // len(items)
-        if depth < 4 and is_dataclass(value) and not isinstance(value, type):  # a model's output object
-            return sum(_nbytes(getattr(value, field.name, None), depth + 1) for field in fields(value))
+        if budget > 0 and isinstance(value, (list, tuple, dict, set, frozenset)) and value:
+            items = value.values() if isinstance(value, dict) else value
+            return sys.getsizeof(value) + _sampled(items, len(value), budget)
+        if budget > 0 and is_dataclass(value) and not isinstance(value, type):  # a model's output object
+            items = [getattr(value, field.name, None) for field in fields(value)]
+            return _sampled(items, len(items), budget)
         return int(getattr(value, "nbytes", 0)) or sys.getsizeof(value)
     except Exception:
         return 64
+
+
+def _sampled(items: Iterable[Any], count: int, budget: int) -> int:
+    """The bytes of ``count`` items, from the first few sized, each with its share of ``budget``
+    (fewer the deeper: the square root of what is left, so that 4 levels are reached).
+
+    >>> _sampled([bytes(1000)] * 50, 50, 100) > 50_000
+    True
+    """
+    looked = list(itertools.islice(items, min(count, math.isqrt(budget))))
+    if not looked:
+        return 0
+    share = (budget - len(looked)) // len(looked)  # what each may look at inside it
+    return sum(_nbytes(item, share) for item in looked) * count // len(looked)
 
 
 class _Stream(Recording):

@@ -1411,6 +1411,23 @@ def test_buffered_containers_count_their_items_bytes_toward_a_write(tmp_path):
     assert loaded["m:f:named@0"][0]["c"] == [bytes(4000)]
 
 
+def test_sizing_a_nested_container_looks_at_a_bounded_number_of_items(monkeypatch):
+    # Every item down to 4 levels was looked at: a million calls (half a second, in the
+    # program's thread) for each recorded list of lists of lists. Items are sampled now.
+    from bcrecord import runner
+
+    class Blob:
+        nbytes = 1000
+
+    calls = []
+    sized = runner._nbytes
+    monkeypatch.setattr(runner, "_nbytes", lambda value, *rest: calls.append(1) or sized(value, *rest))
+    nested = [[[[Blob()] * 100] * 100] * 100]
+    assert runner._nbytes(nested) >= 100**3 * 1000  # every Blob counted, most by their sample's size
+    assert len(calls) <= runner._SIZED_ITEMS + 1
+    assert runner._nbytes([Blob()] * 5000) >= 5000 * 1000
+
+
 def test_a_target_naming_a_module_level_value_shows_it_short(project):
     # The message held the value's whole repr: every item of a module-level table.
     (project / "tables.py").write_text("ROWS = list(range(100_000))\n")
