@@ -26,6 +26,7 @@ Under ``'detach'`` and ``'none'`` a cache is kept as it is (as any object withou
 from __future__ import annotations
 
 import copy as _copy_module
+import types
 from typing import Any, Dict, Iterator, Set
 
 try:
@@ -52,8 +53,8 @@ def _tensors(value: Any, seen: Set[int]) -> Iterator[torch.Tensor]:
         items: Any = value
     elif isinstance(value, dict):
         items = value.values()
-    elif isinstance(value, type) or type(value).__module__ == "builtins":
-        return
+    elif isinstance(value, (type, types.ModuleType)) or type(value).__module__ == "builtins":
+        return  # (a class or a module is shared, never copied: its namespace is not the cache's)
     else:
         items = list(getattr(value, "__dict__", {}).values())
         for cls in type(value).__mro__:
