@@ -1103,7 +1103,11 @@ def copied_dataclass(value: Any, copy_field: Callable[[Any], Any], made: Dict[in
 
 #: Plug-ins that register copies for a library's types, loaded (by name, so the core
 #: never imports them) the first time a value from that library is copied.
-_PLUGINS = {"torch": "bcrecord.torch.copies", "mmengine": "bcrecord.integrations.mmengine"}
+_PLUGINS = {
+    "torch": "bcrecord.torch.copies",
+    "mmengine": "bcrecord.integrations.mmengine",
+    "transformers": "bcrecord.integrations.transformers",
+}
 
 
 def _load_plugin(cls: type) -> None:

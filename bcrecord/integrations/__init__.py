@@ -9,6 +9,8 @@ package alone imports nothing heavy:
   plus the hook in ``custom_hooks``.
 * :mod:`bcrecord.integrations.lightning` — ``RecorderCallback`` for Lightning
   trainers (``pip install 'bcrecord[lightning]'``).
+* :mod:`bcrecord.integrations.transformers` — how recordings copy transformers' key/value
+  caches (loaded by the core the first time it copies a transformers object).
 
 >>> import bcrecord.integrations
 >>> bcrecord.integrations.__name__

@@ -547,7 +547,9 @@ class RecorderHook(Hook):
             epochs with ``by_epoch=True``). Records are also written at the end
             of each loop, of the run, and when the run fails or is interrupted,
             so at most the iteration in progress is lost.
-        by_epoch: count ``interval`` in training epochs instead of iterations.
+        by_epoch: count ``interval`` in training epochs instead of iterations (an
+            iteration-based loop has one epoch: ``before_run`` warns that its records would
+            be written when training ends only).
         visualize: draw recorded feature maps with ``Visualizer.draw_featmap``
             to the runner's vis backends: ``True``, or a dict of
             :class:`FeatureMapDrawer` options (``keys``, ``interval``,
@@ -690,11 +692,25 @@ class RecorderHook(Hook):
                     if saved is not None:
                         self._counts[loop] = max(self._counts.get(loop, 0), saved + 1)
         self._wrap_loops(runner)
+        self._warn_of_epochs_that_never_end(runner)
         where = f"; records go to {self._save_root}/<loop>" if self._save_root is not None else ""
         runner.logger.info(
             f"RecorderHook: recording {len(self._keys)} keys in the {'/'.join(self.loops)} loop(s){where}: "
             + ", ".join(self._keys)
         )
+
+    def _warn_of_epochs_that_never_end(self, runner: Runner) -> None:
+        """With ``by_epoch=True`` and ``save_dir``, say so when training is iteration-based: its one
+        "epoch" is the whole run, so every recorded iteration would wait in memory until it ends."""
+        from mmengine.runner import IterBasedTrainLoop
+
+        loop = self._built_loops(runner).get("train")
+        if self.by_epoch and "train" in self._writers and isinstance(loop, IterBasedTrainLoop):
+            runner.logger.warning(
+                "RecorderHook: by_epoch=True, but training is iteration-based (IterBasedTrainLoop runs "
+                "one epoch): every recorded training iteration is kept in memory and written when "
+                f"training ends; give by_epoch=False to write every interval={self.interval} iterations"
+            )
 
     def after_run(self, runner: Runner) -> None:
         """Write what is buffered and remove every patch and loop wrapper."""

@@ -279,7 +279,7 @@ def resnet_expected(entry):
 
 
 def make_runner(
-    tmp_path, model, hooks, *, epochs=1, data=None, batch_size=3, val=False, test=False, **kwargs
+    tmp_path, model, hooks, *, epochs=1, data=None, batch_size=3, val=False, test=False, iters=None, **kwargs
 ):
     data = data if data is not None else ToyDataset()
     loader = dict(
@@ -295,12 +295,13 @@ def make_runner(
         evaluation.update(val_dataloader=dict(loader), val_cfg=dict(), val_evaluator=[CountMetric()])
     if test:
         evaluation.update(test_dataloader=dict(loader), test_cfg=dict(), test_evaluator=[CountMetric()])
+    iteration_based = dict(by_epoch=False, max_iters=iters)  # (IterBasedTrainLoop)
     return Runner(
         model=model,
         work_dir=str(tmp_path / "work"),
         experiment_name=f"bcrecord-{uuid.uuid4().hex[:12]}",  # a fresh logger and visualizer
         train_dataloader=loader,
-        train_cfg=dict(by_epoch=True, max_epochs=epochs),
+        train_cfg=dict(by_epoch=True, max_epochs=epochs) if iters is None else iteration_based,
         optim_wrapper=dict(optimizer=dict(type="SGD", lr=0.1)),
         default_hooks=dict(checkpoint=None, logger=dict(type="LoggerHook", interval=1)),
         custom_hooks=hooks,
@@ -795,6 +796,38 @@ def test_val_and_test_loops(tmp_path):
     for entry, value in zip(checker.iters["val"], loaded["val"][OUTPUTS], strict=True):
         assert torch.equal(value, entry["hub"][OUTPUTS])
     assert_restored(model)
+
+
+class SavedSteps(Hook):
+    """Runs after RecorderHook; keeps the training steps on disk after each iteration."""
+
+    priority = "LOWEST"
+
+    def __init__(self, directory):
+        self.directory = directory
+        self.seen = []
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None):
+        loaded = bcrecord.load(self.directory)
+        self.seen.append(loaded.steps(OUTPUTS) if OUTPUTS in loaded.keys() else [])
+
+
+@pytest.mark.parametrize("by_epoch", [False, True])
+def test_iteration_based_training_writes_every_interval_or_warns_that_it_cannot(tmp_path, by_epoch):
+    torch.manual_seed(0)
+    records = tmp_path / "records"
+    hook = dict(type="RecorderHook", recorders=PROPOSAL_RECORDERS, save_dir=str(records), interval=2)
+    hook.update(by_epoch=by_epoch)
+    saved = SavedSteps(records / "train")
+    runner = make_runner(tmp_path, ToyModel(), [hook, saved], iters=5)
+    runner.train()
+    warning = "by_epoch=True, but training is iteration-based"
+    if by_epoch:  # IterBasedTrainLoop's one epoch is the whole run: nothing is written before it ends
+        assert saved.seen == [[]] * 5 and warning in log_text(runner)
+    else:
+        assert saved.seen == [[], [0, 1], [0, 1], [0, 1, 2, 3], [0, 1, 2, 3]]
+        assert warning not in log_text(runner)
+    assert bcrecord.load(records / "train").steps(OUTPUTS) == [0, 1, 2, 3, 4]
 
 
 def test_a_second_run_into_the_save_dir_counts_evaluations_on(tmp_path):

@@ -170,6 +170,23 @@ def test_gpt2_generate_records_every_decoding_step(gpt2):
     assert_clean()
 
 
+def test_generate_keeps_each_step_s_cache_as_it_was_then(gpt2):
+    # generate() fills one cache object step after step: a recorded output's
+    # past_key_values is a copy of the cache as it was, not the cache at the end.
+    ids = torch.randint(1, 100, (1, 4), generator=torch.Generator().manual_seed(6))
+    with record(gpt2, ["transformer"]) as rec, torch.no_grad():
+        generated = gpt2.generate(ids, max_new_tokens=3, do_sample=False, pad_token_id=0)
+    outputs = rec.all("transformer:forward:return")
+    assert [out.past_key_values.get_seq_length() for out in outputs] == [4, 5, 6]
+    for length, out in zip([4, 5, 6], outputs, strict=True):
+        with torch.no_grad():  # the same prefix in one forward: its cache, computed anew
+            fresh = gpt2(generated[:, :length], use_cache=True).past_key_values
+        for kept, expected in zip(out.past_key_values.layers, fresh.layers, strict=True):
+            assert torch.allclose(kept.keys, expected.keys, atol=1e-6)
+            assert torch.allclose(kept.values, expected.values, atol=1e-6)
+    assert_clean()
+
+
 def test_bert_attention_with_padding_and_hidden_states(bert):
     ids = torch.randint(0, 100, (2, 6), generator=torch.Generator().manual_seed(5))
     mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]])
