@@ -1532,3 +1532,24 @@ def test_a_recording_of_a_removed_patch_is_refused():
     patch.remove()
     with pytest.raises(ValueError, match=r"only= names a patch that was removed: <Patch removed "):
         bcrecord.recording(only=[patch])
+
+
+def test_a_transformers_value_is_copied_where_its_plug_in_has_no_caches_to_register(monkeypatch):
+    # transformers without PyTorch (a tokenizer's output): its plug-in loads and registers
+    # nothing; loading it raised ImportError at the probe before, and the value was lost.
+    import sys
+
+    from bcrecord import runtime
+
+    monkeypatch.setattr(runtime, "_PLUGINS", {"transformers": "bcrecord.integrations.transformers"})
+    monkeypatch.delitem(sys.modules, "bcrecord.integrations.transformers", raising=False)
+    monkeypatch.setitem(sys.modules, "transformers.cache_utils", None)  # as if never installed
+
+    class Encoding(dict):
+        __module__ = "transformers.tokenization_utils_base"
+
+    live = Encoding(input_ids=[[1, 2, 3]])
+    kept = copy_value(live, "clone")
+    live["input_ids"][0].append(4)
+    assert kept == {"input_ids": [[1, 2, 3]]} and type(kept) is Encoding
+    assert sys.modules["bcrecord.integrations.transformers"]._HAS_CACHES is False

@@ -32,8 +32,12 @@ from typing import Any, Dict, Iterator, Set
 try:
     import torch
     from transformers.cache_utils import Cache
-except ImportError as error:  # pragma: no cover - depends on the environment
-    raise ImportError("bcrecord.integrations.transformers needs transformers and PyTorch") from error
+except ImportError:
+    # transformers without PyTorch (a tokenizer's output recorded), or older than its
+    # caches (4.36): no cache to copy, and every other value is copied as before.
+    _HAS_CACHES = False
+else:
+    _HAS_CACHES = True
 
 from ..runtime import copy_value, register_copy
 
@@ -79,4 +83,5 @@ def _copied_cache(cache: Cache) -> Cache:
     return _copy_module.deepcopy(cache, memo)
 
 
-register_copy(Cache, "clone", _copied_cache)
+if _HAS_CACHES:
+    register_copy(Cache, "clone", _copied_cache)
