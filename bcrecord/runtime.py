@@ -380,6 +380,7 @@ class _Routing:
             # References: this routing's slot, ``sinks`` here, getrefcount's argument.
             if sys.getrefcount(sinks) <= 3:
                 _routings.discard(self)
+                _ownerless.discard(self)
                 sinks[0] = None  # break the cycle: the list is freed now
 
     def drop(self, rec: Recording) -> None:
@@ -390,7 +391,13 @@ class _Routing:
         """
         with _sites_lock:
             self.own = tuple(r for r in self.own if r is not rec)
-            self.recordings = tuple(r for r in self.recordings if r is not rec)
+            if self.own:
+                self.recordings = tuple(r for r in self.recordings if r is not rec)
+            else:
+                # A context with no recording of its own now: as one that never had any, it
+                # delivers to the threads='all' recordings (kept so by _set_shared).
+                self.recordings = tuple(r for r in _shared if r is not rec)
+                _ownerless.add(self)
             self.routed = True  # routes to rec may be anywhere in the list
             self.reset()
 
@@ -483,6 +490,9 @@ class _ByOwner:
 
 
 _routings: _WeakRegistry[_Routing] = _WeakRegistry()
+#: Routings whose own recordings all ended while contexts still hold them (a task or a
+#: carried thread that runs on): they deliver to the threads='all' recordings.
+_ownerless: _WeakRegistry[_Routing] = _WeakRegistry()
 
 
 def register_sites(sites: Sequence[Site]) -> List[int]:
@@ -1385,8 +1395,9 @@ def _set_shared(recordings: Tuple[Recording, ...]) -> None:
     global _shared
     with _sites_lock:
         _shared = recordings
-        _default_routing.recordings = recordings
-        _default_routing.reset()
+        for routing in (_default_routing, *_ownerless.live()):
+            routing.recordings = recordings
+            routing.reset()
 
 
 class Recording:

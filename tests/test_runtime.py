@@ -633,6 +633,49 @@ def test_a_recording_that_ended_gets_nothing_from_a_carried_thread_or_task_with_
     assert asyncio.run(main()) == ([10], [10, 20])
 
 
+def test_a_thread_or_task_whose_recordings_ended_delivers_to_threads_all_recordings():
+    # A context that a recording was copied into (a carried thread, a task it started)
+    # has no recording of its own once that one ends: as a context that never had any,
+    # its values go to the threads='all' recordings active then.
+    def f(a):
+        x = a * 2
+        return x
+
+    g = bcrecord.instrument(f, "x", name="c")
+    go = threading.Event()
+
+    def worker():
+        go.wait()
+        g(1)
+        g(2)
+
+    with bcrecord.recording() as first:
+        thread = threading.Thread(target=bcrecord.carry(worker))
+        thread.start()
+    with bcrecord.recording(threads="all") as shared:
+        go.set()
+        thread.join()
+    assert ("c:f:x@0" in first, shared.all("c:f:x@0")) == (False, [2, 4])
+
+    async def main():
+        resume = asyncio.Event()
+
+        async def task():
+            await resume.wait()
+            g(10)
+
+        with bcrecord.recording() as first:
+            running = asyncio.ensure_future(task())
+            await asyncio.sleep(0)
+        with bcrecord.recording(threads="all") as shared:
+            resume.set()
+            await running
+        g(30)  # no recording active: nowhere
+        return "c:f:x@0" in first, shared.all("c:f:x@0")
+
+    assert asyncio.run(main()) == (False, [20])
+
+
 def test_the_default_routing_copies_its_list_on_reset_only_after_it_routed():
     # Entering and leaving a threads='all' recording resets the routing of threads
     # without recordings; while none of them recorded, that costs no list copy.
