@@ -1209,6 +1209,13 @@ def _patch_method(
     if isinstance(obj, type) and not any(method in vars(cls) for cls in obj.__mro__):
         # Found on the metaclass: a copy put in the class would be its instances' method.
         meta = type(obj).__name__
+        try:
+            function_of(raw)
+        except NotPatchableError as error:  # (type's own __call__, __repr__: C code)
+            raise NotPatchableError(
+                f"{_named(obj)} and its bases define no {method!r}: the one found is its metaclass "
+                f"{meta}'s, and {error}"
+            ) from None
         raise NotPatchableError(
             f"{_named(obj)}'s {method!r} comes from its metaclass {meta}: patch the metaclass "
             f"(patch_method({meta}, {method!r}, ...), with name= a function of the class to keep "

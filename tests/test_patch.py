@@ -1354,6 +1354,23 @@ def test_a_method_a_class_gets_from_its_metaclass_is_refused_pointing_to_the_met
     assert rec.all("K:mm:x@0") == [2] and list(rec.keys()) == ["K:mm:x@0"]
 
 
+def test_a_special_method_only_type_has_is_refused_as_missing_not_sent_to_the_metaclass():
+    # K(...) and isinstance(x, K) run type's C code: there is nothing in K to patch, and
+    # patch_method(type, '__call__', ...) would fail too.
+    class K:
+        def step(self, a):
+            return a
+
+    for method in ("__call__", "__instancecheck__"):
+        with pytest.raises(NotPatchableError) as raised:
+            bcrecord.patch_method(K, method, ["return"])
+        assert str(raised.value) == (
+            f"{K!r} and its bases define no {method!r}: the one found is its metaclass type's, "
+            f"and type.{method} is a builtin or C function: it has no bytecode to patch"
+        )
+    assert "__call__" not in vars(K) and isinstance(K(), K)  # nothing changed
+
+
 def test_record_locals_without_parentheses_or_with_a_bad_spec_fails_at_the_decorator():
     def summed(values):
         acc = 0
