@@ -257,6 +257,12 @@ def _why_not_a_function(obj: Any) -> str:
             f"{name} is a {type(obj).__name__} (C code around a Python function): patch the "
             f"function it wraps, patch_function({name}.__wrapped__, specs)"
         )
+    mock = sys.modules.get("unittest.mock")  # (not imported here: no mock exists without it)
+    if mock is not None and isinstance(obj, mock.NonCallableMock):
+        return (
+            f"{name} is a unittest.mock {type(obj).__name__} (a mock.patch in force?), not a Python "
+            "function: patch the function it stands in for, outside the mock"
+        )
     descriptor = _python_descriptor(obj)
     if descriptor is not None:
         return f"{name} is {descriptor}"
@@ -692,6 +698,11 @@ class Patch:
                 del _slots[slot.key]
 
     def __enter__(self) -> Patch:
+        if self._slot is None:  # (a second ``with`` of one patch: it would record nothing)
+            raise RuntimeError(
+                "this patch was removed (at the end of an earlier with block, or by remove()), so "
+                f"a with block of it would record nothing: patch again ({self!r})"
+            )
         return self
 
     def __exit__(self, *exc: object) -> None:

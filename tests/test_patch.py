@@ -1371,6 +1371,47 @@ def test_a_special_method_only_type_has_is_refused_as_missing_not_sent_to_the_me
     assert "__call__" not in vars(K) and isinstance(K(), K)  # nothing changed
 
 
+def test_a_removed_patch_entered_again_says_so_instead_of_recording_nothing():
+    def f(a):
+        x = a + 1
+        return x
+
+    patch = bcrecord.patch_function(f, "x", name="m")
+    with patch, bcrecord.recording() as rec:
+        f(1)
+    with pytest.raises(RuntimeError, match=r"^this patch was removed \(at the end of an earlier with block"):
+        with patch:
+            pass
+    assert rec.all("m:f:x@0") == [2] and not patch.active and f(1) == 2
+
+
+def test_a_mock_in_a_function_s_place_is_refused_as_a_mock():
+    # Not "patch MagicMock.__call__": that would record the mock library's code, for every mock.
+    import types
+    from unittest import mock
+
+    module = types.ModuleType("holder")
+
+    def step(a):
+        x = a + 1
+        return x
+
+    module.step = step
+    with mock.patch.object(module, "step") as stand_in:
+        for attempt in (
+            lambda: bcrecord.patch_method(module, "step", "x"),
+            lambda: bcrecord.patch_function(module.step, "x"),
+            lambda: bcrecord.instrument(module.step, "x"),
+        ):
+            with pytest.raises(NotPatchableError) as raised:
+                attempt()
+            assert str(raised.value) == (
+                f"{stand_in!r} is a unittest.mock MagicMock (a mock.patch in force?), not a Python "
+                "function: patch the function it stands in for, outside the mock"
+            )
+    assert module.step is step and step(1) == 2
+
+
 def test_record_locals_without_parentheses_or_with_a_bad_spec_fails_at_the_decorator():
     def summed(values):
         acc = 0
