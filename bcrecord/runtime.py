@@ -1830,6 +1830,9 @@ def recording(
 def carry(func: Callable[..., T]) -> Callable[..., T]:
     """Wrap ``func`` to run inside the caller's current recordings (e.g. in a worker thread).
 
+    A coroutine or generator that ``func`` returns runs there too, each step (its body
+    runs where it is awaited or iterated, not where it is made).
+
     >>> import bcrecord, threading
     >>> with bcrecord.recording() as rec:
     ...     worker = threading.Thread(target=bcrecord.carry(lambda: None)); worker.start(); worker.join()
@@ -1837,9 +1840,44 @@ def carry(func: Callable[..., T]) -> Callable[..., T]:
     context = contextvars.copy_context()
 
     def run(*args: Any, **kwargs: Any) -> T:
-        return context.copy().run(func, *args, **kwargs)
+        inside = context.copy()
+        result = inside.run(func, *args, **kwargs)
+        if isinstance(result, types.CoroutineType):
+            return _awaited_in(inside, result)  # type: ignore[return-value]
+        if isinstance(result, types.GeneratorType):
+            return _stepped_in(inside, result)  # type: ignore[return-value]
+        return result
 
     return run
+
+
+def _stepped_in(context: contextvars.Context, inner: Any) -> Any:
+    """A generator that runs each step of the generator or coroutine ``inner`` in ``context``."""
+    value: Any = None
+    error: Optional[BaseException] = None
+    while True:
+        try:
+            yielded = context.run(inner.send, value) if error is None else context.run(inner.throw, error)
+        except StopIteration as stop:
+            return stop.value
+        value, error = None, None
+        try:
+            value = yield yielded
+        except GeneratorExit:
+            context.run(inner.close)
+            raise
+        except BaseException as raised:  # (a task's CancelledError): thrown in where it runs
+            error = raised
+
+
+@types.coroutine
+def _awaitable_steps(context: contextvars.Context, inner: Any) -> Any:
+    return (yield from _stepped_in(context, inner))
+
+
+async def _awaited_in(context: contextvars.Context, inner: Any) -> Any:
+    """The coroutine ``inner``, each step run in ``context``: what awaits it gets its result."""
+    return await _awaitable_steps(context, inner)
 
 
 # --- the probe ---------------------------------------------------------------

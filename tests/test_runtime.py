@@ -676,6 +676,75 @@ def test_a_thread_or_task_whose_recordings_ended_delivers_to_threads_all_recordi
     assert asyncio.run(main()) == (False, [20])
 
 
+def test_carry_runs_a_coroutine_or_generator_inside_the_recordings_step_by_step():
+    # Their bodies run where they are awaited or iterated (a worker thread's event loop,
+    # a consumer), not where carry's wrapper made them.
+    def f(a):
+        x = a * 2
+        return x
+
+    g = bcrecord.instrument(f, "x", name="c")
+
+    async def work(a):
+        await asyncio.sleep(0)
+        task = asyncio.ensure_future(later(a + 1))  # a task it starts: its context
+        return g(a) + await task
+
+    async def later(a):
+        await asyncio.sleep(0.001)
+        return g(a)
+
+    async def cancelled():
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            g(100)
+            raise
+
+    async def cancel(carried):
+        running = asyncio.ensure_future(carried())
+        await asyncio.sleep(0.001)
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await running
+        return "cancelled"
+
+    def numbers(n):
+        sent = []
+        try:
+            for i in range(n):
+                sent.append((yield g(i)))
+        finally:
+            g(-1)
+        return sent
+
+    def consume(carried):
+        steps = carried(3)
+        first, second = next(steps), steps.send("a")
+        with pytest.raises(StopIteration) as stop:
+            steps.send("b")
+            steps.send("c")
+        closed = carried(3)
+        next(closed)
+        closed.close()
+        return first, second, stop.value.value
+
+    results = {}
+
+    def worker(work, cancelled, numbers):
+        results["work"] = asyncio.run(work(5))
+        results["cancel"] = asyncio.run(cancel(cancelled))
+        results["numbers"] = consume(numbers)
+
+    with bcrecord.recording() as rec:
+        carried = [bcrecord.carry(fn) for fn in (work, cancelled, numbers)]
+        thread = threading.Thread(target=worker, args=carried)
+        thread.start()
+        thread.join()
+    assert results == {"work": 22, "cancel": "cancelled", "numbers": (0, 2, ["a", "b", "c"])}
+    assert sorted(rec.all("c:f:x@0")) == [-2, -2, 0, 0, 2, 4, 10, 12, 200]
+
+
 def test_the_default_routing_copies_its_list_on_reset_only_after_it_routed():
     # Entering and leaving a threads='all' recording resets the routing of threads
     # without recordings; while none of them recorded, that costs no list copy.
