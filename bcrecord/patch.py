@@ -257,6 +257,12 @@ def _why_not_a_function(obj: Any) -> str:
             f"{name} is a {type(obj).__name__} (C code around a Python function): patch the "
             f"function it wraps, patch_function({name}.__wrapped__, specs)"
         )
+    mock = sys.modules.get("unittest.mock")  # (not imported here: no mock exists without it)
+    if mock is not None and isinstance(obj, mock.NonCallableMock):
+        return (
+            f"{name} is a unittest.mock {type(obj).__name__} (a mock.patch in force?), not a Python "
+            "function: patch the function it stands in for, outside the mock"
+        )
     descriptor = _python_descriptor(obj)
     if descriptor is not None:
         return f"{name} is {descriptor}"
@@ -692,6 +698,11 @@ class Patch:
                 del _slots[slot.key]
 
     def __enter__(self) -> Patch:
+        if self._slot is None:  # (a second ``with`` of one patch: it would record nothing)
+            raise RuntimeError(
+                "this patch was removed (at the end of an earlier with block, or by remove()), so "
+                f"a with block of it would record nothing: patch again ({self!r})"
+            )
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -1209,6 +1220,13 @@ def _patch_method(
     if isinstance(obj, type) and not any(method in vars(cls) for cls in obj.__mro__):
         # Found on the metaclass: a copy put in the class would be its instances' method.
         meta = type(obj).__name__
+        try:
+            function_of(raw)
+        except NotPatchableError as error:  # (type's own __call__, __repr__: C code)
+            raise NotPatchableError(
+                f"{_named(obj)} and its bases define no {method!r}: the one found is its metaclass "
+                f"{meta}'s, and {error}"
+            ) from None
         raise NotPatchableError(
             f"{_named(obj)}'s {method!r} comes from its metaclass {meta}: patch the metaclass "
             f"(patch_method({meta}, {method!r}, ...), with name= a function of the class to keep "

@@ -380,6 +380,7 @@ class _Routing:
             # References: this routing's slot, ``sinks`` here, getrefcount's argument.
             if sys.getrefcount(sinks) <= 3:
                 _routings.discard(self)
+                _ownerless.discard(self)
                 sinks[0] = None  # break the cycle: the list is freed now
 
     def drop(self, rec: Recording) -> None:
@@ -390,7 +391,13 @@ class _Routing:
         """
         with _sites_lock:
             self.own = tuple(r for r in self.own if r is not rec)
-            self.recordings = tuple(r for r in self.recordings if r is not rec)
+            if self.own:
+                self.recordings = tuple(r for r in self.recordings if r is not rec)
+            else:
+                # A context with no recording of its own now: as one that never had any, it
+                # delivers to the threads='all' recordings (kept so by _set_shared).
+                self.recordings = tuple(r for r in _shared if r is not rec)
+                _ownerless.add(self)
             self.routed = True  # routes to rec may be anywhere in the list
             self.reset()
 
@@ -483,6 +490,9 @@ class _ByOwner:
 
 
 _routings: _WeakRegistry[_Routing] = _WeakRegistry()
+#: Routings whose own recordings all ended while contexts still hold them (a task or a
+#: carried thread that runs on): they deliver to the threads='all' recordings.
+_ownerless: _WeakRegistry[_Routing] = _WeakRegistry()
 
 
 def register_sites(sites: Sequence[Site]) -> List[int]:
@@ -1389,8 +1399,9 @@ def _set_shared(recordings: Tuple[Recording, ...]) -> None:
     global _shared
     with _sites_lock:
         _shared = recordings
-        _default_routing.recordings = recordings
-        _default_routing.reset()
+        for routing in (_default_routing, *_ownerless.live()):
+            routing.recordings = recordings
+            routing.reset()
 
 
 class Recording:
@@ -1823,6 +1834,9 @@ def recording(
 def carry(func: Callable[..., T]) -> Callable[..., T]:
     """Wrap ``func`` to run inside the caller's current recordings (e.g. in a worker thread).
 
+    A coroutine or generator that ``func`` returns runs there too, each step (its body
+    runs where it is awaited or iterated, not where it is made).
+
     >>> import bcrecord, threading
     >>> with bcrecord.recording() as rec:
     ...     worker = threading.Thread(target=bcrecord.carry(lambda: None)); worker.start(); worker.join()
@@ -1830,9 +1844,44 @@ def carry(func: Callable[..., T]) -> Callable[..., T]:
     context = contextvars.copy_context()
 
     def run(*args: Any, **kwargs: Any) -> T:
-        return context.copy().run(func, *args, **kwargs)
+        inside = context.copy()
+        result = inside.run(func, *args, **kwargs)
+        if isinstance(result, types.CoroutineType):
+            return _awaited_in(inside, result)  # type: ignore[return-value]
+        if isinstance(result, types.GeneratorType):
+            return _stepped_in(inside, result)  # type: ignore[return-value]
+        return result
 
     return run
+
+
+def _stepped_in(context: contextvars.Context, inner: Any) -> Any:
+    """A generator that runs each step of the generator or coroutine ``inner`` in ``context``."""
+    value: Any = None
+    error: Optional[BaseException] = None
+    while True:
+        try:
+            yielded = context.run(inner.send, value) if error is None else context.run(inner.throw, error)
+        except StopIteration as stop:
+            return stop.value
+        value, error = None, None
+        try:
+            value = yield yielded
+        except GeneratorExit:
+            context.run(inner.close)
+            raise
+        except BaseException as raised:  # (a task's CancelledError): thrown in where it runs
+            error = raised
+
+
+@types.coroutine
+def _awaitable_steps(context: contextvars.Context, inner: Any) -> Any:
+    return (yield from _stepped_in(context, inner))
+
+
+async def _awaited_in(context: contextvars.Context, inner: Any) -> Any:
+    """The coroutine ``inner``, each step run in ``context``: what awaits it gets its result."""
+    return await _awaitable_steps(context, inner)
 
 
 # --- the probe ---------------------------------------------------------------

@@ -1354,6 +1354,64 @@ def test_a_method_a_class_gets_from_its_metaclass_is_refused_pointing_to_the_met
     assert rec.all("K:mm:x@0") == [2] and list(rec.keys()) == ["K:mm:x@0"]
 
 
+def test_a_special_method_only_type_has_is_refused_as_missing_not_sent_to_the_metaclass():
+    # K(...) and isinstance(x, K) run type's C code: there is nothing in K to patch, and
+    # patch_method(type, '__call__', ...) would fail too.
+    class K:
+        def step(self, a):
+            return a
+
+    for method in ("__call__", "__instancecheck__"):
+        with pytest.raises(NotPatchableError) as raised:
+            bcrecord.patch_method(K, method, ["return"])
+        assert str(raised.value) == (
+            f"{K!r} and its bases define no {method!r}: the one found is its metaclass type's, "
+            f"and type.{method} is a builtin or C function: it has no bytecode to patch"
+        )
+    assert "__call__" not in vars(K) and isinstance(K(), K)  # nothing changed
+
+
+def test_a_removed_patch_entered_again_says_so_instead_of_recording_nothing():
+    def f(a):
+        x = a + 1
+        return x
+
+    patch = bcrecord.patch_function(f, "x", name="m")
+    with patch, bcrecord.recording() as rec:
+        f(1)
+    with pytest.raises(RuntimeError, match=r"^this patch was removed \(at the end of an earlier with block"):
+        with patch:
+            pass
+    assert rec.all("m:f:x@0") == [2] and not patch.active and f(1) == 2
+
+
+def test_a_mock_in_a_function_s_place_is_refused_as_a_mock():
+    # Not "patch MagicMock.__call__": that would record the mock library's code, for every mock.
+    import types
+    from unittest import mock
+
+    module = types.ModuleType("holder")
+
+    def step(a):
+        x = a + 1
+        return x
+
+    module.step = step
+    with mock.patch.object(module, "step") as stand_in:
+        for attempt in (
+            lambda: bcrecord.patch_method(module, "step", "x"),
+            lambda: bcrecord.patch_function(module.step, "x"),
+            lambda: bcrecord.instrument(module.step, "x"),
+        ):
+            with pytest.raises(NotPatchableError) as raised:
+                attempt()
+            assert str(raised.value) == (
+                f"{stand_in!r} is a unittest.mock MagicMock (a mock.patch in force?), not a Python "
+                "function: patch the function it stands in for, outside the mock"
+            )
+    assert module.step is step and step(1) == 2
+
+
 def test_record_locals_without_parentheses_or_with_a_bad_spec_fails_at_the_decorator():
     def summed(values):
         acc = 0

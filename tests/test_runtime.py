@@ -633,6 +633,118 @@ def test_a_recording_that_ended_gets_nothing_from_a_carried_thread_or_task_with_
     assert asyncio.run(main()) == ([10], [10, 20])
 
 
+def test_a_thread_or_task_whose_recordings_ended_delivers_to_threads_all_recordings():
+    # A context that a recording was copied into (a carried thread, a task it started)
+    # has no recording of its own once that one ends: as a context that never had any,
+    # its values go to the threads='all' recordings active then.
+    def f(a):
+        x = a * 2
+        return x
+
+    g = bcrecord.instrument(f, "x", name="c")
+    go = threading.Event()
+
+    def worker():
+        go.wait()
+        g(1)
+        g(2)
+
+    with bcrecord.recording() as first:
+        thread = threading.Thread(target=bcrecord.carry(worker))
+        thread.start()
+    with bcrecord.recording(threads="all") as shared:
+        go.set()
+        thread.join()
+    assert ("c:f:x@0" in first, shared.all("c:f:x@0")) == (False, [2, 4])
+
+    async def main():
+        resume = asyncio.Event()
+
+        async def task():
+            await resume.wait()
+            g(10)
+
+        with bcrecord.recording() as first:
+            running = asyncio.ensure_future(task())
+            await asyncio.sleep(0)
+        with bcrecord.recording(threads="all") as shared:
+            resume.set()
+            await running
+        g(30)  # no recording active: nowhere
+        return "c:f:x@0" in first, shared.all("c:f:x@0")
+
+    assert asyncio.run(main()) == (False, [20])
+
+
+def test_carry_runs_a_coroutine_or_generator_inside_the_recordings_step_by_step():
+    # Their bodies run where they are awaited or iterated (a worker thread's event loop,
+    # a consumer), not where carry's wrapper made them.
+    def f(a):
+        x = a * 2
+        return x
+
+    g = bcrecord.instrument(f, "x", name="c")
+
+    async def work(a):
+        await asyncio.sleep(0)
+        task = asyncio.ensure_future(later(a + 1))  # a task it starts: its context
+        return g(a) + await task
+
+    async def later(a):
+        await asyncio.sleep(0.001)
+        return g(a)
+
+    async def cancelled():
+        try:
+            await asyncio.sleep(10)
+        except asyncio.CancelledError:
+            g(100)
+            raise
+
+    async def cancel(carried):
+        running = asyncio.ensure_future(carried())
+        await asyncio.sleep(0.001)
+        running.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await running
+        return "cancelled"
+
+    def numbers(n):
+        sent = []
+        try:
+            for i in range(n):
+                sent.append((yield g(i)))
+        finally:
+            g(-1)
+        return sent
+
+    def consume(carried):
+        steps = carried(3)
+        first, second = next(steps), steps.send("a")
+        with pytest.raises(StopIteration) as stop:
+            steps.send("b")
+            steps.send("c")
+        closed = carried(3)
+        next(closed)
+        closed.close()
+        return first, second, stop.value.value
+
+    results = {}
+
+    def worker(work, cancelled, numbers):
+        results["work"] = asyncio.run(work(5))
+        results["cancel"] = asyncio.run(cancel(cancelled))
+        results["numbers"] = consume(numbers)
+
+    with bcrecord.recording() as rec:
+        carried = [bcrecord.carry(fn) for fn in (work, cancelled, numbers)]
+        thread = threading.Thread(target=worker, args=carried)
+        thread.start()
+        thread.join()
+    assert results == {"work": 22, "cancel": "cancelled", "numbers": (0, 2, ["a", "b", "c"])}
+    assert sorted(rec.all("c:f:x@0")) == [-2, -2, 0, 0, 2, 4, 10, 12, 200]
+
+
 def test_the_default_routing_copies_its_list_on_reset_only_after_it_routed():
     # Entering and leaving a threads='all' recording resets the routing of threads
     # without recordings; while none of them recorded, that costs no list copy.
