@@ -1843,6 +1843,7 @@ def carry(func: Callable[..., T]) -> Callable[..., T]:
     """
     context = contextvars.copy_context()
 
+    @functools.wraps(func)  # (its name, signature and doc: a thread's or task's name shows it)
     def run(*args: Any, **kwargs: Any) -> T:
         inside = context.copy()
         result = inside.run(func, *args, **kwargs)

@@ -1665,3 +1665,16 @@ def test_a_transformers_value_is_copied_where_its_plug_in_has_no_caches_to_regis
     live["input_ids"][0].append(4)
     assert kept == {"input_ids": [[1, 2, 3]]} and type(kept) is Encoding
     assert sys.modules["bcrecord.integrations.transformers"]._HAS_CACHES is False
+
+
+def test_carry_keeps_the_name_and_signature_of_what_it_wraps():
+    import inspect
+
+    def scaled(x: int, *, by: int = 2) -> int:
+        """Doubled."""
+        return x * by
+
+    carried = bcrecord.carry(scaled)
+    assert (carried.__name__, carried.__doc__, carried.__wrapped__) == ("scaled", "Doubled.", scaled)
+    assert str(inspect.signature(carried)) == "(x: int, *, by: int = 2) -> int"
+    assert carried(3, by=4) == 12
