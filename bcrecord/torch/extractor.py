@@ -385,11 +385,13 @@ class TargetList(List[str]):
         lines: List[str] = []
         current = None
         for target in self:
-            path = target.split(":", 1)[0]
+            # The path before the method and spec ('heads.task:cls:forward:return'); a bare
+            # path is a module's whole path, also one with ':' in its name ('heads.task:cls').
+            path = target.rsplit(":", 2)[0] if target.count(":") >= 2 else target
             if path != current:
                 current = path
                 lines.append(path or "<root>")
-            if ":" in target:
+            if target != path:
                 lines.append(f"    {target}")
         return "\n".join(lines)
 

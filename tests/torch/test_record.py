@@ -336,7 +336,7 @@ def test_bad_targets_give_clear_errors_and_change_nothing(net):
             with record(model, targets):
                 pass
         assert same(before, snapshot(net))
-    with pytest.raises(bcrecord.SpecError, match="'fc:forward:return.grad'"):
+    with pytest.raises(bcrecord.SpecError, match="'bn1:forward:return.grad' for the gradient"):
         with record(net, "bn1.grad"):
             pass
 
