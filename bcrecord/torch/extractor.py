@@ -28,6 +28,7 @@ from ..errors import SpecError, warn
 from ..patch import Patch, remove_all, remove_soon
 from ..patch import targets as function_targets
 from ..runtime import kept_length
+from .copies import returned_inside
 from .record import PLAN_OPTIONS, ModelRecording, Pass, Plan, StopForward, _exporting, _stopping, threads_for
 from .targets import (
     Target,
@@ -287,6 +288,7 @@ class FeatureExtractor(torch.nn.Module):
                 # sync), nor under torch.export (its tracer loses track of the unwound calls).
                 stops = self.stop_early and not (plan.syncs and torch.is_grad_enabled()) and not _exporting()
                 stopping = _stopping.set(stops)
+                inside = returned_inside.set(True)  # (inside torch.func.vmap: its outputs, batched)
                 try:
                     self.model(*args, **kwargs)
                     if stops:
@@ -295,6 +297,7 @@ class FeatureExtractor(torch.nn.Module):
                     if stop.recording is not rec:  # an extractor further out stops its pass
                         raise
                 finally:
+                    returned_inside.reset(inside)
                     _stopping.reset(stopping)
                     rec._end_pass()
             # In the order the forward first reached them, as torchvision's (its graph's order);
