@@ -186,10 +186,17 @@ def _ids_guards_name(function: Any) -> Optional[List[str]]:
     """The ``id()`` of ``function``, of the recorded modules' classes that run it and of the
     modules' on the way to them (with their subclasses), as text; None for a function no
     model's recording patched (where the graphs that may run it are not known)."""
-    classes = list(patched_classes.get(function, ()))
+    classes: List[type] = []
+    for patch, kinds in list(patched_classes.get(function, {}).items()):
+        if patch.active:  # (a removed patch's model is no longer recorded)
+            classes += [kind for kind in kinds if kind not in classes]
     if not classes:
         return None
     for cls in classes:  # (grows as it goes: every subclass)
+        if cls is torch.nn.Module:
+            # A plain Module holding the targets (on the way to them): its subclasses are every
+            # model, whose graphs would all go at every swap.
+            continue
         subclasses: List[type] = type.__subclasses__(cls)
         classes += [sub for sub in subclasses if sub not in classes]
     return [str(id(item)) for item in [function, *classes]]

@@ -10,6 +10,9 @@ Importing this module registers how tensors are copied under each core policy
 * ``'none'``: the tensor itself, as the core keeps any value (not detached: it stays in
   the autograd graph, and keeps it alive, whatever ``grad`` says).
 
+The others take a tensor recorded inside a ``torch.func`` transform from under its
+wrappers: inside ``vmap``, the whole batch (:func:`outside_transforms`).
+
 :func:`value_policy` builds the copier for one target of :func:`bcrecord.torch.record`
 from its options: offload (``to='cpu'``; from a GPU the copy does not block, and
 recordings wait for it before a value is read: :meth:`ValuePolicy.settle`), dtype
@@ -25,6 +28,7 @@ cast, a reduce function, and ``grad=True`` (keep the value in the autograd graph
 
 from __future__ import annotations
 
+import contextvars
 import copy as _copy_module
 import dataclasses
 import functools
@@ -46,6 +50,52 @@ __all__ = ["ValuePolicy", "clone", "detached_clone", "value_policy"]
 
 #: Whether torch.jit.trace is tracing (None outside a trace; a C call per recorded tensor).
 _tracing_state: Callable[[], Any] = getattr(torch._C, "_get_tracing_state", lambda: None)
+#: Whether a torch.func transform (vmap, grad, jacrev...) is running (a C call per recorded tensor).
+_transforms_active: Callable[[], bool] = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
+#: Whether the values copied now go back into the code that runs the model (an extractor returns
+#: them): inside a transform they stay its tensors there (vmap batches its outputs itself).
+returned_inside: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "bcrecord_returned_inside", default=False
+)
+
+
+def outside_transforms(tensor: torch.Tensor, copy: Callable[[torch.Tensor], T]) -> T:
+    """``copy`` of ``tensor`` as the code around ``torch.func``'s transforms sees it: what is recorded.
+
+    Inside ``vmap`` a value is a batched tensor, and inside ``grad``, ``jacrev`` or
+    ``jvp`` a wrapper: neither can be used once the transform returns (a dead batched
+    tensor refuses every op; a dead wrapper cannot be saved or pickled). So a value
+    recorded there is the tensor under the wrappers: under ``vmap``, the whole batch,
+    each ``vmap``'s dimension first (outermost first), as ``vmap`` returns its outputs.
+    ``copy`` runs with the transforms off (a ``grad`` transform wraps what ops make).
+    Under a functionalization wrapper (``torch.export``), ``copy`` of ``tensor`` as it is.
+
+    >>> import torch
+    >>> seen = []
+    >>> def twice(row):
+    ...     seen.append(outside_transforms(row * 2, torch.clone))
+    ...     return row
+    >>> _ = torch.func.vmap(twice, in_dims=1)(torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]))
+    >>> seen[0]  # row * 2 for each of the 2 columns vmap maps over
+    tensor([[ 2.,  6., 10.],
+            [ 4.,  8., 12.]])
+    """
+    functorch = torch._C._functorch
+    inner, dims = tensor, []
+    while functorch.is_functorch_wrapped_tensor(inner):
+        if functorch.is_functionaltensor(inner):
+            return copy(tensor)
+        dims.append(functorch.maybe_get_bdim(inner))  # (-1: a grad transform's wrapper, not vmap's)
+        inner = functorch.get_unwrapped(inner)
+    with torch._C._DisableFuncTorch():
+        # Each vmap's dimension is counted without the outer ones': moved to the front outermost first.
+        for moved, dim in enumerate(dim for dim in reversed(dims) if dim >= 0):
+            inner = inner.movedim(moved + dim, moved)
+        return copy(inner)
+
+
+def _detached_copy_of(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.detach().clone()
 
 
 def clone(tensor: torch.Tensor) -> torch.Tensor:
@@ -62,6 +112,10 @@ def clone(tensor: torch.Tensor) -> torch.Tensor:
     >>> kept, live
     (tensor([-1.,  2.]), tensor([0., 2.]))
     """
+    if (
+        _transforms_active() and not returned_inside.get()
+    ):  # inside torch.func.vmap or grad: the tensor under their wrappers
+        return outside_transforms(tensor, torch.Tensor.clone)
     # Traced too, one op whether or not the tensor needs grad: torch.jit.trace checks
     # its trace by tracing again under no_grad, and needs the same graph.
     return tensor.clone()
@@ -83,6 +137,10 @@ def detached_clone(tensor: torch.Tensor) -> torch.Tensor:
     >>> kept.requires_grad, torch.equal(kept, live)
     (False, True)
     """
+    if (
+        _transforms_active() and not returned_inside.get()
+    ):  # inside torch.func.vmap or grad: the tensor under their wrappers
+        return outside_transforms(tensor, _detached_copy_of)
     if tensor.requires_grad or _tracing_state() is not None:
         # Traced: the same ops whether or not the tensor needs grad (see clone).
         return tensor.detach().clone()
@@ -90,10 +148,14 @@ def detached_clone(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _detached(tensor: torch.Tensor) -> torch.Tensor:
+    if _transforms_active() and not returned_inside.get():
+        return outside_transforms(tensor, torch.Tensor.detach)
     return tensor.detach()
 
 
 def _detached_copy(tensor: torch.Tensor) -> torch.Tensor:
+    if _transforms_active() and not returned_inside.get():
+        return outside_transforms(tensor, _detached_copy_of)
     return tensor.detach().clone()
 
 
@@ -270,7 +332,7 @@ class ValuePolicy:
         elif copies:
             self._tensor = clone if grad else detached_clone
         else:
-            self._tensor = _itself if self._in_graph else torch.Tensor.detach
+            self._tensor = _itself if self._in_graph else _detached
         #: Whether every value is kept as it is (``'none'``, nothing to apply): containers too.
         self._itself = copy == "none" and self._tensor is _itself
 
@@ -311,6 +373,13 @@ class ValuePolicy:
             stream.synchronize()
 
     def _one(self, live: torch.Tensor) -> Any:
+        if (
+            _transforms_active() and not returned_inside.get()
+        ):  # inside torch.func.vmap or grad: see outside_transforms
+            return outside_transforms(live, self._applied)
+        return self._applied(live)
+
+    def _applied(self, live: torch.Tensor) -> Any:
         if self.reduce is None:
             return self._keep(live, live)
         if not self._in_graph:

@@ -28,6 +28,7 @@ from ..errors import SpecError, warn
 from ..patch import Patch, remove_all, remove_soon
 from ..patch import targets as function_targets
 from ..runtime import kept_length
+from .copies import returned_inside
 from .record import PLAN_OPTIONS, ModelRecording, Pass, Plan, StopForward, _exporting, _stopping, threads_for
 from .targets import (
     Target,
@@ -287,6 +288,7 @@ class FeatureExtractor(torch.nn.Module):
                 # sync), nor under torch.export (its tracer loses track of the unwound calls).
                 stops = self.stop_early and not (plan.syncs and torch.is_grad_enabled()) and not _exporting()
                 stopping = _stopping.set(stops)
+                inside = returned_inside.set(True)  # (inside torch.func.vmap: its outputs, batched)
                 try:
                     self.model(*args, **kwargs)
                     if stops:
@@ -295,6 +297,7 @@ class FeatureExtractor(torch.nn.Module):
                     if stop.recording is not rec:  # an extractor further out stops its pass
                         raise
                 finally:
+                    returned_inside.reset(inside)
                     _stopping.reset(stopping)
                     rec._end_pass()
             # In the order the forward first reached them, as torchvision's (its graph's order);
@@ -385,11 +388,13 @@ class TargetList(List[str]):
         lines: List[str] = []
         current = None
         for target in self:
-            path = target.split(":", 1)[0]
+            # The path before the method and spec ('heads.task:cls:forward:return'); a bare
+            # path is a module's whole path, also one with ':' in its name ('heads.task:cls').
+            path = target.rsplit(":", 2)[0] if target.count(":") >= 2 else target
             if path != current:
                 current = path
                 lines.append(path or "<root>")
-            if ":" in target:
+            if target != path:
                 lines.append(f"    {target}")
         return "\n".join(lines)
 

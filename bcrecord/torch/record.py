@@ -81,11 +81,14 @@ _MARK = "_bcrecord_path"
 _marks_lock = threading.Lock()
 #: For each module marked now (by id): how many passes mark it, per path.
 _mark_counts: Dict[int, Dict[str, int]] = {}
-#: For each function patched for a model, the classes of the recorded modules that run it and of
-#: the modules on the way to them: a compiled graph that inlined it is guarded on one of them,
-#: where it reached the module by looping over a container too, by the type of the compiled
-#: frame's module (``bcrecord.torch._drop_graphs_holding``).
-patched_classes: weakref.WeakKeyDictionary[Any, weakref.WeakSet[type]] = weakref.WeakKeyDictionary()
+#: For each function patched for a model, per patch of it, the classes of the recorded modules that
+#: run it and of the modules on the way to them: a compiled graph that inlined it is guarded on one
+#: of them, where it reached the module by looping over a container too, by the type of the compiled
+#: frame's module (``bcrecord.torch._drop_graphs_holding``). Only the patches still applied count:
+#: an ended recording's classes would drop other models' graphs at every later swap.
+patched_classes: weakref.WeakKeyDictionary[Any, weakref.WeakKeyDictionary[Patch, Tuple[type, ...]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 class StopForward(BaseException):
@@ -930,9 +933,8 @@ class Plan:
 
     def _note_classes(self, patch: Patch, cls: type) -> None:
         """Note, for ``patch``'s function, the classes a compiled graph running it is guarded on."""
-        classes = patched_classes.setdefault(patch.function, weakref.WeakSet())
-        classes.add(cls)
-        classes.update(type(module) for module in self.enclosing)
+        noted = patched_classes.setdefault(patch.function, weakref.WeakKeyDictionary())
+        noted[patch] = (*noted.get(patch, ()), cls, *(type(module) for module in self.enclosing))
 
     def recording_for(
         self,

@@ -188,10 +188,7 @@ def _split(text: str) -> Tuple[str, str, str, bool]:
     grad = text.endswith(".grad")
     if grad:
         if ":" not in text:
-            raise SpecError(
-                f"{text!r}: '.grad' follows a target with its method, e.g. "
-                "'layer1.0:forward:out@2.grad' or 'fc:forward:return.grad'"
-            )
+            raise _bare_path_grad(text[: -len(".grad")])
         text = text[: -len(".grad")]
     parts = text.split(":")
     if len(parts) == 1:
@@ -204,27 +201,52 @@ def _split(text: str) -> Tuple[str, str, str, bool]:
     return parts[0], parts[1], parts[2], grad
 
 
+def _bare_path_grad(path: str) -> SpecError:
+    """The error for ``'<path>.grad'``: a gradient is a value's, named with its method."""
+    return SpecError(
+        f"{path + '.grad'!r}: '.grad' follows a target with its method: {path + ':forward:return.grad'!r} "
+        "for the gradient of that module's output (e.g. 'layer1.0:forward:out@2.grad' for a local's)"
+    )
+
+
 def _split_in(model: torch.nn.Module, text: str) -> Tuple[str, str, str, bool]:
     """:func:`_split`, where a submodule's own name holds ``':'`` or is ``'grad'`` (a ``ModuleDict``
     key, ``'task:cls'``; torch refuses only dots): the path is the submodule's, as ``list_targets``
-    and globs name it.
+    and globs name it (a glob too: ``'heads.task:*'``).
 
     >>> import torch
     >>> model = torch.nn.ModuleDict({"grad": torch.nn.ReLU(), "a:b": torch.nn.ReLU()})
-    >>> _split_in(model, "grad"), _split_in(model, "a:b:forward:return.grad")
-    (('grad', 'forward', '', False), ('a:b', 'forward', 'return', True))
+    >>> _split_in(model, "grad"), _split_in(model, "a:b:forward:return.grad"), _split_in(model, "a:*")
+    (('grad', 'forward', '', False), ('a:b', 'forward', 'return', True), ('a:*', 'forward', '', False))
     """
     if isinstance(text, str) and ("grad" in text or text.count(":") not in (0, 2)):
         stripped = text.strip()
-        if _submodule(model, stripped) is not None:  # a bare path: 'heads.grad', 'heads.a:b'
+        if _names_submodules(model, stripped):  # a bare path: 'heads.grad', 'heads.a:b', 'heads.a:*'
             return stripped, "forward", "", False
         grad = stripped.endswith(".grad")
         body = stripped[: -len(".grad")] if grad else stripped
+        if grad and ":" in body and _names_submodules(model, body):  # 'heads.a:b.grad'
+            raise _bare_path_grad(body)
         if body.count(":") > 2:
             path, method, spec_text = body.rsplit(":", 2)
-            if method and spec_text and _submodule(model, path) is not None:
+            if method and spec_text and _names_submodules(model, path):
                 return path, method, spec_text, grad
+        if body.count(":") == 1 and any(":" in name for name, _ in model.named_modules()):
+            # Only a path can hold one ':' (a misspelt 'heads.tusk:cls'): say which are there.
+            _matching_paths(model, body)
     return _split(text)
+
+
+def _names_submodules(model: torch.nn.Module, path: str) -> bool:
+    """Whether ``path`` is a submodule's path, or a glob matching some (``'heads.task:*'``)."""
+    if _submodule(model, path) is not None:
+        return True
+    if not any(ch in path for ch in "*?["):
+        return False
+    try:
+        return bool(_matching_paths(model, path))
+    except TargetError:
+        return False
 
 
 #: FX node names of the comparison and unary operators, which are no sites (see Expr).

@@ -214,6 +214,37 @@ def test_recording_another_model_leaves_a_compiled_model_s_graphs_alone():
     extractor.close()
 
 
+def test_recordings_that_ended_leave_other_compiled_models_graphs_alone():
+    # The classes on the way to a recorded module stayed noted for good, as classes a graph
+    # running its method may be guarded on: every later extractor call (of any model with
+    # that module class) dropped the graphs of compiled models of those classes (here one
+    # that once held a BatchNorm), and a plain nn.Module on the way stood for every
+    # subclass: every compiled model's, also while it was recorded (3 recompiles here).
+    from bcrecord.torch import create_feature_extractor
+
+    torch.manual_seed(0)
+    box = torch.nn.Module()
+    box.seq = torch.nn.Sequential(torch.nn.BatchNorm2d(3).eval())
+    once = _Unrelated()
+    once.bn = torch.nn.BatchNorm2d(3).eval()
+    for model, target in [(box, "seq.0"), (once, "bn")]:
+        with record(model, [target]):
+            pass
+    torch._dynamo.reset()
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 1), torch.nn.BatchNorm2d(4)).eval()
+    other = torch.compile(_Unrelated(), backend="eager")
+    extractor = create_feature_extractor(net, ["1"])
+    stats = torch._dynamo.utils.counters["stats"]
+    x, y = torch.randn(1, 3, 4, 4), torch.randn(2, 3)
+    expected = other(y)
+    graphs = stats["unique_graphs"]
+    for _ in range(4):
+        assert torch.equal(other(y), expected)
+        assert torch.allclose(extractor(x)["1"], net(x), atol=1e-6)
+    assert stats["unique_graphs"] == graphs  # the other model compiled once
+    extractor.close()
+
+
 class _Doubled(torch.nn.Module):
     def forward(self, x):
         return torch.relu(x * 2) + 1

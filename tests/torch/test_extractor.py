@@ -937,3 +937,15 @@ def test_an_extractor_takes_a_submodule_named_grad_or_with_a_colon():
     assert torch.equal(features["heads.task:cls"], net(x))
     with pytest.raises(bcrecord.SpecError, match="before any gradient exists"):
         create_feature_extractor(net, ["heads.grad:forward:return.grad"])
+
+
+def test_an_extractor_inside_vmap_returns_its_features_batched_as_vmap_returns_outputs():
+    # Its features are the forward's outputs there: vmap batches them itself, so they stay
+    # vmap's tensors inside (taken from under the wrapper, vmap saw unbatched values and
+    # repeated each for every example: [5, 5, 4]).
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+    x = torch.randn(5, 3)
+    features = torch.func.vmap(create_feature_extractor(net, ["0", "1"]))(x)
+    assert features["0"].shape == (5, 4)
+    assert torch.allclose(features["0"], net[0](x)) and torch.allclose(features["1"], net[0](x).relu())

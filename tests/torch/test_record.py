@@ -336,7 +336,7 @@ def test_bad_targets_give_clear_errors_and_change_nothing(net):
             with record(model, targets):
                 pass
         assert same(before, snapshot(net))
-    with pytest.raises(bcrecord.SpecError, match="'fc:forward:return.grad'"):
+    with pytest.raises(bcrecord.SpecError, match="'bn1:forward:return.grad' for the gradient"):
         with record(net, "bn1.grad"):
             pass
 
@@ -1251,3 +1251,71 @@ def test_clear_drops_the_gradients_still_to_come_of_the_values_it_dropped():
         rec.clear()
         y1.sum().backward()
     assert rec.keys() == [] and net[0].weight._backward_hooks is None
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+
+
+@pytest.mark.parametrize(
+    "options", [{}, {"copy": "detach"}, {"copy": "deepcopy"}, {"grad": True}, {"dtype": torch.float64}]
+)
+def test_values_recorded_inside_vmap_are_the_whole_batch_batch_dimension_first(options):
+    # They were vmap's batched tensors, dead once vmap returned: every op on them raised,
+    # and an ensemble's (stack_module_state) looked like one model's values.
+    model, x = _mlp(), torch.randn(5, 3)
+    with bcrecord.torch.record(model, ["0", "1"], **options) as rec:
+        torch.func.vmap(model, in_dims=1)(x.t())  # (vmap's dimension is not the first here)
+    dtype = options.get("dtype", torch.float32)
+    assert rec["0:forward:return"].dtype == dtype
+    assert torch.allclose(rec["0:forward:return"], model[0](x).to(dtype))
+    assert torch.allclose(rec["1:forward:return"], model[1](model[0](x)).to(dtype))
+    # vmap of vmap: each vmap's dimension first, the outermost first.
+    grid = torch.randn(2, 3, 5)  # (3: the features; 2 and 5: the vmaps' dimensions)
+    with bcrecord.torch.record(model, ["0"], **options) as rec:
+        torch.func.vmap(torch.func.vmap(model, in_dims=1), in_dims=0)(grid)
+    expected = model[0](grid.transpose(1, 2))  # [2, 5, 4]
+    assert rec["0:forward:return"].shape == (2, 5, 4)
+    assert torch.allclose(rec["0:forward:return"], expected.to(dtype))
+
+
+def test_a_reduce_inside_vmap_sees_the_whole_batch_and_an_ensembles_values_are_per_model():
+    model, x = _mlp(), torch.randn(5, 3)
+    with bcrecord.torch.record(model, ["0"], reduce=lambda t: t.mean(0)) as rec:
+        torch.func.vmap(model)(x)
+    assert torch.allclose(rec["0:forward:return"], model[0](x).mean(0))  # as without vmap
+    models = [_mlp() for _ in range(3)]
+    for k, member in enumerate(models):
+        torch.nn.init.constant_(member[0].bias, float(k))
+    params, buffers = torch.func.stack_module_state(models)
+    base = models[0]
+
+    def ensemble(params, buffers, x):
+        return torch.func.functional_call(base, (params, buffers), (x,))
+
+    with bcrecord.torch.record(base, ["0"]) as rec:
+        torch.func.vmap(ensemble, in_dims=(0, 0, None))(params, buffers, x)
+    assert rec["0:forward:return"].shape == (3, 5, 4)
+    assert torch.allclose(rec["0:forward:return"], torch.stack([member[0](x) for member in models]).detach())
+
+
+def test_values_recorded_inside_torch_func_grad_are_plain_tensors_that_save(tmp_path):
+    # They were grad's wrapper tensors: arithmetic worked after the transform, but
+    # torch.save, pickle and bcrecord.save raised "Cannot access storage of TensorWrapper".
+    model, x = _mlp(), torch.randn(5, 3)
+    with bcrecord.torch.record(model, ["0", "0:forward:return.grad"]) as rec:
+        torch.func.grad(lambda x: model(x).sum())(x)
+    # Under a vmap of grad (per-example gradients) too.
+    with bcrecord.torch.record(model, ["1"]) as per_example:
+        torch.func.vmap(torch.func.grad(lambda row: model(row).sum()))(x)
+    hidden = model[0](x).detach()
+    assert torch.equal(rec["0:forward:return"], hidden)
+    assert torch.allclose(per_example["1:forward:return"], hidden.relu())
+    assert torch.equal(pickle.loads(pickle.dumps(rec["0:forward:return"])), hidden)
+    bcrecord.save(rec, str(tmp_path))
+    (saved,) = bcrecord.load(str(tmp_path))["0:forward:return"]
+    assert torch.equal(saved, hidden)
+    # The gradient of the sum through the ReLU and the last Linear: relu'(h) * w2.
+    expected = (hidden > 0).float() * model[2].weight.detach()
+    assert torch.allclose(rec["0:forward:return.grad"], expected)

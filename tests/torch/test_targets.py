@@ -968,8 +968,54 @@ def test_a_submodule_named_with_a_colon_or_grad_is_a_path_as_list_targets_and_gl
         (y * y).sum().backward()
     assert torch.equal(rec["heads.grad:forward:return"], net.heads["grad"](x))
     assert torch.allclose(rec["heads.task:cls:forward:return.grad"], 2 * y)
-    with pytest.raises(bcrecord.SpecError, match="expected 'module.path:method:target'"):
-        expand(net, "heads.task:cls.grad")  # still no gradient of a bare path
+    # Still no gradient of a bare path: the refusal names the target to write instead.
+    with pytest.raises(bcrecord.SpecError, match="'heads.task:cls:forward:return.grad' for the gradient"):
+        expand(net, "heads.task:cls.grad")
+
+
+def test_a_glob_over_submodule_names_with_a_colon_matches_them_as_list_targets_lists_them():
+    # 'heads.task:*' was refused as a bad target (one ':', so no 'path:method:spec')
+    # while 'heads.*' took the same modules; and 'heads.task:cls.grad' got the generic
+    # "expected 'module.path:method:target'" where 'heads.b.grad' was told to add a method.
+    class Heads(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            names = ["task:cls", "task:box", "aux"]
+            self.heads = torch.nn.ModuleDict({name: torch.nn.Linear(2, 2) for name in names})
+
+        def forward(self, x):
+            return sum(head(x) for head in self.heads.values())
+
+    net = Heads()
+    assert [t.text for t in expand(net, "heads.task:*")] == ["heads.task:cls", "heads.task:box"]
+    assert [t.path for t in expand(net, "heads.task:*:forward:return.grad")] == [
+        "heads.task:cls",
+        "heads.task:box",
+    ]
+    x = torch.randn(3, 2, requires_grad=True)
+    with bcrecord.torch.record(net, ["heads.task:*", "heads.task:*:forward:F.linear()@0.grad"]) as rec:
+        y = net(x)
+        (y * y).sum().backward()
+    assert rec.keys_of("heads.task:*") == ["heads.task:cls:forward:return", "heads.task:box:forward:return"]
+    assert torch.equal(rec["heads.task:box:forward:return"], net.heads["task:box"](x).detach())
+    assert torch.allclose(rec["heads.task:cls:forward:F.linear()@0.grad"], 2 * y.detach())
+    listed = str(bcrecord.torch.list_targets(net)).splitlines()
+    # The table's header is the module's path, as the targets name it, not 'heads.task'.
+    assert "heads.task:cls" in listed and "heads.task" not in listed
+    assert "    heads.task:cls:forward:return" in listed and "    heads.task:cls" not in listed
+    for bad, error, message in [
+        ("heads.task:cls.grad", bcrecord.SpecError, "'heads.task:cls:forward:return.grad' for the gradient"),
+        ("heads.aux.grad", bcrecord.SpecError, "'heads.aux:forward:return.grad' for the gradient"),
+        ("heads.task:*.grad", bcrecord.SpecError, "'heads.task:\\*:forward:return.grad'"),
+        (
+            "heads.tusk:cls",
+            bcrecord.TargetError,
+            "no submodule 'heads.tusk:cls'; did you mean 'heads.task:cls'",
+        ),
+        ("heads.tusk:*", bcrecord.TargetError, "no submodule matches 'heads.tusk:\\*'"),
+    ]:
+        with pytest.raises(error, match=message):
+            expand(net, bad)
 
 
 def test_a_scripted_model_is_refused_saying_why_at_any_path():
