@@ -257,6 +257,69 @@ def test_run_bad_input(project, args, words):
     assert result.stdout == ""  # the program never started
 
 
+STDIN_PROGRAM = textwrap.dedent(
+    """
+    import sys
+    import helper
+
+    class Point:
+        def __init__(self, x):
+            self.x = x
+
+    def accumulate(n):
+        acc = 0
+        for i in range(n):
+            acc = acc + i
+        return acc
+
+    def make(x):
+        point = Point(x)
+        return point
+
+    print(accumulate(4), helper.twice(5), make(7).x, sys.argv, repr(sys.path[0]), __file__, __name__)
+    """
+)
+
+
+def test_run_reads_the_program_from_stdin_as_python_dash_does(project, tmp_path):
+    out = tmp_path / "records"
+    expected = plain("-", "a", "-m", "b", cwd=project, input=STDIN_PROGRAM)
+    result = cli(
+        *("run", "-r", "__main__:accumulate:acc", "-r", "helper:twice:y", "-r", "__main__:make:point"),
+        *("-o", out, "-", "a", "-m", "b"),
+        cwd=project,
+        input=STDIN_PROGRAM,
+    )
+    assert result.returncode == expected.returncode == 0, result.stderr
+    assert result.stdout == expected.stdout == "6 10 7 ['-', 'a', '-m', 'b'] '' <stdin> __main__\n"
+    loaded = bcrecord.load(out)
+    assert loaded["__main__:accumulate:acc@1"] == [0, 1, 3, 6]
+    assert loaded["helper:twice:y@0"] == [10]
+    (point,) = loaded["__main__:make:point@0"]  # the program's class: its saved state
+    assert point.state == {"x": 7}
+
+
+@pytest.mark.parametrize(
+    "target, words",
+    [
+        ("__main__:nope:x", "target '__main__:nope:x': the program on stdin never defines 'nope'"),
+        ("__main__:accumulate:nosuch", "no assignment to a local named 'nosuch'"),
+    ],
+)
+def test_run_checks_a_stdin_program_s_targets_before_it_starts(project, target, words):
+    result = cli("run", "-r", target, "-", cwd=project, input=STDIN_PROGRAM)
+    assert words in one_clear_line(result)
+    assert result.stdout == ""
+
+
+def test_run_shows_a_syntax_error_of_a_stdin_program_as_python_does(project):
+    plain_run = plain("-", cwd=project, input="def f(v):\n    x = = v\n")
+    result = cli("run", "-r", "__main__:f:x", "-", cwd=project, input="def f(v):\n    x = = v\n")
+    assert result.returncode == plain_run.returncode == 1
+    assert result.stderr.startswith(plain_run.stderr), result.stderr
+    assert "bcrecord: target '__main__:f:x' was never applied: the program does not compile" in result.stderr
+
+
 def test_run_refuses_a_package_or_directory_with_nothing_to_run(project):
     (project / "nomain").mkdir()
     (project / "nomain" / "__init__.py").write_text("print('imported')\n")
