@@ -188,6 +188,9 @@ class KeySummary:
     min: Optional[float] = None
     mean: Optional[float] = None
     max: Optional[float] = None
+    #: True when every value is numeric, also where none has a number to count (every
+    #: element NaN, or none): min/mean/max are unknown then, but the key is no text.
+    numbers: bool = False
 
     @property
     def numeric(self) -> bool:
@@ -220,11 +223,20 @@ class KeySummary:
             shape = "-"
         else:
             shape = "x".join(map(str, self.shape)) if self.shape else "scalar"
-        # A key that is no valid text (a lone surrogate) is shown escaped: printing it would fail;
-        # so are control characters (a newline would break the table's row), and '' is shown.
-        key = self.key.encode("utf-8", "backslashreplace").decode("utf-8")
-        key = "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode() for ch in key) or "''"
+        key = _shown(self.key)
         return (key, steps, shape, self.dtype, _number(self.min), _number(self.mean), _number(self.max))
+
+
+def _shown(key: str) -> str:
+    """``key`` as the table, a picture's title and ``index.html`` show it: a key that is no valid
+    text (a lone surrogate) escaped, as printing or drawing it would fail; control characters
+    too (a newline would break the table's row, a title's line); and '' shown.
+
+    >>> print(_shown("m:f:x@0"), _shown("a\\nb\\udcff"), _shown(""))
+    m:f:x@0 a\\nb\\udcff ''
+    """
+    key = key.encode("utf-8", "backslashreplace").decode("utf-8")
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode() for ch in key) or "''"
 
 
 def _dtype(value: Any) -> str:
@@ -268,6 +280,7 @@ def summarize(loaded: Loaded, keys: Optional[Iterable[str]] = None) -> List[KeyS
                 max(high, stats[2]),
                 count + stats[3],
             )
+        summary.numbers = count >= 0
         if count > 0:
             summary.min, summary.mean, summary.max = low, total / count, high
         out.append(summary)
@@ -379,7 +392,7 @@ def _figure(width: float, height: float) -> Any:
 
 
 def _title(summary: KeySummary, what: str) -> str:
-    return f"{summary.key}\n{what}"
+    return f"{_shown(summary.key)}\n{what}"
 
 
 def _mosaic(maps: Any, cols: int, pad: int) -> Any:
@@ -636,10 +649,11 @@ def draw(
     for summary in summaries:
         slug = base = _slug(summary.key)
         n = 1
-        while slug in used:
+        # Compared ignoring case: 'C:f:x@0' and 'c:f:x@0' are one file name on macOS and Windows.
+        while slug.casefold() in used:
             n += 1
             slug = f"{base}-{n}"
-        used.add(slug)
+        used.add(slug.casefold())
         files: List[str] = []
         try:
             for kind, figure in _pictures(summary, max_maps):
@@ -694,13 +708,14 @@ def write_index(
         if failed and summary.key in failed:
             images += f"<p class=none>could not draw it: {html.escape(failed[summary.key])}</p>"
         if not images:  # a numeric one drew nothing: one number saved once, or no elements
-            why = (
-                "nothing to draw (one number, or no elements): see the table"
-                if summary.numeric
-                else ("not a numeric value")
-            )
+            if summary.numeric:
+                why = "nothing to draw (one number, or no elements): see the table"
+            elif summary.numbers:  # (a loss that diverged)
+                why = "no number to draw (every element is NaN, or there are none)"
+            else:
+                why = "not a numeric value"
             images = f"<p class=none>no picture: {why}</p>"
-        sections.append(f'<section id="{anchor}"><h2>{html.escape(summary.key)}</h2>{images}</section>')
+        sections.append(f'<section id="{anchor}"><h2>{html.escape(cells[0])}</h2>{images}</section>')
     page = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>

@@ -249,6 +249,25 @@ def test_view_draws_values_with_infinities_and_keys_too_long_for_a_file_name(tmp
     assert len(long_pngs) == 2 and all(len(name) < 140 for name in long_pngs)
 
 
+def test_view_draws_keys_that_are_no_valid_text_or_differ_in_case_only(tmp_path):
+    pytest.importorskip("matplotlib")
+    import io
+
+    from bcrecord.viz import view
+
+    records = tmp_path / "records"
+    keys = ["m:f:\udcff@0", "m:f:a\nb@0", "m:C:x@0", "m:c:x@0"]
+    for step in range(2):
+        bcrecord.save({key: [torch.full((4,), float(k + step))] for k, key in enumerate(keys)}, records, step)
+    assert view(records, progress=False, out=io.StringIO(), err=io.StringIO()) == 0
+    plots = records / "plots"
+    pngs = sorted(p.name for p in plots.glob("*.png"))
+    assert len(pngs) == 2 * len(keys)  # a histogram and the value over steps each
+    assert len({name.casefold() for name in pngs}) == len(pngs)  # one file each on macOS, Windows too
+    page = (plots / "index.html").read_text(encoding="utf-8")
+    assert "<h2>m:f:\\udcff@0</h2>" in page and "<h2>m:f:a\\nb@0</h2>" in page
+
+
 def test_view_draws_the_other_keys_when_one_cannot_be_drawn(tmp_path):
     pytest.importorskip("matplotlib")
     records = tmp_path / "records"
