@@ -246,8 +246,8 @@ def _dtype(value: Any) -> str:
     return type(value).__name__
 
 
-def summarize(loaded: Loaded, keys: Optional[Iterable[str]] = None) -> List[KeySummary]:
-    """One :class:`KeySummary` per key of ``loaded`` (``keys``: glob patterns to keep).
+def summarize(loaded: Loaded, keys: Union[str, Iterable[str], None] = None) -> List[KeySummary]:
+    """One :class:`KeySummary` per key of ``loaded`` (``keys``: a glob pattern, or several, to keep).
 
     >>> import tempfile, bcrecord
     >>> from bcrecord.viz import summarize
@@ -256,7 +256,7 @@ def summarize(loaded: Loaded, keys: Optional[Iterable[str]] = None) -> List[KeyS
     >>> [(s.key, s.numeric, s.mean) for s in summarize(bcrecord.load(folder), keys=["*x*"])]
     [('a:f:x@0', True, 1.5)]
     """
-    patterns = list(keys) if keys is not None else None
+    patterns = _patterns(keys)
     out = []
     for key in loaded:
         if patterns is not None and not any(fnmatch.fnmatchcase(key, p) for p in patterns):
@@ -285,6 +285,18 @@ def summarize(loaded: Loaded, keys: Optional[Iterable[str]] = None) -> List[KeyS
             summary.min, summary.mean, summary.max = low, total / count, high
         out.append(summary)
     return out
+
+
+def _patterns(keys: Union[str, Iterable[str], None]) -> Optional[List[str]]:
+    """``keys`` as a list of glob patterns: one string is one pattern (as :func:`load` takes
+    one key), not its characters (whose ``'*'`` would match every key).
+
+    >>> _patterns("layer1.*"), _patterns(["a*", "b"]), _patterns(None)
+    (['layer1.*'], ['a*', 'b'], None)
+    """
+    if keys is None:
+        return None
+    return [keys] if isinstance(keys, str) else list(keys)
 
 
 def table(summaries: Sequence[KeySummary]) -> str:
@@ -776,7 +788,7 @@ def view(
     directory: PathLike,
     *,
     plots: bool = True,
-    keys: Optional[Iterable[str]] = None,
+    keys: Union[str, Iterable[str], None] = None,
     progress: Optional[bool] = None,
     max_maps: int = 32,
     out: Optional[TextIO] = None,
@@ -784,7 +796,7 @@ def view(
 ) -> int:
     """Print the summary table of ``directory``; with ``plots``, write ``directory/plots``. Returns 0.
 
-    ``keys`` are glob patterns (``'layer1.*'``); the pictures an earlier ``view`` drew
+    ``keys`` is a glob pattern (``'layer1.*'``) or several; the pictures an earlier ``view`` drew
     are removed first, so ``plots`` then holds only those keys' pictures. ``progress``
     forces the progress bar on or off (default: on when ``err`` is a terminal).
 
@@ -802,10 +814,10 @@ def view(
         raise BcrecordError(f"{str(directory)!r} is not a directory")
     if not directory.is_dir():
         raise BcrecordError(f"no such directory: {str(directory)!r}")
+    keys = _patterns(keys)
     if keys is None:
         loaded = load(directory)
     else:  # only the matching keys' values are read (another key's data file may be damaged)
-        keys = list(keys)
         saved = saved_keys(directory)
         matching = [key for key in saved if any(fnmatch.fnmatchcase(key, pattern) for pattern in keys)]
         if not matching:

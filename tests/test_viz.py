@@ -128,3 +128,11 @@ def test_index_says_a_key_whose_every_element_is_nan_has_no_number_not_that_it_i
     page = write_index([loss, text], {}, tmp_path, "run").read_text()
     assert page.count("no picture: no number to draw (every element is NaN, or there are none)") == 1
     assert page.count("no picture: not a numeric value") == 1  # the text's
+
+
+def test_one_pattern_given_as_a_string_is_one_pattern_not_its_characters(saved):
+    loaded = bcrecord.load(saved)
+    assert [s.key for s in summarize(loaded, keys="m:g:*")] == ["m:g:v@0"]  # '*' alone kept them all
+    out = io.StringIO()
+    assert view(saved, plots=False, keys="m:f:x*", out=out) == 0
+    assert [line.split()[0] for line in out.getvalue().splitlines()[1:]] == ["m:f:x@0"]
