@@ -47,7 +47,15 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 from .errors import BcrecordError, did_you_mean, shown
 from .listing import decompiled, side_by_side
-from .patch import Patch, a_method_name, function_of, patch_function, patch_method, targets
+from .patch import (
+    Patch,
+    a_method_name,
+    function_of,
+    no_python_method,
+    patch_function,
+    patch_method,
+    targets,
+)
 
 __all__ = ["main", "resolve_path"]
 
@@ -143,6 +151,8 @@ def _resolved(path: str) -> Tuple[Any, Any]:
     # stderr: stdout is the command's output (--json). (Where there is a stderr.)
     with contextlib.redirect_stdout(sys.stderr) if sys.stderr is not None else contextlib.nullcontext():
         holder, found = resolve_path(path)
+    if isinstance(found, type) and no_python_method(found):
+        raise BcrecordError(f"{path!r}: {no_python_method(found)}")
     if isinstance(found, type):
         method = a_method_name(found)
         raise BcrecordError(f"{path!r} is a class: name one of its methods, e.g. '{path}.{method}'")

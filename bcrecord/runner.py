@@ -104,6 +104,7 @@ from .patch import (
     _OneInstance,
     a_method_name,
     function_of,
+    no_python_method,
     original_code,
     patch_function,
     patch_method,
@@ -262,6 +263,8 @@ _CO_OPTIMIZED = inspect.CO_OPTIMIZED
 
 def _a_class(target: RunTarget, methods: Union[type, Sequence[str]]) -> str:
     """Why ``target`` names a class, with the target for one of its ``methods`` to give instead."""
+    if isinstance(methods, type) and no_python_method(methods):
+        return f"target {target.text!r}: {no_python_method(methods)}"
     spec = target.text.split(":", 2)[2]
     example = f"{target.module}:{target.qualname}.{a_method_name(methods)}:{spec}"
     return f"target {target.text!r}: {target.path[-1]} is a class: name one of its methods, e.g. {example!r}"
