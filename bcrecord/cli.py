@@ -398,7 +398,8 @@ def _parser() -> argparse.ArgumentParser:
         "--copy",
         default="clone",
         choices=["clone", "detach", "deepcopy", "none"],
-        help="how values are copied when recorded (default clone)",
+        help="how values are copied when recorded (default clone; none: each is saved as it is when "
+        "written, up to seconds later, so a value the program changes in place meanwhile is saved changed)",
     )
     p.add_argument("-q", "--quiet", action="store_true", help="no summary line on stderr at the end")
     p.add_argument("-m", dest="module", metavar="MODULE", help="run a module, as python -m does")

@@ -320,6 +320,23 @@ def test_run_shows_a_syntax_error_of_a_stdin_program_as_python_does(project):
     assert "bcrecord: target '__main__:f:x' was never applied: the program does not compile" in result.stderr
 
 
+def test_run_copy_none_saves_a_value_as_it_is_when_written_as_its_help_says(project, tmp_path):
+    (project / "grows.py").write_text(
+        "def f(acc, i):\n    acc.append(i)\n    snapshot = acc\n    return snapshot\n"
+        "acc = []\nfor i in range(3):\n    f(acc, i)\n"
+    )
+    for copy, expected in (("clone", [[0], [0, 1], [0, 1, 2]]), ("none", [[0, 1, 2]] * 3)):
+        out = tmp_path / copy
+        result = cli(
+            "run", "-q", "--copy", copy, "-r", "__main__:f:snapshot", "-o", out, "grows.py", cwd=project
+        )
+        assert result.returncode == 0, result.stderr
+        assert bcrecord.load(out)["__main__:f:snapshot@0"] == expected
+    assert "a value the program changes in place meanwhile is saved changed" in " ".join(
+        cli("run", "--help").stdout.split()
+    )
+
+
 def test_run_refuses_a_package_or_directory_with_nothing_to_run(project):
     (project / "nomain").mkdir()
     (project / "nomain" / "__init__.py").write_text("print('imported')\n")
