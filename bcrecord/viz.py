@@ -809,7 +809,7 @@ def view(
     """
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err
-    directory = Path(directory)
+    directory = Path(directory).expanduser()  # '~/runs' as load() reads it
     if directory.exists() and not directory.is_dir():
         raise BcrecordError(f"{str(directory)!r} is not a directory")
     if not directory.is_dir():
