@@ -78,11 +78,14 @@ def _stats(value: Any) -> Optional[Tuple[float, float, float, int]]:
             number = math.inf if value > 0 else -math.inf
         return _NO_NUMBERS if math.isnan(number) else (number, number, number, 1)
     if is_tensor(value):
-        t = as_dense(value.detach())
-        if t.is_complex():
-            t = t.abs()
-        if str(t.dtype) not in ("torch.float32", "torch.float64"):  # ints, bool, float8: no aminmax
-            t = t.double()
+        try:
+            t = as_dense(value.detach())
+            if t.is_complex():
+                t = t.abs()
+            if str(t.dtype) not in ("torch.float32", "torch.float64"):  # ints, bool, float8: no aminmax
+                t = t.double()
+        except (RuntimeError, NotImplementedError):  # a dtype torch converts to nothing (packed float4)
+            return None
         if t.numel() and bool(t.isnan().any()):
             t = t[~t.isnan()]
         if t.numel() == 0:
@@ -131,10 +134,11 @@ def _numpy_array(value: Any) -> Any:
     except ImportError:
         return None
     if is_tensor(value):
-        t = as_dense(value.detach().cpu())
-        if t.is_complex():
-            t = t.abs()
-        return t.double().numpy()
+        try:
+            t = as_dense(value.detach().cpu())
+            return (t.abs() if t.is_complex() else t).double().numpy()
+        except (RuntimeError, NotImplementedError):  # (as in _stats)
+            return None
     if isinstance(value, str) or value is None:
         return None
     try:
