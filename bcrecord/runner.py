@@ -1797,8 +1797,8 @@ def run(
             file=told,
         )
     writer = Writer(save_dir) if save_dir is not None else None
-    if writer is not None and not quiet:
-        _note_earlier_values(writer, sys.stderr if stderr is None else stderr)
+    if writer is not None and not quiet and told is not None:  # (as above: never the program's stdout)
+        _note_earlier_values(writer, told)
     runner = _Runner(parsed, prog, writer, every=every, copy=copy, quiet=quiet, stderr=stderr)
     runner.start()
     if linger:

@@ -7,6 +7,7 @@ threads and unpicklable values; bad input stops the run before the program start
 
 import json
 import shlex
+import sys
 import textwrap
 
 import pytest
@@ -151,6 +152,26 @@ def test_a_second_run_into_a_save_dir_says_it_adds_to_what_is_there(project, tmp
         f"bcrecord: {out} holds {saved // 2} value(s) saved before; this run's are added to them "
         "(their steps start again at 0)"
     )
+
+
+def test_a_second_run_without_a_stderr_leaves_the_program_s_stdout_as_it_is(project, tmp_path):
+    import subprocess
+
+    from .commands import _env
+
+    out = tmp_path / "twice"
+    env = _env()
+    alone = f"{shlex.quote(sys.executable)} prog.py 2 2>&-"  # (its own stderr lines on stdout then)
+    expected = subprocess.run(
+        ["sh", "-c", alone], cwd=project, env=env, capture_output=True, text=True
+    ).stdout
+    run = f"{shlex.quote(sys.executable)} -m bcrecord run -r helper:twice:y -o {shlex.quote(str(out))}"
+    for _ in range(2):  # the second finds values saved before: said on no stderr, not on stdout
+        result = subprocess.run(
+            ["sh", "-c", run + " prog.py 2 2>&-"], cwd=project, env=env, capture_output=True, text=True
+        )
+        assert result.stdout == expected
+    assert len(bcrecord.load(out)["helper:twice:y@0"]) > 0
 
 
 def test_run_every_nth_value(project, tmp_path):
