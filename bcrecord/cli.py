@@ -7,8 +7,9 @@ Subcommands:
   disassembly side by side, inserted probes marked (plus decompiled source where
   the optional ``depyf`` is installed).
 * ``bcrecord run --record TARGET... [--save-dir DIR] [--every N] script.py [args...]``
-  (or ``-m package.module [args...]``) — runs an unmodified program with the targets
-  patched from the start, saving every N-th value (see :mod:`bcrecord.runner`).
+  (or ``-m package.module [args...]``, or ``- [args...]``: the program read from stdin) —
+  runs an unmodified program with the targets patched from the start, saving every N-th
+  value (see :mod:`bcrecord.runner`).
 * ``bcrecord view DIR`` — a summary table of saved records and pictures in
   ``DIR/plots`` (see :mod:`bcrecord.viz`).
 * ``bcrecord demo`` — records inside a small CNN (torch), prints the table and
@@ -46,7 +47,15 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 from .errors import BcrecordError, did_you_mean, shown
 from .listing import decompiled, side_by_side
-from .patch import Patch, a_method_name, function_of, patch_function, patch_method, targets
+from .patch import (
+    Patch,
+    a_method_name,
+    function_of,
+    no_python_method,
+    patch_function,
+    patch_method,
+    targets,
+)
 
 __all__ = ["main", "resolve_path"]
 
@@ -142,6 +151,8 @@ def _resolved(path: str) -> Tuple[Any, Any]:
     # stderr: stdout is the command's output (--json). (Where there is a stderr.)
     with contextlib.redirect_stdout(sys.stderr) if sys.stderr is not None else contextlib.nullcontext():
         holder, found = resolve_path(path)
+    if isinstance(found, type) and no_python_method(found):
+        raise BcrecordError(f"{path!r}: {no_python_method(found)}")
     if isinstance(found, type):
         method = a_method_name(found)
         raise BcrecordError(f"{path!r} is a class: name one of its methods, e.g. '{path}.{method}'")
@@ -211,7 +222,8 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.module is None and not args.args:
         raise runner.RunError(
-            "no program given: bcrecord run [options] script.py [args...] or -m module [args...]"
+            "no program given: bcrecord run [options] script.py [args...], -m module [args...] "
+            "or - [args...] (the program on stdin)"
         )
     program, rest = (args.module, args.args) if args.module is not None else (args.args[0], args.args[1:])
     return runner.run(
@@ -269,13 +281,15 @@ def _split_run(argv: List[str]) -> Tuple[List[str], List[str]]:
     (['run', '-r', 'm:f:x', '-qo', 'out', '-qm', 'pkg.mod'], ['-o', 'theirs'])
     >>> _split_run(["run", "--rec", "m:f:x", "-m", "pkg.mod", "--every", "5"])
     (['run', '--rec', 'm:f:x', '-m', 'pkg.mod'], ['--every', '5'])
+    >>> _split_run(["run", "-r", "m:f:x", "-", "-m", "x"])  # the program on stdin, its arguments
+    (['run', '-r', 'm:f:x', '-', '-m', 'x'], [])
     """
     i = 1
     while i < len(argv):
         token = argv[i]
         if token in _RUN_VALUE_OPTIONS:
             i += 2
-        elif token == "--" or not token.startswith("-"):
+        elif token in ("--", "-") or not token.startswith("-"):  # ('-': the program is on stdin)
             break
         elif token.startswith("--"):
             # argparse takes a long option's unique prefix for it: '--rec', '--sav' take a value too.
@@ -347,8 +361,9 @@ def _parser() -> argparse.ArgumentParser:
         "run",
         help="run a program (like python -m cProfile) recording targets, optionally saving them",
         usage="bcrecord run --record TARGET [--record TARGET ...] [--save-dir DIR] [--every N]\n"
-        "                    (script.py | -m package.module) [args ...]",
+        "                    (script.py | -m package.module | -) [args ...]",
         description="Run an unmodified script or module with functions patched from the start. "
+        "A program '-' is read from stdin, as python - reads it. "
         "Its arguments, output and exit status pass through unchanged (but for status 2 "
         "where the records could not be saved and the program's status is 0).",
         epilog="TARGET is 'package.module:Class.method:SPEC' or 'package.module:function:SPEC', e.g. "
@@ -383,11 +398,12 @@ def _parser() -> argparse.ArgumentParser:
         "--copy",
         default="clone",
         choices=["clone", "detach", "deepcopy", "none"],
-        help="how values are copied when recorded (default clone)",
+        help="how values are copied when recorded (default clone; none: each is saved as it is when "
+        "written, up to seconds later, so a value the program changes in place meanwhile is saved changed)",
     )
     p.add_argument("-q", "--quiet", action="store_true", help="no summary line on stderr at the end")
     p.add_argument("-m", dest="module", metavar="MODULE", help="run a module, as python -m does")
-    p.add_argument("args", nargs=argparse.REMAINDER, help="the script and its arguments")
+    p.add_argument("args", nargs=argparse.REMAINDER, help="the script ('-': stdin) and its arguments")
     p.set_defaults(run=_run, parser=p)
 
     p = commands.add_parser("view", help="summarize saved records and draw them as PNGs in DIR/plots")

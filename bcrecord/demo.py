@@ -147,7 +147,7 @@ def run(
 
     import torch
 
-    directory = Path(directory)
+    directory = Path(directory).expanduser()  # never a folder named '~' here (as bcrecord.save)
     _prepare(directory)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a tiny model: more threads only contend

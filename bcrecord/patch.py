@@ -213,12 +213,37 @@ def a_method_name(methods: Union[type, Iterable[str]]) -> str:
     ('step', 'forward')
     """
     if isinstance(methods, type):
-        methods = [k for k, v in vars(methods).items() if isinstance(v, types.FunctionType)]
+        methods = python_methods(methods)
     names = list(methods)
     own = [name for name in names if name[:2] != "__"]
     if "forward" in own or not names:
         return "forward"
     return own[0] if own else names[0]  # (only special ones: __init__...)
+
+
+def python_methods(cls: type) -> List[str]:
+    """The names of the Python functions of class ``cls``: its own, then those it inherits.
+
+    >>> class Base:
+    ...     def step(self): pass
+    >>> class Sub(Base):
+    ...     def __init__(self): pass
+    >>> python_methods(Sub), python_methods(dict)  # (dict's are C code)
+    (['__init__', 'step'], [])
+    """
+    found = (k for klass in cls.__mro__ for k, v in vars(klass).items() if isinstance(v, types.FunctionType))
+    return list(dict.fromkeys(found))
+
+
+def no_python_method(cls: type) -> str:
+    """Why a class all of whose methods are C code cannot be patched ('' where it has one).
+
+    >>> no_python_method(dict)
+    'dict is a class whose methods are all C code: nothing in it can be patched'
+    """
+    if python_methods(cls):
+        return ""
+    return f"{cls.__qualname__} is a class whose methods are all C code: nothing in it can be patched"
 
 
 def _why_not_a_function(obj: Any) -> str:
@@ -227,6 +252,8 @@ def _why_not_a_function(obj: Any) -> str:
     if isinstance(obj, property):  # its getter's name has the class (a 3.13 property's own has not)
         name = getattr(obj.fget, "__qualname__", None) or name
     name = name or shown(obj)  # (not a whole module-level dict, a model's architecture)
+    if isinstance(obj, type) and no_python_method(obj):
+        return no_python_method(obj)
     if isinstance(obj, type):
         method = a_method_name(obj)
         return (

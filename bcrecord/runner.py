@@ -1,8 +1,9 @@
 """``bcrecord run``: run an unmodified program with functions patched from the start.
 
-Like ``python -m cProfile``, it runs a script (:func:`runpy.run_path`) or a module
-(``-m``, :func:`runpy.run_module`) with ``sys.argv`` set to what the program would
-see, while :class:`RunTarget` strings name what to record::
+Like ``python -m cProfile``, it runs a script (:func:`runpy.run_path`), a module
+(``-m``, :func:`runpy.run_module`) or a program read from stdin (``-``, as ``python -``
+runs it: ``sys.argv[0]`` is ``'-'``, its functions are ``__main__``'s) with ``sys.argv``
+set to what the program would see, while :class:`RunTarget` strings name what to record::
 
     bcrecord run --record 'torchvision.models.resnet:ResNet._forward_impl:x@0' \\
                  --save-dir out --every 10  train.py --epochs 3
@@ -103,6 +104,7 @@ from .patch import (
     _OneInstance,
     a_method_name,
     function_of,
+    no_python_method,
     original_code,
     patch_function,
     patch_method,
@@ -261,6 +263,8 @@ _CO_OPTIMIZED = inspect.CO_OPTIMIZED
 
 def _a_class(target: RunTarget, methods: Union[type, Sequence[str]]) -> str:
     """Why ``target`` names a class, with the target for one of its ``methods`` to give instead."""
+    if isinstance(methods, type) and no_python_method(methods):
+        return f"target {target.text!r}: {no_python_method(methods)}"
     spec = target.text.split(":", 2)[2]
     example = f"{target.module}:{target.qualname}.{a_method_name(methods)}:{spec}"
     return f"target {target.text!r}: {target.path[-1]} is a class: name one of its methods, e.g. {example!r}"
@@ -1052,6 +1056,8 @@ class _Program:
     file: Optional[str] = None
     #: Why the script's source does not compile (Python then fails it as it would).
     uncompiled: Optional[str] = None
+    #: The source of a program read from stdin (``-``), run as ``python -`` runs it.
+    source: Optional[bytes] = None
 
 
 def _program(program: str, args: Sequence[str], is_module: bool) -> _Program:
@@ -1079,6 +1085,8 @@ def _program(program: str, args: Sequence[str], is_module: bool) -> _Program:
         return _Program(
             program, True, [program, *args], os.getcwd(), ("__main__", name), code, f"module {name}"
         )
+    if program == "-":
+        return _stdin_program(args)
     if not os.path.exists(program):
         raise RunError(f"no such file: {program!r}")
     # A directory or zip file runs its __main__.py with itself first on sys.path, as
@@ -1118,6 +1126,29 @@ def _program(program: str, args: Sequence[str], is_module: bool) -> _Program:
         None if bundle else os.path.realpath(program),
         uncompiled,
     )
+
+
+def _stdin_program(args: Sequence[str]) -> _Program:
+    """The program on stdin, read to its end now (targets are checked against its code), to
+    run as ``python -`` runs it: ``sys.argv[0]`` is ``'-'``, ``sys.path[0]`` is ``''`` (the
+    working directory), its file is ``<stdin>``, and ``__main__`` its only name."""
+    stdin = getattr(sys.stdin, "buffer", sys.stdin)
+    if stdin is None:
+        raise RunError("the program is '-' (read from stdin), but there is no stdin")
+    try:
+        source = stdin.read()
+    except (OSError, ValueError) as error:  # (closed, or not readable)
+        raise RunError(f"cannot read the program from stdin: {error}") from None
+    if isinstance(source, str):  # a text stdin without a buffer (one a caller put there)
+        source = source.encode()
+    code = None
+    uncompiled = None
+    try:
+        code = compile(source, "<stdin>", "exec", dont_inherit=True)
+    except (SyntaxError, ValueError) as error:
+        uncompiled = f"{type(error).__name__}: {error}"  # raised again when it runs, as Python does
+    where = "the program on stdin"
+    return _Program("-", False, ["-", *args], "", ("__main__",), code, where, None, uncompiled, source)
 
 
 #: What torch.compile imports: the torch layer makes Dynamo skip probes, and all they call.
@@ -1451,6 +1482,8 @@ class _Runner:
             builtins_module = {"__builtins__": builtins}
             if self.program.is_module:
                 runpy.run_module(self.program.name, builtins_module, run_name="__main__", alter_sys=True)
+            elif self.program.source is not None:
+                self._run_stdin_program()
             else:
                 runpy.run_path(path, builtins_module, run_name="__main__")
             return 0
@@ -1476,6 +1509,25 @@ class _Runner:
                 # which may still run, pickle its classes through it (python script.py keeps it).
                 self._main_before = sys.modules.get("__main__")
                 sys.modules["__main__"] = self.program_module
+
+    def _run_stdin_program(self) -> None:
+        """Run the program read from stdin in a new ``__main__`` module, as ``python -`` does
+        (and as runpy runs a script: the module is ``sys.modules['__main__']`` while it runs)."""
+        assert self.program.source is not None
+        code = self.program.code
+        if code is None:  # its SyntaxError, raised as the program's
+            code = compile(self.program.source, "<stdin>", "exec", dont_inherit=True)
+        module = types.ModuleType("__main__")
+        module.__dict__.update(
+            __file__="<stdin>", __builtins__=builtins, __loader__=importlib.machinery.BuiltinImporter
+        )
+        before = sys.modules.get("__main__")
+        sys.modules["__main__"] = module
+        try:
+            exec(code, module.__dict__)
+        finally:
+            if before is not None:
+                sys.modules["__main__"] = before
 
     def close(self) -> None:
         """Flush, leave the recording, unhook imports, remove patches, restore ``sys``; report."""
@@ -1733,7 +1785,7 @@ def run(
     finally:
         if saved_path0 is not None:
             sys.path[0] = saved_path0
-    shadowed = _shadowed(prog.path0)
+    shadowed = _shadowed(prog.path0 or os.curdir)
     told = sys.stderr if stderr is None else stderr
     if shadowed and told is not None:  # (None: started without a stderr; print would use stdout)
         names = ", ".join(shadowed)
@@ -1745,8 +1797,8 @@ def run(
             file=told,
         )
     writer = Writer(save_dir) if save_dir is not None else None
-    if writer is not None and not quiet:
-        _note_earlier_values(writer, sys.stderr if stderr is None else stderr)
+    if writer is not None and not quiet and told is not None:  # (as above: never the program's stdout)
+        _note_earlier_values(writer, told)
     runner = _Runner(parsed, prog, writer, every=every, copy=copy, quiet=quiet, stderr=stderr)
     runner.start()
     if linger:

@@ -21,6 +21,8 @@ Writes are atomic: each data file is written under a temporary name and renamed,
 and the index line is appended last, in one write; a line cut short by a crash has
 no newline, and readers ignore it (the next save trims it). So a crash never leaves
 a save that :func:`load` accepts half-written; at most the save in progress is lost.
+The temporary file a save killed mid-write leaves (``records/.NNNNNN.pkl.tmp``, which
+:func:`load` ignores) is replaced or removed by the next save, which writes that number's files.
 A full disk or an unwritable
 directory raises :class:`StorageError` naming the directory. Saves into one directory
 from several writers or processes at once (``bcrecord run -o DIR`` on each rank) take
@@ -57,7 +59,6 @@ import re
 import sys
 import threading
 import time
-import uuid
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -195,9 +196,25 @@ def _turn(directory: Path) -> Iterator[None]:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
 
 
+def _temporary(path: Path) -> Path:
+    """Where ``path`` is written before it is renamed: one name per file, not per write.
+
+    Every write holds the directory's lock (:func:`_turn`), so no other process is writing
+    it meanwhile; and a save killed mid-write leaves a file that the next write of that
+    file replaces (the next save reuses the killed save's file number: its index line was
+    never written), so none piles up.
+
+    >>> _temporary(Path("runs/records/000007.pkl")).as_posix()
+    'runs/records/.000007.pkl.tmp'
+    """
+    return path.with_name(f".{path.name}.tmp")
+
+
 def _atomic_write(path: Path, data: bytes) -> None:
-    # Not mkstemp: its files are private (0600); these get the umask's mode, as open() gives.
-    tmp = str(path.parent / f".tmp-{os.getpid()}-{threading.get_ident()}-{uuid.uuid4().hex[:12]}")
+    tmp = _temporary(path)
+    # Made anew (another user's, left by a killed save, is replaced, not written through). Not
+    # mkstemp: its files are private (0600); these get the umask's mode, as open() gives.
+    tmp.unlink(missing_ok=True)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "wb") as handle:
@@ -251,9 +268,10 @@ class Writer:
             elif (self.directory / _JOURNAL).exists():
                 _check_headerless(self.directory / _JOURNAL)
             (self.directory / "records").mkdir(parents=True, exist_ok=True)
-            _atomic_write(self.directory / "records" / ".write-test", b"")  # writable? say so now
-            (self.directory / "records" / ".write-test").unlink(missing_ok=True)
             with _turn(self.directory):
+                # Writable? Say so now. (Under the lock, as every temporary file is written.)
+                _atomic_write(self.directory / "records" / ".write-test", b"")
+                (self.directory / "records" / ".write-test").unlink(missing_ok=True)
                 if (self.directory / "index.json").exists():
                     # Not a records directory: say so now. Version 1: move its entries.
                     header = _header(self.directory)
@@ -377,6 +395,8 @@ class Writer:
             return 0
         # Pickled before any file is written: a value pickle refuses leaves no file behind.
         pickled = _pickled(others, entries) if others else b""
+        for kind in ("safetensors", "pkl"):  # a killed save's of the kind this one does not write
+            _temporary(self.directory / f"records/{stem}.{kind}").unlink(missing_ok=True)
         if tensors:
             _atomic_write(self.directory / f"records/{stem}.safetensors", _safetensors(tensors, entries))
         if others:

@@ -78,11 +78,14 @@ def _stats(value: Any) -> Optional[Tuple[float, float, float, int]]:
             number = math.inf if value > 0 else -math.inf
         return _NO_NUMBERS if math.isnan(number) else (number, number, number, 1)
     if is_tensor(value):
-        t = as_dense(value.detach())
-        if t.is_complex():
-            t = t.abs()
-        if str(t.dtype) not in ("torch.float32", "torch.float64"):  # ints, bool, float8: no aminmax
-            t = t.double()
+        try:
+            t = as_dense(value.detach())
+            if t.is_complex():
+                t = t.abs()
+            if str(t.dtype) not in ("torch.float32", "torch.float64"):  # ints, bool, float8: no aminmax
+                t = t.double()
+        except (RuntimeError, NotImplementedError):  # a dtype torch converts to nothing (packed float4)
+            return None
         if t.numel() and bool(t.isnan().any()):
             t = t[~t.isnan()]
         if t.numel() == 0:
@@ -131,10 +134,11 @@ def _numpy_array(value: Any) -> Any:
     except ImportError:
         return None
     if is_tensor(value):
-        t = as_dense(value.detach().cpu())
-        if t.is_complex():
-            t = t.abs()
-        return t.double().numpy()
+        try:
+            t = as_dense(value.detach().cpu())
+            return (t.abs() if t.is_complex() else t).double().numpy()
+        except (RuntimeError, NotImplementedError):  # (as in _stats)
+            return None
     if isinstance(value, str) or value is None:
         return None
     try:
@@ -188,6 +192,9 @@ class KeySummary:
     min: Optional[float] = None
     mean: Optional[float] = None
     max: Optional[float] = None
+    #: True when every value is numeric, also where none has a number to count (every
+    #: element NaN, or none): min/mean/max are unknown then, but the key is no text.
+    numbers: bool = False
 
     @property
     def numeric(self) -> bool:
@@ -220,11 +227,20 @@ class KeySummary:
             shape = "-"
         else:
             shape = "x".join(map(str, self.shape)) if self.shape else "scalar"
-        # A key that is no valid text (a lone surrogate) is shown escaped: printing it would fail;
-        # so are control characters (a newline would break the table's row), and '' is shown.
-        key = self.key.encode("utf-8", "backslashreplace").decode("utf-8")
-        key = "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode() for ch in key) or "''"
+        key = _shown(self.key)
         return (key, steps, shape, self.dtype, _number(self.min), _number(self.mean), _number(self.max))
+
+
+def _shown(key: str) -> str:
+    """``key`` as the table, a picture's title and ``index.html`` show it: a key that is no valid
+    text (a lone surrogate) escaped, as printing or drawing it would fail; control characters
+    too (a newline would break the table's row, a title's line); and '' shown.
+
+    >>> print(_shown("m:f:x@0"), _shown("a\\nb\\udcff"), _shown(""))
+    m:f:x@0 a\\nb\\udcff ''
+    """
+    key = key.encode("utf-8", "backslashreplace").decode("utf-8")
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode() for ch in key) or "''"
 
 
 def _dtype(value: Any) -> str:
@@ -234,8 +250,8 @@ def _dtype(value: Any) -> str:
     return type(value).__name__
 
 
-def summarize(loaded: Loaded, keys: Optional[Iterable[str]] = None) -> List[KeySummary]:
-    """One :class:`KeySummary` per key of ``loaded`` (``keys``: glob patterns to keep).
+def summarize(loaded: Loaded, keys: Union[str, Iterable[str], None] = None) -> List[KeySummary]:
+    """One :class:`KeySummary` per key of ``loaded`` (``keys``: a glob pattern, or several, to keep).
 
     >>> import tempfile, bcrecord
     >>> from bcrecord.viz import summarize
@@ -244,7 +260,7 @@ def summarize(loaded: Loaded, keys: Optional[Iterable[str]] = None) -> List[KeyS
     >>> [(s.key, s.numeric, s.mean) for s in summarize(bcrecord.load(folder), keys=["*x*"])]
     [('a:f:x@0', True, 1.5)]
     """
-    patterns = list(keys) if keys is not None else None
+    patterns = _patterns(keys)
     out = []
     for key in loaded:
         if patterns is not None and not any(fnmatch.fnmatchcase(key, p) for p in patterns):
@@ -268,10 +284,23 @@ def summarize(loaded: Loaded, keys: Optional[Iterable[str]] = None) -> List[KeyS
                 max(high, stats[2]),
                 count + stats[3],
             )
+        summary.numbers = count >= 0
         if count > 0:
             summary.min, summary.mean, summary.max = low, total / count, high
         out.append(summary)
     return out
+
+
+def _patterns(keys: Union[str, Iterable[str], None]) -> Optional[List[str]]:
+    """``keys`` as a list of glob patterns: one string is one pattern (as :func:`load` takes
+    one key), not its characters (whose ``'*'`` would match every key).
+
+    >>> _patterns("layer1.*"), _patterns(["a*", "b"]), _patterns(None)
+    (['layer1.*'], ['a*', 'b'], None)
+    """
+    if keys is None:
+        return None
+    return [keys] if isinstance(keys, str) else list(keys)
 
 
 def table(summaries: Sequence[KeySummary]) -> str:
@@ -379,7 +408,7 @@ def _figure(width: float, height: float) -> Any:
 
 
 def _title(summary: KeySummary, what: str) -> str:
-    return f"{summary.key}\n{what}"
+    return f"{_shown(summary.key)}\n{what}"
 
 
 def _mosaic(maps: Any, cols: int, pad: int) -> Any:
@@ -636,10 +665,11 @@ def draw(
     for summary in summaries:
         slug = base = _slug(summary.key)
         n = 1
-        while slug in used:
+        # Compared ignoring case: 'C:f:x@0' and 'c:f:x@0' are one file name on macOS and Windows.
+        while slug.casefold() in used:
             n += 1
             slug = f"{base}-{n}"
-        used.add(slug)
+        used.add(slug.casefold())
         files: List[str] = []
         try:
             for kind, figure in _pictures(summary, max_maps):
@@ -694,13 +724,14 @@ def write_index(
         if failed and summary.key in failed:
             images += f"<p class=none>could not draw it: {html.escape(failed[summary.key])}</p>"
         if not images:  # a numeric one drew nothing: one number saved once, or no elements
-            why = (
-                "nothing to draw (one number, or no elements): see the table"
-                if summary.numeric
-                else ("not a numeric value")
-            )
+            if summary.numeric:
+                why = "nothing to draw (one number, or no elements): see the table"
+            elif summary.numbers:  # (a loss that diverged)
+                why = "no number to draw (every element is NaN, or there are none)"
+            else:
+                why = "not a numeric value"
             images = f"<p class=none>no picture: {why}</p>"
-        sections.append(f'<section id="{anchor}"><h2>{html.escape(summary.key)}</h2>{images}</section>')
+        sections.append(f'<section id="{anchor}"><h2>{html.escape(cells[0])}</h2>{images}</section>')
     page = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
 <style>
@@ -761,7 +792,7 @@ def view(
     directory: PathLike,
     *,
     plots: bool = True,
-    keys: Optional[Iterable[str]] = None,
+    keys: Union[str, Iterable[str], None] = None,
     progress: Optional[bool] = None,
     max_maps: int = 32,
     out: Optional[TextIO] = None,
@@ -769,7 +800,7 @@ def view(
 ) -> int:
     """Print the summary table of ``directory``; with ``plots``, write ``directory/plots``. Returns 0.
 
-    ``keys`` are glob patterns (``'layer1.*'``); the pictures an earlier ``view`` drew
+    ``keys`` is a glob pattern (``'layer1.*'``) or several; the pictures an earlier ``view`` drew
     are removed first, so ``plots`` then holds only those keys' pictures. ``progress``
     forces the progress bar on or off (default: on when ``err`` is a terminal).
 
@@ -782,15 +813,15 @@ def view(
     """
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err
-    directory = Path(directory)
+    directory = Path(directory).expanduser()  # '~/runs' as load() reads it
     if directory.exists() and not directory.is_dir():
         raise BcrecordError(f"{str(directory)!r} is not a directory")
     if not directory.is_dir():
         raise BcrecordError(f"no such directory: {str(directory)!r}")
+    keys = _patterns(keys)
     if keys is None:
         loaded = load(directory)
     else:  # only the matching keys' values are read (another key's data file may be damaged)
-        keys = list(keys)
         saved = saved_keys(directory)
         matching = [key for key in saved if any(fnmatch.fnmatchcase(key, pattern) for pattern in keys)]
         if not matching:

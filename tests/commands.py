@@ -16,11 +16,13 @@ def _env():
     return env
 
 
-def cli(*args, cwd=None, timeout=300):
-    """Run ``python -m bcrecord ARGS`` in a fresh interpreter; returns the CompletedProcess."""
+def cli(*args, cwd=None, timeout=300, input=None):
+    """Run ``python -m bcrecord ARGS`` in a fresh interpreter (``input`` its stdin); returns
+    the CompletedProcess."""
     return subprocess.run(
         [sys.executable, "-m", "bcrecord", *map(str, args)],
         cwd=cwd,
+        input=input,
         env=_env(),
         capture_output=True,
         text=True,
@@ -28,11 +30,12 @@ def cli(*args, cwd=None, timeout=300):
     )
 
 
-def plain(*args, cwd=None, timeout=300):
+def plain(*args, cwd=None, timeout=300, input=None):
     """Run ``python ARGS`` (no bcrecord), for comparison."""
     return subprocess.run(
         [sys.executable, *map(str, args)],
         cwd=cwd,
+        input=input,
         env=_env(),
         capture_output=True,
         text=True,

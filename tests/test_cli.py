@@ -159,6 +159,34 @@ def test_a_class_gets_a_method_path_to_give(project, command):
 
 
 @pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        # A class whose methods it inherits: one of those, not a 'forward' it lacks.
+        (
+            ["targets", "inherits:Sub"],
+            "'inherits:Sub' is a class: name one of its methods, e.g. 'inherits:Sub.step'",
+        ),
+        # A class of C code: no method to name at all.
+        (
+            ["targets", "functools:partial"],
+            "'functools:partial': partial is a class whose methods are all C code: nothing in it can be "
+            "patched",
+        ),
+        (
+            ["run", "-r", "functools:partial:x", "prog.py"],
+            "target 'functools:partial:x': partial is a class whose methods are all C code: nothing in it "
+            "can be patched",
+        ),
+    ],
+)
+def test_a_class_without_methods_of_its_own_gets_one_it_has_or_none(project, args, said):
+    (project / "inherits.py").write_text(
+        "class Base:\n    def step(self, a):\n        y = a\n        return y\n\nclass Sub(Base):\n    pass\n"
+    )
+    assert one_clear_line(cli(*args, cwd=project)) == f"bcrecord: {said}"
+
+
+@pytest.mark.parametrize(
     ("args", "usage", "complaint"),
     [
         (["targets", "json:dumps", "--bogus"], "usage: bcrecord targets", "unrecognized arguments: --bogus"),

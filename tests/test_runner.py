@@ -7,6 +7,7 @@ threads and unpicklable values; bad input stops the run before the program start
 
 import json
 import shlex
+import sys
 import textwrap
 
 import pytest
@@ -153,6 +154,26 @@ def test_a_second_run_into_a_save_dir_says_it_adds_to_what_is_there(project, tmp
     )
 
 
+def test_a_second_run_without_a_stderr_leaves_the_program_s_stdout_as_it_is(project, tmp_path):
+    import subprocess
+
+    from .commands import _env
+
+    out = tmp_path / "twice"
+    env = _env()
+    alone = f"{shlex.quote(sys.executable)} prog.py 2 2>&-"  # (its own stderr lines on stdout then)
+    expected = subprocess.run(
+        ["sh", "-c", alone], cwd=project, env=env, capture_output=True, text=True
+    ).stdout
+    run = f"{shlex.quote(sys.executable)} -m bcrecord run -r helper:twice:y -o {shlex.quote(str(out))}"
+    for _ in range(2):  # the second finds values saved before: said on no stderr, not on stdout
+        result = subprocess.run(
+            ["sh", "-c", run + " prog.py 2 2>&-"], cwd=project, env=env, capture_output=True, text=True
+        )
+        assert result.stdout == expected
+    assert len(bcrecord.load(out)["helper:twice:y@0"]) > 0
+
+
 def test_run_every_nth_value(project, tmp_path):
     out = tmp_path / "every"
     result = cli("run", "-r", "helper:twice:y", "-o", out, "--every", "4", "prog.py", cwd=project)
@@ -255,6 +276,86 @@ def test_run_bad_input(project, args, words):
     result = cli("run", *args, cwd=project)
     assert words in one_clear_line(result)
     assert result.stdout == ""  # the program never started
+
+
+STDIN_PROGRAM = textwrap.dedent(
+    """
+    import sys
+    import helper
+
+    class Point:
+        def __init__(self, x):
+            self.x = x
+
+    def accumulate(n):
+        acc = 0
+        for i in range(n):
+            acc = acc + i
+        return acc
+
+    def make(x):
+        point = Point(x)
+        return point
+
+    print(accumulate(4), helper.twice(5), make(7).x, sys.argv, repr(sys.path[0]), __file__, __name__)
+    """
+)
+
+
+def test_run_reads_the_program_from_stdin_as_python_dash_does(project, tmp_path):
+    out = tmp_path / "records"
+    expected = plain("-", "a", "-m", "b", cwd=project, input=STDIN_PROGRAM)
+    result = cli(
+        *("run", "-r", "__main__:accumulate:acc", "-r", "helper:twice:y", "-r", "__main__:make:point"),
+        *("-o", out, "-", "a", "-m", "b"),
+        cwd=project,
+        input=STDIN_PROGRAM,
+    )
+    assert result.returncode == expected.returncode == 0, result.stderr
+    assert result.stdout == expected.stdout == "6 10 7 ['-', 'a', '-m', 'b'] '' <stdin> __main__\n"
+    loaded = bcrecord.load(out)
+    assert loaded["__main__:accumulate:acc@1"] == [0, 1, 3, 6]
+    assert loaded["helper:twice:y@0"] == [10]
+    (point,) = loaded["__main__:make:point@0"]  # the program's class: its saved state
+    assert point.state == {"x": 7}
+
+
+@pytest.mark.parametrize(
+    "target, words",
+    [
+        ("__main__:nope:x", "target '__main__:nope:x': the program on stdin never defines 'nope'"),
+        ("__main__:accumulate:nosuch", "no assignment to a local named 'nosuch'"),
+    ],
+)
+def test_run_checks_a_stdin_program_s_targets_before_it_starts(project, target, words):
+    result = cli("run", "-r", target, "-", cwd=project, input=STDIN_PROGRAM)
+    assert words in one_clear_line(result)
+    assert result.stdout == ""
+
+
+def test_run_shows_a_syntax_error_of_a_stdin_program_as_python_does(project):
+    plain_run = plain("-", cwd=project, input="def f(v):\n    x = = v\n")
+    result = cli("run", "-r", "__main__:f:x", "-", cwd=project, input="def f(v):\n    x = = v\n")
+    assert result.returncode == plain_run.returncode == 1
+    assert result.stderr.startswith(plain_run.stderr), result.stderr
+    assert "bcrecord: target '__main__:f:x' was never applied: the program does not compile" in result.stderr
+
+
+def test_run_copy_none_saves_a_value_as_it_is_when_written_as_its_help_says(project, tmp_path):
+    (project / "grows.py").write_text(
+        "def f(acc, i):\n    acc.append(i)\n    snapshot = acc\n    return snapshot\n"
+        "acc = []\nfor i in range(3):\n    f(acc, i)\n"
+    )
+    for copy, expected in (("clone", [[0], [0, 1], [0, 1, 2]]), ("none", [[0, 1, 2]] * 3)):
+        out = tmp_path / copy
+        result = cli(
+            "run", "-q", "--copy", copy, "-r", "__main__:f:snapshot", "-o", out, "grows.py", cwd=project
+        )
+        assert result.returncode == 0, result.stderr
+        assert bcrecord.load(out)["__main__:f:snapshot@0"] == expected
+    assert "a value the program changes in place meanwhile is saved changed" in " ".join(
+        cli("run", "--help").stdout.split()
+    )
 
 
 def test_run_refuses_a_package_or_directory_with_nothing_to_run(project):

@@ -56,7 +56,7 @@ def test_a_save_cut_short_is_never_accepted(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert sorted(p.name for p in (tmp_path / "records").glob("[!.]*")) == ["000001.pkl", "000002.pkl"]
     assert load(tmp_path)["k"] == [1]  # the orphan file is ignored
-    assert not [p for p in tmp_path.rglob(".tmp-*")]
+    assert not [p for p in tmp_path.rglob(".*.tmp")]
     # A crash in the middle of the index line: readers ignore the part, the next save trims it.
     with open(tmp_path / "index.jsonl", "ab") as journal:
         journal.write(b'{"entries": [{"key": "k", "st')
@@ -64,6 +64,58 @@ def test_a_save_cut_short_is_never_accepted(tmp_path, monkeypatch):
     Writer(tmp_path).write({"k": [3]}, step=2)
     assert load(tmp_path)["k"] == [1, 3] and load(tmp_path).steps("k") == [0, 2]
     assert (tmp_path / "index.jsonl").read_text().count("\n") == 2
+
+
+def test_the_next_save_removes_what_a_save_killed_mid_write_left(tmp_path):
+    import subprocess
+
+    Writer(tmp_path).write({"k": [0]}, step=0)
+    # A process killed between writing its data file and renaming it.
+    killed = (
+        "import os, sys, bcrecord.storage as s\n"
+        "writer = s.Writer(sys.argv[1])\n"
+        "os.replace = lambda *args: os._exit(9)\n"
+        "writer.write({'k': [list(range(1000))]}, step=1)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    assert subprocess.run([sys.executable, "-c", killed, str(tmp_path)], env=env).returncode == 9
+    records = tmp_path / "records"
+    assert [p.name for p in records.glob(".*.tmp")] == [".000002.pkl.tmp"]
+    (records / ".000002.safetensors.tmp").write_bytes(b"what a save with tensors left")
+    save({"k": [2]}, tmp_path, step=2)  # the killed save's number, pickles only
+    assert not list(records.glob(".*.tmp"))
+    assert sorted(p.name for p in records.glob("[!.]*")) == ["000001.pkl", "000002.pkl"]
+    assert load(tmp_path)["k"] == [0, 2] and load(tmp_path).steps("k") == [0, 2]
+
+
+def test_a_save_waits_for_another_process_s_save_in_progress_and_both_are_kept(tmp_path):
+    import subprocess
+
+    Writer(tmp_path)
+    # Another process in the middle of a save (its temporary file being written) for a while.
+    slow = (
+        "import os, sys, time, bcrecord.storage as s\n"
+        "writer = s.Writer(sys.argv[1])\n"
+        "real = os.fsync\n"
+        "def slow(fd):\n"
+        "    print('writing', flush=True)\n"
+        "    time.sleep(1.5)\n"
+        "    real(fd)\n"
+        "os.fsync = slow\n"
+        "writer.write({'k': ['theirs']}, step=0)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    other = subprocess.Popen(
+        [sys.executable, "-c", slow, str(tmp_path)], env=env, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert other.stdout.readline() == "writing\n"
+        assert [p.name for p in (tmp_path / "records").glob(".*.tmp")] == [".000001.pkl.tmp"]
+        save({"k": ["ours"]}, tmp_path, step=1)
+    finally:
+        assert other.wait(60) == 0
+    loaded = load(tmp_path)
+    assert loaded["k"] == ["theirs", "ours"] and loaded.steps("k") == [0, 1]
 
 
 def test_saves_append_to_the_index_and_writers_see_each_other(tmp_path):

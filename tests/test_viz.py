@@ -119,3 +119,20 @@ def test_a_nan_step_or_an_empty_value_leaves_the_other_steps_counted(tmp_path):
     bcrecord.save({"m:f:gone@0": [float("nan")]}, tmp_path / "nan", step=0)
     (gone,) = summarize(bcrecord.load(tmp_path / "nan"))
     assert gone.row()[4:] == ("-", "-", "-")
+
+
+def test_index_says_a_key_whose_every_element_is_nan_has_no_number_not_that_it_is_no_number(tmp_path):
+    bcrecord.save({"m:f:loss@0": [float("nan"), float("nan")], "m:f:s@0": ["text"]}, tmp_path, step=0)
+    loss, text = summarize(bcrecord.load(tmp_path))
+    assert (loss.numeric, loss.numbers, text.numbers) == (False, True, False)
+    page = write_index([loss, text], {}, tmp_path, "run").read_text()
+    assert page.count("no picture: no number to draw (every element is NaN, or there are none)") == 1
+    assert page.count("no picture: not a numeric value") == 1  # the text's
+
+
+def test_one_pattern_given_as_a_string_is_one_pattern_not_its_characters(saved):
+    loaded = bcrecord.load(saved)
+    assert [s.key for s in summarize(loaded, keys="m:g:*")] == ["m:g:v@0"]  # '*' alone kept them all
+    out = io.StringIO()
+    assert view(saved, plots=False, keys="m:f:x*", out=out) == 0
+    assert [line.split()[0] for line in out.getvalue().splitlines()[1:]] == ["m:f:x@0"]

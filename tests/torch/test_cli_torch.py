@@ -249,6 +249,50 @@ def test_view_draws_values_with_infinities_and_keys_too_long_for_a_file_name(tmp
     assert len(long_pngs) == 2 and all(len(name) < 140 for name in long_pngs)
 
 
+def test_view_draws_keys_that_are_no_valid_text_or_differ_in_case_only(tmp_path):
+    pytest.importorskip("matplotlib")
+    import io
+
+    from bcrecord.viz import view
+
+    records = tmp_path / "records"
+    keys = ["m:f:\udcff@0", "m:f:a\nb@0", "m:C:x@0", "m:c:x@0"]
+    for step in range(2):
+        bcrecord.save({key: [torch.full((4,), float(k + step))] for k, key in enumerate(keys)}, records, step)
+    assert view(records, progress=False, out=io.StringIO(), err=io.StringIO()) == 0
+    plots = records / "plots"
+    pngs = sorted(p.name for p in plots.glob("*.png"))
+    assert len(pngs) == 2 * len(keys)  # a histogram and the value over steps each
+    assert len({name.casefold() for name in pngs}) == len(pngs)  # one file each on macOS, Windows too
+    page = (plots / "index.html").read_text(encoding="utf-8")
+    assert "<h2>m:f:\\udcff@0</h2>" in page and "<h2>m:f:a\\nb@0</h2>" in page
+
+
+def test_view_of_a_dtype_torch_cannot_convert_shows_it_without_numbers(tmp_path):
+    pytest.importorskip("matplotlib")
+    import io
+
+    from bcrecord.viz import view
+
+    packed = getattr(torch, "float4_e2m1fn_x2", None)
+    if packed is None:
+        pytest.skip("no packed float4 dtype in this torch")
+    records = tmp_path / "records"
+    values = {
+        "m:f:packed@0": [torch.ones(2, 3, dtype=torch.uint8).view(packed)],
+        "m:f:ok@0": [torch.ones(2, 3)],
+    }
+    bcrecord.save(values, records)
+    out = io.StringIO()
+    assert view(records, progress=False, out=out, err=io.StringIO()) == 0  # a NotImplementedError before
+    rows = {line.split()[0]: line.split()[1:] for line in out.getvalue().splitlines()[1:3]}
+    assert rows == {
+        "m:f:packed@0": ["1", "2x3", "float4_e2m1fn_x2", "-", "-", "-"],
+        "m:f:ok@0": ["1", "2x3", "float32", "1", "1", "1"],
+    }
+    assert (records / "plots" / "m_f_ok@0.heatmap.png").is_file()
+
+
 def test_view_draws_the_other_keys_when_one_cannot_be_drawn(tmp_path):
     pytest.importorskip("matplotlib")
     records = tmp_path / "records"

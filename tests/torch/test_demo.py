@@ -52,6 +52,19 @@ def test_run_in_process_reports_and_saves(tmp_path):
     assert not (tmp_path / "other").exists()
 
 
+def test_run_in_process_and_view_take_a_folder_under_home_written_with_a_tilde(tmp_path, monkeypatch):
+    from bcrecord.viz import view
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    assert run("~/demo", steps=1, plots=False, out=io.StringIO()) == 0
+    assert not (tmp_path / "~").exists()  # not a folder named '~' in the working directory
+    assert bcrecord.load(tmp_path / "home" / "demo").steps(":forward:x@1") == [0]
+    out = io.StringIO()
+    assert view("~/demo", plots=False, keys=":forward:x@1", out=out) == 0
+    assert out.getvalue().splitlines()[1].split()[:2] == [":forward:x@1", "1"]
+
+
 def test_demo(tmp_path):
     pytest.importorskip("matplotlib")
     out = tmp_path / "demo"
