@@ -142,6 +142,21 @@ def test_a_one_line_while_whose_condition_assigns_its_body_s_name():
         assert got == ([6, 5, 3, 1], [4, 2, 0])
 
 
+def test_two_loads_of_one_chain_on_one_line_that_a_branch_separates():
+    def f(a):
+        y = [] if a.b is None else list(a.b)
+        return y
+
+    g = bcrecord.instrument(f, Attribute("a.b", at="load"), name="br")
+    with bcrecord.recording() as rec:
+        assert g(types.SimpleNamespace(b=(1, 2))) == [1, 2]
+    if sys.version_info >= (3, 11):
+        assert (rec.all("br:f:a.b@0"), rec.all("br:f:a.b@1")) == ([(1, 2)], [(1, 2)])
+    else:  # no columns (README): one site with both values
+        assert bcrecord.targets(f).specs() == ["y@0", "a.b@0", "list()@0", "return"]
+        assert rec.all("br:f:a.b@0") == [(1, 2), (1, 2)]
+
+
 def test_attribute_chains_and_method_style_loads():
     def f(self, x):
         h = self.linear1(x)
