@@ -121,6 +121,10 @@ class CodeMap:
     selfless: frozenset = field(repr=False, default=frozenset())
     #: The parameters as the ``def`` line has them, without defaults (``'a, *args, k, **kw'``).
     signature: str = field(repr=False, default="")
+    #: Names that are no assigned locals: comprehensions' own variables, and the free
+    #: variables an enclosing function assigns (for errors about them).
+    comprehension_names: frozenset = field(repr=False, default=frozenset())
+    free_names: frozenset = field(repr=False, default=frozenset())
 
 
 @dataclass(frozen=True)
@@ -320,8 +324,11 @@ def _comprehension_stores(bytecode: Sequence[object], save: int) -> Optional[Set
     return mine | cleanup | ({restore} if restore is not None else set())
 
 
-def _synthesized_stores(real: List[Tuple[int, Instr]], bytecode: Sequence[object]) -> set:
-    """Positions of stores the compiler added that no source line wrote."""
+def _synthesized_stores(
+    real: List[Tuple[int, Instr]], bytecode: Sequence[object], comprehensions: Optional[Set[int]] = None
+) -> set:
+    """Positions of stores the compiler added that no source line wrote; those of inlined
+    comprehensions' own variables are added to ``comprehensions`` too."""
     table = _versions.current()
     synthesized = set()
     saves: List[Instr] = []
@@ -357,6 +364,8 @@ def _synthesized_stores(real: List[Tuple[int, Instr]], bytecode: Sequence[object
             continue
         if pos in unplaced or any(_versions.local_name(s.arg) == name and _within(instr, s) for s in saves):
             synthesized.add(pos)  # an inlined comprehension's own variable (3.12+)
+            if comprehensions is not None:
+                comprehensions.add(pos)
     return synthesized
 
 
@@ -630,7 +639,16 @@ class _Sites:
         bytecode = instructions(code)
         real = _real(bytecode)
         identity = _Identity(bytecode)
-        synthesized = _synthesized_stores(real, bytecode)
+        inlined: Set[int] = set()
+        synthesized = _synthesized_stores(real, bytecode, inlined)
+        #: Names a comprehension stores as its own variable: no assignments of the function.
+        self.comprehension_names = {
+            name
+            for pos, i in real
+            if i.name in table.stores
+            and (name := _versions.local_name(i.arg))
+            and (pos in inlined or (nested and not (isinstance(i.arg, FreeVar) and name in outer_cells)))
+        }
         self.stores: List[Raw] = [
             (name, pos, i, identity.of(pos, i), None)
             for pos, i in real
@@ -710,6 +728,7 @@ class _Sites:
                     (self.calls, inner.calls),
                 ):
                     mine += [_nest(pos, where, site) for site in theirs]
+                self.comprehension_names |= inner.comprehension_names
                 for op, inner_pos, instr, ident, ((line, (index, _)), source) in inner.operators:
                     place = ((line, (pos, index)), source)
                     self.operators.append((op, (pos, inner_pos), instr, (where, ident), place))
@@ -1081,6 +1100,8 @@ def _read(key: Tuple[object, ...], qualname: Optional[str] = None) -> CodeMap:
         calls=call_map,
         operators=operator_map,
         selfless=frozenset(pos for pos in nested if first not in _code_of(code, pos).co_freevars),
+        comprehension_names=frozenset(raw.comprehension_names),
+        free_names=frozenset(code.co_freevars) - {"__class__"},  # (the cell super() reads)
     )
 
 
@@ -1144,6 +1165,13 @@ arguments (their value at entry): a
                 also = f"; arguments (their value at entry): {_names(kept)}" if kept else ""
                 # A misspelt 'return' parses as a local.
                 hint = did_you_mean(spec.name, [*cmap.locals, *kept, "return"], hide_private=False)
+                if spec.name in cmap.comprehension_names:
+                    hint = (
+                        f" ({spec.name!r} is a comprehension's own variable, no assignment: record "
+                        "what the comprehension computes, its calls or operators, or the list it makes)"
+                    )
+                elif spec.name in cmap.free_names:
+                    hint = f" ({spec.name!r} is assigned by an enclosing function: record it there)"
                 raise TargetError(
                     f"{func} has no assignment to a local named {spec.name!r}; "
                     f"assigned locals: {_names(cmap.locals)}{also}{hint}"

@@ -1,6 +1,7 @@
 """bcrecord.analysis: numbering of assignments, chains and returns, on every version."""
 
 import math
+import re
 import sys
 import types
 
@@ -155,6 +156,31 @@ def test_two_loads_of_one_chain_on_one_line_that_a_branch_separates():
     else:  # no columns (README): one site with both values
         assert bcrecord.targets(f).specs() == ["y@0", "a.b@0", "list()@0", "return"]
         assert rec.all("br:f:a.b@0") == [(1, 2), (1, 2)]
+
+
+def test_a_comprehension_s_variable_or_an_enclosing_function_s_is_named_as_such():
+    def outer(scale):
+        def f(self, xs):
+            outs = [layer(x) * scale for layer in self.layers for x in xs]
+            squares = sum(v * v for v in xs)
+            return outs, squares
+
+        return f
+
+    f = outer(2)
+    code = f.__code__
+    for name, told in [
+        ("layer", "'layer' is a comprehension's own variable, no assignment: record what"),
+        ("v@0", "'v' is a comprehension's own variable"),
+        ("scale", "'scale' is assigned by an enclosing function: record it there"),
+    ]:
+        with pytest.raises(
+            TargetError, match=re.escape(f"has no assignment to a local named {name.split('@')[0]!r}")
+        ):
+            bcrecord.instrument(f, ["outs", name])
+        with pytest.raises(TargetError, match=re.escape(told)):
+            bcrecord.instrument(f, ["outs", name])
+        assert f.__code__ is code
 
 
 def test_attribute_chains_and_method_style_loads():
