@@ -17,6 +17,7 @@ so that assignment numbers match what a reader counts on every Python version.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 from dataclasses import dataclass, field
@@ -125,6 +126,8 @@ class CodeMap:
     #: variables an enclosing function assigns (for errors about them).
     comprehension_names: frozenset = field(repr=False, default=frozenset())
     free_names: frozenset = field(repr=False, default=frozenset())
+    #: What the compiler puts before a private name (``__w``) in a class's code: ``'_Net'``.
+    private_prefix: str = field(repr=False, default="")
 
 
 @dataclass(frozen=True)
@@ -1102,7 +1105,40 @@ def _read(key: Tuple[object, ...], qualname: Optional[str] = None) -> CodeMap:
         selfless=frozenset(pos for pos in nested if first not in _code_of(code, pos).co_freevars),
         comprehension_names=frozenset(raw.comprehension_names),
         free_names=frozenset(code.co_freevars) - {"__class__"},  # (the cell super() reads)
+        private_prefix=_private_prefix(getattr(code, "co_qualname", None) or qualname or ""),
     )
+
+
+def _private_prefix(qualname: str) -> str:
+    """The prefix of private names in code named ``qualname``: its innermost class's name
+    with one underscore (a scope followed by ``<locals>`` is a function's).
+
+    >>> _private_prefix("Net.forward"), _private_prefix("Net.forward.<locals>.helper"), _private_prefix("f")
+    ('_Net', '_Net', '')
+    >>> _private_prefix("make.<locals>.__Hidden.step"), _private_prefix("__.m")
+    ('_Hidden', '')
+    """
+    scopes = qualname.split(".")
+    pairs = zip(scopes[:-1], scopes[1:], strict=True)
+    classes = [name for name, after in pairs if "<locals>" not in (name, after)]
+    bare = classes[-1].lstrip("_") if classes else ""
+    return f"_{bare}" if bare else ""
+
+
+def _as_compiled(spec: Spec, prefix: str) -> Spec:
+    """``spec`` with its private names (``self.__w``) spelt as a class's code has them
+    (``self._Net__w``), as the compiler does; ``spec`` itself where it has none."""
+
+    def mangled(name: str) -> str:
+        private = prefix and name.startswith("__") and not name.endswith("__")
+        return f"{prefix}{name}" if private else name
+
+    if isinstance(spec, Local) and mangled(spec.name) != spec.name:
+        return dataclasses.replace(spec, name=mangled(spec.name))
+    if isinstance(spec, (Attribute, Call)):
+        target = ".".join(mangled(part) for part in spec.target.split("."))
+        return spec if target == spec.target else dataclasses.replace(spec, target=target)
+    return spec
 
 
 def _code_of(code: CodeType, pos: object) -> CodeType:
@@ -1148,7 +1184,7 @@ arguments (their value at entry): a
     """
     func = cmap.qualname
     points: List[ProbePoint] = []
-    for spec in specs:
+    for spec in (_as_compiled(given, cmap.private_prefix) for given in specs):
         if isinstance(spec, Local):
             if spec.name not in cmap.locals and spec.name in cmap.arguments:
                 # An argument never reassigned has one value: the one it is called with.

@@ -183,6 +183,39 @@ def test_a_comprehension_s_variable_or_an_enclosing_function_s_is_named_as_such(
         assert f.__code__ is code
 
 
+class _Private:
+    def __init__(self):
+        self.__scale = 3
+
+    def forward(self, x):
+        __y = x * self.__scale
+        return self.__double(__y)
+
+    def __double(self, v):
+        return 2 * v
+
+
+def test_private_names_are_spelt_as_in_the_source_and_keyed_as_the_class_s_code_has_them():
+    # The compiler writes self.__scale as self._Private__scale in the class's code.
+    assert bcrecord.targets(_Private.forward).specs()[:4] == [
+        "_Private__y@0",
+        "self._Private__double@0",
+        "self._Private__scale@0",
+        "self._Private__double()@0",
+    ]
+    specs = ["self.__scale", "self.__scale@0", "__y", "self.__double()", "self._Private__scale"]
+    with bcrecord.patch_method(_Private, "forward", specs, name="p"):
+        with bcrecord.recording() as rec:
+            assert _Private().forward(2) == 12
+    assert not rec.errors
+    assert {key: rec.all(key) for key in rec.keys()} == {
+        "p:forward:self._Private__scale": [3],
+        "p:forward:self._Private__scale@0": [3],
+        "p:forward:_Private__y@0": [6],
+        "p:forward:self._Private__double()@0": [12],
+    }
+
+
 def test_attribute_chains_and_method_style_loads():
     def f(self, x):
         h = self.linear1(x)
