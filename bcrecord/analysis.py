@@ -17,6 +17,7 @@ so that assignment numbers match what a reader counts on every Python version.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 from dataclasses import dataclass, field
@@ -121,6 +122,12 @@ class CodeMap:
     selfless: frozenset = field(repr=False, default=frozenset())
     #: The parameters as the ``def`` line has them, without defaults (``'a, *args, k, **kw'``).
     signature: str = field(repr=False, default="")
+    #: Names that are no assigned locals: comprehensions' own variables, and the free
+    #: variables an enclosing function assigns (for errors about them).
+    comprehension_names: frozenset = field(repr=False, default=frozenset())
+    free_names: frozenset = field(repr=False, default=frozenset())
+    #: What the compiler puts before a private name (``__w``) in a class's code: ``'_Net'``.
+    private_prefix: str = field(repr=False, default="")
 
 
 @dataclass(frozen=True)
@@ -320,8 +327,11 @@ def _comprehension_stores(bytecode: Sequence[object], save: int) -> Optional[Set
     return mine | cleanup | ({restore} if restore is not None else set())
 
 
-def _synthesized_stores(real: List[Tuple[int, Instr]], bytecode: Sequence[object]) -> set:
-    """Positions of stores the compiler added that no source line wrote."""
+def _synthesized_stores(
+    real: List[Tuple[int, Instr]], bytecode: Sequence[object], comprehensions: Optional[Set[int]] = None
+) -> set:
+    """Positions of stores the compiler added that no source line wrote; those of inlined
+    comprehensions' own variables are added to ``comprehensions`` too."""
     table = _versions.current()
     synthesized = set()
     saves: List[Instr] = []
@@ -357,6 +367,8 @@ def _synthesized_stores(real: List[Tuple[int, Instr]], bytecode: Sequence[object
             continue
         if pos in unplaced or any(_versions.local_name(s.arg) == name and _within(instr, s) for s in saves):
             synthesized.add(pos)  # an inlined comprehension's own variable (3.12+)
+            if comprehensions is not None:
+                comprehensions.add(pos)
     return synthesized
 
 
@@ -630,7 +642,16 @@ class _Sites:
         bytecode = instructions(code)
         real = _real(bytecode)
         identity = _Identity(bytecode)
-        synthesized = _synthesized_stores(real, bytecode)
+        inlined: Set[int] = set()
+        synthesized = _synthesized_stores(real, bytecode, inlined)
+        #: Names a comprehension stores as its own variable: no assignments of the function.
+        self.comprehension_names = {
+            name
+            for pos, i in real
+            if i.name in table.stores
+            and (name := _versions.local_name(i.arg))
+            and (pos in inlined or (nested and not (isinstance(i.arg, FreeVar) and name in outer_cells)))
+        }
         self.stores: List[Raw] = [
             (name, pos, i, identity.of(pos, i), None)
             for pos, i in real
@@ -710,6 +731,7 @@ class _Sites:
                     (self.calls, inner.calls),
                 ):
                     mine += [_nest(pos, where, site) for site in theirs]
+                self.comprehension_names |= inner.comprehension_names
                 for op, inner_pos, instr, ident, ((line, (index, _)), source) in inner.operators:
                     place = ((line, (pos, index)), source)
                     self.operators.append((op, (pos, inner_pos), instr, (where, ident), place))
@@ -1081,7 +1103,42 @@ def _read(key: Tuple[object, ...], qualname: Optional[str] = None) -> CodeMap:
         calls=call_map,
         operators=operator_map,
         selfless=frozenset(pos for pos in nested if first not in _code_of(code, pos).co_freevars),
+        comprehension_names=frozenset(raw.comprehension_names),
+        free_names=frozenset(code.co_freevars) - {"__class__"},  # (the cell super() reads)
+        private_prefix=_private_prefix(getattr(code, "co_qualname", None) or qualname or ""),
     )
+
+
+def _private_prefix(qualname: str) -> str:
+    """The prefix of private names in code named ``qualname``: its innermost class's name
+    with one underscore (a scope followed by ``<locals>`` is a function's).
+
+    >>> _private_prefix("Net.forward"), _private_prefix("Net.forward.<locals>.helper"), _private_prefix("f")
+    ('_Net', '_Net', '')
+    >>> _private_prefix("make.<locals>.__Hidden.step"), _private_prefix("__.m")
+    ('_Hidden', '')
+    """
+    scopes = qualname.split(".")
+    pairs = zip(scopes[:-1], scopes[1:], strict=True)
+    classes = [name for name, after in pairs if "<locals>" not in (name, after)]
+    bare = classes[-1].lstrip("_") if classes else ""
+    return f"_{bare}" if bare else ""
+
+
+def _as_compiled(spec: Spec, prefix: str) -> Spec:
+    """``spec`` with its private names (``self.__w``) spelt as a class's code has them
+    (``self._Net__w``), as the compiler does; ``spec`` itself where it has none."""
+
+    def mangled(name: str) -> str:
+        private = prefix and name.startswith("__") and not name.endswith("__")
+        return f"{prefix}{name}" if private else name
+
+    if isinstance(spec, Local) and mangled(spec.name) != spec.name:
+        return dataclasses.replace(spec, name=mangled(spec.name))
+    if isinstance(spec, (Attribute, Call)):
+        target = ".".join(mangled(part) for part in spec.target.split("."))
+        return spec if target == spec.target else dataclasses.replace(spec, target=target)
+    return spec
 
 
 def _code_of(code: CodeType, pos: object) -> CodeType:
@@ -1127,7 +1184,7 @@ arguments (their value at entry): a
     """
     func = cmap.qualname
     points: List[ProbePoint] = []
-    for spec in specs:
+    for spec in (_as_compiled(given, cmap.private_prefix) for given in specs):
         if isinstance(spec, Local):
             if spec.name not in cmap.locals and spec.name in cmap.arguments:
                 # An argument never reassigned has one value: the one it is called with.
@@ -1144,6 +1201,13 @@ arguments (their value at entry): a
                 also = f"; arguments (their value at entry): {_names(kept)}" if kept else ""
                 # A misspelt 'return' parses as a local.
                 hint = did_you_mean(spec.name, [*cmap.locals, *kept, "return"], hide_private=False)
+                if spec.name in cmap.comprehension_names:
+                    hint = (
+                        f" ({spec.name!r} is a comprehension's own variable, no assignment: record "
+                        "what the comprehension computes, its calls or operators, or the list it makes)"
+                    )
+                elif spec.name in cmap.free_names:
+                    hint = f" ({spec.name!r} is assigned by an enclosing function: record it there)"
                 raise TargetError(
                     f"{func} has no assignment to a local named {spec.name!r}; "
                     f"assigned locals: {_names(cmap.locals)}{also}{hint}"

@@ -1200,9 +1200,13 @@ def copies_without_python(copier: Copier, *classes: type) -> None:
 
 def _guarded(copier: Optional[Copier], cls: type) -> Optional[Copier]:
     """``copier``, run :func:`silently` unless it runs no Python code on ``cls`` values."""
-    if copier is None or (copier, cls) in _RUNS_NO_PYTHON:
+    if copier is None:
         return copier
-    return functools.partial(silently, copier)
+    try:
+        without_python = (copier, cls) in _RUNS_NO_PYTHON
+    except TypeError:  # an unhashable copier (a callable dataclass instance) was never said to be one
+        without_python = False
+    return copier if without_python else functools.partial(silently, copier)
 
 
 # --- recordings --------------------------------------------------------------

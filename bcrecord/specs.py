@@ -18,6 +18,7 @@ import json
 import keyword
 import operator
 import re
+import unicodedata
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence, Tuple, Union, cast
 
@@ -87,7 +88,8 @@ def _copy(value: Any) -> Any:
 def _identifier(name: object, what: str) -> str:
     if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
         raise SpecError(f"{what} must be a Python identifier, got {name!r}")
-    return name
+    # The compiler stores names NFKC-normalised ('\ufb01' written, 'fi' in the code object).
+    return unicodedata.normalize("NFKC", name)
 
 
 @dataclass(frozen=True)
@@ -139,8 +141,7 @@ class Attribute:
         parts = target.split(".")
         if len(parts) < 2:
             raise SpecError(f"an attribute target needs a dot, e.g. 'self.x', got {target!r}")
-        for part in parts:
-            _identifier(part, f"each part of {target!r}")
+        target = ".".join(_identifier(part, f"each part of {target!r}") for part in parts)
         if at not in ("entry", "load"):
             raise SpecError(f"at must be 'entry' or 'load', got {at!r}")
         if at == "entry" and index is not None:
@@ -191,8 +192,7 @@ class Call:
     def __init__(self, target: str, index: Index = None, copy: Any = None) -> None:
         if not isinstance(target, str):
             raise SpecError(f"a call target must be a string, got {target!r}")
-        for part in target.split("."):
-            _identifier(part, f"each part of {target!r}")
+        target = ".".join(_identifier(part, f"each part of {target!r}") for part in target.split("."))
         object.__setattr__(self, "target", target)
         object.__setattr__(self, "index", _index(index))
         object.__setattr__(self, "copy", _copy(copy))

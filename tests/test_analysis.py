@@ -1,6 +1,7 @@
 """bcrecord.analysis: numbering of assignments, chains and returns, on every version."""
 
 import math
+import re
 import sys
 import types
 
@@ -140,6 +141,79 @@ def test_a_one_line_while_whose_condition_assigns_its_body_s_name():
         assert got == ([6, 4, 2, 0], [5, 3, 1])  # the condition's, the body's
     else:  # no columns (README): the condition's first and the body's, then its later ones
         assert got == ([6, 5, 3, 1], [4, 2, 0])
+
+
+def test_two_loads_of_one_chain_on_one_line_that_a_branch_separates():
+    def f(a):
+        y = [] if a.b is None else list(a.b)
+        return y
+
+    g = bcrecord.instrument(f, Attribute("a.b", at="load"), name="br")
+    with bcrecord.recording() as rec:
+        assert g(types.SimpleNamespace(b=(1, 2))) == [1, 2]
+    if sys.version_info >= (3, 11):
+        assert (rec.all("br:f:a.b@0"), rec.all("br:f:a.b@1")) == ([(1, 2)], [(1, 2)])
+    else:  # no columns (README): one site with both values
+        assert bcrecord.targets(f).specs() == ["y@0", "a.b@0", "list()@0", "return"]
+        assert rec.all("br:f:a.b@0") == [(1, 2), (1, 2)]
+
+
+def test_a_comprehension_s_variable_or_an_enclosing_function_s_is_named_as_such():
+    def outer(scale):
+        def f(self, xs):
+            outs = [layer(x) * scale for layer in self.layers for x in xs]
+            squares = sum(v * v for v in xs)
+            return outs, squares
+
+        return f
+
+    f = outer(2)
+    code = f.__code__
+    for name, told in [
+        ("layer", "'layer' is a comprehension's own variable, no assignment: record what"),
+        ("v@0", "'v' is a comprehension's own variable"),
+        ("scale", "'scale' is assigned by an enclosing function: record it there"),
+    ]:
+        with pytest.raises(
+            TargetError, match=re.escape(f"has no assignment to a local named {name.split('@')[0]!r}")
+        ):
+            bcrecord.instrument(f, ["outs", name])
+        with pytest.raises(TargetError, match=re.escape(told)):
+            bcrecord.instrument(f, ["outs", name])
+        assert f.__code__ is code
+
+
+class _Private:
+    def __init__(self):
+        self.__scale = 3
+
+    def forward(self, x):
+        __y = x * self.__scale
+        return self.__double(__y)
+
+    def __double(self, v):
+        return 2 * v
+
+
+def test_private_names_are_spelt_as_in_the_source_and_keyed_as_the_class_s_code_has_them():
+    # The compiler writes self.__scale as self._Private__scale in the class's code.
+    assert bcrecord.targets(_Private.forward).specs()[:4] == [
+        "_Private__y@0",
+        "self._Private__double@0",
+        "self._Private__scale@0",
+        "self._Private__double()@0",
+    ]
+    specs = ["self.__scale", "self.__scale@0", "__y", "self.__double()", "self._Private__scale"]
+    with bcrecord.patch_method(_Private, "forward", specs, name="p"):
+        with bcrecord.recording() as rec:
+            assert _Private().forward(2) == 12
+    assert not rec.errors
+    assert {key: rec.all(key) for key in rec.keys()} == {
+        "p:forward:self._Private__scale": [3],
+        "p:forward:self._Private__scale@0": [3],
+        "p:forward:_Private__y@0": [6],
+        "p:forward:self._Private__double()@0": [12],
+    }
 
 
 def test_attribute_chains_and_method_style_loads():

@@ -1007,6 +1007,27 @@ def test_a_callable_copy_policy_may_name_a_copier_per_type():
     assert asked == [int, str]
 
 
+def test_an_unhashable_callable_copy_policy_copies_values():
+    @dataclasses.dataclass  # (eq=True: no __hash__)
+    class ToList:
+        tag: str = "copy"
+
+        def __call__(self, value):
+            return list(value)
+
+    def f(a):
+        x = a
+        return x
+
+    g = bcrecord.instrument(f, [bcrecord.Local("x", copy=ToList())], name="u")
+    value = (1, 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with bcrecord.recording() as rec:
+            g(value)
+    assert rec["u:f:x@0"] == [1, 2] and not rec.errors
+
+
 def test_generator_created_while_recording_finishes_silently_after():
     def gen():
         for k in range(3):

@@ -5,7 +5,7 @@ import re
 
 import pytest
 
-from bcrecord import Attribute, Call, Expr, Local, Return, SpecError, parse
+from bcrecord import Attribute, Call, Expr, Local, Return, SpecError, instrument, parse, recording
 from bcrecord.specs import parse_all
 
 
@@ -176,3 +176,22 @@ def test_bytes_as_specs_are_refused_as_bytes_not_as_numbers():
 def test_an_operator_that_is_no_string_is_a_spec_error(op):
     with pytest.raises(SpecError, match=r"an operator must be a string such as '\+', got "):
         Expr(op)
+
+
+def test_a_name_is_matched_as_the_compiler_stores_it_nfkc_normalised():
+    # Source text '\ufb01' (a ligature) and '\u212b' (the angstrom sign) are 'fi' and '\xc5' in the code.
+    namespace: dict = {}
+    exec("def f(a):\n    \ufb01 = a.\u212b + 1\n    return \ufb01\n", namespace)
+    assert parse("\ufb01@0") == Local("fi", 0)
+    assert parse("a.\u212b@0") == Attribute("a.\xc5", at="load", index=0)
+    assert Call("a.\u212b").target == "a.\xc5"
+
+    class A:
+        pass
+
+    value = A()
+    setattr(value, "\xc5", 2)
+    recorded = instrument(namespace["f"], ["\ufb01@0", "a.\u212b@0"], name="n")
+    with recording() as rec:
+        assert recorded(value) == 3
+    assert rec["n:f:fi@0"] == 3 and rec["n:f:a.\xc5@0"] == 2
