@@ -859,6 +859,15 @@ def instrument(func: F, specs: Union[SpecLike, Iterable[SpecLike]], name: Option
     return live  # type: ignore[return-value]
 
 
+def _indexed(spec: SpecLike, index: Union[int, List[int], None]) -> SpecLike:
+    """``spec`` with ``index`` where it is a plain local name (``'x'``, also written ``' x'``:
+    the short form takes it so, and the index must not be dropped)."""
+    if index is None or not isinstance(spec, str):
+        return spec
+    name = spec.strip()
+    return Local(name, index) if name.isidentifier() and not keyword.iskeyword(name) else spec
+
+
 def record_locals(
     *specs: SpecLike, index: Union[int, List[int], None] = None, name: Optional[str] = None
 ) -> Callable[[F], F]:
@@ -888,12 +897,7 @@ def record_locals(
             f"record_locals takes the locals to record, and returns the decorator: write "
             f"@record_locals('x', ...) above the function, not @record_locals (given {specs[0]!r})"
         )
-    parsed = tuple(
-        Local(spec, index)
-        if isinstance(spec, str) and index is not None and spec.isidentifier() and not keyword.iskeyword(spec)
-        else spec
-        for spec in specs
-    )
+    parsed = tuple(_indexed(spec, index) for spec in specs)
     parse_all(parsed)  # a bad spec is an error here, at the decorator, not at the first call
 
     def decorate(func: F) -> F:

@@ -1266,6 +1266,9 @@ def test_record_locals_index_applies_to_local_names_only_and_a_misspelt_return_i
         "tests.test_patch:f:b@1": [4],
         "tests.test_patch:f:return": [4],
     }
+    with bcrecord.recording() as rec:  # a name with spaces, which the short form takes: indexed too
+        bcrecord.record_locals(" b ", index=0)(f)(1)
+    assert dict((k, rec.all(k)) for k in rec.keys()) == {"tests.test_patch:f:b@0": [2]}
     with pytest.raises(
         TargetError, match=r"local named 'retrun'; assigned locals: b; .*; did you mean 'return'\?$"
     ):
