@@ -8,15 +8,18 @@ not needed, so a hint that lets the wrong call through fails the check too).
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING, Any, Callable, List
+from typing import TYPE_CHECKING, Any, Callable, Dict, List
 
 import bcrecord
 from bcrecord.analysis import Targets
 from bcrecord.runtime import RecordError
 from bcrecord.storage import saved_keys
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # (torch is not needed: the torch layer is checked with its hints alone)
+    import torch
     from typing_extensions import assert_type
+
+    from bcrecord.torch import FeatureExtractor, ModelRecording, create_feature_extractor, record
 
 
 class ToyModel:
@@ -79,3 +82,14 @@ def saved_values(directory: str) -> None:
     bcrecord.register_copy(ToyModel, "clone", copier)
     assert_type(bcrecord.load(directory)["k"], List[Any])
     assert_type(saved_keys(directory), List[str])
+
+
+def torch_layer(model: torch.nn.Module, batch: torch.Tensor) -> None:
+    with record(model, ["0", ":forward:return"], keep=2) as rec:
+        assert_type(rec, ModelRecording)
+        model(batch)
+    assert_type(rec.keys_of("0"), List[str])
+    assert_type(rec.values_of("0"), Dict[str, List[Any]])
+    extractor = create_feature_extractor(model, {"0": "first"})
+    assert_type(extractor, FeatureExtractor)
+    assert_type(extractor(batch), Dict[str, Any])
