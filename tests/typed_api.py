@@ -70,6 +70,14 @@ def copies_keep_signatures() -> None:
     assert_type(summed([1, 2]), int)
     summed(1)  # type: ignore[arg-type]
 
+    @bcrecord.record_locals("y", index=range(2))  # any sequence of indices, as Local takes
+    def negated(value: int) -> int:
+        y = value
+        y = -y
+        return y
+
+    assert_type(negated(1), int)
+
     carried = bcrecord.carry(work)
     assert_type(carried(1, "a"), float)
     carried(1, 2)  # type: ignore[arg-type]
