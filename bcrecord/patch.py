@@ -67,7 +67,7 @@ from .runtime import (
     tracked,
     untrack,
 )
-from .specs import Local, SpecLike, parse_all
+from .specs import Index, Local, SpecLike, parse_all
 
 __all__ = [
     "Patch",
@@ -859,7 +859,7 @@ def instrument(func: F, specs: Union[SpecLike, Iterable[SpecLike]], name: Option
     return live  # type: ignore[return-value]
 
 
-def _indexed(spec: SpecLike, index: Union[int, List[int], None]) -> SpecLike:
+def _indexed(spec: SpecLike, index: Index) -> SpecLike:
     """``spec`` with ``index`` where it is a plain local name (``'x'``, also written ``' x'``:
     the short form takes it so, and the index must not be dropped)."""
     if index is None or not isinstance(spec, str):
@@ -868,9 +868,7 @@ def _indexed(spec: SpecLike, index: Union[int, List[int], None]) -> SpecLike:
     return Local(name, index) if name.isidentifier() and not keyword.iskeyword(name) else spec
 
 
-def record_locals(
-    *specs: SpecLike, index: Union[int, List[int], None] = None, name: Optional[str] = None
-) -> Callable[[F], F]:
+def record_locals(*specs: SpecLike, index: Index = None, name: Optional[str] = None) -> Callable[[F], F]:
     """Decorator: record locals (names, or any specs) of the decorated function.
 
     ``index`` applies to the local names given as plain strings (``'x'``, not ``'x@1'``,

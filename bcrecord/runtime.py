@@ -74,6 +74,7 @@ from typing import (
     Iterator,
     List,
     Optional,
+    ParamSpec,
     Protocol,
     Sequence,
     Set,
@@ -117,6 +118,8 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+#: The parameters of a function that :func:`carry` wraps, kept for its callers' type checks.
+P = ParamSpec("P")
 
 
 @dataclass(frozen=True)
@@ -1835,7 +1838,7 @@ def recording(
     return Recording(copy=copy, keep=keep, threads=threads, only=only)
 
 
-def carry(func: Callable[..., T]) -> Callable[..., T]:
+def carry(func: Callable[P, T]) -> Callable[P, T]:
     """Wrap ``func`` to run inside the caller's current recordings (e.g. in a worker thread).
 
     A coroutine or generator that ``func`` returns runs there too, each step (its body
@@ -1848,7 +1851,7 @@ def carry(func: Callable[..., T]) -> Callable[..., T]:
     context = contextvars.copy_context()
 
     @functools.wraps(func)  # (its name, signature and doc: a thread's or task's name shows it)
-    def run(*args: Any, **kwargs: Any) -> T:
+    def run(*args: P.args, **kwargs: P.kwargs) -> T:
         inside = context.copy()
         result = inside.run(func, *args, **kwargs)
         if isinstance(result, types.CoroutineType):

@@ -19,6 +19,8 @@ from bcrecord.errors import (
     UnsupportedPythonError,
 )
 
+from .commands import plain
+
 
 @pytest.mark.parametrize(
     "error, builtin",
@@ -126,3 +128,24 @@ def test_what_cannot_be_patched_says_what_to_patch_instead():
             bcrecord.patch_function(obj, "out")
     with pytest.raises(bcrecord.SpecError, match="specs must be a spec or a list of specs, got None"):
         bcrecord.patch_function(g, None)
+
+
+@pytest.mark.parametrize(
+    "module, extra",
+    [
+        ("bcrecord.torch", "torch"),
+        ("bcrecord.integrations.mmengine", "mmengine"),
+        ("bcrecord.integrations.lightning", "lightning"),
+    ],
+)
+def test_a_layer_whose_framework_is_missing_says_which_extra_to_install(module, extra):
+    # A fresh interpreter where torch and the frameworks cannot be imported, installed or not.
+    blocked = ["torch", "lightning", "pytorch_lightning", "mmengine"]
+    program = (
+        f"import sys; sys.modules.update(dict.fromkeys({blocked!r}))\n"
+        f"try:\n    import {module}\nexcept ImportError as error:\n    print(type(error).__name__, error)\n"
+    )
+    result = plain("-c", program)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().startswith("ImportError bcrecord"), result.stdout
+    assert f"pip install 'bcrecord[{extra}]'" in result.stdout

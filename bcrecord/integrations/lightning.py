@@ -73,7 +73,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Deque, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
-import torch
+try:
+    import torch
+except ImportError as error:  # pragma: no cover - depends on the environment
+    # (as when Lightning is missing: the extra installs both)
+    raise ImportError(
+        "bcrecord.integrations.lightning needs Lightning and PyTorch: pip install 'bcrecord[lightning]'"
+    ) from error
 
 try:
     import lightning.pytorch as pl
@@ -82,7 +88,7 @@ except ImportError:  # pragma: no cover - depends on the environment
         import pytorch_lightning as pl  # type: ignore[no-redef]
     except ImportError as error:
         raise ImportError(
-            "bcrecord.integrations.lightning needs Lightning: pip install 'bcrecord[lightning]'"
+            "bcrecord.integrations.lightning needs Lightning and PyTorch: pip install 'bcrecord[lightning]'"
         ) from error
 
 from ..errors import SpecError, TargetError, warn

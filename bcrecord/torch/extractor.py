@@ -20,7 +20,7 @@ import contextlib
 import operator
 import types
 import weakref
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -156,6 +156,9 @@ class FeatureExtractor(torch.nn.Module):
     torch.Size([4, 3])
     >>> extractor.close()
     """
+
+    # What a call returns, for type checkers: nn.Module types every call as returning Any.
+    __call__: Callable[..., Dict[str, Any]]
 
     def __init__(
         self,
