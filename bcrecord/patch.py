@@ -515,7 +515,13 @@ class _Slot:
                 _swap_hook(code, False, self.live)
 
     def _replaced(self) -> bool:
-        """Whether someone else put code in ``live`` meanwhile: theirs stays, never swapped."""
+        """Whether someone else put code in ``live`` meanwhile: theirs stays, never swapped.
+
+        Once they put back the code this slot had set (a tool that saved ``f.__code__``
+        and restores it), it is this slot's again: else probed code would stay for good.
+        """
+        if self.replaced and self.live.__code__ is self._code:
+            self.replaced = False
         if not self.replaced and self.live.__code__ is not self._code:
             self.replaced = True
             warn(

@@ -99,6 +99,31 @@ def test_code_set_anew_while_patched_in_place_stays_with_a_warning():
     assert rec.all(again.keys[0]) == [101]
 
 
+def test_code_another_tool_swapped_and_put_back_while_patched_is_ours_again():
+    # A tool that saves f.__code__ (the probed code, during a recording), swaps its own in
+    # and puts the saved one back: the patch records again, and its removal leaves the original.
+    def f(a):
+        x = a + 1
+        return x
+
+    def other(a):
+        return -a
+
+    original = f.__code__
+    patch = bcrecord.patch_function(f, "x")
+    with pytest.warns(bcrecord.RecordingWarning, match=r"f's code was replaced while it was patched"):
+        with bcrecord.recording() as during:
+            saved = f.__code__
+            f.__code__ = other.__code__
+            assert f(1) == -1
+    f.__code__ = saved
+    with bcrecord.recording() as rec:
+        assert f(4) == 5
+    patch.remove()
+    assert f.__code__ is original and f(2) == 3
+    assert len(during) == 0 and rec.all("tests.test_patch:f:x@0") == [5]
+
+
 def test_a_keyword_default_changed_while_patched_stays_and_a_recording_copy_has_its_own():
     class D:
         def m(self, a, *, k=1):
