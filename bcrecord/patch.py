@@ -986,6 +986,11 @@ class _Restore:
         stand_in = _unwrap_installed(ours)
         #: What the stand-in started with: changes made through it go to the original.
         self.given = ({name: getattr(stand_in, name) for name in _CARRIED}, dict(vars(stand_in)))
+        #: Kept apart: autoreload also sets the stand-in's ``__dict__`` (the new function's).
+        self.original = vars(stand_in).get(_BASE_ATTR)
+        #: Its code without probes: other code there once the patch is released is someone
+        #: else's (IPython's autoreload sets the ``__code__`` of what the class holds).
+        self.code = stand_in.__code__
 
     def __call__(self) -> None:
         holder, attribute, own, ours = self.holder, self.attribute, self.own, self.ours
@@ -1030,13 +1035,22 @@ class _Restore:
                 other.own = _rebound(own, holder, other.holder)
 
     def _carry_back(self) -> None:
-        """Defaults and attributes set through the stand-in (``A.m.__defaults__ = ...``, a
-        registry marking ``A.m``) onto the function it stood in for, as they would have been
-        set without the patch. (Its keyword defaults are the original's dict already.)"""
-        stand_in = _unwrap_installed(self.ours)
-        original = vars(stand_in).get(_BASE_ATTR)
+        """Code, defaults and attributes set through the stand-in (``A.m.__defaults__ = ...``,
+        a registry marking ``A.m``, autoreload's new code) onto the function it stood in for,
+        as they would have been set without the patch. (Its keyword defaults are the
+        original's dict already.)"""
+        stand_in, original = _unwrap_installed(self.ours), self.original
         if not isinstance(original, types.FunctionType):
             return
+        if stand_in.__code__ is not self.code:  # (the slot, released, left it: not its own)
+            try:
+                original.__code__ = stand_in.__code__
+            except ValueError:  # another number of free variables: it cannot run there
+                warn(
+                    f"{original.__qualname__}'s code was replaced while it was patched by code with "
+                    "other free variables; bcrecord could not put it in the original function, "
+                    "which keeps its former code"
+                )
         given, attributes = self.given
         for name, value in given.items():
             if getattr(stand_in, name) is not value:  # set anew (a dict changed in place is shared)

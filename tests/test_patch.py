@@ -99,6 +99,33 @@ def test_code_set_anew_while_patched_in_place_stays_with_a_warning():
     assert rec.all(again.keys[0]) == [101]
 
 
+def test_code_set_anew_on_a_class_patch_stand_in_goes_to_the_original_on_removal():
+    # IPython's autoreload sets the __code__ of the function the class (or module) holds:
+    # the patch's stand-in. Removing the patch must not bring the code before the edit back.
+    class A:
+        def m(self, a):
+            x = a + 1
+            return x
+
+    def edited(self, a):
+        x = a + 100
+        return x
+
+    original = A.__dict__["m"]
+    patch = bcrecord.patch_method(A, "m", "x")
+    for attribute in ("__code__", "__defaults__", "__doc__", "__dict__"):  # (what autoreload sets)
+        setattr(A.m, attribute, getattr(edited, attribute))
+    with pytest.warns(bcrecord.RecordingWarning, match=r"A.m's code was replaced while it was patched"):
+        with bcrecord.recording() as rec:
+            assert A().m(1) == 101
+    patch.remove()
+    assert A.__dict__["m"] is original and original.__code__ is edited.__code__ and A().m(2) == 102
+    assert len(rec) == 0
+    with bcrecord.patch_method(A, "m", "x") as again, bcrecord.recording() as rec:
+        assert A().m(1) == 101
+    assert rec.all(again.keys[0]) == [101]
+
+
 def test_code_another_tool_swapped_and_put_back_while_patched_is_ours_again():
     # A tool that saves f.__code__ (the probed code, during a recording), swaps its own in
     # and puts the saved one back: the patch records again, and its removal leaves the original.
