@@ -533,11 +533,13 @@ class _Slot:
 
     def release(self) -> None:
         untrack(self)
-        self.disarm()
-        for patch in self.patches:
-            release_sites(patch._site_ids)
-        self.patches = []
-        self._subsets = {}
+        try:
+            self.disarm()
+        finally:  # (its warning made an error)
+            for patch in self.patches:
+                release_sites(patch._site_ids)
+            self.patches = []
+            self._subsets = {}
 
 
 # Slots of live patches, keyed by where they are installed.
@@ -725,10 +727,15 @@ class Patch:
                 slot.install(remaining)
                 release_sites(self._site_ids)
                 return
-            slot.release()
-            slot.restore()
-            if slot.key is not None and _slots.get(slot.key) is slot:  # (not a later slot's)
-                del _slots[slot.key]
+            # A warning made an error (-W error) on the way must not leave the stand-in there.
+            try:
+                slot.release()
+            finally:
+                try:
+                    slot.restore()
+                finally:
+                    if slot.key is not None and _slots.get(slot.key) is slot:  # (not a later slot's)
+                        del _slots[slot.key]
 
     def __enter__(self) -> Patch:
         if self._slot is None:  # (a second ``with`` of one patch: it would record nothing)

@@ -126,6 +126,49 @@ def test_code_set_anew_on_a_class_patch_stand_in_goes_to_the_original_on_removal
     assert rec.all(again.keys[0]) == [101]
 
 
+def test_a_replaced_code_warning_made_an_error_leaves_recordings_and_patches_working():
+    # pytest's filterwarnings = error: the warning raises where the probes go in or out.
+    import warnings
+
+    from bcrecord import runtime
+
+    class A:
+        def m(self, a):
+            x = a + 1
+            return x
+
+    def f(a):
+        y = a * 2
+        return y
+
+    def edited(self, a):
+        return a + 100
+
+    def edited_again(self, a):
+        return a + 1000
+
+    original = A.__dict__["m"]
+    patch_a, patch_f = bcrecord.patch_method(A, "m", "x"), bcrecord.patch_function(f, "y")
+    A.m.__code__ = edited.__code__
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", bcrecord.RecordingWarning)
+        failed = bcrecord.recording()
+        with pytest.raises(bcrecord.RecordingWarning, match="code was replaced while it was patched"):
+            failed.__enter__()
+        assert not failed.active and not runtime.is_active() and f.__code__ is patch_f.original_code
+        with bcrecord.recording() as rec:  # the other patch still records
+            assert (f(3), A().m(1)) == (6, 101)
+        patch_a.remove()
+        assert A.__dict__["m"] is original and original.__code__ is edited.__code__
+        patch_a = bcrecord.patch_method(A, "m", "return")
+        A.m.__code__ = edited_again.__code__
+        with pytest.raises(bcrecord.RecordingWarning, match="code was replaced while it was patched"):
+            patch_a.remove()  # raised on the way: the original goes back all the same
+    patch_f.remove()
+    assert rec.items() == [("tests.test_patch:f:y@0", 6)]
+    assert A.__dict__["m"] is original and A().m(1) == 1001 and not runtime.is_active()
+
+
 def test_code_another_tool_swapped_and_put_back_while_patched_is_ours_again():
     # A tool that saves f.__code__ (the probed code, during a recording), swaps its own in
     # and puts the saved one back: the patch records again, and its removal leaves the original.
