@@ -724,8 +724,10 @@ class Patch:
             if slot.freed_with_copy is not None:  # released here, not by the copy's finalizer
                 slot.freed_with_copy[:] = [ids for ids in slot.freed_with_copy if ids is not self._site_ids]
             if remaining:
-                slot.install(remaining)
-                release_sites(self._site_ids)
+                try:
+                    slot.install(remaining)
+                finally:  # (a warning made an error there)
+                    release_sites(self._site_ids)
                 return
             # A warning made an error (-W error) on the way must not leave the stand-in there.
             try:
@@ -780,6 +782,8 @@ def _attach(
     try:
         slot.install(slot.patches + [patch])
     except BaseException:
+        if any(p is patch for p in slot.patches):  # in before a warning made an error (-W error)
+            slot.install([p for p in slot.patches if p is not patch])
         release_sites(patch._site_ids)
         raise
     return patch

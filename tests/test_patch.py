@@ -169,6 +169,34 @@ def test_a_replaced_code_warning_made_an_error_leaves_recordings_and_patches_wor
     assert A.__dict__["m"] is original and A().m(1) == 1001 and not runtime.is_active()
 
 
+def test_a_patch_whose_replaced_code_warning_is_an_error_is_not_left_in_its_function():
+    import warnings
+
+    def f(a):
+        x = a + 1
+        x = x * 2
+        return x
+
+    def other(a):
+        return -a
+
+    original = f.__code__
+    first = bcrecord.patch_function(f, "x@0", name="one")
+    with bcrecord.recording():
+        saved, f.__code__ = f.__code__, other.__code__
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", bcrecord.RecordingWarning)
+            with pytest.raises(bcrecord.RecordingWarning, match="code was replaced while it was patched"):
+                bcrecord.patch_function(f, "x@1", name="two")
+    f.__code__ = saved  # (the other tool puts the patch's code back)
+    with bcrecord.recording() as rec:
+        assert f(1) == 4
+    first.remove()
+    with bcrecord.recording():  # nothing of the failed patch is left to arm
+        assert f.__code__ is original
+    assert rec.items() == [("one:f:x@0", 2)]
+
+
 def test_code_another_tool_swapped_and_put_back_while_patched_is_ours_again():
     # A tool that saves f.__code__ (the probed code, during a recording), swaps its own in
     # and puts the saved one back: the patch records again, and its removal leaves the original.
