@@ -982,6 +982,40 @@ def _named(holder: Any) -> str:
 ABSENT = _MISSING
 
 
+#: The stand-ins of removed patches that had been replaced meanwhile (their replacement left):
+#: where each was installed and what was there before, ``(holder, attribute, own)``.
+_left_behind: weakref.WeakKeyDictionary[types.FunctionType, Tuple[Callable[[], Any], str, Any]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _put_back_left(obj: Any = None, method: Optional[str] = None, stand_in: Any = None) -> None:
+    """Put back what a removed patch had patched where its stand-in, left because something
+    replaced it meanwhile, came back (a ``mock.patch`` that ended after the patch was removed
+    restores what it replaced): ``obj``'s ``method`` (a class's: its instances' too), or
+    wherever ``stand_in`` is. Called under the patch lock, before patching there anew.
+    """
+    for left, (held, attribute, own) in list(_left_behind.items()):
+        holder = held()
+        if holder is None:
+            _left_behind.pop(left, None)
+            continue
+        if stand_in is not None:
+            if left is not stand_in:
+                continue
+        elif attribute != method or not (holder is obj or isinstance(obj, type) and isinstance(holder, obj)):
+            continue
+        if _unwrap_installed(vars(holder).get(attribute, _MISSING)) is not left:
+            continue  # (not back there, or not yet: the replacement is still in force)
+        del _left_behind[left]
+        if not isinstance(holder, (type, types.ModuleType)):
+            _put(vars(holder), attribute, own)
+        elif own is _MISSING:
+            delattr(holder, attribute)
+        else:
+            setattr(holder, attribute, own)
+
+
 class _Restore:
     """Puts back exactly what ``holder`` had under ``attribute``: ``own``, or nothing.
 
@@ -1012,9 +1046,16 @@ class _Restore:
             if wraps_ours and getattr(current, "_bcrecord_runs_wrapped", False):
                 current.previous = own  # it puts that back when it goes
                 return
+            try:
+                # Should it come back (a mock.patch that ends now puts it back), the next patch puts
+                # back ``own`` there (see _put_back_left). (Held weakly: never a reason to stay alive.)
+                _left_behind[_unwrap_installed(ours)] = (weakref.ref(holder), attribute, own)
+            except TypeError:  # no __weakref__ slot
+                pass
             warn(
                 f"{_named(holder)}'s {attribute!r} was replaced while patched; bcrecord left the "
-                "replacement in place instead of putting back what it had patched"
+                "replacement in place instead of putting back what it had patched (should the "
+                "patched method come back there, the next patch of it puts back the original)"
             )
             return
         if isinstance(holder, (type, types.ModuleType)):
@@ -1194,6 +1235,10 @@ def _patch_in_place(
 ) -> Patch:
     """:func:`patch_function`, with the function part of keys (default: the code's name)."""
     running = _unwrap_installed(func)
+    if running in _left_behind:  # a removed patch's stand-in (see _put_back_left): the original
+        with _lock:
+            _put_back_left(stand_in=running)
+        running = func = _base_of(running)
     if unwrap and isinstance(running, types.FunctionType) and _dispatches(running):
         # Its __wrapped__ is the default implementation only (unwrap=False: the dispatcher).
         raise NotPatchableError(_why_not_a_function(running))
@@ -1278,6 +1323,8 @@ def _patch_method(
     in_place: bool,
     unwrap: bool,
 ) -> Patch:
+    if _left_behind:
+        _put_back_left(obj, method)
     raw, own = _lookup(obj, method)
     if isinstance(obj, type) and not any(method in vars(cls) for cls in obj.__mro__):
         # Found on the metaclass: a copy put in the class would be its instances' method.

@@ -1422,6 +1422,38 @@ def test_removal_leaves_a_replacement_made_while_patched_and_warns():
     assert a.m(3) == -3
 
 
+def test_a_mock_ended_after_the_patch_was_removed_leaves_the_original_to_the_next_patch():
+    # mock.patch.object started inside the patch and stopped after its removal puts back what it
+    # replaced: the patch's stand-in. The next patch puts back the original (class and instance).
+    from unittest import mock
+
+    class A:
+        def m(self, x):
+            y = x + 1
+            return y
+
+    original, a, b = A.__dict__["m"], A(), A()
+    for holder in (A, a):
+        patch = bcrecord.patch_method(holder, "m", "y")
+        mocked = mock.patch.object(holder, "m", return_value=0)
+        mocked.start()
+        with pytest.warns(bcrecord.RecordingWarning, match="should the patched method come back there"):
+            patch.remove()
+        mocked.stop()
+        assert a.m(1) == 2  # the stand-in, inert, is back
+    with bcrecord.patch_method(A, "m", "y", name="cls"), bcrecord.recording() as rec:
+        assert A.__dict__["m"] is not original and (a.m(1), b.m(10)) == (2, 11)
+    assert A.__dict__["m"] is original and "m" not in vars(a)
+    assert rec.all("cls:m:y@0") == [2, 11]  # a's own method left behind would have kept it out
+    patch = bcrecord.patch_method(A, "m", "y")
+    with mock.patch.object(A, "m", return_value=0):
+        with pytest.warns(bcrecord.RecordingWarning, match="was replaced while patched"):
+            patch.remove()
+    with bcrecord.patch_function(A.m, "y", name="fn"), bcrecord.recording() as rec:  # (given the stand-in)
+        assert A.__dict__["m"] is original and b.m(3) == 4
+    assert rec.all("fn:m:y@0") == [4] and original.__code__ is patch.original_code
+
+
 def test_threads_patching_one_method_at_once_each_stack_and_leave_the_original():
     import threading
     import time
