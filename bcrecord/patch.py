@@ -515,7 +515,13 @@ class _Slot:
                 _swap_hook(code, False, self.live)
 
     def _replaced(self) -> bool:
-        """Whether someone else put code in ``live`` meanwhile: theirs stays, never swapped."""
+        """Whether someone else put code in ``live`` meanwhile: theirs stays, never swapped.
+
+        Once they put back the code this slot had set (a tool that saved ``f.__code__``
+        and restores it), it is this slot's again: else probed code would stay for good.
+        """
+        if self.replaced and self.live.__code__ is self._code:
+            self.replaced = False
         if not self.replaced and self.live.__code__ is not self._code:
             self.replaced = True
             warn(
@@ -527,11 +533,13 @@ class _Slot:
 
     def release(self) -> None:
         untrack(self)
-        self.disarm()
-        for patch in self.patches:
-            release_sites(patch._site_ids)
-        self.patches = []
-        self._subsets = {}
+        try:
+            self.disarm()
+        finally:  # (its warning made an error)
+            for patch in self.patches:
+                release_sites(patch._site_ids)
+            self.patches = []
+            self._subsets = {}
 
 
 # Slots of live patches, keyed by where they are installed.
@@ -716,13 +724,20 @@ class Patch:
             if slot.freed_with_copy is not None:  # released here, not by the copy's finalizer
                 slot.freed_with_copy[:] = [ids for ids in slot.freed_with_copy if ids is not self._site_ids]
             if remaining:
-                slot.install(remaining)
-                release_sites(self._site_ids)
+                try:
+                    slot.install(remaining)
+                finally:  # (a warning made an error there)
+                    release_sites(self._site_ids)
                 return
-            slot.release()
-            slot.restore()
-            if slot.key is not None and _slots.get(slot.key) is slot:  # (not a later slot's)
-                del _slots[slot.key]
+            # A warning made an error (-W error) on the way must not leave the stand-in there.
+            try:
+                slot.release()
+            finally:
+                try:
+                    slot.restore()
+                finally:
+                    if slot.key is not None and _slots.get(slot.key) is slot:  # (not a later slot's)
+                        del _slots[slot.key]
 
     def __enter__(self) -> Patch:
         if self._slot is None:  # (a second ``with`` of one patch: it would record nothing)
@@ -767,6 +782,8 @@ def _attach(
     try:
         slot.install(slot.patches + [patch])
     except BaseException:
+        if any(p is patch for p in slot.patches):  # in before a warning made an error (-W error)
+            slot.install([p for p in slot.patches if p is not patch])
         release_sites(patch._site_ids)
         raise
     return patch
@@ -963,6 +980,40 @@ def _named(holder: Any) -> str:
 ABSENT = _MISSING
 
 
+#: The stand-ins of removed patches that had been replaced meanwhile (their replacement left):
+#: where each was installed and what was there before, ``(holder, attribute, own)``.
+_left_behind: weakref.WeakKeyDictionary[types.FunctionType, Tuple[Callable[[], Any], str, Any]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _put_back_left(obj: Any = None, method: Optional[str] = None, stand_in: Any = None) -> None:
+    """Put back what a removed patch had patched where its stand-in, left because something
+    replaced it meanwhile, came back (a ``mock.patch`` that ended after the patch was removed
+    restores what it replaced): ``obj``'s ``method`` (a class's: its instances' too), or
+    wherever ``stand_in`` is. Called under the patch lock, before patching there anew.
+    """
+    for left, (held, attribute, own) in list(_left_behind.items()):
+        holder = held()
+        if holder is None:
+            _left_behind.pop(left, None)
+            continue
+        if stand_in is not None:
+            if left is not stand_in:
+                continue
+        elif attribute != method or not (holder is obj or isinstance(obj, type) and isinstance(holder, obj)):
+            continue
+        if _unwrap_installed(vars(holder).get(attribute, _MISSING)) is not left:
+            continue  # (not back there, or not yet: the replacement is still in force)
+        del _left_behind[left]
+        if not isinstance(holder, (type, types.ModuleType)):
+            _put(vars(holder), attribute, own)
+        elif own is _MISSING:
+            delattr(holder, attribute)
+        else:
+            setattr(holder, attribute, own)
+
+
 class _Restore:
     """Puts back exactly what ``holder`` had under ``attribute``: ``own``, or nothing.
 
@@ -978,6 +1029,11 @@ class _Restore:
         stand_in = _unwrap_installed(ours)
         #: What the stand-in started with: changes made through it go to the original.
         self.given = ({name: getattr(stand_in, name) for name in _CARRIED}, dict(vars(stand_in)))
+        #: Kept apart: autoreload also sets the stand-in's ``__dict__`` (the new function's).
+        self.original = vars(stand_in).get(_BASE_ATTR)
+        #: Its code without probes: other code there once the patch is released is someone
+        #: else's (IPython's autoreload sets the ``__code__`` of what the class holds).
+        self.code = stand_in.__code__
 
     def __call__(self) -> None:
         holder, attribute, own, ours = self.holder, self.attribute, self.own, self.ours
@@ -988,9 +1044,16 @@ class _Restore:
             if wraps_ours and getattr(current, "_bcrecord_runs_wrapped", False):
                 current.previous = own  # it puts that back when it goes
                 return
+            try:
+                # Should it come back (a mock.patch that ends now puts it back), the next patch puts
+                # back ``own`` there (see _put_back_left). (Held weakly: never a reason to stay alive.)
+                _left_behind[_unwrap_installed(ours)] = (weakref.ref(holder), attribute, own)
+            except TypeError:  # no __weakref__ slot
+                pass
             warn(
                 f"{_named(holder)}'s {attribute!r} was replaced while patched; bcrecord left the "
-                "replacement in place instead of putting back what it had patched"
+                "replacement in place instead of putting back what it had patched (should the "
+                "patched method come back there, the next patch of it puts back the original)"
             )
             return
         if isinstance(holder, (type, types.ModuleType)):
@@ -1022,13 +1085,22 @@ class _Restore:
                 other.own = _rebound(own, holder, other.holder)
 
     def _carry_back(self) -> None:
-        """Defaults and attributes set through the stand-in (``A.m.__defaults__ = ...``, a
-        registry marking ``A.m``) onto the function it stood in for, as they would have been
-        set without the patch. (Its keyword defaults are the original's dict already.)"""
-        stand_in = _unwrap_installed(self.ours)
-        original = vars(stand_in).get(_BASE_ATTR)
+        """Code, defaults and attributes set through the stand-in (``A.m.__defaults__ = ...``,
+        a registry marking ``A.m``, autoreload's new code) onto the function it stood in for,
+        as they would have been set without the patch. (Its keyword defaults are the
+        original's dict already.)"""
+        stand_in, original = _unwrap_installed(self.ours), self.original
         if not isinstance(original, types.FunctionType):
             return
+        if stand_in.__code__ is not self.code:  # (the slot, released, left it: not its own)
+            try:
+                original.__code__ = stand_in.__code__
+            except ValueError:  # another number of free variables: it cannot run there
+                warn(
+                    f"{original.__qualname__}'s code was replaced while it was patched by code with "
+                    "other free variables; bcrecord could not put it in the original function, "
+                    "which keeps its former code"
+                )
         given, attributes = self.given
         for name, value in given.items():
             if getattr(stand_in, name) is not value:  # set anew (a dict changed in place is shared)
@@ -1161,6 +1233,10 @@ def _patch_in_place(
 ) -> Patch:
     """:func:`patch_function`, with the function part of keys (default: the code's name)."""
     running = _unwrap_installed(func)
+    if running in _left_behind:  # a removed patch's stand-in (see _put_back_left): the original
+        with _lock:
+            _put_back_left(stand_in=running)
+        running = func = _base_of(running)
     if unwrap and isinstance(running, types.FunctionType) and _dispatches(running):
         # Its __wrapped__ is the default implementation only (unwrap=False: the dispatcher).
         raise NotPatchableError(_why_not_a_function(running))
@@ -1245,6 +1321,8 @@ def _patch_method(
     in_place: bool,
     unwrap: bool,
 ) -> Patch:
+    if _left_behind:
+        _put_back_left(obj, method)
     raw, own = _lookup(obj, method)
     if isinstance(obj, type) and not any(method in vars(cls) for cls in obj.__mro__):
         # Found on the metaclass: a copy put in the class would be its instances' method.

@@ -694,14 +694,23 @@ def is_active() -> bool:
 
 
 def _rearm() -> None:
-    """Give every armable the probes the active recordings take (none: the original code)."""
-    if not _active_count:
-        for item in _armables.live():
-            item.disarm()
-        return
-    wanted = _wanted_now()
+    """Give every armable the probes the active recordings take (none: the original code).
+
+    One that raises (a warning made an error by ``-W error``) does not keep the others
+    from their code: the first error is raised once they all have it.
+    """
+    wanted = _wanted_now() if _active_count else None
+    error: Optional[BaseException] = None
     for item in _armables.live():
-        item.arm(wanted)
+        try:
+            if _active_count:
+                item.arm(wanted)
+            else:
+                item.disarm()
+        except BaseException as raised:
+            error = error or raised
+    if error is not None:
+        raise error
 
 
 def _activate(only: Optional[Iterable[int]]) -> Optional[Set[int]]:
@@ -719,7 +728,11 @@ def _activate(only: Optional[Iterable[int]]) -> Optional[Set[int]]:
         else:
             changed = _want(ids, 1)
         if changed or _active_count == 1:
-            _rearm()
+            try:
+                _rearm()
+            except BaseException:
+                _deactivate(ids)  # not started: the counts and the code as they were
+                raise
         return ids
 
 
@@ -1496,7 +1509,16 @@ class Recording:
         with _arm_lock:  # not between activating and noting it (see _take)
             if self.threads == "all":
                 _set_shared(_shared + (self,))
-            self._armed_for = _activate(self._only)
+            try:
+                self._armed_for = _activate(self._only)
+            except BaseException:  # (a warning made an error while arming): not entered
+                if self.threads == "all":
+                    _set_shared(tuple(r for r in _shared if r is not self))
+                token, self._token, self._routing = self._token, None, None
+                _context.reset(token)
+                if routing is not self._kept:
+                    routing.retire()
+                raise
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -99,6 +99,129 @@ def test_code_set_anew_while_patched_in_place_stays_with_a_warning():
     assert rec.all(again.keys[0]) == [101]
 
 
+def test_code_set_anew_on_a_class_patch_stand_in_goes_to_the_original_on_removal():
+    # IPython's autoreload sets the __code__ of the function the class (or module) holds:
+    # the patch's stand-in. Removing the patch must not bring the code before the edit back.
+    class A:
+        def m(self, a):
+            x = a + 1
+            return x
+
+    def edited(self, a):
+        x = a + 100
+        return x
+
+    original = A.__dict__["m"]
+    patch = bcrecord.patch_method(A, "m", "x")
+    for attribute in ("__code__", "__defaults__", "__doc__", "__dict__"):  # (what autoreload sets)
+        setattr(A.m, attribute, getattr(edited, attribute))
+    with pytest.warns(bcrecord.RecordingWarning, match=r"A.m's code was replaced while it was patched"):
+        with bcrecord.recording() as rec:
+            assert A().m(1) == 101
+    patch.remove()
+    assert A.__dict__["m"] is original and original.__code__ is edited.__code__ and A().m(2) == 102
+    assert len(rec) == 0
+    with bcrecord.patch_method(A, "m", "x") as again, bcrecord.recording() as rec:
+        assert A().m(1) == 101
+    assert rec.all(again.keys[0]) == [101]
+
+
+def test_a_replaced_code_warning_made_an_error_leaves_recordings_and_patches_working():
+    # pytest's filterwarnings = error: the warning raises where the probes go in or out.
+    import warnings
+
+    from bcrecord import runtime
+
+    class A:
+        def m(self, a):
+            x = a + 1
+            return x
+
+    def f(a):
+        y = a * 2
+        return y
+
+    def edited(self, a):
+        return a + 100
+
+    def edited_again(self, a):
+        return a + 1000
+
+    original = A.__dict__["m"]
+    patch_a, patch_f = bcrecord.patch_method(A, "m", "x"), bcrecord.patch_function(f, "y")
+    A.m.__code__ = edited.__code__
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", bcrecord.RecordingWarning)
+        failed = bcrecord.recording()
+        with pytest.raises(bcrecord.RecordingWarning, match="code was replaced while it was patched"):
+            failed.__enter__()
+        assert not failed.active and not runtime.is_active() and f.__code__ is patch_f.original_code
+        with bcrecord.recording() as rec:  # the other patch still records
+            assert (f(3), A().m(1)) == (6, 101)
+        patch_a.remove()
+        assert A.__dict__["m"] is original and original.__code__ is edited.__code__
+        patch_a = bcrecord.patch_method(A, "m", "return")
+        A.m.__code__ = edited_again.__code__
+        with pytest.raises(bcrecord.RecordingWarning, match="code was replaced while it was patched"):
+            patch_a.remove()  # raised on the way: the original goes back all the same
+    patch_f.remove()
+    assert rec.items() == [("tests.test_patch:f:y@0", 6)]
+    assert A.__dict__["m"] is original and A().m(1) == 1001 and not runtime.is_active()
+
+
+def test_a_patch_whose_replaced_code_warning_is_an_error_is_not_left_in_its_function():
+    import warnings
+
+    def f(a):
+        x = a + 1
+        x = x * 2
+        return x
+
+    def other(a):
+        return -a
+
+    original = f.__code__
+    first = bcrecord.patch_function(f, "x@0", name="one")
+    with bcrecord.recording():
+        saved, f.__code__ = f.__code__, other.__code__
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", bcrecord.RecordingWarning)
+            with pytest.raises(bcrecord.RecordingWarning, match="code was replaced while it was patched"):
+                bcrecord.patch_function(f, "x@1", name="two")
+    f.__code__ = saved  # (the other tool puts the patch's code back)
+    with bcrecord.recording() as rec:
+        assert f(1) == 4
+    first.remove()
+    with bcrecord.recording():  # nothing of the failed patch is left to arm
+        assert f.__code__ is original
+    assert rec.items() == [("one:f:x@0", 2)]
+
+
+def test_code_another_tool_swapped_and_put_back_while_patched_is_ours_again():
+    # A tool that saves f.__code__ (the probed code, during a recording), swaps its own in
+    # and puts the saved one back: the patch records again, and its removal leaves the original.
+    def f(a):
+        x = a + 1
+        return x
+
+    def other(a):
+        return -a
+
+    original = f.__code__
+    patch = bcrecord.patch_function(f, "x")
+    with pytest.warns(bcrecord.RecordingWarning, match=r"f's code was replaced while it was patched"):
+        with bcrecord.recording() as during:
+            saved = f.__code__
+            f.__code__ = other.__code__
+            assert f(1) == -1
+    f.__code__ = saved
+    with bcrecord.recording() as rec:
+        assert f(4) == 5
+    patch.remove()
+    assert f.__code__ is original and f(2) == 3
+    assert len(during) == 0 and rec.all("tests.test_patch:f:x@0") == [5]
+
+
 def test_a_keyword_default_changed_while_patched_stays_and_a_recording_copy_has_its_own():
     class D:
         def m(self, a, *, k=1):
@@ -1297,6 +1420,38 @@ def test_removal_leaves_a_replacement_made_while_patched_and_warns():
     with pytest.warns(bcrecord.RecordingWarning, match="this A instance's 'm' was replaced"):
         patch.remove()
     assert a.m(3) == -3
+
+
+def test_a_mock_ended_after_the_patch_was_removed_leaves_the_original_to_the_next_patch():
+    # mock.patch.object started inside the patch and stopped after its removal puts back what it
+    # replaced: the patch's stand-in. The next patch puts back the original (class and instance).
+    from unittest import mock
+
+    class A:
+        def m(self, x):
+            y = x + 1
+            return y
+
+    original, a, b = A.__dict__["m"], A(), A()
+    for holder in (A, a):
+        patch = bcrecord.patch_method(holder, "m", "y")
+        mocked = mock.patch.object(holder, "m", return_value=0)
+        mocked.start()
+        with pytest.warns(bcrecord.RecordingWarning, match="should the patched method come back there"):
+            patch.remove()
+        mocked.stop()
+        assert a.m(1) == 2  # the stand-in, inert, is back
+    with bcrecord.patch_method(A, "m", "y", name="cls"), bcrecord.recording() as rec:
+        assert A.__dict__["m"] is not original and (a.m(1), b.m(10)) == (2, 11)
+    assert A.__dict__["m"] is original and "m" not in vars(a)
+    assert rec.all("cls:m:y@0") == [2, 11]  # a's own method left behind would have kept it out
+    patch = bcrecord.patch_method(A, "m", "y")
+    with mock.patch.object(A, "m", return_value=0):
+        with pytest.warns(bcrecord.RecordingWarning, match="was replaced while patched"):
+            patch.remove()
+    with bcrecord.patch_function(A.m, "y", name="fn"), bcrecord.recording() as rec:  # (given the stand-in)
+        assert A.__dict__["m"] is original and b.m(3) == 4
+    assert rec.all("fn:m:y@0") == [4] and original.__code__ is patch.original_code
 
 
 def test_threads_patching_one_method_at_once_each_stack_and_leave_the_original():
