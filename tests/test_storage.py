@@ -576,3 +576,52 @@ def test_load_of_a_folder_of_records_directories_names_them(tmp_path):
     with pytest.raises(StorageError, match=said):
         load(tmp_path / "train")
     assert load(tmp_path / "train" / "rank1")["m:f:x@0"] == [1]
+
+
+class ExceptionOfTwoArguments(Exception):
+    """Pickles its message alone, and its __init__ wants two arguments: it pickles, and does not load."""
+
+    def __init__(self, first, second):
+        super().__init__(f"{first}-{second}")
+
+
+class StateRefused:
+    def __init__(self):
+        self.x = 1
+
+    def __setstate__(self, state):
+        raise ValueError("no state today")
+
+
+def test_a_value_that_pickles_and_does_not_load_loses_no_other_value_of_its_save(tmp_path):
+    # Every non-tensor value of a save is in one pickle: one that could not be made again
+    # made the whole file unreadable, every key of the save lost, even with load(keys=...).
+    refused = StateRefused()
+    Writer(tmp_path).write(
+        {
+            "m:f:x@0": [1, {"a": [2.5, None]}],
+            "m:f:e@0": [ExceptionOfTwoArguments(1, 2)],
+            "m:f:s@0": [refused, [refused, 7]],
+        },
+        step=3,
+    )
+    loaded = load(tmp_path)
+    assert loaded["m:f:x@0"] == [1, {"a": [2.5, None]}] and loaded.steps("m:f:x@0") == [3, 3]
+    assert load(tmp_path, keys=["m:f:x@0"])["m:f:x@0"] == [1, {"a": [2.5, None]}]
+    (error,) = loaded["m:f:e@0"]
+    assert isinstance(error, bcrecord.storage.Unloadable) and error.args == ("1-2",)
+    assert error.error == (
+        "TypeError: ExceptionOfTwoArguments.__init__() missing 1 required positional argument: 'second'"
+    )
+    assert repr(error).startswith("<tests.test_storage.ExceptionOfTwoArguments, could not be made again (")
+    alone, (inside, seven) = loaded["m:f:s@0"]
+    assert alone is inside and seven == 7  # one stand-in, wherever the value was
+    assert alone.state == {"x": 1} and alone.error == "ValueError: no state today"
+
+
+def test_a_damaged_data_file_is_a_clear_error_naming_it(tmp_path):
+    save({"m:f:x@0": [list(range(100))]}, tmp_path)
+    data = tmp_path / "records" / "000001.pkl"
+    data.write_bytes(data.read_bytes()[:50])
+    with pytest.raises(StorageError, match=r"cannot read .*000001\.pkl: pickle data was truncated"):
+        load(tmp_path)
