@@ -795,7 +795,9 @@ class Unimportable:
     """A loaded value whose class cannot be imported here, with what it was saved with.
 
     Classes defined in a program's ``__main__`` (saved by ``bcrecord run``) are the
-    usual case: a loader is another program. The rest of the records load as usual.
+    usual case: a loader is another program; so are classes of a module that raises when
+    imported here (it needs a GPU, or a library this machine lacks). The rest of the
+    records load as usual.
     ``args`` are its constructor's arguments (a namedtuple's fields), ``state`` its
     attributes, ``items`` the elements or entries of a list or dict subclass.
 
@@ -895,7 +897,7 @@ class _StandInClasses:
     def find_class(self, module: str, name: str) -> Any:
         try:
             return super().find_class(module, name)  # type: ignore[misc]
-        except (ImportError, AttributeError):
+        except Exception:  # not there, or its module raises on import here (needs a GPU, a library)
             return type(name, (Unimportable,), {"_where": f"{module}.{name}", "__module__": module})
 
 

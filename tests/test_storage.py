@@ -625,3 +625,28 @@ def test_a_damaged_data_file_is_a_clear_error_naming_it(tmp_path):
     data.write_bytes(data.read_bytes()[:50])
     with pytest.raises(StorageError, match=r"cannot read .*000001\.pkl: pickle data was truncated"):
         load(tmp_path)
+
+
+def test_a_value_of_a_module_that_raises_on_import_here_loads_as_unimportable(tmp_path, monkeypatch):
+    # Saved on a machine where the module imports; loaded where importing it raises (no GPU,
+    # a shared library missing: OSError). It made the whole data file unreadable.
+    (tmp_path / "needs_a_gpu.py").write_text(
+        "import os\n"
+        "if os.environ.get('NO_GPU_HERE'):\n"
+        "    raise OSError('libcudart.so: cannot open shared object file')\n"
+        "class Box:\n"
+        "    def __init__(self, v):\n"
+        "        self.v = v\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import needs_a_gpu
+
+    records = tmp_path / "records"
+    save({"m:f:box@0": [needs_a_gpu.Box(3), 5], "m:f:x@0": [1]}, records)
+    monkeypatch.delitem(sys.modules, "needs_a_gpu")
+    monkeypatch.setenv("NO_GPU_HERE", "1")
+    loaded = load(records)
+    box, five = loaded["m:f:box@0"]
+    assert isinstance(box, bcrecord.storage.Unimportable) and box.state == {"v": 3}
+    assert repr(box) == "<needs_a_gpu.Box, not importable here: {'v': 3}>"
+    assert five == 5 and loaded["m:f:x@0"] == [1]
