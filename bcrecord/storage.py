@@ -26,9 +26,10 @@ The temporary file a save killed mid-write leaves (``records/.NNNNNN.pkl.tmp``, 
 A full disk or an unwritable
 directory raises :class:`StorageError` naming the directory. Saves into one directory
 from several writers or processes at once (``bcrecord run -o DIR`` on each rank) take
-turns under a lock file (``records/.lock``; on systems without ``fcntl``, saves of
-one process at a time only), each first reading what the others appended. Tensors that ``safetensors``
-cannot store (``complex128``, sparse, quantized or nested tensors) are pickled instead. Every tensor
+turns under a lock file (``records/.lock``; on systems without ``fcntl``, or on a file
+system without file locks, saves of one process at a time only), each first reading what
+the others appended. Tensors that ``safetensors`` cannot store (``complex128``, sparse,
+quantized or nested tensors) are pickled instead. Every tensor
 pickled, alone or inside another value (a tuple, a dict, a dataclass), is saved detached and on the
 CPU (it loads on a machine without a GPU), in ``torch.save``'s form where torch cannot read its
 pickle back (``complex32``). A value a save cannot hold at all (a tensor of ``vmap`` or of a fake
@@ -49,6 +50,7 @@ from __future__ import annotations
 
 import contextlib
 import copyreg
+import errno
 import io
 import json
 import numbers
@@ -195,14 +197,42 @@ def _writing(directory: Path) -> Iterator[None]:
         raise StorageError(f"cannot write records to {directory}: {error.strerror or error}{where}") from None
 
 
+#: What ``flock`` raises on a file system without file locks (Lustre mounted without
+#: ``-o flock``, NFS without its lock daemon, some FUSE file systems).
+_NO_FILE_LOCKS = {
+    getattr(errno, name) for name in ("ENOSYS", "ENOLCK", "EOPNOTSUPP", "ENOTSUP") if hasattr(errno, name)
+}
+#: The directories said to be without file locks (once each).
+_unlocked: set = set()
+
+
 @contextlib.contextmanager
 def _turn(directory: Path) -> Iterator[None]:
-    """Hold the directory's lock file: saves from other processes wait meanwhile."""
+    """Hold the directory's lock file: saves from other processes wait meanwhile.
+
+    On a file system without file locks, saves go on without it (with a warning): as on
+    a system without ``fcntl``, one process at a time may save into the directory.
+    """
     if fcntl is None:  # pragma: no cover - Windows
         yield
         return
     with open(directory / "records" / ".lock", "a") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        except OSError as error:
+            if error.errno not in _NO_FILE_LOCKS:
+                raise
+            if directory not in _unlocked:
+                _unlocked.add(directory)
+                warnings.warn(
+                    f"{directory} is on a file system without file locks ({error.strerror or error}): "
+                    "saves into it from several processes at once would overwrite each other's files; "
+                    "give each process a directory of its own",
+                    RuntimeWarning,
+                    stacklevel=1,
+                )
+            yield
+            return
         try:
             yield
         finally:

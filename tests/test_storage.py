@@ -650,3 +650,27 @@ def test_a_value_of_a_module_that_raises_on_import_here_loads_as_unimportable(tm
     assert isinstance(box, bcrecord.storage.Unimportable) and box.state == {"v": 3}
     assert repr(box) == "<needs_a_gpu.Box, not importable here: {'v': 3}>"
     assert five == 5 and loaded["m:f:x@0"] == [1]
+
+
+@pytest.mark.skipif(bcrecord.storage.fcntl is None, reason="no fcntl: saves take no lock")
+@pytest.mark.parametrize("code", [errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP])
+def test_a_file_system_without_file_locks_saves_with_one_warning(tmp_path, monkeypatch, code):
+    # Lustre mounted without -o flock, NFS without its lock daemon: flock raises, and every
+    # save failed ("cannot write records to DIR: Function not implemented").
+    def no_locks(fd, operation):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(bcrecord.storage.fcntl, "flock", no_locks)
+    with pytest.warns(RuntimeWarning, match=r"is on a file system without file locks \(") as said:
+        writer = Writer(tmp_path)
+        assert writer.write({"m:f:x@0": [1]}, step=0) == 1
+        save({"m:f:x@0": [2]}, tmp_path, step=1)
+    assert len(said) == 1  # once per directory
+    assert load(tmp_path)["m:f:x@0"] == [1, 2] and load(tmp_path).steps("m:f:x@0") == [0, 1]
+
+    def refused(fd, operation):  # any other failure is the save's
+        raise OSError(errno.EACCES, os.strerror(errno.EACCES))
+
+    monkeypatch.setattr(bcrecord.storage.fcntl, "flock", refused)
+    with pytest.raises(StorageError, match="cannot write records to .*: Permission denied"):
+        save({"m:f:x@0": [3]}, tmp_path, step=2)
