@@ -26,9 +26,10 @@ The temporary file a save killed mid-write leaves (``records/.NNNNNN.pkl.tmp``, 
 A full disk or an unwritable
 directory raises :class:`StorageError` naming the directory. Saves into one directory
 from several writers or processes at once (``bcrecord run -o DIR`` on each rank) take
-turns under a lock file (``records/.lock``; on systems without ``fcntl``, saves of
-one process at a time only), each first reading what the others appended. Tensors that ``safetensors``
-cannot store (``complex128``, sparse, quantized or nested tensors) are pickled instead. Every tensor
+turns under a lock file (``records/.lock``; on systems without ``fcntl``, or on a file
+system without file locks, saves of one process at a time only), each first reading what
+the others appended. Tensors that ``safetensors`` cannot store (``complex128``, sparse,
+quantized or nested tensors) are pickled instead. Every tensor
 pickled, alone or inside another value (a tuple, a dict, a dataclass), is saved detached and on the
 CPU (it loads on a machine without a GPU), in ``torch.save``'s form where torch cannot read its
 pickle back (``complex32``). A value a save cannot hold at all (a tensor of ``vmap`` or of a fake
@@ -49,6 +50,7 @@ from __future__ import annotations
 
 import contextlib
 import copyreg
+import errno
 import io
 import json
 import numbers
@@ -62,7 +64,20 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    Iterable,
+    Iterator,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Tuple,
+    Union,
+    cast,
+)
 
 from .errors import BcrecordError, did_you_mean
 
@@ -182,14 +197,42 @@ def _writing(directory: Path) -> Iterator[None]:
         raise StorageError(f"cannot write records to {directory}: {error.strerror or error}{where}") from None
 
 
+#: What ``flock`` raises on a file system without file locks (Lustre mounted without
+#: ``-o flock``, NFS without its lock daemon, some FUSE file systems).
+_NO_FILE_LOCKS = {
+    getattr(errno, name) for name in ("ENOSYS", "ENOLCK", "EOPNOTSUPP", "ENOTSUP") if hasattr(errno, name)
+}
+#: The directories said to be without file locks (once each).
+_unlocked: set = set()
+
+
 @contextlib.contextmanager
 def _turn(directory: Path) -> Iterator[None]:
-    """Hold the directory's lock file: saves from other processes wait meanwhile."""
+    """Hold the directory's lock file: saves from other processes wait meanwhile.
+
+    On a file system without file locks, saves go on without it (with a warning): as on
+    a system without ``fcntl``, one process at a time may save into the directory.
+    """
     if fcntl is None:  # pragma: no cover - Windows
         yield
         return
     with open(directory / "records" / ".lock", "a") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        except OSError as error:
+            if error.errno not in _NO_FILE_LOCKS:
+                raise
+            if directory not in _unlocked:
+                _unlocked.add(directory)
+                warnings.warn(
+                    f"{directory} is on a file system without file locks ({error.strerror or error}): "
+                    "saves into it from several processes at once would overwrite each other's files; "
+                    "give each process a directory of its own",
+                    RuntimeWarning,
+                    stacklevel=1,
+                )
+            yield
+            return
         try:
             yield
         finally:
@@ -782,7 +825,9 @@ class Unimportable:
     """A loaded value whose class cannot be imported here, with what it was saved with.
 
     Classes defined in a program's ``__main__`` (saved by ``bcrecord run``) are the
-    usual case: a loader is another program. The rest of the records load as usual.
+    usual case: a loader is another program; so are classes of a module that raises when
+    imported here (it needs a GPU, or a library this machine lacks). The rest of the
+    records load as usual.
     ``args`` are its constructor's arguments (a namedtuple's fields), ``state`` its
     attributes, ``items`` the elements or entries of a list or dict subclass.
 
@@ -841,14 +886,119 @@ class Unimportable:
         return f"<{self._where}, not importable here: {shown!r}>"
 
 
-class _Unpickler(pickle.Unpickler):
-    """Unpickles, standing in :class:`Unimportable` for classes this process cannot import."""
+class Unloadable(Unimportable):
+    """A loaded value that could not be made again here, with what it was saved with.
+
+    Its class was found, but making it from its pickle raised: an exception class whose
+    ``__init__`` takes other arguments than the message it pickles, a ``__setstate__``
+    that refuses the state saved. ``error`` says what was raised; ``args``, ``state`` and
+    ``items`` are as for :class:`Unimportable`. The other values of its save load as usual.
+
+    >>> made_by_int_of_x = b"cbuiltins\\nint\\n(Vx\\ntR."  # (a pickle whose loading calls int('x'))
+    >>> value = _TolerantUnpickler(io.BytesIO(made_by_int_of_x)).load()
+    >>> value.error, value.args
+    ("ValueError: invalid literal for int() with base 10: 'x'", ('x',))
+    >>> value
+    <builtins.int, could not be made again (ValueError: invalid literal for int() with base 10: 'x'): ('x',)>
+    """
+
+    error = ""
+
+    def __repr__(self) -> str:
+        saved = [part for part in (self.args, self.items, getattr(self, "state", None)) if part]
+        shown = saved[0] if len(saved) == 1 else tuple(saved)
+        return f"<{self._where}, could not be made again ({self.error}): {shown!r}>"
+
+
+def _unloadable(made: Any, error: Exception, args: Tuple[Any, ...], state: Any = None) -> Unloadable:
+    """The stand-in for what ``made`` (a class or function) failed to make from ``args`` or ``state``."""
+    where = f"{getattr(made, '__module__', None) or '?'}.{getattr(made, '__qualname__', type(made).__name__)}"
+    stand_in = cast(Unloadable, Unloadable.__new__(Unloadable, *args))
+    stand_in._where, stand_in.error = where, _said(error)
+    if state is not None:
+        stand_in.state = state
+    return stand_in
+
+
+class _StandInClasses:
+    """An unpickler's ``find_class`` standing in :class:`Unimportable` for classes this
+    process cannot import."""
 
     def find_class(self, module: str, name: str) -> Any:
         try:
-            return super().find_class(module, name)
-        except (ImportError, AttributeError):
+            return super().find_class(module, name)  # type: ignore[misc]
+        except Exception:  # not there, or its module raises on import here (needs a GPU, a library)
             return type(name, (Unimportable,), {"_where": f"{module}.{name}", "__module__": module})
+
+
+class _Unpickler(_StandInClasses, pickle.Unpickler):
+    """Unpickles, standing in :class:`Unimportable` for classes this process cannot import."""
+
+
+#: pickle's unpickler in Python, whose opcodes a subclass can change (the C one's it cannot).
+_PythonUnpickler: Any = pickle._Unpickler  # type: ignore[attr-defined]
+
+
+class _TolerantUnpickler(_StandInClasses, _PythonUnpickler):
+    """:class:`_Unpickler`, but a value whose making raises is an :class:`Unloadable`.
+
+    pickle's Python unpickler, slower than the C one: used for a data file that one would
+    not load, so that one odd value does not lose every other value of its save.
+    """
+
+    dispatch = dict(_PythonUnpickler.dispatch)
+
+    def _load_reduce(self) -> None:  # (stack: ... function args)
+        args = self.stack.pop()
+        try:
+            self.stack[-1] = self.stack[-1](*args)
+        except Exception as error:
+            self.stack[-1] = _unloadable(self.stack[-1], error, tuple(args))
+
+    def _load_newobj(self) -> None:  # (stack: ... class args)
+        args = self.stack.pop()
+        cls = self.stack.pop()
+        try:
+            self.append(cls.__new__(cls, *args))
+        except Exception as error:
+            self.append(_unloadable(cls, error, tuple(args)))
+
+    def _load_newobj_ex(self) -> None:  # (stack: ... class args kwargs)
+        kwargs = self.stack.pop()
+        args = self.stack.pop()
+        cls = self.stack.pop()
+        try:
+            self.append(cls.__new__(cls, *args, **kwargs))
+        except Exception as error:
+            self.append(_unloadable(cls, error, tuple(args)))
+
+    def _load_build(self) -> None:  # (stack: ... instance state; pickle's pops the state first)
+        state, made = self.stack[-1], self.stack[-2]
+        try:
+            _PythonUnpickler.load_build(self)
+        except Exception as error:
+            stand_in = self.stack[-1] = _unloadable(type(made), error, (), state)
+            # Memoized before it was built: later references to it are the stand-in too.
+            for number, memoized in list(self.memo.items()):
+                if memoized is made:
+                    self.memo[number] = stand_in
+
+    dispatch[pickle.REDUCE[0]] = _load_reduce
+    dispatch[pickle.NEWOBJ[0]] = _load_newobj
+    dispatch[pickle.NEWOBJ_EX[0]] = _load_newobj_ex
+    dispatch[pickle.BUILD[0]] = _load_build
+
+
+def _unpickled(data: bytes) -> Any:
+    """A pickled data file's values; where making one raises, the others all the same (see
+    :class:`Unloadable`), and where the file itself is damaged, the C unpickler's error."""
+    try:
+        return _Unpickler(io.BytesIO(data)).load()
+    except Exception as error:
+        try:
+            return _TolerantUnpickler(io.BytesIO(data)).load()
+        except Exception:
+            raise error from None
 
 
 def save(records: Any, directory: PathLike, step: int = 0) -> Path:
@@ -1034,7 +1184,7 @@ def load(directory: PathLike, keys: Optional[Iterable[str]] = None) -> Loaded:
 
                 files[file] = load_file(str(path))
             else:
-                files[file] = _Unpickler(io.BytesIO(path.read_bytes())).load()
+                files[file] = _unpickled(path.read_bytes())
         except ImportError as error:
             # safetensors' torch module imports torch: where torch is what is missing (the
             # 'save' extra installs safetensors alone), installing safetensors would not help.

@@ -1585,3 +1585,46 @@ def test_the_summary_shows_values_whose_repr_raises_or_spans_lines(project):
     assert rows["__main__:f:a@0"].startswith("<Broken instance at 0x")
     assert rows["__main__:f:b@0"] == "this Net instance"
     assert rows["__main__:f:c@0"].startswith("<__main__.Shaped object at 0x")
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork")
+def test_values_of_forked_and_spawned_children_are_not_saved_and_the_parent_s_are_saved_once(project):
+    # A child forked while values wait to be written inherits them: exiting through Python
+    # (sys.exit runs atexit), it must neither write them again nor add its own, nor leave
+    # the parent's saves numbered twice. Spawned children run the program's module anew.
+    (project / "forks.py").write_text(
+        textwrap.dedent(
+            """
+            import multiprocessing, os, sys
+
+            def f(v):
+                out = v * 2
+                return out
+
+            def work(i):
+                return f(100 + i)
+
+            if __name__ == "__main__":
+                for i in range(3):
+                    f(i)
+                child = os.fork()
+                if child == 0:
+                    f(50)
+                    sys.exit(0)
+                os.waitpid(child, 0)
+                f(3)
+                for method in ("fork", "spawn"):
+                    with multiprocessing.get_context(method).Pool(2) as pool:
+                        print(method, pool.map(work, range(3)))
+                f(4)
+            """
+        )
+    )
+    result = cli("run", "-r", "__main__:f:out", "-o", project / "saved", project / "forks.py", timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == ["fork [200, 202, 204]", "spawn [200, 202, 204]"]
+    assert "Traceback" not in result.stderr
+    loaded = bcrecord.load(project / "saved")
+    key = "__main__:f:out@0"
+    assert loaded[key] == [0, 2, 4, 6, 8] and loaded.steps(key) == [0, 1, 2, 3, 4]
+    assert "saved 5 value(s) of 1 key(s)" in result.stderr

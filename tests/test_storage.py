@@ -576,3 +576,101 @@ def test_load_of_a_folder_of_records_directories_names_them(tmp_path):
     with pytest.raises(StorageError, match=said):
         load(tmp_path / "train")
     assert load(tmp_path / "train" / "rank1")["m:f:x@0"] == [1]
+
+
+class ExceptionOfTwoArguments(Exception):
+    """Pickles its message alone, and its __init__ wants two arguments: it pickles, and does not load."""
+
+    def __init__(self, first, second):
+        super().__init__(f"{first}-{second}")
+
+
+class StateRefused:
+    def __init__(self):
+        self.x = 1
+
+    def __setstate__(self, state):
+        raise ValueError("no state today")
+
+
+def test_a_value_that_pickles_and_does_not_load_loses_no_other_value_of_its_save(tmp_path):
+    # Every non-tensor value of a save is in one pickle: one that could not be made again
+    # made the whole file unreadable, every key of the save lost, even with load(keys=...).
+    refused = StateRefused()
+    Writer(tmp_path).write(
+        {
+            "m:f:x@0": [1, {"a": [2.5, None]}],
+            "m:f:e@0": [ExceptionOfTwoArguments(1, 2)],
+            "m:f:s@0": [refused, [refused, 7]],
+        },
+        step=3,
+    )
+    loaded = load(tmp_path)
+    assert loaded["m:f:x@0"] == [1, {"a": [2.5, None]}] and loaded.steps("m:f:x@0") == [3, 3]
+    assert load(tmp_path, keys=["m:f:x@0"])["m:f:x@0"] == [1, {"a": [2.5, None]}]
+    (error,) = loaded["m:f:e@0"]
+    assert isinstance(error, bcrecord.storage.Unloadable) and error.args == ("1-2",)
+    assert error.error == (
+        "TypeError: ExceptionOfTwoArguments.__init__() missing 1 required positional argument: 'second'"
+    )
+    assert repr(error).startswith("<tests.test_storage.ExceptionOfTwoArguments, could not be made again (")
+    alone, (inside, seven) = loaded["m:f:s@0"]
+    assert alone is inside and seven == 7  # one stand-in, wherever the value was
+    assert alone.state == {"x": 1} and alone.error == "ValueError: no state today"
+
+
+def test_a_damaged_data_file_is_a_clear_error_naming_it(tmp_path):
+    save({"m:f:x@0": [list(range(100))]}, tmp_path)
+    data = tmp_path / "records" / "000001.pkl"
+    data.write_bytes(data.read_bytes()[:50])
+    with pytest.raises(StorageError, match=r"cannot read .*000001\.pkl: pickle data was truncated"):
+        load(tmp_path)
+
+
+def test_a_value_of_a_module_that_raises_on_import_here_loads_as_unimportable(tmp_path, monkeypatch):
+    # Saved on a machine where the module imports; loaded where importing it raises (no GPU,
+    # a shared library missing: OSError). It made the whole data file unreadable.
+    (tmp_path / "needs_a_gpu.py").write_text(
+        "import os\n"
+        "if os.environ.get('NO_GPU_HERE'):\n"
+        "    raise OSError('libcudart.so: cannot open shared object file')\n"
+        "class Box:\n"
+        "    def __init__(self, v):\n"
+        "        self.v = v\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import needs_a_gpu
+
+    records = tmp_path / "records"
+    save({"m:f:box@0": [needs_a_gpu.Box(3), 5], "m:f:x@0": [1]}, records)
+    monkeypatch.delitem(sys.modules, "needs_a_gpu")
+    monkeypatch.setenv("NO_GPU_HERE", "1")
+    loaded = load(records)
+    box, five = loaded["m:f:box@0"]
+    assert isinstance(box, bcrecord.storage.Unimportable) and box.state == {"v": 3}
+    assert repr(box) == "<needs_a_gpu.Box, not importable here: {'v': 3}>"
+    assert five == 5 and loaded["m:f:x@0"] == [1]
+
+
+@pytest.mark.skipif(bcrecord.storage.fcntl is None, reason="no fcntl: saves take no lock")
+@pytest.mark.parametrize("code", [errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP])
+def test_a_file_system_without_file_locks_saves_with_one_warning(tmp_path, monkeypatch, code):
+    # Lustre mounted without -o flock, NFS without its lock daemon: flock raises, and every
+    # save failed ("cannot write records to DIR: Function not implemented").
+    def no_locks(fd, operation):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(bcrecord.storage.fcntl, "flock", no_locks)
+    with pytest.warns(RuntimeWarning, match=r"is on a file system without file locks \(") as said:
+        writer = Writer(tmp_path)
+        assert writer.write({"m:f:x@0": [1]}, step=0) == 1
+        save({"m:f:x@0": [2]}, tmp_path, step=1)
+    assert len(said) == 1  # once per directory
+    assert load(tmp_path)["m:f:x@0"] == [1, 2] and load(tmp_path).steps("m:f:x@0") == [0, 1]
+
+    def refused(fd, operation):  # any other failure is the save's
+        raise OSError(errno.EACCES, os.strerror(errno.EACCES))
+
+    monkeypatch.setattr(bcrecord.storage.fcntl, "flock", refused)
+    with pytest.raises(StorageError, match="cannot write records to .*: Permission denied"):
+        save({"m:f:x@0": [3]}, tmp_path, step=2)

@@ -171,3 +171,24 @@ def test_a_subclass_with_its_own_pickling_of_a_dtype_pickle_cannot_read_back_loa
         pair[0].to(torch.complex64), half.to(torch.complex64)
     )
     assert loaded["m:f:n@0"] == [2]
+
+
+def test_a_tensor_subclass_whose_class_is_gone_loses_no_other_value_of_its_save(tmp_path, monkeypatch):
+    # A program's own tensor subclass in a tuple (pickled), loaded where its module is not:
+    # torch cannot rebuild it on the stand-in class, which made the whole data file unreadable.
+    import sys
+
+    import bcrecord
+
+    (tmp_path / "own_tensors.py").write_text("import torch\nclass Tagged(torch.Tensor):\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import own_tensors
+
+    tagged = torch.arange(3.0).as_subclass(own_tensors.Tagged)
+    Writer(tmp_path / "saved").write({"m:f:pair@0": [(tagged, torch.ones(2))], "m:f:n@0": [7]}, step=0)
+    monkeypatch.delitem(sys.modules, "own_tensors")
+    (tmp_path / "own_tensors.py").unlink()
+    loaded = load(tmp_path / "saved")
+    (gone, ones), n = loaded["m:f:pair@0"][0], loaded["m:f:n@0"]
+    assert isinstance(gone, bcrecord.storage.Unloadable) and gone.args[1]._where == "own_tensors.Tagged"
+    assert torch.equal(ones, torch.ones(2)) and n == [7]
