@@ -221,6 +221,13 @@ class FeatureExtractor(torch.nn.Module):
     def _plan(self, training: bool) -> Tuple[Plan, List[Patch], List[ModelRecording]]:
         """The plan, patches and idle recordings of one mode (made at its first call)."""
         found = self._plans.get(training)
+        return self._first_in_mode(training) if found is None else found
+
+    def _first_in_mode(self, training: bool) -> Tuple[Plan, List[Patch], List[ModelRecording]]:
+        """Make the plan, patches and idle recordings of one mode. Run eagerly under
+        ``torch.compile`` (see :mod:`bcrecord.torch`): traced, a later mode's plan came out
+        with the first mode's targets."""
+        found = self._plans.get(training)
         if found is None:
             nodes = self.train_nodes if training else self.eval_nodes
             with _expanding_again():  # (the constructor warned)
