@@ -22,7 +22,20 @@ import functools
 import inspect
 from dataclasses import dataclass, field
 from types import CodeType
-from typing import Any, Dict, FrozenSet, Iterable, Iterator, List, Optional, Sequence, Set, Tuple, cast
+from typing import (
+    Any,
+    Dict,
+    FrozenSet,
+    Iterable,
+    Iterator,
+    List,
+    Optional,
+    Sequence,
+    Set,
+    Tuple,
+    TypeVar,
+    cast,
+)
 
 from bytecode import UNSET, Bytecode, FreeVar, Instr, Label, TryBegin, TryEnd
 
@@ -39,6 +52,7 @@ __all__ = [
     "CodeMap",
     "ProbePoint",
     "Targets",
+    "compiled_spec",
     "consuming_calls",
     "instructions",
     "read",
@@ -1123,6 +1137,26 @@ def _private_prefix(qualname: str) -> str:
     classes = [name for name, after in pairs if "<locals>" not in (name, after)]
     bare = classes[-1].lstrip("_") if classes else ""
     return f"_{bare}" if bare else ""
+
+
+#: A spec of one kind (what :func:`compiled_spec` takes, it gives).
+_AnySpec = TypeVar("_AnySpec", Local, Attribute, Return, Call, Expr)
+
+
+def compiled_spec(spec: _AnySpec, code: CodeType, qualname: Optional[str] = None) -> _AnySpec:
+    """``spec`` with its private names spelt as ``code`` has them: ``self.__w`` in a method
+    of a class ``Net`` is ``self._Net__w`` (``qualname`` names ``code`` where it has no
+    ``co_qualname``: 3.10).
+
+    >>> class Net:
+    ...     def f(self):
+    ...         return self.__w
+    >>> compiled_spec(Attribute("self.__w.grad"), Net.f.__code__, "Net.f").target
+    'self._Net__w.grad'
+    """
+    return cast(
+        _AnySpec, _as_compiled(spec, _private_prefix(getattr(code, "co_qualname", None) or qualname or ""))
+    )
 
 
 def _as_compiled(spec: Spec, prefix: str) -> Spec:

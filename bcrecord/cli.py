@@ -185,6 +185,7 @@ def _patched(path: str, specs: Sequence[str], name: str) -> Patch:
 def _unloaded_notes(function: str, code: types.CodeType, specs: Sequence[str]) -> List[str]:
     """A note for each entry-chain spec naming a chain ``code`` never loads (a misspelt
     ``self.scal`` is patched all the same: its read fails only when the function runs)."""
+    from .analysis import compiled_spec
     from .runner import loaded_chains, unloaded_chain_note
     from .specs import Attribute, parse
 
@@ -193,7 +194,8 @@ def _unloaded_notes(function: str, code: types.CodeType, specs: Sequence[str]) -
     for text in specs:
         spec = parse(text)
         if isinstance(spec, Attribute) and spec.at == "entry":
-            note = unloaded_chain_note(function, spec.target, loaded)
+            spelt = compiled_spec(spec, code, function).target
+            note = unloaded_chain_note(function, spec.target, loaded, spelt)
             if note:
                 notes.append(
                     f"note: {note}; the probe reads {spec.target} when {function} starts, and records "

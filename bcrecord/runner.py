@@ -97,7 +97,7 @@ from typing import (
     cast,
 )
 
-from .analysis import read, resolve
+from .analysis import compiled_spec, read, resolve
 from .errors import BcrecordError, RecordingWarning, did_you_mean, shown
 from .patch import (
     Patch,
@@ -1012,9 +1012,11 @@ def loaded_chains(code: types.CodeType) -> List[str]:
     return list(targets(code).attributes)
 
 
-def unloaded_chain_note(function: str, chain: str, loaded: Sequence[str]) -> str:
+def unloaded_chain_note(function: str, chain: str, loaded: Sequence[str], spelt: Optional[str] = None) -> str:
     """``''`` when ``chain`` (an entry target's) is, or is part of, or extends a chain that
     ``function`` loads; else says it loads no such chain, the likely one and those it loads.
+    ``spelt`` is ``chain`` as the code spells it, as :func:`loaded_chains` gives them
+    (a class's private names mangled: ``self.__w`` is ``self._Net__w``).
 
     An entry target reads its chain when the function starts, loaded there or not: a
     misspelt one is no error until that read fails (an AttributeError) at run time.
@@ -1025,9 +1027,10 @@ def unloaded_chain_note(function: str, chain: str, loaded: Sequence[str]) -> str
     "C.f never loads self.scal; did you mean 'self.scale'? (the chains it loads: self.scale, \
 self.fc.weight)"
     """
-    if any(chain == one or one.startswith(chain + ".") or chain.startswith(one + ".") for one in loaded):
+    spelt = spelt or chain
+    if any(spelt == one or one.startswith(spelt + ".") or spelt.startswith(one + ".") for one in loaded):
         return ""
-    hint = did_you_mean(chain, loaded, hide_private=False)
+    hint = did_you_mean(spelt, loaded, hide_private=False)
     return f"{function} never loads {chain}{hint} (the chains it loads: {', '.join(loaded) or 'none'})"
 
 
@@ -1038,6 +1041,8 @@ class _EntryRead:
     function: str
     chain: str
     loaded: Tuple[str, ...]
+    #: ``chain`` as the code spells it (private names mangled: ``self._Net__w``).
+    spelt: str
 
 
 @dataclass
@@ -1312,14 +1317,17 @@ class _Runner:
                 except (AttributeError, BcrecordError) as error:
                     raise _TargetFailed(texts, str(error)) from None
                 self.patches.append(patch)
+                # (3.10's code has no qualified name: its private names are mangled by the function's)
+                qualname = patch.function.__qualname__
                 for target in group:  # the keys each target's own spec records under
-                    labels = [p.label for p in resolve([target.spec], read(patch.original_code))]
+                    labels = [p.label for p in resolve([target.spec], read(patch.original_code, qualname))]
                     self.keys_of[target.text].update(
                         f"{patch.name}:{patch.function_name}:{x}" for x in labels
                     )
                     if isinstance(target.spec, Attribute) and target.spec.at == "entry":
                         chains = tuple(loaded_chains(patch.original_code))
-                        entry = _EntryRead(target.qualname, target.spec.target, chains)
+                        spelt = compiled_spec(target.spec, patch.original_code, qualname).target
+                        entry = _EntryRead(target.qualname, target.spec.target, chains, spelt)
                         self.entry_reads[target.text] = entry
                 self.recording.take(patch)
                 self.applied.update(t.text for t in group)
@@ -1621,8 +1629,8 @@ class _Runner:
         # getattr's own AttributeError names the attribute missing: the read failed, not a copy.
         if entry is not None and isinstance(first, AttributeError):
             missing = getattr(first, "name", None)
-            if missing is not None and missing in entry.chain.split(".")[1:]:
-                note = unloaded_chain_note(entry.function, entry.chain, entry.loaded)
+            if missing is not None and missing in entry.spelt.split(".")[1:]:
+                note = unloaded_chain_note(entry.function, entry.chain, entry.loaded, entry.spelt)
                 return (
                     f"{count} value(s) not recorded: reading {entry.chain} when "
                     f"{entry.function} starts failed {said}" + (f"; {note}" if note else "")

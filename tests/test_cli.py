@@ -85,6 +85,16 @@ def test_show_notes_an_entry_chain_the_function_never_loads(project):
         assert shown[0] == f"Scaler.scale: 1 probe(s): show:scale:{chain}" and shown[1] == "", shown[:3]
 
 
+def test_show_notes_no_unloaded_chain_for_a_private_name_the_function_loads(project):
+    # self.__gain is compiled as self._Amp__gain: a chain it loads in either spelling.
+    (project / "amp.py").write_text("class Amp:\n    def run(self, v):\n        return v * self.__gain\n")
+    for chain in ("self.__gain", "self._Amp__gain"):
+        shown = cli("show", "amp:Amp.run", chain, cwd=project)
+        assert shown.returncode == 0, shown.stderr
+        lines = shown.stdout.splitlines()
+        assert lines[0] == "Amp.run: 1 probe(s): show:run:self._Amp__gain" and lines[1] == "", lines[:3]
+
+
 def test_targets_and_show_take_a_property_as_run_records_it(project):
     (project / "shapes.py").write_text(
         "class Box:\n    @property\n    def area(self):\n        a = 2 * 3\n        return a\n"

@@ -1419,6 +1419,37 @@ def test_run_says_a_misspelt_entry_chain_could_not_be_read_and_what_the_function
     assert "nothing reached" not in result.stderr and "copy failed" not in result.stderr
 
 
+def test_run_says_a_private_entry_chain_could_not_be_read_in_either_spelling(project):
+    # self.__gain is the instance's _Amp__gain (its key's spelling), which only some instances have.
+    (project / "amp.py").write_text(
+        textwrap.dedent(
+            """
+            class Amp:
+                def __init__(self, gain=None):
+                    if gain is not None:
+                        self.__gain = gain
+
+                def run(self, v):
+                    out = v * getattr(self, "_Amp__gain", 1)
+                    return out
+
+            for amp in (Amp(2), Amp(), Amp()):
+                amp.run(3)
+            """
+        )
+    )
+    for chain in ("self.__gain", "self._Amp__gain"):
+        result = cli("run", "-r", f"__main__:Amp.run:{chain}", "amp.py", cwd=project)
+        assert result.returncode == 0, result.stderr
+        report = [line for line in result.stderr.splitlines() if line.startswith("bcrecord:")]
+        assert report[0] == (
+            f"bcrecord: Amp:run:self._Amp__gain: 2 value(s) not recorded: reading {chain} when Amp.run "
+            "starts failed (the first: AttributeError: 'Amp' object has no attribute '_Amp__gain'); Amp.run "
+            f"never loads {chain} (the chains it loads: none)"
+        )
+        assert "copy failed" not in result.stderr
+
+
 def test_run_reports_on_the_stderr_it_started_with(project, tmp_path):
     log = tmp_path / "program.log"
     (project / "logs.py").write_text(

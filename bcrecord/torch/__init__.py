@@ -74,6 +74,11 @@ def _probe_outside_dynamo() -> None:
     import builtins
 
     core = _runtime.__bcrecord_probe__
+    # An extractor's first call in a mode resolves its targets and patches: bookkeeping
+    # for Dynamo to run, not trace (traced, a compiled extractor's plan for its second
+    # mode came out with the first mode's targets). Once per mode: the wrapper's cost is nothing.
+    first_in_mode = FeatureExtractor._first_in_mode
+    FeatureExtractor._first_in_mode = torch.compiler.disable(first_in_mode, recursive=True)  # type: ignore[method-assign]
     try:
         from torch._C._dynamo.eval_frame import set_eval_frame
         from torch._dynamo.decorators import skip

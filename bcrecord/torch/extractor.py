@@ -224,6 +224,13 @@ class FeatureExtractor(torch.nn.Module):
     def _plan(self, training: bool) -> Tuple[Plan, List[Patch], List[ModelRecording]]:
         """The plan, patches and idle recordings of one mode (made at its first call)."""
         found = self._plans.get(training)
+        return self._first_in_mode(training) if found is None else found
+
+    def _first_in_mode(self, training: bool) -> Tuple[Plan, List[Patch], List[ModelRecording]]:
+        """Make the plan, patches and idle recordings of one mode. Run eagerly under
+        ``torch.compile`` (see :mod:`bcrecord.torch`): traced, a later mode's plan came out
+        with the first mode's targets."""
+        found = self._plans.get(training)
         if found is None:
             nodes = self.train_nodes if training else self.eval_nodes
             with _expanding_again():  # (the constructor warned)
@@ -352,6 +359,9 @@ def create_feature_extractor(
     return_nodes: Optional[ReturnNodes] = None,
     train_return_nodes: Optional[ReturnNodes] = None,
     eval_return_nodes: Optional[ReturnNodes] = None,
+    tracer_kwargs: Optional[Dict[str, Any]] = None,
+    suppress_diff_warning: bool = False,
+    concrete_args: Optional[Dict[str, Any]] = None,
     *,
     stop_early: bool = True,
     **options: Any,
@@ -360,7 +370,11 @@ def create_feature_extractor(
 
     ``return_nodes`` is a list of targets (output names are the targets) or a dict
     ``{target: name}``; ``train_return_nodes``/``eval_return_nodes`` as in
-    torchvision. Other keyword arguments (``copy``, ``to``, ``dtype``, ``reduce``,
+    torchvision. Its tracing arguments, in its order: ``tracer_kwargs`` and
+    ``suppress_diff_warning`` are taken and change nothing (nothing is traced, and
+    there is no traced graph per mode to compare); ``concrete_args`` is refused: it
+    fixes arguments in the traced graph, where here each call's arguments are the
+    forward's. Other keyword arguments (``copy``, ``to``, ``dtype``, ``reduce``,
     ``grad``, ``keep``, ``threads``) are :func:`bcrecord.torch.record`'s, except that
     ``grad`` defaults to True: features keep their autograd graph, as torchvision's do. The model's
     classes are patched in place at the first call and stay patched (running their
@@ -381,6 +395,15 @@ def create_feature_extractor(
     >>> bool((feats["0"] < 0).any()), bool((feats["1"] >= 0).all())  # before / after the in-place ReLU
     (True, True)
     """
+    if tracer_kwargs is not None and not isinstance(tracer_kwargs, Mapping):
+        raise TypeError(f"tracer_kwargs must be a dict or None, got {type(tracer_kwargs).__name__}")
+    if concrete_args:  # (an empty dict fixes nothing)
+        names = list(concrete_args) if isinstance(concrete_args, Mapping) else ["..."]
+        call = ", ".join(["x", *(f"{name}=..." if name != "..." else name for name in names)])
+        raise TypeError(
+            "concrete_args fixes arguments for FX's trace, and nothing is traced here: the extractor "
+            f"runs the model's forward with each call's arguments, so pass them there (extractor({call}))"
+        )
     return FeatureExtractor(model, return_nodes, train_return_nodes, eval_return_nodes, stop_early, **options)
 
 

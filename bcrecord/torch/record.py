@@ -72,7 +72,7 @@ from ..patch import (
 )
 from ..runtime import Recording, Sink, context_recordings, silently
 from ..specs import Attribute, Local, Return, Spec
-from .copies import Device, ValuePolicy, _itself, _tracing_state, value_policy
+from .copies import Device, ValuePolicy, _itself, _tracing_state, _transforms_active, value_policy
 from .targets import Target, expand_all, module_at
 
 __all__ = ["record", "ModelRecording", "StopForward"]
@@ -1276,9 +1276,11 @@ class _StopAtRoot:
         if self.syncs is None:
             self.syncs = syncs_gradients(self.model)
         # Not inside DistributedDataParallel with autograd on, nor while torch.export or
-        # torch.jit.trace traces: a forward stopped early would give them no output. (An
-        # extractor returns its features itself: it stops under jit.trace, not under export.)
-        stopping = not (self.syncs and torch.is_grad_enabled()) and not _tracing()
+        # torch.jit.trace traces, nor inside a torch.func transform (vmap, grad, jacrev): a
+        # forward stopped early would give them no output. (An extractor returns its
+        # features itself: it stops under jit.trace, not under export.)
+        synced = self.syncs and torch.is_grad_enabled()
+        stopping = not synced and not _tracing() and not _transforms_active()
         token = _stopping.set(stopping)
         try:
             returned = self.forward(*args, **kwargs)

@@ -42,7 +42,7 @@ from bytecode import Instr, Label
 from torch.nn.utils import parametrize
 
 from .._versions import current, global_name, local_name
-from ..analysis import instructions
+from ..analysis import compiled_spec, instructions
 from ..errors import NotPatchableError, SpecError, TargetError, did_you_mean, warn
 from ..patch import function_of, original_code
 from ..patch import targets as function_targets
@@ -1205,7 +1205,8 @@ def _refuse_parametrized_read(
     and a tensor the forward never uses (so its ``.grad`` never comes). A load site
     records the tensor the forward computes and uses.
     """
-    root, *names = spec.chain
+    # Private names as the class's code has them: 'self.__lin' is the module's '_Net__lin'.
+    root, *names = compiled_spec(spec, func.__code__, func.__qualname__).chain
     if func.__code__.co_argcount == 0 or func.__code__.co_varnames[0] != root:
         return  # the chain starts at another argument: no module known here
     owner: object = module
@@ -1213,7 +1214,7 @@ def _refuse_parametrized_read(
         if not isinstance(owner, torch.nn.Module):
             return
         if parametrize.is_parametrized(owner, name):
-            read = ".".join([root, *names[: depth + 1]])
+            read = ".".join(spec.chain[: depth + 2])
             load_form = spec.target + "@0" + (".grad" if grad else "")
             raise TargetError(
                 f"{where}: {read!r} is parametrized ({type(owner.parametrizations[name][0]).__name__}): "

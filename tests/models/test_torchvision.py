@@ -204,3 +204,26 @@ def test_maxvit_buffer_views_are_no_fx_nodes_so_its_bias_view_is_refused_not_mis
     assert node in eval_nodes and f"{node}_1" not in eval_nodes
     with pytest.raises(bcrecord.TargetError, match=r"calls \.view\(\) only on values that are not a name"):
         create_feature_extractor(model, [node])
+
+
+def test_a_compiled_extractor_switched_to_its_other_mode_gives_that_mode_s_nodes_as_torchvision():
+    # Traced by Dynamo, the plan of the second mode came out with the first mode's targets:
+    # KeyError 'features.1' at the first call after .train().
+    torch.manual_seed(0)
+    model, x = torchvision.models.mobilenet_v3_small().eval(), torch.randn(2, 3, 64, 64)
+    nodes = {"train_return_nodes": ["features.1", "features.3.block.1"]}
+    nodes["eval_return_nodes"] = ["features.2", "classifier.0"]
+    ours, theirs = create_feature_extractor(model, **nodes), fx_extractor(model, **nodes)
+    compiled = torch.compile(ours, backend="eager")
+    with torch.no_grad():
+        for mode in (False, True, False):
+            ours.train(mode)
+            theirs.train(mode)
+            features, expected = compiled(x), theirs(x)
+            assert (
+                list(features)
+                == list(expected)
+                == nodes["train_return_nodes" if mode else "eval_return_nodes"]
+            )
+            assert all(torch.allclose(features[k], expected[k], atol=1e-5) for k in expected), mode
+    ours.close()

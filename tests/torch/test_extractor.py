@@ -358,6 +358,25 @@ def test_extractor_rejects_unknown_options_and_bad_values_at_once():
     assert not any("forward" in vars(m) for m in net.modules())
 
 
+def test_torchvision_s_tracing_arguments_are_taken_in_its_order_and_concrete_args_refused():
+    # They were unknown options (a TypeError naming none of them as torchvision's).
+    torch.manual_seed(0)
+    net, x = SmallNet().eval(), torch.randn(2, 3, 8, 8)
+    expected = reference_smallnet(net, x)
+    leaves = {"leaf_modules": [torch.nn.BatchNorm2d]}
+    extractor = create_feature_extractor(net, {"bn1": "pre_relu"}, None, None, leaves, True)
+    assert torch.allclose(extractor(x)["pre_relu"], expected["bn1"], atol=1e-6)
+    features = create_feature_extractor(net, ["bn1"], tracer_kwargs=leaves, suppress_diff_warning=True)(x)
+    assert torch.allclose(features["bn1"], expected["bn1"], atol=1e-6)
+    with pytest.raises(TypeError, match=r"tracer_kwargs must be a dict or None, got list"):
+        create_feature_extractor(net, ["bn1"], tracer_kwargs=[torch.nn.BatchNorm2d])
+    message = r"concrete_args fixes .* is traced here: .*pass them there \(extractor\(x, flag=\.\.\.\)\)$"
+    with pytest.raises(TypeError, match=message):
+        create_feature_extractor(net, ["bn1"], concrete_args={"flag": True})
+    assert torch.allclose(create_feature_extractor(net, ["bn1"], concrete_args={})(x)["bn1"], expected["bn1"])
+    assert not any("forward" in vars(m) for m in net.modules())
+
+
 def test_a_call_leaves_nothing_for_the_cycle_collector():
     # Each call makes a recording; it and its values must go by reference counting
     # alone (they used to wait for the cyclic collector, holding the tensors).

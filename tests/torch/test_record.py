@@ -1280,6 +1280,28 @@ def test_values_recorded_inside_vmap_are_the_whole_batch_batch_dimension_first(o
     assert torch.allclose(rec["0:forward:return"], expected.to(dtype))
 
 
+def test_stop_after_last_runs_a_forward_called_inside_a_torch_func_transform_whole():
+    # A stopped forward returns None: vmap raised its own "must only return Tensors, got
+    # NoneType", and grad's loss was None.
+    model, x = _mlp(), torch.randn(5, 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # (no "stop held back" warning: it never stops there)
+        with bcrecord.torch.record(model, ["0", "1"], stop_after_last=True) as rec:
+            out = torch.func.vmap(model)(x)
+    assert torch.allclose(out, model(x))
+    assert torch.allclose(rec["1:forward:return"], model[1](model[0](x)))
+    params = {name: p.detach() for name, p in model.named_parameters()}
+    with bcrecord.torch.record(model, ["0"], stop_after_last=True) as rec:
+        grads = torch.func.grad(lambda p: torch.func.functional_call(model, p, (x,)).sum())(params)
+    model.zero_grad()
+    model(x).sum().backward()
+    assert torch.allclose(grads["0.weight"], model[0].weight.grad)
+    assert torch.allclose(rec["0:forward:return"], model[0](x))
+    # Outside a transform it still stops: the forward returns None.
+    with bcrecord.torch.record(model, ["0"], stop_after_last=True):
+        assert model(x) is None
+
+
 def test_a_reduce_inside_vmap_sees_the_whole_batch_and_an_ensembles_values_are_per_model():
     model, x = _mlp(), torch.randn(5, 3)
     with bcrecord.torch.record(model, ["0"], reduce=lambda t: t.mean(0)) as rec:

@@ -1031,3 +1031,31 @@ def test_a_scripted_model_is_refused_saying_why_at_any_path():
         expand(scripted, "*")
     with pytest.raises(bcrecord.TargetError, match="the model has no submodule '2'"):
         module_at(scripted, "2")
+
+
+def test_an_entry_read_of_a_parametrized_tensor_is_refused_spelt_private():
+    from torch.nn.utils.parametrizations import spectral_norm
+
+    from bcrecord.torch import record
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.__lin = spectral_norm(torch.nn.Linear(4, 4))
+
+        def forward(self, x):
+            return self.__lin(x)
+
+    torch.manual_seed(0)
+    model = Net()
+    # 'self.__lin' is the module's '_Net__lin', as the class's code spells it: both are refused.
+    for chain in ("self.__lin", "self._Net__lin"):
+        with pytest.raises(bcrecord.TargetError, match=rf"'{chain}\.weight' is parametrized .*'{chain}"):
+            expand(model, f":forward:{chain}.weight")
+    x = torch.randn(2, 4)
+    with record(model, ["_Net__lin:forward:self.weight@0", "_Net__lin"]) as rec:
+        out = model(x)
+    lin = model._Net__lin
+    assert torch.allclose(
+        torch.nn.functional.linear(x, rec["_Net__lin:forward:self.weight@0"], lin.bias), out
+    )
