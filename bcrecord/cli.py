@@ -401,7 +401,12 @@ def _parser() -> argparse.ArgumentParser:
         help="how values are copied when recorded (default clone; none: each is saved as it is when "
         "written, up to seconds later, so a value the program changes in place meanwhile is saved changed)",
     )
-    p.add_argument("-q", "--quiet", action="store_true", help="no summary line on stderr at the end")
+    p.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="no summary on stderr at the end (what did not record is still said)",
+    )
     p.add_argument("-m", dest="module", metavar="MODULE", help="run a module, as python -m does")
     p.add_argument("args", nargs=argparse.REMAINDER, help="the script ('-': stdin) and its arguments")
     p.set_defaults(run=_run, parser=p)

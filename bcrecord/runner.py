@@ -41,14 +41,15 @@ counts and the last value of each key are kept, and a summary is printed to
 stderr at the end.
 
 What passes through unchanged: the program's ``sys.argv``, stdin, stdout, its
-stderr (bcrecord adds one summary line there unless ``--quiet``), and its exit
-status: a :class:`SystemExit` is re-raised as it was, an uncaught exception prints
-its traceback (without bcrecord's frames) and exits 1, as Python does; a
-:class:`KeyboardInterrupt` ends it as it ends Python. Two differences: a script's ``sys.argv[0]``
-is its absolute path (runpy is given that, so that ``__file__`` stays right after
-an :func:`os.chdir`), and with ``--save-dir`` the program has one more thread, the
-writer's (``threading.enumerate()`` lists it; on 3.12+ a direct :func:`os.fork`
-warns that the process is multi-threaded).
+stderr (bcrecord adds its report at the end there: a summary unless ``--quiet``, and
+what did not record), and its exit status: a :class:`SystemExit` is re-raised as it
+was, an uncaught exception prints its traceback (without bcrecord's frames) and exits
+1, as Python does; a :class:`KeyboardInterrupt` ends it as it ends Python. Three
+differences: a script's ``sys.argv[0]`` is its absolute path (runpy is given that, so
+that ``__file__`` stays right after an :func:`os.chdir`); a run whose records could
+not be saved ends with status 2 where the program's would be 0; and with
+``--save-dir`` the program has one more thread, the writer's (``threading.enumerate()``
+lists it; on 3.12+ a direct :func:`os.fork` warns that the process is multi-threaded).
 
 >>> target = parse_target("json:dumps:return")
 >>> target.module, target.path, target.spec
