@@ -77,6 +77,7 @@ import sys
 import threading
 import time
 import types
+import unicodedata
 import warnings
 import zipfile
 from collections import defaultdict
@@ -201,6 +202,8 @@ pkg.mod:forward' lists its specs)
     path = tuple(qualname.split("."))
     if not all(p.isidentifier() for p in path) or not all(p.isidentifier() for p in module.split(".")):
         raise RunError(f"bad target {text!r}: {module!r} and {qualname!r} must be dotted Python names")
+    # Names as written in the source: the compiler stores them NFKC-normalised ('\ufb01x' is 'fix').
+    path = tuple(unicodedata.normalize("NFKC", name) for name in path)
     try:
         spec = parse(spec_text)
     except BcrecordError as error:
