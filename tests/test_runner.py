@@ -1488,6 +1488,22 @@ def test_run_warns_where_a_module_of_the_program_s_folder_has_a_name_bcrecord_im
     assert "warning" not in cli("run", "-q", "-r", "helper:twice:y", "prog.py", "1", cwd=project).stderr
 
 
+def test_run_from_the_program_s_folder_warns_where_bcrecord_took_the_program_s_module_as_its_own(project):
+    # Started in the folder (the working directory first on sys.path), bcrecord's own import of
+    # shlex got the program's shlex.py: nothing said so, and its report then failed at exit
+    # ("Exception ignored in atexit callback ... module 'shlex' has no attribute 'quote'").
+    (project / "shlex.py").write_text("MINE = 1\n")
+    (project / "mine.py").write_text("import shlex\n\ndef f():\n    y = 1\n    return y\n\nf()\n")
+    result = cli("run", "-r", "__main__:f:y", "mine.py", cwd=project)
+    said = (
+        "bcrecord: warning: bcrecord imported the program's own shlex in place of the module(s) of "
+        "that name it uses (the working directory, the program's folder, comes first on sys.path)"
+    )
+    assert result.returncode == 0 and said in result.stderr, result.stderr
+    (project / "shlex.py").unlink()
+    assert "warning" not in cli("run", "-r", "__main__:f:y", "mine.py", cwd=project).stderr
+
+
 def test_run_reports_on_descriptor_2_when_the_program_closed_sys_stderr(project):
     (project / "closes.py").write_text(
         "import sys\n\ndef f(x):\n    y = x + 1\n    return y\n\nf(1)\nsys.stderr.close()\n"
