@@ -43,6 +43,7 @@ import json
 import os
 import sys
 import types
+import unicodedata
 from typing import Any, List, Optional, Sequence, Tuple
 
 from .errors import BcrecordError, did_you_mean, shown
@@ -97,7 +98,7 @@ def resolve_path(path: str) -> Tuple[Any, Any]:
         said = f": {error}" if str(error) else ""  # sys.exit() says nothing more
         raise BcrecordError(f"importing module {module_name!r} raised {type(error).__name__}{said}") from None
     value = owner
-    for part in attr_path.split("."):
+    for part in _as_compiled(attr_path).split("."):
         owner = value
         try:
             value = getattr(value, part)
@@ -110,6 +111,15 @@ def resolve_path(path: str) -> Tuple[Any, Any]:
             hint = did_you_mean(part, dir(owner))
             raise BcrecordError(f"{path!r}: {shown(owner)} has no attribute {part!r}{hint}") from None
     return owner, value
+
+
+def _as_compiled(names: str) -> str:
+    """Dotted names written as in the source, spelt as the compiler stores them (NFKC-normalised).
+
+    >>> _as_compiled("\ufb01le.C.m")
+    'file.C.m'
+    """
+    return unicodedata.normalize("NFKC", names)
 
 
 def _defines_inside(owner: Any, name: str) -> bool:
@@ -177,7 +187,9 @@ def _patched(path: str, specs: Sequence[str], name: str) -> Patch:
     ``forward = _impl``), a property's getter or a function a partial holds by its own."""
     holder, found = _resolved(path)
     if isinstance(holder, (type, types.ModuleType)) and not isinstance(found, property):
-        attribute = path.partition(":")[2].rpartition(".")[2]  # 'pkg.mod:C.forward' -> 'forward'
+        attribute = _as_compiled(path.partition(":")[2]).rpartition(".")[
+            2
+        ]  # 'pkg.mod:C.forward' -> 'forward'
         return patch_method(holder, attribute, specs, name, in_place=True)
     return patch_function(function_of(_recordable(path)), specs, name=name)
 
@@ -403,7 +415,12 @@ def _parser() -> argparse.ArgumentParser:
         help="how values are copied when recorded (default clone; none: each is saved as it is when "
         "written, up to seconds later, so a value the program changes in place meanwhile is saved changed)",
     )
-    p.add_argument("-q", "--quiet", action="store_true", help="no summary line on stderr at the end")
+    p.add_argument(
+        "-q",
+        "--quiet",
+        action="store_true",
+        help="no summary on stderr at the end (what did not record is still said)",
+    )
     p.add_argument("-m", dest="module", metavar="MODULE", help="run a module, as python -m does")
     p.add_argument("args", nargs=argparse.REMAINDER, help="the script ('-': stdin) and its arguments")
     p.set_defaults(run=_run, parser=p)

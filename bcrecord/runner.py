@@ -41,14 +41,15 @@ counts and the last value of each key are kept, and a summary is printed to
 stderr at the end.
 
 What passes through unchanged: the program's ``sys.argv``, stdin, stdout, its
-stderr (bcrecord adds one summary line there unless ``--quiet``), and its exit
-status: a :class:`SystemExit` is re-raised as it was, an uncaught exception prints
-its traceback (without bcrecord's frames) and exits 1, as Python does; a
-:class:`KeyboardInterrupt` ends it as it ends Python. Two differences: a script's ``sys.argv[0]``
-is its absolute path (runpy is given that, so that ``__file__`` stays right after
-an :func:`os.chdir`), and with ``--save-dir`` the program has one more thread, the
-writer's (``threading.enumerate()`` lists it; on 3.12+ a direct :func:`os.fork`
-warns that the process is multi-threaded).
+stderr (bcrecord adds its report at the end there: a summary unless ``--quiet``, and
+what did not record), and its exit status: a :class:`SystemExit` is re-raised as it
+was, an uncaught exception prints its traceback (without bcrecord's frames) and exits
+1, as Python does; a :class:`KeyboardInterrupt` ends it as it ends Python. Three
+differences: a script's ``sys.argv[0]`` is its absolute path (runpy is given that, so
+that ``__file__`` stays right after an :func:`os.chdir`); a run whose records could
+not be saved ends with status 2 where the program's would be 0; and with
+``--save-dir`` the program has one more thread, the writer's (``threading.enumerate()``
+lists it; on 3.12+ a direct :func:`os.fork` warns that the process is multi-threaded).
 
 >>> target = parse_target("json:dumps:return")
 >>> target.module, target.path, target.spec
@@ -76,6 +77,7 @@ import sys
 import threading
 import time
 import types
+import unicodedata
 import warnings
 import zipfile
 from collections import defaultdict
@@ -200,6 +202,8 @@ pkg.mod:forward' lists its specs)
     path = tuple(qualname.split("."))
     if not all(p.isidentifier() for p in path) or not all(p.isidentifier() for p in module.split(".")):
         raise RunError(f"bad target {text!r}: {module!r} and {qualname!r} must be dotted Python names")
+    # Names as written in the source: the compiler stores them NFKC-normalised ('\ufb01x' is 'fix').
+    path = tuple(unicodedata.normalize("NFKC", name) for name in path)
     try:
         spec = parse(spec_text)
     except BcrecordError as error:
@@ -1719,13 +1723,34 @@ def _shadowed(folder: str) -> List[str]:
         origin = getattr(getattr(sys.modules[name], "__spec__", None), "origin", None)
         if name in sys.builtin_module_names or origin in ("built-in", "frozen"):
             continue  # found ahead of any folder: python prog.py does not import the folder's either
-        where = getattr(sys.modules[name], "__file__", None)
-        if where is None or os.path.dirname(os.path.abspath(where)) not in (
-            os.path.abspath(folder),
-            os.path.join(os.path.abspath(folder), name),
-        ):
+        if not _imported_from(sys.modules[name], folder, name):
             found.append(name)
     return found
+
+
+def _imported_from(module: types.ModuleType, folder: str, name: str) -> bool:
+    """Whether ``module`` is the file ``name`` of ``folder`` (a module or a package)."""
+    where = getattr(module, "__file__", None)
+    return where is not None and os.path.dirname(os.path.abspath(where)) in (
+        os.path.abspath(folder),
+        os.path.join(os.path.abspath(folder), name),
+    )
+
+
+def _taken_from_the_program(folder: str, modules: Mapping[str, types.ModuleType]) -> List[str]:
+    """Modules of the program's ``folder`` that bcrecord imported as its own, before the program starts.
+
+    The ``bcrecord`` command and ``python -m bcrecord`` put the working directory first on
+    ``sys.path`` (to find the user's modules): started in the program's folder, bcrecord's own
+    ``import shlex`` finds the program's ``shlex.py`` there, and bcrecord may then fail.
+    ``modules`` is ``sys.modules`` as bcrecord's run started, before any of the program's.
+    """
+    return sorted(
+        name
+        for name, module in modules.items()
+        # (bcrecord itself, found there, is the one the program imports too)
+        if name not in ("__main__", "bcrecord") and "." not in name and _imported_from(module, folder, name)
+    )
 
 
 def _note_earlier_values(writer: Writer, out: TextIO) -> None:
@@ -1784,6 +1809,7 @@ def run(
     parsed = [parse_target(t) for t in targets]
     if not parsed:
         raise RunError("nothing to record: give at least one --record TARGET")
+    ours = dict(sys.modules)  # before the program's parent packages (python -m imports them)
     prog = _program(program, args, module)
     saved_path0 = sys.path[0] if sys.path else None
     if sys.path:
@@ -1802,6 +1828,14 @@ def run(
             f"bcrecord imported from elsewhere before the program starts: the program's import of "
             "them gets bcrecord's (as for names Python itself imports first); rename the program's "
             "if it needs its own",
+            file=told,
+        )
+    taken = _taken_from_the_program(prog.path0 or os.curdir, ours)
+    if taken and told is not None:
+        print(
+            f"bcrecord: warning: bcrecord imported the program's own {', '.join(taken)} in place of the "
+            "module(s) of that name it uses (the working directory, the program's folder, comes first "
+            "on sys.path): it may fail; start bcrecord from another folder (bcrecord run ... DIR/prog.py)",
             file=told,
         )
     writer = Writer(save_dir) if save_dir is not None else None

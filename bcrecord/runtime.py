@@ -55,6 +55,7 @@ import difflib
 import enum
 import functools
 import importlib
+import inspect
 import operator
 import sys
 import threading
@@ -1863,14 +1864,37 @@ def recording(
 def carry(func: Callable[P, T]) -> Callable[P, T]:
     """Wrap ``func`` to run inside the caller's current recordings (e.g. in a worker thread).
 
-    A coroutine or generator that ``func`` returns runs there too, each step (its body
-    runs where it is awaited or iterated, not where it is made).
+    A coroutine, generator or async generator that ``func`` returns runs there too, each
+    step (its body runs where it is awaited or iterated, not where it is made). The wrapper
+    of an ``async def`` function is one too, so frameworks that check
+    ``inspect.iscoroutinefunction`` await it.
 
-    >>> import bcrecord, threading
+    >>> import asyncio, bcrecord, inspect, threading
+    >>> def double(a):
+    ...     y = a * 2
+    ...     return y
+    >>> async def job(a):
+    ...     return recorded(a)
+    >>> recorded = bcrecord.instrument(double, "y", name="demo")
     >>> with bcrecord.recording() as rec:
-    ...     worker = threading.Thread(target=bcrecord.carry(lambda: None)); worker.start(); worker.join()
+    ...     carried = bcrecord.carry(job)
+    ...     worker = threading.Thread(target=lambda: asyncio.run(carried(5))); worker.start(); worker.join()
+    >>> rec["demo:double:y@0"], inspect.iscoroutinefunction(carried)
+    (10, True)
     """
     context = contextvars.copy_context()
+
+    if inspect.iscoroutinefunction(func):
+
+        @functools.wraps(func)
+        async def run_coroutine(*args: Any, **kwargs: Any) -> Any:
+            inside = context.copy()
+            result = inside.run(func, *args, **kwargs)
+            if isinstance(result, types.CoroutineType):
+                return await _awaitable_steps(inside, result)
+            return await result  # (a function marked as one that returns another awaitable)
+
+        return run_coroutine  # type: ignore[return-value]
 
     @functools.wraps(func)  # (its name, signature and doc: a thread's or task's name shows it)
     def run(*args: P.args, **kwargs: P.kwargs) -> T:
@@ -1880,6 +1904,8 @@ def carry(func: Callable[P, T]) -> Callable[P, T]:
             return _awaited_in(inside, result)  # type: ignore[return-value]
         if isinstance(result, types.GeneratorType):
             return _stepped_in(inside, result)  # type: ignore[return-value]
+        if isinstance(result, types.AsyncGeneratorType):
+            return _async_stepped_in(inside, result)  # type: ignore[return-value]
         return result
 
     return run
@@ -1912,6 +1938,26 @@ def _awaitable_steps(context: contextvars.Context, inner: Any) -> Any:
 async def _awaited_in(context: contextvars.Context, inner: Any) -> Any:
     """The coroutine ``inner``, each step run in ``context``: what awaits it gets its result."""
     return await _awaitable_steps(context, inner)
+
+
+async def _async_stepped_in(context: contextvars.Context, inner: Any) -> Any:
+    """The async generator ``inner``, each step of each item run in ``context``."""
+    value: Any = None
+    error: Optional[BaseException] = None
+    while True:
+        step = inner.asend(value) if error is None else inner.athrow(error)
+        try:
+            yielded = await _awaitable_steps(context, step)
+        except StopAsyncIteration:
+            return
+        value, error = None, None
+        try:
+            value = yield yielded
+        except GeneratorExit:
+            await _awaitable_steps(context, inner.aclose())
+            raise
+        except BaseException as raised:  # thrown in where it runs, as athrow() does
+            error = raised
 
 
 # --- the probe ---------------------------------------------------------------

@@ -5,6 +5,7 @@ import contextlib
 import io
 import pathlib
 import re
+import subprocess
 import sys
 
 README = pathlib.Path(__file__).resolve().parent.parent / "README.md"
@@ -106,3 +107,32 @@ def test_how_it_works_shows_what_bcrecord_show_prints():
         return re.sub(r"LOAD_CONST( +)\d+$", r"LOAD_CONST\1N", listing.rstrip(), flags=re.M)
 
     assert site_ids_out(printed) == site_ids_out(shown)
+
+
+def test_the_reliability_reproductions_print_what_their_comments_say():
+    # docs/RELIABILITY.md's reproductions (all but the 10,000-patch memory one, which
+    # tests/test_stress.py measures): what each prints is what its comments say.
+    text = (README.parent / "docs" / "RELIABILITY.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    assert len(blocks) == 4
+
+    def printed(block):
+        namespace = {"__name__": "__main__"}
+        with contextlib.redirect_stdout(io.StringIO()) as out:
+            exec(compile(block, "docs/RELIABILITY.md", "exec"), namespace)
+        return out.getvalue().splitlines()
+
+    retention, recursion, contexts, _ = blocks
+    assert "# <Thing object>: held as __main__:make:thing@0" in retention
+    none, held = printed(retention)
+    assert none == "None" and held.startswith("<__main__.Thing object at ")
+    assert "# now (inline):     no difference at any headroom on 3.10-3.13" in recursion
+    # A script of its own: it sets the recursion limit from the depth it counts, which pytest's
+    # frames above it would put off; and there its probes are inline, as the comment says.
+    done = subprocess.run([sys.executable, "-c", recursion], capture_output=True, text=True, check=True)
+    lines = [line.split(" ", 1) for line in done.stdout.splitlines()]
+    assert [h for h, _ in lines] == ["1", "2", "3", "4", "5"]
+    assert all(both == "ok ok" for _, both in lines), lines
+    said = [ast.literal_eval(c) for c in re.findall(r"print\(rec\.keys\(\)\) +# (.*)", contexts)]
+    assert said == [[], ["m:f:y@0"]]
+    assert [ast.literal_eval(line) for line in printed(contexts)] == said

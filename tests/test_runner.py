@@ -504,6 +504,24 @@ def test_run_records_a_property_s_getter(project):
         assert [line.split() for line in result.stderr.splitlines()[2:]] == [["C:p:v@0", "1", "41"]]
 
 
+def test_run_targets_and_the_commands_name_functions_and_classes_as_written_in_the_source(project):
+    # The compiler stores '\ufb01x' (a ligature) as 'fix': a target written as the source has it
+    # was refused ("never defines"), and targets/show said the module had no such attribute.
+    (project / "lig.py").write_text(
+        "def \ufb01x(a):\n    y = a + 1\n    return y\n\n"
+        "class \ufb01C:\n    def m(self):\n        v = 7\n        return v\n"
+    )
+    (project / "uselig.py").write_text("import lig\nlig.fix(1)\nlig.fiC().m()\n")
+    result = cli("run", "-r", "lig:\ufb01x:y", "-r", "lig:\ufb01C.m:v", "uselig.py", cwd=project)
+    assert result.returncode == 0, result.stderr
+    rows = [line.split() for line in result.stderr.splitlines()[2:]]
+    assert rows == [["lig:fix:y@0", "1", "2"], ["fiC:m:v@0", "1", "7"]]
+    listed = cli("targets", "lig:\ufb01C.m", "--json", cwd=project)
+    assert listed.returncode == 0 and json.loads(listed.stdout)["function"] == "fiC.m", listed.stderr
+    shown = cli("show", "lig:\ufb01x", "y", cwd=project)
+    assert shown.returncode == 0 and "show:fix:y@0" in shown.stdout, shown.stderr
+
+
 def test_run_a_directory_program_finds_its_own_modules(project):
     app = project / "app"
     app.mkdir()
@@ -1499,6 +1517,22 @@ def test_run_warns_where_a_module_of_the_program_s_folder_has_a_name_bcrecord_im
     said = "bcrecord: warning: the program's folder has module(s) of its own named bytecode, which"
     assert said in result.stderr
     assert "warning" not in cli("run", "-q", "-r", "helper:twice:y", "prog.py", "1", cwd=project).stderr
+
+
+def test_run_from_the_program_s_folder_warns_where_bcrecord_took_the_program_s_module_as_its_own(project):
+    # Started in the folder (the working directory first on sys.path), bcrecord's own import of
+    # shlex got the program's shlex.py: nothing said so, and its report then failed at exit
+    # ("Exception ignored in atexit callback ... module 'shlex' has no attribute 'quote'").
+    (project / "shlex.py").write_text("MINE = 1\n")
+    (project / "mine.py").write_text("import shlex\n\ndef f():\n    y = 1\n    return y\n\nf()\n")
+    result = cli("run", "-r", "__main__:f:y", "mine.py", cwd=project)
+    said = (
+        "bcrecord: warning: bcrecord imported the program's own shlex in place of the module(s) of "
+        "that name it uses (the working directory, the program's folder, comes first on sys.path)"
+    )
+    assert result.returncode == 0 and said in result.stderr, result.stderr
+    (project / "shlex.py").unlink()
+    assert "warning" not in cli("run", "-r", "__main__:f:y", "mine.py", cwd=project).stderr
 
 
 def test_run_reports_on_descriptor_2_when_the_program_closed_sys_stderr(project):

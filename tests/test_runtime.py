@@ -1699,3 +1699,54 @@ def test_carry_keeps_the_name_and_signature_of_what_it_wraps():
     assert (carried.__name__, carried.__doc__, carried.__wrapped__) == ("scaled", "Doubled.", scaled)
     assert str(inspect.signature(carried)) == "(x: int, *, by: int = 2) -> int"
     assert carried(3, by=4) == 12
+
+
+def test_carry_runs_an_async_generator_inside_the_recordings_and_keeps_coroutine_functions_so():
+    # An async generator's items were made outside the recordings (every value dropped), and
+    # carry(async def) was a plain function, which frameworks call without awaiting.
+    import inspect
+
+    def f(a):
+        x = a * 2
+        return x
+
+    g = bcrecord.instrument(f, "x", name="c")
+
+    async def numbers(n):
+        sent = []
+        try:
+            for i in range(n):
+                await asyncio.sleep(0)
+                sent.append((yield g(i)))
+        finally:
+            g(-1)
+        yield sent
+
+    async def work(a):
+        await asyncio.sleep(0)
+        return g(a)
+
+    async def consume(carried):
+        steps = carried(2)
+        first = await steps.__anext__()
+        second = await steps.asend("a")
+        sent = await steps.asend("b")
+        closed = carried(5)
+        await closed.__anext__()
+        await closed.aclose()
+        return first, second, sent
+
+    results = {}
+
+    def worker(numbers, work):
+        results["numbers"] = asyncio.run(consume(numbers))
+        results["work"] = asyncio.run(work(7))
+
+    with bcrecord.recording() as rec:
+        carried = [bcrecord.carry(fn) for fn in (numbers, work)]
+        thread = threading.Thread(target=worker, args=carried)
+        thread.start()
+        thread.join()
+    assert results == {"numbers": (0, 2, ["a", "b"]), "work": 14}
+    assert sorted(rec.all("c:f:x@0")) == [-2, -2, 0, 0, 2, 14]
+    assert inspect.iscoroutinefunction(carried[1]) and carried[1].__name__ == "work"

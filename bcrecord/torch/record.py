@@ -1187,7 +1187,7 @@ def _tracing() -> bool:
     return _exporting() or _tracing_state() is not None
 
 
-def threads_for(model: torch.nn.Module, threads: Optional[str]) -> Any:
+def threads_for(model: torch.nn.Module, threads: Optional[str]) -> str:
     """``threads`` as given, or by default ``'all'`` where ``model`` holds an ``nn.DataParallel``
     (its replicas run in threads it starts, with no recording of their own), else ``'context'``:
     an extractor's, which runs the model itself, in the call.
