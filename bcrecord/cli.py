@@ -43,7 +43,6 @@ import json
 import os
 import sys
 import types
-import unicodedata
 from typing import Any, List, Optional, Sequence, Tuple
 
 from .errors import BcrecordError, did_you_mean, shown
@@ -57,6 +56,7 @@ from .patch import (
     patch_method,
     targets,
 )
+from .specs import compiled_name
 
 __all__ = ["main", "resolve_path"]
 
@@ -98,7 +98,7 @@ def resolve_path(path: str) -> Tuple[Any, Any]:
         said = f": {error}" if str(error) else ""  # sys.exit() says nothing more
         raise BcrecordError(f"importing module {module_name!r} raised {type(error).__name__}{said}") from None
     value = owner
-    for part in _as_compiled(attr_path).split("."):
+    for part in compiled_name(attr_path).split("."):
         owner = value
         try:
             value = getattr(value, part)
@@ -111,15 +111,6 @@ def resolve_path(path: str) -> Tuple[Any, Any]:
             hint = did_you_mean(part, dir(owner))
             raise BcrecordError(f"{path!r}: {shown(owner)} has no attribute {part!r}{hint}") from None
     return owner, value
-
-
-def _as_compiled(names: str) -> str:
-    """Dotted names written as in the source, spelt as the compiler stores them (NFKC-normalised).
-
-    >>> _as_compiled("\ufb01le.C.m")
-    'file.C.m'
-    """
-    return unicodedata.normalize("NFKC", names)
 
 
 def _defines_inside(owner: Any, name: str) -> bool:
@@ -187,9 +178,8 @@ def _patched(path: str, specs: Sequence[str], name: str) -> Patch:
     ``forward = _impl``), a property's getter or a function a partial holds by its own."""
     holder, found = _resolved(path)
     if isinstance(holder, (type, types.ModuleType)) and not isinstance(found, property):
-        attribute = _as_compiled(path.partition(":")[2]).rpartition(".")[
-            2
-        ]  # 'pkg.mod:C.forward' -> 'forward'
+        # 'pkg.mod:C.forward' -> 'forward'
+        attribute = compiled_name(path.partition(":")[2]).rpartition(".")[2]
         return patch_method(holder, attribute, specs, name, in_place=True)
     return patch_function(function_of(_recordable(path)), specs, name=name)
 

@@ -77,7 +77,6 @@ import sys
 import threading
 import time
 import types
-import unicodedata
 import warnings
 import zipfile
 from collections import defaultdict
@@ -113,7 +112,7 @@ from .patch import (
     targets,
 )
 from .runtime import Recording, Sink, copy_value, silence, silently
-from .specs import Attribute, Spec, parse
+from .specs import Attribute, Spec, compiled_name, parse
 from .storage import Writer
 
 __all__ = ["RunTarget", "RunError", "parse_target", "check_targets", "run"]
@@ -203,7 +202,7 @@ pkg.mod:forward' lists its specs)
     if not all(p.isidentifier() for p in path) or not all(p.isidentifier() for p in module.split(".")):
         raise RunError(f"bad target {text!r}: {module!r} and {qualname!r} must be dotted Python names")
     # Names as written in the source: the compiler stores them NFKC-normalised ('\ufb01x' is 'fix').
-    path = tuple(unicodedata.normalize("NFKC", name) for name in path)
+    path = tuple(compiled_name(name) for name in path)
     try:
         spec = parse(spec_text)
     except BcrecordError as error:

@@ -88,8 +88,17 @@ def _copy(value: Any) -> Any:
 def _identifier(name: object, what: str) -> str:
     if not isinstance(name, str) or not name.isidentifier() or keyword.iskeyword(name):
         raise SpecError(f"{what} must be a Python identifier, got {name!r}")
-    # The compiler stores names NFKC-normalised ('\ufb01' written, 'fi' in the code object).
-    return unicodedata.normalize("NFKC", name)
+    return compiled_name(name)
+
+
+def compiled_name(text: str) -> str:
+    """A name (or dotted names) written as in the source, spelt as the compiler stores it:
+    NFKC-normalised (``'\\ufb01'`` written, ``'fi'`` in the code object).
+
+    >>> compiled_name("\\ufb01le.C.m")
+    'file.C.m'
+    """
+    return unicodedata.normalize("NFKC", text)
 
 
 @dataclass(frozen=True)
