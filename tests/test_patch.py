@@ -764,6 +764,38 @@ def test_a_per_instance_name_on_a_staticmethod_is_refused():
     assert Tools.scale(2) == 6 and "scale" in vars(Tools) and isinstance(vars(Tools)["scale"], staticmethod)
 
 
+def test_instrument_and_record_locals_take_a_per_instance_name_as_patch_method_does():
+    # Typed as taking a string only, while they took the function too: now typed and documented.
+    class Encoder:
+        def __init__(self, role):
+            self.role = role
+
+        @bcrecord.record_locals("h", name=lambda encoder: encoder.role or None)
+        def forward(self, x):
+            h = x + 1
+            return h
+
+        def scale(self, x):
+            y = x * 3
+            return y
+
+        @staticmethod
+        def plain(v):
+            y = v * 3
+            return y
+
+    Encoder.scale = bcrecord.instrument(Encoder.scale, "y", name=lambda encoder: encoder.role or None)
+    query, frozen = Encoder("query"), Encoder("")
+    with bcrecord.recording() as rec:
+        assert (query.forward(1), frozen.forward(2), query.scale(1), frozen.scale(2)) == (2, 3, 3, 6)
+    assert rec.keys() == ["query:forward:h@0", "query:scale:y@0"]
+    with pytest.raises(bcrecord.NotPatchableError, match="plain is a staticmethod: it gets no instance"):
+        bcrecord.instrument(vars(Encoder)["plain"], "y", name=lambda inst: "t")
+    with pytest.raises(bcrecord.NotPatchableError, match="plain is a staticmethod: it gets no instance"):
+        bcrecord.record_locals("y", name=lambda inst: "t")(vars(Encoder)["plain"])
+    assert Encoder.plain(2) == 6 and isinstance(vars(Encoder)["plain"], staticmethod)
+
+
 def test_instrument_refuses_a_function_inside_a_wrapper():
     import functools
 
