@@ -106,6 +106,13 @@ def torch_layer(model: torch.nn.Module, batch: torch.Tensor) -> None:
         model(batch)
     assert_type(rec.keys_of("0"), List[str])
     assert_type(rec.values_of("0"), Dict[str, List[Any]])
+
+    @record(model, "0")  # as a decorator: each call records in a block of its own
+    def evaluate(steps: int, label: str = "") -> List[float]:
+        return [float(model(batch).sum()) for _ in range(steps)]
+
+    assert_type(evaluate(2, label="a"), List[float])
+    evaluate("2")  # type: ignore[arg-type]
     extractor = create_feature_extractor(model, {"0": "first"})
     assert_type(extractor, FeatureExtractor)
     assert_type(extractor(batch), Dict[str, Any])
