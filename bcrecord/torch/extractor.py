@@ -72,7 +72,7 @@ def _normalise(model: torch.nn.Module, nodes: Optional[ReturnNodes]) -> Dict[str
             if len(concrete) != 1:
                 raise SpecError(f"{target!r} names {len(concrete)} targets; a dict entry needs exactly one")
             _warn_if_torchvision_differs(model, concrete[0])
-            out[concrete[0].text] = name
+            out[concrete[0].text] = str(name)  # (as torchvision's: {'layer1': 1} returns '1')
     else:
         for target in [nodes] if isinstance(nodes, str) else nodes:
             for one in expand(model, target):
@@ -369,7 +369,8 @@ def create_feature_extractor(
     """An ``nn.Module`` whose forward returns ``{name: value}`` for ``return_nodes``.
 
     ``return_nodes`` is a list of targets (output names are the targets) or a dict
-    ``{target: name}``; ``train_return_nodes``/``eval_return_nodes`` as in
+    ``{target: name}`` (a name that is no string is made one, as torchvision does:
+    ``{'layer1': 1}`` returns ``'1'``); ``train_return_nodes``/``eval_return_nodes`` as in
     torchvision. Its tracing arguments, in its order: ``tracer_kwargs`` and
     ``suppress_diff_warning`` are taken and change nothing (nothing is traced, and
     there is no traced graph per mode to compare); ``concrete_args`` is refused: it

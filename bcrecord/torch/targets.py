@@ -1060,6 +1060,7 @@ def expand(model: torch.nn.Module, text: str) -> List[Target]:
     >>> [(t.path, t.output) for t in expand(model, "1")]  # a bare path: the module's output
     [('1', True)]
     """
+    require_module(model)
     pattern, method, spec_text, grad = _split_in(model, text)
     method = compiled_name(method)  # as the source has it: the class holds 'fiwd' for 'def \ufb01wd'
     if not spec_text and not any(ch in pattern for ch in "*?["):

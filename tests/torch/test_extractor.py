@@ -266,6 +266,19 @@ def test_bad_return_nodes():
         list_targets(None)
 
 
+def test_output_names_are_strings_as_torchvision_s_extractor_makes_them():
+    # {'bn1': 1} returned the feature under the int 1, where torchvision's returns it under '1'
+    # (it str()s every name), so code written for one read a KeyError from the other.
+    torch.manual_seed(0)
+    net = SmallNet().eval()
+    x = torch.randn(2, 3, 8, 8)
+    features = create_feature_extractor(net, {"bn1": 1, "blocks.2": None})(x)
+    assert list(features) == ["1", "None"]
+    assert torch.allclose(features["1"], reference_smallnet(net, x)["bn1"], atol=1e-6)
+    with pytest.raises(bcrecord.SpecError, match=r"output names must be unique, got \['1', '1'\]"):
+        create_feature_extractor(net, {"bn1": 1, "blocks.2": "1"})  # (torchvision's keeps one)
+
+
 def test_list_targets_covers_every_submodule_without_tracing():
     net = SmallNet()
     targets = list_targets(net)

@@ -64,6 +64,8 @@ def test_wrappers_and_errors():
         expand(net, "bn1.grad")
     with pytest.raises(bcrecord.SpecError, match="must be a string"):
         expand(net, 3)
+    with pytest.raises(TypeError, match="expected an nn.Module instance, got int"):  # (was an AttributeError)
+        expand(3, "0")
     # '' is the root, as list_targets lists it, also inside a wrapper
     (root,) = expand(net, "")
     assert (root.path, root.method, root.output) == ("", "forward", True)
