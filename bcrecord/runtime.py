@@ -1885,6 +1885,8 @@ def carry(func: Callable[P, T]) -> Callable[P, T]:
     >>> rec["demo:double:y@0"], inspect.iscoroutinefunction(carried)
     (10, True)
     """
+    if not callable(func):  # (the wrapper would fail only when called, elsewhere: a worker thread)
+        raise TypeError(f"carry takes a function to run inside the recordings, got {func!r:.80}")
     context = contextvars.copy_context()
 
     if inspect.iscoroutinefunction(func):

@@ -1770,6 +1770,8 @@ def test_carry_keeps_the_name_and_signature_of_what_it_wraps():
     assert (carried.__name__, carried.__doc__, carried.__wrapped__) == ("scaled", "Doubled.", scaled)
     assert str(inspect.signature(carried)) == "(x: int, *, by: int = 2) -> int"
     assert carried(3, by=4) == 12
+    with pytest.raises(TypeError, match="carry takes a function to run inside the recordings, got 3"):
+        bcrecord.carry(3)  # (its wrapper failed only when a worker thread called it)
 
 
 def test_carry_runs_an_async_generator_inside_the_recordings_and_keeps_coroutine_functions_so():
