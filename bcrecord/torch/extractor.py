@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 
 import torch
 
-from ..errors import SpecError, warn
+from ..errors import SpecError, TargetError, did_you_mean, warn
 from ..patch import Patch, remove_all, remove_soon
 from ..patch import targets as function_targets
 from ..runtime import kept_length
@@ -426,10 +426,11 @@ class TargetList(List[str]):
         return "\n".join(lines)
 
 
-def list_targets(
-    model: torch.nn.Module,
-    methods: Union[str, Iterable[str]] = ("forward", "_forward_impl", "forward_features", "forward_head"),
-) -> TargetList:
+#: The methods :func:`list_targets` lists by default: those models are commonly recorded in.
+_DEFAULT_METHODS = ("forward", "_forward_impl", "forward_features", "forward_head")
+
+
+def list_targets(model: torch.nn.Module, methods: Union[str, Iterable[str]] = _DEFAULT_METHODS) -> TargetList:
     """Every recordable target per submodule, in module order (no tracing).
 
     For each submodule: its path (the module's output) and, for each of
@@ -437,7 +438,8 @@ def list_targets(
     load site, call site (``'self.bn1()@0'``), operator site (``'+=@0'``) and return.
     TorchScript submodules, which cannot be recorded, are left out, and so are sites
     inside a generator expression that does not use ``self`` (on 3.10/3.11 any
-    comprehension): one patch of a class cannot tell its instances apart there.
+    comprehension): one patch of a class cannot tell its instances apart there. Methods
+    given that no submodule defines in Python are an error (a misspelt name).
 
     >>> import torch
     >>> from bcrecord.torch import list_targets
@@ -446,9 +448,15 @@ def list_targets(
     ('', ['0:forward:self.weight@0', '0:forward:F.linear()@0', '0:forward:return'])
     """
     require_module(model)
-    if isinstance(methods, str):
-        methods = [methods]
+    given = methods is not _DEFAULT_METHODS
+    names = (
+        [methods] if isinstance(methods, str) else list(methods) if isinstance(methods, Iterable) else None
+    )
+    if names is None or not all(isinstance(name, str) for name in names):
+        raise TypeError(f"methods is a method name or a list of them, got {methods!r:.80}")
+    methods = names
     out = TargetList()
+    defined = set()  # of methods, those some submodule defines in Python
     for path, module in unwrap(model).named_modules():
         if isinstance(module, torch.jit.ScriptModule):
             continue  # TorchScript, not bytecode (its submodules are scripted too): not recordable
@@ -460,7 +468,21 @@ def list_targets(
             func = getattr(type(module), method, None)
             if not isinstance(func, types.FunctionType) or func is getattr(torch.nn.Module, method, None):
                 continue
+            defined.add(method)
             if not takes_instance(func):  # def forward(*args): record() refuses it, saying why
                 continue
             out.extend(f"{path}:{method}:{spec}" for spec in function_targets(func).specs(per_instance=True))
+    if given and methods and not defined:  # (a misspelt name listed the paths alone)
+        python_methods = {
+            name
+            for module in unwrap(model).modules()
+            for cls in type(module).__mro__[:-1]
+            if cls is not torch.nn.Module
+            for name, value in vars(cls).items()
+            if isinstance(value, types.FunctionType)
+        }
+        raise TargetError(
+            f"no submodule defines {' or '.join(map(repr, methods))} in Python"
+            f"{did_you_mean(names[0], python_methods)}"
+        )
     return out

@@ -295,6 +295,14 @@ def test_list_targets_covers_every_submodule_without_tracing():
     assert len(rec) >= len([t for t in sample if not t.endswith("return")])
     # one method name, as a str: not its letters
     assert list_targets(net, "forward") == list_targets(net, ["forward"]) != paths
+    # A misspelt method listed the paths alone, as if the model had no sites; a number failed in set().
+    with pytest.raises(
+        bcrecord.TargetError, match="no submodule defines 'forwrd' in Python; did you mean 'forward'"
+    ):
+        list_targets(net, ["forwrd"])
+    with pytest.raises(TypeError, match="methods is a method name or a list of them, got 3"):
+        list_targets(net, 3)
+    assert list_targets(net, ["forwrd", "forward"]) == list_targets(net, "forward")  # one of them is there
 
 
 def test_extractor_patches_once_and_the_model_is_itself_between_calls():
