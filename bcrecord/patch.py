@@ -67,7 +67,7 @@ from .runtime import (
     tracked,
     untrack,
 )
-from .specs import Index, Local, SpecLike, parse_all
+from .specs import Index, Local, SpecLike, compiled_name, parse_all
 
 __all__ = [
     "Patch",
@@ -1327,6 +1327,11 @@ def patch_method(
     >>> patch.keys, rec.keys()
     (('*:forward:h@0',), ['first:forward:h@0'])
     """
+    if isinstance(method, str) and compiled_name(method) != method:
+        # Written as in the source ('def \ufb01wd' is 'fiwd' in the class), as specs are; a name
+        # set with setattr as it is (not normalised) is found as it is.
+        if inspect.getattr_static(obj, method, _MISSING) is _MISSING:
+            method = compiled_name(method)
     # Looked up under the lock too: two threads patching one method must see each other's
     # slot (else each copies the original, and removing one drops the other's slot).
     with _lock:

@@ -796,6 +796,21 @@ def test_instrument_and_record_locals_take_a_per_instance_name_as_patch_method_d
     assert Encoder.plain(2) == 6 and isinstance(vars(Encoder)["plain"], staticmethod)
 
 
+def test_patch_method_takes_a_method_named_as_the_source_writes_it():
+    # 'def \ufb01wd' (a ligature) defines 'fiwd': the name as written was "no attribute", while
+    # the specs beside it, the CLI and the torch layer take names as the source writes them.
+    namespace: dict = {}
+    exec("class N:\n    def \ufb01wd(self, a):\n        \ufb01 = a + 1\n        return \ufb01\n", namespace)
+    cls = namespace["N"]
+    with bcrecord.patch_method(cls, "\ufb01wd", "\ufb01") as patch, bcrecord.recording() as rec:
+        assert cls().fiwd(1) == 2
+    assert (patch.attribute, rec.keys()) == ("fiwd", ["N:fiwd:fi@0"])
+    setattr(cls, "\ufb01x", cls.fiwd)  # a name set as it is, not normalised: found as it is
+    with bcrecord.patch_method(cls, "\ufb01x", "fi") as patch, bcrecord.recording() as rec:
+        assert vars(cls)["\ufb01x"](cls(), 2) == 3  # (cls().\ufb01x would be cls().fix)
+    assert patch.attribute == "\ufb01x" and rec.keys() == ["N:\ufb01x:fi@0"]
+
+
 def test_instrument_refuses_a_function_inside_a_wrapper():
     import functools
 
