@@ -261,7 +261,7 @@ def _why_not_a_function(obj: Any) -> str:
             f"e.g. patch_method({obj.__name__}, {method!r}, specs)"
         )
     if isinstance(obj, property):
-        return f"{name} is a property: patch its getter (the class's <property>.fget)"
+        return f"{name} is a property: patch its getter, patch_function({name}.fget, specs)"
     if isinstance(obj, functools.cached_property):
         wrapped = obj.attrname or name
         return f"{wrapped} is a functools.cached_property: patch the function it wraps (its .func)"

@@ -360,8 +360,12 @@ def test_not_patchable_targets_give_clear_errors():
     with pytest.raises(NotPatchableError, match=message):
         bcrecord.patch_method(Memo, "value", "y")
     # On 3.13 a property has a name of its own, without the class: the getter's is used.
-    with pytest.raises(NotPatchableError, match=r"\.Memo\.size is a property: patch its getter"):
+    message = r"\.Memo\.size is a property: patch its getter, patch_function\(.*\.Memo\.size\.fget, specs\)"
+    with pytest.raises(NotPatchableError, match=message):  # (it said '<property>.fget')
         bcrecord.patch_method(Memo, "size", "return")
+    with bcrecord.patch_function(Memo.size.fget, "return"), bcrecord.recording() as rec:
+        assert Memo().size == 1
+    assert rec.all("Memo:size:return") == [1]
     # What the message says works: the wrapper calls the patched function.
     with bcrecord.patch_function(Memo.value.__wrapped__, "y"), bcrecord.recording() as rec:
         assert Memo().value(3) == 4
