@@ -29,6 +29,7 @@ before (same objects, same code, same ``state_dict``).
 from __future__ import annotations
 
 import bisect
+import collections.abc
 import contextlib
 import contextvars
 import dataclasses
@@ -1118,6 +1119,8 @@ def record(
     decorator, it records each call of the function in a block of its own (see
     :class:`RecordBlock`).
     """
+    if isinstance(targets, collections.abc.Iterator):  # (a generator: as a decorator, each call reads it)
+        targets = tuple(targets)
     policy = dict(copy=copy, to=to, dtype=dtype, reduce=reduce, grad=grad)
     run = dict(keep=keep, threads="all" if threads is None else threads, stop_after_last=stop_after_last)
     return RecordBlock(functools.partial(_record, model, targets, policy, run))
