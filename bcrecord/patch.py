@@ -67,7 +67,7 @@ from .runtime import (
     tracked,
     untrack,
 )
-from .specs import Index, Local, SpecLike, parse_all
+from .specs import Index, Local, SpecLike, compiled_name, parse_all
 
 __all__ = [
     "Patch",
@@ -261,7 +261,7 @@ def _why_not_a_function(obj: Any) -> str:
             f"e.g. patch_method({obj.__name__}, {method!r}, specs)"
         )
     if isinstance(obj, property):
-        return f"{name} is a property: patch its getter (the class's <property>.fget)"
+        return f"{name} is a property: patch its getter, patch_function({name}.fget, specs)"
     if isinstance(obj, functools.cached_property):
         wrapped = obj.attrname or name
         return f"{wrapped} is a functools.cached_property: patch the function it wraps (its .func)"
@@ -833,13 +833,14 @@ def remove_soon(patches: Sequence[Patch]) -> None:
         pass
 
 
-def instrument(func: F, specs: Union[SpecLike, Iterable[SpecLike]], name: Optional[str] = None) -> F:
+def instrument(func: F, specs: Union[SpecLike, Iterable[SpecLike]], name: Optional[Owner] = None) -> F:
     """A recording copy of ``func``; the original is untouched.
 
     Bound methods give a bound method of the copy, a ``staticmethod`` or
     ``classmethod`` one of the same kind. ``name`` is the owner part of keys
-    (default: the class for methods, else the module). A copy of a recording copy
-    starts from the original code, with its own probes only.
+    (default: the class for methods, else the module), or a function of the first
+    positional argument that returns it (see :func:`patch_method`). A copy of a
+    recording copy starts from the original code, with its own probes only.
 
     >>> def area(w, h):
     ...     a = w * h
@@ -852,6 +853,11 @@ def instrument(func: F, specs: Union[SpecLike, Iterable[SpecLike]], name: Option
     >>> rec["geo:area:a@0"]
     6
     """
+    if callable(name) and isinstance(func, staticmethod):  # (as patch_method refuses it)
+        raise NotPatchableError(
+            f"{func.__func__.__qualname__} is a staticmethod: it gets no instance, so name= cannot be "
+            "a function of the instance; give a string"
+        )
     if isinstance(func, (staticmethod, classmethod)):
         return type(func)(instrument(func.__func__, specs, name))  # type: ignore[return-value]
     base = function_of(func)
@@ -885,11 +891,11 @@ def _indexed(spec: SpecLike, index: Index) -> SpecLike:
     return Local(name, index) if name.isidentifier() and not keyword.iskeyword(name) else spec
 
 
-def record_locals(*specs: SpecLike, index: Index = None, name: Optional[str] = None) -> Callable[[F], F]:
+def record_locals(*specs: SpecLike, index: Index = None, name: Optional[Owner] = None) -> Callable[[F], F]:
     """Decorator: record locals (names, or any specs) of the decorated function.
 
     ``index`` applies to the local names given as plain strings (``'x'``, not ``'x@1'``,
-    ``'self.a'`` or ``'return'``).
+    ``'self.a'`` or ``'return'``). ``name`` is as :func:`instrument`'s.
 
     >>> import bcrecord
     >>> @bcrecord.record_locals("x", index=[0, 2], name="demo")
@@ -1208,7 +1214,9 @@ def patch_function(
     locals are; ``unwrap=False`` patches the wrapper itself (its ``return`` is what
     callers get); with a per-instance ``name``, the outermost wrapper that takes the
     instance as its first positional argument (outer ones that take only ``*args``,
-    such as deprecation shims, are passed through).
+    such as deprecation shims, are passed through). ``name`` is the owner part of keys,
+    or a function of the first positional argument that returns it (None: not
+    recorded), as :func:`patch_method`'s per-instance ``name``.
 
     >>> import bcrecord
     >>> def double(v):
@@ -1306,7 +1314,24 @@ def patch_method(
     6
     >>> rec["net:forward:h@0"], "forward" in vars(net)
     (6, False)
+
+    A per-instance ``name``: called with the instance each time a value is recorded
+    (``Patch.keys`` shows its owner as ``'*'``; an error it raises, or a return value
+    that is no string, goes to the recording's ``errors``, with a warning):
+
+    >>> first, second = Net(), Net()
+    >>> owners = {id(first): "first"}  # second: None, not recorded
+    >>> with bcrecord.patch_method(Net, "forward", "h", name=lambda net: owners.get(id(net))) as patch:
+    ...     with bcrecord.recording() as rec:
+    ...         _ = first.forward(1), second.forward(2)
+    >>> patch.keys, rec.keys()
+    (('*:forward:h@0',), ['first:forward:h@0'])
     """
+    if isinstance(method, str) and compiled_name(method) != method:
+        # Written as in the source ('def \ufb01wd' is 'fiwd' in the class), as specs are; a name
+        # set with setattr as it is (not normalised) is found as it is.
+        if inspect.getattr_static(obj, method, _MISSING) is _MISSING:
+            method = compiled_name(method)
     # Looked up under the lock too: two threads patching one method must see each other's
     # slot (else each copies the original, and removing one drops the other's slot).
     with _lock:

@@ -34,8 +34,11 @@ the values numbered 0, N, 2N... in the order that key fired; the number is the
 value's *step*) is copied when it is recorded (the others are not even copied) and
 written with :class:`bcrecord.storage.Writer` in batches (every few seconds or
 megabytes, also while the program records nothing: a thread writes what waited),
-and at exit -- also when the program raises or calls :func:`sys.exit`. A program
-killed (SIGTERM, SIGKILL) loses at most the values of its last few seconds. Values
+and at exit -- also when the program raises or calls :func:`sys.exit`, or replaces
+itself with an ``os.exec*`` function (the run ends just before: its values are
+saved and its report printed; an exec that fails leaves the program running
+unrecorded, which one line says). A program killed (SIGTERM, SIGKILL) loses at most
+the values of its last few seconds. Values
 recorded in child processes are not saved. Without ``--save-dir`` only
 counts and the last value of each key are kept, and a summary is printed to
 stderr at the end.
@@ -1240,6 +1243,8 @@ class _Runner:
         #: The program's module, and what was ``__main__`` before it was put back there.
         self.program_module: Optional[types.ModuleType] = None
         self._main_before: Optional[types.ModuleType] = None
+        #: ``os``'s exec functions the run replaced (see :meth:`_close_before_exec`), by name.
+        self._exec_functions: Dict[str, Callable[..., Any]] = {}
 
     @property
     def stderr(self) -> TextIO:
@@ -1473,6 +1478,7 @@ class _Runner:
             self.recording.__exit__(None, None, None)
             raise RunError(str(error)) from None
         sys.meta_path.insert(0, self.hook)
+        self._hook_exec()
         _torch_layer_for_dynamo()
         silently(lambda _: self.collector.start_timer(), None)  # threading's calls are not the program's
         self._saved_sys = (sys.argv[:], sys.path[:])
@@ -1481,6 +1487,42 @@ class _Runner:
             sys.path[0] = self.program.path0
         else:
             sys.path.append(self.program.path0)
+
+    def _hook_exec(self) -> None:
+        """Close the run when the program replaces itself (``os.execv``, ``os.execlp``...).
+
+        The new program takes the process over at once: no ``atexit`` handler runs, so
+        the values waiting to be written and the report would be lost. So while the run
+        lasts, ``os``'s exec functions are replaced by ones that close it first. (Each one
+        the program calls: ``os.execvp`` tries each folder of ``PATH`` with ``os.execv``,
+        and only a failure of the call the program made is the program's.)
+        """
+        for name in ("execl", "execle", "execlp", "execlpe", "execv", "execve", "execvp", "execvpe"):
+            function = getattr(os, name, None)
+            if function is not None:
+                self._exec_functions[name] = function
+                setattr(os, name, self._close_before_exec(function))
+
+    def _close_before_exec(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(function)
+        def close_then_exec(*args: Any, **kwargs: Any) -> Any:
+            closing = not self._closed and os.getpid() == self.collector.pid  # (not a forked child's)
+            if closing:
+                self.close()
+                self.stderr.flush()  # (exec writes out no buffer)
+            try:
+                return function(*args, **kwargs)
+            except BaseException as error:
+                if closing:  # the program runs on, unrecorded: say so
+                    print(
+                        f"bcrecord: the program's os.{function.__name__} raised {type(error).__name__}: "
+                        "bcrecord had ended the run to save its values before the exec, so what it "
+                        "does from here on is not recorded",
+                        file=self.stderr,
+                    )
+                raise
+
+        return close_then_exec
 
     def execute(self) -> int:
         """Run the program; returns its exit status (a ``SystemExit`` is re-raised as it was)."""
@@ -1560,6 +1602,9 @@ class _Runner:
             sys.meta_path.remove(self.hook)
         except ValueError:
             pass
+        for name, function in self._exec_functions.items():
+            if getattr(getattr(os, name, None), "__wrapped__", None) is function:  # (not the program's own)
+                setattr(os, name, function)
         with warnings.catch_warnings():
             # The program rebinding what it defines (B.m = m2 after B.m was patched) is its own.
             warnings.filterwarnings("ignore", ".* was replaced while patched", RecordingWarning)

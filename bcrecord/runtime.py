@@ -1866,8 +1866,11 @@ def carry(func: Callable[P, T]) -> Callable[P, T]:
 
     A coroutine, generator or async generator that ``func`` returns runs there too, each
     step (its body runs where it is awaited or iterated, not where it is made). The wrapper
-    of an ``async def`` function is one too, so frameworks that check
-    ``inspect.iscoroutinefunction`` await it.
+    of an ``async def`` function, generator function or async generator function is one
+    too, so frameworks that check ``inspect.iscoroutinefunction``,
+    ``inspect.isgeneratorfunction`` or ``inspect.isasyncgenfunction`` treat it as they
+    treat ``func`` (a wrapper of a generator function, as any generator, checks its
+    arguments at its first step, not when it is called).
 
     >>> import asyncio, bcrecord, inspect, threading
     >>> def double(a):
@@ -1882,6 +1885,8 @@ def carry(func: Callable[P, T]) -> Callable[P, T]:
     >>> rec["demo:double:y@0"], inspect.iscoroutinefunction(carried)
     (10, True)
     """
+    if not callable(func):  # (the wrapper would fail only when called, elsewhere: a worker thread)
+        raise TypeError(f"carry takes a function to run inside the recordings, got {func!r:.80}")
     context = contextvars.copy_context()
 
     if inspect.iscoroutinefunction(func):
@@ -1896,6 +1901,18 @@ def carry(func: Callable[P, T]) -> Callable[P, T]:
 
         return run_coroutine  # type: ignore[return-value]
 
+    if inspect.isgeneratorfunction(func):
+
+        @functools.wraps(func)
+        def run_generator(*args: Any, **kwargs: Any) -> Any:
+            inside = context.copy()
+            return (yield from _stepped_in(inside, inside.run(func, *args, **kwargs)))
+
+        return run_generator  # type: ignore[return-value]
+
+    if inspect.isasyncgenfunction(func):
+        return functools.wraps(func)(_async_generator_function(context, func))  # type: ignore[return-value]
+
     @functools.wraps(func)  # (its name, signature and doc: a thread's or task's name shows it)
     def run(*args: P.args, **kwargs: P.kwargs) -> T:
         inside = context.copy()
@@ -1905,7 +1922,7 @@ def carry(func: Callable[P, T]) -> Callable[P, T]:
         if isinstance(result, types.GeneratorType):
             return _stepped_in(inside, result)  # type: ignore[return-value]
         if isinstance(result, types.AsyncGeneratorType):
-            return _async_stepped_in(inside, result)  # type: ignore[return-value]
+            return _async_generator_function(inside, lambda: result)()  # type: ignore[return-value]
         return result
 
     return run
@@ -1940,24 +1957,31 @@ async def _awaited_in(context: contextvars.Context, inner: Any) -> Any:
     return await _awaitable_steps(context, inner)
 
 
-async def _async_stepped_in(context: contextvars.Context, inner: Any) -> Any:
-    """The async generator ``inner``, each step of each item run in ``context``."""
-    value: Any = None
-    error: Optional[BaseException] = None
-    while True:
-        step = inner.asend(value) if error is None else inner.athrow(error)
-        try:
-            yielded = await _awaitable_steps(context, step)
-        except StopAsyncIteration:
-            return
-        value, error = None, None
-        try:
-            value = yield yielded
-        except GeneratorExit:
-            await _awaitable_steps(context, inner.aclose())
-            raise
-        except BaseException as raised:  # thrown in where it runs, as athrow() does
-            error = raised
+def _async_generator_function(context: contextvars.Context, func: Callable[..., Any]) -> Callable[..., Any]:
+    """An async generator function (as ``inspect.isasyncgenfunction`` sees it) whose async
+    generators run the one ``func`` makes, each step of each item in a copy of ``context``."""
+
+    async def run_async_generator(*args: Any, **kwargs: Any) -> Any:
+        inside = context.copy()
+        inner = inside.run(func, *args, **kwargs)
+        value: Any = None
+        error: Optional[BaseException] = None
+        while True:
+            step = inner.asend(value) if error is None else inner.athrow(error)
+            try:
+                yielded = await _awaitable_steps(inside, step)
+            except StopAsyncIteration:
+                return
+            value, error = None, None
+            try:
+                value = yield yielded
+            except GeneratorExit:
+                await _awaitable_steps(inside, inner.aclose())
+                raise
+            except BaseException as raised:  # thrown in where it runs, as athrow() does
+                error = raised
+
+    return run_async_generator
 
 
 # --- the probe ---------------------------------------------------------------

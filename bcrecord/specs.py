@@ -201,6 +201,11 @@ class Call:
     def __init__(self, target: str, index: Index = None, copy: Any = None) -> None:
         if not isinstance(target, str):
             raise SpecError(f"a call target must be a string, got {target!r}")
+        if target.rstrip().endswith("()"):  # the short form's spelling, given to the class
+            raise SpecError(
+                f"Call takes the callee without its parentheses: Call({target.rstrip()[:-2].strip()!r}), "
+                f"or parse({target.strip()!r})"
+            )
         target = ".".join(_identifier(part, f"each part of {target!r}") for part in target.split("."))
         object.__setattr__(self, "target", target)
         object.__setattr__(self, "index", _index(index))

@@ -1170,7 +1170,10 @@ def load(directory: PathLike, keys: Optional[Iterable[str]] = None) -> Loaded:
     (['m:f:y@0'], ['text'], [7])
     """
     directory = _expanded(directory)
-    wanted = None if keys is None else {keys} if isinstance(keys, str) else set(keys)
+    try:
+        wanted = None if keys is None else {keys} if isinstance(keys, str) else set(keys)
+    except TypeError:  # (set(3) says "'int' object is not iterable", naming no argument)
+        raise TypeError(f"keys is a key or a list of keys, got {keys!r:.80}") from None
     index = _read_index(directory)
     if wanted is not None:
         _check_saved(wanted, [row["key"] for row in index], directory)

@@ -360,8 +360,12 @@ def test_not_patchable_targets_give_clear_errors():
     with pytest.raises(NotPatchableError, match=message):
         bcrecord.patch_method(Memo, "value", "y")
     # On 3.13 a property has a name of its own, without the class: the getter's is used.
-    with pytest.raises(NotPatchableError, match=r"\.Memo\.size is a property: patch its getter"):
+    message = r"\.Memo\.size is a property: patch its getter, patch_function\(.*\.Memo\.size\.fget, specs\)"
+    with pytest.raises(NotPatchableError, match=message):  # (it said '<property>.fget')
         bcrecord.patch_method(Memo, "size", "return")
+    with bcrecord.patch_function(Memo.size.fget, "return"), bcrecord.recording() as rec:
+        assert Memo().size == 1
+    assert rec.all("Memo:size:return") == [1]
     # What the message says works: the wrapper calls the patched function.
     with bcrecord.patch_function(Memo.value.__wrapped__, "y"), bcrecord.recording() as rec:
         assert Memo().value(3) == 4
@@ -762,6 +766,53 @@ def test_a_per_instance_name_on_a_staticmethod_is_refused():
     with pytest.raises(bcrecord.NotPatchableError, match="scale is a staticmethod: it gets no instance"):
         bcrecord.patch_method(Tools, "scale", "y", name=lambda inst: "t")
     assert Tools.scale(2) == 6 and "scale" in vars(Tools) and isinstance(vars(Tools)["scale"], staticmethod)
+
+
+def test_instrument_and_record_locals_take_a_per_instance_name_as_patch_method_does():
+    # Typed as taking a string only, while they took the function too: now typed and documented.
+    class Encoder:
+        def __init__(self, role):
+            self.role = role
+
+        @bcrecord.record_locals("h", name=lambda encoder: encoder.role or None)
+        def forward(self, x):
+            h = x + 1
+            return h
+
+        def scale(self, x):
+            y = x * 3
+            return y
+
+        @staticmethod
+        def plain(v):
+            y = v * 3
+            return y
+
+    Encoder.scale = bcrecord.instrument(Encoder.scale, "y", name=lambda encoder: encoder.role or None)
+    query, frozen = Encoder("query"), Encoder("")
+    with bcrecord.recording() as rec:
+        assert (query.forward(1), frozen.forward(2), query.scale(1), frozen.scale(2)) == (2, 3, 3, 6)
+    assert rec.keys() == ["query:forward:h@0", "query:scale:y@0"]
+    with pytest.raises(bcrecord.NotPatchableError, match="plain is a staticmethod: it gets no instance"):
+        bcrecord.instrument(vars(Encoder)["plain"], "y", name=lambda inst: "t")
+    with pytest.raises(bcrecord.NotPatchableError, match="plain is a staticmethod: it gets no instance"):
+        bcrecord.record_locals("y", name=lambda inst: "t")(vars(Encoder)["plain"])
+    assert Encoder.plain(2) == 6 and isinstance(vars(Encoder)["plain"], staticmethod)
+
+
+def test_patch_method_takes_a_method_named_as_the_source_writes_it():
+    # 'def \ufb01wd' (a ligature) defines 'fiwd': the name as written was "no attribute", while
+    # the specs beside it, the CLI and the torch layer take names as the source writes them.
+    namespace: dict = {}
+    exec("class N:\n    def \ufb01wd(self, a):\n        \ufb01 = a + 1\n        return \ufb01\n", namespace)
+    cls = namespace["N"]
+    with bcrecord.patch_method(cls, "\ufb01wd", "\ufb01") as patch, bcrecord.recording() as rec:
+        assert cls().fiwd(1) == 2
+    assert (patch.attribute, rec.keys()) == ("fiwd", ["N:fiwd:fi@0"])
+    setattr(cls, "\ufb01x", cls.fiwd)  # a name set as it is, not normalised: found as it is
+    with bcrecord.patch_method(cls, "\ufb01x", "fi") as patch, bcrecord.recording() as rec:
+        assert vars(cls)["\ufb01x"](cls(), 2) == 3  # (cls().\ufb01x would be cls().fix)
+    assert patch.attribute == "\ufb01x" and rec.keys() == ["N:\ufb01x:fi@0"]
 
 
 def test_instrument_refuses_a_function_inside_a_wrapper():

@@ -1693,3 +1693,59 @@ def test_values_of_forked_and_spawned_children_are_not_saved_and_the_parent_s_ar
     key = "__main__:f:out@0"
     assert loaded[key] == [0, 2, 4, 6, 8] and loaded.steps(key) == [0, 1, 2, 3, 4]
     assert "saved 5 value(s) of 1 key(s)" in result.stderr
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork")
+def test_a_program_that_replaces_itself_with_exec_saves_its_values_first(project):
+    # os.exec* runs no exit handler: the values waiting to be written and the report were lost.
+    # A failed exec (execlp of a missing program) leaves the program running, unrecorded, and
+    # a child's exec after a fork is the child's; execvp's own failed tries along PATH are no
+    # failure of the program's.
+    (project / "execs.py").write_text(
+        textwrap.dedent(
+            """
+            import os, sys
+
+            def f(v):
+                out = v * 2
+                return out
+
+            f(1)
+            child = os.fork()
+            if child == 0:
+                f(50)
+                os.execv(sys.executable, [sys.executable, "-c", "pass"])
+            os.waitpid(child, 0)
+            f(2)
+            if sys.argv[1:] == ["fail"]:
+                try:
+                    os.execlp("bcrecord-no-such-program", "x")
+                except OSError:
+                    print("failed")
+                f(3)
+            os.environ["PATH"] = os.pathsep.join(["/bcrecord-no-such-dir", os.path.dirname(sys.executable)])
+            os.execvp(os.path.basename(sys.executable), [sys.executable, "-c", "print('replaced')"])
+            """
+        )
+    )
+    result = cli("run", "-r", "__main__:f:out", "-o", project / "saved", project / "execs.py", timeout=60)
+    assert result.returncode == 0 and result.stdout == "replaced\n", result.stderr
+    assert bcrecord.load(project / "saved")["__main__:f:out@0"] == [2, 4]
+    assert result.stderr.splitlines()[-1].startswith("bcrecord: saved 2 value(s) of 1 key(s)")
+    summary = cli("run", "-r", "__main__:f:out", project / "execs.py", "fail", timeout=60)
+    assert summary.returncode == 0 and summary.stdout == "failed\nreplaced\n", summary.stderr
+    assert [line.split() for line in summary.stderr.splitlines()[2:3]] == [["__main__:f:out@0", "2", "4"]]
+    assert summary.stderr.splitlines()[3] == (
+        "bcrecord: the program's os.execlp raised FileNotFoundError: bcrecord had ended the run to save "
+        "its values before the exec, so what it does from here on is not recorded"
+    )
+    # In process (the Python API), os's exec functions are os's own again once the run ends.
+    import io
+    import os
+
+    from bcrecord.runner import run
+
+    before = {name: getattr(os, name) for name in ("execv", "execve", "execvp", "execl")}
+    (project / "noexec.py").write_text("def f(v):\n    out = v * 2\n    return out\n\nf(1)\n")
+    assert run(["__main__:f:out"], str(project / "noexec.py"), stderr=io.StringIO()) == 0
+    assert {name: getattr(os, name) for name in before} == before

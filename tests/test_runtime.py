@@ -761,6 +761,61 @@ def test_carry_runs_a_coroutine_or_generator_inside_the_recordings_step_by_step(
     assert sorted(rec.all("c:f:x@0")) == [-2, -2, 0, 0, 2, 4, 10, 12, 200]
 
 
+def test_carry_keeps_generator_and_async_generator_functions_so_for_frameworks_that_check():
+    # carry(async generator function) was a plain function: frameworks that tell a streaming
+    # or teardown dependency by inspect.isasyncgenfunction / isgeneratorfunction called it as
+    # a plain one.
+    import inspect
+
+    def f(a):
+        x = a * 2
+        return x
+
+    g = bcrecord.instrument(f, "x", name="c")
+
+    async def items(n):
+        for i in range(n):
+            await asyncio.sleep(0)
+            got = yield g(i)
+            if got is not None:
+                yield got
+
+    def numbers(n):
+        got = yield g(n)
+        return got
+
+    def made(n):  # a plain function that returns a generator: it stays a plain function
+        return numbers(n)
+
+    async def consume(carried):
+        steps = carried(3)
+        first = await steps.__anext__()
+        echoed = await steps.asend("sent")
+        return [first, echoed] + [item async for item in steps]
+
+    results = {}
+
+    def worker(items, numbers, made):
+        results["items"] = asyncio.run(consume(items))
+        steps = numbers(5)
+        results["numbers"] = [next(steps)]
+        with pytest.raises(StopIteration) as stop:
+            steps.send("back")
+        results["numbers"].append(stop.value.value)
+        results["made"] = list(made(6))
+
+    with bcrecord.recording() as rec:
+        carried = [bcrecord.carry(fn) for fn in (items, numbers, made)]
+        thread = threading.Thread(target=worker, args=carried)
+        thread.start()
+        thread.join()
+    assert inspect.isasyncgenfunction(carried[0]) and carried[0].__name__ == "items"
+    assert inspect.isgeneratorfunction(carried[1]) and carried[1].__wrapped__ is numbers
+    assert not inspect.isgeneratorfunction(carried[2])
+    assert results == {"items": [0, "sent", 2, 4], "numbers": [10, "back"], "made": [12]}
+    assert sorted(rec.all("c:f:x@0")) == [0, 2, 4, 10, 12]
+
+
 def test_the_default_routing_copies_its_list_on_reset_only_after_it_routed():
     # Entering and leaving a threads='all' recording resets the routing of threads
     # without recordings; while none of them recorded, that costs no list copy.
@@ -1715,6 +1770,8 @@ def test_carry_keeps_the_name_and_signature_of_what_it_wraps():
     assert (carried.__name__, carried.__doc__, carried.__wrapped__) == ("scaled", "Doubled.", scaled)
     assert str(inspect.signature(carried)) == "(x: int, *, by: int = 2) -> int"
     assert carried(3, by=4) == 12
+    with pytest.raises(TypeError, match="carry takes a function to run inside the recordings, got 3"):
+        bcrecord.carry(3)  # (its wrapper failed only when a worker thread called it)
 
 
 def test_carry_runs_an_async_generator_inside_the_recordings_and_keeps_coroutine_functions_so():

@@ -114,6 +114,11 @@ def test_specs_are_immutable_and_validated():
     with pytest.raises(SpecError, match="needs a dot"):
         Attribute("self")
     assert hash(Local("x", 1)) == hash(Local("x", [1]))
+    # The short form's parentheses given to the class ("each part ... got 'fc()'"): say what to write.
+    with pytest.raises(
+        SpecError, match=r"without its parentheses: Call\('self.fc'\), or parse\('self.fc\(\)'\)"
+    ):
+        Call("self.fc()")
 
 
 def test_parse_all():

@@ -41,6 +41,10 @@ def work(count: int, label: str) -> float:
     return count / len(label)
 
 
+def owner_of(model: ToyModel) -> str | None:
+    return None if model.scale == 0 else "scaled"
+
+
 def recordings_and_patches() -> None:
     model = ToyModel()
     with bcrecord.patch_method(model, "forward", ["outputs@1", "self.scale"], name="runner_model") as patch:
@@ -52,6 +56,10 @@ def recordings_and_patches() -> None:
     assert_type(rec.keys(), List[str])
     assert_type(rec.errors, List[RecordError])
     assert_type(bcrecord.patch_function(area, "a"), bcrecord.Patch)
+    # A per-instance name: a function of the instance giving the owner (None: not recorded).
+    assert_type(bcrecord.patch_method(ToyModel, "forward", "outputs", name=owner_of), bcrecord.Patch)
+    assert_type(bcrecord.instrument(ToyModel.forward, "outputs", name=owner_of)(model, 1), int)
+    bcrecord.patch_method(ToyModel, "forward", "outputs", name=3)  # type: ignore[arg-type]
     assert_type(bcrecord.targets(ToyModel.forward), Targets)
 
 
@@ -98,6 +106,13 @@ def torch_layer(model: torch.nn.Module, batch: torch.Tensor) -> None:
         model(batch)
     assert_type(rec.keys_of("0"), List[str])
     assert_type(rec.values_of("0"), Dict[str, List[Any]])
+
+    @record(model, "0")  # as a decorator: each call records in a block of its own
+    def evaluate(steps: int, label: str = "") -> List[float]:
+        return [float(model(batch).sum()) for _ in range(steps)]
+
+    assert_type(evaluate(2, label="a"), List[float])
+    evaluate("2")  # type: ignore[arg-type]
     extractor = create_feature_extractor(model, {"0": "first"})
     assert_type(extractor, FeatureExtractor)
     assert_type(extractor(batch), Dict[str, Any])

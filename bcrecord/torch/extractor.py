@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 
 import torch
 
-from ..errors import SpecError, warn
+from ..errors import SpecError, TargetError, did_you_mean, warn
 from ..patch import Patch, remove_all, remove_soon
 from ..patch import targets as function_targets
 from ..runtime import kept_length
@@ -72,7 +72,7 @@ def _normalise(model: torch.nn.Module, nodes: Optional[ReturnNodes]) -> Dict[str
             if len(concrete) != 1:
                 raise SpecError(f"{target!r} names {len(concrete)} targets; a dict entry needs exactly one")
             _warn_if_torchvision_differs(model, concrete[0])
-            out[concrete[0].text] = name
+            out[concrete[0].text] = str(name)  # (as torchvision's: {'layer1': 1} returns '1')
     else:
         for target in [nodes] if isinstance(nodes, str) else nodes:
             for one in expand(model, target):
@@ -369,7 +369,8 @@ def create_feature_extractor(
     """An ``nn.Module`` whose forward returns ``{name: value}`` for ``return_nodes``.
 
     ``return_nodes`` is a list of targets (output names are the targets) or a dict
-    ``{target: name}``; ``train_return_nodes``/``eval_return_nodes`` as in
+    ``{target: name}`` (a name that is no string is made one, as torchvision does:
+    ``{'layer1': 1}`` returns ``'1'``); ``train_return_nodes``/``eval_return_nodes`` as in
     torchvision. Its tracing arguments, in its order: ``tracer_kwargs`` and
     ``suppress_diff_warning`` are taken and change nothing (nothing is traced, and
     there is no traced graph per mode to compare); ``concrete_args`` is refused: it
@@ -425,10 +426,11 @@ class TargetList(List[str]):
         return "\n".join(lines)
 
 
-def list_targets(
-    model: torch.nn.Module,
-    methods: Union[str, Iterable[str]] = ("forward", "_forward_impl", "forward_features", "forward_head"),
-) -> TargetList:
+#: The methods :func:`list_targets` lists by default: those models are commonly recorded in.
+_DEFAULT_METHODS = ("forward", "_forward_impl", "forward_features", "forward_head")
+
+
+def list_targets(model: torch.nn.Module, methods: Union[str, Iterable[str]] = _DEFAULT_METHODS) -> TargetList:
     """Every recordable target per submodule, in module order (no tracing).
 
     For each submodule: its path (the module's output) and, for each of
@@ -436,7 +438,8 @@ def list_targets(
     load site, call site (``'self.bn1()@0'``), operator site (``'+=@0'``) and return.
     TorchScript submodules, which cannot be recorded, are left out, and so are sites
     inside a generator expression that does not use ``self`` (on 3.10/3.11 any
-    comprehension): one patch of a class cannot tell its instances apart there.
+    comprehension): one patch of a class cannot tell its instances apart there. Methods
+    given that no submodule defines in Python are an error (a misspelt name).
 
     >>> import torch
     >>> from bcrecord.torch import list_targets
@@ -445,9 +448,15 @@ def list_targets(
     ('', ['0:forward:self.weight@0', '0:forward:F.linear()@0', '0:forward:return'])
     """
     require_module(model)
-    if isinstance(methods, str):
-        methods = [methods]
+    given = methods is not _DEFAULT_METHODS
+    names = (
+        [methods] if isinstance(methods, str) else list(methods) if isinstance(methods, Iterable) else None
+    )
+    if names is None or not all(isinstance(name, str) for name in names):
+        raise TypeError(f"methods is a method name or a list of them, got {methods!r:.80}")
+    methods = names
     out = TargetList()
+    defined = set()  # of methods, those some submodule defines in Python
     for path, module in unwrap(model).named_modules():
         if isinstance(module, torch.jit.ScriptModule):
             continue  # TorchScript, not bytecode (its submodules are scripted too): not recordable
@@ -459,7 +468,21 @@ def list_targets(
             func = getattr(type(module), method, None)
             if not isinstance(func, types.FunctionType) or func is getattr(torch.nn.Module, method, None):
                 continue
+            defined.add(method)
             if not takes_instance(func):  # def forward(*args): record() refuses it, saying why
                 continue
             out.extend(f"{path}:{method}:{spec}" for spec in function_targets(func).specs(per_instance=True))
+    if given and methods and not defined:  # (a misspelt name listed the paths alone)
+        python_methods = {
+            name
+            for module in unwrap(model).modules()
+            for cls in type(module).__mro__[:-1]
+            if cls is not torch.nn.Module
+            for name, value in vars(cls).items()
+            if isinstance(value, types.FunctionType)
+        }
+        raise TargetError(
+            f"no submodule defines {' or '.join(map(repr, methods))} in Python"
+            f"{did_you_mean(names[0], python_methods)}"
+        )
     return out

@@ -29,6 +29,7 @@ before (same objects, same code, same ``state_dict``).
 from __future__ import annotations
 
 import bisect
+import collections.abc
 import contextlib
 import contextvars
 import dataclasses
@@ -50,9 +51,11 @@ from typing import (
     List,
     Mapping,
     Optional,
+    ParamSpec,
     Sequence,
     Set,
     Tuple,
+    TypeVar,
     Union,
 )
 
@@ -1074,7 +1077,7 @@ def record(
     keep: Union[str, int] = "all",
     stop_after_last: bool = False,
     threads: Optional[str] = "all",
-) -> ContextManager[ModelRecording]:
+) -> RecordBlock:
     """Record ``targets`` inside ``model`` while the block runs; yields the recording.
 
     Targets are strings like ``'layer1.0:forward:out@2'``, ``':_forward_impl:x@0'``,
@@ -1113,15 +1116,37 @@ def record(
     (True, ['0:forward:return'])
 
     What it returns is good for one ``with`` block: call ``record()`` for each. As a
-    decorator, it records each call of the function in a block of its own.
+    decorator, it records each call of the function in a block of its own (see
+    :class:`RecordBlock`).
     """
+    if isinstance(targets, collections.abc.Iterator):  # (a generator: as a decorator, each call reads it)
+        targets = tuple(targets)
     policy = dict(copy=copy, to=to, dtype=dtype, reduce=reduce, grad=grad)
     run = dict(keep=keep, threads="all" if threads is None else threads, stop_after_last=stop_after_last)
-    return _OneBlock(functools.partial(_record, model, targets, policy, run))
+    return RecordBlock(functools.partial(_record, model, targets, policy, run))
 
 
-class _OneBlock(contextlib.AbstractContextManager):
-    """A context manager good for one block, that says so when entered again."""
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+class RecordBlock(contextlib.AbstractContextManager["ModelRecording"]):
+    """What :func:`record` returns: a context manager good for one block, that says so when
+    entered again, or a decorator whose function records each call in a block of its own,
+    keeping the function's signature (for type checkers too). That block's recording is
+    not handed to the function: a recording the caller has entered gets the values too.
+
+    >>> import bcrecord, torch
+    >>> from bcrecord.torch import record
+    >>> net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+    >>> @record(net, "1")
+    ... def run(x: torch.Tensor) -> torch.Tensor:
+    ...     return net(x)
+    >>> with bcrecord.recording() as outer:
+    ...     y = run(torch.ones(1, 2))
+    >>> outer.keys(), torch.equal(outer["1:forward:return"], y)
+    (['1:forward:return'], True)
+    """
 
     def __init__(self, make: Callable[[], ContextManager[ModelRecording]]) -> None:
         self._make = make
@@ -1144,10 +1169,10 @@ class _OneBlock(contextlib.AbstractContextManager):
         assert block is not None, "exited without being entered"
         return block.__exit__(*exc)
 
-    def __call__(self, function: Callable[..., Any]) -> Callable[..., Any]:
+    def __call__(self, function: Callable[P, T]) -> Callable[P, T]:
         @functools.wraps(function)
-        def recorded(*args: Any, **kwargs: Any) -> Any:
-            with _OneBlock(self._make):
+        def recorded(*args: P.args, **kwargs: P.kwargs) -> T:
+            with RecordBlock(self._make):
                 return function(*args, **kwargs)
 
         return recorded

@@ -46,7 +46,7 @@ from ..analysis import compiled_spec, instructions
 from ..errors import NotPatchableError, SpecError, TargetError, did_you_mean, warn
 from ..patch import function_of, original_code
 from ..patch import targets as function_targets
-from ..specs import Attribute, Call, Expr, Return, Spec, parse
+from ..specs import Attribute, Call, Expr, Return, Spec, compiled_name, parse
 
 __all__ = ["Target", "expand", "expand_all", "has_forward", "unwrap", "module_at"]
 
@@ -1060,7 +1060,9 @@ def expand(model: torch.nn.Module, text: str) -> List[Target]:
     >>> [(t.path, t.output) for t in expand(model, "1")]  # a bare path: the module's output
     [('1', True)]
     """
+    require_module(model)
     pattern, method, spec_text, grad = _split_in(model, text)
+    method = compiled_name(method)  # as the source has it: the class holds 'fiwd' for 'def \ufb01wd'
     if not spec_text and not any(ch in pattern for ch in "*?["):
         # Not a module: a functional op's FX node name? (Asked before module_at's error is
         # made: its "did you mean" compares the name with every module path, 0.1 s on a big

@@ -266,6 +266,19 @@ def test_bad_return_nodes():
         list_targets(None)
 
 
+def test_output_names_are_strings_as_torchvision_s_extractor_makes_them():
+    # {'bn1': 1} returned the feature under the int 1, where torchvision's returns it under '1'
+    # (it str()s every name), so code written for one read a KeyError from the other.
+    torch.manual_seed(0)
+    net = SmallNet().eval()
+    x = torch.randn(2, 3, 8, 8)
+    features = create_feature_extractor(net, {"bn1": 1, "blocks.2": None})(x)
+    assert list(features) == ["1", "None"]
+    assert torch.allclose(features["1"], reference_smallnet(net, x)["bn1"], atol=1e-6)
+    with pytest.raises(bcrecord.SpecError, match=r"output names must be unique, got \['1', '1'\]"):
+        create_feature_extractor(net, {"bn1": 1, "blocks.2": "1"})  # (torchvision's keeps one)
+
+
 def test_list_targets_covers_every_submodule_without_tracing():
     net = SmallNet()
     targets = list_targets(net)
@@ -282,6 +295,14 @@ def test_list_targets_covers_every_submodule_without_tracing():
     assert len(rec) >= len([t for t in sample if not t.endswith("return")])
     # one method name, as a str: not its letters
     assert list_targets(net, "forward") == list_targets(net, ["forward"]) != paths
+    # A misspelt method listed the paths alone, as if the model had no sites; a number failed in set().
+    with pytest.raises(
+        bcrecord.TargetError, match="no submodule defines 'forwrd' in Python; did you mean 'forward'"
+    ):
+        list_targets(net, ["forwrd"])
+    with pytest.raises(TypeError, match="methods is a method name or a list of them, got 3"):
+        list_targets(net, 3)
+    assert list_targets(net, ["forwrd", "forward"]) == list_targets(net, "forward")  # one of them is there
 
 
 def test_extractor_patches_once_and_the_model_is_itself_between_calls():

@@ -874,6 +874,13 @@ def test_what_record_returns_is_for_one_block_and_says_so(net):
         len(forward_twice().all("bn1:forward:return")) == 1
         and len(forward_twice().all("bn1:forward:return")) == 1
     )
+
+    @record(net, (path for path in ["bn1"]))  # a generator: the second call found it used up
+    def forward_from_a_generator():
+        net(x)
+        return bcrecord.runtime.context_recordings()[-1]
+
+    assert [len(forward_from_a_generator().all("bn1:forward:return")) for _ in range(2)] == [1, 1]
     assert same(snapshot(net), before)
 
 

@@ -64,6 +64,8 @@ def test_wrappers_and_errors():
         expand(net, "bn1.grad")
     with pytest.raises(bcrecord.SpecError, match="must be a string"):
         expand(net, 3)
+    with pytest.raises(TypeError, match="expected an nn.Module instance, got int"):  # (was an AttributeError)
+        expand(3, "0")
     # '' is the root, as list_targets lists it, also inside a wrapper
     (root,) = expand(net, "")
     assert (root.path, root.method, root.output) == ("", "forward", True)
@@ -1059,3 +1061,20 @@ def test_an_entry_read_of_a_parametrized_tensor_is_refused_spelt_private():
     assert torch.allclose(
         torch.nn.functional.linear(x, rec["_Net__lin:forward:self.weight@0"], lin.bias), out
     )
+
+
+def test_a_method_named_as_the_source_writes_it_is_the_one_the_compiler_stored_nfkc_normalised():
+    # 'def \ufb01wd' (a ligature) defines 'fiwd': the target names the method as the source has it.
+    namespace: dict = {"torch": torch}
+    source = (
+        "class Net(torch.nn.Module):\n"
+        "    def forward(self, x):\n        return self.\ufb01wd(x)\n"
+        "    def \ufb01wd(self, x):\n        h = x + 1\n        return h\n"
+    )
+    exec(source, namespace)
+    net = namespace["Net"]()
+    (target,) = expand(net, ":\ufb01wd:h")
+    assert (target.path, target.method, target.spec) == ("", "fiwd", bcrecord.parse("h"))
+    with bcrecord.torch.record(net, [":\ufb01wd:h"]) as rec:
+        net(torch.ones(1))
+    assert rec.keys_of(":\ufb01wd:h") == [":fiwd:h@0"] and rec[":fiwd:h@0"].tolist() == [2.0]
