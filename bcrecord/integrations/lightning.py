@@ -34,6 +34,10 @@ that optimizer step), and for the other stages the number of batches that stage
 has run under this callback (recorded when it is a multiple of ``every_n_steps``);
 with ``save_dir``, counting on from the last step already saved in that stage's
 folder, so a later run (a resumed fit, a second process testing) repeats no step.
+Training steps do repeat: a fit resumed from a checkpoint saves again the steps the
+earlier fit saved after that checkpoint, and a fresh fit into the same folder starts at
+step 0 again; :func:`bcrecord.load` returns both values of such a step, in the order
+saved, and the callback warns (a :class:`~bcrecord.errors.RecordingWarning`) naming them.
 
 Works with ``lightning`` (``lightning.pytorch``) and with ``pytorch_lightning``:
 ``pip install 'bcrecord[lightning]'``.
@@ -424,6 +428,23 @@ class RecorderCallback(pl.Callback):  # type: ignore[misc]
         self._open[stage] = _Stage(stack, rec)
         if stage == "fit":  # a new fit (or a resumed one) starts its own steps, this callback reused or not
             self._last_fit_step = None
+            self._warn_of_steps_saved_again(int(trainer.global_step))
+
+    def _warn_of_steps_saved_again(self, start: int) -> None:
+        """Training steps are ``global_step``: a fit resumed from a checkpoint older than the last
+        saved step (or a fresh fit) saves those steps again, next to the earlier run's values; say
+        so, naming them, since nothing in the folder tells them apart."""
+        writer = self._writers.get("fit")
+        saved = None if writer is None else writer.last_step
+        if writer is None or saved is None or saved < start:
+            return
+        steps = f"step {start}" if saved == start else f"steps {start}..{saved}"
+        run = f"resumed at step {start}" if start else "starting at step 0"
+        warn(
+            f"RecorderCallback: {writer.directory} already holds training {steps} of an earlier run; "
+            f"this fit ({run}) saves those steps again: bcrecord.load returns both values of each, in "
+            "the order saved (this fit's last); give each run its own save_dir to keep them apart"
+        )
 
     def _end(self, stage: str, interrupted: bool = False) -> None:
         state = self._open.pop(stage, None)

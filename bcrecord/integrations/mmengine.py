@@ -853,8 +853,28 @@ class RecorderHook(Hook):
             self._finish(runner, failed=False)
 
     def before_train(self, runner: Runner) -> None:
-        """Install the patches if training is recorded."""
+        """Install the patches if training is recorded (and say so where its records folder
+        already holds the steps this run is about to save)."""
+        self._warn_of_steps_saved_again(runner)
         self._loop_started(runner, "train")
+
+    def _warn_of_steps_saved_again(self, runner: Runner) -> None:
+        """Training steps are ``runner.iter``: a run resumed from a checkpoint older than the
+        last saved iteration (or a fresh run) saves those steps again, next to the earlier
+        run's values; say so, naming them, since nothing in the folder tells them apart."""
+        writer = self._writers.get("train")
+        if writer is None:
+            return
+        start, saved = runner.iter, writer.last_step  # (resume has set runner.iter by now)
+        if saved is None or saved < start:
+            return
+        steps = f"step {start}" if saved == start else f"steps {start}..{saved}"
+        run = f"resumed at iteration {start}" if start else "starting at iteration 0"
+        runner.logger.warning(
+            f"RecorderHook: {writer.directory} already holds training {steps} of an earlier run; this "
+            f"run ({run}) saves those steps again: bcrecord.load returns both values of each, in the "
+            "order saved (this run's last); give each run its own save_dir to keep them apart"
+        )
 
     def before_val(self, runner: Runner) -> None:
         """Install the patches if validation is recorded."""

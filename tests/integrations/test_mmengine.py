@@ -842,6 +842,43 @@ def test_a_second_run_into_the_save_dir_counts_evaluations_on(tmp_path):
     assert bcrecord.load(tmp_path / "records" / "train").steps(OUTPUTS) == [0, 1, 2, 3] * 2
 
 
+def test_a_run_resumed_from_an_older_checkpoint_says_which_training_steps_it_saves_again(
+    tmp_path, monkeypatch
+):
+    # mmengine 0.10's resume calls torch.load without weights_only, which torch >= 2.6 refuses
+    # for its MessageHub state: what its users set to resume at all.
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+    records = tmp_path / "records"
+
+    class Boom(Exception):
+        pass
+
+    def crash(runner, mode, batch_idx):
+        return mode == "train" and runner.iter == 6  # in epoch 2 of 3, after epoch 1's checkpoint
+
+    crash.error = Boom()
+    recorder = dict(type="RecorderHook", recorders=PROPOSAL_RECORDERS, save_dir=str(records))
+    torch.manual_seed(0)
+    first = make_runner(
+        tmp_path, ToyModel(), [recorder, dict(type="CheckpointHook", interval=1), Checker([], fail=crash)],
+        epochs=3,
+    )  # fmt: skip
+    with pytest.raises(Boom):
+        first.train()
+    assert "already holds" not in log_text(first)  # a new folder: nothing saved twice
+    assert bcrecord.load(records / "train").steps(OUTPUTS) == [0, 1, 2, 3, 4, 5]
+    resumed = make_runner(tmp_path, ToyModel(), [recorder], epochs=3, resume=True)
+    resumed.train()
+    # Iterations 4 and 5 ran before the crash and again after the resume from epoch 1 (iteration 4):
+    # both are kept, and the log says so, naming them.
+    assert bcrecord.load(records / "train").steps(OUTPUTS) == [0, 1, 2, 3, 4, 5, 4, 5, 6, 7, 8, 9, 10, 11]
+    warning = (
+        f"RecorderHook: {records / 'train'} already holds training steps 4..5 of an earlier run; this "
+        "run (resumed at iteration 4) saves those steps again"
+    )
+    assert warning in log_text(resumed)
+
+
 def test_a_checkpoint_holds_no_recorded_key_and_resuming_from_it_does_not_warn(tmp_path):
     from mmengine.logging import MessageHub, MMLogger
 
