@@ -2,6 +2,7 @@
 
 import copy
 import csv
+import inspect
 import io
 import warnings
 import zlib
@@ -543,6 +544,22 @@ def test_arguments_are_checked():
         RecorderCallback(["conv"], dtype="float")
     with pytest.raises(bcrecord.SpecError, match="save_dir is an empty string"):
         RecorderCallback(["conv"], save_dir="")
+
+
+def test_a_misspelt_option_of_the_callback_s_own_is_named_with_what_it_may_mean():
+    # It went to record()'s options, whose error listed only theirs: every_n_steps looked unknown.
+    with pytest.raises(TypeError) as raised:
+        RecorderCallback(["conv"], every_n_step=2)
+    message = str(raised.value)
+    assert message.startswith("RecorderCallback: unknown option(s) every_n_step; accepted: copy, to, ")
+    assert message.endswith("; did you mean 'every_n_steps'?")
+    assert "stop_after_last" not in message  # refused here: not offered
+    own = [
+        name
+        for name, parameter in inspect.signature(RecorderCallback).parameters.items()
+        if name != "targets" and parameter.kind is not inspect.Parameter.VAR_KEYWORD
+    ]
+    assert message.split(" (record()'s) and ")[1].split(";")[0] == ", ".join(own)
 
 
 def test_a_save_dir_that_cannot_take_records_stops_the_run_before_it_trains(tmp_path):
