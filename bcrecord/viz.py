@@ -530,6 +530,25 @@ def _sample(array: Any, limit: int = 1_000_000) -> Any:
     return flat if flat.size <= limit else flat[:: math.ceil(flat.size / limit)]
 
 
+def _left_out(array: Any, limit: int = 1_000_000) -> str:
+    """What a histogram of ``array`` leaves out, for its title: the NaN and ±inf elements (no
+    place on an axis), and those that :func:`_sample` skips to draw at most ``limit``.
+
+    >>> import numpy as np
+    >>> _left_out(np.array([1.0, np.inf, -np.inf, np.nan])), _left_out(np.ones(3))
+    (' (3 NaN or ±inf left out)', '')
+    >>> _left_out(np.ones(10), limit=4)
+    ' (1 in 3 drawn)'
+    """
+    import numpy as np
+
+    finite = int(np.isfinite(array).sum())
+    notes = [f"{array.size - finite} NaN or ±inf left out"] if finite < array.size else []
+    if finite > limit:
+        notes.append(f"1 in {math.ceil(finite / limit)} drawn")  # as _sample takes them
+    return f" ({'; '.join(notes)})" if notes else ""
+
+
 def _histogram(summary: KeySummary, first: Any, last: Any, what: str = "") -> Any:
     import numpy as np
 
@@ -554,7 +573,9 @@ def _histogram(summary: KeySummary, first: Any, last: Any, what: str = "") -> An
     ax.set_xlabel("value")
     ax.set_ylabel("count")
     ax.legend(fontsize=8)
-    ax.set_title(_title(summary, what or f"histogram of {data.size} element(s)"), fontsize=9)
+    # Every element counted, those left out named: two infinities are not "0 elements".
+    what = (what or f"histogram of {last.size} element(s)") + _left_out(last)
+    ax.set_title(_title(summary, what), fontsize=9)
     return fig
 
 
