@@ -659,6 +659,21 @@ def _need_matplotlib() -> None:
         ) from None
 
 
+def _check_max_maps(max_maps: Any) -> None:
+    """Refuse a ``max_maps`` that draws no feature map (each grid would fail to draw, and take
+    its key's other pictures with it).
+
+    >>> _check_max_maps(0)
+    Traceback (most recent call last):
+    ...
+    bcrecord.errors.BcrecordError: max_maps must be a positive int (feature maps per grid picture), got 0
+    """
+    if isinstance(max_maps, bool) or not isinstance(max_maps, int) or max_maps < 1:
+        raise BcrecordError(
+            f"max_maps must be a positive int (feature maps per grid picture), got {max_maps!r}"
+        )
+
+
 def draw(
     summaries: Sequence[KeySummary],
     plot_dir: PathLike,
@@ -679,6 +694,7 @@ def draw(
     >>> draw(summarize(bcrecord.load(folder)), folder)
     {'m:f:x@0': ['m_f_x@0.hist.png', 'm_f_x@0.steps.png']}
     """
+    _check_max_maps(max_maps)
     _need_matplotlib()
     plot_dir = Path(plot_dir)
     written: Dict[str, List[str]] = {}
@@ -834,6 +850,7 @@ def view(
     """
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err
+    _check_max_maps(max_maps)  # now: the plots folder is cleared before anything is drawn
     directory = Path(directory).expanduser()  # '~/runs' as load() reads it
     if directory.exists() and not directory.is_dir():
         raise BcrecordError(f"{str(directory)!r} is not a directory")

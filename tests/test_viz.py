@@ -10,7 +10,7 @@ import pytest
 
 import bcrecord
 from bcrecord.errors import BcrecordError
-from bcrecord.viz import KeySummary, summarize, table, view, write_index
+from bcrecord.viz import KeySummary, draw, summarize, table, view, write_index
 
 
 @pytest.fixture
@@ -83,6 +83,21 @@ def test_view_bad_input_changes_nothing(saved, tmp_path):
     with pytest.raises(BcrecordError, match="no saved key matches zz\\*; saved keys: m:f:x@0"):
         view(saved, plots=False, keys=["zz*"], out=io.StringIO())
     assert sorted(p.name for p in saved.iterdir()) == ["index.json", "index.jsonl", "records"]
+
+
+def test_a_max_maps_that_draws_no_map_is_refused_before_the_plots_folder_is_touched(saved):
+    # It drew nothing of such a key: ZeroDivisionError for its grid, its other pictures lost with it,
+    # after the earlier view's pictures had been removed.
+    plots = saved / "plots"
+    plots.mkdir()
+    (plots / "index.html").write_text('<img src="m_f_x@0.hist.png">')
+    (plots / "m_f_x@0.hist.png").write_bytes(b"an earlier view's picture")
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(BcrecordError, match=f"^max_maps must be a positive int .*, got {bad!r}$"):
+            view(saved, max_maps=bad, out=io.StringIO())
+        with pytest.raises(BcrecordError, match="^max_maps must be a positive int"):
+            draw(summarize(bcrecord.load(saved)), plots, max_maps=bad)
+    assert sorted(p.name for p in plots.iterdir()) == ["index.html", "m_f_x@0.hist.png"]
 
 
 def test_view_of_a_file_says_it_is_not_a_directory(tmp_path):
