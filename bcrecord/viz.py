@@ -48,7 +48,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Seque
 from urllib.parse import quote, unquote
 
 from .errors import BcrecordError
-from .storage import Loaded, is_tensor, load, saved_keys
+from .storage import Loaded, Unimportable, Unloadable, is_tensor, load, saved_keys
 
 __all__ = ["KeySummary", "summarize", "table", "draw", "write_index", "view", "Progress"]
 
@@ -244,6 +244,16 @@ def _shown(key: str) -> str:
 
 
 def _dtype(value: Any) -> str:
+    """What the table's dtype column says of ``value``: a tensor's or array's dtype, else its
+    type; for a value that loaded as a stand-in, the class it was saved as, and why it is none.
+
+    >>> from bcrecord.storage import _unloadable
+    >>> _dtype(1.5), _dtype(_unloadable(ValueError, TypeError("takes 2 arguments"), ("x",)))
+    ('float', 'ValueError (unloadable)')
+    """
+    if isinstance(value, Unimportable):  # (its own type is Unloadable, or a stand-in named as the class)
+        name = (value._where or type(value).__name__).rpartition(".")[2]
+        return f"{name} ({'unloadable' if isinstance(value, Unloadable) else 'not importable'})"
     dtype = getattr(value, "dtype", None)
     if dtype is not None:
         return str(dtype).replace("torch.", "")
