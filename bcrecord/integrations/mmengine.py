@@ -390,6 +390,11 @@ class FeatureMapDrawer:
         >>> drawer = FeatureMapDrawer(sample_index=1)
         >>> drawer.featmap(torch.zeros(2, 8, 4, 4, dtype=torch.float16)).shape, drawer.featmap(torch.ones(3))
         (torch.Size([8, 4, 4]), None)
+
+        A complex map gives its magnitude:
+
+        >>> drawer.featmap(torch.full((1, 1, 1), 3 + 4j)).tolist()
+        [[[5.0]]]
         """
         if not isinstance(value, torch.Tensor) or value.ndim not in (3, 4) or value.numel() == 0:
             return None
@@ -397,7 +402,10 @@ class FeatureMapDrawer:
             value = value[min(self.sample_index, value.shape[0] - 1)]
         if self.channel_reduction is None and self.topk <= 0 and value.shape[0] not in (1, 3):
             return None
-        return value.detach().to("cpu", torch.float32)
+        value = value.detach()
+        if value.is_complex():  # by magnitude, as bcrecord view draws it (a cast keeps the real part)
+            value = value.abs()
+        return value.to("cpu", torch.float32)
 
     def image(self, value: Any) -> Optional[np.ndarray]:
         """The RGB image ``draw_featmap`` makes of ``value``, or None when it is no feature map.

@@ -1056,6 +1056,17 @@ def test_runner_options_that_wrap_a_recorded_method_after_before_run(tmp_path, o
     assert nn.Linear.forward.__code__ is LINEAR_FORWARD_CODE
 
 
+def test_a_complex_feature_map_is_drawn_by_its_magnitude_not_its_real_part():
+    from bcrecord.integrations.mmengine import FeatureMapDrawer
+
+    # Cast to float32, it lost its imaginary part (with torch's ComplexWarning every iteration).
+    phase = torch.polar(torch.arange(1.0, 17.0).reshape(1, 4, 4), torch.full((1, 4, 4), 1.5))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        drawn = FeatureMapDrawer().featmap(phase)
+    assert torch.allclose(drawn, torch.arange(1.0, 17.0).reshape(1, 4, 4))
+
+
 def test_visualization_hook_draws_from_the_message_hub(tmp_path):
     torch.manual_seed(0)
     model = MMResNet()
