@@ -830,6 +830,24 @@ def test_iteration_based_training_writes_every_interval_or_warns_that_it_cannot(
     assert bcrecord.load(records / "train").steps(OUTPUTS) == [0, 1, 2, 3, 4]
 
 
+@pytest.mark.parametrize("policy", ["clone", "none"])
+def test_what_a_buffered_weight_is_saved_as_under_each_copy_policy(tmp_path, policy):
+    # docs/mmengine.md: under 'none' (or 'detach') a CPU tensor is buffered as the model's own,
+    # and saved as it is when the interval is written; 'clone' keeps what each iteration saw.
+    torch.manual_seed(0)
+    hook = dict(type="RecorderHook", recorders=PROPOSAL_RECORDERS, save_dir=str(tmp_path / "r"), interval=4)
+    checker = Checker([WEIGHT], snapshot=toy_snapshot)
+    runner = make_runner(tmp_path, ToyModel(), [dict(hook, copy=policy), checker])
+    runner.train()
+    saved = bcrecord.load(tmp_path / "r" / "train")[WEIGHT]
+    if policy == "clone":
+        expected = [entry["snapshot"]["linear1.weight"] for entry in checker.iters["train"]]
+    else:
+        expected = [runner.model.linear1.weight.detach()] * 4  # as it was when the four were written
+    assert len(saved) == 4 and all(torch.equal(a, b) for a, b in zip(saved, expected, strict=True))
+    assert torch.equal(saved[0], saved[3]) == (policy == "none")  # (SGD changed the weight meanwhile)
+
+
 def test_a_second_run_into_the_save_dir_counts_evaluations_on(tmp_path):
     torch.manual_seed(0)
     records = str(tmp_path / "records")
