@@ -137,6 +137,8 @@ def run(
     True
     """
     out = sys.stdout if out is None else out
+    if isinstance(steps, bool) or not isinstance(steps, int):  # (before an earlier demo's folder is cleared)
+        raise BcrecordError(f"--steps must be a whole number, got {steps!r}")
     if steps < 1:
         raise BcrecordError(f"--steps must be at least 1, got {steps}")
     _need("torch", "torch")

@@ -48,7 +48,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Seque
 from urllib.parse import quote, unquote
 
 from .errors import BcrecordError
-from .storage import Loaded, is_tensor, load, saved_keys
+from .storage import Loaded, Unimportable, Unloadable, is_tensor, load, saved_keys
 
 __all__ = ["KeySummary", "summarize", "table", "draw", "write_index", "view", "Progress"]
 
@@ -244,6 +244,16 @@ def _shown(key: str) -> str:
 
 
 def _dtype(value: Any) -> str:
+    """What the table's dtype column says of ``value``: a tensor's or array's dtype, else its
+    type; for a value that loaded as a stand-in, the class it was saved as, and why it is none.
+
+    >>> from bcrecord.storage import _unloadable
+    >>> _dtype(1.5), _dtype(_unloadable(ValueError, TypeError("takes 2 arguments"), ("x",)))
+    ('float', 'ValueError (unloadable)')
+    """
+    if isinstance(value, Unimportable):  # (its own type is Unloadable, or a stand-in named as the class)
+        name = (value._where or type(value).__name__).rpartition(".")[2]
+        return f"{name} ({'unloadable' if isinstance(value, Unloadable) else 'not importable'})"
     dtype = getattr(value, "dtype", None)
     if dtype is not None:
         return str(dtype).replace("torch.", "")
@@ -530,6 +540,25 @@ def _sample(array: Any, limit: int = 1_000_000) -> Any:
     return flat if flat.size <= limit else flat[:: math.ceil(flat.size / limit)]
 
 
+def _left_out(array: Any, limit: int = 1_000_000) -> str:
+    """What a histogram of ``array`` leaves out, for its title: the NaN and ±inf elements (no
+    place on an axis), and those that :func:`_sample` skips to draw at most ``limit``.
+
+    >>> import numpy as np
+    >>> _left_out(np.array([1.0, np.inf, -np.inf, np.nan])), _left_out(np.ones(3))
+    (' (3 NaN or ±inf left out)', '')
+    >>> _left_out(np.ones(10), limit=4)
+    ' (1 in 3 drawn)'
+    """
+    import numpy as np
+
+    finite = int(np.isfinite(array).sum())
+    notes = [f"{array.size - finite} NaN or ±inf left out"] if finite < array.size else []
+    if finite > limit:
+        notes.append(f"1 in {math.ceil(finite / limit)} drawn")  # as _sample takes them
+    return f" ({'; '.join(notes)})" if notes else ""
+
+
 def _histogram(summary: KeySummary, first: Any, last: Any, what: str = "") -> Any:
     import numpy as np
 
@@ -554,7 +583,9 @@ def _histogram(summary: KeySummary, first: Any, last: Any, what: str = "") -> An
     ax.set_xlabel("value")
     ax.set_ylabel("count")
     ax.legend(fontsize=8)
-    ax.set_title(_title(summary, what or f"histogram of {data.size} element(s)"), fontsize=9)
+    # Every element counted, those left out named: two infinities are not "0 elements".
+    what = (what or f"histogram of {last.size} element(s)") + _left_out(last)
+    ax.set_title(_title(summary, what), fontsize=9)
     return fig
 
 
@@ -638,6 +669,21 @@ def _need_matplotlib() -> None:
         ) from None
 
 
+def _check_max_maps(max_maps: Any) -> None:
+    """Refuse a ``max_maps`` that draws no feature map (each grid would fail to draw, and take
+    its key's other pictures with it).
+
+    >>> _check_max_maps(0)
+    Traceback (most recent call last):
+    ...
+    bcrecord.errors.BcrecordError: max_maps must be a positive int (feature maps per grid picture), got 0
+    """
+    if isinstance(max_maps, bool) or not isinstance(max_maps, int) or max_maps < 1:
+        raise BcrecordError(
+            f"max_maps must be a positive int (feature maps per grid picture), got {max_maps!r}"
+        )
+
+
 def draw(
     summaries: Sequence[KeySummary],
     plot_dir: PathLike,
@@ -658,6 +704,7 @@ def draw(
     >>> draw(summarize(bcrecord.load(folder)), folder)
     {'m:f:x@0': ['m_f_x@0.hist.png', 'm_f_x@0.steps.png']}
     """
+    _check_max_maps(max_maps)
     _need_matplotlib()
     plot_dir = Path(plot_dir)
     written: Dict[str, List[str]] = {}
@@ -813,6 +860,7 @@ def view(
     """
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err
+    _check_max_maps(max_maps)  # now: the plots folder is cleared before anything is drawn
     directory = Path(directory).expanduser()  # '~/runs' as load() reads it
     if directory.exists() and not directory.is_dir():
         raise BcrecordError(f"{str(directory)!r} is not a directory")

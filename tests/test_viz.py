@@ -5,12 +5,14 @@ Pictures need matplotlib and are tested with tensors in ``tests/torch/test_cli_t
 
 import importlib.util
 import io
+import sys
+import types
 
 import pytest
 
 import bcrecord
 from bcrecord.errors import BcrecordError
-from bcrecord.viz import KeySummary, summarize, table, view, write_index
+from bcrecord.viz import KeySummary, draw, summarize, table, view, write_index
 
 
 @pytest.fixture
@@ -83,6 +85,45 @@ def test_view_bad_input_changes_nothing(saved, tmp_path):
     with pytest.raises(BcrecordError, match="no saved key matches zz\\*; saved keys: m:f:x@0"):
         view(saved, plots=False, keys=["zz*"], out=io.StringIO())
     assert sorted(p.name for p in saved.iterdir()) == ["index.json", "index.jsonl", "records"]
+
+
+def test_a_max_maps_that_draws_no_map_is_refused_before_the_plots_folder_is_touched(saved):
+    # It drew nothing of such a key: ZeroDivisionError for its grid, its other pictures lost with it,
+    # after the earlier view's pictures had been removed.
+    plots = saved / "plots"
+    plots.mkdir()
+    (plots / "index.html").write_text('<img src="m_f_x@0.hist.png">')
+    (plots / "m_f_x@0.hist.png").write_bytes(b"an earlier view's picture")
+    for bad in (0, -1, 2.5, True):
+        with pytest.raises(BcrecordError, match=f"^max_maps must be a positive int .*, got {bad!r}$"):
+            view(saved, max_maps=bad, out=io.StringIO())
+        with pytest.raises(BcrecordError, match="^max_maps must be a positive int"):
+            draw(summarize(bcrecord.load(saved)), plots, max_maps=bad)
+    assert sorted(p.name for p in plots.iterdir()) == ["index.html", "m_f_x@0.hist.png"]
+
+
+class TwoArgumentError(Exception):
+    """An exception whose pickle (its message only) does not make it again: it loads as Unloadable."""
+
+    def __init__(self, message, code):
+        super().__init__(message)
+        self.code = code
+
+
+def test_the_table_names_the_class_of_a_value_that_loaded_as_a_stand_in(tmp_path, monkeypatch):
+    # The dtype column said 'Unloadable' (not which class), and a bare 'Point' for a class not
+    # importable here, as if the value had loaded.
+    gone = types.ModuleType("bcrecord_test_gone_module")
+    exec("class Point:\n    def __init__(self):\n        self.x = 1.0\n", gone.__dict__)
+    monkeypatch.setitem(sys.modules, gone.__name__, gone)
+    folder = bcrecord.save({"m:f:p@0": [gone.Point()], "m:f:e@0": [TwoArgumentError("x", 2)]}, tmp_path / "r")
+    monkeypatch.delitem(sys.modules, gone.__name__)
+    loaded = bcrecord.load(folder)
+    assert isinstance(loaded["m:f:e@0"][0], bcrecord.storage.Unloadable)
+    assert isinstance(loaded["m:f:p@0"][0], bcrecord.storage.Unimportable)
+    rows = {s.key: s.row() for s in summarize(loaded)}
+    assert rows["m:f:p@0"][3] == "Point (not importable)"
+    assert rows["m:f:e@0"][3] == "TwoArgumentError (unloadable)"
 
 
 def test_view_of_a_file_says_it_is_not_a_directory(tmp_path):

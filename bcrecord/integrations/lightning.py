@@ -34,6 +34,10 @@ that optimizer step), and for the other stages the number of batches that stage
 has run under this callback (recorded when it is a multiple of ``every_n_steps``);
 with ``save_dir``, counting on from the last step already saved in that stage's
 folder, so a later run (a resumed fit, a second process testing) repeats no step.
+Training steps do repeat: a fit resumed from a checkpoint saves again the steps the
+earlier fit saved after that checkpoint, and a fresh fit into the same folder starts at
+step 0 again; :func:`bcrecord.load` returns both values of such a step, in the order
+saved, and the callback warns (a :class:`~bcrecord.errors.RecordingWarning`) naming them.
 
 Works with ``lightning`` (``lightning.pytorch``) and with ``pytorch_lightning``:
 ``pip install 'bcrecord[lightning]'``.
@@ -91,10 +95,10 @@ except ImportError:  # pragma: no cover - depends on the environment
             "bcrecord.integrations.lightning needs Lightning and PyTorch: pip install 'bcrecord[lightning]'"
         ) from error
 
-from ..errors import SpecError, TargetError, warn
+from ..errors import SpecError, TargetError, did_you_mean, warn
 from ..storage import StorageError, Writer
 from ..torch import ModelRecording, record
-from ..torch.record import PLAN_OPTIONS, Plan, check_options
+from ..torch.record import PLAN_OPTIONS, RECORD_OPTIONS, Plan, check_options
 from ..viz import as_dense
 
 __all__ = ["RecorderCallback", "StepRecord", "STAGES", "summarize", "channel_mean_image", "png_bytes"]
@@ -307,6 +311,31 @@ def _logger_kind(logger: Any) -> Optional[str]:
     return None
 
 
+#: The callback's own options, besides the targets (record()'s go to ``**record_options``).
+_OWN_OPTIONS = ("every_n_steps", "stages", "save_dir", "log_to_logger", "log_images", "history", "prefix")
+
+
+def _check_option_names(record_options: Dict[str, Any]) -> None:
+    """Refuse an option that neither the callback nor :func:`bcrecord.torch.record` takes, with the
+    callback's own among those a misspelt one may mean (``every_n_step``: ``every_n_steps``).
+
+    >>> _check_option_names({"copy": "detach"})
+    >>> _check_option_names({"every_n_step": 2})
+    Traceback (most recent call last):
+    TypeError: RecorderCallback: unknown option(s) every_n_step; accepted: copy, to, dtype, reduce, grad, \
+keep, threads (record()'s) and every_n_steps, stages, save_dir, log_to_logger, log_images, history, prefix; \
+did you mean 'every_n_steps'?
+    """
+    accepted = [name for name in RECORD_OPTIONS if name != "stop_after_last"]
+    unknown = sorted(set(record_options) - set(RECORD_OPTIONS))
+    if unknown:
+        raise TypeError(
+            f"RecorderCallback: unknown option(s) {', '.join(unknown)}; accepted: {', '.join(accepted)} "
+            f"(record()'s) and {', '.join(_OWN_OPTIONS)}"
+            + did_you_mean(unknown[0], accepted + list(_OWN_OPTIONS))
+        )
+
+
 class _Stage:
     """One open stage: its record() context (patches) and its recording."""
 
@@ -364,6 +393,7 @@ class RecorderCallback(pl.Callback):  # type: ignore[misc]
             raise SpecError(f"unknown stage(s) {unknown}; choose from {list(STAGES)}")
         if record_options.get("stop_after_last"):
             raise SpecError("stop_after_last would end the module's forward early: not available here")
+        _check_option_names(record_options)
         if history is not None and (isinstance(history, bool) or history < 1):
             raise SpecError(f"history must be a positive int or None, got {history!r}")
         check_options(**record_options)  # now, not when a recorded loop starts
@@ -424,6 +454,23 @@ class RecorderCallback(pl.Callback):  # type: ignore[misc]
         self._open[stage] = _Stage(stack, rec)
         if stage == "fit":  # a new fit (or a resumed one) starts its own steps, this callback reused or not
             self._last_fit_step = None
+            self._warn_of_steps_saved_again(int(trainer.global_step))
+
+    def _warn_of_steps_saved_again(self, start: int) -> None:
+        """Training steps are ``global_step``: a fit resumed from a checkpoint older than the last
+        saved step (or a fresh fit) saves those steps again, next to the earlier run's values; say
+        so, naming them, since nothing in the folder tells them apart."""
+        writer = self._writers.get("fit")
+        saved = None if writer is None else writer.last_step
+        if writer is None or saved is None or saved < start:
+            return
+        steps = f"step {start}" if saved == start else f"steps {start}..{saved}"
+        run = f"resumed at step {start}" if start else "starting at step 0"
+        warn(
+            f"RecorderCallback: {writer.directory} already holds training {steps} of an earlier run; "
+            f"this fit ({run}) saves those steps again: bcrecord.load returns both values of each, in "
+            "the order saved (this fit's last); give each run its own save_dir to keep them apart"
+        )
 
     def _end(self, stage: str, interrupted: bool = False) -> None:
         state = self._open.pop(stage, None)

@@ -390,6 +390,11 @@ class FeatureMapDrawer:
         >>> drawer = FeatureMapDrawer(sample_index=1)
         >>> drawer.featmap(torch.zeros(2, 8, 4, 4, dtype=torch.float16)).shape, drawer.featmap(torch.ones(3))
         (torch.Size([8, 4, 4]), None)
+
+        A complex map gives its magnitude:
+
+        >>> drawer.featmap(torch.full((1, 1, 1), 3 + 4j)).tolist()
+        [[[5.0]]]
         """
         if not isinstance(value, torch.Tensor) or value.ndim not in (3, 4) or value.numel() == 0:
             return None
@@ -397,7 +402,10 @@ class FeatureMapDrawer:
             value = value[min(self.sample_index, value.shape[0] - 1)]
         if self.channel_reduction is None and self.topk <= 0 and value.shape[0] not in (1, 3):
             return None
-        return value.detach().to("cpu", torch.float32)
+        value = value.detach()
+        if value.is_complex():  # by magnitude, as bcrecord view draws it (a cast keeps the real part)
+            value = value.abs()
+        return value.to("cpu", torch.float32)
 
     def image(self, value: Any) -> Optional[np.ndarray]:
         """The RGB image ``draw_featmap`` makes of ``value``, or None when it is no feature map.
@@ -853,8 +861,28 @@ class RecorderHook(Hook):
             self._finish(runner, failed=False)
 
     def before_train(self, runner: Runner) -> None:
-        """Install the patches if training is recorded."""
+        """Install the patches if training is recorded (and say so where its records folder
+        already holds the steps this run is about to save)."""
+        self._warn_of_steps_saved_again(runner)
         self._loop_started(runner, "train")
+
+    def _warn_of_steps_saved_again(self, runner: Runner) -> None:
+        """Training steps are ``runner.iter``: a run resumed from a checkpoint older than the
+        last saved iteration (or a fresh run) saves those steps again, next to the earlier
+        run's values; say so, naming them, since nothing in the folder tells them apart."""
+        writer = self._writers.get("train")
+        if writer is None:
+            return
+        start, saved = runner.iter, writer.last_step  # (resume has set runner.iter by now)
+        if saved is None or saved < start:
+            return
+        steps = f"step {start}" if saved == start else f"steps {start}..{saved}"
+        run = f"resumed at iteration {start}" if start else "starting at iteration 0"
+        runner.logger.warning(
+            f"RecorderHook: {writer.directory} already holds training {steps} of an earlier run; this "
+            f"run ({run}) saves those steps again: bcrecord.load returns both values of each, in the "
+            "order saved (this run's last); give each run its own save_dir to keep them apart"
+        )
 
     def before_val(self, runner: Runner) -> None:
         """Install the patches if validation is recorded."""

@@ -2,6 +2,7 @@
 
 import copy
 import csv
+import inspect
 import io
 import warnings
 import zlib
@@ -98,7 +99,7 @@ def trainer(tmp_path, callback, logger=False, **kwargs):
         num_sanity_val_steps=0,
     )
     options.update(kwargs)
-    return pl.Trainer(callbacks=[callback], **options)
+    return pl.Trainer(**{"callbacks": [callback], **options})  # (or the callbacks given)
 
 
 def expected_conv(stash_entry):
@@ -192,13 +193,47 @@ def test_exception_mid_fit_removes_patches_and_keeps_the_interrupted_batch(tmp_p
     loaded = bcrecord.load(tmp_path / "records" / "fit")
     assert loaded.steps("conv:forward:return") == [0, 1, 2]
     assert torch.equal(loaded["conv:forward:return"][2], callback.last["conv:forward:return"])
-    # and a second run with the same callback works: the module is patched again
+    # and a second run with the same callback works: the module is patched again (a fresh fit
+    # into the same save_dir, whose step 0 is saved there again, as the callback says)
     model2 = ConvNet()
-    trainer(tmp_path, callback, max_steps=1).fit(model2, loader())
+    with pytest.warns(
+        bcrecord.RecordingWarning, match=r"already holds training steps 0\.\.2 .*\(starting at step 0\)"
+    ):
+        trainer(tmp_path, callback, max_steps=1).fit(model2, loader())
     assert callback.last.complete and torch.allclose(
         callback.last["conv:forward:return"], expected_conv(model2.stash[("fit", 0, 0)]), atol=1e-6
     )
     assert_clean(model2)
+
+
+def test_a_fit_resumed_from_an_older_checkpoint_says_which_training_steps_it_saves_again(tmp_path):
+    records = tmp_path / "rec"
+    checkpoints = pl.callbacks.ModelCheckpoint(
+        dirpath=tmp_path / "ckpt", every_n_train_steps=3, save_top_k=-1
+    )
+    first = RecorderCallback(["conv"], save_dir=records, log_to_logger=False)
+    with pytest.raises(RuntimeError, match="boom"):  # at step 5, after the checkpoint of step 3
+        trainer(tmp_path, first, max_steps=8, callbacks=[first, checkpoints], enable_checkpointing=True).fit(
+            ConvNet(fail_at_step=5), loader()
+        )
+    [checkpoint] = (tmp_path / "ckpt").iterdir()
+    assert checkpoint.name == "epoch=0-step=3.ckpt"
+    model = ConvNet()
+    resumed = RecorderCallback(["conv"], save_dir=records, log_to_logger=False)
+    with pytest.warns(bcrecord.RecordingWarning) as warned:
+        trainer(tmp_path, resumed, max_steps=8).fit(model, loader(), ckpt_path=str(checkpoint))
+    # Steps 3, 4 and 5 ran before the failure and again after the resume: both are kept, and the
+    # callback says so, naming them.
+    [message] = [str(w.message) for w in warned if w.category is bcrecord.RecordingWarning]
+    assert message.startswith(
+        f"RecorderCallback: {records / 'fit'} already holds training steps 3..5 of an earlier run; this "
+        "fit (resumed at step 3) saves those steps again"
+    )
+    loaded = bcrecord.load(records / "fit")
+    assert loaded.steps("conv:forward:return") == [0, 1, 2, 3, 4, 5, 3, 4, 5, 6, 7]
+    assert [r.step for r in resumed.records("fit")] == [3, 4, 5, 6, 7]
+    assert torch.equal(loaded["conv:forward:return"][6], expected_conv(model.stash[("fit", 3, 3)]))
+    assert_clean(model)
 
 
 def test_save_dir_round_trip(tmp_path):
@@ -509,6 +544,22 @@ def test_arguments_are_checked():
         RecorderCallback(["conv"], dtype="float")
     with pytest.raises(bcrecord.SpecError, match="save_dir is an empty string"):
         RecorderCallback(["conv"], save_dir="")
+
+
+def test_a_misspelt_option_of_the_callback_s_own_is_named_with_what_it_may_mean():
+    # It went to record()'s options, whose error listed only theirs: every_n_steps looked unknown.
+    with pytest.raises(TypeError) as raised:
+        RecorderCallback(["conv"], every_n_step=2)
+    message = str(raised.value)
+    assert message.startswith("RecorderCallback: unknown option(s) every_n_step; accepted: copy, to, ")
+    assert message.endswith("; did you mean 'every_n_steps'?")
+    assert "stop_after_last" not in message  # refused here: not offered
+    own = [
+        name
+        for name, parameter in inspect.signature(RecorderCallback).parameters.items()
+        if name != "targets" and parameter.kind is not inspect.Parameter.VAR_KEYWORD
+    ]
+    assert message.split(" (record()'s) and ")[1].split(";")[0] == ", ".join(own)
 
 
 def test_a_save_dir_that_cannot_take_records_stops_the_run_before_it_trains(tmp_path):

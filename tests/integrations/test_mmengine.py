@@ -830,6 +830,24 @@ def test_iteration_based_training_writes_every_interval_or_warns_that_it_cannot(
     assert bcrecord.load(records / "train").steps(OUTPUTS) == [0, 1, 2, 3, 4]
 
 
+@pytest.mark.parametrize("policy", ["clone", "none"])
+def test_what_a_buffered_weight_is_saved_as_under_each_copy_policy(tmp_path, policy):
+    # docs/mmengine.md: under 'none' (or 'detach') a CPU tensor is buffered as the model's own,
+    # and saved as it is when the interval is written; 'clone' keeps what each iteration saw.
+    torch.manual_seed(0)
+    hook = dict(type="RecorderHook", recorders=PROPOSAL_RECORDERS, save_dir=str(tmp_path / "r"), interval=4)
+    checker = Checker([WEIGHT], snapshot=toy_snapshot)
+    runner = make_runner(tmp_path, ToyModel(), [dict(hook, copy=policy), checker])
+    runner.train()
+    saved = bcrecord.load(tmp_path / "r" / "train")[WEIGHT]
+    if policy == "clone":
+        expected = [entry["snapshot"]["linear1.weight"] for entry in checker.iters["train"]]
+    else:
+        expected = [runner.model.linear1.weight.detach()] * 4  # as it was when the four were written
+    assert len(saved) == 4 and all(torch.equal(a, b) for a, b in zip(saved, expected, strict=True))
+    assert torch.equal(saved[0], saved[3]) == (policy == "none")  # (SGD changed the weight meanwhile)
+
+
 def test_a_second_run_into_the_save_dir_counts_evaluations_on(tmp_path):
     torch.manual_seed(0)
     records = str(tmp_path / "records")
@@ -840,6 +858,43 @@ def test_a_second_run_into_the_save_dir_counts_evaluations_on(tmp_path):
     assert loaded.steps(OUTPUTS) == list(range(8))  # 4 validation iterations per run, no step twice
     # Training steps are runner.iter, as docs/mmengine.md says: a fresh run starts at 0 again.
     assert bcrecord.load(tmp_path / "records" / "train").steps(OUTPUTS) == [0, 1, 2, 3] * 2
+
+
+def test_a_run_resumed_from_an_older_checkpoint_says_which_training_steps_it_saves_again(
+    tmp_path, monkeypatch
+):
+    # mmengine 0.10's resume calls torch.load without weights_only, which torch >= 2.6 refuses
+    # for its MessageHub state: what its users set to resume at all.
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+    records = tmp_path / "records"
+
+    class Boom(Exception):
+        pass
+
+    def crash(runner, mode, batch_idx):
+        return mode == "train" and runner.iter == 6  # in epoch 2 of 3, after epoch 1's checkpoint
+
+    crash.error = Boom()
+    recorder = dict(type="RecorderHook", recorders=PROPOSAL_RECORDERS, save_dir=str(records))
+    torch.manual_seed(0)
+    first = make_runner(
+        tmp_path, ToyModel(), [recorder, dict(type="CheckpointHook", interval=1), Checker([], fail=crash)],
+        epochs=3,
+    )  # fmt: skip
+    with pytest.raises(Boom):
+        first.train()
+    assert "already holds" not in log_text(first)  # a new folder: nothing saved twice
+    assert bcrecord.load(records / "train").steps(OUTPUTS) == [0, 1, 2, 3, 4, 5]
+    resumed = make_runner(tmp_path, ToyModel(), [recorder], epochs=3, resume=True)
+    resumed.train()
+    # Iterations 4 and 5 ran before the crash and again after the resume from epoch 1 (iteration 4):
+    # both are kept, and the log says so, naming them.
+    assert bcrecord.load(records / "train").steps(OUTPUTS) == [0, 1, 2, 3, 4, 5, 4, 5, 6, 7, 8, 9, 10, 11]
+    warning = (
+        f"RecorderHook: {records / 'train'} already holds training steps 4..5 of an earlier run; this "
+        "run (resumed at iteration 4) saves those steps again"
+    )
+    assert warning in log_text(resumed)
 
 
 def test_a_checkpoint_holds_no_recorded_key_and_resuming_from_it_does_not_warn(tmp_path):
@@ -1017,6 +1072,17 @@ def test_runner_options_that_wrap_a_recorded_method_after_before_run(tmp_path, o
             assert torch.allclose(entry["hub"][key], hidden, rtol=1e-5, atol=1e-6)
     assert type(model).train_step.__code__ is BaseModel.train_step.__code__
     assert nn.Linear.forward.__code__ is LINEAR_FORWARD_CODE
+
+
+def test_a_complex_feature_map_is_drawn_by_its_magnitude_not_its_real_part():
+    from bcrecord.integrations.mmengine import FeatureMapDrawer
+
+    # Cast to float32, it lost its imaginary part (with torch's ComplexWarning every iteration).
+    phase = torch.polar(torch.arange(1.0, 17.0).reshape(1, 4, 4), torch.full((1, 4, 4), 1.5))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        drawn = FeatureMapDrawer().featmap(phase)
+    assert torch.allclose(drawn, torch.arange(1.0, 17.0).reshape(1, 4, 4))
 
 
 def test_visualization_hook_draws_from_the_message_hub(tmp_path):

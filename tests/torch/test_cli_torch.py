@@ -293,6 +293,30 @@ def test_view_of_a_dtype_torch_cannot_convert_shows_it_without_numbers(tmp_path)
     assert (records / "plots" / "m_f_ok@0.heatmap.png").is_file()
 
 
+def test_a_histogram_s_title_counts_the_infinities_and_nans_it_leaves_out(tmp_path):
+    pytest.importorskip("matplotlib")
+    from bcrecord.viz import _pictures, summarize
+
+    def titles(values):
+        folder = tmp_path / str(len(list(tmp_path.iterdir())))
+        [summary] = summarize(bcrecord.load(bcrecord.save(values, folder)))
+        return {kind: figure.axes[0].get_title() for kind, figure in _pictures(summary, max_maps=32)}
+
+    # Once "histogram of 1 element(s)" and "of 0 element(s)": the infinities were not there.
+    overflowed = torch.tensor([2.0, float("inf"), float("-inf")])
+    assert titles({"m:f:x@0": [overflowed]})["hist"].endswith(
+        "histogram of 3 element(s) (2 NaN or ±inf left out)"
+    )
+    assert titles({"m:f:x@0": [torch.full((2,), float("inf"))]})["hist"].endswith(
+        "histogram of 2 element(s) (2 NaN or ±inf left out)"
+    )
+    assert titles({"m:f:x@0": [torch.ones(2)]})["hist"].endswith("histogram of 2 element(s)")
+    # A large value is drawn from a sample: the title says which part.
+    assert titles({"m:f:x@0": [torch.ones(2_500_000)]})["hist"].endswith(
+        "histogram of 2500000 element(s) (1 in 3 drawn)"
+    )
+
+
 def test_view_draws_the_other_keys_when_one_cannot_be_drawn(tmp_path):
     pytest.importorskip("matplotlib")
     records = tmp_path / "records"

@@ -52,6 +52,15 @@ def test_run_in_process_reports_and_saves(tmp_path):
     assert not (tmp_path / "other").exists()
 
 
+def test_steps_that_are_no_whole_number_are_refused_before_an_earlier_demo_is_cleared(tmp_path):
+    # steps=2.5 cleared the earlier demo's records, then failed in range() with a TypeError.
+    assert run(tmp_path / "demo", steps=1, plots=False, out=io.StringIO()) == 0
+    for steps in (2.5, True, "3"):
+        with pytest.raises(BcrecordError, match=f"^--steps must be a whole number, got {steps!r}$"):
+            run(tmp_path / "demo", steps=steps, plots=False, out=io.StringIO())
+    assert bcrecord.load(tmp_path / "demo").steps(":forward:x@1") == [0]
+
+
 def test_run_in_process_and_view_take_a_folder_under_home_written_with_a_tilde(tmp_path, monkeypatch):
     from bcrecord.viz import view
 
