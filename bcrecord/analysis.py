@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import itertools
 from dataclasses import dataclass, field
 from types import CodeType
 from typing import (
@@ -574,7 +575,7 @@ def consuming_calls(
             if isinstance(item.arg, Label):
                 jump_pre, jump_post = item.pre_and_post_stack_effect(jump=True)
                 work.append((labels[item.arg], height + jump_pre + jump_post))
-            exit = _async_for_exit(items, k - 1)
+            exit = _async_for_exit(items, k - 1, labels)
             if exit is not None:
                 # The loop ends there with the exception above the async iterator.
                 work.append((labels[exit], height + 1))
@@ -599,7 +600,7 @@ def consuming_calls(
     return sorted(set(found))
 
 
-def _async_for_exit(items: Sequence[object], pos: int) -> Optional[Label]:
+def _async_for_exit(items: Sequence[object], pos: int, labels: Dict[Label, int]) -> Optional[Label]:
     """Where an ``async for`` loop whose ``GET_ANEXT`` is at ``pos`` goes on when it ends, if
     that is through the exception table (3.11+): the ``END_ASYNC_FOR`` handler of the region
     ``pos`` is in, entered with the stack as before ``GET_ANEXT`` and the exception on top.
@@ -611,14 +612,17 @@ def _async_for_exit(items: Sequence[object], pos: int) -> Optional[Label]:
     item = items[pos]
     if not isinstance(item, Instr) or item.name != "GET_ANEXT":
         return None
-    for before in reversed(items[:pos]):
+    for k in range(pos - 1, -1, -1):
+        before = items[k]
         if isinstance(before, TryEnd):
             return None
         if isinstance(before, TryBegin):
             handler = before.target
-            if not isinstance(handler, Label) or handler not in items:
+            if not isinstance(handler, Label) or handler not in labels:
                 return None
-            first = next((i for i in items[items.index(handler) :] if isinstance(i, Instr)), None)
+            first = next(
+                (i for i in itertools.islice(items, labels[handler], None) if isinstance(i, Instr)), None
+            )
             return handler if first is not None and first.name == "END_ASYNC_FOR" else None
     return None
 
