@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
-from typing import Callable, FrozenSet, List, Optional, Sequence, Tuple, Union
+from typing import Callable, FrozenSet, List, Optional, Sequence, Tuple, Union, cast
 
 from bytecode import CellVar, FreeVar, Instr, Label
 
@@ -100,8 +100,12 @@ class Table:
     await_rethrow: Optional[str] = None
     #: The line table for concrete instructions and a first line, where bcrecord
     #: writes it itself: bytecode 0.17 (the last for 3.10) drops the lines after an
-    #: instruction without one (a generator's ``GEN_START``) on 3.10. None elsewhere.
+    #: instruction without one (a generator's ``GEN_START``) on 3.10; bytecode 0.19
+    #: writes a column of 128 to 255 where CPython 3.11+ read only up to 127.
     line_table: Optional[Callable[[Sequence[object], int], bytes]] = None
+    #: Whether code (its abstract instructions) needs :attr:`line_table` rather than
+    #: the one ``bytecode`` writes.
+    own_line_table: Callable[[Sequence[object]], bool] = lambda instructions: True
     #: Opcodes that push a global or builtin by name (roots of callee chains).
     global_loads: FrozenSet[str] = frozenset({"LOAD_GLOBAL", "LOAD_NAME"})
     #: The operator symbol of a binary-operator instruction (``'+'``, ``'+='``), or None.
@@ -376,6 +380,96 @@ def _line_table_310(instructions: Sequence[object], first_line: int) -> bytes:
     return bytes(table)
 
 
+def _varint(value: int) -> bytes:
+    # 6 bits a byte, the least significant first; bit 6 says more follow.
+    out = bytearray()
+    while value >= 64:
+        out.append(64 | (value & 63))
+        value >>= 6
+    out.append(value)
+    return bytes(out)
+
+
+def _svarint(value: int) -> bytes:
+    return _varint(((-value) << 1) | 1 if value < 0 else value << 1)
+
+
+def _location_entry(size: int, location: object, line: int) -> Tuple[bytes, int]:
+    """One entry of a 3.11+ locations table: ``size`` code units (1..8) at ``location``, the
+    line of the entry before being ``line``. Returns the entry and the line it leaves."""
+
+    def header(code: int) -> bytes:
+        return bytes((0x80 | code << 3 | (size - 1),))
+
+    lineno = getattr(location, "lineno", None)
+    if lineno is None:
+        return header(15), line  # no location
+    end_line = getattr(location, "end_lineno", None)
+    column = getattr(location, "col_offset", None)
+    end_column = getattr(location, "end_col_offset", None)
+    delta = lineno - line
+    if column is None or end_column is None:
+        if end_line is None or end_line == lineno:
+            return header(13) + _svarint(delta), lineno  # a line, no columns
+    elif end_line == lineno:
+        if delta == 0 and column < 80 and 0 <= end_column - column < 16:
+            return header(column // 8) + bytes((column % 8 << 4 | end_column - column,)), line
+        # Both columns are single bytes here, below the 128 that starts an entry.
+        if 0 <= delta < 3 and column < 128 and end_column < 128:
+            return header(10 + delta) + bytes((column, end_column)), lineno
+    long = _svarint(delta) + _varint((end_line if end_line is not None else lineno) - lineno)
+    long += _varint(0 if column is None else column + 1) + _varint(
+        0 if end_column is None else end_column + 1
+    )
+    return header(14) + long, lineno
+
+
+def _location_table(merge: bool) -> Callable[[Sequence[object], int], bytes]:
+    """3.11+'s ``co_linetable`` (the locations table) for concrete instructions, as CPython
+    assembles it (``Objects/locations.md``): entries of up to 8 code units at one place,
+    one for each instruction with its inline caches, or (``merge``, 3.12+) for each run
+    of instructions at one place.
+
+    >>> from types import SimpleNamespace as Of
+    >>> at = Of(lineno=4, end_lineno=4, col_offset=130, end_col_offset=134)  # past 127: long form
+    >>> _location_table(merge=True)([Of(name="NOP", size=2, location=at)] * 2, 3)
+    b'\\xf1\\x02\\x00C\\x02G\\x02'
+    """
+
+    def line_table(instructions: Sequence[object], first_line: int) -> bytes:
+        runs: List[List[object]] = []  # [location, code units]
+        for instr in instructions:
+            location = getattr(instr, "location", None)
+            units = getattr(instr, "size", 2) // 2
+            if runs and (getattr(instr, "name", "") == "CACHE" or (merge and runs[-1][0] == location)):
+                runs[-1][1] = cast(int, runs[-1][1]) + units
+            else:
+                runs.append([location, units])
+        table = bytearray()
+        line = first_line
+        for location, units in runs:
+            left = cast(int, units)
+            while left > 0:
+                entry, line = _location_entry(min(left, 8), location, line)
+                table += entry
+                left -= 8
+        return bytes(table)
+
+    return line_table
+
+
+def _wide_columns(instructions: Sequence[object]) -> bool:
+    """Whether an instruction on one line has a column of 128 or more: bytecode 0.19 can
+    write it where CPython reads only up to 127, which shifts every location after it."""
+    for instr in instructions:
+        location = getattr(instr, "location", None)
+        if location is None or location.lineno is None or location.end_lineno != location.lineno:
+            continue
+        if max(location.col_offset or 0, location.end_col_offset or 0) >= 128:
+            return True
+    return False
+
+
 def _swap_up(loc: object) -> Instrs:
     # [v, v, A, B] -> [v, A, B, v] for either order of the (callable, NULL) pair.
     return [_instr("SWAP", 2, loc), _instr("SWAP", 3, loc)]
@@ -422,6 +516,8 @@ def _311() -> Table:
         call_method=lambda n, loc: [_instr("PRECALL", n, loc), _instr("CALL", n, loc)],
         raise_over_method=_swap_up,
         pop_jump_if_false="POP_JUMP_FORWARD_IF_FALSE",
+        line_table=_location_table(merge=False),
+        own_line_table=_wide_columns,
     )
 
 
@@ -456,6 +552,8 @@ def _312() -> Table:
         call_method=lambda n, loc: [_instr("CALL", n, loc)],
         raise_over_method=_swap_up,
         pop_jump_if_false="POP_JUMP_IF_FALSE",
+        line_table=_location_table(merge=True),
+        own_line_table=_wide_columns,
     )
 
 
@@ -500,6 +598,8 @@ def _313() -> Table:
         raise_over_method=_swap_up,
         pop_jump_if_false="POP_JUMP_IF_FALSE",
         guard_exit=lambda loc: [_instr("NOP", None, loc)],
+        line_table=_location_table(merge=True),
+        own_line_table=_wide_columns,
     )
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import itertools
 from dataclasses import dataclass, field
 from types import CodeType
 from typing import (
@@ -549,6 +550,7 @@ def consuming_calls(
     found: List[int] = []
     seen = set()
     passed: Set[Label] = set()
+    exits: Set[Label] = set()  # async for loops' END_ASYNC_FOR handlers, entered from their regions
     work = [(pos + 1, 0)]
     while work:
         k, height = work.pop()
@@ -573,6 +575,11 @@ def consuming_calls(
             if isinstance(item.arg, Label):
                 jump_pre, jump_post = item.pre_and_post_stack_effect(jump=True)
                 work.append((labels[item.arg], height + jump_pre + jump_post))
+            exit = _async_for_exit(items, k - 1, labels)
+            if exit is not None:
+                # The loop ends there with the exception above the async iterator.
+                work.append((labels[exit], height + 1))
+                exits.add(exit)
             if item.is_uncond_jump() or item.is_final():
                 break
             height += pre + post
@@ -582,12 +589,42 @@ def consuming_calls(
         visited = {k for k, _ in seen} | {pos}
         entries = _entries(items)
         if any(
-            source not in visited and not _rethrown(items, source, table)
+            source not in visited
+            and not _rethrown(items, source, table)
+            # (a region of the loop's throw() path enters its exit at the loop's own stack)
+            and not (label in exits and isinstance(items[source], TryBegin))
             for label in passed
             for source in entries.get(label, ())
         ):
             return []
     return sorted(set(found))
+
+
+def _async_for_exit(items: Sequence[object], pos: int, labels: Dict[Label, int]) -> Optional[Label]:
+    """Where an ``async for`` loop whose ``GET_ANEXT`` is at ``pos`` goes on when it ends, if
+    that is through the exception table (3.11+): the ``END_ASYNC_FOR`` handler of the region
+    ``pos`` is in, entered with the stack as before ``GET_ANEXT`` and the exception on top.
+    None for any other instruction, and on 3.10, whose ``SETUP_FINALLY`` is a jump.
+
+    A value pushed before an async comprehension, inlined on 3.12+ (``sum([x async for
+    x in it])``'s callee), is used only after that loop ends.
+    """
+    item = items[pos]
+    if not isinstance(item, Instr) or item.name != "GET_ANEXT":
+        return None
+    for k in range(pos - 1, -1, -1):
+        before = items[k]
+        if isinstance(before, TryEnd):
+            return None
+        if isinstance(before, TryBegin):
+            handler = before.target
+            if not isinstance(handler, Label) or handler not in labels:
+                return None
+            first = next(
+                (i for i in itertools.islice(items, labels[handler], None) if isinstance(i, Instr)), None
+            )
+            return handler if first is not None and first.name == "END_ASYNC_FOR" else None
+    return None
 
 
 def _rethrown(items: Sequence[object], source: int, table: _versions.Table) -> bool:

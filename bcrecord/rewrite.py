@@ -404,7 +404,7 @@ def _rewrite_code(
     # first use, which reorders co_varnames (and locals()) on 3.12+.
     bytecode.argnames = list(code.co_varnames)
     new = bytecode.to_code()
-    if table.line_table is not None:
+    if table.line_table is not None and table.own_line_table(bytecode):
         # The same instructions as to_code() assembled (same order, same sizes): their lines.
         concrete = list(bytecode.to_concrete_bytecode())
         if sum(instr.size for instr in concrete) == len(new.co_code):

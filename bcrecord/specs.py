@@ -91,6 +91,36 @@ def _identifier(name: object, what: str) -> str:
     return compiled_name(name)
 
 
+_DOTTED = re.compile(r"^\s*(?P<callee>[^\W\d]\w*(?:\s*\.\s*[^\W\d]\w*)*)\s*\(.*\)\s*$", re.DOTALL)
+
+
+def _names(target: str, what: str, call: bool = False) -> str:
+    """``target`` (dotted names), each name spelt as compiled; a subscript or a call written
+    in it gets an error that says what to record instead (``call``: ``target`` is a callee)."""
+    written = f"{target}()" if call else target
+    call_text = _DOTTED.match(target)
+    if call_text is not None and not call:
+        raise SpecError(
+            f"{written!r}: a call site is written without its arguments: '{call_text.group('callee')}()'"
+        )
+    if "[" in target or "(" in target:
+        root, bracket = re.split(r"([\[(])", target, maxsplit=1)[:2]
+        root = root.strip().rstrip(".").strip()
+        if bracket == "(" and root and root != "super":  # (super().m is no call site)
+            instead = f", or the call '{root}()'"
+        elif bracket == "[" and root:
+            instead = f", or '{root}@0' where it is loaded" if "." in root else f", or '{root}'"
+        else:
+            instead = ""
+        kind = "the callee of a call site" if call else "a target"
+        raise SpecError(
+            f"{written!r}: {kind} is a name or a chain of attributes: bcrecord names no item (x[0]) and "
+            f"no call's result (f().g) in code; record what it gives where it is assigned to a local "
+            f"or returned ('return'){instead}"
+        )
+    return ".".join(_identifier(part, what) for part in target.split("."))
+
+
 def compiled_name(text: str) -> str:
     """A name (or dotted names) written as in the source, spelt as the compiler stores it:
     NFKC-normalised (``'\\ufb01'`` written, ``'fi'`` in the code object).
@@ -119,6 +149,8 @@ class Local:
     copy: Any = None
 
     def __init__(self, name: str, index: Index = None, copy: Any = None) -> None:
+        if isinstance(name, str) and not name.isidentifier():
+            _names(name, "a local's name")  # (a call or a subscript: says what to write)
         object.__setattr__(self, "name", _identifier(name, "a local's name"))
         object.__setattr__(self, "index", _index(index))
         object.__setattr__(self, "copy", _copy(copy))
@@ -150,7 +182,7 @@ class Attribute:
         parts = target.split(".")
         if len(parts) < 2:
             raise SpecError(f"an attribute target needs a dot, e.g. 'self.x', got {target!r}")
-        target = ".".join(_identifier(part, f"each part of {target!r}") for part in parts)
+        target = _names(target, f"each part of {target!r}")
         if at not in ("entry", "load"):
             raise SpecError(f"at must be 'entry' or 'load', got {at!r}")
         if at == "entry" and index is not None:
@@ -206,7 +238,7 @@ class Call:
                 f"Call takes the callee without its parentheses: Call({target.rstrip()[:-2].strip()!r}), "
                 f"or parse({target.strip()!r})"
             )
-        target = ".".join(_identifier(part, f"each part of {target!r}") for part in target.split("."))
+        target = _names(target, f"each part of {target!r}", call=True)
         object.__setattr__(self, "target", target)
         object.__setattr__(self, "index", _index(index))
         object.__setattr__(self, "copy", _copy(copy))
@@ -272,6 +304,8 @@ def _parse_str(text: str) -> Spec:
         index_text = operator.group("index")
         return Expr(operator.group("op"), None if index_text is None else _parse_index_text(index_text, text))
     match = _SHORT.match(text)
+    if match is None and _DOTTED.match(text) is not None:
+        _names(text.strip(), "a target")  # a call with its arguments ('f(x, y)'): says what to write
     if match is None:
         raise SpecError(f"cannot parse spec {text!r}; examples: 'x', 'x@1', 'self.fc.weight'")
     target, index_text = match.group("target"), match.group("index")

@@ -398,3 +398,21 @@ def test_the_table_s_header_gives_the_parameters_in_def_order_with_their_stars()
 
     assert str(bcrecord.targets(f)).splitlines()[0].endswith("f(a, /, b, *args, k, **kw)")
     assert str(bcrecord.targets(g)).splitlines()[0].endswith("g(a, *, k)")
+
+
+def test_code_the_compiler_drops_has_no_sites_on_any_version():
+    # As the README says: unreachable code is not in the code object to count.
+    def f(a):
+        if a:
+            raise ValueError(str(a))
+            dropped = str(a) + 1
+        if False:
+            dropped = str(2)
+        kept = str(3) + "!"
+        return kept
+
+    found = bcrecord.targets(f)
+    assert sorted(found.locals) == ["kept"] and list(found.operators) == ["+"]
+    assert [site.line - f.__code__.co_firstlineno for site in found.calls["str"]] == [2, 6]
+    with pytest.raises(TargetError, match="has no assignment to a local named 'dropped'"):
+        bcrecord.instrument(f, "dropped")

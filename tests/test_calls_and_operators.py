@@ -436,3 +436,25 @@ def test_a_call_whose_arguments_await_is_a_site_on_every_version():
         assert asyncio.run(patched(3, True)) == ("66", "6")
         assert asyncio.run(patched(2, False)) == ("4", "2")
     assert rec.all("m:handling:str()@0") == ["6"] and rec.all("m:handling:str()@1") == ["66", "4"]
+
+
+async def _counting(n):
+    for i in range(n):
+        yield i
+
+
+def test_a_call_whose_argument_is_an_async_comprehension_is_a_site_on_every_version():
+    # 3.12+ inline the comprehension, whose loop ends through the exception table.
+    import asyncio
+
+    async def gathered(n):
+        total = 1 + sum([i * 2 async for i in _counting(n)])
+        sizes = str(len([[j async for j in _counting(i)] async for i in _counting(n)]))
+        return total, sizes
+
+    calls = bcrecord.targets(gathered).calls
+    assert [len(calls[name]) for name in ("sum", "len", "str")] == [1, 1, 1]
+    patched = bcrecord.instrument(gathered, ["sum()", "len()", "str()", "+"], name="m")
+    with bcrecord.recording() as rec:
+        assert asyncio.run(patched(3)) == (7, "3")
+    assert [rec[f"m:gathered:{spec}@0"] for spec in ("sum()", "len()", "str()", "+")] == [6, 3, "3", 7]

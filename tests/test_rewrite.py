@@ -128,6 +128,31 @@ def test_tracebacks_through_probed_code_keep_their_lines(func, spec, run):
     assert all(line > 0 for _, line in expected)
 
 
+def test_a_column_past_127_leaves_the_lines_after_it_as_they_were():
+    # bytecode 0.19 writes a column of 128..255 in a form whose bytes CPython 3.11+ read
+    # up to 127 only: every line after it was off (3.11 wrote past its line array when traced).
+    pad = " " * 130
+    source = f"def f(k, d):\n    x = (1 +\n{pad}k(2))\n    y = k(3)\n    z = 1 / d\n    return x + y + z\n"
+    namespace = {}
+    exec(compile(source, "<wide>", "exec"), namespace)
+    func = namespace["f"]
+
+    def failing_line(f):
+        with pytest.raises(ZeroDivisionError) as error:
+            f(lambda v: v, 0)
+        return error.traceback[-1].lineno + 1  # (pytest counts lines from 0)
+
+    assert failing_line(func) == 5
+    probed = bcrecord.instrument(func, ["y", "k()"], name="m")
+    with bcrecord.recording() as rec:
+        assert failing_line(probed) == 5
+        code = probed.__code__
+        assert max(end for _, end, _ in code.co_lines()) == len(code.co_code)
+        if hasattr(code, "co_positions"):  # (3.11+)
+            assert len(list(code.co_positions())) == len(code.co_code) // 2
+    assert rec["m:f:y@0"] == 3 and rec.all("m:f:k()@1") == [3]
+
+
 def test_a_per_instance_patch_of_a_method_that_deletes_or_rebinds_self_is_refused():
     # Its probes would pass what `self` holds when they run: nothing after `del self`
     # (3.12+ crashed), another object after `self = ...` (values under its name).

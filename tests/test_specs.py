@@ -87,6 +87,13 @@ def test_a_function_recorder_target_that_cannot_be_recorded_says_what_to_write(r
         ("1x", "identifier"),
         ("self.", "identifier"),
         ("return@1", "takes no index"),
+        # A subscript or a call written in a target: what to record instead.
+        ("self.layers[0]()", r"callee of a call site is a name or a chain .* or 'self.layers@0' where it is"),
+        ("outputs[0]", r"'outputs\[0\]': a target is a name or a chain .*, or 'outputs'$"),
+        ("self.fc(x)", r"'self.fc\(x\)': a call site is written without its arguments: 'self.fc\(\)'"),
+        ("len(x, 2)", r"without its arguments: 'len\(\)'"),
+        ("f().g()", r"no call's result \(f\(\).g\) in code; .*, or the call 'f\(\)'"),
+        ("super().__init__()", r"or returned \('return'\)$"),
         ("<@0", r"'<' is an operator bcrecord does not record \(comparisons"),
         ("==", r"'==' is an operator bcrecord does not record"),
         (dict(type="Nope"), "FunctionRecorder"),

@@ -62,6 +62,47 @@ def test_the_3_10_line_table_is_the_one_cpython_assembles():
     assert checked > 50
 
 
+@pytest.mark.skipif(sys.version_info[:2] < (3, 11), reason="3.11+'s locations table")
+def test_the_3_11_plus_location_table_is_the_one_cpython_assembles():
+    import json
+    import types
+
+    from bytecode import ConcreteBytecode
+
+    def codes(code):
+        yield code
+        for const in code.co_consts:
+            if isinstance(const, types.CodeType):
+                yield from codes(const)
+
+    # Columns past 127, on lines right after another's and far from it, over several lines.
+    wide = " " * 130
+    lines = [
+        "def f(k):",
+        "    x = (1 +",
+        f"{wide}k(2) +",
+        "    k(3))",
+        "    y = [k(i)",
+        "",
+        f"{wide}for i in x]",
+    ]
+    source = "\n".join(lines) + "\n    return y\n"
+    compiled = [(compile(source, "<wide>", "exec"), "<wide>")]
+    compiled += [
+        (compile(open(m.__file__).read(), m.__file__, "exec"), m.__name__) for m in (json.decoder, types)
+    ]
+    table = _versions.current()
+    checked = 0
+    for module, _ in compiled:
+        for code in codes(module):
+            concrete = list(ConcreteBytecode.from_code(code))
+            assert table.line_table(concrete, code.co_firstlineno) == code.co_linetable
+            checked += 1
+    assert checked > 30
+    assert table.own_line_table(ConcreteBytecode.from_code(compiled[0][0].co_consts[0]))
+    assert not table.own_line_table(ConcreteBytecode.from_code(compiled[1][0]))
+
+
 def test_value_op_names_comparisons_unary_operators_and_item_reads_of_this_python():
     from bytecode import Bytecode, Instr
 
