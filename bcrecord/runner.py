@@ -70,9 +70,11 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import inspect
+import io
 import itertools
 import math
 import os
+import pkgutil
 import runpy
 import shlex
 import signal
@@ -1100,6 +1102,10 @@ def _program(program: str, args: Sequence[str], is_module: bool) -> _Program:
         return _stdin_program(args)
     if not os.path.exists(program):
         raise RunError(f"no such file: {program!r}")
+    if not os.path.isdir(program) and not os.path.isfile(program):
+        # A pipe (`bcrecord run ... <(generate)`, /dev/stdin, a FIFO) can be read once: read it
+        # now and run what was read, as python reads it once (runpy would find it empty).
+        return _read_program(program, args)
     # A directory or zip file runs its __main__.py with itself first on sys.path, as
     # `python app` does: its own modules are found there, and checked there.
     bundle = os.path.isdir(program) or zipfile.is_zipfile(program)
@@ -1118,11 +1124,7 @@ def _program(program: str, args: Sequence[str], is_module: bool) -> _Program:
                 source = handle.read()
         except OSError as error:
             raise RunError(f"cannot read {main_file!r}: {error.strerror or error}") from None
-        try:
-            code = compile(source, main_file, "exec", dont_inherit=True)
-        except (SyntaxError, ValueError) as error:
-            code = None  # the program fails as Python would make it fail
-            uncompiled = f"{type(error).__name__}: {error}"
+        code, uncompiled = _compiled(source, main_file)
     stem = os.path.splitext(os.path.basename(program))[0]
     names = ("__main__", stem) if stem.isidentifier() and not bundle else ("__main__",)
     return _Program(
@@ -1137,6 +1139,26 @@ def _program(program: str, args: Sequence[str], is_module: bool) -> _Program:
         None if bundle else os.path.realpath(program),
         uncompiled,
     )
+
+
+def _compiled(source: bytes, filename: str) -> Tuple[Optional[types.CodeType], Optional[str]]:
+    """The code of a program's ``source`` as runpy gets it -- a ``.pyc``'s own (read by its
+    magic number, whatever the file's name) or the source compiled -- and why there is none.
+
+    >>> code, why = _compiled(b"x = 1\\n", "prog.py")
+    >>> code.co_filename, why
+    ('prog.py', None)
+    >>> _compiled(b"x = (\\n", "prog.py")[1]
+    "SyntaxError: '(' was never closed (prog.py, line 1)"
+    """
+    try:
+        code = pkgutil.read_code(io.BytesIO(source))
+        if code is not None:
+            return code, None
+        return compile(source, filename, "exec", dont_inherit=True), None
+    except (SyntaxError, ValueError, EOFError, TypeError) as error:
+        # (a damaged .pyc, marshal's errors): the program fails as Python would make it fail
+        return None, f"{type(error).__name__}: {error}"
 
 
 def _stdin_program(args: Sequence[str]) -> _Program:
@@ -1160,6 +1182,21 @@ def _stdin_program(args: Sequence[str]) -> _Program:
         uncompiled = f"{type(error).__name__}: {error}"  # raised again when it runs, as Python does
     where = "the program on stdin"
     return _Program("-", False, ["-", *args], "", ("__main__",), code, where, None, uncompiled, source)
+
+
+def _read_program(program: str, args: Sequence[str]) -> _Program:
+    """A script that can be read once (a pipe: ``<(generate)``, ``/dev/stdin``, a FIFO), read to
+    its end now, to run as ``python <(generate)`` runs it: ``sys.argv[0]`` and its file are the
+    path given, ``sys.path[0]`` that path's folder, and ``__main__`` its only name."""
+    try:
+        with open(program, "rb") as handle:
+            source = handle.read()
+    except OSError as error:
+        raise RunError(f"cannot read {program!r}: {error.strerror or error}") from None
+    code, uncompiled = _compiled(source, program)
+    folder = os.path.dirname(os.path.abspath(program))
+    argv = [program, *args]
+    return _Program(program, False, argv, folder, ("__main__",), code, program, None, uncompiled, source)
 
 
 #: What torch.compile imports: the torch layer makes Dynamo skip probes, and all they call.
@@ -1536,7 +1573,7 @@ class _Runner:
             if self.program.is_module:
                 runpy.run_module(self.program.name, builtins_module, run_name="__main__", alter_sys=True)
             elif self.program.source is not None:
-                self._run_stdin_program()
+                self._run_read_program()
             else:
                 runpy.run_path(path, builtins_module, run_name="__main__")
             return 0
@@ -1563,17 +1600,23 @@ class _Runner:
                 self._main_before = sys.modules.get("__main__")
                 sys.modules["__main__"] = self.program_module
 
-    def _run_stdin_program(self) -> None:
-        """Run the program read from stdin in a new ``__main__`` module, as ``python -`` does
-        (and as runpy runs a script: the module is ``sys.modules['__main__']`` while it runs)."""
+    def _run_read_program(self) -> None:
+        """Run the program read from stdin (or a pipe) in a new ``__main__`` module, as ``python -``
+        (``python <(generate)``) does, and as runpy runs a script: the module is
+        ``sys.modules['__main__']`` while it runs."""
         assert self.program.source is not None
+        stdin = self.program.name == "-"
+        filename = "<stdin>" if stdin else self.program.name
         code = self.program.code
         if code is None:  # its SyntaxError, raised as the program's
-            code = compile(self.program.source, "<stdin>", "exec", dont_inherit=True)
+            code = compile(self.program.source, filename, "exec", dont_inherit=True)
         module = types.ModuleType("__main__")
-        module.__dict__.update(
-            __file__="<stdin>", __builtins__=builtins, __loader__=importlib.machinery.BuiltinImporter
+        loader = (
+            importlib.machinery.BuiltinImporter
+            if stdin
+            else importlib.machinery.SourceFileLoader("__main__", filename)
         )
+        module.__dict__.update(__file__=filename, __cached__=None, __builtins__=builtins, __loader__=loader)
         before = sys.modules.get("__main__")
         sys.modules["__main__"] = module
         try:

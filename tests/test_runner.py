@@ -6,6 +6,7 @@ threads and unpicklable values; bad input stops the run before the program start
 """
 
 import json
+import os
 import shlex
 import sys
 import textwrap
@@ -339,6 +340,45 @@ def test_run_shows_a_syntax_error_of_a_stdin_program_as_python_does(project):
     assert result.returncode == plain_run.returncode == 1
     assert result.stderr.startswith(plain_run.stderr), result.stderr
     assert "bcrecord: target '__main__:f:x' was never applied: the program does not compile" in result.stderr
+
+
+PIPED_PROGRAM = (
+    "import sys\n\ndef f(v):\n    x = v * 2\n    return x\n\n"
+    "print(f(3), f(4), sys.argv, __file__, type(__loader__).__name__, __cached__)\n"
+    "raise ValueError('from the pipe')\n"
+)
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/stdin"), reason="needs /dev/stdin")
+def test_run_of_a_script_that_is_a_pipe_reads_it_once_and_runs_it(project, tmp_path):
+    # `bcrecord run ... <(generate)` or /dev/stdin: bcrecord read the pipe to check the
+    # targets, then runpy found it empty: the program did nothing, status 0.
+    out = tmp_path / "records"
+    expected = plain("/dev/stdin", "a", cwd=project, input=PIPED_PROGRAM)
+    result = cli("run", "-r", "__main__:f:x", "-o", out, "/dev/stdin", "a", cwd=project, input=PIPED_PROGRAM)
+    assert result.returncode == expected.returncode == 1, result.stderr
+    assert result.stdout == expected.stdout == "6 8 ['/dev/stdin', 'a'] /dev/stdin SourceFileLoader None\n"
+    assert result.stderr.startswith(expected.stderr), result.stderr  # its traceback, as Python's
+    assert 'File "/dev/stdin", line 8, in <module>' in result.stderr
+    assert bcrecord.load(out)["__main__:f:x@0"] == [6, 8]
+    checked = cli("run", "-r", "__main__:g:x", "/dev/stdin", cwd=project, input=PIPED_PROGRAM)
+    assert "target '__main__:g:x': /dev/stdin never defines 'g'" in one_clear_line(checked)
+
+
+def test_run_of_a_compiled_script_checks_and_records_its_targets(project):
+    # A .pyc runs as python runs it; its targets were said to be in a program that
+    # "does not compile (... null bytes)", and were not checked before it started.
+    import py_compile
+
+    (project / "source.py").write_text("def f(v):\n    x = v * 2\n    return x\n\nprint(f(5))\n")
+    py_compile.compile(str(project / "source.py"), cfile=str(project / "compiled.pyc"), doraise=True)
+    expected = plain("compiled.pyc", cwd=project)
+    result = cli("run", "-r", "__main__:f:x", "compiled.pyc", cwd=project)
+    assert result.returncode == expected.returncode == 0, result.stderr
+    assert result.stdout == expected.stdout == "10\n"
+    assert "__main__:f:x@0  1       10" in result.stderr
+    checked = cli("run", "-r", "__main__:g:x", "compiled.pyc", cwd=project)
+    assert "target '__main__:g:x': compiled.pyc never defines 'g'" in one_clear_line(checked)
 
 
 def test_run_copy_none_saves_a_value_as_it_is_when_written_as_its_help_says(project, tmp_path):
