@@ -132,6 +132,15 @@ class RunError(BcrecordError):
     """Bad input to ``bcrecord run``: a target, a program or an option."""
 
 
+class _ParentRaised(Exception):
+    """A parent package of the ``-m`` module raised as it was imported: the program's error,
+    shown as Python shows it (its traceback, status 1), not as bad input."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 class _TargetFailed(BaseException):
     """A target could not be applied while the program ran; ends the run with status 2.
 
@@ -973,6 +982,13 @@ class _ShowAsTheProgramS:
         self.hook(kind, error, tb)
 
 
+def _without_import_frames(tb: Optional[types.TracebackType]) -> Optional[types.TracebackType]:
+    """``tb`` from its first frame that is not the import machinery's (``__import__``'s are)."""
+    while tb is not None and _is_import_frame(tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    return tb
+
+
 def _is_import_frame(filename: str) -> bool:
     """Whether a frame is the import machinery's (``<frozen importlib._bootstrap>`` and the like)."""
     return filename.startswith("<frozen importlib._bootstrap")
@@ -1079,6 +1095,7 @@ def _program(program: str, args: Sequence[str], is_module: bool) -> _Program:
         # Parent packages see the argv python -m gives them while it looks for the module.
         sys.argv = ["-m", *args]
         try:
+            _import_parent(program)
             spec = importlib.util.find_spec(program)  # imports parent packages, as python -m does
             name = program
             if spec is not None and spec.submodule_search_locations is not None:
@@ -1088,8 +1105,9 @@ def _program(program: str, args: Sequence[str], is_module: bool) -> _Program:
                     raise RunError(
                         f"{program!r} is a package with no __main__ module: it cannot be run with -m"
                     )
-        except (ImportError, ValueError) as error:
-            raise RunError(f"cannot run module {program!r}: {error}") from None
+        except (ImportError, AttributeError, TypeError, ValueError) as error:  # (as runpy says them)
+            hint = f" (a script? drop -m: bcrecord run ... {program})" if program.endswith(".py") else ""
+            raise RunError(f"cannot run module {program!r}: {error}{hint}") from None
         finally:
             sys.argv = argv
         if spec is None:
@@ -1182,6 +1200,22 @@ def _stdin_program(args: Sequence[str]) -> _Program:
         uncompiled = f"{type(error).__name__}: {error}"  # raised again when it runs, as Python does
     where = "the program on stdin"
     return _Program("-", False, ["-", *args], "", ("__main__",), code, where, None, uncompiled, source)
+
+
+def _import_parent(program: str) -> None:
+    """Import the ``-m`` module's parent package as runpy does first: an error its own code
+    raises (an ImportError included, one not about the package itself missing) is the
+    program's (:class:`_ParentRaised`); a missing package is said when the module is looked up."""
+    parent = program.rpartition(".")[0]
+    if not parent:
+        return
+    try:
+        __import__(parent)
+    except ImportError as error:
+        if error.name is None or (error.name != parent and not parent.startswith(error.name + ".")):
+            raise _ParentRaised(error) from None
+    except Exception as error:
+        raise _ParentRaised(error) from None
 
 
 def _read_program(program: str, args: Sequence[str]) -> _Program:
@@ -1897,7 +1931,14 @@ def run(
     if not parsed:
         raise RunError("nothing to record: give at least one --record TARGET")
     ours = dict(sys.modules)  # before the program's parent packages (python -m imports them)
-    prog = _program(program, args, module)
+    try:
+        prog = _program(program, args, module)
+    except _ParentRaised as raised:  # its traceback, as python -m shows it (without runpy's frames)
+        error = raised.error
+        _as_the_program_s(error)
+        error.__traceback__ = _without_import_frames(error.__traceback__)
+        sys.excepthook(type(error), error, error.__traceback__)
+        return 1
     saved_path0 = sys.path[0] if sys.path else None
     if sys.path:
         sys.path[0] = prog.path0  # where the program's own modules are found (checked next)

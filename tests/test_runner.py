@@ -218,6 +218,33 @@ def test_run_module_s_parent_package_sees_the_argv_python_gives_it(project):
     assert result.stdout == expected.stdout == "['-m', 'a', 'b']\ntool 1\n", result.stderr
 
 
+@pytest.mark.parametrize(
+    "init, said",
+    [
+        ("raise RuntimeError('no config')", "RuntimeError: no config"),
+        ("import no_such_dependency_xyz", "ModuleNotFoundError: No module named 'no_such_dependency_xyz'"),
+    ],
+)
+def test_run_module_whose_parent_package_raises_shows_its_traceback_as_python_does(project, init, said):
+    # The package's own error came out of bcrecord's frames (cli.py, runner.py's _program).
+    (project / "failing").mkdir()
+    (project / "failing" / "__init__.py").write_text(f"{init}\n")
+    (project / "failing" / "tool.py").write_text("def x():\n    y = 1\n    return y\n")
+    expected = plain("-m", "failing.tool", cwd=project)
+    result = cli("run", "-r", "failing.tool:x:y", "-m", "failing.tool", cwd=project)
+    assert result.returncode == expected.returncode == 1
+    assert expected.stderr.endswith(said + "\n") and result.stderr.endswith(said + "\n")
+    init_file = project / "failing" / "__init__.py"
+    assert result.stderr == (
+        f'Traceback (most recent call last):\n  File "{init_file}", line 1, in <module>\n    {init}\n{said}\n'
+    )
+
+
+def test_run_module_named_as_a_file_says_to_drop_dash_m(project):
+    result = cli("run", "-r", "pkg.tool:main:joined", "-m", "pkg/tool.py", cwd=project)
+    assert "(a script? drop -m: bcrecord run ... pkg/tool.py)" in one_clear_line(result)
+
+
 def test_run_module_after_combined_short_flags_gets_its_own_arguments(project, tmp_path):
     # '-qm MODULE' is '-q -m MODULE', as python and argparse read it: what follows is the
     # program's (its '-o' included), not bcrecord's.
