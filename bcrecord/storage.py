@@ -1072,7 +1072,11 @@ def _header(directory: Path) -> Dict[str, Any]:
         raise StorageError(f"{directory / 'index.json'} is not a bcrecord records index")
     version = index.get("version")
     if version not in _READABLE:
-        raise StorageError(f"{directory}: records format version {version} is not supported")
+        readable = f"this bcrecord reads versions {_READABLE[0]} to {_READABLE[-1]}"
+        newer = isinstance(version, int) and not isinstance(version, bool) and version > VERSION
+        # (written by a later bcrecord: the one thing that helps is a bcrecord that reads it)
+        why = f"written by a newer bcrecord ({readable}): upgrade bcrecord to read it" if newer else readable
+        raise StorageError(f"{directory}: records format version {version!r} is not supported, {why}")
     return index
 
 

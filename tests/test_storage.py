@@ -343,7 +343,15 @@ class _Step:
     [
         ('{"name": "my project"}', "not a bcrecord records index"),
         ("not json", "cannot read"),
-        ('{"format": "bcrecord-records", "version": 99}', "version 99 is not supported"),
+        (
+            '{"format": "bcrecord-records", "version": 99}',
+            "version 99 is not supported, written by a newer bcrecord "
+            "\\(this bcrecord reads versions 1 to 2\\): upgrade bcrecord to read it",
+        ),
+        (
+            '{"format": "bcrecord-records", "version": "2"}',
+            "version '2' is not supported, this bcrecord reads",
+        ),
     ],
 )
 def test_a_directory_that_is_not_a_records_directory_is_refused_and_left_as_it_was(tmp_path, index, why):
