@@ -1087,6 +1087,26 @@ class _Program:
     uncompiled: Optional[str] = None
     #: The source of a program read from stdin (``-``), run as ``python -`` runs it.
     source: Optional[bytes] = None
+    #: A directory or zip program: Python puts it on ``sys.path`` even under ``python -P``.
+    bundle: bool = False
+
+    def sys_path(self, path: Sequence[str], running: bool = False) -> List[str]:
+        """``sys.path`` as Python gives the program: its folder (:attr:`path0`) in place of the
+        first entry, where ``python -m bcrecord`` and the ``bcrecord`` command put the working
+        directory. Under ``python -P`` (``PYTHONSAFEPATH``) they put none there, and Python adds
+        no script's or ``-m``'s folder either: only a directory or zip program's, which runpy
+        itself puts first as it runs it (``running``: it is left to runpy, or it is there twice).
+
+        >>> prog = _Program("prog.py", False, ["prog.py"], "/app", ("__main__",), None, "prog.py")
+        >>> safe = getattr(sys.flags, "safe_path", False)
+        >>> prog.sys_path(["/cwd", "/lib"]) == (["/cwd", "/lib"] if safe else ["/app", "/lib"])
+        True
+        """
+        safe = getattr(sys.flags, "safe_path", False)
+        rest = list(path) if safe else list(path[1:])
+        if self.bundle:
+            return rest if running else [self.path0, *rest]
+        return rest if safe else [self.path0, *rest]
 
 
 def _program(program: str, args: Sequence[str], is_module: bool) -> _Program:
@@ -1156,6 +1176,7 @@ def _program(program: str, args: Sequence[str], is_module: bool) -> _Program:
         program,
         None if bundle else os.path.realpath(program),
         uncompiled,
+        bundle=bundle,
     )
 
 
@@ -1554,10 +1575,7 @@ class _Runner:
         silently(lambda _: self.collector.start_timer(), None)  # threading's calls are not the program's
         self._saved_sys = (sys.argv[:], sys.path[:])
         sys.argv[:] = self.program.argv
-        if sys.path:
-            sys.path[0] = self.program.path0
-        else:
-            sys.path.append(self.program.path0)
+        sys.path[:] = self.program.sys_path(sys.path, running=True)
 
     def _hook_exec(self) -> None:
         """Close the run when the program replaces itself (``os.execv``, ``os.execlp``...).
@@ -1939,15 +1957,15 @@ def run(
         error.__traceback__ = _without_import_frames(error.__traceback__)
         sys.excepthook(type(error), error, error.__traceback__)
         return 1
-    saved_path0 = sys.path[0] if sys.path else None
-    if sys.path:
-        sys.path[0] = prog.path0  # where the program's own modules are found (checked next)
+    saved_path = sys.path[:]
+    sys.path[:] = prog.sys_path(saved_path)  # where the program's own modules are found (checked next)
     try:
         check_targets(parsed, prog.code, prog.main_names, prog.where)
     finally:
-        if saved_path0 is not None:
-            sys.path[0] = saved_path0
-    shadowed = _shadowed(prog.path0 or os.curdir)
+        sys.path[:] = saved_path
+    # (Its folder's modules are the program's only where its folder is on its sys.path.)
+    on_path = prog.path0 in prog.sys_path(saved_path)
+    shadowed = _shadowed(prog.path0 or os.curdir) if on_path else []
     told = sys.stderr if stderr is None else stderr
     if shadowed and told is not None:  # (None: started without a stderr; print would use stdout)
         names = ", ".join(shadowed)
@@ -1958,7 +1976,7 @@ def run(
             "if it needs its own",
             file=told,
         )
-    taken = _taken_from_the_program(prog.path0 or os.curdir, ours)
+    taken = _taken_from_the_program(prog.path0 or os.curdir, ours) if on_path else []
     if taken and told is not None:
         print(
             f"bcrecord: warning: bcrecord imported the program's own {', '.join(taken)} in place of the "

@@ -5,6 +5,7 @@ every N-th value; flushing when the program fails; ``-m``; modules imported late
 threads and unpicklable values; bad input stops the run before the program starts.
 """
 
+import ast
 import json
 import os
 import shlex
@@ -604,6 +605,45 @@ def test_run_a_directory_program_finds_its_own_modules(project):
     assert rows == ["__main__:main:z@0", "inner:h:b@0"]
     refused = cli("run", "-r", "__main__:nope:x", "app", cwd=project)
     assert "never defines 'nope'" in one_clear_line(refused) and refused.stdout == ""
+
+
+SHOWS_SYS_PATH = "import sys\n\ndef f():\n    y = 1\n    return y\n\nf()\nprint(sys.path)\n"
+
+
+@pytest.mark.parametrize("safe_path", ["", "1"])
+@pytest.mark.parametrize("program", ["prog.py", "app", "-m"])
+def test_run_gives_the_program_the_sys_path_python_gives_it(project, tmp_path, program, safe_path):
+    # A directory program had its folder on sys.path twice; under python -P (PYTHONSAFEPATH),
+    # where Python adds no script's folder, bcrecord put it in place of PYTHONPATH's first entry.
+    import subprocess
+
+    from .commands import _env
+
+    if safe_path and not hasattr(sys.flags, "safe_path"):
+        pytest.skip("python -P is Python 3.11+")
+    (project / "app").mkdir()
+    (project / "app" / "__main__.py").write_text(SHOWS_SYS_PATH)
+    (project / "shows.py").write_text(SHOWS_SYS_PATH)
+    extra = tmp_path / "extra"  # on PYTHONPATH: found under python -P too
+    extra.mkdir()
+    (extra / "shows_m.py").write_text(SHOWS_SYS_PATH)
+    env = dict(_env(), PYTHONSAFEPATH=safe_path)
+    env["PYTHONPATH"] += os.pathsep + str(extra)
+    where = {"prog.py": ["shows.py"], "app": ["app"], "-m": ["-m", "shows_m"]}[program]
+
+    def ran(*command):
+        done = subprocess.run(
+            [sys.executable, *command], cwd=project, env=env, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    expected = ran(*where)
+    assert ran("-m", "bcrecord", "run", "-q", "-r", "__main__:f:y", *where) == expected
+    path = ast.literal_eval(expected)
+    assert str(extra) in path
+    folder = str(project / "app") if program == "app" else str(project)
+    assert path.count(folder) == (0 if safe_path and program != "app" else 1)
 
 
 def test_run_whose_saves_fail_says_so_once_and_exits_2(project, tmp_path):
