@@ -213,8 +213,15 @@ pkg.mod:forward' lists its specs)
         )
     module, qualname, spec_text = (p.strip() for p in parts)
     path = tuple(qualname.split("."))
-    if not all(p.isidentifier() for p in path) or not all(p.isidentifier() for p in module.split(".")):
-        raise RunError(f"bad target {text!r}: {module!r} and {qualname!r} must be dotted Python names")
+    if not all(p.isidentifier() for p in module.split(".")):
+        # A script named by its file ('my-train.py', './train.py'): its own functions are __main__'s.
+        raise RunError(
+            f"bad target {text!r}: {module!r} is no module's dotted name; a function of the program "
+            f"itself is '__main__:{qualname}:{spec_text}', one of another module is named as it is "
+            "imported ('package.module')"
+        )
+    if not all(p.isidentifier() for p in path):
+        raise RunError(f"bad target {text!r}: {qualname!r} must be a dotted Python name (Class.method)")
     # Names as written in the source: the compiler stores them NFKC-normalised ('\ufb01x' is 'fix').
     path = tuple(compiled_name(name) for name in path)
     try:

@@ -48,6 +48,13 @@ def test_parse_target_splits_module_path_and_spec():
         (":f:x", "bad target ':f:x': expected 'package.module:Class.method:SPEC'"),
         ("m::x", "bad target 'm::x'"),
         ("m:f:x@one", "bad index in 'x@one'"),
+        # A script named by its file: its functions are __main__'s (said: 'must be dotted Python names').
+        (
+            "./my-train.py:step:loss",
+            "'./my-train.py' is no module's dotted name; a function of the program itself is "
+            "'__main__:step:loss'",
+        ),
+        ("m:f-g:x", "'f-g' must be a dotted Python name (Class.method)"),
     ],
 )
 def test_parse_target_bad_input(text, words):
