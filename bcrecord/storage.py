@@ -194,7 +194,12 @@ def _writing(directory: Path) -> Iterator[None]:
         raise
     except OSError as error:
         where = f" ({error.filename})" if error.filename and error.strerror else ""
-        raise StorageError(f"cannot write records to {directory}: {error.strerror or error}{where}") from None
+        why = error.strerror or str(error)
+        link = error.filename
+        if isinstance(error, FileExistsError) and isinstance(link, str) and os.path.islink(link):
+            # A dangling link: 'File exists' where mkdir meets it, yet nothing is there.
+            why, where = f"{link} is a link to {os.readlink(link)}, which does not exist", ""
+        raise StorageError(f"cannot write records to {directory}: {why}{where}") from None
 
 
 #: What ``flock`` raises on a file system without file locks (Lustre mounted without

@@ -362,6 +362,19 @@ def test_a_directory_that_is_not_a_records_directory_is_refused_and_left_as_it_w
         assert sorted(p.name for p in tmp_path.iterdir()) == ["index.json"]  # no records/, no lock
 
 
+@pytest.mark.skipif(not hasattr(os, "symlink") or os.name == "nt", reason="needs symlinks")
+def test_a_save_dir_that_is_a_dangling_link_says_where_it_points(tmp_path):
+    # It said "cannot write records to DIR: File exists (DIR)", of a directory that is not there.
+    link = tmp_path / "runs"
+    link.symlink_to(tmp_path / "gone")
+    with pytest.raises(StorageError) as caught:
+        Writer(link)
+    assert str(caught.value) == (
+        f"cannot write records to {link}: {link} is a link to {tmp_path / 'gone'}, which does not exist"
+    )
+    assert not (tmp_path / "gone").exists()
+
+
 @pytest.mark.parametrize("lines", ['{"text": "hello"}\n{"text": "world"}', '{"text": "one line"}\n'])
 def test_another_program_s_index_jsonl_is_refused_and_left_as_it_was(tmp_path, lines):
     # JSON Lines data: kept as a journal whose header was lost, its last line would be
