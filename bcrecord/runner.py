@@ -1157,12 +1157,21 @@ def _program(program: str, args: Sequence[str], is_module: bool) -> _Program:
     main_file = os.path.join(program, "__main__.py") if os.path.isdir(program) else program
     if os.path.isdir(program) and not os.path.isfile(main_file):
         raise RunError(f"{program!r} is a directory with no __main__.py: there is nothing to run")
-    if bundle and not os.path.isdir(program):
-        with zipfile.ZipFile(program) as archive:
-            if "__main__.py" not in archive.namelist():
-                raise RunError(f"{program!r} is a zip file with no __main__.py: there is nothing to run")
     code = None
     uncompiled = None
+    if bundle and not os.path.isdir(program):
+        try:
+            with zipfile.ZipFile(program) as archive:
+                # (zipimport runs a __main__.pyc too)
+                members = archive.namelist()
+                inside = next((name for name in ("__main__.py", "__main__.pyc") if name in members), None)
+                if inside is None:
+                    raise RunError(f"{program!r} is a zip file with no __main__.py: there is nothing to run")
+                source = archive.read(inside)
+        except (OSError, zipfile.BadZipFile) as error:
+            raise RunError(f"cannot read {program!r}: {error}") from None
+        # Checked as a script is (runpy runs the archive's own copy, found on sys.path).
+        code, uncompiled = _compiled(source, os.path.join(os.path.abspath(program), inside))
     if os.path.isfile(main_file) and not zipfile.is_zipfile(main_file):
         try:
             with open(main_file, "rb") as handle:

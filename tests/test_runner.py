@@ -614,6 +614,32 @@ def test_run_a_directory_program_finds_its_own_modules(project):
     assert "never defines 'nope'" in one_clear_line(refused) and refused.stdout == ""
 
 
+@pytest.mark.parametrize("main", ["__main__.py", "__main__.pyc"])
+def test_run_a_zip_program_checks_its_targets_before_it_starts(project, main):
+    # A zip's __main__ was not read: a wrong target was said only at the end ("the program
+    # ended before defining nope"), after the program ran; a zip with __main__.pyc (which
+    # python runs) was refused as having no __main__.py.
+    import py_compile
+    import zipfile
+
+    source = project / "zmain.py"
+    source.write_text("import inner\n\ndef main():\n    z = inner.h(2)\n    print(z)\n\nmain()\n")
+    if main.endswith(".pyc"):
+        source = py_compile.compile(str(source), cfile=str(project / "zmain.pyc"), doraise=True)
+    with zipfile.ZipFile(project / "app.zip", "w") as archive:
+        archive.write(source, main)
+        archive.writestr("inner.py", "def h(a):\n    b = a + 1\n    return b\n")
+    expected = plain("app.zip", cwd=project)
+    result = cli("run", "-r", "inner:h:b", "-r", "__main__:main:z", "app.zip", cwd=project)
+    assert result.returncode == expected.returncode == 0, result.stderr
+    assert result.stdout == expected.stdout == "3\n"
+    rows = sorted(line.split()[0] for line in result.stderr.splitlines()[2:])
+    assert rows == ["__main__:main:z@0", "inner:h:b@0"]
+    refused = cli("run", "-r", "__main__:nope:x", "app.zip", cwd=project)
+    assert "target '__main__:nope:x': app.zip never defines 'nope'" in one_clear_line(refused)
+    assert refused.stdout == ""
+
+
 SHOWS_SYS_PATH = "import sys\n\ndef f():\n    y = 1\n    return y\n\nf()\nprint(sys.path)\n"
 
 
