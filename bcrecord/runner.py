@@ -1141,7 +1141,7 @@ def _program(program: str, args: Sequence[str], is_module: bool) -> _Program:
             raise RunError(f"no module named {program!r}")
         code = _module_code(spec)
         return _Program(
-            program, True, [program, *args], os.getcwd(), ("__main__", name), code, f"module {name}"
+            program, True, [program, *args], _working_directory(), ("__main__", name), code, f"module {name}"
         )
     if program == "-":
         return _stdin_program(args)
@@ -1237,6 +1237,14 @@ def _stdin_program(args: Sequence[str]) -> _Program:
         uncompiled = f"{type(error).__name__}: {error}"  # raised again when it runs, as Python does
     where = "the program on stdin"
     return _Program("-", False, ["-", *args], "", ("__main__",), code, where, None, uncompiled, source)
+
+
+def _working_directory() -> str:
+    """``os.getcwd()``, or ``''`` where the working directory was removed (python -m runs on then)."""
+    try:
+        return os.getcwd()
+    except OSError:
+        return ""
 
 
 def _import_parent(program: str) -> None:
@@ -1633,7 +1641,9 @@ class _Runner:
         """Run the program; returns its exit status (a ``SystemExit`` is re-raised as it was)."""
         # runpy's own calls (os.path, pkgutil...) before the program's code are not the program's.
         started = silence()
-        path = os.path.abspath(self.program.name)
+        # (a file's: a -m module's name needs no working directory, which may have been removed)
+        a_file = not self.program.is_module and self.program.source is None
+        path = os.path.abspath(self.program.name) if a_file else self.program.name
         self._start_main_trace(started)
         try:
             # The builtins module, as Python gives a program (runpy's exec would put its dict).
@@ -1980,8 +1990,10 @@ def run(
     finally:
         sys.path[:] = saved_path
     # (Its folder's modules are the program's only where its folder is on its sys.path.)
-    on_path = prog.path0 in prog.sys_path(saved_path)
-    shadowed = _shadowed(prog.path0 or os.curdir) if on_path else []
+    # (and where there is a folder: a working directory removed meanwhile is none)
+    folder = prog.path0 or _working_directory()
+    on_path = bool(folder) and prog.path0 in prog.sys_path(saved_path)
+    shadowed = _shadowed(folder) if on_path else []
     told = sys.stderr if stderr is None else stderr
     if shadowed and told is not None:  # (None: started without a stderr; print would use stdout)
         names = ", ".join(shadowed)
@@ -1992,7 +2004,7 @@ def run(
             "if it needs its own",
             file=told,
         )
-    taken = _taken_from_the_program(prog.path0 or os.curdir, ours) if on_path else []
+    taken = _taken_from_the_program(folder, ours) if on_path else []
     if taken and told is not None:
         print(
             f"bcrecord: warning: bcrecord imported the program's own {', '.join(taken)} in place of the "
