@@ -300,7 +300,13 @@ class Writer:
                 "the records directory is an empty string (give '.' for the working directory)"
             )
         # Absolute: a program may change its working directory (Hydra does) between saves.
-        self.directory = _expanded(directory).absolute()
+        try:
+            self.directory = _expanded(directory).absolute()
+        except FileNotFoundError:  # (os.getcwd's, for a relative path)
+            raise StorageError(
+                f"cannot write records to {os.fspath(directory)}: it is relative to the working "
+                "directory, which was removed"
+            ) from None
         self._lock = threading.Lock()
         #: Which journal this writer has read (its first bytes, as far as read: a journal
         #: made again, even in the same inode, starts otherwise), how much of it, and the
