@@ -70,9 +70,11 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import inspect
+import io
 import itertools
 import math
 import os
+import pkgutil
 import runpy
 import shlex
 import signal
@@ -128,6 +130,15 @@ _SKIP = object()
 
 class RunError(BcrecordError):
     """Bad input to ``bcrecord run``: a target, a program or an option."""
+
+
+class _ParentRaised(Exception):
+    """A parent package of the ``-m`` module raised as it was imported: the program's error,
+    shown as Python shows it (its traceback, status 1), not as bad input."""
+
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(str(error))
+        self.error = error
 
 
 class _TargetFailed(BaseException):
@@ -202,8 +213,15 @@ pkg.mod:forward' lists its specs)
         )
     module, qualname, spec_text = (p.strip() for p in parts)
     path = tuple(qualname.split("."))
-    if not all(p.isidentifier() for p in path) or not all(p.isidentifier() for p in module.split(".")):
-        raise RunError(f"bad target {text!r}: {module!r} and {qualname!r} must be dotted Python names")
+    if not all(p.isidentifier() for p in module.split(".")):
+        # A script named by its file ('my-train.py', './train.py'): its own functions are __main__'s.
+        raise RunError(
+            f"bad target {text!r}: {module!r} is no module's dotted name; a function of the program "
+            f"itself is '__main__:{qualname}:{spec_text}', one of another module is named as it is "
+            "imported ('package.module')"
+        )
+    if not all(p.isidentifier() for p in path):
+        raise RunError(f"bad target {text!r}: {qualname!r} must be a dotted Python name (Class.method)")
     # Names as written in the source: the compiler stores them NFKC-normalised ('\ufb01x' is 'fix').
     path = tuple(compiled_name(name) for name in path)
     try:
@@ -971,6 +989,13 @@ class _ShowAsTheProgramS:
         self.hook(kind, error, tb)
 
 
+def _without_import_frames(tb: Optional[types.TracebackType]) -> Optional[types.TracebackType]:
+    """``tb`` from its first frame that is not the import machinery's (``__import__``'s are)."""
+    while tb is not None and _is_import_frame(tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    return tb
+
+
 def _is_import_frame(filename: str) -> bool:
     """Whether a frame is the import machinery's (``<frozen importlib._bootstrap>`` and the like)."""
     return filename.startswith("<frozen importlib._bootstrap")
@@ -1069,6 +1094,26 @@ class _Program:
     uncompiled: Optional[str] = None
     #: The source of a program read from stdin (``-``), run as ``python -`` runs it.
     source: Optional[bytes] = None
+    #: A directory or zip program: Python puts it on ``sys.path`` even under ``python -P``.
+    bundle: bool = False
+
+    def sys_path(self, path: Sequence[str], running: bool = False) -> List[str]:
+        """``sys.path`` as Python gives the program: its folder (:attr:`path0`) in place of the
+        first entry, where ``python -m bcrecord`` and the ``bcrecord`` command put the working
+        directory. Under ``python -P`` (``PYTHONSAFEPATH``) they put none there, and Python adds
+        no script's or ``-m``'s folder either: only a directory or zip program's, which runpy
+        itself puts first as it runs it (``running``: it is left to runpy, or it is there twice).
+
+        >>> prog = _Program("prog.py", False, ["prog.py"], "/app", ("__main__",), None, "prog.py")
+        >>> safe = getattr(sys.flags, "safe_path", False)
+        >>> prog.sys_path(["/cwd", "/lib"]) == (["/cwd", "/lib"] if safe else ["/app", "/lib"])
+        True
+        """
+        safe = getattr(sys.flags, "safe_path", False)
+        rest = list(path) if safe else list(path[1:])
+        if self.bundle:
+            return rest if running else [self.path0, *rest]
+        return rest if safe else [self.path0, *rest]
 
 
 def _program(program: str, args: Sequence[str], is_module: bool) -> _Program:
@@ -1077,6 +1122,7 @@ def _program(program: str, args: Sequence[str], is_module: bool) -> _Program:
         # Parent packages see the argv python -m gives them while it looks for the module.
         sys.argv = ["-m", *args]
         try:
+            _import_parent(program)
             spec = importlib.util.find_spec(program)  # imports parent packages, as python -m does
             name = program
             if spec is not None and spec.submodule_search_locations is not None:
@@ -1086,43 +1132,53 @@ def _program(program: str, args: Sequence[str], is_module: bool) -> _Program:
                     raise RunError(
                         f"{program!r} is a package with no __main__ module: it cannot be run with -m"
                     )
-        except (ImportError, ValueError) as error:
-            raise RunError(f"cannot run module {program!r}: {error}") from None
+        except (ImportError, AttributeError, TypeError, ValueError) as error:  # (as runpy says them)
+            hint = f" (a script? drop -m: bcrecord run ... {program})" if program.endswith(".py") else ""
+            raise RunError(f"cannot run module {program!r}: {error}{hint}") from None
         finally:
             sys.argv = argv
         if spec is None:
             raise RunError(f"no module named {program!r}")
         code = _module_code(spec)
         return _Program(
-            program, True, [program, *args], os.getcwd(), ("__main__", name), code, f"module {name}"
+            program, True, [program, *args], _working_directory(), ("__main__", name), code, f"module {name}"
         )
     if program == "-":
         return _stdin_program(args)
     if not os.path.exists(program):
         raise RunError(f"no such file: {program!r}")
+    if not os.path.isdir(program) and not os.path.isfile(program):
+        # A pipe (`bcrecord run ... <(generate)`, /dev/stdin, a FIFO) can be read once: read it
+        # now and run what was read, as python reads it once (runpy would find it empty).
+        return _read_program(program, args)
     # A directory or zip file runs its __main__.py with itself first on sys.path, as
     # `python app` does: its own modules are found there, and checked there.
     bundle = os.path.isdir(program) or zipfile.is_zipfile(program)
     main_file = os.path.join(program, "__main__.py") if os.path.isdir(program) else program
     if os.path.isdir(program) and not os.path.isfile(main_file):
         raise RunError(f"{program!r} is a directory with no __main__.py: there is nothing to run")
-    if bundle and not os.path.isdir(program):
-        with zipfile.ZipFile(program) as archive:
-            if "__main__.py" not in archive.namelist():
-                raise RunError(f"{program!r} is a zip file with no __main__.py: there is nothing to run")
     code = None
     uncompiled = None
+    if bundle and not os.path.isdir(program):
+        try:
+            with zipfile.ZipFile(program) as archive:
+                # (zipimport runs a __main__.pyc too)
+                members = archive.namelist()
+                inside = next((name for name in ("__main__.py", "__main__.pyc") if name in members), None)
+                if inside is None:
+                    raise RunError(f"{program!r} is a zip file with no __main__.py: there is nothing to run")
+                source = archive.read(inside)
+        except (OSError, zipfile.BadZipFile) as error:
+            raise RunError(f"cannot read {program!r}: {error}") from None
+        # Checked as a script is (runpy runs the archive's own copy, found on sys.path).
+        code, uncompiled = _compiled(source, os.path.join(os.path.abspath(program), inside))
     if os.path.isfile(main_file) and not zipfile.is_zipfile(main_file):
         try:
             with open(main_file, "rb") as handle:
                 source = handle.read()
         except OSError as error:
             raise RunError(f"cannot read {main_file!r}: {error.strerror or error}") from None
-        try:
-            code = compile(source, main_file, "exec", dont_inherit=True)
-        except (SyntaxError, ValueError) as error:
-            code = None  # the program fails as Python would make it fail
-            uncompiled = f"{type(error).__name__}: {error}"
+        code, uncompiled = _compiled(source, main_file)
     stem = os.path.splitext(os.path.basename(program))[0]
     names = ("__main__", stem) if stem.isidentifier() and not bundle else ("__main__",)
     return _Program(
@@ -1136,7 +1192,28 @@ def _program(program: str, args: Sequence[str], is_module: bool) -> _Program:
         program,
         None if bundle else os.path.realpath(program),
         uncompiled,
+        bundle=bundle,
     )
+
+
+def _compiled(source: bytes, filename: str) -> Tuple[Optional[types.CodeType], Optional[str]]:
+    """The code of a program's ``source`` as runpy gets it -- a ``.pyc``'s own (read by its
+    magic number, whatever the file's name) or the source compiled -- and why there is none.
+
+    >>> code, why = _compiled(b"x = 1\\n", "prog.py")
+    >>> code.co_filename, why
+    ('prog.py', None)
+    >>> _compiled(b"x = (\\n", "prog.py")[1]
+    "SyntaxError: '(' was never closed (prog.py, line 1)"
+    """
+    try:
+        code = pkgutil.read_code(io.BytesIO(source))
+        if code is not None:
+            return code, None
+        return compile(source, filename, "exec", dont_inherit=True), None
+    except (SyntaxError, ValueError, EOFError, TypeError) as error:
+        # (a damaged .pyc, marshal's errors): the program fails as Python would make it fail
+        return None, f"{type(error).__name__}: {error}"
 
 
 def _stdin_program(args: Sequence[str]) -> _Program:
@@ -1160,6 +1237,45 @@ def _stdin_program(args: Sequence[str]) -> _Program:
         uncompiled = f"{type(error).__name__}: {error}"  # raised again when it runs, as Python does
     where = "the program on stdin"
     return _Program("-", False, ["-", *args], "", ("__main__",), code, where, None, uncompiled, source)
+
+
+def _working_directory() -> str:
+    """``os.getcwd()``, or ``''`` where the working directory was removed (python -m runs on then)."""
+    try:
+        return os.getcwd()
+    except OSError:
+        return ""
+
+
+def _import_parent(program: str) -> None:
+    """Import the ``-m`` module's parent package as runpy does first: an error its own code
+    raises (an ImportError included, one not about the package itself missing) is the
+    program's (:class:`_ParentRaised`); a missing package is said when the module is looked up."""
+    parent = program.rpartition(".")[0]
+    if not parent:
+        return
+    try:
+        __import__(parent)
+    except ImportError as error:
+        if error.name is None or (error.name != parent and not parent.startswith(error.name + ".")):
+            raise _ParentRaised(error) from None
+    except Exception as error:
+        raise _ParentRaised(error) from None
+
+
+def _read_program(program: str, args: Sequence[str]) -> _Program:
+    """A script that can be read once (a pipe: ``<(generate)``, ``/dev/stdin``, a FIFO), read to
+    its end now, to run as ``python <(generate)`` runs it: ``sys.argv[0]`` and its file are the
+    path given, ``sys.path[0]`` that path's folder, and ``__main__`` its only name."""
+    try:
+        with open(program, "rb") as handle:
+            source = handle.read()
+    except OSError as error:
+        raise RunError(f"cannot read {program!r}: {error.strerror or error}") from None
+    code, uncompiled = _compiled(source, program)
+    folder = os.path.dirname(os.path.abspath(program))
+    argv = [program, *args]
+    return _Program(program, False, argv, folder, ("__main__",), code, program, None, uncompiled, source)
 
 
 #: What torch.compile imports: the torch layer makes Dynamo skip probes, and all they call.
@@ -1483,10 +1599,7 @@ class _Runner:
         silently(lambda _: self.collector.start_timer(), None)  # threading's calls are not the program's
         self._saved_sys = (sys.argv[:], sys.path[:])
         sys.argv[:] = self.program.argv
-        if sys.path:
-            sys.path[0] = self.program.path0
-        else:
-            sys.path.append(self.program.path0)
+        sys.path[:] = self.program.sys_path(sys.path, running=True)
 
     def _hook_exec(self) -> None:
         """Close the run when the program replaces itself (``os.execv``, ``os.execlp``...).
@@ -1528,7 +1641,9 @@ class _Runner:
         """Run the program; returns its exit status (a ``SystemExit`` is re-raised as it was)."""
         # runpy's own calls (os.path, pkgutil...) before the program's code are not the program's.
         started = silence()
-        path = os.path.abspath(self.program.name)
+        # (a file's: a -m module's name needs no working directory, which may have been removed)
+        a_file = not self.program.is_module and self.program.source is None
+        path = os.path.abspath(self.program.name) if a_file else self.program.name
         self._start_main_trace(started)
         try:
             # The builtins module, as Python gives a program (runpy's exec would put its dict).
@@ -1536,7 +1651,7 @@ class _Runner:
             if self.program.is_module:
                 runpy.run_module(self.program.name, builtins_module, run_name="__main__", alter_sys=True)
             elif self.program.source is not None:
-                self._run_stdin_program()
+                self._run_read_program()
             else:
                 runpy.run_path(path, builtins_module, run_name="__main__")
             return 0
@@ -1563,17 +1678,23 @@ class _Runner:
                 self._main_before = sys.modules.get("__main__")
                 sys.modules["__main__"] = self.program_module
 
-    def _run_stdin_program(self) -> None:
-        """Run the program read from stdin in a new ``__main__`` module, as ``python -`` does
-        (and as runpy runs a script: the module is ``sys.modules['__main__']`` while it runs)."""
+    def _run_read_program(self) -> None:
+        """Run the program read from stdin (or a pipe) in a new ``__main__`` module, as ``python -``
+        (``python <(generate)``) does, and as runpy runs a script: the module is
+        ``sys.modules['__main__']`` while it runs."""
         assert self.program.source is not None
+        stdin = self.program.name == "-"
+        filename = "<stdin>" if stdin else self.program.name
         code = self.program.code
         if code is None:  # its SyntaxError, raised as the program's
-            code = compile(self.program.source, "<stdin>", "exec", dont_inherit=True)
+            code = compile(self.program.source, filename, "exec", dont_inherit=True)
         module = types.ModuleType("__main__")
-        module.__dict__.update(
-            __file__="<stdin>", __builtins__=builtins, __loader__=importlib.machinery.BuiltinImporter
+        loader = (
+            importlib.machinery.BuiltinImporter
+            if stdin
+            else importlib.machinery.SourceFileLoader("__main__", filename)
         )
+        module.__dict__.update(__file__=filename, __cached__=None, __builtins__=builtins, __loader__=loader)
         before = sys.modules.get("__main__")
         sys.modules["__main__"] = module
         try:
@@ -1854,16 +1975,25 @@ def run(
     if not parsed:
         raise RunError("nothing to record: give at least one --record TARGET")
     ours = dict(sys.modules)  # before the program's parent packages (python -m imports them)
-    prog = _program(program, args, module)
-    saved_path0 = sys.path[0] if sys.path else None
-    if sys.path:
-        sys.path[0] = prog.path0  # where the program's own modules are found (checked next)
+    try:
+        prog = _program(program, args, module)
+    except _ParentRaised as raised:  # its traceback, as python -m shows it (without runpy's frames)
+        error = raised.error
+        _as_the_program_s(error)
+        error.__traceback__ = _without_import_frames(error.__traceback__)
+        sys.excepthook(type(error), error, error.__traceback__)
+        return 1
+    saved_path = sys.path[:]
+    sys.path[:] = prog.sys_path(saved_path)  # where the program's own modules are found (checked next)
     try:
         check_targets(parsed, prog.code, prog.main_names, prog.where)
     finally:
-        if saved_path0 is not None:
-            sys.path[0] = saved_path0
-    shadowed = _shadowed(prog.path0 or os.curdir)
+        sys.path[:] = saved_path
+    # (Its folder's modules are the program's only where its folder is on its sys.path.)
+    # (and where there is a folder: a working directory removed meanwhile is none)
+    folder = prog.path0 or _working_directory()
+    on_path = bool(folder) and prog.path0 in prog.sys_path(saved_path)
+    shadowed = _shadowed(folder) if on_path else []
     told = sys.stderr if stderr is None else stderr
     if shadowed and told is not None:  # (None: started without a stderr; print would use stdout)
         names = ", ".join(shadowed)
@@ -1874,7 +2004,7 @@ def run(
             "if it needs its own",
             file=told,
         )
-    taken = _taken_from_the_program(prog.path0 or os.curdir, ours)
+    taken = _taken_from_the_program(folder, ours) if on_path else []
     if taken and told is not None:
         print(
             f"bcrecord: warning: bcrecord imported the program's own {', '.join(taken)} in place of the "

@@ -194,7 +194,12 @@ def _writing(directory: Path) -> Iterator[None]:
         raise
     except OSError as error:
         where = f" ({error.filename})" if error.filename and error.strerror else ""
-        raise StorageError(f"cannot write records to {directory}: {error.strerror or error}{where}") from None
+        why = error.strerror or str(error)
+        link = error.filename
+        if isinstance(error, FileExistsError) and isinstance(link, str) and os.path.islink(link):
+            # A dangling link: 'File exists' where mkdir meets it, yet nothing is there.
+            why, where = f"{link} is a link to {os.readlink(link)}, which does not exist", ""
+        raise StorageError(f"cannot write records to {directory}: {why}{where}") from None
 
 
 #: What ``flock`` raises on a file system without file locks (Lustre mounted without
@@ -295,7 +300,13 @@ class Writer:
                 "the records directory is an empty string (give '.' for the working directory)"
             )
         # Absolute: a program may change its working directory (Hydra does) between saves.
-        self.directory = _expanded(directory).absolute()
+        try:
+            self.directory = _expanded(directory).absolute()
+        except FileNotFoundError:  # (os.getcwd's, for a relative path)
+            raise StorageError(
+                f"cannot write records to {os.fspath(directory)}: it is relative to the working "
+                "directory, which was removed"
+            ) from None
         self._lock = threading.Lock()
         #: Which journal this writer has read (its first bytes, as far as read: a journal
         #: made again, even in the same inode, starts otherwise), how much of it, and the
@@ -1072,7 +1083,11 @@ def _header(directory: Path) -> Dict[str, Any]:
         raise StorageError(f"{directory / 'index.json'} is not a bcrecord records index")
     version = index.get("version")
     if version not in _READABLE:
-        raise StorageError(f"{directory}: records format version {version} is not supported")
+        readable = f"this bcrecord reads versions {_READABLE[0]} to {_READABLE[-1]}"
+        newer = isinstance(version, int) and not isinstance(version, bool) and version > VERSION
+        # (written by a later bcrecord: the one thing that helps is a bcrecord that reads it)
+        why = f"written by a newer bcrecord ({readable}): upgrade bcrecord to read it" if newer else readable
+        raise StorageError(f"{directory}: records format version {version!r} is not supported, {why}")
     return index
 
 

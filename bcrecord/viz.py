@@ -817,7 +817,10 @@ def _prepare(plot_dir: Path) -> None:
                     old.unlink()
             index.unlink()
     except OSError as error:
-        raise BcrecordError(f"cannot write pictures to {plot_dir}: {error.strerror or error}") from None
+        why = error.strerror or str(error)
+        if plot_dir.exists() and not plot_dir.is_dir():  # (mkdir's 'File exists' said of a file)
+            why = "a file is there, not a folder (move it away)"
+        raise BcrecordError(f"cannot write pictures to {plot_dir}: {why}") from None
 
 
 @contextlib.contextmanager

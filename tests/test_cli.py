@@ -154,6 +154,23 @@ def test_the_console_command_finds_modules_in_the_working_directory(project, tmp
     assert listed.returncode == 0 and "y@0" in listed.stdout, listed.stderr
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="a working directory in use cannot be removed")
+def test_the_console_command_runs_in_a_working_directory_that_was_removed(project, tmp_path_factory):
+    # `bcrecord` (not `python -m bcrecord`) failed with os.getcwd()'s FileNotFoundError traceback
+    # where python runs the program (a shell left in a build folder made again); `run -m` too.
+    bin_dir = tmp_path_factory.mktemp("bin")
+    (bin_dir / "bcrecord").write_text("import sys\nfrom bcrecord.cli import _console\nsys.exit(_console())\n")
+    gone = tmp_path_factory.mktemp("gone")
+    env = {**RUN["env"], "PYTHONPATH": f"{project}:{RUN['env']['PYTHONPATH']}"}
+    command = [sys.executable, str(bin_dir / "bcrecord"), "run", "-r", "__main__:main:joined"]
+    removed = {**RUN, "env": env, "cwd": gone, "preexec_fn": lambda: gone.rmdir()}
+    for program in (["-m", "pkg.tool"], [str(project / "pkg" / "tool.py")]):
+        ran = subprocess.run([*command, *program, "a"], **removed)
+        assert ran.returncode == 1 and ran.stdout == "A\n", ran.stderr
+        assert "Traceback" not in ran.stderr and "@0  1       'A'" in ran.stderr
+        gone.mkdir()
+
+
 def test_help_and_console_entry(project):
     for args in (["--help"], ["run", "--help"], ["view", "--help"], ["demo", "--help"]):
         result = cli(*args, cwd=project)

@@ -5,7 +5,9 @@ every N-th value; flushing when the program fails; ``-m``; modules imported late
 threads and unpicklable values; bad input stops the run before the program starts.
 """
 
+import ast
 import json
+import os
 import shlex
 import sys
 import textwrap
@@ -46,6 +48,13 @@ def test_parse_target_splits_module_path_and_spec():
         (":f:x", "bad target ':f:x': expected 'package.module:Class.method:SPEC'"),
         ("m::x", "bad target 'm::x'"),
         ("m:f:x@one", "bad index in 'x@one'"),
+        # A script named by its file: its functions are __main__'s (said: 'must be dotted Python names').
+        (
+            "./my-train.py:step:loss",
+            "'./my-train.py' is no module's dotted name; a function of the program itself is "
+            "'__main__:step:loss'",
+        ),
+        ("m:f-g:x", "'f-g' must be a dotted Python name (Class.method)"),
     ],
 )
 def test_parse_target_bad_input(text, words):
@@ -217,6 +226,33 @@ def test_run_module_s_parent_package_sees_the_argv_python_gives_it(project):
     assert result.stdout == expected.stdout == "['-m', 'a', 'b']\ntool 1\n", result.stderr
 
 
+@pytest.mark.parametrize(
+    "init, said",
+    [
+        ("raise RuntimeError('no config')", "RuntimeError: no config"),
+        ("import no_such_dependency_xyz", "ModuleNotFoundError: No module named 'no_such_dependency_xyz'"),
+    ],
+)
+def test_run_module_whose_parent_package_raises_shows_its_traceback_as_python_does(project, init, said):
+    # The package's own error came out of bcrecord's frames (cli.py, runner.py's _program).
+    (project / "failing").mkdir()
+    (project / "failing" / "__init__.py").write_text(f"{init}\n")
+    (project / "failing" / "tool.py").write_text("def x():\n    y = 1\n    return y\n")
+    expected = plain("-m", "failing.tool", cwd=project)
+    result = cli("run", "-r", "failing.tool:x:y", "-m", "failing.tool", cwd=project)
+    assert result.returncode == expected.returncode == 1
+    assert expected.stderr.endswith(said + "\n") and result.stderr.endswith(said + "\n")
+    init_file = project / "failing" / "__init__.py"
+    assert result.stderr == (
+        f'Traceback (most recent call last):\n  File "{init_file}", line 1, in <module>\n    {init}\n{said}\n'
+    )
+
+
+def test_run_module_named_as_a_file_says_to_drop_dash_m(project):
+    result = cli("run", "-r", "pkg.tool:main:joined", "-m", "pkg/tool.py", cwd=project)
+    assert "(a script? drop -m: bcrecord run ... pkg/tool.py)" in one_clear_line(result)
+
+
 def test_run_module_after_combined_short_flags_gets_its_own_arguments(project, tmp_path):
     # '-qm MODULE' is '-q -m MODULE', as python and argparse read it: what follows is the
     # program's (its '-o' included), not bcrecord's.
@@ -339,6 +375,45 @@ def test_run_shows_a_syntax_error_of_a_stdin_program_as_python_does(project):
     assert result.returncode == plain_run.returncode == 1
     assert result.stderr.startswith(plain_run.stderr), result.stderr
     assert "bcrecord: target '__main__:f:x' was never applied: the program does not compile" in result.stderr
+
+
+PIPED_PROGRAM = (
+    "import sys\n\ndef f(v):\n    x = v * 2\n    return x\n\n"
+    "print(f(3), f(4), sys.argv, __file__, type(__loader__).__name__, __cached__)\n"
+    "raise ValueError('from the pipe')\n"
+)
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/stdin"), reason="needs /dev/stdin")
+def test_run_of_a_script_that_is_a_pipe_reads_it_once_and_runs_it(project, tmp_path):
+    # `bcrecord run ... <(generate)` or /dev/stdin: bcrecord read the pipe to check the
+    # targets, then runpy found it empty: the program did nothing, status 0.
+    out = tmp_path / "records"
+    expected = plain("/dev/stdin", "a", cwd=project, input=PIPED_PROGRAM)
+    result = cli("run", "-r", "__main__:f:x", "-o", out, "/dev/stdin", "a", cwd=project, input=PIPED_PROGRAM)
+    assert result.returncode == expected.returncode == 1, result.stderr
+    assert result.stdout == expected.stdout == "6 8 ['/dev/stdin', 'a'] /dev/stdin SourceFileLoader None\n"
+    assert result.stderr.startswith(expected.stderr), result.stderr  # its traceback, as Python's
+    assert 'File "/dev/stdin", line 8, in <module>' in result.stderr
+    assert bcrecord.load(out)["__main__:f:x@0"] == [6, 8]
+    checked = cli("run", "-r", "__main__:g:x", "/dev/stdin", cwd=project, input=PIPED_PROGRAM)
+    assert "target '__main__:g:x': /dev/stdin never defines 'g'" in one_clear_line(checked)
+
+
+def test_run_of_a_compiled_script_checks_and_records_its_targets(project):
+    # A .pyc runs as python runs it; its targets were said to be in a program that
+    # "does not compile (... null bytes)", and were not checked before it started.
+    import py_compile
+
+    (project / "source.py").write_text("def f(v):\n    x = v * 2\n    return x\n\nprint(f(5))\n")
+    py_compile.compile(str(project / "source.py"), cfile=str(project / "compiled.pyc"), doraise=True)
+    expected = plain("compiled.pyc", cwd=project)
+    result = cli("run", "-r", "__main__:f:x", "compiled.pyc", cwd=project)
+    assert result.returncode == expected.returncode == 0, result.stderr
+    assert result.stdout == expected.stdout == "10\n"
+    assert "__main__:f:x@0  1       10" in result.stderr
+    checked = cli("run", "-r", "__main__:g:x", "compiled.pyc", cwd=project)
+    assert "target '__main__:g:x': compiled.pyc never defines 'g'" in one_clear_line(checked)
 
 
 def test_run_copy_none_saves_a_value_as_it_is_when_written_as_its_help_says(project, tmp_path):
@@ -537,6 +612,71 @@ def test_run_a_directory_program_finds_its_own_modules(project):
     assert rows == ["__main__:main:z@0", "inner:h:b@0"]
     refused = cli("run", "-r", "__main__:nope:x", "app", cwd=project)
     assert "never defines 'nope'" in one_clear_line(refused) and refused.stdout == ""
+
+
+@pytest.mark.parametrize("main", ["__main__.py", "__main__.pyc"])
+def test_run_a_zip_program_checks_its_targets_before_it_starts(project, main):
+    # A zip's __main__ was not read: a wrong target was said only at the end ("the program
+    # ended before defining nope"), after the program ran; a zip with __main__.pyc (which
+    # python runs) was refused as having no __main__.py.
+    import py_compile
+    import zipfile
+
+    source = project / "zmain.py"
+    source.write_text("import inner\n\ndef main():\n    z = inner.h(2)\n    print(z)\n\nmain()\n")
+    if main.endswith(".pyc"):
+        source = py_compile.compile(str(source), cfile=str(project / "zmain.pyc"), doraise=True)
+    with zipfile.ZipFile(project / "app.zip", "w") as archive:
+        archive.write(source, main)
+        archive.writestr("inner.py", "def h(a):\n    b = a + 1\n    return b\n")
+    expected = plain("app.zip", cwd=project)
+    result = cli("run", "-r", "inner:h:b", "-r", "__main__:main:z", "app.zip", cwd=project)
+    assert result.returncode == expected.returncode == 0, result.stderr
+    assert result.stdout == expected.stdout == "3\n"
+    rows = sorted(line.split()[0] for line in result.stderr.splitlines()[2:])
+    assert rows == ["__main__:main:z@0", "inner:h:b@0"]
+    refused = cli("run", "-r", "__main__:nope:x", "app.zip", cwd=project)
+    assert "target '__main__:nope:x': app.zip never defines 'nope'" in one_clear_line(refused)
+    assert refused.stdout == ""
+
+
+SHOWS_SYS_PATH = "import sys\n\ndef f():\n    y = 1\n    return y\n\nf()\nprint(sys.path)\n"
+
+
+@pytest.mark.parametrize("safe_path", ["", "1"])
+@pytest.mark.parametrize("program", ["prog.py", "app", "-m"])
+def test_run_gives_the_program_the_sys_path_python_gives_it(project, tmp_path, program, safe_path):
+    # A directory program had its folder on sys.path twice; under python -P (PYTHONSAFEPATH),
+    # where Python adds no script's folder, bcrecord put it in place of PYTHONPATH's first entry.
+    import subprocess
+
+    from .commands import _env
+
+    if safe_path and not hasattr(sys.flags, "safe_path"):
+        pytest.skip("python -P is Python 3.11+")
+    (project / "app").mkdir()
+    (project / "app" / "__main__.py").write_text(SHOWS_SYS_PATH)
+    (project / "shows.py").write_text(SHOWS_SYS_PATH)
+    extra = tmp_path / "extra"  # on PYTHONPATH: found under python -P too
+    extra.mkdir()
+    (extra / "shows_m.py").write_text(SHOWS_SYS_PATH)
+    env = dict(_env(), PYTHONSAFEPATH=safe_path)
+    env["PYTHONPATH"] += os.pathsep + str(extra)
+    where = {"prog.py": ["shows.py"], "app": ["app"], "-m": ["-m", "shows_m"]}[program]
+
+    def ran(*command):
+        done = subprocess.run(
+            [sys.executable, *command], cwd=project, env=env, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    expected = ran(*where)
+    assert ran("-m", "bcrecord", "run", "-q", "-r", "__main__:f:y", *where) == expected
+    path = ast.literal_eval(expected)
+    assert str(extra) in path
+    folder = str(project / "app") if program == "app" else str(project)
+    assert path.count(folder) == (0 if safe_path and program != "app" else 1)
 
 
 def test_run_whose_saves_fail_says_so_once_and_exits_2(project, tmp_path):

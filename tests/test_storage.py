@@ -343,7 +343,15 @@ class _Step:
     [
         ('{"name": "my project"}', "not a bcrecord records index"),
         ("not json", "cannot read"),
-        ('{"format": "bcrecord-records", "version": 99}', "version 99 is not supported"),
+        (
+            '{"format": "bcrecord-records", "version": 99}',
+            "version 99 is not supported, written by a newer bcrecord "
+            "\\(this bcrecord reads versions 1 to 2\\): upgrade bcrecord to read it",
+        ),
+        (
+            '{"format": "bcrecord-records", "version": "2"}',
+            "version '2' is not supported, this bcrecord reads",
+        ),
     ],
 )
 def test_a_directory_that_is_not_a_records_directory_is_refused_and_left_as_it_was(tmp_path, index, why):
@@ -352,6 +360,33 @@ def test_a_directory_that_is_not_a_records_directory_is_refused_and_left_as_it_w
         with pytest.raises(StorageError, match=why):
             attempt()
         assert sorted(p.name for p in tmp_path.iterdir()) == ["index.json"]  # no records/, no lock
+
+
+@pytest.mark.skipif(os.name == "nt", reason="a working directory in use cannot be removed")
+def test_a_relative_save_dir_in_a_removed_working_directory_is_a_clear_error(tmp_path, monkeypatch):
+    # It was os.getcwd()'s FileNotFoundError, a traceback out of `bcrecord run -o out`.
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    with pytest.raises(StorageError) as caught:
+        Writer("out")
+    assert str(caught.value) == (
+        "cannot write records to out: it is relative to the working directory, which was removed"
+    )
+
+
+@pytest.mark.skipif(not hasattr(os, "symlink") or os.name == "nt", reason="needs symlinks")
+def test_a_save_dir_that_is_a_dangling_link_says_where_it_points(tmp_path):
+    # It said "cannot write records to DIR: File exists (DIR)", of a directory that is not there.
+    link = tmp_path / "runs"
+    link.symlink_to(tmp_path / "gone")
+    with pytest.raises(StorageError) as caught:
+        Writer(link)
+    assert str(caught.value) == (
+        f"cannot write records to {link}: {link} is a link to {tmp_path / 'gone'}, which does not exist"
+    )
+    assert not (tmp_path / "gone").exists()
 
 
 @pytest.mark.parametrize("lines", ['{"text": "hello"}\n{"text": "world"}', '{"text": "one line"}\n'])

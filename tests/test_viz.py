@@ -132,6 +132,20 @@ def test_view_of_a_file_says_it_is_not_a_directory(tmp_path):
         view(tmp_path / "afile", plots=False, out=io.StringIO())
 
 
+def test_a_file_where_the_plots_folder_goes_is_said_to_be_a_file(tmp_path):
+    # It said "cannot write pictures to DIR/plots: File exists", of a folder that is not there.
+    from bcrecord.viz import _prepare
+
+    (tmp_path / "plots").write_text("notes")
+    with pytest.raises(BcrecordError) as caught:
+        _prepare(tmp_path / "plots")
+    assert (
+        str(caught.value)
+        == f"cannot write pictures to {tmp_path / 'plots'}: a file is there, not a folder (move it away)"
+    )
+    assert (tmp_path / "plots").read_text() == "notes"
+
+
 def test_write_index_links_every_key_and_escapes(tmp_path):
     summaries = [
         KeySummary("m:f:<x>@0", [0], [1.0], (), False, "float", 1.0, 1.0, 1.0),
