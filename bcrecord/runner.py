@@ -1173,11 +1173,7 @@ def _program(program: str, args: Sequence[str], is_module: bool) -> _Program:
         # Checked as a script is (runpy runs the archive's own copy, found on sys.path).
         code, uncompiled = _compiled(source, os.path.join(os.path.abspath(program), inside))
     if os.path.isfile(main_file) and not zipfile.is_zipfile(main_file):
-        try:
-            with open(main_file, "rb") as handle:
-                source = handle.read()
-        except OSError as error:
-            raise RunError(f"cannot read {main_file!r}: {error.strerror or error}") from None
+        source = _source_of(main_file)
         code, uncompiled = _compiled(source, main_file)
     stem = os.path.splitext(os.path.basename(program))[0]
     names = ("__main__", stem) if stem.isidentifier() and not bundle else ("__main__",)
@@ -1263,15 +1259,20 @@ def _import_parent(program: str) -> None:
         raise _ParentRaised(error) from None
 
 
+def _source_of(path: str) -> bytes:
+    """The bytes of the program file at ``path``, or a :class:`RunError` that names it."""
+    try:
+        with open(path, "rb") as handle:
+            return handle.read()
+    except OSError as error:
+        raise RunError(f"cannot read {path!r}: {error.strerror or error}") from None
+
+
 def _read_program(program: str, args: Sequence[str]) -> _Program:
     """A script that can be read once (a pipe: ``<(generate)``, ``/dev/stdin``, a FIFO), read to
     its end now, to run as ``python <(generate)`` runs it: ``sys.argv[0]`` and its file are the
     path given, ``sys.path[0]`` that path's folder, and ``__main__`` its only name."""
-    try:
-        with open(program, "rb") as handle:
-            source = handle.read()
-    except OSError as error:
-        raise RunError(f"cannot read {program!r}: {error.strerror or error}") from None
+    source = _source_of(program)
     code, uncompiled = _compiled(source, program)
     folder = os.path.dirname(os.path.abspath(program))
     argv = [program, *args]
