@@ -12,6 +12,8 @@ def _env():
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
     env.pop("PYTHONWARNINGS", None)
+    # As tox runs them (it passes no PYTHONUNBUFFERED): a program's output buffered as a user's is.
+    env.pop("PYTHONUNBUFFERED", None)
     env.setdefault("OMP_NUM_THREADS", "1")
     return env
 

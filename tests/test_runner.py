@@ -1861,7 +1861,7 @@ def test_a_program_that_replaces_itself_with_exec_saves_its_values_first(project
                 try:
                     os.execlp("bcrecord-no-such-program", "x")
                 except OSError:
-                    print("failed")
+                    print("failed", flush=True)  # (exec flushes nothing, with or without bcrecord)
                 f(3)
             os.environ["PATH"] = os.pathsep.join(["/bcrecord-no-such-dir", os.path.dirname(sys.executable)])
             os.execvp(os.path.basename(sys.executable), [sys.executable, "-c", "print('replaced')"])
