@@ -438,6 +438,9 @@ class _Slot:
         #: means someone else replaced it (``f.__code__ = ...``, IPython's autoreload).
         self._code = live.__code__
         self.replaced = False
+        #: A patch's stand-in copy (not a recording copy, which has defaults of its own): the
+        #: defaults it last took from ``base``, whose later ones it takes (see _follow_defaults).
+        self.follows: Optional[Tuple[Any, Any]] = None
         # Probed code for subsets of the patches (ids in slot order), built when armed.
         self._subsets: Dict[Tuple[int, ...], types.CodeType] = {}
 
@@ -495,7 +498,25 @@ class _Slot:
             code = self._subsets[chosen] = self.plan([p for p in self.patches if id(p) in chosen])
         return code
 
+    def _follow_defaults(self) -> None:
+        """Give the stand-in defaults set anew on ``base`` since it was made.
+
+        ``M.forward.__defaults__ = ...`` (a config system) after a patch of one instance
+        sets them on the class's function, which the instance's copy would not see; those
+        set through the stand-in itself (``M.m.__defaults__`` under a class patch) stay.
+        """
+        if self.follows is None:
+            return
+        defaults, kwdefaults = self.base.__defaults__, self.base.__kwdefaults__
+        seen_defaults, seen_kwdefaults = self.follows
+        if defaults is not seen_defaults:
+            self.live.__defaults__ = defaults
+        if kwdefaults is not seen_kwdefaults:
+            self.live.__kwdefaults__ = kwdefaults
+        self.follows = (defaults, kwdefaults)
+
     def arm(self, wanted: Optional[Container[int]]) -> None:
+        self._follow_defaults()
         self.armed = True
         code = self.code_for(wanted)
         current = self.live.__code__
@@ -506,6 +527,7 @@ class _Slot:
                 _swap_hook(code, code is not self.original_code, self.live)
 
     def disarm(self) -> None:
+        self._follow_defaults()
         self.armed = False
         code = self.live.__code__
         ours = code is self._code and not self.replaced
@@ -1428,6 +1450,7 @@ def _patch_method(
     live = _copy_function(base, stand_in=True)
     installed = _wrap_like(raw, live, obj, in_own_dict=raw is own)
     slot = _Slot(base, live, restore=_Restore(obj, method, own, installed))
+    slot.follows = (base.__defaults__, base.__kwdefaults__)
     slot.key = key
     patch = _attach(slot, obj, method, specs, name, default, method)
     try:

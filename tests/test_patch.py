@@ -1715,3 +1715,24 @@ def test_a_function_with_builtins_of_its_own_keeps_its_globals_as_they_were(styl
     finally:
         bcrecord.set_probe_style(previous)
     assert rec["sandbox:f:x@0"] == 3 and f("ab") == (2, ["__builtins__", "__name__", "f"])
+
+
+def test_defaults_set_anew_on_the_class_reach_an_instance_patched_meanwhile():
+    # A config system sets M.forward's defaults after one instance was patched: the
+    # instance's calls use them, as they would unpatched, and removal keeps the newest.
+    class M:
+        def forward(self, x, k=1, *, kw=2):
+            y = x + k + kw
+            return y
+
+    m = M()
+    patch = bcrecord.patch_method(m, "forward", "y", name="m")
+    M.forward.__defaults__ = (10,)
+    M.forward.__kwdefaults__ = {"kw": 100}
+    with bcrecord.recording() as rec:
+        assert m.forward(0) == 110
+    assert rec.all("m:forward:y@0") == [110] and m.forward(1) == 111
+    M.forward.__defaults__ = (20,)
+    patch.remove()
+    assert M.forward.__defaults__ == (20,) and M.forward.__kwdefaults__ == {"kw": 100}
+    assert m.forward(0) == M().forward(0) == 120
