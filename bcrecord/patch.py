@@ -133,11 +133,32 @@ def _wrapped(func: Any) -> Optional[types.FunctionType]:
 
     Through a bound method: ``functools.wraps(obj.method)`` (what ``torch.compile(obj.m)``
     and activation-checkpointing wrappers set on an instance) calls the method's function.
+    Through the C wrappers that call the function they hold: a staticmethod or classmethod
+    (``functools.wraps`` over one, in a class body) and ``functools.lru_cache``/``cache``.
+
+    >>> import functools
+    >>> def logged(f):
+    ...     return functools.wraps(f)(lambda *args: f(*args))
+    >>> @logged
+    ... @functools.lru_cache
+    ... def square(v):
+    ...     return v * v
+    >>> _wrapped(square).__qualname__
+    'square'
     """
     inner = getattr(func, "__wrapped__", None)
-    if isinstance(inner, types.MethodType):
-        inner = inner.__func__
+    for _ in range(100):  # (a __wrapped__ cycle among C wrappers ends it)
+        if isinstance(inner, (types.MethodType, staticmethod, classmethod)):
+            inner = inner.__func__
+        elif isinstance(inner, _CACHE_WRAPPER):
+            inner = getattr(inner, "__wrapped__", None)
+        else:
+            break
     return inner if isinstance(inner, types.FunctionType) else None
+
+
+#: ``functools.lru_cache``'s (and ``cache``'s) wrapper: it calls the function it holds on a miss.
+_CACHE_WRAPPER = type(functools.lru_cache(maxsize=None)(lambda: None))
 
 
 def function_of(obj: Any) -> types.FunctionType:
@@ -248,6 +269,10 @@ def no_python_method(cls: type) -> str:
 
 def _why_not_a_function(obj: Any) -> str:
     """Why ``obj`` cannot be patched, and what to patch instead."""
+    if isinstance(obj, (staticmethod, classmethod)) and not isinstance(obj.__func__, types.FunctionType):
+        # staticmethod(functools.lru_cache(f)): what it holds is what cannot be patched, and
+        # the class's attribute gives that (its name is the method's).
+        return _why_not_a_function(obj.__func__)
     name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
     if isinstance(obj, property):  # its getter's name has the class (a 3.13 property's own has not)
         name = getattr(obj.fget, "__qualname__", None) or name

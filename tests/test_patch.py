@@ -398,6 +398,71 @@ class Layer(Block):
         return [*super().__dir__(), "forward", "weight"]
 
 
+def test_a_cache_under_a_staticmethod_or_classmethod_says_what_to_patch():
+    # It said "A.s is a builtin or C function: it has no bytecode to patch".
+    class A:
+        @staticmethod
+        @functools.lru_cache
+        def s(a):
+            x = a * 2
+            return x
+
+        @classmethod
+        @functools.cache
+        def c(cls, a):
+            x = a * 3
+            return x
+
+    for method in ("s", "c"):
+        message = rf"^.*\.A\.{method} is a _lru_cache_wrapper .*patch_function\(.*\.A\.{method}\.__wrapped__, specs"
+        with pytest.raises(NotPatchableError, match=message):
+            bcrecord.patch_method(A, method, "x")
+    with pytest.raises(NotPatchableError, match=r"A\.s is a _lru_cache_wrapper"):
+        bcrecord.targets(A.__dict__["s"])
+    # What the message says works.
+    with (
+        bcrecord.patch_function(A.s.__wrapped__, "x", name="A"),
+        bcrecord.patch_function(A.c.__wrapped__, "x", name="A"),
+        bcrecord.recording() as rec,
+    ):
+        assert (A.s(2), A.c(2)) == (4, 6)
+    assert (rec["A:s:x@0"], rec["A:c:x@0"]) == (4, 6)
+
+
+def test_a_wraps_decorator_over_a_cache_or_a_staticmethod_records_the_function_inside():
+    # functools.wraps over lru_cache (or over a staticmethod, in a class body) stopped at the
+    # wrapper: "lw has no assignment to a local named 'x'; assigned locals: (none)".
+    def logged(f):
+        @functools.wraps(f)
+        def wrapper(*args, **kwargs):
+            return f(*args, **kwargs)
+
+        return wrapper
+
+    @logged
+    @functools.lru_cache
+    def lw(a):
+        x = a - 2
+        return x
+
+    class B:
+        @logged
+        @staticmethod
+        def s(a):
+            x = a * 11
+            return x
+
+    assert bcrecord.targets(lw).specs() == ["x@0", "-@0", "return"]
+    with (
+        bcrecord.patch_function(lw, "x", name="m") as patch,
+        bcrecord.patch_method(B, "s", "x"),
+        bcrecord.recording() as rec,
+    ):
+        assert (lw(5), lw(5), lw(6), B.s(1)) == (3, 3, 4, 11)
+    assert rec.all("m:lw:x@0") == [3, 4] and rec.all("B:s:x@0") == [11]  # (a cache hit runs no code)
+    assert patch.keys == ("m:lw:x@0",) and lw.__wrapped__.__wrapped__.__code__ is patch.original_code
+
+
 def test_an_attribute_made_by_getattr_is_named_and_suggestions_are_not_repeated():
     with pytest.raises(NotPatchableError) as caught:
         bcrecord.patch_method(Layer(), "weight", "x")
