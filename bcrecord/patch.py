@@ -463,9 +463,9 @@ class _Slot:
         #: means someone else replaced it (``f.__code__ = ...``, IPython's autoreload).
         self._code = live.__code__
         self.replaced = False
-        #: A patch's stand-in copy (not a recording copy, which has defaults of its own): the
-        #: defaults it last took from ``base``, whose later ones it takes (see _follow_defaults).
-        self.follows: Optional[Tuple[Any, Any]] = None
+        #: A patch's stand-in copy (not a recording copy, which is a function of its own): the
+        #: defaults and code it last took from ``base``, whose later ones it takes (see _follow).
+        self.follows: Optional[Tuple[Any, Any, types.CodeType]] = None
         # Probed code for subsets of the patches (ids in slot order), built when armed.
         self._subsets: Dict[Tuple[int, ...], types.CodeType] = {}
 
@@ -523,25 +523,36 @@ class _Slot:
             code = self._subsets[chosen] = self.plan([p for p in self.patches if id(p) in chosen])
         return code
 
-    def _follow_defaults(self) -> None:
-        """Give the stand-in defaults set anew on ``base`` since it was made.
+    def _follow(self) -> None:
+        """Give the stand-in the defaults and code set anew on ``base`` since it was made.
 
-        ``M.forward.__defaults__ = ...`` (a config system) after a patch of one instance
-        sets them on the class's function, which the instance's copy would not see; those
+        A patch of one instance copies the class's function: ``M.forward.__defaults__ = ...``
+        (a config system) or its ``__code__`` set anew (IPython's autoreload) reach the other
+        instances, and this one too; then its new code runs, unprobed (see _replaced). Those
         set through the stand-in itself (``M.m.__defaults__`` under a class patch) stay.
         """
         if self.follows is None:
             return
-        defaults, kwdefaults = self.base.__defaults__, self.base.__kwdefaults__
-        seen_defaults, seen_kwdefaults = self.follows
+        base = self.base
+        defaults, kwdefaults, code = base.__defaults__, base.__kwdefaults__, _own_code(base)
+        seen_defaults, seen_kwdefaults, seen_code = self.follows
         if defaults is not seen_defaults:
             self.live.__defaults__ = defaults
         if kwdefaults is not seen_kwdefaults:
             self.live.__kwdefaults__ = kwdefaults
-        self.follows = (defaults, kwdefaults)
+        self.follows = (defaults, kwdefaults, code)
+        if code is not seen_code:
+            try:
+                self.live.__code__ = code
+            except ValueError:  # other free variables: it cannot run in the copy
+                warn(
+                    f"{base.__qualname__}'s code was replaced while a copy of it was patched, by code "
+                    "with other free variables; the patched copy keeps its former code: remove the "
+                    "patch and patch it again"
+                )
 
     def arm(self, wanted: Optional[Container[int]]) -> None:
-        self._follow_defaults()
+        self._follow()
         self.armed = True
         code = self.code_for(wanted)
         current = self.live.__code__
@@ -552,7 +563,7 @@ class _Slot:
                 _swap_hook(code, code is not self.original_code, self.live)
 
     def disarm(self) -> None:
-        self._follow_defaults()
+        self._follow()
         self.armed = False
         code = self.live.__code__
         ours = code is self._code and not self.replaced
@@ -1475,7 +1486,7 @@ def _patch_method(
     live = _copy_function(base, stand_in=True)
     installed = _wrap_like(raw, live, obj, in_own_dict=raw is own)
     slot = _Slot(base, live, restore=_Restore(obj, method, own, installed))
-    slot.follows = (base.__defaults__, base.__kwdefaults__)
+    slot.follows = (base.__defaults__, base.__kwdefaults__, _own_code(base))
     slot.key = key
     patch = _attach(slot, obj, method, specs, name, default, method)
     try:

@@ -1801,3 +1801,27 @@ def test_defaults_set_anew_on_the_class_reach_an_instance_patched_meanwhile():
     patch.remove()
     assert M.forward.__defaults__ == (20,) and M.forward.__kwdefaults__ == {"kw": 100}
     assert m.forward(0) == M().forward(0) == 120
+
+
+def test_code_set_anew_on_the_class_runs_in_an_instance_patched_meanwhile():
+    # IPython's autoreload sets M.forward.__code__ after one instance was patched: that
+    # instance ran the code from before the edit; it runs the new one (unprobed, as an
+    # in-place patch whose code is replaced does, with the same warning).
+    class M:
+        def forward(self, x):
+            y = x + 1
+            return y
+
+    def edited(self, x):
+        y = x + 100
+        return y
+
+    m = M()
+    patch = bcrecord.patch_method(m, "forward", "y", name="m")
+    M.forward.__code__ = edited.__code__
+    with pytest.warns(bcrecord.RecordingWarning, match=r"M.forward's code was replaced while it was patched"):
+        with bcrecord.recording() as rec:
+            assert m.forward(1) == 101
+    assert len(rec) == 0 and m.forward(2) == 102
+    patch.remove()
+    assert M.forward.__code__ is edited.__code__ and m.forward(1) == M().forward(1) == 101
