@@ -1,11 +1,16 @@
 """Generated programs behave exactly the same with every recordable site probed.
 
 Each program is compiled and executed twice, each time in a fresh namespace: once
-as it is, once with every function and method it defines patched in place
-(:func:`bcrecord.patch_function`) with *all* of its targets
-(:meth:`bcrecord.targets(func).specs() <bcrecord.analysis.Targets.specs>`). Every
-function is then called with a few simple arguments (ints, None, strings) -- the
-probed ones inside an active recording -- and the outcomes must be identical:
+as it is, once with every function it defines patched in place
+(:func:`bcrecord.patch_function`) with *all* of its targets -- locals, attribute
+chains, call sites, operators, returns
+(:meth:`bcrecord.targets(func).specs() <bcrecord.analysis.Targets.specs>`) -- and
+every method patched on one instance (:func:`bcrecord.patch_method`, a copy of the
+function with a per-instance owner, as the torch layer patches a module) with all
+of those such a patch can probe (``specs(per_instance=True)``). Every function is
+then called with a few simple arguments (ints, None, strings), a method through
+its instance -- the probed ones inside an active recording -- and the outcomes must
+be identical:
 the returned value (its ``repr``, addresses masked; generators and coroutines are
 driven to the end, ten steps at most) or the exception (type and message).
 Besides, every probed call that returned must have recorded exactly the object it
@@ -38,6 +43,7 @@ generators are slow). Run::
 from __future__ import annotations
 
 import contextlib
+import functools
 import inspect
 import json
 import os
@@ -172,8 +178,21 @@ def _functions(namespace: Dict[str, Any]) -> List[Tuple[str, types.FunctionType,
                 elif isinstance(raw, classmethod):
                     add(label, raw.__func__, types.MethodType(raw.__func__, value))
                 elif isinstance(raw, types.FunctionType):
-                    add(label, raw, raw, instance)
+                    add(label, raw, raw if instance is None else _through_instance(attr, raw), instance)
     return found[:MAX_FUNCTIONS]
+
+
+def _through_instance(attr: str, func: types.FunctionType) -> Callable[..., Any]:
+    """Call method ``attr`` as ``instance.attr(...)``, where a patch of that instance runs
+    (with ``func``'s signature, which :func:`_argument_sets` reads)."""
+
+    @functools.wraps(func)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if not args:  # (no instance to pass: the class's function, as it is)
+            return func(**kwargs)
+        return getattr(args[0], attr)(*args[1:], **kwargs)
+
+    return call
 
 
 def _argument_sets(call: Callable[..., Any], instance: Any) -> List[Tuple[tuple, dict]]:
@@ -208,17 +227,32 @@ def run_program(code: types.CodeType, probed: bool) -> Dict[str, Any]:
         executed = _raised(exc)
     functions = _functions(namespace)
     patches: Dict[str, Any] = {}
+    owners: Dict[str, str] = {}
     if probed:
-        for number, (label, func, _, _) in enumerate(functions):
+        for number, (label, func, _, instance) in enumerate(functions):
+            owners[label] = f"g{number}"
+            attr = label.rpartition(".")[2]
+            if instance is not None and func.__code__.co_argcount and not attr.startswith("__"):
+                # A method: patched on its instance alone, with a per-instance owner (a copy of
+                # the function, probes given the instance), as the torch layer patches a module.
+                specs = bcrecord.targets(func).specs(per_instance=True)
+                if specs:
+                    patches[label] = bcrecord.patch_method(
+                        instance, attr, specs, name=lambda obj, owner=owners[label]: owner
+                    )
+                continue
             specs = bcrecord.targets(func).specs()
             if specs:
-                patches[label] = bcrecord.patch_function(func, specs, name=f"g{number}")
+                patches[label] = bcrecord.patch_function(func, specs, name=owners[label])
     calls: List[Any] = []
     problems: List[str] = []
     recording = bcrecord.recording(copy="none", keep="all") if probed else contextlib.nullcontext()
     with recording as rec:
         for label, func, call, instance in functions:
-            if probed and label in patches and func.__code__ is patches[label].original_code:
+            in_place = (
+                instance is None or not func.__code__.co_argcount or label.rpartition(".")[2][:2] == "__"
+            )
+            if probed and label in patches and in_place and func.__code__ is patches[label].original_code:
                 problems.append(f"{label}: the original code runs inside a recording")
             for args, kwargs in _argument_sets(call, instance):
                 try:
@@ -229,6 +263,7 @@ def run_program(code: types.CodeType, probed: bool) -> Dict[str, Any]:
                 calls.append([label, _drive(result)])
                 if probed and label in patches and not func.__code__.co_flags & _LAZY:
                     key = next(k for k in patches[label].keys if k.endswith(":return"))
+                    key = owners[label] + key[key.index(":") :]  # (a per-instance owner shows as '*')
                     recorded = rec.all(key) if key in rec else []
                     if not recorded or recorded[-1] is not result:
                         problems.append(f"{label}{args}: returned {_show(result)}, recorded {recorded[-1:]}")
