@@ -305,8 +305,11 @@ def _why_not_a_function(obj: Any) -> str:
             f"the default one ({name}.registry[object]) or one registered for a type ({name}.registry[type])"
         )
     if isinstance(getattr(obj, "__wrapped__", None), types.FunctionType):  # functools.lru_cache, cache
+        # (or an object of a Python class that functools.update_wrapper made look like one)
+        python = isinstance(inspect.getattr_static(type(obj), "__call__", None), types.FunctionType)
+        around = "an object of a Python class" if python else "C code"
         return (
-            f"{name} is a {type(obj).__name__} (C code around a Python function): patch the "
+            f"{name} is {_a(type(obj).__name__)} ({around} around a Python function): patch the "
             f"function it wraps, patch_function({name}.__wrapped__, specs)"
         )
     mock = sys.modules.get("unittest.mock")  # (not imported here: no mock exists without it)

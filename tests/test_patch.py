@@ -429,6 +429,32 @@ def test_a_cache_under_a_staticmethod_or_classmethod_says_what_to_patch():
     assert (rec["A:s:x@0"], rec["A:c:x@0"]) == (4, 6)
 
 
+def test_a_python_class_made_to_look_like_the_function_it_wraps_is_not_called_c_code():
+    # functools.update_wrapper(self, f) in a decorator class: it said "(C code around ...)".
+    class Traced:
+        def __init__(self, f):
+            functools.update_wrapper(self, f)
+            self.f = f
+
+        def __call__(self, *args):
+            return self.f(*args)
+
+    @Traced
+    def g(a):
+        x = a + 1
+        return x
+
+    message = (
+        r"^.*g is a Traced \(an object of a Python class around a Python function\): patch the function "
+        r"it wraps, patch_function\(.*g\.__wrapped__, specs\)$"
+    )
+    with pytest.raises(NotPatchableError, match=message):
+        bcrecord.patch_function(g, "x")
+    with bcrecord.patch_function(g.__wrapped__, "x", name="m"), bcrecord.recording() as rec:
+        assert g(1) == 2
+    assert rec["m:g:x@0"] == 2
+
+
 def test_a_wraps_decorator_over_a_cache_or_a_staticmethod_records_the_function_inside():
     # functools.wraps over lru_cache (or over a staticmethod, in a class body) stopped at the
     # wrapper: "lw has no assignment to a local named 'x'; assigned locals: (none)".
