@@ -544,15 +544,8 @@ class _Slot:
         if kwdefaults is not seen_kwdefaults:
             self.live.__kwdefaults__ = kwdefaults
         self.follows = (defaults, kwdefaults, code)
-        if code is not seen_code:
-            try:
-                self.live.__code__ = code
-            except ValueError:  # other free variables: it cannot run in the copy
-                warn(
-                    f"{base.__qualname__}'s code was replaced while a copy of it was patched, by code "
-                    "with other free variables; the patched copy keeps its former code: remove the "
-                    "patch and patch it again"
-                )
+        if code is not seen_code:  # (with as many free variables: the copy has base's closure)
+            self.live.__code__ = code
 
     def arm(self, wanted: Optional[Container[int]]) -> None:
         self._follow()
