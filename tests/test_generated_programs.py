@@ -459,6 +459,9 @@ def _expressions(with_self: bool) -> st.SearchStrategy[str]:
             inner.map(lambda e: f"'{{}}-{{}}'.format({e}, *[1])"),
             inner.map(lambda e: f"(lambda *p, **k: (p, k))({e}, *[1], **{{'q': 2}})"),
             inner.map(lambda e: f"[str(i).zfill(2) for i in range(2) if {e}]"),
+            # Callees that are no call sites: an item, a call's result (the calls inside them are).
+            inner.map(lambda e: f"[str, repr][1]({e})"),
+            inner.map(lambda e: f"(lambda: len)()(str({e}))"),
             # Calls of global-rooted chains: nested, with keywords, star-args, in comprehensions.
             inner.map(lambda e: f"cfg.fn({e}, k=math.pi)"),
             inner.map(lambda e: f"math.floor(math.sqrt(len(str({e}))))"),
