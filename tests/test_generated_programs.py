@@ -43,6 +43,7 @@ generators are slow). Run::
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import functools
 import inspect
 import json
@@ -51,6 +52,7 @@ import re
 import select
 import signal
 import sys
+import tempfile
 import textwrap
 import time
 import traceback
@@ -68,6 +70,7 @@ import bcrecord
 
 EXAMPLES = int(os.environ.get("BCRECORD_HYPOTHESIS_EXAMPLES", "40"))
 ORIGINAL_TIMEOUT = 2.0  # seconds for compiling, executing and calling the original program
+PROBED_TIMEOUT = 10.0  # seconds for the probed run, plus 20 times what the original took
 CALLS_PER_FUNCTION = 4
 MAX_FUNCTIONS = 40
 ARGUMENT_VALUES: Tuple[Any, ...] = (1, None, "ab", 0, -2)
@@ -280,7 +283,7 @@ def run_program(code: types.CodeType, probed: bool) -> Dict[str, Any]:
     return report
 
 
-def _child(source: str, out: int) -> None:
+def _child(source: str, out: int, stacks: Any) -> None:
     def send(kind: str, payload: Any = None) -> None:
         os.write(out, (json.dumps([kind, payload]) + "\n").encode())
 
@@ -300,6 +303,9 @@ def _child(source: str, out: int) -> None:
         send("phase", "original")
         plain = run_program(code, probed=False)
         send("phase", "probed")
+        # Where a probed run hangs, the parent asks where it is before it kills it (a signal:
+        # dump_traceback_later's thread would be the parent's, a pytest timeout's, after fork).
+        faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
         probed = run_program(code, probed=True)
         send("result", {"plain": plain, "probed": probed})
     except BaseException:
@@ -311,16 +317,18 @@ def differential(source: str) -> Dict[str, Any]:
 
     ``status`` is ``'done'`` (with ``plain`` and ``probed``), ``'slow'`` (the
     original program ran too long: not a finding), ``'timeout'`` (the probed run
-    ran too long), or ``'crash'`` (with ``detail``).
+    ran too long, with ``stacks``: where the child was then), or ``'crash'`` (with
+    ``detail``).
     """
     read_end, write_end = os.pipe()
+    stacks = tempfile.TemporaryFile()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # "fork() in a multi-threaded process"
         pid = os.fork()
     if pid == 0:  # pragma: no cover - the child
         os.close(read_end)
         try:
-            _child(source, write_end)
+            _child(source, write_end, stacks)
         finally:
             os._exit(0)
     os.close(write_end)
@@ -330,10 +338,13 @@ def differential(source: str) -> Dict[str, Any]:
     status: Dict[str, Any] = {}
     try:
         while True:
-            limit = ORIGINAL_TIMEOUT if phase == "original" else 10.0 + 20 * original_seconds
+            limit = ORIGINAL_TIMEOUT if phase == "original" else PROBED_TIMEOUT + 20 * original_seconds
             remaining = limit - (time.monotonic() - phase_started)
             if remaining <= 0:
                 status = {"status": "slow" if phase == "original" else "timeout", "phase": phase}
+                if phase == "probed":
+                    os.kill(pid, signal.SIGUSR1)
+                    time.sleep(0.5)  # (for it to write its stacks)
                 break
             ready, _, _ = select.select([read_end], [], [], remaining)
             if not ready:
@@ -354,8 +365,11 @@ def differential(source: str) -> Dict[str, Any]:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
         _, wait_status = os.waitpid(pid, 0)
+        with stacks:
+            stacks.seek(0)
+            dumped = stacks.read().decode(errors="replace")
     if status:
-        return status
+        return {**status, "stacks": dumped} if status["status"] == "timeout" else status
     for kind, payload in messages:
         if kind == "result":
             return {"status": "done", **payload}
@@ -961,3 +975,25 @@ def test_the_harness_survives_programs_that_hang_or_die() -> None:
     assert differential("while True:\n    pass\n")["status"] == "slow"
     died = differential("import os\nos._exit(3)\n")
     assert died["status"] == "crash" and "child died" in died["detail"]
+
+
+def test_a_probed_run_that_hangs_is_reported_with_where_it_was(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Only the probed run loops (f's code differs while a recording takes its probes).
+    source = textwrap.dedent(
+        """
+        def f(a, b=None):
+            x = a
+            return x
+
+        SIZE = len(f.__code__.co_code)
+
+        def g(a, b=None):
+            while len(f.__code__.co_code) != SIZE:
+                pass
+            return a
+        """
+    )
+    monkeypatch.setattr(sys.modules[__name__], "PROBED_TIMEOUT", 2.0)
+    report = differential(source)
+    assert report["status"] == "timeout" and report["phase"] == "probed"
+    assert re.search(r'File "<generated>", line 9 in g\n', report["stacks"]), report["stacks"]
