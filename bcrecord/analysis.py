@@ -1314,10 +1314,17 @@ arguments (their value at entry): a
             )
         elif isinstance(spec, Call):
             if spec.target not in cmap.calls:
-                raise TargetError(
-                    f"{func} never calls {spec.target!r}; callees: {_names(cmap.calls)}"
-                    + did_you_mean(spec.target, cmap.calls)
-                )
+                hint = did_you_mean(spec.target, cmap.calls)
+                loaded = spec.target in cmap.attributes or spec.target in cmap.locals
+                if loaded or spec.target in cmap.arguments:
+                    # self.layers[0](x): the item is called, not the chain; no call site names it.
+                    site = f"'{spec.target}@0'" if loaded else f"'{spec.target}'"
+                    hint = (
+                        f" (where an item of it is called, {spec.target}[0](x), that call is no call "
+                        "site: record its value where it is assigned to a local or returned ('return'), "
+                        f"or {site})"
+                    )
+                raise TargetError(f"{func} never calls {spec.target!r}; callees: {_names(cmap.calls)}{hint}")
             sites = _pick(cmap.calls[spec.target], spec.index, f"call {spec.target!r}", func)
             points += [
                 ProbePoint("call", c.positions, f"{spec.target}()@{c.index}", copy=spec.copy) for c in sites

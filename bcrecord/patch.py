@@ -133,11 +133,32 @@ def _wrapped(func: Any) -> Optional[types.FunctionType]:
 
     Through a bound method: ``functools.wraps(obj.method)`` (what ``torch.compile(obj.m)``
     and activation-checkpointing wrappers set on an instance) calls the method's function.
+    Through the C wrappers that call the function they hold: a staticmethod or classmethod
+    (``functools.wraps`` over one, in a class body) and ``functools.lru_cache``/``cache``.
+
+    >>> import functools
+    >>> def logged(f):
+    ...     return functools.wraps(f)(lambda *args: f(*args))
+    >>> @logged
+    ... @functools.lru_cache
+    ... def square(v):
+    ...     return v * v
+    >>> _wrapped(square).__qualname__
+    'square'
     """
     inner = getattr(func, "__wrapped__", None)
-    if isinstance(inner, types.MethodType):
-        inner = inner.__func__
+    for _ in range(100):  # (a __wrapped__ cycle among C wrappers ends it)
+        if isinstance(inner, (types.MethodType, staticmethod, classmethod)):
+            inner = inner.__func__
+        elif isinstance(inner, _CACHE_WRAPPER):
+            inner = getattr(inner, "__wrapped__", None)
+        else:
+            break
     return inner if isinstance(inner, types.FunctionType) else None
+
+
+#: ``functools.lru_cache``'s (and ``cache``'s) wrapper: it calls the function it holds on a miss.
+_CACHE_WRAPPER = type(functools.lru_cache(maxsize=None)(lambda: None))
 
 
 def function_of(obj: Any) -> types.FunctionType:
@@ -248,6 +269,10 @@ def no_python_method(cls: type) -> str:
 
 def _why_not_a_function(obj: Any) -> str:
     """Why ``obj`` cannot be patched, and what to patch instead."""
+    if isinstance(obj, (staticmethod, classmethod)) and not isinstance(obj.__func__, types.FunctionType):
+        # staticmethod(functools.lru_cache(f)): what it holds is what cannot be patched, and
+        # the class's attribute gives that (its name is the method's).
+        return _why_not_a_function(obj.__func__)
     name = getattr(obj, "__qualname__", None) or getattr(obj, "__name__", None)
     if isinstance(obj, property):  # its getter's name has the class (a 3.13 property's own has not)
         name = getattr(obj.fget, "__qualname__", None) or name
@@ -280,8 +305,11 @@ def _why_not_a_function(obj: Any) -> str:
             f"the default one ({name}.registry[object]) or one registered for a type ({name}.registry[type])"
         )
     if isinstance(getattr(obj, "__wrapped__", None), types.FunctionType):  # functools.lru_cache, cache
+        # (or an object of a Python class that functools.update_wrapper made look like one)
+        python = isinstance(inspect.getattr_static(type(obj), "__call__", None), types.FunctionType)
+        around = "an object of a Python class" if python else "C code"
         return (
-            f"{name} is a {type(obj).__name__} (C code around a Python function): patch the "
+            f"{name} is {_a(type(obj).__name__)} ({around} around a Python function): patch the "
             f"function it wraps, patch_function({name}.__wrapped__, specs)"
         )
     mock = sys.modules.get("unittest.mock")  # (not imported here: no mock exists without it)
@@ -438,6 +466,9 @@ class _Slot:
         #: means someone else replaced it (``f.__code__ = ...``, IPython's autoreload).
         self._code = live.__code__
         self.replaced = False
+        #: A patch's stand-in copy (not a recording copy, which is a function of its own): the
+        #: defaults and code it last took from ``base``, whose later ones it takes (see _follow).
+        self.follows: Optional[Tuple[Any, Any, types.CodeType]] = None
         # Probed code for subsets of the patches (ids in slot order), built when armed.
         self._subsets: Dict[Tuple[int, ...], types.CodeType] = {}
 
@@ -495,7 +526,29 @@ class _Slot:
             code = self._subsets[chosen] = self.plan([p for p in self.patches if id(p) in chosen])
         return code
 
+    def _follow(self) -> None:
+        """Give the stand-in the defaults and code set anew on ``base`` since it was made.
+
+        A patch of one instance copies the class's function: ``M.forward.__defaults__ = ...``
+        (a config system) or its ``__code__`` set anew (IPython's autoreload) reach the other
+        instances, and this one too; then its new code runs, unprobed (see _replaced). Those
+        set through the stand-in itself (``M.m.__defaults__`` under a class patch) stay.
+        """
+        if self.follows is None:
+            return
+        base = self.base
+        defaults, kwdefaults, code = base.__defaults__, base.__kwdefaults__, _own_code(base)
+        seen_defaults, seen_kwdefaults, seen_code = self.follows
+        if defaults is not seen_defaults:
+            self.live.__defaults__ = defaults
+        if kwdefaults is not seen_kwdefaults:
+            self.live.__kwdefaults__ = kwdefaults
+        self.follows = (defaults, kwdefaults, code)
+        if code is not seen_code:  # (with as many free variables: the copy has base's closure)
+            self.live.__code__ = code
+
     def arm(self, wanted: Optional[Container[int]]) -> None:
+        self._follow()
         self.armed = True
         code = self.code_for(wanted)
         current = self.live.__code__
@@ -506,6 +559,7 @@ class _Slot:
                 _swap_hook(code, code is not self.original_code, self.live)
 
     def disarm(self) -> None:
+        self._follow()
         self.armed = False
         code = self.live.__code__
         ours = code is self._code and not self.replaced
@@ -1428,6 +1482,7 @@ def _patch_method(
     live = _copy_function(base, stand_in=True)
     installed = _wrap_like(raw, live, obj, in_own_dict=raw is own)
     slot = _Slot(base, live, restore=_Restore(obj, method, own, installed))
+    slot.follows = (base.__defaults__, base.__kwdefaults__, _own_code(base))
     slot.key = key
     patch = _attach(slot, obj, method, specs, name, default, method)
     try:

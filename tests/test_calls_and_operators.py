@@ -141,6 +141,31 @@ def test_a_with_statement_is_no_call_of_its_context_manager():
         bcrecord.patch_method(Guarded, "step", "self.lock()")
 
 
+def test_a_call_of_an_item_is_no_call_site_and_the_error_says_what_to_record():
+    # self.layers[0](x): asking for 'self.layers()' said only "callees: (none)".
+    class Stack:
+        def __init__(self):
+            self.layers = [abs, str]
+
+        def forward(self, x):
+            h = self.layers[0](x)
+            return self.layers[1](h)
+
+    found = bcrecord.targets(Stack.forward)
+    assert found.calls == {} and found.specs() == ["h@0", "self.layers@0", "self.layers@1", "return"]
+    message = (
+        r"never calls 'self.layers'; callees: \(none\) \(where an item of it is called, "
+        r"self.layers\[0\]\(x\), that call is no call site: record its value where it is assigned "
+        r"to a local or returned \('return'\), or 'self.layers@0'\)"
+    )
+    with pytest.raises(TargetError, match=message):
+        bcrecord.patch_method(Stack, "forward", "self.layers()")
+    # What it says works.
+    with bcrecord.patch_method(Stack, "forward", ["h", "return"]), bcrecord.recording() as rec:
+        assert Stack().forward(-2) == "2"
+    assert (rec["Stack:forward:h@0"], rec["Stack:forward:return"]) == (2, "2")
+
+
 def test_operators_are_numbered_as_a_reader_counts_them_on_every_version():
     # The n-th operator symbol from the left, also where brackets nest the expressions.
     def f(a, b, c, d):

@@ -1,11 +1,16 @@
 """Generated programs behave exactly the same with every recordable site probed.
 
 Each program is compiled and executed twice, each time in a fresh namespace: once
-as it is, once with every function and method it defines patched in place
-(:func:`bcrecord.patch_function`) with *all* of its targets
-(:meth:`bcrecord.targets(func).specs() <bcrecord.analysis.Targets.specs>`). Every
-function is then called with a few simple arguments (ints, None, strings) -- the
-probed ones inside an active recording -- and the outcomes must be identical:
+as it is, once with every function it defines patched in place
+(:func:`bcrecord.patch_function`) with *all* of its targets -- locals, attribute
+chains, call sites, operators, returns
+(:meth:`bcrecord.targets(func).specs() <bcrecord.analysis.Targets.specs>`) -- and
+every method patched on one instance (:func:`bcrecord.patch_method`, a copy of the
+function with a per-instance owner, as the torch layer patches a module) with all
+of those such a patch can probe (``specs(per_instance=True)``). Every function is
+then called with a few simple arguments (ints, None, strings), a method through
+its instance -- the probed ones inside an active recording -- and the outcomes must
+be identical:
 the returned value (its ``repr``, addresses masked; generators and coroutines are
 driven to the end, ten steps at most) or the exception (type and message).
 Besides, every probed call that returned must have recorded exactly the object it
@@ -38,6 +43,8 @@ generators are slow). Run::
 from __future__ import annotations
 
 import contextlib
+import faulthandler
+import functools
 import inspect
 import json
 import os
@@ -45,6 +52,7 @@ import re
 import select
 import signal
 import sys
+import tempfile
 import textwrap
 import time
 import traceback
@@ -62,6 +70,7 @@ import bcrecord
 
 EXAMPLES = int(os.environ.get("BCRECORD_HYPOTHESIS_EXAMPLES", "40"))
 ORIGINAL_TIMEOUT = 2.0  # seconds for compiling, executing and calling the original program
+PROBED_TIMEOUT = 10.0  # seconds for the probed run, plus 20 times what the original took
 CALLS_PER_FUNCTION = 4
 MAX_FUNCTIONS = 40
 ARGUMENT_VALUES: Tuple[Any, ...] = (1, None, "ab", 0, -2)
@@ -172,8 +181,21 @@ def _functions(namespace: Dict[str, Any]) -> List[Tuple[str, types.FunctionType,
                 elif isinstance(raw, classmethod):
                     add(label, raw.__func__, types.MethodType(raw.__func__, value))
                 elif isinstance(raw, types.FunctionType):
-                    add(label, raw, raw, instance)
+                    add(label, raw, raw if instance is None else _through_instance(attr, raw), instance)
     return found[:MAX_FUNCTIONS]
+
+
+def _through_instance(attr: str, func: types.FunctionType) -> Callable[..., Any]:
+    """Call method ``attr`` as ``instance.attr(...)``, where a patch of that instance runs
+    (with ``func``'s signature, which :func:`_argument_sets` reads)."""
+
+    @functools.wraps(func)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if not args:  # (no instance to pass: the class's function, as it is)
+            return func(**kwargs)
+        return getattr(args[0], attr)(*args[1:], **kwargs)
+
+    return call
 
 
 def _argument_sets(call: Callable[..., Any], instance: Any) -> List[Tuple[tuple, dict]]:
@@ -208,17 +230,32 @@ def run_program(code: types.CodeType, probed: bool) -> Dict[str, Any]:
         executed = _raised(exc)
     functions = _functions(namespace)
     patches: Dict[str, Any] = {}
+    owners: Dict[str, str] = {}
     if probed:
-        for number, (label, func, _, _) in enumerate(functions):
+        for number, (label, func, _, instance) in enumerate(functions):
+            owners[label] = f"g{number}"
+            attr = label.rpartition(".")[2]
+            if instance is not None and func.__code__.co_argcount and not attr.startswith("__"):
+                # A method: patched on its instance alone, with a per-instance owner (a copy of
+                # the function, probes given the instance), as the torch layer patches a module.
+                specs = bcrecord.targets(func).specs(per_instance=True)
+                if specs:
+                    patches[label] = bcrecord.patch_method(
+                        instance, attr, specs, name=lambda obj, owner=owners[label]: owner
+                    )
+                continue
             specs = bcrecord.targets(func).specs()
             if specs:
-                patches[label] = bcrecord.patch_function(func, specs, name=f"g{number}")
+                patches[label] = bcrecord.patch_function(func, specs, name=owners[label])
     calls: List[Any] = []
     problems: List[str] = []
     recording = bcrecord.recording(copy="none", keep="all") if probed else contextlib.nullcontext()
     with recording as rec:
         for label, func, call, instance in functions:
-            if probed and label in patches and func.__code__ is patches[label].original_code:
+            in_place = (
+                instance is None or not func.__code__.co_argcount or label.rpartition(".")[2][:2] == "__"
+            )
+            if probed and label in patches and in_place and func.__code__ is patches[label].original_code:
                 problems.append(f"{label}: the original code runs inside a recording")
             for args, kwargs in _argument_sets(call, instance):
                 try:
@@ -229,6 +266,7 @@ def run_program(code: types.CodeType, probed: bool) -> Dict[str, Any]:
                 calls.append([label, _drive(result)])
                 if probed and label in patches and not func.__code__.co_flags & _LAZY:
                     key = next(k for k in patches[label].keys if k.endswith(":return"))
+                    key = owners[label] + key[key.index(":") :]  # (a per-instance owner shows as '*')
                     recorded = rec.all(key) if key in rec else []
                     if not recorded or recorded[-1] is not result:
                         problems.append(f"{label}{args}: returned {_show(result)}, recorded {recorded[-1:]}")
@@ -245,7 +283,7 @@ def run_program(code: types.CodeType, probed: bool) -> Dict[str, Any]:
     return report
 
 
-def _child(source: str, out: int) -> None:
+def _child(source: str, out: int, stacks: Any) -> None:
     def send(kind: str, payload: Any = None) -> None:
         os.write(out, (json.dumps([kind, payload]) + "\n").encode())
 
@@ -265,6 +303,9 @@ def _child(source: str, out: int) -> None:
         send("phase", "original")
         plain = run_program(code, probed=False)
         send("phase", "probed")
+        # Where a probed run hangs, the parent asks where it is before it kills it (a signal:
+        # dump_traceback_later's thread would be the parent's, a pytest timeout's, after fork).
+        faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
         probed = run_program(code, probed=True)
         send("result", {"plain": plain, "probed": probed})
     except BaseException:
@@ -276,16 +317,18 @@ def differential(source: str) -> Dict[str, Any]:
 
     ``status`` is ``'done'`` (with ``plain`` and ``probed``), ``'slow'`` (the
     original program ran too long: not a finding), ``'timeout'`` (the probed run
-    ran too long), or ``'crash'`` (with ``detail``).
+    ran too long, with ``stacks``: where the child was then), or ``'crash'`` (with
+    ``detail``).
     """
     read_end, write_end = os.pipe()
+    stacks = tempfile.TemporaryFile()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # "fork() in a multi-threaded process"
         pid = os.fork()
     if pid == 0:  # pragma: no cover - the child
         os.close(read_end)
         try:
-            _child(source, write_end)
+            _child(source, write_end, stacks)
         finally:
             os._exit(0)
     os.close(write_end)
@@ -295,10 +338,13 @@ def differential(source: str) -> Dict[str, Any]:
     status: Dict[str, Any] = {}
     try:
         while True:
-            limit = ORIGINAL_TIMEOUT if phase == "original" else 10.0 + 20 * original_seconds
+            limit = ORIGINAL_TIMEOUT if phase == "original" else PROBED_TIMEOUT + 20 * original_seconds
             remaining = limit - (time.monotonic() - phase_started)
             if remaining <= 0:
                 status = {"status": "slow" if phase == "original" else "timeout", "phase": phase}
+                if phase == "probed":
+                    os.kill(pid, signal.SIGUSR1)
+                    time.sleep(0.5)  # (for it to write its stacks)
                 break
             ready, _, _ = select.select([read_end], [], [], remaining)
             if not ready:
@@ -319,8 +365,11 @@ def differential(source: str) -> Dict[str, Any]:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
         _, wait_status = os.waitpid(pid, 0)
+        with stacks:
+            stacks.seek(0)
+            dumped = stacks.read().decode(errors="replace")
     if status:
-        return status
+        return {**status, "stacks": dumped} if status["status"] == "timeout" else status
     for kind, payload in messages:
         if kind == "result":
             return {"status": "done", **payload}
@@ -424,6 +473,9 @@ def _expressions(with_self: bool) -> st.SearchStrategy[str]:
             inner.map(lambda e: f"'{{}}-{{}}'.format({e}, *[1])"),
             inner.map(lambda e: f"(lambda *p, **k: (p, k))({e}, *[1], **{{'q': 2}})"),
             inner.map(lambda e: f"[str(i).zfill(2) for i in range(2) if {e}]"),
+            # Callees that are no call sites: an item, a call's result (the calls inside them are).
+            inner.map(lambda e: f"[str, repr][1]({e})"),
+            inner.map(lambda e: f"(lambda: len)()(str({e}))"),
             # Calls of global-rooted chains: nested, with keywords, star-args, in comprehensions.
             inner.map(lambda e: f"cfg.fn({e}, k=math.pi)"),
             inner.map(lambda e: f"math.floor(math.sqrt(len(str({e}))))"),
@@ -923,3 +975,25 @@ def test_the_harness_survives_programs_that_hang_or_die() -> None:
     assert differential("while True:\n    pass\n")["status"] == "slow"
     died = differential("import os\nos._exit(3)\n")
     assert died["status"] == "crash" and "child died" in died["detail"]
+
+
+def test_a_probed_run_that_hangs_is_reported_with_where_it_was(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Only the probed run loops (f's code differs while a recording takes its probes).
+    source = textwrap.dedent(
+        """
+        def f(a, b=None):
+            x = a
+            return x
+
+        SIZE = len(f.__code__.co_code)
+
+        def g(a, b=None):
+            while len(f.__code__.co_code) != SIZE:
+                pass
+            return a
+        """
+    )
+    monkeypatch.setattr(sys.modules[__name__], "PROBED_TIMEOUT", 2.0)
+    report = differential(source)
+    assert report["status"] == "timeout" and report["phase"] == "probed"
+    assert re.search(r'File "<generated>", line 9 in g\n', report["stacks"]), report["stacks"]

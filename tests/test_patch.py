@@ -398,6 +398,98 @@ class Layer(Block):
         return [*super().__dir__(), "forward", "weight"]
 
 
+def test_a_cache_under_a_staticmethod_or_classmethod_says_what_to_patch():
+    # It said "A.s is a builtin or C function: it has no bytecode to patch".
+    class A:
+        @staticmethod
+        @functools.lru_cache
+        def s(a):
+            x = a * 2
+            return x
+
+        @classmethod
+        @functools.cache
+        def c(cls, a):
+            x = a * 3
+            return x
+
+    for method in ("s", "c"):
+        wrapped = rf"patch_function\(.*\.A\.{method}\.__wrapped__, specs"
+        message = rf"^.*\.A\.{method} is a _lru_cache_wrapper .*{wrapped}"
+        with pytest.raises(NotPatchableError, match=message):
+            bcrecord.patch_method(A, method, "x")
+    with pytest.raises(NotPatchableError, match=r"A\.s is a _lru_cache_wrapper"):
+        bcrecord.targets(A.__dict__["s"])
+    # What the message says works.
+    with (
+        bcrecord.patch_function(A.s.__wrapped__, "x", name="A"),
+        bcrecord.patch_function(A.c.__wrapped__, "x", name="A"),
+        bcrecord.recording() as rec,
+    ):
+        assert (A.s(2), A.c(2)) == (4, 6)
+    assert (rec["A:s:x@0"], rec["A:c:x@0"]) == (4, 6)
+
+
+def test_a_python_class_made_to_look_like_the_function_it_wraps_is_not_called_c_code():
+    # functools.update_wrapper(self, f) in a decorator class: it said "(C code around ...)".
+    class Traced:
+        def __init__(self, f):
+            functools.update_wrapper(self, f)
+            self.f = f
+
+        def __call__(self, *args):
+            return self.f(*args)
+
+    @Traced
+    def g(a):
+        x = a + 1
+        return x
+
+    message = (
+        r"^.*g is a Traced \(an object of a Python class around a Python function\): patch the function "
+        r"it wraps, patch_function\(.*g\.__wrapped__, specs\)$"
+    )
+    with pytest.raises(NotPatchableError, match=message):
+        bcrecord.patch_function(g, "x")
+    with bcrecord.patch_function(g.__wrapped__, "x", name="m"), bcrecord.recording() as rec:
+        assert g(1) == 2
+    assert rec["m:g:x@0"] == 2
+
+
+def test_a_wraps_decorator_over_a_cache_or_a_staticmethod_records_the_function_inside():
+    # functools.wraps over lru_cache (or over a staticmethod, in a class body) stopped at the
+    # wrapper: "lw has no assignment to a local named 'x'; assigned locals: (none)".
+    def logged(f):
+        @functools.wraps(f)
+        def wrapper(*args, **kwargs):
+            return f(*args, **kwargs)
+
+        return wrapper
+
+    @logged
+    @functools.lru_cache
+    def lw(a):
+        x = a - 2
+        return x
+
+    class B:
+        @logged
+        @staticmethod
+        def s(a):
+            x = a * 11
+            return x
+
+    assert bcrecord.targets(lw).specs() == ["x@0", "-@0", "return"]
+    with (
+        bcrecord.patch_function(lw, "x", name="m") as patch,
+        bcrecord.patch_method(B, "s", "x"),
+        bcrecord.recording() as rec,
+    ):
+        assert (lw(5), lw(5), lw(6), B.s(1)) == (3, 3, 4, 11)
+    assert rec.all("m:lw:x@0") == [3, 4] and rec.all("B:s:x@0") == [11]  # (a cache hit runs no code)
+    assert patch.keys == ("m:lw:x@0",) and lw.__wrapped__.__wrapped__.__code__ is patch.original_code
+
+
 def test_an_attribute_made_by_getattr_is_named_and_suggestions_are_not_repeated():
     with pytest.raises(NotPatchableError) as caught:
         bcrecord.patch_method(Layer(), "weight", "x")
@@ -1715,3 +1807,48 @@ def test_a_function_with_builtins_of_its_own_keeps_its_globals_as_they_were(styl
     finally:
         bcrecord.set_probe_style(previous)
     assert rec["sandbox:f:x@0"] == 3 and f("ab") == (2, ["__builtins__", "__name__", "f"])
+
+
+def test_defaults_set_anew_on_the_class_reach_an_instance_patched_meanwhile():
+    # A config system sets M.forward's defaults after one instance was patched: the
+    # instance's calls use them, as they would unpatched, and removal keeps the newest.
+    class M:
+        def forward(self, x, k=1, *, kw=2):
+            y = x + k + kw
+            return y
+
+    m = M()
+    patch = bcrecord.patch_method(m, "forward", "y", name="m")
+    M.forward.__defaults__ = (10,)
+    M.forward.__kwdefaults__ = {"kw": 100}
+    with bcrecord.recording() as rec:
+        assert m.forward(0) == 110
+    assert rec.all("m:forward:y@0") == [110] and m.forward(1) == 111
+    M.forward.__defaults__ = (20,)
+    patch.remove()
+    assert M.forward.__defaults__ == (20,) and M.forward.__kwdefaults__ == {"kw": 100}
+    assert m.forward(0) == M().forward(0) == 120
+
+
+def test_code_set_anew_on_the_class_runs_in_an_instance_patched_meanwhile():
+    # IPython's autoreload sets M.forward.__code__ after one instance was patched: that
+    # instance ran the code from before the edit; it runs the new one (unprobed, as an
+    # in-place patch whose code is replaced does, with the same warning).
+    class M:
+        def forward(self, x):
+            y = x + 1
+            return y
+
+    def edited(self, x):
+        y = x + 100
+        return y
+
+    m = M()
+    patch = bcrecord.patch_method(m, "forward", "y", name="m")
+    M.forward.__code__ = edited.__code__
+    with pytest.warns(bcrecord.RecordingWarning, match=r"M.forward's code was replaced while it was patched"):
+        with bcrecord.recording() as rec:
+            assert m.forward(1) == 101
+    assert len(rec) == 0 and m.forward(2) == 102
+    patch.remove()
+    assert M.forward.__code__ is edited.__code__ and m.forward(1) == M().forward(1) == 101
