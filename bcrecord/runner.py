@@ -640,6 +640,30 @@ class _Stream(Recording):
         return {key: int(repr(counter)[6:-1]) for key, counter in list(self._counters.items())}
 
 
+#: The environment variable that sets how many seconds values wait at most before they are
+#: written (the collector's ``flush_seconds``), for tests only: a test that replaces the writer
+#: mid-run needs no write to come early, however slowly a loaded machine runs the program.
+_FLUSH_SECONDS_VARIABLE = "_BCRECORD_FLUSH_SECONDS"
+
+
+def _flush_seconds(environ: Mapping[str, str] = os.environ) -> float:
+    """How many seconds values wait at most before they are written: 5, or the test setting.
+
+    >>> _flush_seconds({}), _flush_seconds({"_BCRECORD_FLUSH_SECONDS": "3600"})
+    (5.0, 3600.0)
+    """
+    text = environ.get(_FLUSH_SECONDS_VARIABLE)
+    if text is None:
+        return 5.0
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not seconds > 0 or math.isinf(seconds):
+        raise RunError(f"{_FLUSH_SECONDS_VARIABLE} must be a positive number of seconds, got {text!r}")
+    return seconds
+
+
 class _Collector:
     """Where values go: batches written with :class:`~bcrecord.storage.Writer`, or a summary."""
 
@@ -1316,6 +1340,7 @@ class _Runner:
         copy: str = "clone",
         quiet: bool = False,
         stderr: Optional[TextIO] = None,
+        flush_seconds: float = 5.0,
     ) -> None:
         self.targets = list(targets)
         self.program = program
@@ -1323,7 +1348,7 @@ class _Runner:
         self.quiet = quiet
         # Taken now: the program may point sys.stderr at its own log, or close it.
         self._stderr = stderr if stderr is not None else sys.stderr
-        self.collector = _Collector(writer)
+        self.collector = _Collector(writer, flush_seconds=flush_seconds)
         self.recording = _Stream(self.collector.deliver, every, copy)
         self.patches: List[Patch] = []
         #: The keys each target (by its text) records under, over all its patches.
@@ -1975,6 +2000,7 @@ def run(
     parsed = [parse_target(t) for t in targets]
     if not parsed:
         raise RunError("nothing to record: give at least one --record TARGET")
+    flush_seconds = _flush_seconds()
     ours = dict(sys.modules)  # before the program's parent packages (python -m imports them)
     try:
         prog = _program(program, args, module)
@@ -2016,7 +2042,9 @@ def run(
     writer = Writer(save_dir) if save_dir is not None else None
     if writer is not None and not quiet and told is not None:  # (as above: never the program's stdout)
         _note_earlier_values(writer, told)
-    runner = _Runner(parsed, prog, writer, every=every, copy=copy, quiet=quiet, stderr=stderr)
+    runner = _Runner(
+        parsed, prog, writer, every=every, copy=copy, quiet=quiet, stderr=stderr, flush_seconds=flush_seconds
+    )
     runner.start()
     if linger:
         atexit.register(runner.close_at_exit)

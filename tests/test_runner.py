@@ -1376,6 +1376,10 @@ _CTRL_C_MID_SAVE = (
     "    return real(self, *args, **kwargs)\n\n"
     "def f(x):\n    y = x + 1\n    return y\n\n"
 )
+#: No write before the interrupted one, however slowly a loaded machine runs the program: a
+#: write every few seconds could otherwise save f(1) early, with the real writer, or write f(2)
+#: inside the program's atexit handler, where the Ctrl-C would be the handler's.
+_NO_EARLY_WRITE = {"_BCRECORD_FLUSH_SECONDS": "3600"}
 
 
 def test_a_ctrl_c_during_the_save_after_the_program_ends_shows_no_frames_of_bcrecord_s(project):
@@ -1383,7 +1387,7 @@ def test_a_ctrl_c_during_the_save_after_the_program_ends_shows_no_frames_of_bcre
     # through bcrecord's signal holding (nor contextlib), and the process ends by SIGINT as Python's does.
     (project / "ends.py").write_text(_CTRL_C_MID_SAVE + "f(1)\nstorage.Writer.write_many = interrupted\n")
     expected = plain("-c", "raise KeyboardInterrupt", cwd=project)
-    result = cli("run", "-r", "__main__:f:y", "-o", "out", "ends.py", cwd=project)
+    result = cli("run", "-r", "__main__:f:y", "-o", "out", "ends.py", cwd=project, env=_NO_EARLY_WRITE)
     assert result.returncode == expected.returncode != 0
     assert result.stderr.splitlines()[0] == "KeyboardInterrupt", result.stderr
     assert "Traceback" not in result.stderr and "File " not in result.stderr, result.stderr
@@ -1396,7 +1400,7 @@ def test_a_ctrl_c_during_the_save_at_exit_is_one_line_after_the_report(project):
         _CTRL_C_MID_SAVE + "def late():\n    storage.Writer.write_many = interrupted\n    f(2)\n\n"
         "import atexit\natexit.register(late)\nf(1)\n"
     )
-    result = cli("run", "-r", "__main__:f:y", "-o", "out", "late.py", cwd=project)
+    result = cli("run", "-r", "__main__:f:y", "-o", "out", "late.py", cwd=project, env=_NO_EARLY_WRITE)
     assert "Traceback" not in result.stderr and "File " not in result.stderr, result.stderr
     assert result.stderr.splitlines()[-2:] == [
         f"bcrecord: saved 2 value(s) of 1 key(s) to {project / 'out'}; see them with: "
@@ -1405,6 +1409,45 @@ def test_a_ctrl_c_during_the_save_at_exit_is_one_line_after_the_report(project):
         "said above)",
     ]
     assert bcrecord.load(project / "out")["__main__:f:y@0"] == [2, 3]
+
+
+def test_the_test_setting_of_the_write_interval_holds_back_early_writes_and_refuses_bad_values(project):
+    # The Ctrl-C tests above rely on it: a program slower than the usual interval (5 seconds,
+    # as on a loaded machine) has its first value written at once, before it ends, without it.
+    (project / "slow.py").write_text(
+        "import time\nfrom bcrecord import storage\n\ndef f(x):\n    y = x + 1\n    return y\n\n"
+        "time.sleep(0.3)\nf(1)\nprint(storage.Writer(__import__('sys').argv[1]).saved)\n"
+    )
+    fast = cli(
+        "run",
+        "-r",
+        "__main__:f:y",
+        "-o",
+        "a",
+        "slow.py",
+        "a",
+        cwd=project,
+        env={"_BCRECORD_FLUSH_SECONDS": "0.1"},
+    )
+    assert fast.returncode == 0 and fast.stdout == "1\n", fast.stderr
+    held = cli("run", "-r", "__main__:f:y", "-o", "b", "slow.py", "b", cwd=project, env=_NO_EARLY_WRITE)
+    assert held.returncode == 0 and held.stdout == "0\n", held.stderr
+    assert bcrecord.load(project / "b")["__main__:f:y@0"] == [2]  # written at the end
+    for bad in ("soon", "0", "-1", "inf", "nan"):
+        line = one_clear_line(
+            cli(
+                "run",
+                "-r",
+                "__main__:f:y",
+                "-o",
+                "c",
+                "slow.py",
+                cwd=project,
+                env={"_BCRECORD_FLUSH_SECONDS": bad},
+            )
+        )
+        assert line == f"bcrecord: _BCRECORD_FLUSH_SECONDS must be a positive number of seconds, got {bad!r}"
+    assert not (project / "c").exists()
 
 
 def test_run_keeps_the_program_s_module_as_main_for_its_threads_and_atexit_handlers(project):
