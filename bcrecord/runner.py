@@ -47,9 +47,9 @@ What passes through unchanged: the program's ``sys.argv``, stdin, stdout, its
 stderr (bcrecord adds its report at the end there: a summary unless ``--quiet``, and
 what did not record), and its exit status: a :class:`SystemExit` is re-raised as it
 was, an uncaught exception prints its traceback (without bcrecord's frames) and exits
-1, as Python does; a :class:`KeyboardInterrupt` ends it as it ends Python. Three
-differences: a script's ``sys.argv[0]`` is its absolute path (runpy is given that, so
-that ``__file__`` stays right after an :func:`os.chdir`); a run whose records could
+1, as Python does; a :class:`KeyboardInterrupt` ends it as it ends Python. Its
+``__main__`` holds what Python puts there (``__annotations__`` too, where the version
+does). Two differences: a run whose records could
 not be saved ends with status 2 where the program's would be 0; and with
 ``--save-dir`` the program has one more thread, the writer's (``threading.enumerate()``
 lists it; on 3.12+ a direct :func:`os.fork` warns that the process is multi-threaded).
@@ -103,6 +103,7 @@ from typing import (
     cast,
 )
 
+from . import _versions
 from .analysis import compiled_spec, read, resolve
 from .errors import BcrecordError, RecordingWarning, did_you_mean, shown
 from .patch import (
@@ -1259,6 +1260,18 @@ def _stdin_program(args: Sequence[str]) -> _Program:
     return _Program("-", False, ["-", *args], "", ("__main__",), code, where, None, uncompiled, source)
 
 
+def _main_globals() -> Dict[str, Any]:
+    """What Python puts in ``__main__`` before the program's own names (runpy adds ``__name__``,
+    ``__file__`` and the rest): the builtins module (runpy's exec would put its dict) and, where
+    the version has it, an empty ``__annotations__``, in the order Python puts them.
+
+    >>> sorted(_main_globals())[-1], _main_globals()["__builtins__"] is builtins
+    ('__builtins__', True)
+    """
+    annotations: Dict[str, Any] = {"__annotations__": {}} if _versions.current().main_annotations else {}
+    return {**annotations, "__builtins__": builtins}
+
+
 def _working_directory() -> str:
     """``os.getcwd()``, or ``''`` where the working directory was removed (python -m runs on then)."""
     try:
@@ -1670,16 +1683,23 @@ class _Runner:
         # (a file's: a -m module's name needs no working directory, which may have been removed)
         a_file = not self.program.is_module and self.program.source is None
         path = os.path.abspath(self.program.name) if a_file else self.program.name
-        self._start_main_trace(started)
+        given = self.program.argv[0]
+
+        def on_start() -> None:
+            # runpy's sys.argv[0] is the absolute path it was given (for __file__, absolute as
+            # Python makes it); Python's is the path as the command line gave it.
+            if a_file and sys.argv and sys.argv[0] == path:
+                sys.argv[0] = given
+            started()
+
+        self._start_main_trace(on_start)
         try:
-            # The builtins module, as Python gives a program (runpy's exec would put its dict).
-            builtins_module = {"__builtins__": builtins}
             if self.program.is_module:
-                runpy.run_module(self.program.name, builtins_module, run_name="__main__", alter_sys=True)
+                runpy.run_module(self.program.name, _main_globals(), run_name="__main__", alter_sys=True)
             elif self.program.source is not None:
                 self._run_read_program()
             else:
-                runpy.run_path(path, builtins_module, run_name="__main__")
+                runpy.run_path(path, _main_globals(), run_name="__main__")
             return 0
         except _TargetFailed as error:
             print(f"bcrecord: {error}", file=self.stderr)
@@ -1720,7 +1740,8 @@ class _Runner:
             if stdin
             else importlib.machinery.SourceFileLoader("__main__", filename)
         )
-        module.__dict__.update(__file__=filename, __cached__=None, __builtins__=builtins, __loader__=loader)
+        module.__dict__.update(_main_globals())
+        module.__dict__.update(__loader__=loader, __file__=filename, __cached__=None)
         before = sys.modules.get("__main__")
         sys.modules["__main__"] = module
         try:

@@ -792,6 +792,61 @@ def test_run_gives_the_program_s_module_what_python_gives_it(project, script):
     assert result.stdout == expected.stdout == "module SourceFileLoader None\n", result.stderr
 
 
+#: The program's view of ``__main__`` and ``sys``, at its first line and at its end.
+_SHOWS_ITS_MAIN = (
+    "import sys\n"
+    "def seen():\n"
+    "    names = {k: v for k, v in globals().items() if k.startswith('__')}\n"
+    "    names['__loader__'] = type(names['__loader__']).__name__\n"
+    "    names['__spec__'] = getattr(names['__spec__'], 'name', None)\n"
+    "    names['__builtins__'] = type(names['__builtins__']).__name__\n"
+    "    return [list(globals()), names, sys.argv, sys.path[0]]\n\n"
+    "print(seen())\n"
+    "def f(v):\n    x = v\n    return x\n\n"
+    "f(1)\n"
+    "print(seen())\n"
+)
+
+
+@pytest.mark.parametrize(
+    "program",
+    [
+        ("prog_ns.py", "a"),
+        ("annotated.py",),
+        ("app_ns", "z"),
+        ("app_ns.zip",),
+        ("-m", "pkg_ns.tool", "a"),
+        ("-m", "pkg_ns"),
+        ("-", "a"),
+    ],
+)
+def test_run_gives_the_program_the_main_module_and_argv_python_gives_it(project, program):
+    # __main__ had no __annotations__ (python 3.10-3.13 put an empty one there as they start:
+    # a script's module-level __annotations__ raised NameError under bcrecord), and a script's
+    # sys.argv[0] was its absolute path while its code ran ('app_ns.zip' is what python gives).
+    import zipfile
+
+    (project / "prog_ns.py").write_text(_SHOWS_ITS_MAIN)
+    (project / "annotated.py").write_text("limit: int = 3\n" + _SHOWS_ITS_MAIN)
+    (project / "app_ns").mkdir()
+    (project / "app_ns" / "__main__.py").write_text(_SHOWS_ITS_MAIN)
+    with zipfile.ZipFile(project / "app_ns.zip", "w") as archive:
+        archive.writestr("__main__.py", _SHOWS_ITS_MAIN)
+    (project / "pkg_ns").mkdir()
+    (project / "pkg_ns" / "__init__.py").write_text("")
+    (project / "pkg_ns" / "tool.py").write_text(_SHOWS_ITS_MAIN)
+    (project / "pkg_ns" / "__main__.py").write_text(_SHOWS_ITS_MAIN)
+    stdin = _SHOWS_ITS_MAIN if program[0] == "-" else None
+    expected = plain(*program, cwd=project, input=stdin)
+    result = cli("run", "-q", "-r", "__main__:f:x", *program, cwd=project, input=stdin)
+    assert expected.returncode == 0, expected.stderr
+    assert result.returncode == 0 and result.stdout == expected.stdout, result.stderr
+    first = ast.literal_eval(result.stdout.splitlines()[0].replace("<class 'int'>", "'int'"))
+    assert ("__annotations__" in first[0]) == (sys.version_info < (3, 14))
+    if program[0] == "annotated.py":
+        assert first[1]["__annotations__"] == {"limit": "int"}
+
+
 def test_run_shows_a_syntax_error_in_the_program_as_python_does(project):
     (project / "broken.py").write_text("def f(v):\n    x = = v\n")
     plain_run = plain("broken.py", cwd=project)
