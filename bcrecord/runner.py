@@ -1336,6 +1336,11 @@ def _torch_layer_for_dynamo() -> None:
         end()
 
 
+def _exec_module() -> Optional[types.ModuleType]:
+    """The built-in module whose exec functions ``os`` gives as its own: ``posix`` (``nt`` on Windows)."""
+    return sys.modules.get(os.name)
+
+
 class _Runner:
     """Targets, the recording and where values go, for one run of one program.
 
@@ -1647,13 +1652,19 @@ class _Runner:
         the values waiting to be written and the report would be lost. So while the run
         lasts, ``os``'s exec functions are replaced by ones that close it first. (Each one
         the program calls: ``os.execvp`` tries each folder of ``PATH`` with ``os.execv``,
-        and only a failure of the call the program made is the program's.)
+        and only a failure of the call the program made is the program's.) ``os.execv`` and
+        ``os.execve`` are ``posix``'s own (``nt``'s on Windows): replaced there too, for a
+        program that calls ``posix.execv``.
         """
+        builtin = _exec_module()
         for name in ("execl", "execle", "execlp", "execlpe", "execv", "execve", "execvp", "execvpe"):
             function = getattr(os, name, None)
             if function is not None:
                 self._exec_functions[name] = function
-                setattr(os, name, self._close_before_exec(function))
+                replaced = self._close_before_exec(function)
+                setattr(os, name, replaced)
+                if builtin is not None and getattr(builtin, name, None) is function:
+                    setattr(builtin, name, replaced)
 
     def _close_before_exec(self, function: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(function)
@@ -1770,9 +1781,12 @@ class _Runner:
             sys.meta_path.remove(self.hook)
         except ValueError:
             pass
-        for name, function in self._exec_functions.items():
-            if getattr(getattr(os, name, None), "__wrapped__", None) is function:  # (not the program's own)
-                setattr(os, name, function)
+        for holder in filter(None, (os, _exec_module())):
+            for name, function in self._exec_functions.items():
+                if (
+                    getattr(getattr(holder, name, None), "__wrapped__", None) is function
+                ):  # (not the program's)
+                    setattr(holder, name, function)
         with warnings.catch_warnings():
             # The program rebinding what it defines (B.m = m2 after B.m was patched) is its own.
             warnings.filterwarnings("ignore", ".* was replaced while patched", RecordingWarning)

@@ -1980,10 +1980,28 @@ def test_a_program_that_replaces_itself_with_exec_saves_its_values_first(project
     # In process (the Python API), os's exec functions are os's own again once the run ends.
     import io
     import os
+    import posix
 
     from bcrecord.runner import run
 
     before = {name: getattr(os, name) for name in ("execv", "execve", "execvp", "execl")}
+    builtin = {name: getattr(posix, name) for name in ("execv", "execve")}
     (project / "noexec.py").write_text("def f(v):\n    out = v * 2\n    return out\n\nf(1)\n")
     assert run(["__main__:f:out"], str(project / "noexec.py"), stderr=io.StringIO()) == 0
     assert {name: getattr(os, name) for name in before} == before
+    assert {name: getattr(posix, name) for name in builtin} == builtin
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork")
+def test_a_program_that_replaces_itself_with_posix_execv_saves_its_values_first(project):
+    # os.execv is posix.execv: a program (or a library) calling it there lost its values.
+    (project / "posix_exec.py").write_text(
+        "import posix, sys\n\ndef f(v):\n    out = v * 2\n    return out\n\nf(1)\nf(2)\n"
+        "posix.execv(sys.executable, [sys.executable, '-c', 'print(\"replaced\")'])\n"
+    )
+    result = cli(
+        "run", "-r", "__main__:f:out", "-o", project / "saved", project / "posix_exec.py", timeout=60
+    )
+    assert result.returncode == 0 and result.stdout == "replaced\n", result.stderr
+    assert bcrecord.load(project / "saved")["__main__:f:out@0"] == [2, 4]
+    assert result.stderr.splitlines()[-1].startswith("bcrecord: saved 2 value(s) of 1 key(s)")
