@@ -34,10 +34,10 @@ the values numbered 0, N, 2N... in the order that key fired; the number is the
 value's *step*) is copied when it is recorded (the others are not even copied) and
 written with :class:`bcrecord.storage.Writer` in batches (every few seconds or
 megabytes, also while the program records nothing: a thread writes what waited),
-and at exit -- also when the program raises or calls :func:`sys.exit`, or replaces
-itself with an ``os.exec*`` function (the run ends just before: its values are
-saved and its report printed; an exec that fails leaves the program running
-unrecorded, which one line says). A program killed (SIGTERM, SIGKILL) loses at most
+and at exit -- also when the program raises or calls :func:`sys.exit`, ends with
+:func:`os._exit` or replaces itself with an ``os.exec*`` function (the run ends just
+before: its values are saved and its report printed; an exec that fails leaves the
+program running unrecorded, which one line says). A program killed (SIGTERM, SIGKILL) loses at most
 the values of its last few seconds. Values
 recorded in child processes are not saved. Without ``--save-dir`` only
 counts and the last value of each key are kept, and a summary is printed to
@@ -1336,8 +1336,12 @@ def _torch_layer_for_dynamo() -> None:
         end()
 
 
-def _exec_module() -> Optional[types.ModuleType]:
-    """The built-in module whose exec functions ``os`` gives as its own: ``posix`` (``nt`` on Windows)."""
+#: ``os``'s functions that replace the process with another program.
+_EXEC_FUNCTIONS = ("execl", "execle", "execlp", "execlpe", "execv", "execve", "execvp", "execvpe")
+
+
+def _os_builtin_module() -> Optional[types.ModuleType]:
+    """The built-in module whose functions ``os`` gives as its own: ``posix`` (``nt`` on Windows)."""
     return sys.modules.get(os.name)
 
 
@@ -1403,8 +1407,8 @@ class _Runner:
         #: The program's module, and what was ``__main__`` before it was put back there.
         self.program_module: Optional[types.ModuleType] = None
         self._main_before: Optional[types.ModuleType] = None
-        #: ``os``'s exec functions the run replaced (see :meth:`_close_before_exec`), by name.
-        self._exec_functions: Dict[str, Callable[..., Any]] = {}
+        #: ``os``'s functions the run replaced (see :meth:`_hook_abrupt_ends`), by name.
+        self._abrupt_functions: Dict[str, Callable[..., Any]] = {}
 
     @property
     def stderr(self) -> TextIO:
@@ -1638,54 +1642,59 @@ class _Runner:
             self.recording.__exit__(None, None, None)
             raise RunError(str(error)) from None
         sys.meta_path.insert(0, self.hook)
-        self._hook_exec()
+        self._hook_abrupt_ends()
         _torch_layer_for_dynamo()
         silently(lambda _: self.collector.start_timer(), None)  # threading's calls are not the program's
         self._saved_sys = (sys.argv[:], sys.path[:])
         sys.argv[:] = self.program.argv
         sys.path[:] = self.program.sys_path(sys.path, running=True)
 
-    def _hook_exec(self) -> None:
-        """Close the run when the program replaces itself (``os.execv``, ``os.execlp``...).
+    def _hook_abrupt_ends(self) -> None:
+        """Close the run when the program replaces itself (``os.execv``, ``os.execlp``...) or
+        ends with :func:`os._exit` (as a training script may, to skip a slow teardown).
 
-        The new program takes the process over at once: no ``atexit`` handler runs, so
-        the values waiting to be written and the report would be lost. So while the run
-        lasts, ``os``'s exec functions are replaced by ones that close it first. (Each one
-        the program calls: ``os.execvp`` tries each folder of ``PATH`` with ``os.execv``,
-        and only a failure of the call the program made is the program's.) ``os.execv`` and
-        ``os.execve`` are ``posix``'s own (``nt``'s on Windows): replaced there too, for a
-        program that calls ``posix.execv``.
+        Either ends the process at once: no ``atexit`` handler runs, so the values waiting
+        to be written and the report would be lost. So while the run lasts, these ``os``
+        functions are replaced by ones that close it first (in the process the run started
+        in only: a forked child's ``os._exit``, as ``multiprocessing`` ends one, is left
+        alone). (Each one the program calls: ``os.execvp`` tries each folder of ``PATH`` with
+        ``os.execv``, and only a failure of the call the program made is the program's.)
+        ``os.execv``, ``os.execve`` and ``os._exit`` are ``posix``'s own (``nt``'s on
+        Windows): replaced there too, for a program that calls ``posix._exit``.
         """
-        builtin = _exec_module()
-        for name in ("execl", "execle", "execlp", "execlpe", "execv", "execve", "execvp", "execvpe"):
+        builtin = _os_builtin_module()
+        for name in (*_EXEC_FUNCTIONS, "_exit"):
             function = getattr(os, name, None)
             if function is not None:
-                self._exec_functions[name] = function
-                replaced = self._close_before_exec(function)
+                self._abrupt_functions[name] = function
+                replaced = self._close_first(function)
                 setattr(os, name, replaced)
                 if builtin is not None and getattr(builtin, name, None) is function:
                     setattr(builtin, name, replaced)
 
-    def _close_before_exec(self, function: Callable[..., Any]) -> Callable[..., Any]:
+    def _close_first(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        """``function`` (an exec function, ``os._exit``), closing the run before it is called."""
+        ending = "exit" if function.__name__ == "_exit" else "exec"
+
         @functools.wraps(function)
-        def close_then_exec(*args: Any, **kwargs: Any) -> Any:
+        def close_then_call(*args: Any, **kwargs: Any) -> Any:
             closing = not self._closed and os.getpid() == self.collector.pid  # (not a forked child's)
             if closing:
                 self.close()
-                self.stderr.flush()  # (exec writes out no buffer)
+                self.stderr.flush()  # (exec and os._exit write out no buffer)
             try:
                 return function(*args, **kwargs)
             except BaseException as error:
                 if closing:  # the program runs on, unrecorded: say so
                     print(
                         f"bcrecord: the program's os.{function.__name__} raised {type(error).__name__}: "
-                        "bcrecord had ended the run to save its values before the exec, so what it "
+                        f"bcrecord had ended the run to save its values before the {ending}, so what it "
                         "does from here on is not recorded",
                         file=self.stderr,
                     )
                 raise
 
-        return close_then_exec
+        return close_then_call
 
     def execute(self) -> int:
         """Run the program; returns its exit status (a ``SystemExit`` is re-raised as it was)."""
@@ -1781,8 +1790,8 @@ class _Runner:
             sys.meta_path.remove(self.hook)
         except ValueError:
             pass
-        for holder in filter(None, (os, _exec_module())):
-            for name, function in self._exec_functions.items():
+        for holder in filter(None, (os, _os_builtin_module())):
+            for name, function in self._abrupt_functions.items():
                 if (
                     getattr(getattr(holder, name, None), "__wrapped__", None) is function
                 ):  # (not the program's)

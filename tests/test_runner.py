@@ -1984,12 +1984,48 @@ def test_a_program_that_replaces_itself_with_exec_saves_its_values_first(project
 
     from bcrecord.runner import run
 
-    before = {name: getattr(os, name) for name in ("execv", "execve", "execvp", "execl")}
-    builtin = {name: getattr(posix, name) for name in ("execv", "execve")}
+    before = {name: getattr(os, name) for name in ("execv", "execve", "execvp", "execl", "_exit")}
+    builtin = {name: getattr(posix, name) for name in ("execv", "execve", "_exit")}
     (project / "noexec.py").write_text("def f(v):\n    out = v * 2\n    return out\n\nf(1)\n")
     assert run(["__main__:f:out"], str(project / "noexec.py"), stderr=io.StringIO()) == 0
     assert {name: getattr(os, name) for name in before} == before
     assert {name: getattr(posix, name) for name in builtin} == builtin
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork")
+@pytest.mark.parametrize("ending", ["os._exit(7)", "posix._exit(7)"])
+def test_a_program_that_ends_with_os_exit_saves_its_values_and_reports_first(project, ending):
+    # os._exit runs no exit handler (a training script may end with it, to skip a slow
+    # teardown): the values waiting to be written and the report were lost. A forked child's
+    # os._exit (as multiprocessing ends one) is the child's: the run goes on in the parent.
+    (project / "ends.py").write_text(
+        textwrap.dedent(
+            f"""
+            import os, posix
+
+            def f(v):
+                out = v * 2
+                return out
+
+            f(1)
+            child = os.fork()
+            if child == 0:
+                f(50)
+                os._exit(0)
+            os.waitpid(child, 0)
+            f(2)
+            print("ending", flush=True)  # (os._exit flushes nothing, with or without bcrecord)
+            {ending}
+            """
+        )
+    )
+    result = cli("run", "-r", "__main__:f:out", "-o", project / "saved", project / "ends.py", timeout=60)
+    assert result.returncode == 7 and result.stdout == "ending\n", result.stderr
+    assert bcrecord.load(project / "saved")["__main__:f:out@0"] == [2, 4]
+    assert result.stderr.splitlines()[-1].startswith("bcrecord: saved 2 value(s) of 1 key(s)")
+    summary = cli("run", "-r", "__main__:f:out", project / "ends.py", timeout=60)
+    assert summary.returncode == 7, summary.stderr
+    assert [line.split() for line in summary.stderr.splitlines()[2:]] == [["__main__:f:out@0", "2", "4"]]
 
 
 @pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork")
