@@ -1682,6 +1682,8 @@ class _Runner:
             if closing:
                 self.close()
                 self.stderr.flush()  # (exec and os._exit write out no buffer)
+                if ending == "exit" and self.collector.error is not None and args[:1] == (0,):
+                    args = (2,)  # (as for a program that returns: the report says why)
             try:
                 return function(*args, **kwargs)
             except BaseException as error:

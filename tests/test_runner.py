@@ -2028,6 +2028,31 @@ def test_a_program_that_ends_with_os_exit_saves_its_values_and_reports_first(pro
     assert [line.split() for line in summary.stderr.splitlines()[2:]] == [["__main__:f:out@0", "2", "4"]]
 
 
+def test_a_program_that_ends_with_os_exit_0_where_its_records_could_not_be_saved_ends_with_2(
+    project, tmp_path
+):
+    out = tmp_path / "out"
+    (project / "blocks.py").write_text(
+        textwrap.dedent(
+            """
+            import os, shutil, sys
+
+            def f(x):
+                y = x + 1
+                return y
+
+            shutil.rmtree(os.path.join(sys.argv[1], "records"))
+            open(os.path.join(sys.argv[1], "records"), "w").close()  # no directory can be made there
+            f(1)
+            os._exit(0)
+            """
+        )
+    )
+    result = cli("run", "-r", "__main__:f:y", "-o", out, "blocks.py", out, cwd=project)
+    assert result.returncode == 2, result.stderr
+    assert f"bcrecord: cannot write records to {out}: File exists ({out / 'records'})\n" in result.stderr
+
+
 @pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork")
 def test_a_program_that_replaces_itself_with_posix_execv_saves_its_values_first(project):
     # os.execv is posix.execv: a program (or a library) calling it there lost its values.
