@@ -1306,7 +1306,7 @@ def test_run_records_only_the_program_s_calls_not_its_own_or_runpy_s(tmp_path, m
 
     # The writer (json.dumps, os.path) every 0.2 s, from its thread and from the program's:
     # its calls were saved as the program's, and so were runpy's (os.fsdecode, abspath).
-    monkeypatch.setattr(runner._Collector.__init__, "__defaults__", (64 << 20, 0.2))
+    monkeypatch.setenv("_BCRECORD_FLUSH_SECONDS", "0.2")
     program = tmp_path / "prog.py"
     program.write_text(
         textwrap.dedent(
