@@ -1265,7 +1265,7 @@ def _main_globals() -> Dict[str, Any]:
     ``__file__`` and the rest): the builtins module (runpy's exec would put its dict) and, where
     the version has it, an empty ``__annotations__``, in the order Python puts them.
 
-    >>> sorted(_main_globals())[-1], _main_globals()["__builtins__"] is builtins
+    >>> list(_main_globals())[-1], _main_globals()["__builtins__"] is builtins
     ('__builtins__', True)
     """
     annotations: Dict[str, Any] = {"__annotations__": {}} if _versions.current().main_annotations else {}
