@@ -1125,20 +1125,27 @@ class _Program:
     def sys_path(self, path: Sequence[str], running: bool = False) -> List[str]:
         """``sys.path`` as Python gives the program: its folder (:attr:`path0`) in place of the
         first entry, where ``python -m bcrecord`` and the ``bcrecord`` command put the working
-        directory. Under ``python -P`` (``PYTHONSAFEPATH``) they put none there, and Python adds
-        no script's or ``-m``'s folder either: only a directory or zip program's, which runpy
-        itself puts first as it runs it (``running``: it is left to runpy, or it is there twice).
+        directory. Under ``python -P`` (``PYTHONSAFEPATH``) or ``python -I`` they put none there,
+        and Python adds no script's or ``-m``'s folder either: only a directory or zip program's,
+        which runpy itself puts first as it runs it (``running``: it is left to runpy, or it is
+        there twice).
 
         >>> prog = _Program("prog.py", False, ["prog.py"], "/app", ("__main__",), None, "prog.py")
-        >>> safe = getattr(sys.flags, "safe_path", False)
-        >>> prog.sys_path(["/cwd", "/lib"]) == (["/cwd", "/lib"] if safe else ["/app", "/lib"])
+        >>> prog.sys_path(["/cwd", "/lib"]) == (["/cwd", "/lib"] if _safe_path() else ["/app", "/lib"])
         True
         """
-        safe = getattr(sys.flags, "safe_path", False)
+        safe = _safe_path()
         rest = list(path) if safe else list(path[1:])
         if self.bundle:
             return rest if running else [self.path0, *rest]
         return rest if safe else [self.path0, *rest]
+
+
+def _safe_path() -> bool:
+    """Whether Python puts no script's, ``-m``'s or working directory's folder on ``sys.path``:
+    under ``python -P`` (``PYTHONSAFEPATH``), or ``python -I``, which implies it (3.11+) or,
+    on 3.10, which has no ``-P``, does it itself."""
+    return bool(getattr(sys.flags, "safe_path", False) or sys.flags.isolated)
 
 
 def _program(program: str, args: Sequence[str], is_module: bool) -> _Program:

@@ -679,6 +679,40 @@ def test_run_gives_the_program_the_sys_path_python_gives_it(project, tmp_path, p
     assert path.count(folder) == (0 if safe_path and program != "app" else 1)
 
 
+@pytest.mark.parametrize("program", ["prog.py", "app", "-m"])
+def test_run_under_python_dash_i_gives_the_program_the_sys_path_python_dash_i_gives_it(project, program):
+    # python -I adds no script's, -m's or working directory's folder, as -P does; on 3.10,
+    # which has no -P, bcrecord put the program's folder in place of sys.path's first entry.
+    import subprocess
+
+    from .commands import ROOT
+
+    (project / "app").mkdir()
+    (project / "app" / "__main__.py").write_text(SHOWS_SYS_PATH)
+    (project / "shows.py").write_text(SHOWS_SYS_PATH)
+    where = {"prog.py": ["shows.py"], "app": ["app"], "-m": ["-m", "site"]}[program]  # (site shows it)
+    # -I ignores PYTHONPATH: this bcrecord is found at the end of sys.path (and left out below).
+    command = [
+        "import sys",
+        f"sys.path.append({str(ROOT)!r})",
+        "from bcrecord.cli import main",
+        f"sys.argv = ['bcrecord', 'run', '-q', '-r', 'json:dumps:return', *{where!r}]",
+        "sys.exit(main())",
+    ]
+
+    def ran(*args):
+        done = subprocess.run([sys.executable, "-I", *args], cwd=project, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        return done.stdout
+
+    expected, shown = ran(*where), ran("-c", "\n".join(command))
+    if program == "-m":
+        assert [line for line in shown.splitlines() if str(ROOT) not in line] == expected.splitlines()
+        assert str(project) not in shown
+    else:
+        assert [p for p in ast.literal_eval(shown) if p != str(ROOT)] == ast.literal_eval(expected)
+
+
 def test_run_whose_saves_fail_says_so_once_and_exits_2(project, tmp_path):
     out = tmp_path / "records"
     (project / "sabotage.py").write_text(
@@ -819,6 +853,7 @@ _SHOWS_ITS_MAIN = (
         ("-m", "pkg_ns"),
         ("-", "a"),
     ],
+    ids=["script", "annotated", "directory", "zip", "module", "package", "stdin"],
 )
 def test_run_gives_the_program_the_main_module_and_argv_python_gives_it(project, program):
     # __main__ had no __annotations__ (python 3.10-3.13 put an empty one there as they start:
