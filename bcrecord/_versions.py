@@ -141,6 +141,9 @@ class Table:
     #: Whether Python gives ``__main__`` an empty ``__annotations__`` dict as it starts,
     #: before the program's first line (3.10 to 3.13; 3.14's annotations are lazy).
     main_annotations: bool = True
+    #: Whether Python makes the program path ``.`` absolute as the working directory itself
+    #: (3.11+); 3.10 joins it to the working directory as any relative path (``/cwd/.``).
+    dot_is_working_directory: bool = True
 
     def load_probe(self, location: object) -> Instrs:
         """Push the probe as a callable (with its NULL slot where the version has one)."""
@@ -336,6 +339,7 @@ def _310() -> Table:
         binary_op=_op_310,
         folds_percent_format=False,
         line_table=_line_table_310,
+        dot_is_working_directory=False,
     )
 
 

@@ -1267,6 +1267,20 @@ def _stdin_program(args: Sequence[str]) -> _Program:
     return _Program("-", False, ["-", *args], "", ("__main__",), code, where, None, uncompiled, source)
 
 
+def _absolute(path: str) -> str:
+    """``path``, a program file or folder, absolute as Python makes its program's (``__file__``,
+    the traceback's file): joined to the working directory, not normalised.
+
+    >>> _absolute("/app/./prog.py"), _absolute("./prog.py") == os.path.join(os.getcwd(), "./prog.py")
+    ('/app/./prog.py', True)
+    """
+    if os.path.isabs(path):
+        return path
+    if path == "." and _versions.current().dot_is_working_directory:
+        return os.getcwd()
+    return os.path.join(os.getcwd(), path)
+
+
 def _main_globals() -> Dict[str, Any]:
     """What Python puts in ``__main__`` before the program's own names (runpy adds ``__name__``,
     ``__file__`` and the rest): the builtins module (runpy's exec would put its dict) and, where
@@ -1711,7 +1725,7 @@ class _Runner:
         started = silence()
         # (a file's: a -m module's name needs no working directory, which may have been removed)
         a_file = not self.program.is_module and self.program.source is None
-        path = os.path.abspath(self.program.name) if a_file else self.program.name
+        path = _absolute(self.program.name) if a_file else self.program.name
         given = self.program.argv[0]
 
         def on_start() -> None:

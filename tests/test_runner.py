@@ -852,13 +852,28 @@ _SHOWS_ITS_MAIN = (
         ("-m", "pkg_ns.tool", "a"),
         ("-m", "pkg_ns"),
         ("-", "a"),
+        ("./prog_ns.py",),
+        ("./app_ns/",),
+        (".",),
     ],
-    ids=["script", "annotated", "directory", "zip", "module", "package", "stdin"],
+    ids=[
+        "script",
+        "annotated",
+        "directory",
+        "zip",
+        "module",
+        "package",
+        "stdin",
+        "dot-script",
+        "dot-dir",
+        "dot",
+    ],
 )
 def test_run_gives_the_program_the_main_module_and_argv_python_gives_it(project, program):
     # __main__ had no __annotations__ (python 3.10-3.13 put an empty one there as they start:
     # a script's module-level __annotations__ raised NameError under bcrecord), and a script's
-    # sys.argv[0] was its absolute path while its code ran ('app_ns.zip' is what python gives).
+    # sys.argv[0] was its absolute path while its code ran ('app_ns.zip' is what python gives),
+    # and its __file__ normalised ('/project/./prog_ns.py' is what python gives).
     import zipfile
 
     (project / "prog_ns.py").write_text(_SHOWS_ITS_MAIN)
@@ -872,8 +887,9 @@ def test_run_gives_the_program_the_main_module_and_argv_python_gives_it(project,
     (project / "pkg_ns" / "tool.py").write_text(_SHOWS_ITS_MAIN)
     (project / "pkg_ns" / "__main__.py").write_text(_SHOWS_ITS_MAIN)
     stdin = _SHOWS_ITS_MAIN if program[0] == "-" else None
-    expected = plain(*program, cwd=project, input=stdin)
-    result = cli("run", "-q", "-r", "__main__:f:x", *program, cwd=project, input=stdin)
+    cwd = project / "app_ns" if program == (".",) else project
+    expected = plain(*program, cwd=cwd, input=stdin)
+    result = cli("run", "-q", "-r", "__main__:f:x", *program, cwd=cwd, input=stdin)
     assert expected.returncode == 0, expected.stderr
     assert result.returncode == 0 and result.stdout == expected.stdout, result.stderr
     first = ast.literal_eval(result.stdout.splitlines()[0].replace("<class 'int'>", "'int'"))
