@@ -138,6 +138,12 @@ class Table:
     #: a callee at the code unit *before* the call, so a call right after the probe
     #: would land in the probe's region: a NOP keeps them apart.
     guard_exit: Callable[[object], Instrs] = lambda loc: []
+    #: Whether Python gives ``__main__`` an empty ``__annotations__`` dict as it starts,
+    #: before the program's first line (3.10 to 3.13; 3.14's annotations are lazy).
+    main_annotations: bool = True
+    #: Whether Python makes the program path ``.`` absolute as the working directory itself
+    #: (3.11+); 3.10 joins it to the working directory as any relative path (``/cwd/.``).
+    dot_is_working_directory: bool = True
 
     def load_probe(self, location: object) -> Instrs:
         """Push the probe as a callable (with its NULL slot where the version has one)."""
@@ -333,6 +339,7 @@ def _310() -> Table:
         binary_op=_op_310,
         folds_percent_format=False,
         line_table=_line_table_310,
+        dot_is_working_directory=False,
     )
 
 
@@ -623,6 +630,7 @@ def _314() -> Table:
             # BINARY_SUBSCR became BINARY_OP with the SUBSCR operator.
             "subscript": lambda loc: [_instr("BINARY_OP", _subscr_op(), loc)],
             "value_op": lambda instr: _value_op(instr, "INTRINSIC_UNARY_POSITIVE", "SUBSCR"),
+            "main_annotations": False,
         }
     )
 

@@ -463,12 +463,15 @@ def _console() -> int:
     """The ``bcrecord`` command: :func:`main` with the working directory first on
     ``sys.path``, as ``python -m bcrecord`` has it (a console script has its own
     ``bin/`` there), so that ``targets``, ``show`` and ``run -m`` find the user's modules.
-    Under ``PYTHONSAFEPATH`` (``python -P``) nothing is added, as ``python -m`` adds nothing."""
+    Under ``PYTHONSAFEPATH`` (``python -P``) or ``python -I`` nothing is added, as ``python -m``
+    adds nothing then."""
     try:
         here = os.getcwd()
     except OSError:  # the working directory was removed: python -m adds none then
         here = None
-    if not getattr(sys.flags, "safe_path", False) and here is not None:
+    from .runner import _safe_path
+
+    if not _safe_path() and here is not None:
         script_folder = os.path.dirname(os.path.realpath(sys.argv[0]))
         if sys.path and os.path.realpath(sys.path[0] or os.curdir) == script_folder:
             sys.path[0] = here

@@ -34,10 +34,10 @@ the values numbered 0, N, 2N... in the order that key fired; the number is the
 value's *step*) is copied when it is recorded (the others are not even copied) and
 written with :class:`bcrecord.storage.Writer` in batches (every few seconds or
 megabytes, also while the program records nothing: a thread writes what waited),
-and at exit -- also when the program raises or calls :func:`sys.exit`, or replaces
-itself with an ``os.exec*`` function (the run ends just before: its values are
-saved and its report printed; an exec that fails leaves the program running
-unrecorded, which one line says). A program killed (SIGTERM, SIGKILL) loses at most
+and at exit -- also when the program raises or calls :func:`sys.exit`, ends with
+:func:`os._exit` or replaces itself with an ``os.exec*`` function (the run ends just
+before: its values are saved and its report printed; an exec that fails leaves the
+program running unrecorded, which one line says). A program killed (SIGTERM, SIGKILL) loses at most
 the values of its last few seconds. Values
 recorded in child processes are not saved. Without ``--save-dir`` only
 counts and the last value of each key are kept, and a summary is printed to
@@ -47,9 +47,9 @@ What passes through unchanged: the program's ``sys.argv``, stdin, stdout, its
 stderr (bcrecord adds its report at the end there: a summary unless ``--quiet``, and
 what did not record), and its exit status: a :class:`SystemExit` is re-raised as it
 was, an uncaught exception prints its traceback (without bcrecord's frames) and exits
-1, as Python does; a :class:`KeyboardInterrupt` ends it as it ends Python. Three
-differences: a script's ``sys.argv[0]`` is its absolute path (runpy is given that, so
-that ``__file__`` stays right after an :func:`os.chdir`); a run whose records could
+1, as Python does; a :class:`KeyboardInterrupt` ends it as it ends Python. Its
+``__main__`` holds what Python puts there (``__annotations__`` too, where the version
+does). Two differences: a run whose records could
 not be saved ends with status 2 where the program's would be 0; and with
 ``--save-dir`` the program has one more thread, the writer's (``threading.enumerate()``
 lists it; on 3.12+ a direct :func:`os.fork` warns that the process is multi-threaded).
@@ -103,6 +103,7 @@ from typing import (
     cast,
 )
 
+from . import _versions
 from .analysis import compiled_spec, read, resolve
 from .errors import BcrecordError, RecordingWarning, did_you_mean, shown
 from .patch import (
@@ -640,6 +641,30 @@ class _Stream(Recording):
         return {key: int(repr(counter)[6:-1]) for key, counter in list(self._counters.items())}
 
 
+#: The environment variable that sets how many seconds values wait at most before they are
+#: written (the collector's ``flush_seconds``), for tests only: a test that replaces the writer
+#: mid-run needs no write to come early, however slowly a loaded machine runs the program.
+_FLUSH_SECONDS_VARIABLE = "_BCRECORD_FLUSH_SECONDS"
+
+
+def _flush_seconds(environ: Mapping[str, str] = os.environ) -> float:
+    """How many seconds values wait at most before they are written: 5, or the test setting.
+
+    >>> _flush_seconds({}), _flush_seconds({"_BCRECORD_FLUSH_SECONDS": "3600"})
+    (5.0, 3600.0)
+    """
+    text = environ.get(_FLUSH_SECONDS_VARIABLE)
+    if text is None:
+        return 5.0
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = math.nan
+    if not seconds > 0 or math.isinf(seconds):
+        raise RunError(f"{_FLUSH_SECONDS_VARIABLE} must be a positive number of seconds, got {text!r}")
+    return seconds
+
+
 class _Collector:
     """Where values go: batches written with :class:`~bcrecord.storage.Writer`, or a summary."""
 
@@ -1100,20 +1125,27 @@ class _Program:
     def sys_path(self, path: Sequence[str], running: bool = False) -> List[str]:
         """``sys.path`` as Python gives the program: its folder (:attr:`path0`) in place of the
         first entry, where ``python -m bcrecord`` and the ``bcrecord`` command put the working
-        directory. Under ``python -P`` (``PYTHONSAFEPATH``) they put none there, and Python adds
-        no script's or ``-m``'s folder either: only a directory or zip program's, which runpy
-        itself puts first as it runs it (``running``: it is left to runpy, or it is there twice).
+        directory. Under ``python -P`` (``PYTHONSAFEPATH``) or ``python -I`` they put none there,
+        and Python adds no script's or ``-m``'s folder either: only a directory or zip program's,
+        which runpy itself puts first as it runs it (``running``: it is left to runpy, or it is
+        there twice).
 
         >>> prog = _Program("prog.py", False, ["prog.py"], "/app", ("__main__",), None, "prog.py")
-        >>> safe = getattr(sys.flags, "safe_path", False)
-        >>> prog.sys_path(["/cwd", "/lib"]) == (["/cwd", "/lib"] if safe else ["/app", "/lib"])
+        >>> prog.sys_path(["/cwd", "/lib"]) == (["/cwd", "/lib"] if _safe_path() else ["/app", "/lib"])
         True
         """
-        safe = getattr(sys.flags, "safe_path", False)
+        safe = _safe_path()
         rest = list(path) if safe else list(path[1:])
         if self.bundle:
             return rest if running else [self.path0, *rest]
         return rest if safe else [self.path0, *rest]
+
+
+def _safe_path() -> bool:
+    """Whether Python puts no script's, ``-m``'s or working directory's folder on ``sys.path``:
+    under ``python -P`` (``PYTHONSAFEPATH``), or ``python -I``, which implies it (3.11+) or,
+    on 3.10, which has no ``-P``, does it itself."""
+    return bool(getattr(sys.flags, "safe_path", False) or sys.flags.isolated)
 
 
 def _program(program: str, args: Sequence[str], is_module: bool) -> _Program:
@@ -1235,6 +1267,32 @@ def _stdin_program(args: Sequence[str]) -> _Program:
     return _Program("-", False, ["-", *args], "", ("__main__",), code, where, None, uncompiled, source)
 
 
+def _absolute(path: str) -> str:
+    """``path``, a program file or folder, absolute as Python makes its program's (``__file__``,
+    the traceback's file): joined to the working directory, not normalised.
+
+    >>> _absolute("/app/./prog.py"), _absolute("./prog.py") == os.path.join(os.getcwd(), "./prog.py")
+    ('/app/./prog.py', True)
+    """
+    if os.path.isabs(path):
+        return path
+    if path == "." and _versions.current().dot_is_working_directory:
+        return os.getcwd()
+    return os.path.join(os.getcwd(), path)
+
+
+def _main_globals() -> Dict[str, Any]:
+    """What Python puts in ``__main__`` before the program's own names (runpy adds ``__name__``,
+    ``__file__`` and the rest): the builtins module (runpy's exec would put its dict) and, where
+    the version has it, an empty ``__annotations__``, in the order Python puts them.
+
+    >>> list(_main_globals())[-1], _main_globals()["__builtins__"] is builtins
+    ('__builtins__', True)
+    """
+    annotations: Dict[str, Any] = {"__annotations__": {}} if _versions.current().main_annotations else {}
+    return {**annotations, "__builtins__": builtins}
+
+
 def _working_directory() -> str:
     """``os.getcwd()``, or ``''`` where the working directory was removed (python -m runs on then)."""
     try:
@@ -1299,6 +1357,15 @@ def _torch_layer_for_dynamo() -> None:
         end()
 
 
+#: ``os``'s functions that replace the process with another program.
+_EXEC_FUNCTIONS = ("execl", "execle", "execlp", "execlpe", "execv", "execve", "execvp", "execvpe")
+
+
+def _os_builtin_module() -> Optional[types.ModuleType]:
+    """The built-in module whose functions ``os`` gives as its own: ``posix`` (``nt`` on Windows)."""
+    return sys.modules.get(os.name)
+
+
 class _Runner:
     """Targets, the recording and where values go, for one run of one program.
 
@@ -1316,6 +1383,7 @@ class _Runner:
         copy: str = "clone",
         quiet: bool = False,
         stderr: Optional[TextIO] = None,
+        flush_seconds: float = 5.0,
     ) -> None:
         self.targets = list(targets)
         self.program = program
@@ -1323,7 +1391,7 @@ class _Runner:
         self.quiet = quiet
         # Taken now: the program may point sys.stderr at its own log, or close it.
         self._stderr = stderr if stderr is not None else sys.stderr
-        self.collector = _Collector(writer)
+        self.collector = _Collector(writer, flush_seconds=flush_seconds)
         self.recording = _Stream(self.collector.deliver, every, copy)
         self.patches: List[Patch] = []
         #: The keys each target (by its text) records under, over all its patches.
@@ -1360,8 +1428,8 @@ class _Runner:
         #: The program's module, and what was ``__main__`` before it was put back there.
         self.program_module: Optional[types.ModuleType] = None
         self._main_before: Optional[types.ModuleType] = None
-        #: ``os``'s exec functions the run replaced (see :meth:`_close_before_exec`), by name.
-        self._exec_functions: Dict[str, Callable[..., Any]] = {}
+        #: ``os``'s functions the run replaced (see :meth:`_hook_abrupt_ends`), by name.
+        self._abrupt_functions: Dict[str, Callable[..., Any]] = {}
 
     @property
     def stderr(self) -> TextIO:
@@ -1595,48 +1663,61 @@ class _Runner:
             self.recording.__exit__(None, None, None)
             raise RunError(str(error)) from None
         sys.meta_path.insert(0, self.hook)
-        self._hook_exec()
+        self._hook_abrupt_ends()
         _torch_layer_for_dynamo()
         silently(lambda _: self.collector.start_timer(), None)  # threading's calls are not the program's
         self._saved_sys = (sys.argv[:], sys.path[:])
         sys.argv[:] = self.program.argv
         sys.path[:] = self.program.sys_path(sys.path, running=True)
 
-    def _hook_exec(self) -> None:
-        """Close the run when the program replaces itself (``os.execv``, ``os.execlp``...).
+    def _hook_abrupt_ends(self) -> None:
+        """Close the run when the program replaces itself (``os.execv``, ``os.execlp``...) or
+        ends with :func:`os._exit` (as a training script may, to skip a slow teardown).
 
-        The new program takes the process over at once: no ``atexit`` handler runs, so
-        the values waiting to be written and the report would be lost. So while the run
-        lasts, ``os``'s exec functions are replaced by ones that close it first. (Each one
-        the program calls: ``os.execvp`` tries each folder of ``PATH`` with ``os.execv``,
-        and only a failure of the call the program made is the program's.)
+        Either ends the process at once: no ``atexit`` handler runs, so the values waiting
+        to be written and the report would be lost. So while the run lasts, these ``os``
+        functions are replaced by ones that close it first (in the process the run started
+        in only: a forked child's ``os._exit``, as ``multiprocessing`` ends one, is left
+        alone). (Each one the program calls: ``os.execvp`` tries each folder of ``PATH`` with
+        ``os.execv``, and only a failure of the call the program made is the program's.)
+        ``os.execv``, ``os.execve`` and ``os._exit`` are ``posix``'s own (``nt``'s on
+        Windows): replaced there too, for a program that calls ``posix._exit``.
         """
-        for name in ("execl", "execle", "execlp", "execlpe", "execv", "execve", "execvp", "execvpe"):
+        builtin = _os_builtin_module()
+        for name in (*_EXEC_FUNCTIONS, "_exit"):
             function = getattr(os, name, None)
             if function is not None:
-                self._exec_functions[name] = function
-                setattr(os, name, self._close_before_exec(function))
+                self._abrupt_functions[name] = function
+                replaced = self._close_first(function)
+                setattr(os, name, replaced)
+                if builtin is not None and getattr(builtin, name, None) is function:
+                    setattr(builtin, name, replaced)
 
-    def _close_before_exec(self, function: Callable[..., Any]) -> Callable[..., Any]:
+    def _close_first(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        """``function`` (an exec function, ``os._exit``), closing the run before it is called."""
+        ending = "exit" if function.__name__ == "_exit" else "exec"
+
         @functools.wraps(function)
-        def close_then_exec(*args: Any, **kwargs: Any) -> Any:
+        def close_then_call(*args: Any, **kwargs: Any) -> Any:
             closing = not self._closed and os.getpid() == self.collector.pid  # (not a forked child's)
             if closing:
                 self.close()
-                self.stderr.flush()  # (exec writes out no buffer)
+                self.stderr.flush()  # (exec and os._exit write out no buffer)
+                if ending == "exit" and self.collector.error is not None and args[:1] == (0,):
+                    args = (2,)  # (as for a program that returns: the report says why)
             try:
                 return function(*args, **kwargs)
             except BaseException as error:
                 if closing:  # the program runs on, unrecorded: say so
                     print(
                         f"bcrecord: the program's os.{function.__name__} raised {type(error).__name__}: "
-                        "bcrecord had ended the run to save its values before the exec, so what it "
+                        f"bcrecord had ended the run to save its values before the {ending}, so what it "
                         "does from here on is not recorded",
                         file=self.stderr,
                     )
                 raise
 
-        return close_then_exec
+        return close_then_call
 
     def execute(self) -> int:
         """Run the program; returns its exit status (a ``SystemExit`` is re-raised as it was)."""
@@ -1644,17 +1725,24 @@ class _Runner:
         started = silence()
         # (a file's: a -m module's name needs no working directory, which may have been removed)
         a_file = not self.program.is_module and self.program.source is None
-        path = os.path.abspath(self.program.name) if a_file else self.program.name
-        self._start_main_trace(started)
+        path = _absolute(self.program.name) if a_file else self.program.name
+        given = self.program.argv[0]
+
+        def on_start() -> None:
+            # runpy's sys.argv[0] is the absolute path it was given (for __file__, absolute as
+            # Python makes it); Python's is the path as the command line gave it.
+            if a_file and sys.argv and sys.argv[0] == path:
+                sys.argv[0] = given
+            started()
+
+        self._start_main_trace(on_start)
         try:
-            # The builtins module, as Python gives a program (runpy's exec would put its dict).
-            builtins_module = {"__builtins__": builtins}
             if self.program.is_module:
-                runpy.run_module(self.program.name, builtins_module, run_name="__main__", alter_sys=True)
+                runpy.run_module(self.program.name, _main_globals(), run_name="__main__", alter_sys=True)
             elif self.program.source is not None:
                 self._run_read_program()
             else:
-                runpy.run_path(path, builtins_module, run_name="__main__")
+                runpy.run_path(path, _main_globals(), run_name="__main__")
             return 0
         except _TargetFailed as error:
             print(f"bcrecord: {error}", file=self.stderr)
@@ -1695,7 +1783,8 @@ class _Runner:
             if stdin
             else importlib.machinery.SourceFileLoader("__main__", filename)
         )
-        module.__dict__.update(__file__=filename, __cached__=None, __builtins__=builtins, __loader__=loader)
+        module.__dict__.update(_main_globals())
+        module.__dict__.update(__loader__=loader, __file__=filename, __cached__=None)
         before = sys.modules.get("__main__")
         sys.modules["__main__"] = module
         try:
@@ -1724,9 +1813,12 @@ class _Runner:
             sys.meta_path.remove(self.hook)
         except ValueError:
             pass
-        for name, function in self._exec_functions.items():
-            if getattr(getattr(os, name, None), "__wrapped__", None) is function:  # (not the program's own)
-                setattr(os, name, function)
+        for holder in filter(None, (os, _os_builtin_module())):
+            for name, function in self._abrupt_functions.items():
+                if (
+                    getattr(getattr(holder, name, None), "__wrapped__", None) is function
+                ):  # (not the program's)
+                    setattr(holder, name, function)
         with warnings.catch_warnings():
             # The program rebinding what it defines (B.m = m2 after B.m was patched) is its own.
             warnings.filterwarnings("ignore", ".* was replaced while patched", RecordingWarning)
@@ -1975,6 +2067,7 @@ def run(
     parsed = [parse_target(t) for t in targets]
     if not parsed:
         raise RunError("nothing to record: give at least one --record TARGET")
+    flush_seconds = _flush_seconds()
     ours = dict(sys.modules)  # before the program's parent packages (python -m imports them)
     try:
         prog = _program(program, args, module)
@@ -2016,7 +2109,9 @@ def run(
     writer = Writer(save_dir) if save_dir is not None else None
     if writer is not None and not quiet and told is not None:  # (as above: never the program's stdout)
         _note_earlier_values(writer, told)
-    runner = _Runner(parsed, prog, writer, every=every, copy=copy, quiet=quiet, stderr=stderr)
+    runner = _Runner(
+        parsed, prog, writer, every=every, copy=copy, quiet=quiet, stderr=stderr, flush_seconds=flush_seconds
+    )
     runner.start()
     if linger:
         atexit.register(runner.close_at_exit)

@@ -8,8 +8,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _env():
-    env = dict(os.environ)
+def _env(extra=None):
+    env = {**os.environ, **(extra or {})}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
     env.pop("PYTHONWARNINGS", None)
     # As tox runs them (it passes no PYTHONUNBUFFERED): a program's output buffered as a user's is.
@@ -18,14 +18,14 @@ def _env():
     return env
 
 
-def cli(*args, cwd=None, timeout=300, input=None):
-    """Run ``python -m bcrecord ARGS`` in a fresh interpreter (``input`` its stdin); returns
-    the CompletedProcess."""
+def cli(*args, cwd=None, timeout=300, input=None, env=None):
+    """Run ``python -m bcrecord ARGS`` in a fresh interpreter (``input`` its stdin, ``env`` more
+    environment variables); returns the CompletedProcess."""
     return subprocess.run(
         [sys.executable, "-m", "bcrecord", *map(str, args)],
         cwd=cwd,
         input=input,
-        env=_env(),
+        env=_env(env),
         capture_output=True,
         text=True,
         timeout=timeout,
