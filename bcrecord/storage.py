@@ -24,7 +24,9 @@ a save that :func:`load` accepts half-written; at most the save in progress is l
 The temporary file a save killed mid-write leaves (``records/.NNNNNN.pkl.tmp``, which
 :func:`load` ignores) is replaced or removed by the next save, which writes that number's files.
 A full disk or an unwritable
-directory raises :class:`StorageError` naming the directory. Saves into one directory
+directory raises :class:`StorageError` naming the directory. A data file damaged later (cut
+short, emptied) loses only the values it no longer holds whole: :func:`load` warns
+(:class:`DamagedRecords`) and returns the rest. Saves into one directory
 from several writers or processes at once (``bcrecord run -o DIR`` on each rank) take
 turns under a lock file (``records/.lock``; on systems without ``fcntl``, or on a file
 system without file locks, saves of one process at a time only), each first reading what
@@ -86,7 +88,16 @@ try:
 except ImportError:  # pragma: no cover - Windows: no lock between processes
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["StorageError", "UnsavableValue", "Writer", "Loaded", "save", "load", "saved_keys"]
+__all__ = [
+    "StorageError",
+    "UnsavableValue",
+    "DamagedRecords",
+    "Writer",
+    "Loaded",
+    "save",
+    "load",
+    "saved_keys",
+]
 
 FORMAT = "bcrecord-records"
 VERSION = 2
@@ -107,6 +118,15 @@ class StorageError(BcrecordError, OSError):
 class UnsavableValue(StorageError):
     """A value cannot be saved (a meta tensor's data, an object pickle refuses): its key
     and step are named, and the save it was in wrote nothing."""
+
+
+class DamagedRecords(UserWarning):
+    """:func:`load` read a damaged data file (cut short, emptied, overwritten in part): it names
+    the file and the values lost, and the file's intact values load all the same.
+
+    To refuse such a directory instead, make the warning an error:
+    ``warnings.simplefilter("error", bcrecord.storage.DamagedRecords)``.
+    """
 
 
 #: Told of each value a save keeps as its repr: ``(key, step, why)``.
@@ -1174,9 +1194,13 @@ class Loaded(Mapping[str, List[Any]]):
 def load(directory: PathLike, keys: Optional[Iterable[str]] = None) -> Loaded:
     """Read records saved with :func:`save` / :class:`Writer` (tensors come back on CPU).
 
-    ``keys`` (a key, or several) limits what is read; a key the directory has no value for is a
-    ``KeyError`` that names the saved keys, not an empty result. Files that the index does not name
-    (a save cut short by a crash) are ignored.
+    ``keys`` (a key, or several) limits what is read (and kept: a data file's other values are
+    let go once it is read); a key the directory has no value for is a ``KeyError`` that names
+    the saved keys, not an empty result. Files that the index does not name (a save cut short
+    by a crash) are ignored. A data file damaged since it was saved (cut short, emptied,
+    deleted) loses only its values that cannot be read whole: the others load, and a
+    :class:`DamagedRecords` warning names the file and the keys and steps left out (make it an
+    error to refuse the directory instead).
 
     >>> import tempfile, bcrecord
     >>> folder = bcrecord.save({"m:f:x@0": [1.5], "m:f:y@0": ["text"]}, tempfile.mkdtemp(), step=7)
@@ -1193,16 +1217,19 @@ def load(directory: PathLike, keys: Optional[Iterable[str]] = None) -> Loaded:
     if wanted is not None:
         _check_saved(wanted, [row["key"] for row in index], directory)
     rows = [row for row in index if wanted is None or row["key"] in wanted]
-    files: Dict[str, Dict[str, Any]] = {}
-    for file in sorted({row["file"] for row in rows}):
+    names: Dict[str, List[str]] = {}  # every value's name in each file, in the order saved
+    for row in index:
+        names.setdefault(row["file"], []).append(row["name"])
+    rows_of: Dict[str, List[Dict[str, Any]]] = {}
+    for row in rows:
+        rows_of.setdefault(row["file"], []).append(row)
+    # Only the wanted values of each file are kept (its others are dropped as soon as it is
+    # read): loading a few keys of a long run needs the memory of those keys' values alone.
+    values: Dict[Tuple[str, str], Any] = {}
+    for file in sorted(rows_of):
         path = directory / file
         try:
-            if file.endswith(".safetensors"):
-                from safetensors.torch import load_file
-
-                files[file] = load_file(str(path))
-            else:
-                files[file] = _unpickled(path.read_bytes())
+            found = _data_file(path, [row["name"] for row in rows_of[file]])
         except ImportError as error:
             # safetensors' torch module imports torch: where torch is what is missing (the
             # 'save' extra installs safetensors alone), installing safetensors would not help.
@@ -1214,10 +1241,161 @@ def load(directory: PathLike, keys: Optional[Iterable[str]] = None) -> Loaded:
             raise StorageError(
                 "loading tensors needs the safetensors package: pip install 'bcrecord[save]'"
             ) from None
+        except _Missing as missing:
+            raise StorageError(
+                f"cannot read {path}: it has no value {missing.args[0]!r} (the index names it)"
+            ) from None
         except Exception as error:
-            raise StorageError(f"cannot read {path}: {error}") from None
-    entries = [Entry(row["key"], row["step"], _value(files, row, directory), dict(row)) for row in rows]
+            found, why = _salvaged(path, names[file], error)
+            lost = [row for row in rows_of[file] if row["name"] not in found]
+            if lost:
+                _warn_damaged(path, why, lost, len(names[file]))
+        for row in rows_of[file]:
+            if row["name"] in found:
+                values[(file, row["name"])] = found[row["name"]]
+        del found
+    entries = [
+        Entry(row["key"], row["step"], values[(row["file"], row["name"])], dict(row))
+        for row in rows
+        if (row["file"], row["name"]) in values
+    ]
     return Loaded(entries)
+
+
+class _Missing(KeyError):
+    """A data file read whole lacks a value its index names (``args[0]``, the value's name)."""
+
+
+def _data_file(path: Path, wanted: Sequence[str]) -> Dict[str, Any]:
+    """The ``wanted`` values of one data file, by name (a safetensors file's others are not
+    read); raises where the file is damaged or missing, :class:`_Missing` where it lacks one."""
+    if path.suffix == ".safetensors":
+        import safetensors.torch  # noqa: F401 (imports torch: where that fails, its ImportError says so)
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as tensors:
+            held = set(tensors.keys())
+            found = {name: tensors.get_tensor(name) for name in wanted if name in held}
+    else:
+        found = _unpickled(path.read_bytes())
+        if not isinstance(found, dict):
+            raise TypeError(f"it holds a {type(found).__name__}, not a dict of values")
+    for name in wanted:
+        if name not in found:
+            raise _Missing(name)
+    return found
+
+
+def _salvaged(path: Path, names: Sequence[str], error: Exception) -> Tuple[Dict[str, Any], str]:
+    """The intact values of a data file that :func:`_data_file` could not read (``error``),
+    and what is wrong with it: never a value some of whose bytes are missing or unread."""
+    try:
+        data = path.read_bytes()
+    except OSError as missing:
+        return {}, missing.strerror or str(missing)
+    if path.suffix == ".safetensors":
+        return _intact_tensors(data)
+    return _intact_pickled(data, names), f"{error}; {len(data)} bytes"
+
+
+def _intact_tensors(data: bytes) -> Tuple[Dict[str, Any], str]:
+    """The tensors of a damaged safetensors file whose bytes are all there, and what is wrong.
+
+    Its header (8 bytes of length, then JSON) says where each tensor's bytes are: a file
+    cut short keeps those before the cut, one with bytes added after its data keeps all.
+    """
+    from safetensors.torch import load as load_tensors
+
+    length = int.from_bytes(data[:8], "little")
+    start = 8 + length
+    header: Any = None
+    try:
+        header = json.loads(data[8:start]) if len(data) >= 8 and start <= len(data) else None
+        spans = {
+            name: (int(info["data_offsets"][0]), int(info["data_offsets"][1]))
+            for name, info in header.items()
+            if name != "__metadata__"
+        }
+    except Exception:  # (cut inside the header, or bytes of it overwritten)
+        header = None
+    if not isinstance(header, dict):
+        return {}, f"its header is unreadable ({len(data)} bytes): no value of it can be read"
+    kept: Dict[str, Any] = {}
+    chunks: List[bytes] = []
+    offset = 0
+    for name, (begin, end) in spans.items():
+        if 0 <= begin <= end and start + end <= len(data):
+            kept[name] = dict(header[name], data_offsets=[offset, offset + end - begin])
+            chunks.append(data[start + begin : start + end])
+            offset += end - begin
+    promised = start + max((end for _, end in spans.values()), default=0)
+    if promised > len(data):
+        why = f"cut short: {len(data)} bytes of the {promised} its header names"
+    else:
+        why = f"{len(data) - promised} bytes after its last value's"
+    rebuilt = json.dumps(kept).encode()
+    rebuilt += b" " * (-len(rebuilt) % 8)  # (safetensors aligns its data to 8 bytes)
+    try:
+        tensors = load_tensors(len(rebuilt).to_bytes(8, "little") + rebuilt + b"".join(chunks))
+    except Exception as error:  # a header overwritten in part, still JSON: trust none of it
+        return {}, f"its header does not describe its data ({error}): no value of it can be read"
+    return cast(Dict[str, Any], tensors), why
+
+
+class _Salvager(_TolerantUnpickler):
+    """Unpickles what it can of a damaged data file; what it had made stays on its stacks."""
+
+    stack: List[Any]
+    metastack: List[List[Any]]
+
+
+def _intact_pickled(data: bytes, names: Sequence[str]) -> Dict[str, Any]:
+    """The values of a damaged pickled data file that were whole before it ends or is damaged.
+
+    A data file is one dict, ``{name: value}`` in the order of ``names``, pickled in batches:
+    the entries of batches already set into it are whole, and so is each value of the batch in
+    progress that the next name follows (pickle writes a value whole before the next name).
+    """
+    salvager = _Salvager(io.BytesIO(data))
+    try:
+        made = salvager.load()
+        return made if isinstance(made, dict) else {}
+    except Exception:
+        pass
+    levels = [*getattr(salvager, "metastack", []), getattr(salvager, "stack", [])]
+    made = levels[0][0] if levels[0] else None
+    if not isinstance(made, dict) or list(made) != list(names[: len(made)]):
+        return {}
+    # A batch of one item is set without a mark: its name and value follow the dict itself.
+    pending = levels[0][1:] if len(levels[0]) > 1 else levels[1] if len(levels) > 1 else []
+    kept = dict(made)
+    for at in range(len(made), len(names) - 1):
+        index = 2 * (at - len(made))
+        if index + 2 >= len(pending) or not all(
+            type(found) is str and found == name
+            for found, name in ((pending[index], names[at]), (pending[index + 2], names[at + 1]))
+        ):
+            break
+        kept[names[at]] = pending[index + 1]
+    return kept
+
+
+def _warn_damaged(path: Path, why: str, lost: Sequence[Mapping[str, Any]], total: int) -> None:
+    """Warn that ``lost`` values of ``path`` could not be read (``why``), naming their keys and steps."""
+    by_key: Dict[str, List[int]] = {}
+    for row in lost:
+        by_key.setdefault(row["key"], []).append(row["step"])
+    named = [
+        f"{key!r} (step{'s' if len(set(steps)) > 1 else ''} {', '.join(map(str, sorted(set(steps))))})"
+        for key, steps in by_key.items()
+    ]
+    shown = ", ".join(named[:5]) + (f" and {len(named) - 5} more keys" if len(named) > 5 else "")
+    warnings.warn(
+        f"{path} is damaged ({why}): {len(lost)} of its {total} values could not be read and are "
+        f"left out: {shown}; its other values, and every other file's, are loaded",
+        DamagedRecords,
+        stacklevel=3,
+    )
 
 
 def saved_keys(directory: PathLike) -> List[str]:
@@ -1246,13 +1424,3 @@ def _check_saved(wanted: Iterable[str], saved: List[str], directory: Path) -> No
             f"{directory} has no saved values for {', '.join(map(repr, missing))}{hint}; "
             f"saved keys: {', '.join(names) or 'none'}"
         )
-
-
-def _value(files: Mapping[str, Any], row: Mapping[str, Any], directory: Path) -> Any:
-    """The value an index entry names, or a StorageError if its file does not hold it."""
-    try:
-        return files[row["file"]][row["name"]]
-    except (KeyError, TypeError, IndexError):
-        raise StorageError(
-            f"cannot read {directory / row['file']}: it has no value {row['name']!r} (the index names it)"
-        ) from None
