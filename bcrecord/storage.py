@@ -33,10 +33,10 @@ system without file locks, saves of one process at a time only), each first read
 the others appended. Tensors that ``safetensors`` cannot store (``complex128``, sparse,
 quantized or nested tensors) are pickled instead. Every tensor
 pickled, alone or inside another value (a tuple, a dict, a dataclass), is saved detached and on the
-CPU (it loads on a machine without a GPU), in ``torch.save``'s form where torch cannot read its
-pickle back (``complex32``). A value a save cannot hold at all (a tensor of ``vmap`` or of a fake
-mode, a ``uint4`` tensor) raises :class:`UnsavableValue` naming its key, or is saved as its repr
-(see :meth:`Writer.write_many`).
+CPU (it loads on a machine without a GPU), a view without the rest of its storage, in
+``torch.save``'s form where torch cannot read its pickle back (``complex32``). A value a save
+cannot hold at all (a tensor of ``vmap`` or of a fake mode, a ``uint4`` tensor) raises
+:class:`UnsavableValue` naming its key, or is saved as its repr (see :meth:`Writer.write_many`).
 
 >>> import tempfile, bcrecord
 >>> folder = tempfile.mkdtemp()
@@ -755,6 +755,7 @@ def _reduced_tensor(tensor: Any) -> Any:
         if state and type(moved) is type(tensor):  # (a Parameter detaches to a plain tensor)
             moved.__dict__.update(state)
         tensor = moved
+    tensor = _compact(tensor)
     if _pickle_loads(tensor.dtype):
         return tensor.__reduce_ex__(4)
     import torch
@@ -762,6 +763,24 @@ def _reduced_tensor(tensor: Any) -> Any:
     buffer = io.BytesIO()
     torch.save(tensor, buffer)
     return _torch_loaded, (buffer.getvalue(),)
+
+
+def _compact(tensor: Any) -> Any:
+    """``tensor`` in a storage of its own where it is a view of a larger one (a row of a batch,
+    a token of a sequence): pickled as it is, its whole storage would be saved (and loaded).
+    """
+    try:
+        if tensor.is_quantized or tensor.is_nested or str(tensor.layout) != "torch.strided":
+            return tensor
+        if tensor.untyped_storage().nbytes() <= tensor.nelement() * tensor.element_size():
+            return tensor  # (its own storage, or an expanded one's smaller than it)
+        compact = tensor.detach().clone()  # (a view of a dense tensor clones dense)
+    except Exception:  # a subclass whose storage or clone its __torch_dispatch__ refuses
+        return tensor
+    state = getattr(tensor, "__dict__", None)
+    if state and type(compact) is type(tensor):
+        compact.__dict__.update(state)
+    return compact
 
 
 #: Per tensor dtype, whether pickle's form of a tensor of it loads back (asked once per dtype).

@@ -240,3 +240,14 @@ def test_a_safetensors_file_emptied_overwritten_or_added_to_loses_no_other_file_
     ):
         loaded = load(tmp_path)
     assert loaded.steps("m:f:x@0") == [1] and torch.equal(loaded["m:f:x@0"][0], torch.ones(2))
+
+
+def test_a_view_inside_a_value_is_saved_without_the_rest_of_its_storage(tmp_path):
+    # A tuple holding one row of a (1000, 1000) batch saved all 4 MB of the batch, and loaded them.
+    batch = torch.randn(1000, 1000)
+    row, corner, expanded = batch[7], batch.t()[:3, :3], torch.ones(3).expand(1000, 3)
+    save({"m:f:out@0": [(row, corner, expanded, batch[:2].clone())]}, tmp_path)
+    assert (tmp_path / "records" / "000001.pkl").stat().st_size < 40_000
+    loaded = load(tmp_path)["m:f:out@0"][0]
+    assert all(torch.equal(a, b) for a, b in zip(loaded, (row, corner, expanded, batch[:2]), strict=True))
+    assert [t.untyped_storage().nbytes() for t in loaded] == [4000, 36, 12, 8000]
