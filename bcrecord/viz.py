@@ -394,18 +394,26 @@ class Progress:
 # --- pictures -----------------------------------------------------------------------------
 
 
+#: File names Windows keeps for devices, whatever extension follows them.
+_RESERVED_ON_WINDOWS = {"CON", "PRN", "AUX", "NUL"} | {
+    f"{kind}{n}" for kind in ("COM", "LPT") for n in range(10)
+}
+
+
 def _slug(key: str, limit: int = 120) -> str:
     """A file-name-safe form of a key, at most ``limit`` characters (file systems allow 255).
 
     A longer key is cut and given a hash of the whole key, so two long keys that
     share their start still get different names.
 
-    >>> _slug("layer1.0:forward:out@1")
-    'layer1.0_forward_out@1'
+    >>> _slug("layer1.0:forward:out@1"), _slug("nul"), _slug("com1.x")
+    ('layer1.0_forward_out@1', '_nul', '_com1.x')
     >>> len(_slug("m:" + "x" * 300)), _slug("m:" + "x" * 300) != _slug("m:" + "x" * 299 + "y")
     (120, True)
     """
     slug = re.sub(r"[^A-Za-z0-9_.@-]+", "_", key).strip("._") or "key"
+    if slug.partition(".")[0].upper() in _RESERVED_ON_WINDOWS:  # 'nul.hist.png' is the device there
+        slug = "_" + slug
     if len(slug) <= limit:
         return slug
     digest = hashlib.sha1(key.encode("utf-8", "surrogatepass")).hexdigest()[:12]

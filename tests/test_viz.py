@@ -243,3 +243,14 @@ def test_one_pattern_given_as_a_string_is_one_pattern_not_its_characters(saved):
     out = io.StringIO()
     assert view(saved, plots=False, keys="m:f:x*", out=out) == 0
     assert [line.split()[0] for line in out.getvalue().splitlines()[1:]] == ["m:f:x@0"]
+
+
+def test_a_key_named_as_a_windows_device_gets_a_picture_file_windows_can_write():
+    # 'con' drew into 'con.hist.png', which Windows takes for the console, not a file.
+    assert [viz._slug(key) for key in ("con", "Aux", "LPT1.x", "nul:f:x@0", "console")] == [
+        "_con",
+        "_Aux",
+        "_LPT1.x",
+        "nul_f_x@0",
+        "console",
+    ]
