@@ -1268,7 +1268,8 @@ def load(directory: PathLike, keys: Optional[Iterable[str]] = None) -> Loaded:
             found, why = _salvaged(path, names[file], error)
             lost = [row for row in rows_of[file] if row["name"] not in found]
             if lost:
-                _warn_damaged(path, why, lost, len(names[file]))
+                unread = sum(name not in found for name in names[file])
+                _warn_damaged(path, why, lost, unread, len(names[file]))
         for row in rows_of[file]:
             if row["name"] in found:
                 values[(file, row["name"])] = found[row["name"]]
@@ -1399,19 +1400,25 @@ def _intact_pickled(data: bytes, names: Sequence[str]) -> Dict[str, Any]:
     return kept
 
 
-def _warn_damaged(path: Path, why: str, lost: Sequence[Mapping[str, Any]], total: int) -> None:
-    """Warn that ``lost`` values of ``path`` could not be read (``why``), naming their keys and steps."""
+def _warn_damaged(path: Path, why: str, lost: Sequence[Mapping[str, Any]], unread: int, total: int) -> None:
+    """Warn that ``unread`` of the ``total`` values of ``path`` could not be read (``why``), naming
+    the keys and steps of those asked for (``lost``)."""
     by_key: Dict[str, List[int]] = {}
     for row in lost:
         by_key.setdefault(row["key"], []).append(row["step"])
-    named = [
-        f"{key!r} (step{'s' if len(set(steps)) > 1 else ''} {', '.join(map(str, sorted(set(steps))))})"
-        for key, steps in by_key.items()
-    ]
+    named = []
+    for key, steps in by_key.items():
+        distinct = sorted(set(steps))
+        if len(distinct) == 1:
+            named.append(f"{key!r} (step {distinct[0]})")
+        elif len(distinct) <= 5:
+            named.append(f"{key!r} (steps {', '.join(map(str, distinct))})")
+        else:
+            named.append(f"{key!r} ({len(steps)} values, steps {distinct[0]}..{distinct[-1]})")
     shown = ", ".join(named[:5]) + (f" and {len(named) - 5} more keys" if len(named) > 5 else "")
     warnings.warn(
-        f"{path} is damaged ({why}): {len(lost)} of its {total} values could not be read and are "
-        f"left out: {shown}; its other values, and every other file's, are loaded",
+        f"{path} is damaged ({why}): {unread} of its {total} values could not be read; left out: "
+        f"{shown}; its other values, and every other file's, are loaded",
         DamagedRecords,
         stacklevel=3,
     )

@@ -682,9 +682,8 @@ def test_a_data_file_cut_short_loses_only_its_values_after_the_cut_with_a_warnin
     assert message.startswith(
         f"{data} is damaged (pickle data was truncated; {len(whole) * cut:.0f} bytes): "
     )
-    assert (
-        f": {2500 - len(kept)} of its 2500 values could not be read and are left out: 'm:f:x@0' (step 0);"
-        in (message)
+    assert f": {2500 - len(kept)} of its 2500 values could not be read; left out: 'm:f:x@0' (step 0);" in (
+        message
     )
     # Strict: the warning made an error refuses the directory.
     with warnings.catch_warnings():
@@ -775,3 +774,13 @@ def test_a_file_system_without_file_locks_saves_with_one_warning(tmp_path, monke
     monkeypatch.setattr(bcrecord.storage.fcntl, "flock", refused)
     with pytest.raises(StorageError, match="cannot write records to .*: Permission denied"):
         save({"m:f:x@0": [3]}, tmp_path, step=2)
+
+
+def test_a_damaged_file_s_warning_counts_every_value_lost_and_names_those_asked_for(tmp_path):
+    Writer(tmp_path).write_many([(step, {"a": [step], "b": [-step]}) for step in range(10)])
+    save({"a": [10]}, tmp_path, step=10)
+    (tmp_path / "records" / "000001.pkl").write_bytes(b"")
+    with pytest.warns(bcrecord.storage.DamagedRecords) as caught:
+        assert load(tmp_path, keys="a")["a"] == [10]
+    (message,) = [str(warning.message) for warning in caught]
+    assert ": 20 of its 20 values could not be read; left out: 'a' (10 values, steps 0..9); " in message

@@ -91,9 +91,8 @@ def test_view_of_a_run_with_a_damaged_data_file_shows_the_rest_and_says_what_was
     assert view(folder, plots=False, out=out, err=err) == 0
     assert [line.split()[:2] for line in out.getvalue().splitlines()] == [["key", "steps"], ["m:f:x@0", "2"]]
     assert err.getvalue().startswith(f"bcrecord view: {damaged} is damaged (")
-    assert (
-        "2 of its 2 values could not be read and are left out: 'm:g:y@0' (step 1), 'm:f:x@0' (step 1);"
-        in (err.getvalue())
+    assert "2 of its 2 values could not be read; left out: 'm:g:y@0' (step 1), 'm:f:x@0' (step 1);" in (
+        err.getvalue()
     )
 
 
