@@ -1265,6 +1265,9 @@ def load(directory: PathLike, keys: Optional[Iterable[str]] = None) -> Loaded:
                 f"cannot read {path}: it has no value {missing.args[0]!r} (the index names it)"
             ) from None
         except Exception as error:
+            if isinstance(error, OSError) and not isinstance(error, FileNotFoundError):
+                # (a file this process may not read, a disk that fails: no damage to work round)
+                raise StorageError(f"cannot read {path}: {error.strerror or error}") from None
             found, why = _salvaged(path, names[file], error)
             lost = [row for row in rows_of[file] if row["name"] not in found]
             if lost:

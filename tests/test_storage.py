@@ -784,3 +784,13 @@ def test_a_damaged_file_s_warning_counts_every_value_lost_and_names_those_asked_
         assert load(tmp_path, keys="a")["a"] == [10]
     (message,) = [str(warning.message) for warning in caught]
     assert ": 20 of its 20 values could not be read; left out: 'a' (10 values, steps 0..9); " in message
+
+
+def test_a_data_file_that_cannot_be_read_is_an_error_not_values_left_out(tmp_path):
+    # Not damage: the values are there for a process that can read them (here, a folder in its place).
+    _two_saves(tmp_path, 3)
+    data = tmp_path / "records" / "000001.pkl"
+    data.unlink()
+    data.mkdir()
+    with pytest.raises(StorageError, match=r"cannot read .*000001\.pkl: Is a directory$"):
+        load(tmp_path)
