@@ -1419,9 +1419,10 @@ def _warn_damaged(path: Path, why: str, lost: Sequence[Mapping[str, Any]], unrea
         else:
             named.append(f"{key!r} ({len(steps)} values, steps {distinct[0]}..{distinct[-1]})")
     shown = ", ".join(named[:5]) + (f" and {len(named) - 5} more keys" if len(named) > 5 else "")
+    rest = "every other file's values" if unread >= total else "its other values, and every other file's,"
     warnings.warn(
         f"{path} is damaged ({why}): {unread} of its {total} values could not be read; left out: "
-        f"{shown}; its other values, and every other file's, are loaded",
+        f"{shown}; {rest} are loaded",
         DamagedRecords,
         stacklevel=3,
     )
