@@ -1382,15 +1382,14 @@ def _intact_pickled(data: bytes, names: Sequence[str]) -> Dict[str, Any]:
     salvager = _Salvager(io.BytesIO(data))
     try:
         made = salvager.load()
-        return made if isinstance(made, dict) else {}
+        pending: List[Any] = []
     except Exception:
-        pass
-    levels = [*getattr(salvager, "metastack", []), getattr(salvager, "stack", [])]
-    made = levels[0][0] if levels[0] else None
+        levels = [*getattr(salvager, "metastack", []), getattr(salvager, "stack", [])]
+        made = levels[0][0] if levels[0] else None
+        # A batch of one item is set without a mark: its name and value follow the dict itself.
+        pending = levels[0][1:] if len(levels[0]) > 1 else levels[1] if len(levels) > 1 else []
     if not isinstance(made, dict) or list(made) != list(names[: len(made)]):
-        return {}
-    # A batch of one item is set without a mark: its name and value follow the dict itself.
-    pending = levels[0][1:] if len(levels[0]) > 1 else levels[1] if len(levels) > 1 else []
+        return {}  # (not the dict of these names: bytes overwritten, it is no data file of ours)
     kept = dict(made)
     for at in range(len(made), len(names) - 1):
         index = 2 * (at - len(made))

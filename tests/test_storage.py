@@ -1,5 +1,6 @@
 """bcrecord.storage: save/load round trips, atomic writes, clear errors."""
 
+import dataclasses
 import errno
 import json
 import os
@@ -798,3 +799,25 @@ def test_a_data_file_that_cannot_be_read_is_an_error_not_values_left_out(tmp_pat
     data.mkdir()
     with pytest.raises(StorageError, match=r"cannot read .*000001\.pkl: Is a directory$"):
         load(tmp_path)
+
+
+def test_a_pickled_data_file_cut_at_any_byte_gives_whole_values_only(tmp_path):
+    # Shared, nested and reduced values (a set, a frozen dataclass, an exception), each kept only
+    # when pickle had written it whole; never one made of the bytes before the cut alone.
+    shared = [1, 2, "shared"]
+    values = [1, "s", [1, [2, (3, 4)]], {"k": {1, 2}}, shared, (shared, b"x"), ValueError("e"), 3.5]
+    values += [frozenset({1}), None, "k#0#3", Frozen(1), {"deep": [Frozen([2])]}]
+    names = [f"k#0#{n}" for n in range(len(values))]
+    data = bcrecord.storage._dumps(dict(zip(names, values, strict=True)))
+    kept = [bcrecord.storage._intact_pickled(data[:cut], names) for cut in range(len(data) + 1)]
+    for cut, got in enumerate(kept):
+        assert list(got) == names[: len(got)], cut  # (never a value after one lost)
+        assert [repr(value) for value in got.values()] == [repr(value) for value in values[: len(got)]], cut
+    assert [len(got) for got in kept][-1] == len(values) and len(kept[len(data) * 3 // 4]) > 5
+
+
+@dataclasses.dataclass(frozen=True)
+class Frozen:
+    """A dataclass pickle makes again through ``__reduce_ex__`` (a frozen one: object.__setattr__)."""
+
+    field: object
