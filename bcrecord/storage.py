@@ -24,17 +24,19 @@ a save that :func:`load` accepts half-written; at most the save in progress is l
 The temporary file a save killed mid-write leaves (``records/.NNNNNN.pkl.tmp``, which
 :func:`load` ignores) is replaced or removed by the next save, which writes that number's files.
 A full disk or an unwritable
-directory raises :class:`StorageError` naming the directory. Saves into one directory
+directory raises :class:`StorageError` naming the directory. A data file damaged later (cut
+short, emptied) loses only the values it no longer holds whole: :func:`load` warns
+(:class:`DamagedRecords`) and returns the rest. Saves into one directory
 from several writers or processes at once (``bcrecord run -o DIR`` on each rank) take
 turns under a lock file (``records/.lock``; on systems without ``fcntl``, or on a file
 system without file locks, saves of one process at a time only), each first reading what
 the others appended. Tensors that ``safetensors`` cannot store (``complex128``, sparse,
 quantized or nested tensors) are pickled instead. Every tensor
 pickled, alone or inside another value (a tuple, a dict, a dataclass), is saved detached and on the
-CPU (it loads on a machine without a GPU), in ``torch.save``'s form where torch cannot read its
-pickle back (``complex32``). A value a save cannot hold at all (a tensor of ``vmap`` or of a fake
-mode, a ``uint4`` tensor) raises :class:`UnsavableValue` naming its key, or is saved as its repr
-(see :meth:`Writer.write_many`).
+CPU (it loads on a machine without a GPU), a view without the rest of its storage, in
+``torch.save``'s form where torch cannot read its pickle back (``complex32``). A value a save
+cannot hold at all (a tensor of ``vmap`` or of a fake mode, a ``uint4`` tensor) raises
+:class:`UnsavableValue` naming its key, or is saved as its repr (see :meth:`Writer.write_many`).
 
 >>> import tempfile, bcrecord
 >>> folder = tempfile.mkdtemp()
@@ -86,7 +88,16 @@ try:
 except ImportError:  # pragma: no cover - Windows: no lock between processes
     fcntl = None  # type: ignore[assignment]
 
-__all__ = ["StorageError", "UnsavableValue", "Writer", "Loaded", "save", "load", "saved_keys"]
+__all__ = [
+    "StorageError",
+    "UnsavableValue",
+    "DamagedRecords",
+    "Writer",
+    "Loaded",
+    "save",
+    "load",
+    "saved_keys",
+]
 
 FORMAT = "bcrecord-records"
 VERSION = 2
@@ -107,6 +118,15 @@ class StorageError(BcrecordError, OSError):
 class UnsavableValue(StorageError):
     """A value cannot be saved (a meta tensor's data, an object pickle refuses): its key
     and step are named, and the save it was in wrote nothing."""
+
+
+class DamagedRecords(UserWarning):
+    """:func:`load` read a damaged data file (cut short, emptied, overwritten in part): it names
+    the file and the values lost, and the file's intact values load all the same.
+
+    To refuse such a directory instead, make the warning an error:
+    ``warnings.simplefilter("error", bcrecord.storage.DamagedRecords)``.
+    """
 
 
 #: Told of each value a save keeps as its repr: ``(key, step, why)``.
@@ -735,6 +755,7 @@ def _reduced_tensor(tensor: Any) -> Any:
         if state and type(moved) is type(tensor):  # (a Parameter detaches to a plain tensor)
             moved.__dict__.update(state)
         tensor = moved
+    tensor = _compact(tensor)
     if _pickle_loads(tensor.dtype):
         return tensor.__reduce_ex__(4)
     import torch
@@ -742,6 +763,24 @@ def _reduced_tensor(tensor: Any) -> Any:
     buffer = io.BytesIO()
     torch.save(tensor, buffer)
     return _torch_loaded, (buffer.getvalue(),)
+
+
+def _compact(tensor: Any) -> Any:
+    """``tensor`` in a storage of its own where it is a view of a larger one (a row of a batch,
+    a token of a sequence): pickled as it is, its whole storage would be saved (and loaded).
+    """
+    try:
+        if tensor.is_quantized or tensor.is_nested or str(tensor.layout) != "torch.strided":
+            return tensor
+        if tensor.untyped_storage().nbytes() <= tensor.nelement() * tensor.element_size():
+            return tensor  # (its own storage, or an expanded one's smaller than it)
+        compact = tensor.detach().clone()  # (a view of a dense tensor clones dense)
+    except Exception:  # a subclass whose storage or clone its __torch_dispatch__ refuses
+        return tensor
+    state = getattr(tensor, "__dict__", None)
+    if state and type(compact) is type(tensor):
+        compact.__dict__.update(state)
+    return compact
 
 
 #: Per tensor dtype, whether pickle's form of a tensor of it loads back (asked once per dtype).
@@ -1174,9 +1213,13 @@ class Loaded(Mapping[str, List[Any]]):
 def load(directory: PathLike, keys: Optional[Iterable[str]] = None) -> Loaded:
     """Read records saved with :func:`save` / :class:`Writer` (tensors come back on CPU).
 
-    ``keys`` (a key, or several) limits what is read; a key the directory has no value for is a
-    ``KeyError`` that names the saved keys, not an empty result. Files that the index does not name
-    (a save cut short by a crash) are ignored.
+    ``keys`` (a key, or several) limits what is read (and kept: a data file's other values are
+    let go once it is read); a key the directory has no value for is a ``KeyError`` that names
+    the saved keys, not an empty result. Files that the index does not name (a save cut short
+    by a crash) are ignored. A data file damaged since it was saved (cut short, emptied,
+    deleted) loses only its values that cannot be read whole: the others load, and a
+    :class:`DamagedRecords` warning names the file and the keys and steps left out (make it an
+    error to refuse the directory instead).
 
     >>> import tempfile, bcrecord
     >>> folder = bcrecord.save({"m:f:x@0": [1.5], "m:f:y@0": ["text"]}, tempfile.mkdtemp(), step=7)
@@ -1193,16 +1236,19 @@ def load(directory: PathLike, keys: Optional[Iterable[str]] = None) -> Loaded:
     if wanted is not None:
         _check_saved(wanted, [row["key"] for row in index], directory)
     rows = [row for row in index if wanted is None or row["key"] in wanted]
-    files: Dict[str, Dict[str, Any]] = {}
-    for file in sorted({row["file"] for row in rows}):
+    names: Dict[str, List[str]] = {}  # every value's name in each file, in the order saved
+    for row in index:
+        names.setdefault(row["file"], []).append(row["name"])
+    rows_of: Dict[str, List[Dict[str, Any]]] = {}
+    for row in rows:
+        rows_of.setdefault(row["file"], []).append(row)
+    # Only the wanted values of each file are kept (its others are dropped as soon as it is
+    # read): loading a few keys of a long run needs the memory of those keys' values alone.
+    values: Dict[Tuple[str, str], Any] = {}
+    for file in sorted(rows_of):
         path = directory / file
         try:
-            if file.endswith(".safetensors"):
-                from safetensors.torch import load_file
-
-                files[file] = load_file(str(path))
-            else:
-                files[file] = _unpickled(path.read_bytes())
+            found = _data_file(path, [row["name"] for row in rows_of[file]])
         except ImportError as error:
             # safetensors' torch module imports torch: where torch is what is missing (the
             # 'save' extra installs safetensors alone), installing safetensors would not help.
@@ -1214,10 +1260,171 @@ def load(directory: PathLike, keys: Optional[Iterable[str]] = None) -> Loaded:
             raise StorageError(
                 "loading tensors needs the safetensors package: pip install 'bcrecord[save]'"
             ) from None
+        except _Missing as missing:
+            raise StorageError(
+                f"cannot read {path}: it has no value {missing.args[0]!r} (the index names it)"
+            ) from None
         except Exception as error:
-            raise StorageError(f"cannot read {path}: {error}") from None
-    entries = [Entry(row["key"], row["step"], _value(files, row, directory), dict(row)) for row in rows]
+            if isinstance(error, OSError) and not isinstance(error, FileNotFoundError):
+                # (a file this process may not read, a disk that fails: no damage to work round)
+                raise StorageError(f"cannot read {path}: {error.strerror or error}") from None
+            found, why = _salvaged(path, names[file], error)
+            lost = [row for row in rows_of[file] if row["name"] not in found]
+            if lost:
+                unread = sum(name not in found for name in names[file])
+                _warn_damaged(path, why, lost, unread, len(names[file]))
+        for row in rows_of[file]:
+            if row["name"] in found:
+                values[(file, row["name"])] = found[row["name"]]
+        del found
+    entries = [
+        Entry(row["key"], row["step"], values[(row["file"], row["name"])], dict(row))
+        for row in rows
+        if (row["file"], row["name"]) in values
+    ]
     return Loaded(entries)
+
+
+class _Missing(KeyError):
+    """A data file read whole lacks a value its index names (``args[0]``, the value's name)."""
+
+
+def _data_file(path: Path, wanted: Sequence[str]) -> Dict[str, Any]:
+    """The ``wanted`` values of one data file, by name (a safetensors file's others are not
+    read); raises where the file is damaged or missing, :class:`_Missing` where it lacks one."""
+    if path.suffix == ".safetensors":
+        import safetensors.torch  # noqa: F401 (imports torch: where that fails, its ImportError says so)
+        from safetensors import safe_open
+
+        with safe_open(str(path), framework="pt") as tensors:
+            held = set(tensors.keys())
+            found = {name: tensors.get_tensor(name) for name in wanted if name in held}
+    else:
+        found = _unpickled(path.read_bytes())
+        if not isinstance(found, dict):
+            raise TypeError(f"it holds a {type(found).__name__}, not a dict of values")
+    for name in wanted:
+        if name not in found:
+            raise _Missing(name)
+    return found
+
+
+def _salvaged(path: Path, names: Sequence[str], error: Exception) -> Tuple[Dict[str, Any], str]:
+    """The intact values of a data file that :func:`_data_file` could not read (``error``),
+    and what is wrong with it: never a value some of whose bytes are missing or unread."""
+    try:
+        data = path.read_bytes()
+    except OSError as missing:
+        return {}, missing.strerror or str(missing)
+    if path.suffix == ".safetensors":
+        return _intact_tensors(data)
+    return _intact_pickled(data, names), f"{error}; {len(data)} bytes"
+
+
+def _intact_tensors(data: bytes) -> Tuple[Dict[str, Any], str]:
+    """The tensors of a damaged safetensors file whose bytes are all there, and what is wrong.
+
+    Its header (8 bytes of length, then JSON) says where each tensor's bytes are: a file
+    cut short keeps those before the cut, one with bytes added after its data keeps all.
+    """
+    from safetensors.torch import load as load_tensors
+
+    length = int.from_bytes(data[:8], "little")
+    start = 8 + length
+    header: Any = None
+    try:
+        header = json.loads(data[8:start]) if len(data) >= 8 and start <= len(data) else None
+        spans = {
+            name: (int(info["data_offsets"][0]), int(info["data_offsets"][1]))
+            for name, info in header.items()
+            if name != "__metadata__"
+        }
+    except Exception:  # (cut inside the header, or bytes of it overwritten)
+        header = None
+    if not isinstance(header, dict):
+        return {}, f"its header is unreadable ({len(data)} bytes): no value of it can be read"
+    kept: Dict[str, Any] = {}
+    chunks: List[bytes] = []
+    offset = 0
+    for name, (begin, end) in spans.items():
+        if 0 <= begin <= end and start + end <= len(data):
+            kept[name] = dict(header[name], data_offsets=[offset, offset + end - begin])
+            chunks.append(data[start + begin : start + end])
+            offset += end - begin
+    promised = start + max((end for _, end in spans.values()), default=0)
+    if promised > len(data):
+        why = f"cut short: {len(data)} bytes of the {promised} its header names"
+    else:
+        why = f"{len(data) - promised} bytes after its last value's"
+    rebuilt = json.dumps(kept).encode()
+    rebuilt += b" " * (-len(rebuilt) % 8)  # (safetensors aligns its data to 8 bytes)
+    try:
+        tensors = load_tensors(len(rebuilt).to_bytes(8, "little") + rebuilt + b"".join(chunks))
+    except Exception as error:  # a header overwritten in part, still JSON: trust none of it
+        return {}, f"its header does not describe its data ({error}): no value of it can be read"
+    return cast(Dict[str, Any], tensors), why
+
+
+class _Salvager(_TolerantUnpickler):
+    """Unpickles what it can of a damaged data file; what it had made stays on its stacks."""
+
+    stack: List[Any]
+    metastack: List[List[Any]]
+
+
+def _intact_pickled(data: bytes, names: Sequence[str]) -> Dict[str, Any]:
+    """The values of a damaged pickled data file that were whole before it ends or is damaged.
+
+    A data file is one dict, ``{name: value}`` in the order of ``names``, pickled in batches:
+    the entries of batches already set into it are whole, and so is each value of the batch in
+    progress that the next name follows (pickle writes a value whole before the next name).
+    """
+    salvager = _Salvager(io.BytesIO(data))
+    try:
+        made = salvager.load()
+        pending: List[Any] = []
+    except Exception:
+        levels = [*getattr(salvager, "metastack", []), getattr(salvager, "stack", [])]
+        made = levels[0][0] if levels[0] else None
+        # A batch of one item is set without a mark: its name and value follow the dict itself.
+        pending = levels[0][1:] if len(levels[0]) > 1 else levels[1] if len(levels) > 1 else []
+    if not isinstance(made, dict) or list(made) != list(names[: len(made)]):
+        return {}  # (not the dict of these names: bytes overwritten, it is no data file of ours)
+    kept = dict(made)
+    for at in range(len(made), len(names) - 1):
+        index = 2 * (at - len(made))
+        if index + 2 >= len(pending) or not all(
+            type(found) is str and found == name
+            for found, name in ((pending[index], names[at]), (pending[index + 2], names[at + 1]))
+        ):
+            break
+        kept[names[at]] = pending[index + 1]
+    return kept
+
+
+def _warn_damaged(path: Path, why: str, lost: Sequence[Mapping[str, Any]], unread: int, total: int) -> None:
+    """Warn that ``unread`` of the ``total`` values of ``path`` could not be read (``why``), naming
+    the keys and steps of those asked for (``lost``)."""
+    by_key: Dict[str, List[int]] = {}
+    for row in lost:
+        by_key.setdefault(row["key"], []).append(row["step"])
+    named = []
+    for key, steps in by_key.items():
+        distinct = sorted(set(steps))
+        if len(distinct) == 1:
+            named.append(f"{key!r} (step {distinct[0]})")
+        elif len(distinct) <= 5:
+            named.append(f"{key!r} (steps {', '.join(map(str, distinct))})")
+        else:
+            named.append(f"{key!r} ({len(steps)} values, steps {distinct[0]}..{distinct[-1]})")
+    shown = ", ".join(named[:5]) + (f" and {len(named) - 5} more keys" if len(named) > 5 else "")
+    rest = "every other file's values" if unread >= total else "its other values, and every other file's,"
+    warnings.warn(
+        f"{path} is damaged ({why}): {unread} of its {total} values could not be read; left out: "
+        f"{shown}; {rest} are loaded",
+        DamagedRecords,
+        stacklevel=3,
+    )
 
 
 def saved_keys(directory: PathLike) -> List[str]:
@@ -1246,13 +1453,3 @@ def _check_saved(wanted: Iterable[str], saved: List[str], directory: Path) -> No
             f"{directory} has no saved values for {', '.join(map(repr, missing))}{hint}; "
             f"saved keys: {', '.join(names) or 'none'}"
         )
-
-
-def _value(files: Mapping[str, Any], row: Mapping[str, Any], directory: Path) -> Any:
-    """The value an index entry names, or a StorageError if its file does not hold it."""
-    try:
-        return files[row["file"]][row["name"]]
-    except (KeyError, TypeError, IndexError):
-        raise StorageError(
-            f"cannot read {directory / row['file']}: it has no value {row['name']!r} (the index names it)"
-        ) from None

@@ -42,13 +42,14 @@ import os
 import re
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, TextIO, Tuple, Union
 from urllib.parse import quote, unquote
 
 from .errors import BcrecordError
-from .storage import Loaded, Unimportable, Unloadable, is_tensor, load, saved_keys
+from .storage import DamagedRecords, Loaded, Unimportable, Unloadable, _read_index, is_tensor, load
 
 __all__ = ["KeySummary", "summarize", "table", "draw", "write_index", "view", "Progress"]
 
@@ -393,18 +394,26 @@ class Progress:
 # --- pictures -----------------------------------------------------------------------------
 
 
+#: File names Windows keeps for devices, whatever extension follows them.
+_RESERVED_ON_WINDOWS = {"CON", "PRN", "AUX", "NUL"} | {
+    f"{kind}{n}" for kind in ("COM", "LPT") for n in range(10)
+}
+
+
 def _slug(key: str, limit: int = 120) -> str:
     """A file-name-safe form of a key, at most ``limit`` characters (file systems allow 255).
 
     A longer key is cut and given a hash of the whole key, so two long keys that
     share their start still get different names.
 
-    >>> _slug("layer1.0:forward:out@1")
-    'layer1.0_forward_out@1'
+    >>> _slug("layer1.0:forward:out@1"), _slug("nul"), _slug("com1.x")
+    ('layer1.0_forward_out@1', '_nul', '_com1.x')
     >>> len(_slug("m:" + "x" * 300)), _slug("m:" + "x" * 300) != _slug("m:" + "x" * 299 + "y")
     (120, True)
     """
     slug = re.sub(r"[^A-Za-z0-9_.@-]+", "_", key).strip("._") or "key"
+    if slug.partition(".")[0].upper() in _RESERVED_ON_WINDOWS:  # 'nul.hist.png' is the device there
+        slug = "_" + slug
     if len(slug) <= limit:
         return slug
     digest = hashlib.sha1(key.encode("utf-8", "surrogatepass")).hexdigest()[:12]
@@ -710,31 +719,38 @@ def draw(
     written: Dict[str, List[str]] = {}
     used: set = set()
     for summary in summaries:
-        slug = base = _slug(summary.key)
-        n = 1
-        # Compared ignoring case: 'C:f:x@0' and 'c:f:x@0' are one file name on macOS and Windows.
-        while slug.casefold() in used:
-            n += 1
-            slug = f"{base}-{n}"
-        used.add(slug.casefold())
-        files: List[str] = []
-        try:
-            for kind, figure in _pictures(summary, max_maps):
-                name = f"{slug}.{kind}.png"
-                try:
-                    figure.savefig(plot_dir / name)
-                except OSError as error:
-                    why = error.strerror or error
-                    raise BcrecordError(f"cannot write {plot_dir / name}: {why}") from None
-                files.append(name)
-        except (ArithmeticError, ValueError, RuntimeWarning) as error:  # matplotlib's and numpy's
-            if failed is None:
-                raise
-            failed[summary.key] = f"{type(error).__name__}: {error}"
-        written[summary.key] = files
+        written[summary.key] = _draw_one(summary, plot_dir, max_maps, used, failed)
         if progress is not None:
             progress.advance(summary.key)
     return written
+
+
+def _draw_one(
+    summary: KeySummary, plot_dir: Path, max_maps: int, used: set, failed: Optional[Dict[str, str]]
+) -> List[str]:
+    """Write the PNGs of one key (see :func:`draw`); ``used``: the file names taken so far."""
+    slug = base = _slug(summary.key)
+    n = 1
+    # Compared ignoring case: 'C:f:x@0' and 'c:f:x@0' are one file name on macOS and Windows.
+    while slug.casefold() in used:
+        n += 1
+        slug = f"{base}-{n}"
+    used.add(slug.casefold())
+    files: List[str] = []
+    try:
+        for kind, figure in _pictures(summary, max_maps):
+            name = f"{slug}.{kind}.png"
+            try:
+                figure.savefig(plot_dir / name)
+            except OSError as error:
+                why = error.strerror or error
+                raise BcrecordError(f"cannot write {plot_dir / name}: {why}") from None
+            files.append(name)
+    except (ArithmeticError, ValueError, RuntimeWarning) as error:  # matplotlib's and numpy's
+        if failed is None:
+            raise
+        failed[summary.key] = f"{type(error).__name__}: {error}"
+    return files
 
 
 def write_index(
@@ -870,36 +886,104 @@ def view(
     if not directory.is_dir():
         raise BcrecordError(f"no such directory: {str(directory)!r}")
     keys = _patterns(keys)
-    if keys is None:
-        loaded = load(directory)
-    else:  # only the matching keys' values are read (another key's data file may be damaged)
-        saved = saved_keys(directory)
-        matching = [key for key in saved if any(fnmatch.fnmatchcase(key, pattern) for pattern in keys)]
-        if not matching:
-            raise BcrecordError(f"no saved key matches {', '.join(keys)}; saved keys: {', '.join(saved)}")
-        loaded = load(directory, keys=matching)
-    with _one_thread():
-        summaries = summarize(loaded, keys)
+    index = _read_index(directory)
+    saved = list(dict.fromkeys(row["key"] for row in index))
+    matching = [key for key in saved if keys is None or any(fnmatch.fnmatchcase(key, k) for k in keys)]
+    if keys is not None and not matching:
+        raise BcrecordError(f"no saved key matches {', '.join(keys)}; saved keys: {', '.join(saved)}")
+    if not matching:
+        print(f"{directory}: no records", file=out)
+        return 0
+    plot_dir = directory / "plots"
+    missing: Optional[BcrecordError] = None
+    if plots:
+        try:
+            _need_matplotlib()
+        except BcrecordError as error:  # said after the table, which needs no matplotlib
+            plots, missing = False, error
+        else:
+            _prepare(plot_dir)
+    shown = bool(err.isatty()) if progress is None else progress
+    bar = Progress(len(matching), "bcrecord view: drawing", err, enabled=plots and shown)
+    summaries: List[KeySummary] = []
+    pictures: Dict[str, List[str]] = {}
+    failed: Dict[str, str] = {}
+    notes: List[str] = []
+    used: set = set()
+    try:
+        # A group of keys at a time (only the matching keys' values are read: another key's
+        # data file may be damaged), each group's values let go once summarized and drawn: a
+        # long run of large tensors needs the memory of a group, not of the run.
+        for group in _groups(index, matching):
+            loaded = _load_noting_damage(directory, group, notes)
+            with _one_thread():
+                for summary in summarize(loaded):
+                    if plots:
+                        pictures[summary.key] = _draw_one(summary, plot_dir, max_maps, used, failed)
+                        bar.advance(summary.key)
+                    summary.values = []
+                    summaries.append(summary)
+            del loaded
+    finally:
+        bar.close()
+    for note in notes:
+        print(f"bcrecord view: {note}", file=err)
     if not summaries:
         print(f"{directory}: no records", file=out)
         return 0
     print(table(summaries), file=out)
+    if missing is not None:
+        raise missing
     if not plots:
         return 0
-    _need_matplotlib()
-    plot_dir = directory / "plots"
-    _prepare(plot_dir)
-    shown = bool(err.isatty()) if progress is None else progress
-    bar = Progress(len(summaries), "bcrecord view: drawing", err, enabled=shown)
-    failed: Dict[str, str] = {}
-    try:
-        with _one_thread():
-            pictures = draw(summaries, plot_dir, max_maps=max_maps, progress=bar, failed=failed)
-    finally:
-        bar.close()
-    index = write_index(summaries, pictures, plot_dir, f"bcrecord records: {directory}", failed)
+    index_page = write_index(summaries, pictures, plot_dir, f"bcrecord records: {directory}", failed)
     for key, why in failed.items():
         print(f"bcrecord view: could not draw {key}: {why}", file=err)
     count = sum(len(files) for files in pictures.values())
-    print(f"\n{count} picture(s) in {plot_dir}; open {index}", file=out)
+    print(f"\n{count} picture(s) in {plot_dir}; open {index_page}", file=out)
     return 0
+
+
+#: How many bytes of values (as the index counts them) :func:`view` reads at once: keys are read
+#: in groups of up to this size (a key larger than this alone), each let go before the next.
+_READ_AT_ONCE = 256 << 20
+#: What a value of no known size (a pickled object other than an array) counts as.
+_UNKNOWN_SIZE = 1 << 10
+
+
+def _groups(index: Sequence[Mapping[str, Any]], keys: Sequence[str]) -> List[List[str]]:
+    """``keys`` in order, in groups whose values the index counts at most :data:`_READ_AT_ONCE`
+    bytes (a key of more alone).
+
+    >>> rows = [{"key": k, "bytes": b} for k, b in [("a", 200 << 20), ("b", 50 << 20), ("c", 300 << 20)]]
+    >>> _groups(rows + [{"key": "d", "bytes": None}], ["a", "b", "c", "d"])
+    [['a', 'b'], ['c'], ['d']]
+    """
+    sizes = dict.fromkeys(keys, 0)
+    for row in index:
+        if row["key"] in sizes:
+            size = row.get("bytes")
+            sizes[row["key"]] += size if type(size) is int and size >= 0 else _UNKNOWN_SIZE
+    groups: List[List[str]] = []
+    total = 0
+    for key in keys:
+        if not groups or total + sizes[key] > _READ_AT_ONCE:
+            groups.append([])
+            total = 0
+        groups[-1].append(key)
+        total += sizes[key]
+    return groups
+
+
+def _load_noting_damage(directory: Path, keys: List[str], notes: List[str]) -> Loaded:
+    """``load(directory, keys)``, what it warns of a damaged data file added to ``notes``
+    (said as one line each, as the rest of ``view``'s report is)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", DamagedRecords)
+        loaded = load(directory, keys=keys)
+    for warning in caught:
+        if issubclass(warning.category, DamagedRecords):
+            notes.append(str(warning.message))
+        else:
+            warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+    return loaded

@@ -1,5 +1,6 @@
 """bcrecord.storage: save/load round trips, atomic writes, clear errors."""
 
+import dataclasses
 import errno
 import json
 import os
@@ -7,6 +8,7 @@ import pickle
 import re
 import sys
 import types
+import warnings
 
 import pytest
 
@@ -656,12 +658,75 @@ def test_a_value_that_pickles_and_does_not_load_loses_no_other_value_of_its_save
     assert alone.state == {"x": 1} and alone.error == "ValueError: no state today"
 
 
-def test_a_damaged_data_file_is_a_clear_error_naming_it(tmp_path):
-    save({"m:f:x@0": [list(range(100))]}, tmp_path)
-    data = tmp_path / "records" / "000001.pkl"
-    data.write_bytes(data.read_bytes()[:50])
-    with pytest.raises(StorageError, match=r"cannot read .*000001\.pkl: pickle data was truncated"):
-        load(tmp_path)
+def _two_saves(folder, count):
+    """Two saves into ``folder``: ``count`` values of 'm:f:x@0' at step 0 (file 1), three at step 1."""
+    values = [{"n": n, "text": f"value {n}", "list": list(range(n % 7))} for n in range(count)]
+    save({"m:f:x@0": values}, folder, step=0)
+    save({"m:f:x@0": ["a", "b", "c"], "m:f:y@0": [1.5]}, folder, step=1)
+    return values, folder / "records" / "000001.pkl"
+
+
+@pytest.mark.parametrize("cut", [0.5, 0.999])
+def test_a_data_file_cut_short_loses_only_its_values_after_the_cut_with_a_warning(tmp_path, cut):
+    # The process killed while a copy ran, a full disk: load() raised 'pickle data was
+    # truncated' and the whole run was lost. (2500 values: pickle sets them in batches of 1000.)
+    values, data = _two_saves(tmp_path, 2500)
+    whole = data.read_bytes()
+    data.write_bytes(whole[: int(len(whole) * cut)])
+    with pytest.warns(bcrecord.storage.DamagedRecords) as caught:
+        loaded = load(tmp_path)
+    kept = loaded["m:f:x@0"][:-3]
+    assert 1000 < len(kept) < 2500 and kept == values[: len(kept)]  # what is there, never a wrong value
+    assert loaded["m:f:x@0"][-3:] == ["a", "b", "c"] and loaded["m:f:y@0"] == [1.5]
+    assert loaded.steps("m:f:x@0") == [0] * len(kept) + [1, 1, 1]
+    (message,) = [str(warning.message) for warning in caught]
+    assert message.startswith(
+        f"{data} is damaged (pickle data was truncated; {len(whole) * cut:.0f} bytes): "
+    )
+    assert f": {2500 - len(kept)} of its 2500 values could not be read; left out: 'm:f:x@0' (step 0);" in (
+        message
+    )
+    assert message.endswith("; its other values, and every other file's, are loaded")
+    # Strict: the warning made an error refuses the directory.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", bcrecord.storage.DamagedRecords)
+        with pytest.raises(bcrecord.storage.DamagedRecords, match="000001.pkl is damaged"):
+            load(tmp_path)
+
+
+def test_a_data_file_emptied_or_gone_loses_its_values_and_no_other(tmp_path):
+    values, data = _two_saves(tmp_path, 3)
+    data.write_bytes(b"")
+    with pytest.warns(
+        bcrecord.storage.DamagedRecords, match=r"000001\.pkl is damaged \(Ran out of input; 0 bytes\)"
+    ):
+        assert dict(load(tmp_path)) == {"m:f:x@0": ["a", "b", "c"], "m:f:y@0": [1.5]}
+    data.unlink()
+    with pytest.warns(
+        bcrecord.storage.DamagedRecords, match=r"\(No such file or directory\): 3 of its 3 values"
+    ):
+        assert load(tmp_path).steps("m:f:x@0") == [1, 1, 1]
+    with pytest.warns(bcrecord.storage.DamagedRecords):  # a key whose every value is lost: none
+        assert dict(load(tmp_path, keys="m:f:x@0")) == {"m:f:x@0": ["a", "b", "c"]}
+
+
+def test_a_data_file_with_bytes_added_after_it_loads_whole(tmp_path):
+    values, data = _two_saves(tmp_path, 3)
+    data.write_bytes(data.read_bytes() + b"\x00garbage")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert load(tmp_path)["m:f:x@0"] == values + ["a", "b", "c"]
+
+
+def test_a_data_file_overwritten_in_the_middle_keeps_the_values_before_it(tmp_path):
+    values, data = _two_saves(tmp_path, 2500)
+    whole = bytearray(data.read_bytes())
+    middle = len(whole) // 2
+    whole[middle : middle + 8] = b"\xff" * 8
+    data.write_bytes(bytes(whole))
+    with pytest.warns(bcrecord.storage.DamagedRecords, match=r"000001\.pkl is damaged"):
+        kept = load(tmp_path)["m:f:x@0"][:-3]
+    assert 1000 <= len(kept) < 2500 and kept == values[: len(kept)]
 
 
 def test_a_value_of_a_module_that_raises_on_import_here_loads_as_unimportable(tmp_path, monkeypatch):
@@ -711,3 +776,48 @@ def test_a_file_system_without_file_locks_saves_with_one_warning(tmp_path, monke
     monkeypatch.setattr(bcrecord.storage.fcntl, "flock", refused)
     with pytest.raises(StorageError, match="cannot write records to .*: Permission denied"):
         save({"m:f:x@0": [3]}, tmp_path, step=2)
+
+
+def test_a_damaged_file_s_warning_counts_every_value_lost_and_names_those_asked_for(tmp_path):
+    Writer(tmp_path).write_many([(step, {"a": [step], "b": [-step]}) for step in range(10)])
+    save({"a": [10]}, tmp_path, step=10)
+    (tmp_path / "records" / "000001.pkl").write_bytes(b"")
+    with pytest.warns(bcrecord.storage.DamagedRecords) as caught:
+        assert load(tmp_path, keys="a")["a"] == [10]
+    (message,) = [str(warning.message) for warning in caught]
+    assert message.endswith(
+        ": 20 of its 20 values could not be read; left out: 'a' (10 values, steps 0..9); "
+        "every other file's values are loaded"
+    )
+
+
+def test_a_data_file_that_cannot_be_read_is_an_error_not_values_left_out(tmp_path):
+    # Not damage: the values are there for a process that can read them (here, a folder in its place).
+    _two_saves(tmp_path, 3)
+    data = tmp_path / "records" / "000001.pkl"
+    data.unlink()
+    data.mkdir()
+    with pytest.raises(StorageError, match=r"cannot read .*000001\.pkl: Is a directory$"):
+        load(tmp_path)
+
+
+def test_a_pickled_data_file_cut_at_any_byte_gives_whole_values_only(tmp_path):
+    # Shared, nested and reduced values (a set, a frozen dataclass, an exception), each kept only
+    # when pickle had written it whole; never one made of the bytes before the cut alone.
+    shared = [1, 2, "shared"]
+    values = [1, "s", [1, [2, (3, 4)]], {"k": {1, 2}}, shared, (shared, b"x"), ValueError("e"), 3.5]
+    values += [frozenset({1}), None, "k#0#3", Frozen(1), {"deep": [Frozen([2])]}]
+    names = [f"k#0#{n}" for n in range(len(values))]
+    data = bcrecord.storage._dumps(dict(zip(names, values, strict=True)))
+    kept = [bcrecord.storage._intact_pickled(data[:cut], names) for cut in range(len(data) + 1)]
+    for cut, got in enumerate(kept):
+        assert list(got) == names[: len(got)], cut  # (never a value after one lost)
+        assert [repr(value) for value in got.values()] == [repr(value) for value in values[: len(got)]], cut
+    assert [len(got) for got in kept][-1] == len(values) and len(kept[len(data) * 3 // 4]) > 5
+
+
+@dataclasses.dataclass(frozen=True)
+class Frozen:
+    """A dataclass pickle makes again through ``__reduce_ex__`` (a frozen one: object.__setattr__)."""
+
+    field: object

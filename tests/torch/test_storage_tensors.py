@@ -5,7 +5,7 @@ import warnings
 import pytest
 import torch
 
-from bcrecord.storage import Writer, load
+from bcrecord.storage import DamagedRecords, Writer, load, save
 from bcrecord.torch import record
 from bcrecord.viz import summarize
 
@@ -192,3 +192,62 @@ def test_a_tensor_subclass_whose_class_is_gone_loses_no_other_value_of_its_save(
     (gone, ones), n = loaded["m:f:pair@0"][0], loaded["m:f:n@0"]
     assert isinstance(gone, bcrecord.storage.Unloadable) and gone.args[1]._where == "own_tensors.Tagged"
     assert torch.equal(ones, torch.ones(2)) and n == [7]
+
+
+def _tensors_saved(folder):
+    """Two saves: 20 tensors of several dtypes (file 1), one more (file 2); what was saved."""
+    kinds = (torch.float32, torch.bfloat16, torch.int64, torch.float16, torch.bool)
+    saved = [torch.arange(n * 10, dtype=torch.float64).to(kinds[n % 5]) for n in range(20)]
+    save({"m:f:x@0": saved}, folder, step=0)
+    save({"m:f:x@0": [torch.ones(2)]}, folder, step=1)
+    return saved, folder / "records" / "000001.safetensors"
+
+
+@pytest.mark.parametrize("cut", [0.5, 0.99])
+def test_a_safetensors_file_cut_short_keeps_every_tensor_whose_bytes_are_there(tmp_path, cut):
+    # load() raised 'incomplete metadata, file not fully covered': every value of the run was lost.
+    saved, data = _tensors_saved(tmp_path)
+    whole = data.read_bytes()
+    data.write_bytes(whole[: int(len(whole) * cut)])
+    with pytest.warns(DamagedRecords) as caught:
+        loaded = load(tmp_path)
+    # (by its position in the save, from its name in the file: "m:f:x@0#0#<position>")
+    kept = {int(e.info["name"].rsplit("#", 1)[1]): e.value for e in loaded.entries if e.step == 0}
+    assert 0 < len(kept) < 20 and all(
+        torch.equal(value, saved[n]) and value.dtype == saved[n].dtype for n, value in kept.items()
+    )
+    assert torch.equal(loaded["m:f:x@0"][-1], torch.ones(2)) and loaded.steps("m:f:x@0")[-1] == 1
+    (message,) = [str(warning.message) for warning in caught]
+    assert message.startswith(
+        f"{data} is damaged (cut short: {int(len(whole) * cut)} bytes of the {len(whole)} its header names): "
+        f"{20 - len(kept)} of its 20 values could not be read"
+    )
+
+
+@pytest.mark.parametrize("damage", ["empty", "header", "added"])
+def test_a_safetensors_file_emptied_overwritten_or_added_to_loses_no_other_file_s_values(tmp_path, damage):
+    saved, data = _tensors_saved(tmp_path)
+    whole = data.read_bytes()
+    if damage == "added":  # bytes after its data: every tensor is whole
+        data.write_bytes(whole + b"more")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert all(torch.equal(a, b) for a, b in zip(load(tmp_path)["m:f:x@0"], saved, strict=False))
+        return
+    data.write_bytes(b"" if damage == "empty" else whole[:20] + b"\xff" * 8 + whole[28:])
+    with pytest.warns(
+        DamagedRecords, match=r"its header is unreadable .* 20 of its 20 values could not be read"
+    ):
+        loaded = load(tmp_path)
+    assert loaded.steps("m:f:x@0") == [1] and torch.equal(loaded["m:f:x@0"][0], torch.ones(2))
+
+
+def test_a_view_inside_a_value_is_saved_without_the_rest_of_its_storage(tmp_path):
+    # A tuple holding one row of a (1000, 1000) batch saved all 4 MB of the batch, and loaded them.
+    batch = torch.randn(1000, 1000)
+    row, corner, expanded = batch[7], batch.t()[:3, :3], torch.ones(3).expand(1000, 3)
+    save({"m:f:out@0": [(row, corner, expanded, batch[:2].clone())]}, tmp_path)
+    assert (tmp_path / "records" / "000001.pkl").stat().st_size < 40_000
+    loaded = load(tmp_path)["m:f:out@0"][0]
+    assert all(torch.equal(a, b) for a, b in zip(loaded, (row, corner, expanded, batch[:2]), strict=True))
+    assert [t.untyped_storage().nbytes() for t in loaded] == [4000, 36, 12, 8000]
