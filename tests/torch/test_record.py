@@ -1234,6 +1234,17 @@ def test_torch_jit_trace_inside_a_recording_traces_the_model_and_records_its_run
         assert "bcrecord" not in str(traced.graph)  # the probes' copies are not in the graph
 
 
+def test_torch_jit_script_inside_a_recording_compiles_the_source_and_its_module_records_nothing():
+    torch.manual_seed(0)
+    model, x = SmallNet().eval(), torch.randn(2, 3, 8, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit.script's, from torch 2.10 on
+        with record(model, ["bn1", ":forward:x@1"]) as rec:
+            scripted = torch.jit.script(model)
+            out = scripted(x)
+    assert torch.allclose(out, model(x)) and rec.keys() == []
+
+
 def test_a_stop_held_back_by_a_site_that_did_not_run_is_said_once():
     net = torch.nn.Sequential(Branchy(), torch.nn.Linear(4, 4))
     x = torch.randn(2, 4)
