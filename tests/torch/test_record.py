@@ -1358,6 +1358,15 @@ def test_values_recorded_inside_vmap_are_the_whole_batch_batch_dimension_first(o
     assert torch.allclose(rec["0:forward:return"], expected.to(dtype))
 
 
+def test_vmap_with_a_chunk_size_records_each_chunk_s_batch_as_a_value():
+    model, x = _mlp(), torch.randn(5, 3)
+    with bcrecord.torch.record(model, ["0"], keep="all") as rec:
+        torch.func.vmap(model, chunk_size=2)(x)
+    values = rec.all("0:forward:return")
+    assert [tuple(value.shape) for value in values] == [(2, 4), (2, 4), (1, 4)]
+    assert torch.allclose(torch.cat(values), model[0](x))
+
+
 def test_stop_after_last_runs_a_forward_called_inside_a_torch_func_transform_whole():
     # A stopped forward returns None: vmap raised its own "must only return Tensors, got
     # NoneType", and grad's loss was None.
