@@ -28,7 +28,6 @@ cast, a reduce function, and ``grad=True`` (keep the value in the autograd graph
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import copy as _copy_module
 import dataclasses
@@ -441,9 +440,12 @@ class ValuePolicy:
         if device is not None or dtype is not None:
             source = tensor.device
             offload = device is not None and device.type == "cpu" and source.type == "cuda"
-            # Under inference_mode, a copy made outside it is a normal tensor (see _normal_clone):
-            # made so here, not copied again after (a copy still in flight from a GPU is unfilled).
-            with torch.inference_mode(False) if copies and _inference_mode() else contextlib.nullcontext():
+            if copies and _inference_mode():
+                # Made outside it, a normal tensor (see _normal_clone): not copied again after,
+                # which would read a copy from a GPU still in flight.
+                with torch.inference_mode(False):
+                    tensor = tensor.to(device=device, dtype=dtype, non_blocking=offload)
+            else:
                 tensor = tensor.to(device=device, dtype=dtype, non_blocking=offload)
             if offload:  # the GPU has yet to fill it: recordings wait before reading
                 self._pending.add(torch.cuda.current_stream(source))
