@@ -54,6 +54,8 @@ _tracing_state: Callable[[], Any] = getattr(torch._C, "_get_tracing_state", lamb
 _transforms_active: Callable[[], bool] = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
 #: Whether torch.inference_mode is on: a copy made there is an inference tensor (a C call per value).
 _inference_mode: Callable[[], bool] = getattr(torch, "is_inference_mode_enabled", lambda: False)
+#: The guard torch.inference_mode enters (its Python wrapper costs twice the copy of a small tensor).
+_InferenceMode: Callable[[bool], Any] = getattr(torch._C, "_InferenceMode", torch.inference_mode)
 #: Whether the values copied now go back into the code that runs the model (an extractor returns
 #: them): inside a transform they stay its tensors there (vmap batches its outputs itself).
 returned_inside: contextvars.ContextVar[bool] = contextvars.ContextVar(
@@ -112,8 +114,9 @@ def _normal_clone(tensor: torch.Tensor) -> torch.Tensor:
     >>> kept.is_inference(), kept.add_(1)
     (False, tensor([3., 3.]))
     """
-    with torch.inference_mode(False):
-        return tensor.detach().clone()  # (no graph to keep: inference mode built none)
+    with _InferenceMode(False):
+        # (no graph to keep: inference mode built none; a parameter is detached from its own)
+        return tensor.detach().clone() if tensor.requires_grad else tensor.clone()
 
 
 def clone(tensor: torch.Tensor) -> torch.Tensor:
@@ -443,8 +446,8 @@ class ValuePolicy:
             if copies and _inference_mode():
                 # Made outside it, a normal tensor (see _normal_clone): not copied again after,
                 # which would read a copy from a GPU still in flight.
-                with torch.inference_mode(False):
-                    tensor = tensor.to(device=device, dtype=dtype, non_blocking=offload)
+                with _InferenceMode(False):  # (detached: inference mode built no graph to keep)
+                    tensor = tensor.detach().to(device=device, dtype=dtype, non_blocking=offload)
             else:
                 tensor = tensor.to(device=device, dtype=dtype, non_blocking=offload)
             if offload:  # the GPU has yet to fill it: recordings wait before reading

@@ -313,6 +313,7 @@ def test_values_copied_under_inference_mode_are_normal_tensors_autograd_takes(op
         model(x)
     feature = rec["0:forward:return"]
     assert not feature.is_inference() and not rec["0:forward:self.weight"].is_inference()
+    assert not rec["0:forward:self.weight"].requires_grad  # inference mode built no graph to keep
     assert torch.allclose(feature.float(), model[0](x).detach())
     probe = torch.nn.Linear(4, 1).to(feature.dtype)
     probe(feature).sum().backward()
