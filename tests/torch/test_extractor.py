@@ -1010,3 +1010,18 @@ def test_features_inside_a_checkpointed_module_are_in_the_graph_only_under_the_n
     # The reentrant kind runs its first forward without autograd: its values have no graph.
     assert features["block.0"].requires_grad is not reentrant
     assert torch.allclose(features["block.0"], model.block[0](x))
+
+
+def test_features_extracted_under_inference_mode_are_normal_tensors():
+    # They were inference tensors: a probe trained on them raised, as in-place ops did.
+    torch.manual_seed(0)
+    model, x = SmallNet().eval(), torch.randn(2, 3, 8, 8)
+    extractor = create_feature_extractor(model, ["bn1", "fc"])
+    with torch.inference_mode():
+        features = extractor(x)
+    assert not any(feature.is_inference() for feature in features.values())
+    probe = torch.nn.Linear(5, 1)
+    probe(features["fc"]).sum().backward()
+    assert probe.weight.grad is not None
+    with torch.no_grad():
+        assert torch.allclose(features["fc"], model(x))
