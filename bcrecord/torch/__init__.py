@@ -87,6 +87,17 @@ def _probe_outside_dynamo() -> None:
         return
     _runtime.set_frame_switch(set_eval_frame)
     setattr(builtins, _runtime.PROBE_NAME, skip(core))
+    # What Dynamo's error gives as the reason where a graph break is refused
+    # (fullgraph=True, strict export): otherwise "reason: None", with a hint to remove the call.
+    core._torchdynamo_disable_msg = _NO_FULLGRAPH  # type: ignore[attr-defined]
+
+
+#: Why a recorded model cannot compile to one graph (shown in Dynamo's error).
+_NO_FULLGRAPH = (
+    "bcrecord records a value here, outside the graph (a graph break per recorded site), so "
+    "torch.compile(fullgraph=True) and torch.export.export(strict=True) refuse a recorded model: "
+    "compile or export it outside record() and extractors (forward hooks trace into the graph)"
+)
 
 
 class _CompiledCode:

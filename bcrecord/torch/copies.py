@@ -52,6 +52,10 @@ __all__ = ["ValuePolicy", "clone", "detached_clone", "value_policy"]
 _tracing_state: Callable[[], Any] = getattr(torch._C, "_get_tracing_state", lambda: None)
 #: Whether a torch.func transform (vmap, grad, jacrev...) is running (a C call per recorded tensor).
 _transforms_active: Callable[[], bool] = getattr(torch._C, "_are_functorch_transforms_active", lambda: False)
+#: Whether torch.inference_mode is on: a copy made there is an inference tensor (a C call per value).
+_inference_mode: Callable[[], bool] = getattr(torch, "is_inference_mode_enabled", lambda: False)
+#: The guard torch.inference_mode enters (its Python wrapper costs twice the copy of a small tensor).
+_InferenceMode: Callable[[bool], Any] = getattr(torch._C, "_InferenceMode", torch.inference_mode)
 #: Whether the values copied now go back into the code that runs the model (an extractor returns
 #: them): inside a transform they stay its tensors there (vmap batches its outputs itself).
 returned_inside: contextvars.ContextVar[bool] = contextvars.ContextVar(
@@ -98,12 +102,30 @@ def _detached_copy_of(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().clone()
 
 
+def _normal_clone(tensor: torch.Tensor) -> torch.Tensor:
+    """A copy of ``tensor`` made outside ``torch.inference_mode``: a normal tensor, not an inference one.
+
+    A kept value is read after the block: an inference tensor there refuses in-place
+    updates and autograd (a linear probe trained on recorded features raised "Inference
+    tensors cannot be saved for backward"); a clone made outside inference mode is normal.
+
+    >>> with torch.inference_mode():
+    ...     kept = _normal_clone(torch.ones(2) * 2)
+    >>> kept.is_inference(), kept.add_(1)
+    (False, tensor([3., 3.]))
+    """
+    with _InferenceMode(False):
+        # (no graph to keep: inference mode built none; a parameter is detached from its own)
+        return tensor.detach().clone() if tensor.requires_grad else tensor.clone()
+
+
 def clone(tensor: torch.Tensor) -> torch.Tensor:
     """A copy of ``tensor`` as it is now.
 
     ``tensor.clone()``: a tensor that takes part in autograd stays in the graph, any
-    other is copied as :func:`detached_clone` copies it (the same op there). One call,
-    no checks: it runs for every recorded tensor.
+    other is copied as :func:`detached_clone` copies it (the same op there; under
+    ``torch.inference_mode``, a normal tensor too). One call, one check: it runs for every
+    recorded tensor.
 
     >>> import torch
     >>> live = torch.tensor([-1.0, 2.0])
@@ -118,7 +140,7 @@ def clone(tensor: torch.Tensor) -> torch.Tensor:
         return outside_transforms(tensor, torch.Tensor.clone)
     # Traced too, one op whether or not the tensor needs grad: torch.jit.trace checks
     # its trace by tracing again under no_grad, and needs the same graph.
-    return tensor.clone()
+    return _normal_clone(tensor) if _inference_mode() else tensor.clone()
 
 
 def detached_clone(tensor: torch.Tensor) -> torch.Tensor:
@@ -129,6 +151,8 @@ def detached_clone(tensor: torch.Tensor) -> torch.Tensor:
     copy-on-write clone, which is cheaper where the value is never overwritten: it
     sees writes made through torch only, so a value whose memory a numpy array or a
     C library writes (an input buffer refilled in place) would change after the fact.
+    Under ``torch.inference_mode`` the copy is made outside it: a normal tensor, which
+    autograd and in-place ops take after the block (:func:`_normal_clone`).
     One function, not two, because it runs for every recorded tensor.
 
     >>> import torch
@@ -141,6 +165,8 @@ def detached_clone(tensor: torch.Tensor) -> torch.Tensor:
         _transforms_active() and not returned_inside.get()
     ):  # inside torch.func.vmap or grad: the tensor under their wrappers
         return outside_transforms(tensor, _detached_copy_of)
+    if _inference_mode():
+        return _normal_clone(tensor)
     if tensor.requires_grad or _tracing_state() is not None:
         # Traced: the same ops whether or not the tensor needs grad (see clone).
         return tensor.detach().clone()
@@ -156,7 +182,7 @@ def _detached(tensor: torch.Tensor) -> torch.Tensor:
 def _detached_copy(tensor: torch.Tensor) -> torch.Tensor:
     if _transforms_active() and not returned_inside.get():
         return outside_transforms(tensor, _detached_copy_of)
-    return tensor.detach().clone()
+    return _normal_clone(tensor) if _inference_mode() else tensor.detach().clone()
 
 
 def _deepcopy_outside_autograd(value: Any) -> Any:
@@ -413,13 +439,21 @@ class ValuePolicy:
             dtype.is_complex,
         ):
             dtype = None
+        copies = self.copy in ("clone", "deepcopy")
         if device is not None or dtype is not None:
             source = tensor.device
             offload = device is not None and device.type == "cpu" and source.type == "cuda"
-            tensor = tensor.to(device=device, dtype=dtype, non_blocking=offload)
+            if copies and _inference_mode():
+                # Made outside it, a normal tensor (see _normal_clone): not copied again after,
+                # which would read a copy from a GPU still in flight.
+                with _InferenceMode(False):  # (detached: inference mode built no graph to keep)
+                    tensor = tensor.detach().to(device=device, dtype=dtype, non_blocking=offload)
+            else:
+                tensor = tensor.to(device=device, dtype=dtype, non_blocking=offload)
             if offload:  # the GPU has yet to fill it: recordings wait before reading
                 self._pending.add(torch.cuda.current_stream(source))
-        if self.copy in ("clone", "deepcopy") and _shares_memory(tensor, live):
+        # An inference tensor left: what reduce made, on live's device (a normal copy of it).
+        if copies and (_shares_memory(tensor, live) or tensor.is_inference()):
             tensor = clone(tensor)
         return tensor
 

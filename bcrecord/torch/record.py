@@ -76,7 +76,7 @@ from ..patch import (
 from ..runtime import Recording, Sink, context_recordings, silently
 from ..specs import Attribute, Local, Return, Spec
 from .copies import Device, ValuePolicy, _itself, _tracing_state, _transforms_active, value_policy
-from .targets import Target, expand_all, module_at
+from .targets import Target, _submodule, expand_all, module_at
 
 __all__ = ["record", "ModelRecording", "StopForward"]
 
@@ -1196,6 +1196,25 @@ def _record(
     finally:
         remove_all(patches)
         running.rec._ended = True
+        _warn_replaced(plan)
+
+
+def _warn_replaced(plan: Plan) -> None:
+    """Warn where a targeted submodule is no longer at its path: replaced (or removed) during the block.
+
+    The targets were resolved, and their modules marked, when the block started: one put
+    at that path meanwhile (``model.fc = nn.Identity()``, an adapter swapped in) recorded
+    nothing, so the path's values end at the swap. Said once, when the block ends.
+    """
+    gone = [path for path, module in plan.modules.items() if _submodule(plan.model, path) is not module]
+    if gone:
+        listed = ", ".join(repr(path) for path in gone)
+        warn(
+            f"the module{'s' if len(gone) > 1 else ''} at {listed} "
+            f"{'were' if len(gone) > 1 else 'was'} replaced or removed while recording: what ran there "
+            "afterwards recorded nothing (targets are resolved when record() starts); record "
+            "the model again to include it"
+        )
 
 
 #: Whether a caller in this context catches :class:`StopForward` (the root's

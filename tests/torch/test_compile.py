@@ -2,6 +2,7 @@
 
 import collections
 
+import pytest
 import torch
 import torch._dynamo
 
@@ -122,6 +123,21 @@ def test_the_probe_is_the_core_function_with_dynamo_s_frame_switch():
         assert switch is set_eval_frame
     finally:
         runtime.set_frame_switch(switch)
+
+
+def test_fullgraph_compile_of_a_recorded_model_says_bcrecord_s_probe_is_why():
+    # Dynamo's own error said "reason: None" and hinted to remove a torch.compiler.disable call.
+    net = SmallNet().eval()
+    torch._dynamo.reset()
+    compiled = torch.compile(net, backend="eager", fullgraph=True)
+    with record(net, ["bn1"]) as rec:
+        with pytest.raises(torch._dynamo.exc.Unsupported) as raised:
+            compiled(torch.randn(1, 3, 8, 8))
+    assert "reason: bcrecord records a value here" in str(raised.value)
+    assert "compile or export it outside record()" in str(raised.value)
+    assert rec.keys() == []
+    torch._dynamo.reset()
+    assert compiled(torch.randn(1, 3, 8, 8)).shape == (1, 5)  # outside record(): one graph
 
 
 def test_a_model_compiled_before_recording_records_and_recompiles_once():

@@ -294,3 +294,31 @@ def test_copy_none_keeps_each_value_itself_as_the_core_does():
         out = model(torch.ones(1, 2))
     assert rec["0:forward:return"] is out and out.grad_fn is not None
     assert value_policy("detach")(live).grad_fn is None  # 'detach' stays detached
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"copy": "deepcopy"}, {"grad": True}, {"dtype": torch.float64}, {"reduce": lambda t: t * 1}],
+)
+def test_values_copied_under_inference_mode_are_normal_tensors_autograd_takes(options):
+    # They were inference tensors: a linear probe trained on recorded features raised
+    # "Inference tensors cannot be saved for backward", and in-place ops refused them.
+    from bcrecord.torch import record
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU())
+    x = torch.randn(5, 3)
+    targets = ["0", "1:forward:input", "0:forward:self.weight"]
+    with torch.inference_mode(), record(model, targets, **options) as rec:
+        model(x)
+    feature = rec["0:forward:return"]
+    assert not feature.is_inference() and not rec["0:forward:self.weight"].is_inference()
+    assert not rec["0:forward:self.weight"].requires_grad  # inference mode built no graph to keep
+    assert torch.allclose(feature.float(), model[0](x).detach())
+    probe = torch.nn.Linear(4, 1).to(feature.dtype)
+    probe(feature).sum().backward()
+    assert probe.weight.grad is not None
+    assert torch.allclose(feature.add_(1) - 1, rec["1:forward:input"].to(feature.dtype))
+    with torch.inference_mode(), record(model, ["0"], copy="detach") as rec:
+        model(x)
+    assert rec["0:forward:return"].is_inference()  # 'detach' keeps the tensor itself, as it is

@@ -989,3 +989,39 @@ def test_an_extractor_inside_vmap_returns_its_features_batched_as_vmap_returns_o
     features = torch.func.vmap(create_feature_extractor(net, ["0", "1"]))(x)
     assert features["0"].shape == (5, 4)
     assert torch.allclose(features["0"], net[0](x)) and torch.allclose(features["1"], net[0](x).relu())
+
+
+@pytest.mark.parametrize("reentrant", [True, False])
+def test_features_inside_a_checkpointed_module_are_in_the_graph_only_under_the_non_reentrant_kind(reentrant):
+    from torch.utils.checkpoint import checkpoint
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.block = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Tanh())
+            self.head = torch.nn.Linear(3, 1)
+
+        def forward(self, x):
+            return self.head(checkpoint(self.block, x, use_reentrant=reentrant))
+
+    torch.manual_seed(0)
+    model, x = Net(), torch.randn(2, 3, requires_grad=True)
+    features = create_feature_extractor(model, ["block.0"])(x)
+    # The reentrant kind runs its first forward without autograd: its values have no graph.
+    assert features["block.0"].requires_grad is not reentrant
+    assert torch.allclose(features["block.0"], model.block[0](x))
+
+
+def test_features_extracted_under_inference_mode_are_normal_tensors():
+    # They were inference tensors: a probe trained on them raised, as in-place ops did.
+    torch.manual_seed(0)
+    model, x = SmallNet().eval(), torch.randn(2, 3, 8, 8)
+    extractor = create_feature_extractor(model, ["bn1", "fc"])
+    with torch.inference_mode():
+        features = extractor(x)
+    assert not any(feature.is_inference() for feature in features.values())
+    probe = torch.nn.Linear(5, 1)
+    probe(features["fc"]).sum().backward()
+    assert probe.weight.grad is not None
+    with torch.no_grad():
+        assert torch.allclose(features["fc"], model(x))

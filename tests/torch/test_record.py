@@ -309,6 +309,24 @@ def test_the_stop_reaches_neither_other_threads_nor_a_submodule_called_alone(net
     assert out.shape == (1, 4, 8, 8) and len(rec.all("blocks.0.conv:forward:return")) == 1
 
 
+def test_a_targeted_module_replaced_while_recording_is_named_in_a_warning(net):
+    # It used to go silently: the new module, never marked, records nothing.
+    x = torch.randn(1, 3, 8, 8)
+    with pytest.warns(bcrecord.RecordingWarning, match=r"the module at 'fc' was replaced or removed"):
+        with record(net, ["fc", "bn1", "blocks.0"]) as rec:
+            net(x)
+            net.fc = torch.nn.Linear(4, 5)
+            net(x)
+    assert [len(rec.all(key)) for key in rec.keys()] == [2, 2, 1]  # bn1, blocks.0, then fc once
+    assert len(rec.all("fc:forward:return")) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", bcrecord.RecordingWarning)
+        with record(net, ["fc", "blocks.0"]) as rec:  # nothing replaced: no warning
+            net.fc.weight.data.zero_()
+            net(x)
+    assert torch.equal(rec["fc:forward:return"], net.fc.bias.detach().expand(1, 5))
+
+
 def test_bad_targets_give_clear_errors_and_change_nothing(net):
     before = snapshot(net)
     for target, error, message in [
@@ -656,6 +674,48 @@ def test_a_parameter_s_gradient_comes_once_per_backward_not_per_read_nor_from_no
         recorded = rec.all(key)
         assert len(recorded) == 2 and all(torch.allclose(r, g) for r, g in zip(recorded, grads, strict=True))
         assert weight._backward_hooks is None and rec._leaf_waiting == {}  # none kept past its backward
+
+
+def test_checkpointed_values_come_again_in_a_backward_inside_the_block_and_once_after_it():
+    from torch.utils.checkpoint import checkpoint
+
+    class Inner(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 3)
+
+        def forward(self, x):
+            h = self.lin(x)
+            h = torch.tanh(h)
+            return h * 2
+
+    class Net(torch.nn.Module):
+        def __init__(self, reentrant):
+            super().__init__()
+            self.inner, self.reentrant = Inner(), reentrant
+
+        def forward(self, x):
+            return checkpoint(self.inner, x, use_reentrant=self.reentrant).sum()
+
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, requires_grad=True)
+    targets = ["inner.lin", "inner:forward:h@0", "inner.lin:forward:return.grad"]
+    for reentrant in (True, False):
+        model = Net(reentrant)
+        expected = model.inner.lin(x).detach()
+        with record(model, targets, keep="all") as rec:
+            model(x).backward()  # recomputes inside the block: the forward's value, then the recompute's
+        values = rec.all("inner.lin:forward:return")
+        assert len(values) == 2 and all(torch.allclose(value, expected) for value in values)
+        assert len(rec.all("inner:forward:h@0")) == 2
+        assert len(rec.all("inner.lin:forward:return.grad")) == 1
+        with record(model, targets, keep="all") as rec:
+            loss = model(x)
+        loss.backward()  # after the block: the original code recomputes, the forward's values alone
+        assert [len(rec.all(key)) for key in ("inner.lin:forward:return", "inner:forward:h@0")] == [1, 1]
+        assert torch.allclose(rec["inner.lin:forward:return"], expected)
+        # the non-reentrant kind's forward ran in the graph: its activations' gradients come
+        assert ("inner.lin:forward:return.grad" in rec.keys()) is not reentrant
 
 
 def test_a_reduce_under_activation_checkpointing_leaves_backward_working_after_the_block():
@@ -1174,6 +1234,17 @@ def test_torch_jit_trace_inside_a_recording_traces_the_model_and_records_its_run
         assert "bcrecord" not in str(traced.graph)  # the probes' copies are not in the graph
 
 
+def test_torch_jit_script_inside_a_recording_compiles_the_source_and_its_module_records_nothing():
+    torch.manual_seed(0)
+    model, x = SmallNet().eval(), torch.randn(2, 3, 8, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit.script's, from torch 2.10 on
+        with record(model, ["bn1", ":forward:x@1"]) as rec:
+            scripted = torch.jit.script(model)
+            out = scripted(x)
+    assert torch.allclose(out, model(x)) and rec.keys() == []
+
+
 def test_a_stop_held_back_by_a_site_that_did_not_run_is_said_once():
     net = torch.nn.Sequential(Branchy(), torch.nn.Linear(4, 4))
     x = torch.randn(2, 4)
@@ -1285,6 +1356,15 @@ def test_values_recorded_inside_vmap_are_the_whole_batch_batch_dimension_first(o
     expected = model[0](grid.transpose(1, 2))  # [2, 5, 4]
     assert rec["0:forward:return"].shape == (2, 5, 4)
     assert torch.allclose(rec["0:forward:return"], expected.to(dtype))
+
+
+def test_vmap_with_a_chunk_size_records_each_chunk_s_batch_as_a_value():
+    model, x = _mlp(), torch.randn(5, 3)
+    with bcrecord.torch.record(model, ["0"], keep="all") as rec:
+        torch.func.vmap(model, chunk_size=2)(x)
+    values = rec.all("0:forward:return")
+    assert [tuple(value.shape) for value in values] == [(2, 4), (2, 4), (1, 4)]
+    assert torch.allclose(torch.cat(values), model[0](x))
 
 
 def test_stop_after_last_runs_a_forward_called_inside_a_torch_func_transform_whole():
