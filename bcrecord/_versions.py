@@ -144,6 +144,8 @@ class Table:
     #: Whether Python makes the program path ``.`` absolute as the working directory itself
     #: (3.11+); 3.10 joins it to the working directory as any relative path (``/cwd/.``).
     dot_is_working_directory: bool = True
+    #: Whether ``sys.flags`` has ``safe_path`` (``python -P``, ``PYTHONSAFEPATH``: 3.11+).
+    safe_path_flag: bool = True
 
     def load_probe(self, location: object) -> Instrs:
         """Push the probe as a callable (with its NULL slot where the version has one)."""
@@ -340,6 +342,7 @@ def _310() -> Table:
         folds_percent_format=False,
         line_table=_line_table_310,
         dot_is_working_directory=False,
+        safe_path_flag=False,
     )
 
 

@@ -469,9 +469,9 @@ def _console() -> int:
         here = os.getcwd()
     except OSError:  # the working directory was removed: python -m adds none then
         here = None
-    from .runner import _safe_path
+    from .runner import safe_path
 
-    if not _safe_path() and here is not None:
+    if not safe_path() and here is not None:
         script_folder = os.path.dirname(os.path.realpath(sys.argv[0]))
         if sys.path and os.path.realpath(sys.path[0] or os.curdir) == script_folder:
             sys.path[0] = here

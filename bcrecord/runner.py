@@ -121,7 +121,7 @@ from .runtime import Recording, Sink, copy_value, silence, silently
 from .specs import Attribute, Spec, compiled_name, parse
 from .storage import Writer
 
-__all__ = ["RunTarget", "RunError", "parse_target", "check_targets", "run"]
+__all__ = ["RunTarget", "RunError", "parse_target", "check_targets", "run", "safe_path"]
 
 #: What holds a function as ``.func`` (bcrecord's errors for them say to patch that).
 _FUNCTION_HOLDERS = (functools.partial, functools.partialmethod, functools.cached_property)
@@ -1131,21 +1131,32 @@ class _Program:
         there twice).
 
         >>> prog = _Program("prog.py", False, ["prog.py"], "/app", ("__main__",), None, "prog.py")
-        >>> prog.sys_path(["/cwd", "/lib"]) == (["/cwd", "/lib"] if _safe_path() else ["/app", "/lib"])
+        >>> prog.sys_path(["/cwd", "/lib"]) == (["/cwd", "/lib"] if safe_path() else ["/app", "/lib"])
         True
         """
-        safe = _safe_path()
+        safe = safe_path()
         rest = list(path) if safe else list(path[1:])
         if self.bundle:
             return rest if running else [self.path0, *rest]
         return rest if safe else [self.path0, *rest]
 
 
-def _safe_path() -> bool:
+def safe_path() -> bool:
     """Whether Python puts no script's, ``-m``'s or working directory's folder on ``sys.path``:
     under ``python -P`` (``PYTHONSAFEPATH``), or ``python -I``, which implies it (3.11+) or,
-    on 3.10, which has no ``-P``, does it itself."""
-    return bool(getattr(sys.flags, "safe_path", False) or sys.flags.isolated)
+    on 3.10, which has no ``-P``, does it itself.
+
+    >>> import subprocess
+    >>> def under(*flags):
+    ...     code = "from bcrecord.runner import safe_path; print(safe_path())"
+    ...     return subprocess.run([sys.executable, *flags, "-c", code], capture_output=True, text=True).stdout
+    >>> under("-I"), under("-E")
+    ('True\\n', 'False\\n')
+    """
+    flags = sys.flags
+    if flags.isolated:
+        return True
+    return _versions.current().safe_path_flag and bool(flags.safe_path)  # type: ignore[attr-defined]
 
 
 def _program(program: str, args: Sequence[str], is_module: bool) -> _Program:

@@ -97,6 +97,7 @@ __all__ = [
     "save",
     "load",
     "saved_keys",
+    "saved_index",
 ]
 
 FORMAT = "bcrecord-records"
@@ -1427,6 +1428,20 @@ def _warn_damaged(path: Path, why: str, lost: Sequence[Mapping[str, Any]], unrea
     )
 
 
+def saved_index(directory: PathLike) -> List[Dict[str, Any]]:
+    """What the index of ``directory`` says of every saved value, in save order, reading no
+    value: one dict each, with its ``key``, ``step``, the data ``file`` that holds it, its
+    ``kind``, ``shape``, ``dtype``, ``device`` and size in ``bytes`` where known, and the
+    ``time`` it was saved.
+
+    >>> import tempfile, bcrecord
+    >>> folder = bcrecord.save({"m:f:x@0": [1.0, 2.5]}, tempfile.mkdtemp(), step=3)
+    >>> [(row["key"], row["step"], row["dtype"]) for row in saved_index(folder)]
+    [('m:f:x@0', 3, 'float'), ('m:f:x@0', 3, 'float')]
+    """
+    return _read_index(_expanded(directory))
+
+
 def saved_keys(directory: PathLike) -> List[str]:
     """The keys ``directory`` holds values of, in the order first saved, from its index alone
     (no value is read: a data file of other keys may be damaged).
@@ -1437,7 +1452,7 @@ def saved_keys(directory: PathLike) -> List[str]:
     >>> saved_keys(folder)
     ['m:f:x@0', 'm:f:y@0']
     """
-    return list(dict.fromkeys(row["key"] for row in _read_index(_expanded(directory))))
+    return list(dict.fromkeys(row["key"] for row in saved_index(directory)))
 
 
 def _check_saved(wanted: Iterable[str], saved: List[str], directory: Path) -> None:

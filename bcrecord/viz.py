@@ -49,7 +49,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Seque
 from urllib.parse import quote, unquote
 
 from .errors import BcrecordError
-from .storage import DamagedRecords, Loaded, Unimportable, Unloadable, _read_index, is_tensor, load
+from .storage import DamagedRecords, Loaded, Unimportable, Unloadable, is_tensor, load, saved_index
 
 __all__ = ["KeySummary", "summarize", "table", "draw", "write_index", "view", "Progress"]
 
@@ -886,7 +886,7 @@ def view(
     if not directory.is_dir():
         raise BcrecordError(f"no such directory: {str(directory)!r}")
     keys = _patterns(keys)
-    index = _read_index(directory)
+    index = saved_index(directory)
     saved = list(dict.fromkeys(row["key"] for row in index))
     matching = [key for key in saved if keys is None or any(fnmatch.fnmatchcase(key, k) for k in keys)]
     if keys is not None and not matching:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List
 import bcrecord
 from bcrecord.analysis import Targets
 from bcrecord.runtime import RecordError
-from bcrecord.storage import saved_keys
+from bcrecord.storage import saved_index, saved_keys
 
 if TYPE_CHECKING:  # (torch is not needed: the torch layer is checked with its hints alone)
     import torch
@@ -98,6 +98,7 @@ def saved_values(directory: str) -> None:
     bcrecord.register_copy(ToyModel, "clone", copier)
     assert_type(bcrecord.load(directory)["k"], List[Any])
     assert_type(saved_keys(directory), List[str])
+    assert_type(saved_index(directory), List[Dict[str, Any]])
 
 
 def torch_layer(model: torch.nn.Module, batch: torch.Tensor) -> None:
