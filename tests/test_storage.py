@@ -307,7 +307,6 @@ def test_a_directory_under_home_written_with_a_tilde_is_under_home(tmp_path, mon
     assert load("~/runs")["k"] == [1.5, 2.5] and bcrecord.storage.saved_keys("~/runs") == ["k"]
 
 
-
 def test_saved_index_lists_every_saved_value_in_save_order_without_reading_one(tmp_path):
     save({"a": [1, 2], "b": [3.5]}, tmp_path, step=4)
     save({"a": [5]}, tmp_path, step=7)
@@ -320,6 +319,7 @@ def test_saved_index_lists_every_saved_value_in_save_order_without_reading_one(t
         ("a", 7, "int"),
     ]
     assert [row["file"] for row in rows] == ["records/000001.pkl"] * 3 + ["records/000002.pkl"]
+
 
 class _NotMaterialized:
     """A value whose array attributes raise until it is materialized (it pickles all the same)."""

@@ -22,6 +22,12 @@ def test_current_matches_the_interpreter_and_unknown_versions_fail():
         _versions.current((3, 9))
 
 
+def test_the_table_knows_whether_sys_flags_has_safe_path():
+    # runner.safe_path reads the table instead of asking which version this is.
+    table = _versions.current()
+    assert table.safe_path_flag == hasattr(sys.flags, "safe_path")
+
+
 def test_probe_sequences_are_stack_neutral():
     table = _versions.current()
     location = None
