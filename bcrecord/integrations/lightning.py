@@ -40,6 +40,9 @@ Training steps do repeat: a fit resumed from a checkpoint saves again the steps 
 earlier fit saved after that checkpoint, and a fresh fit into the same folder starts at
 step 0 again; :func:`bcrecord.load` returns both values of such a step, in the order
 saved, and the callback warns (a :class:`~bcrecord.errors.RecordingWarning`) naming them.
+The callback keeps nothing in checkpoints (a checkpoint made with it resumes without it,
+and Lightning asks for no callback): a fit resumed with ``ckpt_path=`` numbers its
+validation batches from 0 again, unless ``save_dir`` holds the earlier ones.
 
 Works with ``lightning`` (``lightning.pytorch``) and with ``pytorch_lightning``:
 ``pip install 'bcrecord[lightning]'``.
