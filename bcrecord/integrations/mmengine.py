@@ -701,6 +701,7 @@ class RecorderHook(Hook):
                         self._counts[loop] = max(self._counts.get(loop, 0), saved + 1)
         self._wrap_loops(runner)
         self._warn_of_epochs_that_never_end(runner)
+        self._warn_of_loops_that_do_not_run(runner)
         where = f"; records go to {self._save_root}/<loop>" if self._save_root is not None else ""
         runner.logger.info(
             f"RecorderHook: recording {len(self._keys)} keys in the {'/'.join(self.loops)} loop(s){where}: "
@@ -718,6 +719,16 @@ class RecorderHook(Hook):
                 "RecorderHook: by_epoch=True, but training is iteration-based (IterBasedTrainLoop runs "
                 "one epoch): every recorded training iteration is kept in memory and written when "
                 f"training ends; give by_epoch=False to write every interval={self.interval} iterations"
+            )
+
+    def _warn_of_loops_that_do_not_run(self, runner: Runner) -> None:
+        """Say so when none of ``loops`` runs in this run: ``runner.test()`` (``tools/test.py``) with
+        the default ``loops='train'`` would record nothing, silently."""
+        built = list(self._built_loops(runner))
+        if built and not any(loop in built for loop in self.loops):
+            runner.logger.warning(
+                f"RecorderHook: loops={list(self.loops)}, but this run runs the {'/'.join(built)} loop(s): "
+                f"nothing will be recorded; give loops={[*self.loops, *built]} to record them too"
             )
 
     def after_run(self, runner: Runner) -> None:

@@ -941,6 +941,27 @@ def test_only_the_chosen_loops_record(tmp_path):
     assert_restored(model)
 
 
+def test_a_run_that_runs_none_of_the_hook_s_loops_says_so(tmp_path):
+    # tools/test.py with the proposal's config, which names no loops: the default, 'train', never runs.
+    torch.manual_seed(0)
+    model = ToyModel()
+    hook = dict(type="RecorderHook", recorders=PROPOSAL_RECORDERS, save_dir=str(tmp_path / "records"))
+    runner = make_runner(tmp_path, model, [hook], test=True)
+    runner.test()
+    assert runner.message_hub.get_info(OUTPUTS) is None and not (tmp_path / "records").exists()
+    assert (
+        "RecorderHook: loops=['train'], but this run runs the test loop(s): nothing will be recorded; "
+        "give loops=['train', 'test'] to record them too"
+    ) in log_text(runner)
+    assert_restored(model)
+    # A run that runs one of them does not say it.
+    hook["loops"] = ["train", "test"]
+    runner = make_runner(tmp_path / "again", ToyModel(), [hook], test=True)  # (a log file of its own)
+    runner.test()
+    assert runner.message_hub.get_info(OUTPUTS).shape == (3, 1)
+    assert "nothing will be recorded" not in log_text(runner)
+
+
 def test_two_recorder_hooks_share_a_method(tmp_path):
     torch.manual_seed(0)
     model = ToyModel()
