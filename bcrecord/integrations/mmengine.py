@@ -218,6 +218,8 @@ unknown recorder type 'LayerRecorder'; use type='FunctionRecorder' ...
         if target is None or (isinstance(target, str) and not target.strip()):
             example = "target='outputs'" if kind == "FunctionRecorder" else "target='self.linear1.weight'"
             raise _fail(where, f"{kind} needs a 'target' naming what to record, e.g. {example}")
+        if isinstance(target, str) and target.count(":") == 2:
+            raise _fail(where, _key_as_target(kind, target))
         model = config.get("model") or ""
         if not isinstance(model, str) or (model and not _PATH.match(model)):
             raise _fail(
@@ -236,6 +238,29 @@ unknown recorder type 'LayerRecorder'; use type='FunctionRecorder' ...
             raise _fail(where, str(error)) from error
         parsed.append(RecorderConfig(position, config, model, method, owner, spec))
     return parsed
+
+
+def _key_as_target(kind: str, key: str) -> str:
+    """What to write instead of a MessageHub key given as a ``target``: the recorder that makes it.
+
+    >>> _key_as_target('FunctionRecorder', 'resnet:_forward_impl:x@1')
+    "target='resnet:_forward_impl:x@1' is a key, '<owner>:<method>:<target>'; the recorder that \
+publishes it is dict(type='FunctionRecorder', model='resnet', method='_forward_impl', target='x', index=[1])"
+    """
+    owner, method, rest = key.split(":")
+    target, _, index = rest.partition("@")
+    parts = [f"type={kind!r}"]
+    if owner and owner != ROOT_OWNER:
+        parts.append(f"model={owner!r}")
+    if method and method != "forward":
+        parts.append(f"method={method!r}")
+    parts.append(f"target={target!r}")
+    if index.isdigit():
+        parts.append(f"index=[{int(index)}]")
+    return (
+        f"target={key!r} is a key, '<owner>:<method>:<target>'; the recorder that publishes it is "
+        f"dict({', '.join(parts)})"
+    )
 
 
 _MISSING = object()

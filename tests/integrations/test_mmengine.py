@@ -629,6 +629,18 @@ def test_the_docs_show_the_error_as_it_is():
             "MMResNet has no attribute 'resnt'; did you mean 'resnet'",
         ),
         (MMResNet, dict(RESNET_RECORDER, model="resnet.layer9"), "MiniResNet has no attribute 'layer9'"),
+        (
+            ToyModel,  # a key copied from the MessageHub: the recorder that publishes it
+            dict(type="FunctionRecorder", target=OUTPUTS),
+            f"target={OUTPUTS!r} is a key, '<owner>:<method>:<target>'; the recorder that publishes it is "
+            "dict(type='FunctionRecorder', target='outputs', index=[1])",
+        ),
+        (
+            MMResNet,
+            dict(type="FunctionRecorder", target=X_KEYS[2]),
+            "the recorder that publishes it is dict(type='FunctionRecorder', model='resnet', "
+            "method='_forward_impl', target='x', index=[2])",
+        ),
     ],
 )
 def test_bad_config_fails_at_before_run(tmp_path, model_class, recorder, message):
