@@ -576,6 +576,9 @@ class RecorderHook(Hook):
             through the runner's logger at ``before_run``.
         loops: the loops to record in: ``'train'`` (default), ``'val'``,
             ``'test'``, or several.
+        every_n_iters: record every ``every_n_iters``-th iteration of each recorded loop
+            (training: ``runner.iter % every_n_iters == 0``; validation and test: their
+            running count); the others run the original code, publish and save nothing.
         interval: write buffered records every ``interval`` iterations (or
             epochs with ``by_epoch=True``). Records are also written at the end
             of each loop, of the run, and when the run fails or is interrupted,
@@ -628,6 +631,7 @@ class RecorderHook(Hook):
         by_epoch: bool = False,
         visualize: Union[bool, Mapping[str, Any], None] = None,
         copy: str = "clone",
+        every_n_iters: int = 1,
     ) -> None:
         # Recorder dicts are checked at before_run, where the model is known.
         self.recorders = recorders
@@ -637,6 +641,7 @@ class RecorderHook(Hook):
         self.print_modification = bool(print_modification)
         self.loops = _loops(loops)
         self.interval = _positive(interval, "interval")
+        self.every_n_iters = _positive(every_n_iters, "every_n_iters")
         self.by_epoch = bool(by_epoch)
         if copy not in COPY_POLICIES:
             raise SpecError(f"copy must be one of {COPY_POLICIES}, got {copy!r}")
@@ -942,24 +947,45 @@ class RecorderHook(Hook):
 
     # iterations ----------------------------------------------------------------------
 
-    def _start(self, mode: str) -> None:
+    def _start(self, runner: Runner, mode: str) -> None:
         if mode not in self.loops or not self._patches:
             return
+        count = runner.iter if mode == "train" else self._counts.get(mode, 0)
+        if count % self.every_n_iters:
+            return  # (an iteration not recorded runs the original code: no recording is active)
         if self._recording is not None:  # an iteration that never reached its after_*_iter
             self._recording.__exit__(None, None, None)
         self._recording = recording(copy=self.copy, keep="last", only=self._patches).__enter__()
 
+    def _step(self, runner: Runner, mode: str) -> int:
+        """This iteration's step: ``runner.iter`` in training, else the loop's running count
+        (counting every iteration, recorded or not)."""
+        if mode == "train":
+            return runner.iter
+        step = self._counts.get(mode, 0)
+        self._counts[mode] = step + 1
+        return step
+
     def _stop(self, runner: Runner, mode: str, batch_idx: int) -> None:
         rec, self._recording = self._recording, None
-        if rec is None:
+        if mode not in self.loops or not self._patches:
             return
+        step = self._step(runner, mode)
+        if rec is not None:
+            self._publish(runner, mode, step, rec)
+        if not self.by_epoch:  # (every iteration: a recorded one may never be the interval's last)
+            due = (
+                self.every_n_train_iters(runner, self.interval)
+                if mode == "train"
+                else self.every_n_inner_iters(batch_idx, self.interval)
+            )
+            if due:
+                self._flush(runner, mode)
+
+    def _publish(self, runner: Runner, mode: str, step: int, rec: Recording) -> None:
+        """Publish a recorded iteration's values to the MessageHub; buffer and draw them."""
         rec.__exit__(None, None, None)
         values = dict(rec.items())
-        if mode == "train":
-            step = runner.iter
-        else:
-            step = self._counts.get(mode, 0)
-            self._counts[mode] = step + 1
         for key, value in values.items():
             runner.message_hub.update_info(key, value, resumed=False)
         if mode not in self._checked:
@@ -976,26 +1002,18 @@ class RecorderHook(Hook):
             self._buffers.setdefault(mode, []).append((step, {k: _to_cpu(v) for k, v in values.items()}))
         if self.drawer is not None and (step + 1) % self.drawer.interval == 0:
             self.drawer.draw(runner, values, mode, step)
-        if not self.by_epoch:
-            due = (
-                self.every_n_train_iters(runner, self.interval)
-                if mode == "train"
-                else self.every_n_inner_iters(batch_idx, self.interval)
-            )
-            if due:
-                self._flush(runner, mode)
 
     def before_train_iter(self, runner: Runner, batch_idx: int, data_batch: DataBatch = None) -> None:
         """Start recording this training iteration."""
-        self._start("train")
+        self._start(runner, "train")
 
     def before_val_iter(self, runner: Runner, batch_idx: int, data_batch: DataBatch = None) -> None:
         """Start recording this validation iteration."""
-        self._start("val")
+        self._start(runner, "val")
 
     def before_test_iter(self, runner: Runner, batch_idx: int, data_batch: DataBatch = None) -> None:
         """Start recording this test iteration."""
-        self._start("test")
+        self._start(runner, "test")
 
     def after_train_iter(
         self, runner: Runner, batch_idx: int, data_batch: DataBatch = None, outputs: Any = None

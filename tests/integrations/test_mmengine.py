@@ -688,6 +688,8 @@ def test_bad_hook_arguments_fail_when_built():
         RecorderHook(PROPOSAL_RECORDERS, loops="trian")
     with pytest.raises(ValueError, match="interval must be a positive int"):
         RecorderHook(PROPOSAL_RECORDERS, interval=0)
+    with pytest.raises(ValueError, match="every_n_iters must be a positive int, got 0"):
+        RecorderHook(PROPOSAL_RECORDERS, every_n_iters=0)
     with pytest.raises(bcrecord.SpecError, match="save_dir is an empty string"):  # not the working directory
         RecorderHook(PROPOSAL_RECORDERS, save_dir="")
     with pytest.raises(ValueError, match="fewer than topk=20"):
@@ -840,6 +842,41 @@ def test_iteration_based_training_writes_every_interval_or_warns_that_it_cannot(
         assert saved.seen == [[], [0, 1], [0, 1], [0, 1, 2, 3], [0, 1, 2, 3]]
         assert warning not in log_text(runner)
     assert bcrecord.load(records / "train").steps(OUTPUTS) == [0, 1, 2, 3, 4]
+
+
+def test_every_n_iters_records_every_n_th_iteration_and_writes_every_interval_all_the_same(tmp_path):
+    # interval=50 in MMEngine hooks means "every 50 iterations"; here that is every_n_iters, and
+    # interval is when buffered records are written: the two need not line up.
+    torch.manual_seed(0)
+    records = tmp_path / "records"
+    hook = dict(
+        type="RecorderHook",
+        recorders=PROPOSAL_RECORDERS,
+        loops=["train", "val"],
+        save_dir=str(records),
+        every_n_iters=2,
+        interval=3,
+    )
+    checker = Checker([OUTPUTS, WEIGHT], toy_snapshot)
+    saved = SavedSteps(records / "train")
+    runner = make_runner(tmp_path, ToyModel(), [hook, checker, saved], epochs=2, val=True)
+    runner.train()
+    train = checker.iters["train"]
+    # Training: iterations 0, 2, 4, 6 publish; the others leave the hub as it was.
+    for entry in train:
+        expected = toy_expected(entry)[OUTPUTS]
+        if entry["step"] % 2 == 0:
+            assert torch.allclose(entry["hub"][OUTPUTS], expected, rtol=1e-5, atol=1e-6)
+        else:
+            assert entry["hub"][OUTPUTS] is train[entry["step"] - 1]["hub"][OUTPUTS]
+    loaded = bcrecord.load(records / "train")
+    assert loaded.steps(OUTPUTS) == [0, 2, 4, 6]
+    for step, outputs in zip([0, 2, 4, 6], loaded[OUTPUTS], strict=True):
+        assert torch.equal(outputs, train[step]["hub"][OUTPUTS])
+    # Written after iterations 2 and 5 (interval=3: whatever is buffered then), the rest when training ends.
+    assert saved.seen == [[], [], [0, 2], [0, 2], [0, 2], [0, 2, 4], [0, 2, 4], [0, 2, 4]]
+    # Validation: two runs of 4 iterations, counted 0..7; every other one recorded.
+    assert bcrecord.load(records / "val").steps(OUTPUTS) == [0, 2, 4, 6]
 
 
 @pytest.mark.parametrize("policy", ["clone", "none"])
