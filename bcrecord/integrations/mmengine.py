@@ -1000,7 +1000,8 @@ class RecorderHook(Hook):
                 )
         if mode in self._writers:
             self._buffers.setdefault(mode, []).append((step, {k: _to_cpu(v) for k, v in values.items()}))
-        if self.drawer is not None and (step + 1) % self.drawer.interval == 0:
+        # The drawer's interval counts recorded iterations (every_n_iters apart).
+        if self.drawer is not None and (step // self.every_n_iters + 1) % self.drawer.interval == 0:
             self.drawer.draw(runner, values, mode, step)
 
     def before_train_iter(self, runner: Runner, batch_idx: int, data_batch: DataBatch = None) -> None:

@@ -446,6 +446,20 @@ def test_resnet_forward_impl_records_each_assignment_of_x(tmp_path):
     assert_restored(model)
 
 
+def test_visualize_interval_counts_the_recorded_iterations(tmp_path):
+    torch.manual_seed(0)
+    hook = dict(
+        type="RecorderHook",
+        recorders=[RESNET_RECORDER],
+        every_n_iters=2,  # iterations 0 and 2 of 4 recorded
+        visualize=dict(keys=[X_KEYS[0]], interval=2),  # every 2nd of those: iteration 2
+    )
+    runner = make_runner(tmp_path, MMResNet(), [hook], data=ImageDataset(), batch_size=2)
+    runner.train()
+    images = Path(runner.log_dir) / "vis_data" / "vis_image"
+    assert sorted(path.name for path in images.iterdir()) == [f"{image_name(X_KEYS[0])}_2.png"]
+
+
 def test_issue_config_exactly(tmp_path, monkeypatch):
     """The whole config of the issue, save_dir='./work_dir' included, on a model it all applies to."""
     monkeypatch.chdir(tmp_path)
