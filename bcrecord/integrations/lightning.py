@@ -12,7 +12,9 @@ relative to the LightningModule (``'net.0'``, ``'net.1:forward:x@0'``,
   recording entered in ``on_*_batch_start`` and left in ``on_*_batch_end``; the
   batches in between run the unpatched code, at no cost;
 * keeps each recorded batch as a :class:`StepRecord` in :attr:`RecorderCallback.last`
-  and :attr:`RecorderCallback.history`;
+  and :attr:`RecorderCallback.history`; the first recorded batch of each stage warns
+  (a :class:`~bcrecord.errors.RecordingWarning`) naming the targets it did not reach,
+  such as ``':forward:h'`` where ``training_step`` calls the layers, not ``self(x)``;
 * puts scalar summaries (``mean``, ``std``, ``min``, ``max`` of each tensor) into
   :attr:`RecorderCallback.callback_metrics` and ``trainer.callback_metrics``, under
   ``'bcrecord/<stage>/<key>/<stat>'``, so ``ModelCheckpoint`` or ``EarlyStopping``
@@ -38,6 +40,9 @@ Training steps do repeat: a fit resumed from a checkpoint saves again the steps 
 earlier fit saved after that checkpoint, and a fresh fit into the same folder starts at
 step 0 again; :func:`bcrecord.load` returns both values of such a step, in the order
 saved, and the callback warns (a :class:`~bcrecord.errors.RecordingWarning`) naming them.
+The callback keeps nothing in checkpoints (a checkpoint made with it resumes without it,
+and Lightning asks for no callback): a fit resumed with ``ckpt_path=`` numbers its
+validation batches from 0 again, unless ``save_dir`` holds the earlier ones.
 
 Works with ``lightning`` (``lightning.pytorch``) and with ``pytorch_lightning``:
 ``pip install 'bcrecord[lightning]'``.
@@ -107,6 +112,13 @@ __all__ = ["RecorderCallback", "StepRecord", "STAGES", "summarize", "channel_mea
 STAGES: Tuple[str, ...] = ("fit", "validate", "test", "predict")
 #: The stages a run of each kind may record (a fit validates too).
 _RUNS: Dict[str, Tuple[str, ...]] = {"fit": ("fit", "validate")}
+#: The LightningModule method that runs each stage's batches.
+_STEP_METHODS: Dict[str, str] = {
+    "fit": "training_step",
+    "validate": "validation_step",
+    "test": "test_step",
+    "predict": "predict_step",
+}
 #: The statistics logged for each recorded tensor.
 STATS: Tuple[str, ...] = ("mean", "std", "min", "max")
 
@@ -417,6 +429,7 @@ class RecorderCallback(pl.Callback):  # type: ignore[misc]
         self._last_fit_step: Optional[int] = None
         self._writers: Dict[str, Writer] = {}
         self._warned: set = set()  # keys whose values were saved as their repr
+        self._checked: set = set()  # stages whose first recorded batch was checked for unreached targets
 
     # --- public helpers --------------------------------------------------------
 
@@ -548,12 +561,31 @@ class RecorderCallback(pl.Callback):  # type: ignore[misc]
             if found:
                 for stat, number in summarize(found[-1]).items():
                     record_.metrics[self._metric_name(stage, key, stat)] = number
+        if complete and stage not in self._checked:
+            self._checked.add(stage)
+            self._warn_of_unreached_targets(stage, record_)
         self.last = record_
         self.history.append(record_)
         if self.save_dir is not None and values:
             self._writer(stage).write(values, step=step, unsavable=self._unsavable)
         rec.clear()  # the values live on in the StepRecord only
         return record_
+
+    def _warn_of_unreached_targets(self, stage: str, record_: StepRecord) -> None:
+        """Say which targets the first recorded batch of ``stage`` did not reach: a method its step
+        never calls (a ``forward`` that ``training_step`` bypasses) records nothing, silently else."""
+        unreached = [
+            target for target, keys in record_.targets.items() if not any(k in record_ for k in keys)
+        ]
+        if not unreached:
+            return
+        step = _STEP_METHODS[stage]
+        warn(
+            f"RecorderCallback: the first recorded {stage} batch did not reach "
+            f"{', '.join(map(repr, unreached))}: a method {step} does not call (a forward it bypasses, "
+            f"calling the layers itself), or a branch not taken; those targets are recorded only in "
+            f"batches that reach them (stages= chooses the stages to record; stages now: {list(self.stages)})"
+        )
 
     def _metric_name(self, stage: str, key: str, stat: str) -> str:
         name = f"{self.prefix}/{stage}/{key}"

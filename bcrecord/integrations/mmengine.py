@@ -218,6 +218,8 @@ unknown recorder type 'LayerRecorder'; use type='FunctionRecorder' ...
         if target is None or (isinstance(target, str) and not target.strip()):
             example = "target='outputs'" if kind == "FunctionRecorder" else "target='self.linear1.weight'"
             raise _fail(where, f"{kind} needs a 'target' naming what to record, e.g. {example}")
+        if isinstance(target, str) and target.count(":") == 2:
+            raise _fail(where, _key_as_target(kind, target))
         model = config.get("model") or ""
         if not isinstance(model, str) or (model and not _PATH.match(model)):
             raise _fail(
@@ -236,6 +238,29 @@ unknown recorder type 'LayerRecorder'; use type='FunctionRecorder' ...
             raise _fail(where, str(error)) from error
         parsed.append(RecorderConfig(position, config, model, method, owner, spec))
     return parsed
+
+
+def _key_as_target(kind: str, key: str) -> str:
+    """What to write instead of a MessageHub key given as a ``target``: the recorder that makes it.
+
+    >>> _key_as_target('FunctionRecorder', 'resnet:_forward_impl:x@1')
+    "target='resnet:_forward_impl:x@1' is a key, '<owner>:<method>:<target>'; the recorder that \
+publishes it is dict(type='FunctionRecorder', model='resnet', method='_forward_impl', target='x', index=[1])"
+    """
+    owner, method, rest = key.split(":")
+    target, _, index = rest.partition("@")
+    parts = [f"type={kind!r}"]
+    if owner and owner != ROOT_OWNER:
+        parts.append(f"model={owner!r}")
+    if method and method != "forward":
+        parts.append(f"method={method!r}")
+    parts.append(f"target={target!r}")
+    if index.isdigit():
+        parts.append(f"index=[{int(index)}]")
+    return (
+        f"target={key!r} is a key, '<owner>:<method>:<target>'; the recorder that publishes it is "
+        f"dict({', '.join(parts)})"
+    )
 
 
 _MISSING = object()
@@ -551,6 +576,9 @@ class RecorderHook(Hook):
             through the runner's logger at ``before_run``.
         loops: the loops to record in: ``'train'`` (default), ``'val'``,
             ``'test'``, or several.
+        every_n_iters: record every ``every_n_iters``-th iteration of each recorded loop
+            (training: ``runner.iter % every_n_iters == 0``; validation and test: their
+            running count); the others run the original code, publish and save nothing.
         interval: write buffered records every ``interval`` iterations (or
             epochs with ``by_epoch=True``). Records are also written at the end
             of each loop, of the run, and when the run fails or is interrupted,
@@ -603,6 +631,7 @@ class RecorderHook(Hook):
         by_epoch: bool = False,
         visualize: Union[bool, Mapping[str, Any], None] = None,
         copy: str = "clone",
+        every_n_iters: int = 1,
     ) -> None:
         # Recorder dicts are checked at before_run, where the model is known.
         self.recorders = recorders
@@ -612,6 +641,7 @@ class RecorderHook(Hook):
         self.print_modification = bool(print_modification)
         self.loops = _loops(loops)
         self.interval = _positive(interval, "interval")
+        self.every_n_iters = _positive(every_n_iters, "every_n_iters")
         self.by_epoch = bool(by_epoch)
         if copy not in COPY_POLICIES:
             raise SpecError(f"copy must be one of {COPY_POLICIES}, got {copy!r}")
@@ -701,6 +731,7 @@ class RecorderHook(Hook):
                         self._counts[loop] = max(self._counts.get(loop, 0), saved + 1)
         self._wrap_loops(runner)
         self._warn_of_epochs_that_never_end(runner)
+        self._warn_of_loops_that_do_not_run(runner)
         where = f"; records go to {self._save_root}/<loop>" if self._save_root is not None else ""
         runner.logger.info(
             f"RecorderHook: recording {len(self._keys)} keys in the {'/'.join(self.loops)} loop(s){where}: "
@@ -718,6 +749,16 @@ class RecorderHook(Hook):
                 "RecorderHook: by_epoch=True, but training is iteration-based (IterBasedTrainLoop runs "
                 "one epoch): every recorded training iteration is kept in memory and written when "
                 f"training ends; give by_epoch=False to write every interval={self.interval} iterations"
+            )
+
+    def _warn_of_loops_that_do_not_run(self, runner: Runner) -> None:
+        """Say so when none of ``loops`` runs in this run: ``runner.test()`` (``tools/test.py``) with
+        the default ``loops='train'`` would record nothing, silently."""
+        built = list(self._built_loops(runner))
+        if built and not any(loop in built for loop in self.loops):
+            runner.logger.warning(
+                f"RecorderHook: loops={list(self.loops)}, but this run runs the {'/'.join(built)} loop(s): "
+                f"nothing will be recorded; give loops={[*self.loops, *built]} to record them too"
             )
 
     def after_run(self, runner: Runner) -> None:
@@ -906,24 +947,45 @@ class RecorderHook(Hook):
 
     # iterations ----------------------------------------------------------------------
 
-    def _start(self, mode: str) -> None:
+    def _start(self, runner: Runner, mode: str) -> None:
         if mode not in self.loops or not self._patches:
             return
+        count = runner.iter if mode == "train" else self._counts.get(mode, 0)
+        if count % self.every_n_iters:
+            return  # (an iteration not recorded runs the original code: no recording is active)
         if self._recording is not None:  # an iteration that never reached its after_*_iter
             self._recording.__exit__(None, None, None)
         self._recording = recording(copy=self.copy, keep="last", only=self._patches).__enter__()
 
+    def _step(self, runner: Runner, mode: str) -> int:
+        """This iteration's step: ``runner.iter`` in training, else the loop's running count
+        (counting every iteration, recorded or not)."""
+        if mode == "train":
+            return runner.iter
+        step = self._counts.get(mode, 0)
+        self._counts[mode] = step + 1
+        return step
+
     def _stop(self, runner: Runner, mode: str, batch_idx: int) -> None:
         rec, self._recording = self._recording, None
-        if rec is None:
+        if mode not in self.loops or not self._patches:
             return
+        step = self._step(runner, mode)
+        if rec is not None:
+            self._publish(runner, mode, step, rec)
+        if not self.by_epoch:  # (every iteration: a recorded one may never be the interval's last)
+            due = (
+                self.every_n_train_iters(runner, self.interval)
+                if mode == "train"
+                else self.every_n_inner_iters(batch_idx, self.interval)
+            )
+            if due:
+                self._flush(runner, mode)
+
+    def _publish(self, runner: Runner, mode: str, step: int, rec: Recording) -> None:
+        """Publish a recorded iteration's values to the MessageHub; buffer and draw them."""
         rec.__exit__(None, None, None)
         values = dict(rec.items())
-        if mode == "train":
-            step = runner.iter
-        else:
-            step = self._counts.get(mode, 0)
-            self._counts[mode] = step + 1
         for key, value in values.items():
             runner.message_hub.update_info(key, value, resumed=False)
         if mode not in self._checked:
@@ -938,28 +1000,21 @@ class RecorderHook(Hook):
                 )
         if mode in self._writers:
             self._buffers.setdefault(mode, []).append((step, {k: _to_cpu(v) for k, v in values.items()}))
-        if self.drawer is not None and (step + 1) % self.drawer.interval == 0:
+        # The drawer's interval counts recorded iterations (every_n_iters apart).
+        if self.drawer is not None and (step // self.every_n_iters + 1) % self.drawer.interval == 0:
             self.drawer.draw(runner, values, mode, step)
-        if not self.by_epoch:
-            due = (
-                self.every_n_train_iters(runner, self.interval)
-                if mode == "train"
-                else self.every_n_inner_iters(batch_idx, self.interval)
-            )
-            if due:
-                self._flush(runner, mode)
 
     def before_train_iter(self, runner: Runner, batch_idx: int, data_batch: DataBatch = None) -> None:
         """Start recording this training iteration."""
-        self._start("train")
+        self._start(runner, "train")
 
     def before_val_iter(self, runner: Runner, batch_idx: int, data_batch: DataBatch = None) -> None:
         """Start recording this validation iteration."""
-        self._start("val")
+        self._start(runner, "val")
 
     def before_test_iter(self, runner: Runner, batch_idx: int, data_batch: DataBatch = None) -> None:
         """Start recording this test iteration."""
-        self._start("test")
+        self._start(runner, "test")
 
     def after_train_iter(
         self, runner: Runner, batch_idx: int, data_batch: DataBatch = None, outputs: Any = None

@@ -1,4 +1,9 @@
-"""Copies of Hugging Face transformers' key/value caches for recordings.
+"""Hugging Face transformers: copies of key/value caches, and a recorder for attention.
+
+:func:`attention_recorder` patches the module-level ``eager_attention_forward`` a
+model's attention layers call, keys named by each layer's path, and refuses a model
+whose attention never calls it (``attn_implementation='sdpa'``, flash attention),
+which would record nothing.
 
 The core loads this module by name the first time a recording copies an object of
 transformers (a model's output, a cache). It registers how a ``Cache``
@@ -26,8 +31,9 @@ Under ``'detach'`` and ``'none'`` a cache is kept as it is (as any object withou
 from __future__ import annotations
 
 import copy as _copy_module
+import inspect
 import types
-from typing import Any, Dict, Iterator, Set
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Set, Tuple, Union
 
 try:
     import torch
@@ -39,9 +45,15 @@ except ImportError:
 else:
     _HAS_CACHES = True
 
+from ..errors import TargetError
+from ..patch import Patch, patch_function
 from ..runtime import copy_value, register_copy
+from ..specs import SpecLike
 
-__all__: list = []
+__all__ = ["attention_recorder"]
+
+#: The module-level function every transformers 5 model's eager attention path calls.
+ATTENTION_FUNCTION = "eager_attention_forward"
 
 
 def _tensors(value: Any, seen: Set[int]) -> Iterator[torch.Tensor]:
@@ -85,3 +97,93 @@ def _copied_cache(cache: Cache) -> Cache:
 
 if _HAS_CACHES:
     register_copy(Cache, "clone", _copied_cache)
+
+
+def _attention_modules(model: Any) -> List[Tuple[str, Any, Callable[..., Any]]]:
+    """``(path, module, function)`` for each module whose ``forward`` calls a module-level
+    ``eager_attention_forward`` (looked up in the globals of the module's own code)."""
+    found = []
+    for path, module in model.named_modules():
+        forward = getattr(type(module), "forward", None)
+        if not callable(forward):
+            continue
+        forward = inspect.unwrap(forward)  # (transformers decorates forwards)
+        code = getattr(forward, "__code__", None)
+        if code is not None and ATTENTION_FUNCTION in code.co_names:
+            function = getattr(forward, "__globals__", {}).get(ATTENTION_FUNCTION)
+            if callable(function):
+                found.append((path, module, function))
+    return found
+
+
+def _implementation(model: Any, module: Any) -> Optional[str]:
+    """The attention implementation a module runs (its own config's, else the model's)."""
+    config = getattr(module, "config", None) or getattr(model, "config", None)
+    return getattr(config, "_attn_implementation", None)
+
+
+def attention_recorder(
+    model: Any, specs: Union[SpecLike, Iterable[SpecLike]], function: Optional[Callable[..., Any]] = None
+) -> Patch:
+    """Patch the attention function ``model``'s layers call; each layer's keys named by its path.
+
+    ``function`` defaults to the ``eager_attention_forward`` the model's attention modules
+    call (one function; give it where the modules call several). A model that runs
+    another attention implementation (``'sdpa'``, the default, or flash attention) never
+    calls it: that raises :class:`~bcrecord.errors.TargetError` saying how to switch to
+    ``'eager'``, instead of a recording that stays empty. Use the returned patch as a
+    context manager, with ``bcrecord.recording(only=[patch])``.
+
+    >>> import torch, bcrecord
+    >>> from transformers import GPT2Config, GPT2LMHeadModel
+    >>> config = GPT2Config(n_layer=2, n_head=2, n_embd=8, vocab_size=10, n_positions=8,
+    ...                     bos_token_id=0, eos_token_id=0)
+    >>> gpt2 = GPT2LMHeadModel(config).eval()
+    >>> attention_recorder(gpt2, ["attn_weights@2"])  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    bcrecord.errors.TargetError: attention_recorder: GPT2LMHeadModel runs attn_implementation='sdpa' in ...
+    >>> gpt2.set_attn_implementation("eager")
+    >>> with attention_recorder(gpt2, ["attn_weights@2"]) as patch, bcrecord.recording(only=[patch]) as rec:
+    ...     _ = gpt2(torch.tensor([[1, 2, 3]]))
+    >>> rec["transformer.h.1.attn:eager_attention_forward:attn_weights@2"].shape
+    torch.Size([1, 2, 3, 3])
+    """
+    modules = _attention_modules(model)
+    functions = list(dict.fromkeys(f for _, _, f in modules))
+    name = type(model).__name__
+    if function is None:
+        if len(functions) != 1:
+            what = ", ".join(f"{f.__module__}.{f.__qualname__}" for f in functions) or "none"
+            raise TargetError(
+                f"attention_recorder: {name}'s attention modules call {len(functions)} "
+                f"{ATTENTION_FUNCTION} functions ({what}); "
+                + (
+                    "give function= to choose one"
+                    if functions
+                    else "a model that computes attention in its modules' forward: record their locals "
+                    "with bcrecord.torch.record(model, ['<path>:forward:attn_weights'])"
+                )
+            )
+        function = functions[0]
+    callers = [(path, module) for path, module, f in modules if f is function]
+    if not callers:
+        raise TargetError(
+            f"attention_recorder: no module of {name} calls {function.__module__}.{function.__qualname__}; "
+            f"its attention modules call: {', '.join(f'{f.__module__}.{f.__qualname__}' for f in functions)}"
+        )
+    running = {path: _implementation(model, module) for path, module in callers}
+    others = {path: kind for path, kind in running.items() if kind not in (None, "eager")}
+    if others:
+        # (SDPA and flash attention run fused kernels: the Python function never runs.)
+        kinds = " / ".join(sorted({repr(kind) for kind in others.values()}))
+        where = ", ".join(list(others)[:2]) + (f" and {len(others) - 2} more" if len(others) > 2 else "")
+        raise TargetError(
+            f"attention_recorder: {name} runs attn_implementation={kinds} in {where}: it never calls "
+            f"{function.__module__}.{function.__qualname__}, so nothing would be recorded; load it with "
+            "attn_implementation='eager' (from_pretrained(..., attn_implementation='eager')) or call "
+            "model.set_attn_implementation('eager') first"
+        )
+    paths = {id(module): path for path, module in model.named_modules()}
+    # The owner of a call is its first argument (the attention module); None: not recorded.
+    return patch_function(function, specs, name=lambda module: paths.get(id(module)))

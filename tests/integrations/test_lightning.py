@@ -338,6 +338,35 @@ def test_stages_filter(tmp_path):
     assert_clean(model)
 
 
+class BypassingNet(ConvNet):
+    """Its training_step calls the layers itself, never ``forward``; validation goes through ``forward``."""
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        hidden = torch.relu(self.conv(x))
+        return torch.nn.functional.cross_entropy(self.head(hidden.flatten(1)), y)
+
+
+def test_a_target_the_first_batch_of_a_stage_does_not_reach_is_named_in_a_warning(tmp_path):
+    model = BypassingNet()
+    callback = RecorderCallback([":forward:hidden", "conv"], log_to_logger=False)
+    with pytest.warns(bcrecord.RecordingWarning) as warned:
+        trainer(tmp_path, callback, max_steps=3, val_check_interval=3, limit_val_batches=2).fit(
+            model, loader(), loader(n=8, seed=5)
+        )
+    # Once, for training, whose step bypasses forward; validation_step calls forward and reaches it.
+    [message] = [str(w.message) for w in warned if w.category is bcrecord.RecordingWarning]
+    assert message.startswith(
+        "RecorderCallback: the first recorded fit batch did not reach ':forward:hidden': a method "
+        "training_step does not call"
+    )
+    assert [r.keys() for r in callback.records("fit")] == [["conv:forward:return"]] * 3
+    assert [sorted(r) for r in callback.records("validate")] == [
+        [":forward:hidden@0", "conv:forward:return"]
+    ] * 2
+    assert_clean(model)
+
+
 def test_validate_test_predict(tmp_path):
     model = ConvNet()
     callback = RecorderCallback(["conv", ":forward:logits"], every_n_steps=2, log_to_logger=False)

@@ -446,6 +446,20 @@ def test_resnet_forward_impl_records_each_assignment_of_x(tmp_path):
     assert_restored(model)
 
 
+def test_visualize_interval_counts_the_recorded_iterations(tmp_path):
+    torch.manual_seed(0)
+    hook = dict(
+        type="RecorderHook",
+        recorders=[RESNET_RECORDER],
+        every_n_iters=2,  # iterations 0 and 2 of 4 recorded
+        visualize=dict(keys=[X_KEYS[0]], interval=2),  # every 2nd of those: iteration 2
+    )
+    runner = make_runner(tmp_path, MMResNet(), [hook], data=ImageDataset(), batch_size=2)
+    runner.train()
+    images = Path(runner.log_dir) / "vis_data" / "vis_image"
+    assert sorted(path.name for path in images.iterdir()) == [f"{image_name(X_KEYS[0])}_2.png"]
+
+
 def test_issue_config_exactly(tmp_path, monkeypatch):
     """The whole config of the issue, save_dir='./work_dir' included, on a model it all applies to."""
     monkeypatch.chdir(tmp_path)
@@ -629,6 +643,18 @@ def test_the_docs_show_the_error_as_it_is():
             "MMResNet has no attribute 'resnt'; did you mean 'resnet'",
         ),
         (MMResNet, dict(RESNET_RECORDER, model="resnet.layer9"), "MiniResNet has no attribute 'layer9'"),
+        (
+            ToyModel,  # a key copied from the MessageHub: the recorder that publishes it
+            dict(type="FunctionRecorder", target=OUTPUTS),
+            f"target={OUTPUTS!r} is a key, '<owner>:<method>:<target>'; the recorder that publishes it is "
+            "dict(type='FunctionRecorder', target='outputs', index=[1])",
+        ),
+        (
+            MMResNet,
+            dict(type="FunctionRecorder", target=X_KEYS[2]),
+            "the recorder that publishes it is dict(type='FunctionRecorder', model='resnet', "
+            "method='_forward_impl', target='x', index=[2])",
+        ),
     ],
 )
 def test_bad_config_fails_at_before_run(tmp_path, model_class, recorder, message):
@@ -676,6 +702,8 @@ def test_bad_hook_arguments_fail_when_built():
         RecorderHook(PROPOSAL_RECORDERS, loops="trian")
     with pytest.raises(ValueError, match="interval must be a positive int"):
         RecorderHook(PROPOSAL_RECORDERS, interval=0)
+    with pytest.raises(ValueError, match="every_n_iters must be a positive int, got 0"):
+        RecorderHook(PROPOSAL_RECORDERS, every_n_iters=0)
     with pytest.raises(bcrecord.SpecError, match="save_dir is an empty string"):  # not the working directory
         RecorderHook(PROPOSAL_RECORDERS, save_dir="")
     with pytest.raises(ValueError, match="fewer than topk=20"):
@@ -830,6 +858,41 @@ def test_iteration_based_training_writes_every_interval_or_warns_that_it_cannot(
     assert bcrecord.load(records / "train").steps(OUTPUTS) == [0, 1, 2, 3, 4]
 
 
+def test_every_n_iters_records_every_n_th_iteration_and_writes_every_interval_all_the_same(tmp_path):
+    # interval=50 in MMEngine hooks means "every 50 iterations"; here that is every_n_iters, and
+    # interval is when buffered records are written: the two need not line up.
+    torch.manual_seed(0)
+    records = tmp_path / "records"
+    hook = dict(
+        type="RecorderHook",
+        recorders=PROPOSAL_RECORDERS,
+        loops=["train", "val"],
+        save_dir=str(records),
+        every_n_iters=2,
+        interval=3,
+    )
+    checker = Checker([OUTPUTS, WEIGHT], toy_snapshot)
+    saved = SavedSteps(records / "train")
+    runner = make_runner(tmp_path, ToyModel(), [hook, checker, saved], epochs=2, val=True)
+    runner.train()
+    train = checker.iters["train"]
+    # Training: iterations 0, 2, 4, 6 publish; the others leave the hub as it was.
+    for entry in train:
+        expected = toy_expected(entry)[OUTPUTS]
+        if entry["step"] % 2 == 0:
+            assert torch.allclose(entry["hub"][OUTPUTS], expected, rtol=1e-5, atol=1e-6)
+        else:
+            assert entry["hub"][OUTPUTS] is train[entry["step"] - 1]["hub"][OUTPUTS]
+    loaded = bcrecord.load(records / "train")
+    assert loaded.steps(OUTPUTS) == [0, 2, 4, 6]
+    for step, outputs in zip([0, 2, 4, 6], loaded[OUTPUTS], strict=True):
+        assert torch.equal(outputs, train[step]["hub"][OUTPUTS])
+    # Written after iterations 2 and 5 (interval=3: whatever is buffered then), the rest when training ends.
+    assert saved.seen == [[], [], [0, 2], [0, 2], [0, 2], [0, 2, 4], [0, 2, 4], [0, 2, 4]]
+    # Validation: two runs of 4 iterations, counted 0..7; every other one recorded.
+    assert bcrecord.load(records / "val").steps(OUTPUTS) == [0, 2, 4, 6]
+
+
 @pytest.mark.parametrize("policy", ["clone", "none"])
 def test_what_a_buffered_weight_is_saved_as_under_each_copy_policy(tmp_path, policy):
     # docs/mmengine.md: under 'none' (or 'detach') a CPU tensor is buffered as the model's own,
@@ -939,6 +1002,27 @@ def test_only_the_chosen_loops_record(tmp_path):
     assert runner.message_hub.get_info("runner_model:forward:loss@0") is None
     assert "the first val iteration did not reach runner_model:forward:loss@0" in log_text(runner)
     assert_restored(model)
+
+
+def test_a_run_that_runs_none_of_the_hook_s_loops_says_so(tmp_path):
+    # tools/test.py with the proposal's config, which names no loops: the default, 'train', never runs.
+    torch.manual_seed(0)
+    model = ToyModel()
+    hook = dict(type="RecorderHook", recorders=PROPOSAL_RECORDERS, save_dir=str(tmp_path / "records"))
+    runner = make_runner(tmp_path, model, [hook], test=True)
+    runner.test()
+    assert runner.message_hub.get_info(OUTPUTS) is None and not (tmp_path / "records").exists()
+    assert (
+        "RecorderHook: loops=['train'], but this run runs the test loop(s): nothing will be recorded; "
+        "give loops=['train', 'test'] to record them too"
+    ) in log_text(runner)
+    assert_restored(model)
+    # A run that runs one of them does not say it.
+    hook["loops"] = ["train", "test"]
+    runner = make_runner(tmp_path / "again", ToyModel(), [hook], test=True)  # (a log file of its own)
+    runner.test()
+    assert runner.message_hub.get_info(OUTPUTS).shape == (3, 1)
+    assert "nothing will be recorded" not in log_text(runner)
 
 
 def test_two_recorder_hooks_share_a_method(tmp_path):

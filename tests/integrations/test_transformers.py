@@ -19,6 +19,8 @@ from transformers.models.gpt2 import modeling_gpt2  # noqa: E402
 
 import bcrecord  # noqa: E402
 from bcrecord import runtime  # noqa: E402
+from bcrecord.errors import TargetError  # noqa: E402
+from bcrecord.integrations.transformers import attention_recorder  # noqa: E402
 from bcrecord.torch import record  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::Warning", "error::bcrecord.errors.RecordingWarning")
@@ -28,12 +30,6 @@ BERT_ATTENTION_CODE = modeling_bert.eager_attention_forward.__code__
 GPT2_BLOCK_CODE = modeling_gpt2.GPT2Block.forward.__code__
 GPT2_ATTN_FORWARD = modeling_gpt2.GPT2Attention.forward
 BERT_LAYER_CODE = modeling_bert.BertLayer.forward.__code__
-
-
-def attention_recorder(model, function, specs):
-    """The recipe: patch the module-level attention function, keys named by layer path."""
-    paths = {id(module): path for path, module in model.named_modules()}
-    return bcrecord.patch_function(function, specs, name=lambda module: paths.get(id(module)))
 
 
 @pytest.fixture(scope="module")
@@ -79,9 +75,7 @@ def assert_clean():
 def test_gpt2_attention_probabilities_equal_output_attentions(gpt2):
     ids = torch.randint(0, 100, (2, 7), generator=torch.Generator().manual_seed(1))
     with (
-        attention_recorder(
-            gpt2, modeling_gpt2.eager_attention_forward, ["attn_weights@0", "attn_weights@2"]
-        ) as patch,
+        attention_recorder(gpt2, ["attn_weights@0", "attn_weights@2"]) as patch,
         bcrecord.recording(only=[patch]) as attn,
         torch.no_grad(),
     ):
@@ -104,9 +98,7 @@ def test_gpt2_attention_probabilities_equal_output_attentions(gpt2):
 def test_gpt2_scores_before_softmax_equal_an_independent_computation(gpt2):
     ids = torch.randint(0, 100, (1, 6), generator=torch.Generator().manual_seed(2))
     with (
-        attention_recorder(
-            gpt2, modeling_gpt2.eager_attention_forward, ["attn_weights@0", "attn_weights@2"]
-        ) as patch,
+        attention_recorder(gpt2, ["attn_weights@0", "attn_weights@2"]) as patch,
         bcrecord.recording(only=[patch]) as attn,
         torch.no_grad(),
     ):
@@ -155,7 +147,7 @@ def test_gpt2_generate_records_every_decoding_step(gpt2):
     ids = torch.randint(1, 100, (1, 4), generator=torch.Generator().manual_seed(4))
     key = "transformer.h.1.attn:eager_attention_forward:attn_weights@2"
     with (
-        attention_recorder(gpt2, modeling_gpt2.eager_attention_forward, ["attn_weights@2"]) as patch,
+        attention_recorder(gpt2, ["attn_weights@2"]) as patch,
         bcrecord.recording(only=[patch]) as attn,
         torch.no_grad(),
     ):
@@ -197,7 +189,7 @@ def test_bert_attention_with_padding_and_hidden_states(bert):
         "encoder.layer.*.attention.self:forward:query_layer",
     ]
     with (
-        attention_recorder(bert, modeling_bert.eager_attention_forward, specs) as patch,
+        attention_recorder(bert, specs) as patch,
         bcrecord.recording(only=[patch]) as attn,
         record(bert, targets) as rec,
         torch.no_grad(),
@@ -259,20 +251,69 @@ def test_only_eager_attention_runs_the_python_function():
     torch.manual_seed(0)
     config = transformers.BertConfig(
         hidden_size=32,
-        num_hidden_layers=1,
+        num_hidden_layers=2,
         num_attention_heads=2,
         intermediate_size=64,
         vocab_size=50,
         attn_implementation="sdpa",
     )
     model = transformers.BertModel(config).eval()
+    ids = torch.randint(0, 50, (1, 4))
+    # Patched by hand, the function records nothing: SDPA never calls it.
     with (
-        attention_recorder(model, modeling_bert.eager_attention_forward, ["attn_weights@2"]) as patch,
+        bcrecord.patch_function(
+            modeling_bert.eager_attention_forward, ["attn_weights@2"], name="bert"
+        ) as patch,
         bcrecord.recording(only=[patch]) as attn,
         torch.no_grad(),
     ):
-        model(torch.randint(0, 50, (1, 4)))
-    assert len(attn) == 0  # SDPA never calls eager_attention_forward: use attn_implementation="eager"
+        model(ids)
+    assert len(attn) == 0
+    # attention_recorder says so before anything is patched, and how to switch.
+    with pytest.raises(TargetError) as refused:
+        attention_recorder(model, ["attn_weights@2"])
+    assert str(refused.value) == (
+        "attention_recorder: BertModel runs attn_implementation='sdpa' in encoder.layer.0.attention.self, "
+        "encoder.layer.1.attention.self: it never calls "
+        "transformers.models.bert.modeling_bert.eager_attention_forward, so nothing would be recorded; "
+        "load it with attn_implementation='eager' (from_pretrained(..., attn_implementation='eager')) or "
+        "call model.set_attn_implementation('eager') first"
+    )
+    assert_clean()
+    model.set_attn_implementation("eager")
+    with (
+        attention_recorder(model, ["attn_weights@2"]) as patch,
+        bcrecord.recording(only=[patch]) as attn,
+        torch.no_grad(),
+    ):
+        out = model(ids, output_attentions=True)
+    key = "encoder.layer.1.attention.self:eager_attention_forward:attn_weights@2"
+    assert torch.equal(attn[key], out.attentions[1])
+    assert_clean()
+
+
+def test_attention_recorder_names_the_function_it_cannot_find():
+    plain = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    with pytest.raises(TargetError, match=r"Sequential's attention modules call 0 eager_attention_forward"):
+        attention_recorder(plain, ["attn_weights@2"])
+    gpt2_function = modeling_gpt2.eager_attention_forward
+    bert = transformers.BertModel(
+        transformers.BertConfig(
+            hidden_size=8,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=8,
+            vocab_size=10,
+            attn_implementation="eager",
+        )
+    )
+    with pytest.raises(TargetError) as refused:
+        attention_recorder(bert, ["attn_weights@2"], function=gpt2_function)
+    assert str(refused.value) == (
+        "attention_recorder: no module of BertModel calls "
+        "transformers.models.gpt2.modeling_gpt2.eager_attention_forward; its attention modules call: "
+        "transformers.models.bert.modeling_bert.eager_attention_forward"
+    )
     assert_clean()
 
 
@@ -309,7 +350,7 @@ def test_gradient_checkpointing_records_the_recomputation_too(gpt2):
     model.train()
     ids = torch.tensor([[1, 2, 3, 4]])
     torch.manual_seed(3)
-    with attention_recorder(model, modeling_gpt2.eager_attention_forward, ["attn_weights@2"]):
+    with attention_recorder(model, ["attn_weights@2"]):
         with bcrecord.recording() as rec:
             out = model(ids, labels=ids)
             forward_only = {key: len(rec.all(key)) for key in rec.keys()}
