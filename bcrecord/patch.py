@@ -1487,6 +1487,9 @@ def _patch_method(
     patch = _attach(slot, obj, method, specs, name, default, method)
     try:
         _install(obj, method, installed)
+    except (AttributeError, TypeError) as error:  # a __setattr__ that refuses writes (a frozen class)
+        slot.release()
+        raise NotPatchableError(_write_refused(obj, method, error)) from error
     except BaseException:
         slot.release()
         raise
@@ -1513,6 +1516,27 @@ _LOOKED_UP_ON_THE_TYPE = frozenset(
     __buffer__ __release_buffer__ __instancecheck__ __subclasscheck__ __copy__ __getnewargs__
     __getnewargs_ex__""".split()
 )
+
+
+def _write_refused(holder: Any, attribute: str, error: BaseException) -> str:
+    """Why ``holder.attribute`` could not be replaced (its ``__setattr__`` raised ``error``),
+    and how to patch it all the same: in place, where no attribute is written.
+
+    >>> class Frozen(type):
+    ...     def __setattr__(cls, name, value):
+    ...         raise AttributeError("frozen")
+    >>> class Net(metaclass=Frozen):
+    ...     def forward(self, x):
+    ...         return x
+    >>> _write_refused(Net, "forward", AttributeError("frozen")).split("; ")[0]
+    "Net refuses to have its 'forward' replaced (AttributeError: frozen)"
+    """
+    shown = getattr(holder, "__name__", None) if isinstance(holder, (type, types.ModuleType)) else None
+    return (
+        f"{shown or _named(holder)} refuses to have its {attribute!r} replaced ({type(error).__name__}: "
+        f"{error}); nothing was patched. Patch the function in place instead, where no attribute "
+        f"is written: patch_method({shown or 'obj'}, {attribute!r}, specs, in_place=True)"
+    )
 
 
 def _instance_passed(obj: Any, raw: Any, own: Any, base: types.FunctionType) -> Any:

@@ -1655,6 +1655,44 @@ def test_a_method_a_class_gets_from_its_metaclass_is_refused_pointing_to_the_met
     assert rec.all("K:mm:x@0") == [2] and list(rec.keys()) == ["K:mm:x@0"]
 
 
+def test_a_class_or_module_that_refuses_attribute_writes_is_refused_clearly_and_left_as_it_was():
+    # A metaclass (or module class) whose __setattr__ raises: its own error, raw, said nothing
+    # of what to do. Now a NotPatchableError naming the way that writes no attribute.
+    class Frozen(type):
+        def __setattr__(cls, name, value):
+            raise AttributeError(f"{cls.__name__} is frozen")
+
+    class Net(metaclass=Frozen):
+        def forward(self, x):
+            y = x + 1
+            return y
+
+    class ReadOnly(types.ModuleType):
+        def __setattr__(self, name, value):
+            raise TypeError("read-only module")
+
+    module = ReadOnly("lazy")
+    exec("def g(a):\n    b = a * 2\n    return b\n", vars(module))
+    for holder, method, error in (
+        (Net, "forward", "AttributeError: Net is frozen"),
+        (module, "g", "TypeError"),
+    ):
+        function = vars(holder)[method]
+        code = function.__code__
+        with pytest.raises(
+            NotPatchableError, match=rf"refuses to have its '{method}' replaced \({error}"
+        ) as info:
+            bcrecord.patch_method(holder, method, "return")
+        assert f"patch_method({holder.__name__}, '{method}', specs, in_place=True)" in str(info.value)
+        assert vars(holder)[method] is function and function.__code__ is code
+        with bcrecord.recording() as rec:  # nothing left armed
+            getattr(holder, method)(*([Net()] if holder is Net else []), 1)
+        assert len(rec) == 0
+    with bcrecord.patch_method(Net, "forward", "y", in_place=True), bcrecord.recording() as rec:
+        assert Net().forward(1) == 2
+    assert rec.all("Net:forward:y@0") == [2]
+
+
 def test_a_special_method_only_type_has_is_refused_as_missing_not_sent_to_the_metaclass():
     # K(...) and isinstance(x, K) run type's C code: there is nothing in K to patch, and
     # patch_method(type, '__call__', ...) would fail too.
