@@ -804,6 +804,30 @@ class Patch:
     def __exit__(self, *exc: object) -> None:
         self.remove()
 
+    def __copy__(self) -> Patch:
+        """The patch itself: a copy would share its slot, and removing the copy would silence
+        it. (A patch is a change made to live objects, as a function is one object: ``copy``
+        and ``deepcopy`` of what holds patches, an extractor, a callback, keep them.)
+
+        >>> import copy
+        >>> def f(a):
+        ...     return a
+        >>> patch = patch_function(f, "return")
+        >>> copy.copy(patch) is patch, copy.deepcopy([patch])[0] is patch
+        (True, True)
+        >>> patch.remove()
+        """
+        return self
+
+    def __deepcopy__(self, memo: Dict[int, Any]) -> Patch:
+        return self
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise TypeError(
+            f"a Patch cannot be pickled: it is a change made to objects of this process ({self!r}); "
+            "pickle the recorded values (a Recording pickles) and patch again where they are loaded"
+        )
+
     def __repr__(self) -> str:
         # An instance by its class: its repr may be a whole model's, or fail half-built.
         where = f"{self.attribute!r} of {_named(self.target)}" if self.attribute else repr(self.target)

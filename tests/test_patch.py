@@ -1890,3 +1890,25 @@ def test_code_set_anew_on_the_class_runs_in_an_instance_patched_meanwhile():
     assert len(rec) == 0 and m.forward(2) == 102
     patch.remove()
     assert M.forward.__code__ is edited.__code__ and m.forward(1) == M().forward(1) == 101
+
+
+def test_a_copy_of_a_patch_is_the_patch_and_pickling_one_says_why_it_cannot():
+    # copy.copy(patch) made a second Patch sharing the slot: removing it released the
+    # original's sites, which stayed "active" and recorded nothing; pickling failed on code.
+    import copy
+    import pickle
+
+    def f(a):
+        x = a + 1
+        return x
+
+    patch = bcrecord.patch_function(f, "x", name="m")
+    holder = {"patches": [patch]}
+    assert copy.copy(patch) is patch and copy.deepcopy(holder)["patches"][0] is patch
+    with pytest.raises(TypeError, match=r"a Patch cannot be pickled: it is a change made to objects"):
+        pickle.dumps(holder)
+    with bcrecord.recording() as rec:
+        assert f(1) == 2
+    assert rec.all("m:f:x@0") == [2] and patch.active
+    copy.copy(patch).remove()
+    assert not patch.active and f.__code__ is patch.original_code
