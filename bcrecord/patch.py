@@ -286,7 +286,10 @@ def _why_not_a_function(obj: Any) -> str:
             f"e.g. patch_method({obj.__name__}, {method!r}, specs)"
         )
     if isinstance(obj, property):
-        return f"{name} is a property: patch its getter, patch_function({name}.fget, specs)"
+        # (Its setter's and deleter's values too, where it has them: a getter is not all it runs.)
+        others = " or ".join(f"{name}.{part}" for part in ("fset", "fdel") if getattr(obj, part) is not None)
+        also = f" (its setter or deleter: {others})" if others else ""
+        return f"{name} is a property: patch its getter, patch_function({name}.fget, specs){also}"
     if isinstance(obj, functools.cached_property):
         wrapped = obj.attrname or name
         return f"{wrapped} is a functools.cached_property: patch the function it wraps (its .func)"
@@ -1486,8 +1489,11 @@ def _patch_method(
                 owner = _OneClass.of(obj, owner, base)
         return _patch_in_place(raw, specs, owner, method, unwrap)
     if not isinstance(obj, (type, types.ModuleType)) and not hasattr(obj, "__dict__"):
+        cls = type(obj).__name__
         raise NotPatchableError(
-            f"{type(obj).__name__} instances have no __dict__ (uses __slots__?): patch the class instead"
+            f"{cls} instances have no __dict__ (uses __slots__?), so none can hold a method of its own: "
+            f"patch the class (patch_method({cls}, {method!r}, ...), with name= a function of the "
+            "instance to keep this one's values)"
         )
     if not isinstance(obj, (type, types.ModuleType)) and method in _LOOKED_UP_ON_THE_TYPE:
         # obj(x), len(obj)... look the method up on the type: an instance's own would never run.

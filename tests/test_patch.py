@@ -378,8 +378,41 @@ def test_not_patchable_targets_give_clear_errors():
             y = 1
             return y
 
-    with pytest.raises(NotPatchableError, match="__slots__"):
-        bcrecord.patch_method(Slotted(), "f", "y")
+    one = Slotted()
+    # It said only "patch the class instead", which records every instance: now how to keep one's.
+    message = (
+        r"Slotted instances have no __dict__ \(uses __slots__\?\), so none can hold a method of its own: "
+    )
+    message += (
+        r"patch the class \(patch_method\(Slotted, 'f', \.\.\.\), with name= a function of the instance"
+    )
+    with pytest.raises(NotPatchableError, match=message):
+        bcrecord.patch_method(one, "f", "y")
+    owner = lambda obj: "one" if obj is one else None  # noqa: E731
+    with bcrecord.patch_method(Slotted, "f", "y", name=owner), bcrecord.recording() as rec:
+        assert one.f() == Slotted().f() == 1
+    assert rec.all("one:f:y@0") == [1] and rec.keys() == ["one:f:y@0"]
+
+    class Settable:
+        @property
+        def size(self):
+            return 1
+
+        @size.setter
+        def size(self, value):
+            kept = value * 2
+            self.__dict__["kept"] = kept
+
+    # A property with a setter: the message named only the getter, whose values are not the setter's.
+    message = (
+        r"\.Settable\.size is a property: patch its getter, patch_function\(.*\.Settable\.size\.fget, specs\)"
+    )
+    message += r" \(its setter or deleter: .*\.Settable\.size\.fset\)$"
+    with pytest.raises(NotPatchableError, match=message):
+        bcrecord.patch_method(Settable, "size", "kept")
+    with bcrecord.patch_function(Settable.size.fset, "kept"), bcrecord.recording() as rec:
+        Settable().size = 4
+    assert rec.all("Settable:size:kept@0") == [8]
 
 
 class Parameter:
