@@ -286,7 +286,10 @@ def _why_not_a_function(obj: Any) -> str:
             f"e.g. patch_method({obj.__name__}, {method!r}, specs)"
         )
     if isinstance(obj, property):
-        return f"{name} is a property: patch its getter, patch_function({name}.fget, specs)"
+        # (Its setter's and deleter's values too, where it has them: a getter is not all it runs.)
+        others = " or ".join(f"{name}.{part}" for part in ("fset", "fdel") if getattr(obj, part) is not None)
+        also = f" (its setter or deleter: {others})" if others else ""
+        return f"{name} is a property: patch its getter, patch_function({name}.fget, specs){also}"
     if isinstance(obj, functools.cached_property):
         wrapped = obj.attrname or name
         return f"{wrapped} is a functools.cached_property: patch the function it wraps (its .func)"
@@ -803,6 +806,30 @@ class Patch:
 
     def __exit__(self, *exc: object) -> None:
         self.remove()
+
+    def __copy__(self) -> Patch:
+        """The patch itself: a copy would share its slot, and removing the copy would silence
+        it. (A patch is a change made to live objects, as a function is one object: ``copy``
+        and ``deepcopy`` of what holds patches, an extractor, a callback, keep them.)
+
+        >>> import copy
+        >>> def f(a):
+        ...     return a
+        >>> patch = patch_function(f, "return")
+        >>> copy.copy(patch) is patch, copy.deepcopy([patch])[0] is patch
+        (True, True)
+        >>> patch.remove()
+        """
+        return self
+
+    def __deepcopy__(self, memo: Dict[int, Any]) -> Patch:
+        return self
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        raise TypeError(
+            f"a Patch cannot be pickled: it is a change made to objects of this process ({self!r}); "
+            "pickle the recorded values (a Recording pickles) and patch again where they are loaded"
+        )
 
     def __repr__(self) -> str:
         # An instance by its class: its repr may be a whole model's, or fail half-built.
@@ -1462,8 +1489,11 @@ def _patch_method(
                 owner = _OneClass.of(obj, owner, base)
         return _patch_in_place(raw, specs, owner, method, unwrap)
     if not isinstance(obj, (type, types.ModuleType)) and not hasattr(obj, "__dict__"):
+        cls = type(obj).__name__
         raise NotPatchableError(
-            f"{type(obj).__name__} instances have no __dict__ (uses __slots__?): patch the class instead"
+            f"{cls} instances have no __dict__ (uses __slots__?), so none can hold a method of its own: "
+            f"patch the class (patch_method({cls}, {method!r}, ...), with name= a function of the "
+            "instance to keep this one's values)"
         )
     if not isinstance(obj, (type, types.ModuleType)) and method in _LOOKED_UP_ON_THE_TYPE:
         # obj(x), len(obj)... look the method up on the type: an instance's own would never run.
@@ -1487,6 +1517,9 @@ def _patch_method(
     patch = _attach(slot, obj, method, specs, name, default, method)
     try:
         _install(obj, method, installed)
+    except (AttributeError, TypeError) as error:  # a __setattr__ that refuses writes (a frozen class)
+        slot.release()
+        raise NotPatchableError(_write_refused(obj, method, error)) from error
     except BaseException:
         slot.release()
         raise
@@ -1513,6 +1546,27 @@ _LOOKED_UP_ON_THE_TYPE = frozenset(
     __buffer__ __release_buffer__ __instancecheck__ __subclasscheck__ __copy__ __getnewargs__
     __getnewargs_ex__""".split()
 )
+
+
+def _write_refused(holder: Any, attribute: str, error: BaseException) -> str:
+    """Why ``holder.attribute`` could not be replaced (its ``__setattr__`` raised ``error``),
+    and how to patch it all the same: in place, where no attribute is written.
+
+    >>> class Frozen(type):
+    ...     def __setattr__(cls, name, value):
+    ...         raise AttributeError("frozen")
+    >>> class Net(metaclass=Frozen):
+    ...     def forward(self, x):
+    ...         return x
+    >>> _write_refused(Net, "forward", AttributeError("frozen")).split("; ")[0]
+    "Net refuses to have its 'forward' replaced (AttributeError: frozen)"
+    """
+    shown = getattr(holder, "__name__", None) if isinstance(holder, (type, types.ModuleType)) else None
+    return (
+        f"{shown or _named(holder)} refuses to have its {attribute!r} replaced ({type(error).__name__}: "
+        f"{error}); nothing was patched. Patch the function in place instead, where no attribute "
+        f"is written: patch_method({shown or 'obj'}, {attribute!r}, specs, in_place=True)"
+    )
 
 
 def _instance_passed(obj: Any, raw: Any, own: Any, base: types.FunctionType) -> Any:

@@ -1449,6 +1449,8 @@ class Recording:
     #: Keep routes and cached sinks when leaving, to be entered again and again with
     #: its values emptied in between (:meth:`_empty`); freed by the cycle collector.
     _keeps_routes = False
+    #: A copy (pickle, ``copy``) of a recording made with ``only``: its patches stayed behind.
+    _copied_without_patches = False
 
     def __init__(
         self,
@@ -1496,6 +1498,11 @@ class Recording:
     def __enter__(self) -> Recording:
         if self._token is not None:
             raise RuntimeError("this recording is already active; make a new one to nest")
+        if self._copied_without_patches:  # it would record nothing, silently
+            raise RuntimeError(
+                "this recording is a copy (pickled or copied) of one made with only=, whose patches "
+                "a copy does not hold: it keeps the values; to record, enter a new recording(only=...)"
+            )
         outer = _context.get()[0].own
         routing = self._kept
         if routing is None or routing.own[:-1] != outer:
@@ -1795,6 +1802,39 @@ class Recording:
         self.errors.clear()
         self.failures.clear()
         self._reroute()
+
+    def __getstate__(self) -> Dict[str, Any]:
+        """What a pickle or a copy (``copy.copy``, ``copy.deepcopy``) of a recording holds.
+
+        Its values, errors and settings as they are now (inside its block: those so far),
+        not being entered: where it is entered is this context's, and the patches of
+        ``only`` this process's. A copy of its values' lists, so the copy keeps them as
+        they were when it was made.
+
+        >>> import copy, pickle, bcrecord
+        >>> with bcrecord.recording(keep=2) as rec:
+        ...     rec.add("m:f:x@0", 1)
+        ...     snapshot = copy.deepcopy(rec)
+        ...     rec.add("m:f:x@0", 2)
+        >>> snapshot.all("m:f:x@0"), snapshot.active, pickle.loads(pickle.dumps(rec)).all("m:f:x@0")
+        ([1], False, [1, 2])
+        """
+        self._settle()
+        state = self.__dict__.copy()
+        state.update(
+            _data={key: _copy_module.copy(values) for key, values in self._data.items()},
+            errors=list(self.errors),
+            failures=dict(self.failures),
+            _warned=set(self._warned),
+            _token=None,
+            _routing=None,
+            _kept=None,
+            _armed_for=None,
+            _included=_WeakRegistry(),
+        )
+        if self._only is not None:
+            state.update(_only=set(), _only_held=[], _copied_without_patches=True)
+        return state
 
     def __repr__(self) -> str:
         state = "active" if self.active else "inactive"

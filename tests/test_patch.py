@@ -378,8 +378,41 @@ def test_not_patchable_targets_give_clear_errors():
             y = 1
             return y
 
-    with pytest.raises(NotPatchableError, match="__slots__"):
-        bcrecord.patch_method(Slotted(), "f", "y")
+    one = Slotted()
+    # It said only "patch the class instead", which records every instance: now how to keep one's.
+    message = (
+        r"Slotted instances have no __dict__ \(uses __slots__\?\), so none can hold a method of its own: "
+    )
+    message += (
+        r"patch the class \(patch_method\(Slotted, 'f', \.\.\.\), with name= a function of the instance"
+    )
+    with pytest.raises(NotPatchableError, match=message):
+        bcrecord.patch_method(one, "f", "y")
+    owner = lambda obj: "one" if obj is one else None  # noqa: E731
+    with bcrecord.patch_method(Slotted, "f", "y", name=owner), bcrecord.recording() as rec:
+        assert one.f() == Slotted().f() == 1
+    assert rec.all("one:f:y@0") == [1] and rec.keys() == ["one:f:y@0"]
+
+    class Settable:
+        @property
+        def size(self):
+            return 1
+
+        @size.setter
+        def size(self, value):
+            kept = value * 2
+            self.__dict__["kept"] = kept
+
+    # A property with a setter: the message named only the getter, whose values are not the setter's.
+    message = (
+        r"\.Settable\.size is a property: patch its getter, patch_function\(.*\.Settable\.size\.fget, specs\)"
+    )
+    message += r" \(its setter or deleter: .*\.Settable\.size\.fset\)$"
+    with pytest.raises(NotPatchableError, match=message):
+        bcrecord.patch_method(Settable, "size", "kept")
+    with bcrecord.patch_function(Settable.size.fset, "kept"), bcrecord.recording() as rec:
+        Settable().size = 4
+    assert rec.all("Settable:size:kept@0") == [8]
 
 
 class Parameter:
@@ -1655,6 +1688,44 @@ def test_a_method_a_class_gets_from_its_metaclass_is_refused_pointing_to_the_met
     assert rec.all("K:mm:x@0") == [2] and list(rec.keys()) == ["K:mm:x@0"]
 
 
+def test_a_class_or_module_that_refuses_attribute_writes_is_refused_clearly_and_left_as_it_was():
+    # A metaclass (or module class) whose __setattr__ raises: its own error, raw, said nothing
+    # of what to do. Now a NotPatchableError naming the way that writes no attribute.
+    class Frozen(type):
+        def __setattr__(cls, name, value):
+            raise AttributeError(f"{cls.__name__} is frozen")
+
+    class Net(metaclass=Frozen):
+        def forward(self, x):
+            y = x + 1
+            return y
+
+    class ReadOnly(types.ModuleType):
+        def __setattr__(self, name, value):
+            raise TypeError("read-only module")
+
+    module = ReadOnly("lazy")
+    exec("def g(a):\n    b = a * 2\n    return b\n", vars(module))
+    for holder, method, error in (
+        (Net, "forward", "AttributeError: Net is frozen"),
+        (module, "g", "TypeError"),
+    ):
+        function = vars(holder)[method]
+        code = function.__code__
+        with pytest.raises(
+            NotPatchableError, match=rf"refuses to have its '{method}' replaced \({error}"
+        ) as info:
+            bcrecord.patch_method(holder, method, "return")
+        assert f"patch_method({holder.__name__}, '{method}', specs, in_place=True)" in str(info.value)
+        assert vars(holder)[method] is function and function.__code__ is code
+        with bcrecord.recording() as rec:  # nothing left armed
+            getattr(holder, method)(*([Net()] if holder is Net else []), 1)
+        assert len(rec) == 0
+    with bcrecord.patch_method(Net, "forward", "y", in_place=True), bcrecord.recording() as rec:
+        assert Net().forward(1) == 2
+    assert rec.all("Net:forward:y@0") == [2]
+
+
 def test_a_special_method_only_type_has_is_refused_as_missing_not_sent_to_the_metaclass():
     # K(...) and isinstance(x, K) run type's C code: there is nothing in K to patch, and
     # patch_method(type, '__call__', ...) would fail too.
@@ -1852,3 +1923,25 @@ def test_code_set_anew_on_the_class_runs_in_an_instance_patched_meanwhile():
     assert len(rec) == 0 and m.forward(2) == 102
     patch.remove()
     assert M.forward.__code__ is edited.__code__ and m.forward(1) == M().forward(1) == 101
+
+
+def test_a_copy_of_a_patch_is_the_patch_and_pickling_one_says_why_it_cannot():
+    # copy.copy(patch) made a second Patch sharing the slot: removing it released the
+    # original's sites, which stayed "active" and recorded nothing; pickling failed on code.
+    import copy
+    import pickle
+
+    def f(a):
+        x = a + 1
+        return x
+
+    patch = bcrecord.patch_function(f, "x", name="m")
+    holder = {"patches": [patch]}
+    assert copy.copy(patch) is patch and copy.deepcopy(holder)["patches"][0] is patch
+    with pytest.raises(TypeError, match=r"a Patch cannot be pickled: it is a change made to objects"):
+        pickle.dumps(holder)
+    with bcrecord.recording() as rec:
+        assert f(1) == 2
+    assert rec.all("m:f:x@0") == [2] and patch.active
+    copy.copy(patch).remove()
+    assert not patch.active and f.__code__ is patch.original_code

@@ -1823,3 +1823,38 @@ def test_carry_runs_an_async_generator_inside_the_recordings_and_keeps_coroutine
     assert results == {"numbers": (0, 2, ["a", "b"]), "work": 14}
     assert sorted(rec.all("c:f:x@0")) == [-2, -2, 0, 0, 2, 14]
     assert inspect.iscoroutinefunction(carried[1]) and carried[1].__name__ == "work"
+
+
+def test_a_recording_pickles_and_copies_as_a_snapshot_of_its_values_inside_its_block_and_after():
+    # Inside its block, pickle and deepcopy failed on the context's token; after a block with
+    # only=, on the patches' code; copy.copy shared the token and the lists still growing.
+    import pickle
+
+    def f(a):
+        x = a * 2
+        return x
+
+    patch = bcrecord.patch_function(f, "x", name="m")
+    try:
+        with bcrecord.recording(keep=2) as rec:
+            f(1)
+            pickled, deep, shallow = pickle.dumps(rec), copy.deepcopy(rec), copy.copy(rec)
+            f(2)
+            f(3)
+        assert rec.all("m:f:x@0") == [4, 6]
+        for snapshot in (pickle.loads(pickled), deep, shallow):
+            assert (snapshot.all("m:f:x@0"), snapshot.active, snapshot.keep) == ([2], False, 2)
+        with shallow:  # an ordinary recording again, apart from the original
+            f(4)
+        assert shallow.all("m:f:x@0") == [2, 8] and rec.all("m:f:x@0") == [4, 6]
+
+        with bcrecord.recording(only=[patch]) as only:
+            f(5)
+        loaded = pickle.loads(pickle.dumps(only))
+        assert loaded.all("m:f:x@0") == [10]
+        # Its patches stay in this process: entered, it would record nothing.
+        with pytest.raises(RuntimeError, match=r"a copy \(pickled or copied\) of one made with only="):
+            loaded.__enter__()
+        assert not loaded.active
+    finally:
+        patch.remove()
