@@ -302,7 +302,8 @@ def _check_in_code(target: RunTarget, code: types.CodeType, where: str) -> None:
     found = [c for name, c in functions if name == target.qualname]
     if not found:
         if target.path[0] not in code.co_names:
-            raise RunError(f"target {target.text!r}: {where} never defines {target.path[0]!r}")
+            hint = did_you_mean(target.path[0], _last_bindings(code)[0])  # (a misspelt class or function)
+            raise RunError(f"target {target.text!r}: {where} never defines {target.path[0]!r}{hint}")
         # 'outer.inner' where inner is a def inside outer: a local of each call, out of the
         # module's reach, unless something sets that attribute (a decorator's result may be
         # anything, so only a def nested in a function is refused here).

@@ -289,6 +289,12 @@ def test_run_target_in_a_module_imported_later(project):
         (["-r", "helper:twice:nosuch", "prog.py"], "no assignment to a local named 'nosuch'"),
         (["-r", "helper:nope:x", "prog.py"], "module helper never defines 'nope'"),
         (["-r", "__main__:nope:x", "prog.py"], "prog.py never defines 'nope'"),
+        # A misspelt function or class, in the program or in a module: the names it does define.
+        (
+            ["-r", "__main__:acumulate:acc", "prog.py"],
+            "never defines 'acumulate'; did you mean 'accumulate'?",
+        ),
+        (["-r", "helper:scaler.scale:out", "prog.py"], "never defines 'scaler'; did you mean 'Scaler'?"),
         (["-r", "helper:twice:y@3", "prog.py"], "there is no index 3"),
         (["-r", "helper:twice", "prog.py"], "needs three parts"),
         (["-r", "helper:Scaler.scael:out", "prog.py"], "has no attribute 'scael'; did you mean 'scale'?"),
