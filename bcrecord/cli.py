@@ -143,6 +143,13 @@ def _positive(text: str) -> int:
 def _resolved(path: str) -> Tuple[Any, Any]:
     """:func:`resolve_path` for a command: ``'__main__'`` there is bcrecord's command line."""
     module_name, _, attr_path = path.partition(":")
+    function, colon, spec = attr_path.partition(":")
+    if colon:  # a `bcrecord run` target pasted whole: its attribute lookup would fail on 'forward:x'
+        raise BcrecordError(
+            f"{path!r} ends with a spec, as a `bcrecord run` target does: here the function comes "
+            f"alone, '{module_name}:{function}', and specs after it ('bcrecord show "
+            f"{module_name}:{function} {spec}')"
+        )
     if module_name == "__main__":
         raise BcrecordError(
             f"{path!r}: name a script by its module name ('prog:{attr_path}' for prog.py, from its "
@@ -208,6 +215,11 @@ def _unloaded_notes(function: str, code: types.CodeType, specs: Sequence[str]) -
 
 def _show(args: argparse.Namespace) -> int:
     base = function_of(_recordable(args.path))
+    if not args.specs:  # (checked here, after the path: a run target's spec part is said first)
+        raise BcrecordError(
+            f"give the specs to show after the path, e.g. 'bcrecord show {args.path} return' "
+            f"('bcrecord targets {args.path}' lists them)"
+        )
     with _patched(args.path, args.specs, args.name or "show") as patch:
         print(f"{base.__qualname__}: {len(patch.keys)} probe(s): {', '.join(patch.keys)}")
         for note in _unloaded_notes(base.__qualname__, patch.original_code, args.specs):
@@ -357,7 +369,7 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(run=_targets, parser=p)
     p = commands.add_parser("show", help="show the patched disassembly for some specs")
     p.add_argument("path", help="package.module:Class.method or package.module:function")
-    p.add_argument("specs", nargs="+", help="specs such as x@1, self.fc.weight, return")
+    p.add_argument("specs", nargs="*", help="specs such as x@1, self.fc.weight, return (one at least)")
     p.add_argument("--name", help="owner part of keys (default: show)")
     p.set_defaults(run=_show, parser=p)
 

@@ -118,6 +118,14 @@ def test_targets_and_show_take_a_property_as_run_records_it(project):
         (["targets", "./pkg/tool.py:main"], "not a file (e.g. 'pkg.tool:main', from the folder"),
         (["show", "helper:twice", "nosuch"], "no assignment to a local named 'nosuch'"),
         (["show", "helper:twice", "y@9"], "there is no index 9"),
+        # A `bcrecord run` target pasted whole: the function and its specs, apart.
+        (
+            ["targets", "helper:Scaler.scale:out@1"],
+            "ends with a spec, as a `bcrecord run` target does: here the function comes alone, "
+            "'helper:Scaler.scale', and specs after it ('bcrecord show helper:Scaler.scale out@1')",
+        ),
+        (["show", "helper:twice:y"], "the function comes alone, 'helper:twice'"),
+        (["show", "helper:twice"], "give the specs to show after the path, e.g. 'bcrecord show helper:twice"),
     ],
 )
 def test_targets_and_show_bad_input(project, args, words):
