@@ -91,7 +91,11 @@ def resolve_path(path: str) -> Tuple[Any, Any]:
     try:
         owner: Any = importlib.import_module(module_name)
     except ImportError as error:
-        raise BcrecordError(f"cannot import module {module_name!r}: {error}") from None
+        from .runner import close_modules
+
+        # (a module its import misses is its own business: no hint for that one)
+        hint = close_modules(module_name) if getattr(error, "name", None) == module_name else ""
+        raise BcrecordError(f"cannot import module {module_name!r}: {error}{hint}") from None
     except (Exception, SystemExit) as error:
         # The module itself raises on import (a SyntaxError, its own errors), or exits: a
         # script that parses its arguments at import (no `if __name__ == "__main__":`).

@@ -259,6 +259,28 @@ def _module_spec(name: str) -> Optional[importlib.machinery.ModuleSpec]:
     return spec
 
 
+def close_modules(name: str) -> str:
+    """``"; did you mean 'a', 'b'?"`` for the modules named close to module ``name``, which is not
+    there (a misspelt ``mymdo``, ``pkg.trian``), or ``''``: the end of a message. Looks for them
+    in ``sys.path`` or in the parent package's folders, importing nothing.
+
+    >>> close_modules("json.decodr")
+    "; did you mean 'json.decoder', 'json.encoder', 'json.scanner'?"
+    >>> close_modules("jsn").startswith("; did you mean 'json'"), close_modules("zzzzzz")
+    (True, '')
+    """
+    parent, _, _ = name.rpartition(".")
+    if parent:
+        spec = _module_spec(parent)
+        locations = spec.submodule_search_locations if spec is not None else None
+        if locations is None:
+            return ""  # (the parent is missing too: said of it)
+        found = [f"{parent}.{module.name}" for module in pkgutil.iter_modules(list(locations))]
+    else:
+        found = [module.name for module in pkgutil.iter_modules()] + list(sys.builtin_module_names)
+    return did_you_mean(name, found)
+
+
 def _module_code(spec: importlib.machinery.ModuleSpec) -> Optional[types.CodeType]:
     """The module's code object, if its loader can give it without running it."""
     get_code = getattr(spec.loader, "get_code", None)
@@ -471,7 +493,7 @@ is found with PYTHONPATH set to its folder)
                 )
                 raise RunError(
                     f"target {target.text!r}: no module named {target.module!r}"
-                    + (script if target.module.endswith(".py") else path)
+                    + (script if target.module.endswith(".py") else path + close_modules(target.module))
                 )
             code = _module_code(spec)
         if code is not None:
@@ -1160,6 +1182,24 @@ def safe_path() -> bool:
     return _versions.current().safe_path_flag and bool(flags.safe_path)  # type: ignore[attr-defined]
 
 
+def _close_files(path: str) -> str:
+    """``"; did you mean 'train.py'?"`` for the files in ``path``'s folder named close to it (as
+    ``path`` gives the folder), or ``''``.
+
+    >>> import tempfile
+    >>> folder = tempfile.mkdtemp()
+    >>> open(os.path.join(folder, "train.py"), "w").close()
+    >>> _close_files(os.path.join(folder, "trian.py")) == f"; did you mean '{folder}/train.py'?"
+    True
+    """
+    folder, name = os.path.split(path)
+    try:
+        names = os.listdir(folder or os.curdir)
+    except OSError:  # (no such folder either)
+        return ""
+    return did_you_mean(path, [os.path.join(folder, found) for found in names])
+
+
 def _program(program: str, args: Sequence[str], is_module: bool) -> _Program:
     if is_module:
         argv = sys.argv
@@ -1182,7 +1222,7 @@ def _program(program: str, args: Sequence[str], is_module: bool) -> _Program:
         finally:
             sys.argv = argv
         if spec is None:
-            raise RunError(f"no module named {program!r}")
+            raise RunError(f"no module named {program!r}{close_modules(program)}")
         code = _module_code(spec)
         return _Program(
             program, True, [program, *args], _working_directory(), ("__main__", name), code, f"module {name}"
@@ -1190,7 +1230,7 @@ def _program(program: str, args: Sequence[str], is_module: bool) -> _Program:
     if program == "-":
         return _stdin_program(args)
     if not os.path.exists(program):
-        raise RunError(f"no such file: {program!r}")
+        raise RunError(f"no such file: {program!r}{_close_files(program)}")
     if not os.path.isdir(program) and not os.path.isfile(program):
         # A pipe (`bcrecord run ... <(generate)`, /dev/stdin, a FIFO) can be read once: read it
         # now and run what was read, as python reads it once (runpy would find it empty).

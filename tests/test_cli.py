@@ -111,6 +111,7 @@ def test_targets_and_show_take_a_property_as_run_records_it(project):
     [
         (["targets", "no_colon"], "expected 'package.module:Class.method'"),
         (["targets", "no_such_module_xyz:f"], "cannot import module 'no_such_module_xyz'"),
+        (["targets", "helpr:twice"], "No module named 'helpr'; did you mean 'helper'"),
         (["targets", "helper:nope"], "has no attribute 'nope'"),
         (["targets", "helper:Scaler.scael"], "has no attribute 'scael'; did you mean 'scale'?"),
         (["targets", ".helper:twice"], "give the module's absolute name (no leading dot)"),

@@ -310,6 +310,12 @@ def test_run_target_in_a_module_imported_later(project):
         (["-r", "no_such_module_xyz:f:x", "prog.py"], "no module named 'no_such_module_xyz'"),
         (["-r", "pkg.no_such:f:x", "prog.py"], "no module named 'pkg.no_such'"),
         (["-r", "helper:twice:y", "no_such_script.py"], "no such file: 'no_such_script.py'"),
+        # Misspelt modules and scripts: the close names there are.
+        (["-r", "helpr:twice:y", "prog.py"], "its folder); did you mean 'helper'"),
+        (["-r", "pkg.tol:main:x", "prog.py"], "no module named 'pkg.tol' on sys.path"),
+        (["-r", "pkg.tol:main:x", "prog.py"], "; did you mean 'pkg.tool'?"),
+        (["-r", "helper:twice:y", "prg.py"], "no such file: 'prg.py'; did you mean 'prog.py'"),
+        (["-r", "helper:twice:y", "-m", "pkg.tol"], "no module named 'pkg.tol'; did you mean 'pkg.tool'?"),
         (["-r", "helper:twice:y", "-m", "no_such_module_xyz"], "no module named 'no_such_module_xyz'"),
         (["-r", "helper:twice:y"], "no program given"),
     ],
