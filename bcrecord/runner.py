@@ -177,6 +177,24 @@ class RunTarget:
         return ".".join(self.path)
 
 
+def _module_dotted_in(dotted: str, spec: str) -> List[str]:
+    """The target meant where a module's name runs on into its function with a dot
+    (``'pkg.mod.Net.forward:x'``): ``["'pkg.mod:Net.forward:x' (...)"]`` for the longest
+    importable module ``dotted`` starts with, found without importing it; or ``[]``.
+
+    >>> _module_dotted_in("json.decoder.JSONDecoder.decode", "obj")
+    ["'json.decoder:JSONDecoder.decode:obj' (function JSONDecoder.decode of module json.decoder)"]
+    """
+    parts = dotted.split(".")
+    if not all(part.isidentifier() for part in parts):
+        return []
+    for end in range(len(parts) - 1, 0, -1):
+        module, function = ".".join(parts[:end]), ".".join(parts[end:])
+        if _module_spec(module) is not None:
+            return [f"'{module}:{function}:{spec}' (function {function} of module {module})"]
+    return []
+
+
 def parse_target(text: str) -> RunTarget:
     """Parse ``'package.module:Class.method:spec'`` or ``'package.module:function:spec'``.
 
@@ -198,7 +216,8 @@ pkg.mod:forward' lists its specs)
         if first == "__main__":
             guesses = [f"'{text}:return' ({second}, defined in the script; any spec of it works)"]
         else:
-            guesses = [f"'__main__:{text}' (spec {second!r} of {first}, defined in the script)"]
+            guesses = _module_dotted_in(first, second)
+            guesses.append(f"'__main__:{text}' (spec {second!r} of {first}, defined in the script)")
             if dotted:
                 guesses.append(
                     f"'{text}:return' (function {second} of module {first}; "

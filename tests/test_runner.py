@@ -297,6 +297,12 @@ def test_run_target_in_a_module_imported_later(project):
         (["-r", "helper:scaler.scale:out", "prog.py"], "never defines 'scaler'; did you mean 'Scaler'?"),
         (["-r", "helper:twice:y@3", "prog.py"], "there is no index 3"),
         (["-r", "helper:twice", "prog.py"], "needs three parts"),
+        # The module's name run on into its class with a dot: the target meant comes first.
+        (
+            ["-r", "helper.Scaler.scale:out", "prog.py"],
+            "needs three parts, 'package.module:Class.method:SPEC': 'helper:Scaler.scale:out' "
+            "(function Scaler.scale of module helper) or '__main__:helper.Scaler.scale:out'",
+        ),
         (["-r", "helper:Scaler.scael:out", "prog.py"], "has no attribute 'scael'; did you mean 'scale'?"),
         (
             ["-r", "prog.py:accumulate:acc", "prog.py"],
