@@ -41,10 +41,12 @@ import contextlib
 import importlib
 import json
 import os
+import platform
 import sys
 import types
 from typing import Any, List, Optional, Sequence, Tuple
 
+from . import __version__
 from .errors import BcrecordError, did_you_mean, shown
 from .listing import decompiled, side_by_side
 from .patch import (
@@ -366,6 +368,9 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="bcrecord", description="Record intermediate values inside Python functions and PyTorch models."
     )
+    # (for a bug report: which bcrecord, on which Python)
+    python = platform.python_version()
+    parser.add_argument("--version", action="version", version=f"bcrecord {__version__} (Python {python})")
     commands = parser.add_subparsers(dest="command", required=True)
     p = commands.add_parser("targets", help="list everything recordable in a function")
     p.add_argument("path", help="package.module:Class.method or package.module:function")

@@ -6,12 +6,15 @@
 """
 
 import json
+import platform
 import py_compile
 import shlex
 import subprocess
 import sys
 
 import pytest
+
+import bcrecord
 
 from .commands import ROOT, _env, cli, one_clear_line
 
@@ -185,6 +188,13 @@ def test_help_and_console_entry(project):
         result = cli(*args, cwd=project)
         assert result.returncode == 0 and "usage: bcrecord" in result.stdout, (args, result.stderr)
     assert "--save-dir" in cli("run", "--help").stdout
+
+
+def test_version_says_which_bcrecord_on_which_python():
+    # `bcrecord --version` (what a bug report asks for) was an error: "arguments are required: command".
+    result = cli("--version")
+    python = platform.python_version()
+    assert (result.returncode, result.stdout) == (0, f"bcrecord {bcrecord.__version__} (Python {python})\n")
 
 
 @pytest.mark.parametrize("command", [["targets", "helper:Scaler"], ["show", "helper:Scaler", "out"]])
