@@ -75,6 +75,7 @@ import itertools
 import math
 import os
 import pkgutil
+import re
 import runpy
 import shlex
 import signal
@@ -247,8 +248,30 @@ pkg.mod:forward' lists its specs)
     try:
         spec = parse(spec_text)
     except BcrecordError as error:
-        raise RunError(f"bad target {text!r}: {error}") from None
+        raise RunError(f"bad target {text!r}: {error}{_one_spec_each(module, qualname, spec_text)}") from None
     return RunTarget(text, module, path, spec)
+
+
+def _one_spec_each(module: str, qualname: str, spec_text: str) -> str:
+    """For several specs in one target (``'m:f:x,y'``, ``'m:f:x y'``): the ``--record`` options to
+    give instead, one spec each; else ``''``.
+
+    >>> _one_spec_each("m", "C.f", "out@[0, 1],self.w")
+    " (one spec a target: --record 'm:C.f:out@[0, 1]' --record 'm:C.f:self.w')"
+    >>> _one_spec_each("m", "C.f", "self..w")
+    ''
+    """
+    # Split at commas and spaces outside an index list ('x@[0, 2]' is one spec).
+    parts = [p for p in re.split(r"[,\s]+(?![^\[]*\])", spec_text) if p]
+    if len(parts) < 2:
+        return ""
+    try:
+        for part in parts:
+            parse(part)
+    except BcrecordError:
+        return ""
+    options = " ".join(f"--record '{module}:{qualname}:{part}'" for part in parts)  # (names: no quotes)
+    return f" (one spec a target: {options})"
 
 
 # --- checking targets before anything runs --------------------------------------------

@@ -297,6 +297,12 @@ def test_run_target_in_a_module_imported_later(project):
         (["-r", "helper:scaler.scale:out", "prog.py"], "never defines 'scaler'; did you mean 'Scaler'?"),
         (["-r", "helper:twice:y@3", "prog.py"], "there is no index 3"),
         (["-r", "helper:twice", "prog.py"], "needs three parts"),
+        # Two specs in one target: one --record each.
+        (
+            ["-r", "helper:Scaler.scale:out@[0, 1], self.factor", "prog.py"],
+            "(one spec a target: --record 'helper:Scaler.scale:out@[0, 1]' "
+            "--record 'helper:Scaler.scale:self.factor')",
+        ),
         # The module's name run on into its class with a dot: the target meant comes first.
         (
             ["-r", "helper.Scaler.scale:out", "prog.py"],
