@@ -72,8 +72,14 @@ def resolve_path(path: str) -> Tuple[Any, Any]:
     """
     module_name, sep, attr_path = path.partition(":")
     if not sep or not module_name or not attr_path:
+        from .runner import split_module
+
+        split = (
+            split_module(path) if not sep else None
+        )  # ('pkg.mod.Net.forward': the module's colon left out)
+        hint = f"; did you mean '{split[0]}:{split[1]}'?" if split else ""
         raise BcrecordError(
-            f"expected 'package.module:Class.method' or 'package.module:function', got {path!r}"
+            f"expected 'package.module:Class.method' or 'package.module:function', got {path!r}{hint}"
         )
     # A file (a module named 'x.py' is a submodule 'py' of package 'x': only if no such file).
     if (

@@ -178,22 +178,22 @@ class RunTarget:
         return ".".join(self.path)
 
 
-def _module_dotted_in(dotted: str, spec: str) -> List[str]:
-    """The target meant where a module's name runs on into its function with a dot
-    (``'pkg.mod.Net.forward:x'``): ``["'pkg.mod:Net.forward:x' (...)"]`` for the longest
-    importable module ``dotted`` starts with, found without importing it; or ``[]``.
+def split_module(dotted: str) -> Optional[Tuple[str, str]]:
+    """``(module, function)`` where a module's name runs on into its function with a dot
+    (``'pkg.mod.Net.forward'``, for ``'pkg.mod:Net.forward'``): the longest importable module
+    ``dotted`` starts with, found without importing it; or None.
 
-    >>> _module_dotted_in("json.decoder.JSONDecoder.decode", "obj")
-    ["'json.decoder:JSONDecoder.decode:obj' (function JSONDecoder.decode of module json.decoder)"]
+    >>> split_module("json.decoder.JSONDecoder.decode"), split_module("nosuch.f")
+    (('json.decoder', 'JSONDecoder.decode'), None)
     """
     parts = dotted.split(".")
     if not all(part.isidentifier() for part in parts):
-        return []
+        return None
     for end in range(len(parts) - 1, 0, -1):
-        module, function = ".".join(parts[:end]), ".".join(parts[end:])
+        module = ".".join(parts[:end])
         if _module_spec(module) is not None:
-            return [f"'{module}:{function}:{spec}' (function {function} of module {module})"]
-    return []
+            return module, ".".join(parts[end:])
+    return None
 
 
 def parse_target(text: str) -> RunTarget:
@@ -217,7 +217,12 @@ pkg.mod:forward' lists its specs)
         if first == "__main__":
             guesses = [f"'{text}:return' ({second}, defined in the script; any spec of it works)"]
         else:
-            guesses = _module_dotted_in(first, second)
+            split = split_module(first)
+            guesses = (
+                [f"'{split[0]}:{split[1]}:{second}' (function {split[1]} of module {split[0]})"]
+                if split
+                else []
+            )
             guesses.append(f"'__main__:{text}' (spec {second!r} of {first}, defined in the script)")
             if dotted:
                 guesses.append(

@@ -113,6 +113,10 @@ def test_targets_and_show_take_a_property_as_run_records_it(project):
     "args, words",
     [
         (["targets", "no_colon"], "expected 'package.module:Class.method'"),
+        (
+            ["targets", "helper.Scaler.scale"],
+            "got 'helper.Scaler.scale'; did you mean 'helper:Scaler.scale'?",
+        ),
         (["targets", "no_such_module_xyz:f"], "cannot import module 'no_such_module_xyz'"),
         (["targets", "helpr:twice"], "No module named 'helpr'; did you mean 'helper'"),
         (["targets", "helper:nope"], "has no attribute 'nope'"),
