@@ -117,6 +117,7 @@ def test_targets_and_show_take_a_property_as_run_records_it(project):
             ["targets", "helper.Scaler.scale"],
             "got 'helper.Scaler.scale'; did you mean 'helper:Scaler.scale'?",
         ),
+        (["targets", "helper.py"], "got 'helper.py'; a function of it is 'helper:FUNCTION', from its folder"),
         (["targets", "no_such_module_xyz:f"], "cannot import module 'no_such_module_xyz'"),
         (["targets", "helpr:twice"], "No module named 'helpr'; did you mean 'helper'"),
         (["targets", "helper:nope"], "has no attribute 'nope'"),
