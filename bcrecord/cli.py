@@ -247,6 +247,15 @@ def _show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _a_record_option(arg: str) -> bool:
+    """Whether ``arg`` is ``run``'s ``--record`` (``-r T``, ``--record=T``, ``-rm:f:x``).
+
+    >>> [_a_record_option(a) for a in ("-r", "--record=m:f:x", "-rm:f:x", "-rate", "--rec")]
+    [True, True, True, False, False]
+    """
+    return arg in ("-r", "--record") or arg.startswith("--record=") or (arg.startswith("-r") and ":" in arg)
+
+
 def _run(args: argparse.Namespace) -> int:
     from . import runner
 
@@ -256,6 +265,15 @@ def _run(args: argparse.Namespace) -> int:
             "or - [args...] (the program on stdin)"
         )
     program, rest = (args.module, args.args) if args.module is not None else (args.args[0], args.args[1:])
+    if not args.record:
+        late = [arg for arg in rest if _a_record_option(arg)]
+        if late:  # (after the script they are the program's, as with python -m cProfile)
+            shown_program = f"-m {program}" if args.module else program
+            raise runner.RunError(
+                f"{late[0]} comes after the program, which takes it as its own: bcrecord's options go "
+                f"before it, bcrecord run --record TARGET ... {shown_program} [args ...]"
+            )
+        args.parser.error("the following arguments are required: -r/--record")
     return runner.run(
         args.record,
         program,
@@ -410,7 +428,6 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="TARGET",
-        required=True,
         help="what to record (repeat for more)",
     )
     p.add_argument(

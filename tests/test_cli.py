@@ -195,6 +195,21 @@ def test_help_and_console_entry(project):
     assert "--save-dir" in cli("run", "--help").stdout
 
 
+def test_run_options_given_after_the_script_are_said_to_go_before_it(project):
+    # `bcrecord run prog.py -r T` gave "the following arguments are required: -r/--record".
+    cases = [
+        (["prog.py", "a", "-r", "helper:twice:y"], "-r", "prog.py"),
+        (["-m", "pkg.tool", "--record=helper:twice:y"], "--record=helper:twice:y", "-m pkg.tool"),
+    ]
+    for args, option, program in cases:
+        assert one_clear_line(cli("run", *args, cwd=project)) == (
+            f"bcrecord: {option} comes after the program, which takes it as its own: bcrecord's options "
+            f"go before it, bcrecord run --record TARGET ... {program} [args ...]"
+        )
+    none = cli("run", "prog.py", cwd=project)  # no target at all: argparse's usage, as before
+    assert none.returncode == 2 and "the following arguments are required: -r/--record" in none.stderr
+
+
 def test_version_says_which_bcrecord_on_which_python():
     # `bcrecord --version` (what a bug report asks for) was an error: "arguments are required: command".
     result = cli("--version")
