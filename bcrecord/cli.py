@@ -467,7 +467,7 @@ def _parser() -> argparse.ArgumentParser:
         "directory",
         metavar="DIR",
         type=os.path.expanduser,
-        help="a directory written by bcrecord run --save-dir",
+        help="a records directory (bcrecord run --save-dir, bcrecord demo, bcrecord.save, a training hook)",
     )
     p.add_argument("--no-plots", action="store_true", help="only print the summary table")
     p.add_argument(
