@@ -187,7 +187,17 @@ def _recordable(path: str) -> Any:
     return found.fget if isinstance(found, property) and found.fget is not None else found
 
 
+def _stripped(path: str) -> str:
+    """``path`` without spaces around its parts, as ``bcrecord run`` reads a target.
+
+    >>> _stripped(" pkg.mod : Net.forward ")
+    'pkg.mod:Net.forward'
+    """
+    return ":".join(part.strip() for part in path.split(":"))
+
+
 def _targets(args: argparse.Namespace) -> int:
+    args.path = _stripped(args.path)
     found = targets(_recordable(args.path))
     print(json.dumps(found.as_dict(), indent=2) if args.json else found)
     return 0
@@ -228,6 +238,7 @@ def _unloaded_notes(function: str, code: types.CodeType, specs: Sequence[str]) -
 
 
 def _show(args: argparse.Namespace) -> int:
+    args.path = _stripped(args.path)
     base = function_of(_recordable(args.path))
     if not args.specs:  # (checked here, after the path: a run target's spec part is said first)
         raise BcrecordError(

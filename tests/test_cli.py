@@ -210,6 +210,14 @@ def test_run_options_given_after_the_script_are_said_to_go_before_it(project):
     assert none.returncode == 2 and "the following arguments are required: -r/--record" in none.stderr
 
 
+def test_targets_and_show_take_a_path_with_spaces_around_its_parts_as_run_does(project):
+    # 'helper: Scaler.scale ' was "module has no attribute ' Scaler'"; run takes such a target.
+    listed = cli("targets", "helper: Scaler.scale ", cwd=project)
+    assert listed.returncode == 0 and listed.stdout.startswith("Scaler.scale(self, v)\n"), listed.stderr
+    shown = cli("show", " helper :Scaler.scale", "out@1", cwd=project)
+    assert shown.returncode == 0 and shown.stdout.startswith("Scaler.scale: 1 probe(s): show:scale:out@1\n")
+
+
 def test_version_says_which_bcrecord_on_which_python():
     # `bcrecord --version` (what a bug report asks for) was an error: "arguments are required: command".
     result = cli("--version")
