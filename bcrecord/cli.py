@@ -6,7 +6,7 @@ Subcommands:
 * ``bcrecord show pkg.mod:Class.method SPEC...`` — original and patched
   disassembly side by side, inserted probes marked (plus decompiled source where
   the optional ``depyf`` is installed).
-* ``bcrecord run --record TARGET... [--save-dir DIR] [--every N] script.py [args...]``
+* ``bcrecord run --record TARGET... [--save-dir DIR] [--every N] [--copy POLICY] [-q] script.py [args...]``
   (or ``-m package.module [args...]``, or ``- [args...]``: the program read from stdin) —
   runs an unmodified program with the targets patched from the start, saving every N-th
   value (see :mod:`bcrecord.runner`).
@@ -423,7 +423,7 @@ def _parser() -> argparse.ArgumentParser:
         "run",
         help="run a program (like python -m cProfile) recording targets, optionally saving them",
         usage="bcrecord run --record TARGET [--record TARGET ...] [--save-dir DIR] [--every N]\n"
-        "                    (script.py | -m package.module | -) [args ...]",
+        "                    [--copy POLICY] [-q] (script.py | -m package.module | -) [args ...]",
         description="Run an unmodified script or module with functions patched from the start. "
         "A program '-' is read from stdin, as python - reads it. "
         "Its arguments, output and exit status pass through unchanged (but for status 2 "

@@ -193,6 +193,13 @@ def test_help_and_console_entry(project):
         result = cli(*args, cwd=project)
         assert result.returncode == 0 and "usage: bcrecord" in result.stdout, (args, result.stderr)
     assert "--save-dir" in cli("run", "--help").stdout
+    # run's usage (its own, to show the program's part) names every option: --copy and -q were missing.
+    usage = cli("run", "--help").stdout.split("\n\n")[0]
+    assert all(option in usage for option in ("--record", "--save-dir", "--every", "--copy", "-q", "-m")), (
+        usage
+    )
+    # view's DIR: the demo's folder is one too (its help named `bcrecord run --save-dir` alone).
+    assert "bcrecord demo" in " ".join(cli("view", "--help").stdout.split())
 
 
 def test_run_options_given_after_the_script_are_said_to_go_before_it(project):
