@@ -74,12 +74,11 @@ def resolve_path(path: str) -> Tuple[Any, Any]:
     if not sep or not module_name or not attr_path:
         from .runner import split_module
 
-        # 'pkg.mod.Net.forward': the module's colon left out; 'train.py': a script, no module 'train'
-        # with a function 'py'.
-        split = split_module(path) if not sep and not path.endswith(".py") else None
-        hint = f"; did you mean '{split[0]}:{split[1]}'?" if split else ""
-        if path.endswith(".py"):
+        if path.endswith(".py"):  # a script: no module 'train' with a function 'py'
             hint = f"; a function of it is '{os.path.basename(path)[:-3]}:FUNCTION', from its folder"
+        else:  # 'pkg.mod.Net.forward': the module's colon left out
+            split = split_module(path) if not sep else None
+            hint = f"; did you mean '{split[0]}:{split[1]}'?" if split else ""
         raise BcrecordError(
             f"expected 'package.module:Class.method' or 'package.module:function', got {path!r}{hint}"
         )
