@@ -1239,7 +1239,7 @@ def _close_files(path: str) -> str:
     >>> _close_files(os.path.join(folder, "trian.py")) == f"; did you mean '{folder}/train.py'?"
     True
     """
-    folder, name = os.path.split(path)
+    folder = os.path.dirname(path)
     try:
         names = os.listdir(folder or os.curdir)
     except OSError:  # (no such folder either)
