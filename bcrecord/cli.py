@@ -6,7 +6,7 @@ Subcommands:
 * ``bcrecord show pkg.mod:Class.method SPEC...`` — original and patched
   disassembly side by side, inserted probes marked (plus decompiled source where
   the optional ``depyf`` is installed).
-* ``bcrecord run --record TARGET... [--save-dir DIR] [--every N] script.py [args...]``
+* ``bcrecord run --record TARGET... [--save-dir DIR] [--every N] [--copy POLICY] [-q] script.py [args...]``
   (or ``-m package.module [args...]``, or ``- [args...]``: the program read from stdin) —
   runs an unmodified program with the targets patched from the start, saving every N-th
   value (see :mod:`bcrecord.runner`).
@@ -41,10 +41,12 @@ import contextlib
 import importlib
 import json
 import os
+import platform
 import sys
 import types
 from typing import Any, List, Optional, Sequence, Tuple
 
+from . import __version__
 from .errors import BcrecordError, did_you_mean, shown
 from .listing import decompiled, side_by_side
 from .patch import (
@@ -70,8 +72,15 @@ def resolve_path(path: str) -> Tuple[Any, Any]:
     """
     module_name, sep, attr_path = path.partition(":")
     if not sep or not module_name or not attr_path:
+        from .runner import split_module
+
+        if path.endswith(".py"):  # a script: no module 'train' with a function 'py'
+            hint = f"; a function of it is '{os.path.basename(path)[:-3]}:FUNCTION', from its folder"
+        else:  # 'pkg.mod.Net.forward': the module's colon left out
+            split = split_module(path) if not sep else None
+            hint = f"; did you mean '{split[0]}:{split[1]}'?" if split else ""
         raise BcrecordError(
-            f"expected 'package.module:Class.method' or 'package.module:function', got {path!r}"
+            f"expected 'package.module:Class.method' or 'package.module:function', got {path!r}{hint}"
         )
     # A file (a module named 'x.py' is a submodule 'py' of package 'x': only if no such file).
     if (
@@ -91,7 +100,11 @@ def resolve_path(path: str) -> Tuple[Any, Any]:
     try:
         owner: Any = importlib.import_module(module_name)
     except ImportError as error:
-        raise BcrecordError(f"cannot import module {module_name!r}: {error}") from None
+        from .runner import close_modules
+
+        # (a module its import misses is its own business: no hint for that one)
+        hint = close_modules(module_name) if getattr(error, "name", None) == module_name else ""
+        raise BcrecordError(f"cannot import module {module_name!r}: {error}{hint}") from None
     except (Exception, SystemExit) as error:
         # The module itself raises on import (a SyntaxError, its own errors), or exits: a
         # script that parses its arguments at import (no `if __name__ == "__main__":`).
@@ -143,6 +156,13 @@ def _positive(text: str) -> int:
 def _resolved(path: str) -> Tuple[Any, Any]:
     """:func:`resolve_path` for a command: ``'__main__'`` there is bcrecord's command line."""
     module_name, _, attr_path = path.partition(":")
+    function, colon, spec = attr_path.partition(":")
+    if colon:  # a `bcrecord run` target pasted whole: its attribute lookup would fail on 'forward:x'
+        raise BcrecordError(
+            f"{path!r} ends with a spec, as a `bcrecord run` target does: here the function comes "
+            f"alone, '{module_name}:{function}', and specs after it ('bcrecord show "
+            f"{module_name}:{function} {spec}')"
+        )
     if module_name == "__main__":
         raise BcrecordError(
             f"{path!r}: name a script by its module name ('prog:{attr_path}' for prog.py, from its "
@@ -166,7 +186,17 @@ def _recordable(path: str) -> Any:
     return found.fget if isinstance(found, property) and found.fget is not None else found
 
 
+def _stripped(path: str) -> str:
+    """``path`` without spaces around its parts, as ``bcrecord run`` reads a target.
+
+    >>> _stripped(" pkg.mod : Net.forward ")
+    'pkg.mod:Net.forward'
+    """
+    return ":".join(part.strip() for part in path.split(":"))
+
+
 def _targets(args: argparse.Namespace) -> int:
+    args.path = _stripped(args.path)
     found = targets(_recordable(args.path))
     print(json.dumps(found.as_dict(), indent=2) if args.json else found)
     return 0
@@ -207,7 +237,13 @@ def _unloaded_notes(function: str, code: types.CodeType, specs: Sequence[str]) -
 
 
 def _show(args: argparse.Namespace) -> int:
+    args.path = _stripped(args.path)
     base = function_of(_recordable(args.path))
+    if not args.specs:  # (checked here, after the path: a run target's spec part is said first)
+        raise BcrecordError(
+            f"give the specs to show after the path, e.g. 'bcrecord show {args.path} return' "
+            f"('bcrecord targets {args.path}' lists them)"
+        )
     with _patched(args.path, args.specs, args.name or "show") as patch:
         print(f"{base.__qualname__}: {len(patch.keys)} probe(s): {', '.join(patch.keys)}")
         for note in _unloaded_notes(base.__qualname__, patch.original_code, args.specs):
@@ -221,6 +257,15 @@ def _show(args: argparse.Namespace) -> int:
     return 0
 
 
+def _a_record_option(arg: str) -> bool:
+    """Whether ``arg`` is ``run``'s ``--record`` (``-r T``, ``--record=T``, ``-rm:f:x``).
+
+    >>> [_a_record_option(a) for a in ("-r", "--record=m:f:x", "-rm:f:x", "-rate", "--rec")]
+    [True, True, True, False, False]
+    """
+    return arg in ("-r", "--record") or arg.startswith("--record=") or (arg.startswith("-r") and ":" in arg)
+
+
 def _run(args: argparse.Namespace) -> int:
     from . import runner
 
@@ -230,6 +275,15 @@ def _run(args: argparse.Namespace) -> int:
             "or - [args...] (the program on stdin)"
         )
     program, rest = (args.module, args.args) if args.module is not None else (args.args[0], args.args[1:])
+    if not args.record:
+        late = [arg for arg in rest if _a_record_option(arg)]
+        if late:  # (after the script they are the program's, as with python -m cProfile)
+            shown_program = f"-m {program}" if args.module else program
+            raise runner.RunError(
+                f"{late[0]} comes after the program, which takes it as its own: bcrecord's options go "
+                f"before it, bcrecord run --record TARGET ... {shown_program} [args ...]"
+            )
+        args.parser.error("the following arguments are required: -r/--record")
     return runner.run(
         args.record,
         program,
@@ -350,6 +404,9 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="bcrecord", description="Record intermediate values inside Python functions and PyTorch models."
     )
+    # (for a bug report: which bcrecord, on which Python)
+    python = platform.python_version()
+    parser.add_argument("--version", action="version", version=f"bcrecord {__version__} (Python {python})")
     commands = parser.add_subparsers(dest="command", required=True)
     p = commands.add_parser("targets", help="list everything recordable in a function")
     p.add_argument("path", help="package.module:Class.method or package.module:function")
@@ -357,7 +414,7 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(run=_targets, parser=p)
     p = commands.add_parser("show", help="show the patched disassembly for some specs")
     p.add_argument("path", help="package.module:Class.method or package.module:function")
-    p.add_argument("specs", nargs="+", help="specs such as x@1, self.fc.weight, return")
+    p.add_argument("specs", nargs="*", help="specs such as x@1, self.fc.weight, return (one at least)")
     p.add_argument("--name", help="owner part of keys (default: show)")
     p.set_defaults(run=_show, parser=p)
 
@@ -365,7 +422,7 @@ def _parser() -> argparse.ArgumentParser:
         "run",
         help="run a program (like python -m cProfile) recording targets, optionally saving them",
         usage="bcrecord run --record TARGET [--record TARGET ...] [--save-dir DIR] [--every N]\n"
-        "                    (script.py | -m package.module | -) [args ...]",
+        "                    [--copy POLICY] [-q] (script.py | -m package.module | -) [args ...]",
         description="Run an unmodified script or module with functions patched from the start. "
         "A program '-' is read from stdin, as python - reads it. "
         "Its arguments, output and exit status pass through unchanged (but for status 2 "
@@ -381,7 +438,6 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="TARGET",
-        required=True,
         help="what to record (repeat for more)",
     )
     p.add_argument(
@@ -421,7 +477,7 @@ def _parser() -> argparse.ArgumentParser:
         "directory",
         metavar="DIR",
         type=os.path.expanduser,
-        help="a directory written by bcrecord run --save-dir",
+        help="a records directory (bcrecord run --save-dir, bcrecord demo, bcrecord.save, a training hook)",
     )
     p.add_argument("--no-plots", action="store_true", help="only print the summary table")
     p.add_argument(

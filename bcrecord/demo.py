@@ -210,8 +210,10 @@ def _run(directory: Path, steps: int, plots: bool, out: TextIO, started: float) 
     viz.view(directory, plots=plots, out=out, progress=False)
     seconds = time.perf_counter() - started
     say(f"\nDone in {seconds:.1f} s. Next:")
+    # (After --no-plots: `view` draws the pictures the demo skipped; it has a --no-plots of its own.)
     say(
-        f"   {view}          # this table and the pictures " + ("again" if plots else "(no --no-plots there)")
+        f"   {view}          # this table "
+        + ("and the pictures again" if plots else "again, now with the pictures")
     )
     say("   bcrecord targets bcrecord.demo_model:TinyResNet.forward")
     say("   bcrecord run --record 'bcrecord.demo_model:BasicBlock.forward:out@1' --save-dir DIR script.py")

@@ -75,6 +75,7 @@ import itertools
 import math
 import os
 import pkgutil
+import re
 import runpy
 import shlex
 import signal
@@ -177,6 +178,24 @@ class RunTarget:
         return ".".join(self.path)
 
 
+def split_module(dotted: str) -> Optional[Tuple[str, str]]:
+    """``(module, function)`` where a module's name runs on into its function with a dot
+    (``'pkg.mod.Net.forward'``, for ``'pkg.mod:Net.forward'``): the longest importable module
+    ``dotted`` starts with, found without importing it; or None.
+
+    >>> split_module("json.decoder.JSONDecoder.decode"), split_module("nosuch.f")
+    (('json.decoder', 'JSONDecoder.decode'), None)
+    """
+    parts = dotted.split(".")
+    if not all(part.isidentifier() for part in parts):
+        return None
+    for end in range(len(parts) - 1, 0, -1):
+        module = ".".join(parts[:end])
+        if _module_spec(module) is not None:
+            return module, ".".join(parts[end:])
+    return None
+
+
 def parse_target(text: str) -> RunTarget:
     """Parse ``'package.module:Class.method:spec'`` or ``'package.module:function:spec'``.
 
@@ -198,7 +217,13 @@ pkg.mod:forward' lists its specs)
         if first == "__main__":
             guesses = [f"'{text}:return' ({second}, defined in the script; any spec of it works)"]
         else:
-            guesses = [f"'__main__:{text}' (spec {second!r} of {first}, defined in the script)"]
+            split = split_module(first)
+            guesses = (
+                [f"'{split[0]}:{split[1]}:{second}' (function {split[1]} of module {split[0]})"]
+                if split
+                else []
+            )
+            guesses.append(f"'__main__:{text}' (spec {second!r} of {first}, defined in the script)")
             if dotted:
                 guesses.append(
                     f"'{text}:return' (function {second} of module {first}; "
@@ -228,8 +253,30 @@ pkg.mod:forward' lists its specs)
     try:
         spec = parse(spec_text)
     except BcrecordError as error:
-        raise RunError(f"bad target {text!r}: {error}") from None
+        raise RunError(f"bad target {text!r}: {error}{_one_spec_each(module, qualname, spec_text)}") from None
     return RunTarget(text, module, path, spec)
+
+
+def _one_spec_each(module: str, qualname: str, spec_text: str) -> str:
+    """For several specs in one target (``'m:f:x,y'``, ``'m:f:x y'``): the ``--record`` options to
+    give instead, one spec each; else ``''``.
+
+    >>> _one_spec_each("m", "C.f", "out@[0, 1],self.w")
+    " (one spec a target: --record 'm:C.f:out@[0, 1]' --record 'm:C.f:self.w')"
+    >>> _one_spec_each("m", "C.f", "self..w")
+    ''
+    """
+    # Split at commas and spaces outside an index list ('x@[0, 2]' is one spec).
+    parts = [p for p in re.split(r"[,\s]+(?![^\[]*\])", spec_text) if p]
+    if len(parts) < 2:
+        return ""
+    try:
+        for part in parts:
+            parse(part)
+    except BcrecordError:
+        return ""
+    options = " ".join(f"--record '{module}:{qualname}:{part}'" for part in parts)  # (names: no quotes)
+    return f" (one spec a target: {options})"
 
 
 # --- checking targets before anything runs --------------------------------------------
@@ -257,6 +304,28 @@ def _module_spec(name: str) -> Optional[importlib.machinery.ModuleSpec]:
         if spec is None:
             spec = importlib.machinery.PathFinder.find_spec(sub, list(locations))
     return spec
+
+
+def close_modules(name: str) -> str:
+    """``"; did you mean 'a', 'b'?"`` for the modules named close to module ``name``, which is not
+    there (a misspelt ``mymdo``, ``pkg.trian``), or ``''``: the end of a message. Looks for them
+    in ``sys.path`` or in the parent package's folders, importing nothing.
+
+    >>> close_modules("json.decodr")
+    "; did you mean 'json.decoder', 'json.encoder', 'json.scanner'?"
+    >>> close_modules("jsn").startswith("; did you mean 'json'"), close_modules("zzzzzz")
+    (True, '')
+    """
+    parent, _, _ = name.rpartition(".")
+    if parent:
+        spec = _module_spec(parent)
+        locations = spec.submodule_search_locations if spec is not None else None
+        if locations is None:
+            return ""  # (the parent is missing too: said of it)
+        found = [f"{parent}.{module.name}" for module in pkgutil.iter_modules(list(locations))]
+    else:
+        found = [module.name for module in pkgutil.iter_modules()] + list(sys.builtin_module_names)
+    return did_you_mean(name, found)
 
 
 def _module_code(spec: importlib.machinery.ModuleSpec) -> Optional[types.CodeType]:
@@ -302,7 +371,8 @@ def _check_in_code(target: RunTarget, code: types.CodeType, where: str) -> None:
     found = [c for name, c in functions if name == target.qualname]
     if not found:
         if target.path[0] not in code.co_names:
-            raise RunError(f"target {target.text!r}: {where} never defines {target.path[0]!r}")
+            hint = did_you_mean(target.path[0], _last_bindings(code)[0])  # (a misspelt class or function)
+            raise RunError(f"target {target.text!r}: {where} never defines {target.path[0]!r}{hint}")
         # 'outer.inner' where inner is a def inside outer: a local of each call, out of the
         # module's reach, unless something sets that attribute (a decorator's result may be
         # anything, so only a def nested in a function is refused here).
@@ -470,7 +540,7 @@ is found with PYTHONPATH set to its folder)
                 )
                 raise RunError(
                     f"target {target.text!r}: no module named {target.module!r}"
-                    + (script if target.module.endswith(".py") else path)
+                    + (script if target.module.endswith(".py") else path + close_modules(target.module))
                 )
             code = _module_code(spec)
         if code is not None:
@@ -1159,6 +1229,24 @@ def safe_path() -> bool:
     return _versions.current().safe_path_flag and bool(flags.safe_path)  # type: ignore[attr-defined]
 
 
+def _close_files(path: str) -> str:
+    """``"; did you mean 'train.py'?"`` for the files in ``path``'s folder named close to it (as
+    ``path`` gives the folder), or ``''``.
+
+    >>> import tempfile
+    >>> folder = tempfile.mkdtemp()
+    >>> open(os.path.join(folder, "train.py"), "w").close()
+    >>> _close_files(os.path.join(folder, "trian.py")) == f"; did you mean '{folder}/train.py'?"
+    True
+    """
+    folder = os.path.dirname(path)
+    try:
+        names = os.listdir(folder or os.curdir)
+    except OSError:  # (no such folder either)
+        return ""
+    return did_you_mean(path, [os.path.join(folder, found) for found in names])
+
+
 def _program(program: str, args: Sequence[str], is_module: bool) -> _Program:
     if is_module:
         argv = sys.argv
@@ -1181,7 +1269,7 @@ def _program(program: str, args: Sequence[str], is_module: bool) -> _Program:
         finally:
             sys.argv = argv
         if spec is None:
-            raise RunError(f"no module named {program!r}")
+            raise RunError(f"no module named {program!r}{close_modules(program)}")
         code = _module_code(spec)
         return _Program(
             program, True, [program, *args], _working_directory(), ("__main__", name), code, f"module {name}"
@@ -1189,7 +1277,7 @@ def _program(program: str, args: Sequence[str], is_module: bool) -> _Program:
     if program == "-":
         return _stdin_program(args)
     if not os.path.exists(program):
-        raise RunError(f"no such file: {program!r}")
+        raise RunError(f"no such file: {program!r}{_close_files(program)}")
     if not os.path.isdir(program) and not os.path.isfile(program):
         # A pipe (`bcrecord run ... <(generate)`, /dev/stdin, a FIFO) can be read once: read it
         # now and run what was read, as python reads it once (runpy would find it empty).

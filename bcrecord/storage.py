@@ -1107,6 +1107,26 @@ def _remove_if_empty(directory: Path) -> None:
             return
 
 
+def _nearby_records(directory: Path) -> str:
+    """Where the records are, for a ``directory`` that holds none: the records directories in it
+    (``rank0``, ``rank1``), or the one it is in (its ``plots`` or ``records`` folder), or ``''``.
+
+    >>> import tempfile, bcrecord
+    >>> folder = Path(tempfile.mkdtemp())
+    >>> _ = bcrecord.save({"m:f:x@0": [1]}, folder / "run")
+    >>> _nearby_records(folder), _nearby_records(folder / "run" / "records")[-23:]
+    (' (records directories in it: run; read each)', 'run: read that instead)')
+    """
+    inside = sorted(found.parent.name for found in directory.glob("*/index.json"))  # (rank0, rank1...)
+    if inside:
+        return f" (records directories in it: {', '.join(inside)}; read each)"
+    around = directory.absolute().parent  # (bcrecord-demo/plots: what `view` drew, not the records)
+    if (around / "index.json").is_file():
+        given = directory.parent if directory.name not in ("", "..") else around  # as the caller wrote it
+        return f" (it is a folder of the records directory {given}: read that instead)"
+    return ""
+
+
 def _header(directory: Path) -> Dict[str, Any]:
     """``index.json``, checked: a StorageError says why ``directory`` is no records directory."""
     try:
@@ -1114,9 +1134,9 @@ def _header(directory: Path) -> Dict[str, Any]:
     except FileNotFoundError:
         if not directory.exists():
             raise StorageError(f"no such directory: {directory}") from None
-        inside = sorted(found.parent.name for found in directory.glob("*/index.json"))  # (rank0, rank1...)
-        hint = f" (its folders {', '.join(inside)} are: load each)" if inside else ""
-        raise StorageError(f"{directory} has no index.json: not a bcrecord records directory{hint}") from None
+        raise StorageError(
+            f"{directory} has no index.json: not a bcrecord records directory{_nearby_records(directory)}"
+        ) from None
     except (OSError, ValueError) as error:
         raise StorageError(f"cannot read {directory / 'index.json'}: {error}") from None
     if not isinstance(index, dict) or index.get("format") != FORMAT:

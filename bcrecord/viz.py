@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, TextIO, Tuple, Union
 from urllib.parse import quote, unquote
 
-from .errors import BcrecordError
+from .errors import BcrecordError, did_you_mean
 from .storage import DamagedRecords, Loaded, Unimportable, Unloadable, is_tensor, load, saved_index
 
 __all__ = ["KeySummary", "summarize", "table", "draw", "write_index", "view", "Progress"]
@@ -312,6 +312,29 @@ def _patterns(keys: Union[str, Iterable[str], None]) -> Optional[List[str]]:
     if keys is None:
         return None
     return [keys] if isinstance(keys, str) else list(keys)
+
+
+def _no_match(patterns: Sequence[str], saved: Sequence[str], shown: int = 20) -> str:
+    """Why no saved key matches ``patterns``: the close keys or wider globs to give instead, and
+    the first ``shown`` saved keys (a long run saves hundreds: one line, not all of them).
+
+    >>> _no_match(["forward:x@1"], [":forward:x@0", ":forward:x@1"])
+    "no saved key matches forward:x@1; did you mean ':forward:x@1', ':forward:x@0'?; saved keys: \
+:forward:x@0, :forward:x@1"
+    >>> _no_match(["layer1"], ["layer1.0:forward:out@1"])
+    "no saved key matches layer1 (a glob matches whole keys: '*layer1*'); saved keys: layer1.0:forward:out@1"
+    >>> _no_match(["zz*"], [f"k{i}" for i in range(25)], shown=3)
+    'no saved key matches zz*; saved keys: k0, k1, k2 and 22 more'
+    """
+    hints = []
+    for pattern in patterns:
+        hint = did_you_mean(pattern, saved, hide_private=False)
+        if not hint and not any(c in pattern for c in "*?[") and any(pattern in key for key in saved):
+            hint = f" (a glob matches whole keys: '*{pattern}*')"  # a part of keys, as grep takes it
+        hints.append(hint)
+    more = f" and {len(saved) - shown} more" if len(saved) > shown else ""
+    listed = ", ".join(saved[:shown]) + more
+    return f"no saved key matches {', '.join(patterns)}{''.join(hints)}; saved keys: {listed}"
 
 
 def table(summaries: Sequence[KeySummary]) -> str:
@@ -890,7 +913,7 @@ def view(
     saved = list(dict.fromkeys(row["key"] for row in index))
     matching = [key for key in saved if keys is None or any(fnmatch.fnmatchcase(key, k) for k in keys)]
     if keys is not None and not matching:
-        raise BcrecordError(f"no saved key matches {', '.join(keys)}; saved keys: {', '.join(saved)}")
+        raise BcrecordError(_no_match(keys, saved))
     if not matching:
         print(f"{directory}: no records", file=out)
         return 0

@@ -6,12 +6,15 @@
 """
 
 import json
+import platform
 import py_compile
 import shlex
 import subprocess
 import sys
 
 import pytest
+
+import bcrecord
 
 from .commands import ROOT, _env, cli, one_clear_line
 
@@ -110,7 +113,13 @@ def test_targets_and_show_take_a_property_as_run_records_it(project):
     "args, words",
     [
         (["targets", "no_colon"], "expected 'package.module:Class.method'"),
+        (
+            ["targets", "helper.Scaler.scale"],
+            "got 'helper.Scaler.scale'; did you mean 'helper:Scaler.scale'?",
+        ),
+        (["targets", "helper.py"], "got 'helper.py'; a function of it is 'helper:FUNCTION', from its folder"),
         (["targets", "no_such_module_xyz:f"], "cannot import module 'no_such_module_xyz'"),
+        (["targets", "helpr:twice"], "No module named 'helpr'; did you mean 'helper'"),
         (["targets", "helper:nope"], "has no attribute 'nope'"),
         (["targets", "helper:Scaler.scael"], "has no attribute 'scael'; did you mean 'scale'?"),
         (["targets", ".helper:twice"], "give the module's absolute name (no leading dot)"),
@@ -118,6 +127,14 @@ def test_targets_and_show_take_a_property_as_run_records_it(project):
         (["targets", "./pkg/tool.py:main"], "not a file (e.g. 'pkg.tool:main', from the folder"),
         (["show", "helper:twice", "nosuch"], "no assignment to a local named 'nosuch'"),
         (["show", "helper:twice", "y@9"], "there is no index 9"),
+        # A `bcrecord run` target pasted whole: the function and its specs, apart.
+        (
+            ["targets", "helper:Scaler.scale:out@1"],
+            "ends with a spec, as a `bcrecord run` target does: here the function comes alone, "
+            "'helper:Scaler.scale', and specs after it ('bcrecord show helper:Scaler.scale out@1')",
+        ),
+        (["show", "helper:twice:y"], "the function comes alone, 'helper:twice'"),
+        (["show", "helper:twice"], "give the specs to show after the path, e.g. 'bcrecord show helper:twice"),
     ],
 )
 def test_targets_and_show_bad_input(project, args, words):
@@ -176,6 +193,43 @@ def test_help_and_console_entry(project):
         result = cli(*args, cwd=project)
         assert result.returncode == 0 and "usage: bcrecord" in result.stdout, (args, result.stderr)
     assert "--save-dir" in cli("run", "--help").stdout
+    # run's usage (its own, to show the program's part) names every option: --copy and -q were missing.
+    usage = cli("run", "--help").stdout.split("\n\n")[0]
+    assert all(option in usage for option in ("--record", "--save-dir", "--every", "--copy", "-q", "-m")), (
+        usage
+    )
+    # view's DIR: the demo's folder is one too (its help named `bcrecord run --save-dir` alone).
+    assert "bcrecord demo" in " ".join(cli("view", "--help").stdout.split())
+
+
+def test_run_options_given_after_the_script_are_said_to_go_before_it(project):
+    # `bcrecord run prog.py -r T` gave "the following arguments are required: -r/--record".
+    cases = [
+        (["prog.py", "a", "-r", "helper:twice:y"], "-r", "prog.py"),
+        (["-m", "pkg.tool", "--record=helper:twice:y"], "--record=helper:twice:y", "-m pkg.tool"),
+    ]
+    for args, option, program in cases:
+        assert one_clear_line(cli("run", *args, cwd=project)) == (
+            f"bcrecord: {option} comes after the program, which takes it as its own: bcrecord's options "
+            f"go before it, bcrecord run --record TARGET ... {program} [args ...]"
+        )
+    none = cli("run", "prog.py", cwd=project)  # no target at all: argparse's usage, as before
+    assert none.returncode == 2 and "the following arguments are required: -r/--record" in none.stderr
+
+
+def test_targets_and_show_take_a_path_with_spaces_around_its_parts_as_run_does(project):
+    # 'helper: Scaler.scale ' was "module has no attribute ' Scaler'"; run takes such a target.
+    listed = cli("targets", "helper: Scaler.scale ", cwd=project)
+    assert listed.returncode == 0 and listed.stdout.startswith("Scaler.scale(self, v)\n"), listed.stderr
+    shown = cli("show", " helper :Scaler.scale", "out@1", cwd=project)
+    assert shown.returncode == 0 and shown.stdout.startswith("Scaler.scale: 1 probe(s): show:scale:out@1\n")
+
+
+def test_version_says_which_bcrecord_on_which_python():
+    # `bcrecord --version` (what a bug report asks for) was an error: "arguments are required: command".
+    result = cli("--version")
+    python = platform.python_version()
+    assert (result.returncode, result.stdout) == (0, f"bcrecord {bcrecord.__version__} (Python {python})\n")
 
 
 @pytest.mark.parametrize("command", [["targets", "helper:Scaler"], ["show", "helper:Scaler", "out"]])

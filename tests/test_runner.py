@@ -289,8 +289,26 @@ def test_run_target_in_a_module_imported_later(project):
         (["-r", "helper:twice:nosuch", "prog.py"], "no assignment to a local named 'nosuch'"),
         (["-r", "helper:nope:x", "prog.py"], "module helper never defines 'nope'"),
         (["-r", "__main__:nope:x", "prog.py"], "prog.py never defines 'nope'"),
+        # A misspelt function or class, in the program or in a module: the names it does define.
+        (
+            ["-r", "__main__:acumulate:acc", "prog.py"],
+            "never defines 'acumulate'; did you mean 'accumulate'?",
+        ),
+        (["-r", "helper:scaler.scale:out", "prog.py"], "never defines 'scaler'; did you mean 'Scaler'?"),
         (["-r", "helper:twice:y@3", "prog.py"], "there is no index 3"),
         (["-r", "helper:twice", "prog.py"], "needs three parts"),
+        # Two specs in one target: one --record each.
+        (
+            ["-r", "helper:Scaler.scale:out@[0, 1], self.factor", "prog.py"],
+            "(one spec a target: --record 'helper:Scaler.scale:out@[0, 1]' "
+            "--record 'helper:Scaler.scale:self.factor')",
+        ),
+        # The module's name run on into its class with a dot: the target meant comes first.
+        (
+            ["-r", "helper.Scaler.scale:out", "prog.py"],
+            "needs three parts, 'package.module:Class.method:SPEC': 'helper:Scaler.scale:out' "
+            "(function Scaler.scale of module helper) or '__main__:helper.Scaler.scale:out'",
+        ),
         (["-r", "helper:Scaler.scael:out", "prog.py"], "has no attribute 'scael'; did you mean 'scale'?"),
         (
             ["-r", "prog.py:accumulate:acc", "prog.py"],
@@ -304,6 +322,12 @@ def test_run_target_in_a_module_imported_later(project):
         (["-r", "no_such_module_xyz:f:x", "prog.py"], "no module named 'no_such_module_xyz'"),
         (["-r", "pkg.no_such:f:x", "prog.py"], "no module named 'pkg.no_such'"),
         (["-r", "helper:twice:y", "no_such_script.py"], "no such file: 'no_such_script.py'"),
+        # Misspelt modules and scripts: the close names there are.
+        (["-r", "helpr:twice:y", "prog.py"], "its folder); did you mean 'helper'"),
+        (["-r", "pkg.tol:main:x", "prog.py"], "no module named 'pkg.tol' on sys.path"),
+        (["-r", "pkg.tol:main:x", "prog.py"], "; did you mean 'pkg.tool'?"),
+        (["-r", "helper:twice:y", "prg.py"], "no such file: 'prg.py'; did you mean 'prog.py'"),
+        (["-r", "helper:twice:y", "-m", "pkg.tol"], "no module named 'pkg.tol'; did you mean 'pkg.tool'?"),
         (["-r", "helper:twice:y", "-m", "no_such_module_xyz"], "no module named 'no_such_module_xyz'"),
         (["-r", "helper:twice:y"], "no program given"),
     ],

@@ -625,10 +625,23 @@ def test_a_key_is_looked_up_in_saved_records_without_a_did_you_mean(tmp_path, mo
 def test_load_of_a_folder_of_records_directories_names_them(tmp_path):
     for rank in (0, 1):
         save({"m:f:x@0": [rank]}, tmp_path / "train" / f"rank{rank}", step=0)
-    said = r"has no index.json: not a bcrecord records directory \(its folders rank0, rank1 are: load each\)"
-    with pytest.raises(StorageError, match=said):
+    said = r"has no index.json: not a bcrecord records directory \(records directories in it: rank0, rank1; "
+    with pytest.raises(StorageError, match=said + r"read each\)$"):
         load(tmp_path / "train")
     assert load(tmp_path / "train" / "rank1")["m:f:x@0"] == [1]
+
+
+def test_load_of_a_folder_inside_records_names_the_records_directory(tmp_path, monkeypatch):
+    # `bcrecord view runs/a/plots` (the folder view drew into) said only "not a records directory".
+    save({"m:f:x@0": [1]}, tmp_path / "runs" / "a", step=0)
+    (tmp_path / "runs" / "a" / "plots").mkdir()
+    monkeypatch.chdir(tmp_path)
+    for inner in ("plots", "records"):
+        with pytest.raises(StorageError) as refused:
+            load(f"runs/a/{inner}")
+        assert str(refused.value).endswith(
+            "(it is a folder of the records directory runs/a: read that instead)"
+        )
 
 
 class ExceptionOfTwoArguments(Exception):

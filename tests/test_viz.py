@@ -138,6 +138,22 @@ def test_view_bad_input_changes_nothing(saved, tmp_path):
     assert sorted(p.name for p in saved.iterdir()) == ["index.json", "index.jsonl", "records"]
 
 
+def test_a_key_that_matches_nothing_gets_the_key_or_glob_to_give(tmp_path):
+    # '--key forward:x@1' (the leading ':' left out) and '--key layer1' (a part of keys) said only
+    # "no saved key matches" with every saved key, however many: a run of 300 keys, 300 names.
+    folder = tmp_path / "rec"
+    bcrecord.save({f"layer{i}:forward:x@0": [float(i)] for i in range(30)} | {":forward:x@1": [1.0]}, folder)
+    with pytest.raises(BcrecordError) as missing:
+        view(folder, plots=False, keys="forward:x@1", out=io.StringIO())
+    assert "no saved key matches forward:x@1; did you mean ':forward:x@1', " in str(missing.value)
+    assert str(missing.value).endswith("layer19:forward:x@0 and 11 more")
+    with pytest.raises(
+        BcrecordError, match=r"no saved key matches layer2 \(a glob matches whole keys: '\*layer2\*'\)"
+    ):
+        view(folder, plots=False, keys="layer2", out=io.StringIO())
+    assert sorted(p.name for p in folder.iterdir()) == ["index.json", "index.jsonl", "records"]
+
+
 def test_a_max_maps_that_draws_no_map_is_refused_before_the_plots_folder_is_touched(saved):
     # It drew nothing of such a key: ZeroDivisionError for its grid, its other pictures lost with it,
     # after the earlier view's pictures had been removed.

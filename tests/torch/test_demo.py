@@ -127,6 +127,10 @@ def test_demo_suggests_a_view_command_that_a_shell_takes(tmp_path):
     assert result.returncode == 0, result.stderr
     commands = [line.split("#")[0].strip() for line in result.stdout.splitlines() if "bcrecord view" in line]
     assert commands == ["4. bcrecord view 'sp ace/dïr':", "bcrecord view 'sp ace/dïr'"]
+    # After --no-plots, what that command does: it draws the pictures ("no --no-plots there" read
+    # as if view had no such option).
+    said = next(line for line in result.stdout.splitlines() if line.startswith("   bcrecord view"))
+    assert said.split("#")[1].strip() == "this table again, now with the pictures"
 
 
 def test_readme_and_the_demo_s_docstring_say_how_long_it_takes_as_measured():
