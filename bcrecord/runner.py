@@ -75,7 +75,6 @@ import itertools
 import math
 import os
 import pkgutil
-import re
 import runpy
 import shlex
 import signal
@@ -119,7 +118,7 @@ from .patch import (
     targets,
 )
 from .runtime import Recording, Sink, copy_value, silence, silently
-from .specs import Attribute, Spec, compiled_name, parse
+from .specs import Attribute, Spec, compiled_name, parse, split_specs
 from .storage import Writer
 
 __all__ = ["RunTarget", "RunError", "parse_target", "check_targets", "run", "safe_path"]
@@ -253,7 +252,10 @@ pkg.mod:forward' lists its specs)
     try:
         spec = parse(spec_text)
     except BcrecordError as error:
-        raise RunError(f"bad target {text!r}: {error}{_one_spec_each(module, qualname, spec_text)}") from None
+        several = _one_spec_each(module, qualname, spec_text)
+        if several:  # (parse's own hint is for a list in Python)
+            raise RunError(f"bad target {text!r}: {spec_text!r} is several specs{several}") from None
+        raise RunError(f"bad target {text!r}: {error}") from None
     return RunTarget(text, module, path, spec)
 
 
@@ -266,14 +268,8 @@ def _one_spec_each(module: str, qualname: str, spec_text: str) -> str:
     >>> _one_spec_each("m", "C.f", "self..w")
     ''
     """
-    # Split at commas and spaces outside an index list ('x@[0, 2]' is one spec).
-    parts = [p for p in re.split(r"[,\s]+(?![^\[]*\])", spec_text) if p]
-    if len(parts) < 2:
-        return ""
-    try:
-        for part in parts:
-            parse(part)
-    except BcrecordError:
+    parts = split_specs(spec_text)
+    if parts is None:
         return ""
     options = " ".join(f"--record '{module}:{qualname}:{part}'" for part in parts)  # (names: no quotes)
     return f" (one spec a target: {options})"

@@ -36,6 +36,7 @@ __all__ = [
     "COPY_POLICIES",
     "parse",
     "parse_all",
+    "split_specs",
 ]
 
 #: Copy policies a recording or a spec may ask for.
@@ -298,7 +299,42 @@ _OPERATOR = re.compile(r"^\s*(?P<op>\*\*=?|//=?|<<=?|>>=?|[-+*/%@&|^]=?)\s*(?:@\
 _NO_SITE_OPERATORS = frozenset({"<", ">", "<=", ">=", "==", "!=", "not", "and", "or", "is", "in", "~"})
 
 
+def split_specs(text: str) -> list[str] | None:
+    """The specs of ``text`` where it holds several, written as one string (``'x,y'``,
+    ``'x self.w'``), each a spec on its own; else None (one spec, or not specs at all).
+    Commas and spaces inside an index list (``'x@[0, 2]'``) do not split it.
+
+    >>> split_specs("outputs, self.scale"), split_specs("x@[0, 2]"), split_specs("x y..z")
+    (['outputs', 'self.scale'], None, None)
+    """
+    parts = [part for part in _SPEC_SEPARATORS.split(text) if part]
+    if len(parts) < 2:
+        return None
+    try:
+        for part in parts:
+            _parse_one_str(part)
+    except SpecError:
+        return None
+    return parts
+
+
+#: Commas and spaces between specs, not inside an index list ('x@[0, 2]').
+_SPEC_SEPARATORS = re.compile(r"[,\s]+(?![^\[]*\])")
+
+
 def _parse_str(text: str) -> Spec:
+    try:
+        return _parse_one_str(text)
+    except SpecError as error:
+        several = split_specs(text)
+        if several is None:
+            raise
+        raise SpecError(
+            f"{error}; {text!r} holds {len(several)} specs: give each on its own, {several!r}"
+        ) from None
+
+
+def _parse_one_str(text: str) -> Spec:
     operator = _OPERATOR.match(text)
     if operator is not None:
         index_text = operator.group("index")

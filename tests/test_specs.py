@@ -5,8 +5,9 @@ import re
 
 import pytest
 
+import bcrecord
 from bcrecord import Attribute, Call, Expr, Local, Return, SpecError, instrument, parse, recording
-from bcrecord.specs import parse_all
+from bcrecord.specs import parse_all, split_specs
 
 
 @pytest.mark.parametrize(
@@ -207,3 +208,20 @@ def test_a_name_is_matched_as_the_compiler_stores_it_nfkc_normalised():
     with recording() as rec:
         assert recorded(value) == 3
     assert rec["n:f:fi@0"] == 3 and rec["n:f:a.\xc5@0"] == 2
+
+
+@pytest.mark.parametrize("text", ["outputs,self.scale", "outputs self.scale", "outputs, self.scale"])
+def test_several_specs_in_one_string_are_refused_with_the_list_to_give(text):
+    with pytest.raises(SpecError, match=r"holds 2 specs: give each on its own, \['outputs', 'self.scale'\]"):
+        parse(text)
+    with pytest.raises(SpecError, match=r"\['outputs', 'self.scale'\]"):
+        bcrecord.patch_method(_Scaled(), "forward", text)
+    assert split_specs("x@[0, 2]") is None and parse("x@[0, 2]") == Local("x", [0, 2])
+
+
+class _Scaled:
+    scale = 3
+
+    def forward(self, inputs):
+        outputs = inputs * self.scale
+        return outputs
