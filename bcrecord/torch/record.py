@@ -1312,6 +1312,20 @@ class _StopAtRoot:
     def __code__(self) -> types.CodeType:  # torch.export reads model.forward.__code__
         return inspect.unwrap(self.forward).__code__
 
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        # A bound method where the forward is one, to isinstance (not to type()): torch.jit.script
+        # of the model reads the forward's source file (inspect.getsourcefile takes methods, not
+        # objects) and compiles its source, without probes (a scripted model records nothing).
+        return types.MethodType if type(self.forward) is types.MethodType else _StopAtRoot
+
+    def __getattr__(self, name: str) -> Any:
+        # Anything else read of model.forward is the forward's own (torch.jit.script reads its
+        # __func__, __globals__, __closure__).
+        if name == "forward":  # (no recursion, should it be missing)
+            raise AttributeError(name)
+        return getattr(self.forward, name)
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         running = self._running()
         started = [rec for rec in running if rec._entered_here()]

@@ -1245,6 +1245,23 @@ def test_torch_jit_script_inside_a_recording_compiles_the_source_and_its_module_
     assert torch.allclose(out, model(x)) and rec.keys() == []
 
 
+def test_torch_jit_script_inside_a_recording_that_stops_early_compiles_the_model_and_records_nothing():
+    torch.manual_seed(0)
+    model, x = SmallNet().eval(), torch.randn(2, 3, 8, 8)
+    holder = torch.nn.Sequential(model)  # a module holding the recorded model is scripted with it
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit.script's, from torch 2.10 on
+        with record(model, ["bn1"], stop_after_last=True) as rec:
+            scripted, scripted_holder = torch.jit.script(model), torch.jit.script(holder)
+            outs = [scripted(x), scripted_holder(x)]
+            assert rec.keys() == []  # the scripted modules run TorchScript: no probes
+            assert model(x) is None  # the model itself still records, and stops
+    assert "forward" not in vars(model)
+    expected = model(x)
+    assert all(torch.allclose(out, expected) for out in outs)
+    assert torch.allclose(rec["bn1:forward:return"], model.bn1(model.stem(x)))
+
+
 def test_a_stop_held_back_by_a_site_that_did_not_run_is_said_once():
     net = torch.nn.Sequential(Branchy(), torch.nn.Linear(4, 4))
     x = torch.randn(2, 4)
