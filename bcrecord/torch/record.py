@@ -76,7 +76,7 @@ from ..patch import (
 from ..runtime import Recording, Sink, context_recordings, silently
 from ..specs import Attribute, Local, Return, Spec
 from .copies import Device, ValuePolicy, _itself, _tracing_state, _transforms_active, value_policy
-from .targets import Target, _submodule, expand_all, module_at
+from .targets import Target, _submodule, expand_all, module_at, new_matches
 
 __all__ = ["record", "ModelRecording", "StopForward"]
 
@@ -1083,7 +1083,9 @@ def record(
     Targets are strings like ``'layer1.0:forward:out@2'``, ``':_forward_impl:x@0'``,
     ``'blocks.*:forward:x'`` or a bare module path ``'layer1'`` (its output); see
     :mod:`bcrecord.torch.targets`. Keys are ``'<path>:<method>:<target>'``; a bare
-    path's key is ``'<path>:forward:return'``.
+    path's key is ``'<path>:forward:return'``. Targets are resolved when the block starts: a
+    module put in the model meanwhile (at a targeted path, or where a glob target matches:
+    ``model.blocks.append(...)``) records nothing, and a warning names it when the block ends.
 
     Values are detached clones by default (``copy='detach'`` keeps the tensor itself,
     detached; ``copy='none'`` keeps each value itself, as the core does: a tensor stays in
@@ -1197,6 +1199,7 @@ def _record(
         remove_all(patches)
         running.rec._ended = True
         _warn_replaced(plan)
+        _warn_added(plan)
 
 
 def _warn_replaced(plan: Plan) -> None:
@@ -1214,6 +1217,26 @@ def _warn_replaced(plan: Plan) -> None:
             f"{'were' if len(gone) > 1 else 'was'} replaced or removed while recording: what ran there "
             "afterwards recorded nothing (targets are resolved when record() starts); record "
             "the model again to include it"
+        )
+
+
+def _warn_added(plan: Plan) -> None:
+    """Warn where a glob target matches a module added during the block (``model.blocks.append(...)``).
+
+    Its module was not there to be marked when the block started: it recorded nothing.
+    Said once, when the block ends, naming the paths.
+    """
+    added: Dict[str, str] = {}  # path: the first target string that matches it
+    for text in plan.keys:
+        for path in new_matches(plan.model, text, plan.modules):
+            added.setdefault(path, text)
+    if added:
+        many = len(added) > 1
+        listed = ", ".join(f"{path!r} (matching {text!r})" for path, text in added.items())
+        warn(
+            f"the module{'s' if many else ''} at {listed} {'were' if many else 'was'} added while "
+            f"recording: {'they' if many else 'it'} recorded nothing (targets are resolved when "
+            f"record() starts); record the model again to include {'them' if many else 'it'}"
         )
 
 

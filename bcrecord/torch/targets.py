@@ -35,7 +35,7 @@ import math
 import sys
 import types
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, Container, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import torch
 from bytecode import Instr, Label
@@ -43,12 +43,12 @@ from torch.nn.utils import parametrize
 
 from .._versions import current, global_name, local_name
 from ..analysis import compiled_spec, instructions
-from ..errors import NotPatchableError, SpecError, TargetError, did_you_mean, warn
+from ..errors import BcrecordError, NotPatchableError, SpecError, TargetError, did_you_mean, warn
 from ..patch import function_of, original_code
 from ..patch import targets as function_targets
 from ..specs import Attribute, Call, Expr, Return, Spec, compiled_name, parse
 
-__all__ = ["Target", "expand", "expand_all", "has_forward", "unwrap", "module_at"]
+__all__ = ["Target", "expand", "expand_all", "has_forward", "unwrap", "module_at", "new_matches"]
 
 _WRAPPERS: Tuple[type, ...] = (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel)
 
@@ -1187,6 +1187,29 @@ def expand(model: torch.nn.Module, text: str) -> List[Target]:
             "or TorchScript modules, which cannot be recorded"
         )
     return targets
+
+
+def new_matches(model: torch.nn.Module, text: str, known: Container[str]) -> List[str]:
+    """The paths of recordable modules the glob target ``text`` matches in ``model`` now, not in ``known``.
+
+    For a module added after the targets were expanded (``model.blocks.append(...)`` while
+    recording); ``[]`` for a target without a glob, or one that no longer expands.
+
+    >>> import torch
+    >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    >>> _ = model.append(torch.nn.ReLU())
+    >>> new_matches(model, "*:forward:return", {"0"}), new_matches(model, "1", {"0"})
+    (['1'], [])
+    """
+    try:
+        pattern = _split_in(model, text)[0]
+        if not any(ch in pattern for ch in "*?[") or all(p in known for p in _matching_paths(model, pattern)):
+            return []  # (the cheap check first: expanding reads the code of every match)
+        with _expanding_again():
+            found = expand(model, text)
+    except BcrecordError:  # the model changed so that the target no longer expands
+        return []
+    return list(dict.fromkeys(target.path for target in found if target.path not in known))
 
 
 def _argument_names(func: types.FunctionType) -> Tuple[str, ...]:

@@ -327,6 +327,30 @@ def test_a_targeted_module_replaced_while_recording_is_named_in_a_warning(net):
     assert torch.equal(rec["fc:forward:return"], net.fc.bias.detach().expand(1, 5))
 
 
+def test_a_module_a_glob_target_matches_added_while_recording_is_named_in_a_warning(net):
+    # It used to go silently: added after the targets were resolved, it was never marked.
+    x = torch.randn(1, 3, 8, 8)
+    with pytest.warns(bcrecord.RecordingWarning) as caught:
+        with record(net, ["blocks.*:forward:out@0", "blocks.*", "fc"]) as rec:
+            net(x)
+            net.blocks.append(Block(4))
+            net.blocks.append(Block(4))
+            net(x)
+    said = [str(w.message) for w in caught]
+    assert len(said) == 1 and said[0].startswith(
+        "the modules at 'blocks.3' (matching 'blocks.*:forward:out@0'), 'blocks.4' (matching "
+        "'blocks.*:forward:out@0') were added while recording: they recorded nothing"
+    )
+    assert sorted({key.split(":")[0] for key in rec.keys()}) == ["blocks.0", "blocks.1", "blocks.2", "fc"]
+    assert len(rec.all("blocks.2:forward:return")) == 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", bcrecord.RecordingWarning)
+        with record(net, ["blocks.*", "fc"]) as rec:  # added before the block: recorded, no warning
+            net.extra = torch.nn.Linear(1, 1)  # matched by no target: no warning either
+            net(x)
+    assert torch.allclose(rec["blocks.4:forward:return"].mean((2, 3)) @ net.fc.weight.T + net.fc.bias, net(x))
+
+
 def test_bad_targets_give_clear_errors_and_change_nothing(net):
     before = snapshot(net)
     for target, error, message in [
