@@ -1244,6 +1244,10 @@ def _warn_added(plan: Plan) -> None:
 #: forward under ``stop_after_last``, or an extractor): only then does a probe raise it.
 _stopping: contextvars.ContextVar[bool] = contextvars.ContextVar("bcrecord_stopping", default=False)
 _roots_lock = threading.Lock()
+#: The :class:`_StopAtRoot` calls running in this context, outermost first.
+_roots_running: contextvars.ContextVar[Tuple[_StopAtRoot, ...]] = contextvars.ContextVar(
+    "bcrecord_roots_running", default=()
+)
 #: Whether torch.export is tracing (torch.compiler.is_exporting, where torch has it).
 _exporting: Callable[[], bool] = getattr(getattr(torch, "compiler", None), "is_exporting", lambda: False)
 
@@ -1350,6 +1354,11 @@ class _StopAtRoot:
         return getattr(self.forward, name)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        outer = _roots_running.get()
+        if self in outer:
+            # The model's forward calling the model (recursion): part of the pass, which the
+            # outermost call ends (caught here, the stop would hand None to the forward).
+            return self.forward(*args, **kwargs)
         running = self._running()
         started = [rec for rec in running if rec._entered_here()]
         for rec in started:
@@ -1362,7 +1371,7 @@ class _StopAtRoot:
         # features itself: it stops under jit.trace, not under export.)
         synced = self.syncs and torch.is_grad_enabled()
         stopping = not synced and not _tracing() and not _transforms_active()
-        token = _stopping.set(stopping)
+        token, inside = _stopping.set(stopping), _roots_running.set((*outer, self))
         try:
             returned = self.forward(*args, **kwargs)
             if stopping:
@@ -1374,6 +1383,7 @@ class _StopAtRoot:
                 raise
             return None
         finally:
+            _roots_running.reset(inside)
             _stopping.reset(token)
             for rec in started:
                 rec._end_pass()

@@ -1063,6 +1063,35 @@ def test_the_model_s_own_hooks_never_get_none_from_an_early_stop():
         assert net(x) is None  # no hook: it stops
 
 
+class Recursive(torch.nn.Module):
+    """A forward that calls the module itself."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(3, 3)
+
+    def forward(self, x, depth=2):
+        h = self.fc(x)
+        if depth:
+            h = self(h, depth - 1) + 1
+        return h
+
+
+def test_a_forward_that_calls_its_own_model_is_stopped_by_the_outermost_call_only():
+    # The recursive call was ended alone: None went back into the forward (TypeError there).
+    torch.manual_seed(0)
+    model, x = Recursive(), torch.randn(2, 3)
+    with record(model, [":forward:return", "fc"], stop_after_last=True) as rec:
+        assert model(x) is None
+    innermost = model.fc(model.fc(model.fc(x)))  # the first return: the deepest call's
+    assert torch.allclose(rec[":forward:return"], innermost) and len(rec.all(":forward:return")) == 1
+    assert len(rec.all("fc:forward:return")) == 3 and "forward" not in vars(model)
+    with record(model, [":forward:return"]) as rec:  # without the stop: each call's return
+        out = model(x)
+    returns = rec.all(":forward:return")
+    assert len(returns) == 3 and all(map(torch.allclose, returns, [innermost, out - 1, out]))
+
+
 def test_a_deepcopy_made_while_stopping_early_stops_as_the_model_does():
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
