@@ -76,7 +76,7 @@ from ..patch import (
 from ..runtime import Recording, Sink, context_recordings, silently
 from ..specs import Attribute, Local, Return, Spec
 from .copies import Device, ValuePolicy, _itself, _tracing_state, _transforms_active, value_policy
-from .targets import Target, _submodule, expand_all, module_at, new_matches
+from .targets import Target, _submodule, expand_all, module_at, new_matches, unwrap
 
 __all__ = ["record", "ModelRecording", "StopForward"]
 
@@ -160,6 +160,35 @@ def _one_path_each(modules: Mapping[str, torch.nn.Module]) -> None:
             raise TargetError(
                 f"{path!r} and {first!r} are the same {type(module).__name__} object (registered "
                 "twice); while recorded a module has one path: target one of them"
+            )
+
+
+def warn_shared(model: torch.nn.Module, modules: Mapping[str, torch.nn.Module]) -> None:
+    """Warn where a targeted module is registered at other paths too (one object, tied or shared).
+
+    Its probes cannot tell through which path it was called: every call of it records
+    under the targeted path (a feature extractor's module path gives its first call's output).
+
+    >>> import warnings
+    >>> model = torch.nn.Sequential(torch.nn.ReLU())
+    >>> model.append(model[0])  # the same ReLU at '0' and '1'
+    Sequential(...)
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     warn_shared(model, {"1": model[1]})
+    >>> str(caught[0].message)[:58]
+    "the ReLU at '1' is also registered at '0' (one object): it"
+    """
+    paths: Dict[int, List[str]] = defaultdict(list)
+    for path, module in unwrap(model).named_modules(remove_duplicate=False):
+        paths[id(module)].append(path)
+    for path, module in modules.items():
+        others = [other for other in paths.get(id(module), ()) if other != path]
+        if others and path in paths[id(module)]:
+            warn(
+                f"the {type(module).__name__} at {path!r} is also registered at "
+                f"{', '.join(map(repr, others))} (one object): its probes "
+                f"cannot tell through which path it is called, so every call of it records under {path!r}"
             )
 
 
@@ -1186,6 +1215,7 @@ def _record(
 ) -> Iterator[ModelRecording]:
     """:func:`record`'s block: plan, patch, record, and remove the patches after."""
     plan = Plan(model, targets, **policy)
+    warn_shared(model, plan.modules)
     patches = plan.patch(stops=bool(run.get("stop_after_last")))
     try:
         running = plan.running(patches, **run)

@@ -6,7 +6,10 @@ Forms (``path`` is a dotted path from ``model.named_modules()``, ``''`` for the 
 * ``':_forward_impl:x@0'`` — a method of the root module;
 * ``'blocks.3:forward:x'`` — every assignment of ``x``;
 * ``'layer1'`` — that module's output (its ``forward``'s return value), as in
-  torchvision's ``return_nodes``;
+  torchvision's ``return_nodes``; that is, before the module's forward hooks run: a hook
+  that returns another value changes what the caller gets, which is recorded in the
+  caller (``':forward:h'``, or the next module's argument). An argument
+  (``'layer1:forward:x'``) is what ``forward`` gets: after forward pre-hooks;
 * globs in the path, matched one dotted component at a time: ``'blocks.*:forward:x@1'``,
   ``'layer*.*'`` (``layer1.0``, ``layer2.3``…, not ``layer1.0.conv1``);
 * a ``.grad`` suffix records the gradient of the value: ``'layer1.0:forward:out@2.grad'``;
@@ -177,6 +180,12 @@ def _no_submodule(model: torch.nn.Module, path: str) -> TargetError:
         found = _submodule(model, ancestor)
     prefix = f"{ancestor}." if ancestor else ""
     names = [prefix + name if name else ancestor for name, _ in found.named_modules()]
+    if path in names:  # named_modules joins its names with dots: one of them holds a dot
+        return TargetError(
+            f"the submodule listed as {path!r} has a '.' in its name (set with setattr, which "
+            "does not check; add_module refuses it): no dotted path reaches it; give it a name "
+            "without a dot"
+        )
     hint = did_you_mean(path, [name for name in names if name], hide_private=False)
     return TargetError(f"the model has no submodule {path!r}{hint}")
 

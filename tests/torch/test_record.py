@@ -351,6 +351,19 @@ def test_a_module_a_glob_target_matches_added_while_recording_is_named_in_a_warn
     assert torch.allclose(rec["blocks.4:forward:return"].mean((2, 3)) @ net.fc.weight.T + net.fc.bias, net(x))
 
 
+def test_a_module_s_output_is_what_its_forward_returns_before_hooks_its_argument_after_pre_hooks():
+    # As documented in bcrecord.torch.targets: hooks run outside forward, in Module.__call__.
+    torch.manual_seed(0)
+    model, x = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU()), torch.ones(1, 2)
+    model[0].register_forward_pre_hook(lambda module, args: (args[0] * 10,))
+    model[0].register_forward_hook(lambda module, args, out: out + 100)
+    with record(model, ["0", "0:forward:input", "1:forward:input"]) as rec:
+        model(x)
+    assert torch.equal(rec["0:forward:input"], x * 10)  # after the pre-hook
+    assert torch.allclose(rec["0:forward:return"], model[0].forward(x * 10))  # before the hook
+    assert torch.allclose(rec["1:forward:input"], model[0].forward(x * 10) + 100)  # what the caller got
+
+
 def test_bad_targets_give_clear_errors_and_change_nothing(net):
     before = snapshot(net)
     for target, error, message in [
@@ -457,8 +470,13 @@ def test_a_module_registered_at_two_paths_is_recorded_through_either_name():
             return self.b(self.a(x) * 10)
 
     model, x = Shared(), torch.ones(1, 2)
-    with torch.no_grad(), record(model, ["b"]) as rec:
+    # Said: the values of its calls through 'a' are under 'b' too (it used to go unsaid).
+    with pytest.warns(bcrecord.RecordingWarning) as caught, torch.no_grad(), record(model, ["b"]) as rec:
         model(x)
+    assert [str(w.message) for w in caught] == [
+        "the Linear at 'b' is also registered at 'a' (one object): its probes cannot tell through "
+        "which path it is called, so every call of it records under 'b'"
+    ]
     first = model.a(x)
     assert [v.tolist() for v in rec.all("b:forward:return")] == [first.tolist(), model.a(first * 10).tolist()]
     with pytest.raises(
@@ -515,8 +533,9 @@ def test_a_module_held_by_two_models_records_in_each_under_its_own_path():
     other = torch.nn.ModuleDict({"a": shared})
     before = snapshot(model)
     x = torch.ones(1, 2)
-    with record(model, ["0"]) as outer, record(other, ["a"]) as inner:
-        model(x)
+    with pytest.warns(bcrecord.RecordingWarning, match="the Linear at '0' is also registered at '2'"):
+        with record(model, ["0"]) as outer, record(other, ["a"]) as inner:
+            model(x)
     assert len(outer.all("0:forward:return")) == 2  # the module runs twice, one path
     assert torch.equal(inner.all("a:forward:return")[1], shared(shared(x).relu()).detach())
     assert inner.keys() == ["a:forward:return"] and outer.keys() == ["0:forward:return"]
