@@ -164,10 +164,12 @@ def _one_path_each(modules: Mapping[str, torch.nn.Module]) -> None:
 
 
 def warn_shared(model: torch.nn.Module, modules: Mapping[str, torch.nn.Module]) -> None:
-    """Warn where a targeted module is registered at other paths too (one object, tied or shared).
+    """Warn where a module is targeted at a second name of it (``self.b = self.a``, one object).
 
     Its probes cannot tell through which path it was called: every call of it records
-    under the targeted path (a feature extractor's module path gives its first call's output).
+    under the targeted path, its calls as ``'a'`` too (a feature extractor's module path
+    gives its first call's output, torchvision has no node ``'b'``). At its first path, as
+    ``named_modules()`` and FX name it, a module run several times is nothing new: unsaid.
 
     >>> import warnings
     >>> model = torch.nn.Sequential(torch.nn.ReLU())
@@ -175,20 +177,21 @@ def warn_shared(model: torch.nn.Module, modules: Mapping[str, torch.nn.Module]) 
     Sequential(...)
     >>> with warnings.catch_warnings(record=True) as caught:
     ...     warnings.simplefilter("always")
+    ...     warn_shared(model, {"0": model[0]})
     ...     warn_shared(model, {"1": model[1]})
-    >>> str(caught[0].message)[:58]
-    "the ReLU at '1' is also registered at '0' (one object): it"
+    >>> [str(warning.message)[:51] for warning in caught]
+    ["'1' is another name of the ReLU at '0' (one object)"]
     """
     paths: Dict[int, List[str]] = defaultdict(list)
     for path, module in unwrap(model).named_modules(remove_duplicate=False):
         paths[id(module)].append(path)
     for path, module in modules.items():
-        others = [other for other in paths.get(id(module), ()) if other != path]
-        if others and path in paths[id(module)]:
+        names = paths.get(id(module), [])
+        if path in names[1:]:
             warn(
-                f"the {type(module).__name__} at {path!r} is also registered at "
-                f"{', '.join(map(repr, others))} (one object): its probes "
-                f"cannot tell through which path it is called, so every call of it records under {path!r}"
+                f"{path!r} is another name of the {type(module).__name__} at {names[0]!r} (one object): "
+                f"its probes cannot tell through which name it is called, so its calls as {names[0]!r} "
+                f"are recorded under {path!r} too; target {names[0]!r} for its every call"
             )
 
 

@@ -174,7 +174,7 @@ def test_module_paths_torchvision_numbers_otherwise_are_read_as_the_module_with_
     said = [str(w.message) for w in caught]
     assert len(said) == 2 and "it may have no node 'ln_0'" in said[0]
     # Its calls as 'ln_1' record under 'ln_0' too (this used to go unsaid):
-    assert said[1].startswith("the LayerNorm at 'ln_0' is also registered at 'ln_1' (one object)")
+    assert said[1].startswith("'ln_0' is another name of the LayerNorm at 'ln_1' (one object)")
 
     class Block(torch.nn.Module):
         def forward(self, x):
