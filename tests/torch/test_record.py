@@ -364,6 +364,54 @@ def test_a_module_s_output_is_what_its_forward_returns_before_hooks_its_argument
     assert torch.allclose(rec["1:forward:input"], model[0].forward(x * 10) + 100)  # what the caller got
 
 
+class _NoGradForward(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(2, 2)
+
+    @torch.no_grad()  # a decorated forward: its targets are in the function it wraps
+    def forward(self, x):
+        h = self.fc(x)
+        return h * 2
+
+
+class _InferenceForward(_NoGradForward):
+    @torch.inference_mode()
+    def forward(self, x):
+        h = self.fc(x)
+        return h * 2
+
+
+def test_values_are_what_the_forward_computes_across_dtypes_autocast_and_decorated_forwards():
+    torch.manual_seed(0)
+    model, x = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU()), torch.randn(1, 2)
+    with record(model, ["0", "0:forward:self.weight"]) as rec:
+        model(x)
+        model.to(torch.float64)  # mid-block: the same modules, recorded on
+        model(x.double())
+        model.half()
+        model(x.half())
+    assert [v.dtype for v in rec.all("0:forward:return")] == [torch.float32, torch.float64, torch.float16]
+    assert torch.equal(rec.all("0:forward:self.weight")[2], model[0].weight.detach())
+    model.float()
+    with torch.autocast("cpu", dtype=torch.bfloat16), record(model, ["0"]) as rec:
+        out = model(x)
+    assert rec["0:forward:return"].dtype == torch.bfloat16 and torch.equal(
+        rec["0:forward:return"].relu(), out
+    )
+    params = {name: torch.ones_like(p) for name, p in model.named_parameters()}
+    with record(model, ["0", "0:forward:self.weight"]) as rec:
+        torch.func.functional_call(model, params, (x,))
+    assert torch.equal(rec["0:forward:self.weight"], torch.ones(2, 2))  # the parameters it was given
+    assert torch.allclose(rec["0:forward:return"], (x.sum() + 1).expand(1, 2))
+    for kind in (_NoGradForward, _InferenceForward):
+        decorated = kind()
+        with record(decorated, [":forward:h", ""], grad=True) as rec:
+            out = decorated(x)
+        assert torch.equal(rec[":forward:h@0"] * 2, out) and torch.equal(rec[":forward:return"], out)
+        assert not rec[":forward:h@0"].requires_grad
+
+
 def test_bad_targets_give_clear_errors_and_change_nothing(net):
     before = snapshot(net)
     for target, error, message in [
@@ -1330,6 +1378,9 @@ def test_torch_jit_script_inside_a_recording_that_stops_early_compiles_the_model
     assert "forward" not in vars(model)
     expected = model(x)
     assert all(torch.allclose(out, expected) for out in outs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        assert torch.allclose(torch.jit.script(model)(x), expected)  # and after the block
     assert torch.allclose(rec["bn1:forward:return"], model.bn1(model.stem(x)))
 
 
