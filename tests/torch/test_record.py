@@ -349,6 +349,12 @@ def test_a_module_a_glob_target_matches_added_while_recording_is_named_in_a_warn
             net.extra = torch.nn.Linear(1, 1)  # matched by no target: no warning either
             net(x)
     assert torch.allclose(rec["blocks.4:forward:return"].mean((2, 3)) @ net.fc.weight.T + net.fc.bias, net(x))
+    with pytest.warns(bcrecord.RecordingWarning) as caught:
+        with record(net, ["blocks.*"]):
+            net.blocks.insert(0, Block(4))  # moves the others on: they record at their old paths
+    said = [str(w.message) for w in caught]  # one warning: the moved ones are not said to be added
+    assert len(said) == 1 and said[0].startswith("the modules at 'blocks.0', 'blocks.1', 'blocks.2', ")
+    assert "'blocks.4' were replaced or removed" in said[0] and "'blocks.5'" not in said[0]
 
 
 def test_a_module_s_output_is_what_its_forward_returns_before_hooks_its_argument_after_pre_hooks():
