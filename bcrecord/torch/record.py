@@ -1249,8 +1249,21 @@ def _warn_replaced(plan: Plan) -> None:
             f"the module{'s' if len(gone) > 1 else ''} at {listed} "
             f"{'were' if len(gone) > 1 else 'was'} replaced or removed while recording: what ran there "
             "afterwards recorded nothing (targets are resolved when record() starts); record "
-            "the model again to include it"
+            f"the model again to include it{_moved(plan, gone)}"
         )
+
+
+def _moved(plan: Plan, gone: Sequence[str]) -> str:
+    """``'; the one from 'a' is now at 'b'...'`` for targeted modules moved to another path
+    (``ModuleList.insert``): still marked, they record under their first path."""
+    paths = {id(module): path for path, module in unwrap(plan.model).named_modules()}
+    moved = [(path, paths[id(plan.modules[path])]) for path in gone if id(plan.modules[path]) in paths]
+    if not moved:
+        return ""
+    listed = ", ".join(f"{old!r} is now at {new!r}" for old, new in moved)
+    if len(moved) > 1:
+        return f"; the ones moved still record under their old paths ({listed})"
+    return f"; the one moved still records under its old path ({listed})"
 
 
 def _warn_added(plan: Plan) -> None:

@@ -350,11 +350,20 @@ def test_a_module_a_glob_target_matches_added_while_recording_is_named_in_a_warn
             net(x)
     assert torch.allclose(rec["blocks.4:forward:return"].mean((2, 3)) @ net.fc.weight.T + net.fc.bias, net(x))
     with pytest.warns(bcrecord.RecordingWarning) as caught:
-        with record(net, ["blocks.*"]):
+        with torch.no_grad(), record(net, ["blocks.*"]) as rec:
             net.blocks.insert(0, Block(4))  # moves the others on: they record at their old paths
+            net(x)
+    with torch.no_grad():
+        last = net.blocks(net.relu(net.bn1(net.stem(x))))  # the output of the last block, 'blocks.5'
+    assert torch.allclose(rec["blocks.4:forward:return"], last) and len(rec.keys()) == 5
     said = [str(w.message) for w in caught]  # one warning: the moved ones are not said to be added
     assert len(said) == 1 and said[0].startswith("the modules at 'blocks.0', 'blocks.1', 'blocks.2', ")
-    assert "'blocks.4' were replaced or removed" in said[0] and "'blocks.5'" not in said[0]
+    assert "'blocks.4' were replaced or removed" in said[0]
+    assert said[0].endswith(
+        "the ones moved still record under their old paths ('blocks.0' is now at 'blocks.1', 'blocks.1' "
+        "is now at 'blocks.2', 'blocks.2' is now at 'blocks.3', 'blocks.3' is now at 'blocks.4', "
+        "'blocks.4' is now at 'blocks.5')"
+    )
 
 
 def test_a_module_s_output_is_what_its_forward_returns_before_hooks_its_argument_after_pre_hooks():
