@@ -96,13 +96,21 @@ def _normalise(model: torch.nn.Module, nodes: Optional[ReturnNodes]) -> Dict[str
 
 
 def _warn_if_torchvision_differs(model: torch.nn.Module, target: Target) -> None:
-    """Warn where a module path, named as such, is another op's node name for torchvision."""
+    """Warn where a module path, named as such, is another op's node name for torchvision, or
+    names a module with forward hooks (torchvision's node is what they return)."""
     if target.output and target.text == target.path and _warn.get():
         clash = fx_name_clash(model, target.path)
         if clash is not None:
             warn(
                 f"return node {target.text!r} is a module path: bcrecord returns that module's output, "
                 f"but {clash}"
+            )
+        module = _submodule(model, target.path)
+        if module is not None and module._forward_hooks:
+            warn(
+                f"return node {target.text!r}: the {type(module).__name__} there has forward hooks; "
+                "bcrecord returns what its forward returns, before them, where torchvision's node is "
+                "what they return (the same where they return None)"
             )
 
 

@@ -153,6 +153,24 @@ def test_a_module_path_that_torchvision_gives_an_earlier_op_is_read_as_the_modul
         create_feature_extractor(SmallNet(), ["bn1", "blocks.0.relu"])
 
 
+def test_a_module_path_to_a_module_with_forward_hooks_says_torchvision_returns_what_they_return():
+    # It went unsaid: torchvision's GraphModule calls the module, hooks and all; here the value
+    # is what its forward returns (see bcrecord.torch.targets).
+    torch.manual_seed(0)
+    model, x = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU()), torch.ones(1, 2)
+    model[0].register_forward_hook(lambda module, args, out: out + 100)
+    with pytest.warns(bcrecord.RecordingWarning) as caught:
+        extractor = create_feature_extractor(model, ["0", "1"])
+    assert [str(w.message) for w in caught] == [
+        "return node '0': the Linear there has forward hooks; bcrecord returns what its forward "
+        "returns, before them, where torchvision's node is what they return (the same where they "
+        "return None)"
+    ]
+    features = extractor(x)
+    assert torch.allclose(features["0"], model[0].forward(x))
+    assert torch.allclose(features["1"], (model[0].forward(x) + 100).relu())
+
+
 def test_module_paths_torchvision_numbers_otherwise_are_read_as_the_module_with_a_warning():
     class Numbered(torch.nn.Module):  # ViT's EncoderBlock: ln_1, ln_2
         def __init__(self):
