@@ -21,6 +21,10 @@ Tensor values are detached clones by default (see :mod:`bcrecord.torch.copies`).
 Under ``torch.compile`` the probe runs outside the graph (once this package is
 imported, Dynamo skips it and everything it calls, as ``torch.compiler.disable``
 would), so compiled models record correctly, with one graph break per probe site.
+``torch.jit.script`` compiles a model's Python source, not its bytecode: a scripted
+module (scripted inside a block or not) records nothing; record the Python model.
+``torch.jit.trace`` inside a block records the runs it traces (the trace and its
+check); the traced module it returns records nothing.
 """
 
 from __future__ import annotations

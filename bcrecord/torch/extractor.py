@@ -29,7 +29,17 @@ from ..patch import Patch, remove_all, remove_soon
 from ..patch import targets as function_targets
 from ..runtime import kept_length
 from .copies import returned_inside
-from .record import PLAN_OPTIONS, ModelRecording, Pass, Plan, StopForward, _exporting, _stopping, threads_for
+from .record import (
+    PLAN_OPTIONS,
+    ModelRecording,
+    Pass,
+    Plan,
+    StopForward,
+    _exporting,
+    _stopping,
+    threads_for,
+    warn_shared,
+)
 from .targets import (
     Target,
     _expanding_again,
@@ -86,13 +96,21 @@ def _normalise(model: torch.nn.Module, nodes: Optional[ReturnNodes]) -> Dict[str
 
 
 def _warn_if_torchvision_differs(model: torch.nn.Module, target: Target) -> None:
-    """Warn where a module path, named as such, is another op's node name for torchvision."""
+    """Warn where a module path, named as such, is another op's node name for torchvision, or
+    names a module with forward hooks (torchvision's node is what they return)."""
     if target.output and target.text == target.path and _warn.get():
         clash = fx_name_clash(model, target.path)
         if clash is not None:
             warn(
                 f"return node {target.text!r} is a module path: bcrecord returns that module's output, "
                 f"but {clash}"
+            )
+        module = _submodule(model, target.path)
+        if module is not None and module._forward_hooks:
+            warn(
+                f"return node {target.text!r}: the {type(module).__name__} there has forward hooks; "
+                "bcrecord returns what its forward returns, before them, where torchvision's node is "
+                "what they return (the same where they return None)"
             )
 
 
@@ -207,10 +225,12 @@ class FeatureExtractor(torch.nn.Module):
         # Every option checked now, not at the first call: plans made and dropped (nothing is
         # patched; the first call in each mode resolves the targets again, as documented).
         ModelRecording(**self._run_options)
+        targeted: Dict[str, torch.nn.Module] = {}
         with _expanding_again():
             # Train's first (once if both are the same), not in a set's hash-seeded order.
             for nodes in dict.fromkeys([tuple(self.train_nodes), tuple(self.eval_nodes)]):
-                self._new_plan(nodes)
+                targeted.update(self._new_plan(nodes).modules)
+        warn_shared(model, targeted)
         self._plans: Dict[bool, Tuple[Plan, List[Patch], List[ModelRecording]]] = {}
         #: Per mode, what each call returns: (target, name, its keys, first value only).
         self._outputs: Dict[bool, List[Tuple[str, str, Tuple[str, ...], bool]]] = {}

@@ -76,7 +76,7 @@ from ..patch import (
 from ..runtime import Recording, Sink, context_recordings, silently
 from ..specs import Attribute, Local, Return, Spec
 from .copies import Device, ValuePolicy, _itself, _tracing_state, _transforms_active, value_policy
-from .targets import Target, _submodule, expand_all, module_at
+from .targets import Target, _submodule, expand_all, module_at, new_matches, unwrap
 
 __all__ = ["record", "ModelRecording", "StopForward"]
 
@@ -160,6 +160,38 @@ def _one_path_each(modules: Mapping[str, torch.nn.Module]) -> None:
             raise TargetError(
                 f"{path!r} and {first!r} are the same {type(module).__name__} object (registered "
                 "twice); while recorded a module has one path: target one of them"
+            )
+
+
+def warn_shared(model: torch.nn.Module, modules: Mapping[str, torch.nn.Module]) -> None:
+    """Warn where a module is targeted at a second name of it (``self.b = self.a``, one object).
+
+    Its probes cannot tell through which path it was called: every call of it records
+    under the targeted path, its calls as ``'a'`` too (a feature extractor's module path
+    gives its first call's output, torchvision has no node ``'b'``). At its first path, as
+    ``named_modules()`` and FX name it, a module run several times is nothing new: unsaid.
+
+    >>> import warnings
+    >>> model = torch.nn.Sequential(torch.nn.ReLU())
+    >>> model.append(model[0])  # the same ReLU at '0' and '1'
+    Sequential(...)
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     warn_shared(model, {"0": model[0]})
+    ...     warn_shared(model, {"1": model[1]})
+    >>> [str(warning.message)[:51] for warning in caught]
+    ["'1' is another name of the ReLU at '0' (one object)"]
+    """
+    paths: Dict[int, List[str]] = defaultdict(list)
+    for path, module in unwrap(model).named_modules(remove_duplicate=False):
+        paths[id(module)].append(path)
+    for path, module in modules.items():
+        names = paths.get(id(module), [])
+        if path in names[1:]:
+            warn(
+                f"{path!r} is another name of the {type(module).__name__} at {names[0]!r} (one object): "
+                f"its probes cannot tell through which name it is called, so its calls as {names[0]!r} "
+                f"are recorded under {path!r} too; target {names[0]!r} for its every call"
             )
 
 
@@ -1083,7 +1115,9 @@ def record(
     Targets are strings like ``'layer1.0:forward:out@2'``, ``':_forward_impl:x@0'``,
     ``'blocks.*:forward:x'`` or a bare module path ``'layer1'`` (its output); see
     :mod:`bcrecord.torch.targets`. Keys are ``'<path>:<method>:<target>'``; a bare
-    path's key is ``'<path>:forward:return'``.
+    path's key is ``'<path>:forward:return'``. Targets are resolved when the block starts: a
+    module put in the model meanwhile (at a targeted path, or where a glob target matches:
+    ``model.blocks.append(...)``) records nothing, and a warning names it when the block ends.
 
     Values are detached clones by default (``copy='detach'`` keeps the tensor itself,
     detached; ``copy='none'`` keeps each value itself, as the core does: a tensor stays in
@@ -1184,6 +1218,7 @@ def _record(
 ) -> Iterator[ModelRecording]:
     """:func:`record`'s block: plan, patch, record, and remove the patches after."""
     plan = Plan(model, targets, **policy)
+    warn_shared(model, plan.modules)
     patches = plan.patch(stops=bool(run.get("stop_after_last")))
     try:
         running = plan.running(patches, **run)
@@ -1197,6 +1232,7 @@ def _record(
         remove_all(patches)
         running.rec._ended = True
         _warn_replaced(plan)
+        _warn_added(plan)
 
 
 def _warn_replaced(plan: Plan) -> None:
@@ -1213,7 +1249,42 @@ def _warn_replaced(plan: Plan) -> None:
             f"the module{'s' if len(gone) > 1 else ''} at {listed} "
             f"{'were' if len(gone) > 1 else 'was'} replaced or removed while recording: what ran there "
             "afterwards recorded nothing (targets are resolved when record() starts); record "
-            "the model again to include it"
+            f"the model again to include it{_moved(plan, gone)}"
+        )
+
+
+def _moved(plan: Plan, gone: Sequence[str]) -> str:
+    """``'; the one from 'a' is now at 'b'...'`` for targeted modules moved to another path
+    (``ModuleList.insert``): still marked, they record under their first path."""
+    paths = {id(module): path for path, module in unwrap(plan.model).named_modules()}
+    moved = [(path, paths[id(plan.modules[path])]) for path in gone if id(plan.modules[path]) in paths]
+    if not moved:
+        return ""
+    listed = ", ".join(f"{old!r} is now at {new!r}" for old, new in moved)
+    if len(moved) > 1:
+        return f"; the ones moved still record under their old paths ({listed})"
+    return f"; the one moved still records under its old path ({listed})"
+
+
+def _warn_added(plan: Plan) -> None:
+    """Warn where a glob target matches a module added during the block (``model.blocks.append(...)``).
+
+    Its module was not there to be marked when the block started: it recorded nothing.
+    Said once, when the block ends, naming the paths.
+    """
+    added: Dict[str, str] = {}  # path: the first target string that matches it
+    targeted = {id(module) for module in plan.modules.values()}
+    for text in plan.keys:
+        for path in new_matches(plan.model, text, plan.modules):
+            if id(_submodule(plan.model, path)) not in targeted:  # (not one moved: still marked)
+                added.setdefault(path, text)
+    if added:
+        many = len(added) > 1
+        listed = ", ".join(f"{path!r} (matching {text!r})" for path, text in added.items())
+        warn(
+            f"the module{'s' if many else ''} at {listed} {'were' if many else 'was'} added while "
+            f"recording: {'they' if many else 'it'} recorded nothing (targets are resolved when "
+            f"record() starts); record the model again to include {'them' if many else 'it'}"
         )
 
 
@@ -1221,6 +1292,10 @@ def _warn_replaced(plan: Plan) -> None:
 #: forward under ``stop_after_last``, or an extractor): only then does a probe raise it.
 _stopping: contextvars.ContextVar[bool] = contextvars.ContextVar("bcrecord_stopping", default=False)
 _roots_lock = threading.Lock()
+#: The :class:`_StopAtRoot` calls running in this context, outermost first.
+_roots_running: contextvars.ContextVar[Tuple[_StopAtRoot, ...]] = contextvars.ContextVar(
+    "bcrecord_roots_running", default=()
+)
 #: Whether torch.export is tracing (torch.compiler.is_exporting, where torch has it).
 _exporting: Callable[[], bool] = getattr(getattr(torch, "compiler", None), "is_exporting", lambda: False)
 
@@ -1312,7 +1387,26 @@ class _StopAtRoot:
     def __code__(self) -> types.CodeType:  # torch.export reads model.forward.__code__
         return inspect.unwrap(self.forward).__code__
 
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        # A bound method where the forward is one, to isinstance (not to type()): torch.jit.script
+        # of the model reads the forward's source file (inspect.getsourcefile takes methods, not
+        # objects) and compiles its source, without probes (a scripted model records nothing).
+        return types.MethodType if type(self.forward) is types.MethodType else _StopAtRoot
+
+    def __getattr__(self, name: str) -> Any:
+        # Anything else read of model.forward is the forward's own (torch.jit.script reads its
+        # __func__, __globals__, __closure__).
+        if name == "forward":  # (no recursion, should it be missing)
+            raise AttributeError(name)
+        return getattr(self.forward, name)
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        outer = _roots_running.get()
+        if self in outer:
+            # The model's forward calling the model (recursion): part of the pass, which the
+            # outermost call ends (caught here, the stop would hand None to the forward).
+            return self.forward(*args, **kwargs)
         running = self._running()
         started = [rec for rec in running if rec._entered_here()]
         for rec in started:
@@ -1325,7 +1419,7 @@ class _StopAtRoot:
         # features itself: it stops under jit.trace, not under export.)
         synced = self.syncs and torch.is_grad_enabled()
         stopping = not synced and not _tracing() and not _transforms_active()
-        token = _stopping.set(stopping)
+        token, inside = _stopping.set(stopping), _roots_running.set((*outer, self))
         try:
             returned = self.forward(*args, **kwargs)
             if stopping:
@@ -1337,6 +1431,7 @@ class _StopAtRoot:
                 raise
             return None
         finally:
+            _roots_running.reset(inside)
             _stopping.reset(token)
             for rec in started:
                 rec._end_pass()

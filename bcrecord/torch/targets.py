@@ -6,7 +6,10 @@ Forms (``path`` is a dotted path from ``model.named_modules()``, ``''`` for the 
 * ``':_forward_impl:x@0'`` — a method of the root module;
 * ``'blocks.3:forward:x'`` — every assignment of ``x``;
 * ``'layer1'`` — that module's output (its ``forward``'s return value), as in
-  torchvision's ``return_nodes``;
+  torchvision's ``return_nodes``; that is, before the module's forward hooks run: a hook
+  that returns another value changes what the caller gets, which is recorded in the
+  caller (``':forward:h'``, or the next module's argument). An argument
+  (``'layer1:forward:x'``) is what ``forward`` gets: after forward pre-hooks;
 * globs in the path, matched one dotted component at a time: ``'blocks.*:forward:x@1'``,
   ``'layer*.*'`` (``layer1.0``, ``layer2.3``…, not ``layer1.0.conv1``);
 * a ``.grad`` suffix records the gradient of the value: ``'layer1.0:forward:out@2.grad'``;
@@ -35,7 +38,7 @@ import math
 import sys
 import types
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, Container, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import torch
 from bytecode import Instr, Label
@@ -43,12 +46,12 @@ from torch.nn.utils import parametrize
 
 from .._versions import current, global_name, local_name
 from ..analysis import compiled_spec, instructions
-from ..errors import NotPatchableError, SpecError, TargetError, did_you_mean, warn
+from ..errors import BcrecordError, NotPatchableError, SpecError, TargetError, did_you_mean, warn
 from ..patch import function_of, original_code
 from ..patch import targets as function_targets
 from ..specs import Attribute, Call, Expr, Return, Spec, compiled_name, parse
 
-__all__ = ["Target", "expand", "expand_all", "has_forward", "unwrap", "module_at"]
+__all__ = ["Target", "expand", "expand_all", "has_forward", "unwrap", "module_at", "new_matches"]
 
 _WRAPPERS: Tuple[type, ...] = (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel)
 
@@ -177,6 +180,12 @@ def _no_submodule(model: torch.nn.Module, path: str) -> TargetError:
         found = _submodule(model, ancestor)
     prefix = f"{ancestor}." if ancestor else ""
     names = [prefix + name if name else ancestor for name, _ in found.named_modules()]
+    if path in names:  # named_modules joins its names with dots: one of them holds a dot
+        return TargetError(
+            f"the submodule listed as {path!r} has a '.' in its name (set with setattr, which "
+            "does not check; add_module refuses it): no dotted path reaches it; give it a name "
+            "without a dot"
+        )
     hint = did_you_mean(path, [name for name in names if name], hide_private=False)
     return TargetError(f"the model has no submodule {path!r}{hint}")
 
@@ -1187,6 +1196,29 @@ def expand(model: torch.nn.Module, text: str) -> List[Target]:
             "or TorchScript modules, which cannot be recorded"
         )
     return targets
+
+
+def new_matches(model: torch.nn.Module, text: str, known: Container[str]) -> List[str]:
+    """The paths of recordable modules the glob target ``text`` matches in ``model`` now, not in ``known``.
+
+    For a module added after the targets were expanded (``model.blocks.append(...)`` while
+    recording); ``[]`` for a target without a glob, or one that no longer expands.
+
+    >>> import torch
+    >>> model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    >>> _ = model.append(torch.nn.ReLU())
+    >>> new_matches(model, "*:forward:return", {"0"}), new_matches(model, "1", {"0"})
+    (['1'], [])
+    """
+    try:
+        pattern = _split_in(model, text)[0]
+        if not any(ch in pattern for ch in "*?[") or all(p in known for p in _matching_paths(model, pattern)):
+            return []  # (the cheap check first: expanding reads the code of every match)
+        with _expanding_again():
+            found = expand(model, text)
+    except BcrecordError:  # the model changed so that the target no longer expands
+        return []
+    return list(dict.fromkeys(target.path for target in found if target.path not in known))
 
 
 def _argument_names(func: types.FunctionType) -> Tuple[str, ...]:

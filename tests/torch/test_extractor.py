@@ -153,6 +153,24 @@ def test_a_module_path_that_torchvision_gives_an_earlier_op_is_read_as_the_modul
         create_feature_extractor(SmallNet(), ["bn1", "blocks.0.relu"])
 
 
+def test_a_module_path_to_a_module_with_forward_hooks_says_torchvision_returns_what_they_return():
+    # It went unsaid: torchvision's GraphModule calls the module, hooks and all; here the value
+    # is what its forward returns (see bcrecord.torch.targets).
+    torch.manual_seed(0)
+    model, x = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU()), torch.ones(1, 2)
+    model[0].register_forward_hook(lambda module, args, out: out + 100)
+    with pytest.warns(bcrecord.RecordingWarning) as caught:
+        extractor = create_feature_extractor(model, ["0", "1"])
+    assert [str(w.message) for w in caught] == [
+        "return node '0': the Linear there has forward hooks; bcrecord returns what its forward "
+        "returns, before them, where torchvision's node is what they return (the same where they "
+        "return None)"
+    ]
+    features = extractor(x)
+    assert torch.allclose(features["0"], model[0].forward(x))
+    assert torch.allclose(features["1"], (model[0].forward(x) + 100).relu())
+
+
 def test_module_paths_torchvision_numbers_otherwise_are_read_as_the_module_with_a_warning():
     class Numbered(torch.nn.Module):  # ViT's EncoderBlock: ln_1, ln_2
         def __init__(self):
@@ -169,8 +187,12 @@ def test_module_paths_torchvision_numbers_otherwise_are_read_as_the_module_with_
         features = create_feature_extractor(model, ["ln", "ln_1"])(x)
     assert torch.equal(features["ln"], model.ln_1(x)) and torch.equal(features["ln_1"], model.ln_1(x))
     model.ln_0 = model.ln_1  # torchvision's numbers start at _1: it has no node 'ln_0'
-    with pytest.warns(bcrecord.RecordingWarning, match=r"it may have no node 'ln_0'"):
+    with pytest.warns(bcrecord.RecordingWarning) as caught:
         create_feature_extractor(model, ["ln_0"])
+    said = [str(w.message) for w in caught]
+    assert len(said) == 2 and "it may have no node 'ln_0'" in said[0]
+    # Its calls as 'ln_1' record under 'ln_0' too (this used to go unsaid):
+    assert said[1].startswith("'ln_0' is another name of the LayerNorm at 'ln_1' (one object)")
 
     class Block(torch.nn.Module):
         def forward(self, x):

@@ -327,6 +327,106 @@ def test_a_targeted_module_replaced_while_recording_is_named_in_a_warning(net):
     assert torch.equal(rec["fc:forward:return"], net.fc.bias.detach().expand(1, 5))
 
 
+def test_a_module_a_glob_target_matches_added_while_recording_is_named_in_a_warning(net):
+    # It used to go silently: added after the targets were resolved, it was never marked.
+    x = torch.randn(1, 3, 8, 8)
+    with pytest.warns(bcrecord.RecordingWarning) as caught:
+        with record(net, ["blocks.*:forward:out@0", "blocks.*", "fc"]) as rec:
+            net(x)
+            net.blocks.append(Block(4))
+            net.blocks.append(Block(4))
+            net(x)
+    said = [str(w.message) for w in caught]
+    assert len(said) == 1 and said[0].startswith(
+        "the modules at 'blocks.3' (matching 'blocks.*:forward:out@0'), 'blocks.4' (matching "
+        "'blocks.*:forward:out@0') were added while recording: they recorded nothing"
+    )
+    assert sorted({key.split(":")[0] for key in rec.keys()}) == ["blocks.0", "blocks.1", "blocks.2", "fc"]
+    assert len(rec.all("blocks.2:forward:return")) == 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", bcrecord.RecordingWarning)
+        with record(net, ["blocks.*", "fc"]) as rec:  # added before the block: recorded, no warning
+            net.extra = torch.nn.Linear(1, 1)  # matched by no target: no warning either
+            net(x)
+    assert torch.allclose(rec["blocks.4:forward:return"].mean((2, 3)) @ net.fc.weight.T + net.fc.bias, net(x))
+    with pytest.warns(bcrecord.RecordingWarning) as caught:
+        with torch.no_grad(), record(net, ["blocks.*"]) as rec:
+            net.blocks.insert(0, Block(4))  # moves the others on: they record at their old paths
+            net(x)
+    with torch.no_grad():
+        last = net.blocks(net.relu(net.bn1(net.stem(x))))  # the output of the last block, 'blocks.5'
+    assert torch.allclose(rec["blocks.4:forward:return"], last) and len(rec.keys()) == 5
+    said = [str(w.message) for w in caught]  # one warning: the moved ones are not said to be added
+    assert len(said) == 1 and said[0].startswith("the modules at 'blocks.0', 'blocks.1', 'blocks.2', ")
+    assert "'blocks.4' were replaced or removed" in said[0]
+    assert said[0].endswith(
+        "the ones moved still record under their old paths ('blocks.0' is now at 'blocks.1', 'blocks.1' "
+        "is now at 'blocks.2', 'blocks.2' is now at 'blocks.3', 'blocks.3' is now at 'blocks.4', "
+        "'blocks.4' is now at 'blocks.5')"
+    )
+
+
+def test_a_module_s_output_is_what_its_forward_returns_before_hooks_its_argument_after_pre_hooks():
+    # As documented in bcrecord.torch.targets: hooks run outside forward, in Module.__call__.
+    torch.manual_seed(0)
+    model, x = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU()), torch.ones(1, 2)
+    model[0].register_forward_pre_hook(lambda module, args: (args[0] * 10,))
+    model[0].register_forward_hook(lambda module, args, out: out + 100)
+    with record(model, ["0", "0:forward:input", "1:forward:input"]) as rec:
+        model(x)
+    assert torch.equal(rec["0:forward:input"], x * 10)  # after the pre-hook
+    assert torch.allclose(rec["0:forward:return"], model[0].forward(x * 10))  # before the hook
+    assert torch.allclose(rec["1:forward:input"], model[0].forward(x * 10) + 100)  # what the caller got
+
+
+class _NoGradForward(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(2, 2)
+
+    @torch.no_grad()  # a decorated forward: its targets are in the function it wraps
+    def forward(self, x):
+        h = self.fc(x)
+        return h * 2
+
+
+class _InferenceForward(_NoGradForward):
+    @torch.inference_mode()
+    def forward(self, x):
+        h = self.fc(x)
+        return h * 2
+
+
+def test_values_are_what_the_forward_computes_across_dtypes_autocast_and_decorated_forwards():
+    torch.manual_seed(0)
+    model, x = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU()), torch.randn(1, 2)
+    with record(model, ["0", "0:forward:self.weight"]) as rec:
+        model(x)
+        model.to(torch.float64)  # mid-block: the same modules, recorded on
+        model(x.double())
+        model.half()
+        model(x.half())
+    assert [v.dtype for v in rec.all("0:forward:return")] == [torch.float32, torch.float64, torch.float16]
+    assert torch.equal(rec.all("0:forward:self.weight")[2], model[0].weight.detach())
+    model.float()
+    with torch.autocast("cpu", dtype=torch.bfloat16), record(model, ["0"]) as rec:
+        out = model(x)
+    assert rec["0:forward:return"].dtype == torch.bfloat16 and torch.equal(
+        rec["0:forward:return"].relu(), out
+    )
+    params = {name: torch.ones_like(p) for name, p in model.named_parameters()}
+    with record(model, ["0", "0:forward:self.weight"]) as rec:
+        torch.func.functional_call(model, params, (x,))
+    assert torch.equal(rec["0:forward:self.weight"], torch.ones(2, 2))  # the parameters it was given
+    assert torch.allclose(rec["0:forward:return"], (x.sum() + 1).expand(1, 2))
+    for kind in (_NoGradForward, _InferenceForward):
+        decorated = kind()
+        with record(decorated, [":forward:h", ""], grad=True) as rec:
+            out = decorated(x)
+        assert torch.equal(rec[":forward:h@0"] * 2, out) and torch.equal(rec[":forward:return"], out)
+        assert not rec[":forward:h@0"].requires_grad
+
+
 def test_bad_targets_give_clear_errors_and_change_nothing(net):
     before = snapshot(net)
     for target, error, message in [
@@ -433,8 +533,13 @@ def test_a_module_registered_at_two_paths_is_recorded_through_either_name():
             return self.b(self.a(x) * 10)
 
     model, x = Shared(), torch.ones(1, 2)
-    with torch.no_grad(), record(model, ["b"]) as rec:
+    # Said: the values of its calls through 'a' are under 'b' too (it used to go unsaid).
+    with pytest.warns(bcrecord.RecordingWarning) as caught, torch.no_grad(), record(model, ["b"]) as rec:
         model(x)
+    assert [str(w.message) for w in caught] == [
+        "'b' is another name of the Linear at 'a' (one object): its probes cannot tell through which "
+        "name it is called, so its calls as 'a' are recorded under 'b' too; target 'a' for its every call"
+    ]
     first = model.a(x)
     assert [v.tolist() for v in rec.all("b:forward:return")] == [first.tolist(), model.a(first * 10).tolist()]
     with pytest.raises(
@@ -1039,6 +1144,35 @@ def test_the_model_s_own_hooks_never_get_none_from_an_early_stop():
         assert net(x) is None  # no hook: it stops
 
 
+class Recursive(torch.nn.Module):
+    """A forward that calls the module itself."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(3, 3)
+
+    def forward(self, x, depth=2):
+        h = self.fc(x)
+        if depth:
+            h = self(h, depth - 1) + 1
+        return h
+
+
+def test_a_forward_that_calls_its_own_model_is_stopped_by_the_outermost_call_only():
+    # The recursive call was ended alone: None went back into the forward (TypeError there).
+    torch.manual_seed(0)
+    model, x = Recursive(), torch.randn(2, 3)
+    with record(model, [":forward:return", "fc"], stop_after_last=True) as rec:
+        assert model(x) is None
+    innermost = model.fc(model.fc(model.fc(x)))  # the first return: the deepest call's
+    assert torch.allclose(rec[":forward:return"], innermost) and len(rec.all(":forward:return")) == 1
+    assert len(rec.all("fc:forward:return")) == 3 and "forward" not in vars(model)
+    with record(model, [":forward:return"]) as rec:  # without the stop: each call's return
+        out = model(x)
+    returns = rec.all(":forward:return")
+    assert len(returns) == 3 and all(map(torch.allclose, returns, [innermost, out - 1, out]))
+
+
 def test_a_deepcopy_made_while_stopping_early_stops_as_the_model_does():
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
@@ -1243,6 +1377,26 @@ def test_torch_jit_script_inside_a_recording_compiles_the_source_and_its_module_
             scripted = torch.jit.script(model)
             out = scripted(x)
     assert torch.allclose(out, model(x)) and rec.keys() == []
+
+
+def test_torch_jit_script_inside_a_recording_that_stops_early_compiles_the_model_and_records_nothing():
+    torch.manual_seed(0)
+    model, x = SmallNet().eval(), torch.randn(2, 3, 8, 8)
+    holder = torch.nn.Sequential(model)  # a module holding the recorded model is scripted with it
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit.script's, from torch 2.10 on
+        with record(model, ["bn1"], stop_after_last=True) as rec:
+            scripted, scripted_holder = torch.jit.script(model), torch.jit.script(holder)
+            outs = [scripted(x), scripted_holder(x)]
+            assert rec.keys() == []  # the scripted modules run TorchScript: no probes
+            assert model(x) is None  # the model itself still records, and stops
+    assert "forward" not in vars(model)
+    expected = model(x)
+    assert all(torch.allclose(out, expected) for out in outs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        assert torch.allclose(torch.jit.script(model)(x), expected)  # and after the block
+    assert torch.allclose(rec["bn1:forward:return"], model.bn1(model.stem(x)))
 
 
 def test_a_stop_held_back_by_a_site_that_did_not_run_is_said_once():

@@ -801,6 +801,20 @@ def test_a_missing_path_is_compared_with_the_paths_under_its_deepest_existing_an
         module_at(model, "c.0")  # no ancestor: every path
 
 
+def test_a_submodule_set_under_a_dotted_name_is_refused_saying_so():
+    # It said "no submodule 'x.y'; did you mean 'x.y'?": named_modules lists it, no path reaches it.
+    model = torch.nn.Sequential(torch.nn.ReLU())
+    setattr(model, "x.y", torch.nn.ReLU())  # (add_module and ModuleDict refuse the dot)
+    with pytest.raises(
+        bcrecord.TargetError, match=r"listed as 'x\.y' has a '\.' in its name \(set with setattr"
+    ):
+        expand(model, "x.y")
+    with pytest.raises(
+        bcrecord.TargetError, match=r"^the model has no submodule 'x\.z'; did you mean 'x\.y'\?$"
+    ):
+        module_at(model, "x.z")
+
+
 def _shuffle(x):  # as shufflenet's channel_shuffle: a helper whose ops FX numbers as its caller's
     return x.view(2, -1).transpose(0, 1)
 
