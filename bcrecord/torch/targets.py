@@ -35,6 +35,7 @@ import functools
 import inspect
 import itertools
 import math
+import re
 import sys
 import types
 from dataclasses import dataclass, field
@@ -199,7 +200,7 @@ def _split(text: str) -> Tuple[str, str, str, bool]:
         if ":" not in text:
             raise _bare_path_grad(text[: -len(".grad")])
         text = text[: -len(".grad")]
-    parts = text.split(":")
+    parts = [part.strip() for part in text.split(":")]  # ('layer1.0 : forward : out', as run reads it)
     if len(parts) == 1:
         return parts[0], "forward", "", grad
     if len(parts) != 3 or not parts[1] or not parts[2]:
@@ -1189,6 +1190,8 @@ def expand(model: torch.nn.Module, text: str) -> List[Target]:
             _refuse_parametrized_read(module, func, spec, where, grad)
         concrete = f"{path}:{runs}:{spec_text}" if spec_text else path
         given = text.strip().removesuffix(".grad") if grad else text.strip()  # (a module named 'grad')
+        if spec_text:  # 'layer1.0 : forward : out' is keyed as 'layer1.0:forward:out'
+            given = re.sub(r"\s*:\s*", ":", given)
         targets.append(Target(concrete if is_glob else given, path, runs, spec, grad, not spec_text))
     if not targets:
         raise TargetError(

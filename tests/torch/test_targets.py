@@ -33,6 +33,20 @@ def test_forms():
     assert t.grad and t.text == "blocks.0:forward:out@1"
 
 
+def test_spaces_around_a_target_s_parts_are_read_as_bcrecord_run_reads_them():
+    net = SmallNet()
+    (t,) = expand(net, " blocks.1 : forward : out@2 ")
+    assert (t.path, t.method, t.spec, t.text) == (
+        "blocks.1",
+        "forward",
+        Local("out", 2),
+        "blocks.1:forward:out@2",
+    )
+    with bcrecord.torch.record(net, ["blocks.1 : forward : out@2"]) as rec:
+        net(torch.ones(2, 3, 8, 8))
+    assert list(rec) == ["blocks.1:forward:out@2"]
+
+
 def test_globs_match_one_component_at_a_time():
     net = SmallNet()
     assert [t.path for t in expand(net, "blocks.*")] == ["blocks.0", "blocks.1", "blocks.2"]
