@@ -296,6 +296,41 @@ class ModelRecording(Recording):
         super().__enter__()
         return self
 
+    def __getstate__(self) -> Dict[str, Any]:
+        """What a pickle, ``torch.save`` or copy of the recording holds: as the core's
+        (:meth:`bcrecord.Recording.__getstate__`, its values as they are now), with its targets'
+        keys, ended (its block's patches stay with the model); not its value policies (a
+        ``reduce`` lambda does not pickle: they have made its values) nor its gradient hooks:
+        gradients still to come go to the recording itself, not to a copy.
+
+        >>> import copy, pickle, torch
+        >>> from bcrecord.torch import record
+        >>> model = torch.nn.Sequential(torch.nn.Linear(2, 3))
+        >>> with record(model, ["0"], reduce=lambda t: t.sum()) as rec:
+        ...     _ = model(torch.ones(1, 2))
+        ...     inside = copy.deepcopy(rec)
+        >>> kept = pickle.loads(pickle.dumps(rec))
+        >>> kept.keys_of("0"), torch.equal(kept["0:forward:return"], inside["0:forward:return"])
+        (['0:forward:return'], True)
+        """
+        state = super().__getstate__()
+        state.update(
+            targets={text: list(keys) for text, keys in self.targets.items()},
+            _policies=(),
+            _grad_lock=None,
+            _leaf_hooks=set(),
+            _leaf_waiting={},
+            _ended=True,
+            _passing=False,
+            _unwound=(),
+            _caught_in=None,
+        )
+        return state
+
+    def __setstate__(self, state: Dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._grad_lock = threading.Lock()
+
     def _settle(self) -> None:
         for policy in self._policies:
             policy.settle()

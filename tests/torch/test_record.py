@@ -582,6 +582,31 @@ def test_deepcopy_records_the_copy_never_the_original(net):
     assert torch.allclose(own["fc:forward:return"], from_twin)
 
 
+def test_a_recording_pickles_saves_and_copies_as_a_snapshot_inside_its_block_and_after():
+    model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU())
+    x = torch.ones(1, 2, requires_grad=True)
+    with record(model, ["0", "1:forward:input@0.grad"], reduce=lambda t: t * 2) as rec:
+        model(x).sum().backward()
+        inside = copy.deepcopy(rec)
+        model(x)  # after the copy: in the recording, not in the copy
+    buffer = io.BytesIO()
+    torch.save(rec, buffer)
+    buffer.seek(0)
+    copies = [pickle.loads(pickle.dumps(rec)), copy.copy(rec), torch.load(buffer, weights_only=False)]
+    twice = (model[0](x) * 2).detach()
+    assert [len(c.all("0:forward:return")) for c in [inside, *copies]] == [1, 2, 2, 2]
+    assert all(torch.equal(c["0:forward:return"], twice) for c in [inside, *copies])
+    assert torch.equal(inside["1:forward:input.grad"], (model[0](x) > 0).float() * 2)  # relu's, reduced
+    assert [c.keys_of("1:forward:input@0.grad") for c in copies] == [
+        ["1:forward:input", "1:forward:input.grad"]
+    ] * 3
+    for kept in [inside, *copies]:
+        with pytest.raises(RuntimeError, match="record\\(\\) block has ended"):
+            with kept:
+                pass
+    assert rec.all("0:forward:return")[0] is not copies[0].all("0:forward:return")[0]
+
+
 def test_one_module_at_two_paths_of_one_model_is_refused_with_the_reason():
     shared = torch.nn.Linear(2, 2)
     model = torch.nn.Sequential(shared, torch.nn.ReLU(), shared)
