@@ -889,6 +889,8 @@ class Plan:
         # What the targets ask of each key: overlapping targets ("out" and "out@1",
         # "x@0" and "x@0.grad") ask for one value, recorded once.
         requests: Dict[str, _Request] = {}
+        # One reading per (spec, code): the instances of a class (16 Bottlenecks) share its code.
+        sites_of: Dict[Tuple[Spec, types.CodeType], List[Tuple[Spec, str]]] = {}
         expanded = expand_all(model, targets)
         _check_reduce_keys(reduce, expanded)
         for text, concrete in expanded.items():
@@ -898,10 +900,14 @@ class Plan:
                 cls, method = type(module), target.method
                 func = function_of(getattr(cls, method))
                 reducer = _reduce_for(reduce, text, target)
-                try:
-                    sites = _one_site_specs(target.spec, original_code(func), func.__qualname__)
-                except TargetError as error:  # say which module: a glob reaches many
-                    raise TargetError(f"{text!r} at {target.path or '<root>'!r}: {error}") from None
+                code = original_code(func)
+                sites = sites_of.get((target.spec, code))
+                if sites is None:
+                    try:
+                        sites = _one_site_specs(target.spec, code, func.__qualname__)
+                        sites_of[target.spec, code] = sites
+                    except TargetError as error:  # say which module: a glob reaches many
+                        raise TargetError(f"{text!r} at {target.path or '<root>'!r}: {error}") from None
                 for spec, label in sites:
                     key = f"{target.path}:{method}:{label}"
                     self.keys[text].append(key)

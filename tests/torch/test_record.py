@@ -4,6 +4,7 @@ import copy
 import functools
 import io
 import pickle
+import sys
 import threading
 import time
 import warnings
@@ -1607,3 +1608,16 @@ def test_values_recorded_inside_torch_func_grad_are_plain_tensors_that_save(tmp_
     # The gradient of the sum through the ReLU and the last Linear: relu'(h) * w2.
     expected = (hidden > 0).float() * model[2].weight.detach()
     assert torch.allclose(rec["0:forward:return.grad"], expected)
+
+
+def test_the_instances_of_a_class_share_one_reading_of_its_code_per_spec(net, monkeypatch):
+    # Set-up reads each (spec, code) once: 16 Bottlenecks of resnet50 share their forward's.
+    record_module = sys.modules["bcrecord.torch.record"]
+    reads = []
+    read = record_module._one_site_specs
+    monkeypatch.setattr(record_module, "_one_site_specs", lambda *args: reads.append(args[2]) or read(*args))
+    with record(net, ["blocks.*:forward:out", "blocks.*:forward:identity", "bn1"]) as rec:
+        net(torch.randn(1, 3, 8, 8))
+    assert sorted(reads) == ["Block.forward", "Block.forward", "_BatchNorm.forward"]
+    keys = rec.keys_of("blocks.*:forward:out")
+    assert len(keys) == 3 * len([key for key in keys if key.startswith("blocks.0:")]) > 3
