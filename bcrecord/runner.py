@@ -2048,9 +2048,30 @@ class _Runner:
             if n
         ]
         widths = [max(len(r[i]) for r in rows) for i in range(3)]
-        print("bcrecord: recorded (no --save-dir, so nothing was saved):", file=out)
+        late = _save_dir_after_the_program(self.program.argv[1:])
+        why = f"{late} came after the program, which took it as its own" if late else "no --save-dir"
+        print(f"bcrecord: recorded ({why}, so nothing was saved):", file=out)
         for row in rows:
             print("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip(), file=out)
+
+
+def _save_dir_after_the_program(args: Sequence[str]) -> str:
+    """The program's first argument that reads as ``run``'s ``--save-dir``, or ``''``.
+
+    After the program they are the program's own (as with ``python -m cProfile``): a summary
+    that saved nothing says so, as the program may well have an ``-o`` of its own.
+
+    >>> _save_dir_after_the_program(["--epochs", "2", "-o", "out"])
+    "'-o out'"
+    >>> _save_dir_after_the_program(["--save-dir=runs/a"]), _save_dir_after_the_program(["-output"])
+    ("'--save-dir=runs/a'", '')
+    """
+    for k, arg in enumerate(args):
+        if arg in ("-o", "--save-dir"):
+            return repr(" ".join(args[k : k + 2]))
+        if arg.startswith("--save-dir="):
+            return repr(arg)
+    return ""
 
 
 def _shadowed(folder: str) -> List[str]:

@@ -144,6 +144,26 @@ def test_the_summary_of_a_key_whose_copies_all_failed_says_so(tmp_path):
     assert "__main__:step:odd@0: 5 value(s) not recorded, their copy failed" in err.getvalue()
 
 
+def test_a_summary_that_saved_nothing_names_a_save_dir_given_after_the_program(tmp_path):
+    # "bcrecord run -r T train.py -o out": -o is train.py's own (it may have one), so it runs as
+    # given; the summary says why nothing was saved rather than only "no --save-dir".
+    import io
+
+    from bcrecord.runner import run
+
+    script = tmp_path / "train.py"
+    script.write_text("import sys\ndef step(v):\n    w = v * 2\n    return w\nstep(len(sys.argv))\n")
+    err = io.StringIO()
+    assert run(["__main__:step:w"], str(script), ["--epochs", "2", "-o", "out"], stderr=err) == 0
+    assert err.getvalue().splitlines() == [
+        "bcrecord: recorded ('-o out' came after the program, which took it as its own, "
+        "so nothing was saved):",
+        "  key                values  last value",
+        "  __main__:step:w@0  1       10",
+    ]
+    assert not (tmp_path / "out").exists()
+
+
 def test_run_refuses_an_empty_save_dir_and_saves_nothing(project):
     # -o "$OUT" with OUT unset: not the working directory
     result = cli("run", "-r", "helper:twice:y", "-o", "", "prog.py", cwd=project)
