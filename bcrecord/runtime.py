@@ -1132,12 +1132,17 @@ def copied_dataclass(value: Any, copy_field: Callable[[Any], Any], made: Dict[in
 #: never imports them) the first time a value from that library is copied.
 _PLUGINS = {
     "torch": "bcrecord.torch.copies",
+    "torchvision": "bcrecord.integrations.torchvision",
     "mmengine": "bcrecord.integrations.mmengine",
     "transformers": "bcrecord.integrations.transformers",
 }
 
 
-def _load_plugin(cls: type) -> None:
+def load_plugin(cls: type) -> None:
+    """Import the plug-in that registers copies for ``cls``'s library, the first time one is met.
+
+    >>> load_plugin(int)  # (no plug-in for the standard library: nothing to do)
+    """
     plugin = _PLUGINS.pop(cls.__module__.partition(".")[0], None)
     if plugin is not None:
         importlib.import_module(plugin)
@@ -1148,7 +1153,7 @@ def _find_copier(policy: Any, cls: type) -> Optional[Copier]:
         # A policy may name a cheaper copier per type (the torch layer's, for tensors).
         for_type = getattr(policy, "copier_for", None)
         return policy if for_type is None else for_type(cls)  # type: ignore[no-any-return]
-    _load_plugin(cls)
+    load_plugin(cls)
     for klass in cls.__mro__:
         found = _registered.get((policy, klass))
         if found is not None:

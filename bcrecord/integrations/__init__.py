@@ -11,6 +11,8 @@ package alone imports nothing heavy:
   trainers (``pip install 'bcrecord[lightning]'``).
 * :mod:`bcrecord.integrations.transformers` — how recordings copy transformers' key/value
   caches (loaded by the core the first time it copies a transformers object).
+* :mod:`bcrecord.integrations.torchvision` — how recordings copy torchvision's
+  ``ImageList`` (loaded by the core the first time it copies a torchvision object).
 
 >>> import bcrecord.integrations
 >>> bcrecord.integrations.__name__

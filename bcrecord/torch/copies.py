@@ -13,6 +13,10 @@ Importing this module registers how tensors are copied under each core policy
 The others take a tensor recorded inside a ``torch.func`` transform from under its
 wrappers: inside ``vmap``, the whole batch (:func:`outside_transforms`).
 
+An object holding tensors whose class is registered with :func:`register_holder`
+(torchvision's ``ImageList``, by :mod:`bcrecord.integrations.torchvision`) is rebuilt
+around copies of its tensors; any other object follows the core's policy.
+
 :func:`value_policy` builds the copier for one target of :func:`bcrecord.torch.record`
 from its options: offload (``to='cpu'``; from a GPU the copy does not block, and
 recordings wait for it before a value is read: :meth:`ValuePolicy.settle`), dtype
@@ -43,10 +47,11 @@ from ..runtime import (
     copied_once,
     copies_without_python,
     copy_value,
+    load_plugin,
     register_copy,
 )
 
-__all__ = ["ValuePolicy", "clone", "detached_clone", "value_policy"]
+__all__ = ["ValuePolicy", "clone", "detached_clone", "register_holder", "value_policy"]
 
 #: Whether torch.jit.trace is tracing (None outside a trace; a C call per recorded tensor).
 _tracing_state: Callable[[], Any] = getattr(torch._C, "_get_tracing_state", lambda: None)
@@ -230,9 +235,53 @@ def _map(
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         made = {} if made is None else made
         return copied_dataclass(value, lambda content: _map(content, fn, other, made), made)
+    rebuild = _holder(type(value))
+    if rebuild is not None:
+        made = {} if made is None else made
+        return copied_once(
+            value, lambda held: rebuild(held, lambda content: _map(content, fn, other, made)), made
+        )
     if other is None:
         return value
     return other(value) if made is None else copied_once(value, other, made)
+
+
+#: How to rebuild an object that holds tensors, by its class: ``rebuild(value, copy)`` (see register_holder).
+Rebuild = Callable[[Any, Callable[[Any], Any]], Any]
+_HOLDERS: Dict[type, Rebuild] = {}
+
+
+def register_holder(cls: type, rebuild: Rebuild) -> None:
+    """Copy values of exactly ``cls`` as ``rebuild(value, copy)``: a new object holding ``copy`` of its parts.
+
+    For a library's object that holds tensors (torchvision's ``ImageList``): without
+    it, such an object is recorded as itself, its tensors the live ones (neither
+    copied, nor moved, cast or reduced by ``to``, ``dtype`` or ``reduce``). ``copy``
+    copies a part as the recording's options copy a value (a tensor, a list of them).
+
+    >>> import torch
+    >>> class Boxes:
+    ...     def __init__(self, xyxy: torch.Tensor) -> None: self.xyxy = xyxy
+    >>> register_holder(Boxes, lambda boxes, copy: Boxes(copy(boxes.xyxy)))
+    >>> live = Boxes(torch.ones(2))
+    >>> kept = value_policy(dtype=torch.float64)(live)
+    >>> kept is live, kept.xyxy.dtype
+    (False, torch.float64)
+    """
+    _HOLDERS[cls] = rebuild
+    for policy, copy_tensor in (
+        ("clone", detached_clone),
+        ("detach", _detached),
+        ("deepcopy", _detached_copy),
+    ):
+        other = functools.partial(copy_value, policy=policy)
+        register_copy(cls, policy, functools.partial(_map, fn=copy_tensor, other=other))
+
+
+def _holder(cls: type) -> Optional[Rebuild]:
+    """How to rebuild a ``cls`` holding tensors (:func:`register_holder`); None for other classes."""
+    load_plugin(cls)  # (torchvision's: registers ImageList the first time one is met)
+    return _HOLDERS.get(cls)
 
 
 def _plain(value: Any, contents: List[Any]) -> Any:
@@ -365,8 +414,10 @@ class ValuePolicy:
     def __call__(self, value: Any) -> Any:
         if self._itself:
             return value
-        if isinstance(value, (torch.Tensor, list, tuple, dict)) or (
-            dataclasses.is_dataclass(value) and not isinstance(value, type)
+        if (
+            isinstance(value, (torch.Tensor, list, tuple, dict))
+            or (dataclasses.is_dataclass(value) and not isinstance(value, type))
+            or _holder(type(value)) is not None
         ):
             return _map(value, self._tensor, self._other)
         return copy_value(value, self.copy)

@@ -269,6 +269,21 @@ class FeatureExtractor(torch.nn.Module):
             weakref.finalize(self, remove_soon, patches)
         return found
 
+    def _mode_hint(self, training: bool) -> str:
+        """Why a target may not be reached in this mode, where one set of targets serves both.
+
+        A detection model computes its losses in training only and its detections in
+        eval only: a target in one of those branches is never reached in the other mode.
+        """
+        if self.train_nodes != self.eval_nodes:  # (targets given per mode already)
+            return ""
+        mode, other = ("train", "eval") if training else ("eval", "train")
+        return (
+            f" (the model ran in {mode} mode: a target in a branch only {other} mode takes is "
+            "never reached in it; give the targets of each mode with train_return_nodes= and "
+            "eval_return_nodes=)"
+        )
+
     def close(self) -> None:
         """Remove the patches now (the next call patches again). Idempotent.
 
@@ -363,12 +378,13 @@ class FeatureExtractor(torch.nn.Module):
             replaced = [
                 path for path, module in plan.modules.items() if _submodule(self.model, path) is not module
             ]
-            hint = (
-                f" (the modules at {replaced} are not those this extractor resolved at its first "
-                "call: make a new extractor after changing the model)"
-                if replaced
-                else ""
-            )
+            if replaced:
+                hint = (
+                    f" (the modules at {replaced} are not those this extractor resolved at its first "
+                    "call: make a new extractor after changing the model)"
+                )
+            else:
+                hint = self._mode_hint(training)
             raise RuntimeError(f"this forward pass never reached {missing}{hint}")
         found.sort(key=_position)  # stable: return_nodes' order among equals
         return dict(map(_name_and_value, found))

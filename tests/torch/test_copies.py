@@ -322,3 +322,36 @@ def test_values_copied_under_inference_mode_are_normal_tensors_autograd_takes(op
     with torch.inference_mode(), record(model, ["0"], copy="detach") as rec:
         model(x)
     assert rec["0:forward:return"].is_inference()  # 'detach' keeps the tensor itself, as it is
+
+
+class _Batch:
+    """An object holding a tensor, as torchvision's ImageList holds the padded images."""
+
+    def __init__(self, tensors: torch.Tensor, sizes: list) -> None:
+        self.tensors = tensors
+        self.sizes = sizes
+
+
+def test_a_registered_holder_is_rebuilt_around_copies_of_its_tensors():
+    from bcrecord.torch import record
+    from bcrecord.torch.copies import register_holder
+
+    register_holder(_Batch, lambda batch, copy: _Batch(copy(batch.tensors), list(batch.sizes)))
+
+    class Net(torch.nn.Module):
+        def forward(self, x):
+            batch = _Batch(x * 2, [tuple(x.shape)])
+            batch.tensors.add_(1)  # changed in place after the assignment
+            return batch.tensors
+
+    net = Net()
+    with record(net, [":forward:batch@0"]) as rec:
+        net(torch.ones(2))
+    with record(net, [":forward:batch@0"], dtype=torch.float64, reduce=lambda t: t.sum()) as summed:
+        net(torch.ones(2))
+    kept = rec[":forward:batch@0"]
+    assert type(kept) is _Batch and torch.equal(kept.tensors, torch.full((2,), 2.0)) and kept.sizes == [(2,)]
+    assert summed[":forward:batch@0"].tensors.dtype == torch.float64
+    assert float(summed[":forward:batch@0"].tensors) == 4.0
+    detached = copy_value(_Batch(torch.ones(1, requires_grad=True) * 3, []), "detach")
+    assert type(detached) is _Batch and not detached.tensors.requires_grad

@@ -1047,3 +1047,30 @@ def test_features_extracted_under_inference_mode_are_normal_tensors():
     assert probe.weight.grad is not None
     with torch.no_grad():
         assert torch.allclose(features["fc"], model(x))
+
+
+def test_a_target_in_a_branch_only_the_other_mode_takes_says_so():
+    class WithLoss(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(2, 2)
+
+        def forward(self, x):
+            out = self.lin(x)
+            if self.training:
+                loss = out.square().mean()
+                return loss
+            return out
+
+    model = WithLoss().eval()
+    with pytest.raises(RuntimeError, match=r"ran in eval mode: a target in a branch only train mode takes"):
+        create_feature_extractor(model, [":forward:loss@0"])(torch.ones(1, 2))
+    per_mode = create_feature_extractor(
+        model, train_return_nodes=[":forward:loss@0"], eval_return_nodes=["lin"]
+    )
+    assert torch.equal(per_mode(torch.ones(1, 2))["lin"], model.lin(torch.ones(1, 2)))
+    wrong = create_feature_extractor(model, train_return_nodes=["lin"], eval_return_nodes=[":forward:loss@0"])
+    with pytest.raises(
+        RuntimeError, match=r"never reached \[':forward:loss@0'\]$"
+    ):  # given per mode: no hint
+        wrong(torch.ones(1, 2))
