@@ -292,8 +292,14 @@ def test_the_example_notebook_runs_in_a_real_kernel(tmp_path, monkeypatch):
     monkeypatch.setenv("IPYTHONDIR", str(tmp_path / "ipython"))
     nbformat = pytest.importorskip("nbformat", reason="the py311-torch tox env installs nbformat")
     nbclient = pytest.importorskip("nbclient", reason="the py311-torch tox env installs nbclient")
+    kernelspec = pytest.importorskip(
+        "ipykernel.kernelspec", reason="the py311-torch tox env installs ipykernel"
+    )
+    # A kernel of this Python: a 'python3' kernelspec of the machine or user could be another one.
+    kernelspec.write_kernel_spec(tmp_path / "jupyter" / "kernels" / "bcrecord-tests")
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))  # searched first
     notebook = nbformat.read(EXAMPLE, as_version=4)
-    nbclient.NotebookClient(notebook, timeout=300, kernel_name="python3").execute()
+    nbclient.NotebookClient(notebook, timeout=300, kernel_name="bcrecord-tests").execute()
     code = [cell for cell in notebook.cells if cell.cell_type == "code"]
 
     def text(cell):
