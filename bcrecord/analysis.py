@@ -1470,3 +1470,11 @@ class Targets:
 
     def __repr__(self) -> str:
         return f"<Targets of {self.name}: {len(self.specs())} sites>"
+
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """IPython's and Jupyter's display: the table, as ``print`` shows it.
+
+        A notebook cell ending in ``bcrecord.targets(f)`` shows this, not the one-line
+        ``repr``. ``printer`` is IPython's pretty printer: only its ``text`` is used.
+        """
+        printer.text(str(self))

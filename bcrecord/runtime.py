@@ -1843,7 +1843,7 @@ class Recording:
 
     def __repr__(self) -> str:
         state = "active" if self.active else "inactive"
-        return f"<Recording {state}, {len(self)} keys>"
+        return f"<Recording {state}, {len(self)} key{'' if len(self) == 1 else 's'}>"
 
 
 def _patches_in(only: Any) -> List[Any]:

@@ -1189,6 +1189,8 @@ class Loaded(Mapping[str, List[Any]]):
     >>> loaded = bcrecord.load(bcrecord.save({"m:f:x@0": [2.0]}, folder, step=5))
     >>> loaded["m:f:x@0"], loaded.steps("m:f:x@0"), len(loaded)
     ([1.0, 2.0], [0, 5], 1)
+    >>> loaded
+    <Loaded: 1 key, 2 values>
     """
 
     def __init__(self, entries: List[Entry]) -> None:
@@ -1229,6 +1231,11 @@ class Loaded(Mapping[str, List[Any]]):
 
     def __len__(self) -> int:
         return len(self._by_key)
+
+    def __repr__(self) -> str:
+        # What a notebook shows for a cell ending in bcrecord.load(...): was the default object repr.
+        keys, values = len(self._by_key), len(self.entries)
+        return f"<Loaded: {keys} key{'' if keys == 1 else 's'}, {values} value{'' if values == 1 else 's'}>"
 
 
 def load(directory: PathLike, keys: Optional[Iterable[str]] = None) -> Loaded:

@@ -400,6 +400,26 @@ def test_the_table_s_header_gives_the_parameters_in_def_order_with_their_stars()
     assert str(bcrecord.targets(g)).splitlines()[0].endswith("g(a, *, k)")
 
 
+def test_ipython_and_jupyter_display_the_table_not_the_one_line_repr():
+    # A notebook cell ending in bcrecord.targets(f) showed '<Targets of f: 2 sites>'.
+    def f(a):
+        x = a
+        return x
+
+    found = bcrecord.targets(f)
+    written = []
+    # The part of IPython's pretty printer a _repr_pretty_ uses (IPython is no core dependency).
+    found._repr_pretty_(types.SimpleNamespace(text=written.append), False)
+    assert written == [str(found)]
+    lines = written[0].splitlines()
+    assert (lines[0].rsplit(".", 1)[-1], lines[1].split(), lines[2].split()[-1]) == (
+        "f(a)",
+        ["kind", "target", "index", "line", "spec"],
+        "x@0",
+    )
+    assert repr(found).endswith(".f: 2 sites>")
+
+
 def test_code_the_compiler_drops_has_no_sites_on_any_version():
     # As the README says: unreachable code is not in the code object to count.
     def f(a):

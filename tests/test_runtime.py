@@ -49,6 +49,14 @@ def test_default_clone_keeps_the_value_as_assigned():
     assert (rec["mut:mutating:pre@0"].v, rec["mut:mutating:post@0"].v) == (1, 11)
 
 
+def test_a_recording_s_repr_counts_its_keys_in_words():
+    # A notebook showed '<Recording inactive, 1 keys>'.
+    with bcrecord.recording() as rec:
+        assert repr(rec) == "<Recording active, 0 keys>"
+        rec.add("m:f:x@0", 1)
+    assert repr(rec) == "<Recording inactive, 1 key>"
+
+
 def test_copy_policies_per_recording_and_per_spec():
     with bcrecord.recording(copy="none") as rec:
         value = Mutable(0)

@@ -43,6 +43,13 @@ def test_saves_a_recording(tmp_path):
     assert load(tmp_path)["lam:<lambda>:return"] == [2, 4]
 
 
+def test_what_was_loaded_shows_as_its_counts_in_a_notebook(tmp_path):
+    # A cell ending in bcrecord.load(folder) showed '<bcrecord.storage.Loaded object at 0x...>'.
+    save({"m:f:x@0": [1, 2], "m:f:y@0": [3]}, tmp_path)
+    assert repr(load(tmp_path)) == "<Loaded: 2 keys, 3 values>"
+    assert repr(load(tmp_path, keys=["m:f:y@0"])) == "<Loaded: 1 key, 1 value>"
+
+
 def test_a_save_cut_short_is_never_accepted(tmp_path, monkeypatch):
     Writer(tmp_path).write({"k": [1]}, step=0)
     real_dumps = json.dumps

@@ -461,6 +461,10 @@ class TargetList(List[str]):
                 lines.append(f"    {target}")
         return "\n".join(lines)
 
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """IPython's and Jupyter's display: the grouped table of ``str``, not a flat list."""
+        printer.text(str(self))
+
 
 #: The methods :func:`list_targets` lists by default: those models are commonly recorded in.
 _DEFAULT_METHODS = ("forward", "_forward_impl", "forward_features", "forward_head")

@@ -1,6 +1,7 @@
 """bcrecord.torch.extractor: the FX-free feature extractor and list_targets."""
 
 import operator
+import types
 import warnings
 
 import pytest
@@ -325,6 +326,18 @@ def test_list_targets_covers_every_submodule_without_tracing():
     with pytest.raises(TypeError, match="methods is a method name or a list of them, got 3"):
         list_targets(net, 3)
     assert list_targets(net, ["forwrd", "forward"]) == list_targets(net, "forward")  # one of them is there
+
+
+def test_list_targets_displays_in_ipython_as_the_grouped_table():
+    # A notebook cell ending in list_targets(net) showed the flat list of strings.
+    targets = list_targets(torch.nn.Sequential(torch.nn.Linear(1, 1)))
+    written = []
+    # The part of IPython's pretty printer a _repr_pretty_ uses (its text method).
+    targets._repr_pretty_(types.SimpleNamespace(text=written.append), False)
+    assert written == [str(targets)]
+    lines = written[0].splitlines()
+    assert (lines[0], lines[1].startswith("    :forward:"), "0" in lines) == ("<root>", True, True)
+    assert repr(targets) == repr(list(targets))  # a list still, for code that prints its repr
 
 
 def test_extractor_patches_once_and_the_model_is_itself_between_calls():
