@@ -516,13 +516,27 @@ def _statements(with_self: bool, is_async: bool) -> st.SearchStrategy[List[str]]
         e.map(lambda x: [f"raise ValueError({x})"]),
         st.just(["x, y = y, x"]),
         st.tuples(t, e).map(lambda p: [f"{p[0]}[0] = {p[1]}"]),
+        # Augmented assignment to a subscript and to attributes (a local's, a global chain's).
+        st.tuples(t, e).map(lambda p: [f"{p[0]}[0] += {p[1]}"]),
+        e.map(lambda x: [f"cfg.sub.k += {x}"]),
+        st.tuples(t, e).map(lambda p: [f"{p[0]} = SimpleNamespace(n={p[1]})", f"{p[0]}.n *= 2"]),
+        st.tuples(t, t, e).map(lambda p: [f"[{p[0]}, *{p[1]}] = ({p[2]}, 1)"]),
+        st.tuples(t, e).map(
+            lambda p: [f"if {p[1]}:", f"    import math as {p[0]}", "else:", f"    {p[0]} = 0"]
+        ),
         st.just(["pass"]),
     ]
+    if sys.version_info >= (3, 12):  # PEP 701: an f-string nested in one with the same quotes
+        simple.append(st.tuples(t, e).map(lambda p: [f'{p[0]} = f"{{f"{{({p[1]})!r}}"!s:>3}}"']))
     if is_async:
         simple.append(st.tuples(t, e).map(lambda p: [f"{p[0]} = await Step({p[1]})"]))
+        simple.append(st.tuples(t, e).map(lambda p: [f"{p[0]} = [(v, {p[1]}) async for v in ticks(2)]"]))
+        simple.append(st.tuples(t, e).map(lambda p: [f"{p[0]} = [await Step(v) for v in ({p[1]}, 1)]"]))
     else:
         simple.append(st.tuples(t, e).map(lambda p: [f"{p[0]} = yield {p[1]}"]))
         simple.append(st.tuples(t, e).map(lambda p: [f"{p[0]} = yield from [{p[1]}, 1]"]))
+        # Delegation to a generator that raises (after yielding) or returns a value.
+        simple.append(st.tuples(t, e).map(lambda p: [f"{p[0]} = yield from failing({p[1]})"]))
     if with_self:
         simple.append(e.map(lambda x: [f"self.w = {x}"]))
     leaf = st.one_of(*simple)
@@ -586,6 +600,73 @@ def _statements(with_self: bool, is_async: bool) -> st.SearchStrategy[List[str]]
                     f"{p[1]} = inner()",
                 ]
             ),
+            # break / continue / return inside finally, in a loop.
+            st.tuples(e, body, st.sampled_from(["break", "continue", "return x"])).map(
+                lambda p: [
+                    "for i in range(3):",
+                    "    try:",
+                    *indent(p[1], 2),
+                    "    finally:",
+                    f"        if {p[0]}:",
+                    f"            {p[2]}",
+                ]
+            ),
+            st.tuples(e, e, t, t, body).map(
+                lambda p: [
+                    f"with (nullcontext({p[0]}) as {p[2]},",
+                    f"      cfg.ctx({p[1]}) as {p[3]}):",
+                    *indent(p[4]),
+                ]
+            ),
+            st.tuples(e, body, body).map(
+                lambda p: [
+                    f"match {p[0]}:",
+                    "    case SimpleNamespace(lr=float() as lr) if lr > 0:",
+                    "        x = lr",
+                    "    case {'k': 2, **others}:",
+                    *indent(p[1], 2),
+                    "    case (1, *middle, last) | [*middle, last, 'ab']:",
+                    "        y = (middle, last)",
+                    "    case int(n) | str(n) if n:",
+                    *indent(p[2], 2),
+                ]
+            ),
+            # Nested closures two deep, nonlocal at each level, and global in a nested function.
+            st.tuples(e, t).map(
+                lambda p: [
+                    "def outer(q):",
+                    "    nonlocal y",
+                    "    def innermost():",
+                    "        nonlocal q",
+                    "        global G",
+                    f"        q = (q, {p[0]})",
+                    "        G = q",
+                    "        return q",
+                    "    y = innermost()",
+                    "    return y",
+                    f"{p[1]} = outer(x)",
+                ]
+            ),
+            st.tuples(t, e, body).map(
+                lambda p: ["for i in range(2):", f"    {p[0]} = {p[1]}", *indent(p[2]), f"    del {p[0]}"]
+            ),
+            *(
+                [
+                    st.tuples(e, body).map(
+                        lambda p: [
+                            "try:",
+                            f"    raise ExceptionGroup('g', [ValueError({p[0]}), KeyError(1)])",
+                            "except* ValueError as group:",
+                            "    x = repr(group.exceptions)",
+                            *indent(p[1]),
+                            "except* KeyError:",
+                            "    y = 1",
+                        ]
+                    )
+                ]
+                if sys.version_info >= (3, 11)
+                else []
+            ),
         )
 
     def extend_async(block: st.SearchStrategy[List[str]]) -> st.SearchStrategy[List[str]]:
@@ -629,6 +710,12 @@ class Manager:
     async def __aexit__(self, *exc_info):
         left = await Step("out")
         return False
+
+def failing(v):
+    first = yield v
+    if first is None:
+        raise ValueError(v)
+    return first
 
 async def ticks(n):
     for tick in range(n):
