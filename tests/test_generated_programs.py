@@ -447,6 +447,7 @@ def test_hypothesmith_node_programs_are_unchanged_by_probes(source: str) -> None
 TARGETS = ("x", "y", "z")
 
 
+@functools.cache
 def _expressions(with_self: bool) -> st.SearchStrategy[str]:
     names = ["a", "b", "x", "y", "z", "G"] + (["self.v", "self.v.real", "self.items"] if with_self else [])
     # Attribute chains rooted at a global or a builtin are sites too (G is rebound by `G = ...`).
@@ -507,6 +508,9 @@ def _expressions(with_self: bool) -> st.SearchStrategy[str]:
     return st.recursive(leaves, extend, max_leaves=5)
 
 
+# Cached: a strategy built anew for every example is validated anew (st.recursive's checks),
+# which took most of an example's time.
+@functools.cache
 def _statements(with_self: bool, is_async: bool) -> st.SearchStrategy[List[str]]:
     e = _expressions(with_self)
     t = st.sampled_from(TARGETS)
@@ -1243,7 +1247,7 @@ TRICKY: Dict[str, str] = {
             return decorate
 
         @tag("t", times=2)
-        @functools.lru_cache(maxsize=None)
+        @functools.cache
         def f(a, b=None):
             x = sum(i for i in range(3))
             y = tuple(str(j) for j in (a, b))
