@@ -653,7 +653,7 @@ def _statements(with_self: bool, is_async: bool) -> st.SearchStrategy[List[str]]
                     "        nonlocal q",
                     "        global G",
                     f"        q = (q, {p[0]})",
-                    "        G = q",
+                    "        G = len(q)",  # (not q: q holds str(G), and G would grow exponentially)
                     "        return q",
                     "    y = innermost()",
                     "    return y",
