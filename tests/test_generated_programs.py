@@ -27,11 +27,18 @@ Programs come from three sources:
   are and, where that compiles, also wrapped as the body of a function (so their
   statements assign locals, which is what probes record);
 * a strategy of our own that writes functions, methods and async functions from
-  the constructs probes must survive (assignments of every kind, loops,
-  try/except/finally, with, match, comprehensions, walrus, lambdas, nested
-  functions with ``nonlocal``, ``global``, ``del``, ``yield``, ``await``,
+  the constructs probes must survive (assignments of every kind, augmented ones to
+  subscripts and attributes, star-unpacking, loops, try/except/finally with
+  ``break``/``continue``/``return`` in ``finally``, ``except*`` (3.11+), ``with``
+  with parenthesised items, ``match`` with class, mapping and star patterns and
+  guards, comprehensions (async ones too), walrus, lambdas, f-strings nested with
+  the same quotes (3.12+), closures two deep with ``nonlocal``, ``global``, ``del``,
+  conditional imports, ``yield``, ``yield from`` a generator that raises, ``await``,
   ``super()``);
-* a hand-written list of tricky constructs (:data:`TRICKY`), run deterministically.
+* a hand-written list of tricky constructs (:data:`TRICKY`), run deterministically,
+  among them PEP 695 type parameters and aliases (3.12+), zero-argument ``super()``
+  in nested classes, decorators with calls and ``functools.wraps`` wrappers (whose
+  patch records the function they wrap, so the return check skips them).
 
 ``BCRECORD_HYPOTHESIS_EXAMPLES`` (default 40) sets the number of examples of the
 generated-function test; the hypothesmith tests use a quarter of it (their
@@ -264,7 +271,9 @@ def run_program(code: types.CodeType, probed: bool) -> Dict[str, Any]:
                     calls.append([label, _raised(exc)])
                     continue
                 calls.append([label, _drive(result)])
-                if probed and label in patches and not func.__code__.co_flags & _LAZY:
+                # (A functools.wraps wrapper is patched inside the function it wraps: that one's return.)
+                own = not hasattr(func, "__wrapped__")
+                if probed and label in patches and own and not func.__code__.co_flags & _LAZY:
                     key = next(k for k in patches[label].keys if k.endswith(":return"))
                     key = owners[label] + key[key.index(":") :]  # (a per-instance owner shows as '*')
                     recorded = rec.all(key) if key in rec else []
@@ -438,6 +447,7 @@ def test_hypothesmith_node_programs_are_unchanged_by_probes(source: str) -> None
 TARGETS = ("x", "y", "z")
 
 
+@functools.cache
 def _expressions(with_self: bool) -> st.SearchStrategy[str]:
     names = ["a", "b", "x", "y", "z", "G"] + (["self.v", "self.v.real", "self.items"] if with_self else [])
     # Attribute chains rooted at a global or a builtin are sites too (G is rebound by `G = ...`).
@@ -498,6 +508,9 @@ def _expressions(with_self: bool) -> st.SearchStrategy[str]:
     return st.recursive(leaves, extend, max_leaves=5)
 
 
+# Cached: a strategy built anew for every example is validated anew (st.recursive's checks),
+# which took most of an example's time.
+@functools.cache
 def _statements(with_self: bool, is_async: bool) -> st.SearchStrategy[List[str]]:
     e = _expressions(with_self)
     t = st.sampled_from(TARGETS)
@@ -516,13 +529,27 @@ def _statements(with_self: bool, is_async: bool) -> st.SearchStrategy[List[str]]
         e.map(lambda x: [f"raise ValueError({x})"]),
         st.just(["x, y = y, x"]),
         st.tuples(t, e).map(lambda p: [f"{p[0]}[0] = {p[1]}"]),
+        # Augmented assignment to a subscript and to attributes (a local's, a global chain's).
+        st.tuples(t, e).map(lambda p: [f"{p[0]}[0] += {p[1]}"]),
+        e.map(lambda x: [f"cfg.sub.k += {x}"]),
+        st.tuples(t, e).map(lambda p: [f"{p[0]} = SimpleNamespace(n={p[1]})", f"{p[0]}.n *= 2"]),
+        st.tuples(t, t, e).map(lambda p: [f"[{p[0]}, *{p[1]}] = ({p[2]}, 1)"]),
+        st.tuples(t, e).map(
+            lambda p: [f"if {p[1]}:", f"    import math as {p[0]}", "else:", f"    {p[0]} = 0"]
+        ),
         st.just(["pass"]),
     ]
+    if sys.version_info >= (3, 12):  # PEP 701: an f-string nested in one with the same quotes
+        simple.append(st.tuples(t, e).map(lambda p: [f'{p[0]} = f"{{f"{{({p[1]})!r}}"!s:>3}}"']))
     if is_async:
         simple.append(st.tuples(t, e).map(lambda p: [f"{p[0]} = await Step({p[1]})"]))
+        simple.append(st.tuples(t, e).map(lambda p: [f"{p[0]} = [(v, {p[1]}) async for v in ticks(2)]"]))
+        simple.append(st.tuples(t, e).map(lambda p: [f"{p[0]} = [await Step(v) for v in ({p[1]}, 1)]"]))
     else:
         simple.append(st.tuples(t, e).map(lambda p: [f"{p[0]} = yield {p[1]}"]))
         simple.append(st.tuples(t, e).map(lambda p: [f"{p[0]} = yield from [{p[1]}, 1]"]))
+        # Delegation to a generator that raises (after yielding) or returns a value.
+        simple.append(st.tuples(t, e).map(lambda p: [f"{p[0]} = yield from failing({p[1]})"]))
     if with_self:
         simple.append(e.map(lambda x: [f"self.w = {x}"]))
     leaf = st.one_of(*simple)
@@ -586,6 +613,73 @@ def _statements(with_self: bool, is_async: bool) -> st.SearchStrategy[List[str]]
                     f"{p[1]} = inner()",
                 ]
             ),
+            # break / continue / return inside finally, in a loop.
+            st.tuples(e, body, st.sampled_from(["break", "continue", "return x"])).map(
+                lambda p: [
+                    "for i in range(3):",
+                    "    try:",
+                    *indent(p[1], 2),
+                    "    finally:",
+                    f"        if {p[0]}:",
+                    f"            {p[2]}",
+                ]
+            ),
+            st.tuples(e, e, t, t, body).map(
+                lambda p: [
+                    f"with (nullcontext({p[0]}) as {p[2]},",
+                    f"      cfg.ctx({p[1]}) as {p[3]}):",
+                    *indent(p[4]),
+                ]
+            ),
+            st.tuples(e, body, body).map(
+                lambda p: [
+                    f"match {p[0]}:",
+                    "    case SimpleNamespace(lr=float() as lr) if lr > 0:",
+                    "        x = lr",
+                    "    case {'k': 2, **others}:",
+                    *indent(p[1], 2),
+                    "    case (1, *middle, last) | [*middle, last, 'ab']:",
+                    "        y = (middle, last)",
+                    "    case int(n) | str(n) if n:",
+                    *indent(p[2], 2),
+                ]
+            ),
+            # Nested closures two deep, nonlocal at each level, and global in a nested function.
+            st.tuples(e, t).map(
+                lambda p: [
+                    "def outer(q):",
+                    "    nonlocal y",
+                    "    def innermost():",
+                    "        nonlocal q",
+                    "        global G",
+                    f"        q = (q, {p[0]})",
+                    "        G = len(q)",  # (not q: q holds str(G), and G would grow exponentially)
+                    "        return q",
+                    "    y = innermost()",
+                    "    return y",
+                    f"{p[1]} = outer(x)",
+                ]
+            ),
+            st.tuples(t, e, body).map(
+                lambda p: ["for i in range(2):", f"    {p[0]} = {p[1]}", *indent(p[2]), f"    del {p[0]}"]
+            ),
+            *(
+                [
+                    st.tuples(e, body).map(
+                        lambda p: [
+                            "try:",
+                            f"    raise ExceptionGroup('g', [ValueError({p[0]}), KeyError(1)])",
+                            "except* ValueError as group:",
+                            "    x = repr(group.exceptions)",
+                            *indent(p[1]),
+                            "except* KeyError:",
+                            "    y = 1",
+                        ]
+                    )
+                ]
+                if sys.version_info >= (3, 11)
+                else []
+            ),
         )
 
     def extend_async(block: st.SearchStrategy[List[str]]) -> st.SearchStrategy[List[str]]:
@@ -629,6 +723,12 @@ class Manager:
     async def __aexit__(self, *exc_info):
         left = await Step("out")
         return False
+
+def failing(v):
+    first = yield v
+    if first is None:
+        raise ValueError(v)
+    return first
 
 async def ticks(n):
     for tick in range(n):
@@ -927,6 +1027,252 @@ TRICKY: Dict[str, str] = {
             x = cfg.lr
             return nothere.attr(x)
     """,
+    "async with, async for and async comprehensions": """
+        class Step:
+            def __init__(self, value):
+                self.value = value
+
+            def __await__(self):
+                got = yield self.value
+                return (self.value, got)
+
+        class Manager:
+            async def __aenter__(self):
+                entered = await Step("in")
+                return entered
+
+            async def __aexit__(self, *exc_info):
+                left = await Step("out")
+                return exc_info[0] is KeyError
+
+        async def ticks(n):
+            for tick in range(n):
+                got = await Step(tick)
+                yield got
+
+        async def f(a, b=None):
+            async with Manager() as x:
+                z = [t async for t in ticks(2) if t]
+                w = {t: await Step(t) for t in (a,)}
+            async for t in ticks(3):
+                if t:
+                    last = t
+                    break
+            else:
+                last = None
+            async with Manager():
+                raise KeyError(a)
+            return x, z, w, last
+
+        async def g(a, b=None):
+            gen = (t async for t in ticks(2))
+            first = await gen.__anext__()
+            return first, [s async for s in gen]
+    """,
+    "yield from a generator that raises or returns": """
+        def inner(a):
+            got = yield a
+            if got is None:
+                raise ValueError(a)
+            return got
+
+        def f(a, b=None):
+            try:
+                x = yield from inner(a)
+            except ValueError as exc:
+                x = ("caught", str(exc))
+            y = yield from inner(b)
+            return x, y
+
+        def drive(a, b=None):
+            g = f(a)
+            first = next(g)
+            second = g.send(None)
+            try:
+                g.send("v")
+            except StopIteration as stop:
+                last = stop.value
+            return first, second, last
+
+        def thrown(a, b=None):
+            g = f(a)
+            next(g)
+            try:
+                g.throw(KeyError(a))
+            except KeyError as exc:
+                out = exc.args
+            return out
+    """,
+    "break, continue and return in finally": """
+        def f(a, b=None):
+            out = []
+            for i in range(4):
+                try:
+                    if i == 1:
+                        raise ValueError(i)
+                    out.append(i)
+                finally:
+                    x = i
+                    if i == 1:
+                        continue
+                    if i == 3:
+                        break
+            while True:
+                try:
+                    return out, x
+                finally:
+                    y = a
+                    break
+            try:
+                raise KeyError(a)
+            finally:
+                return out, x, y
+    """,
+    "match with class, mapping, star patterns and guards": """
+        class Point:
+            __match_args__ = ("x", "y")
+
+            def __init__(self, x=0, y=0):
+                self.x, self.y = x, y
+
+        def f(a, b=None):
+            out = []
+            for subject in (Point(a, 2), {"k": a, "rest": 1}, [a, 2, 3, 4], (a,), "ab", 3.5, None):
+                match subject:
+                    case Point(x=0 | 1 as px, y=py) if py > 1:
+                        got = ("point", px, py)
+                    case Point(px, py):
+                        got = ("other point", px, py)
+                    case {"k": int(k), **rest} if k:
+                        got = ("map", k, rest)
+                    case [first, *middle, last] if len(middle) > 1:
+                        got = ("seq", first, middle, last)
+                    case (only,):
+                        got = ("one", only)
+                    case str(s) | float(s):
+                        got = ("scalar", s)
+                    case _:
+                        got = None
+                out.append(got)
+            return out
+    """,
+    "zero-argument super() in nested classes": """
+        class Base:
+            def m(self, a, b=None):
+                return ("base", a)
+
+        def make(a, b=None):
+            class Outer(Base):
+                class Inner(Base):
+                    def m(self, a, b=None):
+                        got = super().m(a)
+                        return ("inner", got)
+
+                def m(self, a, b=None):
+                    first = super().m(a)
+                    second = self.Inner().m(b)
+                    return first, second
+
+            made = Outer()
+            return made.m(a, b), __class__ if False else None
+
+        class Holder:
+            class Nested(Base):
+                def m(self, a, b=None):
+                    got = super().m(a)
+                    return got, __class__.__name__
+
+            def m(self, a, b=None):
+                x = self.Nested().m(a)
+                return x
+    """,
+    "conditional imports, del of locals in loops, global in nested functions": """
+        G = 0
+
+        def f(a, b=None):
+            if a:
+                import math as m
+            else:
+                from os import path as m
+            x = m.__name__
+            for i in range(3):
+                y = i * 2
+                if i == 1:
+                    del y
+                    continue
+                z = y
+            try:
+                w = y
+            except NameError as exc:
+                w = str(exc)
+
+            def bump(step):
+                global G
+                G += step
+                return G
+
+            v = bump(a if isinstance(a, int) else 1)
+            return x, z, w, v
+    """,
+    "augmented assignment to subscripts and attributes": """
+        from types import SimpleNamespace
+
+        ns = SimpleNamespace(count=1, items=[1, 2])
+
+        def f(a, b=None):
+            x = [1, 2, 3]
+            x[0] += a if isinstance(a, int) else 5
+            x[1:] *= 2
+            d = {"k": 1}
+            d["k"] -= 3
+            d.setdefault("j", [])
+            d["j"] += [b]
+            o = SimpleNamespace(v=2, w=SimpleNamespace(u=3))
+            o.v **= 2
+            o.w.u //= 2
+            ns.count += 1
+            ns.items[0] += 10
+            return x, d, o, ns.count, ns.items
+    """,
+    "generator expressions as the only argument, decorators with calls": """
+        import functools
+
+        def tag(label, times=1):
+            def decorate(func):
+                @functools.wraps(func)
+                def wrapper(*args, **kwargs):
+                    result = func(*args, **kwargs)
+                    return (label * times, result)
+                return wrapper
+            return decorate
+
+        @tag("t", times=2)
+        @functools.cache
+        def f(a, b=None):
+            x = sum(i for i in range(3))
+            y = tuple(str(j) for j in (a, b))
+            z = max(k * 2 for k in range(4) if k != a)
+            return x, y, z
+    """,
+    "deeply nested closures with nonlocal": """
+        def f(a, b=None):
+            x = a
+            def level1():
+                y = 1
+                def level2():
+                    nonlocal x, y
+                    def level3():
+                        nonlocal x
+                        x = (x, "l3")
+                        return x
+                    y = (y, level3())
+                    return y
+                out = level2()
+                return out, y
+            first = level1()
+            lam = lambda q=x: (q, x)
+            return first, x, lam()
+    """,
 }
 
 if sys.version_info >= (3, 11):
@@ -950,6 +1296,41 @@ if sys.version_info >= (3, 11):
                 z = repr(outer.exceptions)
             return z
     """
+
+
+if sys.version_info >= (3, 12):
+    TRICKY.update(
+        {
+            "type parameters and type aliases (PEP 695)": """
+            type Pair[T] = tuple[T, T]
+
+            def first[T](a: T, b: T | None = None) -> T:
+                x: T = a
+                alias = Pair[int]
+                return x, alias.__value__ if hasattr(alias, "__value__") else str(alias)
+
+            class Box[T]:
+                def __init__(self, value: T = 1) -> None:
+                    self.value = value
+
+                def m[S](self, a: S, b=None) -> tuple[T, S]:
+                    pair = (self.value, a)
+                    return pair
+
+            def f(a, b=None):
+                type Local[U] = list[U]
+                box = Box[int](a)
+                return box.m(b), Local.__name__, first(a)
+        """,
+            "nested f-strings with the same quotes (PEP 701)": """
+            def f(a, b=None):
+                x = f"{f"{a!r}"!s:>6}"
+                y = f"{"-".join(f"{v}" for v in (a, b))}"
+                z = f"{a=}, {f'{b!r}'}, {'\\n'.join(['p', 'q'])!r}"
+                return x, y, z
+        """,
+        }
+    )
 
 
 @pytest.mark.parametrize("construct", sorted(TRICKY))
