@@ -154,6 +154,14 @@ def _numpy_array(value: Any) -> Any:
 
 
 def _shape(value: Any) -> Optional[Tuple[int, ...]]:
+    """``value``'s shape as ints, None where it has none: a nested tensor has no one shape (a
+    jagged one's ragged size is a symbol that ``int`` raises AttributeError on).
+
+    >>> _shape([1, 2]), _shape(type("Array", (), {"shape": (2, 3)})())
+    (None, (2, 3))
+    """
+    if is_tensor(value) and value.is_nested:
+        return None
     try:
         shape = getattr(value, "shape", None)
         return None if shape is None else tuple(int(d) for d in shape)
