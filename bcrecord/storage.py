@@ -149,7 +149,12 @@ _safetensors_dtypes: Dict[Any, bool] = {}
 
 
 def _in_safetensors(tensor: Any) -> bool:
-    """Whether ``tensor`` goes to the safetensors file: a dense tensor of a dtype it stores."""
+    """Whether ``tensor`` goes to the safetensors file: a dense tensor of a dtype it stores, of
+    torch's own classes. Another package's subclass (torchvision's ``BoundingBoxes``, whose
+    ``format`` and ``canvas_size`` say what its numbers mean) is pickled: safetensors keeps the
+    numbers alone, and it would load as a plain tensor."""
+    if type(tensor).__module__.partition(".")[0] != "torch":
+        return False
     if tensor.is_sparse or tensor.is_quantized or tensor.is_nested or str(tensor.layout) != "torch.strided":
         return False
     dtype = tensor.dtype
@@ -458,7 +463,9 @@ class Writer:
                             tensors[name] = value.detach().cpu().contiguous().clone()
                             file = f"records/{stem}.safetensors"
                         else:
-                            others[name] = value.detach().cpu() if is_tensor(value) else value
+                            # (a tensor as it is: the pickler detaches it and moves it to the CPU,
+                            # keeping its class, which .cpu() of a torchvision tv_tensor drops)
+                            others[name] = value
                             file = f"records/{stem}.pkl"
                     except Exception as error:  # a meta tensor has no data to save
                         raise UnsavableValue(
