@@ -53,6 +53,7 @@ from __future__ import annotations
 import contextlib
 import copyreg
 import errno
+import importlib.util
 import io
 import json
 import numbers
@@ -1284,6 +1285,12 @@ def load(directory: PathLike, keys: Optional[Iterable[str]] = None) -> Loaded:
                 raise StorageError(
                     f"{path} holds tensors: loading them needs torch (pip install torch); "
                     "bcrecord.load(DIR, keys=[...]) reads the other keys without it"
+                ) from None
+            if importlib.util.find_spec("torch") is None:  # (said now: not after safetensors is installed)
+                raise StorageError(
+                    f"{path} holds tensors: loading them needs torch and the safetensors package "
+                    "(pip install torch 'bcrecord[save]'); bcrecord.load(DIR, keys=[...]) reads the other "
+                    "keys without them"
                 ) from None
             raise StorageError(
                 "loading tensors needs the safetensors package: pip install 'bcrecord[save]'"
