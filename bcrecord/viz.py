@@ -867,7 +867,7 @@ def _prepare(plot_dir: Path) -> None:
         why = error.strerror or str(error)
         if plot_dir.exists() and not plot_dir.is_dir():  # (mkdir's 'File exists' said of a file)
             why = "a file is there, not a folder (move it away)"
-        raise BcrecordError(f"cannot write pictures to {plot_dir}: {why}") from None
+        raise BcrecordError(f"cannot write pictures to {plot_dir}: {why} (or use --no-plots)") from None
 
 
 @contextlib.contextmanager
@@ -930,10 +930,9 @@ def view(
     if plots:
         try:
             _need_matplotlib()
-        except BcrecordError as error:  # said after the table, which needs no matplotlib
-            plots, missing = False, error
-        else:
             _prepare(plot_dir)
+        except BcrecordError as error:  # said after the table, which needs neither (a read-only DIR)
+            plots, missing = False, error
     shown = bool(err.isatty()) if progress is None else progress
     bar = Progress(len(matching), "bcrecord view: drawing", err, enabled=plots and shown)
     summaries: List[KeySummary] = []
