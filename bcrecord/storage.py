@@ -742,6 +742,7 @@ class _Pickler(pickle.Pickler):
                 kind = pending.pop()
                 table[kind] = _reduced_tensor
                 pending += [sub for sub in kind.__subclasses__() if sub not in table]
+            table[torch.UntypedStorage] = _reduced_storage
             self.dispatch_table = table
 
 
@@ -772,6 +773,24 @@ def _reduced_tensor(tensor: Any) -> Any:
     buffer = io.BytesIO()
     torch.save(tensor, buffer)
     return _torch_loaded, (buffer.getvalue(),)
+
+
+def _reduced_storage(storage: Any) -> Any:
+    """How :class:`_Pickler` pickles an ``UntypedStorage`` (a local holding ``x.untyped_storage()``):
+    as a tensor of its bytes, on the CPU. torch's own pickle of one does not load back
+    (``AttributeError: type object 'torch.storage.UntypedStorage' has no attribute 'dtype'``).
+    """
+    import torch
+
+    data = torch.empty(0, dtype=torch.uint8).set_(storage.cpu(), 0, (storage.nbytes(),))
+    buffer = io.BytesIO()
+    torch.save(data, buffer)
+    return _storage_loaded, (buffer.getvalue(),)
+
+
+def _storage_loaded(data: bytes) -> Any:
+    """An ``UntypedStorage`` saved by :func:`_reduced_storage`."""
+    return _torch_loaded(data).untyped_storage()
 
 
 def _compact(tensor: Any) -> Any:

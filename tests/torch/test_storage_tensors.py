@@ -304,3 +304,13 @@ def test_another_package_s_tensor_subclass_saved_alone_keeps_its_class_and_attri
         assert torch.equal(value.as_subclass(torch.Tensor), torch.tensor([[0.0, 0, 5, 5]]))
     row = loaded.entries[0].info
     assert (row["kind"], row["dtype"], row["shape"]) == ("pickle", "float32", [1, 4])
+
+
+def test_an_untyped_storage_comes_back_as_one_with_its_bytes(tmp_path):
+    # torch pickles an UntypedStorage and cannot unpickle it: it saved, and loaded as an Unloadable.
+    storage = torch.tensor([1.5, -2.0]).untyped_storage()
+    Writer(tmp_path).write({"m:f:s@0": [storage], "m:f:pair@0": [(storage, 1)]}, step=0)
+    loaded = load(tmp_path)
+    for value in (loaded["m:f:s@0"][0], loaded["m:f:pair@0"][0][0]):
+        assert type(value) is torch.UntypedStorage
+        assert torch.equal(torch.empty(0).set_(value), torch.tensor([1.5, -2.0]))
