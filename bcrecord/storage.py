@@ -31,7 +31,8 @@ from several writers or processes at once (``bcrecord run -o DIR`` on each rank)
 turns under a lock file (``records/.lock``; on systems without ``fcntl``, or on a file
 system without file locks, saves of one process at a time only), each first reading what
 the others appended. Tensors that ``safetensors`` cannot store (``complex128``, sparse,
-quantized or nested tensors) are pickled instead. Every tensor
+quantized or nested tensors) are pickled instead, and so are other packages' tensor subclasses
+(torchvision's ``BoundingBoxes``: they load with their class and attributes). Every tensor
 pickled, alone or inside another value (a tuple, a dict, a dataclass), is saved detached and on the
 CPU (it loads on a machine without a GPU), a view without the rest of its storage, in
 ``torch.save``'s form where torch cannot read its pickle back (``complex32``). A value a save
