@@ -31,7 +31,8 @@ from several writers or processes at once (``bcrecord run -o DIR`` on each rank)
 turns under a lock file (``records/.lock``; on systems without ``fcntl``, or on a file
 system without file locks, saves of one process at a time only), each first reading what
 the others appended. Tensors that ``safetensors`` cannot store (``complex128``, sparse,
-quantized or nested tensors) are pickled instead. Every tensor
+quantized or nested tensors) are pickled instead, and so are other packages' tensor subclasses
+(torchvision's ``BoundingBoxes``: they load with their class and attributes). Every tensor
 pickled, alone or inside another value (a tuple, a dict, a dataclass), is saved detached and on the
 CPU (it loads on a machine without a GPU), a view without the rest of its storage, in
 ``torch.save``'s form where torch cannot read its pickle back (``complex32``). A value a save
@@ -53,6 +54,7 @@ from __future__ import annotations
 import contextlib
 import copyreg
 import errno
+import importlib.util
 import io
 import json
 import numbers
@@ -149,7 +151,12 @@ _safetensors_dtypes: Dict[Any, bool] = {}
 
 
 def _in_safetensors(tensor: Any) -> bool:
-    """Whether ``tensor`` goes to the safetensors file: a dense tensor of a dtype it stores."""
+    """Whether ``tensor`` goes to the safetensors file: a dense tensor of a dtype it stores, of
+    torch's own classes. Another package's subclass (torchvision's ``BoundingBoxes``, whose
+    ``format`` and ``canvas_size`` say what its numbers mean) is pickled: safetensors keeps the
+    numbers alone, and it would load as a plain tensor."""
+    if type(tensor).__module__.partition(".")[0] != "torch":
+        return False
     if tensor.is_sparse or tensor.is_quantized or tensor.is_nested or str(tensor.layout) != "torch.strided":
         return False
     dtype = tensor.dtype
@@ -458,7 +465,9 @@ class Writer:
                             tensors[name] = value.detach().cpu().contiguous().clone()
                             file = f"records/{stem}.safetensors"
                         else:
-                            others[name] = value.detach().cpu() if is_tensor(value) else value
+                            # (a tensor as it is: the pickler detaches it and moves it to the CPU,
+                            # keeping its class, which .cpu() of a torchvision tv_tensor drops)
+                            others[name] = value
                             file = f"records/{stem}.pkl"
                     except Exception as error:  # a meta tensor has no data to save
                         raise UnsavableValue(
@@ -734,6 +743,7 @@ class _Pickler(pickle.Pickler):
                 kind = pending.pop()
                 table[kind] = _reduced_tensor
                 pending += [sub for sub in kind.__subclasses__() if sub not in table]
+            table[torch.UntypedStorage] = _reduced_storage
             self.dispatch_table = table
 
 
@@ -764,6 +774,24 @@ def _reduced_tensor(tensor: Any) -> Any:
     buffer = io.BytesIO()
     torch.save(tensor, buffer)
     return _torch_loaded, (buffer.getvalue(),)
+
+
+def _reduced_storage(storage: Any) -> Any:
+    """How :class:`_Pickler` pickles an ``UntypedStorage`` (a local holding ``x.untyped_storage()``):
+    as a tensor of its bytes, on the CPU. torch's own pickle of one does not load back
+    (``AttributeError: type object 'torch.storage.UntypedStorage' has no attribute 'dtype'``).
+    """
+    import torch
+
+    data = torch.empty(0, dtype=torch.uint8).set_(storage.cpu(), 0, (storage.nbytes(),))
+    buffer = io.BytesIO()
+    torch.save(data, buffer)
+    return _storage_loaded, (buffer.getvalue(),)
+
+
+def _storage_loaded(data: bytes) -> Any:
+    """An ``UntypedStorage`` saved by :func:`_reduced_storage`."""
+    return _torch_loaded(data).untyped_storage()
 
 
 def _compact(tensor: Any) -> Any:
@@ -1284,6 +1312,12 @@ def load(directory: PathLike, keys: Optional[Iterable[str]] = None) -> Loaded:
                 raise StorageError(
                     f"{path} holds tensors: loading them needs torch (pip install torch); "
                     "bcrecord.load(DIR, keys=[...]) reads the other keys without it"
+                ) from None
+            if importlib.util.find_spec("torch") is None:  # (said now: not after safetensors is installed)
+                raise StorageError(
+                    f"{path} holds tensors: loading them needs torch and the safetensors package "
+                    "(pip install torch 'bcrecord[save]'); bcrecord.load(DIR, keys=[...]) reads the other "
+                    "keys without them"
                 ) from None
             raise StorageError(
                 "loading tensors needs the safetensors package: pip install 'bcrecord[save]'"

@@ -154,6 +154,14 @@ def _numpy_array(value: Any) -> Any:
 
 
 def _shape(value: Any) -> Optional[Tuple[int, ...]]:
+    """``value``'s shape as ints, None where it has none: a nested tensor has no one shape (a
+    jagged one's ragged size is a symbol that ``int`` raises AttributeError on).
+
+    >>> _shape([1, 2]), _shape(type("Array", (), {"shape": (2, 3)})())
+    (None, (2, 3))
+    """
+    if is_tensor(value) and value.is_nested:
+        return None
     try:
         shape = getattr(value, "shape", None)
         return None if shape is None else tuple(int(d) for d in shape)
@@ -859,7 +867,7 @@ def _prepare(plot_dir: Path) -> None:
         why = error.strerror or str(error)
         if plot_dir.exists() and not plot_dir.is_dir():  # (mkdir's 'File exists' said of a file)
             why = "a file is there, not a folder (move it away)"
-        raise BcrecordError(f"cannot write pictures to {plot_dir}: {why}") from None
+        raise BcrecordError(f"cannot write pictures to {plot_dir}: {why} (or use --no-plots)") from None
 
 
 @contextlib.contextmanager
@@ -922,10 +930,9 @@ def view(
     if plots:
         try:
             _need_matplotlib()
-        except BcrecordError as error:  # said after the table, which needs no matplotlib
-            plots, missing = False, error
-        else:
             _prepare(plot_dir)
+        except BcrecordError as error:  # said after the table, which needs neither (a read-only DIR)
+            plots, missing = False, error
     shown = bool(err.isatty()) if progress is None else progress
     bar = Progress(len(matching), "bcrecord view: drawing", err, enabled=plots and shown)
     summaries: List[KeySummary] = []

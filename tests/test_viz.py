@@ -208,7 +208,8 @@ def test_a_file_where_the_plots_folder_goes_is_said_to_be_a_file(tmp_path):
         _prepare(tmp_path / "plots")
     assert (
         str(caught.value)
-        == f"cannot write pictures to {tmp_path / 'plots'}: a file is there, not a folder (move it away)"
+        == f"cannot write pictures to {tmp_path / 'plots'}: a file is there, not a folder (move it away) "
+        "(or use --no-plots)"
     )
     assert (tmp_path / "plots").read_text() == "notes"
 

@@ -227,3 +227,17 @@ def test_a_compiled_extractor_switched_to_its_other_mode_gives_that_mode_s_nodes
             )
             assert all(torch.allclose(features[k], expected[k], atol=1e-5) for k in expected), mode
     ours.close()
+
+
+def test_tv_tensors_saved_alone_load_with_their_class_and_metadata(tmp_path):
+    # A BoundingBoxes saved alone loaded as a plain tensor: its format and canvas_size were lost.
+    from torchvision import tv_tensors
+
+    boxes = tv_tensors.BoundingBoxes(torch.tensor([[0.0, 0, 5, 5]]), format="CXCYWH", canvas_size=(8, 8))
+    image = tv_tensors.Image(torch.rand(3, 4, 4))
+    bcrecord.save({"m:f:boxes@0": [boxes], "m:f:image@0": [image]}, tmp_path)
+    loaded = bcrecord.load(tmp_path)
+    (boxes_back,), (image_back,) = loaded["m:f:boxes@0"], loaded["m:f:image@0"]
+    assert type(boxes_back) is tv_tensors.BoundingBoxes and boxes_back.format == boxes.format
+    assert boxes_back.canvas_size == (8, 8) and torch.equal(boxes_back, boxes)
+    assert type(image_back) is tv_tensors.Image and torch.equal(image_back, image)

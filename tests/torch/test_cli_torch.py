@@ -210,6 +210,21 @@ def test_view_draws_every_key(tmp_path):
     ]
 
 
+def test_view_where_pictures_cannot_be_written_prints_the_table_first(tmp_path):
+    # A records directory others may not write to (a colleague's, a read-only mount) showed
+    # nothing but the error: the table needs no pictures.
+    pytest.importorskip("matplotlib")
+    records = tmp_path / "records"
+    bcrecord.save({"m:f:x@0": [torch.ones(2, 2)]}, records)
+    (records / "plots").write_text("a file where the plots folder goes")
+    result = cli("view", records)
+    assert one_clear_line(result) == (
+        f"bcrecord: cannot write pictures to {records / 'plots'}: a file is there, not a folder "
+        "(move it away) (or use --no-plots)"
+    )
+    assert result.stdout.splitlines()[1].split() == ["m:f:x@0", "1", "2x2", "float32", "1", "1", "1"]
+
+
 def test_view_bad_input(tmp_path):
     pytest.importorskip("matplotlib")
     assert "no such directory" in one_clear_line(cli("view", tmp_path / "missing"))

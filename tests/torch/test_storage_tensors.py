@@ -69,6 +69,22 @@ def test_every_kind_of_tensor_saved_is_summarized_for_view(tmp_path):
     assert stats["quantized"] == stats["float8"] == (0.0, 0.5, 1.0)
 
 
+def test_nested_tensors_of_either_layout_are_summarized_for_view(tmp_path):
+    # A jagged nested tensor made view crash: int() of its ragged size raised AttributeError.
+    parts = [torch.tensor([[1.0, 2.0]]), torch.tensor([[3.0, 4.0], [5.0, 6.0]])]
+    kinds = {
+        layout: torch.nested.nested_tensor(parts, layout=layout) for layout in (torch.strided, torch.jagged)
+    }
+    with warnings.catch_warnings():  # (the strided layout's prototype warning)
+        warnings.simplefilter("ignore")
+        Writer(tmp_path).write({str(layout): [value] for layout, value in kinds.items()}, step=0)
+        summaries = summarize(load(tmp_path))
+    assert [(s.key, s.shape, s.min, s.mean, s.max) for s in summaries] == [
+        ("torch.strided", None, 1.0, 3.5, 6.0),
+        ("torch.jagged", None, 1.0, 3.5, 6.0),
+    ]
+
+
 def test_a_value_with_no_data_is_named_and_the_save_writes_nothing(tmp_path):
     from bcrecord.storage import UnsavableValue
 
@@ -251,3 +267,50 @@ def test_a_view_inside_a_value_is_saved_without_the_rest_of_its_storage(tmp_path
     loaded = load(tmp_path)["m:f:out@0"][0]
     assert all(torch.equal(a, b) for a, b in zip(loaded, (row, corner, expanded, batch[:2]), strict=True))
     assert [t.untyped_storage().nbytes() for t in loaded] == [4000, 36, 12, 8000]
+
+
+BOXES_MODULE = '''
+import torch
+
+class Boxes(torch.Tensor):
+    """As torchvision's tv_tensors.BoundingBoxes: a format saying what its numbers mean, and
+    every operation but detach and clone giving a plain tensor."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        out = super().__torch_function__(func, types, args, kwargs or {})
+        if func in (torch.Tensor.detach, torch.Tensor.clone) and isinstance(args[0], Boxes):
+            out = out.as_subclass(Boxes) if type(out) is not Boxes else out
+            out.format = args[0].format
+            return out
+        return out.as_subclass(torch.Tensor) if isinstance(out, Boxes) else out
+'''
+
+
+def test_another_package_s_tensor_subclass_saved_alone_keeps_its_class_and_attributes(tmp_path, monkeypatch):
+    # A torchvision BoundingBoxes saved alone went to safetensors (its module starts with "torch"),
+    # and loaded as a plain tensor without its format; inside a tuple it kept both.
+    (tmp_path / "torchboxes.py").write_text(BOXES_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import torchboxes
+
+    boxes = torch.tensor([[0.0, 0, 5, 5]]).as_subclass(torchboxes.Boxes)
+    boxes.format = "XYXY"
+    Writer(tmp_path / "saved").write({"m:f:boxes@0": [boxes], "m:f:pair@0": [(boxes, 1)]}, step=0)
+    loaded = load(tmp_path / "saved")
+    alone, (inside, _) = loaded["m:f:boxes@0"][0], loaded["m:f:pair@0"][0]
+    for value in (alone, inside):
+        assert type(value) is torchboxes.Boxes and value.format == "XYXY"
+        assert torch.equal(value.as_subclass(torch.Tensor), torch.tensor([[0.0, 0, 5, 5]]))
+    row = loaded.entries[0].info
+    assert (row["kind"], row["dtype"], row["shape"]) == ("pickle", "float32", [1, 4])
+
+
+def test_an_untyped_storage_comes_back_as_one_with_its_bytes(tmp_path):
+    # torch pickles an UntypedStorage and cannot unpickle it: it saved, and loaded as an Unloadable.
+    storage = torch.tensor([1.5, -2.0]).untyped_storage()
+    Writer(tmp_path).write({"m:f:s@0": [storage], "m:f:pair@0": [(storage, 1)]}, step=0)
+    loaded = load(tmp_path)
+    for value in (loaded["m:f:s@0"][0], loaded["m:f:pair@0"][0][0]):
+        assert type(value) is torch.UntypedStorage
+        assert torch.equal(torch.empty(0).set_(value), torch.tensor([1.5, -2.0]))
