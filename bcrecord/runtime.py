@@ -98,6 +98,7 @@ __all__ = [
     "recording",
     "carry",
     "register_copy",
+    "load_plugin",
     "copy_value",
     "copies_without_python",
     "silently",
