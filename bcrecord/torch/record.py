@@ -35,6 +35,7 @@ import contextvars
 import dataclasses
 import functools
 import inspect
+import reprlib
 import sys
 import threading
 import types
@@ -1198,11 +1199,16 @@ def record(
         targets = tuple(targets)
     policy = dict(copy=copy, to=to, dtype=dtype, reduce=reduce, grad=grad)
     run = dict(keep=keep, threads="all" if threads is None else threads, stop_after_last=stop_after_last)
-    return RecordBlock(functools.partial(_record, model, targets, policy, run))
+    shown = f"{type(model).__name__}, {_short.repr(targets)}"
+    return RecordBlock(functools.partial(_record, model, targets, policy, run), shown)
 
 
 P = ParamSpec("P")
 T = TypeVar("T")
+#: How a record(...) block shows its targets: a long list cut short.
+_short = reprlib.Repr()
+_short.maxlist = _short.maxtuple = 4
+_short.maxstring = 120
 
 
 class RecordBlock(contextlib.AbstractContextManager["ModelRecording"]):
@@ -1221,12 +1227,20 @@ class RecordBlock(contextlib.AbstractContextManager["ModelRecording"]):
     ...     y = run(torch.ones(1, 2))
     >>> outer.keys(), torch.equal(outer["1:forward:return"], y)
     (['1:forward:return'], True)
+    >>> record(net, "1")
+    <record(Sequential, '1'): not entered yet>
     """
 
-    def __init__(self, make: Callable[[], ContextManager[ModelRecording]]) -> None:
+    def __init__(self, make: Callable[[], ContextManager[ModelRecording]], shown: str = "") -> None:
         self._make = make
+        #: The model's class and the targets as given, for the repr.
+        self._shown = shown
         self._block: Optional[ContextManager[ModelRecording]] = None
         self._used = False
+
+    def __repr__(self) -> str:
+        state = "entered" if self._block is not None else "used" if self._used else "not entered yet"
+        return f"<record({self._shown}): {state}>"
 
     def __enter__(self) -> ModelRecording:
         if self._used:
@@ -1247,7 +1261,7 @@ class RecordBlock(contextlib.AbstractContextManager["ModelRecording"]):
     def __call__(self, function: Callable[P, T]) -> Callable[P, T]:
         @functools.wraps(function)
         def recorded(*args: P.args, **kwargs: P.kwargs) -> T:
-            with RecordBlock(self._make):
+            with RecordBlock(self._make, self._shown):
                 return function(*args, **kwargs)
 
         return recorded

@@ -1040,8 +1040,10 @@ def test_what_record_returns_is_for_one_block_and_says_so(net):
     x = torch.randn(1, 3, 8, 8)
     before = snapshot(net)
     block = record(net, ["bn1"])
+    assert repr(block) == "<record(SmallNet, ['bn1']): not entered yet>"
     with block as rec:
         net(x)
+        assert repr(block) == "<record(SmallNet, ['bn1']): entered>"
         with pytest.raises(RuntimeError, match=r"entered already: call record\(\) again for each"):
             with block:
                 pass
@@ -1049,6 +1051,12 @@ def test_what_record_returns_is_for_one_block_and_says_so(net):
     with pytest.raises(RuntimeError, match=r"entered already"):  # as a loop that reuses it would
         with block:
             net(x)
+    assert repr(block) == "<record(SmallNet, ['bn1']): used>"
+    many = [f"conv1:forward:x@{n}" for n in range(9)]
+    assert repr(record(net, many)) == (
+        "<record(SmallNet, ['conv1:forward:x@0', 'conv1:forward:x@1', 'conv1:forward:x@2', "
+        "'conv1:forward:x@3', ...]): not entered yet>"
+    )
     assert len(rec.all("bn1:forward:return")) == 2 and same(snapshot(net), before)
     bad = record(net, ["bn9"])
     for _ in range(2):  # a block that failed to start was never used: the same error again
