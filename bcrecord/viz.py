@@ -345,6 +345,30 @@ def _no_match(patterns: Sequence[str], saved: Sequence[str], shown: int = 20) ->
     return f"no saved key matches {', '.join(patterns)}{''.join(hints)}; saved keys: {listed}"
 
 
+def _glob_notes(patterns: Sequence[str], matching: Sequence[str]) -> List[str]:
+    """A note for each pattern that is a key itself but, as a glob, matched other keys too.
+
+    Operator keys hold glob characters (``Net:forward:*@0``, the first ``*``): given as
+    it is listed, such a key selects every key the glob matches, which a note says.
+
+    >>> _glob_notes(["m:f:*@0"], ["m:f:*@0", "m:f:x@0"])
+    ["--key 'm:f:*@0' is a glob and matched 2 keys; for the key 'm:f:*@0' alone give 'm:f:[*]@0'"]
+    >>> _glob_notes(["m:f:*@0"], ["m:f:*@0"])
+    []
+    """
+    notes = []
+    for pattern in patterns:
+        if pattern in matching:
+            also = [key for key in matching if key != pattern and fnmatch.fnmatchcase(key, pattern)]
+            if also:
+                literal = re.sub(r"([*?\[])", r"[\1]", pattern)
+                notes.append(
+                    f"--key {pattern!r} is a glob and matched {len(also) + 1} keys; "
+                    f"for the key {pattern!r} alone give {literal!r}"
+                )
+    return notes
+
+
 def table(summaries: Sequence[KeySummary]) -> str:
     """The summary as an aligned text table.
 
@@ -922,6 +946,8 @@ def view(
     matching = [key for key in saved if keys is None or any(fnmatch.fnmatchcase(key, k) for k in keys)]
     if keys is not None and not matching:
         raise BcrecordError(_no_match(keys, saved))
+    for note in _glob_notes(keys or (), matching):
+        print(f"bcrecord view: {note}", file=err)
     if not matching:
         print(f"{directory}: no records", file=out)
         return 0

@@ -154,6 +154,25 @@ def test_a_key_that_matches_nothing_gets_the_key_or_glob_to_give(tmp_path):
     assert sorted(p.name for p in folder.iterdir()) == ["index.json", "index.jsonl", "records"]
 
 
+def test_an_operator_key_given_as_listed_selects_by_glob_and_a_note_says_how_to_select_it_alone(tmp_path):
+    # Operator keys hold '*': '--key Net:forward:*@0' copied from the listing showed every @0 key
+    # without a word; the note gives the escaped key, which selects that key alone.
+    folder = tmp_path / "rec"
+    bcrecord.save({"Net:forward:*@0": [2.0], "Net:forward:x@0": [1.0], "Net:forward:x@1": [3.0]}, folder)
+    out, err = io.StringIO(), io.StringIO()
+    view(folder, plots=False, keys="Net:forward:*@0", out=out, err=err)
+    shown = [line.split()[0] for line in out.getvalue().splitlines()[1:]]
+    assert shown == ["Net:forward:*@0", "Net:forward:x@0"]
+    assert err.getvalue() == (
+        "bcrecord view: --key 'Net:forward:*@0' is a glob and matched 2 keys; "
+        "for the key 'Net:forward:*@0' alone give 'Net:forward:[*]@0'\n"
+    )
+    out, err = io.StringIO(), io.StringIO()
+    view(folder, plots=False, keys="Net:forward:[*]@0", out=out, err=err)
+    assert [line.split()[0] for line in out.getvalue().splitlines()[1:]] == ["Net:forward:*@0"]
+    assert err.getvalue() == ""
+
+
 def test_a_max_maps_that_draws_no_map_is_refused_before_the_plots_folder_is_touched(saved):
     # It drew nothing of such a key: ZeroDivisionError for its grid, its other pictures lost with it,
     # after the earlier view's pictures had been removed.
