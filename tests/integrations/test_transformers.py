@@ -362,3 +362,43 @@ def test_gradient_checkpointing_records_the_recomputation_too(gpt2):
         first, again = rec.all(key)
         assert torch.equal(first, again)
     assert modeling_gpt2.eager_attention_forward.__code__ is GPT2_ATTENTION_CODE
+
+
+def test_vit_patch_embeddings_cls_token_per_layer_and_a_feature_extractor_after_hidden_states():
+    # output_hidden_states=True leaves transformers' capture hooks (they return None) on each
+    # layer: an extractor made afterwards returned the same values, with a RecordingWarning
+    # per layer that this file's filter turns into an error.
+    torch.manual_seed(0)
+    config = transformers.ViTConfig(
+        image_size=16,
+        patch_size=4,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        attn_implementation="eager",
+    )
+    vit = transformers.ViTModel(config).eval()
+    pixels = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(7))
+    targets = ["embeddings.patch_embeddings", "layers.*"]
+    with (
+        attention_recorder(vit, ["nn.functional.softmax()"]) as patch,
+        bcrecord.recording(only=[patch]) as attn,
+        record(vit, targets) as rec,
+        torch.no_grad(),
+    ):
+        out = vit(pixels, output_attentions=True, output_hidden_states=True)
+    with torch.no_grad():
+        patches = vit.embeddings.patch_embeddings.projection(pixels).flatten(2).transpose(1, 2)
+    assert torch.allclose(rec["embeddings.patch_embeddings:forward:return"], patches, atol=1e-6)
+    for i in range(2):
+        layer = rec[f"layers.{i}:forward:return"]
+        assert layer.shape == (2, 17, 32)  # the CLS token, then 16 patches
+        assert torch.equal(layer[:, 0], out.hidden_states[i + 1][:, 0])
+        probs = attn[f"layers.{i}.attention:eager_attention_forward:nn.functional.softmax()@0"]
+        assert torch.equal(probs, out.attentions[i])
+    assert vit.layers[1]._forward_hooks  # (transformers' capture hooks)
+    features = bcrecord.torch.create_feature_extractor(vit, ["layers.1", "embeddings"])(pixels)
+    assert torch.allclose(features["layers.1"], out.hidden_states[2], atol=1e-6)
+    assert torch.allclose(features["embeddings"], out.hidden_states[0], atol=1e-6)
+    assert_clean()
