@@ -134,6 +134,11 @@ def attention_recorder(
     ``'eager'``, instead of a recording that stays empty. Use the returned patch as a
     context manager, with ``bcrecord.recording(only=[patch])``.
 
+    Each model's function numbers its locals its own way (GPT-2's ``attn_weights@2`` is
+    the probabilities, T5's the scores plus the mask): ``bcrecord.targets(function)``
+    lists them, and the call site ``'nn.functional.softmax()'`` names the probabilities
+    in every model whose function calls it.
+
     >>> import torch, bcrecord
     >>> from transformers import GPT2Config, GPT2LMHeadModel
     >>> config = GPT2Config(n_layer=2, n_head=2, n_embd=8, vocab_size=10, n_positions=8,

@@ -1,4 +1,4 @@
-"""The transformers recipe (docs/transformers.md) on tiny GPT-2 and BERT models, no downloads.
+"""The transformers recipe (docs/transformers.md) on tiny models (GPT-2, BERT, Llama, T5, ViT), no downloads.
 
 Attention probabilities are recorded inside the module-level ``eager_attention_forward``
 (a local, ``attn_weights``), with per-layer keys, and compared with what
