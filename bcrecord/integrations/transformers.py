@@ -1,9 +1,10 @@
 """Hugging Face transformers: copies of key/value caches, and a recorder for attention.
 
-:func:`attention_recorder` patches the module-level ``eager_attention_forward`` a
-model's attention layers call, keys named by each layer's path, and refuses a model
-whose attention never calls it (``attn_implementation='sdpa'``, flash attention),
-which would record nothing.
+:func:`attention_recorder` patches the module-level ``eager_attention_forward`` (or a
+variant of that name, ``simple_eager_attention_forward``...) a model's attention
+layers call, keys named by each layer's path, and refuses a model whose attention
+never calls it (``attn_implementation='sdpa'``, flash attention), which would record
+nothing.
 
 The core loads this module by name the first time a recording copies an object of
 transformers (a model's output, a cache). It registers how a ``Cache``
@@ -101,7 +102,9 @@ if _HAS_CACHES:
 
 def _attention_modules(model: Any) -> List[Tuple[str, Any, Callable[..., Any]]]:
     """``(path, module, function)`` for each module whose ``forward`` calls a module-level
-    ``eager_attention_forward`` (looked up in the globals of the module's own code)."""
+    ``eager_attention_forward``, or a variant named so (TimesFM's
+    ``simple_eager_attention_forward``, Llama 4's ``vision_eager_attention_forward``),
+    looked up in the globals of the module's own code."""
     found = []
     for path, module in model.named_modules():
         forward = getattr(type(module), "forward", None)
@@ -109,8 +112,9 @@ def _attention_modules(model: Any) -> List[Tuple[str, Any, Callable[..., Any]]]:
             continue
         forward = inspect.unwrap(forward)  # (transformers decorates forwards)
         code = getattr(forward, "__code__", None)
-        if code is not None and ATTENTION_FUNCTION in code.co_names:
-            function = getattr(forward, "__globals__", {}).get(ATTENTION_FUNCTION)
+        names = [] if code is None else [name for name in code.co_names if name.endswith(ATTENTION_FUNCTION)]
+        for name in names:
+            function = getattr(forward, "__globals__", {}).get(name)
             if callable(function):
                 found.append((path, module, function))
     return found

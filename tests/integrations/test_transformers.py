@@ -599,3 +599,40 @@ def test_stop_after_last_ends_each_forward_so_generate_fails_as_documented(llama
             llama.generate(ids, max_new_tokens=2, pad_token_id=0)
     assert rec["model.layers.0:forward:return"].shape == (1, 4, 32)
     assert_clean()
+
+
+def test_attention_functions_named_as_variants_are_found_too():
+    # TimesFM's modules call simple_eager_attention_forward (Llama 4's vision tower
+    # vision_eager_attention_forward, ...): attention_recorder said the model called none,
+    # and refused the function given as function= too.
+    from transformers.models.timesfm import modeling_timesfm
+
+    torch.manual_seed(0)
+    config = transformers.TimesFmConfig(
+        patch_length=4,
+        context_length=16,
+        horizon_length=4,
+        hidden_size=16,
+        intermediate_size=32,
+        head_dim=8,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        attn_implementation="eager",
+    )
+    model = transformers.TimesFmModelForPrediction(config).eval()
+    series = [torch.randn(16, generator=torch.Generator().manual_seed(13)), torch.ones(12)]
+    for function in (None, modeling_timesfm.simple_eager_attention_forward):
+        with (
+            attention_recorder(model, ["nn.functional.softmax()"], function=function) as patch,
+            bcrecord.recording(only=[patch]) as attn,
+            torch.no_grad(),
+        ):
+            out = model(past_values=series, output_attentions=True)
+        for i in range(2):
+            probs = attn[
+                f"decoder.layers.{i}.self_attn:simple_eager_attention_forward:nn.functional.softmax()@0"
+            ]
+            assert probs.shape == (2, 2, 4, 4)  # 16 values in patches of 4
+            assert torch.equal(probs, out.attentions[i])
+    code = modeling_timesfm.simple_eager_attention_forward.__code__
+    assert code is patch.original_code
