@@ -46,6 +46,7 @@ except ImportError:
 else:
     _HAS_CACHES = True
 
+from ..analysis import read
 from ..errors import TargetError
 from ..patch import Patch, patch_function
 from ..runtime import copy_value, register_copy
@@ -120,6 +121,38 @@ def _attention_modules(model: Any) -> List[Tuple[str, Any, Callable[..., Any]]]:
     return found
 
 
+def _softmax_targets(model: Any) -> List[str]:
+    """``'<path>:forward:<chain>()'`` for each module whose own ``forward`` calls a softmax
+    (``nn.functional.softmax``, ``torch.softmax``, ``scores.softmax``...): where a model
+    without an attention function (DeBERTa) computes its probabilities."""
+    found = []
+    for path, module in model.named_modules():
+        forward = getattr(type(module), "forward", None)
+        code = getattr(inspect.unwrap(forward), "__code__", None) if callable(forward) else None
+        if code is None or "softmax" not in code.co_names:  # (cheap: most modules have none)
+            continue
+        chains = [chain for chain in read(code).calls if chain.rpartition(".")[2] == "softmax"]
+        found += [f"{path}:forward:{chain}()" for chain in chains[:1]]
+    return found
+
+
+def _without_function(name: str, model: Any) -> str:
+    """What to do for a model whose attention modules call no attention function."""
+    sites = _softmax_targets(model)
+    if not sites:
+        return (
+            "a model that computes attention in its modules' forward: record their locals "
+            "with bcrecord.torch.record(model, ['<path>:forward:attn_weights'])"
+        )
+    others = len(sites) - 1
+    more = f" (and {others} more module{'s' * (others > 1)} whose forward calls a softmax)" if others else ""
+    return (
+        f"{name} computes attention in its modules' forward: record the probabilities there, "
+        f"e.g. bcrecord.torch.record(model, [{sites[0]!r}]){more}; "
+        "bcrecord.torch.list_targets(model) lists every target"
+    )
+
+
 def _implementation(model: Any, module: Any) -> Optional[str]:
     """The attention implementation a module runs (its own config's, else the model's)."""
     config = getattr(module, "config", None) or getattr(model, "config", None)
@@ -167,12 +200,7 @@ def attention_recorder(
             raise TargetError(
                 f"attention_recorder: {name}'s attention modules call {len(functions)} "
                 f"{ATTENTION_FUNCTION} functions ({what}); "
-                + (
-                    "give function= to choose one"
-                    if functions
-                    else "a model that computes attention in its modules' forward: record their locals "
-                    "with bcrecord.torch.record(model, ['<path>:forward:attn_weights'])"
-                )
+                + ("give function= to choose one" if functions else _without_function(name, model))
             )
         function = functions[0]
     callers = [(path, module) for path, module, f in modules if f is function]

@@ -636,3 +636,27 @@ def test_attention_functions_named_as_variants_are_found_too():
             assert torch.equal(probs, out.attentions[i])
     code = modeling_timesfm.simple_eager_attention_forward.__code__
     assert code is patch.original_code
+
+
+def test_a_model_without_an_attention_function_is_told_the_target_that_records_it():
+    # DeBERTa computes attention in its modules' forward: the message suggested a local
+    # named attn_weights, which DeBERTa does not have; it now names a softmax call site there.
+    torch.manual_seed(0)
+    config = transformers.DebertaConfig(
+        vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64
+    )
+    model = transformers.DebertaModel(config).eval()
+    with pytest.raises(TargetError) as refused:
+        attention_recorder(model, ["attn_weights@2"])
+    target = "encoder.layer.0.attention.self:forward:nn.functional.softmax()"
+    assert str(refused.value) == (
+        "attention_recorder: DebertaModel's attention modules call 0 eager_attention_forward functions "
+        "(none); DebertaModel computes attention in its modules' forward: record the probabilities there, "
+        f"e.g. bcrecord.torch.record(model, [{target!r}]) (and 1 more module whose forward calls a "
+        "softmax); bcrecord.torch.list_targets(model) lists every target"
+    )
+    ids = torch.randint(3, 100, (1, 5), generator=torch.Generator().manual_seed(14))
+    with record(model, [target]) as rec, torch.no_grad():
+        out = model(ids, output_attentions=True)
+    assert torch.equal(rec[f"{target}@0"], out.attentions[0])
+    assert_clean()
