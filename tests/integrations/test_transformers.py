@@ -660,3 +660,41 @@ def test_a_model_without_an_attention_function_is_told_the_target_that_records_i
         out = model(ids, output_attentions=True)
     assert torch.equal(rec[f"{target}@0"], out.attentions[0])
     assert_clean()
+
+
+def test_training_mode_dropout_and_gradients_through_recorded_values(llama):
+    model = transformers.LlamaForCausalLM(llama.config)
+    model.load_state_dict(llama.state_dict())
+    model.config.attention_dropout = 0.5
+    for layer in model.model.layers:
+        layer.self_attn.attention_dropout = 0.5
+    model.train()
+    ids = torch.randint(3, 100, (2, 5), generator=torch.Generator().manual_seed(15))
+    probs_key = "model.layers.1.self_attn:eager_attention_forward:attn_weights@"
+    torch.manual_seed(16)
+    with (
+        record(model, ["model.layers.1"], grad=True) as rec,
+        attention_recorder(model, ["attn_weights@2", "attn_weights@3"]) as patch,
+        bcrecord.recording(only=[patch], copy="none") as attn,  # (the values themselves, in the graph)
+    ):
+        out = model(ids)
+    seen = {}
+    hook = model.model.layers[1].register_forward_hook(
+        lambda module, args, output: seen.setdefault(0, output)
+    )
+    torch.manual_seed(16)  # the same dropout masks: recording leaves the random state alone
+    try:
+        again = model(ids)
+    finally:
+        hook.remove()
+    assert torch.equal(out.logits, again.logits)
+    weight = model.model.layers[1].mlp.down_proj.weight
+    recorded = rec["model.layers.1:forward:return"]
+    (through_recorded,) = torch.autograd.grad(recorded.sum(), weight)
+    (through_hooked,) = torch.autograd.grad(seen[0].sum(), weight)
+    assert torch.allclose(through_recorded, through_hooked)
+    dropped, kept = attn[probs_key + "3"], attn[probs_key + "2"]
+    assert dropped.requires_grad and torch.any((dropped == 0) & (kept > 0))  # dropout dropped some
+    survived = dropped != 0
+    assert torch.allclose(dropped[survived], 2 * kept[survived])  # inverted dropout, p=0.5
+    assert_clean()
