@@ -58,6 +58,7 @@ __all__ = [
     "instructions",
     "read",
     "resolve",
+    "returns_none",
 ]
 
 
@@ -1158,6 +1159,46 @@ def _read(key: Tuple[object, ...], qualname: Optional[str] = None) -> CodeMap:
         free_names=frozenset(code.co_freevars) - {"__class__"},  # (the cell super() reads)
         private_prefix=_private_prefix(getattr(code, "co_qualname", None) or qualname or ""),
     )
+
+
+#: Code whose call returns a generator or a coroutine, not what its ``return`` gives.
+_RESUMABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+
+
+def returns_none(code: CodeType) -> bool:
+    """Whether a call of ``code`` can only return None: each return gives the constant
+    None (a bare ``return``, or the end of the body), never a value computed or jumped to.
+
+    False where that is not plain from the instructions (``return self.log(x)`` returns
+    None too, but only the callee knows): a caller that relies on it stays on the safe side.
+
+    >>> def observe(module, args, output):
+    ...     if output is None:
+    ...         return
+    ...     seen.append(output)
+    >>> returns_none(observe.__code__), returns_none((lambda m, a, out: out + 1).__code__)
+    (True, False)
+    >>> returns_none((lambda m, a, out: out if out else None).__code__)
+    False
+    """
+    if code.co_flags & _RESUMABLE:
+        return False
+    table = _versions.current()
+    previous: object = None
+    for item in instructions(code):
+        if not isinstance(item, (Instr, Label)):
+            continue  # (TryBegin, TryEnd: markers, not instructions; the value stays the one loaded)
+        if isinstance(item, Instr):
+            if item.name == table.return_const and item.arg is not None:
+                return False
+            # A Label before the return: a jump brings another value to it.
+            constant_none = (
+                isinstance(previous, Instr) and previous.name == "LOAD_CONST" and previous.arg is None
+            )
+            if item.name == table.return_value and not constant_none:
+                return False
+        previous = item
+    return True
 
 
 def _private_prefix(qualname: str) -> str:

@@ -9,7 +9,7 @@ import pytest
 
 import bcrecord
 from bcrecord import Attribute, Call, Local, Return, TargetError
-from bcrecord.analysis import read, resolve
+from bcrecord.analysis import read, resolve, returns_none
 
 from . import corpus
 from .commands import plain
@@ -436,3 +436,39 @@ def test_code_the_compiler_drops_has_no_sites_on_any_version():
     assert [site.line - f.__code__.co_firstlineno for site in found.calls["str"]] == [2, 6]
     with pytest.raises(TargetError, match="has no assignment to a local named 'dropped'"):
         bcrecord.instrument(f, "dropped")
+
+
+def test_returns_none_only_where_every_return_gives_the_constant_none():
+    # The torch extractor's forward-hook warning relies on it (a hook returning None
+    # leaves the module's output as it is): on the safe side wherever a value may come back.
+    seen = []
+
+    def bare(module, args, output):
+        if output is None:
+            return
+        seen.append(output)
+
+    def in_try_and_with(module, args, output):
+        try:
+            with open(__file__):
+                seen.append(output)
+                return
+        finally:
+            seen.clear()
+
+    def conditional(module, args, output):
+        return None if output else output  # a jump brings `output` to the return
+
+    def through_a_local(module, args, output):
+        nothing = None
+        return nothing
+
+    def generator(module, args, output):
+        yield output
+
+    def forwarded(module, args, output):
+        return seen.append(output)  # None too, but only list.append knows it
+
+    assert [returns_none(f.__code__) for f in (bare, in_try_and_with, conditional)] == [True, True, False]
+    assert [returns_none(f.__code__) for f in (through_a_local, generator, forwarded)] == [False] * 3
+    assert bare(None, (), 1) is None and seen == [1]

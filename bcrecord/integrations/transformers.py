@@ -1,9 +1,10 @@
 """Hugging Face transformers: copies of key/value caches, and a recorder for attention.
 
-:func:`attention_recorder` patches the module-level ``eager_attention_forward`` a
-model's attention layers call, keys named by each layer's path, and refuses a model
-whose attention never calls it (``attn_implementation='sdpa'``, flash attention),
-which would record nothing.
+:func:`attention_recorder` patches the module-level ``eager_attention_forward`` (or a
+variant of that name, ``simple_eager_attention_forward``...) a model's attention
+layers call, keys named by each layer's path, and refuses a model whose attention
+never calls it (``attn_implementation='sdpa'``, flash attention), which would record
+nothing.
 
 The core loads this module by name the first time a recording copies an object of
 transformers (a model's output, a cache). It registers how a ``Cache``
@@ -45,6 +46,7 @@ except ImportError:
 else:
     _HAS_CACHES = True
 
+from ..analysis import read
 from ..errors import TargetError
 from ..patch import Patch, patch_function
 from ..runtime import copy_value, register_copy
@@ -101,7 +103,9 @@ if _HAS_CACHES:
 
 def _attention_modules(model: Any) -> List[Tuple[str, Any, Callable[..., Any]]]:
     """``(path, module, function)`` for each module whose ``forward`` calls a module-level
-    ``eager_attention_forward`` (looked up in the globals of the module's own code)."""
+    ``eager_attention_forward``, or a variant named so (TimesFM's
+    ``simple_eager_attention_forward``, Llama 4's ``vision_eager_attention_forward``),
+    looked up in the globals of the module's own code."""
     found = []
     for path, module in model.named_modules():
         forward = getattr(type(module), "forward", None)
@@ -109,11 +113,44 @@ def _attention_modules(model: Any) -> List[Tuple[str, Any, Callable[..., Any]]]:
             continue
         forward = inspect.unwrap(forward)  # (transformers decorates forwards)
         code = getattr(forward, "__code__", None)
-        if code is not None and ATTENTION_FUNCTION in code.co_names:
-            function = getattr(forward, "__globals__", {}).get(ATTENTION_FUNCTION)
+        names = [] if code is None else [name for name in code.co_names if name.endswith(ATTENTION_FUNCTION)]
+        for name in names:
+            function = getattr(forward, "__globals__", {}).get(name)
             if callable(function):
                 found.append((path, module, function))
     return found
+
+
+def _softmax_targets(model: Any) -> List[str]:
+    """``'<path>:forward:<chain>()'`` for each module whose own ``forward`` calls a softmax
+    (``nn.functional.softmax``, ``torch.softmax``, ``scores.softmax``...): where a model
+    without an attention function (DeBERTa) computes its probabilities."""
+    found = []
+    for path, module in model.named_modules():
+        forward = getattr(type(module), "forward", None)
+        code = getattr(inspect.unwrap(forward), "__code__", None) if callable(forward) else None
+        if code is None or "softmax" not in code.co_names:  # (cheap: most modules have none)
+            continue
+        chains = [chain for chain in read(code).calls if chain.rpartition(".")[2] == "softmax"]
+        found += [f"{path}:forward:{chain}()" for chain in chains[:1]]
+    return found
+
+
+def _without_function(name: str, model: Any) -> str:
+    """What to do for a model whose attention modules call no attention function."""
+    sites = _softmax_targets(model)
+    if not sites:
+        return (
+            "a model that computes attention in its modules' forward: record their locals "
+            "with bcrecord.torch.record(model, ['<path>:forward:attn_weights'])"
+        )
+    others = len(sites) - 1
+    more = f" (and {others} more module{'s' * (others > 1)} whose forward calls a softmax)" if others else ""
+    return (
+        f"{name} computes attention in its modules' forward: record the probabilities there, "
+        f"e.g. bcrecord.torch.record(model, [{sites[0]!r}]){more}; "
+        "bcrecord.torch.list_targets(model) lists every target"
+    )
 
 
 def _implementation(model: Any, module: Any) -> Optional[str]:
@@ -133,6 +170,11 @@ def attention_recorder(
     calls it: that raises :class:`~bcrecord.errors.TargetError` saying how to switch to
     ``'eager'``, instead of a recording that stays empty. Use the returned patch as a
     context manager, with ``bcrecord.recording(only=[patch])``.
+
+    Each model's function numbers its locals its own way (GPT-2's ``attn_weights@2`` is
+    the probabilities, T5's the scores plus the mask): ``bcrecord.targets(function)``
+    lists them, and the call site ``'nn.functional.softmax()'`` names the probabilities
+    in every model whose function calls it.
 
     >>> import torch, bcrecord
     >>> from transformers import GPT2Config, GPT2LMHeadModel
@@ -158,12 +200,7 @@ def attention_recorder(
             raise TargetError(
                 f"attention_recorder: {name}'s attention modules call {len(functions)} "
                 f"{ATTENTION_FUNCTION} functions ({what}); "
-                + (
-                    "give function= to choose one"
-                    if functions
-                    else "a model that computes attention in its modules' forward: record their locals "
-                    "with bcrecord.torch.record(model, ['<path>:forward:attn_weights'])"
-                )
+                + ("give function= to choose one" if functions else _without_function(name, model))
             )
         function = functions[0]
     callers = [(path, module) for path, module, f in modules if f is function]

@@ -17,6 +17,8 @@ torch.Size([3, 4])
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import operator
 import types
 import weakref
@@ -24,6 +26,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 
 import torch
 
+from ..analysis import returns_none
 from ..errors import SpecError, TargetError, did_you_mean, warn
 from ..patch import Patch, remove_all, remove_soon
 from ..patch import targets as function_targets
@@ -106,12 +109,31 @@ def _warn_if_torchvision_differs(model: torch.nn.Module, target: Target) -> None
                 f"but {clash}"
             )
         module = _submodule(model, target.path)
-        if module is not None and module._forward_hooks:
+        if module is not None and any(map(_may_replace_output, module._forward_hooks.values())):
             warn(
                 f"return node {target.text!r}: the {type(module).__name__} there has forward hooks; "
                 "bcrecord returns what its forward returns, before them, where torchvision's node is "
                 "what they return (the same where they return None)"
             )
+
+
+def _may_replace_output(hook: Callable[..., Any]) -> bool:
+    """Whether a forward hook may return a value, which replaces the module's output; False
+    for one that can only return None (transformers' ``output_hidden_states`` capture leaves
+    such hooks on every layer it has collected from).
+
+    >>> _may_replace_output(lambda module, args, output: output * 2)
+    True
+    >>> def collect(module, args, output):
+    ...     outputs.append(output)
+    >>> _may_replace_output(collect)
+    False
+    """
+    function: Any = inspect.unwrap(hook)
+    while isinstance(function, functools.partial):
+        function = function.func
+    code = getattr(function, "__code__", None)  # (a bound method's is its function's)
+    return code is None or not returns_none(code)
 
 
 #: A found output's place in the order of the forward (see FeatureExtractor.forward).

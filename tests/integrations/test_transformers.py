@@ -1,4 +1,4 @@
-"""The transformers recipe (docs/transformers.md) on tiny GPT-2 and BERT models, no downloads.
+"""The transformers recipe (docs/transformers.md) on tiny models (GPT-2, BERT, Llama, T5, ViT), no downloads.
 
 Attention probabilities are recorded inside the module-level ``eager_attention_forward``
 (a local, ``attn_weights``), with per-layer keys, and compared with what
@@ -338,7 +338,7 @@ def test_the_documented_recipe_runs_and_prints_what_it_shows(capsys):
             ]
             assert normalise(printed) == normalise(next_body)
             checked += 1
-    assert ran == 5 and checked == 3
+    assert ran == 8 and checked == 6
     assert_clean()
 
 
@@ -362,3 +362,339 @@ def test_gradient_checkpointing_records_the_recomputation_too(gpt2):
         first, again = rec.all(key)
         assert torch.equal(first, again)
     assert modeling_gpt2.eager_attention_forward.__code__ is GPT2_ATTENTION_CODE
+
+
+def test_vit_patch_embeddings_cls_token_per_layer_and_a_feature_extractor_after_hidden_states():
+    # output_hidden_states=True leaves transformers' capture hooks (they return None) on each
+    # layer: an extractor made afterwards returned the same values, with a RecordingWarning
+    # per layer that this file's filter turns into an error.
+    torch.manual_seed(0)
+    config = transformers.ViTConfig(
+        image_size=16,
+        patch_size=4,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        attn_implementation="eager",
+    )
+    vit = transformers.ViTModel(config).eval()
+    pixels = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(7))
+    targets = ["embeddings.patch_embeddings", "layers.*"]
+    with (
+        attention_recorder(vit, ["nn.functional.softmax()"]) as patch,
+        bcrecord.recording(only=[patch]) as attn,
+        record(vit, targets) as rec,
+        torch.no_grad(),
+    ):
+        out = vit(pixels, output_attentions=True, output_hidden_states=True)
+    with torch.no_grad():
+        patches = vit.embeddings.patch_embeddings.projection(pixels).flatten(2).transpose(1, 2)
+    assert torch.allclose(rec["embeddings.patch_embeddings:forward:return"], patches, atol=1e-6)
+    for i in range(2):
+        layer = rec[f"layers.{i}:forward:return"]
+        assert layer.shape == (2, 17, 32)  # the CLS token, then 16 patches
+        assert torch.equal(layer[:, 0], out.hidden_states[i + 1][:, 0])
+        probs = attn[f"layers.{i}.attention:eager_attention_forward:nn.functional.softmax()@0"]
+        assert torch.equal(probs, out.attentions[i])
+    assert vit.layers[1]._forward_hooks  # (transformers' capture hooks)
+    features = bcrecord.torch.create_feature_extractor(vit, ["layers.1", "embeddings"])(pixels)
+    assert torch.allclose(features["layers.1"], out.hidden_states[2], atol=1e-6)
+    assert torch.allclose(features["embeddings"], out.hidden_states[0], atol=1e-6)
+    assert_clean()
+
+
+@pytest.fixture(scope="module")
+def llama():
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,  # grouped-query attention: two query heads per key/value head
+        vocab_size=100,
+        max_position_embeddings=64,
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        attn_implementation="eager",
+    )
+    return transformers.LlamaForCausalLM(config).eval()
+
+
+def _rotated(x, positions, theta):
+    """Llama's rotary embedding, computed here from its definition (half-split pairs)."""
+    half = x.shape[-1] // 2
+    angles = positions[:, None] * theta ** (-torch.arange(0, half).float() / half)
+    cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], -1) * sin
+
+
+def test_llama_rmsnorm_rotary_queries_keys_and_grouped_query_probabilities(llama):
+    ids = torch.randint(3, 100, (2, 6), generator=torch.Generator().manual_seed(8))
+    owners = "model.layers.*.self_attn:forward:"
+    targets = [f"{owners}query_states@1", f"{owners}key_states@1", "model.layers.*.input_layernorm"]
+    with (
+        attention_recorder(llama, ["key_states@0", "attn_weights@2"]) as patch,
+        bcrecord.recording(only=[patch]) as attn,
+        record(llama, targets) as rec,
+        torch.no_grad(),
+    ):
+        out = llama(ids, output_attentions=True, output_hidden_states=True)
+    theta, eps = llama.config.rope_parameters["rope_theta"], llama.config.rms_norm_eps
+    causal = torch.full((6, 6), float("-inf")).triu(1)
+    for i, layer in enumerate(llama.model.layers):
+        x = out.hidden_states[i]
+        normed = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * layer.input_layernorm.weight
+        assert torch.allclose(rec[f"model.layers.{i}.input_layernorm:forward:return"], normed, atol=1e-5)
+        with torch.no_grad():
+            q = layer.self_attn.q_proj(normed).view(2, 6, 4, 8).transpose(1, 2)
+            k = layer.self_attn.k_proj(normed).view(2, 6, 2, 8).transpose(1, 2)
+        q, k = _rotated(q, torch.arange(6), theta), _rotated(k, torch.arange(6), theta)
+        assert torch.allclose(rec[f"model.layers.{i}.self_attn:forward:query_states@1"], q, atol=1e-5)
+        assert torch.allclose(rec[f"model.layers.{i}.self_attn:forward:key_states@1"], k, atol=1e-5)
+        owner = f"model.layers.{i}.self_attn:eager_attention_forward"
+        repeated = attn[f"{owner}:key_states@0"]  # repeat_kv: key/value head 0 for query heads 0, 1
+        assert repeated.shape == (2, 4, 6, 8)
+        assert torch.equal(repeated[:, 0], repeated[:, 1]) and torch.allclose(
+            repeated[:, 2], k[:, 1], atol=1e-5
+        )
+        expected = torch.softmax(q @ k.repeat_interleave(2, 1).transpose(-1, -2) / math.sqrt(8) + causal, -1)
+        assert torch.allclose(attn[f"{owner}:attn_weights@2"], expected, atol=1e-6)
+        assert torch.equal(attn[f"{owner}:attn_weights@2"], out.attentions[i])
+    assert_clean()
+
+
+@pytest.mark.parametrize(
+    "strategy",
+    [
+        {"do_sample": False},
+        {"do_sample": True, "top_k": 0},
+        {"num_beams": 3, "do_sample": False},
+        {"do_sample": False, "use_cache": False},
+        {"do_sample": False, "cache_implementation": "static"},
+    ],
+    ids=["greedy", "sampling", "beams", "no-cache", "static-cache"],
+)
+def test_llama_generate_same_tokens_and_each_step_s_values(llama, strategy):
+    ids = torch.randint(3, 100, (2, 4), generator=torch.Generator().manual_seed(9))
+    options = dict(max_new_tokens=3, min_new_tokens=3, pad_token_id=0, **strategy)
+    torch.manual_seed(11)
+    plain = llama.generate(ids, **options)
+    probs_key = "model.layers.1.self_attn:eager_attention_forward:attn_weights@2"
+    keys_key = "model.layers.0.self_attn:forward:key_states@1"
+    torch.manual_seed(11)
+    with (
+        attention_recorder(llama, ["attn_weights@2"]) as patch,
+        bcrecord.recording(only=[patch]) as attn,
+        record(llama, ["model", keys_key]) as rec,
+        torch.no_grad(),
+    ):
+        generated = llama.generate(ids, **options)
+    assert torch.equal(generated, plain)  # sampling's random state untouched
+    rows = 2 * strategy.get("num_beams", 1)
+    cached = strategy.get("use_cache", True)
+    # (a static cache holds every position a forward reads: the prompt and the tokens fed back)
+    columns = [6] * 3 if "cache_implementation" in strategy else [4, 5, 6]
+    queries = [4, 1, 1] if cached else [4, 5, 6]
+    assert [tuple(p.shape) for p in attn.all(probs_key)] == [
+        (rows, 4, q, c) for q, c in zip(queries, columns, strict=True)
+    ]
+    if "num_beams" in strategy:  # the prompt's step: each sequence's beams next to each other
+        prompt = attn.all(probs_key)[0]
+        assert all(torch.equal(prompt[row], prompt[row - row % 3]) for row in range(6))
+        assert not torch.equal(prompt[0], prompt[3])
+    steps = rec.all("model:forward:return")
+    if not cached:
+        assert [step.past_key_values for step in steps] == [None] * 3
+        return
+    if "cache_implementation" in strategy:  # no attention to the positions not filled yet
+        for filled, probs in zip([4, 5, 6], attn.all(probs_key), strict=True):
+            assert torch.all(probs[..., filled:] == 0) and torch.all(probs[..., :filled].sum(-1) > 0.99)
+    for filled, step, new_keys in zip([4, 5, 6], steps, rec.all(keys_key), strict=True):
+        kept = step.past_key_values.layers[0].keys  # the cache as it was at that step
+        assert kept.shape[0] == rows and int(step.past_key_values.get_seq_length()) == filled
+        assert torch.equal(kept[:, :, filled - new_keys.shape[2] : filled], new_keys)
+        assert torch.all(kept[:, :, filled:] == 0)  # (the static cache: not filled yet)
+    assert_clean()
+
+
+def test_t5_encoder_once_then_decoder_self_and_cross_attention_per_step():
+    torch.manual_seed(0)
+    config = transformers.T5Config(
+        vocab_size=100,
+        d_model=32,
+        d_kv=8,
+        d_ff=64,
+        num_layers=2,
+        num_heads=4,
+        decoder_start_token_id=0,
+        pad_token_id=0,
+        eos_token_id=1,
+        attn_implementation="eager",
+    )
+    t5 = transformers.T5ForConditionalGeneration(config).eval()
+    source = torch.randint(2, 100, (2, 6), generator=torch.Generator().manual_seed(10))
+    plain = t5.generate(source, max_new_tokens=3, min_new_tokens=3, do_sample=False)
+    probs = "eager_attention_forward:nn.functional.softmax()@0"
+    with (
+        attention_recorder(t5, ["nn.functional.softmax()", "attn_weights@2"]) as patch,
+        bcrecord.recording(only=[patch]) as attn,
+        record(t5, ["encoder", "decoder"]) as rec,
+        torch.no_grad(),
+    ):
+        generated = t5.generate(source, max_new_tokens=3, min_new_tokens=3, do_sample=False)
+    assert torch.equal(generated, plain)
+    assert len(rec.all("encoder:forward:return")) == 1
+    shapes = lambda key: [tuple(value.shape) for value in attn.all(key)]
+    assert shapes(f"encoder.block.1.layer.0.SelfAttention:{probs}") == [(2, 4, 6, 6)]
+    assert shapes(f"decoder.block.1.layer.0.SelfAttention:{probs}") == [
+        (2, 4, 1, 1),
+        (2, 4, 1, 2),
+        (2, 4, 1, 3),
+    ]
+    assert shapes(f"decoder.block.1.layer.1.EncDecAttention:{probs}") == [(2, 4, 1, 6)] * 3
+    # T5's attn_weights@2 is the scores plus the mask: only where there is one (no encoder key)
+    assert not [key for key in attn.keys() if key.startswith("encoder") and key.endswith("attn_weights@2")]
+    caches = [step.past_key_values for step in rec.all("decoder:forward:return")]
+    assert [c.self_attention_cache.get_seq_length() for c in caches] == [1, 2, 3]
+    assert [c.cross_attention_cache.get_seq_length() for c in caches] == [6, 6, 6]
+    with torch.no_grad():  # the last step's cross-attention, computed anew in one forward
+        full = t5(source, decoder_input_ids=generated[:, :3], output_attentions=True)
+    last = attn.all(f"decoder.block.1.layer.1.EncDecAttention:{probs}")[2]
+    assert torch.allclose(last[:, :, 0], full.cross_attentions[1][:, :, 2], atol=1e-6)
+    assert_clean()
+
+
+def test_sequence_classification_logits_before_and_after_pooling_on_the_last_real_token():
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=100,
+        pad_token_id=0,
+        num_labels=3,
+    )
+    model = transformers.LlamaForSequenceClassification(config).eval()
+    ids = torch.tensor([[5, 6, 7, 8], [5, 6, 0, 0]])  # the second padded on the right
+    with record(model, ["score", ":forward:pooled_logits"]) as rec, torch.no_grad():
+        out = model(ids)
+    per_token = rec["score:forward:return"]
+    assert per_token.shape == (2, 4, 3)
+    assert torch.equal(rec[":forward:pooled_logits@0"], out.logits)
+    assert torch.equal(out.logits, torch.stack([per_token[0, 3], per_token[1, 1]]))
+    assert_clean()
+
+
+def test_stop_after_last_ends_each_forward_so_generate_fails_as_documented(llama):
+    # docs/transformers.md, "Generation": the model returns None where generate needs logits.
+    ids = torch.randint(3, 100, (1, 4), generator=torch.Generator().manual_seed(12))
+    with record(llama, ["model.layers.0"], stop_after_last=True) as rec, torch.no_grad():
+        assert llama(ids) is None
+        with pytest.raises(AttributeError, match="'NoneType' object"):
+            llama.generate(ids, max_new_tokens=2, pad_token_id=0)
+    assert rec["model.layers.0:forward:return"].shape == (1, 4, 32)
+    assert_clean()
+
+
+def test_attention_functions_named_as_variants_are_found_too():
+    # TimesFM's modules call simple_eager_attention_forward (Llama 4's vision tower
+    # vision_eager_attention_forward, ...): attention_recorder said the model called none,
+    # and refused the function given as function= too.
+    from transformers.models.timesfm import modeling_timesfm
+
+    torch.manual_seed(0)
+    config = transformers.TimesFmConfig(
+        patch_length=4,
+        context_length=16,
+        horizon_length=4,
+        hidden_size=16,
+        intermediate_size=32,
+        head_dim=8,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        attn_implementation="eager",
+    )
+    model = transformers.TimesFmModelForPrediction(config).eval()
+    series = [torch.randn(16, generator=torch.Generator().manual_seed(13)), torch.ones(12)]
+    for function in (None, modeling_timesfm.simple_eager_attention_forward):
+        with (
+            attention_recorder(model, ["nn.functional.softmax()"], function=function) as patch,
+            bcrecord.recording(only=[patch]) as attn,
+            torch.no_grad(),
+        ):
+            out = model(past_values=series, output_attentions=True)
+        for i in range(2):
+            probs = attn[
+                f"decoder.layers.{i}.self_attn:simple_eager_attention_forward:nn.functional.softmax()@0"
+            ]
+            assert probs.shape == (2, 2, 4, 4)  # 16 values in patches of 4
+            assert torch.equal(probs, out.attentions[i])
+    code = modeling_timesfm.simple_eager_attention_forward.__code__
+    assert code is patch.original_code
+
+
+def test_a_model_without_an_attention_function_is_told_the_target_that_records_it():
+    # DeBERTa computes attention in its modules' forward: the message suggested a local
+    # named attn_weights, which DeBERTa does not have; it now names a softmax call site there.
+    torch.manual_seed(0)
+    config = transformers.DebertaConfig(
+        vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64
+    )
+    model = transformers.DebertaModel(config).eval()
+    with pytest.raises(TargetError) as refused:
+        attention_recorder(model, ["attn_weights@2"])
+    target = "encoder.layer.0.attention.self:forward:nn.functional.softmax()"
+    assert str(refused.value) == (
+        "attention_recorder: DebertaModel's attention modules call 0 eager_attention_forward functions "
+        "(none); DebertaModel computes attention in its modules' forward: record the probabilities there, "
+        f"e.g. bcrecord.torch.record(model, [{target!r}]) (and 1 more module whose forward calls a "
+        "softmax); bcrecord.torch.list_targets(model) lists every target"
+    )
+    ids = torch.randint(3, 100, (1, 5), generator=torch.Generator().manual_seed(14))
+    with record(model, [target]) as rec, torch.no_grad():
+        out = model(ids, output_attentions=True)
+    assert torch.equal(rec[f"{target}@0"], out.attentions[0])
+    assert_clean()
+
+
+def test_training_mode_dropout_and_gradients_through_recorded_values(llama):
+    model = transformers.LlamaForCausalLM(llama.config)
+    model.load_state_dict(llama.state_dict())
+    model.config.attention_dropout = 0.5
+    for layer in model.model.layers:
+        layer.self_attn.attention_dropout = 0.5
+    model.train()
+    ids = torch.randint(3, 100, (2, 5), generator=torch.Generator().manual_seed(15))
+    probs_key = "model.layers.1.self_attn:eager_attention_forward:attn_weights@"
+    torch.manual_seed(16)
+    with (
+        record(model, ["model.layers.1"], grad=True) as rec,
+        attention_recorder(model, ["attn_weights@2", "attn_weights@3"]) as patch,
+        bcrecord.recording(only=[patch], copy="none") as attn,  # (the values themselves, in the graph)
+    ):
+        out = model(ids)
+    seen = {}
+    hook = model.model.layers[1].register_forward_hook(
+        lambda module, args, output: seen.setdefault(0, output)
+    )
+    torch.manual_seed(16)  # the same dropout masks: recording leaves the random state alone
+    try:
+        again = model(ids)
+    finally:
+        hook.remove()
+    assert torch.equal(out.logits, again.logits)
+    weight = model.model.layers[1].mlp.down_proj.weight
+    recorded = rec["model.layers.1:forward:return"]
+    (through_recorded,) = torch.autograd.grad(recorded.sum(), weight)
+    (through_hooked,) = torch.autograd.grad(seen[0].sum(), weight)
+    assert torch.allclose(through_recorded, through_hooked)
+    dropped, kept = attn[probs_key + "3"], attn[probs_key + "2"]
+    assert dropped.requires_grad and torch.any((dropped == 0) & (kept > 0))  # dropout dropped some
+    survived = dropped != 0
+    assert torch.allclose(dropped[survived], 2 * kept[survived])  # inverted dropout, p=0.5
+    assert_clean()

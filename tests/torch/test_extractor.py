@@ -172,6 +172,28 @@ def test_a_module_path_to_a_module_with_forward_hooks_says_torchvision_returns_w
     assert torch.allclose(features["1"], (model[0].forward(x) + 100).relu())
 
 
+def test_forward_hooks_that_only_return_none_change_nothing_and_raise_no_warning():
+    # transformers leaves such hooks on every layer once output_hidden_states=True has
+    # collected from it: torchvision's node is the module's output all the same.
+    model, x = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU()), torch.ones(1, 2)
+    collected = []
+
+    def collect(module, args, output):
+        if output is None:
+            return
+        collected.append(output)
+
+    model[0].register_forward_hook(collect)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        features = create_feature_extractor(model, ["0"])(x)
+    model(x)  # what the hook saw, the module's output
+    assert torch.equal(features["0"], collected[-1]) and torch.equal(features["0"], model[0].forward(x))
+    model[0].register_forward_hook(lambda module, args, out: out * 2)  # this one may replace it
+    with pytest.warns(bcrecord.RecordingWarning, match="the Linear there has forward hooks"):
+        create_feature_extractor(model, ["0"])
+
+
 def test_module_paths_torchvision_numbers_otherwise_are_read_as_the_module_with_a_warning():
     class Numbered(torch.nn.Module):  # ViT's EncoderBlock: ln_1, ln_2
         def __init__(self):
