@@ -286,10 +286,7 @@ def _why_not_a_function(obj: Any) -> str:
             f"e.g. patch_method({obj.__name__}, {method!r}, specs)"
         )
     if isinstance(obj, property):
-        # (Its setter's and deleter's values too, where it has them: a getter is not all it runs.)
-        others = " or ".join(f"{name}.{part}" for part in ("fset", "fdel") if getattr(obj, part) is not None)
-        also = f" (its setter or deleter: {others})" if others else ""
-        return f"{name} is a property: patch its getter, patch_function({name}.fget, specs){also}"
+        return _why_not_a_property(obj, name)
     if isinstance(obj, functools.cached_property):
         wrapped = obj.attrname or name
         return f"{wrapped} is a functools.cached_property: patch the function it wraps (its .func)"
@@ -335,6 +332,34 @@ def _why_not_a_function(obj: Any) -> str:
     if callable(obj):
         return f"{name} is a builtin or C function: it has no bytecode to patch"
     return f"{name!s}, {_a(type(obj).__name__)}: only Python functions can be patched"
+
+
+def _why_not_a_property(prop: property, name: str) -> str:
+    """What to patch instead of the property ``name``: its getter (setter, deleter) function.
+
+    Each is named where its own name reaches it (``x = property(_get_x)``: ``_get_x``),
+    else through the property (``name.fget``).
+    """
+    # (Its setter's and deleter's values too, where it has them: a getter is not all it runs.)
+    fget, *others = (_reached(getattr(prop, part), f"{name}.{part}") for part in ("fget", "fset", "fdel"))
+    setters = " or ".join(other for other in others if other)
+    also = f" (its setter or deleter: {setters})" if setters else ""
+    return f"{name} is a property: patch its getter, patch_function({fget or name + '.fget'}, specs){also}"
+
+
+def _reached(func: Any, through: str) -> str:
+    """How a message names ``func`` (None: ''): its qualified name where that reaches it
+    from its module, else ``through``.
+
+    >>> _reached(function_of, "no"), _reached(lambda: 0, "through"), _reached(None, "no")
+    ('function_of', 'through', '')
+    """
+    if func is None:
+        return ""
+    found: Any = sys.modules.get(getattr(func, "__module__", None) or "")
+    for part in str(getattr(func, "__qualname__", "<>")).split("."):  # ('<locals>' reaches nothing)
+        found = inspect.getattr_static(found, part, None) if found is not None else None
+    return str(func.__qualname__) if found is func else through
 
 
 def _python_descriptor(obj: Any) -> Optional[str]:
@@ -1461,6 +1486,11 @@ def _patch_method(
     except NotPatchableError as error:
         if not callable(raw) and not hasattr(type(raw), "__get__"):  # a value: say whose
             raise NotPatchableError(f"{_named(obj)}'s {method!r} is {error}") from None
+        if isinstance(raw, property) and getattr(raw.fget, "__name__", method) != method:
+            # 'x = property(_get_x)': named by its getter, it was '_get_x', to patch as '_get_x.fget'.
+            holder = obj if isinstance(obj, (type, types.ModuleType)) else type(obj)
+            where = getattr(holder, "__qualname__", holder.__name__)
+            raise NotPatchableError(_why_not_a_property(raw, f"{where}.{method}")) from None
         descriptor = _python_descriptor(raw)
         if descriptor is not None and str(error).endswith(descriptor):  # (its repr names no attribute)
             raise NotPatchableError(f"{_named(obj)}'s {method!r} is {descriptor}") from None

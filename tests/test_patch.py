@@ -415,6 +415,37 @@ def test_not_patchable_targets_give_clear_errors():
     assert rec.all("Settable:size:kept@0") == [8]
 
 
+def _get_area(self):
+    area = self.side**2
+    return area
+
+
+class Square:
+    def __init__(self, side):
+        self.side = side
+
+    area = property(_get_area)  # a getter under a name of its own
+
+    def _get_side2(self):
+        twice = self.side * 2
+        return twice
+
+    perimeter_half = property(_get_side2)
+
+
+def test_a_property_made_of_a_named_getter_says_to_patch_that_function():
+    # It said "_get_area is a property: ... patch_function(_get_area.fget, specs)": no such thing.
+    message = r"^\S*Square\.area is a property: patch its getter, patch_function\(_get_area, specs\)$"
+    with pytest.raises(NotPatchableError, match=message):
+        bcrecord.patch_method(Square, "area", "area")
+    with pytest.raises(NotPatchableError, match=r"patch_function\(Square\._get_side2, specs\)$"):
+        bcrecord.patch_method(Square(1), "perimeter_half", "twice")
+    # What it says works: the property calls the function patched in place.
+    with bcrecord.patch_function(_get_area, "area", name="sq"), bcrecord.recording() as rec:
+        assert Square(3).area == 9
+    assert rec.all("sq:_get_area:area@0") == [9]
+
+
 class Parameter:
     pass
 
