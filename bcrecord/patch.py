@@ -1491,6 +1491,15 @@ def _patch_method(
             holder = obj if isinstance(obj, (type, types.ModuleType)) else type(obj)
             where = getattr(holder, "__qualname__", holder.__name__)
             raise NotPatchableError(_why_not_a_property(raw, f"{where}.{method}")) from None
+        held = _slot_filled_by(obj, method) if isinstance(raw, types.MemberDescriptorType) else None
+        if held is not None:
+            holder = obj if isinstance(obj, type) else type(obj)
+            raise NotPatchableError(
+                f"{holder.__qualname__}.{method} is a slot that the class's __getattr__ fills on the first "
+                f"read by calling {held.__qualname__} (an attrs slotted class's cached_property): patch "
+                f"that function, patch_function({holder.__name__}.__getattr__.__globals__"
+                f"['cached_properties'][{method!r}], specs)"
+            ) from None
         descriptor = _python_descriptor(raw)
         if descriptor is not None and str(error).endswith(descriptor):  # (its repr names no attribute)
             raise NotPatchableError(f"{_named(obj)}'s {method!r} is {descriptor}") from None
@@ -1576,6 +1585,19 @@ _LOOKED_UP_ON_THE_TYPE = frozenset(
     __buffer__ __release_buffer__ __instancecheck__ __subclasscheck__ __copy__ __getnewargs__
     __getnewargs_ex__""".split()
 )
+
+
+def _slot_filled_by(obj: Any, attribute: str) -> Optional[types.FunctionType]:
+    """The function that fills the slot ``attribute`` of ``obj``'s class on its first read, or None.
+
+    attrs turns a slotted class's ``functools.cached_property`` into a slot and a generated
+    ``__getattr__`` that calls the function (kept in that ``__getattr__``'s globals).
+    """
+    holder = obj if isinstance(obj, type) else type(obj)
+    fills = inspect.getattr_static(holder, "__getattr__", None)
+    held = getattr(fills, "__globals__", {}).get("cached_properties")
+    func = held.get(attribute) if isinstance(held, dict) else None
+    return func if isinstance(func, types.FunctionType) else None
 
 
 def _write_refused(holder: Any, attribute: str, error: BaseException) -> str:

@@ -446,6 +446,34 @@ def test_a_property_made_of_a_named_getter_says_to_patch_that_function():
     assert rec.all("sq:_get_area:area@0") == [9]
 
 
+def test_a_cached_property_of_an_attrs_slotted_class_says_which_function_to_patch():
+    attrs = pytest.importorskip("attrs")
+
+    @attrs.define  # (slots=True: the cached_property becomes a slot its __getattr__ fills)
+    class Box:
+        side: int
+
+        @functools.cached_property
+        def volume(self):
+            v = self.side**3
+            return v
+
+    # It said "...Box.volume, a member_descriptor: only Python functions can be patched".
+    message = (
+        r"^\S*Box\.volume is a slot that the class's __getattr__ fills on the first read by calling "
+        r"\S*Box\.volume \(an attrs slotted class's cached_property\): patch that function, "
+        r"patch_function\(Box\.__getattr__\.__globals__\['cached_properties'\]\['volume'\], specs\)$"
+    )
+    for holder in (Box, Box(1)):
+        with pytest.raises(NotPatchableError, match=message):
+            bcrecord.patch_method(holder, "volume", "v")
+    # What it says works.
+    function = Box.__getattr__.__globals__["cached_properties"]["volume"]
+    with bcrecord.patch_function(function, "v", name="box"), bcrecord.recording() as rec:
+        assert Box(2).volume == 8
+    assert rec.all("box:volume:v@0") == [8]
+
+
 class Parameter:
     pass
 
