@@ -135,6 +135,8 @@ def _wrapped(func: Any) -> Optional[types.FunctionType]:
     and activation-checkpointing wrappers set on an instance) calls the method's function.
     Through the C wrappers that call the function they hold: a staticmethod or classmethod
     (``functools.wraps`` over one, in a class body) and ``functools.lru_cache``/``cache``.
+    A hypothesis ``@given`` test has no ``__wrapped__``: its documented
+    ``.hypothesis.inner_test`` is the function it runs for each example.
 
     >>> import functools
     >>> def logged(f):
@@ -147,6 +149,8 @@ def _wrapped(func: Any) -> Optional[types.FunctionType]:
     'square'
     """
     inner = getattr(func, "__wrapped__", None)
+    if inner is None:
+        inner = getattr(getattr(func, "hypothesis", None), "inner_test", None)
     for _ in range(100):  # (a __wrapped__ cycle among C wrappers ends it)
         if isinstance(inner, (types.MethodType, staticmethod, classmethod)):
             inner = inner.__func__

@@ -474,6 +474,34 @@ def test_a_cached_property_of_an_attrs_slotted_class_says_which_function_to_patc
     assert rec.all("box:volume:v@0") == [8]
 
 
+def test_a_hypothesis_given_test_is_recorded_in_the_function_it_runs():
+    from hypothesis import given, settings, strategies
+
+    seen = []
+
+    @settings(max_examples=5, database=None)
+    @given(strategies.integers(0, 9))
+    def test_doubled(n):
+        y = n * 2
+        seen.append(y)
+
+    # @given's wrapper has no __wrapped__: it was patched itself, where no 'y' is assigned.
+    with bcrecord.patch_function(test_doubled, "y", name="h"), bcrecord.recording() as rec:
+        test_doubled()
+    assert rec.all("h:test_doubled:y@0") == seen and len(seen) == 5
+    with pytest.raises(NotPatchableError, match=r"^\S*test_doubled is given inside a wrapper"):
+        bcrecord.record_locals("y")(test_doubled)  # a copy would drop @given
+    below = settings(max_examples=3, database=None)(
+        given(strategies.integers(0, 9))(
+            bcrecord.record_locals("y", name="b")(test_doubled.hypothesis.inner_test)
+        )
+    )
+    seen.clear()
+    with bcrecord.recording() as rec:
+        below()
+    assert rec.all("b:test_doubled:y@0") == seen and len(seen) == 3
+
+
 class Parameter:
     pass
 
