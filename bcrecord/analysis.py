@@ -1088,6 +1088,7 @@ def _read(key: Tuple[object, ...], qualname: Optional[str] = None) -> CodeMap:
             for n, (positions, instr, _) in enumerate(groups)
         )
         for name, groups in _group(raw.stores).items()
+        if _nameable(name)
     }
     attr_map = {
         chain: tuple(
@@ -1095,6 +1096,7 @@ def _read(key: Tuple[object, ...], qualname: Optional[str] = None) -> CodeMap:
             for n, (positions, instr, method) in enumerate(groups)
         )
         for chain, groups in _group(raw.loads).items()
+        if _nameable(chain)
     }
     call_map = {
         chain: tuple(
@@ -1102,6 +1104,7 @@ def _read(key: Tuple[object, ...], qualname: Optional[str] = None) -> CodeMap:
             for n, (positions, instr, _) in enumerate(groups)
         )
         for chain, groups in _group(raw.calls).items()
+        if _nameable(chain)
     }
     operator_map = {
         op: tuple(
@@ -1158,6 +1161,18 @@ def _read(key: Tuple[object, ...], qualname: Optional[str] = None) -> CodeMap:
         free_names=frozenset(code.co_freevars) - {"__class__"},  # (the cell super() reads)
         private_prefix=_private_prefix(getattr(code, "co_qualname", None) or qualname or ""),
     )
+
+
+def _nameable(chain: str) -> bool:
+    """Whether a spec can name ``chain``: each of its names is an identifier, as the source's are.
+
+    Code generators name their own variables otherwise, so that none is the source's
+    (pytest's assertion rewriting: ``@py_assert1``, ``@pytest_ar._saferepr``).
+
+    >>> _nameable("self.fc"), _nameable("@py_assert1"), _nameable("@pytest_ar._saferepr")
+    (True, False, False)
+    """
+    return all(name.isidentifier() for name in chain.split("."))
 
 
 def _private_prefix(qualname: str) -> str:

@@ -436,3 +436,24 @@ def test_code_the_compiler_drops_has_no_sites_on_any_version():
     assert [site.line - f.__code__.co_firstlineno for site in found.calls["str"]] == [2, 6]
     with pytest.raises(TargetError, match="has no assignment to a local named 'dropped'"):
         bcrecord.instrument(f, "dropped")
+
+
+def test_names_a_code_generator_made_unnameable_are_not_listed_as_targets():
+    # pytest's assertion rewriting adds @py_assert1, @pytest_ar._saferepr(): targets() listed
+    # them, with specs such as '@py_assert1@0' that the parser refuses.
+    import ast
+
+    from _pytest.assertion.rewrite import rewrite_asserts
+
+    source = "def test_x():\n    y = 3\n    assert y * 2 == 7, 'odd'\n"
+    tree = ast.parse(source)
+    rewrite_asserts(tree, source.encode())
+    namespace = {}
+    exec(compile(tree, "test_gen.py", "exec"), namespace)
+    code = namespace["test_x"].__code__
+    assert any(name.startswith("@py_assert") for name in code.co_varnames)  # (rewritten)
+    found = bcrecord.targets(code)
+    assert [spec for spec in found.specs() if "@py" in spec or "@pytest" in spec] == []
+    assert "y@0" in found.specs() and list(found.locals) == ["y"]
+    for spec in found.specs():  # each spec listed is one the parser takes
+        bcrecord.parse(spec)
