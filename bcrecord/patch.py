@@ -292,8 +292,12 @@ def _why_not_a_function(obj: Any) -> str:
     if isinstance(obj, property):
         return _why_not_a_property(obj, name)
     if isinstance(obj, functools.cached_property):
-        wrapped = obj.attrname or name
-        return f"{wrapped} is a functools.cached_property: patch the function it wraps (its .func)"
+        # (Its function's name has the class, as the attribute the class reads it by.)
+        wrapped = getattr(obj.func, "__qualname__", None) or obj.attrname or name
+        return (
+            f"{wrapped} is a functools.cached_property: patch the function it wraps, "
+            f"patch_function({_reached(obj.func, f'{wrapped}.func')}, specs)"
+        )
     if isinstance(obj, (functools.partial, functools.partialmethod)):
         called = getattr(obj.func, "__qualname__", None) or repr(obj.func)
         return f"a functools.{type(obj).__name__} of {called}: patch the function it calls (its .func)"

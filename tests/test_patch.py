@@ -343,8 +343,14 @@ def test_not_patchable_targets_give_clear_errors():
         def total(self):
             return 1
 
-    with pytest.raises(NotPatchableError, match="^total is a functools.cached_property: patch the function"):
+    # It said "total is ... (its .func)": no class, no expression to patch.
+    message = r"^\S*\.Cached\.total is a functools.cached_property: patch the function it wraps, "
+    message += r"patch_function\(\S*\.Cached\.total\.func, specs\)$"
+    with pytest.raises(NotPatchableError, match=message):
         bcrecord.patch_method(Cached, "total", "return")
+    with bcrecord.patch_function(Cached.total.func, "return", name="c"), bcrecord.recording() as rec:
+        assert Cached().total == 1
+    assert rec.all("c:total:return") == [1]
 
     class Memo:
         @functools.lru_cache  # noqa: B019 (the test needs a method wrapped in C)
