@@ -191,10 +191,22 @@ def function_of(obj: Any) -> types.FunctionType:
 
 
 def _dispatches(func: types.FunctionType) -> bool:
-    """Whether ``func`` is a ``functools.singledispatch`` function (which calls one of many)."""
+    """Whether ``func`` is a ``functools.singledispatch`` function (which calls one of many),
+    or what a ``singledispatchmethod`` gives where it is read (``obj.method``)."""
+    if _dispatching_method(func) is not None:
+        return True
     return isinstance(getattr(func, "registry", None), types.MappingProxyType) and callable(
         getattr(func, "dispatch", None)
     )
+
+
+def _dispatching_method(func: Any) -> Optional[functools.singledispatchmethod[Any]]:
+    """The ``functools.singledispatchmethod`` that made ``func`` where it was read, or None.
+
+    (Its ``__wrapped__`` is the default implementation: followed, the others went unrecorded.)
+    """
+    method = getattr(getattr(func, "register", None), "__self__", None)
+    return method if isinstance(method, functools.singledispatchmethod) else None
 
 
 def outermost_taking_instance(func: types.FunctionType) -> types.FunctionType:
@@ -301,11 +313,16 @@ def _why_not_a_function(obj: Any) -> str:
     if isinstance(obj, (functools.partial, functools.partialmethod)):
         called = getattr(obj.func, "__qualname__", None) or repr(obj.func)
         return f"a functools.{type(obj).__name__} of {called}: patch the function it calls (its .func)"
+    if isinstance(obj, types.FunctionType) and _dispatching_method(obj) is not None:
+        obj = _dispatching_method(obj)
     if isinstance(obj, functools.singledispatchmethod):
         default = getattr(obj.func, "__qualname__", None) or repr(obj.func)
+        # Read from the class it is a function already: the descriptor is in the class's __dict__.
+        owner, _, attribute = default.rpartition(".")
+        held = f"{owner.rpartition('.')[2]}.__dict__[{attribute!r}]" if owner else "it"
         return (
             f"{default} is a functools.singledispatchmethod: patch the implementation that runs, "
-            "its .func (the default one) or one registered for a type (its .dispatcher.registry[type])"
+            f"{held}.func (the default one) or one registered for a type ({held}.dispatcher.registry[type])"
         )
     if isinstance(obj, types.FunctionType) and _dispatches(obj):
         return (

@@ -508,6 +508,37 @@ def test_a_hypothesis_given_test_is_recorded_in_the_function_it_runs():
     assert rec.all("b:test_doubled:y@0") == seen and len(seen) == 3
 
 
+def test_a_singledispatchmethod_read_from_an_instance_is_refused_as_the_descriptor_is():
+    class Shape:
+        @functools.singledispatchmethod
+        def scale(self, by):
+            r = "other"
+            return r
+
+        @scale.register
+        def _(self, by: int):
+            r = by * 2
+            return r
+
+    shape = Shape()
+    # shape.scale is a function whose __wrapped__ is the default implementation: patching it
+    # recorded only the calls that fell back to it (shape.scale(2) gave nothing, silently).
+    message = r"^\S*Shape\.scale is a functools.singledispatchmethod: patch the implementation that runs, "
+    message += r"Shape\.__dict__\['scale'\]\.func \(the default one\) or one registered for a type "
+    message += r"\(Shape\.__dict__\['scale'\]\.dispatcher\.registry\[type\]\)$"
+    for refused in (
+        lambda: bcrecord.patch_function(shape.scale, "r"),
+        lambda: bcrecord.patch_method(Shape, "scale", "r"),
+    ):
+        with pytest.raises(NotPatchableError, match=message):
+            refused()
+    # What it says works (it said 'its .func', which Shape.scale, a function, has not).
+    registered = Shape.__dict__["scale"].dispatcher.registry[int]
+    with bcrecord.patch_function(registered, "r", name="s"), bcrecord.recording() as rec:
+        assert shape.scale(2) == 4 and shape.scale("x") == "other"
+    assert rec.all("s:_:r@0") == [4]
+
+
 class Parameter:
     pass
 
