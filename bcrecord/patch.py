@@ -749,7 +749,7 @@ class Patch:
         self._points: Tuple[ProbePoint, ...] = points
         self.original_code = slot.original_code
         #: The function part of keys: the method's name as patched, else the code's own.
-        self.function_name = function or slot.original_code.co_name
+        self.function_name = function or _key_function_name(slot.base, slot.original_code)
         # A per-instance owner is only known when the probe runs: '*' stands for it.
         owner = "*" if callable(self.name) else self.name
         self.keys: Tuple[str, ...] = tuple(f"{owner}:{self.function_name}:{p.label}" for p in points)
@@ -886,6 +886,21 @@ class Patch:
         where = f"{self.attribute!r} of {_named(self.target)}" if self.attribute else repr(self.target)
         state = "active" if self.active else "removed"
         return f"<Patch {state} {where}: {', '.join(self.keys)}>"
+
+
+def _key_function_name(function: types.FunctionType, code: types.CodeType) -> str:
+    """The function part of a key: the code's name, or, where that is no name (``'<lambda>'``),
+    the one the function was given (``collections.namedtuple``'s ``__new__`` is a lambda).
+
+    >>> square, cube = lambda v: v * v, lambda v: v**3
+    >>> square.__name__ = "square"
+    >>> _key_function_name(square, square.__code__), _key_function_name(cube, cube.__code__)
+    ('square', '<lambda>')
+    """
+    given = getattr(function, "__name__", None)
+    if code.co_name.isidentifier() or not isinstance(given, str) or not given.isidentifier():
+        return code.co_name
+    return given
 
 
 def _attach(

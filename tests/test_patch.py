@@ -539,6 +539,28 @@ def test_a_singledispatchmethod_read_from_an_instance_is_refused_as_the_descript
     assert rec.all("s:_:r@0") == [4]
 
 
+def test_keys_of_a_generated_lambda_use_the_name_it_was_given():
+    import collections
+    import typing
+
+    Point = collections.namedtuple("Point", "x y")
+
+    class Pair(typing.NamedTuple):
+        left: int
+        right: int = 0
+
+    # Their __new__ is a lambda renamed __new__: the keys said 'Point:<lambda>:return'.
+    for cls, args in ((Point, (1, 2)), (Pair, (3,))):
+        with bcrecord.patch_function(cls.__new__, ["return", "x" if cls is Point else "left"]) as patch:
+            with bcrecord.recording() as rec:
+                made = cls(*args)
+        assert patch.keys[0] == f"{cls.__name__}:__new__:return" and rec[patch.keys[0]] == made
+        assert rec[patch.keys[1]] == args[0]
+    plain = lambda v: v + 1  # noqa: E731  (a lambda known by no other name keeps its own)
+    with bcrecord.patch_function(plain, "return", name="m") as patch:
+        assert patch.keys == ("m:<lambda>:return",)
+
+
 class Parameter:
     pass
 
