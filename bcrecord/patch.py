@@ -312,7 +312,9 @@ def _why_not_a_function(obj: Any) -> str:
         )
     if isinstance(obj, (functools.partial, functools.partialmethod)):
         called = getattr(obj.func, "__qualname__", None) or repr(obj.func)
-        return f"a functools.{type(obj).__name__} of {called}: patch the function it calls (its .func)"
+        reached = _reached(obj.func, "")  # (by its own name, where that reaches it)
+        how = f"patch_function({reached}, specs)" if reached else "its .func"
+        return f"a functools.{type(obj).__name__} of {called}: patch the function it calls, {how}"
     if isinstance(obj, types.FunctionType) and _dispatching_method(obj) is not None:
         obj = _dispatching_method(obj)
     if isinstance(obj, functools.singledispatchmethod):

@@ -450,6 +450,11 @@ def test_a_property_made_of_a_named_getter_says_to_patch_that_function():
     with bcrecord.patch_function(_get_area, "area", name="sq"), bcrecord.recording() as rec:
         assert Square(3).area == 9
     assert rec.all("sq:_get_area:area@0") == [9]
+    # So for a partial of it (it said '(its .func)').
+    message = r"^a functools\.partial of _get_area: patch the function it calls, "
+    message += r"patch_function\(_get_area, specs\)$"
+    with pytest.raises(NotPatchableError, match=message):
+        bcrecord.patch_function(functools.partial(_get_area, Square(2)), "area")
 
 
 def test_a_cached_property_of_an_attrs_slotted_class_says_which_function_to_patch():
