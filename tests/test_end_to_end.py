@@ -504,3 +504,38 @@ def test_a_sys_monitoring_tool_sees_the_lines_of_the_unpatched_function(tmp_path
         monitoring.register_callback(tool, monitoring.events.LINE, None)
         monitoring.free_tool_id(tool)
     _check_traced_values(rec)
+
+
+def test_pdb_next_out_of_a_callee_into_a_patched_caller_skipping_bcrecord(tmp_path):
+    import io
+    import pdb
+
+    path = tmp_path / "callee.py"
+    path.write_text("def f(a):\n    z = g(a)\n    return z\n\ndef g(v):\n    w = v * 2\n    return w\n")
+    namespace = {}
+    exec(compile(path.read_text(), str(path), "exec"), namespace)
+    f = namespace["f"]
+
+    def stops(skip):
+        out = io.StringIO()
+        commands = f"break {path}:6\ncontinue\nnext\nnext\nnext\ncontinue\n"
+        debugger = pdb.Pdb(stdin=io.StringIO(commands), stdout=out, skip=skip)
+        debugger.use_rawinput = False
+        assert debugger.runcall(f, 1) == 2
+        lines = [line.split("(Pdb) ")[-1] for line in out.getvalue().splitlines()]
+        return [line for line in lines if line.startswith("> ")]
+
+    original = stops(None)
+    assert [line[line.index("callee.py") :] for line in original[1:]] == [
+        "callee.py(6)g()",
+        "callee.py(7)g()",
+        "callee.py(7)g()->2",
+        "callee.py(3)f()",
+    ]
+    with bcrecord.patch_function(f, ["z"], name="m"), bcrecord.recording() as rec:
+        stepped_into_bcrecord = stops(None)
+        skipping = stops(["bcrecord.*"])
+    # pdb steps once g has returned: into the probe that follows the call (the README says so).
+    assert "bcrecord" in stepped_into_bcrecord[-1]
+    assert skipping == original
+    assert rec.all("m:f:z@0") == [2, 2]
