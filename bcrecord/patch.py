@@ -1795,5 +1795,8 @@ def targets(func: Any) -> Targets:
     """
     if isinstance(func, types.CodeType):
         return Targets(read(func))
+    if isinstance(func, types.FunctionType) and _dispatches(func):
+        # Its __wrapped__ is the default implementation only, which patching it refuses too.
+        raise NotPatchableError(_why_not_a_function(func))
     base = function_of(func)
     return Targets(read(original_code(base), base.__qualname__))

@@ -537,6 +537,18 @@ def test_a_singledispatchmethod_read_from_an_instance_is_refused_as_the_descript
     ):
         with pytest.raises(NotPatchableError, match=message):
             refused()
+    # Nor are its targets listed (they were the default implementation's, which run refused).
+    with pytest.raises(NotPatchableError, match=message):
+        bcrecord.targets(shape.scale)
+
+    @functools.singledispatch
+    def area(shape):
+        a = 0
+        return a
+
+    with pytest.raises(NotPatchableError, match=r"^\S*area is a functools.singledispatch function"):
+        bcrecord.targets(area)
+    assert bcrecord.targets(area.registry[object]).specs() == ["a@0", "return"]
     # What it says works (it said 'its .func', which Shape.scale, a function, has not).
     registered = Shape.__dict__["scale"].dispatcher.registry[int]
     with bcrecord.patch_function(registered, "r", name="s"), bcrecord.recording() as rec:
