@@ -1089,6 +1089,7 @@ def _read(key: Tuple[object, ...], qualname: Optional[str] = None) -> CodeMap:
             for n, (positions, instr, _) in enumerate(groups)
         )
         for name, groups in _group(raw.stores).items()
+        if _nameable(name)
     }
     attr_map = {
         chain: tuple(
@@ -1096,6 +1097,7 @@ def _read(key: Tuple[object, ...], qualname: Optional[str] = None) -> CodeMap:
             for n, (positions, instr, method) in enumerate(groups)
         )
         for chain, groups in _group(raw.loads).items()
+        if _nameable(chain)
     }
     call_map = {
         chain: tuple(
@@ -1103,6 +1105,7 @@ def _read(key: Tuple[object, ...], qualname: Optional[str] = None) -> CodeMap:
             for n, (positions, instr, _) in enumerate(groups)
         )
         for chain, groups in _group(raw.calls).items()
+        if _nameable(chain)
     }
     operator_map = {
         op: tuple(
@@ -1199,6 +1202,18 @@ def returns_none(code: CodeType) -> bool:
                 return False
         previous = item
     return True
+
+
+def _nameable(chain: str) -> bool:
+    """Whether a spec can name ``chain``: each of its names is an identifier, as the source's are.
+
+    Code generators name their own variables otherwise, so that none is the source's
+    (pytest's assertion rewriting: ``@py_assert1``, ``@pytest_ar._saferepr``).
+
+    >>> _nameable("self.fc"), _nameable("@py_assert1"), _nameable("@pytest_ar._saferepr")
+    (True, False, False)
+    """
+    return all(name.isidentifier() for name in chain.split("."))
 
 
 def _private_prefix(qualname: str) -> str:

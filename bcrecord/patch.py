@@ -135,6 +135,8 @@ def _wrapped(func: Any) -> Optional[types.FunctionType]:
     and activation-checkpointing wrappers set on an instance) calls the method's function.
     Through the C wrappers that call the function they hold: a staticmethod or classmethod
     (``functools.wraps`` over one, in a class body) and ``functools.lru_cache``/``cache``.
+    A hypothesis ``@given`` test has no ``__wrapped__``: its documented
+    ``.hypothesis.inner_test`` is the function it runs for each example.
 
     >>> import functools
     >>> def logged(f):
@@ -147,6 +149,8 @@ def _wrapped(func: Any) -> Optional[types.FunctionType]:
     'square'
     """
     inner = getattr(func, "__wrapped__", None)
+    if inner is None:
+        inner = getattr(getattr(func, "hypothesis", None), "inner_test", None)
     for _ in range(100):  # (a __wrapped__ cycle among C wrappers ends it)
         if isinstance(inner, (types.MethodType, staticmethod, classmethod)):
             inner = inner.__func__
@@ -187,10 +191,22 @@ def function_of(obj: Any) -> types.FunctionType:
 
 
 def _dispatches(func: types.FunctionType) -> bool:
-    """Whether ``func`` is a ``functools.singledispatch`` function (which calls one of many)."""
+    """Whether ``func`` is a ``functools.singledispatch`` function (which calls one of many),
+    or what a ``singledispatchmethod`` gives where it is read (``obj.method``)."""
+    if _dispatching_method(func) is not None:
+        return True
     return isinstance(getattr(func, "registry", None), types.MappingProxyType) and callable(
         getattr(func, "dispatch", None)
     )
+
+
+def _dispatching_method(func: Any) -> Optional[functools.singledispatchmethod[Any]]:
+    """The ``functools.singledispatchmethod`` that made ``func`` where it was read, or None.
+
+    (Its ``__wrapped__`` is the default implementation: followed, the others went unrecorded.)
+    """
+    method = getattr(getattr(func, "register", None), "__self__", None)
+    return method if isinstance(method, functools.singledispatchmethod) else None
 
 
 def outermost_taking_instance(func: types.FunctionType) -> types.FunctionType:
@@ -286,21 +302,29 @@ def _why_not_a_function(obj: Any) -> str:
             f"e.g. patch_method({obj.__name__}, {method!r}, specs)"
         )
     if isinstance(obj, property):
-        # (Its setter's and deleter's values too, where it has them: a getter is not all it runs.)
-        others = " or ".join(f"{name}.{part}" for part in ("fset", "fdel") if getattr(obj, part) is not None)
-        also = f" (its setter or deleter: {others})" if others else ""
-        return f"{name} is a property: patch its getter, patch_function({name}.fget, specs){also}"
+        return _why_not_a_property(obj, name)
     if isinstance(obj, functools.cached_property):
-        wrapped = obj.attrname or name
-        return f"{wrapped} is a functools.cached_property: patch the function it wraps (its .func)"
+        # (Its function's name has the class, as the attribute the class reads it by.)
+        wrapped = getattr(obj.func, "__qualname__", None) or obj.attrname or name
+        return (
+            f"{wrapped} is a functools.cached_property: patch the function it wraps, "
+            f"patch_function({_reached(obj.func, f'{wrapped}.func')}, specs)"
+        )
     if isinstance(obj, (functools.partial, functools.partialmethod)):
         called = getattr(obj.func, "__qualname__", None) or repr(obj.func)
-        return f"a functools.{type(obj).__name__} of {called}: patch the function it calls (its .func)"
+        reached = _reached(obj.func, "")  # (by its own name, where that reaches it)
+        how = f"patch_function({reached}, specs)" if reached else "its .func"
+        return f"a functools.{type(obj).__name__} of {called}: patch the function it calls, {how}"
+    if isinstance(obj, types.FunctionType) and _dispatching_method(obj) is not None:
+        obj = _dispatching_method(obj)
     if isinstance(obj, functools.singledispatchmethod):
         default = getattr(obj.func, "__qualname__", None) or repr(obj.func)
+        # Read from the class it is a function already: the descriptor is in the class's __dict__.
+        owner, _, attribute = default.rpartition(".")
+        held = f"{owner.rpartition('.')[2]}.__dict__[{attribute!r}]" if owner else "it"
         return (
             f"{default} is a functools.singledispatchmethod: patch the implementation that runs, "
-            "its .func (the default one) or one registered for a type (its .dispatcher.registry[type])"
+            f"{held}.func (the default one) or one registered for a type ({held}.dispatcher.registry[type])"
         )
     if isinstance(obj, types.FunctionType) and _dispatches(obj):
         return (
@@ -335,6 +359,34 @@ def _why_not_a_function(obj: Any) -> str:
     if callable(obj):
         return f"{name} is a builtin or C function: it has no bytecode to patch"
     return f"{name!s}, {_a(type(obj).__name__)}: only Python functions can be patched"
+
+
+def _why_not_a_property(prop: property, name: str) -> str:
+    """What to patch instead of the property ``name``: its getter (setter, deleter) function.
+
+    Each is named where its own name reaches it (``x = property(_get_x)``: ``_get_x``),
+    else through the property (``name.fget``).
+    """
+    # (Its setter's and deleter's values too, where it has them: a getter is not all it runs.)
+    fget, *others = (_reached(getattr(prop, part), f"{name}.{part}") for part in ("fget", "fset", "fdel"))
+    setters = " or ".join(other for other in others if other)
+    also = f" (its setter or deleter: {setters})" if setters else ""
+    return f"{name} is a property: patch its getter, patch_function({fget or name + '.fget'}, specs){also}"
+
+
+def _reached(func: Any, through: str) -> str:
+    """How a message names ``func`` (None: ''): its qualified name where that reaches it
+    from its module, else ``through``.
+
+    >>> _reached(function_of, "no"), _reached(lambda: 0, "through"), _reached(None, "no")
+    ('function_of', 'through', '')
+    """
+    if func is None:
+        return ""
+    found: Any = sys.modules.get(getattr(func, "__module__", None) or "")
+    for part in str(getattr(func, "__qualname__", "<>")).split("."):  # ('<locals>' reaches nothing)
+        found = inspect.getattr_static(found, part, None) if found is not None else None
+    return str(func.__qualname__) if found is func else through
 
 
 def _python_descriptor(obj: Any) -> Optional[str]:
@@ -699,7 +751,7 @@ class Patch:
         self._points: Tuple[ProbePoint, ...] = points
         self.original_code = slot.original_code
         #: The function part of keys: the method's name as patched, else the code's own.
-        self.function_name = function or slot.original_code.co_name
+        self.function_name = function or _key_function_name(slot.base, slot.original_code)
         # A per-instance owner is only known when the probe runs: '*' stands for it.
         owner = "*" if callable(self.name) else self.name
         self.keys: Tuple[str, ...] = tuple(f"{owner}:{self.function_name}:{p.label}" for p in points)
@@ -836,6 +888,21 @@ class Patch:
         where = f"{self.attribute!r} of {_named(self.target)}" if self.attribute else repr(self.target)
         state = "active" if self.active else "removed"
         return f"<Patch {state} {where}: {', '.join(self.keys)}>"
+
+
+def _key_function_name(function: types.FunctionType, code: types.CodeType) -> str:
+    """The function part of a key: the code's name, or, where that is no name (``'<lambda>'``),
+    the one the function was given (``collections.namedtuple``'s ``__new__`` is a lambda).
+
+    >>> square, cube = lambda v: v * v, lambda v: v**3
+    >>> square.__name__ = "square"
+    >>> _key_function_name(square, square.__code__), _key_function_name(cube, cube.__code__)
+    ('square', '<lambda>')
+    """
+    given = getattr(function, "__name__", None)
+    if code.co_name.isidentifier() or not isinstance(given, str) or not given.isidentifier():
+        return code.co_name
+    return given
 
 
 def _attach(
@@ -1461,6 +1528,20 @@ def _patch_method(
     except NotPatchableError as error:
         if not callable(raw) and not hasattr(type(raw), "__get__"):  # a value: say whose
             raise NotPatchableError(f"{_named(obj)}'s {method!r} is {error}") from None
+        if isinstance(raw, property) and getattr(raw.fget, "__name__", method) != method:
+            # 'x = property(_get_x)': named by its getter, it was '_get_x', to patch as '_get_x.fget'.
+            holder = obj if isinstance(obj, (type, types.ModuleType)) else type(obj)
+            where = getattr(holder, "__qualname__", holder.__name__)
+            raise NotPatchableError(_why_not_a_property(raw, f"{where}.{method}")) from None
+        held = _slot_filled_by(obj, method) if isinstance(raw, types.MemberDescriptorType) else None
+        if held is not None:
+            holder = obj if isinstance(obj, type) else type(obj)
+            raise NotPatchableError(
+                f"{holder.__qualname__}.{method} is a slot that the class's __getattr__ fills on the first "
+                f"read by calling {held.__qualname__} (an attrs slotted class's cached_property): patch "
+                f"that function, patch_function({holder.__name__}.__getattr__.__globals__"
+                f"['cached_properties'][{method!r}], specs)"
+            ) from None
         descriptor = _python_descriptor(raw)
         if descriptor is not None and str(error).endswith(descriptor):  # (its repr names no attribute)
             raise NotPatchableError(f"{_named(obj)}'s {method!r} is {descriptor}") from None
@@ -1546,6 +1627,19 @@ _LOOKED_UP_ON_THE_TYPE = frozenset(
     __buffer__ __release_buffer__ __instancecheck__ __subclasscheck__ __copy__ __getnewargs__
     __getnewargs_ex__""".split()
 )
+
+
+def _slot_filled_by(obj: Any, attribute: str) -> Optional[types.FunctionType]:
+    """The function that fills the slot ``attribute`` of ``obj``'s class on its first read, or None.
+
+    attrs turns a slotted class's ``functools.cached_property`` into a slot and a generated
+    ``__getattr__`` that calls the function (kept in that ``__getattr__``'s globals).
+    """
+    holder = obj if isinstance(obj, type) else type(obj)
+    fills = inspect.getattr_static(holder, "__getattr__", None)
+    held = getattr(fills, "__globals__", {}).get("cached_properties")
+    func = held.get(attribute) if isinstance(held, dict) else None
+    return func if isinstance(func, types.FunctionType) else None
 
 
 def _write_refused(holder: Any, attribute: str, error: BaseException) -> str:
@@ -1701,5 +1795,8 @@ def targets(func: Any) -> Targets:
     """
     if isinstance(func, types.CodeType):
         return Targets(read(func))
+    if isinstance(func, types.FunctionType) and _dispatches(func):
+        # Its __wrapped__ is the default implementation only, which patching it refuses too.
+        raise NotPatchableError(_why_not_a_function(func))
     base = function_of(func)
     return Targets(read(original_code(base), base.__qualname__))

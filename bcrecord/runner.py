@@ -24,7 +24,10 @@ How targets are applied:
 * **When the module is imported** (an import hook; modules already imported are
   patched at once), the functions are patched in place
   (:func:`bcrecord.patch_function`), so every reference records: ``from m import
-  f``, registries, subclasses that inherit a method.
+  f``, registries, subclasses that inherit a method. The hook keeps itself first
+  on ``sys.meta_path`` (from the next import on) while still letting a finder the
+  program put there load its modules: ``bcrecord run -r test_m:test_f:x -m pytest``
+  records in test modules that pytest's assertion rewriter loads.
 * **Functions of the main program** are patched as soon as the program's top level
   defines them (a trace function watches the main module's top-level statements
   only, and is removed once every such target is patched).
@@ -592,13 +595,40 @@ class _ImportHook(importlib.abc.MetaPathFinder):
         self.after = after
         #: Modules whose code raised while being imported, and what it raised.
         self.raised: Dict[str, str] = {}
+        self.closed = False
+        self._lock = threading.Lock()
 
     def _failed(self, module: types.ModuleType, error: BaseException) -> None:
         self.raised[module.__name__] = type(error).__name__
 
+    def _first(self) -> None:
+        """Be first on ``sys.meta_path`` again, ahead of a finder the program put there since.
+
+        pytest's assertion rewriter goes first, and loads the test modules itself: ahead of
+        it, this hook still lets it load them (it asks the finders after it), and patches them.
+        """
+        meta_path = sys.meta_path
+        if meta_path and meta_path[0] is self:
+            return
+        with self._lock:  # (imports in two threads; the runner closing)
+            if self in meta_path and not self.closed:
+                # From index i to 0: importlib, iterating the list, goes on at i + 1, unmoved.
+                meta_path.remove(self)
+                meta_path.insert(0, self)
+
+    def close(self) -> None:
+        """Leave ``sys.meta_path`` for good."""
+        with self._lock:
+            self.closed = True
+            try:
+                sys.meta_path.remove(self)
+            except ValueError:
+                pass
+
     def find_spec(
         self, fullname: str, path: Optional[Sequence[str]], target: Optional[types.ModuleType] = None
     ) -> Optional[importlib.machinery.ModuleSpec]:
+        self._first()
         if fullname not in self.modules:
             return None
         for finder in list(sys.meta_path):
@@ -1904,10 +1934,7 @@ class _Runner:
             interrupt = error
         if self.recording.active:
             self.recording.__exit__(None, None, None)
-        try:
-            sys.meta_path.remove(self.hook)
-        except ValueError:
-            pass
+        self.hook.close()
         for holder in filter(None, (os, _os_builtin_module())):
             for name, function in self._abrupt_functions.items():
                 if (

@@ -472,3 +472,24 @@ def test_returns_none_only_where_every_return_gives_the_constant_none():
     assert [returns_none(f.__code__) for f in (bare, in_try_and_with, conditional)] == [True, True, False]
     assert [returns_none(f.__code__) for f in (through_a_local, generator, forwarded)] == [False] * 3
     assert bare(None, (), 1) is None and seen == [1]
+
+
+def test_names_a_code_generator_made_unnameable_are_not_listed_as_targets():
+    # pytest's assertion rewriting adds @py_assert1, @pytest_ar._saferepr(): targets() listed
+    # them, with specs such as '@py_assert1@0' that the parser refuses.
+    import ast
+
+    from _pytest.assertion.rewrite import rewrite_asserts
+
+    source = "def test_x():\n    y = 3\n    assert y * 2 == 7, 'odd'\n"
+    tree = ast.parse(source)
+    rewrite_asserts(tree, source.encode())
+    namespace = {}
+    exec(compile(tree, "test_gen.py", "exec"), namespace)
+    code = namespace["test_x"].__code__
+    assert any(name.startswith("@py_assert") for name in code.co_varnames)  # (rewritten)
+    found = bcrecord.targets(code)
+    assert [spec for spec in found.specs() if "@py" in spec or "@pytest" in spec] == []
+    assert "y@0" in found.specs() and list(found.locals) == ["y"]
+    for spec in found.specs():  # each spec listed is one the parser takes
+        bcrecord.parse(spec)

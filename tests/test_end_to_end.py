@@ -373,3 +373,169 @@ def test_entry_attribute_of_a_generator_is_read_when_its_body_starts():
         holder.v = 99  # after the call, before the first next(): the README's documented read
         assert next(started) == 99
     assert rec.all("m:gen:o.v") == [99]
+
+
+_TRACED_SOURCE = """def f(a, b):
+    x = a + 1
+    if x > 2:
+        x = x * b
+    for i in range(2):
+        y = x + i
+    try:
+        1 / (a - a)
+    except ZeroDivisionError as e:
+        w = len(str(e))
+    return [y, w]
+"""
+_TRACED_SPECS = ["a", "x", "y", "i", "e", "w", "len()", "return"]
+
+
+def _traced_function(tmp_path):
+    path = tmp_path / "traced.py"
+    path.write_text(_TRACED_SOURCE)
+    namespace = {}
+    exec(compile(_TRACED_SOURCE, str(path), "exec"), namespace)
+    return namespace["f"], str(path)
+
+
+def _check_traced_values(rec):
+    assert rec.all("m:f:x@0") == [3] and rec.all("m:f:x@1") == [9] and rec.all("m:f:i@0") == [0, 1]
+    assert rec["m:f:w@0"] == len("division by zero") and rec["m:f:return"] == [10, 16]
+
+
+def test_a_tracer_sees_the_lines_of_the_unpatched_function(tmp_path):
+    f, path = _traced_function(tmp_path)
+
+    def events():
+        seen = []
+
+        def tracer(frame, event, arg):
+            if frame.f_code.co_filename != path:
+                return None
+            seen.append((event, frame.f_lineno))
+            return tracer
+
+        previous = sys.gettrace()  # (a coverage run's tracer, where there is one)
+        sys.settrace(tracer)
+        try:
+            assert f(2, 3) == [10, 16]
+        finally:
+            sys.settrace(previous)
+        return seen
+
+    original = events()
+    assert ("line", 10) in original and original[-1] == ("return", 11)
+    with bcrecord.patch_function(f, _TRACED_SPECS, name="m"), bcrecord.recording() as rec:
+        assert events() == original
+    _check_traced_values(rec)
+
+
+@pytest.mark.filterwarnings("ignore:assigning None to:RuntimeWarning")  # (3.12+: the jump back, both)
+def test_pdb_next_print_and_jump_in_a_patched_function_as_in_the_unpatched_one(tmp_path):
+    import io
+    import pdb
+
+    f, path = _traced_function(tmp_path)
+    commands = "next\nnext\np x\nnext\nnext\njump 2\nnext\np x\nnext\nnext\nnext\nnext\np (i, y)\ncontinue\n"
+
+    def session():
+        out = io.StringIO()
+        debugger = pdb.Pdb(stdin=io.StringIO(commands), stdout=out)
+        debugger.use_rawinput = False
+        result = debugger.runcall(f, 2, 3)
+        return result, out.getvalue()
+
+    original = session()
+    assert original[0] == [10, 16] and "(Pdb) 3\n" in original[1] and "(Pdb) (0, 9)\n" in original[1]
+    with bcrecord.patch_function(f, _TRACED_SPECS, name="m"), bcrecord.recording() as rec:
+        assert session() == original
+    # The jump ran x = a + 1 twice: the patch recorded each.
+    assert rec.all("m:f:x@0") == [3, 3] and rec["m:f:return"] == [10, 16]
+
+
+def test_coverage_measures_the_lines_and_arcs_of_the_unpatched_function(tmp_path):
+    coverage = pytest.importorskip("coverage")
+    f, path = _traced_function(tmp_path)
+
+    def measured():
+        cov = coverage.Coverage(data_file=None, branch=True, include=[path])
+        cov.start()
+        try:
+            assert f(2, 3) == [10, 16]
+        finally:
+            cov.stop()
+        data = cov.get_data()
+        return sorted(data.lines(path)), sorted(data.arcs(path))
+
+    original = measured()
+    assert original[0] == list(range(2, 12))
+    with bcrecord.patch_function(f, _TRACED_SPECS, name="m"), bcrecord.recording() as rec:
+        assert measured() == original
+    _check_traced_values(rec)
+
+
+@pytest.mark.skipif(not hasattr(sys, "monitoring"), reason="sys.monitoring is 3.12+")
+def test_a_sys_monitoring_tool_sees_the_lines_of_the_unpatched_function(tmp_path):
+    monitoring = sys.monitoring
+    f, path = _traced_function(tmp_path)
+    tool = next(t for t in range(1, 6) if monitoring.get_tool(t) is None)
+    seen = []
+
+    def line(code, number):
+        if code.co_filename == path:
+            seen.append(number)
+
+    def events():
+        seen.clear()
+        assert f(2, 3) == [10, 16]
+        return list(seen)
+
+    monitoring.use_tool_id(tool, "bcrecord-test")
+    try:
+        monitoring.register_callback(tool, monitoring.events.LINE, line)
+        monitoring.set_events(tool, monitoring.events.LINE)
+        original = events()
+        assert original[:3] == [2, 3, 4]
+        with bcrecord.patch_function(f, _TRACED_SPECS, name="m"), bcrecord.recording() as rec:
+            assert events() == original
+        assert events() == original  # and once it is removed
+    finally:
+        monitoring.set_events(tool, 0)
+        monitoring.register_callback(tool, monitoring.events.LINE, None)
+        monitoring.free_tool_id(tool)
+    _check_traced_values(rec)
+
+
+def test_pdb_next_out_of_a_callee_into_a_patched_caller_skipping_bcrecord(tmp_path):
+    import io
+    import pdb
+
+    path = tmp_path / "callee.py"
+    path.write_text("def f(a):\n    z = g(a)\n    return z\n\ndef g(v):\n    w = v * 2\n    return w\n")
+    namespace = {}
+    exec(compile(path.read_text(), str(path), "exec"), namespace)
+    f = namespace["f"]
+
+    def stops(skip):
+        out = io.StringIO()
+        commands = f"break {path}:6\ncontinue\nnext\nnext\nnext\ncontinue\n"
+        debugger = pdb.Pdb(stdin=io.StringIO(commands), stdout=out, skip=skip)
+        debugger.use_rawinput = False
+        assert debugger.runcall(f, 1) == 2
+        lines = [line.split("(Pdb) ")[-1] for line in out.getvalue().splitlines()]
+        return [line for line in lines if line.startswith("> ")]
+
+    original = stops(None)
+    assert [line[line.index("callee.py") :] for line in original[1:]] == [
+        "callee.py(6)g()",
+        "callee.py(7)g()",
+        "callee.py(7)g()->2",
+        "callee.py(3)f()",
+    ]
+    with bcrecord.patch_function(f, ["z"], name="m"), bcrecord.recording() as rec:
+        stepped_into_bcrecord = stops(None)
+        skipping = stops(["bcrecord.*"])
+    # pdb steps once g has returned: into the probe that follows the call (the README says so).
+    assert "bcrecord" in stepped_into_bcrecord[-1]
+    assert skipping == original
+    assert rec.all("m:f:z@0") == [2, 2]

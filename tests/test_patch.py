@@ -343,8 +343,14 @@ def test_not_patchable_targets_give_clear_errors():
         def total(self):
             return 1
 
-    with pytest.raises(NotPatchableError, match="^total is a functools.cached_property: patch the function"):
+    # It said "total is ... (its .func)": no class, no expression to patch.
+    message = r"^\S*\.Cached\.total is a functools.cached_property: patch the function it wraps, "
+    message += r"patch_function\(\S*\.Cached\.total\.func, specs\)$"
+    with pytest.raises(NotPatchableError, match=message):
         bcrecord.patch_method(Cached, "total", "return")
+    with bcrecord.patch_function(Cached.total.func, "return", name="c"), bcrecord.recording() as rec:
+        assert Cached().total == 1
+    assert rec.all("c:total:return") == [1]
 
     class Memo:
         @functools.lru_cache  # noqa: B019 (the test needs a method wrapped in C)
@@ -413,6 +419,163 @@ def test_not_patchable_targets_give_clear_errors():
     with bcrecord.patch_function(Settable.size.fset, "kept"), bcrecord.recording() as rec:
         Settable().size = 4
     assert rec.all("Settable:size:kept@0") == [8]
+
+
+def _get_area(self):
+    area = self.side**2
+    return area
+
+
+class Square:
+    def __init__(self, side):
+        self.side = side
+
+    area = property(_get_area)  # a getter under a name of its own
+
+    def _get_side2(self):
+        twice = self.side * 2
+        return twice
+
+    perimeter_half = property(_get_side2)
+
+
+def test_a_property_made_of_a_named_getter_says_to_patch_that_function():
+    # It said "_get_area is a property: ... patch_function(_get_area.fget, specs)": no such thing.
+    message = r"^\S*Square\.area is a property: patch its getter, patch_function\(_get_area, specs\)$"
+    with pytest.raises(NotPatchableError, match=message):
+        bcrecord.patch_method(Square, "area", "area")
+    with pytest.raises(NotPatchableError, match=r"patch_function\(Square\._get_side2, specs\)$"):
+        bcrecord.patch_method(Square(1), "perimeter_half", "twice")
+    # What it says works: the property calls the function patched in place.
+    with bcrecord.patch_function(_get_area, "area", name="sq"), bcrecord.recording() as rec:
+        assert Square(3).area == 9
+    assert rec.all("sq:_get_area:area@0") == [9]
+    # So for a partial of it (it said '(its .func)').
+    message = r"^a functools\.partial of _get_area: patch the function it calls, "
+    message += r"patch_function\(_get_area, specs\)$"
+    with pytest.raises(NotPatchableError, match=message):
+        bcrecord.patch_function(functools.partial(_get_area, Square(2)), "area")
+
+
+def test_a_cached_property_of_an_attrs_slotted_class_says_which_function_to_patch():
+    attrs = pytest.importorskip("attrs")
+
+    @attrs.define  # (slots=True: the cached_property becomes a slot its __getattr__ fills)
+    class Box:
+        side: int
+
+        @functools.cached_property
+        def volume(self):
+            v = self.side**3
+            return v
+
+    # It said "...Box.volume, a member_descriptor: only Python functions can be patched".
+    message = (
+        r"^\S*Box\.volume is a slot that the class's __getattr__ fills on the first read by calling "
+        r"\S*Box\.volume \(an attrs slotted class's cached_property\): patch that function, "
+        r"patch_function\(Box\.__getattr__\.__globals__\['cached_properties'\]\['volume'\], specs\)$"
+    )
+    for holder in (Box, Box(1)):
+        with pytest.raises(NotPatchableError, match=message):
+            bcrecord.patch_method(holder, "volume", "v")
+    # What it says works.
+    function = Box.__getattr__.__globals__["cached_properties"]["volume"]
+    with bcrecord.patch_function(function, "v", name="box"), bcrecord.recording() as rec:
+        assert Box(2).volume == 8
+    assert rec.all("box:volume:v@0") == [8]
+
+
+def test_a_hypothesis_given_test_is_recorded_in_the_function_it_runs():
+    from hypothesis import given, settings, strategies
+
+    seen = []
+
+    @settings(max_examples=5, database=None)
+    @given(strategies.integers(0, 9))
+    def test_doubled(n):
+        y = n * 2
+        seen.append(y)
+
+    # @given's wrapper has no __wrapped__: it was patched itself, where no 'y' is assigned.
+    with bcrecord.patch_function(test_doubled, "y", name="h"), bcrecord.recording() as rec:
+        test_doubled()
+    assert rec.all("h:test_doubled:y@0") == seen and len(seen) == 5
+    with pytest.raises(NotPatchableError, match=r"^\S*test_doubled is given inside a wrapper"):
+        bcrecord.record_locals("y")(test_doubled)  # a copy would drop @given
+    below = settings(max_examples=3, database=None)(
+        given(strategies.integers(0, 9))(
+            bcrecord.record_locals("y", name="b")(test_doubled.hypothesis.inner_test)
+        )
+    )
+    seen.clear()
+    with bcrecord.recording() as rec:
+        below()
+    assert rec.all("b:test_doubled:y@0") == seen and len(seen) == 3
+
+
+def test_a_singledispatchmethod_read_from_an_instance_is_refused_as_the_descriptor_is():
+    class Shape:
+        @functools.singledispatchmethod
+        def scale(self, by):
+            r = "other"
+            return r
+
+        @scale.register
+        def _(self, by: int):
+            r = by * 2
+            return r
+
+    shape = Shape()
+    # shape.scale is a function whose __wrapped__ is the default implementation: patching it
+    # recorded only the calls that fell back to it (shape.scale(2) gave nothing, silently).
+    message = r"^\S*Shape\.scale is a functools.singledispatchmethod: patch the implementation that runs, "
+    message += r"Shape\.__dict__\['scale'\]\.func \(the default one\) or one registered for a type "
+    message += r"\(Shape\.__dict__\['scale'\]\.dispatcher\.registry\[type\]\)$"
+    for refused in (
+        lambda: bcrecord.patch_function(shape.scale, "r"),
+        lambda: bcrecord.patch_method(Shape, "scale", "r"),
+    ):
+        with pytest.raises(NotPatchableError, match=message):
+            refused()
+    # Nor are its targets listed (they were the default implementation's, which run refused).
+    with pytest.raises(NotPatchableError, match=message):
+        bcrecord.targets(shape.scale)
+
+    @functools.singledispatch
+    def area(shape):
+        a = 0
+        return a
+
+    with pytest.raises(NotPatchableError, match=r"^\S*area is a functools.singledispatch function"):
+        bcrecord.targets(area)
+    assert bcrecord.targets(area.registry[object]).specs() == ["a@0", "return"]
+    # What it says works (it said 'its .func', which Shape.scale, a function, has not).
+    registered = Shape.__dict__["scale"].dispatcher.registry[int]
+    with bcrecord.patch_function(registered, "r", name="s"), bcrecord.recording() as rec:
+        assert shape.scale(2) == 4 and shape.scale("x") == "other"
+    assert rec.all("s:_:r@0") == [4]
+
+
+def test_keys_of_a_generated_lambda_use_the_name_it_was_given():
+    import collections
+    import typing
+
+    Point = collections.namedtuple("Point", "x y")
+
+    class Pair(typing.NamedTuple):
+        left: int
+        right: int = 0
+
+    # Their __new__ is a lambda renamed __new__: the keys said 'Point:<lambda>:return'.
+    for cls, args in ((Point, (1, 2)), (Pair, (3,))):
+        with bcrecord.patch_function(cls.__new__, ["return", "x" if cls is Point else "left"]) as patch:
+            with bcrecord.recording() as rec:
+                made = cls(*args)
+        assert patch.keys[0] == f"{cls.__name__}:__new__:return" and rec[patch.keys[0]] == made
+        assert rec[patch.keys[1]] == args[0]
+    plain = lambda v: v + 1  # noqa: E731  (a lambda known by no other name keeps its own)
+    with bcrecord.patch_function(plain, "return", name="m") as patch:
+        assert patch.keys == ("m:<lambda>:return",)
 
 
 class Parameter:

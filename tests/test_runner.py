@@ -820,20 +820,25 @@ def test_run_records_a_target_given_under_both_names_of_the_program_once(project
     assert rows == [["C:f:y@0", "4"], ["C:f:return", "4"]], both.stderr
 
 
-def test_run_says_when_another_finder_loaded_a_target_s_module(project):
-    # pytest's assertion rewriter, a finder first on sys.meta_path, loads the test files.
+def test_run_records_in_test_modules_pytest_s_assertion_rewriter_loads(project):
+    # pytest's assertion rewriter, a finder it puts first on sys.meta_path, loads the test files:
+    # it said "test_thing was imported, but not through bcrecord's import hook", recording nothing.
     (project / "test_thing.py").write_text(
-        "def helper(v):\n    y = v * 3\n    return y\n\ndef test_a():\n    assert helper(2) == 6\n"
+        "def helper(v):\n    y = v * 3\n    return y\n\n"
+        "def test_a():\n    z = helper(2) + 1\n    assert z == 8\n"
     )
     result = cli(
-        "run", "-r", "test_thing:helper:y", "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_thing.py",
+        "run", "-r", "test_thing:helper:y", "-r", "test_thing:test_a:z",
+        "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_thing.py",
         cwd=project,
     )  # fmt: skip
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert (
-        "test_thing was imported, but not through bcrecord's import hook (a finder ahead of it"
-        in result.stderr
-    )
+    rows = [line.split()[:3] for line in result.stderr.splitlines()[2:]]
+    assert rows == [["test_thing:helper:y@0", "1", "6"], ["test_thing:test_a:z@0", "1", "7"]], result.stderr
+    # The rewriter still loaded the file: the failure shows the values compared.
+    assert result.returncode == 1 and "assert 7 == 8" in result.stdout, result.stdout
+
+
+def test_run_says_when_another_finder_loaded_a_target_s_module(project):
     (project / "lib.py").write_text("def f(v):\n    x = v + 1\n    return x\n")
     (project / "first.py").write_text(
         "import importlib.machinery, sys\n\n"
