@@ -21,10 +21,10 @@ How targets are applied:
   imported), its function is found in the module's code by qualified name, and the
   spec is resolved against that code. An unknown module, function or local stops
   the run before the program's first line, with one line on stderr.
-* **When the module is imported** (an import hook; modules already imported are
-  patched at once), the functions are patched in place
-  (:func:`bcrecord.patch_function`), so every reference records: ``from m import
-  f``, registries, subclasses that inherit a method.
+* **When the module is imported** (an import hook, kept ahead of the program's own, such
+  as pytest's, which loads test files; modules already imported are patched at once),
+  the functions are patched in place (:func:`bcrecord.patch_function`), so every
+  reference records: ``from m import f``, registries, subclasses that inherit a method.
 * **Functions of the main program** are patched as soon as the program's top level
   defines them (a trace function watches the main module's top-level statements
   only, and is removed once every such target is patched).
@@ -596,9 +596,24 @@ class _ImportHook(importlib.abc.MetaPathFinder):
     def _failed(self, module: types.ModuleType, error: BaseException) -> None:
         self.raised[module.__name__] = type(error).__name__
 
+    def _first(self) -> None:
+        """Go back to the front of ``sys.meta_path`` if a finder was put ahead of this one.
+
+        pytest puts its assertion rewriter first, and it loads the test files: a target in
+        one would never be patched. Asked first, this finder still asks the others in their
+        order (see :meth:`find_spec`), so the program's finder loads what it loaded before.
+        (Moving it while the import system goes through the list skips no finder: those
+        before it move one place on, those after it stay where they were.)
+        """
+        meta_path = sys.meta_path
+        if meta_path and meta_path[0] is not self and self in meta_path:
+            meta_path.remove(self)
+            meta_path.insert(0, self)
+
     def find_spec(
         self, fullname: str, path: Optional[Sequence[str]], target: Optional[types.ModuleType] = None
     ) -> Optional[importlib.machinery.ModuleSpec]:
+        self._first()
         if fullname not in self.modules:
             return None
         for finder in list(sys.meta_path):

@@ -820,20 +820,26 @@ def test_run_records_a_target_given_under_both_names_of_the_program_once(project
     assert rows == [["C:f:y@0", "4"], ["C:f:return", "4"]], both.stderr
 
 
-def test_run_says_when_another_finder_loaded_a_target_s_module(project):
-    # pytest's assertion rewriter, a finder first on sys.meta_path, loads the test files.
+def test_run_records_in_test_files_that_pytest_s_assertion_rewriter_loads(project):
+    # pytest puts its assertion rewriter first on sys.meta_path, and it loads the test files:
+    # bcrecord's finder goes back ahead of it, and wraps its loader (assertions still rewritten).
     (project / "test_thing.py").write_text(
-        "def helper(v):\n    y = v * 3\n    return y\n\ndef test_a():\n    assert helper(2) == 6\n"
+        "def helper(v):\n    y = v * 3\n    return y\n\n"
+        "def test_a():\n    assert helper(2) == 6\n\ndef test_b():\n    assert helper(1) == 0\n"
     )
     result = cli(
         "run", "-r", "test_thing:helper:y", "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_thing.py",
         cwd=project,
     )  # fmt: skip
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert (
-        "test_thing was imported, but not through bcrecord's import hook (a finder ahead of it"
-        in result.stderr
-    )
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "where 3 = helper(1)" in result.stdout  # rewritten by pytest, as without bcrecord
+    assert [line.split() for line in result.stderr.splitlines()[1:]] == [
+        ["key", "values", "last", "value"],
+        ["test_thing:helper:y@0", "2", "3"],
+    ], result.stderr
+
+
+def test_run_says_when_another_finder_loaded_a_target_s_module(project):
     (project / "lib.py").write_text("def f(v):\n    x = v + 1\n    return x\n")
     (project / "first.py").write_text(
         "import importlib.machinery, sys\n\n"
