@@ -1925,6 +1925,21 @@ def test_buffered_containers_count_their_items_bytes_toward_a_write(tmp_path):
     assert loaded["m:f:named@0"][0]["c"] == [bytes(4000)]
 
 
+def test_many_small_values_are_written_in_batches_of_a_bounded_number(tmp_path):
+    # Small values (a loss a step) never reach the bytes threshold: a fast program's million
+    # of them were written in one batch at the end, its index entries taking 1.5 GB at once.
+    from bcrecord import runner, storage
+
+    assert runner._Collector(None).flush_values == 50_000
+    collector = runner._Collector(storage.Writer(tmp_path), flush_seconds=3600, flush_values=3)
+    for step in range(7):
+        collector.deliver("m:f:loss@0", step, step / 2)
+    assert [value for _, _, value in collector.buffer] == [3.0]  # the 7th waits for the next batch
+    assert bcrecord.load(tmp_path)["m:f:loss@0"] == [0.0, 0.5, 1.0, 1.5, 2.0, 2.5]
+    collector.flush()
+    assert bcrecord.load(tmp_path)["m:f:loss@0"][-1] == 3.0 and collector.saved["m:f:loss@0"] == 7
+
+
 def test_sizing_a_nested_container_looks_at_a_bounded_number_of_items(monkeypatch):
     # Every item down to 4 levels was looked at: a million calls (half a second, in the
     # program's thread) for each recorded list of lists of lists. Items are sampled now.
