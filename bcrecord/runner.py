@@ -52,7 +52,8 @@ was, an uncaught exception prints its traceback (without bcrecord's frames) and 
 does). Two differences: a run whose records could
 not be saved ends with status 2 where the program's would be 0; and with
 ``--save-dir`` the program has one more thread, the writer's (``threading.enumerate()``
-lists it; on 3.12+ a direct :func:`os.fork` warns that the process is multi-threaded).
+lists it while values wait; a fork stops it first, after writing what waits, so that no
+child is forked mid-write, and the next value starts it again).
 
 >>> target = parse_target("json:dumps:return")
 >>> target.module, target.path, target.spec
@@ -83,6 +84,7 @@ import threading
 import time
 import types
 import warnings
+import weakref
 import zipfile
 from collections import defaultdict
 from dataclasses import dataclass, fields, is_dataclass
@@ -772,6 +774,8 @@ class _Collector:
         self.timer: Optional[threading.Thread] = None
         #: Whether a thread writes what waits (between start_timer and stop_timer).
         self.timing = False
+        #: ``timing`` as it was before a fork (see pause): restored after it, in the parent.
+        self.timing_before_fork = False
         self.saved: Dict[str, int] = defaultdict(int)
         self.last: Dict[str, Any] = {}
         self.error: Optional[str] = None
@@ -842,6 +846,7 @@ class _Collector:
         """
         if self.writer is None:
             return
+        _PAUSED_FOR_FORKS.add(self)
         with self.lock:
             self.timing = True
             if self.buffer and self.timer is None:
@@ -858,12 +863,44 @@ class _Collector:
         self.timer = timer
 
     def stop_timer(self) -> None:
+        _PAUSED_FOR_FORKS.discard(self)
         with self.lock:
             self.timing = False
             timer = self.timer
         if timer is not None:
             self.stopped.set()
             timer.join()
+
+    def pause(self) -> None:
+        """Before a fork: stop the writing thread, once the write it may be doing is done, and
+        write what waits (the next value starts the thread again).
+
+        A child forked mid-write would hold, for good, the locks the write held (an import's
+        lock, torch's allocator's) and could deadlock on them: a DataLoader worker, a
+        ``multiprocessing`` child. Python 3.12+ warns of a fork in a process with threads
+        (after the fork: the thread is not started again at once).
+        """
+        if os.getpid() != self.pid:
+            return
+        with self.lock:
+            self.timing_before_fork, self.timing = self.timing, False
+            timer = self.timer
+        if timer is not None:
+            self.stopped.set()
+            silently(lambda _: timer.join(), None)  # (threading's calls are not the program's)
+            with self.lock:
+                self.timer = None
+                self.stopped.clear()
+        self.flush()
+
+    def resume(self) -> None:
+        """After a fork, in the parent: the writing thread again, where values wait."""
+        if os.getpid() != self.pid:
+            return
+        with self.lock:
+            self.timing, self.timing_before_fork = self.timing_before_fork, False
+            if self.timing and self.buffer and self.timer is None:
+                self._start_thread()
 
     def _write_waiting(self) -> None:
         silence()  # for good: nothing this thread runs (Event.wait, the writer) is the program's
@@ -893,6 +930,24 @@ class _Collector:
             self.writer.write_many(_by_step(batch), unsavable=self._unsavable)
         for key, _, _ in batch:
             self.saved[key] += 1
+
+
+#: The collectors whose writing thread stops while the process forks (see _Collector.pause).
+_PAUSED_FOR_FORKS: weakref.WeakSet[_Collector] = weakref.WeakSet()
+
+
+def _before_fork() -> None:
+    for collector in list(_PAUSED_FOR_FORKS):
+        collector.pause()
+
+
+def _after_fork_in_parent() -> None:
+    for collector in list(_PAUSED_FOR_FORKS):
+        collector.resume()
+
+
+if hasattr(os, "register_at_fork"):  # (not on Windows, which does not fork)
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent)
 
 
 #: Signals whose Python handlers :class:`_SignalsHeld` holds back (their default ones raise).

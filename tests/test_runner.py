@@ -2059,6 +2059,45 @@ def test_values_of_forked_and_spawned_children_are_not_saved_and_the_parent_s_ar
 
 
 @pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork")
+def test_a_fork_happens_with_no_write_under_way_and_nothing_waiting(project):
+    # The writing thread ran on through a fork: a child forked mid-write (a DataLoader worker)
+    # kept the locks the write held, and Python 3.12+ warned of a fork with threads. Now the
+    # thread stops for the fork, once what waits is written (the child sees it saved).
+    (project / "forker.py").write_text(
+        textwrap.dedent(
+            """
+            import os, sys, threading, warnings
+            from bcrecord import storage
+
+            def f(v):
+                out = v * 2
+                return out
+
+            f(1)
+            writing = [t.name for t in threading.enumerate() if t.name == "bcrecord-writer"]
+            warnings.simplefilter("error", DeprecationWarning)  # 3.12+: a fork with threads
+            child = os.fork()
+            if child == 0:
+                print("child sees", storage.saved_keys(sys.argv[1]), flush=True)
+                os._exit(0)
+            os.waitpid(child, 0)
+            f(2)
+            print("writing before, after:", writing, threading.active_count() > 1)
+            """
+        )
+    )
+    result = cli(
+        "run", "-r", "__main__:f:out", "-o", "saved", "forker.py", "saved", cwd=project, env=_NO_EARLY_WRITE
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        "child sees ['__main__:f:out@0']",
+        "writing before, after: ['bcrecord-writer'] True",  # the next value started it again
+    ]
+    assert bcrecord.load(project / "saved")["__main__:f:out@0"] == [2, 4]
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork")
 def test_a_program_that_replaces_itself_with_exec_saves_its_values_first(project):
     # os.exec* runs no exit handler: the values waiting to be written and the report were lost.
     # A failed exec (execlp of a missing program) leaves the program running, unrecorded, and
