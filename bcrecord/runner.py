@@ -32,7 +32,7 @@ How targets are applied:
 What is kept: with ``--save-dir``, every N-th value of each key (``--every N``:
 the values numbered 0, N, 2N... in the order that key fired; the number is the
 value's *step*) is copied when it is recorded (the others are not even copied) and
-written with :class:`bcrecord.storage.Writer` in batches (every few seconds, 50,000 values or
+written with :class:`bcrecord.storage.Writer` in batches (every few seconds, 10,000 values or
 megabytes, also while the program records nothing: a thread writes what waited),
 and at exit -- also when the program raises or calls :func:`sys.exit`, ends with
 :func:`os._exit` or replaces itself with an ``os.exec*`` function (the run ends just
@@ -756,12 +756,13 @@ class _Collector:
         writer: Optional[Writer],
         flush_bytes: int = 64 << 20,
         flush_seconds: float = 5.0,
-        flush_values: int = 50_000,
+        flush_values: int = 10_000,
     ) -> None:
         self.writer = writer
         self.flush_bytes = flush_bytes
-        #: Values written at most in one batch: writing one holds its index entry (some 1.5 kB),
-        #: so a million small values (a loss a step) in one batch took 1.5 GB at the end of the run.
+        #: Values written at most in one batch: writing one holds its index entry (some 1.5 kB,
+        #: 5 kB for a small tensor), so a million small values (a loss a step) in one batch took
+        #: 1.5 GB at the end of the run.
         self.flush_values = flush_values
         self.flush_seconds = flush_seconds
         self.pid = os.getpid()

@@ -1930,7 +1930,7 @@ def test_many_small_values_are_written_in_batches_of_a_bounded_number(tmp_path):
     # of them were written in one batch at the end, its index entries taking 1.5 GB at once.
     from bcrecord import runner, storage
 
-    assert runner._Collector(None).flush_values == 50_000
+    assert runner._Collector(None).flush_values == 10_000
     collector = runner._Collector(storage.Writer(tmp_path), flush_seconds=3600, flush_values=3)
     for step in range(7):
         collector.deliver("m:f:loss@0", step, step / 2)
