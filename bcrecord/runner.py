@@ -989,7 +989,9 @@ class _SignalsHeld:
         for number, handler in self.replaced.items():
             signal.signal(number, handler)
         for number in self.held:
-            signal.raise_signal(number)  # its own handler runs now
+            # Its own handler runs now, called as the signal would call it: not raise_signal,
+            # which would write to a wakeup fd (asyncio's add_signal_handler) a second time.
+            self.replaced[number](number, inspect.currentframe())
 
 
 def _owner_names(

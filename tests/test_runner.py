@@ -1500,6 +1500,34 @@ def test_run_names_a_target_that_recorded_nothing(tmp_path, capsys):
     assert err[2].startswith("bcrecord: saved 1 value(s) of 1 key(s)") and len(err) == 3
 
 
+def test_a_signal_held_during_a_write_reaches_a_wakeup_fd_once(tmp_path):
+    # asyncio's loop.add_signal_handler (Trio, Qt...) hears of a signal through a wakeup fd, which
+    # the held signal had reached already: replayed with raise_signal, the handler ran twice (a
+    # graceful shutdown's "Ctrl-C again to force quit" from one Ctrl-C).
+    import signal
+    import socket
+
+    from bcrecord import runner
+
+    called = []
+    reader, writer = socket.socketpair()
+    writer.setblocking(False)
+    reader.setblocking(False)
+    previous = signal.signal(signal.SIGINT, lambda number, frame: called.append(number))
+    previous_fd = signal.set_wakeup_fd(writer.fileno())
+    try:
+        with runner._SignalsHeld():
+            signal.raise_signal(signal.SIGINT)  # Ctrl-C mid-write
+            assert called == []
+        assert called == [signal.SIGINT]
+        assert reader.recv(100) == bytes([signal.SIGINT])  # one byte: one signal for the loop
+    finally:
+        signal.set_wakeup_fd(previous_fd)
+        signal.signal(signal.SIGINT, previous)
+        reader.close()
+        writer.close()
+
+
 @pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
 def test_a_signal_during_a_write_in_the_main_thread_waits_for_the_write(tmp_path, monkeypatch, signal_name):
     import signal
