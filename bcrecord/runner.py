@@ -52,8 +52,8 @@ was, an uncaught exception prints its traceback (without bcrecord's frames) and 
 does). Two differences: a run whose records could
 not be saved ends with status 2 where the program's would be 0; and with
 ``--save-dir`` the program has one more thread, the writer's (``threading.enumerate()``
-lists it while values wait; a fork stops it first, after writing what waits, so that no
-child is forked mid-write, and the next value starts it again).
+lists it while values wait; it stops for a fork, so that no child is forked mid-write, and
+starts again after it; on 3.12+ a direct :func:`os.fork` warns that the process is multi-threaded).
 
 >>> target = parse_target("json:dumps:return")
 >>> target.module, target.path, target.spec
@@ -873,13 +873,12 @@ class _Collector:
             timer.join()
 
     def pause(self) -> None:
-        """Before a fork: stop the writing thread, once the write it may be doing is done, and
-        write what waits (the next value starts the thread again).
+        """Before a fork: stop the writing thread, once the write it may be doing is done.
 
         A child forked mid-write would hold, for good, the locks the write held (an import's
         lock, torch's allocator's) and could deadlock on them: a DataLoader worker, a
-        ``multiprocessing`` child. Python 3.12+ warns of a fork in a process with threads
-        (after the fork: the thread is not started again at once).
+        ``multiprocessing`` child. (Nothing is written here: a Ctrl-C that came during a
+        write in a fork hook would be lost, as Python ignores what its fork hooks raise.)
         """
         if os.getpid() != self.pid:
             return
@@ -892,7 +891,6 @@ class _Collector:
             with self.lock:
                 self.timer = None
                 self.stopped.clear()
-        self.flush()
 
     def resume(self) -> None:
         """After a fork, in the parent: the writing thread again, where values wait."""

@@ -2086,43 +2086,27 @@ def test_values_of_forked_and_spawned_children_are_not_saved_and_the_parent_s_ar
     assert "saved 5 value(s) of 1 key(s)" in result.stderr
 
 
-@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork")
-def test_a_fork_happens_with_no_write_under_way_and_nothing_waiting(project):
-    # The writing thread ran on through a fork: a child forked mid-write (a DataLoader worker)
-    # kept the locks the write held, and Python 3.12+ warned of a fork with threads. Now the
-    # thread stops for the fork, once what waits is written (the child sees it saved).
-    (project / "forker.py").write_text(
-        textwrap.dedent(
-            """
-            import os, sys, threading, warnings
-            from bcrecord import storage
+def test_the_writing_thread_stops_for_a_fork_and_starts_again_after_it(tmp_path):
+    # It ran on through a fork: a child forked mid-write (a DataLoader worker) kept the locks
+    # the write held. Now os.register_at_fork hooks stop it (its write done) and start it again.
+    from bcrecord import runner, storage
 
-            def f(v):
-                out = v * 2
-                return out
-
-            f(1)
-            writing = [t.name for t in threading.enumerate() if t.name == "bcrecord-writer"]
-            warnings.simplefilter("error", DeprecationWarning)  # 3.12+: a fork with threads
-            child = os.fork()
-            if child == 0:
-                print("child sees", storage.saved_keys(sys.argv[1]), flush=True)
-                os._exit(0)
-            os.waitpid(child, 0)
-            f(2)
-            print("writing before, after:", writing, threading.active_count() > 1)
-            """
-        )
-    )
-    result = cli(
-        "run", "-r", "__main__:f:out", "-o", "saved", "forker.py", "saved", cwd=project, env=_NO_EARLY_WRITE
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines() == [
-        "child sees ['__main__:f:out@0']",
-        "writing before, after: ['bcrecord-writer'] True",  # the next value started it again
-    ]
-    assert bcrecord.load(project / "saved")["__main__:f:out@0"] == [2, 4]
+    collector = runner._Collector(storage.Writer(tmp_path), flush_seconds=3600)
+    collector.start_timer()
+    collector.deliver("m:f:x@0", 0, 1)
+    writing = collector.timer
+    assert writing is not None and writing.is_alive()
+    runner._before_fork()
+    assert not writing.is_alive() and collector.timer is None and not collector.timing
+    assert [value for _, _, value in collector.buffer] == [1]  # still waiting, written later
+    runner._after_fork_in_parent()
+    assert collector.timing and collector.timer is not None and collector.timer.is_alive()
+    collector.stop_timer()
+    collector.flush()
+    assert bcrecord.load(tmp_path)["m:f:x@0"] == [1]
+    runner._before_fork()  # a fork after the run: nothing of the run's to stop or start
+    runner._after_fork_in_parent()
+    assert collector.timer is None or not collector.timer.is_alive()
 
 
 @pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork")
