@@ -35,7 +35,7 @@ How targets are applied:
 What is kept: with ``--save-dir``, every N-th value of each key (``--every N``:
 the values numbered 0, N, 2N... in the order that key fired; the number is the
 value's *step*) is copied when it is recorded (the others are not even copied) and
-written with :class:`bcrecord.storage.Writer` in batches (every few seconds or
+written with :class:`bcrecord.storage.Writer` in batches (every few seconds, 10,000 values or
 megabytes, also while the program records nothing: a thread writes what waited),
 and at exit -- also when the program raises or calls :func:`sys.exit`, ends with
 :func:`os._exit` or replaces itself with an ``os.exec*`` function (the run ends just
@@ -55,7 +55,8 @@ was, an uncaught exception prints its traceback (without bcrecord's frames) and 
 does). Two differences: a run whose records could
 not be saved ends with status 2 where the program's would be 0; and with
 ``--save-dir`` the program has one more thread, the writer's (``threading.enumerate()``
-lists it; on 3.12+ a direct :func:`os.fork` warns that the process is multi-threaded).
+lists it while values wait; it stops for a fork, so that no child is forked mid-write, and
+starts again after it; on 3.12+ a direct :func:`os.fork` warns that the process is multi-threaded).
 
 >>> target = parse_target("json:dumps:return")
 >>> target.module, target.path, target.spec
@@ -86,6 +87,7 @@ import threading
 import time
 import types
 import warnings
+import weakref
 import zipfile
 from collections import defaultdict
 from dataclasses import dataclass, fields, is_dataclass
@@ -765,10 +767,18 @@ class _Collector:
     """Where values go: batches written with :class:`~bcrecord.storage.Writer`, or a summary."""
 
     def __init__(
-        self, writer: Optional[Writer], flush_bytes: int = 64 << 20, flush_seconds: float = 5.0
+        self,
+        writer: Optional[Writer],
+        flush_bytes: int = 64 << 20,
+        flush_seconds: float = 5.0,
+        flush_values: int = 10_000,
     ) -> None:
         self.writer = writer
         self.flush_bytes = flush_bytes
+        #: Values written at most in one batch: writing one holds its index entry (some 1.5 kB,
+        #: 5 kB for a small tensor), so a million small values (a loss a step) in one batch took
+        #: 1.5 GB at the end of the run.
+        self.flush_values = flush_values
         self.flush_seconds = flush_seconds
         self.pid = os.getpid()
         self.lock = threading.RLock()
@@ -780,6 +790,8 @@ class _Collector:
         self.timer: Optional[threading.Thread] = None
         #: Whether a thread writes what waits (between start_timer and stop_timer).
         self.timing = False
+        #: ``timing`` as it was before a fork (see pause): restored after it, in the parent.
+        self.timing_before_fork = False
         self.saved: Dict[str, int] = defaultdict(int)
         self.last: Dict[str, Any] = {}
         self.error: Optional[str] = None
@@ -803,7 +815,11 @@ class _Collector:
                 return
             self.buffer.append((key, step, value))
             self.buffered += _nbytes(value)
-            if self.buffered >= self.flush_bytes or time.monotonic() - self.last_flush >= self.flush_seconds:
+            if (
+                self.buffered >= self.flush_bytes
+                or len(self.buffer) >= self.flush_values
+                or time.monotonic() - self.last_flush >= self.flush_seconds
+            ):
                 self.flush()
             elif self.timing and self.timer is None:
                 self._start_thread()
@@ -846,6 +862,7 @@ class _Collector:
         """
         if self.writer is None:
             return
+        _PAUSED_FOR_FORKS.add(self)
         with self.lock:
             self.timing = True
             if self.buffer and self.timer is None:
@@ -862,12 +879,42 @@ class _Collector:
         self.timer = timer
 
     def stop_timer(self) -> None:
+        _PAUSED_FOR_FORKS.discard(self)
         with self.lock:
             self.timing = False
             timer = self.timer
         if timer is not None:
             self.stopped.set()
             timer.join()
+
+    def pause(self) -> None:
+        """Before a fork: stop the writing thread, once the write it may be doing is done.
+
+        A child forked mid-write would hold, for good, the locks the write held (an import's
+        lock, torch's allocator's) and could deadlock on them: a DataLoader worker, a
+        ``multiprocessing`` child. (Nothing is written here: a Ctrl-C that came during a
+        write in a fork hook would be lost, as Python ignores what its fork hooks raise.)
+        """
+        if os.getpid() != self.pid:
+            return
+        with self.lock:
+            self.timing_before_fork, self.timing = self.timing, False
+            timer = self.timer
+        if timer is not None:
+            self.stopped.set()
+            silently(lambda _: timer.join(), None)  # (threading's calls are not the program's)
+            with self.lock:
+                self.timer = None
+                self.stopped.clear()
+
+    def resume(self) -> None:
+        """After a fork, in the parent: the writing thread again, where values wait."""
+        if os.getpid() != self.pid:
+            return
+        with self.lock:
+            self.timing, self.timing_before_fork = self.timing_before_fork, False
+            if self.timing and self.buffer and self.timer is None:
+                self._start_thread()
 
     def _write_waiting(self) -> None:
         silence()  # for good: nothing this thread runs (Event.wait, the writer) is the program's
@@ -897,6 +944,24 @@ class _Collector:
             self.writer.write_many(_by_step(batch), unsavable=self._unsavable)
         for key, _, _ in batch:
             self.saved[key] += 1
+
+
+#: The collectors whose writing thread stops while the process forks (see _Collector.pause).
+_PAUSED_FOR_FORKS: weakref.WeakSet[_Collector] = weakref.WeakSet()
+
+
+def _before_fork() -> None:
+    for collector in list(_PAUSED_FOR_FORKS):
+        collector.pause()
+
+
+def _after_fork_in_parent() -> None:
+    for collector in list(_PAUSED_FOR_FORKS):
+        collector.resume()
+
+
+if hasattr(os, "register_at_fork"):  # (not on Windows, which does not fork)
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent)
 
 
 #: Signals whose Python handlers :class:`_SignalsHeld` holds back (their default ones raise).
@@ -937,7 +1002,9 @@ class _SignalsHeld:
         for number, handler in self.replaced.items():
             signal.signal(number, handler)
         for number in self.held:
-            signal.raise_signal(number)  # its own handler runs now
+            # Its own handler runs now, called as the signal would call it: not raise_signal,
+            # which would write to a wakeup fd (asyncio's add_signal_handler) a second time.
+            self.replaced[number](number, inspect.currentframe())
 
 
 def _owner_names(

@@ -1499,6 +1499,34 @@ def test_run_names_a_target_that_recorded_nothing(tmp_path, capsys):
     assert err[2].startswith("bcrecord: saved 1 value(s) of 1 key(s)") and len(err) == 3
 
 
+def test_a_signal_held_during_a_write_reaches_a_wakeup_fd_once(tmp_path):
+    # asyncio's loop.add_signal_handler (Trio, Qt...) hears of a signal through a wakeup fd, which
+    # the held signal had reached already: replayed with raise_signal, the handler ran twice (a
+    # graceful shutdown's "Ctrl-C again to force quit" from one Ctrl-C).
+    import signal
+    import socket
+
+    from bcrecord import runner
+
+    called = []
+    reader, writer = socket.socketpair()
+    writer.setblocking(False)
+    reader.setblocking(False)
+    previous = signal.signal(signal.SIGINT, lambda number, frame: called.append(number))
+    previous_fd = signal.set_wakeup_fd(writer.fileno())
+    try:
+        with runner._SignalsHeld():
+            signal.raise_signal(signal.SIGINT)  # Ctrl-C mid-write
+            assert called == []
+        assert called == [signal.SIGINT]
+        assert reader.recv(100) == bytes([signal.SIGINT])  # one byte: one signal for the loop
+    finally:
+        signal.set_wakeup_fd(previous_fd)
+        signal.signal(signal.SIGINT, previous)
+        reader.close()
+        writer.close()
+
+
 @pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
 def test_a_signal_during_a_write_in_the_main_thread_waits_for_the_write(tmp_path, monkeypatch, signal_name):
     import signal
@@ -1924,6 +1952,21 @@ def test_buffered_containers_count_their_items_bytes_toward_a_write(tmp_path):
     assert loaded["m:f:named@0"][0]["c"] == [bytes(4000)]
 
 
+def test_many_small_values_are_written_in_batches_of_a_bounded_number(tmp_path):
+    # Small values (a loss a step) never reach the bytes threshold: a fast program's million
+    # of them were written in one batch at the end, its index entries taking 1.5 GB at once.
+    from bcrecord import runner, storage
+
+    assert runner._Collector(None).flush_values == 10_000
+    collector = runner._Collector(storage.Writer(tmp_path), flush_seconds=3600, flush_values=3)
+    for step in range(7):
+        collector.deliver("m:f:loss@0", step, step / 2)
+    assert [value for _, _, value in collector.buffer] == [3.0]  # the 7th waits for the next batch
+    assert bcrecord.load(tmp_path)["m:f:loss@0"] == [0.0, 0.5, 1.0, 1.5, 2.0, 2.5]
+    collector.flush()
+    assert bcrecord.load(tmp_path)["m:f:loss@0"][-1] == 3.0 and collector.saved["m:f:loss@0"] == 7
+
+
 def test_sizing_a_nested_container_looks_at_a_bounded_number_of_items(monkeypatch):
     # Every item down to 4 levels was looked at: a million calls (half a second, in the
     # program's thread) for each recorded list of lists of lists. Items are sampled now.
@@ -2040,6 +2083,29 @@ def test_values_of_forked_and_spawned_children_are_not_saved_and_the_parent_s_ar
     key = "__main__:f:out@0"
     assert loaded[key] == [0, 2, 4, 6, 8] and loaded.steps(key) == [0, 1, 2, 3, 4]
     assert "saved 5 value(s) of 1 key(s)" in result.stderr
+
+
+def test_the_writing_thread_stops_for_a_fork_and_starts_again_after_it(tmp_path):
+    # It ran on through a fork: a child forked mid-write (a DataLoader worker) kept the locks
+    # the write held. Now os.register_at_fork hooks stop it (its write done) and start it again.
+    from bcrecord import runner, storage
+
+    collector = runner._Collector(storage.Writer(tmp_path), flush_seconds=3600)
+    collector.start_timer()
+    collector.deliver("m:f:x@0", 0, 1)
+    writing = collector.timer
+    assert writing is not None and writing.is_alive()
+    runner._before_fork()
+    assert not writing.is_alive() and collector.timer is None and not collector.timing
+    assert [value for _, _, value in collector.buffer] == [1]  # still waiting, written later
+    runner._after_fork_in_parent()
+    assert collector.timing and collector.timer is not None and collector.timer.is_alive()
+    collector.stop_timer()
+    collector.flush()
+    assert bcrecord.load(tmp_path)["m:f:x@0"] == [1]
+    runner._before_fork()  # a fork after the run: nothing of the run's to stop or start
+    runner._after_fork_in_parent()
+    assert collector.timer is None or not collector.timer.is_alive()
 
 
 @pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork")
