@@ -261,8 +261,16 @@ class _WeakRegistry(Generic[T]):
 
     def live(self) -> List[T]:
         """The registered objects still alive (a snapshot: safe to change while walking)."""
+        while True:
+            try:
+                refs = tuple(self._refs.values())
+                break
+            except RuntimeError:
+                # The garbage collector, run by an allocation while the tuple is made, called
+                # forget() for an item (or another thread added one): "changed size". Again.
+                continue
         alive = []
-        for ref in tuple(self._refs.values()):  # a loop, not a comprehension: no frame on 3.11
+        for ref in refs:  # a loop, not a comprehension: no frame on 3.11
             item = ref()
             if item is not None:
                 alive.append(item)

@@ -1866,3 +1866,27 @@ def test_a_recording_pickles_and_copies_as_a_snapshot_of_its_values_inside_its_b
         assert not loaded.active
     finally:
         patch.remove()
+
+
+def test_a_registry_walked_while_the_collector_forgets_an_item_still_lists_the_live_ones():
+    # CI, 3.11: entering a recording raised "dictionary changed size during iteration" out of
+    # _WeakRegistry.live(): a collection, run while the snapshot was made, dropped a dead item.
+    class Thing:
+        pass
+
+    registry = bcrecord.runtime._WeakRegistry()
+    things = [Thing() for _ in range(3)]
+    for thing in things:
+        registry.add(thing)
+
+    class ChangedOnce(dict):
+        walks = 0
+
+        def values(self):
+            ChangedOnce.walks += 1
+            if ChangedOnce.walks == 1:
+                raise RuntimeError("dictionary changed size during iteration")
+            return super().values()
+
+    registry._refs = ChangedOnce(registry._refs)
+    assert registry.live() == things and ChangedOnce.walks == 2
