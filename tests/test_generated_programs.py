@@ -1377,4 +1377,5 @@ def test_a_probed_run_that_hangs_is_reported_with_where_it_was(monkeypatch: pyte
     monkeypatch.setattr(sys.modules[__name__], "PROBED_TIMEOUT", 2.0)
     report = differential(source)
     assert report["status"] == "timeout" and report["phase"] == "probed"
-    assert re.search(r'File "<generated>", line 9 in g\n', report["stacks"]), report["stacks"]
+    # The loop is lines 9-10; which of them the sampled frame is on depends on when the dump came.
+    assert re.search(r'File "<generated>", line (9|10) in g\n', report["stacks"]), report["stacks"]
