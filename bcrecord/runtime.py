@@ -208,6 +208,23 @@ def _caught_in(error: BaseException, frames: Set[int]) -> bool:
 _errors_lock = threading.Lock()
 
 
+def _snapshot(items: Callable[[], Iterable[T]]) -> Tuple[T, ...]:
+    """A tuple of what ``items`` (a dict view's maker, such as ``d.values``) gives, again if it changed.
+
+    Making the tuple can run the garbage collector, whose weak-reference callbacks (or
+    a thread they let in) may add or drop an entry: "dictionary changed size during
+    iteration". Those changes are rare and brief, so the next try succeeds.
+
+    >>> _snapshot({"a": 1}.items)
+    (('a', 1),)
+    """
+    while True:
+        try:
+            return tuple(items())
+        except RuntimeError:
+            continue
+
+
 class _WeakRegistry(Generic[T]):
     """Objects held weakly, by identity: what a ``WeakSet`` does, in a plain dict.
 
@@ -261,16 +278,9 @@ class _WeakRegistry(Generic[T]):
 
     def live(self) -> List[T]:
         """The registered objects still alive (a snapshot: safe to change while walking)."""
-        while True:
-            try:
-                refs = tuple(self._refs.values())
-                break
-            except RuntimeError:
-                # The garbage collector, run by an allocation while the tuple is made, called
-                # forget() for an item (or another thread added one): "changed size". Again.
-                continue
         alive = []
-        for ref in refs:  # a loop, not a comprehension: no frame on 3.11
+        # (A collection may call forget() meanwhile.) A loop, not a comprehension: no frame on 3.11.
+        for ref in _snapshot(self._refs.values):
             item = ref()
             if item is not None:
                 alive.append(item)
@@ -1606,7 +1616,7 @@ class Recording:
         same objects, so the routes and cached sinks built in earlier passes stay
         valid and the next pass does not rebuild them. Keys stay, with no values.
         """
-        for values in list(self._data.values()):
+        for values in _snapshot(self._data.values):
             values.clear()
         self.errors.clear()
         self.failures.clear()
@@ -1689,8 +1699,8 @@ class Recording:
 
     def _recorded(self) -> List[Tuple[str, Union[List[Any], Deque[Any]]]]:
         """``(key, values)`` of every key with a value (a key whose copies all failed has none)."""
-        # list() first: a probe in another thread may add a key meanwhile.
-        return [(key, values) for key, values in list(self._data.items()) if values]
+        # A snapshot first: a probe in another thread may add a key meanwhile.
+        return [(key, values) for key, values in _snapshot(self._data.items) if values]
 
     def _values(self, key: str) -> Union[List[Any], Deque[Any]]:
         self._settle()
@@ -1726,7 +1736,7 @@ class Recording:
         """
         return any(
             site.owner is None and site.key == key and (self._only is None or site.tag in self._only)
-            for site in list(_SITES.values())
+            for site in _snapshot(_SITES.values)
         )
 
     def __getitem__(self, key: str) -> Any:

@@ -42,7 +42,9 @@ Programs come from three sources:
 
 ``BCRECORD_HYPOTHESIS_EXAMPLES`` (default 40) sets the number of examples of the
 generated-function test; the hypothesmith tests use a quarter of it (their
-generators are slow). Run::
+generators are slow). Without it, the examples are the same on every run
+(derandomized), so that a test run, CI's among them, checks what was checked
+before; with it, each run is a campaign over fresh random programs::
 
     BCRECORD_HYPOTHESIS_EXAMPLES=2000 python -m pytest -q tests/test_generated_programs.py
 """
@@ -75,6 +77,7 @@ from hypothesis import strategies as st
 
 import bcrecord
 
+CAMPAIGN = "BCRECORD_HYPOTHESIS_EXAMPLES" in os.environ
 EXAMPLES = int(os.environ.get("BCRECORD_HYPOTHESIS_EXAMPLES", "40"))
 ORIGINAL_TIMEOUT = 2.0  # seconds for compiling, executing and calling the original program
 PROBED_TIMEOUT = 10.0  # seconds for the probed run, plus 20 times what the original took
@@ -85,6 +88,7 @@ ARGUMENT_VALUES: Tuple[Any, ...] = (1, None, "ab", 0, -2)
 SETTINGS = settings(
     deadline=None,
     database=None,
+    derandomize=not CAMPAIGN,
     print_blob=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
 )

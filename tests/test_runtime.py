@@ -492,6 +492,34 @@ def test_missing_key_of_a_probe_that_did_not_run_says_so():
                     rec[key]
 
 
+def test_a_missing_key_message_survives_the_sites_changing_while_it_is_made(monkeypatch):
+    # A collection while the sites were listed (a dead patch's sites released) raised
+    # "dictionary changed size during iteration" instead of the KeyError.
+    def f(x, fused=True):
+        if not fused:
+            attn = x + 1
+            return attn
+        return x
+
+    class ChangedOnce(dict):
+        walks = 0
+
+        def values(self):
+            ChangedOnce.walks += 1
+            if ChangedOnce.walks == 1:
+                raise RuntimeError("dictionary changed size during iteration")
+            return super().values()
+
+    with bcrecord.patch_function(f, ["attn"], name="r"):
+        with bcrecord.recording() as rec:
+            assert f(1) == 1
+        with monkeypatch.context() as changing:  # (undone before the patch releases its sites)
+            changing.setattr(bcrecord.runtime, "_SITES", ChangedOnce(bcrecord.runtime._SITES))
+            with pytest.raises(KeyError, match=r"'r:f:attn@0': its probe was placed but did not run"):
+                rec["r:f:attn@0"]
+    assert ChangedOnce.walks == 2
+
+
 def test_keep_last_and_ring_buffer():
     def f(n):
         for k in range(n):

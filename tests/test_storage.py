@@ -99,30 +99,45 @@ def test_the_next_save_removes_what_a_save_killed_mid_write_left(tmp_path):
 
 def test_a_save_waits_for_another_process_s_save_in_progress_and_both_are_kept(tmp_path):
     import subprocess
+    import threading
 
     Writer(tmp_path)
-    # Another process in the middle of a save (its temporary file being written) for a while.
+    # Another process in the middle of a save (its temporary file being written) until we let it
+    # go: a gate, not a sleep, so a slow machine cannot let it finish before we look.
     slow = (
-        "import os, sys, time, bcrecord.storage as s\n"
+        "import os, sys, bcrecord.storage as s\n"
         "writer = s.Writer(sys.argv[1])\n"
-        "real = os.fsync\n"
+        "real, gated = os.fsync, []\n"
         "def slow(fd):\n"
-        "    print('writing', flush=True)\n"
-        "    time.sleep(1.5)\n"
+        "    if not gated:  # the record's own file; the index's later fsyncs pass\n"
+        "        gated.append(print('writing', flush=True))\n"
+        "        sys.stdin.readline()\n"
         "    real(fd)\n"
         "os.fsync = slow\n"
         "writer.write({'k': ['theirs']}, step=0)\n"
     )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     other = subprocess.Popen(
-        [sys.executable, "-c", slow, str(tmp_path)], env=env, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", slow, str(tmp_path)],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
+    ours = threading.Thread(target=save, args=({"k": ["ours"]}, tmp_path), kwargs={"step": 1})
     try:
         assert other.stdout.readline() == "writing\n"
         assert [p.name for p in (tmp_path / "records").glob(".*.tmp")] == [".000001.pkl.tmp"]
-        save({"k": ["ours"]}, tmp_path, step=1)
+        ours.start()
+        ours.join(0.5)
+        assert ours.is_alive()  # waiting: the other save cannot end before the gate opens
+        other.stdin.write("go\n")
+        other.stdin.flush()
+        ours.join(60)
     finally:
+        other.stdin.close()
         assert other.wait(60) == 0
+    assert not ours.is_alive()
     loaded = load(tmp_path)
     assert loaded["k"] == ["theirs", "ours"] and loaded.steps("k") == [0, 1]
 
