@@ -1483,7 +1483,44 @@ def patch_method(
     # Looked up under the lock too: two threads patching one method must see each other's
     # slot (else each copies the original, and removing one drops the other's slot).
     with _lock:
-        return _patch_method(obj, method, specs, name, in_place, unwrap)
+        patch = _patch_method(obj, method, specs, name, in_place, unwrap)
+    if isinstance(obj, type):
+        _warn_if_abstract(obj, method)
+    return patch
+
+
+def _warn_if_abstract(cls: type, method: str) -> None:
+    """Warn that an abstract method's patch records only calls that reach it (``super()``).
+
+    Subclasses override an abstract method, so its own code runs only where an
+    override calls it; a user who patched it to see "the" method's values gets none.
+
+    >>> import abc, warnings
+    >>> class Base(abc.ABC):
+    ...     @abc.abstractmethod
+    ...     def m(self): ...
+    >>> class Sub(Base):
+    ...     def m(self): return 1
+    >>> with warnings.catch_warnings(record=True) as caught:
+    ...     warnings.simplefilter("always")
+    ...     _warn_if_abstract(Base, "m")
+    >>> print(caught[0].message)  # doctest: +ELLIPSIS
+    Base.m is abstract: ... patch them to record theirs: ...Sub.m
+    """
+    if not getattr(inspect.getattr_static(cls, method, None), "__isabstractmethod__", False):
+        return
+    found: List[str] = []
+    waiting: List[type] = list(type.__subclasses__(cls))
+    while waiting:
+        sub = waiting.pop()
+        if method in vars(sub):
+            found.append(f"{sub.__qualname__}.{method}")
+        waiting.extend(type.__subclasses__(sub))
+    overrides = f": {', '.join(sorted(set(found)))}" if found else " (none are defined yet)"
+    warn(
+        f"{cls.__qualname__}.{method} is abstract: subclasses override it, so it runs only where an "
+        f"override calls it (super().{method}(...)); patch them to record theirs{overrides}"
+    )
 
 
 def _patch_method(

@@ -480,6 +480,23 @@ def _walk(root: Any, path: Sequence[str]) -> Tuple[Any, Any]:
     return holder, value
 
 
+def _wrapped_target(texts: Sequence[str], path: Sequence[str], value: Any) -> str:
+    """For a target that names a wrapper object (a pytest fixture, ``functools.cache``), the
+    target of the function it wraps, as a hint to add to the refusal; else ``''``.
+
+    >>> import functools
+    >>> _wrapped_target(["m:f:x"], ["f"], functools.cache(lambda: 0))
+    "; as a target: 'm:f.__wrapped__:x'"
+    """
+    if isinstance(value, types.FunctionType) or not isinstance(
+        getattr(value, "__wrapped__", None), types.FunctionType
+    ):
+        return ""
+    dotted = ".".join(path)
+    named = [text.replace(f":{dotted}:", f":{dotted}.__wrapped__:", 1) for text in texts]
+    return "; as a target: " + ", ".join(map(repr, named))
+
+
 def _check_live(target: RunTarget, module: types.ModuleType) -> None:
     """Check ``target`` against an imported module: the attribute must exist, the spec resolve."""
     try:
@@ -494,7 +511,8 @@ def _check_live(target: RunTarget, module: types.ModuleType) -> None:
         func = function_of(value)
         resolve([target.spec], read(original_code(func), func.__qualname__))
     except BcrecordError as error:
-        raise RunError(f"target {target.text!r}: {error}") from None
+        hint = _wrapped_target([target.text], target.path, value)
+        raise RunError(f"target {target.text!r}: {error}{hint}") from None
 
 
 def check_targets(
@@ -1652,6 +1670,7 @@ class _Runner:
                     continue
                 specs = [t.spec for t in group]
                 owner = self.owners.get((name, path))
+                value = None
                 try:
                     holder, value = _walk(module, path)
                     if isinstance(value, property) or isinstance(holder, property):
@@ -1700,7 +1719,8 @@ class _Runner:
                             holder, path[-1], specs, name=patch_owner, in_place=not inherited
                         )
                 except (AttributeError, BcrecordError) as error:
-                    raise _TargetFailed(texts, str(error)) from None
+                    hint = _wrapped_target([t.text for t in group], path, value)
+                    raise _TargetFailed(texts, f"{error}{hint}") from None
                 self.patches.append(patch)
                 # (3.10's code has no qualified name: its private names are mangled by the function's)
                 qualname = patch.function.__qualname__

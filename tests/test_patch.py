@@ -1833,6 +1833,58 @@ def test_threads_patching_one_method_at_once_each_stack_and_leave_the_original()
     assert A.__dict__["m"] is original
 
 
+def test_patching_an_abstract_method_warns_naming_the_overrides_and_records_super_calls():
+    import abc
+
+    class Base(abc.ABC):
+        @abc.abstractmethod
+        def m(self, a):
+            x = a * 10
+            return x
+
+    class Own(Base):
+        def m(self, a):
+            return a
+
+    class Calls(Base):
+        def m(self, a):
+            return super().m(a) + 1
+
+    class Deeper(Calls):
+        def m(self, a):
+            return a - 1
+
+    with pytest.warns(
+        bcrecord.RecordingWarning,
+        match=r"Base\.m is abstract: subclasses override it, so it runs only where an override calls it "
+        r"\(super\(\)\.m\(\.\.\.\)\); patch them to record theirs: .*Calls\.m, .*Deeper\.m, .*Own\.m$",
+    ):
+        patch = bcrecord.patch_method(Base, "m", ["x"])
+    with patch, bcrecord.recording() as rec:
+        assert (Own().m(2), Calls().m(2), Deeper().m(2)) == (2, 21, 1)
+    assert rec.all("Base:m:x@0") == [20]  # only the call that reached it
+    assert Base.__dict__["m"].__isabstractmethod__ and Base.__abstractmethods__ == frozenset({"m"})
+
+
+def test_patching_an_abstract_method_with_no_override_yet_says_so_and_other_methods_do_not_warn():
+    import abc
+    import warnings
+
+    class Base(abc.ABC):
+        @abc.abstractmethod
+        def m(self): ...
+
+        def n(self, a):
+            y = a
+            return y
+
+    with pytest.warns(bcrecord.RecordingWarning, match=r"Base\.m is abstract: .* \(none are defined yet\)$"):
+        bcrecord.patch_method(Base, "m", ["return"]).remove()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        bcrecord.patch_method(Base, "n", ["y"]).remove()
+
+
 def test_a_method_a_class_gets_from_its_metaclass_is_refused_pointing_to_the_metaclass():
     class Meta(type):
         def mm(cls, a):

@@ -1052,6 +1052,30 @@ def test_run_keys_the_function_an_lru_cache_wraps_as_patch_function_does(project
     assert rows == [["C:lc:q@0", "1", "10"], ["cached:cf:cc@0", "1", "6"]], result.stderr
 
 
+def test_run_refusing_a_wrapper_object_gives_the_target_of_the_function_it_wraps(project):
+    # The refusal said patch_function(cf.__wrapped__, specs), which is no target (a pytest 8.4+
+    # fixture, a FixtureFunctionDefinition, is refused the same way).
+    (project / "cached.py").write_text(
+        textwrap.dedent(
+            """
+            import functools
+
+            @functools.cache
+            def cf(x):
+                cc = x * 3
+                return cc
+            """
+        )
+    )
+    (project / "usecached.py").write_text("import cached as c\nprint(c.cf(2))\n")
+    result = cli("run", "-r", "cached:cf:cc", "usecached.py", cwd=project)
+    assert result.returncode != 0 and result.stdout == ""
+    assert result.stderr.rstrip().endswith(
+        "patch the function it wraps, patch_function(cf.__wrapped__, specs); "
+        "as a target: 'cached:cf.__wrapped__:cc'"
+    ), result.stderr
+
+
 def test_run_target_naming_an_instance_s_method_records_that_instance_only(project):
     # 'm:model.forward': patched in place, every instance of the class was recorded under the key
     # (a teacher, a deep copy). In place still: a pickle of the model made meanwhile stays clean.
