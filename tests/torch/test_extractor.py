@@ -618,20 +618,22 @@ def test_a_value_another_thread_finishes_after_a_call_is_not_the_next_call_s():
     copying, release = threading.Event(), threading.Event()
     late = threading.Thread(target=lambda: net(torch.ones(1, 3) * 100), name="late")
 
+    # (Long timeouts: a loaded machine may take seconds; they only keep a broken gate from hanging.)
     def held_up(value):
         if threading.current_thread() is late:  # the raw model, called while the extractor runs
             copying.set()
-            release.wait(5)
+            release.wait(60)
         elif not late.is_alive() and not copying.is_set():  # the first call: let the late one start
             late.start()
-            copying.wait(5)
+            copying.wait(60)
         return value
 
     extractor = create_feature_extractor(net, {"0": "out"}, reduce=held_up, threads="all")
     x1, x2 = torch.randn(1, 3), torch.randn(1, 3)
     assert torch.allclose(extractor(x1)["out"], net(x1))  # its value went to this call (threads='all')...
     release.set()  # ...and is stored only now, after the call
-    late.join(5)
+    late.join(60)
+    assert not late.is_alive()  # done storing: the next call cannot get its value by lateness alone
     assert torch.allclose(extractor(x2)["out"], net(x2))  # not the late thread's value
 
 
@@ -650,7 +652,7 @@ def test_another_thread_running_the_model_meanwhile_adds_nothing_to_the_features
         if threading.current_thread() is threading.main_thread() and not inside.is_set():
             inside.set()
             threading.Thread(target=other).start()
-            done.wait(5)
+            done.wait(60)  # (long: a loaded machine may take seconds to run the other thread)
 
     handle = net[0].register_forward_pre_hook(wait_for_it)
     x = torch.randn(1, 3)
