@@ -1796,7 +1796,7 @@ def test_a_mock_ended_after_the_patch_was_removed_leaves_the_original_to_the_nex
     assert rec.all("fn:m:y@0") == [4] and original.__code__ is patch.original_code
 
 
-def test_threads_patching_one_method_at_once_each_stack_and_leave_the_original():
+def test_threads_patching_one_method_at_once_each_stack_and_leave_the_original(monkeypatch):
     import threading
     import time
     import warnings
@@ -1815,17 +1815,32 @@ def test_threads_patching_one_method_at_once_each_stack_and_leave_the_original()
         made[i] = bcrecord.patch_method(A, "m", ["x"], name=f"t{i}")
 
     threads = [threading.Thread(target=patch, args=(i,)) for i in range(2)]
+    waiting = set()
+    real_acquire = patching._lock.acquire
+
+    def acquire(blocking=True):
+        if threading.current_thread() in threads:
+            waiting.add(threading.current_thread().name)
+        return real_acquire(blocking)
+
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no "replaced while patched"
         patching._lock.acquire()  # both threads start and wait: each must see the other's slot
+        monkeypatch.setattr(patching._lock, "acquire", acquire)
         try:
             for thread in threads:
                 thread.start()
-            time.sleep(0.2)
+            # Both at the lock before it opens: a fixed sleep let a loaded machine patch one after
+            # the other, the case of two at once unchecked. (The deadline only keeps it from hanging.)
+            deadline = time.monotonic() + 60
+            while len(waiting) < 2 and time.monotonic() < deadline:
+                time.sleep(0.001)
         finally:
             patching._lock.release()
         for thread in threads:
             thread.join()
+        monkeypatch.undo()
+        assert len(waiting) == 2
         with bcrecord.recording() as rec:
             A().m(1)
         made[0].remove()
