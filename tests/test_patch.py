@@ -10,7 +10,7 @@ import bcrecord
 from bcrecord import NotPatchableError, SpecError, TargetError, UnsupportedPythonError, _versions, rewrite
 
 from . import corpus
-from .code_checks import probes_in
+from .code_checks import collect_all, probes_in
 
 
 class Block:
@@ -1456,7 +1456,7 @@ def test_an_instrumented_copy_is_freed_with_its_sites_once_dropped():
         y = x + 1
         return y
 
-    gc.collect()
+    collect_all()  # all of earlier tests' garbage: the collection below must free only ours
     sites, armables = len(runtime._SITES), len(runtime.tracked())
     copies = []
     for i in range(50):

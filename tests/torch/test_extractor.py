@@ -10,7 +10,7 @@ import torch
 import bcrecord
 from bcrecord.torch import create_feature_extractor, list_targets
 
-from ..code_checks import probes_in
+from ..code_checks import collect_all, probes_in
 from .models import Branchy, Gated, SmallNet, TwoLayers, reference_smallnet
 
 
@@ -374,7 +374,7 @@ def test_extractor_patches_once_and_the_model_is_itself_between_calls():
     x = torch.randn(2, 3, 8, 8)
     expected = reference_smallnet(net, x)
     original_code = type(net.blocks[0]).forward.__code__
-    gc.collect()  # patches earlier tests left to the collector: not counted as this test's
+    collect_all()  # patches earlier tests left to the collector: not counted as this test's
     slots_before = len(patch_module._slots)
     extractor = create_feature_extractor(net, ["bn1", "blocks.2"])
     first = extractor(x)
@@ -463,7 +463,7 @@ def test_a_call_leaves_nothing_for_the_cycle_collector():
     net = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU())
     extractor = create_feature_extractor(net, ["0", "1"])
     extractor(torch.ones(1, 2))  # the first call patches
-    gc.collect()
+    collect_all()  # (all of earlier tests' garbage: one pass left some to the calls below)
     gc.disable()
     try:
         for _ in range(3):
