@@ -15,6 +15,9 @@ def _env(extra=None):
     # As tox runs them (it passes no PYTHONUNBUFFERED): a program's output buffered as a user's is.
     env.pop("PYTHONUNBUFFERED", None)
     env.setdefault("OMP_NUM_THREADS", "1")
+    # Plain tracebacks, which the tests read: Python 3.13 colours them when FORCE_COLOR is set
+    # (tox passes it on from a CI's environment), also into a pipe. PYTHON_COLORS overrides it.
+    env["PYTHON_COLORS"] = "0"
     return env
 
 

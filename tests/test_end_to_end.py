@@ -331,7 +331,19 @@ def test_an_argument_never_reassigned_is_recorded_at_entry():
     assert rec.all("l:forward:y@0") == [6, 20]
 
 
-def test_pdb_skipping_bcrecord_steps_as_in_the_unpatched_function(tmp_path):
+@pytest.fixture
+def sigint_put_back():
+    """pdb's ``continue`` sets its own SIGINT handler and leaves it: later tests ran with it (a
+    Ctrl-C of the test run, or a test's own SIGINT, would start a debugger on a spent stdin)."""
+    import signal
+
+    previous = signal.getsignal(signal.SIGINT)
+    yield
+    if previous is not None:  # (None: a handler set from C, which Python cannot put back)
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_pdb_skipping_bcrecord_steps_as_in_the_unpatched_function(tmp_path, sigint_put_back):
     import io
     import pdb
 
@@ -431,7 +443,7 @@ def test_a_tracer_sees_the_lines_of_the_unpatched_function(tmp_path):
 
 
 @pytest.mark.filterwarnings("ignore:assigning None to:RuntimeWarning")  # (3.12+: the jump back, both)
-def test_pdb_next_print_and_jump_in_a_patched_function_as_in_the_unpatched_one(tmp_path):
+def test_pdb_next_print_and_jump_in_a_patched_function_as_in_the_unpatched_one(tmp_path, sigint_put_back):
     import io
     import pdb
 
@@ -506,7 +518,7 @@ def test_a_sys_monitoring_tool_sees_the_lines_of_the_unpatched_function(tmp_path
     _check_traced_values(rec)
 
 
-def test_pdb_next_out_of_a_callee_into_a_patched_caller_skipping_bcrecord(tmp_path):
+def test_pdb_next_out_of_a_callee_into_a_patched_caller_skipping_bcrecord(tmp_path, sigint_put_back):
     import io
     import pdb
 

@@ -10,7 +10,7 @@ import bcrecord
 from bcrecord import NotPatchableError, SpecError, TargetError, UnsupportedPythonError, _versions, rewrite
 
 from . import corpus
-from .code_checks import probes_in
+from .code_checks import collect_all, probes_in
 
 
 class Block:
@@ -703,6 +703,9 @@ def test_unsupported_python_version_is_a_clear_error(monkeypatch):
         _versions.current((3, 9))
     monkeypatch.setattr(_versions, "_current", None)
     monkeypatch.setattr(sys, "version_info", (3, 99, 0, "final", 0))
+    # An empty rewrite cache: a template of Block.forward an earlier test made is reused without
+    # a version check, so after test_fifty_instances_share_one_rewrite nothing raised.
+    monkeypatch.setattr(rewrite, "_cache", type(rewrite._cache)())
     obj = Block()
     with pytest.raises(UnsupportedPythonError, match=r"3\.99"):
         bcrecord.patch_method(obj, "forward", "out")
@@ -1453,7 +1456,7 @@ def test_an_instrumented_copy_is_freed_with_its_sites_once_dropped():
         y = x + 1
         return y
 
-    gc.collect()
+    collect_all()  # all of earlier tests' garbage: the collection below must free only ours
     sites, armables = len(runtime._SITES), len(runtime.tracked())
     copies = []
     for i in range(50):
@@ -1793,7 +1796,7 @@ def test_a_mock_ended_after_the_patch_was_removed_leaves_the_original_to_the_nex
     assert rec.all("fn:m:y@0") == [4] and original.__code__ is patch.original_code
 
 
-def test_threads_patching_one_method_at_once_each_stack_and_leave_the_original():
+def test_threads_patching_one_method_at_once_each_stack_and_leave_the_original(monkeypatch):
     import threading
     import time
     import warnings
@@ -1812,17 +1815,32 @@ def test_threads_patching_one_method_at_once_each_stack_and_leave_the_original()
         made[i] = bcrecord.patch_method(A, "m", ["x"], name=f"t{i}")
 
     threads = [threading.Thread(target=patch, args=(i,)) for i in range(2)]
+    waiting = set()
+    real_acquire = patching._lock.acquire
+
+    def acquire(blocking=True):
+        if threading.current_thread() in threads:
+            waiting.add(threading.current_thread().name)
+        return real_acquire(blocking)
+
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # no "replaced while patched"
         patching._lock.acquire()  # both threads start and wait: each must see the other's slot
+        monkeypatch.setattr(patching._lock, "acquire", acquire)
         try:
             for thread in threads:
                 thread.start()
-            time.sleep(0.2)
+            # Both at the lock before it opens: a fixed sleep let a loaded machine patch one after
+            # the other, the case of two at once unchecked. (The deadline only keeps it from hanging.)
+            deadline = time.monotonic() + 60
+            while len(waiting) < 2 and time.monotonic() < deadline:
+                time.sleep(0.001)
         finally:
             patching._lock.release()
         for thread in threads:
             thread.join()
+        monkeypatch.undo()
+        assert len(waiting) == 2
         with bcrecord.recording() as rec:
             A().m(1)
         made[0].remove()

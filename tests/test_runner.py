@@ -1598,7 +1598,25 @@ _CTRL_C_MID_SAVE = (
 _NO_EARLY_WRITE = {"_BCRECORD_FLUSH_SECONDS": "3600"}
 
 
-def test_a_ctrl_c_during_the_save_after_the_program_ends_shows_no_frames_of_bcrecord_s(project):
+@pytest.fixture
+def ctrl_c_reaches_the_program():
+    """Python's own Ctrl-C handler here while the test starts its programs, as in a terminal.
+
+    Started from a background job of a non-interactive shell (``tox &`` in a CI script), pytest
+    ignores SIGINT; an ignored signal stays ignored across exec, so the program ignored the
+    Ctrl-C and ran on (exit status 0). A handler of our own is reset to the default in the child.
+    """
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    if previous is not None:  # (None: a handler set from C, which Python cannot put back)
+        signal.signal(signal.SIGINT, previous)
+
+
+def test_a_ctrl_c_during_the_save_after_the_program_ends_shows_no_frames_of_bcrecord_s(
+    project, ctrl_c_reaches_the_program
+):
     # The save when the program's code has ended: Python's own KeyboardInterrupt line, no traceback
     # through bcrecord's signal holding (nor contextlib), and the process ends by SIGINT as Python's does.
     (project / "ends.py").write_text(_CTRL_C_MID_SAVE + "f(1)\nstorage.Writer.write_many = interrupted\n")
@@ -1610,7 +1628,7 @@ def test_a_ctrl_c_during_the_save_after_the_program_ends_shows_no_frames_of_bcre
     assert bcrecord.load(project / "out")["__main__:f:y@0"] == [2]  # written whole before the interrupt
 
 
-def test_a_ctrl_c_during_the_save_at_exit_is_one_line_after_the_report(project):
+def test_a_ctrl_c_during_the_save_at_exit_is_one_line_after_the_report(project, ctrl_c_reaches_the_program):
     # Values from the program's atexit handler are saved by bcrecord's, at exit: a Ctrl-C there.
     (project / "late.py").write_text(
         _CTRL_C_MID_SAVE + "def late():\n    storage.Writer.write_many = interrupted\n    f(2)\n\n"

@@ -16,6 +16,8 @@ import bcrecord
 from bcrecord import RecordingWarning, SpecError
 from bcrecord.runtime import copy_value, is_active
 
+from .code_checks import collect_all
+
 
 class Mutable:
     """A tensor-like value: mutated in place, has .clone() and .detach()."""
@@ -1349,8 +1351,6 @@ def test_clear_keeps_recording_into_fresh_lists():
 
 
 def test_released_site_ids_are_reused_only_once_no_code_uses_them():
-    import gc
-
     from bcrecord import runtime
 
     def gen():
@@ -1374,7 +1374,7 @@ def test_released_site_ids_are_reused_only_once_no_code_uses_them():
     assert rec.all("old:gen:val@0") == [0] and "new:gen:val@0" not in rec
     newer.remove()
     del running
-    gc.collect()
+    collect_all()  # (all of it: a later pass freeing more ids would hand one out below)
     assert set(old_ids) <= set(runtime._free_ids)
     free = set(runtime._free_ids)  # other tests' collected code may have freed ids too
     again = bcrecord.patch_method(Holder, "gen", "val", name="again")

@@ -10,7 +10,7 @@ import torch
 import bcrecord
 from bcrecord.torch import create_feature_extractor, list_targets
 
-from ..code_checks import probes_in
+from ..code_checks import collect_all, probes_in
 from .models import Branchy, Gated, SmallNet, TwoLayers, reference_smallnet
 
 
@@ -374,7 +374,7 @@ def test_extractor_patches_once_and_the_model_is_itself_between_calls():
     x = torch.randn(2, 3, 8, 8)
     expected = reference_smallnet(net, x)
     original_code = type(net.blocks[0]).forward.__code__
-    gc.collect()  # patches earlier tests left to the collector: not counted as this test's
+    collect_all()  # patches earlier tests left to the collector: not counted as this test's
     slots_before = len(patch_module._slots)
     extractor = create_feature_extractor(net, ["bn1", "blocks.2"])
     first = extractor(x)
@@ -463,7 +463,7 @@ def test_a_call_leaves_nothing_for_the_cycle_collector():
     net = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU())
     extractor = create_feature_extractor(net, ["0", "1"])
     extractor(torch.ones(1, 2))  # the first call patches
-    gc.collect()
+    collect_all()  # (all of earlier tests' garbage: one pass left some to the calls below)
     gc.disable()
     try:
         for _ in range(3):
@@ -618,20 +618,22 @@ def test_a_value_another_thread_finishes_after_a_call_is_not_the_next_call_s():
     copying, release = threading.Event(), threading.Event()
     late = threading.Thread(target=lambda: net(torch.ones(1, 3) * 100), name="late")
 
+    # (Long timeouts: a loaded machine may take seconds; they only keep a broken gate from hanging.)
     def held_up(value):
         if threading.current_thread() is late:  # the raw model, called while the extractor runs
             copying.set()
-            release.wait(5)
+            release.wait(60)
         elif not late.is_alive() and not copying.is_set():  # the first call: let the late one start
             late.start()
-            copying.wait(5)
+            copying.wait(60)
         return value
 
     extractor = create_feature_extractor(net, {"0": "out"}, reduce=held_up, threads="all")
     x1, x2 = torch.randn(1, 3), torch.randn(1, 3)
     assert torch.allclose(extractor(x1)["out"], net(x1))  # its value went to this call (threads='all')...
     release.set()  # ...and is stored only now, after the call
-    late.join(5)
+    late.join(60)
+    assert not late.is_alive()  # done storing: the next call cannot get its value by lateness alone
     assert torch.allclose(extractor(x2)["out"], net(x2))  # not the late thread's value
 
 
@@ -650,7 +652,7 @@ def test_another_thread_running_the_model_meanwhile_adds_nothing_to_the_features
         if threading.current_thread() is threading.main_thread() and not inside.is_set():
             inside.set()
             threading.Thread(target=other).start()
-            done.wait(5)
+            done.wait(60)  # (long: a loaded machine may take seconds to run the other thread)
 
     handle = net[0].register_forward_pre_hook(wait_for_it)
     x = torch.randn(1, 3)

@@ -6,7 +6,6 @@ import io
 import pickle
 import sys
 import threading
-import time
 import warnings
 
 import pytest
@@ -16,6 +15,7 @@ import bcrecord
 from bcrecord.torch import create_feature_extractor, record
 from bcrecord.torch.record import StopForward
 
+from ..code_checks import collect_all
 from .models import Block, Branchy, Gated, SmallNet, reference_smallnet
 from .test_copies import FakeStream
 
@@ -236,21 +236,24 @@ def test_early_stop_skips_the_rest_and_leaves_the_model_clean(net):
 
 
 def test_early_stop_in_two_threads_shares_the_root_and_leaves_it_clean(net):
-    entered, second_in = threading.Event(), threading.Event()
+    entered, second_in, first_left = threading.Event(), threading.Event(), threading.Event()
     results = {}
 
+    # Gates, not a sleep: a loaded machine could run the second call before the first thread left.
+    # (Long timeouts: they only keep a broken gate from hanging the run.)
     def first():
         with record(net, ["bn1"], stop_after_last=True) as rec:
             entered.set()
-            second_in.wait(5)
+            second_in.wait(60)
             results["first"] = net(torch.randn(1, 3, 8, 8))
+        first_left.set()
         results["first keys"] = rec.keys()
 
     def second():
-        entered.wait(5)
+        entered.wait(60)
         with record(net, ["blocks.1"], stop_after_last=True) as rec:
             second_in.set()
-            time.sleep(0.2)  # the first thread leaves meanwhile
+            results["first left"] = first_left.wait(60)  # the first thread leaves meanwhile
             results["second"] = net(torch.randn(1, 3, 8, 8))
         results["second keys"] = rec.keys()
 
@@ -259,7 +262,7 @@ def test_early_stop_in_two_threads_shares_the_root_and_leaves_it_clean(net):
         t.start()
     for t in threads:
         t.join()
-    assert results["first"] is None and results["second"] is None
+    assert results["first left"] and results["first"] is None and results["second"] is None
     assert results["first keys"] == ["bn1:forward:return"]
     assert results["second keys"] == ["blocks.1:forward:return"]
     assert "forward" not in net.__dict__ and net(torch.randn(1, 3, 8, 8)).shape == (1, 5)
@@ -1029,6 +1032,7 @@ def test_a_recording_whose_block_ended_cannot_be_entered_again(net):
         with rec:
             net(x)  # would record nothing
     assert len(rec.all("bn1:forward:return")) == 1 and not rec.active
+    collect_all()  # no earlier test's patch removed by a collection while we count
     slots = len(bcrecord.patch._slots)
     with pytest.raises(bcrecord.SpecError, match="keep must be"):  # refused after patching: unpatched again
         with record(net, ["bn1"], keep=0):
