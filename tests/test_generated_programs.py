@@ -1303,6 +1303,19 @@ TRICKY: Dict[str, str] = {
             lam = lambda q=x: (q, x)
             return first, x, lam()
     """,
+    "return inside a try whose finally raises, in a loop whose finally continues": """
+        def f(a, b=None):
+            for i in range(3):
+                try:
+                    try:
+                        return a
+                    finally:
+                        raise ValueError(a)
+                finally:
+                    if a:
+                        continue
+            return i
+    """,
 }
 
 if sys.version_info >= (3, 11):
