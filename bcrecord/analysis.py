@@ -204,7 +204,9 @@ def code_key(code: CodeType) -> Tuple[object, ...]:
 def _decoded(key: Tuple[object, ...]) -> Bytecode:
     code = cast(CodeType, key[0])
     table = _versions.current()
-    bytecode = Bytecode.from_code(code)
+    # The depth CPython gave each exception region is kept: the rewriter keeps it (see
+    # bcrecord.rewrite._assemble).
+    bytecode = Bytecode.from_code(code, conserve_exception_block_stackdepth=True)
     if not table.pairs:
         return bytecode
     split = {pair: (first, second) for pair, first, second in table.pairs}

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from types import CodeType
 from typing import Any, Dict, List, Sequence, Tuple
 
-from bytecode import FreeVar, Instr, Label, TryBegin, TryEnd
+from bytecode import UNSET, Bytecode, ControlFlowGraph, FreeVar, Instr, Label, TryBegin, TryEnd
 
 from . import _versions
 from .analysis import ProbePoint, code_key, consuming_calls, instructions
@@ -403,7 +403,7 @@ def _rewrite_code(
     # Seed the variable order with the original's: otherwise bytecode numbers locals by
     # first use, which reorders co_varnames (and locals()) on 3.12+.
     bytecode.argnames = list(code.co_varnames)
-    new = bytecode.to_code()
+    new = _assemble(bytecode)
     if table.line_table is not None and table.own_line_table(bytecode):
         # The same instructions as to_code() assembled (same order, same sizes): their lines.
         concrete = list(bytecode.to_concrete_bytecode())
@@ -412,6 +412,39 @@ def _rewrite_code(
     if new.co_varnames != code.co_varnames:  # pragma: no cover - guarded invariant
         raise RuntimeError(f"rewriting {code.co_name} changed its variables")
     return new
+
+
+def _assemble(bytecode: Bytecode) -> CodeType:
+    """``bytecode.to_code()``, each of the original's exception regions keeping the stack depth
+    CPython gave it; only the regions bcrecord inserts (which have none) get one computed.
+
+    ``bytecode`` computes every depth from the stack it finds in the region, but CPython
+    unwinds below values that are dead there: in ``for ...: try: return x`` inside a
+    ``try``/``finally`` whose ``finally`` raises, ``x`` lies under the ``finally`` body's
+    region, and a handler that kept it would go back into the loop with it (3.11+: a crash).
+
+    >>> def f(a):
+    ...     for i in range(2):
+    ...         try:
+    ...             try:
+    ...                 return a
+    ...             finally:
+    ...                 raise ValueError(a)
+    ...         finally:
+    ...             continue
+    >>> f.__code__ = _assemble(Bytecode.from_code(f.__code__, conserve_exception_block_stackdepth=True))
+    >>> f(1) is None  # (with the computed depths: a segmentation fault)
+    True
+    """
+    if not any(isinstance(item, TryBegin) for item in bytecode):  # (no exception table: 3.10)
+        return bytecode.to_code()
+    graph = ControlFlowGraph.from_bytecode(bytecode)
+    given = [(item, item.stack_depth) for block in graph for item in block if isinstance(item, TryBegin)]
+    stacksize = graph.compute_stacksize()  # (sets every region's depth)
+    for region, depth in given:
+        if depth is not UNSET:
+            region.stack_depth = depth
+    return graph.to_code(stacksize=stacksize, compute_exception_stack_depths=False)
 
 
 _cache: OrderedDict[Tuple[Tuple[object, ...], Tuple[Tuple[object, ...], ...], str], Template] = OrderedDict()

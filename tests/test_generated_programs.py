@@ -20,6 +20,9 @@ Each program runs in a forked child process, so that generated code which loops
 forever, recurses, exits or crashes cannot take the test run down: a program whose
 *original* run takes longer than ``ORIGINAL_TIMEOUT`` seconds is dropped, and a
 probed run that is much slower than the original, or a child that dies, fails.
+Those seconds are the child's CPU time, which a loaded machine stretches far less
+than wall time (wall time only backs them up, ``WALL_FACTOR`` times longer, for a
+program that waits without running).
 
 Programs come from three sources:
 
@@ -79,8 +82,9 @@ import bcrecord
 
 CAMPAIGN = "BCRECORD_HYPOTHESIS_EXAMPLES" in os.environ
 EXAMPLES = int(os.environ.get("BCRECORD_HYPOTHESIS_EXAMPLES", "40"))
-ORIGINAL_TIMEOUT = 2.0  # seconds for compiling, executing and calling the original program
-PROBED_TIMEOUT = 10.0  # seconds for the probed run, plus 20 times what the original took
+ORIGINAL_TIMEOUT = 2.0  # CPU seconds for compiling, executing and calling the original program
+PROBED_TIMEOUT = 10.0  # CPU seconds for the probed run, plus 20 times what the original took
+WALL_FACTOR = 10  # how much longer than the CPU limits a child may take in wall time
 CALLS_PER_FUNCTION = 4
 MAX_FUNCTIONS = 40
 ARGUMENT_VALUES: Tuple[Any, ...] = (1, None, "ab", 0, -2)
@@ -312,16 +316,26 @@ def _child(source: str, out: int, stacks: Any) -> None:
             size = int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
         resource.setrlimit(resource.RLIMIT_AS, (size + (1 << 30), resource.RLIM_INFINITY))
     try:
+        # Past its CPU time, SIGPROF ends the child (its default action): the parent sees why.
+        started = time.process_time()
+        signal.setitimer(signal.ITIMER_PROF, ORIGINAL_TIMEOUT)
         code = compile(source, "<generated>", "exec")
         send("phase", "original")
         plain = run_program(code, probed=False)
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        original_seconds = time.process_time() - started
         send("phase", "probed")
-        # Where a probed run hangs, the parent asks where it is before it kills it (a signal:
+        # Where a probed run runs too long (SIGPROF), hangs (the parent aborts it: SIGABRT) or
+        # crashes, the child writes where it was before it dies (a handler of the child's own:
         # dump_traceback_later's thread would be the parent's, a pytest timeout's, after fork).
-        faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
+        faulthandler.enable(file=stacks, all_threads=True)
+        faulthandler.register(signal.SIGPROF, file=stacks, all_threads=True, chain=True)
+        signal.setitimer(signal.ITIMER_PROF, PROBED_TIMEOUT + 20 * original_seconds)
         probed = run_program(code, probed=True)
+        signal.setitimer(signal.ITIMER_PROF, 0)
         send("result", {"plain": plain, "probed": probed})
     except BaseException:
+        signal.setitimer(signal.ITIMER_PROF, 0)
         send("crash", traceback.format_exc())
 
 
@@ -331,7 +345,7 @@ def differential(source: str) -> Dict[str, Any]:
     ``status`` is ``'done'`` (with ``plain`` and ``probed``), ``'slow'`` (the
     original program ran too long: not a finding), ``'timeout'`` (the probed run
     ran too long, with ``stacks``: where the child was then), or ``'crash'`` (with
-    ``detail``).
+    ``detail``). "Too long" is in the child's CPU time (see the module's docstring).
     """
     read_end, write_end = os.pipe()
     stacks = tempfile.TemporaryFile()
@@ -352,12 +366,11 @@ def differential(source: str) -> Dict[str, Any]:
     try:
         while True:
             limit = ORIGINAL_TIMEOUT if phase == "original" else PROBED_TIMEOUT + 20 * original_seconds
-            remaining = limit - (time.monotonic() - phase_started)
+            remaining = WALL_FACTOR * limit - (time.monotonic() - phase_started)
             if remaining <= 0:
                 status = {"status": "slow" if phase == "original" else "timeout", "phase": phase}
                 if phase == "probed":
-                    os.kill(pid, signal.SIGUSR1)
-                    time.sleep(0.5)  # (for it to write its stacks)
+                    _abort(pid)
                 break
             ready, _, _ = select.select([read_end], [], [], remaining)
             if not ready:
@@ -381,6 +394,8 @@ def differential(source: str) -> Dict[str, Any]:
         with stacks:
             stacks.seek(0)
             dumped = stacks.read().decode(errors="replace")
+    if os.WIFSIGNALED(wait_status) and os.WTERMSIG(wait_status) == signal.SIGPROF:  # its CPU time ran out
+        status = {"status": "slow" if phase == "original" else "timeout", "phase": phase}
     if status:
         return {**status, "stacks": dumped} if status["status"] == "timeout" else status
     for kind, payload in messages:
@@ -388,7 +403,22 @@ def differential(source: str) -> Dict[str, Any]:
             return {"status": "done", **payload}
         if kind == "crash":
             return {"status": "crash", "detail": payload}
-    return {"status": "crash", "detail": f"child died in phase {phase} (wait status {wait_status})"}
+    return {"status": "crash", "detail": f"child died in phase {phase} (wait status {wait_status})\n{dumped}"}
+
+
+def _abort(pid: int) -> None:
+    """Abort child ``pid`` and wait until it has died: its fault handler writes its stacks first.
+
+    Waiting for the death, not for a while, is what makes the stacks complete however loaded the
+    machine is; a child still alive after a generous wait is left to the caller's kill.
+    """
+    os.kill(pid, signal.SIGABRT)
+    deadline = time.monotonic() + 60.0
+    while time.monotonic() < deadline:
+        # (WNOWAIT: the child is left to be reaped by the caller's waitpid.)
+        if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+            return
+        time.sleep(0.05)
 
 
 def check_program(source: str) -> Optional[Dict[str, Any]]:
@@ -1276,6 +1306,19 @@ TRICKY: Dict[str, str] = {
             first = level1()
             lam = lambda q=x: (q, x)
             return first, x, lam()
+    """,
+    "return inside a try whose finally raises, in a loop whose finally continues": """
+        def f(a, b=None):
+            for i in range(3):
+                try:
+                    try:
+                        return a
+                    finally:
+                        raise ValueError(a)
+                finally:
+                    if a:
+                        continue
+            return i
     """,
 }
 

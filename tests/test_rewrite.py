@@ -270,6 +270,41 @@ def test_unbound_comprehension_variable_never_probed_and_no_crash():
     assert done.stdout.strip() == "ok"
 
 
+@pytest.mark.parametrize("style", ["inline", "call"])
+def test_exception_regions_keep_the_stack_depth_cpython_gave_them(style):
+    # 3.11+: `return a` leaves a dead `a` under the region of a finally body that raises;
+    # CPython's handler unwinds below it, bytecode's recomputed depth kept it, and the
+    # outer finally's `continue` went back into the loop with it: a segmentation fault.
+    # (Found by the generated-programs campaign, 3.11, in a method; any one probe did it.)
+    # Run in a subprocess so a crash is a failure.
+    script = textwrap.dedent(
+        f"""
+        import bcrecord
+        bcrecord.set_probe_style({style!r})
+        def f(a):
+            for i in range(3):
+                try:
+                    try:
+                        return a
+                    finally:
+                        raise ValueError(a)
+                finally:
+                    continue
+        specs = bcrecord.targets(f).specs()
+        assert specs == ["i@0", "ValueError()@0", "range()@0", "return"], specs
+        g = bcrecord.instrument(f, specs, name="p")
+        with bcrecord.recording() as rec:
+            assert g(1) is None and g(2) is None
+        assert rec.all("p:f:i@0") == [0, 1, 2, 0, 1, 2], rec.all("p:f:i@0")
+        assert rec.all("p:f:return") == [None, None]
+        print("ok")
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok"
+
+
 def test_pairs_with_high_variable_indices_are_split_not_rebuilt():
     # bytecode 0.19.1 mis-encodes STORE_FAST_STORE_FAST with an index >= 16 (3.13).
     names = [f"v{k}" for k in range(20)]
