@@ -494,6 +494,20 @@ def test_missing_key_of_a_probe_that_did_not_run_says_so():
                     rec[key]
 
 
+class ChangedOnce(dict):
+    """A dict whose first ``values()`` fails as one that a collection changed meanwhile does."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.walks = 0
+
+    def values(self):
+        self.walks += 1
+        if self.walks == 1:
+            raise RuntimeError("dictionary changed size during iteration")
+        return super().values()
+
+
 def test_a_missing_key_message_survives_the_sites_changing_while_it_is_made(monkeypatch):
     # A collection while the sites were listed (a dead patch's sites released) raised
     # "dictionary changed size during iteration" instead of the KeyError.
@@ -503,23 +517,15 @@ def test_a_missing_key_message_survives_the_sites_changing_while_it_is_made(monk
             return attn
         return x
 
-    class ChangedOnce(dict):
-        walks = 0
-
-        def values(self):
-            ChangedOnce.walks += 1
-            if ChangedOnce.walks == 1:
-                raise RuntimeError("dictionary changed size during iteration")
-            return super().values()
-
     with bcrecord.patch_function(f, ["attn"], name="r"):
         with bcrecord.recording() as rec:
             assert f(1) == 1
+        sites = ChangedOnce(bcrecord.runtime._SITES)
         with monkeypatch.context() as changing:  # (undone before the patch releases its sites)
-            changing.setattr(bcrecord.runtime, "_SITES", ChangedOnce(bcrecord.runtime._SITES))
+            changing.setattr(bcrecord.runtime, "_SITES", sites)
             with pytest.raises(KeyError, match=r"'r:f:attn@0': its probe was placed but did not run"):
                 rec["r:f:attn@0"]
-    assert ChangedOnce.walks == 2
+    assert sites.walks == 2
 
 
 def test_keep_last_and_ring_buffer():
@@ -1907,14 +1913,5 @@ def test_a_registry_walked_while_the_collector_forgets_an_item_still_lists_the_l
     for thing in things:
         registry.add(thing)
 
-    class ChangedOnce(dict):
-        walks = 0
-
-        def values(self):
-            ChangedOnce.walks += 1
-            if ChangedOnce.walks == 1:
-                raise RuntimeError("dictionary changed size during iteration")
-            return super().values()
-
-    registry._refs = ChangedOnce(registry._refs)
-    assert registry.live() == things and ChangedOnce.walks == 2
+    registry._refs = refs = ChangedOnce(registry._refs)
+    assert registry.live() == things and refs.walks == 2
