@@ -367,6 +367,41 @@ def test_a_target_the_first_batch_of_a_stage_does_not_reach_is_named_in_a_warnin
     assert_clean(model)
 
 
+class StepLocalsNet(ConvNet):
+    """ConvNet whose training and validation steps each have a local of their own."""
+
+    def training_step(self, batch, batch_idx):
+        loss = self._step("fit", batch, batch_idx)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        vloss = self._step("validate", batch, batch_idx)
+        return vloss
+
+
+def test_a_target_in_another_stage_s_step_method_is_not_named_as_unreached(tmp_path):
+    # (RecordingWarning is an error here: the callback must not warn at all)
+    model = StepLocalsNet()
+    callback = RecorderCallback(
+        [":training_step:loss", ":validation_step:vloss", ":forward:hidden"], log_to_logger=False
+    )
+    run = trainer(tmp_path, callback, max_steps=2, val_check_interval=2, limit_val_batches=2)
+    run.fit(model, loader(), loader(n=8, seed=5))
+    run.test(model, loader(n=8, seed=5))
+    assert [sorted(r) for r in callback.records("fit")] == [
+        [":forward:hidden@0", ":training_step:loss@0"]
+    ] * 2
+    assert [sorted(r) for r in callback.records("validate")] == [
+        [":forward:hidden@0", ":validation_step:vloss@0"]
+    ] * 2
+    assert [sorted(r) for r in callback.records("test")] == [[":forward:hidden@0"]] * 2
+    _, _, logits = model.stash[("fit", 1, 1)]
+    _, y = list(loader())[1]
+    expected = torch.nn.functional.cross_entropy(logits, y)
+    assert torch.allclose(callback.records("fit")[1][":training_step:loss@0"], expected)
+    assert_clean(model)
+
+
 def test_validate_test_predict(tmp_path):
     model = ConvNet()
     callback = RecorderCallback(["conv", ":forward:logits"], every_n_steps=2, log_to_logger=False)
