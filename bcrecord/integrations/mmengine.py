@@ -122,6 +122,8 @@ __all__ = [
 DataBatch = Optional[Union[dict, tuple, list]]
 #: The loops a hook can record in.
 LOOPS = ("train", "val", "test")
+#: The model method each loop runs its iterations through.
+_LOOP_STEPS = {"train": "train_step", "val": "val_step", "test": "test_step"}
 #: The owner part of keys for recorders without ``model``: the proposal's name.
 ROOT_OWNER = "runner_model"
 _KINDS = ("FunctionRecorder", "AttributeRecorder")
@@ -667,6 +669,8 @@ class RecorderHook(Hook):
         self._wrapped: List[Any] = []
         self._checked: set = set()
         self._keys: Tuple[str, ...] = ()
+        #: The method each key records in.
+        self._methods: Dict[str, Optional[str]] = {}
         self._save_root: Optional[Path] = None
 
     # public state ------------------------------------------------------------
@@ -707,6 +711,7 @@ class RecorderHook(Hook):
         patches = self._apply(runner)  # checks everything; raises with nothing changed
         try:
             self._keys = tuple(dict.fromkeys(key for patch in patches for key in patch.keys))
+            self._methods = {key: patch.attribute for patch in patches for key in patch.keys}
             if self.print_modification:
                 self._log_modifications(runner, patches)
         finally:
@@ -991,7 +996,14 @@ class RecorderHook(Hook):
         if mode not in self._checked:
             self._checked.add(mode)
             failed = {error.key for error in rec.errors}  # reached, but the value could not be copied
-            missing = [key for key in self._keys if key not in values and key not in failed]
+            # A key in another loop's step method (train_step in validation) is never reached
+            # in this loop, by design: naming it would be noise.
+            others = set(_LOOP_STEPS.values()) - {_LOOP_STEPS[mode]}
+            missing = [
+                key
+                for key in self._keys
+                if key not in values and key not in failed and self._methods.get(key) not in others
+            ]
             if missing:
                 runner.logger.warning(
                     f"RecorderHook: the first {mode} iteration did not reach {', '.join(missing)} "

@@ -1004,6 +1004,35 @@ def test_only_the_chosen_loops_record(tmp_path):
     assert_restored(model)
 
 
+def test_a_key_in_another_loop_s_step_method_is_not_named_as_unreached(tmp_path):
+    torch.manual_seed(0)
+    model = ToyModel()
+    recorders = [
+        dict(type="FunctionRecorder", method="train_step", target="parsed_losses"),  # train only
+        dict(type="FunctionRecorder", method="val_step", target="data"),  # validation only
+        dict(type="FunctionRecorder", target="loss"),  # assigned in mode='loss' only: named in val
+    ]
+    runner = make_runner(
+        tmp_path, model, [dict(type="RecorderHook", recorders=recorders, loops=["train", "val"])], val=True
+    )
+    runner.train()
+    warnings = [line for line in log_text(runner).splitlines() if "did not reach" in line]
+    assert len(warnings) == 1 and warnings[0].endswith(
+        "RecorderHook: the first val iteration did not reach runner_model:forward:loss@0 (a branch not "
+        "taken, or a method not called in this loop); those keys are published only in iterations "
+        "that reach them"
+    )
+    last_loss = runner.message_hub.get_scalar("train/loss").current()
+    assert float(runner.message_hub.get_info("runner_model:train_step:parsed_losses@0")) == pytest.approx(
+        last_loss
+    )
+    last_batch = runner.message_hub.get_info("runner_model:val_step:data@0")[
+        "inputs"
+    ]  # (pseudo_collate's list)
+    assert torch.equal(torch.stack(last_batch), ToyDataset().data[9:12])
+    assert_restored(model)
+
+
 def test_a_run_that_runs_none_of_the_hook_s_loops_says_so(tmp_path):
     # tools/test.py with the proposal's config, which names no loops: the default, 'train', never runs.
     torch.manual_seed(0)
