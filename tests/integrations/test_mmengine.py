@@ -679,6 +679,38 @@ def test_bad_config_fails_at_before_run(tmp_path, model_class, recorder, message
     assert_restored(model)  # the good recorder's patch was undone too
 
 
+@pytest.mark.parametrize(
+    ("recorders", "message"),
+    [
+        (
+            [OUTPUTS, WEIGHT],  # the keys the hook publishes, copied from the proposal
+            f"RecorderHook: recorders[0] {OUTPUTS!r}: a recorder must be a dict like "
+            f"dict(type='FunctionRecorder', target='x'); {OUTPUTS!r} is a key, '<owner>:<method>:<target>': "
+            "the recorder that publishes it is dict(type='FunctionRecorder', target='outputs', index=[1])",
+        ),
+        (
+            WEIGHT,
+            "RecorderHook: 'recorders' must be a non-empty list of recorder dicts, e.g. "
+            f"[dict(type='FunctionRecorder', target='outputs', index=[1])], got {WEIGHT!r}; "
+            f"{WEIGHT!r} is a key, '<owner>:<method>:<target>': the recorder that publishes it is "
+            "dict(type='AttributeRecorder', target='self.linear1.weight')",
+        ),
+    ],
+)
+def test_keys_given_as_recorders_fail_at_before_run_with_the_recorders_that_publish_them(
+    tmp_path, recorders, message
+):
+    torch.manual_seed(0)
+    model = ToyModel()
+    checker = Checker([])
+    runner = make_runner(tmp_path, model, [dict(type="RecorderHook", recorders=recorders), checker])
+    with pytest.raises(RecorderConfigError) as caught:
+        runner.train()
+    assert str(caught.value) == message
+    assert checker.iters["train"] == [] and runner.iter == 0
+    assert_restored(model)
+
+
 class _Remembering(ToyModel):
     def forward(self, inputs, data_samples, mode="tensor"):
         outputs = super().forward(inputs, data_samples, mode)
