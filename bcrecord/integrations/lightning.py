@@ -46,6 +46,14 @@ The callback keeps nothing in checkpoints (a checkpoint made with it resumes wit
 and Lightning asks for no callback): a fit resumed with ``ckpt_path=`` numbers its
 validation batches from 0 again, unless ``save_dir`` holds the earlier ones.
 
+Several processes: each rank records its own batches (its shard of the data; steps
+counted as above, per rank) into its own ``<save_dir>/<stage>/rank<r>/``. Under a
+spawning strategy (``strategy='ddp_spawn'``) the batches run in the spawned processes,
+so the callback given to the trainer in the launching process keeps no record
+(``last`` is None, ``history`` and its ``callback_metrics`` are empty); only the
+summaries of rank 0 come back, in ``trainer.callback_metrics``, as Lightning sends them.
+Read each rank's values from ``save_dir`` with :func:`bcrecord.load`.
+
 Works with ``lightning`` (``lightning.pytorch``) and with ``pytorch_lightning``:
 ``pip install 'bcrecord[lightning]'``.
 
