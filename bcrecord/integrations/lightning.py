@@ -14,7 +14,9 @@ relative to the LightningModule (``'net.0'``, ``'net.1:forward:x@0'``,
 * keeps each recorded batch as a :class:`StepRecord` in :attr:`RecorderCallback.last`
   and :attr:`RecorderCallback.history`; the first recorded batch of each stage warns
   (a :class:`~bcrecord.errors.RecordingWarning`) naming the targets it did not reach,
-  such as ``':forward:h'`` where ``training_step`` calls the layers, not ``self(x)``;
+  such as ``':forward:h'`` where ``training_step`` calls the layers, not ``self(x)``
+  (a target in another stage's step method, ``':validation_step:loss'`` in a training
+  batch, is not named: those batches never run it);
 * puts scalar summaries (``mean``, ``std``, ``min``, ``max`` of each tensor) into
   :attr:`RecorderCallback.callback_metrics` and ``trainer.callback_metrics``, under
   ``'bcrecord/<stage>/<key>/<stat>'``, so ``ModelCheckpoint`` or ``EarlyStopping``
@@ -43,6 +45,14 @@ saved, and the callback warns (a :class:`~bcrecord.errors.RecordingWarning`) nam
 The callback keeps nothing in checkpoints (a checkpoint made with it resumes without it,
 and Lightning asks for no callback): a fit resumed with ``ckpt_path=`` numbers its
 validation batches from 0 again, unless ``save_dir`` holds the earlier ones.
+
+Several processes: each rank records its own batches (its shard of the data; steps
+counted as above, per rank) into its own ``<save_dir>/<stage>/rank<r>/``. Under a
+spawning strategy (``strategy='ddp_spawn'``) the batches run in the spawned processes,
+so the callback given to the trainer in the launching process keeps no record
+(``last`` is None, ``history`` and its ``callback_metrics`` are empty); only the
+summaries of rank 0 come back, in ``trainer.callback_metrics``, as Lightning sends them.
+Read each rank's values from ``save_dir`` with :func:`bcrecord.load`.
 
 Works with ``lightning`` (``lightning.pytorch``) and with ``pytorch_lightning``:
 ``pip install 'bcrecord[lightning]'``.
@@ -574,12 +584,17 @@ class RecorderCallback(pl.Callback):  # type: ignore[misc]
     def _warn_of_unreached_targets(self, stage: str, record_: StepRecord) -> None:
         """Say which targets the first recorded batch of ``stage`` did not reach: a method its step
         never calls (a ``forward`` that ``training_step`` bypasses) records nothing, silently else."""
+        step = _STEP_METHODS[stage]
+        # A target in another stage's step method (':validation_step:loss' in a training batch) is
+        # never reached in this stage's batches, by design: naming it would be noise.
+        others = tuple(f":{method}:" for method in _STEP_METHODS.values() if method != step)
         unreached = [
-            target for target, keys in record_.targets.items() if not any(k in record_ for k in keys)
+            target
+            for target, keys in record_.targets.items()
+            if not any(k in record_ for k in keys) and not (keys and all(k.startswith(others) for k in keys))
         ]
         if not unreached:
             return
-        step = _STEP_METHODS[stage]
         warn(
             f"RecorderCallback: the first recorded {stage} batch did not reach "
             f"{', '.join(map(repr, unreached))}: a method {step} does not call (a forward it bypasses, "

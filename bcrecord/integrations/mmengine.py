@@ -122,6 +122,8 @@ __all__ = [
 DataBatch = Optional[Union[dict, tuple, list]]
 #: The loops a hook can record in.
 LOOPS = ("train", "val", "test")
+#: The model method each loop runs its iterations through.
+_LOOP_STEPS = {"train": "train_step", "val": "val_step", "test": "test_step"}
 #: The owner part of keys for recorders without ``model``: the proposal's name.
 ROOT_OWNER = "runner_model"
 _KINDS = ("FunctionRecorder", "AttributeRecorder")
@@ -198,12 +200,17 @@ unknown recorder type 'LayerRecorder'; use type='FunctionRecorder' ...
         raise RecorderConfigError(
             "RecorderHook: 'recorders' must be a non-empty list of recorder dicts, e.g. "
             f"[dict(type='FunctionRecorder', target='outputs', index=[1])], got {recorders!r}"
+            + _as_recorder(recorders)
         )
     parsed = []
     for position, config in enumerate(recorders):
         where = f"recorders[{position}] {_show(config)}"
         if not isinstance(config, Mapping):
-            raise _fail(where, "a recorder must be a dict like dict(type='FunctionRecorder', target='x')")
+            raise _fail(
+                where,
+                "a recorder must be a dict like dict(type='FunctionRecorder', target='x')"
+                + _as_recorder(config),
+            )
         kind = config.get("type")
         if kind not in _KINDS:
             close = difflib.get_close_matches(str(kind), _KINDS, n=1, cutoff=0.8)
@@ -247,6 +254,14 @@ def _key_as_target(kind: str, key: str) -> str:
     "target='resnet:_forward_impl:x@1' is a key, '<owner>:<method>:<target>'; the recorder that \
 publishes it is dict(type='FunctionRecorder', model='resnet', method='_forward_impl', target='x', index=[1])"
     """
+    return (
+        f"target={key!r} is a key, '<owner>:<method>:<target>'; the recorder that publishes it is "
+        + _recorder_of_key(kind, key)
+    )
+
+
+def _recorder_of_key(kind: str, key: str) -> str:
+    """The recorder dict, as written in a config, that publishes the key ``'<owner>:<method>:<target>'``."""
     owner, method, rest = key.split(":")
     target, _, index = rest.partition("@")
     parts = [f"type={kind!r}"]
@@ -257,9 +272,29 @@ publishes it is dict(type='FunctionRecorder', model='resnet', method='_forward_i
     parts.append(f"target={target!r}")
     if index.isdigit():
         parts.append(f"index=[{int(index)}]")
+    return f"dict({', '.join(parts)})"
+
+
+def _as_recorder(value: Any) -> str:
+    """For a key given where a recorder dict goes (``recorders=['runner_model:forward:outputs@1']``,
+    the keys the hook publishes): the recorder that publishes it, to end a message with; else ''.
+
+    >>> _as_recorder('resnet:_forward_impl:x@0')
+    "; 'resnet:_forward_impl:x@0' is a key, '<owner>:<method>:<target>': the recorder that \
+publishes it is dict(type='FunctionRecorder', model='resnet', method='_forward_impl', target='x', index=[0])"
+    >>> _as_recorder('runner_model:forward:self.linear1.weight')[-76:]
+    "publishes it is dict(type='AttributeRecorder', target='self.linear1.weight')"
+    >>> _as_recorder(3)
+    ''
+    """
+    if not isinstance(value, str) or value.count(":") != 2:
+        return ""
+    target = value.rpartition(":")[2]
+    # A chain's key without an index is an AttributeRecorder's ('runner_model:forward:self.linear1.weight').
+    kind = "AttributeRecorder" if "." in target and "@" not in target else "FunctionRecorder"
     return (
-        f"target={key!r} is a key, '<owner>:<method>:<target>'; the recorder that publishes it is "
-        f"dict({', '.join(parts)})"
+        f"; {value!r} is a key, '<owner>:<method>:<target>': the recorder that publishes it is "
+        + _recorder_of_key(kind, value)
     )
 
 
@@ -667,6 +702,8 @@ class RecorderHook(Hook):
         self._wrapped: List[Any] = []
         self._checked: set = set()
         self._keys: Tuple[str, ...] = ()
+        #: The method each key records in.
+        self._methods: Dict[str, Optional[str]] = {}
         self._save_root: Optional[Path] = None
 
     # public state ------------------------------------------------------------
@@ -707,6 +744,7 @@ class RecorderHook(Hook):
         patches = self._apply(runner)  # checks everything; raises with nothing changed
         try:
             self._keys = tuple(dict.fromkeys(key for patch in patches for key in patch.keys))
+            self._methods = {key: patch.attribute for patch in patches for key in patch.keys}
             if self.print_modification:
                 self._log_modifications(runner, patches)
         finally:
@@ -991,7 +1029,14 @@ class RecorderHook(Hook):
         if mode not in self._checked:
             self._checked.add(mode)
             failed = {error.key for error in rec.errors}  # reached, but the value could not be copied
-            missing = [key for key in self._keys if key not in values and key not in failed]
+            # A key in another loop's step method (train_step in validation) is never reached
+            # in this loop, by design: naming it would be noise.
+            others = set(_LOOP_STEPS.values()) - {_LOOP_STEPS[mode]}
+            missing = [
+                key
+                for key in self._keys
+                if key not in values and key not in failed and self._methods.get(key) not in others
+            ]
             if missing:
                 runner.logger.warning(
                     f"RecorderHook: the first {mode} iteration did not reach {', '.join(missing)} "

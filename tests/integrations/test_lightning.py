@@ -266,6 +266,33 @@ def test_a_stage_run_on_its_own_saves_to_the_folder_named_after_it(tmp_path):
     assert torch.equal(tested["conv:forward:return"][1], expected_conv(model.stash[("test", 1, 0)]))
 
 
+def test_under_ddp_spawn_each_rank_saves_its_own_batches_and_the_launching_callback_keeps_none(tmp_path):
+    model = ConvNet()
+    weight, bias = model.conv.weight.detach().clone(), model.conv.bias.detach().clone()
+    callback = RecorderCallback(["conv"], save_dir=tmp_path / "rec", log_to_logger=False)
+    run = trainer(tmp_path, callback, max_steps=2, strategy="ddp_spawn", devices=2)
+    run.fit(model, loader())
+    conv = torch.nn.functional.conv2d(loader().dataset.tensors[0], weight, bias, padding=1)
+    saved = {rank: bcrecord.load(tmp_path / "rec" / "fit" / f"rank{rank}") for rank in (0, 1)}
+    samples = {}
+    for rank, records in saved.items():
+        assert records.steps("conv:forward:return") == [0, 1]
+        # step 0: the rank's first batch (its shard, as its DistributedSampler orders it) through the
+        # initial conv: each row is one sample's conv output
+        first = records["conv:forward:return"][0]
+        samples[rank] = [i for row in first for i in range(16) if torch.allclose(row, conv[i], atol=1e-6)]
+        assert len(first) == len(set(samples[rank])) == 4
+    assert not set(samples[0]) & set(samples[1])  # two shards
+    # The batches ran in the spawned processes: this process's callback kept none of them...
+    assert callback.last is None and list(callback.history) == [] and callback.callback_metrics == {}
+    # ...while Lightning sent rank 0's callback_metrics back to the trainer here.
+    rank0_last = saved[0]["conv:forward:return"][-1].double()
+    assert float(run.callback_metrics["bcrecord/fit/conv:forward:return/mean"]) == pytest.approx(
+        float(rank0_last.mean())
+    )
+    assert_clean(model)
+
+
 def test_a_later_run_into_the_same_save_dir_counts_its_evaluation_steps_on(tmp_path):
     # Two processes testing (or a fit resumed) into one save_dir: the second callback starts
     # afresh, and its batches must not be saved again as steps 0, 1 (two values per step).
@@ -364,6 +391,41 @@ def test_a_target_the_first_batch_of_a_stage_does_not_reach_is_named_in_a_warnin
     assert [sorted(r) for r in callback.records("validate")] == [
         [":forward:hidden@0", "conv:forward:return"]
     ] * 2
+    assert_clean(model)
+
+
+class StepLocalsNet(ConvNet):
+    """ConvNet whose training and validation steps each have a local of their own."""
+
+    def training_step(self, batch, batch_idx):
+        loss = self._step("fit", batch, batch_idx)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        vloss = self._step("validate", batch, batch_idx)
+        return vloss
+
+
+def test_a_target_in_another_stage_s_step_method_is_not_named_as_unreached(tmp_path):
+    # (RecordingWarning is an error here: the callback must not warn at all)
+    model = StepLocalsNet()
+    callback = RecorderCallback(
+        [":training_step:loss", ":validation_step:vloss", ":forward:hidden"], log_to_logger=False
+    )
+    run = trainer(tmp_path, callback, max_steps=2, val_check_interval=2, limit_val_batches=2)
+    run.fit(model, loader(), loader(n=8, seed=5))
+    run.test(model, loader(n=8, seed=5))
+    assert [sorted(r) for r in callback.records("fit")] == [
+        [":forward:hidden@0", ":training_step:loss@0"]
+    ] * 2
+    assert [sorted(r) for r in callback.records("validate")] == [
+        [":forward:hidden@0", ":validation_step:vloss@0"]
+    ] * 2
+    assert [sorted(r) for r in callback.records("test")] == [[":forward:hidden@0"]] * 2
+    _, _, logits = model.stash[("fit", 1, 1)]
+    _, y = list(loader())[1]
+    expected = torch.nn.functional.cross_entropy(logits, y)
+    assert torch.allclose(callback.records("fit")[1][":training_step:loss@0"], expected)
     assert_clean(model)
 
 

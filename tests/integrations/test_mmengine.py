@@ -679,6 +679,38 @@ def test_bad_config_fails_at_before_run(tmp_path, model_class, recorder, message
     assert_restored(model)  # the good recorder's patch was undone too
 
 
+@pytest.mark.parametrize(
+    ("recorders", "message"),
+    [
+        (
+            [OUTPUTS, WEIGHT],  # the keys the hook publishes, copied from the proposal
+            f"RecorderHook: recorders[0] {OUTPUTS!r}: a recorder must be a dict like "
+            f"dict(type='FunctionRecorder', target='x'); {OUTPUTS!r} is a key, '<owner>:<method>:<target>': "
+            "the recorder that publishes it is dict(type='FunctionRecorder', target='outputs', index=[1])",
+        ),
+        (
+            WEIGHT,
+            "RecorderHook: 'recorders' must be a non-empty list of recorder dicts, e.g. "
+            f"[dict(type='FunctionRecorder', target='outputs', index=[1])], got {WEIGHT!r}; "
+            f"{WEIGHT!r} is a key, '<owner>:<method>:<target>': the recorder that publishes it is "
+            "dict(type='AttributeRecorder', target='self.linear1.weight')",
+        ),
+    ],
+)
+def test_keys_given_as_recorders_fail_at_before_run_with_the_recorders_that_publish_them(
+    tmp_path, recorders, message
+):
+    torch.manual_seed(0)
+    model = ToyModel()
+    checker = Checker([])
+    runner = make_runner(tmp_path, model, [dict(type="RecorderHook", recorders=recorders), checker])
+    with pytest.raises(RecorderConfigError) as caught:
+        runner.train()
+    assert str(caught.value) == message
+    assert checker.iters["train"] == [] and runner.iter == 0
+    assert_restored(model)
+
+
 class _Remembering(ToyModel):
     def forward(self, inputs, data_samples, mode="tensor"):
         outputs = super().forward(inputs, data_samples, mode)
@@ -1001,6 +1033,35 @@ def test_only_the_chosen_loops_record(tmp_path):
     assert all(entry["hub"][OUTPUTS].shape == (3, 1) for entry in checker.iters["val"])
     assert runner.message_hub.get_info("runner_model:forward:loss@0") is None
     assert "the first val iteration did not reach runner_model:forward:loss@0" in log_text(runner)
+    assert_restored(model)
+
+
+def test_a_key_in_another_loop_s_step_method_is_not_named_as_unreached(tmp_path):
+    torch.manual_seed(0)
+    model = ToyModel()
+    recorders = [
+        dict(type="FunctionRecorder", method="train_step", target="parsed_losses"),  # train only
+        dict(type="FunctionRecorder", method="val_step", target="data"),  # validation only
+        dict(type="FunctionRecorder", target="loss"),  # assigned in mode='loss' only: named in val
+    ]
+    runner = make_runner(
+        tmp_path, model, [dict(type="RecorderHook", recorders=recorders, loops=["train", "val"])], val=True
+    )
+    runner.train()
+    warnings = [line for line in log_text(runner).splitlines() if "did not reach" in line]
+    assert len(warnings) == 1 and warnings[0].endswith(
+        "RecorderHook: the first val iteration did not reach runner_model:forward:loss@0 (a branch not "
+        "taken, or a method not called in this loop); those keys are published only in iterations "
+        "that reach them"
+    )
+    last_loss = runner.message_hub.get_scalar("train/loss").current()
+    assert float(runner.message_hub.get_info("runner_model:train_step:parsed_losses@0")) == pytest.approx(
+        last_loss
+    )
+    last_batch = runner.message_hub.get_info("runner_model:val_step:data@0")[
+        "inputs"
+    ]  # (pseudo_collate's list)
+    assert torch.equal(torch.stack(last_batch), ToyDataset().data[9:12])
     assert_restored(model)
 
 
