@@ -1389,6 +1389,19 @@ def syncs_gradients(model: torch.nn.Module) -> bool:
     return any(isinstance(module, torch.nn.parallel.DistributedDataParallel) for module in model.modules())
 
 
+def inside_ddp_forward() -> bool:
+    """Whether a DistributedDataParallel's forward is running, around a model that holds none.
+
+    A model recorded on its own (``record(ddp.module, ...)``) may still be run by the DDP
+    around it (``ddp(x)``): stopped early, it would unwind that forward as well. DDP marks
+    its forward on its class (for Dynamo); a DDP run by the python reducer marks nothing.
+
+    >>> inside_ddp_forward()
+    False
+    """
+    return getattr(torch.nn.parallel.DistributedDataParallel, "_active_ddp_module", None) is not None
+
+
 class _StopAtRoot:
     """``model.forward`` while recordings with ``stop_after_last`` run on ``model``.
 
@@ -1472,7 +1485,7 @@ class _StopAtRoot:
         # torch.jit.trace traces, nor inside a torch.func transform (vmap, grad, jacrev): a
         # forward stopped early would give them no output. (An extractor returns its
         # features itself: it stops under jit.trace, not under export.)
-        synced = self.syncs and torch.is_grad_enabled()
+        synced = (self.syncs or inside_ddp_forward()) and torch.is_grad_enabled()
         stopping = not synced and not _tracing() and not _transforms_active()
         token, inside = _stopping.set(stopping), _roots_running.set((*outer, self))
         try:

@@ -107,3 +107,42 @@ def test_stopping_early_never_skips_ddp_s_gradient_sync(tmp_path):
     for one in got:
         assert all(torch.allclose(grad, mean, atol=1e-6) for grad in one["grads"].values())
         assert one["b_ran"] == {"extractor": 0, "record": 0}
+
+
+def _inner_model_recorded(rank, out_dir):
+    torch.manual_seed(0)  # same weights on every rank
+    net = TwoLayers()
+    ddp = torch.nn.parallel.DistributedDataParallel(net)
+    torch.manual_seed(100 + rank)  # a different batch per rank
+    x = torch.randn(3, 4)
+    calls = []
+    net.b.register_forward_hook(lambda *args: calls.append(1))
+    grads = []
+    for _ in range(2):  # a second step fails where the first one's reduction never finished
+        # The model recorded is the one inside the DDP that runs it: it holds no DDP itself.
+        with record(net, ["a"], stop_after_last=True, grad=True) as rec:
+            out = ddp(x)
+        out.sum().backward()
+        grads.append(net.a.weight.grad.clone())
+        net.zero_grad()
+    torch.save(
+        {"x": x, "a": rec["a:forward:return"], "grads": grads, "b_ran": len(calls)},
+        os.path.join(out_dir, f"inner{rank}.pt"),
+    )
+
+
+def test_recording_the_model_inside_ddp_never_skips_its_gradient_sync(tmp_path):
+    # record(ddp.module, stop_after_last=True) around ddp(x): the stop unwound DDP's forward
+    # (ddp(x) gave None), the ranks kept their own gradients and the next step raised.
+    world = 2
+    _spawn(_inner_model_recorded, tmp_path, world)
+    got = [torch.load(tmp_path / f"inner{rank}.pt") for rank in range(world)]
+    torch.manual_seed(0)
+    net = TwoLayers()
+    xs = torch.cat([g["x"] for g in got])
+    net(xs).sum().backward()
+    mean = net.a.weight.grad / world
+    for one in got:
+        assert one["b_ran"] == 2
+        assert torch.allclose(one["a"], net.a(one["x"]), atol=1e-6)
+        assert all(torch.allclose(grad, mean, atol=1e-6) for grad in one["grads"])
