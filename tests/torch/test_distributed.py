@@ -2,14 +2,18 @@
 
 import gc
 import os
+import subprocess
 import sys
+import textwrap
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+import bcrecord
 from bcrecord.torch import record
 
+from ..commands import _env
 from .models import SmallNet, TwoLayers, reference_smallnet
 
 
@@ -146,3 +150,41 @@ def test_recording_the_model_inside_ddp_never_skips_its_gradient_sync(tmp_path):
         assert one["b_ran"] == 2
         assert torch.allclose(one["a"], net.a(one["x"]), atol=1e-6)
         assert all(torch.allclose(grad, mean, atol=1e-6) for grad in one["grads"])
+
+
+TRAIN = """
+import torch
+import torch.distributed as dist
+
+def train_step(ddp, optimizer, x):
+    optimizer.zero_grad()
+    loss = ddp(x).square().mean()
+    loss.backward()
+    optimizer.step()
+    return loss
+
+dist.init_process_group("gloo")
+torch.manual_seed(0)
+ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 2))
+optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+for step in range(3):
+    train_step(ddp, optimizer, torch.full((2, 4), 10.0 * dist.get_rank() + step))
+dist.barrier()
+dist.destroy_process_group()
+"""
+
+
+def test_bcrecord_run_under_torchrun_saves_each_rank_to_its_own_directory(tmp_path):
+    # The README's '-o runs/a/rank$RANK' reached every rank as 'runs/a/rank': the shell that
+    # starts torchrun has no RANK. Quoted, bcrecord run reads it in each rank.
+    (tmp_path / "train.py").write_text(textwrap.dedent(TRAIN))
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    run = ["-m", "bcrecord", "run", "-r", "__main__:train_step:x", "-o", "runs/rank$RANK", "train.py"]
+    result = subprocess.run(
+        torchrun + run, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    assert sorted(path.name for path in (tmp_path / "runs").iterdir()) == ["rank0", "rank1"]
+    for rank in (0, 1):
+        saved = bcrecord.load(tmp_path / "runs" / f"rank{rank}")["__main__:train_step:x"]
+        assert [value[0, 0].item() for value in saved] == [10.0 * rank + step for step in range(3)]
