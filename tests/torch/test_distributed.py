@@ -152,6 +152,34 @@ def test_recording_the_model_inside_ddp_never_skips_its_gradient_sync(tmp_path):
         assert all(torch.allclose(grad, mean, atol=1e-6) for grad in one["grads"])
 
 
+def _parameter_gradients(rank, out_dir):
+    torch.manual_seed(0)  # same weights on every rank
+    net = TwoLayers()
+    ddp = torch.nn.parallel.DistributedDataParallel(net)
+    torch.manual_seed(100 + rank)  # a different batch per rank
+    x = torch.randn(3, 4)
+    with record(ddp, ["module.a:forward:self.weight.grad"], grad=True) as rec:
+        ddp(x).sum().backward()
+    torch.save(
+        {"x": x, "recorded": rec["module.a:forward:self.weight.grad"], "grad": net.a.weight.grad},
+        os.path.join(out_dir, f"param{rank}.pt"),
+    )
+
+
+def test_a_parameter_s_gradient_is_this_rank_s_own_before_ddp_averages_it(tmp_path):
+    # As the README says: what backward computes on this rank; .grad holds the ranks' mean.
+    world = 2
+    _spawn(_parameter_gradients, tmp_path, world)
+    got = [torch.load(tmp_path / f"param{rank}.pt") for rank in range(world)]
+    torch.manual_seed(0)
+    net = TwoLayers()
+    own = [torch.autograd.grad(net(one["x"]).sum(), net.a.weight)[0] for one in got]
+    for one, mine in zip(got, own, strict=True):
+        assert torch.allclose(one["recorded"], mine, atol=1e-6)
+        assert torch.allclose(one["grad"], (own[0] + own[1]) / world, atol=1e-6)
+    assert not torch.allclose(own[0], own[1])
+
+
 TRAIN = """
 import torch
 import torch.distributed as dist
