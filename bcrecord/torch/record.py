@@ -152,16 +152,35 @@ class _PathMark(str):
         return str, (str(self),)
 
 
-def _one_path_each(modules: Mapping[str, torch.nn.Module]) -> None:
-    """Refuse targets that reach one module object at two paths: it has one path while recorded."""
+def _one_path_each(model: torch.nn.Module, modules: Mapping[str, torch.nn.Module]) -> None:
+    """Refuse targets that reach one module object at two paths: it has one path while recorded.
+
+    >>> wrapped = torch.nn.DataParallel(torch.nn.Sequential(torch.nn.ReLU()))
+    >>> try:
+    ...     _one_path_each(wrapped, {"0": wrapped.module[0], "module.0": wrapped.module[0]})
+    ... except TargetError as error:
+    ...     print(str(error)[:61])
+    'module.0' is '0' reached through the DataParallel's 'module'
+    """
+    inner = unwrap(model)
+    # The wrappers' own path to the model inside ('module', torch.compile's '_orig_mod').
+    wrapped = next((path for path, module in model.named_modules() if module is inner), "")
     paths: Dict[int, str] = {}
     for path, module in modules.items():
         first = paths.setdefault(id(module), path)
-        if first != path:
-            raise TargetError(
-                f"{path!r} and {first!r} are the same {type(module).__name__} object (registered "
-                "twice); while recorded a module has one path: target one of them"
-            )
+        if first == path:
+            continue
+        for outer, bare in ((path, first), (first, path)):
+            if wrapped and outer == (f"{wrapped}.{bare}" if bare else wrapped):
+                raise TargetError(
+                    f"{outer!r} is {bare!r} reached through the {type(model).__name__}'s {wrapped!r} "
+                    f"(one {type(module).__name__} object); while recorded a module has one path: "
+                    "target one of them"
+                )
+        raise TargetError(
+            f"{path!r} and {first!r} are the same {type(module).__name__} object (registered "
+            "twice); while recorded a module has one path: target one of them"
+        )
 
 
 def warn_shared(model: torch.nn.Module, modules: Mapping[str, torch.nn.Module]) -> None:
@@ -940,7 +959,7 @@ class Plan:
                 wanted[(asked.cls, asked.method, dataclasses.replace(asked.spec, copy=keep_value))].add(
                     asked.path
                 )
-        _one_path_each(self.modules)
+        _one_path_each(model, self.modules)
         #: The modules on the way from the model to each target, itself last: what a
         #: forward stopped at a target unwinds (the model's own, for an extractor).
         self.enclosing = _enclosing(model, self.modules)
