@@ -180,6 +180,84 @@ def test_a_parameter_s_gradient_is_this_rank_s_own_before_ddp_averages_it(tmp_pa
     assert not torch.allclose(own[0], own[1])
 
 
+def _training(rank, out_dir):
+    import torch.nn.functional as F
+
+    got = {}
+    for name, options in [
+        ("plain", {}),
+        ("find_unused_parameters", {"find_unused_parameters": True}),
+        ("static_graph", {"static_graph": True}),
+        ("no_sync", {}),
+    ]:
+        torch.manual_seed(0)  # same weights on every rank
+        net = TwoLayers()
+        ddp = torch.nn.parallel.DistributedDataParallel(net, **options)
+        optimizer = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        torch.manual_seed(100 + rank)  # a different batch per rank
+        xs = [torch.randn(3, 4) for _ in range(3)]
+        dicts = {path: dict(vars(module)) for path, module in net.named_modules()}
+        expected = []
+        targets = ["module.a", ":forward:x", "b:forward:return.grad", "module.a:forward:self.bias.grad"]
+        with record(ddp, targets, grad=True, keep="all") as rec:
+            for step, x in enumerate(xs):
+                # An independent computation, by the functions the modules call (no module runs).
+                wa, ba, wb, bb = (p.detach().clone().requires_grad_() for p in net.parameters())
+                a = F.linear(x, wa, ba)
+                own = torch.autograd.grad(F.linear(torch.relu(a), wb, bb).sum(), ba)[0]
+                expected.append((a.detach(), own))
+                optimizer.zero_grad()
+                if name == "no_sync" and step == 0:
+                    with ddp.no_sync():  # this step's gradients stay the rank's own
+                        ddp(x).sum().backward()
+                    continue
+                ddp(x).sum().backward()
+                optimizer.step()
+        # A step stopped early (it runs whole under DDP with autograd on).
+        with record(ddp, ["a"], stop_after_last=True) as stopped:
+            out = ddp(xs[0])
+        out.sum().backward()
+        optimizer.step()
+        got[name] = {
+            "x": xs,
+            "a": [value.detach() for value in rec.all("module.a:forward:return")],
+            "expected": expected,
+            "x@0": rec.all(":forward:x"),
+            "b.grad": rec.all("b:forward:return.grad"),
+            "bias.grad": rec.all("module.a:forward:self.bias.grad"),
+            "stopped": stopped["a:forward:return"],
+            "params": torch.cat([p.detach().flatten() for p in net.parameters()]),
+            "as_before": {path: dict(vars(module)) for path, module in net.named_modules()} == dicts,
+        }
+    torch.save(got, os.path.join(out_dir, f"training{rank}.pt"))
+
+
+def test_training_steps_under_ddp_options_record_each_rank_s_values_and_keep_the_ranks_in_sync(tmp_path):
+    world = 2
+    _spawn(_training, tmp_path, world)
+    ranks = [torch.load(tmp_path / f"training{rank}.pt") for rank in range(world)]
+    for name in ("plain", "find_unused_parameters", "static_graph", "no_sync"):
+        for got in (one[name] for one in ranks):
+            assert len(got["a"]) == 3
+            assert all(
+                torch.allclose(a, expected, atol=1e-6)
+                for a, (expected, _) in zip(got["a"], got["expected"], strict=True)
+            )
+            assert all(map(torch.equal, got["x@0"], got["x"]))
+            assert [grad.tolist() for grad in got["b.grad"]] == [[[1.0, 1.0]] * 3] * 3
+            # This rank's own gradient, before DDP's mean (the README says so).
+            assert len(got["bias.grad"]) == 3
+            assert all(
+                torch.allclose(grad, own, atol=1e-6)
+                for grad, (_, own) in zip(got["bias.grad"], got["expected"], strict=True)
+            )
+            assert got["stopped"].shape == (3, 8) and got["as_before"]
+        # Each rank its own values; the same parameters after the steps.
+        assert not torch.allclose(ranks[0][name]["a"][0], ranks[1][name]["a"][0])
+        assert not torch.allclose(ranks[0][name]["bias.grad"][0], ranks[1][name]["bias.grad"][0])
+        assert torch.equal(ranks[0][name]["params"], ranks[1][name]["params"])
+
+
 TRAIN = """
 import torch
 import torch.distributed as dist
