@@ -42,6 +42,7 @@ import importlib
 import json
 import os
 import platform
+import re
 import sys
 import types
 from typing import Any, List, Optional, Sequence, Tuple
@@ -151,6 +152,32 @@ def _positive(text: str) -> int:
     if number < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {number}")
     return number
+
+
+def _with_environment(directory: Optional[str]) -> Optional[str]:
+    """``run``'s ``--save-dir`` with its ``$NAME`` and ``${NAME}`` read from this process's environment.
+
+    So a quoted ``-o 'runs/rank$RANK'`` gives each rank of ``torchrun`` its own directory: the
+    shell that starts torchrun has no ``RANK``, and would expand it to nothing. A name the
+    environment lacks is an error, not a folder named after it.
+
+    >>> _with_environment("runs/a"), _with_environment(None)
+    ('runs/a', None)
+    >>> try:
+    ...     _with_environment("runs/rank$BCRECORD_UNSET")
+    ... except BcrecordError as error:
+    ...     print(error)
+    --save-dir 'runs/rank$BCRECORD_UNSET': BCRECORD_UNSET is not set in this process's environment
+    """
+    if directory is None or "$" not in directory:
+        return directory
+    expanded = os.path.expandvars(directory)
+    # expandvars leaves a name it cannot find as it was.
+    unset = re.search(r"\$(?:\{([^}]*)\}|(\w+))", expanded)
+    if unset:
+        name = unset.group(1) or unset.group(2)
+        raise BcrecordError(f"--save-dir {directory!r}: {name} is not set in this process's environment")
+    return expanded
 
 
 def _resolved(path: str) -> Tuple[Any, Any]:
@@ -289,7 +316,7 @@ def _run(args: argparse.Namespace) -> int:
         program,
         rest,
         module=args.module is not None,
-        save_dir=args.save_dir,
+        save_dir=_with_environment(args.save_dir),
         every=args.every,
         copy=args.copy,
         quiet=args.quiet,
@@ -444,7 +471,8 @@ def _parser() -> argparse.ArgumentParser:
         "-o",
         "--save-dir",
         metavar="DIR",
-        help="save values here (safetensors + pickle + an index; read with bcrecord.load)",
+        help="save values here (safetensors + pickle + an index; read with bcrecord.load); $NAME in it "
+        "is read from the environment: -o 'runs/rank$RANK' under torchrun gives each rank its own",
     )
     p.add_argument(
         "-n",

@@ -217,6 +217,25 @@ def test_run_options_given_after_the_script_are_said_to_go_before_it(project):
     assert none.returncode == 2 and "the following arguments are required: -r/--record" in none.stderr
 
 
+def test_a_save_dir_naming_the_rank_gives_each_rank_its_own_directory(project, monkeypatch):
+    # Under torchrun the shell that starts it has no RANK: '-o runs/rank$RANK' reached every
+    # rank as 'runs/rank', and quoted it was a folder named 'rank$RANK', shared by all.
+    monkeypatch.delenv("RANK", raising=False)
+    for rank in ("0", "1"):
+        args = ("run", "-r", "helper:twice:y", "-o", "runs/rank$RANK", "prog.py")
+        result = cli(*args, cwd=project, env={"RANK": rank})
+        assert result.returncode == 0, result.stderr
+        assert f"runs/rank{rank}" in result.stderr
+    assert sorted(path.name for path in (project / "runs").iterdir()) == ["rank0", "rank1"]
+    assert bcrecord.load(project / "runs" / "rank1")["helper:twice:y@0"] == [0, 2, 4, 6, 8, 10]
+    # Not under torchrun: said, not a folder named 'rank$RANK'.
+    unset = cli("run", "-r", "helper:twice:y", "-o", "runs/rank${RANK}", "prog.py", cwd=project)
+    assert one_clear_line(unset) == (
+        "bcrecord: --save-dir 'runs/rank${RANK}': RANK is not set in this process's environment"
+    )
+    assert not (project / "runs" / "rank${RANK}").exists()
+
+
 def test_targets_and_show_take_a_path_with_spaces_around_its_parts_as_run_does(project):
     # 'helper: Scaler.scale ' was "module has no attribute ' Scaler'"; run takes such a target.
     listed = cli("targets", "helper: Scaler.scale ", cwd=project)

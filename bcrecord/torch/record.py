@@ -152,16 +152,35 @@ class _PathMark(str):
         return str, (str(self),)
 
 
-def _one_path_each(modules: Mapping[str, torch.nn.Module]) -> None:
-    """Refuse targets that reach one module object at two paths: it has one path while recorded."""
+def _one_path_each(model: torch.nn.Module, modules: Mapping[str, torch.nn.Module]) -> None:
+    """Refuse targets that reach one module object at two paths: it has one path while recorded.
+
+    >>> wrapped = torch.nn.DataParallel(torch.nn.Sequential(torch.nn.ReLU()))
+    >>> try:
+    ...     _one_path_each(wrapped, {"0": wrapped.module[0], "module.0": wrapped.module[0]})
+    ... except TargetError as error:
+    ...     print(str(error)[:61])
+    'module.0' is '0' reached through the DataParallel's 'module'
+    """
+    inner = unwrap(model)
+    # The wrappers' own path to the model inside ('module', torch.compile's '_orig_mod').
+    wrapped = next((path for path, module in model.named_modules() if module is inner), "")
     paths: Dict[int, str] = {}
     for path, module in modules.items():
         first = paths.setdefault(id(module), path)
-        if first != path:
-            raise TargetError(
-                f"{path!r} and {first!r} are the same {type(module).__name__} object (registered "
-                "twice); while recorded a module has one path: target one of them"
-            )
+        if first == path:
+            continue
+        for outer, bare in ((path, first), (first, path)):
+            if wrapped and outer == (f"{wrapped}.{bare}" if bare else wrapped):
+                raise TargetError(
+                    f"{outer!r} is {bare!r} reached through the {type(model).__name__}'s {wrapped!r} "
+                    f"(one {type(module).__name__} object); while recorded a module has one path: "
+                    "target one of them"
+                )
+        raise TargetError(
+            f"{path!r} and {first!r} are the same {type(module).__name__} object (registered "
+            "twice); while recorded a module has one path: target one of them"
+        )
 
 
 def warn_shared(model: torch.nn.Module, modules: Mapping[str, torch.nn.Module]) -> None:
@@ -940,7 +959,7 @@ class Plan:
                 wanted[(asked.cls, asked.method, dataclasses.replace(asked.spec, copy=keep_value))].add(
                     asked.path
                 )
-        _one_path_each(self.modules)
+        _one_path_each(model, self.modules)
         #: The modules on the way from the model to each target, itself last: what a
         #: forward stopped at a target unwinds (the model's own, for an extractor).
         self.enclosing = _enclosing(model, self.modules)
@@ -1389,6 +1408,19 @@ def syncs_gradients(model: torch.nn.Module) -> bool:
     return any(isinstance(module, torch.nn.parallel.DistributedDataParallel) for module in model.modules())
 
 
+def inside_ddp_forward() -> bool:
+    """Whether a DistributedDataParallel's forward is running, around a model that holds none.
+
+    A model recorded on its own (``record(ddp.module, ...)``) may still be run by the DDP
+    around it (``ddp(x)``): stopped early, it would unwind that forward as well. DDP marks
+    its forward on its class (for Dynamo); a DDP run by the python reducer marks nothing.
+
+    >>> inside_ddp_forward()
+    False
+    """
+    return getattr(torch.nn.parallel.DistributedDataParallel, "_active_ddp_module", None) is not None
+
+
 class _StopAtRoot:
     """``model.forward`` while recordings with ``stop_after_last`` run on ``model``.
 
@@ -1472,7 +1504,7 @@ class _StopAtRoot:
         # torch.jit.trace traces, nor inside a torch.func transform (vmap, grad, jacrev): a
         # forward stopped early would give them no output. (An extractor returns its
         # features itself: it stops under jit.trace, not under export.)
-        synced = self.syncs and torch.is_grad_enabled()
+        synced = (self.syncs or inside_ddp_forward()) and torch.is_grad_enabled()
         stopping = not synced and not _tracing() and not _transforms_active()
         token, inside = _stopping.set(stopping), _roots_running.set((*outer, self))
         try:

@@ -4,6 +4,7 @@ import copy
 import functools
 import io
 import pickle
+import re
 import sys
 import threading
 import warnings
@@ -561,6 +562,21 @@ def test_data_parallel_wrapper_paths_resolve(net):
     with record(wrapped, ["", ":forward:x@5"]) as rec:  # the root: the model inside
         out = wrapped(torch.randn(1, 3, 8, 8))
     assert torch.equal(rec[":forward:return"], out) and torch.equal(rec[":forward:x@5"], out)
+
+
+def test_a_module_named_with_and_without_the_wrapper_s_path_is_said_to_be_one(net):
+    # 'module.fc' and 'fc' of a DataParallel were "the same Linear object (registered twice)":
+    # nothing was registered twice, one path goes through the wrapper.
+    wrapped = torch.nn.DataParallel(net)
+    through = "reached through the DataParallel's 'module'"
+    for targets, said in [
+        (["fc", "module.fc:forward:return"], f"'module.fc' is 'fc' {through}"),
+        (["module", ":forward:x@1"], f"'module' is '' {through}"),
+    ]:
+        with pytest.raises(bcrecord.TargetError, match="^" + re.escape(said) + r" \(one \w+ object\); while"):
+            with record(wrapped, targets):
+                pass
+    assert not any("_bcrecord_path" in vars(module) for module in net.modules())
 
 
 def test_deepcopy_records_the_copy_never_the_original(net):
