@@ -368,8 +368,9 @@ def _parse_dict(spec: Mapping[str, Any]) -> Spec:
     known = {"type", "target", "index", "copy", "at", "model", "method", "name"}
     unknown = set(spec) - known
     if unknown:
-        first = sorted(map(str, unknown))[0]
-        raise SpecError(f"unknown keys {sorted(unknown)} in {dict(spec)!r}{did_you_mean(first, known)}")
+        names = sorted(unknown, key=repr)  # (keys of mixed types, 1 and 'idx', do not compare)
+        first = next((name for name in names if isinstance(name, str)), str(names[0]))
+        raise SpecError(f"unknown keys {names} in {dict(spec)!r}{did_you_mean(first, known)}")
     target = spec.get("target")
     if kind == "FunctionRecorder":
         if not isinstance(target, str):

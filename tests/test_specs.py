@@ -100,6 +100,11 @@ def test_a_function_recorder_target_that_cannot_be_recorded_says_what_to_write(r
         (dict(type="Nope"), "FunctionRecorder"),
         (dict(type="FunctionRecorder", target="x", extra=1), "unknown keys"),
         (dict(type="FunctionRecorder", target="x", idx=1), r"\['idx'\] .*; did you mean 'index'\?"),
+        # Keys of mixed types (a YAML config's 1:) are listed, not compared with each other.
+        (
+            {"type": "FunctionRecorder", "idx": 1, 1: 2},
+            r"unknown keys \['idx', 1\] .*; did you mean 'index'\?",
+        ),
         (42, "must be Local/Attribute/Return"),
     ],
 )
