@@ -415,7 +415,9 @@ def _fx_target(model: torch.nn.Module, text: str) -> Optional[Target]:
     use instead.
     """
     parent, _, node = text.rpartition(".")
-    base, _, number = node.rpartition("_") if node.rpartition("_")[2].isdigit() else (node, "", "0")
+    # (ASCII digits: '²' is a digit to isdigit, and no number to int)
+    numbered = node.rpartition("_")[2]
+    base, _, number = node.rpartition("_") if numbered.isdigit() and numbered.isascii() else (node, "", "0")
     occurrence = int(number or 0)
     forward = getattr(type(unwrap(model)), "forward", None)
     if not parent and isinstance(forward, types.FunctionType) and base in _argument_names(forward):
@@ -603,7 +605,7 @@ def _either_or(a: _FxSite, b: _FxSite) -> bool:
 def _fx_stripped(name: str) -> str:
     """The name torchvision numbers a node under: without a ``_<digits>`` suffix (``ln_1``: ``ln``)."""
     stem, _, number = name.rpartition("_")
-    return stem if stem and number.isdigit() else name
+    return stem if stem and number.isdigit() and number.isascii() else name
 
 
 def _fx_leaf(module: torch.nn.Module) -> bool:

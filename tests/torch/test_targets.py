@@ -709,6 +709,18 @@ def test_an_fx_name_with_no_site_says_what_fx_names_cannot_be_mapped():
         expand(Indexing(), "nope.add")  # no module there at all: only that is said
 
 
+def test_an_fx_name_numbered_with_a_digit_that_is_no_decimal_is_no_fx_name():
+    class Adding(torch.nn.Module):
+        def forward(self, x):
+            return x + 1
+
+    # '²' is a digit to str.isdigit, no number to int: a missing name, not int's ValueError.
+    for name in ("add_\u00b2", "\u00b2"):
+        with pytest.raises(bcrecord.TargetError, match=f"^the model has no submodule {name!r}"):
+            expand(Adding(), name)
+    assert [t.spec for t in expand(Adding(), "add")] == [bcrecord.Expr("+", 0)]
+
+
 def test_fx_names_map_beside_calls_of_loop_variables():
     model = _LoopAndNamesakes()
     assert expand(model, "dropout")[0].spec == bcrecord.Call("torch.nn.functional.dropout", 0)
