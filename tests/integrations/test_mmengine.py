@@ -32,6 +32,7 @@ from bcrecord.integrations.mmengine import (  # noqa: E402
     RecorderHook,
     RecorderVisualizationHook,
     image_name,
+    parse_recorders,
     resolve_model,
 )
 from bcrecord.listing import decompiled  # noqa: E402
@@ -709,6 +710,15 @@ def test_keys_given_as_recorders_fail_at_before_run_with_the_recorders_that_publ
     assert str(caught.value) == message
     assert checker.iters["train"] == [] and runner.iter == 0
     assert_restored(model)
+
+
+def test_a_key_with_an_index_that_is_no_decimal_number_is_a_recorder_config_error():
+    # '²' is a digit to str.isdigit, no number to int: the recorder that publishes the key has no index.
+    with pytest.raises(RecorderConfigError) as caught:
+        parse_recorders([dict(type="FunctionRecorder", target="m:forward:x@\u00b2")])
+    assert str(caught.value).endswith(
+        "the recorder that publishes it is dict(type='FunctionRecorder', model='m', target='x')"
+    )
 
 
 class _Remembering(ToyModel):
