@@ -2283,3 +2283,21 @@ def test_a_program_that_replaces_itself_with_posix_execv_saves_its_values_first(
     assert result.returncode == 0 and result.stdout == "replaced\n", result.stderr
     assert bcrecord.load(project / "saved")["__main__:f:out@0"] == [2, 4]
     assert result.stderr.splitlines()[-1].startswith("bcrecord: saved 2 value(s) of 1 key(s)")
+
+
+@pytest.mark.parametrize(
+    "typo, message",
+    [
+        (
+            "mod\uff1af\uff1ax",
+            "bad target 'mod\uff1af\uff1ax': it has full-width characters: write 'mod:f:x'",
+        ),
+        ("mod:f:x\uff201", "it has full-width characters: write 'mod:f:x@1'"),
+        ("mod:f:x@1@2", "several sites are one list: 'x@[1,2]'"),
+    ],
+)
+def test_a_target_with_a_likely_typo_is_told_the_form_to_write(typo, message):
+    with pytest.raises(RunError) as caught:
+        parse_target(typo)
+    assert message in str(caught.value)
+    assert parse_target("mod:\uff46:x").path == ("f",)  # (a full-width letter is the name's)

@@ -113,6 +113,36 @@ def test_bad_specs_name_the_problem(bad, message):
         parse(bad)
 
 
+@pytest.mark.parametrize(
+    "typo, message",
+    [
+        ("x@", "'x@': '@' is followed by an index: 'x@0', 'x@[0,2]', or 'x' for every one"),
+        ("self.fc()@ ", "'self.fc()@ ': '@' is followed by an index: 'self.fc()@0', 'self.fc()@[0,2]', or"),
+        (
+            "x@-1",
+            "bad index in 'x@-1': an index is a non-negative int: sites are counted from 0 in source order",
+        ),
+        (
+            "x@1@2",
+            "bad index in 'x@1@2': expected an int or a list like [0,2]; several sites are one list: "
+            "'x@[1,2]'",
+        ),
+        ("out@1, 3", "several sites are one list: 'out@[1,3]'"),
+        (
+            "x\uff201",
+            "a local's name must be a Python identifier, got 'x\uff201'; 'x\uff201' has full-width "
+            "characters: write 'x@1'",
+        ),
+        ("x@\uff10", "'x@\uff10' has full-width characters: write 'x@0'"),
+        ("self.fc\uff08\uff09", "has full-width characters: write 'self.fc()'"),
+    ],
+)
+def test_the_likeliest_typos_are_told_the_form_to_write(typo, message):
+    with pytest.raises(SpecError) as caught:
+        parse(typo)
+    assert message in str(caught.value)
+
+
 def test_specs_are_immutable_and_validated():
     spec = Local("x", [3, 1, 3])
     assert spec.index == (1, 3)

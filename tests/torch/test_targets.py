@@ -47,6 +47,28 @@ def test_spaces_around_a_target_s_parts_are_read_as_bcrecord_run_reads_them():
     assert list(rec) == ["blocks.1:forward:out@2"]
 
 
+@pytest.mark.parametrize(
+    "typo, meant",
+    [
+        ("blocks.0.forward:out", "; did you mean 'blocks.0:forward:out'?"),
+        ("blocks.0:out@1", "; did you mean 'blocks.0:forward:out@1'?"),
+        (
+            "blocks.0:forward",
+            "; did you mean 'blocks.0:forward:return' (what forward returns) or 'blocks.0' (its ",
+        ),
+        ("blocks.0\uff1aforward\uff1aout", "it has full-width characters: write 'blocks.0:forward:out'"),
+        ("blocks.0:forward:out\uff201", "it has full-width characters: write 'blocks.0:forward:out@1'"),
+    ],
+)
+def test_a_target_with_a_likely_typo_is_told_the_form_to_write(typo, meant):
+    with pytest.raises(bcrecord.SpecError) as caught:
+        expand(SmallNet(), typo)
+    assert meant in str(caught.value)
+    # A full-width letter is a letter of the name, as the compiler reads it.
+    (target,) = expand(SmallNet(), "blocks.0:forward:\uff4f\uff55\uff54@1")
+    assert target.spec == Local("out", 1)
+
+
 def test_globs_match_one_component_at_a_time():
     net = SmallNet()
     assert [t.path for t in expand(net, "blocks.*")] == ["blocks.0", "blocks.1", "blocks.2"]
