@@ -123,7 +123,7 @@ from .patch import (
     targets,
 )
 from .runtime import Recording, Sink, copy_value, silence, silently
-from .specs import Attribute, Spec, compiled_name, parse, split_specs
+from .specs import Attribute, Spec, compiled_name, full_width_fixed, parse, split_specs
 from .storage import Writer
 
 __all__ = ["RunTarget", "RunError", "parse_target", "check_targets", "run", "safe_path"]
@@ -213,6 +213,9 @@ def parse_target(text: str) -> RunTarget:
 in the script) or 'pkg.mod:forward:return' (function forward of module pkg.mod; 'bcrecord targets \
 pkg.mod:forward' lists its specs)
     """
+    fixed = full_width_fixed(text, punctuation_only=True)
+    if fixed is not None:  # (no part of a target holds an IME's '：' or '＠')
+        raise RunError(f"bad target {text!r}: it has full-width characters: write {fixed!r}")
     parts = text.split(":", 2)
     if len(parts) == 2 and all(parts):
         first, second = (p.strip() for p in parts)

@@ -37,6 +37,7 @@ __all__ = [
     "parse",
     "parse_all",
     "split_specs",
+    "full_width_fixed",
 ]
 
 #: Copy policies a recording or a spec may ask for.
@@ -130,6 +131,24 @@ def compiled_name(text: str) -> str:
     'file.C.m'
     """
     return unicodedata.normalize("NFKC", text)
+
+
+def full_width_fixed(text: str, punctuation_only: bool = False) -> str | None:
+    """``text`` with its full-width characters (an IME's ``'＠'``, ``'：'``, ``'０'``, the ideographic
+    space) written in ASCII, where it has some; else None. ``punctuation_only`` leaves those a name
+    may hold (``'ｏｕｔ'`` is ``out`` to the compiler).
+
+    >>> full_width_fixed("x\uff20\uff11"), full_width_fixed("x@1"), full_width_fixed("\uff4f\uff1a", True)
+    ('x@1', None, '\uff4f:')
+    """
+
+    def wide(char: str) -> bool:
+        named = unicodedata.name(char, "").startswith("FULLWIDTH") or char == "\u3000"
+        return named and not (punctuation_only and f"a{char}".isidentifier())
+
+    if not any(wide(char) for char in text):
+        return None
+    return "".join(unicodedata.normalize("NFKC", char) if wide(char) else char for char in text)
 
 
 @dataclass(frozen=True)
@@ -283,13 +302,34 @@ _SHORT = re.compile(r"^\s*(?P<target>[^@\s]+)\s*(?:@\s*(?P<index>.+?))?\s*$")
 
 
 def _parse_index_text(text: str, spec: str) -> Index:
+    bad = f"bad index in {spec!r}: expected an int or a list like [0,2]"
+    if not text.strip():  # ('x@ ': the regex gives the space as the index)
+        raise _nothing_after_at(spec)
     try:
         value = json.loads(text)
     except ValueError:
-        raise SpecError(f"bad index in {spec!r}: expected an int or a list like [0,2]") from None
+        several = [part.strip() for part in re.split(r"[@,]", text)]
+        if len(several) > 1 and all(part.isdigit() and part.isascii() for part in several):
+            # 'x@1@2', 'x@1,2': several sites are one list
+            target = spec.split("@", 1)[0].strip()
+            raise SpecError(f"{bad}; several sites are one list: '{target}@[{','.join(several)}]'") from None
+        raise SpecError(bad) from None
+    if isinstance(value, int) and not isinstance(value, bool) and value < 0:
+        raise SpecError(
+            f"bad index in {spec!r}: an index is a non-negative int: sites are counted from 0 in source "
+            "order, with none from the end; bcrecord.targets(func) lists them"
+        )
     if isinstance(value, list) or (isinstance(value, int) and not isinstance(value, bool)):
         return value
-    raise SpecError(f"bad index in {spec!r}: expected an int or a list like [0,2]")
+    raise SpecError(bad)
+
+
+def _nothing_after_at(spec: str) -> SpecError:
+    bare = spec.rsplit("@", 1)[0].strip()
+    return SpecError(
+        f"cannot parse spec {spec!r}: '@' is followed by an index: '{bare}@0', '{bare}@[0,2]', "
+        f"or {bare!r} for every one"
+    )
 
 
 _OPERATOR = re.compile(r"^\s*(?P<op>\*\*=?|//=?|<<=?|>>=?|[-+*/%@&|^]=?)\s*(?:@\s*(?P<index>.+?))?\s*$")
@@ -326,12 +366,23 @@ def _parse_str(text: str) -> Spec:
     try:
         return _parse_one_str(text)
     except SpecError as error:
+        fixed = full_width_fixed(text)
+        if fixed is not None and split_specs(fixed) is None and _parses(fixed):
+            raise SpecError(f"{error}; {text!r} has full-width characters: write {fixed!r}") from None
         several = split_specs(text)
         if several is None:
             raise
         raise SpecError(
             f"{error}; {text!r} holds {len(several)} specs: give each on its own, {several!r}"
         ) from None
+
+
+def _parses(text: str) -> bool:
+    try:
+        _parse_one_str(text)
+    except SpecError:
+        return False
+    return True
 
 
 def _parse_one_str(text: str) -> Spec:
@@ -342,6 +393,8 @@ def _parse_one_str(text: str) -> Spec:
     match = _SHORT.match(text)
     if match is None and _DOTTED.match(text) is not None:
         _names(text.strip(), "a target")  # a call with its arguments ('f(x, y)'): says what to write
+    if match is None and text.rstrip().endswith("@") and text.count("@") == 1 and text.strip() != "@":
+        raise _nothing_after_at(text)
     if match is None:
         raise SpecError(f"cannot parse spec {text!r}; examples: 'x', 'x@1', 'self.fc.weight'")
     target, index_text = match.group("target"), match.group("index")
@@ -368,8 +421,9 @@ def _parse_dict(spec: Mapping[str, Any]) -> Spec:
     known = {"type", "target", "index", "copy", "at", "model", "method", "name"}
     unknown = set(spec) - known
     if unknown:
-        first = sorted(map(str, unknown))[0]
-        raise SpecError(f"unknown keys {sorted(unknown)} in {dict(spec)!r}{did_you_mean(first, known)}")
+        names = sorted(unknown, key=repr)  # (keys of mixed types, 1 and 'idx', do not compare)
+        first = next((name for name in names if isinstance(name, str)), str(names[0]))
+        raise SpecError(f"unknown keys {names} in {dict(spec)!r}{did_you_mean(first, known)}")
     target = spec.get("target")
     if kind == "FunctionRecorder":
         if not isinstance(target, str):

@@ -437,3 +437,33 @@ def test_targets_imports_a_module_that_asks_about_stdout_also_without_a_stderr(p
     command = f"{shlex.quote(sys.executable)} -m bcrecord targets asks:f --json 2>&-"
     result = subprocess.run(["sh", "-c", command], cwd=project, **RUN)
     assert result.returncode == 0 and json.loads(result.stdout)["function"] == "f"
+
+
+# --- properties: any path given to `bcrecord targets/show` resolves or is a BcrecordError ---
+
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from bcrecord.cli import _resolved, _stripped  # noqa: E402
+
+from .typed_text import SETTINGS, TYPED  # noqa: E402
+
+# (modules safe to import, and missing ones: an arbitrary name could be 'antigravity')
+_MODULES = st.sampled_from(
+    ["json", "json.decoder", "bcrecord.specs", "", " json ", "json.", ".json", "no_such_q"]
+)
+_ATTRIBUTES = st.one_of(
+    TYPED, st.sampled_from(["dumps", "JSONDecoder.decode", "JSONDecoder", "Local.__init__"])
+)
+
+
+@SETTINGS
+@given(_MODULES, st.sampled_from([":", "", "::", " : ", "\uff1a"]), _ATTRIBUTES)
+def test_property_any_path_resolves_or_is_an_error_that_names_it(module, separator, attribute):
+    path = _stripped(f"{module}{separator}{attribute}")
+    try:
+        _, found = _resolved(path)
+    except bcrecord.BcrecordError as error:
+        assert str(error)
+    else:
+        assert callable(found) or isinstance(found, property)

@@ -2283,3 +2283,52 @@ def test_a_program_that_replaces_itself_with_posix_execv_saves_its_values_first(
     assert result.returncode == 0 and result.stdout == "replaced\n", result.stderr
     assert bcrecord.load(project / "saved")["__main__:f:out@0"] == [2, 4]
     assert result.stderr.splitlines()[-1].startswith("bcrecord: saved 2 value(s) of 1 key(s)")
+
+
+@pytest.mark.parametrize(
+    "typo, message",
+    [
+        (
+            "mod\uff1af\uff1ax",
+            "bad target 'mod\uff1af\uff1ax': it has full-width characters: write 'mod:f:x'",
+        ),
+        ("mod:f:x\uff201", "it has full-width characters: write 'mod:f:x@1'"),
+        ("mod:f:x@1@2", "several sites are one list: 'x@[1,2]'"),
+    ],
+)
+def test_a_target_with_a_likely_typo_is_told_the_form_to_write(typo, message):
+    with pytest.raises(RunError) as caught:
+        parse_target(typo)
+    assert message in str(caught.value)
+    assert parse_target("mod:\uff46:x").path == ("f",)  # (a full-width letter is the name's)
+
+
+# --- properties: a target's three parts parse back; any text is a target or a RunError ---
+
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from .typed_text import CHAINS, NAMES, SETTINGS, TYPED, specs_and_short_forms  # noqa: E402
+
+
+@SETTINGS
+@given(st.one_of(NAMES, CHAINS), st.one_of(NAMES, CHAINS), specs_and_short_forms())
+def test_property_a_target_s_module_function_and_spec_parse_back(module, qualname, spec_and_text):
+    spec, spec_text = spec_and_text
+    target = parse_target(f"{module}:{qualname}:{spec_text}")
+    assert (target.module, target.qualname, target.spec) == (
+        module,
+        bcrecord.specs.compiled_name(qualname),
+        spec,
+    )
+
+
+@SETTINGS
+@given(st.one_of(TYPED, st.lists(TYPED, max_size=4).map(":".join)))
+def test_property_any_text_is_a_run_target_or_a_run_error_that_names_it(text):
+    try:
+        target = parse_target(text)
+    except RunError as error:
+        assert repr(text) in str(error) or repr(text.split(":", 2)[-1].strip()) in str(error)
+    else:
+        assert target.text == text and all(part.isidentifier() for part in target.path)

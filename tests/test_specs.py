@@ -100,12 +100,47 @@ def test_a_function_recorder_target_that_cannot_be_recorded_says_what_to_write(r
         (dict(type="Nope"), "FunctionRecorder"),
         (dict(type="FunctionRecorder", target="x", extra=1), "unknown keys"),
         (dict(type="FunctionRecorder", target="x", idx=1), r"\['idx'\] .*; did you mean 'index'\?"),
+        # Keys of mixed types (a YAML config's 1:) are listed, not compared with each other.
+        (
+            {"type": "FunctionRecorder", "idx": 1, 1: 2},
+            r"unknown keys \['idx', 1\] .*; did you mean 'index'\?",
+        ),
         (42, "must be Local/Attribute/Return"),
     ],
 )
 def test_bad_specs_name_the_problem(bad, message):
     with pytest.raises(SpecError, match=message):
         parse(bad)
+
+
+@pytest.mark.parametrize(
+    "typo, message",
+    [
+        ("x@", "'x@': '@' is followed by an index: 'x@0', 'x@[0,2]', or 'x' for every one"),
+        ("self.fc()@ ", "'self.fc()@ ': '@' is followed by an index: 'self.fc()@0', 'self.fc()@[0,2]', or"),
+        (
+            "x@-1",
+            "bad index in 'x@-1': an index is a non-negative int: sites are counted from 0 in source order",
+        ),
+        (
+            "x@1@2",
+            "bad index in 'x@1@2': expected an int or a list like [0,2]; several sites are one list: "
+            "'x@[1,2]'",
+        ),
+        ("out@1, 3", "several sites are one list: 'out@[1,3]'"),
+        (
+            "x\uff201",
+            "a local's name must be a Python identifier, got 'x\uff201'; 'x\uff201' has full-width "
+            "characters: write 'x@1'",
+        ),
+        ("x@\uff10", "'x@\uff10' has full-width characters: write 'x@0'"),
+        ("self.fc\uff08\uff09", "has full-width characters: write 'self.fc()'"),
+    ],
+)
+def test_the_likeliest_typos_are_told_the_form_to_write(typo, message):
+    with pytest.raises(SpecError) as caught:
+        parse(typo)
+    assert message in str(caught.value)
 
 
 def test_specs_are_immutable_and_validated():
@@ -225,3 +260,101 @@ class _Scaled:
     def forward(self, inputs):
         outputs = inputs * self.scale
         return outputs
+
+
+# --- properties: every spec's short form parses back; any text parses or names the problem ---
+
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from .typed_text import CHAINS, INDICES, JSON, SETTINGS, TYPED, specs_and_short_forms  # noqa: E402
+
+_SPECS = (Local, Attribute, Return, Call, Expr)
+
+
+@SETTINGS
+@given(specs_and_short_forms(), st.sampled_from(["{}", " {} ", "\t{}\n"]))
+def test_property_every_spec_s_short_form_parses_back_to_it(spec_and_text, around):
+    spec, text = spec_and_text
+    assert parse(around.format(text)) == spec
+    assert parse_all([text, text]) == (spec, spec)
+    assert split_specs(text) is None  # one spec: not split
+
+
+@SETTINGS
+@given(specs_and_short_forms())
+def test_property_a_function_recorder_dict_gives_the_short_form_s_index_in_index(spec_and_text):
+    spec, text = spec_and_text
+    bare, _, index = text.partition("@") if not isinstance(spec, Expr) else (spec.op, "", "")
+    given_index = None if isinstance(spec, Return) else spec.index
+    recorder = dict(
+        type="FunctionRecorder", target=bare, index=None if given_index is None else list(given_index)
+    )
+    expected = Attribute(spec.target, at="load", index=given_index) if isinstance(spec, Attribute) else spec
+    assert parse(recorder) == expected
+
+
+@SETTINGS
+@given(CHAINS, st.sampled_from(["entry", "load"]), INDICES)
+def test_property_an_attribute_recorder_dict_is_the_attribute_spec(chain, at, index):
+    recorder = dict(type="AttributeRecorder", target=chain, at=at, index=index)
+    if at == "entry" and index is not None:
+        with pytest.raises(SpecError, match="index applies to at='load' only"):
+            parse(recorder)
+    else:
+        assert parse(recorder) == Attribute(chain, at=at, index=index)
+
+
+@SETTINGS
+@given(TYPED)
+def test_property_any_text_is_a_spec_or_a_spec_error_that_names_it(text):
+    try:
+        spec = parse(text)
+    except SpecError as error:
+        assert str(error)
+        several = split_specs(text)
+        if several is not None:  # each part is a spec of its own, and the message lists them
+            assert [type(parse(part)) in _SPECS for part in several] == [True] * len(several)
+            assert repr(several) in str(error)
+    else:
+        assert isinstance(spec, _SPECS)
+        assert parse(spec) is spec
+
+
+@SETTINGS
+@given(st.dictionaries(st.sampled_from(["type", "target", "index", "copy", "at", "name", "idx", 1]), JSON))
+def test_property_any_dict_is_a_spec_or_a_spec_error(recorder):
+    recorder.setdefault("type", "FunctionRecorder")
+    try:
+        spec = parse(recorder)
+    except SpecError as error:
+        assert str(error)
+    else:
+        assert isinstance(spec, _SPECS)
+
+
+@SETTINGS
+@given(st.one_of(JSON, st.lists(TYPED, max_size=3)))
+def test_property_any_json_value_given_as_specs_is_specs_or_a_spec_error(value):
+    try:
+        specs = parse_all(value)
+    except SpecError as error:
+        assert str(error)
+    else:
+        assert specs and all(isinstance(spec, _SPECS) for spec in specs)
+
+
+@SETTINGS
+@given(TYPED)
+def test_property_a_spec_refused_leaves_the_function_as_it_was(text):
+    def area(w, h):
+        a = w * h
+        return a
+
+    code = area.__code__
+    try:
+        with bcrecord.patch_function(area, [text]):
+            pass
+    except bcrecord.BcrecordError as error:
+        assert str(error)
+    assert area.__code__ is code and area(2, 3) == 6

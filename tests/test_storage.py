@@ -889,3 +889,25 @@ class Frozen:
     """A dataclass pickle makes again through ``__reduce_ex__`` (a frozen one: object.__setattr__)."""
 
     field: object
+
+
+# --- properties: any keys given to load are values, a KeyError naming the saved keys, or a TypeError ---
+
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from .typed_text import JSON, SETTINGS, TYPED  # noqa: E402
+
+
+@SETTINGS
+@given(st.one_of(TYPED, st.lists(st.one_of(TYPED, st.just("m:f:x@0")), max_size=3), JSON))
+def test_property_any_keys_load_their_values_or_name_the_saved_keys(tmp_path_factory, keys):
+    folder = save({"m:f:x@0": [1.5]}, tmp_path_factory.mktemp("saved"))
+    try:
+        loaded = load(folder, keys=keys)
+    except KeyError as error:
+        assert "saved keys: m:f:x@0" in str(error)
+    except TypeError as error:
+        assert "key" in str(error)
+    else:
+        assert dict(loaded) in ({"m:f:x@0": [1.5]}, {})

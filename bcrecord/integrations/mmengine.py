@@ -270,7 +270,7 @@ def _recorder_of_key(kind: str, key: str) -> str:
     if method and method != "forward":
         parts.append(f"method={method!r}")
     parts.append(f"target={target!r}")
-    if index.isdigit():
+    if index.isdigit() and index.isascii():  # ('²' is a digit to isdigit, and no number to int)
         parts.append(f"index=[{int(index)}]")
     return f"dict({', '.join(parts)})"
 

@@ -50,7 +50,7 @@ from ..analysis import compiled_spec, instructions
 from ..errors import BcrecordError, NotPatchableError, SpecError, TargetError, did_you_mean, warn
 from ..patch import function_of, original_code
 from ..patch import targets as function_targets
-from ..specs import Attribute, Call, Expr, Return, Spec, compiled_name, parse
+from ..specs import Attribute, Call, Expr, Return, Spec, compiled_name, full_width_fixed, parse
 
 __all__ = ["Target", "expand", "expand_all", "has_forward", "unwrap", "module_at", "new_matches"]
 
@@ -206,9 +206,32 @@ def _split(text: str) -> Tuple[str, str, str, bool]:
     if len(parts) != 3 or not parts[1] or not parts[2]:
         raise SpecError(
             f"bad target {text!r}: expected 'module.path:method:target' (e.g. 'layer1.0:forward:out@2') "
-            "or a bare module path (e.g. 'layer1')"
+            f"or a bare module path (e.g. 'layer1'){_two_parts_meant(parts)}"
         )
     return parts[0], parts[1], parts[2], grad
+
+
+def _two_parts_meant(parts: List[str]) -> str:
+    """For a target of two parts, what it most likely stands for, to end the message with; else ''.
+
+    >>> _two_parts_meant(["layer1.0.forward", "out"]), _two_parts_meant(["layer1", "out@1"])
+    ("; did you mean 'layer1.0:forward:out'?", "; did you mean 'layer1:forward:out@1'?")
+    >>> _two_parts_meant(["layer1", "forward"])
+    "; did you mean 'layer1:forward:return' (what forward returns) or 'layer1' (its output)?"
+    """
+    if len(parts) != 2 or not all(parts):
+        return ""
+    path, dot, method = parts[0].rpartition(".")
+    if dot and method.isidentifier() and "forward" in method:  # a dot where the ':' goes
+        return f"; did you mean '{path}:{method}:{parts[1]}'?"
+    if parts[1] == "forward" or parts[1].startswith("_forward"):  # the method, without what to record
+        returns = f"'{parts[0]}:{parts[1]}:return' (what {parts[1]} returns)"
+        return f"; did you mean {returns} or '{parts[0]}' (its output)?"
+    try:
+        parse(parts[1])
+    except SpecError:
+        return ""
+    return f"; did you mean '{parts[0]}:forward:{parts[1]}'?"  # the method left out
 
 
 def _bare_path_grad(path: str) -> SpecError:
@@ -229,6 +252,10 @@ def _split_in(model: torch.nn.Module, text: str) -> Tuple[str, str, str, bool]:
     >>> _split_in(model, "grad"), _split_in(model, "a:b:forward:return.grad"), _split_in(model, "a:*")
     (('grad', 'forward', '', False), ('a:b', 'forward', 'return', True), ('a:*', 'forward', '', False))
     """
+    fixed = full_width_fixed(text, punctuation_only=True) if isinstance(text, str) else None
+    if fixed is not None and not _names_submodules(model, text.strip()):
+        # (an IME's '：' would make one module path of the whole)
+        raise SpecError(f"bad target {text!r}: it has full-width characters: write {fixed!r}")
     if isinstance(text, str) and ("grad" in text or text.count(":") not in (0, 2)):
         stripped = text.strip()
         if _names_submodules(model, stripped):  # a bare path: 'heads.grad', 'heads.a:b', 'heads.a:*'
@@ -415,7 +442,9 @@ def _fx_target(model: torch.nn.Module, text: str) -> Optional[Target]:
     use instead.
     """
     parent, _, node = text.rpartition(".")
-    base, _, number = node.rpartition("_") if node.rpartition("_")[2].isdigit() else (node, "", "0")
+    # (ASCII digits: '²' is a digit to isdigit, and no number to int)
+    numbered = node.rpartition("_")[2]
+    base, _, number = node.rpartition("_") if numbered.isdigit() and numbered.isascii() else (node, "", "0")
     occurrence = int(number or 0)
     forward = getattr(type(unwrap(model)), "forward", None)
     if not parent and isinstance(forward, types.FunctionType) and base in _argument_names(forward):
@@ -603,7 +632,7 @@ def _either_or(a: _FxSite, b: _FxSite) -> bool:
 def _fx_stripped(name: str) -> str:
     """The name torchvision numbers a node under: without a ``_<digits>`` suffix (``ln_1``: ``ln``)."""
     stem, _, number = name.rpartition("_")
-    return stem if stem and number.isdigit() else name
+    return stem if stem and number.isdigit() and number.isascii() else name
 
 
 def _fx_leaf(module: torch.nn.Module) -> bool:

@@ -32,6 +32,7 @@ from bcrecord.integrations.mmengine import (  # noqa: E402
     RecorderHook,
     RecorderVisualizationHook,
     image_name,
+    parse_recorders,
     resolve_model,
 )
 from bcrecord.listing import decompiled  # noqa: E402
@@ -711,6 +712,15 @@ def test_keys_given_as_recorders_fail_at_before_run_with_the_recorders_that_publ
     assert_restored(model)
 
 
+def test_a_key_with_an_index_that_is_no_decimal_number_is_a_recorder_config_error():
+    # '²' is a digit to str.isdigit, no number to int: the recorder that publishes the key has no index.
+    with pytest.raises(RecorderConfigError) as caught:
+        parse_recorders([dict(type="FunctionRecorder", target="m:forward:x@\u00b2")])
+    assert str(caught.value).endswith(
+        "the recorder that publishes it is dict(type='FunctionRecorder', model='m', target='x')"
+    )
+
+
 class _Remembering(ToyModel):
     def forward(self, inputs, data_samples, mode="tensor"):
         outputs = super().forward(inputs, data_samples, mode)
@@ -1352,3 +1362,56 @@ def test_two_recorders_whose_keys_are_one_fail_at_before_run(tmp_path):
     assert "its key 'lin:forward:return' is also that of recorders[0]" in text and "another name=" in text
     assert runner.iter == 0
     assert_restored(model)
+
+
+# --- properties: a recorder dict parses to its spec; any config is recorders or a RecorderConfigError ---
+
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from bcrecord.specs import Attribute, Expr, Return  # noqa: E402
+
+from ..typed_text import JSON, NAMES, SETTINGS, TYPED, specs_and_short_forms  # noqa: E402
+
+_MODELS = st.sampled_from(["", "backbone", "backbone.layer1", "resnet.0"])
+
+
+@SETTINGS
+@given(specs_and_short_forms(), _MODELS, st.one_of(st.just("forward"), NAMES), st.one_of(st.none(), NAMES))
+def test_property_a_function_recorder_parses_to_the_spec_of_its_short_form(
+    spec_and_text, model, method, name
+):
+    spec, text = spec_and_text
+    bare = spec.op if isinstance(spec, Expr) else text.partition("@")[0]
+    index = None if isinstance(spec, Return) or spec.index is None else list(spec.index)
+    recorder = dict(type="FunctionRecorder", target=bare, index=index, model=model, method=method, name=name)
+    (parsed,) = parse_recorders([recorder])
+    expected = Attribute(spec.target, at="load", index=spec.index) if isinstance(spec, Attribute) else spec
+    assert (parsed.model, parsed.method, parsed.owner, parsed.spec) == (
+        model,
+        method,
+        name or model or "runner_model",
+        expected,
+    )
+
+
+_KEYS = st.sampled_from(["type", "target", "index", "copy", "at", "model", "method", "name", "idx", 1])
+_VALUES = st.one_of(
+    JSON, st.sampled_from(["FunctionRecorder", "AttributeRecorder", "self.fc", "m:forward:x@1"])
+)
+
+
+@SETTINGS
+@given(
+    st.one_of(JSON, TYPED, st.lists(st.one_of(st.dictionaries(_KEYS, _VALUES, max_size=6), JSON), max_size=3))
+)
+def test_property_any_config_is_recorders_or_a_recorder_config_error_that_names_it(recorders):
+    try:
+        parsed = parse_recorders(recorders)
+    except RecorderConfigError as error:
+        assert str(error).startswith("RecorderHook: ")
+    else:
+        assert parsed and all(
+            isinstance(config.spec, (Attribute, Expr, Return, bcrecord.Local, bcrecord.Call))
+            for config in parsed
+        )

@@ -47,6 +47,28 @@ def test_spaces_around_a_target_s_parts_are_read_as_bcrecord_run_reads_them():
     assert list(rec) == ["blocks.1:forward:out@2"]
 
 
+@pytest.mark.parametrize(
+    "typo, meant",
+    [
+        ("blocks.0.forward:out", "; did you mean 'blocks.0:forward:out'?"),
+        ("blocks.0:out@1", "; did you mean 'blocks.0:forward:out@1'?"),
+        (
+            "blocks.0:forward",
+            "; did you mean 'blocks.0:forward:return' (what forward returns) or 'blocks.0' (its ",
+        ),
+        ("blocks.0\uff1aforward\uff1aout", "it has full-width characters: write 'blocks.0:forward:out'"),
+        ("blocks.0:forward:out\uff201", "it has full-width characters: write 'blocks.0:forward:out@1'"),
+    ],
+)
+def test_a_target_with_a_likely_typo_is_told_the_form_to_write(typo, meant):
+    with pytest.raises(bcrecord.SpecError) as caught:
+        expand(SmallNet(), typo)
+    assert meant in str(caught.value)
+    # A full-width letter is a letter of the name, as the compiler reads it.
+    (target,) = expand(SmallNet(), "blocks.0:forward:\uff4f\uff55\uff54@1")
+    assert target.spec == Local("out", 1)
+
+
 def test_globs_match_one_component_at_a_time():
     net = SmallNet()
     assert [t.path for t in expand(net, "blocks.*")] == ["blocks.0", "blocks.1", "blocks.2"]
@@ -709,6 +731,18 @@ def test_an_fx_name_with_no_site_says_what_fx_names_cannot_be_mapped():
         expand(Indexing(), "nope.add")  # no module there at all: only that is said
 
 
+def test_an_fx_name_numbered_with_a_digit_that_is_no_decimal_is_no_fx_name():
+    class Adding(torch.nn.Module):
+        def forward(self, x):
+            return x + 1
+
+    # '²' is a digit to str.isdigit, no number to int: a missing name, not int's ValueError.
+    for name in ("add_\u00b2", "\u00b2"):
+        with pytest.raises(bcrecord.TargetError, match=f"^the model has no submodule {name!r}"):
+            expand(Adding(), name)
+    assert [t.spec for t in expand(Adding(), "add")] == [bcrecord.Expr("+", 0)]
+
+
 def test_fx_names_map_beside_calls_of_loop_variables():
     model = _LoopAndNamesakes()
     assert expand(model, "dropout")[0].spec == bcrecord.Call("torch.nn.functional.dropout", 0)
@@ -1106,3 +1140,68 @@ def test_a_method_named_as_the_source_writes_it_is_the_one_the_compiler_stored_n
     with bcrecord.torch.record(net, [":\ufb01wd:h"]) as rec:
         net(torch.ones(1))
     assert rec.keys_of(":\ufb01wd:h") == [":fiwd:h@0"] and rec[":fiwd:h@0"].tolist() == [2.0]
+
+
+# --- properties: a target's parts parse back; any text expands or names the problem ---
+
+from hypothesis import given  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from ..typed_text import PIECES, SETTINGS, TYPED, specs_and_short_forms  # noqa: E402
+
+_PATHS = ("", "stem", "blocks", "blocks.0", "blocks.2", "fc")  # SmallNet's, blocks: a Sequential
+_TARGET_PIECES = st.lists(
+    st.sampled_from((*PIECES, *_PATHS[1:], "a:b", "*", "blocks.*", ":forward:")), max_size=10
+)
+
+
+class _OddNames(torch.nn.Module):
+    """SmallNet with a ModuleDict whose keys a target could misread: a ':' and 'grad'."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = SmallNet()
+        self.heads = torch.nn.ModuleDict({"a:b": torch.nn.ReLU(), "grad": torch.nn.Identity()})
+
+    def forward(self, x):
+        return self.heads["grad"](self.heads["a:b"](self.net(x)))
+
+
+@SETTINGS
+@given(st.sampled_from(_PATHS), specs_and_short_forms(), st.booleans(), st.sampled_from(["{}", " {} "]))
+def test_property_a_target_s_path_method_and_spec_expand_back(path, spec_and_text, grad, around):
+    spec, spec_text = spec_and_text
+    if spec_text.endswith(".grad"):
+        return  # (a chain ending in '.grad' is the gradient's suffix, as the docs say)
+    text = around.format(f"{path}:forward:{spec_text}" + (".grad" if grad else ""))
+    (target,) = expand(SmallNet(), text)
+    assert (target.path, target.method, target.spec, target.grad, target.output) == (
+        path,
+        "forward",
+        spec,
+        grad,
+        False,
+    )
+    assert target.text == text.strip().removesuffix(".grad")
+
+
+@SETTINGS
+@given(st.one_of(TYPED, _TARGET_PIECES.map("".join)))
+def test_property_any_text_expands_or_is_an_error_that_names_it_and_records_nothing(text):
+    model = _OddNames()
+    code = {kind: kind.forward.__code__ for kind in (SmallNet, torch.nn.Linear, torch.nn.ReLU)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (a method the module replaces: said, not asked here)
+        try:
+            targets = expand(model, text)
+        except bcrecord.BcrecordError as error:
+            assert str(error)
+            with pytest.raises(bcrecord.BcrecordError):
+                with bcrecord.torch.record(model, [text]):
+                    pass
+        else:
+            assert targets and all(
+                isinstance(t.spec, (Local, Return, bcrecord.Attribute, bcrecord.Call, bcrecord.Expr))
+                for t in targets
+            )
+    assert {kind: kind.forward.__code__ for kind in code} == code
