@@ -314,3 +314,35 @@ def test_an_untyped_storage_comes_back_as_one_with_its_bytes(tmp_path):
     for value in (loaded["m:f:s@0"][0], loaded["m:f:pair@0"][0][0]):
         assert type(value) is torch.UntypedStorage
         assert torch.equal(torch.empty(0).set_(value), torch.tensor([1.5, -2.0]))
+
+
+def test_a_file_of_many_small_tensors_is_read_whole_and_a_few_of_them_one_at_a_time(tmp_path, monkeypatch):
+    import safetensors
+
+    save({"loss": [torch.tensor(float(i)) for i in range(40)], "x": [torch.arange(3.0)]}, tmp_path)
+    opened = safetensors.safe_open
+    asked = []
+
+    class Counted:
+        def __init__(self, *args, **kwargs):
+            self.file = opened(*args, **kwargs)
+
+        def __enter__(self):
+            self.tensors = self.file.__enter__()
+            return self
+
+        def __exit__(self, *exc):
+            return self.file.__exit__(*exc)
+
+        def keys(self):
+            return self.tensors.keys()
+
+        def get_tensor(self, name):
+            asked.append(name)
+            return self.tensors.get_tensor(name)
+
+    monkeypatch.setattr(safetensors, "safe_open", Counted)
+    loaded = load(tmp_path)
+    assert [float(value) for value in loaded["loss"]] == [float(i) for i in range(40)] and asked == []
+    assert loaded["x"][0].untyped_storage().nbytes() == 12  # (a storage of its own, not the file's)
+    assert torch.equal(load(tmp_path, keys=["x"])["x"][0], torch.arange(3.0)) and asked == ["x#0#0"]
