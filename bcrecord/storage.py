@@ -690,8 +690,24 @@ def _safetensors(tensors: Dict[str, Any], entries: List[Dict[str, Any]]) -> byte
         raise  # (_blame raises)
 
 
-#: Per tensor dtype, its name in a safetensors header (``"F32"``), asked of safetensors once.
-_safetensors_names: Dict[Any, str] = {}
+#: Per tensor dtype, its name in a safetensors header (``"F32"``), asked of safetensors once;
+#: None for one safetensors lays out otherwise (a packed ``float4_e2m1fn_x2``: its shape counts halves).
+_safetensors_names: Dict[Any, Optional[str]] = {}
+
+
+def _safetensors_name(dtype: Any) -> Optional[str]:
+    if dtype not in _safetensors_names:
+        import torch
+        from safetensors.torch import save as save_tensors
+
+        probe = save_tensors({"probe": torch.zeros(1, dtype=dtype)})
+        info = json.loads(probe[8 : 8 + int.from_bytes(probe[:8], "little")])["probe"]
+        plain = info["shape"] == [1] and info["data_offsets"] == [
+            0,
+            torch.zeros(1, dtype=dtype).element_size(),
+        ]
+        _safetensors_names[dtype] = info["dtype"] if plain else None
+    return _safetensors_names[dtype]
 
 
 def _serialized(tensors: Dict[str, Any]) -> bytes:
@@ -709,13 +725,11 @@ def _serialized(tensors: Dict[str, Any]) -> bytes:
     chunks = []
     offset = 0
     for name, tensor in sorted(tensors.items(), key=lambda item: -item[1].element_size()):
-        dtype = _safetensors_names.get(tensor.dtype)
+        dtype = _safetensors_name(tensor.dtype)
         if dtype is None:
             from safetensors.torch import save as save_tensors
 
-            probe = save_tensors({"probe": torch.zeros(1, dtype=tensor.dtype)})
-            length = int.from_bytes(probe[:8], "little")
-            dtype = _safetensors_names[tensor.dtype] = json.loads(probe[8 : 8 + length])["probe"]["dtype"]
+            return save_tensors(tensors)  # type: ignore[no-any-return]
         size = tensor.element_size() * tensor.nelement()
         header[name] = {"dtype": dtype, "shape": list(tensor.shape), "data_offsets": [offset, offset + size]}
         offset += size
@@ -1466,8 +1480,12 @@ def _data_file(path: Path, wanted: Sequence[str]) -> Dict[str, Any]:
                 found = {name: tensors.get_tensor(name) for name in wanted if name in held}
             else:
                 # Many small tensors, most of them wanted (a scalar a step): read whole, they
-                # load three times as fast as one at a time (each a storage of its own still).
-                everything = safetensors.torch.load(path.read_bytes())
+                # load faster than one at a time (each a storage of its own still). Where that
+                # fails (safetensors' Python side lacks a dtype its reader has: F4), one at a time.
+                try:
+                    everything = safetensors.torch.load(path.read_bytes())
+                except Exception:
+                    everything = {name: tensors.get_tensor(name) for name in wanted if name in held}
                 found = {name: everything[name] for name in wanted if name in everything}
                 del everything
     else:

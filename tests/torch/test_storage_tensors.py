@@ -377,3 +377,14 @@ def test_a_save_of_many_tensors_lays_them_out_itself_as_safetensors_reads_them(t
     assert all(
         torch.equal(a, b) for key in values for a, b in zip(load(tmp_path)[key], values[key] * 2, strict=True)
     )
+
+
+def test_a_packed_dtype_safetensors_lays_out_its_own_way_round_trips(tmp_path):
+    packed = getattr(torch, "float4_e2m1fn_x2", None)
+    if packed is None:
+        pytest.skip("no packed float4 dtype in this torch")
+    value = torch.arange(6, dtype=torch.uint8).reshape(2, 3).view(packed)
+    save({"p": [value], "loss": [torch.tensor(1.0)] * 3}, tmp_path)  # (its shape counts halves there)
+    loaded = load(tmp_path)["p"][0]
+    assert loaded.dtype == packed and loaded.shape == (2, 3)
+    assert loaded.view(torch.uint8).tolist() == [[0, 1, 2], [3, 4, 5]]
