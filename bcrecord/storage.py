@@ -376,7 +376,7 @@ class Writer:
         (0, 2, 2)
         """
         with _writing(self.directory), _turn(self.directory):
-            return len(_read_index(self.directory))
+            return sum(map(len, _index_saves(self.directory)))
 
     @property
     def last_step(self) -> Optional[int]:
@@ -385,7 +385,8 @@ class Writer:
         Reads the whole index: ask once (a resumed run numbering on), not per save.
         """
         with _writing(self.directory), _turn(self.directory):
-            return max((entry["step"] for entry in _read_index(self.directory)), default=None)
+            saves = _index_saves(self.directory)
+            return max((entry["step"] for entries in saves for entry in entries), default=None)
 
     def write(
         self,
@@ -515,13 +516,18 @@ class Writer:
             if end > self._read:
                 if self._read == 0 and self._check:
                     # New to this journal: every line read, as load() reads them (a save added
-                    # to a damaged index would be one nobody can load); later, only the last.
+                    # to a damaged index would be one nobody can load), a line at a time (a long
+                    # run's index is hundreds of MB read whole); later, only the last.
                     journal.seek(0)
-                    lines = journal.read(end)
+                    saves: Iterator[List[Dict[str, Any]]] = (
+                        _entries_in(line, path, number) for number, line in _lines(journal, end)
+                    )
                 else:
-                    lines = _last_line(journal, self._read, end)
-                for entry in _entries_in(lines, path):
-                    self._next_file = max(self._next_file, int(Path(entry["file"]).stem) + 1)
+                    saves = iter([_entries_in(_last_line(journal, self._read, end), path)])
+                for entries in saves:
+                    files = {entry["file"] for entry in entries}  # (a save's entries share a file or two)
+                    for file in files:
+                        self._next_file = max(self._next_file, int(Path(file).stem) + 1)
             self._read = end
             journal.seek(0)
             self._journal = journal.read(min(_HEAD, end))
@@ -575,6 +581,14 @@ def _after_last_newline(journal: Any, start: int, end: int) -> int:
     return start
 
 
+def _lines(journal: Any, end: int) -> Iterator[Tuple[int, bytes]]:
+    """Each line of ``journal`` from where it is to ``end`` (a line's end), numbered from 1."""
+    number = 0
+    while journal.tell() < end:
+        number += 1
+        yield number, journal.readline(end - journal.tell())
+
+
 def _last_line(journal: Any, start: int, end: int) -> bytes:
     """The last line that is not blank between ``start`` and ``end`` (a line's end)."""
     while end > start:
@@ -587,10 +601,10 @@ def _last_line(journal: Any, start: int, end: int) -> bytes:
     return b""
 
 
-def _entries_in(lines: bytes, path: Path) -> List[Dict[str, Any]]:
-    """The entries of complete journal ``lines`` (blank lines are none)."""
+def _entries_in(lines: bytes, path: Path, first: int = 1) -> List[Dict[str, Any]]:
+    """The entries of complete journal ``lines`` (blank lines are none), numbered from ``first``."""
     entries: List[Dict[str, Any]] = []
-    for number, line in enumerate(lines.splitlines(), 1):
+    for number, line in enumerate(lines.splitlines(), first):
         if not line.strip():
             continue
         try:
@@ -616,6 +630,22 @@ def _checked(entries: Any) -> List[Dict[str, Any]]:
     """
     if not isinstance(entries, list):
         raise ValueError(f"its entries are a {type(entries).__name__}, not a list")
+    # Each entry asked the plain way first, each data file's name matched once: a million entries
+    # were four seconds of checks. What fails is asked again field by field, to name what is wrong.
+    files: set = set()
+    for entry in entries:
+        file = entry.get("file") if type(entry) is dict else None
+        if not (
+            type(file) is str
+            and type(entry.get("key")) is str
+            and type(entry.get("step")) is int
+            and type(entry.get("name")) is str
+            and (file in files or _DATA_FILE.fullmatch(file))
+        ):
+            break
+        files.add(file)
+    else:
+        return entries
     for number, entry in enumerate(entries, 1):
         if not isinstance(entry, dict):
             raise ValueError(f"entry {number} is a {type(entry).__name__}, not an object")
@@ -652,10 +682,63 @@ def _safetensors(tensors: Dict[str, Any], entries: List[Dict[str, Any]]) -> byte
         ) from None
 
     try:
-        return save_tensors(tensors)  # type: ignore[no-any-return]
+        if sys.byteorder != "little":  # (safetensors stores little-endian numbers: it swaps them)
+            return save_tensors(tensors)  # type: ignore[no-any-return]
+        return _serialized(tensors)
     except Exception as error:
         _blame(entries, tensors, error, "save the tensors")
         raise  # (_blame raises)
+
+
+#: Per tensor dtype, its name in a safetensors header (``"F32"``), asked of safetensors once;
+#: None for one safetensors lays out otherwise (a packed ``float4_e2m1fn_x2``: its shape counts halves).
+_safetensors_names: Dict[Any, Optional[str]] = {}
+
+
+def _safetensors_name(dtype: Any) -> Optional[str]:
+    if dtype not in _safetensors_names:
+        import torch
+        from safetensors.torch import save as save_tensors
+
+        probe = save_tensors({"probe": torch.zeros(1, dtype=dtype)})
+        info = json.loads(probe[8 : 8 + int.from_bytes(probe[:8], "little")])["probe"]
+        plain = info["shape"] == [1] and info["data_offsets"] == [
+            0,
+            torch.zeros(1, dtype=dtype).element_size(),
+        ]
+        _safetensors_names[dtype] = info["dtype"] if plain else None
+    return _safetensors_names[dtype]
+
+
+def _serialized(tensors: Dict[str, Any]) -> bytes:
+    """``tensors`` (contiguous, on the CPU) in safetensors' format, made here: safetensors' own
+    save converts each tensor to a numpy array on its own, 85 us a tensor, most of a save of many
+    small tensors (a loss a step). The tensors' bytes are copied out at once instead.
+
+    As safetensors lays them out: a header (its length in 8 bytes, then JSON padded to a
+    multiple of 8), then the data, larger elements first so that every tensor is aligned.
+    (Tested in tests/torch: the core's doctests run without torch.)
+    """
+    import torch
+
+    header: Dict[str, Any] = {}
+    chunks = []
+    offset = 0
+    for name, tensor in sorted(tensors.items(), key=lambda item: -item[1].element_size()):
+        dtype = _safetensors_name(tensor.dtype)
+        if dtype is None:
+            from safetensors.torch import save as save_tensors
+
+            return save_tensors(tensors)  # type: ignore[no-any-return]
+        size = tensor.element_size() * tensor.nelement()
+        header[name] = {"dtype": dtype, "shape": list(tensor.shape), "data_offsets": [offset, offset + size]}
+        offset += size
+        if size:
+            chunks.append(tensor.reshape(-1).view(torch.uint8))
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    data = torch.cat(chunks).numpy().tobytes() if chunks else b""
+    return len(text).to_bytes(8, "little") + text + data
 
 
 def _pickled(others: Dict[str, Any], entries: List[Dict[str, Any]]) -> bytes:
@@ -1188,18 +1271,31 @@ def _version_1_entries(directory: Path, header: Dict[str, Any]) -> List[Dict[str
 
 
 def _read_index(directory: Path) -> List[Dict[str, Any]]:
+    return [entry for entries in _index_saves(directory) for entry in entries]
+
+
+def _index_saves(directory: Path) -> Iterator[List[Dict[str, Any]]]:
+    """The entries of each save the index of ``directory`` holds, a save at a time: what
+    needs only a part of each (its keys, a count) holds one save's entries, not the index's
+    (a million small values' entries are some 700 MB)."""
     header = _header(directory)
     if header["version"] == 1:  # from the one read: a writer may be upgrading it meanwhile
-        return _version_1_entries(directory, header)
+        yield _version_1_entries(directory, header)
+        return
     path = directory / _JOURNAL
     try:
-        lines = path.read_bytes()
+        with open(path, "rb") as journal:
+            for number, line in enumerate(journal, 1):
+                if not line.endswith(b"\n"):  # a line cut short: not part of the index
+                    return
+                yield _entries_in(line, path, number)
+    except StorageError:
+        raise
     except OSError as error:
         raise StorageError(f"cannot read {path}: {error.strerror or error}") from None
-    return _entries_in(lines[: lines.rfind(b"\n") + 1], path)  # without a line cut short
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # (slots: a long run's million entries load sooner, in less memory)
 class Entry:
     """One saved value and what the index says about it."""
 
@@ -1288,23 +1384,29 @@ def load(directory: PathLike, keys: Optional[Iterable[str]] = None) -> Loaded:
         wanted = None if keys is None else {keys} if isinstance(keys, str) else set(keys)
     except TypeError:  # (set(3) says "'int' object is not iterable", naming no argument)
         raise TypeError(f"keys is a key or a list of keys, got {keys!r:.80}") from None
-    index = _read_index(directory)
+    # Only the wanted values' entries are kept as the index is read: loading one key of a long
+    # run needs the memory of that key's entries, not of the index's.
+    rows: List[Dict[str, Any]] = []
+    saved: Dict[str, None] = {}  # every saved key, in the order first saved (for a KeyError)
+    for one_save in _index_saves(directory):
+        if wanted is None:
+            rows += one_save
+        else:
+            saved.update(dict.fromkeys(row["key"] for row in one_save))
+            rows += [row for row in one_save if row["key"] in wanted]
     if wanted is not None:
-        _check_saved(wanted, [row["key"] for row in index], directory)
-    rows = [row for row in index if wanted is None or row["key"] in wanted]
-    names: Dict[str, List[str]] = {}  # every value's name in each file, in the order saved
-    for row in index:
-        names.setdefault(row["file"], []).append(row["name"])
-    rows_of: Dict[str, List[Dict[str, Any]]] = {}
-    for row in rows:
-        rows_of.setdefault(row["file"], []).append(row)
+        _check_saved(wanted, list(saved), directory)
+    at_of: Dict[str, List[int]] = {}  # where in rows each file's values are, in the order saved
+    for at, row in enumerate(rows):
+        at_of.setdefault(row["file"], []).append(at)
     # Only the wanted values of each file are kept (its others are dropped as soon as it is
     # read): loading a few keys of a long run needs the memory of those keys' values alone.
-    values: Dict[Tuple[str, str], Any] = {}
-    for file in sorted(rows_of):
+    values: List[Any] = [_UNREAD] * len(rows)
+    for file in sorted(at_of):
         path = directory / file
+        rows_of = [rows[at] for at in at_of[file]]
         try:
-            found = _data_file(path, [row["name"] for row in rows_of[file]])
+            found = _data_file(path, [row["name"] for row in rows_of])
         except ImportError as error:
             # safetensors' torch module imports torch: where torch is what is missing (the
             # 'save' extra installs safetensors alone), installing safetensors would not help.
@@ -1330,21 +1432,35 @@ def load(directory: PathLike, keys: Optional[Iterable[str]] = None) -> Loaded:
             if isinstance(error, OSError) and not isinstance(error, FileNotFoundError):
                 # (a file this process may not read, a disk that fails: no damage to work round)
                 raise StorageError(f"cannot read {path}: {error.strerror or error}") from None
-            found, why = _salvaged(path, names[file], error)
-            lost = [row for row in rows_of[file] if row["name"] not in found]
+            # Every value's name in the file, in the order saved (the index read again: a
+            # damaged file is rare, and the names of a long run's every value are not kept).
+            names = [
+                row["name"] for entries in _index_saves(directory) for row in entries if row["file"] == file
+            ]
+            found, why = _salvaged(path, names, error)
+            lost = [row for row in rows_of if row["name"] not in found]
             if lost:
-                unread = sum(name not in found for name in names[file])
-                _warn_damaged(path, why, lost, unread, len(names[file]))
-        for row in rows_of[file]:
+                unread = sum(name not in found for name in names)
+                _warn_damaged(path, why, lost, unread, len(names))
+        for at, row in zip(at_of[file], rows_of, strict=True):
             if row["name"] in found:
-                values[(file, row["name"])] = found[row["name"]]
+                values[at] = found[row["name"]]
         del found
     entries = [
-        Entry(row["key"], row["step"], values[(row["file"], row["name"])], dict(row))
-        for row in rows
-        if (row["file"], row["name"]) in values
+        Entry(row["key"], row["step"], value, row)
+        for row, value in zip(rows, values, strict=True)
+        if value is not _UNREAD
     ]
     return Loaded(entries)
+
+
+#: A value :func:`load` did not read (its data file is damaged).
+_UNREAD = object()
+
+
+#: The largest safetensors file :func:`load` reads whole where it wants most of its tensors
+#: (a larger one's tensors are read one at a time, from the file mapped into memory).
+_READ_WHOLE = 64 << 20
 
 
 class _Missing(KeyError):
@@ -1360,7 +1476,18 @@ def _data_file(path: Path, wanted: Sequence[str]) -> Dict[str, Any]:
 
         with safe_open(str(path), framework="pt") as tensors:
             held = set(tensors.keys())
-            found = {name: tensors.get_tensor(name) for name in wanted if name in held}
+            if len(wanted) * 4 < len(held) or path.stat().st_size > _READ_WHOLE:
+                found = {name: tensors.get_tensor(name) for name in wanted if name in held}
+            else:
+                # Many small tensors, most of them wanted (a scalar a step): read whole, they
+                # load faster than one at a time (each a storage of its own still). Where that
+                # fails (safetensors' Python side lacks a dtype its reader has: F4), one at a time.
+                try:
+                    everything = safetensors.torch.load(path.read_bytes())
+                except Exception:
+                    everything = {name: tensors.get_tensor(name) for name in wanted if name in held}
+                found = {name: everything[name] for name in wanted if name in everything}
+                del everything
     else:
         found = _unpickled(path.read_bytes())
         if not isinstance(found, dict):
@@ -1513,7 +1640,9 @@ def saved_keys(directory: PathLike) -> List[str]:
     >>> saved_keys(folder)
     ['m:f:x@0', 'm:f:y@0']
     """
-    return list(dict.fromkeys(row["key"] for row in saved_index(directory)))
+    return list(
+        dict.fromkeys(row["key"] for entries in _index_saves(_expanded(directory)) for row in entries)
+    )
 
 
 def _check_saved(wanted: Iterable[str], saved: List[str], directory: Path) -> None:

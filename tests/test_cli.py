@@ -13,10 +13,14 @@ import subprocess
 import sys
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import bcrecord
+from bcrecord.cli import _resolved, _stripped
 
 from .commands import ROOT, _env, cli, one_clear_line
+from .typed_text import SETTINGS, TYPED
 
 RUN = dict(env=_env(), capture_output=True, text=True, timeout=300)
 
@@ -441,12 +445,6 @@ def test_targets_imports_a_module_that_asks_about_stdout_also_without_a_stderr(p
 
 # --- properties: any path given to `bcrecord targets/show` resolves or is a BcrecordError ---
 
-from hypothesis import given  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from bcrecord.cli import _resolved, _stripped  # noqa: E402
-
-from .typed_text import SETTINGS, TYPED  # noqa: E402
 
 # (modules safe to import, and missing ones: an arbitrary name could be 'antigravity')
 _MODULES = st.sampled_from(

@@ -13,12 +13,15 @@ import sys
 import textwrap
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import bcrecord
 from bcrecord.runner import RunError, parse_target
 from bcrecord.specs import Local, Return
 
 from .commands import cli, one_clear_line, plain
+from .typed_text import CHAINS, NAMES, SETTINGS, TYPED, specs_and_short_forms
 
 
 def test_parse_target_splits_module_path_and_spec():
@@ -2304,11 +2307,6 @@ def test_a_target_with_a_likely_typo_is_told_the_form_to_write(typo, message):
 
 
 # --- properties: a target's three parts parse back; any text is a target or a RunError ---
-
-from hypothesis import given  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from .typed_text import CHAINS, NAMES, SETTINGS, TYPED, specs_and_short_forms  # noqa: E402
 
 
 @SETTINGS

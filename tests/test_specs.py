@@ -4,10 +4,14 @@ import dataclasses
 import re
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import bcrecord
 from bcrecord import Attribute, Call, Expr, Local, Return, SpecError, instrument, parse, recording
 from bcrecord.specs import parse_all, split_specs
+
+from .typed_text import CHAINS, INDICES, JSON, SETTINGS, TYPED, specs_and_short_forms
 
 
 @pytest.mark.parametrize(
@@ -264,10 +268,6 @@ class _Scaled:
 
 # --- properties: every spec's short form parses back; any text parses or names the problem ---
 
-from hypothesis import given  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from .typed_text import CHAINS, INDICES, JSON, SETTINGS, TYPED, specs_and_short_forms  # noqa: E402
 
 _SPECS = (Local, Attribute, Return, Call, Expr)
 

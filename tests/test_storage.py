@@ -11,9 +11,13 @@ import types
 import warnings
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 import bcrecord
 from bcrecord.storage import StorageError, UnsavableValue, Writer, load, save
+
+from .typed_text import JSON, SETTINGS, TYPED
 
 
 def test_round_trip_of_plain_values_over_several_saves(tmp_path):
@@ -893,11 +897,6 @@ class Frozen:
 
 # --- properties: any keys given to load are values, a KeyError naming the saved keys, or a TypeError ---
 
-from hypothesis import given  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
-
-from .typed_text import JSON, SETTINGS, TYPED  # noqa: E402
-
 
 @SETTINGS
 @given(st.one_of(TYPED, st.lists(st.one_of(TYPED, st.just("m:f:x@0")), max_size=3), JSON))
@@ -911,3 +910,60 @@ def test_property_any_keys_load_their_values_or_name_the_saved_keys(tmp_path_fac
         assert "key" in str(error)
     else:
         assert dict(loaded) in ({"m:f:x@0": [1.5]}, {})
+
+
+def _long_index(directory, saves, per_save):
+    """A records directory whose index names ``saves * per_save`` values of key 'b' (their data
+    files left out: what is tested reads none) and one value of key 'a' in a file of its own."""
+    bcrecord.save({"a": [1.5]}, directory, step=0)
+    with open(directory / "index.jsonl", "a") as journal:
+        for save_number in range(saves):
+            file = f"records/{save_number + 2:06d}.pkl"
+            entries = [
+                {"key": "b", "step": step, "file": file, "name": f"b#{step}#0", "kind": "pickle",
+                 "shape": None, "dtype": "float", "device": None, "bytes": None, "time": 0.0}
+                for step in range(save_number * per_save, (save_number + 1) * per_save)
+            ]  # fmt: skip
+            journal.write(json.dumps({"entries": entries}) + "\n")
+
+
+def test_what_needs_a_part_of_a_long_index_holds_one_save_of_it_at_a_time(tmp_path):
+    import tracemalloc
+
+    _long_index(tmp_path, saves=40, per_save=1000)  # 40,001 entries: some 25 MB read whole
+    peaks = {}
+    for name, read in [
+        ("saved_keys", lambda: bcrecord.storage.saved_keys(tmp_path)),
+        ("load one key", lambda: load(tmp_path, keys=["a"])["a"]),
+        ("Writer.saved", lambda: Writer(tmp_path).saved),
+        ("Writer.last_step", lambda: Writer(tmp_path, check=False).last_step),
+    ]:
+        tracemalloc.start()
+        try:
+            result = read()
+            peaks[name] = (result, tracemalloc.get_traced_memory()[1] < 3 << 20)
+        finally:
+            tracemalloc.stop()
+    # The index read whole was 30-40 MB at its peak; one save of it is under 1 MB.
+    assert peaks == {
+        "saved_keys": (["a", "b"], True),
+        "load one key": ([1.5], True),
+        "Writer.saved": (40_001, True),
+        "Writer.last_step": (39_999, True),
+    }
+
+
+def test_loading_matches_each_data_file_s_name_once_not_each_entry_s(tmp_path, monkeypatch):
+    saved = bcrecord.save({"m:f:x@0": list(range(500))}, tmp_path, step=0)
+    bcrecord.save({"m:f:x@0": [7]}, saved, step=1)
+    asked = []
+    pattern = bcrecord.storage._DATA_FILE
+
+    class Counted:
+        def fullmatch(self, text):
+            asked.append(text)
+            return pattern.fullmatch(text)
+
+    monkeypatch.setattr(bcrecord.storage, "_DATA_FILE", Counted())
+    assert load(saved)["m:f:x@0"] == [*range(500), 7]
+    assert asked == ["records/000001.pkl", "records/000002.pkl"]

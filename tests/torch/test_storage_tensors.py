@@ -314,3 +314,77 @@ def test_an_untyped_storage_comes_back_as_one_with_its_bytes(tmp_path):
     for value in (loaded["m:f:s@0"][0], loaded["m:f:pair@0"][0][0]):
         assert type(value) is torch.UntypedStorage
         assert torch.equal(torch.empty(0).set_(value), torch.tensor([1.5, -2.0]))
+
+
+def test_a_file_of_many_small_tensors_is_read_whole_and_a_few_of_them_one_at_a_time(tmp_path, monkeypatch):
+    import safetensors
+
+    save({"loss": [torch.tensor(float(i)) for i in range(40)], "x": [torch.arange(3.0)]}, tmp_path)
+    opened = safetensors.safe_open
+    asked = []
+
+    class Counted:
+        def __init__(self, *args, **kwargs):
+            self.file = opened(*args, **kwargs)
+
+        def __enter__(self):
+            self.tensors = self.file.__enter__()
+            return self
+
+        def __exit__(self, *exc):
+            return self.file.__exit__(*exc)
+
+        def keys(self):
+            return self.tensors.keys()
+
+        def get_tensor(self, name):
+            asked.append(name)
+            return self.tensors.get_tensor(name)
+
+    monkeypatch.setattr(safetensors, "safe_open", Counted)
+    loaded = load(tmp_path)
+    assert [float(value) for value in loaded["loss"]] == [float(i) for i in range(40)] and asked == []
+    assert loaded["x"][0].untyped_storage().nbytes() == 12  # (a storage of its own, not the file's)
+    assert torch.equal(load(tmp_path, keys=["x"])["x"][0], torch.arange(3.0)) and asked == ["x#0#0"]
+
+
+def test_a_save_of_many_tensors_lays_them_out_itself_as_safetensors_reads_them(tmp_path, monkeypatch):
+    import safetensors.torch
+    from safetensors import safe_open
+
+    values = {
+        "flag": [torch.tensor(True)],
+        "x": [torch.arange(6.0).reshape(2, 3)[:, 1]],  # (a view: saved as its own data)
+        "half": [torch.ones(3, dtype=torch.float16)],
+        "empty": [torch.zeros(0, 4)],
+        "bf16": [torch.full((2,), 1.5, dtype=torch.bfloat16)],
+        "ints": [torch.arange(5)],
+        "loss": [torch.tensor(0.25), torch.tensor(0.5)],
+    }
+    save(values, tmp_path, step=0)  # (asks safetensors what each dtype is called, once)
+    asked = []
+    real = safetensors.torch.save
+    monkeypatch.setattr(safetensors.torch, "save", lambda *args: asked.append(len(args[0])) or real(*args))
+    save(values, tmp_path, step=1)
+    assert asked == []  # safetensors' save converted each tensor to numpy on its own: 85 us a tensor
+    with safe_open(str(tmp_path / "records" / "000002.safetensors"), framework="pt") as data:
+        read = {name: data.get_tensor(name) for name in data.keys()}
+    assert sorted(read) == sorted(f"{key}#1#{n}" for key, kept in values.items() for n in range(len(kept)))
+    for key, kept in values.items():
+        for n, value in enumerate(kept):
+            same = read[f"{key}#1#{n}"]
+            assert same.dtype == value.dtype and same.shape == value.shape and torch.equal(same, value), key
+    assert all(
+        torch.equal(a, b) for key in values for a, b in zip(load(tmp_path)[key], values[key] * 2, strict=True)
+    )
+
+
+def test_a_packed_dtype_safetensors_lays_out_its_own_way_round_trips(tmp_path):
+    packed = getattr(torch, "float4_e2m1fn_x2", None)
+    if packed is None:
+        pytest.skip("no packed float4 dtype in this torch")
+    value = torch.arange(6, dtype=torch.uint8).reshape(2, 3).view(packed)
+    save({"p": [value], "loss": [torch.tensor(1.0)] * 3}, tmp_path)  # (its shape counts halves there)
+    loaded = load(tmp_path)["p"][0]
+    assert loaded.dtype == packed and loaded.shape == (2, 3)
+    assert loaded.view(torch.uint8).tolist() == [[0, 1, 2], [3, 4, 5]]
