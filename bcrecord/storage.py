@@ -100,6 +100,7 @@ __all__ = [
     "load",
     "saved_keys",
     "saved_index",
+    "iter_saved_index",
 ]
 
 FORMAT = "bcrecord-records"
@@ -1630,6 +1631,19 @@ def saved_index(directory: PathLike) -> List[Dict[str, Any]]:
     return _read_index(_expanded(directory))
 
 
+def iter_saved_index(directory: PathLike) -> Iterator[Dict[str, Any]]:
+    """The rows of :func:`saved_index`, one at a time, as the index is read a save at a time:
+    a long run's index (some 700 bytes a value as dicts) is never held whole.
+
+    >>> import tempfile, bcrecord
+    >>> folder = bcrecord.save({"m:f:x@0": [1.0], "m:f:y@0": [2]}, tempfile.mkdtemp())
+    >>> [(row["key"], row["dtype"]) for row in iter_saved_index(folder)]
+    [('m:f:x@0', 'float'), ('m:f:y@0', 'int')]
+    """
+    for entries in _index_saves(_expanded(directory)):
+        yield from entries
+
+
 def saved_keys(directory: PathLike) -> List[str]:
     """The keys ``directory`` holds values of, in the order first saved, from its index alone
     (no value is read: a data file of other keys may be damaged).
@@ -1640,9 +1654,7 @@ def saved_keys(directory: PathLike) -> List[str]:
     >>> saved_keys(folder)
     ['m:f:x@0', 'm:f:y@0']
     """
-    return list(
-        dict.fromkeys(row["key"] for entries in _index_saves(_expanded(directory)) for row in entries)
-    )
+    return list(dict.fromkeys(row["key"] for row in iter_saved_index(directory)))
 
 
 def _check_saved(wanted: Iterable[str], saved: List[str], directory: Path) -> None:

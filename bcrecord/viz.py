@@ -49,7 +49,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Seque
 from urllib.parse import quote, unquote
 
 from .errors import BcrecordError, did_you_mean
-from .storage import DamagedRecords, Loaded, Unimportable, Unloadable, is_tensor, load, saved_index
+from .storage import DamagedRecords, Loaded, Unimportable, Unloadable, is_tensor, iter_saved_index, load
 
 __all__ = ["KeySummary", "summarize", "table", "draw", "write_index", "view", "Progress"]
 
@@ -941,8 +941,8 @@ def view(
     if not directory.is_dir():
         raise BcrecordError(f"no such directory: {str(directory)!r}")
     keys = _patterns(keys)
-    index = saved_index(directory)
-    saved = list(dict.fromkeys(row["key"] for row in index))
+    sizes = _sizes(iter_saved_index(directory))  # (the index read a save at a time, not held whole)
+    saved = list(sizes)
     matching = [key for key in saved if keys is None or any(fnmatch.fnmatchcase(key, k) for k in keys)]
     if keys is not None and not matching:
         raise BcrecordError(_no_match(keys, saved))
@@ -970,7 +970,7 @@ def view(
         # A group of keys at a time (only the matching keys' values are read: another key's
         # data file may be damaged), each group's values let go once summarized and drawn: a
         # long run of large tensors needs the memory of a group, not of the run.
-        for group in _groups(index, matching):
+        for group in _groups(sizes, matching):
             loaded = _load_noting_damage(directory, group, notes)
             with _one_thread():
                 for summary in summarize(loaded):
@@ -1007,19 +1007,29 @@ _READ_AT_ONCE = 256 << 20
 _UNKNOWN_SIZE = 1 << 10
 
 
-def _groups(index: Sequence[Mapping[str, Any]], keys: Sequence[str]) -> List[List[str]]:
-    """``keys`` in order, in groups whose values the index counts at most :data:`_READ_AT_ONCE`
-    bytes (a key of more alone).
+def _sizes(index: Iterable[Mapping[str, Any]]) -> Dict[str, int]:
+    """The bytes of each key's values as the ``index`` rows count them, the keys in the order
+    first saved (a value of no known size counts :data:`_UNKNOWN_SIZE`).
 
-    >>> rows = [{"key": k, "bytes": b} for k, b in [("a", 200 << 20), ("b", 50 << 20), ("c", 300 << 20)]]
-    >>> _groups(rows + [{"key": "d", "bytes": None}], ["a", "b", "c", "d"])
+    >>> _sizes([{"key": "a", "bytes": 8}, {"key": "b", "bytes": None}, {"key": "a", "bytes": 4}])
+    {'a': 12, 'b': 1024}
+    """
+    sizes: Dict[str, int] = {}
+    for row in index:
+        size = row.get("bytes")
+        sizes[row["key"]] = sizes.get(row["key"], 0) + (
+            size if type(size) is int and size >= 0 else _UNKNOWN_SIZE
+        )
+    return sizes
+
+
+def _groups(sizes: Mapping[str, int], keys: Sequence[str]) -> List[List[str]]:
+    """``keys`` in order, in groups whose values (their ``sizes``) are at most
+    :data:`_READ_AT_ONCE` bytes (a key of more alone).
+
+    >>> _groups({"a": 200 << 20, "b": 50 << 20, "c": 300 << 20, "d": 1024}, ["a", "b", "c", "d"])
     [['a', 'b'], ['c'], ['d']]
     """
-    sizes = dict.fromkeys(keys, 0)
-    for row in index:
-        if row["key"] in sizes:
-            size = row.get("bytes")
-            sizes[row["key"]] += size if type(size) is int and size >= 0 else _UNKNOWN_SIZE
     groups: List[List[str]] = []
     total = 0
     for key in keys:

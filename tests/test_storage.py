@@ -967,3 +967,17 @@ def test_loading_matches_each_data_file_s_name_once_not_each_entry_s(tmp_path, m
     monkeypatch.setattr(bcrecord.storage, "_DATA_FILE", Counted())
     assert load(saved)["m:f:x@0"] == [*range(500), 7]
     assert asked == ["records/000001.pkl", "records/000002.pkl"]
+
+
+def test_iter_saved_index_gives_saved_index_a_row_at_a_time(tmp_path):
+    folder = save({"m:f:x@0": [1.0, 2.5], "m:f:y@0": ["a"]}, tmp_path / "saved", step=3)
+    save({"m:f:x@0": [4.0]}, folder, step=4)
+    rows = bcrecord.storage.iter_saved_index(folder)
+    assert next(rows)["key"] == "m:f:x@0"  # (a generator: the rest not read yet)
+    assert [next(rows)] + list(rows) == bcrecord.storage.saved_index(folder)[1:]
+    assert [(row["key"], row["step"]) for row in bcrecord.storage.iter_saved_index(folder)] == [
+        ("m:f:x@0", 3),
+        ("m:f:x@0", 3),
+        ("m:f:y@0", 3),
+        ("m:f:x@0", 4),
+    ]

@@ -130,6 +130,19 @@ def test_view_reads_a_group_of_keys_at_a_time_and_lets_each_go_before_the_next(t
     assert [row[:2] for row in rows] == [[f"m:f:k{k}@0", "3"] for k in range(5)]
 
 
+def test_view_never_holds_the_whole_index(saved, monkeypatch):
+    # A long run's index is some 700 bytes a value as dicts: view reads it a save at a time
+    # (the sizes of its keys, then each group's rows in load), never as one list.
+    def whole_index(directory):
+        raise AssertionError(f"the whole index of {directory} was read at once")
+
+    monkeypatch.setattr(bcrecord.storage, "_read_index", whole_index)
+    out = io.StringIO()
+    assert view(saved, plots=False, out=out) == 0
+    rows = [line.split()[0] for line in out.getvalue().splitlines()[1:]]
+    assert rows == ["m:f:x@0", "m:f:name@0", "m:g:v@0"]
+
+
 def test_view_bad_input_changes_nothing(saved, tmp_path):
     with pytest.raises(BcrecordError, match="no such directory"):
         view(tmp_path / "missing", plots=False, out=io.StringIO())
