@@ -171,13 +171,21 @@ def _with_environment(directory: Optional[str]) -> Optional[str]:
     """
     if directory is None or "$" not in directory:
         return directory
-    expanded = os.path.expandvars(directory)
-    # expandvars leaves a name it cannot find as it was.
-    unset = re.search(r"\$(?:\{([^}]*)\}|(\w+))", expanded)
-    if unset:
-        name = unset.group(1) or unset.group(2)
-        raise BcrecordError(f"--save-dir {directory!r}: {name} is not set in this process's environment")
-    return expanded
+
+    def value(match: re.Match[str]) -> str:
+        name = match.group(2) if match.group(2) is not None else match.group(1)
+        if name not in os.environ:
+            raise BcrecordError(
+                f"--save-dir {directory!r}: {name or match.group(0)} is not set in this process's environment"
+            )
+        return os.environ[name]
+
+    # The names as written, each read once: a value holding a '$' (a path) is kept as it is.
+    return _VARIABLE.sub(value, directory)
+
+
+#: A ``$NAME`` or ``${NAME}`` (as ``os.path.expandvars`` finds them on POSIX).
+_VARIABLE = re.compile(r"\$(\w+|\{([^}]*)\})", re.ASCII)
 
 
 def _resolved(path: str) -> Tuple[Any, Any]:

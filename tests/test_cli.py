@@ -17,7 +17,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import bcrecord
-from bcrecord.cli import _resolved, _stripped
+from bcrecord.cli import _resolved, _stripped, _with_environment
+from bcrecord.errors import BcrecordError
 
 from .commands import ROOT, _env, cli, one_clear_line
 from .typed_text import SETTINGS, TYPED
@@ -238,6 +239,19 @@ def test_a_save_dir_naming_the_rank_gives_each_rank_its_own_directory(project, m
         "bcrecord: --save-dir 'runs/rank${RANK}': RANK is not set in this process's environment"
     )
     assert not (project / "runs" / "rank${RANK}").exists()
+
+
+def test_a_save_dir_variable_whose_value_holds_a_dollar_is_kept_as_it_is(monkeypatch):
+    # The check for names left unset ran on the expanded text: a value holding a '$' (a path
+    # such as '/data/$shared') was "shared is not set", a name the user never wrote.
+    monkeypatch.setenv("BCRECORD_ROOT", "/data/$shared")
+    monkeypatch.setenv("RANK", "1")
+    assert _with_environment("${BCRECORD_ROOT}/rank$RANK") == "/data/$shared/rank1"
+    monkeypatch.delenv("BCRECORD_UNSET", raising=False)
+    with pytest.raises(BcrecordError, match=r"\$\{\} is not set"):  # (was 'None is not set')
+        _with_environment("runs/${}")
+    with pytest.raises(BcrecordError, match="BCRECORD_UNSET is not set"):
+        _with_environment("$BCRECORD_ROOT/$BCRECORD_UNSET")
 
 
 def test_targets_and_show_take_a_path_with_spaces_around_its_parts_as_run_does(project):

@@ -252,10 +252,14 @@ def _split_in(model: torch.nn.Module, text: str) -> Tuple[str, str, str, bool]:
     >>> _split_in(model, "grad"), _split_in(model, "a:b:forward:return.grad"), _split_in(model, "a:*")
     (('grad', 'forward', '', False), ('a:b', 'forward', 'return', True), ('a:*', 'forward', '', False))
     """
-    fixed = full_width_fixed(text, punctuation_only=True) if isinstance(text, str) else None
-    if fixed is not None and not _names_submodules(model, text.strip()):
-        # (an IME's '：' would make one module path of the whole)
-        raise SpecError(f"bad target {text!r}: it has full-width characters: write {fixed!r}")
+    if isinstance(text, str) and not _names_submodules(model, text.strip()):
+        # (an IME's '：' would make one module path of the whole.) A submodule's own name may
+        # hold one ('blk（1）', a ModuleDict key): its path is kept, the rest checked.
+        path = text.rsplit(":", 2)[0] if text.count(":") >= 2 else ""
+        kept = path if path.strip() and _names_submodules(model, path.strip()) else ""
+        fixed = full_width_fixed(text[len(kept) :], punctuation_only=True)
+        if fixed is not None:
+            raise SpecError(f"bad target {text!r}: it has full-width characters: write {kept + fixed!r}")
     if isinstance(text, str) and ("grad" in text or text.count(":") not in (0, 2)):
         stripped = text.strip()
         if _names_submodules(model, stripped):  # a bare path: 'heads.grad', 'heads.a:b', 'heads.a:*'

@@ -69,6 +69,16 @@ def test_a_target_with_a_likely_typo_is_told_the_form_to_write(typo, meant):
     assert target.spec == Local("out", 1)
 
 
+def test_a_submodule_whose_name_has_full_width_punctuation_is_still_a_target():
+    # Every target with a full-width '（' was refused as an IME's typo, a module named so too:
+    # 'blk（1）:forward:h' recorded before the refusal came in.
+    model = torch.nn.ModuleDict({"blk\uff081\uff09": torch.nn.Linear(2, 2)})
+    (target,) = expand(model, "blk\uff081\uff09:forward:input@0")
+    assert (target.path, target.spec) == ("blk\uff081\uff09", Local("input", 0))
+    with pytest.raises(bcrecord.SpecError, match="write 'blk\uff081\uff09:forward:input@0'"):
+        expand(model, "blk\uff081\uff09:forward:input\uff200")  # (its spec's '＠' is still a typo)
+
+
 def test_globs_match_one_component_at_a_time():
     net = SmallNet()
     assert [t.path for t in expand(net, "blocks.*")] == ["blocks.0", "blocks.1", "blocks.2"]
