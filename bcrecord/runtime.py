@@ -1733,7 +1733,10 @@ class Recording:
             known = [k for k, _ in self._recorded()]
             listed = ", ".join(known) or "(nothing recorded yet)"
             if self._probes(key):
-                where = "in a branch not taken, or a function not called"
+                where = (
+                    "in a branch not taken, or a function not called, or a generator or "
+                    "coroutine made before the recording started: it runs without probes"
+                )
                 if self.threads != "all":  # (values of threads without a recording go nowhere)
                     where += "; or in another thread: threads='all' or bcrecord.carry takes those"
                 raise KeyError(
