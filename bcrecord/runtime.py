@@ -308,6 +308,8 @@ _sites_lock = threading.RLock()
 _free_ids: List[int] = []
 #: For each id, how many live code objects report with it (see hold_sites).
 _holders: Dict[int, int] = {}
+#: Held ids to release once no code reports with them (see release_sites' once_unheld).
+_release_when_unheld: Set[int] = set()
 #: Appending to it drops the value (C-level): sinks of sites nothing takes.
 _NOWHERE: Deque[Any] = deque(maxlen=0)
 
@@ -545,26 +547,39 @@ def register_sites(sites: Sequence[Site]) -> List[int]:
     return ids
 
 
-def release_sites(ids: Sequence[int]) -> None:
+def release_sites(ids: Sequence[int], once_unheld: bool = False) -> None:
     """Forget sites; probes still running with these ids become silent.
 
     An id is reused only once no code that reports with it is alive (see
     :func:`hold_sites`). Every context drops its routes for these sites, so a
     recording that stays open across many patch/remove cycles does not grow.
+    With ``once_unheld``, a site that live code still reports with is forgotten
+    only once that code is gone: a freed recording copy's generator (which on 3.10
+    does not hold its function) records on as it does on 3.11+.
 
     >>> release_sites([])
     """
     gone = set(ids)
     with _sites_lock:
+        if once_unheld:
+            held = {site_id for site_id in gone if site_id in _holders}
+            _release_when_unheld.update(held)
+            gone -= held
         routings = _routings.live()
         for site_id in gone:
-            if _SITES.pop(site_id, None) is None:
-                continue
-            _UNROUTED[site_id] = _NOWHERE
-            for routing in routings:
-                routing.sinks[site_id] = _NOWHERE
-            if site_id not in _holders:
-                _free_ids.append(site_id)
+            _forget(site_id, routings)
+
+
+def _forget(site_id: int, routings: Sequence[_Routing]) -> None:
+    """Silence one site in every context (under ``_sites_lock``), its id free once unheld."""
+    if _SITES.pop(site_id, None) is None:
+        return
+    _release_when_unheld.discard(site_id)
+    _UNROUTED[site_id] = _NOWHERE
+    for routing in routings:
+        routing.sinks[site_id] = _NOWHERE
+    if site_id not in _holders:
+        _free_ids.append(site_id)
 
 
 def hold_sites(holders: Sequence[Any], ids: Sequence[int]) -> None:
@@ -595,7 +610,9 @@ def _unhold(ids: Tuple[int, ...]) -> None:
                 _holders[site_id] = left
                 continue
             _holders.pop(site_id, None)
-            if site_id not in _SITES:
+            if site_id in _release_when_unheld:
+                _forget(site_id, _routings.live())
+            elif site_id not in _SITES:
                 _free_ids.append(site_id)
 
 
@@ -1716,7 +1733,10 @@ class Recording:
             known = [k for k, _ in self._recorded()]
             listed = ", ".join(known) or "(nothing recorded yet)"
             if self._probes(key):
-                where = "in a branch not taken, or a function not called"
+                where = (
+                    "in a branch not taken, or a function not called, or a generator or "
+                    "coroutine made before the recording started: it runs without probes"
+                )
                 if self.threads != "all":  # (values of threads without a recording go nowhere)
                     where += "; or in another thread: threads='all' or bcrecord.carry takes those"
                 raise KeyError(

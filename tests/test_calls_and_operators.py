@@ -429,6 +429,22 @@ async def _doubled(x):
     return x * 2
 
 
+def test_an_awaited_call_records_the_coroutine_it_returns_and_its_local_what_the_await_gives():
+    import asyncio
+    import inspect
+
+    async def awaiting(n):
+        y = await _doubled(n)
+        return y
+
+    patched = bcrecord.instrument(awaiting, ["_doubled()", "y"], name="m")
+    with bcrecord.recording(copy="none") as rec:
+        assert asyncio.run(patched(3)) == 6
+    (called,) = rec.all("m:awaiting:_doubled()@0")
+    assert inspect.iscoroutine(called) and called.cr_code is _doubled.__code__
+    assert rec.all("m:awaiting:y@0") == [6]
+
+
 def test_a_call_whose_arguments_await_is_a_site_on_every_version():
     # 3.12+ compile 'await' to a send loop that its throw() path jumps back into.
     import asyncio

@@ -1474,6 +1474,45 @@ def test_an_instrumented_copy_is_freed_with_its_sites_once_dropped():
     assert (len(runtime._SITES), len(runtime.tracked())) == (sites, armables)
 
 
+def test_a_generator_or_coroutine_of_a_dropped_recording_copy_records_until_it_is_freed():
+    import asyncio
+    import gc
+
+    from bcrecord import runtime
+
+    def gen(n):
+        for k in range(n):
+            val = k * 2
+            yield val
+
+    async def co(a):
+        await asyncio.sleep(0)
+        got = a + 1
+        return got
+
+    collect_all()
+    sites = len(runtime._SITES)
+    with bcrecord.recording() as rec:
+        it = bcrecord.instrument(gen, "val", name="gd")(3)  # the copy itself is dropped at once
+        gc.collect()  # on 3.10 no frame holds its function: this freed the copy (and its sites, before)
+        assert next(it) == 0
+    with bcrecord.recording() as later:
+        assert list(it) == [2, 4]
+    assert rec.all("gd:gen:val@0") == [0] and later.all("gd:gen:val@0") == [2, 4]
+
+    async def main():
+        with bcrecord.recording() as rec:
+            pending = bcrecord.instrument(co, "got", name="cd")(1)
+            gc.collect()
+            assert await pending == 2
+        return rec
+
+    assert asyncio.run(main()).all("cd:co:got@0") == [2]
+    del it
+    collect_all()
+    assert len(runtime._SITES) == sites  # released once the generator is gone
+
+
 def test_a_recording_copy_is_patched_as_itself_its_own_probes_kept():
     def area(w, h):
         a = w * h

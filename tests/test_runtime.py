@@ -1157,6 +1157,38 @@ def test_generator_created_while_recording_finishes_silently_after():
     assert rec.all("gl:gen:val@0") == [0]
 
 
+def test_a_generator_made_before_the_recording_runs_unprobed_and_its_key_error_says_so():
+    import asyncio
+
+    def gen(n):
+        for k in range(n):
+            val = k
+            yield val
+
+    async def co(a):
+        await asyncio.sleep(0)
+        got = a + 1
+        return got
+
+    async def awaited_inside(pending):
+        with bcrecord.recording() as rec:
+            assert await pending == 2  # made (by the caller) before this recording
+            assert await co(5) == 6  # made inside it
+        return rec
+
+    with bcrecord.patch_function(gen, "val", name="gb"), bcrecord.patch_function(co, "got", name="cb"):
+        early = gen(2)
+        with bcrecord.recording() as rec:
+            assert list(early) == [0, 1]
+        with pytest.raises(KeyError, match="or a generator or coroutine made before the recording started"):
+            rec["gb:gen:val@0"]
+        with bcrecord.recording() as rec:
+            made_inside = gen(2)
+            assert list(made_inside) == [0, 1]
+        assert rec.all("gb:gen:val@0") == [0, 1]
+        assert asyncio.run(awaited_inside(co(1))).all("cb:co:got@0") == [6]
+
+
 def test_copy_module_is_used_for_deepcopy():
     nested = {"a": [[1]]}
     assert copy_value(nested, "deepcopy") == copy.deepcopy(nested)
