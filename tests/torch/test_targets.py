@@ -58,6 +58,8 @@ def test_spaces_around_a_target_s_parts_are_read_as_bcrecord_run_reads_them():
         ),
         ("blocks.0\uff1aforward\uff1aout", "it has full-width characters: write 'blocks.0:forward:out'"),
         ("blocks.0:forward:out\uff201", "it has full-width characters: write 'blocks.0:forward:out@1'"),
+        ("blocks.0:forward:out@01", "bad index in 'out@01': a leading zero is not accepted: write 'out@1'"),
+        (":forward:x@[0,02]", "a leading zero is not accepted: write 'x@[0,2]'"),
     ],
 )
 def test_a_target_with_a_likely_typo_is_told_the_form_to_write(typo, meant):
