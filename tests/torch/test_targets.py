@@ -71,6 +71,50 @@ def test_a_target_with_a_likely_typo_is_told_the_form_to_write(typo, meant):
     assert target.spec == Local("out", 1)
 
 
+class _Indexed(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer1 = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+        self.blocks = torch.nn.ModuleDict({"a": torch.nn.Linear(2, 2)})
+        self.stages = torch.nn.ModuleList([torch.nn.Linear(2, 2) for _ in range(4)])
+
+
+@pytest.mark.parametrize(
+    "indexed, dotted",
+    [
+        ("layer1[0]:forward:x", "layer1.0"),
+        ("stages[3]", "stages.3"),
+        ("stages[-1]:forward:input@0", "stages.3"),
+        ("blocks['a']", "blocks.a"),
+        ('blocks["a"]:forward:input', "blocks.a"),
+        ("stages[*]", "stages.*"),
+    ],
+)
+def test_a_child_written_with_an_index_is_told_its_dotted_path(indexed, dotted):
+    # Was "no submodule matches 'layer1[0]'": the '[' read as a glob's, and nothing more said.
+    model = _Indexed()
+    with pytest.raises(bcrecord.TargetError) as caught:
+        expand(model, indexed)
+    assert str(caught.value) == (
+        f"no submodule matches {indexed.split(':')[0]!r}: a child (a Sequential's, a ModuleList's, "
+        f"a ModuleDict's) is named with a dot, not indexed: {dotted!r}"
+    )
+    assert expand(model, dotted)[0].path.startswith(dotted.rstrip("*"))
+    # A subscript that names no child either is no hint; a glob's class still matches.
+    with pytest.raises(bcrecord.TargetError, match=r"^no submodule matches 'stages\[7\]'$"):
+        expand(model, "stages[7]")
+    assert [t.path for t in expand(model, "stages.[03]")] == ["stages.0", "stages.3"]
+
+
+def test_a_slice_in_a_module_path_is_told_the_children_or_glob_to_write():
+    with pytest.raises(bcrecord.SpecError) as caught:
+        expand(_Indexed(), "stages[0:2]")
+    assert str(caught.value) == (
+        "bad target 'stages[0:2]': a module path takes no slice: name each child ('stages.0') "
+        "or match them with a glob ('stages.*', 'stages.[01]')"
+    )
+
+
 def test_a_submodule_whose_name_has_full_width_punctuation_is_still_a_target():
     # Every target with a full-width '（' was refused as an IME's typo, a module named so too:
     # 'blk（1）:forward:h' recorded before the refusal came in.
