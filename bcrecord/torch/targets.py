@@ -1159,6 +1159,22 @@ def expand(model: torch.nn.Module, text: str) -> List[Target]:
             mapped = _fx_target(model, pattern)
             if mapped is not None:
                 return [mapped]
+            tensors = dict(unwrap(model).named_parameters()) | dict(unwrap(model).named_buffers())
+            # A tensor's path, as state_dict names it ('head.weight'; a root's 'w' is FX's node too: below).
+            if "." in pattern and pattern in tensors:
+                kind = "parameter" if isinstance(tensors[pattern], torch.nn.Parameter) else "buffer"
+                owner_path, _, name = pattern.rpartition(".")
+                owner = _submodule(model, owner_path)
+                if owner is not None and has_forward(owner) and name.isidentifier():
+                    where = f"its value as its module's forward starts is '{owner_path}:forward:self.{name}'"
+                else:  # (a ParameterList's '0'): where a method reads it
+                    read = _fx_tensor_node(model, pattern.replace(".", "_"))
+                    where = (
+                        f"record it where a method reads it: {read[1]!r}"
+                        if read and read[1]
+                        else ("no method its module's forward runs reads it: record a value made from it")
+                    )
+                raise TargetError(f"{pattern!r} is a {kind}, not a submodule: {where}")
             missing = _no_submodule(model, pattern)
             parent, _, node = pattern.rpartition(".")
             parent_module = _submodule(model, parent)

@@ -106,6 +106,38 @@ def test_a_child_written_with_an_index_is_told_its_dotted_path(indexed, dotted):
     assert [t.path for t in expand(model, "stages.[03]")] == ["stages.0", "stages.3"]
 
 
+@pytest.mark.parametrize(
+    "path, kind, target",
+    [
+        ("layer1.0.weight", "a parameter", "layer1.0:forward:self.weight"),
+        ("norm.running_mean", "a buffer", "norm:forward:self.running_mean"),
+        # (self.params[0] is read by a subscript: no target names it)
+        (
+            "params.0",
+            "a parameter",
+            "no method its module's forward runs reads it: record a value made from it",
+        ),
+    ],
+)
+def test_a_parameter_s_path_as_a_target_is_told_the_target_that_reads_it(path, kind, target):
+    # Was "no submodule 'layer1.0.weight'; nor is 'weight' an FX name of a call or operator site...".
+    class Net(_Indexed):
+        def forward(self, x):
+            return self.norm(self.layer1(x)) * self.params[0]
+
+    model = Net()
+    model.norm = torch.nn.BatchNorm1d(2)
+    model.params = torch.nn.ParameterList([torch.nn.Parameter(torch.ones(2))])
+    with pytest.raises(bcrecord.TargetError) as caught:
+        expand(model, path)
+    assert str(caught.value).startswith(f"{path!r} is {kind}, not a submodule: ")
+    assert str(caught.value).endswith(target if " " in target else f"is {target!r}")
+    if " " not in target:
+        with bcrecord.torch.record(model, [target]) as rec:
+            model(torch.ones(3, 2))
+        assert torch.equal(rec[target], model.get_parameter(path) if "weight" in path else torch.zeros(2))
+
+
 def test_a_slice_in_a_module_path_is_told_the_children_or_glob_to_write():
     with pytest.raises(bcrecord.SpecError) as caught:
         expand(_Indexed(), "stages[0:2]")
