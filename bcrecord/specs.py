@@ -406,6 +406,12 @@ def _parses(text: str) -> bool:
 
 
 def _parse_one_str(text: str) -> Spec:
+    spec_part = text.rpartition(":")[2].strip()
+    if ":" in text and spec_part and _parses(spec_part):  # no spec holds a ':'
+        raise SpecError(
+            f"{text!r} is a key or a target, '<owner>:<method>:<spec>': where a spec goes, give the spec "
+            f"alone: {spec_part!r}"
+        )
     operator = _OPERATOR.match(text)
     if operator is not None:
         index_text = operator.group("index")

@@ -133,6 +133,14 @@ def test_bad_specs_name_the_problem(bad, message):
         ),
         ("out@1, 3", "several sites are one list: 'out@[1,3]'"),
         ("x@1@02", "several sites are one list: 'x@[1,2]'"),
+        # A key or a target (patch_method's keys, a torch or `bcrecord run` target) given as a spec.
+        (
+            "Net:forward:h@1",
+            "'Net:forward:h@1' is a key or a target, '<owner>:<method>:<spec>': where a spec "
+            "goes, give the spec alone: 'h@1'",
+        ),
+        ("layer1.0:forward:self.fc()", "give the spec alone: 'self.fc()'"),
+        ("forward:return", "give the spec alone: 'return'"),
         # JSON refuses a leading zero; the message says so, with the index to write.
         ("x@01", "bad index in 'x@01': a leading zero is not accepted: write 'x@1'"),
         ("x@00", "a leading zero is not accepted: write 'x@0'"),
