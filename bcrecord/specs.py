@@ -455,6 +455,15 @@ def _parse_dict(spec: Mapping[str, Any]) -> Spec:
         if not isinstance(target, str):
             raise SpecError(f"FunctionRecorder needs a string 'target', got {dict(spec)!r}")
         # The target is a short form without its index: 'outputs', 'self.fc()', '+', 'return'.
+        bare, at, written = target.rpartition("@")
+        unpadded = _LEADING_ZEROS.sub("", written.strip())
+        if at and bare.strip() and unpadded != written.strip() and _parses_as_index(unpadded):
+            index_list = json.loads(unpadded)  # ('x@01': told the dict's form, not the short one)
+            given_index = index_list if isinstance(index_list, list) else [index_list]
+            raise SpecError(
+                f"target={target!r}: a dict gives its index in 'index': write target={bare.strip()!r}, "
+                f"index={given_index!r}"
+            )
         parsed, index, copy = _parse_str(target), spec.get("index"), spec.get("copy")
         given = getattr(parsed, "index", None)
         if given is not None:

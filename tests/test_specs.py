@@ -147,7 +147,11 @@ def test_bad_specs_name_the_problem(bad, message):
         ("x@[0, 02]", "a leading zero is not accepted: write 'x@[0, 2]'"),
         ("self.fc()@01", "a leading zero is not accepted: write 'self.fc()@1'"),
         ("+@007", "a leading zero is not accepted: write '+@7'"),
-        (dict(type="FunctionRecorder", target="x@01"), "a leading zero is not accepted: write 'x@1'"),
+        (
+            dict(type="FunctionRecorder", target="x@01"),
+            "target='x@01': a dict gives its index in 'index': write target='x', index=[1]",
+        ),
+        (dict(type="FunctionRecorder", target="+@[0,02]"), "write target='+', index=[0, 2]"),
         (
             "x\uff201",
             "a local's name must be a Python identifier, got 'x\uff201'; 'x\uff201' has full-width "
