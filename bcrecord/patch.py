@@ -1479,6 +1479,11 @@ def patch_method(
     >>> patch.keys, rec.keys()
     (('*:forward:h@0',), ['first:forward:h@0'])
     """
+    if type(obj) is str:  # (a str's own methods are C code: never the one meant; a subclass's may be)
+        raise NotPatchableError(
+            f"patch_method takes the object itself, a class, an instance or a module, not its name {obj!r}: "
+            f"patch_method({obj}, {method!r}, ...)"
+        )
     if isinstance(method, str) and compiled_name(method) != method:
         # Written as in the source ('def \ufb01wd' is 'fiwd' in the class), as specs are; a name
         # set with setattr as it is (not normalised) is found as it is.

@@ -308,11 +308,17 @@ def _parse_index_text(text: str, spec: str) -> Index:
     try:
         value = json.loads(text)
     except ValueError:
+        unpadded = _LEADING_ZEROS.sub("", text)
+        if unpadded != text and _parses_as_index(unpadded):  # ('x@01': JSON has no leading zeros)
+            fixed = spec.strip()[: -len(text)] + unpadded
+            message = f"bad index in {spec!r}: a leading zero is not accepted: write {fixed!r}"
+            raise SpecError(message) from None
         several = [part.strip() for part in re.split(r"[@,]", text)]
         if len(several) > 1 and all(part.isdigit() and part.isascii() for part in several):
-            # 'x@1@2', 'x@1,2': several sites are one list
+            # 'x@1@2', 'x@1,2': several sites are one list ('x@1@02' too: 'x@[1,2]')
             target = spec.split("@", 1)[0].strip()
-            raise SpecError(f"{bad}; several sites are one list: '{target}@[{','.join(several)}]'") from None
+            sites = ",".join(str(int(part)) for part in several)
+            raise SpecError(f"{bad}; several sites are one list: '{target}@[{sites}]'") from None
         raise SpecError(bad) from None
     if isinstance(value, int) and not isinstance(value, bool) and value < 0:
         raise SpecError(
@@ -322,6 +328,20 @@ def _parse_index_text(text: str, spec: str) -> Index:
     if isinstance(value, list) or (isinstance(value, int) and not isinstance(value, bool)):
         return value
     raise SpecError(bad)
+
+
+#: The zeros that pad a number ('01', '[0, 007]'), which JSON refuses; not the 0 of '0' or '10'.
+_LEADING_ZEROS = re.compile(r"(?<![\w.])0+(?=\d)")
+
+
+def _parses_as_index(text: str) -> bool:
+    """Whether ``text`` is an index as a short form writes it: a non-negative int or a list of them."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return False
+    values = value if isinstance(value, list) else [value]
+    return bool(values) and all(type(item) is int and item >= 0 for item in values)
 
 
 def _nothing_after_at(spec: str) -> SpecError:
@@ -386,6 +406,12 @@ def _parses(text: str) -> bool:
 
 
 def _parse_one_str(text: str) -> Spec:
+    spec_part = text.rpartition(":")[2].strip()
+    if ":" in text and spec_part and _parses(spec_part):  # no spec holds a ':'
+        raise SpecError(
+            f"{text!r} is a key or a target, '<owner>:<method>:<spec>': where a spec goes, give the spec "
+            f"alone: {spec_part!r}"
+        )
     operator = _OPERATOR.match(text)
     if operator is not None:
         index_text = operator.group("index")
@@ -429,6 +455,15 @@ def _parse_dict(spec: Mapping[str, Any]) -> Spec:
         if not isinstance(target, str):
             raise SpecError(f"FunctionRecorder needs a string 'target', got {dict(spec)!r}")
         # The target is a short form without its index: 'outputs', 'self.fc()', '+', 'return'.
+        bare, at, written = target.rpartition("@")
+        unpadded = _LEADING_ZEROS.sub("", written.strip())
+        if at and bare.strip() and unpadded != written.strip() and _parses_as_index(unpadded):
+            index_list = json.loads(unpadded)  # ('x@01': told the dict's form, not the short one)
+            given_index = index_list if isinstance(index_list, list) else [index_list]
+            raise SpecError(
+                f"target={target!r}: a dict gives its index in 'index': write target={bare.strip()!r}, "
+                f"index={given_index!r}"
+            )
         parsed, index, copy = _parse_str(target), spec.get("index"), spec.get("copy")
         given = getattr(parsed, "index", None)
         if given is not None:

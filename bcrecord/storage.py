@@ -1249,6 +1249,10 @@ def _header(directory: Path) -> Dict[str, Any]:
         raise StorageError(
             f"{directory} has no index.json: not a bcrecord records directory{_nearby_records(directory)}"
         ) from None
+    except NotADirectoryError:  # (a file of the records given: 'run/index.json', 'run/index.jsonl')
+        around = [up for up in directory.parents[:2] if (up / "index.json").is_file()]  # (records/<file>)
+        inside = f"of the records directory {around[0]}: give that" if around else "not a records directory"
+        raise StorageError(f"{directory} is a file, {inside}") from None
     except (OSError, ValueError) as error:
         raise StorageError(f"cannot read {directory / 'index.json'}: {error}") from None
     if not isinstance(index, dict) or index.get("format") != FORMAT:

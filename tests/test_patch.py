@@ -1106,6 +1106,29 @@ def test_patch_method_takes_a_method_named_as_the_source_writes_it():
     assert patch.attribute == "\ufb01x" and rec.keys() == ["N:\ufb01x:fi@0"]
 
 
+def test_a_class_named_by_a_string_is_told_to_give_the_class_itself():
+    # Was "this str instance has no attribute 'forward'; did you mean 'format'?".
+    slots = dict(bcrecord.patch._slots)
+    with pytest.raises(NotPatchableError) as caught:
+        bcrecord.patch_method("Net", "forward", "h")
+    assert str(caught.value) == (
+        "patch_method takes the object itself, a class, an instance or a module, not its name 'Net': "
+        "patch_method(Net, 'forward', ...)"
+    )
+    with pytest.raises(NotPatchableError, match=r"not its name 'abc': patch_method\(abc, 'upper', \.\.\.\)$"):
+        bcrecord.patch_method("abc", "upper", "x")  # (a str's own method too: C code)
+    assert bcrecord.patch._slots == slots and str.upper.__qualname__ == "str.upper"  # nothing installed
+
+    class Text(str):  # a str of a subclass with a method of its own is patched as any instance
+        def shout(self):
+            loud = self.upper()
+            return loud
+
+    with bcrecord.patch_method(Text("hi"), "shout", "loud") as patch, bcrecord.recording() as rec:
+        patch.target.shout()
+    assert rec.keys() == ["Text:shout:loud@0"] and rec["Text:shout:loud@0"] == "HI"
+
+
 def test_instrument_refuses_a_function_inside_a_wrapper():
     import functools
 

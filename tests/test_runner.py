@@ -2297,6 +2297,10 @@ def test_a_program_that_replaces_itself_with_posix_execv_saves_its_values_first(
         ),
         ("mod:f:x\uff201", "it has full-width characters: write 'mod:f:x@1'"),
         ("mod:f:x@1@2", "several sites are one list: 'x@[1,2]'"),
+        (
+            "mod:f:x@01",
+            "bad target 'mod:f:x@01': bad index in 'x@01': a leading zero is not accepted: write 'x@1'",
+        ),
     ],
 )
 def test_a_target_with_a_likely_typo_is_told_the_form_to_write(typo, message):

@@ -132,6 +132,26 @@ def test_bad_specs_name_the_problem(bad, message):
             "'x@[1,2]'",
         ),
         ("out@1, 3", "several sites are one list: 'out@[1,3]'"),
+        ("x@1@02", "several sites are one list: 'x@[1,2]'"),
+        # A key or a target (patch_method's keys, a torch or `bcrecord run` target) given as a spec.
+        (
+            "Net:forward:h@1",
+            "'Net:forward:h@1' is a key or a target, '<owner>:<method>:<spec>': where a spec "
+            "goes, give the spec alone: 'h@1'",
+        ),
+        ("layer1.0:forward:self.fc()", "give the spec alone: 'self.fc()'"),
+        ("forward:return", "give the spec alone: 'return'"),
+        # JSON refuses a leading zero; the message says so, with the index to write.
+        ("x@01", "bad index in 'x@01': a leading zero is not accepted: write 'x@1'"),
+        ("x@00", "a leading zero is not accepted: write 'x@0'"),
+        ("x@[0, 02]", "a leading zero is not accepted: write 'x@[0, 2]'"),
+        ("self.fc()@01", "a leading zero is not accepted: write 'self.fc()@1'"),
+        ("+@007", "a leading zero is not accepted: write '+@7'"),
+        (
+            dict(type="FunctionRecorder", target="x@01"),
+            "target='x@01': a dict gives its index in 'index': write target='x', index=[1]",
+        ),
+        (dict(type="FunctionRecorder", target="+@[0,02]"), "write target='+', index=[0, 2]"),
         (
             "x\uff201",
             "a local's name must be a Python identifier, got 'x\uff201'; 'x\uff201' has full-width "

@@ -981,3 +981,18 @@ def test_iter_saved_index_gives_saved_index_a_row_at_a_time(tmp_path):
         ("m:f:y@0", 3),
         ("m:f:x@0", 4),
     ]
+
+
+def test_a_file_given_for_the_records_directory_is_told_the_directory_to_give(tmp_path):
+    # Was "cannot read .../index.json/index.json: [Errno 20] Not a directory".
+    run = save({"m:f:x@0": [1]}, tmp_path / "run")
+    data = next(path for path in (run / "records").iterdir() if path.is_file() and path.name != ".lock")
+    for file in (run / "index.json", data):
+        with pytest.raises(StorageError) as caught:
+            load(file)
+        assert str(caught.value) == f"{file} is a file, of the records directory {run}: give that"
+    (tmp_path / "notes.txt").write_text("")
+    with pytest.raises(StorageError, match=r"notes\.txt is a file, not a records directory$"):
+        load(tmp_path / "notes.txt")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["notes.txt", "run"]
+    assert load(run)["m:f:x@0"] == [1]

@@ -87,7 +87,7 @@ import re
 import struct
 import zlib
 from collections import deque
-from contextlib import ExitStack
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Deque, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
@@ -319,6 +319,44 @@ def _safe_name(key: str) -> str:
     return re.sub(r"[^-\w.@]", "_", key) or "_"
 
 
+#: A target written as MMEngine's RecorderHook keys it: ``'runner_model'`` is its name of the model.
+_MMENGINE_ROOT = re.compile(r"^\s*runner_model\s*(?:$|\.(?P<path>[^:]*)|(?P<rest>:.*))")
+
+
+def _lightning_form(target: str) -> Optional[str]:
+    """The target for this callback of one written as an MMEngine key, else None.
+
+    >>> _lightning_form("runner_model:forward:outputs@1"), _lightning_form("runner_model.backbone:forward:x")
+    (':forward:outputs@1', 'backbone:forward:x')
+    >>> _lightning_form("runner_model"), _lightning_form("backbone")
+    (':forward:return', None)
+    """
+    keyed = _MMENGINE_ROOT.match(target) if isinstance(target, str) else None
+    if keyed is None:
+        return None
+    rest = target[keyed.end() :]
+    if keyed.group("path") is not None:
+        return keyed.group("path").strip() + rest
+    return keyed.group("rest") or ":forward:return"
+
+
+@contextmanager
+def _mmengine_keys_told(targets: Sequence[str]) -> Iterator[None]:
+    """A missing ``'runner_model'`` submodule's error, told the form of the targets written as MMEngine
+    keys: here the LightningModule itself is the root."""
+    try:
+        yield
+    except TargetError as error:
+        forms = {t: _lightning_form(t) for t in targets if _lightning_form(t) is not None}
+        if not forms or "submodule 'runner_model" not in str(error):
+            raise
+        written = " and ".join(repr(form) for form in forms.values())
+        raise TargetError(
+            "the LightningModule has no submodule 'runner_model': 'runner_model:' is MMEngine's key form; "
+            f"a RecorderCallback's targets start at the LightningModule itself: write {written}"
+        ) from None
+
+
 def _logger_kind(logger: Any) -> Optional[str]:
     """``'tensorboard'``, ``'csv'`` or None, for loggers of either Lightning package."""
     for module in ("lightning.pytorch.loggers", "pytorch_lightning.loggers"):
@@ -466,7 +504,8 @@ class RecorderCallback(pl.Callback):  # type: ignore[misc]
         stack = ExitStack()
         try:
             # record() checks every target first: a bad one raises with nothing patched.
-            rec = stack.enter_context(record(pl_module, self.targets, **self.record_options))
+            with _mmengine_keys_told(self.targets):
+                rec = stack.enter_context(record(pl_module, self.targets, **self.record_options))
             rec.__exit__(None, None, None)  # patched, idle until a recorded batch
             # Its folder, where setup() could not open it (layers built later): now, so that
             # the stage's steps count on from those saved there before a batch is numbered.
@@ -696,7 +735,8 @@ class RecorderCallback(pl.Callback):  # type: ignore[misc]
 
     def _check_targets(self, pl_module: Any) -> None:
         planned = {k: v for k, v in self.record_options.items() if k in PLAN_OPTIONS}
-        Plan(pl_module, self.targets, **planned)
+        with _mmengine_keys_told(self.targets):
+            Plan(pl_module, self.targets, **planned)
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         """Check the targets that setup() could not, before the sanity check runs batches."""

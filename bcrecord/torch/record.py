@@ -667,7 +667,10 @@ def check_options(**options: Any) -> None:
     copy = options.get("copy", "clone")
     if copy not in ("clone", "detach", "deepcopy", "none"):
         raise SpecError(f"unknown copy policy {copy!r}; choose one of clone, detach, deepcopy, none")
-    value_policy(copy, options.get("to"), options.get("dtype"), None, bool(options.get("grad")))
+    grad = options.get("grad", False)
+    if grad not in (True, False):  # (grad='no' would be true: values kept in the autograd graph)
+        raise SpecError(f"grad is True or False, got {grad!r}")
+    value_policy(copy, options.get("to"), options.get("dtype"), None, bool(grad))
     _check_reduce(options.get("reduce"))
     ModelRecording(keep=options.get("keep", "all"), threads=options.get("threads", "context"))
 
@@ -890,7 +893,7 @@ class Plan:
         ] = None,
         grad: bool = False,
     ) -> None:
-        check_options(copy=copy)
+        check_options(copy=copy, grad=grad)
         self.model = model
         self.copy = copy
         #: The recording running now (gradient targets store their gradients in it).

@@ -203,12 +203,23 @@ def _split(text: str) -> Tuple[str, str, str, bool]:
     parts = [part.strip() for part in text.split(":")]  # ('layer1.0 : forward : out', as run reads it)
     if len(parts) == 1:
         return parts[0], "forward", "", grad
+    sliced = _SLICE.match(text)
+    if sliced is not None:  # ('blocks[0:2]': its ':' would split the target)
+        path = sliced.group(1).rstrip(".")
+        raise SpecError(
+            f"bad target {text!r}: a module path takes no slice: name each child ('{path}.0') "
+            f"or match them with a glob ('{path}.*', '{path}.[01]')"
+        )
     if len(parts) != 3 or not parts[1] or not parts[2]:
         raise SpecError(
             f"bad target {text!r}: expected 'module.path:method:target' (e.g. 'layer1.0:forward:out@2') "
             f"or a bare module path (e.g. 'layer1'){_two_parts_meant(parts)}"
         )
     return parts[0], parts[1], parts[2], grad
+
+
+#: A slice written in a module path: ``'blocks[0:2]'``, ``'blocks[1:]:forward:x'``.
+_SLICE = re.compile(r"^([^:\[]*)\[\s*-?\d*\s*:\s*-?\d*\s*(?::\s*-?\d*\s*)?\]")
 
 
 def _two_parts_meant(parts: List[str]) -> str:
@@ -1075,7 +1086,41 @@ def _matching_paths(model: torch.nn.Module, pattern: str) -> List[str]:
         ]
         if found:
             return found
+    dotted = _dotted_for_subscripts(model, pattern)
+    if dotted is not None and _names_submodules(model, dotted):
+        raise TargetError(
+            f"no submodule matches {pattern!r}: a child (a Sequential's, a ModuleList's, a ModuleDict's) "
+            f"is named with a dot, not indexed: {dotted!r}"
+        )
     raise TargetError(f"no submodule matches {pattern!r}{_misspelt_part(model, wanted)}")
+
+
+#: An index or a key written as Python indexes a container: ``[3]``, ``[-1]``, ``['a']``.
+_SUBSCRIPT = re.compile(r"\[\s*(-?\d+|\*|'[^'\[\]]*'|\"[^\"\[\]]*\")\s*\]")
+
+
+def _dotted_for_subscripts(model: torch.nn.Module, pattern: str) -> Optional[str]:
+    """``pattern`` with its subscripts written as a path's names (``'blocks[3]'``: ``'blocks.3'``,
+    ``"heads['a']"``: ``'heads.a'``, ``'blocks[-1]'``: the last child's), or None where it has none.
+
+    >>> model = torch.nn.Sequential(torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Tanh()))
+    >>> [_dotted_for_subscripts(model, text) for text in ("0[-1]", "[0]['1']", "0[*]", "0")]
+    ['0.1', '0.1', '0.*', None]
+    """
+    dotted, end = "", 0
+    for subscript in _SUBSCRIPT.finditer(pattern):
+        parent = (dotted + pattern[end : subscript.start()]).rstrip(".")
+        key = subscript.group(1)
+        if key[0] in "'\"":
+            key = key[1:-1]
+        elif key.startswith("-"):  # counted from the end of the children there
+            module = _submodule(model, parent)
+            children = [] if module is None else list(module._modules)
+            if int(key) < -len(children):
+                return None
+            key = children[int(key)]
+        dotted, end = f"{parent}.{key}" if parent else key, subscript.end()
+    return None if not end else dotted + pattern[end:]
 
 
 def _misspelt_part(model: torch.nn.Module, wanted: List[str]) -> str:
@@ -1114,6 +1159,22 @@ def expand(model: torch.nn.Module, text: str) -> List[Target]:
             mapped = _fx_target(model, pattern)
             if mapped is not None:
                 return [mapped]
+            tensors = dict(unwrap(model).named_parameters()) | dict(unwrap(model).named_buffers())
+            # A tensor's path, as state_dict names it ('head.weight'; a root's 'w' is FX's node too: below).
+            if "." in pattern and pattern in tensors:
+                kind = "parameter" if isinstance(tensors[pattern], torch.nn.Parameter) else "buffer"
+                owner_path, _, name = pattern.rpartition(".")
+                owner = _submodule(model, owner_path)
+                if owner is not None and has_forward(owner) and name.isidentifier():
+                    where = f"its value as its module's forward starts is '{owner_path}:forward:self.{name}'"
+                else:  # (a ParameterList's '0'): where a method reads it
+                    read = _fx_tensor_node(model, pattern.replace(".", "_"))
+                    where = (
+                        f"record it where a method reads it: {read[1]!r}"
+                        if read and read[1]
+                        else ("no method its module's forward runs reads it: record a value made from it")
+                    )
+                raise TargetError(f"{pattern!r} is a {kind}, not a submodule: {where}")
             missing = _no_submodule(model, pattern)
             parent, _, node = pattern.rpartition(".")
             parent_module = _submodule(model, parent)

@@ -560,6 +560,31 @@ def test_bad_target_fails_clearly_and_changes_nothing(tmp_path):
     assert model.stash == {} and not (tmp_path / "rec").exists()
 
 
+@pytest.mark.parametrize(
+    "keyed, written",
+    [
+        (["runner_model:forward:logits@0"], "':forward:logits@0'"),
+        (["conv", "runner_model.head:forward:input"], "'head:forward:input'"),
+        (["runner_model", "runner_model.conv"], "':forward:return' and 'conv'"),
+    ],
+)
+@pytest.mark.parametrize("run", ["fit", "test"])
+def test_a_target_written_as_an_mmengine_key_is_told_the_lightning_form_and_changes_nothing(
+    tmp_path, keyed, written, run
+):
+    # Was only "the model has no submodule 'runner_model'".
+    model = ConvNet()
+    callback = RecorderCallback(keyed, save_dir=tmp_path / "rec")
+    with pytest.raises(TargetError) as caught:
+        getattr(trainer(tmp_path, callback, max_steps=1), run)(model, loader())
+    assert str(caught.value) == (
+        "the LightningModule has no submodule 'runner_model': 'runner_model:' is MMEngine's key form; "
+        f"a RecorderCallback's targets start at the LightningModule itself: write {written}"
+    )
+    assert_clean(model)
+    assert model.stash == {} and not (tmp_path / "rec").exists()
+
+
 class _BuiltLate(pl.LightningModule):
     """Layers made in configure_model(), which Lightning calls after the callbacks' setup()."""
 

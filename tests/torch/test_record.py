@@ -464,6 +464,19 @@ def test_bad_targets_give_clear_errors_and_change_nothing(net):
             pass
 
 
+def test_a_grad_that_is_no_bool_is_refused_before_anything_is_patched(net):
+    # grad='no' was true: every value was kept in the autograd graph.
+    before = snapshot(net)
+    for grad in ("no", "False", None):
+        with pytest.raises(bcrecord.SpecError, match=f"^grad is True or False, got {re.escape(repr(grad))}$"):
+            with record(net, ["bn1"], grad=grad):
+                pass
+        assert same(before, snapshot(net))
+    with record(net, ["bn1"], grad=False) as rec:
+        net(torch.randn(1, 3, 8, 8, requires_grad=True))
+    assert not rec["bn1:forward:return"].requires_grad
+
+
 def test_two_threads_with_their_own_recordings_get_only_their_own(net):
     results = {}
     barrier = threading.Barrier(2)

@@ -58,6 +58,8 @@ def test_spaces_around_a_target_s_parts_are_read_as_bcrecord_run_reads_them():
         ),
         ("blocks.0\uff1aforward\uff1aout", "it has full-width characters: write 'blocks.0:forward:out'"),
         ("blocks.0:forward:out\uff201", "it has full-width characters: write 'blocks.0:forward:out@1'"),
+        ("blocks.0:forward:out@01", "bad index in 'out@01': a leading zero is not accepted: write 'out@1'"),
+        (":forward:x@[0,02]", "a leading zero is not accepted: write 'x@[0,2]'"),
     ],
 )
 def test_a_target_with_a_likely_typo_is_told_the_form_to_write(typo, meant):
@@ -67,6 +69,82 @@ def test_a_target_with_a_likely_typo_is_told_the_form_to_write(typo, meant):
     # A full-width letter is a letter of the name, as the compiler reads it.
     (target,) = expand(SmallNet(), "blocks.0:forward:\uff4f\uff55\uff54@1")
     assert target.spec == Local("out", 1)
+
+
+class _Indexed(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer1 = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+        self.blocks = torch.nn.ModuleDict({"a": torch.nn.Linear(2, 2)})
+        self.stages = torch.nn.ModuleList([torch.nn.Linear(2, 2) for _ in range(4)])
+
+
+@pytest.mark.parametrize(
+    "indexed, dotted",
+    [
+        ("layer1[0]:forward:x", "layer1.0"),
+        ("stages[3]", "stages.3"),
+        ("stages[-1]:forward:input@0", "stages.3"),
+        ("blocks['a']", "blocks.a"),
+        ('blocks["a"]:forward:input', "blocks.a"),
+        ("stages[*]", "stages.*"),
+    ],
+)
+def test_a_child_written_with_an_index_is_told_its_dotted_path(indexed, dotted):
+    # Was "no submodule matches 'layer1[0]'": the '[' read as a glob's, and nothing more said.
+    model = _Indexed()
+    with pytest.raises(bcrecord.TargetError) as caught:
+        expand(model, indexed)
+    assert str(caught.value) == (
+        f"no submodule matches {indexed.split(':')[0]!r}: a child (a Sequential's, a ModuleList's, "
+        f"a ModuleDict's) is named with a dot, not indexed: {dotted!r}"
+    )
+    assert expand(model, dotted)[0].path.startswith(dotted.rstrip("*"))
+    # A subscript that names no child either is no hint; a glob's class still matches.
+    with pytest.raises(bcrecord.TargetError, match=r"^no submodule matches 'stages\[7\]'$"):
+        expand(model, "stages[7]")
+    assert [t.path for t in expand(model, "stages.[03]")] == ["stages.0", "stages.3"]
+
+
+@pytest.mark.parametrize(
+    "path, kind, target",
+    [
+        ("layer1.0.weight", "a parameter", "layer1.0:forward:self.weight"),
+        ("norm.running_mean", "a buffer", "norm:forward:self.running_mean"),
+        # (self.params[0] is read by a subscript: no target names it)
+        (
+            "params.0",
+            "a parameter",
+            "no method its module's forward runs reads it: record a value made from it",
+        ),
+    ],
+)
+def test_a_parameter_s_path_as_a_target_is_told_the_target_that_reads_it(path, kind, target):
+    # Was "no submodule 'layer1.0.weight'; nor is 'weight' an FX name of a call or operator site...".
+    class Net(_Indexed):
+        def forward(self, x):
+            return self.norm(self.layer1(x)) * self.params[0]
+
+    model = Net()
+    model.norm = torch.nn.BatchNorm1d(2)
+    model.params = torch.nn.ParameterList([torch.nn.Parameter(torch.ones(2))])
+    with pytest.raises(bcrecord.TargetError) as caught:
+        expand(model, path)
+    assert str(caught.value).startswith(f"{path!r} is {kind}, not a submodule: ")
+    assert str(caught.value).endswith(target if " " in target else f"is {target!r}")
+    if " " not in target:
+        with bcrecord.torch.record(model, [target]) as rec:
+            model(torch.ones(3, 2))
+        assert torch.equal(rec[target], model.get_parameter(path) if "weight" in path else torch.zeros(2))
+
+
+def test_a_slice_in_a_module_path_is_told_the_children_or_glob_to_write():
+    with pytest.raises(bcrecord.SpecError) as caught:
+        expand(_Indexed(), "stages[0:2]")
+    assert str(caught.value) == (
+        "bad target 'stages[0:2]': a module path takes no slice: name each child ('stages.0') "
+        "or match them with a glob ('stages.*', 'stages.[01]')"
+    )
 
 
 def test_a_submodule_whose_name_has_full_width_punctuation_is_still_a_target():
