@@ -40,6 +40,7 @@ from .record import (
     StopForward,
     _exporting,
     _stopping,
+    require_bool,
     threads_for,
     warn_shared,
 )
@@ -225,7 +226,7 @@ class FeatureExtractor(torch.nn.Module):
         self.train_nodes = _normalise(model, train_return_nodes if return_nodes is None else return_nodes)
         with _expanding_again() if return_nodes is not None else contextlib.nullcontext():
             self.eval_nodes = _normalise(model, eval_return_nodes if return_nodes is None else return_nodes)
-        self.stop_early = stop_early
+        self.stop_early = require_bool("stop_early", stop_early)
         # Module paths name a module's output as torchvision does: its first call in the
         # forward (FX names later calls 'relu_1', ...), with or without the early stop.
         with _expanding_again():  # (_normalise warned, once)

@@ -667,12 +667,26 @@ def check_options(**options: Any) -> None:
     copy = options.get("copy", "clone")
     if copy not in ("clone", "detach", "deepcopy", "none"):
         raise SpecError(f"unknown copy policy {copy!r}; choose one of clone, detach, deepcopy, none")
-    grad = options.get("grad", False)
-    if grad not in (True, False):  # (grad='no' would be true: values kept in the autograd graph)
-        raise SpecError(f"grad is True or False, got {grad!r}")
-    value_policy(copy, options.get("to"), options.get("dtype"), None, bool(grad))
+    # (grad='no' would be true: values kept in the autograd graph; stop_after_last='no', forwards cut short)
+    grad = require_bool("grad", options.get("grad", False))
+    require_bool("stop_after_last", options.get("stop_after_last", False))
+    value_policy(copy, options.get("to"), options.get("dtype"), None, grad)
     _check_reduce(options.get("reduce"))
     ModelRecording(keep=options.get("keep", "all"), threads=options.get("threads", "context"))
+
+
+def require_bool(name: str, value: Any) -> bool:
+    """``value`` if it is True or False (or 1 / 0); else a :class:`SpecError` naming ``name``.
+
+    >>> require_bool("grad", True)
+    True
+    >>> require_bool("grad", "no")
+    Traceback (most recent call last):
+    bcrecord.errors.SpecError: grad is True or False, got 'no'
+    """
+    if value not in (True, False):
+        raise SpecError(f"{name} is True or False, got {value!r}")
+    return bool(value)
 
 
 def _reduce_for(reduce: Any, text: str, target: Target) -> Optional[Callable[[torch.Tensor], Any]]:
@@ -1294,6 +1308,7 @@ def _record(
     model: torch.nn.Module, targets: Union[str, Iterable[str]], policy: Dict[str, Any], run: Dict[str, Any]
 ) -> Iterator[ModelRecording]:
     """:func:`record`'s block: plan, patch, record, and remove the patches after."""
+    require_bool("stop_after_last", run["stop_after_last"])
     plan = Plan(model, targets, **policy)
     warn_shared(model, plan.modules)
     patches = plan.patch(stops=bool(run.get("stop_after_last")))

@@ -429,6 +429,8 @@ def test_extractor_rejects_unknown_options_and_bad_values_at_once():
         ({"dtype": "float16"}, TypeError, "dtype= takes a torch.dtype"),
         ({"to": "cpux"}, bcrecord.SpecError, "to= names no device: 'cpux'"),
         ({"to": 2.5}, TypeError, r"to= takes a device \('cpu', 'cuda:0', a torch.device\), not 2.5"),
+        ({"grad": "no"}, bcrecord.SpecError, "grad is True or False, got 'no'"),
+        ({"stop_early": "no"}, bcrecord.SpecError, "stop_early is True or False, got 'no'"),
     ]
     for options, error, words in bad:
         with pytest.raises(error, match=words):  # not at the first call

@@ -477,6 +477,20 @@ def test_a_grad_that_is_no_bool_is_refused_before_anything_is_patched(net):
     assert not rec["bn1:forward:return"].requires_grad
 
 
+def test_a_stop_after_last_that_is_no_bool_is_refused_before_anything_is_patched(net):
+    # stop_after_last='no' was true: every forward was cut short after its last target.
+    before = snapshot(net)
+    for stop in ("no", "False", None):
+        with pytest.raises(
+            bcrecord.SpecError, match=f"^stop_after_last is True or False, got {re.escape(repr(stop))}$"
+        ):
+            with record(net, ["bn1"], stop_after_last=stop):
+                pass
+        assert same(before, snapshot(net))
+    with record(net, ["bn1"], stop_after_last=False):
+        assert net(torch.randn(1, 3, 8, 8)) is not None  # ran to its end
+
+
 def test_two_threads_with_their_own_recordings_get_only_their_own(net):
     results = {}
     barrier = threading.Barrier(2)
