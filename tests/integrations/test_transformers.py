@@ -179,6 +179,44 @@ def test_generate_keeps_each_step_s_cache_as_it_was_then(gpt2):
     assert_clean()
 
 
+def test_record_options_reach_the_tensors_of_a_recorded_cache(gpt2):
+    # record(..., dtype=, to=, reduce=, grad=) applied to a recorded output's logits but left
+    # the copy of its cache as the default copy makes it: under to='cpu' on a GPU, every step's
+    # cache copy (the bulk of the output) stayed on the GPU.
+    ids = torch.randint(1, 100, (1, 4), generator=torch.Generator().manual_seed(6))
+    with record(gpt2, ["transformer"], dtype=torch.float64) as rec, torch.no_grad():
+        generated = gpt2.generate(ids, max_new_tokens=3, do_sample=False, pad_token_id=0)
+    outputs = rec.all("transformer:forward:return")
+    assert [out.past_key_values.get_seq_length() for out in outputs] == [4, 5, 6]
+    for length, out in zip([4, 5, 6], outputs, strict=True):
+        assert out.last_hidden_state.dtype == torch.float64
+        with torch.no_grad():
+            fresh = gpt2(generated[:, :length], use_cache=True).past_key_values
+        for kept, expected in zip(out.past_key_values.layers, fresh.layers, strict=True):
+            assert kept.keys.dtype == kept.values.dtype == torch.float64
+            assert torch.allclose(kept.keys, expected.keys.double(), atol=1e-6)
+    with record(gpt2, ["transformer"], reduce=lambda t: t[..., :1]) as rec, torch.no_grad():
+        gpt2.generate(ids, max_new_tokens=2, do_sample=False, pad_token_id=0)
+    kept = rec.all("transformer:forward:return")[1].past_key_values
+    assert kept.get_seq_length() == 5 and kept.layers[0].keys.shape == (1, 2, 5, 1)
+    # Outside no_grad: 'deepcopy' failed (copy.deepcopy refuses a tensor in the autograd graph),
+    # and grad=True kept the cache's tensors out of the graph.
+    with (
+        record(gpt2, ["transformer"], copy="deepcopy") as copied,
+        record(gpt2, ["transformer"], grad=True) as kept,
+    ):
+        out = gpt2(ids, use_cache=True)
+    live = out.past_key_values.layers[0].keys
+    deep = copied["transformer:forward:return"].past_key_values.layers[0].keys
+    assert torch.equal(deep, live) and not deep.requires_grad
+    in_graph = kept["transformer:forward:return"].past_key_values.layers[0].keys
+    weight = gpt2.transformer.h[0].attn.c_attn.weight
+    (through_kept,) = torch.autograd.grad(in_graph.sum(), weight, retain_graph=True)
+    (through_live,) = torch.autograd.grad(live.sum(), weight)
+    assert torch.equal(through_kept, through_live)
+    assert_clean()
+
+
 def test_bert_attention_with_padding_and_hidden_states(bert):
     ids = torch.randint(0, 100, (2, 6), generator=torch.Generator().manual_seed(5))
     mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]])
