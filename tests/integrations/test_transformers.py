@@ -504,6 +504,37 @@ def test_llama_rmsnorm_rotary_queries_keys_and_grouped_query_probabilities(llama
     assert_clean()
 
 
+def test_compiled_llama_records_what_eager_does_and_lm_head_breaks_more_than_its_local(llama):
+    # README, torch.compile: values are correct; a site in a class's method (nn.Linear's, for
+    # lm_head) breaks the graph wherever the class runs, the model's own local in one place.
+    import torch._dynamo
+
+    ids = torch.randint(3, 100, (2, 5), generator=torch.Generator().manual_seed(17))
+    targets = [":forward:logits", "model.layers.*", "model.layers.0.self_attn:forward:query_states@1"]
+    with record(llama, targets) as eager, torch.no_grad():
+        expected = llama(ids)
+    counters = torch._dynamo.utils.counters
+    breaks = {}
+    for chosen in (targets, [":forward:logits"], ["lm_head"]):
+        torch._dynamo.reset()
+        counters.clear()
+        with record(llama, chosen) as rec, torch.no_grad():
+            out = torch.compile(llama, backend="eager")(ids)
+        assert torch.allclose(out.logits, expected.logits, atol=1e-6)
+        # (A break inside transformers' output-capturing wrapper makes it break once more, at its
+        # ContextVar, after a call with output_attentions=True has left its capture hooks.)
+        breaks[chosen[0]] = sum(
+            n for reason, n in counters["graph_break"].items() if "bcrecord_probe" in reason
+        )
+        if chosen is targets:
+            assert rec.keys() == eager.keys()
+            for key in eager.keys():
+                assert torch.allclose(rec[key], eager[key], atol=1e-6), key
+    torch._dynamo.reset()
+    assert breaks["lm_head"] > breaks[":forward:logits"]
+    assert_clean()
+
+
 @pytest.mark.parametrize(
     "strategy",
     [
@@ -555,6 +586,30 @@ def test_llama_generate_same_tokens_and_each_step_s_values(llama, strategy):
         assert kept.shape[0] == rows and int(step.past_key_values.get_seq_length()) == filled
         assert torch.equal(kept[:, :, filled - new_keys.shape[2] : filled], new_keys)
         assert torch.all(kept[:, :, filled:] == 0)  # (the static cache: not filled yet)
+    assert_clean()
+
+
+def test_t5_masked_scores_in_the_encoder_only_with_a_mask_that_masks_a_position():
+    # docs/transformers.md: T5's attn_weights@2 (the scores plus the mask) is assigned in the
+    # encoder only with an attention_mask that masks something; one of all ones is dropped.
+    torch.manual_seed(0)
+    config = transformers.T5Config(
+        vocab_size=100, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=4, attn_implementation="eager"
+    )
+    encoder = transformers.T5EncoderModel(config).eval()
+    ids = torch.randint(2, 100, (2, 5), generator=torch.Generator().manual_seed(11))
+    padded = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    found = {}
+    for name, mask in [("none", None), ("ones", torch.ones_like(ids)), ("padded", padded)]:
+        with (
+            attention_recorder(encoder, ["attn_weights@2"]) as patch,
+            bcrecord.recording(only=[patch]) as attn,
+            torch.no_grad(),
+        ):
+            encoder(ids, attention_mask=mask)
+        found[name] = list(attn.keys())
+    key = "encoder.block.0.layer.0.SelfAttention:eager_attention_forward:attn_weights@2"
+    assert found == {"none": [], "ones": [], "padded": [key]}
     assert_clean()
 
 
