@@ -388,14 +388,19 @@ def test_gradient_checkpointing_records_the_recomputation_too(gpt2):
     model.train()
     ids = torch.tensor([[1, 2, 3, 4]])
     torch.manual_seed(3)
-    with attention_recorder(model, ["attn_weights@2"]):
-        with bcrecord.recording() as rec:
+    hooked = []
+    hook = model.transformer.h[0].register_forward_hook(lambda module, args, output: hooked.append(output))
+    with record(model, ["transformer.h.0"]) as layer, attention_recorder(model, ["attn_weights@2"]) as patch:
+        with bcrecord.recording(only=[patch]) as rec:
             out = model(ids, labels=ids)
             forward_only = {key: len(rec.all(key)) for key in rec.keys()}
             out.loss.backward()
+    hook.remove()
     keys = [f"transformer.h.{i}.attn:eager_attention_forward:attn_weights@2" for i in range(2)]
     assert forward_only == dict.fromkeys(keys, 1)
     assert {key: len(rec.all(key)) for key in rec.keys()} == dict.fromkeys(keys, 2)
+    # The recomputation stops after the last tensor the backward needs: the block's output once.
+    assert len(layer.all("transformer.h.0:forward:return")) == len(hooked) == 1
     for key in keys:  # the recomputation replays the forward (dropout's random state included)
         first, again = rec.all(key)
         assert torch.equal(first, again)
