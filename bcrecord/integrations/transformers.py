@@ -9,14 +9,16 @@ nothing.
 The core loads this module by name the first time a recording copies an object of
 transformers (a model's output, a cache). It registers how a ``Cache``
 (``DynamicCache``, ``StaticCache``, ...) is copied under ``copy='clone'``, the
-default: as a new cache holding detached clones of its tensors. Without it a cache
-has no ``.clone()`` and would be kept as it is: under ``model.generate`` the model
-fills one cache object step after step, so every recorded output's
-``past_key_values`` would show the cache as it is at the end of generation, not as
-it was when recorded.
+default: as a new cache holding detached clones of its tensors (moved, cast or
+reduced as well by :func:`bcrecord.torch.record`'s ``to``, ``dtype`` and
+``reduce``). Without it a cache has no ``.clone()`` and would be kept as it is:
+under ``model.generate`` the model fills one cache object step after step, so every
+recorded output's ``past_key_values`` would show the cache as it is at the end of
+generation, not as it was when recorded.
 
 Under ``'detach'`` and ``'none'`` a cache is kept as it is (as any object without
-``.clone()``); ``'deepcopy'`` deep-copies it.
+``.clone()``; under ``'none'``, a new one where ``to``, ``dtype`` or ``reduce``
+apply); ``'deepcopy'`` deep-copies it.
 
 >>> import torch
 >>> from transformers import DynamicCache
@@ -45,11 +47,11 @@ except ImportError:
     _HAS_CACHES = False
 else:
     _HAS_CACHES = True
+    from ..torch.copies import register_holder
 
 from ..analysis import read
 from ..errors import TargetError
 from ..patch import Patch, patch_function
-from ..runtime import copy_value, register_copy
 from ..specs import SpecLike
 
 __all__ = ["attention_recorder"]
@@ -84,21 +86,24 @@ def _tensors(value: Any, seen: Set[int]) -> Iterator[torch.Tensor]:
         yield from _tensors(item, seen)
 
 
-def _copied_cache(cache: Cache) -> Cache:
-    """A new cache like ``cache``, its tensors detached clones (``copy='clone'``).
+def _copied_cache(cache: Cache, copy: Callable[[Any], Any]) -> Cache:
+    """A new cache like ``cache``, holding ``copy`` of each of its tensors.
 
     The structure is deep-copied (a cache's layers are replaced or grown in place
-    while the model runs on); each tensor is copied as a recording copies it, so a
-    tensor in the autograd graph (which ``copy.deepcopy`` refuses) is copied too.
+    while the model runs on); each tensor is copied as the recording copies a value
+    (a detached clone; moved, cast or reduced by the torch layer's ``to``, ``dtype``
+    and ``reduce``), so a tensor in the autograd graph (which ``copy.deepcopy``
+    refuses) is copied too.
     """
     memo: Dict[int, Any] = {}
     for tensor in _tensors(cache, set()):
-        memo[id(tensor)] = copy_value(tensor, "clone")
+        memo[id(tensor)] = copy(tensor)
     return _copy_module.deepcopy(cache, memo)
 
 
 if _HAS_CACHES:
-    register_copy(Cache, "clone", _copied_cache)
+    # (Not under 'detach': the cache is kept as it is, the live one.)
+    register_holder(Cache, _copied_cache, policies=("clone", "deepcopy"))
 
 
 def _attention_modules(model: Any) -> List[Tuple[str, Any, Callable[..., Any]]]:

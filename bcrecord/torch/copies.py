@@ -36,7 +36,7 @@ import contextvars
 import copy as _copy_module
 import dataclasses
 import functools
-from typing import Any, Callable, Dict, List, Optional, Set, Tuple, TypeVar, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, TypeVar, Union
 
 import torch
 
@@ -199,7 +199,9 @@ def _deepcopy_outside_autograd(value: Any) -> Any:
     except RuntimeError:
         if not isinstance(value, (list, tuple, dict)) and not dataclasses.is_dataclass(value):
             raise  # an object that holds one its own way: the recording's errors say so
-        return _map(value, _detached_copy, functools.partial(copy_value, policy="deepcopy"))
+        return _map(
+            value, _detached_copy, functools.partial(copy_value, policy="deepcopy"), policy="deepcopy"
+        )
 
 
 register_copy(torch.Tensor, "clone", detached_clone)
@@ -217,9 +219,12 @@ def _map(
     fn: Callable[[torch.Tensor], Any],
     other: Optional[Callable[[Any], Any]] = None,
     made: Optional[Dict[int, Tuple[Any, Any]]] = None,
+    policy: Optional[str] = None,
 ) -> Any:
     """Apply ``fn`` to every tensor in (nested) tuples, lists, dicts, sets and dataclasses,
     and ``other`` (if given) to everything else in them (a numpy array: the core's copy).
+    An object of a class :func:`register_holder` names is rebuilt around its tensors' ``fn``
+    (under copy ``policy``, where given: those the class was registered for).
 
     Containers are rebuilt as the core rebuilds them (:func:`copied_container`:
     subclasses, ``defaultdict``, each container once, so a list holding itself holds
@@ -231,15 +236,15 @@ def _map(
         return fn(value) if made is None else copied_once(value, fn, made)  # ([h, h]: one copy)
     if isinstance(value, (dict, list, tuple, set, frozenset)):
         made = {} if made is None else made
-        return copied_container(value, lambda content: _map(content, fn, other, made), made, _plain)
+        return copied_container(value, lambda content: _map(content, fn, other, made, policy), made, _plain)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         made = {} if made is None else made
-        return copied_dataclass(value, lambda content: _map(content, fn, other, made), made)
-    rebuild = _holder(type(value))
+        return copied_dataclass(value, lambda content: _map(content, fn, other, made, policy), made)
+    rebuild = _holder(type(value), policy)
     if rebuild is not None:
         made = {} if made is None else made
         return copied_once(
-            value, lambda held: rebuild(held, lambda content: _map(content, fn, other, made)), made
+            value, lambda held: rebuild(held, lambda content: _map(content, fn, other, made, policy)), made
         )
     if other is None:
         return value
@@ -248,16 +253,22 @@ def _map(
 
 #: How to rebuild an object that holds tensors, by its class: ``rebuild(value, copy)`` (see register_holder).
 Rebuild = Callable[[Any, Callable[[Any], Any]], Any]
-_HOLDERS: Dict[type, Rebuild] = {}
+#: Each registered class's rebuild, and the copy policies it is rebuilt under.
+_HOLDERS: Dict[type, Tuple[Rebuild, Tuple[str, ...]]] = {}
+#: Copy policies a holder may be rebuilt under (under 'none' every value is kept as it is).
+_HOLDER_POLICIES = ("clone", "detach", "deepcopy")
 
 
-def register_holder(cls: type, rebuild: Rebuild) -> None:
-    """Copy values of exactly ``cls`` as ``rebuild(value, copy)``: a new object holding ``copy`` of its parts.
+def register_holder(cls: type, rebuild: Rebuild, policies: Sequence[str] = _HOLDER_POLICIES) -> None:
+    """Copy values of ``cls`` (and subclasses) as ``rebuild(value, copy)``: a new object around copies.
 
-    For a library's object that holds tensors (torchvision's ``ImageList``): without
-    it, such an object is recorded as itself, its tensors the live ones (neither
-    copied, nor moved, cast or reduced by ``to``, ``dtype`` or ``reduce``). ``copy``
-    copies a part as the recording's options copy a value (a tensor, a list of them).
+    For a library's object that holds tensors (torchvision's ``ImageList``, a
+    transformers cache): without it, such an object is recorded as itself, its tensors
+    the live ones (neither copied, nor moved, cast or reduced by ``to``, ``dtype`` or
+    ``reduce``). ``copy`` copies a part as the recording's options copy a value (a
+    tensor, a list of them). ``policies``: the copy policies it is rebuilt under (of
+    ``'clone'``, ``'detach'`` and ``'deepcopy'``; under ``'none'`` it is rebuilt only where
+    ``to``, ``dtype`` or ``reduce`` apply); under the others it is copied as before.
 
     >>> import torch
     >>> class Boxes:
@@ -268,20 +279,29 @@ def register_holder(cls: type, rebuild: Rebuild) -> None:
     >>> kept is live, kept.xyxy.dtype
     (False, torch.float64)
     """
-    _HOLDERS[cls] = rebuild
+    unknown = [policy for policy in policies if policy not in _HOLDER_POLICIES]
+    if unknown or isinstance(policies, str):
+        raise SpecError(f"register_holder: policies are some of {_HOLDER_POLICIES}, not {policies!r}")
+    _HOLDERS[cls] = (rebuild, tuple(policies))
     for policy, copy_tensor in (
         ("clone", detached_clone),
         ("detach", _detached),
         ("deepcopy", _detached_copy),
     ):
-        other = functools.partial(copy_value, policy=policy)
-        register_copy(cls, policy, functools.partial(_map, fn=copy_tensor, other=other))
+        if policy in policies:
+            other = functools.partial(copy_value, policy=policy)
+            register_copy(cls, policy, functools.partial(_map, fn=copy_tensor, other=other, policy=policy))
 
 
-def _holder(cls: type) -> Optional[Rebuild]:
-    """How to rebuild a ``cls`` holding tensors (:func:`register_holder`); None for other classes."""
+def _holder(cls: type, policy: Optional[str] = None) -> Optional[Rebuild]:
+    """How to rebuild a ``cls`` holding tensors under copy ``policy`` (:func:`register_holder`, for
+    ``cls`` or a base class); None for other classes, and under a policy it was not registered for
+    (under ``'none'``, or None, it is rebuilt where ``to``, ``dtype`` or ``reduce`` apply)."""
     load_plugin(cls)  # (torchvision's: registers ImageList the first time one is met)
-    return _HOLDERS.get(cls)
+    entry = next((_HOLDERS[base] for base in cls.__mro__ if base in _HOLDERS), None)
+    if entry is None or (policy in _HOLDER_POLICIES and policy not in entry[1]):
+        return None
+    return entry[0]
 
 
 def _plain(value: Any, contents: List[Any]) -> Any:
@@ -417,9 +437,9 @@ class ValuePolicy:
         if (
             isinstance(value, (torch.Tensor, list, tuple, dict))
             or (dataclasses.is_dataclass(value) and not isinstance(value, type))
-            or _holder(type(value)) is not None
+            or _holder(type(value), self.copy) is not None
         ):
-            return _map(value, self._tensor, self._other)
+            return _map(value, self._tensor, self._other, policy=self.copy)
         return copy_value(value, self.copy)
 
     def copier_for(self, cls: type) -> Callable[[Any], Any]:
@@ -475,7 +495,7 @@ class ValuePolicy:
             return self._keep(reduced, live)
         if isinstance(reduced, (list, tuple, dict)):
             # t.chunk(2), (t.mean(), t.std()): each tensor in it is kept as a reduced tensor is
-            return _map(reduced, lambda part: self._keep(part, live), self._other)
+            return _map(reduced, lambda part: self._keep(part, live), self._other, policy=self.copy)
         return copy_value(reduced, self.copy)  # a number, an array: the core's copy
 
     def _keep(self, tensor: torch.Tensor, live: torch.Tensor) -> torch.Tensor:

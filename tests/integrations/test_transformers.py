@@ -179,6 +179,44 @@ def test_generate_keeps_each_step_s_cache_as_it_was_then(gpt2):
     assert_clean()
 
 
+def test_record_options_reach_the_tensors_of_a_recorded_cache(gpt2):
+    # record(..., dtype=, to=, reduce=, grad=) applied to a recorded output's logits but left
+    # the copy of its cache as the default copy makes it: under to='cpu' on a GPU, every step's
+    # cache copy (the bulk of the output) stayed on the GPU.
+    ids = torch.randint(1, 100, (1, 4), generator=torch.Generator().manual_seed(6))
+    with record(gpt2, ["transformer"], dtype=torch.float64) as rec, torch.no_grad():
+        generated = gpt2.generate(ids, max_new_tokens=3, do_sample=False, pad_token_id=0)
+    outputs = rec.all("transformer:forward:return")
+    assert [out.past_key_values.get_seq_length() for out in outputs] == [4, 5, 6]
+    for length, out in zip([4, 5, 6], outputs, strict=True):
+        assert out.last_hidden_state.dtype == torch.float64
+        with torch.no_grad():
+            fresh = gpt2(generated[:, :length], use_cache=True).past_key_values
+        for kept, expected in zip(out.past_key_values.layers, fresh.layers, strict=True):
+            assert kept.keys.dtype == kept.values.dtype == torch.float64
+            assert torch.allclose(kept.keys, expected.keys.double(), atol=1e-6)
+    with record(gpt2, ["transformer"], reduce=lambda t: t[..., :1]) as rec, torch.no_grad():
+        gpt2.generate(ids, max_new_tokens=2, do_sample=False, pad_token_id=0)
+    kept = rec.all("transformer:forward:return")[1].past_key_values
+    assert kept.get_seq_length() == 5 and kept.layers[0].keys.shape == (1, 2, 5, 1)
+    # Outside no_grad: 'deepcopy' failed (copy.deepcopy refuses a tensor in the autograd graph),
+    # and grad=True kept the cache's tensors out of the graph.
+    with (
+        record(gpt2, ["transformer"], copy="deepcopy") as copied,
+        record(gpt2, ["transformer"], grad=True) as kept,
+    ):
+        out = gpt2(ids, use_cache=True)
+    live = out.past_key_values.layers[0].keys
+    deep = copied["transformer:forward:return"].past_key_values.layers[0].keys
+    assert torch.equal(deep, live) and not deep.requires_grad
+    in_graph = kept["transformer:forward:return"].past_key_values.layers[0].keys
+    weight = gpt2.transformer.h[0].attn.c_attn.weight
+    (through_kept,) = torch.autograd.grad(in_graph.sum(), weight, retain_graph=True)
+    (through_live,) = torch.autograd.grad(live.sum(), weight)
+    assert torch.equal(through_kept, through_live)
+    assert_clean()
+
+
 def test_bert_attention_with_padding_and_hidden_states(bert):
     ids = torch.randint(0, 100, (2, 6), generator=torch.Generator().manual_seed(5))
     mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]])
@@ -350,14 +388,19 @@ def test_gradient_checkpointing_records_the_recomputation_too(gpt2):
     model.train()
     ids = torch.tensor([[1, 2, 3, 4]])
     torch.manual_seed(3)
-    with attention_recorder(model, ["attn_weights@2"]):
-        with bcrecord.recording() as rec:
+    hooked = []
+    hook = model.transformer.h[0].register_forward_hook(lambda module, args, output: hooked.append(output))
+    with record(model, ["transformer.h.0"]) as layer, attention_recorder(model, ["attn_weights@2"]) as patch:
+        with bcrecord.recording(only=[patch]) as rec:
             out = model(ids, labels=ids)
             forward_only = {key: len(rec.all(key)) for key in rec.keys()}
             out.loss.backward()
+    hook.remove()
     keys = [f"transformer.h.{i}.attn:eager_attention_forward:attn_weights@2" for i in range(2)]
     assert forward_only == dict.fromkeys(keys, 1)
     assert {key: len(rec.all(key)) for key in rec.keys()} == dict.fromkeys(keys, 2)
+    # The recomputation stops after the last tensor the backward needs: the block's output once.
+    assert len(layer.all("transformer.h.0:forward:return")) == len(hooked) == 1
     for key in keys:  # the recomputation replays the forward (dropout's random state included)
         first, again = rec.all(key)
         assert torch.equal(first, again)
@@ -466,6 +509,37 @@ def test_llama_rmsnorm_rotary_queries_keys_and_grouped_query_probabilities(llama
     assert_clean()
 
 
+def test_compiled_llama_records_what_eager_does_and_lm_head_breaks_more_than_its_local(llama):
+    # README, torch.compile: values are correct; a site in a class's method (nn.Linear's, for
+    # lm_head) breaks the graph wherever the class runs, the model's own local in one place.
+    import torch._dynamo
+
+    ids = torch.randint(3, 100, (2, 5), generator=torch.Generator().manual_seed(17))
+    targets = [":forward:logits", "model.layers.*", "model.layers.0.self_attn:forward:query_states@1"]
+    with record(llama, targets) as eager, torch.no_grad():
+        expected = llama(ids)
+    counters = torch._dynamo.utils.counters
+    breaks = {}
+    for chosen in (targets, [":forward:logits"], ["lm_head"]):
+        torch._dynamo.reset()
+        counters.clear()
+        with record(llama, chosen) as rec, torch.no_grad():
+            out = torch.compile(llama, backend="eager")(ids)
+        assert torch.allclose(out.logits, expected.logits, atol=1e-6)
+        # (A break inside transformers' output-capturing wrapper makes it break once more, at its
+        # ContextVar, after a call with output_attentions=True has left its capture hooks.)
+        breaks[chosen[0]] = sum(
+            n for reason, n in counters["graph_break"].items() if "bcrecord_probe" in reason
+        )
+        if chosen is targets:
+            assert rec.keys() == eager.keys()
+            for key in eager.keys():
+                assert torch.allclose(rec[key], eager[key], atol=1e-6), key
+    torch._dynamo.reset()
+    assert breaks["lm_head"] > breaks[":forward:logits"]
+    assert_clean()
+
+
 @pytest.mark.parametrize(
     "strategy",
     [
@@ -517,6 +591,30 @@ def test_llama_generate_same_tokens_and_each_step_s_values(llama, strategy):
         assert kept.shape[0] == rows and int(step.past_key_values.get_seq_length()) == filled
         assert torch.equal(kept[:, :, filled - new_keys.shape[2] : filled], new_keys)
         assert torch.all(kept[:, :, filled:] == 0)  # (the static cache: not filled yet)
+    assert_clean()
+
+
+def test_t5_masked_scores_in_the_encoder_only_with_a_mask_that_masks_a_position():
+    # docs/transformers.md: T5's attn_weights@2 (the scores plus the mask) is assigned in the
+    # encoder only with an attention_mask that masks something; one of all ones is dropped.
+    torch.manual_seed(0)
+    config = transformers.T5Config(
+        vocab_size=100, d_model=32, d_kv=8, d_ff=64, num_layers=1, num_heads=4, attn_implementation="eager"
+    )
+    encoder = transformers.T5EncoderModel(config).eval()
+    ids = torch.randint(2, 100, (2, 5), generator=torch.Generator().manual_seed(11))
+    padded = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+    found = {}
+    for name, mask in [("none", None), ("ones", torch.ones_like(ids)), ("padded", padded)]:
+        with (
+            attention_recorder(encoder, ["attn_weights@2"]) as patch,
+            bcrecord.recording(only=[patch]) as attn,
+            torch.no_grad(),
+        ):
+            encoder(ids, attention_mask=mask)
+        found[name] = list(attn.keys())
+    key = "encoder.block.0.layer.0.SelfAttention:eager_attention_forward:attn_weights@2"
+    assert found == {"none": [], "ones": [], "padded": [key]}
     assert_clean()
 
 

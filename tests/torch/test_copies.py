@@ -355,3 +355,34 @@ def test_a_registered_holder_is_rebuilt_around_copies_of_its_tensors():
     assert float(summed[":forward:batch@0"].tensors) == 4.0
     detached = copy_value(_Batch(torch.ones(1, requires_grad=True) * 3, []), "detach")
     assert type(detached) is _Batch and not detached.tensors.requires_grad
+
+
+class _Cache:
+    """A base class of objects holding tensors, as transformers' Cache is of DynamicCache's."""
+
+    def __init__(self, keys: torch.Tensor) -> None:
+        self.keys = keys
+
+
+class _GrowingCache(_Cache):
+    pass
+
+
+def test_a_holder_registered_for_a_base_class_and_some_policies_rebuilds_its_subclasses_there():
+    # register_holder took exactly one class under every policy: a transformers cache
+    # (DynamicCache, StaticCache... subclasses of Cache), kept live under 'detach', was copied
+    # by the core's copy for Cache instead, and record()'s dtype/to/reduce never reached it.
+    from bcrecord.torch.copies import register_holder
+
+    register_holder(_Cache, lambda cache, copy: type(cache)(copy(cache.keys)), policies=("clone",))
+    live = _GrowingCache(torch.ones(2))
+    cast = value_policy(dtype=torch.float64)([live])[0]
+    assert type(cast) is _GrowingCache and cast.keys.dtype == torch.float64
+    live.keys.add_(1)
+    assert torch.equal(copy_value(live, "clone").keys, torch.full((2,), 2.0))
+    assert copy_value(live, "clone") is not live
+    assert value_policy(copy="detach", dtype=torch.float64)(live) is live  # not registered for 'detach'
+    assert copy_value(live, "detach") is live
+    assert value_policy(copy="none", dtype=torch.float64)(live).keys.dtype == torch.float64
+    with pytest.raises(SpecError, match="policies are some of"):
+        register_holder(_Cache, lambda cache, copy: cache, policies=("none",))
