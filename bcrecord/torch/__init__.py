@@ -81,8 +81,10 @@ def _probe_outside_dynamo() -> None:
     # An extractor's first call in a mode resolves its targets and patches: bookkeeping
     # for Dynamo to run, not trace (traced, a compiled extractor's plan for its second
     # mode came out with the first mode's targets). Once per mode: the wrapper's cost is nothing.
-    first_in_mode = FeatureExtractor._first_in_mode
-    FeatureExtractor._first_in_mode = torch.compiler.disable(first_in_mode, recursive=True)  # type: ignore[method-assign]
+    # So is the making of its recordings (one per call running at a time).
+    for name in ("_first_in_mode", "_new_recording"):
+        eager = torch.compiler.disable(getattr(FeatureExtractor, name), recursive=True)
+        setattr(FeatureExtractor, name, eager)
     try:
         from torch._C._dynamo.eval_frame import set_eval_frame
         from torch._dynamo.decorators import skip

@@ -338,3 +338,27 @@ def test_modules_reached_by_looping_over_a_container_record_in_a_model_compiled_
         extractor = create_feature_extractor(compiled, [path])
         assert torch.allclose(extractor(x)[path], torch.sin(z), atol=1e-6)
         extractor.close()
+
+
+def test_a_compiled_extractor_makes_its_recordings_without_a_dynamo_warning(monkeypatch):
+    # Dynamo traced the making of the extractor's recording at its first call and warned
+    # "Dynamo does not know how to trace the builtin `_thread.allocate_lock`".
+    import warnings
+
+    from bcrecord.torch import create_feature_extractor
+
+    monkeypatch.setattr(torch._dynamo.utils, "warn_once_cache", set())  # (it warns once a process)
+    torch.manual_seed(0)
+    net = SmallNet().eval()
+    torch._dynamo.reset()
+    extractor = create_feature_extractor(net, ["bn1", ":forward:x@4"])
+    compiled = torch.compile(extractor, backend="eager")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for batch in [1, 2]:
+            x = torch.randn(batch, 3, 8, 8)
+            features, expected = compiled(x), reference_smallnet(net, x)
+            assert torch.allclose(features["bn1"], expected["bn1"], atol=1e-5)
+            assert torch.allclose(features[":forward:x@4"], expected["pooled"], atol=1e-5)
+    assert [str(w.message)[:80] for w in caught] == []
+    extractor.close()
