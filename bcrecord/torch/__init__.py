@@ -96,6 +96,10 @@ def _probe_outside_dynamo() -> None:
     # What Dynamo's error gives as the reason where a graph break is refused
     # (fullgraph=True, strict export): otherwise "reason: None", with a hint to remove the call.
     core._torchdynamo_disable_msg = _NO_FULLGRAPH  # type: ignore[attr-defined]
+    # An extractor's forward breaks the graph first where it looks up its plan: the reason
+    # given where that is refused (with none, the lock a later line takes was named).
+    skip(FeatureExtractor._plan)
+    FeatureExtractor._plan._torchdynamo_disable_msg = _NO_FULLGRAPH_EXTRACTOR  # type: ignore[attr-defined]
 
 
 #: Why a recorded model cannot compile to one graph (shown in Dynamo's error).
@@ -103,6 +107,14 @@ _NO_FULLGRAPH = (
     "bcrecord records a value here, outside the graph (a graph break per recorded site), so "
     "torch.compile(fullgraph=True) and torch.export.export(strict=True) refuse a recorded model: "
     "compile or export it outside record() and extractors (forward hooks trace into the graph)"
+)
+
+#: Why a feature extractor cannot compile to one graph (shown in Dynamo's error).
+_NO_FULLGRAPH_EXTRACTOR = (
+    "a bcrecord feature extractor records outside the graph (graph breaks), so "
+    "torch.compile(fullgraph=True) and torch.export.export(strict=True) refuse it: compile it "
+    "without fullgraph=True, or export it with strict=False (the default; its features are the "
+    "exported graph's outputs)"
 )
 
 

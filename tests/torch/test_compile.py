@@ -362,3 +362,26 @@ def test_a_compiled_extractor_makes_its_recordings_without_a_dynamo_warning(monk
             assert torch.allclose(features[":forward:x@4"], expected["pooled"], atol=1e-5)
     assert [str(w.message)[:80] for w in caught] == []
     extractor.close()
+
+
+def test_fullgraph_compile_or_strict_export_of_an_extractor_says_why_it_cannot():
+    # Dynamo's error said "reason: None" at the first call and, once the extractor had
+    # run, "Dynamo does not know how to enter a `lock` context manager".
+    from bcrecord.torch import create_feature_extractor
+
+    net = SmallNet().eval()
+    x = torch.randn(1, 3, 8, 8)
+    extractor = create_feature_extractor(net, ["bn1"])
+    for attempt in ["first call", "after an eager call"]:
+        torch._dynamo.reset()
+        with pytest.raises(torch._dynamo.exc.Unsupported) as raised:
+            torch.compile(extractor, backend="eager", fullgraph=True)(x)
+        assert "reason: a bcrecord feature extractor records outside the graph" in str(raised.value), attempt
+        with pytest.raises(torch._dynamo.exc.Unsupported) as raised:
+            torch.export.export(extractor, (x,), strict=True)
+        assert "export it with strict=False" in str(raised.value), attempt
+        assert torch.allclose(extractor(x)["bn1"], reference_smallnet(net, x)["bn1"], atol=1e-5)
+    torch._dynamo.reset()
+    features = torch.compile(extractor, backend="eager")(x)  # without fullgraph: compiles, records
+    assert torch.allclose(features["bn1"], reference_smallnet(net, x)["bn1"], atol=1e-5)
+    extractor.close()
