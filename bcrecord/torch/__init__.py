@@ -20,7 +20,8 @@ torch.Size([1, 3])
 Tensor values are detached clones by default (see :mod:`bcrecord.torch.copies`).
 Under ``torch.compile`` the probe runs outside the graph (once this package is
 imported, Dynamo skips it and everything it calls, as ``torch.compiler.disable``
-would), so compiled models record correctly, with one graph break per probe site.
+would), so compiled models record correctly, with a graph break wherever a probe runs
+(a module's probes are in its class's method: at every instance of that class).
 ``torch.jit.script`` compiles a model's Python source, not its bytecode: a scripted
 module (scripted inside a block or not) records nothing; record the Python model.
 ``torch.jit.trace`` inside a block records the runs it traces (the trace and its

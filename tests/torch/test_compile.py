@@ -33,6 +33,22 @@ def test_compiled_patched_model_records_correct_values_every_call():
     assert reasons and all("bcrecord_probe" in r for r in reasons), [r[:300] for r in reasons]
 
 
+def test_a_module_target_breaks_the_graph_at_every_instance_of_its_class():
+    # The docs said "one graph break per probe site": 'bn1' patches BatchNorm2d's forward,
+    # whose probe every BatchNorm2d of the model runs (recording nothing for the others).
+    net = SmallNet().eval()
+    batch_norms = [m for m in net.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    x = torch.randn(2, 3, 8, 8)
+    for targets, breaks in [([":forward:x@4"], 1), (["bn1"], len(batch_norms))]:
+        torch._dynamo.reset()
+        with record(net, targets) as rec:
+            explained = torch._dynamo.explain(net)(x)
+        assert explained.graph_break_count == breaks, targets
+        assert all("bcrecord_probe" in str(b.reason) for b in explained.break_reasons)
+        assert [len(rec.all(k)) for k in rec.keys()] == [1]
+    assert len(batch_norms) == 4
+
+
 def test_compiled_model_without_recording_has_no_probe_breaks():
     net = SmallNet().eval()
     torch._dynamo.reset()
