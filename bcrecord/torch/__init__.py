@@ -44,7 +44,7 @@ from .. import patch as _patch
 from .. import runtime as _runtime
 from . import copies  # noqa: F401  (registers tensor copies)
 from .extractor import FeatureExtractor, create_feature_extractor, list_targets
-from .record import ModelRecording, StopForward, patched_classes, record
+from .record import ModelRecording, RecordBlock, StopForward, patched_classes, record
 from .targets import Target, expand, unwrap
 
 __all__ = [
@@ -82,10 +82,16 @@ def _probe_outside_dynamo() -> None:
     # An extractor's first call in a mode resolves its targets and patches: bookkeeping
     # for Dynamo to run, not trace (traced, a compiled extractor's plan for its second
     # mode came out with the first mode's targets). Once per mode: the wrapper's cost is nothing.
-    # So is the making of its recordings (one per call running at a time).
-    for name in ("_first_in_mode", "_new_recording"):
-        eager = torch.compiler.disable(getattr(FeatureExtractor, name), recursive=True)
-        setattr(FeatureExtractor, name, eager)
+    # So is the making of its recordings (one per call running at a time), and a record()
+    # block's entry and exit in a compiled function (Dynamo runs that function eagerly, but
+    # compiled the frames they call, warning of the builtins it cannot trace there).
+    for owner, name in [
+        (FeatureExtractor, "_first_in_mode"),
+        (FeatureExtractor, "_new_recording"),
+        (RecordBlock, "__enter__"),
+        (RecordBlock, "__exit__"),
+    ]:
+        setattr(owner, name, torch.compiler.disable(getattr(owner, name), recursive=True))
     try:
         from torch._C._dynamo.eval_frame import set_eval_frame
         from torch._dynamo.decorators import skip

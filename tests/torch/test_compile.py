@@ -401,3 +401,30 @@ def test_fullgraph_compile_or_strict_export_of_an_extractor_says_why_it_cannot()
     features = torch.compile(extractor, backend="eager")(x)  # without fullgraph: compiles, records
     assert torch.allclose(features["bn1"], reference_smallnet(net, x)["bn1"], atol=1e-5)
     extractor.close()
+
+
+def test_a_record_block_inside_a_compiled_function_records_without_dynamo_warnings(monkeypatch):
+    # Dynamo runs a function holding the block eagerly, and compiled the frames its entry
+    # called: it warned of `_thread.allocate_lock` and `unicodedata.normalize` there.
+    import warnings
+
+    monkeypatch.setattr(torch._dynamo.utils, "warn_once_cache", set())  # (it warns once a process)
+    torch.manual_seed(0)
+    net = SmallNet().eval()
+    torch._dynamo.reset()
+
+    @torch.compile(backend="eager")
+    def step(x):
+        with record(net, ["bn1", "blocks.1:forward:out@1"]) as rec:
+            out = net(x)
+        return out, rec
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            x = torch.randn(2, 3, 8, 8)
+            (out, rec), expected = step(x), reference_smallnet(net, x)
+            assert torch.allclose(out, expected["fc"], atol=1e-5)
+            assert torch.allclose(rec["bn1:forward:return"], expected["bn1"], atol=1e-5)
+            assert torch.allclose(rec["blocks.1:forward:out@1"], expected["blocks.1.bn"], atol=1e-5)
+    assert [str(w.message)[:80] for w in caught] == []
