@@ -111,7 +111,7 @@ def _probe_outside_dynamo() -> None:
 
 #: Why a recorded model cannot compile to one graph (shown in Dynamo's error).
 _NO_FULLGRAPH = (
-    "bcrecord records a value here, outside the graph (a graph break per recorded site), so "
+    "bcrecord records a value here, outside the graph (a graph break wherever it records), so "
     "torch.compile(fullgraph=True) and torch.export.export(strict=True) refuse a recorded model: "
     "compile or export it outside record() and extractors (forward hooks trace into the graph)"
 )

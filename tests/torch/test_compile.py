@@ -28,7 +28,7 @@ def test_compiled_patched_model_records_correct_values_every_call():
             assert torch.allclose(rec["blocks.1:forward:out@1"], expected["blocks.1.bn"], atol=1e-5)
             assert torch.allclose(rec[":forward:x@4"], expected["pooled"], atol=1e-5)
     assert [len(rec.all(k)) for k in rec.keys()] == [3, 3, 3]
-    # the probe runs outside the graph: one break per probe site, nothing else
+    # the probe runs outside the graph: it breaks the graph, nothing else does
     reasons = list(counters["graph_break"])
     assert reasons and all("bcrecord_probe" in r for r in reasons), [r[:300] for r in reasons]
 
