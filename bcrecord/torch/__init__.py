@@ -35,10 +35,11 @@ try:
 except ImportError as error:  # pragma: no cover - depends on the environment
     raise ImportError("bcrecord.torch needs PyTorch: pip install 'bcrecord[torch]'") from error
 
+import functools
 import sys
 import warnings
 import weakref
-from typing import Any, List, Mapping, Optional
+from typing import Any, Callable, List, Mapping, Optional
 
 from .. import patch as _patch
 from .. import runtime as _runtime
@@ -82,16 +83,10 @@ def _probe_outside_dynamo() -> None:
     # An extractor's first call in a mode resolves its targets and patches: bookkeeping
     # for Dynamo to run, not trace (traced, a compiled extractor's plan for its second
     # mode came out with the first mode's targets). Once per mode: the wrapper's cost is nothing.
-    # So is the making of its recordings (one per call running at a time), and a record()
-    # block's entry and exit in a compiled function (Dynamo runs that function eagerly, but
-    # compiled the frames they call, warning of the builtins it cannot trace there).
-    for owner, name in [
-        (FeatureExtractor, "_first_in_mode"),
-        (FeatureExtractor, "_new_recording"),
-        (RecordBlock, "__enter__"),
-        (RecordBlock, "__exit__"),
-    ]:
-        setattr(owner, name, torch.compiler.disable(getattr(owner, name), recursive=True))
+    # So is the making of its recordings (one per call running at a time).
+    for name in ("_first_in_mode", "_new_recording"):
+        eager = torch.compiler.disable(getattr(FeatureExtractor, name), recursive=True)
+        setattr(FeatureExtractor, name, eager)
     try:
         from torch._C._dynamo.eval_frame import set_eval_frame
         from torch._dynamo.decorators import skip
@@ -107,6 +102,27 @@ def _probe_outside_dynamo() -> None:
     # given where that is refused (with none, the lock a later line takes was named).
     skip(FeatureExtractor._plan)
     FeatureExtractor._plan._torchdynamo_disable_msg = _NO_FULLGRAPH_EXTRACTOR  # type: ignore[attr-defined]
+    # A record() block in a compiled function: Dynamo runs that function eagerly (it cannot
+    # enter the block) but compiled the frames the block's entry and exit call, warning of
+    # the builtins it cannot trace there. Not torch.compiler.disable: a warning of the
+    # block's would point at that wrapper's line, not the user's.
+    for name in ("__enter__", "__exit__"):
+        setattr(RecordBlock, name, skip(_without_dynamo(getattr(RecordBlock, name), set_eval_frame)))
+
+
+def _without_dynamo(method: Callable[..., Any], switch: Callable[[Any], Any]) -> Callable[..., Any]:
+    """``method``, run with Dynamo's frame evaluation off (``switch`` is its ``set_eval_frame``), as
+    ``torch.compiler.disable`` runs it, from a frame of bcrecord's own, which warnings pass over."""
+
+    @functools.wraps(method)
+    def eager(*args: Any, **kwargs: Any) -> Any:
+        prior = switch(None)
+        try:
+            return method(*args, **kwargs)
+        finally:
+            switch(prior)
+
+    return eager
 
 
 #: Why a recorded model cannot compile to one graph (shown in Dynamo's error).
