@@ -20,7 +20,8 @@ torch.Size([1, 3])
 Tensor values are detached clones by default (see :mod:`bcrecord.torch.copies`).
 Under ``torch.compile`` the probe runs outside the graph (once this package is
 imported, Dynamo skips it and everything it calls, as ``torch.compiler.disable``
-would), so compiled models record correctly, with one graph break per probe site.
+would), so compiled models record correctly, with a graph break wherever a probe runs
+(a module's probes are in its class's method: at every instance of that class).
 ``torch.jit.script`` compiles a model's Python source, not its bytecode: a scripted
 module (scripted inside a block or not) records nothing; record the Python model.
 ``torch.jit.trace`` inside a block records the runs it traces (the trace and its
@@ -34,16 +35,17 @@ try:
 except ImportError as error:  # pragma: no cover - depends on the environment
     raise ImportError("bcrecord.torch needs PyTorch: pip install 'bcrecord[torch]'") from error
 
+import functools
 import sys
 import warnings
 import weakref
-from typing import Any, List, Mapping, Optional
+from typing import Any, Callable, List, Mapping, Optional
 
 from .. import patch as _patch
 from .. import runtime as _runtime
 from . import copies  # noqa: F401  (registers tensor copies)
 from .extractor import FeatureExtractor, create_feature_extractor, list_targets
-from .record import ModelRecording, StopForward, patched_classes, record
+from .record import ModelRecording, RecordBlock, StopForward, patched_classes, record
 from .targets import Target, expand, unwrap
 
 __all__ = [
@@ -81,8 +83,10 @@ def _probe_outside_dynamo() -> None:
     # An extractor's first call in a mode resolves its targets and patches: bookkeeping
     # for Dynamo to run, not trace (traced, a compiled extractor's plan for its second
     # mode came out with the first mode's targets). Once per mode: the wrapper's cost is nothing.
-    first_in_mode = FeatureExtractor._first_in_mode
-    FeatureExtractor._first_in_mode = torch.compiler.disable(first_in_mode, recursive=True)  # type: ignore[method-assign]
+    # So is the making of its recordings (one per call running at a time).
+    for name in ("_first_in_mode", "_new_recording"):
+        eager = torch.compiler.disable(getattr(FeatureExtractor, name), recursive=True)
+        setattr(FeatureExtractor, name, eager)
     try:
         from torch._C._dynamo.eval_frame import set_eval_frame
         from torch._dynamo.decorators import skip
@@ -94,13 +98,46 @@ def _probe_outside_dynamo() -> None:
     # What Dynamo's error gives as the reason where a graph break is refused
     # (fullgraph=True, strict export): otherwise "reason: None", with a hint to remove the call.
     core._torchdynamo_disable_msg = _NO_FULLGRAPH  # type: ignore[attr-defined]
+    # An extractor's forward breaks the graph first where it looks up its plan: the reason
+    # given where that is refused (with none, the lock a later line takes was named).
+    skip(FeatureExtractor._plan)
+    FeatureExtractor._plan._torchdynamo_disable_msg = _NO_FULLGRAPH_EXTRACTOR  # type: ignore[attr-defined]
+    # A record() block in a compiled function: Dynamo runs that function eagerly (it cannot
+    # enter the block) but compiled the frames the block's entry and exit call, warning of
+    # the builtins it cannot trace there. Not torch.compiler.disable: a warning of the
+    # block's would point at that wrapper's line, not the user's.
+    for name in ("__enter__", "__exit__"):
+        setattr(RecordBlock, name, skip(_without_dynamo(getattr(RecordBlock, name), set_eval_frame)))
+
+
+def _without_dynamo(method: Callable[..., Any], switch: Callable[[Any], Any]) -> Callable[..., Any]:
+    """``method``, run with Dynamo's frame evaluation off (``switch`` is its ``set_eval_frame``), as
+    ``torch.compiler.disable`` runs it, from a frame of bcrecord's own, which warnings pass over."""
+
+    @functools.wraps(method)
+    def eager(*args: Any, **kwargs: Any) -> Any:
+        prior = switch(None)
+        try:
+            return method(*args, **kwargs)
+        finally:
+            switch(prior)
+
+    return eager
 
 
 #: Why a recorded model cannot compile to one graph (shown in Dynamo's error).
 _NO_FULLGRAPH = (
-    "bcrecord records a value here, outside the graph (a graph break per recorded site), so "
+    "bcrecord records a value here, outside the graph (a graph break wherever it records), so "
     "torch.compile(fullgraph=True) and torch.export.export(strict=True) refuse a recorded model: "
     "compile or export it outside record() and extractors (forward hooks trace into the graph)"
+)
+
+#: Why a feature extractor cannot compile to one graph (shown in Dynamo's error).
+_NO_FULLGRAPH_EXTRACTOR = (
+    "a bcrecord feature extractor records outside the graph (graph breaks), so "
+    "torch.compile(fullgraph=True) and torch.export.export(strict=True) refuse it: compile it "
+    "without fullgraph=True, or export it with strict=False (the default; its features are the "
+    "exported graph's outputs)"
 )
 
 

@@ -292,6 +292,12 @@ class FeatureExtractor(torch.nn.Module):
             weakref.finalize(self, remove_soon, patches)
         return found
 
+    def _new_recording(self, plan: Plan, patches: List[Patch]) -> ModelRecording:
+        """A recording for one call at a time, kept between calls. Run eagerly under
+        ``torch.compile``, as :meth:`_first_in_mode` (traced, Dynamo warned that it cannot
+        trace the recording's lock)."""
+        return plan.recording_for(patches, stop_after_last=self.stop_early, reused=True, **self._run_options)
+
     def _mode_hint(self, training: bool) -> str:
         """Why a target may not be reached in this mode, where one set of targets serves both.
 
@@ -346,9 +352,7 @@ class FeatureExtractor(torch.nn.Module):
         try:
             rec = idle.pop()
         except IndexError:  # first call, or every recording is in a call in another thread
-            rec = plan.recording_for(
-                patches, stop_after_last=self.stop_early, reused=True, **self._run_options
-            )
+            rec = self._new_recording(plan, patches)
         try:
             rec._start_pass()
             with Pass(plan, rec, stop_at_root=False):

@@ -28,9 +28,25 @@ def test_compiled_patched_model_records_correct_values_every_call():
             assert torch.allclose(rec["blocks.1:forward:out@1"], expected["blocks.1.bn"], atol=1e-5)
             assert torch.allclose(rec[":forward:x@4"], expected["pooled"], atol=1e-5)
     assert [len(rec.all(k)) for k in rec.keys()] == [3, 3, 3]
-    # the probe runs outside the graph: one break per probe site, nothing else
+    # the probe runs outside the graph: it breaks the graph, nothing else does
     reasons = list(counters["graph_break"])
     assert reasons and all("bcrecord_probe" in r for r in reasons), [r[:300] for r in reasons]
+
+
+def test_a_module_target_breaks_the_graph_at_every_instance_of_its_class():
+    # The docs said "one graph break per probe site": 'bn1' patches BatchNorm2d's forward,
+    # whose probe every BatchNorm2d of the model runs (recording nothing for the others).
+    net = SmallNet().eval()
+    batch_norms = [m for m in net.modules() if isinstance(m, torch.nn.BatchNorm2d)]
+    x = torch.randn(2, 3, 8, 8)
+    for targets, breaks in [([":forward:x@4"], 1), (["bn1"], len(batch_norms))]:
+        torch._dynamo.reset()
+        with record(net, targets) as rec:
+            explained = torch._dynamo.explain(net)(x)
+        assert explained.graph_break_count == breaks, targets
+        assert all("bcrecord_probe" in str(b.reason) for b in explained.break_reasons)
+        assert [len(rec.all(k)) for k in rec.keys()] == [1]
+    assert len(batch_norms) == 4
 
 
 def test_compiled_model_without_recording_has_no_probe_breaks():
@@ -338,3 +354,77 @@ def test_modules_reached_by_looping_over_a_container_record_in_a_model_compiled_
         extractor = create_feature_extractor(compiled, [path])
         assert torch.allclose(extractor(x)[path], torch.sin(z), atol=1e-6)
         extractor.close()
+
+
+def test_a_compiled_extractor_makes_its_recordings_without_a_dynamo_warning(monkeypatch):
+    # Dynamo traced the making of the extractor's recording at its first call and warned
+    # "Dynamo does not know how to trace the builtin `_thread.allocate_lock`".
+    import warnings
+
+    from bcrecord.torch import create_feature_extractor
+
+    monkeypatch.setattr(torch._dynamo.utils, "warn_once_cache", set())  # (it warns once a process)
+    torch.manual_seed(0)
+    net = SmallNet().eval()
+    torch._dynamo.reset()
+    extractor = create_feature_extractor(net, ["bn1", ":forward:x@4"])
+    compiled = torch.compile(extractor, backend="eager")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for batch in [1, 2]:
+            x = torch.randn(batch, 3, 8, 8)
+            features, expected = compiled(x), reference_smallnet(net, x)
+            assert torch.allclose(features["bn1"], expected["bn1"], atol=1e-5)
+            assert torch.allclose(features[":forward:x@4"], expected["pooled"], atol=1e-5)
+    assert [str(w.message)[:80] for w in caught] == []
+    extractor.close()
+
+
+def test_fullgraph_compile_or_strict_export_of_an_extractor_says_why_it_cannot():
+    # Dynamo's error said "reason: None" at the first call and, once the extractor had
+    # run, "Dynamo does not know how to enter a `lock` context manager".
+    from bcrecord.torch import create_feature_extractor
+
+    net = SmallNet().eval()
+    x = torch.randn(1, 3, 8, 8)
+    extractor = create_feature_extractor(net, ["bn1"])
+    for attempt in ["first call", "after an eager call"]:
+        torch._dynamo.reset()
+        with pytest.raises(torch._dynamo.exc.Unsupported) as raised:
+            torch.compile(extractor, backend="eager", fullgraph=True)(x)
+        assert "reason: a bcrecord feature extractor records outside the graph" in str(raised.value), attempt
+        with pytest.raises(torch._dynamo.exc.Unsupported) as raised:
+            torch.export.export(extractor, (x,), strict=True)
+        assert "export it with strict=False" in str(raised.value), attempt
+        assert torch.allclose(extractor(x)["bn1"], reference_smallnet(net, x)["bn1"], atol=1e-5)
+    torch._dynamo.reset()
+    features = torch.compile(extractor, backend="eager")(x)  # without fullgraph: compiles, records
+    assert torch.allclose(features["bn1"], reference_smallnet(net, x)["bn1"], atol=1e-5)
+    extractor.close()
+
+
+def test_a_record_block_inside_a_compiled_function_records_without_dynamo_warnings(monkeypatch):
+    # Dynamo runs a function holding the block eagerly, and compiled the frames its entry
+    # called: it warned of `_thread.allocate_lock` and `unicodedata.normalize` there.
+    import warnings
+
+    monkeypatch.setattr(torch._dynamo.utils, "warn_once_cache", set())  # (it warns once a process)
+    torch.manual_seed(0)
+    net = SmallNet().eval()
+    torch._dynamo.reset()
+
+    @torch.compile(backend="eager")
+    def step(x):
+        with record(net, ["bn1", "blocks.1:forward:out@1"]) as rec:
+            out = net(x)
+        return out, rec
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(2):
+            x = torch.randn(2, 3, 8, 8)
+            (out, rec), expected = step(x), reference_smallnet(net, x)
+            assert torch.allclose(out, expected["fc"], atol=1e-5)
+            assert torch.allclose(rec["bn1:forward:return"], expected["bn1"], atol=1e-5)
+            assert torch.allclose(rec["blocks.1:forward:out@1"], expected["blocks.1.bn"], atol=1e-5)
+    assert [str(w.message)[:80] for w in caught] == []
