@@ -578,6 +578,29 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     >>> main(["targets", "no_colon_here"])  # the message goes to stderr
     2
     """
+    try:
+        return _main(argv)
+    except Exception:
+        # bcrecord's own failure (the program's are the program's): where it imported a module
+        # of the working directory as its own (a program's platform.py), that is likely why.
+        _say_what_was_taken()
+        raise
+
+
+def _say_what_was_taken() -> None:
+    """Warn on stderr of the working directory's modules bcrecord took as its own, if any."""
+    try:
+        from .runner import _taken_warning, taken_from_the_working_directory
+
+        taken = taken_from_the_working_directory()
+    except Exception:  # (the runner itself may be what the taken module broke)
+        return
+    if taken and sys.stderr is not None:
+        print(_taken_warning(taken), file=sys.stderr)
+
+
+def _main(argv: Optional[Sequence[str]]) -> int:
+    """:func:`main`, which says so where a module of the working directory broke it."""
     tokens = list(sys.argv[1:] if argv is None else argv)
     program_args: List[str] = []
     if tokens[:1] == ["run"]:

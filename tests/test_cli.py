@@ -269,6 +269,23 @@ def test_version_says_which_bcrecord_on_which_python():
     assert (result.returncode, result.stdout) == (0, f"bcrecord {bcrecord.__version__} (Python {python})\n")
 
 
+@pytest.mark.parametrize(
+    "command", [["run", "-r", "helper:twice:y", "helper.py"], ["targets", "helper:twice"]]
+)
+def test_a_failure_caused_by_a_module_of_the_working_directory_says_which(project, command):
+    # Started in a folder with its own platform.py, bcrecord's own parser (its --version text)
+    # failed on platform.python_version() with a bare traceback, where the README says bcrecord
+    # warns of such a module of the program's: the failure now comes with that warning.
+    (project / "platform.py").write_text("MINE = 1\n")
+    result = cli(*command, cwd=project)
+    said = "bcrecord: warning: bcrecord imported the program's own platform in place of the module(s)"
+    assert result.returncode == 1 and said in result.stderr, result.stderr
+    failed = "AttributeError: module 'platform' has no attribute 'python_version'"
+    assert result.stderr.splitlines()[-1].startswith(failed)  # (3.13 adds why to the message)
+    (project / "platform.py").unlink()
+    assert "warning" not in cli(*command, cwd=project).stderr
+
+
 @pytest.mark.parametrize("command", [["targets", "helper:Scaler"], ["show", "helper:Scaler", "out"]])
 def test_a_class_gets_a_method_path_to_give(project, command):
     assert one_clear_line(cli(*command, cwd=project)) == (
