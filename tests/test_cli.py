@@ -286,6 +286,24 @@ def test_a_failure_caused_by_a_module_of_the_working_directory_says_which(projec
     assert "warning" not in cli(*command, cwd=project).stderr
 
 
+def test_a_failure_after_the_user_s_own_modules_are_imported_never_names_them(tmp_path, monkeypatch, capsys):
+    # The user's modules (a program's utils.py, the module of 'targets mod:f') are theirs: a
+    # bcrecord failure after importing them must not say bcrecord took them as its own.
+    (tmp_path / "users_own.py").write_text("X = 1\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def fails_after_importing(argv):
+        __import__("users_own")
+        raise RuntimeError("a failure of bcrecord's own")
+
+    monkeypatch.setattr(bcrecord.cli, "_main", fails_after_importing)
+    monkeypatch.delitem(sys.modules, "users_own", raising=False)
+    with pytest.raises(RuntimeError, match="a failure of bcrecord's own"):
+        bcrecord.cli.main(["targets", "users_own:f"])
+    assert sys.modules.pop("users_own") and capsys.readouterr().err == ""
+
+
 @pytest.mark.parametrize("command", [["targets", "helper:Scaler"], ["show", "helper:Scaler", "out"]])
 def test_a_class_gets_a_method_path_to_give(project, command):
     assert one_clear_line(cli(*command, cwd=project)) == (
