@@ -578,6 +578,33 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     >>> main(["targets", "no_colon_here"])  # the message goes to stderr
     2
     """
+    # Now, before any of the user's modules is imported (a program's own utils.py, the module
+    # of 'targets mod:f'): those are theirs, not bcrecord's, and are never named below.
+    taken = _taken_so_far()
+    try:
+        return _main(argv)
+    except Exception:
+        # bcrecord's own failure (the program's are the program's): where it imported a module
+        # of the working directory as its own (a program's platform.py), that is likely why.
+        if taken and sys.stderr is not None:
+            from .runner import _taken_warning
+
+            print(_taken_warning(taken), file=sys.stderr)
+        raise
+
+
+def _taken_so_far() -> List[str]:
+    """The working directory's modules bcrecord has imported as its own so far (none, if it cannot tell)."""
+    try:
+        from .runner import taken_from_the_working_directory
+
+        return taken_from_the_working_directory()
+    except Exception:  # (the runner itself may be what a taken module broke)
+        return []
+
+
+def _main(argv: Optional[Sequence[str]]) -> int:
+    """:func:`main`, which says so where a module of the working directory broke it."""
     tokens = list(sys.argv[1:] if argv is None else argv)
     program_args: List[str] = []
     if tokens[:1] == ["run"]:

@@ -2244,6 +2244,41 @@ def _taken_from_the_program(folder: str, modules: Mapping[str, types.ModuleType]
     )
 
 
+def _taken_warning(taken: Sequence[str]) -> str:
+    """What bcrecord says where it imported the program's own modules ``taken`` as its own.
+
+    >>> _taken_warning(["shlex"])[:60]
+    "bcrecord: warning: bcrecord imported the program's own shlex"
+    """
+    return (
+        f"bcrecord: warning: bcrecord imported the program's own {', '.join(taken)} in place of the "
+        "module(s) of that name it uses (the working directory, the program's folder, comes first "
+        "on sys.path): it may fail; start bcrecord from another folder (bcrecord run ... DIR/prog.py)"
+    )
+
+
+def taken_from_the_working_directory() -> List[str]:
+    """Modules of the working directory that bcrecord imported as its own so far.
+
+    The command line puts the working directory first on ``sys.path`` (unless
+    :func:`safe_path`): started in a folder with its own ``platform.py``, bcrecord's
+    ``import platform`` gets that one, and bcrecord can fail before :func:`run` has
+    looked (the command line then says so, with this list).
+
+    >>> import importlib, tempfile
+    >>> here, folder = os.getcwd(), tempfile.mkdtemp()
+    >>> _ = open(os.path.join(folder, "its_own.py"), "w").close()
+    >>> os.chdir(folder); sys.path.insert(0, "")
+    >>> _ = importlib.import_module("its_own")  # as bcrecord would import a module named so
+    >>> taken_from_the_working_directory()
+    ['its_own']
+    >>> _ = sys.path.pop(0), sys.modules.pop("its_own"), os.chdir(here)
+    """
+    here = _working_directory()
+    on_path = bool(here) and any(os.path.abspath(entry or os.curdir) == here for entry in sys.path)
+    return _taken_from_the_program(here, dict(sys.modules)) if on_path else []
+
+
 def _note_earlier_values(writer: Writer, out: TextIO) -> None:
     """Say so where the save directory holds values already: this run's join them."""
     try:
@@ -2333,12 +2368,7 @@ def run(
         )
     taken = _taken_from_the_program(folder, ours) if on_path else []
     if taken and told is not None:
-        print(
-            f"bcrecord: warning: bcrecord imported the program's own {', '.join(taken)} in place of the "
-            "module(s) of that name it uses (the working directory, the program's folder, comes first "
-            "on sys.path): it may fail; start bcrecord from another folder (bcrecord run ... DIR/prog.py)",
-            file=told,
-        )
+        print(_taken_warning(taken), file=told)
     writer = Writer(save_dir) if save_dir is not None else None
     if writer is not None and not quiet and told is not None:  # (as above: never the program's stdout)
         _note_earlier_values(writer, told)

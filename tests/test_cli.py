@@ -269,6 +269,41 @@ def test_version_says_which_bcrecord_on_which_python():
     assert (result.returncode, result.stdout) == (0, f"bcrecord {bcrecord.__version__} (Python {python})\n")
 
 
+@pytest.mark.parametrize(
+    "command", [["run", "-r", "helper:twice:y", "helper.py"], ["targets", "helper:twice"]]
+)
+def test_a_failure_caused_by_a_module_of_the_working_directory_says_which(project, command):
+    # Started in a folder with its own platform.py, bcrecord's own parser (its --version text)
+    # failed on platform.python_version() with a bare traceback, where the README says bcrecord
+    # warns of such a module of the program's: the failure now comes with that warning.
+    (project / "platform.py").write_text("MINE = 1\n")
+    result = cli(*command, cwd=project)
+    said = "bcrecord: warning: bcrecord imported the program's own platform in place of the module(s)"
+    assert result.returncode == 1 and said in result.stderr, result.stderr
+    failed = "AttributeError: module 'platform' has no attribute 'python_version'"
+    assert result.stderr.splitlines()[-1].startswith(failed)  # (3.13 adds why to the message)
+    (project / "platform.py").unlink()
+    assert "warning" not in cli(*command, cwd=project).stderr
+
+
+def test_a_failure_after_the_user_s_own_modules_are_imported_never_names_them(tmp_path, monkeypatch, capsys):
+    # The user's modules (a program's utils.py, the module of 'targets mod:f') are theirs: a
+    # bcrecord failure after importing them must not say bcrecord took them as its own.
+    (tmp_path / "users_own.py").write_text("X = 1\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def fails_after_importing(argv):
+        __import__("users_own")
+        raise RuntimeError("a failure of bcrecord's own")
+
+    monkeypatch.setattr(bcrecord.cli, "_main", fails_after_importing)
+    monkeypatch.delitem(sys.modules, "users_own", raising=False)
+    with pytest.raises(RuntimeError, match="a failure of bcrecord's own"):
+        bcrecord.cli.main(["targets", "users_own:f"])
+    assert sys.modules.pop("users_own") and capsys.readouterr().err == ""
+
+
 @pytest.mark.parametrize("command", [["targets", "helper:Scaler"], ["show", "helper:Scaler", "out"]])
 def test_a_class_gets_a_method_path_to_give(project, command):
     assert one_clear_line(cli(*command, cwd=project)) == (
