@@ -501,7 +501,8 @@ def _parser() -> argparse.ArgumentParser:
         "-q",
         "--quiet",
         action="store_true",
-        help="no summary on stderr at the end (what did not record is still said)",
+        help="no note of values saved before in the save dir, no summary at the end (on stderr; what did not "
+        "record, warnings and errors are still said)",
     )
     p.add_argument("-m", dest="module", metavar="MODULE", help="run a module, as python -m does")
     p.add_argument("args", nargs=argparse.REMAINDER, help="the script ('-': stdin) and its arguments")

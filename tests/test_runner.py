@@ -184,6 +184,8 @@ def test_a_second_run_into_a_save_dir_says_it_adds_to_what_is_there(project, tmp
         f"bcrecord: {out} holds {saved // 2} value(s) saved before; this run's are added to them "
         "(their steps start again at 0)"
     )
+    quiet = cli("run", "-q", "-r", "helper:twice:y", "-o", out, "prog.py", "2", cwd=project)
+    assert "saved before" not in quiet.stderr  # as -q's help says
 
 
 def test_a_second_run_without_a_stderr_leaves_the_program_s_stdout_as_it_is(project, tmp_path):
