@@ -1175,13 +1175,15 @@ _PLUGINS = {
 
 
 def load_plugin(cls: type) -> None:
-    """Import the plug-in that registers copies for ``cls``'s library, the first time one is met.
+    """Import the plug-in that registers copies for ``cls``'s library, the first time one is met;
+    or a base class's (a cache class of a model's own code, a subclass of transformers' ``Cache``).
 
     >>> load_plugin(int)  # (no plug-in for the standard library: nothing to do)
     """
-    plugin = _PLUGINS.pop(cls.__module__.partition(".")[0], None)
-    if plugin is not None:
-        importlib.import_module(plugin)
+    for klass in cls.__mro__ if _PLUGINS else ():
+        plugin = _PLUGINS.pop(str(klass.__module__).partition(".")[0], None)
+        if plugin is not None:
+            importlib.import_module(plugin)
 
 
 def _find_copier(policy: Any, cls: type) -> Optional[Copier]:
