@@ -839,6 +839,15 @@ def register_copy(cls: type, policy: str, copier: Copier) -> None:
             routing.reset()
 
 
+def _unregister_copy(cls: type, policy: str) -> None:
+    """Drop the copier :func:`register_copy` gave ``cls`` itself under ``policy``, if any: its
+    values are copied as their base classes' (``bcrecord.torch``'s ``register_holder`` again,
+    for fewer policies)."""
+    if _registered.pop((policy, cls), None) is not None:
+        for table in _copier_cache.values():
+            table.clear()
+
+
 def _known_policy(policy: str) -> None:
     if policy not in COPY_POLICIES:
         raise SpecError(f"unknown copy policy {policy!r}; choose one of {COPY_POLICIES}")
