@@ -205,10 +205,11 @@ def _split(text: str) -> Tuple[str, str, str, bool]:
         return parts[0], "forward", "", grad
     sliced = _SLICE.match(text)
     if sliced is not None:  # ('blocks[0:2]': its ':' would split the target)
-        path = sliced.group(1).rstrip(".")
+        path = sliced.group(1).strip().rstrip(".")
+        child = f"{path}." if path else ""  # (the root's children: '0', not '.0')
         raise SpecError(
-            f"bad target {text!r}: a module path takes no slice: name each child ('{path}.0') "
-            f"or match them with a glob ('{path}.*', '{path}.[01]')"
+            f"bad target {text!r}: a module path takes no slice: name each child ('{child}0') "
+            f"or match them with a glob ('{child}*', '{child}[01]')"
         )
     if len(parts) != 3 or not parts[1] or not parts[2]:
         raise SpecError(
@@ -271,6 +272,10 @@ def _split_in(model: torch.nn.Module, text: str) -> Tuple[str, str, str, bool]:
         fixed = full_width_fixed(text[len(kept) :], punctuation_only=True)
         if fixed is not None:
             raise SpecError(f"bad target {text!r}: it has full-width characters: write {kept + fixed!r}")
+    if isinstance(text, str) and _SLICE.match(text):
+        # ('[0:2]', 'blocks.[1:]': as a glob's character class, it took '0' and '2', or '1', silently)
+        if not any(":" in name for name, _ in model.named_modules()):
+            return _split(text)
     if isinstance(text, str) and ("grad" in text or text.count(":") not in (0, 2)):
         stripped = text.strip()
         if _names_submodules(model, stripped):  # a bare path: 'heads.grad', 'heads.a:b', 'heads.a:*'

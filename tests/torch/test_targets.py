@@ -147,6 +147,23 @@ def test_a_slice_in_a_module_path_is_told_the_children_or_glob_to_write():
     )
 
 
+def test_a_slice_that_a_glob_would_read_as_a_character_class_is_refused_too():
+    # '[0:2]' on a Sequential recorded layers 0 and 2 ('0', ':' and '2' as a glob's class), and
+    # 'blocks.[1:]' layer 1 alone; a slice of the root's children was told '.0', refused too.
+    model = torch.nn.Sequential(*[torch.nn.ReLU() for _ in range(4)])
+    for text in ("[0:2]", "[1:]:forward:input"):
+        with pytest.raises(bcrecord.SpecError) as caught:
+            expand(model, text)
+        assert str(caught.value) == (
+            f"bad target {text!r}: a module path takes no slice: name each child ('0') "
+            "or match them with a glob ('*', '[01]')"
+        )
+    with pytest.raises(bcrecord.SpecError, match=r"name each child \('blocks.0'\)"):
+        expand(torch.nn.ModuleDict({"blocks": model}), "blocks.[1:]")
+    keyed = torch.nn.ModuleDict({"a:b": torch.nn.ReLU(), "c": torch.nn.ReLU()})  # (a name with a ':')
+    assert [t.path for t in expand(keyed, "[a:]*")] == ["a:b"]
+
+
 def test_a_submodule_whose_name_has_full_width_punctuation_is_still_a_target():
     # Every target with a full-width '（' was refused as an IME's typo, a module named so too:
     # 'blk（1）:forward:h' recorded before the refusal came in.
