@@ -810,6 +810,11 @@ def _fx_tensor_node(model: torch.nn.Module, name: str) -> Optional[Tuple[str, Op
         places = [(owner, attribute)]
         if reader != owner and (not reader or path.startswith(reader + ".")):
             places.insert(0, (reader, path[len(reader) + 1 :] if reader else path))
+        above = owner
+        while above:  # ('m.inner.w', inner a plain holder: m's forward reads self.inner.w)
+            above = above.rpartition(".")[0]
+            if above != reader:
+                places.append((above, path[len(above) + 1 :] if above else path))
         for module, chain in places:
             try:
                 kind = type(root.get_submodule(module))
@@ -1171,7 +1176,10 @@ def expand(model: torch.nn.Module, text: str) -> List[Target]:
                 owner_path, _, name = pattern.rpartition(".")
                 owner = _submodule(model, owner_path)
                 if owner is not None and has_forward(owner) and name.isidentifier():
-                    where = f"its value as its module's forward starts is '{owner_path}:forward:self.{name}'"
+                    # (its first argument's name: 'self', or what the class calls it)
+                    names = getattr(getattr(type(owner).forward, "__code__", None), "co_varnames", ("self",))
+                    at_entry = f"{owner_path}:forward:{names[0] if names else 'self'}.{name}"
+                    where = f"its value as its module's forward starts is {at_entry!r}"
                 else:  # (a ParameterList's '0'): where a method reads it
                     read = _fx_tensor_node(model, pattern.replace(".", "_"))
                     where = (
