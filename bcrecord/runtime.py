@@ -839,6 +839,15 @@ def register_copy(cls: type, policy: str, copier: Copier) -> None:
             routing.reset()
 
 
+def _unregister_copy(cls: type, policy: str) -> None:
+    """Drop the copier :func:`register_copy` gave ``cls`` itself under ``policy``, if any: its
+    values are copied as their base classes' (``bcrecord.torch``'s ``register_holder`` again,
+    for fewer policies)."""
+    if _registered.pop((policy, cls), None) is not None:
+        for table in _copier_cache.values():
+            table.clear()
+
+
 def _known_policy(policy: str) -> None:
     if policy not in COPY_POLICIES:
         raise SpecError(f"unknown copy policy {policy!r}; choose one of {COPY_POLICIES}")
@@ -1175,13 +1184,15 @@ _PLUGINS = {
 
 
 def load_plugin(cls: type) -> None:
-    """Import the plug-in that registers copies for ``cls``'s library, the first time one is met.
+    """Import the plug-in that registers copies for ``cls``'s library, the first time one is met;
+    or a base class's (a cache class of a model's own code, a subclass of transformers' ``Cache``).
 
     >>> load_plugin(int)  # (no plug-in for the standard library: nothing to do)
     """
-    plugin = _PLUGINS.pop(cls.__module__.partition(".")[0], None)
-    if plugin is not None:
-        importlib.import_module(plugin)
+    for klass in cls.__mro__ if _PLUGINS else ():
+        plugin = _PLUGINS.pop(str(klass.__module__).partition(".")[0], None)
+        if plugin is not None:
+            importlib.import_module(plugin)
 
 
 def _find_copier(policy: Any, cls: type) -> Optional[Copier]:

@@ -8,6 +8,7 @@ import gc
 import os
 import re
 import threading
+import types
 import warnings
 
 import pytest
@@ -1831,6 +1832,38 @@ def test_a_transformers_value_is_copied_where_its_plug_in_has_no_caches_to_regis
     live["input_ids"][0].append(4)
     assert kept == {"input_ids": [[1, 2, 3]]} and type(kept) is Encoding
     assert sys.modules["bcrecord.integrations.transformers"]._HAS_CACHES is False
+
+
+def test_a_subclass_of_a_library_class_loads_that_library_s_plug_in(monkeypatch, tmp_path):
+    # A class of the user's (or a model's own code) derived from transformers' Cache, met
+    # before any of transformers' own: its plug-in was not loaded, so the value was kept live.
+    import sys
+
+    from bcrecord import runtime
+
+    (tmp_path / "bcrecord_fake_plugin.py").write_text(
+        "from bcrecord.runtime import register_copy\n"
+        "import fakelib\n"
+        "register_copy(fakelib.Base, 'clone', lambda value: ('copied', value.n))\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(runtime, "_PLUGINS", {"fakelib": "bcrecord_fake_plugin"})
+    fakelib = types.ModuleType("fakelib")
+
+    class Base:
+        __module__ = "fakelib"
+
+        def __init__(self) -> None:
+            self.n = 1
+
+    fakelib.Base = Base  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "fakelib", fakelib)
+    monkeypatch.delitem(sys.modules, "bcrecord_fake_plugin", raising=False)
+
+    class Own(Base):
+        pass
+
+    assert copy_value(Own(), "clone") == ("copied", 1)
 
 
 def test_carry_keeps_the_name_and_signature_of_what_it_wraps():

@@ -341,14 +341,15 @@ def _lightning_form(target: str) -> Optional[str]:
 
 
 @contextmanager
-def _mmengine_keys_told(targets: Sequence[str]) -> Iterator[None]:
+def _mmengine_keys_told(pl_module: Any, targets: Sequence[str]) -> Iterator[None]:
     """A missing ``'runner_model'`` submodule's error, told the form of the targets written as MMEngine
-    keys: here the LightningModule itself is the root."""
+    keys: here the LightningModule itself is the root (unless it has a ``runner_model`` of its own)."""
     try:
         yield
     except TargetError as error:
         forms = {t: _lightning_form(t) for t in targets if _lightning_form(t) is not None}
-        if not forms or "submodule 'runner_model" not in str(error):
+        has_own = "runner_model" in getattr(pl_module, "_modules", {})  # (its error is of a path below)
+        if not forms or has_own or "submodule 'runner_model" not in str(error):
             raise
         written = " and ".join(repr(form) for form in forms.values())
         raise TargetError(
@@ -504,7 +505,7 @@ class RecorderCallback(pl.Callback):  # type: ignore[misc]
         stack = ExitStack()
         try:
             # record() checks every target first: a bad one raises with nothing patched.
-            with _mmengine_keys_told(self.targets):
+            with _mmengine_keys_told(pl_module, self.targets):
                 rec = stack.enter_context(record(pl_module, self.targets, **self.record_options))
             rec.__exit__(None, None, None)  # patched, idle until a recorded batch
             # Its folder, where setup() could not open it (layers built later): now, so that
@@ -735,7 +736,7 @@ class RecorderCallback(pl.Callback):  # type: ignore[misc]
 
     def _check_targets(self, pl_module: Any) -> None:
         planned = {k: v for k, v in self.record_options.items() if k in PLAN_OPTIONS}
-        with _mmengine_keys_told(self.targets):
+        with _mmengine_keys_told(pl_module, self.targets):
             Plan(pl_module, self.targets, **planned)
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:

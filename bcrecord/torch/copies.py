@@ -42,6 +42,7 @@ import torch
 
 from ..errors import SpecError
 from ..runtime import (
+    _unregister_copy,
     copied_container,
     copied_dataclass,
     copied_once,
@@ -291,17 +292,21 @@ def register_holder(cls: type, rebuild: Rebuild, policies: Sequence[str] = _HOLD
         if policy in policies:
             other = functools.partial(copy_value, policy=policy)
             register_copy(cls, policy, functools.partial(_map, fn=copy_tensor, other=other, policy=policy))
+        else:  # (registered again for fewer policies: not its earlier copier, which would rebuild it)
+            _unregister_copy(cls, policy)
 
 
 def _holder(cls: type, policy: Optional[str] = None) -> Optional[Rebuild]:
     """How to rebuild a ``cls`` holding tensors under copy ``policy`` (:func:`register_holder`, for
-    ``cls`` or a base class); None for other classes, and under a policy it was not registered for
+    ``cls`` or the nearest base class registered for ``policy``); None for other classes and policies
     (under ``'none'``, or None, it is rebuilt where ``to``, ``dtype`` or ``reduce`` apply)."""
     load_plugin(cls)  # (torchvision's: registers ImageList the first time one is met)
-    entry = next((_HOLDERS[base] for base in cls.__mro__ if base in _HOLDERS), None)
-    if entry is None or (policy in _HOLDER_POLICIES and policy not in entry[1]):
-        return None
-    return entry[0]
+    # (A subclass registered for fewer policies: under the others, as its base class is.)
+    for base in cls.__mro__:
+        entry = _HOLDERS.get(base)
+        if entry is not None and (policy not in _HOLDER_POLICIES or policy in entry[1]):
+            return entry[0]
+    return None
 
 
 def _plain(value: Any, contents: List[Any]) -> Any:

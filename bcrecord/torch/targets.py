@@ -205,10 +205,11 @@ def _split(text: str) -> Tuple[str, str, str, bool]:
         return parts[0], "forward", "", grad
     sliced = _SLICE.match(text)
     if sliced is not None:  # ('blocks[0:2]': its ':' would split the target)
-        path = sliced.group(1).rstrip(".")
+        path = sliced.group(1).strip().rstrip(".")
+        child = f"{path}." if path else ""  # (the root's children: '0', not '.0')
         raise SpecError(
-            f"bad target {text!r}: a module path takes no slice: name each child ('{path}.0') "
-            f"or match them with a glob ('{path}.*', '{path}.[01]')"
+            f"bad target {text!r}: a module path takes no slice: name each child ('{child}0') "
+            f"or match them with a glob ('{child}*', '{child}[01]')"
         )
     if len(parts) != 3 or not parts[1] or not parts[2]:
         raise SpecError(
@@ -271,6 +272,10 @@ def _split_in(model: torch.nn.Module, text: str) -> Tuple[str, str, str, bool]:
         fixed = full_width_fixed(text[len(kept) :], punctuation_only=True)
         if fixed is not None:
             raise SpecError(f"bad target {text!r}: it has full-width characters: write {kept + fixed!r}")
+    if isinstance(text, str) and _SLICE.match(text):
+        # ('[0:2]', 'blocks.[1:]': as a glob's character class, it took '0' and '2', or '1', silently)
+        if not any(":" in name for name, _ in model.named_modules()):
+            return _split(text)
     if isinstance(text, str) and ("grad" in text or text.count(":") not in (0, 2)):
         stripped = text.strip()
         if _names_submodules(model, stripped):  # a bare path: 'heads.grad', 'heads.a:b', 'heads.a:*'
@@ -805,6 +810,11 @@ def _fx_tensor_node(model: torch.nn.Module, name: str) -> Optional[Tuple[str, Op
         places = [(owner, attribute)]
         if reader != owner and (not reader or path.startswith(reader + ".")):
             places.insert(0, (reader, path[len(reader) + 1 :] if reader else path))
+        above = owner
+        while above:  # ('m.inner.w', inner a plain holder: m's forward reads self.inner.w)
+            above = above.rpartition(".")[0]
+            if above != reader:
+                places.append((above, path[len(above) + 1 :] if above else path))
         for module, chain in places:
             try:
                 kind = type(root.get_submodule(module))
@@ -1166,7 +1176,10 @@ def expand(model: torch.nn.Module, text: str) -> List[Target]:
                 owner_path, _, name = pattern.rpartition(".")
                 owner = _submodule(model, owner_path)
                 if owner is not None and has_forward(owner) and name.isidentifier():
-                    where = f"its value as its module's forward starts is '{owner_path}:forward:self.{name}'"
+                    # (its first argument's name: 'self', or what the class calls it)
+                    names = getattr(getattr(type(owner).forward, "__code__", None), "co_varnames", ("self",))
+                    at_entry = f"{owner_path}:forward:{names[0] if names else 'self'}.{name}"
+                    where = f"its value as its module's forward starts is {at_entry!r}"
                 else:  # (a ParameterList's '0'): where a method reads it
                     read = _fx_tensor_node(model, pattern.replace(".", "_"))
                     where = (

@@ -585,6 +585,17 @@ def test_a_target_written_as_an_mmengine_key_is_told_the_lightning_form_and_chan
     assert model.stash == {} and not (tmp_path / "rec").exists()
 
 
+def test_a_module_with_its_own_runner_model_is_not_told_it_has_none(tmp_path):
+    # Was "the LightningModule has no submodule 'runner_model': ... write 'missing'".
+    model = ConvNet()
+    model.runner_model = torch.nn.Sequential(torch.nn.Identity())
+    callback = RecorderCallback(["runner_model.missing"], save_dir=tmp_path / "rec")
+    with pytest.raises(TargetError, match="no submodule 'runner_model.missing'") as caught:
+        trainer(tmp_path, callback, max_steps=1).fit(model, loader())
+    assert "MMEngine" not in str(caught.value)
+    assert_clean(model)
+
+
 class _BuiltLate(pl.LightningModule):
     """Layers made in configure_model(), which Lightning calls after the callbacks' setup()."""
 

@@ -386,3 +386,41 @@ def test_a_holder_registered_for_a_base_class_and_some_policies_rebuilds_its_sub
     assert value_policy(copy="none", dtype=torch.float64)(live).keys.dtype == torch.float64
     with pytest.raises(SpecError, match="policies are some of"):
         register_holder(_Cache, lambda cache, copy: cache, policies=("none",))
+
+
+class _Box:
+    def __init__(self, held: torch.Tensor) -> None:
+        self.held = held
+
+
+class _SubBox(_Box):
+    pass
+
+
+class _Once:
+    def __init__(self, held: torch.Tensor) -> None:
+        self.held = held
+
+
+def test_a_holder_registered_again_or_for_a_subclass_with_fewer_policies_is_copied_as_before():
+    # Both were a RecursionError under the policies left out: the copy registered for the base
+    # class (or earlier for the class) rebuilt nothing and handed the value back to itself.
+    from bcrecord.torch.copies import register_holder
+
+    def rebuild(box, copy):
+        return type(box)(copy(box.held))
+
+    register_holder(_Box, rebuild)
+    register_holder(_SubBox, rebuild, policies=("clone",))
+    live = _SubBox(torch.ones(2, requires_grad=True) * 2)
+    for policy in ("clone", "detach", "deepcopy"):  # under detach and deepcopy: as a _Box is
+        copied = copy_value(live, policy)
+        assert type(copied) is _SubBox and copied is not live and not copied.held.requires_grad
+        in_list = value_policy(copy=policy, dtype=torch.float64)([live])[0]
+        assert type(in_list) is _SubBox and in_list.held.dtype == torch.float64
+    register_holder(_Once, rebuild)
+    register_holder(_Once, rebuild, policies=("clone",))
+    once = _Once(torch.ones(1))
+    assert copy_value(once, "detach") is once
+    assert value_policy(copy="detach", dtype=torch.float64)(once) is once
+    assert copy_value(once, "clone") is not once

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import bcrecord
+import bcrecord.torch
 from bcrecord import Local, Return
 from bcrecord.torch.targets import expand, module_at, unwrap
 
@@ -145,6 +146,56 @@ def test_a_slice_in_a_module_path_is_told_the_children_or_glob_to_write():
         "bad target 'stages[0:2]': a module path takes no slice: name each child ('stages.0') "
         "or match them with a glob ('stages.*', 'stages.[01]')"
     )
+
+
+def test_a_slice_that_a_glob_would_read_as_a_character_class_is_refused_too():
+    # '[0:2]' on a Sequential recorded layers 0 and 2 ('0', ':' and '2' as a glob's class), and
+    # 'blocks.[1:]' layer 1 alone; a slice of the root's children was told '.0', refused too.
+    model = torch.nn.Sequential(*[torch.nn.ReLU() for _ in range(4)])
+    for text in ("[0:2]", "[1:]:forward:input"):
+        with pytest.raises(bcrecord.SpecError) as caught:
+            expand(model, text)
+        assert str(caught.value) == (
+            f"bad target {text!r}: a module path takes no slice: name each child ('0') "
+            "or match them with a glob ('*', '[01]')"
+        )
+    with pytest.raises(bcrecord.SpecError, match=r"name each child \('blocks.0'\)"):
+        expand(torch.nn.ModuleDict({"blocks": model}), "blocks.[1:]")
+    keyed = torch.nn.ModuleDict({"a:b": torch.nn.ReLU(), "c": torch.nn.ReLU()})  # (a name with a ':')
+    assert [t.path for t in expand(keyed, "[a:]*")] == ["a:b"]
+
+
+def test_a_tensor_path_is_told_a_target_that_records_it_where_its_forward_names_self_otherwise():
+    # Was 'odd:forward:self.w' (refused: Odd.forward has no argument 'self'), and for a tensor of
+    # a plain holder module, "no method ... reads it" where its parent's forward reads self.inner.w.
+    class Odd(torch.nn.Module):
+        def __init__(this) -> None:
+            super().__init__()
+            this.w = torch.nn.Parameter(torch.ones(2))
+
+        def forward(this, x):
+            return x * this.w
+
+    class Holding(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.inner = torch.nn.Module()
+            self.inner.w = torch.nn.Parameter(torch.full((2,), 2.0))
+            self.odd = Odd()
+
+        def forward(self, x):
+            return self.odd(x) * self.inner.w
+
+    model = torch.nn.Sequential(Holding())
+    told = {}
+    for path in ("0.odd.w", "0.inner.w"):
+        with pytest.raises(bcrecord.TargetError) as caught:
+            expand(model, path)
+        told[path] = str(caught.value).rsplit(" ", 1)[1].strip("'")
+    assert told == {"0.odd.w": "0.odd:forward:this.w", "0.inner.w": "0:forward:self.inner.w@0"}
+    with bcrecord.torch.record(model, list(told.values())) as rec:
+        model(torch.ones(2))
+    assert [rec[target].tolist() for target in told.values()] == [[1.0, 1.0], [2.0, 2.0]]
 
 
 def test_a_submodule_whose_name_has_full_width_punctuation_is_still_a_target():
