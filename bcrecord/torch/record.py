@@ -684,7 +684,11 @@ def require_bool(name: str, value: Any) -> bool:
     Traceback (most recent call last):
     bcrecord.errors.SpecError: grad is True or False, got 'no'
     """
-    if value not in (True, False):
+    try:
+        taken = value in (True, False)
+    except (RuntimeError, ValueError):  # (a tensor or array of several elements has no truth value)
+        taken = False
+    if not taken:
         raise SpecError(f"{name} is True or False, got {value!r}")
     return bool(value)
 

@@ -480,7 +480,7 @@ def test_a_grad_that_is_no_bool_is_refused_before_anything_is_patched(net):
 def test_a_stop_after_last_that_is_no_bool_is_refused_before_anything_is_patched(net):
     # stop_after_last='no' was true: every forward was cut short after its last target.
     before = snapshot(net)
-    for stop in ("no", "False", None):
+    for stop in ("no", "False", None, torch.ones(2)):
         with pytest.raises(
             bcrecord.SpecError, match=f"^stop_after_last is True or False, got {re.escape(repr(stop))}$"
         ):
