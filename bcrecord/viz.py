@@ -817,14 +817,18 @@ def _draw_one(
     used.add(slug.casefold())
     files: List[str] = []
     try:
-        for kind, figure in _pictures(summary, max_maps):
-            name = f"{slug}.{kind}.png"
-            try:
-                figure.savefig(plot_dir / name)
-            except OSError as error:
-                why = error.strerror or error
-                raise BcrecordError(f"cannot write {plot_dir / name}: {why}") from None
-            files.append(name)
+        with warnings.catch_warnings():
+            # A key's character that the font lacks is drawn as a box; matplotlib's warning of it
+            # came twice a character a picture (the key is shown whole in the table and index.html).
+            warnings.filterwarnings("ignore", "Glyph .* missing from font", UserWarning)
+            for kind, figure in _pictures(summary, max_maps):
+                name = f"{slug}.{kind}.png"
+                try:
+                    figure.savefig(plot_dir / name)
+                except OSError as error:
+                    why = error.strerror or error
+                    raise BcrecordError(f"cannot write {plot_dir / name}: {why}") from None
+                files.append(name)
     except (ArithmeticError, ValueError, RuntimeWarning) as error:  # matplotlib's and numpy's
         if failed is None:
             raise

@@ -475,3 +475,17 @@ def test_pictures_of_a_key_hold_one_step_at_a_time_not_a_float64_copy_of_every_s
     assert list(line.get_ydata()) == list(np.arange(10.0))
     hist = pictures["hist"].axes[0]
     assert hist.get_title().endswith("histogram of 24 element(s)")
+
+
+def test_a_key_with_characters_the_font_lacks_draws_without_a_warning_per_character(tmp_path):
+    # matplotlib warned twice (message and source line) per missing glyph per picture: a key
+    # with CJK characters filled stderr with "Glyph ... missing from font(s)" lines.
+    import warnings
+
+    from bcrecord.viz import draw, summarize
+
+    bcrecord.save({"m:f:日本@0": [torch.ones(3, 3)]}, tmp_path, step=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        drawn = draw(summarize(bcrecord.load(tmp_path)), tmp_path)
+    assert drawn == {"m:f:日本@0": ["m_f_@0.heatmap.png", "m_f_@0.hist.png"]}
