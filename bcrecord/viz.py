@@ -42,6 +42,7 @@ import os
 import re
 import sys
 import time
+import unicodedata
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -378,9 +379,22 @@ def table(summaries: Sequence[KeySummary]) -> str:
     m:f:x@0  2      scalar  float  1    2     3
     """
     rows = [("key", "steps", "shape", "dtype", "min", "mean", "max")] + [s.row() for s in summaries]
-    widths = [max(len(r[i]) for r in rows) for i in range(7)]
+    widths = [max(_columns(r[i]) for r in rows) for i in range(7)]
     return "\n".join(
-        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows
+        "  ".join(cell + " " * (w - _columns(cell)) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    )
+
+
+def _columns(text: str) -> int:
+    """How many terminal columns ``text`` takes: a wide character (CJK) two, a combining one none.
+
+    >>> _columns("m:x@0"), _columns("日本"), _columns("e\u0301")
+    (5, 4, 1)
+    """
+    return sum(
+        0 if unicodedata.combining(ch) else 2 if unicodedata.east_asian_width(ch) in "WF" else 1
+        for ch in text
     )
 
 
