@@ -42,6 +42,7 @@ import os
 import re
 import sys
 import time
+import unicodedata
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -378,9 +379,22 @@ def table(summaries: Sequence[KeySummary]) -> str:
     m:f:x@0  2      scalar  float  1    2     3
     """
     rows = [("key", "steps", "shape", "dtype", "min", "mean", "max")] + [s.row() for s in summaries]
-    widths = [max(len(r[i]) for r in rows) for i in range(7)]
+    widths = [max(_columns(r[i]) for r in rows) for i in range(7)]
     return "\n".join(
-        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows
+        "  ".join(cell + " " * (w - _columns(cell)) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    )
+
+
+def _columns(text: str) -> int:
+    """How many terminal columns ``text`` takes: a wide character (CJK) two, a combining one none.
+
+    >>> _columns("m:x@0"), _columns("日本"), _columns("e\u0301")
+    (5, 4, 1)
+    """
+    return sum(
+        0 if unicodedata.combining(ch) else 2 if unicodedata.east_asian_width(ch) in "WF" else 1
+        for ch in text
     )
 
 
@@ -653,22 +667,33 @@ def _histogram(summary: KeySummary, first: Any, last: Any, what: str = "") -> An
     return fig
 
 
-def _over_steps(summary: KeySummary, arrays: List[Any]) -> Any:
+def _step_stats(array: Any) -> Tuple[float, float, float, float, int]:
+    """(mean, min, max, std, size) of one step's finite elements (NaN where it has none), for
+    :func:`_over_steps`: taken as each step is read, so no step's array outlives its turn.
+
+    >>> import numpy as np
+    >>> _step_stats(np.array([1.0, 3.0, np.inf]))
+    (2.0, 1.0, 3.0, 1.0, 3)
+    """
+    flat = _sample(array, 200_000)
+    if not flat.size:
+        return (math.nan, math.nan, math.nan, math.nan, int(array.size))
+    return (float(flat.mean()), float(flat.min()), float(flat.max()), float(flat.std()), int(array.size))
+
+
+def _over_steps(summary: KeySummary, stats: List[Tuple[float, float, float, float, int]]) -> Any:
+    """The value over steps: ``stats`` are each step's :func:`_step_stats`, in save order."""
     import numpy as np
 
-    steps = np.array(summary.steps[: len(arrays)], dtype=float)
+    steps = np.array(summary.steps[: len(stats)], dtype=float)
     # In the order of the steps, not of saving (a second run into the directory adds its own).
     order = np.argsort(steps, kind="stable")
-    steps, arrays = steps[order], [arrays[k] for k in order]
-    flat = [_sample(a, 200_000) for a in arrays]
-    mean = np.array([f.mean() if f.size else np.nan for f in flat])
-    marker = "o" if len(arrays) <= 60 else None
+    steps = steps[order]
+    mean, low, high, std = (np.array([stats[k][i] for k in order]) for i in range(4))
+    marker = "o" if len(stats) <= 60 else None
     fig = _figure(6.4, 4.0)
     ax = fig.add_axes((0.12, 0.13, 0.84, 0.72))
-    if max(a.size for a in arrays) > 1:
-        low = np.array([f.min() if f.size else np.nan for f in flat])
-        high = np.array([f.max() if f.size else np.nan for f in flat])
-        std = np.array([f.std() if f.size else np.nan for f in flat])
+    if max(one[4] for one in stats) > 1:
         ax.fill_between(steps, low, high, color="tab:blue", alpha=0.15, label="min..max")
         ax.fill_between(steps, mean - std, mean + std, color="tab:blue", alpha=0.3, label="mean +/- std")
         ax.plot(steps, mean, marker=marker, markersize=3, color="tab:blue", label="mean")
@@ -678,7 +703,7 @@ def _over_steps(summary: KeySummary, arrays: List[Any]) -> Any:
     _integer_ticks(ax.xaxis)
     ax.set_xlabel("step")
     ax.set_ylabel("value")
-    ax.set_title(_title(summary, f"over {len(arrays)} saved steps"), fontsize=9)
+    ax.set_title(_title(summary, f"over {len(stats)} saved steps"), fontsize=9)
     return fig
 
 
@@ -688,10 +713,23 @@ def _pictures(summary: KeySummary, max_maps: int) -> List[Tuple[str, Any]]:
 
     if not summary.numeric:
         return []
-    arrays = [_numpy_array(v) for v in summary.values]
-    if any(a is None for a in arrays):
-        return []
-    last = arrays[-1]
+    # One step's float64 copy at a time (with the first, which the histogram overlays): a long
+    # key of large tensors needs no float64 copy of itself whole.
+    first = last = None
+    stats: List[Tuple[float, float, float, float, int]] = []
+    numbers: Optional[List[Any]] = []  # each step's one number, where every step has one
+    for value in summary.values:
+        last = _numpy_array(value)
+        if last is None:
+            return []
+        if first is None:
+            first = last
+        stats.append(_step_stats(last))
+        if numbers is not None and last.size == 1:
+            numbers.append(last.ravel())
+        else:
+            numbers = None
+    assert first is not None and last is not None  # (a summary holds a value at least)
     out: List[Tuple[str, Any]] = []
     if last.ndim == 4 and last.shape[2] * last.shape[3] > 1 and last.size:
         note = f"sample 0 of {last.shape[0]}" if last.shape[0] > 1 else "sample 0"
@@ -702,8 +740,8 @@ def _pictures(summary: KeySummary, max_maps: int) -> List[Tuple[str, Any]]:
         out.append(("heatmap", _heatmap(summary, last.reshape(last.shape[0], -1), "N x C (1 x 1 maps)")))
     elif last.ndim == 2 and last.size:
         out.append(("heatmap", _heatmap(summary, last, "x".join(map(str, last.shape)))))
-    repeated = len(arrays) > 1
-    if all(a.size == 1 for a in arrays):
+    repeated = len(stats) > 1
+    if numbers is not None:
         if repeated:  # one number per step: the distribution of those numbers
             out.append(
                 (
@@ -711,15 +749,15 @@ def _pictures(summary: KeySummary, max_maps: int) -> List[Tuple[str, Any]]:
                     _histogram(
                         summary,
                         None,
-                        np.concatenate([a.ravel() for a in arrays]),
-                        f"histogram of the values of {len(arrays)} steps",
+                        np.concatenate(numbers),
+                        f"histogram of the values of {len(stats)} steps",
                     ),
                 )
             )
     else:
-        out.append(("hist", _histogram(summary, arrays[0] if repeated else None, last)))
+        out.append(("hist", _histogram(summary, first if repeated else None, last)))
     if repeated:
-        out.append(("steps", _over_steps(summary, arrays)))
+        out.append(("steps", _over_steps(summary, stats)))
     return out
 
 
@@ -793,14 +831,18 @@ def _draw_one(
     used.add(slug.casefold())
     files: List[str] = []
     try:
-        for kind, figure in _pictures(summary, max_maps):
-            name = f"{slug}.{kind}.png"
-            try:
-                figure.savefig(plot_dir / name)
-            except OSError as error:
-                why = error.strerror or error
-                raise BcrecordError(f"cannot write {plot_dir / name}: {why}") from None
-            files.append(name)
+        with warnings.catch_warnings():
+            # A key's character that the font lacks is drawn as a box; matplotlib's warning of it
+            # came twice a character a picture (the key is shown whole in the table and index.html).
+            warnings.filterwarnings("ignore", "Glyph .* missing from font", UserWarning)
+            for kind, figure in _pictures(summary, max_maps):
+                name = f"{slug}.{kind}.png"
+                try:
+                    figure.savefig(plot_dir / name)
+                except OSError as error:
+                    why = error.strerror or error
+                    raise BcrecordError(f"cannot write {plot_dir / name}: {why}") from None
+                files.append(name)
     except (ArithmeticError, ValueError, RuntimeWarning) as error:  # matplotlib's and numpy's
         if failed is None:
             raise

@@ -302,3 +302,12 @@ def test_a_key_named_as_a_windows_device_gets_a_picture_file_windows_can_write()
         "nul_f_x@0",
         "console",
     ]
+
+
+def test_the_table_stays_aligned_for_a_key_of_wide_characters():
+    # Columns were padded by code points: '日本' takes four terminal columns, not two.
+    rows = table([KeySummary("m:日本@0", [0], [1.0], (), False, "float", 1.0, 1.0, 1.0)]).splitlines()
+    assert rows == [
+        "key       steps  shape   dtype  min  mean  max",
+        "m:日本@0  1      scalar  float  1    1     1",
+    ]

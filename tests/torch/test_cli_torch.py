@@ -3,8 +3,10 @@
 Needs torch, safetensors and matplotlib (``pip install -e '.[torch,save,viz,test]'``).
 """
 
+import gc
 import html.parser
 import textwrap
+import weakref
 from pathlib import Path
 from urllib.parse import unquote
 
@@ -402,10 +404,10 @@ def test_run_torchvision_target_from_the_issue(tmp_path):
 def test_the_value_over_steps_follows_the_steps_not_the_order_of_saving():
     import numpy as np
 
-    from bcrecord.viz import KeySummary, _over_steps
+    from bcrecord.viz import KeySummary, _over_steps, _step_stats
 
     summary = KeySummary("m:f:x@0", [5, 9, 2], [1.0, 2.0, 3.0])  # a second run added step 2
-    figure = _over_steps(summary, [np.array([1.0]), np.array([2.0]), np.array([3.0])])
+    figure = _over_steps(summary, [_step_stats(np.array([x])) for x in (1.0, 2.0, 3.0)])
     line = figure.axes[0].lines[0]
     assert list(line.get_xdata()) == [2, 5, 9] and list(line.get_ydata()) == [3, 1, 2]
 
@@ -445,3 +447,45 @@ def test_run_of_a_compiled_program_has_dynamo_skip_the_probes(tmp_path):
         saved = bcrecord.load(out)["__main__:f:y@0"]
         assert len(saved) == 3 and all(torch.equal(a, b) for a, b in zip(saved, expected, strict=True))
     assert breaks[""] == breaks["import bcrecord.torch"]
+
+
+def test_pictures_of_a_key_hold_one_step_at_a_time_not_a_float64_copy_of_every_step(monkeypatch):
+    # _pictures turned every step into a float64 array at once (and the value-over-steps plot
+    # kept a filtered copy of each): a key of 200 MB over 200 steps took 1 GB more to draw.
+    import numpy as np
+
+    from bcrecord import viz
+
+    real, alive, most = viz._numpy_array, [], []
+
+    def spy(value):
+        gc.collect()
+        most.append(sum(ref() is not None for ref in alive))  # earlier steps' copies still held
+        array = real(value)
+        alive.append(weakref.ref(array))
+        return array
+
+    monkeypatch.setattr(viz, "_numpy_array", spy)
+    values = [torch.full((2, 3, 4), float(step)) for step in range(10)]
+    summary = viz.KeySummary("m:f:x@0", list(range(10)), values, (2, 3, 4), False, "float32", 0.0, 4.5, 9.0)
+    pictures = dict(viz._pictures(summary, max_maps=32))
+    assert sorted(pictures) == ["hist", "maps", "steps"] and len(alive) == 10
+    assert max(most) <= 2  # the first step's (the histogram overlays it) and the one before
+    line = pictures["steps"].axes[0].lines[0]
+    assert list(line.get_ydata()) == list(np.arange(10.0))
+    hist = pictures["hist"].axes[0]
+    assert hist.get_title().endswith("histogram of 24 element(s)")
+
+
+def test_a_key_with_characters_the_font_lacks_draws_without_a_warning_per_character(tmp_path):
+    # matplotlib warned twice (message and source line) per missing glyph per picture: a key
+    # with CJK characters filled stderr with "Glyph ... missing from font(s)" lines.
+    import warnings
+
+    from bcrecord.viz import draw, summarize
+
+    bcrecord.save({"m:f:日本@0": [torch.ones(3, 3)]}, tmp_path, step=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        drawn = draw(summarize(bcrecord.load(tmp_path)), tmp_path)
+    assert drawn == {"m:f:日本@0": ["m_f_@0.heatmap.png", "m_f_@0.hist.png"]}
