@@ -172,7 +172,7 @@ def test_a_comprehension_s_variable_or_an_enclosing_function_s_is_named_as_such(
     for name, told in [
         ("layer", "'layer' is a comprehension's own variable, no assignment: record what"),
         ("v@0", "'v' is a comprehension's own variable"),
-        ("scale", "'scale' is assigned by an enclosing function: record it there"),
+        ("scale", "'scale' is assigned by an enclosing function, record it there, or is a type parameter"),
     ]:
         with pytest.raises(
             TargetError, match=re.escape(f"has no assignment to a local named {name.split('@')[0]!r}")
@@ -181,6 +181,18 @@ def test_a_comprehension_s_variable_or_an_enclosing_function_s_is_named_as_such(
         with pytest.raises(TargetError, match=re.escape(told)):
             bcrecord.instrument(f, ["outs", name])
         assert f.__code__ is code
+
+
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="type parameters are new in 3.12")
+def test_a_type_parameter_is_not_said_to_be_assigned_by_an_enclosing_function():
+    # T is a free variable of f as 'scale' above is, but no function around f assigns it.
+    namespace = {}
+    exec("def f[T](p):\n    g = lambda: T\n    return g()", namespace)
+    with pytest.raises(TargetError) as caught:
+        bcrecord.instrument(namespace["f"], "T")
+    assert str(caught.value).endswith(
+        "('T' is assigned by an enclosing function, record it there, or is a type parameter)"
+    )
 
 
 class _Private:
