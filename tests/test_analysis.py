@@ -195,6 +195,24 @@ def test_a_type_parameter_is_not_said_to_be_assigned_by_an_enclosing_function():
     )
 
 
+def test_an_or_pattern_binds_its_names_once_whichever_alternative_matched():
+    def f(s):
+        match s:
+            case [x] | (x, _):
+                pass
+            case {"k": y} | [_, _, y]:
+                pass
+        x = 0
+        return x
+
+    assert [spec for spec in bcrecord.targets(f).specs() if "@" in spec] == ["x@0", "x@1", "y@0"]
+    with bcrecord.patch_function(f, ["x", "y"], name="t"), bcrecord.recording() as rec:
+        for subject in ([5], (6, 7), {"k": 8}, [1, 2, 9]):
+            assert f(subject) == 0
+    assert rec.all("t:f:x@0") == [5, 6] and rec.all("t:f:y@0") == [8, 9]
+    assert rec.all("t:f:x@1") == [0, 0, 0, 0]
+
+
 class _Private:
     def __init__(self):
         self.__scale = 3
