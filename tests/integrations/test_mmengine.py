@@ -752,6 +752,30 @@ def test_bad_hook_arguments_fail_when_built():
         RecorderHook(PROPOSAL_RECORDERS, visualize=dict(channel_reduction=None, arrangement=(2, 2)))
 
 
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (dict(keyz=["resnet:*"]), r"no option 'keyz' \(its options: keys, .*\); did you mean 'keys'\?"),
+        (dict(arrangement=4), r"visualize arrangement must be a pair of positive ints \(rows, col.*got 4"),
+        (dict(resize_shape=224), r"visualize resize_shape must be None or a pair of positive ints"),
+        (dict(resize_shape=(224, 0)), r"resize_shape must be None or a pair of positive .*got \(224, 0\)"),
+        (dict(alpha="0.5"), r"visualize alpha must be a number from 0 to 1, got '0.5'"),
+        (dict(alpha=2), r"visualize alpha must be a number from 0 to 1, got 2"),
+        (dict(sample_index="a"), r"visualize sample_index must be an int, got 'a'"),
+    ],
+)
+def test_bad_visualize_options_fail_when_built_naming_the_option(options, message):
+    # A visualize option that cannot work must stop the run as it is built, naming itself; not
+    # fail later in each draw (which visualization logs and skips) or with a bare TypeError.
+    with pytest.raises(bcrecord.SpecError, match=message):
+        RecorderHook(PROPOSAL_RECORDERS, visualize=options)
+    if "keyz" not in options:  # (the visualization hook takes its options as its own arguments)
+        with pytest.raises(bcrecord.SpecError, match=message.replace("visualize ", "")):
+            RecorderVisualizationHook(**options)
+    drawer = RecorderHook(PROPOSAL_RECORDERS, visualize=dict(arrangement=[2, 4], resize_shape=[8, 8])).drawer
+    assert (drawer.arrangement, drawer.resize_shape) == ((2, 4), (8, 8))  # lists from a config file
+
+
 # --- failures, interruptions, loops, wrappers --------------------------------------------------
 
 
