@@ -812,7 +812,6 @@ class RecorderHook(Hook):
                         self._counts[loop] = max(self._counts.get(loop, 0), saved + 1)
         self._wrap_loops(runner)
         self._warn_of_epochs_that_never_end(runner)
-        self._warn_of_loops_that_do_not_run(runner)
         where = f"; records go to {self._save_root}/<loop>" if self._save_root is not None else ""
         runner.logger.info(
             f"RecorderHook: recording {len(self._keys)} keys in the {'/'.join(self.loops)} loop(s){where}: "
@@ -832,14 +831,18 @@ class RecorderHook(Hook):
                 f"training ends; give by_epoch=False to write every interval={self.interval} iterations"
             )
 
-    def _warn_of_loops_that_do_not_run(self, runner: Runner) -> None:
-        """Say so when none of ``loops`` runs in this run: ``runner.test()`` (``tools/test.py``) with
-        the default ``loops='train'`` would record nothing, silently."""
-        built = list(self._built_loops(runner))
-        if built and not any(loop in built for loop in self.loops):
+    def _warn_of_loops_that_do_not_run(self, runner: Runner, outermost: str) -> None:
+        """Say so when none of ``loops`` runs in this run, whose outermost loop is ``outermost``:
+        ``runner.test()`` (``tools/test.py``) with the default ``loops='train'`` would record
+        nothing, silently. (Known when it starts, not at ``before_run``: a runner that trained
+        keeps its built train loop in the runs after, ``runner.test()`` too.)"""
+        runs = [outermost]
+        if outermost == "train" and "val" in self._built_loops(runner):
+            runs.append("val")  # (validation runs inside training)
+        if not any(loop in runs for loop in self.loops):
             runner.logger.warning(
-                f"RecorderHook: loops={list(self.loops)}, but this run runs the {'/'.join(built)} loop(s): "
-                f"nothing will be recorded; give loops={[*self.loops, *built]} to record them too"
+                f"RecorderHook: loops={list(self.loops)}, but this run runs the {'/'.join(runs)} loop(s): "
+                f"nothing will be recorded; give loops={[*self.loops, *runs]} to record them too"
             )
 
     def after_run(self, runner: Runner) -> None:
@@ -972,6 +975,8 @@ class RecorderHook(Hook):
     # loops ---------------------------------------------------------------------------
 
     def _loop_started(self, runner: Runner, mode: str) -> None:
+        if self._depth == 0:
+            self._warn_of_loops_that_do_not_run(runner, mode)
         self._depth += 1
         if mode in self.loops:
             self._install(runner)

@@ -1120,6 +1120,26 @@ def test_a_run_that_runs_none_of_the_hook_s_loops_says_so(tmp_path):
     assert "nothing will be recorded" not in log_text(runner)
 
 
+def test_a_later_run_of_the_runner_that_runs_none_of_the_hook_s_loops_says_so(tmp_path):
+    # MMEngine's tutorial: runner.train(), then runner.test() with the same runner and hook. The
+    # training run built the train loop; the test run runs only the test loop, and records nothing.
+    torch.manual_seed(0)
+    runner = make_runner(tmp_path, ToyModel(), [RecorderHook(PROPOSAL_RECORDERS)], val=True, test=True)
+    runner.train()
+    assert "nothing will be recorded" not in log_text(runner)
+    trained = runner.message_hub.get_info(OUTPUTS)
+    runner.test()
+    assert runner.message_hub.get_info(OUTPUTS) is trained  # (not recorded again)
+    assert (
+        "RecorderHook: loops=['train'], but this run runs the test loop(s): nothing will be recorded; "
+        "give loops=['train', 'test'] to record them too"
+    ) in log_text(runner)
+    runner.val()
+    assert "but this run runs the val loop(s): nothing will be recorded; give loops=['train', 'val']" in (
+        log_text(runner)
+    )
+
+
 def test_two_recorder_hooks_share_a_method(tmp_path):
     torch.manual_seed(0)
     model = ToyModel()
