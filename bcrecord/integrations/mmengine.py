@@ -46,6 +46,7 @@ import dis
 import fnmatch
 import functools
 import inspect
+import operator
 import os
 import re
 import types
@@ -433,7 +434,7 @@ class FeatureMapDrawer:
         resize = None if resize_shape is None else _pair(resize_shape, shape)
         if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not 0 <= alpha <= 1:
             raise SpecError(f"alpha must be a number from 0 to 1, got {alpha!r}")
-        if not isinstance(sample_index, int) or isinstance(sample_index, bool):
+        if _integer(sample_index) is None:
             raise SpecError(f"sample_index must be an int, got {sample_index!r}")
         self.keys = None if keys is None else list(keys)
         self.interval = _positive(interval, "interval")
@@ -539,14 +540,27 @@ def _positive(value: Any, what: str) -> int:
 
 
 def _pair(value: Any, must: str) -> Tuple[int, int]:
-    """``value`` as a pair of positive ints (a list from a config file too); else raise ``must``."""
-    if (
-        isinstance(value, (tuple, list))
-        and len(value) == 2
-        and all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in value)
-    ):
-        return int(value[0]), int(value[1])
+    """``value`` as a pair of positive ints (a list from a config file too); else raise ``must``.
+
+    >>> import numpy
+    >>> _pair([2, numpy.int64(4)], "arrangement must be a pair")
+    (2, 4)
+    """
+    if isinstance(value, (tuple, list)) and len(value) == 2:
+        first, second = _integer(value[0]), _integer(value[1])
+        if first is not None and second is not None and first > 0 and second > 0:
+            return first, second
     raise SpecError(f"{must}, got {value!r}")
+
+
+def _integer(value: Any) -> Optional[int]:
+    """``value`` as an int if it is an integer (a NumPy one too; not a bool, a float or a str)."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
 
 
 def _loops(value: Union[str, Sequence[str]]) -> Tuple[str, ...]:

@@ -17,6 +17,7 @@ torch = pytest.importorskip("torch", reason="the mmengine tox env installs torch
 mmengine = pytest.importorskip("mmengine", reason="the mmengine tox env installs mmengine")
 
 import cv2  # noqa: E402  (mmengine depends on OpenCV)
+import numpy  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from mmengine.evaluator import BaseMetric  # noqa: E402
 from mmengine.hooks import Hook  # noqa: E402
@@ -774,6 +775,9 @@ def test_bad_visualize_options_fail_when_built_naming_the_option(options, messag
             RecorderVisualizationHook(**options)
     drawer = RecorderHook(PROPOSAL_RECORDERS, visualize=dict(arrangement=[2, 4], resize_shape=[8, 8])).drawer
     assert (drawer.arrangement, drawer.resize_shape) == ((2, 4), (8, 8))  # lists from a config file
+    options = dict(arrangement=(numpy.int64(2), 4), sample_index=numpy.int64(1))  # NumPy ints are ints
+    drawer = RecorderHook(PROPOSAL_RECORDERS, visualize=options).drawer
+    assert (drawer.arrangement, drawer.sample_index) == ((2, 4), 1)
 
 
 # --- failures, interruptions, loops, wrappers --------------------------------------------------
