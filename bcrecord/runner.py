@@ -816,7 +816,8 @@ class _Collector:
         self.saved: Dict[str, int] = defaultdict(int)
         self.last: Dict[str, Any] = {}
         self.error: Optional[str] = None
-        self.warned: set = set()
+        #: Per key saved as a repr: its line in ``warnings``, how many values, each reason once.
+        self.reprs: Dict[str, Tuple[int, int, List[str]]] = {}
         self.warnings: List[str] = []
         #: The program's ``__main__`` module, noted with its first value: pickle finds the
         #: program's own classes there, also after runpy has put bcrecord's back.
@@ -846,10 +847,15 @@ class _Collector:
                 self._start_thread()
 
     def _unsavable(self, key: str, step: int, why: str) -> None:
-        """A value the writer kept as its repr: warn, once per key."""
-        if key not in self.warned:
-            self.warned.add(key)
-            self.warnings.append(f"{key}: {why}; saved its repr")
+        """A value the writer kept as its repr: one line per key, which counts them all and
+        says each reason (a key's later values may fail for others than its first did)."""
+        line, count, whys = self.reprs.get(key) or (len(self.warnings), 0, [])
+        if line == len(self.warnings):
+            self.warnings.append("")
+        if why not in whys and len(whys) < 4:  # (a fourth stands for any more: the line says three)
+            whys.append(why)
+        self.reprs[key] = line, count + 1, whys
+        self.warnings[line] = _repr_note(key, count + 1, whys)
 
     def flush(self) -> None:
         """Write what is buffered; a failure (a full disk) stops saving but never the program."""
@@ -1208,6 +1214,22 @@ def _without_import_frames(tb: Optional[types.TracebackType]) -> Optional[types.
 def _is_import_frame(filename: str) -> bool:
     """Whether a frame is the import machinery's (``<frozen importlib._bootstrap>`` and the like)."""
     return filename.startswith("<frozen importlib._bootstrap")
+
+
+def _repr_note(key: str, count: int, whys: Sequence[str]) -> str:
+    """The report's line on ``key``'s ``count`` values saved as their repr, for ``whys``.
+
+    >>> _repr_note("f:x@0", 1, ["a meta tensor has no data"])
+    'f:x@0: a meta tensor has no data; saved its repr'
+    >>> _repr_note("f:x@0", 3, ["a meta tensor has no data", "Lock cannot be pickled (...)"])
+    'f:x@0: 3 values saved as their repr: a meta tensor has no data; Lock cannot be pickled (...)'
+    >>> _repr_note("f:x@0", 9, [f"reason {n}" for n in range(4)])
+    'f:x@0: 9 values saved as their repr: reason 0; reason 1; reason 2; and others'
+    """
+    if count == 1:
+        return f"{key}: {whys[0]}; saved its repr"
+    shown_whys = "; ".join(whys[:3]) + ("; and others" if len(whys) > 3 else "")
+    return f"{key}: {count} values saved as their repr: {shown_whys}"
 
 
 def _ordinal(n: int) -> str:

@@ -546,6 +546,33 @@ def test_run_records_threads_and_unpicklable_values(project, tmp_path):
     assert loaded["__main__:make:gen@0"][0].startswith("<generator object")
 
 
+def test_run_s_note_on_values_saved_as_their_repr_counts_them_all_and_says_each_reason(project, tmp_path):
+    # It said the first value's reason alone, once per key: a key whose later values were
+    # saved as reprs too, for other reasons, read as if one value alone had been.
+    (project / "odd.py").write_text(
+        textwrap.dedent(
+            """
+            import threading
+
+            def keep(v):
+                x = v
+                return x
+
+            for value in [1, (i for i in ""), threading.Lock(), 2, (i for i in "")]:
+                keep(value)
+            """
+        )
+    )
+    out = tmp_path / "records"
+    result = cli("run", "-r", "__main__:keep:x", "-o", out, "odd.py", cwd=project)
+    assert result.returncode == 0, result.stderr
+    gen = "generator cannot be pickled (TypeError: cannot pickle 'generator' object)"
+    lock = "lock cannot be pickled (TypeError: cannot pickle '_thread.lock' object)"
+    assert f"bcrecord: __main__:keep:x@0: 3 values saved as their repr: {gen}; {lock}\n" in result.stderr
+    saved = bcrecord.load(out)["__main__:keep:x@0"]
+    assert [type(v).__name__ for v in saved] == ["int", "str", "str", "int", "str"]
+
+
 def test_run_saves_values_of_the_program_s_own_classes(project, tmp_path):
     # Pickled while the program's __main__ is at hand; loaded elsewhere (no such class
     # there) as Unimportable with their state, the rest of the records as usual.
