@@ -484,20 +484,55 @@ def _walk(root: Any, path: Sequence[str]) -> Tuple[Any, Any]:
 
 
 def _wrapped_target(texts: Sequence[str], path: Sequence[str], value: Any) -> str:
-    """For a target that names a wrapper object (a pytest fixture, ``functools.cache``), the
-    target of the function it wraps, as a hint to add to the refusal; else ``''``.
+    """For a target that names a wrapper object (a pytest fixture, ``functools.cache``, a
+    ``functools.partial``, a callable object), the target of the function that runs, as a hint
+    to add to the refusal; else ``''``.
 
     >>> import functools
     >>> _wrapped_target(["m:f:x"], ["f"], functools.cache(lambda: 0))
     "; as a target: 'm:f.__wrapped__:x'"
+    >>> _wrapped_target(["m:p:x"], ["p"], functools.partial(_wrapped_target, ["m:p:x"]))
+    "; as a target: 'bcrecord.runner:_wrapped_target:x'"
     """
-    if isinstance(value, types.FunctionType) or not isinstance(
-        getattr(value, "__wrapped__", None), types.FunctionType
-    ):
-        return ""
     dotted = ".".join(path)
-    named = [text.replace(f":{dotted}:", f":{dotted}.__wrapped__:", 1) for text in texts]
+    named = []
+    for text in texts:
+        module, _, spec = text.partition(f":{dotted}:")
+        instead = instead_of(module, dotted, value)
+        if instead is None:
+            return ""
+        named.append(f"{instead}:{spec}")
     return "; as a target: " + ", ".join(map(repr, named))
+
+
+def instead_of(module: str, dotted: str, value: Any) -> Optional[str]:
+    """``'module:path'`` of the Python function that runs where ``module:dotted`` names
+    ``value``, a wrapper of it that cannot itself be patched (``functools.cache``'s, a
+    ``functools.partial``, an object of a class with a Python ``__call__``: its class's,
+    every object of that class); None for anything else, or where no module reaches it.
+
+    >>> import functools
+    >>> instead_of("m", "C.f", functools.cache(lambda: 0)), instead_of("m", "f", instead_of)
+    ('m:C.f.__wrapped__', None)
+    >>> instead_of("m", "p", functools.partial(instead_of, "m"))
+    'bcrecord.runner:instead_of'
+    """
+    owner = type(value)
+    if isinstance(value, (types.FunctionType, type)) or owner.__module__ == "unittest.mock":
+        return None  # (a mock's __call__ is Python code too: the refusal says what to do)
+    if isinstance(getattr(value, "__wrapped__", None), types.FunctionType):
+        return f"{module}:{dotted}.__wrapped__"
+    if isinstance(value, functools.partial):
+        function = value.func
+        if isinstance(function, types.FunctionType) and "<locals>" not in function.__qualname__:
+            return f"{function.__module__}:{function.__qualname__}"
+        return None
+    if isinstance(inspect.getattr_static(owner, "__call__", None), types.FunctionType):
+        if (
+            "<locals>" not in owner.__qualname__
+        ):  # (the class, not the instance: Python calls type(x).__call__)
+            return f"{owner.__module__}:{owner.__qualname__}.__call__"
+    return None
 
 
 def _check_live(target: RunTarget, module: types.ModuleType) -> None:

@@ -1084,6 +1084,43 @@ def test_run_keys_the_function_an_lru_cache_wraps_as_patch_function_does(project
     assert rows == [["C:lc:q@0", "1", "10"], ["cached:cf:cc@0", "1", "6"]], result.stderr
 
 
+WRAPPERS = """
+import functools
+
+def base(a, b):
+    c = a + b
+    return c
+
+class K:
+    def __call__(self, z):
+        w = z + 1
+        return w
+
+part = functools.partial(base, 1)
+inst = K()
+
+@functools.cache
+def cf(x):
+    cc = x * 3
+    return cc
+"""
+
+
+def test_run_refusing_a_partial_or_a_callable_object_gives_the_target_of_the_function_that_runs(project):
+    # Only a function functools.cache wraps had its target named: a partial's refusal and a
+    # callable object's said patch_function(base, specs), patch_method(K, '__call__', specs).
+    (project / "wrappers.py").write_text(WRAPPERS)
+    (project / "usewrappers.py").write_text("import wrappers as w\nprint(w.part(2), w.inst(3))\n")
+    for target, named in [
+        ("wrappers:part:c", "wrappers:base:c"),
+        ("wrappers:inst:w", "wrappers:K.__call__:w"),
+    ]:
+        result = cli("run", "-r", target, "usewrappers.py", cwd=project)
+        assert result.returncode == 2 and result.stdout == ""
+        assert result.stderr.rstrip().endswith(f"; as a target: {named!r}"), result.stderr
+        assert cli("run", "-r", named, "usewrappers.py", cwd=project).stdout == "3 4\n"
+
+
 def test_run_refusing_a_wrapper_object_gives_the_target_of_the_function_it_wraps(project):
     # The refusal said patch_function(cf.__wrapped__, specs), which is no target (a pytest 8.4+
     # fixture, a FixtureFunctionDefinition, is refused the same way).
