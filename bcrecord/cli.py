@@ -216,9 +216,27 @@ def _resolved(path: str) -> Tuple[Any, Any]:
 
 
 def _recordable(path: str) -> Any:
-    """What ``path`` names, as ``bcrecord run`` records it: a property by its getter."""
+    """What ``path`` names, as ``bcrecord run`` records it: a property by its getter.
+
+    A wrapper of a function (``functools.cache``'s, a partial) is refused with the path of
+    the function that runs:
+
+    >>> main(["targets", "bcrecord.errors:shown.__globals__"])  # a dict: refused, no path to give
+    2
+    """
     _, found = _resolved(path)
-    return found.fget if isinstance(found, property) and found.fget is not None else found
+    found = found.fget if isinstance(found, property) and found.fget is not None else found
+    try:
+        function_of(found)
+    except BcrecordError as error:
+        from .runner import instead_of
+
+        module_name, _, attr_path = path.partition(":")
+        instead = instead_of(module_name, attr_path, found)
+        if instead is None:
+            raise
+        raise BcrecordError(f"{error}; as a path: '{instead}'") from None
+    return found
 
 
 def _stripped(path: str) -> str:

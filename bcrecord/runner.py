@@ -484,20 +484,55 @@ def _walk(root: Any, path: Sequence[str]) -> Tuple[Any, Any]:
 
 
 def _wrapped_target(texts: Sequence[str], path: Sequence[str], value: Any) -> str:
-    """For a target that names a wrapper object (a pytest fixture, ``functools.cache``), the
-    target of the function it wraps, as a hint to add to the refusal; else ``''``.
+    """For a target that names a wrapper object (a pytest fixture, ``functools.cache``, a
+    ``functools.partial``, a callable object), the target of the function that runs, as a hint
+    to add to the refusal; else ``''``.
 
     >>> import functools
     >>> _wrapped_target(["m:f:x"], ["f"], functools.cache(lambda: 0))
     "; as a target: 'm:f.__wrapped__:x'"
+    >>> _wrapped_target(["m:p:x"], ["p"], functools.partial(_wrapped_target, ["m:p:x"]))
+    "; as a target: 'bcrecord.runner:_wrapped_target:x'"
     """
-    if isinstance(value, types.FunctionType) or not isinstance(
-        getattr(value, "__wrapped__", None), types.FunctionType
-    ):
-        return ""
     dotted = ".".join(path)
-    named = [text.replace(f":{dotted}:", f":{dotted}.__wrapped__:", 1) for text in texts]
+    named = []
+    for text in texts:
+        module, _, spec = text.partition(f":{dotted}:")
+        instead = instead_of(module, dotted, value)
+        if instead is None:
+            return ""
+        named.append(f"{instead}:{spec}")
     return "; as a target: " + ", ".join(map(repr, named))
+
+
+def instead_of(module: str, dotted: str, value: Any) -> Optional[str]:
+    """``'module:path'`` of the Python function that runs where ``module:dotted`` names
+    ``value``, a wrapper of it that cannot itself be patched (``functools.cache``'s, a
+    ``functools.partial``, an object of a class with a Python ``__call__``: its class's,
+    every object of that class); None for anything else, or where no module reaches it.
+
+    >>> import functools
+    >>> instead_of("m", "C.f", functools.cache(lambda: 0)), instead_of("m", "f", instead_of)
+    ('m:C.f.__wrapped__', None)
+    >>> instead_of("m", "p", functools.partial(instead_of, "m"))
+    'bcrecord.runner:instead_of'
+    """
+    owner = type(value)
+    if isinstance(value, (types.FunctionType, type)) or owner.__module__ == "unittest.mock":
+        return None  # (a mock's __call__ is Python code too: the refusal says what to do)
+    if isinstance(getattr(value, "__wrapped__", None), types.FunctionType):
+        return f"{module}:{dotted}.__wrapped__"
+    if isinstance(value, functools.partial):
+        function = value.func
+        if isinstance(function, types.FunctionType) and "<locals>" not in function.__qualname__:
+            return f"{function.__module__}:{function.__qualname__}"
+        return None
+    if isinstance(inspect.getattr_static(owner, "__call__", None), types.FunctionType):
+        if (
+            "<locals>" not in owner.__qualname__
+        ):  # (the class, not the instance: Python calls type(x).__call__)
+            return f"{owner.__module__}:{owner.__qualname__}.__call__"
+    return None
 
 
 def _check_live(target: RunTarget, module: types.ModuleType) -> None:
@@ -816,7 +851,8 @@ class _Collector:
         self.saved: Dict[str, int] = defaultdict(int)
         self.last: Dict[str, Any] = {}
         self.error: Optional[str] = None
-        self.warned: set = set()
+        #: Per key saved as a repr: its line in ``warnings``, how many values, each reason once.
+        self.reprs: Dict[str, Tuple[int, int, List[str]]] = {}
         self.warnings: List[str] = []
         #: The program's ``__main__`` module, noted with its first value: pickle finds the
         #: program's own classes there, also after runpy has put bcrecord's back.
@@ -846,10 +882,15 @@ class _Collector:
                 self._start_thread()
 
     def _unsavable(self, key: str, step: int, why: str) -> None:
-        """A value the writer kept as its repr: warn, once per key."""
-        if key not in self.warned:
-            self.warned.add(key)
-            self.warnings.append(f"{key}: {why}; saved its repr")
+        """A value the writer kept as its repr: one line per key, which counts them all and
+        says each reason (a key's later values may fail for others than its first did)."""
+        line, count, whys = self.reprs.get(key) or (len(self.warnings), 0, [])
+        if line == len(self.warnings):
+            self.warnings.append("")
+        if why not in whys and len(whys) < 4:  # (a fourth stands for any more: the line says three)
+            whys.append(why)
+        self.reprs[key] = line, count + 1, whys
+        self.warnings[line] = _repr_note(key, count + 1, whys)
 
     def flush(self) -> None:
         """Write what is buffered; a failure (a full disk) stops saving but never the program."""
@@ -1208,6 +1249,22 @@ def _without_import_frames(tb: Optional[types.TracebackType]) -> Optional[types.
 def _is_import_frame(filename: str) -> bool:
     """Whether a frame is the import machinery's (``<frozen importlib._bootstrap>`` and the like)."""
     return filename.startswith("<frozen importlib._bootstrap")
+
+
+def _repr_note(key: str, count: int, whys: Sequence[str]) -> str:
+    """The report's line on ``key``'s ``count`` values saved as their repr, for ``whys``.
+
+    >>> _repr_note("f:x@0", 1, ["a meta tensor has no data"])
+    'f:x@0: a meta tensor has no data; saved its repr'
+    >>> _repr_note("f:x@0", 3, ["a meta tensor has no data", "Lock cannot be pickled (...)"])
+    'f:x@0: 3 values saved as their repr: a meta tensor has no data; Lock cannot be pickled (...)'
+    >>> _repr_note("f:x@0", 9, [f"reason {n}" for n in range(4)])
+    'f:x@0: 9 values saved as their repr: reason 0; reason 1; reason 2; and others'
+    """
+    if count == 1:
+        return f"{key}: {whys[0]}; saved its repr"
+    shown_whys = "; ".join(whys[:3]) + ("; and others" if len(whys) > 3 else "")
+    return f"{key}: {count} values saved as their repr: {shown_whys}"
 
 
 def _ordinal(n: int) -> str:

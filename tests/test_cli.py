@@ -49,6 +49,24 @@ def test_targets_json_stays_json_when_the_module_prints_as_it_is_imported(projec
     assert result.stderr == "training starts\n"
 
 
+def test_targets_and_show_refusing_a_wrapper_object_give_the_path_of_the_function_that_runs(project):
+    # They gave the Python API's patch_function(cf.__wrapped__, specs) alone: no path to type.
+    from .test_runner import WRAPPERS
+
+    (project / "wrappers.py").write_text(WRAPPERS)
+    named = {
+        "part": ("wrappers:base", "base(a, b)"),
+        "inst": ("wrappers:K.__call__", "K.__call__(self, z)"),
+        "cf": ("wrappers:cf.__wrapped__", "cf(x)"),
+    }
+    for name, (path, header) in named.items():
+        for command in (["targets", f"wrappers:{name}"], ["show", f"wrappers:{name}", "return"]):
+            result = cli(*command, cwd=project)
+            assert result.returncode == 2 and result.stdout == ""
+            assert result.stderr.rstrip().endswith(f"; as a path: {path!r}"), result.stderr
+        assert cli("targets", path, cwd=project).stdout.splitlines()[0] == header
+
+
 def test_targets_table_without_source(project):
     """A module imported from a .pyc alone: no source, and targets still lists everything."""
     sourceless = project / "compiled"

@@ -546,6 +546,33 @@ def test_run_records_threads_and_unpicklable_values(project, tmp_path):
     assert loaded["__main__:make:gen@0"][0].startswith("<generator object")
 
 
+def test_run_s_note_on_values_saved_as_their_repr_counts_them_all_and_says_each_reason(project, tmp_path):
+    # It said the first value's reason alone, once per key: a key whose later values were
+    # saved as reprs too, for other reasons, read as if one value alone had been.
+    (project / "odd.py").write_text(
+        textwrap.dedent(
+            """
+            import threading
+
+            def keep(v):
+                x = v
+                return x
+
+            for value in [1, (i for i in ""), threading.Lock(), 2, (i for i in "")]:
+                keep(value)
+            """
+        )
+    )
+    out = tmp_path / "records"
+    result = cli("run", "-r", "__main__:keep:x", "-o", out, "odd.py", cwd=project)
+    assert result.returncode == 0, result.stderr
+    gen = "generator cannot be pickled (TypeError: cannot pickle 'generator' object)"
+    lock = "lock cannot be pickled (TypeError: cannot pickle '_thread.lock' object)"
+    assert f"bcrecord: __main__:keep:x@0: 3 values saved as their repr: {gen}; {lock}\n" in result.stderr
+    saved = bcrecord.load(out)["__main__:keep:x@0"]
+    assert [type(v).__name__ for v in saved] == ["int", "str", "str", "int", "str"]
+
+
 def test_run_saves_values_of_the_program_s_own_classes(project, tmp_path):
     # Pickled while the program's __main__ is at hand; loaded elsewhere (no such class
     # there) as Unimportable with their state, the rest of the records as usual.
@@ -1055,6 +1082,43 @@ def test_run_keys_the_function_an_lru_cache_wraps_as_patch_function_does(project
     assert result.returncode == 0 and result.stdout == "10 6 6\n", result.stderr
     rows = sorted(line.split() for line in result.stderr.splitlines()[2:])
     assert rows == [["C:lc:q@0", "1", "10"], ["cached:cf:cc@0", "1", "6"]], result.stderr
+
+
+WRAPPERS = """
+import functools
+
+def base(a, b):
+    c = a + b
+    return c
+
+class K:
+    def __call__(self, z):
+        w = z + 1
+        return w
+
+part = functools.partial(base, 1)
+inst = K()
+
+@functools.cache
+def cf(x):
+    cc = x * 3
+    return cc
+"""
+
+
+def test_run_refusing_a_partial_or_a_callable_object_gives_the_target_of_the_function_that_runs(project):
+    # Only a function functools.cache wraps had its target named: a partial's refusal and a
+    # callable object's said patch_function(base, specs), patch_method(K, '__call__', specs).
+    (project / "wrappers.py").write_text(WRAPPERS)
+    (project / "usewrappers.py").write_text("import wrappers as w\nprint(w.part(2), w.inst(3))\n")
+    for target, named in [
+        ("wrappers:part:c", "wrappers:base:c"),
+        ("wrappers:inst:w", "wrappers:K.__call__:w"),
+    ]:
+        result = cli("run", "-r", target, "usewrappers.py", cwd=project)
+        assert result.returncode == 2 and result.stdout == ""
+        assert result.stderr.rstrip().endswith(f"; as a target: {named!r}"), result.stderr
+        assert cli("run", "-r", named, "usewrappers.py", cwd=project).stdout == "3 4\n"
 
 
 def test_run_refusing_a_wrapper_object_gives_the_target_of_the_function_it_wraps(project):
