@@ -387,8 +387,16 @@ def _parse_str(text: str) -> Spec:
         return _parse_one_str(text)
     except SpecError as error:
         fixed = full_width_fixed(text)
-        if fixed is not None and split_specs(fixed) is None and _parses(fixed):
-            raise SpecError(f"{error}; {text!r} has full-width characters: write {fixed!r}") from None
+        if fixed is not None and split_specs(fixed) is None:
+            if _parses(fixed):
+                raise SpecError(f"{error}; {text!r} has full-width characters: write {fixed!r}") from None
+            try:
+                _parse_one_str(fixed)
+            except SpecError as ascii_error:  # ('x@０１' is 'x@01': that message says what to write)
+                if ": write " in str(ascii_error):
+                    raise SpecError(
+                        f"{error}; {text!r} has full-width characters, and in ASCII: {ascii_error}"
+                    ) from None
         several = split_specs(text)
         if several is None:
             raise
