@@ -139,7 +139,7 @@ class CodeMap:
     #: The parameters as the ``def`` line has them, without defaults (``'a, *args, k, **kw'``).
     signature: str = field(repr=False, default="")
     #: Names that are no assigned locals: comprehensions' own variables, and the free
-    #: variables an enclosing function assigns (for errors about them).
+    #: variables an enclosing function (or a type parameter list) assigns (for errors about them).
     comprehension_names: frozenset = field(repr=False, default=frozenset())
     free_names: frozenset = field(repr=False, default=frozenset())
     #: What the compiler puts before a private name (``__w``) in a class's code: ``'_Net'``.
@@ -1336,7 +1336,11 @@ arguments (their value at entry): a
                         "what the comprehension computes, its calls or operators, or the list it makes)"
                     )
                 elif spec.name in cmap.free_names:
-                    hint = f" ({spec.name!r} is assigned by an enclosing function: record it there)"
+                    # A type parameter (def f[T]) is a free variable too, and its code cannot tell.
+                    hint = (
+                        f" ({spec.name!r} is assigned by an enclosing function, record it there, "
+                        "or is a type parameter)"
+                    )
                 raise TargetError(
                     f"{func} has no assignment to a local named {spec.name!r}; "
                     f"assigned locals: {_names(cmap.locals)}{also}{hint}"

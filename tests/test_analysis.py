@@ -172,7 +172,7 @@ def test_a_comprehension_s_variable_or_an_enclosing_function_s_is_named_as_such(
     for name, told in [
         ("layer", "'layer' is a comprehension's own variable, no assignment: record what"),
         ("v@0", "'v' is a comprehension's own variable"),
-        ("scale", "'scale' is assigned by an enclosing function: record it there"),
+        ("scale", "'scale' is assigned by an enclosing function, record it there, or is a type parameter"),
     ]:
         with pytest.raises(
             TargetError, match=re.escape(f"has no assignment to a local named {name.split('@')[0]!r}")
@@ -181,6 +181,36 @@ def test_a_comprehension_s_variable_or_an_enclosing_function_s_is_named_as_such(
         with pytest.raises(TargetError, match=re.escape(told)):
             bcrecord.instrument(f, ["outs", name])
         assert f.__code__ is code
+
+
+@pytest.mark.skipif(sys.version_info < (3, 12), reason="type parameters are new in 3.12")
+def test_a_type_parameter_is_not_said_to_be_assigned_by_an_enclosing_function():
+    # T is a free variable of f as 'scale' above is, but no function around f assigns it.
+    namespace = {}
+    exec("def f[T](p):\n    g = lambda: T\n    return g()", namespace)
+    with pytest.raises(TargetError) as caught:
+        bcrecord.instrument(namespace["f"], "T")
+    assert str(caught.value).endswith(
+        "('T' is assigned by an enclosing function, record it there, or is a type parameter)"
+    )
+
+
+def test_an_or_pattern_binds_its_names_once_whichever_alternative_matched():
+    def f(s):
+        match s:
+            case [x] | (x, _):
+                pass
+            case {"k": y} | [_, _, y]:
+                pass
+        x = 0
+        return x
+
+    assert [spec for spec in bcrecord.targets(f).specs() if "@" in spec] == ["x@0", "x@1", "y@0"]
+    with bcrecord.patch_function(f, ["x", "y"], name="t"), bcrecord.recording() as rec:
+        for subject in ([5], (6, 7), {"k": 8}, [1, 2, 9]):
+            assert f(subject) == 0
+    assert rec.all("t:f:x@0") == [5, 6] and rec.all("t:f:y@0") == [8, 9]
+    assert rec.all("t:f:x@1") == [0, 0, 0, 0]
 
 
 class _Private:
