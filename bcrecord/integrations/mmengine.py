@@ -45,6 +45,8 @@ import difflib
 import dis
 import fnmatch
 import functools
+import inspect
+import operator
 import os
 import re
 import types
@@ -391,7 +393,9 @@ class FeatureMapDrawer:
 
     The drawing is MMEngine's ``Visualizer.draw_featmap``; ``channel_reduction``,
     ``topk``, ``arrangement``, ``resize_shape`` and ``alpha`` are passed to it
-    unchanged. A 4-D tensor is drawn for its sample ``sample_index``. ``keys``
+    unchanged (``alpha`` blends the map over an image, and none is given: it changes
+    nothing); a bad one raises :class:`SpecError` as the drawer is built. A 4-D
+    tensor is drawn for its sample ``sample_index``. ``keys``
     selects what is drawn (exact keys or ``fnmatch`` patterns such as
     ``'resnet:*'``; None: every 3-D or 4-D tensor); other values are skipped.
 
@@ -422,15 +426,22 @@ class FeatureMapDrawer:
             )
         if not isinstance(topk, int) or isinstance(topk, bool):
             raise SpecError(f"topk must be an int, got {topk!r}")
-        rows, cols = arrangement
+        # Checked here, not left to draw_featmap: a failed drawing is logged and skipped.
+        rows, cols = _pair(arrangement, "arrangement must be a pair of positive ints (rows, columns)")
         if channel_reduction is None and topk > 0 and rows * cols < topk:
-            raise SpecError(f"arrangement {tuple(arrangement)} has fewer than topk={topk} cells")
+            raise SpecError(f"arrangement {(rows, cols)} has fewer than topk={topk} cells")
+        shape = "resize_shape must be None or a pair of positive ints (height, width)"
+        resize = None if resize_shape is None else _pair(resize_shape, shape)
+        if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not 0 <= alpha <= 1:
+            raise SpecError(f"alpha must be a number from 0 to 1, got {alpha!r}")
+        if _integer(sample_index) is None:
+            raise SpecError(f"sample_index must be an int, got {sample_index!r}")
         self.keys = None if keys is None else list(keys)
-        self.interval = _positive(interval, "visualization interval")
+        self.interval = _positive(interval, "interval")
         self.channel_reduction = channel_reduction
         self.topk = topk
-        self.arrangement = (int(rows), int(cols))
-        self.resize_shape = None if resize_shape is None else tuple(resize_shape)
+        self.arrangement = (rows, cols)
+        self.resize_shape = resize
         self.alpha = alpha
         self.sample_index = int(sample_index)
         self.failed: set = set()
@@ -528,6 +539,30 @@ def _positive(value: Any, what: str) -> int:
     return value
 
 
+def _pair(value: Any, must: str) -> Tuple[int, int]:
+    """``value`` as a pair of positive ints (a list from a config file too); else raise ``must``.
+
+    >>> import numpy
+    >>> _pair([2, numpy.int64(4)], "arrangement must be a pair")
+    (2, 4)
+    """
+    if isinstance(value, (tuple, list)) and len(value) == 2:
+        first, second = _integer(value[0]), _integer(value[1])
+        if first is not None and second is not None and first > 0 and second > 0:
+            return first, second
+    raise SpecError(f"{must}, got {value!r}")
+
+
+def _integer(value: Any) -> Optional[int]:
+    """``value`` as an int if it is an integer (a NumPy one too; not a bool, a float or a str)."""
+    if isinstance(value, bool):
+        return None
+    try:
+        return operator.index(value)
+    except TypeError:
+        return None
+
+
 def _loops(value: Union[str, Sequence[str]]) -> Tuple[str, ...]:
     loops = (value,) if isinstance(value, str) else tuple(value)
     bad = [loop for loop in loops if loop not in LOOPS]
@@ -545,6 +580,28 @@ def _to_cpu(value: Any) -> Any:
 
 def _detached_on_cpu(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().cpu()
+
+
+def _drawer(options: Mapping[str, Any]) -> FeatureMapDrawer:
+    """The drawer of ``RecorderHook(visualize=options)``; a bad option raises naming it.
+
+    >>> _drawer(dict(keyz=['resnet:*']))
+    Traceback (most recent call last):
+    ...
+    bcrecord.errors.SpecError: visualize has no option 'keyz' (its options: keys, interval, \
+channel_reduction, topk, arrangement, resize_shape, alpha, sample_index); did you mean 'keys'?
+    """
+    names = list(inspect.signature(FeatureMapDrawer).parameters)
+    for option in options:
+        if option not in names:
+            raise SpecError(
+                f"visualize has no option {option!r} (its options: {', '.join(names)})"
+                + did_you_mean(str(option), names)
+            )
+    try:
+        return FeatureMapDrawer(**options)
+    except SpecError as error:
+        raise SpecError(f"visualize {error}") from None
 
 
 # --- the hooks ----------------------------------------------------------------
@@ -687,7 +744,7 @@ class RecorderHook(Hook):
             raise SpecError(
                 f"visualize must be True or a dict of FeatureMapDrawer options, got {visualize!r}"
             )
-        self.drawer = FeatureMapDrawer(**visualize) if isinstance(visualize, Mapping) else None
+        self.drawer = _drawer(visualize) if isinstance(visualize, Mapping) else None
         self._reset()
 
     def _reset(self) -> None:
@@ -769,7 +826,6 @@ class RecorderHook(Hook):
                         self._counts[loop] = max(self._counts.get(loop, 0), saved + 1)
         self._wrap_loops(runner)
         self._warn_of_epochs_that_never_end(runner)
-        self._warn_of_loops_that_do_not_run(runner)
         where = f"; records go to {self._save_root}/<loop>" if self._save_root is not None else ""
         runner.logger.info(
             f"RecorderHook: recording {len(self._keys)} keys in the {'/'.join(self.loops)} loop(s){where}: "
@@ -789,14 +845,18 @@ class RecorderHook(Hook):
                 f"training ends; give by_epoch=False to write every interval={self.interval} iterations"
             )
 
-    def _warn_of_loops_that_do_not_run(self, runner: Runner) -> None:
-        """Say so when none of ``loops`` runs in this run: ``runner.test()`` (``tools/test.py``) with
-        the default ``loops='train'`` would record nothing, silently."""
-        built = list(self._built_loops(runner))
-        if built and not any(loop in built for loop in self.loops):
+    def _warn_of_loops_that_do_not_run(self, runner: Runner, outermost: str) -> None:
+        """Say so when none of ``loops`` runs in this run, whose outermost loop is ``outermost``:
+        ``runner.test()`` (``tools/test.py``) with the default ``loops='train'`` would record
+        nothing, silently. (Known when it starts, not at ``before_run``: a runner that trained
+        keeps its built train loop in the runs after, ``runner.test()`` too.)"""
+        runs = [outermost]
+        if outermost == "train" and "val" in self._built_loops(runner):
+            runs.append("val")  # (validation runs inside training)
+        if not any(loop in runs for loop in self.loops):
             runner.logger.warning(
-                f"RecorderHook: loops={list(self.loops)}, but this run runs the {'/'.join(built)} loop(s): "
-                f"nothing will be recorded; give loops={[*self.loops, *built]} to record them too"
+                f"RecorderHook: loops={list(self.loops)}, but this run runs the {'/'.join(runs)} loop(s): "
+                f"nothing will be recorded; give loops={[*self.loops, *runs]} to record them too"
             )
 
     def after_run(self, runner: Runner) -> None:
@@ -929,6 +989,8 @@ class RecorderHook(Hook):
     # loops ---------------------------------------------------------------------------
 
     def _loop_started(self, runner: Runner, mode: str) -> None:
+        if self._depth == 0:
+            self._warn_of_loops_that_do_not_run(runner, mode)
         self._depth += 1
         if mode in self.loops:
             self._install(runner)

@@ -17,6 +17,7 @@ torch = pytest.importorskip("torch", reason="the mmengine tox env installs torch
 mmengine = pytest.importorskip("mmengine", reason="the mmengine tox env installs mmengine")
 
 import cv2  # noqa: E402  (mmengine depends on OpenCV)
+import numpy  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from mmengine.evaluator import BaseMetric  # noqa: E402
 from mmengine.hooks import Hook  # noqa: E402
@@ -752,6 +753,33 @@ def test_bad_hook_arguments_fail_when_built():
         RecorderHook(PROPOSAL_RECORDERS, visualize=dict(channel_reduction=None, arrangement=(2, 2)))
 
 
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (dict(keyz=["resnet:*"]), r"no option 'keyz' \(its options: keys, .*\); did you mean 'keys'\?"),
+        (dict(arrangement=4), r"visualize arrangement must be a pair of positive ints \(rows, col.*got 4"),
+        (dict(resize_shape=224), r"visualize resize_shape must be None or a pair of positive ints"),
+        (dict(resize_shape=(224, 0)), r"resize_shape must be None or a pair of positive .*got \(224, 0\)"),
+        (dict(alpha="0.5"), r"visualize alpha must be a number from 0 to 1, got '0.5'"),
+        (dict(alpha=2), r"visualize alpha must be a number from 0 to 1, got 2"),
+        (dict(sample_index="a"), r"visualize sample_index must be an int, got 'a'"),
+    ],
+)
+def test_bad_visualize_options_fail_when_built_naming_the_option(options, message):
+    # A visualize option that cannot work must stop the run as it is built, naming itself; not
+    # fail later in each draw (which visualization logs and skips) or with a bare TypeError.
+    with pytest.raises(bcrecord.SpecError, match=message):
+        RecorderHook(PROPOSAL_RECORDERS, visualize=options)
+    if "keyz" not in options:  # (the visualization hook takes its options as its own arguments)
+        with pytest.raises(bcrecord.SpecError, match=message.replace("visualize ", "")):
+            RecorderVisualizationHook(**options)
+    drawer = RecorderHook(PROPOSAL_RECORDERS, visualize=dict(arrangement=[2, 4], resize_shape=[8, 8])).drawer
+    assert (drawer.arrangement, drawer.resize_shape) == ((2, 4), (8, 8))  # lists from a config file
+    options = dict(arrangement=(numpy.int64(2), 4), sample_index=numpy.int64(1))  # NumPy ints are ints
+    drawer = RecorderHook(PROPOSAL_RECORDERS, visualize=options).drawer
+    assert (drawer.arrangement, drawer.sample_index) == ((2, 4), 1)
+
+
 # --- failures, interruptions, loops, wrappers --------------------------------------------------
 
 
@@ -1094,6 +1122,26 @@ def test_a_run_that_runs_none_of_the_hook_s_loops_says_so(tmp_path):
     runner.test()
     assert runner.message_hub.get_info(OUTPUTS).shape == (3, 1)
     assert "nothing will be recorded" not in log_text(runner)
+
+
+def test_a_later_run_of_the_runner_that_runs_none_of_the_hook_s_loops_says_so(tmp_path):
+    # MMEngine's tutorial: runner.train(), then runner.test() with the same runner and hook. The
+    # training run built the train loop; the test run runs only the test loop, and records nothing.
+    torch.manual_seed(0)
+    runner = make_runner(tmp_path, ToyModel(), [RecorderHook(PROPOSAL_RECORDERS)], val=True, test=True)
+    runner.train()
+    assert "nothing will be recorded" not in log_text(runner)
+    trained = runner.message_hub.get_info(OUTPUTS)
+    runner.test()
+    assert runner.message_hub.get_info(OUTPUTS) is trained  # (not recorded again)
+    assert (
+        "RecorderHook: loops=['train'], but this run runs the test loop(s): nothing will be recorded; "
+        "give loops=['train', 'test'] to record them too"
+    ) in log_text(runner)
+    runner.val()
+    assert "but this run runs the val loop(s): nothing will be recorded; give loops=['train', 'val']" in (
+        log_text(runner)
+    )
 
 
 def test_two_recorder_hooks_share_a_method(tmp_path):
