@@ -509,7 +509,8 @@ def parse(spec: SpecLike) -> Spec:
     index=[1])`` and ``dict(type='AttributeRecorder', target='self.fc.weight')``;
     a FunctionRecorder's ``target`` is any short form without its ``@index`` (a dotted
     chain is recorded at its load sites), given in ``index`` instead;
-    their ``model``/``method``/``name`` keys are for integrations and ignored here.
+    their ``model``/``method``/``name`` keys are for integrations and ignored here (where a
+    dict is given to patch a function, a ``method`` that is not the function's is refused).
 
     >>> import bcrecord
     >>> bcrecord.parse("x@[0,2]")
