@@ -138,10 +138,12 @@ class CodeMap:
     selfless: frozenset = field(repr=False, default=frozenset())
     #: The parameters as the ``def`` line has them, without defaults (``'a, *args, k, **kw'``).
     signature: str = field(repr=False, default="")
-    #: Names that are no assigned locals: comprehensions' own variables, and the free
-    #: variables an enclosing function (or a type parameter list) assigns (for errors about them).
+    #: Names that are no assigned locals: comprehensions' own variables, the free variables
+    #: an enclosing function (or a type parameter list) assigns, and the globals the code
+    #: assigns (``global G``), for errors about them.
     comprehension_names: frozenset = field(repr=False, default=frozenset())
     free_names: frozenset = field(repr=False, default=frozenset())
+    global_names: frozenset = field(repr=False, default=frozenset())
     #: What the compiler puts before a private name (``__w``) in a class's code: ``'_Net'``.
     private_prefix: str = field(repr=False, default="")
 
@@ -706,6 +708,8 @@ class _Sites:
             and (name := _versions.local_name(i.arg))
             and (pos in inlined or (nested and not (isinstance(i.arg, FreeVar) and name in outer_cells)))
         }
+        #: Names the code assigns as globals (``global G``): no locals (for errors about them).
+        self.global_names = {i.arg for _, i in real if i.name == "STORE_GLOBAL"}
         self.stores: List[Raw] = [
             (name, pos, i, identity.of(pos, i), None)
             for pos, i in real
@@ -1162,6 +1166,7 @@ def _read(key: Tuple[object, ...], qualname: Optional[str] = None) -> CodeMap:
         selfless=frozenset(pos for pos in nested if first not in _code_of(code, pos).co_freevars),
         comprehension_names=frozenset(raw.comprehension_names),
         free_names=frozenset(code.co_freevars) - {"__class__"},  # (the cell super() reads)
+        global_names=frozenset(raw.global_names),
         private_prefix=_private_prefix(getattr(code, "co_qualname", None) or qualname or ""),
     )
 
@@ -1340,6 +1345,11 @@ arguments (their value at entry): a
                     hint = (
                         f" ({spec.name!r} is assigned by an enclosing function, record it there, "
                         "or is a type parameter)"
+                    )
+                elif spec.name in cmap.global_names:
+                    hint = (
+                        f" ({spec.name!r} is a global the function assigns ('global {spec.name}'), no local: "
+                        "record the call or operator that computes it; bcrecord.targets lists them)"
                     )
                 raise TargetError(
                     f"{func} has no assignment to a local named {spec.name!r}; "

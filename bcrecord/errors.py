@@ -34,7 +34,7 @@ import reprlib
 import sys
 import types
 import warnings
-from typing import Any, Iterable, Type
+from typing import Any, Iterable, Tuple, Type
 
 __all__ = [
     "BcrecordError",
@@ -80,7 +80,21 @@ class RecordingWarning(RuntimeWarning):
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 #: Frames of these files are bcrecord's (contextlib runs ``bcrecord.torch.record``'s body).
-_OWN_FILES = (_PACKAGE, os.path.abspath(contextlib.__file__))
+_OWN_FILES: Tuple[str, ...] = (_PACKAGE, os.path.abspath(contextlib.__file__))
+
+
+def pass_through(path: str) -> None:
+    """Have :func:`warn` skip the frames of file ``path`` as bcrecord's own: a file whose code
+    only passes a call on (torch's ``Module.__call__``, between a user's line and an
+    extractor's forward), so a warning points past it at the user's line.
+
+    >>> import contextlib
+    >>> pass_through(contextlib.__file__)  # (already skipped: nothing changes)
+    """
+    global _OWN_FILES
+    path = os.path.abspath(path)
+    if path not in _OWN_FILES:
+        _OWN_FILES = (*_OWN_FILES, path)
 
 
 def warn(message: str, category: Type[Warning] = RecordingWarning) -> None:

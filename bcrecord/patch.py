@@ -46,6 +46,7 @@ from typing import (
     Dict,
     Iterable,
     List,
+    Mapping,
     Optional,
     Sequence,
     Tuple,
@@ -909,6 +910,19 @@ def _key_function_name(function: types.FunctionType, code: types.CodeType) -> st
     return given
 
 
+def _check_recorder_methods(specs: Any, patched: str) -> None:
+    """Refuse an MMEngine recorder dict whose ``method`` is not the method patched: it chose
+    the function in a RecorderHook config, and here would be ignored (another method's
+    local of the same name recorded instead)."""
+    for spec in specs if isinstance(specs, (list, tuple)) else [specs]:  # (an iterator: parsed, gone)
+        method = spec.get("method") if isinstance(spec, Mapping) else None
+        if method is not None and method != patched:
+            raise SpecError(
+                f"{dict(spec)!r}: method={method!r} chooses the method a RecorderHook patches; here "
+                f"{patched!r} is patched: patch {method!r} instead, or leave 'method' out"
+            )
+
+
 def _attach(
     slot: _Slot,
     target: Any,
@@ -920,6 +934,7 @@ def _attach(
 ) -> Patch:
     """Add a patch to ``slot``; raises (changing nothing) when specs do not resolve."""
     parsed = parse_all(specs)
+    _check_recorder_methods(specs, attribute or slot.original_code.co_name)
     if name is not None and not isinstance(name, str) and not callable(name):
         raise SpecError(f"name must be a string or a callable of the instance, got {name!r}")
     points = resolve(parsed, read(slot.original_code, slot.base.__qualname__))

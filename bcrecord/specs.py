@@ -387,8 +387,16 @@ def _parse_str(text: str) -> Spec:
         return _parse_one_str(text)
     except SpecError as error:
         fixed = full_width_fixed(text)
-        if fixed is not None and split_specs(fixed) is None and _parses(fixed):
-            raise SpecError(f"{error}; {text!r} has full-width characters: write {fixed!r}") from None
+        if fixed is not None and split_specs(fixed) is None:
+            if _parses(fixed):
+                raise SpecError(f"{error}; {text!r} has full-width characters: write {fixed!r}") from None
+            try:
+                _parse_one_str(fixed)
+            except SpecError as ascii_error:  # ('x@０１' is 'x@01': that message says what to write)
+                if ": write " in str(ascii_error):
+                    raise SpecError(
+                        f"{error}; {text!r} has full-width characters, and in ASCII: {ascii_error}"
+                    ) from None
         several = split_specs(text)
         if several is None:
             raise
@@ -501,7 +509,8 @@ def parse(spec: SpecLike) -> Spec:
     index=[1])`` and ``dict(type='AttributeRecorder', target='self.fc.weight')``;
     a FunctionRecorder's ``target`` is any short form without its ``@index`` (a dotted
     chain is recorded at its load sites), given in ``index`` instead;
-    their ``model``/``method``/``name`` keys are for integrations and ignored here.
+    their ``model``/``method``/``name`` keys are for integrations and ignored here (where a
+    dict is given to patch a function, a ``method`` that is not the function's is refused).
 
     >>> import bcrecord
     >>> bcrecord.parse("x@[0,2]")

@@ -650,9 +650,9 @@ def _histogram(summary: KeySummary, first: Any, last: Any, what: str = "") -> An
     edges = np.linspace(low, high if high > low else low + 1.0, bins + 1)
     if earlier is not None:
         counts, _ = np.histogram(earlier, edges)
-        ax.stairs(
-            counts, edges, fill=True, alpha=0.45, color="tab:gray", label=f"step {summary.steps[0]} (first)"
-        )
+        # The title speaks for the last step; the first step's own NaN/±inf are named in its label.
+        first_label = f"step {summary.steps[0]} (first){_left_out(first)}"
+        ax.stairs(counts, edges, fill=True, alpha=0.45, color="tab:gray", label=first_label)
     counts, _ = np.histogram(data, edges)
     label = f"steps {min(summary.steps)}..{max(summary.steps)}" if what else f"step {summary.steps[-1]}"
     ax.stairs(counts, edges, fill=True, alpha=0.7, color="tab:blue", label=label)

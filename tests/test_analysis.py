@@ -183,6 +183,26 @@ def test_a_comprehension_s_variable_or_an_enclosing_function_s_is_named_as_such(
         assert f.__code__ is code
 
 
+COUNTER = 0
+
+
+def test_a_global_the_function_assigns_is_named_as_such():
+    def bump(step):
+        global COUNTER
+        COUNTER = COUNTER + step
+        return COUNTER
+
+    code = bump.__code__
+    with pytest.raises(TargetError) as caught:
+        bcrecord.instrument(bump, "COUNTER")
+    assert "('COUNTER' is a global the function assigns ('global COUNTER'), no local" in str(caught.value)
+    assert bump.__code__ is code
+    # What it points to records the value stored there.
+    with bcrecord.recording() as rec:
+        bcrecord.instrument(bump, "+@0", name="m")(2)
+    assert rec.all("m:bump:+@0") == [COUNTER]
+
+
 @pytest.mark.skipif(sys.version_info < (3, 12), reason="type parameters are new in 3.12")
 def test_a_type_parameter_is_not_said_to_be_assigned_by_an_enclosing_function():
     # T is a free variable of f as 'scale' above is, but no function around f assigns it.

@@ -6,6 +6,8 @@ or the built-in exception that fits (``ValueError`` for a malformed spec...).
 
 import json
 import re
+import sys
+import warnings
 
 import pytest
 
@@ -17,6 +19,8 @@ from bcrecord.errors import (
     SpecError,
     TargetError,
     UnsupportedPythonError,
+    pass_through,
+    warn,
 )
 
 from .commands import plain
@@ -40,6 +44,25 @@ def test_recording_warning_is_a_warning_not_an_error():
     # A warning, so a failed copy is reported without stopping the patched program.
     assert issubclass(RecordingWarning, RuntimeWarning) and not issubclass(RecordingWarning, BcrecordError)
     assert bcrecord.RecordingWarning is RecordingWarning
+
+
+def test_a_warning_points_past_the_files_marked_as_passing_a_call_through(tmp_path):
+    # (torch's Module.__call__ is one: the torch layer marks it.)
+    relay = str(tmp_path / "relay.py")
+    namespace: dict = {"warn": warn}
+    exec(compile("def relay(message):\n    warn(message)\n", relay, "exec"), namespace)
+
+    def warned_at():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            namespace["relay"]("told"); line = sys._getframe().f_lineno  # fmt: skip
+        return [(w.filename, w.lineno) for w in caught], line
+
+    found, _ = warned_at()
+    assert found == [(relay, 2)]
+    pass_through(relay)
+    found, line = warned_at()
+    assert found == [(__file__, line)]
 
 
 def f(a):

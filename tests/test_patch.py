@@ -2240,3 +2240,30 @@ def test_a_copy_of_a_patch_is_the_patch_and_pickling_one_says_why_it_cannot():
     assert rec.all("m:f:x@0") == [2] and patch.active
     copy.copy(patch).remove()
     assert not patch.active and f.__code__ is patch.original_code
+
+
+def test_a_recorder_dict_naming_another_method_than_the_one_patched_is_refused():
+    # Its 'method' was ignored: forward's own 'y' was recorded in place of _impl's.
+    class Model:
+        def forward(self, x):
+            y = x + 1
+            return self._impl(y)
+
+        def _impl(self, y):
+            y = y * 2
+            return y
+
+    model, forward = Model(), Model.__dict__["forward"]
+    recorder = dict(type="FunctionRecorder", method="_impl", target="y", index=[0])
+    for specs in (recorder, [recorder, "x"]):
+        with pytest.raises(
+            SpecError, match="method='_impl' chooses the method a RecorderHook patches; here "
+        ):
+            bcrecord.patch_method(model, "forward", specs)
+        assert Model.__dict__["forward"] is forward and "forward" not in vars(model)
+    with pytest.raises(SpecError, match="here 'forward' is patched: patch '_impl' instead"):
+        bcrecord.instrument(Model.forward, recorder)
+    # The method it names: recorded as given.
+    with bcrecord.recording() as rec, bcrecord.patch_method(model, "_impl", recorder, name="m"):
+        assert model.forward(1) == 4
+    assert rec.all("m:_impl:y@0") == [4]

@@ -159,6 +159,9 @@ def test_bad_specs_name_the_problem(bad, message):
         ),
         ("x@\uff10", "'x@\uff10' has full-width characters: write 'x@0'"),
         ("self.fc\uff08\uff09", "has full-width characters: write 'self.fc()'"),
+        # Full-width and padded: the ASCII form's own message says what to write.
+        ("x@\uff10\uff11", "has full-width characters, and in ASCII: bad index in 'x@01': a leading zero"),
+        ("x@\uff10\uff11", "write 'x@1'"),
     ],
 )
 def test_the_likeliest_typos_are_told_the_form_to_write(typo, message):

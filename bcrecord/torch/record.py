@@ -63,7 +63,7 @@ from typing import (
 import torch
 
 from ..analysis import read, resolve
-from ..errors import SpecError, TargetError, warn
+from ..errors import SpecError, TargetError, pass_through, warn
 from ..patch import (
     ABSENT,
     Patch,
@@ -78,6 +78,10 @@ from ..runtime import Recording, Sink, context_recordings, silently
 from ..specs import Attribute, Local, Return, Spec
 from .copies import Device, ValuePolicy, _itself, _tracing_state, _transforms_active, value_policy
 from .targets import Target, _submodule, expand_all, module_at, new_matches, unwrap
+
+# A warning from inside a model's call (an extractor's first call) points past torch's
+# ``Module.__call__`` at the user's line; a recorded forward's own frames are never skipped.
+pass_through(torch.nn.modules.module.__file__)
 
 __all__ = ["record", "ModelRecording", "StopForward"]
 

@@ -328,6 +328,15 @@ def test_a_histogram_s_title_counts_the_infinities_and_nans_it_leaves_out(tmp_pa
         "histogram of 2 element(s) (2 NaN or ±inf left out)"
     )
     assert titles({"m:f:x@0": [torch.ones(2)]})["hist"].endswith("histogram of 2 element(s)")
+    # The first step's overlay names what it leaves out in its legend label (the title is the last step's).
+    two = bcrecord.save(
+        {"m:f:x@0": [torch.tensor([1.0, float("nan"), float("inf")])]}, tmp_path / "two", step=0
+    )
+    [summary] = summarize(bcrecord.load(bcrecord.save({"m:f:x@0": [torch.ones(3)]}, two, step=1)))
+    [histogram] = [figure for kind, figure in _pictures(summary, max_maps=32) if kind == "hist"]
+    labels = [text.get_text() for text in histogram.axes[0].get_legend().get_texts()]
+    assert labels == ["step 0 (first) (2 NaN or ±inf left out)", "step 1"]
+    assert histogram.axes[0].get_title().endswith("histogram of 3 element(s)")
     # A large value is drawn from a sample: the title says which part.
     assert titles({"m:f:x@0": [torch.ones(2_500_000)]})["hist"].endswith(
         "histogram of 2500000 element(s) (1 in 3 drawn)"

@@ -1,6 +1,7 @@
 """bcrecord.torch.extractor: the FX-free feature extractor and list_targets."""
 
 import operator
+import sys
 import types
 import warnings
 
@@ -1113,3 +1114,21 @@ def test_a_target_in_a_branch_only_the_other_mode_takes_says_so():
         RuntimeError, match=r"never reached \[':forward:loss@0'\]$"
     ):  # given per mode: no hint
         wrong(torch.ones(1, 2))
+
+
+def test_a_warning_from_an_extractor_s_call_points_at_the_user_s_line():
+    # It pointed into torch's Module.__call__ (torch/nn/modules/module.py), between the user's
+    # line and the extractor's forward.
+    class Skipping(torch.nn.Module):
+        def forward(self, x):
+            y = x + 1
+            if x.sum() > 100:  # not taken: the stop waits for this site, and says so
+                y = y * 2
+            return y
+
+    extractor = create_feature_extractor(Skipping(), [":forward:y"])
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        extractor(torch.ones(2)); line = sys._getframe().f_lineno  # fmt: skip
+    assert [(w.filename, w.lineno) for w in caught] == [(__file__, line)]
+    assert "stop_after_last: this forward ran to its end" in str(caught[0].message)
