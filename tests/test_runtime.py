@@ -8,6 +8,7 @@ import gc
 import os
 import re
 import signal
+import sys
 import threading
 import types
 import warnings
@@ -767,6 +768,44 @@ def test_a_signal_handler_running_while_a_value_is_copied_records_nothing():
     assert handled == [14, 14]
     assert rec.all("sig:f:x@0") == [14]
     assert rec.all("sig:s:z@0") == ["copied"]
+
+
+def test_an_interrupt_at_any_point_of_a_silenced_copy_leaves_the_context_recording():
+    # A timeout library's BaseException, raised by its signal handler right after the copy
+    # silenced the context and before it was made to undo that, left the context silenced:
+    # every later value of the recording, in that thread, was lost (a 100 us SIGALRM
+    # timeout on calls in a loop: ~100 values recorded of 199,000 calls). A profile
+    # function raises here at each C call's return inside ``silently`` in turn, as such a
+    # handler can.
+    class Interrupt(BaseException):
+        pass
+
+    def f(a):
+        x = a * 2
+        return x
+
+    g = bcrecord.instrument(f, "x", name="int")
+    for nth in range(1, 6):
+        returns = []
+
+        def profile(frame, event, arg, returns=returns, nth=nth):
+            if event == "c_return" and frame.f_code is bcrecord.runtime.silently.__code__:
+                returns.append(arg)
+                if len(returns) == nth:
+                    raise Interrupt
+
+        with bcrecord.recording() as rec:
+            before = bcrecord.runtime.SINKS.get()
+            sys.setprofile(profile)
+            try:
+                bcrecord.runtime.silently(len, "ab")
+            except Interrupt:
+                pass
+            finally:
+                sys.setprofile(None)
+            assert bcrecord.runtime.SINKS.get() is before
+            g(nth)
+        assert rec.all("int:f:x@0") == [2 * nth]
 
 
 def test_a_recording_that_ended_gets_nothing_from_a_carried_thread_or_task_with_its_own():
