@@ -1329,11 +1329,11 @@ def silently(function: Callable[[T], Any], value: T) -> Any:
     >>> rec.all("demo:double:y@0")
     [4]
     """
-    token = _context.set(_context.get()[0].silent)
-    try:
-        return function(value)
-    finally:
-        _context.reset(token)
+    # In a copy of the context, never by set and reset in this one: an exception a signal
+    # handler raises between the two (a timeout) would leave this context silenced for good.
+    context = contextvars.copy_context()
+    context.run(_context.set, _context.get()[0].silent)
+    return context.run(function, value)
 
 
 def silence() -> Callable[[], None]:

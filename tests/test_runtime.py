@@ -7,6 +7,8 @@ import dataclasses
 import gc
 import os
 import re
+import signal
+import sys
 import threading
 import types
 import warnings
@@ -645,6 +647,165 @@ def test_worker_threads_reach_threads_all_and_carry():
     with bcrecord.recording() as carried:
         in_thread(bcrecord.carry(g), 3)
     assert carried.all("dp:f:w@0") == [6]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_forked_child_records_into_its_own_copy_and_the_parent_gets_none_of_its_values():
+    # multiprocessing's fork, a DataLoader's workers: the child runs with a copy of the
+    # recordings of the thread that forked; what it records stays there (README).
+    def f(a):
+        x = a * 2
+        return x
+
+    g = bcrecord.instrument(f, "x", name="fork")
+    read, write = os.pipe()
+    with bcrecord.recording() as rec:
+        g(1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # "fork() in a multi-threaded process"
+            pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            try:
+                g(21)
+                os.write(write, repr(rec.all("fork:f:x@0")).encode())
+            finally:
+                os._exit(0)
+        os.close(write)
+        with os.fdopen(read) as child:
+            in_child = child.read()
+        os.waitpid(pid, 0)
+        g(3)
+    assert in_child == "[2, 42]"  # the parent's value before the fork, then the child's
+    assert rec.all("fork:f:x@0") == [2, 6]
+
+
+def test_a_value_still_being_copied_when_a_threads_all_recording_exits_is_stored_after_the_exit():
+    copying, release = threading.Event(), threading.Event()
+
+    class Slow:
+        def clone(self):
+            copying.set()
+            release.wait(10)
+            return "copied"
+
+    def f(a):
+        x = a
+        return x
+
+    g = bcrecord.instrument(f, "x", name="late")
+    worker = threading.Thread(target=g, args=(Slow(),))
+    with bcrecord.recording(threads="all") as rec:
+        worker.start()
+        assert copying.wait(10)
+    assert "late:f:x@0" not in rec
+    release.set()
+    worker.join()
+    assert rec.all("late:f:x@0") == ["copied"]
+
+
+def test_a_finalizer_the_collector_runs_while_a_value_is_copied_records_nothing():
+    # Copies run silently (their calls are not the program's): so does whatever runs in
+    # that thread meanwhile, here the collector's finalizers (README).
+    def f(a):
+        x = a * 2
+        return x
+
+    g = bcrecord.instrument(f, "x", name="fin")
+
+    class Finalized:
+        def __del__(self):
+            g(50)
+
+    def cycle():
+        garbage = Finalized()
+        garbage.me = garbage  # freed by the collector only
+
+    class Collecting:
+        def clone(self):
+            gc.collect()
+            return "copied"
+
+    def h(a):
+        y = Collecting()
+        return y
+
+    probed = bcrecord.instrument(h, "y", name="fin")
+    with bcrecord.recording() as rec:
+        cycle()
+        probed(0)  # the finalizer runs while ``y`` is copied
+        cycle()
+        gc.collect()  # here in the program's own code
+    assert rec.all("fin:f:x@0") == [100]
+    assert rec.all("fin:h:y@0") == ["copied"]
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGUSR1"), reason="needs SIGUSR1")
+def test_a_signal_handler_running_while_a_value_is_copied_records_nothing():
+    def f(a):
+        x = a * 2
+        return x
+
+    g = bcrecord.instrument(f, "x", name="sig")
+
+    class Signalling:
+        def clone(self):
+            signal.raise_signal(signal.SIGUSR1)  # the handler runs before clone returns
+            return "copied"
+
+    def s(a):
+        z = Signalling()
+        return z
+
+    signalling = bcrecord.instrument(s, "z", name="sig")
+    handled = []
+    old = signal.signal(signal.SIGUSR1, lambda *_: handled.append(g(7)))
+    try:
+        with bcrecord.recording() as rec:
+            signalling(0)  # the handler runs while ``z`` is copied
+            signal.raise_signal(signal.SIGUSR1)  # here in the program's own code
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+    assert handled == [14, 14]
+    assert rec.all("sig:f:x@0") == [14]
+    assert rec.all("sig:s:z@0") == ["copied"]
+
+
+def test_an_interrupt_at_any_point_of_a_silenced_copy_leaves_the_context_recording():
+    # A timeout library's BaseException, raised by its signal handler right after the copy
+    # silenced the context and before it was made to undo that, left the context silenced:
+    # every later value of the recording, in that thread, was lost (a 100 us SIGALRM
+    # timeout on calls in a loop: ~100 values recorded of 199,000 calls). A profile
+    # function raises here at each C call's return inside ``silently`` in turn, as such a
+    # handler can.
+    class Interrupt(BaseException):
+        pass
+
+    def f(a):
+        x = a * 2
+        return x
+
+    g = bcrecord.instrument(f, "x", name="int")
+    for nth in range(1, 6):
+        returns = []
+
+        def profile(frame, event, arg, returns=returns, nth=nth):
+            if event == "c_return" and frame.f_code is bcrecord.runtime.silently.__code__:
+                returns.append(arg)
+                if len(returns) == nth:
+                    raise Interrupt
+
+        with bcrecord.recording() as rec:
+            before = bcrecord.runtime.SINKS.get()
+            sys.setprofile(profile)
+            try:
+                bcrecord.runtime.silently(len, "ab")
+            except Interrupt:
+                pass
+            finally:
+                sys.setprofile(None)
+            assert bcrecord.runtime.SINKS.get() is before
+            g(nth)
+        assert rec.all("int:f:x@0") == [2 * nth]
 
 
 def test_a_recording_that_ended_gets_nothing_from_a_carried_thread_or_task_with_its_own():

@@ -1299,7 +1299,8 @@ class RecordBlock(contextlib.AbstractContextManager["ModelRecording"]):
 
     def __exit__(self, *exc: Any) -> Optional[bool]:
         block, self._block = self._block, None
-        assert block is not None, "exited without being entered"
+        if block is None:  # exited again, or never entered: nothing to end, as a recording's exit
+            return None
         return block.__exit__(*exc)
 
     def __call__(self, function: Callable[P, T]) -> Callable[P, T]:

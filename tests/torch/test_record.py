@@ -1083,6 +1083,24 @@ def test_a_recording_whose_block_ended_cannot_be_entered_again(net):
     assert len(bcrecord.patch._slots) == slots and not bcrecord.runtime.is_active()
 
 
+def test_a_record_block_exited_from_another_thread_twice_or_never_entered_ends_once(net):
+    # A second exit (an exit stack and a finally both ending it) raised a bare
+    # AssertionError, and under python -O an AttributeError on None: a recording's second
+    # exit does nothing, and so does this one.
+    x = torch.randn(1, 3, 8, 8)
+    before = snapshot(net)
+    block = record(net, ["bn1"], stop_after_last=True)
+    rec = block.__enter__()
+    net(x)
+    ended = threading.Thread(target=block.__exit__, args=(None, None, None))
+    ended.start()
+    ended.join()
+    assert block.__exit__(None, None, None) is None
+    assert record(net, ["bn1"]).__exit__(None, None, None) is None
+    assert len(rec.all("bn1:forward:return")) == 1 and not rec.active and not bcrecord.runtime.is_active()
+    assert same(snapshot(net), before)
+
+
 def test_what_record_returns_is_for_one_block_and_says_so(net):
     x = torch.randn(1, 3, 8, 8)
     before = snapshot(net)
