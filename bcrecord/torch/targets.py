@@ -502,7 +502,8 @@ def _fx_target(model: torch.nn.Module, text: str) -> Optional[Target]:
             f"{text!r}: {kind} {'; '.join(dict.fromkeys(scope.problems))}, so the order in which FX "
             f"numbers its {base!r} ops is not fixed by the code; name the site instead: {labels}"
         )
-    if len({site.guards for site in scope.sites}) > 1:
+    branched = len({site.guards for site in scope.sites}) > 1
+    if branched and (scope.unplaced or not _numbered(scope, occurrence)):
         raise TargetError(
             f"{text!r}: {kind} has {len(scope.sites)} {base!r} sites and not all of them run "
             f"together (a branch decides), so which of them FX names {node!r} depends on the "
@@ -540,6 +541,31 @@ def _fx_target(model: torch.nn.Module, text: str) -> Optional[Target]:
         )
     chosen = scope.sites[occurrence]
     return Target(text, parent, chosen.method, chosen.spec)
+
+
+def _numbered(scope: _FxScope, occurrence: int) -> bool:
+    """Whether the site at ``occurrence`` is FX's op of that number in every run that has
+    one, though a branch decides whether some sites run: each earlier site runs wherever it
+    does (every jump that may skip one skips it too), and it runs wherever a later one does.
+    Models' heads so guard an auxiliary output after the main one (FCN's second
+    ``F.interpolate``, under ``if self.aux_classifier``): the first is always ``'interpolate'``.
+
+    >>> site = functools.partial(_FxSite, method="forward", spec=None, label="")
+    >>> always, maybe = frozenset(), frozenset({"if"})
+    >>> head = _FxScope("interpolate", [site((1,), guards=always), site((5,), guards=maybe)])
+    >>> _numbered(head, 0), _numbered(head, 1)
+    (True, True)
+    >>> # As Conv3d's _conv_forward: where the guarded one is skipped, FX's 'conv3d' is the other
+    >>> conv = _FxScope("conv3d", [site((1,), guards=maybe), site((5,), guards=always)])
+    >>> _numbered(conv, 0), _numbered(conv, 1)
+    (False, False)
+    """
+    if occurrence >= len(scope.sites):
+        return True  # (refused below: no such number)
+    guards = scope.sites[occurrence].guards
+    return all(site.guards <= guards for site in scope.sites[:occurrence]) and all(
+        guards <= site.guards for site in scope.sites[occurrence + 1 :]
+    )
 
 
 def _fx_scope(model: torch.nn.Module, parent: str, base: str) -> Optional[_FxScope]:
