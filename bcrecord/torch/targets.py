@@ -682,10 +682,27 @@ def _fx_stripped(name: str) -> str:
 
 
 def _fx_leaf(module: torch.nn.Module) -> bool:
-    """Whether FX makes one node of a call of ``module`` (torch.nn's own modules but
-    ``Sequential``, as its tracer's default) rather than tracing into its forward."""
+    """Whether torchvision's FX tracer makes one node of a call of ``module`` rather than
+    tracing into its forward: torch.nn's own modules but ``Sequential`` (FX's default),
+    and an instance of any module class ``torchvision.ops`` exports (its extractor's
+    ``leaf_modules``: Swin's ``StochasticDepth``, ``SqueezeExcitation``, ``Conv2dNormActivation``).
+
+    >>> _fx_leaf(torch.nn.ReLU()), _fx_leaf(torch.nn.Sequential())
+    (True, False)
+    """
+    ops = sys.modules.get("torchvision.ops")  # (not imported here: a model of its modules has)
+    if ops is not None and isinstance(module, _torchvision_leaves(ops)):
+        return True
     where = type(module).__module__ or ""
     return where.startswith(("torch.nn", "torch.ao.nn")) and not isinstance(module, torch.nn.Sequential)
+
+
+@functools.cache
+def _torchvision_leaves(ops: types.ModuleType) -> Tuple[type, ...]:
+    """The module classes ``torchvision.ops`` exports, as its extractor lists its leaves."""
+    return tuple(
+        kind for kind in vars(ops).values() if isinstance(kind, type) and issubclass(kind, torch.nn.Module)
+    )
 
 
 def _calls_the_module(model: torch.nn.Module, parent: str, site: _FxSite, node: str) -> bool:
