@@ -502,7 +502,8 @@ def _fx_target(model: torch.nn.Module, text: str) -> Optional[Target]:
             f"{text!r}: {kind} {'; '.join(dict.fromkeys(scope.problems))}, so the order in which FX "
             f"numbers its {base!r} ops is not fixed by the code; name the site instead: {labels}"
         )
-    if len({site.guards for site in scope.sites}) > 1:
+    branched = len({site.guards for site in scope.sites}) > 1
+    if branched and (scope.unplaced or not _numbered(scope, occurrence)):
         raise TargetError(
             f"{text!r}: {kind} has {len(scope.sites)} {base!r} sites and not all of them run "
             f"together (a branch decides), so which of them FX names {node!r} depends on the "
@@ -540,6 +541,31 @@ def _fx_target(model: torch.nn.Module, text: str) -> Optional[Target]:
         )
     chosen = scope.sites[occurrence]
     return Target(text, parent, chosen.method, chosen.spec)
+
+
+def _numbered(scope: _FxScope, occurrence: int) -> bool:
+    """Whether the site at ``occurrence`` is FX's op of that number in every run that has
+    one, though a branch decides whether some sites run: each earlier site runs wherever it
+    does (every jump that may skip one skips it too), and it runs wherever a later one does.
+    Models' heads so guard an auxiliary output after the main one (FCN's second
+    ``F.interpolate``, under ``if self.aux_classifier``): the first is always ``'interpolate'``.
+
+    >>> site = functools.partial(_FxSite, method="forward", spec=None, label="")
+    >>> always, maybe = frozenset(), frozenset({"if"})
+    >>> head = _FxScope("interpolate", [site((1,), guards=always), site((5,), guards=maybe)])
+    >>> _numbered(head, 0), _numbered(head, 1)
+    (True, True)
+    >>> # As Conv3d's _conv_forward: where the guarded one is skipped, FX's 'conv3d' is the other
+    >>> conv = _FxScope("conv3d", [site((1,), guards=maybe), site((5,), guards=always)])
+    >>> _numbered(conv, 0), _numbered(conv, 1)
+    (False, False)
+    """
+    if occurrence >= len(scope.sites):
+        return True  # (refused below: no such number)
+    guards = scope.sites[occurrence].guards
+    return all(site.guards <= guards for site in scope.sites[:occurrence]) and all(
+        guards <= site.guards for site in scope.sites[occurrence + 1 :]
+    )
 
 
 def _fx_scope(model: torch.nn.Module, parent: str, base: str) -> Optional[_FxScope]:
@@ -656,10 +682,27 @@ def _fx_stripped(name: str) -> str:
 
 
 def _fx_leaf(module: torch.nn.Module) -> bool:
-    """Whether FX makes one node of a call of ``module`` (torch.nn's own modules but
-    ``Sequential``, as its tracer's default) rather than tracing into its forward."""
+    """Whether torchvision's FX tracer makes one node of a call of ``module`` rather than
+    tracing into its forward: torch.nn's own modules but ``Sequential`` (FX's default),
+    and an instance of any module class ``torchvision.ops`` exports (its extractor's
+    ``leaf_modules``: Swin's ``StochasticDepth``, ``SqueezeExcitation``, ``Conv2dNormActivation``).
+
+    >>> _fx_leaf(torch.nn.ReLU()), _fx_leaf(torch.nn.Sequential())
+    (True, False)
+    """
+    ops = sys.modules.get("torchvision.ops")  # (not imported here: a model of its modules has)
+    if ops is not None and isinstance(module, _torchvision_leaves(ops)):
+        return True
     where = type(module).__module__ or ""
     return where.startswith(("torch.nn", "torch.ao.nn")) and not isinstance(module, torch.nn.Sequential)
+
+
+@functools.cache
+def _torchvision_leaves(ops: types.ModuleType) -> Tuple[type, ...]:
+    """The module classes ``torchvision.ops`` exports, as its extractor lists its leaves."""
+    return tuple(
+        kind for kind in vars(ops).values() if isinstance(kind, type) and issubclass(kind, torch.nn.Module)
+    )
 
 
 def _calls_the_module(model: torch.nn.Module, parent: str, site: _FxSite, node: str) -> bool:

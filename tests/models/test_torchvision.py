@@ -241,3 +241,38 @@ def test_tv_tensors_saved_alone_load_with_their_class_and_metadata(tmp_path):
     assert type(boxes_back) is tv_tensors.BoundingBoxes and boxes_back.format == boxes.format
     assert boxes_back.canvas_size == (8, 8) and torch.equal(boxes_back, boxes)
     assert type(image_back) is tv_tensors.Image and torch.equal(image_back, image)
+
+
+def test_segmentation_heads_interpolate_before_the_aux_branch_maps_as_fx():
+    # DeepLabV3.forward: F.interpolate of the main output, then, under `if self.aux_classifier`,
+    # the aux one: 'interpolate' was refused (not every site runs), though FX's is always the first.
+    torch.manual_seed(0)
+    model = torchvision.models.segmentation.deeplabv3_mobilenet_v3_large(
+        weights=None, weights_backbone=None, aux_loss=True
+    ).eval()
+    x = torch.randn(1, 3, 64, 64)
+    nodes = ["interpolate", "interpolate_1"]
+    with torch.no_grad():
+        ours = create_feature_extractor(model, nodes)(x)
+        fx = fx_extractor(model, nodes)(x)
+        out = model(x)
+    for node, output in zip(nodes, ["out", "aux"], strict=True):
+        assert torch.equal(ours[node], fx[node]) and torch.equal(ours[node], out[output]), node
+
+
+def test_a_torchvision_ops_module_run_twice_is_a_leaf_as_torchvision_traces_it_without_a_warning():
+    # torchvision's extractor makes torchvision.ops' modules leaves: Swin's StochasticDepth,
+    # called twice per block, is 'stochastic_depth' then 'stochastic_depth_1'. bcrecord took
+    # it as traced into and warned that torchvision's node was the last op of its last run.
+    import warnings
+
+    torch.manual_seed(0)
+    model, x = torchvision.models.swin_t(weights=None).eval(), torch.randn(1, 3, 64, 64)
+    nodes = ["features.1.1.stochastic_depth", "features.1.1.stochastic_depth_1"]
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error", bcrecord.RecordingWarning)
+        ours = create_feature_extractor(model, nodes)(x)
+        fx = fx_extractor(model, nodes)(x)
+    assert not torch.equal(fx[nodes[0]], fx[nodes[1]])
+    for node in nodes:
+        assert torch.equal(ours[node], fx[node]), node

@@ -295,6 +295,53 @@ def test_an_fx_name_whose_site_depends_on_a_branch_is_refused_with_the_sites_to_
     assert features["1:forward:+@1"].item() == 3.0  # (0 + 1) + 2
 
 
+def test_an_fx_name_of_a_site_before_a_guarded_one_maps_and_one_a_branch_may_shift_is_refused():
+    # As FCN's and DeepLabV3's heads: 'interpolate' is the first F.interpolate whether or not
+    # the aux branch runs (it was refused: not all sites run together); as Conv3d's
+    # _conv_forward, a site a branch may skip still leaves FX's first name undecided.
+    from bcrecord.torch import create_feature_extractor
+
+    class Head(torch.nn.Module):
+        def __init__(self, aux):
+            super().__init__()
+            self.aux = torch.nn.Identity() if aux else None
+
+        def forward(self, x):
+            out = torch.mul(x, 2) + 1
+            if self.aux is not None:
+                out = out + torch.mul(self.aux(x), 10)
+            return out
+
+    class Conv(torch.nn.Module):
+        def __init__(self, pad):
+            super().__init__()
+            self.pad = pad
+
+        def forward(self, x):
+            if self.pad:
+                return torch.mul(x, 3)
+            return torch.mul(x, 5)
+
+    net = torch.nn.Sequential(Head(True), Head(False), Conv(False))
+    names = ["0.mul", "0.mul_1", "0.add", "0.add_1", "1.mul", "1.add"]
+    features = create_feature_extractor(net, names)(torch.ones(1))
+    assert {name: value.item() for name, value in features.items()} == {
+        "0.mul": 2.0,
+        "0.add": 3.0,
+        "0.mul_1": 10.0,
+        "0.add_1": 13.0,
+        "1.mul": 26.0,
+        "1.add": 27.0,
+    }
+    with pytest.raises(bcrecord.TargetError, match=r"'2.mul': Conv has 2 'mul' sites and not all"):
+        create_feature_extractor(net, ["2.mul"])
+    with pytest.raises(bcrecord.TargetError, match=r"'2.mul_1': Conv has 2 'mul' sites and not all"):
+        create_feature_extractor(net, ["2.mul_1"])
+    # (FX has no '1.mul_1' in this model: the branch it is in does not run there.)
+    with pytest.raises(RuntimeError, match=r"never reached \['1.mul_1'\]"):
+        create_feature_extractor(net, ["1.mul_1"])(torch.ones(1))
+
+
 def test_a_forward_replaced_on_the_instance_is_the_one_recorded_or_refused():
     import functools
 
