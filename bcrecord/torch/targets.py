@@ -264,9 +264,11 @@ def _split_in(model: torch.nn.Module, text: str) -> Tuple[str, str, str, bool]:
     >>> _split_in(model, "grad"), _split_in(model, "a:b:forward:return.grad"), _split_in(model, "a:*")
     (('grad', 'forward', '', False), ('a:b', 'forward', 'return', True), ('a:*', 'forward', '', False))
     """
-    if isinstance(text, str) and not _names_submodules(model, text.strip()):
+    wide = isinstance(text, str) and full_width_fixed(text, punctuation_only=True) is not None
+    if wide and not _names_submodules(model, text.strip()):
         # (an IME's '：' would make one module path of the whole.) A submodule's own name may
-        # hold one ('blk（1）', a ModuleDict key): its path is kept, the rest checked.
+        # hold one ('blk（1）', a ModuleDict key): its path is kept, the rest checked. (Looked
+        # at only where a full-width character is: matching a glob reads every submodule.)
         path = text.rsplit(":", 2)[0] if text.count(":") >= 2 else ""
         kept = path if path.strip() and _names_submodules(model, path.strip()) else ""
         fixed = full_width_fixed(text[len(kept) :], punctuation_only=True)
