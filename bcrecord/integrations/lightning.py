@@ -10,7 +10,9 @@ relative to the LightningModule (``'net.0'``, ``'net.1:forward:x@0'``,
   torn down: afterwards the module's code objects are the originals;
 * **records** every ``every_n_steps``-th batch of the stages in ``stages``, with a
   recording entered in ``on_*_batch_start`` and left in ``on_*_batch_end``; the
-  batches in between run the unpatched code, at no cost;
+  batches in between run the unpatched code, at no cost (a batch that Lightning skips,
+  where ``on_train_batch_start`` returns -1, records nothing: its step is recorded by the
+  next batch of that ``global_step``);
 * keeps each recorded batch as a :class:`StepRecord` in :attr:`RecorderCallback.last`
   and :attr:`RecorderCallback.history`; the first recorded batch of each stage warns
   (a :class:`~bcrecord.errors.RecordingWarning`) naming the targets it did not reach,
@@ -563,6 +565,7 @@ class RecorderCallback(pl.Callback):  # type: ignore[misc]
         state = self._open.get(stage)
         if state is None:
             return
+        self._drop_unfinished(stage)
         if stage == "fit":
             step = int(trainer.global_step)
             wanted = step % self.every_n_steps == 0 and step != self._last_fit_step
@@ -574,11 +577,22 @@ class RecorderCallback(pl.Callback):  # type: ignore[misc]
             wanted = step % self.every_n_steps == 0
         if not wanted:
             return
-        if state.rec.active:  # a batch whose end hook never ran
-            state.rec.__exit__(None, None, None)
         state.rec.clear()
         state.current = (step, batch_idx, int(trainer.current_epoch), dataloader_idx)
         state.rec.__enter__()
+
+    def _drop_unfinished(self, stage: str) -> None:
+        """Leave, keeping nothing, a recording whose batch never ran: Lightning skips the rest of an
+        epoch where ``on_train_batch_start`` returns -1, after this callback's hook entered it. Its
+        step is then still to record, by the next batch (of the next epoch, at the same global_step)."""
+        state = self._open.get(stage)
+        if state is None or not state.rec.active:
+            return
+        state.rec.__exit__(None, None, None)
+        state.rec.clear()
+        state.current = None
+        if stage == "fit":
+            self._last_fit_step = None
 
     def _batch_end(self, stage: str, trainer: Any) -> None:
         state = self._open.get(stage)
@@ -757,6 +771,10 @@ class RecorderCallback(pl.Callback):  # type: ignore[misc]
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         """Patch for the training batches."""
         self._start("fit", trainer, pl_module)
+
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+        """Stop a recording whose batch Lightning skipped (``on_train_batch_start`` returned -1)."""
+        self._drop_unfinished("fit")
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         """Remove the training patches."""

@@ -206,6 +206,28 @@ def test_exception_mid_fit_removes_patches_and_keeps_the_interrupted_batch(tmp_p
     assert_clean(model2)
 
 
+class SkipsTheRestOfEachEpoch(ConvNet):
+    """Lightning ends an epoch where ``on_train_batch_start`` returns -1: that batch never runs."""
+
+    def on_train_batch_start(self, batch, batch_idx):
+        return -1 if batch_idx == 2 else None
+
+
+def test_a_batch_that_lightning_skips_is_not_recorded_and_the_next_batch_of_its_step_is(tmp_path):
+    model = SkipsTheRestOfEachEpoch()
+    callback = RecorderCallback(["conv"], every_n_steps=2, save_dir=tmp_path / "rec")
+    # Epoch 0 trains batches 0 and 1 (steps 0, 1) and skips batch 2 (at step 2): step 2 is epoch 1's batch 0.
+    trainer(tmp_path, callback, max_steps=4).fit(model, loader())
+    records = callback.records("fit")
+    assert [(r.step, r.batch_idx, r.epoch) for r in records] == [(0, 0, 0), (2, 0, 1)]
+    for r in records:
+        assert r.complete and len(r.all("conv:forward:return")) == 1
+        expected = expected_conv(model.stash[("fit", 0, r.step)])
+        assert torch.allclose(r["conv:forward:return"], expected, atol=1e-6)
+    assert bcrecord.load(tmp_path / "rec" / "fit").steps("conv:forward:return") == [0, 2]
+    assert_clean(model)
+
+
 def test_a_fit_resumed_from_an_older_checkpoint_says_which_training_steps_it_saves_again(tmp_path):
     records = tmp_path / "rec"
     checkpoints = pl.callbacks.ModelCheckpoint(
