@@ -497,7 +497,8 @@ def _wrapped_target(texts: Sequence[str], path: Sequence[str], value: Any) -> st
     dotted = ".".join(path)
     named = []
     for text in texts:
-        module, _, spec = text.partition(f":{dotted}:")
+        # (the parts as parse_target reads them: 'm : f : x' is 'm', 'f', 'x')
+        module, _, spec = (part.strip() for part in text.split(":", 2))
         instead = instead_of(module, dotted, value)
         if instead is None:
             return ""
