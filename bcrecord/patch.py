@@ -352,6 +352,12 @@ def _why_not_a_function(obj: Any) -> str:
     if inspect.isroutine(obj):  # builtins, method descriptors (dict.get)
         return f"{name} is a builtin or C function: it has no bytecode to patch"
     call = inspect.getattr_static(type(obj), "__call__", None)
+    torch = sys.modules.get("torch")  # (not imported here: no model exists without it)
+    if isinstance(call, types.FunctionType) and torch is not None and isinstance(obj, torch.nn.Module):
+        return (
+            f"{name} is a torch module, whose __call__ is torch's: patch its forward, "
+            f"patch_method({type(obj).__name__}, 'forward', specs)"
+        )
     if isinstance(call, types.FunctionType):
         return (
             f"{name} is a callable {type(obj).__name__} object: patch its class's __call__, "
