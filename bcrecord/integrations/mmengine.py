@@ -434,7 +434,8 @@ class FeatureMapDrawer:
         shape = "resize_shape must be None or a pair of positive ints (height, width)"
         resize = None if resize_shape is None else _pair(resize_shape, shape)
         # (a NumPy float too: numpy.float32 is no float, and the drawer took it before)
-        if not isinstance(alpha, numbers.Real) or isinstance(alpha, bool) or not 0 <= alpha <= 1:
+        real: Any = alpha  # (typeshed's float is no numbers.Real)
+        if not isinstance(real, numbers.Real) or isinstance(real, bool) or not 0 <= float(real) <= 1:
             raise SpecError(f"alpha must be a number from 0 to 1, got {alpha!r}")
         if _integer(sample_index) is None:
             raise SpecError(f"sample_index must be an int, got {sample_index!r}")
