@@ -917,15 +917,17 @@ def _key_function_name(function: types.FunctionType, code: types.CodeType) -> st
 
 
 def _check_recorder_methods(specs: Any, patched: str) -> None:
-    """Refuse an MMEngine recorder dict whose ``method`` is not the method patched: it chose
-    the function in a RecorderHook config, and here would be ignored (another method's
-    local of the same name recorded instead)."""
+    """Refuse an MMEngine recorder dict whose ``method`` is not the method patched (``patched``:
+    the name its keys give it): it chose the function in a RecorderHook config, and here would
+    be ignored (another method's local of the same name recorded instead)."""
     for spec in specs if isinstance(specs, (list, tuple)) else [specs]:  # (an iterator: parsed, gone)
         method = spec.get("method") if isinstance(spec, Mapping) else None
         if method is not None and method != patched:
+            # (a function by its own name: 'forward = _impl' given as forward is '_impl' here)
             raise SpecError(
                 f"{dict(spec)!r}: method={method!r} chooses the method a RecorderHook patches; here "
-                f"{patched!r} is patched: patch {method!r} instead, or leave 'method' out"
+                f"{patched!r} is patched: patch {method!r} instead, or leave 'method' out (or give "
+                f"method={patched!r}, the name its keys give it)"
             )
 
 
@@ -940,7 +942,7 @@ def _attach(
 ) -> Patch:
     """Add a patch to ``slot``; raises (changing nothing) when specs do not resolve."""
     parsed = parse_all(specs)
-    _check_recorder_methods(specs, attribute or slot.original_code.co_name)
+    _check_recorder_methods(specs, function or _key_function_name(slot.base, slot.original_code))
     if name is not None and not isinstance(name, str) and not callable(name):
         raise SpecError(f"name must be a string or a callable of the instance, got {name!r}")
     points = resolve(parsed, read(slot.original_code, slot.base.__qualname__))
