@@ -233,8 +233,8 @@ def _recordable(path: str) -> Any:
 
         module_name, _, attr_path = path.partition(":")
         instead = instead_of(module_name, attr_path, found)
-        if instead is None:
-            raise
+        if instead is None:  # (the caller says what it takes: targets() a code object too)
+            return found
         raise BcrecordError(f"{error}; as a path: '{instead}'") from None
     return found
 

@@ -352,6 +352,12 @@ def _why_not_a_function(obj: Any) -> str:
     if inspect.isroutine(obj):  # builtins, method descriptors (dict.get)
         return f"{name} is a builtin or C function: it has no bytecode to patch"
     call = inspect.getattr_static(type(obj), "__call__", None)
+    torch = sys.modules.get("torch")  # (not imported here: no model exists without it)
+    if isinstance(call, types.FunctionType) and torch is not None and isinstance(obj, torch.nn.Module):
+        return (
+            f"{name} is a torch module, whose __call__ is torch's: patch its forward, "
+            f"patch_method({type(obj).__name__}, 'forward', specs)"
+        )
     if isinstance(call, types.FunctionType):
         return (
             f"{name} is a callable {type(obj).__name__} object: patch its class's __call__, "
@@ -911,15 +917,17 @@ def _key_function_name(function: types.FunctionType, code: types.CodeType) -> st
 
 
 def _check_recorder_methods(specs: Any, patched: str) -> None:
-    """Refuse an MMEngine recorder dict whose ``method`` is not the method patched: it chose
-    the function in a RecorderHook config, and here would be ignored (another method's
-    local of the same name recorded instead)."""
+    """Refuse an MMEngine recorder dict whose ``method`` is not the method patched (``patched``:
+    the name its keys give it): it chose the function in a RecorderHook config, and here would
+    be ignored (another method's local of the same name recorded instead)."""
     for spec in specs if isinstance(specs, (list, tuple)) else [specs]:  # (an iterator: parsed, gone)
         method = spec.get("method") if isinstance(spec, Mapping) else None
         if method is not None and method != patched:
+            # (a function by its own name: 'forward = _impl' given as forward is '_impl' here)
             raise SpecError(
                 f"{dict(spec)!r}: method={method!r} chooses the method a RecorderHook patches; here "
-                f"{patched!r} is patched: patch {method!r} instead, or leave 'method' out"
+                f"{patched!r} is patched: patch {method!r} instead, or leave 'method' out (or give "
+                f"method={patched!r}, the name its keys give it)"
             )
 
 
@@ -934,7 +942,7 @@ def _attach(
 ) -> Patch:
     """Add a patch to ``slot``; raises (changing nothing) when specs do not resolve."""
     parsed = parse_all(specs)
-    _check_recorder_methods(specs, attribute or slot.original_code.co_name)
+    _check_recorder_methods(specs, function or _key_function_name(slot.base, slot.original_code))
     if name is not None and not isinstance(name, str) and not callable(name):
         raise SpecError(f"name must be a string or a callable of the instance, got {name!r}")
     points = resolve(parsed, read(slot.original_code, slot.base.__qualname__))

@@ -497,7 +497,8 @@ def _wrapped_target(texts: Sequence[str], path: Sequence[str], value: Any) -> st
     dotted = ".".join(path)
     named = []
     for text in texts:
-        module, _, spec = text.partition(f":{dotted}:")
+        # (the parts as parse_target reads them: 'm : f : x' is 'm', 'f', 'x')
+        module, _, spec = (part.strip() for part in text.split(":", 2))
         instead = instead_of(module, dotted, value)
         if instead is None:
             return ""
@@ -531,7 +532,9 @@ def instead_of(module: str, dotted: str, value: Any) -> Optional[str]:
         if (
             "<locals>" not in owner.__qualname__
         ):  # (the class, not the instance: Python calls type(x).__call__)
-            return f"{owner.__module__}:{owner.__qualname__}.__call__"
+            torch = sys.modules.get("torch")  # (a model's __call__ is torch's: its code is forward)
+            model = torch is not None and isinstance(value, torch.nn.Module)
+            return f"{owner.__module__}:{owner.__qualname__}.{'forward' if model else '__call__'}"
     return None
 
 

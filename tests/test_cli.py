@@ -67,6 +67,13 @@ def test_targets_and_show_refusing_a_wrapper_object_give_the_path_of_the_functio
         assert cli("targets", path, cwd=project).stdout.splitlines()[0] == header
 
 
+def test_targets_of_a_code_object_still_lists_it(project):
+    # The wrapper check refused what targets() takes and function_of does not: a code object.
+    (project / "coded.py").write_text("def f(a):\n    x = a * 2\n    return x\ncode = f.__code__\n")
+    result = cli("targets", "coded:code", cwd=project)
+    assert result.returncode == 0 and result.stdout.splitlines()[0] == "f(a)", result.stderr
+
+
 def test_targets_table_without_source(project):
     """A module imported from a .pyc alone: no source, and targets still lists everything."""
     sourceless = project / "compiled"

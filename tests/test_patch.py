@@ -2267,3 +2267,27 @@ def test_a_recorder_dict_naming_another_method_than_the_one_patched_is_refused()
     with bcrecord.recording() as rec, bcrecord.patch_method(model, "_impl", recorder, name="m"):
         assert model.forward(1) == 4
     assert rec.all("m:_impl:y@0") == [4]
+
+
+def test_a_recorder_dict_naming_the_function_a_wrapper_is_patched_as_is_taken():
+    # Patched with unwrap=False, the wrapper's code ('wrapper') is keyed by the function's name
+    # ('f'): a method='f' was refused as naming another than 'wrapper'.
+    def deco(fn):
+        @functools.wraps(fn)
+        def wrapper(*args):
+            r = fn(*args)
+            return r
+
+        return wrapper
+
+    @deco
+    def f(a):
+        x = a * 2
+        return x
+
+    recorder = dict(type="FunctionRecorder", method="f", target="r", index=[0])
+    with bcrecord.recording() as rec, bcrecord.patch_function(f, recorder, unwrap=False, name="w") as patch:
+        f(2)
+    assert patch.keys == ("w:f:r@0",) and rec.all("w:f:r@0") == [4]
+    with pytest.raises(SpecError, match=r"here 'f' is patched: patch 'g' instead, .*give method='f'"):
+        bcrecord.patch_function(f, dict(recorder, method="g"), unwrap=False)

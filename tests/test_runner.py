@@ -1121,6 +1121,21 @@ def test_run_refusing_a_partial_or_a_callable_object_gives_the_target_of_the_fun
         assert cli("run", "-r", named, "usewrappers.py", cwd=project).stdout == "3 4\n"
 
 
+def test_run_refusing_a_wrapper_written_with_spaces_gives_a_whole_target(project):
+    # The text was split at ':part:': 'wrappers : part : c' gave 'wrappers:base:' (its spec
+    # lost) and 'wrappers: cf :cc' gave 'wrappers: cf :cc:cf.__wrapped__:'.
+    (project / "wrappers.py").write_text(WRAPPERS)
+    (project / "usewrappers.py").write_text("import wrappers as w\nprint(w.part(2), w.cf(1))\n")
+    for target, named in [
+        ("wrappers : part : c", "wrappers:base:c"),
+        ("wrappers: cf :cc", "wrappers:cf.__wrapped__:cc"),
+        ("wrappers:inst :w", "wrappers:K.__call__:w"),
+    ]:
+        result = cli("run", "-r", target, "usewrappers.py", cwd=project)
+        assert result.returncode == 2 and result.stdout == ""
+        assert result.stderr.rstrip().endswith(f"; as a target: {named!r}"), result.stderr
+
+
 def test_run_refusing_a_wrapper_object_gives_the_target_of_the_function_it_wraps(project):
     # The refusal said patch_function(cf.__wrapped__, specs), which is no target (a pytest 8.4+
     # fixture, a FixtureFunctionDefinition, is refused the same way).

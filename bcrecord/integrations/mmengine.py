@@ -46,6 +46,7 @@ import dis
 import fnmatch
 import functools
 import inspect
+import numbers
 import operator
 import os
 import re
@@ -432,7 +433,9 @@ class FeatureMapDrawer:
             raise SpecError(f"arrangement {(rows, cols)} has fewer than topk={topk} cells")
         shape = "resize_shape must be None or a pair of positive ints (height, width)"
         resize = None if resize_shape is None else _pair(resize_shape, shape)
-        if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not 0 <= alpha <= 1:
+        # (a NumPy float too: numpy.float32 is no float, and the drawer took it before)
+        real: Any = alpha  # (typeshed's float is no numbers.Real)
+        if not isinstance(real, numbers.Real) or isinstance(real, bool) or not 0 <= float(real) <= 1:
             raise SpecError(f"alpha must be a number from 0 to 1, got {alpha!r}")
         if _integer(sample_index) is None:
             raise SpecError(f"sample_index must be an int, got {sample_index!r}")

@@ -1096,8 +1096,10 @@ def _within(position: int, spans: List[Tuple[int, int]]) -> bool:
 def _jump_spans(code: types.CodeType) -> Tuple[List[Tuple[int, int]], List[Tuple[int, int]]]:
     """The loops of ``code`` (``for``, ``while``: from the label a jump goes back to,
     through that jump), and what a forward jump may skip (an ``if``'s body, its
-    ``else``, the right of ``and``: from the jump to its label); spans of positions
-    in ``instructions(code)``.
+    ``else``, the right of ``and``: from the jump to its label) or a ``return`` does
+    (all that follows it: in a method FX traces into, an early return skips the rest
+    of the method, not what its caller runs after it); spans of positions in
+    ``instructions(code)``.
 
     >>> def f(xs, c):
     ...     total = 0
@@ -1107,14 +1109,16 @@ def _jump_spans(code: types.CodeType) -> Tuple[List[Tuple[int, int]], List[Tuple
     ...         total = -total
     ...     return total
     >>> loops, skips = _jump_spans(f.__code__)
-    >>> len(loops), len(skips) >= 1, _jump_spans(has_forward.__code__)
-    (1, True, ([], []))
+    >>> len(loops), len(skips) >= 1, _jump_spans(has_forward.__code__)[0]
+    (1, True, [])
     """
     items = instructions(code)
     labels = {item: k for k, item in enumerate(items) if isinstance(item, Label)}
     loops, skips = [], []
     for k, item in enumerate(items):
-        if isinstance(item, Instr) and isinstance(item.arg, Label):
+        if isinstance(item, Instr) and item.name in ("RETURN_VALUE", "RETURN_CONST"):
+            skips.append((k, len(items)))
+        elif isinstance(item, Instr) and isinstance(item.arg, Label):
             target = labels[item.arg]
             if target <= k:
                 loops.append((target, k))

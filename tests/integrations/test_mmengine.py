@@ -778,6 +778,8 @@ def test_bad_visualize_options_fail_when_built_naming_the_option(options, messag
     options = dict(arrangement=(numpy.int64(2), 4), sample_index=numpy.int64(1))  # NumPy ints are ints
     drawer = RecorderHook(PROPOSAL_RECORDERS, visualize=options).drawer
     assert (drawer.arrangement, drawer.sample_index) == ((2, 4), 1)
+    # A NumPy float32 alpha (no float) was refused too, though the drawer took it before.
+    assert RecorderHook(PROPOSAL_RECORDERS, visualize=dict(alpha=numpy.float32(0.25))).drawer.alpha == 0.25
 
 
 # --- failures, interruptions, loops, wrappers --------------------------------------------------

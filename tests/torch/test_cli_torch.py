@@ -385,6 +385,22 @@ def test_tools_answer_help():
         assert result.returncode == 0 and "usage" in result.stdout.lower(), (tool.name, result.stderr[-500:])
 
 
+def test_a_target_naming_a_model_object_is_told_its_forward_not_torch_s_call(tmp_path):
+    # A model's __call__ is torch's Module._wrapped_call_impl: 'nets:Net.__call__:y' was
+    # suggested, which is refused in turn (no local 'y' there).
+    (tmp_path / "nets.py").write_text(
+        "import torch\nclass Net(torch.nn.Module):\n    def forward(self, x):\n        y = x + 1\n"
+        "        return y\nmodel = Net()\n"
+    )
+    (tmp_path / "usenets.py").write_text("import torch, nets\nprint(nets.model(torch.ones(1)).item())\n")
+    result = cli("run", "-r", "nets:model:y", "usenets.py", cwd=tmp_path)
+    assert result.returncode == 2 and "patch_method(Net, 'forward', specs)" in result.stderr
+    assert result.stderr.rstrip().endswith("; as a target: 'nets:Net.forward:y'"), result.stderr
+    assert cli("run", "-r", "nets:Net.forward:y", "usenets.py", cwd=tmp_path).stdout.startswith("2.0\n")
+    result = cli("targets", "nets:model", cwd=tmp_path)
+    assert result.returncode == 2 and result.stderr.rstrip().endswith("; as a path: 'nets:Net.forward'")
+
+
 def test_run_torchvision_target_from_the_issue(tmp_path):
     """The issue's example target, in a module the program imports (no weights are downloaded)."""
     pytest.importorskip("torchvision")

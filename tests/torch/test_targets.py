@@ -342,6 +342,40 @@ def test_an_fx_name_of_a_site_before_a_guarded_one_maps_and_one_a_branch_may_shi
         create_feature_extractor(net, ["1.mul_1"])(torch.ones(1))
 
 
+def test_an_fx_name_after_an_early_return_in_a_method_fx_traces_into_is_refused():
+    # _main's early return skips its interpolate with no jump around it, while forward's go
+    # on: with fast set, FX's 'interpolate_1' is forward's second (x4); it was mapped to its
+    # first (x3), as if _main's always ran ('interpolate' to _main's, which then never runs).
+    from bcrecord.torch import create_feature_extractor
+
+    class Net(torch.nn.Module):
+        def __init__(self, fast):
+            super().__init__()
+            self.fast, self.aux = fast, True
+
+        def _main(self, x):
+            if self.fast:
+                return x
+            return torch.nn.functional.interpolate(x, scale_factor=2.0)
+
+        def forward(self, x):
+            y = self._main(x)
+            if self.aux:
+                z = torch.nn.functional.interpolate(x, scale_factor=3.0)
+                return y, z, torch.nn.functional.interpolate(x, scale_factor=4.0)
+            return y
+
+    class Plain(Net):  # (no branch in forward: its sites and _main's had the same guards)
+        def forward(self, x):
+            y = self._main(x)
+            return y, torch.nn.functional.interpolate(x, scale_factor=3.0)
+
+    for net in (Net(True), Plain(True)):
+        for name in ("interpolate", "interpolate_1"):
+            with pytest.raises(bcrecord.TargetError, match="not all of them run together"):
+                create_feature_extractor(net, [name])
+
+
 def test_a_forward_replaced_on_the_instance_is_the_one_recorded_or_refused():
     import functools
 
