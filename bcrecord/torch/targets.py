@@ -1114,9 +1114,10 @@ def _jump_spans(code: types.CodeType) -> Tuple[List[Tuple[int, int]], List[Tuple
     """
     items = instructions(code)
     labels = {item: k for k, item in enumerate(items) if isinstance(item, Label)}
+    returns = {current().return_value, current().return_const}
     loops, skips = [], []
     for k, item in enumerate(items):
-        if isinstance(item, Instr) and item.name in ("RETURN_VALUE", "RETURN_CONST"):
+        if isinstance(item, Instr) and item.name in returns:
             skips.append((k, len(items)))
         elif isinstance(item, Instr) and isinstance(item.arg, Label):
             target = labels[item.arg]
