@@ -136,3 +136,21 @@ def test_the_reliability_reproductions_print_what_their_comments_say():
     said = [ast.literal_eval(c) for c in re.findall(r"print\(rec\.keys\(\)\) +# (.*)", contexts)]
     assert said == [[], ["m:f:y@0"]]
     assert [ast.literal_eval(line) for line in printed(contexts)] == said
+
+
+def test_the_supported_line_names_the_declared_bounds_and_every_pinned_version_tested():
+    """The README's "Supported" line gives setup.cfg's lower bounds and the torch versions tox tests;
+    tox tests the lowest bytecode on 3.13 too, where pip would pick a newer one."""
+    root = README.parent
+    supported = README.read_text().split("* Supported: ", 1)[1].split("\n* ", 1)[0]
+    setup = (root / "setup.cfg").read_text()
+    bounds = re.findall(r"^\s+(bytecode|torch)>=([\d.]+)$", setup, flags=re.M)
+    assert sorted(set(bounds)) == [("bytecode", "0.17"), ("torch", "2.1")]
+    for name, bound in set(bounds):
+        assert f"`{name}>={bound}`" in supported
+    tox = (root / "tox.ini").read_text()
+    lowest = r"^\[testenv:(py3\d+)-bytecode017\]\n(?:.*\n)*?    bytecode==([\d.]+)$"
+    assert re.findall(lowest, tox, flags=re.M) == [("py313", "0.17.0")]
+    pinned = set(re.findall(r"\btorch==([\d.]+)", tox))
+    assert pinned == {"2.13.0", "2.14.1"}
+    assert [version for version in sorted(pinned) if version not in supported] == []
