@@ -364,6 +364,14 @@ class ModelRecording(Recording):
         try:
             return super()._values(key)
         except KeyError:
+            # A target string read as a key (rec["bn1"]): its keys are what record() expanded it to.
+            named = self.targets.get(key) if isinstance(key, str) else None
+            if named and key not in named:
+                shown = ", ".join(map(repr, named[:3])) + (", ..." if len(named) > 3 else "")
+                raise KeyError(
+                    f"{key!r} is a target, not a key: its keys are {shown}; read rec[{named[0]!r}], "
+                    f"or rec.values_of({key!r}) for all of them"
+                ) from None
             # A gradient whose value was recorded: its probe ran, the backward did not
             # (the core's message would blame a branch not taken).
             value_key = key[: -len(".grad")] if isinstance(key, str) and key.endswith(".grad") else None
