@@ -1503,6 +1503,8 @@ class Recording:
     _keeps_routes = False
     #: A copy (pickle, ``copy``) of a recording made with ``only``: its patches stayed behind.
     _copied_without_patches = False
+    #: Whether it was ever entered: reading one never entered means a forgotten ``with``.
+    _entered_ever = False
 
     def __init__(
         self,
@@ -1579,6 +1581,7 @@ class Recording:
                 if routing is not self._kept:
                     routing.retire()
                 raise
+        self._entered_ever = True
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -1742,6 +1745,11 @@ class Recording:
                     f"{type(first).__name__}: {first} (see .errors)"
                 )
             known = [k for k, _ in self._recorded()]
+            if not known and not self._entered_ever:
+                raise KeyError(
+                    f"no values recorded for {key!r}: this recording was never entered; write "
+                    "'with bcrecord.recording() as rec:' around the calls to record"
+                )
             listed = ", ".join(known) or "(nothing recorded yet)"
             if self._probes(key):
                 where = (

@@ -468,6 +468,28 @@ def test_keys_reading_api_and_missing_key_message():
     assert len(rec) == 0
 
 
+def test_missing_key_of_a_recording_never_entered_says_to_enter_it_with_with():
+    def f(x):
+        y = x + 1
+        return y
+
+    # Owner 'ne': no other test's key, whose patch the full run may not have collected yet.
+    hint = r"never entered; write 'with bcrecord.recording\(\) as rec:' around the calls to record"
+    forgot = bcrecord.recording()  # `with` forgotten: the probes run, and deliver to no recording
+    with bcrecord.patch_function(f, ["y"], name="ne"):
+        assert f(1) == 2
+        with pytest.raises(KeyError, match=r"no values recorded for 'ne:f:y@0': this recording was " + hint):
+            forgot["ne:f:y@0"]
+    with forgot:  # entered, then read: the usual message
+        pass
+    with pytest.raises(KeyError, match=r"'ne:f:y@0'; recorded keys: \(nothing recorded"):
+        forgot["ne:f:y@0"]
+    added = bcrecord.recording()
+    added.add("ne:f:y@0", 5)  # values without a block: no hint
+    with pytest.raises(KeyError, match=r"'ne:f:y@1' \(did you mean 'ne:f:y@0'\?\); recorded keys: ne:f:y@0"):
+        added["ne:f:y@1"]
+
+
 def test_missing_key_of_a_probe_that_did_not_run_says_so():
     def f(x, fused=True):
         if fused:

@@ -501,7 +501,8 @@ def list_targets(model: torch.nn.Module, methods: Union[str, Iterable[str]] = _D
     """Every recordable target per submodule, in module order (no tracing).
 
     For each submodule: its path (the module's output) and, for each of
-    ``methods`` (a name, or several) it defines in Python, one target per local assignment, attribute
+    ``methods`` (a name, or several; by default ``forward``, ``_forward_impl``, ``forward_features`` and
+    ``forward_head``) it defines in Python, one target per local assignment, attribute
     load site, call site (``'self.bn1()@0'``), operator site (``'+=@0'``) and return.
     TorchScript submodules, which cannot be recorded, are left out, and so are sites
     inside a generator expression that does not use ``self`` (on 3.10/3.11 any

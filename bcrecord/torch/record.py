@@ -51,6 +51,7 @@ from typing import (
     Iterator,
     List,
     Mapping,
+    NoReturn,
     Optional,
     ParamSpec,
     Sequence,
@@ -363,6 +364,14 @@ class ModelRecording(Recording):
         try:
             return super()._values(key)
         except KeyError:
+            # A target string read as a key (rec["bn1"]): its keys are what record() expanded it to.
+            named = self.targets.get(key) if isinstance(key, str) else None
+            if named and key not in named:
+                shown = ", ".join(map(repr, named[:3])) + (", ..." if len(named) > 3 else "")
+                raise KeyError(
+                    f"{key!r} is a target, not a key: its keys are {shown}; read rec[{named[0]!r}], "
+                    f"or rec.values_of({key!r}) for all of them"
+                ) from None
             # A gradient whose value was recorded: its probe ran, the backward did not
             # (the core's message would blame a branch not taken).
             value_key = key[: -len(".grad")] if isinstance(key, str) and key.endswith(".grad") else None
@@ -1255,6 +1264,13 @@ _short.maxlist = _short.maxtuple = 4
 _short.maxstring = 120
 
 
+#: What reading values from record()'s own result says: its values are the entered block's.
+_NOT_A_RECORDING = (
+    "record() returns a context manager: write 'with record(model, targets) as rec:' "
+    "and run the model inside the block"
+)
+
+
 class RecordBlock(contextlib.AbstractContextManager["ModelRecording"]):
     """What :func:`record` returns: a context manager good for one block, that says so when
     entered again, or a decorator whose function records each call in a block of its own,
@@ -1285,6 +1301,16 @@ class RecordBlock(contextlib.AbstractContextManager["ModelRecording"]):
     def __repr__(self) -> str:
         state = "entered" if self._block is not None else "used" if self._used else "not entered yet"
         return f"<record({self._shown}): {state}>"
+
+    def __getitem__(self, key: str) -> NoReturn:
+        raise TypeError(f"{_NOT_A_RECORDING}; then read rec[{key!r:.80}]")
+
+    def __getattr__(self, name: str) -> Any:
+        # Called only for names the block lacks: a recording's own (`keys`, `all`, the instance's
+        # `errors`) means a forgotten `with`.
+        if not name.startswith("_") and (hasattr(ModelRecording, name) or name == "errors"):
+            raise AttributeError(f"{_NOT_A_RECORDING}; then call rec.{name}")
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __enter__(self) -> ModelRecording:
         if self._used:

@@ -1101,6 +1101,31 @@ def test_a_record_block_exited_from_another_thread_twice_or_never_entered_ends_o
     assert same(snapshot(net), before)
 
 
+def test_reading_a_target_string_as_a_key_names_its_keys(net):
+    with record(net, ["bn1", ":forward:x"]) as rec:
+        net(torch.randn(1, 3, 8, 8))
+    with pytest.raises(KeyError, match=r"'bn1' is a target, not a key: its keys are 'bn1:forward:return'; "):
+        rec["bn1"]  # as the README reads it: rec["bn1:forward:return"]
+    assert rec["bn1:forward:return"].shape == (1, 4, 8, 8)
+    many = ", ".join(map(repr, rec.keys_of(":forward:x")[:3]))
+    with pytest.raises(KeyError, match=rf"its keys are {many}, \.\.\.; read rec\[':forward:x@0'\], or"):
+        rec[":forward:x"]  # a local without @index: one key per assignment
+
+
+def test_reading_values_from_record_itself_says_to_enter_it_with_with(net):
+    block = record(net, ["bn1"])  # `with` forgotten: what record() returns holds no values
+    net(torch.randn(1, 3, 8, 8))
+    hint = r"record\(\) returns a context manager: write 'with record\(model, targets\) as rec:'"
+    with pytest.raises(TypeError, match=hint):
+        block["bn1:forward:return"]
+    for name in ("keys", "all", "keys_of", "items", "errors"):
+        with pytest.raises(AttributeError, match=hint):
+            getattr(block, name)
+    with pytest.raises(AttributeError, match=r"'RecordBlock' object has no attribute 'nothing'$"):
+        block.nothing  # noqa: B018 (a name no recording has: the usual error)
+    assert not hasattr(block, "_missing") and repr(block) == "<record(SmallNet, ['bn1']): not entered yet>"
+
+
 def test_what_record_returns_is_for_one_block_and_says_so(net):
     x = torch.randn(1, 3, 8, 8)
     before = snapshot(net)
