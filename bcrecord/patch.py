@@ -352,8 +352,7 @@ def _why_not_a_function(obj: Any) -> str:
     if inspect.isroutine(obj):  # builtins, method descriptors (dict.get)
         return f"{name} is a builtin or C function: it has no bytecode to patch"
     call = inspect.getattr_static(type(obj), "__call__", None)
-    torch = sys.modules.get("torch")  # (not imported here: no model exists without it)
-    if isinstance(call, types.FunctionType) and torch is not None and isinstance(obj, torch.nn.Module):
+    if _torch_call(obj):
         return (
             f"{name} is a torch module, whose __call__ is torch's: patch its forward, "
             f"patch_method({type(obj).__name__}, 'forward', specs)"
@@ -366,6 +365,16 @@ def _why_not_a_function(obj: Any) -> str:
     if callable(obj):
         return f"{name} is a builtin or C function: it has no bytecode to patch"
     return f"{name!s}, {_a(type(obj).__name__)}: only Python functions can be patched"
+
+
+def _torch_call(obj: Any) -> bool:
+    """Whether ``obj`` is a torch module whose ``__call__`` is torch's (its code is ``forward``), not
+    one its class defines in Python (``def __call__(self, x)``: that code runs first, around it)."""
+    torch = sys.modules.get("torch")  # (not imported here: no model exists without it)
+    if torch is None or not isinstance(obj, torch.nn.Module):
+        return False
+    call = inspect.getattr_static(type(obj), "__call__", None)
+    return call is not None and call is inspect.getattr_static(torch.nn.Module, "__call__", None)
 
 
 def _why_not_a_property(prop: property, name: str) -> str:

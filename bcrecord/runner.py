@@ -114,6 +114,7 @@ from .errors import BcrecordError, RecordingWarning, did_you_mean, shown
 from .patch import (
     Patch,
     _OneInstance,
+    _torch_call,
     a_method_name,
     function_of,
     no_python_method,
@@ -532,8 +533,7 @@ def instead_of(module: str, dotted: str, value: Any) -> Optional[str]:
         if (
             "<locals>" not in owner.__qualname__
         ):  # (the class, not the instance: Python calls type(x).__call__)
-            torch = sys.modules.get("torch")  # (a model's __call__ is torch's: its code is forward)
-            model = torch is not None and isinstance(value, torch.nn.Module)
+            model = _torch_call(value)  # (a model's __call__ is torch's: its code is forward)
             return f"{owner.__module__}:{owner.__qualname__}.{'forward' if model else '__call__'}"
     return None
 

@@ -1503,8 +1503,9 @@ class Recording:
     _keeps_routes = False
     #: A copy (pickle, ``copy``) of a recording made with ``only``: its patches stayed behind.
     _copied_without_patches = False
-    #: Whether it was ever entered: reading one never entered means a forgotten ``with``.
-    _entered_ever = False
+    #: Whether it was ever entered: reading one never entered means a forgotten ``with``. (False
+    #: from __init__; True here for a recording pickled before this was noted, empty and entered.)
+    _entered_ever = True
 
     def __init__(
         self,
@@ -1541,6 +1542,7 @@ class Recording:
         self.errors: List[RecordError] = []
         #: How many values of each key could not be recorded, all of them counted.
         self.failures: Dict[str, int] = {}
+        self._entered_ever = False
 
     # context management ----------------------------------------------------
 

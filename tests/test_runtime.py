@@ -17,7 +17,7 @@ import pytest
 
 import bcrecord
 from bcrecord import RecordingWarning, SpecError
-from bcrecord.runtime import copy_value, is_active
+from bcrecord.runtime import Recording, copy_value, is_active
 
 from .code_checks import collect_all
 
@@ -466,6 +466,20 @@ def test_keys_reading_api_and_missing_key_message():
     assert rec.get(3, "none") == "none"
     rec.clear()
     assert len(rec) == 0
+
+
+def test_a_recording_pickled_before_it_noted_being_entered_is_not_said_never_entered():
+    # A recording pickled (torch.save) by a bcrecord that did not note '_entered_ever', empty:
+    # loaded, its state lacks the note; it was entered (a pickle of one never entered is rare).
+    with bcrecord.recording() as rec:
+        pass
+    state = rec.__getstate__()
+    del state["_entered_ever"]
+    old = Recording.__new__(Recording)
+    old.__dict__.update(state)  # (what pickle does for an object with no __setstate__)
+    with pytest.raises(KeyError) as missing:
+        old["m:f:y@0"]
+    assert "never entered" not in str(missing.value) and "nothing recorded yet" in str(missing.value)
 
 
 def test_missing_key_of_a_recording_never_entered_says_to_enter_it_with_with():

@@ -1307,8 +1307,9 @@ class RecordBlock(contextlib.AbstractContextManager["ModelRecording"]):
 
     def __getattr__(self, name: str) -> Any:
         # Called only for names the block lacks: a recording's own (`keys`, `all`, the instance's
-        # `errors`) means a forgotten `with`.
-        if not name.startswith("_") and (hasattr(ModelRecording, name) or name == "errors"):
+        # `errors`, `failures`, `targets`) means a forgotten `with`.
+        own = ("errors", "failures", "targets")
+        if not name.startswith("_") and (hasattr(ModelRecording, name) or name in own):
             raise AttributeError(f"{_NOT_A_RECORDING}; then call rec.{name}")
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 

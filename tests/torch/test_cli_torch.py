@@ -401,6 +401,22 @@ def test_a_target_naming_a_model_object_is_told_its_forward_not_torch_s_call(tmp
     assert result.returncode == 2 and result.stderr.rstrip().endswith("; as a path: 'nets:Net.forward'")
 
 
+def test_a_target_naming_a_model_whose_class_defines_call_is_told_that_call(tmp_path):
+    # A model class with its own Python __call__ (code around torch's): its local 'z' is there,
+    # not in forward; 'nets:Own.forward:z' was suggested, which is refused in turn.
+    (tmp_path / "nets.py").write_text(
+        "import torch\nclass Own(torch.nn.Module):\n    def __call__(self, x):\n        z = x + 1\n"
+        "        return super().__call__(z)\n    def forward(self, x):\n        return x\nmodel = Own()\n"
+    )
+    (tmp_path / "usenets.py").write_text("import torch, nets\nprint(nets.model(torch.ones(1)).item())\n")
+    result = cli("run", "-r", "nets:model:z", "usenets.py", cwd=tmp_path)
+    assert result.returncode == 2 and "patch_method(Own, '__call__', specs)" in result.stderr
+    assert result.stderr.rstrip().endswith("; as a target: 'nets:Own.__call__:z'"), result.stderr
+    assert cli("run", "-r", "nets:Own.__call__:z", "usenets.py", cwd=tmp_path).stdout.startswith("2.0\n")
+    result = cli("targets", "nets:model", cwd=tmp_path)
+    assert result.returncode == 2 and result.stderr.rstrip().endswith("; as a path: 'nets:Own.__call__'")
+
+
 def test_run_torchvision_target_from_the_issue(tmp_path):
     """The issue's example target, in a module the program imports (no weights are downloaded)."""
     pytest.importorskip("torchvision")

@@ -1118,7 +1118,7 @@ def test_reading_values_from_record_itself_says_to_enter_it_with_with(net):
     hint = r"record\(\) returns a context manager: write 'with record\(model, targets\) as rec:'"
     with pytest.raises(TypeError, match=hint):
         block["bn1:forward:return"]
-    for name in ("keys", "all", "keys_of", "items", "errors"):
+    for name in ("keys", "all", "keys_of", "items", "errors", "targets", "failures"):
         with pytest.raises(AttributeError, match=hint):
             getattr(block, name)
     with pytest.raises(AttributeError, match=r"'RecordBlock' object has no attribute 'nothing'$"):
