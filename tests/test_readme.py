@@ -154,3 +154,21 @@ def test_the_supported_line_names_the_declared_bounds_and_every_pinned_version_t
     pinned = set(re.findall(r"\btorch==([\d.]+)", tox))
     assert pinned == {"2.13.0", "2.14.1"}
     assert [version for version in sorted(pinned) if version not in supported] == []
+
+
+def test_the_reliability_summary_quotes_the_newest_run_and_the_totals_table():
+    # The summary's figures: the probes of the newest stdlib rerun (what is current), and the
+    # totals row of the full table it names by commit (functions and events were counted there only).
+    text = (README.parent / "docs" / "RELIABILITY.md").read_text()
+    summary = " ".join(text.split("**Summary.**", 1)[1].split("\n\n", 1)[0].split())
+    reruns = re.findall(r"\*\*Reruns? on (\d{4}-\d\d-\d\d)\*\*.*?\n\n(\|.*?)\n\n", text, flags=re.S)
+    date, table = max(run for run in reruns if " probes |" in run[1].splitlines()[0])  # the stdlib's
+    rows = [line.split("|")[1:-1] for line in table.splitlines()]
+    column = [cell.strip() for cell in rows[0]].index("probes")
+    newest = sum(int(row[column].replace(",", "")) for row in rows[2:])
+    assert f"{newest:,} probes in the newest run, {date}" in summary
+    total = re.search(r"^\| \*\*all\*\* \| (.*) \|$", text, flags=re.M).group(1).split(" | ")
+    functions, probes, events, tests = (int(total[i].replace(",", "")) for i in (1, 4, 6, 7))
+    assert summary.startswith(f"{tests:,} regression tests of 38 modules on four interpreters")
+    millions = round(events / 1e6)
+    assert f"{probes:,} probes in {functions:,} functions firing {millions} million times" in summary
