@@ -172,3 +172,33 @@ def test_the_reliability_summary_quotes_the_newest_run_and_the_totals_table():
     assert summary.startswith(f"{tests:,} regression tests of 38 modules on four interpreters")
     millions = round(events / 1e6)
     assert f"{probes:,} probes in {functions:,} functions firing {millions} million times" in summary
+
+
+def test_each_example_can_run_after_the_install_command_before_it():
+    # A reader runs the last `pip install ...` the README gives before a block, then the block:
+    # every package the block imports must come with that command (through bcrecord's extras too).
+    text = README.read_text()
+    setup = (README.parent / "setup.cfg").read_text()
+    extras = dict(re.findall(r"^(\w+) =\n((?:    .*\n)+)", setup.split("[options.extras_require]")[1], re.M))
+    imports = {"safetensors": "safetensors", "matplotlib": "matplotlib"}  # import name: distribution
+    checked = 0
+    for match in re.finditer(r"```python\n(.*?)```", text, flags=re.S):
+        imported = set()
+        for node in ast.walk(ast.parse(match.group(1))):
+            if isinstance(node, ast.Import):
+                imported |= {alias.name.split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                imported.add(node.module.split(".")[0])
+        imported -= set(sys.stdlib_module_names) | {"bcrecord"}
+        if not imported:
+            continue
+        command = re.findall(r"`pip install ([^`]*)`", text[: match.start()])[-1]
+        installed = set()
+        for word in command.replace("'", "").split():
+            name, _, chosen = word.partition("[")
+            installed.add(name)
+            for extra in chosen.rstrip("]").split(",") if chosen else []:
+                installed |= {re.split(r"[<>=]", line.strip())[0] for line in extras[extra].splitlines()}
+        assert {imports.get(name, name) for name in imported} <= installed, (command, imported)
+        checked += 1
+    assert checked >= 1
