@@ -174,31 +174,56 @@ def test_the_reliability_summary_quotes_the_newest_run_and_the_totals_table():
     assert f"{probes:,} probes in {functions:,} functions firing {millions} million times" in summary
 
 
+def third_party_imports(source):
+    imported = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            imported |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            imported.add(node.module.split(".")[0])
+    return imported - set(sys.stdlib_module_names) - {"bcrecord"}
+
+
+def installed_by(command):
+    """The distributions ``pip install <command>`` asks for, bcrecord's extras resolved."""
+    setup = (README.parent / "setup.cfg").read_text()
+    extras = dict(re.findall(r"^(\w+) =\n((?:    .*\n)+)", setup.split("[options.extras_require]")[1], re.M))
+    installed = set()
+    for word in command.replace("'", "").split():
+        name, _, chosen = word.partition("[")
+        installed.add(name)
+        for extra in chosen.rstrip("]").split(",") if chosen else []:
+            installed |= {re.split(r"[<>=]", line.strip())[0] for line in extras[extra].splitlines()}
+    return installed
+
+
 def test_each_example_can_run_after_the_install_command_before_it():
     # A reader runs the last `pip install ...` the README gives before a block, then the block:
     # every package the block imports must come with that command (through bcrecord's extras too).
     text = README.read_text()
-    setup = (README.parent / "setup.cfg").read_text()
-    extras = dict(re.findall(r"^(\w+) =\n((?:    .*\n)+)", setup.split("[options.extras_require]")[1], re.M))
-    imports = {"safetensors": "safetensors", "matplotlib": "matplotlib"}  # import name: distribution
     checked = 0
     for match in re.finditer(r"```python\n(.*?)```", text, flags=re.S):
-        imported = set()
-        for node in ast.walk(ast.parse(match.group(1))):
-            if isinstance(node, ast.Import):
-                imported |= {alias.name.split(".")[0] for alias in node.names}
-            elif isinstance(node, ast.ImportFrom) and node.module:
-                imported.add(node.module.split(".")[0])
-        imported -= set(sys.stdlib_module_names) | {"bcrecord"}
-        if not imported:
-            continue
-        command = re.findall(r"`pip install ([^`]*)`", text[: match.start()])[-1]
-        installed = set()
-        for word in command.replace("'", "").split():
-            name, _, chosen = word.partition("[")
-            installed.add(name)
-            for extra in chosen.rstrip("]").split(",") if chosen else []:
-                installed |= {re.split(r"[<>=]", line.strip())[0] for line in extras[extra].splitlines()}
-        assert {imports.get(name, name) for name in imported} <= installed, (command, imported)
-        checked += 1
+        imported = third_party_imports(match.group(1))
+        if imported:
+            command = re.findall(r"`pip install ([^`]*)`", text[: match.start()])[-1]
+            assert imported <= installed_by(command), (command, imported)
+            checked += 1
     assert checked >= 1
+
+
+def test_each_example_script_says_what_to_install():
+    # Each docs/examples script that uses bcrecord names a pip install that brings what it imports,
+    # and safetensors where it saves tensors (transformers depends on safetensors itself).
+    checked = 0
+    for script in sorted((README.parent / "docs" / "examples").glob("*.py")):
+        source = script.read_text()
+        if "import bcrecord" not in source:
+            continue  # a program the others run (train_plain.py), or a config
+        commands = re.findall(r"``pip install ([^`]*)``", source)
+        assert commands, f"{script.name} does not say what to pip install"
+        installed = installed_by(commands[0])
+        assert third_party_imports(source) <= installed, (script.name, commands[0])
+        if re.search(r"bcrecord\.save\(|--save-dir|save_dir=", source):
+            assert installed & {"safetensors", "transformers"}, (script.name, commands[0])
+        checked += 1
+    assert checked == 6
