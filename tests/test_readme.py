@@ -227,3 +227,15 @@ def test_each_example_script_says_what_to_install():
             assert installed & {"safetensors", "transformers"}, (script.name, commands[0])
         checked += 1
     assert checked == 6
+
+
+def test_the_reliability_summary_counts_the_generated_programs_its_tables_give():
+    text = (README.parent / "docs" / "RELIABILITY.md").read_text()
+    summary = " ".join(text.split("**Summary.**", 1)[1].split("\n\n", 1)[0].split())
+    long_run = re.search(r"long run, `BCRECORD_HYPOTHESIS_EXAMPLES=\d+` \((\d+) / (\d+) / (\d+)\)", text)
+    per_interpreter = sum(int(n) for n in long_run.groups())
+    campaign = text.split("**Campaign of ", 1)[1].split("\n\n", 2)[1]
+    programs = sum(int(n) for n in re.findall(r"\| (\d+) passing", campaign))
+    in_all = 4 * per_interpreter  # four interpreters
+    assert f"{per_interpreter:,} examples per interpreter in the long runs ({in_all:,} in all)" in summary
+    assert f"{programs:,} more `generated_functions` programs in the campaign of" in summary
