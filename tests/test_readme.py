@@ -154,3 +154,88 @@ def test_the_supported_line_names_the_declared_bounds_and_every_pinned_version_t
     pinned = set(re.findall(r"\btorch==([\d.]+)", tox))
     assert pinned == {"2.13.0", "2.14.1"}
     assert [version for version in sorted(pinned) if version not in supported] == []
+
+
+def test_the_reliability_summary_quotes_the_newest_run_and_the_totals_table():
+    # The summary's figures: the probes of the newest stdlib rerun (what is current), and the
+    # totals row of the full table it names by commit (functions and events were counted there only).
+    text = (README.parent / "docs" / "RELIABILITY.md").read_text()
+    summary = " ".join(text.split("**Summary.**", 1)[1].split("\n\n", 1)[0].split())
+    reruns = re.findall(r"\*\*Reruns? on (\d{4}-\d\d-\d\d)\*\*.*?\n\n(\|.*?)\n\n", text, flags=re.S)
+    date, table = max(run for run in reruns if " probes |" in run[1].splitlines()[0])  # the stdlib's
+    rows = [line.split("|")[1:-1] for line in table.splitlines()]
+    column = [cell.strip() for cell in rows[0]].index("probes")
+    newest = sum(int(row[column].replace(",", "")) for row in rows[2:])
+    assert f"{newest:,} probes in the newest run, {date}" in summary
+    total = re.search(r"^\| \*\*all\*\* \| (.*) \|$", text, flags=re.M).group(1).split(" | ")
+    functions, probes, events, tests = (int(total[i].replace(",", "")) for i in (1, 4, 6, 7))
+    assert summary.startswith(f"{tests:,} regression tests of 38 modules on four interpreters")
+    millions = round(events / 1e6)
+    assert f"{probes:,} probes in {functions:,} functions firing {millions} million times" in summary
+
+
+def third_party_imports(source):
+    imported = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            imported |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            imported.add(node.module.split(".")[0])
+    return imported - set(sys.stdlib_module_names) - {"bcrecord"}
+
+
+def installed_by(command):
+    """The distributions ``pip install <command>`` asks for, bcrecord's extras resolved."""
+    setup = (README.parent / "setup.cfg").read_text()
+    extras = dict(re.findall(r"^(\w+) =\n((?:    .*\n)+)", setup.split("[options.extras_require]")[1], re.M))
+    installed = set()
+    for word in command.replace("'", "").split():
+        name, _, chosen = word.partition("[")
+        installed.add(name)
+        for extra in chosen.rstrip("]").split(",") if chosen else []:
+            installed |= {re.split(r"[<>=]", line.strip())[0] for line in extras[extra].splitlines()}
+    return installed
+
+
+def test_each_example_can_run_after_the_install_command_before_it():
+    # A reader runs the last `pip install ...` the README gives before a block, then the block:
+    # every package the block imports must come with that command (through bcrecord's extras too).
+    text = README.read_text()
+    checked = 0
+    for match in re.finditer(r"```python\n(.*?)```", text, flags=re.S):
+        imported = third_party_imports(match.group(1))
+        if imported:
+            command = re.findall(r"`pip install ([^`]*)`", text[: match.start()])[-1]
+            assert imported <= installed_by(command), (command, imported)
+            checked += 1
+    assert checked >= 1
+
+
+def test_each_example_script_says_what_to_install():
+    # Each docs/examples script that uses bcrecord names a pip install that brings what it imports,
+    # and safetensors where it saves tensors (transformers depends on safetensors itself).
+    checked = 0
+    for script in sorted((README.parent / "docs" / "examples").glob("*.py")):
+        source = script.read_text()
+        if "import bcrecord" not in source:
+            continue  # a program the others run (train_plain.py), or a config
+        commands = re.findall(r"``pip install ([^`]*)``", source)
+        assert commands, f"{script.name} does not say what to pip install"
+        installed = installed_by(commands[0])
+        assert third_party_imports(source) <= installed, (script.name, commands[0])
+        if re.search(r"bcrecord\.save\(|--save-dir|save_dir=", source):
+            assert installed & {"safetensors", "transformers"}, (script.name, commands[0])
+        checked += 1
+    assert checked == 6
+
+
+def test_the_reliability_summary_counts_the_generated_programs_its_tables_give():
+    text = (README.parent / "docs" / "RELIABILITY.md").read_text()
+    summary = " ".join(text.split("**Summary.**", 1)[1].split("\n\n", 1)[0].split())
+    long_run = re.search(r"long run, `BCRECORD_HYPOTHESIS_EXAMPLES=\d+` \((\d+) / (\d+) / (\d+)\)", text)
+    per_interpreter = sum(int(n) for n in long_run.groups())
+    campaign = text.split("**Campaign of ", 1)[1].split("\n\n", 2)[1]
+    programs = sum(int(n) for n in re.findall(r"\| (\d+) passing", campaign))
+    in_all = 4 * per_interpreter  # four interpreters
+    assert f"{per_interpreter:,} examples per interpreter in the long runs ({in_all:,} in all)" in summary
+    assert f"{programs:,} more `generated_functions` programs in the campaign of" in summary

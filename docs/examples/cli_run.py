@@ -4,6 +4,8 @@ Run (CPU, a few seconds)::
 
     python docs/examples/cli_run.py --out /tmp/cli_run
 
+Needs ``pip install 'bcrecord[torch,save]'`` (saving tensors takes safetensors).
+
 It runs this command, as you would in a shell::
 
     bcrecord run --record '__main__:TinyNet.forward:hidden' --record '__main__:main:loss@1' \\

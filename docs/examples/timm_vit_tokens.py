@@ -4,6 +4,8 @@ Run (CPU, a second or two; no weights are downloaded)::
 
     python docs/examples/timm_vit_tokens.py --out /tmp/vit_records
 
+Needs ``pip install 'bcrecord[torch,save]' timm`` (saving tensors takes safetensors).
+
 timm's ``VisionTransformer.forward_features`` runs its blocks as one
 ``nn.Sequential`` call; bcrecord records, without tracing and without touching timm:
 

@@ -355,6 +355,22 @@ def test_attention_recorder_names_the_function_it_cannot_find():
     assert_clean()
 
 
+def test_the_docs_name_the_transformers_version_whose_lines_they_show():
+    """docs/transformers.md gives modeling_gpt2.py's line numbers for a transformers version it
+    names: that is the version tested, and the listing's lines are that version's."""
+    import re
+    from pathlib import Path
+
+    import transformers
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "transformers.md").read_text()
+    named = re.search(r"line of `modeling_gpt2.py` \(transformers (\d+\.\d+)\)", text).group(1)
+    assert named == ".".join(transformers.__version__.split(".")[:2])
+    shown = re.search(r"```\n(local +attn_weights .*?)```", text, flags=re.S).group(1)
+    listing = bcrecord.targets(modeling_gpt2.eager_attention_forward)
+    assert [line for line in str(listing).splitlines() if "attn_weights " in line] == shown.splitlines()
+
+
 def test_the_documented_recipe_runs_and_prints_what_it_shows(capsys):
     """docs/transformers.md: its python blocks run in order; output blocks match what they print."""
     import re
