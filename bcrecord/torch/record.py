@@ -1305,6 +1305,19 @@ class RecordBlock(contextlib.AbstractContextManager["ModelRecording"]):
     def __getitem__(self, key: str) -> NoReturn:
         raise TypeError(f"{_NOT_A_RECORDING}; then read rec[{key!r:.80}]")
 
+    # Without these, `in`, `for` and `len` would fall back to __getitem__(0) and say "rec[0]".
+    def __contains__(self, key: object) -> NoReturn:
+        raise TypeError(f"{_NOT_A_RECORDING}; then test {key!r:.80} in rec")
+
+    def __iter__(self) -> NoReturn:
+        raise TypeError(f"{_NOT_A_RECORDING}; then iterate over rec.keys()")
+
+    def __len__(self) -> NoReturn:
+        raise TypeError(f"{_NOT_A_RECORDING}; then call len(rec)")
+
+    def __bool__(self) -> bool:  # (not len(): a block is an object like any other)
+        return True
+
     def __getattr__(self, name: str) -> Any:
         # Called only for names the block lacks: a recording's own (`keys`, `all`, the instance's
         # `errors`, `failures`, `targets`) means a forgotten `with`.

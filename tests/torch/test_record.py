@@ -1118,6 +1118,13 @@ def test_reading_values_from_record_itself_says_to_enter_it_with_with(net):
     hint = r"record\(\) returns a context manager: write 'with record\(model, targets\) as rec:'"
     with pytest.raises(TypeError, match=hint):
         block["bn1:forward:return"]
+    with pytest.raises(TypeError, match=r"inside the block; then test 'bn1:forward:return' in rec$"):
+        "bn1:forward:return" in block  # noqa: B015
+    with pytest.raises(TypeError, match=r"inside the block; then iterate over rec.keys\(\)$"):
+        list(block)
+    with pytest.raises(TypeError, match=r"inside the block; then call len\(rec\)$"):
+        len(block)
+    assert bool(block)
     for name in ("keys", "all", "keys_of", "items", "errors", "targets", "failures"):
         with pytest.raises(AttributeError, match=hint):
             getattr(block, name)
