@@ -114,9 +114,10 @@ except ImportError:  # pragma: no cover - depends on the environment
         ) from error
 
 from ..errors import SpecError, TargetError, did_you_mean, warn
+from ..specs import require_bool
 from ..storage import StorageError, Writer
 from ..torch import ModelRecording, record
-from ..torch.record import PLAN_OPTIONS, RECORD_OPTIONS, Plan, check_options, require_bool
+from ..torch.record import PLAN_OPTIONS, RECORD_OPTIONS, Plan, check_options
 from ..viz import as_dense
 
 __all__ = ["RecorderCallback", "StepRecord", "STAGES", "summarize", "channel_mean_image", "png_bytes"]

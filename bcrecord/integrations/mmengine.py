@@ -75,10 +75,9 @@ from ..errors import BcrecordError, SpecError, did_you_mean
 from ..listing import decompiled, side_by_side
 from ..patch import Patch, patch_method
 from ..runtime import Recording, copy_value, recording, register_copy
-from ..specs import COPY_POLICIES, Attribute, Spec, parse
+from ..specs import COPY_POLICIES, Attribute, Spec, parse, require_bool
 from ..storage import Writer
 from ..torch.copies import _map
-from ..torch.record import require_bool
 from ..torch.targets import unwrap
 
 
