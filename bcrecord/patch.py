@@ -68,7 +68,7 @@ from .runtime import (
     tracked,
     untrack,
 )
-from .specs import Index, Local, SpecLike, compiled_name, parse_all
+from .specs import Index, Local, SpecLike, compiled_name, parse_all, require_bool
 
 __all__ = [
     "Patch",
@@ -1413,7 +1413,7 @@ def patch_function(
     >>> rec["m:double:out@0"]
     8
     """
-    return _patch_in_place(func, specs, name, unwrap=unwrap)
+    return _patch_in_place(func, specs, name, unwrap=require_bool("unwrap", unwrap))
 
 
 def _patch_in_place(
@@ -1511,6 +1511,8 @@ def patch_method(
     >>> patch.keys, rec.keys()
     (('*:forward:h@0',), ['first:forward:h@0'])
     """
+    # Flags checked first: a string ('False') would be taken as true.
+    in_place, unwrap = require_bool("in_place", in_place), require_bool("unwrap", unwrap)
     if type(obj) is str:  # (a str's own methods are C code: never the one meant; a subclass's may be)
         raise NotPatchableError(
             f"patch_method takes the object itself, a class, an instance or a module, not its name {obj!r}: "

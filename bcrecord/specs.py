@@ -38,6 +38,7 @@ __all__ = [
     "parse_all",
     "split_specs",
     "full_width_fixed",
+    "require_bool",
 ]
 
 #: Copy policies a recording or a spec may ask for.
@@ -85,6 +86,24 @@ def _copy(value: Any) -> Any:
     if value is not None and not callable(value) and value not in COPY_POLICIES:
         raise SpecError(f"unknown copy policy {value!r}; choose one of {COPY_POLICIES} or a callable")
     return value
+
+
+def require_bool(name: str, value: Any) -> bool:
+    """``value`` if it is True or False (or 1 / 0); else a :class:`SpecError` naming ``name``.
+
+    >>> require_bool("grad", True)
+    True
+    >>> require_bool("grad", "no")
+    Traceback (most recent call last):
+    bcrecord.errors.SpecError: grad is True or False, got 'no'
+    """
+    try:
+        taken = value in (True, False)
+    except (RuntimeError, ValueError):  # (a tensor or array of several elements has no truth value)
+        taken = False
+    if not taken:
+        raise SpecError(f"{name} is True or False, got {value!r}")
+    return bool(value)
 
 
 def _identifier(name: object, what: str) -> str:

@@ -287,6 +287,71 @@ def test_failed_patch_changes_nothing():
         assert rec.keys() == ["Block:forward:out@0"]
 
 
+def _state(obj, func):
+    from bcrecord import patch as patch_module
+
+    return (
+        dict(vars(obj)),
+        dict(vars(Block)),
+        func.__code__,
+        Block.forward.__code__,
+        dict(patch_module._slots),
+    )
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "message"),
+    [
+        # the last of several specs bad: the good ones before it patch nothing either
+        (lambda obj, f: bcrecord.patch_method(obj, "forward", ["out@0", "x", "nope"]), TargetError, "nope"),
+        (lambda obj, f: bcrecord.patch_method(Block, "forward", ["out@1", "out@7"]), TargetError, "index 7"),
+        (lambda obj, f: bcrecord.patch_function(f, ["a", "return", "b@x"]), SpecError, "bad index in 'b@x'"),
+        (lambda obj, f: bcrecord.instrument(f, ["b", 5]), SpecError, "a spec must be"),
+        (lambda obj, f: bcrecord.record_locals("b", "c")(f), TargetError, "named 'c'"),
+        # a flag of the wrong type: a string was taken as true ('False' patched in place)
+        (
+            lambda obj, f: bcrecord.patch_method(obj, "forward", "out", in_place="False"),
+            SpecError,
+            "in_place",
+        ),
+        (lambda obj, f: bcrecord.patch_method(Block, "forward", "out", unwrap="no"), SpecError, "unwrap"),
+        (
+            lambda obj, f: bcrecord.patch_function(f, "b", unwrap="False"),
+            SpecError,
+            "unwrap is True or False",
+        ),
+        (
+            lambda obj, f: bcrecord.patch_method(obj, "forwrd", "out"),
+            NotPatchableError,
+            "did you mean 'forward'",
+        ),
+    ],
+)
+def test_bad_input_among_good_raises_before_changing_anything_even_over_other_patches(call, error, message):
+    def f(a):
+        b = a * 3
+        return b
+
+    obj = Block()
+    # Another patch of each, and a recording running: both stay as they were, and go on working.
+    with bcrecord.patch_method(Block, "forward", "out@1", name="other"), bcrecord.patch_function(f, "b"):
+        with bcrecord.recording() as rec:
+            before = _state(obj, f)
+            with pytest.raises(error, match=message):
+                call(obj, f)
+            assert _state(obj, f) == before
+            assert obj.forward(1) == 4 and f(2) == 6
+            with bcrecord.patch_method(obj, "forward", "out@0", name="obj"):  # a good call after it works
+                obj.forward(2)
+    # (the instance's own patch leaves out the class patch's probes for it, as documented)
+    assert (rec.all("other:forward:out@1"), rec.all("obj:forward:out@0"), rec.all(f"{__name__}:f:b@0")) == (
+        [4],
+        [3],
+        [6],
+    )
+    assert "forward" not in vars(obj) and obj.forward(1) == 4
+
+
 def test_not_patchable_targets_give_clear_errors():
     with pytest.raises(NotPatchableError, match="builtin or C function"):
         bcrecord.patch_method([], "append", "x")

@@ -84,6 +84,7 @@ True
 
 from __future__ import annotations
 
+import collections.abc
 import os
 import re
 import struct
@@ -113,6 +114,7 @@ except ImportError:  # pragma: no cover - depends on the environment
         ) from error
 
 from ..errors import SpecError, TargetError, did_you_mean, warn
+from ..specs import require_bool
 from ..storage import StorageError, Writer
 from ..torch import ModelRecording, record
 from ..torch.record import PLAN_OPTIONS, RECORD_OPTIONS, Plan, check_options
@@ -399,6 +401,22 @@ did you mean 'every_n_steps'?
         )
 
 
+def _strings(value: Any, name: str) -> List[str]:
+    """``value``, a list (or other iterable) of strings, as a list; else a :class:`SpecError` naming ``name``.
+
+    >>> _strings(("fit", "test"), "stages")
+    ['fit', 'test']
+    >>> _strings(["encoder.0", 5], "targets")
+    Traceback (most recent call last):
+    bcrecord.errors.SpecError: targets must be a string or a list of strings, got ['encoder.0', 5]
+    """
+    listed = isinstance(value, collections.abc.Iterable) and not isinstance(value, collections.abc.Mapping)
+    items = list(value) if listed and not isinstance(value, bytes) else None
+    if items is None or not all(isinstance(item, str) for item in items):
+        raise SpecError(f"{name} must be a string or a list of strings, got {value!r}")
+    return items
+
+
 class _Stage:
     """One open stage: its record() context (patches) and its recording."""
 
@@ -445,23 +463,29 @@ class RecorderCallback(pl.Callback):  # type: ignore[misc]
         **record_options: Any,
     ) -> None:
         super().__init__()
-        self.targets: List[str] = [targets] if isinstance(targets, str) else list(targets)
+        # Each argument is checked here, naming itself (not a bare TypeError from list(5) or
+        # 5 < 1), and targets' types too: the targets themselves only when a loop starts.
+        self.targets: List[str] = [targets] if isinstance(targets, str) else _strings(targets, "targets")
         if not self.targets:
             raise SpecError("RecorderCallback needs at least one target")
         if isinstance(every_n_steps, bool) or not isinstance(every_n_steps, int) or every_n_steps < 1:
             raise SpecError(f"every_n_steps must be a positive int, got {every_n_steps!r}")
-        stages = (stages,) if isinstance(stages, str) else tuple(stages)
+        stages = (stages,) if isinstance(stages, str) else tuple(_strings(stages, "stages"))
         unknown = [s for s in stages if s not in STAGES]
         if unknown:
             raise SpecError(f"unknown stage(s) {unknown}; choose from {list(STAGES)}")
         if record_options.get("stop_after_last"):
             raise SpecError("stop_after_last would end the module's forward early: not available here")
         _check_option_names(record_options)
-        if history is not None and (isinstance(history, bool) or history < 1):
+        if history is not None and (isinstance(history, bool) or not isinstance(history, int) or history < 1):
             raise SpecError(f"history must be a positive int or None, got {history!r}")
         check_options(**record_options)  # now, not when a recorded loop starts
+        if save_dir is not None and not isinstance(save_dir, (str, os.PathLike)):
+            raise SpecError(f"save_dir must be a directory's path (a str or a Path), got {save_dir!r}")
         if save_dir is not None and not os.fspath(save_dir):  # Path("") would be the working directory
             raise SpecError("save_dir is an empty string (give '.' for the working directory)")
+        require_bool("log_to_logger", log_to_logger)
+        require_bool("log_images", log_images)
         self.every_n_steps = every_n_steps
         self.stages: Tuple[str, ...] = stages
         self.save_dir: Optional[Path] = None if save_dir is None else Path(save_dir)

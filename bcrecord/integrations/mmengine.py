@@ -41,6 +41,7 @@ See ``docs/mmengine.md`` for the whole guide.
 
 from __future__ import annotations
 
+import collections.abc
 import difflib
 import dis
 import fnmatch
@@ -74,7 +75,7 @@ from ..errors import BcrecordError, SpecError, did_you_mean
 from ..listing import decompiled, side_by_side
 from ..patch import Patch, patch_method
 from ..runtime import Recording, copy_value, recording, register_copy
-from ..specs import COPY_POLICIES, Attribute, Spec, parse
+from ..specs import COPY_POLICIES, Attribute, Spec, parse, require_bool
 from ..storage import Writer
 from ..torch.copies import _map
 from ..torch.targets import unwrap
@@ -419,7 +420,8 @@ class FeatureMapDrawer:
     ) -> None:
         if isinstance(keys, str):
             keys = [keys]
-        if keys is not None and (not keys or not all(isinstance(k, str) for k in keys)):
+        listed = isinstance(keys, collections.abc.Iterable) and not isinstance(keys, collections.abc.Mapping)
+        if keys is not None and (not listed or not keys or not all(isinstance(k, str) for k in keys)):
             raise SpecError(f"keys must be a non-empty list of keys or patterns (or None), got {keys!r}")
         if channel_reduction not in (None, "squeeze_mean", "select_max"):
             raise SpecError(
@@ -567,10 +569,11 @@ def _integer(value: Any) -> Optional[int]:
 
 
 def _loops(value: Union[str, Sequence[str]]) -> Tuple[str, ...]:
-    loops = (value,) if isinstance(value, str) else tuple(value)
+    iterable = isinstance(value, collections.abc.Iterable) and not isinstance(value, collections.abc.Mapping)
+    loops = (value,) if isinstance(value, str) else tuple(value) if iterable else ()
     bad = [loop for loop in loops if loop not in LOOPS]
     if bad or not loops:
-        close = did_you_mean(bad[0], LOOPS) if bad else ""
+        close = did_you_mean(bad[0], LOOPS) if bad and isinstance(bad[0], str) else ""
         raise SpecError(f"loops must name some of {LOOPS}, got {value!r}{close}")
     return loops
 
@@ -730,14 +733,18 @@ class RecorderHook(Hook):
     ) -> None:
         # Recorder dicts are checked at before_run, where the model is known.
         self.recorders = recorders
+        # Each argument is checked here, naming itself: not a bare TypeError from Path(5) or
+        # tuple(5), nor a flag taken as true from a config's string ('False').
+        if save_dir is not None and not isinstance(save_dir, (str, os.PathLike)):
+            raise SpecError(f"save_dir must be a directory's path (a str or a Path), got {save_dir!r}")
         if save_dir is not None and not os.fspath(save_dir):  # Path("") would be the working directory
             raise SpecError("save_dir is an empty string (give '.' for the working directory)")
         self.save_dir = None if save_dir is None else Path(save_dir)
-        self.print_modification = bool(print_modification)
+        self.print_modification = require_bool("print_modification", print_modification)
         self.loops = _loops(loops)
         self.interval = _positive(interval, "interval")
         self.every_n_iters = _positive(every_n_iters, "every_n_iters")
-        self.by_epoch = bool(by_epoch)
+        self.by_epoch = require_bool("by_epoch", by_epoch)
         if copy not in COPY_POLICIES:
             raise SpecError(f"copy must be one of {COPY_POLICIES}, got {copy!r}")
         self.copy = copy

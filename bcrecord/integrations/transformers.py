@@ -51,7 +51,7 @@ else:
 
 from ..analysis import read
 from ..errors import TargetError
-from ..patch import Patch, patch_function
+from ..patch import Patch, function_of, patch_function
 from ..specs import SpecLike
 
 __all__ = ["attention_recorder"]
@@ -196,6 +196,14 @@ def attention_recorder(
     >>> rec["transformer.h.1.attn:eager_attention_forward:attn_weights@2"].shape
     torch.Size([1, 2, 3, 3])
     """
+    # Checked first, naming what was given: not an AttributeError from inside (named_modules, __module__).
+    if not callable(getattr(model, "named_modules", None)):
+        raise TypeError(
+            "attention_recorder takes a model, an nn.Module instance, "
+            f"not {type(model).__name__}: {model!r:.80}"
+        )
+    if function is not None:
+        function_of(function)  # a NotPatchableError saying what it is instead
     modules = _attention_modules(model)
     functions = list(dict.fromkeys(f for _, _, f in modules))
     name = type(model).__name__

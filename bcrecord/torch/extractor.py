@@ -31,6 +31,7 @@ from ..errors import SpecError, TargetError, did_you_mean, warn
 from ..patch import Patch, remove_all, remove_soon
 from ..patch import targets as function_targets
 from ..runtime import kept_length
+from ..specs import require_bool
 from .copies import returned_inside
 from .record import (
     PLAN_OPTIONS,
@@ -40,7 +41,6 @@ from .record import (
     StopForward,
     _exporting,
     _stopping,
-    require_bool,
     threads_for,
     warn_shared,
 )

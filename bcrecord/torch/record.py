@@ -76,7 +76,7 @@ from ..patch import (
     shallow_copies_holding,
 )
 from ..runtime import Recording, Sink, context_recordings, silently
-from ..specs import Attribute, Local, Return, Spec
+from ..specs import Attribute, Local, Return, Spec, require_bool
 from .copies import Device, ValuePolicy, _itself, _tracing_state, _transforms_active, value_policy
 from .targets import Target, _submodule, expand_all, module_at, new_matches, unwrap
 
@@ -686,24 +686,6 @@ def check_options(**options: Any) -> None:
     value_policy(copy, options.get("to"), options.get("dtype"), None, grad)
     _check_reduce(options.get("reduce"))
     ModelRecording(keep=options.get("keep", "all"), threads=options.get("threads", "context"))
-
-
-def require_bool(name: str, value: Any) -> bool:
-    """``value`` if it is True or False (or 1 / 0); else a :class:`SpecError` naming ``name``.
-
-    >>> require_bool("grad", True)
-    True
-    >>> require_bool("grad", "no")
-    Traceback (most recent call last):
-    bcrecord.errors.SpecError: grad is True or False, got 'no'
-    """
-    try:
-        taken = value in (True, False)
-    except (RuntimeError, ValueError):  # (a tensor or array of several elements has no truth value)
-        taken = False
-    if not taken:
-        raise SpecError(f"{name} is True or False, got {value!r}")
-    return bool(value)
 
 
 def _reduce_for(reduce: Any, text: str, target: Target) -> Optional[Callable[[torch.Tensor], Any]]:

@@ -695,6 +695,30 @@ def test_arguments_are_checked():
         RecorderCallback(["conv"], save_dir="")
 
 
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (dict(targets=5), "targets must be a string or a list of strings, got 5"),
+        (dict(targets=["conv", 5]), "targets must be a string or a list of strings, got ['conv', 5]"),
+        (dict(stages=5), "stages must be a string or a list of strings, got 5"),
+        (dict(history="10"), "history must be a positive int or None, got '10'"),
+        (dict(history=2.5), "history must be a positive int or None, got 2.5"),
+        (dict(save_dir=5), "save_dir must be a directory's path (a str or a Path), got 5"),
+        (dict(log_to_logger="no"), "log_to_logger is True or False, got 'no'"),
+        (dict(log_images="False"), "log_images is True or False, got 'False'"),
+    ],
+)
+def test_an_argument_of_the_wrong_type_is_refused_naming_itself(arguments, message):
+    # It was a bare TypeError from deep inside ('int' object is not iterable, '<' not supported),
+    # or, for a flag, taken as true ('no'); a bad target was found only when a loop started.
+    arguments = {"targets": ["conv"], **arguments}
+    with pytest.raises(bcrecord.SpecError) as raised:
+        RecorderCallback(**arguments)
+    assert str(raised.value) == message
+    callback = RecorderCallback(["conv"], stages="fit", history=10, log_to_logger=False)  # the good ones
+    assert (callback.stages, callback.history.maxlen, callback.log_to_logger) == (("fit",), 10, False)
+
+
 def test_a_misspelt_option_of_the_callback_s_own_is_named_with_what_it_may_mean():
     # It went to record()'s options, whose error listed only theirs: every_n_steps looked unknown.
     with pytest.raises(TypeError) as raised:

@@ -754,6 +754,31 @@ def test_bad_hook_arguments_fail_when_built():
 
 
 @pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (dict(loops=5), "loops must name some of ('train', 'val', 'test'), got 5"),
+        (dict(loops=[5]), "loops must name some of ('train', 'val', 'test'), got [5]"),
+        (dict(save_dir=5), "save_dir must be a directory's path (a str or a Path), got 5"),
+        (dict(print_modification="False"), "print_modification is True or False, got 'False'"),
+        (dict(by_epoch="yes"), "by_epoch is True or False, got 'yes'"),
+        (
+            dict(visualize=dict(keys=5)),
+            "visualize keys must be a non-empty list of keys or patterns (or None), got 5",
+        ),
+    ],
+)
+def test_a_hook_argument_of_the_wrong_type_is_refused_naming_itself(arguments, message):
+    # It was a bare TypeError ('int' object is not iterable; expected str, bytes or os.PathLike
+    # object, not int), an AttributeError from did_you_mean, or, for a flag, taken as true
+    # (a config's print_modification='False' printed).
+    with pytest.raises(bcrecord.SpecError) as caught:
+        RecorderHook(PROPOSAL_RECORDERS, **arguments)
+    assert str(caught.value) == message
+    hook = RecorderHook(PROPOSAL_RECORDERS, loops=["val"], print_modification=False, by_epoch=True)
+    assert (hook.loops, hook.print_modification, hook.by_epoch) == (("val",), False, True)
+
+
+@pytest.mark.parametrize(
     ("options", "message"),
     [
         (dict(keyz=["resnet:*"]), r"no option 'keyz' \(its options: keys, .*\); did you mean 'keys'\?"),

@@ -19,7 +19,7 @@ from transformers.models.gpt2 import modeling_gpt2  # noqa: E402
 
 import bcrecord  # noqa: E402
 from bcrecord import runtime  # noqa: E402
-from bcrecord.errors import TargetError  # noqa: E402
+from bcrecord.errors import NotPatchableError, TargetError  # noqa: E402
 from bcrecord.integrations.transformers import attention_recorder  # noqa: E402
 from bcrecord.torch import record  # noqa: E402
 
@@ -369,6 +369,32 @@ def test_the_docs_name_the_transformers_version_whose_lines_they_show():
     shown = re.search(r"```\n(local +attn_weights .*?)```", text, flags=re.S).group(1)
     listing = bcrecord.targets(modeling_gpt2.eager_attention_forward)
     assert [line for line in str(listing).splitlines() if "attn_weights " in line] == shown.splitlines()
+
+
+@pytest.mark.parametrize(
+    ("given", "error", "message"),
+    [
+        (
+            dict(model="gpt2"),
+            TypeError,
+            "attention_recorder takes a model, an nn.Module instance, not str: 'gpt2'",
+        ),
+        (dict(function=5), NotPatchableError, "5, an int: only Python functions can be patched"),
+        (dict(function="eager"), NotPatchableError, "'eager', a str: only Python functions can be patched"),
+    ],
+)
+def test_attention_recorder_refuses_what_is_no_model_or_no_function_naming_it(gpt2, given, error, message):
+    # Both were an AttributeError from inside: 'str' object has no attribute 'named_modules',
+    # 'int' object has no attribute '__module__'.
+    arguments = {"model": gpt2, "specs": ["attn_weights@2"], **given}
+    with pytest.raises(error) as refused:
+        attention_recorder(**arguments)
+    assert str(refused.value) == message
+    assert_clean()
+    with attention_recorder(gpt2, ["attn_weights@2"]) as patch, bcrecord.recording(only=[patch]) as rec:
+        gpt2(torch.tensor([[1, 2, 3]]))
+    assert rec["transformer.h.1.attn:eager_attention_forward:attn_weights@2"].shape == (1, 2, 3, 3)
+    assert_clean()
 
 
 def test_the_documented_recipe_runs_and_prints_what_it_shows(capsys):
