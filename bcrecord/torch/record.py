@@ -78,7 +78,7 @@ from ..patch import (
 from ..runtime import Recording, Sink, context_recordings, silently
 from ..specs import Attribute, Local, Return, Spec
 from .copies import Device, ValuePolicy, _itself, _tracing_state, _transforms_active, value_policy
-from .targets import Target, _submodule, expand_all, module_at, new_matches, unwrap
+from .targets import Target, _submodule, expand_all, module_at, new_matches, unwrap, wraps_forward
 
 # A warning from inside a model's call (an extractor's first call) points past torch's
 # ``Module.__call__`` at the user's line; a recorded forward's own frames are never skipped.
@@ -308,6 +308,8 @@ class ModelRecording(Recording):
         self._ended = False
         #: The modules a forward stopped early unwinds (see _stopping_skips_hooks).
         self._unwound: Sequence[torch.nn.Module] = ()
+        #: The modules whose instance ``forward`` it unwinds, the model's too (see _stopping_skips_wrappers).
+        self._through: Sequence[torch.nn.Module] = ()
         #: The model whose forward catches the stop (under record(); an extractor catches
         #: it outside the model): its own hooks see what the forward returns then.
         self._caught_in: Optional[torch.nn.Module] = None
@@ -348,6 +350,7 @@ class ModelRecording(Recording):
             _ended=True,
             _passing=False,
             _unwound=(),
+            _through=(),
             _caught_in=None,
         )
         return state
@@ -570,6 +573,7 @@ class ModelRecording(Recording):
                     and _stopping.get()
                     and _all_done_here()
                     and not _stopping_skips_hooks(self._unwound)
+                    and not _stopping_skips_wrappers(self._through)
                     and not _hooks_take_the_output(self._caught_in)
                 ):
                     raise StopForward(key, self)
@@ -592,6 +596,24 @@ def _stopping_skips_hooks(unwound: Iterable[torch.nn.Module]) -> bool:
     either, on ``unwound`` (the modules on the way to the targets), the forward runs whole.
     """
     return bool(_GLOBAL_FORWARD_HOOKS) or any(module._forward_hooks_always_called for module in unwound)
+
+
+def _stopping_skips_wrappers(through: Iterable[torch.nn.Module]) -> bool:
+    """Whether ending the forward now would skip the end of a forward set on a module's instance.
+
+    accelerate's hooks (``cpu_offload``, ``dispatch_model``, ``add_hook_to_module``) set
+    ``module.forward`` to a partial that loads the weights, runs the class's forward, then
+    offloads them (or moves the output): a stop raised inside would leave the weights
+    loaded for good. Where a module of ``through`` has such a forward, the forward runs whole.
+
+    >>> import functools, torch
+    >>> lin = torch.nn.Linear(1, 1)
+    >>> before = _stopping_skips_wrappers([lin])
+    >>> lin.forward = functools.partial(torch.nn.Linear.forward, lin)
+    >>> before, _stopping_skips_wrappers([lin])
+    (False, True)
+    """
+    return any(wraps_forward(module) for module in through)
 
 
 def _hooks_take_the_output(model: Optional[torch.nn.Module]) -> bool:
@@ -1098,6 +1120,8 @@ class Plan:
             # An extractor calls the model, and catches the stop outside its forward; the
             # model's own forward catches it under record() (see _StopAtRoot).
             rec._unwound = self.enclosing if reused else self.enclosing[:-1]
+            # (The model's own forward set on it runs inside the stop's catch, _StopAtRoot, too.)
+            rec._through = self.enclosing
             rec._caught_in = None if reused else self.enclosing[-1]
         return rec
 

@@ -1456,6 +1456,25 @@ def has_forward(module: torch.nn.Module) -> bool:
     return getattr(type(module), "forward", None) is not getattr(torch.nn.Module, "forward", None)
 
 
+def wraps_forward(module: torch.nn.Module) -> bool:
+    """Whether ``module``'s instance holds a ``forward`` that is no method of its class: a
+    wrapper (accelerate's hooks' partial) that may do more once the class's forward returns.
+
+    >>> import functools, torch
+    >>> lin = torch.nn.Linear(1, 1)
+    >>> before = wraps_forward(lin)
+    >>> lin.forward = functools.partial(torch.nn.Linear.forward, lin)
+    >>> before, wraps_forward(lin)
+    (False, True)
+    """
+    own: Any = getattr(module, "__dict__", {}).get("forward")
+    if getattr(own, "_bcrecord_runs_wrapped", False):  # ours at the root (stop_after_last): see through
+        own = own.__wrapped__
+    # A method of its own (self.forward = self.forward_fast; bcrecord's patch of one instance)
+    # is the model's code, which a stop ends as it ends the class's forward.
+    return own is not None and not (isinstance(own, types.MethodType) and own.__self__ is module)
+
+
 def _method_that_runs(module: torch.nn.Module, method: str, path: str) -> Optional[str]:
     """The name of the class method that runs as ``module.<method>``; None if unknown.
 
