@@ -78,7 +78,16 @@ from ..patch import (
 from ..runtime import Recording, Sink, context_recordings, silently
 from ..specs import Attribute, Local, Return, Spec
 from .copies import Device, ValuePolicy, _itself, _tracing_state, _transforms_active, value_policy
-from .targets import Target, _submodule, expand_all, module_at, new_matches, unwrap, wraps_forward
+from .targets import (
+    Target,
+    _submodule,
+    callable_name,
+    expand_all,
+    module_at,
+    new_matches,
+    unwrap,
+    wraps_forward,
+)
 
 # A warning from inside a model's call (an extractor's first call) points past torch's
 # ``Module.__call__`` at the user's line; a recorded forward's own frames are never skipped.
@@ -1186,15 +1195,15 @@ class Pass:
     def __init__(self, plan: Plan, rec: ModelRecording, stop_at_root: bool) -> None:
         self.plan, self.rec, self.stop_at_root = plan, rec, stop_at_root
         self.marked: Marked = []
-        self.stopping = False
+        #: The model's stopping forward this pass is in (see _StopAtRoot.take).
+        self.stopping: Optional[_StopAtRoot] = None
 
     def __enter__(self) -> ModelRecording:
         plan, rec = self.plan, self.rec
         self.marked = _mark_all(plan.marks)
         try:
             if self.stop_at_root:
-                _StopAtRoot.take(plan.model, rec)
-                self.stopping = True
+                self.stopping = _StopAtRoot.take(plan.model, rec)
             plan.recording = rec
             rec.__enter__()
         except BaseException:
@@ -1207,9 +1216,9 @@ class Pass:
             self.rec.__exit__()
         finally:
             self.plan.recording = None  # the plan outlives the pass; its values must not
-            if self.stopping:
-                _StopAtRoot.release(self.plan.model, self.rec)
-                self.stopping = False
+            if self.stopping is not None:
+                root, self.stopping = self.stopping, None
+                _StopAtRoot.release(self.plan.model, self.rec, root)
             _unmark_all(self.marked)
             self.marked = []
 
@@ -1620,33 +1629,44 @@ class _StopAtRoot:
         return _itself, (self.previous,)
 
     @staticmethod
-    def take(model: torch.nn.Module, rec: ModelRecording) -> None:
+    def take(model: torch.nn.Module, rec: ModelRecording) -> _StopAtRoot:
+        """Put one in ``model.forward`` (or join the one there) for ``rec``; the one it is in."""
         with _roots_lock:
             current = model.__dict__.get("forward", _MISSING)
             if type(current) is not _StopAtRoot or current.model is not model:
                 current = _StopAtRoot(model, model.forward, current)
                 model.__dict__["forward"] = current
             current.recordings.append(rec)
+            return current
 
     @staticmethod
-    def release(model: torch.nn.Module, rec: ModelRecording) -> None:
+    def release(model: torch.nn.Module, rec: ModelRecording, root: _StopAtRoot) -> None:
+        """Take ``rec`` out of ``root`` (what :meth:`take` gave it), and ``root`` out of
+        ``model.forward`` once no recording runs on it."""
         with _roots_lock:
-            current = model.__dict__.get("forward")
-            if type(current) is not _StopAtRoot:
+            root.recordings = [r for r in root.recordings if r is not rec]
+            if root.recordings:
                 return
-            current.recordings = [r for r in current.recordings if r is not rec]
-            if current.recordings:
-                return
-            # A copy.copy of the model made meanwhile shares its __dict__'s values: this too.
-            # (References: the model's __dict__, `current`, getrefcount's argument.)
-            copies = []
-            if sys.getrefcount(current) > 3:
-                copies = shallow_copies_holding(current, "forward", model)
-            for holder in [model.__dict__, *copies]:
-                _put_back(holder, current)
+            if model.__dict__.get("forward") is not root:
+                # Set meanwhile over it (accelerate's add_hook_to_module keeps it as _old_forward):
+                # left there, it holds no recording, so it records and stops nothing.
+                warn(
+                    f"bcrecord: {type(model).__name__}.forward was set on the model during a "
+                    f"stop_after_last block (it is {callable_name(model.__dict__.get('forward'))}): what "
+                    "it calls keeps bcrecord's stopping forward, which now only calls the model's; "
+                    "set such hooks (accelerate's add_hook_to_module, cpu_offload) outside the block"
+                )
+            else:
+                # A copy.copy of the model made meanwhile shares its __dict__'s values: this too.
+                # (References: the model's __dict__, `root` here and in Pass.__exit__, getrefcount's.)
+                copies = []
+                if sys.getrefcount(root) > 4:
+                    copies = shallow_copies_holding(root, "forward", model)
+                for holder in [model.__dict__, *copies]:
+                    _put_back(holder, root)
             # A deepcopy of the model made meanwhile has one of its own: out with this one,
             # unless a recording of its own runs on it (that one takes it out when it ends).
-            twins = list(current.twins)
+            twins = list(root.twins)
             while twins:
                 twin = twins.pop()
                 if not twin.recordings and twin.model.__dict__.get("forward") is twin:

@@ -1296,7 +1296,7 @@ def expand(model: torch.nn.Module, text: str) -> List[Target]:
         if (runs is None or (runs != method and spec_text)) and _warn.get():
             instead = "" if runs is None else f" (it runs {runs}: its targets are '{path}:{runs}:...')"
             if runs is None:
-                instead = f" (it is {_callable_name(module.__dict__.get(method))})"
+                instead = f" (it is {callable_name(module.__dict__.get(method))})"
             if runs is None and not spec_text:
                 caller = (
                     f"record where the caller takes it ('{path.rpartition('.')[0]}:forward:<local>', "
@@ -1489,11 +1489,11 @@ def wraps_forward(module: torch.nn.Module) -> bool:
     return own is not None and not (isinstance(own, types.MethodType) and own.__self__ is module)
 
 
-def _callable_name(called: Any) -> str:
+def callable_name(called: Any) -> str:
     """How a warning names a callable set on an instance in place of a method.
 
     >>> import functools
-    >>> _callable_name(functools.partial(len, [])), _callable_name(len)
+    >>> callable_name(functools.partial(len, [])), callable_name(len)
     ('functools.partial(builtins.len)', 'builtins.len')
     """
     if getattr(called, "_bcrecord_runs_wrapped", False):  # ours at the root (stop_after_last)

@@ -1383,6 +1383,32 @@ def test_a_deepcopy_made_while_stopping_early_stops_as_the_model_does():
     assert later.keys() == ["seq:forward:return"]  # so a later class patch reaches it
 
 
+def test_a_forward_set_on_the_model_inside_an_early_stop_block_holds_no_recording():
+    # accelerate's add_hook_to_module inside the block: it keeps model.forward, the stopping
+    # forward, as _old_forward, and sets its partial; remove_hook_from_module puts it back.
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+    x = torch.randn(5, 3)
+    whole = net(x)
+    with pytest.warns(bcrecord.RecordingWarning, match=r"Sequential.forward was set on the model during"):
+        with record(net, ["0"], stop_after_last=True) as rec:
+            net._old_forward = net.forward
+            net.forward = functools.update_wrapper(
+                functools.partial(lambda m, *a: m._old_forward(*a), net), net
+            )
+            assert torch.equal(net(x), whole)  # through a wrapper: it runs whole
+    assert torch.equal(net(x), whole) and torch.equal(rec["0:forward:return"], net[0](x))
+    net.forward = net._old_forward  # remove_hook_from_module
+    del net._old_forward
+    kept = type(net.forward).__name__
+    assert rec not in getattr(net.forward, "recordings", [])  # the model holds no ended recording
+    with record(net, ["0"], stop_after_last=True) as later:
+        assert net(x) is None
+    assert torch.equal(later["0:forward:return"], net[0](x))
+    assert kept == "_StopAtRoot" and "forward" not in vars(net)  # gone with the next block
+    assert torch.equal(net(x), whole)
+
+
 def test_an_instance_patch_removed_inside_an_early_stop_block_leaves_nothing_behind():
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
