@@ -1652,9 +1652,10 @@ class _StopAtRoot:
                 # left there, it holds no recording, so it records and stops nothing.
                 warn(
                     f"bcrecord: {type(model).__name__}.forward was set on the model during a "
-                    f"stop_after_last block (it is {callable_name(model.__dict__.get('forward'))}): what "
-                    "it calls keeps bcrecord's stopping forward, which now only calls the model's; "
-                    "set such hooks (accelerate's add_hook_to_module, cpu_offload) outside the block"
+                    f"stop_after_last block (it is {callable_name(model.__dict__.get('forward'))}) and is "
+                    "left there; where it calls the forward it replaced, as accelerate's add_hook_to_module "
+                    "does, that is bcrecord's stopping forward, which now only calls the model's: set "
+                    "such hooks outside the block"
                 )
             else:
                 # A copy.copy of the model made meanwhile shares its __dict__'s values: this too.
