@@ -78,7 +78,16 @@ from ..patch import (
 from ..runtime import Recording, Sink, context_recordings, silently
 from ..specs import Attribute, Local, Return, Spec, require_bool
 from .copies import Device, ValuePolicy, _itself, _tracing_state, _transforms_active, value_policy
-from .targets import Target, _submodule, expand_all, module_at, new_matches, unwrap
+from .targets import (
+    Target,
+    _submodule,
+    callable_name,
+    expand_all,
+    module_at,
+    new_matches,
+    unwrap,
+    wraps_forward,
+)
 
 # A warning from inside a model's call (an extractor's first call) points past torch's
 # ``Module.__call__`` at the user's line; a recorded forward's own frames are never skipped.
@@ -308,6 +317,8 @@ class ModelRecording(Recording):
         self._ended = False
         #: The modules a forward stopped early unwinds (see _stopping_skips_hooks).
         self._unwound: Sequence[torch.nn.Module] = ()
+        #: The modules whose instance ``forward`` it unwinds, the model's too (see _stopping_skips_wrappers).
+        self._through: Sequence[torch.nn.Module] = ()
         #: The model whose forward catches the stop (under record(); an extractor catches
         #: it outside the model): its own hooks see what the forward returns then.
         self._caught_in: Optional[torch.nn.Module] = None
@@ -348,6 +359,7 @@ class ModelRecording(Recording):
             _ended=True,
             _passing=False,
             _unwound=(),
+            _through=(),
             _caught_in=None,
         )
         return state
@@ -570,6 +582,7 @@ class ModelRecording(Recording):
                     and _stopping.get()
                     and _all_done_here()
                     and not _stopping_skips_hooks(self._unwound)
+                    and not _stopping_skips_wrappers(self._through)
                     and not _hooks_take_the_output(self._caught_in)
                 ):
                     raise StopForward(key, self)
@@ -592,6 +605,24 @@ def _stopping_skips_hooks(unwound: Iterable[torch.nn.Module]) -> bool:
     either, on ``unwound`` (the modules on the way to the targets), the forward runs whole.
     """
     return bool(_GLOBAL_FORWARD_HOOKS) or any(module._forward_hooks_always_called for module in unwound)
+
+
+def _stopping_skips_wrappers(through: Iterable[torch.nn.Module]) -> bool:
+    """Whether ending the forward now would skip the end of a forward set on a module's instance.
+
+    accelerate's hooks (``cpu_offload``, ``dispatch_model``, ``add_hook_to_module``) set
+    ``module.forward`` to a partial that loads the weights, runs the class's forward, then
+    offloads them (or moves the output): a stop raised inside would leave the weights
+    loaded for good. Where a module of ``through`` has such a forward, the forward runs whole.
+
+    >>> import functools, torch
+    >>> lin = torch.nn.Linear(1, 1)
+    >>> before = _stopping_skips_wrappers([lin])
+    >>> lin.forward = functools.partial(torch.nn.Linear.forward, lin)
+    >>> before, _stopping_skips_wrappers([lin])
+    (False, True)
+    """
+    return any(wraps_forward(module) for module in through)
 
 
 def _hooks_take_the_output(model: Optional[torch.nn.Module]) -> bool:
@@ -1080,6 +1111,8 @@ class Plan:
             # An extractor calls the model, and catches the stop outside its forward; the
             # model's own forward catches it under record() (see _StopAtRoot).
             rec._unwound = self.enclosing if reused else self.enclosing[:-1]
+            # (The model's own forward set on it runs inside the stop's catch, _StopAtRoot, too.)
+            rec._through = self.enclosing
             rec._caught_in = None if reused else self.enclosing[-1]
         return rec
 
@@ -1144,15 +1177,15 @@ class Pass:
     def __init__(self, plan: Plan, rec: ModelRecording, stop_at_root: bool) -> None:
         self.plan, self.rec, self.stop_at_root = plan, rec, stop_at_root
         self.marked: Marked = []
-        self.stopping = False
+        #: The model's stopping forward this pass is in (see _StopAtRoot.take).
+        self.stopping: Optional[_StopAtRoot] = None
 
     def __enter__(self) -> ModelRecording:
         plan, rec = self.plan, self.rec
         self.marked = _mark_all(plan.marks)
         try:
             if self.stop_at_root:
-                _StopAtRoot.take(plan.model, rec)
-                self.stopping = True
+                self.stopping = _StopAtRoot.take(plan.model, rec)
             plan.recording = rec
             rec.__enter__()
         except BaseException:
@@ -1165,9 +1198,9 @@ class Pass:
             self.rec.__exit__()
         finally:
             self.plan.recording = None  # the plan outlives the pass; its values must not
-            if self.stopping:
-                _StopAtRoot.release(self.plan.model, self.rec)
-                self.stopping = False
+            if self.stopping is not None:
+                root, self.stopping = self.stopping, None
+                _StopAtRoot.release(self.plan.model, self.rec, root)
             _unmark_all(self.marked)
             self.marked = []
 
@@ -1591,33 +1624,45 @@ class _StopAtRoot:
         return _itself, (self.previous,)
 
     @staticmethod
-    def take(model: torch.nn.Module, rec: ModelRecording) -> None:
+    def take(model: torch.nn.Module, rec: ModelRecording) -> _StopAtRoot:
+        """Put one in ``model.forward`` (or join the one there) for ``rec``; the one it is in."""
         with _roots_lock:
             current = model.__dict__.get("forward", _MISSING)
             if type(current) is not _StopAtRoot or current.model is not model:
                 current = _StopAtRoot(model, model.forward, current)
                 model.__dict__["forward"] = current
             current.recordings.append(rec)
+            return current
 
     @staticmethod
-    def release(model: torch.nn.Module, rec: ModelRecording) -> None:
+    def release(model: torch.nn.Module, rec: ModelRecording, root: _StopAtRoot) -> None:
+        """Take ``rec`` out of ``root`` (what :meth:`take` gave it), and ``root`` out of
+        ``model.forward`` once no recording runs on it."""
         with _roots_lock:
-            current = model.__dict__.get("forward")
-            if type(current) is not _StopAtRoot:
+            root.recordings = [r for r in root.recordings if r is not rec]
+            if root.recordings:
                 return
-            current.recordings = [r for r in current.recordings if r is not rec]
-            if current.recordings:
-                return
-            # A copy.copy of the model made meanwhile shares its __dict__'s values: this too.
-            # (References: the model's __dict__, `current`, getrefcount's argument.)
-            copies = []
-            if sys.getrefcount(current) > 3:
-                copies = shallow_copies_holding(current, "forward", model)
-            for holder in [model.__dict__, *copies]:
-                _put_back(holder, current)
+            if model.__dict__.get("forward") is not root:
+                # Set meanwhile over it (accelerate's add_hook_to_module keeps it as _old_forward):
+                # left there, it holds no recording, so it records and stops nothing.
+                warn(
+                    f"bcrecord: {type(model).__name__}.forward was set on the model during a "
+                    f"stop_after_last block (it is {callable_name(model.__dict__.get('forward'))}) and is "
+                    "left there; where it calls the forward it replaced, as accelerate's add_hook_to_module "
+                    "does, that is bcrecord's stopping forward, which now only calls the model's: set "
+                    "such hooks outside the block"
+                )
+            else:
+                # A copy.copy of the model made meanwhile shares its __dict__'s values: this too.
+                # (References: the model's __dict__, `root` here and in Pass.__exit__, getrefcount's.)
+                copies = []
+                if sys.getrefcount(root) > 4:
+                    copies = shallow_copies_holding(root, "forward", model)
+                for holder in [model.__dict__, *copies]:
+                    _put_back(holder, root)
             # A deepcopy of the model made meanwhile has one of its own: out with this one,
             # unless a recording of its own runs on it (that one takes it out when it ends).
-            twins = list(current.twins)
+            twins = list(root.twins)
             while twins:
                 twin = twins.pop()
                 if not twin.recordings and twin.model.__dict__.get("forward") is twin:

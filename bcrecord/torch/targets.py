@@ -1295,6 +1295,20 @@ def expand(model: torch.nn.Module, text: str) -> List[Target]:
             )
         if (runs is None or (runs != method and spec_text)) and _warn.get():
             instead = "" if runs is None else f" (it runs {runs}: its targets are '{path}:{runs}:...')"
+            if runs is None:
+                instead = f" (it is {callable_name(module.__dict__.get(method))})"
+            if runs is None and not spec_text:
+                caller = (
+                    f"record where the caller takes it ('{path.rpartition('.')[0]}:forward:<local>', "
+                    "as list_targets lists them)"
+                    if path
+                    else "take what model(...) returns"
+                )
+                instead += (
+                    f"; the path records {type(module).__name__}.{method}'s return, not what that "
+                    f"returns to its caller (accelerate's hooks' post_forward may change it): for that "
+                    f"value, {caller}"
+                )
             warn(
                 f"bcrecord: {where} has its own {method} attribute; {type(module).__name__}.{method} "
                 f"records only if that calls it{instead}"
@@ -1454,6 +1468,40 @@ def has_forward(module: torch.nn.Module) -> bool:
     (True, False)
     """
     return getattr(type(module), "forward", None) is not getattr(torch.nn.Module, "forward", None)
+
+
+def wraps_forward(module: torch.nn.Module) -> bool:
+    """Whether ``module``'s instance holds a ``forward`` that is no method of its class: a
+    wrapper (accelerate's hooks' partial) that may do more once the class's forward returns.
+
+    >>> import functools, torch
+    >>> lin = torch.nn.Linear(1, 1)
+    >>> before = wraps_forward(lin)
+    >>> lin.forward = functools.partial(torch.nn.Linear.forward, lin)
+    >>> before, wraps_forward(lin)
+    (False, True)
+    """
+    own: Any = getattr(module, "__dict__", {}).get("forward")
+    if getattr(own, "_bcrecord_runs_wrapped", False):  # ours at the root (stop_after_last): see through
+        own = own.__wrapped__
+    # A method of its own (self.forward = self.forward_fast; bcrecord's patch of one instance)
+    # is the model's code, which a stop ends as it ends the class's forward.
+    return own is not None and not (isinstance(own, types.MethodType) and own.__self__ is module)
+
+
+def callable_name(called: Any) -> str:
+    """How a warning names a callable set on an instance in place of a method.
+
+    >>> import functools
+    >>> callable_name(functools.partial(len, [])), callable_name(len)
+    ('functools.partial(builtins.len)', 'builtins.len')
+    """
+    if getattr(called, "_bcrecord_runs_wrapped", False):  # ours at the root (stop_after_last)
+        called = called.__wrapped__
+    func = called.func if isinstance(called, functools.partial) else called
+    name = getattr(func, "__qualname__", type(func).__qualname__)
+    name = f"{getattr(func, '__module__', None) or type(func).__module__}.{name}"
+    return f"functools.partial({name})" if isinstance(called, functools.partial) else name
 
 
 def _method_that_runs(module: torch.nn.Module, method: str, path: str) -> Optional[str]:

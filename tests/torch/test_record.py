@@ -1225,6 +1225,74 @@ def test_the_early_stop_lets_hooks_that_track_modules_run():
     assert calls[3:] == ["net", "extractor"]
 
 
+def _offloaded(module, log):
+    """``module`` wrapped as accelerate's ``cpu_offload`` wraps it: its ``forward`` an instance
+    attribute, a partial that loads its own parameters before the class's forward and offloads
+    them (to the meta device) after it returns."""
+    kept = {name: p.detach().clone() for name, p in module.named_parameters(recurse=False)}
+
+    def put(device=None):
+        for name, value in kept.items():
+            value = value if device is None else torch.empty_like(value, device=device)
+            setattr(module, name, torch.nn.Parameter(value, requires_grad=False))
+
+    put("meta")
+    original = module.forward
+
+    def new_forward(module, *args, **kwargs):
+        put()  # pre_forward
+        output = original(*args, **kwargs)
+        put("meta")  # post_forward
+        log.append(type(module).__name__)
+        return output
+
+    module.forward = functools.update_wrapper(functools.partial(new_forward, module), original)
+    return module
+
+
+def test_the_early_stop_runs_whole_through_a_forward_set_on_the_instance():
+    # accelerate's hooks (cpu_offload, dispatch_model) set each module's forward to a partial
+    # that moves weights in, runs the class's forward, and offloads them after it returns:
+    # a stop raised inside would skip that, leaving the weights loaded (on the device) for good.
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(
+        torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU()), torch.nn.Linear(3, 2)
+    )
+    x = torch.randn(2, 3)
+    whole, first, weight = net(x), net[0][0](x), net[0][0].weight.detach().clone()
+    log = []
+    _offloaded(net[0][0], log)
+    _offloaded(net[1], log)
+    assert torch.equal(net(x), whole) and log == ["Linear", "Linear"]
+    log.clear()
+    before = {name: dict(vars(m)) for name, m in net.named_modules()}
+    wrapped = pytest.warns(bcrecord.RecordingWarning, match="Linear at '0.0' has its own forward attribute")
+    with wrapped, record(net, ["0.0", "0.0:forward:self.weight@0"], stop_after_last=True) as rec:
+        out = net(x)
+    assert torch.equal(rec["0.0:forward:self.weight@0"], weight)  # loaded, as the forward used it
+    assert torch.equal(rec["0.0:forward:return"], first) and torch.equal(out, whole)
+    assert log == ["Linear", "Linear"] and net[0][0].weight.device.type == "meta"
+    assert {name: dict(vars(m)) for name, m in net.named_modules()}.keys() == before.keys()
+    assert all(vars(m).keys() == before[name].keys() for name, m in net.named_modules())
+    assert vars(net[0][0])["forward"] is before["0.0"]["forward"] and "forward" not in vars(net)
+    with pytest.warns(bcrecord.RecordingWarning, match="Linear at '0.0' has its own forward attribute"):
+        extractor = create_feature_extractor(net, ["0.0"])
+    log.clear()
+    features = extractor(x)
+    assert torch.equal(features["0.0"], first) and log == ["Linear", "Linear"]
+    assert net[0][0].weight.device.type == "meta"
+    extractor.close()
+    plain = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU())  # no wrapper: it stops
+    with record(plain, ["0"], stop_after_last=True):
+        assert plain(x) is None
+    _offloaded(plain, log)  # at the root, the stop would unwind its wrapper too
+    log.clear()
+    with pytest.warns(bcrecord.RecordingWarning, match="Sequential at '<root>' has its own forward"):
+        with record(plain, ["0", ""], stop_after_last=True):
+            assert torch.equal(plain(x), plain[1](plain[0](x)))
+    assert log == ["Sequential"]
+
+
 def test_a_second_backward_through_a_kept_graph_adds_no_gradient():
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Tanh())
@@ -1320,6 +1388,32 @@ def test_a_deepcopy_made_while_stopping_early_stops_as_the_model_does():
         with bcrecord.recording() as later:
             twin(x)
     assert later.keys() == ["seq:forward:return"]  # so a later class patch reaches it
+
+
+def test_a_forward_set_on_the_model_inside_an_early_stop_block_holds_no_recording():
+    # accelerate's add_hook_to_module inside the block: it keeps model.forward, the stopping
+    # forward, as _old_forward, and sets its partial; remove_hook_from_module puts it back.
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+    x = torch.randn(5, 3)
+    whole = net(x)
+    with pytest.warns(bcrecord.RecordingWarning, match=r"Sequential.forward was set on the model during"):
+        with record(net, ["0"], stop_after_last=True) as rec:
+            net._old_forward = net.forward
+            net.forward = functools.update_wrapper(
+                functools.partial(lambda m, *a: m._old_forward(*a), net), net
+            )
+            assert torch.equal(net(x), whole)  # through a wrapper: it runs whole
+    assert torch.equal(net(x), whole) and torch.equal(rec["0:forward:return"], net[0](x))
+    net.forward = net._old_forward  # remove_hook_from_module
+    del net._old_forward
+    kept = type(net.forward).__name__
+    assert rec not in getattr(net.forward, "recordings", [])  # the model holds no ended recording
+    with record(net, ["0"], stop_after_last=True) as later:
+        assert net(x) is None
+    assert torch.equal(later["0:forward:return"], net[0](x))
+    assert kept == "_StopAtRoot" and "forward" not in vars(net)  # gone with the next block
+    assert torch.equal(net(x), whole)
 
 
 def test_an_instance_patch_removed_inside_an_early_stop_block_leaves_nothing_behind():

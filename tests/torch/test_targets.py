@@ -420,8 +420,23 @@ def test_a_forward_replaced_on_the_instance_is_the_one_recorded_or_refused():
     hooked[0].forward = functools.update_wrapper(
         functools.partial(lambda m, x: bound(x) * 3, hooked[0]), bound
     )
-    with pytest.warns(bcrecord.RecordingWarning, match="Linear at '0' has its own forward attribute"):
+    with pytest.warns(
+        bcrecord.RecordingWarning, match="Linear at '0' has its own forward attribute"
+    ) as caught:
         expand(hooked, "0")
+    # It names the wrapper, what the path records, and where the wrapper's value is.
+    assert "(it is functools.partial(tests.torch.test_targets." in str(caught[0].message)
+    assert "the path records Linear.forward's return, not what that returns to its caller" in str(
+        caught[0].message
+    )
+    assert "record where the caller takes it (':forward:<local>'" in str(caught[0].message)
+    with pytest.warns(bcrecord.RecordingWarning) as caught:
+        expand(hooked, "0:forward:input")  # a site inside Linear.forward: it runs, or not
+    assert "(it is functools.partial(" in str(caught[0].message) and "the path" not in str(caught[0].message)
+    outer = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    outer.forward = functools.partial(torch.nn.Sequential.forward, outer)
+    with pytest.warns(bcrecord.RecordingWarning, match=r"for that value, take what model\(...\) returns"):
+        expand(outer, "")
 
 
 def test_an_fx_name_in_a_function_that_loops_is_refused_with_the_sites_to_pick():
