@@ -68,6 +68,7 @@ from typing import (
     Any,
     Callable,
     Container,
+    ContextManager,
     Deque,
     Dict,
     Generic,
@@ -108,6 +109,7 @@ __all__ = [
     "set_frame_switch",
     "track",
     "tracked",
+    "arming",
     "refresh",
     "untrack",
     "is_active",
@@ -661,6 +663,18 @@ def track(item: Armable) -> None:
         _armables.add(item)
         if _active_count:
             item.arm(_wanted_now())
+
+
+def arming() -> ContextManager[Any]:
+    """The lock arming and disarming run under: hold it to change what an item's ``arm`` reads.
+
+    A recording entered in another thread arms items meanwhile; re-entrant, so ``refresh``
+    may be called inside.
+
+    >>> with arming():
+    ...     pass
+    """
+    return _arm_lock
 
 
 def refresh(item: Armable) -> None:
