@@ -59,6 +59,7 @@ from .errors import NotPatchableError, SpecError, did_you_mean, shown, warn
 from .rewrite import SINKS_GET, code_objects, insert_probes
 from .runtime import (
     Site,
+    arming,
     hold_sites,
     probe_visible_from,
     refresh,
@@ -568,10 +569,13 @@ class _Slot:
         probed = self.plan(patches)
         # A subset's code stays right while its patches stay (their site ids are fixed).
         kept = {id(patch) for patch in patches}
-        self._subsets = {key: code for key, code in self._subsets.items() if kept.issuperset(key)}
-        self.patches, self.probed = patches, probed
-        if self.armed:
-            refresh(self)  # under the runtime's lock: a recording may be entering now
+        # Under the runtime's lock: a recording entering in another thread arms this slot,
+        # reading the patches and adding the code of a subset of them to _subsets.
+        with arming():
+            self._subsets = {key: code for key, code in self._subsets.items() if kept.issuperset(key)}
+            self.patches, self.probed = patches, probed
+            if self.armed:
+                refresh(self)
 
     def probed_inline(self) -> bool:
         """Whether code built for this slot has inline probes (see :mod:`bcrecord.rewrite`)."""

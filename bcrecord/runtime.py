@@ -68,6 +68,7 @@ from typing import (
     Any,
     Callable,
     Container,
+    ContextManager,
     Deque,
     Dict,
     Generic,
@@ -108,6 +109,7 @@ __all__ = [
     "set_frame_switch",
     "track",
     "tracked",
+    "arming",
     "refresh",
     "untrack",
     "is_active",
@@ -663,6 +665,18 @@ def track(item: Armable) -> None:
             item.arm(_wanted_now())
 
 
+def arming() -> ContextManager[Any]:
+    """The lock arming and disarming run under: hold it to change what an item's ``arm`` reads.
+
+    A recording entered in another thread arms items meanwhile; re-entrant, so ``refresh``
+    may be called inside.
+
+    >>> with arming():
+    ...     pass
+    """
+    return _arm_lock
+
+
 def refresh(item: Armable) -> None:
     """Arm or disarm ``item`` for the recordings active now (after its probes changed).
 
@@ -812,6 +826,9 @@ _registered: Dict[Tuple[str, type], Copier] = {}
 # One type -> copier table per policy (None: keep the value itself). The probe
 # reads these directly, so the common case is a single dict lookup.
 _copier_cache: Dict[str, Dict[type, Optional[Copier]]] = {policy: {} for policy in COPY_POLICIES}
+#: The most types a table of copiers holds: it holds them, and a class made anew per call (a
+#: ``namedtuple``, a notebook cell run again) would be kept for good; a full one starts afresh.
+_COPIERS_HELD = 1024
 _CONTAINERS = (list, tuple, dict, set, frozenset)
 _ATOMIC = (int, float, complex, str, bytes, bool, type(None), range, type)
 
@@ -1241,8 +1258,15 @@ def copy_value(value: T, policy: str) -> T:
     try:
         copier = table[kind]
     except KeyError:
-        copier = table[kind] = _guarded(_find_copier(policy, kind), kind)
+        copier = _copier_into(table, policy, kind)
     return value if copier is None else copier(value)
+
+
+def _copier_into(table: Dict[type, Optional[Copier]], policy: Any, kind: type) -> Optional[Copier]:
+    """The copier of ``kind``'s values under ``policy``, found and kept in ``table`` (bounded)."""
+    if len(table) >= _COPIERS_HELD:
+        table.clear()
+    return table.setdefault(kind, _guarded(_find_copier(policy, kind), kind))
 
 
 #: (copier, exact type) pairs whose copies run no Python code a probe could be in.
@@ -1428,7 +1452,7 @@ class Sink:
             kind = type(value)
             copier: Any = self.copiers.get(kind, _MISSING)
             if copier is _MISSING:
-                copier = self.copiers.setdefault(kind, _guarded(_find_copier(self.policy, kind), kind))
+                copier = _copier_into(self.copiers, self.policy, kind)
             self.store(value if copier is None else copier(value))
         except Exception as error:  # a probe must never raise into user code
             try:

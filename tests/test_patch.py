@@ -2356,3 +2356,43 @@ def test_a_recorder_dict_naming_the_function_a_wrapper_is_patched_as_is_taken():
     assert patch.keys == ("w:f:r@0",) and rec.all("w:f:r@0") == [4]
     with pytest.raises(SpecError, match=r"here 'f' is patched: patch 'g' instead, .*give method='f'"):
         bcrecord.patch_function(f, dict(recorder, method="g"), unwrap=False)
+
+
+def test_a_recording_entered_while_another_thread_adds_a_patch_to_its_function():
+    # Entering a recording builds (and keeps) the code of the subset of a function's patches
+    # it takes; adding or removing a patch rewrote that table under another lock: "dictionary
+    # changed size during iteration" in the patching thread, seen with record() in threads.
+    import threading
+
+    def f(a):
+        x = a + 1
+        return x
+
+    first = bcrecord.patch_function(f, ["x"], name="first")
+    second = bcrecord.patch_function(f, ["x"], name="second")
+    with bcrecord.recording(only=[first]):  # the table holds a subset's code
+        f(1)
+    got = {}
+
+    def enter():
+        with bcrecord.recording(only=[second]) as rec:
+            got["second"] = f(2)
+        got["rec"] = rec
+
+    other = threading.Thread(target=enter)
+
+    def meanwhile(frame, event, arg):  # run that thread while this one walks the table
+        if event == "c_call" and getattr(arg, "__name__", None) == "issuperset" and not other.is_alive():
+            sys.setprofile(None)
+            other.start()
+            other.join(0.5)  # (with the table locked it waits: the lock is this thread's)
+
+    sys.setprofile(meanwhile)
+    try:
+        third = bcrecord.patch_function(f, ["x"], name="third")
+    finally:
+        sys.setprofile(None)
+        other.join()
+    for patch in (first, second, third):
+        patch.remove()
+    assert got["second"] == 3 and got["rec"].all("second:f:x@0") == [3]

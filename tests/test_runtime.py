@@ -12,6 +12,7 @@ import sys
 import threading
 import types
 import warnings
+import weakref
 
 import pytest
 
@@ -2177,3 +2178,29 @@ def test_a_registry_walked_while_the_collector_forgets_an_item_still_lists_the_l
 
     registry._refs = refs = ChangedOnce(registry._refs)
     assert registry.live() == things and refs.walks == 2
+
+
+def test_the_copier_tables_do_not_keep_every_class_a_value_was_of_alive():
+    # A class made anew per call (namedtuple, make_dataclass, a notebook cell run again):
+    # the per-type tables of copiers held each one, and its module's globals, for good.
+    from bcrecord import runtime
+
+    def f(v):
+        x = v
+        return x
+
+    def callable_policy(value):
+        return value
+
+    classes = []
+    with bcrecord.patch_function(f, ["x", bcrecord.Local("v", copy=callable_policy)]):
+        for n in range(2000):
+            kind = type(f"Made{n}", (), {})
+            with bcrecord.recording(copy="deepcopy"):
+                f(kind())
+            copy_value(kind(), "clone")
+            classes.append(weakref.ref(kind))
+        del kind
+        gc.collect()
+        assert classes[0]() is None and classes[-1]() is not None
+        assert max(len(table) for table in runtime._copier_cache.values()) <= runtime._COPIERS_HELD

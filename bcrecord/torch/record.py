@@ -489,6 +489,12 @@ class ModelRecording(Recording):
             "(a branch not taken); name the sites that run (with their @index) to stop after them"
         )
 
+    def _end(self) -> None:
+        """Its ``record()`` block has ended: it is never entered again, and a recording kept
+        after its block holds its values, not the model's modules the early stop looked at."""
+        self._ended = True
+        self._unwound, self._caught_in = (), None
+
     def __exit__(self, *exc: object) -> None:
         try:
             super().__exit__(*exc)
@@ -734,10 +740,14 @@ class _GradCopy:
     def __init__(
         self, plan: Plan, key: str, keep: Callable[[Any], Any], keep_grad: Callable[[Any], Any]
     ) -> None:
-        self.plan, self.key, self.keep, self.keep_grad = plan, key, keep, keep_grad
+        # Weak: the patch holds this copier, and a recording made with ``only=`` its patches;
+        # a recording kept after its block must not keep the plan (and the model) alive.
+        self.plan = weakref.ref(plan)
+        self.key, self.keep, self.keep_grad = key, keep, keep_grad
 
     def __call__(self, value: Any) -> Any:
-        rec = self.plan.recording
+        plan = self.plan()
+        rec = None if plan is None else plan.recording
         if rec is not None:
             if not isinstance(value, torch.Tensor):
                 rec._fail(
@@ -764,7 +774,11 @@ class _GradientHook:
     def __init__(
         self, rec: ModelRecording, key: str, position: int, keep: Callable[[Any], Any], tensor: torch.Tensor
     ) -> None:
-        self.rec, self.key, self.position, self.keep = rec, key, position, keep
+        # Weak: the graph holds the hook (in C++, unseen by the cycle collector), and the
+        # recording holds the graph (its values): a recording dropped before a backward came
+        # would be kept for good, with all it holds.
+        self.rec = weakref.ref(rec)
+        self.key, self.position, self.keep = key, position, keep
         #: Its entry in the recording's table of hooks waiting on leaves, if it is one.
         self.waiting: Optional[Tuple[str, int]] = None
         self.had_none = tensor._backward_hooks is None
@@ -776,15 +790,18 @@ class _GradientHook:
         if self.handle is None:  # fired already
             return
         self.remove()
-        self.rec._leaf_hooks.discard(self)
-        if self.waiting is not None and self.rec._leaf_waiting.get(self.waiting) is self:
-            del self.rec._leaf_waiting[self.waiting]
+        rec = self.rec()
+        if rec is None:  # dropped: nobody can read its gradients
+            return
+        rec._leaf_hooks.discard(self)
+        if self.waiting is not None and rec._leaf_waiting.get(self.waiting) is self:
+            del rec._leaf_waiting[self.waiting]
         try:
             kept = silently(self.keep, grad)  # (as a value's copy: see runtime.silently)
         except Exception as error:  # never into the backward pass: into rec.errors
-            self.rec._fail(self.key, error)
+            rec._fail(self.key, error)
             return
-        self.rec._add_gradient(self.key, self.position, kept)
+        rec._add_gradient(self.key, self.position, kept)
 
     def remove(self) -> None:
         handle, self.handle = self.handle, None
@@ -1386,7 +1403,7 @@ def _record(
             yield rec
     finally:
         remove_all(patches)
-        running.rec._ended = True
+        running.rec._end()
         _warn_replaced(plan)
         _warn_added(plan)
 

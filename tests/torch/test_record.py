@@ -2,12 +2,14 @@
 
 import copy
 import functools
+import gc
 import io
 import pickle
 import re
 import sys
 import threading
 import warnings
+import weakref
 
 import pytest
 import torch
@@ -1820,3 +1822,71 @@ def test_the_instances_of_a_class_share_one_reading_of_its_code_per_spec(net, mo
     assert sorted(reads) == ["Block.forward", "Block.forward", "_BatchNorm.forward"]
     keys = rec.keys_of("blocks.*:forward:out")
     assert len(keys) == 3 * len([key for key in keys if key.startswith("blocks.0:")]) > 3
+
+
+@pytest.mark.parametrize(
+    "targets, options",
+    [
+        (["0", "1:forward:input"], {}),
+        (["0:forward:return.grad", "0:forward:self.weight.grad"], {}),
+        (["0"], {"stop_after_last": True}),
+    ],
+    ids=["values", "gradients", "stop_after_last"],
+)
+def test_a_recording_kept_after_its_block_holds_its_values_not_the_model(targets, options):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh())
+    held = [weakref.ref(module) for module in model.modules()]
+    with record(model, targets, **options) as rec:
+        out = model(torch.randn(3, 4))
+    del model, out
+    gc.collect()
+    assert [ref() for ref in held] == [None, None, None]
+    assert rec["0:forward:return"].shape == (3, 4)
+
+
+class _Hidden(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.lin(x)
+        y = torch.relu(h)
+        return y
+
+
+@pytest.mark.parametrize(
+    "make, target, copy",
+    [
+        (lambda: torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh()), "0:forward:return", "none"),
+        (lambda: torch.nn.Sequential(_Hidden(), _Hidden()), "0:forward:h@0", "clone"),
+    ],
+    ids=["kept as it is", "cloned"],
+)
+def test_a_gradient_no_backward_came_for_leaks_neither_the_recording_nor_the_model(make, target, copy):
+    # The gradient hook waits on the activation, which the recording holds: through the
+    # autograd graph (C++, unseen by the cycle collector) a hook holding the recording
+    # kept both, and the model, for good.
+    model = make()
+    with record(model, [target + ".grad"], copy=copy) as rec:
+        model(torch.randn(3, 4)).sum()
+    held = [weakref.ref(rec), weakref.ref(model), weakref.ref(rec[target])]
+    del model, rec
+    gc.collect()
+    assert [ref() for ref in held] == [None, None, None]
+
+
+def test_a_gradient_reaches_a_recording_kept_after_its_block_and_nothing_once_it_is_dropped():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh())
+    x = torch.randn(3, 4)
+    with record(model, ["0:forward:return.grad"], copy="none") as rec:
+        out = model(x)
+    out.sum().backward()  # after the block: the kept recording gets it
+    assert torch.allclose(rec["0:forward:return.grad"], 1 - torch.tanh(model[0](x)).pow(2))
+    with record(model, ["0:forward:return.grad"], copy="none") as rec:
+        out = model(x)
+    del rec
+    out.sum().backward()  # its hook finds no recording: backward runs as usual
+    assert model[0].weight.grad is not None
