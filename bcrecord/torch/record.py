@@ -493,7 +493,7 @@ class ModelRecording(Recording):
         """Its ``record()`` block has ended: it is never entered again, and a recording kept
         after its block holds its values, not the model's modules the early stop looked at."""
         self._ended = True
-        self._unwound, self._caught_in = (), None
+        self._unwound, self._through, self._caught_in = (), (), None
 
     def __exit__(self, *exc: object) -> None:
         try:
