@@ -20,13 +20,14 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from types import CodeType
 from typing import Callable, FrozenSet, List, Optional, Sequence, Tuple, Union, cast
 
 from bytecode import CellVar, FreeVar, Instr, Label
 
 from .errors import UnsupportedPythonError
 
-__all__ = ["Table", "current", "PROBE_NAME", "SUPPORTED"]
+__all__ = ["Table", "current", "carry_local_events", "PROBE_NAME", "SUPPORTED"]
 
 #: The global name under which inserted code finds the probe (call spelling).
 PROBE_NAME = "__bcrecord_probe__"
@@ -683,3 +684,25 @@ def global_name(instr: Instr) -> Optional[str]:
     if instr.name not in current().global_loads:
         return None
     return str(instr.arg[1]) if isinstance(instr.arg, tuple) else str(instr.arg)
+
+
+def carry_local_events(old: CodeType, new: CodeType) -> None:
+    """Give ``new`` the ``sys.monitoring`` local events each tool set on ``old`` (3.12+; else nothing).
+
+    For code put into a function in place of ``old``: a tool that set events on the code a
+    function runs (a debugger's breakpoints, a line profiler) keeps seeing it. Nested code
+    objects are code of their own, left as they are.
+
+    >>> def f():
+    ...     pass
+    >>> carry_local_events(f.__code__, (lambda: None).__code__)  # (no tool set any)
+    """
+    monitoring = getattr(sys, "monitoring", None)
+    if monitoring is None:
+        return
+    for tool in range(6):  # (ids 0 to 5: debugger, coverage, profilers, optimizer)
+        if monitoring.get_tool(tool) is None:
+            continue
+        events = monitoring.get_local_events(tool, old)
+        if events != monitoring.get_local_events(tool, new):
+            monitoring.set_local_events(tool, new, events)

@@ -54,6 +54,7 @@ from typing import (
     Union,
 )
 
+from ._versions import carry_local_events
 from .analysis import ProbePoint, Targets, read, resolve
 from .errors import NotPatchableError, SpecError, did_you_mean, shown, warn
 from .rewrite import SINKS_GET, code_objects, insert_probes
@@ -634,6 +635,7 @@ class _Slot:
         # (_replaced() called only where the code is not ours: this runs per recording entered.)
         if current is not code and ((current is self._code and not self.replaced) or not self._replaced()):
             self.live.__code__ = self._code = code
+            carry_local_events(current, code)
             if _swap_hook is not None:
                 _swap_hook(code, code is not self.original_code, self.live)
 
@@ -644,6 +646,7 @@ class _Slot:
         ours = code is self._code and not self.replaced
         if code is not self.original_code and (ours or not self._replaced()):
             self.live.__code__ = self._code = self.original_code
+            carry_local_events(code, self.original_code)
             if _swap_hook is not None:
                 _swap_hook(code, False, self.live)
 

@@ -518,6 +518,44 @@ def test_a_sys_monitoring_tool_sees_the_lines_of_the_unpatched_function(tmp_path
     _check_traced_values(rec)
 
 
+@pytest.mark.skipif(not hasattr(sys, "monitoring"), reason="sys.monitoring is 3.12+")
+def test_an_event_a_monitoring_tool_disabled_fires_once_more_in_the_probed_code(tmp_path):
+    # What the README says of sys.monitoring.DISABLE (coverage's sysmon core returns it): the
+    # probed code is a code object of its own, where each line fires once, then stays off.
+    monitoring = sys.monitoring
+    f, path = _traced_function(tmp_path)
+    tool = next(t for t in range(1, 6) if monitoring.get_tool(t) is None)
+    seen = []
+
+    def line(code, number):
+        if code.co_filename == path:
+            seen.append(number)
+        return monitoring.DISABLE
+
+    def lines():
+        seen.clear()
+        assert f(2, 3) == [10, 16]
+        return list(seen)
+
+    monitoring.use_tool_id(tool, "bcrecord-test")
+    try:
+        monitoring.register_callback(tool, monitoring.events.LINE, line)
+        monitoring.set_events(tool, monitoring.events.LINE)
+        first = lines()
+        assert sorted(set(first)) == list(range(2, 12)) and lines() == []
+        with bcrecord.patch_function(f, _TRACED_SPECS, name="m"):
+            with bcrecord.recording() as rec:
+                assert lines() == first and lines() == []
+            assert lines() == []  # the original's, still off
+            with bcrecord.recording() as again:
+                assert lines() == []  # the same probed code, off too
+    finally:
+        monitoring.set_events(tool, 0)
+        monitoring.register_callback(tool, monitoring.events.LINE, None)
+        monitoring.free_tool_id(tool)
+    assert rec.all("m:f:x@0") == [3, 3] and again.all("m:f:x@0") == [3]
+
+
 def test_pdb_next_out_of_a_callee_into_a_patched_caller_skipping_bcrecord(tmp_path, sigint_put_back):
     import io
     import pdb

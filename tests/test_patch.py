@@ -222,6 +222,42 @@ def test_code_another_tool_swapped_and_put_back_while_patched_is_ours_again():
     assert len(during) == 0 and rec.all("tests.test_patch:f:x@0") == [5]
 
 
+@pytest.mark.skipif(not hasattr(sys, "monitoring"), reason="sys.monitoring is 3.12+")
+def test_sys_monitoring_local_events_go_with_the_code_a_recording_swaps_in_and_out():
+    # A tool (a debugger's breakpoint, a line profiler) sets local events on the code it
+    # found in f, or on the code that runs in f's frames: it sees f's lines while a
+    # recording runs and after, as without the patch.
+    monitoring = sys.monitoring
+    line = monitoring.events.LINE
+
+    def f(a):
+        x = a + 1
+        y = x * 2
+        return y
+
+    first = f.__code__.co_firstlineno
+    tool = next(t for t in range(1, 6) if monitoring.get_tool(t) is None)
+    seen = []
+    monitoring.use_tool_id(tool, "bcrecord-test")
+    try:
+        monitoring.register_callback(tool, line, lambda code, number: seen.append(number - first))
+        monitoring.set_local_events(tool, f.__code__, line)
+        with bcrecord.patch_function(f, ["x", "y"], name="m"):
+            with bcrecord.recording() as rec:
+                assert f(1) == 4 and seen == [1, 2, 3]
+                monitoring.set_local_events(tool, f.__code__, 0)  # off, on the probed code
+                assert f(2) == 6 and seen == [1, 2, 3]
+            assert f(3) == 8 and seen == [1, 2, 3]  # and off it stays
+            monitoring.set_local_events(tool, f.__code__, line)
+            with bcrecord.recording() as again:
+                assert f(4) == 10 and seen == [1, 2, 3] * 2
+    finally:
+        monitoring.register_callback(tool, line, None)
+        monitoring.free_tool_id(tool)  # (clears its local events too)
+    assert rec.all("m:f:x@0") == [2, 3] and rec.all("m:f:y@0") == [4, 6]
+    assert again.all("m:f:x@0") == [5] and again.all("m:f:y@0") == [10]
+
+
 def test_a_keyword_default_changed_while_patched_stays_and_a_recording_copy_has_its_own():
     class D:
         def m(self, a, *, k=1):
