@@ -315,6 +315,10 @@ def _why_not_a_function(obj: Any) -> str:
         )
     if isinstance(obj, (functools.partial, functools.partialmethod)):
         called = getattr(obj.func, "__qualname__", None) or repr(obj.func)
+        try:
+            function_of(obj.func)
+        except NotPatchableError as error:  # (partial(int, base=2): int was suggested)
+            return f"a functools.{type(obj).__name__} of {called}, which it calls: {error}"
         reached = _reached(obj.func, "")  # (by its own name, where that reaches it)
         how = f"patch_function({reached}, specs)" if reached else "its .func"
         return f"a functools.{type(obj).__name__} of {called}: patch the function it calls, {how}"
@@ -366,6 +370,9 @@ def _why_not_a_function(obj: Any) -> str:
         )
     if callable(obj):
         return f"{name} is a builtin or C function: it has no bytecode to patch"
+    descriptor = _c_descriptor(obj)
+    if descriptor is not None:
+        return f"{name!s} is {descriptor}"
     return f"{name!s}, {_a(type(obj).__name__)}: only Python functions can be patched"
 
 
@@ -415,9 +422,47 @@ def _python_descriptor(obj: Any) -> Optional[str]:
     if not isinstance(inspect.getattr_static(type(obj), "__get__", None), types.FunctionType):
         return None
     kind = type(obj).__name__
+    getter = getattr(obj, "fget", None)
+    if isinstance(getter, types.FunctionType):  # a property of its own kind (enum's, DynamicClassAttribute)
+        path = _getter(obj)
+        how = f"patch_function({path}, specs)" if path else "its .fget"
+        return f"{_a(kind)} descriptor around a getter: patch the getter, {how}"
     return (
         f"{_a(kind)} descriptor (an object of a Python class, not a function): patch the function it "
         f"gives where it is read, or its class's __get__, patch_method({kind}, '__get__', specs)"
+    )
+
+
+def _getter(descriptor: Any) -> str:
+    """How a message names the getter of a property-like ``descriptor``: through the class that
+    defines it (``Enum.__dict__['value'].fget``) where that holds it, else ``''``.
+
+    >>> import enum, types
+    >>> _getter(vars(enum.Enum)["value"]), _getter(types.DynamicClassAttribute(lambda self: 0))
+    ("Enum.__dict__['value'].fget", '')
+    """
+    owner, _, attribute = descriptor.fget.__qualname__.rpartition(".")
+    holder: Any = sys.modules.get(descriptor.fget.__module__)
+    for part in owner.split(".") if owner else ["<>"]:  # ('<locals>' reaches nothing)
+        holder = inspect.getattr_static(holder, part, None) if holder is not None else None
+    if isinstance(holder, type) and vars(holder).get(attribute) is descriptor:
+        return f"{owner}.__dict__[{attribute!r}].fget"
+    return ""
+
+
+def _c_descriptor(obj: Any) -> Optional[str]:
+    """What to say of ``obj`` if it is a descriptor written in C that gives a value, not a
+    function (a namedtuple's field, a slot), else None.
+
+    >>> import collections
+    >>> _c_descriptor(collections.namedtuple("P", "x").x).split(":")[0]
+    'a _tuplegetter (C code that gives an attribute its value)'
+    """
+    if callable(obj) or inspect.getattr_static(type(obj), "__get__", None) is None:
+        return None
+    return (
+        f"{_a(type(obj).__name__)} (C code that gives an attribute its value): it has no bytecode "
+        "to patch; record the value where a function reads it, with an attribute spec ('self.x@0')"
     )
 
 
@@ -1629,7 +1674,7 @@ def _patch_method(
                 f"that function, patch_function({holder.__name__}.__getattr__.__globals__"
                 f"['cached_properties'][{method!r}], specs)"
             ) from None
-        descriptor = _python_descriptor(raw)
+        descriptor = _python_descriptor(raw) or _c_descriptor(raw)
         if descriptor is not None and str(error).endswith(descriptor):  # (its repr names no attribute)
             raise NotPatchableError(f"{_named(obj)}'s {method!r} is {descriptor}") from None
         raise

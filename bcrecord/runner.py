@@ -20,7 +20,9 @@ How targets are applied:
   anything: its module is looked up on ``sys.path`` (parent packages are not
   imported), its function is found in the module's code by qualified name, and the
   spec is resolved against that code. An unknown module, function or local stops
-  the run before the program's first line, with one line on stderr.
+  the run before the program's first line, with one line on stderr (a function of
+  a module that calls ``exec`` or ``globals()``, or imports ``*``, is looked for
+  once that module has run).
 * **When the module is imported** (an import hook; modules already imported are
   patched at once), the functions are patched in place
   (:func:`bcrecord.patch_function`), so every reference records: ``from m import
@@ -375,7 +377,7 @@ def _check_in_code(target: RunTarget, code: types.CodeType, where: str) -> None:
     defined = dict(functions)
     found = [c for name, c in functions if name == target.qualname]
     if not found:
-        if target.path[0] not in code.co_names:
+        if target.path[0] not in code.co_names and not _binds_unseen_names(code):
             hint = did_you_mean(target.path[0], _last_bindings(code)[0])  # (a misspelt class or function)
             raise RunError(f"target {target.text!r}: {where} never defines {target.path[0]!r}{hint}")
         # 'outer.inner' where inner is a def inside outer: a local of each call, out of the
@@ -403,6 +405,23 @@ def _check_in_code(target: RunTarget, code: types.CodeType, where: str) -> None:
         except BcrecordError as error:
             first = first or error
     raise RunError(f"target {target.text!r}: {first}")
+
+
+def _binds_unseen_names(code: types.CodeType) -> bool:
+    """Whether module ``code``, or code nested in it, may bind global names that none of its
+    stores names: it calls ``exec`` (a ``def`` in a string), writes through ``globals()``, or
+    imports ``*``.
+
+    >>> _binds_unseen_names(compile("exec('def f(): pass')", "<m>", "exec"))
+    True
+    >>> _binds_unseen_names(compile("def f(): pass", "<m>", "exec"))
+    False
+    """
+    for instr in dis.get_instructions(code):
+        # (IMPORT_STAR up to 3.11, an intrinsic call of that name from 3.12)
+        if instr.argval in ("exec", "globals") or "IMPORT_STAR" in f"{instr.opname} {instr.argrepr}":
+            return True
+    return any(_binds_unseen_names(c) for c in code.co_consts if isinstance(c, types.CodeType))
 
 
 def _sets_attribute(code: types.CodeType, name: str) -> bool:

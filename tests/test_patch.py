@@ -558,6 +558,43 @@ def test_a_property_made_of_a_named_getter_says_to_patch_that_function():
         bcrecord.patch_function(functools.partial(_get_area, Square(2)), "area")
 
 
+def test_generated_attributes_without_code_say_why_and_what_works():
+    import collections
+    import enum
+
+    # A namedtuple's field is C code: "..., a _tuplegetter: only Python functions can be patched".
+    Point = collections.namedtuple("Point", "x y")
+    with pytest.raises(
+        NotPatchableError, match=r"'x' is a _tuplegetter \(C code that gives an attribute its"
+    ):
+        bcrecord.patch_method(Point, "x", "return")
+    with pytest.raises(
+        NotPatchableError, match=r"no bytecode to patch; record the value where a function reads"
+    ):
+        bcrecord.targets(Point.y)
+
+    # An enum's value: "patch_method(property, '__get__', specs)" on 3.12+, enum's property, not the
+    # builtin one that name gives; the getter it runs is what to patch.
+    class Color(enum.Enum):
+        RED = 1
+
+    getter = r"around a getter: patch the getter, patch_function\(Enum\.__dict__\['value'\]\.fget, specs\)$"
+    with pytest.raises(NotPatchableError, match=getter):
+        bcrecord.patch_method(Color, "value", "return")
+    with (
+        bcrecord.patch_function(enum.Enum.__dict__["value"].fget, "return", name="e"),
+        bcrecord.recording() as rec,
+    ):
+        assert Color.RED.value == 1
+    assert rec.all("e:value:return") == [1]
+
+    # A partial of a builtin: "patch the function it calls, patch_function(int, specs)", which fails.
+    with pytest.raises(
+        NotPatchableError, match=r"^a functools\.partial of int, which it calls: int is a class whose"
+    ):
+        bcrecord.patch_function(functools.partial(int, base=2), "return")
+
+
 def test_a_cached_property_of_an_attrs_slotted_class_says_which_function_to_patch():
     attrs = pytest.importorskip("attrs")
 

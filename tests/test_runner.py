@@ -716,6 +716,29 @@ def test_run_a_zip_program_checks_its_targets_before_it_starts(project, main):
     assert refused.stdout == ""
 
 
+def test_run_targets_functions_the_program_defines_with_exec(project):
+    # A function a module defines by exec (or a star import, or through globals()) is in no
+    # store of its code: the target was refused before the program ran ("never defines 'gen'").
+    (project / "genmod.py").write_text("exec('def gen(x):\\n    y = x * 7\\n    return y\\n')\n")
+    (project / "execs.py").write_text(
+        "import genmod\n"
+        "exec(compile('def made(a):\\n    b = a + 1\\n    return b\\n', '<generated>', 'exec'))\n\n"
+        "def main():\n    print(made(genmod.gen(2)))\n\nmain()\n"
+    )
+    (project / "stars.py").write_text("from genmod import *\n\ndef main():\n    print(gen(3))\n\nmain()\n")
+    result = cli("run", "-r", "genmod:gen:y", "-r", "__main__:made:b", "execs.py", cwd=project)
+    assert result.returncode == 0 and result.stdout == "15\n", result.stderr
+    rows = sorted(line.split() for line in result.stderr.splitlines()[2:])
+    assert rows == [["__main__:made:b@0", "1", "15"], ["genmod:gen:y@0", "1", "14"]]
+    starred = cli("run", "-r", "__main__:gen:y", "stars.py", cwd=project)
+    assert starred.returncode == 0 and starred.stdout == "21\n", starred.stderr
+    assert [line.split() for line in starred.stderr.splitlines()[2:]] == [["__main__:gen:y@0", "1", "21"]]
+    # A misspelt one is said once the module has run, with the names it has.
+    refused = cli("run", "-r", "genmod:gne:y", "execs.py", cwd=project)
+    assert refused.returncode == 2
+    assert "has no attribute 'gne'; did you mean 'gen'?" in one_clear_line(refused)
+
+
 SHOWS_SYS_PATH = "import sys\n\ndef f():\n    y = 1\n    return y\n\nf()\nprint(sys.path)\n"
 
 
