@@ -611,14 +611,19 @@ class _Slot:
         hold_sites(code_objects(probed), ids)
         return probed
 
-    def install(self, patches: List[Patch]) -> None:
+    def install(self, patches: List[Patch], afresh: bool = False) -> None:
+        """Put in the code for ``patches``; ``afresh``: no subset's code built before stays
+        (built in another order of delivery, or spelled otherwise)."""
         probed = self.plan(patches)
         # A subset's code stays right while its patches stay (their site ids are fixed).
         kept = {id(patch) for patch in patches}
         # Under the runtime's lock: a recording entering in another thread arms this slot,
-        # reading the patches and adding the code of a subset of them to _subsets.
+        # reading the patches and adding the code of a subset of them to _subsets (one it
+        # builds meanwhile goes into the table this replaces: hence afresh, not a table emptied
+        # before the lock is taken).
         with arming():
-            self._subsets = {key: code for key, code in self._subsets.items() if kept.issuperset(key)}
+            subsets = {} if afresh else self._subsets
+            self._subsets = {key: code for key, code in subsets.items() if kept.issuperset(key)}
             self.patches, self.probed = patches, probed
             if self.armed:
                 refresh(self)
@@ -774,8 +779,7 @@ def respell_inline() -> int:
         # Every slot with patches is tracked, keyed or not (instrument() makes its own).
         for slot in tracked():
             if isinstance(slot, _Slot) and slot.patches and slot.probed_inline():
-                slot._subsets = {}
-                slot.install(slot.patches)
+                slot.install(slot.patches, afresh=True)
                 rebuilt += 1
     return rebuilt
 
@@ -879,8 +883,7 @@ class Patch:
             if self.last or self._slot is None:
                 return
             self.last = True
-            self._slot._subsets = {}  # (built in the former order)
-            self._slot.install(self._slot.patches)
+            self._slot.install(self._slot.patches, afresh=True)  # (subsets built in the former order)
 
     def remove(self) -> None:
         """Undo this patch; other patches of the same method stay. Idempotent.

@@ -2469,3 +2469,49 @@ def test_a_recording_entered_while_another_thread_adds_a_patch_to_its_function()
     for patch in (first, second, third):
         patch.remove()
     assert got["second"] == 3 and got["rec"].all("second:f:x@0") == [3]
+
+
+def test_a_subset_built_in_another_thread_while_a_patch_is_delivered_last_is_not_kept(monkeypatch):
+    # deliver_last (and respell_inline) emptied the table of subsets' code before taking the
+    # arming lock: a recording entering in another thread meanwhile stored the code it was
+    # building, in the former order, in the emptied table, and later recordings taking that
+    # subset delivered in the former order for good.
+    import threading
+
+    from bcrecord import patch as patch_module
+
+    def f(a):
+        x = a + 1
+        return x
+
+    p1, p2, p3 = (bcrecord.patch_function(f, "x", name=name) for name in ("p1", "p2", "p3"))
+    built, go = threading.Event(), threading.Event()
+    plan = patch_module._Slot.plan
+
+    def slow_plan(self, patches):  # a big function's subset, built in the recording's thread
+        code = plan(self, patches)
+        if threading.current_thread().name == "entering" and len(patches) == 2:
+            built.set()
+            go.wait(5)
+        return code
+
+    monkeypatch.setattr(patch_module._Slot, "plan", slow_plan)
+
+    def enter():
+        with bcrecord.recording(only=[p1, p2]):
+            pass
+
+    entering = threading.Thread(target=enter, name="entering")
+    entering.start()
+    assert built.wait(5)
+    delivering = threading.Thread(target=p1.deliver_last)
+    delivering.start()
+    delivering.join(0.2)  # (waits for the arming lock, which the entering thread holds)
+    go.set()
+    delivering.join()
+    entering.join()
+    monkeypatch.setattr(patch_module._Slot, "plan", plan)
+    with bcrecord.recording(only=[p1, p2]) as rec:
+        f(1)
+    assert rec.keys() == ["p2:f:x@0", "p1:f:x@0"]
+    patch_module.remove_all([p1, p2, p3])

@@ -154,7 +154,8 @@ class FeatureExtractor(torch.nn.Module):
     registered for every module, as ``FlopCounterMode``'s, or ``always_call=True``
     hooks of a module on the way to a target are there: they would be skipped; nor
     through a module whose ``forward`` is set on the instance, as accelerate's hooks set
-    it: what that does after the class's forward, offloading the weights, would be; nor
+    it: what that does after the class's forward, offloading the weights, would be (not
+    ``torch.compile``'s, which only runs the forward it compiled); nor
     where a target naming several sites, a local without ``@index``, names one in a
     branch the model does not take: the stop waits for each, and a warning says so). A
     module path gives the module's output at its first call in the forward, as

@@ -1215,11 +1215,13 @@ class Pass:
             self.rec.__exit__()
         finally:
             self.plan.recording = None  # the plan outlives the pass; its values must not
-            if self.stopping is not None:
-                root, self.stopping = self.stopping, None
-                _StopAtRoot.release(self.plan.model, self.rec, root)
-            _unmark_all(self.marked)
-            self.marked = []
+            try:
+                if self.stopping is not None:
+                    root, self.stopping = self.stopping, None
+                    _StopAtRoot.release(self.plan.model, self.rec, root)
+            finally:  # (its warning made an error)
+                _unmark_all(self.marked)
+                self.marked = []
 
 
 def record(
@@ -1655,14 +1657,16 @@ class _StopAtRoot:
     def release(model: torch.nn.Module, rec: ModelRecording, root: _StopAtRoot) -> None:
         """Take ``rec`` out of ``root`` (what :meth:`take` gave it), and ``root`` out of
         ``model.forward`` once no recording runs on it."""
+        told = None
         with _roots_lock:
             root.recordings = [r for r in root.recordings if r is not rec]
             if root.recordings:
                 return
             if model.__dict__.get("forward") is not root:
                 # Set meanwhile over it (accelerate's add_hook_to_module keeps it as _old_forward):
-                # left there, it holds no recording, so it records and stops nothing.
-                warn(
+                # left there, it holds no recording, so it records and stops nothing. Told once
+                # the deepcopies' are out, outside the lock (a warning made an error raises).
+                told = (
                     f"bcrecord: {type(model).__name__}.forward was set on the model during a "
                     f"stop_after_last block (it is {callable_name(model.__dict__.get('forward'))}) and is "
                     "left there; where it calls the forward it replaced, as accelerate's add_hook_to_module "
@@ -1685,6 +1689,8 @@ class _StopAtRoot:
                 if not twin.recordings and twin.model.__dict__.get("forward") is twin:
                     _put_back(twin.model.__dict__, twin)
                     twins += list(twin.twins)
+        if told is not None:
+            warn(told)
 
 
 def _put_back(holder: Dict[str, Any], root: _StopAtRoot) -> None:

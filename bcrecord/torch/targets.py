@@ -1486,7 +1486,11 @@ def wraps_forward(module: torch.nn.Module) -> bool:
         own = own.__wrapped__
     # A method of its own (self.forward = self.forward_fast; bcrecord's patch of one instance)
     # is the model's code, which a stop ends as it ends the class's forward.
-    return own is not None and not (isinstance(own, types.MethodType) and own.__self__ is module)
+    if own is None or (isinstance(own, types.MethodType) and own.__self__ is module):
+        return False
+    # Dynamo's (torch.compile's OptimizedModule sets its forward so, as does `m.forward =
+    # torch.compile(m.forward)`) only runs the forward it compiled: its context ends on a stop too.
+    return not (isinstance(own, types.FunctionType) and hasattr(own, "_torchdynamo_orig_callable"))
 
 
 def callable_name(called: Any) -> str:

@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch._dynamo
 
+import bcrecord
 from bcrecord.torch import record
 
 from .models import SmallNet, reference_smallnet
@@ -428,3 +429,33 @@ def test_a_record_block_inside_a_compiled_function_records_without_dynamo_warnin
             assert torch.allclose(rec["bn1:forward:return"], expected["bn1"], atol=1e-5)
             assert torch.allclose(rec["blocks.1:forward:out@1"], expected["blocks.1.bn"], atol=1e-5)
     assert [str(w.message)[:80] for w in caught] == []
+
+
+def test_a_compiled_model_still_stops_early_its_forward_being_dynamo_s():
+    # OptimizedModule's forward is set on its instance (Dynamo's wrapper of the model's): the
+    # early stop, which runs whole through a forward set on an instance (accelerate's hooks),
+    # took it for such a wrapper, and a compiled model or its extractor ran to the end.
+    from bcrecord.torch import FeatureExtractor
+
+    ran = []
+
+    class Tail(torch.nn.Module):
+        def forward(self, x):
+            ran.append(1)
+            return x * 2
+
+    torch._dynamo.reset()
+    net = torch.nn.Sequential(torch.nn.Linear(2, 2), Tail())
+    compiled = torch.compile(net, backend="eager")
+    x = torch.ones(1, 2)
+    with record(compiled, ["0"], stop_after_last=True) as rec:
+        assert compiled(x) is None
+    assert torch.allclose(rec["0:forward:return"], net[0](x)) and ran == []
+    extractor = FeatureExtractor(compiled, ["0"])
+    assert torch.allclose(extractor(x)["0"], net[0](x)) and ran == []
+    extractor.close()
+    net[0].forward = torch.compile(net[0].forward, backend="eager")  # one module's, set on it
+    with pytest.warns(bcrecord.RecordingWarning, match="Linear at '0' has its own forward attribute"):
+        with record(net, ["0"], stop_after_last=True):
+            assert net(x) is None
+    assert ran == []

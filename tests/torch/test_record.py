@@ -1418,6 +1418,26 @@ def test_a_forward_set_on_the_model_inside_an_early_stop_block_holds_no_recordin
     assert torch.equal(net(x), whole)
 
 
+def test_a_forward_set_inside_an_early_stop_block_under_warnings_as_errors_leaves_no_mark():
+    # The warning that it is left there, made an error (-W error, pytest's filterwarnings),
+    # was raised before the pass took its path markers off the modules: the model kept them
+    # (and torch.save, deepcopy carried them), and the count of them was never freed.
+    marks = sys.modules["bcrecord.torch.record"]._mark_counts
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU())
+    x = torch.randn(2, 3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(bcrecord.RecordingWarning, match="forward was set on the model during"):
+            with record(net, ["0"], stop_after_last=True):
+                net.forward = functools.partial(torch.nn.Sequential.forward, net)
+                net(x)
+    assert [name for name in vars(net[0]) if "bcrecord" in name] == [] and id(net[0]) not in marks
+    del net.forward
+    with record(net, ["0"], stop_after_last=True) as rec:
+        assert net(x) is None
+    assert list(rec.keys()) == ["0:forward:return"] and "forward" not in vars(net)
+
+
 def test_an_instance_patch_removed_inside_an_early_stop_block_leaves_nothing_behind():
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
