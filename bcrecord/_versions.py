@@ -21,7 +21,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from types import CodeType
-from typing import Callable, FrozenSet, List, Optional, Sequence, Tuple, Union, cast
+from typing import Any, Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple, Union, cast
 
 from bytecode import CellVar, FreeVar, Instr, Label
 
@@ -686,23 +686,41 @@ def global_name(instr: Instr) -> Optional[str]:
     return str(instr.arg[1]) if isinstance(instr.arg, tuple) else str(instr.arg)
 
 
-def carry_local_events(old: CodeType, new: CodeType) -> None:
+#: ``sys.monitoring`` (3.12+), looked up once: getattr(sys, "monitoring", None) on 3.10/3.11
+#: raises and catches an AttributeError, a microsecond, twice per recording entered per slot.
+_MONITORING: Any = getattr(sys, "monitoring", None)
+
+
+def carry_local_events(
+    old: CodeType, new: CodeType, put_in: Optional[Dict[int, int]] = None
+) -> Dict[int, int]:
     """Give ``new`` the ``sys.monitoring`` local events each tool set on ``old`` (3.12+; else nothing).
 
     For code put into a function in place of ``old``: a tool that set events on the code a
     function runs (a debugger's breakpoints, a line profiler) keeps seeing it. Nested code
-    objects are code of their own, left as they are.
+    objects are code of their own, left as they are. ``put_in``: the events ``old`` had
+    (what this returned) when it was put in the function in place of ``new``; a tool's events
+    that are still those on ``old`` stay as they are on ``new``, where the tool may have
+    changed them meanwhile (a debugger removing a breakpoint from the code it set it on).
+    Returns the local events on ``new`` after, by tool id, of the tools that set some.
 
     >>> def f():
     ...     pass
     >>> carry_local_events(f.__code__, (lambda: None).__code__)  # (no tool set any)
+    {}
     """
-    monitoring = getattr(sys, "monitoring", None)
+    carried: Dict[int, int] = {}
+    monitoring = _MONITORING
     if monitoring is None:
-        return
+        return carried
     for tool in range(6):  # (ids 0 to 5: debugger, coverage, profilers, optimizer)
         if monitoring.get_tool(tool) is None:
             continue
         events = monitoring.get_local_events(tool, old)
-        if events != monitoring.get_local_events(tool, new):
+        if put_in is not None and put_in.get(tool, 0) == events:  # (unchanged on the running code)
+            events = monitoring.get_local_events(tool, new)
+        elif events != monitoring.get_local_events(tool, new):
             monitoring.set_local_events(tool, new, events)
+        if events:
+            carried[tool] = events
+    return carried

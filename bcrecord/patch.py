@@ -593,6 +593,9 @@ class _Slot:
         self.follows: Optional[Tuple[Any, Any, types.CodeType]] = None
         # Probed code for subsets of the patches (ids in slot order), built when armed.
         self._subsets: Dict[Tuple[int, ...], types.CodeType] = {}
+        #: The code arm() put in and the sys.monitoring local events it carried onto it (3.12+):
+        #: disarm() carries back only those a tool changed on it meanwhile.
+        self._put_in: Optional[Tuple[types.CodeType, Dict[int, int]]] = None
 
     def plan(self, patches: List[Patch]) -> types.CodeType:
         """Build the probed code for ``patches`` without changing anything.
@@ -685,7 +688,14 @@ class _Slot:
         # (_replaced() called only where the code is not ours: this runs per recording entered.)
         if current is not code and ((current is self._code and not self.replaced) or not self._replaced()):
             self.live.__code__ = self._code = code
-            carry_local_events(current, code)
+            # (Back to the original: only what a tool changed on the running code; see disarm.)
+            put_in = self._put_in
+            back = (
+                put_in[1]
+                if put_in is not None and put_in[0] is current and code is self.original_code
+                else None
+            )
+            self._put_in = (code, carry_local_events(current, code, back))
             if _swap_hook is not None:
                 _swap_hook(code, code is not self.original_code, self.live)
 
@@ -696,7 +706,11 @@ class _Slot:
         ours = code is self._code and not self.replaced
         if code is not self.original_code and (ours or not self._replaced()):
             self.live.__code__ = self._code = self.original_code
-            carry_local_events(code, self.original_code)
+            # Only the events a tool changed on the code that ran since it was put in: the
+            # original's own stay (a debugger that removed its breakpoint from the code it set it on).
+            put_in = self._put_in
+            carry_local_events(code, self.original_code, put_in[1] if put_in and put_in[0] is code else None)
+            self._put_in = None
             if _swap_hook is not None:
                 _swap_hook(code, False, self.live)
 

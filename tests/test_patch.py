@@ -223,6 +223,49 @@ def test_code_another_tool_swapped_and_put_back_while_patched_is_ours_again():
 
 
 @pytest.mark.skipif(not hasattr(sys, "monitoring"), reason="sys.monitoring is 3.12+")
+def test_sys_monitoring_events_a_tool_changes_on_the_original_code_during_a_recording_stay():
+    # A tool holding the code it set events on (a debugger's breakpoint) removes them, or a
+    # tool that starts meanwhile sets its own there, while a recording runs: the recording's
+    # exit put back the events the probed code had, bringing the breakpoint back ([1, 2, 3])
+    # and dropping the other tool's (0).
+    monitoring = sys.monitoring
+    line = monitoring.events.LINE
+
+    def f(a):
+        x = a + 1
+        y = x * 2
+        return y
+
+    original, first = f.__code__, f.__code__.co_firstlineno
+    debugger, late = [t for t in range(1, 6) if monitoring.get_tool(t) is None][:2]
+    seen = []
+    monitoring.use_tool_id(debugger, "bcrecord-test")
+    try:
+        monitoring.register_callback(debugger, line, lambda code, number: seen.append(number - first))
+        monitoring.set_local_events(debugger, original, line)
+        with bcrecord.patch_function(f, ["x"], name="m") as patch:
+            with bcrecord.recording() as rec:
+                assert f(1) == 4 and seen == [1, 2, 3]
+                monitoring.set_local_events(debugger, original, 0)  # the breakpoint removed
+                monitoring.use_tool_id(late, "bcrecord-test-late")
+                monitoring.set_local_events(late, original, line)
+            assert monitoring.get_local_events(debugger, original) == 0
+            assert monitoring.get_local_events(late, original) == line
+            assert f(2) == 6 and seen == [1, 2, 3] and rec.all("m:f:x@0") == [2]
+            monitoring.set_local_events(debugger, original, line)
+            with bcrecord.recording():
+                monitoring.set_local_events(debugger, original, 0)
+                patch.remove()  # (the code put back by the patch's removal)
+            assert monitoring.get_local_events(debugger, original) == 0
+    finally:
+        for tool in (debugger, late):
+            if monitoring.get_tool(tool) is not None:
+                monitoring.set_local_events(tool, original, 0)
+                monitoring.register_callback(tool, line, None)
+                monitoring.free_tool_id(tool)
+
+
+@pytest.mark.skipif(not hasattr(sys, "monitoring"), reason="sys.monitoring is 3.12+")
 def test_sys_monitoring_local_events_go_with_the_code_a_recording_swaps_in_and_out():
     # A tool (a debugger's breakpoint, a line profiler) sets local events on the code it
     # found in f, or on the code that runs in f's frames: it sees f's lines while a

@@ -739,6 +739,19 @@ def test_run_targets_functions_the_program_defines_with_exec(project):
     assert "has no attribute 'gne'; did you mean 'gen'?" in one_clear_line(refused)
 
 
+def test_run_checks_targets_before_a_program_that_only_names_exec_or_globals_otherwise(project):
+    # An attribute (Qt's app.exec(), self.globals) or a string ('exec', compile's mode) is no
+    # call of the builtins: a misspelt target is still refused before the program's first line.
+    (project / "qtlike.py").write_text(
+        "class App:\n    def exec(self):\n        self.globals = {}\n        return 0\n\n"
+        "def work(x):\n    y = x * 2\n    return y\n\n"
+        "mode = 'exec'\nprint(work(3))\nApp().exec()\n"
+    )
+    refused = cli("run", "-r", "__main__:wrok:y", "qtlike.py", cwd=project)
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert "never defines 'wrok'; did you mean 'work'?" in one_clear_line(refused)
+
+
 SHOWS_SYS_PATH = "import sys\n\ndef f():\n    y = 1\n    return y\n\nf()\nprint(sys.path)\n"
 
 
