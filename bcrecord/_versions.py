@@ -147,6 +147,11 @@ class Table:
     dot_is_working_directory: bool = True
     #: Whether ``sys.flags`` has ``safe_path`` (``python -P``, ``PYTHONSAFEPATH``: 3.11+).
     safe_path_flag: bool = True
+    #: Opcodes that push a global or builtin by name in any code, a class body's and an
+    #: annotation scope's too (``dis`` names: ``bcrecord run`` reads a module's code with it).
+    name_loads: FrozenSet[str] = frozenset({"LOAD_GLOBAL", "LOAD_NAME"})
+    #: How ``dis`` names ``from m import *``: an opcode, or the argument of an intrinsic call.
+    star_import: str = "IMPORT_STAR"
 
     def load_probe(self, location: object) -> Instrs:
         """Push the probe as a callable (with its NULL slot where the version has one)."""
@@ -535,6 +540,8 @@ def _311() -> Table:
 def _312() -> Table:
     return Table(
         name="3.12",
+        name_loads=frozenset({"LOAD_GLOBAL", "LOAD_NAME", "LOAD_FROM_DICT_OR_GLOBALS"}),
+        star_import="INTRINSIC_IMPORT_STAR",
         stores=frozenset({"STORE_FAST", "STORE_DEREF"}),
         local_loads=frozenset({"LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_DEREF"}),
         deletes=frozenset({"DELETE_FAST", "DELETE_DEREF"}),
@@ -578,6 +585,8 @@ _PAIRS_313 = (
 def _313() -> Table:
     return Table(
         name="3.13",
+        name_loads=frozenset({"LOAD_GLOBAL", "LOAD_NAME", "LOAD_FROM_DICT_OR_GLOBALS"}),
+        star_import="INTRINSIC_IMPORT_STAR",
         stores=frozenset({"STORE_FAST", "STORE_DEREF"}),
         local_loads=frozenset({"LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_DEREF"}),
         deletes=frozenset({"DELETE_FAST", "DELETE_DEREF"}),

@@ -407,10 +407,6 @@ def _check_in_code(target: RunTarget, code: types.CodeType, where: str) -> None:
     raise RunError(f"target {target.text!r}: {first}")
 
 
-#: Opcodes that load a global or builtin by name (LOAD_FROM_DICT_OR_GLOBALS: 3.12+).
-_NAME_LOADS = frozenset({"LOAD_NAME", "LOAD_GLOBAL", "LOAD_FROM_DICT_OR_GLOBALS"})
-
-
 def _binds_unseen_names(code: types.CodeType) -> bool:
     """Whether module ``code``, or code nested in it, may bind global names that none of its
     stores names: it calls ``exec`` (a ``def`` in a string), writes through ``globals()``, or
@@ -422,14 +418,16 @@ def _binds_unseen_names(code: types.CodeType) -> bool:
     False
     >>> _binds_unseen_names(compile("app.exec(); mode = 'exec'; self.globals = {}", "<m>", "exec"))
     False
+    >>> _binds_unseen_names(compile("from os.path import *", "<m>", "exec"))
+    True
     """
+    table = _versions.current()
     for instr in dis.get_instructions(code):
         # The builtins by name only: not an attribute (Qt's app.exec(), self.globals) nor a
         # string ('exec', compile's mode), which would defer the check of every target there.
-        if instr.opname in _NAME_LOADS and instr.argval in ("exec", "globals"):
+        if instr.opname in table.name_loads and instr.argval in ("exec", "globals"):
             return True
-        # (IMPORT_STAR up to 3.11, an intrinsic call of that name from 3.12)
-        if "IMPORT_STAR" in f"{instr.opname} {instr.argrepr}":
+        if table.star_import in (instr.opname, instr.argrepr):
             return True
     return any(_binds_unseen_names(c) for c in code.co_consts if isinstance(c, types.CodeType))
 

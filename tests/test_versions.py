@@ -1,5 +1,6 @@
 """bcrecord._versions: one table per Python version, and nothing else branches on it."""
 
+import dis
 import pathlib
 import sys
 
@@ -119,3 +120,11 @@ def test_value_op_names_comparisons_unary_operators_and_item_reads_of_this_pytho
     table = _versions.current()
     found = [table.value_op(i) for i in Bytecode.from_code(ops.__code__) if isinstance(i, Instr)]
     assert [op for op in found if op] == ["[]", "==", ">=", "unary -", "unary +", "~", "not", "[]"]
+
+
+def test_the_names_the_runner_reads_module_code_by_are_this_python_s():
+    # bcrecord run looks for exec/globals() by name and for `import *` with these.
+    table = _versions.current()
+    assert table.name_loads <= set(dis.opmap)
+    star = [(i.opname, i.argrepr) for i in dis.get_instructions(compile("from os import *", "<m>", "exec"))]
+    assert [pair for pair in star if table.star_import in pair]
