@@ -21,7 +21,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 from types import CodeType
-from typing import Any, Callable, Dict, FrozenSet, List, Optional, Sequence, Tuple, Union, cast
+from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Optional, Sequence, Tuple, Union, cast
 
 from bytecode import CellVar, FreeVar, Instr, Label
 
@@ -700,36 +700,68 @@ def global_name(instr: Instr) -> Optional[str]:
 _MONITORING: Any = getattr(sys, "monitoring", None)
 
 
-def carry_local_events(
-    old: CodeType, new: CodeType, put_in: Optional[Dict[int, int]] = None
-) -> Dict[int, int]:
+#: The local events carried by :func:`carry_local_events`: by (where the code is nested, tool id).
+LocalEvents = Dict[Tuple[Tuple[Tuple[str, int, int], ...], int], int]
+
+
+def carry_local_events(old: CodeType, new: CodeType, put_in: Optional[LocalEvents] = None) -> LocalEvents:
     """Give ``new`` the ``sys.monitoring`` local events each tool set on ``old`` (3.12+; else nothing).
 
     For code put into a function in place of ``old``: a tool that set events on the code a
-    function runs (a debugger's breakpoints, a line profiler) keeps seeing it. Nested code
-    objects are code of their own, left as they are. ``put_in``: the events ``old`` had
-    (what this returned) when it was put in the function in place of ``new``; a tool's events
-    that are still those on ``old`` stay as they are on ``new``, where the tool may have
-    changed them meanwhile (a debugger removing a breakpoint from the code it set it on).
-    Returns the local events on ``new`` after, by tool id, of the tools that set some.
+    function runs (a debugger's breakpoints, a line profiler) keeps seeing it. Code nested in
+    ``old`` (an inner ``def``, a lambda, a comprehension) is paired with ``new``'s by name and
+    first line, and carried too: ``new``'s nested code is rebuilt even where it holds no probe.
+    ``put_in``: the events ``old`` had (what this returned) when it was put in the function in
+    place of ``new``; a tool's events that are still those on ``old`` stay as they are on
+    ``new``, where the tool may have changed them meanwhile (a debugger removing a breakpoint
+    from the code it set it on). Returns the local events on ``new`` after, of the tools that
+    set some.
 
     >>> def f():
     ...     pass
     >>> carry_local_events(f.__code__, (lambda: None).__code__)  # (no tool set any)
     {}
     """
-    carried: Dict[int, int] = {}
+    carried: LocalEvents = {}
     monitoring = _MONITORING
     if monitoring is None:
         return carried
-    for tool in range(6):  # (ids 0 to 5: debugger, coverage, profilers, optimizer)
-        if monitoring.get_tool(tool) is None:
-            continue
-        events = monitoring.get_local_events(tool, old)
-        if put_in is not None and put_in.get(tool, 0) == events:  # (unchanged on the running code)
-            events = monitoring.get_local_events(tool, new)
-        elif events != monitoring.get_local_events(tool, new):
-            monitoring.set_local_events(tool, new, events)
-        if events:
-            carried[tool] = events
+    tools = [tool for tool in range(6) if monitoring.get_tool(tool) is not None]  # (ids 0 to 5)
+    if not tools:
+        return carried
+    for where, was, now in _nested_pairs(old, new, ()):
+        for tool in tools:
+            events = monitoring.get_local_events(tool, was)
+            if put_in is not None and put_in.get((where, tool), 0) == events:  # (unchanged where it ran)
+                events = monitoring.get_local_events(tool, now)
+            elif events != monitoring.get_local_events(tool, now):
+                monitoring.set_local_events(tool, now, events)
+            if events:
+                carried[(where, tool)] = events
     return carried
+
+
+def _nested_pairs(
+    old: CodeType, new: CodeType, where: Tuple[Tuple[str, int, int], ...]
+) -> Iterator[Tuple[Tuple[Tuple[str, int, int], ...], CodeType, CodeType]]:
+    # Probes add constants but no code objects, and keep the order code is first loaded in:
+    # the k-th nested code of a name and first line in old is the k-th in new.
+    yield where, old, new
+    if old is new:
+        return
+    mates: Dict[Tuple[str, int], List[CodeType]] = {}
+    for const in new.co_consts:
+        if isinstance(const, CodeType):
+            mates.setdefault(_nested_name(const), []).append(const)
+    taken: Dict[Tuple[str, int], int] = {}
+    for const in old.co_consts:
+        if isinstance(const, CodeType):
+            name = _nested_name(const)
+            k = taken[name] = taken.get(name, -1) + 1
+            found = mates.get(name, ())
+            if k < len(found):
+                yield from _nested_pairs(const, found[k], (*where, (*name, k)))
+
+
+def _nested_name(code: CodeType) -> Tuple[str, int]:
+    return getattr(code, "co_qualname", code.co_name), code.co_firstlineno  # (co_qualname: 3.11+)

@@ -54,7 +54,7 @@ from typing import (
     Union,
 )
 
-from ._versions import carry_local_events
+from ._versions import LocalEvents, carry_local_events
 from .analysis import ProbePoint, Targets, read, resolve
 from .errors import NotPatchableError, SpecError, did_you_mean, shown, warn
 from .rewrite import SINKS_GET, code_objects, insert_probes
@@ -595,7 +595,7 @@ class _Slot:
         self._subsets: Dict[Tuple[int, ...], types.CodeType] = {}
         #: The code arm() put in and the sys.monitoring local events it carried onto it (3.12+):
         #: disarm() carries back only those a tool changed on it meanwhile.
-        self._put_in: Optional[Tuple[types.CodeType, Dict[int, int]]] = None
+        self._put_in: Optional[Tuple[types.CodeType, LocalEvents]] = None
 
     def plan(self, patches: List[Patch]) -> types.CodeType:
         """Build the probed code for ``patches`` without changing anything.

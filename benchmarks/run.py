@@ -117,7 +117,13 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import torch  # noqa: E402
+try:
+    import torch  # noqa: E402
+except ImportError as missing:  # before argparse, so --help says it too: every case needs torch
+    sys.exit(
+        f"benchmarks/run.py needs torch, torchvision and matplotlib ({missing}); install them with:\n"
+        "    pip install torch==2.14.1 torchvision==0.29.1 matplotlib timm"
+    )
 from torch import nn  # noqa: E402
 
 import bcrecord  # noqa: E402

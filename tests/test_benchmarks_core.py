@@ -1,7 +1,11 @@
-"""``benchmarks/core.py --quick`` runs and prints its table (timings are never checked)."""
+"""``benchmarks/core.py --quick`` runs and prints its table (timings are never checked).
+
+Also: ``benchmarks/run.py`` without torch says what to install, not a traceback.
+"""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -62,3 +66,24 @@ def test_core_benchmark_quick_prints_its_table() -> None:
     verdicts = [line for line in result.stdout.splitlines() if "target " in line]
     assert len(verdicts) == 3
     assert all(line.rstrip().endswith(("MET", "MISSED")) for line in verdicts)
+
+
+def test_run_benchmarks_without_torch_say_what_to_install() -> None:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--help"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    if importlib.util.find_spec("torch") is None:  # the core environments
+        assert result.returncode == 1
+        assert "Traceback" not in result.stderr
+        assert "benchmarks/run.py needs torch, torchvision and matplotlib" in result.stderr
+        assert "pip install torch==2.14.1 torchvision==0.29.1 matplotlib timm" in result.stderr
+    else:
+        assert result.returncode == 0, result.stderr[-4000:]
+        assert "--quick" in result.stdout

@@ -301,6 +301,47 @@ def test_sys_monitoring_local_events_go_with_the_code_a_recording_swaps_in_and_o
     assert again.all("m:f:x@0") == [5] and again.all("m:f:y@0") == [10]
 
 
+@pytest.mark.skipif(not hasattr(sys, "monitoring"), reason="sys.monitoring is 3.12+")
+def test_sys_monitoring_local_events_on_nested_code_go_with_the_code_a_recording_swaps_in():
+    # A breakpoint in an inner def of a patched function: the probed code's inner code is
+    # rebuilt (an equal code object of its own), so the breakpoint fired nowhere while a
+    # recording ran ([] inside), and one the tool removed there came back after.
+    monitoring = sys.monitoring
+    line = monitoring.events.LINE
+
+    def f(a):
+        x = a + 1
+
+        def inner(b):
+            c = b * 2
+            return c
+
+        return inner(x) + inner(0)
+
+    original = f.__code__
+    (nested,) = [c for c in original.co_consts if isinstance(c, types.CodeType)]
+    first = nested.co_firstlineno
+    tool = next(t for t in range(1, 6) if monitoring.get_tool(t) is None)
+    seen = []
+    monitoring.use_tool_id(tool, "bcrecord-test")
+    try:
+        monitoring.register_callback(tool, line, lambda code, n: seen.append((code.co_name, n - first)))
+        monitoring.set_local_events(tool, nested, line)
+        with bcrecord.patch_function(f, ["x"], name="m"):
+            with bcrecord.recording() as rec:
+                assert f(1) == 4 and seen == [("inner", 1), ("inner", 2)] * 2
+                running = [c for c in f.__code__.co_consts if isinstance(c, types.CodeType)]
+                assert running[0] is not nested and monitoring.get_local_events(tool, running[0]) == line
+                monitoring.set_local_events(tool, running[0], 0)  # the breakpoint removed where it ran
+                assert f(2) == 6 and len(seen) == 4
+            assert monitoring.get_local_events(tool, nested) == 0 and f(3) == 8 and len(seen) == 4
+    finally:
+        monitoring.set_local_events(tool, nested, 0)
+        monitoring.register_callback(tool, line, None)
+        monitoring.free_tool_id(tool)
+    assert rec.all("m:f:x@0") == [2, 3]
+
+
 def test_a_keyword_default_changed_while_patched_stays_and_a_recording_copy_has_its_own():
     class D:
         def m(self, a, *, k=1):

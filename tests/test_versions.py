@@ -128,3 +128,46 @@ def test_the_names_the_runner_reads_module_code_by_are_this_python_s():
     assert table.name_loads <= set(dis.opmap)
     star = [(i.opname, i.argrepr) for i in dis.get_instructions(compile("from os import *", "<m>", "exec"))]
     assert [pair for pair in star if table.star_import in pair]
+
+
+@pytest.mark.skipif(not hasattr(sys, "monitoring"), reason="sys.monitoring is 3.12+")
+def test_local_events_are_carried_to_nested_code_paired_by_name_line_and_order():
+    # Two lambdas on one line and a generator expression, in code compiled twice (nested
+    # code objects of its own) with the generator's code moved first: each gets its own
+    # mate's events; carried back, a change made on the new code (and only that) reaches the old.
+    monitoring = sys.monitoring
+    line, call = monitoring.events.LINE, monitoring.events.CALL
+    text = "def outer():\n    a, b = (lambda: 1), (lambda: 2)\n    return a, b, list(i for i in range(2))\n"
+
+    def compiled():
+        (code,) = [c for c in compile(text, "<outer>", "exec").co_consts if hasattr(c, "co_name")]
+        return code
+
+    old, new = compiled(), compiled()
+    generator = [c for c in new.co_consts if getattr(c, "co_name", "") == "<genexpr>"]
+    new = new.replace(co_consts=(*generator, *[c for c in new.co_consts if c not in generator]))
+
+    def nested(code):
+        return {
+            c.co_consts[-1] if c.co_name == "<lambda>" else c.co_name: c
+            for c in code.co_consts
+            if hasattr(c, "co_name")
+        }
+
+    tool = next(t for t in range(1, 6) if monitoring.get_tool(t) is None)
+    monitoring.use_tool_id(tool, "bcrecord-test")
+    try:
+        monitoring.set_local_events(tool, nested(old)[1], line)
+        monitoring.set_local_events(tool, nested(old)["<genexpr>"], call)
+        put_in = _versions.carry_local_events(old, new)
+        assert monitoring.get_local_events(tool, nested(new)[1]) == line
+        assert monitoring.get_local_events(tool, nested(new)[2]) == 0
+        assert monitoring.get_local_events(tool, nested(new)["<genexpr>"]) == call
+        assert sorted(put_in.values()) == sorted([line, call])
+        monitoring.set_local_events(tool, nested(new)[1], 0)  # removed on the code that ran
+        monitoring.set_local_events(tool, nested(old)["<genexpr>"], line)  # changed on the original
+        _versions.carry_local_events(new, old, put_in)
+        assert monitoring.get_local_events(tool, nested(old)[1]) == 0
+        assert monitoring.get_local_events(tool, nested(old)["<genexpr>"]) == line
+    finally:
+        monitoring.free_tool_id(tool)
