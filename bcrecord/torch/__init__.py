@@ -129,7 +129,8 @@ def _without_dynamo(method: Callable[..., Any], switch: Callable[[Any], Any]) ->
 _NO_FULLGRAPH = (
     "bcrecord records a value here, outside the graph (a graph break wherever it records), so "
     "torch.compile(fullgraph=True) and torch.export.export(strict=True) refuse a recorded model: "
-    "compile or export it outside record() and extractors (forward hooks trace into the graph)"
+    "compile or export it outside record() (or bcrecord.recording(), around a patch) and extractors "
+    "(forward hooks trace into the graph)"
 )
 
 #: Why a feature extractor cannot compile to one graph (shown in Dynamo's error).

@@ -39,6 +39,7 @@ import functools
 from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, TypeVar, Union
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor
 
 from ..errors import SpecError
 from ..runtime import (
@@ -205,9 +206,54 @@ def _deepcopy_outside_autograd(value: Any) -> Any:
         )
 
 
+#: What a tracer runs a model on in place of its values, and why such a value is not recorded.
+_TRACED: Dict[type, str] = {
+    FakeTensor: (
+        "a FakeTensor, which holds no values: torch.export (non-strict) or make_fx traces the model "
+        "on fake tensors; record a run of the model outside the trace"
+    ),
+    torch.fx.Proxy: (
+        "a torch.fx Proxy, which holds no value: torch.fx.symbolic_trace traces the model with "
+        "proxies; record a run of the model outside the trace"
+    ),
+}
+
+
+def traced_stand_in(cls: type) -> Optional[str]:
+    """Why values of ``cls`` are not recorded, where a tracer runs a model on them in place of
+    values (fake tensors, FX proxies); None for any other class.
+
+    >>> traced_stand_in(torch.Tensor), traced_stand_in(torch.fx.Proxy).split(",")[0]
+    (None, 'a torch.fx Proxy')
+    """
+    for kind, why in _TRACED.items():
+        if issubclass(cls, kind):
+            return why
+    return None
+
+
+def _refuse_traced(value: Any) -> Any:
+    """Refuse a tracer's stand-in for a value (a recording's errors say why)."""
+    raise ValueError(f"not recorded: {traced_stand_in(type(value))}")
+
+
+def _traced_into(copy: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``copy`` where the value goes back into the traced program (an extractor's features under
+    ``torch.export``: its outputs there), else the refusal of a tracer's stand-in for a value."""
+
+    def copied(value: Any) -> Any:
+        return copy(value) if returned_inside.get() else _refuse_traced(value)
+
+    return copied
+
+
 register_copy(torch.Tensor, "clone", detached_clone)
 register_copy(torch.Tensor, "detach", _detached)
 register_copy(torch.Tensor, "deepcopy", _detached_copy)
+# Not under 'none' (the value itself): a copier there would slow down every 'none' value.
+for _kind in _TRACED:
+    for _policy in ("clone", "detach", "deepcopy"):
+        register_copy(_kind, _policy, _refuse_traced)
 # Containers and objects holding tensors: see _deepcopy_outside_autograd (a tensor alone: _detached_copy).
 register_copy(object, "deepcopy", _deepcopy_outside_autograd)
 
@@ -234,6 +280,8 @@ def _map(
     (:func:`copied_dataclass`: each object once, so a tree with parent links keeps them).
     """
     if isinstance(value, torch.Tensor):
+        if type(value) is not torch.Tensor and not returned_inside.get() and traced_stand_in(type(value)):
+            _refuse_traced(value)  # (a fake tensor in a tuple: the tuple is not recorded)
         return fn(value) if made is None else copied_once(value, fn, made)  # ([h, h]: one copy)
     if isinstance(value, (dict, list, tuple, set, frozenset)):
         made = {} if made is None else made
@@ -454,7 +502,11 @@ class ValuePolicy:
         >>> policy.copier_for(torch.Tensor)(torch.ones(3)), policy.copier_for(list)([torch.ones(2)])
         (tensor(3.), [tensor(2.)])
         """
-        return self._tensor if cls is torch.Tensor else self
+        if cls is torch.Tensor:
+            return self._tensor
+        if not self._itself and traced_stand_in(cls) is not None:  # (a fake tensor, an FX proxy)
+            return _traced_into(self)
+        return self
 
     def settle(self) -> None:
         """Wait for the copies from a GPU to the CPU (``to='cpu'``) this policy started.

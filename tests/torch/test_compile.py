@@ -157,6 +157,20 @@ def test_fullgraph_compile_of_a_recorded_model_says_bcrecord_s_probe_is_why():
     assert compiled(torch.randn(1, 3, 8, 8)).shape == (1, 5)  # outside record(): one graph
 
 
+def test_fullgraph_compile_of_a_function_patched_in_a_core_recording_names_bcrecord_recording():
+    # The reason named record() alone: a patch_method user records with bcrecord.recording().
+    net = SmallNet().eval()
+    torch._dynamo.reset()
+    compiled = torch.compile(net, backend="eager", fullgraph=True)
+    with bcrecord.patch_method(SmallNet, "forward", ["x@1"]), bcrecord.recording() as rec:
+        with pytest.raises(torch._dynamo.exc.Unsupported) as raised:
+            compiled(torch.randn(1, 3, 8, 8))
+    assert "outside record() (or bcrecord.recording(), around a patch)" in str(raised.value)
+    assert rec.keys() == []
+    torch._dynamo.reset()
+    assert compiled(torch.randn(1, 3, 8, 8)).shape == (1, 5)  # outside the recording: one graph
+
+
 def test_a_model_compiled_before_recording_records_and_recompiles_once():
     # Dynamo inlines submodules' forward into the caller's graph and does not guard
     # on __code__: a graph compiled before the probes went in must not be reused.

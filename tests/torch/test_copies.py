@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from bcrecord.errors import SpecError
+from bcrecord.errors import RecordingWarning, SpecError
 from bcrecord.runtime import copy_value
 from bcrecord.torch.copies import detached_clone, value_policy
 
@@ -424,3 +424,71 @@ def test_a_holder_registered_again_or_for_a_subclass_with_fewer_policies_is_copi
     assert copy_value(once, "detach") is once
     assert value_policy(copy="detach", dtype=torch.float64)(once) is once
     assert copy_value(once, "clone") is not once
+
+
+class _Tanh(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.lin(x)
+        pair = (h, torch.tanh(h))
+        return pair[1] * 2
+
+
+def _said_why(rec, stand_in: str) -> bool:
+    return bool(rec.errors) and all(
+        isinstance(e.error, ValueError) and stand_in in str(e.error) and "outside the trace" in str(e.error)
+        for e in rec.errors
+    )
+
+
+def test_a_recording_around_torch_export_or_make_fx_keeps_no_fake_tensor_and_adds_nothing_to_the_graph():
+    # The fake tensors export and make_fx trace on were recorded (reading one raised, saving
+    # one too), and their clones were left in the exported graph, run by every call of it.
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from bcrecord.torch import record
+
+    torch.manual_seed(0)
+    model, x = _Tanh(), torch.randn(2, 3)
+    expected = torch.tanh(model.lin(x)) * 2
+    params = dict(model.named_parameters())
+    traces = {
+        "export": lambda: torch.export.export(model, (x,)).module(),
+        "make_fx": lambda: make_fx(
+            lambda p, x: torch.func.functional_call(model, p, (x,)), tracing_mode="fake"
+        )(params, x),
+    }
+    for name, trace in traces.items():
+        for options in ({}, {"copy": "detach"}, {"grad": True}, {"reduce": lambda t: t.sum()}):
+            with (
+                pytest.warns(RecordingWarning, match="FakeTensor"),
+                record(model, [":forward:h", ":forward:pair", "lin"], **options) as rec,
+            ):
+                traced = trace()
+            assert rec.keys() == [] and _said_why(rec, "a FakeTensor"), (name, options)
+            ops = [str(node.target) for node in traced.graph.nodes if node.op == "call_function"]
+            assert not any("clone" in op or "_to_copy" in op for op in ops), (name, options, ops)
+            out = traced(x) if name == "export" else traced(params, x)
+            assert torch.allclose(out, expected)
+    with record(model, [":forward:h"]) as rec:  # a run outside the trace records
+        model(x)
+    assert torch.allclose(rec[":forward:h@0"], model.lin(x))
+
+
+def test_a_recording_around_fx_symbolic_trace_keeps_no_proxy():
+    # FX's Proxy objects were recorded as the values (holding the tracer and its graph).
+    import bcrecord
+    from bcrecord.torch import record
+
+    model, x = _Tanh(), torch.randn(2, 3)
+    with pytest.warns(RecordingWarning, match="Proxy"), record(model, [":forward:h"]) as rec:
+        graph_module = torch.fx.symbolic_trace(model)
+    assert rec.keys() == [] and _said_why(rec, "a torch.fx Proxy")
+    with pytest.warns(RecordingWarning, match="Proxy"), bcrecord.recording() as core:
+        with bcrecord.patch_method(_Tanh, "forward", ["h"]):
+            torch.fx.symbolic_trace(model)
+    assert core.keys() == [] and _said_why(core, "a torch.fx Proxy")
+    assert torch.allclose(graph_module(x), torch.tanh(model.lin(x)) * 2)

@@ -772,6 +772,24 @@ def test_an_extractor_exports_with_torch_export_and_its_program_gives_the_featur
     extractor.close()
 
 
+@pytest.mark.parametrize("mode", ["real", "fake"])
+def test_an_extractor_traces_with_make_fx_and_its_graph_gives_the_features(mode):
+    # Its features go back into the trace (its outputs there): fake ones too, not refused as a
+    # record() block refuses a tracer's stand-ins.
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    torch.manual_seed(0)
+    model, x = TwoLayers().eval(), torch.randn(3, 4)
+    extractor = create_feature_extractor(model, {"a": "hidden"})
+    params = dict(extractor.named_parameters())
+    graph = make_fx(lambda p, x: torch.func.functional_call(extractor, p, (x,)), tracing_mode=mode)(params, x)
+    out = graph(params, 2 * x)
+    assert list(out) == ["hidden"] and torch.allclose(out["hidden"], model.a(2 * x))
+    with pytest.raises(torch.fx.proxy.TraceError, match="cannot be iterated"):
+        torch.fx.symbolic_trace(extractor)  # its forward(*args): as the README says
+    extractor.close()
+
+
 class _Compares(torch.nn.Module):
     def __init__(self):
         super().__init__()
