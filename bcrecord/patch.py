@@ -482,13 +482,24 @@ def _default_owner(func: types.FunctionType, bound_to: Any = None) -> str:
 
 
 def _own_code(func: types.FunctionType) -> types.CodeType:
-    """``func``'s code without probes: an in-place patch's are in ``__code__`` while armed."""
+    """``func``'s code without probes: an in-place patch's are in ``__code__`` while armed.
+
+    Code set anew while it is patched (IPython's autoreload) is its own: set on it, or on a
+    class's or module's stand-in for it, which carries it back to ``func`` when its patch goes.
+    """
     slot = _slots.get(("code", id(func))) or _copy_slot(func)
-    return func.__code__ if slot is None else slot.original_code
+    for stand_in in _stand_ins.get(id(func), ()):
+        anew = stand_in.set_anew()
+        if anew is not None:
+            return anew
+    return func.__code__ if slot is None or slot.set_anew() is not None else slot.original_code
 
 
 def original_code(func: types.FunctionType) -> types.CodeType:
     """``func``'s code as it was before any patch: what to read its targets from.
+
+    Code set anew on it while it is patched (IPython's autoreload) is what it runs then,
+    unprobed: that code.
 
     While a recording takes a patch, ``func.__code__`` is the probed code, whose
     call sites and chains the probes split; this is the code they were made from
@@ -510,7 +521,12 @@ def original_code(func: types.FunctionType) -> types.CodeType:
             or _copy_slot(func)
             or next((s for s in _slots.values() if s.live is func), None)
         )
-    return func.__code__ if slot is None else slot.original_code
+        if slot is None or slot.follows is None:  # unpatched, patched in place, a recording copy
+            return _own_code(func)
+        # A stand-in: code set anew on it, or on the function it stands in for (it takes that
+        # when a recording starts or ends, see _Slot._follow).
+        anew = slot.set_anew()
+        return anew if anew is not None else _own_code(slot.base)
 
 
 def _release_each(site_ids: List[List[int]]) -> None:
@@ -714,6 +730,18 @@ class _Slot:
             if _swap_hook is not None:
                 _swap_hook(code, False, self.live)
 
+    def set_anew(self) -> Optional[types.CodeType]:
+        """The code someone else put in ``live`` since this slot last set it, else None."""
+        code = self.live.__code__
+        return None if code is self._code else code
+
+    def stale(self) -> bool:
+        """Whether ``live`` runs code set anew (or takes it at the next arm, see _follow), not
+        the code its patches were made for: they record nothing of it."""
+        if self.set_anew() is not None:
+            return True
+        return self.follows is not None and _own_code(self.base) is not self.follows[2]
+
     def _replaced(self) -> bool:
         """Whether someone else put code in ``live`` meanwhile: theirs stays, never swapped.
 
@@ -734,8 +762,13 @@ class _Slot:
     def release(self) -> None:
         untrack(self)
         try:
-            self.disarm()
+            self.disarm()  # (code set anew on it stays the function's until its restore carries it back)
         finally:  # (its warning made an error)
+            held = _stand_ins.get(id(self.base), [])
+            if self in held:
+                held.remove(self)
+                if not held:
+                    del _stand_ins[id(self.base)]
             for patch in self.patches:
                 release_sites(patch._site_ids)
             self.patches = []
@@ -744,6 +777,9 @@ class _Slot:
 
 # Slots of live patches, keyed by where they are installed.
 _slots: Dict[Tuple[Any, ...], _Slot] = {}
+#: Slots of the patches of a class's or module's function (by id of the function, which
+#: they hold) whose stand-in runs there: code set anew on one (autoreload) is the function's.
+_stand_ins: Dict[int, List[_Slot]] = {}
 
 #: See :func:`set_swap_hook`.
 SwapHook = Callable[[types.CodeType, bool, types.FunctionType], None]
@@ -1020,6 +1056,14 @@ def _attach(
 ) -> Patch:
     """Add a patch to ``slot``; raises (changing nothing) when specs do not resolve."""
     parsed = parse_all(specs)
+    if slot.patches and slot.stale():
+        # Its patches were made for the former code: one for the new would share their slot.
+        raise NotPatchableError(
+            f"{slot.base.__qualname__}'s code was replaced while it was patched (its __code__ set "
+            "anew: IPython's autoreload does so), so the patches on it record nothing of the new "
+            f"code ({', '.join(key for patch in slot.patches for key in patch.keys)}): remove them "
+            "and patch it again"
+        )
     _check_recorder_methods(specs, function or _key_function_name(slot.base, slot.original_code))
     if name is not None and not isinstance(name, str) and not callable(name):
         raise SpecError(f"name must be a string or a callable of the instance, got {name!r}")
@@ -1755,6 +1799,8 @@ def _patch_method(
         raise
     probe_visible_from(base.__globals__)
     _slots[key] = slot
+    if isinstance(obj, (type, types.ModuleType)):
+        _stand_ins.setdefault(id(base), []).append(slot)
     track(slot)
     return patch
 

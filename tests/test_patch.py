@@ -182,12 +182,16 @@ def test_a_patch_whose_replaced_code_warning_is_an_error_is_not_left_in_its_func
 
     original = f.__code__
     first = bcrecord.patch_function(f, "x@0", name="one")
-    with bcrecord.recording():
-        saved, f.__code__ = f.__code__, other.__code__
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", bcrecord.RecordingWarning)
-            with pytest.raises(bcrecord.RecordingWarning, match="code was replaced while it was patched"):
-                bcrecord.patch_function(f, "x@1", name="two")
+    # (The recording's end finds the other tool's code in place: it leaves it, warning.)
+    with pytest.warns(bcrecord.RecordingWarning, match="code was replaced while it was patched"):
+        with bcrecord.recording():
+            saved, f.__code__ = f.__code__, other.__code__
+            with warnings.catch_warnings():
+                warnings.simplefilter("error", bcrecord.RecordingWarning)
+                # (Refused before anything changes: made for the code before the swap, it would
+                # share the slot of a patch whose code is not running.)
+                with pytest.raises(NotPatchableError, match="code was replaced while it was patched"):
+                    bcrecord.patch_function(f, "x@1", name="two")
     f.__code__ = saved  # (the other tool puts the patch's code back)
     with bcrecord.recording() as rec:
         assert f(1) == 4
@@ -2440,6 +2444,84 @@ def test_code_set_anew_on_the_class_runs_in_an_instance_patched_meanwhile():
     assert len(rec) == 0 and m.forward(2) == 102
     patch.remove()
     assert M.forward.__code__ is edited.__code__ and m.forward(1) == M().forward(1) == 101
+
+
+@pytest.mark.parametrize("under", ["class patch first", "class patch after", "in place"])
+def test_code_set_anew_under_a_class_patch_runs_in_an_instance_patched_too(under):
+    # IPython's autoreload sets the __code__ of what the class holds: under a class patch its
+    # stand-in, patched in place the function itself. An instance patched too went on running
+    # (and recording) the code from before the edit while the other instances ran the new one.
+    class M:
+        def forward(self, x):
+            y = x + 1
+            return y
+
+    def edited(self, x):
+        y = x + 100
+        return y
+
+    m = M()
+    if under == "class patch after":
+        own = bcrecord.patch_method(m, "forward", "y", name="m")
+    if under == "in place":
+        shared = bcrecord.patch_function(M.forward, "y", name="M")
+    else:
+        shared = bcrecord.patch_method(M, "forward", "y", name="M")
+    if under != "class patch after":
+        own = bcrecord.patch_method(m, "forward", "y", name="m")
+    with bcrecord.recording() as rec:
+        assert m.forward(1) == 2 and M().forward(2) == 3
+    assert rec.all("m:forward:y@0") == [2] and rec.all("M:forward:y@0") == [3]
+    M.__dict__["forward"].__code__ = edited.__code__
+    with pytest.warns(bcrecord.RecordingWarning, match=r"M.forward's code was replaced while it was patched"):
+        with bcrecord.recording() as rec:
+            assert m.forward(1) == 101 and M().forward(2) == 102
+    assert len(rec) == 0
+    own.remove()
+    shared.remove()
+    assert m.forward(3) == M().forward(3) == 103
+
+
+def test_targets_and_another_patch_after_code_set_anew_while_patched():
+    # After autoreload set the code of a patched function, targets() listed the code from before
+    # the edit, and another patch was made for that code: refused for a local only the new code
+    # has (no such local), or silently recording nothing of the code that runs.
+    def f(a):
+        x = a + 1
+        return x
+
+    def edited(a):
+        x = a * 10
+        y = x + 3
+        return y
+
+    class A:
+        def m(self, a):
+            x = a + 1
+            return x
+
+        def edited_m(self, a):
+            x = a * 10
+            y = x + 3
+            return y
+
+    patch = bcrecord.patch_function(f, "x", name="f")
+    f.__code__ = edited.__code__
+    assert bcrecord.targets(f).specs()[:2] == ["x@0", "y@0"]
+    replaced = r"f's code was replaced while it was patched .* \(f:f:x@0\): remove them and patch it again"
+    with pytest.raises(NotPatchableError, match=replaced):
+        bcrecord.patch_function(f, ["x", "y"], name="again")
+    of_class = bcrecord.patch_method(A, "m", "x", name="A")
+    A.m.__code__ = A.edited_m.__code__
+    assert "y@0" in bcrecord.targets(A.m).specs()
+    with pytest.raises(NotPatchableError, match=r"A.m's code was replaced while it was patched"):
+        bcrecord.patch_method(A, "m", "y")
+    with pytest.warns(bcrecord.RecordingWarning, match=r"code was replaced while it was patched"):
+        patch.remove()
+        of_class.remove()
+    with bcrecord.patch_function(f, ["x", "y"], name="again"), bcrecord.recording() as rec:
+        assert f(1) == 13
+    assert rec.all("again:edited:x@0") == [10] and rec.all("again:edited:y@0") == [13]
 
 
 def test_a_copy_of_a_patch_is_the_patch_and_pickling_one_says_why_it_cannot():
