@@ -1356,6 +1356,51 @@ def test_generator_created_while_recording_finishes_silently_after():
     assert rec.all("gl:gen:val@0") == [0]
 
 
+def test_a_generator_or_coroutine_reads_its_arguments_at_its_first_step_and_outside_records_as_any_context():
+    # The README said such a one records "into none" outside the recordings of its context:
+    # a step there records, as any probe in a context without a recording, into the
+    # threads='all' recordings open (here one in another thread); its arguments, as entry
+    # chains, are read at its first step, not at the call.
+    def gen(n):
+        for k in range(n):
+            val = k * 10
+            yield val
+
+    async def co(n):
+        await asyncio.sleep(0)
+        got = n + 1
+        return got
+
+    g = bcrecord.instrument(gen, ["n", "val"], name="ga")
+    c = bcrecord.instrument(co, ["n", "got"], name="ca")
+    with bcrecord.recording() as made_in:
+        early, pending = g(3), c(5)
+        assert next(early) == 0
+    entered, leave, shared = threading.Event(), threading.Event(), []
+
+    def hold():
+        with bcrecord.recording(threads="all") as rec:
+            shared.append(rec)
+            entered.set()
+            leave.wait()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    entered.wait()
+    try:
+        assert next(early) == 10  # no recording of its own here: the threads='all' one takes it
+        with bcrecord.recording() as later:
+            assert list(early) == [20]
+            assert asyncio.run(pending) == 6  # made inside made_in, first run here
+    finally:
+        leave.set()
+        holder.join()
+    assert dict(made_in.items()) == {"ga:gen:n": 3, "ga:gen:val@0": 0}
+    assert shared[0].all("ga:gen:val@0") == [10] and list(shared[0]) == ["ga:gen:val@0"]
+    recorded_later = {key: later.all(key) for key in later}
+    assert recorded_later == {"ga:gen:val@0": [20], "ca:co:n": [5], "ca:co:got@0": [6]}
+
+
 def test_a_generator_made_before_the_recording_runs_unprobed_and_its_key_error_says_so():
     import asyncio
 
