@@ -527,7 +527,9 @@ def test_missing_key_of_a_probe_that_did_not_run_says_so():
                 KeyError, match=r"'r:f:attn@0': its probe was placed but did not run while"
             ) as e:
                 rec["r:f:attn@0"]
-            assert "or in another thread: threads='all' or bcrecord.carry takes those" in str(e.value)
+            message = str(e.value)
+            assert "or in another thread, or in an asyncio task started before" in message
+            assert "threads='all' takes those (and bcrecord.carry a function handed to a thread)" in message
             # Not placed for this recording (another patch's, or no probe at all): a "did you mean".
             for key in ("r:h:attn@0", "r:f:atn@0"):
                 with pytest.raises(KeyError, match=r"did you mean 'r:f:out@0'\?"):
@@ -1095,6 +1097,44 @@ def test_asyncio_tasks_have_their_own_recordings():
         return await asyncio.gather(task(1), task(2))
 
     assert asyncio.run(main()) == [[101, 101], [102, 102]]
+
+
+def test_a_task_started_before_the_recording_records_nowhere_and_the_missing_key_says_so():
+    # A worker task started earlier (a queue consumer) runs probed code made while the
+    # recording is open, but in a context copied before it: its values go nowhere. The
+    # missing key's message named "another thread" only.
+    async def step(v):
+        await asyncio.sleep(0)
+        s = v + 100
+        return s
+
+    g = bcrecord.instrument(step, "s", name="wq")
+
+    async def worker(queue):
+        while True:
+            v = await queue.get()
+            await g(v)
+            queue.task_done()
+
+    async def main():
+        queue = asyncio.Queue()
+        running = asyncio.ensure_future(worker(queue))
+        await asyncio.sleep(0)
+        try:
+            with bcrecord.recording() as own:
+                await queue.put(1)
+                await queue.join()
+            with bcrecord.recording(threads="all") as shared:
+                await queue.put(2)
+                await queue.join()
+        finally:
+            running.cancel()
+        return own, shared
+
+    own, shared = asyncio.run(main())
+    assert shared.all("wq:step:s@0") == [102]
+    with pytest.raises(KeyError, match="or in an asyncio task started before the recording: threads='all'"):
+        own["wq:step:s@0"]
 
 
 def test_probe_failure_is_reported_never_raised():
