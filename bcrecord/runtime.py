@@ -1782,8 +1782,11 @@ class Recording:
                     "in a branch not taken, or a function not called, or a generator or "
                     "coroutine made before the recording started: it runs without probes"
                 )
-                if self.threads != "all":  # (values of threads without a recording go nowhere)
-                    where += "; or in another thread: threads='all' or bcrecord.carry takes those"
+                if self.threads != "all":  # (values of contexts without a recording go nowhere)
+                    where += (
+                        "; or in another thread, or in an asyncio task started before the recording: "
+                        "threads='all' takes those (and bcrecord.carry a function handed to a thread)"
+                    )
                 raise KeyError(
                     f"no values recorded for {key!r}: its probe was placed but did not run while "
                     f"recorded ({where}); recorded keys: {listed}"

@@ -445,6 +445,26 @@ def test_an_awaited_call_records_the_coroutine_it_returns_and_its_local_what_the
     assert rec.all("m:awaiting:y@0") == [6]
 
 
+def _counted(n):
+    yield from range(n)
+    return n * 10
+
+
+def test_a_delegated_call_records_the_generator_it_returns_and_its_local_what_yield_from_gives():
+    import inspect
+
+    def delegating(n):
+        total = yield from _counted(n)
+        return total
+
+    patched = bcrecord.instrument(delegating, ["_counted()", "total"], name="m")
+    with bcrecord.recording(copy="none") as rec:
+        assert list(patched(2)) == [0, 1]
+    (called,) = rec.all("m:delegating:_counted()@0")
+    assert inspect.isgenerator(called) and called.gi_code is _counted.__code__
+    assert rec.all("m:delegating:total@0") == [20]
+
+
 def test_a_call_whose_arguments_await_is_a_site_on_every_version():
     # 3.12+ compile 'await' to a send loop that its throw() path jumps back into.
     import asyncio

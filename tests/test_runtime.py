@@ -527,7 +527,9 @@ def test_missing_key_of_a_probe_that_did_not_run_says_so():
                 KeyError, match=r"'r:f:attn@0': its probe was placed but did not run while"
             ) as e:
                 rec["r:f:attn@0"]
-            assert "or in another thread: threads='all' or bcrecord.carry takes those" in str(e.value)
+            message = str(e.value)
+            assert "or in another thread, or in an asyncio task started before" in message
+            assert "threads='all' takes those (and bcrecord.carry a function handed to a thread)" in message
             # Not placed for this recording (another patch's, or no probe at all): a "did you mean".
             for key in ("r:h:attn@0", "r:f:atn@0"):
                 with pytest.raises(KeyError, match=r"did you mean 'r:f:out@0'\?"):
@@ -1097,6 +1099,44 @@ def test_asyncio_tasks_have_their_own_recordings():
     assert asyncio.run(main()) == [[101, 101], [102, 102]]
 
 
+def test_a_task_started_before_the_recording_records_nowhere_and_the_missing_key_says_so():
+    # A worker task started earlier (a queue consumer) runs probed code made while the
+    # recording is open, but in a context copied before it: its values go nowhere. The
+    # missing key's message named "another thread" only.
+    async def step(v):
+        await asyncio.sleep(0)
+        s = v + 100
+        return s
+
+    g = bcrecord.instrument(step, "s", name="wq")
+
+    async def worker(queue):
+        while True:
+            v = await queue.get()
+            await g(v)
+            queue.task_done()
+
+    async def main():
+        queue = asyncio.Queue()
+        running = asyncio.ensure_future(worker(queue))
+        await asyncio.sleep(0)
+        try:
+            with bcrecord.recording() as own:
+                await queue.put(1)
+                await queue.join()
+            with bcrecord.recording(threads="all") as shared:
+                await queue.put(2)
+                await queue.join()
+        finally:
+            running.cancel()
+        return own, shared
+
+    own, shared = asyncio.run(main())
+    assert shared.all("wq:step:s@0") == [102]
+    with pytest.raises(KeyError, match="or in an asyncio task started before the recording: threads='all'"):
+        own["wq:step:s@0"]
+
+
 def test_probe_failure_is_reported_never_raised():
     class Unclonable(Mutable):
         def clone(self):
@@ -1354,6 +1394,51 @@ def test_generator_created_while_recording_finishes_silently_after():
         next(it)
     assert list(it) == [1, 2]
     assert rec.all("gl:gen:val@0") == [0]
+
+
+def test_a_generator_or_coroutine_reads_its_arguments_at_its_first_step_and_outside_records_as_any_context():
+    # The README said such a one records "into none" outside the recordings of its context:
+    # a step there records, as any probe in a context without a recording, into the
+    # threads='all' recordings open (here one in another thread); its arguments, as entry
+    # chains, are read at its first step, not at the call.
+    def gen(n):
+        for k in range(n):
+            val = k * 10
+            yield val
+
+    async def co(n):
+        await asyncio.sleep(0)
+        got = n + 1
+        return got
+
+    g = bcrecord.instrument(gen, ["n", "val"], name="ga")
+    c = bcrecord.instrument(co, ["n", "got"], name="ca")
+    with bcrecord.recording() as made_in:
+        early, pending = g(3), c(5)
+        assert next(early) == 0
+    entered, leave, shared = threading.Event(), threading.Event(), []
+
+    def hold():
+        with bcrecord.recording(threads="all") as rec:
+            shared.append(rec)
+            entered.set()
+            leave.wait()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    entered.wait()
+    try:
+        assert next(early) == 10  # no recording of its own here: the threads='all' one takes it
+        with bcrecord.recording() as later:
+            assert list(early) == [20]
+            assert asyncio.run(pending) == 6  # made inside made_in, first run here
+    finally:
+        leave.set()
+        holder.join()
+    assert dict(made_in.items()) == {"ga:gen:n": 3, "ga:gen:val@0": 0}
+    assert shared[0].all("ga:gen:val@0") == [10] and list(shared[0]) == ["ga:gen:val@0"]
+    recorded_later = {key: later.all(key) for key in later}
+    assert recorded_later == {"ga:gen:val@0": [20], "ca:co:n": [5], "ca:co:got@0": [6]}
 
 
 def test_a_generator_made_before_the_recording_runs_unprobed_and_its_key_error_says_so():

@@ -316,6 +316,47 @@ def test_the_stop_reaches_neither_other_threads_nor_a_submodule_called_alone(net
     assert out.shape == (1, 4, 8, 8) and len(rec.all("blocks.0.conv:forward:return")) == 1
 
 
+def test_the_stop_ends_forwards_of_the_context_that_entered_it_an_asyncio_task_it_started_too(net):
+    # The README said "only the thread that entered a recording": the rule is the context.
+    # A task of the same thread started before the block runs its forward whole (its values
+    # reach the threads='all' recording); a task the block starts, and a function it carries
+    # into a thread, are stopped as the block is.
+    import asyncio
+
+    x = torch.randn(1, 3, 8, 8)
+    with torch.no_grad():
+        whole = net(x)
+
+    async def main():
+        entered, ran = asyncio.Event(), asyncio.Event()
+
+        async def serve():  # started before the block: a context without it
+            await entered.wait()
+            with torch.no_grad():
+                out = net(x)
+            ran.set()
+            return out
+
+        served = asyncio.ensure_future(serve())
+        with torch.no_grad(), record(net, ["bn1"], stop_after_last=True) as rec:
+            entered.set()
+            await ran.wait()
+
+            async def inside():
+                with torch.no_grad():
+                    return net(x)
+
+            started_inside = await asyncio.ensure_future(inside())
+            carried = await asyncio.get_running_loop().run_in_executor(None, bcrecord.carry(lambda: net(x)))
+            own = net(x)
+        return await served, started_inside, carried, own, rec
+
+    served, started_inside, carried, own, rec = asyncio.run(main())
+    assert torch.equal(served, whole)
+    assert started_inside is None and carried is None and own is None
+    assert len(rec.all("bn1:forward:return")) == 4
+
+
 def test_a_targeted_module_replaced_while_recording_is_named_in_a_warning(net):
     # It used to go silently: the new module, never marked, records nothing.
     x = torch.randn(1, 3, 8, 8)
