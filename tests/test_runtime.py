@@ -21,6 +21,7 @@ from bcrecord import RecordingWarning, SpecError
 from bcrecord.runtime import Recording, copy_value, is_active
 
 from .code_checks import collect_all
+from .forking import fork_while_held
 
 
 class Mutable:
@@ -714,6 +715,37 @@ def test_a_forked_child_records_into_its_own_copy_and_the_parent_gets_none_of_it
         g(3)
     assert in_child == "[2, 42]"  # the parent's value before the fork, then the child's
     assert rec.all("fork:f:x@0") == [2, 6]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+@pytest.mark.parametrize("lock", ["_arm_lock", "_sites_lock", "_errors_lock"])
+def test_a_child_forked_while_another_thread_holds_a_runtime_lock_records_and_does_not_hang(lock):
+    # Entering and leaving a recording arm under _arm_lock, a site's first value is routed
+    # under _sites_lock, a failed copy is kept under _errors_lock: a child forked while
+    # another thread held one waited for it for good.
+    class Broken:
+        def clone(self):
+            raise ValueError("no copy")
+
+    def f(a, b):
+        x = a * 2
+        y = b
+        return x
+
+    g = bcrecord.instrument(f, ["x", "y"], name="heldfork")
+
+    def in_child():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RecordingWarning)
+            with bcrecord.recording() as rec:
+                g(21, Broken())
+        return rec.all("heldfork:f:x@0"), [error.key for error in rec.errors]
+
+    held = fork_while_held(getattr(bcrecord.runtime, lock), in_child)
+    assert held == "([42], ['heldfork:f:y@0'])"
+    with bcrecord.recording() as rec:  # and the parent's lock is free again
+        g(1, 2)
+    assert rec.all("heldfork:f:x@0") == [2]
 
 
 def test_a_value_still_being_copied_when_a_threads_all_recording_exits_is_stored_after_the_exit():
