@@ -2,6 +2,7 @@
 
 import functools
 import os
+import pickle
 import sys
 import types
 
@@ -2580,3 +2581,15 @@ def test_a_child_forked_while_another_thread_patches_patches_and_records_and_doe
         return rec.all("Net:forward:h@0"), bcrecord.patch._lock.depth
 
     assert fork_while_held(lock, in_child) == "([42], 0)"
+
+
+def test_a_copy_instrument_made_pickles_by_name_where_it_took_the_original_s_place(monkeypatch):
+    # A task sent to a spawn worker is pickled, a function by its module and name (README).
+    module = types.ModuleType("bcrecord_pickled_by_name")
+    exec("def f(a):\n    x = a * 2\n    return x\n", module.__dict__)
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    copy = bcrecord.instrument(module.f, "x", name="pk")
+    with pytest.raises(pickle.PicklingError, match="not the same object"):
+        pickle.dumps(copy)
+    module.f = copy
+    assert pickle.loads(pickle.dumps(copy)) is copy
