@@ -66,6 +66,7 @@ from .runtime import (
     refresh,
     register_sites,
     release_sites,
+    safe_over_forks,
     track,
     tracked,
     untrack,
@@ -118,7 +119,7 @@ class _PatchLock:
         self.release()
 
 
-_lock = _PatchLock()
+_lock = safe_over_forks(_PatchLock(), rank=0)
 _BASE_ATTR = "__bcrecord_base__"
 _SLOT_ATTR = "__bcrecord_slot__"
 #: The functions bcrecord made (:func:`_copy_function`): only theirs are that function's

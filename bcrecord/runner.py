@@ -125,7 +125,7 @@ from .patch import (
     patch_method,
     targets,
 )
-from .runtime import Recording, Sink, copy_value, silence, silently
+from .runtime import Recording, Sink, copy_value, safe_over_forks, silence, silently
 from .specs import Attribute, Spec, compiled_name, full_width_fixed, parse, split_specs
 from .storage import Writer
 
@@ -684,7 +684,7 @@ class _ImportHook(importlib.abc.MetaPathFinder):
         #: Modules whose code raised while being imported, and what it raised.
         self.raised: Dict[str, str] = {}
         self.closed = False
-        self._lock = threading.Lock()
+        self._lock = safe_over_forks(threading.Lock())
 
     def _failed(self, module: types.ModuleType, error: BaseException) -> None:
         self.raised[module.__name__] = type(error).__name__
@@ -791,7 +791,7 @@ class _Stream(Recording):
         self._deliver = deliver
         self._every = every
         self._counters: Dict[str, Iterator[int]] = {}
-        self._counters_lock = threading.Lock()
+        self._counters_lock = safe_over_forks(threading.Lock())
 
     def _sink(self, site_id: int, owner: Optional[str] = None) -> Optional[Sink]:
         sink = super()._sink(site_id, owner)

@@ -57,6 +57,7 @@ import functools
 import importlib
 import inspect
 import operator
+import os
 import sys
 import threading
 import traceback
@@ -88,6 +89,7 @@ from typing import (
 from ._versions import PROBE_NAME
 from .errors import SpecError, warn
 from .rewrite import DEFAULT_SINKS, SINKS
+from .rewrite import _cache_lock as _rewrite_cache_lock
 from .specs import COPY_POLICIES
 
 __all__ = [
@@ -119,6 +121,7 @@ __all__ = [
     "copied_container",
     "shallow_copy",
     "copied_dataclass",
+    "safe_over_forks",
 ]
 
 T = TypeVar("T")
@@ -206,8 +209,69 @@ def _caught_in(error: BaseException, frames: Set[int]) -> bool:
     return held is not None and id(held.tb_frame) in frames
 
 
+# --- locks over a fork ---------------------------------------------------------
+#
+# A child forked (``os.fork``, ``multiprocessing``'s ``fork``, a DataLoader's workers)
+# while another thread of the parent held one of bcrecord's locks would start with it
+# held by a thread it does not have, and hang on it for good (entering or leaving a
+# recording, patching). So the locks that guard changes of several steps are taken in
+# their order just before a fork and let go of just after it, in both processes (the
+# child gets them free, and the state they guard whole); the ones held only around one
+# change, with nothing inside (a finalizer may take the others there), are made anew in
+# the child.
+
+#: The locks held over a fork (see safe_over_forks), by rank, taken lowest rank first.
+_held_over_forks: Dict[int, weakref.WeakSet[Any]] = {}
+#: The locks made anew in a forked child.
+_renewed_in_children: weakref.WeakSet[Any] = weakref.WeakSet()
+#: The locks this process took for the fork under way, in the order taken.
+_taken_for_fork: List[Any] = []
+
+
+def safe_over_forks(lock: T, rank: Optional[int] = None) -> T:
+    """Keep ``lock`` from hanging a forked child; returns it.
+
+    ``rank``: the lock is held over every fork, taken after the locks of lower ranks (a
+    thread holding one takes only locks of higher ranks inside it: the patch lock 0, the
+    arming lock 1, the sites lock 2). None: a lock held around one brief change, which
+    is made anew in the child. Held weakly: a lock of an object goes with it.
+
+    >>> import threading
+    >>> lock = safe_over_forks(threading.Lock())
+    >>> lock.locked()
+    False
+    """
+    if rank is None:
+        _renewed_in_children.add(lock)
+    else:
+        _held_over_forks.setdefault(rank, weakref.WeakSet()).add(lock)
+    return lock
+
+
+def _before_fork() -> None:
+    for rank in sorted(_held_over_forks):
+        for lock in list(_held_over_forks[rank]):
+            lock.acquire()
+            _taken_for_fork.append(lock)
+
+
+def _after_fork() -> None:
+    while _taken_for_fork:
+        _taken_for_fork.pop().release()
+
+
+def _after_fork_in_child() -> None:
+    _after_fork()  # the forking thread is the child's one thread: it holds them there too
+    for lock in list(_renewed_in_children):
+        lock._at_fork_reinit()
+
+
+if hasattr(os, "register_at_fork"):  # (not on Windows, which does not fork)
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork, after_in_child=_after_fork_in_child)
+
 #: Taken while a recording's errors are trimmed to its ``keep``.
-_errors_lock = threading.Lock()
+_errors_lock = safe_over_forks(threading.Lock())
+safe_over_forks(_rewrite_cache_lock)  # (the rewrite module comes before this one)
 
 
 def _snapshot(items: Callable[[], Iterable[T]]) -> Tuple[T, ...]:
@@ -305,7 +369,7 @@ class _WeakRegistry(Generic[T]):
 
 _SITES: Dict[int, Site] = {}
 # Re-entrant: a finalizer (release_sites, _unhold) may run from GC while the lock is held.
-_sites_lock = threading.RLock()
+_sites_lock = safe_over_forks(threading.RLock(), rank=2)
 #: Released ids that no live code reports with any more, for reuse.
 _free_ids: List[int] = []
 #: For each id, how many live code objects report with it (see hold_sites).
@@ -638,7 +702,7 @@ _active_count = 0
 _taking_all = 0
 #: For each patch (by id) that active recordings take with ``only``: how many take it.
 _wanted: Dict[int, int] = {}
-_arm_lock = threading.RLock()
+_arm_lock = safe_over_forks(threading.RLock(), rank=1)
 
 
 def _wanted_now() -> Optional[Container[int]]:

@@ -1,9 +1,11 @@
 """End to end: a patched function behaves exactly like the original, and records."""
 
 import asyncio
+import concurrent.futures
 import functools
 import importlib
 import linecache
+import multiprocessing
 import py_compile
 import sys
 import traceback
@@ -589,3 +591,36 @@ def test_pdb_next_out_of_a_callee_into_a_patched_caller_skipping_bcrecord(tmp_pa
     assert "bcrecord" in stepped_into_bcrecord[-1]
     assert skipping == original
     assert rec.all("m:f:z@0") == [2, 2]
+
+
+def test_a_spawned_worker_has_the_patches_its_imports_make_and_sends_back_what_it_recorded(
+    tmp_path, monkeypatch
+):
+    # A spawned worker imports the program afresh: a patch made when a module is imported
+    # is made there too, one made in the parent afterwards is not (README).
+    (tmp_path / "spawned_patches.py").write_text(
+        "import bcrecord\n\n"
+        "def f(a):\n    x = a * 2\n    return x\n\n"
+        "f = bcrecord.instrument(f, 'x', name='spawned')\n\n"
+        "class Net:\n    def forward(self, a):\n        h = a + 1\n        return h\n\n"
+        "def task(a):\n"
+        "    with bcrecord.recording() as rec:\n"
+        "        f(a)\n"
+        "        Net().forward(a)\n"
+        "    return dict(rec.items()), rec\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    spawned = importlib.import_module("spawned_patches")
+    patch = bcrecord.patch_method(spawned.Net, "forward", "h")
+    try:
+        spawn = multiprocessing.get_context("spawn")
+        with concurrent.futures.ProcessPoolExecutor(1, mp_context=spawn) as pool:
+            items, rec = pool.submit(spawned.task, 20).result(timeout=120)
+        with bcrecord.recording() as here:
+            spawned.task(1)  # in this process the method's patch is there too
+    finally:
+        patch.remove()
+        sys.modules.pop("spawned_patches", None)
+    assert items == {"spawned:f:x@0": 40}
+    assert rec.all("spawned:f:x@0") == [40] and not rec.active
+    assert here.all("Net:forward:h@0") == [2]

@@ -1,6 +1,8 @@
 """bcrecord.patch: where patches go, how they stack, and that removal restores exactly."""
 
 import functools
+import os
+import pickle
 import sys
 import types
 
@@ -11,6 +13,7 @@ from bcrecord import NotPatchableError, SpecError, TargetError, UnsupportedPytho
 
 from . import corpus
 from .code_checks import collect_all, probes_in
+from .forking import fork_while_held
 
 
 class Block:
@@ -2681,3 +2684,35 @@ def test_a_subset_built_in_another_thread_while_a_patch_is_delivered_last_is_not
         f(1)
     assert rec.keys() == ["p2:f:x@0", "p1:f:x@0"]
     patch_module.remove_all([p1, p2, p3])
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+@pytest.mark.parametrize("lock", [bcrecord.patch._lock, rewrite._cache_lock], ids=["patch", "rewrite cache"])
+def test_a_child_forked_while_another_thread_patches_patches_and_records_and_does_not_hang(lock):
+    # Patching runs under the patch lock and the rewrite cache's: a child forked while
+    # another thread held one waited for it for good.
+    class Net:
+        def forward(self, a):
+            h = a + 1
+            return h
+
+    def in_child():
+        patch = bcrecord.patch_method(Net, "forward", "h")
+        with bcrecord.recording() as rec:
+            Net().forward(41)
+        patch.remove()
+        return rec.all("Net:forward:h@0"), bcrecord.patch._lock.depth
+
+    assert fork_while_held(lock, in_child) == "([42], 0)"
+
+
+def test_a_copy_instrument_made_pickles_by_name_where_it_took_the_original_s_place(monkeypatch):
+    # A task sent to a spawn worker is pickled, a function by its module and name (README).
+    module = types.ModuleType("bcrecord_pickled_by_name")
+    exec("def f(a):\n    x = a * 2\n    return x\n", module.__dict__)
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    copy = bcrecord.instrument(module.f, "x", name="pk")
+    with pytest.raises(pickle.PicklingError, match="not the same object"):
+        pickle.dumps(copy)
+    module.f = copy
+    assert pickle.loads(pickle.dumps(copy)) is copy

@@ -21,6 +21,7 @@ from bcrecord.runner import RunError, parse_target
 from bcrecord.specs import Local, Return
 
 from .commands import cli, one_clear_line, plain
+from .forking import fork_while_held
 from .typed_text import CHAINS, NAMES, SETTINGS, TYPED, specs_and_short_forms
 
 
@@ -2451,3 +2452,33 @@ def test_property_any_text_is_a_run_target_or_a_run_error_that_names_it(text):
         assert repr(text) in str(error) or repr(text.split(":", 2)[-1].strip()) in str(error)
     else:
         assert target.text == text and all(part.isidentifier() for part in target.path)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+@pytest.mark.parametrize("held", ["stream", "import hook"])
+def test_a_child_forked_while_another_thread_holds_a_lock_of_the_run_records_and_does_not_hang(held):
+    # A key's counter is made under the stream's lock, the import hook moves or leaves
+    # under its own: a child forked while another thread held one waited for it for good.
+    from bcrecord import runner
+
+    def f(a):
+        x = a * 2
+        return x
+
+    patch = bcrecord.patch.patch_function(f, "x")
+    delivered = []
+    stream = runner._Stream(lambda key, step, value: delivered.append((key, step, value)), 1, "none")
+    stream._take(patch)
+    hook = runner._ImportHook(["nothing_here"], lambda module: None)
+
+    def in_child():
+        with stream:
+            f(21)
+        hook.close()
+        return delivered, hook.closed
+
+    try:
+        lock = stream._counters_lock if held == "stream" else hook._lock
+        assert fork_while_held(lock, in_child) == f"([({patch.keys[0]!r}, 0, 42)], True)"
+    finally:
+        patch.remove()

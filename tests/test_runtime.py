@@ -21,6 +21,7 @@ from bcrecord import RecordingWarning, SpecError
 from bcrecord.runtime import Recording, copy_value, is_active
 
 from .code_checks import collect_all
+from .forking import fork_while_held
 
 
 class Mutable:
@@ -716,6 +717,70 @@ def test_a_forked_child_records_into_its_own_copy_and_the_parent_gets_none_of_it
         g(3)
     assert in_child == "[2, 42]"  # the parent's value before the fork, then the child's
     assert rec.all("fork:f:x@0") == [2, 6]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+def test_a_child_forked_inside_a_recording_records_into_its_copy_after_the_parent_s_block_ends():
+    # Persistent DataLoader workers, a pool's workers started inside the with (README).
+    def f(a):
+        x = a * 2
+        return x
+
+    g = bcrecord.instrument(f, "x", name="afterfork")
+    ended_read, ended_write = os.pipe()
+    read, write = os.pipe()
+    with bcrecord.recording() as rec:
+        g(1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # "fork() in a multi-threaded process"
+            pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            try:
+                os.read(ended_read, 1)  # the parent's block has ended
+                g(21)
+                os.write(write, repr(rec.all("afterfork:f:x@0")).encode())
+            finally:
+                os._exit(0)
+    os.close(write)
+    os.write(ended_write, b"x")
+    with os.fdopen(read) as child:
+        in_child = child.read()
+    os.waitpid(pid, 0)
+    for fd in (ended_read, ended_write):
+        os.close(fd)
+    assert in_child == "[2, 42]"
+    assert rec.all("afterfork:f:x@0") == [2]
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+@pytest.mark.parametrize("lock", ["_arm_lock", "_sites_lock", "_errors_lock"])
+def test_a_child_forked_while_another_thread_holds_a_runtime_lock_records_and_does_not_hang(lock):
+    # Entering and leaving a recording arm under _arm_lock, a site's first value is routed
+    # under _sites_lock, a failed copy is kept under _errors_lock: a child forked while
+    # another thread held one waited for it for good.
+    class Broken:
+        def clone(self):
+            raise ValueError("no copy")
+
+    def f(a, b):
+        x = a * 2
+        y = b
+        return x
+
+    g = bcrecord.instrument(f, ["x", "y"], name="heldfork")
+
+    def in_child():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RecordingWarning)
+            with bcrecord.recording() as rec:
+                g(21, Broken())
+        return rec.all("heldfork:f:x@0"), [error.key for error in rec.errors]
+
+    held = fork_while_held(getattr(bcrecord.runtime, lock), in_child)
+    assert held == "([42], ['heldfork:f:y@0'])"
+    with bcrecord.recording() as rec:  # and the parent's lock is free again
+        g(1, 2)
+    assert rec.all("heldfork:f:x@0") == [2]
 
 
 def test_a_value_still_being_copied_when_a_threads_all_recording_exits_is_stored_after_the_exit():

@@ -75,7 +75,7 @@ from ..patch import (
     remove_all,
     shallow_copies_holding,
 )
-from ..runtime import Recording, Sink, context_recordings, silently
+from ..runtime import Recording, Sink, context_recordings, safe_over_forks, silently
 from ..specs import Attribute, Local, Return, Spec, require_bool
 from .copies import Device, ValuePolicy, _itself, _tracing_state, _transforms_active, value_policy
 from .targets import (
@@ -96,7 +96,7 @@ pass_through(torch.nn.modules.module.__file__)
 __all__ = ["record", "ModelRecording", "StopForward"]
 
 _MARK = "_bcrecord_path"
-_marks_lock = threading.Lock()
+_marks_lock = safe_over_forks(threading.Lock())
 #: For each module marked now (by id): how many passes mark it, per path.
 _mark_counts: Dict[int, Dict[str, int]] = {}
 #: For each function patched for a model, per patch of it, the classes of the recorded modules that
@@ -308,7 +308,7 @@ class ModelRecording(Recording):
         #: Per ``.grad`` key, how many values had asked for a gradient at the last clear():
         #: their gradients, still to come, are dropped with them.
         self._cleared: Dict[str, int] = {}
-        self._grad_lock = threading.Lock()
+        self._grad_lock = safe_over_forks(threading.Lock())
         #: Gradient hooks on leaf tensors (parameters) that have not fired yet.
         self._leaf_hooks: Set[_GradientHook] = set()
         #: The hook waiting on each (key, leaf tensor id): one gradient per backward.
@@ -366,7 +366,7 @@ class ModelRecording(Recording):
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._grad_lock = threading.Lock()
+        self._grad_lock = safe_over_forks(threading.Lock())
 
     def _settle(self) -> None:
         for policy in self._policies:
@@ -1466,7 +1466,7 @@ def _warn_added(plan: Plan) -> None:
 #: Whether a caller in this context catches :class:`StopForward` (the root's
 #: forward under ``stop_after_last``, or an extractor): only then does a probe raise it.
 _stopping: contextvars.ContextVar[bool] = contextvars.ContextVar("bcrecord_stopping", default=False)
-_roots_lock = threading.Lock()
+_roots_lock = safe_over_forks(threading.Lock())
 #: The :class:`_StopAtRoot` calls running in this context, outermost first.
 _roots_running: contextvars.ContextVar[Tuple[_StopAtRoot, ...]] = contextvars.ContextVar(
     "bcrecord_roots_running", default=()

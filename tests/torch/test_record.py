@@ -4,6 +4,7 @@ import copy
 import functools
 import gc
 import io
+import os
 import pickle
 import re
 import sys
@@ -19,6 +20,7 @@ from bcrecord.torch import create_feature_extractor, record
 from bcrecord.torch.record import StopForward
 
 from ..code_checks import collect_all
+from ..forking import fork_while_held
 from .models import Block, Branchy, Gated, SmallNet, reference_smallnet
 from .test_copies import FakeStream
 
@@ -1951,3 +1953,29 @@ def test_a_gradient_reaches_a_recording_kept_after_its_block_and_nothing_once_it
     del rec
     out.sum().backward()  # its hook finds no recording: backward runs as usual
     assert model[0].weight.grad is not None
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs os.fork")
+@pytest.mark.parametrize("lock", ["_marks_lock", "_roots_lock", "_grad_lock"])
+def test_a_child_forked_while_another_thread_holds_a_lock_of_the_torch_layer_records_and_does_not_hang(
+    net, lock
+):
+    # Paths are marked under _marks_lock, the early stop's root is put in under _roots_lock, a
+    # gradient is noted under its recording's _grad_lock: a child forked while another
+    # thread held one waited for it for good.
+    net.train()
+    x = torch.ones(1, 3, 8, 8)
+    with record(net, ["fc:forward:return", "fc:forward:return.grad"], grad=True) as outer:
+        expected = net(x)
+
+        def in_child():
+            torch.set_num_threads(1)  # (a forked child's OpenMP pool, as a DataLoader worker's)
+            with record(net, ["blocks.0"], stop_after_last=True) as rec:
+                net(x)
+            net(x).sum().backward()
+            return len(rec.all("blocks.0:forward:return")), outer.all("fc:forward:return.grad")[-1].tolist()
+
+        module = sys.modules["bcrecord.torch.record"]
+        held = outer._grad_lock if lock == "_grad_lock" else getattr(module, lock)
+        assert fork_while_held(held, in_child) == "(1, [[1.0, 1.0, 1.0, 1.0, 1.0]])"
+    assert torch.equal(outer["fc:forward:return"], expected)
