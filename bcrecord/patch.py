@@ -339,6 +339,15 @@ def _why_not_a_function(obj: Any) -> str:
             f"{name} is a functools.singledispatch function: patch the implementation that runs, "
             f"the default one ({name}.registry[object]) or one registered for a type ({name}.registry[type])"
         )
+    if str(type(obj).__module__).partition(".")[0] == "numba":  # @njit, @vectorize, @cfunc
+        # Its calls run machine code, no bytecode; and numba compiles a patched function's probes
+        # (when a call compiles it inside a recording), which it refuses: a TypingError.
+        return (
+            f"{name} is a numba {type(obj).__name__}: its calls run compiled machine code, not the "
+            f"Python function's bytecode, so nothing in them can be recorded; record the Python "
+            f"function in calls of its own, bcrecord.instrument({name}.__wrapped__, specs)(...) "
+            f"(a patch of {name}.__wrapped__ would give numba the probes to compile, which it refuses)"
+        )
     if isinstance(getattr(obj, "__wrapped__", None), types.FunctionType):  # functools.lru_cache, cache
         # (or an object of a Python class that functools.update_wrapper made look like one)
         python = isinstance(inspect.getattr_static(type(obj), "__call__", None), types.FunctionType)

@@ -549,6 +549,8 @@ def instead_of(module: str, dotted: str, value: Any) -> Optional[str]:
     owner = type(value)
     if isinstance(value, (types.FunctionType, type)) or owner.__module__ == "unittest.mock":
         return None  # (a mock's __call__ is Python code too: the refusal says what to do)
+    if str(owner.__module__).partition(".")[0] == "numba":
+        return None  # (its calls run machine code; numba refuses to compile its function patched)
     if isinstance(getattr(value, "__wrapped__", None), types.FunctionType):
         return f"{module}:{dotted}.__wrapped__"
     if isinstance(value, functools.partial):

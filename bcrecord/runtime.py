@@ -1299,9 +1299,45 @@ def _find_copier(policy: Any, cls: type) -> Optional[Copier]:
         return _method_copier(method, policy)
     if dataclasses.is_dataclass(cls):  # a model's output object: each field as it would be alone
         return _dataclass_copier(policy)
-    if policy == "clone" and cls.__module__ == "numpy" and callable(getattr(cls, "copy", None)):
-        return _method_copier("copy", policy)
+    if policy == "clone" and _copied_by_method(cls):
+        return _array_copier(policy)
     return None
+
+
+#: Bases, as (package, class name), of the arrays and frames whose ``copy()`` copies their data:
+#: numpy's arrays and scalars and pandas' frames, series, indexes and extension arrays, their
+#: subclasses included (a masked array, a recarray, a ``memmap``, a program's own ndarray subclass).
+_COPIED_BY_METHOD = {
+    ("numpy", "ndarray"),
+    ("numpy", "generic"),
+    ("pandas", "NDFrame"),
+    ("pandas", "Index"),
+    ("pandas", "ExtensionArray"),
+}
+
+
+def _copied_by_method(cls: type) -> bool:
+    """Whether ``cls`` is one of :data:`_COPIED_BY_METHOD`'s (read by name: the core imports neither)."""
+    bases = ((str(klass.__module__).partition(".")[0], klass.__name__) for klass in cls.__mro__)
+    return any(base in _COPIED_BY_METHOD for base in bases) and callable(getattr(cls, "copy", None))
+
+
+def _array_copier(policy: str) -> Copier:
+    """``value.copy()``; in a numpy array of Python objects, each object copied under ``policy`` too
+    (the array's ``copy()`` keeps them: a list in it, appended to later, would change), as a list's."""
+    copy_item = functools.partial(copy_value, policy=policy)
+
+    def copy(value: Any, made: Dict[int, Tuple[Any, Any]]) -> Any:
+        copied = value.copy()
+        dtype = getattr(value, "dtype", None)
+        if getattr(dtype, "kind", None) == "O" and type(getattr(value, "flat", None)).__name__ == "flatiter":
+            ndarray = next(k for k in type(value).__mro__ if k.__name__ == "ndarray")
+            flat = copied.view(ndarray).reshape(-1)  # (a view: a copy is contiguous)
+            for position, item in enumerate(value.flat):
+                flat[position] = copied_once(item, copy_item, made)
+        return copied
+
+    return _one_copy(copy)
 
 
 def copy_value(value: T, policy: str) -> T:

@@ -2716,3 +2716,31 @@ def test_a_copy_instrument_made_pickles_by_name_where_it_took_the_original_s_pla
         pickle.dumps(copy)
     module.f = copy
     assert pickle.loads(pickle.dumps(copy)) is copy
+
+
+def test_a_numba_function_is_refused_saying_its_calls_run_no_bytecode_and_what_records_instead():
+    def double(x):
+        y = x * 2
+        return y
+
+    class CPUDispatcher:  # what @numba.njit gives: machine code, its Python function as __wrapped__
+        __module__ = "numba.core.registry"
+
+        def __init__(self, func):
+            self.__wrapped__ = func
+            self.__qualname__ = func.__name__
+
+        def __call__(self, x):
+            return x * 2
+
+    compiled = CPUDispatcher(double)
+    # It said "patch_function(double.__wrapped__, specs)": numba then compiles the probes (inside a
+    # recording) and raises a TypingError, or runs its machine code, recording nothing.
+    message = r"^double is a numba CPUDispatcher: its calls run compiled machine code, .*"
+    message += r"bcrecord\.instrument\(double\.__wrapped__, specs\)\(\.\.\.\)"
+    for attempt in (bcrecord.patch_function, bcrecord.instrument):
+        with pytest.raises(NotPatchableError, match=message):
+            attempt(compiled, "y")
+    with bcrecord.recording() as rec:
+        assert bcrecord.instrument(compiled.__wrapped__, "y")(3) == 6
+    assert rec.all(f"{__name__}:double:y@0") == [6]

@@ -1121,6 +1121,38 @@ def test_run_keys_the_function_an_lru_cache_wraps_as_patch_function_does(project
     assert rows == [["C:lc:q@0", "1", "10"], ["cached:cf:cc@0", "1", "6"]], result.stderr
 
 
+def test_run_refuses_a_numba_function_without_naming_its_python_function_as_a_target(project):
+    # It said "as a target: 'jitted:fast.__wrapped__:s'": numba then compiles the probed
+    # function at its first call, inside the run, and fails the program with a TypingError.
+    (project / "jitted.py").write_text(
+        textwrap.dedent(
+            """
+            class CPUDispatcher:  # what @numba.njit makes: machine code around a Python function
+                __module__ = "numba.core.registry"
+
+                def __init__(self, func):
+                    self.__wrapped__ = self.py_func = func
+                    self.__qualname__ = func.__qualname__
+
+                def __call__(self, a):
+                    return a * 2
+
+            def _fast(a):
+                s = a * 2
+                return s
+
+            fast = CPUDispatcher(_fast)
+            """
+        )
+    )
+    (project / "usejitted.py").write_text("import jitted\nprint(jitted.fast(2))\n")
+    result = cli("run", "-r", "jitted:fast:s", "usejitted.py", cwd=project)
+    line = one_clear_line(result)
+    assert result.stdout == "", result.stdout
+    assert "is a numba CPUDispatcher: its calls run compiled machine code" in line, line
+    assert "as a target" not in line, line
+
+
 WRAPPERS = """
 import functools
 

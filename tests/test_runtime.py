@@ -100,6 +100,60 @@ def test_clone_copies_dataclasses_field_by_field():
     assert copy_value(live, "none") is live and copy_value(live, "detach").hidden == ("detached", 6)
 
 
+def _library_class(package: str, name: str, module: str) -> type:
+    """A stand-in for a numpy or pandas base class (``copy()`` copies its data), named as the
+    library names it: the core recognizes them by name, never importing either."""
+
+    class Base:
+        def __init__(self, data: list) -> None:
+            self.data = data
+
+        def copy(self) -> "Base":
+            return type(self)(list(self.data))
+
+    Base.__name__, Base.__qualname__, Base.__module__ = name, name, module
+    assert module.partition(".")[0] == package
+    return Base
+
+
+def test_clone_copies_numpy_and_pandas_subclasses_and_pandas_frames_with_their_copy():
+    ndarray = _library_class("numpy", "ndarray", "numpy")
+    NDFrame = _library_class("pandas", "NDFrame", "pandas.core.generic")
+
+    class MaskedArray(ndarray):  # numpy.ma's and numpy.rec's classes live outside module "numpy"
+        pass
+
+    class OwnArray(ndarray):  # a program's own subclass
+        pass
+
+    class DataFrame(NDFrame):  # pandas 3 names its module "pandas", pandas 2 "pandas.core.frame"
+        pass
+
+    MaskedArray.__module__, DataFrame.__module__ = "numpy.ma.core", "pandas"
+    for kind in (MaskedArray, OwnArray, DataFrame):
+        live = kind([1])
+        copied = copy_value(live, "clone")
+        live.data[0] = 9  # changed in place after the assignment: `a[:] = 9`, `df.loc[0] = 9`
+        assert type(copied) is kind and copied.data == [1], kind
+        assert copy_value(live, "none") is live
+
+
+def test_clone_copies_real_numpy_arrays_their_subclasses_and_the_objects_an_object_array_holds():
+    np = pytest.importorskip("numpy")
+    masked = np.ma.masked_array([1.0, 2.0, 3.0], mask=[False, True, False])
+    records = np.zeros(2, dtype=[("x", "i4")]).view(np.recarray)
+    objects = np.empty(2, dtype=object)
+    objects[0], objects[1] = [1], {"k": [2]}
+    copies = [copy_value(value, "clone") for value in (masked, records, objects)]
+    masked[0], masked.mask[2] = 100.0, True
+    records.x[:] = 7
+    objects[0].append(5)
+    objects[1]["k"].append(6)
+    assert copies[0].tolist() == [1.0, None, 3.0] and type(copies[0]) is np.ma.MaskedArray
+    assert copies[1].x.tolist() == [0, 0] and type(copies[1]) is np.recarray
+    assert copies[2].tolist() == [[1], {"k": [2]}] and copies[2].dtype == object
+
+
 @contextlib.contextmanager
 def no_collection_in_between():
     """No garbage collection pass while a test recurses to the recursion limit: one started
