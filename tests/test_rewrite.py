@@ -489,3 +489,50 @@ def test_rewriting_a_long_try_block_costs_calls_in_proportion_to_its_size():
 
     small, large = calls(150), calls(600)
     assert large < 4.6 * small, (small, large)
+
+
+def _factorial(n):
+    if n <= 1:
+        r = 1
+    else:
+        r = n * _factorial(n - 1)
+    return r
+
+
+def _deepest_completed(headroom):
+    """The largest ``n`` for which ``_factorial(n)`` completes with ``headroom`` frames left."""
+    frame, depth = sys._getframe(), 0
+    while frame:
+        frame, depth = frame.f_back, depth + 1
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(depth + headroom)
+    deepest = 0
+    try:
+        for n in range(headroom - 100, headroom + 5):
+            try:
+                _factorial(n)
+            except RecursionError:
+                break
+            deepest = n
+    finally:
+        sys.setrecursionlimit(old)
+    return deepest
+
+
+@pytest.mark.parametrize("copy", ["none", "clone"])
+@pytest.mark.parametrize("style", ["inline", "call"], indirect=True)
+def test_a_probed_recursion_reaches_its_recursion_error_at_most_two_calls_earlier(style, copy):
+    # As the README says: a guarded inline probe (3.11+) never fails at the limit; a probe
+    # spelled as a call is a Python frame, and its copy may be another (measured: 3.10 one
+    # call earlier, 3.11 two with copy='none', 3.12 and 3.13 two with copy='clone').
+    import math
+
+    plain = _deepest_completed(1000)
+    with bcrecord.patch_function(_factorial, ["r", "*", "_factorial()"], name="m"):
+        with bcrecord.recording(copy=copy, keep=2) as rec:
+            probed = _deepest_completed(1000)
+            assert _factorial(900) == math.factorial(900)
+    assert plain - 2 <= probed <= plain
+    if style == "inline" and sys.version_info >= (3, 11):
+        assert probed == plain
+    assert rec.all("m:_factorial:r@1")[-1] == math.factorial(900)
