@@ -439,11 +439,21 @@ def _assemble(bytecode: Bytecode) -> CodeType:
     if not any(isinstance(item, TryBegin) for item in bytecode):  # (no exception table: 3.10)
         return bytecode.to_code()
     graph = ControlFlowGraph.from_bytecode(bytecode)
-    given = [(item, item.stack_depth) for block in graph for item in block if isinstance(item, TryBegin)]
+    # The graph's regions are copies, in code order; a region a jump splits has several.
+    ours = [item for item in bytecode if isinstance(item, TryBegin) and item.stack_depth is UNSET]
+    copies = [item for block in graph for item in block if isinstance(item, TryBegin)]
+    unset = [item for item in copies if item.stack_depth is UNSET]
+    given = [(item, item.stack_depth) for item in copies if item.stack_depth is not UNSET]
     stacksize = graph.compute_stacksize()  # (sets every region's depth)
-    for region, depth in given:
-        if depth is not UNSET:
-            region.stack_depth = depth
+    if len(unset) == len(ours):
+        # Each inserted region covers one probe, no jump: one copy each, so its depth carries
+        # back to the code as it is. The graph's own way back (``to_code``) fuses split copies
+        # with a list search each, quadratic in a long ``try`` block's branches.
+        for region, copy in zip(ours, unset, strict=True):
+            region.stack_depth = copy.stack_depth
+        return bytecode.to_code(stacksize=stacksize, compute_exception_stack_depths=False)
+    for region, depth in given:  # pragma: no cover - an inserted region split by a jump
+        region.stack_depth = depth
     return graph.to_code(stacksize=stacksize, compute_exception_stack_depths=False)
 
 
