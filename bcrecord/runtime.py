@@ -256,8 +256,12 @@ def _before_fork() -> None:
 
 
 def _after_fork() -> None:
-    while _taken_for_fork:
-        _taken_for_fork.pop().release()
+    # The list is this thread's while it holds the first lock: read whole before letting go of
+    # any, since another thread forking at once takes them (and fills it) as soon as that one is free.
+    taken = _taken_for_fork[:]
+    del _taken_for_fork[:]
+    for lock in reversed(taken):
+        lock.release()
 
 
 def _after_fork_in_child() -> None:

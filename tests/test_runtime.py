@@ -837,6 +837,56 @@ def test_a_child_forked_while_another_thread_holds_a_runtime_lock_records_and_do
     assert rec.all("heldfork:f:x@0") == [2]
 
 
+def test_two_threads_forking_at_once_each_let_go_of_only_the_locks_they_took(monkeypatch):
+    # Two threads forking at once (each starting a fork-context worker): the second's
+    # before-fork handler takes the locks the moment the first's after-fork handler lets go
+    # of the first one; the first one's handler then let go of the second's as well (a
+    # RuntimeError), and the rest stayed held for good: every later recording hung.
+    runtime = bcrecord.runtime
+    main = threading.current_thread()
+    second_took = threading.Event()
+
+    class First:  # taken first; when the forking thread lets go, the other takes them all
+        def __init__(self):
+            self._lock = threading.Lock()
+
+        def acquire(self):
+            self._lock.acquire()
+
+        def release(self):
+            self._lock.release()
+            if threading.current_thread() is main:
+                second_took.wait(5)
+
+    first = First()
+    monkeypatch.setitem(runtime._held_over_forks, -1, weakref.WeakSet([first]))
+    first_done = threading.Event()
+    in_second = []
+
+    def second():
+        runtime._before_fork()
+        second_took.set()
+        first_done.wait(5)
+        try:
+            runtime._after_fork()
+        except Exception as error:  # pragma: no cover - the bug
+            in_second.append(error)
+
+    runtime._before_fork()
+    thread = threading.Thread(target=second)
+    thread.start()
+    try:
+        runtime._after_fork()
+    finally:
+        first_done.set()
+        thread.join(10)
+    assert not thread.is_alive() and in_second == [] and runtime._taken_for_fork == []
+    assert runtime._sites_lock.acquire(blocking=False)  # free: neither thread holds it
+    runtime._sites_lock.release()
+    with bcrecord.recording():
+        pass
+
+
 def test_a_value_still_being_copied_when_a_threads_all_recording_exits_is_stored_after_the_exit():
     copying, release = threading.Event(), threading.Event()
 
