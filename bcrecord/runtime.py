@@ -1331,17 +1331,26 @@ def _array_copier(policy: str) -> Copier:
     (the array's ``copy()`` keeps them: a list in it, appended to later, would change), as a list's."""
     copy_item = functools.partial(copy_value, policy=policy)
 
-    def copy(value: Any, made: Dict[int, Tuple[Any, Any]]) -> Any:
+    def copy_items(value: Any, made: Dict[int, Tuple[Any, Any]]) -> Any:
         copied = value.copy()
-        dtype = getattr(value, "dtype", None)
-        if getattr(dtype, "kind", None) == "O" and type(getattr(value, "flat", None)).__name__ == "flatiter":
-            ndarray = next(k for k in type(value).__mro__ if k.__name__ == "ndarray")
-            flat = copied.view(ndarray).reshape(-1)  # (a view: a copy is contiguous)
-            for position, item in enumerate(value.flat):
-                flat[position] = copied_once(item, copy_item, made)
+        made[id(value)] = (value, copied)  # before its items: one holding it (or itself) gets this copy
+        ndarray = next(k for k in type(value).__mro__ if k.__name__ == "ndarray")
+        flat = copied.view(ndarray).reshape(-1)  # (a view: a copy is contiguous)
+        for position, item in enumerate(value.view(ndarray).flat):  # (a masked array's data too)
+            item_copy = copied_once(item, copy_item, made)
+            if item_copy is not item:
+                flat[position] = item_copy
         return copied
 
-    return _one_copy(copy)
+    with_items = _one_copy(copy_items)
+
+    def copy(value: Any) -> Any:
+        dtype = getattr(value, "dtype", None)
+        if getattr(dtype, "kind", None) == "O" and any(k.__name__ == "ndarray" for k in type(value).__mro__):
+            return with_items(value)  # (not a pandas object column: pandas' copies keep its items)
+        return value.copy()
+
+    return copy
 
 
 def copy_value(value: T, policy: str) -> T:

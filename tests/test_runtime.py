@@ -154,6 +154,29 @@ def test_clone_copies_real_numpy_arrays_their_subclasses_and_the_objects_an_obje
     assert copies[2].tolist() == [[1], {"k": [2]}] and copies[2].dtype == object
 
 
+def test_an_object_array_holding_itself_or_a_list_holding_it_is_copied_with_its_links():
+    # Its copy was not among the value's copies until its items were copied: an array holding
+    # itself raised a RecursionError (the value lost), a list holding one holding the list got
+    # a second copy of the array. A masked array's objects were kept as they are.
+    np = pytest.importorskip("numpy")
+    itself = np.empty(2, dtype=object)
+    itself[0], itself[1] = itself, [1]
+    copied = copy_value(itself, "clone")
+    assert copied[0] is copied and copied is not itself and copied[1] == [1] and copied[1] is not itself[1]
+    outer = [0]
+    inner = np.empty(1, dtype=object)
+    inner[0], outer[0] = outer, inner
+    for value in (outer, inner):
+        copied = copy_value(value, "clone")
+        assert copied[0][0] is copied and copied[0] is not value[0]
+    masked = np.ma.masked_array(np.empty(2, dtype=object), mask=[False, True])
+    masked.data[0], masked.data[1] = [1], [2]
+    copied = copy_value(masked, "clone")
+    masked.data[0].append(5)
+    masked.data[1].append(6)
+    assert copied.data.tolist() == [[1], [2]] and copied.mask.tolist() == [False, True]
+
+
 @contextlib.contextmanager
 def no_collection_in_between():
     """No garbage collection pass while a test recurses to the recursion limit: one started
