@@ -1314,6 +1314,8 @@ def _find_copier(policy: Any, cls: type) -> Optional[Copier]:
 _COPIED_BY_METHOD = {
     ("numpy", "ndarray"),
     ("numpy", "generic"),
+    ("numpy", "flatiter"),  # (``a.flat``: its copy is an array of the items)
+    ("numpy", "nditer"),
     ("pandas", "NDFrame"),
     ("pandas", "Index"),
     ("pandas", "ExtensionArray"),

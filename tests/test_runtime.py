@@ -177,6 +177,15 @@ def test_an_object_array_holding_itself_or_a_list_holding_it_is_copied_with_its_
     assert copied.data.tolist() == [[1], [2]] and copied.mask.tolist() == [False, True]
 
 
+def test_clone_copies_a_numpy_flat_iterator_as_before_subclasses_were_recognized():
+    # (Its class has a copy(), and module "numpy" was all that was read: not an ndarray base.)
+    np = pytest.importorskip("numpy")
+    array = np.arange(3)
+    copied = copy_value(array.flat, "clone")
+    array[0] = 9
+    assert type(copied) is np.ndarray and copied.tolist() == [0, 1, 2]
+
+
 @contextlib.contextmanager
 def no_collection_in_between():
     """No garbage collection pass while a test recurses to the recursion limit: one started
