@@ -256,8 +256,12 @@ def _before_fork() -> None:
 
 
 def _after_fork() -> None:
-    while _taken_for_fork:
-        _taken_for_fork.pop().release()
+    # The list is this thread's while it holds the first lock: read whole before letting go of
+    # any, since another thread forking at once takes them (and fills it) as soon as that one is free.
+    taken = _taken_for_fork[:]
+    del _taken_for_fork[:]
+    for lock in reversed(taken):
+        lock.release()
 
 
 def _after_fork_in_child() -> None:
@@ -1310,6 +1314,8 @@ def _find_copier(policy: Any, cls: type) -> Optional[Copier]:
 _COPIED_BY_METHOD = {
     ("numpy", "ndarray"),
     ("numpy", "generic"),
+    ("numpy", "flatiter"),  # (``a.flat``: its copy is an array of the items)
+    ("numpy", "nditer"),
     ("pandas", "NDFrame"),
     ("pandas", "Index"),
     ("pandas", "ExtensionArray"),
@@ -1327,17 +1333,26 @@ def _array_copier(policy: str) -> Copier:
     (the array's ``copy()`` keeps them: a list in it, appended to later, would change), as a list's."""
     copy_item = functools.partial(copy_value, policy=policy)
 
-    def copy(value: Any, made: Dict[int, Tuple[Any, Any]]) -> Any:
+    def copy_items(value: Any, made: Dict[int, Tuple[Any, Any]]) -> Any:
         copied = value.copy()
-        dtype = getattr(value, "dtype", None)
-        if getattr(dtype, "kind", None) == "O" and type(getattr(value, "flat", None)).__name__ == "flatiter":
-            ndarray = next(k for k in type(value).__mro__ if k.__name__ == "ndarray")
-            flat = copied.view(ndarray).reshape(-1)  # (a view: a copy is contiguous)
-            for position, item in enumerate(value.flat):
-                flat[position] = copied_once(item, copy_item, made)
+        made[id(value)] = (value, copied)  # before its items: one holding it (or itself) gets this copy
+        ndarray = next(k for k in type(value).__mro__ if k.__name__ == "ndarray")
+        flat = copied.view(ndarray).reshape(-1)  # (a view: a copy is contiguous)
+        for position, item in enumerate(value.view(ndarray).flat):  # (a masked array's data too)
+            item_copy = copied_once(item, copy_item, made)
+            if item_copy is not item:
+                flat[position] = item_copy
         return copied
 
-    return _one_copy(copy)
+    with_items = _one_copy(copy_items)
+
+    def copy(value: Any) -> Any:
+        dtype = getattr(value, "dtype", None)
+        if getattr(dtype, "kind", None) == "O" and any(k.__name__ == "ndarray" for k in type(value).__mro__):
+            return with_items(value)  # (not a pandas object column: pandas' copies keep its items)
+        return value.copy()
+
+    return copy
 
 
 def copy_value(value: T, policy: str) -> T:

@@ -154,6 +154,38 @@ def test_clone_copies_real_numpy_arrays_their_subclasses_and_the_objects_an_obje
     assert copies[2].tolist() == [[1], {"k": [2]}] and copies[2].dtype == object
 
 
+def test_an_object_array_holding_itself_or_a_list_holding_it_is_copied_with_its_links():
+    # Its copy was not among the value's copies until its items were copied: an array holding
+    # itself raised a RecursionError (the value lost), a list holding one holding the list got
+    # a second copy of the array. A masked array's objects were kept as they are.
+    np = pytest.importorskip("numpy")
+    itself = np.empty(2, dtype=object)
+    itself[0], itself[1] = itself, [1]
+    copied = copy_value(itself, "clone")
+    assert copied[0] is copied and copied is not itself and copied[1] == [1] and copied[1] is not itself[1]
+    outer = [0]
+    inner = np.empty(1, dtype=object)
+    inner[0], outer[0] = outer, inner
+    for value in (outer, inner):
+        copied = copy_value(value, "clone")
+        assert copied[0][0] is copied and copied[0] is not value[0]
+    masked = np.ma.masked_array(np.empty(2, dtype=object), mask=[False, True])
+    masked.data[0], masked.data[1] = [1], [2]
+    copied = copy_value(masked, "clone")
+    masked.data[0].append(5)
+    masked.data[1].append(6)
+    assert copied.data.tolist() == [[1], [2]] and copied.mask.tolist() == [False, True]
+
+
+def test_clone_copies_a_numpy_flat_iterator_as_before_subclasses_were_recognized():
+    # (Its class has a copy(), and module "numpy" was all that was read: not an ndarray base.)
+    np = pytest.importorskip("numpy")
+    array = np.arange(3)
+    copied = copy_value(array.flat, "clone")
+    array[0] = 9
+    assert type(copied) is np.ndarray and copied.tolist() == [0, 1, 2]
+
+
 @contextlib.contextmanager
 def no_collection_in_between():
     """No garbage collection pass while a test recurses to the recursion limit: one started
@@ -835,6 +867,56 @@ def test_a_child_forked_while_another_thread_holds_a_runtime_lock_records_and_do
     with bcrecord.recording() as rec:  # and the parent's lock is free again
         g(1, 2)
     assert rec.all("heldfork:f:x@0") == [2]
+
+
+def test_two_threads_forking_at_once_each_let_go_of_only_the_locks_they_took(monkeypatch):
+    # Two threads forking at once (each starting a fork-context worker): the second's
+    # before-fork handler takes the locks the moment the first's after-fork handler lets go
+    # of the first one; the first one's handler then let go of the second's as well (a
+    # RuntimeError), and the rest stayed held for good: every later recording hung.
+    runtime = bcrecord.runtime
+    main = threading.current_thread()
+    second_took = threading.Event()
+
+    class First:  # taken first; when the forking thread lets go, the other takes them all
+        def __init__(self):
+            self._lock = threading.Lock()
+
+        def acquire(self):
+            self._lock.acquire()
+
+        def release(self):
+            self._lock.release()
+            if threading.current_thread() is main:
+                second_took.wait(5)
+
+    first = First()
+    monkeypatch.setitem(runtime._held_over_forks, -1, weakref.WeakSet([first]))
+    first_done = threading.Event()
+    in_second = []
+
+    def second():
+        runtime._before_fork()
+        second_took.set()
+        first_done.wait(5)
+        try:
+            runtime._after_fork()
+        except Exception as error:  # pragma: no cover - the bug
+            in_second.append(error)
+
+    runtime._before_fork()
+    thread = threading.Thread(target=second)
+    thread.start()
+    try:
+        runtime._after_fork()
+    finally:
+        first_done.set()
+        thread.join(10)
+    assert not thread.is_alive() and in_second == [] and runtime._taken_for_fork == []
+    assert runtime._sites_lock.acquire(blocking=False)  # free: neither thread holds it
+    runtime._sites_lock.release()
+    with bcrecord.recording():
+        pass
 
 
 def test_a_value_still_being_copied_when_a_threads_all_recording_exits_is_stored_after_the_exit():
