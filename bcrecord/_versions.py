@@ -19,6 +19,7 @@ True
 from __future__ import annotations
 
 import sys
+import weakref
 from dataclasses import dataclass
 from types import CodeType
 from typing import Any, Callable, Dict, FrozenSet, Iterator, List, Optional, Sequence, Tuple, Union, cast
@@ -729,7 +730,7 @@ def carry_local_events(old: CodeType, new: CodeType, put_in: Optional[LocalEvent
     tools = [tool for tool in range(6) if monitoring.get_tool(tool) is not None]  # (ids 0 to 5)
     if not tools:
         return carried
-    for where, was, now in _nested_pairs(old, new, ()):
+    for where, was, now in _paired(old, new):
         for tool in tools:
             events = monitoring.get_local_events(tool, was)
             if put_in is not None and put_in.get((where, tool), 0) == events:  # (unchanged where it ran)
@@ -739,6 +740,34 @@ def carry_local_events(old: CodeType, new: CodeType, put_in: Optional[LocalEvent
             if events:
                 carried[(where, tool)] = events
     return carried
+
+
+Where = Tuple[Tuple[str, int, int], ...]
+#: The pairs of nested code :func:`_nested_pairs` found, by ids of the two codes (each held
+#: weakly: a probed code that goes frees its site ids, see runtime.hold_sites).
+_PAIRED: Dict[Tuple[int, int], Tuple[Any, Any, List[Tuple[Where, Any, Any]]]] = {}
+
+
+def _paired(old: CodeType, new: CodeType) -> List[Tuple[Where, CodeType, CodeType]]:
+    """:func:`_nested_pairs` of ``old`` and ``new``, found once for the two: this runs each
+    time a recording is entered or left while a tool is registered (coverage's sysmon core)."""
+    key = (id(old), id(new))
+    found = _PAIRED.get(key)
+    if found is not None and found[0]() is old and found[1]() is new:
+        return [(where, was(), now()) for where, was, now in found[2]]  # (old holds its nested code)
+    pairs = list(_nested_pairs(old, new, ()))
+
+    def forget(gone: Any) -> None:
+        entry = _PAIRED.get(key)
+        if entry is not None and (entry[0] is gone or entry[1] is gone):  # (not a later pair's)
+            del _PAIRED[key]
+
+    _PAIRED[key] = (
+        weakref.ref(old, forget),
+        weakref.ref(new, forget),
+        [(where, weakref.ref(was), weakref.ref(now)) for where, was, now in pairs],
+    )
+    return pairs
 
 
 def _nested_pairs(

@@ -94,6 +94,7 @@ import datetime
 import gc
 import importlib
 import importlib.metadata
+import importlib.util
 import inspect
 import io
 import json
@@ -2091,6 +2092,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(MEMORY_TAG + json.dumps(result))
         return 0
 
+    # Before the first case: a missing one would end the run with a traceback cases later.
+    missing = [
+        name
+        for name, needed in (("torchvision", args.cases & {4, 5, 7}), ("matplotlib", True))
+        if needed and importlib.util.find_spec(name) is None
+    ]
+    if missing:
+        sys.exit(
+            f"benchmarks/run.py needs {' and '.join(missing)} (cases {sorted(args.cases)}); install with:\n"
+            "    pip install torch==2.14.1 torchvision==0.29.1 matplotlib timm"
+        )
     settings = QUICK if args.quick else FULL
     _clock[0] = args.clock
     started = time.perf_counter()

@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "core.py"
 
@@ -87,3 +89,26 @@ def test_run_benchmarks_without_torch_say_what_to_install() -> None:
     else:
         assert result.returncode == 0, result.stderr[-4000:]
         assert "--quick" in result.stdout
+
+
+@pytest.mark.skipif(
+    importlib.util.find_spec("torch") is None or importlib.util.find_spec("torchvision") is not None,
+    reason="for an environment with torch and without torchvision (the torch layer's)",
+)
+def test_run_benchmarks_without_torchvision_say_what_to_install_before_the_first_case(tmp_path) -> None:
+    # It ran cases 1 to 3 first, then died with a traceback in case 4.
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick", "--out", str(tmp_path)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-4000:]
+    assert "Traceback" not in result.stderr
+    assert "benchmarks/run.py needs torchvision" in result.stderr
+    assert "pip install torch==2.14.1 torchvision==0.29.1 matplotlib timm" in result.stderr
+    assert "== 1." not in result.stdout  # (no case ran)

@@ -232,9 +232,38 @@ def traced_stand_in(cls: type) -> Optional[str]:
     return None
 
 
-def _refuse_traced(value: Any) -> Any:
+#: By tensor subclass: why its values are not recorded (see traced_stand_in), its __tensor_flatten__.
+_stand_in_classes: Dict[type, Tuple[Optional[str], Any]] = {}
+
+
+def _held_stand_in(tensor: torch.Tensor) -> Optional[str]:
+    """Why ``tensor`` is not recorded: a tracer's stand-in, or a wrapper subclass (a DTensor,
+    any ``__tensor_flatten__`` one) around one, which a tracer makes of such an input; else None.
+
+    >>> _held_stand_in(torch.nn.Parameter(torch.ones(1))) is None
+    True
+    """
+    cls = type(tensor)
+    found = _stand_in_classes.get(cls)
+    if found is None:  # (per class: this runs for every recorded Parameter)
+        if len(_stand_in_classes) >= 1024:
+            _stand_in_classes.clear()
+        found = _stand_in_classes[cls] = (traced_stand_in(cls), getattr(cls, "__tensor_flatten__", None))
+    why, flatten = found
+    if why is not None or flatten is None:
+        return why
+    names, _ = flatten(tensor)
+    for name in names:
+        inner = getattr(tensor, name, None)
+        why = _held_stand_in(inner) if isinstance(inner, torch.Tensor) else None
+        if why is not None:
+            return f"a {cls.__name__} around {why}"
+    return None
+
+
+def _refuse_traced(value: Any, why: Optional[str] = None) -> Any:
     """Refuse a tracer's stand-in for a value (a recording's errors say why)."""
-    raise ValueError(f"not recorded: {traced_stand_in(type(value))}")
+    raise ValueError(f"not recorded: {why or traced_stand_in(type(value))}")
 
 
 def _traced_into(copy: Callable[[Any], Any]) -> Callable[[Any], Any]:
@@ -280,8 +309,10 @@ def _map(
     (:func:`copied_dataclass`: each object once, so a tree with parent links keeps them).
     """
     if isinstance(value, torch.Tensor):
-        if type(value) is not torch.Tensor and not returned_inside.get() and traced_stand_in(type(value)):
-            _refuse_traced(value)  # (a fake tensor in a tuple: the tuple is not recorded)
+        if type(value) is not torch.Tensor and not returned_inside.get():
+            why = _held_stand_in(value)
+            if why is not None:  # (a fake tensor in a tuple: the tuple is not recorded)
+                _refuse_traced(value, why)
         return fn(value) if made is None else copied_once(value, fn, made)  # ([h, h]: one copy)
     if isinstance(value, (dict, list, tuple, set, frozenset)):
         made = {} if made is None else made

@@ -492,3 +492,29 @@ def test_a_recording_around_fx_symbolic_trace_keeps_no_proxy():
             torch.fx.symbolic_trace(model)
     assert core.keys() == [] and _said_why(core, "a torch.fx Proxy")
     assert torch.allclose(graph_module(x), torch.tanh(model.lin(x)) * 2)
+
+
+def test_a_wrapper_subclass_around_a_tracer_s_fake_tensors_is_not_recorded():
+    # A DTensor-like wrapper (any __tensor_flatten__ subclass) traced by make_fx holds fake
+    # tensors: it was recorded (its clone left in the graph); a real one still is.
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    from bcrecord.torch import record
+
+    class Double(torch.nn.Module):
+        def forward(self, x):
+            h = x * 2
+            return h + 1
+
+    model, x = Double(), TwoTensor(torch.ones(3), torch.full((3,), 2.0))
+    with pytest.warns(RecordingWarning, match="TwoTensor around a FakeTensor"):
+        with record(model, [":forward:h"]) as rec:
+            traced = make_fx(model, tracing_mode="fake")(x)
+    assert rec.keys() == [] and _said_why(rec, "a TwoTensor around a FakeTensor")
+    ops = [str(node.target) for node in traced.graph.nodes if node.op == "call_function"]
+    assert not any("clone" in op for op in ops), ops
+    with record(model, [":forward:h"]) as rec:
+        model(x)
+    kept = rec[":forward:h@0"]
+    assert type(kept) is TwoTensor and torch.equal(kept.b, torch.full((3,), 4.0))
