@@ -276,9 +276,26 @@ def _traced_into(copy: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return copied
 
 
-register_copy(torch.Tensor, "clone", detached_clone)
-register_copy(torch.Tensor, "detach", _detached)
-register_copy(torch.Tensor, "deepcopy", _detached_copy)
+def _refusing_held(copy: Callable[[torch.Tensor], Any]) -> Callable[[torch.Tensor], Any]:
+    """``copy`` as a core policy's tensor copier: a wrapper subclass around a tracer's stand-in
+    refused first, as :func:`_map` refuses one (a value policy's tensors go through it)."""
+
+    def copied(tensor: torch.Tensor) -> Any:
+        if type(tensor) is not torch.Tensor and not returned_inside.get():
+            why = _held_stand_in(tensor)
+            if why is not None:
+                _refuse_traced(tensor, why)
+        return copy(tensor)
+
+    return copied
+
+
+_core_copies = {
+    policy: _refusing_held(copy)
+    for policy, copy in (("clone", detached_clone), ("detach", _detached), ("deepcopy", _detached_copy))
+}
+for _policy, _copy in _core_copies.items():
+    register_copy(torch.Tensor, _policy, _copy)
 # Not under 'none' (the value itself): a copier there would slow down every 'none' value.
 for _kind in _TRACED:
     for _policy in ("clone", "detach", "deepcopy"):
@@ -633,4 +650,6 @@ def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
 # Torch's own ops on plain tensors and parameters: no patched Python code runs in these
 # copies, so recordings need not silence their probes around them (runtime.silently).
 for _plain_copy in (detached_clone, clone, _detached, _detached_copy, _itself, torch.Tensor.detach):
+    copies_without_python(_plain_copy, torch.Tensor, torch.nn.Parameter)
+for _plain_copy in _core_copies.values():
     copies_without_python(_plain_copy, torch.Tensor, torch.nn.Parameter)

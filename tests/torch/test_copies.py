@@ -518,3 +518,30 @@ def test_a_wrapper_subclass_around_a_tracer_s_fake_tensors_is_not_recorded():
         model(x)
     kept = rec[":forward:h@0"]
     assert type(kept) is TwoTensor and torch.equal(kept.b, torch.full((3,), 4.0))
+
+
+@pytest.mark.parametrize("copy", ["clone", "detach", "deepcopy"])
+def test_a_wrapper_subclass_around_fake_tensors_is_not_recorded_by_a_core_recording_either(copy):
+    # A record() block refused it; bcrecord.recording() around a patch (each core policy's
+    # tensor copier) recorded TwoTensor(FakeTensor, FakeTensor) and left its clone in the graph.
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    import bcrecord
+
+    def double(x):
+        h = x * 2
+        return h + 1
+
+    x = TwoTensor(torch.ones(3), torch.full((3,), 2.0))
+    with bcrecord.patch_function(double, ["h"], name="m"):
+        with pytest.warns(RecordingWarning, match="TwoTensor around a FakeTensor"):
+            with bcrecord.recording(copy=copy) as rec:
+                traced = make_fx(double, tracing_mode="fake")(x)
+        assert rec.keys() == [] and _said_why(rec, "a TwoTensor around a FakeTensor")
+        ops = [str(node.target) for node in traced.graph.nodes if node.op == "call_function"]
+        assert not any("clone" in op or "detach" in op for op in ops), ops
+        with bcrecord.recording(copy=copy) as rec:
+            double(x)
+    kept = rec["m:double:h@0"]
+    assert type(kept) is TwoTensor and torch.equal(kept.b, torch.full((3,), 4.0))
