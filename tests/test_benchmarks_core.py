@@ -50,17 +50,17 @@ HEADINGS = (
 )
 
 
-def test_core_benchmark_quick_prints_its_table() -> None:
+def _run(script: str | Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run a benchmark script with this checkout first on the path, as a user would."""
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-    result = subprocess.run(
-        [sys.executable, str(SCRIPT), "--quick"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    return subprocess.run(
+        [sys.executable, str(script), *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600
     )
+
+
+def test_core_benchmark_quick_prints_its_table() -> None:
+    result = _run(SCRIPT, "--quick")
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     missing = [heading for heading in HEADINGS if heading not in result.stdout]
     assert not missing, f"missing from the output: {missing}\n{result.stdout}"
@@ -71,16 +71,7 @@ def test_core_benchmark_quick_prints_its_table() -> None:
 
 
 def test_run_benchmarks_without_torch_say_what_to_install() -> None:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--help"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    result = _run(ROOT / "benchmarks" / "run.py", "--help")
     if importlib.util.find_spec("torch") is None:  # the core environments
         assert result.returncode == 1
         assert "Traceback" not in result.stderr
@@ -97,16 +88,7 @@ def test_run_benchmarks_without_torch_say_what_to_install() -> None:
 )
 def test_run_benchmarks_without_torchvision_say_what_to_install_before_the_first_case(tmp_path) -> None:
     # It ran cases 1 to 3 first, then died with a traceback in case 4.
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-    result = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "run.py"), "--quick", "--out", str(tmp_path)],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    result = _run(ROOT / "benchmarks" / "run.py", "--quick", "--out", str(tmp_path))
     assert result.returncode == 1, result.stdout[-2000:] + result.stderr[-4000:]
     assert "Traceback" not in result.stderr
     assert "benchmarks/run.py needs torchvision" in result.stderr
