@@ -896,8 +896,8 @@ class _Collector:
         if self.main is None:
             self.main = sys.modules.get("__main__")
         with self.lock:
-            self.last[key] = value
-            if self.writer is None:
+            if self.writer is None:  # (the summary shows each key's last value: not kept once written)
+                self.last[key] = value
                 self.saved[key] += 1
                 return
             if self.error is not None:

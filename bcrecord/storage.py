@@ -32,7 +32,8 @@ turns under a lock file (``records/.lock``; on systems without ``fcntl``, or on 
 system without file locks, saves of one process at a time only), each first reading what
 the others appended. Tensors that ``safetensors`` cannot store (``complex128``, sparse,
 quantized or nested tensors) are pickled instead, and so are other packages' tensor subclasses
-(torchvision's ``BoundingBoxes``: they load with their class and attributes). Every tensor
+(torchvision's ``BoundingBoxes``: they load with their class and attributes) and torch's own
+wrapper subclasses (``MaskedTensor``: its data and mask). Every tensor
 pickled, alone or inside another value (a tuple, a dict, a dataclass), is saved detached and on the
 CPU (it loads on a machine without a GPU), a view without the rest of its storage, in
 ``torch.save``'s form where torch cannot read its pickle back (``complex32``). A value a save
@@ -155,8 +156,12 @@ def _in_safetensors(tensor: Any) -> bool:
     """Whether ``tensor`` goes to the safetensors file: a dense tensor of a dtype it stores, of
     torch's own classes. Another package's subclass (torchvision's ``BoundingBoxes``, whose
     ``format`` and ``canvas_size`` say what its numbers mean) is pickled: safetensors keeps the
-    numbers alone, and it would load as a plain tensor."""
-    if type(tensor).__module__.partition(".")[0] != "torch":
+    numbers alone, and it would load as a plain tensor. So is a wrapper subclass of torch's own
+    (its own ``__torch_dispatch__``: a ``MaskedTensor``), whose data safetensors cannot reach."""
+    kind = type(tensor)
+    if kind.__module__.partition(".")[0] != "torch":
+        return False
+    if kind.__torch_dispatch__ is not sys.modules["torch"].Tensor.__torch_dispatch__:
         return False
     if tensor.is_sparse or tensor.is_quantized or tensor.is_nested or str(tensor.layout) != "torch.strided":
         return False

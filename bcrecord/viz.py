@@ -106,7 +106,8 @@ def _stats(value: Any) -> Optional[Tuple[float, float, float, int]]:
 def as_dense(tensor: Any) -> Any:
     """``tensor``'s values in a plain strided tensor, to summarize or draw: a sparse
     tensor densified, a quantized one dequantized, a nested one's elements in one
-    flat tensor (it has no one shape); any other tensor as it is.
+    flat tensor (it has no one shape), a ``MaskedTensor``'s data with its masked-out
+    elements NaN (left out of the numbers); any other tensor as it is.
 
     >>> import torch
     >>> as_dense(torch.eye(2).to_sparse()).tolist()
@@ -118,6 +119,13 @@ def as_dense(tensor: Any) -> Any:
         return torch.cat([part.reshape(-1) for part in tensor.unbind()])
     if tensor.is_quantized:
         return tensor.dequantize()
+    if hasattr(tensor, "get_mask") and hasattr(tensor, "get_data"):  # a MaskedTensor (most ops refuse it)
+        import torch
+
+        data = tensor.get_data()
+        if not (data.is_floating_point() or data.is_complex()):
+            data = data.double()
+        return torch.where(tensor.get_mask(), data, torch.full((), math.nan, dtype=data.dtype))
     if str(tensor.layout) != "torch.strided":  # sparse COO, CSR, CSC, BSR...
         return tensor.to_dense()
     return tensor
