@@ -266,6 +266,14 @@ def _refuse_traced(value: Any, why: Optional[str] = None) -> Any:
     raise ValueError(f"not recorded: {why or traced_stand_in(type(value))}")
 
 
+def _refuse_held(tensor: torch.Tensor) -> None:
+    """Refuse ``tensor`` where :func:`_held_stand_in` says why (not inside a tracer's own outputs)."""
+    if not returned_inside.get():
+        why = _held_stand_in(tensor)
+        if why is not None:
+            _refuse_traced(tensor, why)
+
+
 def _traced_into(copy: Callable[[Any], Any]) -> Callable[[Any], Any]:
     """``copy`` where the value goes back into the traced program (an extractor's features under
     ``torch.export``: its outputs there), else the refusal of a tracer's stand-in for a value."""
@@ -281,10 +289,8 @@ def _refusing_held(copy: Callable[[torch.Tensor], Any]) -> Callable[[torch.Tenso
     refused first, as :func:`_map` refuses one (a value policy's tensors go through it)."""
 
     def copied(tensor: torch.Tensor) -> Any:
-        if type(tensor) is not torch.Tensor and not returned_inside.get():
-            why = _held_stand_in(tensor)
-            if why is not None:
-                _refuse_traced(tensor, why)
+        if type(tensor) is not torch.Tensor:
+            _refuse_held(tensor)
         return copy(tensor)
 
     return copied
@@ -326,10 +332,8 @@ def _map(
     (:func:`copied_dataclass`: each object once, so a tree with parent links keeps them).
     """
     if isinstance(value, torch.Tensor):
-        if type(value) is not torch.Tensor and not returned_inside.get():
-            why = _held_stand_in(value)
-            if why is not None:  # (a fake tensor in a tuple: the tuple is not recorded)
-                _refuse_traced(value, why)
+        if type(value) is not torch.Tensor:  # (a fake tensor in a tuple: the tuple is not recorded)
+            _refuse_held(value)
         return fn(value) if made is None else copied_once(value, fn, made)  # ([h, h]: one copy)
     if isinstance(value, (dict, list, tuple, set, frozenset)):
         made = {} if made is None else made
