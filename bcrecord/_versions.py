@@ -32,6 +32,11 @@ __all__ = ["Table", "current", "carry_local_events", "PROBE_NAME", "SUPPORTED"]
 
 #: The global name under which inserted code finds the probe (call spelling).
 PROBE_NAME = "__bcrecord_probe__"
+#: What a guarded inline probe's handler drops: a probe's own calls running out of
+#: frames or memory, where the original code would not have. Anything else a probe
+#: raises is a signal handler's (see ``runtime.raised_by_signal_handler``) or an
+#: interrupt: the code's own.
+PROBE_FAILURES = (RecursionError, MemoryError)
 
 Location = object  # bytecode.InstrLocation; kept opaque here
 Instrs = List[Instr]
@@ -226,17 +231,19 @@ class Table:
         return self.pop_jump_if_false is not None
 
     def guard_handler(self, resume: Label, reraise: Label, location: object) -> List[Instr]:
-        """Handler code for a guarded probe: drop an ``Exception`` and go on at ``resume``.
+        """Handler code for a guarded probe: drop a ``RecursionError`` or ``MemoryError``
+        and go on at ``resume``.
 
         Entered through the exception table with the exception on top of the stack
-        as it was when the probe began. Anything else (``KeyboardInterrupt``...)
-        jumps to ``reraise``, where :meth:`guard_reraise` raises it again.
+        as it was when the probe began. Anything else (``KeyboardInterrupt``, what a
+        signal handler raised meanwhile) jumps to ``reraise``, where
+        :meth:`guard_reraise` raises it again.
         """
         if self.pop_jump_if_false is None:
             raise NotImplementedError(f"Python {self.name} has no exception table to guard probes with")
         return [
-            # A constant, not a global: the patched module may have its own ``Exception``.
-            _instr("LOAD_CONST", Exception, location),
+            # A constant, not globals: the patched module may have its own names for them.
+            _instr("LOAD_CONST", PROBE_FAILURES, location),
             _instr("CHECK_EXC_MATCH", None, location),
             _instr(self.pop_jump_if_false, reraise, location),
             _instr("POP_TOP", None, location),

@@ -165,15 +165,16 @@ class _Guarded:
 
 
 def _guard(items: Sequence[object]) -> List[object]:
-    """Expand each :class:`_Guarded` probe into a try region whose handler drops an ``Exception``.
+    """Expand each :class:`_Guarded` probe into a try region whose handler drops its own failures.
 
-    An inline probe runs C calls only, but CPython counts C calls against the
-    recursion limit too, so at exactly the limit a probe could raise
-    ``RecursionError`` where the original code did not. Its handler (placed after
-    the code; the normal path gains no instruction) drops such an error and resumes
-    right after the probe. Other exceptions (``KeyboardInterrupt``...) are
-    re-raised inside the region the probe sits in, so the code's own handlers see
-    them as before. Exception tables hold no nested regions: a probe inside one
+    An inline probe runs C calls (and a sink's ``append``), and CPython counts C
+    calls against the recursion limit too, so at exactly the limit a probe could
+    raise ``RecursionError`` where the original code did not. Its handler (placed
+    after the code; the normal path gains no instruction) drops such an error (or a
+    ``MemoryError``: ``_versions.PROBE_FAILURES``) and resumes right after the
+    probe. Other exceptions (``KeyboardInterrupt``, what a signal handler raised)
+    are re-raised inside the region the probe sits in, so the code's own handlers
+    see them as before. Exception tables hold no nested regions: a probe inside one
     closes it, and reopens a copy after itself.
     """
     table = _versions.current()

@@ -125,7 +125,15 @@ from .patch import (
     patch_method,
     targets,
 )
-from .runtime import Recording, Sink, copy_value, safe_over_forks, silence, silently
+from .runtime import (
+    Recording,
+    Sink,
+    copy_value,
+    raised_by_signal_handler,
+    safe_over_forks,
+    silence,
+    silently,
+)
 from .specs import Attribute, Spec, compiled_name, full_width_fixed, parse, split_specs
 from .storage import Writer
 
@@ -763,7 +771,9 @@ def _nbytes(value: Any, budget: int = _SIZED_ITEMS) -> int:
             items = [getattr(value, field.name, None) for field in fields(value)]
             return _sampled(items, len(items), budget)
         return int(getattr(value, "nbytes", 0)) or sys.getsizeof(value)
-    except Exception:
+    except Exception as error:
+        if raised_by_signal_handler(error):
+            raise
         return 64
 
 
@@ -938,6 +948,8 @@ class _Collector:
                 with _SignalsHeld():
                     silently(self._write, batch)
             except Exception as error:
+                if raised_by_signal_handler(error):  # the held handler's, run after the write: the program's
+                    raise
                 self.error = (
                     str(error) if isinstance(error, BcrecordError) else f"{type(error).__name__}: {error}"
                 )
@@ -1058,18 +1070,15 @@ if hasattr(os, "register_at_fork"):  # (not on Windows, which does not fork)
     os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent)
 
 
-#: Signals whose Python handlers :class:`_SignalsHeld` holds back (their default ones raise).
-_HELD_SIGNALS = tuple(
-    getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name)
-)
-
-
 class _SignalsHeld:
     """Run the block with the program's Python signal handlers held back, then run them.
 
     A write of buffered values in the main thread (where Python runs signal handlers)
-    cut short by Ctrl-C, or by a SIGTERM handler that exits, would lose every value of
-    the batch it was writing; it is over in moments, and the signal comes right after.
+    cut short by Ctrl-C, by a SIGTERM handler that exits or a SIGALRM timeout's that
+    raises, would lose every value of the batch it was writing (a timeout's ordinary
+    exception would also be taken for a failed write, which ends saving); it is over
+    in moments, and the signal comes right after. Every signal with a Python handler
+    is held: no one knows which a program's handler raises from.
 
     A class, not a ``contextlib.contextmanager``: what the held handler raises (Ctrl-C's
     ``KeyboardInterrupt``) goes up through this file's frames only, which the program's
@@ -1084,7 +1093,7 @@ class _SignalsHeld:
         if threading.current_thread() is not threading.main_thread():
             return
         try:
-            for number in _HELD_SIGNALS:
+            for number in signal.valid_signals():
                 handler = signal.getsignal(number)
                 if callable(handler):  # the program's (or Python's default_int_handler): not SIG_DFL/SIG_IGN
                     signal.signal(number, lambda number, frame: self.held.append(number))

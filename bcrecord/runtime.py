@@ -58,6 +58,7 @@ import importlib
 import inspect
 import operator
 import os
+import signal
 import sys
 import threading
 import traceback
@@ -407,7 +408,10 @@ class _Unrouted:
     def append(self, value: Any) -> None:
         try:
             target = self._routed()
-        except Exception:  # a probe must never raise into user code
+        except Exception as error:  # a probe must never raise into user code
+            # (A RecursionError is never a handler's, and looking takes a frame.)
+            if not isinstance(error, RecursionError) and raised_by_signal_handler(error):
+                raise  # the program's own (see raised_by_signal_handler)
             return
         target.append(value)
 
@@ -415,7 +419,9 @@ class _Unrouted:
         """What a per-instance site's probe calls (see :class:`_ByOwner`)."""
         try:
             deliver = self._routed().deliver
-        except Exception:  # not a per-instance site any more (released), or routing failed
+        except Exception as error:  # not a per-instance site any more (released), or routing failed
+            if not isinstance(error, RecursionError) and raised_by_signal_handler(error):
+                raise
             return
         deliver(value, instance)
 
@@ -575,6 +581,8 @@ class _ByOwner:
                 # Two threads may both build it: the same route either way.
                 target = self.targets[name] = _route(self.recordings, self.site_id, name)
         except Exception as error:  # a broken owner function must not break the model
+            if not isinstance(error, RecursionError) and raised_by_signal_handler(error):
+                raise
             for rec in self.recordings:
                 try:
                     rec._fail(f"<owner of {type(instance).__name__}>{_SITES[self.site_id].key}", error)
@@ -1450,6 +1458,58 @@ class _Silent:
         return self.routing() if site_id == 0 else _MUTE
 
 
+#: Every signal number a handler can be called with.
+_SIGNAL_NUMBERS = frozenset(int(number) for number in signal.valid_signals())
+
+
+def raised_by_signal_handler(error: BaseException) -> bool:
+    """Whether ``error`` came out of a Python signal handler, not from bcrecord's own work.
+
+    Python runs a signal's handler in the main thread wherever that thread is, inside
+    a probe's copy too. What it raises there (a timeout's ``TimeoutError``) is the
+    program's, and a probe lets it through as if the signal had come right after it,
+    where it handles a failed copy of its own by keeping it in ``rec.errors``.
+
+    A handler's frame is told by how Python calls it: with a signal number and the
+    frame the signal interrupted, its caller (a method, ``*args`` and a ``partial``
+    too). Not by comparing with the handlers installed: a handler may put the old one
+    back before it raises. One frame, no helper: probes call this near the recursion
+    limit.
+
+    >>> import signal
+    >>> def timeout(number, frame):
+    ...     raise TimeoutError("too slow")
+    >>> old = signal.signal(signal.SIGUSR1, timeout)
+    >>> try:
+    ...     signal.raise_signal(signal.SIGUSR1)
+    ... except TimeoutError as error:
+    ...     raised_by_signal_handler(error), raised_by_signal_handler(ValueError("a copy's"))
+    (True, False)
+    >>> _ = signal.signal(signal.SIGUSR1, old)
+    """
+    tb = error.__traceback__
+    # (The first entry is the frame catching it, still running: never a handler's.)
+    tb = tb.tb_next if tb is not None else None
+    while tb is not None:
+        frame = tb.tb_frame
+        tb = tb.tb_next
+        caller, code = frame.f_back, frame.f_code
+        count, varargs = code.co_argcount, code.co_flags & inspect.CO_VARARGS
+        if caller is None or (count < 2 and not varargs):
+            continue
+        local = frame.f_locals
+        args = [local.get(name) for name in code.co_varnames[:count]]
+        if varargs:
+            rest = local.get(code.co_varnames[count + code.co_kwonlyargcount])
+            if isinstance(rest, tuple):
+                args.extend(rest)
+        if any(arg is caller for arg in args) and any(
+            type(arg) is int and arg in _SIGNAL_NUMBERS for arg in args
+        ):
+            return True
+    return False
+
+
 def silently(function: Callable[[T], Any], value: T) -> Any:
     """``function(value)`` with this context's probes recording nothing.
 
@@ -1505,8 +1565,9 @@ def silence() -> Callable[[], None]:
 class Sink:
     """Where one site's values go in one recording: read the chain, copy, store.
 
-    ``append`` is what a probe calls; it never raises an ``Exception`` into the
-    patched function (failures go to :attr:`Recording.errors`).
+    ``append`` is what a probe calls; it never raises an ``Exception`` of its own
+    into the patched function (failures go to :attr:`Recording.errors`), only what a
+    signal handler raised meanwhile (see :func:`raised_by_signal_handler`).
     """
 
     __slots__ = ("rec", "key", "store", "policy", "chain", "copiers")
@@ -1570,12 +1631,17 @@ class Sink:
                 copier = _copier_into(self.copiers, self.policy, kind)
             self.store(value if copier is None else copier(value))
         except Exception as error:  # a probe must never raise into user code
+            signalled = False
             try:
-                self.rec._fail(self.key, error)
+                signalled = raised_by_signal_handler(error)
+                if not signalled:
+                    self.rec._fail(self.key, error)
             except Exception:
                 # Reporting failed too: at the recursion limit it needs frames, and
                 # warnings turned into errors raise here. Never into user code.
                 pass
+            if signalled:
+                raise  # the program's own (a timeout's), not a failed copy
 
     def _read(self, value: Any) -> Any:
         return _read_chain(value, self.chain)

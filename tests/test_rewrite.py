@@ -372,6 +372,10 @@ def test_a_failing_inline_probe_is_dropped_and_interrupts_reach_the_code(style):
                 f(1)
         sinks[first] = _Failing(KeyboardInterrupt())
         assert f(1) == "interrupted"  # re-raised where the code's own handler catches it
+        # A sink lets through only what a signal handler raised (a timeout's): the program's.
+        sinks[first] = _Failing(TimeoutError("a SIGALRM handler's"))
+        with pytest.raises(TimeoutError):
+            f(1)
         sinks[ret] = _Failing(KeyboardInterrupt())
         sinks[first] = rec._sink(first).direct()
         with pytest.raises(KeyboardInterrupt):  # outside any try: it leaves the function

@@ -1704,8 +1704,10 @@ def test_a_signal_held_during_a_write_reaches_a_wakeup_fd_once(tmp_path):
         writer.close()
 
 
-@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM", "SIGALRM"])
 def test_a_signal_during_a_write_in_the_main_thread_waits_for_the_write(tmp_path, monkeypatch, signal_name):
+    # SIGALRM: a timeout's handler raising TimeoutError mid-write was taken for a failed
+    # write, which ended saving for the run (and the program ran on past its timeout).
     import signal
 
     from bcrecord import runner, storage
@@ -1715,8 +1717,13 @@ def test_a_signal_during_a_write_in_the_main_thread_waits_for_the_write(tmp_path
     def exits(number, frame):  # a program's SIGTERM handler
         raise SystemExit(143)
 
-    # Python's own Ctrl-C handler (whatever an earlier test left), or a program's SIGTERM handler.
-    previous = signal.signal(number, signal.default_int_handler if signal_name == "SIGINT" else exits)
+    def times_out(number, frame):  # a SIGALRM timeout's
+        raise TimeoutError("timed out")
+
+    # Python's own Ctrl-C handler (whatever an earlier test left), or a program's handler.
+    handler = {"SIGINT": signal.default_int_handler, "SIGTERM": exits, "SIGALRM": times_out}[signal_name]
+    raised = {"SIGINT": KeyboardInterrupt, "SIGTERM": SystemExit, "SIGALRM": TimeoutError}[signal_name]
+    previous = signal.signal(number, handler)
     collector = runner._Collector(storage.Writer(tmp_path))
     real = storage.Writer.write_many
 
@@ -1728,14 +1735,19 @@ def test_a_signal_during_a_write_in_the_main_thread_waits_for_the_write(tmp_path
     try:
         for step in range(3):
             collector.deliver("m:f:x@0", step, step * 10)
-        with pytest.raises(KeyboardInterrupt if signal_name == "SIGINT" else SystemExit):
+        with pytest.raises(raised):
             collector.flush()
         # The handler was put back as it was before the write.
-        assert signal.getsignal(number) is (signal.default_int_handler if signal_name == "SIGINT" else exits)
+        assert signal.getsignal(number) is handler
     finally:
         signal.signal(number, previous)
     # The batch was written whole before the handler ran; nothing is left to write.
     assert bcrecord.load(tmp_path)["m:f:x@0"] == [0, 10, 20] and collector.buffer == []
+    assert collector.error is None  # saving goes on
+    monkeypatch.setattr(storage.Writer, "write_many", real)
+    collector.deliver("m:f:x@0", 3, 30)
+    collector.flush()
+    assert bcrecord.load(tmp_path)["m:f:x@0"] == [0, 10, 20, 30]
 
 
 _CTRL_C_MID_SAVE = (

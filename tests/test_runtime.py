@@ -1010,6 +1010,67 @@ def test_a_signal_handler_running_while_a_value_is_copied_records_nothing():
     assert rec.all("sig:s:z@0") == ["copied"]
 
 
+@pytest.mark.skipif(not hasattr(signal, "SIGALRM"), reason="needs SIGALRM")
+@pytest.mark.parametrize("handler_form", ["function", "method", "varargs", "restores first"])
+def test_an_exception_a_signal_handler_raises_while_a_value_is_copied_reaches_the_program(handler_form):
+    # A SIGALRM timeout's TimeoutError that came while a probe copied a value was taken for
+    # that copy's failure: kept in rec.errors, the function ran on past its timeout.
+    class Slow:
+        def __deepcopy__(self, memo):
+            signal.raise_signal(signal.SIGALRM)  # the timer fires mid-copy
+            return "copied"
+
+    def f(a):
+        x = Slow()
+        y = a + 1
+        return y
+
+    def timeout(number, frame):
+        raise TimeoutError("timed out")
+
+    class Timer:
+        def handle(self, number, frame):
+            raise TimeoutError("timed out")
+
+    def restoring(number, frame):
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)  # the handler that puts the old one back
+        raise TimeoutError("timed out")
+
+    handler = {
+        "function": timeout,
+        "method": Timer().handle,
+        "varargs": lambda *args: timeout(*args),
+        "restores first": restoring,
+    }[handler_form]
+    g = bcrecord.instrument(f, ["x", "y"], name="alarm")
+    old = signal.signal(signal.SIGALRM, handler)
+    try:
+        with bcrecord.recording(copy="deepcopy") as rec:
+            with pytest.raises(TimeoutError, match="timed out"):
+                g(1)
+            signal.signal(signal.SIGALRM, signal.SIG_IGN)
+            assert g(2) == 3  # no signal: the same copy records
+    finally:
+        signal.signal(signal.SIGALRM, old)
+    assert rec.errors == [] and rec.all("alarm:f:y@0") == [3]
+    assert rec.all("alarm:f:x@0") == ["copied"]
+
+
+def test_a_failed_copy_is_still_kept_as_the_values_failure_not_raised():
+    class Uncopyable:
+        def __deepcopy__(self, memo):
+            raise TimeoutError("the copy's own")  # the same class a timeout raises, from no handler
+
+    def f():
+        x = Uncopyable()
+        return 1
+
+    g = bcrecord.instrument(f, "x", name="own")
+    with bcrecord.recording(copy="deepcopy") as rec, pytest.warns(bcrecord.RecordingWarning):
+        assert g() == 1
+    assert [(e.key, type(e.error).__name__) for e in rec.errors] == [("own:f:x@0", "TimeoutError")]
+
+
 def test_an_interrupt_at_any_point_of_a_silenced_copy_leaves_the_context_recording():
     # A timeout library's BaseException, raised by its signal handler right after the copy
     # silenced the context and before it was made to undo that, left the context silenced:

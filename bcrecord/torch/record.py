@@ -75,7 +75,7 @@ from ..patch import (
     remove_all,
     shallow_copies_holding,
 )
-from ..runtime import Recording, Sink, context_recordings, safe_over_forks, silently
+from ..runtime import Recording, Sink, context_recordings, raised_by_signal_handler, safe_over_forks, silently
 from ..specs import Attribute, Local, Return, Spec, require_bool
 from .copies import Device, ValuePolicy, _itself, _tracing_state, _transforms_active, value_policy
 from .targets import (
@@ -799,6 +799,8 @@ class _GradientHook:
         try:
             kept = silently(self.keep, grad)  # (as a value's copy: see runtime.silently)
         except Exception as error:  # never into the backward pass: into rec.errors
+            if raised_by_signal_handler(error):  # the program's own (a timeout's)
+                raise
             rec._fail(self.key, error)
             return
         rec._add_gradient(self.key, self.position, kept)

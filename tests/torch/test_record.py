@@ -7,6 +7,7 @@ import io
 import os
 import pickle
 import re
+import signal
 import sys
 import threading
 import warnings
@@ -1024,6 +1025,34 @@ def test_a_gradient_whose_reduce_fails_is_an_error_of_the_recording_not_of_backw
         with record(model, ["0:forward:return.grad"], reduce=fails) as rec:
             model(torch.randn(4, 3)).sum().backward()  # does not raise
     assert {e.key for e in rec.errors} == {"0:forward:return", "0:forward:return.grad"}
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGALRM"), reason="needs SIGALRM")
+@pytest.mark.parametrize("during", ["forward", "backward"])
+def test_what_a_signal_handler_raises_while_a_value_or_gradient_is_kept_reaches_the_program(during):
+    # A SIGALRM timeout's TimeoutError raised while a value (or its gradient) was copied
+    # was taken for that copy's failure: kept in rec.errors, the training step ran on.
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2))
+
+    kept = []
+
+    def slow(t):
+        kept.append(t)  # the output in the forward, then its gradient in the backward
+        if len(kept) == (1 if during == "forward" else 2):
+            signal.raise_signal(signal.SIGALRM)  # the timer fires while this value is kept
+        return t
+
+    def times_out(number, frame):
+        raise TimeoutError("step timed out")
+
+    old = signal.signal(signal.SIGALRM, times_out)
+    try:
+        with record(model, ["0:forward:return.grad"], reduce=slow) as rec:
+            with pytest.raises(TimeoutError, match="step timed out"):
+                model(torch.randn(4, 3)).sum().backward()
+    finally:
+        signal.signal(signal.SIGALRM, old)
+    assert rec.errors == [] and len(kept) == (1 if during == "forward" else 2)
 
 
 def test_a_shallow_copy_made_while_recorded_is_not_recorded_afterwards():
