@@ -74,7 +74,7 @@ import bcrecord.torch  # noqa: F401  (registers detached tensor copies for recor
 from ..errors import BcrecordError, SpecError, did_you_mean
 from ..listing import decompiled, side_by_side
 from ..patch import Patch, patch_method
-from ..runtime import Recording, copy_value, recording, register_copy
+from ..runtime import Recording, copy_value, raised_by_signal_handler, recording, register_copy
 from ..specs import COPY_POLICIES, Attribute, Spec, parse, require_bool
 from ..storage import Writer
 from ..torch.copies import _map
@@ -527,6 +527,8 @@ class FeatureMapDrawer:
                     continue
                 runner.visualizer.add_image(name, image, step=step)
             except Exception as error:
+                if raised_by_signal_handler(error):  # the program's own (a timeout's), not a failed drawing
+                    raise
                 if key not in self.failed:
                     self.failed.add(key)
                     runner.logger.warning(

@@ -4,6 +4,7 @@ import ast
 import copy
 import inspect
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -1313,6 +1314,31 @@ def test_a_complex_feature_map_is_drawn_by_its_magnitude_not_its_real_part():
         warnings.simplefilter("error")
         drawn = FeatureMapDrawer().featmap(phase)
     assert torch.allclose(drawn, torch.arange(1.0, 17.0).reshape(1, 4, 4))
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGALRM"), reason="needs SIGALRM")
+def test_what_a_signal_handler_raises_while_a_feature_map_is_drawn_reaches_the_run():
+    # A SIGALRM timeout's TimeoutError raised while a feature map was drawn was logged as
+    # "cannot draw" and the run went on past its timeout.
+    from types import SimpleNamespace
+
+    from bcrecord.integrations.mmengine import FeatureMapDrawer
+
+    def add_image(name, image, step):
+        signal.raise_signal(signal.SIGALRM)  # the timer fires while the image is written
+
+    def times_out(number, frame):
+        raise TimeoutError("timed out")
+
+    runner = SimpleNamespace(visualizer=SimpleNamespace(add_image=add_image))
+    drawer = FeatureMapDrawer()
+    old = signal.signal(signal.SIGALRM, times_out)
+    try:
+        with pytest.raises(TimeoutError, match="timed out"):
+            drawer.draw(runner, {"m:forward:x@0": torch.rand(1, 4, 6, 6)}, "val", step=1)
+    finally:
+        signal.signal(signal.SIGALRM, old)
+    assert drawer.failed == set()  # not taken for a value that cannot be drawn
 
 
 def test_visualization_hook_draws_from_the_message_hub(tmp_path):
