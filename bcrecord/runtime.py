@@ -1470,8 +1470,8 @@ def raised_by_signal_handler(error: BaseException) -> bool:
     program's, and a probe lets it through as if the signal had come right after it,
     where it handles a failed copy of its own by keeping it in ``rec.errors``.
 
-    A handler's frame is told by how Python calls it: with a signal number and the
-    frame the signal interrupted, its caller (a method, ``*args`` and a ``partial``
+    A handler's frame is told by how Python calls it: with a signal number and then
+    the frame the signal interrupted, its caller (a method, ``*args`` and a ``partial``
     too). Not by comparing with the handlers installed: a handler may put the old one
     back before it raises. One frame, no helper: probes call this near the recursion
     limit.
@@ -1503,10 +1503,11 @@ def raised_by_signal_handler(error: BaseException) -> bool:
             rest = local.get(code.co_varnames[count + code.co_kwonlyargcount])
             if isinstance(rest, tuple):
                 args.extend(rest)
-        if any(arg is caller for arg in args) and any(
-            type(arg) is int and arg in _SIGNAL_NUMBERS for arg in args
-        ):
-            return True
+        # (In that order: a frame and then a number is a stack inspection's, such as
+        # inspect.getframeinfo(inspect.currentframe(), 1), which can fail in a copy.)
+        for number, interrupted in zip(args, args[1:], strict=False):
+            if interrupted is caller and type(number) is int and number in _SIGNAL_NUMBERS:
+                return True
     return False
 
 

@@ -1056,10 +1056,17 @@ def test_an_exception_a_signal_handler_raises_while_a_value_is_copied_reaches_th
     assert rec.all("alarm:f:x@0") == ["copied"]
 
 
-def test_a_failed_copy_is_still_kept_as_the_values_failure_not_raised():
+def _inspect_caller(frame, context):  # as inspect.getframeinfo(frame, context): a frame, then a number
+    raise TimeoutError(f"reading {frame.f_code.co_name} failed")
+
+
+@pytest.mark.parametrize("how", ["raised", "by a stack inspection"])
+def test_a_failed_copy_is_still_kept_as_the_values_failure_not_raised(how):
     class Uncopyable:
         def __deepcopy__(self, memo):
-            raise TimeoutError("the copy's own")  # the same class a timeout raises, from no handler
+            if how == "raised":
+                raise TimeoutError("the copy's own")  # the same class a timeout raises, from no handler
+            _inspect_caller(sys._getframe(), 1)  # its caller's frame and a signal's number (SIGHUP)
 
     def f():
         x = Uncopyable()
