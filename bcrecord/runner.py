@@ -893,6 +893,8 @@ class _Collector:
         self.saved: Dict[str, int] = defaultdict(int)
         self.last: Dict[str, Any] = {}
         self.error: Optional[str] = None
+        #: Values recorded that no write saved: the batch that failed, and every one after it.
+        self.unsaved = 0
         #: Per key saved as a repr: its line in ``warnings``, how many values, each reason once.
         self.reprs: Dict[str, Tuple[int, int, List[str]]] = {}
         self.warnings: List[str] = []
@@ -911,6 +913,7 @@ class _Collector:
                 self.saved[key] += 1
                 return
             if self.error is not None:
+                self.unsaved += 1
                 return
             self.buffer.append((key, step, value))
             self.buffered += _nbytes(value)
@@ -950,6 +953,7 @@ class _Collector:
             except Exception as error:
                 if raised_by_signal_handler(error):  # the held handler's, run after the write: the program's
                     raise
+                self.unsaved += len(batch)
                 self.error = (
                     str(error) if isinstance(error, BcrecordError) else f"{type(error).__name__}: {error}"
                 )
@@ -2244,7 +2248,7 @@ class _Runner:
             every = "" if self.every == 1 else f", every {_ordinal(self.every)} value"
             done = f"bcrecord: saved {saved} value(s) of {keys} key(s) to {writer.directory}{every}"
             if self.collector.error is not None:
-                done += " before saving failed"
+                done += f" before saving failed ({self.collector.unsaved} value(s) recorded were not saved)"
             if saved or self.collector.error is None:
                 done += f"; see them with: bcrecord view {shlex.quote(str(writer.directory))}"
             print(done, file=out)
