@@ -312,6 +312,23 @@ def _atomic_write(path: Path, data: bytes) -> None:
         raise
 
 
+def _sync_directory(directory: Path) -> None:
+    """Make the names renamed into ``directory`` durable: a file's own fsync does not
+    cover its directory entry, so after a power loss the index could name a data file
+    that is not there. Where a directory cannot be opened (Windows), its rename is as
+    durable as the system makes it."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # a file system that cannot sync a directory
+        pass
+    finally:
+        os.close(fd)
+
+
 class Writer:
     """Appends saves to a records directory; safe to call from one thread at a time.
 
@@ -492,6 +509,7 @@ class Writer:
             _atomic_write(self.directory / f"records/{stem}.safetensors", _safetensors(tensors, entries))
         if others:
             _atomic_write(self.directory / f"records/{stem}.pkl", pickled)
+        _sync_directory(self.directory / "records")  # before the index names the files
         line = json.dumps({"entries": entries}).encode() + b"\n"  # (starts with _SAVE_LINE_START)
         with open(self.directory / _JOURNAL, "ab") as journal:
             journal.write(line)  # one write: readers see the whole line or no newline

@@ -79,6 +79,30 @@ def test_a_save_cut_short_is_never_accepted(tmp_path, monkeypatch):
     assert (tmp_path / "index.jsonl").read_text().count("\n") == 2
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="names a descriptor's file through /proc")
+def test_a_save_syncs_its_data_file_then_the_directory_naming_it_then_the_index(tmp_path, monkeypatch):
+    # The data file's rename was never synced: after a power loss the index, synced after
+    # it, could name a data file missing from the directory (its values lost, a warning).
+    synced = []
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    writer = Writer(tmp_path)
+    writer.write({"k": [0]}, step=0)
+    monkeypatch.setattr(os, "fsync", fsync)
+    writer.write({"k": [1]}, step=1)
+    records = os.path.realpath(tmp_path / "records")
+    assert synced == [
+        os.path.join(records, ".000002.pkl.tmp"),
+        records,
+        os.path.realpath(tmp_path / "index.jsonl"),
+    ]
+    assert load(tmp_path)["k"] == [0, 1]
+
+
 def test_the_next_save_removes_what_a_save_killed_mid_write_left(tmp_path):
     import subprocess
 
