@@ -73,10 +73,14 @@ def resolve_path(path: str) -> Tuple[Any, Any]:
     """
     module_name, sep, attr_path = path.partition(":")
     if not sep or not module_name or not attr_path:
-        from .runner import split_module
+        from .runner import _module_spec, split_module
 
         if path.endswith(".py"):  # a script: no module 'train' with a function 'py'
             hint = f"; a function of it is '{os.path.basename(path)[:-3]}:FUNCTION', from its folder"
+        elif not sep and (path in sys.modules or _module_spec(path) is not None):  # 'pkg.mod' alone
+            hint = (
+                f"; {path!r} is a module: name a function of it, '{path}:FUNCTION' or '{path}:Class.method'"
+            )
         else:  # 'pkg.mod.Net.forward': the module's colon left out
             split = split_module(path) if not sep else None
             hint = f"; did you mean '{split[0]}:{split[1]}'?" if split else ""

@@ -52,7 +52,12 @@ def _rows(code: CodeType) -> List[Tuple[str, str]]:
             arg = str(instr.argval)
         elif instr.opname == "LOAD_CONST" and instr.argval is SINKS_GET:
             arg = "bcrecord.rewrite.SINKS.get"  # its repr carries an address, different each run
-        key = f"{instr.opname} {arg}" if "to " not in arg and "to L" not in arg else instr.opname
+        # The line too: a probe's load of a local is not the load of it the next line makes.
+        key = (
+            f"{line} {instr.opname} {arg}"
+            if "to " not in arg and "to L" not in arg
+            else f"{line} {instr.opname}"
+        )
         rows.append((key, f"{'' if line is None else line:>5} {instr.opname:<24} {arg}".rstrip()))
     return rows
 

@@ -196,13 +196,19 @@ class RunTarget:
 def split_module(dotted: str) -> Optional[Tuple[str, str]]:
     """``(module, function)`` where a module's name runs on into its function with a dot
     (``'pkg.mod.Net.forward'``, for ``'pkg.mod:Net.forward'``): the longest importable module
-    ``dotted`` starts with, found without importing it; or None.
+    ``dotted`` starts with, found without importing it; or None (also where ``dotted`` is
+    itself a module, which holds no function of that name).
 
     >>> split_module("json.decoder.JSONDecoder.decode"), split_module("nosuch.f")
     (('json.decoder', 'JSONDecoder.decode'), None)
+    >>> split_module("json.decoder")  # a module, not json's function 'decoder'
     """
     parts = dotted.split(".")
-    if not all(part.isidentifier() for part in parts):
+    if (
+        not all(part.isidentifier() for part in parts)
+        or dotted in sys.modules
+        or _module_spec(dotted) is not None
+    ):
         return None
     for end in range(len(parts) - 1, 0, -1):
         module = ".".join(parts[:end])

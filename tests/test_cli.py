@@ -171,6 +171,16 @@ def test_targets_and_show_bad_input(project, args, words):
     assert words in one_clear_line(cli(*args, cwd=project))
 
 
+@pytest.mark.parametrize("command", [["targets", "pkg.tool"], ["show", "pkg.tool", "x"]])
+def test_targets_and_show_of_a_bare_module_ask_for_one_of_its_functions(project, command):
+    # It said "did you mean 'pkg:tool'?": the module as an attribute of its package, no function.
+    line = one_clear_line(cli(*command, cwd=project))
+    assert line.endswith(
+        "got 'pkg.tool'; 'pkg.tool' is a module: name a function of it, 'pkg.tool:FUNCTION' "
+        "or 'pkg.tool:Class.method'"
+    ), line
+
+
 def test_the_console_command_finds_modules_in_the_working_directory(project, tmp_path_factory):
     # What pip writes for the setup.cfg entry point, run as the installed command is:
     # sys.path[0] is then the script's own folder, not the working directory.

@@ -34,6 +34,25 @@ def test_side_by_side_marks_only_the_inserted_instructions():
     assert all(line[2:42].strip() == "" for line in plus)  # nothing on the original's side
 
 
+def stepped(i):
+    loss = i * 2.0
+    loss = loss + 1
+    return loss
+
+
+def test_side_by_side_pairs_each_original_instruction_with_itself_not_with_a_probe_s():
+    # The probe after `loss = loss + 1` loads loss (line 3) as the return does (line 4): the
+    # original's `4 LOAD_FAST loss` stood beside the probe's `3 LOAD_FAST loss`, and the
+    # return's own load was marked '+', inserted.
+    with bcrecord.patch_function(stepped, ["loss@1", "return"]) as patch:
+        lines = side_by_side(patch.original_code, patch.code, width=40).splitlines()
+    kept = [line for line in lines[2:] if line.startswith(" ")]
+    assert kept and all(line[2:42].rstrip() == line[45:] for line in kept), "\n".join(lines)
+    first = stepped.__code__.co_firstlineno
+    own = [line[45:].split() for line in lines[2:] if not line.startswith("+")]
+    assert [int(row[0]) - first for row in own if row[1:] == ["LOAD_FAST", "loss"]] == [2, 3]
+
+
 def test_side_by_side_of_identical_code_marks_nothing():
     lines = side_by_side(scaled.__code__, scaled.__code__).splitlines()
     assert not any(line.startswith(("+", "~", "-")) for line in lines[2:])

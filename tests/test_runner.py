@@ -309,6 +309,13 @@ def test_run_target_in_a_module_imported_later(project):
     assert "JSONDecoder:decode:obj@0" in result.stderr
 
 
+def test_run_of_a_target_without_its_function_never_guesses_a_module_is_one(project):
+    # It guessed "'pkg:tool:main' (function tool of module pkg)": pkg.tool is a module.
+    line = one_clear_line(cli("run", "-r", "pkg.tool:main", "prog.py", cwd=project))
+    assert "pkg:tool" not in line, line
+    assert "'pkg.tool:main:return' (function main of module pkg.tool;" in line, line
+
+
 @pytest.mark.parametrize(
     "args, words",
     [
