@@ -204,8 +204,8 @@ def _resolved(path: str) -> Tuple[Any, Any]:
         )
     if module_name == "__main__":
         raise BcrecordError(
-            f"{path!r}: name a script by its module name ('prog:{attr_path}' for prog.py, from its "
-            "folder); '__main__' is a script's name only while `bcrecord run` runs it"
+            f"{path!r}: name a script by its module name ('prog:{attr_path or 'FUNCTION'}' for prog.py, "
+            "from its folder); '__main__' is a script's name only while `bcrecord run` runs it"
         )
     # What the module prints as it is imported (a script's own code, run at import) goes to
     # stderr: stdout is the command's output (--json). (Where there is a stderr.)

@@ -154,6 +154,7 @@ def test_targets_and_show_take_a_property_as_run_records_it(project):
         (["targets", "helper:Scaler.scael"], "has no attribute 'scael'; did you mean 'scale'?"),
         (["targets", ".helper:twice"], "give the module's absolute name (no leading dot)"),
         (["targets", "__main__:twice"], "name a script by its module name ('prog:twice' for prog.py"),
+        (["targets", "__main__"], "name a script by its module name ('prog:FUNCTION' for prog.py"),
         (["targets", "./pkg/tool.py:main"], "not a file (e.g. 'pkg.tool:main', from the folder"),
         (["show", "helper:twice", "nosuch"], "no assignment to a local named 'nosuch'"),
         (["show", "helper:twice", "y@9"], "there is no index 9"),
