@@ -366,6 +366,13 @@ class Writer:
         self._read = 0
         self._next_file = 1
         self._check = check
+        parent = self.directory.parent
+        if self.directory.name == "records" and (parent / _JOURNAL).exists():
+            # Its own records/ and index would nest inside the run's, which nothing reads.
+            raise StorageError(
+                f"cannot write records to {self.directory}: it is the records folder of the saved "
+                f"run in {parent}; save to {parent} to add to that run"
+            )
         with _writing(self.directory):
             # Another program's index.json or index.jsonl: refused before anything is made.
             if (self.directory / "index.json").exists():

@@ -103,6 +103,18 @@ def test_a_save_syncs_its_data_file_then_the_directory_naming_it_then_the_index(
     assert load(tmp_path)["k"] == [0, 1]
 
 
+def test_a_run_s_records_folder_is_refused_as_a_records_directory(tmp_path):
+    # `run -o out/records` saved a run inside the run in out: its records/records/ and its
+    # index nested in out's records folder, where loading out never looks.
+    save({"k": [1]}, tmp_path / "out", step=0)
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    with pytest.raises(StorageError, match=r"records folder of the saved run in .*out; save to"):
+        Writer(tmp_path / "out" / "records")
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # nothing made
+    Writer(tmp_path / "elsewhere" / "records").write({"k": [2]}, step=0)  # a folder named so, alone
+    assert load(tmp_path / "elsewhere" / "records")["k"] == [2]
+
+
 def test_the_next_save_removes_what_a_save_killed_mid_write_left(tmp_path):
     import subprocess
 
