@@ -345,11 +345,6 @@ class Writer:
         """``check``: read every save the index holds now, as :func:`load` does, and refuse
         a damaged one (a save added would be refused with it); False reads only the last,
         for a writer made per save (:func:`save`), which would otherwise read them all each time."""
-        # "" (an unset variable, surely) would be the working directory. (Path("") is "." already.)
-        if not os.fspath(directory):
-            raise StorageError(
-                "the records directory is an empty string (give '.' for the working directory)"
-            )
         # Absolute: a program may change its working directory (Hydra does) between saves.
         try:
             self.directory = _expanded(directory).absolute()
@@ -1223,9 +1218,14 @@ def _expanded(directory: PathLike) -> Path:
     """``directory`` as a Path, ``~`` expanded: never a folder named ``~`` in the working
     directory (which ``rm -rf ~`` would then be asked to remove).
 
+    An empty string (an unset variable, surely) is refused, as the working directory it
+    would be (``Path("")`` is ``.``) for saving and loading alike.
+
     >>> _expanded("~/runs") == Path.home() / "runs"
     True
     """
+    if not os.fspath(directory):
+        raise StorageError("the records directory is an empty string (give '.' for the working directory)")
     return Path(directory).expanduser()
 
 

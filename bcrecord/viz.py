@@ -50,7 +50,16 @@ from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Seque
 from urllib.parse import quote, unquote
 
 from .errors import BcrecordError, did_you_mean
-from .storage import DamagedRecords, Loaded, Unimportable, Unloadable, is_tensor, iter_saved_index, load
+from .storage import (
+    DamagedRecords,
+    Loaded,
+    Unimportable,
+    Unloadable,
+    _expanded,
+    is_tensor,
+    iter_saved_index,
+    load,
+)
 
 __all__ = ["KeySummary", "summarize", "table", "draw", "write_index", "view", "Progress"]
 
@@ -985,7 +994,7 @@ def view(
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err
     _check_max_maps(max_maps)  # now: the plots folder is cleared before anything is drawn
-    directory = Path(directory).expanduser()  # '~/runs' as load() reads it
+    directory = _expanded(directory)  # '~/runs' as load() reads it; '' refused as there
     if directory.exists() and not directory.is_dir():
         raise BcrecordError(f"{str(directory)!r} is not a directory")
     if not directory.is_dir():

@@ -504,15 +504,24 @@ def test_another_program_s_index_jsonl_is_refused_and_left_as_it_was(tmp_path, l
     assert load(own)["k"] == [1, 2]
 
 
-def test_an_empty_directory_name_is_refused():
-    # Path("") is the working directory: what an unset shell variable gives (-o "$OUT")
+def test_an_empty_directory_name_is_refused(tmp_path, monkeypatch):
+    # Path("") is the working directory: what an unset shell variable gives (-o "$OUT"). Loading
+    # read the working directory's records for it ('bcrecord view ""'), where saving refused.
     class Unset:
         def __fspath__(self):
             return ""
 
+    monkeypatch.chdir(tmp_path)
+    save({"k": [1]}, ".")  # records in the working directory, which "" is not taken for
     for empty in ("", Unset()):
-        with pytest.raises(StorageError, match="the records directory is an empty string"):
-            Writer(empty)
+        for use in (
+            Writer,
+            load,
+            bcrecord.storage.saved_index,
+            lambda d: list(bcrecord.storage.iter_saved_index(d)),
+        ):
+            with pytest.raises(StorageError, match="the records directory is an empty string"):
+                use(empty)
 
 
 @pytest.mark.parametrize(

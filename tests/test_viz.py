@@ -143,9 +143,13 @@ def test_view_never_holds_the_whole_index(saved, monkeypatch):
     assert rows == ["m:f:x@0", "m:f:name@0", "m:g:v@0"]
 
 
-def test_view_bad_input_changes_nothing(saved, tmp_path):
+def test_view_bad_input_changes_nothing(saved, tmp_path, monkeypatch):
     with pytest.raises(BcrecordError, match="no such directory"):
         view(tmp_path / "missing", plots=False, out=io.StringIO())
+    # '' (an unset "$OUT") read the working directory's records, which saving to '' refuses.
+    monkeypatch.chdir(saved)
+    with pytest.raises(BcrecordError, match="the records directory is an empty string"):
+        view("", plots=False, out=io.StringIO())
     with pytest.raises(BcrecordError, match="no saved key matches zz\\*; saved keys: m:f:x@0"):
         view(saved, plots=False, keys=["zz*"], out=io.StringIO())
     assert sorted(p.name for p in saved.iterdir()) == ["index.json", "index.jsonl", "records"]
