@@ -1338,29 +1338,64 @@ def _copied_by_method(cls: type) -> bool:
 
 def _array_copier(policy: str) -> Copier:
     """``value.copy()``; in a numpy array of Python objects, each object copied under ``policy`` too
-    (the array's ``copy()`` keeps them: a list in it, appended to later, would change), as a list's."""
+    (the array's ``copy()`` keeps them: a list in it, appended to later, would change), as a list's;
+    so too in a structured array's object fields and in ``a.flat`` of such an array."""
     copy_item = functools.partial(copy_value, policy=policy)
+
+    def copy_objects(original: Any, copied: Any, made: Dict[int, Tuple[Any, Any]]) -> None:
+        """Copy the objects ``original`` (a plain ndarray) holds into ``copied``, its copy."""
+        if original.dtype.names is not None:  # a structured array: each field holding objects
+            for name in original.dtype.names:
+                if original.dtype.fields[name][0].hasobject:
+                    copy_objects(original[name], copied[name], made)
+            return
+        # A view of the copy where it is contiguous; a field of a structured copy is strided,
+        # and reshaping it would copy it: its items are set by their index.
+        flat = copied.reshape(-1) if copied.flags.c_contiguous else None
+        for position, item in enumerate(original.flat):  # (in C order, as the index is read)
+            item_copy = copied_once(item, copy_item, made)
+            if item_copy is item:
+                continue
+            if flat is not None:
+                flat[position] = item_copy
+            else:
+                copied[_c_index(position, copied.shape)] = item_copy
 
     def copy_items(value: Any, made: Dict[int, Tuple[Any, Any]]) -> Any:
         copied = value.copy()
         made[id(value)] = (value, copied)  # before its items: one holding it (or itself) gets this copy
+        if type(value).__name__ == "flatiter":  # (its copy is an array of the items)
+            copy_objects(value.base.reshape(-1), copied, made)
+            return copied
         ndarray = next(k for k in type(value).__mro__ if k.__name__ == "ndarray")
-        flat = copied.view(ndarray).reshape(-1)  # (a view: a copy is contiguous)
-        for position, item in enumerate(value.view(ndarray).flat):  # (a masked array's data too)
-            item_copy = copied_once(item, copy_item, made)
-            if item_copy is not item:
-                flat[position] = item_copy
+        copy_objects(value.view(ndarray), copied.view(ndarray), made)  # (a masked array's data too)
         return copied
 
     with_items = _one_copy(copy_items)
 
     def copy(value: Any) -> Any:
-        dtype = getattr(value, "dtype", None)
-        if getattr(dtype, "kind", None) == "O" and any(k.__name__ == "ndarray" for k in type(value).__mro__):
-            return with_items(value)  # (not a pandas object column: pandas' copies keep its items)
+        array = value.base if type(value).__name__ == "flatiter" else value  # (a.flat has no dtype)
+        # (Not a pandas object column: pandas' copies keep its items.)
+        if getattr(getattr(array, "dtype", None), "hasobject", False) and any(
+            k.__name__ == "ndarray" for k in type(array).__mro__
+        ):
+            return with_items(value)
         return value.copy()
 
     return copy
+
+
+def _c_index(position: int, shape: Tuple[int, ...]) -> Tuple[int, ...]:
+    """The index of item ``position`` of an array of ``shape``, counted in C order.
+
+    >>> _c_index(5, (2, 3)), _c_index(0, ())
+    ((1, 2), ())
+    """
+    index = []
+    for extent in reversed(shape):
+        position, at = divmod(position, extent)
+        index.append(at)
+    return tuple(reversed(index))
 
 
 def copy_value(value: T, policy: str) -> T:

@@ -177,6 +177,33 @@ def test_an_object_array_holding_itself_or_a_list_holding_it_is_copied_with_its_
     assert copied.data.tolist() == [[1], [2]] and copied.mask.tolist() == [False, True]
 
 
+def test_clone_copies_the_objects_of_structured_fields_strided_views_and_flat_iterators():
+    # A structured array's object fields and ``a.flat`` of an object array kept their items
+    # as they were (a list in one, appended to later, showed the change in the recorded value).
+    np = pytest.importorskip("numpy")
+    records = np.zeros(2, dtype=[("x", "i4"), ("o", "O"), ("sub", [("p", "O", (2,))])])
+    records["o"][0], records["o"][1] = [1], [2]
+    records["sub"]["p"][0, 0], records["sub"]["p"][1, 1] = [3], [4]  # a strided field of the copy
+    objects = np.empty(4, dtype=object)
+    for position in range(4):
+        objects[position] = [position]
+    grid = objects.reshape(2, 2)
+    copies = [copy_value(value, "clone") for value in (records, objects.flat, objects[::2].flat, grid.T)]
+    records["o"][0].append(9)
+    records["sub"]["p"][0, 0].append(9)
+    for position in range(4):
+        objects[position].append(9)
+    assert copies[0]["o"].tolist() == [[1], [2]] and copies[0]["sub"]["p"].tolist() == [[[3], 0], [0, [4]]]
+    assert copies[1].tolist() == [[0], [1], [2], [3]]
+    assert copies[2].tolist() == [[0], [2]]
+    assert copies[3].tolist() == [[[0], [2]], [[1], [3]]]
+    itself = np.empty(2, dtype=object)
+    itself[0], itself[1] = [1], itself
+    copied = copy_value(itself.flat, "clone")
+    assert copied[0] == [1] and copied[0] is not itself[0]
+    assert copied[1] is not itself and copied[1][1] is copied[1]  # the array's copy, holding itself
+
+
 def test_clone_copies_a_numpy_flat_iterator_as_before_subclasses_were_recognized():
     # (Its class has a copy(), and module "numpy" was all that was read: not an ndarray base.)
     np = pytest.importorskip("numpy")
