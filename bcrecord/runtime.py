@@ -586,8 +586,9 @@ class _ByOwner:
             for rec in self.recordings:
                 try:
                     rec._fail(f"<owner of {type(instance).__name__}>{_SITES[self.site_id].key}", error)
-                except Exception:
-                    pass
+                except Exception as reporting:
+                    if not isinstance(reporting, RecursionError) and raised_by_signal_handler(reporting):
+                        raise  # what a signal handler raised while reporting: the program's own
             return
         target.append(value)
 
@@ -1637,10 +1638,17 @@ class Sink:
                 signalled = raised_by_signal_handler(error)
                 if not signalled:
                     self.rec._fail(self.key, error)
-            except Exception:
+            except Exception as reporting:
                 # Reporting failed too: at the recursion limit it needs frames, and
-                # warnings turned into errors raise here. Never into user code.
-                pass
+                # warnings turned into errors raise here. Never into user code, but for
+                # what a signal handler raised meanwhile (a failing copy's time is mostly
+                # spent here, formatting its traceback).
+                try:
+                    signalled = raised_by_signal_handler(reporting)
+                except Exception:
+                    pass
+                if signalled:
+                    raise  # (``reporting``: the program's own)
             if signalled:
                 raise  # the program's own (a timeout's), not a failed copy
 

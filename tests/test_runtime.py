@@ -1078,6 +1078,44 @@ def test_a_failed_copy_is_still_kept_as_the_values_failure_not_raised(how):
     assert [(e.key, type(e.error).__name__) for e in rec.errors] == [("own:f:x@0", "TimeoutError")]
 
 
+@pytest.mark.skipif(not hasattr(signal, "SIGALRM"), reason="needs SIGALRM")
+@pytest.mark.parametrize("site", ["copy", "owner"])
+def test_what_a_signal_handler_raises_while_a_failed_copy_is_reported_reaches_the_program(site):
+    # A SIGALRM timeout that came while a copy's own failure was reported (its traceback
+    # formatted, its warning shown) was dropped with the report's failure: for a value that
+    # never copies, 1967 of 2000 timers of 10-300 us never reached the program (3.12).
+    class Block:
+        def forward(self, x):
+            out = Uncopyable() if site == "copy" else x * 2
+            return out
+
+    class Uncopyable:
+        def __deepcopy__(self, memo):
+            raise ValueError("the copy's own")
+
+    def owner(block):
+        raise LookupError("no path for this one")
+
+    def times_out(number, frame):
+        raise TimeoutError("timed out")
+
+    def shown(*args, **kwargs):  # the warning is shown: the timer fires meanwhile
+        signal.raise_signal(signal.SIGALRM)
+
+    old = signal.signal(signal.SIGALRM, times_out)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = shown
+            with bcrecord.patch_method(Block, "forward", ["out"], name="b" if site == "copy" else owner):
+                with bcrecord.recording(copy="deepcopy") as rec:
+                    with pytest.raises(TimeoutError, match="timed out"):
+                        Block().forward(1)
+    finally:
+        signal.signal(signal.SIGALRM, old)
+    assert [type(e.error).__name__ for e in rec.errors] == ["ValueError" if site == "copy" else "LookupError"]
+
+
 def test_an_interrupt_at_any_point_of_a_silenced_copy_leaves_the_context_recording():
     # A timeout library's BaseException, raised by its signal handler right after the copy
     # silenced the context and before it was made to undo that, left the context silenced:
