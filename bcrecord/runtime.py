@@ -994,7 +994,9 @@ def _rebuilt_subclass(value: Any, contents: Any) -> Any:
     if isinstance(value, dict):
         try:
             rebuilt = kind(contents)
-        except Exception:
+        except Exception as error:
+            if raised_by_signal_handler(error):  # the program's own (a timeout's), not a constructor's
+                raise
             rebuilt = None
         # Taken where it holds exactly the new items (dict's own view: no subclass's
         # __getitem__); a constructor that reads its first argument its own way
@@ -1024,7 +1026,9 @@ def _rebuilt_subclass(value: Any, contents: Any) -> Any:
                 rebuilt = kind(contents, value.__reduce__()[1][1])
             else:
                 rebuilt = kind(contents) if form == "iterable" else kind(*contents)
-        except Exception:
+        except Exception as error:
+            if raised_by_signal_handler(error):
+                raise
             continue
         if isinstance(rebuilt, (set, frozenset)):  # no order to compare: its constructor took them
             return rebuilt
