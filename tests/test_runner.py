@@ -9,6 +9,7 @@ import ast
 import json
 import os
 import shlex
+import signal
 import sys
 import textwrap
 
@@ -1702,6 +1703,44 @@ def test_a_signal_held_during_a_write_reaches_a_wakeup_fd_once(tmp_path):
         signal.signal(signal.SIGINT, previous)
         reader.close()
         writer.close()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="reads Linux's struct sigaction")
+def test_a_write_leaves_siginterrupt_as_the_program_set_it(tmp_path):
+    # signal.siginterrupt(SIGALRM, False) (system calls restarted, as a sampling profiler
+    # asks for its SIGPROF) was undone by the first write: holding the handler set the
+    # OS's action anew, SA_RESTART cleared, and so did putting it back.
+    import ctypes
+
+    from bcrecord import runner, storage
+
+    class Action(ctypes.Structure):  # Linux's (glibc's, musl's) struct sigaction
+        _fields_ = [
+            ("handler", ctypes.c_void_p),
+            ("mask", ctypes.c_ulong * 16),
+            ("flags", ctypes.c_int),
+            ("restorer", ctypes.c_void_p),
+        ]
+
+    libc = ctypes.CDLL(None, use_errno=True)
+
+    def restarts(number):
+        action = Action()
+        assert libc.sigaction(number, None, ctypes.byref(action)) == 0
+        return bool(action.flags & 0x10000000)  # SA_RESTART
+
+    previous = signal.signal(signal.SIGALRM, lambda number, frame: None)
+    try:
+        assert not restarts(signal.SIGALRM)
+        signal.siginterrupt(signal.SIGALRM, False)
+        assert restarts(signal.SIGALRM)
+        collector = runner._Collector(storage.Writer(tmp_path))
+        collector.deliver("m:f:x@0", 0, 10)
+        collector.flush()
+        assert restarts(signal.SIGALRM)
+    finally:
+        signal.signal(signal.SIGALRM, previous)
+    assert bcrecord.load(tmp_path)["m:f:x@0"] == [10]
 
 
 @pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM", "SIGALRM"])
