@@ -1101,7 +1101,9 @@ def _os_action(number: int, action: Optional[bytes] = None) -> Optional[bytes]:
         old, new = ctypes.create_string_buffer(1024), action and ctypes.create_string_buffer(action, 1024)
         if sigaction(number, new, old) != 0:
             return None
-    except (ImportError, OSError, AttributeError):
+    except (ImportError, OSError, AttributeError) as error:
+        if raised_by_signal_handler(error):  # (a timeout's TimeoutError is an OSError)
+            raise
         return None
     return old.raw
 
@@ -1126,30 +1128,51 @@ class _SignalsHeld:
         self.replaced: Dict[int, Any] = {}
         #: The OS's action of each signal replaced, as it was (see _os_action).
         self.actions: Dict[int, Optional[bytes]] = {}
+        #: What a handler raised while the others were held or put back.
+        self.late: Optional[BaseException] = None
 
     def __enter__(self) -> None:
         if threading.current_thread() is not threading.main_thread():
             return
+        number = 0
         try:
             for number in signal.valid_signals():
                 handler = signal.getsignal(number)
                 if callable(handler):  # the program's (or Python's default_int_handler): not SIG_DFL/SIG_IGN
                     self.actions[number] = _os_action(number)
+                    self.replaced[number] = handler  # (first: put back whatever comes next)
                     signal.signal(number, lambda number, frame: self.held.append(number))
-                    self.replaced[number] = handler
-        except (ValueError, OSError):  # not settable here (another interpreter): as it was
-            pass
+        except BaseException as error:
+            if isinstance(error, (ValueError, OSError)) and not raised_by_signal_handler(error):
+                self.replaced.pop(number, None)  # not settable here (another interpreter): as it was
+                return
+            # A handler not held yet ran meanwhile and raised (a timeout's TimeoutError, an
+            # OSError too): the program's, raised as a held one's, after the block.
+            self.late = error
 
     def __exit__(self, *exc_info: Any) -> None:
-        for number, handler in self.replaced.items():
-            signal.signal(number, handler)
-            action = self.actions.get(number)
-            if action is not None:  # as the program set it (its siginterrupt flag)
-                _os_action(number, action)
+        # Every one goes back, also where one put back runs meanwhile and raises (a timer's
+        # handler): what it raised comes after the rest are back.
+        late = self.late
+        waiting = dict(self.replaced)
+        while waiting:
+            number, handler = next(iter(waiting.items()))
+            try:
+                signal.signal(number, handler)
+                action = self.actions.get(number)
+                if action is not None:  # as the program set it (its siginterrupt flag)
+                    _os_action(number, action)
+                del waiting[number]
+            except BaseException as error:  # (then put it back again)
+                late = late or error
+                if isinstance(error, (ValueError, OSError)) and not raised_by_signal_handler(error):
+                    del waiting[number]  # not settable: no use trying again
         for number in self.held:
             # Its own handler runs now, called as the signal would call it: not raise_signal,
             # which would write to a wakeup fd (asyncio's add_signal_handler) a second time.
             self.replaced[number](number, inspect.currentframe())
+        if late is not None:
+            raise late
 
 
 def _owner_names(
