@@ -941,11 +941,11 @@ class _Collector:
         with self.lock:
             if self.writer is None or self.error is not None:
                 return
-            batch, self.buffer, self.buffered = self.buffer, [], 0
-            self.last_flush = time.monotonic()
             try:
-                # Silently: the writer's own calls (json.dumps, os.path...) are not the program's.
-                with _SignalsHeld():
+                with _SignalsHeld():  # (the batch taken inside: a handler raising then drops none)
+                    batch, self.buffer, self.buffered = self.buffer, [], 0
+                    self.last_flush = time.monotonic()
+                    # Silently: the writer's own calls (json.dumps, os.path...) are not the program's.
                     silently(self._write, batch)
             except Exception as error:
                 if raised_by_signal_handler(error):  # the held handler's, run after the write: the program's
