@@ -978,11 +978,15 @@ class _Collector:
         """Start the thread that writes waiting values (the lock held, none running)."""
         timer = threading.Thread(target=self._write_waiting, name="bcrecord-writer", daemon=True)
         try:
-            # Silently: threading's calls are not the program's (this runs inside a probe).
-            silently(lambda _: timer.start(), None)
-        except RuntimeError:  # at interpreter shutdown: the values wait for close()
-            return
-        self.timer = timer
+            # Held: a handler raising inside Thread.start (a timeout's) would leave the thread
+            # started, but unknown to threading and to this collector.
+            with _SignalsHeld():
+                # Silently: threading's calls are not the program's (this runs inside a probe).
+                silently(lambda _: timer.start(), None)
+                self.timer = timer
+        except RuntimeError as error:  # at interpreter shutdown: the values wait for close()
+            if raised_by_signal_handler(error):
+                raise
 
     def stop_timer(self) -> None:
         _PAUSED_FOR_FORKS.discard(self)
