@@ -899,6 +899,10 @@ class _Collector:
         #: The program's ``__main__`` module, noted with its first value: pickle finds the
         #: program's own classes there, also after runpy has put bcrecord's back.
         self.main: Optional[types.ModuleType] = None
+        if writer is not None:
+            # Reading an action imports ctypes: now, not in the program's first write, where
+            # importlib took a timeout's TimeoutError (an OSError) for a file not there.
+            _os_action(signal.SIGINT)
 
     def deliver(self, key: str, step: int, value: Any) -> None:
         if os.getpid() != self.pid:  # a forked child: its values are not ours to write

@@ -1867,6 +1867,24 @@ def test_a_timeout_as_the_writing_thread_starts_leaves_it_running(tmp_path, monk
     assert bcrecord.load(tmp_path)["m:f:x@0"] == [10]
 
 
+@pytest.mark.skipif(not hasattr(signal, "siginterrupt"), reason="no sigaction")
+def test_what_a_write_imports_is_imported_before_the_program_runs(tmp_path):
+    # The first write imported ctypes (to read the signals' actions) before the program's
+    # handlers were held, and importlib takes an OSError in a path's stat for a file not
+    # there: a timeout's TimeoutError then never reached the program (1 in some runs of a
+    # timer of 0.3 ms, 3.12, 3.13).
+    import subprocess
+
+    from .commands import _env
+
+    code = (
+        "import sys; from bcrecord import runner, storage; "
+        f"runner._Collector(storage.Writer({str(tmp_path)!r})); print('ctypes' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True, text=True)
+    assert done.stdout.split() == ["True"], done.stderr
+
+
 @pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM", "SIGALRM"])
 def test_a_signal_during_a_write_in_the_main_thread_waits_for_the_write(tmp_path, monkeypatch, signal_name):
     # SIGALRM: a timeout's handler raising TimeoutError mid-write was taken for a failed
