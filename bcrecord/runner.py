@@ -907,6 +907,10 @@ class _Collector:
         #: The program's ``__main__`` module, noted with its first value: pickle finds the
         #: program's own classes there, also after runpy has put bcrecord's back.
         self.main: Optional[types.ModuleType] = None
+        if writer is not None:
+            # Reading an action imports ctypes: now, not in the program's first write, where
+            # importlib took a timeout's TimeoutError (an OSError) for a file not there.
+            _os_action(signal.SIGINT)
 
     def deliver(self, key: str, step: int, value: Any) -> None:
         if os.getpid() != self.pid:  # a forked child: its values are not ours to write
@@ -950,16 +954,18 @@ class _Collector:
         with self.lock:
             if self.writer is None or self.error is not None:
                 return
-            batch, self.buffer, self.buffered = self.buffer, [], 0
-            self.last_flush = time.monotonic()
+            batch: List[Tuple[str, int, Any]] = []
             try:
-                # Silently: the writer's own calls (json.dumps, os.path...) are not the program's.
-                with _SignalsHeld():
+                with _SignalsHeld():  # (the batch taken inside: a handler raising then drops none)
+                    batch, self.buffer, self.buffered = self.buffer, [], 0
+                    self.last_flush = time.monotonic()
+                    # Silently: the writer's own calls (json.dumps, os.path...) are not the program's.
                     silently(self._write, batch)
             except Exception as error:
                 if raised_by_signal_handler(error):  # the held handler's, run after the write: the program's
                     raise
-                self.unsaved += len(batch)
+                self.unsaved += len(batch) + len(self.buffer)  # (none is written after this)
+                self.buffer, self.buffered = [], 0
                 self.error = (
                     str(error) if isinstance(error, BcrecordError) else f"{type(error).__name__}: {error}"
                 )
@@ -988,11 +994,15 @@ class _Collector:
         """Start the thread that writes waiting values (the lock held, none running)."""
         timer = threading.Thread(target=self._write_waiting, name="bcrecord-writer", daemon=True)
         try:
-            # Silently: threading's calls are not the program's (this runs inside a probe).
-            silently(lambda _: timer.start(), None)
-        except RuntimeError:  # at interpreter shutdown: the values wait for close()
-            return
-        self.timer = timer
+            # Held: a handler raising inside Thread.start (a timeout's) would leave the thread
+            # started, but unknown to threading and to this collector.
+            with _SignalsHeld():
+                # Silently: threading's calls are not the program's (this runs inside a probe).
+                silently(lambda _: timer.start(), None)
+                self.timer = timer
+        except RuntimeError as error:  # at interpreter shutdown: the values wait for close()
+            if raised_by_signal_handler(error):
+                raise
 
     def stop_timer(self) -> None:
         _PAUSED_FOR_FORKS.discard(self)
@@ -1080,6 +1090,44 @@ if hasattr(os, "register_at_fork"):  # (not on Windows, which does not fork)
     os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent)
 
 
+@functools.cache
+def _libc() -> Any:
+    """The C library (loaded once: each load took 30 us, twice a signal a write)."""
+    import ctypes
+
+    return ctypes.CDLL(None)
+
+
+def _os_action(number: int, action: Optional[bytes] = None) -> Optional[bytes]:
+    """The OS's action for signal ``number`` (libc's ``struct sigaction``, as bytes), having
+    set it to ``action`` if given; None where it cannot be read (no ``sigaction``).
+
+    ``signal.signal`` sets the action anew: it clears what ``signal.siginterrupt(number,
+    False)`` asked for (system calls restarted), which only the action read before it
+    puts back.
+
+    >>> import signal
+    >>> action = _os_action(signal.SIGINT)  # read
+    >>> action is None or len(_os_action(signal.SIGINT, action)) == 1024  # set as it was
+    True
+    """
+    if not hasattr(signal, "siginterrupt"):  # (Windows)
+        return None
+    try:
+        import ctypes
+
+        sigaction = _libc().sigaction
+        # Room for any libc's struct sigaction (glibc's takes 152 bytes).
+        old, new = ctypes.create_string_buffer(1024), action and ctypes.create_string_buffer(action, 1024)
+        if sigaction(number, new, old) != 0:
+            return None
+    except (ImportError, OSError, AttributeError) as error:
+        if raised_by_signal_handler(error):  # (a timeout's TimeoutError is an OSError)
+            raise
+        return None
+    return old.raw
+
+
 class _SignalsHeld:
     """Run the block with the program's Python signal handlers held back, then run them.
 
@@ -1098,26 +1146,53 @@ class _SignalsHeld:
     def __init__(self) -> None:
         self.held: List[int] = []
         self.replaced: Dict[int, Any] = {}
+        #: The OS's action of each signal replaced, as it was (see _os_action).
+        self.actions: Dict[int, Optional[bytes]] = {}
+        #: What a handler raised while the others were held or put back.
+        self.late: Optional[BaseException] = None
 
     def __enter__(self) -> None:
         if threading.current_thread() is not threading.main_thread():
             return
+        number = 0
         try:
             for number in signal.valid_signals():
                 handler = signal.getsignal(number)
                 if callable(handler):  # the program's (or Python's default_int_handler): not SIG_DFL/SIG_IGN
+                    self.actions[number] = _os_action(number)
+                    self.replaced[number] = handler  # (first: put back whatever comes next)
                     signal.signal(number, lambda number, frame: self.held.append(number))
-                    self.replaced[number] = handler
-        except (ValueError, OSError):  # not settable here (another interpreter): as it was
-            pass
+        except BaseException as error:
+            if isinstance(error, (ValueError, OSError)) and not raised_by_signal_handler(error):
+                self.replaced.pop(number, None)  # not settable here (another interpreter): as it was
+                return
+            # A handler not held yet ran meanwhile and raised (a timeout's TimeoutError, an
+            # OSError too): the program's, raised as a held one's, after the block.
+            self.late = error
 
     def __exit__(self, *exc_info: Any) -> None:
-        for number, handler in self.replaced.items():
-            signal.signal(number, handler)
+        # Every one goes back, also where one put back runs meanwhile and raises (a timer's
+        # handler): what it raised comes after the rest are back.
+        late = self.late
+        waiting = dict(self.replaced)
+        while waiting:
+            number, handler = next(iter(waiting.items()))
+            try:
+                signal.signal(number, handler)
+                action = self.actions.get(number)
+                if action is not None:  # as the program set it (its siginterrupt flag)
+                    _os_action(number, action)
+                del waiting[number]
+            except BaseException as error:  # (then put it back again)
+                late = late or error
+                if isinstance(error, (ValueError, OSError)) and not raised_by_signal_handler(error):
+                    del waiting[number]  # not settable: no use trying again
         for number in self.held:
             # Its own handler runs now, called as the signal would call it: not raise_signal,
             # which would write to a wakeup fd (asyncio's add_signal_handler) a second time.
             self.replaced[number](number, inspect.currentframe())
+        if late is not None:
+            raise late
 
 
 def _owner_names(

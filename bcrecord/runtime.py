@@ -409,8 +409,9 @@ class _Unrouted:
         try:
             target = self._routed()
         except Exception as error:  # a probe must never raise into user code
-            # (A RecursionError is never a handler's, and looking takes a frame.)
-            if not isinstance(error, RecursionError) and raised_by_signal_handler(error):
+            # (A RecursionError is never a handler's, and looking takes a frame. Not isinstance:
+            # at the recursion limit that call fails too, on 3.10.)
+            if error.__class__ is not RecursionError and raised_by_signal_handler(error):
                 raise  # the program's own (see raised_by_signal_handler)
             return
         target.append(value)
@@ -420,7 +421,7 @@ class _Unrouted:
         try:
             deliver = self._routed().deliver
         except Exception as error:  # not a per-instance site any more (released), or routing failed
-            if not isinstance(error, RecursionError) and raised_by_signal_handler(error):
+            if error.__class__ is not RecursionError and raised_by_signal_handler(error):
                 raise
             return
         deliver(value, instance)
@@ -581,13 +582,14 @@ class _ByOwner:
                 # Two threads may both build it: the same route either way.
                 target = self.targets[name] = _route(self.recordings, self.site_id, name)
         except Exception as error:  # a broken owner function must not break the model
-            if not isinstance(error, RecursionError) and raised_by_signal_handler(error):
+            if error.__class__ is not RecursionError and raised_by_signal_handler(error):
                 raise
             for rec in self.recordings:
                 try:
                     rec._fail(f"<owner of {type(instance).__name__}>{_SITES[self.site_id].key}", error)
-                except Exception:
-                    pass
+                except Exception as reporting:
+                    if reporting.__class__ is not RecursionError and raised_by_signal_handler(reporting):
+                        raise  # what a signal handler raised while reporting: the program's own
             return
         target.append(value)
 
@@ -993,7 +995,9 @@ def _rebuilt_subclass(value: Any, contents: Any) -> Any:
     if isinstance(value, dict):
         try:
             rebuilt = kind(contents)
-        except Exception:
+        except Exception as error:
+            if raised_by_signal_handler(error):  # the program's own (a timeout's), not a constructor's
+                raise
             rebuilt = None
         # Taken where it holds exactly the new items (dict's own view: no subclass's
         # __getitem__); a constructor that reads its first argument its own way
@@ -1023,7 +1027,9 @@ def _rebuilt_subclass(value: Any, contents: Any) -> Any:
                 rebuilt = kind(contents, value.__reduce__()[1][1])
             else:
                 rebuilt = kind(contents) if form == "iterable" else kind(*contents)
-        except Exception:
+        except Exception as error:
+            if raised_by_signal_handler(error):
+                raise
             continue
         if isinstance(rebuilt, (set, frozenset)):  # no order to compare: its constructor took them
             return rebuilt
@@ -1672,10 +1678,17 @@ class Sink:
                 signalled = raised_by_signal_handler(error)
                 if not signalled:
                     self.rec._fail(self.key, error)
-            except Exception:
+            except Exception as reporting:
                 # Reporting failed too: at the recursion limit it needs frames, and
-                # warnings turned into errors raise here. Never into user code.
-                pass
+                # warnings turned into errors raise here. Never into user code, but for
+                # what a signal handler raised meanwhile (a failing copy's time is mostly
+                # spent here, formatting its traceback).
+                try:
+                    signalled = raised_by_signal_handler(reporting)
+                except Exception:
+                    pass
+                if signalled:
+                    raise  # (``reporting``: the program's own)
             if signalled:
                 raise  # the program's own (a timeout's), not a failed copy
 

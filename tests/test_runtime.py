@@ -1105,6 +1105,81 @@ def test_a_failed_copy_is_still_kept_as_the_values_failure_not_raised(how):
     assert [(e.key, type(e.error).__name__) for e in rec.errors] == [("own:f:x@0", "TimeoutError")]
 
 
+@pytest.mark.skipif(not hasattr(signal, "SIGALRM"), reason="needs SIGALRM")
+@pytest.mark.parametrize("site", ["copy", "owner"])
+def test_what_a_signal_handler_raises_while_a_failed_copy_is_reported_reaches_the_program(site):
+    # A SIGALRM timeout that came while a copy's own failure was reported (its traceback
+    # formatted, its warning shown) was dropped with the report's failure: for a value that
+    # never copies, 1967 of 2000 timers of 10-300 us never reached the program (3.12).
+    class Block:
+        def forward(self, x):
+            out = Uncopyable() if site == "copy" else x * 2
+            return out
+
+    class Uncopyable:
+        def __deepcopy__(self, memo):
+            raise ValueError("the copy's own")
+
+    def owner(block):
+        raise LookupError("no path for this one")
+
+    def times_out(number, frame):
+        raise TimeoutError("timed out")
+
+    def shown(*args, **kwargs):  # the warning is shown: the timer fires meanwhile
+        signal.raise_signal(signal.SIGALRM)
+
+    old = signal.signal(signal.SIGALRM, times_out)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = shown
+            with bcrecord.patch_method(Block, "forward", ["out"], name="b" if site == "copy" else owner):
+                with bcrecord.recording(copy="deepcopy") as rec:
+                    with pytest.raises(TimeoutError, match="timed out"):
+                        Block().forward(1)
+    finally:
+        signal.signal(signal.SIGALRM, old)
+    assert [type(e.error).__name__ for e in rec.errors] == ["ValueError" if site == "copy" else "LookupError"]
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGALRM"), reason="needs SIGALRM")
+@pytest.mark.parametrize("base", [dict, list])
+def test_what_a_signal_handler_raises_while_a_container_subclass_is_rebuilt_reaches_the_program(base):
+    # A SIGALRM timeout that came while a copy called a container subclass's constructor
+    # (a ModelOutput's, to rebuild it around its copied items) was taken for a constructor
+    # that cannot rebuild it: dropped, the value copied another way and the program ran on
+    # (225 of 2000 timers of 10-300 us never reached a program recording such a value).
+    fire = []
+
+    class Slow(base):
+        def __init__(self, *args):
+            if fire:
+                fire.pop()
+                signal.raise_signal(signal.SIGALRM)  # the timer fires in the constructor
+            super().__init__(*args)
+
+    def f(a, armed):
+        made = Slow({"a": [a]} if base is dict else [[a]])
+        fire.extend(armed)  # (armed for the copy of x only)
+        x = made
+        return 1
+
+    def times_out(number, frame):
+        raise TimeoutError("timed out")
+
+    g = bcrecord.instrument(f, "x", name="rebuilt")
+    old = signal.signal(signal.SIGALRM, times_out)
+    try:
+        with bcrecord.recording(copy="clone") as rec:
+            with pytest.raises(TimeoutError, match="timed out"):
+                g(1, [True])
+            assert g(2, []) == 1  # no signal: the same copy records
+    finally:
+        signal.signal(signal.SIGALRM, old)
+    assert rec.errors == [] and rec.all("rebuilt:f:x@0") == [{"a": [2]} if base is dict else [[2]]]
+
+
 def test_an_interrupt_at_any_point_of_a_silenced_copy_leaves_the_context_recording():
     # A timeout library's BaseException, raised by its signal handler right after the copy
     # silenced the context and before it was made to undo that, left the context silenced:
