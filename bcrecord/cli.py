@@ -73,11 +73,11 @@ def resolve_path(path: str) -> Tuple[Any, Any]:
     """
     module_name, sep, attr_path = path.partition(":")
     if not sep or not module_name or not attr_path:
-        from .runner import _module_spec, split_module
+        from .runner import is_module, split_module
 
         if path.endswith(".py"):  # a script: no module 'train' with a function 'py'
             hint = f"; a function of it is '{os.path.basename(path)[:-3]}:FUNCTION', from its folder"
-        elif not sep and (path in sys.modules or _module_spec(path) is not None):  # 'pkg.mod' alone
+        elif not sep and is_module(path):  # 'pkg.mod' alone
             hint = (
                 f"; {path!r} is a module: name a function of it, '{path}:FUNCTION' or '{path}:Class.method'"
             )

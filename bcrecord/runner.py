@@ -204,11 +204,7 @@ def split_module(dotted: str) -> Optional[Tuple[str, str]]:
     >>> split_module("json.decoder")  # a module, not json's function 'decoder'
     """
     parts = dotted.split(".")
-    if (
-        not all(part.isidentifier() for part in parts)
-        or dotted in sys.modules
-        or _module_spec(dotted) is not None
-    ):
+    if not all(part.isidentifier() for part in parts) or is_module(dotted):
         return None
     for end in range(len(parts) - 1, 0, -1):
         module = ".".join(parts[:end])
@@ -301,6 +297,15 @@ def _one_spec_each(module: str, qualname: str, spec_text: str) -> str:
 
 
 # --- checking targets before anything runs --------------------------------------------
+
+
+def is_module(name: str) -> bool:
+    """Whether ``name`` is a module, imported or importable (found without importing it).
+
+    >>> is_module("json.decoder"), is_module("os.path"), is_module("json.nosuch")
+    (True, True, False)
+    """
+    return name in sys.modules or _module_spec(name) is not None
 
 
 def _module_spec(name: str) -> Optional[importlib.machinery.ModuleSpec]:
@@ -1128,6 +1133,12 @@ def _os_action(number: int, action: Optional[bytes] = None) -> Optional[bytes]:
     return old.raw
 
 
+def _unsettable(error: BaseException) -> bool:
+    """Whether ``signal.signal`` raised ``error`` for a signal it cannot set here (another
+    interpreter), not a handler that ran meanwhile (a timeout's ``TimeoutError`` is an OSError)."""
+    return isinstance(error, (ValueError, OSError)) and not raised_by_signal_handler(error)
+
+
 class _SignalsHeld:
     """Run the block with the program's Python signal handlers held back, then run them.
 
@@ -1163,7 +1174,7 @@ class _SignalsHeld:
                     self.replaced[number] = handler  # (first: put back whatever comes next)
                     signal.signal(number, lambda number, frame: self.held.append(number))
         except BaseException as error:
-            if isinstance(error, (ValueError, OSError)) and not raised_by_signal_handler(error):
+            if _unsettable(error):
                 self.replaced.pop(number, None)  # not settable here (another interpreter): as it was
                 return
             # A handler not held yet ran meanwhile and raised (a timeout's TimeoutError, an
@@ -1185,7 +1196,7 @@ class _SignalsHeld:
                 del waiting[number]
             except BaseException as error:  # (then put it back again)
                 late = late or error
-                if isinstance(error, (ValueError, OSError)) and not raised_by_signal_handler(error):
+                if _unsettable(error):
                     del waiting[number]  # not settable: no use trying again
         for number in self.held:
             # Its own handler runs now, called as the signal would call it: not raise_signal,
