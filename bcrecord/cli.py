@@ -45,7 +45,7 @@ import platform
 import re
 import sys
 import types
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, Iterator, List, Optional, Sequence, TextIO, Tuple, cast
 
 from . import __version__
 from .errors import BcrecordError, did_you_mean, shown
@@ -255,7 +255,9 @@ def _stripped(path: str) -> str:
 def _targets(args: argparse.Namespace) -> int:
     args.path = _stripped(args.path)
     found = targets(_recordable(args.path))
-    print(json.dumps(found.as_dict(), indent=2) if args.json else found)
+    out = _Output()
+    print(json.dumps(found.as_dict(), indent=2) if args.json else found, file=out)
+    out.flush()
     return 0
 
 
@@ -301,16 +303,18 @@ def _show(args: argparse.Namespace) -> int:
             f"give the specs to show after the path, e.g. 'bcrecord show {args.path} return' "
             f"('bcrecord targets {args.path}' lists them)"
         )
+    out = _Output()
     with _patched(args.path, args.specs, args.name or "show") as patch:
-        print(f"{base.__qualname__}: {len(patch.keys)} probe(s): {', '.join(patch.keys)}")
+        print(f"{base.__qualname__}: {len(patch.keys)} probe(s): {', '.join(patch.keys)}", file=out)
         for note in _unloaded_notes(base.__qualname__, patch.original_code, args.specs):
-            print(note)
-        print()
-        print(side_by_side(patch.original_code, patch.code))
+            print(note, file=out)
+        print(file=out)
+        print(side_by_side(patch.original_code, patch.code), file=out)
         source = decompiled(patch.code)
     if source is not None:
-        print("\ndecompiled patched source (depyf):\n")
-        print(source)
+        print("\ndecompiled patched source (depyf):\n", file=out)
+        print(source, file=out)
+    out.flush()
     return 0
 
 
@@ -361,13 +365,17 @@ def _view(args: argparse.Namespace) -> int:
     reconfigure = getattr(sys.stdout, "reconfigure", None)
     if reconfigure is not None:
         reconfigure(errors="backslashreplace")
-    return viz.view(
+    out = _Output()
+    status = viz.view(
         args.directory,
         plots=not args.no_plots,
         keys=args.key,
         progress=args.progress,
         max_maps=args.max_maps,
+        out=cast(TextIO, out),  # (view writes to it with print alone)
     )
+    out.flush()
+    return status
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -652,5 +660,38 @@ def _main(argv: Optional[Sequence[str]]) -> int:
         print(f"bcrecord: {error}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `bcrecord targets ... | head`: the reader left; say nothing more
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _drop_output()
         return 1
+
+
+def _drop_output() -> None:
+    """Send what standard output still holds to the null device: writing it failed, and the
+    interpreter would try again at exit and report that failure as a second one."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+class _Output:
+    """Standard output as ``targets``, ``show`` and ``view`` write their report to it: a write
+    that fails (a full disk behind ``> file``) is said in one line, not as a traceback.
+
+    A closed pipe is left to :func:`main`, which says nothing: its reader left on purpose.
+    """
+
+    def write(self, text: str) -> int:
+        with self._failing_said():
+            return sys.stdout.write(text)
+
+    def flush(self) -> None:
+        with self._failing_said():
+            sys.stdout.flush()
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _failing_said() -> Iterator[None]:
+        try:
+            yield
+        except BrokenPipeError:
+            raise
+        except OSError as error:
+            _drop_output()
+            raise BcrecordError(f"could not write the output: {error.strerror or error}") from None

@@ -6,6 +6,7 @@
 """
 
 import json
+import os
 import platform
 import py_compile
 import shlex
@@ -241,6 +242,31 @@ def test_help_and_console_entry(project):
     )
     # view's DIR: the demo's folder is one too (its help named `bcrecord run --save-dir` alone).
     assert "bcrecord demo" in " ".join(cli("view", "--help").stdout.split())
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (a device that is always full)")
+def test_output_that_cannot_be_written_is_said_in_one_line(project):
+    # `bcrecord targets ... > /dev/full` printed an OSError traceback (only a closed pipe was handled).
+    saved = project / "runs"
+    bcrecord.save({"m:f:x@0": [1.0]}, saved)
+    for args in (
+        ["targets", "helper:Scaler.scale"],
+        ["targets", "json:dumps", "--json"],
+        ["show", "helper:twice", "y"],
+        ["view", str(saved), "--no-plots"],
+    ):
+        with open("/dev/full", "w") as full:
+            result = subprocess.run(
+                [sys.executable, "-m", "bcrecord", *args],
+                cwd=project,
+                stdout=full,
+                stderr=subprocess.PIPE,
+                text=True,
+                env=_env(),
+                timeout=300,
+            )
+        assert result.returncode == 2, (args, result.stderr)
+        assert result.stderr == "bcrecord: could not write the output: No space left on device\n", args
 
 
 def test_run_options_given_after_the_script_are_said_to_go_before_it(project):
