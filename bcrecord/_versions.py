@@ -38,6 +38,18 @@ PROBE_NAME = "__bcrecord_probe__"
 #: interrupt: the code's own.
 PROBE_FAILURES = (RecursionError, MemoryError)
 
+
+def _argument_references() -> int:
+    value = object()
+    return sys.getrefcount(value) - 1  # (less the local variable's own)
+
+
+#: The references ``sys.getrefcount(name)`` counts for its own argument where ``name`` is a
+#: local variable passed straight in: 1 up to 3.13; 3.14 passes a local it can borrow without
+#: taking one, 0. Measured here in that same form, so that code counting who else holds an
+#: object (``getrefcount(x) - ARGUMENT_REFERENCES > known``) reads the same on every version.
+ARGUMENT_REFERENCES = _argument_references()
+
 Location = object  # bytecode.InstrLocation; kept opaque here
 Instrs = List[Instr]
 
@@ -145,6 +157,15 @@ class Table:
     #: a callee at the code unit *before* the call, so a call right after the probe
     #: would land in the probe's region: a NOP keeps them apart.
     guard_exit: Callable[[object], Instrs] = lambda loc: []
+    #: Opcodes whose label argument is no jump at run time: 3.14's ``END_ASYNC_FOR`` names
+    #: its loop's ``END_SEND`` for monitoring's sake and goes on to the next instruction.
+    pseudo_jumps: FrozenSet[str] = frozenset()
+    #: How 3.14 starts a call of ``all()``, ``any()`` or ``tuple()`` on a generator expression:
+    #: where the name is the builtin, it runs the loop in the function itself, and the jump
+    #: that ends these instructions goes to the call; () where calls are only calls.
+    inlined_call_check: Tuple[str, ...] = ()
+    #: What pops a loop's iterator once the loop ends (3.14), if an instruction of its own.
+    pop_iterator: Optional[str] = None
     #: Whether Python gives ``__main__`` an empty ``__annotations__`` dict as it starts,
     #: before the program's first line (3.10 to 3.13; 3.14's annotations are lazy).
     main_annotations: bool = True
@@ -158,6 +179,15 @@ class Table:
     name_loads: FrozenSet[str] = frozenset({"LOAD_GLOBAL", "LOAD_NAME"})
     #: How ``dis`` names ``from m import *``: an opcode, or the argument of an intrinsic call.
     star_import: str = "IMPORT_STAR"
+
+    def jump_target(self, instr: Instr) -> Optional[Label]:
+        """The label ``instr`` may jump to, or None.
+
+        >>> current().jump_target(Instr("LOAD_CONST", 1)) is None
+        True
+        """
+        target = instr.arg
+        return target if isinstance(target, Label) and instr.name not in self.pseudo_jumps else None
 
     def load_probe(self, location: object) -> Instrs:
         """Push the probe as a callable (with its NULL slot where the version has one)."""
@@ -652,6 +682,9 @@ def _314() -> Table:
             "subscript": lambda loc: [_instr("BINARY_OP", _subscr_op(), loc)],
             "value_op": lambda instr: _value_op(instr, "INTRINSIC_UNARY_POSITIVE", "SUBSCR"),
             "main_annotations": False,
+            "pseudo_jumps": frozenset({"END_ASYNC_FOR"}),
+            "inlined_call_check": ("COPY", "LOAD_COMMON_CONSTANT", "IS_OP", "POP_JUMP_IF_FALSE"),
+            "pop_iterator": "POP_ITER",
         }
     )
 

@@ -577,9 +577,10 @@ def consuming_calls(
                     found.append(k - 1)
                     break
                 return []
-            if isinstance(item.arg, Label):
+            target = table.jump_target(item)
+            if target is not None:
                 jump_pre, jump_post = item.pre_and_post_stack_effect(jump=True)
-                work.append((labels[item.arg], height + jump_pre + jump_post))
+                work.append((labels[target], height + jump_pre + jump_post))
             exit = _async_for_exit(items, k - 1, labels)
             if exit is not None:
                 # The loop ends there with the exception above the async iterator.
@@ -603,6 +604,76 @@ def consuming_calls(
         ):
             return []
     return sorted(set(found))
+
+
+def inlined_call(items: Sequence[object], pos: int, slots: int, labels: Dict[Label, int]) -> List[int]:
+    """Where a call that the compiler runs as a loop of the function's own has its result.
+
+    3.14 compiles ``all(g)``, ``any(g)`` and ``tuple(g)`` of a generator expression ``g``
+    as a test whether the name loaded at ``pos`` is the builtin: if it is, a loop in the
+    function computes the result (``LOAD_CONST True``/``False`` for ``all``/``any``, the
+    list made into a tuple for ``tuple``); if not, the call runs. Each place the result is
+    pushed, on either path, is given, as :func:`consuming_calls` gives the calls; [] for
+    any other use of the value, and on versions that call every call.
+
+    >>> def f(xs):
+    ...     return any(x > 1 for x in xs)
+    >>> items = instructions(f.__code__)
+    >>> labels = {item: k for k, item in enumerate(items) if isinstance(item, Label)}
+    >>> pos = next(k for k, i in enumerate(items) if isinstance(i, Instr) and "any" in str(i.arg))
+    >>> results = inlined_call(items, pos, 1, labels)
+    >>> results == [] or sorted({items[k].name for k in results}) == ["CALL", "LOAD_CONST"]
+    True
+    """
+    table = _versions.current()
+    if not table.inlined_call_check:
+        return []
+    test: List[Tuple[int, Instr]] = []
+    for k in range(pos + 1, len(items)):
+        item = items[k]
+        if isinstance(item, Label) or len(test) == len(table.inlined_call_check):
+            break
+        if isinstance(item, Instr):
+            test.append((k, item))
+    if [item.name for _, item in test] != list(table.inlined_call_check):
+        return []
+    jump = table.jump_target(test[-1][1])
+    if jump is None or jump not in labels:
+        return []
+    otherwise = labels[jump]
+    calls = consuming_calls(items, otherwise, slots, labels)  # the callee still on the stack there
+    # The loop's way: the callee popped, then everything up to the call's own label. The
+    # result is pushed right after the loop's iterator is popped, leaving the stack as it
+    # was below the callee (tuple's: with the list to make a tuple of); loops of the
+    # iterable's own run above the genexpr's function, higher.
+    leaves = 1 if _versions.global_name(cast(Instr, items[pos])) == "tuple" else 0
+    results: List[int] = []
+    work, seen = [(test[-1][0] + 1, 1)], set()  # (height 1: the callee)
+    while work:
+        k, height = work.pop()
+        while test[-1][0] < k < otherwise and (k, height) not in seen:
+            seen.add((k, height))
+            item = items[k]
+            k += 1
+            if not isinstance(item, Instr):
+                continue
+            pre, post = item.pre_and_post_stack_effect(jump=False)
+            if height + pre < 0:
+                return []  # it reaches below the callee: no loop of this call's
+            target = table.jump_target(item)
+            if target is not None and target in labels:
+                jump_pre, jump_post = item.pre_and_post_stack_effect(jump=True)
+                work.append((labels[target], height + jump_pre + jump_post))
+            if item.name == table.pop_iterator and height + pre + post == leaves:
+                results.append(next(j for j in range(k, len(items)) if isinstance(items[j], Instr)))
+                break  # (what follows is the code after the call's)
+            if item.is_uncond_jump() or item.is_final():
+                break
+            height += pre + post
+    pushed = {cast(Instr, items[k]).name for k in results}
+    if not calls or not results or not pushed <= {"LOAD_CONST", "CALL_INTRINSIC_1"}:
+        return []
+    return sorted(set(calls + results))
 
 
 def _async_for_exit(items: Sequence[object], pos: int, labels: Dict[Label, int]) -> Optional[Label]:
@@ -656,6 +727,7 @@ def _entries(items: Sequence[object]) -> Dict[Label, List[int]]:
     last = _last_entries  # one read: another thread may replace it
     if last[0] is items:
         return last[1]
+    table = _versions.current()
     entries: Dict[Label, List[int]] = {}
     previous: Optional[int] = None  # the last instruction that falls through, if any
     runs: List[List[Label]] = [[]]  # labels with nothing between them: one place
@@ -666,7 +738,7 @@ def _entries(items: Sequence[object]) -> Dict[Label, List[int]]:
                 entries[item].append(previous)
             runs[-1].append(item)
             continue
-        target = item.arg if isinstance(item, Instr) else getattr(item, "target", None)
+        target = table.jump_target(item) if isinstance(item, Instr) else getattr(item, "target", None)
         if isinstance(target, Label):
             entries.setdefault(target, []).append(k)
         if isinstance(item, Instr):
@@ -732,6 +804,7 @@ class _Sites:
             self.calls += [
                 (chain, call, _placed(cast(Instr, bytecode[call]), load), identity.of(pos, load), None)
                 for call in consuming_calls(bytecode, pos, slots, labels)
+                or inlined_call(bytecode, pos, slots, labels)
                 if not (chain == "super" and _then_attribute(bytecode, call, table))
             ]
         # An operator is placed where its right operand starts in the source, just after
@@ -932,8 +1005,9 @@ class _Operands:
         self.labels = {item: p for p, item in enumerate(bytecode) if isinstance(item, Label)}
         self.jumps: Dict[Label, List[int]] = {}
         for pos, i in real:
-            if isinstance(i.arg, Label):
-                self.jumps.setdefault(i.arg, []).append(pos)
+            target = self.table.jump_target(i)
+            if target is not None:
+                self.jumps.setdefault(target, []).append(pos)
 
     def start(self, k: int) -> Optional[int]:
         """Where the right operand of the binary operator ``real[k]`` starts, or None.
@@ -958,7 +1032,7 @@ class _Operands:
             if straight:
                 following = real[j + 1][0]
                 straight = not (
-                    isinstance(instr.arg, Label)
+                    self.table.jump_target(instr) is not None
                     or instr.is_final()
                     or any(isinstance(bytecode[p], Label) for p in range(start + 1, following))
                 )
@@ -1039,8 +1113,9 @@ class _Operands:
                 p += 1
                 if not isinstance(item, Instr):
                     continue
-                if isinstance(item.arg, Label):
-                    target = labels.get(item.arg)
+                label = self.table.jump_target(item)
+                if label is not None:
+                    target = labels.get(label)
                     if target is None or target < start or (last is not None and target > last):
                         return None  # leaves the range
                     pre, post = item.pre_and_post_stack_effect(jump=True)

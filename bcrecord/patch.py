@@ -54,7 +54,7 @@ from typing import (
     Union,
 )
 
-from ._versions import LocalEvents, carry_local_events
+from ._versions import ARGUMENT_REFERENCES, LocalEvents, carry_local_events
 from .analysis import ProbePoint, Targets, read, resolve
 from .errors import NotPatchableError, SpecError, did_you_mean, shown, warn
 from .rewrite import SINKS_GET, code_objects, insert_probes
@@ -204,6 +204,17 @@ def _dispatches(func: types.FunctionType) -> bool:
     )
 
 
+class _Dispatching:
+    @functools.singledispatchmethod
+    def method(self, value: Any) -> None:
+        pass
+
+
+#: What a ``singledispatchmethod`` gives where it is read (``obj.method``): a function up to
+#: 3.13, an object of a class of functools' own on 3.14.
+_DISPATCHING_READ = type(_Dispatching().method)
+
+
 def _dispatching_method(func: Any) -> Optional[functools.singledispatchmethod[Any]]:
     """The ``functools.singledispatchmethod`` that made ``func`` where it was read, or None.
 
@@ -323,8 +334,8 @@ def _why_not_a_function(obj: Any) -> str:
         reached = _reached(obj.func, "")  # (by its own name, where that reaches it)
         how = f"patch_function({reached}, specs)" if reached else "its .func"
         return f"a functools.{type(obj).__name__} of {called}: patch the function it calls, {how}"
-    if isinstance(obj, types.FunctionType) and _dispatching_method(obj) is not None:
-        obj = _dispatching_method(obj)
+    if isinstance(obj, _DISPATCHING_READ):
+        obj = _dispatching_method(obj) or obj
     if isinstance(obj, functools.singledispatchmethod):
         default = getattr(obj.func, "__qualname__", None) or repr(obj.func)
         # Read from the class it is a function already: the descriptor is in the class's __dict__.
@@ -1380,14 +1391,13 @@ class _Restore:
         func = _unwrap_installed(ours)
         if func not in _copies:
             return
-        # References: this object's, `ours` and `current` here, getrefcount's argument; any
-        # other may be a copy's.
-        if sys.getrefcount(ours) > 4:
+        # References: this object's, `ours` and `current` here; any other may be a copy's.
+        if sys.getrefcount(ours) - ARGUMENT_REFERENCES > 3:
             for held in shallow_copies_holding(ours, attribute, holder):
                 _put(held, attribute, own)
-        # The slot's, `ours`', `func` here, getrefcount's: any other may be a method bound to a
-        # deepcopy of holder (deepcopy binds the same function to the copy).
-        if sys.getrefcount(func) > 4:
+        # The slot's, `ours`', `func` here: any other may be a method bound to a deepcopy of
+        # holder (deepcopy binds the same function to the copy).
+        if sys.getrefcount(func) - ARGUMENT_REFERENCES > 3:
             for held, copy in deep_copies_holding(func, attribute, holder):
                 _put(held, attribute, _rebound(own, holder, copy))
         # A copy patched itself meanwhile put back our method when its patch goes: it gets

@@ -87,7 +87,7 @@ from typing import (
     Union,
 )
 
-from ._versions import PROBE_NAME
+from ._versions import ARGUMENT_REFERENCES, PROBE_NAME
 from .errors import SpecError, warn
 from .rewrite import DEFAULT_SINKS, SINKS
 from .rewrite import _cache_lock as _rewrite_cache_lock
@@ -479,8 +479,8 @@ class _Routing:
         """
         with _sites_lock:
             sinks = self.sinks
-            # References: this routing's slot, ``sinks`` here, getrefcount's argument.
-            if sys.getrefcount(sinks) <= 3:
+            # References: this routing's slot and ``sinks`` here.
+            if sys.getrefcount(sinks) - ARGUMENT_REFERENCES <= 2:
                 _routings.discard(self)
                 _ownerless.discard(self)
                 sinks[0] = None  # break the cycle: the list is freed now
@@ -1861,9 +1861,9 @@ class Recording:
         if routing is not None:
             _context.get()  # the variable caches the last value it gave: now this context's
             sinks = routing.sinks
-            # References: the routing's, ``sinks`` here, getrefcount's argument; more are
-            # contexts copied while this was active, which must stop delivering to it.
-            held = sys.getrefcount(sinks) > 3
+            # References: the routing's and ``sinks`` here; more are contexts copied while
+            # this was active, which must stop delivering to it.
+            held = sys.getrefcount(sinks) - ARGUMENT_REFERENCES > 2
             del sinks
             if held:
                 routing.drop(self)

@@ -519,3 +519,34 @@ def test_a_call_whose_argument_is_an_async_comprehension_is_a_site_on_every_vers
     with bcrecord.recording() as rec:
         assert asyncio.run(patched(3)) == (7, "3")
     assert [rec[f"m:gathered:{spec}@0"] for spec in ("sum()", "len()", "str()", "+")] == [6, 3, "3", 7]
+
+
+def _both_ways(xs, z):
+    y = tuple(x * 2 for x in xs)
+    w = max(all(a for a in _pair(any(b for b in z))), 3)
+    return y, w
+
+
+def _pair(v):
+    return [v, not v]
+
+
+def test_all_any_and_tuple_of_a_generator_expression_are_call_sites_run_either_way(monkeypatch):
+    # 3.14 runs all(g), any(g) and tuple(g) as a loop of the function's own where the name is
+    # the builtin (and calls it otherwise): they were no call sites there, 'any()@0' unknown.
+    specs = ["tuple()@0", "all()@0", "any()@0", "max()@0", "_pair()@0", "return"]
+    assert set(specs) <= set(bcrecord.targets(_both_ways).specs())
+    builtin = all  # (the loop sets this module's own 'all')
+    for all_of in (builtin, lambda values: 7 + len(list(values))):  # the builtin, then a name of the module's
+        monkeypatch.setitem(_both_ways.__globals__, "all", all_of)
+        with bcrecord.patch_function(_both_ways, specs, name="m"), bcrecord.recording(keep="all") as rec:
+            assert _both_ways([1, 2], [0, 0]) == ((2, 4), 3 if all_of is builtin else 9)
+            _both_ways([], [1])
+        assert rec.all("m:_both_ways:tuple()@0") == [(2, 4), ()]
+        assert rec.all("m:_both_ways:any()@0") == [False, True]
+        assert rec.all("m:_both_ways:_pair()@0") == [[False, True], [True, False]]
+        assert rec.all("m:_both_ways:all()@0") == ([False, False] if all_of is builtin else [9, 9])
+        assert rec.all("m:_both_ways:return") == [
+            ((2, 4), rec.all("m:_both_ways:max()@0")[0]),
+            ((), 3 if all_of is builtin else 9),
+        ]

@@ -17,7 +17,7 @@ def test_quick_stdlib_subset_has_zero_differences():
     )
     assert done.returncode == 0, done.stderr[-2000:]
     rows = json.loads(done.stdout)
-    assert len(rows) >= 18
+    assert len(rows) >= 17  # (18, less dataclasses from 3.14: NOT_QUICK_FROM)
     for row in rows:
         instrumented, plain = row["runs"]["instrumented"], row["runs"]["plain"]
         assert instrumented["ok"] and plain["ok"], row["target"]

@@ -23,6 +23,17 @@ def test_current_matches_the_interpreter_and_unknown_versions_fail():
         _versions.current((3, 9))
 
 
+def test_argument_references_leaves_the_references_that_others_hold():
+    # 3.14 passes a local to sys.getrefcount without a reference of its own: code that counted
+    # one (the recording's routing, patch's copies) took a held object for a free one there.
+    value = object()
+    assert sys.getrefcount(value) - _versions.ARGUMENT_REFERENCES == 1  # the local's
+    holders = [value, value]
+    assert sys.getrefcount(value) - _versions.ARGUMENT_REFERENCES == 3
+    assert _versions.ARGUMENT_REFERENCES == (0 if sys.version_info >= (3, 14) else 1)
+    del holders
+
+
 def test_the_table_knows_whether_sys_flags_has_safe_path():
     # runner.safe_path reads the table instead of asking which version this is.
     table = _versions.current()

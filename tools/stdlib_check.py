@@ -165,6 +165,11 @@ QUICK = (
     "ipaddress",
 )
 
+#: Quick modules left out from a version on, where their own tests check that an object is
+#: freed which the recording's last value keeps (a retention difference, see the report):
+#: 3.14's test_dataclasses has test_original_class_is_gced.
+NOT_QUICK_FROM: Dict[str, Tuple[int, int]] = {"dataclasses": (3, 14)}
+
 # Resources the tests may use; like ``python -m test`` without ``-u``, none.
 DEFAULT_RESOURCES: Tuple[str, ...] = ()
 
@@ -733,7 +738,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if unknown:
             parser.error(f"unknown modules {unknown}; choose from {list(TARGETS)}")
     else:
-        names = list(QUICK if args.quick else TARGETS)
+        names = list(TARGETS)
+        if args.quick:  # (for this interpreter's version)
+            names = [n for n in QUICK if sys.version_info[:2] < NOT_QUICK_FROM.get(n, (99, 0))]
     pythons = args.python or [sys.executable]
     rows = check(pythons, names, args.jobs, args.timeout, not args.no_count_events)
     if args.save:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: every tox environment (core tests on Python 3.10-3.13, the torch,
-# models, MMEngine, Lightning and transformers environments, and lint).
+# models, MMEngine, Lightning and transformers environments, and lint), then the core tests
+# on Python 3.14 (py314) where one can be had.
 # Installs what it needs; finds the pyenv interpreters on its own.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,11 +11,24 @@ if [ -n "${VIRTUAL_ENV:-}" ] && [ -x "$VIRTUAL_ENV/bin/python" ]; then
   py="$VIRTUAL_ENV/bin/python"
 fi
 if command -v pyenv >/dev/null 2>&1; then
-  for v in 3.10 3.11 3.12 3.13; do
+  for v in 3.10 3.11 3.12 3.13 3.14; do
     dir=$(ls -d "$(pyenv root)"/versions/"$v".* 2>/dev/null | sort -V | tail -n 1 || true)
     [ -n "$dir" ] && PATH="$dir/bin:$PATH"
   done
   export PATH
 fi
 "$py" -m pip install --quiet --disable-pip-version-check "tox>=4"
-exec "$py" -m tox run "$@"
+# Python 3.14 (py314): pyenv's or the system's, else Debian's build (tools/python314.sh).
+python314=$(command -v python3.14 || bash tools/python314.sh || true)
+if [ -n "$python314" ]; then
+  PATH="$(dirname "$python314"):$PATH"
+fi
+if [ $# -gt 0 ]; then
+  exec "$py" -m tox run "$@"
+fi
+"$py" -m tox run
+if [ -n "$python314" ]; then
+  "$py" -m tox run -e py314
+else
+  echo "tools/test.sh: py314 not run: no Python 3.14 here, and tools/python314.sh could not fetch one (why: above)" >&2
+fi

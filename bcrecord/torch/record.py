@@ -63,6 +63,7 @@ from typing import (
 
 import torch
 
+from .._versions import ARGUMENT_REFERENCES
 from ..analysis import read, resolve
 from ..errors import SpecError, TargetError, pass_through, warn
 from ..patch import (
@@ -1677,9 +1678,9 @@ class _StopAtRoot:
                 )
             else:
                 # A copy.copy of the model made meanwhile shares its __dict__'s values: this too.
-                # (References: the model's __dict__, `root` here and in Pass.__exit__, getrefcount's.)
+                # (References: the model's __dict__, `root` here and in Pass.__exit__.)
                 copies = []
-                if sys.getrefcount(root) > 4:
+                if sys.getrefcount(root) - ARGUMENT_REFERENCES > 3:
                     copies = shallow_copies_holding(root, "forward", model)
                 for holder in [model.__dict__, *copies]:
                     _put_back(holder, root)
