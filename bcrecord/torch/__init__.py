@@ -169,6 +169,14 @@ class _CompiledCode:
         self.out_at: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         #: Dynamo's counters (one object for the process), found at the first swap.
         self.counters: Optional[Mapping[str, Mapping[str, int]]] = None
+        #: Dynamo's count of graphs last seen, and its 'stats' counter then (a new one once
+        #: the counters were cleared, as tests and benchmarks do, or reset() did).
+        self.seen = 0
+        self.stats: Optional[Mapping[str, int]] = None
+        #: What the count is offset by: from a clear on, every graph counts as compiled later.
+        self.base = 0
+        #: The count (offset) at the last swap.
+        self.compiled = 0
 
     def __call__(self, code: Any, armed: bool, function: Any) -> None:
         # This runs twice per extractor call, right after a forward has evicted the
@@ -180,10 +188,15 @@ class _CompiledCode:
                 return
             counters = self.counters = dynamo.utils.counters
         stats = counters.get("stats")  # (not [...]: Counter's __missing__ is Python code)
-        compiled = 0 if stats is None else stats.get("unique_graphs", 0)
-        if compiled < self.dropped_at:  # the counters were cleared (tests do), or reset() did
-            self.dropped_at = 0
-            self.out_at.clear()
+        seen = 0 if stats is None else stats.get("unique_graphs", 0)
+        if stats is not self.stats or seen < self.seen:
+            if self.stats is not None or seen < self.seen:  # the counters were cleared
+                # What was compiled between the last swap and the clear is not known: every
+                # graph counts as compiled after each code last went out.
+                self.base = self.compiled + 1
+            self.stats = stats
+        self.seen = seen
+        compiled = self.compiled = self.base + seen
         # Nothing compiled since the last drop (always, in eager code): the comparisons below
         # would find nothing to do, so the weak dictionary (Python code) is left alone.
         if compiled <= self.dropped_at:
@@ -198,7 +211,7 @@ class _CompiledCode:
             # reset() where this lighter one is missing: it drops the counters too.
             drop = getattr(dynamo, "reset_code_caches", None) or dynamo.reset
             drop()
-            self.dropped_at = compiled if drop is not dynamo.reset else 0
+            self.dropped_at = compiled
 
 
 def _drop_graphs_holding(function: Any) -> bool:

@@ -41,6 +41,7 @@ from .record import (
     StopForward,
     _exporting,
     _stopping,
+    broadcasts_buffers_next,
     threads_for,
     warn_shared,
 )
@@ -150,7 +151,9 @@ class FeatureExtractor(torch.nn.Module):
     With ``stop_early`` (the default) the forward ends once every target has a
     value, like FX's dead-code elimination (not inside a ``DistributedDataParallel``
     while autograd is on: its gradients sync only after a whole forward, so that
-    forward runs to its end; the values are the same; nor while forward hooks
+    forward runs to its end; the values are the same; nor in the first forward without
+    autograd after a training step, whose return turns off DDP's next broadcast of
+    buffers; nor while forward hooks
     registered for every module, as ``FlopCounterMode``'s, or ``always_call=True``
     hooks of a module on the way to a target are there: they would be skipped; nor
     through a module whose ``forward`` is set on the instance, as accelerate's hooks set
@@ -360,8 +363,10 @@ class FeatureExtractor(torch.nn.Module):
             rec._start_pass()
             with Pass(plan, rec, stop_at_root=False):
                 # Not inside DistributedDataParallel with autograd on (its gradients would not
-                # sync), nor under torch.export (its tracer loses track of the unwound calls).
-                stops = self.stop_early and not (plan.syncs and torch.is_grad_enabled()) and not _exporting()
+                # sync) or where its return turns off its next broadcast of buffers, nor under
+                # torch.export (its tracer loses track of the unwound calls).
+                synced = plan.syncs and (torch.is_grad_enabled() or broadcasts_buffers_next(self.model))
+                stops = self.stop_early and not synced and not _exporting()
                 stopping = _stopping.set(stops)
                 inside = returned_inside.set(True)  # (inside torch.func.vmap: its outputs, batched)
                 try:

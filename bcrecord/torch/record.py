@@ -1512,6 +1512,28 @@ def syncs_gradients(model: torch.nn.Module) -> bool:
     return any(isinstance(module, torch.nn.parallel.DistributedDataParallel) for module in model.modules())
 
 
+def broadcasts_buffers_next(model: torch.nn.Module) -> bool:
+    """Whether a DistributedDataParallel that ``model`` holds, or the one running it, would
+    broadcast its buffers at its next forward unless this forward returns.
+
+    After a training step DDP broadcasts rank 0's buffers (batch norm statistics) at the
+    start of the next forward; a forward without autograd turns that off when it returns.
+    Stopped early on one rank only (a recording there, none on the others), the ranks'
+    next forwards disagreed on the broadcast and hung. So such a forward runs whole, also
+    without autograd; once it has, the ones after it may stop early.
+
+    >>> broadcasts_buffers_next(torch.nn.Linear(1, 1))
+    False
+    """
+    wrappers = [
+        module for module in model.modules() if isinstance(module, torch.nn.parallel.DistributedDataParallel)
+    ]
+    running = getattr(torch.nn.parallel.DistributedDataParallel, "_active_ddp_module", None)
+    if running is not None:
+        wrappers.append(running)
+    return any(getattr(ddp, "will_sync_module_buffers", lambda: True)() for ddp in wrappers)
+
+
 def inside_ddp_forward() -> bool:
     """Whether a DistributedDataParallel's forward is running, around a model that holds none.
 
@@ -1604,11 +1626,14 @@ class _StopAtRoot:
             rec._start_pass()
         if self.syncs is None:
             self.syncs = syncs_gradients(self.model)
-        # Not inside DistributedDataParallel with autograd on, nor while torch.export or
+        # Not inside DistributedDataParallel with autograd on (nor without, where its return
+        # turns off its next broadcast of buffers), nor while torch.export or
         # torch.jit.trace traces, nor inside a torch.func transform (vmap, grad, jacrev): a
         # forward stopped early would give them no output. (An extractor returns its
         # features itself: it stops under jit.trace, not under export.)
-        synced = (self.syncs or inside_ddp_forward()) and torch.is_grad_enabled()
+        synced = (self.syncs or inside_ddp_forward()) and (
+            torch.is_grad_enabled() or broadcasts_buffers_next(self.model)
+        )
         stopping = not synced and not _tracing() and not _transforms_active()
         token, inside = _stopping.set(stopping), _roots_running.set((*outer, self))
         try:

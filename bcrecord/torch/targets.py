@@ -149,9 +149,15 @@ def _submodule(model: torch.nn.Module, path: str) -> Optional[torch.nn.Module]:
                 return found
             continue
         try:
-            return root.get_submodule(path)
+            found = root.get_submodule(path)
         except AttributeError:
             continue
+        # A compiled submodule (`model.layer1 = torch.compile(model.layer1)`): the module inside
+        # torch.compile's wrapper, whose forward the wrapper runs, as at the root.
+        dynamo = sys.modules.get("torch._dynamo.eval_frame")
+        if dynamo is not None and isinstance(found, getattr(dynamo, "OptimizedModule", ())):
+            return unwrap(found)
+        return found
     return None
 
 

@@ -229,6 +229,36 @@ def test_code_swaps_drop_dynamo_s_caches_only_for_graphs_compiled_without_the_pr
     assert drops == ["dropped", "dropped"]
 
 
+def test_an_extractor_of_a_compiled_model_records_after_dynamo_s_counters_were_cleared():
+    # The counters cleared (tests and benchmarks do, between phases) and a graph compiled
+    # without the probes after that: its count was below the one noted when the probes last
+    # went out, so the graph stayed, and the extractor raised "never reached ['bn1']".
+    from bcrecord.torch import create_feature_extractor
+
+    torch.manual_seed(0)
+    net = SmallNet().eval()
+    torch._dynamo.reset()
+    compiled = torch.compile(net, backend="eager", dynamic=False)
+    extractor = create_feature_extractor(compiled, ["bn1"])
+    x, y, z = torch.randn(2, 3, 8, 8), torch.randn(3, 3, 8, 8), torch.randn(4, 3, 8, 8)
+    for _ in range(2):
+        assert torch.allclose(extractor(x)["bn1"], reference_smallnet(net, x)["bn1"], atol=1e-5)
+    torch._dynamo.utils.counters.clear()
+    compiled(y)  # compiled while the probes are out, after the clear
+    assert torch.allclose(extractor(y)["bn1"], reference_smallnet(net, y)["bn1"], atol=1e-5)
+    compiled(z)  # compiled while the probes are out, before the clear
+    torch._dynamo.utils.counters.clear()
+    assert torch.allclose(extractor(z)["bn1"], reference_smallnet(net, z)["bn1"], atol=1e-5)
+    stats = torch._dynamo.utils.counters["stats"]
+    for batch in (x, y, z):  # each shape's graph compiled again, with the probes
+        assert torch.allclose(extractor(batch)["bn1"], reference_smallnet(net, batch)["bn1"], atol=1e-5)
+    graphs = stats["unique_graphs"]
+    for batch in (x, y, z):  # and then kept: no more recompiles
+        assert torch.allclose(extractor(batch)["bn1"], reference_smallnet(net, batch)["bn1"], atol=1e-5)
+    assert stats["unique_graphs"] == graphs
+    extractor.close()
+
+
 class _Unrelated(torch.nn.Module):
     def __init__(self):
         super().__init__()

@@ -1,5 +1,6 @@
 """DistributedDataParallel: 2 ranks (gloo, CPU, spawned) each record their own values."""
 
+import datetime
 import gc
 import os
 import subprocess
@@ -23,7 +24,9 @@ def _rank(rank, world, work, out_dir):
     # may be taken before rank 0 binds it, and rank 0, the store's server, could leave
     # while rank 1 still talks to it.
     store = f"file://{os.path.join(out_dir, 'store')}"
-    dist.init_process_group("gloo", init_method=store, rank=rank, world_size=world)
+    # A collective one rank never joins fails within a minute (gloo's default: half an hour).
+    timeout = datetime.timedelta(seconds=60)
+    dist.init_process_group("gloo", init_method=store, rank=rank, world_size=world, timeout=timeout)
     work(rank, out_dir)
     # A rank aborted once in CI ("terminate called without an active exception", gloo's
     # threads). So drop every DDP reducer (each holds the group) while the interpreter is
@@ -111,6 +114,60 @@ def test_stopping_early_never_skips_ddp_s_gradient_sync(tmp_path):
     for one in got:
         assert all(torch.allclose(grad, mean, atol=1e-6) for grad in one["grads"].values())
         assert one["b_ran"] == {"extractor": 0, "record": 0}
+
+
+def _evaluated_on_one_rank(rank, out_dir):
+    from bcrecord.torch import create_feature_extractor
+
+    got = {}
+    for way in ("record", "extractor", "inner"):
+        torch.manual_seed(0)  # same weights on every rank
+        net = SmallNet()  # batch norms: buffers DDP broadcasts before a forward after a training step
+        ddp = torch.nn.parallel.DistributedDataParallel(net)
+        torch.manual_seed(100 + rank)  # a different batch per rank
+        x = torch.randn(2, 3, 8, 8)
+        ddp(x).sum().backward()  # a training step
+        calls = []
+        net.fc.register_forward_hook(lambda *args, calls=calls: calls.append(1))
+        bn1 = []
+        with torch.no_grad():  # an evaluation on every rank, recorded on rank 0 only
+            for _ in range(2):
+                if rank == 1:
+                    ddp(x)
+                elif way == "record":
+                    with record(ddp, ["bn1"], stop_after_last=True) as rec:
+                        ddp(x)
+                    bn1.append(rec["bn1:forward:return"])
+                elif way == "extractor":
+                    bn1.append(create_feature_extractor(ddp, ["bn1"])(x)["bn1"])
+                else:
+                    with record(net, ["bn1"], stop_after_last=True) as rec:
+                        ddp(x)
+                    bn1.append(rec["bn1:forward:return"])
+        net.zero_grad()
+        ddp(x).sum().backward()  # the next training step: it hung, rank 0 alone broadcasting
+        got[way] = {"x": x, "bn1": bn1, "fc_ran": len(calls), "grad": net.stem.weight.grad.clone()}
+    torch.save(got, os.path.join(out_dir, f"eval{rank}.pt"))
+
+
+def test_a_forward_stopped_early_on_one_rank_without_autograd_leaves_the_next_step_in_step(tmp_path):
+    # DDP's forward, as it returns without autograd, turns off the broadcast of buffers that
+    # the next forward makes after a training step: stopped on rank 0 alone, rank 0 then
+    # broadcast, rank 1 did not, and the next training step timed out. The first such forward
+    # now runs whole; the one after it stops early.
+    world = 2
+    _spawn(_evaluated_on_one_rank, tmp_path, world)
+    got = [torch.load(tmp_path / f"eval{rank}.pt") for rank in range(world)]
+    for way in ("record", "extractor", "inner"):
+        ranks = [one[way] for one in got]
+        assert torch.allclose(ranks[0]["grad"], ranks[1]["grad"], atol=1e-6), way
+        assert ranks[0]["fc_ran"] == 2 and ranks[1]["fc_ran"] == 3, way  # (the training step too)
+        torch.manual_seed(0)
+        net = SmallNet()  # in training mode, as the ranks' (no optimizer step: the same weights)
+        with torch.no_grad():
+            expected = net.bn1(net.stem(ranks[0]["x"]))  # the batch's own statistics
+        assert len(ranks[0]["bn1"]) == 2, way
+        assert all(torch.allclose(value, expected, atol=1e-5) for value in ranks[0]["bn1"]), way
 
 
 def _inner_model_recorded(rank, out_dir):

@@ -1377,6 +1377,34 @@ def test_a_method_named_as_the_source_writes_it_is_the_one_the_compiler_stored_n
     assert rec.keys_of(":\ufb01wd:h") == [":fiwd:h@0"] and rec[":fiwd:h@0"].tolist() == [2.0]
 
 
+def test_a_submodule_compiled_in_place_of_itself_records_at_its_path_and_under_a_glob():
+    # `model.layer1 = torch.compile(model.layer1)`: its path, and any glob matching it ('*',
+    # 'layer*'), raised NotPatchableError "OptimizedModule at '1' runs a forward set on the
+    # instance", as the root's compiled wrapper never did.
+    import torch._dynamo
+
+    from bcrecord.torch import create_feature_extractor, record
+
+    torch.manual_seed(0)
+    torch._dynamo.reset()
+    middle_block = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), middle_block, torch.nn.Linear(4, 2)).eval()
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        inner = model[1][0](model[0](x))
+        middle = torch.relu(inner)
+    model[1] = torch.compile(model[1], backend="eager")
+    assert [t.path for t in expand(model, "*")] == ["0", "1", "2"]
+    with torch.no_grad(), record(model, ["*", "1:forward:input", "1.0"]) as rec:
+        out = model(x)
+    assert torch.allclose(rec["1:forward:return"], middle, atol=1e-6)
+    assert torch.allclose(rec["1.0:forward:return"], inner, atol=1e-6)
+    assert torch.allclose(rec["2:forward:return"], out) and rec["1:forward:input@0"] is not None
+    extractor = create_feature_extractor(model, ["1"])
+    assert torch.allclose(extractor(x)["1"], middle, atol=1e-6)
+    extractor.close()
+
+
 # --- properties: a target's parts parse back; any text expands or names the problem ---
 
 from hypothesis import given  # noqa: E402
