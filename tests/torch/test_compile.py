@@ -259,6 +259,42 @@ def test_an_extractor_of_a_compiled_model_records_after_dynamo_s_counters_were_c
     extractor.close()
 
 
+def test_where_dynamo_has_only_reset_an_extractor_of_a_compiled_model_recompiles_once(monkeypatch):
+    # Older torch has no reset_code_caches: where the graphs holding the code cannot be told,
+    # reset() drops them all, and clears the counters with them. That clear is bcrecord's own:
+    # taken for someone else's (as a clear is since counters.clear() is noticed), every call
+    # would reset Dynamo and compile again.
+    import bcrecord.torch as bt
+    from bcrecord.torch import create_feature_extractor
+
+    caches, reset, resets = torch._dynamo.reset_code_caches, torch._dynamo.reset, []
+
+    def reset_all():  # (reset itself calls reset_code_caches)
+        resets.append(1)
+        torch._dynamo.reset_code_caches = caches
+        try:
+            reset()
+            torch._dynamo.utils.counters.clear()  # (as older torch's reset does)
+        finally:
+            torch._dynamo.reset_code_caches = None
+
+    monkeypatch.setattr(torch._dynamo, "reset_code_caches", None)
+    monkeypatch.setattr(torch._dynamo, "reset", reset_all)
+    monkeypatch.setattr(bt, "_drop_graphs_holding", lambda function: False)
+    torch.manual_seed(0)
+    net = SmallNet().eval()
+    reset_all()
+    resets.clear()
+    compiled = torch.compile(net, backend="eager", dynamic=False)
+    x = torch.randn(2, 3, 8, 8)
+    compiled(x)  # a graph without the probes
+    extractor = create_feature_extractor(compiled, ["bn1"])
+    for _ in range(4):
+        assert torch.allclose(extractor(x)["bn1"], reference_smallnet(net, x)["bn1"], atol=1e-5)
+    assert len(resets) == 1
+    extractor.close()
+
+
 class _Unrelated(torch.nn.Module):
     def __init__(self):
         super().__init__()
