@@ -58,6 +58,7 @@ import io
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -215,6 +216,8 @@ class _Result(unittest.TextTestResult):
 
     def _note(self, test: Any, outcome: str, err: Any = None) -> None:
         key = test.id() if hasattr(test, "id") else str(test)
+        # A subtest's parameters may print with an address, each process's own.
+        key = re.sub(r" at 0x[0-9a-fA-F]+>", ">", key)
         self.outcomes[key] = outcome
         if err is not None:
             self.details[key] = "".join(traceback.format_exception(*err))[-4000:]
