@@ -134,8 +134,50 @@ def module_at(model: torch.nn.Module, path: str) -> torch.nn.Module:
     return found
 
 
+#: While :func:`_resolving` runs: its model, and the submodule found at each path looked up so far.
+_found: contextvars.ContextVar[Optional[Tuple[torch.nn.Module, Dict[str, Optional[torch.nn.Module]]]]] = (
+    contextvars.ContextVar("bcrecord_found_submodules", default=None)
+)
+
+
+@contextlib.contextmanager
+def _resolving(model: torch.nn.Module) -> Iterator[None]:
+    """Look each path of ``model`` up once while the block runs, for every target that names it.
+
+    For :class:`~bcrecord.torch.record.Plan`, which resolves all its targets at once, the model
+    unchanged meanwhile: a walk from the root per lookup (a target's path is looked up some five
+    times, and a thousand targets name a few hundred paths) made set-up grow with the targets.
+    A module put in the model after the block is found by the next one.
+
+    >>> model = torch.nn.Sequential(torch.nn.ReLU())
+    >>> with _resolving(model):
+    ...     first = module_at(model, "0")
+    ...     model[0] = torch.nn.Tanh()
+    ...     again = module_at(model, "0")
+    >>> type(first).__name__, type(again).__name__, type(module_at(model, "0")).__name__
+    ('ReLU', 'ReLU', 'Tanh')
+    """
+    token = _found.set((model, {}))
+    try:
+        yield
+    finally:
+        _found.reset(token)
+
+
 def _submodule(model: torch.nn.Module, path: str) -> Optional[torch.nn.Module]:
     """:func:`module_at`'s lookup, None where there is no such submodule (no hint: it costs)."""
+    found = _found.get()
+    if found is None or found[0] is not model:
+        return _lookup(model, path)
+    try:
+        return found[1][path]
+    except KeyError:
+        module = found[1][path] = _lookup(model, path)
+        return module
+
+
+def _lookup(model: torch.nn.Module, path: str) -> Optional[torch.nn.Module]:
+    """:func:`_submodule`'s walk from the root."""
     if not path:  # the root: the model itself, inside any wrapper (as list_targets lists it)
         return unwrap(model)
     for root in (model, unwrap(model)):
