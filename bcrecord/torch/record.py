@@ -1453,10 +1453,11 @@ def _warn_added(plan: Plan) -> None:
     """
     added: Dict[str, str] = {}  # path: the first target string that matches it
     targeted = {id(module) for module in plan.modules.values()}
-    for text in plan.keys:
-        for path in new_matches(plan.model, text, plan.modules):
-            if id(_submodule(plan.model, path)) not in targeted:  # (not one moved: still marked)
-                added.setdefault(path, text)
+    with _resolving(plan.model):  # each glob matched once, for all its targets
+        for text in plan.keys:
+            for path in new_matches(plan.model, text, plan.modules):
+                if id(_submodule(plan.model, path)) not in targeted:  # (not one moved: still marked)
+                    added.setdefault(path, text)
     if added:
         many = len(added) > 1
         listed = ", ".join(f"{path!r} (matching {text!r})" for path, text in added.items())
