@@ -978,6 +978,8 @@ class Plan:
         requests: Dict[str, _Request] = {}
         # One reading per (spec, code): the instances of a class (16 Bottlenecks) share its code.
         sites_of: Dict[Tuple[Spec, types.CodeType], List[Tuple[Spec, str]]] = {}
+        # One look-up per (class, method), and of its code, for all its instances' targets.
+        functions: Dict[Tuple[type, str], Tuple[types.FunctionType, types.CodeType]] = {}
         with _resolving(model):  # each submodule path walked once, for all the targets
             expanded = expand_all(model, targets)
             _check_reduce_keys(reduce, expanded)
@@ -986,9 +988,11 @@ class Plan:
                 for target in concrete:
                     module = self.modules.setdefault(target.path, module_at(model, target.path))
                     cls, method = type(module), target.method
-                    func = function_of(getattr(cls, method))
+                    if (cls, method) not in functions:
+                        func = function_of(getattr(cls, method))
+                        functions[cls, method] = (func, original_code(func))
+                    func, code = functions[cls, method]
                     reducer = _reduce_for(reduce, text, target)
-                    code = original_code(func)
                     sites = sites_of.get((target.spec, code))
                     if sites is None:
                         try:
