@@ -81,6 +81,7 @@ from ..specs import Attribute, Local, Return, Spec, require_bool
 from .copies import Device, ValuePolicy, _itself, _tracing_state, _transforms_active, value_policy
 from .targets import (
     Target,
+    _resolving,
     _submodule,
     callable_name,
     expand_all,
@@ -978,58 +979,63 @@ class Plan:
         requests: Dict[str, _Request] = {}
         # One reading per (spec, code): the instances of a class (16 Bottlenecks) share its code.
         sites_of: Dict[Tuple[Spec, types.CodeType], List[Tuple[Spec, str]]] = {}
-        expanded = expand_all(model, targets)
-        _check_reduce_keys(reduce, expanded)
-        for text, concrete in expanded.items():
-            self.keys[text] = []
-            for target in concrete:
-                module = self.modules.setdefault(target.path, module_at(model, target.path))
-                cls, method = type(module), target.method
-                func = function_of(getattr(cls, method))
-                reducer = _reduce_for(reduce, text, target)
-                code = original_code(func)
-                sites = sites_of.get((target.spec, code))
-                if sites is None:
-                    try:
-                        sites = _one_site_specs(target.spec, code, func.__qualname__)
-                        sites_of[target.spec, code] = sites
-                    except TargetError as error:  # say which module: a glob reaches many
-                        raise TargetError(f"{text!r} at {target.path or '<root>'!r}: {error}") from None
-                for spec, label in sites:
-                    key = f"{target.path}:{method}:{label}"
-                    self.keys[text].append(key)
-                    if target.grad:
-                        self.keys[text].append(key + ".grad")
-                    found = requests.setdefault(
-                        key, _Request(cls, method, target.path, spec, reducer, target.grad, text)
-                    )
-                    if found.reducer is not reducer:
-                        raise TargetError(
-                            f"{key!r} is asked for by {found.text!r} and by {text!r} with different "
-                            "reduce functions (a gradient takes its value's); give both the same, "
-                            "or ask for it once"
+        # One look-up per (class, method), and of its code, for all its instances' targets.
+        functions: Dict[Tuple[type, str], Tuple[types.FunctionType, types.CodeType]] = {}
+        with _resolving(model):  # each submodule path walked once, for all the targets
+            expanded = expand_all(model, targets)
+            _check_reduce_keys(reduce, expanded)
+            for text, concrete in expanded.items():
+                self.keys[text] = []
+                for target in concrete:
+                    module = self.modules.setdefault(target.path, module_at(model, target.path))
+                    cls, method = type(module), target.method
+                    if (cls, method) not in functions:
+                        func = function_of(getattr(cls, method))
+                        functions[cls, method] = (func, original_code(func))
+                    func, code = functions[cls, method]
+                    reducer = _reduce_for(reduce, text, target)
+                    sites = sites_of.get((target.spec, code))
+                    if sites is None:
+                        try:
+                            sites = _one_site_specs(target.spec, code, func.__qualname__)
+                            sites_of[target.spec, code] = sites
+                        except TargetError as error:  # say which module: a glob reaches many
+                            raise TargetError(f"{text!r} at {target.path or '<root>'!r}: {error}") from None
+                    for spec, label in sites:
+                        key = f"{target.path}:{method}:{label}"
+                        self.keys[text].append(key)
+                        if target.grad:
+                            self.keys[text].append(key + ".grad")
+                        found = requests.setdefault(
+                            key, _Request(cls, method, target.path, spec, reducer, target.grad, text)
                         )
-                    found.grad = found.grad or target.grad
-        # One patch per (class, method, set of instance paths): specs wanted by exactly
-        # the same instances share it. Gradient targets get a patch per key.
-        wanted: Dict[Tuple[type, str, Spec], set] = defaultdict(set)
-        grad_specs: Dict[Tuple[type, str, str], List[Spec]] = defaultdict(list)
-        for key, asked in requests.items():
-            keep_value = policy(asked.reducer, grad)  # a .grad target hooks the live value, not this
-            if asked.grad:
-                # The gradient gets the value's options, outside the graph.
-                keep_grad = policy(asked.reducer, False)
-                grad_specs[(asked.cls, asked.method, asked.path)].append(
-                    dataclasses.replace(asked.spec, copy=_GradCopy(self, key, keep_value, keep_grad))
-                )
-            else:
-                wanted[(asked.cls, asked.method, dataclasses.replace(asked.spec, copy=keep_value))].add(
-                    asked.path
-                )
-        _one_path_each(model, self.modules)
-        #: The modules on the way from the model to each target, itself last: what a
-        #: forward stopped at a target unwinds (the model's own, for an extractor).
-        self.enclosing = _enclosing(model, self.modules)
+                        if found.reducer is not reducer:
+                            raise TargetError(
+                                f"{key!r} is asked for by {found.text!r} and by {text!r} with different "
+                                "reduce functions (a gradient takes its value's); give both the same, "
+                                "or ask for it once"
+                            )
+                        found.grad = found.grad or target.grad
+            # One patch per (class, method, set of instance paths): specs wanted by exactly
+            # the same instances share it. Gradient targets get a patch per key.
+            wanted: Dict[Tuple[type, str, Spec], set] = defaultdict(set)
+            grad_specs: Dict[Tuple[type, str, str], List[Spec]] = defaultdict(list)
+            for key, asked in requests.items():
+                keep_value = policy(asked.reducer, grad)  # a .grad target hooks the live value, not this
+                if asked.grad:
+                    # The gradient gets the value's options, outside the graph.
+                    keep_grad = policy(asked.reducer, False)
+                    grad_specs[(asked.cls, asked.method, asked.path)].append(
+                        dataclasses.replace(asked.spec, copy=_GradCopy(self, key, keep_value, keep_grad))
+                    )
+                else:
+                    wanted[(asked.cls, asked.method, dataclasses.replace(asked.spec, copy=keep_value))].add(
+                        asked.path
+                    )
+            _one_path_each(model, self.modules)
+            #: The modules on the way from the model to each target, itself last: what a
+            #: forward stopped at a target unwinds (the model's own, for an extractor).
+            self.enclosing = _enclosing(model, self.modules)
         #: Whether a forward with autograd on must run whole (see syncs_gradients).
         self.syncs = syncs_gradients(model)
         self.specs: Dict[Tuple[type, str, frozenset], List[Spec]] = defaultdict(list)
@@ -1452,10 +1458,11 @@ def _warn_added(plan: Plan) -> None:
     """
     added: Dict[str, str] = {}  # path: the first target string that matches it
     targeted = {id(module) for module in plan.modules.values()}
-    for text in plan.keys:
-        for path in new_matches(plan.model, text, plan.modules):
-            if id(_submodule(plan.model, path)) not in targeted:  # (not one moved: still marked)
-                added.setdefault(path, text)
+    with _resolving(plan.model):  # each glob matched once, for all its targets
+        for text in plan.keys:
+            for path in new_matches(plan.model, text, plan.modules):
+                if id(_submodule(plan.model, path)) not in targeted:  # (not one moved: still marked)
+                    added.setdefault(path, text)
     if added:
         many = len(added) > 1
         listed = ", ".join(f"{path!r} (matching {text!r})" for path, text in added.items())

@@ -134,8 +134,65 @@ def module_at(model: torch.nn.Module, path: str) -> torch.nn.Module:
     return found
 
 
+class _Found:
+    """What :func:`_resolving` has looked up in its model so far."""
+
+    __slots__ = ("model", "modules", "matches")
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        #: The submodule at each path (None: none there).
+        self.modules: Dict[str, Optional[torch.nn.Module]] = {}
+        #: The paths each module path or glob matches (see _matching_paths).
+        self.matches: Dict[str, List[str]] = {}
+
+
+#: What :func:`_resolving` has found, while it runs.
+_found: contextvars.ContextVar[Optional[_Found]] = contextvars.ContextVar(
+    "bcrecord_found_submodules", default=None
+)
+
+
+@contextlib.contextmanager
+def _resolving(model: torch.nn.Module) -> Iterator[None]:
+    """Look each path of ``model`` up once while the block runs, for every target that names it,
+    and match each glob against its module paths once (``'blocks.*'``, for each of its targets).
+
+    For :class:`~bcrecord.torch.record.Plan`, which resolves all its targets at once, the model
+    unchanged meanwhile, and for the check of the targets when a block ends: a walk from the root
+    per lookup (a target's path is looked up some five times, and a thousand targets name a few
+    hundred paths), and one over every module per glob target, made set-up grow with the targets.
+    A module put in the model after the block is found by the next one.
+
+    >>> model = torch.nn.Sequential(torch.nn.ReLU())
+    >>> with _resolving(model):
+    ...     first = module_at(model, "0")
+    ...     model[0] = torch.nn.Tanh()
+    ...     again = module_at(model, "0")
+    >>> type(first).__name__, type(again).__name__, type(module_at(model, "0")).__name__
+    ('ReLU', 'ReLU', 'Tanh')
+    """
+    token = _found.set(_Found(model))
+    try:
+        yield
+    finally:
+        _found.reset(token)
+
+
 def _submodule(model: torch.nn.Module, path: str) -> Optional[torch.nn.Module]:
     """:func:`module_at`'s lookup, None where there is no such submodule (no hint: it costs)."""
+    found = _found.get()
+    if found is None or found.model is not model:
+        return _lookup(model, path)
+    try:
+        return found.modules[path]
+    except KeyError:
+        module = found.modules[path] = _lookup(model, path)
+        return module
+
+
+def _lookup(model: torch.nn.Module, path: str) -> Optional[torch.nn.Module]:
+    """:func:`_submodule`'s walk from the root."""
     if not path:  # the root: the model itself, inside any wrapper (as list_targets lists it)
         return unwrap(model)
     for root in (model, unwrap(model)):
@@ -1135,6 +1192,16 @@ def _jump_spans(code: types.CodeType) -> Tuple[List[Tuple[int, int]], List[Tuple
 
 
 def _matching_paths(model: torch.nn.Module, pattern: str) -> List[str]:
+    found = _found.get()
+    if found is None or found.model is not model:
+        return _match(model, pattern)
+    if pattern not in found.matches:  # (an error is raised again each time: it is not kept)
+        found.matches[pattern] = _match(model, pattern)
+    return list(found.matches[pattern])
+
+
+def _match(model: torch.nn.Module, pattern: str) -> List[str]:
+    """:func:`_matching_paths`'s matching, over every module path."""
     if not any(ch in pattern for ch in "*?[") or _submodule(model, pattern) is not None:
         module_at(model, pattern)  # raises a clear error if missing
         return [pattern]  # (also a name with a glob's characters in it: 'blk[0]')

@@ -378,6 +378,44 @@ def test_a_targeted_module_replaced_while_recording_is_named_in_a_warning(net):
     assert torch.equal(rec["fc:forward:return"], net.fc.bias.detach().expand(1, 5))
 
 
+def test_each_record_finds_the_modules_at_its_paths_as_they_are_when_it_starts():
+    # record() looks each path up once for all the targets naming it: a module put at a path
+    # since an earlier record() is the one the next finds.
+    model = torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Sequential(torch.nn.Tanh()))
+    x = torch.tensor([-1.0, 2.0])
+    targets = ["1.0", "1.0:forward:input", "1.*", "*"]
+    with record(model, targets) as rec:
+        model(x)
+    model[0] = torch.nn.Identity()
+    model[1][0] = torch.nn.Sigmoid()
+    with record(model, targets) as again:
+        model(x)
+    assert rec.keys_of("1.*") == again.keys_of("1.*") == ["1.0:forward:return"]
+    assert torch.equal(rec["1.0:forward:input"], torch.tensor([0.0, 2.0]))
+    assert torch.equal(rec["1.0:forward:return"], torch.tanh(torch.tensor([0.0, 2.0])))
+    assert torch.equal(again["1.0:forward:input"], x)
+    assert torch.equal(again["1.0:forward:return"], torch.sigmoid(x))
+    assert torch.equal(again["0:forward:return"], x)
+
+
+def test_glob_targets_sharing_a_pattern_each_match_the_modules_there_when_record_starts():
+    # record() matches each glob once for all the targets that hold it: each has every match,
+    # and a module added since an earlier record() is matched by the next.
+    model = torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Tanh())
+    x = torch.tensor([-1.0, 2.0])
+    targets = ["*", "*:forward:input"]
+    with record(model, targets) as rec:
+        model(x)
+    model.append(torch.nn.Sigmoid())
+    with record(model, targets) as again:
+        model(x)
+    assert rec.keys_of("*") == ["0:forward:return", "1:forward:return"]
+    assert again.keys_of("*") == ["0:forward:return", "1:forward:return", "2:forward:return"]
+    assert again.keys_of("*:forward:input") == ["0:forward:input", "1:forward:input", "2:forward:input"]
+    assert torch.equal(again["2:forward:input"], torch.tanh(torch.tensor([0.0, 2.0])))
+    assert torch.equal(again["2:forward:return"], torch.sigmoid(torch.tanh(torch.tensor([0.0, 2.0]))))
+
+
 def test_a_module_a_glob_target_matches_added_while_recording_is_named_in_a_warning(net):
     # It used to go silently: added after the targets were resolved, it was never marked.
     x = torch.randn(1, 3, 8, 8)
