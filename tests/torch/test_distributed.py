@@ -24,8 +24,9 @@ def _rank(rank, world, work, out_dir):
     # may be taken before rank 0 binds it, and rank 0, the store's server, could leave
     # while rank 1 still talks to it.
     store = f"file://{os.path.join(out_dir, 'store')}"
-    # A collective one rank never joins fails within a minute (gloo's default: half an hour).
-    timeout = datetime.timedelta(seconds=60)
+    # A collective one rank never joins fails within two minutes (gloo's default: half an hour;
+    # a rank slowed by a loaded machine still makes it).
+    timeout = datetime.timedelta(seconds=120)
     dist.init_process_group("gloo", init_method=store, rank=rank, world_size=world, timeout=timeout)
     work(rank, out_dir)
     # A rank aborted once in CI ("terminate called without an active exception", gloo's
