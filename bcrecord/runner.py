@@ -355,14 +355,24 @@ def close_modules(name: str) -> str:
 
 
 def _module_code(spec: importlib.machinery.ModuleSpec) -> Optional[types.CodeType]:
-    """The module's code object, if its loader can give it without running it."""
+    """The module's code object, if its loader can give it without running it.
+
+    Only read: no ``.pyc`` is written and no compile-time warning shown, for the import
+    compiles the module again where it finds no ``.pyc``, and shows them then.
+    """
     get_code = getattr(spec.loader, "get_code", None)
     if get_code is None:
         return None
+    dont_write = sys.dont_write_bytecode
     try:
-        code = get_code(spec.name)
+        sys.dont_write_bytecode = True
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            code = get_code(spec.name)
     except Exception:  # a syntax error and the like: the import will report it
         return None
+    finally:
+        sys.dont_write_bytecode = dont_write
     return code if isinstance(code, types.CodeType) else None
 
 
