@@ -656,7 +656,9 @@ def inlined_call(items: Sequence[object], pos: int, slots: int, labels: Dict[Lab
     # result is pushed right after the loop's iterator is popped, leaving the stack as it
     # was below the callee (tuple's: with the list to make a tuple of); loops of the
     # iterable's own run above the genexpr's function, higher.
-    leaves = 1 if _versions.global_name(cast(Instr, items[pos])) == "tuple" else 0
+    # (Which builtin: the one the test compares with, whatever loaded the name: a global, or
+    # a local or argument, tuple=tuple.)
+    leaves = 1 if any(getattr(item.arg, "name", None) == "BUILTIN_TUPLE" for _, item in test) else 0
     results: List[int] = []
     work, seen = [(test[-1][0] + 1, 1)], set()  # (height 1: the callee)
     while work:
