@@ -18,6 +18,7 @@ True
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import weakref
 from dataclasses import dataclass
@@ -166,6 +167,9 @@ class Table:
     inlined_call_check: Tuple[str, ...] = ()
     #: What pops a loop's iterator once the loop ends (3.14), if an instruction of its own.
     pop_iterator: Optional[str] = None
+    #: Opcodes whose code the ``bytecode`` package cannot read or write back, each with the
+    #: construct that compiles to it (measured where the version is this interpreter's).
+    unhandled: Dict[str, str] = dataclasses.field(default_factory=dict)
     #: Whether Python gives ``__main__`` an empty ``__annotations__`` dict as it starts,
     #: before the program's first line (3.10 to 3.13; 3.14's annotations are lazy).
     main_annotations: bool = True
@@ -667,6 +671,26 @@ def _subscr_op() -> object:
     return getattr(BinaryOp, "SUBSCR", 26)
 
 
+def _round_trips(source: str) -> bool:
+    """Whether the ``bytecode`` package reads the code of ``source`` and writes it back
+    (False where this interpreter cannot compile it).
+
+    >>> _round_trips("x = 1")
+    True
+    """
+    from bytecode import Bytecode
+
+    try:
+        code = compile(source, "<measured>", "exec")
+    except SyntaxError:
+        return False
+    try:
+        Bytecode.from_code(code).to_code()
+    except Exception:
+        return False
+    return True
+
+
 def _314() -> Table:
     # Untested here (no 3.14 interpreter); follows the 3.14 ``dis`` documentation.
     base = _313()
@@ -685,6 +709,13 @@ def _314() -> Table:
             "pseudo_jumps": frozenset({"END_ASYNC_FOR"}),
             "inlined_call_check": ("COPY", "LOAD_COMMON_CONSTANT", "IS_OP", "POP_JUMP_IF_FALSE"),
             "pop_iterator": "POP_ITER",
+            # bytecode 0.19.1 takes BUILD_INTERPOLATION's argument for CONVERT_VALUE's: it
+            # fails to read a !r or !a conversion and to write any back.
+            "unhandled": (
+                {}
+                if sys.version_info < (3, 14) or _round_trips("x = 1\nt'{x}{x!r}{x!a:>3}'")
+                else {"BUILD_INTERPOLATION": "a template string with a value in it, t'{x}'"}
+            ),
         }
     )
 

@@ -18,6 +18,7 @@ so that assignment numbers match what a reader counts on every Python version.
 from __future__ import annotations
 
 import dataclasses
+import dis
 import functools
 import inspect
 import itertools
@@ -39,9 +40,10 @@ from typing import (
 )
 
 from bytecode import UNSET, Bytecode, FreeVar, Instr, Label, TryBegin, TryEnd
+from bytecode import __version__ as bytecode_version
 
 from . import _versions
-from .errors import TargetError, did_you_mean
+from .errors import NotPatchableError, TargetError, did_you_mean
 from .specs import Attribute, Call, Expr, Local, Return, Spec
 
 __all__ = [
@@ -206,6 +208,14 @@ def code_key(code: CodeType) -> Tuple[object, ...]:
 def _decoded(key: Tuple[object, ...]) -> Bytecode:
     code = cast(CodeType, key[0])
     table = _versions.current()
+    if table.unhandled:
+        for instr in dis.get_instructions(code):
+            if instr.opname in table.unhandled:
+                name, line = getattr(code, "co_qualname", code.co_name), instr.positions.lineno  # type: ignore[attr-defined]
+                raise NotPatchableError(
+                    f"the bytecode package {bytecode_version} cannot rewrite the code of {name} "
+                    f"({code.co_filename}, line {line}): it has {table.unhandled[instr.opname]}"
+                )
     # The depth CPython gave each exception region is kept: the rewriter keeps it (see
     # bcrecord.rewrite._assemble).
     bytecode = Bytecode.from_code(code, conserve_exception_block_stackdepth=True)
@@ -646,7 +656,9 @@ def inlined_call(items: Sequence[object], pos: int, slots: int, labels: Dict[Lab
     # result is pushed right after the loop's iterator is popped, leaving the stack as it
     # was below the callee (tuple's: with the list to make a tuple of); loops of the
     # iterable's own run above the genexpr's function, higher.
-    leaves = 1 if _versions.global_name(cast(Instr, items[pos])) == "tuple" else 0
+    # (Which builtin: the one the test compares with, whatever loaded the name: a global, or
+    # a local or argument, tuple=tuple.)
+    leaves = 1 if any(getattr(item.arg, "name", None) == "BUILTIN_TUPLE" for _, item in test) else 0
     results: List[int] = []
     work, seen = [(test[-1][0] + 1, 1)], set()  # (height 1: the callee)
     while work:

@@ -355,14 +355,24 @@ def close_modules(name: str) -> str:
 
 
 def _module_code(spec: importlib.machinery.ModuleSpec) -> Optional[types.CodeType]:
-    """The module's code object, if its loader can give it without running it."""
+    """The module's code object, if its loader can give it without running it.
+
+    Only read: no ``.pyc`` is written and no compile-time warning shown, for the import
+    compiles the module again where it finds no ``.pyc``, and shows them then.
+    """
     get_code = getattr(spec.loader, "get_code", None)
     if get_code is None:
         return None
+    dont_write = sys.dont_write_bytecode
     try:
-        code = get_code(spec.name)
+        sys.dont_write_bytecode = True
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            code = get_code(spec.name)
     except Exception:  # a syntax error and the like: the import will report it
         return None
+    finally:
+        sys.dont_write_bytecode = dont_write
     return code if isinstance(code, types.CodeType) else None
 
 
@@ -1610,10 +1620,10 @@ def _program(program: str, args: Sequence[str], is_module: bool) -> _Program:
         except (OSError, zipfile.BadZipFile) as error:
             raise RunError(f"cannot read {program!r}: {error}") from None
         # Checked as a script is (runpy runs the archive's own copy, found on sys.path).
-        code, uncompiled = _compiled(source, os.path.join(os.path.abspath(program), inside))
+        code, uncompiled = _compiled(source, os.path.join(os.path.abspath(program), inside), read_only=True)
     if os.path.isfile(main_file) and not zipfile.is_zipfile(main_file):
         source = _source_of(main_file)
-        code, uncompiled = _compiled(source, main_file)
+        code, uncompiled = _compiled(source, main_file, read_only=True)
     stem = os.path.splitext(os.path.basename(program))[0]
     names = ("__main__", stem) if stem.isidentifier() and not bundle else ("__main__",)
     return _Program(
@@ -1631,9 +1641,13 @@ def _program(program: str, args: Sequence[str], is_module: bool) -> _Program:
     )
 
 
-def _compiled(source: bytes, filename: str) -> Tuple[Optional[types.CodeType], Optional[str]]:
+def _compiled(
+    source: bytes, filename: str, read_only: bool = False
+) -> Tuple[Optional[types.CodeType], Optional[str]]:
     """The code of a program's ``source`` as runpy gets it -- a ``.pyc``'s own (read by its
     magic number, whatever the file's name) or the source compiled -- and why there is none.
+    ``read_only``: the code is only read (runpy compiles the program again to run it, and
+    shows its compile-time warnings then), so it shows none of them.
 
     >>> code, why = _compiled(b"x = 1\\n", "prog.py")
     >>> code.co_filename, why
@@ -1645,7 +1659,10 @@ def _compiled(source: bytes, filename: str) -> Tuple[Optional[types.CodeType], O
         code = pkgutil.read_code(io.BytesIO(source))
         if code is not None:
             return code, None
-        return compile(source, filename, "exec", dont_inherit=True), None
+        with warnings.catch_warnings():
+            if read_only:
+                warnings.simplefilter("ignore")
+            return compile(source, filename, "exec", dont_inherit=True), None
     except (SyntaxError, ValueError, EOFError, TypeError) as error:
         # (a damaged .pyc, marshal's errors): the program fails as Python would make it fail
         return None, f"{type(error).__name__}: {error}"

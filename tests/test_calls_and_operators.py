@@ -550,3 +550,19 @@ def test_all_any_and_tuple_of_a_generator_expression_are_call_sites_run_either_w
             ((2, 4), rec.all("m:_both_ways:max()@0")[0]),
             ((), 3 if all_of is builtin else 9),
         ]
+
+
+def _keyed(args, tuple=tuple, any=any):
+    key = tuple(type(v) for v in args)
+    return key, any(v for v in args)
+
+
+def test_all_any_and_tuple_bound_to_a_local_name_are_call_sites_as_on_3_13():
+    # functools._make_key's form (tuple=tuple as an argument): 3.14 tests the local against the
+    # builtin and runs the loop as for a global name; tuple()@0 was no site there, only on 3.13.
+    assert bcrecord.targets(_keyed).specs() == ["key@0", "any()@0", "tuple()@0", "type()@0", "return"]
+    with bcrecord.patch_function(_keyed, ["tuple()@0", "any()@0"], name="m"), bcrecord.recording() as rec:
+        assert _keyed([1, "a"]) == ((int, str), True)
+        assert _keyed([0], tuple=list, any=lambda values: "own") == ([int], "own")
+    assert rec.all("m:_keyed:tuple()@0") == [(int, str), [int]]
+    assert rec.all("m:_keyed:any()@0") == [True, "own"]

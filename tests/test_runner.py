@@ -458,6 +458,36 @@ def test_run_of_a_script_that_is_a_pipe_reads_it_once_and_runs_it(project, tmp_p
     assert "target '__main__:g:x': /dev/stdin never defines 'g'" in one_clear_line(checked)
 
 
+def test_run_shows_a_script_s_compile_time_warning_once_as_python_does(project):
+    # bcrecord compiled the script to check its targets, then runpy compiled it again: each
+    # SyntaxWarning (3.14's `return` in `finally`, `x is 1`) was shown twice, first without
+    # its line of source.
+    (project / "warns.py").write_text("def f(v):\n    x = v is 1\n    return x\n\nprint(f(1))\n")
+    expected = plain("warns.py", cwd=project)
+    result = cli("run", "-r", "__main__:f:x", "warns.py", cwd=project)
+    assert result.returncode == expected.returncode == 0, result.stderr
+    assert expected.stderr.count("SyntaxWarning") == result.stderr.count("SyntaxWarning") == 1, result.stderr
+    assert result.stderr.startswith(expected.stderr)
+    checked = cli("run", "-r", "__main__:g:x", "warns.py", cwd=project)
+    assert "SyntaxWarning" not in checked.stderr and "never defines 'g'" in one_clear_line(checked)
+
+
+@pytest.mark.parametrize("no_pyc", ["1", ""])
+def test_run_shows_a_target_module_s_compile_time_warning_once_as_python_does(project, no_pyc):
+    # The target check compiled the module (loader.get_code): where that wrote no .pyc
+    # (PYTHONDONTWRITEBYTECODE, a read-only folder) the import compiled it again, and its
+    # SyntaxWarning was shown twice.
+    (project / "warnmod.py").write_text("def g(v):\n    z = v is 1\n    return z\n")
+    (project / "uses.py").write_text("import warnmod\nprint(warnmod.g(1))\n")
+    env = {"PYTHONDONTWRITEBYTECODE": no_pyc}
+    result = cli("run", "-r", "warnmod:g:z", "uses.py", cwd=project, env=env)
+    assert result.returncode == 0 and result.stdout == "True\n", result.stderr
+    assert result.stderr.count("SyntaxWarning") == 1, result.stderr
+    assert "warnmod:g:z@0  1       True" in result.stderr
+    # Python shows it as the module is first compiled, and never again from its .pyc.
+    assert plain("uses.py", cwd=project).stderr.count("SyntaxWarning") == (1 if no_pyc else 0)
+
+
 def test_run_of_a_compiled_script_checks_and_records_its_targets(project):
     # A .pyc runs as python runs it; its targets were said to be in a program that
     # "does not compile (... null bytes)", and were not checked before it started.
