@@ -173,7 +173,7 @@ class _CompiledCode:
         #: the counters were cleared, as tests and benchmarks do, or reset() did).
         self.seen = 0
         self.stats: Optional[Mapping[str, int]] = None
-        #: What the count is offset by: from a clear on, every graph counts as compiled later.
+        #: What the count is offset by: from a clear on, the count at the last swap.
         self.base = 0
         #: The count (offset) at the last swap.
         self.compiled = 0
@@ -191,9 +191,10 @@ class _CompiledCode:
         seen = 0 if stats is None else stats.get("unique_graphs", 0)
         if stats is not self.stats or seen < self.seen:
             if self.stats is not None or seen < self.seen:  # the counters were cleared
-                # What was compiled between the last swap and the clear is not known: every
-                # graph counts as compiled after each code last went out.
-                self.base = self.compiled + 1
+                # Counted on from the last swap: graphs compiled since the clear count as
+                # newer. (Not every graph: those of models run while recording is off would
+                # be dropped at each swap, and recompile again and again.)
+                self.base = self.compiled
             self.stats = stats
         self.seen = seen
         compiled = self.compiled = self.base + seen

@@ -1,6 +1,7 @@
 """torch.compile: a patched model compiles, runs correctly and records every value."""
 
 import collections
+import contextlib
 
 import pytest
 import torch
@@ -246,8 +247,7 @@ def test_an_extractor_of_a_compiled_model_records_after_dynamo_s_counters_were_c
     torch._dynamo.utils.counters.clear()
     compiled(y)  # compiled while the probes are out, after the clear
     assert torch.allclose(extractor(y)["bn1"], reference_smallnet(net, y)["bn1"], atol=1e-5)
-    compiled(z)  # compiled while the probes are out, before the clear
-    torch._dynamo.utils.counters.clear()
+    compiled(z)  # and again, for another shape
     assert torch.allclose(extractor(z)["bn1"], reference_smallnet(net, z)["bn1"], atol=1e-5)
     stats = torch._dynamo.utils.counters["stats"]
     for batch in (x, y, z):  # each shape's graph compiled again, with the probes
@@ -257,6 +257,38 @@ def test_an_extractor_of_a_compiled_model_records_after_dynamo_s_counters_were_c
         assert torch.allclose(extractor(batch)["bn1"], reference_smallnet(net, batch)["bn1"], atol=1e-5)
     assert stats["unique_graphs"] == graphs
     extractor.close()
+
+
+def test_a_compiled_patch_alternating_with_idle_calls_after_a_clear_of_the_counters_recompiles_nothing():
+    # benchmarks/run.py's case 6 clears Dynamo's counters after the warm-ups, then alternates
+    # recorded and idle calls of one compiled patched model: taken for graphs of unknown age,
+    # the clear dropped every graph at the next swap, the idle calls compiled theirs again,
+    # which the next swap dropped again: 123 recompiles while timing.
+    class Toy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(2, 2)
+
+        def forward(self, x):
+            y = self.lin(x)
+            return y * 2
+
+    torch.manual_seed(0)
+    toy, x = Toy(), torch.randn(3, 2)
+    expected = toy.lin(x).detach()
+    torch._dynamo.reset()
+    with bcrecord.patch_method(toy, "forward", ["y"], name="toy"):
+        compiled = torch.compile(toy, backend="eager")
+        for recording in (True, False):  # the warm-ups
+            with bcrecord.recording() if recording else contextlib.nullcontext():
+                compiled(x)
+        torch._dynamo.utils.counters.clear()
+        for _ in range(4):
+            with bcrecord.recording() as rec:
+                compiled(x)
+            compiled(x)
+            assert torch.allclose(rec["toy:forward:y@0"], expected)
+        assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 0
 
 
 def test_where_dynamo_has_only_reset_an_extractor_of_a_compiled_model_recompiles_once(monkeypatch):
