@@ -983,13 +983,18 @@ def test_what_needs_a_part_of_a_long_index_holds_one_save_of_it_at_a_time(tmp_pa
         ("Writer.saved", lambda: Writer(tmp_path).saved),
         ("Writer.last_step", lambda: Writer(tmp_path, check=False).last_step),
     ]:
-        tracemalloc.start()
-        try:
-            result = read()
-            peaks[name] = (result, tracemalloc.get_traced_memory()[1] < 3 << 20)
-        finally:
-            tracemalloc.stop()
-    # The index read whole was 30-40 MB at its peak; one save of it is under 1 MB.
+        low = None
+        for _ in range(2):  # (the lower peak of two: another thread's allocations count too)
+            tracemalloc.start()
+            try:
+                result = read()
+                peak = tracemalloc.get_traced_memory()[1]
+            finally:
+                tracemalloc.stop()
+            low = peak if low is None else min(low, peak)
+        peaks[name] = (result, low < 3 << 20)
+    # The index read whole was 30-40 MB at its peak; one save of it is under 1 MB. (Once in
+    # CI, py311, Writer.saved's single peak was over 3 MB.)
     assert peaks == {
         "saved_keys": (["a", "b"], True),
         "load one key": ([1.5], True),
