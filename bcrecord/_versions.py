@@ -167,6 +167,10 @@ class Table:
     inlined_call_check: Tuple[str, ...] = ()
     #: What pops a loop's iterator once the loop ends (3.14), if an instruction of its own.
     pop_iterator: Optional[str] = None
+    #: What pushes such a loop's result: ``all``/``any``'s constant, ``tuple``'s list made one.
+    inlined_results: FrozenSet[str] = frozenset()
+    #: The builtin, as the check names it, whose loop keeps its list under the iterator.
+    inlined_with_list: Optional[str] = None
     #: Opcodes whose code the ``bytecode`` package cannot read or write back, each with the
     #: construct that compiles to it (measured where the version is this interpreter's).
     unhandled: Dict[str, str] = dataclasses.field(default_factory=dict)
@@ -709,6 +713,8 @@ def _314() -> Table:
             "pseudo_jumps": frozenset({"END_ASYNC_FOR"}),
             "inlined_call_check": ("COPY", "LOAD_COMMON_CONSTANT", "IS_OP", "POP_JUMP_IF_FALSE"),
             "pop_iterator": "POP_ITER",
+            "inlined_results": frozenset({"LOAD_CONST", "CALL_INTRINSIC_1"}),
+            "inlined_with_list": "BUILTIN_TUPLE",
             # bytecode 0.19.1 takes BUILD_INTERPOLATION's argument for CONVERT_VALUE's: it
             # fails to read a !r or !a conversion and to write any back.
             "unhandled": (

@@ -658,7 +658,7 @@ def inlined_call(items: Sequence[object], pos: int, slots: int, labels: Dict[Lab
     # iterable's own run above the genexpr's function, higher.
     # (Which builtin: the one the test compares with, whatever loaded the name: a global, or
     # a local or argument, tuple=tuple.)
-    leaves = 1 if any(getattr(item.arg, "name", None) == "BUILTIN_TUPLE" for _, item in test) else 0
+    leaves = 1 if any(getattr(item.arg, "name", None) == table.inlined_with_list for _, item in test) else 0
     results: List[int] = []
     work, seen = [(test[-1][0] + 1, 1)], set()  # (height 1: the callee)
     while work:
@@ -683,7 +683,7 @@ def inlined_call(items: Sequence[object], pos: int, slots: int, labels: Dict[Lab
                 break
             height += pre + post
     pushed = {cast(Instr, items[k]).name for k in results}
-    if not calls or not results or not pushed <= {"LOAD_CONST", "CALL_INTRINSIC_1"}:
+    if not calls or not results or not pushed <= table.inlined_results:
         return []
     return sorted(set(calls + results))
 
