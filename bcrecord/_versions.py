@@ -711,6 +711,9 @@ def _314() -> Table:
             "value_op": lambda instr: _value_op(instr, "INTRINSIC_UNARY_POSITIVE", "SUBSCR"),
             "main_annotations": False,
             "pseudo_jumps": frozenset({"END_ASYNC_FOR"}),
+            # No such opcode: ``with`` copies the manager and LOAD_SPECIAL takes the copy for
+            # __exit__, which the stack walk sees consume the manager (not a call of it).
+            "with_enters": frozenset(),
             "inlined_call_check": ("COPY", "LOAD_COMMON_CONSTANT", "IS_OP", "POP_JUMP_IF_FALSE"),
             "pop_iterator": "POP_ITER",
             "inlined_results": frozenset({"LOAD_CONST", "CALL_INTRINSIC_1"}),
