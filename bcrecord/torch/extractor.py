@@ -53,6 +53,7 @@ from .targets import (
     expand,
     fx_name_clash,
     has_forward,
+    named_modules,
     require_module,
     takes_instance,
     unwrap,
@@ -533,7 +534,7 @@ def list_targets(model: torch.nn.Module, methods: Union[str, Iterable[str]] = _D
     methods = names
     out = TargetList()
     defined = set()  # of methods, those some submodule defines in Python
-    for path, module in unwrap(model).named_modules():
+    for path, module in named_modules(unwrap(model)):
         if isinstance(module, torch.jit.ScriptModule):
             continue  # TorchScript, not bytecode (its submodules are scripted too): not recordable
         forward = getattr(type(module), "forward", None)

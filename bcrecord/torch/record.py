@@ -86,6 +86,7 @@ from .targets import (
     callable_name,
     expand_all,
     module_at,
+    named_modules,
     new_matches,
     unwrap,
     wraps_forward,
@@ -219,7 +220,7 @@ def warn_shared(model: torch.nn.Module, modules: Mapping[str, torch.nn.Module]) 
     ["'1' is another name of the ReLU at '0' (one object)"]
     """
     paths: Dict[int, List[str]] = defaultdict(list)
-    for path, module in unwrap(model).named_modules(remove_duplicate=False):
+    for path, module in named_modules(unwrap(model), remove_duplicate=False):
         paths[id(module)].append(path)
     for path, module in modules.items():
         names = paths.get(id(module), [])
@@ -1440,7 +1441,7 @@ def _warn_replaced(plan: Plan) -> None:
 def _moved(plan: Plan, gone: Sequence[str]) -> str:
     """``'; the one from 'a' is now at 'b'...'`` for targeted modules moved to another path
     (``ModuleList.insert``): still marked, they record under their first path."""
-    paths = {id(module): path for path, module in unwrap(plan.model).named_modules()}
+    paths = {id(module): path for path, module in named_modules(unwrap(plan.model))}
     moved = [(path, paths[id(plan.modules[path])]) for path in gone if id(plan.modules[path]) in paths]
     if not moved:
         return ""

@@ -1,6 +1,7 @@
 """Target strings for models: ``'<module path>:<method>:<target>'``, expanded over a model.
 
-Forms (``path`` is a dotted path from ``model.named_modules()``, ``''`` for the root):
+Forms (``path`` is a dotted path from ``model.named_modules()``, ``''`` for the root; a
+submodule compiled in place is at its own path, its children under it: :func:`named_modules`):
 
 * ``'layer1.0:forward:out@2'`` — a local, attribute or return spec of a method;
 * ``':_forward_impl:x@0'`` — a method of the root module;
@@ -52,7 +53,16 @@ from ..patch import function_of, original_code
 from ..patch import targets as function_targets
 from ..specs import Attribute, Call, Expr, Return, Spec, compiled_name, full_width_fixed, parse
 
-__all__ = ["Target", "expand", "expand_all", "has_forward", "unwrap", "module_at", "new_matches"]
+__all__ = [
+    "Target",
+    "expand",
+    "expand_all",
+    "has_forward",
+    "unwrap",
+    "module_at",
+    "named_modules",
+    "new_matches",
+]
 
 _WRAPPERS: Tuple[type, ...] = (torch.nn.DataParallel, torch.nn.parallel.DistributedDataParallel)
 
@@ -105,16 +115,63 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     >>> unwrap(torch.nn.DataParallel(inner)) is inner
     True
     """
+    compiled = _compiled_wrapper()
     while True:
         if isinstance(model, _WRAPPERS):
             model = model.module  # type: ignore[assignment,attr-defined]
             continue
-        # torch.compile's wrapper; its module is imported only once something compiles.
-        dynamo = sys.modules.get("torch._dynamo.eval_frame")
-        if dynamo is not None and isinstance(model, getattr(dynamo, "OptimizedModule", ())):
-            model = model._orig_mod  # type: ignore[union-attr]
+        if isinstance(model, compiled):
+            model = model._orig_mod  # type: ignore[attr-defined]
             continue
         return model
+
+
+def _compiled_wrapper() -> Tuple[type, ...]:
+    """torch.compile's module wrapper class (``OptimizedModule``), or ``()`` before anything
+    compiled: its module is imported only then, and importing Dynamo here would cost seconds."""
+    dynamo = sys.modules.get("torch._dynamo.eval_frame")
+    wrapper = getattr(dynamo, "OptimizedModule", None)
+    return () if wrapper is None else (wrapper,)
+
+
+def named_modules(model: torch.nn.Module, remove_duplicate: bool = True) -> List[Tuple[str, torch.nn.Module]]:
+    """``model.named_modules()``, each submodule compiled in place seen through as at the root.
+
+    ``model.block = torch.compile(model.block)`` puts torch.compile's wrapper at ``'block'``
+    and the module at ``'block._orig_mod'``; here the module is at ``'block'`` and its
+    children under it (``'block.0'``), the paths a target takes (what the wrapper returns
+    is what the module's forward returns) and a glob matches.
+
+    >>> import torch
+    >>> model = torch.nn.Sequential(torch.nn.Sequential(torch.nn.ReLU()))
+    >>> model[0] = torch.compile(model[0])
+    >>> [path for path, _ in model.named_modules()]
+    ['', '0', '0._orig_mod', '0._orig_mod.0']
+    >>> [(path, type(module).__name__) for path, module in named_modules(model)]
+    [('', 'Sequential'), ('0', 'Sequential'), ('0.0', 'ReLU')]
+    """
+    found = list(model.named_modules(remove_duplicate=remove_duplicate))
+    compiled = _compiled_wrapper()
+    if not any(isinstance(module, compiled) for _, module in found):
+        return found
+    shown: Dict[str, str] = {"": ""}  # each path as named_modules gives it: the path seen through
+    wrappers = set()  # the paths, as named_modules gives them, of compiled wrappers
+    listed = []
+    for path, module in found:
+        parent, _, name = path.rpartition(".")
+        base = shown.get(parent, parent)  # (a name with a dot in it has no parent listed)
+        inside = parent in wrappers and name == "_orig_mod"  # listed at the wrapper's path already
+        shown[path] = base if inside else f"{base}.{name}" if base else name
+        if isinstance(module, compiled):
+            wrappers.add(path)
+            if not inside:
+                inner = module
+                while isinstance(inner, compiled):  # (torch.compile of a compiled module)
+                    inner = inner._orig_mod  # type: ignore[attr-defined]
+                listed.append((shown[path], inner))
+        elif not inside:
+            listed.append((shown[path], module))
+    return listed
 
 
 def module_at(model: torch.nn.Module, path: str) -> torch.nn.Module:
@@ -211,8 +268,7 @@ def _lookup(model: torch.nn.Module, path: str) -> Optional[torch.nn.Module]:
             continue
         # A compiled submodule (`model.layer1 = torch.compile(model.layer1)`): the module inside
         # torch.compile's wrapper, whose forward the wrapper runs, as at the root.
-        dynamo = sys.modules.get("torch._dynamo.eval_frame")
-        if dynamo is not None and isinstance(found, getattr(dynamo, "OptimizedModule", ())):
+        if isinstance(found, _compiled_wrapper()):
             return unwrap(found)
         return found
     return None
@@ -243,7 +299,7 @@ def _no_submodule(model: torch.nn.Module, path: str) -> TargetError:
         ancestor = ancestor.rpartition(".")[0]
         found = _submodule(model, ancestor)
     prefix = f"{ancestor}." if ancestor else ""
-    names = [prefix + name if name else ancestor for name, _ in found.named_modules()]
+    names = [prefix + name if name else ancestor for name, _ in named_modules(found)]
     if path in names:  # named_modules joins its names with dots: one of them holds a dot
         return TargetError(
             f"the submodule listed as {path!r} has a '.' in its name (set with setattr, which "
@@ -1212,7 +1268,7 @@ def _match(model: torch.nn.Module, pattern: str) -> List[str]:
     for root in roots:
         found = [
             name
-            for name, _ in root.named_modules()
+            for name, _ in named_modules(root)
             if name
             and len(name.split(".")) == len(wanted)
             and all(fnmatch.fnmatchcase(a, b) for a, b in zip(name.split("."), wanted, strict=True))
@@ -1259,7 +1315,7 @@ def _dotted_for_subscripts(model: torch.nn.Module, pattern: str) -> Optional[str
 def _misspelt_part(model: torch.nn.Module, wanted: List[str]) -> str:
     """``" ('block' names no submodule there; did you mean 'blocks'?)"`` for the first
     part before a glob that no submodule path has there, or ``''``."""
-    paths = [name.split(".") for name, _ in model.named_modules() if name]
+    paths = [name.split(".") for name, _ in named_modules(model) if name]
     for depth, part in enumerate(wanted):
         if any(ch in part for ch in "*?["):
             break

@@ -11,7 +11,7 @@ import torch
 import bcrecord
 import bcrecord.torch
 from bcrecord import Local, Return
-from bcrecord.torch.targets import expand, expand_all, module_at, new_matches, unwrap
+from bcrecord.torch.targets import expand, expand_all, module_at, named_modules, new_matches, unwrap
 
 from .models import SmallNet
 
@@ -1403,6 +1403,40 @@ def test_a_submodule_compiled_in_place_of_itself_records_at_its_path_and_under_a
     extractor = create_feature_extractor(model, ["1"])
     assert torch.allclose(extractor(x)["1"], middle, atol=1e-6)
     extractor.close()
+
+
+def test_globs_and_list_targets_see_through_a_submodule_compiled_in_place():
+    # '1.*' matched torch.compile's wrapper attribute '1._orig_mod' (recording the block as
+    # '1._orig_mod'), not the block's children '1.0' and '1.1', and '1.*.weight'-style
+    # globs under it matched nothing; list_targets listed '1._orig_mod...' paths.
+    import torch._dynamo
+
+    from bcrecord.torch import list_targets, record
+
+    torch.manual_seed(0)
+    torch._dynamo.reset()
+    middle_block = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), middle_block, torch.nn.Linear(4, 2)).eval()
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        inner = model[1][0](model[0](x))
+    model[1] = torch.compile(model[1], backend="eager")
+    assert [t.path for t in expand(model, "1.*")] == ["1.0", "1.1"]
+    assert [t.path for t in expand(model, "*.0")] == ["1.0"]
+    assert [path for path, _ in named_modules(model)] == ["", "0", "1", "1.0", "1.1", "2"]
+    assert named_modules(model)[2][1] is middle_block
+    paths = [target for target in list_targets(model) if ":" not in target]
+    assert paths == ["", "0", "1", "1.0", "1.1", "2"]
+    assert "1:forward:return" in list_targets(model)
+    with torch.no_grad(), record(model, ["1.*"]) as rec:
+        model(x)
+    assert sorted(rec.keys()) == ["1.0:forward:return", "1.1:forward:return"]
+    assert torch.allclose(rec["1.0:forward:return"], inner, atol=1e-6)
+    assert torch.allclose(rec["1.1:forward:return"], inner.relu(), atol=1e-6)
+    # The wrapper's own attribute path still reaches the block, as named_modules() names it.
+    with torch.no_grad(), record(model, ["1._orig_mod.0"]) as rec:
+        model(x)
+    assert torch.allclose(rec["1._orig_mod.0:forward:return"], inner, atol=1e-6)
 
 
 # --- properties: a target's parts parse back; any text expands or names the problem ---
