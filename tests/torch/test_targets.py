@@ -4,6 +4,7 @@ import copy
 import functools
 import operator
 import warnings
+from typing import Tuple
 
 import pytest
 import torch
@@ -1377,13 +1378,10 @@ def test_a_method_named_as_the_source_writes_it_is_the_one_the_compiler_stored_n
     assert rec.keys_of(":\ufb01wd:h") == [":fiwd:h@0"] and rec[":fiwd:h@0"].tolist() == [2.0]
 
 
-def test_a_submodule_compiled_in_place_of_itself_records_at_its_path_and_under_a_glob():
-    # `model.layer1 = torch.compile(model.layer1)`: its path, and any glob matching it ('*',
-    # 'layer*'), raised NotPatchableError "OptimizedModule at '1' runs a forward set on the
-    # instance", as the root's compiled wrapper never did.
+def _compiled_in_the_middle() -> Tuple[torch.nn.Sequential, torch.Tensor, torch.Tensor]:
+    """A Sequential whose block ``'1'`` (Linear, ReLU) is compiled in its place, an input, and
+    what the block's Linear gives for it (eager)."""
     import torch._dynamo
-
-    from bcrecord.torch import create_feature_extractor, record
 
     torch.manual_seed(0)
     torch._dynamo.reset()
@@ -1392,8 +1390,18 @@ def test_a_submodule_compiled_in_place_of_itself_records_at_its_path_and_under_a
     x = torch.randn(2, 4)
     with torch.no_grad():
         inner = model[1][0](model[0](x))
-        middle = torch.relu(inner)
     model[1] = torch.compile(model[1], backend="eager")
+    return model, x, inner
+
+
+def test_a_submodule_compiled_in_place_of_itself_records_at_its_path_and_under_a_glob():
+    # `model.layer1 = torch.compile(model.layer1)`: its path, and any glob matching it ('*',
+    # 'layer*'), raised NotPatchableError "OptimizedModule at '1' runs a forward set on the
+    # instance", as the root's compiled wrapper never did.
+    from bcrecord.torch import create_feature_extractor, record
+
+    model, x, inner = _compiled_in_the_middle()
+    middle = torch.relu(inner)
     assert [t.path for t in expand(model, "*")] == ["0", "1", "2"]
     with torch.no_grad(), record(model, ["*", "1:forward:input", "1.0"]) as rec:
         out = model(x)
@@ -1409,22 +1417,13 @@ def test_globs_and_list_targets_see_through_a_submodule_compiled_in_place():
     # '1.*' matched torch.compile's wrapper attribute '1._orig_mod' (recording the block as
     # '1._orig_mod'), not the block's children '1.0' and '1.1', and '1.*.weight'-style
     # globs under it matched nothing; list_targets listed '1._orig_mod...' paths.
-    import torch._dynamo
-
     from bcrecord.torch import list_targets, record
 
-    torch.manual_seed(0)
-    torch._dynamo.reset()
-    middle_block = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
-    model = torch.nn.Sequential(torch.nn.Linear(4, 4), middle_block, torch.nn.Linear(4, 2)).eval()
-    x = torch.randn(2, 4)
-    with torch.no_grad():
-        inner = model[1][0](model[0](x))
-    model[1] = torch.compile(model[1], backend="eager")
+    model, x, inner = _compiled_in_the_middle()
     assert [t.path for t in expand(model, "1.*")] == ["1.0", "1.1"]
     assert [t.path for t in expand(model, "*.0")] == ["1.0"]
     assert [path for path, _ in named_modules(model)] == ["", "0", "1", "1.0", "1.1", "2"]
-    assert named_modules(model)[2][1] is middle_block
+    assert named_modules(model)[2][1] is model[1]._orig_mod
     paths = [target for target in list_targets(model) if ":" not in target]
     assert paths == ["", "0", "1", "1.0", "1.1", "2"]
     assert "1:forward:return" in list_targets(model)
