@@ -1209,10 +1209,12 @@ def _match(model: torch.nn.Module, pattern: str) -> List[str]:
     # The model inside a wrapper first: '*' is its children, not DataParallel's 'module'
     # ('module.*' still matches through the wrapper, where the model has no 'module').
     roots = [model] if unwrap(model) is model else [unwrap(model), model]
-    for root in roots:
+    # A compiled submodule's children at its path ('1.*': '1.0'), else as named_modules names
+    # them ('1._orig_mod.*', as list_targets lists them).
+    for root, raw in itertools.product(roots, (False, True)):
         found = [
             name
-            for name, _ in root.named_modules()
+            for name in ([name for name, _ in root.named_modules()] if raw else _module_paths(root))
             if name
             and len(name.split(".")) == len(wanted)
             and all(fnmatch.fnmatchcase(a, b) for a, b in zip(name.split("."), wanted, strict=True))
@@ -1226,6 +1228,32 @@ def _match(model: torch.nn.Module, pattern: str) -> List[str]:
             f"is named with a dot, not indexed: {dotted!r}"
         )
     raise TargetError(f"no submodule matches {pattern!r}{_misspelt_part(model, wanted)}")
+
+
+def _module_paths(root: torch.nn.Module) -> List[str]:
+    """The paths of ``root.named_modules()``, a submodule compiled in its place seen through as
+    :func:`_submodule` sees it: its children at its own path (``'1.0'``, not torch.compile's
+    ``'1._orig_mod.0'``), the module inside not again.
+
+    >>> model = torch.nn.Sequential(torch.nn.Sequential(torch.nn.ReLU()))
+    >>> _module_paths(model)
+    ['', '0', '0.0']
+    """
+    dynamo = sys.modules.get("torch._dynamo.eval_frame")
+    compiled = getattr(dynamo, "OptimizedModule", ()) if dynamo is not None else ()
+    shown: Dict[str, str] = {}  # each path named_modules gives: the path it is listed at
+    wrappers = set()  # (named_modules' paths of compiled submodules)
+    paths = []
+    for name, module in root.named_modules():
+        parent, _, last = name.rpartition(".")
+        if name and parent in wrappers and last == "_orig_mod":
+            shown[name] = shown[parent]
+            continue
+        shown[name] = f"{shown[parent]}.{last}" if name and shown[parent] else last
+        if name and compiled and isinstance(module, compiled):  # (the root's: as before, '_orig_mod.*')
+            wrappers.add(name)
+        paths.append(shown[name])
+    return paths
 
 
 #: An index or a key written as Python indexes a container: ``[3]``, ``[-1]``, ``['a']``.

@@ -1405,6 +1405,36 @@ def test_a_submodule_compiled_in_place_of_itself_records_at_its_path_and_under_a
     extractor.close()
 
 
+def test_a_glob_under_a_submodule_compiled_in_place_matches_its_children_at_their_paths():
+    # 'layer1.*' of a compiled layer1 matched torch.compile's 'layer1._orig_mod' (the whole
+    # block, at a path of the wrapper's), not its children 'layer1.0'...; 'layer1.*.lin' matched
+    # nothing; and ['*', '*.*'] was refused: "'1._orig_mod' and '1' are the same Sequential".
+    import torch._dynamo
+
+    from bcrecord.torch import record
+
+    torch.manual_seed(0)
+    torch._dynamo.reset()
+    middle_block = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), middle_block, torch.nn.Linear(4, 2)).eval()
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        inner = model[1][0](model[0](x))
+    model[1] = torch.compile(model[1], backend="eager")
+    assert [t.path for t in expand(model, "1.*")] == ["1.0", "1.1"]
+    assert [t.path for t in expand(model, "*.*")] == ["1.0", "1.1"]
+    # (the wrapper's paths, as list_targets lists them, still match)
+    assert [t.path for t in expand(model, "1._orig_mod.*")] == ["1._orig_mod.0", "1._orig_mod.1"]
+    with torch.no_grad(), record(model, ["*", "*.*"]) as rec:
+        model(x)
+    assert sorted(rec.keys()) == sorted(f"{path}:forward:return" for path in ("0", "1", "1.0", "1.1", "2"))
+    assert torch.allclose(rec["1.0:forward:return"], inner, atol=1e-6)
+    # Under a compiled root too; its own wrapper's path still matches as it did.
+    compiled = torch.compile(model, backend="eager")
+    assert [t.path for t in expand(compiled, "*.*")] == ["1.0", "1.1"]
+    assert [t.path for t in expand(compiled, "_orig_mod.1.*")] == ["_orig_mod.1.0", "_orig_mod.1.1"]
+
+
 # --- properties: a target's parts parse back; any text expands or names the problem ---
 
 from hypothesis import given  # noqa: E402
