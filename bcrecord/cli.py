@@ -675,13 +675,19 @@ class _Output:
     that fails (a full disk behind ``> file``) is said in one line, not as a traceback.
 
     A closed pipe is left to :func:`main`, which says nothing: its reader left on purpose.
+    No standard output at all (``>&-``: ``sys.stdout`` is None) is written nothing, as
+    ``print`` writes nothing there.
     """
 
     def write(self, text: str) -> int:
+        if sys.stdout is None:
+            return len(text)
         with self._failing_said():
             return sys.stdout.write(text)
 
     def flush(self) -> None:
+        if sys.stdout is None:
+            return
         with self._failing_said():
             sys.stdout.flush()
 

@@ -269,6 +269,30 @@ def test_output_that_cannot_be_written_is_said_in_one_line(project):
         assert result.stderr == "bcrecord: could not write the output: No space left on device\n", args
 
 
+def test_output_to_a_closed_standard_output_is_dropped_as_python_drops_it(project):
+    # `bcrecord targets ... >&-` (no standard output: sys.stdout is None) printed an
+    # AttributeError traceback, status 1, since its report went through _Output; print() writes
+    # nothing there, and bcrecord wrote nothing and exited 0 before.
+    saved = project / "runs"
+    bcrecord.save({"m:f:x@0": [1.0]}, saved)
+    for args in (
+        ["targets", "helper:Scaler.scale"],
+        ["show", "helper:twice", "y"],
+        ["view", str(saved), "--no-plots"],
+    ):
+        result = subprocess.run(
+            [sys.executable, "-m", "bcrecord", *args],
+            cwd=project,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=_env(),
+            timeout=300,
+            preexec_fn=lambda: os.close(1),
+        )
+        assert (result.returncode, result.stderr) == (0, ""), args
+
+
 def test_run_options_given_after_the_script_are_said_to_go_before_it(project):
     # `bcrecord run prog.py -r T` gave "the following arguments are required: -r/--record".
     cases = [

@@ -135,7 +135,8 @@ def _compiled_wrapper() -> Tuple[type, ...]:
 
 
 def named_modules(model: torch.nn.Module, remove_duplicate: bool = True) -> List[Tuple[str, torch.nn.Module]]:
-    """``model.named_modules()``, each submodule compiled in place seen through as at the root.
+    """``model.named_modules()``, each submodule compiled in place seen through, as :func:`unwrap`
+    sees through a compiled root (``model`` itself is listed as it is: unwrap it first).
 
     ``model.block = torch.compile(model.block)`` puts torch.compile's wrapper at ``'block'``
     and the module at ``'block._orig_mod'``; here the module is at ``'block'`` and its
@@ -162,7 +163,7 @@ def named_modules(model: torch.nn.Module, remove_duplicate: bool = True) -> List
         base = shown.get(parent, parent)  # (a name with a dot in it has no parent listed)
         inside = parent in wrappers and name == "_orig_mod"  # listed at the wrapper's path already
         shown[path] = base if inside else f"{base}.{name}" if base else name
-        if isinstance(module, compiled):
+        if path and isinstance(module, compiled):  # (a compiled root is the caller's: unwrap)
             wrappers.add(path)
             if not inside:
                 inner = module
@@ -1265,10 +1266,12 @@ def _match(model: torch.nn.Module, pattern: str) -> List[str]:
     # The model inside a wrapper first: '*' is its children, not DataParallel's 'module'
     # ('module.*' still matches through the wrapper, where the model has no 'module').
     roots = [model] if unwrap(model) is model else [unwrap(model), model]
-    for root in roots:
+    # A compiled submodule's children at its path ('1.*': '1.0'), else as named_modules()
+    # names them, under torch.compile's wrapper ('1._orig_mod.*').
+    for root, raw in itertools.product(roots, (False, True)):
         found = [
             name
-            for name, _ in named_modules(root)
+            for name, _ in (root.named_modules() if raw else named_modules(root))
             if name
             and len(name.split(".")) == len(wanted)
             and all(fnmatch.fnmatchcase(a, b) for a, b in zip(name.split("."), wanted, strict=True))

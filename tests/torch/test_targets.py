@@ -1414,28 +1414,35 @@ def test_a_submodule_compiled_in_place_of_itself_records_at_its_path_and_under_a
 
 
 def test_globs_and_list_targets_see_through_a_submodule_compiled_in_place():
-    # '1.*' matched torch.compile's wrapper attribute '1._orig_mod' (recording the block as
-    # '1._orig_mod'), not the block's children '1.0' and '1.1', and '1.*.weight'-style
-    # globs under it matched nothing; list_targets listed '1._orig_mod...' paths.
+    # '1.*' matched torch.compile's wrapper attribute '1._orig_mod' (the whole block again,
+    # under the wrapper's path), not the block's children '1.0' and '1.1'; '*.0' and
+    # '1.*.lin'-style globs under it matched nothing; ['*', '*.*'] was refused: "'1._orig_mod'
+    # and '1' are the same Sequential"; list_targets listed '1._orig_mod...' paths.
     from bcrecord.torch import list_targets, record
 
     model, x, inner = _compiled_in_the_middle()
     assert [t.path for t in expand(model, "1.*")] == ["1.0", "1.1"]
+    assert [t.path for t in expand(model, "*.*")] == ["1.0", "1.1"]
     assert [t.path for t in expand(model, "*.0")] == ["1.0"]
     assert [path for path, _ in named_modules(model)] == ["", "0", "1", "1.0", "1.1", "2"]
     assert named_modules(model)[2][1] is model[1]._orig_mod
     paths = [target for target in list_targets(model) if ":" not in target]
     assert paths == ["", "0", "1", "1.0", "1.1", "2"]
     assert "1:forward:return" in list_targets(model)
-    with torch.no_grad(), record(model, ["1.*"]) as rec:
+    with torch.no_grad(), record(model, ["*", "*.*"]) as rec:
         model(x)
-    assert sorted(rec.keys()) == ["1.0:forward:return", "1.1:forward:return"]
+    assert sorted(rec.keys()) == sorted(f"{path}:forward:return" for path in ("0", "1", "1.0", "1.1", "2"))
     assert torch.allclose(rec["1.0:forward:return"], inner, atol=1e-6)
     assert torch.allclose(rec["1.1:forward:return"], inner.relu(), atol=1e-6)
-    # The wrapper's own attribute path still reaches the block, as named_modules() names it.
+    # The wrapper's own paths, as named_modules() names them, still match and record.
+    assert [t.path for t in expand(model, "1._orig_mod.*")] == ["1._orig_mod.0", "1._orig_mod.1"]
     with torch.no_grad(), record(model, ["1._orig_mod.0"]) as rec:
         model(x)
     assert torch.allclose(rec["1._orig_mod.0:forward:return"], inner, atol=1e-6)
+    # Under a compiled root too; the root wrapper's own paths still match as they did.
+    compiled = torch.compile(model, backend="eager")
+    assert [t.path for t in expand(compiled, "*.*")] == ["1.0", "1.1"]
+    assert [t.path for t in expand(compiled, "_orig_mod.1.*")] == ["_orig_mod.1.0", "_orig_mod.1.1"]
 
 
 # --- properties: a target's parts parse back; any text expands or names the problem ---
