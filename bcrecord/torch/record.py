@@ -194,6 +194,12 @@ def _one_path_each(model: torch.nn.Module, modules: Mapping[str, torch.nn.Module
                     f"(one {type(module).__name__} object); while recorded a module has one path: "
                     "target one of them"
                 )
+            if ".".join(name for name in outer.split(".") if name != "_orig_mod") == bare:
+                raise TargetError(  # (a submodule compiled in its place: '1._orig_mod' is '1')
+                    f"{outer!r} is {bare!r} reached through torch.compile's wrapper '_orig_mod' "
+                    f"(one {type(module).__name__} object); while recorded a module has one path: "
+                    f"target {bare!r}"
+                )
         raise TargetError(
             f"{path!r} and {first!r} are the same {type(module).__name__} object (registered "
             "twice); while recorded a module has one path: target one of them"

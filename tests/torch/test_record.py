@@ -690,6 +690,24 @@ def test_a_module_named_with_and_without_the_wrapper_s_path_is_said_to_be_one(ne
     assert not any("_bcrecord_path" in vars(module) for module in net.modules())
 
 
+def test_a_compiled_submodule_named_with_and_without_its_wrapper_s_path_is_said_to_be_one():
+    # ['1', '1._orig_mod'] of a block compiled in its place was "the same Sequential object
+    # (registered twice)": nothing was registered twice, one path goes through the wrapper.
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Sequential(torch.nn.ReLU()))
+    model[1] = torch.compile(model[1], backend="eager")
+    for targets, said in [
+        (["1", "1._orig_mod"], "'1._orig_mod' is '1'"),
+        (["1._orig_mod.0", "1.0:forward:return"], "'1._orig_mod.0' is '1.0'"),
+    ]:
+        with pytest.raises(
+            bcrecord.TargetError,
+            match="^" + re.escape(f"{said} reached through torch.compile's wrapper '_orig_mod' (one "),
+        ):
+            with record(model, targets):
+                pass
+    assert not any("_bcrecord_path" in vars(module) for module in model.modules())
+
+
 def test_deepcopy_records_the_copy_never_the_original(net):
     x = torch.randn(1, 3, 8, 8)
     with record(net, ["fc"]) as rec:
