@@ -239,3 +239,35 @@ def test_the_reliability_summary_counts_the_generated_programs_its_tables_give()
     in_all = 4 * per_interpreter  # four interpreters
     assert f"{per_interpreter:,} examples per interpreter in the long runs ({in_all:,} in all)" in summary
     assert f"{programs:,} more `generated_functions` programs in the campaign of" in summary
+
+
+def test_the_stores_the_compiler_drops_are_dropped_where_said():
+    import bcrecord
+
+    text = " ".join(README.read_text().split())
+    said = re.search(r"On (3\.\d+) and (3\.\d+) the compiler drops a store .*?\(`_, _, h = shape`", text)
+    namespace = {}
+    exec("def f(shape):\n    _, _, h = shape\n    return h\n", namespace)
+    dropping = [tuple(map(int, version.split("."))) for version in said.groups()]
+    expected = ["_@0", "h@0"] if sys.version_info[:2] in dropping else ["_@0", "_@1", "h@0"]
+    assert [s for s in bcrecord.targets(namespace["f"]).specs() if s != "return"] == expected
+
+
+def test_the_formatting_3_14_compiles_otherwise_is_as_said():
+    import bcrecord
+
+    text = " ".join(README.read_text().split())
+    said = re.search(
+        r"3\.14's compiler folds more or less: `(.+?)` is f-string code there \(no `%` operator\), "
+        r"and `(.+?)` stays a `%`, where 3\.13 makes it f-string code",
+        text,
+    )
+
+    def operators(expression):
+        namespace = {}
+        exec(f"def f(x, y):\n    s = {expression}\n    return s\n", namespace)
+        return [s for s in bcrecord.targets(namespace["f"]).specs() if s.startswith("%")]
+
+    on_314 = sys.version_info >= (3, 14)
+    assert operators(said.group(1)) == ([] if on_314 else ["%@0"])
+    assert operators(said.group(2)) == (["%@0"] if on_314 else [])
