@@ -1445,6 +1445,30 @@ def test_globs_and_list_targets_see_through_a_submodule_compiled_in_place():
     assert [t.path for t in expand(compiled, "_orig_mod.1.*")] == ["_orig_mod.1.0", "_orig_mod.1.1"]
 
 
+def test_a_module_shared_at_two_paths_with_one_compiled_is_listed_once_as_uncompiled():
+    # model.b = torch.compile(model.a): '*' matched 'b' as well as 'a' and list_targets listed
+    # 'b...' targets, so record(model, ['*']) and record(model, list_targets(model)) were
+    # refused ("'b' and 'a' are the same Sequential object"), where the model uncompiled
+    # (named_modules() lists a shared module once) records both.
+    import torch._dynamo
+
+    from bcrecord.torch import list_targets, record
+
+    torch._dynamo.reset()
+    block = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    model = torch.nn.Sequential(block, torch.compile(block, backend="eager"))
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        first = block[0](x)
+        second = block[0](first.relu())
+    assert [path for path, _ in named_modules(model)] == ["", "0", "0.0", "0.1"]
+    assert [t.path for t in expand(model, "*")] == ["0"]
+    assert not [target for target in list_targets(model) if target.startswith("1")]
+    with torch.no_grad(), record(model, list_targets(model), keep="all") as rec:
+        model(x)
+    assert [value.tolist() for value in rec.all("0.0:forward:return")] == [first.tolist(), second.tolist()]
+
+
 # --- properties: a target's parts parse back; any text expands or names the problem ---
 
 from hypothesis import given  # noqa: E402
