@@ -1321,7 +1321,10 @@ def _dotted_for_subscripts(model: torch.nn.Module, pattern: str) -> Optional[str
 def _misspelt_part(model: torch.nn.Module, wanted: List[str]) -> str:
     """``" ('block' names no submodule there; did you mean 'blocks'?)"`` for the first
     part before a glob that no submodule path has there, or ``''``."""
-    paths = [name.split(".") for name, _ in named_modules(model) if name]
+    # The model inside a wrapper's paths too, as _match matches them ('blocks.*', not only
+    # DataParallel's 'module.blocks.*').
+    roots = [model] if unwrap(model) is model else [unwrap(model), model]
+    paths = [name.split(".") for root in roots for name, _ in named_modules(root) if name]
     for depth, part in enumerate(wanted):
         if any(ch in part for ch in "*?["):
             break

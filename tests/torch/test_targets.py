@@ -232,6 +232,28 @@ def test_a_glob_on_a_wrapped_model_matches_the_model_s_submodules_and_a_real_nam
     assert [t.path for t in expand(named, "blk[01]")] == ["blk0"]  # a glob where no name is that
 
 
+def test_a_glob_that_matches_nothing_in_a_wrapped_model_names_the_misspelt_part_of_the_model_s_paths():
+    # Under nn.DataParallel or torch.compile's wrapper the hint read the wrapper's paths
+    # ('module.blocks'): 'blocks.*.bnn' said "'blocks' names no submodule there", though the
+    # model has 'blocks', and 'blokcs.*' lost its "did you mean 'blocks'".
+    import torch._dynamo
+
+    net = SmallNet()
+    for wrapped in (net, torch.nn.DataParallel(net), torch.compile(net, backend="eager")):
+        with pytest.raises(bcrecord.TargetError) as error:
+            expand(wrapped, "blocks.*.bnn")
+        assert str(error.value) == "no submodule matches 'blocks.*.bnn'"
+        with pytest.raises(
+            bcrecord.TargetError, match=r"\('blokcs' names no submodule there; did you mean 'blocks'\?\)"
+        ):
+            expand(wrapped, "blokcs.*")
+    with pytest.raises(
+        bcrecord.TargetError, match=r"\('blokcs' names no submodule there; did you mean 'blocks'\?\)"
+    ):
+        expand(torch.nn.DataParallel(net), "module.blokcs.*")
+    torch._dynamo.reset()
+
+
 def test_wrappers_and_errors():
     net = SmallNet()
     assert unwrap(torch.nn.DataParallel(net)) is net
