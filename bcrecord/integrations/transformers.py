@@ -234,6 +234,10 @@ def attention_recorder(
             "attn_implementation='eager' (from_pretrained(..., attn_implementation='eager')) or call "
             "model.set_attn_implementation('eager') first"
         )
-    paths = {id(module): path for path, module in model.named_modules()}
+    from ..torch.targets import named_modules
+
+    # A decoder layer compiled in its place (`layers[0] = torch.compile(layers[0])`) seen
+    # through, as record() names its modules: 'model.layers.0.self_attn', not '...0._orig_mod...'.
+    paths = {id(module): path for path, module in named_modules(model)}
     # The owner of a call is its first argument (the attention module); None: not recorded.
     return patch_function(function, specs, name=lambda module: paths.get(id(module)))

@@ -194,12 +194,16 @@ def _one_path_each(model: torch.nn.Module, modules: Mapping[str, torch.nn.Module
                     f"(one {type(module).__name__} object); while recorded a module has one path: "
                     "target one of them"
                 )
-            if ".".join(name for name in outer.split(".") if name != "_orig_mod") == bare:
-                raise TargetError(  # (a submodule compiled in its place: '1._orig_mod' is '1')
-                    f"{outer!r} is {bare!r} reached through torch.compile's wrapper '_orig_mod' "
-                    f"(one {type(module).__name__} object); while recorded a module has one path: "
-                    f"target {bare!r}"
-                )
+        # A submodule compiled in its place: its module at its path and at the wrapper's
+        # '_orig_mod' ('1' and '1._orig_mod'), nothing registered twice.
+        if [name for name in path.split(".") if name != "_orig_mod"] == [
+            name for name in first.split(".") if name != "_orig_mod"
+        ]:
+            outer, bare = (path, first) if len(path) > len(first) else (first, path)
+            raise TargetError(
+                f"{outer!r} is {bare!r} reached through torch.compile's wrapper's '_orig_mod' (one "
+                f"{type(module).__name__} object); while recorded a module has one path: target one of them"
+            )
         raise TargetError(
             f"{path!r} and {first!r} are the same {type(module).__name__} object (registered "
             "twice); while recorded a module has one path: target one of them"

@@ -157,7 +157,7 @@ def named_modules(model: torch.nn.Module, remove_duplicate: bool = True) -> List
         return found
     shown: Dict[str, str] = {"": ""}  # each path as named_modules gives it: the path seen through
     wrappers = set()  # the paths, as named_modules gives them, of compiled wrappers
-    listed = []
+    listed: List[Tuple[str, torch.nn.Module]] = []
     for path, module in found:
         parent, _, name = path.rpartition(".")
         base = shown.get(parent, parent)  # (a name with a dot in it has no parent listed)
@@ -169,7 +169,10 @@ def named_modules(model: torch.nn.Module, remove_duplicate: bool = True) -> List
                 inner = module
                 while isinstance(inner, compiled):  # (torch.compile of a compiled module)
                     inner = inner._orig_mod  # type: ignore[attr-defined]
-                listed.append((shown[path], inner))
+                # A module listed already (`model.b = torch.compile(model.a)`): once, as
+                # named_modules() lists a module registered twice.
+                if not (remove_duplicate and any(inner is seen for _, seen in listed)):
+                    listed.append((shown[path], inner))
         elif not inside:
             listed.append((shown[path], module))
     return listed
@@ -1318,7 +1321,10 @@ def _dotted_for_subscripts(model: torch.nn.Module, pattern: str) -> Optional[str
 def _misspelt_part(model: torch.nn.Module, wanted: List[str]) -> str:
     """``" ('block' names no submodule there; did you mean 'blocks'?)"`` for the first
     part before a glob that no submodule path has there, or ``''``."""
-    paths = [name.split(".") for name, _ in named_modules(model) if name]
+    # The model inside a wrapper's paths too, as _match matches them ('blocks.*', not only
+    # DataParallel's 'module.blocks.*').
+    roots = [model] if unwrap(model) is model else [unwrap(model), model]
+    paths = [name.split(".") for root in roots for name, _ in named_modules(root) if name]
     for depth, part in enumerate(wanted):
         if any(ch in part for ch in "*?["):
             break

@@ -7,6 +7,7 @@ compared with an independent computation; hidden states inside and between block
 with ``output_hidden_states=True`` and with recomputation.
 """
 
+import copy
 import math
 
 import pytest
@@ -580,6 +581,32 @@ def test_compiled_llama_records_what_eager_does_and_lm_head_breaks_more_than_its
     torch._dynamo.reset()
     assert breaks["lm_head"] > breaks[":forward:logits"]
     assert_clean()
+
+
+def test_attention_recorder_names_a_compiled_decoder_layer_s_attention_by_the_path_record_gives(llama):
+    # Regional compilation, layers[i] = torch.compile(layers[i]): the attention recorder's keys
+    # were 'model.layers.0._orig_mod.self_attn:eager_attention_forward:...', where record()
+    # names the module 'model.layers.0.self_attn' (and the docs' keys raised KeyError).
+    import torch._dynamo
+
+    ids = torch.randint(3, 100, (1, 6), generator=torch.Generator().manual_seed(5))
+    with attention_recorder(llama, ["attn_weights@2"]) as patch, bcrecord.recording(only=[patch]) as eager:
+        with torch.no_grad():
+            llama(ids)
+    compiled = copy.deepcopy(llama)
+    layers = compiled.model.layers
+    torch._dynamo.reset()
+    for i in range(len(layers)):
+        layers[i] = torch.compile(layers[i], backend="eager")
+    with attention_recorder(compiled, ["attn_weights@2"]) as patch, bcrecord.recording(only=[patch]) as rec:
+        with record(compiled, ["model.layers.*.self_attn"]) as outputs, torch.no_grad():
+            compiled(ids)
+    torch._dynamo.reset()
+    owner = "model.layers.0.self_attn"
+    assert sorted(rec.keys()) == sorted(eager.keys())
+    assert f"{owner}:forward:return" in outputs.keys()
+    probs = rec[f"{owner}:eager_attention_forward:attn_weights@2"]
+    assert torch.equal(probs, eager[f"{owner}:eager_attention_forward:attn_weights@2"])
 
 
 @pytest.mark.parametrize(

@@ -232,6 +232,28 @@ def test_a_glob_on_a_wrapped_model_matches_the_model_s_submodules_and_a_real_nam
     assert [t.path for t in expand(named, "blk[01]")] == ["blk0"]  # a glob where no name is that
 
 
+def test_a_glob_that_matches_nothing_in_a_wrapped_model_names_the_misspelt_part_of_the_model_s_paths():
+    # Under nn.DataParallel or torch.compile's wrapper the hint read the wrapper's paths
+    # ('module.blocks'): 'blocks.*.bnn' said "'blocks' names no submodule there", though the
+    # model has 'blocks', and 'blokcs.*' lost its "did you mean 'blocks'".
+    import torch._dynamo
+
+    net = SmallNet()
+    for wrapped in (net, torch.nn.DataParallel(net), torch.compile(net, backend="eager")):
+        with pytest.raises(bcrecord.TargetError) as error:
+            expand(wrapped, "blocks.*.bnn")
+        assert str(error.value) == "no submodule matches 'blocks.*.bnn'"
+        with pytest.raises(
+            bcrecord.TargetError, match=r"\('blokcs' names no submodule there; did you mean 'blocks'\?\)"
+        ):
+            expand(wrapped, "blokcs.*")
+    with pytest.raises(
+        bcrecord.TargetError, match=r"\('blokcs' names no submodule there; did you mean 'blocks'\?\)"
+    ):
+        expand(torch.nn.DataParallel(net), "module.blokcs.*")
+    torch._dynamo.reset()
+
+
 def test_wrappers_and_errors():
     net = SmallNet()
     assert unwrap(torch.nn.DataParallel(net)) is net
@@ -1443,6 +1465,30 @@ def test_globs_and_list_targets_see_through_a_submodule_compiled_in_place():
     compiled = torch.compile(model, backend="eager")
     assert [t.path for t in expand(compiled, "*.*")] == ["1.0", "1.1"]
     assert [t.path for t in expand(compiled, "_orig_mod.1.*")] == ["_orig_mod.1.0", "_orig_mod.1.1"]
+
+
+def test_a_module_shared_at_two_paths_with_one_compiled_is_listed_once_as_uncompiled():
+    # model.b = torch.compile(model.a): '*' matched 'b' as well as 'a' and list_targets listed
+    # 'b...' targets, so record(model, ['*']) and record(model, list_targets(model)) were
+    # refused ("'b' and 'a' are the same Sequential object"), where the model uncompiled
+    # (named_modules() lists a shared module once) records both.
+    import torch._dynamo
+
+    from bcrecord.torch import list_targets, record
+
+    torch._dynamo.reset()
+    block = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    model = torch.nn.Sequential(block, torch.compile(block, backend="eager"))
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        first = block[0](x)
+        second = block[0](first.relu())
+    assert [path for path, _ in named_modules(model)] == ["", "0", "0.0", "0.1"]
+    assert [t.path for t in expand(model, "*")] == ["0"]
+    assert not [target for target in list_targets(model) if target.startswith("1")]
+    with torch.no_grad(), record(model, list_targets(model), keep="all") as rec:
+        model(x)
+    assert [value.tolist() for value in rec.all("0.0:forward:return")] == [first.tolist(), second.tolist()]
 
 
 # --- properties: a target's parts parse back; any text expands or names the problem ---
