@@ -106,13 +106,13 @@ if _HAS_CACHES:
     register_holder(Cache, _copied_cache, policies=("clone", "deepcopy"))
 
 
-def _attention_modules(model: Any) -> List[Tuple[str, Any, Callable[..., Any]]]:
-    """``(path, module, function)`` for each module whose ``forward`` calls a module-level
-    ``eager_attention_forward``, or a variant named so (TimesFM's
+def _attention_modules(modules: List[Tuple[str, Any]]) -> List[Tuple[str, Any, Callable[..., Any]]]:
+    """``(path, module, function)`` for each of ``modules`` (``(path, module)``) whose ``forward``
+    calls a module-level ``eager_attention_forward``, or a variant named so (TimesFM's
     ``simple_eager_attention_forward``, Llama 4's ``vision_eager_attention_forward``),
     looked up in the globals of the module's own code."""
     found = []
-    for path, module in model.named_modules():
+    for path, module in modules:
         forward = getattr(type(module), "forward", None)
         if not callable(forward):
             continue
@@ -126,12 +126,13 @@ def _attention_modules(model: Any) -> List[Tuple[str, Any, Callable[..., Any]]]:
     return found
 
 
-def _softmax_targets(model: Any) -> List[str]:
-    """``'<path>:forward:<chain>()'`` for each module whose own ``forward`` calls a softmax
-    (``nn.functional.softmax``, ``torch.softmax``, ``scores.softmax``...): where a model
-    without an attention function (DeBERTa) computes its probabilities."""
+def _softmax_targets(modules: List[Tuple[str, Any]]) -> List[str]:
+    """``'<path>:forward:<chain>()'`` for each of ``modules`` (``(path, module)``) whose own
+    ``forward`` calls a softmax (``nn.functional.softmax``, ``torch.softmax``,
+    ``scores.softmax``...): where a model without an attention function (DeBERTa) computes
+    its probabilities."""
     found = []
-    for path, module in model.named_modules():
+    for path, module in modules:
         forward = getattr(type(module), "forward", None)
         code = getattr(inspect.unwrap(forward), "__code__", None) if callable(forward) else None
         if code is None or "softmax" not in code.co_names:  # (cheap: most modules have none)
@@ -141,9 +142,10 @@ def _softmax_targets(model: Any) -> List[str]:
     return found
 
 
-def _without_function(name: str, model: Any) -> str:
-    """What to do for a model whose attention modules call no attention function."""
-    sites = _softmax_targets(model)
+def _without_function(name: str, modules: List[Tuple[str, Any]]) -> str:
+    """What to do for a model (its ``(path, module)`` pairs) whose attention modules call no
+    attention function."""
+    sites = _softmax_targets(modules)
     if not sites:
         return (
             "a model that computes attention in its modules' forward: record their locals "
@@ -204,7 +206,12 @@ def attention_recorder(
         )
     if function is not None:
         function_of(function)  # a NotPatchableError saying what it is instead
-    modules = _attention_modules(model)
+    from ..torch.targets import named_modules
+
+    # A decoder layer compiled in its place (`layers[0] = torch.compile(layers[0])`) seen
+    # through, as record() names its modules: 'model.layers.0.self_attn', not '...0._orig_mod...'.
+    listed = named_modules(model)
+    modules = _attention_modules(listed)
     functions = list(dict.fromkeys(f for _, _, f in modules))
     name = type(model).__name__
     if function is None:
@@ -213,7 +220,7 @@ def attention_recorder(
             raise TargetError(
                 f"attention_recorder: {name}'s attention modules call {len(functions)} "
                 f"{ATTENTION_FUNCTION} functions ({what}); "
-                + ("give function= to choose one" if functions else _without_function(name, model))
+                + ("give function= to choose one" if functions else _without_function(name, listed))
             )
         function = functions[0]
     callers = [(path, module) for path, module, f in modules if f is function]
@@ -234,10 +241,6 @@ def attention_recorder(
             "attn_implementation='eager' (from_pretrained(..., attn_implementation='eager')) or call "
             "model.set_attn_implementation('eager') first"
         )
-    from ..torch.targets import named_modules
-
-    # A decoder layer compiled in its place (`layers[0] = torch.compile(layers[0])`) seen
-    # through, as record() names its modules: 'model.layers.0.self_attn', not '...0._orig_mod...'.
-    paths = {id(module): path for path, module in named_modules(model)}
+    paths = {id(module): path for path, module in listed}
     # The owner of a call is its first argument (the attention module); None: not recorded.
     return patch_function(function, specs, name=lambda module: paths.get(id(module)))

@@ -40,7 +40,7 @@ import re
 import sys
 import types
 from dataclasses import dataclass, field
-from typing import Any, Container, Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, Container, Dict, Iterable, Iterator, List, Optional, Set, Tuple
 
 import torch
 from bytecode import Instr, Label
@@ -158,6 +158,7 @@ def named_modules(model: torch.nn.Module, remove_duplicate: bool = True) -> List
     shown: Dict[str, str] = {"": ""}  # each path as named_modules gives it: the path seen through
     wrappers = set()  # the paths, as named_modules gives them, of compiled wrappers
     listed: List[Tuple[str, torch.nn.Module]] = []
+    listed_ids: Set[int] = set()
     for path, module in found:
         parent, _, name = path.rpartition(".")
         base = shown.get(parent, parent)  # (a name with a dot in it has no parent listed)
@@ -169,12 +170,14 @@ def named_modules(model: torch.nn.Module, remove_duplicate: bool = True) -> List
                 inner = module
                 while isinstance(inner, compiled):  # (torch.compile of a compiled module)
                     inner = inner._orig_mod  # type: ignore[attr-defined]
-                # A module listed already (`model.b = torch.compile(model.a)`): once, as
-                # named_modules() lists a module registered twice.
-                if not (remove_duplicate and any(inner is seen for _, seen in listed)):
+                # A module listed elsewhere (`model.b = torch.compile(model.a)`): once, at
+                # the other path, as named_modules() lists a module registered twice.
+                if not (remove_duplicate and id(inner) in listed_ids):
                     listed.append((shown[path], inner))
+                    listed_ids.add(id(inner))
         elif not inside:
             listed.append((shown[path], module))
+            listed_ids.add(id(module))
     return listed
 
 

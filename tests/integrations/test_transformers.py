@@ -826,6 +826,11 @@ def test_a_model_without_an_attention_function_is_told_the_target_that_records_i
     with record(model, [target]) as rec, torch.no_grad():
         out = model(ids, output_attentions=True)
     assert torch.equal(rec[f"{target}@0"], out.attentions[0])
+    # A layer compiled in its place: the same target, not one under torch.compile's '_orig_mod'.
+    model.encoder.layer[0] = torch.compile(model.encoder.layer[0], backend="eager")
+    with pytest.raises(TargetError) as refused:
+        attention_recorder(model, ["attn_weights@2"])
+    assert f"bcrecord.torch.record(model, [{target!r}])" in str(refused.value)
     assert_clean()
 
 
