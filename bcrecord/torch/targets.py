@@ -1269,9 +1269,7 @@ def _match(model: torch.nn.Module, pattern: str) -> List[str]:
         module_at(model, pattern)  # raises a clear error if missing
         return [pattern]  # (also a name with a glob's characters in it: 'blk[0]')
     wanted = pattern.split(".")
-    # The model inside a wrapper first: '*' is its children, not DataParallel's 'module'
-    # ('module.*' still matches through the wrapper, where the model has no 'module').
-    roots = [model] if unwrap(model) is model else [unwrap(model), model]
+    roots = _glob_roots(model)
     # A compiled submodule's children at its path ('1.*': '1.0'), else as named_modules()
     # names them, under torch.compile's wrapper ('1._orig_mod.*').
     for root, raw in itertools.product(roots, (False, True)):
@@ -1321,13 +1319,17 @@ def _dotted_for_subscripts(model: torch.nn.Module, pattern: str) -> Optional[str
     return None if not end else dotted + pattern[end:]
 
 
+def _glob_roots(model: torch.nn.Module) -> List[torch.nn.Module]:
+    """Where a glob's paths start: the model inside a wrapper first (``'*'`` is its children,
+    not DataParallel's ``'module'``), then the wrapper (``'module.*'`` still matches through it)."""
+    inner = unwrap(model)
+    return [model] if inner is model else [inner, model]
+
+
 def _misspelt_part(model: torch.nn.Module, wanted: List[str]) -> str:
     """``" ('block' names no submodule there; did you mean 'blocks'?)"`` for the first
     part before a glob that no submodule path has there, or ``''``."""
-    # The model inside a wrapper's paths too, as _match matches them ('blocks.*', not only
-    # DataParallel's 'module.blocks.*').
-    roots = [model] if unwrap(model) is model else [unwrap(model), model]
-    paths = [name.split(".") for root in roots for name, _ in named_modules(root) if name]
+    paths = [name.split(".") for root in _glob_roots(model) for name, _ in named_modules(root) if name]
     for depth, part in enumerate(wanted):
         if any(ch in part for ch in "*?["):
             break
