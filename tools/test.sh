@@ -26,9 +26,13 @@ fi
 if [ $# -gt 0 ]; then
   exec "$py" -m tox run "$@"
 fi
-"$py" -m tox run
+# py314 runs even when an env above failed, so one run reports every failure; the exit
+# status is the first failure's.
+status=0
+"$py" -m tox run || status=$?
 if [ -n "$python314" ]; then
-  "$py" -m tox run -e py314
+  "$py" -m tox run -e py314 || { rc=$?; [ "$status" -ne 0 ] || status=$rc; }
 else
   echo "tools/test.sh: py314 not run: no Python 3.14 here, and tools/python314.sh could not fetch one (why: above)" >&2
 fi
+exit "$status"
