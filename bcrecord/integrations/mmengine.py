@@ -838,6 +838,7 @@ class RecorderHook(Hook):
                         self._counts[loop] = max(self._counts.get(loop, 0), saved + 1)
         self._wrap_loops(runner)
         self._warn_of_epochs_that_never_end(runner)
+        self._warn_of_keys_the_log_prints(runner)
         where = f"; records go to {self._save_root}/<loop>" if self._save_root is not None else ""
         runner.logger.info(
             f"RecorderHook: recording {len(self._keys)} keys in the {'/'.join(self.loops)} loop(s){where}: "
@@ -855,6 +856,21 @@ class RecorderHook(Hook):
                 "RecorderHook: by_epoch=True, but training is iteration-based (IterBasedTrainLoop runs "
                 "one epoch): every recorded training iteration is kept in memory and written when "
                 f"training ends; give by_epoch=False to write every interval={self.interval} iterations"
+            )
+
+    def _warn_of_keys_the_log_prints(self, runner: Runner) -> None:
+        """Say so when a key starts with ``'val'`` or ``'test'`` (``model='value_head'``): MMEngine's
+        ``LogProcessor`` takes every MessageHub info whose key starts with the loop's name for that
+        loop's own and prints it, a tensor in full, at the end of each validation or test epoch,
+        whichever loop published it."""
+        owners = sorted({rc.owner for rc in self._parsed if rc.owner.startswith(("val", "test"))})
+        if owners:
+            runner.logger.warning(
+                f"RecorderHook: the keys of owner(s) {', '.join(map(repr, owners))} start with 'val' or "
+                "'test': MMEngine's LogProcessor prints every MessageHub info whose key starts with "
+                "'val' ('test') at the end of each validation (test) epoch, the recorded value in "
+                "full; give such a recorder a name= (the owner part of its keys) that starts "
+                "otherwise to keep its values out of the log"
             )
 
     def _warn_of_loops_that_do_not_run(self, runner: Runner, outermost: str) -> None:

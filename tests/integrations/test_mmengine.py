@@ -956,6 +956,47 @@ def test_iteration_based_training_writes_every_interval_or_warns_that_it_cannot(
     assert bcrecord.load(records / "train").steps(OUTPUTS) == [0, 1, 2, 3, 4]
 
 
+class _Head(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(2, 1)
+
+    def forward(self, x):
+        y = self.lin(x)
+        return y
+
+
+class _ValueHeadModel(ToyModel):
+    """A submodule whose name starts with 'val', as a reinforcement-learning critic's does."""
+
+    def __init__(self):
+        super().__init__()
+        self.value_head = _Head()
+
+    def forward(self, inputs, data_samples, mode="tensor"):
+        inputs, data_sample = torch.stack(inputs), torch.stack(data_samples)
+        outputs = self.value_head(self.linear1(inputs))
+        return dict(loss=(data_sample - outputs).sum()) if mode == "loss" else outputs
+
+
+@pytest.mark.parametrize("name", [None, "head"])
+def test_keys_starting_with_val_are_said_to_go_into_the_validation_log(tmp_path, name):
+    # MMEngine's LogProcessor reads every MessageHub info whose key starts with 'val' as the
+    # validation loop's own, and prints it at the end of each validation epoch.
+    recorder = dict(type="FunctionRecorder", model="value_head", target="y")
+    if name is not None:
+        recorder["name"] = name
+    hook = dict(type="RecorderHook", recorders=[recorder])
+    runner = make_runner(tmp_path, _ValueHeadModel(), [hook], val=True)
+    runner.train()
+    log = log_text(runner)
+    warned = "RecorderHook: the keys of owner(s) 'value_head' start with 'val' or 'test'"
+    assert (warned in log) == (name is None)
+    printed = "Epoch(val) [1][4/4]    batches: 4.0000  value_head:forward:y@0: \ntensor("
+    assert (printed in log) == (name is None)
+    assert runner.message_hub.get_info(f"{name or 'value_head'}:forward:y@0").shape == (3, 1)
+
+
 def test_every_n_iters_records_every_n_th_iteration_and_writes_every_interval_all_the_same(tmp_path):
     # interval=50 in MMEngine hooks means "every 50 iterations"; here that is every_n_iters, and
     # interval is when buffered records are written: the two need not line up.
