@@ -219,6 +219,30 @@ def test_globs_match_one_component_at_a_time():
     ]
 
 
+def test_a_double_star_part_of_a_glob_matches_any_number_of_path_parts():
+    # '**' was fnmatch's '*' for one part: '**.bn' matched nothing ("no submodule matches"),
+    # '**' alone only the root's children, as in pathlib's globs it is any number of parts.
+    net = SmallNet()
+    bns = ["blocks.0.bn", "blocks.1.bn", "blocks.2.bn"]
+    assert [t.path for t in expand(net, "**.bn")] == bns
+    assert [t.path for t in expand(net, "blocks.**.bn")] == bns
+    assert [t.path for t in expand(net, "**.bn1")] == ["bn1"]  # none too: a root's child
+    assert [t.path for t in expand(net, "**")] == [name for name, _ in net.named_modules() if name]
+    assert [t.path for t in expand(torch.nn.DataParallel(net), "**.bn")] == bns  # the model's paths
+    assert [t.path for t in expand(net, "bl**.0")] == ["blocks.0"]  # 'bl**' is one part's glob
+    with pytest.raises(
+        bcrecord.TargetError, match=r"'blokcs' names no submodule there; did you mean 'blocks'"
+    ):
+        expand(net, "blokcs.**.bn")
+    with torch.no_grad(), bcrecord.torch.record(net, ["**.bn", "blocks.*.bn"]) as rec:
+        net(torch.randn(1, 3, 4, 4))
+    assert sorted(rec.keys()) == [f"{path}:forward:return" for path in bns]  # each module once
+    assert rec["blocks.0.bn:forward:return"].shape == (1, 4, 4, 4)
+    model, x, inner = _compiled_in_the_middle()  # a compiled block's children at its path
+    assert [t.path for t in expand(model, "**.0")] == ["0", "1.0"]
+    assert [t.path for t in expand(model, "**._orig_mod")] == ["1._orig_mod"]  # as named_modules() names it
+
+
 def test_a_glob_on_a_wrapped_model_matches_the_model_s_submodules_and_a_real_name_is_no_glob():
     net = SmallNet()
     wrapped = torch.nn.DataParallel(net)
