@@ -204,10 +204,26 @@ def _one_path_each(model: torch.nn.Module, modules: Mapping[str, torch.nn.Module
                 f"{outer!r} is {bare!r} reached through torch.compile's wrapper's '_orig_mod' (one "
                 f"{type(module).__name__} object); while recorded a module has one path: target one of them"
             )
+        # Both ways at once ('module.blocks.0' and 'blocks.0._orig_mod' under DataParallel).
+        seen = [_seen_through(p, wrapped) for p in (path, first)]
+        if wrapped and seen[0] == seen[1]:
+            raise TargetError(
+                f"{first!r} and {path!r} are {seen[0]!r} reached through wrappers (the "
+                f"{type(model).__name__}'s {wrapped!r}, torch.compile's wrapper's '_orig_mod'; one "
+                f"{type(module).__name__} object); while recorded a module has one path: target one of them"
+            )
         raise TargetError(
             f"{path!r} and {first!r} are the same {type(module).__name__} object (registered "
             "twice); while recorded a module has one path: target one of them"
         )
+
+
+def _seen_through(path: str, wrapped: str) -> str:
+    """``path`` without the wrappers' path to the model (``wrapped``, ``'module'``) and
+    torch.compile's wrappers' ``'_orig_mod'`` parts: the module's path as targets name it."""
+    if wrapped and (path == wrapped or path.startswith(f"{wrapped}.")):
+        path = path[len(wrapped) + 1 :]
+    return ".".join(name for name in path.split(".") if name != "_orig_mod")
 
 
 def warn_shared(model: torch.nn.Module, modules: Mapping[str, torch.nn.Module]) -> None:

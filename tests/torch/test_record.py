@@ -712,6 +712,31 @@ def test_a_compiled_submodule_named_with_and_without_the_wrapper_s_path_is_said_
     assert torch.equal(rec["1._orig_mod.0:forward:return"], out)
 
 
+def test_a_compiled_submodule_named_through_data_parallel_and_torch_compile_s_wrapper_is_said_to_be_one():
+    # Under DataParallel, with block 0 compiled in its place, 'module.blocks.0' and
+    # 'blocks.0._orig_mod' were "the same Linear object (registered twice)": both are
+    # 'blocks.0', reached through the two wrappers.
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    model = torch.nn.Sequential()
+    model.blocks = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+    model.blocks[0] = torch.compile(model.blocks[0], backend="eager")
+    wrapped = torch.nn.DataParallel(model)
+    through = (
+        "are 'blocks.0' reached through wrappers (the DataParallel's 'module', torch.compile's "
+        "wrapper's '_orig_mod'; one Linear object); while"
+    )
+    for targets in (["module.blocks.0", "blocks.0._orig_mod"], ["module.blocks.0._orig_mod", "blocks.0"]):
+        said = f"{targets[0]!r} and {targets[1]!r} {through}"
+        with pytest.raises(bcrecord.TargetError, match="^" + re.escape(said)):
+            with record(wrapped, targets):
+                pass
+    with torch.no_grad(), record(wrapped, ["module.blocks.0"]) as rec:
+        out = wrapped(torch.ones(1, 2))
+    assert torch.equal(rec["module.blocks.0:forward:return"].relu(), out)
+
+
 def test_deepcopy_records_the_copy_never_the_original(net):
     x = torch.randn(1, 3, 8, 8)
     with record(net, ["fc"]) as rec:
