@@ -1240,13 +1240,15 @@ def _jump_spans(code: types.CodeType) -> Tuple[List[Tuple[int, int]], List[Tuple
     """
     items = instructions(code)
     labels = {item: k for k, item in enumerate(items) if isinstance(item, Label)}
-    returns = {current().return_value, current().return_const}
+    table = current()
+    returns = {table.return_value, table.return_const}
     loops, skips = [], []
     for k, item in enumerate(items):
         if isinstance(item, Instr) and item.name in returns:
             skips.append((k, len(items)))
-        elif isinstance(item, Instr) and isinstance(item.arg, Label):
-            target = labels[item.arg]
+        elif isinstance(item, Instr) and (label := table.jump_target(item)) is not None:
+            # (not 3.14's END_ASYNC_FOR: its label is for monitoring, it goes on to what follows)
+            target = labels[label]
             if target <= k:
                 loops.append((target, k))
             else:

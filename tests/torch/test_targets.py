@@ -1596,3 +1596,33 @@ def test_a_glob_target_reads_the_model_s_submodules_once(monkeypatch):
     assert [t.path for t in expand_all(model, ["*.*:forward:return"])["*.*:forward:return"]] == ["0.0", "0.1"]
     assert new_matches(model, "*.*:forward:return", {"0.0", "0.1"}) == []
     assert reads.count(True) == 2  # one each (4 each before)
+
+
+def test_jump_spans_reads_the_version_table_s_jumps_so_an_async_for_is_its_one_loop(monkeypatch):
+    # On 3.14 END_ASYNC_FOR carries a label that is no jump (for monitoring: it goes on to the
+    # next instruction); _jump_spans took every label argument for a jump, so an async for had
+    # a second loop ending there. (3.14 has no torch here: checked by hand, see the commit.)
+    # It now asks the version table, as the core analysis does: an opcode the table calls
+    # no jump (JUMP_BACKWARD, below, as if it were one) makes no span.
+    import dataclasses
+
+    from bcrecord._versions import current
+    from bcrecord.analysis import instructions
+    from bcrecord.torch import targets
+
+    async def f(xs):
+        total = 0
+        async for x in xs:
+            total += x
+        return total
+
+    items = instructions(f.__code__)
+    loops, _ = targets._jump_spans(f.__code__)
+    ends = [items[end].name for _, end in loops]
+    assert "END_ASYNC_FOR" not in ends and ends.count("JUMP_BACKWARD") == 1
+    start, end = loops[ends.index("JUMP_BACKWARD")]
+    adds = [k for k, item in enumerate(items) if getattr(item, "arg", None) == "total" and k > start]
+    assert start < adds[0] < end  # the body's `total += x` is inside the loop
+    table = dataclasses.replace(current(), pseudo_jumps=current().pseudo_jumps | {"JUMP_BACKWARD"})
+    monkeypatch.setattr(targets, "current", lambda: table)
+    assert [items[end].name for _, end in targets._jump_spans(f.__code__)[0]].count("JUMP_BACKWARD") == 0
