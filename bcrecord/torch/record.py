@@ -408,9 +408,23 @@ class ModelRecording(Recording):
             # A target string read as a key (rec["bn1"]): its keys are what record() expanded it to.
             named = self.targets.get(key) if isinstance(key, str) else None
             if named and key not in named:
-                shown = ", ".join(map(repr, named[:3])) + (", ..." if len(named) > 3 else "")
+                # Its keys that hold values (of a branch not taken, none): those to read.
+                held = [k for k in named if self._data.get(k)]
+                shown = ", ".join(map(repr, (held or named)[:3])) + (
+                    ", ..." if len(held or named) > 3 else ""
+                )
+                if not held:
+                    try:
+                        super()._values(named[0])
+                        why = ""  # (recorded meanwhile, in another thread)
+                    except KeyError as error:
+                        why = f"; {error.args[0]}"
+                    raise KeyError(
+                        f"{key!r} is a target, not a key, and none of its keys ({shown}) holds a value{why}"
+                    ) from None
+                some = "" if len(held) == len(named) else f" ({len(named) - len(held)} more hold none)"
                 raise KeyError(
-                    f"{key!r} is a target, not a key: its keys are {shown}; read rec[{named[0]!r}], "
+                    f"{key!r} is a target, not a key: its keys are {shown}{some}; read rec[{held[0]!r}], "
                     f"or rec.values_of({key!r}) for all of them"
                 ) from None
             # A gradient whose value was recorded: its probe ran, the backward did not

@@ -1271,6 +1271,41 @@ def test_reading_a_target_string_as_a_key_names_its_keys(net):
         rec[":forward:x"]  # a local without @index: one key per assignment
 
 
+def test_reading_a_target_string_as_a_key_names_the_keys_that_hold_values():
+    # A target in a branch not taken: "its keys are ':forward:w@0'; read rec[':forward:w@0']",
+    # a key holding no value either (reading it raised again); a glob's message named first
+    # the keys of modules that never ran.
+    class Branchy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.c = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+
+        def forward(self, x, flag=False):
+            y = self.c(x)
+            if flag:
+                w = self.a(self.b(y))
+                y = w
+            return y
+
+    model = Branchy()
+    with record(model, ["*", ":forward:w"]) as rec:
+        out = model(torch.ones(1, 2))
+    with pytest.raises(KeyError) as error:
+        rec[":forward:w"]
+    assert error.value.args[0].startswith(
+        "':forward:w' is a target, not a key, and none of its keys (':forward:w@0') holds a value; "
+        "no values recorded for ':forward:w@0': its probe was placed but did not run while recorded "
+        "(in a branch not taken"
+    )
+    with pytest.raises(KeyError) as error:
+        rec["*"]
+    assert error.value.args[0] == (
+        "'*' is a target, not a key: its keys are 'c:forward:return' (2 more hold none); "
+        "read rec['c:forward:return'], or rec.values_of('*') for all of them"
+    )
+    assert torch.equal(rec["c:forward:return"], out)
+
+
 def test_reading_values_from_record_itself_says_to_enter_it_with_with(net):
     block = record(net, ["bn1"])  # `with` forgotten: what record() returns holds no values
     net(torch.randn(1, 3, 8, 8))
