@@ -78,7 +78,7 @@ from ..runtime import Recording, copy_value, raised_by_signal_handler, recording
 from ..specs import COPY_POLICIES, Attribute, Spec, parse, require_bool
 from ..storage import Writer
 from ..torch.copies import _map
-from ..torch.targets import unwrap
+from ..torch.targets import named_modules, unwrap
 
 
 def _copied_element(element: BaseDataElement, policy: str = "clone") -> BaseDataElement:
@@ -365,7 +365,8 @@ def resolve_model(model: Any, path: str) -> Any:
             obj = found
         else:
             return _unwrap(obj)
-    names = [name for name, _ in inner.named_modules() if name] if isinstance(inner, torch.nn.Module) else []
+    # (a submodule compiled in its place at its own path, as targets name it: not '_orig_mod')
+    names = [name for name, _ in named_modules(inner) if name] if isinstance(inner, torch.nn.Module) else []
     close = difflib.get_close_matches(path, names, n=3)
     if close:
         hint = f"; did you mean {', '.join(map(repr, close))}?"

@@ -204,10 +204,26 @@ def _one_path_each(model: torch.nn.Module, modules: Mapping[str, torch.nn.Module
                 f"{outer!r} is {bare!r} reached through torch.compile's wrapper's '_orig_mod' (one "
                 f"{type(module).__name__} object); while recorded a module has one path: target one of them"
             )
+        # Both ways at once ('module.blocks.0' and 'blocks.0._orig_mod' under DataParallel).
+        seen = [_seen_through(p, wrapped) for p in (path, first)]
+        if wrapped and seen[0] == seen[1]:
+            raise TargetError(
+                f"{first!r} and {path!r} are {seen[0]!r} reached through wrappers (the "
+                f"{type(model).__name__}'s {wrapped!r}, torch.compile's wrapper's '_orig_mod'; one "
+                f"{type(module).__name__} object); while recorded a module has one path: target one of them"
+            )
         raise TargetError(
             f"{path!r} and {first!r} are the same {type(module).__name__} object (registered "
             "twice); while recorded a module has one path: target one of them"
         )
+
+
+def _seen_through(path: str, wrapped: str) -> str:
+    """``path`` without the wrappers' path to the model (``wrapped``, ``'module'``) and
+    torch.compile's wrappers' ``'_orig_mod'`` parts: the module's path as targets name it."""
+    if wrapped and (path == wrapped or path.startswith(f"{wrapped}.")):
+        path = path[len(wrapped) + 1 :]
+    return ".".join(name for name in path.split(".") if name != "_orig_mod")
 
 
 def warn_shared(model: torch.nn.Module, modules: Mapping[str, torch.nn.Module]) -> None:
@@ -392,9 +408,23 @@ class ModelRecording(Recording):
             # A target string read as a key (rec["bn1"]): its keys are what record() expanded it to.
             named = self.targets.get(key) if isinstance(key, str) else None
             if named and key not in named:
-                shown = ", ".join(map(repr, named[:3])) + (", ..." if len(named) > 3 else "")
+                # Its keys that hold values (of a branch not taken, none): those to read.
+                held = [k for k in named if self._data.get(k)]
+                shown = ", ".join(map(repr, (held or named)[:3])) + (
+                    ", ..." if len(held or named) > 3 else ""
+                )
+                if not held:
+                    try:
+                        super()._values(named[0])
+                        why = ""  # (recorded meanwhile, in another thread)
+                    except KeyError as error:
+                        why = f"; {error.args[0]}"
+                    raise KeyError(
+                        f"{key!r} is a target, not a key, and none of its keys ({shown}) holds a value{why}"
+                    ) from None
+                some = "" if len(held) == len(named) else f" ({len(named) - len(held)} more hold none)"
                 raise KeyError(
-                    f"{key!r} is a target, not a key: its keys are {shown}; read rec[{named[0]!r}], "
+                    f"{key!r} is a target, not a key: its keys are {shown}{some}; read rec[{held[0]!r}], "
                     f"or rec.values_of({key!r}) for all of them"
                 ) from None
             # A gradient whose value was recorded: its probe ran, the backward did not

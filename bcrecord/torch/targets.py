@@ -1240,13 +1240,15 @@ def _jump_spans(code: types.CodeType) -> Tuple[List[Tuple[int, int]], List[Tuple
     """
     items = instructions(code)
     labels = {item: k for k, item in enumerate(items) if isinstance(item, Label)}
-    returns = {current().return_value, current().return_const}
+    table = current()
+    returns = {table.return_value, table.return_const}
     loops, skips = [], []
     for k, item in enumerate(items):
         if isinstance(item, Instr) and item.name in returns:
             skips.append((k, len(items)))
-        elif isinstance(item, Instr) and isinstance(item.arg, Label):
-            target = labels[item.arg]
+        elif isinstance(item, Instr) and (label := table.jump_target(item)) is not None:
+            # (not 3.14's END_ASYNC_FOR: its label is for monitoring, it goes on to what follows)
+            target = labels[label]
             if target <= k:
                 loops.append((target, k))
             else:
@@ -1276,9 +1278,7 @@ def _match(model: torch.nn.Module, pattern: str) -> List[str]:
         found = [
             name
             for name, _ in (root.named_modules() if raw else named_modules(root))
-            if name
-            and len(name.split(".")) == len(wanted)
-            and all(fnmatch.fnmatchcase(a, b) for a, b in zip(name.split("."), wanted, strict=True))
+            if name and _parts_match(name.split("."), wanted)
         ]
         if found:
             return found
@@ -1289,6 +1289,22 @@ def _match(model: torch.nn.Module, pattern: str) -> List[str]:
             f"is named with a dot, not indexed: {dotted!r}"
         )
     raise TargetError(f"no submodule matches {pattern!r}{_misspelt_part(model, wanted)}")
+
+
+def _parts_match(parts: List[str], wanted: List[str]) -> bool:
+    """Whether a module path's parts match a glob's, each with ``fnmatch``; a part that is
+    exactly ``'**'`` matches any number of whole parts, none too (``'a**'`` is one part's).
+
+    >>> _parts_match(["attn"], ["**", "attn"]), _parts_match(["blocks", "0", "attn"], ["**", "attn"])
+    (True, True)
+    >>> _parts_match(["blocks", "0", "attn"], ["*", "attn"]), _parts_match(["a", "b"], ["a**"])
+    (False, False)
+    """
+    if not wanted:
+        return not parts
+    if wanted[0] == "**":
+        return any(_parts_match(parts[k:], wanted[1:]) for k in range(len(parts) + 1))
+    return bool(parts) and fnmatch.fnmatchcase(parts[0], wanted[0]) and _parts_match(parts[1:], wanted[1:])
 
 
 #: An index or a key written as Python indexes a container: ``[3]``, ``[-1]``, ``['a']``.
@@ -1350,6 +1366,13 @@ def expand(model: torch.nn.Module, text: str) -> List[Target]:
     [('0', 'forward', False), ('1', 'forward', False)]
     >>> [(t.path, t.output) for t in expand(model, "1")]  # a bare path: the module's output
     [('1', True)]
+
+    A glob matches a path part by part (``'*'``: one part); a part that is exactly ``'**'``
+    matches any number of parts, none too, as in pathlib's globs:
+
+    >>> nested = torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Sequential(torch.nn.ReLU()))
+    >>> [t.path for t in expand(nested, "*")], [t.path for t in expand(nested, "**.0")]
+    (['0', '1'], ['0', '1.0'])
     """
     require_module(model)
     pattern, method, spec_text, grad = _split_in(model, text)

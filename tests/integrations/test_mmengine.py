@@ -1466,6 +1466,26 @@ def test_a_submodule_wrapped_on_its_own_resolves_through_its_wrapper(tmp_path):
         dist.destroy_process_group()
 
 
+def test_a_model_path_hint_names_a_submodule_compiled_in_place_at_its_own_path():
+    # The hint listed torch's raw named_modules() paths: 'blocks.0._orig_mod' (torch.compile's
+    # wrapper attribute) among the close matches, never 'blocks.0.0', the path targets take.
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    model = nn.Sequential()
+    model.blocks = nn.Sequential(nn.Sequential(nn.Linear(2, 2)), nn.ReLU())
+    model.blocks[0] = torch.compile(model.blocks[0], backend="eager")
+    with pytest.raises(
+        RecorderConfigError, match=r"did you mean 'blocks\.0\.0', 'blocks\.0', 'blocks\.1'\?$"
+    ):
+        resolve_model(model, "blocks.0.lin")
+    with pytest.raises(RecorderConfigError) as error:
+        resolve_model(model, "zzz")
+    assert str(error.value).endswith("; submodules include 'blocks', 'blocks.0', 'blocks.0.0', 'blocks.1'")
+    assert resolve_model(model, "blocks.0.0") is model.blocks[0]._orig_mod[0]
+    torch._dynamo.reset()
+
+
 def test_public_api_has_examples_and_types():
     import bcrecord.integrations.mmengine as module
 

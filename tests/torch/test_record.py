@@ -712,6 +712,31 @@ def test_a_compiled_submodule_named_with_and_without_the_wrapper_s_path_is_said_
     assert torch.equal(rec["1._orig_mod.0:forward:return"], out)
 
 
+def test_a_compiled_submodule_named_through_data_parallel_and_torch_compile_s_wrapper_is_said_to_be_one():
+    # Under DataParallel, with block 0 compiled in its place, 'module.blocks.0' and
+    # 'blocks.0._orig_mod' were "the same Linear object (registered twice)": both are
+    # 'blocks.0', reached through the two wrappers.
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    model = torch.nn.Sequential()
+    model.blocks = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+    model.blocks[0] = torch.compile(model.blocks[0], backend="eager")
+    wrapped = torch.nn.DataParallel(model)
+    through = (
+        "are 'blocks.0' reached through wrappers (the DataParallel's 'module', torch.compile's "
+        "wrapper's '_orig_mod'; one Linear object); while"
+    )
+    for targets in (["module.blocks.0", "blocks.0._orig_mod"], ["module.blocks.0._orig_mod", "blocks.0"]):
+        said = f"{targets[0]!r} and {targets[1]!r} {through}"
+        with pytest.raises(bcrecord.TargetError, match="^" + re.escape(said)):
+            with record(wrapped, targets):
+                pass
+    with torch.no_grad(), record(wrapped, ["module.blocks.0"]) as rec:
+        out = wrapped(torch.ones(1, 2))
+    assert torch.equal(rec["module.blocks.0:forward:return"].relu(), out)
+
+
 def test_deepcopy_records_the_copy_never_the_original(net):
     x = torch.randn(1, 3, 8, 8)
     with record(net, ["fc"]) as rec:
@@ -1244,6 +1269,41 @@ def test_reading_a_target_string_as_a_key_names_its_keys(net):
     many = ", ".join(map(repr, rec.keys_of(":forward:x")[:3]))
     with pytest.raises(KeyError, match=rf"its keys are {many}, \.\.\.; read rec\[':forward:x@0'\], or"):
         rec[":forward:x"]  # a local without @index: one key per assignment
+
+
+def test_reading_a_target_string_as_a_key_names_the_keys_that_hold_values():
+    # A target in a branch not taken: "its keys are ':forward:w@0'; read rec[':forward:w@0']",
+    # a key holding no value either (reading it raised again); a glob's message named first
+    # the keys of modules that never ran.
+    class Branchy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b, self.c = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+
+        def forward(self, x, flag=False):
+            y = self.c(x)
+            if flag:
+                w = self.a(self.b(y))
+                y = w
+            return y
+
+    model = Branchy()
+    with record(model, ["*", ":forward:w"]) as rec:
+        out = model(torch.ones(1, 2))
+    with pytest.raises(KeyError) as error:
+        rec[":forward:w"]
+    assert error.value.args[0].startswith(
+        "':forward:w' is a target, not a key, and none of its keys (':forward:w@0') holds a value; "
+        "no values recorded for ':forward:w@0': its probe was placed but did not run while recorded "
+        "(in a branch not taken"
+    )
+    with pytest.raises(KeyError) as error:
+        rec["*"]
+    assert error.value.args[0] == (
+        "'*' is a target, not a key: its keys are 'c:forward:return' (2 more hold none); "
+        "read rec['c:forward:return'], or rec.values_of('*') for all of them"
+    )
+    assert torch.equal(rec["c:forward:return"], out)
 
 
 def test_reading_values_from_record_itself_says_to_enter_it_with_with(net):

@@ -219,6 +219,30 @@ def test_globs_match_one_component_at_a_time():
     ]
 
 
+def test_a_double_star_part_of_a_glob_matches_any_number_of_path_parts():
+    # '**' was fnmatch's '*' for one part: '**.bn' matched nothing ("no submodule matches"),
+    # '**' alone only the root's children, as in pathlib's globs it is any number of parts.
+    net = SmallNet()
+    bns = ["blocks.0.bn", "blocks.1.bn", "blocks.2.bn"]
+    assert [t.path for t in expand(net, "**.bn")] == bns
+    assert [t.path for t in expand(net, "blocks.**.bn")] == bns
+    assert [t.path for t in expand(net, "**.bn1")] == ["bn1"]  # none too: a root's child
+    assert [t.path for t in expand(net, "**")] == [name for name, _ in net.named_modules() if name]
+    assert [t.path for t in expand(torch.nn.DataParallel(net), "**.bn")] == bns  # the model's paths
+    assert [t.path for t in expand(net, "bl**.0")] == ["blocks.0"]  # 'bl**' is one part's glob
+    with pytest.raises(
+        bcrecord.TargetError, match=r"'blokcs' names no submodule there; did you mean 'blocks'"
+    ):
+        expand(net, "blokcs.**.bn")
+    with torch.no_grad(), bcrecord.torch.record(net, ["**.bn", "blocks.*.bn"]) as rec:
+        net(torch.randn(1, 3, 4, 4))
+    assert sorted(rec.keys()) == [f"{path}:forward:return" for path in bns]  # each module once
+    assert rec["blocks.0.bn:forward:return"].shape == (1, 4, 4, 4)
+    model, x, inner = _compiled_in_the_middle()  # a compiled block's children at its path
+    assert [t.path for t in expand(model, "**.0")] == ["0", "1.0"]
+    assert [t.path for t in expand(model, "**._orig_mod")] == ["1._orig_mod"]  # as named_modules() names it
+
+
 def test_a_glob_on_a_wrapped_model_matches_the_model_s_submodules_and_a_real_name_is_no_glob():
     net = SmallNet()
     wrapped = torch.nn.DataParallel(net)
@@ -1572,3 +1596,33 @@ def test_a_glob_target_reads_the_model_s_submodules_once(monkeypatch):
     assert [t.path for t in expand_all(model, ["*.*:forward:return"])["*.*:forward:return"]] == ["0.0", "0.1"]
     assert new_matches(model, "*.*:forward:return", {"0.0", "0.1"}) == []
     assert reads.count(True) == 2  # one each (4 each before)
+
+
+def test_jump_spans_reads_the_version_table_s_jumps_so_an_async_for_is_its_one_loop(monkeypatch):
+    # On 3.14 END_ASYNC_FOR carries a label that is no jump (for monitoring: it goes on to the
+    # next instruction); _jump_spans took every label argument for a jump, so an async for had
+    # a second loop ending there. (3.14 has no torch here: checked by hand, see the commit.)
+    # It now asks the version table, as the core analysis does: an opcode the table calls
+    # no jump (JUMP_BACKWARD, below, as if it were one) makes no span.
+    import dataclasses
+
+    from bcrecord._versions import current
+    from bcrecord.analysis import instructions
+    from bcrecord.torch import targets
+
+    async def f(xs):
+        total = 0
+        async for x in xs:
+            total += x
+        return total
+
+    items = instructions(f.__code__)
+    loops, _ = targets._jump_spans(f.__code__)
+    ends = [items[end].name for _, end in loops]
+    assert "END_ASYNC_FOR" not in ends and ends.count("JUMP_BACKWARD") == 1
+    start, end = loops[ends.index("JUMP_BACKWARD")]
+    adds = [k for k, item in enumerate(items) if getattr(item, "arg", None) == "total" and k > start]
+    assert start < adds[0] < end  # the body's `total += x` is inside the loop
+    table = dataclasses.replace(current(), pseudo_jumps=current().pseudo_jumps | {"JUMP_BACKWARD"})
+    monkeypatch.setattr(targets, "current", lambda: table)
+    assert [items[end].name for _, end in targets._jump_spans(f.__code__)[0]].count("JUMP_BACKWARD") == 0
