@@ -1073,7 +1073,8 @@ class _Collector:
         if not batch:
             return
         directory = self.writer.directory
-        if not (directory / "records").is_dir():  # the program removed it (cleaning its output folder)
+        # The program removed it (cleaning its output folder); one not made yet this write makes.
+        if self.writer.made and not (directory / "records").is_dir():
             lost = sum(self.saved.values())
             self.writer = Writer(directory)
             self.saved.clear()
@@ -2353,6 +2354,9 @@ class _Runner:
             return
         writer = self.collector.writer
         if writer is not None:
+            if not writer.made and self.collector.error is None:  # no value came to save: none made
+                print(f"bcrecord: nothing was saved, and {writer.directory} was not made", file=out)
+                return
             saved, keys = sum(self.collector.saved.values()), len(self.collector.saved)
             every = "" if self.every == 1 else f", every {_ordinal(self.every)} value"
             done = f"bcrecord: saved {saved} value(s) of {keys} key(s) to {writer.directory}{every}"
@@ -2580,7 +2584,8 @@ def run(
     taken = _taken_from_the_program(folder, ours) if on_path else []
     if taken and told is not None:
         print(_taken_warning(taken), file=told)
-    writer = Writer(save_dir) if save_dir is not None else None
+    # (The directory is made when the first value is saved: a run that saves none makes none.)
+    writer = Writer(save_dir, make=False) if save_dir is not None else None
     if writer is not None and not quiet and told is not None:  # (as above: never the program's stdout)
         _note_earlier_values(writer, told)
     runner = _Runner(

@@ -532,6 +532,24 @@ def test_run_refuses_a_package_or_directory_with_nothing_to_run(project):
     assert directory.stdout == ""  # (the package was imported, as `python -m nomain` does)
 
 
+def test_a_run_that_records_nothing_makes_no_save_dir_and_a_blocked_one_is_refused_first(project):
+    # -o names a folder a run that saves nothing leaves unmade (the report says so); a file in
+    # its way is still refused before the program runs, not after it.
+    (project / "idle.py").write_text("def f(x):\n    y = x\n    return y\nprint('ran')\n")
+    out = project / "runs" / "a"
+    result = cli("run", "-r", "__main__:f:y", "-o", out, "idle.py", cwd=project)
+    assert (result.returncode, result.stdout) == (0, "ran\n")
+    assert result.stderr.splitlines()[-1] == f"bcrecord: nothing was saved, and {out} was not made"
+    assert not (project / "runs").exists()
+    (project / "runs").write_text("a file")
+    blocked = cli("run", "-r", "__main__:f:y", "-o", out, "idle.py", cwd=project)
+    assert f"cannot write records to {out}: Not a directory" in one_clear_line(blocked)
+    assert blocked.stdout == ""
+    saved = cli("run", "-r", "helper:twice:y", "-o", project / "b" / "c", "prog.py", cwd=project)
+    assert bcrecord.load(project / "b" / "c")["helper:twice:y@0"] == [0, 2, 4, 6, 8, 10]
+    assert "was removed while the program ran" not in saved.stderr
+
+
 def test_run_unwritable_directory(project):
     blocker = project / "a_file"
     blocker.write_text("not a directory")
@@ -868,6 +886,7 @@ def test_run_under_python_dash_i_gives_the_program_the_sys_path_python_dash_i_gi
 
 def test_run_whose_saves_fail_says_so_once_and_exits_2(project, tmp_path):
     out = tmp_path / "records"
+    out.mkdir()  # (there already: the run makes its records folder as it starts, for the program to remove)
     (project / "sabotage.py").write_text(
         "import shutil, sys, helper\n"
         "helper.twice(1)\n"
@@ -2106,6 +2125,7 @@ def test_run_keeps_the_program_s_module_as_main_for_its_threads_and_atexit_handl
 
 def test_run_makes_a_records_directory_the_program_removes_again(project, tmp_path):
     out = tmp_path / "out"
+    out.mkdir()  # (there already: the run makes its records folder as it starts)
     (project / "wipes.py").write_text(
         textwrap.dedent(
             """
@@ -2134,6 +2154,7 @@ def test_run_makes_a_records_directory_the_program_removes_again(project, tmp_pa
 @pytest.mark.parametrize("ending", ["", "sys.exit(0)"])
 def test_run_ends_with_status_2_where_the_records_could_not_be_saved(project, tmp_path, ending):
     out = tmp_path / "out"
+    out.mkdir()  # (there already: the run makes its records folder as it starts)
     (project / "blocks.py").write_text(
         textwrap.dedent(
             f"""
@@ -2660,6 +2681,7 @@ def test_a_program_that_ends_with_os_exit_0_where_its_records_could_not_be_saved
     project, tmp_path
 ):
     out = tmp_path / "out"
+    out.mkdir()  # (there already: the run makes its records folder as it starts)
     (project / "blocks.py").write_text(
         textwrap.dedent(
             """

@@ -338,6 +338,20 @@ def test_a_writer_refuses_a_directory_whose_index_is_damaged_before_saving(tmp_p
     assert sorted(p.name for p in tmp_path.rglob("*")) == before
 
 
+def test_a_writer_told_not_to_make_its_directory_makes_it_with_the_first_save_only(tmp_path):
+    writer = Writer(tmp_path / "run" / "a", make=False)
+    assert (writer.made, writer.saved, writer.last_step) == (False, 0, None)
+    assert not (tmp_path / "run").exists()
+    assert writer.write({"m:f:x@0": [1, 2]}, step=3) == 2
+    assert writer.made and load(tmp_path / "run" / "a").steps("m:f:x@0") == [3, 3]
+    # A directory there already, a file in the way: checked (and made) at once, as make=True does.
+    save({"m:f:x@0": [1]}, tmp_path / "b")
+    assert Writer(tmp_path / "b", make=False).saved == 1
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(StorageError, match="cannot write records to .*file/c: Not a directory"):
+        Writer(tmp_path / "file" / "c", make=False)
+
+
 def test_with_unsavable_a_value_pickle_refuses_is_saved_as_its_repr_and_the_rest_as_they_are(tmp_path):
     told = []
     batches = [(3, {"x": [1, 2], "odd": [Unpicklable()]}), (4, {"x": [3], "odd": [None, Unpicklable()]})]
