@@ -679,6 +679,11 @@ class _Output:
     ``print`` writes nothing there.
     """
 
+    @property
+    def encoding(self) -> Optional[str]:
+        """Standard output's encoding, which ``view`` measures its table's columns by (None: none)."""
+        return getattr(sys.stdout, "encoding", None)
+
     def write(self, text: str) -> int:
         if sys.stdout is None:
             return len(text)

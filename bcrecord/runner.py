@@ -112,7 +112,7 @@ from typing import (
 
 from . import _versions
 from .analysis import compiled_spec, read, resolve
-from .errors import BcrecordError, RecordingWarning, did_you_mean, shown
+from .errors import BcrecordError, RecordingWarning, aligned, did_you_mean, shown
 from .patch import (
     Patch,
     _OneInstance,
@@ -2379,12 +2379,11 @@ class _Runner:
             for k, n in counts.items()
             if n
         ]
-        widths = [max(len(r[i]) for r in rows) for i in range(3)]
         late = _save_dir_after_the_program(self.program.argv[1:])
         why = f"{late} came after the program, which took it as its own" if late else "no --save-dir"
         print(f"bcrecord: recorded ({why}, so nothing was saved):", file=out)
-        for row in rows:
-            print("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip(), file=out)
+        for line in aligned(rows, getattr(out, "encoding", None)):
+            print("  " + line, file=out)
 
 
 def _save_dir_after_the_program(args: Sequence[str]) -> str:

@@ -149,6 +149,17 @@ def test_the_summary_of_a_key_whose_copies_all_failed_says_so(tmp_path):
     assert "__main__:step:odd@0: 5 value(s) not recorded, their copy failed" in err.getvalue()
 
 
+@pytest.mark.parametrize("encoding", ["utf-8", "ascii"])
+def test_the_summary_stays_aligned_for_a_key_of_wide_characters(project, encoding):
+    # Padded by code points: '日本' takes four columns (twelve as '\u65e5\u672c' on an ASCII terminal).
+    program = "def f(x):\n    日本 = x * 2\n    return 日本\nf(21)\n"
+    (project / "wide.py").write_text(program, encoding="utf-8")
+    result = cli("run", "-r", "__main__:f:日本", "wide.py", cwd=project, env={"PYTHONIOENCODING": encoding})
+    key = "__main__:f:日本@0" if encoding == "utf-8" else "__main__:f:\\u65e5\\u672c@0"
+    pad = " " * (len(key) - len("key") + (2 if encoding == "utf-8" else 0))
+    assert result.stderr.splitlines()[1:] == [f"  key{pad}  values  last value", f"  {key}  1       42"]
+
+
 def test_a_summary_that_saved_nothing_names_a_save_dir_given_after_the_program(tmp_path):
     # "bcrecord run -r T train.py -o out": -o is train.py's own (it may have one), so it runs as
     # given; the summary says why nothing was saved rather than only "no --save-dir".
