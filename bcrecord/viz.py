@@ -848,7 +848,31 @@ def _draw_one(
         if failed is None:
             raise
         failed[summary.key] = f"{type(error).__name__}: {error}"
+    if not files and summary.numeric and failed is not None and summary.key not in failed:
+        # Counted, yet not drawn: a tensor numpy cannot read (a wrapper subclass, TwoTensor), which
+        # index.html would otherwise call 'one number'.
+        unread = next((v for v in summary.values if is_tensor(v) and _numpy_array(v) is None), None)
+        if unread is not None:
+            failed[summary.key] = f"{_tensor_described(unread)}: its values cannot be read to draw"
     return files
+
+
+def _tensor_described(tensor: Any) -> str:
+    """A tensor by its class, shape and dtype, as far as they can be read (a subclass's may raise).
+
+    >>> import torch
+    >>> _tensor_described(torch.zeros(2, 3)), _tensor_described(torch.tensor(1))
+    ('a Tensor (2x3 float32)', 'a Tensor (scalar int64)')
+    """
+    name = type(tensor).__name__
+    shape = _shape(tensor)
+    try:
+        dtype = str(tensor.dtype).removeprefix("torch.")
+    except Exception:
+        return f"a {name}"
+    if shape is None:
+        return f"a {name} ({dtype})"
+    return f"a {name} ({'x'.join(map(str, shape)) if shape else 'scalar'} {dtype})"
 
 
 def write_index(
