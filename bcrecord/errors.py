@@ -31,6 +31,7 @@ import contextlib
 import difflib
 import os
 import reprlib
+import shlex
 import sys
 import types
 import unicodedata
@@ -202,3 +203,26 @@ def _columns(text: str) -> int:
         0 if unicodedata.combining(ch) else 2 if unicodedata.east_asian_width(ch) in "WF" else 1
         for ch in text
     )
+
+
+def shell_quoted(path: str, encoding: Optional[str] = None) -> str:
+    """``path`` quoted to paste into a shell (bash, zsh), naming the same file: as
+    :func:`shlex.quote` quotes it, or, where that would not name it once printed (bytes that
+    are no UTF-8, which Python holds surrogate-escaped; a control character; a character
+    that ``encoding``, the stream's it is printed to, lacks and would write escaped), in
+    bash's ``$'...'`` with those bytes as ``\\xHH``.
+
+    >>> print(shell_quoted("runs/a b"), shell_quoted("runs/bad\\udcffname"), shell_quoted("é", "ascii"))
+    'runs/a b' $'runs/bad\\xffname' $'\\xc3\\xa9'
+    """
+    try:
+        plain = path.isprintable() and bool(path.encode(encoding or "utf-8"))
+    except (UnicodeEncodeError, LookupError):
+        plain = False
+    if plain or not path:
+        return shlex.quote(path)
+    kept = "".join(
+        chr(byte) if 0x20 <= byte < 0x7F and byte not in b"\\'" else f"\\x{byte:02x}"
+        for byte in os.fsencode(path)
+    )
+    return f"$'{kept}'"

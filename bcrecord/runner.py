@@ -82,7 +82,6 @@ import math
 import os
 import pkgutil
 import runpy
-import shlex
 import signal
 import sys
 import threading
@@ -112,7 +111,7 @@ from typing import (
 
 from . import _versions
 from .analysis import compiled_spec, read, resolve
-from .errors import BcrecordError, RecordingWarning, aligned, did_you_mean, shown
+from .errors import BcrecordError, RecordingWarning, aligned, did_you_mean, shell_quoted, shown
 from .patch import (
     Patch,
     _OneInstance,
@@ -2363,7 +2362,8 @@ class _Runner:
             if self.collector.error is not None:
                 done += f" before saving failed ({self.collector.unsaved} value(s) recorded were not saved)"
             if saved or self.collector.error is None:
-                done += f"; see them with: bcrecord view {shlex.quote(str(writer.directory))}"
+                pasted = shell_quoted(str(writer.directory), getattr(out, "encoding", None))
+                done += f"; see them with: bcrecord view {pasted}"
             print(done, file=out)
             return
         if not fired:

@@ -9,7 +9,9 @@ import ast
 import json
 import os
 import shlex
+import shutil
 import signal
+import subprocess
 import sys
 import textwrap
 
@@ -21,7 +23,7 @@ import bcrecord
 from bcrecord.runner import RunError, parse_target
 from bcrecord.specs import Local, Return
 
-from .commands import cli, one_clear_line, plain
+from .commands import _env, cli, one_clear_line, plain
 from .forking import fork_while_held
 from .typed_text import CHAINS, NAMES, SETTINGS, TYPED, specs_and_short_forms
 
@@ -1544,6 +1546,27 @@ def test_run_suggests_a_view_command_that_a_shell_takes(project, tmp_path):
     assert result.returncode == 0, result.stderr
     command = result.stderr.strip().splitlines()[-1].split("see them with: ", 1)[1]
     assert shlex.split(command) == ["bcrecord", "view", str(out)]
+
+
+@pytest.mark.skipif(sys.platform == "win32" or not shutil.which("bash"), reason="bash, and bytes names")
+@pytest.mark.parametrize("encoding", ["utf-8", "ascii"])
+def test_run_suggests_a_view_command_that_bash_takes_for_a_name_that_is_no_utf_8(project, tmp_path, encoding):
+    # Printed as '.../bad\udcffdir ñ' (Python's escape of the byte 0xff): pasted, that names another
+    # folder. Now bash's $'...' with the bytes; on an ASCII terminal for 'ñ' too.
+    out = os.path.join(os.fsencode(tmp_path), b"bad\xffdir \xc3\xb1")
+    run = subprocess.run(
+        [sys.executable, "-m", "bcrecord", "run", "-r", "helper:twice:y", b"-o" + out, "prog.py"],
+        cwd=project,
+        env=_env({"PYTHONIOENCODING": encoding}),
+        capture_output=True,
+    )
+    assert run.returncode == 0, run.stderr
+    command = run.stderr.strip().splitlines()[-1].split(b"see them with: ", 1)[1]
+    assert command.startswith(b"bcrecord view $'")
+    argument = subprocess.run(
+        ["bash", "-c", b"printf %s " + command.removeprefix(b"bcrecord view ")], capture_output=True
+    ).stdout
+    assert argument == out
 
 
 def _values_saved(directory, key):
