@@ -410,7 +410,10 @@ class Writer:
                 _header(self.directory)
             elif (self.directory / _JOURNAL).exists():
                 _check_headerless(self.directory / _JOURNAL)
+            new = [folder for folder in (self.directory, *self.directory.parents) if not folder.exists()]
             (self.directory / "records").mkdir(parents=True, exist_ok=True)
+            for folder in new:  # their names in their folders, durable before anything is saved in them
+                _sync_directory(folder.parent)
             with _turn(self.directory):
                 # Writable? Say so now. (Under the lock, as every temporary file is written.)
                 _atomic_write(self.directory / "records" / ".write-test", b"")
@@ -628,12 +631,14 @@ def _check_headerless(journal: Path) -> None:
 
 def _write_header(directory: Path) -> None:
     _atomic_write(directory / "index.json", json.dumps({"format": FORMAT, "version": VERSION}).encode())
+    _sync_directory(directory)  # (and the journal's name, made or renamed there before it)
 
 
 def _upgrade(directory: Path, entries: List[Dict[str, Any]]) -> None:
     """Move a version 1 index's entries into the journal (under the directory's lock)."""
     lines = json.dumps({"entries": entries}).encode() + b"\n" if entries else b""
     _atomic_write(directory / _JOURNAL, lines)
+    _sync_directory(directory)  # the journal's rename durable before the header's replaces the entries
     _write_header(directory)  # last: until then the directory reads as version 1
 
 
