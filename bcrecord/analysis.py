@@ -43,7 +43,7 @@ from bytecode import UNSET, Bytecode, FreeVar, Instr, Label, TryBegin, TryEnd
 from bytecode import __version__ as bytecode_version
 
 from . import _versions
-from .errors import NotPatchableError, TargetError, did_you_mean
+from .errors import NotPatchableError, TargetError, aligned, did_you_mean
 from .specs import Attribute, Call, Expr, Local, Return, Spec
 
 __all__ = [
@@ -1622,9 +1622,7 @@ class Targets:
             if row["column"] is not None:
                 line += f":{row['column']}"
             rows.append((str(row["kind"]), str(row["target"]), str(row["index"]), line, str(row["spec"])))
-        widths = [max(len(r[i]) for r in rows) for i in range(5)]
-        lines = [f"{self.name}({self._signature})"]
-        lines += ["  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip() for r in rows]
+        lines = [f"{self.name}({self._signature})", *aligned(rows)]
         return "\n".join(lines)
 
     def __repr__(self) -> str:

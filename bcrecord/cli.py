@@ -361,10 +361,6 @@ def _run(args: argparse.Namespace) -> int:
 def _view(args: argparse.Namespace) -> int:
     from . import viz
 
-    # A key the terminal's encoding lacks is written escaped (run's report does so too).
-    reconfigure = getattr(sys.stdout, "reconfigure", None)
-    if reconfigure is not None:
-        reconfigure(errors="backslashreplace")
     out = _Output()
     status = viz.view(
         args.directory,
@@ -678,6 +674,17 @@ class _Output:
     No standard output at all (``>&-``: ``sys.stdout`` is None) is written nothing, as
     ``print`` writes nothing there.
     """
+
+    def __init__(self) -> None:
+        # A key or local the terminal's encoding lacks is written escaped (run's report does so too).
+        reconfigure = getattr(sys.stdout, "reconfigure", None)
+        if reconfigure is not None:
+            reconfigure(errors="backslashreplace")
+
+    @property
+    def encoding(self) -> Optional[str]:
+        """Standard output's encoding, which ``view`` measures its table's columns by (None: none)."""
+        return getattr(sys.stdout, "encoding", None)
 
     def write(self, text: str) -> int:
         if sys.stdout is None:

@@ -25,14 +25,13 @@ first run a little longer: matplotlib builds its font cache), about 3 with ``plo
 from __future__ import annotations
 
 import os
-import shlex
 import shutil
 import sys
 import time
 from pathlib import Path
 from typing import Any, List, Optional, TextIO, Union
 
-from .errors import BcrecordError
+from .errors import BcrecordError, shell_quoted
 
 __all__ = ["run", "TARGETS"]
 
@@ -205,7 +204,7 @@ def _run(directory: Path, steps: int, plots: bool, out: TextIO, started: float) 
     say(f"   layer1.0:forward:out@2  out = self.relu(out)  min {_minimum(after):+.3f}  (ReLU, in place)")
     say("   self.relu overwrote the tensor that out@1 names; bcrecord copied it when it was assigned.\n")
 
-    view = f"bcrecord view {shlex.quote(str(directory))}"  # quoted: to paste into a shell
+    view = f"bcrecord view {shell_quoted(str(directory), getattr(out, 'encoding', None))}"  # to paste
     say(f"4. {view}:\n")
     viz.view(directory, plots=plots, out=out, progress=False)
     seconds = time.perf_counter() - started

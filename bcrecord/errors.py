@@ -31,10 +31,12 @@ import contextlib
 import difflib
 import os
 import reprlib
+import shlex
 import sys
 import types
+import unicodedata
 import warnings
-from typing import Any, Iterable, Tuple, Type
+from typing import Any, Iterable, List, Optional, Sequence, Tuple, Type
 
 __all__ = [
     "BcrecordError",
@@ -162,3 +164,65 @@ def shown(value: Any) -> str:
     except Exception:  # (a repr that raises)
         text = object.__repr__(value)
     return f"this {type(value).__name__} instance" if "\n" in text else text
+
+
+def aligned(rows: Sequence[Sequence[str]], encoding: Optional[str] = None) -> List[str]:
+    """``rows`` of cells as lines of columns two spaces apart, each as wide as a terminal shows
+    its widest cell: a wide character (CJK, an emoji) two columns, a combining mark none.
+
+    With ``encoding`` (the stream's the lines are printed to), a character it lacks is written
+    escaped (``\\u65e5``), as such a stream writes it, and measured so.
+
+    >>> for line in aligned([("key", "n"), ("日本", "1"), ("e\\u0301", "2")]):
+    ...     print(line)
+    key   n
+    日本  1
+    é     2
+    >>> aligned([("key", "n"), ("日本", "1")], "ascii")
+    ['key           n', '\\\\u65e5\\\\u672c  1']
+    """
+    if encoding is not None:
+        try:
+            rows = [[cell.encode(encoding, "backslashreplace").decode(encoding) for cell in r] for r in rows]
+        except LookupError:  # (a stream's encoding that Python does not know: left as it is)
+            pass
+    widths = [max(_columns(row[i]) for row in rows) for i in range(len(rows[0]))] if rows else []
+    return [
+        "  ".join(cell + " " * (w - _columns(cell)) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
+
+
+def _columns(text: str) -> int:
+    """How many terminal columns ``text`` takes: a wide character (CJK) two, a combining one none.
+
+    >>> _columns("m:x@0"), _columns("日本"), _columns("e\u0301")
+    (5, 4, 1)
+    """
+    return sum(
+        0 if unicodedata.combining(ch) else 2 if unicodedata.east_asian_width(ch) in "WF" else 1
+        for ch in text
+    )
+
+
+def shell_quoted(path: str, encoding: Optional[str] = None) -> str:
+    """``path`` quoted to paste into a shell (bash, zsh), naming the same file: as
+    :func:`shlex.quote` quotes it, or, where that would not name it once printed (bytes that
+    are no UTF-8, which Python holds surrogate-escaped; a control character; a character
+    that ``encoding``, the stream's it is printed to, lacks and would write escaped), in
+    bash's ``$'...'`` with those bytes as ``\\xHH``.
+
+    >>> print(shell_quoted("runs/a b"), shell_quoted("runs/bad\\udcffname"), shell_quoted("é", "ascii"))
+    'runs/a b' $'runs/bad\\xffname' $'\\xc3\\xa9'
+    """
+    try:
+        plain = path.isprintable() and bool(path.encode(encoding or "utf-8"))
+    except (UnicodeEncodeError, LookupError):
+        plain = False
+    if plain or not path:
+        return shlex.quote(path)
+    kept = "".join(
+        chr(byte) if 0x20 <= byte < 0x7F and byte not in b"\\'" else f"\\x{byte:02x}"
+        for byte in os.fsencode(path)
+    )
+    return f"$'{kept}'"

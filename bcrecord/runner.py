@@ -82,7 +82,6 @@ import math
 import os
 import pkgutil
 import runpy
-import shlex
 import signal
 import sys
 import threading
@@ -112,7 +111,7 @@ from typing import (
 
 from . import _versions
 from .analysis import compiled_spec, read, resolve
-from .errors import BcrecordError, RecordingWarning, did_you_mean, shown
+from .errors import BcrecordError, RecordingWarning, aligned, did_you_mean, shell_quoted, shown
 from .patch import (
     Patch,
     _OneInstance,
@@ -1073,7 +1072,8 @@ class _Collector:
         if not batch:
             return
         directory = self.writer.directory
-        if not (directory / "records").is_dir():  # the program removed it (cleaning its output folder)
+        # The program removed it (cleaning its output folder); one not made yet this write makes.
+        if self.writer.made and not (directory / "records").is_dir():
             lost = sum(self.saved.values())
             self.writer = Writer(directory)
             self.saved.clear()
@@ -2353,13 +2353,17 @@ class _Runner:
             return
         writer = self.collector.writer
         if writer is not None:
+            if not writer.made and self.collector.error is None:  # no value came to save: none made
+                print(f"bcrecord: nothing was saved, and {writer.directory} was not made", file=out)
+                return
             saved, keys = sum(self.collector.saved.values()), len(self.collector.saved)
             every = "" if self.every == 1 else f", every {_ordinal(self.every)} value"
             done = f"bcrecord: saved {saved} value(s) of {keys} key(s) to {writer.directory}{every}"
             if self.collector.error is not None:
                 done += f" before saving failed ({self.collector.unsaved} value(s) recorded were not saved)"
             if saved or self.collector.error is None:
-                done += f"; see them with: bcrecord view {shlex.quote(str(writer.directory))}"
+                pasted = shell_quoted(str(writer.directory), getattr(out, "encoding", None))
+                done += f"; see them with: bcrecord view {pasted}"
             print(done, file=out)
             return
         if not fired:
@@ -2375,12 +2379,11 @@ class _Runner:
             for k, n in counts.items()
             if n
         ]
-        widths = [max(len(r[i]) for r in rows) for i in range(3)]
         late = _save_dir_after_the_program(self.program.argv[1:])
         why = f"{late} came after the program, which took it as its own" if late else "no --save-dir"
         print(f"bcrecord: recorded ({why}, so nothing was saved):", file=out)
-        for row in rows:
-            print("  " + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip(), file=out)
+        for line in aligned(rows, getattr(out, "encoding", None)):
+            print("  " + line, file=out)
 
 
 def _save_dir_after_the_program(args: Sequence[str]) -> str:
@@ -2580,7 +2583,8 @@ def run(
     taken = _taken_from_the_program(folder, ours) if on_path else []
     if taken and told is not None:
         print(_taken_warning(taken), file=told)
-    writer = Writer(save_dir) if save_dir is not None else None
+    # (The directory is made when the first value is saved: a run that saves none makes none.)
+    writer = Writer(save_dir, make=False) if save_dir is not None else None
     if writer is not None and not quiet and told is not None:  # (as above: never the program's stdout)
         _note_earlier_values(writer, told)
     runner = _Runner(

@@ -329,6 +329,24 @@ def _sync_directory(directory: Path) -> None:
         os.close(fd)
 
 
+def _makeable_later(directory: Path) -> bool:
+    """Whether ``directory`` is not there yet, and the nearest folder above it that is there
+    is a directory this process may write in: its first save can make it then. (A file or a
+    link in its way, an unwritable folder: the writer says so as it is made, now.)
+
+    >>> import tempfile
+    >>> folder = Path(tempfile.mkdtemp())
+    >>> _makeable_later(folder / "a" / "b"), _makeable_later(folder)
+    (True, False)
+    """
+    if os.path.lexists(directory):
+        return False
+    above = directory.parent
+    while not os.path.lexists(above) and above != above.parent:
+        above = above.parent
+    return above.is_dir() and os.access(above, os.W_OK | os.X_OK)
+
+
 class Writer:
     """Appends saves to a records directory; safe to call from one thread at a time.
 
@@ -341,10 +359,21 @@ class Writer:
     (None, 2, 4)
     """
 
-    def __init__(self, directory: PathLike, check: bool = True) -> None:
+    def __init__(self, directory: PathLike, check: bool = True, make: bool = True) -> None:
         """``check``: read every save the index holds now, as :func:`load` does, and refuse
         a damaged one (a save added would be refused with it); False reads only the last,
-        for a writer made per save (:func:`save`), which would otherwise read them all each time."""
+        for a writer made per save (:func:`save`), which would otherwise read them all each time.
+
+        ``make``: False leaves a directory that is not there yet to the first save to make
+        (``bcrecord run``: a run that records nothing leaves no empty folder), where the
+        nearest folder that is there is a writable directory; anything else is checked (and
+        made) now, as with True. :attr:`made` says whether it is made.
+
+        >>> import tempfile, bcrecord
+        >>> writer = bcrecord.storage.Writer(Path(tempfile.mkdtemp()) / "run", make=False)
+        >>> writer.made, writer.directory.exists(), writer.write({"k": [1]}, step=0), writer.made
+        (False, False, 1, True)
+        """
         # Absolute: a program may change its working directory (Hydra does) between saves.
         try:
             self.directory = _expanded(directory).absolute()
@@ -368,13 +397,23 @@ class Writer:
                 f"cannot write records to {self.directory}: it is the records folder of the saved "
                 f"run in {parent}; save to {parent} to add to that run"
             )
+        #: Whether the directory is made (False until the first save, for ``make=False``).
+        self.made = make or not _makeable_later(self.directory)
+        if self.made:
+            self._make()
+
+    def _make(self) -> None:
+        """Check the directory (its index read), make what it lacks, and say now if it is not writable."""
         with _writing(self.directory):
             # Another program's index.json or index.jsonl: refused before anything is made.
             if (self.directory / "index.json").exists():
                 _header(self.directory)
             elif (self.directory / _JOURNAL).exists():
                 _check_headerless(self.directory / _JOURNAL)
+            new = [folder for folder in (self.directory, *self.directory.parents) if not folder.exists()]
             (self.directory / "records").mkdir(parents=True, exist_ok=True)
+            for folder in new:  # their names in their folders, durable before anything is saved in them
+                _sync_directory(folder.parent)
             with _turn(self.directory):
                 # Writable? Say so now. (Under the lock, as every temporary file is written.)
                 _atomic_write(self.directory / "records" / ".write-test", b"")
@@ -390,6 +429,7 @@ class Writer:
                         pass
                     _write_header(self.directory)
                 self._catch_up()
+        self.made = True
 
     @property
     def saved(self) -> int:
@@ -400,6 +440,8 @@ class Writer:
         >>> writer.saved, writer.write({"k": [1, 2]}, step=0), writer.saved
         (0, 2, 2)
         """
+        if not self.made:
+            return 0
         with _writing(self.directory), _turn(self.directory):
             return sum(map(len, _index_saves(self.directory)))
 
@@ -409,6 +451,8 @@ class Writer:
 
         Reads the whole index: ask once (a resumed run numbering on), not per save.
         """
+        if not self.made:
+            return None
         with _writing(self.directory), _turn(self.directory):
             saves = _index_saves(self.directory)
             return max((entry["step"] for entries in saves for entry in entries), default=None)
@@ -460,6 +504,8 @@ class Writer:
         """
         with self._lock:
             items = [(_step(step), _items(records)) for step, records in batches]
+            if not self.made:
+                self._make()
             with _writing(self.directory), _turn(self.directory):
                 try:
                     return self._write(items)
@@ -585,12 +631,14 @@ def _check_headerless(journal: Path) -> None:
 
 def _write_header(directory: Path) -> None:
     _atomic_write(directory / "index.json", json.dumps({"format": FORMAT, "version": VERSION}).encode())
+    _sync_directory(directory)  # (and the journal's name, made or renamed there before it)
 
 
 def _upgrade(directory: Path, entries: List[Dict[str, Any]]) -> None:
     """Move a version 1 index's entries into the journal (under the directory's lock)."""
     lines = json.dumps({"entries": entries}).encode() + b"\n" if entries else b""
     _atomic_write(directory / _JOURNAL, lines)
+    _sync_directory(directory)  # the journal's rename durable before the header's replaces the entries
     _write_header(directory)  # last: until then the directory reads as version 1
 
 

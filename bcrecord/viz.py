@@ -42,14 +42,13 @@ import os
 import re
 import sys
 import time
-import unicodedata
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, TextIO, Tuple, Union
 from urllib.parse import quote, unquote
 
-from .errors import BcrecordError, did_you_mean
+from .errors import BcrecordError, aligned, did_you_mean
 from .storage import (
     DamagedRecords,
     Loaded,
@@ -387,8 +386,9 @@ def _glob_notes(patterns: Sequence[str], matching: Sequence[str]) -> List[str]:
     return notes
 
 
-def table(summaries: Sequence[KeySummary]) -> str:
-    """The summary as an aligned text table.
+def table(summaries: Sequence[KeySummary], encoding: Optional[str] = None) -> str:
+    """The summary as an aligned text table (``encoding``: the stream's it is printed to, whose
+    escapes of characters it lacks are what the columns are measured by).
 
     >>> from bcrecord.viz import KeySummary, table
     >>> print(table([KeySummary("m:f:x@0", [0, 1], [1.0, 3.0], (), False, "float", 1.0, 2.0, 3.0)]))
@@ -396,23 +396,7 @@ def table(summaries: Sequence[KeySummary]) -> str:
     m:f:x@0  2      scalar  float  1    2     3
     """
     rows = [("key", "steps", "shape", "dtype", "min", "mean", "max")] + [s.row() for s in summaries]
-    widths = [max(_columns(r[i]) for r in rows) for i in range(7)]
-    return "\n".join(
-        "  ".join(cell + " " * (w - _columns(cell)) for cell, w in zip(row, widths, strict=True)).rstrip()
-        for row in rows
-    )
-
-
-def _columns(text: str) -> int:
-    """How many terminal columns ``text`` takes: a wide character (CJK) two, a combining one none.
-
-    >>> _columns("m:x@0"), _columns("日本"), _columns("e\u0301")
-    (5, 4, 1)
-    """
-    return sum(
-        0 if unicodedata.combining(ch) else 2 if unicodedata.east_asian_width(ch) in "WF" else 1
-        for ch in text
-    )
+    return "\n".join(aligned(rows, encoding))
 
 
 # --- progress ------------------------------------------------------------------------------
@@ -864,7 +848,31 @@ def _draw_one(
         if failed is None:
             raise
         failed[summary.key] = f"{type(error).__name__}: {error}"
+    if not files and summary.numeric and failed is not None and summary.key not in failed:
+        # Counted, yet not drawn: a tensor numpy cannot read (a wrapper subclass, TwoTensor), which
+        # index.html would otherwise call 'one number'.
+        unread = next((v for v in summary.values if is_tensor(v) and _numpy_array(v) is None), None)
+        if unread is not None:
+            failed[summary.key] = f"{_tensor_described(unread)}: its values cannot be read to draw"
     return files
+
+
+def _tensor_described(tensor: Any) -> str:
+    """A tensor by its class, shape and dtype, as far as they can be read (a subclass's may raise).
+
+    >>> import torch
+    >>> _tensor_described(torch.zeros(2, 3)), _tensor_described(torch.tensor(1))
+    ('a Tensor (2x3 float32)', 'a Tensor (scalar int64)')
+    """
+    name = type(tensor).__name__
+    shape = _shape(tensor)
+    try:
+        dtype = str(tensor.dtype).removeprefix("torch.")
+    except Exception:
+        return f"a {name}"
+    if shape is None:
+        return f"a {name} ({dtype})"
+    return f"a {name} ({'x'.join(map(str, shape)) if shape else 'scalar'} {dtype})"
 
 
 def write_index(
@@ -1046,7 +1054,7 @@ def view(
     if not summaries:
         print(f"{directory}: no records", file=out)
         return 0
-    print(table(summaries), file=out)
+    print(table(summaries, getattr(out, "encoding", None)), file=out)
     if missing is not None:
         raise missing
     if not plots:

@@ -564,3 +564,13 @@ def test_names_a_code_generator_made_unnameable_are_not_listed_as_targets():
     assert "y@0" in found.specs() and list(found.locals) == ["y"]
     for spec in found.specs():  # each spec listed is one the parser takes
         bcrecord.parse(spec)
+
+
+def test_the_targets_table_stays_aligned_for_a_local_of_wide_characters():
+    namespace: dict = {}
+    exec("def f(x):\n    日本 = x * 2\n    return 日本\n", namespace)
+    # Padded by code points, '日本' (four columns) pushed its row's next column two further.
+    assert str(bcrecord.targets(namespace["f"])).splitlines()[1:3] == [
+        "kind      target  index  line  spec",
+        "local     日本    0      2:4   日本@0",
+    ]

@@ -537,6 +537,18 @@ def test_targets_and_show_of_a_module_that_exits_on_import_is_one_clear_line(pro
         assert result.stdout == ""
 
 
+def test_targets_and_show_write_a_local_the_terminal_cannot_encode_escaped(tmp_path):
+    # Under PYTHONIOENCODING=ascii both ended in a UnicodeEncodeError traceback (view escaped it).
+    (tmp_path / "wide.py").write_text("def f(x):\n    größe = x * 2\n    return größe\n", encoding="utf-8")
+    ascii_env = {"PYTHONIOENCODING": "ascii"}
+    listed = cli("targets", "wide:f", cwd=tmp_path, env=ascii_env)
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.splitlines()[2].split() == ["local", "gr\\xf6\\xdfe", "0", "2:4", "gr\\xf6\\xdfe@0"]
+    shown = cli("show", "wide:f", "größe", cwd=tmp_path, env=ascii_env)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.splitlines()[0] == "f: 1 probe(s): show:f:gr\\xf6\\xdfe@0"
+
+
 def test_view_of_a_damaged_index_or_a_file_is_one_clear_line(project, tmp_path):
     out = tmp_path / "records"
     assert cli("run", "-r", "helper:twice:y", "-o", out, "prog.py", cwd=project).returncode == 0

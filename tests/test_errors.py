@@ -172,3 +172,25 @@ def test_a_layer_whose_framework_is_missing_says_which_extra_to_install(module, 
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().startswith("ImportError bcrecord"), result.stdout
     assert f"pip install 'bcrecord[{extra}]'" in result.stdout
+
+
+def test_aligned_columns_are_as_wide_as_a_terminal_shows_their_cells():
+    from bcrecord.errors import aligned
+
+    # A wide character (CJK, an emoji) takes two columns, a combining mark none.
+    rows = [("key", "n"), ("日本", "1"), ("🙂", "2"), ("e\u0301", "3")]
+    assert aligned(rows) == ["key   n", "日本  1", "🙂    2", "e\u0301     3"]
+    # On a stream that writes what it lacks escaped, the escapes are what is measured.
+    assert aligned(rows[:2], "ascii") == ["key           n", "\\u65e5\\u672c  1"]
+
+
+def test_shell_quoted_names_the_same_file_once_pasted():
+    import shlex
+
+    from bcrecord.errors import shell_quoted
+
+    assert shlex.split(shell_quoted("runs/a b'c")) == ["runs/a b'c"]
+    # Bytes no text holds (surrogate-escaped), a newline, what an ASCII stream would escape: $'...'.
+    assert shell_quoted("bad\udcff'\\") == "$'bad\\xff\\x27\\x5c'"
+    assert shell_quoted("a\nb") == "$'a\\x0ab'"
+    assert shell_quoted("ñ", "ascii") == "$'\\xc3\\xb1'" and shell_quoted("ñ", "utf-8") == "'ñ'"

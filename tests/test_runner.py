@@ -9,7 +9,9 @@ import ast
 import json
 import os
 import shlex
+import shutil
 import signal
+import subprocess
 import sys
 import textwrap
 
@@ -21,7 +23,7 @@ import bcrecord
 from bcrecord.runner import RunError, parse_target
 from bcrecord.specs import Local, Return
 
-from .commands import cli, one_clear_line, plain
+from .commands import _env, cli, one_clear_line, plain
 from .forking import fork_while_held
 from .typed_text import CHAINS, NAMES, SETTINGS, TYPED, specs_and_short_forms
 
@@ -147,6 +149,17 @@ def test_the_summary_of_a_key_whose_copies_all_failed_says_so(tmp_path):
     # Fired 5 times, each copy failed (said above: "5 value(s) not recorded"): no value, not None.
     assert line == ["__main__:step:odd@0", "0", "-", "(copy", "failed)"]
     assert "__main__:step:odd@0: 5 value(s) not recorded, their copy failed" in err.getvalue()
+
+
+@pytest.mark.parametrize("encoding", ["utf-8", "ascii"])
+def test_the_summary_stays_aligned_for_a_key_of_wide_characters(project, encoding):
+    # Padded by code points: '日本' takes four columns (twelve as '\u65e5\u672c' on an ASCII terminal).
+    program = "def f(x):\n    日本 = x * 2\n    return 日本\nf(21)\n"
+    (project / "wide.py").write_text(program, encoding="utf-8")
+    result = cli("run", "-r", "__main__:f:日本", "wide.py", cwd=project, env={"PYTHONIOENCODING": encoding})
+    key = "__main__:f:日本@0" if encoding == "utf-8" else "__main__:f:\\u65e5\\u672c@0"
+    pad = " " * (len(key) - len("key") + (2 if encoding == "utf-8" else 0))
+    assert result.stderr.splitlines()[1:] == [f"  key{pad}  values  last value", f"  {key}  1       42"]
 
 
 def test_a_summary_that_saved_nothing_names_a_save_dir_given_after_the_program(tmp_path):
@@ -532,6 +545,24 @@ def test_run_refuses_a_package_or_directory_with_nothing_to_run(project):
     assert directory.stdout == ""  # (the package was imported, as `python -m nomain` does)
 
 
+def test_a_run_that_records_nothing_makes_no_save_dir_and_a_blocked_one_is_refused_first(project):
+    # -o names a folder a run that saves nothing leaves unmade (the report says so); a file in
+    # its way is still refused before the program runs, not after it.
+    (project / "idle.py").write_text("def f(x):\n    y = x\n    return y\nprint('ran')\n")
+    out = project / "runs" / "a"
+    result = cli("run", "-r", "__main__:f:y", "-o", out, "idle.py", cwd=project)
+    assert (result.returncode, result.stdout) == (0, "ran\n")
+    assert result.stderr.splitlines()[-1] == f"bcrecord: nothing was saved, and {out} was not made"
+    assert not (project / "runs").exists()
+    (project / "runs").write_text("a file")
+    blocked = cli("run", "-r", "__main__:f:y", "-o", out, "idle.py", cwd=project)
+    assert f"cannot write records to {out}: Not a directory" in one_clear_line(blocked)
+    assert blocked.stdout == ""
+    saved = cli("run", "-r", "helper:twice:y", "-o", project / "b" / "c", "prog.py", cwd=project)
+    assert bcrecord.load(project / "b" / "c")["helper:twice:y@0"] == [0, 2, 4, 6, 8, 10]
+    assert "was removed while the program ran" not in saved.stderr
+
+
 def test_run_unwritable_directory(project):
     blocker = project / "a_file"
     blocker.write_text("not a directory")
@@ -868,6 +899,7 @@ def test_run_under_python_dash_i_gives_the_program_the_sys_path_python_dash_i_gi
 
 def test_run_whose_saves_fail_says_so_once_and_exits_2(project, tmp_path):
     out = tmp_path / "records"
+    out.mkdir()  # (there already: the run makes its records folder as it starts, for the program to remove)
     (project / "sabotage.py").write_text(
         "import shutil, sys, helper\n"
         "helper.twice(1)\n"
@@ -1516,6 +1548,27 @@ def test_run_suggests_a_view_command_that_a_shell_takes(project, tmp_path):
     assert shlex.split(command) == ["bcrecord", "view", str(out)]
 
 
+@pytest.mark.skipif(sys.platform == "win32" or not shutil.which("bash"), reason="bash, and bytes names")
+@pytest.mark.parametrize("encoding", ["utf-8", "ascii"])
+def test_run_suggests_a_view_command_that_bash_takes_for_a_name_that_is_no_utf_8(project, tmp_path, encoding):
+    # Printed as '.../bad\udcffdir ñ' (Python's escape of the byte 0xff): pasted, that names another
+    # folder. Now bash's $'...' with the bytes; on an ASCII terminal for 'ñ' too.
+    out = os.path.join(os.fsencode(tmp_path), b"bad\xffdir \xc3\xb1")
+    run = subprocess.run(
+        [sys.executable, "-m", "bcrecord", "run", "-r", "helper:twice:y", b"-o" + out, "prog.py"],
+        cwd=project,
+        env=_env({"PYTHONIOENCODING": encoding}),
+        capture_output=True,
+    )
+    assert run.returncode == 0, run.stderr
+    command = run.stderr.strip().splitlines()[-1].split(b"see them with: ", 1)[1]
+    assert command.startswith(b"bcrecord view $'")
+    argument = subprocess.run(
+        ["bash", "-c", b"printf %s " + command.removeprefix(b"bcrecord view ")], capture_output=True
+    ).stdout
+    assert argument == out
+
+
 def _values_saved(directory, key):
     """How many values of ``key`` ``directory`` holds (0 before any is saved)."""
     return len(bcrecord.load(directory).get(key, [])) if directory.exists() else 0
@@ -2106,6 +2159,7 @@ def test_run_keeps_the_program_s_module_as_main_for_its_threads_and_atexit_handl
 
 def test_run_makes_a_records_directory_the_program_removes_again(project, tmp_path):
     out = tmp_path / "out"
+    out.mkdir()  # (there already: the run makes its records folder as it starts)
     (project / "wipes.py").write_text(
         textwrap.dedent(
             """
@@ -2134,6 +2188,7 @@ def test_run_makes_a_records_directory_the_program_removes_again(project, tmp_pa
 @pytest.mark.parametrize("ending", ["", "sys.exit(0)"])
 def test_run_ends_with_status_2_where_the_records_could_not_be_saved(project, tmp_path, ending):
     out = tmp_path / "out"
+    out.mkdir()  # (there already: the run makes its records folder as it starts)
     (project / "blocks.py").write_text(
         textwrap.dedent(
             f"""
@@ -2660,6 +2715,7 @@ def test_a_program_that_ends_with_os_exit_0_where_its_records_could_not_be_saved
     project, tmp_path
 ):
     out = tmp_path / "out"
+    out.mkdir()  # (there already: the run makes its records folder as it starts)
     (project / "blocks.py").write_text(
         textwrap.dedent(
             """

@@ -103,6 +103,37 @@ def test_a_save_syncs_its_data_file_then_the_directory_naming_it_then_the_index(
     assert load(tmp_path)["k"] == [0, 1]
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="names a descriptor's file through /proc")
+def test_a_new_directory_s_header_and_an_upgrade_s_journal_are_synced_with_it(tmp_path, monkeypatch):
+    # index.json (and the journal) were renamed into a new directory, and a version 1 index's
+    # journal renamed before its header replaced the entries, none with a directory fsync: after
+    # a power loss a run could read as no records directory, an upgraded one lose its entries.
+    synced = []
+    real_fsync = os.fsync
+
+    def fsync(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    Writer(tmp_path / "a" / "run")
+    top, run = os.path.realpath(tmp_path), os.path.realpath(tmp_path / "a" / "run")
+    assert synced[:2] == [os.path.dirname(run), top]  # the new folders' names in theirs
+    assert synced[-2:] == [os.path.join(run, ".index.json.tmp"), run]
+    old = tmp_path / "old"
+    (old / "records").mkdir(parents=True)
+    (old / "index.json").write_text(json.dumps({"format": "bcrecord-records", "version": 1, "entries": []}))
+    synced.clear()
+    Writer(old)
+    old = os.path.realpath(old)
+    assert synced[-4:] == [
+        os.path.join(old, ".index.jsonl.tmp"),
+        old,  # the journal's rename, before the header replaces the version 1 index
+        os.path.join(old, ".index.json.tmp"),
+        old,
+    ]
+
+
 def test_a_run_s_records_folder_is_refused_as_a_records_directory(tmp_path):
     # `run -o out/records` saved a run inside the run in out: its records/records/ and its
     # index nested in out's records folder, where loading out never looks.
@@ -336,6 +367,20 @@ def test_a_writer_refuses_a_directory_whose_index_is_damaged_before_saving(tmp_p
     with pytest.raises(StorageError, match=r"index.jsonl: save 1 is damaged"):
         Writer(tmp_path)
     assert sorted(p.name for p in tmp_path.rglob("*")) == before
+
+
+def test_a_writer_told_not_to_make_its_directory_makes_it_with_the_first_save_only(tmp_path):
+    writer = Writer(tmp_path / "run" / "a", make=False)
+    assert (writer.made, writer.saved, writer.last_step) == (False, 0, None)
+    assert not (tmp_path / "run").exists()
+    assert writer.write({"m:f:x@0": [1, 2]}, step=3) == 2
+    assert writer.made and load(tmp_path / "run" / "a").steps("m:f:x@0") == [3, 3]
+    # A directory there already, a file in the way: checked (and made) at once, as make=True does.
+    save({"m:f:x@0": [1]}, tmp_path / "b")
+    assert Writer(tmp_path / "b", make=False).saved == 1
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(StorageError, match="cannot write records to .*file/c: Not a directory"):
+        Writer(tmp_path / "file" / "c", make=False)
 
 
 def test_with_unsavable_a_value_pickle_refuses_is_saved_as_its_repr_and_the_rest_as_they_are(tmp_path):

@@ -315,3 +315,17 @@ def test_the_table_stays_aligned_for_a_key_of_wide_characters():
         "key       steps  shape   dtype  min  mean  max",
         "m:日本@0  1      scalar  float  1    1     1",
     ]
+
+
+def test_view_s_table_stays_aligned_on_a_terminal_that_writes_wide_keys_escaped(tmp_path):
+    # PYTHONIOENCODING=ascii: '日本' is printed as '\u65e5\u672c' (12 columns), padded as 4.
+    from .commands import cli
+
+    bcrecord.save({"m:日本@0": [1.0], "m:x@0": [2.0]}, tmp_path / "run")
+    result = cli("view", "--no-plots", tmp_path / "run", env={"PYTHONIOENCODING": "ascii"})
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines() == [
+        "key               steps  shape  dtype  min  mean  max",
+        "m:\\u65e5\\u672c@0  1      -      float  1    1     1",
+        "m:x@0             1      -      float  2    2     2",
+    ]

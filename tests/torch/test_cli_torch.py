@@ -310,6 +310,27 @@ def test_view_of_a_dtype_torch_cannot_convert_shows_it_without_numbers(tmp_path)
     assert (records / "plots" / "m_f_ok@0.heatmap.png").is_file()
 
 
+def test_view_says_why_it_cannot_draw_a_tensor_subclass_rather_than_one_number(tmp_path):
+    # index.html said "nothing to draw (one number, or no elements)" of a 2x3 TwoTensor saved twice:
+    # numpy cannot read a wrapper subclass's values, and only its being unreadable was left.
+    pytest.importorskip("matplotlib")
+    import io
+
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    from bcrecord.viz import view
+
+    a = torch.arange(6.0).reshape(2, 3)
+    records = bcrecord.save({"m:f:tt@0": [TwoTensor(a, a * 2)]}, tmp_path / "records")
+    bcrecord.save({"m:f:tt@0": [TwoTensor(a, a * 2)]}, records, step=1)
+    err = io.StringIO()
+    assert view(records, progress=False, out=io.StringIO(), err=err) == 0
+    said = "a TwoTensor (2x3 float32): its values cannot be read to draw"
+    assert err.getvalue() == f"bcrecord view: could not draw m:f:tt@0: {said}\n"
+    page = (records / "plots" / "index.html").read_text()
+    assert f"could not draw it: {said}" in page and "one number" not in page
+
+
 def test_a_histogram_s_title_counts_the_infinities_and_nans_it_leaves_out(tmp_path):
     pytest.importorskip("matplotlib")
     from bcrecord.viz import _pictures, summarize
