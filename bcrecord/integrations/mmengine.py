@@ -360,7 +360,8 @@ def resolve_model(model: Any, path: str) -> Any:
                     break
             if found is _MISSING:
                 if not first_error:
-                    first_error = f"{type(obj).__name__} has no attribute {part!r}"
+                    # (the module the path names, not torch.compile's OptimizedModule around it)
+                    first_error = f"{type(_unwrap(obj)).__name__} has no attribute {part!r}"
                 break
             obj = found
         else:

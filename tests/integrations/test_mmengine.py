@@ -1477,8 +1477,9 @@ def test_a_model_path_hint_names_a_submodule_compiled_in_place_at_its_own_path()
     model.blocks[0] = torch.compile(model.blocks[0], backend="eager")
     with pytest.raises(
         RecorderConfigError, match=r"did you mean 'blocks\.0\.0', 'blocks\.0', 'blocks\.1'\?$"
-    ):
+    ) as error:
         resolve_model(model, "blocks.0.lin")
+    assert "(Sequential): Sequential has no attribute 'lin'" in str(error.value)  # not OptimizedModule
     with pytest.raises(RecorderConfigError) as error:
         resolve_model(model, "zzz")
     assert str(error.value).endswith("; submodules include 'blocks', 'blocks.0', 'blocks.0.0', 'blocks.1'")
