@@ -905,10 +905,11 @@ def _storage_loaded(data: bytes) -> Any:
 
 def _compact(tensor: Any) -> Any:
     """``tensor`` in a storage of its own where it is a view of a larger one (a row of a batch,
-    a token of a sequence): pickled as it is, its whole storage would be saved (and loaded).
+    a token of a sequence, a quantized one's too): pickled as it is, its whole storage would be
+    saved (and loaded).
     """
     try:
-        if tensor.is_quantized or tensor.is_nested or str(tensor.layout) != "torch.strided":
+        if tensor.is_nested or str(tensor.layout) != "torch.strided":
             return tensor
         if tensor.untyped_storage().nbytes() <= tensor.nelement() * tensor.element_size():
             return tensor  # (its own storage, or an expanded one's smaller than it)
