@@ -139,13 +139,14 @@ Unsavable = Callable[[str, int, str], None]
 
 
 def is_tensor(value: Any) -> bool:
-    """Whether ``value`` is a torch tensor, without importing torch.
+    """Whether ``value`` is a torch tensor (a program's own subclass too), without importing torch.
 
     >>> is_tensor([1.0])
     False
     """
-    kind = type(value)  # asked of the type: a nested tensor's shape raises
-    return kind.__module__.startswith("torch") and hasattr(kind, "detach") and hasattr(kind, "shape")
+    tensor = getattr(sys.modules.get("torch"), "Tensor", None)  # (none exists before torch is imported)
+    # Asked of the type: a nested tensor's shape raises; a mock's __class__ may say anything.
+    return isinstance(tensor, type) and issubclass(type(value), tensor)
 
 
 #: Per tensor dtype, whether safetensors stores it (asked once per dtype).

@@ -69,6 +69,28 @@ def test_every_kind_of_tensor_saved_is_summarized_for_view(tmp_path):
     assert stats["quantized"] == stats["float8"] == (0.0, 0.5, 1.0)
 
 
+class Scaled(torch.Tensor):
+    """A program's own tensor subclass (as MONAI's MetaTensor): its module is not torch's."""
+
+
+def test_a_program_s_own_tensor_subclass_is_indexed_and_summarized_as_a_tensor(tmp_path):
+    # Told from other values by its module's name, it was none: view showed '-' for a bfloat16 or
+    # complex32 one (numpy has no such dtype), and the index said 'torch.bfloat16', device None.
+    kinds = {
+        "bf16": torch.tensor([1.0, 2.0, 6.0]).bfloat16().as_subclass(Scaled),
+        "chalf": torch.tensor([3 + 4j, 0j]).to(torch.chalf).as_subclass(Scaled),
+    }
+    Writer(tmp_path).write({key: [value] for key, value in kinds.items()}, step=0)
+    loaded = load(tmp_path)
+    assert type(loaded["bf16"][0]) is Scaled and torch.equal(loaded["bf16"][0], kinds["bf16"])
+    assert [(e.info["dtype"], e.info["device"]) for e in loaded.entries] == [
+        ("bfloat16", "cpu"),
+        ("complex32", "cpu"),
+    ]
+    stats = {s.key: (s.dtype, s.min, s.mean, s.max) for s in summarize(loaded)}
+    assert stats == {"bf16": ("bfloat16", 1.0, 3.0, 6.0), "chalf": ("complex32", 0.0, 2.5, 5.0)}
+
+
 def test_nested_tensors_of_either_layout_are_summarized_for_view(tmp_path):
     # A jagged nested tensor made view crash: int() of its ragged size raised AttributeError.
     parts = [torch.tensor([[1.0, 2.0]]), torch.tensor([[3.0, 4.0], [5.0, 6.0]])]
