@@ -139,13 +139,14 @@ Unsavable = Callable[[str, int, str], None]
 
 
 def is_tensor(value: Any) -> bool:
-    """Whether ``value`` is a torch tensor, without importing torch.
+    """Whether ``value`` is a torch tensor (a program's own subclass too), without importing torch.
 
     >>> is_tensor([1.0])
     False
     """
-    kind = type(value)  # asked of the type: a nested tensor's shape raises
-    return kind.__module__.startswith("torch") and hasattr(kind, "detach") and hasattr(kind, "shape")
+    tensor = getattr(sys.modules.get("torch"), "Tensor", None)  # (none exists before torch is imported)
+    # Asked of the type: a nested tensor's shape raises; a mock's __class__ may say anything.
+    return isinstance(tensor, type) and issubclass(type(value), tensor)
 
 
 #: Per tensor dtype, whether safetensors stores it (asked once per dtype).
@@ -953,10 +954,11 @@ def _storage_loaded(data: bytes) -> Any:
 
 def _compact(tensor: Any) -> Any:
     """``tensor`` in a storage of its own where it is a view of a larger one (a row of a batch,
-    a token of a sequence): pickled as it is, its whole storage would be saved (and loaded).
+    a token of a sequence, a quantized one's too): pickled as it is, its whole storage would be
+    saved (and loaded).
     """
     try:
-        if tensor.is_quantized or tensor.is_nested or str(tensor.layout) != "torch.strided":
+        if tensor.is_nested or str(tensor.layout) != "torch.strided":
             return tensor
         if tensor.untyped_storage().nbytes() <= tensor.nelement() * tensor.element_size():
             return tensor  # (its own storage, or an expanded one's smaller than it)

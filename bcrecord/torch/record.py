@@ -304,6 +304,27 @@ class _Owner:
         return None
 
 
+def _leaf_copies(value: Any, memo: Dict[int, Any]) -> None:
+    """Put into ``memo`` (``copy.deepcopy``'s) a copy of each tensor in ``value`` (through tuples,
+    lists, sets, dicts and dataclasses) that is in the autograd graph: as pickle copies one, a leaf
+    of its values that requires grad (``copy.deepcopy`` refuses a tensor that is no leaf)."""
+    pending, seen = [value], set()
+    while pending:
+        item = pending.pop()
+        if id(item) in seen or id(item) in memo:
+            continue
+        seen.add(id(item))
+        if isinstance(item, torch.Tensor):
+            if not item.is_leaf:
+                memo[id(item)] = item.detach().clone().requires_grad_(item.requires_grad)
+        elif isinstance(item, (list, tuple, set, frozenset, deque)):
+            pending.extend(item)
+        elif isinstance(item, dict):
+            pending.extend(item.values())
+        elif dataclasses.is_dataclass(item) and not isinstance(item, type):
+            pending.extend(getattr(item, field.name, None) for field in dataclasses.fields(item))
+
+
 class ModelRecording(Recording):
     """A :class:`~bcrecord.Recording` of a model's targets.
 
@@ -396,6 +417,28 @@ class ModelRecording(Recording):
     def __setstate__(self, state: Dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._grad_lock = safe_over_forks(threading.Lock())
+
+    def __deepcopy__(self, memo: Dict[int, Any]) -> ModelRecording:
+        """A deep copy: the snapshot :meth:`__getstate__` holds, each value deep-copied. A tensor in
+        the autograd graph (``grad=True``, ``copy='none'``), which ``copy.deepcopy`` refuses, is
+        copied as a pickle of the recording copies it: a leaf of its values that requires grad.
+
+        >>> import copy, torch
+        >>> from bcrecord.torch import record
+        >>> model = torch.nn.Sequential(torch.nn.Linear(2, 3))
+        >>> with record(model, ["0"], grad=True) as rec:
+        ...     _ = model(torch.ones(1, 2))
+        >>> kept = copy.deepcopy(rec)["0:forward:return"]
+        >>> kept.is_leaf, kept.requires_grad, torch.equal(kept, rec["0:forward:return"])
+        (True, True, True)
+        """
+        state = self.__getstate__()
+        for values in state["_data"].values():
+            _leaf_copies(values, memo)
+        twin = type(self).__new__(type(self))
+        memo[id(self)] = twin
+        twin.__setstate__(deepcopy(state, memo))
+        return twin
 
     def _settle(self) -> None:
         for policy in self._policies:

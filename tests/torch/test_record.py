@@ -785,6 +785,24 @@ def test_a_recording_pickles_saves_and_copies_as_a_snapshot_inside_its_block_and
     assert rec.all("0:forward:return")[0] is not copies[0].all("0:forward:return")[0]
 
 
+@pytest.mark.parametrize("options", [{"grad": True}, {"copy": "none"}])
+def test_a_recording_of_values_in_the_autograd_graph_deep_copies_as_it_pickles(options):
+    # copy.deepcopy raised torch's "Only Tensors created explicitly by the user (graph leaves)
+    # support the deepcopy protocol": its values are in the graph, which deepcopy refuses.
+    model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU())
+    with record(model, ["0", ":forward:input"], **options) as rec:
+        out = model(torch.ones(1, 2, requires_grad=True))
+        inside = copy.deepcopy(rec)
+    after, pickled = copy.deepcopy(rec), pickle.loads(pickle.dumps(rec))
+    expected = model[0](torch.ones(1, 2)).detach()
+    for kept in (inside, after, pickled):
+        value = kept["0:forward:return"]
+        assert torch.equal(value.detach(), expected) and value.is_leaf and value.requires_grad
+    assert inside["0:forward:return"] is not rec["0:forward:return"]
+    assert rec["0:forward:return"].grad_fn is not None  # the recording's own, still in the graph
+    assert out.grad_fn is not None
+
+
 def test_one_module_at_two_paths_of_one_model_is_refused_with_the_reason():
     shared = torch.nn.Linear(2, 2)
     model = torch.nn.Sequential(shared, torch.nn.ReLU(), shared)
