@@ -209,14 +209,15 @@ def shell_quoted(path: str, encoding: Optional[str] = None) -> str:
     """``path`` quoted to paste into a shell (bash, zsh), naming the same file: as
     :func:`shlex.quote` quotes it, or, where that would not name it once printed (bytes that
     are no UTF-8, which Python holds surrogate-escaped; a control character; a character
-    that ``encoding``, the stream's it is printed to, lacks and would write escaped), in
+    that ``encoding``, the stream's it is printed to, lacks and would write escaped, or
+    writes as other bytes than the file's name has: latin-1's one byte for 'ñ'), in
     bash's ``$'...'`` with those bytes as ``\\xHH``.
 
     >>> print(shell_quoted("runs/a b"), shell_quoted("runs/bad\\udcffname"), shell_quoted("é", "ascii"))
     'runs/a b' $'runs/bad\\xffname' $'\\xc3\\xa9'
     """
     try:
-        plain = path.isprintable() and bool(path.encode(encoding or "utf-8"))
+        plain = path.isprintable() and path.encode(encoding or "utf-8") == os.fsencode(path)
     except (UnicodeEncodeError, LookupError):
         plain = False
     if plain or not path:

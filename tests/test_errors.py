@@ -5,7 +5,10 @@ or the built-in exception that fits (``ValueError`` for a malformed spec...).
 """
 
 import json
+import os
 import re
+import shutil
+import subprocess
 import sys
 import warnings
 
@@ -194,3 +197,17 @@ def test_shell_quoted_names_the_same_file_once_pasted():
     assert shell_quoted("bad\udcff'\\") == "$'bad\\xff\\x27\\x5c'"
     assert shell_quoted("a\nb") == "$'a\\x0ab'"
     assert shell_quoted("ñ", "ascii") == "$'\\xc3\\xb1'" and shell_quoted("ñ", "utf-8") == "'ñ'"
+
+
+@pytest.mark.skipif(sys.platform == "win32" or not shutil.which("bash"), reason="bash, and bytes names")
+def test_shell_quoted_names_the_file_s_bytes_where_the_stream_writes_other_bytes_for_its_name():
+    from bcrecord.errors import shell_quoted
+
+    # A latin-1 stream writes 'ñ' as the one byte 0xf1; the file's name is UTF-8's two (0xc3 0xb1).
+    name = "runs/dir ñ"
+    for encoding in ("latin-1", "utf-8", "ascii"):
+        printed = shell_quoted(name, encoding).encode(encoding, "backslashreplace")
+        pasted = subprocess.run(["bash", "-c", b"printf %s " + printed], capture_output=True).stdout
+        assert pasted == os.fsencode(name), encoding
+    if sys.getfilesystemencoding() == "utf-8":
+        assert shell_quoted(name, "latin-1") == "$'runs/dir \\xc3\\xb1'"
