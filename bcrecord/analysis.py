@@ -1616,13 +1616,18 @@ class Targets:
         return {"function": self.name, "arguments": list(self.arguments), "targets": rows}
 
     def __str__(self) -> str:
+        return self._table()
+
+    def _table(self, encoding: Optional[str] = None) -> str:
+        """The table ``str`` gives, its columns measured as a stream of ``encoding`` writes them
+        (a local it lacks escaped: ``bcrecord targets`` under an ASCII terminal)."""
         rows = [("kind", "target", "index", "line", "spec")]
         for row in self.as_dict()["targets"]:
             line = "" if row["line"] is None else str(row["line"])
             if row["column"] is not None:
                 line += f":{row['column']}"
             rows.append((str(row["kind"]), str(row["target"]), str(row["index"]), line, str(row["spec"])))
-        lines = [f"{self.name}({self._signature})", *aligned(rows)]
+        lines = [f"{self.name}({self._signature})", *aligned(rows, encoding)]
         return "\n".join(lines)
 
     def __repr__(self) -> str:

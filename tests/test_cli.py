@@ -549,6 +549,18 @@ def test_targets_and_show_write_a_local_the_terminal_cannot_encode_escaped(tmp_p
     assert shown.stdout.splitlines()[0] == "f: 1 probe(s): show:f:gr\\xf6\\xdfe@0"
 
 
+def test_the_targets_table_stays_aligned_on_a_terminal_that_writes_a_local_escaped(tmp_path):
+    # Measured as '日本' (four columns), the local printed as '\\u65e5\\u672c' (twelve) pushed its
+    # row's next columns eight further than the rest.
+    (tmp_path / "wide.py").write_text("def f(x):\n    日本 = x * 2\n    return 日本\n", encoding="utf-8")
+    listed = cli("targets", "wide:f", cwd=tmp_path, env={"PYTHONIOENCODING": "ascii"})
+    assert listed.returncode == 0, listed.stderr
+    assert listed.stdout.splitlines()[1:3] == [
+        "kind      target        index  line  spec",
+        "local     \\u65e5\\u672c  0      2:4   \\u65e5\\u672c@0",
+    ]
+
+
 def test_view_of_a_damaged_index_or_a_file_is_one_clear_line(project, tmp_path):
     out = tmp_path / "records"
     assert cli("run", "-r", "helper:twice:y", "-o", out, "prog.py", cwd=project).returncode == 0
