@@ -89,7 +89,10 @@ def _stats(value: Any) -> Optional[Tuple[float, float, float, int]]:
         return _NO_NUMBERS if math.isnan(number) else (number, number, number, 1)
     if is_tensor(value):
         try:
-            t = as_dense(value.detach())
+            # A sparse tensor's stored values and its implicit zeros, counted as the zeros they
+            # are: never densified (a 50000x50000 one with 3 values would take 10 GB).
+            stored = _stored(value.detach())
+            t, zeros = (as_dense(value.detach()), 0) if stored is None else stored
             if t.is_complex():
                 t = t.abs()
             if str(t.dtype) not in ("torch.float32", "torch.float64"):  # ints, bool, float8: no aminmax
@@ -99,9 +102,10 @@ def _stats(value: Any) -> Optional[Tuple[float, float, float, int]]:
         if t.numel() and bool(t.isnan().any()):
             t = t[~t.isnan()]
         if t.numel() == 0:
-            return _NO_NUMBERS
+            return (0.0, 0.0, 0.0, zeros) if zeros else _NO_NUMBERS
         low, high = t.aminmax()
-        return float(low), float(t.sum(dtype=t.new_zeros(()).double().dtype)), float(high), int(t.numel())
+        low, high = (min(float(low), 0.0), max(float(high), 0.0)) if zeros else (float(low), float(high))
+        return low, float(t.sum(dtype=t.new_zeros(()).double().dtype)), high, int(t.numel()) + zeros
     array = _numpy_array(value)
     if array is None:
         return None
@@ -139,6 +143,49 @@ def as_dense(tensor: Any) -> Any:
     return tensor
 
 
+def _stored(tensor: Any) -> Optional[Tuple[Any, int]]:
+    """A sparse tensor's stored values (a COO one's duplicates summed, as its dense form sums
+    them) and how many of its elements are implicit zeros; None for a tensor of another layout.
+
+    >>> import torch
+    >>> values, zeros = _stored(torch.eye(3).to_sparse_csr())
+    >>> values.tolist(), zeros
+    ([1.0, 1.0, 1.0], 6)
+    """
+    layout = str(tensor.layout)
+    if layout == "torch.sparse_coo":
+        values = tensor.coalesce().values()
+    elif layout in ("torch.sparse_csr", "torch.sparse_csc", "torch.sparse_bsr", "torch.sparse_bsc"):
+        values = tensor.values()  # (a block format's blocks, their zeros stored)
+    else:
+        return None
+    return values, tensor.numel() - values.numel()
+
+
+#: The most elements a sparse tensor's dense form may have to be drawn: its float64 copy for the
+#: pictures is then at most what :func:`view` reads at once (256 MB), where a larger one would
+#: cost memory its few stored values never needed (a 50000x50000 one, 20 GB).
+_MAX_DENSE_DRAWN = 32 << 20
+
+
+def _too_large_to_draw(value: Any) -> Optional[str]:
+    """Why ``value``, a sparse tensor whose dense form has over :data:`_MAX_DENSE_DRAWN`
+    elements, is not drawn; None for any other value.
+
+    >>> import torch
+    >>> big = torch.sparse_coo_tensor([[0, 1, 2], [0, 1, 2]], [1.0, 2.0, 3.0], (50000, 50000))
+    >>> _too_large_to_draw(big)
+    'a sparse 50000x50000 tensor with 3 stored values: too large to draw dense'
+    """
+    if not is_tensor(value) or value.is_nested or str(value.layout) == "torch.strided":
+        return None
+    stored = _stored(value.detach())
+    if stored is None or value.numel() <= _MAX_DENSE_DRAWN:
+        return None
+    shape = "x".join(map(str, value.shape))
+    return f"a sparse {shape} tensor with {stored[0].numel()} stored values: too large to draw dense"
+
+
 def _isnan(array: Any) -> Any:
     import numpy as np
 
@@ -152,6 +199,8 @@ def _numpy_array(value: Any) -> Any:
     except ImportError:
         return None
     if is_tensor(value):
+        if _too_large_to_draw(value) is not None:
+            return None
         try:
             t = as_dense(value.detach().cpu())
             return (t.abs() if t.is_complex() else t).double().numpy()
@@ -851,8 +900,11 @@ def _draw_one(
     if not files and summary.numeric and failed is not None and summary.key not in failed:
         # Counted, yet not drawn: a tensor numpy cannot read (a wrapper subclass, TwoTensor), which
         # index.html would otherwise call 'one number'.
+        large = next((why for why in map(_too_large_to_draw, summary.values) if why), None)
         unread = next((v for v in summary.values if is_tensor(v) and _numpy_array(v) is None), None)
-        if unread is not None:
+        if large is not None:
+            failed[summary.key] = large
+        elif unread is not None:
             failed[summary.key] = f"{_tensor_described(unread)}: its values cannot be read to draw"
     return files
 
