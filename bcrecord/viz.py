@@ -81,6 +81,9 @@ def _stats(value: Any) -> Optional[Tuple[float, float, float, int]]:
     >>> _stats(2), _stats(float("nan")), _stats(10**400)[0], _stats("text")
     ((2.0, 2.0, 2.0, 1), (inf, 0.0, -inf, 0), inf, None)
     """
+    named = _first_field(value)
+    if named is not None:  # its fields are different things (max's values and indices): the first's
+        return _stats(named[1])
     if isinstance(value, bool) or isinstance(value, (int, float)):
         try:
             number = float(value)
@@ -186,6 +189,27 @@ def _too_large_to_draw(value: Any) -> Optional[str]:
     return f"a sparse {shape} tensor with {stored[0].numel()} stored values: too large to draw dense"
 
 
+def _first_field(value: Any) -> Optional[Tuple[str, Any]]:
+    """The name and value of the first field of a named tuple (a ``namedtuple``, or a struct
+    sequence such as ``torch.return_types.max``: values and indices), whose numbers are the ones
+    :func:`view` counts and draws (fields of several meanings mixed would mean nothing); None for
+    any other value (a plain tuple or a list of tensors may be of one meaning: ``t.chunk(2)``).
+
+    >>> import collections
+    >>> _first_field(collections.namedtuple("Max", "values indices")([2.0], [1])), _first_field((1, 2))
+    (('values', [2.0]), None)
+    """
+    if not isinstance(value, tuple) or not value:
+        return None
+    kind = type(value)
+    names = getattr(kind, "_fields", None) if hasattr(kind, "_make") else None  # a namedtuple
+    if names is None and hasattr(kind, "n_sequence_fields"):  # a struct sequence
+        names = getattr(kind, "__match_args__", None)
+    if not names or not isinstance(names[0], str):
+        return None
+    return names[0], value[0]
+
+
 def _isnan(array: Any) -> Any:
     import numpy as np
 
@@ -198,6 +222,9 @@ def _numpy_array(value: Any) -> Any:
         import numpy as np
     except ImportError:
         return None
+    named = _first_field(value)
+    if named is not None:  # (as _stats counts it)
+        return _numpy_array(named[1])
     if is_tensor(value):
         if _too_large_to_draw(value) is not None:
             return None
@@ -325,10 +352,16 @@ def _dtype(value: Any) -> str:
     >>> from bcrecord.storage import _unloadable
     >>> _dtype(1.5), _dtype(_unloadable(ValueError, TypeError("takes 2 arguments"), ("x",)))
     ('float', 'ValueError (unloadable)')
+    >>> import collections
+    >>> _dtype(collections.namedtuple("Stats", "loss acc")(0.5, 0.9))  # the field whose numbers are shown
+    'Stats (loss: float)'
     """
     if isinstance(value, Unimportable):  # (its own type is Unloadable, or a stand-in named as the class)
         name = (value._where or type(value).__name__).rpartition(".")[2]
         return f"{name} ({'unloadable' if isinstance(value, Unloadable) else 'not importable'})"
+    named = _first_field(value)
+    if named is not None:  # the field whose numbers the row shows, named
+        return f"{type(value).__name__} ({named[0]}: {_dtype(named[1])})"
     dtype = getattr(value, "dtype", None)
     if dtype is not None:
         return str(dtype).replace("torch.", "")

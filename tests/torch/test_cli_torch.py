@@ -3,6 +3,7 @@
 Needs torch, safetensors and matplotlib (``pip install -e '.[torch,save,viz,test]'``).
 """
 
+import collections
 import gc
 import html.parser
 import textwrap
@@ -367,6 +368,35 @@ def test_view_counts_a_sparse_tensor_from_its_stored_values_and_draws_only_a_sma
         f"bcrecord view: could not draw m:f:csr@0: {said}",
     ]
     assert (records / "plots" / "m_f_small@0.heatmap.png").is_file()
+
+
+Pair = collections.namedtuple("Pair", "low high")  # (saved: a class pickle finds by name)
+
+
+def test_view_counts_a_named_tuple_s_first_field_and_names_it(tmp_path):
+    # x.max(dim=1) showed min 0, mean 4, max 10: its values (5, 10) and indices (1, 0) counted together.
+    import io
+
+    from bcrecord.viz import view
+
+    x = torch.tensor([[1.0, 5.0, 3.0], [10.0, 2.0, 0.5]])
+    values = {
+        "m:f:max@0": [x.max(dim=1)],
+        "m:f:topk@0": [x.topk(2)],
+        "m:f:pair@0": [Pair(-x, x)],
+        "m:f:list@0": [[x, x + 1]],  # of one meaning: every element, as before
+        "m:f:x@0": [x],
+    }
+    out = io.StringIO()
+    assert view(bcrecord.save(values, tmp_path / "records"), plots=False, out=out) == 0
+    rows = {line[:11].strip(): line[11:].split() for line in out.getvalue().splitlines()[1:]}
+    assert rows == {
+        "m:f:max@0": ["1", "-", "max", "(values:", "float32)", "5", "7.5", "10"],
+        "m:f:topk@0": ["1", "-", "topk", "(values:", "float32)", "2", "5", "10"],
+        "m:f:pair@0": ["1", "-", "Pair", "(low:", "float32)", "-10", "-3.583", "-0.5"],
+        "m:f:list@0": ["1", "-", "list", "0.5", "4.083", "11"],
+        "m:f:x@0": ["1", "2x3", "float32", "0.5", "3.583", "10"],
+    }
 
 
 def test_a_histogram_s_title_counts_the_infinities_and_nans_it_leaves_out(tmp_path):
