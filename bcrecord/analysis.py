@@ -1616,13 +1616,30 @@ class Targets:
         return {"function": self.name, "arguments": list(self.arguments), "targets": rows}
 
     def __str__(self) -> str:
+        return self.table()
+
+    def table(self, encoding: Optional[str] = None) -> str:
+        """The table ``str(targets)`` is; with ``encoding`` (the stream's it is printed to), a
+        character it lacks is written escaped, as such a stream writes it, and the columns are
+        measured so (``bcrecord targets`` on an ASCII terminal).
+
+        >>> import bcrecord
+        >>> def f(a):
+        ...     \u65e5 = a
+        ...     return \u65e5
+        >>> print(bcrecord.targets(f).table("ascii"))
+        f(a)
+        kind    target  index  line  spec
+        local   \\u65e5  0      2:4   \\u65e5@0
+        return  return  0      3:4   return
+        """
         rows = [("kind", "target", "index", "line", "spec")]
         for row in self.as_dict()["targets"]:
             line = "" if row["line"] is None else str(row["line"])
             if row["column"] is not None:
                 line += f":{row['column']}"
             rows.append((str(row["kind"]), str(row["target"]), str(row["index"]), line, str(row["spec"])))
-        lines = [f"{self.name}({self._signature})", *aligned(rows)]
+        lines = [f"{self.name}({self._signature})", *aligned(rows, encoding)]
         return "\n".join(lines)
 
     def __repr__(self) -> str:

@@ -256,7 +256,7 @@ def _targets(args: argparse.Namespace) -> int:
     args.path = _stripped(args.path)
     found = targets(_recordable(args.path))
     out = _Output()
-    print(json.dumps(found.as_dict(), indent=2) if args.json else found, file=out)
+    print(json.dumps(found.as_dict(), indent=2) if args.json else found.table(out.encoding), file=out)
     out.flush()
     return 0
 

@@ -549,6 +549,20 @@ def test_targets_and_show_write_a_local_the_terminal_cannot_encode_escaped(tmp_p
     assert shown.stdout.splitlines()[0] == "f: 1 probe(s): show:f:gr\\xf6\\xdfe@0"
 
 
+def test_targets_on_an_ascii_terminal_measures_its_columns_by_the_escapes_it_writes(tmp_path):
+    # The escaped local's row was out of line with the rest: the widths were the unescaped text's.
+    source = "def f(a):\n    日本 = a + 1\n    x = 日本\n    return x\n"
+    (tmp_path / "wide.py").write_text(source, encoding="utf-8")
+    listed = cli("targets", "wide:f", cwd=tmp_path, env={"PYTHONIOENCODING": "ascii"})
+    assert listed.returncode == 0, listed.stderr
+    lines = listed.stdout.splitlines()[1:]
+    assert lines[:3] == [
+        "kind      target        index  line  spec",
+        "local     x             0      3:4   x@0",
+        "local     \\u65e5\\u672c  0      2:4   \\u65e5\\u672c@0",
+    ]
+
+
 def test_view_of_a_damaged_index_or_a_file_is_one_clear_line(project, tmp_path):
     out = tmp_path / "records"
     assert cli("run", "-r", "helper:twice:y", "-o", out, "prog.py", cwd=project).returncode == 0
