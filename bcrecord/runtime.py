@@ -1307,6 +1307,8 @@ def _find_copier(policy: Any, cls: type) -> Optional[Copier]:
     if policy == "none" or issubclass(cls, _ATOMIC):
         return None
     if policy == "deepcopy":
+        if issubclass(cls, _CONTAINERS) or dataclasses.is_dataclass(cls):
+            return _deepcopy_after_plugins
         return _copy_module.deepcopy
     if issubclass(cls, _CONTAINERS):
         return _container_copier(policy)
@@ -1320,6 +1322,34 @@ def _find_copier(policy: Any, cls: type) -> Optional[Copier]:
     if policy == "clone" and _copied_by_method(cls):
         return _array_copier(policy)
     return None
+
+
+def _deepcopy_after_plugins(value: Any) -> Any:
+    """``copy.deepcopy(value)``, a list, tuple, dict, set or dataclass, once the plug-ins of the
+    classes in it are loaded (:func:`load_plugin`): copied then as they register, a tensor in a
+    list as the torch layer copies one under ``'deepcopy'`` (detached), as one alone is.
+
+    >>> _deepcopy_after_plugins([1, {"a": [2]}])
+    [1, {'a': [2]}]
+    """
+    if _PLUGINS:
+        plugins = len(_PLUGINS)
+        pending, seen = [value], set()
+        while pending:
+            item = pending.pop()
+            if id(item) in seen:
+                continue
+            seen.add(id(item))
+            load_plugin(type(item))
+            if isinstance(item, (list, tuple, set, frozenset)):
+                pending.extend(item)
+            elif isinstance(item, dict):
+                pending.extend(item.values())
+            elif dataclasses.is_dataclass(item) and not isinstance(item, type):
+                pending.extend(getattr(item, field.name, None) for field in dataclasses.fields(item))
+        if len(_PLUGINS) < plugins:  # (one registered its copies: this value's may be among them)
+            return copy_value(value, "deepcopy")
+    return _copy_module.deepcopy(value)
 
 
 #: Bases, as (package, class name), of the arrays and frames whose ``copy()`` copies their data:

@@ -81,6 +81,9 @@ def _stats(value: Any) -> Optional[Tuple[float, float, float, int]]:
     >>> _stats(2), _stats(float("nan")), _stats(10**400)[0], _stats("text")
     ((2.0, 2.0, 2.0, 1), (inf, 0.0, -inf, 0), inf, None)
     """
+    named = _first_field(value)
+    if named is not None:  # its fields are different things (max's values and indices): the first's
+        return _stats(named[1])
     if isinstance(value, bool) or isinstance(value, (int, float)):
         try:
             number = float(value)
@@ -89,7 +92,10 @@ def _stats(value: Any) -> Optional[Tuple[float, float, float, int]]:
         return _NO_NUMBERS if math.isnan(number) else (number, number, number, 1)
     if is_tensor(value):
         try:
-            t = as_dense(value.detach())
+            # A sparse tensor's stored values and its implicit zeros, counted as the zeros they
+            # are: never densified (a 50000x50000 one with 3 values would take 10 GB).
+            stored = _stored(value.detach())
+            t, zeros = (as_dense(value.detach()), 0) if stored is None else stored
             if t.is_complex():
                 t = t.abs()
             if str(t.dtype) not in ("torch.float32", "torch.float64"):  # ints, bool, float8: no aminmax
@@ -99,9 +105,10 @@ def _stats(value: Any) -> Optional[Tuple[float, float, float, int]]:
         if t.numel() and bool(t.isnan().any()):
             t = t[~t.isnan()]
         if t.numel() == 0:
-            return _NO_NUMBERS
+            return (0.0, 0.0, 0.0, zeros) if zeros else _NO_NUMBERS
         low, high = t.aminmax()
-        return float(low), float(t.sum(dtype=t.new_zeros(()).double().dtype)), float(high), int(t.numel())
+        low, high = (min(float(low), 0.0), max(float(high), 0.0)) if zeros else (float(low), float(high))
+        return low, float(t.sum(dtype=t.new_zeros(()).double().dtype)), high, int(t.numel()) + zeros
     array = _numpy_array(value)
     if array is None:
         return None
@@ -139,6 +146,70 @@ def as_dense(tensor: Any) -> Any:
     return tensor
 
 
+def _stored(tensor: Any) -> Optional[Tuple[Any, int]]:
+    """A sparse tensor's stored values (a COO one's duplicates summed, as its dense form sums
+    them) and how many of its elements are implicit zeros; None for a tensor of another layout.
+
+    >>> import torch
+    >>> values, zeros = _stored(torch.eye(3).to_sparse_csr())
+    >>> values.tolist(), zeros
+    ([1.0, 1.0, 1.0], 6)
+    """
+    layout = str(tensor.layout)
+    if layout == "torch.sparse_coo":
+        values = tensor.coalesce().values()
+    elif layout in ("torch.sparse_csr", "torch.sparse_csc", "torch.sparse_bsr", "torch.sparse_bsc"):
+        values = tensor.values()  # (a block format's blocks, their zeros stored)
+    else:
+        return None
+    return values, tensor.numel() - values.numel()
+
+
+#: The most elements a sparse tensor's dense form may have to be drawn: its float64 copy for the
+#: pictures is then at most what :func:`view` reads at once (256 MB), where a larger one would
+#: cost memory its few stored values never needed (a 50000x50000 one, 20 GB).
+_MAX_DENSE_DRAWN = 32 << 20
+
+
+def _too_large_to_draw(value: Any) -> Optional[str]:
+    """Why ``value``, a sparse tensor whose dense form has over :data:`_MAX_DENSE_DRAWN`
+    elements, is not drawn; None for any other value.
+
+    >>> import torch
+    >>> big = torch.sparse_coo_tensor([[0, 1, 2], [0, 1, 2]], [1.0, 2.0, 3.0], (50000, 50000))
+    >>> _too_large_to_draw(big)
+    'a sparse 50000x50000 tensor with 3 stored values: too large to draw dense'
+    """
+    if not is_tensor(value) or value.is_nested or str(value.layout) == "torch.strided":
+        return None
+    stored = _stored(value.detach())
+    if stored is None or value.numel() <= _MAX_DENSE_DRAWN:
+        return None
+    shape = "x".join(map(str, value.shape))
+    return f"a sparse {shape} tensor with {stored[0].numel()} stored values: too large to draw dense"
+
+
+def _first_field(value: Any) -> Optional[Tuple[str, Any]]:
+    """The name and value of the first field of a named tuple (a ``namedtuple``, or a struct
+    sequence such as ``torch.return_types.max``: values and indices), whose numbers are the ones
+    :func:`view` counts and draws (fields of several meanings mixed would mean nothing); None for
+    any other value (a plain tuple or a list of tensors may be of one meaning: ``t.chunk(2)``).
+
+    >>> import collections
+    >>> _first_field(collections.namedtuple("Max", "values indices")([2.0], [1])), _first_field((1, 2))
+    (('values', [2.0]), None)
+    """
+    if not isinstance(value, tuple) or not value:
+        return None
+    kind = type(value)
+    names = getattr(kind, "_fields", None) if hasattr(kind, "_make") else None  # a namedtuple
+    if names is None and hasattr(kind, "n_sequence_fields"):  # a struct sequence
+        names = getattr(kind, "__match_args__", None)
+    if not names or not isinstance(names[0], str):
+        return None
+    return names[0], value[0]
+
+
 def _isnan(array: Any) -> Any:
     import numpy as np
 
@@ -151,7 +222,12 @@ def _numpy_array(value: Any) -> Any:
         import numpy as np
     except ImportError:
         return None
+    named = _first_field(value)
+    if named is not None:  # (as _stats counts it)
+        return _numpy_array(named[1])
     if is_tensor(value):
+        if _too_large_to_draw(value) is not None:
+            return None
         try:
             t = as_dense(value.detach().cpu())
             return (t.abs() if t.is_complex() else t).double().numpy()
@@ -276,10 +352,16 @@ def _dtype(value: Any) -> str:
     >>> from bcrecord.storage import _unloadable
     >>> _dtype(1.5), _dtype(_unloadable(ValueError, TypeError("takes 2 arguments"), ("x",)))
     ('float', 'ValueError (unloadable)')
+    >>> import collections
+    >>> _dtype(collections.namedtuple("Stats", "loss acc")(0.5, 0.9))  # the field whose numbers are shown
+    'Stats (loss: float)'
     """
     if isinstance(value, Unimportable):  # (its own type is Unloadable, or a stand-in named as the class)
         name = (value._where or type(value).__name__).rpartition(".")[2]
         return f"{name} ({'unloadable' if isinstance(value, Unloadable) else 'not importable'})"
+    named = _first_field(value)
+    if named is not None:  # the field whose numbers the row shows, named
+        return f"{type(value).__name__} ({named[0]}: {_dtype(named[1])})"
     dtype = getattr(value, "dtype", None)
     if dtype is not None:
         return str(dtype).replace("torch.", "")
@@ -851,8 +933,11 @@ def _draw_one(
     if not files and summary.numeric and failed is not None and summary.key not in failed:
         # Counted, yet not drawn: a tensor numpy cannot read (a wrapper subclass, TwoTensor), which
         # index.html would otherwise call 'one number'.
+        large = next((why for why in map(_too_large_to_draw, summary.values) if why), None)
         unread = next((v for v in summary.values if is_tensor(v) and _numpy_array(v) is None), None)
-        if unread is not None:
+        if large is not None:
+            failed[summary.key] = large
+        elif unread is not None:
             failed[summary.key] = f"{_tensor_described(unread)}: its values cannot be read to draw"
     return files
 

@@ -6,7 +6,8 @@ Importing this module registers how tensors are copied under each core policy
 * ``'clone'``: a detached clone — the value as it was when assigned, outside the
   autograd graph (so recording never keeps activations' graphs alive);
 * ``'detach'``: the tensor detached, no copy (cheapest; later in-place changes show);
-* ``'deepcopy'``: a detached clone (``copy.deepcopy`` refuses non-leaf tensors);
+* ``'deepcopy'``: a detached clone (``copy.deepcopy`` refuses non-leaf tensors), also in a list,
+  tuple, dict or dataclass, whose other contents are deep-copied;
 * ``'none'``: the tensor itself, as the core keeps any value (not detached: it stays in
   the autograd graph, and keeps it alive, whatever ``grad`` says).
 
@@ -193,17 +194,36 @@ def _detached_copy(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _deepcopy_outside_autograd(value: Any) -> Any:
-    """``copy.deepcopy(value)``; where a tensor in it is in the autograd graph (deepcopy takes
-    leaves only: ``dict(loss=loss)``), the container rebuilt with its tensors' detached copies
-    and the rest of it deep-copied (as ``'deepcopy'`` copies each)."""
-    try:
-        return _copy_module.deepcopy(value)
-    except RuntimeError:
-        if not isinstance(value, (list, tuple, dict)) and not dataclasses.is_dataclass(value):
-            raise  # an object that holds one its own way: the recording's errors say so
+    """``copy.deepcopy(value)``; where a tensor in it requires grad (deepcopy takes leaves only:
+    ``dict(loss=loss)``, and keeps a leaf's ``requires_grad``), the container rebuilt with its
+    tensors' detached copies, as a tensor alone is copied, and the rest of it deep-copied (as
+    ``'deepcopy'`` copies each)."""
+    container = isinstance(value, (list, tuple, dict)) or dataclasses.is_dataclass(value)
+    if container and _requires_grad_within(value):
         return _map(
             value, _detached_copy, functools.partial(copy_value, policy="deepcopy"), policy="deepcopy"
         )
+    return _copy_module.deepcopy(value)  # (an object that holds one its own way: the errors say so)
+
+
+def _requires_grad_within(value: Any) -> bool:
+    """Whether a tensor in ``value`` (through tuples, lists, sets, dicts and dataclasses) requires grad."""
+    pending, seen = [value], set()
+    while pending:
+        item = pending.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, torch.Tensor):
+            if item.requires_grad:
+                return True
+        elif isinstance(item, (list, tuple, set, frozenset)):
+            pending.extend(item)
+        elif isinstance(item, dict):
+            pending.extend(item.values())
+        elif dataclasses.is_dataclass(item) and not isinstance(item, type):
+            pending.extend(getattr(item, field.name, None) for field in dataclasses.fields(item))
+    return False
 
 
 #: What a tracer runs a model on in place of its values, and why such a value is not recorded.

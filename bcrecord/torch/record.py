@@ -78,7 +78,7 @@ from ..patch import (
 )
 from ..runtime import Recording, Sink, context_recordings, raised_by_signal_handler, safe_over_forks, silently
 from ..specs import Attribute, Local, Return, Spec, require_bool
-from .copies import Device, ValuePolicy, _itself, _tracing_state, _transforms_active, value_policy
+from .copies import Device, ValuePolicy, _holder, _itself, _tracing_state, _transforms_active, value_policy
 from .targets import (
     Target,
     _resolving,
@@ -307,7 +307,14 @@ class _Owner:
 def _leaf_copies(value: Any, memo: Dict[int, Any]) -> None:
     """Put into ``memo`` (``copy.deepcopy``'s) a copy of each tensor in ``value`` (through tuples,
     lists, sets, dicts and dataclasses) that is in the autograd graph: as pickle copies one, a leaf
-    of its values that requires grad (``copy.deepcopy`` refuses a tensor that is no leaf)."""
+    of its values that requires grad (``copy.deepcopy`` refuses a tensor that is no leaf). An object
+    of a class :func:`~bcrecord.torch.copies.register_holder` names (torchvision's ``ImageList``) is
+    rebuilt around deep copies of its parts, made so, as the recording's copies rebuild it."""
+
+    def deep(part: Any) -> Any:
+        _leaf_copies(part, memo)
+        return deepcopy(part, memo)
+
     pending, seen = [value], set()
     while pending:
         item = pending.pop()
@@ -323,6 +330,10 @@ def _leaf_copies(value: Any, memo: Dict[int, Any]) -> None:
             pending.extend(item.values())
         elif dataclasses.is_dataclass(item) and not isinstance(item, type):
             pending.extend(getattr(item, field.name, None) for field in dataclasses.fields(item))
+        else:
+            rebuild = _holder(type(item))
+            if rebuild is not None:
+                memo[id(item)] = rebuild(item, deep)
 
 
 class ModelRecording(Recording):
@@ -421,7 +432,8 @@ class ModelRecording(Recording):
     def __deepcopy__(self, memo: Dict[int, Any]) -> ModelRecording:
         """A deep copy: the snapshot :meth:`__getstate__` holds, each value deep-copied. A tensor in
         the autograd graph (``grad=True``, ``copy='none'``), which ``copy.deepcopy`` refuses, is
-        copied as a pickle of the recording copies it: a leaf of its values that requires grad.
+        copied as a pickle of the recording copies it: a leaf of its values that requires grad (also
+        inside an object of a class :func:`~bcrecord.torch.copies.register_holder` names, rebuilt).
 
         >>> import copy, torch
         >>> from bcrecord.torch import record

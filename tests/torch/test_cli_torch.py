@@ -3,6 +3,7 @@
 Needs torch, safetensors and matplotlib (``pip install -e '.[torch,save,viz,test]'``).
 """
 
+import collections
 import gc
 import html.parser
 import textwrap
@@ -329,6 +330,73 @@ def test_view_says_why_it_cannot_draw_a_tensor_subclass_rather_than_one_number(t
     assert err.getvalue() == f"bcrecord view: could not draw m:f:tt@0: {said}\n"
     page = (records / "plots" / "index.html").read_text()
     assert f"could not draw it: {said}" in page and "one number" not in page
+
+
+def test_view_counts_a_sparse_tensor_from_its_stored_values_and_draws_only_a_small_one(tmp_path, monkeypatch):
+    # A 10000x10000 COO tensor of 3 values cost 1.2 GB and 1.2 s to view (densified twice, for
+    # the numbers and the pictures); a 50000x50000 one ran out of memory.
+    pytest.importorskip("matplotlib")
+    import io
+
+    from bcrecord.viz import view
+
+    n = 50_000
+    coo = torch.sparse_coo_tensor([[0, 5, 5, n - 1], [1, 7, 7, n - 1]], [1.5, 1.0, 1.0, 4.0], (n, n))
+    small = torch.sparse_coo_tensor([[0, 1], [1, 0]], [-1.0, 3.0], (4, 4))
+    values = {"m:f:coo@0": [coo], "m:f:csr@0": [coo.to_sparse_csr()], "m:f:small@0": [small.to_sparse_csc()]}
+    records = bcrecord.save(values, tmp_path / "records")
+
+    to_dense = torch.Tensor.to_dense
+
+    def small_only(self, *args, **kwargs):
+        assert self.numel() <= 16, f"densified a {tuple(self.shape)} tensor"
+        return to_dense(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "to_dense", small_only)
+    out, err = io.StringIO(), io.StringIO()
+    assert view(records, progress=False, out=out, err=err) == 0
+    rows = {line.split()[0]: line.split()[1:] for line in out.getvalue().splitlines()[1:4]}
+    mean = f"{7.5 / n**2:.3e}"  # the duplicate (5, 7) summed, as the dense form sums it; zeros counted
+    assert rows == {
+        "m:f:coo@0": ["1", "50000x50000", "float32", "0", mean, "4"],
+        "m:f:csr@0": ["1", "50000x50000", "float32", "0", mean, "4"],
+        "m:f:small@0": ["1", "4x4", "float32", "-1", "0.125", "3"],
+    }
+    said = "a sparse 50000x50000 tensor with 3 stored values: too large to draw dense"
+    assert err.getvalue().splitlines() == [
+        f"bcrecord view: could not draw m:f:coo@0: {said}",
+        f"bcrecord view: could not draw m:f:csr@0: {said}",
+    ]
+    assert (records / "plots" / "m_f_small@0.heatmap.png").is_file()
+
+
+Pair = collections.namedtuple("Pair", "low high")  # (saved: a class pickle finds by name)
+
+
+def test_view_counts_a_named_tuple_s_first_field_and_names_it(tmp_path):
+    # x.max(dim=1) showed min 0, mean 4, max 10: its values (5, 10) and indices (1, 0) counted together.
+    import io
+
+    from bcrecord.viz import view
+
+    x = torch.tensor([[1.0, 5.0, 3.0], [10.0, 2.0, 0.5]])
+    values = {
+        "m:f:max@0": [x.max(dim=1)],
+        "m:f:topk@0": [x.topk(2)],
+        "m:f:pair@0": [Pair(-x, x)],
+        "m:f:list@0": [[x, x + 1]],  # of one meaning: every element, as before
+        "m:f:x@0": [x],
+    }
+    out = io.StringIO()
+    assert view(bcrecord.save(values, tmp_path / "records"), plots=False, out=out) == 0
+    rows = {line[:11].strip(): line[11:].split() for line in out.getvalue().splitlines()[1:]}
+    assert rows == {
+        "m:f:max@0": ["1", "-", "max", "(values:", "float32)", "5", "7.5", "10"],
+        "m:f:topk@0": ["1", "-", "topk", "(values:", "float32)", "2", "5", "10"],
+        "m:f:pair@0": ["1", "-", "Pair", "(low:", "float32)", "-10", "-3.583", "-0.5"],
+        "m:f:list@0": ["1", "-", "list", "0.5", "4.083", "11"],
+        "m:f:x@0": ["1", "2x3", "float32", "0.5", "3.583", "10"],
+    }
 
 
 def test_a_histogram_s_title_counts_the_infinities_and_nans_it_leaves_out(tmp_path):

@@ -245,6 +245,49 @@ def test_deepcopy_copies_containers_holding_tensors_in_the_autograd_graph():
     assert copy_value(plain, "deepcopy") == plain and copy_value(plain, "deepcopy")["n"] is not plain["n"]
 
 
+def test_deepcopy_detaches_a_leaf_that_requires_grad_inside_a_value_as_it_does_one_alone():
+    # Alone it was copied detached; in a list (a tuple, a dict, a dataclass) it kept requires_grad=True.
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Output:
+        logits: torch.Tensor
+
+    leaf = torch.ones(2, requires_grad=True)
+    for value in (leaf, [leaf], (leaf, 1), {"w": leaf}, Output(leaf)):
+        copied = copy_value(value, "deepcopy")
+        tensor = next(iter(copied.values())) if isinstance(copied, dict) else copied
+        tensor = tensor.logits if isinstance(tensor, Output) else tensor
+        tensor = tensor[0] if isinstance(tensor, (list, tuple)) else tensor
+        assert torch.equal(tensor, torch.ones(2)) and not tensor.requires_grad and tensor is not leaf
+
+
+def test_deepcopy_of_a_list_of_tensors_recorded_first_detaches_them_as_later_ones_are():
+    # The core deep-copied a list as it is until a tensor alone had loaded the torch layer's copies:
+    # a leaf in it kept requires_grad=True, and a tensor in the graph was refused (rec.errors).
+    import pathlib
+    import subprocess
+    import sys
+
+    import bcrecord
+
+    code = (
+        "import sys, torch, bcrecord\n"
+        "def f(w):\n"
+        "    y = [w, w * 2]\n"
+        "    return y\n"
+        "with bcrecord.patch_function(f, ['y@0']), bcrecord.recording(copy='deepcopy') as rec:\n"
+        "    f(torch.ones(2, requires_grad=True))\n"
+        "print([t.requires_grad for t in rec['__main__:f:y@0']], len(rec.errors))\n"
+    )
+    root = str(pathlib.Path(bcrecord.__file__).parents[1])
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env={"PYTHONPATH": root}, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[0] == "[False, False] 0"
+
+
 def test_deepcopy_of_an_object_holding_a_graph_tensor_its_own_way_fails_as_deepcopy_does():
     class Holder:
         def __init__(self, t):

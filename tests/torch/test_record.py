@@ -803,6 +803,49 @@ def test_a_recording_of_values_in_the_autograd_graph_deep_copies_as_it_pickles(o
     assert out.grad_fn is not None
 
 
+class _Padded:
+    """An object holding a tensor, as torchvision's ImageList holds the padded images."""
+
+    def __init__(self, tensors: torch.Tensor, sizes: list) -> None:
+        self.tensors = tensors
+        self.sizes = sizes
+
+
+@pytest.mark.parametrize("options", [{"grad": True}, {"copy": "none"}])
+def test_a_registered_holder_of_values_in_the_autograd_graph_deep_copies_as_it_pickles(options):
+    # copy.deepcopy raised torch's "Only Tensors created explicitly by the user (graph leaves)
+    # support the deepcopy protocol" for an ImageList's tensors: holders were not reached.
+    from bcrecord.torch.copies import register_holder
+
+    register_holder(_Padded, lambda padded, copy: _Padded(copy(padded.tensors), copy(padded.sizes)))
+
+    class Pad(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(2, 3)
+
+        def forward(self, x):
+            return _Padded(self.lin(x), [(1, 3)])
+
+    model = torch.nn.Sequential(Pad())
+    with record(model, ["0"], **options) as rec:
+        model(torch.ones(1, 2))
+    copied, pickled = (
+        copy.deepcopy(rec)["0:forward:return"],
+        pickle.loads(pickle.dumps(rec))["0:forward:return"],
+    )
+    expected = model[0].lin(torch.ones(1, 2)).detach()
+    for kept in (copied, pickled):
+        assert type(kept) is _Padded and kept.sizes == [(1, 3)]
+        assert (
+            torch.equal(kept.tensors.detach(), expected)
+            and kept.tensors.is_leaf
+            and kept.tensors.requires_grad
+        )
+    assert copied is not rec["0:forward:return"] and copied.sizes is not rec["0:forward:return"].sizes
+    assert rec["0:forward:return"].tensors.grad_fn is not None  # the recording's own, still in the graph
+
+
 def test_one_module_at_two_paths_of_one_model_is_refused_with_the_reason():
     shared = torch.nn.Linear(2, 2)
     model = torch.nn.Sequential(shared, torch.nn.ReLU(), shared)
