@@ -2354,7 +2354,9 @@ class _Runner:
         writer = self.collector.writer
         if writer is not None:
             if not writer.made and self.collector.error is None:  # no value came to save: none made
-                print(f"bcrecord: nothing was saved, and {writer.directory} was not made", file=out)
+                # (the program may have made it itself: then it is not ours to say unmade)
+                made = "" if os.path.lexists(writer.directory) else f", and {writer.directory} was not made"
+                print(f"bcrecord: nothing was saved{made or f' to {writer.directory}'}", file=out)
                 return
             saved, keys = sum(self.collector.saved.values()), len(self.collector.saved)
             every = "" if self.every == 1 else f", every {_ordinal(self.every)} value"

@@ -554,6 +554,13 @@ def test_a_run_that_records_nothing_makes_no_save_dir_and_a_blocked_one_is_refus
     assert (result.returncode, result.stdout) == (0, "ran\n")
     assert result.stderr.splitlines()[-1] == f"bcrecord: nothing was saved, and {out} was not made"
     assert not (project / "runs").exists()
+    # A program that makes that folder itself is not told bcrecord left it unmade.
+    maker = f"import os\ndef f(x):\n    y = x\n    return y\nos.makedirs({str(out)!r})\n"
+    (project / "maker.py").write_text(maker)
+    made = cli("run", "-r", "__main__:f:y", "-o", out, "maker.py", cwd=project)
+    assert made.stderr.splitlines()[-1] == f"bcrecord: nothing was saved to {out}"
+    assert list(out.iterdir()) == []
+    out.rmdir(), (project / "runs").rmdir()
     (project / "runs").write_text("a file")
     blocked = cli("run", "-r", "__main__:f:y", "-o", out, "idle.py", cwd=project)
     assert f"cannot write records to {out}: Not a directory" in one_clear_line(blocked)
