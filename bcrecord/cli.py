@@ -309,7 +309,7 @@ def _show(args: argparse.Namespace) -> int:
         for note in _unloaded_notes(base.__qualname__, patch.original_code, args.specs):
             print(note, file=out)
         print(file=out)
-        print(side_by_side(patch.original_code, patch.code), file=out)
+        print(side_by_side(patch.original_code, patch.code, encoding=out.encoding), file=out)
         source = decompiled(patch.code)
     if source is not None:
         print("\ndecompiled patched source (depyf):\n", file=out)

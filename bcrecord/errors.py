@@ -181,16 +181,33 @@ def aligned(rows: Sequence[Sequence[str]], encoding: Optional[str] = None) -> Li
     >>> aligned([("key", "n"), ("日本", "1")], "ascii")
     ['key           n', '\\\\u65e5\\\\u672c  1']
     """
-    if encoding is not None:
-        try:
-            rows = [[cell.encode(encoding, "backslashreplace").decode(encoding) for cell in r] for r in rows]
-        except LookupError:  # (a stream's encoding that Python does not know: left as it is)
-            pass
+    rows = [[as_written(cell, encoding) for cell in row] for row in rows]
     widths = [max(_columns(row[i]) for row in rows) for i in range(len(rows[0]))] if rows else []
-    return [
-        "  ".join(cell + " " * (w - _columns(cell)) for cell, w in zip(row, widths, strict=True)).rstrip()
-        for row in rows
-    ]
+    return ["  ".join(padded(cell, w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+
+
+def as_written(text: str, encoding: Optional[str]) -> str:
+    """``text`` as a stream of ``encoding`` writes it with ``errors='backslashreplace'`` (a
+    character it lacks escaped); ``text`` itself for None or an encoding Python does not know.
+
+    >>> as_written("größe", "ascii"), as_written("größe", "utf-8"), as_written("größe", None)
+    ('gr\\\\xf6\\\\xdfe', 'größe', 'größe')
+    """
+    if encoding is None:
+        return text
+    try:
+        return text.encode(encoding, "backslashreplace").decode(encoding)
+    except LookupError:
+        return text
+
+
+def padded(text: str, width: int) -> str:
+    """``text`` with spaces after it up to ``width`` terminal columns (a wide character two).
+
+    >>> padded("日本", 6) + "|", padded("abc", 2) + "|"
+    ('日本  |', 'abc|')
+    """
+    return text + " " * (width - _columns(text))
 
 
 def _columns(text: str) -> int:

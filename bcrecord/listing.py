@@ -21,6 +21,7 @@ from types import CodeType
 from typing import List, Optional, Tuple
 
 from ._versions import PROBE_NAME
+from .errors import as_written, padded
 from .rewrite import SINKS_GET
 
 __all__ = ["instructions_text", "side_by_side", "decompiled"]
@@ -39,8 +40,9 @@ def _has_probes(code: CodeType) -> bool:
     return PROBE_NAME in code.co_names or any(const is SINKS_GET for const in code.co_consts)
 
 
-def _rows(code: CodeType) -> List[Tuple[str, str]]:
-    """(comparison key, display text) for each instruction; caches left out."""
+def _rows(code: CodeType, encoding: Optional[str] = None) -> List[Tuple[str, str]]:
+    """(comparison key, display text) for each instruction, the text as a stream of
+    ``encoding`` writes it; caches left out."""
     rows = []
     line: Optional[int] = None
     for instr in dis.get_instructions(code):
@@ -58,7 +60,12 @@ def _rows(code: CodeType) -> List[Tuple[str, str]]:
             if "to " not in arg and "to L" not in arg
             else f"{line} {instr.opname}"
         )
-        rows.append((key, f"{'' if line is None else line:>5} {instr.opname:<24} {arg}".rstrip()))
+        rows.append(
+            (
+                key,
+                as_written(f"{'' if line is None else line:>5} {instr.opname:<24} {arg}".rstrip(), encoding),
+            )
+        )
     return rows
 
 
@@ -71,10 +78,15 @@ def instructions_text(code: CodeType) -> str:
     return "\n".join(text for _, text in _rows(code))
 
 
-def side_by_side(original: CodeType, patched: CodeType, width: int = 52) -> str:
+def side_by_side(
+    original: CodeType, patched: CodeType, width: int = 52, encoding: Optional[str] = None
+) -> str:
     """Original and patched disassembly in two columns; inserted lines start with ``+``.
 
-    Lines that differ between the two (a method-style load made plain) show ``~``.
+    Lines that differ between the two (a method-style load made plain) show ``~``. The left
+    column is padded by terminal columns (a wide character in a local's name takes two), and
+    with ``encoding`` (the stream's it is printed to) as that stream writes it, a character
+    it lacks escaped.
 
     >>> import bcrecord
     >>> def f(a):
@@ -87,13 +99,13 @@ def side_by_side(original: CodeType, patched: CodeType, width: int = 52) -> str:
     >>> any("bcrecord" in line for line in lines if line.startswith("+"))  # the probe's first load
     True
     """
-    left, right = _rows(original), _rows(patched)
+    left, right = _rows(original, encoding), _rows(patched, encoding)
     matcher = difflib.SequenceMatcher(a=[k for k, _ in left], b=[k for k, _ in right], autojunk=False)
     out = [f"  {'original':<{width}}   patched", f"  {'-' * width}   {'-' * width}"]
     for tag, a0, a1, b0, b1 in matcher.get_opcodes():
         if tag == "equal":
             for i, j in zip(range(a0, a1), range(b0, b1), strict=True):
-                out.append(f"  {left[i][1]:<{width}}   {right[j][1]}")
+                out.append(f"  {padded(left[i][1], width)}   {right[j][1]}")
         elif tag == "insert":
             for j in range(b0, b1):
                 out.append(f"+ {'':<{width}}   {right[j][1]}")
@@ -102,7 +114,7 @@ def side_by_side(original: CodeType, patched: CodeType, width: int = 52) -> str:
                 a = left[a0 + k][1] if a0 + k < a1 else ""
                 b = right[b0 + k][1] if b0 + k < b1 else ""
                 mark = "~" if a and b else ("-" if a else "+")
-                out.append(f"{mark} {a:<{width}}   {b}")
+                out.append(f"{mark} {padded(a, width)}   {b}")
     return "\n".join(out)
 
 

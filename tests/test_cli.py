@@ -12,6 +12,7 @@ import py_compile
 import shlex
 import subprocess
 import sys
+import unicodedata
 
 import pytest
 from hypothesis import given
@@ -559,6 +560,24 @@ def test_the_targets_table_stays_aligned_on_a_terminal_that_writes_a_local_escap
         "kind      target        index  line  spec",
         "local     \\u65e5\\u672c  0      2:4   \\u65e5\\u672c@0",
     ]
+
+
+@pytest.mark.parametrize("encoding", ["ascii", "utf-8"])
+def test_show_keeps_its_right_column_in_line_for_a_wide_or_escaped_local(tmp_path, encoding):
+    # The left column was padded by code points: '日本' (four terminal columns) pushed its rows'
+    # patched side two columns right; written '\\u65e5\\u672c' under ASCII (twelve), ten.
+    (tmp_path / "wide.py").write_text("def f(x):\n    日本 = x * 2\n    return 日本\n", encoding="utf-8")
+    shown = cli("show", "wide:f", "日本", cwd=tmp_path, env={"PYTHONIOENCODING": encoding})
+    assert shown.returncode == 0, shown.stderr
+
+    def columns(text):
+        return sum(2 if unicodedata.east_asian_width(ch) in "WF" else 1 for ch in text)
+
+    lines = shown.stdout.splitlines()
+    header = lines[2].index("patched")  # where the right column starts
+    stores = [line for line in lines if line.count("STORE_FAST") == 2]
+    assert len(stores) == 1 and ("\\u65e5\\u672c" in stores[0]) == (encoding == "ascii")
+    assert columns(stores[0][: stores[0].rindex("2 STORE_FAST")]) == header + len("    ")
 
 
 def test_view_of_a_damaged_index_or_a_file_is_one_clear_line(project, tmp_path):
