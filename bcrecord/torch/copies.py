@@ -44,6 +44,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from ..errors import SpecError
 from ..runtime import (
+    _ATOMIC,
     _unregister_copy,
     copied_container,
     copied_dataclass,
@@ -211,7 +212,7 @@ def _requires_grad_within(value: Any) -> bool:
     pending, seen = [value], set()
     while pending:
         item = pending.pop()
-        if id(item) in seen:
+        if isinstance(item, _ATOMIC) or id(item) in seen:  # (a number holds none: skipped, not kept)
             continue
         seen.add(id(item))
         if isinstance(item, torch.Tensor):
