@@ -1334,13 +1334,17 @@ def _deepcopy_after_plugins(value: Any) -> Any:
     """
     if _PLUGINS:
         plugins = len(_PLUGINS)
-        pending, seen = [value], set()
+        # (A number or a string holds nothing, and one class's plug-in is looked for once: a list of
+        # 100,000 floats walked item by item made its copy 8 times as slow as copy.deepcopy alone.)
+        pending, seen, classes = [value], set(), set()
         while pending:
             item = pending.pop()
-            if id(item) in seen:
+            if isinstance(item, _ATOMIC) or id(item) in seen:
                 continue
             seen.add(id(item))
-            load_plugin(type(item))
+            if type(item) not in classes:
+                classes.add(type(item))
+                load_plugin(type(item))
             if isinstance(item, (list, tuple, set, frozenset)):
                 pending.extend(item)
             elif isinstance(item, dict):

@@ -210,6 +210,19 @@ def _first_field(value: Any) -> Optional[Tuple[str, Any]]:
     return names[0], value[0]
 
 
+def _drawn_part(value: Any) -> Any:
+    """What ``value`` is drawn by: a named tuple's first field (a nested one's, through them all),
+    any other value itself.
+
+    >>> import collections
+    >>> Max = collections.namedtuple("Max", "values indices")
+    >>> _drawn_part(Max(Max([2.0], [1]), [1])), _drawn_part((1, 2))
+    ([2.0], (1, 2))
+    """
+    named = _first_field(value)
+    return value if named is None else _drawn_part(named[1])
+
+
 def _isnan(array: Any) -> Any:
     import numpy as np
 
@@ -933,8 +946,9 @@ def _draw_one(
     if not files and summary.numeric and failed is not None and summary.key not in failed:
         # Counted, yet not drawn: a tensor numpy cannot read (a wrapper subclass, TwoTensor), which
         # index.html would otherwise call 'one number'.
-        large = next((why for why in map(_too_large_to_draw, summary.values) if why), None)
-        unread = next((v for v in summary.values if is_tensor(v) and _numpy_array(v) is None), None)
+        drawn = [_drawn_part(value) for value in summary.values]  # (a named tuple's first field)
+        large = next((why for why in map(_too_large_to_draw, drawn) if why), None)
+        unread = next((v for v in drawn if is_tensor(v) and _numpy_array(v) is None), None)
         if large is not None:
             failed[summary.key] = large
         elif unread is not None:

@@ -2520,6 +2520,20 @@ def test_a_subclass_of_a_library_class_loads_that_library_s_plug_in(monkeypatch,
     assert copy_value(Own(), "clone") == ("copied", 1)
 
 
+def test_deepcopy_of_a_container_looks_for_each_class_s_plug_in_once(monkeypatch):
+    # copy='deepcopy' of a list of 100,000 floats took 148 ms where copy.deepcopy takes 18: the
+    # plug-ins were looked for item by item (load_plugin per float), before the copy.
+    from bcrecord import runtime
+
+    looked: list = []
+    monkeypatch.setattr(runtime, "_PLUGINS", {"fakelib": "bcrecord_fake_plugin"})  # (not all loaded)
+    monkeypatch.setattr(runtime, "load_plugin", looked.append)
+    value = [float(i) for i in range(1000)] + [[i, "s"] for i in range(1000)] + [{"k": 1.5}]
+    kept = runtime._deepcopy_after_plugins(value)
+    assert kept == value and kept[1000] is not value[1000]
+    assert sorted(cls.__name__ for cls in looked) == ["dict", "list"]
+
+
 def test_carry_keeps_the_name_and_signature_of_what_it_wraps():
     import inspect
 

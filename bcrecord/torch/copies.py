@@ -44,6 +44,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from ..errors import SpecError
 from ..runtime import (
+    _ATOMIC,
     _unregister_copy,
     copied_container,
     copied_dataclass,
@@ -199,11 +200,14 @@ def _deepcopy_outside_autograd(value: Any) -> Any:
     tensors' detached copies, as a tensor alone is copied, and the rest of it deep-copied (as
     ``'deepcopy'`` copies each)."""
     container = isinstance(value, (list, tuple, dict)) or dataclasses.is_dataclass(value)
-    if container and _requires_grad_within(value):
-        return _map(
-            value, _detached_copy, functools.partial(copy_value, policy="deepcopy"), policy="deepcopy"
-        )
-    return _copy_module.deepcopy(value)  # (an object that holds one its own way: the errors say so)
+    if not container:
+        return _copy_module.deepcopy(value)  # (an object that holds one its own way: the errors say so)
+    if not _requires_grad_within(value):
+        try:
+            return _copy_module.deepcopy(value)
+        except RuntimeError:  # one in the graph inside an object in it (a holder: ImageList, a cache)
+            pass
+    return _map(value, _detached_copy, functools.partial(copy_value, policy="deepcopy"), policy="deepcopy")
 
 
 def _requires_grad_within(value: Any) -> bool:
@@ -211,7 +215,7 @@ def _requires_grad_within(value: Any) -> bool:
     pending, seen = [value], set()
     while pending:
         item = pending.pop()
-        if id(item) in seen:
+        if isinstance(item, _ATOMIC) or id(item) in seen:  # (a number holds none: skipped, not kept)
             continue
         seen.add(id(item))
         if isinstance(item, torch.Tensor):

@@ -399,6 +399,34 @@ def test_view_counts_a_named_tuple_s_first_field_and_names_it(tmp_path):
     }
 
 
+def test_view_says_why_it_cannot_draw_a_named_tuple_s_first_field(tmp_path):
+    # index.html said "nothing to draw (one number, or no elements)" of a named tuple whose first
+    # field, the one drawn, is a sparse tensor too large to draw dense or a TwoTensor; stderr nothing.
+    pytest.importorskip("matplotlib")
+    import io
+
+    from torch.testing._internal.two_tensor import TwoTensor
+
+    from bcrecord.viz import view
+
+    n = 50_000
+    coo = torch.sparse_coo_tensor([[0, 5], [1, 7]], [1.5, 4.0], (n, n))
+    a = torch.arange(6.0).reshape(2, 3)
+    values = {"m:f:coo@0": [Pair(coo, 1)], "m:f:tt@0": [Pair(Pair(TwoTensor(a, a * 2), 0), 1)]}
+    records = bcrecord.save(values, tmp_path / "records")
+    err = io.StringIO()
+    assert view(records, progress=False, out=io.StringIO(), err=err) == 0
+    large = "a sparse 50000x50000 tensor with 2 stored values: too large to draw dense"
+    unread = "a TwoTensor (2x3 float32): its values cannot be read to draw"
+    assert err.getvalue().splitlines() == [
+        f"bcrecord view: could not draw m:f:coo@0: {large}",
+        f"bcrecord view: could not draw m:f:tt@0: {unread}",
+    ]
+    page = (records / "plots" / "index.html").read_text()
+    assert f"could not draw it: {large}" in page and f"could not draw it: {unread}" in page
+    assert "one number" not in page
+
+
 def test_a_histogram_s_title_counts_the_infinities_and_nans_it_leaves_out(tmp_path):
     pytest.importorskip("matplotlib")
     from bcrecord.viz import _pictures, summarize

@@ -400,6 +400,22 @@ def test_a_registered_holder_is_rebuilt_around_copies_of_its_tensors():
     assert type(detached) is _Batch and not detached.tensors.requires_grad
 
 
+def test_deepcopy_of_a_container_of_a_registered_holder_in_the_autograd_graph_rebuilds_it():
+    # [ImageList(...)] or (logits, cache) under copy='deepcopy' was lost since 2c4be51, rec.errors
+    # 'Only Tensors created explicitly by the user (graph leaves) support the deepcopy protocol':
+    # no tensor of the container's own required grad, and copy.deepcopy's refusal was no longer caught.
+    from bcrecord.torch.copies import register_holder
+
+    register_holder(_Batch, lambda batch, copy: _Batch(copy(batch.tensors), list(batch.sizes)))
+    in_graph = torch.ones(2, requires_grad=True) * 3
+    for value in ([_Batch(in_graph, [(2,)])], {"images": _Batch(in_graph, [(2,)]), "n": 1}):
+        copied = copy_value(value, "deepcopy")
+        batch = copied[0] if isinstance(copied, list) else copied["images"]
+        assert type(copied) is type(value) and type(batch) is _Batch and batch.sizes == [(2,)]
+        assert torch.equal(batch.tensors, torch.full((2,), 3.0)) and not batch.tensors.requires_grad
+    assert in_graph.grad_fn is not None
+
+
 class _Cache:
     """A base class of objects holding tensors, as transformers' Cache is of DynamicCache's."""
 
