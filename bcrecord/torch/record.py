@@ -76,7 +76,15 @@ from ..patch import (
     remove_all,
     shallow_copies_holding,
 )
-from ..runtime import Recording, Sink, context_recordings, raised_by_signal_handler, safe_over_forks, silently
+from ..runtime import (
+    _ATOMIC,
+    Recording,
+    Sink,
+    context_recordings,
+    raised_by_signal_handler,
+    safe_over_forks,
+    silently,
+)
 from ..specs import Attribute, Local, Return, Spec, require_bool
 from .copies import Device, ValuePolicy, _holder, _itself, _tracing_state, _transforms_active, value_policy
 from .targets import (
@@ -318,7 +326,7 @@ def _leaf_copies(value: Any, memo: Dict[int, Any]) -> None:
     pending, seen = [value], set()
     while pending:
         item = pending.pop()
-        if id(item) in seen or id(item) in memo:
+        if isinstance(item, _ATOMIC) or id(item) in seen or id(item) in memo:  # (a number holds none)
             continue
         seen.add(id(item))
         if isinstance(item, torch.Tensor):

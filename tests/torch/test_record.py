@@ -811,6 +811,27 @@ class _Padded:
         self.sizes = sizes
 
 
+class _Floats(torch.nn.Module):
+    def forward(self, x):
+        y = [float(i) for i in range(1000)]
+        return x * 2, y
+
+
+def test_a_deep_copy_of_a_recording_looks_up_no_holder_for_a_number(monkeypatch):
+    # Each of a list's floats was looked up as a possible registered holder: a deep copy of a
+    # recording of 100,000 floats took 192 ms where 24 ms copy them.
+    module = sys.modules["bcrecord.torch.record"]  # (bcrecord.torch.record is the function)
+    looked = []
+    holder = module._holder
+    monkeypatch.setattr(module, "_holder", lambda cls: looked.append(cls) or holder(cls))
+    model = _Floats()
+    with record(model, [":forward:y"], copy="none") as rec:
+        model(torch.ones(2))
+    kept = copy.deepcopy(rec)[":forward:y@0"]
+    assert kept == [float(i) for i in range(1000)] and kept is not rec[":forward:y@0"]
+    assert looked == []
+
+
 @pytest.mark.parametrize("options", [{"grad": True}, {"copy": "none"}])
 def test_a_registered_holder_of_values_in_the_autograd_graph_deep_copies_as_it_pickles(options):
     # copy.deepcopy raised torch's "Only Tensors created explicitly by the user (graph leaves)
