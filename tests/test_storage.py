@@ -79,10 +79,8 @@ def test_a_save_cut_short_is_never_accepted(tmp_path, monkeypatch):
     assert (tmp_path / "index.jsonl").read_text().count("\n") == 2
 
 
-@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="names a descriptor's file through /proc")
-def test_a_save_syncs_its_data_file_then_the_directory_naming_it_then_the_index(tmp_path, monkeypatch):
-    # The data file's rename was never synced: after a power loss the index, synced after
-    # it, could name a data file missing from the directory (its values lost, a warning).
+def _fsyncs(monkeypatch):
+    """The paths ``os.fsync`` is given from now on, in order (read through /proc/self/fd)."""
     synced = []
     real_fsync = os.fsync
 
@@ -90,9 +88,17 @@ def test_a_save_syncs_its_data_file_then_the_directory_naming_it_then_the_index(
         synced.append(os.readlink(f"/proc/self/fd/{fd}"))
         real_fsync(fd)
 
+    monkeypatch.setattr(os, "fsync", fsync)
+    return synced
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="names a descriptor's file through /proc")
+def test_a_save_syncs_its_data_file_then_the_directory_naming_it_then_the_index(tmp_path, monkeypatch):
+    # The data file's rename was never synced: after a power loss the index, synced after
+    # it, could name a data file missing from the directory (its values lost, a warning).
     writer = Writer(tmp_path)
     writer.write({"k": [0]}, step=0)
-    monkeypatch.setattr(os, "fsync", fsync)
+    synced = _fsyncs(monkeypatch)
     writer.write({"k": [1]}, step=1)
     records = os.path.realpath(tmp_path / "records")
     assert synced == [
@@ -108,14 +114,7 @@ def test_a_new_directory_s_header_and_an_upgrade_s_journal_are_synced_with_it(tm
     # index.json (and the journal) were renamed into a new directory, and a version 1 index's
     # journal renamed before its header replaced the entries, none with a directory fsync: after
     # a power loss a run could read as no records directory, an upgraded one lose its entries.
-    synced = []
-    real_fsync = os.fsync
-
-    def fsync(fd):
-        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
-        real_fsync(fd)
-
-    monkeypatch.setattr(os, "fsync", fsync)
+    synced = _fsyncs(monkeypatch)
     Writer(tmp_path / "a" / "run")
     top, run = os.path.realpath(tmp_path), os.path.realpath(tmp_path / "a" / "run")
     assert synced[:2] == [os.path.dirname(run), top]  # the new folders' names in theirs

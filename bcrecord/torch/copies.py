@@ -44,7 +44,6 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from ..errors import SpecError
 from ..runtime import (
-    _ATOMIC,
     _unregister_copy,
     copied_container,
     copied_dataclass,
@@ -52,6 +51,7 @@ from ..runtime import (
     copies_without_python,
     copy_value,
     load_plugin,
+    reachable,
     register_copy,
 )
 
@@ -212,22 +212,7 @@ def _deepcopy_outside_autograd(value: Any) -> Any:
 
 def _requires_grad_within(value: Any) -> bool:
     """Whether a tensor in ``value`` (through tuples, lists, sets, dicts and dataclasses) requires grad."""
-    pending, seen = [value], set()
-    while pending:
-        item = pending.pop()
-        if isinstance(item, _ATOMIC) or id(item) in seen:  # (a number holds none: skipped, not kept)
-            continue
-        seen.add(id(item))
-        if isinstance(item, torch.Tensor):
-            if item.requires_grad:
-                return True
-        elif isinstance(item, (list, tuple, set, frozenset)):
-            pending.extend(item)
-        elif isinstance(item, dict):
-            pending.extend(item.values())
-        elif dataclasses.is_dataclass(item) and not isinstance(item, type):
-            pending.extend(getattr(item, field.name, None) for field in dataclasses.fields(item))
-    return False
+    return any(isinstance(item, torch.Tensor) and item.requires_grad for item in reachable(value))
 
 
 #: What a tracer runs a model on in place of its values, and why such a value is not recorded.

@@ -77,11 +77,11 @@ from ..patch import (
     shallow_copies_holding,
 )
 from ..runtime import (
-    _ATOMIC,
     Recording,
     Sink,
     context_recordings,
     raised_by_signal_handler,
+    reachable,
     safe_over_forks,
     silently,
 )
@@ -323,22 +323,15 @@ def _leaf_copies(value: Any, memo: Dict[int, Any]) -> None:
         _leaf_copies(part, memo)
         return deepcopy(part, memo)
 
-    pending, seen = [value], set()
-    while pending:
-        item = pending.pop()
-        if isinstance(item, _ATOMIC) or id(item) in seen or id(item) in memo:  # (a number holds none)
+    for item in reachable(value):
+        if id(item) in memo:
             continue
-        seen.add(id(item))
         if isinstance(item, torch.Tensor):
             if not item.is_leaf:
                 memo[id(item)] = item.detach().clone().requires_grad_(item.requires_grad)
-        elif isinstance(item, (list, tuple, set, frozenset, deque)):
-            pending.extend(item)
-        elif isinstance(item, dict):
-            pending.extend(item.values())
-        elif dataclasses.is_dataclass(item) and not isinstance(item, type):
-            pending.extend(getattr(item, field.name, None) for field in dataclasses.fields(item))
-        else:
+        elif not isinstance(
+            item, (list, tuple, set, frozenset, deque, dict)
+        ) and not dataclasses.is_dataclass(item):
             rebuild = _holder(type(item))
             if rebuild is not None:
                 memo[id(item)] = rebuild(item, deep)
