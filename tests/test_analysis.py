@@ -570,7 +570,8 @@ def test_the_targets_table_stays_aligned_for_a_local_of_wide_characters():
     namespace: dict = {}
     exec("def f(x):\n    日本 = x * 2\n    return 日本\n", namespace)
     # Padded by code points, '日本' (four columns) pushed its row's next column two further.
+    line = "2:4" if sys.version_info >= (3, 11) else "2"  # (3.10's code has no columns)
     assert str(bcrecord.targets(namespace["f"])).splitlines()[1:3] == [
         "kind      target  index  line  spec",
-        "local     日本    0      2:4   日本@0",
+        f"local     日本    0      {line:<4}  日本@0",
     ]

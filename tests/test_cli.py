@@ -544,7 +544,8 @@ def test_targets_and_show_write_a_local_the_terminal_cannot_encode_escaped(tmp_p
     ascii_env = {"PYTHONIOENCODING": "ascii"}
     listed = cli("targets", "wide:f", cwd=tmp_path, env=ascii_env)
     assert listed.returncode == 0, listed.stderr
-    assert listed.stdout.splitlines()[2].split() == ["local", "gr\\xf6\\xdfe", "0", "2:4", "gr\\xf6\\xdfe@0"]
+    line = "2:4" if sys.version_info >= (3, 11) else "2"  # (3.10's code has no columns)
+    assert listed.stdout.splitlines()[2].split() == ["local", "gr\\xf6\\xdfe", "0", line, "gr\\xf6\\xdfe@0"]
     shown = cli("show", "wide:f", "größe", cwd=tmp_path, env=ascii_env)
     assert shown.returncode == 0, shown.stderr
     assert shown.stdout.splitlines()[0] == "f: 1 probe(s): show:f:gr\\xf6\\xdfe@0"
@@ -556,9 +557,10 @@ def test_the_targets_table_stays_aligned_on_a_terminal_that_writes_a_local_escap
     (tmp_path / "wide.py").write_text("def f(x):\n    日本 = x * 2\n    return 日本\n", encoding="utf-8")
     listed = cli("targets", "wide:f", cwd=tmp_path, env={"PYTHONIOENCODING": "ascii"})
     assert listed.returncode == 0, listed.stderr
+    line = "2:4" if sys.version_info >= (3, 11) else "2"  # (3.10's code has no columns)
     assert listed.stdout.splitlines()[1:3] == [
         "kind      target        index  line  spec",
-        "local     \\u65e5\\u672c  0      2:4   \\u65e5\\u672c@0",
+        f"local     \\u65e5\\u672c  0      {line:<4}  \\u65e5\\u672c@0",
     ]
 
 
