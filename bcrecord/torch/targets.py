@@ -1300,8 +1300,8 @@ def _parts_match(parts: List[str], wanted: List[str]) -> bool:
     >>> _parts_match(["blocks", "0", "attn"], ["*", "attn"]), _parts_match(["a", "b"], ["a**"])
     (False, False)
     """
-    if not wanted:
-        return not parts
+    if "**" not in wanted:  # (no recursion: record(resnet50, ['layer*.*']) set-up 15% slower with it)
+        return len(parts) == len(wanted) and all(map(fnmatch.fnmatchcase, parts, wanted))
     if wanted[0] == "**":
         return any(_parts_match(parts[k:], wanted[1:]) for k in range(len(parts) + 1))
     return bool(parts) and fnmatch.fnmatchcase(parts[0], wanted[0]) and _parts_match(parts[1:], wanted[1:])
