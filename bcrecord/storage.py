@@ -63,6 +63,7 @@ import operator
 import os
 import pickle
 import re
+import shutil
 import sys
 import threading
 import time
@@ -348,6 +349,36 @@ def _makeable_later(directory: Path) -> bool:
     return above.is_dir() and os.access(above, os.W_OK | os.X_OK)
 
 
+def _make_whole(directory: Path) -> None:
+    """Make ``directory``, with its records folder, journal and header, as a sibling first and
+    then renamed into place: a reader (``bcrecord view`` while a run makes its ``-o`` at its first
+    save) never finds it without its header. Where another writer made it meanwhile, theirs stays.
+
+    >>> import tempfile
+    >>> folder = Path(tempfile.mkdtemp()) / "a" / "run"
+    >>> _make_whole(folder)
+    >>> sorted(path.name for path in folder.iterdir()), os.listdir(folder.parent)
+    (['index.json', 'index.jsonl', 'records'], ['run'])
+    """
+    new = [folder for folder in directory.parents if not folder.exists()]
+    staging = directory.parent / f".{directory.name}.{os.urandom(6).hex()}.making"  # (one per writer)
+    try:
+        (staging / "records").mkdir(parents=True)
+        for folder in reversed(new):  # their names in their folders, durable before anything is saved in them
+            _sync_directory(folder.parent)
+        with open(staging / _JOURNAL, "ab"):
+            pass
+        _write_header(staging)
+        os.rename(staging, directory)  # (onto a directory made meanwhile: refused unless it is empty)
+    except OSError:
+        if not os.path.isdir(directory):
+            raise
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
+    _sync_directory(directory.parent)
+
+
 class Writer:
     """Appends saves to a records directory; safe to call from one thread at a time.
 
@@ -411,10 +442,9 @@ class Writer:
                 _header(self.directory)
             elif (self.directory / _JOURNAL).exists():
                 _check_headerless(self.directory / _JOURNAL)
-            new = [folder for folder in (self.directory, *self.directory.parents) if not folder.exists()]
+            if not os.path.lexists(self.directory):
+                _make_whole(self.directory)
             (self.directory / "records").mkdir(parents=True, exist_ok=True)
-            for folder in new:  # their names in their folders, durable before anything is saved in them
-                _sync_directory(folder.parent)
             with _turn(self.directory):
                 # Writable? Say so now. (Under the lock, as every temporary file is written.)
                 _atomic_write(self.directory / "records" / ".write-test", b"")

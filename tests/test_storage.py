@@ -117,8 +117,11 @@ def test_a_new_directory_s_header_and_an_upgrade_s_journal_are_synced_with_it(tm
     synced = _fsyncs(monkeypatch)
     Writer(tmp_path / "a" / "run")
     top, run = os.path.realpath(tmp_path), os.path.realpath(tmp_path / "a" / "run")
-    assert synced[:2] == [os.path.dirname(run), top]  # the new folders' names in theirs
-    assert synced[-2:] == [os.path.join(run, ".index.json.tmp"), run]
+    # The new folder's name in its folder; the header in the directory made beside run's place,
+    # its name there; then run's own name, renamed into place.
+    made = os.path.dirname(synced[1])
+    assert re.fullmatch(r"\.run\.[0-9a-f]{12}\.making", os.path.basename(made))
+    assert synced[:4] == [top, os.path.join(made, ".index.json.tmp"), made, os.path.dirname(run)]
     old = tmp_path / "old"
     (old / "records").mkdir(parents=True)
     (old / "index.json").write_text(json.dumps({"format": "bcrecord-records", "version": 1, "entries": []}))
@@ -131,6 +134,30 @@ def test_a_new_directory_s_header_and_an_upgrade_s_journal_are_synced_with_it(tm
         os.path.join(old, ".index.json.tmp"),
         old,
     ]
+
+
+def test_a_new_directory_appears_with_its_header(tmp_path, monkeypatch):
+    # bcrecord run makes -o at its first save: a `bcrecord view` (or a test polling load())
+    # at that moment found the folder with records/ and no index.json, "not a bcrecord records
+    # directory". It is made beside its place and renamed there whole.
+    import bcrecord.storage as storage
+
+    run, seen = tmp_path / "a" / "run", []
+    write_header = storage._write_header
+    monkeypatch.setattr(storage, "_write_header", lambda d: seen.append(run.exists()) or write_header(d))
+    writer = Writer(run, make=False)
+    assert (writer.write({"k": [1]}, step=0), seen) == (1, [False])
+    assert load(run)["k"] == [1] and sorted(os.listdir(run.parent)) == ["run"]
+    other = tmp_path / "b"  # made meanwhile by another writer: theirs stays, and is written to
+
+    def made_meanwhile(directory):
+        monkeypatch.setattr(storage, "_write_header", write_header)
+        Writer(other)
+        write_header(directory)
+
+    monkeypatch.setattr(storage, "_write_header", made_meanwhile)
+    Writer(other).write({"k": [2]}, step=1)
+    assert load(other)["k"] == [2] and sorted(os.listdir(tmp_path)) == ["a", "b"]
 
 
 def test_a_run_s_records_folder_is_refused_as_a_records_directory(tmp_path):
