@@ -4,6 +4,7 @@ import copy
 import functools
 import operator
 import warnings
+from fnmatch import fnmatchcase
 from typing import Tuple
 
 import pytest
@@ -241,6 +242,35 @@ def test_a_double_star_part_of_a_glob_matches_any_number_of_path_parts():
     model, x, inner = _compiled_in_the_middle()  # a compiled block's children at its path
     assert [t.path for t in expand(model, "**.0")] == ["0", "1.0"]
     assert [t.path for t in expand(model, "**._orig_mod")] == ["1._orig_mod"]  # as named_modules() names it
+
+
+def test_many_double_stars_in_a_glob_are_matched_in_one_pass_with_the_same_results(monkeypatch):
+    # Each '**' tried every split of the path in turn: 'a.**.**.….x' against a path with no 'x'
+    # took time exponential in the number of '**' (30 of them: hours).
+    from bcrecord.torch import targets
+
+    def reference(parts, wanted):  # the definition: '**' takes any number of whole parts
+        if not wanted:
+            return not parts
+        if wanted[0] == "**":
+            return any(reference(parts[k:], wanted[1:]) for k in range(len(parts) + 1))
+        return bool(parts) and fnmatchcase(parts[0], wanted[0]) and reference(parts[1:], wanted[1:])
+
+    paths = [[], ["a"], ["a", "b"], ["a", "b", "a"], ["b", "a", "c", "a"], ["a", "x", "b"]]
+    globs = ["**", "**.a", "a.**", "**.a.**", "a.**.a", "**.**.b", "*.**.a", "**.*.**", "a**", "**.x.**.b"]
+    for path in paths:
+        for glob in globs:
+            assert targets._parts_match(path, glob.split(".")) is reference(path, glob.split(".")), (
+                path,
+                glob,
+            )
+    compared = []
+    monkeypatch.setattr(
+        targets.fnmatch, "fnmatchcase", lambda part, glob: compared.append(part) or part == glob
+    )
+    wanted = ["a"] + ["**"] * 30 + ["x"]
+    assert targets._parts_match(["a"] * 30, wanted) is False
+    assert len(compared) <= 30 * len(wanted)  # (before: more than 2**30)
 
 
 def test_a_glob_on_a_wrapped_model_matches_the_model_s_submodules_and_a_real_name_is_no_glob():
