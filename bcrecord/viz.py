@@ -398,7 +398,7 @@ def summarize(loaded: Loaded, keys: Union[str, Iterable[str], None] = None) -> L
             continue
         values = loaded[key]
         summary = KeySummary(key, loaded.steps(key), values)
-        shapes = {_shape(v) for v in values}
+        shapes = {_shape(_drawn_part(v)) for v in values}  # (a named tuple's: its shown field's)
         summary.varied_shape = len(shapes) > 1
         summary.shape = next(iter(shapes)) if len(shapes) == 1 else None
         dtypes = {_dtype(v) for v in values}

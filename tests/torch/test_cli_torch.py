@@ -375,6 +375,7 @@ Pair = collections.namedtuple("Pair", "low high")  # (saved: a class pickle find
 
 def test_view_counts_a_named_tuple_s_first_field_and_names_it(tmp_path):
     # x.max(dim=1) showed min 0, mean 4, max 10: its values (5, 10) and indices (1, 0) counted together.
+    # Its shape column then said '-' where the row shows that field's numbers: now its shape.
     import io
 
     from bcrecord.viz import view
@@ -391,9 +392,9 @@ def test_view_counts_a_named_tuple_s_first_field_and_names_it(tmp_path):
     assert view(bcrecord.save(values, tmp_path / "records"), plots=False, out=out) == 0
     rows = {line[:11].strip(): line[11:].split() for line in out.getvalue().splitlines()[1:]}
     assert rows == {
-        "m:f:max@0": ["1", "-", "max", "(values:", "float32)", "5", "7.5", "10"],
-        "m:f:topk@0": ["1", "-", "topk", "(values:", "float32)", "2", "5", "10"],
-        "m:f:pair@0": ["1", "-", "Pair", "(low:", "float32)", "-10", "-3.583", "-0.5"],
+        "m:f:max@0": ["1", "2", "max", "(values:", "float32)", "5", "7.5", "10"],
+        "m:f:topk@0": ["1", "2x2", "topk", "(values:", "float32)", "2", "5", "10"],
+        "m:f:pair@0": ["1", "2x3", "Pair", "(low:", "float32)", "-10", "-3.583", "-0.5"],
         "m:f:list@0": ["1", "-", "list", "0.5", "4.083", "11"],
         "m:f:x@0": ["1", "2x3", "float32", "0.5", "3.583", "10"],
     }
