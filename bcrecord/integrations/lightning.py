@@ -44,6 +44,9 @@ Training steps do repeat: a fit resumed from a checkpoint saves again the steps 
 earlier fit saved after that checkpoint, and a fresh fit into the same folder starts at
 step 0 again; :func:`bcrecord.load` returns both values of such a step, in the order
 saved, and the callback warns (a :class:`~bcrecord.errors.RecordingWarning`) naming them.
+Lightning's tuner (``Tuner(trainer).lr_find``, ``scale_batch_size``) runs its trial
+steps with the trainer's callbacks set aside (its own alone), so they record nothing,
+as they run no other callback; a ``fit`` after it records from its first step.
 The callback keeps nothing in checkpoints (a checkpoint made with it resumes without it,
 and Lightning asks for no callback): a fit resumed with ``ckpt_path=`` numbers its
 validation batches from 0 again, unless ``save_dir`` holds the earlier ones.

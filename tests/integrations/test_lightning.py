@@ -158,6 +158,34 @@ def test_a_reused_callback_records_the_first_step_of_every_fit(tmp_path):
     assert [r.step for r in callback.records("fit")] == [0, 0]
 
 
+def test_the_tuner_s_trial_steps_record_nothing_and_the_fit_after_them_records(tmp_path):
+    # lr_find sets the trainer's callbacks aside while it tries learning rates (Lightning's own
+    # design, for every callback): it records nothing and leaves the model clean.
+    from lightning.pytorch.tuner import Tuner
+
+    class Tuned(ConvNet):
+        def __init__(self):
+            super().__init__()
+            self.lr = 0.5
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=self.lr)
+
+    model = Tuned()
+    callback = RecorderCallback(["conv"], every_n_steps=1, stages=["fit"])
+    fit = trainer(tmp_path, callback, max_steps=3)
+    Tuner(fit).lr_find(model, loader(n=64), num_training=8, update_attr=False)
+    assert callback.records("fit") == [] and len(model.stash) == 8  # its 8 trial steps ran
+    assert_clean(model)
+    model.stash.clear()
+    fit.fit(model, loader())
+    records = callback.records("fit")
+    assert [r.step for r in records] == [0, 1, 2]
+    assert torch.allclose(
+        records[0]["conv:forward:return"], expected_conv(model.stash[("fit", 0, 0)]), atol=1e-6
+    )
+
+
 def test_scalar_summaries_in_callback_metrics_and_trainer_callback_metrics(tmp_path):
     model = ConvNet()
     callback = RecorderCallback(["conv", ":forward:hidden"], every_n_steps=3, log_to_logger=False)
