@@ -349,10 +349,57 @@ def _makeable_later(directory: Path) -> bool:
     return above.is_dir() and os.access(above, os.W_OK | os.X_OK)
 
 
+#: This host's name as :func:`_staging` writes it: no dots, which separate its parts.
+_HOST = re.sub(r"[^A-Za-z0-9-]", "-", os.uname().nodename if hasattr(os, "uname") else "") or "host"
+
+
+def _staging(directory: Path) -> Path:
+    """Where :func:`_make_whole` makes ``directory`` before renaming it there: beside it, named
+    for this host and process (a dead writer's is removed by the next one) and made unique.
+
+    >>> name = _staging(Path("runs/a")).name
+    >>> name.startswith(".a.") and name.split(".")[3] == str(os.getpid()), name.endswith(".making")
+    (True, True)
+    """
+    return directory.parent / f".{directory.name}.{_HOST}.{os.getpid()}.{os.urandom(6).hex()}.making"
+
+
+def _remove_dead_stagings(directory: Path) -> None:
+    """Remove what writers of this host killed while making ``directory`` left beside it (their
+    :func:`_staging` folders), where their process is gone; a live writer's, another host's
+    and any other folder stay.
+
+    >>> import tempfile
+    >>> folder = Path(tempfile.mkdtemp())
+    >>> (folder / f".run.{_HOST}.{os.getpid()}.0a1b.making").mkdir()
+    >>> _remove_dead_stagings(folder / "run")
+    >>> len(os.listdir(folder))
+    1
+    """
+    if os.name != "posix":  # pragma: no cover - (Windows' os.kill(pid, 0) ends the process)
+        return
+    start = f".{directory.name}."
+    try:
+        found = [name for name in os.listdir(directory.parent) if name.startswith(start)]
+    except OSError:
+        return
+    for name in found:
+        parts = name[len(start) :].split(".")
+        if len(parts) != 4 or parts[0] != _HOST or parts[3] != "making" or not parts[1].isdigit():
+            continue  # (another directory's, named 'run.x'; another host's; not one of ours)
+        try:
+            os.kill(int(parts[1]), 0)
+        except ProcessLookupError:
+            shutil.rmtree(directory.parent / name, ignore_errors=True)
+        except (OSError, OverflowError):  # alive (another user's: PermissionError)
+            pass
+
+
 def _make_whole(directory: Path) -> None:
     """Make ``directory``, with its records folder, journal and header, as a sibling first and
     then renamed into place: a reader (``bcrecord view`` while a run makes its ``-o`` at its first
-    save) never finds it without its header. Where another writer made it meanwhile, theirs stays.
+    save) never finds it without its header. Where another writer made it meanwhile, theirs stays;
+    what writers killed while making it left beside it goes (see :func:`_remove_dead_stagings`).
 
     >>> import tempfile
     >>> folder = Path(tempfile.mkdtemp()) / "a" / "run"
@@ -361,7 +408,8 @@ def _make_whole(directory: Path) -> None:
     (['index.json', 'index.jsonl', 'records'], ['run'])
     """
     new = [folder for folder in directory.parents if not folder.exists()]
-    staging = directory.parent / f".{directory.name}.{os.urandom(6).hex()}.making"  # (one per writer)
+    _remove_dead_stagings(directory)
+    staging = _staging(directory)  # (one per writer)
     try:
         (staging / "records").mkdir(parents=True)
         for folder in reversed(new):  # their names in their folders, durable before anything is saved in them

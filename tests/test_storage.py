@@ -120,7 +120,7 @@ def test_a_new_directory_s_header_and_an_upgrade_s_journal_are_synced_with_it(tm
     # The new folder's name in its folder; the header in the directory made beside run's place,
     # its name there; then run's own name, renamed into place.
     made = os.path.dirname(synced[1])
-    assert re.fullmatch(r"\.run\.[0-9a-f]{12}\.making", os.path.basename(made))
+    assert re.fullmatch(rf"\.run\.[\w-]+\.{os.getpid()}\.[0-9a-f]{{12}}\.making", os.path.basename(made))
     assert synced[:4] == [top, os.path.join(made, ".index.json.tmp"), made, os.path.dirname(run)]
     old = tmp_path / "old"
     (old / "records").mkdir(parents=True)
@@ -158,6 +158,44 @@ def test_a_new_directory_appears_with_its_header(tmp_path, monkeypatch):
     monkeypatch.setattr(storage, "_write_header", made_meanwhile)
     Writer(other).write({"k": [2]}, step=1)
     assert load(other)["k"] == [2] and sorted(os.listdir(tmp_path)) == ["a", "b"]
+
+
+def test_what_a_writer_killed_while_making_a_directory_left_goes_with_the_next_one(tmp_path):
+    # A writer killed between making '.run.<random>.making' and renaming it to 'run' left that
+    # folder there for good. Now it is named for its host and process, and the next writer to
+    # make a directory removes the ones of processes of this host that are gone.
+    import subprocess
+
+    import bcrecord.storage as storage
+
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    dead, host = int(gone.stdout), storage._HOST
+    left = [
+        f".run.{host}.{dead}.0123456789ab.making",  # a dead writer's: goes
+        f".run.{host}.{os.getpid()}.0123456789ab.making",  # a live writer's (this process): stays
+        f".run.another-host.{dead}.0123456789ab.making",  # another host's: its pid means nothing here
+        f".run.x.{host}.{dead}.0123456789ab.making",  # a directory named 'run.x': not run's
+        ".run.0123456789ab.making",  # an older bcrecord's: whose it is cannot be told
+    ]
+    for name in left:
+        (tmp_path / name / "records").mkdir(parents=True)
+    Writer(tmp_path / "run").write({"k": [1]}, step=0)
+    assert sorted(os.listdir(tmp_path)) == sorted(left[1:] + ["run"])
+    assert load(tmp_path / "run")["k"] == [1]
+    # And one killed for real, in the middle of making it.
+    killer = "import os, signal, sys, bcrecord.storage as s\n"
+    killer += "s._write_header = lambda d: os.kill(os.getpid(), signal.SIGKILL)\ns.Writer(sys.argv[1])\n"
+    subprocess.run(
+        [sys.executable, "-c", killer, str(tmp_path / "b")],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    (killed,) = [name for name in os.listdir(tmp_path) if name.startswith(".b.")]
+    assert killed.endswith(".making") and not (tmp_path / "b").exists()
+    Writer(tmp_path / "b")
+    assert [name for name in os.listdir(tmp_path) if name.startswith(".b.")] == []
+    assert (tmp_path / "b" / "index.json").is_file()
 
 
 def test_a_run_s_records_folder_is_refused_as_a_records_directory(tmp_path):
