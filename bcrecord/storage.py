@@ -395,10 +395,33 @@ def _remove_dead_stagings(directory: Path) -> None:
             pass
 
 
+def _replaceable(directory: Path) -> bool:
+    """Whether ``directory`` is an empty directory of this user's (not a link to one), which
+    :func:`_make_whole` replaces whole: one a program removed and made again, empty (cleaning its
+    output folder), filled in place would be found by a reader without its header a moment.
+
+    >>> import tempfile
+    >>> folder = Path(tempfile.mkdtemp())
+    >>> _replaceable(folder), _replaceable(folder.parent), _replaceable(folder / "a")
+    (True, False, False)
+    """
+    try:
+        if os.path.islink(directory) or not directory.is_dir():
+            return False
+        owner = os.stat(directory).st_uid
+        # (Another user's, which this one may write in, is filled in place, its owner kept; one
+        # this user may not write in is refused as it is.)
+        mine = owner == (os.geteuid() if hasattr(os, "geteuid") else owner)
+        return mine and os.access(directory, os.W_OK | os.X_OK) and not os.listdir(directory)
+    except OSError:
+        return False
+
+
 def _make_whole(directory: Path) -> None:
     """Make ``directory``, with its records folder, journal and header, as a sibling first and
     then renamed into place: a reader (``bcrecord view`` while a run makes its ``-o`` at its first
-    save) never finds it without its header. Where another writer made it meanwhile, theirs stays;
+    save) never finds it without its header; an empty directory there (see :func:`_replaceable`)
+    is replaced so too. Where another writer made it meanwhile, theirs stays;
     what writers killed while making it left beside it goes (see :func:`_remove_dead_stagings`).
 
     >>> import tempfile
@@ -417,7 +440,11 @@ def _make_whole(directory: Path) -> None:
         with open(staging / _JOURNAL, "ab"):
             pass
         _write_header(staging)
-        os.rename(staging, directory)  # (onto a directory made meanwhile: refused unless it is empty)
+        with contextlib.suppress(FileNotFoundError):  # an empty directory it replaces: its mode kept
+            os.chmod(staging, os.stat(directory).st_mode & 0o7777)
+        # Onto an empty directory: replaced at once. Onto one with files (another writer's, made
+        # meanwhile): refused, and theirs stays.
+        os.rename(staging, directory)
     except OSError:
         if not os.path.isdir(directory):
             raise
@@ -490,7 +517,7 @@ class Writer:
                 _header(self.directory)
             elif (self.directory / _JOURNAL).exists():
                 _check_headerless(self.directory / _JOURNAL)
-            if not os.path.lexists(self.directory):
+            if not os.path.lexists(self.directory) or _replaceable(self.directory):
                 _make_whole(self.directory)
             (self.directory / "records").mkdir(parents=True, exist_ok=True)
             with _turn(self.directory):
