@@ -519,7 +519,9 @@ class Writer:
                 _check_headerless(self.directory / _JOURNAL)
             if not os.path.lexists(self.directory) or _replaceable(self.directory):
                 _make_whole(self.directory)
-            (self.directory / "records").mkdir(parents=True, exist_ok=True)
+            if not (self.directory / "records").is_dir():  # (removed from a run there)
+                (self.directory / "records").mkdir(parents=True, exist_ok=True)
+                _sync_directory(self.directory)  # its name, durable before anything is saved in it
             with _turn(self.directory):
                 # Writable? Say so now. (Under the lock, as every temporary file is written.)
                 _atomic_write(self.directory / "records" / ".write-test", b"")

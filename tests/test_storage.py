@@ -6,6 +6,7 @@ import json
 import os
 import pickle
 import re
+import shutil
 import sys
 import types
 import warnings
@@ -134,6 +135,20 @@ def test_a_new_directory_s_header_and_an_upgrade_s_journal_are_synced_with_it(tm
         os.path.join(old, ".index.json.tmp"),
         old,
     ]
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="names a descriptor's file through /proc")
+def test_a_records_folder_made_again_in_a_run_is_synced_with_it(tmp_path, monkeypatch):
+    # records/ removed from a run (by the program) was made again with no fsync of the run's
+    # directory: after a power loss the saves into it, synced, could be in a folder not there.
+    save({"k": [1]}, tmp_path / "run")
+    shutil.rmtree(tmp_path / "run" / "records")
+    synced = _fsyncs(monkeypatch)
+    Writer(tmp_path / "run").write({"k": [2]}, step=1)
+    run = os.path.realpath(tmp_path / "run")
+    assert synced[:2] == [run, os.path.join(run, "records", "..write-test.tmp")]  # before anything in it
+    with pytest.warns(bcrecord.storage.DamagedRecords, match="000001.pkl"):  # (the value removed with it)
+        assert load(tmp_path / "run")["k"] == [2] and synced.count(run) == 1
 
 
 def test_a_new_directory_appears_with_its_header(tmp_path, monkeypatch):
