@@ -541,25 +541,27 @@ class Writer:
 
     @property
     def saved(self) -> int:
-        """How many values the directory holds (saved by any writer), from its index alone.
+        """How many values the directory holds (saved by any writer), from its index alone: 0
+        where it is not there yet (another process's writer may make it before this one's first save).
 
         >>> import tempfile, bcrecord
         >>> writer = bcrecord.storage.Writer(tempfile.mkdtemp())
         >>> writer.saved, writer.write({"k": [1, 2]}, step=0), writer.saved
         (0, 2, 2)
         """
-        if not self.made:
+        if not self.made and not (self.directory / "index.json").exists():
             return 0
         with _writing(self.directory), _turn(self.directory):
             return sum(map(len, _index_saves(self.directory)))
 
     @property
     def last_step(self) -> Optional[int]:
-        """The highest step saved in the directory (by any writer), None if none.
+        """The highest step saved in the directory (by any writer), None if none (or if it is
+        not there yet: another process's writer may make it before this one's first save).
 
         Reads the whole index: ask once (a resumed run numbering on), not per save.
         """
-        if not self.made:
+        if not self.made and not (self.directory / "index.json").exists():
             return None
         with _writing(self.directory), _turn(self.directory):
             saves = _index_saves(self.directory)

@@ -489,6 +489,22 @@ def test_a_writer_told_not_to_make_its_directory_makes_it_with_the_first_save_on
         Writer(tmp_path / "file" / "c", make=False)
 
 
+def test_a_writer_not_made_yet_reads_what_another_saved_in_its_directory_meanwhile(tmp_path):
+    # saved and last_step promise the directory's state (by any writer), yet a writer that had
+    # not made its directory read 0 and None where another process had made it, with values.
+    import subprocess
+
+    run = tmp_path / "run"
+    writer = Writer(run, make=False)
+    other = f"import bcrecord; bcrecord.save({{'k': [1, 2]}}, {str(run)!r}, step=7)"
+    subprocess.run(
+        [sys.executable, "-c", other], check=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    )
+    assert (writer.made, writer.saved, writer.last_step) == (False, 2, 7)
+    assert writer.write({"k": [3]}, step=8) == 1 and (writer.saved, writer.last_step) == (3, 8)
+    assert load(run)["k"] == [1, 2, 3]
+
+
 def test_with_unsavable_a_value_pickle_refuses_is_saved_as_its_repr_and_the_rest_as_they_are(tmp_path):
     told = []
     batches = [(3, {"x": [1, 2], "odd": [Unpicklable()]}), (4, {"x": [3], "odd": [None, Unpicklable()]})]
