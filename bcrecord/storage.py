@@ -498,7 +498,7 @@ class Writer:
         self._next_file = 1
         self._check = check
         parent = self.directory.parent
-        if self.directory.name == "records" and (parent / _JOURNAL).exists():
+        if self.directory.name == "records" and ((parent / _JOURNAL).exists() or _is_saved_run(parent)):
             # Its own records/ and index would nest inside the run's, which nothing reads.
             raise StorageError(
                 f"cannot write records to {self.directory}: it is the records folder of the saved "
@@ -737,6 +737,22 @@ def _check_headerless(journal: Path) -> None:
             f"{journal.parent} has an index.jsonl that bcrecord did not write (and no index.json): "
             "not a records directory; give another directory"
         )
+
+
+def _is_saved_run(directory: Path) -> bool:
+    """Whether ``directory`` has a bcrecord ``index.json`` (a version 1 run has no journal: every
+    entry is in it).
+
+    >>> import tempfile, bcrecord
+    >>> folder = Path(tempfile.mkdtemp())
+    >>> _is_saved_run(folder), _is_saved_run(bcrecord.save({"k": [1]}, folder / "run"))
+    (False, True)
+    """
+    try:
+        header = json.loads((directory / "index.json").read_bytes())
+    except (OSError, ValueError):
+        return False
+    return isinstance(header, dict) and header.get("format") == FORMAT
 
 
 def _write_header(directory: Path) -> None:

@@ -250,6 +250,17 @@ def test_a_run_s_records_folder_is_refused_as_a_records_directory(tmp_path):
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # nothing made
     Writer(tmp_path / "elsewhere" / "records").write({"k": [2]}, step=0)  # a folder named so, alone
     assert load(tmp_path / "elsewhere" / "records")["k"] == [2]
+    # A version 1 run (every entry in index.json, no index.jsonl) was not told apart from one.
+    old = tmp_path / "old"
+    (old / "records").mkdir(parents=True)
+    (old / "index.json").write_text(json.dumps({"format": "bcrecord-records", "version": 1, "entries": []}))
+    with pytest.raises(StorageError, match=r"records folder of the saved run in .*old; save to"):
+        Writer(old / "records")
+    assert sorted(p.name for p in old.rglob("*")) == ["index.json", "records"]  # nothing made
+    (tmp_path / "other").mkdir()  # another program's index.json: its records folder is not a run's
+    (tmp_path / "other" / "index.json").write_text('{"format": "another"}')
+    Writer(tmp_path / "other" / "records").write({"k": [3]}, step=0)
+    assert load(tmp_path / "other" / "records")["k"] == [3]
 
 
 def test_the_next_save_removes_what_a_save_killed_mid_write_left(tmp_path):
