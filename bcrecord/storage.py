@@ -349,10 +349,80 @@ def _makeable_later(directory: Path) -> bool:
     return above.is_dir() and os.access(above, os.W_OK | os.X_OK)
 
 
+#: This host's name as :func:`_staging` writes it: no dots, which separate its parts.
+_HOST = re.sub(r"[^A-Za-z0-9-]", "-", os.uname().nodename if hasattr(os, "uname") else "") or "host"
+
+
+def _staging(directory: Path) -> Path:
+    """Where :func:`_make_whole` makes ``directory`` before renaming it there: beside it, named
+    for this host and process (a dead writer's is removed by the next one) and made unique.
+
+    >>> name = _staging(Path("runs/a")).name
+    >>> name.startswith(".a.") and name.split(".")[3] == str(os.getpid()), name.endswith(".making")
+    (True, True)
+    """
+    return directory.parent / f".{directory.name}.{_HOST}.{os.getpid()}.{os.urandom(6).hex()}.making"
+
+
+def _remove_dead_stagings(directory: Path) -> None:
+    """Remove what writers of this host killed while making ``directory`` left beside it (their
+    :func:`_staging` folders), where their process is gone; a live writer's, another host's
+    and any other folder stay.
+
+    >>> import tempfile
+    >>> folder = Path(tempfile.mkdtemp())
+    >>> (folder / f".run.{_HOST}.{os.getpid()}.0a1b.making").mkdir()
+    >>> _remove_dead_stagings(folder / "run")
+    >>> len(os.listdir(folder))
+    1
+    """
+    if os.name != "posix":  # pragma: no cover - (Windows' os.kill(pid, 0) ends the process)
+        return
+    start = f".{directory.name}."
+    try:
+        found = [name for name in os.listdir(directory.parent) if name.startswith(start)]
+    except OSError:
+        return
+    for name in found:
+        parts = name[len(start) :].split(".")
+        if len(parts) != 4 or parts[0] != _HOST or parts[3] != "making" or not parts[1].isdigit():
+            continue  # (another directory's, named 'run.x'; another host's; not one of ours)
+        try:
+            os.kill(int(parts[1]), 0)
+        except ProcessLookupError:
+            shutil.rmtree(directory.parent / name, ignore_errors=True)
+        except (OSError, OverflowError):  # alive (another user's: PermissionError)
+            pass
+
+
+def _replaceable(directory: Path) -> bool:
+    """Whether ``directory`` is an empty directory of this user's (not a link to one), which
+    :func:`_make_whole` replaces whole: one a program removed and made again, empty (cleaning its
+    output folder), filled in place would be found by a reader without its header a moment.
+
+    >>> import tempfile
+    >>> folder = Path(tempfile.mkdtemp())
+    >>> _replaceable(folder), _replaceable(folder.parent), _replaceable(folder / "a")
+    (True, False, False)
+    """
+    try:
+        if os.path.islink(directory) or not directory.is_dir():
+            return False
+        owner = os.stat(directory).st_uid
+        # (Another user's, which this one may write in, is filled in place, its owner kept; one
+        # this user may not write in is refused as it is.)
+        mine = owner == (os.geteuid() if hasattr(os, "geteuid") else owner)
+        return mine and os.access(directory, os.W_OK | os.X_OK) and not os.listdir(directory)
+    except OSError:
+        return False
+
+
 def _make_whole(directory: Path) -> None:
     """Make ``directory``, with its records folder, journal and header, as a sibling first and
     then renamed into place: a reader (``bcrecord view`` while a run makes its ``-o`` at its first
-    save) never finds it without its header. Where another writer made it meanwhile, theirs stays.
+    save) never finds it without its header; an empty directory there (see :func:`_replaceable`)
+    is replaced so too. Where another writer made it meanwhile, theirs stays;
+    what writers killed while making it left beside it goes (see :func:`_remove_dead_stagings`).
 
     >>> import tempfile
     >>> folder = Path(tempfile.mkdtemp()) / "a" / "run"
@@ -361,7 +431,8 @@ def _make_whole(directory: Path) -> None:
     (['index.json', 'index.jsonl', 'records'], ['run'])
     """
     new = [folder for folder in directory.parents if not folder.exists()]
-    staging = directory.parent / f".{directory.name}.{os.urandom(6).hex()}.making"  # (one per writer)
+    _remove_dead_stagings(directory)
+    staging = _staging(directory)  # (one per writer)
     try:
         (staging / "records").mkdir(parents=True)
         for folder in reversed(new):  # their names in their folders, durable before anything is saved in them
@@ -369,7 +440,11 @@ def _make_whole(directory: Path) -> None:
         with open(staging / _JOURNAL, "ab"):
             pass
         _write_header(staging)
-        os.rename(staging, directory)  # (onto a directory made meanwhile: refused unless it is empty)
+        with contextlib.suppress(FileNotFoundError):  # an empty directory it replaces: its mode kept
+            os.chmod(staging, os.stat(directory).st_mode & 0o7777)
+        # Onto an empty directory: replaced at once. Onto one with files (another writer's, made
+        # meanwhile): refused, and theirs stays.
+        os.rename(staging, directory)
     except OSError:
         if not os.path.isdir(directory):
             raise
@@ -423,7 +498,7 @@ class Writer:
         self._next_file = 1
         self._check = check
         parent = self.directory.parent
-        if self.directory.name == "records" and (parent / _JOURNAL).exists():
+        if self.directory.name == "records" and ((parent / _JOURNAL).exists() or _is_saved_run(parent)):
             # Its own records/ and index would nest inside the run's, which nothing reads.
             raise StorageError(
                 f"cannot write records to {self.directory}: it is the records folder of the saved "
@@ -442,9 +517,11 @@ class Writer:
                 _header(self.directory)
             elif (self.directory / _JOURNAL).exists():
                 _check_headerless(self.directory / _JOURNAL)
-            if not os.path.lexists(self.directory):
+            if not os.path.lexists(self.directory) or _replaceable(self.directory):
                 _make_whole(self.directory)
-            (self.directory / "records").mkdir(parents=True, exist_ok=True)
+            if not (self.directory / "records").is_dir():  # (removed from a run there)
+                (self.directory / "records").mkdir(parents=True, exist_ok=True)
+                _sync_directory(self.directory)  # its name, durable before anything is saved in it
             with _turn(self.directory):
                 # Writable? Say so now. (Under the lock, as every temporary file is written.)
                 _atomic_write(self.directory / "records" / ".write-test", b"")
@@ -464,25 +541,27 @@ class Writer:
 
     @property
     def saved(self) -> int:
-        """How many values the directory holds (saved by any writer), from its index alone.
+        """How many values the directory holds (saved by any writer), from its index alone: 0
+        where it is not there yet (another process's writer may make it before this one's first save).
 
         >>> import tempfile, bcrecord
         >>> writer = bcrecord.storage.Writer(tempfile.mkdtemp())
         >>> writer.saved, writer.write({"k": [1, 2]}, step=0), writer.saved
         (0, 2, 2)
         """
-        if not self.made:
+        if not self.made and not (self.directory / "index.json").exists():
             return 0
         with _writing(self.directory), _turn(self.directory):
             return sum(map(len, _index_saves(self.directory)))
 
     @property
     def last_step(self) -> Optional[int]:
-        """The highest step saved in the directory (by any writer), None if none.
+        """The highest step saved in the directory (by any writer), None if none (or if it is
+        not there yet: another process's writer may make it before this one's first save).
 
         Reads the whole index: ask once (a resumed run numbering on), not per save.
         """
-        if not self.made:
+        if not self.made and not (self.directory / "index.json").exists():
             return None
         with _writing(self.directory), _turn(self.directory):
             saves = _index_saves(self.directory)
@@ -658,6 +737,22 @@ def _check_headerless(journal: Path) -> None:
             f"{journal.parent} has an index.jsonl that bcrecord did not write (and no index.json): "
             "not a records directory; give another directory"
         )
+
+
+def _is_saved_run(directory: Path) -> bool:
+    """Whether ``directory`` has a bcrecord ``index.json`` (a version 1 run has no journal: every
+    entry is in it).
+
+    >>> import tempfile, bcrecord
+    >>> folder = Path(tempfile.mkdtemp())
+    >>> _is_saved_run(folder), _is_saved_run(bcrecord.save({"k": [1]}, folder / "run"))
+    (False, True)
+    """
+    try:
+        header = json.loads((directory / "index.json").read_bytes())
+    except (OSError, ValueError):
+        return False
+    return isinstance(header, dict) and header.get("format") == FORMAT
 
 
 def _write_header(directory: Path) -> None:

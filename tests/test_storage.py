@@ -6,6 +6,7 @@ import json
 import os
 import pickle
 import re
+import shutil
 import sys
 import types
 import warnings
@@ -120,7 +121,7 @@ def test_a_new_directory_s_header_and_an_upgrade_s_journal_are_synced_with_it(tm
     # The new folder's name in its folder; the header in the directory made beside run's place,
     # its name there; then run's own name, renamed into place.
     made = os.path.dirname(synced[1])
-    assert re.fullmatch(r"\.run\.[0-9a-f]{12}\.making", os.path.basename(made))
+    assert re.fullmatch(rf"\.run\.[\w-]+\.{os.getpid()}\.[0-9a-f]{{12}}\.making", os.path.basename(made))
     assert synced[:4] == [top, os.path.join(made, ".index.json.tmp"), made, os.path.dirname(run)]
     old = tmp_path / "old"
     (old / "records").mkdir(parents=True)
@@ -134,6 +135,20 @@ def test_a_new_directory_s_header_and_an_upgrade_s_journal_are_synced_with_it(tm
         os.path.join(old, ".index.json.tmp"),
         old,
     ]
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="names a descriptor's file through /proc")
+def test_a_records_folder_made_again_in_a_run_is_synced_with_it(tmp_path, monkeypatch):
+    # records/ removed from a run (by the program) was made again with no fsync of the run's
+    # directory: after a power loss the saves into it, synced, could be in a folder not there.
+    save({"k": [1]}, tmp_path / "run")
+    shutil.rmtree(tmp_path / "run" / "records")
+    synced = _fsyncs(monkeypatch)
+    Writer(tmp_path / "run").write({"k": [2]}, step=1)
+    run = os.path.realpath(tmp_path / "run")
+    assert synced[:2] == [run, os.path.join(run, "records", "..write-test.tmp")]  # before anything in it
+    with pytest.warns(bcrecord.storage.DamagedRecords, match="000001.pkl"):  # (the value removed with it)
+        assert load(tmp_path / "run")["k"] == [2] and synced.count(run) == 1
 
 
 def test_a_new_directory_appears_with_its_header(tmp_path, monkeypatch):
@@ -160,6 +175,71 @@ def test_a_new_directory_appears_with_its_header(tmp_path, monkeypatch):
     assert load(other)["k"] == [2] and sorted(os.listdir(tmp_path)) == ["a", "b"]
 
 
+def test_an_empty_directory_there_is_replaced_whole(tmp_path, monkeypatch):
+    # A directory the program removed and made again, empty (or one made empty beforehand) was
+    # filled in place: a reader could find records/ there and no index.json, "not a bcrecord
+    # records directory". It is made beside it and renamed onto it, as a new one is.
+    import bcrecord.storage as storage
+
+    run, seen = tmp_path / "run", []
+    run.mkdir(mode=0o750)
+    run.chmod(0o750)  # (the umask aside)
+    write_header = storage._write_header
+    monkeypatch.setattr(storage, "_write_header", lambda d: seen.append(os.listdir(run)) or write_header(d))
+    assert (Writer(run).write({"k": [1]}, step=0), seen) == (1, [[]])  # run empty while the header is written
+    assert load(run)["k"] == [1] and sorted(os.listdir(tmp_path)) == ["run"]
+    assert run.stat().st_mode & 0o777 == 0o750  # its mode kept
+    other = tmp_path / "b"  # filled meanwhile by another writer: theirs stays, and is written to
+    other.mkdir()
+
+    def filled_meanwhile(directory):
+        monkeypatch.setattr(storage, "_write_header", write_header)
+        Writer(other).write({"k": [2]}, step=0)
+        write_header(directory)
+
+    monkeypatch.setattr(storage, "_write_header", filled_meanwhile)
+    Writer(other).write({"k": [3]}, step=1)
+    assert load(other)["k"] == [2, 3] and sorted(os.listdir(tmp_path)) == ["b", "run"]
+
+
+def test_what_a_writer_killed_while_making_a_directory_left_goes_with_the_next_one(tmp_path):
+    # A writer killed between making '.run.<random>.making' and renaming it to 'run' left that
+    # folder there for good. Now it is named for its host and process, and the next writer to
+    # make a directory removes the ones of processes of this host that are gone.
+    import subprocess
+
+    import bcrecord.storage as storage
+
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    dead, host = int(gone.stdout), storage._HOST
+    left = [
+        f".run.{host}.{dead}.0123456789ab.making",  # a dead writer's: goes
+        f".run.{host}.{os.getpid()}.0123456789ab.making",  # a live writer's (this process): stays
+        f".run.another-host.{dead}.0123456789ab.making",  # another host's: its pid means nothing here
+        f".run.x.{host}.{dead}.0123456789ab.making",  # a directory named 'run.x': not run's
+        ".run.0123456789ab.making",  # an older bcrecord's: whose it is cannot be told
+    ]
+    for name in left:
+        (tmp_path / name / "records").mkdir(parents=True)
+    Writer(tmp_path / "run").write({"k": [1]}, step=0)
+    assert sorted(os.listdir(tmp_path)) == sorted(left[1:] + ["run"])
+    assert load(tmp_path / "run")["k"] == [1]
+    # And one killed for real, in the middle of making it.
+    killer = "import os, signal, sys, bcrecord.storage as s\n"
+    killer += "s._write_header = lambda d: os.kill(os.getpid(), signal.SIGKILL)\ns.Writer(sys.argv[1])\n"
+    subprocess.run(
+        [sys.executable, "-c", killer, str(tmp_path / "b")],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    (killed,) = [name for name in os.listdir(tmp_path) if name.startswith(".b.")]
+    assert killed.endswith(".making") and not (tmp_path / "b").exists()
+    Writer(tmp_path / "b")
+    assert [name for name in os.listdir(tmp_path) if name.startswith(".b.")] == []
+    assert (tmp_path / "b" / "index.json").is_file()
+
+
 def test_a_run_s_records_folder_is_refused_as_a_records_directory(tmp_path):
     # `run -o out/records` saved a run inside the run in out: its records/records/ and its
     # index nested in out's records folder, where loading out never looks.
@@ -170,6 +250,17 @@ def test_a_run_s_records_folder_is_refused_as_a_records_directory(tmp_path):
     assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before  # nothing made
     Writer(tmp_path / "elsewhere" / "records").write({"k": [2]}, step=0)  # a folder named so, alone
     assert load(tmp_path / "elsewhere" / "records")["k"] == [2]
+    # A version 1 run (every entry in index.json, no index.jsonl) was not told apart from one.
+    old = tmp_path / "old"
+    (old / "records").mkdir(parents=True)
+    (old / "index.json").write_text(json.dumps({"format": "bcrecord-records", "version": 1, "entries": []}))
+    with pytest.raises(StorageError, match=r"records folder of the saved run in .*old; save to"):
+        Writer(old / "records")
+    assert sorted(p.name for p in old.rglob("*")) == ["index.json", "records"]  # nothing made
+    (tmp_path / "other").mkdir()  # another program's index.json: its records folder is not a run's
+    (tmp_path / "other" / "index.json").write_text('{"format": "another"}')
+    Writer(tmp_path / "other" / "records").write({"k": [3]}, step=0)
+    assert load(tmp_path / "other" / "records")["k"] == [3]
 
 
 def test_the_next_save_removes_what_a_save_killed_mid_write_left(tmp_path):
@@ -407,6 +498,22 @@ def test_a_writer_told_not_to_make_its_directory_makes_it_with_the_first_save_on
     (tmp_path / "file").write_text("x")
     with pytest.raises(StorageError, match="cannot write records to .*file/c: Not a directory"):
         Writer(tmp_path / "file" / "c", make=False)
+
+
+def test_a_writer_not_made_yet_reads_what_another_saved_in_its_directory_meanwhile(tmp_path):
+    # saved and last_step promise the directory's state (by any writer), yet a writer that had
+    # not made its directory read 0 and None where another process had made it, with values.
+    import subprocess
+
+    run = tmp_path / "run"
+    writer = Writer(run, make=False)
+    other = f"import bcrecord; bcrecord.save({{'k': [1, 2]}}, {str(run)!r}, step=7)"
+    subprocess.run(
+        [sys.executable, "-c", other], check=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    )
+    assert (writer.made, writer.saved, writer.last_step) == (False, 2, 7)
+    assert writer.write({"k": [3]}, step=8) == 1 and (writer.saved, writer.last_step) == (3, 8)
+    assert load(run)["k"] == [1, 2, 3]
 
 
 def test_with_unsavable_a_value_pickle_refuses_is_saved_as_its_repr_and_the_rest_as_they_are(tmp_path):
