@@ -294,8 +294,13 @@ def _temporary(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp")
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def _atomic_write(path: Path, data: bytes, unlocked: bool = False) -> None:
+    """Write ``path`` whole: a reader finds the old file or the new one. ``unlocked``: written
+    without the directory's lock (a header before there is a lock), through a temporary file of
+    this write's own."""
     tmp = _temporary(path)
+    if unlocked:
+        tmp = tmp.with_name(f"{tmp.stem}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
     # Made anew (another user's, left by a killed save, is replaced, not written through). Not
     # mkstemp: its files are private (0600); these get the umask's mode, as open() gives.
     tmp.unlink(missing_ok=True)
@@ -395,33 +400,10 @@ def _remove_dead_stagings(directory: Path) -> None:
             pass
 
 
-def _replaceable(directory: Path) -> bool:
-    """Whether ``directory`` is an empty directory of this user's (not a link to one), which
-    :func:`_make_whole` replaces whole: one a program removed and made again, empty (cleaning its
-    output folder), filled in place would be found by a reader without its header a moment.
-
-    >>> import tempfile
-    >>> folder = Path(tempfile.mkdtemp())
-    >>> _replaceable(folder), _replaceable(folder.parent), _replaceable(folder / "a")
-    (True, False, False)
-    """
-    try:
-        if os.path.islink(directory) or not directory.is_dir():
-            return False
-        owner = os.stat(directory).st_uid
-        # (Another user's, which this one may write in, is filled in place, its owner kept; one
-        # this user may not write in is refused as it is.)
-        mine = owner == (os.geteuid() if hasattr(os, "geteuid") else owner)
-        return mine and os.access(directory, os.W_OK | os.X_OK) and not os.listdir(directory)
-    except OSError:
-        return False
-
-
 def _make_whole(directory: Path) -> None:
     """Make ``directory``, with its records folder, journal and header, as a sibling first and
     then renamed into place: a reader (``bcrecord view`` while a run makes its ``-o`` at its first
-    save) never finds it without its header; an empty directory there (see :func:`_replaceable`)
-    is replaced so too. Where another writer made it meanwhile, theirs stays;
+    save) never finds it without its header. Where another writer made it meanwhile, theirs stays;
     what writers killed while making it left beside it goes (see :func:`_remove_dead_stagings`).
 
     >>> import tempfile
@@ -440,11 +422,7 @@ def _make_whole(directory: Path) -> None:
         with open(staging / _JOURNAL, "ab"):
             pass
         _write_header(staging)
-        with contextlib.suppress(FileNotFoundError):  # an empty directory it replaces: its mode kept
-            os.chmod(staging, os.stat(directory).st_mode & 0o7777)
-        # Onto an empty directory: replaced at once. Onto one with files (another writer's, made
-        # meanwhile): refused, and theirs stays.
-        os.rename(staging, directory)
+        os.rename(staging, directory)  # (onto a directory made meanwhile: refused unless it is empty)
     except OSError:
         if not os.path.isdir(directory):
             raise
@@ -517,8 +495,15 @@ class Writer:
                 _header(self.directory)
             elif (self.directory / _JOURNAL).exists():
                 _check_headerless(self.directory / _JOURNAL)
-            if not os.path.lexists(self.directory) or _replaceable(self.directory):
+            if not os.path.lexists(self.directory):
                 _make_whole(self.directory)
+            elif os.path.isdir(self.directory) and not (self.directory / "index.json").exists():
+                # Filled in place (a directory there: the program's, made empty), its header first,
+                # so that a reader never finds records/ without it (it reads as empty until then);
+                # before records/, so before its lock.
+                with open(self.directory / _JOURNAL, "ab"):  # (one whose header was lost: kept)
+                    pass
+                _write_header(self.directory, unlocked=True)
             if not (self.directory / "records").is_dir():  # (removed from a run there)
                 (self.directory / "records").mkdir(parents=True, exist_ok=True)
                 _sync_directory(self.directory)  # its name, durable before anything is saved in it
@@ -526,16 +511,10 @@ class Writer:
                 # Writable? Say so now. (Under the lock, as every temporary file is written.)
                 _atomic_write(self.directory / "records" / ".write-test", b"")
                 (self.directory / "records" / ".write-test").unlink(missing_ok=True)
-                if (self.directory / "index.json").exists():
-                    # Not a records directory: say so now. Version 1: move its entries.
-                    header = _header(self.directory)
-                    if header["version"] == 1:
-                        _upgrade(self.directory, _version_1_entries(self.directory, header))
-                else:  # a directory load() reads from the start, even if nothing is saved
-                    # (keeping a journal whose header was lost: never empty one that has saves)
-                    with open(self.directory / _JOURNAL, "ab"):
-                        pass
-                    _write_header(self.directory)
+                # Not a records directory: say so now. Version 1: move its entries.
+                header = _header(self.directory)
+                if header["version"] == 1:
+                    _upgrade(self.directory, _version_1_entries(self.directory, header))
                 self._catch_up()
         self.made = True
 
@@ -755,8 +734,9 @@ def _is_saved_run(directory: Path) -> bool:
     return isinstance(header, dict) and header.get("format") == FORMAT
 
 
-def _write_header(directory: Path) -> None:
-    _atomic_write(directory / "index.json", json.dumps({"format": FORMAT, "version": VERSION}).encode())
+def _write_header(directory: Path, unlocked: bool = False) -> None:
+    header = json.dumps({"format": FORMAT, "version": VERSION}).encode()
+    _atomic_write(directory / "index.json", header, unlocked)  # (writers at once write the same)
     _sync_directory(directory)  # (and the journal's name, made or renamed there before it)
 
 

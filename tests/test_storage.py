@@ -10,6 +10,7 @@ import shutil
 import sys
 import types
 import warnings
+from pathlib import Path
 
 import pytest
 from hypothesis import given
@@ -175,31 +176,30 @@ def test_a_new_directory_appears_with_its_header(tmp_path, monkeypatch):
     assert load(other)["k"] == [2] and sorted(os.listdir(tmp_path)) == ["a", "b"]
 
 
-def test_an_empty_directory_there_is_replaced_whole(tmp_path, monkeypatch):
-    # A directory the program removed and made again, empty (or one made empty beforehand) was
-    # filled in place: a reader could find records/ there and no index.json, "not a bcrecord
-    # records directory". It is made beside it and renamed onto it, as a new one is.
+def test_a_directory_there_already_is_filled_in_place_with_its_header_first(tmp_path, monkeypatch):
+    # A directory the program removed and made again, empty (or made beforehand) was filled with
+    # records/ first and its header last: a reader could find records/ there and no index.json,
+    # "not a bcrecord records directory". Now the header comes first (the directory reads as
+    # empty until records/ is there); the directory itself stays, its mode and inode kept.
     import bcrecord.storage as storage
 
-    run, seen = tmp_path / "run", []
-    run.mkdir(mode=0o750)
-    run.chmod(0o750)  # (the umask aside)
-    write_header = storage._write_header
-    monkeypatch.setattr(storage, "_write_header", lambda d: seen.append(os.listdir(run)) or write_header(d))
-    assert (Writer(run).write({"k": [1]}, step=0), seen) == (1, [[]])  # run empty while the header is written
+    run = tmp_path / "run"
+    run.mkdir()
+    run.chmod(0o750)
+    inode, seen = run.stat().st_ino, []
+    make = Path.mkdir
+
+    def mkdir(self, *args, **kwargs):
+        if self == run / "records":
+            seen.append(sorted(os.listdir(run)))
+            seen.append(dict(load(run)))  # what a reader finds then
+        return make(self, *args, **kwargs)
+
+    monkeypatch.setattr(storage.Path, "mkdir", mkdir)
+    assert Writer(run).write({"k": [1]}, step=0) == 1
+    assert seen == [["index.json", "index.jsonl"], {}]
     assert load(run)["k"] == [1] and sorted(os.listdir(tmp_path)) == ["run"]
-    assert run.stat().st_mode & 0o777 == 0o750  # its mode kept
-    other = tmp_path / "b"  # filled meanwhile by another writer: theirs stays, and is written to
-    other.mkdir()
-
-    def filled_meanwhile(directory):
-        monkeypatch.setattr(storage, "_write_header", write_header)
-        Writer(other).write({"k": [2]}, step=0)
-        write_header(directory)
-
-    monkeypatch.setattr(storage, "_write_header", filled_meanwhile)
-    Writer(other).write({"k": [3]}, step=1)
-    assert load(other)["k"] == [2, 3] and sorted(os.listdir(tmp_path)) == ["b", "run"]
+    assert run.stat().st_ino == inode and run.stat().st_mode & 0o777 == 0o750  # the same directory
 
 
 def test_what_a_writer_killed_while_making_a_directory_left_goes_with_the_next_one(tmp_path):
