@@ -867,6 +867,106 @@ def test_a_registered_holder_of_values_in_the_autograd_graph_deep_copies_as_it_p
     assert rec["0:forward:return"].tensors.grad_fn is not None  # the recording's own, still in the graph
 
 
+class _Attributes:
+    """A program's own object holding a tensor in an attribute."""
+
+    def __init__(self, scores: torch.Tensor) -> None:
+        self.scores = scores
+        self.names = ["a"]
+
+
+class _Slots:
+    __slots__ = ("scores",)
+
+    def __init__(self, scores: torch.Tensor) -> None:
+        self.scores = scores
+
+
+class _Element:
+    """As MMEngine's data elements: its fields in a dict, copied by its own ``__deepcopy__``."""
+
+    def __init__(self, scores: torch.Tensor) -> None:
+        self._fields = {"scores": scores}
+
+    @property
+    def scores(self) -> torch.Tensor:
+        return self._fields["scores"]
+
+    def __deepcopy__(self, memo):
+        other = type(self).__new__(type(self))
+        other._fields = copy.deepcopy(self._fields, memo)
+        return other
+
+
+class _Returns(torch.nn.Module):
+    def __init__(self, wrap):
+        super().__init__()
+        self.lin = torch.nn.Linear(2, 3)
+        self.wrap = wrap
+
+    def forward(self, x):
+        return self.wrap(self.lin(x))
+
+
+@pytest.mark.parametrize("options", [{"grad": True}, {"copy": "none"}])
+@pytest.mark.parametrize("holder", [_Attributes, _Slots, _Element])
+def test_an_object_holding_values_in_the_autograd_graph_deep_copies_as_it_pickles(options, holder):
+    # copy.deepcopy raised torch's "Only Tensors created explicitly by the user (graph leaves)
+    # support the deepcopy protocol" for a tensor in an object's attribute, slot or own fields
+    # (an MMEngine InstanceData): only containers, dataclasses and registered holders were walked.
+    model = torch.nn.Sequential(_Returns(holder))
+    with record(model, ["0"], **options) as rec:
+        model(torch.ones(1, 2))
+    copied, pickled = (
+        copy.deepcopy(rec)["0:forward:return"],
+        pickle.loads(pickle.dumps(rec))["0:forward:return"],
+    )
+    expected = model[0].lin(torch.ones(1, 2)).detach()
+    for kept in (copied, pickled):
+        assert type(kept) is holder and kept is not rec["0:forward:return"]
+        assert torch.equal(kept.scores.detach(), expected)
+        assert kept.scores.is_leaf and kept.scores.requires_grad
+    assert rec["0:forward:return"].scores.grad_fn is not None  # the recording's own, still in the graph
+
+
+class _OwnCopy:
+    """An object that copies itself its own way, and refuses pickle."""
+
+    def __init__(self, n: list) -> None:
+        self.n = n
+
+    def __deepcopy__(self, memo):
+        return _OwnCopy(self.n + ["copied"])
+
+    def __reduce_ex__(self, protocol):
+        raise TypeError("not pickled")
+
+
+def _hook() -> None:
+    pass
+
+
+class _Spied:
+    reduced: list = []
+
+    def __reduce_ex__(self, protocol):
+        _Spied.reduced.append(protocol)
+        return object.__reduce_ex__(self, protocol)
+
+
+def test_a_deep_copy_of_a_recording_copies_other_objects_as_deepcopy_does():
+    # Next to a value in the autograd graph: an object that refuses __reduce_ex__ is still
+    # copied by its own __deepcopy__, and a class and functions are kept as deepcopy keeps them
+    # (never reduced: a class's own __reduce_ex__ is no reduction of the class).
+    model = torch.nn.Sequential(_Returns(lambda t: (t, _OwnCopy([1]), _Spied, _Returns, len, _hook)))
+    with record(model, ["0"], copy="none") as rec:
+        model(torch.ones(1, 2))
+    kept, own, spied, cls, builtin, function = copy.deepcopy(rec)["0:forward:return"]
+    assert kept.is_leaf and kept.requires_grad and own.n == [1, "copied"]
+    assert (spied, cls, builtin, function) == (_Spied, _Returns, len, _hook)
+    assert _Spied.reduced == []
+
+
 def test_one_module_at_two_paths_of_one_model_is_refused_with_the_reason():
     shared = torch.nn.Linear(2, 2)
     model = torch.nn.Sequential(shared, torch.nn.ReLU(), shared)
