@@ -87,7 +87,7 @@ from ..runtime import (
     silently,
 )
 from ..specs import Attribute, Local, Return, Spec, require_bool
-from .copies import Device, ValuePolicy, _holder, _itself, _tracing_state, _transforms_active, value_policy
+from .copies import Device, ValuePolicy, _itself, _tracing_state, _transforms_active, value_policy
 from .targets import (
     Target,
     _resolving,
@@ -365,13 +365,8 @@ def _leaf_copies(value: Any, memo: Dict[int, Any]) -> None:
     refuses a tensor that is no leaf). Tensors are found where deepcopy would reach them: through
     tuples, lists, sets and dicts, and in any other object what its ``__reduce_ex__`` gives (its
     attributes, slots, items; what an object copying itself with its own ``__deepcopy__`` would
-    pickle), so that deepcopy copies each of them so. An object of a class
-    :func:`~bcrecord.torch.copies.register_holder` names (torchvision's ``ImageList``) is rebuilt
-    around deep copies of its parts, made so, as the recording's copies rebuild it."""
-
-    def deep(part: Any) -> Any:
-        _leaf_copies(part, memo)
-        return deepcopy(part, memo)
+    pickle), so that deepcopy copies each of them so; everything else is deepcopy's to copy
+    (a registered holder, torchvision's ``ImageList``, too), each object once."""
 
     # (What reduce made, walked too, held until the walk ends: no id of it reused meanwhile.)
     pending, seen, held = [value], set(), []
@@ -391,10 +386,6 @@ def _leaf_copies(value: Any, memo: Dict[int, Any]) -> None:
                 memo[id(item)] = item.detach().clone().requires_grad_(item.requires_grad)
                 memo.setdefault(id(memo), []).append(item)  # (kept alive, as deepcopy keeps what it copied)
         else:
-            rebuild = _holder(kind)
-            if rebuild is not None:
-                memo[id(item)] = rebuild(item, deep)
-                continue
             parts = _reduced_parts(item)
             held.append(parts)
             pending.extend(parts)
