@@ -7,7 +7,7 @@ Importing this module registers how tensors are copied under each core policy
   autograd graph (so recording never keeps activations' graphs alive);
 * ``'detach'``: the tensor detached, no copy (cheapest; later in-place changes show);
 * ``'deepcopy'``: a detached clone (``copy.deepcopy`` refuses non-leaf tensors), also in a list,
-  tuple, dict or dataclass, whose other contents are deep-copied;
+  tuple, dict, set or dataclass, whose other contents are deep-copied;
 * ``'none'``: the tensor itself, as the core keeps any value (not detached: it stays in
   the autograd graph, and keeps it alive, whatever ``grad`` says).
 
@@ -199,7 +199,7 @@ def _deepcopy_outside_autograd(value: Any) -> Any:
     ``dict(loss=loss)``, and keeps a leaf's ``requires_grad``), the container rebuilt with its
     tensors' detached copies, as a tensor alone is copied, and the rest of it deep-copied (as
     ``'deepcopy'`` copies each)."""
-    container = isinstance(value, (list, tuple, dict)) or dataclasses.is_dataclass(value)
+    container = isinstance(value, (list, tuple, dict, set, frozenset)) or dataclasses.is_dataclass(value)
     if not container:
         return _copy_module.deepcopy(value)  # (an object that holds one its own way: the errors say so)
     if not _requires_grad_within(value):

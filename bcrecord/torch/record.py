@@ -32,6 +32,7 @@ import bisect
 import collections.abc
 import contextlib
 import contextvars
+import copyreg
 import dataclasses
 import functools
 import inspect
@@ -79,14 +80,14 @@ from ..patch import (
 from ..runtime import (
     Recording,
     Sink,
+    _copied_by_method,
     context_recordings,
     raised_by_signal_handler,
-    reachable,
     safe_over_forks,
     silently,
 )
 from ..specs import Attribute, Local, Return, Spec, require_bool
-from .copies import Device, ValuePolicy, _holder, _itself, _tracing_state, _transforms_active, value_policy
+from .copies import Device, ValuePolicy, _itself, _tracing_state, _transforms_active, value_policy
 from .targets import (
     Target,
     _resolving,
@@ -312,29 +313,82 @@ class _Owner:
         return None
 
 
+#: What ``copy.deepcopy`` keeps as it is (a class, a function, a module...): never looked into.
+_DEEPCOPY_KEEPS = (
+    int,
+    float,
+    complex,
+    str,
+    bytes,
+    bool,
+    type(None),
+    range,
+    type,
+    type(Ellipsis),
+    type(NotImplemented),
+    types.FunctionType,
+    types.BuiltinFunctionType,
+    types.CodeType,
+    types.ModuleType,
+    weakref.ref,
+    property,
+)
+
+
+def _reduced_parts(item: Any) -> List[Any]:
+    """What ``copy.deepcopy`` (and pickle) copy of ``item``, an object that is no plain container:
+    its ``__reduce_ex__(4)``'s arguments, state, list items and dict items (a class's own
+    ``copyreg`` reducer first, as deepcopy looks); none where that raises (deepcopy says why then,
+    or the class copies itself its own way), nor for an array of numbers (numpy's, pandas')."""
+    if _copied_by_method(type(item)) and not getattr(getattr(item, "dtype", None), "hasobject", True):
+        return []  # (its reduce copies its data: nothing in it to find)
+    try:
+        reductor = copyreg.dispatch_table.get(type(item))
+        reduced = reductor(item) if reductor is not None else item.__reduce_ex__(4)
+        if isinstance(reduced, str) or not isinstance(reduced, tuple):  # a global's name
+            return []
+        parts: List[Any] = [reduced[1:3]]
+        if len(reduced) > 3 and reduced[3] is not None:
+            parts.append(list(reduced[3]))
+        if len(reduced) > 4 and reduced[4] is not None:
+            parts.append(list(reduced[4]))
+    except Exception as error:
+        if raised_by_signal_handler(error):
+            raise
+        return []
+    return parts
+
+
 def _leaf_copies(value: Any, memo: Dict[int, Any]) -> None:
-    """Put into ``memo`` (``copy.deepcopy``'s) a copy of each tensor in ``value`` (through tuples,
-    lists, sets, dicts and dataclasses) that is in the autograd graph: as pickle copies one, a leaf
-    of its values that requires grad (``copy.deepcopy`` refuses a tensor that is no leaf). An object
-    of a class :func:`~bcrecord.torch.copies.register_holder` names (torchvision's ``ImageList``) is
-    rebuilt around deep copies of its parts, made so, as the recording's copies rebuild it."""
+    """Put into ``memo`` (``copy.deepcopy``'s) a copy of each tensor in ``value`` that is in the
+    autograd graph: as pickle copies one, a leaf of its values that requires grad (``copy.deepcopy``
+    refuses a tensor that is no leaf). Tensors are found where deepcopy would reach them: through
+    tuples, lists, sets and dicts, and in any other object what its ``__reduce_ex__`` gives (its
+    attributes, slots, items; what an object copying itself with its own ``__deepcopy__`` would
+    pickle), so that deepcopy copies each of them so; everything else is deepcopy's to copy
+    (a registered holder, torchvision's ``ImageList``, too), each object once."""
 
-    def deep(part: Any) -> Any:
-        _leaf_copies(part, memo)
-        return deepcopy(part, memo)
-
-    for item in reachable(value):
-        if id(item) in memo:
+    # (What reduce made, walked too, held until the walk ends: no id of it reused meanwhile.)
+    pending, seen, held = [value], set(), []
+    while pending:
+        item = pending.pop()
+        if isinstance(item, _DEEPCOPY_KEEPS) or id(item) in seen or id(item) in memo:
             continue
-        if isinstance(item, torch.Tensor):
+        seen.add(id(item))
+        kind = type(item)
+        if kind is list or kind is tuple or kind is set or kind is frozenset:
+            pending.extend(item)
+        elif kind is dict:
+            pending.extend(item.keys())
+            pending.extend(item.values())
+        elif isinstance(item, torch.Tensor):
             if not item.is_leaf:
                 memo[id(item)] = item.detach().clone().requires_grad_(item.requires_grad)
-        elif not isinstance(
-            item, (list, tuple, set, frozenset, deque, dict)
-        ) and not dataclasses.is_dataclass(item):
-            rebuild = _holder(type(item))
-            if rebuild is not None:
-                memo[id(item)] = rebuild(item, deep)
+                memo.setdefault(id(memo), []).append(item)  # (kept alive, as deepcopy keeps what it copied)
+        else:
+            parts = _reduced_parts(item)
+            held.append(parts)
+            pending.extend(parts)
 
 
 class ModelRecording(Recording):
@@ -434,7 +488,7 @@ class ModelRecording(Recording):
         """A deep copy: the snapshot :meth:`__getstate__` holds, each value deep-copied. A tensor in
         the autograd graph (``grad=True``, ``copy='none'``), which ``copy.deepcopy`` refuses, is
         copied as a pickle of the recording copies it: a leaf of its values that requires grad (also
-        inside an object of a class :func:`~bcrecord.torch.copies.register_holder` names, rebuilt).
+        inside another object: in its attributes, slots, or the fields it copies its own way).
 
         >>> import copy, torch
         >>> from bcrecord.torch import record

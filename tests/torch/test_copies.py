@@ -262,6 +262,18 @@ def test_deepcopy_detaches_a_leaf_that_requires_grad_inside_a_value_as_it_does_o
         assert torch.equal(tensor, torch.ones(2)) and not tensor.requires_grad and tensor is not leaf
 
 
+def test_deepcopy_detaches_a_tensor_in_a_set_as_it_does_one_in_a_list():
+    # {leaf} and frozenset({leaf}) kept requires_grad=True where [leaf] was detached, and a set of a
+    # tensor in the autograd graph was refused ('Only Tensors created explicitly by the user').
+    leaf = torch.ones(2, requires_grad=True)
+    for tensor in (leaf, leaf * 2):
+        for value in ({tensor}, frozenset([tensor]), {"s": {tensor}}):
+            copied = copy_value(value, "deepcopy")
+            (kept,) = copied["s"] if isinstance(copied, dict) else copied
+            assert type(copied) is type(value) and kept is not tensor
+            assert torch.equal(kept, tensor.detach()) and not kept.requires_grad
+
+
 def test_deepcopy_of_a_list_of_tensors_recorded_first_detaches_them_as_later_ones_are():
     # The core deep-copied a list as it is until a tensor alone had loaded the torch layer's copies:
     # a leaf in it kept requires_grad=True, and a tensor in the graph was refused (rec.errors).
