@@ -354,8 +354,23 @@ def _makeable_later(directory: Path) -> bool:
     return above.is_dir() and os.access(above, os.W_OK | os.X_OK)
 
 
-#: This host's name as :func:`_staging` writes it: no dots, which separate its parts.
+def _pid_namespace() -> str:
+    """'-' and this process's pid namespace's number, '' where the system tells none: processes
+    of a container under this host's name count their pids apart (its pid 1 is not this host's).
+
+    >>> _pid_namespace() == "" or _pid_namespace()[1:].isdigit()
+    True
+    """
+    try:
+        return "-" + re.sub(r"\D", "", os.readlink("/proc/self/ns/pid"))  # ('pid:[4026531836]')
+    except OSError:
+        return ""
+
+
+#: This host's name as :func:`_staging` writes it (no dots, which separate its parts), with its pid
+#: namespace's number: a writer in another namespace is never taken for a dead one of this.
 _HOST = re.sub(r"[^A-Za-z0-9-]", "-", os.uname().nodename if hasattr(os, "uname") else "") or "host"
+_HOST += _pid_namespace()
 
 
 def _staging(directory: Path) -> Path:

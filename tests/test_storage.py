@@ -240,6 +240,41 @@ def test_what_a_writer_killed_while_making_a_directory_left_goes_with_the_next_o
     assert (tmp_path / "b" / "index.json").is_file()
 
 
+def test_a_writer_in_another_pid_namespace_keeps_this_one_s_making_folder(tmp_path):
+    # A process in another pid namespace under the same host name (a container sharing it: Docker's
+    # --uts=host, a Kubernetes pod on the host network) found a live writer's '.run.<host>.<pid>...'
+    # folder's pid gone in its own namespace and removed it while it was made: that writer's
+    # save failed ('No such file or directory'). Each namespace's folders are now named apart.
+    import subprocess
+
+    import bcrecord.storage as storage
+
+    if not shutil.which("unshare"):
+        pytest.skip("no unshare here")
+    ours = storage._staging(tmp_path / "run")  # (this process's, alive)
+    ours.mkdir()
+    remover = "import os, bcrecord.storage as s\ns._remove_dead_stagings(s.Path(os.environ['D']) / 'run')\n"
+    other = subprocess.run(
+        [
+            "unshare",
+            "--user",
+            "--map-root-user",
+            "--pid",
+            "--fork",
+            sys.executable,
+            "-c",
+            remover + "print(os.getpid())",
+        ],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "D": str(tmp_path)},
+    )
+    if other.returncode != 0:
+        pytest.skip(f"no pid namespace can be made here: {other.stderr}")
+    assert other.stdout.split()[0] == "1"  # (in a namespace of its own: this pid is not there)
+    assert os.listdir(tmp_path) == [ours.name]
+
+
 def test_a_run_s_records_folder_is_refused_as_a_records_directory(tmp_path):
     # `run -o out/records` saved a run inside the run in out: its records/records/ and its
     # index nested in out's records folder, where loading out never looks.
