@@ -373,6 +373,17 @@ _HOST = re.sub(r"[^A-Za-z0-9-]", "-", os.uname().nodename if hasattr(os, "uname"
 _HOST += _pid_namespace()
 
 
+def _staging_start(directory: Path) -> str:
+    """How :func:`_staging`'s names for ``directory`` start: ``.NAME.``, NAME cut where it is too
+    long for the rest to fit in a name's 255 bytes (a directory's own name may take them all).
+
+    >>> _staging_start(Path("runs/a")), len(_staging(Path("r" * 255)).name) <= 255
+    ('.a.', True)
+    """
+    room = 255 - len(f"..{_HOST}.{'0' * 10}.{'0' * 12}.making")
+    return f".{os.fsdecode(os.fsencode(directory.name)[:room])}."
+
+
 def _staging(directory: Path) -> Path:
     """Where :func:`_make_whole` makes ``directory`` before renaming it there: beside it, named
     for this host and process (a dead writer's is removed by the next one) and made unique.
@@ -381,7 +392,7 @@ def _staging(directory: Path) -> Path:
     >>> name.startswith(".a.") and name.split(".")[3] == str(os.getpid()), name.endswith(".making")
     (True, True)
     """
-    return directory.parent / f".{directory.name}.{_HOST}.{os.getpid()}.{os.urandom(6).hex()}.making"
+    return directory.parent / f"{_staging_start(directory)}{_HOST}.{os.getpid()}.{os.urandom(6).hex()}.making"
 
 
 def _remove_dead_stagings(directory: Path) -> None:
@@ -398,7 +409,7 @@ def _remove_dead_stagings(directory: Path) -> None:
     """
     if os.name != "posix":  # pragma: no cover - (Windows' os.kill(pid, 0) ends the process)
         return
-    start = f".{directory.name}."
+    start = _staging_start(directory)
     try:
         found = [name for name in os.listdir(directory.parent) if name.startswith(start)]
     except OSError:

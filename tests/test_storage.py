@@ -275,6 +275,28 @@ def test_a_writer_in_another_pid_namespace_keeps_this_one_s_making_folder(tmp_pa
     assert os.listdir(tmp_path) == [ours.name]
 
 
+def test_a_directory_with_a_long_name_is_made(tmp_path):
+    # A name of 220 characters (under the file system's 255) was refused: 'File name too long',
+    # naming the '.NAME.<host>.<pid>.<random>.making' folder it is made in first, 33 or more
+    # characters longer. That folder's name is now cut to fit; a dead writer's is still removed.
+    import subprocess
+
+    import bcrecord.storage as storage
+
+    for length in (220, 255):
+        run = tmp_path / ("r" * length)
+        assert Writer(run).write({"k": [length]}, step=0) == 1
+        assert load(run)["k"] == [length] and len(os.listdir(tmp_path)) == 1
+        shutil.rmtree(run)
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    left = storage._staging(run).name.replace(f".{os.getpid()}.", f".{int(gone.stdout)}.")
+    (tmp_path / left).mkdir()
+    Writer(run)
+    assert os.listdir(tmp_path) == [run.name]
+
+
 def test_a_run_s_records_folder_is_refused_as_a_records_directory(tmp_path):
     # `run -o out/records` saved a run inside the run in out: its records/records/ and its
     # index nested in out's records folder, where loading out never looks.
