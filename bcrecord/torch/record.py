@@ -314,6 +314,7 @@ class _Owner:
 
 
 #: What ``copy.deepcopy`` keeps as it is (a class, a function, a module...): never looked into.
+#: Its exact types, as deepcopy looks them up (an int subclass's attributes are copied).
 _DEEPCOPY_KEEPS = (
     int,
     float,
@@ -372,7 +373,7 @@ def _leaf_copies(value: Any, memo: Dict[int, Any]) -> None:
     pending, seen, held = [value], set(), []
     while pending:
         item = pending.pop()
-        if isinstance(item, _DEEPCOPY_KEEPS) or id(item) in seen or id(item) in memo:
+        if type(item) in _DEEPCOPY_KEEPS or isinstance(item, type) or id(item) in seen or id(item) in memo:
             continue
         seen.add(id(item))
         kind = type(item)

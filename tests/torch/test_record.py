@@ -1017,6 +1017,34 @@ def test_a_deep_copy_of_a_recording_copies_other_objects_as_deepcopy_does():
     assert _Spied.reduced == []
 
 
+class _Tagged(int):
+    """A label carrying the score it was picked by, in an attribute."""
+
+
+def _tagged(scores: torch.Tensor) -> _Tagged:
+    label = _Tagged(int(scores.argmax()))
+    label.score = scores.max()
+    return label
+
+
+def test_a_deep_copy_of_a_recording_looks_into_a_subclass_of_a_number_as_deepcopy_does():
+    # An int subclass's attribute holding a tensor in the autograd graph still raised torch's
+    # 'Only Tensors created explicitly by the user (graph leaves) support the deepcopy protocol',
+    # where pickle worked: the walk kept any int (isinstance), where deepcopy keeps only an int
+    # itself (its exact type) and copies a subclass's attributes.
+    model = torch.nn.Sequential(_Returns(_tagged))
+    with record(model, ["0"], copy="none") as rec:
+        model(torch.ones(1, 2))
+    copied, pickled = (
+        copy.deepcopy(rec)["0:forward:return"],
+        pickle.loads(pickle.dumps(rec))["0:forward:return"],
+    )
+    expected = model[0].lin(torch.ones(1, 2)).max().detach()
+    for kept in (copied, pickled):
+        assert type(kept) is _Tagged and kept == rec["0:forward:return"]
+        assert torch.equal(kept.score.detach(), expected) and kept.score.is_leaf and kept.score.requires_grad
+
+
 def test_one_module_at_two_paths_of_one_model_is_refused_with_the_reason():
     shared = torch.nn.Linear(2, 2)
     model = torch.nn.Sequential(shared, torch.nn.ReLU(), shared)
