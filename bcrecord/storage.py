@@ -297,10 +297,10 @@ def _temporary(path: Path) -> Path:
 def _atomic_write(path: Path, data: bytes, unlocked: bool = False) -> None:
     """Write ``path`` whole: a reader finds the old file or the new one. ``unlocked``: written
     without the directory's lock (a header before there is a lock), through a temporary file of
-    this write's own."""
+    this write's own, named as :func:`_staging` names (a dead writer's is removed by the next one)."""
     tmp = _temporary(path)
     if unlocked:
-        tmp = tmp.with_name(f"{tmp.stem}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+        tmp = tmp.with_name(f"{tmp.stem}.{_HOST}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
     # Made anew (another user's, left by a killed save, is replaced, not written through). Not
     # mkstemp: its files are private (0600); these get the umask's mode, as open() gives.
     tmp.unlink(missing_ok=True)
@@ -397,8 +397,8 @@ def _staging(directory: Path) -> Path:
 
 def _remove_dead_stagings(directory: Path) -> None:
     """Remove what writers of this host killed while making ``directory`` left beside it (their
-    :func:`_staging` folders), where their process is gone; a live writer's, another host's
-    and any other folder stay.
+    :func:`_staging` folders, or an unlocked :func:`_atomic_write`'s file), where their process
+    is gone; a live writer's, another host's and any other folder stay.
 
     >>> import tempfile
     >>> folder = Path(tempfile.mkdtemp())
@@ -416,12 +416,21 @@ def _remove_dead_stagings(directory: Path) -> None:
         return
     for name in found:
         parts = name[len(start) :].split(".")
-        if len(parts) != 4 or parts[0] != _HOST or parts[3] != "making" or not parts[1].isdigit():
+        if (
+            len(parts) != 4
+            or parts[0] != _HOST
+            or parts[3] not in ("making", "tmp")
+            or not parts[1].isdigit()
+        ):
             continue  # (another directory's, named 'run.x'; another host's; not one of ours)
         try:
             os.kill(int(parts[1]), 0)
         except ProcessLookupError:
-            shutil.rmtree(directory.parent / name, ignore_errors=True)
+            if parts[3] == "tmp":  # (a file)
+                with contextlib.suppress(OSError):
+                    os.unlink(directory.parent / name)
+            else:
+                shutil.rmtree(directory.parent / name, ignore_errors=True)
         except (OSError, OverflowError):  # alive (another user's: PermissionError)
             pass
 
@@ -529,6 +538,7 @@ class Writer:
                 # before records/, so before its lock.
                 with open(self.directory / _JOURNAL, "ab"):  # (one whose header was lost: kept)
                     pass
+                _remove_dead_stagings(self.directory / "index.json")  # (a header's killed write's file)
                 _write_header(self.directory, unlocked=True)
             if not (self.directory / "records").is_dir():  # (removed from a run there)
                 (self.directory / "records").mkdir(parents=True, exist_ok=True)

@@ -297,6 +297,31 @@ def test_a_directory_with_a_long_name_is_made(tmp_path):
     assert os.listdir(tmp_path) == [run.name]
 
 
+def test_a_writer_killed_writing_the_header_of_a_directory_there_leaves_no_file(tmp_path):
+    # A writer killed while writing the header of a directory that was there (filled in place)
+    # left its temporary '.index.json.<pid>.<random>.tmp' in it for good, the next writer's
+    # saves beside it. Now it is named as a making folder is, and the next writer removes it.
+    import subprocess
+
+    import bcrecord.storage as storage
+
+    run = tmp_path / "run"
+    run.mkdir()
+    live = f".index.json.{storage._HOST}.{os.getpid()}.0a1b2c3d.tmp"  # (this process's: stays)
+    (run / live).write_bytes(b"")
+    killer = "import os, sys, bcrecord.storage as s\nreplace = os.replace\n"
+    killer += "s.os.replace = lambda a, b: str(b).endswith('index.json') and os.kill(os.getpid(), 9)"
+    killer += " or replace(a, b)\n"
+    subprocess.run(
+        [sys.executable, "-c", killer + "s.Writer(sys.argv[1])\n", str(run)],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert len([name for name in os.listdir(run) if name.startswith(".index.json.")]) == 2
+    Writer(run).write({"k": [1]}, step=0)
+    assert sorted(os.listdir(run)) == [live, "index.json", "index.jsonl", "records"]
+    assert load(run)["k"] == [1]
+
+
 def test_a_run_s_records_folder_is_refused_as_a_records_directory(tmp_path):
     # `run -o out/records` saved a run inside the run in out: its records/records/ and its
     # index nested in out's records folder, where loading out never looks.
