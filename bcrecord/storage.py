@@ -554,6 +554,13 @@ class Writer:
                 self._catch_up()
         self.made = True
 
+    def _not_there_yet(self) -> bool:
+        """Whether this writer has not made its directory and no other has either, whole: its
+        header and records/ (where the lock is) both there; one killed before records/ holds none."""
+        if self.made:
+            return False
+        return not ((self.directory / "index.json").exists() and (self.directory / "records").is_dir())
+
     @property
     def saved(self) -> int:
         """How many values the directory holds (saved by any writer), from its index alone: 0
@@ -564,7 +571,7 @@ class Writer:
         >>> writer.saved, writer.write({"k": [1, 2]}, step=0), writer.saved
         (0, 2, 2)
         """
-        if not self.made and not (self.directory / "index.json").exists():
+        if self._not_there_yet():
             return 0
         with _writing(self.directory), _turn(self.directory):
             return sum(map(len, _index_saves(self.directory)))
@@ -576,7 +583,7 @@ class Writer:
 
         Reads the whole index: ask once (a resumed run numbering on), not per save.
         """
-        if not self.made and not (self.directory / "index.json").exists():
+        if self._not_there_yet():
             return None
         with _writing(self.directory), _turn(self.directory):
             saves = _index_saves(self.directory)

@@ -594,6 +594,12 @@ def test_a_writer_not_made_yet_reads_what_another_saved_in_its_directory_meanwhi
         [sys.executable, "-c", other], check=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     )
     assert (writer.made, writer.saved, writer.last_step) == (False, 2, 7)
+    half = tmp_path / "half"
+    waiting = Writer(half, make=False)
+    half.mkdir()  # made meanwhile by another process's writer, killed before records/ (filled in place)
+    (half / "index.jsonl").touch()
+    bcrecord.storage._write_header(half)
+    assert (waiting.made, waiting.saved, waiting.last_step) == (False, 0, None)
     assert writer.write({"k": [3]}, step=8) == 1 and (writer.saved, writer.last_step) == (3, 8)
     assert load(run)["k"] == [1, 2, 3]
 
