@@ -53,6 +53,7 @@ from .targets import (
     expand,
     fx_name_clash,
     has_forward,
+    has_return,
     named_modules,
     require_module,
     takes_instance,
@@ -538,8 +539,11 @@ def list_targets(model: torch.nn.Module, methods: Union[str, Iterable[str]] = _D
         if isinstance(module, torch.jit.ScriptModule):
             continue  # TorchScript, not bytecode (its submodules are scripted too): not recordable
         forward = getattr(type(module), "forward", None)
-        # A container's path (ModuleList) has no output; a forward(*args) cannot be recorded here.
-        if has_forward(module) and (not isinstance(forward, types.FunctionType) or takes_instance(forward)):
+        # A container's path (ModuleList) has no output, nor has a forward that only raises; a
+        # forward(*args) cannot be recorded here.
+        if has_forward(module) and (
+            not isinstance(forward, types.FunctionType) or (takes_instance(forward) and has_return(forward))
+        ):
             out.append(path)
         for method in methods:
             func = getattr(type(module), method, None)

@@ -679,6 +679,37 @@ def test_list_targets_leaves_out_paths_that_have_no_output():
     assert sorted(features) == ["", "blocks.0"]
 
 
+def test_list_targets_leaves_out_the_path_of_a_module_whose_forward_only_raises():
+    # JetMoe's JetMoeMoA.forward only raises (the model calls its map and reduce): its path
+    # was listed, and record(model, list_targets(model)) refused it ("no return instruction").
+    class MoA(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(2, 2)
+
+        def map(self, x):
+            return self.lin(x)
+
+        def forward(self, x):
+            raise NotImplementedError("call map")
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.moa = MoA()
+
+        def forward(self, x):
+            return self.moa.map(x)
+
+    net, x = Net(), torch.ones(1, 2)
+    listed = list_targets(net)
+    assert [t for t in listed if ":" not in t] == ["", "moa.lin"]
+    assert "moa:forward:NotImplementedError()@0" in listed  # its sites stay
+    with bcrecord.torch.record(net, listed) as rec:  # every listed target records
+        out = net(x)
+    assert torch.equal(rec["moa.lin:forward:return"], out) and torch.equal(rec[":forward:return"], out)
+
+
 def test_list_targets_leaves_out_torchscript_submodules_and_what_is_inside_them():
     scripted = torch.jit.script(torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU()))
     net = torch.nn.Sequential(torch.nn.Linear(3, 3), scripted)
