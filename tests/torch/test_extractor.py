@@ -1138,6 +1138,31 @@ def test_features_extracted_under_inference_mode_are_normal_tensors():
         assert torch.allclose(features["fc"], model(x))
 
 
+def test_a_target_in_a_branch_the_input_decides_is_not_said_to_be_one_of_the_other_mode():
+    # GPT-2's 'transformer:forward:attention_mask@0' (assigned where a mask is given), a
+    # Mixtral's experts' locals (run under experts_implementation='eager' only): the error
+    # gave train mode as the reason and per-mode targets as the way out, which change nothing.
+    class Masked(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(2, 2)
+
+        def forward(self, x, mask=None):
+            if mask is not None:
+                x = x * mask
+            return self.lin(x)
+
+    model, x = Masked().eval(), torch.ones(1, 2)
+    extractor = create_feature_extractor(model, [":forward:x@0"])
+    with pytest.raises(RuntimeError) as error:
+        extractor(x)
+    assert str(error.value).startswith(
+        "this forward pass never reached [':forward:x@0'] (in a branch it did not take, or a function "
+        "it did not call; the model ran in eval mode: a target in a branch only train mode takes"
+    )
+    assert torch.equal(extractor(x, torch.zeros(1, 2))[":forward:x@0"], torch.zeros(1, 2))
+
+
 def test_a_target_in_a_branch_only_the_other_mode_takes_says_so():
     class WithLoss(torch.nn.Module):
         def __init__(self):
