@@ -206,11 +206,12 @@ def attention_recorder(
         )
     if function is not None:
         function_of(function)  # a NotPatchableError saying what it is instead
-    from ..torch.targets import named_modules
+    from ..torch.targets import named_modules, unwrap
 
     # A decoder layer compiled in its place (`layers[0] = torch.compile(layers[0])`) seen
-    # through, as record() names its modules: 'model.layers.0.self_attn', not '...0._orig_mod...'.
-    listed = named_modules(model)
+    # through, as record() names its modules: 'model.layers.0.self_attn', not '...0._orig_mod...';
+    # so is a wrapper of the whole model (torch.compile, DataParallel, DDP): not '_orig_mod.model...'.
+    listed = named_modules(unwrap(model))
     modules = _attention_modules(listed)
     functions = list(dict.fromkeys(f for _, _, f in modules))
     name = type(model).__name__

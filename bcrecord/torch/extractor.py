@@ -53,6 +53,7 @@ from .targets import (
     expand,
     fx_name_clash,
     has_forward,
+    has_return,
     named_modules,
     require_module,
     takes_instance,
@@ -310,14 +311,16 @@ class FeatureExtractor(torch.nn.Module):
 
         A detection model computes its losses in training only and its detections in
         eval only: a target in one of those branches is never reached in the other mode.
+        That is one reason among others (a branch the input decides, a function not called),
+        which the hint names first.
         """
         if self.train_nodes != self.eval_nodes:  # (targets given per mode already)
             return ""
         mode, other = ("train", "eval") if training else ("eval", "train")
         return (
-            f" (the model ran in {mode} mode: a target in a branch only {other} mode takes is "
-            "never reached in it; give the targets of each mode with train_return_nodes= and "
-            "eval_return_nodes=)"
+            f" (in a branch it did not take, or a function it did not call; the model ran in {mode} "
+            f"mode: a target in a branch only {other} mode takes is never reached in it; give the "
+            "targets of each mode with train_return_nodes= and eval_return_nodes=)"
         )
 
     def close(self) -> None:
@@ -538,8 +541,11 @@ def list_targets(model: torch.nn.Module, methods: Union[str, Iterable[str]] = _D
         if isinstance(module, torch.jit.ScriptModule):
             continue  # TorchScript, not bytecode (its submodules are scripted too): not recordable
         forward = getattr(type(module), "forward", None)
-        # A container's path (ModuleList) has no output; a forward(*args) cannot be recorded here.
-        if has_forward(module) and (not isinstance(forward, types.FunctionType) or takes_instance(forward)):
+        # A container's path (ModuleList) has no output, nor has a forward that only raises; a
+        # forward(*args) cannot be recorded here.
+        if has_forward(module) and (
+            not isinstance(forward, types.FunctionType) or (takes_instance(forward) and has_return(forward))
+        ):
             out.append(path)
         for method in methods:
             func = getattr(type(module), method, None)

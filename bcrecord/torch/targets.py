@@ -47,7 +47,7 @@ from bytecode import Instr, Label
 from torch.nn.utils import parametrize
 
 from .._versions import current, global_name, local_name
-from ..analysis import compiled_spec, instructions
+from ..analysis import compiled_spec, instructions, read
 from ..errors import BcrecordError, NotPatchableError, SpecError, TargetError, did_you_mean, warn
 from ..patch import function_of, original_code
 from ..patch import targets as function_targets
@@ -1545,6 +1545,8 @@ def expand(model: torch.nn.Module, text: str) -> List[Target]:
                 f"it runs on is not known to the patch of {type(module).__name__} its instances share; "
                 f"record it with bcrecord.patch_method(module, {runs!r}, ...) on the instance"
             )
+        if is_glob and isinstance(spec, Return) and not has_return(func):
+            continue  # a forward that only raises (JetMoe's JetMoeMoA) has no output, as a container
         if isinstance(spec, Attribute) and spec.at == "entry":
             _refuse_parametrized_read(module, func, spec, where, grad)
         concrete = f"{path}:{runs}:{spec_text}" if spec_text else path
@@ -1554,8 +1556,8 @@ def expand(model: torch.nn.Module, text: str) -> List[Target]:
         targets.append(Target(concrete if is_glob else given, path, runs, spec, grad, not spec_text))
     if not targets:
         raise TargetError(
-            f"{pattern!r} matches only containers (no forward of their own), forward(*args) modules "
-            "or TorchScript modules, which cannot be recorded"
+            f"{pattern!r} matches only containers (no forward of their own), forwards with no return, "
+            "forward(*args) modules or TorchScript modules, which cannot be recorded"
         )
     return targets
 
@@ -1646,6 +1648,19 @@ def takes_instance(func: types.FunctionType) -> bool:
     (True, False)
     """
     return function_of(func).__code__.co_argcount > 0
+
+
+def has_return(func: types.FunctionType) -> bool:
+    """Whether the method ``func`` (inside its wrappers) has a return instruction: one that only
+    raises (JetMoe's ``JetMoeMoA.forward``; the model calls its other methods) has no output.
+
+    >>> def only_raises(self, x):
+    ...     raise NotImplementedError
+    >>> has_return(torch.nn.Linear.forward), has_return(only_raises)
+    (True, False)
+    """
+    inner = function_of(func)
+    return bool(read(original_code(inner), inner.__qualname__).returns)
 
 
 def has_forward(module: torch.nn.Module) -> bool:

@@ -609,6 +609,33 @@ def test_attention_recorder_names_a_compiled_decoder_layer_s_attention_by_the_pa
     assert torch.equal(probs, eager[f"{owner}:eager_attention_forward:attn_weights@2"])
 
 
+def test_attention_recorder_names_the_modules_of_a_wrapped_model_by_the_paths_record_gives(gpt2):
+    # A model compiled whole (or in nn.DataParallel): the keys were
+    # '_orig_mod.transformer.h.0.attn:eager_attention_forward:...' ('module.transformer...'),
+    # where record() of the same wrapper names the module 'transformer.h.0.attn'.
+    import torch._dynamo
+
+    ids = torch.randint(3, 100, (1, 5), generator=torch.Generator().manual_seed(17))
+    with torch.no_grad():
+        attentions = gpt2(ids, output_attentions=True).attentions
+    torch._dynamo.reset()
+    for wrapped in (torch.nn.DataParallel(gpt2), torch.compile(gpt2, backend="eager")):
+        with (
+            attention_recorder(wrapped, ["attn_weights@2"]) as patch,
+            bcrecord.recording(only=[patch]) as attn,
+            record(wrapped, ["transformer.h.*.attn"]) as outputs,
+            torch.no_grad(),
+        ):
+            wrapped(ids)
+        owners = [key.split(":")[0] for key in outputs.keys()]
+        assert owners == ["transformer.h.0.attn", "transformer.h.1.attn"]
+        assert attn.keys() == [f"{owner}:eager_attention_forward:attn_weights@2" for owner in owners]
+        for owner, expected in zip(owners, attentions, strict=True):
+            assert torch.equal(attn[f"{owner}:eager_attention_forward:attn_weights@2"], expected)
+    torch._dynamo.reset()
+    assert_clean()
+
+
 @pytest.mark.parametrize(
     "strategy",
     [

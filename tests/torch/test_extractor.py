@@ -679,6 +679,37 @@ def test_list_targets_leaves_out_paths_that_have_no_output():
     assert sorted(features) == ["", "blocks.0"]
 
 
+def test_list_targets_leaves_out_the_path_of_a_module_whose_forward_only_raises():
+    # JetMoe's JetMoeMoA.forward only raises (the model calls its map and reduce): its path
+    # was listed, and record(model, list_targets(model)) refused it ("no return instruction").
+    class MoA(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(2, 2)
+
+        def map(self, x):
+            return self.lin(x)
+
+        def forward(self, x):
+            raise NotImplementedError("call map")
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.moa = MoA()
+
+        def forward(self, x):
+            return self.moa.map(x)
+
+    net, x = Net(), torch.ones(1, 2)
+    listed = list_targets(net)
+    assert [t for t in listed if ":" not in t] == ["", "moa.lin"]
+    assert "moa:forward:NotImplementedError()@0" in listed  # its sites stay
+    with bcrecord.torch.record(net, listed) as rec:  # every listed target records
+        out = net(x)
+    assert torch.equal(rec["moa.lin:forward:return"], out) and torch.equal(rec[":forward:return"], out)
+
+
 def test_list_targets_leaves_out_torchscript_submodules_and_what_is_inside_them():
     scripted = torch.jit.script(torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU()))
     net = torch.nn.Sequential(torch.nn.Linear(3, 3), scripted)
@@ -1105,6 +1136,31 @@ def test_features_extracted_under_inference_mode_are_normal_tensors():
     assert probe.weight.grad is not None
     with torch.no_grad():
         assert torch.allclose(features["fc"], model(x))
+
+
+def test_a_target_in_a_branch_the_input_decides_is_not_said_to_be_one_of_the_other_mode():
+    # GPT-2's 'transformer:forward:attention_mask@0' (assigned where a mask is given), a
+    # Mixtral's experts' locals (run under experts_implementation='eager' only): the error
+    # gave train mode as the reason and per-mode targets as the way out, which change nothing.
+    class Masked(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(2, 2)
+
+        def forward(self, x, mask=None):
+            if mask is not None:
+                x = x * mask
+            return self.lin(x)
+
+    model, x = Masked().eval(), torch.ones(1, 2)
+    extractor = create_feature_extractor(model, [":forward:x@0"])
+    with pytest.raises(RuntimeError) as error:
+        extractor(x)
+    assert str(error.value).startswith(
+        "this forward pass never reached [':forward:x@0'] (in a branch it did not take, or a function "
+        "it did not call; the model ran in eval mode: a target in a branch only train mode takes"
+    )
+    assert torch.equal(extractor(x, torch.zeros(1, 2))[":forward:x@0"], torch.zeros(1, 2))
 
 
 def test_a_target_in_a_branch_only_the_other_mode_takes_says_so():

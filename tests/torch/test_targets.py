@@ -1326,6 +1326,41 @@ class _KeyedHeads(torch.nn.Module):
         return self.heads["task:cls"](self.heads["grad"](x))
 
 
+def test_a_glob_skips_a_module_whose_forward_only_raises_as_it_has_no_output():
+    # JetMoe's JetMoeMoA.forward only raises (the model calls its map and reduce): a glob
+    # matching it ('**') was refused ("MoA.forward has no return instruction"), not skipping it.
+    class MoA(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(2, 2)
+
+        def map(self, x):
+            return self.lin(x)
+
+        def forward(self, x):
+            raise NotImplementedError("call map")
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.moa = MoA()
+
+        def forward(self, x):
+            return self.moa.map(x)
+
+    net, x = Net(), torch.ones(1, 2)
+    assert [t.path for t in expand(net, "**")] == ["moa.lin"]
+    assert [t.path for t in expand(net, "**:forward:return")] == ["moa.lin"]
+    with bcrecord.torch.record(net, ["**", "moa.*"]) as rec:
+        out = net(x)
+    assert rec.keys() == ["moa.lin:forward:return"] and torch.equal(rec["moa.lin:forward:return"], out)
+    with pytest.raises(bcrecord.TargetError, match="MoA.forward has no return instruction"):
+        with bcrecord.torch.record(net, ["moa"]):  # named: refused, saying why
+            pass
+    with pytest.raises(bcrecord.TargetError, match=r"'m\*' matches only .*, forwards with no return,"):
+        expand(net, "m*")
+
+
 def test_a_submodule_named_with_a_colon_or_grad_is_a_path_as_list_targets_and_globs_name_it():
     # list_targets listed 'heads.task:cls' and 'heads.grad', which were refused as bad
     # targets (or, 'heads.grad', as a '.grad' suffix), while 'heads.*' recorded them.
