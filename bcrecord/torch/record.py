@@ -504,7 +504,7 @@ class ModelRecording(Recording):
         twin = type(self).__new__(type(self))
         memo[id(self)] = twin
         # A plain deep copy first, on a memo of its own: looking for graph tensors reduces every
-        # object once more (10,000 objects: 76 ms copied, 240 ms looked through and copied).
+        # object once more (10,000 objects: 44 ms copied, 89 ms looked through and copied).
         trial = dict(memo)
         try:
             copied = deepcopy(state, trial)
