@@ -146,10 +146,10 @@ def _without_function(name: str, modules: List[Tuple[str, Any]]) -> str:
     """What to do for a model (its ``(path, module)`` pairs) whose attention modules call no
     attention function."""
     sites = _softmax_targets(modules)
-    if not sites:
+    if not sites:  # (no module's forward calls a softmax: a state-space model, Mamba's)
         return (
-            "a model that computes attention in its modules' forward: record their locals "
-            "with bcrecord.torch.record(model, ['<path>:forward:attn_weights'])"
+            f"nor does any module's forward call a softmax: {name} may compute no attention; "
+            "bcrecord.torch.list_targets(model) lists what it computes, to record with bcrecord.torch.record"
         )
     others = len(sites) - 1
     more = f" (and {others} more module{'s' * (others > 1)} whose forward calls a softmax)" if others else ""
@@ -214,7 +214,7 @@ def attention_recorder(
     listed = named_modules(unwrap(model))
     modules = _attention_modules(listed)
     functions = list(dict.fromkeys(f for _, _, f in modules))
-    name = type(model).__name__
+    name = type(unwrap(model)).__name__  # (the user's model, not torch.compile's OptimizedModule)
     if function is None:
         if len(functions) != 1:
             what = ", ".join(f"{f.__module__}.{f.__qualname__}" for f in functions) or "none"

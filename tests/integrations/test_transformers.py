@@ -858,6 +858,26 @@ def test_a_model_without_an_attention_function_is_told_the_target_that_records_i
     with pytest.raises(TargetError) as refused:
         attention_recorder(model, ["attn_weights@2"])
     assert f"bcrecord.torch.record(model, [{target!r}])" in str(refused.value)
+    # The model compiled whole: its messages named torch.compile's wrapper, OptimizedModule.
+    with pytest.raises(TargetError, match=r"^attention_recorder: DebertaModel's attention modules"):
+        attention_recorder(torch.compile(model, backend="eager"), ["attn_weights@2"])
+    assert_clean()
+
+
+def test_a_model_without_attention_is_told_so_not_sent_to_a_target_it_does_not_have():
+    # Mamba computes no attention (no attention function, no softmax): the message suggested
+    # '<path>:forward:attn_weights', which no module of it has.
+    config = transformers.MambaConfig(
+        vocab_size=50, hidden_size=16, state_size=4, num_hidden_layers=1, expand=2, conv_kernel=2
+    )
+    model = transformers.MambaModel(config).eval()
+    with pytest.raises(TargetError) as refused:
+        attention_recorder(model, ["attn_weights@2"])
+    assert str(refused.value) == (
+        "attention_recorder: MambaModel's attention modules call 0 eager_attention_forward functions "
+        "(none); nor does any module's forward call a softmax: MambaModel may compute no attention; "
+        "bcrecord.torch.list_targets(model) lists what it computes, to record with bcrecord.torch.record"
+    )
     assert_clean()
 
 
