@@ -22,7 +22,7 @@ import bcrecord  # noqa: E402
 from bcrecord import runtime  # noqa: E402
 from bcrecord.errors import NotPatchableError, TargetError  # noqa: E402
 from bcrecord.integrations.transformers import attention_recorder  # noqa: E402
-from bcrecord.torch import record  # noqa: E402
+from bcrecord.torch import list_targets, record  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::Warning", "error::bcrecord.errors.RecordingWarning")
 
@@ -878,6 +878,43 @@ def test_a_model_without_attention_is_told_so_not_sent_to_a_target_it_does_not_h
         "(none); nor does any module's forward call a softmax: MambaModel may compute no attention; "
         "bcrecord.torch.list_targets(model) lists what it computes, to record with bcrecord.torch.record"
     )
+    assert_clean()
+
+
+def test_a_mixture_of_experts_records_its_experts_locals_only_with_the_eager_experts():
+    # docs/transformers.md: under transformers 5's default grouped kernel the experts' Python
+    # loop never runs (only their module's output is recorded); experts_implementation="eager" runs it.
+    def mixtral(**options):
+        config = transformers.MixtralConfig(
+            vocab_size=50,
+            hidden_size=16,
+            intermediate_size=24,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+        )
+        torch.manual_seed(0)
+        return transformers.MixtralForCausalLM._from_config(
+            config, attn_implementation="eager", **options
+        ).eval()
+
+    ids = torch.tensor([[1, 2, 3]])
+    experts = "model.layers.0.mlp.experts"
+    outputs = {}
+    for options in ({}, {"experts_implementation": "eager"}):
+        model = mixtral(**options)
+        targets = [target for target in list_targets(model) if target.startswith(f"{experts}:")]
+        with record(model, [experts, *targets]) as rec, torch.no_grad():
+            model(ids)
+        outputs[model.config._experts_implementation] = rec[f"{experts}:forward:return"]
+        ran = [key for key in rec.keys() if key != f"{experts}:forward:return"]
+        assert (len(ran) > 40) is bool(options), ran  # the loop's locals only where it ran
+        if options:
+            assert rec[f"{experts}:forward:final_hidden_states@0"].shape == (3, 16)
+    assert sorted(outputs) == ["eager", "grouped_mm"]
+    assert torch.allclose(outputs["eager"], outputs["grouped_mm"], atol=1e-5)
     assert_clean()
 
 
