@@ -78,6 +78,7 @@ from ..patch import (
     shallow_copies_holding,
 )
 from ..runtime import (
+    _ATOMIC,
     Recording,
     Sink,
     _copied_by_method,
@@ -315,24 +316,18 @@ class _Owner:
 
 #: What ``copy.deepcopy`` keeps as it is (a class, a function, a module...): never looked into.
 #: Its exact types, as deepcopy looks them up (an int subclass's attributes are copied).
-_DEEPCOPY_KEEPS = (
-    int,
-    float,
-    complex,
-    str,
-    bytes,
-    bool,
-    type(None),
-    range,
-    type,
-    type(Ellipsis),
-    type(NotImplemented),
-    types.FunctionType,
-    types.BuiltinFunctionType,
-    types.CodeType,
-    types.ModuleType,
-    weakref.ref,
-    property,
+_DEEPCOPY_KEEPS = frozenset(
+    {
+        *_ATOMIC,
+        type(Ellipsis),
+        type(NotImplemented),
+        types.FunctionType,
+        types.BuiltinFunctionType,
+        types.CodeType,
+        types.ModuleType,
+        weakref.ref,
+        property,
+    }
 )
 
 
