@@ -128,3 +128,28 @@ def reference_smallnet(net, x):
         values["pooled"] = x.mean((2, 3))
         values["fc"] = net.fc(values["pooled"])
     return values
+
+
+class OnlyRaises(torch.nn.Module):
+    """As JetMoe's JetMoeMoA: a ``forward`` that only raises; its model calls ``map`` instead."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(2, 2)
+
+    def map(self, x):
+        return self.lin(x)
+
+    def forward(self, x):
+        raise NotImplementedError("call map")
+
+
+class CallsMap(torch.nn.Module):
+    """A model around :class:`OnlyRaises`, at ``'moa'``."""
+
+    def __init__(self):
+        super().__init__()
+        self.moa = OnlyRaises()
+
+    def forward(self, x):
+        return self.moa.map(x)

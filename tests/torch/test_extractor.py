@@ -12,7 +12,7 @@ import bcrecord
 from bcrecord.torch import create_feature_extractor, list_targets
 
 from ..code_checks import collect_all, probes_in
-from .models import Branchy, Gated, SmallNet, TwoLayers, reference_smallnet
+from .models import Branchy, CallsMap, Gated, SmallNet, TwoLayers, reference_smallnet
 
 
 def test_module_paths_and_locals_with_names():
@@ -682,26 +682,7 @@ def test_list_targets_leaves_out_paths_that_have_no_output():
 def test_list_targets_leaves_out_the_path_of_a_module_whose_forward_only_raises():
     # JetMoe's JetMoeMoA.forward only raises (the model calls its map and reduce): its path
     # was listed, and record(model, list_targets(model)) refused it ("no return instruction").
-    class MoA(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.lin = torch.nn.Linear(2, 2)
-
-        def map(self, x):
-            return self.lin(x)
-
-        def forward(self, x):
-            raise NotImplementedError("call map")
-
-    class Net(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.moa = MoA()
-
-        def forward(self, x):
-            return self.moa.map(x)
-
-    net, x = Net(), torch.ones(1, 2)
+    net, x = CallsMap(), torch.ones(1, 2)
     listed = list_targets(net)
     assert [t for t in listed if ":" not in t] == ["", "moa.lin"]
     assert "moa:forward:NotImplementedError()@0" in listed  # its sites stay

@@ -15,7 +15,7 @@ import bcrecord.torch
 from bcrecord import Local, Return
 from bcrecord.torch.targets import expand, expand_all, module_at, named_modules, new_matches, unwrap
 
-from .models import SmallNet
+from .models import CallsMap, SmallNet
 
 
 def test_forms():
@@ -1328,33 +1328,14 @@ class _KeyedHeads(torch.nn.Module):
 
 def test_a_glob_skips_a_module_whose_forward_only_raises_as_it_has_no_output():
     # JetMoe's JetMoeMoA.forward only raises (the model calls its map and reduce): a glob
-    # matching it ('**') was refused ("MoA.forward has no return instruction"), not skipping it.
-    class MoA(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.lin = torch.nn.Linear(2, 2)
-
-        def map(self, x):
-            return self.lin(x)
-
-        def forward(self, x):
-            raise NotImplementedError("call map")
-
-    class Net(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.moa = MoA()
-
-        def forward(self, x):
-            return self.moa.map(x)
-
-    net, x = Net(), torch.ones(1, 2)
+    # matching it ('**') was refused ("OnlyRaises.forward has no return instruction"), not skipping it.
+    net, x = CallsMap(), torch.ones(1, 2)
     assert [t.path for t in expand(net, "**")] == ["moa.lin"]
     assert [t.path for t in expand(net, "**:forward:return")] == ["moa.lin"]
     with bcrecord.torch.record(net, ["**", "moa.*"]) as rec:
         out = net(x)
     assert rec.keys() == ["moa.lin:forward:return"] and torch.equal(rec["moa.lin:forward:return"], out)
-    with pytest.raises(bcrecord.TargetError, match="MoA.forward has no return instruction"):
+    with pytest.raises(bcrecord.TargetError, match="OnlyRaises.forward has no return instruction"):
         with bcrecord.torch.record(net, ["moa"]):  # named: refused, saying why
             pass
     with pytest.raises(bcrecord.TargetError, match=r"'m\*' matches only .*, forwards with no return,"):
