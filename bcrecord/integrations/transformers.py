@@ -50,7 +50,7 @@ else:
     from ..torch.copies import register_holder
 
 from ..analysis import read
-from ..errors import TargetError
+from ..errors import TargetError, warn
 from ..patch import Patch, function_of, patch_function
 from ..specs import SpecLike
 
@@ -160,6 +160,32 @@ def _without_function(name: str, modules: List[Tuple[str, Any]]) -> str:
     )
 
 
+def _warn_of_attention_elsewhere(
+    name: str, modules: List[Tuple[str, Any]], calling: Set[int], function: Callable[..., Any]
+) -> None:
+    """Warn where attention modules of a model (``modules``, ``(path, module)`` pairs) that
+    call no attention function (their ids not in ``calling``) compute their probabilities in
+    their own forward: GIT's text layers do, beside a vision tower that calls ``function``,
+    and a patch of ``function`` would leave them out without a word. Told apart from a
+    router's softmax (Mixtral's) by the module's class name."""
+    elsewhere = [
+        (path, module)
+        for path, module in modules
+        if id(module) not in calling and "attention" in type(module).__name__.lower()
+    ]
+    sites = _softmax_targets(elsewhere)
+    if sites:
+        paths = [site.partition(":")[0] for site in sites]
+        shown = ", ".join(paths[:2]) + (f" and {len(paths) - 2} more" if len(paths) > 2 else "")
+        warn(
+            f"attention_recorder: {len(sites)} attention module{'s' * (len(sites) > 1)} of {name} "
+            f"({shown}) compute{'s' * (len(sites) == 1)} attention in {'their' if len(sites) > 1 else 'its'} "
+            f"own forward, not through {function.__module__}.{function.__qualname__}: this patch does not "
+            f"record {'them' if len(sites) > 1 else 'it'}; record the probabilities there, "
+            f"e.g. bcrecord.torch.record(model, [{sites[0]!r}])"
+        )
+
+
 def _implementation(model: Any, module: Any) -> Optional[str]:
     """The attention implementation a module runs (its own config's, else the model's)."""
     config = getattr(module, "config", None) or getattr(model, "config", None)
@@ -175,8 +201,10 @@ def attention_recorder(
     call (one function; give it where the modules call several). A model that runs
     another attention implementation (``'sdpa'``, the default, or flash attention) never
     calls it: that raises :class:`~bcrecord.errors.TargetError` saying how to switch to
-    ``'eager'``, instead of a recording that stays empty. Use the returned patch as a
-    context manager, with ``bcrecord.recording(only=[patch])``.
+    ``'eager'``, instead of a recording that stays empty. Where other attention modules of
+    the model compute attention in their own ``forward`` (GIT's text layers, beside a
+    vision tower that calls the function), it warns with a target that records them. Use
+    the returned patch as a context manager, with ``bcrecord.recording(only=[patch])``.
 
     Each model's function numbers its locals its own way (GPT-2's ``attn_weights@2`` is
     the probabilities, T5's the scores plus the mask): ``bcrecord.targets(function)``
@@ -242,6 +270,7 @@ def attention_recorder(
             "attn_implementation='eager' (from_pretrained(..., attn_implementation='eager')) or call "
             "model.set_attn_implementation('eager') first"
         )
+    _warn_of_attention_elsewhere(name, listed, {id(module) for _, module, _ in modules}, function)
     paths = {id(module): path for path, module in listed}
     # The owner of a call is its first argument (the attention module); None: not recorded.
     return patch_function(function, specs, name=lambda module: paths.get(id(module)))

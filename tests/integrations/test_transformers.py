@@ -881,6 +881,45 @@ def test_a_model_without_attention_is_told_so_not_sent_to_a_target_it_does_not_h
     assert_clean()
 
 
+def test_attention_modules_the_function_does_not_reach_are_named_with_a_target_that_does():
+    # GIT's vision tower calls eager_attention_forward; its text layers compute attention in
+    # their own forward. The patch recorded the vision tower's alone and said nothing.
+    torch.manual_seed(0)
+    tower = dict(hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2)
+    tower.update(image_size=8, patch_size=4)
+    config = transformers.GitConfig(
+        vision_config=tower,
+        hidden_size=8,
+        intermediate_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        vocab_size=20,
+        max_position_embeddings=16,
+        bos_token_id=1,
+        eos_token_id=2,
+        attn_implementation="eager",
+    )
+    model = transformers.GitForCausalLM(config).eval()
+    text = "git.encoder.layer.0.attention.self:forward:nn.functional.softmax()"
+    with pytest.warns(bcrecord.errors.RecordingWarning) as warned:
+        patch = attention_recorder(model, ["attn_weights@2"])
+    assert [str(w.message) for w in warned] == [
+        "attention_recorder: 2 attention modules of GitForCausalLM (git.encoder.layer.0.attention.self, "
+        "git.encoder.layer.1.attention.self) compute attention in their own forward, not through "
+        "transformers.models.git.modeling_git.eager_attention_forward: this patch does not record them; "
+        f"record the probabilities there, e.g. bcrecord.torch.record(model, [{text!r}])"
+    ]
+    ids = torch.tensor([[1, 5, 6]])
+    pixels = torch.randn(1, 3, 8, 8, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad(), patch, bcrecord.recording(only=[patch]) as attn, record(model, [text]) as rec:
+        out = model(input_ids=ids, pixel_values=pixels, output_attentions=True)
+    vision = "git.image_encoder.vision_model.encoder.layers.0.self_attn"
+    assert list(attn.keys()) == [f"{vision}:eager_attention_forward:attn_weights@2"]
+    # output_attentions gives the text layers' (image tokens and text): the suggested target is the first.
+    assert torch.equal(rec[f"{text}@0"], out.attentions[0])
+    assert not runtime.is_active()
+
+
 def test_a_mixture_of_experts_records_its_experts_locals_only_with_the_eager_experts():
     # docs/transformers.md: under transformers 5's default grouped kernel the experts' Python
     # loop never runs (only their module's output is recorded); experts_implementation="eager" runs it.
