@@ -1365,16 +1365,24 @@ def _glob_roots(model: torch.nn.Module) -> List[torch.nn.Module]:
 
 
 def _misspelt_part(model: torch.nn.Module, wanted: List[str]) -> str:
-    """``" ('block' names no submodule there; did you mean 'blocks'?)"`` for the first
-    part before a glob that no submodule path has there, or ``''``."""
+    """``" ('block' names no submodule there; did you mean 'blocks'?)"`` for the first part
+    of a glob that no submodule path matches there, or ``''``; a part after a ``'*'`` too
+    (``'layer*.0.con1'``: the blocks the glob reached have ``'conv1'``), not after a ``'**'``.
+    """
     paths = [name.split(".") for root in _glob_roots(model) for name, _ in named_modules(root) if name]
     for depth, part in enumerate(wanted):
-        if any(ch in part for ch in "*?["):
+        if part == "**":
             break
-        if not any(path[: depth + 1] == wanted[: depth + 1] for path in paths):
-            here = [path[depth] for path in paths if len(path) > depth and path[:depth] == wanted[:depth]]
-            hint = did_you_mean(part, here, hide_private=False)
-            return f" ({part!r} names no submodule there{hint})"
+        reached = [path for path in paths if len(path) > depth and _parts_match(path[:depth], wanted[:depth])]
+        if not any(_parts_match(path[: depth + 1], wanted[: depth + 1]) for path in reached):
+            here = list(dict.fromkeys(path[depth] for path in reached))
+            if not any(ch in part for ch in "*?["):
+                return f" ({part!r} names no submodule there{did_you_mean(part, here, hide_private=False)})"
+            if _SUBSCRIPT.search(part):  # ('stages[7]': an index meant, whose child is not there)
+                return ""
+            more = f" and {len(here) - 8} more" if len(here) > 8 else ""
+            names = f"; there: {', '.join(map(repr, here[:8]))}{more}" if here else ""
+            return f" ({part!r} matches no submodule there{names})"
     return ""
 
 

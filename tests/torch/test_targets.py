@@ -286,6 +286,24 @@ def test_a_glob_on_a_wrapped_model_matches_the_model_s_submodules_and_a_real_nam
     assert [t.path for t in expand(named, "blk[01]")] == ["blk0"]  # a glob where no name is that
 
 
+def test_a_glob_that_matches_nothing_names_its_first_part_that_matches_nothing_also_after_a_star():
+    # Only a part before the first '*' was looked at: 'blocks.*.bnn' and 'blcks*.0' said
+    # "no submodule matches" and nothing more.
+    net = SmallNet()
+    expected = {
+        "blocks.*.bnn": "('bnn' names no submodule there; did you mean 'bn'?)",
+        "*.[0-9].bnn": "('bnn' names no submodule there; did you mean 'bn'?)",
+        "blcks*.0": "('blcks*' matches no submodule there; there: 'stem', 'bn1', 'relu', 'blocks', 'fc')",
+        "blocks.[5-9]": "('[5-9]' matches no submodule there; there: '0', '1', '2')",
+        "blocks.*.bn.x": "('x' names no submodule there)",  # (bn has no children)
+        "blocks.**.bnn": "",  # (after a '**', where a part falls is not one place)
+    }
+    for glob, hint in expected.items():
+        with pytest.raises(bcrecord.TargetError) as error:
+            expand(net, glob)
+        assert str(error.value) == f"no submodule matches {glob!r}" + (f" {hint}" if hint else "")
+
+
 def test_a_glob_that_matches_nothing_in_a_wrapped_model_names_the_misspelt_part_of_the_model_s_paths():
     # Under nn.DataParallel or torch.compile's wrapper the hint read the wrapper's paths
     # ('module.blocks'): 'blocks.*.bnn' said "'blocks' names no submodule there", though the
@@ -296,7 +314,9 @@ def test_a_glob_that_matches_nothing_in_a_wrapped_model_names_the_misspelt_part_
     for wrapped in (net, torch.nn.DataParallel(net), torch.compile(net, backend="eager")):
         with pytest.raises(bcrecord.TargetError) as error:
             expand(wrapped, "blocks.*.bnn")
-        assert str(error.value) == "no submodule matches 'blocks.*.bnn'"
+        assert str(error.value) == (
+            "no submodule matches 'blocks.*.bnn' ('bnn' names no submodule there; did you mean 'bn'?)"
+        )
         with pytest.raises(
             bcrecord.TargetError, match=r"\('blokcs' names no submodule there; did you mean 'blocks'\?\)"
         ):
