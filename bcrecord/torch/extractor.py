@@ -452,7 +452,9 @@ def create_feature_extractor(
     fixes arguments in the traced graph, where here each call's arguments are the
     forward's. Other keyword arguments (``copy``, ``to``, ``dtype``, ``reduce``,
     ``grad``, ``keep``, ``threads``) are :func:`bcrecord.torch.record`'s, except that
-    ``grad`` defaults to True: features keep their autograd graph, as torchvision's do. The model's
+    ``grad`` defaults to True: features keep their autograd graph, as torchvision's do; and
+    ``threads`` to ``'context'``, the call's own values (``'all'`` where the model holds an
+    ``nn.DataParallel``, whose replicas run in threads of their own). The model's
     classes are patched in place at the first call and stay patched (running their
     original code whenever nothing records) until :meth:`FeatureExtractor.close`.
 
