@@ -521,7 +521,8 @@ def list_targets(model: torch.nn.Module, methods: Union[str, Iterable[str]] = _D
     TorchScript submodules, which cannot be recorded, are left out, and so are sites
     inside a generator expression that does not use ``self`` (on 3.10/3.11 any
     comprehension): one patch of a class cannot tell its instances apart there. Methods
-    given that no submodule defines in Python are an error (a misspelt name).
+    given of which no submodule defines any in Python are an error (a misspelt name); among
+    others that are defined, such a name adds nothing.
 
     >>> import torch
     >>> from bcrecord.torch import list_targets
