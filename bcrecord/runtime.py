@@ -2225,7 +2225,7 @@ def _patches_in(only: Any) -> List[Any]:
         if not isinstance(getattr(tag, "_site_ids", None), list):
             raise TypeError(f"only= takes patches (what patch_method and patch_function return), got {tag!r}")
         if getattr(tag, "active", True) is False:  # it would record nothing, silently
-            raise ValueError(f"only= names a patch that was removed: {tag!r}")
+            raise SpecError(f"only= names a patch that was removed: {tag!r}")
     return tags
 
 
