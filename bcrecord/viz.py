@@ -1089,7 +1089,9 @@ def view(
 
     ``keys`` is a glob pattern (``'layer1.*'``) or several; the pictures an earlier ``view`` drew
     are removed first, so ``plots`` then holds only those keys' pictures. ``progress``
-    forces the progress bar on or off (default: on when ``err`` is a terminal).
+    forces the progress bar on or off (default: on when ``err`` is a terminal). ``max_maps``
+    is how many feature maps a grid picture shows (a positive int). The table goes to ``out``,
+    the progress bar and notes to ``err`` (default: ``sys.stdout`` and ``sys.stderr``).
 
     >>> import io, tempfile, bcrecord
     >>> from bcrecord.viz import view
