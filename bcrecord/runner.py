@@ -2524,6 +2524,11 @@ def run(
 ) -> int:
     """Run ``program`` (a script path, or a module name with ``module=True``) recording ``targets``.
 
+    ``args`` are the program's arguments (``sys.argv[1:]`` there); ``save_dir``, ``every``,
+    ``copy`` and ``quiet`` are the command line's ``--save-dir``, ``--every`` (it needs
+    ``save_dir``), ``--copy`` and ``--quiet``; ``stderr`` is where bcrecord's report goes
+    (default: ``sys.stderr`` as the run starts).
+
     Returns the program's exit status; a :class:`SystemExit` it raises is re-raised
     after the records are flushed. Bad input raises :class:`RunError` before the
     program starts. ``linger=True`` (the command line) keeps recording until the
