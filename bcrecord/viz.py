@@ -894,7 +894,8 @@ def draw(
     Needs matplotlib (``pip install 'bcrecord[viz]'``). With ``failed``, a key whose
     pictures cannot be drawn (values matplotlib cannot place on an axis, such as
     +-1.8e308 together) is noted there, ``{key: why}``, and the others are drawn;
-    without it, the error is raised.
+    without it, the error is raised. ``max_maps`` is as :func:`view`'s; ``progress``, where
+    given, is advanced once a key is drawn.
 
     >>> import tempfile, bcrecord
     >>> from bcrecord.viz import draw, summarize
