@@ -622,7 +622,8 @@ def check_targets(
     """Check each target before the program runs; raise :class:`RunError` on the first bad one.
 
     Modules are looked up without being imported; a function found in the module's
-    code is checked against the spec. ``main_code`` is the program's own code.
+    code is checked against the spec. ``main_code`` is the program's own code, which the
+    targets of a module in ``main_names`` are checked in; ``main_where`` names it in messages.
 
     >>> check_targets([parse_target("json:dumps:return")])
     >>> check_targets([parse_target("json:loads:nosuch")])
