@@ -66,7 +66,7 @@ class BasicBlock(nn.Module):
 
 
 class TinyResNet(nn.Module):
-    """A ResNet-like CNN for 32x32 RGB images: 8 then 16 channels, 3 classes, ~11k parameters."""
+    """A ResNet-like CNN for 32x32 RGB images: 8 then 16 channels, 3 classes, 5,147 parameters."""
 
     def __init__(self, width: int = 8, classes: int = len(CLASSES)) -> None:
         super().__init__()

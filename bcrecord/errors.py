@@ -49,7 +49,9 @@ __all__ = [
 
 
 class BcrecordError(Exception):
-    """Base class of every error bcrecord raises on purpose."""
+    """Base class of bcrecord's own errors: a bad spec, target or option, what cannot be patched,
+    saved or run. Not every error raised on purpose is one: a key with no value is a ``KeyError``,
+    an argument of the wrong type a ``TypeError``, a recording entered twice a ``RuntimeError``."""
 
 
 class SpecError(BcrecordError, ValueError):

@@ -84,7 +84,8 @@ def side_by_side(
     """Original and patched disassembly in two columns; inserted lines start with ``+``.
 
     Lines that differ between the two (a method-style load made plain) show ``~``. The left
-    column is padded by terminal columns (a wide character in a local's name takes two), and
+    column, ``width`` terminal columns wide, is padded by terminal columns (a wide character in a
+    local's name takes two), and
     with ``encoding`` (the stream's it is printed to) as that stream writes it, a character
     it lacks escaped.
 

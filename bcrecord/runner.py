@@ -622,7 +622,8 @@ def check_targets(
     """Check each target before the program runs; raise :class:`RunError` on the first bad one.
 
     Modules are looked up without being imported; a function found in the module's
-    code is checked against the spec. ``main_code`` is the program's own code.
+    code is checked against the spec. ``main_code`` is the program's own code, which the
+    targets of a module in ``main_names`` are checked in; ``main_where`` names it in messages.
 
     >>> check_targets([parse_target("json:dumps:return")])
     >>> check_targets([parse_target("json:loads:nosuch")])
@@ -2523,6 +2524,11 @@ def run(
     linger: bool = False,
 ) -> int:
     """Run ``program`` (a script path, or a module name with ``module=True``) recording ``targets``.
+
+    ``args`` are the program's arguments (``sys.argv[1:]`` there); ``save_dir``, ``every``,
+    ``copy`` and ``quiet`` are the command line's ``--save-dir``, ``--every`` (it needs
+    ``save_dir``), ``--copy`` and ``--quiet``; ``stderr`` is where bcrecord's report goes
+    (default: ``sys.stderr`` as the run starts).
 
     Returns the program's exit status; a :class:`SystemExit` it raises is re-raised
     after the records are flushed. Bad input raises :class:`RunError` before the

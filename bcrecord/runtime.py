@@ -2008,7 +2008,10 @@ class Recording:
             warn(f"bcrecord could not record {key}: {type(error).__name__}: {error}")
 
     def add(self, key: str, value: Any) -> None:
-        """Store ``value`` under ``key`` as a probe would (for plug-ins, e.g. gradients).
+        """Store ``value`` under ``key`` (for plug-ins, e.g. gradients), kept as ``keep`` says.
+
+        The value itself, not copied as a probe copies its value by the recording's policy:
+        copy it first (:func:`copy_value`) where it may change afterwards.
 
         >>> import bcrecord
         >>> rec = bcrecord.recording(); rec.add("m:f:x@0.grad", 1); rec["m:f:x@0.grad"]
@@ -2222,7 +2225,7 @@ def _patches_in(only: Any) -> List[Any]:
         if not isinstance(getattr(tag, "_site_ids", None), list):
             raise TypeError(f"only= takes patches (what patch_method and patch_function return), got {tag!r}")
         if getattr(tag, "active", True) is False:  # it would record nothing, silently
-            raise ValueError(f"only= names a patch that was removed: {tag!r}")
+            raise SpecError(f"only= names a patch that was removed: {tag!r}")
     return tags
 
 

@@ -894,7 +894,8 @@ def draw(
     Needs matplotlib (``pip install 'bcrecord[viz]'``). With ``failed``, a key whose
     pictures cannot be drawn (values matplotlib cannot place on an axis, such as
     +-1.8e308 together) is noted there, ``{key: why}``, and the others are drawn;
-    without it, the error is raised.
+    without it, the error is raised. ``max_maps`` is as :func:`view`'s; ``progress``, where
+    given, is advanced once a key is drawn.
 
     >>> import tempfile, bcrecord
     >>> from bcrecord.viz import draw, summarize
@@ -1089,7 +1090,9 @@ def view(
 
     ``keys`` is a glob pattern (``'layer1.*'``) or several; the pictures an earlier ``view`` drew
     are removed first, so ``plots`` then holds only those keys' pictures. ``progress``
-    forces the progress bar on or off (default: on when ``err`` is a terminal).
+    forces the progress bar on or off (default: on when ``err`` is a terminal). ``max_maps``
+    is how many feature maps a grid picture shows (a positive int). The table goes to ``out``,
+    the progress bar and notes to ``err`` (default: ``sys.stdout`` and ``sys.stderr``).
 
     >>> import io, tempfile, bcrecord
     >>> from bcrecord.viz import view

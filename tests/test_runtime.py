@@ -2463,7 +2463,8 @@ def test_a_recording_of_a_removed_patch_is_refused():
 
     patch = bcrecord.patch_function(f, "x", name="m")
     patch.remove()
-    with pytest.raises(ValueError, match=r"only= names a patch that was removed: <Patch removed "):
+    # A bad option's error, as bcrecord.errors says of them: a SpecError (a ValueError too).
+    with pytest.raises(bcrecord.SpecError, match=r"only= names a patch that was removed: <Patch removed "):
         bcrecord.recording(only=[patch])
 
 

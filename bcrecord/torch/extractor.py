@@ -452,7 +452,9 @@ def create_feature_extractor(
     fixes arguments in the traced graph, where here each call's arguments are the
     forward's. Other keyword arguments (``copy``, ``to``, ``dtype``, ``reduce``,
     ``grad``, ``keep``, ``threads``) are :func:`bcrecord.torch.record`'s, except that
-    ``grad`` defaults to True: features keep their autograd graph, as torchvision's do. The model's
+    ``grad`` defaults to True: features keep their autograd graph, as torchvision's do; and
+    ``threads`` to ``'context'``, the call's own values (``'all'`` where the model holds an
+    ``nn.DataParallel``, whose replicas run in threads of their own). The model's
     classes are patched in place at the first call and stay patched (running their
     original code whenever nothing records) until :meth:`FeatureExtractor.close`.
 
@@ -519,7 +521,8 @@ def list_targets(model: torch.nn.Module, methods: Union[str, Iterable[str]] = _D
     TorchScript submodules, which cannot be recorded, are left out, and so are sites
     inside a generator expression that does not use ``self`` (on 3.10/3.11 any
     comprehension): one patch of a class cannot tell its instances apart there. Methods
-    given that no submodule defines in Python are an error (a misspelt name).
+    given of which no submodule defines any in Python are an error (a misspelt name); among
+    others that are defined, such a name adds nothing.
 
     >>> import torch
     >>> from bcrecord.torch import list_targets

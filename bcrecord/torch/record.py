@@ -1413,7 +1413,9 @@ def record(
     Targets are strings like ``'layer1.0:forward:out@2'``, ``':_forward_impl:x@0'``,
     ``'blocks.*:forward:x'`` or a bare module path ``'layer1'`` (its output); see
     :mod:`bcrecord.torch.targets`. Keys are ``'<path>:<method>:<target>'``; a bare
-    path's key is ``'<path>:forward:return'``. Targets are resolved when the block starts: a
+    path's key is ``'<path>:forward:return'`` (``'<path>:forward_fast:return'`` where the
+    instance sets another method as its forward, ``self.forward = self.forward_fast``: its
+    output is that method's return). Targets are resolved when the block starts: a
     module put in the model meanwhile (at a targeted path, or where a glob target matches:
     ``model.blocks.append(...)``) records nothing, and a warning names it when the block ends.
 

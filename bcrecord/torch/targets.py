@@ -141,7 +141,8 @@ def named_modules(model: torch.nn.Module, remove_duplicate: bool = True) -> List
     ``model.block = torch.compile(model.block)`` puts torch.compile's wrapper at ``'block'``
     and the module at ``'block._orig_mod'``; here the module is at ``'block'`` and its
     children under it (``'block.0'``), the paths a target takes (what the wrapper returns
-    is what the module's forward returns) and a glob matches.
+    is what the module's forward returns) and a glob matches. ``remove_duplicate`` is
+    ``named_modules()``'s: False lists a module registered at two paths at each.
 
     >>> import torch
     >>> model = torch.nn.Sequential(torch.nn.Sequential(torch.nn.ReLU()))
