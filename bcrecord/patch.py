@@ -1305,10 +1305,13 @@ ABSENT = _MISSING
 
 
 #: The stand-ins of removed patches that had been replaced meanwhile (their replacement left):
-#: where each was installed and what was there before, ``(holder, attribute, own)``.
-_left_behind: weakref.WeakKeyDictionary[types.FunctionType, Tuple[Callable[[], Any], str, Any]] = (
+#: where each was installed, ``(holder, attribute)``. What was there before is kept on the stand-in
+#: (under ``_LEFT_ATTR``): held here, it would keep the stand-in, through a class (a method's
+#: ``super()`` cell, its namespace), alive for good, and with it the holder.
+_left_behind: weakref.WeakKeyDictionary[types.FunctionType, Tuple[Callable[[], Any], str]] = (
     weakref.WeakKeyDictionary()
 )
+_LEFT_ATTR = "__bcrecord_left__"
 
 
 def _put_back_left(obj: Any = None, method: Optional[str] = None, stand_in: Any = None) -> None:
@@ -1317,10 +1320,11 @@ def _put_back_left(obj: Any = None, method: Optional[str] = None, stand_in: Any 
     restores what it replaced): ``obj``'s ``method`` (a class's: its instances' too), or
     wherever ``stand_in`` is. Called under the patch lock, before patching there anew.
     """
-    for left, (held, attribute, own) in list(_left_behind.items()):
+    for left, (held, attribute) in list(_left_behind.items()):
         holder = held()
         if holder is None:
             _left_behind.pop(left, None)
+            vars(left).pop(_LEFT_ATTR, None)
             continue
         if stand_in is not None:
             if left is not stand_in:
@@ -1330,6 +1334,7 @@ def _put_back_left(obj: Any = None, method: Optional[str] = None, stand_in: Any 
         if _unwrap_installed(vars(holder).get(attribute, _MISSING)) is not left:
             continue  # (not back there, or not yet: the replacement is still in force)
         del _left_behind[left]
+        own = vars(left).pop(_LEFT_ATTR, _MISSING)
         if not isinstance(holder, (type, types.ModuleType)):
             _put(vars(holder), attribute, own)
         elif own is _MISSING:
@@ -1368,12 +1373,15 @@ class _Restore:
             if wraps_ours and getattr(current, "_bcrecord_runs_wrapped", False):
                 current.previous = own  # it puts that back when it goes
                 return
+            left = _unwrap_installed(ours)
             try:
                 # Should it come back (a mock.patch that ends now puts it back), the next patch puts
                 # back ``own`` there (see _put_back_left). (Held weakly: never a reason to stay alive.)
-                _left_behind[_unwrap_installed(ours)] = (weakref.ref(holder), attribute, own)
+                _left_behind[left] = (weakref.ref(holder), attribute)
             except TypeError:  # no __weakref__ slot
                 pass
+            else:
+                vars(left)[_LEFT_ATTR] = own
             warn(
                 f"{_named(holder)}'s {attribute!r} was replaced while patched; bcrecord left the "
                 "replacement in place instead of putting back what it had patched (should the "

@@ -169,6 +169,8 @@ class RecordError:
 def _without_frames(error: BaseException) -> str:
     """The traceback text of ``error``, whose chain (causes, contexts) then holds no frames.
 
+    Nor does an ``AttributeError`` of it hold the object it names (its ``obj``).
+
     An exception caught where code still runs is not the failed copy's: a probe in an
     ``except`` block fails with the function's own exception as its context, which keeps
     its traceback (it may be re-raised) and is let go of instead.
@@ -188,6 +190,8 @@ def _without_frames(error: BaseException) -> str:
             continue
         seen.add(id(link))
         link.__traceback__ = None
+        if isinstance(link, AttributeError):  # (what it was looked up on: an instance, a failed value)
+            link.obj = None
         # Both: `raise ... from` in an except block has a cause and a context (not shown,
         # still held), and an exception group holds its exceptions' frames too.
         for chained in (link.__cause__, link.__context__):

@@ -2087,6 +2087,38 @@ def test_a_mock_ended_after_the_patch_was_removed_leaves_the_original_to_the_nex
     assert rec.all("fn:m:y@0") == [4] and original.__code__ is patch.original_code
 
 
+def test_a_class_whose_patched_method_was_replaced_and_left_is_freed_with_its_replacement():
+    # What the patch had replaced (the class's method, whose super() cell holds the class) was
+    # held from a global table keyed weakly by the stand-in that the replacement holds: the
+    # class, and the instances, could never go.
+    import gc
+    import weakref
+
+    class Base:
+        def m(self, x):
+            return x
+
+    def make():
+        class A(Base):
+            def m(self, x):
+                y = super().m(x) + 1
+                return y
+
+        patch = bcrecord.patch_method(A, "m", ["y"])
+        stand_in = A.m
+        A.m = lambda self, x: -stand_in(self, x)  # someone else's wrapper, left in place
+        with pytest.warns(bcrecord.RecordingWarning, match="'m' was replaced while patched"):
+            patch.remove()
+        return A
+
+    A = make()
+    assert A().m(2) == -3
+    held = weakref.ref(A)
+    del A
+    gc.collect()
+    assert held() is None
+
+
 def test_threads_patching_one_method_at_once_each_stack_and_leave_the_original(monkeypatch):
     import threading
     import time

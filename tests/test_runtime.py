@@ -1624,6 +1624,35 @@ def test_errors_keep_no_frames_of_a_hidden_context_or_a_group_s_exceptions():
         assert group or "KeyError: 'cause'" in error.traceback
 
 
+def test_a_kept_error_of_a_missing_attribute_holds_not_the_object_that_lacks_it():
+    # An AttributeError names the object it was looked up on (its .obj): kept in rec.errors,
+    # that held the instance, or the chain's value that failed, as long as the recording.
+    import gc
+    import weakref
+
+    class Model:
+        def __init__(self):
+            self.weights = bytearray(1000)
+
+        def forward(self, x):
+            return x
+
+    model = Model()
+    with bcrecord.patch_method(model, "forward", ["self.missing", "self.weights.missing"], name="m"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with bcrecord.recording() as rec:
+                model.forward(1)
+    held = [weakref.ref(model)]
+    del model
+    gc.collect()
+    assert [ref() for ref in held] == [None]
+    assert [e.key for e in rec.errors] == ["m:forward:self.missing", "m:forward:self.weights.missing"]
+    assert [(e.error.name, e.error.obj) for e in rec.errors] == [("missing", None)] * 2
+    assert "'Model' object has no attribute 'missing'" in rec.errors[0].traceback
+    assert "'bytearray' object has no attribute 'missing'" in rec.errors[1].traceback
+
+
 def test_a_failed_copy_in_an_except_block_leaves_the_function_s_exception_its_traceback():
     # The failure's context is the exception the function is handling: clearing the chain's
     # tracebacks took that one's too, so the function re-raised it without its frames.

@@ -261,7 +261,8 @@ def _ids_guards_name(function: Any) -> Optional[List[str]]:
     classes: List[type] = []
     for patch, kinds in list(patched_classes.get(function, {}).items()):
         if patch.active:  # (a removed patch's model is no longer recorded)
-            classes += [kind for kind in kinds if kind not in classes]
+            alive = [kind() for kind in kinds]  # (held weakly: see patched_classes)
+            classes += [kind for kind in alive if kind is not None and kind not in classes]
     if not classes:
         return None
     for cls in classes:  # (grows as it goes: every subclass)

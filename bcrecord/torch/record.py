@@ -116,10 +116,12 @@ _mark_counts: Dict[int, Dict[str, int]] = {}
 #: run it and of the modules on the way to them: a compiled graph that inlined it is guarded on one
 #: of them, where it reached the module by looping over a container too, by the type of the compiled
 #: frame's module (``bcrecord.torch._drop_graphs_holding``). Only the patches still applied count:
-#: an ended recording's classes would drop other models' graphs at every later swap.
-patched_classes: weakref.WeakKeyDictionary[Any, weakref.WeakKeyDictionary[Patch, Tuple[type, ...]]] = (
-    weakref.WeakKeyDictionary()
-)
+#: an ended recording's classes would drop other models' graphs at every later swap. The classes are
+#: held weakly: a recording kept where the class's functions reach it (their module's namespace) holds
+#: its patches, so a class held here would keep the namespace, the recording and the model for good.
+patched_classes: weakref.WeakKeyDictionary[
+    Any, weakref.WeakKeyDictionary[Patch, Tuple[weakref.ReferenceType[type], ...]]
+] = weakref.WeakKeyDictionary()
 
 
 class StopForward(BaseException):
@@ -1263,7 +1265,8 @@ class Plan:
     def _note_classes(self, patch: Patch, cls: type) -> None:
         """Note, for ``patch``'s function, the classes a compiled graph running it is guarded on."""
         noted = patched_classes.setdefault(patch.function, weakref.WeakKeyDictionary())
-        noted[patch] = (*noted.get(patch, ()), cls, *(type(module) for module in self.enclosing))
+        kinds = (cls, *(type(module) for module in self.enclosing))
+        noted[patch] = (*noted.get(patch, ()), *(weakref.ref(kind) for kind in kinds))
 
     def recording_for(
         self,

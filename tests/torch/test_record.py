@@ -2333,6 +2333,30 @@ def test_a_recording_kept_after_its_block_holds_its_values_not_the_model(targets
     assert rec["0:forward:return"].shape == (3, 4)
 
 
+def test_a_model_class_and_recording_of_a_dropped_exec_namespace_are_freed():
+    # A notebook-like namespace holds the class and the recording; the class's functions hold
+    # the namespace. Nothing outside refers to them, so the cycle collector frees them all.
+    source = (
+        "class Cell(torch.nn.Module):\n"
+        "    def __init__(self):\n"
+        "        super().__init__()\n"
+        "        self.lin = torch.nn.Linear(4, 4)\n"
+        "    def forward(self, x):\n"
+        "        h = self.lin(x)\n"
+        "        return h\n"
+        "model = Cell()\n"
+        "with record(model, [':forward:h']) as rec:\n"
+        "    model(torch.ones(2, 4))\n"
+    )
+    namespace = {"torch": torch, "record": record}
+    exec(source, namespace)
+    assert namespace["rec"][":forward:h@0"].shape == (2, 4)
+    held = [weakref.ref(namespace[name]) for name in ("Cell", "model", "rec")]
+    del namespace
+    gc.collect()
+    assert [ref() for ref in held] == [None, None, None]
+
+
 class _Hidden(torch.nn.Module):
     def __init__(self):
         super().__init__()
