@@ -1334,7 +1334,9 @@ def _put_back_left(obj: Any = None, method: Optional[str] = None, stand_in: Any 
         if _unwrap_installed(vars(holder).get(attribute, _MISSING)) is not left:
             continue  # (not back there, or not yet: the replacement is still in force)
         del _left_behind[left]
-        own = vars(left).pop(_LEFT_ATTR, _MISSING)
+        if _LEFT_ATTR not in vars(left):  # its __dict__ set anew (autoreload's): it runs the new code, left
+            continue
+        own = vars(left).pop(_LEFT_ATTR)
         if not isinstance(holder, (type, types.ModuleType)):
             _put(vars(holder), attribute, own)
         elif own is _MISSING:

@@ -2087,6 +2087,32 @@ def test_a_mock_ended_after_the_patch_was_removed_leaves_the_original_to_the_nex
     assert rec.all("fn:m:y@0") == [4] and original.__code__ is patch.original_code
 
 
+def test_a_left_stand_in_that_autoreload_updated_stays_the_method_and_the_next_patch_records_it():
+    # A mock ended after the patch's removal puts back the stand-in; autoreload then sets its code
+    # and its __dict__ (the edited function's), where the original was kept: the next patch deleted
+    # the class's method (own not found there: put back as "absent"), and could not patch it.
+    from unittest import mock
+
+    class A:
+        def m(self, x):
+            y = x + 1
+            return y
+
+    def edited(self, x):
+        y = x + 100
+        return y
+
+    patch = bcrecord.patch_method(A, "m", "y")
+    with mock.patch.object(A, "m", return_value=0):
+        with pytest.warns(bcrecord.RecordingWarning, match="was replaced while patched"):
+            patch.remove()
+    for attribute in ("__code__", "__defaults__", "__doc__", "__dict__"):  # (what autoreload sets)
+        setattr(A.__dict__["m"], attribute, getattr(edited, attribute))
+    with bcrecord.patch_method(A, "m", "y", name="a"), bcrecord.recording() as rec:
+        assert A().m(1) == 101
+    assert rec.all("a:m:y@0") == [101] and A().m(2) == 102
+
+
 def test_a_class_whose_patched_method_was_replaced_and_left_is_freed_with_its_replacement():
     # What the patch had replaced (the class's method, whose super() cell holds the class) was
     # held from a global table keyed weakly by the stand-in that the replacement holds: the

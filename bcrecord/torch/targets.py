@@ -1370,7 +1370,14 @@ def _misspelt_part(model: torch.nn.Module, wanted: List[str]) -> str:
     of a glob that no submodule path matches there, or ``''``; a part after a ``'*'`` too
     (``'layer*.0.con1'``: the blocks the glob reached have ``'conv1'``), not after a ``'**'``.
     """
-    paths = [name.split(".") for root in _glob_roots(model) for name, _ in named_modules(root) if name]
+    # (Both as a glob matches them: seen through a block compiled in place, and naming its wrapper.)
+    paths = [
+        name.split(".")
+        for root in _glob_roots(model)
+        for listed in (named_modules(root), root.named_modules())
+        for name, _ in listed
+        if name
+    ]
     for depth, part in enumerate(wanted):
         if part == "**":
             break

@@ -328,6 +328,22 @@ def test_a_glob_that_matches_nothing_in_a_wrapped_model_names_the_misspelt_part_
     torch._dynamo.reset()
 
 
+def test_a_glob_through_a_block_compiled_in_place_that_matches_nothing_names_the_part_that_does_not():
+    # A glob may name torch.compile's wrapper of a block compiled in place ('blocks.*._orig_mod.*'
+    # matches): the hint read only the paths that see through it, and blamed '_orig_mod'.
+    import torch._dynamo
+
+    net = SmallNet()
+    net.blocks[0] = torch.compile(net.blocks[0], backend="eager")
+    assert [t.path for t in expand(net, "blocks.*._orig_mod.b*")] == ["blocks.0._orig_mod.bn"]
+    with pytest.raises(bcrecord.TargetError) as error:
+        expand(net, "blocks.*._orig_mod.bnn")
+    assert str(error.value) == (
+        "no submodule matches 'blocks.*._orig_mod.bnn' ('bnn' names no submodule there; did you mean 'bn'?)"
+    )
+    torch._dynamo.reset()
+
+
 def test_wrappers_and_errors():
     net = SmallNet()
     assert unwrap(torch.nn.DataParallel(net)) is net
