@@ -1430,6 +1430,27 @@ def test_a_glob_over_submodule_names_with_a_colon_matches_them_as_list_targets_l
             expand(net, bad)
 
 
+def test_a_submodule_named_with_two_colons_is_a_path_as_list_targets_lists_it():
+    # A submodule named 'task:cls:v2' (two ':', as in 'path:method:spec'): list_targets listed
+    # 'heads.task:cls:v2' and '**' expanded to it, but the path itself was read as path
+    # 'heads.task', method 'cls', spec 'v2': "the model has no submodule 'heads.task'", so
+    # record(model, list_targets(model)) was refused, and a Target's text did not expand back.
+    net = torch.nn.Sequential()
+    net.add_module("heads", torch.nn.Sequential())
+    net.heads.add_module("task:cls:v2", torch.nn.Tanh())
+    listed = bcrecord.torch.list_targets(net)
+    assert "heads.task:cls:v2" in listed and "heads.task:cls:v2:forward:return" in listed
+    (t,) = expand(net, "heads.task:cls:v2")
+    assert (t.text, t.path, t.method, t.output) == ("heads.task:cls:v2", "heads.task:cls:v2", "forward", True)
+    assert [t.text for t in expand(net, "**")] == ["heads", "heads.task:cls:v2"]
+    x = torch.randn(3)
+    with bcrecord.torch.record(net, listed) as rec:
+        y = net(x)
+    assert torch.equal(rec["heads.task:cls:v2:forward:return"], y)
+    with pytest.raises(bcrecord.TargetError, match="no submodule 'heads.task'"):
+        expand(net, "heads.task:cls:v3")  # (not a path: a target, whose path is not there)
+
+
 def test_a_scripted_model_is_refused_saying_why_at_any_path():
     # torch refuses get_submodule on a ScriptModule: every path but the root crashed with
     # "get_submodule is not supported on ScriptModules" (record(), globs, extractors).
