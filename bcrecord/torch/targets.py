@@ -1446,7 +1446,7 @@ def expand(model: torch.nn.Module, text: str) -> List[Target]:
             missing = _no_submodule(model, pattern)
             parent, _, node = pattern.rpartition(".")
             parent_module = _submodule(model, parent)
-            if parent_module is None or node.isdigit():  # an index (a Sequential's), no FX name
+            if parent_module is None or not node or node.isdigit():  # ('', a Sequential's index): no FX name
                 raise missing from None
             owner = type(parent_module).__name__
             tensor = _fx_tensor_node(model, pattern)

@@ -141,6 +141,20 @@ def test_a_parameter_s_path_as_a_target_is_told_the_target_that_reads_it(path, k
         assert torch.equal(rec[target], model.get_parameter(path) if "weight" in path else torch.zeros(2))
 
 
+@pytest.mark.parametrize(
+    "path, close",
+    [("blocks.", "'blocks.0', 'blocks', 'blocks.0.0'"), ("blocks.0.", "'blocks.0.0', 'blocks.0'")],
+)
+def test_a_path_ending_in_a_dot_is_told_the_paths_close_to_it_not_an_empty_fx_name(path, close):
+    # Was "... did you mean ...? Nor is '' an FX name of a call or operator site of
+    # Sequential.forward ...": the empty part after the dot, taken for an FX node's name.
+    model = torch.nn.Sequential()
+    model.add_module("blocks", torch.nn.Sequential(torch.nn.Sequential(torch.nn.ReLU())))
+    with pytest.raises(bcrecord.TargetError) as caught:
+        expand(model, path)
+    assert str(caught.value) == f"the model has no submodule {path!r}; did you mean {close}?"
+
+
 def test_a_slice_in_a_module_path_is_told_the_children_or_glob_to_write():
     with pytest.raises(bcrecord.SpecError) as caught:
         expand(_Indexed(), "stages[0:2]")
