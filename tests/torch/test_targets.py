@@ -1681,6 +1681,37 @@ def test_property_any_text_expands_or_is_an_error_that_names_it_and_records_noth
     assert {kind: kind.forward.__code__ for kind in code} == code
 
 
+#: Submodule names torch accepts (no '.'): ':', 'grad', glob and index characters among letters.
+_ODD_NAMES = (
+    st.lists(st.sampled_from([*"ab0:*?[]@- ", "grad", "forward", "return", "\uff58"]), min_size=1, max_size=5)
+    .map("".join)
+    .filter(
+        lambda name: (
+            name == name.strip() and name.strip(":") == name and not hasattr(torch.nn.Sequential, name)
+        )
+    )
+)
+
+
+@SETTINGS
+@given(_ODD_NAMES, _ODD_NAMES)
+def test_property_every_target_list_targets_lists_expands_to_its_path_and_records(outer, inner):
+    model = torch.nn.Sequential()
+    model.add_module(outer, torch.nn.Sequential())
+    model.get_submodule(outer).add_module(inner, torch.nn.Tanh())
+    path = f"{outer}.{inner}"
+    listed = bcrecord.torch.list_targets(model)
+    assert path in listed
+    for text in listed:
+        assert [t.text for t in expand(model, text)] == [text]
+    ((target,),) = [expand(model, text) for text in listed if text == path]
+    assert (target.path, target.method, target.output) == (path, "forward", True)
+    x = torch.randn(2)
+    with torch.no_grad(), bcrecord.torch.record(model, listed) as rec:
+        y = model(x)
+    assert torch.equal(rec[f"{path}:forward:return"], y)
+
+
 def test_a_glob_target_reads_the_model_s_submodules_once(monkeypatch):
     # The check for an IME's full-width ':' matched every glob target against every submodule
     # twice more, though it has no full-width character: record(resnet50, 'layer*.*:forward:out')
