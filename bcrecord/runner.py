@@ -234,23 +234,26 @@ pkg.mod:forward' lists its specs)
         dotted = all(p.isidentifier() for p in f"{first}.{second}".split("."))
         # Which part is missing is a guess: the module (the spec given) or the spec.
         if first == "__main__":
-            guesses = [f"'{text}:return' ({second}, defined in the script; any spec of it works)"]
+            guesses = [(f"{text}:return", f"{second}, defined in the script; any spec of it works")]
         else:
             split = split_module(first)
             guesses = (
-                [f"'{split[0]}:{split[1]}:{second}' (function {split[1]} of module {split[0]})"]
+                [(f"{split[0]}:{split[1]}:{second}", f"function {split[1]} of module {split[0]}")]
                 if split
                 else []
             )
-            guesses.append(f"'__main__:{text}' (spec {second!r} of {first}, defined in the script)")
+            guesses.append((f"__main__:{text}", f"spec {second!r} of {first}, defined in the script"))
             if dotted:
                 guesses.append(
-                    f"'{text}:return' (function {second} of module {first}; "
-                    f"'bcrecord targets {text}' lists its specs)"
+                    (
+                        f"{text}:return",
+                        f"function {second} of module {first}; 'bcrecord targets {text}' lists its specs",
+                    )
                 )
-        raise RunError(
-            f"target {text!r} needs three parts, 'package.module:Class.method:SPEC': {' or '.join(guesses)}"
-        )
+        # Only those that are targets ('./train.py:loss' gives none: '__main__:./train.py:loss' is refused).
+        offered = [f"'{guess}' ({why})" for guess, why in guesses if _is_target(guess)]
+        form = f"target {text!r} needs three parts, 'package.module:Class.method:SPEC'"
+        raise RunError(f"{form}: {' or '.join(offered)}" if offered else f"{form}, e.g. 'json:dumps:return'")
     if len(parts) != 3 or not all(p.strip() for p in parts):
         raise RunError(
             f"bad target {text!r}: expected 'package.module:Class.method:SPEC' or "
@@ -277,6 +280,15 @@ pkg.mod:forward' lists its specs)
             raise RunError(f"bad target {text!r}: {spec_text!r} is several specs{several}") from None
         raise RunError(f"bad target {text!r}: {error}") from None
     return RunTarget(text, module, path, spec)
+
+
+def _is_target(text: str) -> bool:
+    """Whether :func:`parse_target` takes ``text``."""
+    try:
+        parse_target(text)
+    except RunError:
+        return False
+    return True
 
 
 def _one_spec_each(module: str, qualname: str, spec_text: str) -> str:

@@ -120,6 +120,13 @@ def _names(target: str, what: str, call: bool = False) -> str:
     in it gets an error that says what to record instead (``call``: ``target`` is a callee)."""
     written = f"{target}()" if call else target
     call_text = _DOTTED.match(target)
+    callee = "" if call_text is None else re.sub(r"\s", "", call_text.group("callee"))
+    if call_text is not None and not call and re.sub(r"\s", "", target) == f"{callee}()":
+        # (no arguments to leave out: the short form given to Local or Attribute, or an AttributeRecorder)
+        raise SpecError(
+            f"{written!r}: a call site is recorded with Call({callee!r}) (short form '{callee}()', a "
+            "FunctionRecorder's target too), not as a local or an attribute"
+        )
     if call_text is not None and not call:
         raise SpecError(
             f"{written!r}: a call site is written without its arguments: '{call_text.group('callee')}()'"

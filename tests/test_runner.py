@@ -8,6 +8,7 @@ threads and unpicklable values; bad input stops the run before the program start
 import ast
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -68,6 +69,32 @@ def test_parse_target_bad_input(text, words):
     with pytest.raises(RunError) as caught:
         parse_target(text)
     assert words in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "text, offered",
+    [
+        # A script named by its file, a spec that is several: no '__main__:...' that is itself refused.
+        ("./train.py:loss", []),
+        ("my-train:loss", []),
+        ("m:f x", []),
+        ("__main__:./f", []),
+        ("Net.forward:out@1", ["'__main__:Net.forward:out@1'"]),
+    ],
+)
+def test_a_two_part_target_is_offered_only_three_part_targets_that_parse(text, offered):
+    # './train.py:loss' was offered '__main__:./train.py:loss', which parse_target refuses
+    # ("'./train.py' must be a dotted Python name"); so were '__main__:m:f x' and '__main__:./f:return'.
+    with pytest.raises(RunError) as caught:
+        parse_target(text)
+    guesses = re.findall(r"'([^']*)' \(", str(caught.value))
+    assert [f"'{guess}'" for guess in guesses] == offered
+    for guess in guesses:
+        assert parse_target(guess).text == guess
+    if not offered:
+        assert str(caught.value) == (
+            f"target {text!r} needs three parts, 'package.module:Class.method:SPEC', e.g. 'json:dumps:return'"
+        )
 
 
 def test_run_passes_output_arguments_and_exit_status_through(project):

@@ -191,6 +191,28 @@ def test_specs_are_immutable_and_validated():
         Call("self.fc()")
 
 
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: Attribute("self.fc()"), "'self.fc()': a call site is recorded with Call('self.fc') "),
+        (lambda: Attribute("self.fc ( )"), "'self.fc ( )': a call site is recorded with Call('self.fc') "),
+        (lambda: Local("f()"), "'f()': a call site is recorded with Call('f') "),
+        (
+            lambda: parse(dict(type="AttributeRecorder", target="self.fc()")),
+            "'self.fc()': a call site is recorded with Call('self.fc') (short form 'self.fc()', a "
+            "FunctionRecorder's target too), not as a local or an attribute",
+        ),
+    ],
+)
+def test_a_call_without_arguments_given_as_a_local_or_an_attribute_is_told_call(make, message):
+    # Was "'self.fc()': a call site is written without its arguments: 'self.fc()'": to write
+    # what was written, which the class (or an AttributeRecorder) refuses again.
+    with pytest.raises(SpecError) as caught:
+        make()
+    assert str(caught.value).startswith(message)
+    assert parse("self.fc()") == Call("self.fc") and parse(dict(type="FunctionRecorder", target="self.fc()"))
+
+
 def test_parse_all():
     assert parse_all("x") == (Local("x"),)
     assert parse_all(["x@0", Return()]) == (Local("x", 0), Return())

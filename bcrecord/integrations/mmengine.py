@@ -230,7 +230,7 @@ unknown recorder type 'LayerRecorder'; use type='FunctionRecorder' ...
             example = "target='outputs'" if kind == "FunctionRecorder" else "target='self.linear1.weight'"
             raise _fail(where, f"{kind} needs a 'target' naming what to record, e.g. {example}")
         if isinstance(target, str) and target.count(":") == 2:
-            raise _fail(where, _key_as_target(kind, target))
+            raise _fail(where, _key_as_target(target))
         model = config.get("model") or ""
         if not isinstance(model, str) or (model and not _PATH.match(model)):
             raise _fail(
@@ -251,23 +251,26 @@ unknown recorder type 'LayerRecorder'; use type='FunctionRecorder' ...
     return parsed
 
 
-def _key_as_target(kind: str, key: str) -> str:
-    """What to write instead of a MessageHub key given as a ``target``: the recorder that makes it.
+def _key_as_target(key: str) -> str:
+    """What to write instead of a MessageHub key given as a ``target``: the recorder that makes it
+    (of the type that publishes the key, whichever type the key was given in).
 
-    >>> _key_as_target('FunctionRecorder', 'resnet:_forward_impl:x@1')
+    >>> _key_as_target('resnet:_forward_impl:x@1')
     "target='resnet:_forward_impl:x@1' is a key, '<owner>:<method>:<target>'; the recorder that \
 publishes it is dict(type='FunctionRecorder', model='resnet', method='_forward_impl', target='x', index=[1])"
     """
     return (
         f"target={key!r} is a key, '<owner>:<method>:<target>'; the recorder that publishes it is "
-        + _recorder_of_key(kind, key)
+        + _recorder_of_key(key)
     )
 
 
-def _recorder_of_key(kind: str, key: str) -> str:
+def _recorder_of_key(key: str) -> str:
     """The recorder dict, as written in a config, that publishes the key ``'<owner>:<method>:<target>'``."""
     owner, method, rest = key.split(":")
     target, _, index = rest.partition("@")
+    # A chain's key without an index is an AttributeRecorder's ('runner_model:forward:self.linear1.weight').
+    kind = "AttributeRecorder" if "." in rest and "@" not in rest and "(" not in rest else "FunctionRecorder"
     parts = [f"type={kind!r}"]
     if owner and owner != ROOT_OWNER:
         parts.append(f"model={owner!r}")
@@ -293,12 +296,9 @@ publishes it is dict(type='FunctionRecorder', model='resnet', method='_forward_i
     """
     if not isinstance(value, str) or value.count(":") != 2:
         return ""
-    target = value.rpartition(":")[2]
-    # A chain's key without an index is an AttributeRecorder's ('runner_model:forward:self.linear1.weight').
-    kind = "AttributeRecorder" if "." in target and "@" not in target else "FunctionRecorder"
     return (
         f"; {value!r} is a key, '<owner>:<method>:<target>': the recorder that publishes it is "
-        + _recorder_of_key(kind, value)
+        + _recorder_of_key(value)
     )
 
 

@@ -491,10 +491,13 @@ class TargetList(List[str]):
     def __str__(self) -> str:
         lines: List[str] = []
         current = None
-        for target in self:
+        for at, target in enumerate(self):
             # The path before the method and spec ('heads.task:cls:forward:return'); a bare
-            # path is a module's whole path, also one with ':' in its name ('heads.task:cls').
-            path = target.rsplit(":", 2)[0] if target.count(":") >= 2 else target
+            # path is a module's whole path, also one with ':' in its name ('heads.task:cls'),
+            # two too ('heads.task:cls:v2', its targets listed next).
+            following = self[at + 1] if at + 1 < len(self) else ""
+            bare = target.count(":") < 2 or following.startswith(f"{target}:")
+            path = target if bare else target.rsplit(":", 2)[0]
             if path != current:
                 current = path
                 lines.append(path or "<root>")

@@ -405,7 +405,15 @@ def _split_in(model: torch.nn.Module, text: str) -> Tuple[str, str, str, bool]:
         # ('[0:2]', 'blocks.[1:]': as a glob's character class, it took '0' and '2', or '1', silently)
         if not any(":" in name for name, _ in model.named_modules()):
             return _split(text)
-    if isinstance(text, str) and ("grad" in text or text.count(":") not in (0, 2)):
+    # Two ':' is a target's form, and a path's with two in its own name ('heads.task:cls:v2'):
+    # looked up where the path before the first ':' names no submodule ('heads.task').
+    two_colons = (
+        isinstance(text, str)
+        and text.count(":") == 2
+        and _submodule(model, text.partition(":")[0].strip()) is None
+        and _submodule(model, text.strip()) is not None
+    )
+    if isinstance(text, str) and ("grad" in text or text.count(":") not in (0, 2) or two_colons):
         stripped = text.strip()
         if _names_submodules(model, stripped):  # a bare path: 'heads.grad', 'heads.a:b', 'heads.a:*'
             return stripped, "forward", "", False
@@ -1445,7 +1453,7 @@ def expand(model: torch.nn.Module, text: str) -> List[Target]:
             missing = _no_submodule(model, pattern)
             parent, _, node = pattern.rpartition(".")
             parent_module = _submodule(model, parent)
-            if parent_module is None or node.isdigit():  # an index (a Sequential's), no FX name
+            if parent_module is None or not node or node.isdigit():  # ('', a Sequential's index): no FX name
                 raise missing from None
             owner = type(parent_module).__name__
             tensor = _fx_tensor_node(model, pattern)

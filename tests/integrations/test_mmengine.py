@@ -723,6 +723,63 @@ def test_a_key_with_an_index_that_is_no_decimal_number_is_a_recorder_config_erro
     )
 
 
+@pytest.mark.parametrize(
+    ("kind", "key", "recorder"),
+    [
+        # An entry chain's key is an AttributeRecorder's: a FunctionRecorder of it publishes 'self.w@0'...
+        (
+            "FunctionRecorder",
+            "runner_model:forward:self.w",
+            "dict(type='AttributeRecorder', target='self.w')",
+        ),
+        # ... and a load site's, a local's and a call's are a FunctionRecorder's (an AttributeRecorder
+        # refuses an index, a name without a dot, and a call).
+        (
+            "AttributeRecorder",
+            "runner_model:forward:self.w@0",
+            "dict(type='FunctionRecorder', target='self.w', index=[0])",
+        ),
+        (
+            "AttributeRecorder",
+            "runner_model:forward:y@0",
+            "dict(type='FunctionRecorder', target='y', index=[0])",
+        ),
+        (
+            "AttributeRecorder",
+            "m:forward:self.fc()@0",
+            "dict(type='FunctionRecorder', model='m', target='self.fc()', index=[0])",
+        ),
+    ],
+)
+def test_a_key_given_as_a_target_is_told_the_recorder_that_publishes_it_whatever_type_it_was_given(
+    kind, key, recorder
+):
+    # The recorder suggested took the type of the dict the key was given in: for an entry chain's key in
+    # a FunctionRecorder it said dict(type='FunctionRecorder', target='self.w'), which publishes
+    # 'runner_model:forward:self.w@0', not the key; in an AttributeRecorder, a recorder that is refused.
+    with pytest.raises(RecorderConfigError) as caught:
+        parse_recorders([dict(type=kind, target=key)])
+    assert str(caught.value).endswith(f"the recorder that publishes it is {recorder}")
+    (config,) = parse_recorders([eval(recorder)])
+    owner = key.split(":")[0]
+    patch = bcrecord.patch_method(_Keyed, "forward", config.spec, name=owner)
+    try:
+        assert key in patch.keys
+    finally:
+        patch.remove()
+
+
+class _Keyed:
+    w = 2
+
+    def forward(self, x):
+        y = self.fc(x * self.w)
+        return y
+
+    def fc(self, x):
+        return x
+
+
 class _Remembering(ToyModel):
     def forward(self, inputs, data_samples, mode="tensor"):
         outputs = super().forward(inputs, data_samples, mode)

@@ -1187,3 +1187,22 @@ def test_a_warning_from_an_extractor_s_call_points_at_the_user_s_line():
         extractor(torch.ones(2)); line = sys._getframe().f_lineno  # fmt: skip
     assert [(w.filename, w.lineno) for w in caught] == [(__file__, line)]
     assert "stop_after_last: this forward ran to its end" in str(caught[0].message)
+
+
+def test_list_targets_table_heads_a_submodule_named_with_two_colons_by_its_path():
+    # The table took the path 'heads.task:cls:v2' for a target of 'heads.task' (the text before
+    # its last two ':'): a header 'heads.task', a module that is not there, listing it.
+    net = torch.nn.Sequential()
+    net.add_module("heads", torch.nn.Sequential())
+    net.heads.add_module("task:cls:v2", torch.nn.Tanh())
+    lines = str(list_targets(net)).splitlines()
+    assert lines[lines.index("heads") + 1 :] == [
+        "    heads:forward:input@0",
+        "    heads:forward:module@0",
+        "    heads:forward:module()@0",
+        "    heads:forward:return",
+        "heads.task:cls:v2",
+        "    heads.task:cls:v2:forward:torch.tanh@0",
+        "    heads.task:cls:v2:forward:torch.tanh()@0",
+        "    heads.task:cls:v2:forward:return",
+    ]

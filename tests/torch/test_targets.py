@@ -141,6 +141,20 @@ def test_a_parameter_s_path_as_a_target_is_told_the_target_that_reads_it(path, k
         assert torch.equal(rec[target], model.get_parameter(path) if "weight" in path else torch.zeros(2))
 
 
+@pytest.mark.parametrize(
+    "path, close",
+    [("blocks.", "'blocks.0', 'blocks', 'blocks.0.0'"), ("blocks.0.", "'blocks.0.0', 'blocks.0'")],
+)
+def test_a_path_ending_in_a_dot_is_told_the_paths_close_to_it_not_an_empty_fx_name(path, close):
+    # Was "... did you mean ...? Nor is '' an FX name of a call or operator site of
+    # Sequential.forward ...": the empty part after the dot, taken for an FX node's name.
+    model = torch.nn.Sequential()
+    model.add_module("blocks", torch.nn.Sequential(torch.nn.Sequential(torch.nn.ReLU())))
+    with pytest.raises(bcrecord.TargetError) as caught:
+        expand(model, path)
+    assert str(caught.value) == f"the model has no submodule {path!r}; did you mean {close}?"
+
+
 def test_a_slice_in_a_module_path_is_told_the_children_or_glob_to_write():
     with pytest.raises(bcrecord.SpecError) as caught:
         expand(_Indexed(), "stages[0:2]")
@@ -1446,6 +1460,27 @@ def test_a_glob_over_submodule_names_with_a_colon_matches_them_as_list_targets_l
             expand(net, bad)
 
 
+def test_a_submodule_named_with_two_colons_is_a_path_as_list_targets_lists_it():
+    # A submodule named 'task:cls:v2' (two ':', as in 'path:method:spec'): list_targets listed
+    # 'heads.task:cls:v2' and '**' expanded to it, but the path itself was read as path
+    # 'heads.task', method 'cls', spec 'v2': "the model has no submodule 'heads.task'", so
+    # record(model, list_targets(model)) was refused, and a Target's text did not expand back.
+    net = torch.nn.Sequential()
+    net.add_module("heads", torch.nn.Sequential())
+    net.heads.add_module("task:cls:v2", torch.nn.Tanh())
+    listed = bcrecord.torch.list_targets(net)
+    assert "heads.task:cls:v2" in listed and "heads.task:cls:v2:forward:return" in listed
+    (t,) = expand(net, "heads.task:cls:v2")
+    assert (t.text, t.path, t.method, t.output) == ("heads.task:cls:v2", "heads.task:cls:v2", "forward", True)
+    assert [t.text for t in expand(net, "**")] == ["heads", "heads.task:cls:v2"]
+    x = torch.randn(3)
+    with bcrecord.torch.record(net, listed) as rec:
+        y = net(x)
+    assert torch.equal(rec["heads.task:cls:v2:forward:return"], y)
+    with pytest.raises(bcrecord.TargetError, match="no submodule 'heads.task'"):
+        expand(net, "heads.task:cls:v3")  # (not a path: a target, whose path is not there)
+
+
 def test_a_scripted_model_is_refused_saying_why_at_any_path():
     # torch refuses get_submodule on a ScriptModule: every path but the root crashed with
     # "get_submodule is not supported on ScriptModules" (record(), globs, extractors).
@@ -1660,6 +1695,37 @@ def test_property_any_text_expands_or_is_an_error_that_names_it_and_records_noth
                 for t in targets
             )
     assert {kind: kind.forward.__code__ for kind in code} == code
+
+
+#: Submodule names torch accepts (no '.'): ':', 'grad', glob and index characters among letters.
+_ODD_NAMES = (
+    st.lists(st.sampled_from([*"ab0:*?[]@- ", "grad", "forward", "return", "\uff58"]), min_size=1, max_size=5)
+    .map("".join)
+    .filter(
+        lambda name: (
+            name == name.strip() and name.strip(":") == name and not hasattr(torch.nn.Sequential, name)
+        )
+    )
+)
+
+
+@SETTINGS
+@given(_ODD_NAMES, _ODD_NAMES)
+def test_property_every_target_list_targets_lists_expands_to_its_path_and_records(outer, inner):
+    model = torch.nn.Sequential()
+    model.add_module(outer, torch.nn.Sequential())
+    model.get_submodule(outer).add_module(inner, torch.nn.Tanh())
+    path = f"{outer}.{inner}"
+    listed = bcrecord.torch.list_targets(model)
+    assert path in listed
+    for text in listed:
+        assert [t.text for t in expand(model, text)] == [text]
+    ((target,),) = [expand(model, text) for text in listed if text == path]
+    assert (target.path, target.method, target.output) == (path, "forward", True)
+    x = torch.randn(2)
+    with torch.no_grad(), bcrecord.torch.record(model, listed) as rec:
+        y = model(x)
+    assert torch.equal(rec[f"{path}:forward:return"], y)
 
 
 def test_a_glob_target_reads_the_model_s_submodules_once(monkeypatch):
