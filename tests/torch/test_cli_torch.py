@@ -461,6 +461,22 @@ def test_a_histogram_s_title_counts_the_infinities_and_nans_it_leaves_out(tmp_pa
     )
 
 
+def test_the_steps_picture_shows_each_step_s_min_max_and_mean_over_all_its_elements(tmp_path):
+    pytest.importorskip("matplotlib")
+    from bcrecord.viz import _pictures, summarize
+
+    # Once taken from every 3rd element of a step over 200000: the band was 0..0, mean 0.
+    large = torch.zeros(500_000, dtype=torch.float64)
+    large[1], large[2] = 1e6, -5.0
+    folder = bcrecord.save({"m:f:x@0": [torch.ones(3, dtype=torch.float64)]}, tmp_path / "r", step=0)
+    [summary] = summarize(bcrecord.load(bcrecord.save({"m:f:x@0": [large]}, folder, step=1)))
+    [steps] = [figure for kind, figure in _pictures(summary, max_maps=32) if kind == "steps"]
+    [mean] = steps.axes[0].lines
+    assert mean.get_ydata()[1] == pytest.approx(float(large.mean()))
+    band = steps.axes[0].collections[0].get_paths()[0].vertices[:, 1]  # the min..max band
+    assert (band.min(), band.max()) == (-5.0, 1e6)
+
+
 def test_view_draws_the_other_keys_when_one_cannot_be_drawn(tmp_path):
     pytest.importorskip("matplotlib")
     records = tmp_path / "records"
