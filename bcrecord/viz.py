@@ -740,9 +740,14 @@ def _histogram(summary: KeySummary, first: Any, last: Any, what: str = "") -> An
     ax = fig.add_axes((0.12, 0.13, 0.84, 0.72))
     data = _sample(last)
     earlier = None if first is None else _sample(first)
-    both = data if earlier is None else np.concatenate([data, earlier])
     bins = max(10, min(100, int(math.sqrt(max(data.size, 1)))))
-    low, high = (float(both.min()), float(both.max())) if both.size else (0.0, 1.0)
+    # The bins span every finite element, not the sample's only: a large value's outliers stay on the axis.
+    low, high = math.inf, -math.inf
+    for array in (last,) if first is None else (last, first):
+        finite = np.isfinite(array)
+        low = min(low, float(array.min(initial=math.inf, where=finite)))
+        high = max(high, float(array.max(initial=-math.inf, where=finite)))
+    low, high = (low, high) if low <= high else (0.0, 1.0)
     edges = np.linspace(low, high if high > low else low + 1.0, bins + 1)
     if earlier is not None:
         counts, _ = np.histogram(earlier, edges)

@@ -459,6 +459,13 @@ def test_a_histogram_s_title_counts_the_infinities_and_nans_it_leaves_out(tmp_pa
     assert titles({"m:f:x@0": [torch.ones(2_500_000)]})["hist"].endswith(
         "histogram of 2500000 element(s) (1 in 3 drawn)"
     )
+    # Its bins span every element, not the sample's: once 0..1 here, the 100 left off the axis.
+    large = torch.zeros(2_500_000, dtype=torch.float64)
+    large[1] = 100.0
+    [summary] = summarize(bcrecord.load(bcrecord.save({"m:f:x@0": [large]}, tmp_path / "large")))
+    [histogram] = [figure for kind, figure in _pictures(summary, max_maps=32) if kind == "hist"]
+    edges = histogram.axes[0].patches[0].get_data().edges
+    assert (edges[0], edges[-1]) == (0.0, 100.0)
 
 
 def test_the_steps_picture_shows_each_step_s_min_max_and_mean_over_all_its_elements(tmp_path):
