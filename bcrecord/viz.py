@@ -251,6 +251,12 @@ def _numpy_array(value: Any) -> Any:
     try:
         array = np.asarray(value)
     except Exception:
+        array = None
+    if (array is None or array.dtype.kind == "O") and isinstance(value, (list, tuple)) and value:
+        # Items of different shapes (t.chunk(2) of an odd length), counted together as the rest are.
+        parts = [_numpy_array(item) for item in value]
+        return None if any(part is None for part in parts) else np.concatenate([p.ravel() for p in parts])
+    if array is None:
         return None
     if array.dtype.kind == "c":
         array = np.abs(array)

@@ -400,6 +400,26 @@ def test_view_counts_a_named_tuple_s_first_field_and_names_it(tmp_path):
     }
 
 
+def test_view_counts_a_tuple_or_list_whose_items_differ_in_shape(tmp_path):
+    # torch.arange(5.0).chunk(2) (shapes 3 and 2) showed '-' and index.html "not a numeric value".
+    pytest.importorskip("matplotlib")
+    from bcrecord.viz import _pictures, summarize
+
+    values = {
+        "m:f:chunks@0": [torch.arange(5.0).chunk(2)],
+        "m:f:list@0": [[torch.ones(2), torch.zeros(3, 1)]],
+        "m:f:ragged@0": [[[1, 2], [6]]],
+    }
+    by_key = {s.key: s for s in summarize(bcrecord.load(bcrecord.save(values, tmp_path / "records")))}
+    assert {key: (s.min, s.mean, s.max) for key, s in by_key.items()} == {
+        "m:f:chunks@0": (0.0, 2.0, 4.0),
+        "m:f:list@0": (0.0, 0.4, 1.0),
+        "m:f:ragged@0": (1.0, 3.0, 6.0),
+    }
+    [(kind, histogram)] = _pictures(by_key["m:f:chunks@0"], max_maps=32)
+    assert kind == "hist" and histogram.axes[0].get_title().endswith("histogram of 5 element(s)")
+
+
 def test_view_says_why_it_cannot_draw_a_named_tuple_s_first_field(tmp_path):
     # index.html said "nothing to draw (one number, or no elements)" of a named tuple whose first
     # field, the one drawn, is a sparse tensor too large to draw dense or a TwoTensor; stderr nothing.
