@@ -296,6 +296,17 @@ def _column(instr: Instr) -> Optional[int]:
     return None if loc is None else loc.col_offset
 
 
+def _own_column(instr: Instr) -> Optional[int]:
+    """``instr``'s column where it is its own, None where it is a split pair's second half's.
+
+    >>> from bytecode.instr import InstrLocation
+    >>> _own_column(_Borrowed("STORE_FAST", "b", location=InstrLocation(1, 1, 4, 5)))
+    >>> _own_column(Instr("STORE_FAST", "a", location=InstrLocation(1, 1, 4, 5)))
+    4
+    """
+    return None if isinstance(instr, _Borrowed) else _column(instr)
+
+
 def _within(inner: Instr, outer: Instr) -> bool:
     a, b = inner.location, outer.location
     if a is None or b is None or a.lineno is None or b.lineno is None:
@@ -1178,7 +1189,8 @@ def _read(key: Tuple[object, ...], qualname: Optional[str] = None) -> CodeMap:
 
     local_map = {
         name: tuple(
-            Assignment(name, n, instr.lineno or 0, _column(instr), tuple(positions))
+            # A split pair's second store has its first's column, not its own (3.13: 'na, da = p'): none.
+            Assignment(name, n, instr.lineno or 0, _own_column(instr), tuple(positions))
             for n, (positions, instr, _) in enumerate(groups)
         )
         for name, groups in _group(raw.stores).items()

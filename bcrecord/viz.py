@@ -251,6 +251,12 @@ def _numpy_array(value: Any) -> Any:
     try:
         array = np.asarray(value)
     except Exception:
+        array = None
+    if (array is None or array.dtype.kind == "O") and isinstance(value, (list, tuple)) and value:
+        # Items of different shapes (t.chunk(2) of an odd length), counted together as the rest are.
+        parts = [_numpy_array(item) for item in value]
+        return None if any(part is None for part in parts) else np.concatenate([p.ravel() for p in parts])
+    if array is None:
         return None
     if array.dtype.kind == "c":
         array = np.abs(array)
@@ -740,9 +746,14 @@ def _histogram(summary: KeySummary, first: Any, last: Any, what: str = "") -> An
     ax = fig.add_axes((0.12, 0.13, 0.84, 0.72))
     data = _sample(last)
     earlier = None if first is None else _sample(first)
-    both = data if earlier is None else np.concatenate([data, earlier])
     bins = max(10, min(100, int(math.sqrt(max(data.size, 1)))))
-    low, high = (float(both.min()), float(both.max())) if both.size else (0.0, 1.0)
+    # The bins span every finite element, not the sample's only: a large value's outliers stay on the axis.
+    low, high = math.inf, -math.inf
+    for array in (last,) if first is None else (last, first):
+        finite = np.isfinite(array)
+        low = min(low, float(array.min(initial=math.inf, where=finite)))
+        high = max(high, float(array.max(initial=-math.inf, where=finite)))
+    low, high = (low, high) if low <= high else (0.0, 1.0)
     edges = np.linspace(low, high if high > low else low + 1.0, bins + 1)
     if earlier is not None:
         counts, _ = np.histogram(earlier, edges)
@@ -771,7 +782,10 @@ def _step_stats(array: Any) -> Tuple[float, float, float, float, int]:
     >>> _step_stats(np.array([1.0, 3.0, np.inf]))
     (2.0, 1.0, 3.0, 1.0, 3)
     """
-    flat = _sample(array, 200_000)
+    import numpy as np
+
+    flat = array.ravel()
+    flat = flat[np.isfinite(flat)]  # every one: a sample's min..max band misses a step's outliers
     if not flat.size:
         return (math.nan, math.nan, math.nan, math.nan, int(array.size))
     return (float(flat.mean()), float(flat.min()), float(flat.max()), float(flat.std()), int(array.size))

@@ -400,6 +400,26 @@ def test_view_counts_a_named_tuple_s_first_field_and_names_it(tmp_path):
     }
 
 
+def test_view_counts_a_tuple_or_list_whose_items_differ_in_shape(tmp_path):
+    # torch.arange(5.0).chunk(2) (shapes 3 and 2) showed '-' and index.html "not a numeric value".
+    pytest.importorskip("matplotlib")
+    from bcrecord.viz import _pictures, summarize
+
+    values = {
+        "m:f:chunks@0": [torch.arange(5.0).chunk(2)],
+        "m:f:list@0": [[torch.ones(2), torch.zeros(3, 1)]],
+        "m:f:ragged@0": [[[1, 2], [6]]],
+    }
+    by_key = {s.key: s for s in summarize(bcrecord.load(bcrecord.save(values, tmp_path / "records")))}
+    assert {key: (s.min, s.mean, s.max) for key, s in by_key.items()} == {
+        "m:f:chunks@0": (0.0, 2.0, 4.0),
+        "m:f:list@0": (0.0, 0.4, 1.0),
+        "m:f:ragged@0": (1.0, 3.0, 6.0),
+    }
+    [(kind, histogram)] = _pictures(by_key["m:f:chunks@0"], max_maps=32)
+    assert kind == "hist" and histogram.axes[0].get_title().endswith("histogram of 5 element(s)")
+
+
 def test_view_says_why_it_cannot_draw_a_named_tuple_s_first_field(tmp_path):
     # index.html said "nothing to draw (one number, or no elements)" of a named tuple whose first
     # field, the one drawn, is a sparse tensor too large to draw dense or a TwoTensor; stderr nothing.
@@ -459,6 +479,29 @@ def test_a_histogram_s_title_counts_the_infinities_and_nans_it_leaves_out(tmp_pa
     assert titles({"m:f:x@0": [torch.ones(2_500_000)]})["hist"].endswith(
         "histogram of 2500000 element(s) (1 in 3 drawn)"
     )
+    # Its bins span every element, not the sample's: once 0..1 here, the 100 left off the axis.
+    large = torch.zeros(2_500_000, dtype=torch.float64)
+    large[1] = 100.0
+    [summary] = summarize(bcrecord.load(bcrecord.save({"m:f:x@0": [large]}, tmp_path / "large")))
+    [histogram] = [figure for kind, figure in _pictures(summary, max_maps=32) if kind == "hist"]
+    edges = histogram.axes[0].patches[0].get_data().edges
+    assert (edges[0], edges[-1]) == (0.0, 100.0)
+
+
+def test_the_steps_picture_shows_each_step_s_min_max_and_mean_over_all_its_elements(tmp_path):
+    pytest.importorskip("matplotlib")
+    from bcrecord.viz import _pictures, summarize
+
+    # Once taken from every 3rd element of a step over 200000: the band was 0..0, mean 0.
+    large = torch.zeros(500_000, dtype=torch.float64)
+    large[1], large[2] = 1e6, -5.0
+    folder = bcrecord.save({"m:f:x@0": [torch.ones(3, dtype=torch.float64)]}, tmp_path / "r", step=0)
+    [summary] = summarize(bcrecord.load(bcrecord.save({"m:f:x@0": [large]}, folder, step=1)))
+    [steps] = [figure for kind, figure in _pictures(summary, max_maps=32) if kind == "steps"]
+    [mean] = steps.axes[0].lines
+    assert mean.get_ydata()[1] == pytest.approx(float(large.mean()))
+    band = steps.axes[0].collections[0].get_paths()[0].vertices[:, 1]  # the min..max band
+    assert (band.min(), band.max()) == (-5.0, 1e6)
 
 
 def test_view_draws_the_other_keys_when_one_cannot_be_drawn(tmp_path):
