@@ -1576,7 +1576,9 @@ def expand(model: torch.nn.Module, text: str) -> List[Target]:
         concrete = f"{path}:{runs}:{spec_text}" if spec_text else path
         given = text.strip().removesuffix(".grad") if grad else text.strip()  # (a module named 'grad')
         if spec_text:  # 'layer1.0 : forward : out' is keyed as 'layer1.0:forward:out'
-            given = re.sub(r"\s*:\s*", ":", given)
+            # (the last two ':' only: a path's own name keeps its spaces, 'heads.a: b')
+            head, method_text, spec_part = given.rsplit(":", 2)
+            given = f"{head.rstrip()}:{method_text.strip()}:{spec_part.strip()}"
         targets.append(Target(concrete if is_glob else given, path, runs, spec, grad, not spec_text))
     if not targets:
         raise TargetError(

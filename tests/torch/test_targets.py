@@ -1774,3 +1774,17 @@ def test_jump_spans_reads_the_version_table_s_jumps_so_an_async_for_is_its_one_l
     table = dataclasses.replace(current(), pseudo_jumps=current().pseudo_jumps | {"JUMP_BACKWARD"})
     monkeypatch.setattr(targets, "current", lambda: table)
     assert [items[end].name for _, end in targets._jump_spans(f.__code__)[0]].count("JUMP_BACKWARD") == 0
+
+
+def test_a_target_of_a_submodule_named_with_a_space_after_a_colon_keeps_its_path_in_its_text():
+    # The spaces around every ':' were dropped from a target's text ('layer1.0 : forward : out'),
+    # those in a path's own name too: 'a.a: a:forward:return' gave the text 'a.a:a:forward:return',
+    # which names no submodule, so create_feature_extractor refused the target list_targets listed.
+    model = torch.nn.Sequential()
+    model.add_module("a", torch.nn.Sequential())
+    model.a.add_module("a: a", torch.nn.Tanh())
+    text = "a.a: a:forward:return"
+    assert text in bcrecord.torch.list_targets(model)
+    assert [(t.text, t.path) for t in expand(model, text)] == [(text, "a.a: a")]
+    x = torch.randn(2)
+    assert torch.equal(bcrecord.torch.create_feature_extractor(model, [text])(x)[text], torch.tanh(x))
