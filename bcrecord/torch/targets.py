@@ -406,11 +406,12 @@ def _split_in(model: torch.nn.Module, text: str) -> Tuple[str, str, str, bool]:
         if not any(":" in name for name, _ in model.named_modules()):
             return _split(text)
     # Two ':' is a target's form, and a path's with two in its own name ('heads.task:cls:v2'):
-    # looked up where the path before the first ':' names no submodule ('heads.task').
+    # looked up where the path before the first ':' names no submodule ('heads.task'), or one
+    # without that method ('task' beside 'task:cls:v2').
     two_colons = (
         isinstance(text, str)
         and text.count(":") == 2
-        and _submodule(model, text.partition(":")[0].strip()) is None
+        and not hasattr(_submodule(model, text.partition(":")[0].strip()), text.split(":")[1].strip())
         and _submodule(model, text.strip()) is not None
     )
     if isinstance(text, str) and ("grad" in text or text.count(":") not in (0, 2) or two_colons):

@@ -1481,6 +1481,21 @@ def test_a_submodule_named_with_two_colons_is_a_path_as_list_targets_lists_it():
         expand(net, "heads.task:cls:v3")  # (not a path: a target, whose path is not there)
 
 
+def test_a_submodule_named_with_two_colons_beside_one_named_its_first_part_is_a_path():
+    # With both 'task' and 'task:cls:v2', list_targets listed 'task:cls:v2', read as path 'task',
+    # method 'cls': "Tanh at 'task' has no method 'cls'", and record(net, list_targets(net)) refused.
+    net = torch.nn.ModuleDict({"task": torch.nn.Tanh(), "task:cls:v2": torch.nn.ReLU()})
+    (t,) = expand(net, "task:cls:v2")
+    assert (t.text, t.path, t.method, t.output) == ("task:cls:v2", "task:cls:v2", "forward", True)
+    assert [t.path for t in expand(net, "task:forward:return")] == ["task"]  # a method of 'task': its target
+    x = torch.randn(3)
+    with bcrecord.torch.record(net, bcrecord.torch.list_targets(net)) as rec:
+        y = net["task:cls:v2"](x)
+    assert torch.equal(rec["task:cls:v2:forward:return"], y)
+    with pytest.raises(bcrecord.NotPatchableError, match="Tanh at 'task' has no method 'cls'"):
+        expand(net, "task:cls:v3")
+
+
 def test_a_scripted_model_is_refused_saying_why_at_any_path():
     # torch refuses get_submodule on a ScriptModule: every path but the root crashed with
     # "get_submodule is not supported on ScriptModules" (record(), globs, extractors).
