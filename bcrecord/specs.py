@@ -131,9 +131,7 @@ def _names(target: str, what: str, call: bool = False, short: bool = False) -> s
             "FunctionRecorder's target too), not as a local or an attribute"
         )
     if call_text is not None and not call:
-        raise SpecError(
-            f"{written!r}: a call site is written without its arguments: '{call_text.group('callee')}()'"
-        )
+        raise SpecError(f"{written!r}: a call site is written without its arguments: '{callee}()'")
     if "[" in target or "(" in target:
         root, bracket = re.split(r"([\[(])", target, maxsplit=1)[:2]
         root = root.strip().rstrip(".").strip()
