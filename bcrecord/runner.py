@@ -78,6 +78,7 @@ import importlib.util
 import inspect
 import io
 import itertools
+import keyword
 import math
 import os
 import pkgutil
@@ -231,7 +232,8 @@ pkg.mod:forward' lists its specs)
     parts = text.split(":", 2)
     if len(parts) == 2 and all(parts):
         first, second = (p.strip() for p in parts)
-        dotted = all(p.isidentifier() for p in f"{first}.{second}".split("."))
+        # (a keyword is no module's or function's name: 'json.dumps:return' is no function 'return')
+        dotted = all(p.isidentifier() and not keyword.iskeyword(p) for p in f"{first}.{second}".split("."))
         # Which part is missing is a guess: the module (the spec given) or the spec.
         if first == "__main__":
             guesses = [(f"{text}:return", f"{second}, defined in the script; any spec of it works")]

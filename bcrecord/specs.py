@@ -115,12 +115,15 @@ def _identifier(name: object, what: str) -> str:
 _DOTTED = re.compile(r"^\s*(?P<callee>[^\W\d]\w*(?:\s*\.\s*[^\W\d]\w*)*)\s*\(.*\)\s*$", re.DOTALL)
 
 
-def _names(target: str, what: str, call: bool = False) -> str:
+def _names(target: str, what: str, call: bool = False, short: bool = False) -> str:
     """``target`` (dotted names), each name spelt as compiled; a subscript or a call written
-    in it gets an error that says what to record instead (``call``: ``target`` is a callee)."""
+    in it gets an error that says what to record instead (``call``: ``target`` is a callee;
+    ``short``: a spec's short form, where ``'f()'`` is a call site)."""
     written = f"{target}()" if call else target
     call_text = _DOTTED.match(target)
     callee = "" if call_text is None else re.sub(r"\s", "", call_text.group("callee"))
+    if call_text is not None and short and re.sub(r"\s", "", target) == f"{callee}()":
+        raise SpecError(f"{written!r}: a call site is written without spaces: '{callee}()'")
     if call_text is not None and not call and re.sub(r"\s", "", target) == f"{callee}()":
         # (no arguments to leave out: the short form given to Local or Attribute, or an AttributeRecorder)
         raise SpecError(
@@ -128,9 +131,7 @@ def _names(target: str, what: str, call: bool = False) -> str:
             "FunctionRecorder's target too), not as a local or an attribute"
         )
     if call_text is not None and not call:
-        raise SpecError(
-            f"{written!r}: a call site is written without its arguments: '{call_text.group('callee')}()'"
-        )
+        raise SpecError(f"{written!r}: a call site is written without its arguments: '{callee}()'")
     if "[" in target or "(" in target:
         root, bracket = re.split(r"([\[(])", target, maxsplit=1)[:2]
         root = root.strip().rstrip(".").strip()
@@ -455,7 +456,7 @@ def _parse_one_str(text: str) -> Spec:
         return Expr(operator.group("op"), None if index_text is None else _parse_index_text(index_text, text))
     match = _SHORT.match(text)
     if match is None and _DOTTED.match(text) is not None:
-        _names(text.strip(), "a target")  # a call with its arguments ('f(x, y)'): says what to write
+        _names(text.strip(), "a target", short=True)  # a call written in it ('f(x, y)'): says what to write
     if match is None and text.rstrip().endswith("@") and text.count("@") == 1 and text.strip() != "@":
         raise _nothing_after_at(text)
     if match is None:

@@ -97,6 +97,23 @@ def test_a_two_part_target_is_offered_only_three_part_targets_that_parse(text, o
         )
 
 
+def test_a_two_part_target_whose_spec_is_a_keyword_is_offered_no_function_named_by_it():
+    # 'json.dumps:return' was offered 'json.dumps:return:return' (function return of module
+    # json.dumps), a function no module can hold; 'json:class' only 'json:class:return'.
+    with pytest.raises(RunError) as caught:
+        parse_target("json.dumps:return")
+    assert str(caught.value) == (
+        "target 'json.dumps:return' needs three parts, 'package.module:Class.method:SPEC': "
+        "'json:dumps:return' (function dumps of module json) or '__main__:json.dumps:return' "
+        "(spec 'return' of json.dumps, defined in the script)"
+    )
+    with pytest.raises(RunError) as caught:
+        parse_target("json:class")
+    assert str(caught.value) == (
+        "target 'json:class' needs three parts, 'package.module:Class.method:SPEC', e.g. 'json:dumps:return'"
+    )
+
+
 def test_run_passes_output_arguments_and_exit_status_through(project):
     expected = plain("prog.py", "3", "--every", "x", cwd=project)
     assert expected.returncode == 3

@@ -213,6 +213,31 @@ def test_a_call_without_arguments_given_as_a_local_or_an_attribute_is_told_call(
     assert parse("self.fc()") == Call("self.fc") and parse(dict(type="FunctionRecorder", target="self.fc()"))
 
 
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("self.fc ( )", "'self.fc ( )': a call site is written without spaces: 'self.fc()'"),
+        ("self . fc()", "'self . fc()': a call site is written without spaces: 'self.fc()'"),
+    ],
+)
+def test_a_call_in_a_spec_s_short_form_is_told_the_short_form_that_parses(text, message):
+    # 'self.fc ( )' given as a spec was told "a call site is recorded with Call('self.fc') ..., not
+    # as a local or an attribute" (it was given as neither).
+    with pytest.raises(SpecError) as caught:
+        parse(text)
+    assert str(caught.value) == message
+    assert parse(message.rpartition(" ")[2].strip("'")) == Call("self.fc")
+
+
+@pytest.mark.parametrize("make", [lambda: parse("self . fc(x)"), lambda: Local("self . fc(x)")])
+def test_a_call_with_spaces_in_its_callee_and_arguments_is_told_a_short_form_that_parses(make):
+    # 'self . fc(x)' was told 'self . fc()', which is refused again.
+    with pytest.raises(SpecError) as caught:
+        make()
+    assert str(caught.value) == "'self . fc(x)': a call site is written without its arguments: 'self.fc()'"
+    assert parse("self.fc()") == Call("self.fc")
+
+
 def test_parse_all():
     assert parse_all("x") == (Local("x"),)
     assert parse_all(["x@0", Return()]) == (Local("x", 0), Return())

@@ -22,7 +22,20 @@ import inspect
 import operator
 import types
 import weakref
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import (
+    Any,
+    Callable,
+    Dict,
+    FrozenSet,
+    Iterable,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Set,
+    Tuple,
+    Union,
+)
 
 import torch
 
@@ -488,6 +501,9 @@ def create_feature_extractor(
 class TargetList(List[str]):
     """A list of target strings whose ``str`` is a table grouped by submodule."""
 
+    #: What list_targets listed as paths only ('heads.task:cls:v2' with no target after it).
+    _paths: FrozenSet[str] = frozenset()
+
     def __str__(self) -> str:
         lines: List[str] = []
         current = None
@@ -496,7 +512,7 @@ class TargetList(List[str]):
             # path is a module's whole path, also one with ':' in its name ('heads.task:cls'),
             # two too ('heads.task:cls:v2', its targets listed next).
             following = self[at + 1] if at + 1 < len(self) else ""
-            bare = target.count(":") < 2 or following.startswith(f"{target}:")
+            bare = target.count(":") < 2 or following.startswith(f"{target}:") or target in self._paths
             path = target if bare else target.rsplit(":", 2)[0]
             if path != current:
                 current = path
@@ -542,6 +558,8 @@ def list_targets(model: torch.nn.Module, methods: Union[str, Iterable[str]] = _D
         raise TypeError(f"methods is a method name or a list of them, got {methods!r:.80}")
     methods = names
     out = TargetList()
+    paths: Set[str] = set()
+    targets: Set[str] = set()
     defined = set()  # of methods, those some submodule defines in Python
     for path, module in named_modules(unwrap(model)):
         if isinstance(module, torch.jit.ScriptModule):
@@ -553,6 +571,7 @@ def list_targets(model: torch.nn.Module, methods: Union[str, Iterable[str]] = _D
             not isinstance(forward, types.FunctionType) or (takes_instance(forward) and has_return(forward))
         ):
             out.append(path)
+            paths.add(path)
         for method in methods:
             func = getattr(type(module), method, None)
             if not isinstance(func, types.FunctionType) or func is getattr(torch.nn.Module, method, None):
@@ -560,7 +579,9 @@ def list_targets(model: torch.nn.Module, methods: Union[str, Iterable[str]] = _D
             defined.add(method)
             if not takes_instance(func):  # def forward(*args): record() refuses it, saying why
                 continue
-            out.extend(f"{path}:{method}:{spec}" for spec in function_targets(func).specs(per_instance=True))
+            listed = [f"{path}:{method}:{spec}" for spec in function_targets(func).specs(per_instance=True)]
+            out.extend(listed)
+            targets.update(listed)
     if given and methods and not defined:  # (a misspelt name listed the paths alone)
         python_methods = {
             name
@@ -574,4 +595,5 @@ def list_targets(model: torch.nn.Module, methods: Union[str, Iterable[str]] = _D
             f"no submodule defines {' or '.join(map(repr, methods))} in Python"
             f"{did_you_mean(names[0], python_methods)}"
         )
+    out._paths = frozenset(paths - targets)
     return out

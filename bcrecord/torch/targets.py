@@ -406,11 +406,12 @@ def _split_in(model: torch.nn.Module, text: str) -> Tuple[str, str, str, bool]:
         if not any(":" in name for name, _ in model.named_modules()):
             return _split(text)
     # Two ':' is a target's form, and a path's with two in its own name ('heads.task:cls:v2'):
-    # looked up where the path before the first ':' names no submodule ('heads.task').
+    # looked up where the path before the first ':' names no submodule ('heads.task'), or one
+    # without that method ('task' beside 'task:cls:v2').
     two_colons = (
         isinstance(text, str)
         and text.count(":") == 2
-        and _submodule(model, text.partition(":")[0].strip()) is None
+        and not hasattr(_submodule(model, text.partition(":")[0].strip()), text.split(":")[1].strip())
         and _submodule(model, text.strip()) is not None
     )
     if isinstance(text, str) and ("grad" in text or text.count(":") not in (0, 2) or two_colons):
@@ -1576,7 +1577,9 @@ def expand(model: torch.nn.Module, text: str) -> List[Target]:
         concrete = f"{path}:{runs}:{spec_text}" if spec_text else path
         given = text.strip().removesuffix(".grad") if grad else text.strip()  # (a module named 'grad')
         if spec_text:  # 'layer1.0 : forward : out' is keyed as 'layer1.0:forward:out'
-            given = re.sub(r"\s*:\s*", ":", given)
+            # (the last two ':' only: a path's own name keeps its spaces, 'heads.a: b')
+            head, method_text, spec_part = given.rsplit(":", 2)
+            given = f"{head.rstrip()}:{method_text.strip()}:{spec_part.strip()}"
         targets.append(Target(concrete if is_glob else given, path, runs, spec, grad, not spec_text))
     if not targets:
         raise TargetError(

@@ -1206,3 +1206,27 @@ def test_list_targets_table_heads_a_submodule_named_with_two_colons_by_its_path(
         "    heads.task:cls:v2:forward:torch.tanh()@0",
         "    heads.task:cls:v2:forward:return",
     ]
+
+
+def test_list_targets_table_heads_a_two_colon_path_with_no_targets_after_it_by_its_path():
+    # With methods='encode', 'heads.task:cls:v2' (a Tanh, no encode) is listed alone: the table
+    # headed it 'heads.task', a module that is not there, listing it as one of its targets.
+    class Enc(torch.nn.Module):
+        def forward(self, x):
+            return x
+
+        def encode(self, x):
+            return x + 1
+
+    net = torch.nn.Sequential()
+    net.add_module("heads", torch.nn.Sequential())
+    net.heads.add_module("task:cls:v2", torch.nn.Tanh())
+    net.add_module("enc", Enc())
+    assert str(list_targets(net, "encode")).splitlines() == [
+        "<root>",
+        "heads",
+        "heads.task:cls:v2",
+        "enc",
+        "    enc:encode:+@0",
+        "    enc:encode:return",
+    ]

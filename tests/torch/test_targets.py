@@ -1481,6 +1481,21 @@ def test_a_submodule_named_with_two_colons_is_a_path_as_list_targets_lists_it():
         expand(net, "heads.task:cls:v3")  # (not a path: a target, whose path is not there)
 
 
+def test_a_submodule_named_with_two_colons_beside_one_named_its_first_part_is_a_path():
+    # With both 'task' and 'task:cls:v2', list_targets listed 'task:cls:v2', read as path 'task',
+    # method 'cls': "Tanh at 'task' has no method 'cls'", and record(net, list_targets(net)) refused.
+    net = torch.nn.ModuleDict({"task": torch.nn.Tanh(), "task:cls:v2": torch.nn.ReLU()})
+    (t,) = expand(net, "task:cls:v2")
+    assert (t.text, t.path, t.method, t.output) == ("task:cls:v2", "task:cls:v2", "forward", True)
+    assert [t.path for t in expand(net, "task:forward:return")] == ["task"]  # a method of 'task': its target
+    x = torch.randn(3)
+    with bcrecord.torch.record(net, bcrecord.torch.list_targets(net)) as rec:
+        y = net["task:cls:v2"](x)
+    assert torch.equal(rec["task:cls:v2:forward:return"], y)
+    with pytest.raises(bcrecord.NotPatchableError, match="Tanh at 'task' has no method 'cls'"):
+        expand(net, "task:cls:v3")
+
+
 def test_a_scripted_model_is_refused_saying_why_at_any_path():
     # torch refuses get_submodule on a ScriptModule: every path but the root crashed with
     # "get_submodule is not supported on ScriptModules" (record(), globs, extractors).
@@ -1774,3 +1789,17 @@ def test_jump_spans_reads_the_version_table_s_jumps_so_an_async_for_is_its_one_l
     table = dataclasses.replace(current(), pseudo_jumps=current().pseudo_jumps | {"JUMP_BACKWARD"})
     monkeypatch.setattr(targets, "current", lambda: table)
     assert [items[end].name for _, end in targets._jump_spans(f.__code__)[0]].count("JUMP_BACKWARD") == 0
+
+
+def test_a_target_of_a_submodule_named_with_a_space_after_a_colon_keeps_its_path_in_its_text():
+    # The spaces around every ':' were dropped from a target's text ('layer1.0 : forward : out'),
+    # those in a path's own name too: 'a.a: a:forward:return' gave the text 'a.a:a:forward:return',
+    # which names no submodule, so create_feature_extractor refused the target list_targets listed.
+    model = torch.nn.Sequential()
+    model.add_module("a", torch.nn.Sequential())
+    model.a.add_module("a: a", torch.nn.Tanh())
+    text = "a.a: a:forward:return"
+    assert text in bcrecord.torch.list_targets(model)
+    assert [(t.text, t.path) for t in expand(model, text)] == [(text, "a.a: a")]
+    x = torch.randn(2)
+    assert torch.equal(bcrecord.torch.create_feature_extractor(model, [text])(x)[text], torch.tanh(x))
