@@ -14,7 +14,7 @@ no downloads). The demo
    in ``DIR/plots`` (feature maps, heatmaps, histograms, values over steps).
 
 Needs torch, safetensors and (for pictures) matplotlib:
-``pip install 'bcrecord[torch,save,viz]'``. Runs in about 10 seconds on a 2-core CPU (the
+``pip install 'bcrecord[torch,save,viz]'``. Runs in about 6 seconds on a 2-core CPU (the
 first run a little longer: matplotlib builds its font cache), about 3 with ``plots=False``.
 
 >>> import io, tempfile

@@ -72,24 +72,25 @@ PathLike = Union[str, "os.PathLike[str]"]
 _NO_NUMBERS = (math.inf, 0.0, -math.inf, 0)
 
 
-def _stats(value: Any) -> Optional[Tuple[float, float, float, int]]:
+def _stats(value: Any, divisor: int = 1) -> Optional[Tuple[float, float, float, int]]:
     """(min, sum, max, count) of the finite-or-infinite, non-NaN numbers in ``value``; None if not numeric.
 
     A NaN step (a loss that diverged) or an empty tensor counts nothing, but the key
-    stays numeric: its other steps still give min, mean and max.
+    stays numeric: its other steps still give min, mean and max. ``divisor``: the sum is
+    of each number divided by it first (a sum of numbers near float64's largest overflows).
 
-    >>> _stats(2), _stats(float("nan")), _stats(10**400)[0], _stats("text")
-    ((2.0, 2.0, 2.0, 1), (inf, 0.0, -inf, 0), inf, None)
+    >>> _stats(2), _stats(float("nan")), _stats(10**400)[0], _stats("text"), _stats([4, 6], divisor=2)
+    ((2.0, 2.0, 2.0, 1), (inf, 0.0, -inf, 0), inf, None, (4.0, 5.0, 6.0, 2))
     """
     named = _first_field(value)
     if named is not None:  # its fields are different things (max's values and indices): the first's
-        return _stats(named[1])
+        return _stats(named[1], divisor)
     if isinstance(value, bool) or isinstance(value, (int, float)):
         try:
             number = float(value)
         except OverflowError:  # an int beyond float's range
             number = math.inf if value > 0 else -math.inf
-        return _NO_NUMBERS if math.isnan(number) else (number, number, number, 1)
+        return _NO_NUMBERS if math.isnan(number) else (number, number / divisor, number, 1)
     if is_tensor(value):
         try:
             # A sparse tensor's stored values and its implicit zeros, counted as the zeros they
@@ -108,14 +109,20 @@ def _stats(value: Any) -> Optional[Tuple[float, float, float, int]]:
             return (0.0, 0.0, 0.0, zeros) if zeros else _NO_NUMBERS
         low, high = t.aminmax()
         low, high = (min(float(low), 0.0), max(float(high), 0.0)) if zeros else (float(low), float(high))
-        return low, float(t.sum(dtype=t.new_zeros(()).double().dtype)), high, int(t.numel()) + zeros
+        float64 = t.new_zeros(()).double().dtype
+        total = t.sum(dtype=float64) if divisor == 1 else (t.to(float64) / divisor).sum()
+        return low, float(total), high, int(t.numel()) + zeros
     array = _numpy_array(value)
     if array is None:
         return None
     array = array[~_isnan(array)]
     if array.size == 0:
         return _NO_NUMBERS
-    return float(array.min()), float(array.sum()), float(array.max()), int(array.size)
+    import numpy as np
+
+    with np.errstate(over="ignore"):  # (an overflowed sum: summarize sums again, see above)
+        total = array.sum() if divisor == 1 else (array / divisor).sum()
+    return float(array.min()), float(total), float(array.max()), int(array.size)
 
 
 def as_dense(tensor: Any) -> Any:
@@ -423,7 +430,12 @@ def summarize(loaded: Loaded, keys: Union[str, Iterable[str], None] = None) -> L
             )
         summary.numbers = count >= 0
         if count > 0:
-            summary.min, summary.mean, summary.max = low, total / count, high
+            mean = total / count
+            if math.isinf(mean) and math.isfinite(low) and math.isfinite(high):
+                # Finite numbers near float64's largest: their sum overflowed, not their mean,
+                # which lies between min and max. Summed again, each number divided first.
+                mean = math.fsum(_stats(value, count)[1] for value in values)  # type: ignore[index]
+            summary.min, summary.mean, summary.max = low, mean, high
         out.append(summary)
     return out
 
@@ -598,6 +610,9 @@ def _figure(width: float, height: float) -> Any:
 
 
 def _title(summary: KeySummary, what: str) -> str:
+    # Complex values are drawn by magnitude (as the table counts them): the picture says so.
+    if "complex" in summary.dtype:
+        what += " (complex: magnitudes)"
     return f"{_shown(summary.key)}\n{what}"
 
 
@@ -781,6 +796,8 @@ def _step_stats(array: Any) -> Tuple[float, float, float, float, int]:
     >>> import numpy as np
     >>> _step_stats(np.array([1.0, 3.0, np.inf]))
     (2.0, 1.0, 3.0, 1.0, 3)
+    >>> _step_stats(np.array([1e308, 1.5e308]))[:4]  # (their sum overflows)
+    (1.25e+308, 1e+308, 1.5e+308, 2.5e+307)
     """
     import numpy as np
 
@@ -788,7 +805,17 @@ def _step_stats(array: Any) -> Tuple[float, float, float, float, int]:
     flat = flat[np.isfinite(flat)]  # every one: a sample's min..max band misses a step's outliers
     if not flat.size:
         return (math.nan, math.nan, math.nan, math.nan, int(array.size))
-    return (float(flat.mean()), float(flat.min()), float(flat.max()), float(flat.std()), int(array.size))
+    low, high = float(flat.min()), float(flat.max())
+    largest = max(-low, high)
+    if largest <= 2.0**500:
+        return (float(flat.mean()), low, high, float(flat.std()), int(array.size))
+    # Numbers near float64's largest overflow a sum and a square: taken on the numbers scaled
+    # down by a power of two (exactly), then scaled back.
+    exponent = math.frexp(largest)[1]
+    scaled = np.ldexp(flat, -exponent)
+    with np.errstate(over="ignore"):
+        mean, std = (float(np.ldexp(part, exponent)) for part in (scaled.mean(), scaled.std()))
+    return (mean, low, high, std, int(array.size))
 
 
 def _over_steps(summary: KeySummary, stats: List[Tuple[float, float, float, float, int]]) -> Any:

@@ -280,6 +280,17 @@ def test_a_nan_step_or_an_empty_value_leaves_the_other_steps_counted(tmp_path):
     assert gone.row()[4:] == ("-", "-", "-")
 
 
+def test_the_mean_of_numbers_near_float64_s_largest_is_their_mean_not_an_overflowed_sum(tmp_path):
+    largest = sys.float_info.max
+    values = {"m:f:huge@0": [0.9 * largest, 0.8 * largest], "m:f:both@0": [largest, -largest, largest]}
+    by_key = {s.key: s for s in summarize(bcrecord.load(bcrecord.save(values, tmp_path, step=0)))}
+    assert by_key["m:f:huge@0"].mean == pytest.approx(0.85 * largest)  # once inf: the sum overflowed
+    assert by_key["m:f:both@0"].mean == pytest.approx(largest / 3)
+    # A real infinity still makes the mean infinite.
+    bcrecord.save({"m:f:inf@0": [largest, float("inf")]}, tmp_path / "inf", step=0)
+    assert [s.mean for s in summarize(bcrecord.load(tmp_path / "inf"))] == [float("inf")]
+
+
 def test_index_says_a_key_whose_every_element_is_nan_has_no_number_not_that_it_is_no_number(tmp_path):
     bcrecord.save({"m:f:loss@0": [float("nan"), float("nan")], "m:f:s@0": ["text"]}, tmp_path, step=0)
     loss, text = summarize(bcrecord.load(tmp_path))

@@ -448,6 +448,27 @@ def test_view_says_why_it_cannot_draw_a_named_tuple_s_first_field(tmp_path):
     assert "one number" not in page
 
 
+def test_every_picture_of_complex_values_says_it_draws_their_magnitudes(tmp_path):
+    pytest.importorskip("matplotlib")
+    from bcrecord.viz import _pictures, summarize
+
+    z = torch.tensor([[[3 + 4j, -1j], [0j, 1 + 0j]]] * 2, dtype=torch.complex64)  # C x H x W: maps
+    values = {"m:f:z@0": [z, z * 0.5], "m:f:r@0": [torch.ones(2, 2, 2)] * 2}
+    summaries = {s.key: s for s in summarize(bcrecord.load(bcrecord.save(values, tmp_path / "run")))}
+
+    def titles(key):
+        pictures = dict(_pictures(summaries[key], max_maps=32))
+        # A grid of maps has its title above the figure; the other pictures, above their axes.
+        titled = {kind: figure._suptitle or figure.axes[0].title for kind, figure in pictures.items()}
+        return {kind: text.get_text() for kind, text in titled.items()}
+
+    complex_titles = titles("m:f:z@0")
+    assert set(complex_titles) == {"maps", "hist", "steps"} and summaries["m:f:z@0"].dtype == "complex64"
+    assert all(title.endswith("(complex: magnitudes)") for title in complex_titles.values()), complex_titles
+    assert summaries["m:f:z@0"].max == 5.0  # |3+4j|: what the pictures draw too
+    assert not any("complex" in title for title in titles("m:f:r@0").values())
+
+
 def test_a_histogram_s_title_counts_the_infinities_and_nans_it_leaves_out(tmp_path):
     pytest.importorskip("matplotlib")
     from bcrecord.viz import _pictures, summarize
@@ -486,6 +507,26 @@ def test_a_histogram_s_title_counts_the_infinities_and_nans_it_leaves_out(tmp_pa
     [histogram] = [figure for kind, figure in _pictures(summary, max_maps=32) if kind == "hist"]
     edges = histogram.axes[0].patches[0].get_data().edges
     assert (edges[0], edges[-1]) == (0.0, 100.0)
+
+
+def test_the_table_and_the_steps_picture_give_numbers_near_float64_s_largest_their_mean_and_std(tmp_path):
+    pytest.importorskip("matplotlib")
+    import warnings
+
+    from bcrecord.viz import _pictures, _step_stats, summarize
+
+    huge = torch.tensor([1e308, 1.5e308], dtype=torch.float64)  # a sum of them overflows
+    saved = bcrecord.save({"m:f:x@0": [huge]}, tmp_path / "r", step=0)
+    [summary] = summarize(bcrecord.load(bcrecord.save({"m:f:x@0": [huge / 2]}, saved, step=1)))
+    assert summary.mean == pytest.approx(0.9375e308)  # once inf
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no overflow on the way (numpy warns of one)
+        assert _step_stats(huge.numpy()) == pytest.approx((1.25e308, 1e308, 1.5e308, 0.25e308, 2))
+    [steps] = [figure for kind, figure in _pictures(summary, max_maps=32) if kind == "steps"]
+    [mean] = steps.axes[0].lines
+    assert list(mean.get_ydata()) == pytest.approx([1.25e308, 0.625e308])
+    band = steps.axes[0].collections[1].get_paths()[0].vertices[:, 1]  # mean +/- std, once inf
+    assert band.max() == pytest.approx(1.5e308)
 
 
 def test_the_steps_picture_shows_each_step_s_min_max_and_mean_over_all_its_elements(tmp_path):
