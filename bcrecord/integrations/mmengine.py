@@ -399,7 +399,8 @@ class FeatureMapDrawer:
     ``topk``, ``arrangement``, ``resize_shape`` and ``alpha`` are passed to it
     unchanged (``alpha`` blends the map over an image, and none is given: it changes
     nothing); a bad one raises :class:`SpecError` as the drawer is built. A 4-D
-    tensor is drawn for its sample ``sample_index``. ``keys``
+    tensor is drawn for its sample ``sample_index`` (a negative one counts from the end;
+    past either end of a smaller batch, its last or first sample is drawn). ``keys``
     selects what is drawn (exact keys or ``fnmatch`` patterns such as
     ``'resnet:*'``; None: every 3-D or 4-D tensor); other values are skipped.
 
@@ -469,6 +470,12 @@ class FeatureMapDrawer:
         >>> drawer.featmap(torch.zeros(2, 8, 4, 4, dtype=torch.float16)).shape, drawer.featmap(torch.ones(3))
         (torch.Size([8, 4, 4]), None)
 
+        A sample index past either end of the batch gives its last or first sample:
+
+        >>> batch = torch.arange(2.0).reshape(2, 1, 1, 1)  # samples 0 and 1
+        >>> [FeatureMapDrawer(sample_index=i).featmap(batch).item() for i in (5, -1, -5)]
+        [1.0, 1.0, 0.0]
+
         A complex map gives its magnitude:
 
         >>> drawer.featmap(torch.full((1, 1, 1), 3 + 4j)).tolist()
@@ -477,7 +484,8 @@ class FeatureMapDrawer:
         if not isinstance(value, torch.Tensor) or value.ndim not in (3, 4) or value.numel() == 0:
             return None
         if value.ndim == 4:
-            value = value[min(self.sample_index, value.shape[0] - 1)]
+            # (clamped at both ends: an index below -N failed the drawing, one above N-1 did not)
+            value = value[max(-value.shape[0], min(self.sample_index, value.shape[0] - 1))]
         if self.channel_reduction is None and self.topk <= 0 and value.shape[0] not in (1, 3):
             return None
         value = value.detach()

@@ -1414,6 +1414,25 @@ def test_a_complex_feature_map_is_drawn_by_its_magnitude_not_its_real_part():
     assert torch.allclose(drawn, torch.arange(1.0, 17.0).reshape(1, 4, 4))
 
 
+def test_a_sample_index_past_either_end_of_the_batch_draws_its_last_or_first_sample():
+    # One below -N failed to draw ("cannot draw ...: IndexError", logged, nothing drawn),
+    # where one above N-1 drew the last sample.
+    from types import SimpleNamespace
+
+    from bcrecord.integrations.mmengine import FeatureMapDrawer
+
+    batch = torch.stack([torch.zeros(1, 4, 4), torch.ones(1, 4, 4)])  # samples 0 and 1
+    images, logged = [], []
+    visualizer = SimpleNamespace(add_image=lambda name, image, step: images.append(name))
+    runner = SimpleNamespace(visualizer=visualizer, logger=SimpleNamespace(warning=logged.append))
+    for index, sample in ((-5, 0.0), (-2, 0.0), (-1, 1.0), (1, 1.0), (5, 1.0)):
+        drawer = FeatureMapDrawer(sample_index=index)
+        assert drawer.featmap(batch).mean().item() == sample
+        assert drawer.draw(runner, {"m:forward:x@0": batch}, "val", step=0) == ["val_m.forward.x@0"]
+        assert drawer.failed == set()
+    assert (len(images), logged) == (5, [])
+
+
 @pytest.mark.skipif(not hasattr(signal, "SIGALRM"), reason="needs SIGALRM")
 def test_what_a_signal_handler_raises_while_a_feature_map_is_drawn_reaches_the_run():
     # A SIGALRM timeout's TimeoutError raised while a feature map was drawn was logged as
