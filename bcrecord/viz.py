@@ -86,10 +86,7 @@ def _stats(value: Any, divisor: int = 1) -> Optional[Tuple[float, float, float, 
     if named is not None:  # its fields are different things (max's values and indices): the first's
         return _stats(named[1], divisor)
     if isinstance(value, bool) or isinstance(value, (int, float)):
-        try:
-            number = float(value)
-        except OverflowError:  # an int beyond float's range
-            number = math.inf if value > 0 else -math.inf
+        number = _float(value)
         return _NO_NUMBERS if math.isnan(number) else (number, number / divisor, number, 1)
     if is_tensor(value):
         try:
@@ -123,6 +120,18 @@ def _stats(value: Any, divisor: int = 1) -> Optional[Tuple[float, float, float, 
     with np.errstate(over="ignore"):  # (an overflowed sum: summarize sums again, see above)
         total = array.sum() if divisor == 1 else (array / divisor).sum()
     return float(array.min()), float(total), float(array.max()), int(array.size)
+
+
+def _float(number: Union[int, float]) -> float:
+    """``number`` as a float: an int beyond float's range is ±inf.
+
+    >>> _float(3), _float(-(10**400))
+    (3.0, -inf)
+    """
+    try:
+        return float(number)
+    except OverflowError:
+        return math.inf if number > 0 else -math.inf
 
 
 def as_dense(tensor: Any) -> Any:
@@ -265,6 +274,10 @@ def _numpy_array(value: Any) -> Any:
         return None if any(part is None for part in parts) else np.concatenate([p.ravel() for p in parts])
     if array is None:
         return None
+    if array.dtype.kind == "O" and isinstance(value, int) and not isinstance(value, bool):
+        # An int beyond int64 and uint64, which numpy keeps as an object: counted as a float (as
+        # one int alone is), not as something non-numeric.
+        return np.array(_float(value))
     if array.dtype.kind == "c":
         array = np.abs(array)
     if array.dtype.kind not in "biuf":

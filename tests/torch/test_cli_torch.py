@@ -409,15 +409,23 @@ def test_view_counts_a_tuple_or_list_whose_items_differ_in_shape(tmp_path):
         "m:f:chunks@0": [torch.arange(5.0).chunk(2)],
         "m:f:list@0": [[torch.ones(2), torch.zeros(3, 1)]],
         "m:f:ragged@0": [[[1, 2], [6]]],
+        # Ints beyond uint64 (numpy keeps them as objects) were shown as non-numeric.
+        "m:f:ints@0": [[2**70, 2, -(2**65)]],
+        "m:f:beyond@0": [[10**400, 1]],
     }
     by_key = {s.key: s for s in summarize(bcrecord.load(bcrecord.save(values, tmp_path / "records")))}
     assert {key: (s.min, s.mean, s.max) for key, s in by_key.items()} == {
         "m:f:chunks@0": (0.0, 2.0, 4.0),
         "m:f:list@0": (0.0, 0.4, 1.0),
         "m:f:ragged@0": (1.0, 3.0, 6.0),
+        "m:f:ints@0": (-(2.0**65), (2.0**70 + 2 - 2.0**65) / 3, 2.0**70),
+        "m:f:beyond@0": (1.0, float("inf"), float("inf")),  # as the one int 10**400 is counted
     }
-    [(kind, histogram)] = _pictures(by_key["m:f:chunks@0"], max_maps=32)
-    assert kind == "hist" and histogram.axes[0].get_title().endswith("histogram of 5 element(s)")
+    for key, elements in (("m:f:chunks@0", 5), ("m:f:ints@0", 3)):
+        [(kind, histogram)] = _pictures(by_key[key], max_maps=32)
+        assert kind == "hist" and histogram.axes[0].get_title().endswith(
+            f"histogram of {elements} element(s)"
+        )
 
 
 def test_view_says_why_it_cannot_draw_a_named_tuple_s_first_field(tmp_path):
