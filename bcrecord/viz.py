@@ -117,7 +117,7 @@ def _stats(value: Any, divisor: int = 1) -> Optional[Tuple[float, float, float, 
         return _NO_NUMBERS
     import numpy as np
 
-    with np.errstate(over="ignore"):  # (an overflowed sum: summarize sums again, see above)
+    with np.errstate(over="ignore"):  # (an overflowed sum: summarize sums again, with a divisor)
         total = array.sum() if divisor == 1 else (array / divisor).sum()
     return float(array.min()), float(total), float(array.max()), int(array.size)
 
