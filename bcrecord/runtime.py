@@ -1324,7 +1324,10 @@ def _find_copier(policy: Any, cls: type) -> Optional[Copier]:
     if dataclasses.is_dataclass(cls):  # a model's output object: each field as it would be alone
         return _dataclass_copier(policy)
     if policy == "clone" and _copied_by_method(cls):
-        return _array_copier(policy)
+        bases = _named_bases(cls)
+        if ("pandas", "Index") in bases:
+            return _pandas_index_copy
+        return _pandas_frame_copy if ("pandas", "NDFrame") in bases else _array_copier(policy)
     return None
 
 
@@ -1384,10 +1387,40 @@ _COPIED_BY_METHOD = {
 }
 
 
+def _named_bases(cls: type) -> Set[Tuple[str, str]]:
+    """``cls`` and its bases as (package, class name): numpy's and pandas' are known by name, the
+    core imports neither.
+
+    >>> sorted(_named_bases(bool))
+    [('builtins', 'bool'), ('builtins', 'int'), ('builtins', 'object')]
+    """
+    return {(str(klass.__module__).partition(".")[0], klass.__name__) for klass in cls.__mro__}
+
+
 def _copied_by_method(cls: type) -> bool:
-    """Whether ``cls`` is one of :data:`_COPIED_BY_METHOD`'s (read by name: the core imports neither)."""
-    bases = ((str(klass.__module__).partition(".")[0], klass.__name__) for klass in cls.__mro__)
-    return any(base in _COPIED_BY_METHOD for base in bases) and callable(getattr(cls, "copy", None))
+    """Whether ``cls`` is one of :data:`_COPIED_BY_METHOD`'s."""
+    return not _named_bases(cls).isdisjoint(_COPIED_BY_METHOD) and callable(getattr(cls, "copy", None))
+
+
+# pandas' deep copy of a frame keeps its index, and an index's ``copy()`` shares its data,
+# which may be a numpy array the program writes to later: ``pd.DataFrame(data, index=keys)``
+# holds ``keys`` itself, and ``keys[0] = 99`` would change the recorded frame. So their
+# axes are copied too. (The items of an ``object`` index or column are kept, as pandas'
+# copies keep them.)
+
+
+def _pandas_index_copy(index: Any) -> Any:
+    """A pandas index's copy, its data copied."""
+    return index.copy(deep=True)
+
+
+def _pandas_frame_copy(frame: Any) -> Any:
+    """A pandas frame's or series' deep copy, its index's (and columns') data copied too."""
+    copied = frame.copy(deep=True)
+    copied.index = frame.index.copy(deep=True)
+    if frame.ndim == 2:  # (not getattr(frame, "columns"): a series' item may be named so)
+        copied.columns = frame.columns.copy(deep=True)
+    return copied
 
 
 def _array_copier(policy: str) -> Copier:

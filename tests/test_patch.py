@@ -2802,3 +2802,27 @@ def test_a_numba_function_is_refused_saying_its_calls_run_no_bytecode_and_what_r
     with bcrecord.recording() as rec:
         assert bcrecord.instrument(compiled.__wrapped__, "y")(3) == 6
     assert rec.all(f"{__name__}:double:y@0") == [6]
+
+
+def test_real_numba_functions_are_refused_and_their_python_function_records_in_calls_of_its_own():
+    numba = pytest.importorskip("numba")
+
+    def double(x):
+        y = x * 2
+        return y
+
+    kinds = {
+        "CPUDispatcher": numba.njit(double),
+        "DUFunc": numba.vectorize(double),
+        "CFunc": numba.cfunc("int64(int64)")(double),
+    }
+    for kind, compiled in kinds.items():
+        for attempt in (bcrecord.patch_function, bcrecord.instrument, bcrecord.targets):
+            with pytest.raises(
+                NotPatchableError, match=rf"^\S*\.double is a numba {kind}: its calls run compiled"
+            ):
+                attempt(compiled, "y") if attempt is not bcrecord.targets else attempt(compiled)
+    assert kinds["CPUDispatcher"](3) == 6 and double.__code__ is kinds["CPUDispatcher"].py_func.__code__
+    with bcrecord.recording() as rec:
+        assert bcrecord.instrument(kinds["CPUDispatcher"].__wrapped__, "y")(3) == 6
+    assert rec.all(f"{__name__}:double:y@0") == [6]

@@ -116,9 +116,8 @@ def _library_class(package: str, name: str, module: str) -> type:
     return Base
 
 
-def test_clone_copies_numpy_and_pandas_subclasses_and_pandas_frames_with_their_copy():
+def test_clone_copies_numpy_subclasses_with_their_copy():
     ndarray = _library_class("numpy", "ndarray", "numpy")
-    NDFrame = _library_class("pandas", "NDFrame", "pandas.core.generic")
 
     class MaskedArray(ndarray):  # numpy.ma's and numpy.rec's classes live outside module "numpy"
         pass
@@ -126,16 +125,89 @@ def test_clone_copies_numpy_and_pandas_subclasses_and_pandas_frames_with_their_c
     class OwnArray(ndarray):  # a program's own subclass
         pass
 
-    class DataFrame(NDFrame):  # pandas 3 names its module "pandas", pandas 2 "pandas.core.frame"
-        pass
-
-    MaskedArray.__module__, DataFrame.__module__ = "numpy.ma.core", "pandas"
-    for kind in (MaskedArray, OwnArray, DataFrame):
+    MaskedArray.__module__ = "numpy.ma.core"
+    for kind in (MaskedArray, OwnArray):
         live = kind([1])
         copied = copy_value(live, "clone")
-        live.data[0] = 9  # changed in place after the assignment: `a[:] = 9`, `df.loc[0] = 9`
+        live.data[0] = 9  # changed in place after the assignment: `a[:] = 9`
         assert type(copied) is kind and copied.data == [1], kind
         assert copy_value(live, "none") is live
+
+
+class _Index:
+    """A stand-in for pandas' ``Index``: ``copy()`` shares its data, ``copy(deep=True)`` copies it."""
+
+    def __init__(self, data: list) -> None:
+        self.data = data
+
+    def copy(self, deep: bool = False) -> "_Index":
+        return type(self)(list(self.data) if deep else self.data)
+
+
+class _NDFrame:
+    """A stand-in for pandas' ``NDFrame``: a deep ``copy()`` copies the values, keeps the axes."""
+
+    ndim = 1
+
+    def __init__(self, data: list, index: _Index, columns: "_Index | None" = None) -> None:
+        self.data, self.index, self.columns = data, index, columns
+
+    def copy(self, deep: bool = True) -> "_NDFrame":
+        return type(self)(list(self.data) if deep else self.data, self.index, self.columns)
+
+
+_Index.__name__, _Index.__module__ = "Index", "pandas"
+_NDFrame.__name__, _NDFrame.__module__ = "NDFrame", "pandas.core.generic"
+
+
+def test_clone_copies_pandas_frames_series_and_indexes_with_the_data_of_their_axes():
+    # pandas' deep copy kept a frame's index, and an index's copy() shared its data: a write
+    # to the numpy array an index views (pd.DataFrame(data, index=keys) holds keys itself)
+    # changed the recorded frame's index, and the recorded index.
+    class Series(_NDFrame):  # pandas 3 names its module "pandas", pandas 2 "pandas.core.series"
+        pass
+
+    class DataFrame(_NDFrame):
+        ndim = 2
+
+    class RangeIndex(_Index):
+        pass
+
+    Series.__module__ = DataFrame.__module__ = RangeIndex.__module__ = "pandas"
+    keys, names = [10, 20], ["a"]
+    values = [
+        copy_value(v, "clone")
+        for v in (Series([1], _Index(keys)), DataFrame([2], _Index(keys), _Index(names)))
+    ]
+    index = copy_value(RangeIndex(keys), "clone")
+    keys[0], names[0] = 99, "z"
+    assert [type(value) for value in values] == [Series, DataFrame] and type(index) is RangeIndex
+    assert values[0].index.data == [10, 20] and values[0].data == [1]
+    assert values[1].index.data == [10, 20] and values[1].columns.data == ["a"] and values[1].data == [2]
+    assert index.data == [10, 20]
+
+
+def test_clone_copies_real_pandas_frames_with_their_axes_and_keeps_object_items_as_pandas_does():
+    np = pytest.importorskip("numpy")
+    pd = pytest.importorskip("pandas")
+    keys = np.array([1, 2, 3])
+    inner = [1]
+    frame = pd.DataFrame({"v": [4.0, 5.0, 6.0], "o": [inner, 0, 0]}, index=keys)
+    series = pd.Series([4, 5, 6], index=keys)
+    index = pd.Index(keys, copy=False)
+    multi = pd.MultiIndex.from_arrays([keys, ["a", "b", "c"]])
+    assert np.shares_memory(frame.index.values, keys)  # (what made the index change)
+    copies = copy_value([frame, series, index, multi, frame], "clone")
+    keys[0] = 99
+    frame.loc[2, "v"] = -1.0
+    series.iloc[1] = -1
+    inner.append(2)
+    assert copies[0].index.tolist() == [1, 2, 3] and copies[0]["v"].tolist() == [4.0, 5.0, 6.0]
+    assert copies[1].index.tolist() == [1, 2, 3] and copies[1].tolist() == [4, 5, 6]
+    assert copies[2].tolist() == [1, 2, 3] and copies[3].get_level_values(0).tolist() == [1, 2, 3]
+    assert copies[4] is copies[0] and copies[0].columns.tolist() == ["v", "o"]
+    assert copies[0]["o"].iloc[0] == [1, 2]  # an object column's items kept, as pandas' own copies keep them
+    assert frame.index.tolist() == [99, 2, 3]  # the original untouched by the copy
 
 
 def test_clone_copies_real_numpy_arrays_their_subclasses_and_the_objects_an_object_array_holds():
