@@ -42,6 +42,15 @@ Cases:
    ``ast.parse``, one inserted call per recorded assignment, ``compile``,
    ``exec``), and (d) patching 50 instances of one class (the rewrite cache
    misses once; the time is compared to one first-time patch).
+4. **``bcrecord run`` watching the program's module code.** A target of the program
+   itself is patched when its module code defines it: until its last definition has
+   run, a trace function watches that code. A program (printed) defines its target
+   after two timed loops, each of ``n`` steps: calls of a one-line function from a
+   function, and a module-level ``while`` loop of two assignments; it times them
+   itself, so start-up is not counted. Variants, each a fresh process per round:
+   ``python prog.py``; ``bcrecord run`` with the target defined after the loops (they
+   run watched); the same program with the target defined before them (the watch
+   ends there). Shown as ratios to the plain run, no target: the README's figures.
 """
 
 from __future__ import annotations
@@ -53,10 +62,14 @@ import gc
 import importlib
 import importlib.metadata
 import inspect
+import json
+import os
 import platform
 import random
 import statistics
+import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 import types
@@ -706,6 +719,103 @@ def case_patch_time(rounds: int, reps: int, instances: int) -> None:
     print()
 
 
+# --- case 4: bcrecord run's watch of the program's module code ---------------
+
+#: The watched program: ``{early}`` or ``{late}`` is where it defines its target.
+WATCHED_PROGRAM = """\
+import json
+import time
+
+N = {n}
+
+
+def one_line():
+    return 1
+
+
+def call_many(n):
+    for _ in range(n):
+        one_line()
+
+
+{early}start = time.perf_counter_ns()
+call_many(N)
+calls_ns = time.perf_counter_ns() - start
+start = time.perf_counter_ns()
+i = 0
+while i < N:
+    i += 1
+    j = i
+loop_ns = time.perf_counter_ns() - start
+{late}
+print(json.dumps({{"calls": calls_ns / N, "loop": loop_ns / N, "x": target()}}))
+"""
+
+WATCHED_TARGET = "def target():\n    x = 1\n    return x\n"
+
+
+def watched_program(n: int, defined_first: bool) -> str:
+    """The source of case 4's program, its target defined before or after the timed loops."""
+    early, late = (WATCHED_TARGET, "") if defined_first else ("", WATCHED_TARGET)
+    return WATCHED_PROGRAM.format(n=n, early=early, late=late)
+
+
+def run_program(path: Path, watched: bool) -> dict[str, float]:
+    """Per-step ns of the program's two loops, run plainly or under ``bcrecord run``.
+
+    Raises where it fails, or where ``bcrecord run`` did not record its target once.
+    """
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    command = [sys.executable, str(path)]
+    if watched:
+        command[1:1] = ["-m", "bcrecord", "run", "-r", "__main__:target:x"]
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(command)} failed:\n{result.stderr[-2000:]}")
+    if watched and "__main__:target:x@0  1       1" not in result.stderr:
+        raise RuntimeError(f"bcrecord run did not record x once:\n{result.stderr[-2000:]}")
+    times: dict[str, float] = json.loads(result.stdout.splitlines()[-1])
+    return times
+
+
+def case_watched_program(rounds: int, n: int) -> None:
+    print("== 4. bcrecord run: the program's module code watched until its target's def has run ==")
+    source = watched_program(n, defined_first=False)
+    print(textwrap.indent(source, "    | ", predicate=lambda line: True), end="")
+    variants = {
+        "plain": (False, False),  # python prog.py (its target defined last)
+        "watched": (False, True),  # bcrecord run, the target defined last: both loops watched
+        "defined first": (True, True),  # bcrecord run, the target defined before the loops
+    }
+    times: dict[str, list[dict[str, float]]] = {name: [] for name in variants}
+    order = random.Random(ORDER_SEED)
+    with tempfile.TemporaryDirectory() as folder:
+        paths = {}
+        for first in (False, True):
+            paths[first] = Path(folder) / f"prog_{'first' if first else 'last'}.py"
+            paths[first].write_text(watched_program(n, first))
+        for round_number in range(1 + rounds):  # (the first round warms the disk cache: untimed)
+            for name in order.sample(list(variants), len(variants)):
+                first, watched = variants[name]
+                measured = run_program(paths[first], watched)
+                if round_number:
+                    times[name].append(measured)
+    rows: list[tuple[str, Optional[Summary], str]] = []
+    for loop_name, label in (
+        ("calls", "call of a one-line function"),
+        ("loop", "module-level while loop step"),
+    ):
+        for name in variants:
+            per_round = [t[loop_name] for t in times[name]]
+            summary = Summary.of([a / b[loop_name] for a, b in zip(per_round, times["plain"], strict=True)])
+            when = _format_time(statistics.median(per_round)) + "/step"
+            rows.append((f"{label}: {name}", summary, when))
+    print("  ratios to the plain run of the same loop (a fresh process per variant and round):")
+    print_table(rows, "median time (context only)")
+    print()
+
+
 # --- main --------------------------------------------------------------------
 
 
@@ -739,10 +849,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         case_per_event(rounds, n=50_000)
         case_idle(rounds, n=50_000, calls=50_000)
         case_patch_time(rounds, reps=5, instances=50)
+        case_watched_program(rounds, n=20_000)
     else:
         case_per_event(rounds, n=200_000)
         case_idle(rounds, n=200_000, calls=200_000)
         case_patch_time(rounds, reps=20, instances=50)
+        case_watched_program(rounds, n=100_000)
     print(f"done in {time.perf_counter() - started:.1f} s")
     return 0
 

@@ -47,6 +47,12 @@ HEADINGS = (
     "source route / first-time patch",
     "source route / cached patch",
     "rewrite cache misses over 50 instance patches",
+    "== 4. bcrecord run: the program's module code watched until its target's def has run",
+    "ratios to the plain run of the same loop (a fresh process per variant and round)",
+    "call of a one-line function: watched",
+    "call of a one-line function: defined first",
+    "module-level while loop step: watched",
+    "module-level while loop step: defined first",
 )
 
 
