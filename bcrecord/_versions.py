@@ -177,6 +177,10 @@ class Table:
     #: Whether Python gives ``__main__`` an empty ``__annotations__`` dict as it starts,
     #: before the program's first line (3.10 to 3.13; 3.14's annotations are lazy).
     main_annotations: bool = True
+    #: The attributes a copy of a function takes its annotations from, the first one set:
+    #: 3.14 evaluates them when first read, through ``__annotate__``, and reading
+    #: ``__annotations__`` raises where they name what is not defined yet (PEP 649).
+    function_annotations: Tuple[str, ...] = ("__annotations__",)
     #: Whether Python makes the program path ``.`` absolute as the working directory itself
     #: (3.11+); 3.10 joins it to the working directory as any relative path (``/cwd/.``).
     dot_is_working_directory: bool = True
@@ -710,6 +714,7 @@ def _314() -> Table:
             "subscript": lambda loc: [_instr("BINARY_OP", _subscr_op(), loc)],
             "value_op": lambda instr: _value_op(instr, "INTRINSIC_UNARY_POSITIVE", "SUBSCR"),
             "main_annotations": False,
+            "function_annotations": ("__annotate__", "__annotations__"),
             "pseudo_jumps": frozenset({"END_ASYNC_FOR"}),
             # No such opcode: ``with`` copies the manager and LOAD_SPECIAL takes the copy for
             # __exit__, which the stack walk sees consume the manager (not a call of it).

@@ -54,7 +54,7 @@ from typing import (
     Union,
 )
 
-from ._versions import ARGUMENT_REFERENCES, LocalEvents, carry_local_events
+from ._versions import ARGUMENT_REFERENCES, LocalEvents, carry_local_events, current
 from .analysis import ProbePoint, Targets, read, resolve
 from .errors import NotPatchableError, SpecError, did_you_mean, shown, warn
 from .rewrite import SINKS_GET, code_objects, insert_probes
@@ -585,12 +585,27 @@ def _copy_function(func: types.FunctionType, stand_in: bool = False) -> types.Fu
     new.__kwdefaults__ = kwdefaults if stand_in or not kwdefaults else dict(kwdefaults)
     # Not a recording copy's slot: this copy is another function, with probes of its own.
     new.__dict__.update({k: v for k, v in func.__dict__.items() if k not in (_SLOT_ATTR, _BASE_ATTR)})
-    for attr in ("__qualname__", "__doc__", "__module__", "__annotations__", "__type_params__"):
+    for attr in ("__qualname__", "__doc__", "__module__", "__type_params__"):
         if hasattr(func, attr):
             setattr(new, attr, getattr(func, attr))
+    attr, annotations = _annotations(func)
+    if annotations is not None:
+        setattr(new, attr, annotations)
     setattr(new, _BASE_ATTR, func)
     _copies.add(new)
     return new
+
+
+def _annotations(func: types.FunctionType) -> Tuple[str, Any]:
+    """Where ``func``'s annotations are, and what: ``('__annotations__', dict)``, or on 3.14
+    ``('__annotate__', function)`` while they are not set as a dict: reading them there
+    evaluates them, which raises where they name what is not defined yet (PEP 649).
+    """
+    for attr in current().function_annotations:
+        value = getattr(func, attr, None)
+        if value is not None:
+            return attr, value
+    return "__annotations__", None
 
 
 class _Slot:
@@ -1360,6 +1375,8 @@ class _Restore:
         stand_in = _unwrap_installed(ours)
         #: What the stand-in started with: changes made through it go to the original.
         self.given = ({name: getattr(stand_in, name) for name in _CARRIED}, dict(vars(stand_in)))
+        #: Its annotations then, unevaluated where they are lazy (3.14).
+        self.annotations = _annotations(stand_in)
         #: Kept apart: autoreload also sets the stand-in's ``__dict__`` (the new function's).
         self.original = vars(stand_in).get(_BASE_ATTR)
         #: Its code without probes: other code there once the patch is released is someone
@@ -1438,6 +1455,9 @@ class _Restore:
         for name, value in given.items():
             if getattr(stand_in, name) is not value:  # set anew (a dict changed in place is shared)
                 setattr(original, name, getattr(stand_in, name))
+        annotations = _annotations(stand_in)
+        if annotations[1] is not self.annotations[1]:
+            setattr(original, *annotations)
         now = vars(stand_in)
         for name, value in now.items():
             if name not in (_BASE_ATTR, _SLOT_ATTR) and attributes.get(name, _MISSING) is not value:
@@ -1447,7 +1467,8 @@ class _Restore:
 
 
 #: A function's own attributes :meth:`_Restore._carry_back` carries (those in its ``__dict__`` too).
-_CARRIED = ("__defaults__", "__kwdefaults__", "__doc__", "__annotations__", "__name__", "__qualname__")
+#: (And its annotations: see _annotations.)
+_CARRIED = ("__defaults__", "__kwdefaults__", "__doc__", "__name__", "__qualname__")
 
 
 def _put(held: Dict[str, Any], attribute: str, value: Any) -> None:

@@ -2826,3 +2826,38 @@ def test_real_numba_functions_are_refused_and_their_python_function_records_in_c
     with bcrecord.recording() as rec:
         assert bcrecord.instrument(kinds["CPUDispatcher"].__wrapped__, "y")(3) == 6
     assert rec.all(f"{__name__}:double:y@0") == [6]
+
+
+@pytest.mark.skipif(sys.version_info < (3, 14), reason="lazy annotations (PEP 649) are 3.14's")
+def test_functions_whose_annotations_name_what_is_not_defined_yet_patch_and_keep_them_lazy():
+    # Copying a function read its __annotations__, which 3.14 evaluates when first read:
+    # patch_method, instrument and record_locals raised a NameError for annotations naming a
+    # class defined later, or a name imported only for type checkers; patch_function worked.
+    namespace: dict = {"__name__": "lazy"}
+    source = (
+        "class Model:\n"
+        "    def forward(self, x: np.ndarray) -> Later:\n"
+        "        y = x + 1\n"
+        "        return y\n"
+        "def area(w: Later, h: int) -> int:\n"
+        "    a = w * h\n"
+        "    return a\n"
+    )
+    exec(compile(source, "<lazy>", "exec"), namespace)
+    Model, area = namespace["Model"], namespace["area"]
+    original = Model.__dict__["forward"]
+    copies = [bcrecord.instrument(area, "a"), bcrecord.record_locals("a")(area)]
+    model = Model()
+    with bcrecord.patch_method(model, "forward", "y", name="one"), bcrecord.recording() as rec:
+        assert [copy(2, 3) for copy in copies] == [6, 6] and model.forward(4) == 5
+    with bcrecord.patch_method(Model, "forward", "y", name="all"), bcrecord.recording() as every:
+        assert Model().forward(1) == 2
+        Model.forward.__annotations__ = {"x": int}  # set through the stand-in: the function's
+    assert rec.all("lazy:area:a@0") == [6, 6] and rec.all("one:forward:y@0") == [5]
+    assert every.all("all:forward:y@0") == [2] and "forward" not in vars(model)
+    assert Model.__dict__["forward"] is original and original.__annotations__ == {"x": int}
+    for copy in copies:
+        with pytest.raises(NameError, match="'Later'"):  # still lazy, as the function's own
+            _ = copy.__annotations__
+    namespace["Later"] = Later = type("Later", (), {})
+    assert [copy.__annotations__ for copy in copies] == [{"w": Later, "h": int, "return": int}] * 2
