@@ -148,6 +148,8 @@ class CodeMap:
     global_names: frozenset = field(repr=False, default=frozenset())
     #: What the compiler puts before a private name (``__w``) in a class's code: ``'_Net'``.
     private_prefix: str = field(repr=False, default="")
+    #: Why each comprehension whose sites are not here cannot be read (see _Sites).
+    unreadable: Tuple[str, ...] = field(repr=False, default=())
 
 
 @dataclass(frozen=True)
@@ -805,6 +807,8 @@ class _Sites:
         }
         #: Names the code assigns as globals (``global G``): no locals (for errors about them).
         self.global_names = {i.arg for _, i in real if i.name == "STORE_GLOBAL"}
+        #: Why each comprehension whose sites are left out cannot be read.
+        self.unreadable: List[str] = []
         self.stores: List[Raw] = [
             (name, pos, i, identity.of(pos, i), None)
             for pos, i in real
@@ -875,7 +879,13 @@ class _Sites:
                 and isinstance(i.arg, CodeType)
                 and i.arg.co_name in table.separate_comprehensions
             ):
-                inner = _Sites(i.arg, outer_cells, nested=True)
+                try:
+                    inner = _Sites(i.arg, outer_cells, nested=True)
+                except NotPatchableError as error:
+                    # Code the bytecode package cannot read (3.14's t'{x}'): its sites are
+                    # left out, and the function is rewritten around it, as around a nested def.
+                    self.unreadable.append(str(error))
+                    continue
                 # Its sites are its own constructs, never one of the function's on the same
                 # line (3.10 tells constructs apart by line and count).
                 where = identity.of(pos, i)
@@ -1267,6 +1277,7 @@ def _read(key: Tuple[object, ...], qualname: Optional[str] = None) -> CodeMap:
         free_names=frozenset(code.co_freevars) - {"__class__"},  # (the cell super() reads)
         global_names=frozenset(raw.global_names),
         private_prefix=_private_prefix(getattr(code, "co_qualname", None) or qualname or ""),
+        unreadable=tuple(raw.unreadable),
     )
 
 
@@ -1415,6 +1426,17 @@ def resolve(specs: Sequence[Spec], cmap: CodeMap) -> Tuple[ProbePoint, ...]:
     bcrecord.errors.TargetError: h has no assignment to a local named 'c'; assigned locals: b; \
 arguments (their value at entry): a
     """
+    try:
+        return _resolve(specs, cmap)
+    except TargetError as error:
+        if not cmap.unreadable:
+            raise
+        # The site may be in a comprehension left out: say so.
+        raise TargetError(f"{error} (not looked for in: {'; '.join(cmap.unreadable)})") from None
+
+
+def _resolve(specs: Sequence[Spec], cmap: CodeMap) -> Tuple[ProbePoint, ...]:
+    """:func:`resolve`, without the note about comprehensions left out."""
     func = cmap.qualname
     points: List[ProbePoint] = []
     for spec in (_as_compiled(given, cmap.private_prefix) for given in specs):

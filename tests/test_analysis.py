@@ -253,6 +253,27 @@ def test_code_the_bytecode_package_cannot_rewrite_is_said_so_by_function_line_an
         assert rec["t:f:y@0"] == 2
 
 
+@pytest.mark.skipif(sys.version_info < (3, 14), reason="template strings are new in 3.14")
+def test_a_generator_expression_the_bytecode_package_cannot_read_is_left_out_not_the_function():
+    # A t'{v}' in a generator expression made the whole function refused, for any spec, with an
+    # error naming the generator expression; one in a nested def or lambda was left alone.
+    namespace = {}
+    source = "def f(a):\n    g = (t'{v}'.values for v in range(2))\n    c = a + 1\n    return c, list(g)\n"
+    exec(source, namespace)
+    f = namespace["f"]
+    with bcrecord.patch_function(f, ["c", "g"], name="t"), bcrecord.recording() as rec:
+        assert f(1) == (2, [(0,), (1,)])
+    assert rec["t:f:c@0"] == 2 and type(rec["t:f:g@0"]).__name__ == "generator"
+    assert bcrecord.targets(f).specs() == ["c@0", "g@0", "list()@0", "range()@0", "+@0", "return"]
+    unreadable = (
+        f" (not looked for in: the bytecode package {bytecode.__version__} cannot rewrite the code of "
+        "f.<locals>.<genexpr> (<string>, line 2): it has a template string with a value in it, t'{x}')"
+    )
+    with pytest.raises(TargetError, match="^f never calls 'str'; callees: list, range ") as caught:
+        bcrecord.patch_function(f, "str()")
+    assert str(caught.value).endswith(unreadable)
+
+
 def test_an_or_pattern_binds_its_names_once_whichever_alternative_matched():
     def f(s):
         match s:
