@@ -65,6 +65,13 @@ _transforms_active: Callable[[], bool] = getattr(torch._C, "_are_functorch_trans
 _inference_mode: Callable[[], bool] = getattr(torch, "is_inference_mode_enabled", lambda: False)
 #: The guard torch.inference_mode enters (its Python wrapper costs twice the copy of a small tensor).
 _InferenceMode: Callable[[bool], Any] = getattr(torch._C, "_InferenceMode", torch.inference_mode)
+#: Why saved-tensor hooks are refused now (torch.func.grad's and its kin's transforms refuse
+#: them), or None where they are taken.
+_hooks_refused: Callable[[], Optional[str]] = getattr(
+    torch._C._autograd, "_saved_tensors_hooks_get_disabled_error_message", lambda: None
+)
+#: How many dispatch modes are on (a C call per recorded tensor; almost always none).
+_dispatch_modes: Callable[[], int] = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 0)
 #: Whether the values copied now go back into the code that runs the model (an extractor returns
 #: them): inside a transform they stay its tensors there (vmap batches its outputs itself).
 returned_inside: contextvars.ContextVar[bool] = contextvars.ContextVar(
@@ -107,6 +114,73 @@ def outside_transforms(tensor: torch.Tensor, copy: Callable[[torch.Tensor], T]) 
         return copy(inner)
 
 
+@functools.cache
+def _selective_checkpoint_modes() -> Tuple[type, ...]:
+    """The dispatch modes of selective activation checkpointing (torch's own, private: none
+    where this torch has other names for them)."""
+    from torch.utils import checkpoint
+
+    names = ("_CachingTorchDispatchMode", "_CachedTorchDispatchMode")
+    return tuple(
+        mode for mode in (getattr(checkpoint, name, None) for name in names) if isinstance(mode, type)
+    )
+
+
+def _selective_checkpointing() -> bool:
+    """Whether a selective activation checkpoint's dispatch mode is on (one is, or others)."""
+    modes = _selective_checkpoint_modes()
+    return bool(modes) and any(isinstance(mode, modes) for mode in _dispatch_stack())
+
+
+def outside_selective_checkpoint(copy: Callable[[Any], T], value: Any) -> T:
+    """``copy(value)`` out of sight of selective activation checkpointing's dispatch modes.
+
+    A selective checkpoint (``checkpoint(..., context_fn=create_selective_checkpoint_contexts(policy))``)
+    counts the ops of the forward its policy saves, per op, and hands their outputs, in that order,
+    to the same ops when it recomputes the forward for the backward. A copy's ops counted
+    there (a clone, a reduce's matmul) would shift that order: the recompute, which runs
+    without probes once the recording has ended, would get a copy's output for one of the
+    model's, and silently wrong gradients. So the modes above and including the checkpoint's
+    are taken off while ``copy`` runs, and those that are not the checkpoint's put back over it.
+
+    >>> import functools, torch
+    >>> from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+    >>> saves_clones = functools.partial(create_selective_checkpoint_contexts, [torch.ops.aten.clone.default])
+    >>> seen = []
+    >>> def body(x):
+    ...     seen.append(outside_selective_checkpoint(torch.clone, x))
+    ...     return (x * 2).clone().sum()
+    >>> x = torch.ones(2, requires_grad=True)
+    >>> checkpoint(body, x, use_reentrant=False, context_fn=saves_clones).backward()
+    >>> x.grad, len(seen)
+    (tensor([2., 2.]), 1)
+    """
+    modes = _selective_checkpoint_modes()
+    pop = functools.partial(torch._C._pop_torch_dispatch_stack, None)  # (None: the top, a program's)
+    push = torch._C._push_on_torch_dispatch_stack
+    taken: List[Any] = []  # top first
+    try:
+        while any(isinstance(mode, modes) for mode in _dispatch_stack()):
+            taken.append(pop())
+        others = [mode for mode in reversed(taken) if not isinstance(mode, modes)]
+        for mode in others:
+            push(mode)
+        try:
+            return copy(value)
+        finally:
+            for _ in others:
+                pop()
+    finally:
+        for mode in reversed(taken):
+            push(mode)
+
+
+def _dispatch_stack() -> List[Any]:
+    """The dispatch modes on, bottom first: a tracer's infra modes, then those a program entered
+    (the checkpoint's among them: popping takes those first)."""
+    return [torch._C._get_dispatch_stack_at(k) for k in range(_dispatch_modes())]
+
+
 def _detached_copy_of(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().clone()
 
@@ -143,6 +217,8 @@ def clone(tensor: torch.Tensor) -> torch.Tensor:
     >>> kept, live
     (tensor([-1.,  2.]), tensor([0., 2.]))
     """
+    if _dispatch_modes() and _selective_checkpointing():  # (see outside_selective_checkpoint)
+        return outside_selective_checkpoint(clone, tensor)
     if (
         _transforms_active() and not returned_inside.get()
     ):  # inside torch.func.vmap or grad: the tensor under their wrappers
@@ -170,6 +246,8 @@ def detached_clone(tensor: torch.Tensor) -> torch.Tensor:
     >>> kept.requires_grad, torch.equal(kept, live)
     (False, True)
     """
+    if _dispatch_modes() and _selective_checkpointing():  # (see outside_selective_checkpoint)
+        return outside_selective_checkpoint(detached_clone, tensor)
     if (
         _transforms_active() and not returned_inside.get()
     ):  # inside torch.func.vmap or grad: the tensor under their wrappers
@@ -189,6 +267,8 @@ def _detached(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _detached_copy(tensor: torch.Tensor) -> torch.Tensor:
+    if _dispatch_modes() and _selective_checkpointing():  # (see outside_selective_checkpoint)
+        return outside_selective_checkpoint(_detached_copy, tensor)
     if _transforms_active() and not returned_inside.get():
         return outside_transforms(tensor, _detached_copy_of)
     return _normal_clone(tensor) if _inference_mode() else tensor.detach().clone()
@@ -199,6 +279,8 @@ def _deepcopy_outside_autograd(value: Any) -> Any:
     ``dict(loss=loss)``, and keeps a leaf's ``requires_grad``), the container rebuilt with its
     tensors' detached copies, as a tensor alone is copied, and the rest of it deep-copied (as
     ``'deepcopy'`` copies each)."""
+    if _dispatch_modes() and _selective_checkpointing():  # (see outside_selective_checkpoint)
+        return outside_selective_checkpoint(_deepcopy_outside_autograd, value)
     container = isinstance(value, (list, tuple, dict, set, frozenset)) or dataclasses.is_dataclass(value)
     if not container:
         return _copy_module.deepcopy(value)  # (an object that holds one its own way: the errors say so)
@@ -588,6 +670,8 @@ class ValuePolicy:
             stream.synchronize()
 
     def _one(self, live: torch.Tensor) -> Any:
+        if _dispatch_modes() and _selective_checkpointing():  # (see outside_selective_checkpoint)
+            return outside_selective_checkpoint(self._one, live)
         if (
             _transforms_active() and not returned_inside.get()
         ):  # inside torch.func.vmap or grad: see outside_transforms
@@ -604,6 +688,10 @@ class ValuePolicy:
             # and always while traced (torch.jit.trace's check traces again under no_grad).
             in_graph = live.requires_grad or _tracing_state() is not None
             reduced = self.reduce(live.detach() if in_graph else live)
+        elif _hooks_refused() is not None:
+            # Inside torch.func.grad, vjp or jacrev, which refuse saved-tensor hooks: a
+            # checkpoint's (non-reentrant: hooks too) cannot be running there either.
+            reduced = self.reduce(live)
         else:
             # In the graph, its saved tensors kept as they are, out of sight of an
             # enclosing checkpoint's count (innermost saved-tensor hooks win).

@@ -1339,6 +1339,80 @@ def test_a_reduce_under_activation_checkpointing_leaves_backward_working_after_t
         assert torch.allclose(model.inner.lin.weight.grad, expected)
 
 
+@pytest.mark.parametrize("saved", ["mm", "mm and clone"])
+def test_selective_activation_checkpointing_never_counts_a_copy_among_the_model_s_ops(saved):
+    # A selective checkpoint hands the outputs its policy saved, counted per op in the forward,
+    # to the same ops in order when it recomputes. The probes' copies (a clone, a reduce's
+    # matmul) were counted: a backward after the block, whose recompute runs no probes, got a
+    # copy's output for the model's, silently wrong gradients; a backward inside the block
+    # failed its recompute's records ("aten.clone.default encountered during backward...").
+    import functools
+
+    from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+
+    ops = [torch.ops.aten.mm.default] + ([torch.ops.aten.clone.default] if "clone" in saved else [])
+    context = functools.partial(create_selective_checkpoint_contexts, ops)
+
+    class Inner(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w1, self.w2 = torch.nn.Parameter(torch.randn(4, 4)), torch.nn.Parameter(torch.randn(4, 4))
+
+        def forward(self, x):
+            a = torch.tanh(x @ self.w1)
+            b = torch.sin(a).clone()
+            return torch.tanh(b @ self.w2) * a
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = Inner()
+
+        def forward(self, x):
+            return checkpoint(self.inner, x, use_reentrant=False, context_fn=context).sum()
+
+    torch.manual_seed(0)
+    model, x, projection = Net(), torch.randn(4, 4), torch.randn(4, 4)
+    expected = torch.autograd.grad(model(x), [model.inner.w1, model.inner.w2])
+    a = torch.tanh(x @ model.inner.w1).detach()
+    for options in ({}, {"reduce": lambda t: t @ projection}, {"grad": True}, {"copy": "deepcopy"}):
+        with record(model, ["inner:forward:a", "inner:forward:b"], **options) as rec:
+            loss = model(x)
+        got = torch.autograd.grad(loss, [model.inner.w1, model.inner.w2])  # after the block
+        assert all(torch.allclose(g, e) for g, e in zip(got, expected, strict=True)), options
+        assert torch.allclose(rec["inner:forward:a@0"], a @ projection if "reduce" in options else a)
+        assert not rec.errors, options
+        with record(model, ["inner:forward:a"], keep="all", **options) as rec:
+            got = torch.autograd.grad(model(x), [model.inner.w1, model.inner.w2])  # inside it: recomputed
+        assert all(torch.allclose(g, e) for g, e in zip(got, expected, strict=True)), options
+        assert len(rec.all("inner:forward:a@0")) == 2 and not rec.errors, options
+
+
+def test_a_reduce_in_the_graph_records_inside_torch_func_grad_and_its_kin():
+    # With grad=True a reduce ran under saved-tensor hooks of bcrecord's own (out of sight of
+    # a checkpoint's), which torch.func.grad, vjp and jacrev refuse: nothing was recorded, the
+    # error blamed "saved tensor hooks" the user never set, and an extractor with a reduce
+    # (grad=True by default) raised.
+    from torch.func import functional_call, grad, jacrev
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(), torch.nn.Linear(3, 1))
+    x = torch.randn(5, 4)
+    params = {name: p.detach() for name, p in model.named_parameters()}
+    expected = torch.tanh(model[0](x)).norm().detach()
+    for transform in (grad, jacrev):
+        with record(model, ["1"], reduce=lambda t: t.norm(), grad=True) as rec:
+            transform(lambda p: functional_call(model, p, (x,)).sum())(params)
+        assert not rec.errors and torch.allclose(rec["1:forward:return"], expected), transform
+    extractor = create_feature_extractor(model, ["1"], reduce=lambda t: t.norm())
+    inner = {f"model.{name}": value for name, value in params.items()}
+    gradients = grad(lambda p: functional_call(extractor, p, (x,))["1"])(inner)
+    direct = grad(lambda p: torch.tanh(functional_call(model[0], p, (x,))).norm())(
+        {"weight": params["0.weight"], "bias": params["0.bias"]}
+    )
+    assert torch.allclose(gradients["model.0.weight"], direct["weight"])
+
+
 def test_gradients_are_in_the_order_of_their_values_whatever_backward_s_order():
     # One module called twice: backward reaches the second call first.
     class Twice(torch.nn.Module):
