@@ -411,6 +411,8 @@ class ModelRecording(Recording):
         self._stop = stop_after_last
         self._needed: frozenset = frozenset()
         self._seen: Set[str] = set()
+        #: Whether this pass raised its stop (one that returns caught it: see _ran_whole).
+        self._stopped = False
         #: Whether a pass of this recording is running (see _all_done_here).
         self._passing = False
         #: The value policies of the plan (their copies from a GPU finish before reads).
@@ -625,6 +627,7 @@ class ModelRecording(Recording):
     def _start_pass(self) -> None:
         """Begin a new forward pass (early stop counts targets per pass)."""
         self._seen = set()
+        self._stopped = False
         self._passing = True
 
     def _end_pass(self) -> None:
@@ -633,13 +636,23 @@ class ModelRecording(Recording):
 
     def _ran_whole(self) -> None:
         """A pass that could have stopped early returned: warn, once, where that is because
-        a target names a site that did not run while every target has a value.
+        the model's own code caught the stop, or because a target names a site that did not
+        run while every target has a value.
 
         A target without an index (``'blocks.1:forward:x'``) names every assignment of
         its local, some maybe in a branch this model never takes (timm's blocks have
         such sites); the stop waits for each. The values are right; the rest of the
         model ran for nothing.
         """
+        if self._stopped:  # (raised, and it returned)
+            if "stop caught" not in self._warned:
+                self._warned.add("stop caught")
+                warn(
+                    "the early stop was caught by the model's own code (a bare 'except:' or "
+                    "'except BaseException:' around a target), which ran on: its forward returned "
+                    "what it made after that; the values recorded are the model's"
+                )
+            return
         unseen = [key for key in self._needed if key not in self._seen]
         if not self._stop or not unseen or "stop held back" in self._warned:
             return
@@ -755,6 +768,7 @@ class ModelRecording(Recording):
                     and not _stopping_skips_wrappers(self._through)
                     and not _hooks_take_the_output(self._caught_in)
                 ):
+                    self._stopped = True
                     raise StopForward(key, self)
 
         return sink.with_store(store_then_maybe_stop)

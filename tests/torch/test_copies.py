@@ -616,3 +616,11 @@ def test_a_wrapper_subclass_around_fake_tensors_is_not_recorded_by_a_core_record
             double(x)
     kept = rec["m:double:h@0"]
     assert type(kept) is TwoTensor and torch.equal(kept.b, torch.full((3,), 4.0))
+
+
+def test_to_meta_keeps_each_tensor_s_shape_and_dtype_not_its_data():
+    kept = value_policy(to="meta")((torch.ones(2, 3), torch.arange(4)))
+    assert [(t.device.type, tuple(t.shape), t.dtype) for t in kept] == [
+        ("meta", (2, 3), torch.float32),
+        ("meta", (4,), torch.int64),
+    ]

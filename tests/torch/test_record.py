@@ -2206,6 +2206,36 @@ def test_a_stop_held_back_by_a_site_that_did_not_run_is_said_once():
     assert not [w for w in caught if "stop_after_last" in str(w.message)]
 
 
+def test_a_stop_the_model_s_own_bare_except_catches_is_said_once():
+    # A bare except around a target caught the stop and ran its fallback: the forward
+    # returned what that made, and nothing said so.
+    class Fallback(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = torch.nn.Linear(3, 3), torch.nn.Linear(3, 1)
+
+        def forward(self, x):
+            try:
+                h = self.a(x)
+            except:  # noqa: E722
+                h = torch.zeros(len(x), 3)
+            return self.b(h)
+
+    torch.manual_seed(0)
+    net, x = Fallback(), torch.randn(2, 3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with torch.no_grad(), record(net, ["a"], stop_after_last=True) as rec:
+            outs = [net(x), net(x)]
+        with torch.no_grad():
+            features = create_feature_extractor(net, ["a"])(x)
+    said = [str(w.message) for w in caught if "caught by the model's own code" in str(w.message)]
+    assert len(said) == 2 and "a bare 'except:'" in said[0]  # once per recording
+    with torch.no_grad():
+        assert all(torch.equal(out, net.b(torch.zeros(2, 3))) for out in outs)
+        assert torch.equal(rec["a:forward:return"], net.a(x)) and torch.equal(features["a"], net.a(x))
+
+
 def test_a_gradient_no_backward_reached_is_missing_for_that_reason_not_a_branch():
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Tanh())
