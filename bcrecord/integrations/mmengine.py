@@ -52,6 +52,7 @@ import operator
 import os
 import re
 import types
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
@@ -767,6 +768,8 @@ class RecorderHook(Hook):
                 f"visualize must be True or a dict of FeatureMapDrawer options, got {visualize!r}"
             )
         self.drawer = _drawer(visualize) if isinstance(visualize, Mapping) else None
+        #: The runner of the last run (weakly): its next run counts validation and test on.
+        self._runner: Optional[weakref.ReferenceType] = None
         self._reset()
 
     def _reset(self) -> None:
@@ -818,7 +821,12 @@ class RecorderHook(Hook):
     def before_run(self, runner: Runner) -> None:
         """Check every recorder against the model (raising before any iteration) and prepare."""
         self._finish(runner, failed=False, unwrap_loops=True)
+        # Another run of the same runner (runner.val() after runner.train()) draws into the same
+        # folder: its validation and test steps count on, never drawing over the last run's images.
+        counts = self._counts if self._runner is not None and self._runner() is runner else {}
         self._reset()
+        self._counts.update(counts)
+        self._runner = weakref.ref(runner)
         self._parsed = parse_recorders(self.recorders)
         patches = self._apply(runner)  # checks everything; raises with nothing changed
         try:
@@ -1235,13 +1243,29 @@ class RecorderHook(Hook):
             runner.logger.info("\n".join(lines))
 
 
+def _version(tensor: torch.Tensor) -> int:
+    """How many times ``tensor`` was written in place (-1 for an inference tensor, which does not count).
+
+    >>> t = torch.zeros(2)
+    >>> before = _version(t)
+    >>> _ = t.add_(1)
+    >>> _version(t) - before
+    1
+    """
+    try:
+        return tensor._version
+    except RuntimeError:  # "Inference tensors do not track version counter"
+        return -1
+
+
 @HOOKS.register_module()
 class RecorderVisualizationHook(Hook):
     """Draw feature maps found in the MessageHub with ``Visualizer.draw_featmap``.
 
     Reads ``runner.message_hub`` after each iteration of the chosen loops and draws
     every 3-D ``(C, H, W)`` or 4-D ``(N, C, H, W)`` tensor whose key is selected by
-    ``keys`` (keys or ``fnmatch`` patterns; None: all), once per new value, to the
+    ``keys`` (keys or ``fnmatch`` patterns; None: all), once per new value (one tensor
+    changed in place is a new value), to the
     runner's vis backends (``LocalVisBackend`` files by default, TensorBoard when
     configured), in the iteration that published it: every ``interval``-th iteration
     draws the values published in that iteration, never an older one the hub still
@@ -1280,7 +1304,8 @@ class RecorderVisualizationHook(Hook):
         self.drawer = FeatureMapDrawer(
             keys, interval, channel_reduction, topk, arrangement, resize_shape, alpha, sample_index
         )
-        self._last: Dict[str, Any] = {}
+        #: Per key, the value seen last and its version (see _draw).
+        self._last: Dict[str, Tuple[torch.Tensor, int]] = {}
         self._counts: Dict[str, int] = {}
 
     def _draw(self, runner: Runner, mode: str) -> None:
@@ -1293,16 +1318,20 @@ class RecorderVisualizationHook(Hook):
             self._counts[mode] = step + 1
         fresh = {}
         for key, value in runner.message_hub.runtime_info.items():
-            # A key whose value is the one seen last iteration was not published again.
+            # A key whose value is the one seen last iteration, unchanged, was not published
+            # again. (One tensor changed in place, a parameter published under copy='none' as
+            # the optimizer steps it, is a new value: its version counts the writes.)
             if not isinstance(value, torch.Tensor) or not self.drawer.wants(key):
                 continue
-            if self._last.get(key) is not value:
-                fresh[key] = value
+            seen = (value, _version(value))
+            last = self._last.get(key)
+            if last is None or last[0] is not value or last[1] != seen[1]:
+                fresh[key] = seen
         # Seen every iteration, drawn or not: an older iteration's value, still in the hub,
         # is never drawn under a later step.
         self._last.update(fresh)
         if (step + 1) % self.drawer.interval == 0:
-            self.drawer.draw(runner, fresh, mode, step)
+            self.drawer.draw(runner, {key: value for key, (value, _) in fresh.items()}, mode, step)
 
     def after_train_iter(
         self, runner: Runner, batch_idx: int, data_batch: DataBatch = None, outputs: Any = None

@@ -1493,6 +1493,41 @@ def test_visualization_hook_never_draws_an_older_iteration_s_value_under_a_later
     assert images == [("train_m.forward.x@0", 3)]
 
 
+def test_visualization_hook_draws_a_tensor_changed_in_place_as_a_new_value():
+    # Under copy='none' the hub holds one parameter, which the optimizer changes in place: it
+    # was drawn once, at the first iteration, however often it was published.
+    from types import SimpleNamespace
+
+    images = []
+    weight = torch.rand(1, 2, 4, 4)
+    hub = {"m:forward:self.weight": weight}
+    visualizer = SimpleNamespace(add_image=lambda name, image, step: images.append(step))
+    runner = SimpleNamespace(visualizer=visualizer, message_hub=SimpleNamespace(runtime_info=hub), iter=0)
+    hook = RecorderVisualizationHook(interval=1)
+    for iteration in range(4):
+        if iteration in (1, 2):
+            weight.add_(1)  # an optimizer's step, between two iterations' forwards
+        runner.iter = iteration
+        hook.after_train_iter(runner, iteration)
+    assert images == [0, 1, 2]  # not 3: the same tensor, unchanged since
+
+
+def test_a_later_run_of_the_same_runner_counts_evaluations_on_and_draws_over_no_image(tmp_path):
+    # runner.val() after runner.train() started the validation steps at 0 again: without a
+    # save_dir, its images, in the same folder, replaced those drawn in training's evaluations.
+    torch.manual_seed(0)
+    hook = dict(type="RecorderHook", recorders=[RESNET_RECORDER], loops=["train", "val"], visualize=True)
+    runner = make_runner(tmp_path, MMResNet(), [hook], data=ImageDataset(), batch_size=4, val=True)
+    runner.train()
+    images = Path(runner.log_dir) / "vis_data" / "vis_image"
+    drawn = {path.name: path.read_bytes() for path in images.glob("val_*.png")}
+    runner.val()
+    again = {path.name: path.read_bytes() for path in images.glob("val_*.png")}
+    assert {name: again[name] for name in drawn} == drawn  # every image of the first run kept
+    steps = sorted({int(name.rsplit("_", 1)[1][:-4]) for name in again})
+    assert steps == [0, 1, 2, 3] and len(again) == 2 * len(drawn) == 12
+
+
 def test_hook_object_is_reusable_across_runs(tmp_path):
     torch.manual_seed(0)
     model = ToyModel()
