@@ -758,6 +758,15 @@ def test_t5_encoder_once_then_decoder_self_and_cross_attention_per_step():
         full = t5(source, decoder_input_ids=generated[:, :3], output_attentions=True)
     last = attn.all(f"decoder.block.1.layer.1.EncDecAttention:{probs}")[2]
     assert torch.allclose(last[:, :, 0], full.cross_attentions[1][:, :, 2], atol=1e-6)
+    # Beam search: the encoder runs once, on the batch as given; the decoder on batch x beams.
+    with (
+        attention_recorder(t5, ["nn.functional.softmax()"]) as patch,
+        bcrecord.recording(only=[patch]) as beams,
+        torch.no_grad(),
+    ):
+        t5.generate(source, max_new_tokens=3, min_new_tokens=3, num_beams=2, do_sample=False)
+    assert [v.shape[0] for v in beams.all(f"encoder.block.1.layer.0.SelfAttention:{probs}")] == [2]
+    assert [v.shape[0] for v in beams.all(f"decoder.block.1.layer.1.EncDecAttention:{probs}")] == [4] * 3
     assert_clean()
 
 
