@@ -533,6 +533,8 @@ class Writer:
             if not os.path.lexists(self.directory):
                 _make_whole(self.directory)
             elif os.path.isdir(self.directory) and not (self.directory / "index.json").exists():
+                if not (self.directory / _JOURNAL).exists():  # (a run's whose header was lost: its own)
+                    _refuse_foreign_records(self.directory)
                 # Filled in place (a directory there: the program's, made empty), its header first,
                 # so that a reader never finds records/ without it (it reads as empty until then);
                 # before records/, so before its lock.
@@ -1419,12 +1421,44 @@ def _expanded(directory: PathLike) -> Path:
     An empty string (an unset variable, surely) is refused, as the working directory it
     would be (``Path("")`` is ``.``) for saving and loading alike.
 
-    >>> _expanded("~/runs") == Path.home() / "runs"
-    True
+    A folder named so is written as the shell writes one, ``./~``: pathlib drops the ``./``
+    before expanding, which gave the home folder. A ``~name`` of no user here is refused.
+
+    >>> _expanded("~/runs") == Path.home() / "runs", _expanded("./~") == Path.cwd() / "~"
+    (True, True)
     """
-    if not os.fspath(directory):
+    text = str(os.fspath(directory))
+    if not text:
         raise StorageError("the records directory is an empty string (give '.' for the working directory)")
-    return Path(directory).expanduser()
+    if not text.startswith("~"):
+        path = Path(directory)
+        # ('./~' is Path('~') once made: absolute, no later expansion takes it for home.)
+        return path.absolute() if str(path).startswith("~") else path
+    try:
+        return Path(text).expanduser()
+    except RuntimeError:  # "Could not determine home directory": no such user
+        user = text[1:].split("/", 1)[0]
+        raise StorageError(
+            f"{text!r}: there is no user {user!r} on this machine for '~{user}' to name the home of "
+            f"(give './{text}' for a folder of that name)"
+        ) from None
+
+
+def _refuse_foreign_records(directory: Path) -> None:
+    """Refuse to make a run in ``directory``, which has no index nor journal, where its
+    ``records`` folder holds files: no run of bcrecord's left them (it writes its journal
+    before its records folder, and removes it after), and its numbered files would replace them."""
+    try:
+        found = sorted(entry.name for entry in os.scandir(directory / "records"))
+    except (FileNotFoundError, NotADirectoryError):
+        return
+    foreign = [name for name in found if name not in (".lock", ".write-test")]
+    if foreign:
+        raise StorageError(
+            f"cannot write records to {directory}: its records folder holds files no run of bcrecord's "
+            f"wrote ({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}), which the run's "
+            "files could replace; save to another folder"
+        )
 
 
 def _remove_if_empty(directory: Path) -> None:

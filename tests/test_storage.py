@@ -654,6 +654,40 @@ def test_a_directory_under_home_written_with_a_tilde_is_under_home(tmp_path, mon
     assert load("~/runs")["k"] == [1.5, 2.5] and bcrecord.storage.saved_keys("~/runs") == ["k"]
 
 
+def test_a_folder_named_tilde_written_as_the_shell_writes_one_is_that_folder_not_home(tmp_path, monkeypatch):
+    # './~' and './~backup' were expanded as '~' and '~backup': pathlib drops the './' first, and
+    # the run was saved into a home folder ('~backup' is /var/backups on Debian).
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    assert save({"k": [1.5]}, "./~", step=0).absolute() == tmp_path / "~"
+    assert save({"k": [2.5]}, "./~root/x", step=1).absolute() == tmp_path / "~root" / "x"
+    assert not (tmp_path / "home").exists()
+    assert load("./~")["k"] == [1.5] and load("./~root/x")["k"] == [2.5]
+
+
+def test_a_tilde_naming_no_user_here_is_refused_saying_how_to_name_such_a_folder(tmp_path, monkeypatch):
+    # It raised pathlib's RuntimeError ("Could not determine home directory"): a traceback.
+    monkeypatch.chdir(tmp_path)
+    told = "'~nosuchuser7/x': there is no user 'nosuchuser7' on this machine"
+    for attempt in (lambda: save({"k": [1]}, "~nosuchuser7/x"), lambda: load("~nosuchuser7/x")):
+        with pytest.raises(StorageError, match=re.escape(told) + r".*give '\./~nosuchuser7/x'"):
+            attempt()
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_folder_whose_records_folder_holds_files_of_its_own_is_refused_before_any_is_replaced(tmp_path):
+    # A folder without an index whose records/ held 000001.pkl (a user's) got it replaced.
+    (tmp_path / "records").mkdir()
+    (tmp_path / "records" / "000001.pkl").write_bytes(b"user data")
+    with pytest.raises(StorageError, match="its records folder holds files no run of bcrecord's wrote"):
+        save({"k": [1]}, tmp_path)
+    assert sorted(os.listdir(tmp_path)) == ["records"] and os.listdir(tmp_path / "records") == ["000001.pkl"]
+    assert (tmp_path / "records" / "000001.pkl").read_bytes() == b"user data"
+    (tmp_path / "records" / "000001.pkl").unlink()
+    (tmp_path / "records" / ".lock").touch()  # what a run removed while killed may leave: taken
+    assert save({"k": [1]}, tmp_path) == tmp_path and load(tmp_path)["k"] == [1]
+
+
 def test_saved_index_lists_every_saved_value_in_save_order_without_reading_one(tmp_path):
     save({"a": [1, 2], "b": [3.5]}, tmp_path, step=4)
     save({"a": [5]}, tmp_path, step=7)
