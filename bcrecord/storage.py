@@ -1314,9 +1314,22 @@ class _StandInClasses:
 
     def find_class(self, module: str, name: str) -> Any:
         try:
+            if module == "__main__" and _main_is_the_command_line():
+                # The recorded program's, never bcrecord's own (its 'main'), which it would find there.
+                raise LookupError(name)
             return super().find_class(module, name)  # type: ignore[misc]
         except Exception:  # not there, or its module raises on import here (needs a GPU, a library)
             return type(name, (Unimportable,), {"_where": f"{module}.{name}", "__module__": module})
+
+
+def _main_is_the_command_line() -> bool:
+    """Whether this process's ``__main__`` is bcrecord's command line (``python -m bcrecord``).
+
+    >>> _main_is_the_command_line()
+    False
+    """
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return getattr(spec, "name", None) == "bcrecord.__main__"
 
 
 class _Unpickler(_StandInClasses, pickle.Unpickler):

@@ -394,10 +394,16 @@ def _dtype(value: Any) -> str:
     >>> import collections
     >>> _dtype(collections.namedtuple("Stats", "loss acc")(0.5, 0.9))  # the field whose numbers are shown
     'Stats (loss: float)'
+    >>> import io
+    >>> from bcrecord.storage import _Unpickler
+    >>> _dtype(_Unpickler(io.BytesIO(b"")).find_class("no_such_module", "step"))  # a function, saved by name
+    'step (not importable)'
     """
     if isinstance(value, Unimportable):  # (its own type is Unloadable, or a stand-in named as the class)
         name = (value._where or type(value).__name__).rpartition(".")[2]
         return f"{name} ({'unloadable' if isinstance(value, Unloadable) else 'not importable'})"
+    if isinstance(value, type) and issubclass(value, Unimportable):  # a class or function saved by name
+        return f"{value._where.rpartition('.')[2]} (not importable)"
     named = _first_field(value)
     if named is not None:  # the field whose numbers the row shows, named
         return f"{type(value).__name__} ({named[0]}: {_dtype(named[1])})"

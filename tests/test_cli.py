@@ -465,6 +465,28 @@ def test_view_table_of_pickled_records(project, tmp_path):
         assert not (out / "plots").exists()
 
 
+def test_view_never_takes_the_recorded_program_s_main_for_its_own(tmp_path):
+    # A recorded function of the program named 'main' loaded as bcrecord.cli.main, which
+    # 'python -m bcrecord' holds in its __main__: view called it a function.
+    program = tmp_path / "prog.py"
+    program.write_text("def main():\n    me = main\n    return 0\n\nmain()\n")
+    out = tmp_path / "records"
+    assert cli("run", "-r", "__main__:main:me", "-o", out, program, cwd=tmp_path).returncode == 0
+    result = cli("view", out, "--no-plots")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[1].split() == [
+        "__main__:main:me@0",
+        "1",
+        "-",
+        "main",
+        "(not",
+        "importable)",
+        "-",
+        "-",
+        "-",
+    ]
+
+
 def test_view_writes_a_key_the_terminal_cannot_encode_escaped(tmp_path):
     import bcrecord
 
