@@ -520,8 +520,9 @@ def _parser() -> argparse.ArgumentParser:
         "--copy",
         default="clone",
         choices=["clone", "detach", "deepcopy", "none"],
-        help="how values are copied when recorded (default clone; none: each is saved as it is when "
-        "written, up to seconds later, so a value the program changes in place meanwhile is saved changed)",
+        help="how values are copied when recorded (default clone; none, and detach for tensors and numpy "
+        "arrays: each is saved as it is when written, up to seconds later, so a value the program "
+        "changes in place meanwhile is saved changed)",
     )
     p.add_argument(
         "-q",
