@@ -1323,13 +1323,17 @@ class _StandInClasses:
 
 
 def _main_is_the_command_line() -> bool:
-    """Whether this process's ``__main__`` is bcrecord's command line (``python -m bcrecord``).
+    """Whether this process's ``__main__`` is bcrecord's command line: ``python -m bcrecord``,
+    or the installed ``bcrecord``, a script holding its entry point (``from bcrecord.cli import _console``).
 
     >>> _main_is_the_command_line()
     False
     """
-    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    return getattr(spec, "name", None) == "bcrecord.__main__"
+    main = sys.modules.get("__main__")
+    if getattr(getattr(main, "__spec__", None), "name", None) == "bcrecord.__main__":
+        return True
+    cli = sys.modules.get("bcrecord.cli")
+    return cli is not None and getattr(main, "_console", None) is getattr(cli, "_console", cli)
 
 
 class _Unpickler(_StandInClasses, pickle.Unpickler):
@@ -1450,7 +1454,7 @@ def _expanded(directory: PathLike) -> Path:
     try:
         return Path(text).expanduser()
     except RuntimeError:  # "Could not determine home directory": no such user
-        user = text[1:].split("/", 1)[0]
+        user = text[1:].replace(os.sep, "/").split("/", 1)[0]
         raise StorageError(
             f"{text!r}: there is no user {user!r} on this machine for '~{user}' to name the home of "
             f"(give './{text}' for a folder of that name)"

@@ -472,19 +472,14 @@ def test_view_never_takes_the_recorded_program_s_main_for_its_own(tmp_path):
     program.write_text("def main():\n    me = main\n    return 0\n\nmain()\n")
     out = tmp_path / "records"
     assert cli("run", "-r", "__main__:main:me", "-o", out, program, cwd=tmp_path).returncode == 0
+    row = ["__main__:main:me@0", "1", "-", "main", "(not", "importable)", "-", "-", "-"]
     result = cli("view", out, "--no-plots")
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.splitlines()[1].split() == [
-        "__main__:main:me@0",
-        "1",
-        "-",
-        "main",
-        "(not",
-        "importable)",
-        "-",
-        "-",
-        "-",
-    ]
+    assert result.returncode == 0 and result.stdout.splitlines()[1].split() == row, result.stderr
+    # The installed command, a script holding its entry point ('_console' here, as pip writes it).
+    command = tmp_path / "bcrecord"
+    command.write_text("import sys\nfrom bcrecord.cli import _console\nsys.exit(_console())\n")
+    result = subprocess.run([sys.executable, command, "view", out, "--no-plots"], **RUN)
+    assert result.returncode == 0 and result.stdout.splitlines()[1].split() == row, result.stderr
 
 
 def test_view_writes_a_key_the_terminal_cannot_encode_escaped(tmp_path):
