@@ -233,10 +233,13 @@ def _drop_graphs_holding(function: Any) -> bool:
         from torch._dynamo import config, convert_frame
         from torch._dynamo.eval_frame import _debug_get_cache_entry_list
 
-        with warnings.catch_warnings():  # (deprecated where it is always on)
-            warnings.simplefilter("ignore")
-            if not getattr(config, "inline_inbuilt_nn_modules", True):  # guarded on instances then
-                return False
+        # Guarded on instances where it is off, unless it is deprecated: always on, whatever it says.
+        entry = getattr(config, "_config", {}).get("inline_inbuilt_nn_modules")
+        if entry is None or not getattr(entry, "deprecated", False):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                if not getattr(config, "inline_inbuilt_nn_modules", True):
+                    return False
         stale = []
         for ref in list(convert_frame.input_codes.seen):
             frame_code = ref()

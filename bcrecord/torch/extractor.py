@@ -191,8 +191,10 @@ class FeatureExtractor(torch.nn.Module):
     order the forward first reached its targets (in the extractor's first call that
     reached each), as torchvision's follows the graph it traced once.
 
-    The first call in each mode (train / eval) resolves the targets and patches the
-    model's classes, in place; later calls reuse that and only mark the targeted
+    The first call resolves the targets and patches the model's classes, in place
+    (the first call in each mode, train / eval, where ``train_return_nodes`` and
+    ``eval_return_nodes`` differ: switching modes then swaps code, which a compiled
+    model recompiles for); later calls reuse that and only mark the targeted
     modules and enter a recording, itself reused from call to call (its routes to
     the probes are built once; its values are handed over and dropped each call).
     A patched method runs its original code whenever no recording takes its patch,
@@ -221,6 +223,8 @@ class FeatureExtractor(torch.nn.Module):
 
     # What a call returns, for type checkers: nn.Module types every call as returning Any.
     __call__: Callable[..., Dict[str, Any]]
+    #: (An extractor pickled by a bcrecord before it: a plan per mode.)
+    _one_plan = False
 
     def __init__(
         self,
@@ -267,7 +271,7 @@ class FeatureExtractor(torch.nn.Module):
         threads = threads_for(model, options.get("threads"))
         self._run_options: Dict[str, Any] = {"keep": "all", "threads": threads}
         # Every option checked now, not at the first call: plans made and dropped (nothing is
-        # patched; the first call in each mode resolves the targets again, as documented).
+        # patched; the first call resolves the targets again, as documented).
         ModelRecording(**self._run_options)
         targeted: Dict[str, torch.nn.Module] = {}
         with _expanding_again():
@@ -275,6 +279,9 @@ class FeatureExtractor(torch.nn.Module):
             for nodes in dict.fromkeys([tuple(self.train_nodes), tuple(self.eval_nodes)]):
                 targeted.update(self._new_plan(nodes).modules)
         warn_shared(model, targeted)
+        #: Whether both modes take the same targets: one plan and patches serve both, so that a
+        #: model switched between train and eval runs the same probed code (compiled graphs stay).
+        self._one_plan = self.train_nodes == self.eval_nodes
         self._plans: Dict[bool, Tuple[Plan, List[Patch], List[ModelRecording]]] = {}
         #: Per mode, what each call returns: (target, name, its keys, first value only).
         self._outputs: Dict[bool, List[Tuple[str, str, Tuple[str, ...], bool]]] = {}
@@ -286,9 +293,10 @@ class FeatureExtractor(torch.nn.Module):
         return Plan(self.model, list(nodes), **{k: v for k, v in self.options.items() if k in PLAN_OPTIONS})
 
     def _plan(self, training: bool) -> Tuple[Plan, List[Patch], List[ModelRecording]]:
-        """The plan, patches and idle recordings of one mode (made at its first call)."""
-        found = self._plans.get(training)
-        return self._first_in_mode(training) if found is None else found
+        """The plan, patches and idle recordings of one mode (made at its first call): the
+        same for both where they take the same targets."""
+        found = self._plans.get(training or self._one_plan)
+        return self._first_in_mode(training or self._one_plan) if found is None else found
 
     def _first_in_mode(self, training: bool) -> Tuple[Plan, List[Patch], List[ModelRecording]]:
         """Make the plan, patches and idle recordings of one mode. Run eagerly under
@@ -406,7 +414,7 @@ class FeatureExtractor(torch.nn.Module):
             missing = []
             failed = []
             rec._settle()  # (copies from a GPU without blocking: done before they are read)
-            for target, name, keys, first in self._outputs[training]:
+            for target, name, keys, first in self._outputs[training or self._one_plan]:
                 values = rec._collect(keys, first, self._kept)
                 if values:
                     # (One key, mostly: no generator for it, this runs on every call.)

@@ -2,6 +2,7 @@
 
 import collections
 import contextlib
+import warnings
 
 import pytest
 import torch
@@ -336,9 +337,20 @@ class _Unrelated(torch.nn.Module):
         return self.lin(x).relu()
 
 
-def test_recording_another_model_leaves_a_compiled_model_s_graphs_alone():
+@pytest.mark.parametrize("inline_flag", [None, False])
+def test_recording_another_model_leaves_a_compiled_model_s_graphs_alone(inline_flag, monkeypatch):
+    # inline_inbuilt_nn_modules=False, a flag torch deprecated (always on, whatever it says), made
+    # every swap drop every compiled graph: the other model recompiled at each extractor call.
     from bcrecord.torch import create_feature_extractor
 
+    config = torch._dynamo.config
+    entry = getattr(config, "_config", {}).get("inline_inbuilt_nn_modules")
+    if inline_flag is not None:
+        if entry is None or not getattr(entry, "deprecated", False):
+            pytest.skip("a torch that honours inline_inbuilt_nn_modules")
+        with warnings.catch_warnings():  # (torch's FutureWarning, said once a process)
+            warnings.simplefilter("ignore")
+            monkeypatch.setattr(config, "inline_inbuilt_nn_modules", inline_flag)
     torch.manual_seed(0)
     net = SmallNet().eval()
     torch._dynamo.reset()
@@ -571,3 +583,39 @@ def test_a_compiled_model_still_stops_early_its_forward_being_dynamo_s():
         with record(net, ["0"], stop_after_last=True):
             assert net(x) is None
     assert ran == []
+
+
+def test_an_extractor_of_a_compiled_model_switched_between_train_and_eval_recompiles_no_more():
+    # Each mode had its own patches, so each call put in code the other mode's graphs were
+    # compiled without: switching modes every call recompiled every call.
+    from bcrecord.torch import create_feature_extractor
+
+    torch.manual_seed(0)
+    net = SmallNet()
+    torch._dynamo.reset()
+    extractor = create_feature_extractor(torch.compile(net, backend="eager"), ["bn1", "blocks.1"])
+    stats = torch._dynamo.utils.counters["stats"]
+    x = torch.randn(2, 3, 8, 8)
+    with torch.no_grad():
+        for mode in (True, False):  # the first round compiles each mode's graphs
+            extractor.train(mode)
+            extractor(x)
+        graphs = stats["unique_graphs"]
+        for mode in (True, False, True, False):
+            extractor.train(mode)
+            features = extractor(x)
+            assert net.training is mode
+            stem = net.stem(x)
+            expected = torch.nn.functional.batch_norm(
+                stem,
+                net.bn1.running_mean,
+                net.bn1.running_var,
+                net.bn1.weight,
+                net.bn1.bias,
+                mode,
+                0.0,
+                net.bn1.eps,
+            )
+            assert torch.allclose(features["bn1"], expected, atol=1e-5)
+    assert stats["unique_graphs"] == graphs
+    extractor.close()

@@ -409,7 +409,7 @@ def test_outputs_wait_for_copies_still_in_flight():
     x = torch.randn(2, 3, 8, 8)
     extractor = create_feature_extractor(net, ["bn1", "fc"], to="cpu")
     first = extractor(x)
-    plan = extractor._plans[False][0]
+    plan = extractor._plan(False)[0]
     stream = FakeStream()  # a copy from a GPU queued by the next call, as the probe would
     net.fc.register_forward_pre_hook(lambda *_: plan.policies[0]._pending.add(stream))
     second = extractor(x)
@@ -541,7 +541,7 @@ def test_threads_calling_one_extractor_each_get_their_own_values():
     finally:
         sys.setswitchinterval(old)
     assert errors == []
-    (_, _, idle) = extractor._plans[False]
+    (_, _, idle) = extractor._plan(False)
     assert 1 <= len(idle) <= len(inputs)  # one recording per call running at once, reused
     assert all("_bcrecord_path" not in m.__dict__ for m in net.modules())
     extractor.close()
