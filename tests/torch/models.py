@@ -90,8 +90,9 @@ class Branchy(nn.Module):
         return h
 
 
-def reference_smallnet(net, x):
-    """Every intermediate of SmallNet.forward computed by hand, independently."""
+def reference_smallnet(net, x, training=False):
+    """Every intermediate of SmallNet.forward computed by hand, independently (``training``: the
+    batch norms normalize by the batch's statistics, leaving the running ones as they are)."""
     values = {}
     with torch.no_grad():
         x = net.stem(x)
@@ -102,7 +103,7 @@ def reference_smallnet(net, x):
             net.bn1.running_var,
             net.bn1.weight,
             net.bn1.bias,
-            False,
+            training,
             0.0,
             net.bn1.eps,
         )
@@ -117,7 +118,7 @@ def reference_smallnet(net, x):
                 block.bn.running_var,
                 block.bn.weight,
                 block.bn.bias,
-                False,
+                training,
                 0.0,
                 block.bn.eps,
             )
