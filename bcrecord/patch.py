@@ -1790,13 +1790,19 @@ def _patch_method(
         if descriptor is not None and str(error).endswith(descriptor):  # (its repr names no attribute)
             raise NotPatchableError(f"{_named(obj)}'s {method!r} is {descriptor}") from None
         raise
+    shallow = _function_of_shallow(raw)
+    if not (unwrap or isinstance(obj, (type, types.ModuleType))) and isinstance(shallow, types.FunctionType):
+        # The wrapper itself, for one instance: a copy of it there, as any method's is. (In
+        # place, every instance would run its probes, and a wrapper taking *args gets no
+        # instance to tell them apart by.)
+        base = shallow
     # A class's or module's own function that runs in place for everyone there: a recording
     # copy (it keeps its probes), or one patched in place already (bcrecord run, the torch
     # layer), whose probes a copy would run without. Not for an instance or a subclass that
     # inherits it: their patch is a copy of their own (unless the method is wrapped, below).
     shared = isinstance(obj, (type, types.ModuleType)) and own is not _MISSING
     stacks = shared and (_copy_slot(base) is not None or ("code", id(base)) in _slots)
-    wrapped = base is not _function_of_shallow(raw)
+    wrapped = base is not shallow
     # An instance's or subclass's patch of a recording copy a class holds: a copy of the copy
     # would run without the copy's own probes, so it goes in place, keeping its own values
     # (a method's: a staticmethod or classmethod gets no instance to tell whose call it is).

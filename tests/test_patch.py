@@ -1623,6 +1623,34 @@ def test_unwrap_false_on_an_instance_s_wrapper_of_its_own_method_patches_the_wra
     assert rec.all("A:m:z@0") == [20] and rec.all("A:m:return") == [20]
 
 
+def test_unwrap_false_on_one_instance_of_a_class_with_a_wrapped_method_records_that_instance_only():
+    # The wrapper the class holds was patched in place, for every instance, all of whose values
+    # were kept under the one instance's name (a wrapper taking *args gets no instance to tell
+    # them apart by).
+    import functools
+
+    def decorated(fn):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            out = fn(*args, **kwargs)
+            return out
+
+        return wrapper
+
+    class C:
+        @decorated
+        def m(self, a):
+            s = a + 1
+            return s
+
+    first, second = C(), C()
+    original = C.__dict__["m"]
+    with bcrecord.patch_method(first, "m", ["out"], unwrap=False, name="first"), bcrecord.recording() as rec:
+        assert [first.m(1), second.m(2), C().m(3)] == [2, 3, 4]
+    assert rec.all("first:m:out@0") == [2] and rec.keys() == ["first:m:out@0"]
+    assert C.__dict__["m"] is original and original.__code__.co_name == "wrapper" and vars(first) == {}
+
+
 def test_unwrap_false_keys_name_the_function_not_the_wrapper_code():
     import functools
 
