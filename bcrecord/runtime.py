@@ -58,6 +58,7 @@ import importlib
 import inspect
 import operator
 import os
+import pickle
 import signal
 import sys
 import threading
@@ -164,6 +165,36 @@ class RecordError:
     key: str
     error: BaseException
     traceback: str = ""
+
+
+class ErrorText(Exception):
+    """What a copy or pickle of a recording holds of a failure's exception that does not
+    survive being pickled (one whose ``__init__`` takes other arguments than the message it
+    pickles, one holding a lock): ``'<module>.<class>: <message>'``, its class's name in
+    ``kind``. The failure's traceback text is kept as it was.
+
+    >>> error = ErrorText("app.CopyFailed: Odd: not clonable", "app.CopyFailed")
+    >>> str(error), error.kind
+    ('app.CopyFailed: Odd: not clonable', 'app.CopyFailed')
+    """
+
+    def __init__(self, text: str, kind: str = "") -> None:
+        super().__init__(text, kind)
+        self.kind = kind
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def _portable(failure: RecordError) -> RecordError:
+    """``failure`` as a pickle or a deep copy of its recording can hold it: its exception
+    itself where it pickles and loads back, else an :class:`ErrorText` of it."""
+    try:
+        pickle.loads(pickle.dumps(failure.error))
+        return failure
+    except Exception:
+        kind = f"{type(failure.error).__module__}.{type(failure.error).__qualname__}"
+        return dataclasses.replace(failure, error=ErrorText(f"{kind}: {failure.error}", kind))
 
 
 def _without_frames(error: BaseException) -> str:
@@ -2229,7 +2260,7 @@ class Recording:
         state = self.__dict__.copy()
         state.update(
             _data={key: _copy_module.copy(values) for key, values in self._data.items()},
-            errors=list(self.errors),
+            errors=[_portable(failure) for failure in self.errors],
             failures=dict(self.failures),
             _warned=set(self._warned),
             _token=None,

@@ -2737,6 +2737,42 @@ def test_a_recording_pickles_and_copies_as_a_snapshot_of_its_values_inside_its_b
         patch.remove()
 
 
+class _CopyFailed(Exception):
+    """An exception whose __init__ takes other arguments than the message it pickles."""
+
+    def __init__(self, what, why):
+        super().__init__(f"{what}: {why}")
+
+
+class _Uncopyable:
+    def clone(self):
+        raise _CopyFailed("Uncopyable", "not clonable")
+
+
+def test_a_recording_whose_errors_hold_an_exception_that_pickle_cannot_make_again_still_pickles():
+    # pickle.dumps took it, pickle.loads raised "missing 1 required positional argument": the
+    # pickle could never be loaded, and copy.deepcopy raised the same. Its values were fine.
+    import pickle
+
+    def f(o):
+        x = o
+        return 1
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (the failed copy's RecordingWarning)
+        with bcrecord.patch_function(f, "x", name="m"), bcrecord.recording() as rec:
+            f(_Uncopyable())
+            f(5)
+    assert isinstance(rec.errors[0].error, _CopyFailed)  # the recording's own keeps it
+    for snapshot in (pickle.loads(pickle.dumps(rec)), copy.deepcopy(rec)):
+        assert snapshot.all("m:f:x@0") == [5] and len(snapshot.errors) == 1
+        (failure,) = snapshot.errors
+        assert isinstance(failure.error, bcrecord.runtime.ErrorText) and failure.key == "m:f:x@0"
+        kind = f"{__name__}._CopyFailed"
+        assert (str(failure.error), failure.error.kind) == (f"{kind}: Uncopyable: not clonable", kind)
+        assert failure.traceback == rec.errors[0].traceback and "_CopyFailed" in failure.traceback
+
+
 def test_a_registry_walked_while_the_collector_forgets_an_item_still_lists_the_live_ones():
     # CI, 3.11: entering a recording raised "dictionary changed size during iteration" out of
     # _WeakRegistry.live(): a collection, run while the snapshot was made, dropped a dead item.
