@@ -194,7 +194,11 @@ def _portable(failure: RecordError) -> RecordError:
         return failure
     except Exception:
         kind = f"{type(failure.error).__module__}.{type(failure.error).__qualname__}"
-        return dataclasses.replace(failure, error=ErrorText(f"{kind}: {failure.error}", kind))
+        try:
+            message = str(failure.error)
+        except Exception:  # (a __str__ that raises too)
+            message = "(its message could not be read)"
+        return dataclasses.replace(failure, error=ErrorText(f"{kind}: {message}", kind))
 
 
 def _without_frames(error: BaseException) -> str:

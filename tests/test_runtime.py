@@ -2744,9 +2744,17 @@ class _CopyFailed(Exception):
         super().__init__(f"{what}: {why}")
 
 
+class _Unsayable(_CopyFailed):
+    def __str__(self):
+        raise RuntimeError("no message")
+
+
 class _Uncopyable:
+    def __init__(self, error=_CopyFailed):
+        self.error = error
+
     def clone(self):
-        raise _CopyFailed("Uncopyable", "not clonable")
+        raise self.error("Uncopyable", "not clonable")
 
 
 def test_a_recording_whose_errors_hold_an_exception_that_pickle_cannot_make_again_still_pickles():
@@ -2763,14 +2771,16 @@ def test_a_recording_whose_errors_hold_an_exception_that_pickle_cannot_make_agai
         with bcrecord.patch_function(f, "x", name="m"), bcrecord.recording() as rec:
             f(_Uncopyable())
             f(5)
+            f(_Uncopyable(_Unsayable))
     assert isinstance(rec.errors[0].error, _CopyFailed)  # the recording's own keeps it
     for snapshot in (pickle.loads(pickle.dumps(rec)), copy.deepcopy(rec)):
-        assert snapshot.all("m:f:x@0") == [5] and len(snapshot.errors) == 1
-        (failure,) = snapshot.errors
+        assert snapshot.all("m:f:x@0") == [5] and len(snapshot.errors) == 2
+        failure, unsayable = snapshot.errors
         assert isinstance(failure.error, bcrecord.runtime.ErrorText) and failure.key == "m:f:x@0"
         kind = f"{__name__}._CopyFailed"
         assert (str(failure.error), failure.error.kind) == (f"{kind}: Uncopyable: not clonable", kind)
         assert failure.traceback == rec.errors[0].traceback and "_CopyFailed" in failure.traceback
+        assert str(unsayable.error) == f"{__name__}._Unsayable: (its message could not be read)"
 
 
 def test_a_registry_walked_while_the_collector_forgets_an_item_still_lists_the_live_ones():
