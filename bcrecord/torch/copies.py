@@ -158,9 +158,11 @@ def outside_selective_checkpoint(copy: Callable[[Any], T], value: Any) -> T:
     modes = _selective_checkpoint_modes()
     pop = functools.partial(torch._C._pop_torch_dispatch_stack, None)  # (None: the top, a program's)
     push = torch._C._push_on_torch_dispatch_stack
+    stack = _dispatch_stack()
+    lowest = next(k for k, mode in enumerate(stack) if isinstance(mode, modes))
     taken: List[Any] = []  # top first
     try:
-        while any(isinstance(mode, modes) for mode in _dispatch_stack()):
+        for _ in range(len(stack) - lowest):
             taken.append(pop())
         others = [mode for mode in reversed(taken) if not isinstance(mode, modes)]
         for mode in others:
