@@ -294,10 +294,12 @@ def _temporary(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp")
 
 
-def _atomic_write(path: Path, data: bytes, unlocked: bool = False) -> None:
-    """Write ``path`` whole: a reader finds the old file or the new one. ``unlocked``: written
-    without the directory's lock (a header before there is a lock), through a temporary file of
-    this write's own, named as :func:`_staging` names (a dead writer's is removed by the next one)."""
+def _atomic_write(path: Path, data: Union[bytes, Sequence[Any]], unlocked: bool = False) -> None:
+    """Write ``path`` whole: a reader finds the old file or the new one. ``data``: bytes, or
+    buffers written one after another (a tensor's memory, written without a copy of it).
+    ``unlocked``: written without the directory's lock (a header before there is a lock), through
+    a temporary file of this write's own, named as :func:`_staging` names (a dead writer's is
+    removed by the next one)."""
     tmp = _temporary(path)
     if unlocked:
         tmp = tmp.with_name(f"{tmp.stem}.{_HOST}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
@@ -306,8 +308,10 @@ def _atomic_write(path: Path, data: bytes, unlocked: bool = False) -> None:
     tmp.unlink(missing_ok=True)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
+        parts: Sequence[Any] = [data] if isinstance(data, bytes) else data
         with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
+            for part in parts:
+                handle.write(part)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
@@ -668,7 +672,9 @@ class Writer:
                     try:
                         info = _describe(value)
                         if info["kind"] == "tensor":
-                            tensors[name] = value.detach().cpu().contiguous().clone()
+                            # (no copy of the data but where needed: a save of a tensor held no
+                            # more than the tensor; conj and neg views are resolved, as bytes)
+                            tensors[name] = value.detach().cpu().contiguous().resolve_conj().resolve_neg()
                             file = f"records/{stem}.safetensors"
                         else:
                             # (a tensor as it is: the pickler detaches it and moves it to the CPU,
@@ -897,18 +903,14 @@ def _name(key: str, step: int, position: int) -> str:
     return f"{key}#{step}#{position}"
 
 
-def _safetensors(tensors: Dict[str, Any], entries: List[Dict[str, Any]]) -> bytes:
-    """``tensors`` in safetensors' format, or an UnsavableValue naming the key and step of one it refuses."""
-    try:
-        from safetensors.torch import save as save_tensors
-    except ImportError:
-        raise StorageError(
-            "saving tensors needs the safetensors package: pip install 'bcrecord[save]'"
-        ) from None
-
+def _safetensors(tensors: Dict[str, Any], entries: List[Dict[str, Any]]) -> Sequence[Any]:
+    """``tensors`` in safetensors' format (buffers to write in turn), or an UnsavableValue naming
+    the key and step of one it refuses."""
+    if importlib.util.find_spec("safetensors") is None:
+        raise StorageError("saving tensors needs the safetensors package: pip install 'bcrecord[save]'")
     try:
         if sys.byteorder != "little":  # (safetensors stores little-endian numbers: it swaps them)
-            return save_tensors(tensors)  # type: ignore[no-any-return]
+            return [_saved_by_safetensors(tensors)]
         return _serialized(tensors)
     except Exception as error:
         _blame(entries, tensors, error, "save the tensors")
@@ -935,10 +937,20 @@ def _safetensors_name(dtype: Any) -> Optional[str]:
     return _safetensors_names[dtype]
 
 
-def _serialized(tensors: Dict[str, Any]) -> bytes:
-    """``tensors`` (contiguous, on the CPU) in safetensors' format, made here: safetensors' own
-    save converts each tensor to a numpy array on its own, 85 us a tensor, most of a save of many
-    small tensors (a loss a step). The tensors' bytes are copied out at once instead.
+def _saved_by_safetensors(tensors: Dict[str, Any]) -> bytes:
+    """safetensors' own save of ``tensors``, each copied first: it refuses tensors that share memory
+    (one tensor recorded twice), and a save's tensors are not copies of their own (:meth:`Writer._write`)."""
+    from safetensors.torch import save as save_tensors
+
+    return save_tensors({name: tensor.clone() for name, tensor in tensors.items()})  # type: ignore[no-any-return]
+
+
+def _serialized(tensors: Dict[str, Any]) -> List[Any]:
+    """``tensors`` (contiguous, on the CPU) in safetensors' format, made here, as buffers to
+    write in turn: a header, then each tensor's own memory. safetensors' own save converts each
+    tensor to a numpy array on its own, 85 us a tensor, most of a save of many small tensors (a
+    loss a step), and returns one bytes object, a copy of every tensor (a save of a 2 GB tensor
+    held four copies of it at once).
 
     As safetensors lays them out: a header (its length in 8 bytes, then JSON padded to a
     multiple of 8), then the data, larger elements first so that every tensor is aligned.
@@ -952,18 +964,15 @@ def _serialized(tensors: Dict[str, Any]) -> bytes:
     for name, tensor in sorted(tensors.items(), key=lambda item: -item[1].element_size()):
         dtype = _safetensors_name(tensor.dtype)
         if dtype is None:
-            from safetensors.torch import save as save_tensors
-
-            return save_tensors(tensors)  # type: ignore[no-any-return]
+            return [_saved_by_safetensors(tensors)]
         size = tensor.element_size() * tensor.nelement()
         header[name] = {"dtype": dtype, "shape": list(tensor.shape), "data_offsets": [offset, offset + size]}
         offset += size
         if size:
-            chunks.append(tensor.reshape(-1).view(torch.uint8))
+            chunks.append(memoryview(tensor.reshape(-1).view(torch.uint8).numpy()))
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
-    data = torch.cat(chunks).numpy().tobytes() if chunks else b""
-    return len(text).to_bytes(8, "little") + text + data
+    return [len(text).to_bytes(8, "little") + text, *chunks]
 
 
 def _pickled(others: Dict[str, Any], entries: List[Dict[str, Any]]) -> bytes:
