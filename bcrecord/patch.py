@@ -45,6 +45,7 @@ from typing import (
     Container,
     Dict,
     Iterable,
+    Iterator,
     List,
     Mapping,
     Optional,
@@ -1066,11 +1067,32 @@ def _key_function_name(function: types.FunctionType, code: types.CodeType) -> st
     return given
 
 
+def _shown_name(function: Any, code: types.CodeType) -> str:
+    """How messages name ``function``, whose code is ``code``: its qualified name, but a
+    ``functools.wraps`` wrapper's is the wrapped function's, so its own code's name is said too.
+
+    >>> import functools
+    >>> def compute(x):
+    ...     return x
+    >>> @functools.wraps(compute)
+    ... def logged(*args):
+    ...     return compute(*args)
+    >>> _shown_name(compute, compute.__code__), _shown_name(logged, logged.__code__)
+    ('compute', 'logged (a functools.wraps wrapper of compute)')
+    """
+    name = str(function.__qualname__)
+    if "__wrapped__" in getattr(function, "__dict__", {}) and code.co_name != function.__name__:
+        return f"{code.co_name} (a functools.wraps wrapper of {name})"
+    return name
+
+
 def _check_recorder_methods(specs: Any, patched: str) -> None:
     """Refuse an MMEngine recorder dict whose ``method`` is not the method patched (``patched``:
     the name its keys give it): it chose the function in a RecorderHook config, and here would
     be ignored (another method's local of the same name recorded instead)."""
-    for spec in specs if isinstance(specs, (list, tuple)) else [specs]:  # (an iterator: parsed, gone)
+    one = isinstance(specs, (str, Mapping)) or not isinstance(specs, Iterable)
+    given: Iterable[Any] = [specs] if one else specs
+    for spec in given:
         method = spec.get("method") if isinstance(spec, Mapping) else None
         if method is not None and method != patched:
             # (a function by its own name: 'forward = _impl' given as forward is '_impl' here)
@@ -1091,6 +1113,8 @@ def _attach(
     function: Optional[str] = None,
 ) -> Patch:
     """Add a patch to ``slot``; raises (changing nothing) when specs do not resolve."""
+    if isinstance(specs, Iterator):  # (read twice: parsed, then its recorder dicts checked)
+        specs = tuple(specs)
     parsed = parse_all(specs)
     if slot.patches and slot.stale():
         # Its patches were made for the former code: one for the new would share their slot.
@@ -1103,12 +1127,12 @@ def _attach(
     _check_recorder_methods(specs, function or _key_function_name(slot.base, slot.original_code))
     if name is not None and not isinstance(name, str) and not callable(name):
         raise SpecError(f"name must be a string or a callable of the instance, got {name!r}")
-    points = resolve(parsed, read(slot.original_code, slot.base.__qualname__))
+    points = resolve(parsed, read(slot.original_code, _shown_name(slot.base, slot.original_code)))
     if callable(name):
         if not slot.original_code.co_argcount:
             raise NotPatchableError(
-                f"{slot.base.__qualname__} takes no positional argument: a per-instance name "
-                "needs a method whose first argument is the instance"
+                f"{_shown_name(slot.base, slot.original_code)} takes no positional argument: a per-instance "
+                "name needs a method whose first argument is the instance"
             )
         points = tuple(dataclasses.replace(point, with_self=True) for point in points)
     patch = Patch(slot, target, attribute, default_name if name is None else name, parsed, points, function)
@@ -1678,6 +1702,13 @@ def patch_method(
     # Flags checked first: a string ('False') would be taken as true.
     in_place, unwrap = require_bool("in_place", in_place), require_bool("unwrap", unwrap)
     if type(obj) is str:  # (a str's own methods are C code: never the one meant; a subclass's may be)
+        if not isinstance(method, str):
+            named = isinstance(method, (type, types.ModuleType))
+            given = method.__name__ if named else f"<the {type(method).__name__}>"
+            raise NotPatchableError(
+                f"patch_method's arguments are swapped: the object comes first, then the method's name: "
+                f"patch_method({given}, {obj!r}, ...)"
+            )
         raise NotPatchableError(
             f"patch_method takes the object itself, a class, an instance or a module, not its name {obj!r}: "
             f"patch_method({obj}, {method!r}, ...)"
@@ -1692,7 +1723,11 @@ def patch_method(
     with _lock:
         patch = _patch_method(obj, method, specs, name, in_place, unwrap)
     if isinstance(obj, type):
-        _warn_if_abstract(obj, method)
+        try:
+            _warn_if_abstract(obj, method)
+        except BaseException:  # a warning made an error (-W error): the refused call changes nothing
+            patch.remove()
+            raise
     return patch
 
 

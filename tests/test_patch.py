@@ -1348,6 +1348,20 @@ def test_a_class_named_by_a_string_is_told_to_give_the_class_itself():
         bcrecord.patch_method("abc", "upper", "x")  # (a str's own method too: C code)
     assert bcrecord.patch._slots == slots and str.upper.__qualname__ == "str.upper"  # nothing installed
 
+    class Net:
+        def forward(self, x):
+            return x
+
+    # The arguments swapped: it suggested patch_method(forward, <class ...>, ...).
+    for obj, shown in ((Net, "Net"), (Net(), "<the Net>"), (sys.modules[__name__], __name__)):
+        with pytest.raises(NotPatchableError) as caught:
+            bcrecord.patch_method("forward", obj, "x")
+        assert str(caught.value) == (
+            "patch_method's arguments are swapped: the object comes first, then the method's name: "
+            f"patch_method({shown}, 'forward', ...)"
+        )
+    assert bcrecord.patch._slots == slots and "forward" in vars(Net)
+
     class Text(str):  # a str of a subclass with a method of its own is patched as any instance
         def shout(self):
             loud = self.upper()
@@ -1437,6 +1451,13 @@ def test_a_wrapper_made_over_a_patch_s_copy_is_not_taken_for_that_copy():
     with bcrecord.patch_function(f, "return", name="w", unwrap=False), bcrecord.recording() as rec:
         assert f(None, 1) == 20
     assert dict(rec.items()) == {"in:f:y@0": 2, "w:f:return": 20}  # the wrapper's return
+    # The wrapper's locals are asked of the wrapper, which a message names as one: it named the
+    # function wrapped (whose name functools.wraps copies), saying it had no 'y'.
+    with pytest.raises(TargetError) as caught:
+        bcrecord.patch_function(f, "y", unwrap=False)
+    assert str(caught.value).startswith(
+        f"wrapper (a functools.wraps wrapper of {f.__qualname__}) has no assignment to a local named 'y'"
+    )
 
     class C:
         def m(self, x):
@@ -2280,6 +2301,30 @@ def test_patching_an_abstract_method_with_no_override_yet_says_so_and_other_meth
         bcrecord.patch_method(Base, "n", ["y"]).remove()
 
 
+def test_an_abstract_method_s_warning_made_an_error_leaves_no_patch_behind():
+    # The warning came after the patch was installed: -W error raised, with the patch left on.
+    import abc
+    import warnings
+
+    class Base(abc.ABC):
+        @abc.abstractmethod
+        def m(self, x):
+            y = x + 1
+            return y
+
+    original = Base.__dict__["m"]
+    for in_place in (False, True):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with pytest.raises(bcrecord.RecordingWarning, match=r"Base\.m is abstract"):
+                bcrecord.patch_method(Base, "m", "y", in_place=in_place)
+        assert Base.__dict__["m"] is original and original.__code__ is Base.__dict__["m"].__code__
+        assert not calls_probe(original)
+        with bcrecord.recording() as rec:
+            assert original(None, 1) == 2
+        assert rec.keys() == []
+
+
 def test_a_method_a_class_gets_from_its_metaclass_is_refused_pointing_to_the_metaclass():
     class Meta(type):
         def mm(cls, a):
@@ -2648,7 +2693,8 @@ def test_a_recorder_dict_naming_another_method_than_the_one_patched_is_refused()
 
     model, forward = Model(), Model.__dict__["forward"]
     recorder = dict(type="FunctionRecorder", method="_impl", target="y", index=[0])
-    for specs in (recorder, [recorder, "x"]):
+    # (from a generator too: it was parsed, used up, then found empty by the check, and taken)
+    for specs in (recorder, [recorder, "x"], (spec for spec in [recorder]), iter([recorder, "x"])):
         with pytest.raises(
             SpecError, match="method='_impl' chooses the method a RecorderHook patches; here "
         ):

@@ -324,6 +324,8 @@ def _split(text: str) -> Tuple[str, str, str, bool]:
     text = text.strip()  # '' (as list_targets lists the root): the root's output
     grad = text.endswith(".grad")
     if grad:
+        if text[: -len(".grad")].rstrip().endswith(".grad"):
+            raise SpecError(f"bad target {text!r}: '.grad' is given twice ('<target>.grad' is its gradient)")
         if ":" not in text:
             raise _bare_path_grad(text[: -len(".grad")])
         text = text[: -len(".grad")]

@@ -1318,6 +1318,18 @@ def test_an_fx_tensor_node_read_by_a_parent_module_suggests_the_parent_s_read():
         expand(Parent(), "child_scale")
 
 
+def test_a_gradient_suffix_given_twice_is_named_as_such():
+    # 'h@0.grad.grad' was "bad index in 'h@0.grad'"; 'h.grad.grad' an entry attribute chain's error.
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    for target in ("0:forward:input@0.grad.grad", "0:forward:input.grad .grad", "0:forward:return.grad.grad"):
+        with pytest.raises(bcrecord.SpecError) as caught:
+            expand(model, target)
+        said = f"bad target {target!r}: '.grad' is given twice ('<target>.grad' is its gradient)"
+        assert str(caught.value) == said
+    (target,) = expand(model, "0:forward:input@0.grad")
+    assert target.grad and target.spec == Local("input", (0,))
+
+
 def test_an_entry_read_of_a_parametrized_tensor_is_refused_for_its_load_site():
     from torch.nn.utils.parametrizations import spectral_norm, weight_norm
 
