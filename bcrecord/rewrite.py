@@ -33,18 +33,22 @@ True
 
 from __future__ import annotations
 
+import atexit
+import builtins
 import contextvars
 import dataclasses
+import gc
 import sys
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
-from types import CodeType
+from types import AsyncGeneratorType, CodeType, CoroutineType, FunctionType, GeneratorType
 from typing import Any, Dict, List, Sequence, Tuple
 
 from bytecode import UNSET, Bytecode, ControlFlowGraph, FreeVar, Instr, Label, TryBegin, TryEnd
 
 from . import _versions
+from ._versions import PROBE_NAME
 from .analysis import ProbePoint, code_key, consuming_calls, instructions
 from .errors import SpecError, TargetError
 
@@ -326,6 +330,7 @@ def _rewrite_code(
     def probe(load: List[Instr], site: str, loc: object, extra: List[Instr]) -> List[object]:
         if inline and not extra:
             return inline_probe(table.append_probe(SINKS_GET, load, site, loc), loc)
+        _keep_probe_findable_at_exit()
         return list(table.call_probe(load, site, loc, extra))
 
     def tee(site: str, loc: object, extra: List[Instr]) -> List[object]:
@@ -467,6 +472,47 @@ def _assemble(bytecode: Bytecode) -> CodeType:
 _cache: OrderedDict[Tuple[Tuple[object, ...], Tuple[Tuple[object, ...], ...], str], Template] = OrderedDict()
 _cache_lock = threading.Lock()
 _stats = {"hits": 0, "misses": 0}
+
+
+_exit_handler_registered = False
+
+
+def _keep_probe_findable_at_exit() -> None:
+    """Once code calling the probe by name is made: at exit, see :func:`_probe_into_globals`."""
+    global _exit_handler_registered
+    if not _exit_handler_registered:
+        _exit_handler_registered = True
+        atexit.register(_probe_into_globals)
+
+
+def _probe_into_globals() -> None:
+    """Put the probe into the globals of every function and suspended generator whose code calls it.
+
+    Python's finalization puts builtins back as they were at its start, before it frees the
+    modules' globals: the ``finally`` of a generator still suspended then, or a ``__del__``
+    run then, found no ``__bcrecord_probe__`` (a NameError stopped it). An ``atexit`` handler
+    runs before that, when the program is done with its globals.
+    """
+    probe = getattr(builtins, PROBE_NAME, None)
+    if probe is None:
+        return
+    for item in gc.get_objects():
+        kind = type(item)
+        if kind is FunctionType:
+            code, namespace = item.__code__, item.__globals__
+        elif kind in _SUSPENDABLE:
+            frame = getattr(item, _SUSPENDABLE[kind])
+            if frame is None:
+                continue
+            code, namespace = frame.f_code, frame.f_globals
+        else:
+            continue
+        if PROBE_NAME in code.co_names and PROBE_NAME not in namespace:
+            namespace[PROBE_NAME] = probe
+
+
+#: Each kind of suspendable code's frame attribute.
+_SUSPENDABLE = {GeneratorType: "gi_frame", CoroutineType: "cr_frame", AsyncGeneratorType: "ag_frame"}
 
 
 def insert_probes(code: CodeType, points: Sequence[ProbePoint]) -> Template:

@@ -1929,9 +1929,14 @@ class Recording:
                 "this recording is a copy (pickled or copied) of one made with only=, whose patches "
                 "a copy does not hold: it keeps the values; to record, enter a new recording(only=...)"
             )
-        outer = _context.get()[0].own
+        current = _context.get()
+        outer = current[0].own
         routing = self._kept
-        if routing is None or routing.own[:-1] != outer:
+        if isinstance(current, _Silent):
+            # Entered while a value is copied (by a finalizer or a signal handler that ran
+            # then): the recordings entered around the copy, silent, get none of its values.
+            routing = _Routing(outer + (self,), (self,))
+        elif routing is None or routing.own[:-1] != outer:
             if routing is not None:  # entered in another context: the old routing is done
                 self._kept = None
                 routing.retire()
@@ -2263,7 +2268,8 @@ class Recording:
         self._settle()
         state = self.__dict__.copy()
         state.update(
-            _data={key: _copy_module.copy(values) for key, values in self._data.items()},
+            # (another thread may add a key meanwhile: a recording with threads='all')
+            _data={key: _copy_module.copy(values) for key, values in _snapshot(self._data.items)},
             errors=[_portable(failure) for failure in self.errors],
             failures=dict(self.failures),
             _warned=set(self._warned),

@@ -305,6 +305,42 @@ def test_exception_regions_keep_the_stack_depth_cpython_gave_them(style):
     assert done.stdout.strip() == "ok"
 
 
+@pytest.mark.parametrize("style", ["inline", "call"])
+def test_code_run_while_the_interpreter_exits_still_finds_the_probe(style):
+    # Finalization puts builtins back as they were at start, dropping __bcrecord_probe__ from
+    # them before it frees the modules' globals: a suspended generator's finally, or a __del__,
+    # run then stopped at a call-spelled probe with a NameError.
+    script = textwrap.dedent(
+        f"""
+        import bcrecord
+        bcrecord.set_probe_style({style!r})
+        def batches():
+            try:
+                while True:
+                    yield 1
+            finally:
+                closing = "generator done"
+                print(closing)
+        class Held:
+            def __del__(self):
+                closing = "finalizer done"
+                print(closing)
+        for function in (batches, Held.__del__):
+            bcrecord.patch_function(function, "closing", name="m")
+        with bcrecord.recording() as rec:
+            suspended = batches()
+            next(suspended)
+            held = Held()
+            held.me = held  # (freed at exit, by the collector)
+        print("exits")
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stderr) == (0, "")
+    first, *then = done.stdout.splitlines()
+    assert (first, sorted(then)) == ("exits", ["finalizer done", "generator done"])
+
+
 def test_pairs_with_high_variable_indices_are_split_not_rebuilt():
     # bytecode 0.19.1 mis-encodes STORE_FAST_STORE_FAST with an index >= 16 (3.13).
     names = [f"v{k}" for k in range(20)]

@@ -1109,6 +1109,48 @@ def test_a_signal_handler_running_while_a_value_is_copied_records_nothing():
     assert rec.all("sig:s:z@0") == ["copied"]
 
 
+@pytest.mark.skipif(not hasattr(signal, "SIGUSR1"), reason="needs SIGUSR1")
+def test_a_recording_a_finalizer_or_signal_handler_enters_while_a_value_is_copied_gets_its_values_alone():
+    # The recordings entered around the copy got them too: the new one's routing took them in.
+    def f(a):
+        x = a * 2
+        return x
+
+    g = bcrecord.instrument(f, "x", name="own")
+    inner = []
+
+    def record_own(value):
+        with bcrecord.recording() as rec:
+            g(value)
+        inner.append(rec.all("own:f:x@0"))
+
+    class Finalized:
+        def __del__(self):
+            record_own(50)
+
+    class Copied:
+        def clone(self):
+            Finalized()  # its finalizer runs here, at once
+            signal.raise_signal(signal.SIGUSR1)  # and the handler before clone returns
+            return "copied"
+
+    def h(a):
+        y = Copied()
+        return y
+
+    probed = bcrecord.instrument(h, "y", name="own")
+    old = signal.signal(signal.SIGUSR1, lambda *_: record_own(7))
+    try:
+        with bcrecord.recording() as rec:
+            probed(0)
+            g(1)  # the context records again after the copy
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+    assert inner == [[100], [14]]
+    assert rec.keys() == ["own:h:y@0", "own:f:x@0"]
+    assert (rec.all("own:h:y@0"), rec.all("own:f:x@0")) == (["copied"], [2])
+
+
 @pytest.mark.skipif(not hasattr(signal, "SIGALRM"), reason="needs SIGALRM")
 @pytest.mark.parametrize("handler_form", ["function", "method", "varargs", "restores first"])
 def test_an_exception_a_signal_handler_raises_while_a_value_is_copied_reaches_the_program(handler_form):
@@ -2735,6 +2777,26 @@ def test_a_recording_pickles_and_copies_as_a_snapshot_of_its_values_inside_its_b
         assert not loaded.active
     finally:
         patch.remove()
+
+
+def test_a_recording_pickled_while_another_thread_adds_a_key_is_still_a_snapshot(monkeypatch):
+    # "dictionary changed size during iteration": 16 of 2000 pickles or copies failed while a
+    # thread recorded into it (threads='all'). Here the key comes in while the first list is copied.
+    import pickle
+    import types
+
+    rec = bcrecord.recording()
+    rec.add("m:f:x@0", 1)
+    real = copy.copy
+
+    def copy_as_a_thread_records(values):
+        rec.add(f"m:f:y@{len(rec.keys())}", 2)
+        return real(values)
+
+    stand_in = types.SimpleNamespace(copy=copy_as_a_thread_records)
+    monkeypatch.setattr(bcrecord.runtime, "_copy_module", stand_in)
+    loaded = pickle.loads(pickle.dumps(rec))
+    assert loaded.all("m:f:x@0") == [1] and rec.keys() == ["m:f:x@0", "m:f:y@1"]
 
 
 class _CopyFailed(Exception):
