@@ -67,6 +67,7 @@ from .targets import (
     fx_name_clash,
     has_forward,
     has_return,
+    is_python_method,
     named_modules,
     require_module,
     takes_instance,
@@ -572,17 +573,20 @@ def list_targets(model: torch.nn.Module, methods: Union[str, Iterable[str]] = _D
     for path, module in named_modules(unwrap(model)):
         if isinstance(module, torch.jit.ScriptModule):
             continue  # TorchScript, not bytecode (its submodules are scripted too): not recordable
-        forward = getattr(type(module), "forward", None)
+        forward: Any = getattr(type(module), "forward", None)
         # A container's path (ModuleList) has no output, nor has a forward that only raises; a
-        # forward(*args) cannot be recorded here.
-        if has_forward(module) and (
-            not isinstance(forward, types.FunctionType) or (takes_instance(forward) and has_return(forward))
+        # forward(*args), a static, class or builtin forward cannot be recorded here.
+        if (
+            has_forward(module)
+            and is_python_method(type(module), "forward")
+            and takes_instance(forward)
+            and has_return(forward)
         ):
             out.append(path)
             paths.add(path)
         for method in methods:
-            func = getattr(type(module), method, None)
-            if not isinstance(func, types.FunctionType) or func is getattr(torch.nn.Module, method, None):
+            func: Any = getattr(type(module), method, None)
+            if not is_python_method(type(module), method) or func is getattr(torch.nn.Module, method, None):
                 continue
             defined.add(method)
             if not takes_instance(func):  # def forward(*args): record() refuses it, saying why

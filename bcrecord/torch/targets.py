@@ -1546,6 +1546,8 @@ def expand(model: torch.nn.Module, text: str) -> List[Target]:
                 f"({first!r}, {every!r})"
             )
         static = inspect.getattr_static(type(module), runs, None)
+        if is_glob and not is_python_method(type(module), runs):
+            continue  # as list_targets leaves it out: a glob takes what can be recorded
         if isinstance(static, (staticmethod, classmethod)):
             kind = type(static).__name__
             raise NotPatchableError(
@@ -1586,7 +1588,8 @@ def expand(model: torch.nn.Module, text: str) -> List[Target]:
     if not targets:
         raise TargetError(
             f"{pattern!r} matches only containers (no forward of their own), forwards with no return, "
-            "forward(*args) modules or TorchScript modules, which cannot be recorded"
+            "forward(*args) modules, static, class or builtin forwards, or TorchScript modules, which "
+            "cannot be recorded"
         )
     return targets
 
@@ -1677,6 +1680,21 @@ def takes_instance(func: types.FunctionType) -> bool:
     (True, False)
     """
     return function_of(func).__code__.co_argcount > 0
+
+
+def is_python_method(cls: type, name: str) -> bool:
+    """Whether ``cls.<name>`` is a method recordable on its instances: a Python function,
+    not a staticmethod, classmethod or builtin (``forward = staticmethod(F.silu)``,
+    ``forward = torch.relu``), whose values would have no module path.
+
+    >>> class Act(torch.nn.Module):
+    ...     forward = staticmethod(torch.nn.functional.silu)
+    >>> is_python_method(torch.nn.Linear, "forward"), is_python_method(Act, "forward")
+    (True, False)
+    """
+    if isinstance(inspect.getattr_static(cls, name, None), (staticmethod, classmethod)):
+        return False
+    return isinstance(getattr(cls, name, None), types.FunctionType)
 
 
 def has_return(func: types.FunctionType) -> bool:

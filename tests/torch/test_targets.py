@@ -669,6 +669,18 @@ def test_containers_and_methods_that_do_not_run_on_the_module_are_explained():
     for kind, model in (("staticmethod", Static()), ("classmethod", Classy())):
         with pytest.raises(bcrecord.NotPatchableError, match=f"forward is a {kind}, which does not run on"):
             expand(model, "")
+
+    class Builtin(torch.nn.Module):
+        forward = torch.relu
+
+    # A glob skips them, as list_targets leaves them out: '*' was refused as a whole for one of them.
+    model = torch.nn.Sequential(Static(), torch.nn.Identity(), Classy(), Builtin())
+    assert [t.path for t in expand(model, "*")] == ["1"]
+    assert [t for t in bcrecord.torch.list_targets(model) if t and t[0] in "023"] == []
+    with pytest.raises(bcrecord.NotPatchableError, match="has no Python method 'forward'"):
+        expand(model, "3")
+    with pytest.raises(bcrecord.TargetError, match=r"'\[023\]' matches only .* static, class or builtin"):
+        expand(model, "[023]")
     lam = torch.nn.Module()
     lam.forward = lambda x: x * 2
     with pytest.raises(bcrecord.NotPatchableError, match="runs a forward set on the instance"):
