@@ -67,6 +67,7 @@ from .targets import (
     fx_name_clash,
     has_forward,
     has_return,
+    is_generator_function,
     is_python_method,
     named_modules,
     require_module,
@@ -581,6 +582,7 @@ def list_targets(model: torch.nn.Module, methods: Union[str, Iterable[str]] = _D
             and is_python_method(type(module), "forward")
             and takes_instance(forward)
             and has_return(forward)
+            and not is_generator_function(forward)
         ):
             out.append(path)
             paths.add(path)

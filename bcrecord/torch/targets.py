@@ -1004,8 +1004,9 @@ def _fx_tensor_node(model: torch.nn.Module, name: str) -> Optional[Tuple[str, Op
             except AttributeError:
                 continue
             for method, func in _methods_forward_runs(kind):
-                if f"self.{chain}" in function_targets(function_of(func)).attributes:
-                    return path, f"{module}:{method}:self.{chain}@0"
+                me = _first_argument(function_of(func))  # ('s' in def forward(s, x))
+                if me and f"{me}.{chain}" in function_targets(function_of(func)).attributes:
+                    return path, f"{module}:{method}:{me}.{chain}@0"
         return path, None
     return None
 
@@ -1574,6 +1575,15 @@ def expand(model: torch.nn.Module, text: str) -> List[Target]:
                 f"it runs on is not known to the patch of {type(module).__name__} its instances share; "
                 f"record it with bcrecord.patch_method(module, {runs!r}, ...) on the instance"
             )
+        if not spec_text and is_generator_function(func):
+            if is_glob:
+                continue  # as list_targets leaves it out
+            # Its return is the generator's own, when it is used up (None, mostly), not the generator.
+            raise TargetError(
+                f"{where}: {runs} is a generator function, whose output is the generator the caller "
+                f"iterates, which a module path does not record: record what it yields where it makes "
+                f"it ('{path}:{runs}:<local>'), or where the caller takes it"
+            )
         if is_glob and isinstance(spec, Return) and not has_return(func):
             continue  # a forward that only raises (JetMoe's JetMoeMoA) has no output, as a container
         if isinstance(spec, Attribute) and spec.at == "entry":
@@ -1680,6 +1690,19 @@ def takes_instance(func: types.FunctionType) -> bool:
     (True, False)
     """
     return function_of(func).__code__.co_argcount > 0
+
+
+def is_generator_function(func: types.FunctionType) -> bool:
+    """Whether the method ``func`` (inside its wrappers) makes a generator: its module path's
+    value would be the generator, which its return does not give.
+
+    >>> def forward(self, x):
+    ...     yield x
+    >>> is_generator_function(forward), is_generator_function(torch.nn.Linear.forward)
+    (True, False)
+    """
+    inner = function_of(func)
+    return inspect.isgeneratorfunction(inner) or inspect.isasyncgenfunction(inner)
 
 
 def is_python_method(cls: type, name: str) -> bool:

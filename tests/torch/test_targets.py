@@ -1316,6 +1316,54 @@ def test_an_argument_of_forward_is_refused_as_the_input_it_is_and_shifts_ops_of_
     assert (target.spec.target, target.spec.index) == ("torch.nn.functional.pad", (0,))
 
 
+def test_a_module_whose_forward_is_a_generator_function_has_no_path_output_to_record():
+    # Its path recorded the generator's own return when used up (None), not the generator.
+    class Steps(torch.nn.Module):
+        def forward(self, x):
+            for i in range(3):
+                step = x * i
+                yield step
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.steps, self.lin = Steps(), torch.nn.Linear(2, 2)
+
+        def forward(self, x):
+            return torch.stack(list(self.steps(self.lin(x))))
+
+    model = Net()
+    with pytest.raises(bcrecord.TargetError) as caught:
+        expand(model, "steps")
+    assert str(caught.value) == (
+        "Steps at 'steps': forward is a generator function, whose output is the generator the caller "
+        "iterates, which a module path does not record: record what it yields where it makes it "
+        "('steps:forward:<local>'), or where the caller takes it"
+    )
+    assert [t.path for t in expand(model, "*")] == ["lin"]  # a glob skips it, as list_targets does
+    assert "steps" not in bcrecord.torch.list_targets(model)
+    x = torch.ones(1, 2)
+    with bcrecord.torch.record(model, ["steps:forward:step"]) as rec:
+        model(x)
+    expected = [(model.lin(x) * i).tolist() for i in range(3)]
+    assert [v.tolist() for v in rec.all("steps:forward:step@0")] == expected
+
+
+def test_an_fx_tensor_node_read_by_a_method_whose_instance_is_not_self_suggests_that_read():
+    # It looked for 'self.scale' alone: "no method its module's forward runs reads self.scale".
+    class Scaled(torch.nn.Module):
+        def __init__(s):
+            super().__init__()
+            s.scale = torch.nn.Parameter(torch.ones(2))
+
+        def forward(s, x):
+            return x * s.scale
+
+    with pytest.raises(bcrecord.TargetError, match="reads it: ':forward:s.scale@0'$"):
+        expand(Scaled(), "scale")
+    assert [t.text for t in expand(Scaled(), ":forward:s.scale@0")] == [":forward:s.scale@0"]
+
+
 def test_an_fx_tensor_node_read_by_a_parent_module_suggests_the_parent_s_read():
     class Parent(torch.nn.Module):
         def __init__(self):
