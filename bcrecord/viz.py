@@ -246,7 +246,14 @@ def _isnan(array: Any) -> Any:
 
 
 def _numpy_array(value: Any) -> Any:
-    """``value`` as a float64 numpy array (tensors, numpy arrays, numbers, lists); None if not numeric."""
+    """``value`` as a float64 numpy array (tensors, numpy arrays, numbers, lists); None if not numeric.
+
+    A masked array's masked-out elements are NaN, left out of the numbers (as a ``MaskedTensor``'s).
+
+    >>> import numpy as np
+    >>> _numpy_array(np.ma.masked_array([1, 9, 3], mask=[0, 1, 0])).tolist(), _numpy_array([3 + 4j]).tolist()
+    ([1.0, nan, 3.0], [5.0])
+    """
     try:
         import numpy as np
     except ImportError:
@@ -264,8 +271,12 @@ def _numpy_array(value: Any) -> Any:
             return None
     if isinstance(value, str) or value is None:
         return None
+    # np.asarray drops a mask: a masked array, or a list of them, is read with its mask.
+    masked = isinstance(value, np.ma.MaskedArray) or (
+        isinstance(value, (list, tuple)) and any(isinstance(item, np.ma.MaskedArray) for item in value)
+    )
     try:
-        array = np.asarray(value)
+        array = np.ma.asarray(value) if masked else np.asarray(value)
     except Exception:
         array = None
     if (array is None or array.dtype.kind == "O") and isinstance(value, (list, tuple)) and value:
@@ -282,7 +293,8 @@ def _numpy_array(value: Any) -> Any:
         array = np.abs(array)
     if array.dtype.kind not in "biuf":
         return None
-    return array.astype(np.float64)
+    array = array.astype(np.float64)
+    return array.filled(np.nan) if masked else array
 
 
 def _shape(value: Any) -> Optional[Tuple[int, ...]]:

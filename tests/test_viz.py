@@ -340,3 +340,15 @@ def test_view_s_table_stays_aligned_on_a_terminal_that_writes_wide_keys_escaped(
         "m:\\u65e5\\u672c@0  1      -      float  1    1     1",
         "m:x@0             1      -      float  2    2     2",
     ]
+
+
+def test_a_numpy_masked_array_s_masked_out_elements_are_left_out_of_the_numbers(tmp_path):
+    # np.asarray dropped the mask: the masked-out 1e9 made the mean 3.333e+08 and the max 1e9.
+    np = pytest.importorskip("numpy")
+    one = np.ma.masked_array([1.0, 1e9, 3.0], mask=[0, 1, 0])
+    two = [np.ma.masked_array([5, -7], mask=[0, 1]), np.ma.masked_array([-9], mask=[1])]  # a list of them
+    bcrecord.save({"m:f:one@0": [one], "m:f:two@0": [two]}, tmp_path, step=0)
+    out = io.StringIO()
+    assert view(tmp_path, plots=False, out=out) == 0
+    rows = [line.split() for line in out.getvalue().splitlines()[1:]]
+    assert [row[-3:] for row in rows] == [["1", "2", "3"], ["5", "5", "5"]]
