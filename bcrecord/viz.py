@@ -641,10 +641,26 @@ def _figure(width: float, height: float) -> Any:
 
 
 def _title(summary: KeySummary, what: str) -> str:
-    # Complex values are drawn by magnitude (as the table counts them): the picture says so.
-    if "complex" in summary.dtype:
+    # Complex values are drawn by magnitude (as the table counts them): the picture says so, of
+    # the values themselves (the dtype column names no complex dtype for 'mixed' or a list).
+    if any(_complex(value) for value in summary.values):
         what += " (complex: magnitudes)"
     return f"{_shown(summary.key)}\n{what}"
+
+
+def _complex(value: Any) -> bool:
+    """Whether any of the numbers :func:`_numpy_array` draws of ``value`` is complex.
+
+    >>> _complex([1.0, 3 + 4j]), _complex((2.0, [1])), _complex(True)
+    (True, False, False)
+    """
+    value = _drawn_part(value)
+    if isinstance(value, complex):
+        return True
+    if isinstance(value, (list, tuple)):
+        return any(_complex(item) for item in value)
+    dtype = getattr(value, "dtype", None)  # a tensor's (torch.complex64) or an array's
+    return bool(getattr(dtype, "is_complex", False)) or getattr(dtype, "kind", None) == "c"
 
 
 def _mosaic(maps: Any, cols: int, pad: int) -> Any:

@@ -477,6 +477,36 @@ def test_every_picture_of_complex_values_says_it_draws_their_magnitudes(tmp_path
     assert not any("complex" in title for title in titles("m:f:r@0").values())
 
 
+def test_pictures_of_complex_values_say_so_whatever_the_dtype_column_names(tmp_path):
+    # The note came from the dtype column only: 'mixed' (complex64 and complex128), a tuple of
+    # complex tensors and a list of Python complex numbers were drawn as magnitudes unsaid.
+    pytest.importorskip("matplotlib")
+    from bcrecord.viz import _pictures, summarize
+
+    z = torch.tensor([3 + 4j, 1j])
+    values = {
+        "m:f:mixed@0": [z, z.to(torch.complex128)],
+        "m:f:chunks@0": [z.chunk(2)],
+        "m:f:pylist@0": [[3 + 4j, 2j]],
+        "m:f:real@0": [torch.ones(2).chunk(2), [1.0, 2.0]],
+    }
+    summaries = summarize(bcrecord.load(bcrecord.save(values, tmp_path / "run")))
+    titles = {
+        (summary.key, kind): figure.axes[0].get_title()
+        for summary in summaries
+        for kind, figure in _pictures(summary, max_maps=32)
+    }
+    assert [summary.dtype for summary in summaries] == ["mixed", "tuple", "list", "mixed"]
+    assert sorted(key for key, title in titles.items() if title.endswith("(complex: magnitudes)")) == [
+        ("m:f:chunks@0", "heatmap"),
+        ("m:f:chunks@0", "hist"),
+        ("m:f:mixed@0", "hist"),
+        ("m:f:mixed@0", "steps"),
+        ("m:f:pylist@0", "hist"),
+    ]
+    assert ("m:f:real@0", "hist") in titles
+
+
 def test_a_histogram_s_title_counts_the_infinities_and_nans_it_leaves_out(tmp_path):
     pytest.importorskip("matplotlib")
     from bcrecord.viz import _pictures, summarize
