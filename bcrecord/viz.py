@@ -11,7 +11,8 @@
 * ``<key>.hist.png`` -- a histogram of the elements (last step; the first step
   overlaid when the key was saved repeatedly);
 * ``<key>.steps.png`` -- for keys saved repeatedly, the value over steps: mean,
-  mean +/- std and the min..max band of each step;
+  mean +/- std and the min..max band of each step (over the values in saved order
+  where values share a step: a local recorded in a loop, saved at one step);
 * ``index.html`` -- every picture with the summary table, to open in a browser.
 
 Pictures show the last saved value of each key. The pictures an earlier ``view``
@@ -817,13 +818,23 @@ def _histogram(summary: KeySummary, first: Any, last: Any, what: str = "") -> An
         high = max(high, float(array.max(initial=-math.inf, where=finite)))
     low, high = (low, high) if low <= high else (0.0, 1.0)
     edges = np.linspace(low, high if high > low else low + 1.0, bins + 1)
+    # Values that share a step are told apart as the first and the last saved.
+    shared = _shared_steps(summary.steps) is not None
     if earlier is not None:
         counts, _ = np.histogram(earlier, edges)
         # The title speaks for the last step; the first step's own NaN/±inf are named in its label.
-        first_label = f"step {summary.steps[0]} (first){_left_out(first)}"
-        ax.stairs(counts, edges, fill=True, alpha=0.45, color="tab:gray", label=first_label)
+        first_label = (
+            f"first value (step {summary.steps[0]})" if shared else f"step {summary.steps[0]} (first)"
+        )
+        ax.stairs(
+            counts, edges, fill=True, alpha=0.45, color="tab:gray", label=first_label + _left_out(first)
+        )
     counts, _ = np.histogram(data, edges)
-    label = f"steps {min(summary.steps)}..{max(summary.steps)}" if what else f"step {summary.steps[-1]}"
+    low_step, high_step = min(summary.steps), max(summary.steps)
+    if what:  # every step's one number
+        label = f"step {low_step}" if low_step == high_step else f"steps {low_step}..{high_step}"
+    else:
+        label = f"last value (step {summary.steps[-1]})" if shared else f"step {summary.steps[-1]}"
     ax.stairs(counts, edges, fill=True, alpha=0.7, color="tab:blue", label=label)
     if data.size > 1000:
         ax.set_yscale("symlog", linthresh=1)
@@ -865,14 +876,33 @@ def _step_stats(array: Any) -> Tuple[float, float, float, float, int]:
     return (mean, low, high, std, int(array.size))
 
 
+def _shared_steps(steps: Sequence[int]) -> Optional[str]:
+    """How a picture's title names ``steps`` where values share one (a local recorded in a loop
+    and saved at one step, two runs saved into one directory); None where each has its own.
+
+    >>> _shared_steps([0, 0, 0]), _shared_steps([0, 1, 0, 1]), _shared_steps([5, 9, 2])
+    ('all at step 0', 'steps 0..1, repeated', None)
+    """
+    if len(set(steps)) == len(steps):
+        return None
+    low, high = min(steps), max(steps)
+    return f"all at step {low}" if low == high else f"steps {low}..{high}, repeated"
+
+
 def _over_steps(summary: KeySummary, stats: List[Tuple[float, float, float, float, int]]) -> Any:
-    """The value over steps: ``stats`` are each step's :func:`_step_stats`, in save order."""
+    """The value over steps: ``stats`` are each step's :func:`_step_stats`, in save order; over
+    the values in save order where values share a step (a line over one step would be vertical)."""
     import numpy as np
 
-    steps = np.array(summary.steps[: len(stats)], dtype=float)
-    # In the order of the steps, not of saving (a second run into the directory adds its own).
-    order = np.argsort(steps, kind="stable")
-    steps = steps[order]
+    shared = _shared_steps(summary.steps[: len(stats)])
+    if shared is None:
+        steps = np.array(summary.steps[: len(stats)], dtype=float)
+        # In the order of the steps, not of saving (a second run into the directory adds its own).
+        order = np.argsort(steps, kind="stable")
+        steps = steps[order]
+    else:
+        order = np.arange(len(stats))
+        steps = order.astype(float)
     mean, low, high, std = (np.array([stats[k][i] for k in order]) for i in range(4))
     marker = "o" if len(stats) <= 60 else None
     fig = _figure(6.4, 4.0)
@@ -885,9 +915,12 @@ def _over_steps(summary: KeySummary, stats: List[Tuple[float, float, float, floa
     else:
         ax.plot(steps, mean, marker=marker, markersize=3, color="tab:blue")
     _integer_ticks(ax.xaxis)
-    ax.set_xlabel("step")
+    ax.set_xlabel("step" if shared is None else "value, in saved order (0: the first)")
     ax.set_ylabel("value")
-    ax.set_title(_title(summary, f"over {len(stats)} saved steps"), fontsize=9)
+    what = (
+        f"over {len(stats)} saved steps" if shared is None else f"over {len(stats)} saved values ({shared})"
+    )
+    ax.set_title(_title(summary, what), fontsize=9)
     return fig
 
 
@@ -925,6 +958,7 @@ def _pictures(summary: KeySummary, max_maps: int) -> List[Tuple[str, Any]]:
     elif last.ndim == 2 and last.size:
         out.append(("heatmap", _heatmap(summary, last, "x".join(map(str, last.shape)))))
     repeated = len(stats) > 1
+    shared = _shared_steps(summary.steps)
     if numbers is not None:
         if repeated:  # one number per step: the distribution of those numbers
             out.append(
@@ -934,7 +968,9 @@ def _pictures(summary: KeySummary, max_maps: int) -> List[Tuple[str, Any]]:
                         summary,
                         None,
                         np.concatenate(numbers),
-                        f"histogram of the values of {len(stats)} steps",
+                        f"histogram of the values of {len(stats)} steps"
+                        if shared is None
+                        else f"histogram of {len(stats)} saved values ({shared})",
                     ),
                 )
             )

@@ -1,6 +1,6 @@
-"""The summary side of ``bcrecord view`` (:mod:`bcrecord.viz`) without matplotlib.
+"""``bcrecord view`` (:mod:`bcrecord.viz`): its summary without matplotlib, a few pictures with it.
 
-Pictures need matplotlib and are tested with tensors in ``tests/torch/test_cli_torch.py``.
+Pictures of tensors are tested in ``tests/torch/test_cli_torch.py``.
 """
 
 import gc
@@ -352,3 +352,31 @@ def test_a_numpy_masked_array_s_masked_out_elements_are_left_out_of_the_numbers(
     assert view(tmp_path, plots=False, out=out) == 0
     rows = [line.split() for line in out.getvalue().splitlines()[1:]]
     assert [row[-3:] for row in rows] == [["1", "2", "3"], ["5", "5", "5"]]
+
+
+def test_pictures_of_values_that_share_a_step_say_so_and_draw_them_in_saved_order(tmp_path):
+    # A local recorded 5 times, saved at step 0: "over 5 saved steps" drew a vertical line at x=0,
+    # "histogram of the values of 5 steps" had the legend "steps 0..0".
+    pytest.importorskip("matplotlib")
+    from bcrecord.viz import _pictures
+
+    bcrecord.save({"m:f:x@1": [0, 1, 3, 6, 10], "m:f:v@0": [[1.0, 2.0], [3.0, 4.0]]}, tmp_path, step=0)
+    x, v = summarize(bcrecord.load(tmp_path))
+    assert x.row()[1] == "5 (all at 0)"
+    pictures = dict(_pictures(x, max_maps=32))
+    steps, hist = pictures["steps"].axes[0], pictures["hist"].axes[0]
+    assert steps.get_title() == "m:f:x@1\nover 5 saved values (all at step 0)"
+    assert steps.get_xlabel() == "value, in saved order (0: the first)"
+    assert list(steps.lines[0].get_xdata()) == [0, 1, 2, 3, 4]
+    assert list(steps.lines[0].get_ydata()) == [0, 1, 3, 6, 10]
+    assert hist.get_title() == "m:f:x@1\nhistogram of 5 saved values (all at step 0)"
+    assert [text.get_text() for text in hist.get_legend().get_texts()] == ["step 0"]
+    # Values of several numbers: the histogram's first and last are named so, not "step 0" twice.
+    hist = dict(_pictures(v, max_maps=32))["hist"].axes[0]
+    labels = [text.get_text() for text in hist.get_legend().get_texts()]
+    assert labels == ["first value (step 0)", "last value (step 0)"]
+    # Steps of their own are drawn over the steps, as before.
+    bcrecord.save({"m:f:y@0": [1.0]}, tmp_path / "own", step=3)
+    [y] = summarize(bcrecord.load(bcrecord.save({"m:f:y@0": [2.0]}, tmp_path / "own", step=7)))
+    steps = dict(_pictures(y, max_maps=32))["steps"].axes[0]
+    assert steps.get_title() == "m:f:y@0\nover 2 saved steps" and list(steps.lines[0].get_xdata()) == [3, 7]
