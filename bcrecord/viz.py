@@ -1058,11 +1058,7 @@ def _draw_one(
             warnings.filterwarnings("ignore", "Glyph .* missing from font", UserWarning)
             for kind, figure in _pictures(summary, max_maps):
                 name = f"{slug}.{kind}.png"
-                try:
-                    figure.savefig(plot_dir / name)
-                except OSError as error:
-                    why = error.strerror or error
-                    raise BcrecordError(f"cannot write {plot_dir / name}: {why}") from None
+                _save_png(figure, plot_dir / name)
                 files.append(name)
     except (ArithmeticError, ValueError, RuntimeWarning) as error:  # matplotlib's and numpy's
         if failed is None:
@@ -1079,6 +1075,22 @@ def _draw_one(
         elif unread is not None:
             failed[summary.key] = f"{_tensor_described(unread)}: its values cannot be read to draw"
     return files
+
+
+def _save_png(figure: Any, path: Path) -> None:
+    """Write ``figure`` to ``path`` as a PNG whole or not at all: into a file beside it, renamed
+    once written (a full disk left a PNG cut off), removed if it is not; BcrecordError if not written."""
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    try:
+        try:
+            figure.savefig(partial, format="png")
+            os.replace(partial, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                partial.unlink(missing_ok=True)
+            raise
+    except OSError as error:
+        raise BcrecordError(f"cannot write {path}: {error.strerror or error}") from None
 
 
 def _tensor_described(tensor: Any) -> str:
@@ -1268,8 +1280,12 @@ def view(
             with _one_thread():
                 for summary in summarize(loaded):
                     if plots:
-                        pictures[summary.key] = _draw_one(summary, plot_dir, max_maps, used, failed)
-                        bar.advance(summary.key)
+                        try:
+                            pictures[summary.key] = _draw_one(summary, plot_dir, max_maps, used, failed)
+                        except BcrecordError as error:  # a picture not written (full disk): after the table
+                            plots, missing = False, error
+                        else:
+                            bar.advance(summary.key)
                     summary.values = []
                     summaries.append(summary)
             del loaded

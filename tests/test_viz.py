@@ -380,3 +380,26 @@ def test_pictures_of_values_that_share_a_step_say_so_and_draw_them_in_saved_orde
     [y] = summarize(bcrecord.load(bcrecord.save({"m:f:y@0": [2.0]}, tmp_path / "own", step=7)))
     steps = dict(_pictures(y, max_maps=32))["steps"].axes[0]
     assert steps.get_title() == "m:f:y@0\nover 2 saved steps" and list(steps.lines[0].get_xdata()) == [3, 7]
+
+
+def test_a_picture_that_cannot_be_written_leaves_no_part_of_it_and_the_table_is_shown(tmp_path, monkeypatch):
+    # A full disk ended view with no table, a cut-off k0.heatmap.png left in plots and no index.html.
+    pytest.importorskip("matplotlib")
+    import errno
+
+    from matplotlib.figure import Figure
+
+    def full_disk(figure, path, **options):
+        with open(path, "wb") as file:
+            file.write(b"\x89PNG\r\n\x1a\n")  # the start of a PNG, then the disk was full
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Figure, "savefig", full_disk)
+    bcrecord.save({"k0": [[[1.0, 2.0], [3.0, 4.0]]], "k1": [5.0]}, tmp_path, step=0)
+    out = io.StringIO()
+    with pytest.raises(BcrecordError) as caught:
+        view(tmp_path, out=out, err=io.StringIO())
+    picture = tmp_path / "plots" / "k0.heatmap.png"
+    assert str(caught.value) == f"cannot write {picture}: No space left on device"
+    assert [line.split()[0] for line in out.getvalue().splitlines()] == ["key", "k0", "k1"]
+    assert list((tmp_path / "plots").iterdir()) == []
