@@ -495,16 +495,20 @@ def _no_match(patterns: Sequence[str], saved: Sequence[str], shown: int = 20) ->
     "no saved key matches layer1 (a glob matches whole keys: '*layer1*'); saved keys: layer1.0:forward:out@1"
     >>> _no_match(["zz*"], [f"k{i}" for i in range(25)], shown=3)
     'no saved key matches zz*; saved keys: k0, k1, k2 and 22 more'
+    >>> _no_match([""], ["m:f:x@0"])
+    "no saved key matches '' (an empty --key matches only an empty key); saved keys: m:f:x@0"
     """
     hints = []
     for pattern in patterns:
         hint = did_you_mean(pattern, saved, hide_private=False)
-        if not hint and not any(c in pattern for c in "*?[") and any(pattern in key for key in saved):
+        if not pattern:  # (it is a part of every key: '**' was hinted)
+            hint = " (an empty --key matches only an empty key)"
+        elif not hint and not any(c in pattern for c in "*?[") and any(pattern in key for key in saved):
             hint = f" (a glob matches whole keys: '*{pattern}*')"  # a part of keys, as grep takes it
         hints.append(hint)
     more = f" and {len(saved) - shown} more" if len(saved) > shown else ""
-    listed = ", ".join(saved[:shown]) + more
-    return f"no saved key matches {', '.join(patterns)}{''.join(hints)}; saved keys: {listed}"
+    listed = ", ".join(map(_shown, saved[:shown])) + more
+    return f"no saved key matches {', '.join(map(_shown, patterns))}{''.join(hints)}; saved keys: {listed}"
 
 
 def _glob_notes(patterns: Sequence[str], matching: Sequence[str]) -> List[str]:

@@ -403,3 +403,17 @@ def test_a_picture_that_cannot_be_written_leaves_no_part_of_it_and_the_table_is_
     assert str(caught.value) == f"cannot write {picture}: No space left on device"
     assert [line.split()[0] for line in out.getvalue().splitlines()] == ["key", "k0", "k1"]
     assert list((tmp_path / "plots").iterdir()) == []
+
+
+def test_an_empty_key_that_matches_nothing_is_said_to_match_only_an_empty_key(tmp_path):
+    # '--key ""' was hinted "a glob matches whole keys: '**'" ('' is a part of every key).
+    bcrecord.save({"m:f:x@0": [1.0]}, tmp_path / "run")
+    with pytest.raises(BcrecordError) as missing:
+        view(tmp_path / "run", plots=False, keys=[""], out=io.StringIO())
+    assert str(missing.value) == (
+        "no saved key matches '' (an empty --key matches only an empty key); saved keys: m:f:x@0"
+    )
+    bcrecord.save({"": [2.0]}, tmp_path / "run")  # an empty key is a key: it selects it
+    out = io.StringIO()
+    assert view(tmp_path / "run", plots=False, keys=[""], out=out) == 0
+    assert out.getvalue().splitlines()[1].split()[:2] == ["''", "1"]
