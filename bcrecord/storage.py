@@ -1223,7 +1223,8 @@ class Unimportable:
 
     Classes defined in a program's ``__main__`` (saved by ``bcrecord run``) are the
     usual case: a loader is another program; so are classes of a module that raises when
-    imported here (it needs a GPU, or a library this machine lacks). The rest of the
+    imported here (it needs a GPU, or a library this machine lacks) or exits (``SystemExit``:
+    ``parse_args()`` at import, given the loader's arguments). The rest of the
     records load as usual.
     ``args`` are its constructor's arguments (a namedtuple's fields), ``state`` its
     attributes, ``items`` the elements or entries of a list or dict subclass.
@@ -1327,7 +1328,12 @@ class _StandInClasses:
                 # The recorded program's, never bcrecord's own (its 'main'), which it would find there.
                 raise LookupError(name)
             return super().find_class(module, name)  # type: ignore[misc]
-        except Exception:  # not there, or its module raises on import here (needs a GPU, a library)
+        except KeyboardInterrupt:
+            raise
+        # Not there, or its module raises on import here (needs a GPU, a library), or exits
+        # (SystemExit: argparse's parse_args() at import, given the loader's arguments; pytest's
+        # importorskip): never the loader's end.
+        except BaseException:
             return type(name, (Unimportable,), {"_where": f"{module}.{name}", "__module__": module})
 
 

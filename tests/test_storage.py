@@ -1146,13 +1146,23 @@ def test_a_data_file_overwritten_in_the_middle_keeps_the_values_before_it(tmp_pa
     assert 1000 <= len(kept) < 2500 and kept == values[: len(kept)]
 
 
-def test_a_value_of_a_module_that_raises_on_import_here_loads_as_unimportable(tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    "raised",
+    [
+        "raise OSError('libcudart.so: cannot open shared object file')",
+        # A BaseException, not an Exception: load() (and `bcrecord view`) ended with it, silently.
+        "raise SystemExit(2)",
+        "import argparse; argparse.ArgumentParser().parse_args(['--no-such-option'])",
+    ],
+)
+def test_a_value_of_a_module_that_raises_on_import_here_loads_as_unimportable(tmp_path, monkeypatch, raised):
     # Saved on a machine where the module imports; loaded where importing it raises (no GPU,
-    # a shared library missing: OSError). It made the whole data file unreadable.
+    # a shared library missing: OSError) or exits (argparse given other arguments). It made the
+    # whole data file unreadable.
     (tmp_path / "needs_a_gpu.py").write_text(
         "import os\n"
         "if os.environ.get('NO_GPU_HERE'):\n"
-        "    raise OSError('libcudart.so: cannot open shared object file')\n"
+        f"    {raised}\n"
         "class Box:\n"
         "    def __init__(self, v):\n"
         "        self.v = v\n"
@@ -1169,6 +1179,20 @@ def test_a_value_of_a_module_that_raises_on_import_here_loads_as_unimportable(tm
     assert isinstance(box, bcrecord.storage.Unimportable) and box.state == {"v": 3}
     assert repr(box) == "<needs_a_gpu.Box, not importable here: {'v': 3}>"
     assert five == 5 and loaded["m:f:x@0"] == [1]
+
+
+def test_a_keyboard_interrupt_while_a_value_s_module_is_imported_still_stops_the_load(tmp_path, monkeypatch):
+    (tmp_path / "slow_to_import.py").write_text(
+        "import os\nif os.environ.get('INTERRUPTED'):\n    raise KeyboardInterrupt\nclass Box:\n    pass\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import slow_to_import
+
+    records = save({"m:f:box@0": [slow_to_import.Box()]}, tmp_path / "records")
+    monkeypatch.delitem(sys.modules, "slow_to_import")
+    monkeypatch.setenv("INTERRUPTED", "1")
+    with pytest.raises(KeyboardInterrupt):
+        load(records)
 
 
 @pytest.mark.skipif(bcrecord.storage.fcntl is None, reason="no fcntl: saves take no lock")
