@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, List, Optional, TextIO, Union
 
 from .errors import BcrecordError, shell_quoted
+from .storage import _expanded
 
 __all__ = ["run", "TARGETS"]
 
@@ -148,7 +149,8 @@ def run(
 
     import torch
 
-    directory = Path(directory).expanduser()  # never a folder named '~' here (as bcrecord.save)
+    # As bcrecord.save expands it: '~/demo' under home, never a folder named '~' here; './~' that folder.
+    directory = _expanded(directory)
     _prepare(directory)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # a tiny model: more threads only contend

@@ -74,6 +74,24 @@ def test_run_in_process_and_view_take_a_folder_under_home_written_with_a_tilde(t
     assert out.getvalue().splitlines()[1].split()[:2] == [":forward:x@1", "1"]
 
 
+def test_run_in_process_and_from_the_command_line_take_dot_slash_tilde_as_a_folder_named_tilde(
+    tmp_path, monkeypatch
+):
+    # './~' wrote into the home directory: pathlib drops the './', and expanduser took the rest for home.
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    assert run("./~", steps=1, plots=False, out=io.StringIO()) == 0
+    assert bcrecord.load(tmp_path / "~").steps(":forward:x@1") == [0]
+    result = cli(
+        "demo", "--no-plots", "--steps", "1", "--out", "./~/again", cwd=tmp_path, env={"HOME": str(home)}
+    )
+    assert result.returncode == 0, result.stderr
+    assert bcrecord.load(tmp_path / "~" / "again").steps(":forward:x@1") == [0]
+    assert list(home.iterdir()) == []
+
+
 def test_demo(tmp_path):
     pytest.importorskip("matplotlib")
     out = tmp_path / "demo"
