@@ -735,7 +735,14 @@ class Writer:
                         _entries_in(line, path, number) for number, line in _lines(journal, end)
                     )
                 else:
-                    saves = iter([_entries_in(_last_line(journal, self._read, end), path)])
+                    try:
+                        saves = iter([_entries_in(_last_line(journal, self._read, end), path)])
+                    except StorageError:
+                        # Named by its number, as load() names it: every line read (only now, it is rare).
+                        journal.seek(0)
+                        for number, line in _lines(journal, end):
+                            _entries_in(line, path, number)
+                        raise
                 for entries in saves:
                     files = {entry["file"] for entry in entries}  # (a save's entries share a file or two)
                     for file in files:

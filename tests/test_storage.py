@@ -961,11 +961,29 @@ def test_an_index_entry_missing_a_field_or_of_a_wrong_type_is_a_clear_error(tmp_
     with open(tmp_path / "index.jsonl", "a") as journal:
         journal.write(json.dumps({"entries": entries}) + "\n")
     before = sorted((p.name, p.read_bytes()) for p in tmp_path.rglob("*") if p.is_file())
-    for read in (lambda: load(tmp_path), lambda: writer.last_step, lambda: Writer(tmp_path)):
-        with pytest.raises(StorageError, match="save [12] is damaged") as caught:
+    reads = (
+        lambda: load(tmp_path),
+        lambda: writer.last_step,
+        lambda: Writer(tmp_path),
+        lambda: writer.write({"k": [2]}, step=1),  # (the last line alone read: it was 'save 1')
+        lambda: save({"k": [2]}, tmp_path, step=1),
+    )
+    for read in reads:
+        with pytest.raises(StorageError, match="save 2 is damaged") as caught:
             read()
         assert why in str(caught.value)
     assert sorted((p.name, p.read_bytes()) for p in tmp_path.rglob("*") if p.is_file()) == before
+
+
+def test_save_names_the_damaged_line_of_an_index_by_its_number_as_load_does(tmp_path):
+    # save() reads the index's last line alone, which it called 'save 1' whatever its number.
+    save({"a": [1]}, tmp_path)
+    save({"a": [2]}, tmp_path, step=1)
+    with open(tmp_path / "index.jsonl", "ab") as journal:
+        journal.write(b"garbage\n")
+    for read in (lambda: load(tmp_path), lambda: save({"a": [3]}, tmp_path, step=2)):
+        with pytest.raises(StorageError, match=r"index.jsonl: save 3 is damaged \(Expecting value"):
+            read()
 
 
 def test_a_damaged_version_1_index_or_a_value_missing_from_its_file_is_a_clear_error(tmp_path):
