@@ -152,6 +152,8 @@ def is_tensor(value: Any) -> bool:
 
 #: Per tensor dtype, whether safetensors stores it (asked once per dtype).
 _safetensors_dtypes: Dict[Any, bool] = {}
+#: Dtypes no safetensors release stores: pickled where safetensors is not installed too, which needs it not.
+_NEVER_IN_SAFETENSORS = frozenset({"complex128", "complex32"})
 
 
 def _in_safetensors(tensor: Any) -> bool:
@@ -173,8 +175,8 @@ def _in_safetensors(tensor: Any) -> bool:
         try:
             import torch
             from safetensors.torch import save as save_tensors
-        except ImportError:  # reported when the save needs it
-            return True
+        except ImportError:  # reported when the save needs it (a dtype that goes there wherever it can)
+            return str(dtype).removeprefix("torch.") not in _NEVER_IN_SAFETENSORS
         try:
             save_tensors({"probe": torch.zeros(1, dtype=dtype)})
             known = True
@@ -1559,7 +1561,7 @@ def _header(directory: Path) -> Dict[str, Any]:
     if not isinstance(index, dict) or index.get("format") != FORMAT:
         raise StorageError(f"{directory / 'index.json'} is not a bcrecord records index")
     version = index.get("version")
-    if version not in _READABLE:
+    if type(version) is not int or version not in _READABLE:  # (true and 1.0 are == 1: not version 1)
         readable = f"this bcrecord reads versions {_READABLE[0]} to {_READABLE[-1]}"
         newer = isinstance(version, int) and not isinstance(version, bool) and version > VERSION
         # (written by a later bcrecord: the one thing that helps is a bcrecord that reads it)

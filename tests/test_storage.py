@@ -749,11 +749,14 @@ class _Step:
             '{"format": "bcrecord-records", "version": "2"}',
             "version '2' is not supported, this bcrecord reads",
         ),
+        # Equal to 1, not version 1: it was read as one (an empty run, 'saved keys: ' of none).
+        ('{"format": "bcrecord-records", "version": true}', "version True is not supported, this bcrecord"),
+        ('{"format": "bcrecord-records", "version": 1.0}', "version 1.0 is not supported, this bcrecord"),
     ],
 )
 def test_a_directory_that_is_not_a_records_directory_is_refused_and_left_as_it_was(tmp_path, index, why):
     (tmp_path / "index.json").write_text(index)
-    for attempt in (lambda: Writer(tmp_path), lambda: save({"k": [1]}, tmp_path)):
+    for attempt in (lambda: Writer(tmp_path), lambda: save({"k": [1]}, tmp_path), lambda: load(tmp_path)):
         with pytest.raises(StorageError, match=why):
             attempt()
         assert sorted(p.name for p in tmp_path.iterdir()) == ["index.json"]  # no records/, no lock

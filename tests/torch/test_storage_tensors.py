@@ -5,6 +5,7 @@ import warnings
 import pytest
 import torch
 
+import bcrecord.storage
 from bcrecord.storage import DamagedRecords, Writer, load, save
 from bcrecord.torch import record
 from bcrecord.viz import summarize
@@ -485,3 +486,18 @@ def test_a_save_of_tensors_without_safetensors_says_what_to_install_and_writes_n
         writer.write({"t": [torch.ones(2)], "n": [3]}, step=0)
     assert [p.name for p in (tmp_path / "records").iterdir()] == [".lock"]
     assert list(load(tmp_path).keys()) == []
+
+
+def test_a_tensor_safetensors_never_stores_is_pickled_without_safetensors_installed(tmp_path, monkeypatch):
+    # It is pickled where safetensors is installed; without it, the save asked for safetensors.
+    import sys
+
+    monkeypatch.setattr(bcrecord.storage, "_safetensors_dtypes", {})  # (what an earlier test asked of it)
+    for name in ("safetensors", "safetensors.torch"):  # (None: not importable here)
+        monkeypatch.setitem(sys.modules, name, None)
+    wide = torch.tensor([1 + 2j, 3 - 4j], dtype=torch.complex128)
+    save({"z": [wide], "n": [3]}, tmp_path)
+    [row, _] = bcrecord.storage.saved_index(tmp_path)
+    assert (row["kind"], row["file"], row["dtype"]) == ("pickle", "records/000001.pkl", "complex128")
+    loaded = load(tmp_path)
+    assert loaded["z"][0].dtype == torch.complex128 and loaded["z"][0].tolist() == [1 + 2j, 3 - 4j]
