@@ -237,7 +237,28 @@ def _writing(directory: Path) -> Iterator[None]:
         if isinstance(error, FileExistsError) and isinstance(link, str) and os.path.islink(link):
             # A dangling link: 'File exists' where mkdir meets it, yet nothing is there.
             why, where = f"{link} is a link to {os.readlink(link)}, which does not exist", ""
+        in_the_way = (
+            _file_in_the_way(Path(os.fsdecode(link))) if isinstance(error, NotADirectoryError) else None
+        )
+        if in_the_way is not None:  # (the path named may be a staging folder's, of a name nobody gave)
+            why, where = f"{'it' if in_the_way == directory else in_the_way} is a file, not a folder", ""
         raise StorageError(f"cannot write records to {directory}: {why}{where}") from None
+
+
+def _file_in_the_way(path: Path) -> Optional[Path]:
+    """The first of the folders above ``path``, and ``path``, that is there and is not a folder
+    (what 'Not a directory' is about where ``path`` is made or opened), None if none is.
+
+    >>> import tempfile
+    >>> folder = Path(tempfile.mkdtemp())
+    >>> (folder / "notes").touch()
+    >>> _file_in_the_way(folder / "notes" / "run" / "records") == folder / "notes", _file_in_the_way(folder)
+    (True, None)
+    """
+    for above in [*reversed(path.parents), path]:
+        if os.path.lexists(above) and not above.is_dir():
+            return above
+    return None
 
 
 #: What ``flock`` raises on a file system without file locks (Lustre mounted without

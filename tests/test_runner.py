@@ -607,7 +607,8 @@ def test_a_run_that_records_nothing_makes_no_save_dir_and_a_blocked_one_is_refus
     out.rmdir(), (project / "runs").rmdir()
     (project / "runs").write_text("a file")
     blocked = cli("run", "-r", "__main__:f:y", "-o", out, "idle.py", cwd=project)
-    assert f"cannot write records to {out}: Not a directory" in one_clear_line(blocked)
+    said = f"cannot write records to {out}: {project / 'runs'} is a file, not a folder"
+    assert said in one_clear_line(blocked)
     assert blocked.stdout == ""
     saved = cli("run", "-r", "helper:twice:y", "-o", project / "b" / "c", "prog.py", cwd=project)
     assert bcrecord.load(project / "b" / "c")["helper:twice:y@0"] == [0, 2, 4, 6, 8, 10]

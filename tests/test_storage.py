@@ -578,8 +578,27 @@ def test_a_writer_told_not_to_make_its_directory_makes_it_with_the_first_save_on
     save({"m:f:x@0": [1]}, tmp_path / "b")
     assert Writer(tmp_path / "b", make=False).saved == 1
     (tmp_path / "file").write_text("x")
-    with pytest.raises(StorageError, match="cannot write records to .*file/c: Not a directory"):
+    with pytest.raises(StorageError) as caught:
         Writer(tmp_path / "file" / "c", make=False)
+    said = f"cannot write records to {tmp_path / 'file' / 'c'}: {tmp_path / 'file'} is a file, not a folder"
+    assert str(caught.value) == said
+
+
+def test_a_save_under_a_file_or_into_one_names_that_file_not_a_staging_folder(tmp_path):
+    # It named the folder the directory is made in first:
+    # 'Not a directory (.../afile/.run.HOST.PID.making/records)'.
+    (tmp_path / "afile").write_text("mine")
+    for under, said in (
+        ("afile/run", tmp_path / "afile"),
+        ("afile/a/b", tmp_path / "afile"),
+        ("afile", "it"),
+    ):
+        with pytest.raises(StorageError) as caught:
+            save({"k": [1]}, tmp_path / under)
+        assert (
+            str(caught.value) == f"cannot write records to {tmp_path / under}: {said} is a file, not a folder"
+        )
+    assert os.listdir(tmp_path) == ["afile"] and (tmp_path / "afile").read_text() == "mine"
 
 
 def test_a_writer_not_made_yet_reads_what_another_saved_in_its_directory_meanwhile(tmp_path):
