@@ -494,6 +494,60 @@ def _make_whole(directory: Path) -> None:
     _sync_directory(directory.parent)
 
 
+@dataclass
+class _Prepared:
+    """A save's values made ready to write: its index entries (each ``file`` its suffix until the
+    write numbers it), its tensors laid out as a safetensors file, its other values pickled."""
+
+    entries: List[Dict[str, Any]]
+    tensors: Optional[Sequence[Any]]
+    pickled: Optional[bytes]
+
+
+def _prepared(batches: Sequence[Tuple[int, List[Tuple[str, Sequence[Any]]]]]) -> _Prepared:
+    """``batches`` of ``(step, [(key, values)])`` made ready to write, or an UnsavableValue naming
+    the first value a save cannot hold: before the directory is made or a file written, so
+    that such a value leaves nothing behind, not even the folders it was to go in.
+
+    >>> ready = _prepared([(3, [("k", [1.5, "text"])])])
+    >>> [(row["step"], row["name"], row["file"]) for row in ready.entries], ready.tensors
+    ([(3, 'k#3#0', '.pkl'), (3, 'k#3#1', '.pkl')], None)
+    """
+    tensors: Dict[str, Any] = {}
+    others: Dict[str, Any] = {}
+    entries: List[Dict[str, Any]] = []
+    now = time.time()
+    # Values of one (key, step) count on across batches: a step given twice keeps both.
+    positions: Dict[Tuple[str, int], int] = {}
+    for step, items in batches:
+        for key, values in items:
+            for value in values:
+                position = positions[(key, step)] = positions.get((key, step), -1) + 1
+                name = _name(key, step, position)
+                while name in tensors or name in others:  # an escaped key's name is another's too
+                    name += "'"
+                try:
+                    info = _describe(value)
+                    if info["kind"] == "tensor":
+                        # (no copy of the data but where needed: a save of a tensor held no
+                        # more than the tensor; conj and neg views are resolved, as bytes)
+                        tensors[name] = value.detach().cpu().contiguous().resolve_conj().resolve_neg()
+                        suffix = ".safetensors"
+                    else:
+                        # (a tensor as it is: the pickler detaches it and moves it to the CPU,
+                        # keeping its class, which .cpu() of a torchvision tv_tensor drops)
+                        others[name] = value
+                        suffix = ".pkl"
+                except Exception as error:  # a meta tensor has no data to save
+                    raise UnsavableValue(
+                        f"cannot save {key!r} (step {step}): {type(error).__name__}: {error}"
+                    ) from None
+                entries.append({"key": key, "step": step, "file": suffix, "name": name, **info, "time": now})
+    # Pickled before the tensors are laid out, as the save failed before (the same value blamed).
+    pickled = _pickled(others, entries) if others else None
+    return _Prepared(entries, _safetensors(tensors, entries) if tensors else None, pickled)
+
+
 class Writer:
     """Appends saves to a records directory; safe to call from one thread at a time.
 
@@ -557,6 +611,11 @@ class Writer:
                 _header(self.directory)
             elif (self.directory / _JOURNAL).exists():
                 _check_headerless(self.directory / _JOURNAL)
+            records = self.directory / "records"
+            if os.path.lexists(records) and not records.is_dir():  # (refused before a header is written)
+                raise StorageError(
+                    f"cannot write records to {self.directory}: {records} is a file, not a folder"
+                )
             if not os.path.lexists(self.directory):
                 _make_whole(self.directory)
             elif os.path.isdir(self.directory) and not (self.directory / "index.json").exists():
@@ -663,65 +722,40 @@ class Writer:
         >>> told
         [('k', 5, "generator cannot be pickled (TypeError: cannot pickle 'generator' object)")]
         """
+        items = [(_step(step), _items(records)) for step, records in batches]
+        try:
+            prepared = _prepared(items)
+        except UnsavableValue:
+            if unsavable is None:
+                raise
+            # Only now is each value checked on its own: pickling them one by one costs.
+            prepared = _prepared(_with_reprs(items, unsavable))
+        return self._save(prepared)
+
+    def _save(self, prepared: _Prepared) -> int:
+        """Write a save that :func:`_prepared` made ready, making the directory first where this
+        writer has not; returns how many values were written."""
         with self._lock:
-            items = [(_step(step), _items(records)) for step, records in batches]
             if not self.made:
                 self._make()
             with _writing(self.directory), _turn(self.directory):
-                try:
-                    return self._write(items)
-                except UnsavableValue:
-                    if unsavable is None:
-                        raise
-                # Only now is each value checked on its own: pickling them one by one costs.
-                return self._write(_with_reprs(items, unsavable))
+                return self._write(prepared)
 
-    def _write(self, batches: Sequence[Tuple[int, List[Tuple[str, Sequence[Any]]]]]) -> int:
+    def _write(self, prepared: _Prepared) -> int:
         self._catch_up()  # another writer (another process) may have saved since the last call
-        stem = f"{self._next_file:06d}"
-        tensors: Dict[str, Any] = {}
-        others: Dict[str, Any] = {}
-        entries: List[Dict[str, Any]] = []
-        now = time.time()
-        # Values of one (key, step) count on across batches: a step given twice keeps both.
-        positions: Dict[Tuple[str, int], int] = {}
-        for step, items in batches:
-            for key, values in items:
-                for value in values:
-                    position = positions[(key, step)] = positions.get((key, step), -1) + 1
-                    name = _name(key, step, position)
-                    while name in tensors or name in others:  # an escaped key's name is another's too
-                        name += "'"
-                    try:
-                        info = _describe(value)
-                        if info["kind"] == "tensor":
-                            # (no copy of the data but where needed: a save of a tensor held no
-                            # more than the tensor; conj and neg views are resolved, as bytes)
-                            tensors[name] = value.detach().cpu().contiguous().resolve_conj().resolve_neg()
-                            file = f"records/{stem}.safetensors"
-                        else:
-                            # (a tensor as it is: the pickler detaches it and moves it to the CPU,
-                            # keeping its class, which .cpu() of a torchvision tv_tensor drops)
-                            others[name] = value
-                            file = f"records/{stem}.pkl"
-                    except Exception as error:  # a meta tensor has no data to save
-                        raise UnsavableValue(
-                            f"cannot save {key!r} (step {step}): {type(error).__name__}: {error}"
-                        ) from None
-                    row = {"key": key, "step": step, "file": file, "name": name, **info, "time": now}
-                    entries.append(row)
-        if not entries:
+        if not prepared.entries:
             return 0
-        # Pickled before any file is written: a value pickle refuses leaves no file behind.
-        pickled = _pickled(others, entries) if others else b""
+        stem = f"{self._next_file:06d}"
+        for row in prepared.entries:
+            row["file"] = f"records/{stem}{row['file']}"  # (its suffix until now)
         for kind in ("safetensors", "pkl"):  # a killed save's of the kind this one does not write
             _temporary(self.directory / f"records/{stem}.{kind}").unlink(missing_ok=True)
-        if tensors:
-            _atomic_write(self.directory / f"records/{stem}.safetensors", _safetensors(tensors, entries))
-        if others:
-            _atomic_write(self.directory / f"records/{stem}.pkl", pickled)
+        if prepared.tensors is not None:
+            _atomic_write(self.directory / f"records/{stem}.safetensors", prepared.tensors)
+        if prepared.pickled is not None:
+            _atomic_write(self.directory / f"records/{stem}.pkl", prepared.pickled)
         _sync_directory(self.directory / "records")  # before the index names the files
-        line = json.dumps({"entries": entries}).encode() + b"\n"  # (starts with _SAVE_LINE_START)
+        line = json.dumps({"entries": prepared.entries}).encode() + b"\n"  # (starts with _SAVE_LINE_START)
         with open(self.directory / _JOURNAL, "ab") as journal:
             journal.write(line)  # one write: readers see the whole line or no newline
             journal.flush()
@@ -729,7 +763,7 @@ class Writer:
         self._read += len(line)
         self._journal = ((self._journal or b"") + line)[:_HEAD]  # its head as far as read
         self._next_file += 1
-        return len(entries)
+        return len(prepared.entries)
 
     def _catch_up(self) -> None:
         """Find the next data file's number from the index lines saved since this writer
@@ -1463,16 +1497,12 @@ def save(records: Any, directory: PathLike, step: int = 0) -> Path:
     >>> bcrecord.load(folder)["m:f:x@0"]
     [1, 2, 3]
     """
-    items, step = dict(_items(records)), _step(step)  # checked before the directory is made
+    items, step = _items(records), _step(step)  # checked before the directory is made
     directory = _expanded(directory)
-    made = not directory.exists()
-    writer = Writer(directory, check=False)  # (one per save: saves in a loop stay quick)
-    try:
-        writer.write(items, step)
-    except UnsavableValue:
-        if made:  # nothing of this save is left behind: the empty directory it made goes too
-            _remove_if_empty(writer.directory)
-        raise
+    # Every value pickled first: one a save cannot hold leaves nothing behind (no folder made,
+    # no header in an empty folder that was there).
+    prepared = _prepared([(step, items)])
+    Writer(directory, check=False)._save(prepared)  # (one per save: saves in a loop stay quick)
     return directory
 
 
@@ -1521,26 +1551,6 @@ def _refuse_foreign_records(directory: Path) -> None:
             f"wrote ({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}), which the run's "
             "files could replace; save to another folder"
         )
-
-
-def _remove_if_empty(directory: Path) -> None:
-    """Remove a records directory that holds no save (another writer's save stays)."""
-    journal = directory / _JOURNAL
-    try:
-        with _turn(directory):
-            if journal.stat().st_size or any(
-                found.name != ".lock" for found in (directory / "records").iterdir()
-            ):
-                return
-            journal.unlink()
-            (directory / "index.json").unlink()
-    except OSError:
-        return
-    for leftover in (directory / "records" / ".lock", directory / "records", directory):
-        try:
-            leftover.rmdir() if leftover.is_dir() else leftover.unlink()
-        except OSError:  # (another writer came meanwhile: its files stay)
-            return
 
 
 def _nearby_records(directory: Path) -> str:

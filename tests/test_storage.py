@@ -556,6 +556,37 @@ def test_save_into_a_new_directory_that_refuses_a_value_leaves_no_directory(tmp_
     assert load(folder)["m:f:x@0"] == [1]
 
 
+def test_a_save_that_refuses_a_value_makes_no_folder_above_its_directory_nor_fills_an_empty_one(tmp_path):
+    # The folders above a new directory stayed (a, a/b), and an empty folder given kept a header,
+    # an index and records/.lock: it read as a records directory with no save.
+    odd = {"m:f:odd@0": [Unpicklable()]}
+    with pytest.raises(UnsavableValue, match="cannot save 'm:f:odd@0'"):
+        save(odd, tmp_path / "a" / "b" / "run")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UnsavableValue, match="cannot save 'm:f:odd@0'"):
+        save(odd, tmp_path / "empty")
+    writer = Writer(tmp_path / "later" / "run", make=False)  # (bcrecord run's: made by its first save)
+    with pytest.raises(UnsavableValue, match="cannot save 'm:f:odd@0'"):
+        writer.write(odd, step=0)
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == ["empty"]
+    assert not writer.made and writer.write({"m:f:x@0": [1]}, step=1) == 1
+    assert load(tmp_path / "later" / "run").steps("m:f:x@0") == [1]
+
+
+def test_a_save_into_a_folder_whose_records_is_a_file_is_refused_before_anything_is_written(tmp_path):
+    # It wrote index.json and index.jsonl, then said 'File exists' of records: the user's folder
+    # then read as a records directory.
+    (tmp_path / "records").write_text("mine")
+    for attempt in (lambda: save({"k": [1]}, tmp_path), lambda: Writer(tmp_path)):
+        with pytest.raises(StorageError) as caught:
+            attempt()
+        assert (
+            str(caught.value)
+            == f"cannot write records to {tmp_path}: {tmp_path / 'records'} is a file, not a folder"
+        )
+        assert os.listdir(tmp_path) == ["records"] and (tmp_path / "records").read_text() == "mine"
+
+
 def test_a_writer_refuses_a_directory_whose_index_is_damaged_before_saving(tmp_path):
     # A save added there would be one that load() refuses with the rest. (save() makes a
     # writer per call and reads the last save only: per-step saves stay quick.)
