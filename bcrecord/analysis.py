@@ -56,6 +56,7 @@ __all__ = [
     "ProbePoint",
     "Targets",
     "compiled_spec",
+    "computed_callee_calls",
     "consuming_calls",
     "instructions",
     "read",
@@ -627,6 +628,44 @@ def consuming_calls(
         ):
             return []
     return sorted(set(found))
+
+
+#: What pushes a function made in the code: 3.13+ set its closure and defaults after making it.
+_MADE_FUNCTION = frozenset({"MAKE_FUNCTION", "SET_FUNCTION_ATTRIBUTE"})
+
+
+def computed_callee_calls(code: CodeType) -> List[int]:
+    """The calls (positions in :func:`instructions`) whose callee an expression computes:
+    neither a name, an attribute chain, nor an attribute of a value (``f(x).flatten()``),
+    but an item (``ACTS[name](x)``, ``self.acts[0](x)``), a call's result
+    (``getattr(F, name)(x)``) or a value picked at run time (``(f if c else g)(x)``).
+    What they call is known only when they run.
+
+    >>> def f(acts, g, x, c):
+    ...     return acts[0](x), g(x)(x), (g if c else acts)(x), g(x), x.real(), g(x).imag()
+    >>> len(computed_callee_calls(f.__code__))  # the first three
+    3
+    """
+    table = _versions.current()
+    items = instructions(code)
+    real = [(pos, i) for pos, i in enumerate(items) if isinstance(i, Instr)]
+    labels = {item: k for k, item in enumerate(items) if isinstance(item, Label)}
+    named: Set[int] = set()
+    for _, pos, slots in _callees(real, items):
+        named.update(consuming_calls(items, pos, slots, labels))
+    # (a chain's call that is no site, as '(F.relu if c or True else F.gelu)(x)' folded, stays)
+    chained = {pos for _, pos, _, _ in _chains(real, items)}
+    for pos, instr in real:
+        if pos in chained:
+            continue
+        if table.method_load(instr):
+            named.update(consuming_calls(items, pos, 2, labels))
+        elif table.attr_load(instr) or instr.name in _MADE_FUNCTION:
+            # (a function made here: a comprehension's on 3.10/3.11, a generator expression's, a
+            # lambda called at once, whose code is read on its own; a NULL, on 3.11/3.12, is
+            # pushed before the value's code)
+            named.update(consuming_calls(items, pos, 1, labels) or consuming_calls(items, pos, 2, labels))
+    return [pos for pos, instr in real if instr.name in table.calls and pos not in named]
 
 
 def inlined_call(items: Sequence[object], pos: int, slots: int, labels: Dict[Label, int]) -> List[int]:

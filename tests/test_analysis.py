@@ -613,3 +613,32 @@ def test_the_targets_table_stays_aligned_for_a_local_of_wide_characters():
         "kind      target  index  line  spec",
         f"local     日本    0      {line:<4}  日本@0",
     ]
+
+
+def _h(a):
+    return a
+
+
+def test_calls_of_a_function_an_expression_computes_are_told_from_named_ones_on_every_version():
+    # What the torch layer refuses FX names after: FX names such a call as the op it is when traced.
+    from bcrecord.analysis import computed_callee_calls, instructions
+
+    acts = {"h": _h}
+
+    def computed(x, c, o):
+        a = acts["h"](x)  # an item
+        b = _h(o)(x)  # a call's result
+        d = (_h if c else abs)(x)  # picked at run time
+        return a, b, d
+
+    def named(x, o):
+        # A name, a chain, a method of a value, a generator expression's and a lambda's own call,
+        # a star call, and a call in a conditional argument.
+        return _h(x), math.floor(x), o.real.conjugate(), _h(x).conjugate(), sum(v for v in [x]), (
+            lambda v: v
+        )(x), _h(*[x]), _h(x if o else 0)
+
+    items = instructions(computed.__code__)
+    first = computed.__code__.co_firstlineno
+    assert [items[k].lineno - first for k in computed_callee_calls(computed.__code__)] == [1, 2, 3]
+    assert computed_callee_calls(named.__code__) == []

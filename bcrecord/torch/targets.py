@@ -47,7 +47,7 @@ from bytecode import Instr, Label
 from torch.nn.utils import parametrize
 
 from .._versions import current, global_name, local_name
-from ..analysis import compiled_spec, instructions, read
+from ..analysis import compiled_spec, computed_callee_calls, instructions, read
 from ..errors import BcrecordError, NotPatchableError, SpecError, TargetError, did_you_mean, warn
 from ..patch import function_of, original_code
 from ..patch import targets as function_targets
@@ -585,6 +585,9 @@ class _FxScope:
     #: Where a node of the op runs that is no site (``f(x).flatten()``): names of the
     #: sites after it are not fixed; with the forward-jump spans around it (as a site's guards).
     unplaced: List[Tuple[Tuple[int, ...], frozenset]] = field(default_factory=list)
+    #: Where a call of a function an expression computes runs (``ACTS[name](x)``): FX names
+    #: it as the op it is when traced, which may be this one; placed as :attr:`unplaced`.
+    computed: List[Tuple[Tuple[int, ...], frozenset]] = field(default_factory=list)
     #: What else FX makes such nodes of that is no site (``-x`` for ``'neg'``), described.
     unmapped: List[str] = field(default_factory=list)
 
@@ -642,30 +645,38 @@ def _fx_target(model: torch.nn.Module, text: str) -> Optional[Target]:
             f"{text!r}: {kind} {'; '.join(dict.fromkeys(scope.problems))}, so the order in which FX "
             f"numbers its {base!r} ops is not fixed by the code; name the site instead: {labels}"
         )
+    # A call of a function an expression computes may be one of these ops, numbered with them.
+    unplaced = scope.unplaced + scope.computed
+    what = (
+        f"calls .{base}() on a value that is not a name or attribute chain (f(x).{base}()), which "
+        "FX numbers too and which is no site"
+        if scope.unplaced and (not scope.computed or min(scope.unplaced) < min(scope.computed))
+        else "calls a function an expression computes (ACTS[name](x), getattr(F, name)(x), (f if c "
+        f"else g)(x)), which FX names as the op it is when traced ({base!r} too, numbered with these) "
+        "and which is no site"
+    )
     branched = len({site.guards for site in scope.sites}) > 1
-    if branched and (scope.unplaced or not _numbered(scope, occurrence)):
+    if branched and (unplaced or not _numbered(scope, occurrence)):
         raise TargetError(
             f"{text!r}: {kind} has {len(scope.sites)} {base!r} sites and not all of them run "
             f"together (a branch decides), so which of them FX names {node!r} depends on the "
             f"branch that runs; name the site instead: {labels}"
         )
-    if scope.unplaced:
-        first = min(order for order, _ in scope.unplaced)
+    if unplaced:
+        first = min(order for order, _ in unplaced)
         guards = scope.sites[0].guards  # (the same for every site, as checked above)
-        if any(not guards <= around for _, around in scope.unplaced):
+        if any(not guards <= around for _, around in unplaced):
             # It may run where the sites do not (the other side of an if): FX's name of
             # it is then the one a site has where they run (timm's LeViT attention).
             raise TargetError(
-                f"{text!r}: {kind} calls .{base}() on a value that is not a name or attribute "
-                f"chain (f(x).{base}()), which FX numbers too and which is no site, and a branch "
-                f"decides whether it or the sites run, so which op FX names {node!r} depends on "
+                f"{text!r}: {kind} {what}, and a branch decides whether it or the sites run, so "
+                f"which op FX names {node!r} depends on "
                 f"the branch that runs; name the site instead: {labels}"
             )
         if occurrence >= sum(site.order < first for site in scope.sites):
             raise TargetError(
-                f"{text!r}: {kind} calls .{base}() on a value that is not a name or attribute "
-                f"chain (f(x).{base}()), which FX numbers too and which is no site, so FX's "
-                f"{base!r} names from there on are not fixed; name the site instead: {labels}"
+                f"{text!r}: {kind} {what}, so FX's {base!r} names from there on are not fixed; "
+                f"name the site instead: {labels}"
             )
     if occurrence >= len(scope.sites):
         again = (
@@ -915,6 +926,7 @@ def _fx_sites(
             elif isinstance(position, int):
                 _fx_sites(module, python, at + (position,), guarded(position), inlined, seen | {python})
             scope.unmapped += inlined.unmapped
+            scope.computed += inlined.computed
             if not inlined.sites and not inlined.problems and not inlined.unplaced:
                 continue
             if len(calls) > 1 or len(calls[0].positions) > 1:
@@ -963,6 +975,9 @@ def _fx_sites(
         ]
     scope.unplaced += [
         (at + (position,), guarded(position)) for position in _unchained_loads(original_code(func), base)
+    ]
+    scope.computed += [
+        (at + (position,), guarded(position)) for position in computed_callee_calls(original_code(func))
     ]
     unmapped = _unmapped_nodes(original_code(func), base, me)
     if unmapped:

@@ -720,6 +720,39 @@ def test_containers_and_methods_that_do_not_run_on_the_module_are_explained():
         expand(Decorated(), "")
 
 
+def test_an_fx_name_after_a_call_of_a_function_an_expression_computes_is_refused_before_it_maps():
+    # FX names such a call as the op it is when traced: here its 'relu_1', with the named call
+    # after it its 'relu_2'. bcrecord gave that named call for 'relu_1', silently.
+    acts = {"relu": torch.nn.functional.relu}
+
+    class Picked(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            y = torch.nn.functional.relu(self.lin(x) - 1)
+            y = acts["relu"](y + 1)
+            return torch.nn.functional.relu(y * 2 - 1)
+
+    model = Picked().eval()
+    with pytest.raises(bcrecord.TargetError) as caught:
+        expand(model, "relu_1")
+    assert str(caught.value) == (
+        "'relu_1': Picked calls a function an expression computes (ACTS[name](x), getattr(F, name)(x), "
+        "(f if c else g)(x)), which FX names as the op it is when traced ('relu' too, numbered with these) "
+        "and which is no site, so FX's 'relu' names from there on are not fixed; name the site instead: "
+        "':forward:torch.nn.functional.relu()@0', ':forward:torch.nn.functional.relu()@1'"
+    )
+    traced = [node.name for node in torch.fx.symbolic_trace(model).graph.nodes if "relu" in node.name]
+    assert traced == ["relu", "relu_1", "relu_2"]
+    (first,) = expand(model, "relu")  # before it: FX's own
+    assert first.spec == bcrecord.Call("torch.nn.functional.relu", 0)
+    x = torch.randn(2, 4)
+    got = bcrecord.torch.create_feature_extractor(model, ["relu"])(x)["relu"]
+    assert torch.equal(got, torch.relu(model.lin(x) - 1))
+
+
 def test_an_fx_name_of_an_op_after_a_loop_maps_to_its_site():
     # As densenet's _DenseBlock: a loop over layers, then one torch.cat FX names 'cat'.
     from bcrecord.torch import create_feature_extractor
