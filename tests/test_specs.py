@@ -97,6 +97,7 @@ def test_a_function_recorder_target_that_cannot_be_recorded_says_what_to_write(r
         ("outputs[0]", r"'outputs\[0\]': a target is a name or a chain .*, or 'outputs'$"),
         ("self.fc(x)", r"'self.fc\(x\)': a call site is written without its arguments: 'self.fc\(\)'"),
         ("len(x, 2)", r"without its arguments: 'len\(\)'"),
+        ("len(x, 2)@1", r"^'len\(x, 2\)@1': a call site is written without its arguments: 'len\(\)@1'$"),
         ("f().g()", r"no call's result \(f\(\).g\) in code; .*, or the call 'f\(\)'"),
         ("super().__init__()", r"or returned \('return'\)$"),
         ("<@0", r"'<' is an operator bcrecord does not record \(comparisons"),

@@ -619,7 +619,8 @@ def _fx_target(model: torch.nn.Module, text: str) -> Optional[Target]:
     scope = _fx_scope(model, parent, base)
     if scope is None or not (scope.sites or scope.problems or scope.unplaced):
         return None
-    labels = ", ".join(f"'{parent}:{site.method}:{site.label}'" for site in scope.sites)
+    # (once each: a helper method forward calls twice has its sites twice in the order they run)
+    labels = ", ".join(dict.fromkeys(f"'{parent}:{site.method}:{site.label}'" for site in scope.sites))
     kind = type(module_at(model, parent)).__name__
     if not scope.sites and scope.problems:  # FX's nodes of that name are all made elsewhere (sum())
         raise TargetError(
