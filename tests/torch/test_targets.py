@@ -1037,6 +1037,8 @@ def test_fx_names_whose_numbering_the_code_does_not_fix_are_refused(model, name,
     assert "name the site instead: ':" in str(error.value)
     if model is _Twice:  # its mul is numbered either way: one site, outside _step
         assert create_feature_extractor(model(), ["mul"])(torch.zeros(1))["mul"].item() == 12.0
+        # Each site named once (its two runs of _step listed its site twice).
+        assert str(error.value).endswith("name the site instead: ':_step:+@0'")
 
 
 def test_fx_names_of_a_torch_function_held_by_the_module_or_of_a_method_of_an_instance_not_named_self():
