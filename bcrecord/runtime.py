@@ -915,7 +915,13 @@ def _deactivate(ids: Optional[Set[int]]) -> None:
         else:
             changed = _want(ids, -1)
         if changed or _active_count == 0:
-            _rearm()
+            try:
+                _rearm()
+            except BaseException:
+                # Cut short (what a signal handler raised: a timeout), the code would stay as
+                # far as it got, armed for good: once more, whole (it arms what the counts say).
+                _rearm()
+                raise
 
 
 def _want(ids: Iterable[int], step: int) -> bool:
@@ -1821,6 +1827,8 @@ _default_routing = _Routing((), (), DEFAULT_SINKS)
 _context = SINKS
 _MISSING = object()
 _NO_INSTANCE = object()
+#: What a recording's :meth:`Recording.__enter__` holds until it has armed its patches.
+_NOT_ARMED = object()
 Keep = Union[str, int]
 
 
@@ -1901,6 +1909,8 @@ class Recording:
         self._kept: Optional[_Routing] = None
         #: The patch ids this recording armed while active with ``only`` (see :meth:`_take`).
         self._armed_for: Optional[Set[int]] = None
+        #: Whether this recording is counted among those active (:func:`_activate`), to count down.
+        self._counted = False
         self._token: Optional[contextvars.Token] = None
         self._routing: Optional[_Routing] = None
         self._warned: set = set()
@@ -1944,28 +1954,78 @@ class Recording:
             if self._keeps_routes:
                 self._kept = routing
         self._routing = routing
-        self._token = _context.set(routing.sinks)
-        with _arm_lock:  # not between activating and noting it (see _take)
-            if self.threads == "all":
-                _set_shared(_shared + (self,))
-            try:
-                self._armed_for = _activate(self._only)
-            except BaseException:  # (a warning made an error while arming): not entered
+        armed: Any = _NOT_ARMED
+        try:
+            self._token = _context.set(routing.sinks)
+            with _arm_lock:  # not between activating and noting it (see _take)
                 if self.threads == "all":
-                    _set_shared(tuple(r for r in _shared if r is not self))
-                token, self._token, self._routing = self._token, None, None
-                _context.reset(token)
-                if routing is not self._kept:
-                    routing.retire()
-                raise
+                    _set_shared(_shared + (self,))
+                count = _active_count  # (under the lock: no other thread's change)
+                try:
+                    armed = self._armed_for = _activate(self._only)
+                except BaseException:
+                    if _active_count != count:  # counted, then cut short on its way out
+                        armed = None if self._only is None else set(self._only)
+                    raise
+                self._counted = True
+        except BaseException:
+            # Not entered, and none of it left (a with block does not leave what its __enter__
+            # raised out of): a warning made an error while arming, or what a signal handler
+            # raised on the way (a timeout's TimeoutError, a KeyboardInterrupt).
+            self._not_entered(current, routing, armed)
+            raise
         self._entered_ever = True
         return self
+
+    def _not_entered(self, before: Any, routing: _Routing, armed: Any) -> None:
+        """Undo an :meth:`__enter__` that raised: ``before``, the context's sinks it found;
+        ``armed``, what :func:`_activate` returned, if it returned."""
+        with _arm_lock:
+            if armed is not _NOT_ARMED:
+                self._armed_for, self._counted = None, False
+                _deactivate(armed)
+            if self.threads == "all":
+                _set_shared(tuple(r for r in _shared if r is not self))
+        token, self._token, self._routing = self._token, None, None
+        try:
+            if token is None:
+                raise ValueError  # (set, but interrupted before its token was kept)
+            _context.reset(token)
+        except ValueError:
+            _context.set(before)
+        if routing is not self._kept:
+            routing.retire()
 
     def __exit__(self, *exc: object) -> None:
         token, self._token = self._token, None
         if token is None:
             return
         routing, self._routing = self._routing, None
+        # Each step is taken even where one before it was cut short by what a signal handler
+        # raised (a timeout's TimeoutError, a KeyboardInterrupt): the recording then leaves no
+        # context delivering to it, nor its patches armed.
+        left = False
+        try:
+            self._leave_context(token, routing)
+            left = True
+        finally:
+            try:
+                with _sites_lock:
+                    # A recording entered in a context copied from this one's (a carried thread,
+                    # a task) made a routing that delivers to this one too: no more. (Its own, too,
+                    # where leaving the context was cut short.)
+                    for other in self._included.take():
+                        if (other is not routing or not left) and any(r is self for r in other.recordings):
+                            other.drop(self)
+            finally:
+                try:
+                    self._disarm()
+                except BaseException:
+                    self._disarm()  # (what it had not done, if it was cut short as it began)
+                    raise
+
+    def _leave_context(self, token: contextvars.Token, routing: Optional[_Routing]) -> None:
+        """The context as it was before this recording was entered (see :meth:`__exit__`)."""
         current: _Routing = _context.get()[0]
         own = current.own
         if own and own[-1] is self and _own_before(token) == own[:-1]:
@@ -1992,14 +2052,12 @@ class Recording:
                     self._kept = None
             elif routing is not self._kept:
                 routing.retire()
-        with _sites_lock:
-            # A recording entered in a context copied from this one's (a carried thread,
-            # a task) made a routing that delivers to this one too: no more.
-            for other in self._included.take():
-                if other is not routing and any(r is self for r in other.recordings):
-                    other.drop(self)
+
+    def _disarm(self) -> None:
+        """No more in the shared recordings, its patches disarmed (see :meth:`__exit__`); a
+        second call does what the first did not."""
         with _arm_lock:
-            if self.threads == "all":
+            if self.threads == "all" and any(r is self for r in _shared):
                 # Usually the last one entered: no generator to run then.
                 others = (
                     _shared[:-1]
@@ -2007,8 +2065,18 @@ class Recording:
                     else tuple(r for r in _shared if r is not self)
                 )
                 _set_shared(others)
-            armed, self._armed_for = self._armed_for, None
-            _deactivate(None if self._only is None else armed or set())
+            if not self._counted:
+                return
+            ids = None if self._only is None else self._armed_for or set()
+            count = _active_count  # (under the lock: no other thread's change)
+            try:
+                _deactivate(ids)
+            except BaseException:
+                if _active_count == count:  # cut short as it began: not counted down yet
+                    _deactivate(ids)
+                raise
+            finally:
+                self._armed_for, self._counted = None, False
 
     def _entered_here(self) -> bool:
         """Whether this recording was entered in the current context (not only shared
@@ -2277,6 +2345,7 @@ class Recording:
             _routing=None,
             _kept=None,
             _armed_for=None,
+            _counted=False,
             _included=_WeakRegistry(),
         )
         if self._only is not None:
