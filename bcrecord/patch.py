@@ -1086,14 +1086,31 @@ def _shown_name(function: Any, code: types.CodeType) -> str:
     return name
 
 
-def _check_recorder_methods(specs: Any, patched: str) -> None:
+def _check_recorder_dicts(specs: Any, patched: str, name: Optional[Owner]) -> None:
     """Refuse an MMEngine recorder dict whose ``method`` is not the method patched (``patched``:
-    the name its keys give it): it chose the function in a RecorderHook config, and here would
-    be ignored (another method's local of the same name recorded instead)."""
+    the name its keys give it), or that names a ``model``, or a ``name`` the patch's keys do not
+    take (``name``: the patch's): in a RecorderHook config they choose the function and the keys,
+    and here would be ignored (another function's local of the same name recorded instead, or
+    the keys named otherwise than the config says)."""
     one = isinstance(specs, (str, Mapping)) or not isinstance(specs, Iterable)
     given: Iterable[Any] = [specs] if one else specs
     for spec in given:
-        method = spec.get("method") if isinstance(spec, Mapping) else None
+        if not isinstance(spec, Mapping):
+            continue
+        model, owner = spec.get("model"), spec.get("name")
+        if model not in (None, ""):
+            raise SpecError(
+                f"{dict(spec)!r}: model={model!r} chooses the submodule a RecorderHook patches; here "
+                "the object patched is given: patch that submodule's method (patch_method("
+                f"model.get_submodule({model!r}), ...)), or leave 'model' out"
+            )
+        if owner is not None and owner != name:
+            raise SpecError(
+                f"{dict(spec)!r}: name={owner!r} names the keys of a RecorderHook's recorder; here the "
+                f"patch's keys are named by its own name=: give name={owner!r} there, or leave "
+                "'name' out"
+            )
+        method = spec.get("method")
         if method is not None and method != patched:
             # (a function by its own name: 'forward = _impl' given as forward is '_impl' here)
             raise SpecError(
@@ -1124,7 +1141,7 @@ def _attach(
             f"code ({', '.join(key for patch in slot.patches for key in patch.keys)}): remove them "
             "and patch it again"
         )
-    _check_recorder_methods(specs, function or _key_function_name(slot.base, slot.original_code))
+    _check_recorder_dicts(specs, function or _key_function_name(slot.base, slot.original_code), name)
     if name is not None and not isinstance(name, str) and not callable(name):
         raise SpecError(f"name must be a string or a callable of the instance, got {name!r}")
     points = resolve(parsed, read(slot.original_code, _shown_name(slot.base, slot.original_code)))

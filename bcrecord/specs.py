@@ -548,7 +548,8 @@ def parse(spec: SpecLike) -> Spec:
     a FunctionRecorder's ``target`` is any short form without its ``@index`` (a dotted
     chain is recorded at its load sites), given in ``index`` instead;
     their ``model``/``method``/``name`` keys are for integrations and ignored here (where a
-    dict is given to patch a function, a ``method`` that is not the function's is refused).
+    dict is given to patch a function, a ``method`` that is not the function's, a ``model``,
+    and a ``name`` that is not the patch's are refused).
 
     >>> import bcrecord
     >>> bcrecord.parse("x@[0,2]")

@@ -2706,6 +2706,18 @@ def test_a_recorder_dict_naming_another_method_than_the_one_patched_is_refused()
     with bcrecord.recording() as rec, bcrecord.patch_method(model, "_impl", recorder, name="m"):
         assert model.forward(1) == 4
     assert rec.all("m:_impl:y@0") == [4]
+    # Its model and name, as its method: they were dropped (the keys said 'Model:', not 'head:').
+    for extra, said in (
+        (dict(model="head"), r"model='head' chooses the submodule a RecorderHook patches; .*'model' out$"),
+        (dict(name="head"), r"name='head' names the keys .*: give name='head' there, or leave 'name' out$"),
+    ):
+        with pytest.raises(SpecError, match=said):
+            bcrecord.patch_method(model, "forward", dict(type="FunctionRecorder", target="y", **extra))
+        assert Model.__dict__["forward"] is forward and "forward" not in vars(model)
+    named = dict(type="FunctionRecorder", target="y", name="head", model="")
+    with bcrecord.recording() as rec, bcrecord.patch_method(model, "forward", named, name="head"):
+        assert model.forward(1) == 4
+    assert rec.all("head:forward:y@0") == [2]
 
 
 def test_a_recorder_dict_naming_the_function_a_wrapper_is_patched_as_is_taken():
