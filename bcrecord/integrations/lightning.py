@@ -243,15 +243,15 @@ def summarize(value: Any) -> Dict[str, float]:
 
     ``std`` is the population standard deviation (correction 0), so a one-element
     tensor gives 0, not NaN. A Python number gives ``{'value': number}``; anything
-    else (tuples, empty tensors, complex tensors) gives nothing.
+    else (tuples, empty tensors, complex tensors, meta tensors: ``to='meta'``) gives nothing.
 
     >>> summarize(torch.tensor([1.0, 3.0]))
     {'mean': 2.0, 'std': 1.0, 'min': 1.0, 'max': 3.0}
-    >>> summarize(7), summarize((1, 2))
-    ({'value': 7.0}, {})
+    >>> summarize(7), summarize((1, 2)), summarize(torch.ones(2, device="meta"))
+    ({'value': 7.0}, {}, {})
     """
     if isinstance(value, torch.Tensor):
-        if value.is_complex():
+        if value.is_complex() or value.is_meta:  # (a meta tensor has no numbers: the fit failed)
             return {}
         data = as_dense(value.detach())  # sparse, quantized or nested: their values
         if data.numel() == 0:

@@ -208,6 +208,17 @@ def test_scalar_summaries_in_callback_metrics_and_trainer_callback_metrics(tmp_p
     assert float(t.callback_metrics["bcrecord/fit/:forward:hidden@0/min"]) == pytest.approx(0.0)
 
 
+def test_a_callback_keeping_meta_tensors_fits_with_no_scalar_summaries_of_them(tmp_path):
+    # The summaries read each value's numbers: a meta tensor has none, and the fit failed.
+    model = ConvNet()
+    callback = RecorderCallback(["conv"], every_n_steps=1, log_to_logger=False, to="meta")
+    trainer(tmp_path, callback, max_steps=2).fit(model, loader())
+    value = callback.last["conv:forward:return"]
+    assert value.is_meta and value.shape == expected_conv(model.stash[("fit", 1, 1)]).shape
+    assert not any(name.startswith("bcrecord/fit/conv") for name in callback.callback_metrics)
+    assert_clean(model)
+
+
 def test_exception_mid_fit_removes_patches_and_keeps_the_interrupted_batch(tmp_path):
     model = ConvNet(fail_at_step=2)
     callback = RecorderCallback(["conv"], every_n_steps=1, save_dir=tmp_path / "records")
