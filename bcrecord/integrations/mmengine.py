@@ -184,6 +184,21 @@ def _fail(where: str, message: str) -> RecorderConfigError:
     return RecorderConfigError(f"RecorderHook: {where}: {message}")
 
 
+def _in_dict_form(error: BaseException) -> str:
+    """How a recorder dict writes the short forms an error from the core names (``'x@0'``), a
+    form a recorder's ``target`` does not take; '' where it names none.
+
+    >>> _in_dict_form(ValueError("it has one value, at entry: 'mode' (or 'mode@0')"))
+    " (in a recorder dict, 'mode@0' is target='mode', index=[0])"
+    """
+    found = re.search(r"'([^'@\s]+)@(\d+|\[[\d, ]*\])'", str(error))
+    if found is None:
+        return ""
+    target, index = found.groups()
+    listed = index if index.startswith("[") else f"[{index}]"
+    return f" (in a recorder dict, {found.group(0)} is target={target!r}, index={listed})"
+
+
 def parse_recorders(recorders: Any) -> List[RecorderConfig]:
     """Check the ``recorders`` of a ``RecorderHook`` config; raise naming the bad one.
 
@@ -954,7 +969,8 @@ class RecorderHook(Hook):
                     applied.append(patch_method(target, rc.method, rc.spec, name=rc.owner))
                 except BcrecordError as error:
                     what = f"{rc.owner}.{rc.method}" if rc.model else f"runner.model.{rc.method}"
-                    raise _fail(rc.where, f"cannot record in {what}: {error}") from error
+                    said = f"cannot record in {what}: {error}{_in_dict_form(error)}"
+                    raise _fail(rc.where, said) from error
                 for key in applied[-1].keys:
                     other = places.setdefault(key, (target, rc.method, rc.where))
                     if other[0] is not target or other[1] != rc.method:  # one value would be lost

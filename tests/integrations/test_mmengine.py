@@ -606,6 +606,12 @@ def test_the_docs_show_the_error_as_it_is():
         (ToyModel, dict(type="FunctionRecorder", index=[1]), "FunctionRecorder needs a 'target'"),
         (ToyModel, dict(type="FunctionRecorder", target="hidden"), HIDDEN_ERROR),
         (ToyModel, dict(type="FunctionRecorder", target="outputs", index=[5]), "there is no index 5"),
+        (  # the core's short form said in a recorder's: 'mode@0' is refused as a target
+            ToyModel,
+            dict(type="FunctionRecorder", target="mode", index=[1]),
+            "it has one value, at entry: 'mode' (or 'mode@0') (in a recorder dict, 'mode@0' is "
+            "target='mode', index=[0])",
+        ),
         (ToyModel, dict(type="AttributeRecorder", target="outputs"), "an attribute target needs a dot"),
         (
             ToyModel,
