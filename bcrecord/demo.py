@@ -24,6 +24,7 @@ first run a little longer: matplotlib builds its font cache), about 3 with ``plo
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 import sys
@@ -211,11 +212,14 @@ def _run(directory: Path, steps: int, plots: bool, out: TextIO, started: float) 
     viz.view(directory, plots=plots, out=out, progress=False)
     seconds = time.perf_counter() - started
     say(f"\nDone in {seconds:.1f} s. Next:")
-    # (After --no-plots: `view` draws the pictures the demo skipped; it has a --no-plots of its own.)
-    say(
-        f"   {view}          # this table "
-        + ("and the pictures again" if plots else "again, now with the pictures")
-    )
+    # (After --no-plots: `view` draws the pictures the demo skipped; it has a --no-plots of its own,
+    # which it needs where matplotlib is not installed.)
+    if plots:
+        say(f"   {view}          # this table and the pictures again")
+    elif importlib.util.find_spec("matplotlib") is not None:
+        say(f"   {view}          # this table again, now with the pictures")
+    else:
+        say(f"   {view} --no-plots          # this table again (pictures need: pip install 'bcrecord[viz]')")
     say("   bcrecord targets bcrecord.demo_model:TinyResNet.forward")
     say("   bcrecord run --record 'bcrecord.demo_model:BasicBlock.forward:out@1' --save-dir DIR script.py")
     return 0

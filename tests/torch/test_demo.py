@@ -151,6 +151,24 @@ def test_demo_suggests_a_view_command_that_a_shell_takes(tmp_path):
     assert said.split("#")[1].strip() == "this table again, now with the pictures"
 
 
+def test_demo_without_matplotlib_suggests_a_view_that_draws_none(tmp_path, monkeypatch):
+    # It suggested `bcrecord view DIR`, "now with the pictures", which then said pictures need matplotlib.
+    import importlib.util
+
+    real = importlib.util.find_spec
+
+    def find_spec(name, *rest):
+        return None if name == "matplotlib" else real(name, *rest)
+
+    monkeypatch.setattr(importlib.util, "find_spec", find_spec)
+    out = io.StringIO()
+    assert run(tmp_path / "d", steps=1, plots=False, out=out) == 0
+    said = next(line for line in out.getvalue().splitlines() if line.startswith("   bcrecord view"))
+    command, note = (part.strip() for part in said.split("#"))
+    assert command.endswith("--no-plots")
+    assert note == "this table again (pictures need: pip install 'bcrecord[viz]')"
+
+
 def test_readme_and_the_demo_s_docstring_say_how_long_it_takes_as_measured():
     # Measured on a 2-core CPU (2026-12-06, a fresh virtual environment as the quickstart makes):
     # 5.7-5.8 s (6.1 s the first run, matplotlib building its font cache), 2.9-3.0 s with
