@@ -517,6 +517,42 @@ def _function(value: Any) -> Any:
     return value
 
 
+def _undecorated(value: Any, qualname: str) -> Optional[types.FunctionType]:
+    """The function a decorator that does not use ``functools.wraps`` holds in the closure of
+    the wrapper it put in its place (``@timed def step``: ``step`` is ``timed``'s ``inner``),
+    which the wrapper calls: the one the target's ``def`` made, told by its qualified name.
+    None where ``value`` is that function, or holds no one such function.
+
+    >>> def timed(fn):
+    ...     def inner(*args):
+    ...         return fn(*args)
+    ...     return inner
+    >>> def step(x):
+    ...     return x
+    >>> _undecorated(timed(step), "step") is step, _undecorated(step, "step")
+    (True, None)
+    """
+    if not isinstance(value, types.FunctionType) or value.__qualname__.endswith(qualname):
+        return None
+    found: List[types.FunctionType] = []
+    waiting: List[types.FunctionType] = [value]
+    seen: Set[int] = set()
+    while waiting and len(seen) < 16:  # (wrappers around wrappers, a few deep)
+        wrapper = waiting.pop()
+        seen.add(id(wrapper))
+        for cell in wrapper.__closure__ or ():
+            try:
+                held = cell.cell_contents
+            except ValueError:  # (an empty cell)
+                continue
+            if isinstance(held, types.FunctionType) and id(held) not in seen:
+                if held.__qualname__.endswith(qualname):
+                    found.append(held)
+                else:
+                    waiting.append(held)
+    return found[0] if len(found) == 1 else None
+
+
 def _defined(value: Any) -> Tuple[Any, int]:
     """Which definition a found target is, to tell when the program binds it anew: its function,
     and for a method of a module-level instance, that instance (``model = Net()`` run twice;
@@ -1836,6 +1872,8 @@ class _Runner:
         #: The keys each target (by its text) records under, over all its patches.
         self.keys_of: Dict[str, Set[str]] = defaultdict(set)
         self.applied: set = set()
+        #: The modules patched once imported (after their own code ran), while the program ran.
+        self.patched_on_import: Set[str] = set()
         #: Targets that read a chain when their function starts, by text (see _failure).
         self.entry_reads: Dict[str, _EntryRead] = {}
         self.groups: Dict[str, Dict[Tuple[str, ...], List[RunTarget]]] = defaultdict(
@@ -1902,7 +1940,13 @@ class _Runner:
                 value = None
                 try:
                     holder, value = _walk(module, path)
-                    if isinstance(value, property) or isinstance(holder, property):
+                    inner = _undecorated(value, group[0].qualname)
+                    if inner is not None:
+                        # The def checked before the program started, under a decorator's
+                        # wrapper that calls it: in place, keyed as the def would be.
+                        default = holder.__name__ if isinstance(holder, type) else None
+                        patch = patch_function(inner, specs, name=owner or default)
+                    elif isinstance(value, property) or isinstance(holder, property):
                         # A property's getter ('C.p' or 'C.p.fget'): its function, in place
                         # (a property's fget cannot be set), so only where it is defined.
                         getter = value.fget if isinstance(value, property) else value
@@ -1977,6 +2021,7 @@ class _Runner:
             where = getattr(module, "__file__", None)
             if where is None or os.path.realpath(where) != self.program.file:
                 return
+        self.patched_on_import.add(module.__name__)
         self._apply(module, [module.__name__])
 
     def _start_main_trace(self, on_start: Callable[[], None]) -> None:
@@ -2266,6 +2311,12 @@ class _Runner:
             sys.argv[:], sys.path[:] = self._saved_sys
         if self._main_before is not None and sys.modules.get("__main__") is self.program_module:
             sys.modules["__main__"] = self._main_before
+        try:
+            # The program's output first, as a report at exit comes after it (Python flushes
+            # the program's stdout only once the atexit handlers, this one too, have run).
+            sys.stdout.flush()
+        except Exception:  # (closed, or replaced by the program with something else)
+            pass
         self.report()
         if interrupt is not None:
             raise interrupt.with_traceback(None)  # (bcrecord's frames: nothing of the program's)
@@ -2353,9 +2404,16 @@ class _Runner:
         heard = {text for text, keys in self.keys_of.items() if keys & (fired | failed.keys())}
         heard |= {alias for text in heard for alias in self.aliases.get(text, ())}
         for target in [t for t in self.targets if t.text in self.applied and t.text not in heard]:
+            imported = (
+                f"; {target.module} was patched once imported, so calls its own code made while it "
+                "was being imported are not recorded"
+                if target.module in self.patched_on_import
+                else ""
+            )
             print(
                 f"bcrecord: target {target.text!r} recorded nothing in this process (nothing reached "
-                "it once patched; child processes, such as DataLoader workers, are not recorded)",
+                f"it once patched{imported}; child processes, such as DataLoader workers, are not "
+                "recorded)",
                 file=out,
             )
         for key, errors in failed.items():

@@ -1822,6 +1822,73 @@ def test_run_names_a_target_that_recorded_nothing(tmp_path, capsys):
     assert err[2].startswith("bcrecord: saved 1 value(s) of 1 key(s)") and len(err) == 3
 
 
+def test_a_target_an_imported_module_calls_only_as_it_is_imported_is_said_to_be_so(
+    tmp_path, capsys, monkeypatch
+):
+    # The report blamed child processes: the module's own code ran before its patch.
+    from bcrecord import runner
+
+    (tmp_path / "vocab_at_import.py").write_text(
+        "def build(n):\n    words = list(range(n))\n    return words\n\nVOCAB = build(3)\n"
+    )
+    program = tmp_path / "prog.py"
+    program.write_text("from vocab_at_import import VOCAB\nprint(len(VOCAB))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert runner.run(["vocab_at_import:build:words"], str(program)) == 0
+    err = capsys.readouterr().err.splitlines()
+    assert err[0] == (
+        "bcrecord: target 'vocab_at_import:build:words' recorded nothing in this process (nothing "
+        "reached it once patched; vocab_at_import was patched once imported, so calls its own code "
+        "made while it was being imported are not recorded; child processes, such as DataLoader "
+        "workers, are not recorded)"
+    )
+
+
+def test_the_report_comes_after_the_program_s_buffered_output_in_one_log(tmp_path):
+    # `bcrecord run ... > log 2>&1`: the report at exit came first, the program's block-buffered
+    # stdout being flushed by Python only after the atexit handlers.
+    program = tmp_path / "prog.py"
+    program.write_text("def f(v):\n    w = v\n    return w\n\nfor i in range(3):\n    print('epoch', f(i))\n")
+    with open(tmp_path / "log.txt", "w") as log:
+        done = subprocess.run(
+            [sys.executable, "-m", "bcrecord", "run", "-r", "__main__:f:w", str(program)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=_env(),
+            cwd=tmp_path,
+            timeout=120,
+        )
+    assert done.returncode == 0
+    lines = (tmp_path / "log.txt").read_text().splitlines()
+    assert lines[:4] == [
+        "epoch 0",
+        "epoch 1",
+        "epoch 2",
+        "bcrecord: recorded (no --save-dir, so nothing was saved):",
+    ]
+
+
+def test_a_function_a_decorator_wraps_without_functools_wraps_is_recorded_in_the_wrapper(tmp_path, capsys):
+    # The check before the start read the def; the patch read the wrapper, named by the name:
+    # "timed.<locals>.inner has no assignment to a local named 'y'", status 2, mid-program.
+    from bcrecord import runner
+
+    program = tmp_path / "prog.py"
+    program.write_text(
+        "def timed(fn):\n    def inner(*a):\n        return fn(*a)\n    return inner\n\n"
+        "@timed\ndef step(x):\n    y = x + 1\n    return y\n\n"
+        "class Model:\n    @timed\n    def run(self, x):\n        z = x * 2\n        return z\n\n"
+        "print(step(1), step(2), Model().run(5))\n"
+    )
+    assert runner.run(["__main__:step:y", "__main__:Model.run:z"], str(program)) == 0
+    out, err = capsys.readouterr()
+    assert out == "2 3 10\n"
+    assert [line.split() for line in err.splitlines()[2:]] == [
+        ["__main__:step:y@0", "2", "3"],
+        ["Model:run:z@0", "1", "10"],
+    ]
+
+
 def test_a_signal_held_during_a_write_reaches_a_wakeup_fd_once(tmp_path):
     # asyncio's loop.add_signal_handler (Trio, Qt...) hears of a signal through a wakeup fd, which
     # the held signal had reached already: replayed with raise_signal, the handler ran twice (a
