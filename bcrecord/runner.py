@@ -602,14 +602,37 @@ def _wrapped_target(texts: Sequence[str], path: Sequence[str], value: Any) -> st
     """
     dotted = ".".join(path)
     named = []
+    said = "as a target"
     for text in texts:
         # (the parts as parse_target reads them: 'm : f : x' is 'm', 'f', 'x')
         module, _, spec = (part.strip() for part in text.split(":", 2))
         instead = instead_of(module, dotted, value)
         if instead is None:
             return ""
+        if instead.endswith(".__call__") and not _has_site(type(value).__call__, spec):
+            # (a decorator's object holding the def it was given, click's Command: its
+            # __call__ has not the def's locals, the function it holds has)
+            held = [
+                name
+                for name, function in sorted(getattr(value, "__dict__", {}).items())
+                if isinstance(function, types.FunctionType) and _has_site(function, spec)
+            ]
+            if len(held) != 1:
+                return ""
+            instead = f"{module}:{dotted}.{held[0]}"
+            said = f"but its __call__ has no such site: the function it holds as .{held[0]} has, as a target"
         named.append(f"{instead}:{spec}")
-    return "; as a target: " + ", ".join(map(repr, named))
+    return f"; {said}: " + ", ".join(map(repr, named))
+
+
+def _has_site(function: Any, spec: str) -> bool:
+    """Whether ``spec`` (a short form) names a site of ``function``'s code."""
+    try:
+        inner = function_of(function)
+        resolve([parse(spec)], read(original_code(inner), inner.__qualname__))
+    except (BcrecordError, TypeError, AttributeError):
+        return False
+    return True
 
 
 def instead_of(module: str, dotted: str, value: Any) -> Optional[str]:

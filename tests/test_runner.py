@@ -1315,6 +1315,24 @@ def test_run_refusing_a_partial_or_a_callable_object_gives_the_target_of_the_fun
         assert cli("run", "-r", named, "usewrappers.py", cwd=project).stdout == "3 4\n"
 
 
+def test_run_refusing_a_callable_object_holding_the_def_names_the_function_it_holds(project):
+    # A decorator's object (click's Command): the hint named its class's __call__, which has not
+    # the def's locals and was refused in turn.
+    (project / "commands.py").write_text(
+        "class Command:\n    def __init__(self, callback):\n        self.callback = callback\n\n"
+        "    def __call__(self, *args):\n        return self.callback(*args)\n\n"
+        "@Command\ndef train(lr):\n    w = 1.0 - lr\n    return w\n\nprint(train(0.5))\n"
+    )
+    result = cli("run", "-r", "__main__:train:w", "commands.py", cwd=project)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.rstrip().endswith(
+        "; but its __call__ has no such site: the function it holds as .callback has, as a target: "
+        "'__main__:train.callback:w'"
+    ), result.stderr
+    done = cli("run", "-r", "__main__:train.callback:w", "commands.py", cwd=project)
+    assert done.returncode == 0 and done.stdout == "0.5\n" and "Command:callback:w@0" in done.stderr
+
+
 def test_run_refusing_a_wrapper_written_with_spaces_gives_a_whole_target(project):
     # The text was split at ':part:': 'wrappers : part : c' gave 'wrappers:base:' (its spec
     # lost) and 'wrappers: cf :cc' gave 'wrappers: cf :cc:cf.__wrapped__:'.
