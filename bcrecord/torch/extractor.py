@@ -159,6 +159,40 @@ def _may_replace_output(hook: Callable[..., Any]) -> bool:
 _position = operator.itemgetter(0)
 _name_and_value = operator.itemgetter(1, 2)
 
+#: Modules that torch runs as one fused op in eval mode without autograd, none of their Python code.
+_FAST_PATH = (torch.nn.MultiheadAttention, torch.nn.TransformerEncoderLayer)
+
+
+def _fast_path_hint(model: torch.nn.Module, plan: Plan, missing: Sequence[str], training: bool) -> str:
+    """Why ``missing`` targets were not reached where a module around them took torch's fused
+    fast path (``torch._transformer_encoder_layer_fwd``); '' where none can have.
+
+    >>> import torch
+    >>> layer = torch.nn.TransformerEncoderLayer(8, 2, 16, batch_first=True)
+    >>> plan = Plan(layer, ["linear1"])
+    >>> with torch.no_grad():
+    ...     print(_fast_path_hint(layer, plan, ["linear1"], training=False).split(", which")[0])
+     (linear1 is inside the TransformerEncoderLayer at ''
+    """
+    if training or torch.is_grad_enabled():
+        return ""
+    for target in missing:
+        for key in plan.keys.get(target, ()):
+            path = key.rsplit(":", 2)[0]
+            parts = path.split(".") if path else []
+            for end in range(len(parts), -1, -1):  # (the innermost first)
+                around = ".".join(parts[:end])
+                module = _submodule(model, around)
+                if isinstance(module, _FAST_PATH):
+                    return (
+                        f" ({target} is inside the {type(module).__name__} at {around!r}, which in eval "
+                        "mode without autograd takes torch's fused fast path and runs none of its Python "
+                        "code: call it with autograd on, or in train mode, or after "
+                        "torch.backends.mha.set_fastpath_enabled(False))"
+                    )
+    return ""
+
+
 _RUN_OPTIONS = ("keep", "threads")
 
 
@@ -446,7 +480,7 @@ class FeatureExtractor(torch.nn.Module):
                     "call: make a new extractor after changing the model)"
                 )
             else:
-                hint = self._mode_hint(training)
+                hint = _fast_path_hint(self.model, plan, missing, training) or self._mode_hint(training)
             raise RuntimeError(f"this forward pass never reached {missing}{hint}")
         found.sort(key=_position)  # stable: return_nodes' order among equals
         return dict(map(_name_and_value, found))

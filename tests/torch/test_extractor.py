@@ -1144,6 +1144,27 @@ def test_a_target_in_a_branch_the_input_decides_is_not_said_to_be_one_of_the_oth
     assert torch.equal(extractor(x, torch.zeros(1, 2))[":forward:x@0"], torch.zeros(1, 2))
 
 
+def test_a_target_inside_a_layer_that_took_torch_s_fast_path_says_so():
+    # It gave train mode as the reason and per-mode targets as the way out; the fused fast
+    # path of an eval TransformerEncoderLayer without autograd runs none of its Python code.
+    model = torch.nn.TransformerEncoder(
+        torch.nn.TransformerEncoderLayer(8, 2, 16, batch_first=True), 1
+    ).eval()
+    extractor = create_feature_extractor(model, ["layers.0.linear1"])
+    x = torch.randn(1, 3, 8)
+    with torch.no_grad(), pytest.raises(RuntimeError) as error:
+        extractor(x)
+    assert str(error.value) == (
+        "this forward pass never reached ['layers.0.linear1'] (layers.0.linear1 is inside the "
+        "TransformerEncoderLayer at 'layers.0', which in eval mode without autograd takes torch's fused "
+        "fast path and runs none of its Python code: call it with autograd on, or in train mode, or "
+        "after torch.backends.mha.set_fastpath_enabled(False))"
+    )
+    got = extractor(x)["layers.0.linear1"]  # with autograd on: its Python code runs
+    layer = model.layers[0]
+    assert torch.allclose(got, layer.linear1(layer.norm1(x + layer.self_attn(x, x, x)[0])))
+
+
 def test_a_target_in_a_branch_only_the_other_mode_takes_says_so():
     class WithLoss(torch.nn.Module):
         def __init__(self):
