@@ -313,6 +313,9 @@ class _Owner:
                 module = wanted()
                 if module is mark.module and module.__dict__.get(_MARK) is mark:
                     return other
+                # (or a copy's original's: the copy records itself where the original is recorded)
+                if module is other.module and module.__dict__.get(_MARK) is other:
+                    return other
         return None
 
 
@@ -1049,7 +1052,15 @@ def _mark_all(marks: Sequence[Tuple[torch.nn.Module, _PathMark]]) -> Marked:
                 attrs = module.__dict__
                 counts = _mark_counts.get(id(module))
                 current = attrs.get(_MARK)
-                if counts and type(current) is _PathMark:
+                if not counts and type(current) is _PathMark and current.module is not module:
+                    # A copy made while its original is recorded holds the original's marker (so
+                    # it records itself). Its own marker notes that one, so that both recordings
+                    # take its values, and gives it back when it is unmarked (it was dropped: the
+                    # original's recording got none of the copy's values after this one).
+                    mark.also = (current,)
+                    attrs[_MARK] = mark
+                    _mark_counts[id(module)] = {mark: 1}
+                elif counts and type(current) is _PathMark:
                     count = counts.get(mark, 0)
                     counts[mark] = count + 1
                     if not count and current != mark:
@@ -1067,6 +1078,12 @@ def _mark_all(marks: Sequence[Tuple[torch.nn.Module, _PathMark]]) -> Marked:
             _unmark_locked(done)
             raise
     return done
+
+
+def _marks_its_module(mark: _PathMark) -> bool:
+    """Whether ``mark`` is still on the module it was made for."""
+    module = mark.module
+    return module is not None and module.__dict__.get(_MARK) is mark
 
 
 def _unmark_all(marked: Marked) -> None:
@@ -1097,7 +1114,12 @@ def _unmark_locked(marked: Marked) -> None:
             module.__dict__[_MARK] = heir
         else:
             _mark_counts.pop(id(module), None)
-            del module.__dict__[_MARK]
+            # A copy's: its original's marker again, while that one is still marked (see _mark_all).
+            given = next((other for other in current.also if _marks_its_module(other)), None)
+            if given is not None and given.module is not module:
+                module.__dict__[_MARK] = given
+            else:
+                del module.__dict__[_MARK]
         current.also = ()
         copies, current.copies = current.copies, None
         for ref in copies or ():  # copies made while it was marked

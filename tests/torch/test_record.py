@@ -760,6 +760,33 @@ def test_deepcopy_records_the_copy_never_the_original(net):
     assert torch.allclose(own["fc:forward:return"], from_twin)
 
 
+def test_a_deep_copy_recorded_meanwhile_by_another_recording_records_for_both(net):
+    # The copy held its original's marker; the second recording put its own in its place and
+    # took it away when it ended: the first got none of the copy's values from then on.
+    x = torch.randn(1, 3, 8, 8)
+
+    def counts(rec):
+        return {key: len(rec.all(key)) for key in rec.keys()}
+
+    with record(net, ["fc", "bn1"]) as outer:
+        twin = copy.deepcopy(net)
+        with record(twin, ["fc"]) as inner:
+            twin(x)
+        twin(x)
+        again = copy.deepcopy(net)  # an extractor's call marks and unmarks the copy each time
+        extracted = create_feature_extractor(again, ["fc"], stop_early=False)(x)["fc"]
+        again(x)
+        assert torch.equal(outer.all("fc:forward:return")[-1], extracted)
+        child = copy.deepcopy(net.fc)  # recorded at another path: its own, the root
+        with record(child, [""]) as root:
+            child(x.flatten(1)[:, : net.fc.in_features])
+    assert counts(outer) == {"fc:forward:return": 5, "bn1:forward:return": 4}
+    assert counts(inner) == {"fc:forward:return": 1} and counts(root) == {":forward:return": 1}
+    assert torch.equal(inner["fc:forward:return"], outer.all("fc:forward:return")[0])
+    for module in (net.fc, twin.fc, again.fc, child):
+        assert "_bcrecord_path" not in vars(module)
+
+
 def test_a_recording_pickles_saves_and_copies_as_a_snapshot_inside_its_block_and_after():
     model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU())
     x = torch.ones(1, 2, requires_grad=True)
