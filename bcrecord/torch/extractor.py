@@ -217,13 +217,15 @@ class FeatureExtractor(torch.nn.Module):
     an op (``'block.add'``) gives that op's value in the module's first run, as torchvision's
     (its later runs' are ``'block.add_1'``…, refused). Any other
     target recorded several times in one forward (a loop) gives the list of its
-    values, in order, when the forward runs to its end (``stop_early=False``); with
+    values, in order (of a target naming several sites, each site's values in turn, ``keep``
+    counting each site's), when the forward runs to its end (``stop_early=False``); with
     the early stop, its first, whatever else is asked for (a target naming several
     sites gives the first value of each, in a list). A list only where there are several
     values: a target recorded once in this call gives its value alone, so a site in a
     loop that ran once gives a tensor, and the same site gives a list when the loop ran
     twice (see :func:`create_feature_extractor`).
-    A target the forward never reached raises an error naming it. The dict is in the
+    A target the forward never reached raises an error naming it; so does one that a value
+    of could not be recorded (its copy or ``reduce`` failed), though others came. The dict is in the
     order the forward first reached its targets (in the extractor's first call that
     reached each), as torchvision's follows the graph it traced once.
 
@@ -450,9 +452,13 @@ class FeatureExtractor(torch.nn.Module):
             missing = []
             failed = []
             rec._settle()  # (copies from a GPU without blocking: done before they are read)
+            # A target one of whose values failed is failed, though others came: with the early
+            # stop its first recorded value would be another call's (a loop's next turn), without
+            # it its list short; either given as if whole.
+            errored = {error.key for error in rec.errors} if rec.errors else ()
             for target, name, keys, first in self._outputs[training or self._one_plan]:
                 values = rec._collect(keys, first, self._kept)
-                if values:
+                if values and not (errored and any(key in errored for key in keys)):
                     # (One key, mostly: no generator for it, this runs on every call.)
                     if len(keys) == 1:
                         position = reached.get(keys[0], end)

@@ -96,6 +96,41 @@ def test_a_target_reached_but_not_recorded_says_why():
         extractor(torch.randn(1, 3, 8, 8))
 
 
+@pytest.mark.parametrize("stop_early", [True, False])
+def test_a_target_one_of_whose_values_could_not_be_recorded_says_so(stop_early):
+    # The others were given as if whole: a shorter list, or with the early stop the loop's next
+    # turn's value as the first (a warning on the extractor's first call only).
+    class Loop(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = torch.nn.ModuleList([torch.nn.Linear(4, 4) for _ in range(3)])
+
+        def forward(self, x):
+            for block in self.blocks:
+                h = torch.relu(block(x))
+                x = h
+            return x
+
+    seen = []
+
+    def first_fails(t):
+        seen.append(t)
+        if len(seen) == 1:
+            raise ValueError("boom")
+        return t
+
+    extractor = create_feature_extractor(Loop(), [":forward:h"], reduce=first_fails, stop_early=stop_early)
+    for _ in range(2):
+        seen.clear()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", bcrecord.RecordingWarning)
+            with pytest.raises(
+                RuntimeError, match=r"reached but could not record ':forward:h' \(ValueError: boom\)$"
+            ):
+                extractor(torch.randn(2, 4))
+        assert len(seen) == (2 if stop_early else 3)  # (it ran on to the next value, or to the end)
+
+
 def test_features_keep_their_graph_as_torchvision_s_do():
     torch.manual_seed(0)
     net = SmallNet().train()
