@@ -243,7 +243,8 @@ class FeatureExtractor(torch.nn.Module):
     targets (``'.grad'``) are refused: a call returns when its forward ends, before
     any gradient exists (record them with :func:`bcrecord.torch.record`). As with
     torchvision's extractor, features keep their autograd graph (``grad=False``
-    detaches them); they are clones, so an in-place op downstream never shows. Unlike
+    detaches them, as ``copy='detach'`` does); they are clones, so an in-place op
+    downstream never shows. Unlike
     torchvision's (a new module holding the model's submodules), it holds the model
     itself, as its submodule ``model``: its ``state_dict()`` keys start with ``model.``,
     so load a checkpoint of the model with ``extractor.model.load_state_dict(...)``.
@@ -301,8 +302,9 @@ class FeatureExtractor(torch.nn.Module):
                 if ":" not in target or all(one.output for one in expand(model, target))
             )
         # As torchvision's: features stay in the autograd graph (a head trained on them
-        # trains the backbone too); they are still copies, as assigned. grad=False detaches.
-        self.options = {"grad": True, **options}
+        # trains the backbone too); they are still copies, as assigned. grad=False detaches,
+        # and so does copy='detach' given alone (with grad=True it keeps the tensor itself).
+        self.options = {"grad": options.get("copy") != "detach", **options}
         # Every value of a call is kept until the call returns: a module path gives its
         # first call's output whatever ``keep`` says, which applies to the rest.
         self._kept = kept_length(options.get("keep", "all"))

@@ -131,6 +131,18 @@ def test_a_target_one_of_whose_values_could_not_be_recorded_says_so(stop_early):
         assert len(seen) == (2 if stop_early else 3)  # (it ran on to the next value, or to the end)
 
 
+def test_copy_detach_given_to_an_extractor_detaches_its_features():
+    # With the extractor's grad=True, 'detach' kept each tensor itself, in the graph. (Not copied,
+    # as 'detach' says: the in-place ReLU after it shows.)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(inplace=True), torch.nn.Linear(4, 1))
+    x = torch.randn(8, 4)
+    first = create_feature_extractor(net, ["0", "2"], copy="detach")(x)["0"]
+    assert not first.requires_grad and first.grad_fn is None
+    assert torch.equal(first, torch.relu(net[0](x)).detach())
+    kept = create_feature_extractor(net, ["0", "2"], copy="detach", grad=True)(x)["0"]
+    assert kept.requires_grad  # as given: the tensor itself, in the graph
+
+
 def test_features_keep_their_graph_as_torchvision_s_do():
     torch.manual_seed(0)
     net = SmallNet().train()
