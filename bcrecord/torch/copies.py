@@ -567,7 +567,14 @@ def _unavailable(device: torch.device) -> Optional[str]:
     # torch.cuda, torch.xpu...; MPS's is_available is torch.backends.mps's.
     backend = torch.backends.mps if device.type == "mps" else getattr(torch, device.type, None)
     is_available = getattr(backend, "is_available", None)
-    if not callable(is_available):  # a backend torch has no check for: the copies will tell
+    if not callable(is_available):
+        # A backend torch has no check for (hpu, lazy, one a plug-in registers): an empty
+        # tensor moved there tells (each value's copy failed, into rec.errors).
+        try:
+            torch.empty(0).to(device)
+        except Exception as error:
+            said = (str(error).splitlines() or [""])[0].split(". ")[0]  # (the first sentence)
+            return f"tensors cannot be moved to {device.type} here ({type(error).__name__}: {said})"
         return None
     if not is_available():
         return f"{device.type} is not available on this machine"

@@ -324,6 +324,15 @@ def test_a_device_this_machine_lacks_is_refused_at_once(monkeypatch):
     with pytest.raises(SpecError, match=r"to='mps': mps is not available"):
         create_feature_extractor(model, ["0"], to="mps")
     assert value_policy(to="meta")(torch.ones(2)).device.type == "meta"
+    # A device torch has no availability check for: accepted, then every value failed.
+    if getattr(torch, "hpu", None) is None:
+        with pytest.raises(SpecError, match=r"to='hpu': tensors cannot be moved to hpu here \(\w+Error: "):
+            with record(model, ["0"], to="hpu"):
+                pass
+    with pytest.raises(
+        SpecError, match=r"to='lazy': tensors cannot be moved to lazy here \(\w+Error: [^\n]*\)$"
+    ):
+        value_policy(to="lazy")
 
 
 def test_a_device_index_past_the_machine_s_devices_is_refused(monkeypatch):
