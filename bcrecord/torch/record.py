@@ -874,7 +874,10 @@ def _check_reduce_keys(reduce: Any, expanded: Mapping[str, Sequence[Target]]) ->
     known = set(expanded) | {target.text for concrete in expanded.values() for target in concrete}
     unknown = [key for key in reduce if key not in known]
     if unknown:
-        raise SpecError(f"reduce names targets that are not recorded: {unknown}; targets: {list(expanded)}")
+        # (the expanded ones too: a glob's matches, a key's own spelling, 'layer1:forward:return')
+        named = list(dict.fromkeys([*expanded, *(t.text for c in expanded.values() for t in c)]))
+        shown = ", ".join(map(repr, named[:12])) + (f", ... ({len(named)} in all)" if len(named) > 12 else "")
+        raise SpecError(f"reduce names targets that are not recorded: {unknown}; it takes: {shown}")
 
 
 #: What record() takes besides the model and the targets.

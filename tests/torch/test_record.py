@@ -139,6 +139,14 @@ def test_reduce_by_target_string_as_given_or_as_expanded(net):
     with pytest.raises(ValueError, match=r"reduce names targets that are not recorded: \['bn_1'\]"):
         with record(net, ["bn1"], reduce={"bn_1": total}):
             pass
+    # Keyed by a recording's key: what it takes, the glob's matches too (it named the glob alone).
+    with pytest.raises(bcrecord.SpecError) as caught:
+        with record(net, ["blocks.*"], reduce={"blocks.0:forward:return": total}):
+            pass
+    assert str(caught.value) == (
+        "reduce names targets that are not recorded: ['blocks.0:forward:return']; it takes: "
+        "'blocks.*', 'blocks.0', 'blocks.1', 'blocks.2'"
+    )
     with pytest.raises(bcrecord.TargetError, match="with different reduce functions"):
         with record(
             net, ["blocks.0:forward:out", "blocks.0:forward:out@1"], reduce={"blocks.0:forward:out": total}
