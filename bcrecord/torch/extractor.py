@@ -277,8 +277,11 @@ class FeatureExtractor(torch.nn.Module):
         super().__init__()
         unknown = sorted(set(options) - set(PLAN_OPTIONS) - set(_RUN_OPTIONS))
         if unknown:
+            # (record()'s stop_after_last is an extractor's stop_early)
+            instead = "; an extractor's is stop_early=" if "stop_after_last" in unknown else ""
             raise TypeError(
                 f"unknown option(s) {', '.join(unknown)}; accepted: {', '.join(PLAN_OPTIONS + _RUN_OPTIONS)}"
+                f"{instead}"
             )
         require_module(model)
         self.model = model

@@ -465,7 +465,7 @@ def test_outputs_wait_for_copies_still_in_flight():
 
 
 def test_extractor_rejects_unknown_options_and_bad_values_at_once():
-    with pytest.raises(TypeError, match="unknown option.*stop_after"):
+    with pytest.raises(TypeError, match="unknown option.*stop_after.*; an extractor's is stop_early=$"):
         create_feature_extractor(SmallNet(), ["bn1"], stop_after_last=True)
     net = SmallNet()
     bad = [
