@@ -47,9 +47,12 @@ Programs come from three sources:
 generated-function test; the hypothesmith tests use a quarter of it (their
 generators are slow). Without it, the examples are the same on every run
 (derandomized), so that a test run, CI's among them, checks what was checked
-before; with it, each run is a campaign over fresh random programs::
+before; with it, each run is a campaign over fresh random programs (one test can then
+run past setup.cfg's ``faulthandler_timeout`` of 300 s, whose stack dump is no hang: the
+option turns it off)::
 
-    BCRECORD_HYPOTHESIS_EXAMPLES=2000 python -m pytest -q tests/test_generated_programs.py
+    BCRECORD_HYPOTHESIS_EXAMPLES=2000 python -m pytest -q -o faulthandler_timeout=0 \
+        tests/test_generated_programs.py
 """
 
 from __future__ import annotations
