@@ -106,6 +106,8 @@ class Table:
     return_const: Optional[str]
     #: Opcodes that call (their result is left on the stack).
     calls: FrozenSet[str] = frozenset()
+    #: Opcodes that push a function made in the code (3.13+ set its closure and defaults after).
+    function_makers: FrozenSet[str] = frozenset({"MAKE_FUNCTION"})
     #: Opcodes that enter a ``with`` block. The bytecode package models them as
     #: keeping the context manager's slot (it becomes ``__exit__``), so the call of
     #: ``__exit__`` at the block's end would look like a call of the manager.
@@ -659,6 +661,7 @@ def _313() -> Table:
         return_value="RETURN_VALUE",
         return_const="RETURN_CONST",
         calls=frozenset({"CALL", "CALL_KW", "CALL_FUNCTION_EX"}),
+        function_makers=frozenset({"MAKE_FUNCTION", "SET_FUNCTION_ATTRIBUTE"}),
         await_rethrow="CLEANUP_THROW",
         with_enters=frozenset({"BEFORE_WITH", "BEFORE_ASYNC_WITH"}),
         binary_op=_op_311,

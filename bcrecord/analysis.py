@@ -630,10 +630,6 @@ def consuming_calls(
     return sorted(set(found))
 
 
-#: What pushes a function made in the code: 3.13+ set its closure and defaults after making it.
-_MADE_FUNCTION = frozenset({"MAKE_FUNCTION", "SET_FUNCTION_ATTRIBUTE"})
-
-
 def computed_callee_calls(code: CodeType) -> List[int]:
     """The calls (positions in :func:`instructions`) whose callee an expression computes:
     neither a name, an attribute chain, nor an attribute of a value (``f(x).flatten()``),
@@ -660,7 +656,7 @@ def computed_callee_calls(code: CodeType) -> List[int]:
             continue
         if table.method_load(instr):
             named.update(consuming_calls(items, pos, 2, labels))
-        elif table.attr_load(instr) or instr.name in _MADE_FUNCTION:
+        elif table.attr_load(instr) or instr.name in table.function_makers:
             # (a function made here: a comprehension's on 3.10/3.11, a generator expression's, a
             # lambda called at once, whose code is read on its own; a NULL, on 3.11/3.12, is
             # pushed before the value's code)
