@@ -458,9 +458,9 @@ def _parse_one_str(text: str) -> Spec:
     if match is None and _DOTTED.match(text) is not None:
         _names(text.strip(), "a target", short=True)  # a call written in it ('f(x, y)'): says what to write
     head, at, index_text = text.rpartition("@")
-    if match is None and at and _DOTTED.match(head) is not None and _SHORT.match(f"x@{index_text}"):
-        call = _DOTTED.match(head)
-        callee = "" if call is None else re.sub(r"\s", "", call.group("callee"))
+    call = _DOTTED.match(head) if match is None and at else None
+    if call is not None and _SHORT.match(f"x@{index_text}"):
+        callee = re.sub(r"\s", "", call.group("callee"))
         # ('f(x, y)@1': with its index, as the short form without one is told)
         raise SpecError(
             f"{text!r}: a call site is written without its arguments: '{callee}()@{index_text.strip()}'"
