@@ -532,7 +532,7 @@ def _undecorated(value: Any, qualname: str) -> Optional[types.FunctionType]:
     >>> _undecorated(timed(step), "step") is step, _undecorated(step, "step")
     (True, None)
     """
-    if not isinstance(value, types.FunctionType) or value.__qualname__.endswith(qualname):
+    if not isinstance(value, types.FunctionType) or value.__qualname__ == qualname:
         return None
     found: List[types.FunctionType] = []
     waiting: List[types.FunctionType] = [value]
@@ -546,7 +546,7 @@ def _undecorated(value: Any, qualname: str) -> Optional[types.FunctionType]:
             except ValueError:  # (an empty cell)
                 continue
             if isinstance(held, types.FunctionType) and id(held) not in seen:
-                if held.__qualname__.endswith(qualname):
+                if held.__qualname__ == qualname:
                     found.append(held)
                 else:
                     waiting.append(held)
