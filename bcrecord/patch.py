@@ -190,9 +190,16 @@ def function_of(obj: Any) -> types.FunctionType:
         if inner is None:
             break
         func = inner
-    if not isinstance(func, types.FunctionType):
+    if not isinstance(func, types.FunctionType) or _autospecced(func):
         raise NotPatchableError(_why_not_a_function(obj))
     return func
+
+
+def _autospecced(func: types.FunctionType) -> bool:
+    """Whether ``func`` is one ``unittest.mock``'s autospec made (``mock.patch(..., autospec=True)``):
+    its code only checks the signature and calls the mock it holds."""
+    mock = sys.modules.get("unittest.mock")  # (not imported here: no mock exists without it)
+    return mock is not None and isinstance(vars(func).get("mock"), mock.NonCallableMock)
 
 
 def _dispatches(func: types.FunctionType) -> bool:
@@ -367,6 +374,17 @@ def _why_not_a_function(obj: Any) -> str:
         return (
             f"{name} is {_a(type(obj).__name__)} ({around} around a Python function): patch the "
             f"function it wraps, patch_function({name}.__wrapped__, specs)"
+        )
+    if type(obj).__name__ in ("ScriptMethod", "ScriptFunction") and _from_torch(type(obj)):
+        return (
+            f"{name} is a TorchScript {type(obj).__name__[6:].lower()} (torch.jit.script or trace made "
+            "it): its calls run TorchScript, not Python bytecode; record the Python code it was made "
+            "from, before scripting or tracing it"
+        )
+    if isinstance(obj, types.FunctionType) and _autospecced(obj):
+        return (
+            f"{name} is a unittest.mock autospec function (a mock.patch(..., autospec=True) in force?), "
+            "not the Python function: patch the function it stands in for, outside the mock"
         )
     mock = sys.modules.get("unittest.mock")  # (not imported here: no mock exists without it)
     if mock is not None and isinstance(obj, mock.NonCallableMock):
@@ -1316,6 +1334,16 @@ def _lookup(holder: Any, attribute: str) -> Tuple[Any, Any]:
     """(raw object found statically, raw object in holder's own __dict__ or _MISSING)."""
     if not isinstance(attribute, str) or not attribute:
         raise NotPatchableError(f"a method name must be a non-empty string, got {attribute!r}")
+    kinds = (type, types.ModuleType)
+    if isinstance(holder, kinds) and not issubclass(type(holder), kinds):
+        # An object proxy (wrapt's ObjectProxy) that passes for a class or module: what is read
+        # and written through it is not where Python looks the method up.
+        stands_for = "class" if isinstance(holder, type) else "module"
+        raise NotPatchableError(
+            f"{getattr(holder, '__qualname__', None) or getattr(holder, '__name__', '?')} was given as "
+            f"{_a(type(holder).__name__)}, an object proxy standing for a {stands_for}: patch the "
+            f"{stands_for} itself (the proxy's __wrapped__, where it has one)"
+        )
     try:
         raw = inspect.getattr_static(holder, attribute)
     except AttributeError:
@@ -1634,6 +1662,8 @@ def _patch_in_place(
         with _lock:
             _put_back_left(stand_in=running)
         running = func = _base_of(running)
+    if not unwrap:
+        _refuse_proxy(running)
     if unwrap and isinstance(running, types.FunctionType) and _dispatches(running):
         # Its __wrapped__ is the default implementation only (unwrap=False: the dispatcher).
         raise NotPatchableError(_why_not_a_function(running))
@@ -1647,7 +1677,11 @@ def _patch_in_place(
     with _lock:
         # A patch's copy (``a.f`` of a patched instance): in place means in what runs there,
         # not in the original it was copied from.
-        copied = next((s for s in _slots.values() if s.live is running and s.live is not s.base), None)
+        # (Not when what is patched is inside it: a wrapper's copy calls the function it wraps.)
+        copied = next(
+            (s for s in _slots.values() if s.live is running is not s.base and base in (s.base, running)),
+            None,
+        )
         if copied is not None:
             return _attach(copied, running, None, specs, name, _default_owner(running), function)
         key = ("code", id(base))
@@ -1838,11 +1872,19 @@ def _patch_method(
                 f"that function, patch_function({holder.__name__}.__getattr__.__globals__"
                 f"['cached_properties'][{method!r}], specs)"
             ) from None
+        if any(cls.__name__ == "ScriptModule" and _from_torch(cls) for cls in type(obj).__mro__):
+            raise NotPatchableError(  # (a traced module's forward is a descriptor of torch's)
+                f"{_named(obj)} is a TorchScript module (torch.jit.script or trace made it): its "
+                f"{method!r} runs TorchScript, not Python bytecode; patch the module it was made "
+                "from, before scripting or tracing it"
+            ) from None
         descriptor = _python_descriptor(raw) or _c_descriptor(raw)
         if descriptor is not None and str(error).endswith(descriptor):  # (its repr names no attribute)
             raise NotPatchableError(f"{_named(obj)}'s {method!r} is {descriptor}") from None
         raise
     shallow = _function_of_shallow(raw)
+    if not unwrap:
+        _refuse_proxy(shallow)
     if not (unwrap or isinstance(obj, (type, types.ModuleType))) and isinstance(shallow, types.FunctionType):
         # The wrapper itself, for one instance: a copy of it there, as any method's is. (In
         # place, every instance would run its probes, and a wrapper taking *args gets no
@@ -2059,6 +2101,27 @@ def _function_of_shallow(raw: Any) -> Any:
     if isinstance(raw, (staticmethod, classmethod, types.MethodType)):
         raw = raw.__func__
     return raw if _copy_slot(raw) is not None else _base_of(raw)
+
+
+def _from_torch(cls: type) -> bool:
+    """Whether ``cls`` is torch's (told by its module's name: the core never imports torch)."""
+    return str(cls.__module__).partition(".")[0] == "torch"
+
+
+def _refuse_proxy(func: Any) -> None:
+    """Refuse ``unwrap=False`` on an object proxy that passes for a function (wrapt's
+    ``FunctionWrapper`` reports the class of what it wraps): its ``__code__`` is the
+    wrapped function's, so patching "the wrapper" would patch that one, under another name."""
+    if isinstance(func, types.FunctionType) and type(func) is not types.FunctionType:
+        name = getattr(func, "__qualname__", None) or shown(func)
+        wrapper = getattr(func, "_self_wrapper", None)  # (wrapt's name for the decorator's function)
+        which = f" ({wrapper.__qualname__})" if isinstance(wrapper, types.FunctionType) else ""
+        raise NotPatchableError(
+            f"{name} is a {type(func).__name__}, an object proxy around a function, not a function: "
+            f"unwrap=False has no wrapper code of its own to patch (what callers get comes from the "
+            f"decorator's function{which}, shared by every function it decorates); leave unwrap=True "
+            "to record inside the function it wraps, or patch the decorator's function itself"
+        )
 
 
 def _unwrap_installed(raw: Any) -> Any:

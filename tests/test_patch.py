@@ -1672,6 +1672,39 @@ def test_unwrap_false_on_one_instance_of_a_class_with_a_wrapped_method_records_t
     assert C.__dict__["m"] is original and original.__code__.co_name == "wrapper" and vars(first) == {}
 
 
+def test_a_default_patch_of_an_instance_whose_wrapper_is_patched_goes_inside_the_function_it_wraps():
+    # The instance's copy of the wrapper (unwrap=False) was taken for what to patch in place:
+    # its return was recorded as the inner function's, and the inner function's locals refused.
+    import functools
+
+    def times_ten(fn):
+        @functools.wraps(fn)
+        def wrapper(self, v):
+            w = fn(self, v)
+            return w * 10
+
+        return wrapper
+
+    class A:
+        @times_ten
+        def m(self, v):
+            y = v + 1
+            return y
+
+    a, other = A(), A()
+    inner_code = A.__dict__["m"].__wrapped__.__code__
+    for order in ("outer first", "inner first"):
+        outer = bcrecord.patch_method(a, "m", "w", name="outer", unwrap=False)
+        inner = bcrecord.patch_method(a, "m", ["y", "return"], name="inner")
+        with bcrecord.recording() as rec:
+            assert [a.m(1), other.m(5)] == [20, 60]
+        recorded = {key: rec.all(key) for key in rec.keys()}
+        assert recorded == {"outer:m:w@0": [2], "inner:m:y@0": [2], "inner:m:return": [2]}
+        for patch in (outer, inner) if order == "outer first" else (inner, outer):
+            patch.remove()
+        assert vars(a) == {} and A.__dict__["m"].__wrapped__.__code__ is inner_code
+
+
 def test_unwrap_false_keys_name_the_function_not_the_wrapper_code():
     import functools
 
@@ -2439,6 +2472,36 @@ def test_a_mock_in_a_function_s_place_is_refused_as_a_mock():
     assert module.step is step and step(1) == 2
 
 
+def test_a_mock_autospec_function_in_a_method_s_place_is_refused_as_a_mock():
+    # It is a Python function: its code (a signature check and a call of the mock) was patched,
+    # and a local of the method was refused as missing from it.
+    from unittest import mock
+
+    class B:
+        def forward(self, x):
+            y = x + 1
+            return y
+
+    original = B.__dict__["forward"]
+    with mock.patch.object(B, "forward", autospec=True, side_effect=original):
+        stand_in = B.__dict__["forward"]
+        for patch in (
+            lambda: bcrecord.patch_method(B, "forward", "y"),
+            lambda: bcrecord.patch_function(stand_in, "return"),
+        ):
+            with pytest.raises(NotPatchableError) as raised:
+                patch()
+            assert str(raised.value) == (
+                "forward is a unittest.mock autospec function (a mock.patch(..., autospec=True) in "
+                "force?), not the Python function: patch the function it stands in for, outside the mock"
+            )
+            assert B.__dict__["forward"] is stand_in and not probes_in(stand_in.__code__)
+        assert B().forward(1) == 2
+    with bcrecord.patch_method(B, "forward", "y"), bcrecord.recording() as rec:
+        B().forward(1)
+    assert rec.all("B:forward:y@0") == [2]
+
+
 def test_record_locals_without_parentheses_or_with_a_bad_spec_fails_at_the_decorator():
     def summed(values):
         acc = 0
@@ -2947,3 +3010,96 @@ def test_functions_whose_annotations_name_what_is_not_defined_yet_patch_and_keep
             _ = copy.__annotations__
     namespace["Later"] = Later = type("Later", (), {})
     assert [copy.__annotations__ for copy in copies] == [{"w": Later, "h": int, "return": int}] * 2
+
+
+class _ObjectProxy:
+    """What wrapt's ``ObjectProxy`` and ``FunctionWrapper`` are to Python: an object that reports
+    the class of what it wraps, and reads and writes its attributes (a function's ``__code__`` too)."""
+
+    def __init__(self, wrapped, wrapper=None):
+        object.__setattr__(self, "__wrapped__", wrapped)
+        object.__setattr__(self, "_self_wrapper", wrapper)
+
+    @property
+    def __class__(self):
+        return type(self.__wrapped__)
+
+    def __getattr__(self, name):
+        return getattr(self.__wrapped__, name)
+
+    def __setattr__(self, name, value):
+        setattr(self.__wrapped__, name, value)
+
+    def __call__(self, *args, **kwargs):
+        return self._self_wrapper(self.__wrapped__, args, kwargs)
+
+
+def test_unwrap_false_on_an_object_proxy_around_a_function_is_refused_and_changes_nothing():
+    # Such a proxy passes for a function, and its __code__ is the wrapped function's: its
+    # "wrapper" patched was the inner function, whose return was recorded as what callers get.
+    def doubler(wrapped, args, kwargs):
+        return wrapped(*args, **kwargs) * 2
+
+    def wd(a):
+        x = a + 1
+        return x
+
+    proxy, code = _ObjectProxy(wd, doubler), wd.__code__
+    module = types.ModuleType("proxied")
+    module.wd = proxy
+    for patch in (
+        lambda: bcrecord.patch_function(proxy, "return", unwrap=False),
+        lambda: bcrecord.patch_method(module, "wd", "return", unwrap=False),
+    ):
+        with pytest.raises(NotPatchableError) as raised:
+            patch()
+        message = str(raised.value)
+        assert (
+            "<locals>.wd is a _ObjectProxy, an object proxy around a function, not a function: unwrap=False "
+            "has no wrapper code of its own to patch (what callers get comes from the decorator's function "
+            "(test_unwrap_false_on_an_object_proxy_around_a_function_is_refused_and_changes_nothing.<locals>"
+            ".doubler), shared by every function it decorates)" in message
+        )
+        assert wd.__code__ is code and module.wd is proxy and proxy(1) == 4
+    with bcrecord.patch_function(proxy, "x", name="p"), bcrecord.recording() as rec:
+        assert proxy(1) == 4
+    assert rec.all("p:wd:x@0") == [2] and wd.__code__ is code
+
+
+def test_the_original_of_a_function_patch_method_replaced_pickles_once_removed_and_under_patch_function():
+    # As the README says: pickle looks the function up by name and finds the recording copy.
+    import pickle
+
+    module = types.ModuleType("bcrecord_pickled_functions")
+    exec("def f(x):\n    y = x + 1\n    return y\n", module.__dict__)
+    sys.modules[module.__name__] = module
+    try:
+        f = module.f
+        with bcrecord.patch_method(module, "f", "y"):
+            with pytest.raises(pickle.PicklingError):
+                pickle.dumps(f)
+        assert pickle.loads(pickle.dumps(f)) is f
+        with bcrecord.patch_function(f, "y"):
+            assert pickle.loads(pickle.dumps(f)) is f
+    finally:
+        del sys.modules[module.__name__]
+
+
+def test_an_object_proxy_standing_for_a_class_or_module_is_refused_and_changes_nothing():
+    # inspect.getattr_static took it for a class and raised a TypeError of its own.
+    class A:
+        def m(self, v):
+            y = v + 1
+            return y
+
+    module = types.ModuleType("proxied")
+    module.f = A.m
+    original = A.__dict__["m"]
+    for holder, method, kind in ((A, "m", "class"), (module, "f", "module")):
+        with pytest.raises(NotPatchableError) as raised:
+            bcrecord.patch_method(_ObjectProxy(holder), method, "y")
+        assert str(raised.value).endswith(
+            f"was given as a _ObjectProxy, an object proxy standing for a {kind}: patch the {kind} itself "
+            "(the proxy's __wrapped__, where it has one)"
+        )
+    assert A.__dict__["m"] is original and module.f is original and vars(original) == {}

@@ -40,7 +40,7 @@ from typing import (
 import torch
 
 from ..analysis import returns_none
-from ..errors import SpecError, TargetError, did_you_mean, warn
+from ..errors import NotPatchableError, SpecError, TargetError, did_you_mean, warn
 from ..patch import Patch, remove_all, remove_soon
 from ..patch import targets as function_targets
 from ..runtime import kept_length
@@ -71,6 +71,7 @@ from .targets import (
     is_python_method,
     named_modules,
     require_module,
+    scripted,
     takes_instance,
     unwrap,
 )
@@ -485,10 +486,25 @@ class FeatureExtractor(torch.nn.Module):
             replaced = [
                 path for path, module in plan.modules.items() if _submodule(self.model, path) is not module
             ]
+            # A method set on an instance since (a patch of that instance): runs instead of its class's.
+            shadowed = sorted(
+                {
+                    f"the {method} of the module at {path or '<root>'!r}"
+                    for target in missing
+                    for path, method, _ in (key.rsplit(":", 2) for key in plan.keys[target])
+                    if path in plan.modules and method in getattr(plan.modules[path], "__dict__", {})
+                }
+            )
             if replaced:
                 hint = (
                     f" (the modules at {replaced} are not those this extractor resolved at its first "
                     "call: make a new extractor after changing the model)"
+                )
+            elif shadowed:
+                hint = (
+                    f" ({' and '.join(shadowed)} {'is' if len(shadowed) == 1 else 'are'} set on the "
+                    "instance, by a patch of that module or an assignment, and runs instead of its "
+                    "class's, which this extractor records: remove it)"
                 )
             else:
                 hint = _fast_path_hint(self.model, plan, missing, training) or self._mode_hint(training)
@@ -592,7 +608,8 @@ def list_targets(model: torch.nn.Module, methods: Union[str, Iterable[str]] = _D
     ``methods`` (a name, or several; by default ``forward``, ``_forward_impl``, ``forward_features`` and
     ``forward_head``) it defines in Python, one target per local assignment, attribute
     load site, call site (``'self.bn1()@0'``), operator site (``'+=@0'``) and return.
-    TorchScript submodules, which cannot be recorded, are left out, and so are sites
+    TorchScript submodules, which cannot be recorded, are left out (a TorchScript model is
+    refused), and so are sites
     inside a generator expression that does not use ``self`` (on 3.10/3.11 any
     comprehension): one patch of a class cannot tell its instances apart there. Methods
     given of which no submodule defines any in Python are an error (a misspelt name); among
@@ -612,6 +629,8 @@ def list_targets(model: torch.nn.Module, methods: Union[str, Iterable[str]] = _D
     if names is None or not all(isinstance(name, str) for name in names):
         raise TypeError(f"methods is a method name or a list of them, got {methods!r:.80}")
     methods = names
+    if isinstance(unwrap(model), torch.jit.ScriptModule):  # (its submodules, left out, are all there is)
+        raise NotPatchableError(scripted(unwrap(model), ""))
     out = TargetList()
     paths: Set[str] = set()
     targets: Set[str] = set()

@@ -1514,10 +1514,7 @@ def expand(model: torch.nn.Module, text: str) -> List[Target]:
         if isinstance(module, torch.jit.ScriptModule):
             if is_glob:
                 continue  # as list_targets leaves it out: a glob takes what can be recorded
-            raise NotPatchableError(
-                f"{type(module).__name__} at {path or '<root>'!r} is a TorchScript module: its code is "
-                "TorchScript, not Python bytecode; record it before scripting, or where it is called"
-            )
+            raise NotPatchableError(scripted(module, path))
         runs = _method_that_runs(module, method, path)
         where = f"{type(module).__name__} at {path or '<root>'!r}"
         if runs is None and method == "forward" and not has_forward(module):
@@ -1618,6 +1615,18 @@ def expand(model: torch.nn.Module, text: str) -> List[Target]:
             "cannot be recorded"
         )
     return targets
+
+
+def scripted(module: torch.nn.Module, path: str) -> str:
+    """Why the TorchScript ``module`` at ``path`` cannot be recorded.
+
+    >>> scripted(torch.jit.script(torch.nn.ReLU()), "").split(": ")[0]
+    "RecursiveScriptModule at '<root>' is a TorchScript module"
+    """
+    return (
+        f"{type(module).__name__} at {path or '<root>'!r} is a TorchScript module: its code is "
+        "TorchScript, not Python bytecode; record it before scripting, or where it is called"
+    )
 
 
 def new_matches(model: torch.nn.Module, text: str, known: Container[str]) -> List[str]:

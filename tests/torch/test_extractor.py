@@ -80,6 +80,23 @@ def test_a_module_replaced_after_the_first_call_is_named_in_the_error():
         extractor(torch.ones(1, 2))
 
 
+def test_a_module_s_instance_patched_after_the_first_call_is_named_in_the_error():
+    # The hint blamed a branch not taken, or train and eval modes.
+    net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU(), torch.nn.Linear(2, 1)).eval()
+    extractor = create_feature_extractor(net, ["2"])
+    x = torch.ones(1, 2)
+    assert torch.equal(extractor(x)["2"], net(x))
+    with bcrecord.patch_method(net[2], "forward", "return", name="mine"):
+        with pytest.raises(RuntimeError) as raised:
+            extractor(x)
+    assert str(raised.value) == (
+        "this forward pass never reached ['2'] (the forward of the module at '2' is set on the instance, "
+        "by a patch of that module or an assignment, and runs instead of its class's, which this "
+        "extractor records: remove it)"
+    )
+    assert torch.equal(extractor(x)["2"], net(x))  # removed: recorded again
+
+
 def test_a_target_reached_but_not_recorded_says_why():
     net = SmallNet().eval()
 
@@ -756,6 +773,34 @@ def test_list_targets_leaves_out_torchscript_submodules_and_what_is_inside_them(
     with pytest.raises(bcrecord.TargetError, match="'1\\*' matches only .* or TorchScript modules"):
         with bcrecord.torch.record(net, ["1*"]):
             pass
+
+
+def test_a_torchscript_model_is_refused_by_list_targets_and_patches_saying_it_is_torchscript():
+    # list_targets listed nothing, silently; patch_method called a scripted forward a C function,
+    # and told a traced one to patch torch's own descriptor class.
+    class Net(torch.nn.Module):
+        def forward(self, x):
+            y = x + 1
+            return y
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # torch.jit.script's, from torch 2.10 on
+        scripted, traced = torch.jit.script(Net()), torch.jit.trace(Net(), torch.ones(1))
+    for model in (scripted, traced):
+        kind = type(model).__name__
+        with pytest.raises(bcrecord.NotPatchableError, match=f"^{kind} at '<root>' is a TorchScript module"):
+            list_targets(model)
+        held = vars(model).get("forward")
+        with pytest.raises(bcrecord.NotPatchableError) as raised:
+            bcrecord.patch_method(model, "forward", "y")
+        assert str(raised.value) == (
+            f"this {kind} instance is a TorchScript module (torch.jit.script or trace made it): its "
+            "'forward' runs TorchScript, not Python bytecode; patch the module it was made from, before "
+            "scripting or tracing it"
+        )
+        assert vars(model).get("forward") is held
+    with pytest.raises(bcrecord.NotPatchableError, match="Net.forward is a TorchScript method .*: its calls"):
+        bcrecord.targets(scripted.forward)
 
 
 def test_list_targets_leaves_out_sites_a_module_patch_cannot_probe_and_the_rest_all_record():
