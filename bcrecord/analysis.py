@@ -221,7 +221,14 @@ def _decoded(key: Tuple[object, ...]) -> Bytecode:
                 )
     # The depth CPython gave each exception region is kept: the rewriter keeps it (see
     # bcrecord.rewrite._assemble).
-    bytecode = Bytecode.from_code(code, conserve_exception_block_stackdepth=True)
+    try:
+        bytecode = Bytecode.from_code(code, conserve_exception_block_stackdepth=True)
+    except Exception as error:  # (bytecode 0.17.0 on 3.14: a KeyError, for an async comprehension)
+        name = getattr(code, "co_qualname", code.co_name)
+        raise NotPatchableError(
+            f"the bytecode package {bytecode_version} cannot read the code of {name} "
+            f"({code.co_filename}, line {code.co_firstlineno}): {type(error).__name__}: {error}"
+        ) from error
     if not table.pairs:
         return bytecode
     split = {pair: (first, second) for pair, first, second in table.pairs}

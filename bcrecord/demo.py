@@ -30,7 +30,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any, List, Optional, TextIO, Union
+from typing import Any, List, Optional, TextIO, Tuple, Union
 
 from .errors import BcrecordError, shell_quoted
 from .storage import _expanded
@@ -42,11 +42,22 @@ TARGETS = [":forward:x", "layer1.0:forward:out@[1,2]"]
 _MARKER = ".bcrecord-demo"
 
 
-def _need(module: str, extra: str) -> None:
+def _need(*needed: Tuple[str, str]) -> None:
+    """Refuse, naming every missing one at once, unless each ``(module, extra)`` is installed.
+
+    >>> try:
+    ...     _need(("bcrecord_missing_a", "torch"), ("json", "save"), ("bcrecord_missing_b", "viz"))
+    ... except BcrecordError as error:
+    ...     print(error)
+    the demo needs bcrecord_missing_a and bcrecord_missing_b: pip install 'bcrecord[torch,viz]'
+    """
     import importlib.util
 
-    if importlib.util.find_spec(module) is None:
-        raise BcrecordError(f"the demo needs {module}: pip install 'bcrecord[{extra}]'")
+    missing = [(module, extra) for module, extra in needed if importlib.util.find_spec(module) is None]
+    if missing:
+        modules = " and ".join(module for module, _ in missing)
+        extras = ",".join(dict.fromkeys(extra for _, extra in missing))
+        raise BcrecordError(f"the demo needs {modules}: pip install 'bcrecord[{extras}]'")
 
 
 def _demo_keys() -> List[str]:
@@ -142,10 +153,7 @@ def run(
         raise BcrecordError(f"--steps must be a whole number, got {steps!r}")
     if steps < 1:
         raise BcrecordError(f"--steps must be at least 1, got {steps}")
-    _need("torch", "torch")
-    _need("safetensors", "save")
-    if plots:
-        _need("matplotlib", "viz")
+    _need(("torch", "torch"), ("safetensors", "save"), *([("matplotlib", "viz")] if plots else []))
     started = time.perf_counter()
 
     import torch

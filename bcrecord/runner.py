@@ -987,6 +987,8 @@ class _Collector:
         self.saved: Dict[str, int] = defaultdict(int)
         self.last: Dict[str, Any] = {}
         self.error: Optional[str] = None
+        #: Told ``error`` when saving fails, at once (the run may go on for hours, saving nothing).
+        self.on_error: Optional[Callable[[str], None]] = None
         #: Values recorded that no write saved: the batch that failed, and every one after it.
         self.unsaved = 0
         #: Per key saved as a repr: its line in ``warnings``, how many values, each reason once.
@@ -1057,6 +1059,12 @@ class _Collector:
                 self.error = (
                     str(error) if isinstance(error, BcrecordError) else f"{type(error).__name__}: {error}"
                 )
+                if self.on_error is not None:
+                    try:
+                        self.on_error(self.error)
+                    except Exception as telling:  # (a report that fails must not fail the program)
+                        if raised_by_signal_handler(telling):
+                            raise
 
     def start_timer(self) -> None:
         """Write buffered values every few seconds also while the program records nothing.
@@ -1890,6 +1898,7 @@ class _Runner:
         # Taken now: the program may point sys.stderr at its own log, or close it.
         self._stderr = stderr if stderr is not None else sys.stderr
         self.collector = _Collector(writer, flush_seconds=flush_seconds)
+        self.collector.on_error = self._saving_failed
         self.recording = _Stream(self.collector.deliver, every, copy)
         self.patches: List[Patch] = []
         #: The keys each target (by its text) records under, over all its patches.
@@ -1930,6 +1939,14 @@ class _Runner:
         self._main_before: Optional[types.ModuleType] = None
         #: ``os``'s functions the run replaced (see :meth:`_hook_abrupt_ends`), by name.
         self._abrupt_functions: Dict[str, Callable[..., Any]] = {}
+
+    def _saving_failed(self, error: str) -> None:
+        print(
+            f"bcrecord: {error}; nothing more is saved in this run, which goes on (the report at its "
+            "end says what was saved)",
+            file=self.stderr,
+            flush=True,
+        )
 
     @property
     def stderr(self) -> TextIO:
@@ -2269,6 +2286,7 @@ class _Runner:
         finally:
             started()
             self._stop_trace()
+            self.collector.on_error = None  # (the program has ended: the report says it next)
             self.collector.flush()
             if self.program_module is not None and sys.modules.get("__main__") is not self.program_module:
                 # runpy put the caller's __main__ back: the program's threads and atexit handlers,
@@ -2309,6 +2327,7 @@ class _Runner:
         self._closed = True
         self._stop_trace()
         self.collector.stop_timer()
+        self.collector.on_error = None  # (the report says it next)
         interrupt: Optional[KeyboardInterrupt] = None
         try:
             self.collector.flush()

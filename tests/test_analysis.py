@@ -642,3 +642,22 @@ def test_calls_of_a_function_an_expression_computes_are_told_from_named_ones_on_
     first = computed.__code__.co_firstlineno
     assert [items[k].lineno - first for k in computed_callee_calls(computed.__code__)] == [1, 2, 3]
     assert computed_callee_calls(named.__code__) == []
+
+
+def test_code_the_bytecode_package_fails_to_read_is_refused_naming_the_package_and_error(monkeypatch):
+    # bytecode 0.17.0 on 3.14 raises a bare KeyError on an async comprehension in a comprehension.
+    namespace = {}
+    exec("def odd(x):\n    y = x + 1\n    return y\n", namespace)
+    odd = namespace["odd"]
+
+    def fails(code, **kwargs):
+        raise KeyError(123)
+
+    monkeypatch.setattr(bytecode.Bytecode, "from_code", staticmethod(fails))
+    with pytest.raises(NotPatchableError) as raised:
+        read(odd.__code__)
+    assert str(raised.value) == (
+        f"the bytecode package {bytecode.__version__} cannot read the code of odd (<string>, line 1): "
+        "KeyError: 123"
+    )
+    assert isinstance(raised.value.__cause__, KeyError)

@@ -2349,10 +2349,43 @@ def test_run_ends_with_status_2_where_the_records_could_not_be_saved(project, tm
     result = cli("run", "-r", "__main__:f:y", "-o", out, "blocks.py", out, cwd=project)
     assert result.returncode == 2, result.stderr
     said = f"bcrecord: cannot write records to {out}: {out / 'records'} is a file, not a folder\n"
-    assert said in result.stderr
+    assert said in result.stderr and "nothing more is saved" not in result.stderr  # (said once, at the end)
     lost = "before saving failed (3 value(s) recorded were not saved)"
     assert f"saved 0 value(s) of 0 key(s) to {out} {lost}\n" in result.stderr
     assert "bcrecord view" not in result.stderr
+
+
+def test_run_says_at_once_that_saving_failed_while_the_program_goes_on(project, tmp_path):
+    # It was said only in the end-of-run report: after hours of a run that saved nothing.
+    out = tmp_path / "out"
+    out.mkdir()
+    (project / "later.py").write_text(
+        textwrap.dedent(
+            """
+            import os, shutil, sys
+
+            def f(x):
+                y = x + 1
+                return y
+
+            out = sys.argv[1]
+            shutil.rmtree(os.path.join(out, "records"))
+            open(os.path.join(out, "records"), "w").close()  # no directory can be made there
+            for x in range(10_000):  # a batch is written at the 10,000th value
+                f(x)
+            print("the program goes on", file=sys.stderr, flush=True)
+            """
+        )
+    )
+    result = cli("run", "-r", "__main__:f:y", "-o", out, "later.py", out, cwd=project)
+    assert result.returncode == 2, result.stderr
+    told = (
+        f"bcrecord: cannot write records to {out}: {out / 'records'} is a file, not a folder; nothing more "
+        "is saved in this run, which goes on (the report at its end says what was saved)\n"
+        "the program goes on\n"
+    )
+    assert told in result.stderr
+    assert "before saving failed (10000 value(s) recorded were not saved)" in result.stderr
 
 
 def test_run_reports_values_whose_copy_failed_whatever_the_program_s_warning_filters(project, tmp_path):
