@@ -392,6 +392,10 @@ def _leaf_copies(value: Any, memo: Dict[int, Any]) -> None:
             pending.extend(parts)
 
 
+#: Leaf hooks a recording holds before it first lets go of those whose leaves are gone.
+_LEAF_SWEEP_AT = 64
+
+
 class ModelRecording(Recording):
     """A :class:`~bcrecord.Recording` of a model's targets.
 
@@ -432,6 +436,8 @@ class ModelRecording(Recording):
         self._leaf_hooks: Set[_GradientHook] = set()
         #: The hook waiting on each (key, leaf tensor id): one gradient per backward.
         self._leaf_waiting: Dict[Tuple[str, int], _GradientHook] = {}
+        #: How many leaf hooks, once reached, have those of leaves gone since let go (see _gradient_of).
+        self._leaf_sweep_at = _LEAF_SWEEP_AT
         #: Whether the record() block it was made for has ended (its patches are gone).
         self._ended = False
         #: The modules a forward stopped early unwinds (see _stopping_skips_hooks).
@@ -475,6 +481,7 @@ class ModelRecording(Recording):
             _grad_lock=None,
             _leaf_hooks=set(),
             _leaf_waiting={},
+            _leaf_sweep_at=_LEAF_SWEEP_AT,
             _ended=True,
             _passing=False,
             _unwound=(),
@@ -730,6 +737,14 @@ class ModelRecording(Recording):
             self._leaf_hooks.add(hook)
             hook.waiting = (key, id(tensor))
             self._leaf_waiting[hook.waiting] = hook
+            if len(self._leaf_hooks) >= self._leaf_sweep_at:
+                # A fresh leaf each step (an input that requires grad) and no backward: its hook
+                # would be held for good, one a step. (Swept at doublings: amortized, no callback.)
+                for gone in [h for h in self._leaf_hooks if h.tensor() is None]:
+                    self._leaf_hooks.discard(gone)
+                    if gone.waiting is not None and self._leaf_waiting.get(gone.waiting) is gone:
+                        del self._leaf_waiting[gone.waiting]
+                self._leaf_sweep_at = max(_LEAF_SWEEP_AT, 2 * len(self._leaf_hooks))
 
     def _add_gradient(self, key: str, position: int, grad: Any) -> None:
         """Store a gradient among the others in the order of their values, not of backward (``keep`` too)."""
@@ -853,6 +868,9 @@ class _Request:
     grad: bool
     #: The first target string that asked for it.
     text: str
+    #: Whether only ``.grad`` targets no ``reduce`` entry names asked for it so far: it takes
+    #: the reduce of the value's own target, when one comes (a gradient takes its value's).
+    adopts: bool = False
 
 
 def _check_reduce(reduce: Any) -> None:
@@ -907,6 +925,11 @@ def check_options(**options: Any) -> None:
     value_policy(copy, options.get("to"), options.get("dtype"), None, grad)
     _check_reduce(options.get("reduce"))
     ModelRecording(keep=options.get("keep", "all"), threads=options.get("threads", "context"))
+
+
+def _names(reduce: Mapping[str, Any], text: str, target: Target) -> bool:
+    """Whether the ``reduce`` dict has an entry of its own for ``target`` (None included)."""
+    return text in reduce or target.text in reduce
 
 
 def _reduce_for(reduce: Any, text: str, target: Target) -> Optional[Callable[[torch.Tensor], Any]]:
@@ -1195,6 +1218,8 @@ class Plan:
                         functions[cls, method] = (func, original_code(func))
                     func, code = functions[cls, method]
                     reducer = _reduce_for(reduce, text, target)
+                    # A gradient no reduce entry names: it takes its value's (see _Request.adopts).
+                    unnamed = target.grad and isinstance(reduce, Mapping) and not _names(reduce, text, target)
                     sites = sites_of.get((target.spec, code))
                     if sites is None:
                         try:
@@ -1207,15 +1232,20 @@ class Plan:
                         self.keys[text].append(key)
                         if target.grad:
                             self.keys[text].append(key + ".grad")
-                        found = requests.setdefault(
-                            key, _Request(cls, method, target.path, spec, reducer, target.grad, text)
-                        )
-                        if found.reducer is not reducer:
-                            raise TargetError(
-                                f"{key!r} is asked for by {found.text!r} and by {text!r} with different "
-                                "reduce functions (a gradient takes its value's); give both the same, "
-                                "or ask for it once"
+                        found = requests.get(key)
+                        if found is None:
+                            found = requests[key] = _Request(
+                                cls, method, target.path, spec, reducer, target.grad, text, adopts=unnamed
                             )
+                        elif found.reducer is not reducer and not unnamed:
+                            if not found.adopts:
+                                raise TargetError(
+                                    f"{key!r} is asked for by {found.text!r} and by {text!r} with different "
+                                    "reduce functions (a gradient takes its value's); give both the same, "
+                                    "or ask for it once"
+                                )
+                            found.reducer, found.text = reducer, text
+                        found.adopts = found.adopts and unnamed
                         found.grad = found.grad or target.grad
             # One patch per (class, method, set of instance paths): specs wanted by exactly
             # the same instances share it. Gradient targets get a patch per key.
@@ -1522,7 +1552,8 @@ class RecordBlock(contextlib.AbstractContextManager["ModelRecording"]):
     """What :func:`record` returns: a context manager good for one block, that says so when
     entered again, or a decorator whose function records each call in a block of its own,
     keeping the function's signature (for type checkers too). That block's recording is
-    not handed to the function: a recording the caller has entered gets the values too.
+    not handed to the function: a recording the caller has entered gets the values too (not
+    the gradients of ``.grad`` targets, which go to the block's own recording alone).
 
     >>> import bcrecord, torch
     >>> from bcrecord.torch import record
