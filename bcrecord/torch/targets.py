@@ -799,11 +799,17 @@ def fx_name_clash(model: torch.nn.Module, path: str) -> Optional[str]:
 
 
 def _runs_again(model: torch.nn.Module, path: str) -> bool:
-    """Whether its parent's forward may call the module at ``path`` more than once
-    (two call sites that are not the two sides of one if/else, or one in a loop)."""
-    parent, _, node = path.rpartition(".")
-    scope = _fx_scope(model, parent, node)
-    runs = [site for site in scope.sites if _calls_the_module(model, parent, site, node)] if scope else []
+    """Whether its parents' forwards may call the module at ``path`` more than once (two call
+    sites that are not the two sides of one if/else, or one in a loop), at this path or at
+    another it is registered at too (a module shared by the blocks that hold it: CoaT's)."""
+    module = module_at(model, path)
+    runs: List[_FxSite] = []
+    for at, registered in named_modules(model, remove_duplicate=False):
+        if registered is module:
+            parent, _, node = at.rpartition(".")
+            scope = _fx_scope(model, parent, node)
+            if scope:
+                runs += [site for site in scope.sites if _calls_the_module(model, parent, site, node)]
     if any(site.looped for site in runs):
         return True
     return any(not _either_or(a, b) for a, b in itertools.combinations(runs, 2))

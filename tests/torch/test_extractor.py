@@ -329,6 +329,43 @@ def test_module_paths_torchvision_numbers_otherwise_are_read_as_the_module_with_
         create_feature_extractor(BothSides(), ["block"])
 
 
+def test_a_module_shared_by_the_blocks_that_call_it_runs_more_than_once_and_is_warned_of():
+    # timm's CoaT: its blocks hold one shared module each call. Only the calls of the parent
+    # at the named path were counted: no warning, and a value other than torchvision's.
+    class PositionEncoding(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.proj(x) + x
+
+    class Block(torch.nn.Module):
+        def __init__(self, shared):
+            super().__init__()
+            self.pe = shared
+
+        def forward(self, x):
+            return self.pe(x) * 2
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.pe = PositionEncoding()
+            self.blocks = torch.nn.Sequential(Block(self.pe), Block(self.pe))
+
+        def forward(self, x):
+            return self.blocks(x)
+
+    torch.manual_seed(0)
+    net, x = Net().eval(), torch.randn(2, 4)
+    with pytest.warns(bcrecord.RecordingWarning, match="the module runs more than once in a forward"):
+        features = create_feature_extractor(net, ["pe"])(x)
+    assert torch.equal(features["pe"], net.pe(x))  # its first call's
+    with pytest.raises(bcrecord.TargetError, match=r"no number 1; FX numbers the ops of each run of"):
+        create_feature_extractor(net, ["pe.add_1"])
+
+
 def test_no_clash_warning_where_the_module_is_called_first_through_a_first_argument_not_named_self():
     class Named(torch.nn.Module):
         def __init__(s):
