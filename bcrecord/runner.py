@@ -780,7 +780,8 @@ class _Loader(importlib.abc.Loader):
 
 
 class _ImportHook(importlib.abc.MetaPathFinder):
-    """A meta path finder that patches the targets of a module right after it is executed."""
+    """A meta path finder that calls ``after(module)`` right after one of ``modules`` is
+    executed (to patch the targets in it; the torch layer's Dynamo set-up)."""
 
     def __init__(self, modules: Sequence[str], after: Callable[[types.ModuleType], None]) -> None:
         self.modules = frozenset(modules)
@@ -789,6 +790,9 @@ class _ImportHook(importlib.abc.MetaPathFinder):
         self.raised: Dict[str, str] = {}
         self.closed = False
         self._lock = safe_over_forks(threading.Lock())
+        #: The module names this hook is finding, per thread: another such hook it asks in
+        #: turn asks it back (each asks the finders but itself), which then finds nothing.
+        self._finding = threading.local()
 
     def _failed(self, module: types.ModuleType, error: BaseException) -> None:
         self.raised[module.__name__] = type(error).__name__
@@ -821,20 +825,25 @@ class _ImportHook(importlib.abc.MetaPathFinder):
         self, fullname: str, path: Optional[Sequence[str]], target: Optional[types.ModuleType] = None
     ) -> Optional[importlib.machinery.ModuleSpec]:
         self._first()
-        if fullname not in self.modules:
+        finding: Set[str] = self._finding.__dict__.setdefault("names", set())
+        if fullname not in self.modules or fullname in finding:
             return None
-        for finder in list(sys.meta_path):
-            if finder is self:
-                continue
-            find = getattr(finder, "find_spec", None)
-            if find is None:
-                continue
-            spec = find(fullname, path, target)
-            if spec is not None:
-                if spec.loader is not None and hasattr(spec.loader, "exec_module"):
-                    spec.loader = _Loader(spec.loader, self.after, self._failed)
-                return spec  # type: ignore[no-any-return]
-        return None
+        finding.add(fullname)
+        try:
+            for finder in list(sys.meta_path):
+                if finder is self:
+                    continue
+                find = getattr(finder, "find_spec", None)
+                if find is None:
+                    continue
+                spec = find(fullname, path, target)
+                if spec is not None:
+                    if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+                        spec.loader = _Loader(spec.loader, self.after, self._failed)
+                    return spec  # type: ignore[no-any-return]
+            return None
+        finally:
+            finding.discard(fullname)
 
 
 # --- the recording that streams values out ---------------------------------------------

@@ -76,38 +76,73 @@ def _probe_outside_dynamo() -> None:
     1b, and after a forward has evicted the interpreter from the CPU caches it cost
     tens of microseconds per extractor call. The wrapper remains the fallback where
     torch lacks the pieces used here.
-    """
-    import builtins
 
+    The marks need Dynamo, whose import takes longer than torch's own (0.65 s against
+    0.73 s, torch 2.13, CPU): they are made when the program imports it (torch.compile
+    does), before it compiles anything; now, where it has already.
+    """
     core = _runtime.__bcrecord_probe__
-    # An extractor's first call in a mode resolves its targets and patches: bookkeeping
-    # for Dynamo to run, not trace (traced, a compiled extractor's plan for its second
-    # mode came out with the first mode's targets). Once per mode: the wrapper's cost is nothing.
-    # So is the making of its recordings (one per call running at a time).
-    for name in ("_first_in_mode", "_new_recording"):
-        eager = torch.compiler.disable(getattr(FeatureExtractor, name), recursive=True)
-        setattr(FeatureExtractor, name, eager)
     try:
         from torch._C._dynamo.eval_frame import set_eval_frame
-        from torch._dynamo.decorators import skip
     except ImportError:  # pragma: no cover - depends on the torch build
-        setattr(builtins, _runtime.PROBE_NAME, torch.compiler.disable(core, recursive=True))
+        _disabled_in_dynamo(core)
         return
     _runtime.set_frame_switch(set_eval_frame)
-    setattr(builtins, _runtime.PROBE_NAME, skip(core))
     # What Dynamo's error gives as the reason where a graph break is refused
     # (fullgraph=True, strict export): otherwise "reason: None", with a hint to remove the call.
     core._torchdynamo_disable_msg = _NO_FULLGRAPH  # type: ignore[attr-defined]
     # An extractor's forward breaks the graph first where it looks up its plan: the reason
     # given where that is refused (with none, the lock a later line takes was named).
-    skip(FeatureExtractor._plan)
     FeatureExtractor._plan._torchdynamo_disable_msg = _NO_FULLGRAPH_EXTRACTOR  # type: ignore[attr-defined]
-    # A record() block in a compiled function: Dynamo runs that function eagerly (it cannot
-    # enter the block) but compiled the frames the block's entry and exit call, warning of
-    # the builtins it cannot trace there. Not torch.compiler.disable: a warning of the
-    # block's would point at that wrapper's line, not the user's.
-    for name in ("__enter__", "__exit__"):
-        setattr(RecordBlock, name, skip(_without_dynamo(getattr(RecordBlock, name), set_eval_frame)))
+    # An extractor's first call in a mode resolves its targets and patches: bookkeeping
+    # for Dynamo to run, not trace (traced, a compiled extractor's plan for its second
+    # mode came out with the first mode's targets). Once per mode: the wrapper's cost is nothing.
+    # So is the making of its recordings (one per call running at a time). A record() block
+    # in a compiled function: Dynamo runs that function eagerly (it cannot enter the block)
+    # but compiled the frames the block's entry and exit call, warning of the builtins it
+    # cannot trace there. Not torch.compiler.disable: a warning of the block's would point at
+    # that wrapper's line, not the user's.
+    for holder, name in _RUN_EAGERLY:
+        setattr(holder, name, _without_dynamo(getattr(holder, name), set_eval_frame))
+    skipped = [core, FeatureExtractor._plan, *(getattr(holder, name) for holder, name in _RUN_EAGERLY)]
+    if "torch._dynamo" in sys.modules:
+        _skipped_by_dynamo(skipped)
+        return
+    from ..runner import _ImportHook  # (the same hook `bcrecord run` patches modules with)
+
+    def then(module: Any) -> None:
+        hook.close()
+        _skipped_by_dynamo(skipped)
+
+    hook = _ImportHook(["torch._dynamo"], then)
+    sys.meta_path.insert(0, hook)
+
+
+#: Methods Dynamo runs eagerly, with everything they call (see _probe_outside_dynamo).
+_RUN_EAGERLY = [
+    (FeatureExtractor, "_first_in_mode"),
+    (FeatureExtractor, "_new_recording"),
+    (RecordBlock, "__enter__"),
+    (RecordBlock, "__exit__"),
+]
+
+
+def _skipped_by_dynamo(functions: List[Callable[..., Any]]) -> None:
+    """Mark ``functions`` (the probe first) for Dynamo to skip: it calls them, never traces them."""
+    try:
+        from torch._dynamo.decorators import skip
+    except ImportError:  # pragma: no cover - depends on the torch build
+        _disabled_in_dynamo(functions[0])
+        return
+    for function in functions:
+        skip(function)  # (marks its code, and returns it: what holds it keeps it)
+
+
+def _disabled_in_dynamo(core: Callable[..., Any]) -> None:
+    """Where torch lacks the pieces used here: the probe wrapped by ``torch.compiler.disable``."""
+    import builtins
+
+    setattr(builtins, _runtime.PROBE_NAME, torch.compiler.disable(core, recursive=True))
 
 
 def _without_dynamo(method: Callable[..., Any], switch: Callable[[Any], Any]) -> Callable[..., Any]:
