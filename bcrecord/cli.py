@@ -39,6 +39,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import importlib.util
 import json
 import os
 import platform
@@ -59,6 +60,7 @@ from .patch import (
     patch_method,
     targets,
 )
+from .rewrite import set_probe_style
 from .specs import compiled_name
 
 __all__ = ["main", "resolve_path"]
@@ -310,9 +312,19 @@ def _show(args: argparse.Namespace) -> int:
             print(note, file=out)
         print(file=out)
         print(side_by_side(patch.original_code, patch.code, encoding=out.encoding), file=out)
-        source = decompiled(patch.code)
+        source, spelt = decompiled(patch.code), ""
+    if source is None and importlib.util.find_spec("depyf") is not None:
+        # depyf cannot decompile an inline probe's exception handler (CHECK_EXC_MATCH): the
+        # probes spelled as calls, as under torch, decompile. (Patched inline: before depyf,
+        # which imports torch, was imported.)
+        previous = set_probe_style("call")
+        try:
+            with _patched(args.path, args.specs, args.name or "show") as called:
+                source, spelt = decompiled(called.code), " with its probes spelled as calls, as under torch"
+        finally:
+            set_probe_style(previous)
     if source is not None:
-        print("\ndecompiled patched source (depyf):\n", file=out)
+        print(f"\ndecompiled patched source (depyf{spelt}):\n", file=out)
         print(source, file=out)
     out.flush()
     return 0

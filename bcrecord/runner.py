@@ -1694,9 +1694,13 @@ def _program(program: str, args: Sequence[str], is_module: bool) -> _Program:
     # A directory or zip file runs its __main__.py with itself first on sys.path, as
     # `python app` does: its own modules are found there, and checked there.
     bundle = os.path.isdir(program) or zipfile.is_zipfile(program)
-    main_file = os.path.join(program, "__main__.py") if os.path.isdir(program) else program
-    if os.path.isdir(program) and not os.path.isfile(main_file):
-        raise RunError(f"{program!r} is a directory with no __main__.py: there is nothing to run")
+    main_file = program
+    if os.path.isdir(program):
+        # (its __main__.pyc where it has no __main__.py, as Python's import finds one)
+        mains = [os.path.join(program, name) for name in ("__main__.py", "__main__.pyc")]
+        main_file = next((path for path in mains if os.path.isfile(path)), mains[0])
+        if not os.path.isfile(main_file):
+            raise RunError(f"{program!r} is a directory with no __main__.py: there is nothing to run")
     code = None
     uncompiled = None
     if bundle and not os.path.isdir(program):
@@ -1755,6 +1759,8 @@ def _compiled(
                 warnings.simplefilter("ignore")
             return compile(source, filename, "exec", dont_inherit=True), None
     except (SyntaxError, ValueError, EOFError, TypeError) as error:
+        if source[2:4] == b"\r\n" and b"\0" in source[:16]:  # a .pyc's header, another Python's magic
+            return None, "RuntimeError: Bad magic number in .pyc file (compiled by another Python version)"
         # (a damaged .pyc, marshal's errors): the program fails as Python would make it fail
         return None, f"{type(error).__name__}: {error}"
 

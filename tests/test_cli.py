@@ -95,6 +95,16 @@ def test_show_marks_the_probes(project):
     assert any("SINKS.get" in line or "__bcrecord_probe__" in line for line in inserted)
 
 
+def test_show_prints_the_source_depyf_decompiles_with_the_probes_spelled_as_calls(project):
+    # The command line patches before torch is imported (depyf imports it): inline probes,
+    # whose exception handler depyf cannot decompile (on 3.11+), so no source was shown.
+    pytest.importorskip("depyf")
+    result = cli("show", "helper:twice", "y", cwd=project)
+    assert result.returncode == 0, result.stderr
+    source = result.stdout.split("decompiled patched source (depyf", 1)[1].split(":\n", 1)[1]
+    assert "y = x * 2" in source and "__bcrecord_probe__(y, " in source and "return y" in source
+
+
 def test_show_takes_the_specs_targets_lists_that_start_with_a_minus(project):
     # '-@0' (a subtraction, as targets lists it) was taken for an option: "unrecognized arguments".
     (project / "minus.py").write_text("def f(a, b):\n    d = a - b\n    d -= 1\n    return d\n")

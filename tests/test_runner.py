@@ -838,6 +838,39 @@ def test_run_a_zip_program_checks_its_targets_before_it_starts(project, main):
     assert refused.stdout == ""
 
 
+def test_run_a_directory_program_with_only_a_main_pyc_runs_it_as_python_does(project):
+    # It was refused as having no __main__.py; python runs the __main__.pyc.
+    import py_compile
+
+    app = project / "pycapp"
+    app.mkdir()
+    source = project / "pycmain.py"
+    source.write_text("def step(x):\n    loss = x * 2\n    return loss\n\nprint(step(3))\n")
+    py_compile.compile(str(source), cfile=str(app / "__main__.pyc"), doraise=True)
+    expected = plain("pycapp", cwd=project)
+    result = cli("run", "-r", "__main__:step:loss", "pycapp", cwd=project)
+    assert result.returncode == expected.returncode == 0, result.stderr
+    assert result.stdout == expected.stdout == "6\n"
+    assert [line.split() for line in result.stderr.splitlines()[2:]] == [["__main__:step:loss@0", "1", "6"]]
+
+
+def test_run_says_a_pyc_of_another_python_version_has_a_bad_magic_number(project):
+    # It was said not to compile: "source code string cannot contain null bytes".
+    import importlib.util
+    import py_compile
+
+    compiled = py_compile.compile(str(project / "helper.py"), cfile=str(project / "other.pyc"), doraise=True)
+    data = bytearray(open(compiled, "rb").read())
+    data[:2] = (int.from_bytes(importlib.util.MAGIC_NUMBER[:2], "little") + 1).to_bytes(2, "little")
+    open(compiled, "wb").write(bytes(data))
+    result = cli("run", "-r", "__main__:twice:y", "other.pyc", cwd=project)
+    assert result.returncode != 0
+    assert (
+        "bcrecord: target '__main__:twice:y' was never applied: the program does not compile "
+        "(RuntimeError: Bad magic number in .pyc file (compiled by another Python version))"
+    ) in result.stderr
+
+
 def test_run_targets_functions_the_program_defines_with_exec(project):
     # A function a module defines by exec (or a star import, or through globals()) is in no
     # store of its code: the target was refused before the program ran ("never defines 'gen'").
