@@ -52,6 +52,7 @@ from .record import (
     Pass,
     Plan,
     StopForward,
+    _catching,
     _exporting,
     _stopping,
     broadcasts_buffers_next,
@@ -424,6 +425,9 @@ class FeatureExtractor(torch.nn.Module):
         """
         training = self.training
         plan, patches, idle = self._plan(training)
+        # Taken now: close() meanwhile (another thread, a hook) clears them, and this call's
+        # values are still this call's.
+        outputs = self._outputs[training or self._one_plan]
         try:
             rec = idle.pop()
         except IndexError:  # first call, or every recording is in a call in another thread
@@ -438,14 +442,18 @@ class FeatureExtractor(torch.nn.Module):
                 stops = self.stop_early and not synced and not _exporting()
                 stopping = _stopping.set(stops)
                 inside = returned_inside.set(True)  # (inside torch.func.vmap: its outputs, batched)
+                catching = _catching.get()
+                caught = _catching.set((*catching, (rec,)) if stops else catching)
                 try:
                     self.model(*args, **kwargs)
                     if stops:
                         rec._ran_whole()
                 except StopForward as stop:  # every target has its value
-                    if stop.recording is not rec:  # an extractor further out stops its pass
+                    # Another's (an extractor further out), or one a caller further out ends too.
+                    if rec not in stop.stops or stop._caught_further_out(catching):
                         raise
                 finally:
+                    _catching.reset(caught)
                     returned_inside.reset(inside)
                     _stopping.reset(stopping)
                     rec._end_pass()
@@ -462,7 +470,7 @@ class FeatureExtractor(torch.nn.Module):
             # stop its first recorded value would be another call's (a loop's next turn), without
             # it its list short; either given as if whole.
             errored = {error.key for error in rec.errors} if rec.errors else ()
-            for target, name, keys, first in self._outputs[training or self._one_plan]:
+            for target, name, keys, first in outputs:
                 values = rec._collect(keys, first, self._kept)
                 if values and not (errored and any(key in errored for key in keys)):
                     # (One key, mostly: no generator for it, this runs on every call.)
@@ -495,7 +503,9 @@ class FeatureExtractor(torch.nn.Module):
                     if path in plan.modules and method in getattr(plan.modules[path], "__dict__", {})
                 }
             )
-            if replaced:
+            if not all(patch.active for patch in patches):
+                hint = " (this extractor was closed during the call, which took its patches out)"
+            elif replaced:
                 hint = (
                     f" (the modules at {replaced} are not those this extractor resolved at its first "
                     "call: make a new extractor after changing the model)"

@@ -128,14 +128,23 @@ class StopForward(BaseException):
     """Raised by a probe to end a forward early once every target is recorded.
 
     A BaseException, so that a model's own ``except Exception`` does not swallow it.
-    ``recording`` is the recording whose targets were all recorded: only the caller
-    that runs that recording's pass ends there (an extractor inside another one
-    lets the outer one's stop through).
+    ``recording`` is the recording whose last target was recorded, ``stops`` every
+    recording whose pass it ends (the nested ones stopping early, all done): the
+    outermost caller that runs one of those passes ends there (an extractor inside
+    another one, or inside a recorded model, lets the outer one's stop through).
     """
 
-    def __init__(self, key: str, recording: Optional[ModelRecording] = None) -> None:
+    def __init__(
+        self, key: str, recording: Optional[ModelRecording] = None, stops: Tuple[ModelRecording, ...] = ()
+    ) -> None:
         super().__init__(key)
         self.recording = recording
+        self.stops = stops or ((recording,) if recording is not None else ())
+
+    def _caught_further_out(self, outer: Tuple[Tuple[ModelRecording, ...], ...]) -> bool:
+        """Whether a caller further out (``outer``: what :data:`_catching` held when this
+        caller began) ends the pass of one of the recordings this stop ends."""
+        return any(rec in self.stops for running in outer for rec in running)
 
 
 def _stale(path: str) -> _StalePath:
@@ -160,6 +169,9 @@ class _PathMark(str):
     #: On the module's marker: the marks of the other paths it is recorded at meanwhile (a
     #: model holding another model's extractor); replaced, never changed: probes read it unlocked.
     also: Tuple[_PathMark, ...] = ()
+    #: ``copies``, kept after unmarking: a copy put at the module's path recorded there
+    #: (see _warn_replaced). Those gone are let go of at the next copy.
+    made: Tuple[weakref.ReferenceType, ...] = ()
 
     def __deepcopy__(self, memo: Dict[int, Any]) -> _PathMark:
         twin = memo.get(id(self.module))  # the copy of the marked module, being made now
@@ -167,6 +179,7 @@ class _PathMark(str):
             if self.copies is None:
                 self.copies = []
             self.copies.append(weakref.ref(twin))
+            self.made = (*(ref for ref in self.made if ref() is not None), weakref.ref(twin))
         return self
 
     def __reduce__(self) -> Tuple[Callable[[str], str], Tuple[str]]:
@@ -786,8 +799,11 @@ class ModelRecording(Recording):
                     and not _stopping_skips_wrappers(self._through)
                     and not _hooks_take_the_output(self._caught_in)
                 ):
-                    self._stopped = True
-                    raise StopForward(key, self)
+                    # Every pass stopping early here is done: the outermost of them ends.
+                    stops = (self, *(r for r in _stopping_here() if r is not self))
+                    for rec in stops:
+                        rec._stopped = True
+                    raise StopForward(key, self, stops)
 
         return sink.with_store(store_then_maybe_stop)
 
@@ -842,6 +858,12 @@ def _hooks_take_the_output(model: Optional[torch.nn.Module]) -> bool:
     )
 
 
+def _stopping_here() -> List[ModelRecording]:
+    """The recordings of this context whose pass, running, stops early."""
+    recordings = context_recordings()
+    return [rec for rec in recordings if isinstance(rec, ModelRecording) and rec._stop and rec._passing]
+
+
 def _all_done_here() -> bool:
     """Whether every pass running in this context that stops early has all its values.
 
@@ -850,10 +872,7 @@ def _all_done_here() -> bool:
     last of them is done: each one's values are then there. A recording whose
     model is not running now (its pass has not begun) holds back nothing.
     """
-    for rec in context_recordings():
-        if isinstance(rec, ModelRecording) and rec._stop and rec._passing and not rec._seen >= rec._needed:
-            return False
-    return True
+    return all(rec._seen >= rec._needed for rec in _stopping_here())
 
 
 @dataclasses.dataclass
@@ -1661,7 +1680,15 @@ def _warn_replaced(plan: Plan) -> None:
     at that path meanwhile (``model.fc = nn.Identity()``, an adapter swapped in) recorded
     nothing, so the path's values end at the swap. Said once, when the block ends.
     """
-    gone = [path for path, module in plan.modules.items() if _submodule(plan.model, path) is not module]
+    # (Not a deepcopy of the module, made during the block and put there: it records as its
+    # module does, under the same path, marked with it.)
+    marks = dict(zip(plan.modules, (mark for _, mark in plan.marks), strict=True))
+    gone = [
+        path
+        for path, module in plan.modules.items()
+        if (now := _submodule(plan.model, path)) is not module
+        and not any(copy() is now for copy in marks[path].made)
+    ]
     if gone:
         listed = ", ".join(repr(path) for path in gone)
         warn(
@@ -1715,6 +1742,11 @@ _roots_lock = safe_over_forks(threading.Lock())
 #: The :class:`_StopAtRoot` calls running in this context, outermost first.
 _roots_running: contextvars.ContextVar[Tuple[_StopAtRoot, ...]] = contextvars.ContextVar(
     "bcrecord_roots_running", default=()
+)
+#: The callers in this context that catch :class:`StopForward` (roots that stop, extractors),
+#: outermost first: each one's recordings (see StopForward._caught_further_out).
+_catching: contextvars.ContextVar[Tuple[Tuple[ModelRecording, ...], ...]] = contextvars.ContextVar(
+    "bcrecord_catching", default=()
 )
 #: Whether torch.export is tracing (torch.compiler.is_exporting, where torch has it).
 _exporting: Callable[[], bool] = getattr(getattr(torch, "compiler", None), "is_exporting", lambda: False)
@@ -1878,6 +1910,8 @@ class _StopAtRoot:
         )
         stopping = not synced and not _tracing() and not _transforms_active()
         token, inside = _stopping.set(stopping), _roots_running.set((*outer, self))
+        catching = _catching.get()
+        caught = _catching.set((*catching, tuple(running)) if stopping else catching)
         try:
             returned = self.forward(*args, **kwargs)
             if stopping:
@@ -1885,10 +1919,13 @@ class _StopAtRoot:
                     rec._ran_whole()
             return returned
         except StopForward as stop:
-            if stop.recording not in running:  # a recording run by a caller further out
+            # Another's (a recording run by a caller further out), or one a caller further out
+            # ends too (handed None here, the forward that called this one would run on).
+            if not any(rec in stop.stops for rec in running) or stop._caught_further_out(catching):
                 raise
             return None
         finally:
+            _catching.reset(caught)
             _roots_running.reset(inside)
             _stopping.reset(token)
             for rec in started:

@@ -80,6 +80,24 @@ def test_a_module_replaced_after_the_first_call_is_named_in_the_error():
         extractor(torch.ones(1, 2))
 
 
+def test_an_extractor_closed_during_its_call_says_so_and_works_at_the_next():
+    # A bare KeyError: True (its outputs, cleared by close(), were read after the forward).
+    net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU(), torch.nn.Linear(2, 2)).eval()
+    extractor = create_feature_extractor(net, ["0", "2"])
+    x = torch.ones(1, 2)
+    extractor(x)
+    handle = net[1].register_forward_pre_hook(lambda module, args: extractor.close())
+    with pytest.raises(RuntimeError) as raised:
+        extractor(x)
+    assert str(raised.value) == (
+        "this forward pass never reached ['2'] (this extractor was closed during the call, which took "
+        "its patches out)"
+    )
+    handle.remove()
+    features = extractor(x)
+    assert torch.equal(features["0"], net[0](x)) and torch.equal(features["2"], net(x))
+
+
 def test_a_module_s_instance_patched_after_the_first_call_is_named_in_the_error():
     # The hint blamed a branch not taken, or train and eval modes.
     net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU(), torch.nn.Linear(2, 1)).eval()

@@ -386,6 +386,22 @@ def test_a_targeted_module_replaced_while_recording_is_named_in_a_warning(net):
     assert torch.equal(rec["fc:forward:return"], net.fc.bias.detach().expand(1, 5))
 
 
+def test_a_deep_copy_of_a_targeted_module_put_at_its_path_records_there_and_is_not_warned_of():
+    # It records as its module does (marked with it), yet the warning said it recorded nothing.
+    import copy
+
+    net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+    x = torch.ones(1, 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", bcrecord.RecordingWarning)
+        with record(net, ["0"]) as rec:
+            net[0] = copy.deepcopy(net[0])
+            with torch.no_grad():
+                net[0].bias.add_(1)
+            net(x)
+    assert len(rec.all("0:forward:return")) == 1 and torch.equal(rec["0:forward:return"], net[0](x))
+
+
 def test_each_record_finds_the_modules_at_its_paths_as_they_are_when_it_starts():
     # record() looks each path up once for all the targets naming it: a module put at a path
     # since an earlier record() is the one the next finds.
@@ -1603,6 +1619,54 @@ def test_nested_recordings_that_stop_early_stop_once_both_have_their_values(net)
             assert net(x) is None
     assert torch.allclose(outer["bn1:forward:return"], expected["bn1"], atol=1e-5)
     assert torch.allclose(inner["blocks.1:forward:return"], expected["blocks.1"], atol=1e-5)
+
+
+@pytest.mark.parametrize("order", ["model first", "submodule first"])
+def test_nested_recordings_that_stop_early_of_a_model_and_its_submodule_end_the_model_s_forward(order):
+    # The submodule's stopping forward caught the stop, both done, and handed None to the
+    # model's forward, which ran on: "linear(): argument 'input' must be Tensor, not NoneType".
+    torch.manual_seed(0)
+    inner = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+    model = torch.nn.Sequential(inner, torch.nn.Linear(4, 4))
+    x = torch.randn(1, 4)
+    blocks = [record(model, ["0.0"], stop_after_last=True), record(inner, ["1"], stop_after_last=True)]
+    if order == "submodule first":
+        blocks.reverse()
+    with blocks[0] as first, blocks[1] as second:
+        assert model(x) is None
+    recs = (first, second) if order == "model first" else (second, first)
+    assert torch.equal(recs[0]["0.0:forward:return"], inner[0](x))
+    assert torch.equal(recs[1]["1:forward:return"], inner(x))
+    assert "forward" not in vars(model) and "forward" not in vars(inner)
+
+
+@pytest.mark.parametrize("called_before", [False, True])
+def test_a_stopping_recording_of_a_model_whose_forward_calls_an_extractor_ends_at_the_target_inside_it(
+    called_before,
+):
+    # A distiller: the extractor caught the stop of both (at its last node) and returned, and
+    # the student's forward ran whole, silently, its target recorded.
+    from bcrecord.torch import create_feature_extractor
+
+    torch.manual_seed(0)
+    teacher = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU(), torch.nn.Linear(4, 4))
+
+    class Student(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tfeat = create_feature_extractor(teacher, {"2": "t"})
+            self.head = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.head(self.tfeat(x)["t"])
+
+    student, x = Student(), torch.randn(2, 4)
+    if called_before:  # (the extractor patches at its first call)
+        assert torch.equal(student(x), student.head(teacher(x)))
+    with record(student, ["tfeat.model.2"], stop_after_last=True) as rec:
+        assert student(x) is None
+    assert torch.equal(rec["tfeat.model.2:forward:return"], teacher(x))
+    assert torch.equal(student(x), student.head(teacher(x)))  # the extractor works on
 
 
 @pytest.mark.parametrize("inner_kind", ["record", "core"])
