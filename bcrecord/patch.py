@@ -952,6 +952,12 @@ class Patch:
         return self._slot is not None
 
     @property
+    def stale(self) -> bool:
+        """Whether the function's code was set anew since it was patched (IPython's autoreload
+        does so): the patch records nothing of that code (remove it and patch again)."""
+        return self._slot is not None and self._slot.stale()
+
+    @property
     def function(self) -> types.FunctionType:
         """The function object that runs while patched."""
         if self._slot is None:

@@ -3103,3 +3103,21 @@ def test_an_object_proxy_standing_for_a_class_or_module_is_refused_and_changes_n
             "(the proxy's __wrapped__, where it has one)"
         )
     assert A.__dict__["m"] is original and module.f is original and vars(original) == {}
+
+
+def test_a_patch_says_it_is_stale_once_its_function_s_code_is_set_anew():
+    def f(x):
+        y = x + 1
+        return y
+
+    def g(x):
+        y = x * 10
+        return y
+
+    patch = bcrecord.patch_function(f, "y")
+    assert patch.stale is False
+    f.__code__ = g.__code__  # as IPython's autoreload does
+    assert patch.stale is True
+    with pytest.warns(bcrecord.RecordingWarning, match="code was replaced while it was patched"):
+        patch.remove()
+    assert patch.stale is False and f(1) == 10

@@ -503,8 +503,14 @@ class FeatureExtractor(torch.nn.Module):
                     if path in plan.modules and method in getattr(plan.modules[path], "__dict__", {})
                 }
             )
+            edited = sorted({patch.function.__qualname__ for patch in patches if patch.stale})
             if not all(patch.active for patch in patches):
                 hint = " (this extractor was closed during the call, which took its patches out)"
+            elif edited:
+                hint = (
+                    f" (the code of {', '.join(edited)} was set anew since this extractor patched it, as "
+                    "IPython's autoreload does: close the extractor, extractor.close(), and call it again)"
+                )
             elif replaced:
                 hint = (
                     f" (the modules at {replaced} are not those this extractor resolved at its first "

@@ -80,6 +80,35 @@ def test_a_module_replaced_after_the_first_call_is_named_in_the_error():
         extractor(torch.ones(1, 2))
 
 
+def test_an_extractor_whose_patched_code_was_set_anew_says_so_and_records_the_new_code_once_closed():
+    # As IPython's autoreload does: the hint blamed a branch not taken, or the mode.
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 3)
+
+        def forward(self, x):
+            h = self.lin(x)
+            return h + 1
+
+    namespace = {}
+    exec("def forward(self, x):\n    h = self.lin(x)\n    h = h * 100\n    return h + 1\n", namespace)
+    model, x = torch.nn.Sequential(Block(), Block()), torch.ones(1, 3)
+    extractor = create_feature_extractor(model, ["0:forward:h@0", "1"])
+    extractor(x)
+    Block.forward.__code__ = namespace["forward"].__code__
+    with pytest.warns(bcrecord.RecordingWarning, match="code was replaced while it was patched"):
+        with pytest.raises(RuntimeError) as raised:
+            extractor(x)
+    assert str(raised.value).endswith(
+        "_once_closed.<locals>.Block.forward was set anew since this extractor patched it, as IPython's "
+        "autoreload does: close the extractor, extractor.close(), and call it again)"
+    )
+    extractor.close()
+    features = extractor(x)
+    assert torch.equal(features["0:forward:h@0"], model[0].lin(x)) and torch.equal(features["1"], model(x))
+
+
 def test_an_extractor_closed_during_its_call_says_so_and_works_at_the_next():
     # A bare KeyError: True (its outputs, cleared by close(), were read after the forward).
     net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU(), torch.nn.Linear(2, 2)).eval()
