@@ -1157,13 +1157,16 @@ def _attach(
     if isinstance(specs, Iterator):  # (read twice: parsed, then its recorder dicts checked)
         specs = tuple(specs)
     parsed = parse_all(specs)
-    if slot.patches and slot.stale():
-        # Its patches were made for the former code: one for the new would share their slot.
+    # Its patches were made for the former code: one for the new would share their slot. So
+    # would one of the function a class's or module's patched stand-in had set anew: when
+    # that patch goes, the new code is carried back to it, over this patch's probes.
+    stale = [s for s in (slot, *_stand_ins.get(id(slot.base), ())) if s.patches and s.stale()]
+    if stale:
         raise NotPatchableError(
             f"{slot.base.__qualname__}'s code was replaced while it was patched (its __code__ set "
             "anew: IPython's autoreload does so), so the patches on it record nothing of the new "
-            f"code ({', '.join(key for patch in slot.patches for key in patch.keys)}): remove them "
-            "and patch it again"
+            f"code ({', '.join(key for s in stale for patch in s.patches for key in patch.keys)}): remove "
+            "them and patch it again"
         )
     _check_recorder_dicts(specs, function or _key_function_name(slot.base, slot.original_code), name)
     if name is not None and not isinstance(name, str) and not callable(name):

@@ -3121,3 +3121,26 @@ def test_a_patch_says_it_is_stale_once_its_function_s_code_is_set_anew():
     with pytest.warns(bcrecord.RecordingWarning, match="code was replaced while it was patched"):
         patch.remove()
     assert patch.stale is False and f(1) == 10
+
+
+def test_patching_a_function_in_place_is_refused_while_its_patched_stand_in_runs_code_set_anew():
+    # patch_function of the original was accepted: made for the new code, which removing the
+    # stand-in's patch carries back to it, over its probes (it recorded nothing after that).
+    module = types.ModuleType("bcrecord_reloaded")
+    exec("def f(x):\n    y = x + 1\n    return y\n", module.__dict__)
+    original = module.f
+    patch = bcrecord.patch_method(module, "f", ["y"], name="m")
+    namespace = {}
+    exec("def f(x):\n    y = x + 1000\n    y = y + 1\n    return y\n", namespace)
+    module.f.__code__ = namespace["f"].__code__  # as IPython's autoreload does
+    with pytest.raises(NotPatchableError) as raised:
+        bcrecord.patch_function(original, ["y@1"], name="m")
+    assert str(raised.value) == (
+        "f's code was replaced while it was patched (its __code__ set anew: IPython's autoreload does so), "
+        "so the patches on it record nothing of the new code (m:f:y@0): remove them and patch it again"
+    )
+    with pytest.warns(bcrecord.RecordingWarning, match="code was replaced while it was patched"):
+        patch.remove()
+    with bcrecord.patch_function(original, ["y@1"], name="m"), bcrecord.recording() as rec:
+        assert original(1) == 1002
+    assert rec.all("m:f:y@1") == [1002]
