@@ -443,7 +443,7 @@ class FeatureExtractor(torch.nn.Module):
                 stopping = _stopping.set(stops)
                 inside = returned_inside.set(True)  # (inside torch.func.vmap: its outputs, batched)
                 catching = _catching.get()
-                caught = _catching.set((*catching, (rec,)) if stops else catching)
+                caught = _catching.set((*catching, (rec,))) if stops else None
                 try:
                     self.model(*args, **kwargs)
                     if stops:
@@ -453,7 +453,8 @@ class FeatureExtractor(torch.nn.Module):
                     if rec not in stop.stops or stop._caught_further_out(catching):
                         raise
                 finally:
-                    _catching.reset(caught)
+                    if caught is not None:
+                        _catching.reset(caught)
                     returned_inside.reset(inside)
                     _stopping.reset(stopping)
                     rec._end_pass()

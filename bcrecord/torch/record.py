@@ -1911,7 +1911,7 @@ class _StopAtRoot:
         stopping = not synced and not _tracing() and not _transforms_active()
         token, inside = _stopping.set(stopping), _roots_running.set((*outer, self))
         catching = _catching.get()
-        caught = _catching.set((*catching, tuple(running)) if stopping else catching)
+        caught = _catching.set((*catching, tuple(running))) if stopping else None
         try:
             returned = self.forward(*args, **kwargs)
             if stopping:
@@ -1925,7 +1925,8 @@ class _StopAtRoot:
                 raise
             return None
         finally:
-            _catching.reset(caught)
+            if caught is not None:
+                _catching.reset(caught)
             _roots_running.reset(inside)
             _stopping.reset(token)
             for rec in started:
