@@ -199,7 +199,12 @@ def _autospecced(func: types.FunctionType) -> bool:
     """Whether ``func`` is one ``unittest.mock``'s autospec made (``mock.patch(..., autospec=True)``):
     its code only checks the signature and calls the mock it holds."""
     mock = sys.modules.get("unittest.mock")  # (not imported here: no mock exists without it)
-    return mock is not None and isinstance(vars(func).get("mock"), mock.NonCallableMock)
+    # (Its code checks the signature, _checksig_: not any function given a mock to hold.)
+    return (
+        mock is not None
+        and isinstance(vars(func).get("mock"), mock.NonCallableMock)
+        and "_checksig_" in func.__code__.co_names
+    )
 
 
 def _dispatches(func: types.FunctionType) -> bool:

@@ -106,6 +106,9 @@ def _probe_outside_dynamo() -> None:
         setattr(holder, name, _without_dynamo(getattr(holder, name), set_eval_frame))
     skipped = [core, FeatureExtractor._plan, *(getattr(holder, name) for holder, name in _RUN_EAGERLY)]
     if "torch._dynamo" in sys.modules:
+        # Imported, or being imported by another thread: this import waits for it to be done.
+        import torch._dynamo  # noqa: F401
+
         _skipped_by_dynamo(skipped)
         return
     from ..runner import _ImportHook  # (the same hook `bcrecord run` patches modules with)
@@ -218,10 +221,11 @@ class _CompiledCode:
         # interpreter from the CPU caches: each lookup avoided there saves microseconds.
         counters = self.counters
         if counters is None:
-            dynamo = sys.modules.get("torch._dynamo")
-            if dynamo is None:  # Dynamo never loaded: nothing compiled
+            # Dynamo never loaded, or being loaded by another thread (no counters yet): nothing compiled.
+            counters = getattr(getattr(sys.modules.get("torch._dynamo"), "utils", None), "counters", None)
+            if counters is None:
                 return
-            counters = self.counters = dynamo.utils.counters
+            self.counters = counters
         stats = counters.get("stats")  # (not [...]: Counter's __missing__ is Python code)
         seen = 0 if stats is None else stats.get("unique_graphs", 0)
         if stats is not self.stats or seen < self.seen:

@@ -653,6 +653,14 @@ class ModelRecording(Recording):
         self._stopped = False
         self._passing = True
 
+    def _runs_whole(self) -> bool:
+        """Whether ending its pass early would skip what must run (see the three checks)."""
+        return (
+            _stopping_skips_hooks(self._unwound)
+            or _stopping_skips_wrappers(self._through)
+            or _hooks_take_the_output(self._caught_in)
+        )
+
     def _end_pass(self) -> None:
         """The pass ended (returned, stopped or raised): it holds back no other's stop."""
         self._passing = False
@@ -791,19 +799,14 @@ class ModelRecording(Recording):
             # ends that thread's forward, and a submodule called on its own runs on.
             if self._entered_here():
                 self._seen.add(key)
-                if (
-                    self._seen >= self._needed
-                    and _stopping.get()
-                    and _all_done_here()
-                    and not _stopping_skips_hooks(self._unwound)
-                    and not _stopping_skips_wrappers(self._through)
-                    and not _hooks_take_the_output(self._caught_in)
-                ):
-                    # Every pass stopping early here is done: the outermost of them ends.
+                if self._seen >= self._needed and _stopping.get() and _all_done_here():
+                    # Every pass stopping early here is done: the outermost of them ends, unless
+                    # one of them must run whole.
                     stops = (self, *(r for r in _stopping_here() if r is not self))
-                    for rec in stops:
-                        rec._stopped = True
-                    raise StopForward(key, self, stops)
+                    if not any(rec._runs_whole() for rec in stops):
+                        for rec in stops:
+                            rec._stopped = True
+                        raise StopForward(key, self, stops)
 
         return sink.with_store(store_then_maybe_stop)
 
@@ -952,12 +955,12 @@ def _names(reduce: Mapping[str, Any], text: str, target: Target) -> bool:
 
 
 def _reduce_for(reduce: Any, text: str, target: Target) -> Optional[Callable[[torch.Tensor], Any]]:
-    """The reduce function for ``target`` (from the target string ``text``): by ``text``, else by
-    the expanded target (``'layer1'`` of ``'layer*'``)."""
+    """The reduce function for ``target`` (from the target string ``text``): by the expanded
+    target (``'layer1'`` of ``'layer*'``: the more specific), else by ``text``; an entry of None
+    is no reduce, there too."""
     if reduce is None or callable(reduce):
         return reduce
-    found = reduce.get(text)
-    return found if found is not None else reduce.get(target.text)
+    return reduce[target.text] if target.text in reduce else reduce.get(text)
 
 
 class _GradCopy:
@@ -1514,8 +1517,8 @@ def record(
     detached; ``copy='none'`` keeps each value itself, as the core does: a tensor stays in
     the autograd graph). ``to='cpu'`` offloads (from a GPU without blocking the model; reading
     a value waits for its copy; a device this machine lacks is a SpecError), ``dtype``
-    casts, ``reduce`` (a callable, or a dict by target string as given, else as
-    expanded; None: as is) is applied first,
+    casts, ``reduce`` (a callable, or a dict by expanded target, else by target string as
+    given; None: as is) is applied first,
     ``grad=True`` keeps values in the autograd graph; a ``.grad`` target's gradient
     gets the same ``to``, ``dtype`` and ``reduce``. ``keep='last'`` or an int bounds memory per key.
 

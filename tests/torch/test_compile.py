@@ -167,6 +167,70 @@ def test_importing_the_torch_layer_leaves_dynamo_unloaded_and_marks_the_probe_on
     assert result.stdout.split() == ["ok"]
 
 
+def test_importing_the_torch_layer_while_another_thread_imports_dynamo_waits_for_it():
+    # The marks imported Dynamo's decorators at once, beside the other thread's import of
+    # Dynamo, which then failed ("partially initialized module"). That import is held half
+    # way here while the torch layer is imported.
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        """
+        import sys, threading, importlib, importlib.abc, time, torch
+
+        held = threading.Event()
+        release = threading.Event()
+
+        class Hold(importlib.abc.MetaPathFinder):
+            # Holds the import of torch._dynamo half way (at its submodule 'config') until released.
+            def find_spec(self, name, path, target=None):
+                if name == "torch._dynamo.config" and threading.current_thread().name == "importer":
+                    held.set()
+                    release.wait(10)
+                return None
+
+        sys.meta_path.insert(0, Hold())
+        errors = []
+        def importer():
+            try:
+                importlib.import_module("torch._dynamo")
+            except BaseException as error:
+                errors.append(repr(error))
+        thread = threading.Thread(target=importer, name="importer")
+        thread.start()
+        assert held.wait(10)
+        threading.Timer(0.5, release.set).start()
+        import bcrecord.torch
+        from bcrecord import runtime
+        thread.join()
+        assert errors == [], errors
+        assert runtime.__bcrecord_probe__._torchdynamo_disable is True
+        print("ok")
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["ok"]
+
+
+def test_a_recording_while_another_thread_imports_dynamo_takes_it_for_nothing_compiled(monkeypatch):
+    # Its counters were read from the module being imported: "partially initialized module
+    # 'torch._dynamo' has no attribute 'utils'", from record().
+    import sys
+    import types
+
+    import bcrecord.torch
+
+    swapped = bcrecord.torch._CompiledCode()
+    monkeypatch.setitem(sys.modules, "torch._dynamo", types.ModuleType("torch._dynamo"))
+    swapped(SmallNet.forward.__code__, True, SmallNet.forward)
+    assert swapped.counters is None  # (read again at the next swap, once Dynamo is there)
+    monkeypatch.undo()
+    swapped(SmallNet.forward.__code__, True, SmallNet.forward)
+    assert swapped.counters is torch._dynamo.utils.counters
+
+
 def test_the_probe_is_the_core_function_with_dynamo_s_frame_switch():
     # One Python call per recorded value in eager code: no wrapper around the core probe.
     import builtins

@@ -135,6 +135,14 @@ def test_reduce_by_target_string_as_given_or_as_expanded(net):
     with record(net, ["blocks.*"], reduce={"blocks.1": total}) as rec:
         net(x)
     assert [rec[f"blocks.{i}:forward:return"].dim() for i in range(3)] == [4, 0, 4]
+    # The expanded target's entry first (the more specific), None too: it was passed over.
+    for reduce, dims in (
+        ({"blocks.*": total, "blocks.1": None}, [0, 4, 0]),
+        ({"blocks.*": None, "blocks.1": total}, [4, 0, 4]),
+    ):
+        with record(net, ["blocks.*"], reduce=reduce) as rec:
+            net(x)
+        assert [rec[f"blocks.{i}:forward:return"].dim() for i in range(3)] == dims
     before = snapshot(net)
     with pytest.raises(ValueError, match=r"reduce names targets that are not recorded: \['bn_1'\]"):
         with record(net, ["bn1"], reduce={"bn_1": total}):
@@ -1638,6 +1646,34 @@ def test_nested_recordings_that_stop_early_of_a_model_and_its_submodule_end_the_
     assert torch.equal(recs[0]["0.0:forward:return"], inner[0](x))
     assert torch.equal(recs[1]["1:forward:return"], inner(x))
     assert "forward" not in vars(model) and "forward" not in vars(inner)
+
+
+@pytest.mark.parametrize("kind", ["forward hook", "forward set on the instance"])
+def test_nested_stopping_recordings_run_whole_where_the_outer_model_must(kind):
+    # A stop of both ended the model's forward, though it has a hook of its own (which got
+    # None) or a forward set on it (whose work after the class's forward was skipped).
+    torch.manual_seed(0)
+    inner = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), inner, torch.nn.Linear(4, 1))
+    x = torch.randn(2, 4)
+    expected, seen = model(x), []
+    if kind == "forward hook":
+        model.register_forward_hook(lambda module, args, out: seen.append(out))
+    else:
+        run = model.forward
+
+        def forward(*args):
+            out = run(*args)
+            seen.append(out)
+            return out
+
+        model.forward = forward
+    blocks = record(model, ["0"], stop_after_last=True), record(inner, ["1"], stop_after_last=True)
+    with blocks[0] as outer, blocks[1] as sub:
+        assert torch.equal(model(x), expected)
+    assert len(seen) == 1 and torch.equal(seen[0], expected)
+    assert torch.equal(outer["0:forward:return"], model[0](x))
+    assert torch.equal(sub["1:forward:return"], inner(model[0](x)))
 
 
 @pytest.mark.parametrize("called_before", [False, True])
