@@ -963,7 +963,7 @@ def _fx_sites(
         helper = inspect.getattr_static(type(module), name, None)
         if isinstance(helper, types.FunctionType) and _has_fx_sites(helper, base):
             scope.problems.append(f"refers to {name}, a method with {base!r} ops, other than by calling it")
-    for chain, getter in _properties_read(module, found.attributes):
+    for chain, getter in _properties_read(module, found.attributes, me):
         if _has_fx_sites(getter, base):
             scope.problems.append(
                 f"reads {chain}, a property whose code FX traces into, which has {base!r} ops"
@@ -1075,7 +1075,10 @@ def _first_argument(func: types.FunctionType) -> str:
 
 def _fx_name(callee: str, called: object) -> str:
     """The name FX gives a call of ``callee`` (``called``, resolved): a torch function's own
-    name (``self.gate = torch.sigmoid``: ``'sigmoid'``), else the callee's last name."""
+    name (``self.gate = torch.sigmoid``: ``'sigmoid'``; a partial's of one, the function's:
+    ``self.act = partial(F.gelu, approximate='tanh')``, ``'gelu'``), else the callee's last name."""
+    while isinstance(called, functools.partial):
+        called = called.func
     name = getattr(called, "__name__", None)
     if (
         called is None
@@ -1126,9 +1129,12 @@ def _resolved(module: Optional[torch.nn.Module], func: types.FunctionType, chain
     return found
 
 
-def _properties_read(module: torch.nn.Module, chains: Iterable[str]) -> List[Tuple[str, types.FunctionType]]:
-    """The properties with Python getters that the attribute ``chains`` (``'self.a.b'``)
-    read, as ``(chain up to the property, getter)``: FX runs and traces them.
+def _properties_read(
+    module: torch.nn.Module, chains: Iterable[str], me: str = "self"
+) -> List[Tuple[str, types.FunctionType]]:
+    """The properties with Python getters that the attribute ``chains`` (``'self.a.b'``, the
+    instance named ``me`` in them) read, as ``(chain up to the property, getter)``: FX runs
+    and traces them.
 
     Found statically, without running any getter; submodules are followed through
     their module's table of them.
@@ -1136,7 +1142,7 @@ def _properties_read(module: torch.nn.Module, chains: Iterable[str]) -> List[Tup
     found: Dict[str, types.FunctionType] = {}
     for chain in chains:
         root, *names = chain.split(".")
-        if root != "self":
+        if root != me:
             continue
         owner: object = module
         for depth, name in enumerate(names, 1):
@@ -1144,7 +1150,7 @@ def _properties_read(module: torch.nn.Module, chains: Iterable[str]) -> List[Tup
             if isinstance(static, (property, functools.cached_property)):
                 getter = static.fget if isinstance(static, property) else static.func
                 if isinstance(getter, types.FunctionType):
-                    found.setdefault(".".join(["self", *names[:depth]]), getter)
+                    found.setdefault(".".join([me, *names[:depth]]), getter)
                 break  # what a getter returns is not known without running it
             if static is None and isinstance(owner, torch.nn.Module):
                 static = owner._modules.get(name)

@@ -995,6 +995,21 @@ class _HeldOp(torch.nn.Module):
         return torch.relu(act(x) + 1)  # FX: 'relu' is act(x), 'relu_1' torch.relu
 
 
+class _PropertyOfMe(torch.nn.Module):
+    """_Property, with its instance not named self (only self's properties were looked at)."""
+
+    def __init__(me):
+        super().__init__()
+        me.w = torch.nn.Parameter(torch.ones(2))
+
+    @property
+    def scaled(me):
+        return me.w * 2
+
+    def forward(me, x):
+        return x * me.scaled
+
+
 class _PartialOp(torch.nn.Module):
     def forward(self, x):
         f = functools.partial(torch.add, other=1.0)
@@ -1030,6 +1045,7 @@ def test_an_fx_refusal_names_each_site_once_where_a_helper_runs_several_times():
         (_Property, "mul", "reads self.scaled, a property whose code FX traces into, which has 'mul' ops"),
         (_SubmoduleProperty, "mul", "reads self.inner.scaled, a property whose code FX traces into"),
         (_CachedProperty, "mul", "reads self.table, a property whose code FX traces into"),
+        (_PropertyOfMe, "mul", "reads me.scaled, a property whose code FX traces into, which has 'mul' ops"),
         (_Super, "add", "calls a method through super"),
         (_Helper, "mul", "calls _helper_scale, a Python function FX traces into, which has 'mul' ops"),
         (_Chained, "flatten", r"calls \.flatten\(\) on a value that is not a name or attribute chain"),
@@ -1077,8 +1093,18 @@ def test_fx_names_of_a_torch_function_held_by_the_module_or_of_a_method_of_an_in
         def forward(me, x):  # FX follows me._impl as it follows self._impl
             return torch.sigmoid(me._impl(x) * 2)
 
+    class Held(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            # FX's node of self.gate(x) is the function's, 'sigmoid' (the partial's name was taken,
+            # 'gate': torch.sigmoid's node 'sigmoid_1' was given as 'sigmoid')
+            self.gate = functools.partial(torch.sigmoid, out=None)
+
+        def forward(self, x):
+            return torch.sigmoid(self.gate(x) * 2)
+
     x = torch.tensor([[-1.0, 0.5, 2.0]])
-    for model in (Gate(), Me()):  # FX's values (torchvision's extractor gives the same)
+    for model in (Gate(), Me(), Held()):  # FX's values (torchvision's extractor gives the same)
         features = create_feature_extractor(model, ["sigmoid", "sigmoid_1"])(x)
         assert torch.equal(features["sigmoid"], torch.sigmoid(x)), type(model).__name__
         assert torch.equal(features["sigmoid_1"], torch.sigmoid(torch.sigmoid(x) * 2))
