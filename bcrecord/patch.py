@@ -2131,7 +2131,7 @@ def _refuse_proxy(func: Any) -> None:
         wrapper = getattr(func, "_self_wrapper", None)  # (wrapt's name for the decorator's function)
         which = f" ({wrapper.__qualname__})" if isinstance(wrapper, types.FunctionType) else ""
         raise NotPatchableError(
-            f"{name} is a {type(func).__name__}, an object proxy around a function, not a function: "
+            f"{name} is {_a(type(func).__name__)}, an object proxy around a function, not a function: "
             f"unwrap=False has no wrapper code of its own to patch (what callers get comes from the "
             f"decorator's function{which}, shared by every function it decorates); leave unwrap=True "
             "to record inside the function it wraps, or patch the decorator's function itself"

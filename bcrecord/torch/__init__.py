@@ -105,20 +105,22 @@ def _probe_outside_dynamo() -> None:
     for holder, name in _RUN_EAGERLY:
         setattr(holder, name, _without_dynamo(getattr(holder, name), set_eval_frame))
     skipped = [core, FeatureExtractor._plan, *(getattr(holder, name) for holder, name in _RUN_EAGERLY)]
-    if "torch._dynamo" in sys.modules:
-        # Imported, or being imported by another thread: this import waits for it to be done.
-        import torch._dynamo  # noqa: F401
+    if "torch._dynamo" not in sys.modules:
+        from ..runner import _ImportHook  # (the same hook `bcrecord run` patches modules with)
 
-        _skipped_by_dynamo(skipped)
-        return
-    from ..runner import _ImportHook  # (the same hook `bcrecord run` patches modules with)
+        def then(module: Any) -> None:
+            hook.close()
+            _skipped_by_dynamo(skipped)
 
-    def then(module: Any) -> None:
+        hook = _ImportHook(["torch._dynamo"], then)
+        sys.meta_path.insert(0, hook)
+        if "torch._dynamo" not in sys.modules:  # (not begun by another thread meanwhile)
+            return
         hook.close()
-        _skipped_by_dynamo(skipped)
+    # Imported, or being imported by another thread: this import waits for it to be done.
+    import torch._dynamo  # noqa: F401
 
-    hook = _ImportHook(["torch._dynamo"], then)
-    sys.meta_path.insert(0, hook)
+    _skipped_by_dynamo(skipped)
 
 
 #: Methods Dynamo runs eagerly, with everything they call (see _probe_outside_dynamo).

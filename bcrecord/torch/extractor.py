@@ -500,7 +500,7 @@ class FeatureExtractor(torch.nn.Module):
                 {
                     f"the {method} of the module at {path or '<root>'!r}"
                     for target in missing
-                    for path, method, _ in (key.rsplit(":", 2) for key in plan.keys[target])
+                    for path, method, _ in (key.rsplit(":", 2) for key in plan.keys.get(target, ()))
                     if path in plan.modules and method in getattr(plan.modules[path], "__dict__", {})
                 }
             )
