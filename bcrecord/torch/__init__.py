@@ -104,23 +104,19 @@ def _probe_outside_dynamo() -> None:
     # that wrapper's line, not the user's.
     for holder, name in _RUN_EAGERLY:
         setattr(holder, name, _without_dynamo(getattr(holder, name), set_eval_frame))
-    skipped = [core, FeatureExtractor._plan, *(getattr(holder, name) for holder, name in _RUN_EAGERLY)]
+    _unmarked.extend([core, FeatureExtractor._plan, *(getattr(cls, name) for cls, name in _RUN_EAGERLY)])
     if "torch._dynamo" not in sys.modules:
         from ..runner import _ImportHook  # (the same hook `bcrecord run` patches modules with)
 
-        def then(module: Any) -> None:
-            hook.close()
-            _skipped_by_dynamo(skipped)
-
-        hook = _ImportHook(["torch._dynamo"], then)
+        hook = _ImportHook(["torch._dynamo"], lambda module: _skipped_by_dynamo())
+        _unmarked_hook.append(hook)
         sys.meta_path.insert(0, hook)
         if "torch._dynamo" not in sys.modules:  # (not begun by another thread meanwhile)
             return
-        hook.close()
     # Imported, or being imported by another thread: this import waits for it to be done.
     import torch._dynamo  # noqa: F401
 
-    _skipped_by_dynamo(skipped)
+    _skipped_by_dynamo()
 
 
 #: Methods Dynamo runs eagerly, with everything they call (see _probe_outside_dynamo).
@@ -132,8 +128,21 @@ _RUN_EAGERLY = [
 ]
 
 
-def _skipped_by_dynamo(functions: List[Callable[..., Any]]) -> None:
-    """Mark ``functions`` (the probe first) for Dynamo to skip: it calls them, never traces them."""
+#: What Dynamo is to skip, until it is imported (the probe first), and the import hook waiting for it.
+_unmarked: List[Callable[..., Any]] = []
+_unmarked_hook: List[Any] = []
+
+
+def _skipped_by_dynamo() -> None:
+    """Mark what :data:`_unmarked` holds for Dynamo to skip (it calls them, never traces them),
+    once: when the program imports Dynamo, or, where a finder of its own imported it past the
+    import hook, when a recording next starts or ends (before its probes run)."""
+    functions, _unmarked[:] = list(_unmarked), []
+    for hook in _unmarked_hook:
+        hook.close()
+    _unmarked_hook.clear()
+    if not functions:
+        return
     try:
         from torch._dynamo.decorators import skip
     except ImportError:  # pragma: no cover - depends on the torch build
@@ -228,6 +237,10 @@ class _CompiledCode:
             if counters is None:
                 return
             self.counters = counters
+        if _unmarked:  # Dynamo imported past the import hook (a finder of the program's own)
+            dynamo = sys.modules["torch._dynamo"]
+            if not getattr(getattr(dynamo, "__spec__", None), "_initializing", False):  # (all of it)
+                _skipped_by_dynamo()
         stats = counters.get("stats")  # (not [...]: Counter's __missing__ is Python code)
         seen = 0 if stats is None else stats.get("unique_graphs", 0)
         if stats is not self.stats or seen < self.seen:

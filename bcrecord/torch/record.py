@@ -911,11 +911,11 @@ def _check_reduce_keys(reduce: Any, expanded: Mapping[str, Sequence[Target]]) ->
     _check_reduce(reduce)
     if reduce is None or callable(reduce):
         return
-    known = set(expanded) | {target.text for concrete in expanded.values() for target in concrete}
-    unknown = [key for key in reduce if key not in known]
+    # (the expanded ones too: a glob's matches, a key's own spelling, 'layer1:forward:return')
+    concrete = (key for targets in expanded.values() for t in targets for key in _reduce_keys("", t)[:-1])
+    named = list(dict.fromkeys([*expanded, *concrete]))
+    unknown = [key for key in reduce if key not in named]
     if unknown:
-        # (the expanded ones too: a glob's matches, a key's own spelling, 'layer1:forward:return')
-        named = list(dict.fromkeys([*expanded, *(t.text for c in expanded.values() for t in c)]))
         shown = ", ".join(map(repr, named[:12])) + (f", ... ({len(named)} in all)" if len(named) > 12 else "")
         raise SpecError(f"reduce names targets that are not recorded: {unknown}; it takes: {shown}")
 
@@ -949,18 +949,26 @@ def check_options(**options: Any) -> None:
     ModelRecording(keep=options.get("keep", "all"), threads=options.get("threads", "context"))
 
 
+def _reduce_keys(text: str, target: Target) -> Tuple[str, ...]:
+    """The ``reduce`` entries that may name ``target`` (from the target string ``text``), the
+    more specific first: the expanded target (``'layer1'`` of ``'layer*'``), for a ``.grad``
+    target its ``.grad`` form first (it records the value too), then ``text``."""
+    if target.grad:
+        return (f"{target.text}.grad", target.text, text)
+    return (target.text, text)
+
+
 def _names(reduce: Mapping[str, Any], text: str, target: Target) -> bool:
     """Whether the ``reduce`` dict has an entry of its own for ``target`` (None included)."""
-    return text in reduce or target.text in reduce
+    return any(key in reduce for key in _reduce_keys(text, target))
 
 
 def _reduce_for(reduce: Any, text: str, target: Target) -> Optional[Callable[[torch.Tensor], Any]]:
-    """The reduce function for ``target`` (from the target string ``text``): by the expanded
-    target (``'layer1'`` of ``'layer*'``: the more specific), else by ``text``; an entry of None
-    is no reduce, there too."""
+    """The reduce function for ``target`` (from the target string ``text``): by the first of
+    :func:`_reduce_keys` the dict has; an entry of None is no reduce, there too."""
     if reduce is None or callable(reduce):
         return reduce
-    return reduce[target.text] if target.text in reduce else reduce.get(text)
+    return next((reduce[key] for key in _reduce_keys(text, target) if key in reduce), None)
 
 
 class _GradCopy:

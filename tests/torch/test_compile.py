@@ -231,6 +231,46 @@ def test_a_recording_while_another_thread_imports_dynamo_takes_it_for_nothing_co
     assert swapped.counters is torch._dynamo.utils.counters
 
 
+def test_dynamo_imported_past_the_torch_layer_s_hook_is_marked_when_a_recording_starts():
+    # A finder of the program's own, ahead of the hook, found Dynamo: the probe was never
+    # marked (Dynamo warned of set_eval_frame at each compiled call), the hook left for good.
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        """
+        import importlib.abc, importlib.machinery, sys
+        import torch
+        import bcrecord.torch
+        from bcrecord import runtime
+        from bcrecord.torch import record
+
+        class Own(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path, target=None):
+                if name.startswith("torch._dynamo"):
+                    return importlib.machinery.PathFinder.find_spec(name, path, target)
+                return None
+
+        sys.meta_path.insert(0, Own())
+        import torch._dynamo
+        assert not hasattr(runtime.__bcrecord_probe__, "_torchdynamo_disable")
+        net = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU())
+        x = torch.ones(2, 3)
+        compiled = torch.compile(net, backend="eager")
+        with record(net, ["1"]) as rec:
+            assert runtime.__bcrecord_probe__._torchdynamo_disable is True
+            out = compiled(x)
+        assert torch.equal(out, net(x)) and torch.equal(rec["1:forward:return"], out)
+        assert not [f for f in sys.meta_path if type(f).__module__ == "bcrecord.runner"]
+        print("ok")
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["ok"] and "set_eval_frame" not in result.stderr
+
+
 def test_the_probe_is_the_core_function_with_dynamo_s_frame_switch():
     # One Python call per recorded value in eager code: no wrapper around the core probe.
     import builtins

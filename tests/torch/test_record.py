@@ -1314,9 +1314,15 @@ def test_a_gradient_target_no_reduce_entry_names_takes_the_reduce_of_its_value(t
     assert torch.allclose(rec["1:forward:return"], out.detach().norm())
     assert torch.allclose(rec["1:forward:return.grad"], torch.ones(2, 4).norm())
     if "*" not in reduce:  # named for the gradient: its own entry, which must be the value's
-        with pytest.raises(bcrecord.TargetError, match="with different reduce functions"):
-            with record(m, targets, reduce={"1": torch.linalg.vector_norm, "1:forward:return.grad": None}):
-                pass
+        for own in ("1:forward:return.grad", "1:forward:return"):  # (either way: it was dropped)
+            with pytest.raises(bcrecord.TargetError, match="with different reduce functions"):
+                with record(m, targets, reduce={"1": torch.linalg.vector_norm, own: None}):
+                    pass
+    # A glob's: by its expanded .grad key too (it was refused as naming no target).
+    norms = {"1:forward:return.grad": torch.linalg.vector_norm}
+    with record(m, ["*:forward:return.grad"], reduce=norms) as rec:
+        m(x).sum().backward()
+    assert rec["1:forward:return.grad"].dim() == 0 and rec["0:forward:return.grad"].dim() == 2
 
 
 def test_a_recording_around_a_decorated_function_gets_its_values_not_its_gradients():
