@@ -865,14 +865,23 @@ def _torchvision_leaves(ops: types.ModuleType) -> Tuple[type, ...]:
 
 def _calls_the_module(model: torch.nn.Module, parent: str, site: _FxSite, node: str) -> bool:
     """Whether ``site`` calls the submodule ``node`` of the module at ``parent``: through
-    the method's first argument (``self.relu()``; ``s.relu()`` where it is named ``s``)."""
+    the method's first argument (``self.relu()``; ``s.relu()`` where it is named ``s``), by
+    its name or another attribute holding it (``self.act = self.relu``, or a partial of it)."""
     root, _, rest = site.spec.target.partition(".") if isinstance(site.spec, Call) else ("", "", "")
-    method = getattr(type(module_at(model, parent)), site.method, None)
+    owner = module_at(model, parent)
+    method = getattr(type(owner), site.method, None)
     try:
         code = original_code(function_of(method))
     except NotPatchableError:
         return False
-    return rest == node and code.co_argcount > 0 and code.co_varnames[0] == root
+    if not (code.co_argcount > 0 and code.co_varnames[0] == root):
+        return False
+    if rest == node:
+        return True
+    held = owner._modules.get(rest, vars(owner).get(rest)) if rest.isidentifier() else None
+    while isinstance(held, functools.partial):
+        held = held.func
+    return held is not None and held is owner._modules.get(node)
 
 
 def _fx_sites(
@@ -904,12 +913,20 @@ def _fx_sites(
                 f"calls {callee}, a local it assigns {base!r} to (FX names that call {base!r} too)"
             )
             continue
+        while isinstance(called, functools.partial):  # (a partial of a module calls the module)
+            called = called.func
         if isinstance(called, torch.nn.Module):
             # A module call is a node under the module's own path: one of ours only for
             # a child named base (self.relu), not for a grandchild (self.inner.relu); and
             # for a child torchvision strips to base (a call of torch.nn's self.ln_1: 'ln').
+            # The child's path is the name it was first registered under, whatever attribute
+            # the call reads it through (self.act = self.relu: 'relu').
             owner, _, child = callee.partition(".")
-            if callee == f"{me}.{base}" or (owner == me and _fx_stripped(child) == base and _fx_leaf(called)):
+            if owner == me and "." not in child:
+                child = next((name for name, held in module.named_children() if held is called), child)
+            if (owner == me and child == base) or (
+                owner == me and _fx_stripped(child) == base and _fx_leaf(called)
+            ):
                 placed += [(c.positions[0], Call(callee, c.index), f"{callee}()@{c.index}") for c in calls]
             continue
         if _applies(called, base, func):

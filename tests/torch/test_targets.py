@@ -1103,8 +1103,19 @@ def test_fx_names_of_a_torch_function_held_by_the_module_or_of_a_method_of_an_in
         def forward(self, x):
             return torch.sigmoid(self.gate(x) * 2)
 
+    class Aliased(torch.nn.Module):
+        def __init__(self, partial):
+            super().__init__()
+            self.sigmoid = torch.nn.Sigmoid()
+            # FX names a call of the module by its path, 'sigmoid', whatever it is called through
+            # (only a call as self.sigmoid was counted: torch.sigmoid's 'sigmoid_1' was given).
+            self.gate = functools.partial(self.sigmoid) if partial else self.sigmoid
+
+        def forward(self, x):
+            return torch.sigmoid(self.gate(x) * 2)
+
     x = torch.tensor([[-1.0, 0.5, 2.0]])
-    for model in (Gate(), Me(), Held()):  # FX's values (torchvision's extractor gives the same)
+    for model in (Gate(), Me(), Held(), Aliased(False), Aliased(True)):  # FX's values (torchvision's too)
         features = create_feature_extractor(model, ["sigmoid", "sigmoid_1"])(x)
         assert torch.equal(features["sigmoid"], torch.sigmoid(x)), type(model).__name__
         assert torch.equal(features["sigmoid_1"], torch.sigmoid(torch.sigmoid(x) * 2))
