@@ -359,9 +359,13 @@ def _two_parts_meant(parts: List[str]) -> str:
     ("; did you mean 'layer1.0:forward:out'?", "; did you mean 'layer1:forward:out@1'?")
     >>> _two_parts_meant(["layer1", "forward"])
     "; did you mean 'layer1:forward:return' (what forward returns) or 'layer1' (its output)?"
+    >>> _two_parts_meant(["forward", "h"])  # the root's path left out
+    "; did you mean ':forward:h'?"
     """
     if len(parts) != 2 or not all(parts):
         return ""
+    if parts[0] == "forward" or parts[0].startswith("_forward"):  # a method: the root's, path left out
+        return f"; did you mean ':{parts[0]}:{parts[1]}'?"
     path, dot, method = parts[0].rpartition(".")
     if dot and method.isidentifier() and "forward" in method:  # a dot where the ':' goes
         return f"; did you mean '{path}:{method}:{parts[1]}'?"
