@@ -82,8 +82,11 @@ __all__ = ["FeatureExtractor", "create_feature_extractor", "list_targets", "Targ
 ReturnNodes = Union[Sequence[str], Mapping[str, str]]
 
 
-def _normalise(model: torch.nn.Module, nodes: Optional[ReturnNodes]) -> Dict[str, str]:
-    """``{concrete target: output name}``; globs expand in list form only."""
+def _normalise(
+    model: torch.nn.Module, nodes: Optional[ReturnNodes], given: Optional[Dict[str, str]] = None
+) -> Dict[str, str]:
+    """``{concrete target: output name}``; globs expand in list form only. ``given`` is told
+    the target as given of each a glob expanded to (``{'layer1': 'layer*'}``)."""
     if nodes is None:
         raise SpecError("return_nodes is required: module paths or targets, as a list or a dict")
     if not isinstance(nodes, (str, Mapping, list, tuple)):
@@ -112,6 +115,8 @@ def _normalise(model: torch.nn.Module, nodes: Optional[ReturnNodes]) -> Dict[str
             for one in expand(model, target):
                 _warn_if_torchvision_differs(model, one)
                 out[one.text] = one.text
+                if given is not None and one.text != target:
+                    given.setdefault(one.text, target)
     if not out:
         raise SpecError("return_nodes is empty")
     if len(set(out.values())) != len(out):
@@ -292,9 +297,15 @@ class FeatureExtractor(torch.nn.Module):
         if return_nodes is None and (train_return_nodes is None) != (eval_return_nodes is None):
             missing = "eval_return_nodes" if eval_return_nodes is None else "train_return_nodes"
             raise SpecError(f"give train_return_nodes and eval_return_nodes together ({missing} is missing)")
-        self.train_nodes = _normalise(model, train_return_nodes if return_nodes is None else return_nodes)
+        #: The glob each target expanded from was given as (a reduce dict may name it).
+        self._globbed: Dict[str, str] = {}
+        self.train_nodes = _normalise(
+            model, train_return_nodes if return_nodes is None else return_nodes, self._globbed
+        )
         with _expanding_again() if return_nodes is not None else contextlib.nullcontext():
-            self.eval_nodes = _normalise(model, eval_return_nodes if return_nodes is None else return_nodes)
+            self.eval_nodes = _normalise(
+                model, eval_return_nodes if return_nodes is None else return_nodes, self._globbed
+            )
         self.stop_early = require_bool("stop_early", stop_early)
         # Module paths name a module's output as torchvision does: its first call in the
         # forward (FX names later calls 'relu_1', ...), with or without the early stop.
@@ -335,7 +346,17 @@ class FeatureExtractor(torch.nn.Module):
 
     def _new_plan(self, nodes: Iterable[str]) -> Plan:
         """A plan of ``nodes`` with this extractor's options (resolves the targets, patches nothing)."""
-        return Plan(self.model, list(nodes), **{k: v for k, v in self.options.items() if k in PLAN_OPTIONS})
+        options = {k: v for k, v in self.options.items() if k in PLAN_OPTIONS}
+        reduce = options.get("reduce")
+        if isinstance(reduce, Mapping) and self._globbed:
+            # A glob's entry, as record() takes it, for the targets it expanded to (each one's
+            # own entry first): the plan is of those.
+            nodes = list(nodes)
+            options["reduce"] = {
+                **{node: reduce[self._globbed[node]] for node in nodes if self._globbed.get(node) in reduce},
+                **{key: value for key, value in reduce.items() if key not in self._globbed.values()},
+            }
+        return Plan(self.model, list(nodes), **options)
 
     def _plan(self, training: bool) -> Tuple[Plan, List[Patch], List[ModelRecording]]:
         """The plan, patches and idle recordings of one mode (made at its first call): the

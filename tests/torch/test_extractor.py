@@ -144,6 +144,17 @@ def test_a_module_s_instance_patched_after_the_first_call_is_named_in_the_error(
     assert torch.equal(extractor(x)["2"], net(x))  # removed: recorded again
 
 
+def test_a_reduce_dict_may_name_a_glob_the_return_nodes_give_as_record_takes_it():
+    # The extractor expands globs before it plans: 'reduce names targets that are not recorded'.
+    net = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Linear(3, 3), torch.nn.ReLU())
+    x = torch.ones(2, 3)
+    total = lambda t: t.sum()  # noqa: E731
+    features = create_feature_extractor(net, ["[01]", "2"], reduce={"[01]": total, "1": None, "2": total})(x)
+    assert features["0"].dim() == 0 and features["1"].shape == (2, 3) and features["2"].dim() == 0
+    with pytest.raises(bcrecord.SpecError, match=r"reduce names targets that are not recorded: \['\[12\]'\]"):
+        create_feature_extractor(net, ["[01]"], reduce={"[12]": total})(x)
+
+
 def test_a_target_reached_but_not_recorded_says_why():
     net = SmallNet().eval()
 
