@@ -2355,28 +2355,32 @@ def test_run_makes_a_records_directory_the_program_removes_again(project, tmp_pa
     assert bcrecord.load(out)["__main__:f:y@0"] == [1, 1, 2, 3]
 
 
+def _saving_nothing(calls, ending=""):
+    """A program that puts a file where the run's records folder is (given as its argument),
+    then records ``__main__:f:y`` ``calls`` times, then runs ``ending``."""
+    return textwrap.dedent(
+        f"""
+        import os, shutil, sys
+
+        def f(x):
+            y = x + 1
+            return y
+
+        out = sys.argv[1]
+        shutil.rmtree(os.path.join(out, "records"))
+        open(os.path.join(out, "records"), "w").close()  # no directory can be made there
+        for x in range({calls}):
+            f(x)
+        {ending}
+        """
+    )
+
+
 @pytest.mark.parametrize("ending", ["", "sys.exit(0)"])
 def test_run_ends_with_status_2_where_the_records_could_not_be_saved(project, tmp_path, ending):
     out = tmp_path / "out"
     out.mkdir()  # (there already: the run makes its records folder as it starts)
-    (project / "blocks.py").write_text(
-        textwrap.dedent(
-            f"""
-            import os, shutil, sys
-
-            def f(x):
-                y = x + 1
-                return y
-
-            out = sys.argv[1]
-            shutil.rmtree(os.path.join(out, "records"))
-            open(os.path.join(out, "records"), "w").close()  # no directory can be made there
-            for x in range(3):
-                f(x)
-            {ending}
-            """
-        )
-    )
+    (project / "blocks.py").write_text(_saving_nothing(3, ending))
     # The report counts every value lost (it said only that saving had failed), whether the
     # failed write held all three or the first of them, the others coming after it.
     result = cli("run", "-r", "__main__:f:y", "-o", out, "blocks.py", out, cwd=project)
@@ -2392,24 +2396,8 @@ def test_run_says_at_once_that_saving_failed_while_the_program_goes_on(project, 
     # It was said only in the end-of-run report: after hours of a run that saved nothing.
     out = tmp_path / "out"
     out.mkdir()
-    (project / "later.py").write_text(
-        textwrap.dedent(
-            """
-            import os, shutil, sys
-
-            def f(x):
-                y = x + 1
-                return y
-
-            out = sys.argv[1]
-            shutil.rmtree(os.path.join(out, "records"))
-            open(os.path.join(out, "records"), "w").close()  # no directory can be made there
-            for x in range(10_000):  # a batch is written at the 10,000th value
-                f(x)
-            print("the program goes on", file=sys.stderr, flush=True)
-            """
-        )
-    )
+    goes_on = 'print("the program goes on", file=sys.stderr)'
+    (project / "later.py").write_text(_saving_nothing(10_000, goes_on))  # (written at the 10,000th)
     result = cli("run", "-r", "__main__:f:y", "-o", out, "later.py", out, cwd=project)
     assert result.returncode == 2, result.stderr
     told = (

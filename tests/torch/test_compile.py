@@ -14,6 +14,18 @@ from bcrecord.torch import record
 from .models import SmallNet, reference_smallnet
 
 
+def _prints_ok(script):
+    """Run ``script`` in a fresh interpreter (bcrecord and torch imported there in its order):
+    it must end printing ``ok``."""
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["ok"]
+    return result
+
+
 def test_compiled_patched_model_records_correct_values_every_call():
     torch.manual_seed(0)
     net = SmallNet().eval()
@@ -94,8 +106,6 @@ def test_what_the_probe_calls_runs_eagerly_under_compile():
 def test_a_function_patched_before_torch_was_imported_compiles_and_records():
     # Patched first, its probes are spelled inline: a constant Dynamo cannot trace
     # (compiling raised). Importing bcrecord.torch re-spells them as calls.
-    import subprocess
-    import sys
     import textwrap
 
     script = textwrap.dedent(
@@ -122,16 +132,12 @@ def test_a_function_patched_before_torch_was_imported_compiles_and_records():
         print("ok")
         """
     )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.split() == ["ok"]
+    _prints_ok(script)
 
 
 def test_importing_the_torch_layer_leaves_dynamo_unloaded_and_marks_the_probe_once_it_loads():
     # Importing Dynamo to mark the probe doubled the time of `import torch` (0.65 s more on
     # torch 2.13): the marks are made when the program imports it, before it compiles.
-    import subprocess
-    import sys
     import textwrap
 
     script = textwrap.dedent(
@@ -162,17 +168,13 @@ def test_importing_the_torch_layer_leaves_dynamo_unloaded_and_marks_the_probe_on
         print("ok")
         """
     )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.split() == ["ok"]
+    _prints_ok(script)
 
 
 def test_importing_the_torch_layer_while_another_thread_imports_dynamo_waits_for_it():
     # The marks imported Dynamo's decorators at once, beside the other thread's import of
     # Dynamo, which then failed ("partially initialized module"). That import is held half
     # way here while the torch layer is imported.
-    import subprocess
-    import sys
     import textwrap
 
     script = textwrap.dedent(
@@ -209,9 +211,7 @@ def test_importing_the_torch_layer_while_another_thread_imports_dynamo_waits_for
         print("ok")
         """
     )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.split() == ["ok"]
+    _prints_ok(script)
 
 
 def test_a_recording_while_another_thread_imports_dynamo_takes_it_for_nothing_compiled(monkeypatch):
@@ -234,8 +234,6 @@ def test_a_recording_while_another_thread_imports_dynamo_takes_it_for_nothing_co
 def test_dynamo_imported_past_the_torch_layer_s_hook_is_marked_when_a_recording_starts():
     # A finder of the program's own, ahead of the hook, found Dynamo: the probe was never
     # marked (Dynamo warned of set_eval_frame at each compiled call), the hook left for good.
-    import subprocess
-    import sys
     import textwrap
 
     script = textwrap.dedent(
@@ -266,9 +264,7 @@ def test_dynamo_imported_past_the_torch_layer_s_hook_is_marked_when_a_recording_
         print("ok")
         """
     )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.split() == ["ok"] and "set_eval_frame" not in result.stderr
+    assert "set_eval_frame" not in _prints_ok(script).stderr
 
 
 def test_the_probe_is_the_core_function_with_dynamo_s_frame_switch():
