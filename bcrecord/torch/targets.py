@@ -521,7 +521,9 @@ def _applies(called: object, base: str, func: types.FunctionType) -> bool:
 def _assigns(module: torch.nn.Module, func: types.FunctionType, name: str, base: str) -> bool:
     """Whether ``func`` assigns to its local ``name`` a function FX names ``base``: a
     global or attribute of that name (``act = F.relu``; ``pool = F.max_pool2d if c
-    else F.avg_pool2d``), or an attribute chain holding one (``act = self.act_fn``)."""
+    else F.avg_pool2d``), or an attribute chain holding one (``act = self.act_fn``); or
+    may, taking it out of a list, tuple or dict an attribute chain holds (``for act in
+    self.acts``, ``f, g = self.pair``: where it loads one that holds such a function)."""
     table = current()
     code = original_code(func)
     items = instructions(code)
@@ -547,6 +549,14 @@ def _assigns(module: torch.nn.Module, func: types.FunctionType, name: str, base:
             held = _resolved(module, func, chain)
             if held is not None and not isinstance(held, torch.nn.Module) and _fx_name(chain, held) == base:
                 return True
+    for chain in function_targets(func).attributes:
+        held = _resolved(module, func, chain)
+        kept = list(held.values()) if isinstance(held, dict) else held
+        if not isinstance(kept, (list, tuple)):
+            continue
+        functions = [one for one in kept if callable(one) and not isinstance(one, torch.nn.Module)]
+        if any(_fx_name(chain, one) == base for one in functions):
+            return True
     return False
 
 

@@ -1011,6 +1011,22 @@ class _PropertyOfMe(torch.nn.Module):
         return x * me.scaled
 
 
+class _LoopedOps(torch.nn.Module):
+    """Functions called through a loop variable or an unpacked local: FX names each call after
+    the function it holds (the loop's 'tanh' was taken for torch.tanh's, 'tanh_1' in FX)."""
+
+    def __init__(self):
+        super().__init__()
+        self.acts = [torch.relu, torch.tanh]
+        self.pair = (torch.sigmoid, torch.tanh)
+
+    def forward(self, x):
+        for act in self.acts:
+            x = act(x)
+        f, g = self.pair
+        return torch.tanh(g(f(x)) * 2)
+
+
 class _PartialOp(torch.nn.Module):
     def forward(self, x):
         f = functools.partial(torch.add, other=1.0)
@@ -1063,6 +1079,8 @@ def test_an_fx_refusal_names_each_site_once_where_a_helper_runs_several_times():
         (_AliasedOp, "relu", "calls act, a local it assigns 'relu' to"),
         (_ChosenOp, "max_pool2d", "calls pool, a local it assigns 'max_pool2d' to"),
         (_HeldOp, "relu_1", "calls act, a local it assigns 'relu' to"),
+        (_LoopedOps, "tanh", "calls act, a local it assigns 'tanh' to"),
+        (_LoopedOps, "tanh_1", "calls g, a local it assigns 'tanh' to"),
     ],
 )
 def test_fx_names_whose_numbering_the_code_does_not_fix_are_refused(model, name, reason):
