@@ -36,6 +36,7 @@ import copyreg
 import dataclasses
 import functools
 import inspect
+import itertools
 import reprlib
 import sys
 import threading
@@ -405,6 +406,9 @@ def _leaf_copies(value: Any, memo: Dict[int, Any]) -> None:
             pending.extend(parts)
 
 
+#: Orders the beginnings and ends of passes (see _all_done_here).
+_pass_clock = itertools.count(1)
+
 #: Leaf hooks a recording holds before it first lets go of those whose leaves are gone.
 _LEAF_SWEEP_AT = 64
 
@@ -451,6 +455,8 @@ class ModelRecording(Recording):
         self._leaf_waiting: Dict[Tuple[str, int], _GradientHook] = {}
         #: How many leaf hooks, once reached, have those of leaves gone since let go (see _gradient_of).
         self._leaf_sweep_at = _LEAF_SWEEP_AT
+        #: When its pass last began and last ended (see _pass_clock).
+        self._began = self._last_end = 0
         #: Whether the record() block it was made for has ended (its patches are gone).
         self._ended = False
         #: The modules a forward stopped early unwinds (see _stopping_skips_hooks).
@@ -652,6 +658,7 @@ class ModelRecording(Recording):
         self._seen = set()
         self._stopped = False
         self._passing = True
+        self._began = next(_pass_clock)
 
     def _runs_whole(self) -> bool:
         """Whether ending its pass early would skip what must run (see the three checks)."""
@@ -664,6 +671,7 @@ class ModelRecording(Recording):
     def _end_pass(self) -> None:
         """The pass ended (returned, stopped or raised): it holds back no other's stop."""
         self._passing = False
+        self._last_end = next(_pass_clock)
 
     def _ran_whole(self) -> None:
         """A pass that could have stopped early returned: warn, once, where that is because
@@ -861,10 +869,14 @@ def _hooks_take_the_output(model: Optional[torch.nn.Module]) -> bool:
     )
 
 
-def _stopping_here() -> List[ModelRecording]:
-    """The recordings of this context whose pass, running, stops early."""
+def _stopping_here(passing: bool = True) -> List[ModelRecording]:
+    """The recordings of this context that stop early (whose pass runs, where ``passing``)."""
     recordings = context_recordings()
-    return [rec for rec in recordings if isinstance(rec, ModelRecording) and rec._stop and rec._passing]
+    return [
+        rec
+        for rec in recordings
+        if isinstance(rec, ModelRecording) and rec._stop and (rec._passing or not passing)
+    ]
 
 
 def _all_done_here() -> bool:
@@ -873,9 +885,25 @@ def _all_done_here() -> bool:
     Nested passes that each stop early (an extractor of an extractor, two
     ``record(stop_after_last=True)`` of one model) end the forward only once the
     last of them is done: each one's values are then there. A recording whose
-    model is not running now (its pass has not begun) holds back nothing.
+    model is not running now (its pass has not begun) holds back nothing, unless its
+    model is inside one that runs and it has run no pass since that one's began: the
+    forward may yet call it (else it ran whole, with its values, for nothing).
     """
-    return all(rec._seen >= rec._needed for rec in _stopping_here())
+    stopping = _stopping_here(passing=False)
+    running = [rec for rec in stopping if rec._passing]
+    if not all(rec._seen >= rec._needed for rec in running):
+        return False
+    for waiting in stopping:
+        if waiting._passing or not waiting._through:
+            continue
+        model = waiting._through[-1]
+        for rec in running:
+            outer = rec._through[-1] if rec._through else None
+            if outer is None or outer is model or waiting._last_end > rec._began:
+                continue
+            if any(module is model for module in outer.modules()):
+                return False
+    return True
 
 
 @dataclasses.dataclass

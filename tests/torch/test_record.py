@@ -1654,6 +1654,19 @@ def test_nested_recordings_that_stop_early_of_a_model_and_its_submodule_end_the_
     assert "forward" not in vars(model) and "forward" not in vars(inner)
 
 
+def test_a_nested_stopping_recording_of_a_submodule_that_runs_later_holds_the_stop_back():
+    # The model's recording had its value first, and the submodule's, whose pass had not begun,
+    # held nothing back: the forward ended before the submodule ran, which recorded nothing.
+    torch.manual_seed(0)
+    inner = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU())
+    model = torch.nn.Sequential(torch.nn.Linear(3, 3), inner, torch.nn.Linear(3, 1))
+    x = torch.randn(2, 3)
+    with record(model, "0", stop_after_last=True) as outer, record(inner, "0", stop_after_last=True) as sub:
+        assert model(x) is None
+    assert torch.equal(outer["0:forward:return"], model[0](x))
+    assert torch.equal(sub["0:forward:return"], inner[0](model[0](x)))
+
+
 @pytest.mark.parametrize("kind", ["forward hook", "forward set on the instance"])
 def test_nested_stopping_recordings_run_whole_where_the_outer_model_must(kind):
     # A stop of both ended the model's forward, though it has a hook of its own (which got
