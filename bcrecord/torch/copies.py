@@ -53,6 +53,7 @@ from ..runtime import (
     load_plugin,
     reachable,
     register_copy,
+    silently,
 )
 
 __all__ = ["ValuePolicy", "clone", "detached_clone", "register_holder", "value_policy"]
@@ -72,6 +73,10 @@ _hooks_refused: Callable[[], Optional[str]] = getattr(
 )
 #: How many dispatch modes are on (a C call per recorded tensor; almost always none).
 _dispatch_modes: Callable[[], int] = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 0)
+#: Whether a torch-function mode is on (a C call per recorded tensor; almost always none).
+_function_modes: Callable[[], bool] = getattr(torch._C, "_is_torch_function_mode_enabled", lambda: False)
+#: Whether a copy runs inside :func:`_around_modes` already.
+_minding_modes: contextvars.ContextVar[bool] = contextvars.ContextVar("bcrecord_minding_modes", default=False)
 #: Whether the values copied now go back into the code that runs the model (an extractor returns
 #: them): inside a transform they stay its tensors there (vmap batches its outputs itself).
 returned_inside: contextvars.ContextVar[bool] = contextvars.ContextVar(
@@ -177,6 +182,36 @@ def outside_selective_checkpoint(copy: Callable[[Any], T], value: Any) -> T:
             push(mode)
 
 
+def _around_modes(copy: Callable[[Any], T], value: Any) -> T:
+    """``copy(value)`` while a dispatch or torch-function mode is on: run :func:`silently`.
+
+    The copies above run no Python code on a plain tensor, so recordings do not silence
+    them (:func:`copies_without_python`), except where a mode is on: its
+    ``__torch_dispatch__`` or ``__torch_function__`` runs for the copy's ops, and may call
+    patched code, whose values are not the program's. Out of sight of a selective
+    checkpoint too (:func:`outside_selective_checkpoint`). ``copy`` is called again inside,
+    where :data:`_minding_modes` says this is done.
+
+    >>> from torch.overrides import TorchFunctionMode
+    >>> class Seen(TorchFunctionMode):
+    ...     def __torch_function__(self, func, types, args=(), kwargs=None):
+    ...         return func(*args, **(kwargs or {}))
+    >>> with Seen():
+    ...     kept = _around_modes(detached_clone, torch.ones(2))
+    >>> kept
+    tensor([1., 1.])
+    """
+    return silently(_minded, (copy, value))
+
+
+def _minded(call: Tuple[Callable[[Any], T], Any]) -> T:
+    copy, value = call
+    _minding_modes.set(True)  # (in silently's copy of the context: gone after it)
+    if _dispatch_modes() and _selective_checkpointing():
+        return outside_selective_checkpoint(copy, value)
+    return copy(value)
+
+
 def _dispatch_stack() -> List[Any]:
     """The dispatch modes on, bottom first: a tracer's infra modes, then those a program entered
     (the checkpoint's among them: popping takes those first)."""
@@ -219,8 +254,8 @@ def clone(tensor: torch.Tensor) -> torch.Tensor:
     >>> kept, live
     (tensor([-1.,  2.]), tensor([0., 2.]))
     """
-    if _dispatch_modes() and _selective_checkpointing():  # (see outside_selective_checkpoint)
-        return outside_selective_checkpoint(clone, tensor)
+    if (_dispatch_modes() or _function_modes()) and not _minding_modes.get():  # (see _around_modes)
+        return _around_modes(clone, tensor)
     if (
         _transforms_active() and not returned_inside.get()
     ):  # inside torch.func.vmap or grad: the tensor under their wrappers
@@ -248,8 +283,8 @@ def detached_clone(tensor: torch.Tensor) -> torch.Tensor:
     >>> kept.requires_grad, torch.equal(kept, live)
     (False, True)
     """
-    if _dispatch_modes() and _selective_checkpointing():  # (see outside_selective_checkpoint)
-        return outside_selective_checkpoint(detached_clone, tensor)
+    if (_dispatch_modes() or _function_modes()) and not _minding_modes.get():  # (see _around_modes)
+        return _around_modes(detached_clone, tensor)
     if (
         _transforms_active() and not returned_inside.get()
     ):  # inside torch.func.vmap or grad: the tensor under their wrappers
@@ -262,15 +297,25 @@ def detached_clone(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.clone()
 
 
+def _kept_in_graph(tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` itself (``copy='detach'`` with ``grad=True``), from under ``torch.func``'s
+    wrappers where a transform runs (a batched tensor is dead once ``vmap`` returns)."""
+    if _transforms_active() and not returned_inside.get():
+        return outside_transforms(tensor, _itself)
+    return tensor
+
+
 def _detached(tensor: torch.Tensor) -> torch.Tensor:
+    if (_dispatch_modes() or _function_modes()) and not _minding_modes.get():  # (see _around_modes)
+        return _around_modes(_detached, tensor)
     if _transforms_active() and not returned_inside.get():
         return outside_transforms(tensor, torch.Tensor.detach)
     return tensor.detach()
 
 
 def _detached_copy(tensor: torch.Tensor) -> torch.Tensor:
-    if _dispatch_modes() and _selective_checkpointing():  # (see outside_selective_checkpoint)
-        return outside_selective_checkpoint(_detached_copy, tensor)
+    if (_dispatch_modes() or _function_modes()) and not _minding_modes.get():  # (see _around_modes)
+        return _around_modes(_detached_copy, tensor)
     if _transforms_active() and not returned_inside.get():
         return outside_transforms(tensor, _detached_copy_of)
     return _normal_clone(tensor) if _inference_mode() else tensor.detach().clone()
@@ -281,8 +326,11 @@ def _deepcopy_outside_autograd(value: Any) -> Any:
     ``dict(loss=loss)``, and keeps a leaf's ``requires_grad``), the container rebuilt with its
     tensors' detached copies, as a tensor alone is copied, and the rest of it deep-copied (as
     ``'deepcopy'`` copies each)."""
-    if _dispatch_modes() and _selective_checkpointing():  # (see outside_selective_checkpoint)
-        return outside_selective_checkpoint(_deepcopy_outside_autograd, value)
+    if (_dispatch_modes() or _function_modes()) and not _minding_modes.get():  # (see _around_modes)
+        return _around_modes(_deepcopy_outside_autograd, value)
+    if _inference_mode():  # copied outside it: normal tensors, as a tensor alone is (_normal_clone)
+        with _InferenceMode(False):
+            return _deepcopy_outside_autograd(value)
     container = isinstance(value, (list, tuple, dict, set, frozenset)) or dataclasses.is_dataclass(value)
     if not container:
         return _copy_module.deepcopy(value)  # (an object that holds one its own way: the errors say so)
@@ -516,11 +564,12 @@ def value_policy(
 ) -> ValuePolicy:
     """A copier applying the torch layer's options to every tensor in a value.
 
-    Order: ``reduce``, then detach (unless ``grad`` or ``copy='none'``), then move/cast, then clone if
-    the result still shares memory with the live value (``copy='clone'`` or
-    ``'deepcopy'``); where ``reduce`` returns tuples, lists or dicts of tensors
-    (``t.chunk(2)``), to each tensor in them. Non-tensor values, and what ``reduce``
-    makes of a tensor that is neither, follow the core's ``copy`` policy.
+    Order: ``reduce``, then detach (unless ``grad`` or ``copy='none'``), then move/cast, then
+    clone unless moving or casting made a copy (``copy='clone'`` or ``'deepcopy'``: what
+    ``reduce`` returns may be a view, or its own tensor that it changes later); where ``reduce``
+    returns tuples, lists or dicts of tensors (``t.chunk(2)``), to each tensor in them.
+    Non-tensor values, and what ``reduce`` makes of a tensor that is neither, follow the
+    core's ``copy`` policy.
     ``dtype`` (a floating or complex dtype) casts the tensors of its kind only:
     floating-point ones to a floating dtype, complex ones to a complex dtype; the
     indices of a ``topk``, masks, and the imaginary parts stay exact. ``copy='none'``
@@ -631,8 +680,10 @@ class ValuePolicy:
             self._tensor = self._one
         elif copies:
             self._tensor = clone if grad else detached_clone
+        elif copy == "none":
+            self._tensor = _itself
         else:
-            self._tensor = _itself if self._in_graph else _detached
+            self._tensor = _kept_in_graph if grad else _detached
         #: Whether every value is kept as it is (``'none'``, nothing to apply): containers too.
         self._itself = copy == "none" and self._tensor is _itself
 
@@ -640,7 +691,7 @@ class ValuePolicy:
         if self._itself:
             return value
         if (
-            isinstance(value, (torch.Tensor, list, tuple, dict))
+            isinstance(value, (torch.Tensor, list, tuple, dict, set, frozenset))
             or (dataclasses.is_dataclass(value) and not isinstance(value, type))
             or _holder(type(value), self.copy) is not None
         ):
@@ -689,7 +740,7 @@ class ValuePolicy:
 
     def _applied(self, live: torch.Tensor) -> Any:
         if self.reduce is None:
-            return self._keep(live, live)
+            return self._keep(live)
         if not self._in_graph:
             # Outside autograd: a reduce that saved tensors for backward would be counted
             # by activation checkpointing, whose recompute runs no probes (CheckpointError).
@@ -707,14 +758,15 @@ class ValuePolicy:
             with torch.autograd.graph.saved_tensors_hooks(_itself, _itself):
                 reduced = self.reduce(live)
         if isinstance(reduced, torch.Tensor):
-            return self._keep(reduced, live)
+            return self._keep(reduced)
         if isinstance(reduced, (list, tuple, dict)):
             # t.chunk(2), (t.mean(), t.std()): each tensor in it is kept as a reduced tensor is
-            return _map(reduced, lambda part: self._keep(part, live), self._other, policy=self.copy)
+            return _map(reduced, self._keep, self._other, policy=self.copy)
         return copy_value(reduced, self.copy)  # a number, an array: the core's copy
 
-    def _keep(self, tensor: torch.Tensor, live: torch.Tensor) -> torch.Tensor:
-        """``tensor`` (``live``, or reduce's result) detached, moved, cast; cloned if it shares ``live``."""
+    def _keep(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` (the live value, or reduce's result) detached, moved, cast; then cloned,
+        unless moving or casting made a copy."""
         if not self._in_graph:
             tensor = tensor.detach()
         device = self.device
@@ -726,7 +778,9 @@ class ValuePolicy:
         ):
             dtype = None
         copies = self.copy in ("clone", "deepcopy")
+        fresh = False  # a copy made here: not cloned again
         if device is not None or dtype is not None:
+            before = tensor
             source = tensor.device
             offload = device is not None and device.type == "cpu" and source.type == "cuda"
             if copies and _inference_mode():
@@ -738,8 +792,11 @@ class ValuePolicy:
                 tensor = tensor.to(device=device, dtype=dtype, non_blocking=offload)
             if offload:  # the GPU has yet to fill it: recordings wait before reading
                 self._pending.add(torch.cuda.current_stream(source))
-        # An inference tensor left: what reduce made, on live's device (a normal copy of it).
-        if copies and (_shares_memory(tensor, live) or tensor.is_inference()):
+            fresh = not _shares_memory(tensor, before)
+        # Any other: live, or what reduce returned, which may share live's memory however made
+        # (a view, through DLPack), be a view keeping a larger tensor alive, or be reduce's own
+        # tensor, changed in place later (a running mean).
+        if copies and not fresh:
             tensor = clone(tensor)
         return tensor
 
@@ -759,7 +816,16 @@ def _shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 # Torch's own ops on plain tensors and parameters: no patched Python code runs in these
 # copies, so recordings need not silence their probes around them (runtime.silently).
-for _plain_copy in (detached_clone, clone, _detached, _detached_copy, _itself, torch.Tensor.detach):
+_plain_copies = (
+    detached_clone,
+    clone,
+    _detached,
+    _detached_copy,
+    _itself,
+    _kept_in_graph,
+    torch.Tensor.detach,
+)
+for _plain_copy in _plain_copies:
     copies_without_python(_plain_copy, torch.Tensor, torch.nn.Parameter)
 for _plain_copy in _core_copies.values():
     copies_without_python(_plain_copy, torch.Tensor, torch.nn.Parameter)

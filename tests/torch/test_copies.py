@@ -633,3 +633,95 @@ def test_to_meta_keeps_each_tensor_s_shape_and_dtype_not_its_data():
         ("meta", (2, 3), torch.float32),
         ("meta", (4,), torch.int64),
     ]
+
+
+def _logged(name: str) -> str:
+    entry = name
+    return entry
+
+
+@pytest.mark.parametrize("mode", ["dispatch", "function"])
+@pytest.mark.parametrize("copy", ["clone", "detach", "deepcopy"])
+def test_a_copy_s_ops_seen_by_a_program_s_mode_record_nothing(mode, copy):
+    # A mode's __torch_dispatch__ or __torch_function__ runs for the copy's ops too, and
+    # called patched code, whose values the recordings took as the program's.
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    import bcrecord
+
+    class Logs(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            _logged(str(func))
+            return func(*args, **(kwargs or {}))
+
+    class LogsCalls(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            _logged(getattr(func, "__name__", str(func)))
+            return func(*args, **(kwargs or {}))
+
+    def double(x):
+        y = x * 2
+        return y
+
+    x = torch.ones(2)
+    with (
+        bcrecord.patch_function(_logged, ["entry"], name="log"),
+        bcrecord.patch_function(double, ["y"], name="f"),
+        bcrecord.recording(copy=copy) as rec,
+    ):
+        with Logs() if mode == "dispatch" else LogsCalls():
+            double(x)
+    assert rec.all("log:_logged:entry@0") == (["aten.mul.Tensor"] if mode == "dispatch" else ["mul"])
+    assert torch.equal(rec["f:double:y@0"], torch.full((2,), 2.0))
+
+
+@pytest.mark.parametrize("options", [{"dtype": torch.float64}, {"reduce": torch.sum}, {"to": "meta"}])
+def test_a_set_s_tensors_take_the_options_as_a_list_s_do(options):
+    # A set alone was copied by the core: dtype, reduce and to were not applied.
+    keep = value_policy(**options)
+    alone, in_list = keep({torch.ones(2)}), keep([{torch.ones(2)}])
+    for kept in (next(iter(alone)), next(iter(in_list[0]))):
+        expected = torch.ones(2)
+        expected = expected.sum() if "reduce" in options else expected.to(options.get("dtype", torch.float32))
+        assert kept.shape == expected.shape and kept.dtype == expected.dtype
+        assert kept.device.type == ("meta" if "to" in options else "cpu")
+
+
+def test_deepcopy_under_inference_mode_gives_normal_tensors_in_containers_too():
+    import bcrecord
+
+    def f(x):
+        t = x * 2
+        y = [x * 2, {"k": x * 3}]
+        return t
+
+    with (
+        torch.inference_mode(),
+        bcrecord.recording(copy="deepcopy") as rec,
+        bcrecord.patch_function(f, ["t", "y"], name="f"),
+    ):
+        f(torch.ones(2))
+    listed = rec["f:f:y@0"]
+    assert not rec["f:f:t@0"].is_inference()
+    assert not listed[0].is_inference() and not listed[1]["k"].is_inference()  # (they were)
+    assert torch.equal(listed[0].add_(1), torch.full((2,), 3.0))
+
+
+def test_what_a_reduce_returns_is_copied_under_clone_however_it_shares_memory():
+    live = torch.zeros(3)
+    # Its own tensor, changed in place by the next call (a running mean): each value its own.
+    mean = torch.zeros(())
+    running = value_policy(reduce=lambda t: mean.mul_(0.5).add_(0.5 * t.mean()))
+    kept = [running(torch.full((2,), float(i))) for i in range(3)]
+    assert [value.item() for value in kept] == [0.0, 0.5, 1.25]
+    # Sharing live's memory through a storage of its own: later writes to live do not show.
+    shared = value_policy(reduce=lambda t: torch.utils.dlpack.from_dlpack(t[1:]))(live)
+    live.add_(100)
+    assert torch.equal(shared, torch.zeros(2))
+    # A view of a temporary: only its own elements are kept, not the temporary.
+    row = value_policy(reduce=lambda t: t.softmax(-1)[0])(torch.zeros(100, 100))
+    assert row.untyped_storage().nbytes() == 100 * 4
+    # Still one copy where to or dtype made one: not copied again.
+    cast = value_policy(dtype=torch.float64, reduce=lambda t: t * 2)(torch.ones(2))
+    assert cast.dtype == torch.float64 and cast._base is None

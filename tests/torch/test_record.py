@@ -2519,7 +2519,15 @@ def _mlp():
 
 
 @pytest.mark.parametrize(
-    "options", [{}, {"copy": "detach"}, {"copy": "deepcopy"}, {"grad": True}, {"dtype": torch.float64}]
+    "options",
+    [
+        {},
+        {"copy": "detach"},
+        {"copy": "deepcopy"},
+        {"grad": True},
+        {"copy": "detach", "grad": True},  # (it kept the dead batched tensor)
+        {"dtype": torch.float64},
+    ],
 )
 def test_values_recorded_inside_vmap_are_the_whole_batch_batch_dimension_first(options):
     # They were vmap's batched tensors, dead once vmap returned: every op on them raised,
