@@ -632,6 +632,11 @@ def _annotations(func: types.FunctionType) -> Tuple[str, Any]:
     return "__annotations__", None
 
 
+def _no_slot() -> None:
+    """What a pickled slot loads as (see :meth:`_Slot.__reduce__`)."""
+    return None
+
+
 class _Slot:
     """One place that holds a patched function, and every patch applied to it.
 
@@ -672,6 +677,11 @@ class _Slot:
         #: The code arm() put in and the sys.monitoring local events it carried onto it (3.12+):
         #: disarm() carries back only those a tool changed on it meanwhile.
         self._put_in: Optional[Tuple[types.CodeType, LocalEvents]] = None
+
+    def __reduce__(self) -> Tuple[Callable[[], None], Tuple[()]]:
+        # A recording copy holds its slot in its __dict__, which cloudpickle and dill send
+        # with the function (joblib, Ray, Dask): it arrives a plain function, recording nothing.
+        return _no_slot, ()
 
     def plan(self, patches: List[Patch]) -> types.CodeType:
         """Build the probed code for ``patches`` without changing anything.
@@ -805,12 +815,16 @@ class _Slot:
     def _replaced(self) -> bool:
         """Whether someone else put code in ``live`` meanwhile: theirs stays, never swapped.
 
-        Once they put back the code this slot had set (a tool that saved ``f.__code__``
-        and restores it), it is this slot's again: else probed code would stay for good.
+        Once they put back the code this slot had set, or any it built (a tool that saved
+        ``f.__code__`` and restores it, after the recording it saved it in), it is this
+        slot's again: else probed code would stay for good.
         """
-        if self.replaced and self.live.__code__ is self._code:
+        current = self.live.__code__
+        if current is not self._code and self._built(current):
+            self._code = current
+        if self.replaced and current is self._code:
             self.replaced = False
-        if not self.replaced and self.live.__code__ is not self._code:
+        if not self.replaced and current is not self._code:
             self.replaced = True
             warn(
                 f"{self.live.__qualname__}'s code was replaced while it was patched (its "
@@ -818,6 +832,14 @@ class _Slot:
                 "in place and records nothing of it: remove the patch and patch it again to record it"
             )
         return self.replaced
+
+    def _built(self, code: types.CodeType) -> bool:
+        """Whether this slot built ``code`` for its present patches (or it is the original's)."""
+        return (
+            code is self.original_code
+            or code is self.probed
+            or any(code is built for built in self._subsets.values())
+        )
 
     def release(self) -> None:
         untrack(self)
@@ -1457,7 +1479,7 @@ class _Restore:
         self.holder, self.attribute, self.own, self.ours = holder, attribute, own, ours
         stand_in = _unwrap_installed(ours)
         #: What the stand-in started with: changes made through it go to the original.
-        self.given = ({name: getattr(stand_in, name) for name in _CARRIED}, dict(vars(stand_in)))
+        self.given = ({name: getattr(stand_in, name, _MISSING) for name in _CARRIED}, dict(vars(stand_in)))
         #: Its annotations then, unevaluated where they are lazy (3.14).
         self.annotations = _annotations(stand_in)
         #: Kept apart: autoreload also sets the stand-in's ``__dict__`` (the new function's).
@@ -1536,8 +1558,9 @@ class _Restore:
                 )
         given, attributes = self.given
         for name, value in given.items():
-            if getattr(stand_in, name) is not value:  # set anew (a dict changed in place is shared)
-                setattr(original, name, getattr(stand_in, name))
+            now_set = getattr(stand_in, name, _MISSING)  # (_MISSING: __type_params__ before 3.12)
+            if now_set is not value:  # set anew (a dict changed in place is shared)
+                setattr(original, name, now_set)
         annotations = _annotations(stand_in)
         if annotations[1] is not self.annotations[1]:
             setattr(original, *annotations)
@@ -1551,7 +1574,16 @@ class _Restore:
 
 #: A function's own attributes :meth:`_Restore._carry_back` carries (those in its ``__dict__`` too).
 #: (And its annotations: see _annotations.)
-_CARRIED = ("__defaults__", "__kwdefaults__", "__doc__", "__name__", "__qualname__")
+#: (__type_params__: 3.12+.)
+_CARRIED = (
+    "__defaults__",
+    "__kwdefaults__",
+    "__doc__",
+    "__name__",
+    "__qualname__",
+    "__module__",
+    "__type_params__",
+)
 
 
 def _put(held: Dict[str, Any], attribute: str, value: Any) -> None:

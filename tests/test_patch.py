@@ -5,6 +5,8 @@ import os
 import pickle
 import sys
 import types
+import typing
+import warnings
 
 import pytest
 
@@ -227,6 +229,26 @@ def test_code_another_tool_swapped_and_put_back_while_patched_is_ours_again():
     patch.remove()
     assert f.__code__ is original and f(2) == 3
     assert len(during) == 0 and rec.all("tests.test_patch:f:x@0") == [5]
+
+
+def test_probed_code_a_tool_saved_during_a_recording_and_puts_back_after_it_is_ours_still():
+    # It was taken for code set anew: the probes stayed in f for good, recording nothing.
+    def f(a):
+        x = a + 1
+        return x
+
+    original = f.__code__
+    patch = bcrecord.patch_function(f, "x")
+    with bcrecord.recording():
+        saved = f.__code__
+    f.__code__ = saved  # (the probed code, outside any recording)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with bcrecord.recording() as rec:
+            assert f(4) == 5
+        assert f.__code__ is original and f(1) == 2
+        patch.remove()
+    assert f.__code__ is original and rec.all("tests.test_patch:f:x@0") == [5]
 
 
 @pytest.mark.skipif(not hasattr(sys, "monitoring"), reason="sys.monitoring is 3.12+")
@@ -2571,7 +2593,13 @@ def test_defaults_and_attributes_set_through_a_patched_method_stay_after_it_is_r
     with bcrecord.patch_method(A, "m", ["x"]):
         A.m.__kwdefaults__ = {"c": 300}  # set anew, not changed in place
         A.m.__doc__ = "set while patched"
+        A.m.__module__ = "package.models"  # a library giving its public functions their home (was lost)
     assert A().m(1) == 321 and A.m.__doc__ == "set while patched"
+    assert A.m.__module__ == "package.models"
+    if hasattr(A.m, "__type_params__"):  # 3.12+
+        with bcrecord.patch_method(A, "m", ["x"]):
+            A.m.__type_params__ = (typing.TypeVar("T"),)
+        assert [param.__name__ for param in A.m.__type_params__] == ["T"]
 
 
 def test_a_patch_s_repr_names_an_instance_by_its_class_without_calling_its_repr():
@@ -2928,6 +2956,24 @@ def test_a_copy_instrument_made_pickles_by_name_where_it_took_the_original_s_pla
         pickle.dumps(copy)
     module.f = copy
     assert pickle.loads(pickle.dumps(copy)) is copy
+
+
+def test_a_recording_copy_pickled_by_value_arrives_a_plain_function():
+    # cloudpickle and dill (joblib, Ray, Dask) send a __main__ function by value, its __dict__
+    # with it: the slot bcrecord keeps there was refused ("a Patch cannot be pickled").
+    import cloudpickle
+
+    @bcrecord.record_locals("x")
+    def step(a):
+        x = a + 1
+        return x
+
+    doubled = bcrecord.instrument(lambda a: a * 2, "return", name="twice")
+    sent, sent_doubled = (pickle.loads(cloudpickle.dumps(func)) for func in (step, doubled))
+    with bcrecord.recording() as rec:
+        assert sent(1) == 2 and sent_doubled(3) == 6
+        assert step(2) == 3
+    assert dict(rec.items()) == {"tests.test_patch:step:x@0": 3}  # (none of the sent ones)
 
 
 def test_a_numba_function_is_refused_saying_its_calls_run_no_bytecode_and_what_records_instead():
