@@ -802,6 +802,53 @@ def test_an_attribute_the_model_sets_while_running_is_not_refused_before_it_runs
     assert set(runner.message_hub.get_info("runner_model:forward:self.last_outputs")) == {"loss"}
 
 
+class _Stats:
+    def __init__(self):
+        self.seen = []
+
+
+class _Counting(ToyModel):
+    def __init__(self):
+        super().__init__()
+        self.stats = _Stats()  # a plain object the forward changes in place
+
+    def forward(self, inputs, data_samples, mode="tensor"):
+        self.stats.seen.append(len(inputs))
+        return super().forward(inputs, data_samples, mode)
+
+
+def test_an_attribute_recorder_deep_copies_what_is_no_tensor_as_the_proposal_does(tmp_path):
+    # Under 'clone' such a value (a module, an object) was the live object: the message hub and
+    # the saved records showed its state later on, not when the method started.
+    recorders = [
+        dict(type="AttributeRecorder", target="self.stats"),
+        dict(type="AttributeRecorder", target="self.linear1"),
+        dict(type="FunctionRecorder", target="self.stats", index=[0]),  # (as the proposal: itself)
+    ]
+    model = _Counting()
+    seen, weights = [], []
+
+    class Reads(Hook):
+        priority = "LOW"
+
+        def before_train_iter(self, runner, batch_idx, data_batch=None):
+            weights.append(model.linear1.weight.detach().clone())
+
+        def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None):
+            seen.append(runner.message_hub.get_info("runner_model:forward:self.stats").seen)
+
+    hook = dict(type="RecorderHook", recorders=recorders, save_dir=str(tmp_path / "records"), interval=4)
+    runner = make_runner(tmp_path, model, [hook, Reads()])
+    runner.train()
+    assert len(model.stats.seen) == 4 and seen == [[], [3], [3, 3], [3, 3, 3]]
+    saved = bcrecord.load(tmp_path / "records" / "train")
+    assert [stats.seen for stats in saved["runner_model:forward:self.stats"]] == [[], [3], [3, 3], [3, 3, 3]]
+    kept = saved["runner_model:forward:self.linear1"]
+    assert all(torch.equal(k.weight, w) for k, w in zip(kept, weights, strict=True))
+    assert not torch.equal(kept[0].weight, model.linear1.weight)  # (trained since)
+    assert runner.message_hub.get_info("runner_model:forward:self.stats@0") is model.stats
+
+
 def test_bad_hook_arguments_fail_when_built():
     with pytest.raises(ValueError, match="loops must name some of"):
         RecorderHook(PROPOSAL_RECORDERS, loops=["training"])
