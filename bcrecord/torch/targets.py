@@ -853,6 +853,20 @@ def _fx_stripped(name: str) -> str:
     return stem if stem and number.isdigit() and number.isascii() else name
 
 
+def _fx_wrapped(caller: types.FunctionType, callee: str) -> bool:
+    """Whether ``caller`` calls ``callee``, a bare global name, that ``torch.fx.wrap`` made a
+    leaf function of in ``caller``'s module: FX makes one node of such a call and numbers
+    nothing inside it (swin_v2's ``_get_relative_position_bias``).
+
+    >>> _fx_wrapped(_fx_wrapped, "len")
+    False
+    """
+    # fx.wrap(name) registers (id of the module's globals, name): FX swaps that global for
+    # its tracing wrapper while it traces (a private table of torch.fx's: none, if renamed).
+    wrapped = getattr(getattr(torch.fx, "_symbolic_trace", None), "_wrapped_fns_to_patch", {})
+    return "." not in callee and (id(caller.__globals__), callee) in wrapped
+
+
 def _fx_leaf(module: torch.nn.Module) -> bool:
     """Whether torchvision's FX tracer makes one node of a call of ``module`` rather than
     tracing into its forward: torch.nn's own modules but ``Sequential`` (FX's default),
@@ -952,6 +966,8 @@ def _fx_sites(
             continue  # FX runs it on the tensor itself (it proxies parameters only): no node
         if _fx_name(callee, called) == base:
             placed += [(c.positions[0], Call(callee, c.index), f"{callee}()@{c.index}") for c in calls]
+        if _fx_wrapped(func, callee):
+            continue  # one node, named above: nothing inside it numbered
         python = _python_function(called)
         if python is None:
             continue  # a tensor's method, a builtin, a class, or one of torch's functions
@@ -1228,7 +1244,7 @@ def _has_fx_sites(func: types.FunctionType, base: str, depth: int = 4) -> bool:
     if depth == 0:
         return False
     for callee in found.calls:
-        inner = _python_function(_resolved(None, func, callee))
+        inner = None if _fx_wrapped(func, callee) else _python_function(_resolved(None, func, callee))
         if inner is not None and inner is not func and _has_fx_sites(inner, base, depth - 1):
             return True
     return False

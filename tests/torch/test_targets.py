@@ -1179,6 +1179,47 @@ def test_fx_names_that_the_code_fixes_map_despite_branches_and_other_calls():
             create_feature_extractor(Mixed(), [name])
 
 
+_WRAPPED_HELPER = """
+import torch
+
+
+def scaled(x):
+    return torch.relu(x) * 2
+
+
+torch.fx.wrap("scaled")  # FX makes one node of its calls, and numbers nothing inside
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(2, 2)
+
+    def forward(self, x):
+        x = scaled(self.lin(x) - 1)
+        return torch.relu(x - 3) * 4
+"""
+
+
+def test_fx_names_map_past_a_function_fx_wrap_made_one_node():
+    # Its relu and mul were taken for ops FX numbers with the caller's: 'relu' and 'mul' refused
+    # (torchvision's swin_v2 wraps its _get_relative_position_bias).
+    import types
+
+    from bcrecord.torch import create_feature_extractor
+
+    module = types.ModuleType("bcrecord_fx_wrapped")
+    exec(compile(_WRAPPED_HELPER, "<fx_wrapped>", "exec"), module.__dict__)  # (wrap needs module level)
+    net, x = module.Net(), torch.tensor([[2.0, 0.5]])
+    traced = [node.name for node in torch.fx.symbolic_trace(net).graph.nodes]
+    assert traced == ["x", "lin", "sub", "scaled", "sub_1", "relu", "mul", "output"]
+    features = create_feature_extractor(net, ["scaled", "relu", "mul"])(x)
+    inner = module.scaled(net.lin(x) - 1)
+    assert torch.equal(features["scaled"], inner)
+    assert torch.equal(features["relu"], torch.relu(inner - 3))
+    assert torch.equal(features["mul"], torch.relu(inner - 3) * 4)
+
+
 def test_an_fx_name_with_no_site_says_what_fx_names_cannot_be_mapped():
     class Indexing(torch.nn.Module):
         def forward(self, x):
