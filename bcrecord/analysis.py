@@ -1559,6 +1559,12 @@ def _resolve(specs: Sequence[Spec], cmap: CodeMap) -> Tuple[ProbePoint, ...]:
                         "site: record its value where it is assigned to a local or returned ('return'), "
                         f"or {site})"
                     )
+                if spec.target == "super":
+                    hint = (
+                        " (super() is no call site, nor is a method called through it: from 3.12 one "
+                        "instruction loads the method through super(); record what it returns where it "
+                        "is assigned to a local or returned ('return'))"
+                    )
                 raise TargetError(f"{func} never calls {spec.target!r}; callees: {_names(cmap.calls)}{hint}")
             sites = _pick(cmap.calls[spec.target], spec.index, f"call {spec.target!r}", func)
             points += [

@@ -375,6 +375,9 @@ def test_chains_rooted_at_a_global_or_builtin_are_loads_to_record():
         resolve([Attribute("CONFIG.sub.kk", at="load")], cmap)
     with pytest.raises(TargetError, match=r"never calls 'math.flor'; callees: .* did you mean 'math.floor'"):
         resolve([Call("math.flor")], cmap)
+    # super() is never a call site (it said no more than "never calls 'super'").
+    with pytest.raises(TargetError, match=r"never calls 'super'; .* \(super\(\) is no call site, nor is"):
+        resolve([Call("super")], cmap)
 
 
 def test_return_sites_include_the_implicit_return():
