@@ -656,9 +656,15 @@ def instead_of(module: str, dotted: str, value: Any) -> Optional[str]:
         return f"{module}:{dotted}.__wrapped__"
     if isinstance(value, functools.partial):
         function = value.func
-        if isinstance(function, types.FunctionType) and "<locals>" not in function.__qualname__:
-            return f"{function.__module__}:{function.__qualname__}"
-        return None
+        if not isinstance(function, types.FunctionType) or "<locals>" in function.__qualname__:
+            return None
+        where = function.__module__
+        if where is None:  # made by exec() in globals without a __name__: named where module holds it
+            held = sys.modules.get(module)
+            if held is None or getattr(held, function.__qualname__, None) is not function:
+                return None
+            where = module
+        return f"{where}:{function.__qualname__}"
     if isinstance(inspect.getattr_static(owner, "__call__", None), types.FunctionType):
         if (
             "<locals>" not in owner.__qualname__

@@ -1764,9 +1764,12 @@ def load(directory: PathLike, keys: Optional[Iterable[str]] = None) -> Loaded:
                 "loading tensors needs the safetensors package: pip install 'bcrecord[save]'"
             ) from None
         except _Missing as missing:
-            raise StorageError(
-                f"cannot read {path}: it has no value {missing.args[0]!r} (the index names it)"
-            ) from None
+            # Values the index names are not in it (another save's file in its place: two
+            # writers, a copy mixed up): those are lost, as a damaged file's, the rest read.
+            found = missing.found
+            lost = [row for row in rows_of if row["name"] not in found]
+            why = f"it has no value {lost[0]['name']!r}, which the index names: another save's file?"
+            _warn_damaged(path, why, lost, len(lost), len(rows_of))
         except Exception as error:
             if isinstance(error, OSError) and not isinstance(error, FileNotFoundError):
                 # (a file this process may not read, a disk that fails: no damage to work round)
@@ -1803,7 +1806,12 @@ _READ_WHOLE = 64 << 20
 
 
 class _Missing(KeyError):
-    """A data file read whole lacks a value its index names (``args[0]``, the value's name)."""
+    """A data file lacks a value its index names (``args[0]``, the value's name); ``found``:
+    the wanted values it has."""
+
+    def __init__(self, name: str, found: Dict[str, Any]) -> None:
+        super().__init__(name)
+        self.found = found
 
 
 def _data_file(path: Path, wanted: Sequence[str]) -> Dict[str, Any]:
@@ -1833,7 +1841,7 @@ def _data_file(path: Path, wanted: Sequence[str]) -> Dict[str, Any]:
             raise TypeError(f"it holds a {type(found).__name__}, not a dict of values")
     for name in wanted:
         if name not in found:
-            raise _Missing(name)
+            raise _Missing(name, {name: found[name] for name in wanted if name in found})
     return found
 
 

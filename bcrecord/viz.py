@@ -118,7 +118,8 @@ def _stats(value: Any, divisor: int = 1) -> Optional[Tuple[float, float, float, 
         return _NO_NUMBERS
     import numpy as np
 
-    with np.errstate(over="ignore"):  # (an overflowed sum: summarize sums again, with a divisor)
+    # (an overflowed sum, [1e400, -1e400]'s inf - inf: summarize sums again, with a divisor)
+    with np.errstate(over="ignore", invalid="ignore"):
         total = array.sum() if divisor == 1 else (array / divisor).sum()
     return float(array.min()), float(total), float(array.max()), int(array.size)
 
@@ -203,7 +204,9 @@ def _too_large_to_draw(value: Any) -> Optional[str]:
     if stored is None or value.numel() <= _MAX_DENSE_DRAWN:
         return None
     shape = "x".join(map(str, value.shape))
-    return f"a sparse {shape} tensor with {stored[0].numel()} stored values: too large to draw dense"
+    count = stored[0].numel()
+    values = "value" if count == 1 else "values"
+    return f"a sparse {shape} tensor with {count} stored {values}: too large to draw dense"
 
 
 def _first_field(value: Any) -> Optional[Tuple[str, Any]]:
@@ -687,6 +690,16 @@ def _mosaic(maps: Any, cols: int, pad: int) -> Any:
     return mosaic
 
 
+def _ordinal(number: int) -> str:
+    """``'2nd'``, ``'3rd'``, ``'11th'``...
+
+    >>> [_ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 22, 103)]
+    ['1st', '2nd', '3rd', '4th', '11th', '12th', '13th', '21st', '22nd', '103rd']
+    """
+    suffix = "th" if 10 <= number % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(number % 10, "th")
+    return f"{number}{suffix}"
+
+
 def _feature_maps(summary: KeySummary, maps: Any, note: str, max_maps: int) -> Any:
     """One picture of up to ``max_maps`` channels side by side (one image, so it draws fast)."""
     channels, height, width = maps.shape
@@ -696,7 +709,7 @@ def _feature_maps(summary: KeySummary, maps: Any, note: str, max_maps: int) -> A
     stride = max(1, math.ceil(max(height, width) / 256))
     if stride > 1:
         maps = maps[:shown, ::stride, ::stride]
-        channels_note = f"every {stride}th pixel, "
+        channels_note = f"every {_ordinal(stride)} pixel, "
         height, width = maps.shape[1:]
     else:
         channels_note = ""
@@ -821,7 +834,10 @@ def _histogram(summary: KeySummary, first: Any, last: Any, what: str = "") -> An
         low = min(low, float(array.min(initial=math.inf, where=finite)))
         high = max(high, float(array.max(initial=-math.inf, where=finite)))
     low, high = (low, high) if low <= high else (0.0, 1.0)
-    edges = np.linspace(low, high if high > low else low + 1.0, bins + 1)
+    if high <= low:  # one number: bins around it, as wide as its size allows (from 2**53, low + 1 == low)
+        spread = max(0.5, abs(low) * 2.0**-20)
+        low, high = max(low - spread, -sys.float_info.max), min(low + spread, sys.float_info.max)
+    edges = np.linspace(low, high, bins + 1)
     # Values that share a step are told apart as the first and the last saved.
     shared = _shared_steps(summary.steps) is not None
     if earlier is not None:
@@ -1060,6 +1076,8 @@ def _draw_one(
             # A key's character that the font lacks is drawn as a box; matplotlib's warning of it
             # came twice a character a picture (the key is shown whole in the table and index.html).
             warnings.filterwarnings("ignore", "Glyph .* missing from font", UserWarning)
+            # numpy's and matplotlib's on numbers near float64's largest: what fails is said below.
+            warnings.simplefilter("ignore", RuntimeWarning)
             for kind, figure in _pictures(summary, max_maps):
                 name = f"{slug}.{kind}.png"
                 _save_png(figure, plot_dir / name)
@@ -1300,12 +1318,16 @@ def view(
     if not summaries:
         print(f"{directory}: no records", file=out)
         return 0
+    # Before the table: one cut short (`bcrecord view DIR | head`) must not leave the pictures
+    # without their index, which the next view reads to remove them.
+    index_page = None
+    if plots and missing is None:
+        index_page = write_index(summaries, pictures, plot_dir, f"bcrecord records: {directory}", failed)
     print(table(summaries, getattr(out, "encoding", None)), file=out)
     if missing is not None:
         raise missing
-    if not plots:
+    if index_page is None:
         return 0
-    index_page = write_index(summaries, pictures, plot_dir, f"bcrecord records: {directory}", failed)
     for key, why in failed.items():
         print(f"bcrecord view: could not draw {key}: {why}", file=err)
     count = sum(len(files) for files in pictures.values())

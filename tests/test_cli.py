@@ -58,6 +58,7 @@ def test_targets_and_show_refusing_a_wrapper_object_give_the_path_of_the_functio
     (project / "wrappers.py").write_text(WRAPPERS)
     named = {
         "part": ("wrappers:base", "base(a, b)"),
+        "part_of_made": ("wrappers:made", "made(p)"),  # (it said 'None:made')
         "inst": ("wrappers:K.__call__", "K.__call__(self, z)"),
         "cf": ("wrappers:cf.__wrapped__", "cf(x)"),
     }

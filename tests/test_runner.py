@@ -1326,6 +1326,11 @@ class K:
 part = functools.partial(base, 1)
 inst = K()
 
+made_in = {}  # exec'd in globals without a __name__: made.__module__ is None
+exec("def made(p):\\n    q = p * 3\\n    return q\\n", made_in)
+made = made_in["made"]
+part_of_made = functools.partial(made, 2)
+
 @functools.cache
 def cf(x):
     cc = x * 3

@@ -6,6 +6,7 @@ Needs torch, safetensors and matplotlib (``pip install -e '.[torch,save,viz,test
 import collections
 import gc
 import html.parser
+import io
 import textwrap
 import weakref
 from pathlib import Path
@@ -226,6 +227,27 @@ def test_view_where_pictures_cannot_be_written_prints_the_table_first(tmp_path):
         "(move it away) (or use --no-plots)"
     )
     assert result.stdout.splitlines()[1].split() == ["m:f:x@0", "1", "2x2", "float32", "1", "1", "1"]
+
+
+def test_view_cut_short_while_printing_its_table_leaves_the_pictures_with_their_index(tmp_path):
+    # `bcrecord view DIR | head`: the table's write failed before index.html was written, and the
+    # next view, which removes the pictures index.html names, left them there for good.
+    pytest.importorskip("matplotlib")
+    from bcrecord.viz import view
+
+    records = tmp_path / "records"
+    bcrecord.save({"m:f:x@0": [torch.ones(2, 2)], "m:f:y@0": [1.0]}, records)
+
+    class ClosedPipe(io.StringIO):
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    with pytest.raises(BrokenPipeError):
+        view(records, out=ClosedPipe(), err=io.StringIO())
+    plots = records / "plots"
+    assert "m_f_x@0.heatmap.png" in (plots / "index.html").read_text()
+    view(records, keys="m:f:y@0", out=io.StringIO(), err=io.StringIO())
+    assert sorted(path.name for path in plots.iterdir()) == ["index.html"]  # (x's pictures removed)
 
 
 def test_view_bad_input(tmp_path):
@@ -547,6 +569,21 @@ def test_a_histogram_s_title_counts_the_infinities_and_nans_it_leaves_out(tmp_pa
     assert (edges[0], edges[-1]) == (0.0, 100.0)
 
 
+def test_a_histogram_of_one_large_number_has_its_bar(tmp_path):
+    # From 2**53, low + 1.0 == low: every bin edge was that number, and the picture empty
+    # (an attention mask filled with torch.finfo(torch.float32).min).
+    pytest.importorskip("matplotlib")
+    from bcrecord.viz import _pictures, summarize
+
+    for fill in (torch.finfo(torch.float32).min, 1e20, 3.0, torch.finfo(torch.float64).max):
+        values = {"m:f:mask@0": [torch.full((4, 4), fill, dtype=torch.float64)]}
+        folder = tmp_path / str(len(list(tmp_path.iterdir())))
+        [summary] = summarize(bcrecord.load(bcrecord.save(values, folder)))
+        [histogram] = [figure for kind, figure in _pictures(summary, max_maps=32) if kind == "hist"]
+        bars = histogram.axes[0].patches[0].get_data()
+        assert bars.edges[0] < bars.edges[-1] and sum(bars.values) == 16, fill
+
+
 def test_the_table_and_the_steps_picture_give_numbers_near_float64_s_largest_their_mean_and_std(tmp_path):
     pytest.importorskip("matplotlib")
     import warnings
@@ -615,6 +652,8 @@ def test_feature_maps_of_large_maps_are_thinned_before_they_are_drawn():
     # Every 4th pixel: a map of 250x150 in the mosaic, not 1000x600 (gigabytes for big maps).
     image = figure.axes[0].images[0].get_array()
     assert max(image.shape) < 600 and "every 4th pixel" in figure._suptitle.get_text()
+    figure = _feature_maps(summary, maps[:, :600, :300], "4-D", max_maps=32)
+    assert "every 3rd pixel" in figure._suptitle.get_text()  # (it said 'every 3th')
     assert image[0, 1] == pytest.approx(4 / (996 * 600 + 596))  # (0, 4) of map 0 over its kept maximum
 
 
