@@ -1449,7 +1449,7 @@ def _put_back_left(obj: Any = None, method: Optional[str] = None, stand_in: Any 
         if stand_in is not None:
             if left is not stand_in:
                 continue
-        elif attribute != method or not (holder is obj or isinstance(obj, type) and isinstance(holder, obj)):
+        elif attribute != method or not _reaches(obj, holder):
             continue
         if _unwrap_installed(vars(holder).get(attribute, _MISSING)) is not left:
             continue  # (not back there, or not yet: the replacement is still in force)
@@ -1463,6 +1463,17 @@ def _put_back_left(obj: Any = None, method: Optional[str] = None, stand_in: Any 
             delattr(holder, attribute)
         else:
             setattr(holder, attribute, own)
+
+
+def _reaches(obj: Any, holder: Any) -> bool:
+    """Whether a patch of ``obj``'s method may meet what ``holder`` holds under that name:
+    ``holder`` itself, an instance of the class ``obj``, or the class (or a base class) of
+    the instance or class ``obj``, whose method it finds there (its instances and subclasses)."""
+    if holder is obj or (isinstance(obj, type) and isinstance(holder, obj)):
+        return True
+    if not isinstance(holder, type):
+        return False
+    return issubclass(obj, holder) if isinstance(obj, type) else isinstance(obj, holder)
 
 
 class _Restore:

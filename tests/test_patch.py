@@ -2190,6 +2190,21 @@ def test_a_mock_ended_after_the_patch_was_removed_leaves_the_original_to_the_nex
         assert A.__dict__["m"] is original and b.m(3) == 4
     assert rec.all("fn:m:y@0") == [4] and original.__code__ is patch.original_code
 
+    # The next patch of an instance or a subclass that finds the class's stand-in puts it back too
+    # (only the class's own next patch did: the stand-in, refusing pickles, stayed for good).
+    class S(A):
+        pass
+
+    for holder in (A(), S):
+        patch = bcrecord.patch_method(A, "m", "y")
+        with mock.patch.object(A, "m", return_value=0):
+            with pytest.warns(bcrecord.RecordingWarning, match="was replaced while patched"):
+                patch.remove()
+        assert A.__dict__["m"] is not original
+        with bcrecord.patch_method(holder, "m", "y", name="next"):
+            assert A.__dict__["m"] is original
+        assert A.__dict__["m"] is original
+
 
 def test_a_left_stand_in_that_autoreload_updated_stays_the_method_and_the_next_patch_records_it():
     # A mock ended after the patch's removal puts back the stand-in; autoreload then sets its code
