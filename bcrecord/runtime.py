@@ -1388,7 +1388,41 @@ def _deepcopy_after_plugins(value: Any) -> Any:
             load_plugin(cls)
         if len(_PLUGINS) < plugins:  # (one registered its copies: this value's may be among them)
             return copy_value(value, "deepcopy")
-    return _copy_module.deepcopy(value)
+    return deepcopy_as_registered(value)
+
+
+def deepcopy_as_registered(value: Any) -> Any:
+    """``copy.deepcopy(value)``, but each object in it (through lists, tuples, sets, dicts and
+    dataclasses) whose class has a copier of its own under ``'deepcopy'``
+    (:func:`register_copy`) copied by that copier, as one alone is (an object met twice, once).
+
+    >>> class Handle:
+    ...     def __init__(self, v): self.v = v
+    ...     def __deepcopy__(self, memo): raise TypeError("no deep copy")
+    >>> register_copy(Handle, "deepcopy", lambda h: Handle(h.v))
+    >>> copied = deepcopy_as_registered({"k": [Handle(1)]})
+    >>> copied["k"][0].v
+    1
+    >>> _unregister_copy(Handle, "deepcopy")
+    """
+    # Given in deepcopy's memo: it takes each of them where it meets it (by id), shared ones too.
+    memo: Dict[int, Any] = {}
+    if any(policy == "deepcopy" and cls is not object for policy, cls in _registered):
+        for item in reachable(value):
+            copier = _own_deepcopy(type(item)) if item is not value else None
+            if copier is not None:
+                memo[id(item)] = copier(item)
+    return _copy_module.deepcopy(value, memo)
+
+
+def _own_deepcopy(cls: type) -> Optional[Copier]:
+    """The copier :func:`register_copy` gave ``cls`` or a base class under ``'deepcopy'`` (not
+    ``object``'s: what copies anything, such as the torch layer's whole containers)."""
+    for klass in cls.__mro__[:-1]:
+        copier = _registered.get(("deepcopy", klass))
+        if copier is not None:
+            return copier
+    return None
 
 
 def reachable(value: Any) -> Iterator[Any]:
@@ -2267,7 +2301,8 @@ class Recording:
         return default if not values else values[-1]
 
     def keys(self) -> List[str]:
-        """Recorded keys, in the order each was first recorded.
+        """Recorded keys (those with a value), in the order their probes first ran in this
+        recording (a key whose first value failed to copy, see :attr:`errors`, keeps that place).
 
         >>> import bcrecord
         >>> with bcrecord.recording() as rec:

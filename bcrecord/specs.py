@@ -443,6 +443,23 @@ def _parses(text: str) -> bool:
     return True
 
 
+def _one_call(text: str) -> bool:
+    """Whether ``text`` ends with the one pair of parentheses its first ``(`` opens: a call
+    (``'f(g(x))'``), not a call of a call's result (``'f()()'``).
+
+    >>> _one_call("f(g(x), y)"), _one_call("f()()"), _one_call("f")
+    (True, False, False)
+    """
+    start, depth = text.find("("), 0
+    if start < 0:
+        return False
+    for at, char in enumerate(text[start:], start):
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if depth == 0:
+            return not text[at + 1 :].strip()
+    return False
+
+
 def _parse_one_str(text: str) -> Spec:
     spec_part = text.rpartition(":")[2].strip()
     if ":" in text and spec_part and _parses(spec_part):  # no spec holds a ':'
@@ -458,9 +475,13 @@ def _parse_one_str(text: str) -> Spec:
     if match is None and _DOTTED.match(text) is not None:
         _names(text.strip(), "a target", short=True)  # a call written in it ('f(x, y)'): says what to write
     head, at, index_text = text.rpartition("@")
-    call = _DOTTED.match(head) if match is None and at else None
-    if call is not None and _SHORT.match(f"x@{index_text}"):
-        callee = re.sub(r"\s", "", call.group("callee"))
+    call = _DOTTED.match(head) if at and _one_call(head) else None
+    callee = "" if call is None else re.sub(r"\s", "", call.group("callee"))
+    bare = call is not None and re.sub(r"\s", "", head) == f"{callee}()"
+    if bare and match is None and _SHORT.match(f"x@{index_text}"):
+        raise SpecError(f"{text!r}: a call site is written without spaces: '{callee}()@{index_text.strip()}'")
+    # (with arguments, spaced or not: 'f(x)@1' matches _SHORT too; 'f()@1' is the short form)
+    if call is not None and not bare and _SHORT.match(f"x@{index_text}"):
         # ('f(x, y)@1': with its index, as the short form without one is told)
         raise SpecError(
             f"{text!r}: a call site is written without its arguments: '{callee}()@{index_text.strip()}'"

@@ -98,6 +98,9 @@ def test_a_function_recorder_target_that_cannot_be_recorded_says_what_to_write(r
         ("self.fc(x)", r"'self.fc\(x\)': a call site is written without its arguments: 'self.fc\(\)'"),
         ("len(x, 2)", r"without its arguments: 'len\(\)'"),
         ("len(x, 2)@1", r"^'len\(x, 2\)@1': a call site is written without its arguments: 'len\(\)@1'$"),
+        # Without spaces it was told 'f()', which records every site, not site 1.
+        ("f(x)@1", r"^'f\(x\)@1': a call site is written without its arguments: 'f\(\)@1'$"),
+        ("self.fc(g(x))@[0,1]", r"without its arguments: 'self.fc\(\)@\[0,1\]'$"),
         ("f().g()", r"no call's result \(f\(\).g\) in code; .*, or the call 'f\(\)'"),
         ("super().__init__()", r"or returned \('return'\)$"),
         ("<@0", r"'<' is an operator bcrecord does not record \(comparisons"),
@@ -219,6 +222,7 @@ def test_a_call_without_arguments_given_as_a_local_or_an_attribute_is_told_call(
     [
         ("self.fc ( )", "'self.fc ( )': a call site is written without spaces: 'self.fc()'"),
         ("self . fc()", "'self . fc()': a call site is written without spaces: 'self.fc()'"),
+        ("self.fc ( )@1", "'self.fc ( )@1': a call site is written without spaces: 'self.fc()@1'"),
     ],
 )
 def test_a_call_in_a_spec_s_short_form_is_told_the_short_form_that_parses(text, message):
@@ -227,7 +231,7 @@ def test_a_call_in_a_spec_s_short_form_is_told_the_short_form_that_parses(text, 
     with pytest.raises(SpecError) as caught:
         parse(text)
     assert str(caught.value) == message
-    assert parse(message.rpartition(" ")[2].strip("'")) == Call("self.fc")
+    assert parse(message.rpartition(" ")[2].strip("'")) == Call("self.fc", 1 if "@" in text else None)
 
 
 @pytest.mark.parametrize("make", [lambda: parse("self . fc(x)"), lambda: Local("self . fc(x)")])

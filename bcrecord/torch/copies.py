@@ -50,6 +50,7 @@ from ..runtime import (
     copied_once,
     copies_without_python,
     copy_value,
+    deepcopy_as_registered,
     load_plugin,
     reachable,
     register_copy,
@@ -336,7 +337,7 @@ def _deepcopy_outside_autograd(value: Any) -> Any:
         return _copy_module.deepcopy(value)  # (an object that holds one its own way: the errors say so)
     if not _requires_grad_within(value):
         try:
-            return _copy_module.deepcopy(value)
+            return deepcopy_as_registered(value)  # (a plug-in's object in it: as its copier copies it)
         except RuntimeError:  # one in the graph inside an object in it (a holder: ImageList, a cache)
             pass
     return _map(value, _detached_copy, functools.partial(copy_value, policy="deepcopy"), policy="deepcopy")
