@@ -1868,15 +1868,18 @@ def _read_program(program: str, args: Sequence[str]) -> _Program:
 _DYNAMO = ("torch", "torch._dynamo")
 
 
-def _torch_layer_for_dynamo() -> None:
+def _torch_layer_for_dynamo(imported: Optional[types.ModuleType] = None) -> None:
     """Import :mod:`bcrecord.torch` once the program has Dynamo (fully imported), before it
     compiles anything: else Dynamo traces into probes and bcrecord's own code (extra graph
-    breaks, recompiles). Not for torch alone: it would cost the program Dynamo's import."""
+    breaks, recompiles). Not for torch alone: it would cost the program Dynamo's import.
+    ``imported``: the module whose import just ran its code (still marked as initializing)."""
     torch = sys.modules.get("torch")
     if "torch._dynamo" not in sys.modules or torch is None or "bcrecord.torch" in sys.modules:
         return
-    if getattr(getattr(torch, "__spec__", None), "_initializing", False):
-        return  # torch imports it while itself being imported: when torch is done, then
+    if imported is not torch and getattr(getattr(torch, "__spec__", None), "_initializing", False):
+        # torch imports it while itself being imported (torch up to 2.8 does): when torch's
+        # code is done, then (this is called again for torch, its code run)
+        return
     end = silence()
     try:
         importlib.import_module("bcrecord.torch")
@@ -2074,7 +2077,7 @@ class _Runner:
 
     def _after_import(self, module: types.ModuleType) -> None:
         if module.__name__ in _DYNAMO:
-            _torch_layer_for_dynamo()
+            _torch_layer_for_dynamo(module)
             if module.__name__ not in self.groups:
                 return
         if self.program.file is not None and module.__name__ in self.program.main_names:

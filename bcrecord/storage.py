@@ -1764,12 +1764,14 @@ def load(directory: PathLike, keys: Optional[Iterable[str]] = None) -> Loaded:
                 "loading tensors needs the safetensors package: pip install 'bcrecord[save]'"
             ) from None
         except _Missing as missing:
-            # Values the index names are not in it (another save's file in its place: two
-            # writers, a copy mixed up): those are lost, as a damaged file's, the rest read.
-            found = missing.found
-            lost = [row for row in rows_of if row["name"] not in found]
-            why = f"it has no value {lost[0]['name']!r}, which the index names: another save's file?"
-            _warn_damaged(path, why, lost, len(lost), len(rows_of))
+            # A value the index names is not in it: another save's file in its place (two writers,
+            # a copy mixed up), whose values of the same names are not this save's: none is read.
+            found = {}
+            names = [
+                row["name"] for entries in _index_saves(directory) for row in entries if row["file"] == file
+            ]
+            why = f"it has no value {missing.args[0]!r}, which the index names: another save's file?"
+            _warn_damaged(path, why, rows_of, len(names), len(names))
         except Exception as error:
             if isinstance(error, OSError) and not isinstance(error, FileNotFoundError):
                 # (a file this process may not read, a disk that fails: no damage to work round)
@@ -1806,12 +1808,7 @@ _READ_WHOLE = 64 << 20
 
 
 class _Missing(KeyError):
-    """A data file lacks a value its index names (``args[0]``, the value's name); ``found``:
-    the wanted values it has."""
-
-    def __init__(self, name: str, found: Dict[str, Any]) -> None:
-        super().__init__(name)
-        self.found = found
+    """A data file read whole lacks a value its index names (``args[0]``, the value's name)."""
 
 
 def _data_file(path: Path, wanted: Sequence[str]) -> Dict[str, Any]:
@@ -1841,7 +1838,7 @@ def _data_file(path: Path, wanted: Sequence[str]) -> Dict[str, Any]:
             raise TypeError(f"it holds a {type(found).__name__}, not a dict of values")
     for name in wanted:
         if name not in found:
-            raise _Missing(name, {name: found[name] for name in wanted if name in found})
+            raise _Missing(name)
     return found
 
 

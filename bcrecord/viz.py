@@ -834,10 +834,16 @@ def _histogram(summary: KeySummary, first: Any, last: Any, what: str = "") -> An
         low = min(low, float(array.min(initial=math.inf, where=finite)))
         high = max(high, float(array.max(initial=-math.inf, where=finite)))
     low, high = (low, high) if low <= high else (0.0, 1.0)
-    if high <= low:  # one number: bins around it, as wide as its size allows (from 2**53, low + 1 == low)
-        spread = max(0.5, abs(low) * 2.0**-20)
-        low, high = max(low - spread, -sys.float_info.max), min(low + spread, sys.float_info.max)
-    edges = np.linspace(low, high, bins + 1)
+    largest = max(abs(low), abs(high))
+    if (high - low) / bins <= 4 * math.ulp(largest):
+        # One number, or numbers too close for bins between them (from 2**53, low + 1 == low):
+        # bins around them, as wide as their size allows.
+        middle, spread = low / 2 + high / 2, max(0.5, largest * 2.0**-20)
+        low, high = max(middle - spread, -sys.float_info.max), min(middle + spread, sys.float_info.max)
+    if math.isfinite(high - low):
+        edges = np.linspace(low, high, bins + 1)
+    else:  # (-1e308 and 1e308: their difference overflows, its halves' does not)
+        edges = np.linspace(low / 2, high / 2, bins + 1) * 2
     # Values that share a step are told apart as the first and the last saved.
     shared = _shared_steps(summary.steps) is not None
     if earlier is not None:
@@ -1322,7 +1328,10 @@ def view(
     # without their index, which the next view reads to remove them.
     index_page = None
     if plots and missing is None:
-        index_page = write_index(summaries, pictures, plot_dir, f"bcrecord records: {directory}", failed)
+        try:
+            index_page = write_index(summaries, pictures, plot_dir, f"bcrecord records: {directory}", failed)
+        except BcrecordError as error:  # (said after the table, as a picture not written is)
+            missing = error
     print(table(summaries, getattr(out, "encoding", None)), file=out)
     if missing is not None:
         raise missing

@@ -3026,3 +3026,29 @@ def test_a_child_forked_while_another_thread_holds_a_lock_of_the_run_records_and
         assert fork_while_held(lock, in_child) == f"([({patch.keys[0]!r}, 0, 42)], True)"
     finally:
         patch.remove()
+
+
+def test_the_torch_layer_is_loaded_once_torch_s_code_is_done_where_importing_torch_imports_dynamo(
+    monkeypatch,
+):
+    # Up to torch 2.8, `import torch` imports torch._dynamo itself: the runner put the torch layer
+    # off "until torch is done" and never came back to it, so Dynamo traced into the probes.
+    import importlib
+    import importlib.machinery
+    import types
+
+    from bcrecord import runner
+
+    torch = types.ModuleType("torch")
+    torch.__spec__ = importlib.machinery.ModuleSpec("torch", None)
+    torch.__spec__._initializing = True  # (as importlib leaves it until torch's code returns)
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setitem(sys.modules, "torch._dynamo", types.ModuleType("torch._dynamo"))
+    monkeypatch.delitem(sys.modules, "bcrecord.torch", raising=False)
+    loaded = []
+    monkeypatch.setattr(runner.importlib, "import_module", loaded.append)
+    runner._torch_layer_for_dynamo(sys.modules["torch._dynamo"])  # (Dynamo's code done, torch's not)
+    runner._torch_layer_for_dynamo()
+    assert loaded == []
+    runner._torch_layer_for_dynamo(torch)  # torch's code done
+    assert loaded == ["bcrecord.torch"]

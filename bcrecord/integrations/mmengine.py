@@ -42,7 +42,6 @@ See ``docs/mmengine.md`` for the whole guide.
 from __future__ import annotations
 
 import collections.abc
-import dataclasses
 import difflib
 import dis
 import fnmatch
@@ -966,14 +965,8 @@ class RecorderHook(Hook):
                 missing = _missing_attribute(target, rc.spec)
                 if missing is not None:
                     raise _fail(rc.where, missing)
-                spec = rc.spec
-                attribute = rc.config.get("type") == "AttributeRecorder"
-                if attribute and spec.copy is None and self.copy == "clone":
-                    # The proposal's: a tensor's detached clone, anything else deep-copied (a
-                    # module, a list of stats: 'clone' would keep it itself, changed later).
-                    spec = dataclasses.replace(spec, copy="deepcopy")
                 try:
-                    applied.append(patch_method(target, rc.method, spec, name=rc.owner))
+                    applied.append(patch_method(target, rc.method, rc.spec, name=rc.owner))
                 except BcrecordError as error:
                     what = f"{rc.owner}.{rc.method}" if rc.model else f"runner.model.{rc.method}"
                     said = f"cannot record in {what}: {error}{_in_dict_form(error)}"

@@ -75,7 +75,28 @@ _hooks_refused: Callable[[], Optional[str]] = getattr(
 #: How many dispatch modes are on (a C call per recorded tensor; almost always none).
 _dispatch_modes: Callable[[], int] = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 0)
 #: Whether a torch-function mode is on (a C call per recorded tensor; almost always none).
-_function_modes: Callable[[], bool] = getattr(torch._C, "_is_torch_function_mode_enabled", lambda: False)
+_function_mode_on: Callable[[], bool] = getattr(torch._C, "_is_torch_function_mode_enabled", lambda: False)
+_function_stack_len: Callable[[], int] = getattr(torch._C, "_len_torch_function_stack", lambda: 1)
+_function_stack_at: Callable[[int], Any] = getattr(torch._C, "_get_function_stack_at", lambda k: None)
+try:
+    from torch.utils._device import DeviceContext as _DeviceContext
+except ImportError:  # pragma: no cover - depends on the torch version
+    _DeviceContext = type(None)
+
+
+def _function_modes() -> bool:
+    """Whether a torch-function mode is on that may run the program's Python code: any but the
+    one ``torch.set_default_device`` turns on for the whole program (torch's, calling nothing
+    patched: copies under it need not be run silently, which costs several times the copy).
+
+    >>> _function_modes()
+    False
+    """
+    if not _function_mode_on():
+        return False
+    return any(not isinstance(_function_stack_at(k), _DeviceContext) for k in range(_function_stack_len()))
+
+
 #: Whether a copy runs inside :func:`_around_modes` already.
 _minding_modes: contextvars.ContextVar[bool] = contextvars.ContextVar("bcrecord_minding_modes", default=False)
 #: Whether the values copied now go back into the code that runs the model (an extractor returns
@@ -245,7 +266,7 @@ def clone(tensor: torch.Tensor) -> torch.Tensor:
 
     ``tensor.clone()``: a tensor that takes part in autograd stays in the graph, any
     other is copied as :func:`detached_clone` copies it (the same op there; under
-    ``torch.inference_mode``, a normal tensor too). One call, one check: it runs for every
+    ``torch.inference_mode``, a normal tensor too). Few calls and checks: it runs for every
     recorded tensor.
 
     >>> import torch
@@ -302,6 +323,8 @@ def _kept_in_graph(tensor: torch.Tensor) -> torch.Tensor:
     """``tensor`` itself (``copy='detach'`` with ``grad=True``), from under ``torch.func``'s
     wrappers where a transform runs (a batched tensor is dead once ``vmap`` returns)."""
     if _transforms_active() and not returned_inside.get():
+        if (_dispatch_modes() or _function_modes()) and not _minding_modes.get():  # (see _around_modes)
+            return _around_modes(_kept_in_graph, tensor)
         return outside_transforms(tensor, _itself)
     return tensor
 

@@ -854,17 +854,26 @@ def _fx_stripped(name: str) -> str:
 
 
 def _fx_wrapped(caller: types.FunctionType, callee: str) -> bool:
-    """Whether ``caller`` calls ``callee``, a bare global name, that ``torch.fx.wrap`` made a
-    leaf function of in ``caller``'s module: FX makes one node of such a call and numbers
-    nothing inside it (swin_v2's ``_get_relative_position_bias``).
+    """Whether ``caller`` calls ``callee``, a global name of its module's or a module's function
+    (``helpers.scaled``), that ``torch.fx.wrap`` made a leaf function of in that module: FX
+    makes one node of such a call and numbers nothing inside it (swin_v2's
+    ``_get_relative_position_bias``).
 
-    >>> _fx_wrapped(_fx_wrapped, "len")
-    False
+    >>> _fx_wrapped(_fx_wrapped, "len"), _fx_wrapped(_fx_wrapped, "torch.relu")
+    (False, False)
     """
     # fx.wrap(name) registers (id of the module's globals, name): FX swaps that global for
     # its tracing wrapper while it traces (a private table of torch.fx's: none, if renamed).
     wrapped = getattr(getattr(torch.fx, "_symbolic_trace", None), "_wrapped_fns_to_patch", {})
-    return "." not in callee and (id(caller.__globals__), callee) in wrapped
+    if not wrapped:
+        return False
+    owner, _, name = callee.rpartition(".")
+    if not owner:
+        return (id(caller.__globals__), name) in wrapped
+    held: Any = caller.__globals__.get(owner.split(".")[0])
+    for part in owner.split(".")[1:]:
+        held = getattr(held, part, None)
+    return isinstance(held, types.ModuleType) and (id(vars(held)), name) in wrapped
 
 
 def _fx_leaf(module: torch.nn.Module) -> bool:

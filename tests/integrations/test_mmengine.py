@@ -817,13 +817,13 @@ class _Counting(ToyModel):
         return super().forward(inputs, data_samples, mode)
 
 
-def test_an_attribute_recorder_deep_copies_what_is_no_tensor_as_the_proposal_does(tmp_path):
-    # Under 'clone' such a value (a module, an object) was the live object: the message hub and
-    # the saved records showed its state later on, not when the method started.
+def test_an_attribute_recorder_given_deepcopy_keeps_what_is_no_tensor_as_the_proposal_does(tmp_path):
+    # As the docs say: under 'clone' such a value (a module, an object) is the live object, and
+    # copy='deepcopy' gives the proposal's copy, its state when the method started.
     recorders = [
-        dict(type="AttributeRecorder", target="self.stats"),
-        dict(type="AttributeRecorder", target="self.linear1"),
-        dict(type="FunctionRecorder", target="self.stats", index=[0]),  # (as the proposal: itself)
+        dict(type="AttributeRecorder", target="self.stats", copy="deepcopy"),
+        dict(type="AttributeRecorder", target="self.linear1", copy="deepcopy"),
+        dict(type="FunctionRecorder", target="self.stats", index=[0]),  # (under 'clone': itself)
     ]
     model = _Counting()
     seen, weights = [], []

@@ -248,6 +248,13 @@ def test_view_cut_short_while_printing_its_table_leaves_the_pictures_with_their_
     assert "m_f_x@0.heatmap.png" in (plots / "index.html").read_text()
     view(records, keys="m:f:y@0", out=io.StringIO(), err=io.StringIO())
     assert sorted(path.name for path in plots.iterdir()) == ["index.html"]  # (x's pictures removed)
+    # Where index.html cannot be written, the table is shown first, as where a picture cannot.
+    (plots / "index.html").unlink()
+    (plots / "index.html").mkdir()
+    out = io.StringIO()
+    with pytest.raises(bcrecord.BcrecordError, match=r"cannot write .*index.html"):
+        view(records, out=out, err=io.StringIO())
+    assert [line.split()[0] for line in out.getvalue().splitlines()] == ["key", "m:f:x@0", "m:f:y@0"]
 
 
 def test_view_bad_input(tmp_path):
@@ -575,13 +582,15 @@ def test_a_histogram_of_one_large_number_has_its_bar(tmp_path):
     pytest.importorskip("matplotlib")
     from bcrecord.viz import _pictures, summarize
 
-    for fill in (torch.finfo(torch.float32).min, 1e20, 3.0, torch.finfo(torch.float64).max):
-        values = {"m:f:mask@0": [torch.full((4, 4), fill, dtype=torch.float64)]}
+    near = [2.0**60] * 8 + [2.0**60 + 256] * 8  # (two numbers too close for bins between them)
+    for fill in (torch.finfo(torch.float32).min, 1e20, 3.0, torch.finfo(torch.float64).max, near):
+        made = torch.tensor(near, dtype=torch.float64).reshape(4, 4) if fill is near else None
+        values = {"m:f:mask@0": [made if made is not None else torch.full((4, 4), fill, dtype=torch.float64)]}
         folder = tmp_path / str(len(list(tmp_path.iterdir())))
         [summary] = summarize(bcrecord.load(bcrecord.save(values, folder)))
         [histogram] = [figure for kind, figure in _pictures(summary, max_maps=32) if kind == "hist"]
         bars = histogram.axes[0].patches[0].get_data()
-        assert bars.edges[0] < bars.edges[-1] and sum(bars.values) == 16, fill
+        assert (bars.edges[1:] > bars.edges[:-1]).all() and sum(bars.values) == 16, fill
 
 
 def test_the_table_and_the_steps_picture_give_numbers_near_float64_s_largest_their_mean_and_std(tmp_path):

@@ -676,6 +676,45 @@ def test_a_copy_s_ops_seen_by_a_program_s_mode_record_nothing(mode, copy):
     assert torch.equal(rec["f:double:y@0"], torch.full((2,), 2.0))
 
 
+def test_a_tensor_kept_in_the_graph_from_under_vmap_is_taken_silently_under_a_mode_too():
+    # copy='detach' with grad=True inside vmap: its movedim ops were the program's values.
+    from torch.overrides import TorchFunctionMode
+
+    import bcrecord
+    from bcrecord.torch import record
+
+    class LogsCalls(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            _logged(getattr(func, "__name__", str(func)))
+            return func(*args, **(kwargs or {}))
+
+    model, x = torch.nn.Linear(3, 2), torch.randn(4, 3)
+    with bcrecord.patch_function(_logged, ["entry"], name="log"):
+        with record(model, [""], copy="detach", grad=True) as rec, bcrecord.recording() as logged:
+            with LogsCalls():
+                torch.func.vmap(model)(x)
+    assert "movedim" not in logged.all("log:_logged:entry@0")
+    assert torch.allclose(rec[":forward:return"], model(x))
+
+
+def test_the_default_device_s_mode_is_no_program_s_mode_copies_run_silently_under():
+    # torch.set_default_device turns a function mode on for the whole program: torch's own, which
+    # calls nothing patched. Silencing each copy under it cost several times the copy.
+    from torch.overrides import TorchFunctionMode
+
+    from bcrecord.torch.copies import _function_modes
+
+    previous = torch.get_default_device()
+    torch.set_default_device("cpu")
+    try:
+        assert not _function_modes()
+        with TorchFunctionMode():
+            assert _function_modes()
+    finally:
+        torch.set_default_device(previous)
+    assert not _function_modes()
+
+
 @pytest.mark.parametrize("options", [{"dtype": torch.float64}, {"reduce": torch.sum}, {"to": "meta"}])
 def test_a_set_s_tensors_take_the_options_as_a_list_s_do(options):
     # A set alone was copied by the core: dtype, reduce and to were not applied.

@@ -1218,6 +1218,22 @@ def test_fx_names_map_past_a_function_fx_wrap_made_one_node():
     assert torch.equal(features["scaled"], inner)
     assert torch.equal(features["relu"], torch.relu(inner - 3))
     assert torch.equal(features["mul"], torch.relu(inner - 3) * 4)
+    # Called through its module (helpers.scaled(x)), where FX swaps it all the same.
+    user = types.ModuleType("bcrecord_fx_wrapped_user")
+    user.helpers = module
+    exec(
+        "import torch\n"
+        "class Net(torch.nn.Module):\n"
+        "    def __init__(self, lin):\n"
+        "        super().__init__()\n"
+        "        self.lin = lin\n"
+        "    def forward(self, x):\n"
+        "        x = helpers.scaled(self.lin(x) - 1)\n"
+        "        return torch.relu(x - 3) * 4\n",
+        user.__dict__,
+    )
+    through = create_feature_extractor(user.Net(net.lin), ["relu", "mul"])(x)
+    assert torch.equal(through["relu"], features["relu"]) and torch.equal(through["mul"], features["mul"])
 
 
 def test_an_fx_name_with_no_site_says_what_fx_names_cannot_be_mapped():
