@@ -1968,6 +1968,10 @@ class Recording:
     def __enter__(self) -> Recording:
         if self._token is not None:
             raise RuntimeError("this recording is already active; make a new one to nest")
+        if "torch" in _PLUGINS and "torch" in sys.modules:
+            # Its plug-in now, not at the first tensor a probe meets: the torch layer marks the
+            # probes for torch.compile to skip, which traced into them meanwhile (recompiles).
+            load_plugin(sys.modules["torch"].Tensor)
         if self._copied_without_patches:  # it would record nothing, silently
             raise RuntimeError(
                 "this recording is a copy (pickled or copied) of one made with only=, whose patches "

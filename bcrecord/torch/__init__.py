@@ -39,13 +39,14 @@ import functools
 import sys
 import warnings
 import weakref
-from typing import Any, Callable, List, Mapping, Optional
+from typing import Any, Callable, List, Mapping, Optional, Tuple
 
 from .. import patch as _patch
 from .. import runtime as _runtime
 from . import copies  # noqa: F401  (registers tensor copies)
+from . import record as _record_module
 from .extractor import FeatureExtractor, create_feature_extractor, list_targets
-from .record import ModelRecording, RecordBlock, StopForward, patched_classes, record
+from .record import ModelRecording, RecordBlock, StopForward, _GradientHook, patched_classes, record
 from .targets import Target, expand, unwrap
 
 __all__ = [
@@ -104,6 +105,7 @@ def _probe_outside_dynamo() -> None:
     # that wrapper's line, not the user's.
     for holder, name in _RUN_EAGERLY:
         setattr(holder, name, _without_dynamo(getattr(holder, name), set_eval_frame))
+    globals()["record"] = _record_module.record  # (the name this package gives it too)
     _unmarked.extend([core, FeatureExtractor._plan, *(getattr(cls, name) for cls, name in _RUN_EAGERLY)])
     if "torch._dynamo" not in sys.modules:
         from ..runner import _ImportHook  # (the same hook `bcrecord run` patches modules with)
@@ -120,11 +122,16 @@ def _probe_outside_dynamo() -> None:
 
 
 #: Methods Dynamo runs eagerly, with everything they call (see _probe_outside_dynamo).
-_RUN_EAGERLY = [
+_RUN_EAGERLY: List[Tuple[Any, str]] = [
     (FeatureExtractor, "_first_in_mode"),
     (FeatureExtractor, "_new_recording"),
+    # record() called in a compiled function, with its block: traced, it broke the graph in
+    # reprlib and was traced again on every call.
+    (_record_module, "record"),
     (RecordBlock, "__enter__"),
     (RecordBlock, "__exit__"),
+    # A .grad target's hook, which a backward inside a compiled function runs.
+    (_GradientHook, "__call__"),
 ]
 
 

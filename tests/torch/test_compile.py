@@ -147,6 +147,7 @@ def test_importing_the_torch_layer_leaves_dynamo_unloaded_and_marks_the_probe_on
         import bcrecord.torch
         from bcrecord import runtime
         from bcrecord.torch import FeatureExtractor, RecordBlock, create_feature_extractor, record
+        from bcrecord.torch.record import _GradientHook
 
         assert "torch._dynamo" not in sys.modules
         assert not hasattr(runtime.__bcrecord_probe__, "_torchdynamo_disable")
@@ -162,9 +163,52 @@ def test_importing_the_torch_layer_leaves_dynamo_unloaded_and_marks_the_probe_on
         features = torch.compile(create_feature_extractor(net, ["1"]), backend="eager")(x)
         assert torch.equal(features["1"], net[1](net[0](x)))
         marked = [runtime.__bcrecord_probe__, FeatureExtractor._plan, FeatureExtractor._first_in_mode,
-                  FeatureExtractor._new_recording, RecordBlock.__enter__, RecordBlock.__exit__]
+                  FeatureExtractor._new_recording, RecordBlock.__enter__, RecordBlock.__exit__, record,
+                  _GradientHook.__call__]
         assert all(function._torchdynamo_disable is True for function in marked)
         assert not [f for f in sys.meta_path if type(f).__module__ == "bcrecord.runner"]  # gone
+        print("ok")
+        """
+    )
+    _prints_ok(script)
+
+
+def test_a_core_recording_loads_the_torch_layer_so_that_compiled_code_skips_its_probes():
+    # With torch imported and bcrecord.torch not, the layer was loaded at the first tensor a probe
+    # met, inside compiled code: Dynamo traced into the probe (29 graph breaks, a recompile limit).
+    import textwrap
+
+    script = textwrap.dedent(
+        """
+        import sys, warnings
+        import torch
+        import bcrecord
+
+        def helper(x):
+            y = x * 2
+            return torch.sin(y)
+
+        bcrecord.patch_function(helper, ["y"], name="h")
+
+        @torch.compile(backend="eager")
+        def f(x):
+            return helper(x + 1) * 3
+
+        x = torch.randn(3)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            with bcrecord.recording() as rec:
+                assert "bcrecord.torch" in sys.modules
+                for i in range(3):
+                    f(x + i)
+        from torch._dynamo.utils import counters
+
+        assert [torch.equal(v, (x + i + 1) * 2) for i, v in enumerate(rec.all("h:helper:y@0"))] == [True] * 3
+        # (as where the program imports bcrecord.torch first: the probe's breaks, nothing else)
+        breaks = dict(counters["graph_break"])
+        assert all("__bcrecord_probe__" in reason for reason in breaks), breaks
+        assert sum(counters["graph_break"].values()) <= 2 and counters["stats"]["unique_graphs"] <= 4
+        assert [str(w.message)[:80] for w in caught] == []
         print("ok")
         """
     )
@@ -684,6 +728,8 @@ def test_a_record_block_inside_a_compiled_function_records_without_dynamo_warnin
             out = net(x)
         return out, rec
 
+    counters = torch._dynamo.utils.counters
+    counters.clear()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         for _ in range(2):
@@ -693,6 +739,40 @@ def test_a_record_block_inside_a_compiled_function_records_without_dynamo_warnin
             assert torch.allclose(rec["bn1:forward:return"], expected["bn1"], atol=1e-5)
             assert torch.allclose(rec["blocks.1:forward:out@1"], expected["blocks.1.bn"], atol=1e-5)
     assert [str(w.message)[:80] for w in caught] == []
+    # record() itself runs eagerly too: traced, it broke the graph inside reprlib.
+    breaks = list(counters["graph_break"])
+    assert not any("sq_contains" in reason for reason in breaks), breaks
+
+
+def test_a_gradient_hook_run_by_a_backward_inside_a_compiled_function_runs_eagerly(monkeypatch):
+    # Dynamo compiled the hook's frames: graph breaks inside bcrecord and a warning that it
+    # cannot trace copy_context.
+    import warnings
+
+    monkeypatch.setattr(torch._dynamo.utils, "warn_once_cache", set())
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1))
+    torch._dynamo.reset()
+    counters = torch._dynamo.utils.counters
+    counters.clear()
+
+    @torch.compile(backend="eager")
+    def step(x):
+        loss = net(x).sum()
+        loss.backward()
+        return loss
+
+    x = torch.randn(5, 3)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with record(net, ["0:forward:return.grad"]) as rec:
+            step(x)
+    tanh_grad = 1 - torch.tanh(net[0](x)) ** 2
+    assert torch.allclose(rec["0:forward:return.grad"], net[2].weight.detach() * tanh_grad, atol=1e-6)
+    assert [str(w.message)[:80] for w in caught] == []
+    breaks = counters["graph_break"]
+    inside = [reason for reason in breaks if "inference_mode" in reason or "non-Tensor" in reason]
+    assert inside == []
 
 
 def test_a_compiled_model_still_stops_early_its_forward_being_dynamo_s():
