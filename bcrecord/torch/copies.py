@@ -719,7 +719,17 @@ class ValuePolicy:
             or (dataclasses.is_dataclass(value) and not isinstance(value, type))
             or _holder(type(value), self.copy) is not None
         ):
-            return _map(value, self._tensor, self._other, policy=self.copy)
+            try:
+                return _map(value, self._tensor, self._other, policy=self.copy)
+            except TypeError as error:  # (a reduce's dict for a tensor in a set: said so)
+                if "unhashable" not in str(error) or not any(
+                    isinstance(item, (set, frozenset)) for item in reachable(value)
+                ):
+                    raise
+                raise TypeError(
+                    f"{error}: a set in the value holds what reduce returns for its tensors, which must "
+                    "be hashable, as a set's items are (a tensor, a number)"
+                ) from None
         return copy_value(value, self.copy)
 
     def copier_for(self, cls: type) -> Callable[[Any], Any]:

@@ -727,6 +727,13 @@ def test_a_set_s_tensors_take_the_options_as_a_list_s_do(options):
         assert kept.device.type == ("meta" if "to" in options else "cpu")
 
 
+def test_a_reduce_giving_a_set_s_tensor_an_unhashable_value_is_told_why_it_cannot_be_kept():
+    with pytest.raises(TypeError, match=r"unhashable type: 'dict': a set in the value holds what reduce"):
+        value_policy(reduce=lambda t: {"mean": t.mean()})([{torch.ones(2)}])
+    with pytest.raises(TypeError, match=r"^unhashable type: 'list'$"):  # (no set: the reduce's own error)
+        value_policy(reduce=lambda t: hash([]))([torch.ones(2)])
+
+
 def test_deepcopy_under_inference_mode_gives_normal_tensors_in_containers_too():
     import bcrecord
 
