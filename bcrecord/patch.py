@@ -1469,11 +1469,12 @@ def _reaches(obj: Any, holder: Any) -> bool:
     """Whether a patch of ``obj``'s method may meet what ``holder`` holds under that name:
     ``holder`` itself, an instance of the class ``obj``, or the class (or a base class) of
     the instance or class ``obj``, whose method it finds there (its instances and subclasses)."""
-    if holder is obj or (isinstance(obj, type) and isinstance(holder, obj)):
+    # By the classes' own MROs: isinstance would ask the classes (a Protocol's refuses).
+    if holder is obj or (isinstance(obj, type) and obj in type(holder).__mro__):
         return True
     if not isinstance(holder, type):
         return False
-    return issubclass(obj, holder) if isinstance(obj, type) else isinstance(obj, holder)
+    return holder in (obj.__mro__ if isinstance(obj, type) else type(obj).__mro__)
 
 
 class _Restore:

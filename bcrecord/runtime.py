@@ -972,6 +972,10 @@ def register_copy(cls: type, policy: str, copier: Copier) -> None:
     if not callable(copier):
         raise TypeError(f"register_copy takes a function that copies a value, got {copier!r}")
     _registered[(policy, cls)] = copier
+    if policy == "deepcopy":
+        _nested_deepcopies.pop(cls, None)
+        if cls is not object and _ALONE.get(id(copier)) is not copier:
+            _nested_deepcopies[cls] = copier
     for table in _copier_cache.values():
         table.clear()
     if policy == "none":  # values under 'none' may no longer go straight into their lists
@@ -983,6 +987,8 @@ def _unregister_copy(cls: type, policy: str) -> None:
     """Drop the copier :func:`register_copy` gave ``cls`` itself under ``policy``, if any: its
     values are copied as their base classes' (``bcrecord.torch``'s ``register_holder`` again,
     for fewer policies)."""
+    if policy == "deepcopy":
+        _nested_deepcopies.pop(cls, None)
     if _registered.pop((policy, cls), None) is not None:
         for table in _copier_cache.values():
             table.clear()
@@ -1327,6 +1333,24 @@ _PLUGINS = {
 }
 
 
+def _torch_plugin_now() -> None:
+    """Load the torch plug-in (the torch layer) where the program has imported torch: its
+    probes then skip torch.compile's tracing from the first (at the first tensor a probe
+    met, inside compiled code, Dynamo had traced into them meanwhile: recompiles). Not
+    while torch is being imported (another thread), nor where ``sys.modules`` holds another
+    thing under its name (``None``, to keep it out); a plug-in that fails to import is
+    left to the first tensor, whose copy says why."""
+    torch = sys.modules.get("torch")
+    tensor = getattr(torch, "Tensor", None)
+    if not isinstance(tensor, type) or getattr(getattr(torch, "__spec__", None), "_initializing", False):
+        return
+    try:
+        importlib.import_module(_PLUGINS["torch"])
+    except Exception:  # (its import fails at the first tensor too, where a recording says so)
+        return
+    _PLUGINS.pop("torch", None)
+
+
 def load_plugin(cls: type) -> None:
     """Import the plug-in that registers copies for ``cls``'s library, the first time one is met;
     or a base class's (a cache class of a model's own code, a subclass of transformers' ``Cache``).
@@ -1403,11 +1427,11 @@ def deepcopy_as_registered(value: Any) -> Any:
     >>> copied = deepcopy_as_registered({"k": [Handle(1)]})
     >>> copied["k"][0].v
     1
-    >>> _unregister_copy(Handle, "deepcopy")
+    >>> _unregister_copy(Handle, "deepcopy")  # (this example's class: no walk for later values)
     """
     # Given in deepcopy's memo: it takes each of them where it meets it (by id), shared ones too.
     memo: Dict[int, Any] = {}
-    if any(policy == "deepcopy" and cls is not object for policy, cls in _registered):
+    if _nested_deepcopies:  # (none, mostly: no walk)
         for item in reachable(value):
             copier = _own_deepcopy(type(item)) if item is not value else None
             if copier is not None:
@@ -1415,11 +1439,30 @@ def deepcopy_as_registered(value: Any) -> Any:
     return _copy_module.deepcopy(value, memo)
 
 
+#: The classes whose copier under 'deepcopy' copies them inside containers too (deepcopy_as_registered).
+_nested_deepcopies: Dict[type, Copier] = {}
+#: Copiers for 'deepcopy' that copy a value alone only, by id (see deepcopy_alone; held: ids stay theirs).
+_ALONE: Dict[int, Any] = {}
+
+
+def deepcopy_alone(copier: Copier) -> Copier:
+    """Mark ``copier``, to be registered for ``'deepcopy'``, as one for a value alone: inside a
+    container, ``copy.deepcopy`` copies such values. The torch layer's tensor copy is one:
+    given to deepcopy's memo, it would be the copy of a module's parameter too, a tensor in a
+    copy of the module where a ``Parameter`` was. Returns ``copier``.
+
+    >>> deepcopy_alone(len) is len
+    True
+    """
+    _ALONE[id(copier)] = copier
+    return copier
+
+
 def _own_deepcopy(cls: type) -> Optional[Copier]:
-    """The copier :func:`register_copy` gave ``cls`` or a base class under ``'deepcopy'`` (not
-    ``object``'s: what copies anything, such as the torch layer's whole containers)."""
+    """The copier :func:`register_copy` gave ``cls`` or a base class under ``'deepcopy'``, for
+    values inside containers too (not ``object``'s, nor one for values alone)."""
     for klass in cls.__mro__[:-1]:
-        copier = _registered.get(("deepcopy", klass))
+        copier = _nested_deepcopies.get(klass)
         if copier is not None:
             return copier
     return None
@@ -1969,9 +2012,7 @@ class Recording:
         if self._token is not None:
             raise RuntimeError("this recording is already active; make a new one to nest")
         if "torch" in _PLUGINS and "torch" in sys.modules:
-            # Its plug-in now, not at the first tensor a probe meets: the torch layer marks the
-            # probes for torch.compile to skip, which traced into them meanwhile (recompiles).
-            load_plugin(sys.modules["torch"].Tensor)
+            _torch_plugin_now()
         if self._copied_without_patches:  # it would record nothing, silently
             raise RuntimeError(
                 "this recording is a copy (pickled or copied) of one made with only=, whose patches "

@@ -478,6 +478,8 @@ def _parse_one_str(text: str) -> Spec:
     call = _DOTTED.match(head) if at and _one_call(head) else None
     callee = "" if call is None else re.sub(r"\s", "", call.group("callee"))
     bare = call is not None and re.sub(r"\s", "", head) == f"{callee}()"
+    if call is not None and _SHORT.match(f"x@{index_text}"):
+        _parse_index_text(index_text, text)  # (a bad index said as such: no form to write with it)
     if bare and match is None and _SHORT.match(f"x@{index_text}"):
         raise SpecError(f"{text!r}: a call site is written without spaces: '{callee}()@{index_text.strip()}'")
     # (with arguments, spaced or not: 'f(x)@1' matches _SHORT too; 'f()@1' is the short form)

@@ -1727,7 +1727,10 @@ def load(directory: PathLike, keys: Optional[Iterable[str]] = None) -> Loaded:
     # run needs the memory of that key's entries, not of the index's.
     rows: List[Dict[str, Any]] = []
     saved: Dict[str, None] = {}  # every saved key, in the order first saved (for a KeyError)
+    held: Dict[str, int] = {}  # how many values the index gives each data file
     for one_save in _index_saves(directory):
+        for row in one_save:
+            held[row["file"]] = held.get(row["file"], 0) + 1
         if wanted is None:
             rows += one_save
         else:
@@ -1745,7 +1748,7 @@ def load(directory: PathLike, keys: Optional[Iterable[str]] = None) -> Loaded:
         path = directory / file
         rows_of = [rows[at] for at in at_of[file]]
         try:
-            found = _data_file(path, [row["name"] for row in rows_of])
+            found = _data_file(path, [row["name"] for row in rows_of], held[file])
         except ImportError as error:
             # safetensors' torch module imports torch: where torch is what is missing (the
             # 'save' extra installs safetensors alone), installing safetensors would not help.
@@ -1770,7 +1773,10 @@ def load(directory: PathLike, keys: Optional[Iterable[str]] = None) -> Loaded:
             names = [
                 row["name"] for entries in _index_saves(directory) for row in entries if row["file"] == file
             ]
-            why = f"it has no value {missing.args[0]!r}, which the index names: another save's file?"
+            lacks = "" if missing.args[0] is None else f"no value {missing.args[0]!r}, which the index names"
+            count = f"{missing.holds} value{'' if missing.holds == 1 else 's'}"
+            holds = f"{count} where the index names {len(names)}"
+            why = f"it has {lacks or holds}: another save's file?"
             _warn_damaged(path, why, rows_of, len(names), len(names))
         except Exception as error:
             if isinstance(error, OSError) and not isinstance(error, FileNotFoundError):
@@ -1808,18 +1814,26 @@ _READ_WHOLE = 64 << 20
 
 
 class _Missing(KeyError):
-    """A data file read whole lacks a value its index names (``args[0]``, the value's name)."""
+    """A data file lacks a value its index names (``args[0]``, the value's name), or (None) holds
+    another number of values (``holds``) than the index gives it: another save's file."""
+
+    def __init__(self, name: Optional[str], holds: int = 0) -> None:
+        super().__init__(name)
+        self.holds = holds
 
 
-def _data_file(path: Path, wanted: Sequence[str]) -> Dict[str, Any]:
+def _data_file(path: Path, wanted: Sequence[str], total: int) -> Dict[str, Any]:
     """The ``wanted`` values of one data file, by name (a safetensors file's others are not
-    read); raises where the file is damaged or missing, :class:`_Missing` where it lacks one."""
+    read); raises where the file is damaged or missing, :class:`_Missing` where it lacks one
+    or holds another number of values than ``total``, what the index gives it."""
     if path.suffix == ".safetensors":
         import safetensors.torch  # noqa: F401 (imports torch: where that fails, its ImportError says so)
         from safetensors import safe_open
 
         with safe_open(str(path), framework="pt") as tensors:
             held = set(tensors.keys())
+            if len(held) != total:
+                raise _Missing(None, len(held))
             if len(wanted) * 4 < len(held) or path.stat().st_size > _READ_WHOLE:
                 found = {name: tensors.get_tensor(name) for name in wanted if name in held}
             else:
@@ -1836,6 +1850,8 @@ def _data_file(path: Path, wanted: Sequence[str]) -> Dict[str, Any]:
         found = _unpickled(path.read_bytes())
         if not isinstance(found, dict):
             raise TypeError(f"it holds a {type(found).__name__}, not a dict of values")
+        if len(found) != total:
+            raise _Missing(None, len(found))
     for name in wanted:
         if name not in found:
             raise _Missing(name)

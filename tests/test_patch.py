@@ -2205,6 +2205,19 @@ def test_a_mock_ended_after_the_patch_was_removed_leaves_the_original_to_the_nex
             assert A.__dict__["m"] is original
         assert A.__dict__["m"] is original
 
+    # One left on a Protocol, which refuses isinstance checks, leaves other classes' patches be.
+    class Greeter(typing.Protocol):
+        def m(self, x):
+            y = x + 1
+            return y
+
+    patch = bcrecord.patch_method(Greeter, "m", "y")
+    with mock.patch.object(Greeter, "m", return_value=0):
+        with pytest.warns(bcrecord.RecordingWarning, match="was replaced while patched"):
+            patch.remove()
+    with bcrecord.patch_method(A(), "m", "y"), bcrecord.patch_method(S, "m", "y"):
+        assert A.__dict__["m"] is original
+
 
 def test_a_left_stand_in_that_autoreload_updated_stays_the_method_and_the_next_patch_records_it():
     # A mock ended after the patch's removal puts back the stand-in; autoreload then sets its code

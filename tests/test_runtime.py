@@ -2682,6 +2682,7 @@ def test_a_copy_registered_for_deepcopy_copies_such_values_inside_containers_too
         return hs
 
     monkeypatch.setattr(runtime, "_registered", dict(runtime._registered))
+    monkeypatch.setattr(runtime, "_nested_deepcopies", dict(runtime._nested_deepcopies))
     bcrecord.register_copy(Handle, "deepcopy", lambda h: Handle(-h.v))
     try:
         shared = Handle(5)
@@ -2695,6 +2696,34 @@ def test_a_copy_registered_for_deepcopy_copies_such_values_inside_containers_too
         monkeypatch.undo()
         for table in runtime._copier_cache.values():
             table.clear()
+
+
+def test_a_recording_entered_where_torch_is_kept_out_or_half_imported_records(monkeypatch):
+    # Entering one loads the torch layer where the program has torch: it read torch.Tensor,
+    # which None (the usual way to keep torch out) and a torch half imported lack.
+    import types
+
+    from bcrecord import runtime
+
+    def f(x):
+        y = x + 1
+        return y
+
+    monkeypatch.setattr(runtime, "_PLUGINS", {**runtime._PLUGINS, "torch": "bcrecord_no_such_plugin"})
+    half = types.ModuleType("torch")
+    half.__spec__ = types.SimpleNamespace(_initializing=True)
+    half.Tensor = type("Tensor", (), {})
+    patched = bcrecord.instrument(f, "y", name="t")
+    for held in (None, object(), half):
+        monkeypatch.setitem(sys.modules, "torch", held)
+        with bcrecord.recording() as rec:
+            patched(1)
+        assert dict(rec.items()) == {"t:f:y@0": 2} and "torch" in runtime._PLUGINS
+    # A plug-in that fails to import is left to the first tensor's copy, which says why.
+    half.__spec__ = None
+    with bcrecord.recording() as rec:
+        patched(2)
+    assert dict(rec.items()) == {"t:f:y@0": 3} and runtime._PLUGINS["torch"] == "bcrecord_no_such_plugin"
 
 
 def test_copy_value_and_register_copy_refuse_bad_input_and_register_nothing():

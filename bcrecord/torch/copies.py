@@ -50,6 +50,7 @@ from ..runtime import (
     copied_once,
     copies_without_python,
     copy_value,
+    deepcopy_alone,
     deepcopy_as_registered,
     load_plugin,
     reachable,
@@ -465,6 +466,10 @@ _core_copies = {
     policy: _refusing_held(copy)
     for policy, copy in (("clone", detached_clone), ("detach", _detached), ("deepcopy", _detached_copy))
 }
+# Inside a container under 'deepcopy', copy.deepcopy copies a tensor (a module's parameters
+# stay Parameters), and a traced stand-in refuses itself there.
+deepcopy_alone(_core_copies["deepcopy"])
+deepcopy_alone(_refuse_traced)
 for _policy, _copy in _core_copies.items():
     register_copy(torch.Tensor, _policy, _copy)
 # Not under 'none' (the value itself): a copier there would slow down every 'none' value.

@@ -734,6 +734,16 @@ def test_a_reduce_giving_a_set_s_tensor_an_unhashable_value_is_told_why_it_canno
         value_policy(reduce=lambda t: hash([]))([torch.ones(2)])
 
 
+def test_deepcopy_of_a_module_beside_its_parameter_keeps_its_parameters_parameters():
+    # A plug-in's 'deepcopy' copier is taken inside containers (deepcopy's memo): the tensor one
+    # was too, and the module's copy got a plain tensor where its Parameter was.
+    frozen = torch.nn.Linear(2, 2).requires_grad_(False)
+    module, weight = copy_value((frozen, frozen.weight), "deepcopy")
+    assert type(module.weight) is torch.nn.Parameter and module.weight is weight
+    assert torch.equal(weight, frozen.weight) and weight is not frozen.weight
+    assert module.to("meta").weight.device.type == "meta"
+
+
 def test_deepcopy_under_inference_mode_gives_normal_tensors_in_containers_too():
     import bcrecord
 
