@@ -132,11 +132,17 @@ def did_you_mean(word: str, names: Iterable[str], hide_private: bool = True) -> 
     ''
     >>> did_you_mean("__main__:f:loss", ["__main__:f:loss@0"])
     "; did you mean '__main__:f:loss@0'?"
+    >>> did_you_mean("nn.functional.softmax", ["F.softmax", "nn.functional.dropout"])
+    "; did you mean 'F.softmax', 'nn.functional.dropout'?"
     """
     # A word that starts with "__" ('__call_') hides nothing, nor does hide_private=False.
     private = "" if word.startswith("__") or not hide_private else "__" if word.startswith("_") else "_"
     candidates = list(dict.fromkeys(n for n in names if not (private and n.startswith(private))))
     close = difflib.get_close_matches(word, candidates, n=3)
+    # A dotted name's last part first: the same function reached another way ('F.softmax').
+    last = word.rpartition(".")[2]
+    same = [n for n in candidates if "." in word + n and n.rpartition(".")[2] == last and n != word]
+    close = list(dict.fromkeys(same + close))[:3]
     return f"; did you mean {', '.join(map(repr, close))}?" if close else ""
 
 

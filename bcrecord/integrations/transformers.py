@@ -192,6 +192,22 @@ def _implementation(model: Any, module: Any) -> Optional[str]:
     return getattr(config, "_attn_implementation", None)
 
 
+def _refuse_fused(name: str, modules: Dict[str, Any], model: Any, function: str) -> None:
+    """Refuse ``modules`` (by path) where they run another attention implementation than eager."""
+    running = {path: _implementation(model, module) for path, module in modules.items()}
+    others = {path: kind for path, kind in running.items() if kind not in (None, "eager")}
+    if others:
+        # (SDPA and flash attention run fused kernels: the Python function never runs.)
+        kinds = " / ".join(sorted({repr(kind) for kind in others.values()}))
+        where = ", ".join(list(others)[:2]) + (f" and {len(others) - 2} more" if len(others) > 2 else "")
+        raise TargetError(
+            f"attention_recorder: {name} runs attn_implementation={kinds} in {where}: it never calls "
+            f"{function}, so nothing would be recorded; load it with "
+            "attn_implementation='eager' (from_pretrained(..., attn_implementation='eager')) or call "
+            "model.set_attn_implementation('eager') first"
+        )
+
+
 def attention_recorder(
     model: Any, specs: Union[SpecLike, Iterable[SpecLike]], function: Optional[Callable[..., Any]] = None
 ) -> Patch:
@@ -244,6 +260,9 @@ def attention_recorder(
     functions = list(dict.fromkeys(f for _, _, f in modules))
     name = type(unwrap(model)).__name__  # (the user's model, not torch.compile's OptimizedModule)
     if function is None:
+        if len(functions) > 1:  # the attention implementation said first: function= would not help
+            named = " or ".join(f"{f.__module__}.{f.__qualname__}" for f in functions)
+            _refuse_fused(name, {path: module for path, module, _ in modules}, model, named)
         if len(functions) != 1:
             what = ", ".join(f"{f.__module__}.{f.__qualname__}" for f in functions) or "none"
             raise TargetError(
@@ -258,18 +277,7 @@ def attention_recorder(
             f"attention_recorder: no module of {name} calls {function.__module__}.{function.__qualname__}; "
             f"its attention modules call: {', '.join(f'{f.__module__}.{f.__qualname__}' for f in functions)}"
         )
-    running = {path: _implementation(model, module) for path, module in callers}
-    others = {path: kind for path, kind in running.items() if kind not in (None, "eager")}
-    if others:
-        # (SDPA and flash attention run fused kernels: the Python function never runs.)
-        kinds = " / ".join(sorted({repr(kind) for kind in others.values()}))
-        where = ", ".join(list(others)[:2]) + (f" and {len(others) - 2} more" if len(others) > 2 else "")
-        raise TargetError(
-            f"attention_recorder: {name} runs attn_implementation={kinds} in {where}: it never calls "
-            f"{function.__module__}.{function.__qualname__}, so nothing would be recorded; load it with "
-            "attn_implementation='eager' (from_pretrained(..., attn_implementation='eager')) or call "
-            "model.set_attn_implementation('eager') first"
-        )
+    _refuse_fused(name, dict(callers), model, f"{function.__module__}.{function.__qualname__}")
     _warn_of_attention_elsewhere(name, listed, {id(module) for _, module, _ in modules}, function)
     paths = {id(module): path for path, module in listed}
     # The owner of a call is its first argument (the attention module); None: not recorded.

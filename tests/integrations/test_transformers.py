@@ -286,6 +286,23 @@ def test_module_outputs_are_what_the_decorated_forwards_return(bert):
     assert_clean()
 
 
+def test_a_model_of_several_attention_functions_running_sdpa_is_told_so_first():
+    # It was told "give function= to choose one", and only then that it runs SDPA.
+    encoder = transformers.BertConfig(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64, vocab_size=100
+    )
+    decoder = transformers.GPT2Config(
+        n_layer=1, n_head=2, n_embd=32, vocab_size=100, add_cross_attention=True, is_decoder=True
+    )
+    config = transformers.EncoderDecoderConfig.from_encoder_decoder_configs(encoder, decoder)
+    model = transformers.EncoderDecoderModel(config).eval()
+    with pytest.raises(
+        TargetError, match=r"EncoderDecoderModel runs attn_implementation='sdpa' in .* it never calls "
+    ):
+        attention_recorder(model, ["attn_weights@2"])
+    assert_clean()
+
+
 def test_only_eager_attention_runs_the_python_function():
     torch.manual_seed(0)
     config = transformers.BertConfig(
