@@ -704,15 +704,15 @@ def test_the_default_device_s_mode_is_no_program_s_mode_copies_run_silently_unde
 
     from bcrecord.torch.copies import _function_modes
 
-    previous = torch.get_default_device()
+    assert not torch._C._is_torch_function_mode_enabled()  # (None: no mode, as every test leaves it)
     torch.set_default_device("cpu")
     try:
         assert not _function_modes()
         with TorchFunctionMode():
             assert _function_modes()
     finally:
-        torch.set_default_device(previous)
-    assert not _function_modes()
+        torch.set_default_device(None)  # ('cpu' again would leave its mode on: no fast paths after)
+    assert not _function_modes() and not torch._C._is_torch_function_mode_enabled()
 
 
 @pytest.mark.parametrize("options", [{"dtype": torch.float64}, {"reduce": torch.sum}, {"to": "meta"}])
