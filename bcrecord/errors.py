@@ -139,10 +139,12 @@ def did_you_mean(word: str, names: Iterable[str], hide_private: bool = True) -> 
     private = "" if word.startswith("__") or not hide_private else "__" if word.startswith("_") else "_"
     candidates = list(dict.fromkeys(n for n in names if not (private and n.startswith(private))))
     close = difflib.get_close_matches(word, candidates, n=3)
-    # A dotted name's last part first: the same function reached another way ('F.softmax').
+    # Where none of them ends as a dotted word does, one that does first: the same function
+    # reached another way ('F.softmax' for 'nn.functional.softmax', over 'nn.functional.dropout').
     last = word.rpartition(".")[2]
-    same = [n for n in candidates if "." in word + n and n.rpartition(".")[2] == last and n != word]
-    close = list(dict.fromkeys(same + close))[:3]
+    if "." in word and last.isidentifier() and not any(n.rpartition(".")[2] == last for n in close):
+        same = [n for n in candidates if n.rpartition(".")[2] == last and n != word]
+        close = list(dict.fromkeys(same[:1] + close))[:3]
     return f"; did you mean {', '.join(map(repr, close))}?" if close else ""
 
 
