@@ -1340,15 +1340,23 @@ def _torch_plugin_now() -> None:
     while torch is being imported (another thread), nor where ``sys.modules`` holds another
     thing under its name (``None``, to keep it out); a plug-in that fails to import is
     left to the first tensor, whose copy says why."""
+    global _torch_plugin_tried
     torch = sys.modules.get("torch")
     tensor = getattr(torch, "Tensor", None)
-    if not isinstance(tensor, type) or getattr(getattr(torch, "__spec__", None), "_initializing", False):
+    if _torch_plugin_tried or not isinstance(tensor, type):
         return
+    if getattr(getattr(torch, "__spec__", None), "_initializing", False):
+        return
+    _torch_plugin_tried = True  # (once: a plug-in that fails to import would cost each entry its import)
     try:
         importlib.import_module(_PLUGINS["torch"])
     except Exception:  # (its import fails at the first tensor too, where a recording says so)
         return
     _PLUGINS.pop("torch", None)
+
+
+#: Whether :func:`_torch_plugin_now` has tried to load the torch plug-in.
+_torch_plugin_tried = False
 
 
 def load_plugin(cls: type) -> None:

@@ -1053,7 +1053,7 @@ def test_a_damaged_version_1_index_is_a_clear_error_and_a_value_missing_from_its
         {"key": "k", "step": 1, "file": "records/000001.pkl", "name": "k#0#0"},
     ]
     (tmp_path / "index.json").write_text(json.dumps({**version_1, "entries": rows}))
-    told = r"000001.pkl is damaged \(it has 1 value where the index names 2: another save's file\?\)"
+    told = r"000001.pkl is damaged \(it has no value 'k#0#9', which the index names: another save's file\?\)"
     with pytest.warns(bcrecord.storage.DamagedRecords, match=told):
         loaded = load(tmp_path)
     assert list(loaded.keys()) == []  # (its 'k#0#0' is another save's too, whatever its name)
@@ -1072,8 +1072,31 @@ def test_a_data_file_replaced_by_another_save_s_loses_its_own_values_only(tmp_pa
         loaded = load(tmp_path)
     assert list(loaded.keys()) == ["m:f:t@0"] and loaded["m:f:t@0"] == ["kept"]
     # Asked for a key the other save's file has too (its 'm:f:s@0#0#0', 9.0): none of it either.
-    with pytest.warns(bcrecord.storage.DamagedRecords, match=r"it has 1 value where the index names 2"):
+    with pytest.warns(bcrecord.storage.DamagedRecords, match=r"it has no value 'm:f:s@0#0#1'"):
         assert list(load(tmp_path, keys=["m:f:s@0"]).keys()) == []
+    # A file with more values than its index rows is another save's too, whatever is asked of it.
+    save({"m:f:s@0": [7.0, 8.0, 9.0]}, tmp_path / "larger")
+    files[0].write_bytes(next((tmp_path / "larger" / "records").glob("*.pkl")).read_bytes())
+    with pytest.warns(bcrecord.storage.DamagedRecords, match=r"it has 3 values where the index names 2"):
+        assert list(load(tmp_path, keys=["m:f:s@0"]).keys()) == []
+
+
+def test_a_data_file_an_older_bcrecord_wrote_two_values_of_one_name_into_loads(tmp_path):
+    # It wrote two index rows of one name ('loss#0#0', a step given twice) and the value once:
+    # taken for another save's file, the whole file was left out.
+    (tmp_path / "records").mkdir()
+    (tmp_path / "records" / "000001.pkl").write_bytes(pickle.dumps({"loss#0#0": 2.0, "acc#0#0": 0.5}))
+    rows = [
+        {"key": "loss", "step": 0, "file": "records/000001.pkl", "name": "loss#0#0"},
+        {"key": "acc", "step": 0, "file": "records/000001.pkl", "name": "acc#0#0"},
+        {"key": "loss", "step": 0, "file": "records/000001.pkl", "name": "loss#0#0"},
+    ]
+    index = {"format": "bcrecord-records", "version": 1, "entries": rows}
+    (tmp_path / "index.json").write_text(json.dumps(index))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loaded = load(tmp_path)
+    assert loaded["loss"] == [2.0, 2.0] and loaded["acc"] == [0.5]
 
 
 def test_load_of_a_key_never_saved_names_it_and_the_saved_keys(tmp_path):

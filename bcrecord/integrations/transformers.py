@@ -260,7 +260,9 @@ def attention_recorder(
     functions = list(dict.fromkeys(f for _, _, f in modules))
     name = type(unwrap(model)).__name__  # (the user's model, not torch.compile's OptimizedModule)
     if function is None:
-        if len(functions) > 1:  # the attention implementation said first: function= would not help
+        fused = all(_implementation(model, module) not in (None, "eager") for _, module, _ in modules)
+        if len(functions) > 1 and fused:
+            # None runs eagerly: said first, as function= would not help (where some do, it would).
             named = " or ".join(f"{f.__module__}.{f.__qualname__}" for f in functions)
             _refuse_fused(name, {path: module for path, module, _ in modules}, model, named)
         if len(functions) != 1:

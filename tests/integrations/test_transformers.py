@@ -301,6 +301,19 @@ def test_a_model_of_several_attention_functions_running_sdpa_is_told_so_first():
     ):
         attention_recorder(model, ["attn_weights@2"])
     assert_clean()
+    # Where one of them runs eagerly, function= chooses it: asked for, as before.
+    model.encoder.set_attn_implementation("eager")
+    with pytest.raises(TargetError, match=r"call 2 eager_attention_forward functions .*; give function= to"):
+        attention_recorder(model, ["attn_weights@2"])
+    bert = modeling_bert.eager_attention_forward
+    with (
+        attention_recorder(model, ["attn_weights@2"], function=bert) as patch,
+        bcrecord.recording(only=[patch]) as attn,
+        torch.no_grad(),
+    ):
+        model(input_ids=torch.randint(0, 100, (1, 4)), decoder_input_ids=torch.randint(0, 100, (1, 3)))
+    assert attn.keys() == ["encoder.encoder.layer.0.attention.self:eager_attention_forward:attn_weights@2"]
+    assert_clean()
 
 
 def test_only_eager_attention_runs_the_python_function():
