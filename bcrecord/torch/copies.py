@@ -277,7 +277,9 @@ def clone(tensor: torch.Tensor) -> torch.Tensor:
     >>> kept, live
     (tensor([-1.,  2.]), tensor([0., 2.]))
     """
-    if (_dispatch_modes() or _function_modes()) and not _minding_modes.get():  # (see _around_modes)
+    if (
+        _dispatch_modes() or _function_mode_on() and _function_modes()
+    ) and not _minding_modes.get():  # (see _around_modes)
         return _around_modes(clone, tensor)
     if (
         _transforms_active() and not returned_inside.get()
@@ -306,7 +308,9 @@ def detached_clone(tensor: torch.Tensor) -> torch.Tensor:
     >>> kept.requires_grad, torch.equal(kept, live)
     (False, True)
     """
-    if (_dispatch_modes() or _function_modes()) and not _minding_modes.get():  # (see _around_modes)
+    if (
+        _dispatch_modes() or _function_mode_on() and _function_modes()
+    ) and not _minding_modes.get():  # (see _around_modes)
         return _around_modes(detached_clone, tensor)
     if (
         _transforms_active() and not returned_inside.get()
@@ -324,14 +328,18 @@ def _kept_in_graph(tensor: torch.Tensor) -> torch.Tensor:
     """``tensor`` itself (``copy='detach'`` with ``grad=True``), from under ``torch.func``'s
     wrappers where a transform runs (a batched tensor is dead once ``vmap`` returns)."""
     if _transforms_active() and not returned_inside.get():
-        if (_dispatch_modes() or _function_modes()) and not _minding_modes.get():  # (see _around_modes)
+        if (
+            _dispatch_modes() or _function_mode_on() and _function_modes()
+        ) and not _minding_modes.get():  # (see _around_modes)
             return _around_modes(_kept_in_graph, tensor)
         return outside_transforms(tensor, _itself)
     return tensor
 
 
 def _detached(tensor: torch.Tensor) -> torch.Tensor:
-    if (_dispatch_modes() or _function_modes()) and not _minding_modes.get():  # (see _around_modes)
+    if (
+        _dispatch_modes() or _function_mode_on() and _function_modes()
+    ) and not _minding_modes.get():  # (see _around_modes)
         return _around_modes(_detached, tensor)
     if _transforms_active() and not returned_inside.get():
         return outside_transforms(tensor, torch.Tensor.detach)
@@ -339,7 +347,9 @@ def _detached(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _detached_copy(tensor: torch.Tensor) -> torch.Tensor:
-    if (_dispatch_modes() or _function_modes()) and not _minding_modes.get():  # (see _around_modes)
+    if (
+        _dispatch_modes() or _function_mode_on() and _function_modes()
+    ) and not _minding_modes.get():  # (see _around_modes)
         return _around_modes(_detached_copy, tensor)
     if _transforms_active() and not returned_inside.get():
         return outside_transforms(tensor, _detached_copy_of)
@@ -351,7 +361,9 @@ def _deepcopy_outside_autograd(value: Any) -> Any:
     ``dict(loss=loss)``, and keeps a leaf's ``requires_grad``), the container rebuilt with its
     tensors' detached copies, as a tensor alone is copied, and the rest of it deep-copied (as
     ``'deepcopy'`` copies each)."""
-    if (_dispatch_modes() or _function_modes()) and not _minding_modes.get():  # (see _around_modes)
+    if (
+        _dispatch_modes() or _function_mode_on() and _function_modes()
+    ) and not _minding_modes.get():  # (see _around_modes)
         return _around_modes(_deepcopy_outside_autograd, value)
     if _inference_mode():  # copied outside it: normal tensors, as a tensor alone is (_normal_clone)
         with _InferenceMode(False):
@@ -368,8 +380,17 @@ def _deepcopy_outside_autograd(value: Any) -> Any:
 
 
 def _requires_grad_within(value: Any) -> bool:
-    """Whether a tensor in ``value`` (through tuples, lists, sets, dicts and dataclasses) requires grad."""
-    return any(isinstance(item, torch.Tensor) and item.requires_grad for item in reachable(value))
+    """Whether a tensor in ``value`` (through tuples, lists, sets, dicts and dataclasses) requires
+    grad; a tracer's stand-in there (a fake tensor, an FX proxy) is refused, as one alone is."""
+    graph = False
+    for item in reachable(value):
+        if type(item) is torch.Tensor:
+            graph = graph or item.requires_grad
+        elif isinstance(item, (torch.Tensor, *_TRACED)):
+            if traced_stand_in(type(item)) is not None:
+                _refuse_traced(item)
+            graph = graph or bool(getattr(item, "requires_grad", False))
+    return graph
 
 
 #: What a tracer runs a model on in place of its values, and why such a value is not recorded.
@@ -467,7 +488,7 @@ _core_copies = {
     for policy, copy in (("clone", detached_clone), ("detach", _detached), ("deepcopy", _detached_copy))
 }
 # Inside a container under 'deepcopy', copy.deepcopy copies a tensor (a module's parameters
-# stay Parameters), and a traced stand-in refuses itself there.
+# stay Parameters); a traced stand-in is refused there by _requires_grad_within.
 deepcopy_alone(_core_copies["deepcopy"])
 deepcopy_alone(_refuse_traced)
 for _policy, _copy in _core_copies.items():

@@ -573,6 +573,21 @@ def test_a_recording_around_fx_symbolic_trace_keeps_no_proxy():
     assert core.keys() == [] and _said_why(core, "a torch.fx Proxy")
     assert torch.allclose(graph_module(x), torch.tanh(model.lin(x)) * 2)
 
+    # In a list under 'deepcopy' too (deepcopy copied the proxies).
+    def pair(value):
+        both = [value, value * 2]
+        return both
+
+    paired = bcrecord.instrument(pair, ["both"], name="pair")
+
+    class Pairs(torch.nn.Module):
+        def forward(self, value):
+            return paired(value)[1]
+
+    with pytest.warns(RecordingWarning, match="Proxy"), bcrecord.recording(copy="deepcopy") as core:
+        torch.fx.symbolic_trace(Pairs())
+    assert core.keys() == [] and _said_why(core, "a torch.fx Proxy")
+
 
 def test_a_wrapper_subclass_around_a_tracer_s_fake_tensors_is_not_recorded():
     # A DTensor-like wrapper (any __tensor_flatten__ subclass) traced by make_fx holds fake
