@@ -44,7 +44,7 @@ from bytecode import __version__ as bytecode_version
 
 from . import _versions
 from .errors import NotPatchableError, TargetError, aligned, did_you_mean
-from .specs import Attribute, Call, Expr, Local, Return, Spec
+from .specs import SUPER_NO_CALL, Attribute, Call, Expr, Local, Return, Spec
 
 __all__ = [
     "Assignment",
@@ -1559,12 +1559,8 @@ def _resolve(specs: Sequence[Spec], cmap: CodeMap) -> Tuple[ProbePoint, ...]:
                         "site: record its value where it is assigned to a local or returned ('return'), "
                         f"or {site})"
                     )
-                if spec.target == "super":
-                    hint = (
-                        " (super() is no call site, nor is a method called through it: from 3.12 one "
-                        "instruction loads the method through super(); record what it returns where it "
-                        "is assigned to a local or returned ('return'))"
-                    )
+                if spec.target == "super" or spec.target.startswith("super."):
+                    hint = f" ({SUPER_NO_CALL})"
                 raise TargetError(f"{func} never calls {spec.target!r}; callees: {_names(cmap.calls)}{hint}")
             sites = _pick(cmap.calls[spec.target], spec.index, f"call {spec.target!r}", func)
             points += [

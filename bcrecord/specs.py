@@ -47,6 +47,14 @@ COPY_POLICIES = ("clone", "detach", "deepcopy", "none")
 Index = Union[int, Sequence[int], None]
 
 
+#: Why neither super() nor a method called through it is a call site, and what to record instead.
+SUPER_NO_CALL = (
+    "super() is no call site, nor is a method called through it: from 3.12 one "
+    "instruction loads the method through super(); record what it returns where it "
+    "is assigned to a local or returned ('return')"
+)
+
+
 def _index(value: Index) -> tuple[int, ...] | None:
     """Normalise an index argument to a sorted tuple of ints, or None for 'all'."""
     if value is None:
@@ -142,6 +150,8 @@ def _names(target: str, what: str, call: bool = False, short: bool = False) -> s
         else:
             instead = ""
         kind = "the callee of a call site" if call else "a target"
+        if root == "super" and bracket == "(":  # super().m(): the method is loaded through super()
+            raise SpecError(f"{written!r}: {SUPER_NO_CALL}")
         raise SpecError(
             f"{written!r}: {kind} is a name or a chain of attributes: bcrecord names no item (x[0]) and "
             f"no call's result (f().g) in code; record what it gives where it is assigned to a local "
@@ -341,6 +351,9 @@ def _parse_index_text(text: str, spec: str) -> Index:
         unpadded = _LEADING_ZEROS.sub("", text)
         if unpadded != text and _parses_as_index(unpadded):  # ('x@01': JSON has no leading zeros)
             fixed = spec.strip()[: -len(text)] + unpadded
+            call = _DOTTED.match(spec.split("@", 1)[0])
+            if call is not None:  # ('f(x)@01': a call site is written without its arguments too)
+                fixed = "".join(call.group("callee").split()) + "()@" + unpadded
             message = f"bad index in {spec!r}: a leading zero is not accepted: write {fixed!r}"
             raise SpecError(message) from None
         several = [part.strip() for part in re.split(r"[@,]", text)]

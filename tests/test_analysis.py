@@ -378,6 +378,9 @@ def test_chains_rooted_at_a_global_or_builtin_are_loads_to_record():
     # super() is never a call site (it said no more than "never calls 'super'").
     with pytest.raises(TargetError, match=r"never calls 'super'; .* \(super\(\) is no call site, nor is"):
         resolve([Call("super")], cmap)
+    # Nor a method called through it, written as a chain ('super.forward()').
+    with pytest.raises(TargetError, match=r"never calls 'super.m'; .* \(super\(\) is no call site, nor is"):
+        resolve([Call("super.m")], cmap)
 
 
 def test_return_sites_include_the_implicit_return():

@@ -101,9 +101,11 @@ def test_a_function_recorder_target_that_cannot_be_recorded_says_what_to_write(r
         # Without spaces it was told 'f()', which records every site, not site 1.
         ("f(x)@1", r"^'f\(x\)@1': a call site is written without its arguments: 'f\(\)@1'$"),
         ("self.fc(g(x))@[0,1]", r"without its arguments: 'self.fc\(\)@\[0,1\]'$"),
+        # Told the fix of both: 'f(x)@1' was refused next for its arguments.
+        ("f(x)@01", r"^bad index in 'f\(x\)@01': a leading zero is not accepted: write 'f\(\)@1'$"),
         ("f(x)@-1", r"^bad index in 'f\(x\)@-1': an index is a non-negative int"),  # (not told 'f()@-1')
         ("f().g()", r"no call's result \(f\(\).g\) in code; .*, or the call 'f\(\)'"),
-        ("super().__init__()", r"or returned \('return'\)$"),
+        ("super().__init__()", r"^'super\(\).__init__\(\)': super\(\) is no call site, nor is a method "),
         ("<@0", r"'<' is an operator bcrecord does not record \(comparisons"),
         ("==", r"'==' is an operator bcrecord does not record"),
         (dict(type="Nope"), "FunctionRecorder"),
