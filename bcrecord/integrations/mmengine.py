@@ -132,7 +132,9 @@ _LOOP_STEPS = {"train": "train_step", "val": "val_step", "test": "test_step"}
 #: The owner part of keys for recorders without ``model``: the proposal's name.
 ROOT_OWNER = "runner_model"
 _KINDS = ("FunctionRecorder", "AttributeRecorder")
-_PATH = re.compile(r"^[A-Za-z_0-9]+(\.[A-Za-z_0-9]+)*$")
+#: A submodule's path: names without a dot or a colon (the key's separator), as a ModuleDict's
+#: ('heads.cls-head'); a name that is no submodule is refused once the model is at hand.
+_PATH = re.compile(r"^[^.:]+(\.[^.:]+)*$")
 _MARK = "__bcrecord_recorder_hook__"
 
 
@@ -284,7 +286,9 @@ publishes it is dict(type='FunctionRecorder', model='resnet', method='_forward_i
 def _recorder_of_key(key: str) -> str:
     """The recorder dict, as written in a config, that publishes the key ``'<owner>:<method>:<target>'``."""
     owner, method, rest = key.split(":")
-    target, _, index = rest.partition("@")
+    target, at, index = rest.rpartition("@")  # (the last '@': '@' and '@=' are operators too)
+    if not target:
+        target, index = rest, ""
     # A chain's key without an index is an AttributeRecorder's ('runner_model:forward:self.linear1.weight').
     kind = "AttributeRecorder" if "." in rest and "@" not in rest and "(" not in rest else "FunctionRecorder"
     parts = [f"type={kind!r}"]
@@ -402,10 +406,18 @@ def resolve_model(model: Any, path: str) -> Any:
 def image_name(key: str, mode: str = "train") -> str:
     """The image name a recorded key is drawn under: safe as a file name on any system.
 
-    >>> image_name('resnet:_forward_impl:x@0')
-    'train_resnet._forward_impl.x@0'
+    Another character than a letter, a digit or one of ``_.@()+=-`` is written ``%XX``
+    (its UTF-8 bytes), so that no two keys share a name (the operator sites ``'*@0'`` and
+    ``'/@0'`` were both ``'_@0'``).
+
+    >>> image_name('resnet:_forward_impl:x@0'), image_name('b:forward:*@0', 'val')
+    ('train_resnet._forward_impl.x@0', 'val_b.forward.%2A@0')
     """
-    return f"{mode}_" + re.sub(r"[^0-9A-Za-z_.@-]+", "_", key.replace(":", "."))
+    return f"{mode}_" + re.sub(r"[^0-9A-Za-z_.@()+=-]", _escaped, key.replace(":", "."))
+
+
+def _escaped(match: re.Match) -> str:
+    return "".join(f"%{byte:02X}" for byte in match.group().encode("utf-8"))
 
 
 class FeatureMapDrawer:
@@ -643,9 +655,9 @@ channel_reduction, topk, arrangement, resize_shape, alpha, sample_index); did yo
 
 def _missing_attribute(model: Any, spec: Any) -> Optional[str]:
     """Why an attribute recorder's chain (``self.linear1.weight``) cannot be read on
-    ``model`` now, or None. An attribute that some method of the model's class assigns
-    (``self.cache = ...`` in forward) may not exist before the first iteration: it
-    passes."""
+    ``model`` now, or None. An attribute that some method of its owner's class assigns
+    (``self.cache = ...`` in the forward of the model or of a submodule) may not exist
+    before the first iteration: it passes."""
     if not isinstance(spec, Attribute) or spec.at != "entry" or spec.chain[0] != "self":
         return None
     value, path = model, "self"
@@ -653,7 +665,7 @@ def _missing_attribute(model: Any, spec: Any) -> Optional[str]:
         try:
             value = getattr(value, part)
         except AttributeError:
-            if value is model and _assigned_by_methods(type(model), part):
+            if _assigned_by_methods(type(value), part):  # (a submodule's cache too: self.head.cache)
                 return None
             hint = did_you_mean(part, [n for n in dir(value) if not n.startswith("_")])
             return f"target {spec.target!r}: {path} ({type(value).__name__}) has no attribute {part!r}{hint}"

@@ -4,6 +4,7 @@ import ast
 import copy
 import inspect
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -29,6 +30,7 @@ from torch.utils.data import Dataset  # noqa: E402
 
 import bcrecord  # noqa: E402
 from bcrecord import runtime  # noqa: E402
+from bcrecord.errors import RecordingWarning  # noqa: E402
 from bcrecord.integrations.mmengine import (  # noqa: E402
     RecorderConfigError,
     RecorderHook,
@@ -463,6 +465,94 @@ def test_visualize_interval_counts_the_recorded_iterations(tmp_path):
     assert sorted(path.name for path in images.iterdir()) == [f"{image_name(X_KEYS[0])}_2.png"]
 
 
+class DictHeadModel(BaseModel):
+    def __init__(self):
+        super().__init__()
+        self.heads = nn.ModuleDict({"cls-head": nn.Linear(2, 2)})
+
+    def forward(self, inputs, data_samples, mode="tensor"):
+        outputs = self.heads["cls-head"](torch.stack(inputs))
+        if mode == "loss":
+            return dict(loss=(torch.stack(data_samples) - outputs.sum(-1, keepdim=True)).sum())
+        return outputs
+
+
+def test_a_model_path_through_a_module_dict_key_that_is_no_identifier_records(tmp_path):
+    # ModuleDict keys such as 'cls-head' (list_targets lists 'heads.cls-head') were refused.
+    torch.manual_seed(0)
+    model = DictHeadModel()
+    recorder = dict(type="FunctionRecorder", model="heads.cls-head", target="return")
+    key = "heads.cls-head:forward:return"
+    checker = Checker([key], toy_snapshot)
+    runner = make_runner(tmp_path, model, [dict(type="RecorderHook", recorders=[recorder]), checker])
+    runner.train()
+    assert len(checker.iters["train"]) == 4
+    for entry in checker.iters["train"]:
+        w, x = entry["snapshot"], torch.stack(entry["batch"]["inputs"])
+        expected = F.linear(x, w["heads.cls-head.weight"], w["heads.cls-head.bias"])
+        assert torch.allclose(entry["hub"][key], expected, rtol=1e-5, atol=1e-6)
+    assert nn.Linear.forward.__code__ is LINEAR_FORWARD_CODE
+    # A colon stays refused: it separates a key's parts.
+    with pytest.raises(RecorderConfigError, match=r"'model' must be a dotted path .* got 'heads.a:b'"):
+        parse_recorders([dict(recorder, model="heads.a:b")])
+
+
+class CachingHead(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(2, 1)
+
+    def forward(self, x):
+        self.cache = x.detach().clone()  # set by each call: absent before the first
+        return self.lin(x)
+
+
+class CachingHeadModel(BaseModel):
+    def __init__(self):
+        super().__init__()
+        self.head = CachingHead()
+
+    def forward(self, inputs, data_samples, mode="tensor"):
+        outputs = self.head(torch.stack(inputs))
+        return dict(loss=outputs.sum()) if mode == "loss" else outputs
+
+
+def test_an_attribute_a_submodule_s_method_assigns_passes_before_the_run(tmp_path):
+    # Only one the model's own methods assign passed: 'self.head.cache' was refused before the run.
+    torch.manual_seed(0)
+    key = "runner_model:forward:self.head.cache"
+    checker = Checker([key])
+    recorder = dict(type="AttributeRecorder", target="self.head.cache")
+    runner = make_runner(
+        tmp_path, CachingHeadModel(), [dict(type="RecorderHook", recorders=[recorder]), checker]
+    )
+    with pytest.warns(RecordingWarning, match="'CachingHead' object has no attribute 'cache'"):
+        runner.train()  # (read at entry: absent in the first iteration)
+    iters = checker.iters["train"]
+    assert len(iters) == 4 and iters[0]["hub"][key] is None
+    for before, entry in zip(iters[:-1], iters[1:], strict=True):  # at entry: the previous batch
+        assert torch.equal(entry["hub"][key], torch.stack(before["batch"]["inputs"]))
+    # A chain no method assigns is still refused.
+    with pytest.raises(RecorderConfigError, match=r"self.head \(CachingHead\) has no attribute 'cash'"):
+        make_runner(
+            tmp_path,
+            CachingHeadModel(),
+            [dict(type="RecorderHook", recorders=[dict(recorder, target="self.head.cash")])],
+        ).train()
+
+
+def test_image_names_of_different_keys_differ_and_are_safe_file_names():
+    # Every operator site was '_@0': a block's '*@0' and '+=@0' were drawn over each other.
+    operators = ["+", "-", "*", "/", "//", "%", "**", "@", "<<", ">>", "&", "|", "^", "~", "not"]
+    keys = [f"b:forward:{op}@0" for op in operators] + [f"b:forward:{op}=@0" for op in operators[:13]]
+    keys += ["b:forward:self.fc()@0", "b:forward:self.fc@0", "b:forward:x@0", "b:forward:return"]
+    names = [image_name(key) for key in keys]
+    assert len(set(names)) == len(keys)
+    assert all(re.fullmatch(r"[0-9A-Za-z_.@()+=%-]+", name) for name in names)
+    assert names[2:4] == ["train_b.forward.%2A@0", "train_b.forward.%2F@0"]
+    assert image_name("b:forward:self.fc()@0", "val") == "val_b.forward.self.fc()@0"
+
+
 def test_issue_config_exactly(tmp_path, monkeypatch):
     """The whole config of the issue, save_dir='./work_dir' included, on a model it all applies to."""
     monkeypatch.chdir(tmp_path)
@@ -727,6 +817,21 @@ def test_a_key_with_an_index_that_is_no_decimal_number_is_a_recorder_config_erro
     assert str(caught.value).endswith(
         "the recorder that publishes it is dict(type='FunctionRecorder', model='m', target='x')"
     )
+
+
+@pytest.mark.parametrize(
+    ("key", "recorder"),
+    [
+        ("runner_model:forward:@@0", "dict(type='FunctionRecorder', target='@', index=[0])"),
+        ("runner_model:forward:@=@1", "dict(type='FunctionRecorder', target='@=', index=[1])"),
+        ("m:forward:self.fc()@2", "dict(type='FunctionRecorder', model='m', target='self.fc()', index=[2])"),
+    ],
+)
+def test_a_key_of_a_matrix_product_names_its_recorder(key, recorder):
+    # The target was cut at the first '@': the recorder told was dict(..., target='').
+    with pytest.raises(RecorderConfigError) as caught:
+        parse_recorders([dict(type="FunctionRecorder", target=key)])
+    assert str(caught.value).endswith(f"the recorder that publishes it is {recorder}")
 
 
 @pytest.mark.parametrize(
