@@ -43,6 +43,7 @@ __all__ = [
     "SpecError",
     "TargetError",
     "NotPatchableError",
+    "ReturnNodeError",
     "UnsupportedPythonError",
     "RecordingWarning",
 ]
@@ -63,6 +64,14 @@ class TargetError(BcrecordError, LookupError):
 
     The message names what does exist, e.g. the locals of the function or how
     many assignments a local has.
+    """
+
+
+class ReturnNodeError(TargetError, ValueError):
+    """A return node given to ``create_feature_extractor`` names nothing in the model.
+
+    Also a ``ValueError``, which torchvision's extractor raises there: code written
+    for it (``except ValueError``) catches this one too.
     """
 
 

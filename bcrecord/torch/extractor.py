@@ -17,6 +17,7 @@ torch.Size([3, 4])
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import inspect
 import operator
@@ -40,7 +41,7 @@ from typing import (
 import torch
 
 from ..analysis import returns_none
-from ..errors import NotPatchableError, SpecError, TargetError, did_you_mean, warn
+from ..errors import NotPatchableError, ReturnNodeError, SpecError, TargetError, did_you_mean, warn
 from ..patch import Patch, remove_all, remove_soon
 from ..patch import targets as function_targets
 from ..runtime import kept_length
@@ -105,14 +106,14 @@ def _normalise(
             )
     if isinstance(nodes, Mapping):
         for target, name in nodes.items():
-            concrete = expand(model, target)
+            concrete = _expanded(model, target)
             if len(concrete) != 1:
                 raise SpecError(f"{target!r} names {len(concrete)} targets; a dict entry needs exactly one")
             _warn_if_torchvision_differs(model, concrete[0])
             out[concrete[0].text] = str(name)  # (as torchvision's: {'layer1': 1} returns '1')
     else:
         for target in [nodes] if isinstance(nodes, str) else nodes:
-            for one in expand(model, target):
+            for one in _expanded(model, target):
                 _warn_if_torchvision_differs(model, one)
                 out[one.text] = one.text
                 if given is not None and one.text != target:
@@ -124,11 +125,26 @@ def _normalise(
     return out
 
 
+def _expanded(model: torch.nn.Module, target: str) -> List[Target]:
+    """:func:`expand`, a target naming nothing refused as torchvision's extractor refuses it:
+    with a ``ValueError`` (:class:`ReturnNodeError`, a :class:`TargetError` too)."""
+    try:
+        return expand(model, target)
+    except TargetError as error:
+        raise ReturnNodeError(*error.args).with_traceback(error.__traceback__) from None
+
+
+#: The module classes the ``tracer_kwargs`` given to create_feature_extractor make FX leaves.
+_leaf_modules: contextvars.ContextVar[Tuple[type, ...]] = contextvars.ContextVar(
+    "bcrecord_leaf_modules", default=()
+)
+
+
 def _warn_if_torchvision_differs(model: torch.nn.Module, target: Target) -> None:
     """Warn where a module path, named as such, is another op's node name for torchvision, or
     names a module with forward hooks (torchvision's node is what they return)."""
     if target.output and target.text == target.path and _warn.get():
-        clash = fx_name_clash(model, target.path)
+        clash = fx_name_clash(model, target.path, _leaf_modules.get())
         if clash is not None:
             warn(
                 f"return node {target.text!r} is a module path: bcrecord returns that module's output, "
@@ -570,7 +586,9 @@ def create_feature_extractor(
     ``{'layer1': 1}`` returns ``'1'``); ``train_return_nodes``/``eval_return_nodes`` as in
     torchvision. Its tracing arguments, in its order: ``tracer_kwargs`` and
     ``suppress_diff_warning`` are taken and change nothing (nothing is traced, and
-    there is no traced graph per mode to compare); ``concrete_args`` is refused: it
+    there is no traced graph per mode to compare), but for ``tracer_kwargs``'s
+    ``leaf_modules``, which the warnings that a module path names another node in
+    torchvision heed (a leaf's node is its output); ``concrete_args`` is refused: it
     fixes arguments in the traced graph, where here each call's arguments are the
     forward's. Other keyword arguments (``copy``, ``to``, ``dtype``, ``reduce``,
     ``grad``, ``keep``, ``threads``) are :func:`bcrecord.torch.record`'s, except that
@@ -604,7 +622,17 @@ def create_feature_extractor(
             "concrete_args fixes arguments for FX's trace, and nothing is traced here: the extractor "
             f"runs the model's forward with each call's arguments, so pass them there (extractor({call}))"
         )
-    return FeatureExtractor(model, return_nodes, train_return_nodes, eval_return_nodes, stop_early, **options)
+    leaves = (tracer_kwargs or {}).get("leaf_modules") or ()
+    if not isinstance(leaves, (list, tuple, set)) or not all(isinstance(kind, type) for kind in leaves):
+        raise TypeError(f"tracer_kwargs['leaf_modules'] must be a list of module classes, got {leaves!r}")
+    # (they change which module paths torchvision names differently: the warnings say less)
+    token = _leaf_modules.set(tuple(leaves))
+    try:
+        return FeatureExtractor(
+            model, return_nodes, train_return_nodes, eval_return_nodes, stop_early, **options
+        )
+    finally:
+        _leaf_modules.reset(token)
 
 
 class TargetList(List[str]):

@@ -428,6 +428,9 @@ class ModelRecording(Recording):
     (['1.0:forward:return'], 1)
     """
 
+    #: The option that asked for the early stop, as warnings name it.
+    _stop_option = "stop_after_last"
+
     def __init__(self, *, stop_after_last: bool = False, **options: Any) -> None:
         super().__init__(**options)
         #: Keys each target string produced (shared with the plan: read, never changed).
@@ -700,7 +703,7 @@ class ModelRecording(Recording):
                 return
         self._warned.add("stop held back")
         warn(
-            f"stop_after_last: this forward ran to its end although every target has a value, "
+            f"{self._stop_option}: this forward ran to its end although every target has a value, "
             f"because the stop waits for every site a target names and {unseen} did not run "
             "(a branch not taken); name the sites that run (with their @index) to stop after them"
         )
@@ -1464,6 +1467,7 @@ class _ReusedRecording(ModelRecording):
     """A model recording entered once per extractor call (routes kept between calls)."""
 
     _keeps_routes = True
+    _stop_option = "stop_early"
 
     def _sink(self, site_id: int, owner: Optional[str] = None) -> Optional[Sink]:
         sink = super()._sink(site_id, owner)

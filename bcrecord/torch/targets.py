@@ -314,8 +314,49 @@ def _no_submodule(model: torch.nn.Module, path: str) -> TargetError:
             "does not check; add_module refuses it): no dotted path reaches it; give it a name "
             "without a dot"
         )
-    hint = did_you_mean(path, [name for name in names if name], hide_private=False)
+    # With the FX node names of the ops there ('flatten', 'layer1.0.add'), torchvision's own, where
+    # the last part is the one misspelt (under a module that exists).
+    fx = _fx_names_under(found, prefix) if path.rpartition(".")[0] == ancestor else []
+    hint = did_you_mean(path, [name for name in names if name] + fx, hide_private=False)
     return TargetError(f"the model has no submodule {path!r}{hint}")
+
+
+def _fx_names_under(module: torch.nn.Module, prefix: str) -> List[str]:
+    """The FX node names (unnumbered) of the function calls and operators of ``module``'s forward
+    and the methods of its own that it calls, each after ``prefix``; for a did-you-mean only.
+
+    >>> class Net(torch.nn.Module):
+    ...     def forward(self, x):
+    ...         return torch.flatten(x, 1) + 1
+    >>> _fx_names_under(Net(), "head.")
+    ['head.add', 'head.flatten']
+    """
+    forward = getattr(type(module), "forward", None)
+    pending = [forward] if isinstance(forward, types.FunctionType) else []
+    names: Set[str] = set()
+    seen: Set[types.FunctionType] = set()
+    try:
+        while pending:
+            func = function_of(pending.pop())
+            if func in seen:
+                continue
+            seen.add(func)
+            found = function_targets(func)
+            for callee in found.calls:
+                called = _resolved(module, func, callee)
+                if called is None or isinstance(called, torch.nn.Module):
+                    continue  # a local's (a loop's module), or a module's, whose node is its path
+                python = _python_function(called)
+                if python is not None and getattr(called, "__self__", None) is module:
+                    pending.append(python)  # FX follows a method of the module in place
+                else:
+                    names.add(_fx_name(callee, called))
+            names.update(
+                base for base, ops in _FX_OPERATORS.items() if any(op in found.operators for op in ops)
+            )
+    except Exception:  # (a hint only: the error it goes into is what matters)
+        pass
+    return [prefix + name for name in sorted(names)]
 
 
 def _split(text: str) -> Tuple[str, str, str, bool]:
@@ -753,7 +794,7 @@ def _fx_scope(model: torch.nn.Module, parent: str, base: str) -> Optional[_FxSco
     return scope
 
 
-def fx_name_clash(model: torch.nn.Module, path: str) -> Optional[str]:
+def fx_name_clash(model: torch.nn.Module, path: str, leaves: Tuple[type, ...] = ()) -> Optional[str]:
     """Why FX may give the node name ``path``, a module path, to another op, or None.
 
     torchvision names a module's call after its path, unless an op of the same name
@@ -763,7 +804,8 @@ def fx_name_clash(model: torch.nn.Module, path: str) -> Optional[str]:
     ops of the stripped name (ViT's ``ln_1`` is its ``'ln'``, ``ln_2`` its ``'ln_1'``);
     and for a module it traces into that runs more than once, the path names the last
     op of its last run. A module path still means the module's output (at its first
-    call) here; this says where torchvision's would differ.
+    call) here; this says where torchvision's would differ. ``leaves``: module classes
+    its ``tracer_kwargs`` make leaves too (``leaf_modules``).
 
     >>> import torch
     >>> class Net(torch.nn.Module):
@@ -786,8 +828,9 @@ def fx_name_clash(model: torch.nn.Module, path: str) -> Optional[str]:
             "before the module's call (torchvision's own name for the module's call then ends in a number)"
         )
     module = module_at(model, path)
+    leaf = _fx_leaf(module) or isinstance(module, leaves)
     stem = _fx_stripped(node)
-    if stem != node and _fx_leaf(module):
+    if stem != node and leaf:
         numbered = _fx_scope(model, parent, stem)
         if numbered is not None and numbered.sites:
             # torchvision's numbers: none for the first, then _1, _2...: never _0 (nor _01).
@@ -804,7 +847,7 @@ def fx_name_clash(model: torch.nn.Module, path: str) -> Optional[str]:
                         else f"it may have no node {path!r}"
                     )
                 )
-    if not _fx_leaf(module) and _runs_again(model, path):
+    if not leaf and _runs_again(model, path):
         return (
             f"the module runs more than once in a forward and FX traces into it: torchvision's node "
             f"{path!r} is the last op it traced in the module's last run"

@@ -424,6 +424,66 @@ def test_a_module_shared_by_the_blocks_that_call_it_runs_more_than_once_and_is_w
         create_feature_extractor(net, ["pe.add_1"])
 
 
+def test_a_node_naming_nothing_is_a_value_error_as_torchvision_s_with_fx_names_suggested():
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(3, 3)
+
+        def forward(self, x):
+            out = self.fc(x)
+            out += x
+            return out
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = torch.nn.Sequential(Block())
+
+        def forward(self, x):
+            return self._body(x)
+
+        def _body(self, x):
+            return torch.flatten(self.blocks(x), 1)
+
+    net = Net()
+    # torchvision raises ValueError (code catching it stopped catching a LookupError)...
+    with pytest.raises(ValueError) as caught:
+        create_feature_extractor(net, ["flaten"])
+    assert isinstance(caught.value, bcrecord.TargetError) and type(caught.value) is bcrecord.ReturnNodeError
+    # ...and the FX names it would give are suggested (module paths only were).
+    assert "the model has no submodule 'flaten'; did you mean 'flatten'?" in str(caught.value)
+    with pytest.raises(bcrecord.ReturnNodeError, match=r"did you mean 'blocks.0.add', "):
+        create_feature_extractor(net, {"blocks.0.ad": "f"})
+    assert torch.equal(
+        create_feature_extractor(net, ["flatten"])(torch.ones(1, 3))["flatten"], net(torch.ones(1, 3))
+    )
+
+
+def test_a_module_tracer_kwargs_make_a_leaf_is_not_warned_of_as_running_more_than_once(recwarn):
+    # torchvision's node of a leaf module is its call's output, as bcrecord's: no warning.
+    class Block(torch.nn.Module):
+        def forward(self, x):
+            return torch.relu(x + 4)
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.block = Block()
+
+        def forward(self, x):
+            return self.block(self.block(x) - 1)
+
+    net, x = Net(), torch.randn(2, 3)
+    features = create_feature_extractor(net, ["block"], tracer_kwargs={"leaf_modules": [Block]})(x)
+    assert torch.equal(features["block"], torch.relu(x + 4))
+    assert not [w for w in recwarn if issubclass(w.category, bcrecord.RecordingWarning)]
+    with pytest.warns(bcrecord.RecordingWarning, match="the module runs more than once in a forward"):
+        create_feature_extractor(net, ["block"], tracer_kwargs={"leaf_modules": [torch.nn.ReLU]})
+    with pytest.raises(TypeError, match=r"tracer_kwargs\['leaf_modules'\] must be a list of module classes"):
+        create_feature_extractor(net, ["block"], tracer_kwargs={"leaf_modules": Block})
+
+
 def test_no_clash_warning_where_the_module_is_called_first_through_a_first_argument_not_named_self():
     class Named(torch.nn.Module):
         def __init__(s):
@@ -1214,7 +1274,7 @@ def test_an_extractor_whose_stop_a_site_that_did_not_run_holds_back_says_so_once
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         outs = [extractor(x), extractor(x)]
-    said = [str(w.message) for w in caught if "stop_after_last" in str(w.message)]
+    said = [str(w.message) for w in caught if "stop_early" in str(w.message)]
     assert len(said) == 1 and "['0:forward:h@0'] did not run" in said[0]
     assert all(torch.allclose(out["0:forward:h"], net[0].lin(x)) for out in outs)
     extractor.close()
@@ -1394,7 +1454,8 @@ def test_a_warning_from_an_extractor_s_call_points_at_the_user_s_line():
         warnings.simplefilter("always")
         extractor(torch.ones(2)); line = sys._getframe().f_lineno  # fmt: skip
     assert [(w.filename, w.lineno) for w in caught] == [(__file__, line)]
-    assert "stop_after_last: this forward ran to its end" in str(caught[0].message)
+    # Named by the extractor's own option (it was record()'s, stop_after_last).
+    assert str(caught[0].message).startswith("stop_early: this forward ran to its end")
 
 
 def test_list_targets_table_heads_a_submodule_named_with_two_colons_by_its_path():
