@@ -43,7 +43,7 @@ from bytecode import UNSET, Bytecode, FreeVar, Instr, Label, TryBegin, TryEnd
 from bytecode import __version__ as bytecode_version
 
 from . import _versions
-from .errors import NotPatchableError, TargetError, aligned, did_you_mean
+from .errors import NotPatchableError, TargetError, aligned, did_you_mean, raised_by_signal_handler
 from .specs import SUPER_NO_CALL, Attribute, Call, Expr, Local, Return, Spec
 
 __all__ = [
@@ -224,6 +224,8 @@ def _decoded(key: Tuple[object, ...]) -> Bytecode:
     try:
         bytecode = Bytecode.from_code(code, conserve_exception_block_stackdepth=True)
     except Exception as error:  # (bytecode 0.17.0 on 3.14: a KeyError, for an async comprehension)
+        if raised_by_signal_handler(error):
+            raise  # the program's (a timeout's TimeoutError while it read), not the package's
         name = getattr(code, "co_qualname", code.co_name)
         raise NotPatchableError(
             f"the bytecode package {bytecode_version} cannot read the code of {name} "

@@ -29,9 +29,11 @@ from __future__ import annotations
 
 import contextlib
 import difflib
+import inspect
 import os
 import reprlib
 import shlex
+import signal
 import sys
 import types
 import unicodedata
@@ -263,3 +265,56 @@ def shell_quoted(path: str, encoding: Optional[str] = None) -> str:
         for byte in os.fsencode(path)
     )
     return f"$'{kept}'"
+
+
+#: Every signal number a handler can be called with.
+_SIGNAL_NUMBERS = frozenset(int(number) for number in signal.valid_signals())
+
+
+def raised_by_signal_handler(error: BaseException) -> bool:
+    """Whether ``error`` came out of a Python signal handler, not from bcrecord's own work.
+
+    Python runs a signal's handler in the main thread wherever that thread is, inside
+    a probe's copy too. What it raises there (a timeout's ``TimeoutError``) is the
+    program's, and a probe lets it through as if the signal had come right after it,
+    where it handles a failed copy of its own by keeping it in ``rec.errors``.
+
+    A handler's frame is told by how Python calls it: with a signal number and then
+    the frame the signal interrupted, its caller (a method, ``*args`` and a ``partial``
+    too). Not by comparing with the handlers installed: a handler may put the old one
+    back before it raises. One frame, no helper: probes call this near the recursion
+    limit.
+
+    >>> import signal
+    >>> def timeout(number, frame):
+    ...     raise TimeoutError("too slow")
+    >>> old = signal.signal(signal.SIGUSR1, timeout)
+    >>> try:
+    ...     signal.raise_signal(signal.SIGUSR1)
+    ... except TimeoutError as error:
+    ...     raised_by_signal_handler(error), raised_by_signal_handler(ValueError("a copy's"))
+    (True, False)
+    >>> _ = signal.signal(signal.SIGUSR1, old)
+    """
+    tb = error.__traceback__
+    # (The first entry is the frame catching it, still running: never a handler's.)
+    tb = tb.tb_next if tb is not None else None
+    while tb is not None:
+        frame = tb.tb_frame
+        tb = tb.tb_next
+        caller, code = frame.f_back, frame.f_code
+        count, varargs = code.co_argcount, code.co_flags & inspect.CO_VARARGS
+        if caller is None or (count < 2 and not varargs):
+            continue
+        local = frame.f_locals
+        args = [local.get(name) for name in code.co_varnames[:count]]
+        if varargs:
+            rest = local.get(code.co_varnames[count + code.co_kwonlyargcount])
+            if isinstance(rest, tuple):
+                args.extend(rest)
+        # (In that order: a frame and then a number is a stack inspection's, such as
+        # inspect.getframeinfo(inspect.currentframe(), 1), which can fail in a copy.)
+        for number, interrupted in zip(args, args[1:], strict=False):
+            if interrupted is caller and type(number) is int and number in _SIGNAL_NUMBERS:
+                return True
+    return False

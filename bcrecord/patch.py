@@ -1227,8 +1227,13 @@ def remove_all(patches: Sequence[Patch]) -> None:
     >>> remove_all([patch_method(Net, "forward", "return")]); Net.forward is original
     True
     """
-    for patch in reversed(patches):
-        patch.remove()
+    for at, patch in enumerate(reversed(patches)):
+        try:
+            patch.remove()
+        except BaseException:
+            # What a signal handler raised, or a warning made an error: the others still go.
+            remove_all(patches[: len(patches) - at - 1])
+            raise
 
 
 def remove_soon(patches: Sequence[Patch]) -> None:
@@ -1732,30 +1737,40 @@ def _patch_in_place(
         # Keys name the function as its callers know it (functools.wraps copies __name__),
         # not the wrapper's code ('wrapper' for every function one decorator wraps).
         function = function or getattr(running, "__name__", None)
-    with _lock:
-        # A patch's copy (``a.f`` of a patched instance): in place means in what runs there,
-        # not in the original it was copied from.
-        # (Not when what is patched is inside it: a wrapper's copy calls the function it wraps.)
-        copied = next(
-            (s for s in _slots.values() if s.live is running is not s.base and base in (s.base, running)),
-            None,
-        )
-        if copied is not None:
-            return _attach(copied, running, None, specs, name, _default_owner(running), function)
-        key = ("code", id(base))
-        slot = _slots.get(key) or _copy_slot(base)
-        created = slot is None
-        if slot is None:
-            slot = _Slot(base, base, restore=lambda: None)
-            slot.key = key
-        patch = _attach(slot, base, None, specs, name, _default_owner(base), function)
-        if slot.freed_with_copy is not None:  # a recording copy's: freed with it, if never removed
-            slot.freed_with_copy.append(patch._site_ids)
-        probe_visible_from(base.__globals__)
-        if created:
-            _slots[key] = slot
-            track(slot)
+    patch: Optional[Patch] = None
+    try:
+        with _lock:
+            # A patch's copy (``a.f`` of a patched instance): in place means in what runs there,
+            # not in the original it was copied from.
+            # (Not when what is patched is inside it: a wrapper's copy calls the function it wraps.)
+            copied = next(
+                (s for s in _slots.values() if s.live is running is not s.base and base in (s.base, running)),
+                None,
+            )
+            if copied is not None:
+                patch = _attach(copied, running, None, specs, name, _default_owner(running), function)
+                return patch
+            key = ("code", id(base))
+            slot = _slots.get(key) or _copy_slot(base)
+            created = slot is None
+            if slot is None:
+                slot = _Slot(base, base, restore=lambda: None)
+                slot.key = key
+            patch = _attach(slot, base, None, specs, name, _default_owner(base), function)
+            if slot.freed_with_copy is not None:  # a recording copy's: freed with it, if never removed
+                slot.freed_with_copy.append(patch._site_ids)
+            probe_visible_from(base.__globals__)
+            if created:
+                _slots[key] = slot
+                track(slot)
         return patch
+    except BaseException:
+        # What a signal handler raised meanwhile (a timeout's), up to the lock's release: the
+        # caller gets no patch to remove, so none stays (a slot stored untracked kept the
+        # function from recording for good).
+        if patch is not None:
+            patch.remove()
+        raise
 
 
 def patch_method(
@@ -1829,14 +1844,18 @@ def patch_method(
             method = compiled_name(method)
     # Looked up under the lock too: two threads patching one method must see each other's
     # slot (else each copies the original, and removing one drops the other's slot).
-    with _lock:
-        patch = _patch_method(obj, method, specs, name, in_place, unwrap)
-    if isinstance(obj, type):
-        try:
+    patch: Optional[Patch] = None
+    try:
+        with _lock:
+            patch = _patch_method(obj, method, specs, name, in_place, unwrap)
+        if isinstance(obj, type):
             _warn_if_abstract(obj, method)
-        except BaseException:  # a warning made an error (-W error): the refused call changes nothing
+    except BaseException:
+        # A warning made an error (-W error), or what a signal handler raised up to the lock's
+        # release: the call that raised changes nothing.
+        if patch is not None:
             patch.remove()
-            raise
+        raise
     return patch
 
 
@@ -2006,11 +2025,15 @@ def _patch_method(
     except BaseException:
         slot.release()
         raise
-    probe_visible_from(base.__globals__)
-    _slots[key] = slot
-    if isinstance(obj, (type, types.ModuleType)):
-        _stand_ins.setdefault(id(base), []).append(slot)
-    track(slot)
+    try:
+        probe_visible_from(base.__globals__)
+        _slots[key] = slot
+        if isinstance(obj, (type, types.ModuleType)):
+            _stand_ins.setdefault(id(base), []).append(slot)
+        track(slot)
+    except BaseException:  # (what a signal handler raised: no patch the caller could remove stays)
+        patch.remove()
+        raise
     return patch
 
 

@@ -59,7 +59,6 @@ import inspect
 import operator
 import os
 import pickle
-import signal
 import sys
 import threading
 import traceback
@@ -89,7 +88,7 @@ from typing import (
 )
 
 from ._versions import ARGUMENT_REFERENCES, PROBE_NAME
-from .errors import SpecError, warn
+from .errors import SpecError, raised_by_signal_handler, warn
 from .rewrite import DEFAULT_SINKS, SINKS
 from .rewrite import _cache_lock as _rewrite_cache_lock
 from .specs import COPY_POLICIES
@@ -645,6 +644,7 @@ def register_sites(sites: Sequence[Site]) -> List[int]:
     >>> ids = register_sites([Site("a:f:x@0")]); release_sites(ids)
     """
     with _sites_lock:
+        _grow_sinks()  # (one a signal handler's exception cut short left some lists short)
         ids: List[int] = []
         grown: List[_Unrouted] = []
         reused: List[_Unrouted] = []
@@ -659,11 +659,25 @@ def register_sites(sites: Sequence[Site]) -> List[int]:
             ids.append(unrouted.site_id)
             _SITES[unrouted.site_id] = site
         _UNROUTED.extend(grown)
+        _grow_sinks()
         for routing in _routings.live():
-            routing.sinks.extend(grown)
             for unrouted in reused:
                 routing.sinks[unrouted.site_id] = unrouted
     return ids
+
+
+def _grow_sinks() -> None:
+    """Make every sinks list as long as ``_UNROUTED`` (under ``_sites_lock``), with its items.
+
+    Each list catches up from where it is, so a call cut short (what a signal handler
+    raised, a timeout's ``TimeoutError``) is completed by the next one, before any id
+    past a list's end is handed out: ids come from ``len(_UNROUTED)``, never from a list's.
+    """
+    size = len(_UNROUTED)
+    for routing in _routings.live():
+        sinks = routing.sinks
+        if len(sinks) < size:
+            sinks.extend(_UNROUTED[len(sinks) : size])
 
 
 def release_sites(ids: Sequence[int], once_unheld: bool = False) -> None:
@@ -1704,59 +1718,6 @@ class _Silent:
 
     def __getitem__(self, site_id: int) -> Any:
         return self.routing() if site_id == 0 else _MUTE
-
-
-#: Every signal number a handler can be called with.
-_SIGNAL_NUMBERS = frozenset(int(number) for number in signal.valid_signals())
-
-
-def raised_by_signal_handler(error: BaseException) -> bool:
-    """Whether ``error`` came out of a Python signal handler, not from bcrecord's own work.
-
-    Python runs a signal's handler in the main thread wherever that thread is, inside
-    a probe's copy too. What it raises there (a timeout's ``TimeoutError``) is the
-    program's, and a probe lets it through as if the signal had come right after it,
-    where it handles a failed copy of its own by keeping it in ``rec.errors``.
-
-    A handler's frame is told by how Python calls it: with a signal number and then
-    the frame the signal interrupted, its caller (a method, ``*args`` and a ``partial``
-    too). Not by comparing with the handlers installed: a handler may put the old one
-    back before it raises. One frame, no helper: probes call this near the recursion
-    limit.
-
-    >>> import signal
-    >>> def timeout(number, frame):
-    ...     raise TimeoutError("too slow")
-    >>> old = signal.signal(signal.SIGUSR1, timeout)
-    >>> try:
-    ...     signal.raise_signal(signal.SIGUSR1)
-    ... except TimeoutError as error:
-    ...     raised_by_signal_handler(error), raised_by_signal_handler(ValueError("a copy's"))
-    (True, False)
-    >>> _ = signal.signal(signal.SIGUSR1, old)
-    """
-    tb = error.__traceback__
-    # (The first entry is the frame catching it, still running: never a handler's.)
-    tb = tb.tb_next if tb is not None else None
-    while tb is not None:
-        frame = tb.tb_frame
-        tb = tb.tb_next
-        caller, code = frame.f_back, frame.f_code
-        count, varargs = code.co_argcount, code.co_flags & inspect.CO_VARARGS
-        if caller is None or (count < 2 and not varargs):
-            continue
-        local = frame.f_locals
-        args = [local.get(name) for name in code.co_varnames[:count]]
-        if varargs:
-            rest = local.get(code.co_varnames[count + code.co_kwonlyargcount])
-            if isinstance(rest, tuple):
-                args.extend(rest)
-        # (In that order: a frame and then a number is a stack inspection's, such as
-        # inspect.getframeinfo(inspect.currentframe(), 1), which can fail in a copy.)
-        for number, interrupted in zip(args, args[1:], strict=False):
-            if interrupted is caller and type(number) is int and number in _SIGNAL_NUMBERS:
-                return True
-    return False
 
 
 def silently(function: Callable[[T], Any], value: T) -> Any:

@@ -2,6 +2,7 @@
 
 import math
 import re
+import signal
 import sys
 import types
 
@@ -667,3 +668,26 @@ def test_code_the_bytecode_package_fails_to_read_is_refused_naming_the_package_a
         "KeyError: 123"
     )
     assert isinstance(raised.value.__cause__, KeyError)
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGUSR1"), reason="needs SIGUSR1")
+def test_a_timeout_a_signal_handler_raises_while_code_is_read_is_the_program_s(monkeypatch):
+    # It came out as a NotPatchableError: a program's `except TimeoutError` never saw its timeout.
+    namespace = {}
+    exec("def slow(x):\n    y = x + 1\n    return y\n", namespace)
+
+    def timeout(number, frame):
+        raise TimeoutError("too slow")
+
+    def interrupted(code, **kwargs):
+        signal.raise_signal(signal.SIGUSR1)  # (the handler runs here, as a timer's would)
+
+    old = signal.signal(signal.SIGUSR1, timeout)
+    try:
+        monkeypatch.setattr(bytecode.Bytecode, "from_code", staticmethod(interrupted))
+        with pytest.raises(TimeoutError, match="too slow"):
+            read(namespace["slow"].__code__)
+    finally:
+        signal.signal(signal.SIGUSR1, old)
+    monkeypatch.undo()
+    assert [p.label for p in resolve([Local("y")], read(namespace["slow"].__code__))] == ["y@0"]
