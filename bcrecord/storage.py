@@ -11,7 +11,8 @@ the one under the home directory):
   ``time`` (seconds since the epoch). A save appends its line, so a long run's
   thousandth save costs what its first did.
 * ``records/NNNNNN.safetensors`` — the tensors of one save (needs the
-  ``safetensors`` package: ``pip install 'bcrecord[save]'``);
+  ``safetensors`` package: ``pip install 'bcrecord[save]'``); a save whose header would pass
+  the 100 MB that safetensors reads (a million scalars) fills several, numbered on;
 * ``records/NNNNNN.pkl`` — every other value of that save, pickled.
 
 Version 1 directories (every entry in ``index.json``, from bcrecord 0.1's first
@@ -497,11 +498,14 @@ def _make_whole(directory: Path) -> None:
 @dataclass
 class _Prepared:
     """A save's values made ready to write: its index entries (each ``file`` its suffix until the
-    write numbers it), its tensors laid out as a safetensors file, its other values pickled."""
+    write numbers it), its tensors laid out as safetensors files (one, or several where one's
+    header would pass :data:`_HEADER_LIMIT`; ``part`` says which holds each tensor, by name, where
+    it is not the first), its other values pickled."""
 
     entries: List[Dict[str, Any]]
-    tensors: Optional[Sequence[Any]]
+    tensors: List[Sequence[Any]]
     pickled: Optional[bytes]
+    part: Dict[str, int]
 
 
 def _prepared(batches: Sequence[Tuple[int, List[Tuple[str, Sequence[Any]]]]]) -> _Prepared:
@@ -511,7 +515,7 @@ def _prepared(batches: Sequence[Tuple[int, List[Tuple[str, Sequence[Any]]]]]) ->
 
     >>> ready = _prepared([(3, [("k", [1.5, "text"])])])
     >>> [(row["step"], row["name"], row["file"]) for row in ready.entries], ready.tensors
-    ([(3, 'k#3#0', '.pkl'), (3, 'k#3#1', '.pkl')], None)
+    ([(3, 'k#3#0', '.pkl'), (3, 'k#3#1', '.pkl')], [])
     """
     tensors: Dict[str, Any] = {}
     others: Dict[str, Any] = {}
@@ -545,7 +549,39 @@ def _prepared(batches: Sequence[Tuple[int, List[Tuple[str, Sequence[Any]]]]]) ->
                 entries.append({"key": key, "step": step, "file": suffix, "name": name, **info, "time": now})
     # Pickled before the tensors are laid out, as the save failed before (the same value blamed).
     pickled = _pickled(others, entries) if others else None
-    return _Prepared(entries, _safetensors(tensors, entries) if tensors else None, pickled)
+    parts = _header_parts(tensors, entries) if tensors else []
+    part = {name: number for number, group in enumerate(parts) if number for name in group}
+    return _Prepared(entries, [_safetensors(group, entries) for group in parts], pickled, part)
+
+
+#: The largest header a safetensors file of a save may have: safetensors refuses to read a
+#: larger one (its ``MAX_HEADER_SIZE``), so a save of more tensors (a million scalars, one key's
+#: values of a long run flushed at once) puts them in several files, each numbered as a save's.
+_HEADER_LIMIT = 100_000_000
+
+
+def _header_parts(tensors: Dict[str, Any], entries: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """``tensors`` in groups, in order, each of which a safetensors file holds with a header under
+    :data:`_HEADER_LIMIT` (counted from above: names as JSON escapes them, every dimension and
+    offset 20 digits); an UnsavableValue for a tensor whose name alone passes it."""
+    room = _HEADER_LIMIT - 64  # (its braces, its padding to 8 bytes)
+    parts: List[Dict[str, Any]] = [{}]
+    used = 0
+    for name, tensor in tensors.items():
+        # ':{"dtype":"","shape":[],"data_offsets":[,]},' and a dtype's name: under 64 bytes.
+        size = _json_length(name) + 22 * len(tensor.shape) + 64 + 2 * 20
+        if size > room:
+            row = next(row for row in entries if row["name"] == name)
+            raise UnsavableValue(
+                f"cannot save {row['key']!r} (step {row['step']}): its name is too long for a safetensors "
+                f"header, which holds at most {_HEADER_LIMIT} bytes"
+            )
+        if used + size > room:
+            parts.append({})
+            used = 0
+        parts[-1][name] = tensor
+        used += size
+    return parts
 
 
 class Writer:
@@ -745,15 +781,19 @@ class Writer:
         self._catch_up()  # another writer (another process) may have saved since the last call
         if not prepared.entries:
             return 0
-        stem = f"{self._next_file:06d}"
+        # Numbered from the next file's number: a save whose tensors fill several files takes
+        # one number for each (its pickled values share the first).
+        stems = [f"{self._next_file + part:06d}" for part in range(max(1, len(prepared.tensors)))]
         for row in prepared.entries:
-            row["file"] = f"records/{stem}{row['file']}"  # (its suffix until now)
-        for kind in ("safetensors", "pkl"):  # a killed save's of the kind this one does not write
-            _temporary(self.directory / f"records/{stem}.{kind}").unlink(missing_ok=True)
-        if prepared.tensors is not None:
-            _atomic_write(self.directory / f"records/{stem}.safetensors", prepared.tensors)
+            part = prepared.part.get(row["name"], 0) if row["file"] == ".safetensors" else 0
+            row["file"] = f"records/{stems[part]}{row['file']}"  # (its suffix until now)
+        for stem in stems:  # a killed save's of the kind this one does not write
+            for kind in ("safetensors", "pkl"):
+                _temporary(self.directory / f"records/{stem}.{kind}").unlink(missing_ok=True)
+        for stem, tensors in zip(stems, prepared.tensors, strict=False):  # (no tensors: stems[0] alone)
+            _atomic_write(self.directory / f"records/{stem}.safetensors", tensors)
         if prepared.pickled is not None:
-            _atomic_write(self.directory / f"records/{stem}.pkl", prepared.pickled)
+            _atomic_write(self.directory / f"records/{stems[0]}.pkl", prepared.pickled)
         _sync_directory(self.directory / "records")  # before the index names the files
         line = json.dumps({"entries": prepared.entries}).encode() + b"\n"  # (starts with _SAVE_LINE_START)
         with open(self.directory / _JOURNAL, "ab") as journal:
@@ -762,7 +802,7 @@ class Writer:
             os.fsync(journal.fileno())
         self._read += len(line)
         self._journal = ((self._journal or b"") + line)[:_HEAD]  # its head as far as read
-        self._next_file += 1
+        self._next_file += len(stems)
         return len(prepared.entries)
 
     def _catch_up(self) -> None:
@@ -965,6 +1005,18 @@ def _name(key: str, step: int, position: int) -> str:
     except UnicodeEncodeError:
         key = ascii(key)
     return f"{key}#{step}#{position}"
+
+
+def _json_length(text: str) -> int:
+    """How long ``text`` is as JSON, quoted (plain text counted without JSON's escaping of it:
+    a save of a million tensors counts a million names).
+
+    >>> _json_length("k#0#0"), _json_length('a"b'), _json_length("é")
+    (7, 6, 8)
+    """
+    if text.isascii() and text.isprintable() and '"' not in text and "\\" not in text:
+        return len(text) + 2
+    return len(json.dumps(text))
 
 
 def _safetensors(tensors: Dict[str, Any], entries: List[Dict[str, Any]]) -> Sequence[Any]:
@@ -1263,7 +1315,7 @@ def _items(records: Any) -> List[Tuple[str, Sequence[Any]]]:
     Traceback (most recent call last):
     TypeError: the values of 'k' are a str, not a list of values (give ["text"] to save one)
     """
-    if hasattr(records, "all") and hasattr(records, "keys"):  # a Recording
+    if _is_recording(records):
         return [(key, records.all(key)) for key in records.keys()]
     if not isinstance(records, Mapping):
         kind = type(records).__name__
@@ -1280,6 +1332,25 @@ def _items(records: Any) -> List[Tuple[str, Sequence[Any]]]:
                 f"the values of {key!r} are a {kind}, not a list of values (give {one} to save one)"
             )
     return items
+
+
+def _is_recording(records: Any) -> bool:
+    """Whether ``records`` is a Recording, or a Lightning callback's :class:`StepRecord`: what
+    lists a key's values with ``all(key)``. Asked of the class, not of methods alone: a pandas
+    DataFrame has an ``all`` and ``keys`` too (its ``all(key)`` said "No axis named ...").
+
+    >>> import bcrecord
+    >>> with bcrecord.recording() as rec:
+    ...     pass
+    >>> _is_recording(rec), _is_recording({"k": [1]})
+    (True, False)
+    """
+    from .runtime import Recording
+
+    if isinstance(records, Recording):
+        return True
+    lightning = sys.modules.get("bcrecord.integrations.lightning")  # (imported where one is made)
+    return lightning is not None and isinstance(records, lightning.StepRecord)
 
 
 class Unimportable:
@@ -1299,6 +1370,11 @@ class Unimportable:
     """
 
     _where = ""
+    #: The module and name its pickle gave its class (a save of it names them again).
+    _module = ""
+    _name = ""
+    #: Whether unpickling called its class (or a function) with ``args``, not its ``__new__`` alone.
+    _called = False
     args: Tuple[Any, ...]
     kwargs: Dict[str, Any]
     items: Any
@@ -1311,7 +1387,31 @@ class Unimportable:
         return self
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        pass  # __new__ keeps the arguments (unpickling may call either)
+        # __new__ keeps the arguments (unpickling may call either); a call, not __new__ alone,
+        # is how a save of this value makes its class's again.
+        self._called = True
+
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        """Pickled as what it stands for, to load as its class's value where that imports (a
+        program's own ``__main__`` loading its run's save), else as this stand-in again: a
+        value loaded here saves again (``bcrecord.save(bcrecord.load(DIR), OTHER)``).
+
+        >>> kind = _Unpickler(io.BytesIO(b"")).find_class("no_such_module", "Point")
+        >>> point = kind.__new__(kind); point.__setstate__({"x": 1})
+        >>> _unpickled(_dumps(point))
+        <no_such_module.Point, not importable here: {'x': 1}>
+        """
+        made = (self._module, self._name, self._called, self.args, self.kwargs)
+        return (_made_again, made, *self._filled())
+
+    def _filled(self) -> Tuple[Any, Any, Any]:
+        """What pickle sets into it once made: its state, list elements and dict entries."""
+        items = self.items
+        return (
+            getattr(self, "state", None),
+            iter(items) if isinstance(items, list) else None,
+            iter(items.items()) if isinstance(items, dict) else None,
+        )
 
     def __setstate__(self, state: Any) -> None:
         self.state = state
@@ -1366,10 +1466,38 @@ class Unloadable(Unimportable):
 
     error = ""
 
+    def __reduce_ex__(self, protocol: Any) -> Any:
+        """Pickled as the stand-in it is, what was raised making it kept: a save of it loads as it."""
+        return (_unloadable_again, (self._where, self.error, self.args), *self._filled())
+
     def __repr__(self) -> str:
         saved = [part for part in (self.args, self.items, getattr(self, "state", None)) if part]
         shown = saved[0] if len(saved) == 1 else tuple(saved)
         return f"<{self._where}, could not be made again ({self.error}): {shown!r}>"
+
+
+def _unloadable_again(where: str, error: str, args: Tuple[Any, ...]) -> Unloadable:
+    """An :class:`Unloadable` saved again (its state and items pickle sets next)."""
+    stand_in = cast(Unloadable, Unloadable.__new__(Unloadable, *args))
+    stand_in._where, stand_in.error = where, error
+    return stand_in
+
+
+def _made_again(module: str, name: str, called: bool, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+    """An :class:`Unimportable` saved again, as unpickling made it first: of its class (or
+    function) where this process imports it now, else a stand-in again (its state and items
+    pickle sets next); an :class:`Unloadable` where making it raises."""
+    finder = _TolerantUnpickler(io.BytesIO(b""))
+    finder.proto = 4  # (a dotted name is a nested class's: found as a protocol 4 pickle finds it)
+    kind = finder.find_class(module, name)
+    if isinstance(kind, type) and issubclass(kind, Unimportable):
+        stand_in = kind.__new__(kind, *args, **kwargs)
+        stand_in._called = called
+        return stand_in
+    try:
+        return kind(*args, **kwargs) if called else kind.__new__(kind, *args, **kwargs)
+    except Exception as error:
+        return _unloadable(kind, error, args)
 
 
 def _unloadable(made: Any, error: Exception, args: Tuple[Any, ...], state: Any = None) -> Unloadable:
@@ -1398,7 +1526,8 @@ class _StandInClasses:
         # (SystemExit: argparse's parse_args() at import, given the loader's arguments; pytest's
         # importorskip): never the loader's end.
         except BaseException:
-            return type(name, (Unimportable,), {"_where": f"{module}.{name}", "__module__": module})
+            where = {"_where": f"{module}.{name}", "_module": module, "_name": name}
+            return type(name, (Unimportable,), {**where, "__module__": module})
 
 
 def _main_is_the_command_line() -> bool:
@@ -1667,12 +1796,25 @@ class Loaded(Mapping[str, List[Any]]):
             return self._by_key[key]
         except KeyError:
             hint = did_you_mean(key, self._by_key, hide_private=False) if isinstance(key, str) else ""
-            raise KeyError(
-                f"no saved values for {key!r}{hint}; saved keys: {', '.join(self._by_key)}"
-            ) from None
+            listed = _listed(self._by_key)
+            raise KeyError(f"no saved values for {key!r}{hint}; saved keys: {listed}") from None
 
     def __getitem__(self, key: str) -> List[Any]:
         return [entry.value for entry in self._entries_of(key)]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """``loaded[key]``, or ``default`` where no value of ``key`` is saved.
+
+        Not Mapping's (through ``__getitem__``): its KeyError's hint compares every saved key,
+        seconds for a key missing from a long run's thousands.
+
+        >>> import tempfile, bcrecord
+        >>> loaded = bcrecord.load(bcrecord.save({"m:f:x@0": [1.0]}, tempfile.mkdtemp()))
+        >>> loaded.get("m:f:x@0"), loaded.get("m:f:y@0"), loaded.get("m:f:y@0", [])
+        ([1.0], None, [])
+        """
+        entries = self._by_key.get(key)
+        return default if entries is None else [entry.value for entry in entries]
 
     def steps(self, key: str) -> List[int]:
         """The step of each value of ``key``, in the order ``loaded[key]`` lists the values.
@@ -1702,7 +1844,8 @@ class Loaded(Mapping[str, List[Any]]):
 
 
 def load(directory: PathLike, keys: Optional[Iterable[str]] = None) -> Loaded:
-    """Read records saved with :func:`save` / :class:`Writer` (tensors come back on CPU).
+    """Read records saved with :func:`save` / :class:`Writer` (tensors come back on CPU, copies of
+    their own: a data file overwritten or cut short afterwards leaves them as they were).
 
     ``keys`` (a key, or several) limits what is read (and kept: a data file's other values are
     let go once it is read); a key the directory has no value for is a ``KeyError`` that names
@@ -1835,7 +1978,7 @@ def _data_file(path: Path, wanted: Sequence[str], total: int) -> Dict[str, Any]:
             if len(held) > total:
                 raise _Missing(None, len(held))
             if len(wanted) * 4 < len(held) or path.stat().st_size > _READ_WHOLE:
-                found = {name: tensors.get_tensor(name) for name in wanted if name in held}
+                found = {name: _own(tensors.get_tensor(name)) for name in wanted if name in held}
             else:
                 # Many small tensors, most of them wanted (a scalar a step): read whole, they
                 # load faster than one at a time (each a storage of its own still). Where that
@@ -1843,7 +1986,7 @@ def _data_file(path: Path, wanted: Sequence[str], total: int) -> Dict[str, Any]:
                 try:
                     everything = safetensors.torch.load(path.read_bytes())
                 except Exception:
-                    everything = {name: tensors.get_tensor(name) for name in wanted if name in held}
+                    everything = {name: _own(tensors.get_tensor(name)) for name in wanted if name in held}
                 found = {name: everything[name] for name in wanted if name in everything}
                 del everything
     else:
@@ -1856,6 +1999,14 @@ def _data_file(path: Path, wanted: Sequence[str], total: int) -> Dict[str, Any]:
         if name not in found:
             raise _Missing(name)
     return found
+
+
+def _own(tensor: Any) -> Any:
+    """A tensor ``safe_open`` read, copied out of the file it maps: loaded values stay what they
+    were when the file is overwritten or cut short later (a mapped one changed with it, or the
+    process was killed, SIGBUS, reading it). Each is read and copied in turn: the file's pages
+    are the system's cache, not this process's memory, so a load holds its values once."""
+    return tensor.clone()
 
 
 def _salvaged(path: Path, names: Sequence[str], error: Exception) -> Tuple[Dict[str, Any], str]:
@@ -2027,5 +2178,17 @@ def _check_saved(wanted: Iterable[str], saved: List[str], directory: Path) -> No
         hint = did_you_mean(missing[0], names, hide_private=False)
         raise KeyError(
             f"{directory} has no saved values for {', '.join(map(repr, missing))}{hint}; "
-            f"saved keys: {', '.join(names) or 'none'}"
+            f"saved keys: {_listed(names)}"
         )
+
+
+def _listed(keys: Iterable[str], shown: int = 20) -> str:
+    """The first ``shown`` of ``keys`` for an error's message (a long run saves thousands: one
+    line, not all of them), as ``bcrecord view`` lists them.
+
+    >>> _listed(["a", "b"]), _listed([]), _listed([f"k{i}" for i in range(25)], shown=3)
+    ('a, b', 'none', 'k0, k1, k2 and 22 more')
+    """
+    names = list(keys)
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more or "none"

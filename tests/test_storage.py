@@ -2,6 +2,7 @@
 
 import dataclasses
 import errno
+import importlib
 import json
 import os
 import pickle
@@ -1486,3 +1487,130 @@ def test_a_file_given_for_the_records_directory_is_told_the_directory_to_give(tm
         load(tmp_path / "notes.txt")
     assert sorted(path.name for path in tmp_path.iterdir()) == ["notes.txt", "run"]
     assert load(run)["m:f:x@0"] == [1]
+
+
+def test_get_of_a_key_not_saved_is_its_default_without_comparing_every_saved_key(tmp_path, monkeypatch):
+    # Mapping's get went through __getitem__, whose KeyError's did-you-mean compared every saved
+    # key: seconds for one missing key of a long run.
+    loaded = load(save({f"m:f:x{i}@0": [i] for i in range(30)}, tmp_path))
+
+    def compared(*args, **kwargs):
+        raise AssertionError("get compared the saved keys")
+
+    monkeypatch.setattr(bcrecord.storage, "did_you_mean", compared)
+    assert loaded.get("m:f:x7@0") == [7] and loaded.get("m:f:y@0") is None
+    assert loaded.get("m:f:y@0", []) == [] and loaded.get(3, "none") == "none"
+
+
+def test_a_missing_key_s_message_lists_twenty_saved_keys_not_every_one(tmp_path):
+    # A long run's message listed every saved key: 700,000 characters for 20,000 keys.
+    keys = [f"m:f:x{i}@0" for i in range(30)]
+    loaded = load(save({key: [1] for key in keys}, tmp_path))
+    for read in (loaded.__getitem__, lambda key: load(tmp_path, keys=[key])):
+        with pytest.raises(KeyError) as error:
+            read("m:f:zz@0")
+        listed = error.value.args[0].partition("saved keys: ")[2]
+        assert listed == ", ".join(keys[:20]) + " and 10 more"
+
+
+class _NotARecording:
+    """Has an ``all`` and ``keys``, as a pandas DataFrame and Series have."""
+
+    def all(self, axis=0):
+        raise ValueError(f"No axis named {axis} for object type DataFrame")
+
+    def keys(self):
+        return ["m:f:x@0"]
+
+
+def test_a_value_with_all_and_keys_that_is_no_recording_is_told_what_records_are(tmp_path):
+    # Taken for a Recording: a pandas DataFrame's save raised pandas' own "No axis named m:f:x@0".
+    told = "records are a Recording or a dict of key -> list of values, got _NotARecording"
+    for saving in (
+        lambda: save(_NotARecording(), tmp_path / "a"),
+        lambda: Writer(tmp_path / "b").write(_NotARecording(), step=0),
+    ):
+        with pytest.raises(TypeError, match=told):
+            saving()
+    assert not (tmp_path / "a").exists()
+    with bcrecord.recording() as rec:
+        rec.add("m:f:x@0", 1.5)
+        rec.add("m:f:x@0", 2.5)
+    assert load(save(rec, tmp_path / "c"))["m:f:x@0"] == [1.5, 2.5]
+
+
+_RESAVED_MODULE = """
+import collections
+
+class Box:
+    def __init__(self, v):
+        self.v = v
+
+class Called:  # pickled as a call of its class
+    def __init__(self, v):
+        self.v = v
+    def __reduce__(self):
+        return Called, (self.v,)
+
+class Row(list):
+    pass
+
+class Table(dict):
+    pass
+
+Pair = collections.namedtuple("Pair", "a b")
+"""
+
+
+def test_values_loaded_as_unimportable_save_again_and_load_as_their_class_where_it_imports(
+    tmp_path, monkeypatch
+):
+    # A `bcrecord run` save of a __main__ class's values, read elsewhere, loaded as stand-ins that
+    # no save took: "Can't pickle <class '__main__.Pt'>".
+    (tmp_path / "mods").mkdir()
+    (tmp_path / "mods" / "gone_mod.py").write_text(_RESAVED_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path / "mods"))
+    import gone_mod
+
+    values = [
+        gone_mod.Box(3),
+        gone_mod.Called(4),
+        gone_mod.Row([1, 2]),
+        gone_mod.Table(a=1),
+        gone_mod.Pair(5, 6),
+    ]
+    shared = gone_mod.Box(7)
+    save({"m:f:v@0": values, "m:f:s@0": [[shared, shared]], "m:f:x@0": [1.5]}, tmp_path / "first")
+    monkeypatch.delitem(sys.modules, "gone_mod")
+    (tmp_path / "mods" / "gone_mod.py").rename(tmp_path / "gone_mod.py.away")
+    first = load(tmp_path / "first")
+    assert all(isinstance(value, bcrecord.storage.Unimportable) for value in first["m:f:v@0"])
+
+    save(first, tmp_path / "second")  # was UnsavableValue: Can't pickle <class 'gone_mod.Box'>
+    second = load(tmp_path / "second")
+    assert [repr(value) for value in second["m:f:v@0"]] == [repr(value) for value in first["m:f:v@0"]]
+    assert repr(second["m:f:v@0"][0]) == "<gone_mod.Box, not importable here: {'v': 3}>"
+    ((one, other),) = second["m:f:s@0"]
+    assert one is other and one.state == {"v": 7} and second["m:f:x@0"] == [1.5]
+
+    (tmp_path / "gone_mod.py.away").rename(tmp_path / "mods" / "gone_mod.py")
+    importlib.invalidate_caches()
+    box, called, row, table, pair = load(tmp_path / "second")["m:f:v@0"]
+    assert type(box).__name__ == "Box" and box.v == 3 and type(called).__name__ == "Called" and called.v == 4
+    assert (
+        type(row).__name__ == "Row"
+        and row == [1, 2]
+        and type(table).__name__ == "Table"
+        and table == {"a": 1}
+    )
+    assert type(pair).__name__ == "Pair" and pair == (5, 6) and pair.b == 6
+
+
+def test_a_value_loaded_as_unloadable_saves_again_as_the_same_stand_in(tmp_path):
+    save({"m:f:e@0": [ExceptionOfTwoArguments(1, 2)]}, tmp_path / "first")
+    (error,) = load(tmp_path / "first")["m:f:e@0"]
+    (again,) = load(save({"m:f:e@0": [error]}, tmp_path / "second"))["m:f:e@0"]
+    assert (
+        type(again) is bcrecord.storage.Unloadable and again.args == ("1-2",) and again.error == error.error
+    )
+    assert repr(again) == repr(error)

@@ -501,3 +501,70 @@ def test_a_tensor_safetensors_never_stores_is_pickled_without_safetensors_instal
     assert (row["kind"], row["file"], row["dtype"]) == ("pickle", "records/000001.pkl", "complex128")
     loaded = load(tmp_path)
     assert loaded["z"][0].dtype == torch.complex128 and loaded["z"][0].tolist() == [1 + 2j, 3 - 4j]
+
+
+def _header_length(path):
+    with open(path, "rb") as data:
+        return int.from_bytes(data.read(8), "little")
+
+
+def test_a_save_whose_header_would_pass_safetensors_limit_fills_several_files_that_all_load(
+    tmp_path, monkeypatch
+):
+    # Written whole, a header over safetensors' MAX_HEADER_SIZE (a million scalars of one save)
+    # loaded none of the save's values: "header too large". Here the limit is lowered.
+    monkeypatch.setattr(bcrecord.storage, "_HEADER_LIMIT", 4000)
+    losses = [torch.tensor(float(i)) for i in range(150)]
+    save({"m:f:loss@0": losses, "m:f:x@0": [torch.arange(6.0).reshape(2, 3)], "m:f:s@0": ["text"]}, tmp_path)
+    save({"m:f:loss@0": [torch.tensor(-1.0)]}, tmp_path, step=1)
+    records = tmp_path / "records"
+    files = sorted(path.name for path in records.glob("[!.]*"))
+    parts = [name for name in files if name.endswith(".safetensors")]
+    assert len(parts) >= 4 and "000001.pkl" in files  # (the pickled values beside its first part)
+    assert parts == [f"{number:06d}.safetensors" for number in range(1, len(parts) + 1)]  # the last: step 1's
+    assert all(_header_length(records / name) <= 4000 for name in parts)
+    loaded = load(tmp_path)
+    assert [float(value) for value in loaded["m:f:loss@0"]] == [float(i) for i in range(150)] + [-1.0]
+    assert loaded.steps("m:f:loss@0") == [0] * 150 + [1]
+    assert torch.equal(loaded["m:f:x@0"][0], torch.arange(6.0).reshape(2, 3)) and loaded["m:f:s@0"] == [
+        "text"
+    ]
+    assert [float(value) for value in load(tmp_path, keys=["m:f:loss@0"])["m:f:loss@0"]][-3:] == [
+        148.0,
+        149.0,
+        -1.0,
+    ]
+
+
+def test_a_tensor_whose_name_alone_passes_the_header_limit_is_refused_naming_it(tmp_path, monkeypatch):
+    monkeypatch.setattr(bcrecord.storage, "_HEADER_LIMIT", 400)
+    key = "m:f:" + "x" * 400 + "@0"
+    with pytest.raises(
+        bcrecord.storage.UnsavableValue, match=r"\(step 2\): its name is too long .* 400 bytes"
+    ):
+        save({key: [torch.ones(2)]}, tmp_path / "run", step=2)
+    assert not (tmp_path / "run").exists()
+
+
+def _overwrite_data(path):
+    """Overwrite the last 64 bytes of ``path`` in place (as ``cp`` of another file over it does)."""
+    with open(path, "r+b") as data:
+        data.seek(path.stat().st_size - 64)
+        data.write(b"\x00\x00\x80\x3f" * 16)  # (float32 1.0)
+
+
+@pytest.mark.parametrize("read_whole", [64 << 20, 0])
+def test_loaded_tensors_do_not_change_when_their_data_file_is_overwritten(tmp_path, monkeypatch, read_whole):
+    # Tensors read one at a time (a few keys of a file; every one of a file over 64 MB) stayed
+    # mapped onto the file: overwritten, they changed; cut short, reading them killed the process.
+    monkeypatch.setattr(bcrecord.storage, "_READ_WHOLE", read_whole)  # (0: as a large file's)
+    save({f"k{i}": [torch.zeros(4)] for i in range(10)}, tmp_path)
+    few = load(tmp_path, keys=["k9"])["k9"][0]
+    every = load(tmp_path)
+    path = tmp_path / "records" / "000001.safetensors"
+    _overwrite_data(path)
+    assert load(tmp_path, keys=["k9"])["k9"][0].tolist() == [1.0] * 4  # (the file did change)
+    assert few.tolist() == [0.0] * 4
+    assert all(every[f"k{i}"][0].tolist() == [0.0] * 4 for i in range(10))
+    path.write_bytes(b"")  # cut short
+    assert few.tolist() == [0.0] * 4 and every["k9"][0].tolist() == [0.0] * 4
