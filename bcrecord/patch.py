@@ -359,6 +359,13 @@ def _why_not_a_function(obj: Any) -> str:
             f"{held}.func (the default one) or one registered for a type ({held}.dispatcher.registry[type])"
         )
     if isinstance(obj, types.FunctionType) and _dispatches(obj):
+        default = _reached(obj.registry[object], "")
+        if default:  # its qualified name, its default's, names that (it is held under another name)
+            return (
+                f"this functools.singledispatch function (of {name}) dispatches: patch the implementation "
+                f"that runs, the default one ({default}) or one registered for a type "
+                "(<dispatcher>.registry[type])"
+            )
         return (
             f"{name} is a functools.singledispatch function: patch the implementation that runs, "
             f"the default one ({name}.registry[object]) or one registered for a type ({name}.registry[type])"
@@ -376,6 +383,12 @@ def _why_not_a_function(obj: Any) -> str:
         # (or an object of a Python class that functools.update_wrapper made look like one)
         python = isinstance(inspect.getattr_static(type(obj), "__call__", None), types.FunctionType)
         around = "an object of a Python class" if python else "C code"
+        inner = _reached(obj.__wrapped__, "")
+        if inner:  # its qualified name names the function itself (fast = lru_cache(slow): 'slow')
+            return (
+                f"this {type(obj).__name__} around {name} is {around} around a Python function: patch "
+                f"the function it wraps, patch_function({inner}, specs)"
+            )
         return (
             f"{name} is {_a(type(obj).__name__)} ({around} around a Python function): patch the "
             f"function it wraps, patch_function({name}.__wrapped__, specs)"

@@ -1328,7 +1328,11 @@ def copied_dataclass(value: Any, copy_field: Callable[[Any], Any], made: Dict[in
     if copied is value:  # (an enum member): never changed through its copy
         return value
     made[id(value)] = (value, copied)
+    own = getattr(value, "__dict__", None)
     for item in dataclasses.fields(value):
+        slot = isinstance(inspect.getattr_static(type(value), item.name, None), types.MemberDescriptorType)
+        if own is not None and item.name not in own and not slot:
+            continue  # not set yet (at __init__'s entry): getattr gives the class's default
         try:
             content = getattr(value, item.name)
         except AttributeError:  # field(init=False) not set yet

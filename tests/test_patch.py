@@ -3336,3 +3336,36 @@ def test_remove_all_cut_short_by_an_interrupt_still_removes_the_rest(monkeypatch
         remove_all(patches)
     assert (first.__code__, second.__code__) == codes
     assert not any(patch.active for patch in patches)
+
+
+def _slow(v):
+    r = v * 2
+    return r
+
+
+def _default_conversion(v):
+    r = ("obj", v)
+    return r
+
+
+_fast = functools.lru_cache(maxsize=None)(_slow)
+_convert = functools.singledispatch(_default_conversion)
+
+
+def test_a_cache_or_dispatcher_held_under_another_name_is_told_the_function_to_patch():
+    # Their qualified names are the function's they wrap: the message named that one as the
+    # cache, and told patch_function(_slow.__wrapped__), which fails (a plain function has none).
+    with pytest.raises(NotPatchableError) as caught:
+        bcrecord.patch_function(_fast, "r")
+    assert str(caught.value) == (
+        "this _lru_cache_wrapper around _slow is C code around a Python function: patch the function "
+        "it wraps, patch_function(_slow, specs)"
+    )
+    with pytest.raises(NotPatchableError, match=r"^this functools.singledispatch function \(of "):
+        bcrecord.patch_method(sys.modules[__name__], "_convert", "r")
+    assert "the default one (_default_conversion)" in str(
+        pytest.raises(NotPatchableError, bcrecord.patch_function, _convert, "r").value
+    )
+    with bcrecord.patch_function(_slow, "r"), bcrecord.recording() as rec:  # what it says works
+        _fast(4)
+    assert rec.all(f"{__name__}:_slow:r@0") == [8]

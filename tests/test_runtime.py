@@ -3033,3 +3033,17 @@ def test_the_copier_tables_do_not_keep_every_class_a_value_was_of_alive():
         gc.collect()
         assert classes[0]() is None and classes[-1]() is not None
         assert max(len(table) for table in runtime._copier_cache.values()) <= runtime._COPIERS_HELD
+
+
+def test_a_dataclass_copied_before_its_fields_are_set_gains_none_of_its_class_defaults():
+    # Recorded at __init__'s entry, self holds no field yet: the copy took b from the class default.
+    @dataclasses.dataclass
+    class Config:
+        a: int
+        b: int = 2
+
+    with bcrecord.patch_method(Config, "__init__", ["self"]), bcrecord.recording() as rec:
+        made = Config(1, 3)
+    entry = rec["Config:__init__:self"]
+    assert vars(entry) == {} and vars(made) == {"a": 1, "b": 3}
+    assert vars(copy_value(Config(5), "clone")) == {"a": 5, "b": 2}
