@@ -359,7 +359,7 @@ def _why_not_a_function(obj: Any) -> str:
             f"{held}.func (the default one) or one registered for a type ({held}.dispatcher.registry[type])"
         )
     if isinstance(obj, types.FunctionType) and _dispatches(obj):
-        default = _reached(obj.registry[object], "")
+        default = _reached(obj.registry[object], "")  # type: ignore[attr-defined]
         if default:  # its qualified name, its default's, names that (it is held under another name)
             return (
                 f"this functools.singledispatch function (of {name}) dispatches: patch the implementation "
