@@ -107,6 +107,41 @@ returned_inside: contextvars.ContextVar[bool] = contextvars.ContextVar(
 )
 
 
+def _autocasting(tensor: torch.Tensor) -> bool:
+    """Whether autocast is on for ``tensor``'s device (False for a device it does not know).
+
+    >>> _autocasting(torch.ones(1))
+    False
+    """
+    try:
+        return torch.is_autocast_enabled(tensor.device.type)
+    except (RuntimeError, TypeError):  # ('meta'; a torch whose is_autocast_enabled takes no device)
+        return False
+
+
+def under_vmap(tensor: torch.Tensor) -> Tuple[torch.Tensor, Callable[[torch.Tensor], torch.Tensor]]:
+    """The tensor under ``vmap``'s batching (the whole batch, in autograd's graph outside it), and
+    what turns its gradient into the layout :func:`outside_transforms` records the value in
+    (each ``vmap``'s dimension first); ``tensor`` itself where no ``vmap`` batches it.
+
+    >>> inner, layout = under_vmap(torch.ones(2))
+    >>> inner.shape, layout(torch.zeros(2)).shape
+    (torch.Size([2]), torch.Size([2]))
+    """
+    functorch = torch._C._functorch
+    inner, dims = tensor, []
+    while functorch.is_batchedtensor(inner):
+        dims.append(functorch.maybe_get_bdim(inner))
+        inner = functorch.get_unwrapped(inner)
+
+    def layout(grad: torch.Tensor) -> torch.Tensor:
+        for moved, dim in enumerate(reversed(dims)):
+            grad = grad.movedim(moved + dim, moved)
+        return grad
+
+    return inner, layout
+
+
 def outside_transforms(tensor: torch.Tensor, copy: Callable[[torch.Tensor], T]) -> T:
     """``copy`` of ``tensor`` as the code around ``torch.func``'s transforms sees it: what is recorded.
 
@@ -799,24 +834,33 @@ class ValuePolicy:
         return self._applied(live)
 
     def _applied(self, live: torch.Tensor) -> Any:
-        if self.reduce is None:
+        reduce = self.reduce
+        if reduce is None:
             return self._keep(live)
+        if _autocasting(live):
+            # On the value as it is, not in the program's lower precision: as its gradient's
+            # reduce runs in the backward, outside autocast (a value in bfloat16, its gradient not).
+            with torch.autocast(live.device.type, enabled=False):
+                return self._reduced(live, reduce)
+        return self._reduced(live, reduce)
+
+    def _reduced(self, live: torch.Tensor, reduce: Callable[[torch.Tensor], Any]) -> Any:
         if not self._in_graph:
             # Outside autograd: a reduce that saved tensors for backward would be counted
             # by activation checkpointing, whose recompute runs no probes (CheckpointError).
             # Detached only where there is a graph (one op less per value under no_grad),
             # and always while traced (torch.jit.trace's check traces again under no_grad).
             in_graph = live.requires_grad or _tracing_state() is not None
-            reduced = self.reduce(live.detach() if in_graph else live)
+            reduced = reduce(live.detach() if in_graph else live)
         elif _hooks_refused() is not None:
             # Inside torch.func.grad, vjp or jacrev, which refuse saved-tensor hooks: a
             # checkpoint's (non-reentrant: hooks too) cannot be running there either.
-            reduced = self.reduce(live)
+            reduced = reduce(live)
         else:
             # In the graph, its saved tensors kept as they are, out of sight of an
             # enclosing checkpoint's count (innermost saved-tensor hooks win).
             with torch.autograd.graph.saved_tensors_hooks(_itself, _itself):
-                reduced = self.reduce(live)
+                reduced = reduce(live)
         if isinstance(reduced, torch.Tensor):
             return self._keep(reduced)
         if isinstance(reduced, (list, tuple, dict)):

@@ -49,6 +49,7 @@ from typing import (
     Callable,
     ContextManager,
     Dict,
+    FrozenSet,
     Iterable,
     Iterator,
     List,
@@ -89,7 +90,7 @@ from ..runtime import (
     silently,
 )
 from ..specs import Attribute, Local, Return, Spec, require_bool
-from .copies import Device, ValuePolicy, _itself, _tracing_state, _transforms_active, value_policy
+from .copies import Device, ValuePolicy, _itself, _tracing_state, _transforms_active, under_vmap, value_policy
 from .targets import (
     Target,
     _resolving,
@@ -430,6 +431,8 @@ class ModelRecording(Recording):
 
     #: The option that asked for the early stop, as warnings name it.
     _stop_option = "stop_after_last"
+    #: The ``.grad`` keys of leaves whose gradient no backward had recorded when the block ended.
+    _left_leaves: FrozenSet[str] = frozenset()
 
     def __init__(self, *, stop_after_last: bool = False, **options: Any) -> None:
         super().__init__(**options)
@@ -593,6 +596,11 @@ class ModelRecording(Recording):
                     "but none of its values was in the autograd graph (recorded under torch.no_grad() "
                     "or inference_mode, or computed from nothing that requires grad)"
                 )
+            elif key in self._left_leaves and self._token is None:
+                why = (
+                    "but it is a leaf (a parameter), whose gradient only a backward inside the block "
+                    "records, and none ran before the block ended (a backward after it records nothing)"
+                )
             else:
                 why = (
                     "but no backward pass has reached it yet: one from a loss computed from it records "
@@ -726,6 +734,8 @@ class ModelRecording(Recording):
                 self._leaf_waiting = {}
                 for hook in list(hooks):  # (one may fire meanwhile, in autograd's thread)
                     hook.remove()
+                # (for the message of a gradient read later: no backward after the block records it)
+                self._left_leaves = frozenset(hook.key for hook in hooks)
 
     def clear(self) -> None:
         """Drop everything recorded so far, gradients waiting included (the recording stays active).
@@ -1024,10 +1034,20 @@ class _GradCopy:
                 )
             # Not under no_grad/inference_mode: a parameter requires grad there too, but that
             # forward has no backward (its hook would take the next training step's gradient).
-            elif value.requires_grad and torch.is_grad_enabled():
-                # The recording of this pass, even if the gradient arrives after it ends.
-                rec._gradient_of(self.key, value, self.keep_grad)
+            elif torch.is_grad_enabled():
+                # Inside vmap, the whole batch's (as the value is): the batched tensor is no part of
+                # the graph a backward outside vmap runs through.
+                graphed, layout = under_vmap(value)
+                if graphed.requires_grad:
+                    keep_grad = self.keep_grad if graphed is value else _after(layout, self.keep_grad)
+                    # The recording of this pass, even if the gradient arrives after it ends.
+                    rec._gradient_of(self.key, graphed, keep_grad)
         return self.keep(value)
+
+
+def _after(first: Callable[[Any], Any], then: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``then(first(x))``."""
+    return lambda value: then(first(value))
 
 
 class _GradientHook:

@@ -2579,6 +2579,60 @@ def test_stop_after_last_runs_a_forward_called_inside_a_torch_func_transform_who
         assert model(x) is None
 
 
+@pytest.mark.parametrize("in_dims", [0, 1])
+def test_a_gradient_of_a_value_recorded_inside_vmap_is_the_whole_batch_s(in_dims):
+    # A backward outside vmap records it, in the value's layout (batch first). The batched tensor
+    # requires no grad: none was recorded, and the error blamed torch.no_grad().
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(), torch.nn.Linear(3, 1))
+    x = torch.randn(5, 4) if in_dims == 0 else torch.randn(4, 5)
+    with record(model, ["0:forward:return.grad", "0:forward:self.weight.grad"]) as rec:
+        torch.func.vmap(model, in_dims=in_dims)(x).sum().backward()
+    rows = x if in_dims == 0 else x.T
+    hidden = model[0](rows)
+    hidden.retain_grad()
+    model[2](model[1](hidden)).sum().backward()
+    assert rec["0:forward:return"].shape == rec["0:forward:return.grad"].shape == (5, 3)
+    assert torch.allclose(rec["0:forward:return.grad"], hidden.grad)
+    assert rec["0:forward:self.weight.grad"].shape == (3, 4)
+
+
+def test_a_parameter_s_gradient_asked_after_a_backward_outside_the_block_says_no_backward_ran_inside():
+    # It said no backward had reached it "yet": none ever would (its hook goes with the block).
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Tanh(), torch.nn.Linear(3, 1))
+    with record(model, ["0:forward:return.grad", "0:forward:self.weight.grad"]) as rec:
+        out = model(torch.randn(2, 4))
+    out.sum().backward()
+    assert rec["0:forward:return.grad"].shape == (2, 3)  # an activation's: after the block too
+    with pytest.raises(KeyError) as caught:
+        rec["0:forward:self.weight.grad"]
+    assert "it is a leaf (a parameter), whose gradient only a backward inside the block records" in str(
+        caught.value
+    )
+
+
+def test_a_reduce_under_autocast_runs_on_the_value_as_recorded_as_its_gradient_s_does():
+    # It ran in bfloat16 (gram of a float32 input, inexact), its gradient's reduce in float32.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    x = torch.randn(4, 8)
+
+    def gram(t):
+        return t @ t.T
+
+    targets = ["0:forward:input", "0:forward:self.weight", "0:forward:self.weight.grad"]
+    with record(model, targets, reduce=gram) as rec:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = model(x)
+        assert out.dtype == torch.bfloat16  # (the model's own ops are cast)
+        out.float().sum().backward()
+    assert rec["0:forward:input"].dtype == torch.float32
+    assert torch.equal(rec["0:forward:input"], gram(x))
+    assert torch.equal(rec["0:forward:self.weight"], gram(model[0].weight.detach()))
+    assert rec["0:forward:self.weight.grad"].dtype == rec["0:forward:self.weight"].dtype
+
+
 def test_a_reduce_inside_vmap_sees_the_whole_batch_and_an_ensembles_values_are_per_model():
     model, x = _mlp(), torch.randn(5, 3)
     with bcrecord.torch.record(model, ["0"], reduce=lambda t: t.mean(0)) as rec:
