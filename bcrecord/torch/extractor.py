@@ -469,32 +469,41 @@ class FeatureExtractor(torch.nn.Module):
             rec = idle.pop()
         except IndexError:  # first call, or every recording is in a call in another thread
             rec = self._new_recording(plan, patches)
+        passing = Pass(plan, rec, stop_at_root=False)
         try:
             rec._start_pass()
-            with Pass(plan, rec, stop_at_root=False):
+            with passing:
                 # Not inside DistributedDataParallel with autograd on (its gradients would not
                 # sync) or where its return turns off its next broadcast of buffers, nor under
                 # torch.export (its tracer loses track of the unwound calls).
                 synced = plan.syncs and (torch.is_grad_enabled() or broadcasts_buffers_next(self.model))
                 stops = self.stop_early and not synced and not _exporting()
-                stopping = _stopping.set(stops)
-                inside = returned_inside.set(True)  # (inside torch.func.vmap: its outputs, batched)
-                catching = _catching.get()
-                caught = _catching.set((*catching, (rec,))) if stops else None
+                # Each variable set back in a finally of its own, opened before it is set: cut short
+                # anywhere (what a signal handler raised, a Ctrl-C), none is left set.
+                was_stopping, was_inside, catching = _stopping.get(), returned_inside.get(), _catching.get()
                 try:
-                    self.model(*args, **kwargs)
-                    if stops:
-                        rec._ran_whole()
-                except StopForward as stop:  # every target has its value
-                    # Another's (an extractor further out), or one a caller further out ends too.
-                    if rec not in stop.stops or stop._caught_further_out(catching):
-                        raise
+                    _stopping.set(stops)
+                    try:
+                        returned_inside.set(True)  # (inside torch.func.vmap: its outputs, batched)
+                        try:
+                            if stops:
+                                _catching.set((*catching, (rec,)))
+                            self.model(*args, **kwargs)
+                            if stops:
+                                rec._ran_whole()
+                        except StopForward as stop:  # every target has its value
+                            # Another's (an extractor further out), or one a caller further out ends too.
+                            if rec not in stop.stops or stop._caught_further_out(catching):
+                                raise
+                        finally:
+                            _catching.set(catching)
+                    finally:
+                        returned_inside.set(was_inside)
                 finally:
-                    if caught is not None:
-                        _catching.reset(caught)
-                    returned_inside.reset(inside)
-                    _stopping.reset(stopping)
-                    rec._end_pass()
+                    try:
+                        _stopping.set(was_stopping)
+                    finally:
+                        rec._end_pass()
             # In the order the forward first reached them, as torchvision's (its graph's order);
             # list() first: a probe in another thread may add a key meanwhile.
             keys_reached = list(rec._data)
@@ -524,6 +533,8 @@ class FeatureExtractor(torch.nn.Module):
                 else:
                     missing.append(target)
         finally:
+            if rec._token is not None or passing.marked:  # an interrupt kept the with from leaving
+                passing.__exit__()
             rec._empty()  # the values are the caller's now; the extractor keeps none
             idle.append(rec)
         if failed:

@@ -1972,28 +1972,38 @@ class _StopAtRoot:
             torch.is_grad_enabled() or broadcasts_buffers_next(self.model)
         )
         stopping = not synced and not _tracing() and not _transforms_active()
-        token, inside = _stopping.set(stopping), _roots_running.set((*outer, self))
-        catching = _catching.get()
-        caught = _catching.set((*catching, tuple(running))) if stopping else None
+        # Each variable is set back to what it held, each in a finally of its own, the first one
+        # opened before anything is set: cut short anywhere (what a signal handler raised, a
+        # Ctrl-C), none is left set, as a stale one made a later forward's stop escape.
+        was_stopping, catching = _stopping.get(), _catching.get()
         try:
-            returned = self.forward(*args, **kwargs)
-            if stopping:
-                for rec in started:
-                    rec._ran_whole()
-            return returned
-        except StopForward as stop:
-            # Another's (a recording run by a caller further out), or one a caller further out
-            # ends too (handed None here, the forward that called this one would run on).
-            if not any(rec in stop.stops for rec in running) or stop._caught_further_out(catching):
-                raise
-            return None
+            _stopping.set(stopping)
+            try:
+                _roots_running.set((*outer, self))
+                try:
+                    if stopping:
+                        _catching.set((*catching, tuple(running)))
+                    returned = self.forward(*args, **kwargs)
+                    if stopping:
+                        for rec in started:
+                            rec._ran_whole()
+                    return returned
+                except StopForward as stop:
+                    # Another's (a recording run by a caller further out), or one a caller further
+                    # out ends too (handed None here, the forward that called this one would run on).
+                    if not any(rec in stop.stops for rec in running) or stop._caught_further_out(catching):
+                        raise
+                    return None
+                finally:
+                    _catching.set(catching)
+            finally:
+                _roots_running.set(outer)
         finally:
-            if caught is not None:
-                _catching.reset(caught)
-            _roots_running.reset(inside)
-            _stopping.reset(token)
-            for rec in started:
-                rec._end_pass()
+            try:
+                _stopping.set(was_stopping)
+            finally:
+                for rec in started:
+                    rec._end_pass()
 
     def __deepcopy__(self, memo: Dict[int, Any]) -> Any:
         twin = memo.get(id(self.model))

@@ -2803,3 +2803,60 @@ def test_a_child_forked_while_another_thread_holds_a_lock_of_the_torch_layer_rec
         held = outer._grad_lock if lock == "_grad_lock" else getattr(module, lock)
         assert fork_while_held(held, in_child) == "(1, [[1.0, 1.0, 1.0, 1.0, 1.0]])"
     assert torch.equal(outer["fc:forward:return"], expected)
+
+
+# (an unfinished generator expression the interrupt left behind is closed later, its exception unraisable)
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_an_interrupt_at_any_call_of_a_stopping_forward_leaves_no_stop_state_behind():
+    # What a signal handler raises (a Ctrl-C, a timeout) between the forward's setting of its
+    # context variables and their reset (at any call it makes there) left them set: a later
+    # record(stop_after_last=True) of another model, whose submodule was called on its own, had
+    # StopForward raised into the program.
+    record_module = sys.modules["bcrecord.torch.record"]
+
+    class Interrupt(BaseException):
+        pass
+
+    code = record_module._StopAtRoot.__call__.__code__
+    net, x = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()), torch.randn(1, 4)
+
+    def lines_run(stop_at=None):
+        # Where Python runs a handler: as a C call returns, or as a Python function starts.
+        seen = []
+
+        def profile(frame, event, arg):
+            ours = (
+                frame.f_code is code
+                if event == "c_return"
+                else event == "call" and frame.f_back.f_code is code
+            )
+            if ours:
+                seen.append(event)
+                if len(seen) == stop_at:
+                    raise Interrupt
+
+        sys.setprofile(profile)
+        try:
+            with record(net, ["0"], stop_after_last=True):
+                net(x)
+        except Interrupt:
+            pass
+        finally:
+            sys.setprofile(None)
+        return seen
+
+    lines = len(lines_run())
+    assert lines > 10
+    for nth in range(1, lines + 1):
+        lines_run(nth)
+        state = (
+            record_module._stopping.get(),
+            record_module._roots_running.get(),
+            record_module._catching.get(),
+        )
+        assert state == (False, (), ()), nth
+    other = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+    with record(other, ["0"], stop_after_last=True) as rec:
+        assert other[0](x).shape == (1, 4)  # called on its own: runs on
+        assert other(x) is None  # the model's own forward stops
+    assert rec["0:forward:return"].shape == (1, 4)
