@@ -1199,40 +1199,49 @@ def _unmark_all(marked: Marked) -> None:
 
 
 def _unmark_locked(marked: Marked) -> None:
-    for module, mark in marked:
-        counts = _mark_counts.get(id(module), {})
-        count = counts.get(mark, 0) - 1
-        if count > 0:
-            counts[mark] = count
-            continue
-        counts.pop(mark, None)
-        current = module.__dict__.get(_MARK)
-        if type(current) is not _PathMark:
-            if not counts:
-                _mark_counts.pop(id(module), None)
-            continue
-        if current != mark:  # one of its other paths: the marker stays, for the one it names
-            current.also = tuple(other for other in current.also if other != mark)
-            continue
-        # Still recorded at another path: that path's marker takes over.
-        heir = next((other for other in current.also if other in counts), None)
-        if heir is not None:
-            heir.also = tuple(other for other in current.also if other is not heir)
-            module.__dict__[_MARK] = heir
-        else:
-            _mark_counts.pop(id(module), None)
-            # A copy's: its original's marker again, while that one is still marked (see _mark_all).
-            given = next((other for other in current.also if _marks_its_module(other)), None)
-            if given is not None and given.module is not module:
-                module.__dict__[_MARK] = given
+    """Take each marker of ``marked`` off; the pairs done leave the list, so that a second call,
+    after one cut short (what a signal handler raised), takes off the rest. (One cut short before
+    its count went down is done again; after it, doing it again changes nothing more.)"""
+    done = 0
+    try:
+        for done, (module, mark) in enumerate(marked):  # noqa: B007 (read in finally)
+            counts = _mark_counts.get(id(module), {})
+            count = counts.get(mark, 0) - 1
+            if count > 0:
+                counts[mark] = count
+                continue
+            counts.pop(mark, None)
+            current = module.__dict__.get(_MARK)
+            if type(current) is not _PathMark:
+                if not counts:
+                    _mark_counts.pop(id(module), None)
+                continue
+            if current != mark:  # one of its other paths: the marker stays, for the one it names
+                current.also = tuple(other for other in current.also if other != mark)
+                continue
+            # Still recorded at another path: that path's marker takes over.
+            heir = next((other for other in current.also if other in counts), None)
+            if heir is not None:
+                heir.also = tuple(other for other in current.also if other is not heir)
+                module.__dict__[_MARK] = heir
             else:
-                del module.__dict__[_MARK]
-        current.also = ()
-        copies, current.copies = current.copies, None
-        for ref in copies or ():  # copies made while it was marked
-            twin = ref()
-            if twin is not None and twin.__dict__.get(_MARK) is current and id(twin) not in _mark_counts:
-                del twin.__dict__[_MARK]
+                _mark_counts.pop(id(module), None)
+                # A copy's: its original's marker again, while that one is still marked (see _mark_all).
+                given = next((other for other in current.also if _marks_its_module(other)), None)
+                if given is not None and given.module is not module:
+                    module.__dict__[_MARK] = given
+                else:
+                    del module.__dict__[_MARK]
+            current.also = ()
+            copies, current.copies = current.copies, None
+            for ref in copies or ():  # copies made while it was marked
+                twin = ref()
+                if twin is not None and twin.__dict__.get(_MARK) is current and id(twin) not in _mark_counts:
+                    del twin.__dict__[_MARK]
+        else:
+            done = len(marked)
+    finally:
+        del marked[:done]
 
 
 #: The options of :func:`record` that :class:`Plan` takes: what is recorded and how it is
@@ -1543,8 +1552,11 @@ class Pass:
                     root, self.stopping = self.stopping, None
                     _StopAtRoot.release(self.plan.model, self.rec, root)
             finally:  # (its warning made an error)
-                _unmark_all(self.marked)
-                self.marked = []
+                try:
+                    _unmark_all(self.marked)
+                except BaseException:
+                    _unmark_all(self.marked)  # the rest, where what a signal handler raised cut it short
+                    raise
 
 
 def record(

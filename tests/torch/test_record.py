@@ -2453,9 +2453,11 @@ def test_a_gradient_no_backward_reached_is_missing_for_that_reason_not_a_branch(
     with record(net, targets) as rec:
         out = net(x)
     assert torch.equal(rec["1:forward:return"], out)  # its value is there, its probe ran
-    for key in targets:
-        with pytest.raises(KeyError, match=f"'{key}': its value .* was recorded, but no backward pass"):
-            rec[key]
+    with pytest.raises(KeyError, match=f"'{targets[0]}': its value .* was recorded, but no backward pass"):
+        rec[targets[0]]
+    # A parameter's: no backward after the block records it either.
+    with pytest.raises(KeyError, match=f"'{targets[1]}': its value .* was recorded, but it is a leaf"):
+        rec[targets[1]]
     with torch.no_grad(), record(net, targets[:1]) as rec:
         net(x)
     with pytest.raises(KeyError, match="none of its values was in the autograd graph"):
@@ -2860,3 +2862,55 @@ def test_an_interrupt_at_any_call_of_a_stopping_forward_leaves_no_stop_state_beh
         assert other[0](x).shape == (1, 4)  # called on its own: runs on
         assert other(x) is None  # the model's own forward stops
     assert rec["0:forward:return"].shape == (1, 4)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_an_interrupt_while_a_block_s_modules_are_unmarked_leaves_none_marked():
+    # A timeout's exception as unmarking began left path markers in the modules' __dict__: saving
+    # the idle model warned that it was being recorded.
+    record_module = sys.modules["bcrecord.torch.record"]
+    codes = {record_module._unmark_all.__code__, record_module._unmark_locked.__code__}
+
+    class Interrupt(BaseException):
+        pass
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 4)
+
+        def forward(self, x):
+            h = self.fc(x)
+            return torch.relu(h)
+
+    net, x = torch.nn.Sequential(Block(), Block(), Block()), torch.randn(1, 4)
+
+    def run(stop_at=None):
+        seen = []
+
+        def profile(frame, event, arg):
+            ours = frame.f_code in codes if event == "c_return" else event == "call" and frame.f_code in codes
+            if ours and frame.f_code.co_name != "<genexpr>":
+                seen.append(event)
+                if len(seen) == stop_at:
+                    raise Interrupt
+
+        try:
+            with record(net, ["0:forward:h", "1", "2.fc"]):
+                net(x)
+                sys.setprofile(profile)
+        except Interrupt:
+            pass
+        finally:
+            sys.setprofile(None)
+        return seen
+
+    calls = len(run())
+    assert calls > 5
+    for nth in range(1, calls + 1):
+        run(nth)
+        marked = [name for name, module in net.named_modules() if record_module._MARK in vars(module)]
+        assert marked == [] and not any(id(m) in record_module._mark_counts for m in net.modules()), nth
+    with record(net, ["1"]) as rec:
+        net(x)
+    assert torch.equal(rec["1:forward:return"], net[1](net[0](x)))
