@@ -840,10 +840,13 @@ def _histogram(summary: KeySummary, first: Any, last: Any, what: str = "") -> An
         # bins around them, as wide as their size allows.
         middle, spread = low / 2 + high / 2, max(0.5, largest * 2.0**-20)
         low, high = max(middle - spread, -sys.float_info.max), min(middle + spread, sys.float_info.max)
-    if math.isfinite(high - low):
-        edges = np.linspace(low, high, bins + 1)
-    else:  # (-1e308 and 1e308: their difference overflows, its halves' does not)
-        edges = np.linspace(low / 2, high / 2, bins + 1) * 2
+    # In units of a power of two where the span overflows (-1e308 and 1e308): matplotlib's ticks
+    # need it finite. A power of two divides exactly: no value changes its bin.
+    shift = 0 if math.isfinite(high - low) else math.frexp(largest)[1]
+    edges = np.linspace(math.ldexp(low, -shift), math.ldexp(high, -shift), bins + 1)
+    if shift:
+        data = np.ldexp(data, -shift)
+        earlier = None if earlier is None else np.ldexp(earlier, -shift)
     # Values that share a step are told apart as the first and the last saved.
     shared = _shared_steps(summary.steps) is not None
     if earlier is not None:
@@ -864,7 +867,7 @@ def _histogram(summary: KeySummary, first: Any, last: Any, what: str = "") -> An
     ax.stairs(counts, edges, fill=True, alpha=0.7, color="tab:blue", label=label)
     if data.size > 1000:
         ax.set_yscale("symlog", linthresh=1)
-    ax.set_xlabel("value")
+    ax.set_xlabel(f"value / 2**{shift}" if shift else "value")
     ax.set_ylabel("count")
     ax.legend(fontsize=8)
     # Every element counted, those left out named: two infinities are not "0 elements".

@@ -417,3 +417,18 @@ def test_an_empty_key_that_matches_nothing_is_said_to_match_only_an_empty_key(tm
     out = io.StringIO()
     assert view(tmp_path / "run", plots=False, keys=[""], out=out) == 0
     assert out.getvalue().splitlines()[1].split()[:2] == ["''", "1"]
+
+
+def test_a_histogram_of_values_whose_span_overflows_is_drawn_in_units_of_a_power_of_two(tmp_path):
+    # [-1e308, 1e308] failed in matplotlib's ticks ("could not draw"): its span is no float.
+    pytest.importorskip("matplotlib")
+    from bcrecord.viz import _pictures
+
+    bcrecord.save({"m:f:wide@0": [[-1e308, 1e308, 0.0]]}, tmp_path, step=0)
+    [wide] = summarize(bcrecord.load(tmp_path))
+    figure = dict(_pictures(wide, max_maps=32))["hist"]
+    figure.savefig(io.BytesIO(), format="png")  # (where the ticks are computed: this failed)
+    hist = figure.axes[0]
+    assert hist.get_xlabel() == "value / 2**1024"
+    heights = [patch.get_path().vertices[:, 1].max() for patch in hist.patches]
+    assert sum(heights) > 0 and hist.get_xlim()[0] < -0.5 < 0.5 < hist.get_xlim()[1]
