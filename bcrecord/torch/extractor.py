@@ -496,7 +496,8 @@ class FeatureExtractor(torch.nn.Module):
                             if rec not in stop.stops or stop._caught_further_out(catching):
                                 raise
                         finally:
-                            _catching.set(catching)
+                            if stops:
+                                _catching.set(catching)
                     finally:
                         returned_inside.set(was_inside)
                 finally:
