@@ -35,7 +35,7 @@ __all__ = ["Table", "current", "carry_local_events", "PROBE_NAME", "SUPPORTED"]
 PROBE_NAME = "__bcrecord_probe__"
 #: What a guarded inline probe's handler drops: a probe's own calls running out of
 #: frames or memory, where the original code would not have. Anything else a probe
-#: raises is a signal handler's (see ``runtime.raised_by_signal_handler``) or an
+#: raises is a signal handler's (see ``errors.raised_by_signal_handler``) or an
 #: interrupt: the code's own.
 PROBE_FAILURES = (RecursionError, MemoryError)
 

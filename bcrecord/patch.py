@@ -1240,6 +1240,7 @@ def remove_all(patches: Sequence[Patch]) -> None:
     >>> remove_all([patch_method(Net, "forward", "return")]); Net.forward is original
     True
     """
+    patches = list(patches)  # (sliced below: a deque is no sliceable sequence)
     for at, patch in enumerate(reversed(patches)):
         try:
             patch.remove()

@@ -643,8 +643,10 @@ def register_sites(sites: Sequence[Site]) -> List[int]:
 
     >>> ids = register_sites([Site("a:f:x@0")]); release_sites(ids)
     """
+    global _sinks_short
     with _sites_lock:
-        _grow_sinks()  # (one a signal handler's exception cut short left some lists short)
+        if _sinks_short:  # (a call that what a signal handler raised cut short left some lists short)
+            _grow_sinks()
         ids: List[int] = []
         grown: List[_Unrouted] = []
         reused: List[_Unrouted] = []
@@ -658,12 +660,19 @@ def register_sites(sites: Sequence[Site]) -> List[int]:
                 grown.append(unrouted)
             ids.append(unrouted.site_id)
             _SITES[unrouted.site_id] = site
-        _UNROUTED.extend(grown)
-        _grow_sinks()
+        if grown:
+            _sinks_short = True
+            _UNROUTED.extend(grown)
+            _grow_sinks()
+            _sinks_short = False
         for routing in _routings.live():
             for unrouted in reused:
                 routing.sinks[unrouted.site_id] = unrouted
     return ids
+
+
+#: Whether sinks lists may be shorter than ``_UNROUTED`` (see :func:`_grow_sinks`).
+_sinks_short = False
 
 
 def _grow_sinks() -> None:
@@ -1330,8 +1339,7 @@ def copied_dataclass(value: Any, copy_field: Callable[[Any], Any], made: Dict[in
     made[id(value)] = (value, copied)
     own = getattr(value, "__dict__", None)
     for item in dataclasses.fields(value):
-        slot = isinstance(inspect.getattr_static(type(value), item.name, None), types.MemberDescriptorType)
-        if own is not None and item.name not in own and not slot:
+        if own is not None and item.name not in own and not _data_descriptor(type(value), item.name):
             continue  # not set yet (at __init__'s entry): getattr gives the class's default
         try:
             content = getattr(value, item.name)
@@ -1339,6 +1347,20 @@ def copied_dataclass(value: Any, copy_field: Callable[[Any], Any], made: Dict[in
             continue
         object.__setattr__(copied, item.name, copy_field(content))
     return copied
+
+
+def _data_descriptor(cls: type, name: str) -> bool:
+    """Whether ``cls.<name>`` is a data descriptor (a slot, a property, a ``__set__`` of its own),
+    which holds an instance's value outside its ``__dict__``; not a class's default value.
+
+    >>> class A:
+    ...     __slots__ = ("x",)
+    ...     y = 1
+    >>> _data_descriptor(A, "x"), _data_descriptor(A, "y"), _data_descriptor(A, "z")
+    (True, False, False)
+    """
+    found = inspect.getattr_static(cls, name, None)
+    return found is not None and hasattr(type(found), "__set__")
 
 
 #: Plug-ins that register copies for a library's types, loaded (by name, so the core

@@ -351,8 +351,11 @@ def _parse_index_text(text: str, spec: str) -> Index:
         unpadded = _LEADING_ZEROS.sub("", text)
         if unpadded != text and _parses_as_index(unpadded):  # ('x@01': JSON has no leading zeros)
             fixed = spec.strip()[: -len(text)] + unpadded
-            call = _DOTTED.match(spec.split("@", 1)[0])
-            if call is not None:  # ('f(x)@01': a call site is written without its arguments too)
+            target = spec.split("@", 1)[0].strip()
+            call = _DOTTED.match(target)
+            # ('f(x)@01': a call site is written without its arguments too; not 'f(x).g()@01', whose
+            # callee is no chain of names: refused as such next)
+            if call is not None and _closing(target, target.index("(")) == len(target) - 1:
                 fixed = "".join(call.group("callee").split()) + "()@" + unpadded
             message = f"bad index in {spec!r}: a leading zero is not accepted: write {fixed!r}"
             raise SpecError(message) from None
@@ -375,6 +378,20 @@ def _parse_index_text(text: str, spec: str) -> Index:
 
 #: The zeros that pad a number ('01', '[0, 007]'), which JSON refuses; not the 0 of '0' or '10'.
 _LEADING_ZEROS = re.compile(r"(?<![\w.])0+(?=\d)")
+
+
+def _closing(text: str, opening: int) -> int:
+    """Where the parenthesis opened at ``opening`` closes in ``text`` (-1: nowhere).
+
+    >>> _closing("f(x)", 1), _closing("f(x).g()", 1), _closing("f((x)", 1)
+    (3, 3, -1)
+    """
+    depth = 0
+    for at in range(opening, len(text)):
+        depth += {"(": 1, ")": -1}.get(text[at], 0)
+        if depth == 0:
+            return at
+    return -1
 
 
 def _parses_as_index(text: str) -> bool:

@@ -1,5 +1,6 @@
 """bcrecord.patch: where patches go, how they stack, and that removal restores exactly."""
 
+import collections
 import functools
 import os
 import pickle
@@ -3333,7 +3334,7 @@ def test_remove_all_cut_short_by_an_interrupt_still_removes_the_rest(monkeypatch
 
     monkeypatch.setattr(Patch, "remove", interrupted)
     with pytest.raises(Interrupt):
-        remove_all(patches)
+        remove_all(collections.deque(patches))  # (a sequence that is not sliced: the rest went)
     assert (first.__code__, second.__code__) == codes
     assert not any(patch.active for patch in patches)
 

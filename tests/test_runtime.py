@@ -3047,3 +3047,26 @@ def test_a_dataclass_copied_before_its_fields_are_set_gains_none_of_its_class_de
     entry = rec["Config:__init__:self"]
     assert vars(entry) == {} and vars(made) == {"a": 1, "b": 3}
     assert vars(copy_value(Config(5), "clone")) == {"a": 5, "b": 2}
+
+
+def test_a_dataclass_field_a_descriptor_holds_is_copied_not_shared():
+    # Held outside the instance's __dict__ (a descriptor's own attribute): it was skipped as unset,
+    # and the recorded copy shared the live list.
+    class Stored:
+        def __set_name__(self, owner, name):
+            self.attr = "_" + name
+
+        def __get__(self, obj, owner=None):
+            return () if obj is None else getattr(obj, self.attr)
+
+        def __set__(self, obj, value):
+            setattr(obj, self.attr, value)
+
+    @dataclasses.dataclass
+    class Out:
+        items: list = Stored()
+
+    live = Out([1, 2])
+    copied = copy_value(live, "clone")
+    live.items.append(3)
+    assert copied.items == [1, 2]

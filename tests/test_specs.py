@@ -103,6 +103,11 @@ def test_a_function_recorder_target_that_cannot_be_recorded_says_what_to_write(r
         ("self.fc(g(x))@[0,1]", r"without its arguments: 'self.fc\(\)@\[0,1\]'$"),
         # Told the fix of both: 'f(x)@1' was refused next for its arguments.
         ("f(x)@01", r"^bad index in 'f\(x\)@01': a leading zero is not accepted: write 'f\(\)@1'$"),
+        # (not 'f()@1' for a chain of calls: another site; the chain is refused as such next)
+        (
+            "f(x).g()@01",
+            r"^bad index in 'f\(x\).g\(\)@01': a leading zero is not accepted: write 'f\(x\).g\(\)@1'$",
+        ),
         ("f(x)@-1", r"^bad index in 'f\(x\)@-1': an index is a non-negative int"),  # (not told 'f()@-1')
         ("f().g()", r"no call's result \(f\(\).g\) in code; .*, or the call 'f\(\)'"),
         ("super().__init__()", r"^'super\(\).__init__\(\)': super\(\) is no call site, nor is a method "),
