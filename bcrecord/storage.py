@@ -54,6 +54,8 @@ cannot hold at all (a tensor of ``vmap`` or of a fake mode, a ``uint4`` tensor) 
 from __future__ import annotations
 
 import contextlib
+import contextvars
+import copy
 import copyreg
 import errno
 import importlib.util
@@ -1401,8 +1403,41 @@ class Unimportable:
         >>> _unpickled(_dumps(point))
         <no_such_module.Point, not importable here: {'x': 1}>
         """
-        made = (self._module, self._name, self._called, self.args, self.kwargs)
-        return (_made_again, made, *self._filled())
+        # Its class by reference (pickled once per pickle, see _StandInClass): a load looks the
+        # class up once, not once per value (a failing module's import ran per value).
+        return (_made_again, (type(self), self._called, self.args, self.kwargs), *self._filled())
+
+    def __copy__(self) -> Unimportable:
+        """A stand-in of its class again, holding what this one holds (its list or dict its own):
+        not through its pickle, which would look its class up again (import its module).
+
+        >>> import copy
+        >>> kind = _Unpickler(io.BytesIO(b"")).find_class("no_such_module", "Row")
+        >>> row = kind(); row.append(1); other = copy.copy(row); other.append(2)
+        >>> type(other) is kind, row.items, other.items
+        (True, [1], [1, 2])
+        """
+        copied = type(self).__new__(type(self))
+        copied.__dict__.update(self.__dict__)
+        for part in ("items", "state"):
+            value = copied.__dict__.get(part)
+            if isinstance(value, (list, dict)):
+                copied.__dict__[part] = value.copy()
+        return copied
+
+    def __deepcopy__(self, memo: Dict[int, Any]) -> Unimportable:
+        """A stand-in of its class again, holding a deep copy of what this one holds (see ``__copy__``).
+
+        >>> import copy
+        >>> kind = _Unpickler(io.BytesIO(b"")).find_class("no_such_module", "Point")
+        >>> point = kind.__new__(kind); point.__setstate__({"x": [1]}); other = copy.deepcopy(point)
+        >>> type(other) is kind, other.state, other.state["x"] is point.state["x"]
+        (True, {'x': [1]}, False)
+        """
+        copied = type(self).__new__(type(self))
+        memo[id(self)] = copied  # (a value holding itself)
+        copied.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        return copied
 
     def _filled(self) -> Tuple[Any, Any, Any]:
         """What pickle sets into it once made: its state, list elements and dict entries."""
@@ -1483,13 +1518,10 @@ def _unloadable_again(where: str, error: str, args: Tuple[Any, ...]) -> Unloadab
     return stand_in
 
 
-def _made_again(module: str, name: str, called: bool, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
-    """An :class:`Unimportable` saved again, as unpickling made it first: of its class (or
-    function) where this process imports it now, else a stand-in again (its state and items
+def _made_again(kind: Any, called: bool, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
+    """An :class:`Unimportable` saved again, as unpickling made it first: of ``kind``, its class
+    (or function) where this process imports it now, else a stand-in again (its state and items
     pickle sets next); an :class:`Unloadable` where making it raises."""
-    finder = _TolerantUnpickler(io.BytesIO(b""))
-    finder.proto = 4  # (a dotted name is a nested class's: found as a protocol 4 pickle finds it)
-    kind = finder.find_class(module, name)
     if isinstance(kind, type) and issubclass(kind, Unimportable):
         stand_in = kind.__new__(kind, *args, **kwargs)
         stand_in._called = called
@@ -1498,6 +1530,68 @@ def _made_again(module: str, name: str, called: bool, args: Tuple[Any, ...], kwa
         return kind(*args, **kwargs) if called else kind.__new__(kind, *args, **kwargs)
     except Exception as error:
         return _unloadable(kind, error, args)
+
+
+class _StandInClass(type):
+    """The class of stand-in classes: what pickles one (see :func:`_reduced_stand_in_class`)."""
+
+    _module: str
+    _name: str
+
+
+def _reduced_stand_in_class(kind: _StandInClass) -> Any:
+    """How a stand-in class pickles (a class or function of the recorded program's ``__main__``
+    saved as a value, loaded elsewhere; the class of every :class:`Unimportable`): as the name
+    it stands for, looked up again where it loads (:func:`_class_again`). pickle's own looks the
+    name up here, where it is not there: "Can't pickle <class '__main__.loss_fn'>".
+
+    >>> kind = _Unpickler(io.BytesIO(b"")).find_class("no_such_module", "loss_fn")
+    >>> _unpickled(_dumps([kind, kind]))
+    [<class 'no_such_module.loss_fn'>, <class 'no_such_module.loss_fn'>]
+    """
+    return _class_again, (kind._module, kind._name)
+
+
+copyreg.pickle(_StandInClass, _reduced_stand_in_class)  # (pickle asks a class's metaclass first)
+
+
+def _class_again(module: str, name: str) -> Any:
+    """A stand-in class saved again: the class or function it stands for where this process
+    imports it now, else a stand-in class again (once for each name a load looks up: see
+    :func:`_one_lookup_each`)."""
+    finder = _TolerantUnpickler(io.BytesIO(b""))
+    finder.proto = 4  # (a dotted name is a nested class's: found as a protocol 4 pickle finds it)
+    return finder.find_class(module, name)
+
+
+#: The stand-in classes of the names a load has looked up, by module and name: each name it
+#: cannot import is tried once per load (see :func:`_one_lookup_each`); None outside a load.
+_stand_ins: contextvars.ContextVar[Optional[Dict[Tuple[str, str], Any]]] = contextvars.ContextVar(
+    "_stand_ins", default=None
+)
+
+
+@contextlib.contextmanager
+def _one_lookup_each() -> Iterator[None]:
+    """Within it (a load, each of its data files, an unpickling), a class or function that
+    does not import is tried once, its stand-in class shared: a module that fails to import
+    runs its code once per load, as for a pickle (not once per data file or value: 2000
+    values of a module that needs a GPU took 11 s; one that parses its arguments at import
+    printed its usage once per value).
+
+    >>> with _one_lookup_each():
+    ...     first = _Unpickler(io.BytesIO(b"")).find_class("no_such_module", "Point")
+    ...     first is _Unpickler(io.BytesIO(b"")).find_class("no_such_module", "Point")
+    True
+    """
+    if _stand_ins.get() is not None:  # (a load's data file: the load's)
+        yield
+        return
+    token = _stand_ins.set({})
+    try:
+        yield
+    finally:
+        _stand_ins.reset(token)
 
 
 def _unloadable(made: Any, error: Exception, args: Tuple[Any, ...], state: Any = None) -> Unloadable:
@@ -1515,6 +1609,9 @@ class _StandInClasses:
     process cannot import."""
 
     def find_class(self, module: str, name: str) -> Any:
+        known = _stand_ins.get()
+        if known is not None and (module, name) in known:  # (not imported once already in this load)
+            return known[module, name]
         try:
             if module == "__main__" and _main_is_the_command_line():
                 # The recorded program's, never bcrecord's own (its 'main'), which it would find there.
@@ -1527,7 +1624,10 @@ class _StandInClasses:
         # importorskip): never the loader's end.
         except BaseException:
             where = {"_where": f"{module}.{name}", "_module": module, "_name": name}
-            return type(name, (Unimportable,), {**where, "__module__": module})
+            stand_in = _StandInClass(name, (Unimportable,), {**where, "__module__": module})
+            if known is not None:
+                known[module, name] = stand_in
+            return stand_in
 
 
 def _main_is_the_command_line() -> bool:
@@ -1605,13 +1705,14 @@ class _TolerantUnpickler(_StandInClasses, _PythonUnpickler):
 def _unpickled(data: bytes) -> Any:
     """A pickled data file's values; where making one raises, the others all the same (see
     :class:`Unloadable`), and where the file itself is damaged, the C unpickler's error."""
-    try:
-        return _Unpickler(io.BytesIO(data)).load()
-    except Exception as error:
+    with _one_lookup_each():
         try:
-            return _TolerantUnpickler(io.BytesIO(data)).load()
-        except Exception:
-            raise error from None
+            return _Unpickler(io.BytesIO(data)).load()
+        except Exception as error:
+            try:
+                return _TolerantUnpickler(io.BytesIO(data)).load()
+            except Exception:
+                raise error from None
 
 
 def save(records: Any, directory: PathLike, step: int = 0) -> Path:
@@ -1843,6 +1944,7 @@ class Loaded(Mapping[str, List[Any]]):
         return f"<Loaded: {keys} key{'' if keys == 1 else 's'}, {values} value{'' if values == 1 else 's'}>"
 
 
+@_one_lookup_each()  # (a class that does not import is tried once per load, not once per file)
 def load(directory: PathLike, keys: Optional[Iterable[str]] = None) -> Loaded:
     """Read records saved with :func:`save` / :class:`Writer` (tensors come back on CPU, copies of
     their own: a data file overwritten or cut short afterwards leaves them as they were).

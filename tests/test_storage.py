@@ -1,5 +1,6 @@
 """bcrecord.storage: save/load round trips, atomic writes, clear errors."""
 
+import copy
 import dataclasses
 import errno
 import importlib
@@ -1614,3 +1615,114 @@ def test_a_value_loaded_as_unloadable_saves_again_as_the_same_stand_in(tmp_path)
         type(again) is bcrecord.storage.Unloadable and again.args == ("1-2",) and again.error == error.error
     )
     assert repr(again) == repr(error)
+
+
+_FAILING_MODULE = """
+import os
+with open(os.environ["IMPORTS_LOG"], "a") as log:
+    log.write("import\\n")
+if os.environ.get("IMPORT_FAILS"):
+    raise RuntimeError("needs a GPU")
+
+class Thing:
+    def __init__(self, i):
+        self.i = i
+"""
+
+
+def _failing_module(tmp_path, monkeypatch):
+    """A module ``gpu_mod`` that logs each import to ``tmp_path/imports.log``, then fails once
+    IMPORT_FAILS is set, and the function that says how many imports were logged since last asked."""
+    (tmp_path / "mods").mkdir()
+    (tmp_path / "mods" / "gpu_mod.py").write_text(_FAILING_MODULE)
+    log = tmp_path / "imports.log"
+    monkeypatch.setenv("IMPORTS_LOG", str(log))
+    monkeypatch.syspath_prepend(str(tmp_path / "mods"))
+
+    def imports():
+        count = len(log.read_text().splitlines()) if log.exists() else 0
+        log.unlink(missing_ok=True)
+        return count
+
+    return imports
+
+
+def test_a_load_imports_a_failing_module_once_however_many_values_and_files_need_it(tmp_path, monkeypatch):
+    # A stand-in saved again looked its class up once per value as it loaded: 2000 values of a
+    # module that needs a GPU took 11 s (the module's code ran 2000 times); the original save's
+    # load looked it up once per data file.
+    imports = _failing_module(tmp_path, monkeypatch)
+    import gpu_mod
+
+    for step in range(3):  # (three data files)
+        save({"m:f:t@0": [gpu_mod.Thing(10 * step + i) for i in range(20)]}, tmp_path / "first", step=step)
+    monkeypatch.delitem(sys.modules, "gpu_mod")
+    monkeypatch.setenv("IMPORT_FAILS", "1")
+    imports()
+    first = load(tmp_path / "first")["m:f:t@0"]
+    assert imports() == 1 and [thing.state["i"] for thing in first] == [
+        10 * s + i for s in range(3) for i in range(20)
+    ]
+    assert len({type(thing) for thing in first}) == 1  # (one stand-in class for the load)
+
+    save({"m:f:t@0": first}, tmp_path / "second")
+    assert imports() == 0
+    second = load(tmp_path / "second")["m:f:t@0"]
+    assert imports() == 1 and [repr(thing) for thing in second] == [repr(thing) for thing in first]
+    assert repr(second[0]) == "<gpu_mod.Thing, not importable here: {'i': 0}>"
+
+
+def test_a_copy_of_a_stand_in_is_of_its_stand_in_class_and_imports_nothing(tmp_path, monkeypatch):
+    # copy.deepcopy went through the stand-in's pickle: its module imported again, and the copy
+    # of another stand-in class.
+    imports = _failing_module(tmp_path, monkeypatch)
+    import gpu_mod
+
+    save({"m:f:t@0": [gpu_mod.Thing([1, 2])]}, tmp_path)
+    monkeypatch.delitem(sys.modules, "gpu_mod")
+    monkeypatch.setenv("IMPORT_FAILS", "1")
+    (thing,) = load(tmp_path)["m:f:t@0"]
+    imports()
+    deep, shallow = copy.deepcopy(thing), copy.copy(thing)
+    assert imports() == 0 and type(deep) is type(thing) and type(shallow) is type(thing)
+    assert deep.state == {"i": [1, 2]} and deep.state["i"] is not thing.state["i"]
+    assert shallow.state == {"i": [1, 2]} and shallow.state is not thing.state
+    assert shallow.state["i"] is thing.state["i"] and repr(deep) == repr(thing)
+
+
+_FUNCTIONS_MODULE = """
+def loss_fn(x):
+    return 2 * x
+
+class Cfg:
+    pass
+"""
+
+
+def test_a_function_or_class_loaded_as_a_stand_in_class_saves_again(tmp_path, monkeypatch):
+    # A __main__ function or class saved as a value loads elsewhere as a stand-in class, which no
+    # save took: "Can't pickle <class '__main__.loss_fn'>".
+    (tmp_path / "mods").mkdir()
+    (tmp_path / "mods" / "fn_mod.py").write_text(_FUNCTIONS_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path / "mods"))
+    import fn_mod
+
+    save(
+        {"m:f:cfg@0": [{"loss": fn_mod.loss_fn, "kind": fn_mod.Cfg, "obj": fn_mod.Cfg()}]}, tmp_path / "first"
+    )
+    monkeypatch.delitem(sys.modules, "fn_mod")
+    (tmp_path / "mods" / "fn_mod.py").rename(tmp_path / "fn_mod.py.away")
+    (first,) = load(tmp_path / "first")["m:f:cfg@0"]
+    assert isinstance(first["loss"], type) and issubclass(first["loss"], bcrecord.storage.Unimportable)
+
+    save({"m:f:cfg@0": [first]}, tmp_path / "second")  # was UnsavableValue: Can't pickle
+    (second,) = load(tmp_path / "second")["m:f:cfg@0"]
+    assert (
+        repr(second["loss"]) == "<class 'fn_mod.loss_fn'>" and repr(second["kind"]) == "<class 'fn_mod.Cfg'>"
+    )
+    assert type(second["obj"]) is second["kind"]  # (one lookup of the name, shared)
+
+    (tmp_path / "fn_mod.py.away").rename(tmp_path / "mods" / "fn_mod.py")
+    importlib.invalidate_caches()
+    (again,) = load(tmp_path / "second")["m:f:cfg@0"]
+    assert again["loss"](3) == 6 and again["kind"].__name__ == "Cfg" and type(again["obj"]) is again["kind"]
