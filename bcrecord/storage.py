@@ -2054,7 +2054,7 @@ _UNREAD = object()
 
 
 #: The largest safetensors file :func:`load` reads whole where it wants most of its tensors
-#: (a larger one's tensors are read one at a time, from the file mapped into memory).
+#: (a larger one's tensors are read one at a time, each into memory of its own).
 _READ_WHOLE = 64 << 20
 
 
@@ -2073,22 +2073,28 @@ def _data_file(path: Path, wanted: Sequence[str], total: int) -> Dict[str, Any]:
     or holds more values than ``total``, what the index gives it."""
     if path.suffix == ".safetensors":
         import safetensors.torch  # noqa: F401 (imports torch: where that fails, its ImportError says so)
-        from safetensors import safe_open
 
-        with safe_open(str(path), framework="pt") as tensors:
-            held = set(tensors.keys())
-            if len(held) > total:
-                raise _Missing(None, len(held))
-            if len(wanted) * 4 < len(held) or path.stat().st_size > _READ_WHOLE:
-                found = {name: _own(tensors.get_tensor(name)) for name in wanted if name in held}
+        # Read, not mapped (safe_open's): a loaded tensor is a copy of its own (one mapped changed
+        # with its file, or SIGBUS killed the process reading it once the file was cut short),
+        # and one read into its own memory is not copied again out of a mapped file (which held
+        # a 200 MB load's values twice: 400 MB at its peak).
+        with open(path, "rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            layout, start = _tensor_layout(handle, size)
+            if len(layout) > total:
+                raise _Missing(None, len(layout))
+            kept = {name: layout[name] for name in wanted if name in layout}
+            if len(wanted) * 4 < len(layout) or size > _READ_WHOLE:
+                found = _read_tensors(handle, start, kept)
             else:
                 # Many small tensors, most of them wanted (a scalar a step): read whole, they
                 # load faster than one at a time (each a storage of its own still). Where that
                 # fails (safetensors' Python side lacks a dtype its reader has: F4), one at a time.
                 try:
-                    everything = safetensors.torch.load(path.read_bytes())
+                    handle.seek(0)
+                    everything = safetensors.torch.load(handle.read())
                 except Exception:
-                    everything = {name: _own(tensors.get_tensor(name)) for name in wanted if name in held}
+                    everything = _read_tensors(handle, start, kept)
                 found = {name: everything[name] for name in wanted if name in everything}
                 del everything
     else:
@@ -2103,12 +2109,97 @@ def _data_file(path: Path, wanted: Sequence[str], total: int) -> Dict[str, Any]:
     return found
 
 
-def _own(tensor: Any) -> Any:
-    """A tensor ``safe_open`` read, copied out of the file it maps: loaded values stay what they
-    were when the file is overwritten or cut short later (a mapped one changed with it, or the
-    process was killed, SIGBUS, reading it). Each is read and copied in turn: the file's pages
-    are the system's cache, not this process's memory, so a load holds its values once."""
-    return tensor.clone()
+#: safetensors' dtype names, each the name of torch's dtype (one a torch release may lack), and
+#: how many of its elements a byte of it holds (F4's shape counts halves of torch's packed pairs).
+_TENSOR_DTYPES = {
+    "BOOL": "bool",
+    "U8": "uint8",
+    "I8": "int8",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E4M3FNUZ": "float8_e4m3fnuz",
+    "F8_E5M2": "float8_e5m2",
+    "F8_E5M2FNUZ": "float8_e5m2fnuz",
+    "F8_E8M0": "float8_e8m0fnu",
+    "F4": "float4_e2m1fn_x2",
+    "I16": "int16",
+    "U16": "uint16",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "I32": "int32",
+    "U32": "uint32",
+    "F32": "float32",
+    "C64": "complex64",
+    "I64": "int64",
+    "U64": "uint64",
+    "F64": "float64",
+}
+#: The dtypes whose header shape counts the halves of torch's packed elements.
+_PACKED_IN_PAIRS = frozenset({"F4"})
+
+
+class _Layout(Dict[str, Tuple[Any, List[int], int, int]]):
+    """A safetensors file's tensors by name: each one's dtype, shape and the span of its bytes
+    from the data's start; ``size``, how many bytes of data the file has."""
+
+    size = 0
+
+
+def _tensor_layout(handle: Any, size: int) -> Tuple[_Layout, int]:
+    """The tensors of the safetensors file open in ``handle`` (``size`` bytes long) and where its
+    data starts, from its header; a ValueError where the file is not whole, as safetensors refuses
+    it: a header that does not describe its data, data cut short or followed by other bytes.
+    (Tested in tests/torch: the core's doctests run without torch.)"""
+    import torch
+
+    length = int.from_bytes(handle.read(8), "little")
+    if size < 8 or length > _HEADER_LIMIT or 8 + length > size:
+        raise ValueError(f"its header ({length} bytes) does not fit in its {size} bytes")
+    header = json.loads(handle.read(length))
+    if not isinstance(header, dict):
+        raise ValueError("its header is no JSON object")
+    layout = _Layout()
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        dtype = getattr(torch, _TENSOR_DTYPES.get(info["dtype"], ""), None)
+        shape, (begin, end) = list(info["shape"]), info["data_offsets"]
+        if not isinstance(dtype, torch.dtype) or not all(type(n) is int and n >= 0 for n in shape):
+            raise ValueError(f"{name!r} is of dtype {info['dtype']!r} and shape {shape!r}, unknown here")
+        if info["dtype"] in _PACKED_IN_PAIRS and shape and shape[-1] % 2 == 0:
+            shape[-1] //= 2
+        elements = 1
+        for n in shape:
+            elements *= n
+        if type(begin) is not int or type(end) is not int or end - begin != elements * dtype.itemsize:
+            raise ValueError(f"{name!r} spans bytes {begin} to {end}, not its {dtype} of shape {shape}")
+        layout[name] = (dtype, shape, begin, end)
+    for begin, end in sorted(span[2:] for span in layout.values()):
+        if begin != layout.size:  # (one after another, from the data's start)
+            raise ValueError(f"a value's bytes start at {begin}, not {layout.size}")
+        layout.size = end
+    if 8 + length + layout.size != size:
+        raise ValueError(f"its data is {size - 8 - length} bytes, its header names {layout.size}")
+    return layout, 8 + length
+
+
+def _read_tensors(
+    handle: Any, start: int, layout: Mapping[str, Tuple[Any, List[int], int, int]]
+) -> Dict[str, Any]:
+    """The tensors of ``layout`` read from ``handle``, whose data starts at ``start``: each read
+    into memory of its own, which the tensor is (no copy of it made)."""
+    import torch
+
+    found = {}
+    for name, (dtype, shape, begin, end) in sorted(layout.items(), key=lambda item: item[1][2]):
+        if begin == end:  # (frombuffer takes no empty buffer)
+            found[name] = torch.empty(shape, dtype=dtype)
+            continue
+        data = bytearray(end - begin)
+        handle.seek(start + begin)
+        if handle.readinto(data) != len(data):
+            raise ValueError(f"cut short while read: {name!r} is not whole")
+        found[name] = torch.frombuffer(data, dtype=torch.uint8).view(dtype).reshape(shape)
+    return found
 
 
 def _salvaged(path: Path, names: Sequence[str], error: Exception) -> Tuple[Dict[str, Any], str]:

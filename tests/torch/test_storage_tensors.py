@@ -1,5 +1,8 @@
 """Tensors saved with bcrecord.storage come back equal, with their index metadata."""
 
+import os
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -375,31 +378,15 @@ def test_an_untyped_storage_comes_back_as_one_with_its_bytes(tmp_path):
 
 
 def test_a_file_of_many_small_tensors_is_read_whole_and_a_few_of_them_one_at_a_time(tmp_path, monkeypatch):
-    import safetensors
-
     save({"loss": [torch.tensor(float(i)) for i in range(40)], "x": [torch.arange(3.0)]}, tmp_path)
-    opened = safetensors.safe_open
+    read = bcrecord.storage._read_tensors
     asked = []
 
-    class Counted:
-        def __init__(self, *args, **kwargs):
-            self.file = opened(*args, **kwargs)
+    def counted(handle, start, layout):
+        asked.extend(layout)
+        return read(handle, start, layout)
 
-        def __enter__(self):
-            self.tensors = self.file.__enter__()
-            return self
-
-        def __exit__(self, *exc):
-            return self.file.__exit__(*exc)
-
-        def keys(self):
-            return self.tensors.keys()
-
-        def get_tensor(self, name):
-            asked.append(name)
-            return self.tensors.get_tensor(name)
-
-    monkeypatch.setattr(safetensors, "safe_open", Counted)
+    monkeypatch.setattr(bcrecord.storage, "_read_tensors", counted)
     loaded = load(tmp_path)
     assert [float(value) for value in loaded["loss"]] == [float(i) for i in range(40)] and asked == []
     assert loaded["x"][0].untyped_storage().nbytes() == 12  # (a storage of its own, not the file's)
@@ -568,3 +555,94 @@ def test_loaded_tensors_do_not_change_when_their_data_file_is_overwritten(tmp_pa
     assert all(every[f"k{i}"][0].tolist() == [0.0] * 4 for i in range(10))
     path.write_bytes(b"")  # cut short
     assert few.tolist() == [0.0] * 4 and every["k9"][0].tolist() == [0.0] * 4
+
+
+_EVERY_DTYPE = [
+    torch.bool,
+    torch.uint8,
+    torch.int8,
+    torch.int16,
+    torch.uint16,
+    torch.float16,
+    torch.bfloat16,
+    torch.int32,
+    torch.uint32,
+    torch.float32,
+    torch.complex64,
+    torch.int64,
+    torch.uint64,
+    torch.float64,
+    *(
+        getattr(torch, name)
+        for name in ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu")
+        if hasattr(torch, name)
+    ),
+]
+
+
+def _bits(tensor):
+    """``tensor``'s bytes and shape (float8's NaNs and equality need no care)."""
+    return (
+        tuple(tensor.shape),
+        tensor.dtype,
+        bytes(tensor.reshape(-1).view(torch.uint8).tolist()),
+    )
+
+
+@pytest.mark.parametrize("read_whole", [64 << 20, 0])
+def test_tensors_of_every_dtype_and_shape_load_as_saved_read_whole_or_one_at_a_time(
+    tmp_path, monkeypatch, read_whole
+):
+    monkeypatch.setattr(bcrecord.storage, "_READ_WHOLE", read_whole)  # (0: as a large file's)
+    values = {}
+    for dtype in _EVERY_DTYPE:
+        data = torch.arange(1, 17, dtype=torch.uint8)
+        whole = (data % 2 if dtype == torch.bool else data).view(dtype)  # (a bool's bytes 0 or 1)
+        values[str(dtype)] = [whole.reshape(2, -1), whole[0].reshape(()), whole[:0], whole[:0].reshape(0, 3)]
+    if hasattr(torch, "float4_e2m1fn_x2"):  # (its header's shape counts halves)
+        values["float4"] = [torch.arange(6, dtype=torch.uint8).view(torch.float4_e2m1fn_x2).reshape(2, 3)]
+    save(values, tmp_path)
+    for keys in (None, ["torch.float32"]):
+        loaded = load(tmp_path, keys=keys)
+        for key in loaded:
+            assert [_bits(value) for value in loaded[key]] == [_bits(value) for value in values[key]], key
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/clear_refs"), reason="measures with Linux's /proc")
+def test_loaded_tensors_are_read_into_their_own_memory_not_copied_out_of_a_mapped_file(tmp_path):
+    # Each tensor was copied out of the file safe_open mapped, which stayed mapped meanwhile:
+    # a load of 80 MB of values reached 164 MB more than before it.
+    save({"k": [torch.randn(1024, 1024) for _ in range(20)]}, tmp_path)
+    measure = f"""
+import bcrecord, torch
+def status(field):
+    return next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith(field + ":"))
+with open("/proc/self/clear_refs", "w") as reset:
+    reset.write("5")  # (the process's peak size: its size now)
+before = status("VmHWM")
+values = bcrecord.load({str(tmp_path)!r})["k"]
+assert len(values) == 20 and values[0].dtype == torch.float32 and values[0].shape == (1024, 1024)
+print((status("VmHWM") - before) >> 10)
+"""
+    ran = subprocess.run([sys.executable, "-c", measure], capture_output=True, text=True)
+    if "Permission denied" in ran.stderr:
+        pytest.skip("this process may not reset its peak size")
+    assert ran.returncode == 0, ran.stderr
+    assert 70 < int(ran.stdout) < 120, ran.stdout  # (80 MB of values, in MB)
+
+
+@pytest.mark.parametrize("cut", [False, True])
+def test_a_damaged_file_read_one_tensor_at_a_time_loses_only_what_is_not_whole(tmp_path, monkeypatch, cut):
+    monkeypatch.setattr(bcrecord.storage, "_READ_WHOLE", 0)
+    save({f"k{i}": [torch.full((2,), float(i))] for i in range(5)}, tmp_path)
+    path = tmp_path / "records" / "000001.safetensors"
+    data = path.read_bytes()
+    path.write_bytes(data[:-4] if cut else data + b"\0" * 8)  # (bytes after its data: every value whole)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loaded = load(tmp_path)
+    told = [str(warning.message) for warning in caught if warning.category is DamagedRecords]
+    assert {key: loaded[key][0].tolist() for key in loaded} == {
+        f"k{i}": [float(i)] * 2 for i in range(4 if cut else 5)
+    }
+    assert len(told) == cut and (not cut or "cut short" in told[0] and "'k4' (step 0)" in told[0])
