@@ -310,9 +310,9 @@ def _temporary(path: Path) -> Path:
     """Where ``path`` is written before it is renamed: one name per file, not per write.
 
     Every write holds the directory's lock (:func:`_turn`), so no other process is writing
-    it meanwhile; and a save killed mid-write leaves a file that the next write of that
-    file replaces (the next save reuses the killed save's file number: its index line was
-    never written), so none piles up.
+    it meanwhile; and what a save killed mid-write leaves the next save removes (it reuses the
+    killed save's file numbers: its index line was never written; see :func:`_remove_leftovers`),
+    so none piles up.
 
     >>> _temporary(Path("runs/records/000007.pkl")).as_posix()
     'runs/records/.000007.pkl.tmp'
@@ -789,9 +789,7 @@ class Writer:
         for row in prepared.entries:
             part = prepared.part.get(row["name"], 0) if row["file"] == ".safetensors" else 0
             row["file"] = f"records/{stems[part]}{row['file']}"  # (its suffix until now)
-        for stem in stems:  # a killed save's of the kind this one does not write
-            for kind in ("safetensors", "pkl"):
-                _temporary(self.directory / f"records/{stem}.{kind}").unlink(missing_ok=True)
+        _remove_leftovers(self.directory / "records", self._next_file)
         for stem, tensors in zip(stems, prepared.tensors, strict=False):  # (no tensors: stems[0] alone)
             _atomic_write(self.directory / f"records/{stem}.safetensors", tensors)
         if prepared.pickled is not None:
@@ -849,6 +847,34 @@ class Writer:
             self._read = end
             journal.seek(0)
             self._journal = journal.read(min(_HEAD, end))
+
+
+def _remove_leftovers(records: Path, number: int) -> None:
+    """Remove what saves killed mid-write left in ``records`` from data file ``number`` on (the
+    next save's, which no index line names): their temporary files, and the files of a save of
+    several already renamed (a split save killed writing its third left two). A save writes its
+    files in turn, one number after another, so they end at the first number with none.
+
+    >>> import tempfile
+    >>> records = Path(tempfile.mkdtemp())
+    >>> for name in ("000001.pkl", "000002.safetensors", "000003.safetensors", ".000004.safetensors.tmp"):
+    ...     (records / name).touch()
+    >>> _remove_leftovers(records, 2); sorted(path.name for path in records.iterdir())
+    ['000001.pkl']
+    """
+    while True:
+        found = False
+        for kind in ("safetensors", "pkl"):
+            path = records / f"{number:06d}.{kind}"
+            for leftover in (path, _temporary(path)):
+                try:
+                    leftover.unlink()
+                    found = True
+                except FileNotFoundError:
+                    pass
+        if not found:
+            return
+        number += 1
 
 
 def _check_headerless(journal: Path) -> None:

@@ -646,3 +646,42 @@ def test_a_damaged_file_read_one_tensor_at_a_time_loses_only_what_is_not_whole(t
         f"k{i}": [float(i)] * 2 for i in range(4 if cut else 5)
     }
     assert len(told) == cut and (not cut or "cut short" in told[0] and "'k4' (step 0)" in told[0])
+
+
+class _Killed(BaseException):
+    """What stops a save mid-write here, as a kill would: nothing cleans up after it."""
+
+
+def test_the_next_save_removes_what_a_save_of_several_files_killed_mid_write_left(tmp_path, monkeypatch):
+    # A save of several tensor files killed writing its third left its first two and a temporary
+    # file: the next save replaced the first alone, and the others stayed for good.
+    monkeypatch.setattr(bcrecord.storage, "_HEADER_LIMIT", 1500)
+    save({"a": [torch.zeros(1)]}, tmp_path, step=0)
+    write, writes = bcrecord.storage._atomic_write, []
+
+    def killed_at_the_third(path, data, unlocked=False):
+        writes.extend([path.name] if path.suffix == ".safetensors" else [])  # (not its .write-test)
+        if len(writes) == 3:
+            bcrecord.storage._temporary(path).write_bytes(b"partial")
+            raise _Killed
+        write(path, data, unlocked)
+
+    monkeypatch.setattr(bcrecord.storage, "_atomic_write", killed_at_the_third)
+    with pytest.raises(_Killed):
+        save({"a": [torch.full((1,), float(i)) for i in range(1, 40)], "p": ["pickled"]}, tmp_path, step=1)
+    records = tmp_path / "records"
+    assert sorted(path.name for path in records.iterdir()) == [
+        ".000004.safetensors.tmp",
+        ".lock",
+        *(f"00000{number}.safetensors" for number in (1, 2, 3)),
+    ]
+    monkeypatch.setattr(bcrecord.storage, "_atomic_write", write)
+    save({"a": [torch.full((1,), 100.0)], "p": ["second"]}, tmp_path, step=2)
+    assert sorted(path.name for path in records.iterdir()) == [
+        ".lock",
+        "000001.safetensors",
+        "000002.pkl",
+        "000002.safetensors",
+    ]
+    loaded = load(tmp_path)
+    assert [value.tolist() for value in loaded["a"]] == [[0.0], [100.0]] and loaded["p"] == ["second"]
