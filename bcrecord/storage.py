@@ -1403,9 +1403,11 @@ class Unimportable:
     _name = ""
     #: Whether unpickling called its class (or a function) with ``args``, not its ``__new__`` alone.
     _called = False
-    args: Tuple[Any, ...]
-    kwargs: Dict[str, Any]
-    items: Any
+    # Class-level defaults too: a pickle in copyreg's form (object.__reduce__) makes it with
+    # object.__new__, past __new__ (its repr and a save of it read these).
+    args: Tuple[Any, ...] = ()
+    kwargs: Dict[str, Any] = {}  # noqa: RUF012 (never changed in place: each instance sets its own)
+    items: Any = None
     state: Any
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Unimportable:
@@ -2262,6 +2264,21 @@ def _intact_tensors(data: bytes) -> Tuple[Dict[str, Any], str]:
         header = None
     if not isinstance(header, dict):
         return {}, f"its header is unreadable ({len(data)} bytes): no value of it can be read"
+    # What every writer gives: data aligned to 8 bytes, each value's bytes right after the one
+    # before. Otherwise the header was changed (a length or an offset overwritten): what it says
+    # of any value cannot be trusted (a value read from another's bytes, or 4 bytes early).
+    expected = 0
+    for begin, end in sorted(spans.values()):
+        if begin != expected or end < begin:
+            expected = -1
+            break
+        expected = end
+    if start % 8 or expected < 0:
+        return (
+            {},
+            "its header does not describe its data (values' spans overlap, leave gaps or are not aligned): "
+            "no value of it can be read",
+        )
     kept: Dict[str, Any] = {}
     chunks: List[bytes] = []
     offset = 0

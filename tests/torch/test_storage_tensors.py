@@ -284,6 +284,30 @@ def test_a_safetensors_file_emptied_overwritten_or_added_to_loses_no_other_file_
     assert loaded.steps("m:f:x@0") == [1] and torch.equal(loaded["m:f:x@0"][0], torch.ones(2))
 
 
+@pytest.mark.parametrize("lie", ["overlap", "length"])
+def test_a_safetensors_header_whose_offsets_or_length_were_overwritten_returns_no_wrong_value(tmp_path, lie):
+    # Salvage trusted every span inside the file: one value's offsets moved into another's
+    # bytes, or a length 4 short (all read 4 bytes early), gave wrong values, and no warning.
+    import json
+
+    saved, data = _tensors_saved(tmp_path)
+    whole = data.read_bytes()
+    length = int.from_bytes(whole[:8], "little")
+    if lie == "overlap":
+        header = json.loads(whole[8 : 8 + length])
+        name = next(n for n in header if n.endswith("#3"))
+        header[name]["data_offsets"] = [0, header[name]["data_offsets"][1] - header[name]["data_offsets"][0]]
+        text = json.dumps(header, separators=(",", ":")).encode()
+        data.write_bytes(whole[:8] + text + b" " * (length - len(text)) + whole[8 + length :])
+    else:
+        data.write_bytes((length - 4).to_bytes(8, "little") + whole[8:])
+    # (4 bytes short may end the JSON inside its padding, or cut it: unreadable)
+    said = r"its header (does not describe its data|is unreadable) .* 20 of its 20 values could not be read"
+    with pytest.warns(DamagedRecords, match=said):
+        loaded = load(tmp_path)
+    assert loaded.steps("m:f:x@0") == [1] and torch.equal(loaded["m:f:x@0"][0], torch.ones(2))
+
+
 def test_a_view_inside_a_value_is_saved_without_the_rest_of_its_storage(tmp_path):
     # A tuple holding one row of a (1000, 1000) batch saved all 4 MB of the batch, and loaded them.
     batch = torch.randn(1000, 1000)
