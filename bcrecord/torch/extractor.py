@@ -349,7 +349,12 @@ class FeatureExtractor(torch.nn.Module):
         with _expanding_again():
             # Train's first (once if both are the same), not in a set's hash-seeded order.
             for nodes in dict.fromkeys([tuple(self.train_nodes), tuple(self.eval_nodes)]):
-                targeted.update(self._new_plan(nodes).modules)
+                try:
+                    targeted.update(self._new_plan(nodes).modules)
+                except ReturnNodeError:
+                    raise
+                except TargetError as error:  # (a site the method lacks: ':forward:zz') as torchvision's
+                    raise ReturnNodeError(*error.args).with_traceback(error.__traceback__) from None
         warn_shared(model, targeted)
         #: Whether both modes take the same targets: one plan and patches serve both, so that a
         #: model switched between train and eval runs the same probed code (compiled graphs stay).

@@ -316,20 +316,21 @@ def _no_submodule(model: torch.nn.Module, path: str) -> TargetError:
         )
     # With the FX node names of the ops there ('flatten', 'layer1.0.add'), torchvision's own, where
     # the last part is the one misspelt (under a module that exists).
-    fx = _fx_names_under(found, prefix) if path.rpartition(".")[0] == ancestor else []
+    fx = _fx_names_under(model, found, prefix) if path.rpartition(".")[0] == ancestor else []
     hint = did_you_mean(path, [name for name in names if name] + fx, hide_private=False)
     return TargetError(f"the model has no submodule {path!r}{hint}")
 
 
-def _fx_names_under(module: torch.nn.Module, prefix: str) -> List[str]:
+def _fx_names_under(model: torch.nn.Module, module: torch.nn.Module, prefix: str) -> List[str]:
     """The FX node names (unnumbered) of the function calls and operators of ``module``'s forward
-    and the methods of its own that it calls, each after ``prefix``; for a did-you-mean only.
+    and the methods of its own that it calls, each after ``prefix``, that name a site of
+    ``model`` (``module`` is at ``prefix``); for a did-you-mean only.
 
     >>> class Net(torch.nn.Module):
     ...     def forward(self, x):
     ...         return torch.flatten(x, 1) + 1
-    >>> _fx_names_under(Net(), "head.")
-    ['head.add', 'head.flatten']
+    >>> _fx_names_under(Net(), Net(), "")
+    ['add', 'flatten']
     """
     forward = getattr(type(module), "forward", None)
     pending = [forward] if isinstance(forward, types.FunctionType) else []
@@ -349,14 +350,24 @@ def _fx_names_under(module: torch.nn.Module, prefix: str) -> List[str]:
                 python = _python_function(called)
                 if python is not None and getattr(called, "__self__", None) is module:
                     pending.append(python)  # FX follows a method of the module in place
-                else:
+                elif python is None and str(getattr(called, "__module__", "")).startswith("torch"):
+                    # One of torch's: a node. (Not a Python helper, which FX traces into, nor a
+                    # builtin: any() runs on Python values, getattr's nodes are refused.)
                     names.add(_fx_name(callee, called))
             names.update(
                 base for base, ops in _FX_OPERATORS.items() if any(op in found.operators for op in ops)
             )
     except Exception:  # (a hint only: the error it goes into is what matters)
         pass
-    return [prefix + name for name in sorted(names)]
+    return [prefix + name for name in sorted(names) if _maps(model, prefix + name)]
+
+
+def _maps(model: torch.nn.Module, name: str) -> bool:
+    """Whether the FX node name ``name`` maps to a site of ``model`` (refused names are no hint)."""
+    try:
+        return _fx_target(model, name) is not None
+    except Exception:
+        return False
 
 
 def _split(text: str) -> Tuple[str, str, str, bool]:

@@ -458,6 +458,24 @@ def test_a_node_naming_nothing_is_a_value_error_as_torchvision_s_with_fx_names_s
     assert torch.equal(
         create_feature_extractor(net, ["flatten"])(torch.ones(1, 3))["flatten"], net(torch.ones(1, 3))
     )
+    # A site a method lacks is one too (it was a plain TargetError, a LookupError).
+    with pytest.raises(ValueError, match=r"'zz'"):
+        create_feature_extractor(net, [":_body:zz"])
+
+    # Only names that map are offered: no builtin (any(), getattr) nor a Python helper FX traces into.
+    def helper(x):
+        return x * 2
+
+    class Guarded(torch.nn.Module):
+        def forward(self, x):
+            if any(d > 1 for d in x.shape):
+                x = helper(x)
+            return torch.relu(x)
+
+    with pytest.raises(bcrecord.ReturnNodeError) as caught:
+        create_feature_extractor(Guarded(), ["rel"])
+    assert "did you mean 'relu'?" in str(caught.value) and "'any'" not in str(caught.value)
+    assert "'helper'" not in str(caught.value)
 
 
 def test_a_module_tracer_kwargs_make_a_leaf_is_not_warned_of_as_running_more_than_once(recwarn):
