@@ -17,6 +17,7 @@ from bcrecord import NotPatchableError, SpecError, TargetError, UnsupportedPytho
 from . import corpus
 from .code_checks import collect_all, probes_in
 from .forking import fork_while_held
+from .interrupts import Interrupt, calls_in, interrupted
 
 
 class Block:
@@ -3233,75 +3234,46 @@ def _interrupted(a):
 
 @pytest.mark.parametrize("form", ["patch_function", "patch_method"])
 def test_an_interrupt_at_any_call_while_patching_leaves_the_function_as_it_was(form):
-    # What a signal handler raises (a timeout's TimeoutError) comes out of a call: Python runs the
-    # handler as a call returns or a Python function starts. Cut short while patching, the sinks
-    # lists were left shorter than the ids handed out (a later patch's probes raised IndexError
-    # inside the program's function, in other threads), or a slot stayed, untracked (the function
-    # recorded nothing for good), or the patch stayed with no Patch to remove it. A profile
-    # function raises at each of those places in turn; not inside a lock's own Python methods
-    # (taken and not noted so, a lock stays held: nothing can be done there).
+    # What a signal handler raises (a timeout's TimeoutError) comes out of a call. Cut short while
+    # patching, the sinks lists were left shorter than the ids handed out (a later patch's probes
+    # raised IndexError inside the program's function, in other threads), or a slot stayed,
+    # untracked (the function recorded nothing for good), or the patch stayed with no Patch to
+    # remove it. Interrupted at each place in bcrecord's code in turn (tests/interrupts.py).
     import threading
 
     from bcrecord import analysis, patch, runtime
 
     module, original = sys.modules[__name__], _interrupted.__code__
-    files = {runtime.__file__, patch.__file__, rewrite.__file__, analysis.__file__}
-
-    class Interrupt(BaseException):
-        pass
+    where = calls_in({runtime.__file__, patch.__file__, rewrite.__file__, analysis.__file__})
+    made = []
 
     def make():
         if form == "patch_function":
-            return bcrecord.patch_function(_interrupted, "x")
-        return bcrecord.patch_method(module, "_interrupted", "x")
+            made.append(bcrecord.patch_function(_interrupted, "x"))
+        else:
+            made.append(bcrecord.patch_method(module, "_interrupted", "x"))
 
-    def at_a_place(frame, event, arg):
-        code = frame.f_code
-        locking = code.co_name in ("__enter__", "__exit__", "acquire", "release")
-        entered = getattr(arg, "__name__", None) == "__enter__" and hasattr(
-            getattr(arg, "__self__", None), "acquire"
-        )
-        return code.co_filename in files and event in ("call", "c_return") and not locking and not entered
-
-    def run(profile):
-        sys.setprofile(profile)
-        try:
-            return make(), False
-        except Interrupt:
-            return None, True
-        finally:
-            sys.setprofile(None)
-
-    places = []
-    made, _ = run(lambda frame, event, arg: places.append(1) if at_a_place(frame, event, arg) else None)
-    made.remove()
+    places, _ = interrupted(make, where)
+    made.pop().remove()
     assert len(places) > 100
     cut = 0
     for nth in range(1, len(places) + 1):
-        seen = []
-
-        def interrupt(frame, event, arg, seen=seen, nth=nth):
-            if at_a_place(frame, event, arg):
-                seen.append(event)
-                if len(seen) == nth:
-                    raise Interrupt
-
         # No released id to reuse: the patch's sites grow every sinks list.
         held = runtime.register_sites([runtime.Site("t:f:x@0")] * len(runtime._free_ids))
-        made, raised = run(interrupt)
+        _, raised = interrupted(make, where, stop_at=nth)
         if raised:
             cut += 1
             assert module._interrupted is _interrupted and _interrupted.__code__ is original, nth
-            assert not patch._slots, nth
+            assert not patch._slots and not made, nth
         else:
-            made.remove()
-        later = make()  # records, in another thread too
+            made.pop().remove()
+        make()  # records, in another thread too
         with bcrecord.recording(threads="all") as rec:
             module._interrupted(1)
             worker = threading.Thread(target=module._interrupted, args=(2,))
             worker.start()
             worker.join()
-        later.remove()
+        made.pop().remove()
         runtime.release_sites(held)
         assert sorted(rec.all(f"{__name__}:_interrupted:x@0")) == [2, 3], nth
     assert cut > 50 and module._interrupted is _interrupted and _interrupted.__code__ is original
@@ -3311,9 +3283,6 @@ def test_remove_all_cut_short_by_an_interrupt_still_removes_the_rest(monkeypatch
     # A timeout's exception as one patch's removal returned left the patches before it in place:
     # a record() block's exit left its model's classes patched for good.
     from bcrecord.patch import Patch, remove_all
-
-    class Interrupt(BaseException):
-        pass
 
     def first(a):
         x = a + 1

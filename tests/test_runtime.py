@@ -22,6 +22,7 @@ from bcrecord.runtime import Recording, copy_value, is_active
 
 from .code_checks import collect_all
 from .forking import fork_while_held
+from .interrupts import calls_in, interrupted
 
 
 class Mutable:
@@ -1342,69 +1343,44 @@ def test_an_interrupt_at_any_call_while_a_recording_is_entered_or_left_leaves_no
     # nothing can be done: rec.__exit__() again ends it, as the README says).
     runtime = bcrecord.runtime
 
-    class Interrupt(BaseException):
-        pass
-
     def f(a):
         x = a * 2
         return x
 
     g = bcrecord.instrument(f, "x", name="int")
     exit_code = runtime.Recording.__exit__.__code__
+    inside = calls_in({runtime.__file__})
 
-    def run(profile):
-        rec = bcrecord.recording(copy=copy)
-        sys.setprofile(profile)
-        try:
-            with rec:
-                g(1)
-        except Interrupt:
-            return rec, True
-        finally:
-            sys.setprofile(None)
-        return rec, False
-
-    places = []
-
-    def count(frame, event, arg):
-        if at_a_place(frame, event, arg):
-            places.append((frame.f_code.co_name, event))
-
-    def at_a_place(frame, event, arg=None):
-        # Not a weakref callback's: Python prints what it raises, and drops it. Nor as a lock's
-        # __enter__ returns: on 3.14 the with statement is not yet set up to let go of it then,
-        # so it stays held for good (any Python code's `with lock:`; a thread taking it hangs).
+    def where(frame, event, arg):
+        # Not a weakref callback's (forget): Python prints what it raises, and drops it. (Nor as a
+        # lock's __enter__ returns, see calls_in: on 3.14 the with statement is not yet set up to
+        # let go of it then.) Nor at the start of __exit__ itself.
         code = frame.f_code
-        entered = getattr(arg, "__name__", None) == "__enter__" and hasattr(
-            getattr(arg, "__self__", None), "acquire"
-        )
         return (
-            code.co_filename == runtime.__file__
-            and event in ("call", "c_return")
+            inside(frame, event, arg)
             and code.co_name != "forget"
-            and not entered
+            and not (event == "call" and code is exit_code)
         )
 
-    run(count)
+    made = []
+
+    def run():
+        made.append(bcrecord.recording(copy=copy))
+        with made[-1]:
+            g(1)
+
+    places, _ = interrupted(run, where)
     assert len(places) > 20
     cut = 0
     for nth in range(1, len(places) + 1):
-        seen = []
-
-        def interrupt(frame, event, arg, seen=seen, nth=nth):
-            if at_a_place(frame, event, arg):
-                seen.append(event)
-                if len(seen) == nth and not (event == "call" and frame.f_code is exit_code):
-                    raise Interrupt
-
-        rec, raised = run(interrupt)
+        _, raised = interrupted(run, where, stop_at=nth)
+        rec = made[-1]
         cut += raised
-        where = places[nth - 1]
-        assert not rec.active and runtime.context_recordings() == () and not runtime.is_active(), where
+        assert not rec.active and runtime.context_recordings() == () and not runtime.is_active(), nth
         with bcrecord.recording() as after:
             g(2)
-        assert after.all("int:f:x@0") == [4] and rec.get("int:f:x@0", 2) == 2, where
-        assert not (runtime._arm_lock._is_owned() or runtime._sites_lock._is_owned()), where
+        assert after.all("int:f:x@0") == [4] and rec.get("int:f:x@0", 2) == 2, nth
+        assert not (runtime._arm_lock._is_owned() or runtime._sites_lock._is_owned()), nth
     # (Not at the start of __exit__; nor where a copy takes it for its own failure, kept in
     # rec.errors.)
     assert cut >= len(places) // 2

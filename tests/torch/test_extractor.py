@@ -12,6 +12,7 @@ import bcrecord
 from bcrecord.torch import create_feature_extractor, list_targets
 
 from ..code_checks import collect_all, probes_in
+from ..interrupts import calls_made_from, interrupted
 from .models import Branchy, CallsMap, Gated, SmallNet, TwoLayers, reference_smallnet
 
 
@@ -1519,52 +1520,20 @@ def test_list_targets_table_heads_a_two_colon_path_with_no_targets_after_it_by_i
     ]
 
 
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_an_interrupt_at_any_call_of_an_extractor_s_forward_leaves_no_stop_state_behind():
     # As record()'s stopping forward (test_record): a Ctrl-C or a timeout's exception at a call
     # between the setting of its context variables and their reset left them set.
     from bcrecord.torch import copies
 
     record_module = sys.modules["bcrecord.torch.record"]
-
-    class Interrupt(BaseException):
-        pass
-
     net, x = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()), torch.randn(1, 4)
     extractor = create_feature_extractor(net, ["0"])
-    code = type(extractor).forward.__code__
-
-    def run(stop_at=None):
-        seen = []
-
-        def profile(frame, event, arg):
-            if event == "c_return":
-                ours = frame.f_code is code
-            else:  # (not a generator expression's start)
-                ours = event == "call" and frame.f_back.f_code is code and frame.f_code.co_name != "<genexpr>"
-            if ours:
-                seen.append(event)
-                if len(seen) == stop_at:
-                    raise Interrupt
-
-        sys.setprofile(profile)
-        try:
-            extractor(x)
-        except Interrupt:
-            pass
-        finally:
-            sys.setprofile(None)
-        return seen
-
-    calls = len(run())
-    assert calls > 10
-    for nth in range(1, calls + 1):
-        run(nth)
-        state = (
-            record_module._stopping.get(),
-            record_module._catching.get(),
-            copies.returned_inside.get(),
-        )
+    where = calls_made_from(type(extractor).forward.__code__)
+    places, _ = interrupted(lambda: extractor(x), where)
+    assert len(places) > 10
+    for nth in range(1, len(places) + 1):
+        interrupted(lambda: extractor(x), where, stop_at=nth)
+        state = (record_module._stopping.get(), record_module._catching.get(), copies.returned_inside.get())
         assert state == (False, (), False), nth
         # Nor a recording left entered (its patches armed), nor a module marked.
         assert not bcrecord.runtime.is_active() and record_module._MARK not in vars(net[0]), nth

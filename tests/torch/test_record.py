@@ -22,6 +22,7 @@ from bcrecord.torch.record import StopForward
 
 from ..code_checks import collect_all
 from ..forking import fork_while_held
+from ..interrupts import calls_made_from, interrupted
 from .models import Block, Branchy, Gated, SmallNet, reference_smallnet
 from .test_copies import FakeStream
 
@@ -2807,50 +2808,23 @@ def test_a_child_forked_while_another_thread_holds_a_lock_of_the_torch_layer_rec
     assert torch.equal(outer["fc:forward:return"], expected)
 
 
-# (an unfinished generator expression the interrupt left behind is closed later, its exception unraisable)
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_an_interrupt_at_any_call_of_a_stopping_forward_leaves_no_stop_state_behind():
     # What a signal handler raises (a Ctrl-C, a timeout) between the forward's setting of its
     # context variables and their reset (at any call it makes there) left them set: a later
     # record(stop_after_last=True) of another model, whose submodule was called on its own, had
-    # StopForward raised into the program.
+    # StopForward raised into the program. (Interrupted at each place in turn: tests/interrupts.py.)
     record_module = sys.modules["bcrecord.torch.record"]
-
-    class Interrupt(BaseException):
-        pass
-
-    code = record_module._StopAtRoot.__call__.__code__
+    where = calls_made_from(record_module._StopAtRoot.__call__.__code__)
     net, x = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU()), torch.randn(1, 4)
 
-    def lines_run(stop_at=None):
-        # Where Python runs a handler: as a C call returns, or as a Python function starts.
-        seen = []
+    def stopped():
+        with record(net, ["0"], stop_after_last=True):
+            net(x)
 
-        def profile(frame, event, arg):
-            ours = (
-                frame.f_code is code
-                if event == "c_return"
-                else event == "call" and frame.f_back.f_code is code
-            )
-            if ours:
-                seen.append(event)
-                if len(seen) == stop_at:
-                    raise Interrupt
-
-        sys.setprofile(profile)
-        try:
-            with record(net, ["0"], stop_after_last=True):
-                net(x)
-        except Interrupt:
-            pass
-        finally:
-            sys.setprofile(None)
-        return seen
-
-    lines = len(lines_run())
-    assert lines > 10
-    for nth in range(1, lines + 1):
-        lines_run(nth)
+    places, _ = interrupted(stopped, where)
+    assert len(places) > 10
+    for nth in range(1, len(places) + 1):
+        interrupted(stopped, where, stop_at=nth)
         state = (
             record_module._stopping.get(),
             record_module._roots_running.get(),
@@ -2864,15 +2838,14 @@ def test_an_interrupt_at_any_call_of_a_stopping_forward_leaves_no_stop_state_beh
     assert rec["0:forward:return"].shape == (1, 4)
 
 
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_an_interrupt_while_a_block_s_modules_are_unmarked_leaves_none_marked():
     # A timeout's exception as unmarking began left path markers in the modules' __dict__: saving
     # the idle model warned that it was being recorded.
     record_module = sys.modules["bcrecord.torch.record"]
-    codes = {record_module._unmark_all.__code__, record_module._unmark_locked.__code__}
+    codes = (record_module._unmark_all.__code__, record_module._unmark_locked.__code__)
 
-    class Interrupt(BaseException):
-        pass
+    def where(frame, event, arg):  # (inside the unmarking, and as it starts)
+        return event in ("call", "c_return") and frame.f_code in codes
 
     class Block(torch.nn.Module):
         def __init__(self):
@@ -2885,30 +2858,16 @@ def test_an_interrupt_while_a_block_s_modules_are_unmarked_leaves_none_marked():
 
     net, x = torch.nn.Sequential(Block(), Block(), Block()), torch.randn(1, 4)
 
-    def run(stop_at=None):
-        seen = []
+    def unmarked(stop_at=None):
+        block = record(net, ["0:forward:h", "1", "2.fc"])
+        block.__enter__()
+        net(x)
+        return interrupted(lambda: block.__exit__(None, None, None), where, stop_at)  # its exit, cut short
 
-        def profile(frame, event, arg):
-            ours = frame.f_code in codes if event == "c_return" else event == "call" and frame.f_code in codes
-            if ours and frame.f_code.co_name != "<genexpr>":
-                seen.append(event)
-                if len(seen) == stop_at:
-                    raise Interrupt
-
-        try:
-            with record(net, ["0:forward:h", "1", "2.fc"]):
-                net(x)
-                sys.setprofile(profile)
-        except Interrupt:
-            pass
-        finally:
-            sys.setprofile(None)
-        return seen
-
-    calls = len(run())
-    assert calls > 5
-    for nth in range(1, calls + 1):
-        run(nth)
+    places, _ = unmarked()
+    assert len(places) > 5
+    for nth in range(1, len(places) + 1):
+        unmarked(nth)
         marked = [name for name, module in net.named_modules() if record_module._MARK in vars(module)]
         assert marked == [] and not any(id(m) in record_module._mark_counts for m in net.modules()), nth
     with record(net, ["1"]) as rec:
