@@ -29,6 +29,7 @@ from typing import (
     Dict,
     FrozenSet,
     Iterable,
+    Iterator,
     List,
     Mapping,
     Optional,
@@ -125,13 +126,22 @@ def _normalise(
     return out
 
 
-def _expanded(model: torch.nn.Module, target: str) -> List[Target]:
-    """:func:`expand`, a target naming nothing refused as torchvision's extractor refuses it:
-    with a ``ValueError`` (:class:`ReturnNodeError`, a :class:`TargetError` too)."""
+@contextlib.contextmanager
+def _named_nothing() -> Iterator[None]:
+    """A return node naming nothing refused as torchvision's extractor refuses it: the
+    :class:`TargetError` raised inside as a ``ValueError`` too (:class:`ReturnNodeError`)."""
     try:
-        return expand(model, target)
+        yield
+    except ReturnNodeError:
+        raise
     except TargetError as error:
         raise ReturnNodeError(*error.args).with_traceback(error.__traceback__) from None
+
+
+def _expanded(model: torch.nn.Module, target: str) -> List[Target]:
+    """:func:`expand`, a target naming nothing refused as torchvision's extractor refuses it."""
+    with _named_nothing():
+        return expand(model, target)
 
 
 #: The module classes the ``tracer_kwargs`` given to create_feature_extractor make FX leaves.
@@ -349,12 +359,8 @@ class FeatureExtractor(torch.nn.Module):
         with _expanding_again():
             # Train's first (once if both are the same), not in a set's hash-seeded order.
             for nodes in dict.fromkeys([tuple(self.train_nodes), tuple(self.eval_nodes)]):
-                try:
+                with _named_nothing():  # (a site its method lacks: ':forward:zz')
                     targeted.update(self._new_plan(nodes).modules)
-                except ReturnNodeError:
-                    raise
-                except TargetError as error:  # (a site the method lacks: ':forward:zz') as torchvision's
-                    raise ReturnNodeError(*error.args).with_traceback(error.__traceback__) from None
         warn_shared(model, targeted)
         #: Whether both modes take the same targets: one plan and patches serve both, so that a
         #: model switched between train and eval runs the same probed code (compiled graphs stay).
