@@ -2007,7 +2007,8 @@ class _StopAtRoot:
                         raise
                     return None
                 finally:
-                    _catching.set(catching)
+                    if stopping:
+                        _catching.set(catching)
             finally:
                 _roots_running.set(outer)
         finally:
