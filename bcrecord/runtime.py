@@ -2427,9 +2427,52 @@ class Recording:
             state.update(_only=set(), _only_held=[], _copied_without_patches=True)
         return state
 
+    def __deepcopy__(self, memo: Dict[int, Any]) -> Recording:
+        """A deep copy: the snapshot :meth:`__getstate__` holds, each value deep-copied. Where a
+        value ``copy.deepcopy`` refuses to copy (a tensor in the autograd graph, recorded with
+        ``copy='none'``), the plug-ins' :data:`deepcopy_refused` put copies of what they can
+        into the memo first (the torch layer: a leaf of such a tensor's values, as pickle copies it).
+
+        >>> import copy
+        >>> with recording() as rec:
+        ...     rec.add("m:f:x@0", [1])
+        >>> twin = copy.deepcopy(rec); twin.all("m:f:x@0"), twin.all("m:f:x@0")[0] is rec.all("m:f:x@0")[0]
+        ([[1]], False)
+        """
+        state = self.__getstate__()
+        twin = type(self).__new__(type(self))
+        memo[id(self)] = twin
+        # A plain deep copy first, on a memo of its own: looking for what deepcopy refuses reduces
+        # every object once more (10,000 objects: 44 ms copied, 89 ms looked through and copied).
+        trial = dict(memo)
+        try:
+            copied = _copy_module.deepcopy(state, trial)
+        except RuntimeError as error:  # (torch's 'Only Tensors created explicitly by the user…')
+            if raised_by_signal_handler(error) or not deepcopy_refused:
+                raise
+            for values in state["_data"].values():
+                for prepare in deepcopy_refused:
+                    prepare(values, memo)
+            copied = _copy_module.deepcopy(state, memo)
+        else:
+            kept = trial.pop(id(trial), [])  # (deepcopy's own: what it copied, kept alive)
+            memo.update(trial)
+            memo.setdefault(id(memo), []).extend(kept)
+        setstate = getattr(twin, "__setstate__", None)  # (a subclass's; pickle's default else)
+        if setstate is not None:
+            setstate(copied)
+        else:
+            twin.__dict__.update(copied)
+        return twin
+
     def __repr__(self) -> str:
         state = "active" if self.active else "inactive"
         return f"<Recording {state}, {len(self)} key{'' if len(self) == 1 else 's'}>"
+
+
+#: What plug-ins do where ``copy.deepcopy`` of a recording's values raises: each puts copies
+#: into deepcopy's memo (``prepare(values, memo)``) of values it refuses (see Recording.__deepcopy__).
+deepcopy_refused: List[Callable[[Any, Dict[int, Any]], None]] = []
 
 
 def _patches_in(only: Any) -> List[Any]:

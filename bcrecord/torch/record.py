@@ -85,6 +85,7 @@ from ..runtime import (
     Sink,
     _copied_by_method,
     context_recordings,
+    deepcopy_refused,
     raised_by_signal_handler,
     safe_over_forks,
     silently,
@@ -382,7 +383,18 @@ def _leaf_copies(value: Any, memo: Dict[int, Any]) -> None:
     tuples, lists, sets and dicts, and in any other object what its ``__reduce_ex__`` gives (its
     attributes, slots, items; what an object copying itself with its own ``__deepcopy__`` would
     pickle), so that deepcopy copies each of them so; everything else is deepcopy's to copy
-    (a registered holder, torchvision's ``ImageList``, too), each object once."""
+    (a registered holder, torchvision's ``ImageList``, too), each object once. What a deep copy
+    of a recording does where its values hold such tensors (see ``Recording.__deepcopy__``).
+
+    >>> import copy, torch
+    >>> from bcrecord.torch import record
+    >>> model = torch.nn.Sequential(torch.nn.Linear(2, 3))
+    >>> with record(model, ["0"], grad=True) as rec:
+    ...     _ = model(torch.ones(1, 2))
+    >>> kept = copy.deepcopy(rec)["0:forward:return"]
+    >>> kept.is_leaf, kept.requires_grad, torch.equal(kept, rec["0:forward:return"])
+    (True, True, True)
+    """
 
     # (What reduce made, walked too, held until the walk ends: no id of it reused meanwhile.)
     pending, seen, held = [value], set(), []
@@ -405,6 +417,9 @@ def _leaf_copies(value: Any, memo: Dict[int, Any]) -> None:
             parts = _reduced_parts(item)
             held.append(parts)
             pending.extend(parts)
+
+
+deepcopy_refused.append(_leaf_copies)  # (a core recording's values may hold them too)
 
 
 #: Orders the beginnings and ends of passes (see _all_done_here).
@@ -518,42 +533,6 @@ class ModelRecording(Recording):
     def __setstate__(self, state: Dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._grad_lock = safe_over_forks(threading.Lock())
-
-    def __deepcopy__(self, memo: Dict[int, Any]) -> ModelRecording:
-        """A deep copy: the snapshot :meth:`__getstate__` holds, each value deep-copied. A tensor in
-        the autograd graph (``grad=True``, ``copy='none'``), which ``copy.deepcopy`` refuses, is
-        copied as a pickle of the recording copies it: a leaf of its values that requires grad (also
-        inside another object: in its attributes, slots, or the fields it copies its own way).
-
-        >>> import copy, torch
-        >>> from bcrecord.torch import record
-        >>> model = torch.nn.Sequential(torch.nn.Linear(2, 3))
-        >>> with record(model, ["0"], grad=True) as rec:
-        ...     _ = model(torch.ones(1, 2))
-        >>> kept = copy.deepcopy(rec)["0:forward:return"]
-        >>> kept.is_leaf, kept.requires_grad, torch.equal(kept, rec["0:forward:return"])
-        (True, True, True)
-        """
-        state = self.__getstate__()
-        twin = type(self).__new__(type(self))
-        memo[id(self)] = twin
-        # A plain deep copy first, on a memo of its own: looking for graph tensors reduces every
-        # object once more (10,000 objects: 44 ms copied, 89 ms looked through and copied).
-        trial = dict(memo)
-        try:
-            copied = deepcopy(state, trial)
-        except RuntimeError as error:  # (torch's 'Only Tensors created explicitly by the user…')
-            if raised_by_signal_handler(error):
-                raise
-            for values in state["_data"].values():
-                _leaf_copies(values, memo)
-            copied = deepcopy(state, memo)
-        else:
-            kept = trial.pop(id(trial), [])  # (deepcopy's own: what it copied, kept alive)
-            memo.update(trial)
-            memo.setdefault(id(memo), []).extend(kept)
-        twin.__setstate__(copied)
-        return twin
 
     def _settle(self) -> None:
         for policy in self._policies:

@@ -2873,3 +2873,21 @@ def test_an_interrupt_while_a_block_s_modules_are_unmarked_leaves_none_marked():
     with record(net, ["1"]) as rec:
         net(x)
     assert torch.equal(rec["1:forward:return"], net[1](net[0](x)))
+
+
+def test_a_core_recording_holding_a_tensor_in_the_autograd_graph_deep_copies():
+    # copy.deepcopy raised torch's "Only Tensors created explicitly by the user (graph leaves)
+    # support the deepcopy protocol" (a ModelRecording's did not): the copy was README's snapshot.
+    import copy
+
+    def f(x):
+        y = x * 2
+        return y
+
+    w = torch.ones(2, requires_grad=True)
+    with bcrecord.recording(copy="none") as rec, bcrecord.patch_function(f, ["y"]):
+        f(w)
+    live = rec[f"{__name__}:f:y@0"]
+    kept = copy.deepcopy(rec)[f"{__name__}:f:y@0"]
+    assert not live.is_leaf and kept.is_leaf and kept.requires_grad and torch.equal(kept, live)
+    assert kept.untyped_storage().data_ptr() != live.untyped_storage().data_ptr()
