@@ -239,8 +239,10 @@ def _recordable(path: str) -> Any:
 
         module_name, _, attr_path = path.partition(":")
         instead = instead_of(module_name, attr_path, found)
-        if instead is None:  # (the caller says what it takes: targets() a code object too)
-            return found
+        if instead is None:
+            if isinstance(found, types.CodeType):  # (targets() lists a code object's too)
+                return found
+            raise BcrecordError(f"{path!r}: {error}") from None
         raise BcrecordError(f"{error}; as a path: '{instead}'") from None
     return found
 

@@ -1211,6 +1211,10 @@ def _attach(
     _check_recorder_dicts(specs, function or _key_function_name(slot.base, slot.original_code), name)
     if name is not None and not isinstance(name, str) and not callable(name):
         raise SpecError(f"name must be a string or a callable of the instance, got {name!r}")
+    if isinstance(name, str) and ":" in name:  # (its keys would read as another owner's and function's)
+        raise SpecError(
+            f"name {name!r} holds ':', which separates the parts of a key ('<name>:<function>:<target>')"
+        )
     points = resolve(parsed, read(slot.original_code, _shown_name(slot.base, slot.original_code)))
     if callable(name):
         if not slot.original_code.co_argcount:

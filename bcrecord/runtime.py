@@ -2224,7 +2224,7 @@ class Recording:
                     del self.errors[mine[1]]
         if key not in self._warned:
             self._warned.add(key)
-            warn(f"bcrecord could not record {key}: {type(error).__name__}: {error}")
+            warn(f"bcrecord could not record {key}: {type(error).__name__}: {_opening(str(error))}")
 
     def add(self, key: str, value: Any) -> None:
         """Store ``value`` under ``key`` (for plug-ins, e.g. gradients), kept as ``keep`` says.
@@ -2468,6 +2468,21 @@ class Recording:
     def __repr__(self) -> str:
         state = "active" if self.active else "inactive"
         return f"<Recording {state}, {len(self)} key{'' if len(self) == 1 else 's'}>"
+
+
+def _opening(message: str, limit: int = 300) -> str:
+    """A failure's message as a warning shows it: its first line, cut at ``limit`` characters
+    (torch's dispatcher errors list every backend, 6 to 17 KB); :attr:`Recording.errors` holds it whole.
+
+    >>> _opening("Could not run 'aten::x'.\nBackends: CPU, CUDA, Meta...")
+    "Could not run 'aten::x'. (the whole message in the recording's errors)"
+    >>> _opening("short")
+    'short'
+    """
+    first, _, rest = message.partition("\n")
+    if len(first) > limit:
+        first, rest = first[:limit] + "...", "cut"
+    return f"{first} (the whole message in the recording's errors)" if rest.strip() else first
 
 
 #: What plug-ins do where ``copy.deepcopy`` of a recording's values raises: each puts copies

@@ -715,6 +715,23 @@ class Writer:
             saves = _index_saves(self.directory)
             return max((entry["step"] for entries in saves for entry in entries), default=None)
 
+    def steps_from(self, start: int) -> List[int]:
+        """The steps from ``start`` on saved in the directory (by any writer), in order; none
+        where it is not there yet. Reads the whole index, as :attr:`last_step`.
+
+        >>> import tempfile, bcrecord
+        >>> writer = bcrecord.storage.Writer(tempfile.mkdtemp())
+        >>> for step in (0, 2, 4, 2):
+        ...     _ = writer.write({"k": [step]}, step=step)
+        >>> writer.steps_from(1), writer.steps_from(5)
+        ([2, 4], [])
+        """
+        if self._not_there_yet():
+            return []
+        with _writing(self.directory), _turn(self.directory):
+            saves = _index_saves(self.directory)
+            return sorted({entry["step"] for entries in saves for entry in entries if entry["step"] >= start})
+
     def write(
         self,
         records: Union[Mapping[str, Sequence[Any]], Any],
@@ -1331,6 +1348,8 @@ def _repr(value: Any) -> str:
 def _step(step: Any) -> int:
     """``step`` as a plain int (numpy's integers too), or a TypeError naming it."""
     try:
+        if isinstance(step, bool):  # (True saved as step 1: a flag passed for the step)
+            raise TypeError
         return operator.index(step)
     except TypeError:
         raise TypeError(f"a step is an integer, got {step!r} ({type(step).__name__})") from None

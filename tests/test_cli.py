@@ -522,7 +522,10 @@ def test_targets_and_show_of_a_function_defined_inside_another_say_why_not(proje
 @pytest.mark.parametrize(
     "path, words",
     [
-        ("tables:ROWS", "bcrecord: [0, 1, 2, 3, 4, 5, ...], a list: only Python functions can be patched"),
+        (
+            "tables:ROWS",
+            "bcrecord: 'tables:ROWS': [0, 1, 2, 3, 4, 5, ...], a list: only Python functions can be patched",
+        ),
         ("tables:ROWS.f", "'tables:ROWS.f': [0, 1, 2, 3, 4, 5, ...] has no attribute 'f'"),
         ("tables:net", "this Net instance is a callable Net object"),
         ("tables:net.fc.f", "'tables:net.fc.f': this Linear instance has no attribute 'f'"),
@@ -538,6 +541,15 @@ def test_targets_shows_a_module_level_value_short(project, path, words):
     )
     line = one_clear_line(cli("targets", path, cwd=project))
     assert words in line and len(line) < 200, line
+
+
+def test_targets_and_show_of_a_module_level_value_name_its_path(project):
+    # As `bcrecord run` does, and as they do of a path that does not resolve: the value alone
+    # did not say which path gave it.
+    (project / "values.py").write_text("value = 5\n")
+    for args in (("targets", "values:value"), ("show", "values:value", "x")):
+        line = one_clear_line(cli(*args, cwd=project))
+        assert line == "bcrecord: 'values:value': 5, an int: only Python functions can be patched"
 
 
 def test_targets_of_a_module_that_raises_on_import_is_one_clear_line(project):

@@ -97,6 +97,8 @@ def test_bad_specs_raise_the_documented_error(specs, error, words):
         (lambda: bcrecord.recording(keep=10**30), f"keep={10**30} is more values than a key can hold"),
         (lambda: bcrecord.recording(threads="x"), "threads must be 'context' or 'all', got 'x'"),
         (lambda: bcrecord.instrument(f, ["x"], name=5), "name must be a string or a callable"),
+        # Its keys, 'a:b:f:x@0', read as owner 'a' and function 'b'.
+        (lambda: bcrecord.patch_function(f, ["x"], name="a:b"), "name 'a:b' holds ':', which separates"),
         (lambda: bcrecord.record_locals(), "record_locals needs at least one local name or spec"),
         (lambda: bcrecord.set_probe_style("fast"), "unknown probe style 'fast'"),
     ],

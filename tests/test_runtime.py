@@ -1706,6 +1706,31 @@ def test_probe_failure_is_reported_never_raised():
     assert {(w.filename, w.lineno) for w in caught} == {(__file__, f.__code__.co_firstlineno + 1)}
 
 
+def test_a_failure_s_long_message_is_warned_of_by_its_first_line_and_kept_whole():
+    # torch's dispatcher errors (a copy to='meta' of a quantized tensor) list every backend:
+    # the warning carried all 6 to 17 KB of it.
+    backends = "\n".join(f"Backend{n}: registered at kernel{n}.cpp" for n in range(300))
+
+    class Unclonable(Mutable):
+        def clone(self):
+            raise NotImplementedError(
+                f"Could not run 'aten::x' with arguments from the 'Meta' backend.\n{backends}"
+            )
+
+    def f(a):
+        u = Unclonable(a)
+        return u
+
+    g = bcrecord.instrument(f, ["u"], name="e")
+    with pytest.warns(RecordingWarning) as caught, bcrecord.recording() as rec:
+        g(1)
+    assert [str(w.message) for w in caught] == [
+        "bcrecord could not record e:f:u@0: NotImplementedError: Could not run 'aten::x' with arguments "
+        "from the 'Meta' backend. (the whole message in the recording's errors)"
+    ]
+    assert str(rec.errors[0].error).endswith("Backend299: registered at kernel299.cpp")
+
+
 def test_errors_keep_no_frames_and_as_many_per_key_as_values_are_kept():
     import gc
     import weakref

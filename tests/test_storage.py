@@ -887,6 +887,7 @@ def test_an_empty_directory_name_is_refused(tmp_path, monkeypatch):
         (5, 0, "records are a Recording or a dict of key -> list of values, got int"),
         ({1: [1]}, 0, "a key is a string, got 1"),
         ({"k": [1]}, "3", "a step is an integer"),
+        ({"k": [1]}, True, "a step is an integer, got True (bool)"),  # (was saved as step 1)
     ],
 )
 def test_a_bad_save_says_what_is_wrong_and_makes_no_directory(tmp_path, records, step, why):

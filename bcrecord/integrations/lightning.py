@@ -303,8 +303,10 @@ def png_bytes(image: torch.Tensor) -> bytes:
     >>> png_bytes(torch.zeros(2, 3))[:8]
     b'\\x89PNG\\r\\n\\x1a\\n'
     """
-    if image.dim() != 2:
-        raise ValueError(f"png_bytes needs a (H, W) tensor, got shape {tuple(image.shape)}")
+    if not isinstance(image, torch.Tensor):
+        raise TypeError(f"png_bytes needs a (H, W) tensor, got {type(image).__name__}")
+    if image.dim() != 2 or not image.numel():  # (PNG has no empty image)
+        raise ValueError(f"png_bytes needs a (H, W) tensor with pixels, got shape {tuple(image.shape)}")
     pixels = (image.detach().float().clamp(0, 1) * 255).round().to(torch.uint8).cpu()
     height, width = pixels.shape
     raw = b"".join(b"\x00" + bytes(row.tolist()) for row in pixels)
@@ -477,6 +479,8 @@ class RecorderCallback(pl.Callback):  # type: ignore[misc]
         unknown = [s for s in stages if s not in STAGES]
         if unknown:
             raise SpecError(f"unknown stage(s) {unknown}; choose from {list(STAGES)}")
+        if not stages:
+            raise SpecError(f"stages is empty: nothing would be recorded; choose from {list(STAGES)}")
         if record_options.get("stop_after_last"):
             raise SpecError("stop_after_last would end the module's forward early: not available here")
         _check_option_names(record_options)
@@ -489,6 +493,8 @@ class RecorderCallback(pl.Callback):  # type: ignore[misc]
             raise SpecError("save_dir is an empty string (give '.' for the working directory)")
         require_bool("log_to_logger", log_to_logger)
         require_bool("log_images", log_images)
+        if not isinstance(prefix, str):  # (the first part of every metric and image name)
+            raise SpecError(f"prefix must be a str, got {prefix!r:.80}")
         self.every_n_steps = every_n_steps
         self.stages: Tuple[str, ...] = stages
         self.save_dir: Optional[Path] = None if save_dir is None else Path(save_dir)
@@ -553,10 +559,13 @@ class RecorderCallback(pl.Callback):  # type: ignore[misc]
         saved step (or a fresh fit) saves those steps again, next to the earlier run's values; say
         so, naming them, since nothing in the folder tells them apart."""
         writer = self._writers.get("fit")
-        saved = None if writer is None else writer.last_step
-        if writer is None or saved is None or saved < start:
+        if writer is None:
             return
-        steps = f"step {start}" if saved == start else f"steps {start}..{saved}"
+        again = writer.steps_from(start)
+        if not again:
+            return
+        # (Those saved: every n-th step only, where every_n_steps is more than 1.)
+        steps = f"step {again[0]}" if len(again) == 1 else f"steps {again[0]}..{again[-1]}"
         run = f"resumed at step {start}" if start else "starting at step 0"
         warn(
             f"RecorderCallback: {writer.directory} already holds training {steps} of an earlier run; "

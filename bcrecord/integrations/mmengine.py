@@ -364,6 +364,10 @@ def resolve_model(model: Any, path: str) -> Any:
     bcrecord.integrations.mmengine.RecorderConfigError: model='2' does not resolve under runner.model \
 (Sequential): Sequential has no attribute '2'; submodules include '0', '1'
     """
+    if not isinstance(path, str):
+        raise TypeError(
+            f"model= takes a dotted path of a submodule ('' for the model itself), got {path!r:.80}"
+        )
     inner = _unwrap(model)
     if not path:
         return inner
@@ -413,6 +417,9 @@ def image_name(key: str, mode: str = "train") -> str:
     >>> image_name('resnet:_forward_impl:x@0'), image_name('b:forward:*@0', 'val')
     ('train_resnet._forward_impl.x@0', 'val_b.forward.%2A@0')
     """
+    for name, value in (("key", key), ("mode", mode)):
+        if not isinstance(value, str):
+            raise TypeError(f"image_name takes {name} as a str, got {value!r:.80}")
     return f"{mode}_" + re.sub(r"[^0-9A-Za-z_.@()+=-]", _escaped, key.replace(":", "."))
 
 
@@ -873,7 +880,8 @@ class RecorderHook(Hook):
                 if loop in self.loops:
                     directory = self.records_dir(loop)
                     try:
-                        writer = self._writers[loop] = Writer(directory)  # type: ignore[arg-type]
+                        # Made at its first save: a run that fails before one leaves no empty folder.
+                        writer = self._writers[loop] = Writer(directory, make=False)  # type: ignore[arg-type]
                     except BcrecordError as error:
                         message = f"RecorderHook: save_dir={str(directory)!r}: {error}"
                         raise RecorderConfigError(message) from error
@@ -1088,10 +1096,12 @@ class RecorderHook(Hook):
         writer = self._writers.get("train")
         if writer is None:
             return
-        start, saved = runner.iter, writer.last_step  # (resume has set runner.iter by now)
-        if saved is None or saved < start:
+        start = runner.iter  # (resume has set it by now)
+        again = writer.steps_from(start)
+        if not again:
             return
-        steps = f"step {start}" if saved == start else f"steps {start}..{saved}"
+        # (Those saved: every n-th iteration only, where every_n_iters is more than 1.)
+        steps = f"step {again[0]}" if len(again) == 1 else f"steps {again[0]}..{again[-1]}"
         run = f"resumed at iteration {start}" if start else "starting at iteration 0"
         runner.logger.warning(
             f"RecorderHook: {writer.directory} already holds training {steps} of an earlier run; this "

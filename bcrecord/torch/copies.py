@@ -163,18 +163,52 @@ def outside_transforms(tensor: torch.Tensor, copy: Callable[[torch.Tensor], T]) 
     tensor([[ 2.,  6., 10.],
             [ 4.,  8., 12.]])
     """
+    if _outside.get():  # (a copy made in a copy below: a reduce's clone, of what is unwrapped already)
+        return copy(tensor)
     functorch = torch._C._functorch
-    inner, dims = tensor, []
+    inner, dims = tensor, {}
     while functorch.is_functorch_wrapped_tensor(inner):
         if functorch.is_functionaltensor(inner):
             return copy(tensor)
-        dims.append(functorch.maybe_get_bdim(inner))  # (-1: a grad transform's wrapper, not vmap's)
+        dim = functorch.maybe_get_bdim(inner)
+        if dim >= 0:  # (-1: a grad transform's wrapper, not vmap's)
+            dims[functorch.maybe_get_level(inner)] = dim
         inner = functorch.get_unwrapped(inner)
+    # A vmap whose input the value does not depend on (a weight's product, or an outer vmap's
+    # input only) batches it not: vmap returns it repeated over that vmap's batch, and so it is.
+    sizes = _vmap_sizes()
     with torch._C._DisableFuncTorch():
         # Each vmap's dimension is counted without the outer ones': moved to the front outermost first.
-        for moved, dim in enumerate(dim for dim in reversed(dims) if dim >= 0):
-            inner = inner.movedim(moved + dim, moved)
-        return copy(inner)
+        for moved, level in enumerate(sorted({*dims, *sizes})):
+            dim = dims.get(level)
+            if dim is None:
+                inner = inner.unsqueeze(moved).expand(
+                    *inner.shape[:moved], sizes[level], *inner.shape[moved:]
+                )
+            else:
+                inner = inner.movedim(moved + dim, moved)
+        token = _outside.set(True)
+        try:
+            return copy(inner)
+        finally:
+            _outside.reset(token)
+
+
+#: Whether a copy of :func:`outside_transforms` runs: its tensor is out from under the wrappers.
+_outside: contextvars.ContextVar[bool] = contextvars.ContextVar("bcrecord_outside_transforms", default=False)
+
+
+def _vmap_sizes() -> Dict[int, int]:
+    """The batch size of each ``vmap`` running now, by its level (outer ones lower)."""
+    try:
+        from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
+    except ImportError:  # (another torch: the batched levels alone, as wrapped)
+        return {}
+    return {
+        interpreter.level(): interpreter.batch_size()
+        for interpreter in retrieve_all_functorch_interpreters()
+        if interpreter.key() == torch._C._functorch.TransformType.Vmap
+    }
 
 
 @functools.cache

@@ -410,7 +410,9 @@ def _leaf_copies(value: Any, memo: Dict[int, Any]) -> None:
             pending.extend(item.keys())
             pending.extend(item.values())
         elif isinstance(item, torch.Tensor):
-            if not item.is_leaf:
+            # (A sparse compressed or strided nested tensor, leaf or not: torch's deepcopy of it
+            # raises, 'Cannot access storage', 'aten::new_empty'; clone copies it.)
+            if not item.is_leaf or item.layout in _COMPRESSED or item.is_nested:
                 memo[id(item)] = item.detach().clone().requires_grad_(item.requires_grad)
                 memo.setdefault(id(memo), []).append(item)  # (kept alive, as deepcopy keeps what it copied)
         else:
@@ -418,6 +420,13 @@ def _leaf_copies(value: Any, memo: Dict[int, Any]) -> None:
             held.append(parts)
             pending.extend(parts)
 
+
+#: The sparse compressed layouts (torch's deepcopy of such a tensor raises).
+_COMPRESSED = frozenset(
+    getattr(torch, name)
+    for name in ("sparse_csr", "sparse_csc", "sparse_bsr", "sparse_bsc")
+    if hasattr(torch, name)
+)
 
 deepcopy_refused.append(_leaf_copies)  # (a core recording's values may hold them too)
 
@@ -450,6 +459,7 @@ class ModelRecording(Recording):
     _left_leaves: FrozenSet[str] = frozenset()
 
     def __init__(self, *, stop_after_last: bool = False, **options: Any) -> None:
+        require_bool("stop_after_last", stop_after_last)
         super().__init__(**options)
         #: Keys each target string produced (shared with the plan: read, never changed).
         self.targets: Mapping[str, List[str]] = {}
@@ -1695,6 +1705,12 @@ class RecordBlock(contextlib.AbstractContextManager["ModelRecording"]):
         return block.__exit__(*exc)
 
     def __call__(self, function: Callable[P, T]) -> Callable[P, T]:
+        if not callable(function):  # (now, not where the decorated name is first called)
+            raise TypeError(
+                f"record(...) decorates a function to record around its calls, got {function!r:.80} "
+                f"({type(function).__name__})"
+            )
+
         @functools.wraps(function)
         def recorded(*args: P.args, **kwargs: P.kwargs) -> T:
             with RecordBlock(self._make, self._shown):
@@ -1732,7 +1748,8 @@ def _warn_replaced(plan: Plan) -> None:
 
     The targets were resolved, and their modules marked, when the block started: one put
     at that path meanwhile (``model.fc = nn.Identity()``, an adapter swapped in) recorded
-    nothing, so the path's values end at the swap. Said once, when the block ends.
+    nothing, so the path's values end at the swap; one holding a deep copy of the module made
+    meanwhile (``fuse_modules``) has the copy record under the path. Said once, when the block ends.
     """
     # (Not a deepcopy of the module, made during the block and put there: it records as its
     # module does, under the same path, marked with it.)
@@ -1743,6 +1760,8 @@ def _warn_replaced(plan: Plan) -> None:
         if (now := _submodule(plan.model, path)) is not module
         and not any(copy() is now for copy in marks[path].made)
     ]
+    copies = _copies_in(plan, gone, marks)
+    gone = [path for path in gone if path not in copies]
     if gone:
         listed = ", ".join(repr(path) for path in gone)
         warn(
@@ -1750,6 +1769,13 @@ def _warn_replaced(plan: Plan) -> None:
             f"{'were' if len(gone) > 1 else 'was'} replaced or removed while recording: what ran there "
             "afterwards recorded nothing (targets are resolved when record() starts); record "
             f"the model again to include it{_moved(plan, gone)}"
+        )
+    for path, now in copies.items():
+        warn(
+            f"the module at {path!r} was replaced while recording by one holding a copy of it made "
+            f"meanwhile (copy.deepcopy: fuse_modules makes one), at {now!r}: marked as the module, the "
+            f"copy records under {path!r} as the module did, so the values of {path!r} after the change "
+            f"are the copy's (record the model again to record the new modules at their own paths)"
         )
 
 
@@ -1764,6 +1790,20 @@ def _moved(plan: Plan, gone: Sequence[str]) -> str:
     if len(moved) > 1:
         return f"; the ones moved still record under their old paths ({listed})"
     return f"; the one moved still records under its old path ({listed})"
+
+
+def _copies_in(plan: Plan, gone: Sequence[str], marks: Mapping[str, _PathMark]) -> Dict[str, str]:
+    """Of the targeted modules gone from their paths (not moved), those whose deep copy made
+    during the block is in the model, and its path (``fuse_modules`` copies a conv into the
+    fused module it puts at the conv's path): marked as the module, it records under its path."""
+    paths = {id(module): path for path, module in named_modules(unwrap(plan.model))}
+    return {
+        path: paths[id(copy)]
+        for path in gone
+        if id(plan.modules[path]) not in paths  # (moved: said by _moved)
+        for copy in (ref() for ref in marks[path].made)
+        if copy is not None and id(copy) in paths
+    }
 
 
 def _warn_added(plan: Plan) -> None:
@@ -1807,9 +1847,21 @@ _exporting: Callable[[], bool] = getattr(getattr(torch, "compiler", None), "is_e
 
 
 def _tracing() -> bool:
-    """Whether torch.export or torch.jit.trace is tracing: a forward stopped early would give them
-    no output (jit.trace: "didn't return any values"; export loses track of the unwound calls)."""
-    return _exporting() or _tracing_state() is not None
+    """Whether torch.export, torch.jit.trace or make_fx is tracing: a forward stopped early would give
+    them no output (jit.trace: "didn't return any values"; export loses track of the unwound calls;
+    make_fx's graph returns None)."""
+    return _exporting() or _tracing_state() is not None or _making_fx()
+
+
+def _making_fx() -> bool:
+    """Whether ``make_fx`` traces (its dispatch mode is on: checked only where a mode is)."""
+    if not torch._C._len_torch_dispatch_stack():
+        return False
+    try:
+        from torch.fx.experimental.proxy_tensor import get_proxy_mode
+    except ImportError:  # (another torch)
+        return False
+    return get_proxy_mode() is not None
 
 
 def threads_for(model: torch.nn.Module, threads: Optional[str]) -> str:

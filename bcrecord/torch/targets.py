@@ -1960,6 +1960,8 @@ def expand_all(model: torch.nn.Module, texts: Iterable[str]) -> Dict[str, List[T
     require_module(model)
     if isinstance(texts, str):
         texts = [texts]
+    elif isinstance(texts, (bytes, bytearray, memoryview)):  # (iterated, they give ints)
+        raise SpecError(f"targets are text: give a str, not {bytes(texts)!r:.80}")
     elif not isinstance(texts, collections.abc.Iterable) or isinstance(texts, collections.abc.Mapping):
         raise TypeError(f"targets must be a string or a list of strings, got {type(texts).__name__}")
     out: Dict[str, List[Target]] = {}

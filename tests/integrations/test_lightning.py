@@ -297,6 +297,26 @@ def test_a_fit_resumed_from_an_older_checkpoint_says_which_training_steps_it_sav
     assert_clean(model)
 
 
+def test_a_resumed_fit_that_saves_every_n_th_step_names_the_steps_it_saved(tmp_path):
+    # It named 'steps 3..4': step 3 was never saved (every 2nd step is).
+    records = tmp_path / "rec"
+    checkpoints = pl.callbacks.ModelCheckpoint(
+        dirpath=tmp_path / "ckpt", every_n_train_steps=3, save_top_k=-1
+    )
+    first = RecorderCallback(["conv"], every_n_steps=2, save_dir=records, log_to_logger=False)
+    with pytest.raises(RuntimeError, match="boom"):
+        trainer(tmp_path, first, max_steps=8, callbacks=[first, checkpoints], enable_checkpointing=True).fit(
+            ConvNet(fail_at_step=5), loader()
+        )
+    [checkpoint] = (tmp_path / "ckpt").iterdir()
+    resumed = RecorderCallback(["conv"], every_n_steps=2, save_dir=records, log_to_logger=False)
+    with pytest.warns(bcrecord.RecordingWarning) as warned:
+        trainer(tmp_path, resumed, max_steps=8).fit(ConvNet(), loader(), ckpt_path=str(checkpoint))
+    [message] = [str(w.message) for w in warned if w.category is bcrecord.RecordingWarning]
+    assert "already holds training step 4 of an earlier run; this fit (resumed at step 3)" in message
+    assert bcrecord.load(records / "fit").steps("conv:forward:return") == [0, 2, 4, 4, 6]
+
+
 def test_save_dir_round_trip(tmp_path):
     model = ConvNet()
     callback = RecorderCallback(["conv", ":forward:logits"], every_n_steps=2, save_dir=tmp_path / "rec")
@@ -557,6 +577,16 @@ def test_png_bytes_round_trip():
     assert torch.equal(read_png(png_bytes(image)), (image * 255).round())
 
 
+def test_png_bytes_refuses_what_is_no_picture():
+    # None gave AttributeError ('dim'); an empty tensor, a PNG of 0 x 0 pixels no reader opens.
+    with pytest.raises(TypeError, match="^png_bytes needs a \\(H, W\\) tensor, got NoneType$"):
+        png_bytes(None)
+    for empty in (torch.ones(0, 0), torch.ones(0, 3), torch.ones(2, 0)):
+        with pytest.raises(ValueError, match="with pixels, got shape"):
+            png_bytes(empty)
+    assert read_png(png_bytes(torch.ones(1, 1))).tolist() == [[255.0]]
+
+
 def test_csv_logger_gets_scalars_and_png_pictures(tmp_path):
     model = ConvNet()
     logger = pl.loggers.CSVLogger(str(tmp_path), name="csv")
@@ -745,6 +775,12 @@ def test_arguments_are_checked():
         (dict(save_dir=5), "save_dir must be a directory's path (a str or a Path), got 5"),
         (dict(log_to_logger="no"), "log_to_logger is True or False, got 'no'"),
         (dict(log_images="False"), "log_images is True or False, got 'False'"),
+        (dict(prefix=None), "prefix must be a str, got None"),
+        (dict(prefix=["a"]), "prefix must be a str, got ['a']"),
+        (
+            dict(stages=[]),
+            "stages is empty: nothing would be recorded; choose from ['fit', 'validate', 'test', 'predict']",
+        ),
     ],
 )
 def test_an_argument_of_the_wrong_type_is_refused_naming_itself(arguments, message):

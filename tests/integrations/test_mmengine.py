@@ -551,6 +551,19 @@ def test_image_names_of_different_keys_differ_and_are_safe_file_names():
     assert all(re.fullmatch(r"[0-9A-Za-z_.@()+=%-]+", name) for name in names)
     assert names[2:4] == ["train_b.forward.%2A@0", "train_b.forward.%2F@0"]
     assert image_name("b:forward:self.fc()@0", "val") == "val_b.forward.self.fc()@0"
+    # (None gave AttributeError: 'replace'; a mode of None, the name 'None_...')
+    for arguments in ((None,), ("a:b", None)):
+        with pytest.raises(TypeError, match="^image_name takes (key|mode) as a str, got None$"):
+            image_name(*arguments)
+
+
+def test_resolve_model_refuses_a_path_that_is_no_str():
+    # 1 gave AttributeError ('split'); None, the model itself (taken as '').
+    net = torch.nn.Sequential(torch.nn.Linear(1, 1))
+    for path in (1, None, ["0"]):
+        with pytest.raises(TypeError, match="^model= takes a dotted path of a submodule"):
+            resolve_model(net, path)
+    assert resolve_model(net, "") is net and resolve_model(net, "0") is net[0]
 
 
 def test_issue_config_exactly(tmp_path, monkeypatch):
@@ -1149,6 +1162,9 @@ class SavedSteps(Hook):
         self.seen = []
 
     def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None):
+        if not self.directory.exists():  # (made at the first save)
+            self.seen.append([])
+            return
         loaded = bcrecord.load(self.directory)
         self.seen.append(loaded.steps(OUTPUTS) if OUTPUTS in loaded.keys() else [])
 
@@ -1277,8 +1293,16 @@ def test_a_second_run_into_the_save_dir_counts_evaluations_on(tmp_path):
     assert bcrecord.load(tmp_path / "records" / "train").steps(OUTPUTS) == [0, 1, 2, 3] * 2
 
 
+@pytest.mark.parametrize(
+    "every, crash_at, saved, again",
+    [
+        (1, 6, [0, 1, 2, 3, 4, 5, 4, 5, 6, 7, 8, 9, 10, 11], "steps 4..5"),
+        # Every 3rd iteration saved: it named 'steps 4..6', 4 never saved.
+        (3, 7, [0, 3, 6, 6, 9], "step 6"),
+    ],
+)
 def test_a_run_resumed_from_an_older_checkpoint_says_which_training_steps_it_saves_again(
-    tmp_path, monkeypatch
+    tmp_path, monkeypatch, every, crash_at, saved, again
 ):
     # mmengine 0.10's resume calls torch.load without weights_only, which torch >= 2.6 refuses
     # for its MessageHub state: what its users set to resume at all.
@@ -1289,10 +1313,12 @@ def test_a_run_resumed_from_an_older_checkpoint_says_which_training_steps_it_sav
         pass
 
     def crash(runner, mode, batch_idx):
-        return mode == "train" and runner.iter == 6  # in epoch 2 of 3, after epoch 1's checkpoint
+        return mode == "train" and runner.iter == crash_at  # in epoch 2 of 3, after epoch 1's checkpoint
 
     crash.error = Boom()
-    recorder = dict(type="RecorderHook", recorders=PROPOSAL_RECORDERS, save_dir=str(records))
+    recorder = dict(
+        type="RecorderHook", recorders=PROPOSAL_RECORDERS, save_dir=str(records), every_n_iters=every
+    )
     torch.manual_seed(0)
     first = make_runner(
         tmp_path, ToyModel(), [recorder, dict(type="CheckpointHook", interval=1), Checker([], fail=crash)],
@@ -1301,14 +1327,14 @@ def test_a_run_resumed_from_an_older_checkpoint_says_which_training_steps_it_sav
     with pytest.raises(Boom):
         first.train()
     assert "already holds" not in log_text(first)  # a new folder: nothing saved twice
-    assert bcrecord.load(records / "train").steps(OUTPUTS) == [0, 1, 2, 3, 4, 5]
+    assert bcrecord.load(records / "train").steps(OUTPUTS) == list(range(crash_at))[::every]
     resumed = make_runner(tmp_path, ToyModel(), [recorder], epochs=3, resume=True)
     resumed.train()
     # Iterations 4 and 5 ran before the crash and again after the resume from epoch 1 (iteration 4):
-    # both are kept, and the log says so, naming them.
-    assert bcrecord.load(records / "train").steps(OUTPUTS) == [0, 1, 2, 3, 4, 5, 4, 5, 6, 7, 8, 9, 10, 11]
+    # both are kept, and the log says so, naming those saved.
+    assert bcrecord.load(records / "train").steps(OUTPUTS) == saved
     warning = (
-        f"RecorderHook: {records / 'train'} already holds training steps 4..5 of an earlier run; this "
+        f"RecorderHook: {records / 'train'} already holds training {again} of an earlier run; this "
         "run (resumed at iteration 4) saves those steps again"
     )
     assert warning in log_text(resumed)
@@ -1426,6 +1452,28 @@ def test_a_later_run_of_the_runner_that_runs_none_of_the_hook_s_loops_says_so(tm
     assert "but this run runs the val loop(s): nothing will be recorded; give loops=['train', 'val']" in (
         log_text(runner)
     )
+
+
+def test_a_run_that_fails_before_its_loop_starts_leaves_no_records_folder(tmp_path):
+    # A hook after it failing in before_run (as a checkpoint that does not load fails after it):
+    # the train folder was made, empty, for a run that never started.
+    class FailsBeforeRun(Hook):
+        priority = "LOWEST"
+
+        def before_run(self, runner):
+            raise RuntimeError("no checkpoint")
+
+    records = tmp_path / "records"
+    recorder = dict(type="RecorderHook", recorders=PROPOSAL_RECORDERS, save_dir=str(records))
+    model = ToyModel()
+    runner = make_runner(tmp_path, model, [recorder, FailsBeforeRun()])
+    with pytest.raises(RuntimeError, match="no checkpoint"):
+        runner.train()
+    assert not records.exists()
+    assert_restored(model)
+    runner = make_runner(tmp_path, ToyModel(), [recorder])
+    runner.train()  # (the folder made at the first save)
+    assert bcrecord.load(records / "train").steps(OUTPUTS) == [0, 1, 2, 3]
 
 
 def test_two_recorder_hooks_share_a_method(tmp_path):

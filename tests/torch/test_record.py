@@ -1,5 +1,6 @@
 """bcrecord.torch.record: values, policies, modes, threads, copies and cleanup."""
 
+import collections
 import copy
 import functools
 import gc
@@ -411,6 +412,36 @@ def test_a_deep_copy_of_a_targeted_module_put_at_its_path_records_there_and_is_n
     assert len(rec.all("0:forward:return")) == 1 and torch.equal(rec["0:forward:return"], net[0](x))
 
 
+def test_a_module_replaced_by_one_holding_its_deep_copy_is_warned_of_as_recording_on():
+    # fuse_modules copies the conv into the ConvReLU2d it puts at 'conv': the copy records under
+    # 'conv' (a conv folded with its batch norm), yet the warning said nothing ran there recorded.
+    from torch.ao.quantization import fuse_modules
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        collections.OrderedDict(
+            conv=torch.nn.Conv2d(3, 4, 3), bn=torch.nn.BatchNorm2d(4), relu=torch.nn.ReLU()
+        )
+    ).eval()
+    model.bn.running_mean.uniform_(-1, 1)
+    x = torch.randn(1, 3, 8, 8)
+    with torch.no_grad():
+        conv, fused = model.conv(x), model.bn(model.conv(x))
+    with pytest.warns(bcrecord.RecordingWarning) as warned:
+        with torch.no_grad(), record(model, ["conv"]) as rec:
+            model(x)
+            fuse_modules(model, [["conv", "bn", "relu"]], inplace=True)
+            model(x)
+    [message] = [str(w.message) for w in warned if w.category is bcrecord.RecordingWarning]
+    assert message.startswith(
+        "the module at 'conv' was replaced while recording by one holding a copy of it made meanwhile "
+        "(copy.deepcopy: fuse_modules makes one), at 'conv.0': marked as the module, the copy records "
+        "under 'conv'"
+    )
+    first, second = rec.all("conv:forward:return")
+    assert torch.equal(first, conv) and torch.allclose(second, fused, atol=1e-5)
+
+
 def test_each_record_finds_the_modules_at_its_paths_as_they_are_when_it_starts():
     # record() looks each path up once for all the targets naming it: a module put at a path
     # since an earlier record() is the one the next finds.
@@ -579,6 +610,12 @@ def test_bad_targets_give_clear_errors_and_change_nothing(net):
     with pytest.raises(bcrecord.SpecError, match="'bn1:forward:return.grad' for the gradient"):
         with record(net, "bn1.grad"):
             pass
+    # Iterated, bytes gave their ints: "a target must be a string, got 98".
+    for text in (b"bn1", bytearray(b"bn1")):
+        with pytest.raises(bcrecord.SpecError, match=r"^targets are text: give a str, not b'bn1'$"):
+            with record(net, text):
+                pass
+        assert same(before, snapshot(net))
 
 
 def test_a_grad_that_is_no_bool_is_refused_before_anything_is_patched(net):
@@ -606,6 +643,23 @@ def test_a_stop_after_last_that_is_no_bool_is_refused_before_anything_is_patched
         assert same(before, snapshot(net))
     with record(net, ["bn1"], stop_after_last=False):
         assert net(torch.randn(1, 3, 8, 8)) is not None  # ran to its end
+    # A ModelRecording made directly checks it too (it took None and 'no').
+    for stop in ("no", None):
+        with pytest.raises(bcrecord.SpecError, match=f"^stop_after_last is True or False, got {stop!r}$"):
+            bcrecord.torch.ModelRecording(stop_after_last=stop)
+
+
+def test_record_as_a_decorator_refuses_what_cannot_be_called_at_once(net):
+    # It was refused only where the decorated name was called: "'int' object is not callable".
+    with pytest.raises(TypeError, match=r"^record\(\.\.\.\) decorates a function .*, got 5 \(int\)$"):
+        record(net, "bn1")(5)
+
+    @record(net, "bn1")
+    def run(x):
+        return net(x)
+
+    x = torch.randn(1, 3, 8, 8)
+    assert torch.equal(run(x), net(x)) and run.__name__ == "run"
 
 
 def test_two_threads_with_their_own_recordings_get_only_their_own(net):
@@ -1075,6 +1129,30 @@ def test_a_deep_copy_of_a_recording_copies_other_objects_as_deepcopy_does():
     assert kept.is_leaf and kept.requires_grad and own.n == [1, "copied"]
     assert (spied, cls, builtin, function) == (_Spied, _Returns, len, _hook)
     assert _Spied.reduced == []
+
+
+@pytest.mark.parametrize("copy_policy", ["clone", "none"])
+def test_a_deep_copy_of_a_recording_copies_sparse_compressed_and_nested_tensors(copy_policy):
+    # torch's deepcopy of them raises ('Cannot access storage of SparseCsrTensorImpl',
+    # 'aten::new_empty' for a nested tensor): the recording's deepcopy raised, where pickle worked.
+    values = [
+        torch.randn(3, 3).to_sparse_csr(),
+        torch.randn(4, 4).to_sparse_bsr((2, 2)),
+        torch.nested.nested_tensor([torch.randn(2), torch.randn(3)]),
+        torch.randn(3, 3).to_sparse(),
+    ]
+    model = torch.nn.Sequential(_Returns(lambda t: values))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # (torch's: nested and sparse are prototypes)
+        with record(model, ["0"], copy=copy_policy) as rec:
+            model(torch.ones(1, 2))
+        copied = copy.deepcopy(rec)["0:forward:return"]
+    for twin, value in zip(copied, values, strict=True):
+        assert twin is not value and twin.layout == value.layout
+        if value.is_nested:
+            assert all(torch.equal(a, b) for a, b in zip(twin.unbind(), value.unbind(), strict=True))
+        else:
+            assert torch.equal(twin.to_dense(), value.to_dense())
 
 
 class _Tagged(int):
@@ -2341,6 +2419,12 @@ def test_torch_export_inside_a_recording_that_stops_early_exports_the_whole_mode
     with record(net, ["0"], stop_after_last=True) as rec:
         traced = torch.jit.trace(net, (x,))  # traced whole too: a stopped forward returns nothing
     assert torch.allclose(traced(x), net(x)) and len(rec.all("0:forward:return")) >= 1
+    # make_fx too (its graph returned None)
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    with record(net, ["0"], stop_after_last=True) as rec:
+        graph = make_fx(net)(x)
+    assert torch.allclose(graph(x), net(x)) and torch.equal(rec["0:forward:return"], net[0](x))
 
 
 def test_torch_jit_trace_inside_a_recording_traces_the_model_and_records_its_runs():
@@ -2549,6 +2633,47 @@ def test_values_recorded_inside_vmap_are_the_whole_batch_batch_dimension_first(o
     expected = model[0](grid.transpose(1, 2))  # [2, 5, 4]
     assert rec["0:forward:return"].shape == (2, 5, 4)
     assert torch.allclose(rec["0:forward:return"], expected.to(dtype))
+
+
+class _ThreeValues(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(4))
+
+    def forward(self, x, y):
+        by_x = x * 3  # batched by the inner vmap only
+        by_y = y * 5  # by the outer one only
+        by_none = self.w * 2  # by neither
+        return (by_x + by_y + by_none).sum()
+
+
+@pytest.mark.parametrize("options", [{}, {"copy": "detach"}, {"reduce": lambda t: t * 1}])
+def test_a_value_recorded_inside_vmap_that_a_vmap_does_not_batch_is_repeated_over_its_batch(options):
+    # As vmap returns such a value: c of shape (2, 5, 4), though it depends on y alone. It was
+    # recorded without that vmap's dimension (c: (2, 4), d: (5, 4), the weight's: (4,)): one
+    # key's first dimension was the outer vmap's, another's the inner one's.
+    model, x, y = _ThreeValues(), torch.randn(5, 4), torch.randn(2, 4)
+
+    def run(a, b):
+        model(a, b)
+        return a * 3, b * 5, model.w * 2
+
+    grid = torch.func.vmap(torch.func.vmap(run, in_dims=(0, None)), in_dims=(None, 0))
+    with bcrecord.torch.record(
+        model, [":forward:by_x", ":forward:by_y", ":forward:by_none"], **options
+    ) as rec:
+        returned = grid(x, y)
+    for name, by_vmap in zip(["by_x", "by_y", "by_none"], returned, strict=True):
+        assert by_vmap.shape == (2, 5, 4)
+        assert torch.equal(rec[f":forward:{name}@0"], by_vmap.detach())
+    # Under one vmap: the weight's product is repeated over its batch of 5.
+    with bcrecord.torch.record(model, [":forward:by_none"], **options) as rec:
+        torch.func.vmap(model, in_dims=(0, None))(x, y[0])
+    assert torch.equal(rec[":forward:by_none@0"], (model.w * 2).detach().expand(5, 4))
+    if not options:  # its gradient: one tensor's for the whole batch, summed over it (as documented)
+        with bcrecord.torch.record(model, [":forward:by_none.grad"]) as rec:
+            torch.func.vmap(model, in_dims=(0, None))(x, y[0]).sum().backward()
+        assert torch.equal(rec[":forward:by_none@0.grad"], torch.full((4,), 5.0))
 
 
 def test_vmap_with_a_chunk_size_records_each_chunk_s_batch_as_a_value():
