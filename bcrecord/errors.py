@@ -159,6 +159,18 @@ def did_you_mean(word: str, names: Iterable[str], hide_private: bool = True) -> 
     return f"; did you mean {', '.join(map(repr, close))}?" if close else ""
 
 
+def listed(keys: Iterable[str], shown: int = 20) -> str:
+    """The first ``shown`` of ``keys`` for an error's message (a long run records thousands: one
+    line, not all of them), as ``bcrecord view`` lists them.
+
+    >>> listed(["a", "b"]), listed([]), listed([f"k{i}" for i in range(25)], shown=3)
+    ('a, b', 'none', 'k0, k1, k2 and 22 more')
+    """
+    names = list(keys)
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more or "none"
+
+
 #: Reprs in messages, cut short: a line each, not a module-level list's every item.
 _SHORT = reprlib.Repr()
 _SHORT.maxstring = _SHORT.maxother = 80

@@ -88,7 +88,7 @@ from typing import (
 )
 
 from ._versions import ARGUMENT_REFERENCES, PROBE_NAME
-from .errors import SpecError, raised_by_signal_handler, warn
+from .errors import SpecError, listed, raised_by_signal_handler, warn
 from .rewrite import DEFAULT_SINKS, SINKS
 from .rewrite import _cache_lock as _rewrite_cache_lock
 from .specs import COPY_POLICIES
@@ -2272,7 +2272,7 @@ class Recording:
                     f"no values recorded for {key!r}: this recording was never entered; write "
                     "'with bcrecord.recording() as rec:' around the calls to record"
                 )
-            listed = ", ".join(known) or "(nothing recorded yet)"
+            shown = listed(known) if known else "(nothing recorded yet)"
             if self._probes(key):
                 where = (
                     "in a branch not taken, or a function not called, or a generator or "
@@ -2285,11 +2285,11 @@ class Recording:
                     )
                 raise KeyError(
                     f"no values recorded for {key!r}: its probe was placed but did not run while "
-                    f"recorded ({where}); recorded keys: {listed}"
+                    f"recorded ({where}); recorded keys: {shown}"
                 )
             close = difflib.get_close_matches(key, known, n=3) if isinstance(key, str) else []
             hint = f" (did you mean {', '.join(map(repr, close))}?)" if close else ""
-            raise KeyError(f"no values recorded for {key!r}{hint}; recorded keys: {listed}")
+            raise KeyError(f"no values recorded for {key!r}{hint}; recorded keys: {shown}")
         return values
 
     def _probes(self, key: Any) -> bool:

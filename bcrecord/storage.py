@@ -88,7 +88,7 @@ from typing import (
     cast,
 )
 
-from .errors import BcrecordError, did_you_mean
+from .errors import BcrecordError, did_you_mean, listed
 
 try:
     import fcntl
@@ -1944,8 +1944,7 @@ class Loaded(Mapping[str, List[Any]]):
             return self._by_key[key]
         except KeyError:
             hint = did_you_mean(key, self._by_key, hide_private=False) if isinstance(key, str) else ""
-            listed = _listed(self._by_key)
-            raise KeyError(f"no saved values for {key!r}{hint}; saved keys: {listed}") from None
+            raise KeyError(f"no saved values for {key!r}{hint}; saved keys: {listed(self._by_key)}") from None
 
     def __getitem__(self, key: str) -> List[Any]:
         return [entry.value for entry in self._entries_of(key)]
@@ -2433,17 +2432,5 @@ def _check_saved(wanted: Iterable[str], saved: List[str], directory: Path) -> No
         hint = did_you_mean(missing[0], names, hide_private=False)
         raise KeyError(
             f"{directory} has no saved values for {', '.join(map(repr, missing))}{hint}; "
-            f"saved keys: {_listed(names)}"
+            f"saved keys: {listed(names)}"
         )
-
-
-def _listed(keys: Iterable[str], shown: int = 20) -> str:
-    """The first ``shown`` of ``keys`` for an error's message (a long run saves thousands: one
-    line, not all of them), as ``bcrecord view`` lists them.
-
-    >>> _listed(["a", "b"]), _listed([]), _listed([f"k{i}" for i in range(25)], shown=3)
-    ('a, b', 'none', 'k0, k1, k2 and 22 more')
-    """
-    names = list(keys)
-    more = f" and {len(names) - shown} more" if len(names) > shown else ""
-    return ", ".join(names[:shown]) + more or "none"

@@ -1706,6 +1706,18 @@ def test_probe_failure_is_reported_never_raised():
     assert {(w.filename, w.lineno) for w in caught} == {(__file__, f.__code__.co_firstlineno + 1)}
 
 
+def test_a_key_with_no_value_lists_the_first_20_recorded_keys():
+    # A model's every module recorded (4,500 keys): the message listed them all, 97 KB.
+    with bcrecord.recording() as rec:
+        for n in range(25):
+            rec.add(f"m:f:x{n}@0", n)
+    with pytest.raises(KeyError) as raised:
+        rec["m:f:x3@1"]
+    message = raised.value.args[0]
+    assert message.startswith("no values recorded for 'm:f:x3@1' (did you mean 'm:f:x3@0'")
+    assert message.endswith("recorded keys: " + ", ".join(f"m:f:x{n}@0" for n in range(20)) + " and 5 more")
+
+
 def test_a_failure_s_long_message_is_warned_of_by_its_first_line_and_kept_whole():
     # torch's dispatcher errors (a copy to='meta' of a quantized tensor) list every backend:
     # the warning carried all 6 to 17 KB of it.
