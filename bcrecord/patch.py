@@ -597,6 +597,12 @@ def _release_each(site_ids: List[List[int]]) -> None:
         release_sites(ids, once_unheld=True)
 
 
+def _release_copy(slot: _Slot) -> None:
+    """Stop arming a recording copy's slot, and release its sites, once the copy is freed."""
+    untrack(slot)
+    _release_each(slot.freed_with_copy or [])
+
+
 def _copy_slot(func: Any) -> Optional[_Slot]:
     """The slot of a recording copy (:func:`instrument`, :func:`record_locals`), else None.
 
@@ -666,7 +672,8 @@ class _Slot:
         restore: Callable[[], None],
     ) -> None:
         self.base = base
-        self.live = live
+        #: ``live``, or a weak reference to it for a recording copy (see :meth:`hold_weakly`).
+        self._live: Any = live
         self.original_code = _own_code(base)
         self.restore = restore
         self.patches: List[Patch] = []
@@ -690,6 +697,22 @@ class _Slot:
         #: The code arm() put in and the sys.monitoring local events it carried onto it (3.12+):
         #: disarm() carries back only those a tool changed on it meanwhile.
         self._put_in: Optional[Tuple[types.CodeType, LocalEvents]] = None
+
+    @property
+    def live(self) -> Any:  # (a FunctionType, or None; typed so, mypy binds it to a MethodType)
+        """The function that runs (None: a recording copy that has been freed)."""
+        live = self._live
+        return live() if type(live) is weakref.ref else live
+
+    def hold_weakly(self) -> None:
+        """Hold ``live``, a recording copy that holds this slot, weakly (its patches too): no cycle
+        then, so that the copy is freed, and its sites with it, as soon as nothing holds it, not
+        at a cyclic collection that a program with a large heap (torch's) runs rarely, while each
+        recording entered meanwhile arms every such copy."""
+        live = self.live
+        self._live = weakref.ref(live)
+        for patch in self.patches:
+            patch._hold_target_weakly(live)
 
     def __reduce__(self) -> Tuple[Callable[[], None], Tuple[()]]:
         # A recording copy holds its slot in its __dict__, which cloudpickle and dill send
@@ -768,25 +791,30 @@ class _Slot:
         """
         if self.follows is None:
             return
-        base = self.base
+        base, live = self.base, self.live
+        if live is None:
+            return
         defaults, kwdefaults, code = base.__defaults__, base.__kwdefaults__, _own_code(base)
         seen_defaults, seen_kwdefaults, seen_code = self.follows
         if defaults is not seen_defaults:
-            self.live.__defaults__ = defaults
+            live.__defaults__ = defaults
         if kwdefaults is not seen_kwdefaults:
-            self.live.__kwdefaults__ = kwdefaults
+            live.__kwdefaults__ = kwdefaults
         self.follows = (defaults, kwdefaults, code)
         if code is not seen_code:  # (with as many free variables: the copy has base's closure)
-            self.live.__code__ = code
+            live.__code__ = code
 
     def arm(self, wanted: Optional[Container[int]]) -> None:
         self._follow()
         self.armed = True
+        live = self.live
+        if live is None:  # (a recording copy freed meanwhile: its finalizer untracks it)
+            return
         code = self.code_for(wanted)
-        current = self.live.__code__
+        current = live.__code__
         # (_replaced() called only where the code is not ours: this runs per recording entered.)
         if current is not code and ((current is self._code and not self.replaced) or not self._replaced()):
-            self.live.__code__ = self._code = code
+            live.__code__ = self._code = code
             # (Back to the original: only what a tool changed on the running code; see disarm.)
             put_in = self._put_in
             back = (
@@ -796,26 +824,30 @@ class _Slot:
             )
             self._put_in = (code, carry_local_events(current, code, back))
             if _swap_hook is not None:
-                _swap_hook(code, code is not self.original_code, self.live)
+                _swap_hook(code, code is not self.original_code, live)
 
     def disarm(self) -> None:
         self._follow()
         self.armed = False
-        code = self.live.__code__
+        live = self.live
+        if live is None:
+            return
+        code = live.__code__
         ours = code is self._code and not self.replaced
         if code is not self.original_code and (ours or not self._replaced()):
-            self.live.__code__ = self._code = self.original_code
+            live.__code__ = self._code = self.original_code
             # Only the events a tool changed on the code that ran since it was put in: the
             # original's own stay (a debugger that removed its breakpoint from the code it set it on).
             put_in = self._put_in
             carry_local_events(code, self.original_code, put_in[1] if put_in and put_in[0] is code else None)
             self._put_in = None
             if _swap_hook is not None:
-                _swap_hook(code, False, self.live)
+                _swap_hook(code, False, live)
 
     def set_anew(self) -> Optional[types.CodeType]:
         """The code someone else put in ``live`` since this slot last set it, else None."""
-        code = self.live.__code__
+        live = self.live
+        code = self._code if live is None else live.__code__
         return None if code is self._code else code
 
     def stale(self) -> bool:
@@ -832,7 +864,10 @@ class _Slot:
         ``f.__code__`` and restores it, after the recording it saved it in), it is this
         slot's again: else probed code would stay for good.
         """
-        current = self.live.__code__
+        live = self.live
+        if live is None:
+            return False
+        current = live.__code__
         if current is not self._code and self._built(current):
             self._code = current
         if self.replaced and current is self._code:
@@ -840,7 +875,7 @@ class _Slot:
         if not self.replaced and current is not self._code:
             self.replaced = True
             warn(
-                f"{self.live.__qualname__}'s code was replaced while it was patched (its "
+                f"{live.__qualname__}'s code was replaced while it was patched (its "
                 "__code__ set anew: IPython's autoreload does so); bcrecord leaves the new code "
                 "in place and records nothing of it: remove the patch and patch it again to record it"
             )
@@ -962,7 +997,11 @@ class Patch:
         function: Optional[str] = None,
     ) -> None:
         self._slot: Optional[_Slot] = slot
-        self.target = target
+        #: What was patched, or a weak reference to it: a recording copy, which holds this
+        #: patch through its slot (see _Slot.hold_weakly).
+        self._target: Any = target
+        if type(slot._live) is weakref.ref and target is slot.live:  # (stacked on a recording copy)
+            self._target = slot._live
         self.attribute = attribute
         #: What probes name values by: ``name``, or the instance filter an in-place patch of
         #: one instance gets (see :class:`_OneInstance`), which ``name`` shows as its string.
@@ -979,6 +1018,17 @@ class Patch:
         self._site_ids: List[int] = register_sites([self._site(point) for point in points])
         #: Whether its probes run after the other patches' at the same place (:meth:`deliver_last`).
         self.last = False
+
+    @property
+    def target(self) -> Any:
+        """What was patched: a class, instance or module, or a function (None: a recording
+        copy that has been freed)."""
+        target = self._target
+        return target() if type(target) is weakref.ref else target
+
+    def _hold_target_weakly(self, target: Any) -> None:
+        if self._target is target:
+            self._target = weakref.ref(target)
 
     def _site(self, point: ProbePoint) -> Site:
         suffix = f":{self.function_name}:{point.label}"
@@ -1323,10 +1373,12 @@ def instrument(func: F, specs: Union[SpecLike, Iterable[SpecLike]], name: Option
     slot = _Slot(base, live, restore=lambda: None)
     _attach(slot, live, None, specs, name, _default_owner(base, getattr(func, "__self__", None)))
     probe_visible_from(base.__globals__)
-    # The slot lives as long as the function: recordings arm it through a weak set.
+    # The slot lives as long as the function, which holds it: recordings arm it through a weak
+    # set, and it holds the function weakly, so that the function goes as soon as nothing holds it.
     setattr(live, _SLOT_ATTR, slot)
     slot.freed_with_copy = [slot.patches[0]._site_ids]
-    weakref.finalize(live, _release_each, slot.freed_with_copy)
+    slot.hold_weakly()
+    weakref.finalize(live, _release_copy, slot)
     track(slot)
     if isinstance(func, types.MethodType):
         return types.MethodType(live, func.__self__)  # type: ignore[return-value]
