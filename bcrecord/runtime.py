@@ -2479,7 +2479,7 @@ def _opening(message: str, limit: int = 300) -> str:
     >>> _opening("short")
     'short'
     """
-    first, _, rest = message.partition("\n")
+    first, _, rest = message.lstrip().partition("\n")  # (the first line that says something)
     if len(first) > limit:
         first, rest = first[:limit] + "...", "cut"
     return f"{first} (the whole message in the recording's errors)" if rest.strip() else first

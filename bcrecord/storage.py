@@ -1348,7 +1348,8 @@ def _repr(value: Any) -> str:
 def _step(step: Any) -> int:
     """``step`` as a plain int (numpy's integers too), or a TypeError naming it."""
     try:
-        if isinstance(step, bool):  # (True saved as step 1: a flag passed for the step)
+        # (True saved as step 1: a flag passed for the step; numpy's and torch's too)
+        if isinstance(step, bool) or str(getattr(step, "dtype", "")) in ("bool", "torch.bool"):
             raise TypeError
         return operator.index(step)
     except TypeError:

@@ -1741,6 +1741,9 @@ def test_a_failure_s_long_message_is_warned_of_by_its_first_line_and_kept_whole(
         "from the 'Meta' backend. (the whole message in the recording's errors)"
     ]
     assert str(rec.errors[0].error).endswith("Backend299: registered at kernel299.cpp")
+    assert bcrecord.runtime._opening("\n  The size of tensor a (2)\n  must match") == (
+        "The size of tensor a (2) (the whole message in the recording's errors)"
+    )
 
 
 def test_errors_keep_no_frames_and_as_many_per_key_as_values_are_kept():

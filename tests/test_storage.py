@@ -879,6 +879,18 @@ def test_an_empty_directory_name_is_refused(tmp_path, monkeypatch):
                 use(empty)
 
 
+class _Flag:
+    """A bool of an array library: an index (1), of dtype bool."""
+
+    dtype = "bool"
+
+    def __index__(self):
+        return 1
+
+    def __repr__(self):
+        return "True"
+
+
 @pytest.mark.parametrize(
     "records, step, why",
     [
@@ -888,6 +900,7 @@ def test_an_empty_directory_name_is_refused(tmp_path, monkeypatch):
         ({1: [1]}, 0, "a key is a string, got 1"),
         ({"k": [1]}, "3", "a step is an integer"),
         ({"k": [1]}, True, "a step is an integer, got True (bool)"),  # (was saved as step 1)
+        ({"k": [1]}, _Flag(), "a step is an integer, got True (_Flag)"),  # (numpy's or torch's bool)
     ],
 )
 def test_a_bad_save_says_what_is_wrong_and_makes_no_directory(tmp_path, records, step, why):

@@ -199,16 +199,26 @@ _outside: contextvars.ContextVar[bool] = contextvars.ContextVar("bcrecord_outsid
 
 
 def _vmap_sizes() -> Dict[int, int]:
-    """The batch size of each ``vmap`` running now, by its level (outer ones lower)."""
-    try:
-        from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
-    except ImportError:  # (another torch: the batched levels alone, as wrapped)
+    """The batch size of each ``vmap`` running now, by its level (outer ones lower); not of one
+    right around a ``jvp``: ``jacfwd`` (``hessian``) maps one over its basis, batching the tangents
+    only, and returns what else the function gives unrepeated (its ``has_aux`` value)."""
+    if _interpreters is None:  # (another torch: the batched levels alone, as wrapped)
         return {}
-    return {
-        interpreter.level(): interpreter.batch_size()
-        for interpreter in retrieve_all_functorch_interpreters()
-        if interpreter.key() == torch._C._functorch.TransformType.Vmap
-    }
+    sizes = {}
+    found = _interpreters()  # (outermost first)
+    for n, interpreter in enumerate(found):
+        if interpreter.key() == _VMAP and (n + 1 == len(found) or found[n + 1].key() != _JVP):
+            sizes[interpreter.level()] = _VmapInterpreter(interpreter).batchSize()
+    return sizes
+
+
+# (C calls: a Python-level list of the interpreters cost 1.4 us a value)
+_functorch = torch._C._functorch
+_interpreters: Optional[Callable[[], List[Any]]] = getattr(_functorch, "get_interpreter_stack", None)
+_VmapInterpreter: Any = getattr(_functorch, "CVmapInterpreterPtr", None)
+_VMAP, _JVP = (getattr(getattr(_functorch, "TransformType", None), name, None) for name in ("Vmap", "Jvp"))
+if _VmapInterpreter is None or _VMAP is None:
+    _interpreters = None
 
 
 @functools.cache

@@ -1760,6 +1760,8 @@ def _warn_replaced(plan: Plan) -> None:
         if (now := _submodule(plan.model, path)) is not module
         and not any(copy() is now for copy in marks[path].made)
     ]
+    if not gone:  # (the usual case: no walk of the model's modules)
+        return
     copies = _copies_in(plan, gone, marks)
     gone = [path for path in gone if path not in copies]
     if gone:

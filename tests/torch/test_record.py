@@ -2676,6 +2676,21 @@ def test_a_value_recorded_inside_vmap_that_a_vmap_does_not_batch_is_repeated_ove
         assert torch.equal(rec[":forward:by_none@0.grad"], torch.full((4,), 5.0))
 
 
+def test_a_value_recorded_inside_jacfwd_or_hessian_is_the_forward_s_not_repeated_over_its_basis():
+    # jacfwd maps a jvp over its basis (one vmap level around a jvp): the forward's values were
+    # repeated once per input element, (100, 8) for a layer's (8,), as its aux value is not.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(100, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    x = torch.randn(100)
+    with bcrecord.torch.record(model, ["0"]) as rec:
+        _, aux = torch.func.jacfwd(lambda a: (model(a), model[0](a)), has_aux=True)(x)
+    assert rec["0:forward:return"].shape == aux.shape == (8,)
+    assert torch.allclose(rec["0:forward:return"], model[0](x))
+    with bcrecord.torch.record(model, ["0"]) as rec:
+        torch.func.hessian(model)(x)
+    assert torch.allclose(rec["0:forward:return"], model[0](x))
+
+
 def test_vmap_with_a_chunk_size_records_each_chunk_s_batch_as_a_value():
     model, x = _mlp(), torch.randn(5, 3)
     with bcrecord.torch.record(model, ["0"], keep="all") as rec:
