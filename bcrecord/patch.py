@@ -598,9 +598,16 @@ def _release_each(site_ids: List[List[int]]) -> None:
 
 
 def _release_copy(slot: _Slot) -> None:
-    """Stop arming a recording copy's slot, and release its sites, once the copy is freed."""
-    untrack(slot)
+    """Once a recording copy is freed: release its sites, and let its slot go (its patches, which
+    a caller may keep, held it), and with it its probed code and its place among what recordings
+    arm (a weak one). No lock: the garbage collector runs this wherever it runs, possibly where a
+    thread holds the runtime's locks that another, holding the arming lock, waits for (see
+    :func:`remove_soon`). (Arming skips the slot meanwhile: its function is gone.)"""
     _release_each(slot.freed_with_copy or [])
+    patches, slot.patches = slot.patches, []
+    for patch in patches:
+        patch._slot = None  # (removed with the copy: a stacked patch kept is no longer active)
+    slot.probed, slot._subsets, slot._put_in = slot.original_code, {}, None
 
 
 def _copy_slot(func: Any) -> Optional[_Slot]:
@@ -808,7 +815,7 @@ class _Slot:
         self._follow()
         self.armed = True
         live = self.live
-        if live is None:  # (a recording copy freed meanwhile: its finalizer untracks it)
+        if live is None:  # (a recording copy freed meanwhile: its slot goes with it)
             return
         code = self.code_for(wanted)
         current = live.__code__

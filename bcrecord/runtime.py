@@ -2474,7 +2474,7 @@ def _opening(message: str, limit: int = 300) -> str:
     """A failure's message as a warning shows it: its first line, cut at ``limit`` characters
     (torch's dispatcher errors list every backend, 6 to 17 KB); :attr:`Recording.errors` holds it whole.
 
-    >>> _opening("Could not run 'aten::x'.\nBackends: CPU, CUDA, Meta...")
+    >>> _opening("Could not run 'aten::x'.\\nBackends: CPU, CUDA, Meta...")
     "Could not run 'aten::x'. (the whole message in the recording's errors)"
     >>> _opening("short")
     'short'
