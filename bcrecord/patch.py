@@ -965,7 +965,10 @@ def respell_inline() -> int:
     with _lock:
         # Every slot with patches is tracked, keyed or not (instrument() makes its own).
         for slot in tracked():
-            if isinstance(slot, _Slot) and slot.patches and slot.probed_inline():
+            if not isinstance(slot, _Slot):
+                continue
+            live = slot.live  # (held: see Patch.remove)
+            if live is not None and slot.patches and slot.probed_inline():
                 slot.install(slot.patches, afresh=True)
                 rebuilt += 1
     return rebuilt
@@ -1088,10 +1091,14 @@ class Patch:
         >>> first.remove(); second.remove()
         """
         with _lock:
-            if self.last or self._slot is None:
+            slot = self._slot
+            if self.last or slot is None:
+                return
+            live = slot.live  # (held: see remove)
+            if live is None:
                 return
             self.last = True
-            self._slot.install(self._slot.patches, afresh=True)  # (subsets built in the former order)
+            slot.install(slot.patches, afresh=True)  # (subsets built in the former order)
 
     def remove(self) -> None:
         """Undo this patch; other patches of the same method stay. Idempotent.
@@ -1111,6 +1118,12 @@ class Patch:
         with _lock:
             slot, self._slot = self._slot, None
             if slot is None:
+                return
+            # Held for the call: a recording copy's finalizer, which releases the sites of its
+            # patches (this one's while it is among them), runs neither meanwhile nor twice with
+            # this. Gone, the copy's finalizer has run or is running: it does that.
+            live = slot.live
+            if live is None:
                 return
             remaining = [p for p in slot.patches if p is not self]
             if slot.freed_with_copy is not None:  # released here, not by the copy's finalizer
