@@ -607,6 +607,7 @@ def _release_copy(slot: _Slot) -> None:
     patches, slot.patches = slot.patches, []
     for patch in patches:
         patch._slot = None  # (removed with the copy: a stacked patch kept is no longer active)
+        patch._copy_freed = True
     slot.probed, slot._subsets, slot._put_in = slot.original_code, {}, None
 
 
@@ -1028,6 +1029,8 @@ class Patch:
         self._site_ids: List[int] = register_sites([self._site(point) for point in points])
         #: Whether its probes run after the other patches' at the same place (:meth:`deliver_last`).
         self.last = False
+        #: Whether it went with the recording copy it was made on, freed (see _release_copy).
+        self._copy_freed = False
 
     @property
     def target(self) -> Any:
@@ -1146,6 +1149,11 @@ class Patch:
 
     def __enter__(self) -> Patch:
         if self._slot is None:  # (a second ``with`` of one patch: it would record nothing)
+            if self._copy_freed:
+                raise RuntimeError(
+                    "this patch is of a recording copy (instrument, record_locals) that nothing held, "
+                    "freed with its patches: keep the copy in a name while it is patched and called"
+                )
             raise RuntimeError(
                 "this patch was removed (at the end of an earlier with block, or by remove()), so "
                 f"a with block of it would record nothing: patch again ({self!r})"
@@ -1398,7 +1406,8 @@ def instrument(func: F, specs: Union[SpecLike, Iterable[SpecLike]], name: Option
     setattr(live, _SLOT_ATTR, slot)
     slot.freed_with_copy = [slot.patches[0]._site_ids]
     slot.hold_weakly()
-    weakref.finalize(live, _release_copy, slot)
+    # Not at exit (weakref's own exit hook): a copy still held records in the exit handlers after it.
+    weakref.finalize(live, _release_copy, slot).atexit = False
     track(slot)
     if isinstance(func, types.MethodType):
         return types.MethodType(live, func.__self__)  # type: ignore[return-value]

@@ -1901,6 +1901,48 @@ def test_a_recording_copy_freed_while_its_stacked_patch_is_removed_frees_each_si
     assert {key: rec.all(key) for key in rec.keys()} == {f"h{k}:f:y@0": [k + 1] for k in range(len(kept))}
 
 
+_RECORDED_AT_EXIT = """
+import atexit
+
+def report():
+    with bcrecord.recording() as rec:
+        area(2, 3)
+    print(rec.keys())
+
+atexit.register(report)  # (runs after the exit hooks registered later)
+import bcrecord
+
+def _area(w, h):
+    a = w * h
+    return a
+
+area = bcrecord.instrument(_area, "a", name="geo")
+"""
+
+
+def test_a_with_block_of_a_patch_of_a_copy_that_nothing_holds_says_so():
+    # It said the patch was removed "at the end of an earlier with block, or by remove()".
+    def f(x):
+        y = x + 1
+        return y
+
+    with pytest.raises(
+        RuntimeError, match=r"of a recording copy \(instrument, record_locals\) that nothing held"
+    ):
+        with bcrecord.patch_function(bcrecord.instrument(f, "y"), "return"):
+            pass
+
+
+def test_a_recording_copy_still_held_at_exit_records_in_an_exit_handler():
+    # weakref's exit hook ran the copy's finalizer, taking its probes out of the live copy.
+    import subprocess
+
+    result = subprocess.run(
+        [sys.executable, "-c", _RECORDED_AT_EXIT], capture_output=True, text=True, timeout=120
+    )
+    assert result.stdout.strip() == "['geo:_area:a@0']", result.stderr
+
+
 _FREED_UNDER_THE_SITES_LOCK = """
 import gc, threading
 import bcrecord
