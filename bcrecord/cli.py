@@ -301,7 +301,13 @@ def _unloaded_notes(function: str, code: types.CodeType, specs: Sequence[str]) -
 
 def _show(args: argparse.Namespace) -> int:
     args.path = _stripped(args.path)
-    base = function_of(_recordable(args.path))
+    found = _recordable(args.path)
+    if isinstance(found, types.CodeType):  # (targets lists its sites; only a function is patched)
+        raise BcrecordError(
+            f"{args.path!r} is a code object: show patches a function ('bcrecord targets {args.path}' "
+            "lists what a code object holds)"
+        )
+    base = function_of(found)
     if not args.specs:  # (checked here, after the path: a run target's spec part is said first)
         raise BcrecordError(
             f"give the specs to show after the path, e.g. 'bcrecord show {args.path} return' "

@@ -546,10 +546,15 @@ def test_targets_shows_a_module_level_value_short(project, path, words):
 def test_targets_and_show_of_a_module_level_value_name_its_path(project):
     # As `bcrecord run` does, and as they do of a path that does not resolve: the value alone
     # did not say which path gave it.
-    (project / "values.py").write_text("value = 5\n")
+    (project / "values.py").write_text("value = 5\ncode = (lambda: 1).__code__\n")
     for args in (("targets", "values:value"), ("show", "values:value", "x")):
         line = one_clear_line(cli(*args, cwd=project))
         assert line == "bcrecord: 'values:value': 5, an int: only Python functions can be patched"
+    line = one_clear_line(cli("show", "values:code", "return", cwd=project))
+    assert line == (
+        "bcrecord: 'values:code' is a code object: show patches a function ('bcrecord targets "
+        "values:code' lists what a code object holds)"
+    )
 
 
 def test_targets_of_a_module_that_raises_on_import_is_one_clear_line(project):
