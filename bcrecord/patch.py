@@ -712,6 +712,21 @@ class _Slot:
         live = self._live
         return live() if type(live) is weakref.ref else live
 
+    @property
+    def of_copy(self) -> bool:
+        """Whether this is a recording copy's slot, holding it weakly (see :meth:`hold_weakly`)."""
+        return type(self._live) is weakref.ref
+
+    def held_copy(self) -> Tuple[bool, Any]:
+        """``(gone, copy)``: for a recording copy's slot, the copy, to hold for a call that its
+        finalizer must not run in the middle of (see :meth:`Patch.remove`), or ``gone`` where it
+        has been freed (its finalizer has run, or is running). For another slot, nothing held: a
+        reference more to a stand-in would make its restore scan the heap for deep copies of it."""
+        if not self.of_copy:
+            return False, None
+        copy = self.live
+        return copy is None, copy
+
     def hold_weakly(self) -> None:
         """Hold ``live``, a recording copy that holds this slot, weakly (its patches too): no cycle
         then, so that the copy is freed, and its sites with it, as soon as nothing holds it, not
@@ -968,8 +983,8 @@ def respell_inline() -> int:
         for slot in tracked():
             if not isinstance(slot, _Slot):
                 continue
-            live = slot.live  # (held: see Patch.remove)
-            if live is not None and slot.patches and slot.probed_inline():
+            gone, held = slot.held_copy()  # (held for the call: see Patch.remove)
+            if not gone and slot.patches and slot.probed_inline():
                 slot.install(slot.patches, afresh=True)
                 rebuilt += 1
     return rebuilt
@@ -1011,7 +1026,7 @@ class Patch:
         #: What was patched, or a weak reference to it: a recording copy, which holds this
         #: patch through its slot (see _Slot.hold_weakly).
         self._target: Any = target
-        if type(slot._live) is weakref.ref and target is slot.live:  # (stacked on a recording copy)
+        if slot.of_copy and target is slot.live:  # (stacked on a recording copy)
             self._target = slot._live
         self.attribute = attribute
         #: What probes name values by: ``name``, or the instance filter an in-place patch of
@@ -1097,8 +1112,8 @@ class Patch:
             slot = self._slot
             if self.last or slot is None:
                 return
-            live = slot.live  # (held: see remove)
-            if live is None:
+            gone, held = slot.held_copy()  # (held for the call: see remove)
+            if gone:
                 return
             self.last = True
             slot.install(slot.patches, afresh=True)  # (subsets built in the former order)
@@ -1122,11 +1137,11 @@ class Patch:
             slot, self._slot = self._slot, None
             if slot is None:
                 return
-            # Held for the call: a recording copy's finalizer, which releases the sites of its
+            # A recording copy held for the call: its finalizer, which releases the sites of its
             # patches (this one's while it is among them), runs neither meanwhile nor twice with
             # this. Gone, the copy's finalizer has run or is running: it does that.
-            live = slot.live
-            if live is None:
+            gone, held = slot.held_copy()
+            if gone:
                 return
             remaining = [p for p in slot.patches if p is not self]
             if slot.freed_with_copy is not None:  # released here, not by the copy's finalizer
