@@ -728,14 +728,11 @@ class _Slot:
         return copy is None, copy
 
     def hold_weakly(self) -> None:
-        """Hold ``live``, a recording copy that holds this slot, weakly (its patches too): no cycle
-        then, so that the copy is freed, and its sites with it, as soon as nothing holds it, not
-        at a cyclic collection that a program with a large heap (torch's) runs rarely, while each
-        recording entered meanwhile arms every such copy."""
-        live = self.live
-        self._live = weakref.ref(live)
-        for patch in self.patches:
-            patch._hold_target_weakly(live)
+        """Hold ``live``, a recording copy that holds this slot, weakly (its patches, made after
+        this, too): no cycle then, so that the copy is freed, and its sites with it, as soon as
+        nothing holds it, not at a cyclic collection that a program with a large heap (torch's)
+        runs rarely, while each recording entered meanwhile arms every such copy."""
+        self._live = weakref.ref(self._live)
 
     def __reduce__(self) -> Tuple[Callable[[], None], Tuple[()]]:
         # A recording copy holds its slot in its __dict__, which cloudpickle and dill send
@@ -1026,7 +1023,7 @@ class Patch:
         #: What was patched, or a weak reference to it: a recording copy, which holds this
         #: patch through its slot (see _Slot.hold_weakly).
         self._target: Any = target
-        if slot.of_copy and target is slot.live:  # (stacked on a recording copy)
+        if slot.of_copy and target is slot.live:  # (a recording copy's, its own or stacked on it)
             self._target = slot._live
         self.attribute = attribute
         #: What probes name values by: ``name``, or the instance filter an in-place patch of
@@ -1053,10 +1050,6 @@ class Patch:
         copy that has been freed)."""
         target = self._target
         return target() if type(target) is weakref.ref else target
-
-    def _hold_target_weakly(self, target: Any) -> None:
-        if self._target is target:
-            self._target = weakref.ref(target)
 
     def _site(self, point: ProbePoint) -> Site:
         suffix = f":{self.function_name}:{point.label}"
@@ -1414,13 +1407,13 @@ def instrument(func: F, specs: Union[SpecLike, Iterable[SpecLike]], name: Option
         )
     live = _copy_function(base)
     slot = _Slot(base, live, restore=lambda: None)
+    slot.hold_weakly()  # (before its patch is made: held in ``live`` here meanwhile)
     _attach(slot, live, None, specs, name, _default_owner(base, getattr(func, "__self__", None)))
     probe_visible_from(base.__globals__)
     # The slot lives as long as the function, which holds it: recordings arm it through a weak
     # set, and it holds the function weakly, so that the function goes as soon as nothing holds it.
     setattr(live, _SLOT_ATTR, slot)
     slot.freed_with_copy = [slot.patches[0]._site_ids]
-    slot.hold_weakly()
     # Not at exit (weakref's own exit hook): a copy still held records in the exit handlers after it.
     weakref.finalize(live, _release_copy, slot).atexit = False
     track(slot)
