@@ -44,7 +44,7 @@ from bytecode import __version__ as bytecode_version
 
 from . import _versions
 from .errors import NotPatchableError, TargetError, aligned, did_you_mean, raised_by_signal_handler
-from .specs import SUPER_NO_CALL, Attribute, Call, Expr, Local, Return, Spec
+from .specs import SUPER_NO_CALL, Attribute, Call, Expr, Local, Return, Spec, require_bool
 
 __all__ = [
     "Assignment",
@@ -1642,6 +1642,7 @@ class Targets:
         >>> bcrecord.targets(g).specs(per_instance=True)
         ['self.ok@0', 'all()@0', 'any()@0', 'self.ok()@0', 'return']
         """
+        per_instance = require_bool("per_instance", per_instance, error=TypeError)
 
         def kept(site: Any) -> bool:
             return not per_instance or not self._selfless.intersection(site.positions)

@@ -1197,7 +1197,13 @@ class Patch:
 
     def __repr__(self) -> str:
         # An instance by its class: its repr may be a whole model's, or fail half-built.
-        where = f"{self.attribute!r} of {_named(self.target)}" if self.attribute else repr(self.target)
+        target = self.target
+        if self._copy_freed and target is None:  # (None would read as what was patched)
+            where = "a recording copy that was freed"
+        elif self.attribute:
+            where = f"{self.attribute!r} of {_named(target)}"
+        else:
+            where = repr(target)
         state = "active" if self.active else "removed"
         return f"<Patch {state} {where}: {', '.join(self.keys)}>"
 

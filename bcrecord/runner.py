@@ -134,7 +134,7 @@ from .runtime import (
     silence,
     silently,
 )
-from .specs import Attribute, Spec, compiled_name, full_width_fixed, parse, split_specs
+from .specs import Attribute, Spec, compiled_name, full_width_fixed, parse, require_bool, split_specs
 from .storage import Writer
 
 __all__ = ["RunTarget", "RunError", "parse_target", "check_targets", "run", "safe_path"]
@@ -2688,8 +2688,10 @@ def run(
       key                    values  last value
       __main__:square:out@0  4       9
     """
-    if not isinstance(every, int) or every < 1:
+    if not isinstance(every, int) or isinstance(every, bool) or every < 1:
         raise RunError(f"--every must be a positive integer, got {every!r}")
+    for flag, value in (("module", module), ("quiet", quiet), ("linger", linger)):
+        require_bool(flag, value, error=RunError)
     if every != 1 and save_dir is None:  # the summary counts every value: it would do nothing
         raise RunError(f"--every {every} chooses the values to save: give --save-dir DIR too")
     parsed = [parse_target(t) for t in targets]

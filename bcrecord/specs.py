@@ -20,7 +20,7 @@ import operator
 import re
 import unicodedata
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence, Tuple, Union, cast
+from typing import Any, Iterable, Mapping, Sequence, Tuple, Type, Union, cast
 
 from .errors import SpecError, did_you_mean
 
@@ -96,21 +96,24 @@ def _copy(value: Any) -> Any:
     return value
 
 
-def require_bool(name: str, value: Any) -> bool:
-    """``value`` if it is True or False (or 1 / 0); else a :class:`SpecError` naming ``name``.
+def require_bool(name: str, value: Any, error: Type[Exception] = SpecError) -> bool:
+    """``value`` if it is True or False (or 1 / 0); else an ``error`` (a :class:`SpecError`) naming ``name``.
 
     >>> require_bool("grad", True)
     True
     >>> require_bool("grad", "no")
     Traceback (most recent call last):
     bcrecord.errors.SpecError: grad is True or False, got 'no'
+    >>> require_bool("quiet", None, error=TypeError)
+    Traceback (most recent call last):
+    TypeError: quiet is True or False, got None
     """
     try:
         taken = value in (True, False)
     except (RuntimeError, ValueError):  # (a tensor or array of several elements has no truth value)
         taken = False
     if not taken:
-        raise SpecError(f"{name} is True or False, got {value!r}")
+        raise error(f"{name} is True or False, got {value!r}")
     return bool(value)
 
 

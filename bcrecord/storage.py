@@ -89,6 +89,7 @@ from typing import (
 )
 
 from .errors import BcrecordError, did_you_mean, listed
+from .specs import require_bool
 
 try:
     import fcntl
@@ -613,6 +614,8 @@ class Writer:
         >>> writer.made, writer.directory.exists(), writer.write({"k": [1]}, step=0), writer.made
         (False, False, 1, True)
         """
+        require_bool("check", check, error=TypeError)  # ('no' would check)
+        require_bool("make", make, error=TypeError)
         # Absolute: a program may change its working directory (Hydra does) between saves.
         try:
             self.directory = _expanded(directory).absolute()

@@ -50,6 +50,7 @@ from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Seque
 from urllib.parse import quote, unquote
 
 from .errors import BcrecordError, aligned, did_you_mean
+from .specs import require_bool
 from .storage import (
     DamagedRecords,
     Loaded,
@@ -1270,6 +1271,10 @@ def view(
     """
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err
+    # Checked before anything is read or removed: plots='no' would draw.
+    require_bool("plots", plots, error=BcrecordError)
+    if progress is not None:
+        require_bool("progress", progress, error=BcrecordError)
     _check_max_maps(max_maps)  # now: the plots folder is cleared before anything is drawn
     directory = _expanded(directory)  # '~/runs' as load() reads it; '' refused as there
     if directory.exists() and not directory.is_dir():

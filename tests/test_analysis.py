@@ -464,6 +464,9 @@ def test_per_instance_specs_leave_out_sites_in_comprehension_code_without_the_fi
     everything = found.specs()
     assert "w@0" in everything and "self.k@1" in everything
     assert found.specs(per_instance=True) == [s for s in everything if s not in left_out]
+    # A flag that is no bool is refused (None listed everything, as False does).
+    with pytest.raises(TypeError, match=r"^per_instance is True or False, got None$"):
+        found.specs(per_instance=None)
 
 
 def test_a_walrus_in_comprehension_code_assigning_a_nonlocal_is_the_function_s_assignment():

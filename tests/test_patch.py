@@ -1950,11 +1950,14 @@ def test_a_with_block_of_a_patch_of_a_copy_that_nothing_holds_says_so():
         y = x + 1
         return y
 
+    stacked = bcrecord.patch_function(bcrecord.instrument(f, "y"), "return")
     with pytest.raises(
         RuntimeError, match=r"of a recording copy \(instrument, record_locals\) that nothing held"
     ):
-        with bcrecord.patch_function(bcrecord.instrument(f, "y"), "return"):
+        with stacked:
             pass
+    # Its repr named None as what was patched.
+    assert repr(stacked) == f"<Patch removed a recording copy that was freed: {__name__}:f:return>"
 
 
 def test_a_recording_copy_still_held_at_exit_records_in_an_exit_handler():

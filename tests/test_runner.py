@@ -267,6 +267,26 @@ def test_a_second_run_without_a_stderr_leaves_the_program_s_stdout_as_it_is(proj
     assert len(bcrecord.load(out)["helper:twice:y@0"]) > 0
 
 
+@pytest.mark.parametrize(
+    "options, said",
+    [
+        ({"quiet": "yes"}, "quiet is True or False, got 'yes'"),
+        ({"module": None}, "module is True or False, got None"),
+        ({"linger": "no"}, "linger is True or False, got 'no'"),
+        ({"every": True, "save_dir": "out"}, "--every must be a positive integer, got True"),
+    ],
+)
+def test_run_refuses_flags_that_are_no_bools_before_the_program_starts(tmp_path, options, said):
+    # linger='no' lingered; every=True saved every value as every=1 does.
+    from bcrecord.runner import run
+
+    script = tmp_path / "prog.py"
+    script.write_text("open('ran', 'w').close()\n")
+    with pytest.raises(RunError, match=f"^{re.escape(said)}$"):
+        run(["__main__:f:x"], str(script), **options)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["prog.py"]
+
+
 def test_run_every_nth_value(project, tmp_path):
     out = tmp_path / "every"
     result = cli("run", "-r", "helper:twice:y", "-o", out, "--every", "4", "prog.py", cwd=project)

@@ -617,6 +617,20 @@ def test_a_writer_told_not_to_make_its_directory_makes_it_with_the_first_save_on
     assert str(caught.value) == said
 
 
+@pytest.mark.parametrize(
+    "flags, said",
+    [
+        ({"check": "no"}, "check is True or False, got 'no'"),
+        ({"make": None}, "make is True or False, got None"),
+    ],
+)
+def test_a_writer_s_flags_that_are_no_bools_are_refused_before_anything_is_made(tmp_path, flags, said):
+    # check='no' checked every save; make=None made the folder at once.
+    with pytest.raises(TypeError, match=f"^{re.escape(said)}$"):
+        Writer(tmp_path / "run", **flags)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_save_under_a_file_or_into_one_names_that_file_not_a_staging_folder(tmp_path):
     # It named the folder the directory is made in first:
     # 'Not a directory (.../afile/.run.HOST.PID.making/records)'.

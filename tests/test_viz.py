@@ -205,6 +205,20 @@ def test_a_max_maps_that_draws_no_map_is_refused_before_the_plots_folder_is_touc
     assert sorted(p.name for p in plots.iterdir()) == ["index.html", "m_f_x@0.hist.png"]
 
 
+def test_view_s_flags_that_are_no_bools_are_refused_before_the_plots_folder_is_touched(saved):
+    # plots='no' drew every picture (a non-empty string is true), after removing the earlier ones.
+    plots = saved / "plots"
+    plots.mkdir()
+    (plots / "m_f_x@0.hist.png").write_bytes(b"an earlier view's picture")
+    for flags, said in (
+        ({"plots": "no"}, "plots is True or False, got 'no'"),
+        ({"plots": False, "progress": "on"}, "progress is True or False, got 'on'"),
+    ):
+        with pytest.raises(BcrecordError, match=f"^{said}$"):
+            view(saved, out=io.StringIO(), **flags)
+    assert [p.name for p in plots.iterdir()] == ["m_f_x@0.hist.png"]
+
+
 class TwoArgumentError(Exception):
     """An exception whose pickle (its message only) does not make it again: it loads as Unloadable."""
 

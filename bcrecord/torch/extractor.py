@@ -636,6 +636,7 @@ def create_feature_extractor(
     >>> bool((feats["0"] < 0).any()), bool((feats["1"] >= 0).all())  # before / after the in-place ReLU
     (True, True)
     """
+    require_bool("suppress_diff_warning", suppress_diff_warning, error=TypeError)  # (taken, as torchvision's)
     if tracer_kwargs is not None and not isinstance(tracer_kwargs, Mapping):
         raise TypeError(f"tracer_kwargs must be a dict or None, got {type(tracer_kwargs).__name__}")
     if concrete_args:  # (an empty dict fixes nothing)

@@ -693,6 +693,8 @@ def test_torchvision_s_tracing_arguments_are_taken_in_its_order_and_concrete_arg
     with pytest.raises(TypeError, match=message):
         create_feature_extractor(net, ["bn1"], concrete_args={"flag": True})
     assert torch.allclose(create_feature_extractor(net, ["bn1"], concrete_args={})(x)["bn1"], expected["bn1"])
+    with pytest.raises(TypeError, match=r"^suppress_diff_warning is True or False, got 'yes'$"):
+        create_feature_extractor(net, ["bn1"], suppress_diff_warning="yes")
     assert not any("forward" in vars(m) for m in net.modules())
 
 
