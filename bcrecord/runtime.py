@@ -2553,13 +2553,19 @@ def recording(
 def carry(func: Callable[P, T]) -> Callable[P, T]:
     """Wrap ``func`` to run inside the caller's current recordings (e.g. in a worker thread).
 
+    The recordings are those entered where ``carry`` is called (none where it decorates a
+    function at import: each call then records in the recordings of where it runs). Each
+    call runs in a copy of the context it is called in, as a task or ``asyncio.to_thread``
+    does: the program's own context variables (a request id, ``decimal``'s context) are
+    those of where it runs, and what it sets in them stays in that copy.
+
     A coroutine, generator or async generator that ``func`` returns runs there too, each
     step (its body runs where it is awaited or iterated, not where it is made). The wrapper
-    of an ``async def`` function, generator function or async generator function is one
-    too, so frameworks that check ``inspect.iscoroutinefunction``,
-    ``inspect.isgeneratorfunction`` or ``inspect.isasyncgenfunction`` treat it as they
-    treat ``func`` (a wrapper of a generator function, as any generator, checks its
-    arguments at its first step, not when it is called).
+    of an ``async def`` function, generator function (a ``types.coroutine`` one too) or
+    async generator function is one too, so frameworks that check
+    ``inspect.iscoroutinefunction``, ``inspect.isgeneratorfunction`` or
+    ``inspect.isasyncgenfunction`` treat it as they treat ``func`` (unlike ``func``, such a
+    wrapper checks its arguments at its first step, not when it is called).
 
     >>> import asyncio, bcrecord, inspect, threading
     >>> def double(a):
@@ -2576,13 +2582,25 @@ def carry(func: Callable[P, T]) -> Callable[P, T]:
     """
     if not callable(func):  # (the wrapper would fail only when called, elsewhere: a worker thread)
         raise TypeError(f"carry takes a function to run inside the recordings, got {func!r:.80}")
-    context = contextvars.copy_context()
+    # bcrecord's own variables as they are here, where a recording is entered (else the
+    # recordings of where each call runs are its own); those not set here are their defaults.
+    here = contextvars.copy_context()
+    carried = {var: value for var, value in here.items() if var.name.startswith(OWN_VARIABLES)}
+    entered = bool(here.run(context_recordings))
+
+    def context() -> contextvars.Context:
+        inside = contextvars.copy_context()
+        if entered:
+            for var in [*carried, *(var for var in inside if var.name.startswith(OWN_VARIABLES))]:
+                value = carried.get(var, _unset)
+                inside.run(var.set, _default(var) if value is _unset else value)
+        return inside
 
     if inspect.iscoroutinefunction(func):
 
         @functools.wraps(func)
         async def run_coroutine(*args: Any, **kwargs: Any) -> Any:
-            inside = context.copy()
+            inside = context()
             result = inside.run(func, *args, **kwargs)
             if isinstance(result, types.CoroutineType):
                 return await _awaitable_steps(inside, result)
@@ -2594,9 +2612,11 @@ def carry(func: Callable[P, T]) -> Callable[P, T]:
 
         @functools.wraps(func)
         def run_generator(*args: Any, **kwargs: Any) -> Any:
-            inside = context.copy()
+            inside = context()
             return (yield from _stepped_in(inside, inside.run(func, *args, **kwargs)))
 
+        if _iterable_coroutine(func):  # (awaited, not iterated: its wrapper too)
+            return types.coroutine(run_generator)  # type: ignore[return-value]
         return run_generator  # type: ignore[return-value]
 
     if inspect.isasyncgenfunction(func):
@@ -2604,17 +2624,37 @@ def carry(func: Callable[P, T]) -> Callable[P, T]:
 
     @functools.wraps(func)  # (its name, signature and doc: a thread's or task's name shows it)
     def run(*args: P.args, **kwargs: P.kwargs) -> T:
-        inside = context.copy()
+        inside = context()
         result = inside.run(func, *args, **kwargs)
         if isinstance(result, types.CoroutineType):
             return _awaited_in(inside, result)  # type: ignore[return-value]
         if isinstance(result, types.GeneratorType):
+            if _iterable_coroutine(result):
+                return _awaitable_steps(inside, result)  # type: ignore[return-value]
             return _stepped_in(inside, result)  # type: ignore[return-value]
         if isinstance(result, types.AsyncGeneratorType):
-            return _async_generator_function(inside, lambda: result)()  # type: ignore[return-value]
+            return _async_generator_function(lambda: inside, lambda: result)()  # type: ignore[return-value]
         return result
 
     return run
+
+
+#: How bcrecord's context variables are named, each: :func:`carry` hands those on.
+OWN_VARIABLES = "bcrecord_"
+
+
+_unset = object()
+
+
+def _default(var: contextvars.ContextVar[T]) -> T:
+    """``var``'s default (bcrecord's variables each have one)."""
+    return contextvars.Context().run(var.get)
+
+
+def _iterable_coroutine(func_or_generator: Any) -> bool:
+    """Whether a generator function or generator is ``types.coroutine``'s (awaitable)."""
+    code = getattr(func_or_generator, "__code__", None) or getattr(func_or_generator, "gi_code", None)
+    return code is not None and bool(code.co_flags & inspect.CO_ITERABLE_COROUTINE)
 
 
 def _stepped_in(context: contextvars.Context, inner: Any) -> Any:
@@ -2646,12 +2686,14 @@ async def _awaited_in(context: contextvars.Context, inner: Any) -> Any:
     return await _awaitable_steps(context, inner)
 
 
-def _async_generator_function(context: contextvars.Context, func: Callable[..., Any]) -> Callable[..., Any]:
+def _async_generator_function(
+    context: Callable[[], contextvars.Context], func: Callable[..., Any]
+) -> Callable[..., Any]:
     """An async generator function (as ``inspect.isasyncgenfunction`` sees it) whose async
-    generators run the one ``func`` makes, each step of each item in a copy of ``context``."""
+    generators run the one ``func`` makes, each step of each item in a context ``context()`` gives."""
 
     async def run_async_generator(*args: Any, **kwargs: Any) -> Any:
-        inside = context.copy()
+        inside = context()
         inner = inside.run(func, *args, **kwargs)
         value: Any = None
         error: Optional[BaseException] = None

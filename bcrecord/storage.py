@@ -1618,7 +1618,7 @@ def _class_again(module: str, name: str) -> Any:
 #: The stand-in classes of the names a load has looked up, by module and name: each name it
 #: cannot import is tried once per load (see :func:`_one_lookup_each`); None outside a load.
 _stand_ins: contextvars.ContextVar[Optional[Dict[Tuple[str, str], Any]]] = contextvars.ContextVar(
-    "_stand_ins", default=None
+    "bcrecord_stand_ins", default=None
 )
 
 

@@ -2858,6 +2858,92 @@ def test_carry_keeps_the_name_and_signature_of_what_it_wraps():
         bcrecord.carry(3)  # (its wrapper failed only when a worker thread called it)
 
 
+def test_carry_gives_each_call_the_context_it_runs_in_with_the_recordings_of_where_carry_was_called():
+    # Each call ran in a copy of the whole context as carry found it: the program's own context
+    # variables were frozen there (a request id set later was not seen), and a wrapper made with
+    # no recording entered (a decorator, at import) recorded nothing where it was called.
+    import contextvars
+
+    request = contextvars.ContextVar("request", default="unset")
+
+    def f(a):
+        y = a * 2
+        return y
+
+    g = bcrecord.instrument(f, "y", name="c")
+
+    @bcrecord.carry  # no recording here
+    def step(a):
+        g(a)
+        return request.get()
+
+    with bcrecord.recording() as outer:
+        carried = bcrecord.carry(lambda a: (g(a), request.get())[1])
+        seen = {}
+        with bcrecord.recording() as inner:
+            request.set("req-42")
+            seen["decorated"] = step(1)
+            thread = threading.Thread(target=lambda: seen.setdefault("thread", carried(2)))
+            thread.start()
+            thread.join()
+            seen["here"] = carried(3)
+        request.set("unset")
+    assert seen == {"decorated": "req-42", "thread": "unset", "here": "req-42"}
+    # (The decorated call records in both, entered where it runs; the others in the outer only.)
+    assert (outer.all("c:f:y@0"), inner.all("c:f:y@0")) == ([2, 4, 6], [2])
+
+
+def test_carry_of_a_types_coroutine_generator_function_is_awaited_as_it_is():
+    # carry took it for a plain generator function: "object generator can't be used in 'await'".
+    import inspect
+    import types
+
+    def f(a):
+        y = a * 2
+        return y
+
+    g = bcrecord.instrument(f, "y", name="c")
+
+    @types.coroutine
+    def legacy(a):
+        yield
+        return g(a)
+
+    async def main(wrapped, made):
+        return await wrapped(1), await made(2)
+
+    results = []
+    with bcrecord.recording() as rec:
+        wrapped, made = bcrecord.carry(legacy), bcrecord.carry(lambda a: legacy(a))
+        thread = threading.Thread(target=lambda: results.append(asyncio.run(main(wrapped, made))))
+        thread.start()
+        thread.join()
+    assert results == [(2, 4)] and sorted(rec.all("c:f:y@0")) == [2, 4]
+    assert inspect.isgeneratorfunction(wrapped) and wrapped.__wrapped__ is legacy
+
+
+def test_every_context_variable_of_bcrecord_is_named_so_that_carry_hands_it_on():
+    import contextvars
+    import importlib
+    import pkgutil
+
+    from bcrecord.runtime import OWN_VARIABLES
+
+    found = {}
+    for module_info in pkgutil.walk_packages(bcrecord.__path__, "bcrecord."):
+        if module_info.name == "bcrecord.__main__":  # (runs the command line)
+            continue
+        try:
+            module = importlib.import_module(module_info.name)
+        except ImportError:  # (the torch layer and integrations, where their packages are missing)
+            continue
+        for name, value in vars(module).items():
+            if isinstance(value, contextvars.ContextVar):
+                found[f"{module_info.name}.{name}"] = value.name
+    assert "bcrecord.rewrite.SINKS" in found
+    assert [name for name, var in found.items() if not var.startswith(OWN_VARIABLES)] == []
+
+
 def test_carry_runs_an_async_generator_inside_the_recordings_and_keeps_coroutine_functions_so():
     # An async generator's items were made outside the recordings (every value dropped), and
     # carry(async def) was a plain function, which frameworks call without awaiting.
