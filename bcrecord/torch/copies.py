@@ -901,9 +901,12 @@ class ValuePolicy:
             # checkpoint's (non-reentrant: hooks too) cannot be running there either.
             reduced = reduce(live)
         else:
-            # In the graph, its saved tensors kept as they are, out of sight of an
-            # enclosing checkpoint's count (innermost saved-tensor hooks win).
-            with torch.autograd.graph.saved_tensors_hooks(_itself, _itself):
+            # In the graph, its saved tensors kept out of sight of an enclosing checkpoint's
+            # count (innermost saved-tensor hooks win). Hooks turn off torch's check that a saved
+            # tensor is unchanged at backward: one that shares the value's memory, which the
+            # model may change in place later (ReLU(inplace=True)), is saved as a copy, else
+            # the gradient would be that of the changed value (no error said so).
+            with torch.autograd.graph.saved_tensors_hooks(_saving_apart_from(live), _itself):
                 reduced = reduce(live)
         if isinstance(reduced, torch.Tensor):
             return self._keep(reduced)
@@ -947,6 +950,32 @@ class ValuePolicy:
         if copies and not fresh:
             tensor = clone(tensor)
         return tensor
+
+
+def _saving_apart_from(live: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A saved-tensor pack hook that saves a copy of a tensor sharing ``live``'s memory.
+
+    >>> live = torch.ones(2, requires_grad=True) * 1
+    >>> with torch.autograd.graph.saved_tensors_hooks(_saving_apart_from(live), _itself):
+    ...     reduced = live.pow(2).sum()
+    >>> _ = live.detach().mul_(5)  # changed in place after it was recorded
+    >>> torch.autograd.grad(reduced, live)[0].tolist()  # d(sum(t**2))/dt at t = 1
+    [2.0, 2.0]
+    """
+    try:
+        address = live.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):  # (sparse, nested: no one storage to tell by)
+        address = None
+
+    def save(tensor: torch.Tensor) -> torch.Tensor:
+        try:
+            shared = address is None or tensor.untyped_storage().data_ptr() == address
+        except (RuntimeError, NotImplementedError):
+            shared = True
+        # Detached: autograd gives the unpacked tensor its place in the graph back.
+        return tensor.detach().clone() if shared else tensor
+
+    return save
 
 
 def _itself(value: T) -> T:

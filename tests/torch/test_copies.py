@@ -5,7 +5,7 @@ import torch
 
 from bcrecord.errors import RecordingWarning, SpecError
 from bcrecord.runtime import copy_value
-from bcrecord.torch.copies import detached_clone, value_policy
+from bcrecord.torch.copies import _saving_apart_from, detached_clone, value_policy
 
 
 def test_core_policies_for_tensors():
@@ -108,6 +108,34 @@ def test_a_reduce_returning_several_tensors_keeps_each_as_a_reduced_tensor():
     assert not any(c.requires_grad for c in chunks) and isinstance(chunks, tuple)
     assert stats["mean"].dtype == stats["max"].dtype == torch.float64 and stats["mean"].item() == 0.5
     assert value_policy(reduce=lambda t: t.sum().item())(live) == 6.0
+
+
+@pytest.mark.parametrize("copy", ["clone", "detach", "none"])
+def test_a_reduce_in_the_graph_gives_the_gradient_of_the_value_as_recorded_though_changed_later(copy):
+    # The saved-tensor hooks around the reduce turned off torch's version check: pow saved the
+    # live value, which an in-place ReLU then changed, and the gradient was the changed value's
+    # (zeros where the ReLU cut), with no error. A forward hook doing the same raises torch's.
+    import torch.nn as nn
+
+    from bcrecord.torch import record
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(3, 4), nn.ReLU(inplace=True))
+    x = torch.randn(2, 3)
+    squares = lambda t: t.pow(2).sum()  # noqa: E731
+    expected = torch.autograd.grad(squares(net[0](x)), net[0].weight)[0]
+    with record(net, ["0"], grad=True, reduce=squares, copy=copy) as rec:
+        net(x)
+    assert torch.equal(torch.autograd.grad(rec["0:forward:return"], net[0].weight)[0], expected)
+    # Only what shares the value's memory (a view too) is saved as a copy; a tensor the reduce
+    # makes itself is saved as it is (nothing outside the reduce changes it).
+    live = torch.ones(2, 3, requires_grad=True) * 2
+    save = _saving_apart_from(live)
+    made = live * 3
+    for shares in (live, live[0]):
+        assert save(shares).untyped_storage().data_ptr() != live.untyped_storage().data_ptr()
+        assert torch.equal(save(shares), shares)
+    assert save(made) is made
 
 
 def test_containers_of_their_own_kind_and_dataclasses_are_copied():
