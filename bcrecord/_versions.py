@@ -19,6 +19,7 @@ True
 from __future__ import annotations
 
 import dataclasses
+import dis
 import sys
 import weakref
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ from bytecode import CellVar, FreeVar, Instr, Label
 
 from .errors import UnsupportedPythonError
 
-__all__ = ["Table", "current", "carry_local_events", "PROBE_NAME", "SUPPORTED"]
+__all__ = ["Table", "current", "carry_local_events", "code_qualname", "dis_line", "PROBE_NAME", "SUPPORTED"]
 
 #: The global name under which inserted code finds the probe (call spelling).
 PROBE_NAME = "__bcrecord_probe__"
@@ -55,7 +56,7 @@ Location = object  # bytecode.InstrLocation; kept opaque here
 Instrs = List[Instr]
 
 
-def _instr(name: str, arg: object = None, location: object = None) -> Instr:
+def _instr(name: str, arg: object = None, location: Location = None) -> Instr:
     # ``Instr`` rejects an explicit arg for argument-less opcodes.
     if arg is None:
         return Instr(name, location=location)  # type: ignore[arg-type]
@@ -106,6 +107,9 @@ class Table:
     return_const: Optional[str]
     #: Opcodes that call (their result is left on the stack).
     calls: FrozenSet[str] = frozenset()
+    #: What may come between an inlined comprehension's first save and the region it runs in:
+    #: more saves, and the swaps that put the iterable back on top (3.12+).
+    comprehension_setup: FrozenSet[str] = frozenset()
     #: Opcodes that push a function made in the code (3.13+ set its closure and defaults after).
     function_makers: FrozenSet[str] = frozenset({"MAKE_FUNCTION"})
     #: Opcodes that enter a ``with`` block. The bytecode package models them as
@@ -203,14 +207,23 @@ class Table:
         target = instr.arg
         return target if isinstance(target, Label) and instr.name not in self.pseudo_jumps else None
 
-    def load_probe(self, location: object) -> Instrs:
-        """Push the probe as a callable (with its NULL slot where the version has one)."""
+    def load_probe(self, location: Location) -> Instrs:
+        """Push the probe as a callable (with its NULL slot where the version has one).
+
+        >>> [(instr.name, PROBE_NAME in str(instr.arg)) for instr in current().load_probe(None)]
+        [('LOAD_GLOBAL', True)]
+        """
         return [_instr("LOAD_GLOBAL", self.global_arg(PROBE_NAME), location)]
 
     def call_probe(
-        self, load_value: Instrs, site: Union[int, str], location: object, extra: Sequence[Instr] = ()
+        self, load_value: Instrs, site: Union[int, str], location: Location, extra: Sequence[Instr] = ()
     ) -> Instrs:
-        """``probe(<value>, site, *extra)`` with the result dropped; the stack is unchanged."""
+        """``probe(<value>, site, *extra)`` with the result dropped; the stack is unchanged.
+
+        >>> instrs = current().call_probe([Instr("LOAD_FAST", "x")], 7, None)
+        >>> instrs[0].name, instrs[-1].name, [instr.arg for instr in instrs if instr.name == "LOAD_CONST"]
+        ('LOAD_GLOBAL', 'POP_TOP', [7])
+        """
         return [
             *self.load_probe(location),
             *load_value,
@@ -220,8 +233,13 @@ class Table:
             _instr("POP_TOP", None, location),
         ]
 
-    def tee_probe(self, site: Union[int, str], location: object, extra: Sequence[Instr] = ()) -> Instrs:
-        """``probe(TOS, site, *extra)`` leaving TOS in place, for values that are never named."""
+    def tee_probe(self, site: Union[int, str], location: Location, extra: Sequence[Instr] = ()) -> Instrs:
+        """``probe(TOS, site, *extra)`` leaving TOS in place, for values that are never named.
+
+        >>> instrs = current().tee_probe(7, None)
+        >>> instrs[0].name in ("DUP_TOP", "COPY"), instrs[-1].name  # a copy of TOS is what goes
+        (True, 'POP_TOP')
+        """
         return [
             self.dup(location),
             *self.load_probe(location),
@@ -232,7 +250,7 @@ class Table:
             _instr("POP_TOP", None, location),
         ]
 
-    def _load_sink(self, sinks_get: object, site: Union[int, str], location: object) -> Instrs:
+    def _load_sink(self, sinks_get: object, site: Union[int, str], location: Location) -> Instrs:
         # sinks_get()[site].append, as a method pair. A constant callable needs the
         # stack shape a plain call takes (method_stack: its NULL slot, 3.11+).
         return [
@@ -245,9 +263,14 @@ class Table:
         ]
 
     def append_probe(
-        self, sinks_get: object, load_value: Instrs, site: Union[int, str], location: object
+        self, sinks_get: object, load_value: Instrs, site: Union[int, str], location: Location
     ) -> Instrs:
-        """``sinks_get()[site].append(<value>)``, result dropped; the stack is unchanged."""
+        """``sinks_get()[site].append(<value>)``, result dropped; the stack is unchanged.
+
+        >>> instrs = current().append_probe(list, [Instr("LOAD_FAST", "x")], 7, None)
+        >>> instrs[0].arg is list, instrs[-1].name
+        (True, 'POP_TOP')
+        """
         return [
             *self._load_sink(sinks_get, site, location),
             *load_value,
@@ -255,8 +278,13 @@ class Table:
             _instr("POP_TOP", None, location),
         ]
 
-    def append_tee(self, sinks_get: object, site: Union[int, str], location: object) -> Instrs:
-        """``sinks_get()[site].append(TOS)`` leaving TOS in place."""
+    def append_tee(self, sinks_get: object, site: Union[int, str], location: Location) -> Instrs:
+        """``sinks_get()[site].append(TOS)`` leaving TOS in place.
+
+        >>> instrs = current().append_tee(list, 7, None)
+        >>> instrs[0].name in ("DUP_TOP", "COPY"), instrs[1].arg is list, instrs[-1].name
+        (True, True, 'POP_TOP')
+        """
         return [
             self.dup(location),
             *self._load_sink(sinks_get, site, location),
@@ -274,7 +302,7 @@ class Table:
         """
         return self.pop_jump_if_false is not None
 
-    def guard_handler(self, resume: Label, reraise: Label, location: object) -> List[Instr]:
+    def guard_handler(self, resume: Label, reraise: Label, location: Location) -> List[Instr]:
         """Handler code for a guarded probe: drop a ``RecursionError`` or ``MemoryError``
         and go on at ``resume``.
 
@@ -282,6 +310,10 @@ class Table:
         as it was when the probe began. Anything else (``KeyboardInterrupt``, what a
         signal handler raised meanwhile) jumps to ``reraise``, where
         :meth:`guard_reraise` raises it again.
+
+        >>> table = current()
+        >>> not table.guards_probes or table.guard_handler(Label(), Label(), None)[0].arg == PROBE_FAILURES
+        True
         """
         if self.pop_jump_if_false is None:
             raise NotImplementedError(f"Python {self.name} has no exception table to guard probes with")
@@ -294,15 +326,39 @@ class Table:
             _instr("JUMP_BACKWARD", resume, location),
         ]
 
-    def guard_reraise(self, location: object) -> Instr:
-        """Raise the exception on top of the stack again, keeping its traceback."""
+    def guard_reraise(self, location: Location) -> Instr:
+        """Raise the exception on top of the stack again, keeping its traceback.
+
+        >>> current().guard_reraise(None).name
+        'RERAISE'
+        """
         return _instr("RERAISE", 0, location)
 
-    def load_local(self, name: str, cell: bool, location: object) -> Instr:
-        """Push local ``name`` (from its cell when it is a cell variable)."""
+    def load_local(self, name: str, cell: bool, location: Location) -> Instr:
+        """Push local ``name`` (from its cell when it is a cell variable).
+
+        >>> current().load_local("x", True, None).name
+        'LOAD_DEREF'
+        """
         if cell:
             return _instr("LOAD_DEREF", CellVar(name), location)
         return _instr("LOAD_FAST", name, location)
+
+    def load_free(self, name: str, location: Location) -> Instr:
+        """Push free variable ``name`` (a closure's, from the code around it).
+
+        >>> current().load_free("self", None).name
+        'LOAD_DEREF'
+        """
+        return _instr("LOAD_DEREF", FreeVar(name), location)
+
+    def load_stored(self, store: Instr, location: Location) -> Instr:
+        """Push the variable that ``store`` (one of :attr:`stores`) binds: the value just stored.
+
+        >>> current().load_stored(Instr("STORE_FAST", "x"), None).name
+        'LOAD_FAST'
+        """
+        return _instr(store.name.replace("STORE_", "LOAD_"), store.arg, location)
 
 
 def _local_name(arg: object) -> str:
@@ -462,7 +518,7 @@ def _svarint(value: int) -> bytes:
     return _varint(((-value) << 1) | 1 if value < 0 else value << 1)
 
 
-def _location_entry(size: int, location: object, line: int) -> Tuple[bytes, int]:
+def _location_entry(size: int, location: Location, line: int) -> Tuple[bytes, int]:
     """One entry of a 3.11+ locations table: ``size`` code units (1..8) at ``location``, the
     line of the entry before being ``line``. Returns the entry and the line it leaves."""
 
@@ -600,6 +656,7 @@ def _312() -> Table:
         pairs=(),
         prologue=frozenset({"RESUME"}),
         comprehension_save="LOAD_FAST_AND_CLEAR",
+        comprehension_setup=frozenset({"LOAD_FAST_AND_CLEAR", "SWAP"}),
         separate_comprehensions=frozenset({"<genexpr>"}),
         global_arg=lambda name: (True, name),
         call=lambda n, loc: [_instr("CALL", n, loc)],
@@ -647,6 +704,7 @@ def _313() -> Table:
         pairs=_PAIRS_313,
         prologue=frozenset({"RESUME"}),
         comprehension_save="LOAD_FAST_AND_CLEAR",
+        comprehension_setup=frozenset({"LOAD_FAST_AND_CLEAR", "SWAP"}),
         separate_comprehensions=frozenset({"<genexpr>"}),
         global_arg=lambda name: (True, name),
         call=lambda n, loc: [_instr("CALL", n, loc)],
@@ -768,7 +826,11 @@ def current(version: Optional[Tuple[int, int]] = None) -> Table:
 
 
 def local_name(arg: object) -> str:
-    """The variable name behind a store/load arg (a str, CellVar or FreeVar)."""
+    """The variable name behind a store/load arg (a str, CellVar or FreeVar).
+
+    >>> local_name(CellVar("x")), local_name("y")
+    ('x', 'y')
+    """
     return _local_name(arg)
 
 
@@ -881,4 +943,36 @@ def _nested_pairs(
 
 
 def _nested_name(code: CodeType) -> Tuple[str, int]:
-    return getattr(code, "co_qualname", code.co_name), code.co_firstlineno  # (co_qualname: 3.11+)
+    return code_qualname(code) or code.co_name, code.co_firstlineno
+
+
+def dis_line(instr: dis.Instruction, previous: Optional[int]) -> Optional[int]:
+    """The source line of ``instr`` as ``dis`` gives it (``previous``, the line of the
+    instruction before, where ``dis`` says none): positions from 3.11 on; 3.10 marks only
+    where a line starts, and 3.13 says whether one does (a bool).
+
+    >>> import dis
+    >>> def f():
+    ...     return 1
+    >>> line = None
+    >>> for instr in dis.get_instructions(f):
+    ...     line = dis_line(instr, line)
+    >>> line - f.__code__.co_firstlineno  # the return's line
+    1
+    """
+    positions = getattr(instr, "positions", None)
+    if positions is not None and positions.lineno is not None:
+        return int(positions.lineno)
+    starts = instr.starts_line
+    return starts if isinstance(starts, int) and not isinstance(starts, bool) else previous
+
+
+def code_qualname(code: CodeType) -> Optional[str]:
+    """``code``'s qualified name, or None where code objects have none (3.10).
+
+    >>> class K:
+    ...     def f(self): pass
+    >>> code_qualname(K.f.__code__) in (K.f.__qualname__, None)
+    True
+    """
+    return getattr(code, "co_qualname", None)

@@ -204,7 +204,7 @@ def code_key(code: CodeType) -> Tuple[object, ...]:
     >>> a == b, code_key(a) == code_key(b)
     (True, False)
     """
-    return (code, code.co_filename, getattr(code, "co_qualname", None), code.co_linetable)
+    return (code, code.co_filename, _versions.code_qualname(code), code.co_linetable)
 
 
 @functools.lru_cache(maxsize=256)
@@ -214,7 +214,7 @@ def _decoded(key: Tuple[object, ...]) -> Bytecode:
     if table.unhandled:
         for instr in dis.get_instructions(code):
             if instr.opname in table.unhandled:
-                name, line = getattr(code, "co_qualname", code.co_name), instr.positions.lineno  # type: ignore[attr-defined]
+                name, line = _versions.code_qualname(code) or code.co_name, instr.positions.lineno  # type: ignore[attr-defined]
                 raise NotPatchableError(
                     f"the bytecode package {bytecode_version} cannot rewrite the code of {name} "
                     f"({code.co_filename}, line {line}): it has {table.unhandled[instr.opname]}"
@@ -226,7 +226,7 @@ def _decoded(key: Tuple[object, ...]) -> Bytecode:
     except Exception as error:  # (bytecode 0.17.0 on 3.14: a KeyError, for an async comprehension)
         if raised_by_signal_handler(error):
             raise  # the program's (a timeout's TimeoutError while it read), not the package's
-        name = getattr(code, "co_qualname", code.co_name)
+        name = _versions.code_qualname(code) or code.co_name
         raise NotPatchableError(
             f"the bytecode package {bytecode_version} cannot read the code of {name} "
             f"({code.co_filename}, line {code.co_firstlineno}): {type(error).__name__}: {error}"
@@ -351,7 +351,7 @@ def _comprehension_stores(bytecode: Sequence[object], save: int) -> Optional[Set
         if isinstance(item, TryBegin):
             handler = item.target if isinstance(item.target, Label) else None
             break
-        if isinstance(item, Instr) and item.name not in ("LOAD_FAST_AND_CLEAR", "SWAP"):
+        if isinstance(item, Instr) and item.name not in _versions.current().comprehension_setup:
             return None
     ends = [k for k, item in enumerate(bytecode) if isinstance(item, TryEnd) and item.entry.target is handler]
     if handler is None or not ends or handler not in bytecode:
@@ -1305,7 +1305,7 @@ def _read(key: Tuple[object, ...], qualname: Optional[str] = None) -> CodeMap:
     }
     return CodeMap(
         name=code.co_name,
-        qualname=str(qualname or getattr(code, "co_qualname", code.co_name)),
+        qualname=str(qualname or _versions.code_qualname(code) or code.co_name),
         filename=code.co_filename,
         arguments=_argument_names(code),
         signature=_signature_text(code),
@@ -1320,7 +1320,7 @@ def _read(key: Tuple[object, ...], qualname: Optional[str] = None) -> CodeMap:
         comprehension_names=frozenset(raw.comprehension_names),
         free_names=frozenset(code.co_freevars) - {"__class__"},  # (the cell super() reads)
         global_names=frozenset(raw.global_names),
-        private_prefix=_private_prefix(getattr(code, "co_qualname", None) or qualname or ""),
+        private_prefix=_private_prefix(_versions.code_qualname(code) or qualname or ""),
         unreadable=tuple(raw.unreadable),
     )
 
@@ -1409,7 +1409,7 @@ def compiled_spec(spec: _AnySpec, code: CodeType, qualname: Optional[str] = None
     'self._Net__w.grad'
     """
     return cast(
-        _AnySpec, _as_compiled(spec, _private_prefix(getattr(code, "co_qualname", None) or qualname or ""))
+        _AnySpec, _as_compiled(spec, _private_prefix(_versions.code_qualname(code) or qualname or ""))
     )
 
 

@@ -51,8 +51,6 @@ def _need(*needed: Tuple[str, str]) -> None:
     ...     print(error)
     the demo needs bcrecord_missing_a and bcrecord_missing_b: pip install 'bcrecord[torch,viz]'
     """
-    import importlib.util
-
     missing = [(module, extra) for module, extra in needed if importlib.util.find_spec(module) is None]
     if missing:
         modules = " and ".join(module for module, _ in missing)

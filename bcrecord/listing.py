@@ -20,20 +20,11 @@ import dis
 from types import CodeType
 from typing import List, Optional, Tuple
 
-from ._versions import PROBE_NAME
+from ._versions import PROBE_NAME, dis_line
 from .errors import as_written, padded
 from .rewrite import SINKS_GET
 
 __all__ = ["instructions_text", "side_by_side", "decompiled"]
-
-
-def _line(instr: dis.Instruction, previous: Optional[int]) -> Optional[int]:
-    # dis gives positions from 3.11 on; 3.10 only marks where a line starts.
-    positions = getattr(instr, "positions", None)
-    if positions is not None and positions.lineno is not None:
-        return int(positions.lineno)
-    starts = instr.starts_line
-    return starts if isinstance(starts, int) and not isinstance(starts, bool) else previous
 
 
 def _has_probes(code: CodeType) -> bool:
@@ -48,7 +39,7 @@ def _rows(code: CodeType, encoding: Optional[str] = None) -> List[Tuple[str, str
     for instr in dis.get_instructions(code):
         if instr.opname in ("CACHE", "EXTENDED_ARG"):
             continue
-        line = _line(instr, line)
+        line = dis_line(instr, line)
         arg = instr.argrepr or ("" if instr.arg is None else str(instr.arg))
         if instr.opname == "LOAD_CONST" and isinstance(instr.argval, int) and _has_probes(code):
             arg = str(instr.argval)

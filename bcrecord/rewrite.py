@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from types import AsyncGeneratorType, CodeType, CoroutineType, FunctionType, GeneratorType
 from typing import Any, Dict, List, Sequence, Tuple
 
-from bytecode import UNSET, Bytecode, ControlFlowGraph, FreeVar, Instr, Label, TryBegin, TryEnd
+from bytecode import UNSET, Bytecode, ControlFlowGraph, Instr, Label, TryBegin, TryEnd
 
 from . import _versions
 from ._versions import PROBE_NAME
@@ -281,7 +281,7 @@ def _rewrite(code: CodeType, points: Sequence[ProbePoint], inline: bool) -> Temp
         # Each probe passes what the first argument holds when it runs: after a `del self`
         # nothing (on 3.12+ the load does not check, and the interpreter would crash).
         raise TargetError(
-            f"{getattr(code, 'co_qualname', code.co_name)} deletes or rebinds its first argument "
+            f"{_versions.code_qualname(code) or code.co_name} deletes or rebinds its first argument "
             f"{first!r}: a per-instance patch "
             "(name= a function of the instance, or an instance patched in place) cannot tell whose "
             "values its probes take then; patch it with name= a string"
@@ -314,7 +314,7 @@ def _load_self(code: CodeType, first: str, nested: bool, location: object) -> In
             f"a per-instance patch cannot probe inside a comprehension ({code.co_name}) that does not use "
             f"{first!r}: it is separate code (a generator expression; on 3.10/3.11 any comprehension)"
         )
-    return Instr("LOAD_DEREF", FreeVar(first), location=location)  # type: ignore[arg-type]
+    return table.load_free(first, location)
 
 
 def _rewrite_code(
@@ -366,7 +366,7 @@ def _rewrite_code(
             extra = [_load_self(code, first, nested, loc)] if point.with_self else []
             if point.kind == "store":
                 assert isinstance(anchor, Instr)
-                load = Instr(anchor.name.replace("STORE_", "LOAD_"), anchor.arg, location=loc)  # type: ignore[arg-type]
+                load = table.load_stored(anchor, loc)
                 edits.after.setdefault(pos, []).extend(probe([load], site, loc, extra))
             elif point.kind in ("call", "expr"):
                 # The call's result / the operator's result is on top of the stack.

@@ -1,5 +1,6 @@
 """The docstring rule for public API: a docstring with an example, and full type hints."""
 
+import dataclasses
 import inspect
 from types import ModuleType
 from typing import List
@@ -20,8 +21,10 @@ def undocumented(module: ModuleType) -> List[str]:
         # A Protocol's methods are the interface others implement: its class docstring shows it.
         # Properties are attributes, shown in their class's example, not functions to call.
         if inspect.isclass(obj) and not getattr(obj, "_is_protocol", False):
+            # A dataclass field whose default is a function is a value, not a method.
+            fields = {f.name for f in dataclasses.fields(obj)} if dataclasses.is_dataclass(obj) else set()
             for attr, value in vars(obj).items():
-                if attr.startswith("_") or _from_outside(obj, attr):
+                if attr.startswith("_") or attr in fields or _from_outside(obj, attr):
                     continue
                 if isinstance(value, (staticmethod, classmethod)):
                     items.append((f"{name}.{attr}", value.__func__, isinstance(value, classmethod)))

@@ -20,6 +20,7 @@ CORE = [
     "bcrecord.runner",
     "bcrecord.cli",
     "bcrecord.errors",
+    "bcrecord._versions",
 ]
 
 

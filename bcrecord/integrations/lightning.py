@@ -136,8 +136,6 @@ _STEP_METHODS: Dict[str, str] = {
     "test": "test_step",
     "predict": "predict_step",
 }
-#: The statistics logged for each recorded tensor.
-STATS: Tuple[str, ...] = ("mean", "std", "min", "max")
 
 
 @dataclass

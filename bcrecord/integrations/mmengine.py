@@ -72,6 +72,7 @@ except ImportError as error:  # pragma: no cover - depends on the environment
 
 import bcrecord.torch  # noqa: F401  (registers detached tensor copies for recordings)
 
+from .._versions import code_qualname
 from ..errors import BcrecordError, SpecError, did_you_mean
 from ..listing import decompiled, side_by_side
 from ..patch import Patch, patch_method
@@ -1267,7 +1268,7 @@ class RecorderHook(Hook):
             original, probed = last.original_code, last.code
             keys = [key for patch in group for key in patch.keys]
             owners = ", ".join(dict.fromkeys(str(patch.name) for patch in group))
-            qualname = getattr(original, "co_qualname", original.co_name)
+            qualname = code_qualname(original) or original.co_name
             lines = [
                 f"RecorderHook: {owners} {qualname} ({original.co_filename}:{original.co_firstlineno}) "
                 f"now records {', '.join(keys)}",
