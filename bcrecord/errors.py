@@ -145,11 +145,17 @@ def did_you_mean(word: str, names: Iterable[str], hide_private: bool = True) -> 
     "; did you mean '__main__:f:loss@0'?"
     >>> did_you_mean("nn.functional.softmax", ["F.softmax", "nn.functional.dropout"])
     "; did you mean 'F.softmax', 'nn.functional.dropout'?"
+    >>> did_you_mean("forward_impl", ["forward", "_forward_impl"])  # its underscore left out
+    "; did you mean '_forward_impl', 'forward'?"
     """
     # A word that starts with "__" ('__call_') hides nothing, nor does hide_private=False.
     private = "" if word.startswith("__") or not hide_private else "__" if word.startswith("_") else "_"
-    candidates = list(dict.fromkeys(n for n in names if not (private and n.startswith(private))))
+    names = list(dict.fromkeys(names))
+    candidates = [n for n in names if not (private and n.startswith(private))]
     close = difflib.get_close_matches(word, candidates, n=3)
+    # A private name but for its leading underscores: the word, typed without them, first.
+    exact = [n for n in names if n not in candidates and n.lstrip("_") == word.lstrip("_")]
+    close = (exact[:1] + close)[:3]
     # Where none of them ends as a dotted word does, one that does first: the same function
     # reached another way ('F.softmax' for 'nn.functional.softmax', over 'nn.functional.dropout').
     last = word.rpartition(".")[2]

@@ -1519,6 +1519,14 @@ def _lookup(holder: Any, attribute: str) -> Tuple[Any, Any]:
             if not n.startswith("__") and _could_patch(inspect.getattr_static(holder, n, None))
         ]
         hint = did_you_mean(attribute, names)
+        if isinstance(holder, types.MethodType) and not hint:  # (patch_method(model.forward, ...))
+            owner, name = holder.__self__, holder.__name__
+            of = repr(owner) if isinstance(owner, type) else f"the {type(owner).__name__} instance"
+            hint = (
+                f" (a bound method: patch_method takes the object holding the method, here {of} that "
+                f"{name!r} is bound to: patch_method(it, {name!r}, ...); or patch_function(the bound "
+                "method, ...))"
+            )
         raise NotPatchableError(f"{_named(holder)} has no attribute {attribute!r}{hint}") from None
     own = vars(holder).get(attribute, _MISSING) if hasattr(holder, "__dict__") else _MISSING
     return raw, own

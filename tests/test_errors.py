@@ -213,3 +213,24 @@ def test_shell_quoted_names_the_file_s_bytes_where_the_stream_writes_other_bytes
         assert pasted == os.fsencode(name), encoding
     if sys.getfilesystemencoding() == "utf-8":
         assert shell_quoted(name, "latin-1") == "$'runs/dir \\xc3\\xb1'"
+
+
+def test_a_private_name_typed_without_its_underscore_is_offered_first():
+    # 'forward_impl' was offered 'forward' alone: private names were hidden from a word
+    # without '_', though ResNet's '_forward_impl' is the one meant.
+    from bcrecord.errors import did_you_mean
+
+    class Net:
+        def forward(self, x):
+            return self._forward_impl(x)
+
+        def _forward_impl(self, x):
+            y = x + 1
+            return y
+
+    with pytest.raises(bcrecord.NotPatchableError) as caught:
+        bcrecord.patch_method(Net, "forward_impl", "y")
+    said = "has no attribute 'forward_impl'; did you mean '_forward_impl', 'forward'?"
+    assert str(caught.value).endswith(said)
+    # Only where the word is the name but for its leading underscores; others stay hidden.
+    assert did_you_mean("forwrd", ["forward", "_forward"]) == "; did you mean 'forward'?"

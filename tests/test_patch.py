@@ -3447,6 +3447,7 @@ def test_an_interrupt_at_any_call_while_patching_leaves_the_function_as_it_was(f
     made.pop().remove()
     assert len(places) > 100
     cut = 0
+    slots = dict(patch._slots)  # (those of earlier tests' recording copies still held)
     for nth in range(1, len(places) + 1):
         # No released id to reuse: the patch's sites grow every sinks list.
         held = runtime.register_sites([runtime.Site("t:f:x@0")] * len(runtime._free_ids))
@@ -3454,7 +3455,7 @@ def test_an_interrupt_at_any_call_while_patching_leaves_the_function_as_it_was(f
         if raised:
             cut += 1
             assert module._interrupted is _interrupted and _interrupted.__code__ is original, nth
-            assert not patch._slots and not made, nth
+            assert patch._slots == slots and not made, nth
         else:
             made.pop().remove()
         make()  # records, in another thread too
@@ -3529,3 +3530,21 @@ def test_a_cache_or_dispatcher_held_under_another_name_is_told_the_function_to_p
     with bcrecord.patch_function(_slow, "r"), bcrecord.recording() as rec:  # what it says works
         _fast(4)
     assert rec.all(f"{__name__}:_slow:r@0") == [8]
+
+
+def test_a_bound_method_given_to_patch_method_is_told_to_pass_what_holds_it():
+    # It said only "this method instance has no attribute 'forward'".
+    class ToyModel:
+        def forward(self, inputs):
+            outputs = inputs + 1
+            return outputs
+
+    model = ToyModel()
+    with pytest.raises(bcrecord.NotPatchableError) as caught:
+        bcrecord.patch_method(model.forward, "forward", ["outputs"])
+    assert str(caught.value) == (
+        "this method instance has no attribute 'forward' (a bound method: patch_method takes the "
+        "object holding the method, here the ToyModel instance that 'forward' is bound to: "
+        "patch_method(it, 'forward', ...); or patch_function(the bound method, ...))"
+    )
+    assert "forward" not in vars(model) and ToyModel.forward(model, 1) == 2

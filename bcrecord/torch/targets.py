@@ -370,7 +370,7 @@ def _maps(model: torch.nn.Module, name: str) -> bool:
         return False
 
 
-def _split(text: str) -> Tuple[str, str, str, bool]:
+def _split(text: str, model: Optional[torch.nn.Module] = None) -> Tuple[str, str, str, bool]:
     if not isinstance(text, str):
         raise SpecError(f"a target must be a string, got {text!r}")
     text = text.strip()  # '' (as list_targets lists the root): the root's output
@@ -395,7 +395,7 @@ def _split(text: str) -> Tuple[str, str, str, bool]:
     if len(parts) != 3 or not parts[1] or not parts[2]:
         raise SpecError(
             f"bad target {text!r}: expected 'module.path:method:target' (e.g. 'layer1.0:forward:out@2') "
-            f"or a bare module path (e.g. 'layer1'){_two_parts_meant(parts)}"
+            f"or a bare module path (e.g. 'layer1'){_two_parts_meant(parts, model)}"
         )
     return parts[0], parts[1], parts[2], grad
 
@@ -404,8 +404,9 @@ def _split(text: str) -> Tuple[str, str, str, bool]:
 _SLICE = re.compile(r"^([^:\[]*)\[\s*-?\d*\s*:\s*-?\d*\s*(?::\s*-?\d*\s*)?\]")
 
 
-def _two_parts_meant(parts: List[str]) -> str:
-    """For a target of two parts, what it most likely stands for, to end the message with; else ''.
+def _two_parts_meant(parts: List[str], model: Optional[torch.nn.Module] = None) -> str:
+    """For a target of two parts, what it most likely stands for, to end the message with; else
+    ''. With the ``model``, a name its module at the path holds is told how to name it.
 
     >>> _two_parts_meant(["layer1.0.forward", "out"]), _two_parts_meant(["layer1", "out@1"])
     ("; did you mean 'layer1.0:forward:out'?", "; did you mean 'layer1:forward:out@1'?")
@@ -413,8 +414,23 @@ def _two_parts_meant(parts: List[str]) -> str:
     "; did you mean 'layer1:forward:return' (what forward returns) or 'layer1' (its output)?"
     >>> _two_parts_meant(["forward", "h"])  # the root's path left out
     "; did you mean ':forward:h'?"
+    >>> net = torch.nn.Sequential(torch.nn.Linear(1, 1))
+    >>> _two_parts_meant(["0", "weight"], net)
+    "; did you mean '0:forward:self.weight' (the parameter, as forward reads it)?"
+    >>> _two_parts_meant(["", "0"], net)
+    "; did you mean '0' (its output)?"
     """
-    if len(parts) != 2 or not all(parts):
+    if len(parts) != 2 or not all(parts[1:]):
+        return ""
+    module = _submodule(model, parts[0]) if model is not None else None
+    name = parts[1].partition("@")[0].strip()
+    if module is not None and isinstance(module._modules.get(name), torch.nn.Module):  # its output
+        child = f"{parts[0]}.{name}" if parts[0] else name
+        return f"; did you mean {child!r} (its output)?"
+    for kind, held in (("parameter", "_parameters"), ("buffer", "_buffers")):
+        if module is not None and name.isidentifier() and getattr(module, held).get(name) is not None:
+            return f"; did you mean '{parts[0]}:forward:self.{parts[1]}' (the {kind}, as forward reads it)?"
+    if not parts[0]:
         return ""
     if parts[0] == "forward" or parts[0].startswith("_forward"):  # a method: the root's, path left out
         return f"; did you mean ':{parts[0]}:{parts[1]}'?"
@@ -487,7 +503,7 @@ def _split_in(model: torch.nn.Module, text: str) -> Tuple[str, str, str, bool]:
         if body.count(":") == 1 and any(":" in name for name, _ in model.named_modules()):
             # Only a path can hold one ':' (a misspelt 'heads.tusk:cls'): say which are there.
             _matching_paths(model, body)
-    return _split(text)
+    return _split(text, model)
 
 
 def _names_submodules(model: torch.nn.Module, path: str) -> bool:

@@ -56,6 +56,10 @@ def test_spaces_around_a_target_s_parts_are_read_as_bcrecord_run_reads_them():
         ("blocks.0.forward:out", "; did you mean 'blocks.0:forward:out'?"),
         ("blocks.0:out@1", "; did you mean 'blocks.0:forward:out@1'?"),
         ("forward:x", "; did you mean ':forward:x'?"),  # (was 'forward:forward:x', refused in turn)
+        # A name the module holds (each was told '<path>:forward:<name>', refused in turn).
+        ("blocks.0:bn", "; did you mean 'blocks.0.bn' (its output)?"),
+        ("blocks.0.conv:weight", "; did you mean 'blocks.0.conv:forward:self.weight' (the parameter, as "),
+        ("bn1:running_mean", "; did you mean 'bn1:forward:self.running_mean' (the buffer, as forward "),
         (
             "blocks.0:forward",
             "; did you mean 'blocks.0:forward:return' (what forward returns) or 'blocks.0' (its ",
