@@ -236,7 +236,8 @@ pkg.mod:forward' lists its specs)
         dotted = all(p.isidentifier() and not keyword.iskeyword(p) for p in f"{first}.{second}".split("."))
         # Which part is missing is a guess: the module (the spec given) or the spec.
         if first == "__main__":
-            guesses = [(f"{text}:return", f"{second}, defined in the script; any spec of it works")]
+            # (A name the script's top level assigns, a plain variable, is no function to patch.)
+            guesses = [(f"{text}:return", f"function {second}, defined in the script; any spec of it works")]
         else:
             split = split_module(first)
             guesses = (
@@ -2057,6 +2058,12 @@ class _Runner:
                         )
                 except (AttributeError, BcrecordError) as error:
                     hint = _wrapped_target([t.text for t in group], path, value)
+                    top_level = name in self.program.main_names and len(path) == 1 and not callable(value)
+                    if top_level and not hint:
+                        hint = (
+                            f" (a variable the program's top level assigns: record it inside a function "
+                            f"that assigns it, '__main__:that_function:{path[0]}')"
+                        )
                     raise _TargetFailed(texts, f"{error}{hint}") from None
                 self.patches.append(patch)
                 # (3.10's code has no qualified name: its private names are mangled by the function's)

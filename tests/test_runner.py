@@ -47,7 +47,7 @@ def test_parse_target_splits_module_path_and_spec():
         ),
         (
             "__main__:step",
-            "needs three parts, 'package.module:Class.method:SPEC': '__main__:step:return' (step, defined",
+            "needs three parts, 'package.module:Class.method:SPEC': '__main__:step:return' (function step,",
         ),
         (
             "Net.forward:out@1",
@@ -3072,3 +3072,17 @@ def test_the_torch_layer_is_loaded_once_torch_s_code_is_done_where_importing_tor
     assert loaded == []
     runner._torch_layer_for_dynamo(torch)  # torch's code done
     assert loaded == ["bcrecord.torch"]
+
+
+def test_a_variable_of_the_script_s_top_level_is_told_to_be_recorded_in_a_function(project):
+    # '__main__:loss' was offered '__main__:loss:return' ("loss, defined in the script"), and that
+    # ended with "'loss' is 4, an int: only Python functions can be patched", saying no more.
+    (project / "flat.py").write_text("for i in range(3):\n    loss = i * 2\nprint('end')\n")
+    result = cli("run", "-r", "__main__:loss", "flat.py", cwd=project)
+    assert "'__main__:loss:return' (function loss, defined in the script; any spec" in result.stderr
+    result = cli("run", "-r", "__main__:loss:return", "flat.py", cwd=project)
+    assert result.stdout == "end\n"
+    assert (
+        "'loss' is 4, an int: only Python functions can be patched (a variable the program's top level "
+        "assigns: record it inside a function that assigns it, '__main__:that_function:loss')"
+    ) in result.stderr
