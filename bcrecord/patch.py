@@ -2350,7 +2350,7 @@ def _wrap_like(raw: Any, live: types.FunctionType, holder: Any, in_own_dict: boo
     return types.MethodType(live, holder)
 
 
-def targets(func: Any) -> Targets:
+def targets(func: Union[Callable[..., Any], types.CodeType]) -> Targets:
     """List everything recordable in ``func`` (a function, method or code object).
 
     No source is needed. ``print(bcrecord.targets(f))`` shows a table.

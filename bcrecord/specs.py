@@ -20,7 +20,7 @@ import operator
 import re
 import unicodedata
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence, Tuple, Type, Union, cast
+from typing import Any, Callable, Iterable, Literal, Mapping, Sequence, Tuple, Type, Union, cast
 
 from .errors import SpecError, did_you_mean
 
@@ -45,6 +45,9 @@ __all__ = [
 COPY_POLICIES = ("clone", "detach", "deepcopy", "none")
 
 Index = Union[int, Sequence[int], None]
+#: A spec's copy policy: one of :data:`COPY_POLICIES`, a callable that makes the value to
+#: keep, or None (the recording's own).
+Copy = Union[str, Callable[[Any], Any], None]
 
 
 #: Why neither super() nor a method called through it is a call site, and what to record instead.
@@ -89,7 +92,7 @@ def _one_index(item: Any) -> int:
     return number
 
 
-def _copy(value: Any) -> Any:
+def _copy(value: Any) -> Copy:
     # A policy name, or a callable that makes the value to keep (plug-ins use these).
     if value is not None and not callable(value) and value not in COPY_POLICIES:
         raise SpecError(f"unknown copy policy {value!r}; choose one of {COPY_POLICIES} or a callable")
@@ -209,9 +212,9 @@ class Local:
 
     name: str
     index: tuple[int, ...] | None = None
-    copy: Any = None
+    copy: Copy = None
 
-    def __init__(self, name: str, index: Index = None, copy: Any = None) -> None:
+    def __init__(self, name: str, index: Index = None, copy: Copy = None) -> None:
         if isinstance(name, str) and not name.isidentifier():
             _names(name, "a local's name")  # (a call or a subscript: says what to write)
         object.__setattr__(self, "name", _identifier(name, "a local's name"))
@@ -235,11 +238,13 @@ class Attribute:
     """
 
     target: str
-    at: str = "entry"
+    at: Literal["entry", "load"] = "entry"
     index: tuple[int, ...] | None = None
-    copy: Any = None
+    copy: Copy = None
 
-    def __init__(self, target: str, at: str = "entry", index: Index = None, copy: Any = None) -> None:
+    def __init__(
+        self, target: str, at: Literal["entry", "load"] = "entry", index: Index = None, copy: Copy = None
+    ) -> None:
         if not isinstance(target, str):
             raise SpecError(f"an attribute target must be a string, got {target!r}")
         parts = target.split(".")
@@ -270,7 +275,7 @@ class Return:
     True
     """
 
-    copy: Any = field(default=None)
+    copy: Copy = field(default=None)
 
     def __post_init__(self) -> None:
         _copy(self.copy)
@@ -291,9 +296,9 @@ class Call:
 
     target: str
     index: tuple[int, ...] | None = None
-    copy: Any = None
+    copy: Copy = None
 
-    def __init__(self, target: str, index: Index = None, copy: Any = None) -> None:
+    def __init__(self, target: str, index: Index = None, copy: Copy = None) -> None:
         if not isinstance(target, str):
             raise SpecError(f"a call target must be a string, got {target!r}")
         if target.rstrip().endswith("()"):  # the short form's spelling, given to the class
@@ -326,9 +331,9 @@ class Expr:
 
     op: str
     index: tuple[int, ...] | None = None
-    copy: Any = None
+    copy: Copy = None
 
-    def __init__(self, op: str, index: Index = None, copy: Any = None) -> None:
+    def __init__(self, op: str, index: Index = None, copy: Copy = None) -> None:
         if not isinstance(op, str):
             raise SpecError(f"an operator must be a string such as '+', got {op!r}")
         if op not in OPERATORS and not (op.endswith("=") and op[:-1] in OPERATORS):
