@@ -154,7 +154,8 @@ def did_you_mean(word: str, names: Iterable[str], hide_private: bool = True) -> 
     candidates = [n for n in names if not (private and n.startswith(private))]
     close = difflib.get_close_matches(word, candidates, n=3)
     # A private name but for its leading underscores: the word, typed without them, first.
-    exact = [n for n in names if n not in candidates and n.lstrip("_") == word.lstrip("_")]
+    bare = word.lstrip("_")
+    exact = [n for n in names if n != word and n.lstrip("_") == bare and private and n.startswith(private)]
     close = (exact[:1] + close)[:3]
     # Where none of them ends as a dotted word does, one that does first: the same function
     # reached another way ('F.softmax' for 'nn.functional.softmax', over 'nn.functional.dropout').

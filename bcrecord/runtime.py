@@ -1897,6 +1897,26 @@ _shared: Tuple[Recording, ...] = ()
 #: The sinks of contexts with no recording of their own: the threads='all' recordings'.
 _default_routing = _Routing((), (), DEFAULT_SINKS)
 _context = SINKS
+
+#: bcrecord's own context variables, each with its default: the state of the recordings of a
+#: context, which :func:`carry` hands on (see :func:`carried_variable`).
+_carried_variables: Dict[contextvars.ContextVar[Any], Any] = {}
+
+
+def carried_variable(var: contextvars.ContextVar[T]) -> contextvars.ContextVar[T]:
+    """Register ``var`` (one with a default) as part of the recordings' state, which
+    :func:`carry` hands on to the functions it wraps; returns ``var``.
+
+    >>> import contextvars
+    >>> stopping = carried_variable(contextvars.ContextVar("bcrecord_example", default=False))
+    >>> _carried_variables[stopping]
+    False
+    """
+    _carried_variables[var] = contextvars.Context().run(var.get)
+    return var
+
+
+carried_variable(_context)
 _MISSING = object()
 _NO_INSTANCE = object()
 #: What a recording's :meth:`Recording.__enter__` holds until it has armed its patches.
@@ -2553,11 +2573,12 @@ def recording(
 def carry(func: Callable[P, T]) -> Callable[P, T]:
     """Wrap ``func`` to run inside the caller's current recordings (e.g. in a worker thread).
 
-    The recordings are those entered where ``carry`` is called (none where it decorates a
-    function at import: each call then records in the recordings of where it runs). Each
-    call runs in a copy of the context it is called in, as a task or ``asyncio.to_thread``
-    does: the program's own context variables (a request id, ``decimal``'s context) are
-    those of where it runs, and what it sets in them stays in that copy.
+    The recordings are those entered where ``carry`` is called. Each call runs in a copy of
+    the context it is called in, with those recordings, as a task or ``asyncio.to_thread``
+    runs in a copy: the program's own context variables (a request id, ``decimal``'s
+    context) are those of where it runs, and what it sets in them stays in that copy. Where
+    no recording is entered (a decorator at import), ``func`` itself is returned: it records
+    in the recordings of wherever it runs.
 
     A coroutine, generator or async generator that ``func`` returns runs there too, each
     step (its body runs where it is awaited or iterated, not where it is made). The wrapper
@@ -2565,7 +2586,8 @@ def carry(func: Callable[P, T]) -> Callable[P, T]:
     async generator function is one too, so frameworks that check
     ``inspect.iscoroutinefunction``, ``inspect.isgeneratorfunction`` or
     ``inspect.isasyncgenfunction`` treat it as they treat ``func`` (unlike ``func``, such a
-    wrapper checks its arguments at its first step, not when it is called).
+    wrapper checks its arguments at its first step, not when it is called, and its context
+    is a copy of the one it first steps in).
 
     >>> import asyncio, bcrecord, inspect, threading
     >>> def double(a):
@@ -2577,23 +2599,23 @@ def carry(func: Callable[P, T]) -> Callable[P, T]:
     >>> with bcrecord.recording() as rec:
     ...     carried = bcrecord.carry(job)
     ...     worker = threading.Thread(target=lambda: asyncio.run(carried(5))); worker.start(); worker.join()
-    >>> rec["demo:double:y@0"], inspect.iscoroutinefunction(carried)
-    (10, True)
+    >>> rec["demo:double:y@0"], inspect.iscoroutinefunction(carried), bcrecord.carry(job) is job
+    (10, True, True)
     """
     if not callable(func):  # (the wrapper would fail only when called, elsewhere: a worker thread)
         raise TypeError(f"carry takes a function to run inside the recordings, got {func!r:.80}")
-    # bcrecord's own variables as they are here, where a recording is entered (else the
-    # recordings of where each call runs are its own); those not set here are their defaults.
     here = contextvars.copy_context()
-    carried = {var: value for var, value in here.items() if var.name.startswith(OWN_VARIABLES)}
-    entered = bool(here.run(context_recordings))
+    if not here.run(context_recordings):
+        return func
+    # bcrecord's own variables as they are here (each of them: one the calling context has
+    # set, while here it is not, would mix another state with this one).
+    carried = [(var, here.get(var, default)) for var, default in _carried_variables.items()]
 
     def context() -> contextvars.Context:
         inside = contextvars.copy_context()
-        if entered:
-            for var in [*carried, *(var for var in inside if var.name.startswith(OWN_VARIABLES))]:
-                value = carried.get(var, _unset)
-                inside.run(var.set, _default(var) if value is _unset else value)
+        for var, value in carried:
+            if inside.get(var, _unset) is not value:
+                inside.run(var.set, value)
         return inside
 
     if inspect.iscoroutinefunction(func):
@@ -2639,22 +2661,17 @@ def carry(func: Callable[P, T]) -> Callable[P, T]:
     return run
 
 
-#: How bcrecord's context variables are named, each: :func:`carry` hands those on.
-OWN_VARIABLES = "bcrecord_"
-
-
 _unset = object()
 
 
-def _default(var: contextvars.ContextVar[T]) -> T:
-    """``var``'s default (bcrecord's variables each have one)."""
-    return contextvars.Context().run(var.get)
-
-
 def _iterable_coroutine(func_or_generator: Any) -> bool:
-    """Whether a generator function or generator is ``types.coroutine``'s (awaitable)."""
+    """Whether a generator function (a partial or method of one) or generator is
+    ``types.coroutine``'s (awaitable)."""
+    while isinstance(func_or_generator, functools.partial):
+        func_or_generator = func_or_generator.func
+    func_or_generator = getattr(func_or_generator, "__func__", func_or_generator)
     code = getattr(func_or_generator, "__code__", None) or getattr(func_or_generator, "gi_code", None)
-    return code is not None and bool(code.co_flags & inspect.CO_ITERABLE_COROUTINE)
+    return isinstance(code, types.CodeType) and bool(code.co_flags & inspect.CO_ITERABLE_COROUTINE)
 
 
 def _stepped_in(context: contextvars.Context, inner: Any) -> Any:

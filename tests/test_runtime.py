@@ -2850,7 +2850,9 @@ def test_carry_keeps_the_name_and_signature_of_what_it_wraps():
         """Doubled."""
         return x * by
 
-    carried = bcrecord.carry(scaled)
+    assert bcrecord.carry(scaled) is scaled  # no recording here: it runs where it is called, as it is
+    with bcrecord.recording():
+        carried = bcrecord.carry(scaled)
     assert (carried.__name__, carried.__doc__, carried.__wrapped__) == ("scaled", "Doubled.", scaled)
     assert str(inspect.signature(carried)) == "(x: int, *, by: int = 2) -> int"
     assert carried(3, by=4) == 12
@@ -2922,12 +2924,12 @@ def test_carry_of_a_types_coroutine_generator_function_is_awaited_as_it_is():
     assert inspect.isgeneratorfunction(wrapped) and wrapped.__wrapped__ is legacy
 
 
-def test_every_context_variable_of_bcrecord_is_named_so_that_carry_hands_it_on():
+def test_every_context_variable_of_bcrecord_is_one_that_carry_hands_on():
     import contextvars
     import importlib
     import pkgutil
 
-    from bcrecord.runtime import OWN_VARIABLES
+    from bcrecord import runtime
 
     found = {}
     for module_info in pkgutil.walk_packages(bcrecord.__path__, "bcrecord."):
@@ -2939,9 +2941,42 @@ def test_every_context_variable_of_bcrecord_is_named_so_that_carry_hands_it_on()
             continue
         for name, value in vars(module).items():
             if isinstance(value, contextvars.ContextVar):
-                found[f"{module_info.name}.{name}"] = value.name
-    assert "bcrecord.rewrite.SINKS" in found
-    assert [name for name, var in found.items() if not var.startswith(OWN_VARIABLES)] == []
+                found[f"{module_info.name}.{name}"] = value
+    assert found["bcrecord.rewrite.SINKS"] in runtime._carried_variables
+    # (A load's lookups of classes it cannot import: no recording's state.)
+    found.pop("bcrecord.storage._stand_ins")
+    assert [name for name, var in found.items() if var not in runtime._carried_variables] == []
+
+
+def test_carry_hands_on_bcrecord_s_own_variables_only_not_the_program_s_named_like_them():
+    # A program's variable named 'bcrecord_...' without a default made each call raise LookupError
+    # (carry told bcrecord's own by their names), and one with a default was set back to it.
+    import contextvars
+
+    mine = contextvars.ContextVar("bcrecord_run_id")
+    theirs = contextvars.ContextVar("bcrecord_step", default=0)
+    with bcrecord.recording():
+        show = bcrecord.carry(lambda: (mine.get("unset"), theirs.get()))
+    mine.set("run-7")
+    theirs.set(3)
+    assert show() == ("run-7", 3)
+
+
+def test_carry_of_a_partial_of_a_types_coroutine_function_is_awaitable():
+    import functools
+    import types
+
+    @types.coroutine
+    def legacy(a):
+        yield
+        return a * 2
+
+    async def main(wrapped):
+        return await wrapped()
+
+    with bcrecord.recording():
+        wrapped = bcrecord.carry(functools.partial(legacy, 3))
+    assert asyncio.run(main(wrapped)) == 6
 
 
 def test_carry_runs_an_async_generator_inside_the_recordings_and_keeps_coroutine_functions_so():

@@ -45,6 +45,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from ..errors import SpecError
 from ..runtime import (
     _unregister_copy,
+    carried_variable,
     copied_container,
     copied_dataclass,
     copied_once,
@@ -99,11 +100,13 @@ def _function_modes() -> bool:
 
 
 #: Whether a copy runs inside :func:`_around_modes` already.
-_minding_modes: contextvars.ContextVar[bool] = contextvars.ContextVar("bcrecord_minding_modes", default=False)
+_minding_modes: contextvars.ContextVar[bool] = carried_variable(
+    contextvars.ContextVar("bcrecord_minding_modes", default=False)
+)
 #: Whether the values copied now go back into the code that runs the model (an extractor returns
 #: them): inside a transform they stay its tensors there (vmap batches its outputs itself).
-returned_inside: contextvars.ContextVar[bool] = contextvars.ContextVar(
-    "bcrecord_returned_inside", default=False
+returned_inside: contextvars.ContextVar[bool] = carried_variable(
+    contextvars.ContextVar("bcrecord_returned_inside", default=False)
 )
 
 
@@ -195,7 +198,9 @@ def outside_transforms(tensor: torch.Tensor, copy: Callable[[torch.Tensor], T]) 
 
 
 #: Whether a copy of :func:`outside_transforms` runs: its tensor is out from under the wrappers.
-_outside: contextvars.ContextVar[bool] = contextvars.ContextVar("bcrecord_outside_transforms", default=False)
+_outside: contextvars.ContextVar[bool] = carried_variable(
+    contextvars.ContextVar("bcrecord_outside_transforms", default=False)
+)
 
 
 def _vmap_sizes() -> Dict[int, int]:
@@ -955,27 +960,51 @@ class ValuePolicy:
 def _saving_apart_from(live: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
     """A saved-tensor pack hook that saves a copy of a tensor sharing ``live``'s memory.
 
+    The memory ``live`` spans is copied once, however many tensors the reduce saves of it:
+    each of them (``live`` itself, ``t * t``'s two, a transpose, an expanded view) is saved
+    as a view of that one copy; one reaching past it, as a copy of its own.
+
     >>> live = torch.ones(2, requires_grad=True) * 1
     >>> with torch.autograd.graph.saved_tensors_hooks(_saving_apart_from(live), _itself):
-    ...     reduced = live.pow(2).sum()
+    ...     reduced = (live * live).sum()
     >>> _ = live.detach().mul_(5)  # changed in place after it was recorded
-    >>> torch.autograd.grad(reduced, live)[0].tolist()  # d(sum(t**2))/dt at t = 1
+    >>> torch.autograd.grad(reduced, live)[0].tolist()  # d(sum(t*t))/dt at t = 1
     [2.0, 2.0]
     """
     try:
         address = live.untyped_storage().data_ptr()
     except (RuntimeError, NotImplementedError):  # (sparse, nested: no one storage to tell by)
         address = None
+    strided = address is not None and live.layout == torch.strided and not live.is_nested
+    start = live.storage_offset() if strided else 0
+    span = _span(live) if strided else 0
+    strided = strided and span > 0
+    copied: List[torch.Tensor] = []
 
     def save(tensor: torch.Tensor) -> torch.Tensor:
         try:
             shared = address is None or tensor.untyped_storage().data_ptr() == address
         except (RuntimeError, NotImplementedError):
             shared = True
-        # Detached: autograd gives the unpacked tensor its place in the graph back.
-        return tensor.detach().clone() if shared else tensor
+        if not shared:
+            return tensor
+        plain = strided and tensor.layout == torch.strided and not tensor.is_nested
+        offset = tensor.storage_offset() - start if plain else -1
+        if offset < 0 or tensor.dtype != live.dtype or offset + _span(tensor) > span:
+            # Detached: autograd gives the unpacked tensor its place in the graph back.
+            return tensor.detach().clone()
+        if not copied:
+            copied.append(live.detach().as_strided((span,), (1,), start).clone())
+        return copied[0].as_strided(tensor.size(), tensor.stride(), offset)
 
     return save
+
+
+def _span(tensor: torch.Tensor) -> int:
+    """How many elements of its storage a strided ``tensor`` reaches, from its first."""
+    if tensor.numel() == 0:
+        return 0
+    return 1 + sum((n - 1) * step for n, step in zip(tensor.shape, tensor.stride(), strict=True))
 
 
 def _itself(value: T) -> T:

@@ -45,7 +45,7 @@ from ..analysis import returns_none
 from ..errors import NotPatchableError, ReturnNodeError, SpecError, TargetError, did_you_mean, warn
 from ..patch import Patch, remove_all, remove_soon
 from ..patch import targets as function_targets
-from ..runtime import kept_length
+from ..runtime import carried_variable, kept_length
 from ..specs import require_bool
 from .copies import returned_inside
 from .record import (
@@ -145,8 +145,8 @@ def _expanded(model: torch.nn.Module, target: str) -> List[Target]:
 
 
 #: The module classes the ``tracer_kwargs`` given to create_feature_extractor make FX leaves.
-_leaf_modules: contextvars.ContextVar[Tuple[type, ...]] = contextvars.ContextVar(
-    "bcrecord_leaf_modules", default=()
+_leaf_modules: contextvars.ContextVar[Tuple[type, ...]] = carried_variable(
+    contextvars.ContextVar("bcrecord_leaf_modules", default=())
 )
 
 

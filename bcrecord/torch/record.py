@@ -84,6 +84,7 @@ from ..runtime import (
     Recording,
     Sink,
     _copied_by_method,
+    carried_variable,
     context_recordings,
     deepcopy_refused,
     raised_by_signal_handler,
@@ -1833,16 +1834,18 @@ def _warn_added(plan: Plan) -> None:
 
 #: Whether a caller in this context catches :class:`StopForward` (the root's
 #: forward under ``stop_after_last``, or an extractor): only then does a probe raise it.
-_stopping: contextvars.ContextVar[bool] = contextvars.ContextVar("bcrecord_stopping", default=False)
+_stopping: contextvars.ContextVar[bool] = carried_variable(
+    contextvars.ContextVar("bcrecord_stopping", default=False)
+)
 _roots_lock = safe_over_forks(threading.Lock())
 #: The :class:`_StopAtRoot` calls running in this context, outermost first.
-_roots_running: contextvars.ContextVar[Tuple[_StopAtRoot, ...]] = contextvars.ContextVar(
-    "bcrecord_roots_running", default=()
+_roots_running: contextvars.ContextVar[Tuple[_StopAtRoot, ...]] = carried_variable(
+    contextvars.ContextVar("bcrecord_roots_running", default=())
 )
 #: The callers in this context that catch :class:`StopForward` (roots that stop, extractors),
 #: outermost first: each one's recordings (see StopForward._caught_further_out).
-_catching: contextvars.ContextVar[Tuple[Tuple[ModelRecording, ...], ...]] = contextvars.ContextVar(
-    "bcrecord_catching", default=()
+_catching: contextvars.ContextVar[Tuple[Tuple[ModelRecording, ...], ...]] = carried_variable(
+    contextvars.ContextVar("bcrecord_catching", default=())
 )
 #: Whether torch.export is tracing (torch.compiler.is_exporting, where torch has it).
 _exporting: Callable[[], bool] = getattr(getattr(torch, "compiler", None), "is_exporting", lambda: False)

@@ -51,6 +51,7 @@ from ..analysis import compiled_spec, computed_callee_calls, instructions, read
 from ..errors import BcrecordError, NotPatchableError, SpecError, TargetError, did_you_mean, warn
 from ..patch import function_of, original_code
 from ..patch import targets as function_targets
+from ..runtime import carried_variable
 from ..specs import Attribute, Call, Expr, Return, Spec, compiled_name, full_width_fixed, parse
 
 __all__ = [
@@ -213,8 +214,8 @@ class _Found:
 
 
 #: What :func:`_resolving` has found, while it runs.
-_found: contextvars.ContextVar[Optional[_Found]] = contextvars.ContextVar(
-    "bcrecord_found_submodules", default=None
+_found: contextvars.ContextVar[Optional[_Found]] = carried_variable(
+    contextvars.ContextVar("bcrecord_found_submodules", default=None)
 )
 
 
@@ -1830,7 +1831,9 @@ def _refuse_parametrized_read(
 
 
 #: False while targets already expanded once (and warned about) are expanded again.
-_warn: contextvars.ContextVar[bool] = contextvars.ContextVar("bcrecord_expand_warns", default=True)
+_warn: contextvars.ContextVar[bool] = carried_variable(
+    contextvars.ContextVar("bcrecord_expand_warns", default=True)
+)
 
 
 @contextlib.contextmanager

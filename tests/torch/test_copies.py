@@ -136,6 +136,12 @@ def test_a_reduce_in_the_graph_gives_the_gradient_of_the_value_as_recorded_thoug
         assert save(shares).untyped_storage().data_ptr() != live.untyped_storage().data_ptr()
         assert torch.equal(save(shares), shares)
     assert save(made) is made
+    # One copy of what the value spans, however many tensors of it are saved (t * t saved two
+    # copies; an expanded view's was as large as the view).
+    first, transposed, wide = save(live), save(live.t()), save(live.expand(8, 2, 3))
+    assert len({t.untyped_storage().data_ptr() for t in (first, transposed, wide)}) == 1
+    assert wide.untyped_storage().nbytes() == live.untyped_storage().nbytes()
+    assert torch.equal(transposed, live.t()) and torch.equal(wide, live.expand(8, 2, 3))
 
 
 def test_containers_of_their_own_kind_and_dataclasses_are_copied():
