@@ -66,6 +66,7 @@ import operator
 import os
 import pickle
 import re
+import reprlib
 import shutil
 import sys
 import threading
@@ -547,7 +548,7 @@ def _prepared(batches: Sequence[Tuple[int, List[Tuple[str, Sequence[Any]]]]]) ->
                         suffix = ".pkl"
                 except Exception as error:  # a meta tensor has no data to save
                     raise UnsavableValue(
-                        f"cannot save {key!r} (step {step}): {type(error).__name__}: {error}"
+                        f"cannot save {_SHOWN.repr(key)} (step {step}): {type(error).__name__}: {error}"
                     ) from None
                 entries.append({"key": key, "step": step, "file": suffix, "name": name, **info, "time": now})
     # Pickled before the tensors are laid out, as the save failed before (the same value blamed).
@@ -576,8 +577,8 @@ def _header_parts(tensors: Dict[str, Any], entries: List[Dict[str, Any]]) -> Lis
         if size > room:
             row = next(row for row in entries if row["name"] == name)
             raise UnsavableValue(
-                f"cannot save {row['key']!r} (step {row['step']}): its name is too long for a safetensors "
-                f"header, which holds at most {_HEADER_LIMIT} bytes"
+                f"cannot save {_SHOWN.repr(row['key'])} (step {row['step']}): its name is too long for a "
+                f"safetensors header, which holds at most {_HEADER_LIMIT} bytes"
             )
         if used + size > room:
             parts.append({})
@@ -795,6 +796,8 @@ class Writer:
         writer has not; returns how many values were written."""
         with self._lock:
             if not self.made:
+                if not prepared.entries:  # (nothing to save: no folder yet, as make=False says)
+                    return 0
                 self._make()
             with _writing(self.directory), _turn(self.directory):
                 return self._write(prepared)
@@ -1153,7 +1156,8 @@ def _blame(entries: List[Dict[str, Any]], values: Dict[str, Any], error: Excepti
     for row in entries:
         why = _why_unsavable(values[row["name"]]) if row["name"] in values else None
         if why is not None:
-            raise UnsavableValue(f"cannot save {row['key']!r} (step {row['step']}): {why}") from None
+            key = _SHOWN.repr(row["key"])
+            raise UnsavableValue(f"cannot save {key} (step {row['step']}): {why}") from None
     # Each value saves alone, not all together: no one value to blame.
     raise UnsavableValue(f"cannot {doing}: {type(error).__name__}: {error}") from None
 
@@ -1531,7 +1535,14 @@ class Unimportable:
     def __repr__(self) -> str:
         saved = [part for part in (self.args, self.items, getattr(self, "state", None)) if part]
         shown = saved[0] if len(saved) == 1 else tuple(saved)
-        return f"<{self._where}, not importable here: {shown!r}>"
+        return f"<{self._where}, not importable here: {_SHOWN.repr(shown)}>"
+
+
+#: Reprs cut short: a stand-in's saved state (a tensor's pickled bytes may be megabytes),
+#: a key in a message (a key may be as long as a program makes it).
+_SHOWN = reprlib.Repr()
+_SHOWN.maxstring = _SHOWN.maxother = 200
+_SHOWN.maxlevel = 3
 
 
 class Unloadable(Unimportable):
@@ -1559,7 +1570,7 @@ class Unloadable(Unimportable):
     def __repr__(self) -> str:
         saved = [part for part in (self.args, self.items, getattr(self, "state", None)) if part]
         shown = saved[0] if len(saved) == 1 else tuple(saved)
-        return f"<{self._where}, could not be made again ({self.error}): {shown!r}>"
+        return f"<{self._where}, could not be made again ({self.error}): {_SHOWN.repr(shown)}>"
 
 
 def _unloadable_again(where: str, error: str, args: Tuple[Any, ...]) -> Unloadable:

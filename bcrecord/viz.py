@@ -49,11 +49,12 @@ from pathlib import Path
 from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Sequence, TextIO, Tuple, Union
 from urllib.parse import quote, unquote
 
-from .errors import BcrecordError, aligned, did_you_mean
+from .errors import BcrecordError, aligned, did_you_mean, listed
 from .specs import require_bool
 from .storage import (
     DamagedRecords,
     Loaded,
+    StorageError,
     Unimportable,
     Unloadable,
     _expanded,
@@ -97,7 +98,7 @@ def _stats(value: Any, divisor: int = 1) -> Optional[Tuple[float, float, float, 
             stored = _stored(value.detach())
             t, zeros = (as_dense(value.detach()), 0) if stored is None else stored
             if t.is_complex():
-                t = t.abs()
+                t = _magnitude(t)
             if str(t.dtype) not in ("torch.float32", "torch.float64"):  # ints, bool, float8: no aminmax
                 t = t.double()
         except (RuntimeError, NotImplementedError):  # a dtype torch converts to nothing (packed float4)
@@ -250,6 +251,22 @@ def _isnan(array: Any) -> Any:
     return np.isnan(array)
 
 
+def _magnitude(t: Any) -> Any:
+    """The magnitude of a complex tensor's elements; of a kind torch takes no ``abs`` of
+    (``bcomplex32``) too, through ``complex64``.
+
+    >>> import torch
+    >>> _magnitude(torch.tensor([3 + 4j], dtype=torch.complex64)).tolist()
+    [5.0]
+    """
+    try:
+        return t.abs()
+    except (RuntimeError, NotImplementedError):
+        import torch  # (a tensor is here: torch is imported)
+
+        return t.to(torch.complex64).abs()
+
+
 def _numpy_array(value: Any) -> Any:
     """``value`` as a float64 numpy array (tensors, numpy arrays, numbers, lists); None if not numeric.
 
@@ -271,7 +288,7 @@ def _numpy_array(value: Any) -> Any:
             return None
         try:
             t = as_dense(value.detach().cpu())
-            return (t.abs() if t.is_complex() else t).double().numpy()
+            return (_magnitude(t) if t.is_complex() else t).double().numpy()
         except (RuntimeError, NotImplementedError):  # (as in _stats)
             return None
     if isinstance(value, str) or value is None:
@@ -1395,10 +1412,26 @@ def _groups(sizes: Mapping[str, int], keys: Sequence[str]) -> List[List[str]]:
 
 def _load_noting_damage(directory: Path, keys: List[str], notes: List[str]) -> Loaded:
     """``load(directory, keys)``, what it warns of a damaged data file added to ``notes``
-    (said as one line each, as the rest of ``view``'s report is)."""
+    (said as one line each, as the rest of ``view``'s report is); keys whose tensors need
+    torch where it is missing are left out, and said so."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", DamagedRecords)
-        loaded = load(directory, keys=keys)
+        try:
+            loaded = load(directory, keys=keys)
+        except StorageError as error:
+            if "holds tensors: loading them needs" not in str(error):
+                raise
+            kept, left = [], []
+            for key in keys:  # (rare: a core-only interpreter reading a torch program's records)
+                try:
+                    load(directory, keys=[key])
+                except StorageError:
+                    left.append(key)
+                else:
+                    kept.append(key)
+            needs = str(error).partition("loading them needs ")[2].partition(";")[0]
+            notes.append(f"{len(left)} key(s) hold tensors, which showing needs {needs}: {listed(left)}")
+            loaded = load(directory, keys=kept)
     for warning in caught:
         if issubclass(warning.category, DamagedRecords):
             notes.append(str(warning.message))

@@ -1764,3 +1764,25 @@ def test_a_function_or_class_loaded_as_a_stand_in_class_saves_again(tmp_path, mo
     importlib.invalidate_caches()
     (again,) = load(tmp_path / "second")["m:f:cfg@0"]
     assert again["loss"](3) == 6 and again["kind"].__name__ == "Cfg" and type(again["obj"]) is again["kind"]
+
+
+def test_a_stand_in_s_repr_and_a_key_in_a_message_are_cut_short(tmp_path):
+    # A 16 MB tensor pickled where torch was missing had a repr of 47 million characters; a key too
+    # long for a safetensors header gave a message of 100 MB.
+    from bcrecord.storage import Unimportable
+
+    stand_in = Unimportable.__new__(Unimportable)
+    stand_in._where, stand_in.state = "torch._utils._rebuild_tensor_v2", {"data": b"x" * 1_000_000}
+    assert len(repr(stand_in)) < 400 and repr(stand_in).startswith("<torch._utils._rebuild_tensor_v2, ")
+    with pytest.raises(UnsavableValue) as caught:
+        save({"k" * 1_000_000: [lambda: 1]}, tmp_path / "out")
+    assert len(str(caught.value)) < 600 and str(caught.value).startswith("cannot save 'kkkk")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_writer_that_makes_its_directory_at_its_first_save_makes_none_for_a_save_of_no_values(tmp_path):
+    # It made the folder (index and records/) for a save that wrote nothing.
+    writer = Writer(tmp_path / "run", make=False)
+    assert writer.write({}, step=0) == 0 and writer.write({"k": []}, step=1) == 0
+    assert (writer.made, list(tmp_path.iterdir())) == (False, [])
+    assert writer.write({"k": [1]}, step=2) == 1 and writer.made and load(tmp_path / "run")["k"] == [1]

@@ -709,3 +709,22 @@ def test_the_next_save_removes_what_a_save_of_several_files_killed_mid_write_lef
     ]
     loaded = load(tmp_path)
     assert [value.tolist() for value in loaded["a"]] == [[0.0], [100.0]] and loaded["p"] == ["second"]
+
+
+class _NoAbs(torch.Tensor):
+    """A complex tensor torch takes no abs of (torch 2.14's bcomplex32: "abs_cpu" not implemented)."""
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.abs and args[0].dtype != torch.complex64:
+            raise NotImplementedError('"abs_cpu" not implemented for this kind')
+        return super().__torch_function__(func, types, args, kwargs or {})
+
+
+def test_a_complex_tensor_torch_takes_no_abs_of_is_summarized_by_magnitude(tmp_path):
+    # view showed '-' for a bcomplex32 value, and drew nothing of it, saying nothing.
+    from bcrecord import viz
+
+    value = torch.tensor([3 + 4j, 0j]).to(torch.complex32).as_subclass(_NoAbs)
+    assert viz._stats(value) == (0.0, 5.0, 5.0, 2)  # (min, sum, max, count) of the magnitudes
+    assert viz._numpy_array(value).tolist() == [5.0, 0.0]
