@@ -92,7 +92,16 @@ from ..runtime import (
     silently,
 )
 from ..specs import Attribute, Local, Return, Spec, require_bool
-from .copies import Device, ValuePolicy, _itself, _tracing_state, _transforms_active, under_vmap, value_policy
+from .copies import (
+    Device,
+    ValuePolicy,
+    _itself,
+    _shares_memory,
+    _tracing_state,
+    _transforms_active,
+    under_vmap,
+    value_policy,
+)
 from .targets import (
     Target,
     _resolving,
@@ -1064,13 +1073,13 @@ class _GradientHook:
         self.tensor = weakref.ref(tensor)
         self.handle: Any = tensor.register_hook(self)
 
-    def __call__(self, grad: torch.Tensor) -> None:
+    def __call__(self, grad: torch.Tensor) -> Optional[torch.Tensor]:
         if self.handle is None:  # fired already
-            return
+            return None
         self.remove()
         rec = self.rec()
         if rec is None:  # dropped: nobody can read its gradients
-            return
+            return None
         rec._leaf_hooks.discard(self)
         if self.waiting is not None and rec._leaf_waiting.get(self.waiting) is self:
             del rec._leaf_waiting[self.waiting]
@@ -1080,8 +1089,17 @@ class _GradientHook:
             if raised_by_signal_handler(error):  # the program's own (a timeout's)
                 raise
             rec._fail(self.key, error)
-            return
+            return None
+        # A gradient kept uncopied ('detach', 'none'): autograd takes a gradient that nothing
+        # else holds as a parameter's .grad, which later backwards add to and zero_grad zeroes
+        # in place. Held itself (an alias of one without a graph is the same value), it is not
+        # taken; a view of it (a reduce's) is kept apart by handing backward a copy instead.
+        if isinstance(kept, torch.Tensor) and kept is not grad and _same_view(kept, grad):
+            kept = grad
         rec._add_gradient(self.key, self.position, kept)
+        if _holds_view_of(kept, grad):
+            return grad.clone()
+        return None
 
     def remove(self) -> None:
         handle, self.handle = self.handle, None
@@ -1091,6 +1109,34 @@ class _GradientHook:
         tensor = self.tensor()
         if tensor is not None and self.had_none and not tensor._backward_hooks:
             tensor._backward_hooks = None  # as it was: no hooks at all
+
+
+def _same_view(kept: torch.Tensor, grad: torch.Tensor) -> bool:
+    """Whether ``kept`` is ``grad`` detached, and ``grad`` has no graph: the same value."""
+    if (
+        grad.requires_grad
+        or kept.requires_grad
+        or type(kept) is not type(grad)
+        or grad.layout != torch.strided
+    ):
+        return False
+    try:
+        return (kept.data_ptr(), kept.dtype, kept.shape, kept.stride(), kept.device) == (
+            grad.data_ptr(),
+            grad.dtype,
+            grad.shape,
+            grad.stride(),
+            grad.device,
+        )
+    except (RuntimeError, NotImplementedError):  # (no storage: a functional or fake tensor)
+        return False
+
+
+def _holds_view_of(kept: Any, grad: torch.Tensor) -> bool:
+    """Whether ``kept`` (a tensor, or a tuple, list or dict of them: a reduce's) holds a tensor
+    other than ``grad`` that shares its memory."""
+    items = kept.values() if isinstance(kept, dict) else kept if isinstance(kept, (list, tuple)) else (kept,)
+    return any(isinstance(t, torch.Tensor) and t is not grad and _shares_memory(t, grad) for t in items)
 
 
 def _enclosing(model: torch.nn.Module, modules: Mapping[str, torch.nn.Module]) -> Tuple[torch.nn.Module, ...]:
@@ -1932,6 +1978,27 @@ def inside_ddp_forward() -> bool:
     return getattr(torch.nn.parallel.DistributedDataParallel, "_active_ddp_module", None) is not None
 
 
+#: The code every module's call runs: a frame of it is a module's call in progress.
+_CALL_CODE = getattr(torch.nn.Module._call_impl, "__code__", None)
+
+
+def _inside_another_forward(model: torch.nn.Module) -> bool:
+    """Whether ``model`` is called from inside another module's call (its forward, a hook).
+
+    >>> import torch
+    >>> inner = torch.nn.Identity()
+    >>> inner.forward = lambda x: _inside_another_forward(inner)
+    >>> inner(1), torch.nn.Sequential(inner)(1)
+    (False, True)
+    """
+    frame: Optional[types.FrameType] = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is _CALL_CODE and frame.f_locals.get("self") is not model:
+            return True
+        frame = frame.f_back
+    return False
+
+
 class _StopAtRoot:
     """``model.forward`` while recordings with ``stop_after_last`` run on ``model``.
 
@@ -2024,6 +2091,10 @@ class _StopAtRoot:
         # opened before anything is set: cut short anywhere (what a signal handler raised, a
         # Ctrl-C), none is left set, as a stale one made a later forward's stop escape.
         was_stopping, catching = _stopping.get(), _catching.get()
+        # Called by another module's forward, which needs its output, where no caller further
+        # out ends the pass (a stopping root, an extractor): it runs whole (handed None, that
+        # forward failed: "linear(): argument 'input' must be Tensor, not NoneType").
+        stopping = stopping and (bool(catching) or not _inside_another_forward(self.model))
         try:
             _stopping.set(stopping)
             try:

@@ -1,6 +1,7 @@
 """bcrecord.torch.record: values, policies, modes, threads, copies and cleanup."""
 
 import collections
+import contextlib
 import copy
 import functools
 import gc
@@ -1733,6 +1734,25 @@ def test_nested_recordings_that_stop_early_of_a_model_and_its_submodule_end_the_
     assert "forward" not in vars(model) and "forward" not in vars(inner)
 
 
+@pytest.mark.parametrize("outer", [None, "a recording of the model that does not stop"])
+def test_a_stopping_recording_of_a_submodule_run_by_its_model_runs_it_whole(outer):
+    # The submodule's forward returned None into the model's, which failed on it: "linear():
+    # argument 'input' must be Tensor, not NoneType". Called on its own, it still stops.
+    torch.manual_seed(0)
+    inner = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+    model = torch.nn.Sequential(inner, torch.nn.Linear(4, 4))
+    x = torch.randn(1, 4)
+    expected = model(x)
+    with contextlib.ExitStack() as stack:
+        if outer is not None:
+            stack.enter_context(record(model, ["1"]))
+        rec = stack.enter_context(record(inner, ["0"], stop_after_last=True))
+        assert torch.equal(model(x), expected)
+        assert inner(x) is None
+    assert [v.tolist() for v in rec.all("0:forward:return")] == [inner[0](x).tolist()] * 2
+    assert "forward" not in vars(model) and "forward" not in vars(inner)
+
+
 def test_a_nested_stopping_recording_of_a_submodule_that_runs_later_holds_the_stop_back():
     # The model's recording had its value first, and the submodule's, whose pass had not begun,
     # held nothing back: the forward ended before the submodule ran, which recorded nothing.
@@ -3033,3 +3053,34 @@ def test_a_core_recording_holding_a_tensor_in_the_autograd_graph_deep_copies():
     kept = copy.deepcopy(rec)[f"{__name__}:f:y@0"]
     assert not live.is_leaf and kept.is_leaf and kept.requires_grad and torch.equal(kept, live)
     assert kept.untyped_storage().data_ptr() != live.untyped_storage().data_ptr()
+
+
+@pytest.mark.parametrize("copy", ["detach", "none"])
+def test_a_gradient_kept_uncopied_is_not_the_parameter_s_grad_that_later_backwards_change(copy):
+    # Under 'detach' autograd took the recorded gradient as the parameter's .grad (nothing else
+    # held it): a second backward added to it, zero_grad(set_to_none=False) zeroed it. So did a
+    # view of it that a reduce kept, under 'none' too.
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.scale = torch.nn.Parameter(torch.ones(3))
+
+        def forward(self, x):
+            y = x * self.scale
+            return y * 1.0
+
+    torch.manual_seed(0)
+    model, x = Scaled(), torch.randn(4, 3)
+    targets = [":forward:self.scale.grad", ":forward:y@0.grad"]
+    with record(model, targets, copy=copy, keep="all") as rec:
+        model(x).sum().backward()
+        model(x).sum().backward()  # accumulated, no zero_grad
+    model.zero_grad(set_to_none=False)
+    assert [g.tolist() for g in rec.all(":forward:self.scale.grad")] == [x.sum(0).tolist()] * 2
+    assert [g.tolist() for g in rec.all(":forward:y@0.grad")] == [torch.ones(4, 3).tolist()] * 2
+    model.zero_grad()  # (None: the first backward's gradient becomes .grad where nothing else holds it)
+    with record(model, [":forward:self.scale.grad"], copy=copy, reduce=lambda t: t[:1]) as rec:
+        model(x).sum().backward()
+        model(x).sum().backward()
+    assert rec[":forward:self.scale.grad"].tolist() == x.sum(0)[:1].tolist()
+    assert torch.allclose(model.scale.grad, 2 * x.sum(0))  # (backward's own sums, unchanged)
