@@ -396,7 +396,7 @@ def _split(text: str, model: Optional[torch.nn.Module] = None) -> Tuple[str, str
     if len(parts) != 3 or not parts[1] or not parts[2]:
         raise SpecError(
             f"bad target {text!r}: expected 'module.path:method:target' (e.g. 'layer1.0:forward:out@2') "
-            f"or a bare module path (e.g. 'layer1'){_two_parts_meant(parts, model)}"
+            f"or a bare module path (e.g. 'layer1'){_two_parts_meant(parts, model, grad)}"
         )
     return parts[0], parts[1], parts[2], grad
 
@@ -405,9 +405,10 @@ def _split(text: str, model: Optional[torch.nn.Module] = None) -> Tuple[str, str
 _SLICE = re.compile(r"^([^:\[]*)\[\s*-?\d*\s*:\s*-?\d*\s*(?::\s*-?\d*\s*)?\]")
 
 
-def _two_parts_meant(parts: List[str], model: Optional[torch.nn.Module] = None) -> str:
+def _two_parts_meant(parts: List[str], model: Optional[torch.nn.Module] = None, grad: bool = False) -> str:
     """For a target of two parts, what it most likely stands for, to end the message with; else
-    ''. With the ``model``, a name its module at the path holds is told how to name it.
+    ''. With the ``model``, a name its module at the path holds is told how to name it; ``grad``:
+    the target ended with ``'.grad'``, which the suggestion keeps.
 
     >>> _two_parts_meant(["layer1.0.forward", "out"]), _two_parts_meant(["layer1", "out@1"])
     ("; did you mean 'layer1.0:forward:out'?", "; did you mean 'layer1:forward:out@1'?")
@@ -415,37 +416,67 @@ def _two_parts_meant(parts: List[str], model: Optional[torch.nn.Module] = None) 
     "; did you mean 'layer1:forward:return' (what forward returns) or 'layer1' (its output)?"
     >>> _two_parts_meant(["forward", "h"])  # the root's path left out
     "; did you mean ':forward:h'?"
-    >>> net = torch.nn.Sequential(torch.nn.Linear(1, 1))
-    >>> _two_parts_meant(["0", "weight"], net)
-    "; did you mean '0:forward:self.weight' (the parameter, as forward reads it)?"
-    >>> _two_parts_meant(["", "0"], net)
-    "; did you mean '0' (its output)?"
+    >>> net = torch.nn.Sequential(torch.nn.Linear(1, 1), torch.nn.ModuleList([torch.nn.ReLU()]))
+    >>> _two_parts_meant(["0", "weight"], net, grad=True)
+    "; did you mean '0:forward:self.weight.grad' (the parameter, as forward reads it)?"
+    >>> _two_parts_meant(["", "0"], net), _two_parts_meant(["", "1"], net)
+    ("; did you mean '0' (its output)?", "; did you mean '1.*' (its submodules' outputs)?")
     """
     if len(parts) != 2 or not all(parts[1:]):
         return ""
+    g = ".grad" if grad else ""
     module = _submodule(model, parts[0]) if model is not None else None
     name = parts[1].partition("@")[0].strip()
-    if module is not None and isinstance(module._modules.get(name), torch.nn.Module):  # its output
-        child = f"{parts[0]}.{name}" if parts[0] else name
+    kind = _held_by(module, name) if module is not None else None
+    child = f"{parts[0]}.{name}" if parts[0] else name
+    if kind == "submodule":
+        if grad:
+            return f"; did you mean '{child}:forward:return.grad' (the gradient of its output)?"
         return f"; did you mean {child!r} (its output)?"
-    for kind, held in (("parameter", "_parameters"), ("buffer", "_buffers")):
-        if module is not None and name.isidentifier() and getattr(module, held).get(name) is not None:
-            return f"; did you mean '{parts[0]}:forward:self.{parts[1]}' (the {kind}, as forward reads it)?"
+    if kind == "container":
+        return (
+            f"; did you mean '{child}.*{':forward:return.grad' if grad else ''}' (its submodules' outputs)?"
+        )
+    if kind is not None:
+        return f"; did you mean '{parts[0]}:forward:self.{parts[1]}{g}' (the {kind}, as forward reads it)?"
     if not parts[0]:
         return ""
     if parts[0] == "forward" or parts[0].startswith("_forward"):  # a method: the root's, path left out
-        return f"; did you mean ':{parts[0]}:{parts[1]}'?"
+        return f"; did you mean ':{parts[0]}:{parts[1]}{g}'?"
     path, dot, method = parts[0].rpartition(".")
     if dot and method.isidentifier() and "forward" in method:  # a dot where the ':' goes
-        return f"; did you mean '{path}:{method}:{parts[1]}'?"
+        return f"; did you mean '{path}:{method}:{parts[1]}{g}'?"
     if parts[1] == "forward" or parts[1].startswith("_forward"):  # the method, without what to record
-        returns = f"'{parts[0]}:{parts[1]}:return' (what {parts[1]} returns)"
-        return f"; did you mean {returns} or '{parts[0]}' (its output)?"
+        returns = f"'{parts[0]}:{parts[1]}:return{g}' (what {parts[1]} returns)"
+        return f"; did you mean {returns}{'' if grad else f' or {parts[0]!r} (its output)'}?"
     try:
         parse(parts[1])
     except SpecError:
         return ""
-    return f"; did you mean '{parts[0]}:forward:{parts[1]}'?"  # the method left out
+    return f"; did you mean '{parts[0]}:forward:{parts[1]}{g}'?"  # the method left out
+
+
+def _held_by(module: torch.nn.Module, name: str) -> Optional[str]:
+    """What ``module`` holds under ``name``: ``'submodule'``, ``'container'`` (one with no forward
+    of its own that holds submodules), ``'parameter'``, ``'buffer'``, or the class of another
+    module with no forward (a ``ParameterList``); None for nothing, or where its tables are not
+    plain dicts (a TorchScript module's).
+
+    >>> _held_by(torch.nn.Linear(1, 1), "weight"), _held_by(torch.nn.Linear(1, 1, bias=False), "bias")
+    ('parameter', None)
+    """
+    tables: List[Dict[str, Any]] = []
+    for table in ("_modules", "_parameters", "_buffers"):
+        found = getattr(module, table, None)
+        if not isinstance(found, dict):
+            return None
+        tables.append(found)
+    held = [table.get(name) for table in tables]
+    if isinstance(held[0], torch.nn.Module):
+        if has_forward(held[0]):
+            return "submodule"
+        return "container" if held[0]._modules else type(held[0]).__name__
+    return "parameter" if held[1] is not None else "buffer" if held[2] is not None else None
 
 
 def _bare_path_grad(path: str) -> SpecError:

@@ -79,6 +79,36 @@ def test_a_target_with_a_likely_typo_is_told_the_form_to_write(typo, meant):
     assert target.spec == Local("out", 1)
 
 
+@pytest.mark.parametrize(
+    "typo, meant",
+    [
+        # '.grad' kept (the hint recorded the value), a container's children (it has no output).
+        ("blocks.0.conv:weight.grad", "'blocks.0.conv:forward:self.weight.grad' (the parameter"),
+        ("blocks.0:bn.grad", "'blocks.0.bn:forward:return.grad' (the gradient of its output)"),
+        (":stages", "'stages.*' (its submodules' outputs)"),
+        (":scales", "':forward:self.scales' (the ParameterList, as forward reads it)"),
+    ],
+)
+def test_a_two_part_target_is_told_a_form_that_is_accepted(typo, meant):
+    net = SmallNet()
+    net.stages = torch.nn.ModuleList([torch.nn.ReLU()])
+    net.scales = torch.nn.ParameterList([torch.nn.Parameter(torch.ones(1))])
+    with pytest.raises(bcrecord.SpecError) as caught:
+        expand(net, typo)
+    assert f"; did you mean {meant}" in str(caught.value)
+    assert expand(net, meant.split("'")[1])
+
+
+def test_a_two_part_target_in_a_torchscript_module_is_told_the_form_without_a_crash():
+    # The hint read the module's tables as dicts: "'OrderedModuleDict' object has no attribute 'get'".
+    net = SmallNet()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (torch.jit.script is deprecated)
+        net.fc = torch.jit.script(torch.nn.Sequential(torch.nn.Linear(4, 5)))
+    with pytest.raises(bcrecord.SpecError, match=r"; did you mean 'fc:forward:weight'\?$"):
+        expand(net, "fc:weight")
+
+
 class _Indexed(torch.nn.Module):
     def __init__(self):
         super().__init__()
