@@ -1983,18 +1983,21 @@ _CALL_CODE = getattr(torch.nn.Module._call_impl, "__code__", None)
 
 
 def _inside_another_forward(model: torch.nn.Module) -> bool:
-    """Whether ``model`` is called from inside another module's call (its forward, a hook).
+    """Whether ``model`` is called from inside another module's call (its forward, a hook),
+    but a wrapper's that hands on its output (DistributedDataParallel, torch.compile's).
 
     >>> import torch
     >>> inner = torch.nn.Identity()
     >>> inner.forward = lambda x: _inside_another_forward(inner)
-    >>> inner(1), torch.nn.Sequential(inner)(1)
-    (False, True)
+    >>> inner(1), torch.nn.Sequential(inner)(1), torch.nn.DataParallel(inner)(1)
+    (False, True, False)
     """
     frame: Optional[types.FrameType] = sys._getframe(1)
     while frame is not None:
-        if frame.f_code is _CALL_CODE and frame.f_locals.get("self") is not model:
-            return True
+        if frame.f_code is _CALL_CODE:
+            caller = frame.f_locals.get("self")
+            if caller is not model and isinstance(caller, torch.nn.Module) and unwrap(caller) is not model:
+                return True
         frame = frame.f_back
     return False
 
