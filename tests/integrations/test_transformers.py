@@ -831,6 +831,12 @@ def test_stop_after_last_ends_each_forward_so_generate_fails_as_documented(llama
         with pytest.raises(AttributeError, match="'NoneType' object"):
             llama.generate(ids, max_new_tokens=2, pad_token_id=0)
     assert rec["model.layers.0:forward:return"].shape == (1, 4, 32)
+    # A recorded submodule inside the model called runs whole: the outer forward needs its output.
+    with torch.no_grad():
+        expected = llama(ids).logits
+        with record(llama.model, ["layers.0"], stop_after_last=True) as rec:
+            assert torch.equal(llama(ids).logits, expected)
+    assert rec["layers.0:forward:return"].shape == (1, 4, 32)
     assert_clean()
 
 
