@@ -2609,7 +2609,8 @@ def carry(func: Callable[P, T]) -> Callable[P, T]:
         return func
     # bcrecord's own variables as they are here (each of them: one the calling context has
     # set, while here it is not, would mix another state with this one).
-    carried = [(var, here.get(var, default)) for var, default in _carried_variables.items()]
+    # (A snapshot: another thread importing the torch layer may register its variables now.)
+    carried = [(var, here.get(var, default)) for var, default in _snapshot(_carried_variables.items)]
 
     def context() -> contextvars.Context:
         inside = contextvars.copy_context()
