@@ -1,4 +1,5 @@
-"""Fixtures shared by the tests of the command line (``bcrecord targets``, ``show``, ``run``)."""
+"""Fixtures shared by the tests: a project for the command line (``bcrecord targets``,
+``show``, ``run``), and records holding a tensor, read where torch is missing."""
 
 import textwrap
 
@@ -72,3 +73,22 @@ def project(tmp_path):
         )
     )
     return tmp_path
+
+
+@pytest.fixture
+def tensors_without_torch(tmp_path, monkeypatch):
+    """A records directory holding a number ('n') and a tensor ('t', in a safetensors file),
+    read where neither torch nor safetensors imports."""
+    import json
+    import sys
+
+    import bcrecord
+
+    folder = bcrecord.save({"n": [3]}, tmp_path / "out")
+    row = {"key": "t", "step": 0, "file": "records/000002.safetensors", "name": "t#0#0", "kind": "tensor"}
+    with open(folder / "index.jsonl", "a") as journal:
+        journal.write(json.dumps({"entries": [row]}) + "\n")
+    (folder / "records" / "000002.safetensors").write_bytes(b"")
+    for name in ("torch", "safetensors", "safetensors.torch"):  # (None: not importable here)
+        monkeypatch.setitem(sys.modules, name, None)
+    return folder

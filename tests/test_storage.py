@@ -468,15 +468,9 @@ def test_loading_tensors_without_torch_says_torch_is_missing_not_safetensors(tmp
     assert load(folder, keys=["n"])["n"] == [3]
 
 
-def test_loading_tensors_with_neither_torch_nor_safetensors_names_both(tmp_path, monkeypatch):
+def test_loading_tensors_with_neither_torch_nor_safetensors_names_both(tensors_without_torch):
     # It said to install safetensors alone: once installed, the next load said torch was missing.
-    folder = save({"n": [3]}, tmp_path / "out")
-    row = {"key": "t", "step": 0, "file": "records/000002.safetensors", "name": "t#0#0", "kind": "tensor"}
-    with open(folder / "index.jsonl", "a") as journal:
-        journal.write(json.dumps({"entries": [row]}) + "\n")
-    (folder / "records" / "000002.safetensors").write_bytes(b"")
-    for name in ("torch", "safetensors", "safetensors.torch"):  # (None: not importable here)
-        monkeypatch.setitem(sys.modules, name, None)
+    folder = tensors_without_torch
     with pytest.raises(StorageError) as caught:
         load(folder)
     assert str(caught.value) == (

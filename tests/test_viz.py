@@ -448,19 +448,10 @@ def test_a_histogram_of_values_whose_span_overflows_is_drawn_in_units_of_a_power
     assert sum(heights) > 0 and hist.get_xlim()[0] < -0.5 < 0.5 < hist.get_xlim()[1]
 
 
-def test_view_without_torch_shows_the_keys_it_can_and_names_those_holding_tensors(tmp_path, monkeypatch):
+def test_view_without_torch_shows_the_keys_it_can_and_names_those_holding_tensors(tensors_without_torch):
     # It showed no table at all: its error pointed to bcrecord.load(DIR, keys=[...]).
-    import json
-
-    folder = bcrecord.save({"n": [3]}, tmp_path / "out")
-    row = {"key": "t", "step": 0, "file": "records/000002.safetensors", "name": "t#0#0", "kind": "tensor"}
-    with open(folder / "index.jsonl", "a") as journal:
-        journal.write(json.dumps({"entries": [row]}) + "\n")
-    (folder / "records" / "000002.safetensors").write_bytes(b"")
-    for name in ("torch", "safetensors", "safetensors.torch"):  # (None: not importable here)
-        monkeypatch.setitem(sys.modules, name, None)
     out, err = io.StringIO(), io.StringIO()
-    assert view(folder, plots=False, out=out, err=err) == 0
+    assert view(tensors_without_torch, plots=False, out=out, err=err) == 0
     assert err.getvalue() == (
         "bcrecord view: 1 key(s) hold tensors, which showing needs torch and the safetensors package "
         "(pip install torch 'bcrecord[save]'): t\n"
