@@ -66,7 +66,6 @@ import operator
 import os
 import pickle
 import re
-import reprlib
 import shutil
 import sys
 import threading
@@ -548,7 +547,7 @@ def _prepared(batches: Sequence[Tuple[int, List[Tuple[str, Sequence[Any]]]]]) ->
                         suffix = ".pkl"
                 except Exception as error:  # a meta tensor has no data to save
                     raise UnsavableValue(
-                        f"cannot save {_SHOWN.repr(key)} (step {step}): {type(error).__name__}: {error}"
+                        f"cannot save {_cut(repr(key), 200)} (step {step}): {type(error).__name__}: {error}"
                     ) from None
                 entries.append({"key": key, "step": step, "file": suffix, "name": name, **info, "time": now})
     # Pickled before the tensors are laid out, as the save failed before (the same value blamed).
@@ -577,7 +576,7 @@ def _header_parts(tensors: Dict[str, Any], entries: List[Dict[str, Any]]) -> Lis
         if size > room:
             row = next(row for row in entries if row["name"] == name)
             raise UnsavableValue(
-                f"cannot save {_SHOWN.repr(row['key'])} (step {row['step']}): its name is too long for a "
+                f"cannot save {_cut(repr(row['key']), 200)} (step {row['step']}): its name is too long for a "
                 f"safetensors header, which holds at most {_HEADER_LIMIT} bytes"
             )
         if used + size > room:
@@ -1156,7 +1155,7 @@ def _blame(entries: List[Dict[str, Any]], values: Dict[str, Any], error: Excepti
     for row in entries:
         why = _why_unsavable(values[row["name"]]) if row["name"] in values else None
         if why is not None:
-            key = _SHOWN.repr(row["key"])
+            key = _cut(repr(row["key"]), 200)
             raise UnsavableValue(f"cannot save {key} (step {row['step']}): {why}") from None
     # Each value saves alone, not all together: no one value to blame.
     raise UnsavableValue(f"cannot {doing}: {type(error).__name__}: {error}") from None
@@ -1535,14 +1534,17 @@ class Unimportable:
     def __repr__(self) -> str:
         saved = [part for part in (self.args, self.items, getattr(self, "state", None)) if part]
         shown = saved[0] if len(saved) == 1 else tuple(saved)
-        return f"<{self._where}, not importable here: {_SHOWN.repr(shown)}>"
+        return f"<{self._where}, not importable here: {_cut(repr(shown), 1000)}>"
 
 
-#: Reprs cut short: a stand-in's saved state (a tensor's pickled bytes may be megabytes),
-#: a key in a message (a key may be as long as a program makes it).
-_SHOWN = reprlib.Repr()
-_SHOWN.maxstring = _SHOWN.maxother = 200
-_SHOWN.maxlevel = 3
+def _cut(text: str, limit: int) -> str:
+    """``text``, cut after ``limit`` characters: a stand-in's saved state (a tensor's pickled
+    bytes may be megabytes), a key in a message (as long as a program makes it).
+
+    >>> _cut("abc", 5), _cut("abcdefgh", 5)
+    ('abc', 'abcde...')
+    """
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 class Unloadable(Unimportable):
@@ -1570,7 +1572,7 @@ class Unloadable(Unimportable):
     def __repr__(self) -> str:
         saved = [part for part in (self.args, self.items, getattr(self, "state", None)) if part]
         shown = saved[0] if len(saved) == 1 else tuple(saved)
-        return f"<{self._where}, could not be made again ({self.error}): {_SHOWN.repr(shown)}>"
+        return f"<{self._where}, could not be made again ({self.error}): {_cut(repr(shown), 1000)}>"
 
 
 def _unloadable_again(where: str, error: str, args: Tuple[Any, ...]) -> Unloadable:

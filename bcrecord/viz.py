@@ -1421,20 +1421,22 @@ def _load_noting_damage(directory: Path, keys: List[str], notes: List[str]) -> L
         except StorageError as error:
             if "holds tensors: loading them needs" not in str(error):
                 raise
-            kept, left = [], []
-            for key in keys:  # (rare: a core-only interpreter reading a torch program's records)
-                try:
-                    load(directory, keys=[key])
-                except StorageError:
-                    left.append(key)
-                else:
-                    kept.append(key)
+            # (A core-only interpreter reading a torch program's records: the index says which
+            # keys have values in tensor files.)
+            wanted = set(keys)
+            tensors = {
+                row["key"]
+                for row in iter_saved_index(directory)
+                if row["key"] in wanted and str(row.get("file", "")).endswith(".safetensors")
+            }
+            left = [key for key in keys if key in tensors]
             needs = str(error).partition("loading them needs ")[2].partition(";")[0]
             notes.append(f"{len(left)} key(s) hold tensors, which showing needs {needs}: {listed(left)}")
-            loaded = load(directory, keys=kept)
+            loaded = load(directory, keys=[key for key in keys if key not in tensors])
     for warning in caught:
         if issubclass(warning.category, DamagedRecords):
-            notes.append(str(warning.message))
+            if str(warning.message) not in notes:  # (said again by the load without tensors)
+                notes.append(str(warning.message))
         else:
             warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
     return loaded

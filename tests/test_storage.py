@@ -1767,7 +1767,10 @@ def test_a_stand_in_s_repr_and_a_key_in_a_message_are_cut_short(tmp_path):
 
     stand_in = Unimportable.__new__(Unimportable)
     stand_in._where, stand_in.state = "torch._utils._rebuild_tensor_v2", {"data": b"x" * 1_000_000}
-    assert len(repr(stand_in)) < 400 and repr(stand_in).startswith("<torch._utils._rebuild_tensor_v2, ")
+    assert len(repr(stand_in)) < 1100 and repr(stand_in).startswith("<torch._utils._rebuild_tensor_v2, ")
+    small = Unimportable.__new__(Unimportable)  # (a state of a few fields is shown whole, in order)
+    small._where, small.state = "m.Config", {k: [0] * 8 for k in "zyxwvu"}
+    assert repr(small) == f"<m.Config, not importable here: {small.state!r}>"
     with pytest.raises(UnsavableValue) as caught:
         save({"k" * 1_000_000: [lambda: 1]}, tmp_path / "out")
     assert len(str(caught.value)) < 600 and str(caught.value).startswith("cannot save 'kkkk")

@@ -457,3 +457,14 @@ def test_view_without_torch_shows_the_keys_it_can_and_names_those_holding_tensor
         "(pip install torch 'bcrecord[save]'): t\n"
     )
     assert [line.split()[0] for line in out.getvalue().splitlines()] == ["key", "n"]
+
+
+def test_view_without_torch_says_a_damaged_file_once(tensors_without_torch):
+    # Loaded again without the tensors, the file's damage was said once per load.
+    pickled = next((tensors_without_torch / "records").glob("*.pkl"))
+    pickled.write_bytes(pickled.read_bytes()[:10])
+    err = io.StringIO()
+    assert view(tensors_without_torch, plots=False, out=io.StringIO(), err=err) == 0
+    notes = err.getvalue().splitlines()
+    assert len(notes) == 2 and notes[0].startswith("bcrecord view: 1 key(s) hold tensors")
+    assert f"{pickled.name} is damaged" in notes[1]

@@ -962,7 +962,8 @@ def _saving_apart_from(live: torch.Tensor) -> Callable[[torch.Tensor], torch.Ten
 
     The memory ``live`` spans is copied once, however many tensors the reduce saves of it:
     each of them (``live`` itself, ``t * t``'s two, a transpose, an expanded view) is saved
-    as a view of that one copy; one reaching past it, as a copy of its own.
+    as a view of that one copy; one reaching past it, or any where ``live`` spans more than
+    twice its own size (a slice with gaps), as a copy of its own.
 
     >>> live = torch.ones(2, requires_grad=True) * 1
     >>> with torch.autograd.graph.saved_tensors_hooks(_saving_apart_from(live), _itself):
@@ -978,7 +979,9 @@ def _saving_apart_from(live: torch.Tensor) -> Callable[[torch.Tensor], torch.Ten
     strided = address is not None and live.layout == torch.strided and not live.is_nested
     start = live.storage_offset() if strided else 0
     span = _span(live) if strided else 0
-    strided = strided and span > 0
+    # (One copy where the value is dense or nearly: a slice with gaps, a ViT's class token
+    # tokens[:, 0], spans its whole parent, each saved tensor is copied alone instead.)
+    strided = strided and 0 < span <= 2 * live.numel()
     copied: List[torch.Tensor] = []
 
     def save(tensor: torch.Tensor) -> torch.Tensor:
@@ -989,6 +992,8 @@ def _saving_apart_from(live: torch.Tensor) -> Callable[[torch.Tensor], torch.Ten
         if not shared:
             return tensor
         plain = strided and tensor.layout == torch.strided and not tensor.is_nested
+        # (A view of the copy has no conjugate or negative bit: t.conj()'s would be t's.)
+        plain = plain and not (tensor.is_conj() or tensor.is_neg() or live.is_conj() or live.is_neg())
         offset = tensor.storage_offset() - start if plain else -1
         if offset < 0 or tensor.dtype != live.dtype or offset + _span(tensor) > span:
             # Detached: autograd gives the unpacked tensor its place in the graph back.

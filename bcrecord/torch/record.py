@@ -1132,11 +1132,15 @@ def _same_view(kept: torch.Tensor, grad: torch.Tensor) -> bool:
         return False
 
 
-def _holds_view_of(kept: Any, grad: torch.Tensor) -> bool:
-    """Whether ``kept`` (a tensor, or a tuple, list or dict of them: a reduce's) holds a tensor
-    other than ``grad`` that shares its memory."""
-    items = kept.values() if isinstance(kept, dict) else kept if isinstance(kept, (list, tuple)) else (kept,)
-    return any(isinstance(t, torch.Tensor) and t is not grad and _shares_memory(t, grad) for t in items)
+def _holds_view_of(kept: Any, grad: torch.Tensor, depth: int = 0) -> bool:
+    """Whether ``kept`` (a tensor, or what a reduce returned: tuples, lists and dicts of them,
+    nested) holds a tensor other than ``grad`` that shares its memory."""
+    if isinstance(kept, torch.Tensor):
+        return kept is not grad and _shares_memory(kept, grad)
+    if depth > 8 or not isinstance(kept, (list, tuple, dict)):
+        return False
+    items = kept.values() if isinstance(kept, dict) else kept
+    return any(_holds_view_of(item, grad, depth + 1) for item in items)
 
 
 def _enclosing(model: torch.nn.Module, modules: Mapping[str, torch.nn.Module]) -> Tuple[torch.nn.Module, ...]:

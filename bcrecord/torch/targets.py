@@ -433,10 +433,9 @@ def _two_parts_meant(parts: List[str], model: Optional[torch.nn.Module] = None, 
         if grad:
             return f"; did you mean '{child}:forward:return.grad' (the gradient of its output)?"
         return f"; did you mean {child!r} (its output)?"
-    if kind == "container":
-        return (
-            f"; did you mean '{child}.*{':forward:return.grad' if grad else ''}' (its submodules' outputs)?"
-        )
+    if kind in ("container", "containers"):  # (of containers only: their children, any depth)
+        glob = f"{child}.{'*' if kind == 'container' else '**'}{':forward:return.grad' if grad else ''}"
+        return f"; did you mean '{glob}' (its submodules' outputs)?"
     if kind is not None:
         return f"; did you mean '{parts[0]}:forward:self.{parts[1]}{g}' (the {kind}, as forward reads it)?"
     if not parts[0]:
@@ -458,7 +457,8 @@ def _two_parts_meant(parts: List[str], model: Optional[torch.nn.Module] = None, 
 
 def _held_by(module: torch.nn.Module, name: str) -> Optional[str]:
     """What ``module`` holds under ``name``: ``'submodule'``, ``'container'`` (one with no forward
-    of its own that holds submodules), ``'parameter'``, ``'buffer'``, or the class of another
+    of its own that holds submodules; ``'containers'``: containers only), ``'parameter'``,
+    ``'buffer'``, or the class of another
     module with no forward (a ``ParameterList``); None for nothing, or where its tables are not
     plain dicts (a TorchScript module's).
 
@@ -475,7 +475,10 @@ def _held_by(module: torch.nn.Module, name: str) -> Optional[str]:
     if isinstance(held[0], torch.nn.Module):
         if has_forward(held[0]):
             return "submodule"
-        return "container" if held[0]._modules else type(held[0]).__name__
+        children = [m for m in held[0]._modules.values() if isinstance(m, torch.nn.Module)]
+        if not children:
+            return type(held[0]).__name__
+        return "container" if any(has_forward(m) for m in children) else "containers"
     return "parameter" if held[1] is not None else "buffer" if held[2] is not None else None
 
 

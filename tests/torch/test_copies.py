@@ -142,6 +142,14 @@ def test_a_reduce_in_the_graph_gives_the_gradient_of_the_value_as_recorded_thoug
     assert len({t.untyped_storage().data_ptr() for t in (first, transposed, wide)}) == 1
     assert wide.untyped_storage().nbytes() == live.untyped_storage().nbytes()
     assert torch.equal(transposed, live.t()) and torch.equal(wide, live.expand(8, 2, 3))
+    # A conjugate view is copied with its bit (a view of the copy had none: t.conj() saved as t).
+    waves = torch.randn(3, dtype=torch.complex128, requires_grad=True) * 1
+    assert torch.equal(_saving_apart_from(waves)(waves.conj()), waves.conj())
+    # A value spanning far more than itself (a ViT's class token, tokens[:, 0]) is not copied whole.
+    tokens = torch.randn(4, 50, 6, requires_grad=True) * 1
+    token = tokens[:, 0]
+    saved = _saving_apart_from(token)(token)
+    assert torch.equal(saved, token) and saved.untyped_storage().nbytes() == token.numel() * 4
 
 
 def test_containers_of_their_own_kind_and_dataclasses_are_copied():

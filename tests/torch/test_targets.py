@@ -87,12 +87,14 @@ def test_a_target_with_a_likely_typo_is_told_the_form_to_write(typo, meant):
         ("blocks.0:bn.grad", "'blocks.0.bn:forward:return.grad' (the gradient of its output)"),
         (":stages", "'stages.*' (its submodules' outputs)"),
         (":scales", "':forward:self.scales' (the ParameterList, as forward reads it)"),
+        (":nested", "'nested.**' (its submodules' outputs)"),  # (containers only: 'nested.*' matched none)
     ],
 )
 def test_a_two_part_target_is_told_a_form_that_is_accepted(typo, meant):
     net = SmallNet()
     net.stages = torch.nn.ModuleList([torch.nn.ReLU()])
     net.scales = torch.nn.ParameterList([torch.nn.Parameter(torch.ones(1))])
+    net.nested = torch.nn.ModuleList([torch.nn.ModuleList([torch.nn.ReLU()])])
     with pytest.raises(bcrecord.SpecError) as caught:
         expand(net, typo)
     assert f"; did you mean {meant}" in str(caught.value)
