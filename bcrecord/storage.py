@@ -60,12 +60,14 @@ import copyreg
 import errno
 import importlib.util
 import io
+import itertools
 import json
 import numbers
 import operator
 import os
 import pickle
 import re
+import reprlib
 import shutil
 import sys
 import threading
@@ -1532,9 +1534,48 @@ class Unimportable:
             self.append(value)
 
     def __repr__(self) -> str:
+        return f"<{self._where}, not importable here: {self._saved_shown()}>"
+
+    def _saved_shown(self) -> str:
+        """What it was saved with, in its repr: cut short, and '...' inside stand-ins nested
+        deeper than a few (a linked list of 400 of them ran out of stack)."""
+        depth = getattr(_repr_depth, "n", 0)
+        if depth >= 3:
+            return "..."
         saved = [part for part in (self.args, self.items, getattr(self, "state", None)) if part]
         shown = saved[0] if len(saved) == 1 else tuple(saved)
-        return f"<{self._where}, not importable here: {_cut(repr(shown), 1000)}>"
+        _repr_depth.n = depth + 1
+        try:
+            return _cut(_STATE.repr(shown), 1000)
+        finally:
+            _repr_depth.n = depth
+
+
+class _StateRepr(reprlib.Repr):
+    """reprlib's limits (depth, items, lengths: never a repr of the whole of a large state),
+    set for a stand-in's state, a dict shown in its own order (reprlib sorts its keys)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.maxlevel = 6
+        self.maxdict = self.maxlist = self.maxtuple = self.maxset = self.maxfrozenset = 30
+        self.maxstring = self.maxother = self.maxlong = 1000
+
+    def repr_dict(self, x: Dict[Any, Any], level: int) -> str:
+        if not x:
+            return "{}"
+        if level <= 0:
+            return "{...}"
+        pieces = [
+            f"{self.repr1(key, level - 1)}: {self.repr1(value, level - 1)}"
+            for key, value in itertools.islice(x.items(), self.maxdict)
+        ]
+        return "{" + ", ".join(pieces + (["..."] if len(x) > self.maxdict else [])) + "}"
+
+
+_STATE = _StateRepr()
+#: How deep the reprs of stand-ins inside stand-ins' states are, in this thread.
+_repr_depth = threading.local()
 
 
 def _cut(text: str, limit: int) -> str:
@@ -1570,9 +1611,7 @@ class Unloadable(Unimportable):
         return (_unloadable_again, (self._where, self.error, self.args), *self._filled())
 
     def __repr__(self) -> str:
-        saved = [part for part in (self.args, self.items, getattr(self, "state", None)) if part]
-        shown = saved[0] if len(saved) == 1 else tuple(saved)
-        return f"<{self._where}, could not be made again ({self.error}): {_cut(repr(shown), 1000)}>"
+        return f"<{self._where}, could not be made again ({self.error}): {self._saved_shown()}>"
 
 
 def _unloadable_again(where: str, error: str, args: Tuple[Any, ...]) -> Unloadable:

@@ -1421,6 +1421,7 @@ def _load_noting_damage(directory: Path, keys: List[str], notes: List[str]) -> L
         except StorageError as error:
             if "holds tensors: loading them needs" not in str(error):
                 raise
+            del caught[:]  # (the load without the tensors says what is damaged, of what it reads)
             # (A core-only interpreter reading a torch program's records: the index says which
             # keys have values in tensor files.)
             wanted = set(keys)
@@ -1435,8 +1436,7 @@ def _load_noting_damage(directory: Path, keys: List[str], notes: List[str]) -> L
             loaded = load(directory, keys=[key for key in keys if key not in tensors])
     for warning in caught:
         if issubclass(warning.category, DamagedRecords):
-            if str(warning.message) not in notes:  # (said again by the load without tensors)
-                notes.append(str(warning.message))
+            notes.append(str(warning.message))
         else:
             warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
     return loaded

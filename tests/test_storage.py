@@ -1768,6 +1768,13 @@ def test_a_stand_in_s_repr_and_a_key_in_a_message_are_cut_short(tmp_path):
     stand_in = Unimportable.__new__(Unimportable)
     stand_in._where, stand_in.state = "torch._utils._rebuild_tensor_v2", {"data": b"x" * 1_000_000}
     assert len(repr(stand_in)) < 1100 and repr(stand_in).startswith("<torch._utils._rebuild_tensor_v2, ")
+    chain = None  # stand-ins inside stand-ins, 400 deep (a linked list): its repr ran out of stack
+    for k in range(400):
+        node = Unimportable.__new__(Unimportable)
+        node._where, node.state = "m.Node", {"v": k, "nxt": chain}
+        chain = node
+    assert repr(chain).startswith("<m.Node, not importable here: {'v': 399, 'nxt': <m.Node, ")
+    assert len(repr(chain)) < 1100
     small = Unimportable.__new__(Unimportable)  # (a state of a few fields is shown whole, in order)
     small._where, small.state = "m.Config", {k: [0] * 8 for k in "zyxwvu"}
     assert repr(small) == f"<m.Config, not importable here: {small.state!r}>"

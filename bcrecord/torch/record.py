@@ -1133,13 +1133,21 @@ def _same_view(kept: torch.Tensor, grad: torch.Tensor) -> bool:
 
 
 def _holds_view_of(kept: Any, grad: torch.Tensor, depth: int = 0) -> bool:
-    """Whether ``kept`` (a tensor, or what a reduce returned: tuples, lists and dicts of them,
-    nested) holds a tensor other than ``grad`` that shares its memory."""
+    """Whether ``kept`` (a tensor, or what a reduce returned: containers and dataclasses of
+    them, nested) holds a tensor other than ``grad`` that shares its memory; True where it
+    is nested too deep to tell (backward then goes on with a copy, which costs only memory)."""
     if isinstance(kept, torch.Tensor):
         return kept is not grad and _shares_memory(kept, grad)
-    if depth > 8 or not isinstance(kept, (list, tuple, dict)):
+    if depth > 8:
+        return True
+    if isinstance(kept, dict):
+        items: Iterable[Any] = kept.values()
+    elif isinstance(kept, (list, tuple, set, frozenset)):
+        items = kept
+    elif dataclasses.is_dataclass(kept) and not isinstance(kept, type):
+        items = [getattr(kept, field.name, None) for field in dataclasses.fields(kept)]
+    else:
         return False
-    items = kept.values() if isinstance(kept, dict) else kept
     return any(_holds_view_of(item, grad, depth + 1) for item in items)
 
 

@@ -3,6 +3,7 @@
 import collections
 import contextlib
 import copy
+import dataclasses
 import functools
 import gc
 import io
@@ -3084,8 +3085,18 @@ def test_a_gradient_kept_uncopied_is_not_the_parameter_s_grad_that_later_backwar
         model(x).sum().backward()
     assert rec[":forward:self.scale.grad"].tolist() == x.sum(0)[:1].tolist()
     assert torch.allclose(model.scale.grad, 2 * x.sum(0))  # (backward's own sums, unchanged)
-    model.zero_grad()  # a view inside what a reduce returns, nested
-    with record(model, [":forward:self.scale.grad"], copy=copy, reduce=lambda t: {"a": [t[:1]]}) as rec:
-        model(x).sum().backward()
-        model(x).sum().backward()
-    assert rec[":forward:self.scale.grad"]["a"][0].tolist() == x.sum(0)[:1].tolist()
+
+    @dataclasses.dataclass
+    class Head:
+        first: torch.Tensor
+
+    # A view inside what a reduce returns: nested containers, a dataclass.
+    for reduce, first in (
+        (lambda t: {"a": [t[:1]]}, lambda kept: kept["a"][0]),
+        (lambda t: [Head(t[:1])], lambda kept: kept[0].first),
+    ):
+        model.zero_grad()
+        with record(model, [":forward:self.scale.grad"], copy=copy, reduce=reduce) as rec:
+            model(x).sum().backward()
+            model(x).sum().backward()
+        assert first(rec[":forward:self.scale.grad"]).tolist() == x.sum(0)[:1].tolist()
