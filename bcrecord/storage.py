@@ -1561,6 +1561,13 @@ class _StateRepr(reprlib.Repr):
         self.maxdict = self.maxlist = self.maxtuple = self.maxset = self.maxfrozenset = 30
         self.maxstring = self.maxother = self.maxlong = 1000
 
+    def repr1(self, x: Any, level: int) -> str:
+        # Before 3.14, reprlib picks its method by the class's name alone: a stand-in class
+        # named 'list' (another module's) went to repr_list, which took its len().
+        if type(x).__module__ not in ("builtins", "collections", "array"):
+            return self.repr_instance(x, level)
+        return super().repr1(x, level)
+
     def repr_dict(self, x: Dict[Any, Any], level: int) -> str:
         if not x:
             return "{}"

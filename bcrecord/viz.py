@@ -1421,7 +1421,9 @@ def _load_noting_damage(directory: Path, keys: List[str], notes: List[str]) -> L
         except StorageError as error:
             if "holds tensors: loading them needs" not in str(error):
                 raise
-            del caught[:]  # (the load without the tensors says what is damaged, of what it reads)
+            # The load without the tensors says what is damaged, of what it reads; the program's
+            # own warnings (a module warning as it is imported) are kept.
+            caught[:] = [warning for warning in caught if not issubclass(warning.category, DamagedRecords)]
             # (A core-only interpreter reading a torch program's records: the index says which
             # keys have values in tensor files.)
             wanted = set(keys)

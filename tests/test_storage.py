@@ -4,6 +4,7 @@ import copy
 import dataclasses
 import errno
 import importlib
+import io
 import json
 import os
 import pickle
@@ -1775,6 +1776,16 @@ def test_a_stand_in_s_repr_and_a_key_in_a_message_are_cut_short(tmp_path):
         chain = node
     assert repr(chain).startswith("<m.Node, not importable here: {'v': 399, 'nxt': <m.Node, ")
     assert len(repr(chain)) < 1100
+    # A stand-in class named as a builtin container (another module's 'list'): reprlib took it for one.
+    from bcrecord.storage import _Unpickler
+
+    find = _Unpickler(io.BytesIO(b"")).find_class
+    kind = find("no_such_module", "Point")
+    point, listed = kind.__new__(kind), find("no_such_module", "list")()
+    listed.append(1)
+    point.__setstate__({"xs": listed})
+    inner = "<no_such_module.list, not importable here: [1]>"
+    assert repr(point) == f"<no_such_module.Point, not importable here: {{'xs': {inner}}}>"
     small = Unimportable.__new__(Unimportable)  # (a state of a few fields is shown whole, in order)
     small._where, small.state = "m.Config", {k: [0] * 8 for k in "zyxwvu"}
     assert repr(small) == f"<m.Config, not importable here: {small.state!r}>"

@@ -468,3 +468,26 @@ def test_view_without_torch_says_a_damaged_file_once(tensors_without_torch):
     notes = err.getvalue().splitlines()
     assert len(notes) == 2 and notes[0].startswith("bcrecord view: 1 key(s) hold tensors")
     assert f"{pickled.name} is damaged" in notes[1]
+
+
+class _WarnsWhenLoaded:
+    """A value whose unpickling warns (a program's own warning, as an old pickle's)."""
+
+    def __setstate__(self, state):
+        import warnings
+
+        warnings.warn("old pickle version", UserWarning, stacklevel=2)
+        self.__dict__.update(state)
+
+
+def test_view_without_torch_passes_the_program_s_own_warnings_on(tensors_without_torch):
+    # The first load's warnings were all dropped with its damage notes: a module's or value's own.
+    import warnings
+
+    value = _WarnsWhenLoaded()
+    value.version = 1  # (a state to set: an empty one is not)
+    bcrecord.save({"w": [value]}, tensors_without_torch, step=1)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        assert view(tensors_without_torch, plots=False, out=io.StringIO(), err=io.StringIO()) == 0
+    assert [str(w.message) for w in caught] == ["old pickle version"]

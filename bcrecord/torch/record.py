@@ -1097,9 +1097,14 @@ class _GradientHook:
         if isinstance(kept, torch.Tensor) and kept is not grad and _same_view(kept, grad):
             kept = grad
         rec._add_gradient(self.key, self.position, kept)
-        if _holds_view_of(kept, grad):
-            return grad.clone()
-        return None
+        try:
+            # (What a reduce returned: a property of it may run the program's code, or raise.)
+            shares = silently(lambda held: _holds_view_of(held, grad), kept)
+        except Exception as error:  # never into the backward pass: go on with a copy
+            if raised_by_signal_handler(error):
+                raise
+            shares = True
+        return grad.clone() if shares else None
 
     def remove(self) -> None:
         handle, self.handle = self.handle, None
