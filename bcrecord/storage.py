@@ -101,6 +101,7 @@ except ImportError:  # pragma: no cover - Windows: no lock between processes
 __all__ = [
     "StorageError",
     "UnsavableValue",
+    "TensorsNeedTorch",
     "DamagedRecords",
     "Writer",
     "Loaded",
@@ -125,6 +126,18 @@ PathLike = Union[str, "os.PathLike[str]"]
 
 class StorageError(BcrecordError, OSError):
     """Records could not be written or read (unwritable directory, full disk, bad index)."""
+
+
+class TensorsNeedTorch(StorageError):
+    """A data file holds tensors, and what loading them needs is missing here; ``needs`` says
+    what (``'torch (pip install torch)'``)."""
+
+    def __init__(self, path: Path, needs: str, them: str) -> None:
+        super().__init__(
+            f"{path} holds tensors: loading them needs {needs}; bcrecord.load(DIR, keys=[...]) reads "
+            f"the other keys without {them}"
+        )
+        self.needs = needs
 
 
 class UnsavableValue(StorageError):
@@ -2107,16 +2120,10 @@ def load(directory: PathLike, keys: Optional[Iterable[str]] = None) -> Loaded:
             # safetensors' torch module imports torch: where torch is what is missing (the
             # 'save' extra installs safetensors alone), installing safetensors would not help.
             if (error.name or "").partition(".")[0] == "torch":
-                raise StorageError(
-                    f"{path} holds tensors: loading them needs torch (pip install torch); "
-                    "bcrecord.load(DIR, keys=[...]) reads the other keys without it"
-                ) from None
+                raise TensorsNeedTorch(path, "torch (pip install torch)", "it") from None
             if importlib.util.find_spec("torch") is None:  # (said now: not after safetensors is installed)
-                raise StorageError(
-                    f"{path} holds tensors: loading them needs torch and the safetensors package "
-                    "(pip install torch 'bcrecord[save]'); bcrecord.load(DIR, keys=[...]) reads the other "
-                    "keys without them"
-                ) from None
+                needs = "torch and the safetensors package (pip install torch 'bcrecord[save]')"
+                raise TensorsNeedTorch(path, needs, "them") from None
             raise StorageError(
                 "loading tensors needs the safetensors package: pip install 'bcrecord[save]'"
             ) from None

@@ -54,7 +54,7 @@ from .specs import require_bool
 from .storage import (
     DamagedRecords,
     Loaded,
-    StorageError,
+    TensorsNeedTorch,
     Unimportable,
     Unloadable,
     _expanded,
@@ -1418,9 +1418,7 @@ def _load_noting_damage(directory: Path, keys: List[str], notes: List[str]) -> L
         warnings.simplefilter("always", DamagedRecords)
         try:
             loaded = load(directory, keys=keys)
-        except StorageError as error:
-            if "holds tensors: loading them needs" not in str(error):
-                raise
+        except TensorsNeedTorch as error:
             # The load without the tensors says what is damaged, of what it reads; the program's
             # own warnings (a module warning as it is imported) are kept.
             caught[:] = [warning for warning in caught if not issubclass(warning.category, DamagedRecords)]
@@ -1433,8 +1431,9 @@ def _load_noting_damage(directory: Path, keys: List[str], notes: List[str]) -> L
                 if row["key"] in wanted and str(row.get("file", "")).endswith(".safetensors")
             }
             left = [key for key in keys if key in tensors]
-            needs = str(error).partition("loading them needs ")[2].partition(";")[0]
-            notes.append(f"{len(left)} key(s) hold tensors, which showing needs {needs}: {listed(left)}")
+            notes.append(
+                f"{len(left)} key(s) hold tensors, which showing needs {error.needs}: {listed(left)}"
+            )
             loaded = load(directory, keys=[key for key in keys if key not in tensors])
     for warning in caught:
         if issubclass(warning.category, DamagedRecords):

@@ -472,8 +472,9 @@ def test_loading_tensors_without_torch_says_torch_is_missing_not_safetensors(tmp
 def test_loading_tensors_with_neither_torch_nor_safetensors_names_both(tensors_without_torch):
     # It said to install safetensors alone: once installed, the next load said torch was missing.
     folder = tensors_without_torch
-    with pytest.raises(StorageError) as caught:
+    with pytest.raises(bcrecord.storage.TensorsNeedTorch) as caught:  # (a StorageError)
         load(folder)
+    assert caught.value.needs == "torch and the safetensors package (pip install torch 'bcrecord[save]')"
     assert str(caught.value) == (
         f"{folder / 'records' / '000002.safetensors'} holds tensors: loading them needs torch and the "
         "safetensors package (pip install torch 'bcrecord[save]'); bcrecord.load(DIR, keys=[...]) reads "
