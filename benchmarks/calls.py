@@ -19,6 +19,13 @@ forward hooks doing the same work as the default (a clone of the output of every
 module call inside the Bottlenecks, the last kept). Target: recorded / unpatched
 <= 1.05x. Timings are CPU time of this thread.
 
+Floors: the same probed code with bcrecord's probe swapped for a hand-written one-line
+Python function (``probe(value, site, instance)``) that does nothing, keeps each value as it is, keeps
+a clone of it, or copies it into the buffer it filled at the last forward (``copy_``: no
+allocation after a block's first forward). They tell the cost of the work itself
+(keeping 148 tensors alive, copying them) from that of bcrecord's machinery (routing by
+instance, sinks, copy policies).
+
 Part of the cost is glibc's allocator handing memory back to the system and
 faulting it in again as kept values pile up: :func:`measure_elsewhere` runs the case
 in a fresh process with :data:`KEEP_FREED_MEMORY` in its environment, which
@@ -28,6 +35,7 @@ in a fresh process with :data:`KEEP_FREED_MEMORY` in its environment, which
 from __future__ import annotations
 
 import argparse
+import builtins
 import dataclasses
 import json
 import os
@@ -47,6 +55,7 @@ import torchvision  # noqa: E402
 from torchvision.models.resnet import Bottleneck  # noqa: E402
 
 import bcrecord  # noqa: E402
+from bcrecord.rewrite import PROBE_NAME  # noqa: E402
 from bcrecord.torch import record  # noqa: E402
 from benchmarks import core  # noqa: E402  (the interleaving harness)
 
@@ -69,6 +78,10 @@ NAMES = {
     "detached": "the same, copy='detach' (no clone)",
     "probes": "the same, reduced to a number (probes only)",
     "hooks": "forward hooks, clone of every module call",
+    "noop_floor": "floor: the same probes, a one-line probe doing nothing",
+    "keep_floor": "floor: the same probes, a one-line probe keeping each value (no copy)",
+    "reuse_floor": "floor: the same probes, a one-line probe copying into last forward's buffer",
+    "clone_floor": "floor: the same probes, a one-line probe keeping a clone",
 }
 
 
@@ -162,12 +175,55 @@ def measure(rounds: int, forwards: int, size: int = 64) -> Measured:
         if sum(len(rec.all(k)) for rec in [state.pop("rec")] for k in rec.keys()) != per_forward:
             raise RuntimeError("a call site was not recorded")
 
+    # The floors: bcrecord's probed code, its probe (found in builtins) swapped for one line.
+    by_site: Dict[Any, torch.Tensor] = {}
+
+    def do_nothing(value: Any, site: int, instance: Any = None) -> None:
+        by_site[site, id(instance)] = None
+
+    def keep_as_is(value: Any, site: int, instance: Any = None) -> None:
+        by_site[site, id(instance)] = value
+
+    def keep_a_clone(value: Any, site: int, instance: Any = None) -> None:
+        by_site[site, id(instance)] = value.clone()
+
+    def copy_into_buffer(value: Any, site: int, instance: Any = None) -> None:
+        buffer = by_site.get((site, id(instance)))
+        if buffer is None or buffer.shape != value.shape:
+            by_site[site, id(instance)] = value.clone()
+        else:
+            buffer.copy_(value)
+
+    def enter_floor(probe: Any) -> Any:
+        def enter() -> None:
+            enter_recorded()
+            state["probe"] = getattr(builtins, PROBE_NAME)
+            setattr(builtins, PROBE_NAME, probe)
+
+        return enter
+
+    def leave_floor() -> None:
+        setattr(builtins, PROBE_NAME, state.pop("probe"))
+        state.pop("context").__exit__(None, None, None)
+        if state.pop("rec").keys() or len(by_site) != per_forward:
+            raise RuntimeError("a hand-written probe missed a call site, or bcrecord's ran")
+        by_site.clear()
+
     variants = [
         core.Variant("unpatched", forward_n, ops=forwards),
         core.Variant("recorded", forward_n, enter=enter_recorded, leave=leave_recorded, ops=forwards),
         core.Variant("detached", forward_n, enter=enter_detached, leave=leave_recorded, ops=forwards),
         core.Variant("probes", forward_n, enter=enter_probes_only, leave=leave_recorded, ops=forwards),
         core.Variant("hooks", forward_n, enter=enter_hooks, leave=leave_hooks, ops=forwards),
+        *(
+            core.Variant(name, forward_n, enter=enter_floor(probe), leave=leave_floor, ops=forwards)
+            for name, probe in [
+                ("noop_floor", do_nothing),
+                ("keep_floor", keep_as_is),
+                ("reuse_floor", copy_into_buffer),
+                ("clone_floor", keep_a_clone),
+            ]
+        ),
     ]
     times = core.interleave(variants, rounds)
     malloc = {key: os.environ[key] for key in KEEP_FREED_MEMORY if key in os.environ}

@@ -1835,7 +1835,10 @@ def case_calls(settings: Settings) -> Case:
         "detached clones, the default); the same with `copy='detach'` (no copy, the tensors kept "
         "alive) and with a `reduce` that turns each value into a number (the probes alone); and "
         "forward hooks doing the default's work (a clone of the output of every module call "
-        "inside the Bottlenecks, the last kept). Every recorded value count is checked, and one "
+        "inside the Bottlenecks, the last kept). Floors: the same probed code with bcrecord's probe "
+        "swapped for a one-line Python function that does nothing, keeps each value as it is, "
+        "copies it into the buffer it filled at the last forward (`copy_`), or keeps a clone: the "
+        "cost of the work itself, apart from bcrecord's. Every recorded value count is checked, and one "
         "value against an independent computation.",
     )
     started = time.perf_counter()
@@ -1858,6 +1861,13 @@ def case_calls(settings: Settings) -> Case:
     detached = ratios(times, "detached", "unpatched").median
     probes = ratios(times, "probes", "unpatched").median
     hooks = ratios(times, "hooks", "unpatched").median
+    floors = {name: ratios(times, name, "unpatched").median for name in calls.NAMES if "_floor" in name}
+    copy_floor = min(floors["reuse_floor"], floors["clone_floor"])
+    copy_floor_verdict = (
+        ": on this machine no recorder that copies each value gets under the target"
+        if copy_floor > 1.05
+        else ""
+    )
     big = calls_big_table(settings, case)
     added = big["default"]["recorded"] - 1
     share_freed = (big["default"]["recorded"] - big["kept"]["recorded"]) / added if added > 0 else 0.0
@@ -1869,7 +1879,11 @@ def case_calls(settings: Settings) -> Case:
             recorded <= 1.05,
             f"Measured here: the probes alone cost {probes:.3f}x the unpatched forward, keeping "
             f"the values uncopied {detached:.3f}x, the default clones {recorded:.3f}x; forward "
-            f"hooks making the same clones cost {hooks:.3f}x. What the default adds over "
+            f"hooks making the same clones cost {hooks:.3f}x. At the same sites, a one-line probe "
+            f"doing nothing costs {floors['noop_floor']:.3f}x, one keeping each value as it is "
+            f"{floors['keep_floor']:.3f}x, one copying it into a "
+            f"buffer reused from the last forward {floors['reuse_floor']:.3f}x, one keeping a clone "
+            f"{floors['clone_floor']:.3f}x{copy_floor_verdict}. What the default adds over "
             f"`copy='detach'` is a clone of each of the {measured.per_forward} values, made when it "
             "is recorded, as the hooks make theirs: what keeps a recorded value as it was when "
             "assigned where the model then writes to it in place (ReLU(inplace=True) after bn1 and "
