@@ -25,10 +25,18 @@ from .errors import (
 from .patch import Patch, instrument, patch_function, patch_method, record_locals, targets
 from .rewrite import set_probe_style
 from .runtime import Recording, carry, copy_value, recording, register_copy
+from .runtime import register_plugin as _register_plugin
 from .specs import Attribute, Call, Expr, Local, Return, parse
 from .storage import load, save
 
 __version__ = "0.1.0"
+
+# The layers above the core, imported by it only when a value of their library is met: their
+# copies of tensors, torchvision's ImageList, transformers' caches, MMEngine's data elements.
+_register_plugin("torch", "bcrecord.torch.copies", at_entry=True)
+_register_plugin("torchvision", "bcrecord.integrations.torchvision")
+_register_plugin("mmengine", "bcrecord.integrations.mmengine")
+_register_plugin("transformers", "bcrecord.integrations.transformers")
 
 __all__ = [
     "Attribute",

@@ -1363,40 +1363,56 @@ def _data_descriptor(cls: type, name: str) -> bool:
     return found is not None and hasattr(type(found), "__set__")
 
 
-#: Plug-ins that register copies for a library's types, loaded (by name, so the core
-#: never imports them) the first time a value from that library is copied.
-_PLUGINS = {
-    "torch": "bcrecord.torch.copies",
-    "torchvision": "bcrecord.integrations.torchvision",
-    "mmengine": "bcrecord.integrations.mmengine",
-    "transformers": "bcrecord.integrations.transformers",
-}
+#: Plug-ins that register copies for a library's classes: the library's top-level package ->
+#: the module to import the first time a value of one of its classes is copied. The layers
+#: above the core register theirs (:func:`register_plugin`): the core names none of them.
+_PLUGINS: Dict[str, str] = {}
+#: The libraries of plug-ins to load as soon as a recording is entered where the program has
+#: imported the library (each tried once; see :func:`register_plugin`).
+_load_at_entry: Set[str] = set()
 
 
-def _torch_plugin_now() -> None:
-    """Load the torch plug-in (the torch layer) where the program has imported torch: its
-    probes then skip torch.compile's tracing from the first (at the first tensor a probe
-    met, inside compiled code, Dynamo had traced into them meanwhile: recompiles). Not
-    while torch is being imported (another thread), nor where ``sys.modules`` holds another
-    thing under its name (``None``, to keep it out); a plug-in that fails to import is
-    left to the first tensor, whose copy says why."""
-    global _torch_plugin_tried
-    torch = sys.modules.get("torch")
-    tensor = getattr(torch, "Tensor", None)
-    if _torch_plugin_tried or not isinstance(tensor, type):
-        return
-    if getattr(getattr(torch, "__spec__", None), "_initializing", False):
-        return
-    _torch_plugin_tried = True  # (once: a plug-in that fails to import would cost each entry its import)
-    try:
-        importlib.import_module(_PLUGINS["torch"])
-    except Exception:  # (its import fails at the first tensor too, where a recording says so)
-        return
-    _PLUGINS.pop("torch", None)
+def register_plugin(library: str, module: str, at_entry: bool = False) -> None:
+    """Import ``module`` the first time a value of a class from ``library`` is copied.
+
+    ``library`` is a top-level package name; ``module`` registers copies for its classes
+    (:func:`register_copy`) when imported. With ``at_entry``, it is imported as soon as a
+    recording is entered where the program has imported ``library``: what it sets up then
+    holds from the first value (the torch layer's probes skip torch.compile's tracing; at
+    the first tensor a probe met inside compiled code, Dynamo had traced into them).
+    ``bcrecord`` registers its own layers' plug-ins this way, so that the core never
+    imports them.
+
+    >>> register_plugin("nosuchlib", "nosuchlib_bcrecord_copies")
+    >>> _PLUGINS.pop("nosuchlib")
+    'nosuchlib_bcrecord_copies'
+    """
+    _PLUGINS[library] = module
+    if at_entry:
+        _load_at_entry.add(library)
 
 
-#: Whether :func:`_torch_plugin_now` has tried to load the torch plug-in.
-_torch_plugin_tried = False
+def _plugins_at_entry() -> None:
+    """Load the plug-ins registered ``at_entry`` whose library the program has imported. Not
+    while the library is being imported (another thread), nor where ``sys.modules`` holds
+    another thing under its name (``None``, to keep it out); a plug-in that fails to import
+    is left to the first value of its library, whose copy says why."""
+    for library in list(_load_at_entry):
+        held = sys.modules.get(library)
+        if not isinstance(held, types.ModuleType):
+            continue
+        if getattr(getattr(held, "__spec__", None), "_initializing", False):
+            continue
+        # (once: a plug-in that fails to import would cost each entry its import)
+        _load_at_entry.discard(library)
+        module = _PLUGINS.get(library)
+        if module is None:  # (loaded meanwhile, by the first value of its library)
+            continue
+        try:
+            importlib.import_module(module)
+        except Exception:  # (its import fails at the first value too, where a recording says so)
+            continue
+        _PLUGINS.pop(library, None)
 
 
 def load_plugin(cls: type) -> None:
@@ -2026,8 +2042,10 @@ class Recording:
     def __enter__(self) -> Recording:
         if self._token is not None:
             raise RuntimeError("this recording is already active; make a new one to nest")
-        if "torch" in _PLUGINS and "torch" in sys.modules:
-            _torch_plugin_now()
+        for library in _load_at_entry:  # (usually none, or the torch layer's)
+            if library in sys.modules:
+                _plugins_at_entry()
+                break
         if self._copied_without_patches:  # it would record nothing, silently
             raise RuntimeError(
                 "this recording is a copy (pickled or copied) of one made with only=, whose patches "

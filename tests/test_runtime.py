@@ -8,6 +8,7 @@ import gc
 import os
 import re
 import signal
+import subprocess
 import sys
 import threading
 import types
@@ -2726,7 +2727,7 @@ def test_a_recording_entered_where_torch_is_kept_out_or_half_imported_records(mo
         return y
 
     monkeypatch.setattr(runtime, "_PLUGINS", {**runtime._PLUGINS, "torch": "bcrecord_no_such_plugin"})
-    monkeypatch.setattr(runtime, "_torch_plugin_tried", False)
+    monkeypatch.setattr(runtime, "_load_at_entry", {"torch"})
     half = types.ModuleType("torch")
     half.__spec__ = types.SimpleNamespace(_initializing=True)
     half.Tensor = type("Tensor", (), {})
@@ -2746,6 +2747,43 @@ def test_a_recording_entered_where_torch_is_kept_out_or_half_imported_records(mo
             patched(value)
         assert dict(rec.items()) == {"t:f:y@0": value + 1}
     assert tried == ["bcrecord_no_such_plugin"] and runtime._PLUGINS["torch"] == "bcrecord_no_such_plugin"
+    assert runtime._load_at_entry == set()
+
+
+def test_the_core_names_no_layer_above_it_the_package_registers_their_plug_ins():
+    # The brief's one direction of dependency: bcrecord's own layers are plug-ins the package
+    # registers (bcrecord/__init__.py), imported by the core only when a value of their library
+    # is met; no core module names them.
+    import pathlib
+
+    from bcrecord import runtime
+
+    core = ["_versions", "specs", "analysis", "rewrite", "runtime", "patch", "errors", "listing"]
+    for name in core:
+        text = (pathlib.Path(runtime.__file__).parent / f"{name}.py").read_text()
+        code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+        assert '"bcrecord.torch' not in code and '"bcrecord.integrations' not in code, name
+        assert (
+            "import torch" not in code and "from .torch" not in code and "from .integrations" not in code
+        ), name
+    # In a fresh process, before any value is copied: registered, none loaded.
+    shown = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, bcrecord.runtime as r; print(r._PLUGINS, r._load_at_entry, "
+            "sorted(m for m in sys.modules if m.startswith(('bcrecord.torch', 'bcrecord.integrations'))))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(pathlib.Path(runtime.__file__).parents[1])},
+    ).stdout.strip()
+    assert shown == (
+        "{'torch': 'bcrecord.torch.copies', 'torchvision': 'bcrecord.integrations.torchvision', "
+        "'mmengine': 'bcrecord.integrations.mmengine', 'transformers': 'bcrecord.integrations.transformers'}"
+        " {'torch'} []"
+    )
 
 
 def test_copy_value_and_register_copy_refuse_bad_input_and_register_nothing():
