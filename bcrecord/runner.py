@@ -355,13 +355,21 @@ def close_modules(name: str) -> str:
     "; did you mean 'json.decoder', 'json.encoder', 'json.scanner'?"
     >>> close_modules("jsn").startswith("; did you mean 'json'"), close_modules("zzzzzz")
     (True, '')
+    >>> close_modules("jsn.decoder")  # (a misspelt package: what to fix first)
+    "; no module named 'jsn' either; did you mean 'json'?"
     """
     parent, _, _ = name.rpartition(".")
     if parent:
         spec = _module_spec(parent)
         locations = spec.submodule_search_locations if spec is not None else None
         if locations is None:
-            return ""  # (the parent is missing too: said of it)
+            if spec is not None:
+                return ""  # (a module, not a package: it has none)
+            missing = parent  # (the outermost one missing: what to fix first)
+            while "." in missing and _module_spec(missing.rpartition(".")[0]) is None:
+                missing = missing.rpartition(".")[0]
+            closest = close_modules(missing)
+            return f"; no module named {missing!r} either{closest}" if closest else ""
         found = [f"{parent}.{module.name}" for module in pkgutil.iter_modules(list(locations))]
     else:
         found = [module.name for module in pkgutil.iter_modules()] + list(sys.builtin_module_names)
@@ -1680,7 +1688,11 @@ def _program(program: str, args: Sequence[str], is_module: bool) -> _Program:
                         f"{program!r} is a package with no __main__ module: it cannot be run with -m"
                     )
         except (ImportError, AttributeError, TypeError, ValueError) as error:  # (as runpy says them)
-            hint = f" (a script? drop -m: bcrecord run ... {program})" if program.endswith(".py") else ""
+            if program.endswith(".py"):
+                hint = f" (a script? drop -m: bcrecord run ... {program})"
+            else:  # (a misspelt package: "No module named 'pkgg'")
+                missing = getattr(error, "name", None) if isinstance(error, ModuleNotFoundError) else None
+                hint = close_modules(missing) if isinstance(missing, str) else ""
             raise RunError(f"cannot run module {program!r}: {error}{hint}") from None
         finally:
             sys.argv = argv

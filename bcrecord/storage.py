@@ -2087,6 +2087,8 @@ def load(directory: PathLike, keys: Optional[Iterable[str]] = None) -> Loaded:
     """
     directory = _expanded(directory)
     try:
+        if isinstance(keys, (bytes, bytearray, memoryview)):  # (its items are numbers, not keys)
+            raise TypeError
         wanted = None if keys is None else {keys} if isinstance(keys, str) else set(keys)
     except TypeError:  # (set(3) says "'int' object is not iterable", naming no argument)
         raise TypeError(f"keys is a key or a list of keys, got {keys!r:.80}") from None

@@ -439,6 +439,9 @@ def test_run_of_a_target_without_its_function_never_guesses_a_module_is_one(proj
         (["-r", "pkg.tol:main:x", "prog.py"], "; did you mean 'pkg.tool'?"),
         (["-r", "helper:twice:y", "prg.py"], "no such file: 'prg.py'; did you mean 'prog.py'"),
         (["-r", "helper:twice:y", "-m", "pkg.tol"], "no module named 'pkg.tol'; did you mean 'pkg.tool'?"),
+        # A misspelt package: the close names of the package (there was no hint at all).
+        (["-r", "pkgg.tool:main:x", "prog.py"], "; no module named 'pkgg' either; did you mean 'pkg'"),
+        (["-r", "helper:twice:y", "-m", "pkgg.tool"], "No module named 'pkgg'; did you mean 'pkg'"),
         (["-r", "helper:twice:y", "-m", "no_such_module_xyz"], "no module named 'no_such_module_xyz'"),
         (["-r", "helper:twice:y"], "no program given"),
     ],

@@ -932,6 +932,8 @@ def test_load_takes_one_key_or_several(tmp_path):
     assert dict(load(tmp_path, keys=["m:f:y@0"])) == {"m:f:y@0": [2]}
     with pytest.raises(TypeError, match="keys is a key or a list of keys, got 3"):
         load(tmp_path, keys=3)  # (was "'int' object is not iterable")
+    with pytest.raises(TypeError, match=r"keys is a key or a list of keys, got b'm:f:x@0'"):
+        load(tmp_path, keys=b"m:f:x@0")  # (was "a key is a string, got 109 (int)": its bytes)
 
 
 def test_steps_are_integers_of_any_integer_type(tmp_path):

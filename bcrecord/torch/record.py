@@ -2000,18 +2000,24 @@ _CALL_CODE = getattr(torch.nn.Module._call_impl, "__code__", None)
 
 
 def _inside_another_forward(model: torch.nn.Module) -> bool:
-    """Whether ``model`` is called from inside another module's call (its forward, a hook),
-    but a wrapper's that hands on its output (DistributedDataParallel, torch.compile's).
+    """Whether ``model`` is called from inside another module's code: its call (its forward, a
+    hook), or another of its methods (a LightningModule's ``training_step``), which needs the
+    output; but a wrapper's that hands on its output (DistributedDataParallel, torch.compile's).
 
     >>> import torch
     >>> inner = torch.nn.Identity()
     >>> inner.forward = lambda x: _inside_another_forward(inner)
-    >>> inner(1), torch.nn.Sequential(inner)(1), torch.nn.DataParallel(inner)(1)
-    (False, True, False)
+    >>> class Task(torch.nn.Module):
+    ...     def step(self, x): return inner(x)
+    >>> inner(1), torch.nn.Sequential(inner)(1), Task().step(1), torch.nn.DataParallel(inner)(1)
+    (False, True, True, False)
     """
     frame: Optional[types.FrameType] = sys._getframe(1)
     while frame is not None:
-        if frame.f_code is _CALL_CODE:
+        code = frame.f_code
+        # (Its locals read only where a method's first argument is named self: reading them
+        # copies them all, on some Pythons.)
+        if code is _CALL_CODE or (code.co_argcount and code.co_varnames[0] == "self"):
             caller = frame.f_locals.get("self")
             if caller is not model and isinstance(caller, torch.nn.Module) and unwrap(caller) is not model:
                 return True

@@ -1754,6 +1754,35 @@ def test_a_stopping_recording_of_a_submodule_run_by_its_model_runs_it_whole(oute
     assert "forward" not in vars(model) and "forward" not in vars(inner)
 
 
+@pytest.mark.parametrize("method", ["training_step", "forward_features"])
+def test_a_stopping_recording_of_a_submodule_called_by_another_method_of_a_module_runs_it_whole(method):
+    # A LightningModule's training_step (or a timm model's forward_features) calling
+    # self.backbone(x): no module's call was on the stack, so the backbone stopped and the
+    # method got None for its output. Called on its own, the backbone still stops.
+    torch.manual_seed(0)
+
+    class Task(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.backbone = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+            self.head = torch.nn.Linear(4, 1)
+
+        def training_step(self, x):
+            return self.head(self.backbone(x)).sum()
+
+        def forward_features(self, x):
+            return self.backbone(x).relu()
+
+    task = Task()
+    x = torch.randn(2, 4)
+    expected = getattr(task, method)(x)
+    with record(task.backbone, ["0"], stop_after_last=True) as rec:
+        assert torch.equal(getattr(task, method)(x), expected)
+        assert task.backbone(x) is None
+    assert [v.tolist() for v in rec.all("0:forward:return")] == [task.backbone[0](x).tolist()] * 2
+    assert "forward" not in vars(task.backbone)
+
+
 def test_a_nested_stopping_recording_of_a_submodule_that_runs_later_holds_the_stop_back():
     # The model's recording had its value first, and the submodule's, whose pass had not begun,
     # held nothing back: the forward ended before the submodule ran, which recorded nothing.
