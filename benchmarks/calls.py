@@ -16,7 +16,8 @@ Also, to split the cost: the same with ``copy='detach'`` (no copy: the tensors a
 kept alive, which is what makes the next forward allocate fresh memory), with a
 ``reduce`` that turns each value into a number (the probes alone: nothing kept), and
 forward hooks doing the same work as the default (a clone of the output of every
-module call inside the Bottlenecks, the last kept). Target: recorded / unpatched
+module call inside the Bottlenecks, the last of each call kept: 148 values, as
+``keep='last'`` keeps the last of each call site). Target: recorded / unpatched
 <= 1.05x. Timings are CPU time of this thread.
 
 Floors: the same probed code with bcrecord's probe swapped for a hand-written one-line
@@ -37,6 +38,7 @@ from __future__ import annotations
 import argparse
 import builtins
 import dataclasses
+import gc
 import json
 import os
 import subprocess
@@ -63,11 +65,15 @@ from benchmarks import core  # noqa: E402  (the interleaving harness)
 def _cpu_time_block(variant: core.Variant) -> float:
     """core.time_block, on this thread's CPU time (the machine may be shared)."""
     variant.enter()
+    was_enabled = gc.isenabled()
+    gc.disable()  # (as core.time_block: no collection inside a timed block)
     try:
         start = time.thread_time_ns()
         variant.run()
         return (time.thread_time_ns() - start) / variant.ops
     finally:
+        if was_enabled:
+            gc.enable()
         variant.leave()
 
 
@@ -156,18 +162,27 @@ def measure(rounds: int, forwards: int, size: int = 64) -> Measured:
         state["context"] = record(model, targets, keep="last", reduce=lambda t: 0)
         state["rec"] = state["context"].__enter__()
 
+    # The last value of each call (a block calls its relu three times), as keep='last' keeps
+    # each call site's: 148 values, the n-th call of a module told from the others by a count
+    # that a pre-hook on the model starts again at each forward.
     kept: Dict[Any, torch.Tensor] = {}
+    calls_seen: Dict[Any, int] = {}
     inner = [m for block in model.modules() if isinstance(block, Bottleneck) for m in block.children()]
 
     def keep_clone(module: Any, args: Any, output: torch.Tensor) -> None:
-        kept[module] = output.detach().clone()
+        nth = calls_seen.get(module, 0)
+        calls_seen[module] = nth + 1
+        kept[module, nth] = output.detach().clone()
 
     def enter_hooks() -> None:
         state["hooks"] = [m.register_forward_hook(keep_clone) for m in inner]
+        state["hooks"].append(model.register_forward_pre_hook(lambda module, args: calls_seen.clear()))
 
     def leave_hooks() -> None:
         for handle in state.pop("hooks"):
             handle.remove()
+        if len(kept) != per_forward:
+            raise RuntimeError(f"the hooks kept {len(kept)} values, not {per_forward}")
         kept.clear()
 
     def leave_recorded() -> None:

@@ -38,7 +38,7 @@ HEADINGS = (
     "hand-written floor, freed after",
     "the allocator's share",
     "Targets:",
-    "bcrecord recording / unpatched",
+    "bcrecord inline probes, copy='none' / unpatched",
     "idle patched / unpatched",
     "(a) first-time patch + remove (cache cleared)",
     "(b) cached patch + remove",
