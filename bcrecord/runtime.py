@@ -117,6 +117,7 @@ __all__ = [
     "untrack",
     "is_active",
     "context_recordings",
+    "receiving_recordings",
     "kept_length",
     "rebuilt_container",
     "copied_container",
@@ -873,6 +874,18 @@ def context_recordings() -> Tuple[Recording, ...]:
     True
     """
     return _context.get()[0].own
+
+
+def receiving_recordings() -> Tuple[Recording, ...]:
+    """The recordings the current context's values go to: those entered in it, or where it
+    has none, the ``threads='all'`` ones.
+
+    >>> with recording() as rec:
+    ...     receiving_recordings() == (rec,)
+    True
+    """
+    routing = _context.get()[0]
+    return () if routing is None else routing.recordings
 
 
 def is_active() -> bool:
@@ -1937,6 +1950,8 @@ _MISSING = object()
 _NO_INSTANCE = object()
 #: What a recording's :meth:`Recording.__enter__` holds until it has armed its patches.
 _NOT_ARMED = object()
+#: Held while a recording's entry or exit is claimed (see :meth:`Recording.__enter__`).
+_entering_lock = safe_over_forks(threading.Lock())
 Keep = Union[str, int]
 
 
@@ -1989,6 +2004,8 @@ class Recording:
     _keeps_routes = False
     #: A copy (pickle, ``copy``) of a recording made with ``only``: its patches stayed behind.
     _copied_without_patches = False
+    #: Whether a thread is entering or leaving it now (see :meth:`__enter__`).
+    _busy = False
     #: Whether it was ever entered: reading one never entered means a forgotten ``with``. (False
     #: from __init__; True here for a recording pickled before this was noted, empty and entered.)
     _entered_ever = True
@@ -2040,8 +2057,16 @@ class Recording:
         return self._token is not None
 
     def __enter__(self) -> Recording:
-        if self._token is not None:
-            raise RuntimeError("this recording is already active; make a new one to nest")
+        with _entering_lock:  # (two threads entering one recording at once: both went in)
+            if self._token is not None or self._busy:
+                raise RuntimeError("this recording is already active; make a new one to nest")
+            self._busy = True
+        try:
+            return self._enter()
+        finally:
+            self._busy = False
+
+    def _enter(self) -> Recording:
         for library in _load_at_entry:  # (usually none, or the torch layer's)
             if library in sys.modules:
                 _plugins_at_entry()
@@ -2109,9 +2134,20 @@ class Recording:
             routing.retire()
 
     def __exit__(self, *exc: object) -> None:
-        token, self._token = self._token, None
-        if token is None:
-            return
+        with _entering_lock:
+            token = self._token
+            if token is None or self._busy:  # (not entered; being entered or left in another thread)
+                return
+            # Busy until it has left: another thread's entry meanwhile took the fields this
+            # exit reads (its routing, its count) for its own, and the count went wrong.
+            self._busy = True
+        try:
+            self._exit(token)
+        finally:
+            self._token = None
+            self._busy = False
+
+    def _exit(self, token: contextvars.Token) -> None:
         routing, self._routing = self._routing, None
         # Each step is taken even where one before it was cut short by what a signal handler
         # raised (a timeout's TimeoutError, a KeyboardInterrupt): the recording then leaves no
@@ -2455,6 +2491,7 @@ class Recording:
             failures=dict(self.failures),
             _warned=set(self._warned),
             _token=None,
+            _busy=False,
             _routing=None,
             _kept=None,
             _armed_for=None,

@@ -3245,3 +3245,51 @@ def test_a_dataclass_field_a_descriptor_holds_is_copied_not_shared():
     copied = copy_value(live, "clone")
     live.items.append(3)
     assert copied.items == [1, 2]
+
+
+@pytest.mark.parametrize("while_", ["entering", "leaving"])
+def test_one_recording_entered_by_a_second_thread_while_the_first_enters_or_leaves_it_is_refused(
+    monkeypatch, while_
+):
+    # Both threads went in: the second's entry took the fields the first's exit read (its
+    # routing, its count), and every patched function stayed probed for good.
+    from bcrecord import runtime
+
+    def f(a):
+        y = a + 1
+        return y
+
+    patch = bcrecord.patch_function(f, "y", name="t")
+    original = f.__code__
+    rec = bcrecord.recording()
+    inside, go_on = threading.Event(), threading.Event()
+    step = runtime._activate if while_ == "entering" else runtime._deactivate
+
+    def slow(*args):
+        inside.set()
+        assert go_on.wait(10)
+        return step(*args)
+
+    monkeypatch.setattr(runtime, "_activate" if while_ == "entering" else "_deactivate", slow)
+    outcome = []
+
+    def first():
+        with rec:
+            if while_ == "leaving":
+                f(1)
+        outcome.append("first left")
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    assert inside.wait(10)
+    with pytest.raises(RuntimeError, match="this recording is already active"):
+        rec.__enter__()
+    rec.__exit__(None, None, None)  # (does nothing: the first thread's)
+    go_on.set()
+    thread.join(10)
+    monkeypatch.undo()
+    assert outcome == ["first left"] and runtime._active_count == 0 and f.__code__ is original
+    with rec:  # free again once left
+        f(2)
+    assert rec.all("t:f:y@0")[-1] == 3 and f.__code__ is original
+    patch.remove()

@@ -21,6 +21,7 @@ import contextvars
 import functools
 import inspect
 import operator
+import threading
 import types
 import weakref
 from typing import (
@@ -45,7 +46,7 @@ from ..analysis import returns_none
 from ..errors import NotPatchableError, ReturnNodeError, SpecError, TargetError, did_you_mean, warn
 from ..patch import Patch, remove_all, remove_soon
 from ..patch import targets as function_targets
-from ..runtime import carried_variable, kept_length
+from ..runtime import carried_variable, kept_length, safe_over_forks
 from ..specs import require_bool
 from .copies import returned_inside
 from .record import (
@@ -229,6 +230,14 @@ def _fast_path_hint(model: torch.nn.Module, plan: Plan, missing: Sequence[str], 
 _RUN_OPTIONS = ("keep", "threads")
 
 
+#: A mode's plan, patches, idle recordings, and outputs (see FeatureExtractor._plans).
+_ModePlan = Tuple[Plan, List[Patch], List[ModelRecording], List[Tuple[str, str, Tuple[str, ...], bool]]]
+#: Why a call recorded nothing, where close() ran during it (another thread's, a hook's).
+_CLOSED_DURING_THE_CALL = "this extractor was closed during the call, which took its patches out"
+#: Held while an extractor makes a mode's plan and patches, or closes (rare: once per mode).
+_planning = safe_over_forks(threading.RLock())
+
+
 class FeatureExtractor(torch.nn.Module):
     """Runs ``model`` and returns ``{name: value}`` for the requested targets.
 
@@ -365,9 +374,9 @@ class FeatureExtractor(torch.nn.Module):
         #: Whether both modes take the same targets: one plan and patches serve both, so that a
         #: model switched between train and eval runs the same probed code (compiled graphs stay).
         self._one_plan = self.train_nodes == self.eval_nodes
-        self._plans: Dict[bool, Tuple[Plan, List[Patch], List[ModelRecording]]] = {}
-        #: Per mode, what each call returns: (target, name, its keys, first value only).
-        self._outputs: Dict[bool, List[Tuple[str, str, Tuple[str, ...], bool]]] = {}
+        #: Per mode: its plan, patches, idle recordings, and what each call returns (target,
+        #: name, its keys, first value only): one tuple, read at once (close() may clear it).
+        self._plans: Dict[bool, _ModePlan] = {}
         # The model's mode, as torchvision's extractor starts; train() would set every submodule.
         self.training = model.training
 
@@ -385,34 +394,35 @@ class FeatureExtractor(torch.nn.Module):
             }
         return Plan(self.model, list(nodes), **options)
 
-    def _plan(self, training: bool) -> Tuple[Plan, List[Patch], List[ModelRecording]]:
-        """The plan, patches and idle recordings of one mode (made at its first call): the
-        same for both where they take the same targets."""
+    def _plan(self, training: bool) -> _ModePlan:
+        """The plan, patches, idle recordings and outputs of one mode (made at its first call):
+        the same for both where they take the same targets."""
         found = self._plans.get(training or self._one_plan)
         return self._first_in_mode(training or self._one_plan) if found is None else found
 
-    def _first_in_mode(self, training: bool) -> Tuple[Plan, List[Patch], List[ModelRecording]]:
-        """Make the plan, patches and idle recordings of one mode. Run eagerly under
+    def _first_in_mode(self, training: bool) -> _ModePlan:
+        """Make the plan, patches, idle recordings and outputs of one mode. Run eagerly under
         ``torch.compile`` (see :mod:`bcrecord.torch`): traced, a later mode's plan came out
         with the first mode's targets."""
-        found = self._plans.get(training)
-        if found is None:
-            nodes = self.train_nodes if training else self.eval_nodes
-            with _expanding_again():  # (the constructor warned)
-                plan = self._new_plan(nodes)
-            patches = plan.patch(stops=self.stop_early)
-            # Recordings between calls, reused so their routes and sinks are built once;
-            # one per call running at the same time.
-            found = self._plans[training] = (plan, patches, [])
-            self._outputs[training] = [
-                # The first value of each key with the early stop: what it guarantees,
-                # whatever else was asked for (a later target lets a loop run on).
-                (target, name, tuple(plan.keys[target]), self.stop_early or target in self._first_only)
-                for target, name in nodes.items()
-            ]
-            # Not a method: the finalizer must not keep the extractor alive.
-            weakref.finalize(self, remove_soon, patches)
-        return found
+        with _planning:  # (two threads' first calls patched twice, and close() kept one set)
+            found = self._plans.get(training)
+            if found is None:
+                nodes = self.train_nodes if training else self.eval_nodes
+                with _expanding_again():  # (the constructor warned)
+                    plan = self._new_plan(nodes)
+                patches = plan.patch(stops=self.stop_early)
+                outputs = [
+                    # The first value of each key with the early stop: what it guarantees,
+                    # whatever else was asked for (a later target lets a loop run on).
+                    (target, name, tuple(plan.keys[target]), self.stop_early or target in self._first_only)
+                    for target, name in nodes.items()
+                ]
+                # Recordings between calls, reused so their routes and sinks are built once;
+                # one per call running at the same time.
+                found = self._plans[training] = (plan, patches, [], outputs)
+                # Not a method: the finalizer must not keep the extractor alive.
+                weakref.finalize(self, remove_soon, patches)
+            return found
 
     def _new_recording(self, plan: Plan, patches: List[Patch]) -> ModelRecording:
         """A recording for one call at a time, kept between calls. Run eagerly under
@@ -449,15 +459,16 @@ class FeatureExtractor(torch.nn.Module):
         >>> sorted(extractor(torch.ones(1, 2)))  # patched again
         ['0']
         """
-        for _, patches, _ in self._plans.values():
-            remove_all(patches)
-        self._plans.clear()
-        self._outputs.clear()
+        with _planning:  # (a first call's plan made meanwhile, in another thread, goes too)
+            plans = list(self._plans.values())
+            self._plans.clear()
+            for _, patches, _, _ in plans:
+                remove_all(patches)
 
     def __getstate__(self) -> Dict[str, Any]:
         # Patches belong to this object; a copy (deepcopy, pickle) makes its own.
         state = self.__dict__.copy()
-        state["_plans"], state["_outputs"] = {}, {}
+        state["_plans"] = {}
         return state
 
     def forward(self, *args: Any, **kwargs: Any) -> Dict[str, Any]:
@@ -472,14 +483,20 @@ class FeatureExtractor(torch.nn.Module):
         (True, False)
         """
         training = self.training
-        plan, patches, idle = self._plan(training)
-        # Taken now: close() meanwhile (another thread, a hook) clears them, and this call's
-        # values are still this call's.
-        outputs = self._outputs[training or self._one_plan]
+        # Taken now, at once: close() meanwhile (another thread, a hook) clears them, and this
+        # call's values are still this call's.
+        plan, patches, idle, outputs = self._plan(training)
         try:
             rec = idle.pop()
         except IndexError:  # first call, or every recording is in a call in another thread
-            rec = self._new_recording(plan, patches)
+            if not all(patch.active for patch in patches):  # closed by another thread since
+                plan, patches, idle, outputs = self._plan(training)  # (patched again, as a next call)
+            try:
+                rec = self._new_recording(plan, patches)
+            except SpecError:
+                if all(patch.active for patch in patches):
+                    raise
+                raise RuntimeError(_CLOSED_DURING_THE_CALL) from None  # (just now, by another thread)
         passing = Pass(plan, rec, stop_at_root=False)
         try:
             rec._start_pass()
@@ -566,7 +583,7 @@ class FeatureExtractor(torch.nn.Module):
             )
             edited = sorted({patch.function.__qualname__ for patch in patches if patch.stale})
             if not all(patch.active for patch in patches):
-                hint = " (this extractor was closed during the call, which took its patches out)"
+                hint = f" ({_CLOSED_DURING_THE_CALL})"
             elif edited:
                 hint = (
                     f" (the code of {', '.join(edited)} was set anew since this extractor patched it, as "

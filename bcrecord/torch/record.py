@@ -88,6 +88,7 @@ from ..runtime import (
     context_recordings,
     deepcopy_refused,
     raised_by_signal_handler,
+    receiving_recordings,
     safe_over_forks,
     silently,
 )
@@ -123,6 +124,8 @@ __all__ = ["record", "ModelRecording", "StopForward"]
 
 _MARK = "_bcrecord_path"
 _marks_lock = safe_over_forks(threading.Lock())
+#: Held while a record() block's entry is claimed (see RecordBlock.__enter__).
+_blocks_lock = safe_over_forks(threading.Lock())
 #: For each module marked now (by id): how many passes mark it, per path.
 _mark_counts: Dict[int, Dict[str, int]] = {}
 #: For each function patched for a model, per patch of it, the classes of the recorded modules that
@@ -1076,8 +1079,10 @@ class _GradientHook:
     def __call__(self, grad: torch.Tensor) -> Optional[torch.Tensor]:
         if self.handle is None:  # fired already
             return None
-        self.remove()
         rec = self.rec()
+        if rec is not None and self.waiting is not None and _backward_of_another(rec):
+            return None  # a leaf's: another thread's backward reached it; this one's is still to come
+        self.remove()
         if rec is None:  # dropped: nobody can read its gradients
             return None
         rec._leaf_hooks.discard(self)
@@ -1114,6 +1119,20 @@ class _GradientHook:
         tensor = self.tensor()
         if tensor is not None and self.had_none and not tensor._backward_hooks:
             tensor._backward_hooks = None  # as it was: no hooks at all
+
+
+def _backward_of_another(rec: ModelRecording) -> bool:
+    """Whether the backward running now is another context's than ``rec``'s (it receives
+    none of its values).
+
+    A leaf's hook (a parameter's) fires in every backward that reaches the leaf, whichever
+    thread's forward read it. A backward on the CPU runs in the thread that called it, in
+    its context; one run in autograd's own threads (a GPU's) has none of the program's
+    contexts: it cannot be told apart there, and is taken.
+    """
+    if isinstance(threading.current_thread(), threading._DummyThread):  # (not a thread of Python's)
+        return False
+    return not any(r is rec for r in receiving_recordings())
 
 
 def _same_view(kept: torch.Tensor, grad: torch.Tensor) -> bool:
@@ -1337,9 +1356,10 @@ class Plan:
         policies: Dict[Any, ValuePolicy] = {}
 
         def policy(reducer: Any, wants_grad: bool) -> ValuePolicy:
-            return policies.setdefault(
-                (reducer, wants_grad), value_policy(copy, to, dtype, reducer, wants_grad)
-            )
+            found = policies.get((reducer, wants_grad))
+            if found is None:  # (made once: each key of a target asks)
+                found = policies[reducer, wants_grad] = value_policy(copy, to, dtype, reducer, wants_grad)
+            return found
 
         # What the targets ask of each key: overlapping targets ("out" and "out@1",
         # "x@0" and "x@0.grad") ask for one value, recorded once.
@@ -1394,6 +1414,9 @@ class Plan:
             # the same instances share it. Gradient targets get a patch per key.
             wanted: Dict[Tuple[type, str, Spec], set] = defaultdict(set)
             grad_specs: Dict[Tuple[type, str, str], List[Spec]] = defaultdict(list)
+            # One spec per (site, policy): 16 instances' keys share it (a spec is checked as it is
+            # made, which a whole resnet's 160 keys paid 160 times).
+            with_policy: Dict[Tuple[Spec, int], Spec] = {}
             for key, asked in requests.items():
                 keep_value = policy(asked.reducer, grad)  # a .grad target hooks the live value, not this
                 if asked.grad:
@@ -1403,9 +1426,12 @@ class Plan:
                         dataclasses.replace(asked.spec, copy=_GradCopy(self, key, keep_value, keep_grad))
                     )
                 else:
-                    wanted[(asked.cls, asked.method, dataclasses.replace(asked.spec, copy=keep_value))].add(
-                        asked.path
-                    )
+                    kept_as = with_policy.get((asked.spec, id(keep_value)))
+                    if kept_as is None:
+                        kept_as = with_policy[asked.spec, id(keep_value)] = dataclasses.replace(
+                            asked.spec, copy=keep_value
+                        )
+                    wanted[(asked.cls, asked.method, kept_as)].add(asked.path)
             _one_path_each(model, self.modules)
             #: The modules on the way from the model to each target, itself last: what a
             #: forward stopped at a target unwinds (the model's own, for an extractor).
@@ -1722,6 +1748,8 @@ class RecordBlock(contextlib.AbstractContextManager["ModelRecording"]):
         self._shown = shown
         self._block: Optional[ContextManager[ModelRecording]] = None
         self._used = False
+        #: Whether a thread is entering it now (see __enter__).
+        self._entering = False
 
     def __repr__(self) -> str:
         state = "entered" if self._block is not None else "used" if self._used else "not entered yet"
@@ -1752,14 +1780,19 @@ class RecordBlock(contextlib.AbstractContextManager["ModelRecording"]):
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __enter__(self) -> ModelRecording:
-        if self._used:
-            raise RuntimeError(
-                "this record(...) has been entered already: call record() again for each "
-                "'with' block (or keep one block open around the loop)"
-            )
-        block = self._make()
-        rec = block.__enter__()  # (a bad target raises here: the block was never used)
-        self._used, self._block = True, block
+        with _blocks_lock:  # (two threads entering one block at once: both went in)
+            if self._used or self._entering:
+                raise RuntimeError(
+                    "this record(...) has been entered already: call record() again for each "
+                    "'with' block (or keep one block open around the loop)"
+                )
+            self._entering = True
+        try:
+            block = self._make()
+            rec = block.__enter__()  # (a bad target raises here: the block was never used)
+            self._used, self._block = True, block
+        finally:
+            self._entering = False
         return rec
 
     def __exit__(self, *exc: Any) -> Optional[bool]:

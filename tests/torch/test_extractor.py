@@ -128,6 +128,72 @@ def test_an_extractor_closed_during_its_call_says_so_and_works_at_the_next():
     assert torch.equal(features["0"], net[0](x)) and torch.equal(features["2"], net(x))
 
 
+def test_an_extractor_closed_before_its_call_made_its_recording_says_so_and_works_at_the_next():
+    # close() in another thread between the call's look-up of its plan and the making of its
+    # recording: an internal SpecError ("only= names a patch that was removed").
+    net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU()).eval()
+    extractor = create_feature_extractor(net, ["0"])
+    x = torch.ones(1, 2)
+    extractor(x)
+    plan, patches, idle, outputs = next(iter(extractor._plans.values()))
+    idle.clear()  # (every recording in a call in another thread: one is made)
+    make = extractor._new_recording
+    extractor._new_recording = lambda *args: (extractor.close(), make(*args))[1]
+    with pytest.raises(
+        RuntimeError, match=r"^this extractor was closed during the call, which took its patches out$"
+    ):
+        extractor(x)
+    del extractor._new_recording
+    assert torch.equal(extractor(x)["0"], net[0](x))
+
+
+def test_two_threads_first_calls_of_an_extractor_patch_once_and_close_removes_it_all(monkeypatch):
+    # Both first calls planned and patched; the first set of patches was lost from the
+    # extractor's table, and close() left it in place (a later recording ran probed code).
+    import threading
+
+    from bcrecord.torch.record import Plan
+
+    net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU()).eval()
+    extractor = create_feature_extractor(net, ["0"])
+    planned, patched, second_planning = [], [], threading.Event()
+    new_plan, patch = extractor._new_plan, Plan.patch
+
+    def planning(nodes):
+        planned.append(nodes)
+        if len(planned) == 2:
+            second_planning.set()
+        return new_plan(nodes)
+
+    def slow_patch(self, *args, **kwargs):
+        patched.append(self)
+        if len(patched) == 1:
+            second_planning.wait(1.0)  # (the other first call plans meanwhile, unless it waits)
+        return patch(self, *args, **kwargs)
+
+    extractor._new_plan = planning
+    monkeypatch.setattr(Plan, "patch", slow_patch)
+    features = {}
+
+    def call(k):
+        features[k] = extractor(torch.full((1, 2), float(k)))["0"]
+
+    threads = [threading.Thread(target=call, args=(k,)) for k in (1, 2)]
+    threads[0].start()
+    while not patched:
+        pass
+    threads[1].start()
+    for thread in threads:
+        thread.join(10)
+    assert len(patched) == 1
+    assert [features[k].tolist() for k in (1, 2)] == [
+        net[0](torch.full((1, 2), float(k))).tolist() for k in (1, 2)
+    ]
+    patches = [p for _, ps, _, _ in extractor._plans.values() for p in ps]
+    extractor.close()
+    assert patches and not any(p.active for p in patches) and not bcrecord.runtime.tracked()
+
+
 def test_a_module_s_instance_patched_after_the_first_call_is_named_in_the_error():
     # The hint blamed a branch not taken, or train and eval modes.
     net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU(), torch.nn.Linear(2, 1)).eval()
@@ -617,10 +683,10 @@ def test_extractor_patches_once_and_the_model_is_itself_between_calls():
     slots_before = len(patch_module._slots)
     extractor = create_feature_extractor(net, ["bn1", "blocks.2"])
     first = extractor(x)
-    patches = [p for _, ps, _ in extractor._plans.values() for p in ps]
+    patches = [p for _, ps, _, _ in extractor._plans.values() for p in ps]
     assert patches and all(p.active for p in patches)
     second = extractor(x)
-    assert [p for _, ps, _ in extractor._plans.values() for p in ps] == patches  # planned once
+    assert [p for _, ps, _, _ in extractor._plans.values() for p in ps] == patches  # planned once
     for feats in (first, second):
         assert torch.allclose(feats["bn1"], expected["bn1"], atol=1e-6)
         assert torch.allclose(feats["blocks.2"], expected["blocks.2"], atol=1e-5)

@@ -1783,6 +1783,63 @@ def test_a_stopping_recording_of_a_submodule_called_by_another_method_of_a_modul
     assert "forward" not in vars(task.backbone)
 
 
+def test_a_parameter_gradient_recorded_in_two_threads_is_each_thread_s_own():
+    # A parameter's hook fires in every backward that reaches it: thread A's backward
+    # recorded A's gradient into B's recording too, and took B's hook away (B's own was lost).
+    model = torch.nn.Linear(3, 1, bias=False)
+    torch.nn.init.ones_(model.weight)
+    a_forward, b_forward, a_backward = threading.Event(), threading.Event(), threading.Event()
+    got = {}
+
+    def run(k, mine, wait_for, then):
+        with record(model, [":forward:self.weight.grad"], grad=True) as rec:
+            out = model(torch.full((1, 3), float(k)))  # d(out.sum())/dW = [k, k, k]
+            mine.set()
+            assert wait_for.wait(10)
+            out.sum().backward()
+            then.set()
+        got[k] = [g.tolist() for g in rec.all(":forward:self.weight.grad")]
+
+    first = threading.Thread(target=run, args=(1, a_forward, b_forward, a_backward))
+    second = threading.Thread(
+        target=lambda: a_forward.wait(10) and run(2, b_forward, a_backward, threading.Event())
+    )
+    first.start(), second.start()
+    first.join(20), second.join(20)
+    assert got == {1: [[[1.0, 1.0, 1.0]]], 2: [[[2.0, 2.0, 2.0]]]}
+    assert not model.weight._backward_hooks
+
+
+def test_one_record_block_entered_by_a_second_thread_while_the_first_enters_it_is_refused():
+    # Both went in: the second replaced the first's block, whose recording then ended early
+    # (its generator finalized from the other thread) and lost its values.
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    block = record(model, "0")
+    make, inside, go_on = block._make, threading.Event(), threading.Event()
+
+    def slow_make():
+        inside.set()
+        assert go_on.wait(10)
+        return make()
+
+    block._make = slow_make
+    got = []
+
+    def first():
+        with block as rec:
+            model(torch.ones(1, 2))
+        got.append(len(rec.all("0:forward:return")))
+
+    thread = threading.Thread(target=first)
+    thread.start()
+    assert inside.wait(10)
+    with pytest.raises(RuntimeError, match=r"this record\(\.\.\.\) has been entered already"):
+        block.__enter__()
+    go_on.set()
+    thread.join(10)
+    assert got == [1] and "forward" not in vars(model)
+
+
 def test_a_nested_stopping_recording_of_a_submodule_that_runs_later_holds_the_stop_back():
     # The model's recording had its value first, and the submodule's, whose pass had not begun,
     # held nothing back: the forward ended before the submodule ran, which recorded nothing.
