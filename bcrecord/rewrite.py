@@ -43,7 +43,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 from types import AsyncGeneratorType, CodeType, CoroutineType, FunctionType, GeneratorType
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from bytecode import UNSET, Bytecode, ControlFlowGraph, Instr, Label, TryBegin, TryEnd
 
@@ -405,11 +405,15 @@ def _rewrite_code(
             else:  # pragma: no cover - ProbePoint kinds are fixed by analysis.resolve
                 raise ValueError(f"unknown probe kind {point.kind!r}")
 
+    # What the inserted runs add to the stack, at most: on top of the original's depth there
+    # (the replaced instructions keep or lower it), so the original's size plus that bounds it.
+    peaks = [_peak(run) for inserted in (edits.before, edits.after, edits.tail) for run in inserted.values()]
+    bound = None if None in peaks else code.co_stacksize + max((p for p in peaks if p is not None), default=0)
     bytecode[:] = _guard(edits.apply(items)) if guarded else edits.apply(items)
     # Seed the variable order with the original's: otherwise bytecode numbers locals by
     # first use, which reorders co_varnames (and locals()) on 3.12+.
     bytecode.argnames = list(code.co_varnames)
-    new = _assemble(bytecode)
+    new = _assemble(bytecode, bound)
     if table.line_table is not None and table.own_line_table(bytecode):
         # The same instructions as to_code() assembled (same order, same sizes): their lines.
         concrete = list(bytecode.to_concrete_bytecode())
@@ -420,9 +424,27 @@ def _rewrite_code(
     return new
 
 
-def _assemble(bytecode: Bytecode) -> CodeType:
+def _peak(run: Sequence[object]) -> Optional[int]:
+    """The most a straight run of inserted instructions adds to the stack where it runs, as
+    CPython counts it (the net effect of each instruction); None where it is not straight.
+
+    >>> _peak([Instr("LOAD_CONST", 1), Instr("LOAD_CONST", 2), Instr("POP_TOP"), Instr("POP_TOP")])
+    2
+    """
+    depth = peak = 0
+    for item in run:
+        if not isinstance(item, Instr) or item.has_jump():
+            return None
+        depth += item.stack_effect(jump=False)
+        peak = max(peak, depth)
+    return peak
+
+
+def _assemble(bytecode: Bytecode, bound: Optional[int] = None) -> CodeType:
     """``bytecode.to_code()``, each of the original's exception regions keeping the stack depth
     CPython gave it; only the regions bcrecord inserts (which have none) get one computed.
+    ``bound``: a stack size known to suffice (see :func:`_rewrite_code`), where there is no
+    region: then no control-flow graph is built to compute it (most of the assembly's time).
 
     ``bytecode`` computes every depth from the stack it finds in the region, but CPython
     unwinds below values that are dead there: in ``for ...: try: return x`` inside a
@@ -449,6 +471,8 @@ def _assemble(bytecode: Bytecode) -> CodeType:
     True
     """
     if not any(isinstance(item, TryBegin) for item in bytecode):  # (no exception table: 3.10)
+        if bound is not None:
+            return bytecode.to_code(stacksize=bound, compute_exception_stack_depths=False)
         return bytecode.to_code()
     graph = ControlFlowGraph.from_bytecode(bytecode)
     # The graph's regions are copies, in code order; a region a jump splits has several.

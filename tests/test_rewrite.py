@@ -578,3 +578,59 @@ def test_a_probed_recursion_reaches_its_recursion_error_at_most_two_calls_earlie
     if style == "inline" and sys.version_info >= (3, 11):
         assert probed == plain
     assert rec.all("m:_factorial:r@1")[-1] == math.factorial(900)
+
+
+@pytest.mark.parametrize("style", ["inline", "call"], indirect=True)
+def test_the_stack_size_bound_taken_without_a_graph_is_never_below_the_graph_s(style, monkeypatch):
+    # Code without exception regions is assembled with the original's stack size plus what
+    # the inserted runs add (no control-flow graph): a size too small would crash CPython.
+    import argparse
+    import collections
+    import dataclasses
+    import inspect
+    import json.decoder
+    import json.encoder
+    import textwrap
+
+    from . import corpus
+
+    checked = []
+    assemble = rewrite._assemble
+
+    def both(bytecode, bound=None):
+        new = assemble(bytecode, bound)
+        if bound is not None:
+            exact = bytecode.to_code()  # (its size computed on the graph)
+            assert new.co_stacksize >= exact.co_stacksize, (
+                bytecode.name,
+                new.co_stacksize,
+                exact.co_stacksize,
+            )
+            checked.append(bytecode.name)
+        return new
+
+    monkeypatch.setattr(rewrite, "_assemble", both)
+    rewrite.clear_cache()
+    functions = [
+        func
+        for module in (argparse, collections, json.decoder, json.encoder, textwrap, corpus)
+        for _, holder in inspect.getmembers(module, lambda m: inspect.isfunction(m) or inspect.isclass(m))
+        for func in ([holder] if inspect.isfunction(holder) else vars(holder).values())
+        if inspect.isfunction(func)
+        and func.__module__ == module.__name__
+        and not hasattr(func, "__wrapped__")
+    ]
+    for func in functions:
+        specs = bcrecord.targets(func).specs()
+        if not specs:
+            continue
+        points = resolve(parse_all(specs), read(func.__code__))
+        for with_self in (False, True) if func.__code__.co_argcount else (False,):
+            try:
+                rewrite.insert_probes(
+                    func.__code__, [dataclasses.replace(p, with_self=with_self) for p in points]
+                )
+            except bcrecord.TargetError:  # (a per-instance patch of a function that rebinds self)
+                pass
+    rewrite.clear_cache()
+    assert len(checked) > 100
