@@ -58,6 +58,7 @@ __all__ = [
     "compiled_spec",
     "computed_callee_calls",
     "consuming_calls",
+    "forget_readings",
     "instructions",
     "read",
     "resolve",
@@ -1230,6 +1231,16 @@ def read(code: CodeType, qualname: Optional[str] = None) -> CodeMap:
     (['y'], ['self.scale'], 1)
     """
     return _read(code_key(code), qualname)
+
+
+def forget_readings() -> None:
+    """Forget every code object read and decoded (see :func:`bcrecord.rewrite.clear_cache`).
+
+    >>> forget_readings(); _read.cache_info().currsize
+    0
+    """
+    _decoded.cache_clear()
+    _read.cache_clear()
 
 
 @functools.lru_cache(maxsize=256)

@@ -1381,8 +1381,9 @@ def _data_descriptor(cls: type, name: str) -> bool:
 #: above the core register theirs (:func:`register_plugin`): the core names none of them.
 _PLUGINS: Dict[str, str] = {}
 #: The libraries of plug-ins to load as soon as a recording is entered where the program has
-#: imported the library (each tried once; see :func:`register_plugin`).
-_load_at_entry: Set[str] = set()
+#: imported the library (each tried once; see :func:`register_plugin`). A tuple, replaced
+#: whole: entries iterate it while another thread drops one.
+_load_at_entry: Tuple[str, ...] = ()
 
 
 def register_plugin(library: str, module: str, at_entry: bool = False) -> None:
@@ -1400,9 +1401,10 @@ def register_plugin(library: str, module: str, at_entry: bool = False) -> None:
     >>> _PLUGINS.pop("nosuchlib")
     'nosuchlib_bcrecord_copies'
     """
+    global _load_at_entry
     _PLUGINS[library] = module
-    if at_entry:
-        _load_at_entry.add(library)
+    if at_entry and library not in _load_at_entry:
+        _load_at_entry = (*_load_at_entry, library)
 
 
 def _plugins_at_entry() -> None:
@@ -1410,14 +1412,15 @@ def _plugins_at_entry() -> None:
     while the library is being imported (another thread), nor where ``sys.modules`` holds
     another thing under its name (``None``, to keep it out); a plug-in that fails to import
     is left to the first value of its library, whose copy says why."""
-    for library in list(_load_at_entry):
+    global _load_at_entry
+    for library in _load_at_entry:
         held = sys.modules.get(library)
         if not isinstance(held, types.ModuleType):
             continue
         if getattr(getattr(held, "__spec__", None), "_initializing", False):
             continue
         # (once: a plug-in that fails to import would cost each entry its import)
-        _load_at_entry.discard(library)
+        _load_at_entry = tuple(other for other in _load_at_entry if other != library)
         module = _PLUGINS.get(library)
         if module is None:  # (loaded meanwhile, by the first value of its library)
             continue

@@ -21,9 +21,9 @@ module call inside the Bottlenecks, the last of each call kept: 148 values, as
 <= 1.05x. Timings are CPU time of this thread.
 
 Floors: the same probed code with bcrecord's probe swapped for a hand-written one-line
-Python function (``probe(value, site, instance)``) that does nothing, keeps each value as it is, keeps
-a clone of it, or copies it into the buffer it filled at the last forward (``copy_``: no
-allocation after a block's first forward). They tell the cost of the work itself
+Python function (``probe(value, site, instance)``) that keeps nothing, keeps each value as it is, keeps
+a clone of it, or copies it into the buffer it filled at the last forward (``copy_``: the
+buffers are made by an untimed forward before the block). They tell the cost of the work itself
 (keeping 148 tensors alive, copying them) from that of bcrecord's machinery (routing by
 instance, sinks, copy policies).
 
@@ -84,10 +84,10 @@ NAMES = {
     "detached": "the same, copy='detach' (no clone)",
     "probes": "the same, reduced to a number (probes only)",
     "hooks": "forward hooks, clone of every module call",
-    "noop_floor": "floor: the same probes, a one-line probe doing nothing",
-    "keep_floor": "floor: the same probes, a one-line probe keeping each value (no copy)",
-    "reuse_floor": "floor: the same probes, a one-line probe copying into last forward's buffer",
-    "clone_floor": "floor: the same probes, a one-line probe keeping a clone",
+    "noop_floor": "floor: one-line probe keeping nothing",
+    "keep_floor": "floor: one-line probe keeping each value",
+    "reuse_floor": "floor: one-line probe copying into a reused buffer",
+    "clone_floor": "floor: one-line probe keeping a clone",
 }
 
 
@@ -194,7 +194,7 @@ def measure(rounds: int, forwards: int, size: int = 64) -> Measured:
     by_site: Dict[Any, torch.Tensor] = {}
 
     def do_nothing(value: Any, site: int, instance: Any = None) -> None:
-        by_site[site, id(instance)] = None
+        by_site[site, id(instance)] = None  # (the site noted, as by the others: the count is checked)
 
     def keep_as_is(value: Any, site: int, instance: Any = None) -> None:
         by_site[site, id(instance)] = value
@@ -214,6 +214,9 @@ def measure(rounds: int, forwards: int, size: int = 64) -> Measured:
             enter_recorded()
             state["probe"] = getattr(builtins, PROBE_NAME)
             setattr(builtins, PROBE_NAME, probe)
+            if probe is copy_into_buffer:  # its buffers made before the block: none is made in it
+                with torch.no_grad():
+                    model(x)
 
         return enter
 

@@ -2727,7 +2727,7 @@ def test_a_recording_entered_where_torch_is_kept_out_or_half_imported_records(mo
         return y
 
     monkeypatch.setattr(runtime, "_PLUGINS", {**runtime._PLUGINS, "torch": "bcrecord_no_such_plugin"})
-    monkeypatch.setattr(runtime, "_load_at_entry", {"torch"})
+    monkeypatch.setattr(runtime, "_load_at_entry", ("torch",))
     half = types.ModuleType("torch")
     half.__spec__ = types.SimpleNamespace(_initializing=True)
     half.Tensor = type("Tensor", (), {})
@@ -2747,7 +2747,7 @@ def test_a_recording_entered_where_torch_is_kept_out_or_half_imported_records(mo
             patched(value)
         assert dict(rec.items()) == {"t:f:y@0": value + 1}
     assert tried == ["bcrecord_no_such_plugin"] and runtime._PLUGINS["torch"] == "bcrecord_no_such_plugin"
-    assert runtime._load_at_entry == set()
+    assert runtime._load_at_entry == ()
 
 
 def test_the_core_names_no_layer_above_it_the_package_registers_their_plug_ins():
@@ -2782,7 +2782,7 @@ def test_the_core_names_no_layer_above_it_the_package_registers_their_plug_ins()
     assert shown == (
         "{'torch': 'bcrecord.torch.copies', 'torchvision': 'bcrecord.integrations.torchvision', "
         "'mmengine': 'bcrecord.integrations.mmengine', 'transformers': 'bcrecord.integrations.transformers'}"
-        " {'torch'} []"
+        " ('torch',) []"
     )
 
 

@@ -156,7 +156,8 @@ def test_two_threads_first_calls_of_an_extractor_patch_once_and_close_removes_it
 
     net = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU()).eval()
     extractor = create_feature_extractor(net, ["0"])
-    planned, patched, patches, second_planning = [], [], [], threading.Event()
+    planned, patches = [], []
+    patching, second_planning = threading.Event(), threading.Event()
     new_plan, patch = extractor._new_plan, Plan.patch
 
     def planning(nodes):
@@ -166,9 +167,10 @@ def test_two_threads_first_calls_of_an_extractor_patch_once_and_close_removes_it
         return new_plan(nodes)
 
     def slow_patch(self, *args, **kwargs):
-        patched.append(self)
-        if len(patched) == 1:
-            second_planning.wait(1.0)  # (the other first call plans meanwhile, unless it waits)
+        if not patching.is_set():
+            patching.set()
+            # The other first call plans meanwhile, unless it waits for this one (the lock).
+            second_planning.wait(0.3)
         made = patch(self, *args, **kwargs)
         patches.extend(made)
         return made
@@ -182,12 +184,12 @@ def test_two_threads_first_calls_of_an_extractor_patch_once_and_close_removes_it
 
     threads = [threading.Thread(target=call, args=(k,)) for k in (1, 2)]
     threads[0].start()
-    while not patched:
-        pass
+    assert patching.wait(10)
     threads[1].start()
     for thread in threads:
         thread.join(10)
-    assert len(patched) == 1
+        assert not thread.is_alive()
+    assert len(planned) == 1
     assert [features[k].tolist() for k in (1, 2)] == [
         net[0](torch.full((1, 2), float(k))).tolist() for k in (1, 2)
     ]
