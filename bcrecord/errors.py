@@ -112,6 +112,18 @@ def pass_through(path: str) -> None:
         _OWN_FILES = (*_OWN_FILES, path)
 
 
+def outside_bcrecord(frame: types.FrameType) -> types.FrameType:
+    """``frame``, or the first frame further out that runs no code of bcrecord's own (nor
+    contextlib's, running bcrecord's): the user's.
+
+    >>> outside_bcrecord(sys._getframe()).f_code.co_filename.startswith("<doctest")
+    True
+    """
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_OWN_FILES):
+        frame = frame.f_back
+    return frame
+
+
 def warn(message: str, category: Type[Warning] = RecordingWarning) -> None:
     """Warn, pointing at the first caller outside bcrecord: the user's line, or the recorded function's.
 

@@ -1953,8 +1953,9 @@ _MISSING = object()
 _NO_INSTANCE = object()
 #: What a recording's :meth:`Recording.__enter__` holds until it has armed its patches.
 _NOT_ARMED = object()
-#: Held while a recording's entry or exit is claimed (see :meth:`Recording.__enter__`).
-_entering_lock = safe_over_forks(threading.Lock())
+#: Held while a recording's entry or exit is claimed (see :meth:`Recording.__enter__`);
+#: re-entrant: a finalizer that leaves a recording may run while it is held.
+_entering_lock = safe_over_forks(threading.RLock())
 Keep = Union[str, int]
 
 
@@ -2060,14 +2061,21 @@ class Recording:
         return self._token is not None
 
     def __enter__(self) -> Recording:
-        with _entering_lock:  # (two threads entering one recording at once: both went in)
-            if self._token is not None or self._busy:
-                raise RuntimeError("this recording is already active; make a new one to nest")
-            self._busy = True
+        claimed = False
         try:
+            # Claimed under the lock (two threads entering one recording at once both went
+            # in); refused outside it (a collection while making the error may run a
+            # finalizer that leaves a recording).
+            with _entering_lock:
+                if self._token is None and not self._busy:
+                    claimed = True  # (first: what a signal handler raises next leaves it unclaimed)
+                    self._busy = True
+            if not claimed:
+                raise RuntimeError("this recording is already active; make a new one to nest")
             return self._enter()
         finally:
-            self._busy = False
+            if claimed:
+                self._busy = False
 
     def _enter(self) -> Recording:
         for library in _load_at_entry:  # (usually none, or the torch layer's)
@@ -2137,43 +2145,42 @@ class Recording:
             routing.retire()
 
     def __exit__(self, *exc: object) -> None:
-        with _entering_lock:
-            token = self._token
-            if token is None or self._busy:  # (not entered; being entered or left in another thread)
-                return
-            # Busy until it has left: another thread's entry meanwhile took the fields this
-            # exit reads (its routing, its count) for its own, and the count went wrong.
-            self._busy = True
+        if self._busy:  # being entered or left by another thread: not this exit's to end
+            return
+        token, self._token = self._token, None
+        if token is None:
+            return
+        # Busy until it has left: another thread's entry meanwhile took the fields this exit
+        # reads (its count, its routings) for its own, and the count went wrong. (No call
+        # before the try: nothing can cut in between.)
+        self._busy = True
         try:
-            self._exit(token)
-        finally:
-            self._token = None
-            self._busy = False
-
-    def _exit(self, token: contextvars.Token) -> None:
-        routing, self._routing = self._routing, None
-        # Each step is taken even where one before it was cut short by what a signal handler
-        # raised (a timeout's TimeoutError, a KeyboardInterrupt): the recording then leaves no
-        # context delivering to it, nor its patches armed.
-        left = False
-        try:
-            self._leave_context(token, routing)
-            left = True
-        finally:
+            routing, self._routing = self._routing, None
+            # Each step is taken even where one before it was cut short by what a signal handler
+            # raised (a timeout's TimeoutError, a KeyboardInterrupt): the recording then leaves no
+            # context delivering to it, nor its patches armed.
+            left = False
             try:
-                with _sites_lock:
-                    # A recording entered in a context copied from this one's (a carried thread,
-                    # a task) made a routing that delivers to this one too: no more. (Its own, too,
-                    # where leaving the context was cut short.)
-                    for other in self._included.take():
-                        if (other is not routing or not left) and any(r is self for r in other.recordings):
-                            other.drop(self)
+                self._leave_context(token, routing)
+                left = True
             finally:
                 try:
-                    self._disarm()
-                except BaseException:
-                    self._disarm()  # (what it had not done, if it was cut short as it began)
-                    raise
+                    with _sites_lock:
+                        # A recording entered in a context copied from this one's (a carried thread,
+                        # a task) made a routing that delivers to this one too: no more. (Its own, too,
+                        # where leaving the context was cut short.)
+                        for other in self._included.take():
+                            delivers = any(r is self for r in other.recordings)
+                            if (other is not routing or not left) and delivers:
+                                other.drop(self)
+                finally:
+                    try:
+                        self._disarm()
+                    except BaseException:
+                        self._disarm()  # (what it had not done, if it was cut short as it began)
+                        raise
+        finally:
+            self._busy = False
 
     def _leave_context(self, token: contextvars.Token, routing: Optional[_Routing]) -> None:
         """The context as it was before this recording was entered (see :meth:`__exit__`)."""

@@ -21,7 +21,6 @@ import contextvars
 import functools
 import inspect
 import operator
-import threading
 import types
 import weakref
 from typing import (
@@ -45,8 +44,9 @@ import torch
 from ..analysis import returns_none
 from ..errors import NotPatchableError, ReturnNodeError, SpecError, TargetError, did_you_mean, warn
 from ..patch import Patch, remove_all, remove_soon
+from ..patch import _lock as patch_lock
 from ..patch import targets as function_targets
-from ..runtime import carried_variable, kept_length, safe_over_forks
+from ..runtime import carried_variable, kept_length
 from ..specs import require_bool
 from .copies import returned_inside
 from .record import (
@@ -234,8 +234,10 @@ _RUN_OPTIONS = ("keep", "threads")
 _ModePlan = Tuple[Plan, List[Patch], List[ModelRecording], List[Tuple[str, str, Tuple[str, ...], bool]]]
 #: Why a call recorded nothing, where close() ran during it (another thread's, a hook's).
 _CLOSED_DURING_THE_CALL = "this extractor was closed during the call, which took its patches out"
-#: Held while an extractor makes a mode's plan and patches, or closes (rare: once per mode).
-_planning = safe_over_forks(threading.RLock())
+#: Held while an extractor makes a mode's plan and patches, or closes (rare: once per mode):
+#: the patch lock itself, which patching and removing take inside it (a lock of its own, taken
+#: before that one, deadlocked with a finalizer closing an extractor inside a patch's change).
+_planning = patch_lock
 
 
 class FeatureExtractor(torch.nn.Module):

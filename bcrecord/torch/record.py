@@ -47,6 +47,7 @@ from copy import deepcopy
 from typing import (
     Any,
     Callable,
+    Collection,
     ContextManager,
     Dict,
     FrozenSet,
@@ -68,7 +69,7 @@ import torch
 
 from .._versions import ARGUMENT_REFERENCES
 from ..analysis import read, resolve
-from ..errors import SpecError, TargetError, pass_through, warn
+from ..errors import SpecError, TargetError, outside_bcrecord, pass_through, warn
 from ..patch import (
     ABSENT,
     Patch,
@@ -124,8 +125,9 @@ __all__ = ["record", "ModelRecording", "StopForward"]
 
 _MARK = "_bcrecord_path"
 _marks_lock = safe_over_forks(threading.Lock())
-#: Held while a record() block's entry is claimed (see RecordBlock.__enter__).
-_blocks_lock = safe_over_forks(threading.Lock())
+#: Held while a record() block's entry is claimed (see RecordBlock.__enter__); re-entrant, as a
+#: finalizer may enter a block while it is held.
+_blocks_lock = safe_over_forks(threading.RLock())
 #: For each module marked now (by id): how many passes mark it, per path.
 _mark_counts: Dict[int, Dict[str, int]] = {}
 #: For each function patched for a model, per patch of it, the classes of the recorded modules that
@@ -466,6 +468,8 @@ class ModelRecording(Recording):
     (['1.0:forward:return'], 1)
     """
 
+    #: The ``id()`` of the frame whose block it records for (see :func:`_inside_another_forward`).
+    _opened_in: Optional[int] = None
     #: The option that asked for the early stop, as warnings name it.
     _stop_option = "stop_after_last"
     #: The ``.grad`` keys of leaves whose gradient no backward had recorded when the block ended.
@@ -1122,15 +1126,17 @@ class _GradientHook:
 
 
 def _backward_of_another(rec: ModelRecording) -> bool:
-    """Whether the backward running now is another context's than ``rec``'s (it receives
-    none of its values).
+    """Whether the backward running now is another recording context's than ``rec``'s.
 
     A leaf's hook (a parameter's) fires in every backward that reaches the leaf, whichever
     thread's forward read it. A backward on the CPU runs in the thread that called it, in
-    its context; one run in autograd's own threads (a GPU's) has none of the program's
-    contexts: it cannot be told apart there, and is taken.
+    its context: one whose recordings are others' (a second thread recording the same model)
+    is theirs. One run where no recording is entered (a thread the block started, autograd's
+    own threads, a GPU's) cannot be told apart: taken.
     """
     if isinstance(threading.current_thread(), threading._DummyThread):  # (not a thread of Python's)
+        return False
+    if not context_recordings():
         return False
     return not any(r is rec for r in receiving_recordings())
 
@@ -1780,19 +1786,28 @@ class RecordBlock(contextlib.AbstractContextManager["ModelRecording"]):
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __enter__(self) -> ModelRecording:
-        with _blocks_lock:  # (two threads entering one block at once: both went in)
-            if self._used or self._entering:
+        claimed = False
+        try:
+            # Claimed under the lock (two threads entering one block at once both went in),
+            # refused outside it (as a recording's entry: see bcrecord.Recording.__enter__).
+            with _blocks_lock:
+                if not self._used and not self._entering:
+                    claimed = True
+                    self._entering = True
+            if not claimed:
                 raise RuntimeError(
                     "this record(...) has been entered already: call record() again for each "
                     "'with' block (or keep one block open around the loop)"
                 )
-            self._entering = True
-        try:
             block = self._make()
             rec = block.__enter__()  # (a bad target raises here: the block was never used)
             self._used, self._block = True, block
+            # Where the block runs: a module's method further out than it cannot get the model's
+            # output (see _inside_another_forward). An id: the frame lives while the block runs.
+            rec._opened_in = id(outside_bcrecord(sys._getframe(1)))
         finally:
-            self._entering = False
+            if claimed:
+                self._entering = False
         return rec
 
     def __exit__(self, *exc: Any) -> Optional[bool]:
@@ -2032,10 +2047,13 @@ def inside_ddp_forward() -> bool:
 _CALL_CODE = getattr(torch.nn.Module._call_impl, "__code__", None)
 
 
-def _inside_another_forward(model: torch.nn.Module) -> bool:
+def _inside_another_forward(model: torch.nn.Module, until: Collection[int] = ()) -> bool:
     """Whether ``model`` is called from inside another module's code: its call (its forward, a
     hook), or another of its methods (a LightningModule's ``training_step``), which needs the
     output; but a wrapper's that hands on its output (DistributedDataParallel, torch.compile's).
+    Only the frames inside the one whose ``id()`` is in ``until`` count (the frame that opened
+    the recording's block, which is handed what the model returns, None when it stops): code
+    further out gets what the block's code makes of it.
 
     >>> import torch
     >>> inner = torch.nn.Identity()
@@ -2046,7 +2064,7 @@ def _inside_another_forward(model: torch.nn.Module) -> bool:
     (False, True, True, False)
     """
     frame: Optional[types.FrameType] = sys._getframe(1)
-    while frame is not None:
+    while frame is not None and id(frame) not in until:
         code = frame.f_code
         # (Its locals read only where a method's first argument is named self: reading them
         # copies them all, on some Pythons.)
@@ -2153,7 +2171,10 @@ class _StopAtRoot:
         # Called by another module's forward, which needs its output, where no caller further
         # out ends the pass (a stopping root, an extractor): it runs whole (handed None, that
         # forward failed: "linear(): argument 'input' must be Tensor, not NoneType").
-        stopping = stopping and (bool(catching) or not _inside_another_forward(self.model))
+        stopping = stopping and (
+            bool(catching)
+            or not _inside_another_forward(self.model, {rec._opened_in or 0 for rec in started})
+        )
         try:
             _stopping.set(stopping)
             try:

@@ -1783,6 +1783,34 @@ def test_a_stopping_recording_of_a_submodule_called_by_another_method_of_a_modul
     assert "forward" not in vars(task.backbone)
 
 
+def test_a_stopping_recording_opened_inside_a_module_s_method_stops_its_model_called_in_the_block():
+    # A feature loss in a training_step: a helper opens the block on a separate network and
+    # reads the recording. The training_step further out never gets the network's output: the
+    # forward still stops (it ran whole, and a head that could not take the input raised).
+    class Net(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body = torch.nn.Conv2d(3, 4, 3, padding=1)
+            self.head = torch.nn.Linear(4 * 8 * 8, 10)  # 8x8 inputs only
+
+        def forward(self, x):
+            return self.head(self.body(x).flatten(1))
+
+    feat = Net()
+
+    def features(x):
+        with record(feat, ["body"], stop_after_last=True) as rec:
+            assert feat(x) is None
+        return rec["body:forward:return"]
+
+    class Task(torch.nn.Module):
+        def training_step(self, x):
+            return features(x)
+
+    x = torch.ones(1, 3, 16, 16)
+    assert torch.equal(Task().training_step(x), feat.body(x))
+
+
 def test_a_parameter_gradient_recorded_in_two_threads_is_each_thread_s_own():
     # A parameter's hook fires in every backward that reaches it: thread A's backward
     # recorded A's gradient into B's recording too, and took B's hook away (B's own was lost).
@@ -1838,6 +1866,18 @@ def test_one_record_block_entered_by_a_second_thread_while_the_first_enters_it_i
     go_on.set()
     thread.join(10)
     assert got == [1] and "forward" not in vars(model)
+
+
+def test_a_parameter_gradient_from_a_backward_in_a_thread_the_block_started_is_recorded():
+    # A thread with no recording of its own cannot be told apart from autograd's: its
+    # backward's gradient is taken (told apart as another context's, it was dropped).
+    model = torch.nn.Linear(2, 2)
+    with record(model, [":forward:self.weight.grad"]) as rec:
+        y = model(torch.ones(1, 2)).sum()
+        worker = threading.Thread(target=y.backward)
+        worker.start()
+        worker.join(10)
+    assert torch.equal(rec[":forward:self.weight.grad"], model.weight.grad)
 
 
 def test_a_nested_stopping_recording_of_a_submodule_that_runs_later_holds_the_stop_back():
