@@ -468,8 +468,8 @@ class ModelRecording(Recording):
     (['1.0:forward:return'], 1)
     """
 
-    #: The ``id()`` of the frame whose block it records for (see :func:`_inside_another_forward`).
-    _opened_in: Optional[int] = None
+    #: The frame whose block it records for, while the block runs (see :func:`_inside_another_forward`).
+    _opened_in: Optional[types.FrameType] = None
     #: The option that asked for the early stop, as warnings name it.
     _stop_option = "stop_after_last"
     #: The ``.grad`` keys of leaves whose gradient no backward had recorded when the block ended.
@@ -554,6 +554,7 @@ class ModelRecording(Recording):
             _unwound=(),
             _through=(),
             _caught_in=None,
+            _opened_in=None,
         )
         return state
 
@@ -727,6 +728,7 @@ class ModelRecording(Recording):
         after its block holds its values, not the model's modules the early stop looked at."""
         self._ended = True
         self._unwound, self._through, self._caught_in = (), (), None
+        self._opened_in = None  # (a frame: held, it would hold its locals)
 
     def __exit__(self, *exc: object) -> None:
         try:
@@ -1799,12 +1801,13 @@ class RecordBlock(contextlib.AbstractContextManager["ModelRecording"]):
                     "this record(...) has been entered already: call record() again for each "
                     "'with' block (or keep one block open around the loop)"
                 )
+            # Where the block runs: code further out than it cannot get the model's output (see
+            # _inside_another_forward). Found first: nothing may cut in once the block is entered.
+            opener = outside_bcrecord(sys._getframe(1))
             block = self._make()
             rec = block.__enter__()  # (a bad target raises here: the block was never used)
             self._used, self._block = True, block
-            # Where the block runs: a module's method further out than it cannot get the model's
-            # output (see _inside_another_forward). An id: the frame lives while the block runs.
-            rec._opened_in = id(outside_bcrecord(sys._getframe(1)))
+            rec._opened_in = opener
         finally:
             if claimed:
                 self._entering = False
@@ -2047,13 +2050,13 @@ def inside_ddp_forward() -> bool:
 _CALL_CODE = getattr(torch.nn.Module._call_impl, "__code__", None)
 
 
-def _inside_another_forward(model: torch.nn.Module, until: Collection[int] = ()) -> bool:
+def _inside_another_forward(model: torch.nn.Module, until: Collection[types.FrameType] = ()) -> bool:
     """Whether ``model`` is called from inside another module's code: its call (its forward, a
     hook), or another of its methods (a LightningModule's ``training_step``), which needs the
     output; but a wrapper's that hands on its output (DistributedDataParallel, torch.compile's).
-    Only the frames inside the one whose ``id()`` is in ``until`` count (the frame that opened
-    the recording's block, which is handed what the model returns, None when it stops): code
-    further out gets what the block's code makes of it.
+    Only the frames up to one in ``until`` count (the frame that opened the recording's block,
+    which is handed what the model returns, None when it stops, unless it is another module's
+    method too): code further out gets what the block's code makes of it.
 
     >>> import torch
     >>> inner = torch.nn.Identity()
@@ -2064,7 +2067,7 @@ def _inside_another_forward(model: torch.nn.Module, until: Collection[int] = ())
     (False, True, True, False)
     """
     frame: Optional[types.FrameType] = sys._getframe(1)
-    while frame is not None and id(frame) not in until:
+    while frame is not None:
         code = frame.f_code
         # (Its locals read only where a method's first argument is named self: reading them
         # copies them all, on some Pythons.)
@@ -2072,6 +2075,8 @@ def _inside_another_forward(model: torch.nn.Module, until: Collection[int] = ())
             caller = frame.f_locals.get("self")
             if caller is not model and isinstance(caller, torch.nn.Module) and unwrap(caller) is not model:
                 return True
+        if any(frame is opener for opener in until):
+            return False
         frame = frame.f_back
     return False
 
@@ -2173,7 +2178,7 @@ class _StopAtRoot:
         # forward failed: "linear(): argument 'input' must be Tensor, not NoneType").
         stopping = stopping and (
             bool(catching)
-            or not _inside_another_forward(self.model, {rec._opened_in or 0 for rec in started})
+            or not _inside_another_forward(self.model, [rec._opened_in for rec in started if rec._opened_in])
         )
         try:
             _stopping.set(stopping)

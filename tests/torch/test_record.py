@@ -1811,6 +1811,45 @@ def test_a_stopping_recording_opened_inside_a_module_s_method_stops_its_model_ca
     assert torch.equal(Task().training_step(x), feat.body(x))
 
 
+def test_a_stopping_block_opened_in_a_helper_that_returned_or_in_a_module_s_method_runs_it_whole():
+    # The block's opening frame, held by its id: once the helper that entered the block by hand
+    # returned, a frame made later at that address ended the walk early, and the forward of a
+    # training_step that uses the output stopped (None). Opened in a module's own forward, whose
+    # code uses the output after the block, it ran whole before the walk stopped at the opener.
+    torch.manual_seed(0)
+    feat = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    x = torch.ones(1, 4)
+    expected = feat(x)
+
+    def start():
+        block = record(feat, ["0"], stop_after_last=True)
+        return block, block.__enter__()
+
+    class Task(torch.nn.Module):
+        def training_step(self, x):
+            return feat(x)
+
+    block, rec = start()
+    try:
+        for _ in range(20):  # (frames made and freed meanwhile)
+            assert torch.equal(Task().training_step(x), expected)
+    finally:
+        block.__exit__(None, None, None)
+
+    class Wrapper(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.feat = feat
+
+        def forward(self, x):
+            with record(self.feat, ["0"], stop_after_last=True):
+                out = self.feat(x)
+            return out
+
+    assert torch.equal(Wrapper()(x), expected)
+    assert rec._opened_in is None  # (the frame let go when the block ended)
+
+
 def test_a_parameter_gradient_recorded_in_two_threads_is_each_thread_s_own():
     # A parameter's hook fires in every backward that reaches it: thread A's backward
     # recorded A's gradient into B's recording too, and took B's hook away (B's own was lost).
