@@ -181,12 +181,13 @@ class ProbePoint:
         return (self.kind, self.positions, self.method, self.root, self.with_self)
 
 
-def instructions(code: CodeType) -> Bytecode:
-    """The abstract instructions of ``code`` with two-variable pairs split (3.13+).
+def instructions(code: CodeType) -> Tuple[object, ...]:
+    """The abstract instructions of ``code`` with two-variable pairs split (3.13+), to read.
 
-    Positions in a :class:`CodeMap` index into this list; the rewriter edits the
-    same list, so both must come from here. Decoding is cached per code object;
-    each call returns a fresh list (the instructions themselves are never edited).
+    Positions in a :class:`CodeMap` index into this sequence; the rewriter edits a copy of
+    the same (:func:`editable_instructions`), so both must come from here. Decoded once per
+    code object and kept as a tuple: readers index it thousands of times per function,
+    which a tuple does in C and a ``Bytecode`` (a list subclass) in Python.
 
     >>> def f(a):
     ...     x = y = a  # one STORE_FAST_STORE_FAST on 3.13, two stores before
@@ -194,7 +195,20 @@ def instructions(code: CodeType) -> Bytecode:
     >>> [i.arg for i in instructions(f.__code__) if getattr(i, "name", "") == "STORE_FAST"]
     ['x', 'y']
     """
-    return _decoded(code_key(code)).copy()
+    return _decoded(code_key(code))[1]
+
+
+def editable_instructions(code: CodeType) -> Bytecode:
+    """:func:`instructions` as a fresh ``Bytecode`` of the same items, for the rewriter to edit
+    (the instructions themselves are shared, and never edited).
+
+    >>> def f(a):
+    ...     return a
+    >>> editable = editable_instructions(f.__code__)
+    >>> list(editable) == list(instructions(f.__code__)), editable is editable_instructions(f.__code__)
+    (True, False)
+    """
+    return _decoded(code_key(code))[0].copy()
 
 
 def code_key(code: CodeType) -> Tuple[object, ...]:
@@ -209,7 +223,9 @@ def code_key(code: CodeType) -> Tuple[object, ...]:
 
 
 @functools.lru_cache(maxsize=256)
-def _decoded(key: Tuple[object, ...]) -> Bytecode:
+def _decoded(key: Tuple[object, ...]) -> Tuple[Bytecode, Tuple[object, ...]]:
+    """The code's instructions, and the same as a tuple: one entry, so that what readers
+    index and what the rewriter edits hold the same objects (the same labels)."""
     code = cast(CodeType, key[0])
     table = _versions.current()
     if table.unhandled:
@@ -233,7 +249,7 @@ def _decoded(key: Tuple[object, ...]) -> Bytecode:
             f"({code.co_filename}, line {code.co_firstlineno}): {type(error).__name__}: {error}"
         ) from error
     if not table.pairs:
-        return bytecode
+        return bytecode, tuple(bytecode)
     split = {pair: (first, second) for pair, first, second in table.pairs}
     out: List[object] = []
     for item in bytecode:
@@ -245,7 +261,7 @@ def _decoded(key: Tuple[object, ...]) -> Bytecode:
         else:
             out.append(item)
     bytecode[:] = out
-    return bytecode
+    return bytecode, tuple(bytecode)
 
 
 class _Borrowed(Instr):
@@ -283,10 +299,14 @@ class _Identity:
     """
 
     def __init__(self, bytecode: Sequence[object]) -> None:
-        self._ordinal: Dict[int, int] = {}
+        self._bytecode = bytecode
+        self._ordinals: Optional[Dict[int, int]] = None  # (counted where first asked: code without columns)
+
+    def _count_ordinals(self) -> Dict[int, int]:
+        ordinal: Dict[int, int] = {}
         seen: Dict[object, int] = {}
         line: object = object()
-        for pos, instr in enumerate(bytecode):
+        for pos, instr in enumerate(self._bytecode):
             if isinstance(instr, Label):
                 line = object()  # a jump target starts a new run: copies start at one
             if not isinstance(instr, Instr):
@@ -294,14 +314,17 @@ class _Identity:
             if instr.lineno != line:
                 seen, line = {}, instr.lineno
             key = (instr.name.split("_")[0], _arg_signature(instr.arg))
-            self._ordinal[pos] = seen.get(key, 0)
-            seen[key] = self._ordinal[pos] + 1
+            ordinal[pos] = seen.get(key, 0)
+            seen[key] = ordinal[pos] + 1
+        return ordinal
 
     def of(self, pos: int, instr: Instr) -> Tuple[object, ...]:
         loc = instr.location
         if loc is not None and loc.col_offset is not None:
             return (loc.lineno, loc.col_offset, loc.end_lineno, loc.end_col_offset)
-        return (instr.lineno, self._ordinal[pos])
+        if self._ordinals is None:
+            self._ordinals = self._count_ordinals()
+        return (instr.lineno, self._ordinals[pos])
 
 
 def _column(instr: Instr) -> Optional[int]:

@@ -49,7 +49,7 @@ from bytecode import UNSET, Bytecode, ControlFlowGraph, Instr, Label, TryBegin, 
 
 from . import _versions, analysis
 from ._versions import PROBE_NAME
-from .analysis import ProbePoint, code_key, consuming_calls, instructions
+from .analysis import ProbePoint, code_key, consuming_calls, editable_instructions, instructions
 from .errors import SpecError, TargetError
 
 __all__ = [
@@ -338,7 +338,7 @@ def _rewrite_code(
             return inline_probe(table.append_tee(SINKS_GET, site, loc), loc)
         return list(table.tee_probe(site, loc, extra))
 
-    bytecode = instructions(code)
+    bytecode = editable_instructions(code)
     items = list(bytecode)
     edits = _Edits()
     cells = set(code.co_cellvars)

@@ -1579,6 +1579,18 @@ def memory_table(settings: Settings, case: Case) -> Table:
 # --- case 5: set-up time ----------------------------------------------------------
 
 
+def _bytecode_round_trip(code: types.CodeType, reps: int = 30) -> float:
+    """Median ns of the bytecode package's decoding of ``code`` and assembling it again, unchanged:
+    the floor under a first-time rewrite of it, whatever bcrecord does between."""
+    import bytecode
+
+    def round_trip() -> None:
+        decoded = bytecode.Bytecode.from_code(code, conserve_exception_block_stackdepth=True)
+        decoded.to_code(stacksize=code.co_stacksize, compute_exception_stack_depths=False)
+
+    return statistics.median(time_block(Variant("round trip", round_trip)) for _ in range(reps))
+
+
 def case_setup(settings: Settings, model: nn.Module) -> Case:
     from bcrecord.torch import record
 
@@ -1672,6 +1684,8 @@ def case_setup(settings: Settings, model: nn.Module) -> Case:
     first_speedup = ratios(times, fx_name, names["whole_first"])
     lines = profile_top(lambda: whole_cached(), 3, 5)
     case.notes.append("Where the whole-resnet set-up goes (cProfile, top by own time): " + "; ".join(lines))
+    package_floor = _bytecode_round_trip(type(model.layer1[0]).forward.__code__)
+    fx_share = statistics.median(times[fx_name]) / 20
     case.targets.append(
         Target(
             # (Two models: the issue's case 5 compares a cached patch with FX tracing of resnet50.)
@@ -1687,7 +1701,10 @@ def case_setup(settings: Settings, model: nn.Module) -> Case:
         f"{median_time(times, names['whole_first'])} with bcrecord's caches cleared (Bottleneck.forward "
         "read and rewritten again: decoding and assembling its bytecode with the bytecode package), "
         f"against {median_time(times, fx_name)} of FX tracing; the profile above names where the rest "
-        "goes (a process's very first record() also pays its first imports and torch's first calls)."
+        "goes (a process's very first record() also pays its first imports and torch's first calls). "
+        f"20x FX is {fmt_time(fx_share)} here; the bytecode package alone takes {fmt_time(package_floor)} "
+        "to decode Bottleneck.forward and assemble it again unchanged (timed apart, in a warm loop), "
+        "before bcrecord reads a site or inserts a probe."
     )
     case.targets.append(
         Target(

@@ -694,3 +694,32 @@ def test_a_timeout_a_signal_handler_raises_while_code_is_read_is_the_program_s(m
         signal.signal(signal.SIGUSR1, old)
     monkeypatch.undo()
     assert [p.label for p in resolve([Local("y")], read(namespace["slow"].__code__))] == ["y@0"]
+
+
+def test_code_is_decoded_once_and_read_as_a_tuple_while_the_rewriter_edits_a_fresh_copy(monkeypatch):
+    from bcrecord.analysis import editable_instructions, forget_readings, instructions
+
+    def f(a):
+        x = a + 1
+        return x
+
+    calls = []
+    original = bytecode.Bytecode.from_code
+
+    def counted(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    forget_readings()
+    monkeypatch.setattr(bytecode.Bytecode, "from_code", staticmethod(counted))
+    first, again = instructions(f.__code__), instructions(f.__code__)
+    editable = editable_instructions(f.__code__)
+    read(f.__code__)
+    assert len(calls) == 1  # decoded once for the readers, the reading and the rewriter
+    assert type(first) is tuple and first is again
+    assert isinstance(editable, bytecode.Bytecode)
+    assert all(a is b for a, b in zip(editable, first, strict=True))  # the same labels, too
+    editable.pop()
+    assert len(instructions(f.__code__)) == len(first)  # an edit of the copy leaves the readers' alone
+    forget_readings()
+    assert instructions(f.__code__) is not first and len(calls) == 2  # decoded again once forgotten

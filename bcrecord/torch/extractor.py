@@ -412,6 +412,7 @@ class FeatureExtractor(torch.nn.Module):
                 nodes = self.train_nodes if training else self.eval_nodes
                 with _expanding_again():  # (the constructor warned)
                     plan = self._new_plan(nodes)
+                plan.syncs  # noqa: B018 (found now, once: each call reads it, a compiled one too)
                 patches = plan.patch(stops=self.stop_early)
                 outputs = [
                     # The first value of each key with the early stop: what it guarantees,

@@ -1444,8 +1444,6 @@ class Plan:
             #: The modules on the way from the model to each target, itself last: what a
             #: forward stopped at a target unwinds (the model's own, for an extractor).
             self.enclosing = _enclosing(model, self.modules)
-        #: Whether a forward with autograd on must run whole (see syncs_gradients).
-        self.syncs = syncs_gradients(model)
         self.specs: Dict[Tuple[type, str, frozenset], List[Spec]] = defaultdict(list)
         for (cls, method, spec), paths in wanted.items():
             self.specs[(cls, method, frozenset(paths))].append(spec)
@@ -1458,6 +1456,12 @@ class Plan:
         self.keys_view: Mapping[str, List[str]] = types.MappingProxyType(self.keys)
         #: A marker per targeted submodule, made once (see the module docstring).
         self.marks = [(module, _path_mark(module, path)) for path, module in self.modules.items()]
+
+    @functools.cached_property
+    def syncs(self) -> bool:
+        """Whether a forward with autograd on must run whole (see :func:`syncs_gradients`): an
+        extractor's stop asks; a walk over every module, so not made where nothing asks."""
+        return syncs_gradients(self.model)
 
     def patch(self, stops: bool = False) -> List[Patch]:
         """Apply one in-place patch per group; all or none.

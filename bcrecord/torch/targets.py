@@ -40,7 +40,7 @@ import re
 import sys
 import types
 from dataclasses import dataclass, field
-from typing import Any, Container, Dict, Iterable, Iterator, List, Optional, Set, Tuple
+from typing import Any, Container, Dict, Iterable, Iterator, List, Optional, Sequence, Set, Tuple, cast
 
 import torch
 from bytecode import Instr, Label
@@ -153,10 +153,10 @@ def named_modules(model: torch.nn.Module, remove_duplicate: bool = True) -> List
     >>> [(path, type(module).__name__) for path, module in named_modules(model)]
     [('', 'Sequential'), ('0', 'Sequential'), ('0.0', 'ReLU')]
     """
-    found = list(model.named_modules(remove_duplicate=remove_duplicate))
+    found = _walk(model, remove_duplicate)
     compiled = _compiled_wrapper()
-    if not any(isinstance(module, compiled) for _, module in found):
-        return found
+    if not compiled or not any(isinstance(module, compiled) for _, module in found):
+        return found  # (nothing compiled yet in this process: no wrapper to look for)
     shown: Dict[str, str] = {"": ""}  # each path as named_modules gives it: the path seen through
     wrappers = set()  # the paths, as named_modules gives them, of compiled wrappers
     listed: List[Tuple[str, torch.nn.Module]] = []
@@ -181,6 +181,45 @@ def named_modules(model: torch.nn.Module, remove_duplicate: bool = True) -> List
             listed.append((shown[path], module))
             listed_ids.add(id(module))
     return listed
+
+
+_NAMED_MODULES = torch.nn.Module.named_modules
+
+
+def _walk(model: torch.nn.Module, remove_duplicate: bool) -> List[Tuple[str, torch.nn.Module]]:
+    """``list(model.named_modules(remove_duplicate=...))``, the same list, walked by plain calls.
+
+    torch's generator resumes each level above a module to hand it up (for resnet50's 151
+    modules, some 600 resumptions: a third of a whole-model set-up went there). A module whose
+    class has a ``named_modules`` of its own is walked by it, from there down.
+
+    >>> model = torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Sequential(torch.nn.Tanh()))
+    >>> model.append(model[0])  # the same ReLU at '0' and '2'
+    Sequential(...)
+    >>> [_walk(model, flag) == list(model.named_modules(remove_duplicate=flag)) for flag in (True, False)]
+    [True, True]
+    """
+    if type(model).named_modules is not _NAMED_MODULES:
+        return list(model.named_modules(remove_duplicate=remove_duplicate))
+    found: List[Tuple[str, torch.nn.Module]] = []
+    memo: Set[torch.nn.Module] = set()  # (a set of modules, as torch's: their own hash and ==)
+
+    def visit(module: torch.nn.Module, prefix: str) -> None:
+        if type(module).named_modules is not _NAMED_MODULES:
+            found.extend(module.named_modules(memo, prefix, remove_duplicate))
+            return
+        if module in memo:
+            return
+        if remove_duplicate:
+            memo.add(module)
+        found.append((prefix, module))
+        dot = f"{prefix}." if prefix else ""
+        for name, child in module._modules.items():
+            if child is not None:
+                visit(child, dot + name)
+
+    visit(model, "")
+    return found
 
 
 def module_at(model: torch.nn.Module, path: str) -> torch.nn.Module:
@@ -261,26 +300,51 @@ def _lookup(model: torch.nn.Module, path: str) -> Optional[torch.nn.Module]:
     """:func:`_submodule`'s walk from the root."""
     if not path:  # the root: the model itself, inside any wrapper (as list_targets lists it)
         return unwrap(model)
-    for root in (model, unwrap(model)):
-        if _through_parametrized(root, path):
-            continue
-        if isinstance(root, torch.jit.ScriptModule):  # (torch refuses get_submodule there)
-            found: Optional[torch.nn.Module] = root
-            for name in path.split("."):
-                found = found._modules[name] if found is not None and name in found._modules else None
-            if found is not None:
-                return found
-            continue
-        try:
-            found = root.get_submodule(path)
-        except AttributeError:
-            continue
-        # A compiled submodule (`model.layer1 = torch.compile(model.layer1)`): the module inside
-        # torch.compile's wrapper, whose forward the wrapper runs, as at the root.
-        if isinstance(found, _compiled_wrapper()):
-            return unwrap(found)
-        return found
-    return None
+    names = path.split(".")
+    found = _registered(model, names)
+    if found is None:  # (not `or`: an empty Sequential is false)
+        found = _registered(unwrap(model), names)
+    if found is None:  # not registered at that path: an attribute may give one (a property)
+        for root in (model, unwrap(model)):
+            # (torch refuses get_submodule on TorchScript, whose registered modules are all it has)
+            if _through_parametrized(root, path) or isinstance(root, torch.jit.ScriptModule):
+                continue
+            try:
+                found = root.get_submodule(path)
+                break
+            except AttributeError:
+                continue
+    # A compiled submodule (`model.layer1 = torch.compile(model.layer1)`): the module inside
+    # torch.compile's wrapper, whose forward the wrapper runs, as at the root.
+    if isinstance(found, _compiled_wrapper()):
+        return unwrap(found)
+    return found
+
+
+def _registered(root: torch.nn.Module, names: Sequence[str]) -> Optional[torch.nn.Module]:
+    """The submodule registered at the path ``names`` under ``root`` (each one in its parent's
+    ``_modules``, as ``named_modules()`` walks them), None where there is none.
+
+    What ``get_submodule`` finds there too, without its ``hasattr`` and ``getattr`` through
+    ``Module.__getattr__`` at every level: a lookup took some 20 us, and a set-up looks up
+    every targeted path a few times. No tensor is read (a parametrized one would run its
+    parametrization).
+
+    >>> model = torch.nn.Sequential(torch.nn.Sequential(torch.nn.ReLU()))
+    >>> _registered(model, ["0", "0"]), _registered(model, ["0", "1"])
+    (ReLU(), None)
+    """
+    module: Any = root
+    for name in names:
+        # (A TorchScript module's is no dict: `in` and [] only. None where a subclass's __init__
+        # never called Module's: get_submodule finds nothing there either.)
+        children = module.__dict__.get("_modules")
+        if children is None or name not in children:
+            return None
+        module = children[name]
+        if not isinstance(module, torch.nn.Module):  # (None: a slot registered empty)
+            return None
+    return cast(torch.nn.Module, module)
 
 
 def _through_parametrized(root: torch.nn.Module, path: str) -> bool:

@@ -3282,3 +3282,21 @@ def test_a_gradient_kept_uncopied_is_not_the_parameter_s_grad_that_later_backwar
         assert torch.allclose(model.scale.grad, x.sum(0)) and isinstance(
             rec[":forward:self.scale.grad"], Lazy
         )
+
+
+def test_only_an_early_stop_looks_for_a_distributed_wrapper_and_an_extractor_once(monkeypatch):
+    # (A walk over every module: it was made at every record() set-up, where nothing asks.)
+    record_module = sys.modules["bcrecord.torch.record"]
+    walks = []
+    real = record_module.syncs_gradients
+    monkeypatch.setattr(record_module, "syncs_gradients", lambda model: walks.append(model) or real(model))
+    net = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU(), torch.nn.Linear(3, 1))
+    x = torch.ones(1, 2)
+    with record(net, ["0"]) as rec:
+        net(x)
+    assert walks == [] and rec["0:forward:return"].shape == (1, 3)
+    extractor = create_feature_extractor(net, ["1"])
+    for _ in range(3):
+        assert torch.equal(extractor(x)["1"], net[1](net[0](x)))
+    assert walks == [net]  # at the first call, with the plan
+    extractor.close()

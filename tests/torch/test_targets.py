@@ -2080,3 +2080,50 @@ def test_a_target_of_a_submodule_named_with_a_space_after_a_colon_keeps_its_path
     assert [(t.text, t.path) for t in expand(model, text)] == [(text, "a.a: a")]
     x = torch.randn(2)
     assert torch.equal(bcrecord.torch.create_feature_extractor(model, [text])(x)[text], torch.tanh(x))
+
+
+def test_a_path_is_looked_up_among_registered_modules_first_then_through_attributes(monkeypatch):
+    class Holder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = torch.nn.Sequential(torch.nn.Sequential(), torch.nn.ReLU())
+            self._hidden = {"head": torch.nn.Tanh()}  # (not registered: no submodule path)
+
+        @property
+        def head(self):
+            return self._hidden["head"]
+
+    model = Holder()
+    wrapped = torch.nn.DataParallel(model)
+
+    def refused(self, target):
+        raise AssertionError(f"get_submodule({target!r}) called for a registered path")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(torch.nn.Module, "get_submodule", refused)
+        # An empty Sequential is found, though false; through the wrapper, and by its own path in it.
+        assert module_at(model, "body.0") is model.body[0]
+        assert module_at(wrapped, "body.1") is model.body[1]
+        assert module_at(wrapped, "module.body.1") is model.body[1]
+    # A module only an attribute gives is found as get_submodule finds it; a missing one is not.
+    assert module_at(model, "head") is model._hidden["head"]
+    with pytest.raises(bcrecord.TargetError, match="no submodule 'body.2'"):
+        module_at(model, "body.2")
+
+
+def test_modules_are_listed_as_named_modules_lists_them_also_below_a_class_that_lists_its_own():
+    class Listing(torch.nn.Sequential):
+        def named_modules(self, memo=None, prefix="", remove_duplicate=True):
+            yield from super().named_modules(memo, prefix, remove_duplicate)
+            yield f"{prefix}.extra" if prefix else "extra", self.extra
+
+    inner = Listing(torch.nn.ReLU())
+    inner.extra = torch.nn.Identity()
+    shared = torch.nn.Linear(2, 2)
+    model = torch.nn.Sequential(shared, inner, shared, Listing(torch.nn.Tanh()))
+    model[3].extra = shared
+    for flag in (True, False):
+        expected = list(model.named_modules(remove_duplicate=flag))
+        assert named_modules(model, remove_duplicate=flag) == expected
+        assert [path for path, _ in named_modules(inner, remove_duplicate=flag)][-1] == "extra"
+    assert "1.extra" in dict(named_modules(model)) and "2" not in dict(named_modules(model))
