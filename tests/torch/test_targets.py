@@ -2113,17 +2113,20 @@ def test_a_path_is_looked_up_among_registered_modules_first_then_through_attribu
 
 def test_modules_are_listed_as_named_modules_lists_them_also_below_a_class_that_lists_its_own():
     class Listing(torch.nn.Sequential):
+        """Lists a module it holds unregistered (in its __dict__), as its own."""
+
         def named_modules(self, memo=None, prefix="", remove_duplicate=True):
             yield from super().named_modules(memo, prefix, remove_duplicate)
-            yield f"{prefix}.extra" if prefix else "extra", self.extra
+            yield f"{prefix}.extra" if prefix else "extra", self.__dict__["extra"]
 
     inner = Listing(torch.nn.ReLU())
-    inner.extra = torch.nn.Identity()
+    inner.__dict__["extra"] = torch.nn.Identity()
     shared = torch.nn.Linear(2, 2)
     model = torch.nn.Sequential(shared, inner, shared, Listing(torch.nn.Tanh()))
-    model[3].extra = shared
+    model[3].__dict__["extra"] = shared
     for flag in (True, False):
         expected = list(model.named_modules(remove_duplicate=flag))
         assert named_modules(model, remove_duplicate=flag) == expected
-        assert [path for path, _ in named_modules(inner, remove_duplicate=flag)][-1] == "extra"
-    assert "1.extra" in dict(named_modules(model)) and "2" not in dict(named_modules(model))
+        assert named_modules(inner, remove_duplicate=flag)[-1] == ("extra", inner.__dict__["extra"])
+    listed = dict(named_modules(model))
+    assert listed["1.extra"] is inner.__dict__["extra"] and listed["3.extra"] is shared and "2" not in listed
