@@ -124,7 +124,12 @@ class OperatorSite:
 
 @dataclass(frozen=True)
 class CodeMap:
-    """Everything recordable in one code object, numbered in source order."""
+    """Everything recordable in one code object, numbered in source order.
+
+    Its call and operator sites are found when first asked for (:attr:`calls`,
+    :attr:`operators`): most targets name a local, an attribute or a return, and finding
+    which call consumes each callee is about half of a reading's time.
+    """
 
     name: str
     qualname: str
@@ -134,12 +139,9 @@ class CodeMap:
     attributes: Dict[str, Tuple[AttributeLoad, ...]]
     returns: Tuple[ReturnSite, ...]
     entry: int = field(repr=False)
-    calls: Dict[str, Tuple[CallSite, ...]] = field(default_factory=dict)
-    operators: Dict[str, Tuple[OperatorSite, ...]] = field(default_factory=dict)
+    #: Finds the calls and operators, at the first question.
+    _later: _LaterSites = field(repr=False, compare=False)
     cells: frozenset = field(repr=False, default=frozenset())
-    #: Positions of sites inside separate comprehension code that does not use the
-    #: first argument: a probe there cannot be given the instance (per-instance patches).
-    selfless: frozenset = field(repr=False, default=frozenset())
     #: The parameters as the ``def`` line has them, without defaults (``'a, *args, k, **kw'``).
     signature: str = field(repr=False, default="")
     #: Names that are no assigned locals: comprehensions' own variables, the free variables
@@ -152,6 +154,22 @@ class CodeMap:
     private_prefix: str = field(repr=False, default="")
     #: Why each comprehension whose sites are not here cannot be read (see _Sites).
     unreadable: Tuple[str, ...] = field(repr=False, default=())
+
+    @property
+    def calls(self) -> Dict[str, Tuple[CallSite, ...]]:
+        """The call sites, by callee (``'self.fc'``)."""
+        return self._later.found()[0]
+
+    @property
+    def operators(self) -> Dict[str, Tuple[OperatorSite, ...]]:
+        """The operator sites, by operator (``'+'``)."""
+        return self._later.found()[1]
+
+    @property
+    def selfless(self) -> FrozenSet[object]:
+        """Positions of sites inside separate comprehension code that does not use the
+        first argument: a probe there cannot be given the instance (per-instance patches)."""
+        return self._later.found()[2]
 
 
 @dataclass(frozen=True)
@@ -856,6 +874,11 @@ class _Sites:
     and so does a walrus target inside it (a cell of the function, or a free variable
     of it: ``nonlocal x``). Their positions are ``(position of the LOAD_CONST, position
     inside)``.
+
+    Stores and loads are found at once; calls and operators when first asked for
+    (:meth:`calls`, :meth:`operators`): telling which call consumes each callee is about
+    half of a reading's time, and a target that names a local, an attribute or a return
+    never asks.
     """
 
     def __init__(self, code: CodeType, outer_cells: frozenset, nested: bool = False) -> None:
@@ -863,6 +886,7 @@ class _Sites:
         bytecode = instructions(code)
         real = _real(bytecode)
         identity = _Identity(bytecode)
+        self._bytecode, self._real, self._identity, self._nested = bytecode, real, identity, nested
         inlined: Set[int] = set()
         synthesized = _synthesized_stores(real, bytecode, inlined)
         #: Names a comprehension stores as its own variable: no assignments of the function.
@@ -886,9 +910,47 @@ class _Sites:
             and (not nested or (isinstance(i.arg, FreeVar) and name in outer_cells))
         ]
         self.loads: List[Raw] = [(c, p, i, identity.of(p, i), m) for c, p, i, m in _chains(real, bytecode)]
-        self.calls: List[Raw] = []
+        #: The comprehensions read: (position of the LOAD_CONST, its identity, its sites).
+        self._inner: List[Tuple[int, Tuple[object, ...], _Sites]] = []
+        for pos, i in real:
+            if (
+                i.name == "LOAD_CONST"
+                and isinstance(i.arg, CodeType)
+                and i.arg.co_name in table.separate_comprehensions
+            ):
+                try:
+                    inner = _Sites(i.arg, outer_cells, nested=True)
+                except NotPatchableError as error:
+                    # Code the bytecode package cannot read (3.14's t'{x}'): its sites are
+                    # left out, and the function is rewritten around it, as around a nested def.
+                    self.unreadable.append(str(error))
+                    continue
+                # Its sites are its own constructs, never one of the function's on the same
+                # line (3.10 tells constructs apart by line and count).
+                where = identity.of(pos, i)
+                self._inner.append((pos, where, inner))
+                self.stores += [_nest(pos, where, site) for site in inner.stores]
+                self.loads += [_nest(pos, where, site) for site in inner.loads]
+                self.comprehension_names |= inner.comprehension_names
+        self._calls: Optional[List[Raw]] = None
+        self._operators: Optional[List[Raw]] = None
+
+    def calls(self) -> List[Raw]:
+        """The call sites, the comprehensions' included (found at the first call)."""
+        found = self._calls
+        if found is None:
+            found = self._own_calls()
+            for pos, where, inner in self._inner:
+                found += [_nest(pos, where, site) for site in inner.calls()]
+            self._calls = found  # (two threads may both find them: the same list)
+        return found
+
+    def _own_calls(self) -> List[Raw]:
+        table = _versions.current()
+        bytecode, identity = self._bytecode, self._identity
+        calls: List[Raw] = []
         labels = {item: k for k, item in enumerate(bytecode) if isinstance(item, Label)}
-        for chain, pos, slots in _callees(real, bytecode):
+        for chain, pos, slots in _callees(self._real, bytecode):
             load = bytecode[pos]
             assert isinstance(load, Instr)
             # One site per call instruction, identified by its callee's load, and placed
@@ -896,12 +958,29 @@ class _Sites:
             # written over lines, `(o\n.m(1))`, at the method's name, as tracebacks show it):
             # a load split from a 3.13 pair carries the pair's first half's place. 3.10 has
             # no columns.
-            self.calls += [
+            calls += [
                 (chain, call, _placed(cast(Instr, bytecode[call]), load), identity.of(pos, load), None)
                 for call in consuming_calls(bytecode, pos, slots, labels)
                 or inlined_call(bytecode, pos, slots, labels)
                 if not (chain == "super" and _then_attribute(bytecode, call, table))
             ]
+        return calls
+
+    def operators(self) -> List[Raw]:
+        """The operator sites, the comprehensions' included (found at the first call)."""
+        found = self._operators
+        if found is None:
+            found = self._own_operators()
+            for pos, where, inner in self._inner:
+                for op, inner_pos, instr, ident, ((line, (index, _)), source) in inner.operators():
+                    place = ((line, (pos, index)), source)
+                    found.append((op, (pos, inner_pos), instr, (where, ident), place))
+            if not self._nested:
+                found = _placed_operators(found)
+            self._operators = found
+        return found
+
+    def _own_operators(self) -> List[Raw]:
         # An operator is placed where its right operand starts in the source, just after
         # the operator itself: '(a + b) + c' has the inner '+' first, as a reader counts, on
         # every version (the instruction's own position spans the whole expression). The
@@ -909,7 +988,9 @@ class _Sites:
         # else d)' runs 'c' first), so the earliest place of its instructions is taken.
         # Code without columns (3.10) is placed in the order the compiler lays it out.
         # Its extra is (order in the code, start in the source or None).
-        self.operators: List[Raw] = []
+        table = _versions.current()
+        bytecode, real, identity = self._bytecode, self._real, self._identity
+        operators: List[Raw] = []
         operands = _Operands(real, bytecode)
         found = [(k, pos, i, op) for k, (pos, i) in enumerate(real) if (op := table.binary_op(i)) is not None]
         copies: Dict[Tuple[object, ...], List[Tuple[int, int]]] = {}
@@ -940,35 +1021,8 @@ class _Sites:
                 continue  # compiled into f-string code from 3.11 on: no operator there either
             anchor = i if operand is None else cast(Instr, bytecode[operand])
             order = (anchor.lineno or 0, (pos if operand is None else operand, -1))
-            self.operators.append((op, pos, i, identity.of(pos, i), (order, sources[pos])))
-        for pos, i in real:
-            if (
-                i.name == "LOAD_CONST"
-                and isinstance(i.arg, CodeType)
-                and i.arg.co_name in table.separate_comprehensions
-            ):
-                try:
-                    inner = _Sites(i.arg, outer_cells, nested=True)
-                except NotPatchableError as error:
-                    # Code the bytecode package cannot read (3.14's t'{x}'): its sites are
-                    # left out, and the function is rewritten around it, as around a nested def.
-                    self.unreadable.append(str(error))
-                    continue
-                # Its sites are its own constructs, never one of the function's on the same
-                # line (3.10 tells constructs apart by line and count).
-                where = identity.of(pos, i)
-                for mine, theirs in (
-                    (self.stores, inner.stores),
-                    (self.loads, inner.loads),
-                    (self.calls, inner.calls),
-                ):
-                    mine += [_nest(pos, where, site) for site in theirs]
-                self.comprehension_names |= inner.comprehension_names
-                for op, inner_pos, instr, ident, ((line, (index, _)), source) in inner.operators:
-                    place = ((line, (pos, index)), source)
-                    self.operators.append((op, (pos, inner_pos), instr, (where, ident), place))
-        if not nested:
-            self.operators = _placed_operators(self.operators)
+            operators.append((op, pos, i, identity.of(pos, i), (order, sources[pos])))
+        return operators
 
 
 def _folded_format(
@@ -1292,22 +1346,6 @@ def _read(key: Tuple[object, ...], qualname: Optional[str] = None) -> CodeMap:
         for chain, groups in _group(raw.loads).items()
         if _nameable(chain)
     }
-    call_map = {
-        chain: tuple(
-            CallSite(chain, n, instr.lineno, _column(instr), tuple(positions))
-            for n, (positions, instr, _) in enumerate(groups)
-        )
-        for chain, groups in _group(raw.calls).items()
-        if _nameable(chain)
-    }
-    operator_map = {
-        op: tuple(
-            OperatorSite(op, n, instr.lineno, _column(instr), tuple(positions))
-            for n, (positions, instr, _) in enumerate(groups)
-        )
-        for op, groups in _group(raw.operators, placed=True).items()
-    }
-
     return_ops = {table.return_value, table.return_const}
     # One site per source position: the compiler gives a `with` body's return and the
     # return after an exception its __exit__ swallowed the same place, a reader one row.
@@ -1327,16 +1365,6 @@ def _read(key: Tuple[object, ...], qualname: Optional[str] = None) -> CodeMap:
         if instr.name in table.prologue:
             entry = pos + 1
             break
-    first = code.co_varnames[0] if code.co_argcount else None
-    groups: Tuple[Dict[str, Tuple[Any, ...]], ...] = (local_map, attr_map, call_map, operator_map)
-    nested = {
-        pos
-        for group in groups
-        for sites in group.values()
-        for site in sites
-        for pos in site.positions
-        if isinstance(pos, tuple)
-    }
     return CodeMap(
         name=code.co_name,
         qualname=str(qualname or _versions.code_qualname(code) or code.co_name),
@@ -1347,16 +1375,64 @@ def _read(key: Tuple[object, ...], qualname: Optional[str] = None) -> CodeMap:
         attributes=attr_map,
         returns=returns,
         entry=entry,
+        _later=_LaterSites(code, raw, (local_map, attr_map)),
         cells=frozenset(code.co_cellvars),
-        calls=call_map,
-        operators=operator_map,
-        selfless=frozenset(pos for pos in nested if first not in _code_of(code, pos).co_freevars),
         comprehension_names=frozenset(raw.comprehension_names),
         free_names=frozenset(code.co_freevars) - {"__class__"},  # (the cell super() reads)
         global_names=frozenset(raw.global_names),
         private_prefix=_private_prefix(_versions.code_qualname(code) or qualname or ""),
         unreadable=tuple(raw.unreadable),
     )
+
+
+class _LaterSites:
+    """A code map's calls and operators, and the positions a per-instance patch cannot
+    probe (which they add to), found at the first question (see :class:`CodeMap`)."""
+
+    def __init__(self, code: CodeType, raw: _Sites, found: Tuple[Dict[str, Tuple[Any, ...]], ...]) -> None:
+        self._code, self._raw, self._eager = code, raw, found
+        self._found: Optional[
+            Tuple[Dict[str, Tuple[CallSite, ...]], Dict[str, Tuple[OperatorSite, ...]], FrozenSet[object]]
+        ] = None
+
+    def found(
+        self,
+    ) -> Tuple[Dict[str, Tuple[CallSite, ...]], Dict[str, Tuple[OperatorSite, ...]], FrozenSet[object]]:
+        found = self._found
+        if found is None:
+            found = self._found = self._find()  # (two threads may both find them: equal values)
+        return found
+
+    def _find(
+        self,
+    ) -> Tuple[Dict[str, Tuple[CallSite, ...]], Dict[str, Tuple[OperatorSite, ...]], FrozenSet[object]]:
+        code, raw = self._code, self._raw
+        call_map = {
+            chain: tuple(
+                CallSite(chain, n, instr.lineno, _column(instr), tuple(positions))
+                for n, (positions, instr, _) in enumerate(groups)
+            )
+            for chain, groups in _group(raw.calls()).items()
+            if _nameable(chain)
+        }
+        operator_map = {
+            op: tuple(
+                OperatorSite(op, n, instr.lineno, _column(instr), tuple(positions))
+                for n, (positions, instr, _) in enumerate(groups)
+            )
+            for op, groups in _group(raw.operators(), placed=True).items()
+        }
+        first = code.co_varnames[0] if code.co_argcount else None
+        nested = {
+            pos
+            for group in (*self._eager, call_map, operator_map)
+            for sites in group.values()
+            for site in sites
+            for pos in site.positions
+            if isinstance(pos, tuple)
+        }
+        selfless = frozenset(pos for pos in nested if first not in _code_of(code, pos).co_freevars)
+        return call_map, operator_map, selfless
 
 
 #: Code whose call returns a generator or a coroutine, not what its ``return`` gives.

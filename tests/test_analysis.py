@@ -723,3 +723,43 @@ def test_code_is_decoded_once_and_read_as_a_tuple_while_the_rewriter_edits_a_fre
     assert len(instructions(f.__code__)) == len(first)  # an edit of the copy leaves the readers' alone
     forget_readings()
     assert instructions(f.__code__) is not first and len(calls) == 2  # decoded again once forgotten
+
+
+def test_calls_and_operators_are_found_only_when_asked_for_and_once(monkeypatch):
+    from bcrecord import analysis
+
+    def f(self, a):
+        x = self.fc(a) + 1
+        ys = [self.fc(y) * 2 for y in a]  # a comprehension: code of its own on 3.10/3.11
+        return x, ys
+
+    asked = []
+    original = analysis.consuming_calls
+
+    def counted(*args, **kwargs):
+        asked.append(1)
+        return original(*args, **kwargs)
+
+    analysis.forget_readings()
+    monkeypatch.setattr(analysis, "consuming_calls", counted)
+    cmap = read(f.__code__)
+    points = resolve([Local("x"), Return()], cmap)
+    assert [p.label for p in points] == ["x@0", "return"]
+    assert asked == []  # a local and a return: no call site looked for
+    assert {name: len(sites) for name, sites in cmap.calls.items()} == {"self.fc": 2}
+    assert {op: len(sites) for op, sites in cmap.operators.items()} == {"+": 1, "*": 1}
+    assert asked  # looked for now
+    before = len(asked)
+    assert [p.label for p in resolve([Call("self.fc")], cmap)] == ["self.fc()@0", "self.fc()@1"]
+    assert analysis.Targets(cmap).specs() == [
+        "x@0",
+        "ys@0",
+        "self.fc@0",
+        "self.fc@1",
+        "self.fc()@0",
+        "self.fc()@1",
+        "*@0",
+        "+@0",
+        "return",
+    ]
+    assert len(asked) == before  # found once, for every later question

@@ -51,6 +51,7 @@ from typing import (
     ContextManager,
     Dict,
     FrozenSet,
+    Generic,
     Iterable,
     Iterator,
     List,
@@ -63,6 +64,7 @@ from typing import (
     Tuple,
     TypeVar,
     Union,
+    overload,
 )
 
 import torch
@@ -1324,6 +1326,44 @@ def _unmark_locked(marked: Marked) -> None:
         del marked[:done]
 
 
+_Found = TypeVar("_Found")
+
+
+class _found_once(Generic[_Found]):  # noqa: N801 (a decorator, as functools.cached_property)
+    """``functools.cached_property`` without the lock Python 3.11's takes: one lock for every
+    instance, so that one plan's walk held up every other's, and a child forked while another
+    thread held it hung at its first plan's.
+
+    >>> class C:
+    ...     @_found_once
+    ...     def walked(self):
+    ...         print("walking")
+    ...         return 1
+    >>> c = C()
+    >>> c.walked, c.walked  # (kept in the instance, as a cached_property does: read as an attribute)
+    walking
+    (1, 1)
+    """
+
+    def __init__(self, find: Callable[[Any], _Found]) -> None:
+        self.find = find
+        self.__doc__ = find.__doc__
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, instance: None, owner: Optional[type] = None) -> _found_once[_Found]: ...
+    @overload
+    def __get__(self, instance: object, owner: Optional[type] = None) -> _Found: ...
+    def __get__(self, instance: Any, owner: Optional[type] = None) -> Any:
+        if instance is None:
+            return self
+        # (two threads may both find it: one answer)
+        value = instance.__dict__[self.name] = self.find(instance)
+        return value
+
+
 #: The options of :func:`record` that :class:`Plan` takes: what is recorded and how it is
 #: copied (the others, ``keep``, ``threads``, ``stop_after_last``, are the recording's).
 PLAN_OPTIONS: Tuple[str, ...] = ("copy", "to", "dtype", "reduce", "grad")
@@ -1457,7 +1497,7 @@ class Plan:
         #: A marker per targeted submodule, made once (see the module docstring).
         self.marks = [(module, _path_mark(module, path)) for path, module in self.modules.items()]
 
-    @functools.cached_property
+    @_found_once
     def syncs(self) -> bool:
         """Whether a forward with autograd on must run whole (see :func:`syncs_gradients`): an
         extractor's stop asks; a walk over every module, so not made where nothing asks."""

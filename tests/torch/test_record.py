@@ -3300,3 +3300,37 @@ def test_only_an_early_stop_looks_for_a_distributed_wrapper_and_an_extractor_onc
         assert torch.equal(extractor(x)["1"], net[1](net[0](x)))
     assert walks == [net]  # at the first call, with the plan
     extractor.close()
+
+
+def test_one_plan_looking_for_a_distributed_wrapper_holds_up_no_other(monkeypatch):
+    # (functools.cached_property took one lock for every plan on Python 3.11: the second
+    # plan waited for the first's walk, and a child forked meanwhile hung at its own.)
+    record_module = sys.modules["bcrecord.torch.record"]
+    real = record_module.syncs_gradients
+    slow, inside = torch.nn.Sequential(torch.nn.Linear(2, 2)), threading.Event()
+    release = threading.Event()
+
+    def walk(model):
+        if model is slow:
+            inside.set()
+            release.wait(10)
+        return real(model)
+
+    monkeypatch.setattr(record_module, "syncs_gradients", walk)
+    first, second = (
+        record_module.Plan(slow, ["0"]),
+        record_module.Plan(torch.nn.Sequential(torch.nn.ReLU()), ["0"]),
+    )
+    answers = []
+    waiting = threading.Thread(target=lambda: answers.append(first.syncs))
+    waiting.start()
+    try:
+        assert inside.wait(10)
+        done = threading.Thread(target=lambda: answers.append(second.syncs))
+        done.start()
+        done.join(5)
+        assert answers == [False] and not done.is_alive()  # the second plan's, while the first walks
+    finally:
+        release.set()
+        waiting.join(10)
+    assert answers == [False, False] and first.syncs is False
