@@ -942,7 +942,7 @@ class _Sites:
             found = self._own_calls()
             for pos, where, inner in self._inner:
                 found += [_nest(pos, where, site) for site in inner.calls()]
-            self._calls = found  # (two threads may both find them: the same list)
+            self._calls = found  # (two threads may both find them: equal lists)
         return found
 
     def _own_calls(self) -> List[Raw]:

@@ -1332,7 +1332,7 @@ _Found = TypeVar("_Found")
 class _found_once(Generic[_Found]):  # noqa: N801 (a decorator, as functools.cached_property)
     """``functools.cached_property`` without the lock Python 3.11's takes: one lock for every
     instance, so that one plan's walk held up every other's, and a child forked while another
-    thread held it hung at its first plan's.
+    thread held it would wait for it forever at its first plan's.
 
     >>> class C:
     ...     @_found_once

@@ -3304,7 +3304,7 @@ def test_only_an_early_stop_looks_for_a_distributed_wrapper_and_an_extractor_onc
 
 def test_one_plan_looking_for_a_distributed_wrapper_holds_up_no_other(monkeypatch):
     # (functools.cached_property took one lock for every plan on Python 3.11: the second
-    # plan waited for the first's walk, and a child forked meanwhile hung at its own.)
+    # plan waited for the first's walk, and a child forked meanwhile would wait forever.)
     record_module = sys.modules["bcrecord.torch.record"]
     real = record_module.syncs_gradients
     slow, inside = torch.nn.Sequential(torch.nn.Linear(2, 2)), threading.Event()
