@@ -115,6 +115,7 @@ from .targets import (
     module_at,
     named_modules,
     new_matches,
+    require_module,
     unwrap,
     wraps_forward,
 )
@@ -290,9 +291,10 @@ def warn_shared(model: torch.nn.Module, modules: Mapping[str, torch.nn.Module]) 
     >>> [str(warning.message)[:51] for warning in caught]
     ["'1' is another name of the ReLU at '0' (one object)"]
     """
-    paths: Dict[int, List[str]] = defaultdict(list)
+    paths: Dict[int, List[str]] = {id(module): [] for module in modules.values()}  # (the targeted only)
     for path, module in named_modules(unwrap(model), remove_duplicate=False):
-        paths[id(module)].append(path)
+        if id(module) in paths:
+            paths[id(module)].append(path)
     for path, module in modules.items():
         names = paths.get(id(module), [])
         if path in names[1:]:
@@ -929,7 +931,7 @@ def _all_done_here() -> bool:
     return True
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)  # (made for each key: a whole resnet's 160)
 class _Request:
     """What the targets ask of one key (see :class:`Plan`)."""
 
@@ -1196,11 +1198,16 @@ def _enclosing(model: torch.nn.Module, modules: Mapping[str, torch.nn.Module]) -
     """
     root = module_at(model, "")  # (inside a wrapper)
     found: Dict[int, torch.nn.Module] = {}
+    climbed: Set[str] = set()  # the paths whose way up is in ``found`` already
     for path, module in modules.items():
         parts = path.split(".") if path else []
         for k in range(len(parts), 0, -1):
             found.setdefault(id(module), module)
-            module = module_at(model, ".".join(parts[: k - 1]))
+            parent = ".".join(parts[: k - 1])
+            if parent in climbed:  # (16 Bottlenecks: 4 layers, climbed once each)
+                break
+            climbed.add(parent)
+            module = module_at(model, parent)
     found.setdefault(id(root), root)
     found.pop(id(model), None)
     return (*found.values(), model)
@@ -1463,8 +1470,10 @@ class Plan:
             wanted: Dict[Tuple[type, str, Spec], set] = defaultdict(set)
             grad_specs: Dict[Tuple[type, str, str], List[Spec]] = defaultdict(list)
             # One spec per (site, policy): 16 instances' keys share it (a spec is checked as it is
-            # made, which a whole resnet's 160 keys paid 160 times).
-            with_policy: Dict[Tuple[Spec, int], Spec] = {}
+            # made, which a whole resnet's 160 keys paid 160 times). By identity: the instances of
+            # a class share their site specs (sites_of), and a spec's hash is computed each time.
+            with_policy: Dict[Tuple[int, int], Spec] = {}
+            paths_of: Dict[Tuple[type, str, int], Tuple[Spec, set]] = {}
             for key, asked in requests.items():
                 keep_value = policy(asked.reducer, grad)  # a .grad target hooks the live value, not this
                 if asked.grad:
@@ -1474,12 +1483,17 @@ class Plan:
                         dataclasses.replace(asked.spec, copy=_GradCopy(self, key, keep_value, keep_grad))
                     )
                 else:
-                    kept_as = with_policy.get((asked.spec, id(keep_value)))
+                    kept_as = with_policy.get((id(asked.spec), id(keep_value)))
                     if kept_as is None:
-                        kept_as = with_policy[asked.spec, id(keep_value)] = dataclasses.replace(
+                        kept_as = with_policy[id(asked.spec), id(keep_value)] = dataclasses.replace(
                             asked.spec, copy=keep_value
                         )
-                    wanted[(asked.cls, asked.method, kept_as)].add(asked.path)
+                    group = paths_of.get((asked.cls, asked.method, id(kept_as)))
+                    if group is None:
+                        group = paths_of[asked.cls, asked.method, id(kept_as)] = (kept_as, set())
+                    group[1].add(asked.path)
+            for (cls, method, _), (kept_as, paths) in paths_of.items():  # (equal specs: one group)
+                wanted[(cls, method, kept_as)] |= paths
             _one_path_each(model, self.modules)
             #: The modules on the way from the model to each target, itself last: what a
             #: forward stopped at a target unwinds (the model's own, for an extractor).
@@ -1884,8 +1898,16 @@ def _record(
 ) -> Iterator[ModelRecording]:
     """:func:`record`'s block: plan, patch, record, and remove the patches after."""
     require_bool("stop_after_last", run["stop_after_last"])
-    plan = Plan(model, targets, **policy)
-    warn_shared(model, plan.modules)
+    require_module(model)  # (before the walk below: what is not a module has no modules)
+    with _resolving(model):
+        # Every module at each of its paths, walked first: warn_shared's list, and the glob's
+        # (each module once) made from it; the same at the end means nothing was added.
+        walked = named_modules(unwrap(model), remove_duplicate=False)
+        plan = Plan(model, targets, **policy)
+        warn_shared(model, plan.modules)
+    # (Weak: a module taken out of the model during the block is freed as it would be.)
+    modules_then = [(path, weakref.ref(module)) for path, module in walked]
+    del walked
     patches = plan.patch(stops=bool(run.get("stop_after_last")))
     try:
         running = plan.running(patches, **run)
@@ -1899,7 +1921,7 @@ def _record(
         remove_all(patches)
         running.rec._end()
         _warn_replaced(plan)
-        _warn_added(plan)
+        _warn_added(plan, modules_then)
 
 
 def _warn_replaced(plan: Plan) -> None:
@@ -1967,12 +1989,21 @@ def _copies_in(plan: Plan, gone: Sequence[str], marks: Mapping[str, _PathMark]) 
     }
 
 
-def _warn_added(plan: Plan) -> None:
+def _warn_added(
+    plan: Plan, modules_then: Sequence[Tuple[str, Callable[[], Optional[torch.nn.Module]]]]
+) -> None:
     """Warn where a glob target matches a module added during the block (``model.blocks.append(...)``).
 
     Its module was not there to be marked when the block started: it recorded nothing.
-    Said once, when the block ends, naming the paths.
+    Said once, when the block ends, naming the paths. ``modules_then``: each path of
+    ``named_modules(unwrap(model), remove_duplicate=False)`` when it started, and a weak
+    reference to its module.
     """
+    if not any(ch in text for text in plan.keys for ch in "*?["):
+        return  # (no glob: nothing to match again, no walk)
+    root = unwrap(plan.model)
+    if root is plan.model and _same_modules(named_modules(root, remove_duplicate=False), modules_then):
+        return  # (the usual case: every glob matches what it matched, no module read again)
     added: Dict[str, str] = {}  # path: the first target string that matches it
     targeted = {id(module) for module in plan.modules.values()}
     with _resolving(plan.model):  # each glob matched once, for all its targets
@@ -1988,6 +2019,17 @@ def _warn_added(plan: Plan) -> None:
             f"recording: {'they' if many else 'it'} recorded nothing (targets are resolved when "
             f"record() starts); record the model again to include {'them' if many else 'it'}"
         )
+
+
+def _same_modules(
+    now: Sequence[Tuple[str, torch.nn.Module]],
+    then: Sequence[Tuple[str, Callable[[], Optional[torch.nn.Module]]]],
+) -> bool:
+    """Whether a walk lists the modules ``then`` refers to, at the same paths, in the same order."""
+    return len(now) == len(then) and all(
+        path == path_then and module is ref()
+        for (path, module), (path_then, ref) in zip(now, then, strict=True)
+    )
 
 
 #: Whether a caller in this context catches :class:`StopForward` (the root's

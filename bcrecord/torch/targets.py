@@ -155,8 +155,9 @@ def named_modules(model: torch.nn.Module, remove_duplicate: bool = True) -> List
     """
     found = _walk(model, remove_duplicate)
     compiled = _compiled_wrapper()
-    if not compiled or not any(isinstance(module, compiled) for _, module in found):
-        return found  # (nothing compiled yet in this process: no wrapper to look for)
+    # (By each class met once: a whole model's modules are of a few classes.)
+    if not compiled or not any(issubclass(kind, compiled) for kind in {type(module) for _, module in found}):
+        return found  # (nothing compiled in it, or yet in this process: no wrapper to look for)
     shown: Dict[str, str] = {"": ""}  # each path as named_modules gives it: the path seen through
     wrappers = set()  # the paths, as named_modules gives them, of compiled wrappers
     listed: List[Tuple[str, torch.nn.Module]] = []
@@ -191,21 +192,56 @@ def _walk(model: torch.nn.Module, remove_duplicate: bool) -> List[Tuple[str, tor
 
     torch's generator resumes each level above a module to hand it up (for resnet50's 151
     modules, some 600 resumptions: a third of a whole-model set-up went there). A module whose
-    class has a ``named_modules`` of its own is walked by it, from there down.
+    class has a ``named_modules`` of its own is walked by it, from there down. While
+    :func:`_resolving` runs, each root is walked once, and where its every module was walked
+    (``remove_duplicate=False``, as :func:`~bcrecord.torch.record.warn_shared` asks), the list
+    without duplicates is that one, each module at its first path.
 
     >>> model = torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Sequential(torch.nn.Tanh()))
     >>> model.append(model[0])  # the same ReLU at '0' and '2'
     Sequential(...)
     >>> [_walk(model, flag) == list(model.named_modules(remove_duplicate=flag)) for flag in (True, False)]
     [True, True]
+    >>> with _resolving(model):
+    ...     _ = _walk(model, False)
+    ...     _walk(model, True) == list(model.named_modules())
+    True
     """
+    resolving = _found.get()
+    if resolving is None:
+        return _walked(model, remove_duplicate)[0]
+    kept = resolving.walks.get((id(model), remove_duplicate))
+    if kept is None or kept[0] is not model:
+        every = resolving.walks.get((id(model), False))
+        if remove_duplicate and every is not None and every[0] is model and every[2]:
+            # Each module at its first path: the same list (a module met again is skipped
+            # with all below it, which its first visit listed already).
+            seen: Set[torch.nn.Module] = set()
+            first: List[Tuple[str, torch.nn.Module]] = []
+            for path, module in every[1]:
+                if module not in seen:
+                    seen.add(module)
+                    first.append((path, module))
+            kept = (model, first, True)
+        else:
+            kept = (model, *_walked(model, remove_duplicate))
+        resolving.walks[id(model), remove_duplicate] = kept
+    return list(kept[1])
+
+
+def _walked(model: torch.nn.Module, remove_duplicate: bool) -> Tuple[List[Tuple[str, torch.nn.Module]], bool]:
+    """:func:`_walk`'s list, and whether torch's ``named_modules`` walked every module in it
+    (no class with one of its own: whose list may be any)."""
     if type(model).named_modules is not _NAMED_MODULES:
-        return list(model.named_modules(remove_duplicate=remove_duplicate))
+        return list(model.named_modules(remove_duplicate=remove_duplicate)), False
     found: List[Tuple[str, torch.nn.Module]] = []
     memo: Set[torch.nn.Module] = set()  # (a set of modules, as torch's: their own hash and ==)
+    plain = True
 
     def visit(module: torch.nn.Module, prefix: str) -> None:
+        nonlocal plain
         if type(module).named_modules is not _NAMED_MODULES:
+            plain = False
             found.extend(module.named_modules(memo, prefix, remove_duplicate))
             return
         if module in memo:
@@ -219,7 +255,7 @@ def _walk(model: torch.nn.Module, remove_duplicate: bool) -> List[Tuple[str, tor
                 visit(child, dot + name)
 
     visit(model, "")
-    return found
+    return found, plain
 
 
 def module_at(model: torch.nn.Module, path: str) -> torch.nn.Module:
@@ -242,7 +278,7 @@ def module_at(model: torch.nn.Module, path: str) -> torch.nn.Module:
 class _Found:
     """What :func:`_resolving` has looked up in its model so far."""
 
-    __slots__ = ("model", "modules", "matches")
+    __slots__ = ("model", "modules", "matches", "walks")
 
     def __init__(self, model: torch.nn.Module) -> None:
         self.model = model
@@ -250,6 +286,11 @@ class _Found:
         self.modules: Dict[str, Optional[torch.nn.Module]] = {}
         #: The paths each module path or glob matches (see _matching_paths).
         self.matches: Dict[str, List[str]] = {}
+        #: What :func:`_walk` gave, by (id(root), remove_duplicate): (root, list, whether torch's
+        #: own named_modules walked it all).
+        self.walks: Dict[
+            Tuple[int, bool], Tuple[torch.nn.Module, List[Tuple[str, torch.nn.Module]], bool]
+        ] = {}
 
 
 #: What :func:`_resolving` has found, while it runs.
@@ -267,7 +308,8 @@ def _resolving(model: torch.nn.Module) -> Iterator[None]:
     unchanged meanwhile, and for the check of the targets when a block ends: a walk from the root
     per lookup (a target's path is looked up some five times, and a thousand targets name a few
     hundred paths), and one over every module per glob target, made set-up grow with the targets.
-    A module put in the model after the block is found by the next one.
+    A module put in the model after the block is found by the next one. Inside a block for
+    the same model, the outer block's findings are kept and added to.
 
     >>> model = torch.nn.Sequential(torch.nn.ReLU())
     >>> with _resolving(model):
@@ -277,6 +319,10 @@ def _resolving(model: torch.nn.Module) -> Iterator[None]:
     >>> type(first).__name__, type(again).__name__, type(module_at(model, "0")).__name__
     ('ReLU', 'ReLU', 'Tanh')
     """
+    outer = _found.get()
+    if outer is not None and outer.model is model:
+        yield
+        return
     token = _found.set(_Found(model))
     try:
         yield
@@ -1537,6 +1583,8 @@ def _match(model: torch.nn.Module, pattern: str) -> List[str]:
         module_at(model, pattern)  # raises a clear error if missing
         return [pattern]  # (also a name with a glob's characters in it: 'blk[0]')
     wanted = pattern.split(".")
+    # (Without a '**', only a path of as many parts can match: the others are not split.)
+    dots = -1 if "**" in wanted else len(wanted) - 1
     roots = _glob_roots(model)
     # A compiled submodule's children at its path ('1.*': '1.0'), else as named_modules()
     # names them, under torch.compile's wrapper ('1._orig_mod.*').
@@ -1544,7 +1592,7 @@ def _match(model: torch.nn.Module, pattern: str) -> List[str]:
         found = [
             name
             for name, _ in (root.named_modules() if raw else named_modules(root))
-            if name and _parts_match(name.split("."), wanted)
+            if name and (dots < 0 or name.count(".") == dots) and _parts_match(name.split("."), wanted)
         ]
         if found:
             return found
@@ -1746,6 +1794,7 @@ def expand(model: torch.nn.Module, text: str) -> List[Target]:
     spec = parse(spec_text) if spec_text else Return()
     is_glob = any(ch in pattern for ch in "*?[")
     targets = []
+    checked: Dict[Tuple[type, str], Any] = {}
     for path in _matching_paths(model, pattern):
         module = module_at(model, path)
         if isinstance(module, torch.jit.ScriptModule):
@@ -1796,46 +1845,14 @@ def expand(model: torch.nn.Module, text: str) -> List[Target]:
                 f"{where} has no forward of its own (a container): target its submodules "
                 f"({first!r}, {every!r})"
             )
-        static = inspect.getattr_static(type(module), runs, None)
-        if is_glob and not is_python_method(type(module), runs):
-            continue  # as list_targets leaves it out: a glob takes what can be recorded
-        if isinstance(static, (staticmethod, classmethod)):
-            kind = type(static).__name__
-            raise NotPatchableError(
-                f"{where}: {runs} is a {kind}, which does not run on the module, so its values have no "
-                f"module path; record it with bcrecord.patch_method({type(module).__name__}, {runs!r}, ...)"
+        # (Checked once per class: 16 Bottlenecks' were a tenth of a whole-resnet set-up.)
+        func = checked.get((type(module), runs), _UNCHECKED)
+        if func is _UNCHECKED:
+            func = checked[type(module), runs] = _method_recorded(
+                type(module), runs, where, path, spec, spec_text, is_glob
             )
-        func = getattr(type(module), runs, None)
-        if not isinstance(func, types.FunctionType):
-            kind = "no method" if func is None else "no Python method"
-            # Statically: reading a class's __annotations__ would add one to it (3.10-3.13).
-            methods = [
-                n
-                for n in dir(type(module))
-                if isinstance(inspect.getattr_static(type(module), n, None), types.FunctionType)
-            ]
-            raise NotPatchableError(f"{where} has {kind} {runs!r}{did_you_mean(runs, methods)}")
-        if not takes_instance(func):
-            if is_glob:
-                continue  # as a container is: a glob takes what can be recorded
-            # A decorator that does not use functools.wraps hides the method behind its own function.
-            named = "" if func.__name__ == runs else f" (its function is {func.__qualname__}: a decorator's?)"
-            raise NotPatchableError(
-                f"{where}: {runs} takes no positional argument (def {runs}(*args)){named}, so the module "
-                f"it runs on is not known to the patch of {type(module).__name__} its instances share; "
-                f"record it with bcrecord.patch_method(module, {runs!r}, ...) on the instance"
-            )
-        if not spec_text and is_generator_function(func):
-            if is_glob:
-                continue  # as list_targets leaves it out
-            # Its return is the generator's own, when it is used up (None, mostly), not the generator.
-            raise TargetError(
-                f"{where}: {runs} is a generator function, whose output is the generator the caller "
-                f"iterates, which a module path does not record: record what it yields where it makes "
-                f"it ('{path}:{runs}:<local>'), or where the caller takes it"
-            )
-        if is_glob and isinstance(spec, Return) and not has_return(func):
-            continue  # a forward that only raises (JetMoe's JetMoeMoA) has no output, as a container
+        if func is None:
+            continue
         if isinstance(spec, Attribute) and spec.at == "entry":
             _refuse_parametrized_read(module, func, spec, where, grad)
         concrete = f"{path}:{runs}:{spec_text}" if spec_text else path
@@ -1866,6 +1883,53 @@ def scripted(module: torch.nn.Module, path: str) -> str:
     )
 
 
+def _method_recorded(
+    cls: type, runs: str, where: str, path: str, spec: Spec, spec_text: str, is_glob: bool
+) -> Optional[types.FunctionType]:
+    """The function of ``cls`` that runs as ``runs``, which a target of ``expand`` records; None
+    where a glob passes over it (what ``list_targets`` leaves out), a clear error where one
+    target names it. Of the class alone: the instances of a class that a glob matches share it."""
+    static = inspect.getattr_static(cls, runs, None)
+    if is_glob and not is_python_method(cls, runs):
+        return None  # as list_targets leaves it out: a glob takes what can be recorded
+    if isinstance(static, (staticmethod, classmethod)):
+        kind = type(static).__name__
+        raise NotPatchableError(
+            f"{where}: {runs} is a {kind}, which does not run on the module, so its values have no "
+            f"module path; record it with bcrecord.patch_method({cls.__name__}, {runs!r}, ...)"
+        )
+    func = getattr(cls, runs, None)
+    if not isinstance(func, types.FunctionType):
+        kind = "no method" if func is None else "no Python method"
+        # Statically: reading a class's __annotations__ would add one to it (3.10-3.13).
+        methods = [
+            n for n in dir(cls) if isinstance(inspect.getattr_static(cls, n, None), types.FunctionType)
+        ]
+        raise NotPatchableError(f"{where} has {kind} {runs!r}{did_you_mean(runs, methods)}")
+    if not takes_instance(func):
+        if is_glob:
+            return None  # as a container is: a glob takes what can be recorded
+        # A decorator that does not use functools.wraps hides the method behind its own function.
+        named = "" if func.__name__ == runs else f" (its function is {func.__qualname__}: a decorator's?)"
+        raise NotPatchableError(
+            f"{where}: {runs} takes no positional argument (def {runs}(*args)){named}, so the module "
+            f"it runs on is not known to the patch of {cls.__name__} its instances share; "
+            f"record it with bcrecord.patch_method(module, {runs!r}, ...) on the instance"
+        )
+    if not spec_text and is_generator_function(func):
+        if is_glob:
+            return None  # as list_targets leaves it out
+        # Its return is the generator's own, when it is used up (None, mostly), not the generator.
+        raise TargetError(
+            f"{where}: {runs} is a generator function, whose output is the generator the caller "
+            f"iterates, which a module path does not record: record what it yields where it makes "
+            f"it ('{path}:{runs}:<local>'), or where the caller takes it"
+        )
+    if is_glob and isinstance(spec, Return) and not has_return(func):
+        return None  # a forward that only raises (JetMoe's JetMoeMoA) has no output, as a container
+    return func
+
+
 def new_matches(model: torch.nn.Module, text: str, known: Container[str]) -> List[str]:
     """The paths of recordable modules the glob target ``text`` matches in ``model`` now, not in ``known``.
 
@@ -1887,6 +1951,10 @@ def new_matches(model: torch.nn.Module, text: str, known: Container[str]) -> Lis
     except BcrecordError:  # the model changed so that the target no longer expands
         return []
     return list(dict.fromkeys(target.path for target in found if target.path not in known))
+
+
+#: What ``expand``'s cache of checks holds for a class not checked yet.
+_UNCHECKED = object()
 
 
 def _argument_names(func: types.FunctionType) -> Tuple[str, ...]:

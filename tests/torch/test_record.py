@@ -482,6 +482,22 @@ def test_glob_targets_sharing_a_pattern_each_match_the_modules_there_when_record
     assert torch.equal(again["2:forward:return"], torch.sigmoid(torch.tanh(torch.tensor([0.0, 2.0]))))
 
 
+def test_a_module_taken_out_of_the_model_while_recording_is_freed_then_and_nothing_is_said():
+    # The block keeps the modules it found as it started, to tell at its end whether any
+    # was added: weakly, so that one taken out meanwhile (and its tensors) goes at once.
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Sequential(torch.nn.Linear(2, 2)))
+    x = torch.ones(1, 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", bcrecord.RecordingWarning)
+        with torch.no_grad(), record(model, ["*"]) as rec:
+            gone = weakref.ref(model[1][0])
+            del model[1][0]  # not a target: nothing to say of it
+            gc.collect()
+            assert gone() is None
+            model(x)
+    assert torch.equal(rec["1:forward:return"], model[0](x))
+
+
 def test_a_module_a_glob_target_matches_added_while_recording_is_named_in_a_warning(net):
     # It used to go silently: added after the targets were resolved, it was never marked.
     x = torch.randn(1, 3, 8, 8)

@@ -2038,6 +2038,93 @@ def test_a_glob_target_reads_the_model_s_submodules_once(monkeypatch):
     assert reads.count(True) == 2  # one each (4 each before)
 
 
+def test_the_modules_listed_once_each_are_made_from_every_path_s_list_as_torch_lists_them():
+    # A set-up walks every path of the model's modules (warn_shared); its globs' list, each
+    # module at its first path, is made from that one, not walked again.
+    from bcrecord.torch.targets import _resolving
+
+    shared = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Sequential(torch.nn.ReLU()))
+    model = torch.nn.Sequential(
+        shared, torch.nn.Sequential(torch.nn.Tanh(), shared), shared[1], torch.nn.ReLU()
+    )
+
+    def listed(pairs):
+        return [(path, id(module)) for path, module in pairs]
+
+    with _resolving(model):
+        every = named_modules(model, remove_duplicate=False)
+        once = named_modules(model)
+    assert listed(every) == listed(model.named_modules(remove_duplicate=False))
+    assert listed(once) == listed(model.named_modules())
+    assert [path for path, _ in once] == ["", "0", "0.0", "0.1", "0.1.0", "1", "1.0", "3"]
+
+    class OwnList(torch.nn.Sequential):  # a class listing its modules its own way: walked again
+        def named_modules(self, memo=None, prefix="", remove_duplicate=True):
+            yield prefix, self
+
+    hiding = torch.nn.Sequential(OwnList(torch.nn.ReLU()), torch.nn.Tanh())
+    with _resolving(hiding):
+        assert [path for path, _ in named_modules(hiding, remove_duplicate=False)] == ["", "0", "1"]
+        assert listed(named_modules(hiding)) == listed(hiding.named_modules())
+
+
+def test_a_glob_checks_the_method_of_each_class_it_matches_once(monkeypatch):
+    # What a glob's target records is a method of the module's class: 16 Bottlenecks' forward
+    # was checked 16 times (a tenth of a whole-resnet set-up). A class whose method a glob
+    # passes over (here a forward(*args)) is passed over at each of its instances.
+    from bcrecord.torch import targets
+
+    class Spread(torch.nn.Module):
+        def forward(*args):
+            return args[1]
+
+    model = torch.nn.Sequential(
+        torch.nn.Linear(2, 2), Spread(), torch.nn.Linear(2, 2), Spread(), torch.nn.ReLU()
+    )
+    checked = []
+    takes_instance = targets.takes_instance
+    monkeypatch.setattr(
+        targets, "takes_instance", lambda f: checked.append(f.__qualname__) or takes_instance(f)
+    )
+    assert [t.path for t in expand(model, "*:forward:return")] == ["0", "2", "4"]
+    assert checked == [
+        "Linear.forward",
+        "test_a_glob_checks_the_method_of_each_class_it_matches_once.<locals>.Spread.forward",
+        "ReLU.forward",
+    ]
+    with pytest.raises(
+        bcrecord.NotPatchableError, match=r"^Spread at '3': forward takes no positional argument"
+    ):
+        expand(model, "3:forward:return")
+
+
+def test_a_record_block_walks_the_model_once_as_it_starts_and_once_as_it_ends(monkeypatch):
+    # Its globs' list, warn_shared's list of every path, and the check for modules added
+    # at the end (every glob matched again) were three walks and a match more: a sixth of a
+    # whole-resnet set-up. An end that finds the same modules at the same paths matches nothing.
+    from bcrecord.torch import record, targets
+
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Sequential(torch.nn.ReLU()))
+    model.append(model[0])  # one module at two paths
+    walks, matches = [], []
+    walked, match = targets._walked, targets._match
+    monkeypatch.setattr(targets, "_walked", lambda root, flag: walks.append(flag) or walked(root, flag))
+    monkeypatch.setattr(targets, "_match", lambda root, glob: matches.append(glob) or match(root, glob))
+    with torch.no_grad(), record(model, ["*", "1.*:forward:return"]) as rec:
+        model(torch.ones(1, 2))
+    assert walks == [False, False] and matches == ["*", "1.*"]
+    assert rec.keys() == ["0:forward:return", "1.0:forward:return", "1:forward:return"]
+    walks.clear(), matches.clear()
+    with pytest.warns(bcrecord.RecordingWarning, match=r"the module at '3' \(matching '\*'\) was added"):
+        with record(model, ["*"]):
+            model.append(torch.nn.Tanh())  # added: the glob is matched again, and it says so
+    assert walks == [False, False, True] and matches == ["*", "*"]
+    walks.clear(), matches.clear()
+    with record(model, ["0", "1.0:forward:return"]):  # no glob: nothing to match again at the end
+        pass
+    assert walks == [False] and matches == ["0", "1.0"]
+
+
 def test_jump_spans_reads_the_version_table_s_jumps_so_an_async_for_is_its_one_loop(monkeypatch):
     # On 3.14 END_ASYNC_FOR carries a label that is no jump (for monitoring: it goes on to the
     # next instruction); _jump_spans took every label argument for a jump, so an async for had
