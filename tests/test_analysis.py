@@ -763,3 +763,36 @@ def test_calls_and_operators_are_found_only_when_asked_for_and_once(monkeypatch)
         "return",
     ]
     assert len(asked) == before  # found once, for every later question
+
+
+def test_attribute_loads_are_found_only_when_asked_for_and_once(monkeypatch):
+    # Finding the attribute chains was a third of reading a function whose targets name only
+    # a local ('layer*.*:forward:out', each Bottleneck's): they are found at the first question.
+    from bcrecord import analysis
+
+    def f(self, a):
+        x = self.fc.weight + a
+        ys = [self.fc.bias * y for y in a]  # a comprehension: code of its own on 3.10/3.11
+        return x, ys
+
+    chained = []
+    original = analysis._chains
+
+    def counted(*args):
+        chained.append(1)
+        return original(*args)
+
+    analysis.forget_readings()
+    monkeypatch.setattr(analysis, "_chains", counted)
+    cmap = read(f.__code__)
+    assert [p.label for p in resolve([Local("x"), Return()], cmap)] == ["x@0", "return"]
+    assert chained == []  # a local and a return: no chain looked for
+    found = {chain: len(sites) for chain, sites in cmap.attributes.items()}
+    assert found == {"self.fc": 2, "self.fc.bias": 1, "self.fc.weight": 1}
+    assert chained  # looked for now (in the comprehension too, where it is code of its own)
+    before = len(chained)
+    assert [p.label for p in resolve([Attribute("self.fc.bias", at="load")], cmap)] == ["self.fc.bias@0"]
+    listed = ["x@0", "ys@0", "self.fc@0", "self.fc@1", "self.fc.bias@0", "self.fc.weight@0"]
+    listed += ["*@0", "+@0", "return"]
+    assert analysis.Targets(cmap).specs() == listed
+    assert len(chained) == before  # found once, for every later question

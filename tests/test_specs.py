@@ -283,6 +283,22 @@ def test_an_index_that_is_no_int_is_a_spec_error(index, told):
         Local("x", index)
 
 
+@pytest.mark.parametrize(
+    "index, kept",
+    [(3, (3,)), ((0, 2), (0, 2)), ((2, 0, 2), (0, 2)), ([4, 1], (1, 4)), ((5,), (5,)), (range(2), (0, 1))],
+)
+def test_an_index_is_kept_as_its_ints_sorted_once_each(index, kept):
+    # An int, and a tuple already sorted (a spec copied from another), are taken as they are.
+    assert Local("x", index).index == kept
+    assert dataclasses.replace(Local("x", index), copy="none").index == kept
+
+
+@pytest.mark.parametrize("index", [(True,), (1, -1), (-1, 2), (2, 2.0), (0, False)])
+def test_an_index_tuple_that_only_looks_sorted_is_checked_as_any(index):
+    with pytest.raises(SpecError, match="an index must be a non-negative int"):
+        Local("x", index)
+
+
 def test_an_index_takes_any_integer_type():
     class Numpy64:  # what numpy's integers have: __index__, and no int base class
         def __index__(self):

@@ -1445,17 +1445,19 @@ class Plan:
                             sites_of[target.spec, code] = sites
                         except TargetError as error:  # say which module: a glob reaches many
                             raise TargetError(f"{text!r} at {target.path or '<root>'!r}: {error}") from None
+                    keys = self.keys[text]
                     for spec, label in sites:
                         key = f"{target.path}:{method}:{label}"
-                        self.keys[text].append(key)
+                        keys.append(key)
                         if target.grad:
-                            self.keys[text].append(key + ".grad")
+                            keys.append(key + ".grad")
                         found = requests.get(key)
                         if found is None:
-                            found = requests[key] = _Request(
+                            requests[key] = _Request(
                                 cls, method, target.path, spec, reducer, target.grad, text, adopts=unnamed
                             )
-                        elif found.reducer is not reducer and not unnamed:
+                            continue
+                        if found.reducer is not reducer and not unnamed:
                             if not found.adopts:
                                 raise TargetError(
                                     f"{key!r} is asked for by {found.text!r} and by {text!r} with different "
@@ -1475,7 +1477,10 @@ class Plan:
             with_policy: Dict[Tuple[int, int], Spec] = {}
             paths_of: Dict[Tuple[type, str, int], Tuple[Spec, set]] = {}
             for key, asked in requests.items():
-                keep_value = policy(asked.reducer, grad)  # a .grad target hooks the live value, not this
+                # (A .grad target hooks the live value, not this. Looked up here: a call per key costs.)
+                keep_value = policies.get((asked.reducer, grad))
+                if keep_value is None:
+                    keep_value = policy(asked.reducer, grad)
                 if asked.grad:
                     # The gradient gets the value's options, outside the graph.
                     keep_grad = policy(asked.reducer, False)

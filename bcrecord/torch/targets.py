@@ -347,11 +347,15 @@ def _lookup(model: torch.nn.Module, path: str) -> Optional[torch.nn.Module]:
     if not path:  # the root: the model itself, inside any wrapper (as list_targets lists it)
         return unwrap(model)
     names = path.split(".")
-    found = _registered(model, names)
-    if found is None:  # (not `or`: an empty Sequential is false)
-        found = _registered(unwrap(model), names)
+    inner = unwrap(model)
+    roots = (model,) if inner is model else (model, inner)  # (each looked in once: a miss costs)
+    found: Optional[torch.nn.Module] = None
+    for root in roots:
+        found = _registered(root, names)
+        if found is not None:  # (not `or`: an empty Sequential is false)
+            break
     if found is None:  # not registered at that path: an attribute may give one (a property)
-        for root in (model, unwrap(model)):
+        for root in roots:
             # (torch refuses get_submodule on TorchScript, whose registered modules are all it has)
             if _through_parametrized(root, path) or isinstance(root, torch.jit.ScriptModule):
                 continue
