@@ -210,10 +210,11 @@ def _walk(model: torch.nn.Module, remove_duplicate: bool) -> List[Tuple[str, tor
     resolving = _found.get()
     if resolving is None:
         return _walked(model, remove_duplicate)[0]
+    # (An entry holds its root: the id it is kept under stays that root's while the block runs.)
     kept = resolving.walks.get((id(model), remove_duplicate))
-    if kept is None or kept[0] is not model:
+    if kept is None:
         every = resolving.walks.get((id(model), False))
-        if remove_duplicate and every is not None and every[0] is model and every[2]:
+        if remove_duplicate and every is not None and every[2]:
             # Each module at its first path: the same list (a module met again is skipped
             # with all below it, which its first visit listed already).
             seen: Set[torch.nn.Module] = set()
