@@ -1477,10 +1477,7 @@ class Plan:
             with_policy: Dict[Tuple[int, int], Spec] = {}
             paths_of: Dict[Tuple[type, str, int], Tuple[Spec, set]] = {}
             for key, asked in requests.items():
-                # (A .grad target hooks the live value, not this. Looked up here: a call per key costs.)
-                keep_value = policies.get((asked.reducer, grad))
-                if keep_value is None:
-                    keep_value = policy(asked.reducer, grad)
+                keep_value = policy(asked.reducer, grad)  # a .grad target hooks the live value, not this
                 if asked.grad:
                     # The gradient gets the value's options, outside the graph.
                     keep_grad = policy(asked.reducer, False)
