@@ -1063,6 +1063,12 @@ class Patch:
         return self._slot is not None
 
     @property
+    def _armable(self) -> Optional[_Slot]:
+        """What arms this patch's probes (None once removed): a recording that takes this
+        patch (``only=``) rearms it alone as it starts and ends (see bcrecord.runtime._rearm)."""
+        return self._slot
+
+    @property
     def stale(self) -> bool:
         """Whether the function's code was set anew since it was patched (IPython's autoreload
         does so): the patch records nothing of that code (remove it and patch again)."""

@@ -374,6 +374,17 @@ class _WeakRegistry(Generic[T]):
         if found is not None and found() is item:
             self._refs.pop(id(item), None)
 
+    def get(self, key: int) -> Optional[T]:
+        """The registered object whose ``id`` is ``key``, if it is still alive.
+
+        >>> class Thing: pass
+        >>> registry, thing = _WeakRegistry(), Thing()
+        >>> registry.add(thing); registry.get(id(thing)) is thing, registry.get(0)
+        (True, None)
+        """
+        found = self._refs.get(key)
+        return None if found is None else found()
+
     def take(self) -> List[T]:
         """The registered objects still alive, forgetting every one.
 
@@ -897,15 +908,22 @@ def is_active() -> bool:
     return _active_count > 0
 
 
-def _rearm() -> None:
+def _rearm(items: Optional[Sequence[int]] = None) -> None:
     """Give every armable the probes the active recordings take (none: the original code).
+
+    ``items``: only the armables of these ids (those still tracked), where what the
+    recordings take changed for their patches alone: a recording made with ``only``
+    rearms those of its own patches as it starts and ends, whose code is all that
+    changes, so that it costs what they do however many others the process holds.
 
     One that raises (a warning made an error by ``-W error``) does not keep the others
     from their code: the first error is raised once they all have it.
     """
     wanted = _wanted_now() if _active_count else None
     error: Optional[BaseException] = None
-    for item in _armables.live():
+    for item in _armables.live() if items is None else map(_armables.get, items):
+        if item is None:  # (its patches removed since: untracked)
+            continue
         try:
             if _active_count:
                 item.arm(wanted)
@@ -917,8 +935,9 @@ def _rearm() -> None:
         raise error
 
 
-def _activate(only: Optional[Iterable[int]]) -> Optional[Set[int]]:
-    """A recording starts; ``only``: the ids of the patches it takes (None: every patch).
+def _activate(only: Optional[Iterable[int]], arming: Optional[Sequence[int]] = None) -> Optional[Set[int]]:
+    """A recording starts; ``only``: the ids of the patches it takes (None: every patch), whose
+    armables' ids are ``arming`` (None: unknown, every armable is rearmed).
 
     Returns the ids counted (for :func:`_deactivate`), None for every patch.
     """
@@ -931,17 +950,17 @@ def _activate(only: Optional[Iterable[int]]) -> Optional[Set[int]]:
             changed = _taking_all == 1
         else:
             changed = _want(ids, 1)
-        if changed or _active_count == 1:
+        if changed or (_active_count == 1 and arming is None):
             try:
-                _rearm()
+                _rearm(None if ids is None else arming)
             except BaseException:
-                _deactivate(ids)  # not started: the counts and the code as they were
+                _deactivate(ids, arming)  # not started: the counts and the code as they were
                 raise
         return ids
 
 
-def _deactivate(ids: Optional[Set[int]]) -> None:
-    """A recording ends; ``ids`` as :func:`_activate` returned them."""
+def _deactivate(ids: Optional[Set[int]], arming: Optional[Sequence[int]] = None) -> None:
+    """A recording ends; ``ids`` as :func:`_activate` returned them, ``arming`` as it was given."""
     global _active_count, _taking_all
     with _arm_lock:
         _active_count -= 1
@@ -950,14 +969,27 @@ def _deactivate(ids: Optional[Set[int]]) -> None:
             changed = _taking_all == 0
         else:
             changed = _want(ids, -1)
-        if changed or _active_count == 0:
+        if changed or (_active_count == 0 and arming is None):
             try:
-                _rearm()
+                _rearm(None if ids is None else arming)
             except BaseException:
                 # Cut short (what a signal handler raised: a timeout), the code would stay as
                 # far as it got, armed for good: once more, whole (it arms what the counts say).
                 _rearm()
                 raise
+
+
+def _arming_of(patches: Iterable[Any]) -> Optional[List[int]]:
+    """The ids of what arms the probes of ``patches`` (each one's ``_armable``), once each; None
+    where one names none (not a patch of this package's, or removed). Ids, not the armables: a
+    recording kept after its block must not hold them (a stand-in's holds what it was set on)."""
+    found: Dict[int, None] = {}
+    for patch in patches:
+        item = getattr(patch, "_armable", None)
+        if item is None:
+            return None
+        found[id(item)] = None
+    return list(found)
 
 
 def _want(ids: Iterable[int], step: int) -> bool:
@@ -2008,6 +2040,8 @@ class Recording:
     _keeps_routes = False
     #: A copy (pickle, ``copy``) of a recording made with ``only``: its patches stayed behind.
     _copied_without_patches = False
+    #: (A recording pickled by a bcrecord before this was noted: every armable is rearmed.)
+    _arming: Optional[List[int]] = None
     #: Whether a thread is entering or leaving it now (see :meth:`__enter__`).
     _busy = False
     #: Whether it was ever entered: reading one never entered means a forgotten ``with``. (False
@@ -2034,6 +2068,8 @@ class Recording:
         self._only = None if patches is None else {id(tag) for tag in patches}
         #: The patches of ``_only``, held: an id freed by its patch could name a new one.
         self._only_held: List[Any] = [] if patches is None else patches
+        #: The ids of what arms their probes: entering and leaving rearm these alone (None: every armable).
+        self._arming: Optional[List[int]] = None if patches is None else _arming_of(patches)
         #: The routing kept across passes (``_keeps_routes``), reused while the context matches.
         self._kept: Optional[_Routing] = None
         #: The patch ids this recording armed while active with ``only`` (see :meth:`_take`).
@@ -2110,7 +2146,7 @@ class Recording:
                     _set_shared(_shared + (self,))
                 count = _active_count  # (under the lock: no other thread's change)
                 try:
-                    armed = self._armed_for = _activate(self._only)
+                    armed = self._armed_for = _activate(self._only, self._arming)
                 except BaseException:
                     if _active_count != count:  # counted, then cut short on its way out
                         armed = None if self._only is None else set(self._only)
@@ -2131,7 +2167,7 @@ class Recording:
         with _arm_lock:
             if armed is not _NOT_ARMED:
                 self._armed_for, self._counted = None, False
-                _deactivate(armed)
+                _deactivate(armed, self._arming)
             if self.threads == "all":
                 _set_shared(tuple(r for r in _shared if r is not self))
         token, self._token, self._routing = self._token, None, None
@@ -2228,10 +2264,10 @@ class Recording:
             ids = None if self._only is None else self._armed_for or set()
             count = _active_count  # (under the lock: no other thread's change)
             try:
-                _deactivate(ids)
+                _deactivate(ids, self._arming)
             except BaseException:
                 if _active_count == count:  # cut short as it began: not counted down yet
-                    _deactivate(ids)
+                    _deactivate(ids, self._arming)
                 raise
             finally:
                 self._armed_for, self._counted = None, False
@@ -2282,11 +2318,14 @@ class Recording:
                 return
             self._only.add(id(tag))
             self._only_held.append(tag)
+            arming = _arming_of([tag])
+            if self._arming is not None:
+                self._arming = None if arming is None else self._arming + arming
             armed = self._armed_for
             if armed is not None and id(tag) not in armed:
                 armed.add(id(tag))
                 if _want((id(tag),), 1):
-                    _rearm()
+                    _rearm(arming)
         # A site may have fired before this (in another thread): routed nowhere then.
         self._reroute()
 
@@ -2509,7 +2548,7 @@ class Recording:
             _included=_WeakRegistry(),
         )
         if self._only is not None:
-            state.update(_only=set(), _only_held=[], _copied_without_patches=True)
+            state.update(_only=set(), _only_held=[], _arming=[], _copied_without_patches=True)
         return state
 
     def __deepcopy__(self, memo: Dict[int, Any]) -> Recording:
