@@ -574,11 +574,7 @@ def original_code(func: types.FunctionType) -> types.CodeType:
     >>> patch.remove()
     """
     with _lock:
-        slot = (
-            _slots.get(("code", id(func)))
-            or _copy_slot(func)
-            or next((s for s in _slots.values() if s.live is func), None)
-        )
+        slot = _slots.get(("code", id(func))) or _copy_slot(func) or _stand_in_slot(func)
         if slot is None or slot.follows is None:  # unpatched, patched in place, a recording copy
             return _own_code(func)
         # A stand-in: code set anew on it, or on the function it stands in for (it takes that
@@ -621,6 +617,12 @@ def _copy_slot(func: Any) -> Optional[_Slot]:
         return None
     slot = getattr(func, _SLOT_ATTR, None)
     return slot if isinstance(slot, _Slot) else None
+
+
+def _stand_in_slot(func: Any) -> Optional[_Slot]:
+    """The slot of the patch whose stand-in ``func`` is (what runs in a method's place), else None."""
+    slot = _stand_ins_running.get(id(func))
+    return slot if slot is not None and slot.live is func else None
 
 
 def _copy_function(func: types.FunctionType, stand_in: bool = False) -> types.FunctionType:
@@ -927,6 +929,9 @@ class _Slot:
 
 # Slots of live patches, keyed by where they are installed.
 _slots: Dict[Tuple[Any, ...], _Slot] = {}
+#: The slots of ``_slots`` whose stand-in runs in a method's place, by id of the stand-in
+#: (which each holds): found by what runs without a walk over every slot in the process.
+_stand_ins_running: Dict[int, _Slot] = {}
 #: Slots of the patches of a class's or module's function (by id of the function, which
 #: they hold) whose stand-in runs there: code set anew on one (autoreload) is the function's.
 _stand_ins: Dict[int, List[_Slot]] = {}
@@ -1160,6 +1165,8 @@ class Patch:
                 finally:
                     if slot.key is not None and _slots.get(slot.key) is slot:  # (not a later slot's)
                         del _slots[slot.key]
+                        if _stand_ins_running.get(id(slot.live)) is slot:
+                            del _stand_ins_running[id(slot.live)]
 
     def __enter__(self) -> Patch:
         if self._slot is None:  # (a second ``with`` of one patch: it would record nothing)
@@ -1870,10 +1877,9 @@ def _patch_in_place(
             # A patch's copy (``a.f`` of a patched instance): in place means in what runs there,
             # not in the original it was copied from.
             # (Not when what is patched is inside it: a wrapper's copy calls the function it wraps.)
-            copied = next(
-                (s for s in _slots.values() if s.live is running is not s.base and base in (s.base, running)),
-                None,
-            )
+            copied = _stand_in_slot(running)
+            if copied is not None and (running is copied.base or base not in (copied.base, running)):
+                copied = None
             if copied is not None:
                 patch = _attach(copied, running, None, specs, name, _default_owner(running), function)
                 return patch
@@ -2154,7 +2160,11 @@ def _patch_method(
         raise
     try:
         probe_visible_from(base.__globals__)
+        replaced = _slots.get(key)  # (a stand-in no longer installed there: a mock came and went)
+        if replaced is not None and _stand_ins_running.get(id(replaced.live)) is replaced:
+            del _stand_ins_running[id(replaced.live)]  # (as _slots: what runs there is found)
         _slots[key] = slot
+        _stand_ins_running[id(live)] = slot
         if isinstance(obj, (type, types.ModuleType)):
             _stand_ins.setdefault(id(base), []).append(slot)
         track(slot)

@@ -2164,6 +2164,66 @@ def test_an_in_place_patch_and_a_class_patch_of_one_method_stack_in_either_order
         assert rec.keys() == []
 
 
+def _stand_ins_found_are_those_installed() -> bool:
+    """Whether the stand-ins found by identity are those of the slots installed by attribute."""
+    installed = {id(slot) for key, slot in bcrecord.patch._slots.items() if key[0] == "attr"}
+    return {id(slot) for slot in bcrecord.patch._stand_ins_running.values()} == installed
+
+
+def test_a_stand_in_is_found_by_itself_and_forgotten_with_its_patch():
+    # What runs in a patched method's place is looked up by identity, not by a walk over every
+    # patch in the process: a record() block among 300 patches took 829 us, 443 us among none.
+    class M:
+        def forward(self, x):
+            y = x + 1
+            return y
+
+    before = dict(bcrecord.patch._stand_ins_running)
+    outer = bcrecord.patch_method(M, "forward", "y", name="B")
+    stand_in = M.__dict__["forward"]
+    inner = bcrecord.patch_method(M, "forward", "y", name="A", in_place=True)  # in the stand-in
+    assert bcrecord.patch.original_code(stand_in) is outer.original_code
+    assert bcrecord.patch._stand_ins_running == {**before, id(stand_in): outer._armable}
+    assert _stand_ins_found_are_those_installed()
+    with bcrecord.recording() as rec:
+        M().forward(1)
+    inner.remove()
+    outer.remove()
+    assert bcrecord.patch._stand_ins_running == before and M.__dict__["forward"] is not stand_in
+    assert sorted(rec.items()) == [("A:forward:y@0", 2), ("B:forward:y@0", 2)]
+
+
+def test_a_stand_in_patched_over_after_a_mock_is_found_no_more_as_the_later_one_runs_there():
+    # A mock set over a patched method, then patched itself: the later patch's stand-in is what
+    # runs there, and the earlier one, still patched, is found by identity no more (as before,
+    # when every slot held by place was searched), nor kept for good.
+    from unittest import mock
+
+    class M:
+        def forward(self, x):
+            y = x + 1
+            return y
+
+    def fake(self, x):
+        y = x * 10
+        return y
+
+    before = dict(bcrecord.patch._stand_ins_running)
+    first = bcrecord.patch_method(M, "forward", "y", name="first")
+    with mock.patch.object(M, "forward", fake):
+        second = bcrecord.patch_method(M, "forward", "y", name="second")
+        with bcrecord.recording() as rec:
+            assert M().forward(1) == 10
+        assert (
+            _stand_ins_found_are_those_installed()
+            and len(bcrecord.patch._stand_ins_running) == len(before) + 1
+        )
+        second.remove()
+    first.remove()
+    assert _stand_ins_found_are_those_installed() and bcrecord.patch._stand_ins_running == before
+    assert rec.items() == [("second:forward:y@0", 10)] and M().forward(1) == 2
+
+
 def test_a_patch_of_an_instance_or_subclass_stays_theirs_where_the_class_s_function_runs_in_place():
     class Base:
         @bcrecord.record_locals("y", name="deco")
@@ -2409,6 +2469,8 @@ def test_a_mock_ended_after_the_patch_was_removed_leaves_the_original_to_the_nex
             patch.remove()
     with bcrecord.patch_method(A(), "m", "y"), bcrecord.patch_method(S, "m", "y"):
         assert A.__dict__["m"] is original
+        assert _stand_ins_found_are_those_installed()
+    assert _stand_ins_found_are_those_installed()
 
 
 def test_a_left_stand_in_that_autoreload_updated_stays_the_method_and_the_next_patch_records_it():
