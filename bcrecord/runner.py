@@ -1642,7 +1642,9 @@ def safe_path() -> bool:
 
     >>> import subprocess
     >>> def under(*flags):
-    ...     code = "from bcrecord.runner import safe_path; print(safe_path())"
+    ...     # (-I ignores PYTHONPATH: the child is told where this package is.)
+    ...     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    ...     code = f"import sys; sys.path[:0] = [{here!r}]; import bcrecord.runner as r; print(r.safe_path())"
     ...     return subprocess.run([sys.executable, *flags, "-c", code], capture_output=True, text=True).stdout
     >>> under("-I"), under("-E")
     ('True\\n', 'False\\n')

@@ -318,6 +318,36 @@ _errors_lock = safe_over_forks(threading.Lock())
 safe_over_forks(_rewrite_cache_lock)  # (the rewrite module comes before this one)
 
 
+def _holds(items: Iterable[object], item: object) -> bool:
+    """Whether ``item`` itself is among ``items`` (by identity: no ``==`` of a subclass runs).
+
+    A loop, not ``any()`` over a generator: what a signal handler raises (a Ctrl-C) as a
+    recording is entered or left would leave the generator suspended, and the exception
+    raised again as it is closed later is printed and lost.
+
+    >>> a = object()
+    >>> _holds((object(), a), a), _holds((), a)
+    (True, False)
+    """
+    for each in items:
+        if each is item:
+            return True
+    return False
+
+
+def _without(items: Iterable[T], item: object) -> Tuple[T, ...]:
+    """``items`` but ``item`` itself, in order, as a tuple (a loop: see :func:`_holds`).
+
+    >>> _without((1, 2, 1), 1)
+    (2,)
+    """
+    kept = []
+    for each in items:
+        if each is not item:
+            kept.append(each)
+    return tuple(kept)
+
+
 def _snapshot(items: Callable[[], Iterable[T]]) -> Tuple[T, ...]:
     """A tuple of what ``items`` (a dict view's maker, such as ``d.values``) gives, again if it changed.
 
@@ -542,13 +572,13 @@ class _Routing:
         ``copy_context()``) share the list; they keep the other recordings.
         """
         with _sites_lock:
-            self.own = tuple(r for r in self.own if r is not rec)
+            self.own = _without(self.own, rec)
             if self.own:
-                self.recordings = tuple(r for r in self.recordings if r is not rec)
+                self.recordings = _without(self.recordings, rec)
             else:
                 # A context with no recording of its own now: as one that never had any, it
                 # delivers to the threads='all' recordings (kept so by _set_shared).
-                self.recordings = tuple(r for r in _shared if r is not rec)
+                self.recordings = _without(_shared, rec)
                 _ownerless.add(self)
             self.routed = True  # routes to rec may be anywhere in the list
             self.reset()
@@ -2169,7 +2199,7 @@ class Recording:
                 self._armed_for, self._counted = None, False
                 _deactivate(armed, self._arming)
             if self.threads == "all":
-                _set_shared(tuple(r for r in _shared if r is not self))
+                _set_shared(_without(_shared, self))
         token, self._token, self._routing = self._token, None, None
         try:
             if token is None:
@@ -2206,7 +2236,7 @@ class Recording:
                         # a task) made a routing that delivers to this one too: no more. (Its own, too,
                         # where leaving the context was cut short.)
                         for other in self._included.take():
-                            delivers = any(r is self for r in other.recordings)
+                            delivers = _holds(other.recordings, self)
                             if (other is not routing or not left) and delivers:
                                 other.drop(self)
                 finally:
@@ -2227,10 +2257,10 @@ class Recording:
                 _context.reset(token)
             except ValueError:  # exited from another context than the one it entered
                 _context.set(_sinks_of(own[:-1]))
-        elif any(r is self for r in own):
+        elif _holds(own, self):
             # Exited before a recording entered after it (manual __exit__ calls): only
             # this one leaves; resetting the token would drop the later ones too.
-            _context.set(_sinks_of(tuple(r for r in own if r is not self)))
+            _context.set(_sinks_of(_without(own, self)))
             if current is not routing and current is not self._kept:
                 current.retire()
         if routing is not None:
@@ -2251,14 +2281,9 @@ class Recording:
         """No more in the shared recordings, its patches disarmed (see :meth:`__exit__`); a
         second call does what the first did not."""
         with _arm_lock:
-            if self.threads == "all" and any(r is self for r in _shared):
-                # Usually the last one entered: no generator to run then.
-                others = (
-                    _shared[:-1]
-                    if _shared and _shared[-1] is self
-                    else tuple(r for r in _shared if r is not self)
-                )
-                _set_shared(others)
+            if self.threads == "all" and _holds(_shared, self):
+                # Usually the last one entered: no loop then.
+                _set_shared(_shared[:-1] if _shared[-1] is self else _without(_shared, self))
             if not self._counted:
                 return
             ids = None if self._only is None else self._armed_for or set()
@@ -2333,7 +2358,7 @@ class Recording:
         """Rebuild every route to this recording (after :meth:`clear`, or a subclass change)."""
         with _sites_lock:
             for routing in _routings.live():
-                if any(rec is self for rec in routing.recordings):
+                if _holds(routing.recordings, self):
                     routing.reset()
 
     def _fail(self, key: str, error: BaseException) -> None:
