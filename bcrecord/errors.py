@@ -119,9 +119,15 @@ def outside_bcrecord(frame: types.FrameType) -> types.FrameType:
     >>> outside_bcrecord(sys._getframe()).f_code.co_filename.startswith("<doctest")
     True
     """
+    return _first_outside(frame)[0]
+
+
+def _first_outside(frame: types.FrameType) -> Tuple[types.FrameType, int]:
+    """:func:`outside_bcrecord`'s frame, and how many frames further out than ``frame`` it is."""
+    out = 0
     while frame.f_back is not None and frame.f_code.co_filename.startswith(_OWN_FILES):
-        frame = frame.f_back
-    return frame
+        frame, out = frame.f_back, out + 1
+    return frame, out
 
 
 def warn(message: str, category: Type[Warning] = RecordingWarning) -> None:
@@ -134,10 +140,8 @@ def warn(message: str, category: Type[Warning] = RecordingWarning) -> None:
     >>> caught[0].filename.startswith("<doctest"), caught[0].category.__name__
     (True, 'RecordingWarning')
     """
-    level, frame = 2, sys._getframe(1)
-    while frame.f_back is not None and frame.f_code.co_filename.startswith(_OWN_FILES):
-        level, frame = level + 1, frame.f_back
-    warnings.warn(message, category, stacklevel=level)
+    _, out = _first_outside(sys._getframe(1))
+    warnings.warn(message, category, stacklevel=2 + out)
 
 
 def did_you_mean(word: str, names: Iterable[str], hide_private: bool = True) -> str:
