@@ -321,9 +321,9 @@ safe_over_forks(_rewrite_cache_lock)  # (the rewrite module comes before this on
 def _holds(items: Iterable[object], item: object) -> bool:
     """Whether ``item`` itself is among ``items`` (by identity: no ``==`` of a subclass runs).
 
-    A loop, not ``any()`` over a generator: what a signal handler raises (a Ctrl-C) as a
-    recording is entered or left would leave the generator suspended, and the exception
-    raised again as it is closed later is printed and lost.
+    A loop, not ``any()`` over a generator: a generator that ``any()`` leaves early is closed
+    at once, running code of its own, where a signal handler may raise (a Ctrl-C as a
+    recording is left); raised there, it is printed ("Exception ignored") and lost.
 
     >>> a = object()
     >>> _holds((object(), a), a), _holds((), a)

@@ -1370,8 +1370,8 @@ def test_an_interrupt_at_any_call_while_a_recording_is_entered_or_left_leaves_no
         with made[-1]:
             g(1)
 
-    # Nor is it raised again, and lost, as something it left suspended is closed (a generator
-    # that checked which recordings a context holds: "Exception ignored in <genexpr>").
+    # Nor is one lost: raised as a generator that any() left early is closed (one that looked
+    # for the recording among a context's), it was printed, "Exception ignored in <genexpr>".
     lost = []
     monkeypatch.setattr(sys, "unraisablehook", lost.append)
     places, _ = interrupted(run, where)
