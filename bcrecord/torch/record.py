@@ -87,6 +87,8 @@ from ..runtime import (
     Recording,
     Sink,
     _copied_by_method,
+    _holds,
+    _without,
     carried_variable,
     context_recordings,
     deepcopy_refused,
@@ -835,11 +837,13 @@ class ModelRecording(Recording):
                 if self._seen >= self._needed and _stopping.get() and _all_done_here():
                     # Every pass stopping early here is done: the outermost of them ends, unless
                     # one of them must run whole.
-                    stops = (self, *(r for r in _stopping_here() if r is not self))
-                    if not any(rec._runs_whole() for rec in stops):
-                        for rec in stops:
-                            rec._stopped = True
-                        raise StopForward(key, self, stops)
+                    stops = (self, *_without(_stopping_here(), self))
+                    for rec in stops:  # (a loop, not any(): see bcrecord.runtime._holds)
+                        if rec._runs_whole():
+                            return
+                    for rec in stops:
+                        rec._stopped = True
+                    raise StopForward(key, self, stops)
 
         return sink.with_store(store_then_maybe_stop)
 
@@ -1144,7 +1148,7 @@ def _backward_of_another(rec: ModelRecording) -> bool:
         return False
     if not context_recordings():
         return False
-    return not any(r is rec for r in receiving_recordings())
+    return not _holds(receiving_recordings(), rec)
 
 
 def _same_view(kept: torch.Tensor, grad: torch.Tensor) -> bool:
