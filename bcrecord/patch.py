@@ -625,6 +625,12 @@ def _stand_in_slot(func: Any) -> Optional[_Slot]:
     return slot if slot is not None and slot.live is func else None
 
 
+def _forget_stand_in(slot: _Slot) -> None:
+    """Take ``slot`` out of :data:`_stand_ins_running`, where it is still there (not a later slot's)."""
+    if _stand_ins_running.get(id(slot.live)) is slot:
+        del _stand_ins_running[id(slot.live)]
+
+
 def _copy_function(func: types.FunctionType, stand_in: bool = False) -> types.FunctionType:
     """A new function object sharing everything with ``func`` but its identity (and any probes).
 
@@ -1165,8 +1171,7 @@ class Patch:
                 finally:
                     if slot.key is not None and _slots.get(slot.key) is slot:  # (not a later slot's)
                         del _slots[slot.key]
-                        if _stand_ins_running.get(id(slot.live)) is slot:
-                            del _stand_ins_running[id(slot.live)]
+                        _forget_stand_in(slot)
 
     def __enter__(self) -> Patch:
         if self._slot is None:  # (a second ``with`` of one patch: it would record nothing)
@@ -2161,8 +2166,8 @@ def _patch_method(
     try:
         probe_visible_from(base.__globals__)
         replaced = _slots.get(key)  # (a stand-in no longer installed there: a mock came and went)
-        if replaced is not None and _stand_ins_running.get(id(replaced.live)) is replaced:
-            del _stand_ins_running[id(replaced.live)]  # (as _slots: what runs there is found)
+        if replaced is not None:
+            _forget_stand_in(replaced)  # (as _slots: what runs there is found)
         _slots[key] = slot
         _stand_ins_running[id(live)] = slot
         if isinstance(obj, (type, types.ModuleType)):

@@ -1141,9 +1141,9 @@ def case_resnet(settings: Settings, model: nn.Module) -> Case:
         "prefix `layer2(layer1(maxpool(relu(bn1(conv1(x))))))` as the floor; and bcrecord's early stop "
         f"again with {CROWD} other functions patched in the process (patched before the block, then "
         "the untimed forward, and removed after it), as a program's other patches would be. An "
-        "untimed unpatched "
-        "forward runs before every block, so that each starts from the same state (a block that "
-        "followed one running the same layers would start with their weights in the CPU caches).",
+        "untimed unpatched forward runs before every block, so that each starts from the same state "
+        "(a block that followed one running the same layers would start with their weights in the "
+        "CPU caches).",
     )
     started = time.perf_counter()
     x = torch.randn(1, 3, size, size)
@@ -1314,6 +1314,7 @@ def case_resnet(settings: Settings, model: nn.Module) -> Case:
         for k in ("bc2", "fx2", "floor2", "setup2", "steady2", "crowd2")
     ]
     bc2_vs_fx2 = ratios(times, names["bc2"], names["fx2"])
+    crowd_gap = ratios(times, names["crowd2"], names["bc2"])
     steady2_vs_fx2 = ratios(times, names["steady2"], names["fx2"])
     early += [
         Row("bcrecord early stop / FX early stop", bc2_vs_fx2, chart=False),
@@ -1322,7 +1323,7 @@ def case_resnet(settings: Settings, model: nn.Module) -> Case:
         Row("FX early stop / floor", ratios(times, names["fx2"], names["floor2"]), chart=False),
         Row(
             f"diagnostic: bcrecord early stop among {CROWD} other patches / among none",
-            ratios(times, names["crowd2"], names["bc2"]),
+            crowd_gap,
             chart=False,
         ),
     ]
@@ -1377,7 +1378,6 @@ def case_resnet(settings: Settings, model: nn.Module) -> Case:
         f"{fmt_time(setup_ns)}, {100 * setup_share.median:.2f}% of a forward); code that records "
         "every batch should use an extractor, or keep one record() open."
     )
-    crowd_gap = ratios(times, names["crowd2"], names["bc2"])
     case.notes.append(
         f"With {CROWD} other functions patched in the process, bcrecord's early stop is "
         f"{spread(crowd_gap)} the same without them: an extractor's recording arms and disarms the "
