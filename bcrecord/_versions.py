@@ -585,7 +585,9 @@ def _location_table(merge: bool) -> Callable[[Sequence[object], int], bytes]:
 def _wide_columns(instructions: Sequence[object]) -> bool:
     """Whether an instruction on one line has a column of 128 or more: bytecode 0.19 can
     write it where CPython reads only up to 127, which shifts every location after it."""
-    for instr in instructions:
+    # (A list: a generator left early, as bytecode's __iter__ would be, is closed at once, running
+    # its code, where what a signal handler raises is lost on 3.10 and 3.11.)
+    for instr in list(instructions):
         location = getattr(instr, "location", None)
         if location is None or location.lineno is None or location.end_lineno != location.lineno:
             continue

@@ -61,6 +61,7 @@ from .errors import NotPatchableError, SpecError, did_you_mean, shown, warn
 from .rewrite import SINKS_GET, code_objects, insert_probes
 from .runtime import (
     Site,
+    _holds,
     arming,
     hold_sites,
     probe_visible_from,
@@ -911,11 +912,7 @@ class _Slot:
 
     def _built(self, code: types.CodeType) -> bool:
         """Whether this slot built ``code`` for its present patches (or it is the original's)."""
-        return (
-            code is self.original_code
-            or code is self.probed
-            or any(code is built for built in self._subsets.values())
-        )
+        return code is self.original_code or code is self.probed or _holds(self._subsets.values(), code)
 
     def release(self) -> None:
         untrack(self)
@@ -1337,7 +1334,7 @@ def _attach(
     try:
         slot.install(slot.patches + [patch])
     except BaseException:
-        if any(p is patch for p in slot.patches):  # in before a warning made an error (-W error)
+        if _holds(slot.patches, patch):  # in before a warning made an error (-W error)
             slot.install([p for p in slot.patches if p is not patch])
         release_sites(patch._site_ids)
         raise
@@ -2042,7 +2039,7 @@ def _patch_method(
     if _left_behind:
         _put_back_left(obj, method)
     raw, own = _lookup(obj, method)
-    if isinstance(obj, type) and not any(method in vars(cls) for cls in obj.__mro__):
+    if isinstance(obj, type) and not any([method in vars(cls) for cls in obj.__mro__]):
         # Found on the metaclass: a copy put in the class would be its instances' method.
         meta = type(obj).__name__
         try:
@@ -2087,7 +2084,7 @@ def _patch_method(
                 f"that function, patch_function({holder.__name__}.__getattr__.__globals__"
                 f"['cached_properties'][{method!r}], specs)"
             ) from None
-        if any(cls.__name__ == "ScriptModule" and _from_torch(cls) for cls in type(obj).__mro__):
+        if any([cls.__name__ == "ScriptModule" and _from_torch(cls) for cls in type(obj).__mro__]):
             raise NotPatchableError(  # (a traced module's forward is a descriptor of torch's)
                 f"{_named(obj)} is a TorchScript module (torch.jit.script or trace made it): its "
                 f"{method!r} runs TorchScript, not Python bytecode; patch the module it was made "
@@ -2262,7 +2259,10 @@ def _class_defining(function: types.FunctionType, instance: Any) -> Optional[typ
 def _base_defining(function: types.FunctionType, cls: type) -> Optional[type]:
     """``cls`` or the base of it whose body defines ``function``, or None."""
     holder = function.__qualname__.rpartition(".")[0]
-    return next((k for k in cls.__mro__ if getattr(k, "__qualname__", None) == holder), None)
+    for k in cls.__mro__:
+        if getattr(k, "__qualname__", None) == holder:
+            return k
+    return None
 
 
 class _OneInstance:

@@ -274,10 +274,10 @@ def _location(items: Sequence[object], pos: int) -> object:
 
 
 def _rewrite(code: CodeType, points: Sequence[ProbePoint], inline: bool) -> Template:
-    if any(point.with_self for point in points) and not code.co_argcount:
+    if any([point.with_self for point in points]) and not code.co_argcount:
         raise ValueError(f"{code.co_name} has no first argument to pass as self")
     first = code.co_varnames[0] if code.co_argcount else ""
-    if any(point.with_self for point in points) and _rebinds(code, first):
+    if any([point.with_self for point in points]) and _rebinds(code, first):
         # Each probe passes what the first argument holds when it runs: after a `del self`
         # nothing (on 3.12+ the load does not check, and the interpreter would crash).
         raise TargetError(
@@ -470,7 +470,7 @@ def _assemble(bytecode: Bytecode, bound: Optional[int] = None) -> CodeType:
     >>> f(1) is None  # (with the computed depths: a segmentation fault)
     True
     """
-    if not any(isinstance(item, TryBegin) for item in bytecode):  # (no exception table: 3.10)
+    if not any([isinstance(item, TryBegin) for item in bytecode]):  # (no exception table: 3.10)
         if bound is not None:
             return bytecode.to_code(stacksize=bound, compute_exception_stack_depths=False)
         return bytecode.to_code()

@@ -323,7 +323,8 @@ def _holds(items: Iterable[object], item: object) -> bool:
 
     A loop, not ``any()`` over a generator: a generator that ``any()`` leaves early is closed
     at once, running code of its own, where a signal handler may raise (a Ctrl-C as a
-    recording is left); raised there, it is printed ("Exception ignored") and lost.
+    recording is left); raised there, it is printed ("Exception ignored") and lost (3.10, 3.11).
+    Elsewhere on the recording's paths, ``any()`` and ``all()`` take a list for the same reason.
 
     >>> a = object()
     >>> _holds((object(), a), a), _holds((), a)
@@ -1154,7 +1155,7 @@ def _rebuilt_subclass(value: Any, contents: Any) -> Any:
         if (
             rebuilt is not None
             and dict.__len__(rebuilt) == len(contents)
-            and all(dict.get(rebuilt, k, _MISSING) is v for k, v in contents.items())
+            and all([dict.get(rebuilt, k, _MISSING) is v for k, v in contents.items()])
         ):
             return rebuilt
         refilled = _copy_module.copy(value)
@@ -1182,7 +1183,7 @@ def _rebuilt_subclass(value: Any, contents: Any) -> Any:
             continue
         if isinstance(rebuilt, (set, frozenset)):  # no order to compare: its constructor took them
             return rebuilt
-        if len(rebuilt) == len(contents) and all(a is b for a, b in zip(rebuilt, contents, strict=True)):
+        if len(rebuilt) == len(contents) and all([a is b for a, b in zip(rebuilt, contents, strict=True)]):
             return rebuilt
     if isinstance(value, list):
         same_list = _copy_module.copy(value)
@@ -1198,7 +1199,7 @@ def _rebuilt_subclass(value: Any, contents: Any) -> Any:
 
 def _container_copier(policy: str) -> Copier:
     def fallback(value: Any, contents: Any) -> Any:
-        unchanged = all(a is b for a, b in zip(contents, value, strict=True))
+        unchanged = all([a is b for a, b in zip(contents, value, strict=True)])
         if unchanged and isinstance(value, (tuple, frozenset)):
             return value  # nothing in it to copy, and no way to make one (sys.float_info)
         return _copy_module.deepcopy(value)
@@ -1714,7 +1715,7 @@ def _array_copier(policy: str) -> Copier:
         if type(value).__name__ == "flatiter":  # (its copy is an array of the items)
             copy_objects(value.base.reshape(-1), copied, made)
             return copied
-        ndarray = next(k for k in type(value).__mro__ if k.__name__ == "ndarray")
+        ndarray = [k for k in type(value).__mro__ if k.__name__ == "ndarray"][0]
         copy_objects(value.view(ndarray), copied.view(ndarray), made)  # (a masked array's data too)
         return copied
 
@@ -1938,7 +1939,7 @@ class Sink:
             and not self.chain
             and type(container) in (list, deque)
             and self.store == container.append
-            and not any(policy == "none" for policy, _ in _registered)
+            and not any([policy == "none" for policy, _ in _registered])
         ):
             return container
         return self

@@ -352,7 +352,7 @@ class FeatureExtractor(torch.nn.Module):
                 for target in {**self.train_nodes, **self.eval_nodes}
                 # A module path, or an FX node name (one op of the module's first run: FX
                 # numbers the ops of its later runs on, 'block.add_1').
-                if ":" not in target or all(one.output for one in expand(model, target))
+                if ":" not in target or all([one.output for one in expand(model, target)])
             )
         # As torchvision's: features stay in the autograd graph (a head trained on them
         # trains the backbone too); they are still copies, as assigned. grad=False detaches,
@@ -492,12 +492,12 @@ class FeatureExtractor(torch.nn.Module):
         try:
             rec = idle.pop()
         except IndexError:  # first call, or every recording is in a call in another thread
-            if not all(patch.active for patch in patches):  # closed by another thread since
+            if not all([patch.active for patch in patches]):  # closed by another thread since
                 plan, patches, idle, outputs = self._plan(training)  # (patched again, as a next call)
             try:
                 rec = self._new_recording(plan, patches)
             except SpecError:
-                if all(patch.active for patch in patches):
+                if all([patch.active for patch in patches]):
                     raise
                 raise RuntimeError(_CLOSED_DURING_THE_CALL) from None  # (just now, by another thread)
         passing = Pass(plan, rec, stop_at_root=False)
@@ -551,7 +551,7 @@ class FeatureExtractor(torch.nn.Module):
             errored = {error.key for error in rec.errors} if rec.errors else ()
             for target, name, keys, first in outputs:
                 values = rec._collect(keys, first, self._kept)
-                if values and not (errored and any(key in errored for key in keys)):
+                if values and not (errored and any([key in errored for key in keys])):
                     # (One key, mostly: no generator for it, this runs on every call.)
                     if len(keys) == 1:
                         position = reached.get(keys[0], end)
@@ -585,7 +585,7 @@ class FeatureExtractor(torch.nn.Module):
                 }
             )
             edited = sorted({patch.function.__qualname__ for patch in patches if patch.stale})
-            if not all(patch.active for patch in patches):
+            if not all([patch.active for patch in patches]):
                 hint = f" ({_CLOSED_DURING_THE_CALL})"
             elif edited:
                 hint = (
@@ -667,7 +667,7 @@ def create_feature_extractor(
             f"runs the model's forward with each call's arguments, so pass them there (extractor({call}))"
         )
     leaves = (tracer_kwargs or {}).get("leaf_modules") or ()
-    if not isinstance(leaves, (list, tuple, set)) or not all(isinstance(kind, type) for kind in leaves):
+    if not isinstance(leaves, (list, tuple, set)) or not all([isinstance(kind, type) for kind in leaves]):
         raise TypeError(f"tracer_kwargs['leaf_modules'] must be a list of module classes, got {leaves!r}")
     # (they change which module paths torchvision names differently: the warnings say less)
     token = _leaf_modules.set(tuple(leaves))
@@ -736,7 +736,7 @@ def list_targets(model: torch.nn.Module, methods: Union[str, Iterable[str]] = _D
     names = (
         [methods] if isinstance(methods, str) else list(methods) if isinstance(methods, Iterable) else None
     )
-    if names is None or not all(isinstance(name, str) for name in names):
+    if names is None or not all([isinstance(name, str) for name in names]):
         raise TypeError(f"methods is a method name or a list of them, got {methods!r:.80}")
     methods = names
     if isinstance(unwrap(model), torch.jit.ScriptModule):  # (its submodules, left out, are all there is)

@@ -167,7 +167,7 @@ class StopForward(BaseException):
     def _caught_further_out(self, outer: Tuple[Tuple[ModelRecording, ...], ...]) -> bool:
         """Whether a caller further out (``outer``: what :data:`_catching` held when this
         caller began) ends the pass of one of the recordings this stop ends."""
-        return any(rec in self.stops for running in outer for rec in running)
+        return any([rec in self.stops for running in outer for rec in running])
 
 
 def _stale(path: str) -> _StalePath:
@@ -229,7 +229,7 @@ def _one_path_each(model: torch.nn.Module, modules: Mapping[str, torch.nn.Module
     """
     inner = unwrap(model)
     # The wrappers' own path to the model inside ('module', torch.compile's '_orig_mod').
-    wrapped = next((path for path, module in model.named_modules() if module is inner), "")
+    wrapped = {id(module): path for path, module in model.named_modules()}.get(id(inner), "")
     paths: Dict[int, str] = {}
     for path, module in modules.items():
         first = paths.setdefault(id(module), path)
@@ -601,7 +601,7 @@ class ModelRecording(Recording):
             # A gradient whose value was recorded: its probe ran, the backward did not
             # (the core's message would blame a branch not taken).
             value_key = key[: -len(".grad")] if isinstance(key, str) and key.endswith(".grad") else None
-            failed = any(error.key == key for error in self.errors)
+            failed = any([error.key == key for error in self.errors])
             if value_key is None or failed or not self._data.get(value_key) or self._data.get(key):
                 raise
             if not self._asked.get(value_key):
@@ -625,7 +625,7 @@ class ModelRecording(Recording):
 
     def _probes(self, key: Any) -> bool:
         # Its plan's keys: its probes are gone once the block ends, when values are read.
-        return any(key in keys for keys in self.targets.values()) or super()._probes(key)
+        return any([key in keys for keys in self.targets.values()]) or super()._probes(key)
 
     def keys_of(self, target: str) -> List[str]:
         """The keys a target string given to :func:`record` names (recorded or not yet).
@@ -720,7 +720,7 @@ class ModelRecording(Recording):
         if not self._stop or not unseen or "stop held back" in self._warned:
             return
         for keys in self.targets.values():
-            if not any(key in self._seen for key in keys):  # a target the pass never reached
+            if not any([key in self._seen for key in keys]):  # a target the pass never reached
                 return
         self._warned.add("stop held back")
         warn(
@@ -862,7 +862,7 @@ def _stopping_skips_hooks(unwound: Iterable[torch.nn.Module]) -> bool:
     runs it for an ``Exception``, not for :class:`StopForward`). Where there is
     either, on ``unwound`` (the modules on the way to the targets), the forward runs whole.
     """
-    return bool(_GLOBAL_FORWARD_HOOKS) or any(module._forward_hooks_always_called for module in unwound)
+    return bool(_GLOBAL_FORWARD_HOOKS) or any([module._forward_hooks_always_called for module in unwound])
 
 
 def _stopping_skips_wrappers(through: Iterable[torch.nn.Module]) -> bool:
@@ -880,7 +880,7 @@ def _stopping_skips_wrappers(through: Iterable[torch.nn.Module]) -> bool:
     >>> before, _stopping_skips_wrappers([lin])
     (False, True)
     """
-    return any(wraps_forward(module) for module in through)
+    return any([wraps_forward(module) for module in through])
 
 
 def _hooks_take_the_output(model: Optional[torch.nn.Module]) -> bool:
@@ -920,7 +920,7 @@ def _all_done_here() -> bool:
     """
     stopping = _stopping_here(passing=False)
     running = [rec for rec in stopping if rec._passing]
-    if not all(rec._seen >= rec._needed for rec in running):
+    if not all([rec._seen >= rec._needed for rec in running]):
         return False
     for waiting in stopping:
         if waiting._passing or not waiting._through:
@@ -930,7 +930,7 @@ def _all_done_here() -> bool:
             outer = rec._through[-1] if rec._through else None
             if outer is None or outer is model or waiting._last_end > rec._began:
                 continue
-            if any(module is model for module in outer.modules()):
+            if any([module is model for module in outer.modules()]):
                 return False
     return True
 
@@ -1017,7 +1017,7 @@ def _reduce_keys(text: str, target: Target) -> Tuple[str, ...]:
 
 def _names(reduce: Mapping[str, Any], text: str, target: Target) -> bool:
     """Whether the ``reduce`` dict has an entry of its own for ``target`` (None included)."""
-    return any(key in reduce for key in _reduce_keys(text, target))
+    return any([key in reduce for key in _reduce_keys(text, target)])
 
 
 def _reduce_for(reduce: Any, text: str, target: Target) -> Optional[Callable[[torch.Tensor], Any]]:
@@ -1025,7 +1025,10 @@ def _reduce_for(reduce: Any, text: str, target: Target) -> Optional[Callable[[to
     :func:`_reduce_keys` the dict has; an entry of None is no reduce, there too."""
     if reduce is None or callable(reduce):
         return reduce
-    return next((reduce[key] for key in _reduce_keys(text, target) if key in reduce), None)
+    for key in _reduce_keys(text, target):
+        if key in reduce:
+            return reduce[key]
+    return None
 
 
 class _GradCopy:
@@ -1188,7 +1191,10 @@ def _holds_view_of(kept: Any, grad: torch.Tensor, depth: int = 0) -> bool:
         items = [getattr(kept, field.name, None) for field in dataclasses.fields(kept)]
     else:
         return False
-    return any(_holds_view_of(item, grad, depth + 1) for item in items)
+    for item in items:
+        if _holds_view_of(item, grad, depth + 1):
+            return True
+    return False
 
 
 def _enclosing(model: torch.nn.Module, modules: Mapping[str, torch.nn.Module]) -> Tuple[torch.nn.Module, ...]:
@@ -1313,14 +1319,22 @@ def _unmark_locked(marked: Marked) -> None:
                 current.also = tuple(other for other in current.also if other != mark)
                 continue
             # Still recorded at another path: that path's marker takes over.
-            heir = next((other for other in current.also if other in counts), None)
+            heir = None
+            for other in current.also:
+                if other in counts:
+                    heir = other
+                    break
             if heir is not None:
                 heir.also = tuple(other for other in current.also if other is not heir)
                 module.__dict__[_MARK] = heir
             else:
                 _mark_counts.pop(id(module), None)
                 # A copy's: its original's marker again, while that one is still marked (see _mark_all).
-                given = next((other for other in current.also if _marks_its_module(other)), None)
+                given = None
+                for other in current.also:
+                    if _marks_its_module(other):
+                        given = other
+                        break
                 if given is not None and given.module is not module:
                     module.__dict__[_MARK] = given
                 else:
@@ -1700,8 +1714,9 @@ class Pass:
             self.plan.recording = None  # the plan outlives the pass; its values must not
             try:
                 if self.stopping is not None:
-                    root, self.stopping = self.stopping, None
-                    _StopAtRoot.release(self.plan.model, self.rec, root)
+                    # Forgotten once released: an exit done again after one cut short releases it then.
+                    _StopAtRoot.release(self.plan.model, self.rec, self.stopping)
+                    self.stopping = None
             finally:  # (its warning made an error)
                 try:
                     _unmark_all(self.marked)
@@ -1924,8 +1939,13 @@ def _record(
         with running as rec:
             yield rec
     finally:
-        remove_all(patches)
-        running.rec._end()
+        try:
+            # Again (nothing more to do after a whole exit): what a signal handler raised as the
+            # with's exit began cut it short before any of it ran, and left the recording entered.
+            running.__exit__()
+        finally:
+            remove_all(patches)
+            running.rec._end()
         _warn_replaced(plan)
         _warn_added(plan, modules_then)
 
@@ -1945,7 +1965,7 @@ def _warn_replaced(plan: Plan) -> None:
         path
         for path, module in plan.modules.items()
         if (now := _submodule(plan.model, path)) is not module
-        and not any(copy() is now for copy in marks[path].made)
+        and not any([copy() is now for copy in marks[path].made])
     ]
     if not gone:  # (the usual case: no walk of the model's modules)
         return
@@ -2005,7 +2025,7 @@ def _warn_added(
     ``named_modules(unwrap(model), remove_duplicate=False)`` when it started, and a weak
     reference to its module.
     """
-    if not any(ch in text for text in plan.keys for ch in "*?["):
+    if not any([ch in text for text in plan.keys for ch in "*?["]):
         return  # (no glob: nothing to match again, no walk)
     root = unwrap(plan.model)
     if root is plan.model and _same_modules(named_modules(root, remove_duplicate=False), modules_then):
@@ -2086,7 +2106,7 @@ def threads_for(model: torch.nn.Module, threads: Optional[str]) -> str:
     """
     if threads is not None:
         return threads
-    parallel = any(isinstance(module, torch.nn.DataParallel) for module in model.modules())
+    parallel = any([isinstance(module, torch.nn.DataParallel) for module in model.modules()])
     return "all" if parallel else "context"
 
 
@@ -2100,7 +2120,7 @@ def syncs_gradients(model: torch.nn.Module) -> bool:
     >>> syncs_gradients(torch.nn.Linear(1, 1))
     False
     """
-    return any(isinstance(module, torch.nn.parallel.DistributedDataParallel) for module in model.modules())
+    return any([isinstance(module, torch.nn.parallel.DistributedDataParallel) for module in model.modules()])
 
 
 def broadcasts_buffers_next(model: torch.nn.Module) -> bool:
@@ -2122,7 +2142,7 @@ def broadcasts_buffers_next(model: torch.nn.Module) -> bool:
     running = getattr(torch.nn.parallel.DistributedDataParallel, "_active_ddp_module", None)
     if running is not None:
         wrappers.append(running)
-    return any(getattr(ddp, "will_sync_module_buffers", lambda: True)() for ddp in wrappers)
+    return any([getattr(ddp, "will_sync_module_buffers", lambda: True)() for ddp in wrappers])
 
 
 def inside_ddp_forward() -> bool:
@@ -2167,7 +2187,7 @@ def _inside_another_forward(model: torch.nn.Module, until: Collection[types.Fram
             caller = frame.f_locals.get("self")
             if caller is not model and isinstance(caller, torch.nn.Module) and unwrap(caller) is not model:
                 return True
-        if any(frame is opener for opener in until):
+        if _holds(until, frame):
             return False
         frame = frame.f_back
     return False
@@ -2287,7 +2307,7 @@ class _StopAtRoot:
                 except StopForward as stop:
                     # Another's (a recording run by a caller further out), or one a caller further
                     # out ends too (handed None here, the forward that called this one would run on).
-                    if not any(rec in stop.stops for rec in running) or stop._caught_further_out(catching):
+                    if not any([rec in stop.stops for rec in running]) or stop._caught_further_out(catching):
                         raise
                     return None
                 finally:
@@ -2334,13 +2354,20 @@ class _StopAtRoot:
     @staticmethod
     def release(model: torch.nn.Module, rec: ModelRecording, root: _StopAtRoot) -> None:
         """Take ``rec`` out of ``root`` (what :meth:`take` gave it), and ``root`` out of
-        ``model.forward`` once no recording runs on it."""
+        ``model.forward`` once no recording runs on it. Done again (after a call cut short by
+        what a signal handler raised), it does what is left."""
         told = None
         with _roots_lock:
-            root.recordings = [r for r in root.recordings if r is not rec]
-            if root.recordings:
+            if not _holds(root.recordings, rec):
+                return  # released already
+            others = [r for r in root.recordings if r is not rec]
+            if others:
+                root.recordings = others
                 return
-            if model.__dict__.get("forward") is not root:
+            current = model.__dict__.get("forward", _MISSING)
+            if current is not root and current is root.previous:
+                pass  # put back already, by a call cut short after it
+            elif current is not root:
                 # Set meanwhile over it (accelerate's add_hook_to_module keeps it as _old_forward):
                 # left there, it holds no recording, so it records and stops nothing. Told once
                 # the deepcopies' are out, outside the lock (a warning made an error raises).
@@ -2367,6 +2394,7 @@ class _StopAtRoot:
                 if not twin.recordings and twin.model.__dict__.get("forward") is twin:
                     _put_back(twin.model.__dict__, twin)
                     twins += list(twin.twins)
+            root.recordings = []
         if told is not None:
             warn(told)
 

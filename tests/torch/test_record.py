@@ -3182,6 +3182,45 @@ def test_an_interrupt_at_any_call_of_a_stopping_forward_leaves_no_stop_state_beh
     assert rec["0:forward:return"].shape == (1, 4)
 
 
+def test_an_interrupt_anywhere_in_nested_stopping_blocks_is_raised_and_leaves_nothing_behind(monkeypatch):
+    # Interrupted at each start of Python code of the torch layer's recording module in turn,
+    # and of every generator. Two bugs: (1) checks that looked with any()/all() over a
+    # generator left it unfinished, and it was closed at once, running its code again (3.10,
+    # 3.11): what a signal handler raised there was printed ("Exception ignored in <genexpr>")
+    # and lost, and the Ctrl-C did not stop the program. (2) Cut short as a block's exit began,
+    # or as it began to take the model's stopping forward out, the block left the recording
+    # entered, or that forward on the model: later blocks recorded, but never stopped.
+    record_module = sys.modules["bcrecord.torch.record"]
+
+    def where(frame, event, arg):
+        code = frame.f_code
+        return event == "call" and (code.co_filename == record_module.__file__ or code.co_flags & 0x20)
+
+    net = torch.nn.Sequential(torch.nn.Sequential(torch.nn.Linear(4, 4)), torch.nn.ReLU())
+    x = torch.randn(1, 4)
+
+    def stopped():
+        with record(net, ["0.0"], stop_after_last=True) as outer:
+            with record(net, ["0"], stop_after_last=True) as inner:
+                assert net(x) is None
+        return outer, inner
+
+    lost = []
+    monkeypatch.setattr(sys, "unraisablehook", lost.append)
+    stopped()  # (planned: the places met from then on are the same each time)
+    places, cut = interrupted(stopped, where)
+    assert not cut and len(places) > 100
+    for nth in range(1, len(places) + 1):
+        assert interrupted(stopped, where, stop_at=nth) == (places[:nth], True), nth
+        assert not bcrecord.runtime.is_active() and "forward" not in vars(net), nth
+        assert record_module._MARK not in vars(net[0]) and record_module._MARK not in vars(net[0][0]), nth
+    gc.collect()
+    assert [type(each.exc_value).__name__ for each in lost] == []
+    outer, inner = stopped()  # and they still stop
+    assert torch.equal(inner["0:forward:return"], net[0](x))
+    assert torch.equal(outer["0.0:forward:return"], net[0][0](x))
+
+
 def test_an_interrupt_while_a_block_s_modules_are_unmarked_leaves_none_marked():
     # A timeout's exception as unmarking began left path markers in the modules' __dict__: saving
     # the idle model warned that it was being recorded.
