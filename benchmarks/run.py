@@ -350,11 +350,12 @@ def fmt_time(ns: float) -> str:
 
 def print_table(table: Table) -> None:
     print(f"  {table.title}  [ratio = {table.meaning}]")
-    print(f"  {'variant':<62} {'ratio':>9} {'IQR':>15}   context")
-    print(f"  {'-' * 62} {'-' * 9} {'-' * 15}   {'-' * 7}")
+    width = max([62, *(len(row.name) for row in table.rows)])  # (the longest names, whole)
+    print(f"  {'variant':<{width}} {'ratio':>9} {'IQR':>15}   context")
+    print(f"  {'-' * width} {'-' * 9} {'-' * 15}   {'-' * 7}")
     for row in table.rows:
         ratio, spread = fmt_ratio(row.ratio)
-        print(f"  {row.name:<62} {ratio:>9} {spread:>15}   {row.context}")
+        print(f"  {row.name:<{width}} {ratio:>9} {spread:>15}   {row.context}")
 
 
 def fmt_value(target: Target) -> str:

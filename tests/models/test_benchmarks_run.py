@@ -62,6 +62,19 @@ def test_benchmark_runner_quick_prints_every_case_and_writes_its_report(tmp_path
     verdicts = [line for line in summary if re.match(r"  \d\. ", line)]
     assert len(verdicts) >= 10
     assert all(line.rstrip().endswith(("MET", "MISSED")) for line in verdicts)
+    # Each table's ratios in one column, under its heading, however long a variant's name (some
+    # were longer than the column, and pushed their row's ratio out of it).
+    tables = result.stdout.split("\n  variant ")[1:]
+    assert len(tables) >= 8
+    for table in tables:
+        heading, _, rest = table.partition("\n")
+        ends = {len("  variant ") + heading.index("ratio") + len("ratio")}
+        for line in rest.splitlines()[1:]:  # (under the dashes)
+            ratio = re.match(r"  .*? (\d+\.\d+x|n/a)(?= )", line)
+            if ratio is None:
+                break
+            ends.add(ratio.end(1))
+        assert len(ends) == 1, table
 
     markdown = (tmp_path / "RESULTS.md").read_text()
     for number in range(1, 8):
