@@ -228,8 +228,9 @@ def _one_path_each(model: torch.nn.Module, modules: Mapping[str, torch.nn.Module
     'module.0' is '0' reached through the DataParallel's 'module'
     """
     inner = unwrap(model)
-    # The wrappers' own path to the model inside ('module', torch.compile's '_orig_mod').
-    wrapped = {id(module): path for path, module in model.named_modules()}.get(id(inner), "")
+    # The wrappers' own path to the model inside ('module', torch.compile's '_orig_mod'); found by
+    # a whole walk (a generator left early is closed at once: see bcrecord.runtime._holds).
+    wrapped = "" if inner is model else {id(m): path for path, m in model.named_modules()}.get(id(inner), "")
     paths: Dict[int, str] = {}
     for path, module in modules.items():
         first = paths.setdefault(id(module), path)
