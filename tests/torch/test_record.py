@@ -15,6 +15,7 @@ import sys
 import threading
 import warnings
 import weakref
+from inspect import CO_GENERATOR
 
 import pytest
 import torch
@@ -3194,7 +3195,8 @@ def test_an_interrupt_anywhere_in_nested_stopping_blocks_is_raised_and_leaves_no
 
     def where(frame, event, arg):
         code = frame.f_code
-        return event == "call" and (code.co_filename == record_module.__file__ or code.co_flags & 0x20)
+        generator = code.co_flags & CO_GENERATOR
+        return event == "call" and (code.co_filename == record_module.__file__ or generator)
 
     net = torch.nn.Sequential(torch.nn.Sequential(torch.nn.Linear(4, 4)), torch.nn.ReLU())
     x = torch.randn(1, 4)
