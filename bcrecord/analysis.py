@@ -312,7 +312,9 @@ def _real(bytecode: Sequence[object]) -> List[Tuple[int, Instr]]:
 class _Identity:
     """Maps a store or load to the source construct it belongs to.
 
-    With column information (3.11+) the position span identifies the construct.
+    With column information (3.11+) the position span identifies the construct (the
+    stores of one ``import``, which share its span, are told apart by
+    :func:`_counted_in_runs`).
     3.10 has line numbers only. Its compiler copies code (both paths of a
     ``finally``, a statement's tail into each branch of a conditional), and a copy
     starts at a jump target; so a site is identified by its line and by how many
@@ -914,6 +916,7 @@ class _Sites:
             and (name := _versions.local_name(i.arg))
             and (not nested or (isinstance(i.arg, FreeVar) and name in outer_cells))
         ]
+        self.stores = _counted_in_runs(self.stores, bytecode)
         #: The comprehensions read: (position of the LOAD_CONST, its identity, its sites).
         self._inner: List[Tuple[int, Tuple[object, ...], _Sites]] = []
         for pos, i in real:
@@ -1303,6 +1306,46 @@ class _Operands:
                     return None
                 reached.add(p)
         return visited, reached
+
+
+def _counted_in_runs(sites: List[Raw], bytecode: Sequence[object]) -> List[Raw]:
+    """``sites`` (in code order), where one source place holds several of a name, told apart.
+
+    From 3.11 a store's place is its target's, but an ``import`` gives each of its stores the
+    whole statement's: ``import os as x, sys as x`` is two assignments to ``x`` at one place.
+    Each of the compiler's copies of a statement (both paths of a ``finally``) is entered
+    by a jump or follows code that jumps away or ends, so the n-th site of a name at a place,
+    counted since the last of those, is the n-th assignment there in every copy: it keeps
+    the place's identity with its count added (the first, count 0, keeps it as it is). 3.10
+    counts its sites so already.
+
+    >>> place = (1, 4, 1, 28)
+    >>> stores = [("x", 1, None, place, None), ("x", 3, None, place, None)]
+    >>> [site[3] for site in _counted_in_runs(stores, [Instr("NOP")] * 4)]
+    [(1, 4, 1, 28), (1, 4, 1, 28, 1)]
+    >>> [site[3] for site in _counted_in_runs(stores, [Instr("NOP"), Instr("NOP"), Label(), Instr("NOP")])]
+    [(1, 4, 1, 28), (1, 4, 1, 28)]
+    """
+    if len({(name, ident) for name, _, _, ident, _ in sites}) == len(sites):
+        return sites  # each at a place of its own (most code): nothing to count
+    counted: List[Raw] = []
+    seen: Dict[Tuple[str, Tuple[object, ...]], int] = {}
+    scanned = 0
+    for name, pos, instr, ident, extra in sites:
+        if any([_run_ends(item) for item in bytecode[scanned:pos]]):
+            seen = {}  # a new run, and maybe a copy, starts
+        scanned = pos
+        count = seen.get((name, ident), 0)
+        seen[(name, ident)] = count + 1
+        counted.append((name, pos, instr, ident + (count,) if count else ident, extra))
+    return counted
+
+
+def _run_ends(item: object) -> bool:
+    """Whether ``item`` is a jump target, or code that never runs on into what follows it."""
+    if isinstance(item, Label):
+        return True
+    return isinstance(item, Instr) and (item.is_uncond_jump() or item.is_final())
 
 
 def _nest(outer: int, where: Tuple[object, ...], site: Raw) -> Raw:

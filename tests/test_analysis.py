@@ -1,6 +1,8 @@
 """bcrecord.analysis: numbering of assignments, chains and returns, on every version."""
 
+import json
 import math
+import os
 import re
 import signal
 import sys
@@ -114,6 +116,39 @@ def test_loop_condition_and_finally_copies_share_one_number():
     assert [len(cmap.locals[name]) for name in ("total", "k", "n", "done")] == [2, 1, 1, 1]
     # the finally body is compiled twice: one assignment, two store instructions
     assert len(cmap.locals["done"][0].positions) == 2
+
+
+def test_each_binding_of_one_name_in_one_import_is_an_assignment_also_in_copies_of_a_finally():
+    # From 3.11 an import gives all its stores the statement's place: they were one site.
+    def f():
+        import os as x, sys as x  # noqa: E401, I001, F811
+        try:
+            from os import sep as y, name as y  # noqa: I001, F811
+        finally:
+            import json as z, math as z, json as z  # noqa: E401, I001, F811
+        return x, y, z
+
+    def g():
+        done = None
+        while done is None:
+            try:
+                continue  # the exception path's copy of the finally is dead code, after a jump
+            finally:
+                import os as done, sys as done  # noqa: E401, I001, F811
+        return done
+
+    cmap = read(f.__code__)
+    assert [len(cmap.locals[name]) for name in ("x", "y", "z")] == [2, 2, 3]
+    # the finally body is compiled twice: each of its three assignments, two store instructions
+    assert [len(site.positions) for site in cmap.locals["z"]] == [2, 2, 2]
+    assert len(read(g.__code__).locals["done"]) == 3
+    fi = bcrecord.instrument(f, ["x@1", "y@0", "z@1", "z@2"], name="f")
+    gi = bcrecord.instrument(g, ["done@2"], name="g")
+    with bcrecord.recording(copy="none") as rec:
+        assert fi() == (sys, os.name, json) and gi() is sys
+    assert [rec.all(key) for key in ("f:f:x@1", "f:f:y@0", "f:f:z@1", "f:f:z@2", "g:g:done@2")] == [
+        [sys], [os.sep], [math], [json], [sys]
+    ]
 
 
 def test_same_line_assignments_are_ordered_by_column():
