@@ -1202,6 +1202,8 @@ def _container_copier(policy: str) -> Copier:
         unchanged = all([a is b for a, b in zip(contents, value, strict=True)])
         if unchanged and isinstance(value, (tuple, frozenset)):
             return value  # nothing in it to copy, and no way to make one (sys.float_info)
+        if policy == "detach" and _holds_its_own(contents, value):
+            return value  # nothing in it detached, only rebuilt: as it is (its class takes no items)
         return _copy_module.deepcopy(value)
 
     copy_item = functools.partial(copy_value, policy=policy)
@@ -1210,6 +1212,45 @@ def _container_copier(policy: str) -> Copier:
         return copied_container(value, lambda item: copied_once(item, copy_item, made), made, fallback)
 
     return _one_copy(rebuild)
+
+
+def _holds_its_own(contents: Any, value: Any) -> bool:
+    """Whether ``contents``, container ``value``'s items as ``'detach'`` copied them (a dict of
+    them for a dict, a list otherwise), are its own: each item, or a container rebuilt around
+    that item's own.
+
+    >>> inner = [1]
+    >>> _holds_its_own([[1], "a"], (inner, "a")), _holds_its_own([[2]], (inner,))
+    (True, False)
+    """
+    pairs = _paired(contents, value)
+    met: Set[int] = set()
+    while pairs:
+        copied, original = pairs.pop()
+        if copied is original or id(original) in met:
+            continue
+        met.add(id(original))  # (a container that holds itself: compared once)
+        if type(copied) is not type(original) or not isinstance(original, _CONTAINERS):
+            return False
+        more = _paired(copied, original)
+        if more is None:
+            return False
+        pairs += more
+    return True
+
+
+def _paired(contents: Any, value: Any) -> Optional[List[Tuple[Any, Any]]]:
+    """Container ``value``'s items, each beside its counterpart in ``contents`` (None: they differ)."""
+    if len(contents) != len(value):
+        return None
+    if isinstance(value, dict):
+        if contents.keys() != value.keys():
+            return None
+        return [(contents[key], item) for key, item in value.items()]
+    if isinstance(value, (set, frozenset)):
+        # No order to pair their items by: the same items (hashable) compare equal.
+        return [] if set(contents) == value else None
+    return list(zip(contents, value, strict=True))
 
 
 def copied_container(

@@ -396,6 +396,23 @@ def test_detach_detaches_tensor_likes_only():
     assert called == [1] and isinstance(rec["io:f:fh@0"], io.TextIOWrapper) and not rec.errors
 
 
+def test_detach_keeps_a_container_its_class_cannot_rebuild_where_nothing_in_it_was_detached():
+    # Its lists rebuilt under 'detach' made it look changed, and its copy.deepcopy failed:
+    # the value was lost to rec.errors. A tensor-like in it is still detached (or fails so).
+    class Tagged(tuple):
+        def __new__(cls, items, tag):
+            made = super().__new__(cls, items)
+            made.tag = tag
+            return made
+
+    loop = [1]
+    loop.append(loop)
+    plain = Tagged([[1], {"a": [2]}, {3}, loop], "t")
+    assert copy_value(plain, "detach") is plain
+    with pytest.raises(TypeError, match="tag"):  # (rebuilt it cannot be, copied neither)
+        copy_value(Tagged([[Mutable(0)]], "t"), "detach")
+
+
 def test_clone_copies_cycles_and_shared_items_once():
     # As deepcopy does: a list or dict that holds itself holds its copy (not a
     # RecursionError), and an item met twice is copied once, through tuples too.
