@@ -839,7 +839,12 @@ def _fx_target(model: torch.nn.Module, text: str) -> Optional[Target]:
     parent, _, node = text.rpartition(".")
     # (ASCII digits: '²' is a digit to isdigit, and no number to int)
     numbered = node.rpartition("_")[2]
-    base, _, number = node.rpartition("_") if numbered.isdigit() and numbered.isascii() else (node, "", "0")
+    suffixed = numbered.isdigit() and numbered.isascii()
+    base, _, number = node.rpartition("_") if suffixed else (node, "", "0")
+    if text.startswith(".") or (suffixed and number.startswith("0")):
+        # No name FX makes: its root's nodes have no leading '.', and it numbers an op's second
+        # node '_1', its eleventh '_10' ('add_0', 'add_01' would be read as 'add', 'add_1').
+        return None
     occurrence = int(number or 0)
     forward = getattr(type(unwrap(model)), "forward", None)
     if not parent and isinstance(forward, types.FunctionType) and base in _argument_names(forward):
@@ -1763,7 +1768,8 @@ def expand(model: torch.nn.Module, text: str) -> List[Target]:
             missing = _no_submodule(model, pattern)
             parent, _, node = pattern.rpartition(".")
             parent_module = _submodule(model, parent)
-            if parent_module is None or not node or node.isdigit():  # ('', a Sequential's index): no FX name
+            # ('', a Sequential's index, a leading '.'): no FX name
+            if parent_module is None or not node or node.isdigit() or pattern.startswith("."):
                 raise missing from None
             owner = type(parent_module).__name__
             tensor = _fx_tensor_node(model, pattern)

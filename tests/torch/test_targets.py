@@ -1319,6 +1319,23 @@ def test_an_fx_name_numbered_with_a_digit_that_is_no_decimal_is_no_fx_name():
     assert [t.spec for t in expand(Adding(), "add")] == [bcrecord.Expr("+", 0)]
 
 
+def test_names_fx_never_makes_a_leading_dot_or_a_number_from_zero_are_no_fx_names():
+    # '.add' was taken for the root's 'add', 'add_01' for 'add_1' and 'add_0' for 'add'.
+    class Adding(torch.nn.Module):
+        def forward(self, x):
+            return (x + 1) + 2
+
+    model = torch.nn.Sequential()
+    model.add_module("inner", Adding())
+    for name in (".inner", ".inner.add", "inner.add_01", "inner.add_0", "inner.add_00"):
+        with pytest.raises(bcrecord.TargetError) as caught:
+            expand(model, name)
+        said = str(caught.value).lower()
+        assert said.startswith(f"the model has no submodule {name!r}")
+        assert ("nor is" in said) == ("_0" in name)  # (an FX name's number, not a dot, is said)
+    assert [t.spec for t in expand(model, "inner.add_1")] == [bcrecord.Expr("+", 1)]
+
+
 def test_fx_names_map_beside_calls_of_loop_variables():
     model = _LoopAndNamesakes()
     assert expand(model, "dropout")[0].spec == bcrecord.Call("torch.nn.functional.dropout", 0)
