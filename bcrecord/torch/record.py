@@ -1478,10 +1478,11 @@ class Plan:
                             continue
                         if found.reducer is not reducer and not unnamed:
                             if not found.adopts:
+                                graded = found.grad or target.grad
+                                why = " (a gradient takes its value's)" if graded else ""
                                 raise TargetError(
                                     f"{key!r} is asked for by {found.text!r} and by {text!r} with different "
-                                    "reduce functions (a gradient takes its value's); give both the same, "
-                                    "or ask for it once"
+                                    f"reduce functions{why}; give both the same, or ask for it once"
                                 )
                             found.reducer, found.text = reducer, text
                         found.adopts = found.adopts and unnamed
