@@ -250,7 +250,8 @@ unknown recorder type 'LayerRecorder'; use type='FunctionRecorder' ...
             raise _fail(where, f"{kind} needs a 'target' naming what to record, e.g. {example}")
         if isinstance(target, str) and target.count(":") == 2:
             raise _fail(where, _key_as_target(target))
-        model = config.get("model") or ""
+        model = config.get("model")
+        model = "" if model is None else model  # (not `or ""`: model=0 was taken for the root)
         if not isinstance(model, str) or (model and not _PATH.match(model)):
             raise _fail(
                 where,
@@ -259,9 +260,10 @@ unknown recorder type 'LayerRecorder'; use type='FunctionRecorder' ...
         method = config.get("method", "forward")
         if not isinstance(method, str) or not method.isidentifier():
             raise _fail(where, f"'method' must be a method name like 'forward', got {method!r}")
-        owner = config.get("name") or model or ROOT_OWNER
-        if not isinstance(owner, str):
-            raise _fail(where, f"'name' must be a string, got {owner!r}")
+        name = config.get("name")
+        if name is not None and not isinstance(name, str):  # (name=0 was taken for no name)
+            raise _fail(where, f"'name' must be a string, got {name!r}")
+        owner = name or model or ROOT_OWNER
         try:
             spec = parse(config)
         except BcrecordError as error:

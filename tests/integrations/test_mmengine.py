@@ -497,6 +497,22 @@ def test_a_model_path_through_a_module_dict_key_that_is_no_identifier_records(tm
         parse_recorders([dict(recorder, model="heads.a:b")])
 
 
+def test_a_model_or_name_that_is_neither_a_string_nor_none_is_refused_falsy_ones_too():
+    # model=0 (a Sequential's child '0' meant) was read as the root, name=0 as no name: they
+    # recorded runner_model's forward, unsaid, where model=1 and name=5 were refused.
+    recorder = dict(type="FunctionRecorder", target="x")
+    for bad in (0, False, [], 1):
+        said = rf"'model' must be a dotted path .* got {re.escape(repr(bad))}$"
+        with pytest.raises(RecorderConfigError, match=said):
+            parse_recorders([dict(recorder, model=bad)])
+    for bad in (0, False, 5):
+        said = rf"'name' must be a string, got {re.escape(repr(bad))}$"
+        with pytest.raises(RecorderConfigError, match=said):
+            parse_recorders([dict(recorder, name=bad)])
+    [given, default] = parse_recorders([dict(recorder, model="0", name=""), dict(recorder, model=None)])
+    assert (given.model, given.owner, default.model, default.owner) == ("0", "0", "", "runner_model")
+
+
 class CachingHead(nn.Module):
     def __init__(self):
         super().__init__()
