@@ -1838,8 +1838,10 @@ def _unpickled(data: bytes) -> Any:
                 raise error from None
 
 
-def save(records: Any, directory: PathLike, step: int = 0) -> Path:
-    """Save a recording (or ``{key: [values]}``) into ``directory`` as ``step``; returns the directory.
+def save(records: Any, directory: PathLike, step: Optional[int] = None) -> Path:
+    """Save a recording (or ``{key: [values]}``) into ``directory`` as ``step`` (default 0);
+    returns the directory. Records :func:`load` gave keep each value's step, unless ``step``
+    is given.
 
     Saving again into the same directory adds to what is there (a later step, or
     more values of the same step).
@@ -1849,14 +1851,38 @@ def save(records: Any, directory: PathLike, step: int = 0) -> Path:
     >>> _ = bcrecord.save({"m:f:x@0": [3]}, folder, step=1)
     >>> bcrecord.load(folder)["m:f:x@0"]
     [1, 2, 3]
+    >>> bcrecord.load(bcrecord.save(bcrecord.load(folder), tempfile.mkdtemp())).steps("m:f:x@0")
+    [0, 0, 1]
     """
-    items, step = _items(records), _step(step)  # checked before the directory is made
+    # (checked before the directory is made)
+    if isinstance(records, Loaded) and step is None:
+        batches = _batches_by_step(records.entries)
+    else:
+        batches = [(_step(0 if step is None else step), _items(records))]
     directory = _expanded(directory)
     # Every value pickled first: one a save cannot hold leaves nothing behind (no folder made,
     # no header in an empty folder that was there).
-    prepared = _prepared([(step, items)])
+    prepared = _prepared(batches)
     Writer(directory, check=False)._save(prepared)  # (one per save: saves in a loop stay quick)
     return directory
+
+
+def _batches_by_step(entries: Sequence[Entry]) -> List[Tuple[int, List[Tuple[str, Sequence[Any]]]]]:
+    """Loaded ``entries`` as batches of ``(step, [(key, values)])``, a batch a run of one step, in
+    their order (a step saved again after another keeps its place).
+
+    >>> rows = [("k", 0, "a"), ("k", 1, "b"), ("j", 1, "c"), ("k", 0, "d")]
+    >>> _batches_by_step([Entry(key, step, value, {}) for key, step, value in rows])
+    [(0, [('k', ['a'])]), (1, [('k', ['b']), ('j', ['c'])]), (0, [('k', ['d'])])]
+    """
+    batches: List[Tuple[int, List[Tuple[str, Sequence[Any]]]]] = []
+    run: Dict[str, List[Any]] = {}
+    for at, entry in enumerate(entries):
+        run.setdefault(entry.key, []).append(entry.value)
+        if at + 1 == len(entries) or entries[at + 1].step != entry.step:
+            batches.append((entry.step, list(run.items())))
+            run = {}
+    return batches
 
 
 def _expanded(directory: PathLike) -> Path:

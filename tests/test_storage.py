@@ -52,6 +52,20 @@ def test_saves_a_recording(tmp_path):
     assert load(tmp_path)["lam:<lambda>:return"] == [2, 4]
 
 
+def test_what_was_loaded_saves_again_with_each_value_s_step_unless_a_step_is_given(tmp_path):
+    # It was saved at step 0 (save's default) whatever steps the values had.
+    for step, values in ((0, {"k": [1, 2]}), (3, {"k": [3], "j": ["a"]}), (0, {"k": [4]})):
+        save(values, tmp_path / "first", step=step)
+    again = load(save(load(tmp_path / "first"), tmp_path / "again"))
+    assert (again["k"], again.steps("k")) == ([1, 2, 3, 4], [0, 0, 3, 0])
+    assert (again["j"], again.steps("j")) == (["a"], [3])
+    at = load(save(load(tmp_path / "first"), tmp_path / "at", step=7))
+    assert (at["k"], at.steps("k"), at.steps("j")) == ([1, 2, 3, 4], [7, 7, 7, 7], [7])
+    with pytest.raises(TypeError, match="a step is an integer, got 'x'"):
+        save(load(tmp_path / "first"), tmp_path / "never", step="x")
+    assert not (tmp_path / "never").exists()
+
+
 def test_what_was_loaded_shows_as_its_counts_in_a_notebook(tmp_path):
     # A cell ending in bcrecord.load(folder) showed '<bcrecord.storage.Loaded object at 0x...>'.
     save({"m:f:x@0": [1, 2], "m:f:y@0": [3]}, tmp_path)
