@@ -2272,7 +2272,7 @@ class _Runner:
         def close_then_call(*args: Any, **kwargs: Any) -> Any:
             closing = not self._closed and os.getpid() == self.collector.pid  # (not a forked child's)
             if closing:
-                self.close()
+                self.close(abrupt=True)
                 self.stderr.flush()  # (exec and os._exit write out no buffer)
                 if ending == "exit" and self.collector.error is not None and args[:1] == (0,):
                     args = (2,)  # (as for a program that returns: the report says why)
@@ -2365,8 +2365,12 @@ class _Runner:
             if before is not None:
                 sys.modules["__main__"] = before
 
-    def close(self) -> None:
-        """Flush, leave the recording, unhook imports, remove patches, restore ``sys``; report."""
+    def close(self, abrupt: bool = False) -> None:
+        """Flush, leave the recording, unhook imports, remove patches, restore ``sys``; report.
+
+        ``abrupt``: the program ends with ``os._exit`` or an exec, which throw away what its
+        ``sys.stdout`` holds unwritten: it is not written here either.
+        """
         if self._closed or os.getpid() != self.collector.pid:  # closed, or a forked child exiting
             return
         self._closed = True
@@ -2401,7 +2405,8 @@ class _Runner:
         try:
             # The program's output first, as a report at exit comes after it (Python flushes
             # the program's stdout only once the atexit handlers, this one too, have run).
-            sys.stdout.flush()
+            if not abrupt:
+                sys.stdout.flush()
         except Exception:  # (closed, or replaced by the program with something else)
             pass
         self.report()

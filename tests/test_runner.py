@@ -2865,10 +2865,12 @@ def test_a_program_that_replaces_itself_with_exec_saves_its_values_first(project
                     print("failed", flush=True)  # (exec flushes nothing, with or without bcrecord)
                 f(3)
             os.environ["PATH"] = os.pathsep.join(["/bcrecord-no-such-dir", os.path.dirname(sys.executable)])
+            print("thrown away")  # (exec flushes nothing: bcrecord's close flushed it)
             os.execvp(os.path.basename(sys.executable), [sys.executable, "-c", "print('replaced')"])
             """
         )
     )
+    assert plain(project / "execs.py").stdout == "replaced\n"
     result = cli("run", "-r", "__main__:f:out", "-o", project / "saved", project / "execs.py", timeout=60)
     assert result.returncode == 0 and result.stdout == "replaced\n", result.stderr
     assert bcrecord.load(project / "saved")["__main__:f:out@0"] == [2, 4]
@@ -2917,11 +2919,13 @@ def test_a_program_that_ends_with_os_exit_saves_its_values_and_reports_first(pro
                 os._exit(0)
             os.waitpid(child, 0)
             f(2)
-            print("ending", flush=True)  # (os._exit flushes nothing, with or without bcrecord)
+            print("ending", flush=True)
+            print("thrown away")  # (os._exit flushes nothing: bcrecord's close flushed it)
             {ending}
             """
         )
     )
+    assert plain(project / "ends.py").stdout == "ending\n"
     result = cli("run", "-r", "__main__:f:out", "-o", project / "saved", project / "ends.py", timeout=60)
     assert result.returncode == 7 and result.stdout == "ending\n", result.stderr
     assert bcrecord.load(project / "saved")["__main__:f:out@0"] == [2, 4]
