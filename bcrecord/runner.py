@@ -1906,6 +1906,24 @@ def _torch_layer_for_dynamo(imported: Optional[types.ModuleType] = None) -> None
 _EXEC_FUNCTIONS = ("execl", "execle", "execlp", "execlpe", "execv", "execve", "execvp", "execvpe")
 
 
+def _descriptor_closed(stream: TextIO) -> bool:
+    """Whether ``stream``'s file descriptor was closed under it (``os.close(2)``, as a program
+    that detaches from its terminal does): a write there fails, and at exit Python's flush of
+    what is left in it turns the exit status into 120. A stream with none (a StringIO) is open.
+
+    >>> import io
+    >>> _descriptor_closed(io.StringIO()), _descriptor_closed(sys.__stdout__)
+    (False, False)
+    """
+    try:
+        os.fstat(stream.fileno())
+    except (AttributeError, ValueError, io.UnsupportedOperation):  # (ValueError: the stream is closed)
+        return False
+    except OSError:
+        return True
+    return False
+
+
 def _os_builtin_module() -> Optional[types.ModuleType]:
     """The built-in module whose functions ``os`` gives as its own: ``posix`` (``nt`` on Windows)."""
     return sys.modules.get(os.name)
@@ -1989,7 +2007,7 @@ class _Runner:
 
     @property
     def stderr(self) -> TextIO:
-        if self._stderr is None or getattr(self._stderr, "closed", False):
+        if self._stderr is None or getattr(self._stderr, "closed", False) or _descriptor_closed(self._stderr):
             try:
                 # Closed by the program: file descriptor 2, which Python's sys.stderr leaves open.
                 self._stderr = open(2, "w", buffering=1, closefd=False, errors="backslashreplace")  # noqa: SIM115

@@ -2935,6 +2935,19 @@ def test_a_program_that_ends_with_os_exit_saves_its_values_and_reports_first(pro
     assert [line.split() for line in summary.stderr.splitlines()[2:]] == [["__main__:f:out@0", "2", "4"]]
 
 
+def test_a_program_that_closes_file_descriptor_2_ends_with_its_own_status_and_its_values_saved(project):
+    # The report, written to the closed descriptor at exit, made Python's exit status 120.
+    (project / "detaches.py").write_text(
+        "import os\n\ndef f(v):\n    out = v * 2\n    return out\n\nf(1)\nos.close(2)\nprint('done')\n"
+    )
+    alone = plain(project / "detaches.py")
+    assert (alone.returncode, alone.stdout) == (0, "done\n")
+    for saving in ([], ["-o", project / "saved"]):
+        result = cli("run", "-r", "__main__:f:out", *saving, project / "detaches.py", timeout=60)
+        assert (result.returncode, result.stdout, result.stderr) == (0, "done\n", "")
+    assert bcrecord.load(project / "saved")["__main__:f:out@0"] == [2]
+
+
 def test_a_program_that_ends_with_os_exit_0_where_its_records_could_not_be_saved_ends_with_2(
     project, tmp_path
 ):
