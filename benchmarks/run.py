@@ -87,6 +87,7 @@ import argparse
 import ast
 import builtins
 import contextlib
+import contextvars
 import copy
 import cProfile
 import ctypes
@@ -1090,6 +1091,50 @@ def prefix_to_layer2(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
     return out
 
 
+class _HookStop(Exception):
+    """What :func:`hook_stop`'s hook raises to end the forward."""
+
+
+#: The call :func:`hook_stop`'s hook records for (a call in another thread or context has none).
+_hook_call: contextvars.ContextVar[Optional[List[torch.Tensor]]] = contextvars.ContextVar(
+    "hook_stop_call", default=None
+)
+
+
+def hook_stop(model: nn.Module, path: str, clone: bool) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The least an early stop in Python can do: a forward hook on the module at ``path``,
+    registered for the call alone (first among its hooks), that keeps the module's output (a
+    clone where ``clone``, as bcrecord keeps it; else the live tensor, as FX returns it) and
+    raises to end the forward; a context variable keeps other threads' calls of the model out.
+    No plan, no marks, no recording: what an extractor call costs apart from all of its work
+    but the copy.
+    """
+    module = model.get_submodule(path)
+
+    def keep(hooked: nn.Module, args: Any, out: torch.Tensor) -> None:
+        call = _hook_call.get()
+        if call is not None and hooked is module:
+            call.append(out.detach().clone() if clone else out)
+            raise _HookStop
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        call: List[torch.Tensor] = []
+        token = _hook_call.set(call)
+        try:
+            handle = module.register_forward_hook(keep, prepend=True)
+            try:
+                model(x)
+            except _HookStop:
+                pass
+            finally:
+                handle.remove()
+        finally:
+            _hook_call.reset(token)
+        return call[0]
+
+    return run
+
+
 #: How many other patched functions the crowded early-stop diagnostic of case 4 runs among.
 CROWD = 300
 
@@ -1139,7 +1184,9 @@ def case_resnet(settings: Settings, model: nn.Module) -> Case:
         "with no forward, to show how much of bcrecord's overhead is set-up. Early stop: "
         "`create_feature_extractor(model, ['layer2'])` (bcrecord stops the forward after "
         "layer2) vs torchvision's for `['layer2']` (FX prunes the graph) vs the hand-written "
-        "prefix `layer2(layer1(maxpool(relu(bn1(conv1(x))))))` as the floor; and bcrecord's early stop "
+        "prefix `layer2(layer1(maxpool(relu(bn1(conv1(x))))))` as the floor, and the least an early "
+        "stop in Python can do: a forward hook on layer2, registered for the call, that keeps its "
+        "output (a clone, as bcrecord's; or the live tensor, as FX's) and raises; and bcrecord's early stop "
         f"again with {CROWD} other functions patched in the process (patched before the block, then "
         "the untimed forward, and removed after it), as a program's other patches would be. An "
         "untimed unpatched forward runs before every block, so that each starts from the same state "
@@ -1153,6 +1200,7 @@ def case_resnet(settings: Settings, model: nn.Module) -> Case:
     bc5 = create_feature_extractor(model, STAGES)
     bc5_full = create_feature_extractor(model, STAGES, stop_early=False)
     bc2 = create_feature_extractor(model, ["layer2"])
+    hook2, hook2_live = hook_stop(model, "layer2", clone=True), hook_stop(model, "layer2", clone=False)
 
     # Correctness of every variant, once, against a hand-run reference.
     with torch.no_grad():
@@ -1170,6 +1218,7 @@ def case_resnet(settings: Settings, model: nn.Module) -> Case:
         for handle in handles:
             handle.remove()
         got_bc2, got_fx2 = bc2(x)["layer2"], fx2(x)["layer2"]
+        got_hook2, got_hook2_live = hook2(x), hook2_live(x)
     for name, value in reference.items():
         for what, got in (
             ("record", got_record),
@@ -1183,6 +1232,9 @@ def case_resnet(settings: Settings, model: nn.Module) -> Case:
             raise RuntimeError(f"hooks recorded a wrong {name}")
     if not (torch.allclose(got_bc2, reference["layer2"], atol=1e-5) and torch.allclose(got_fx2, got_bc2)):
         raise RuntimeError("early-stop extractors disagree on layer2")
+    hooks_left = model.get_submodule("layer2")._forward_hooks
+    if not (torch.equal(got_hook2, got_bc2) and torch.equal(got_hook2_live, got_bc2)) or hooks_left:
+        raise RuntimeError("the hook stops recorded a wrong layer2 or left their hook")
 
     forwards = settings.resnet_forwards
 
@@ -1251,6 +1303,8 @@ def case_resnet(settings: Settings, model: nn.Module) -> Case:
         "bc2": "early stop: bcrecord create_feature_extractor(['layer2'])",
         "fx2": "early stop: FX create_feature_extractor(['layer2'])",
         "floor2": "early stop floor: hand-written prefix up to layer2",
+        "hook2": "diagnostic: early stop by a forward hook on layer2, clone",
+        "hook2_live": "diagnostic: early stop by a forward hook on layer2, no copy",
         "crowd2": f"diagnostic: early stop, bcrecord, {CROWD} other functions patched",
     }
     crowd: List[bcrecord.Patch] = []
@@ -1275,6 +1329,8 @@ def case_resnet(settings: Settings, model: nn.Module) -> Case:
         Variant(names["bc2"], repeat(lambda: bc2(x)), ops=forwards),
         Variant(names["fx2"], repeat(lambda: fx2(x)), ops=forwards),
         Variant(names["floor2"], repeat(lambda: prefix_to_layer2(model, x)), ops=forwards),
+        Variant(names["hook2"], repeat(lambda: hook2(x)), ops=forwards),
+        Variant(names["hook2_live"], repeat(lambda: hook2_live(x)), ops=forwards),
         Variant(names["crowd2"], repeat(lambda: bc2(x)), enter_crowd, leave_crowd, ops=forwards),
         Variant(names["setup2"], repeat(early_setup_only), ops=forwards),
         Variant(
@@ -1312,16 +1368,20 @@ def case_resnet(settings: Settings, model: nn.Module) -> Case:
     case.tables.append(Table("five stages", "variant / unpatched forward, same round", five))
     early = [
         ratio_row(times, names[k], base, median_time(times, names[k], "/forward"))
-        for k in ("bc2", "fx2", "floor2", "setup2", "steady2", "crowd2")
+        for k in ("bc2", "fx2", "floor2", "hook2", "hook2_live", "setup2", "steady2", "crowd2")
     ]
     bc2_vs_fx2 = ratios(times, names["bc2"], names["fx2"])
     crowd_gap = ratios(times, names["crowd2"], names["bc2"])
     steady2_vs_fx2 = ratios(times, names["steady2"], names["fx2"])
+    hook2_vs_fx2 = ratios(times, names["hook2"], names["fx2"])
+    hook2_live_vs_fx2 = ratios(times, names["hook2_live"], names["fx2"])
     early += [
         Row("bcrecord early stop / FX early stop", bc2_vs_fx2, chart=False),
         Row("diagnostic: early stop, record() entered once / FX", steady2_vs_fx2, chart=False),
         Row("bcrecord early stop / floor", ratios(times, names["bc2"], names["floor2"]), chart=False),
         Row("FX early stop / floor", ratios(times, names["fx2"], names["floor2"]), chart=False),
+        Row("diagnostic: hook stop, clone / FX early stop", hook2_vs_fx2, chart=False),
+        Row("diagnostic: hook stop, no copy / FX early stop", hook2_live_vs_fx2, chart=False),
         Row(
             f"diagnostic: bcrecord early stop among {CROWD} other patches / among none",
             crowd_gap,
@@ -1395,7 +1455,15 @@ def case_resnet(settings: Settings, model: nn.Module) -> Case:
             bc2_vs_fx2.median <= 1.0,
             f"Measured here: bcrecord's early stop is {spread(floor_gap)} the hand-written prefix, FX's "
             f"{spread(fx_gap)}; with record() entered once for the block instead of an extractor call, "
-            f"its early stop is {spread(steady2_vs_fx2)} FX"
+            f"its early stop is {spread(steady2_vs_fx2)} FX. The least an early stop in Python can do, a "
+            "forward hook on layer2 registered for the call that keeps its output and raises (no plan, "
+            f"no marks, no recording), is {spread(hook2_vs_fx2)} FX keeping a clone, as bcrecord does by "
+            f"default, and {spread(hook2_live_vs_fx2)} FX keeping the live tensor, as FX does"
+            + (
+                ": with the clone, even that floor is above FX"
+                if hook2_vs_fx2.median > 1.0
+                else ": the target is within reach of a per-call path that light, and of no heavier one"
+            )
             + (
                 ". The whole interquartile range of bcrecord / FX is above 1.00x: a real gap, not the "
                 "rounds' scatter. "
@@ -1418,8 +1486,10 @@ def case_resnet(settings: Settings, model: nn.Module) -> Case:
             "the stop's checks, the unwinding); FX's generated forward costs about 110 us over that "
             "prefix in all. Holding the arming and the marks between calls (tried 2026-12-02, and on "
             "2026-12-06 as a diagnostic) took 1.017x FX to 1.010x (60 rounds): not enough. Closing it "
-            "needs a per-call path that meets far fewer kinds of operation than entering a general "
-            "recording (context, lock, routing, arming, marking), or probes in C.",
+            "needs a per-call path as light as the hook stop above: far fewer kinds of operation than "
+            "entering a general recording (context, lock, routing, arming, marking), or probes in C. "
+            "A hook is no such path for bcrecord: it sees a module's output only where the module is "
+            "called (not a `forward` called directly), and sees no local or call site.",
         )
     )
     case.tables.append(memory_table(settings, case))

@@ -29,6 +29,8 @@ HEADINGS = (
     "== 4. resnet50: five stage outputs, early stop, peak memory",
     "torchvision FX create_feature_extractor(model, stages)",
     "early stop after layer2",
+    "diagnostic: early stop by a forward hook on layer2, clone",
+    "diagnostic: hook stop, no copy / FX early stop",
     "4b. peak memory of one forward",
     "== 5. Set-up time",
     "FX: torchvision create_feature_extractor(resnet50, stages)",
@@ -85,6 +87,8 @@ def test_benchmark_runner_quick_prints_every_case_and_writes_its_report(tmp_path
     assert "**7b. the same at 1x3x224x224, a fresh process each" in markdown
     assert "- 7b: 2 rounds of 1 forward(s) per process; 'freed memory kept' starts" in markdown
     assert "![ratios per case" in markdown
+    # Case 4's early-stop verdict names the floor of a hook stop, measured in the same run.
+    assert re.search(r"The least an early stop in Python can do, .* is \d\.\d+x \(IQR", markdown)
     png = (tmp_path / "results.png").read_bytes()
     assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
     # --out is honoured: the committed benchmarks/RESULTS.md is left alone.
