@@ -65,6 +65,7 @@ from .record import (
 from .targets import (
     Target,
     _expanding_again,
+    _fx_leaf,
     _submodule,
     _warn,
     expand,
@@ -227,6 +228,34 @@ def _fast_path_hint(model: torch.nn.Module, plan: Plan, missing: Sequence[str], 
     return ""
 
 
+def _uncalled_hint(model: torch.nn.Module, missing: Sequence[str]) -> str:
+    """Why a module path among ``missing`` whose module has submodules may not be reached:
+    its parent may call those one by one, or loop over them, and never the module itself
+    (timm's ``forward_head`` calls ``head.global_pool`` … ``head.fc``); '' for none such.
+
+    >>> import torch
+    >>> head = torch.nn.Sequential()
+    >>> head.pool, head.fc = torch.nn.Identity(), torch.nn.Linear(2, 2)
+    >>> net = torch.nn.Sequential(head)
+    >>> print(_uncalled_hint(net, ["0"]).split(":")[0])
+     (the Sequential at '0' was not called in this forward
+    """
+    for target in missing:
+        module = _submodule(model, target) if ":" not in target else None
+        children = [name for name, _ in module.named_children()] if module is not None else []
+        if children:
+            last = f"{target}.{children[-1]}" if target else children[-1]
+            return (
+                f" (the {type(module).__name__} at {target!r} was not called in this forward: a module "
+                "path is the output of the module's own call, and a parent may call its submodules one "
+                "by one or loop over them instead (as timm's forward_head calls head.global_pool … "
+                "head.fc), or call it in a branch it did not take; where its submodules ran, "
+                f"torchvision's node {target!r} is the last op traced inside it: name that submodule's "
+                f"output instead (such as {last!r}))"
+            )
+    return ""
+
+
 _RUN_OPTIONS = ("keep", "threads")
 
 
@@ -257,7 +286,10 @@ class FeatureExtractor(torch.nn.Module):
     where a target naming several sites, a local without ``@index``, names one in a
     branch the model does not take: the stop waits for each, and a warning says so). A
     module path gives the module's output at its first call in the forward, as
-    torchvision's node of that name (later calls are ``'relu_1'``…); an FX node name of
+    torchvision's node of that name (later calls are ``'relu_1'``…; torchvision's is
+    another value where FX traces into a module whose forward returns a dict or list,
+    which a warning says at the first call, or into one its parent never calls,
+    calling its submodules instead: there the call's error names one); an FX node name of
     an op (``'block.add'``) gives that op's value in the module's first run, as torchvision's
     (its later runs' are ``'block.add_1'``…, refused). Any other
     target recorded several times in one forward (a loop) gives the list of its
@@ -308,6 +340,8 @@ class FeatureExtractor(torch.nn.Module):
     __call__: Callable[..., Dict[str, Any]]
     #: (An extractor pickled by a bcrecord before it: a plan per mode.)
     _one_plan = False
+    #: Module-path targets whose module FX traces into, not yet seen in a call's output.
+    _traced_into: FrozenSet[str] = frozenset()
 
     def __init__(
         self,
@@ -354,6 +388,18 @@ class FeatureExtractor(torch.nn.Module):
                 # numbers the ops of its later runs on, 'block.add_1').
                 if ":" not in target or all([one.output for one in expand(model, target)])
             )
+        # Module paths whose module FX traces into (no leaf): where one returns a container,
+        # torchvision's node of that path is another value (see _warn_of_containers). Not the
+        # root's, '': torchvision has no such node (its graph's output is 'output').
+        leaves = _leaf_modules.get()
+        self._traced_into = frozenset(
+            target
+            for target in {**self.train_nodes, **self.eval_nodes}
+            if target
+            and ":" not in target
+            and (module := _submodule(model, target)) is not None
+            and not (_fx_leaf(module) or isinstance(module, leaves))
+        )
         # As torchvision's: features stay in the autograd graph (a head trained on them
         # trains the backbone too); they are still copies, as assigned. grad=False detaches,
         # and so does copy='detach' given alone (with grad=True it keeps the tensor itself).
@@ -604,10 +650,40 @@ class FeatureExtractor(torch.nn.Module):
                     "class's, which this extractor records: remove it)"
                 )
             else:
-                hint = _fast_path_hint(self.model, plan, missing, training) or self._mode_hint(training)
+                hint = (
+                    _fast_path_hint(self.model, plan, missing, training)
+                    or _uncalled_hint(self.model, missing)
+                    or self._mode_hint(training)
+                )
             raise RuntimeError(f"this forward pass never reached {missing}{hint}")
+        if self._traced_into:  # (each such target's first value only: then empty)
+            self._warn_of_containers(outputs, found)
         found.sort(key=_position)  # stable: return_nodes' order among equals
         return dict(map(_name_and_value, found))
+
+    def _warn_of_containers(
+        self, outputs: List[Tuple[str, str, Tuple[str, ...], bool]], found: List[Tuple[int, str, Any]]
+    ) -> None:
+        """Warn, once per target, where a module path's module, one FX traces into, returned a
+        dict or list: FX makes no node of a container a forward builds, so torchvision's
+        node of that path is the last op it traced inside the module (an FCN's
+        ``IntermediateLayerGetter`` backbone: layer4's output, not the dict of it)."""
+        values = {name: value for _, name, value in found}
+        for target, name, _, _ in outputs:
+            if target in self._traced_into and name in values:
+                self._traced_into = self._traced_into - {target}
+                value = values[name]
+                # (Not a tuple: an op, torch.split, or a leaf's call, an LSTM's, returns one as one
+                # node, which may be the last op traced inside; none returns a dict, hardly one a list.)
+                if isinstance(value, (dict, list)):
+                    module = _submodule(self.model, target)
+                    warn(
+                        f"return node {target!r} is a module path: bcrecord returns the "
+                        f"{type(value).__name__} the forward of the {type(module).__name__} there "
+                        "returns, but FX traces into that module and makes no node of a container "
+                        f"its forward builds: torchvision's node {target!r} is the last op it traced "
+                        "inside (name that op's module or site here, from list_targets)"
+                    )
 
 
 def create_feature_extractor(

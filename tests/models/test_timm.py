@@ -66,3 +66,20 @@ def test_coat_lite_shared_conv_pos_enc_ops_are_its_first_runs_as_torchvision_nam
         fx = fx_extractor(model, nodes)(x)
     for node in nodes:
         assert isinstance(ours[node], torch.Tensor) and torch.allclose(ours[node], fx[node], atol=1e-5), node
+
+
+def test_a_metaformer_head_its_forward_head_never_calls_names_its_last_submodule():
+    # forward_head calls self.head.global_pool ... self.head.fc, never self.head: 'head' was
+    # accepted and then never reached, with a hint about branches and modes alone.
+    from torchvision.models.feature_extraction import create_feature_extractor as fx_extractor
+
+    torch.manual_seed(0)
+    model, x = timm.create_model("poolformer_s12", pretrained=False).eval(), torch.randn(1, 3, 64, 64)
+    with torch.no_grad(), pytest.raises(RuntimeError) as error:
+        create_feature_extractor(model, ["head"])(x)
+    assert "(the Sequential at 'head' was not called in this forward: " in str(error.value)
+    assert str(error.value).endswith("name that submodule's output instead (such as 'head.fc'))")
+    with torch.no_grad():
+        ours = create_feature_extractor(model, ["head.fc"])(x)["head.fc"]
+        theirs = fx_extractor(model, ["head"])(x)["head"]
+        assert torch.equal(ours, theirs) and torch.equal(ours, model(x))

@@ -276,3 +276,20 @@ def test_a_torchvision_ops_module_run_twice_is_a_leaf_as_torchvision_traces_it_w
     assert not torch.equal(fx[nodes[0]], fx[nodes[1]])
     for node in nodes:
         assert torch.equal(ours[node], fx[node]), node
+
+
+def test_an_fcn_backbone_s_path_warns_that_torchvision_s_node_is_its_last_op_not_its_dict():
+    # The IntermediateLayerGetter's forward returns an OrderedDict, of which FX makes no node:
+    # torchvision's 'backbone' is layer4's output. bcrecord returned the dict without a word.
+    torch.manual_seed(0)
+    model = torchvision.models.segmentation.fcn_resnet50(weights=None, weights_backbone=None).eval()
+    x = torch.randn(1, 3, 64, 64)
+    with torch.no_grad(), pytest.warns(bcrecord.RecordingWarning) as caught:
+        ours = create_feature_extractor(model, ["backbone"])(x)["backbone"]
+    fx = fx_extractor(model, ["backbone"])
+    with torch.no_grad():
+        theirs = fx(x)["backbone"]
+    assert [str(w.message).split(":")[0] for w in caught] == ["return node 'backbone' is a module path"]
+    message = str(caught[0].message)
+    assert "the OrderedDict the forward of the IntermediateLayerGetter there returns" in message
+    assert list(ours) == ["out"] and torch.equal(ours["out"], theirs)

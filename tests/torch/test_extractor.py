@@ -1503,6 +1503,99 @@ def test_a_target_inside_a_layer_that_took_torch_s_fast_path_says_so():
     assert torch.allclose(got, layer.linear1(layer.norm1(x + layer.self_attn(x, x, x)[0])))
 
 
+class _Pool(torch.nn.Module):  # (a module outside torch.nn: FX traces into it)
+    def __init__(self):
+        super().__init__()
+        self.pool = torch.nn.AdaptiveAvgPool1d(1)
+        self.fc = torch.nn.Linear(2, 3)
+
+    def forward(self, x):
+        return self.fc(self.pool(x).flatten(1))
+
+
+class _CallsTheHeadsParts(torch.nn.Module):
+    """As timm's MetaFormer forward_head: the head's submodules called one by one, never the head."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = torch.nn.Linear(4, 2)
+        self.head = _Pool()
+
+    def forward(self, x):
+        x = self.stem(x).transpose(1, 2)
+        return self.head.fc(self.head.pool(x).flatten(1))
+
+
+def test_a_module_path_whose_module_its_parent_never_calls_names_a_submodule_instead():
+    # The hint was the branch's or the mode's alone; torchvision's node of such a path is the
+    # last op traced inside the module (here head.fc's output).
+    model, x = _CallsTheHeadsParts().eval(), torch.randn(1, 5, 4)
+    extractor = create_feature_extractor(model, ["head"])
+    with pytest.raises(RuntimeError) as error:
+        extractor(x)
+    assert str(error.value) == (
+        "this forward pass never reached ['head'] (the _Pool at 'head' was not called in this forward: "
+        "a module path is the output of the module's own call, and a parent may call its submodules one "
+        "by one or loop over them instead (as timm's forward_head calls head.global_pool … head.fc), or "
+        "call it in a branch it did not take; where its submodules ran, torchvision's node 'head' is the "
+        "last op traced inside it: name that submodule's output instead (such as 'head.fc'))"
+    )
+    assert torch.equal(create_feature_extractor(model, ["head.fc"])(x)["head.fc"], model(x))
+    # A module without submodules has no such hint: the branch's or the mode's.
+    model.spare = torch.nn.ReLU()
+    with pytest.raises(RuntimeError) as error:
+        create_feature_extractor(model, ["spare"])(x)
+    assert "(in a branch it did not take, or a function it did not call; " in str(error.value)
+
+
+class _ReturnsADict(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv1d(2, 2, 1)
+
+    def forward(self, x):
+        return {"out": self.conv(x)}
+
+
+class _HasADictBackbone(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.backbone = _ReturnsADict()
+        self.head = torch.nn.Conv1d(2, 1, 1)
+        self.pair = torch.nn.LSTM(2, 2)  # (a torch.nn module, returning a tuple: FX's leaf)
+
+    def forward(self, x):
+        out = self.head(self.backbone(x)["out"])
+        self.pair(x.transpose(0, 2).transpose(1, 2))
+        return out
+
+
+def test_a_module_path_whose_module_fx_traces_into_and_returns_a_container_warns_once():
+    # torchvision's node 'backbone' of an FCN is layer4's output (the last op FX traced in its
+    # IntermediateLayerGetter), not the dict its forward returns; this returned the dict silently.
+    model, x = _HasADictBackbone().eval(), torch.randn(1, 2, 3)
+    extractor = create_feature_extractor(model, ["backbone", "pair", "head"], stop_early=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first = extractor(x)
+        second = extractor(x)
+    assert [str(w.message) for w in caught] == [
+        "return node 'backbone' is a module path: bcrecord returns the dict the forward of the "
+        "_ReturnsADict there returns, but FX traces into that module and makes no node of a container "
+        "its forward builds: torchvision's node 'backbone' is the last op it traced inside (name that "
+        "op's module or site here, from list_targets)"
+    ]
+    assert caught[0].filename == __file__
+    with warnings.catch_warnings():  # (the root's own dict: torchvision has no node '')
+        warnings.simplefilter("error")
+        whole = create_feature_extractor(model.backbone, [""])(x)[""]
+    assert torch.equal(whole["out"], model.backbone.conv(x))
+    for got in (first, second):
+        assert torch.equal(got["backbone"]["out"], model.backbone.conv(x))
+        assert isinstance(got["pair"], tuple)  # (the LSTM's own output, as FX's leaf node)
+        assert torch.equal(got["head"], model(x))
+
+
 def test_a_target_in_a_branch_only_the_other_mode_takes_says_so():
     class WithLoss(torch.nn.Module):
         def __init__(self):
