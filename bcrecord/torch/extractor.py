@@ -21,6 +21,7 @@ import contextvars
 import functools
 import inspect
 import operator
+import sys
 import types
 import weakref
 from typing import (
@@ -67,6 +68,7 @@ from .targets import (
     _expanding_again,
     _fx_leaf,
     _submodule,
+    _torchvision_leaves,
     _warn,
     expand,
     fx_name_clash,
@@ -228,6 +230,23 @@ def _fast_path_hint(model: torch.nn.Module, plan: Plan, missing: Sequence[str], 
     return ""
 
 
+def _holds_a_leaf_of_its_own(module: torch.nn.Module, leaves: Tuple[type, ...]) -> bool:
+    """Whether ``module`` holds a module FX keeps whole that is no torch.nn module: one of
+    ``torchvision.ops``' (its ``FeaturePyramidNetwork`` returns a dict) or of ``leaves``. Such a
+    module's call may have made the container ``module`` returns (a detection model's
+    ``BackboneWithFPN``), and torchvision's node is then that same container: no warning.
+
+    >>> import torch
+    >>> _holds_a_leaf_of_its_own(torch.nn.Sequential(torch.nn.ReLU()), ())
+    False
+    >>> _holds_a_leaf_of_its_own(torch.nn.Sequential(torch.nn.ReLU()), (torch.nn.ReLU,))
+    True
+    """
+    ops = sys.modules.get("torchvision.ops")  # (not imported here: a model of its modules has)
+    kinds = leaves + (_torchvision_leaves(ops) if ops is not None else ())
+    return bool(kinds) and any([isinstance(inner, kinds) for inner in module.modules()])
+
+
 def _uncalled_hint(model: torch.nn.Module, missing: Sequence[str]) -> str:
     """Why a module path among ``missing`` whose module has submodules may not be reached:
     its parent may call those one by one, or loop over them, and never the module itself
@@ -236,22 +255,22 @@ def _uncalled_hint(model: torch.nn.Module, missing: Sequence[str]) -> str:
     >>> import torch
     >>> head = torch.nn.Sequential()
     >>> head.pool, head.fc = torch.nn.Identity(), torch.nn.Linear(2, 2)
-    >>> net = torch.nn.Sequential(head)
-    >>> print(_uncalled_hint(net, ["0"]).split(":")[0])
+    >>> print(_uncalled_hint(torch.nn.Sequential(head), ["0"]).split(";")[0])
      (the Sequential at '0' was not called in this forward
     """
     for target in missing:
         module = _submodule(model, target) if ":" not in target else None
         children = [name for name, _ in module.named_children()] if module is not None else []
         if children:
-            last = f"{target}.{children[-1]}" if target else children[-1]
+            # (Which of them runs last, torchvision's node, is not known here: they are listed.)
+            named = ", ".join(repr(f"{target}.{name}" if target else name) for name in children[:6])
+            more = f" and {len(children) - 6} more" if len(children) > 6 else ""
             return (
-                f" (the {type(module).__name__} at {target!r} was not called in this forward: a module "
+                f" (the {type(module).__name__} at {target!r} was not called in this forward; a module "
                 "path is the output of the module's own call, and a parent may call its submodules one "
                 "by one or loop over them instead (as timm's forward_head calls head.global_pool … "
-                "head.fc), or call it in a branch it did not take; where its submodules ran, "
-                f"torchvision's node {target!r} is the last op traced inside it: name that submodule's "
-                f"output instead (such as {last!r}))"
+                f"head.fc): where they ran, torchvision's node {target!r} is the output of the last of "
+                f"them that ran, which is a target here: one of {named}{more})"
             )
     return ""
 
@@ -289,7 +308,7 @@ class FeatureExtractor(torch.nn.Module):
     torchvision's node of that name (later calls are ``'relu_1'``…; torchvision's is
     another value where FX traces into a module whose forward returns a dict or list,
     which a warning says at the first call, or into one its parent never calls,
-    calling its submodules instead: there the call's error names one); an FX node name of
+    calling its submodules instead: there the call's error lists them); an FX node name of
     an op (``'block.add'``) gives that op's value in the module's first run, as torchvision's
     (its later runs' are ``'block.add_1'``…, refused). Any other
     target recorded several times in one forward (a loop) gives the list of its
@@ -399,6 +418,7 @@ class FeatureExtractor(torch.nn.Module):
             and ":" not in target
             and (module := _submodule(model, target)) is not None
             and not (_fx_leaf(module) or isinstance(module, leaves))
+            and not _holds_a_leaf_of_its_own(module, leaves)
         )
         # As torchvision's: features stay in the autograd graph (a head trained on them
         # trains the backbone too); they are still copies, as assigned. grad=False detaches,
@@ -650,10 +670,9 @@ class FeatureExtractor(torch.nn.Module):
                     "class's, which this extractor records: remove it)"
                 )
             else:
-                hint = (
-                    _fast_path_hint(self.model, plan, missing, training)
-                    or _uncalled_hint(self.model, missing)
-                    or self._mode_hint(training)
+                # (Both where both may be why: a module only one mode calls, GoogLeNet's aux1.)
+                hint = _fast_path_hint(self.model, plan, missing, training) or (
+                    self._mode_hint(training) + _uncalled_hint(self.model, missing)
                 )
             raise RuntimeError(f"this forward pass never reached {missing}{hint}")
         if self._traced_into:  # (each such target's first value only: then empty)

@@ -293,3 +293,21 @@ def test_an_fcn_backbone_s_path_warns_that_torchvision_s_node_is_its_last_op_not
     message = str(caught[0].message)
     assert "the OrderedDict the forward of the IntermediateLayerGetter there returns" in message
     assert list(ours) == ["out"] and torch.equal(ours["out"], theirs)
+
+
+def test_a_detection_backbone_s_path_is_its_fpn_s_dict_as_torchvision_s_node_without_a_warning():
+    # BackboneWithFPN returns what its FeaturePyramidNetwork (a torchvision.ops module, which
+    # torchvision's tracer keeps whole) returns: torchvision's node 'backbone' is that dict too.
+    import warnings
+
+    torch.manual_seed(0)
+    model = torchvision.models.detection.fasterrcnn_mobilenet_v3_large_320_fpn(
+        weights=None, weights_backbone=None
+    ).eval()
+    image = torch.rand(3, 64, 64)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("error", bcrecord.RecordingWarning)
+        got = create_feature_extractor(model, ["backbone"])([image])["backbone"]
+        expected = model.backbone(model.transform([image])[0].tensors)
+    assert list(got) == list(expected) == ["0", "1", "pool"]
+    assert all(torch.equal(got[key], expected[key]) for key in expected)

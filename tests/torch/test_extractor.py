@@ -1534,11 +1534,13 @@ def test_a_module_path_whose_module_its_parent_never_calls_names_a_submodule_ins
     with pytest.raises(RuntimeError) as error:
         extractor(x)
     assert str(error.value) == (
-        "this forward pass never reached ['head'] (the _Pool at 'head' was not called in this forward: "
-        "a module path is the output of the module's own call, and a parent may call its submodules one "
-        "by one or loop over them instead (as timm's forward_head calls head.global_pool … head.fc), or "
-        "call it in a branch it did not take; where its submodules ran, torchvision's node 'head' is the "
-        "last op traced inside it: name that submodule's output instead (such as 'head.fc'))"
+        "this forward pass never reached ['head'] (in a branch it did not take, or a function it did not "
+        "call; the model ran in eval mode: a target in a branch only train mode takes is never reached in "
+        "it; give the targets of each mode with train_return_nodes= and eval_return_nodes=) (the _Pool at "
+        "'head' was not called in this forward; a module path is the output of the module's own call, and "
+        "a parent may call its submodules one by one or loop over them instead (as timm's forward_head "
+        "calls head.global_pool … head.fc): where they ran, torchvision's node 'head' is the output of the "
+        "last of them that ran, which is a target here: one of 'head.pool', 'head.fc')"
     )
     assert torch.equal(create_feature_extractor(model, ["head.fc"])(x)["head.fc"], model(x))
     # A module without submodules has no such hint: the branch's or the mode's.
@@ -1546,6 +1548,11 @@ def test_a_module_path_whose_module_its_parent_never_calls_names_a_submodule_ins
     with pytest.raises(RuntimeError) as error:
         create_feature_extractor(model, ["spare"])(x)
     assert "(in a branch it did not take, or a function it did not call; " in str(error.value)
+    assert "was not called in this forward" not in str(error.value)
+    # Targets given per mode: no mode hint, the submodules' alone.
+    per_mode = create_feature_extractor(model, train_return_nodes=["stem"], eval_return_nodes=["head"])
+    with pytest.raises(RuntimeError, match=r"never reached \['head'\] \(the _Pool at 'head' was not called"):
+        per_mode.eval()(x)
 
 
 class _ReturnsADict(torch.nn.Module):
@@ -1594,6 +1601,35 @@ def test_a_module_path_whose_module_fx_traces_into_and_returns_a_container_warns
         assert torch.equal(got["backbone"]["out"], model.backbone.conv(x))
         assert isinstance(got["pair"], tuple)  # (the LSTM's own output, as FX's leaf node)
         assert torch.equal(got["head"], model(x))
+
+
+class _PyramidLeaf(torch.nn.Module):  # (made an FX leaf below, as torchvision.ops' FPN is one)
+    def forward(self, x):
+        return {"0": x + 1, "1": x * 2}
+
+
+class _WithFPN(torch.nn.Module):  # (as torchvision's BackboneWithFPN: the leaf's dict returned)
+    def __init__(self):
+        super().__init__()
+        self.body = torch.nn.Linear(2, 2)
+        self.fpn = _PyramidLeaf()
+
+    def forward(self, x):
+        return self.fpn(self.body(x))
+
+
+def test_a_module_returning_the_dict_of_a_leaf_it_holds_gives_torchvision_s_node_without_a_warning():
+    # torchvision's node 'backbone' of a detection model is its FPN's call (a leaf), whose value is
+    # the dict BackboneWithFPN returns: the same as here; the warning was wrong there.
+    model = torch.nn.Sequential()
+    model.backbone = _WithFPN()
+    x = torch.ones(1, 2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        got = create_feature_extractor(model, ["backbone"], tracer_kwargs={"leaf_modules": [_PyramidLeaf]})(x)
+    assert torch.equal(got["backbone"]["1"], model.backbone.body(x) * 2)
+    with pytest.warns(bcrecord.RecordingWarning, match="return node 'backbone' is a module path"):
+        create_feature_extractor(model, ["backbone"])(x)  # (no leaf held: FX traces the dict's ops)
 
 
 def test_a_target_in_a_branch_only_the_other_mode_takes_says_so():
