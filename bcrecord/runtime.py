@@ -1230,13 +1230,37 @@ def _holds_its_own(contents: Any, value: Any) -> bool:
         if copied is original or id(original) in met:
             continue
         met.add(id(original))  # (a container that holds itself: compared once)
-        if type(copied) is not type(original) or not isinstance(original, _CONTAINERS):
+        if type(copied) is not type(original):
             return False
-        more = _paired(copied, original)
+        if isinstance(original, _CONTAINERS):
+            more = _paired(copied, original)
+        elif dataclasses.is_dataclass(original):  # ('detach' rebuilds one around its fields' copies)
+            more = _fields_paired(copied, original)
+        else:
+            return False
         if more is None:
             return False
         pairs += more
     return True
+
+
+def _fields_paired(copied: Any, original: Any) -> Optional[List[Tuple[Any, Any]]]:
+    """Dataclass ``original``'s fields, each beside its copy's (None: one is set in one alone).
+
+    >>> import dataclasses
+    >>> @dataclasses.dataclass
+    ... class Cfg:
+    ...     lr: list
+    >>> _fields_paired(Cfg([2]), Cfg([1]))
+    [([2], [1])]
+    """
+    pairs = []
+    for item in dataclasses.fields(original):
+        mine, theirs = getattr(copied, item.name, _MISSING), getattr(original, item.name, _MISSING)
+        if (mine is _MISSING) != (theirs is _MISSING):
+            return None
+        pairs.append((mine, theirs))
+    return pairs
 
 
 def _paired(contents: Any, value: Any) -> Optional[List[Tuple[Any, Any]]]:

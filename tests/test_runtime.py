@@ -396,6 +396,12 @@ def test_detach_detaches_tensor_likes_only():
     assert called == [1] and isinstance(rec["io:f:fh@0"], io.TextIOWrapper) and not rec.errors
 
 
+@dataclasses.dataclass
+class _Config:
+    sizes: list
+    name: str
+
+
 def test_detach_keeps_a_container_its_class_cannot_rebuild_where_nothing_in_it_was_detached():
     # Its lists rebuilt under 'detach' made it look changed, and its copy.deepcopy failed:
     # the value was lost to rec.errors. A tensor-like in it is still detached (or fails so).
@@ -409,6 +415,12 @@ def test_detach_keeps_a_container_its_class_cannot_rebuild_where_nothing_in_it_w
     loop.append(loop)
     plain = Tagged([[1], {"a": [2]}, {3}, loop], "t")
     assert copy_value(plain, "detach") is plain
+    # A dataclass in it, rebuilt by 'detach' around its fields' copies, holds nothing detached
+    # either: it too made the container look changed.
+    with_config = Tagged([[1], _Config([2], "x")], "t")
+    assert copy_value(with_config, "detach") is with_config
+    with pytest.raises(TypeError, match="tag"):  # (a tensor-like in its field: detached, so changed)
+        copy_value(Tagged([_Config([Mutable(0)], "x")], "t"), "detach")
     with pytest.raises(TypeError, match="tag"):  # (rebuilt it cannot be, copied neither)
         copy_value(Tagged([[Mutable(0)]], "t"), "detach")
 
