@@ -346,6 +346,23 @@ def _module_spec(name: str) -> Optional[importlib.machinery.ModuleSpec]:
     return spec
 
 
+def _beside(stream: TextIO) -> TextIO:
+    """A stream of its own onto ``stream``'s file descriptor, its encoding, no buffer held
+    (line by line); ``stream`` itself where it has no descriptor (a ``StringIO``).
+
+    >>> import io
+    >>> held = io.StringIO()
+    >>> _beside(held) is held
+    True
+    """
+    try:
+        descriptor = stream.fileno()
+    except (AttributeError, OSError, ValueError):  # (io.UnsupportedOperation is both)
+        return stream
+    encoding = getattr(stream, "encoding", None) or "utf-8"
+    return open(descriptor, "w", buffering=1, closefd=False, encoding=encoding, errors="backslashreplace")  # noqa: SIM115
+
+
 def close_modules(name: str) -> str:
     """``"; did you mean 'a', 'b'?"`` for the modules named close to module ``name``, which is not
     there (a misspelt ``mymdo``, ``pkg.trian``), or ``''``: the end of a message. Looks for them
@@ -2383,15 +2400,24 @@ class _Runner:
             if before is not None:
                 sys.modules["__main__"] = before
 
-    def close(self, abrupt: bool = False) -> None:
+    def close(self, abrupt: bool = False, at_exit: bool = False) -> None:
         """Flush, leave the recording, unhook imports, remove patches, restore ``sys``; report.
 
         ``abrupt``: the program ends with ``os._exit`` or an exec, which throw away what its
-        ``sys.stdout`` holds unwritten: it is not written here either.
+        ``sys.stdout`` holds unwritten: it is not written here either. ``at_exit``: the
+        interpreter is ending (an ``atexit`` handler): the program's module stays
+        ``sys.modules['__main__']``, which the interpreter then clears as it clears a program's,
+        so that its objects end as they would without bcrecord (a file it left open is flushed
+        and closed; left to the garbage collector, its text layer could be finalized after
+        the buffer under it, and what it held unwritten was lost).
         """
         if self._closed or os.getpid() != self.collector.pid:  # closed, or a forked child exiting
             return
         self._closed = True
+        if abrupt:
+            # What the program left unwritten in its sys.stderr (half a line) is thrown away by
+            # os._exit and exec: the report goes round that buffer, to the descriptor under it.
+            self._stderr = _beside(self.stderr)
         self._stop_trace()
         self.collector.stop_timer()
         self.collector.on_error = None  # (the report says it next)
@@ -2418,7 +2444,11 @@ class _Runner:
                 patch.remove()
         if self._saved_sys is not None:
             sys.argv[:], sys.path[:] = self._saved_sys
-        if self._main_before is not None and sys.modules.get("__main__") is self.program_module:
+        if (
+            not at_exit
+            and self._main_before is not None
+            and sys.modules.get("__main__") is self.program_module
+        ):
             sys.modules["__main__"] = self._main_before
         try:
             # The program's output first, as a report at exit comes after it (Python flushes
@@ -2439,7 +2469,7 @@ class _Runner:
         are: Python would print it as an error in bcrecord's handler, with bcrecord's frames.
         """
         try:
-            self.close()
+            self.close(at_exit=True)
         except KeyboardInterrupt:
             print(
                 "bcrecord: KeyboardInterrupt during the last save, after the program ended (what was "

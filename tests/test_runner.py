@@ -2355,6 +2355,31 @@ def test_run_keeps_the_program_s_module_as_main_for_its_threads_and_atexit_handl
     assert result.stdout == "thread pickled True\natexit sees True\n"
 
 
+def test_run_flushes_a_file_the_program_leaves_open_as_python_does_at_exit(project, tmp_path):
+    # The program's module, no longer __main__ after the run closed, was left to the garbage
+    # collector, which finalized the file's buffer before its text layer: the line was lost.
+    log = tmp_path / "program.log"
+    (project / "leaves_open.py").write_text(
+        textwrap.dedent(
+            f"""
+            def f(x):
+                y = x + 1
+                return y
+
+            log = open({str(log)!r}, "w")
+            log.write("a line never flushed by the program\\n")
+            f(1)
+            """
+        )
+    )
+    assert plain("leaves_open.py", cwd=project).returncode == 0
+    assert log.read_text() == "a line never flushed by the program\n"
+    log.unlink()
+    result = cli("run", "-q", "-r", "__main__:f:y", "leaves_open.py", cwd=project)
+    assert result.returncode == 0, result.stderr
+    assert log.read_text() == "a line never flushed by the program\n"
+
+
 def test_run_makes_a_records_directory_the_program_removes_again(project, tmp_path):
     out = tmp_path / "out"
     out.mkdir()  # (there already: the run makes its records folder as it starts)
@@ -2906,7 +2931,7 @@ def test_a_program_that_ends_with_os_exit_saves_its_values_and_reports_first(pro
     (project / "ends.py").write_text(
         textwrap.dedent(
             f"""
-            import os, posix
+            import os, posix, sys
 
             def f(v):
                 out = v * 2
@@ -2921,15 +2946,18 @@ def test_a_program_that_ends_with_os_exit_saves_its_values_and_reports_first(pro
             f(2)
             print("ending", flush=True)
             print("thrown away")  # (os._exit flushes nothing: bcrecord's close flushed it)
+            sys.stderr.write("half a line, thrown away")  # (line-buffered: the report wrote it out)
             {ending}
             """
         )
     )
     assert plain(project / "ends.py").stdout == "ending\n"
+    assert plain(project / "ends.py").stderr == ""
     result = cli("run", "-r", "__main__:f:out", "-o", project / "saved", project / "ends.py", timeout=60)
     assert result.returncode == 7 and result.stdout == "ending\n", result.stderr
     assert bcrecord.load(project / "saved")["__main__:f:out@0"] == [2, 4]
     assert result.stderr.splitlines()[-1].startswith("bcrecord: saved 2 value(s) of 1 key(s)")
+    assert "half a line" not in result.stderr
     summary = cli("run", "-r", "__main__:f:out", project / "ends.py", timeout=60)
     assert summary.returncode == 7, summary.stderr
     assert [line.split() for line in summary.stderr.splitlines()[2:]] == [["__main__:f:out@0", "2", "4"]]
