@@ -791,7 +791,7 @@ def _314() -> Table:
             "unhandled": (
                 {}
                 if sys.version_info < (3, 14) or _round_trips("x = 1\nt'{x}{x!r}{x!a:>3}'")
-                else {"BUILD_INTERPOLATION": "a template string with a value in it, t'{x}'"}
+                else {"BUILD_INTERPOLATION": "a template string with a value in it (as t'{x}' has)"}
             ),
         }
     )
