@@ -109,8 +109,11 @@ def test_compiled_model_records_what_eager_records(resnet, device):
     compiled = torch.compile(resnet, backend="aot_eager")
     with torch.no_grad(), record(resnet, ["layer1.0:forward:out@2", "layer3"]) as eager:
         resnet(x)
-    with torch.no_grad(), record(resnet, ["layer1.0:forward:out@2", "layer3"]) as rec:
-        compiled(x)
+    try:
+        with torch.no_grad(), record(resnet, ["layer1.0:forward:out@2", "layer3"]) as rec:
+            compiled(x)
+    finally:
+        torch._dynamo.reset()  # (its compiled code, on code objects other tests run, goes with it)
     for key in eager.keys():
         assert torch.allclose(rec[key], eager[key], atol=1e-4), key
 
