@@ -75,13 +75,20 @@ def test_a_metaformer_head_its_forward_head_never_calls_names_its_last_submodule
 
     torch.manual_seed(0)
     model, x = timm.create_model("poolformer_s12", pretrained=False).eval(), torch.randn(1, 3, 64, 64)
-    with torch.no_grad(), pytest.raises(RuntimeError) as error:
-        create_feature_extractor(model, ["head"])(x)
-    assert "(the Sequential at 'head' was not called in this forward; " in str(error.value)
-    assert str(error.value).endswith(
-        "one of 'head.global_pool', 'head.norm', 'head.flatten', 'head.drop', 'head.fc')"
-    )
-    with torch.no_grad():
-        ours = create_feature_extractor(model, ["head.fc"])(x)["head.fc"]
-        theirs = fx_extractor(model, ["head"])(x)["head"]
-        assert torch.equal(ours, theirs) and torch.equal(ours, model(x))
+    # Closed at once: their patches (of torch.nn's Sequential and Linear) would otherwise go
+    # when the garbage collector finds them, maybe during a later test's torch.compile.
+    whole, part = create_feature_extractor(model, ["head"]), create_feature_extractor(model, ["head.fc"])
+    try:
+        with torch.no_grad(), pytest.raises(RuntimeError) as error:
+            whole(x)
+        assert "(the Sequential at 'head' was not called in this forward; " in str(error.value)
+        assert str(error.value).endswith(
+            "one of 'head.global_pool', 'head.norm', 'head.flatten', 'head.drop', 'head.fc')"
+        )
+        with torch.no_grad():
+            ours = part(x)["head.fc"]
+            theirs = fx_extractor(model, ["head"])(x)["head"]
+            assert torch.equal(ours, theirs) and torch.equal(ours, model(x))
+    finally:
+        whole.close()
+        part.close()
